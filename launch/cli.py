@@ -1,0 +1,198 @@
+"""The `a2` command. Each subcommand is a thin function over the package that owns the work.
+
+Imports happen inside the command functions so that `a2 --help` and `a2 study validate` start in well under a
+second and never start Ray.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+class CLIError(Exception):
+    """A user-facing error: printed without a traceback, exit code 2."""
+
+
+# -- data / train / evaluate / decode ---------------------------------------------------------------------------
+def cmd_data_synth(args) -> int:
+    from a2core.data.synthetic import generate
+
+    paths = generate(args.out, seed=args.seed, images=args.images, test_images=args.test_images)
+    print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from a2core.config import Config
+    from a2core.train import train
+
+    cfg = Config.from_yaml(args.config, args.overrides) if args.config else Config.from_dict({})
+    if args.overrides and not args.config:
+        from a2core.config import apply_overrides
+
+        cfg = Config.from_dict(apply_overrides({}, args.overrides))
+    result = train(cfg, report=_print_report, output_dir=args.output_dir, resume_from=args.resume)
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def _print_report(metrics: dict, checkpoint_dir) -> None:
+    shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items() if "/jsd/" not in k}
+    print(json.dumps(shown), flush=True)
+
+
+def cmd_evaluate(args) -> int:
+    from a2core.metrics import evaluate_results_file
+
+    scores = evaluate_results_file(args.results, args.captions, split=args.split, per_image=args.per_image,
+                                   spice=True if args.spice else None)
+    print(json.dumps(scores, indent=2))
+    return 0
+
+
+def cmd_decode(args) -> int:
+    from a2core.decode import decode_to_file
+
+    out = decode_to_file(args.checkpoints, split=args.split, out=args.out, beam_size=args.beam_size,
+                         max_len=args.max_len, batch_size=args.batch_size, data_overrides=args.data)
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+# -- studies -----------------------------------------------------------------------------------------------------
+def cmd_study(args) -> int:
+    from launch import study
+
+    return study.main(args)
+
+
+def cmd_report(args) -> int:
+    from dashboards.report import main as report_main
+
+    return report_main(args)
+
+
+def cmd_mlflow_serve(args) -> int:
+    from dashboards.tracking import serve
+
+    return serve(args)
+
+
+def cmd_package(args) -> int:
+    from launch.package import main as package_main
+
+    return package_main(args)
+
+
+def cmd_submission_validate(args) -> int:
+    from dashboards.submission import read_image_ids, validate_zip
+
+    report = validate_zip(args.zip, read_image_ids(args.val_images), read_image_ids(args.test_images), alg=args.alg)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def cmd_pipeline(args) -> int:
+    from launch.pipeline import main as pipeline_main
+
+    return pipeline_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="a2", description="A2 Transformer studies: train, search, track, package.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    data = sub.add_parser("data", help="datasets").add_subparsers(dest="data_command", required=True)
+    synth = data.add_parser("synth", help="write the synthetic COCO-format dataset")
+    synth.add_argument("--out", required=True)
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--images", type=int, default=1500, help="Karpathy-split images (train/val/test)")
+    synth.add_argument("--test-images", type=int, default=None, help="test-server images (default images/10)")
+    synth.set_defaults(func=cmd_data_synth)
+
+    tr = sub.add_parser("train", help="one training run without Ray")
+    tr.add_argument("--config", help="YAML with data/model/train sections (a study file works too)")
+    tr.add_argument("--output-dir", default=None)
+    tr.add_argument("--resume", default=None, help="checkpoint file to resume from")
+    tr.add_argument("overrides", nargs="*", help="key=value, e.g. model.fusion=max train.xe_epochs=3")
+    tr.set_defaults(func=cmd_train)
+
+    ev = sub.add_parser("evaluate", help="COCO metrics of a results file")
+    ev.add_argument("--results", required=True)
+    ev.add_argument("--captions", required=True, help="Karpathy dataset_coco.json")
+    ev.add_argument("--split", default="test")
+    ev.add_argument("--per-image", action="store_true")
+    ev.add_argument("--spice", action="store_true", help="require SPICE (fails if its models are missing)")
+    ev.set_defaults(func=cmd_evaluate)
+
+    de = sub.add_parser("decode", help="beam-search captions with one checkpoint or an averaging ensemble")
+    de.add_argument("--checkpoints", nargs="+", required=True)
+    de.add_argument("--split", default="test", help="train|val|test (Karpathy), or test2014/val2014 (server sets)")
+    de.add_argument("--out", required=True)
+    de.add_argument("--beam-size", type=int, default=5)
+    de.add_argument("--max-len", type=int, default=20)
+    de.add_argument("--batch-size", type=int, default=50)
+    de.add_argument("--data", nargs="*", default=[], help="data.* overrides, e.g. data.features=/x.h5")
+    de.set_defaults(func=cmd_decode)
+
+    st = sub.add_parser("study", help="hyperparameter studies on Ray Tune")
+    from launch.study import add_arguments as add_study_arguments
+
+    add_study_arguments(st)
+    st.set_defaults(func=cmd_study)
+
+    rp = sub.add_parser("report", help="plots and an HTML page from a study's MLflow runs")
+    rp.add_argument("name")
+    rp.add_argument("--tracking-uri", default=None)
+    rp.add_argument("--out", default=None, help="also write the report into this directory")
+    rp.set_defaults(func=cmd_report)
+
+    ml = sub.add_parser("mlflow", help="MLflow tracking server").add_subparsers(dest="mlflow_command", required=True)
+    serve = ml.add_parser("serve", help="start an MLflow tracking server for a team")
+    serve.add_argument("--backend-store-uri", default="sqlite:///mlflow.db")
+    serve.add_argument("--artifacts-destination", default=None, help="s3://bucket/prefix (default: ./mlartifacts)")
+    serve.add_argument("--s3-endpoint-url", default=None, help="any S3-compatible endpoint")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=5000)
+    serve.add_argument("--workers", type=int, default=1)
+    serve.set_defaults(func=cmd_mlflow_serve)
+
+    pk = sub.add_parser("package", help="4-seed ensemble -> COCO server zip, leaderboard, upload")
+    from launch.package import add_arguments as add_package_arguments
+
+    add_package_arguments(pk)
+    pk.set_defaults(func=cmd_package)
+
+    sv = sub.add_parser("submission", help="COCO server submissions").add_subparsers(dest="sub_command", required=True)
+    val = sv.add_parser("validate", help="check a results.zip against the server's image lists")
+    val.add_argument("zip")
+    val.add_argument("--val-images", required=True, help="COCO image-info JSON of val2014")
+    val.add_argument("--test-images", required=True, help="image_info_test2014.json")
+    val.add_argument("--alg", default=None)
+    val.set_defaults(func=cmd_submission_validate)
+
+    pl = sub.add_parser("pipeline", help="the main job: smoke study, report, packaging, leaderboard")
+    from launch.pipeline import add_arguments as add_pipeline_arguments
+
+    add_pipeline_arguments(pl)
+    pl.set_defaults(func=cmd_pipeline)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from a2core.config import ConfigError
+
+    try:
+        return int(args.func(args) or 0)
+    except (CLIError, ConfigError, FileNotFoundError, ValueError) as err:
+        print(f"a2: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("a2: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
