@@ -1,0 +1,136 @@
+"""Caption files: Karpathy's `dataset_coco.json`, COCO image-info lists, and the vocabulary built from train."""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIALS = (PAD, BOS, EOS, UNK)
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class ImageCaptions:
+    image_id: int
+    split: str  # train | val | test ("restval" is read as train)
+    filepath: str  # train2014 | val2014 (COCO folder the image comes from)
+    captions: list[list[str]] = field(default_factory=list)  # tokenized, lowercase
+    raw: list[str] = field(default_factory=list)
+
+
+def _load_json(path: str | Path, what: str):
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: {what} not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+
+
+_TOKEN = re.compile(r"[a-z0-9']+")
+
+
+def tokenize(sentence: str) -> list[str]:
+    """Lowercase words without punctuation: the form Karpathy's `tokens` already have."""
+    return _TOKEN.findall(sentence.lower())
+
+
+def read_karpathy(path: str | Path) -> dict[str, list[ImageCaptions]]:
+    """`{"train": [...], "val": [...], "test": [...]}` from Karpathy's dataset_coco.json (restval counts as train)."""
+    doc = _load_json(path, "Karpathy captions file")
+    images = doc.get("images") if isinstance(doc, dict) else None
+    if not isinstance(images, list):
+        raise ValueError(f"{path}: expected an object with an 'images' list")
+    out: dict[str, list[ImageCaptions]] = {s: [] for s in SPLITS}
+    seen: set[int] = set()
+    for i, img in enumerate(images):
+        if not isinstance(img, dict):
+            raise ValueError(f"{path}: images[{i}] is not an object")
+        image_id = img.get("cocoid", img.get("imgid"))
+        if not isinstance(image_id, int) or isinstance(image_id, bool):
+            raise ValueError(f"{path}: images[{i}] has no integer 'cocoid'")
+        if image_id in seen:
+            raise ValueError(f"{path}: image id {image_id} appears twice")
+        seen.add(image_id)
+        split = img.get("split")
+        split = "train" if split == "restval" else split
+        if split not in SPLITS:
+            raise ValueError(f"{path}: image id {image_id} has unknown split {img.get('split')!r}")
+        sentences = img.get("sentences") or []
+        caps, raws = [], []
+        for sent in sentences:
+            tokens = sent.get("tokens")
+            raw = sent.get("raw")
+            if tokens is None:
+                if raw is None:
+                    raise ValueError(f"{path}: image id {image_id} has a sentence with neither 'tokens' nor 'raw'")
+                tokens = tokenize(raw)
+            tokens = [t.lower() for t in tokens]
+            caps.append(tokens)
+            raws.append(raw if raw is not None else " ".join(tokens))
+        if split != "test" and not caps:
+            raise ValueError(f"{path}: image id {image_id} ({split}) has no sentences")
+        out[split].append(ImageCaptions(image_id, split, img.get("filepath", ""), caps, raws))
+    return out
+
+
+def read_image_info(path: str | Path) -> list[int]:
+    """Image ids of a COCO image-info file (`image_info_test2014.json`: `{"images": [{"id": ...}]}`)."""
+    doc = _load_json(path, "COCO image-info file")
+    images = doc.get("images") if isinstance(doc, dict) else None
+    if not isinstance(images, list):
+        raise ValueError(f"{path}: expected an object with an 'images' list")
+    ids = []
+    for i, img in enumerate(images):
+        image_id = img.get("id") if isinstance(img, dict) else None
+        if not isinstance(image_id, int) or isinstance(image_id, bool):
+            raise ValueError(f"{path}: images[{i}] has no integer 'id'")
+        ids.append(image_id)
+    if len(set(ids)) != len(ids):
+        dup = next(x for x, c in Counter(ids).items() if c > 1)
+        raise ValueError(f"{path}: image id {dup} appears twice")
+    return ids
+
+
+class Vocab:
+    """Word <-> index. Index 0..3 are <pad>, <bos>, <eos>, <unk>; the rest sorted by count then word."""
+
+    def __init__(self, words: list[str]):
+        if tuple(words[: len(SPECIALS)]) != SPECIALS:
+            raise ValueError(f"a vocabulary must start with {SPECIALS}")
+        self.words = list(words)
+        self.index = {w: i for i, w in enumerate(self.words)}
+        self.pad, self.bos, self.eos, self.unk = (self.index[s] for s in SPECIALS)
+
+    @classmethod
+    def build(cls, captions: list[list[str]], min_count: int = 5) -> "Vocab":
+        counts = Counter(w for cap in captions for w in cap)
+        kept = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
+                      key=lambda w: (-counts[w], w))
+        return cls(list(SPECIALS) + kept)
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Vocab) and self.words == other.words
+
+    def encode(self, tokens: list[str], max_len: int) -> list[int]:
+        """<bos> w1 .. wn <eos>, words cut to max_len."""
+        ids = [self.index.get(t, self.unk) for t in tokens[:max_len]]
+        return [self.bos] + ids + [self.eos]
+
+    def decode(self, ids) -> str:
+        words = []
+        for i in ids:
+            i = int(i)
+            if i == self.eos:
+                break
+            if i in (self.pad, self.bos):
+                continue
+            words.append(self.words[i])
+        return " ".join(words)

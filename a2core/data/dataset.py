@@ -1,0 +1,144 @@
+"""What a run reads: vocabulary, Karpathy splits, region features, and batches of images with 5 captions each."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from . import synthetic
+from .captions import ImageCaptions, Vocab, read_image_info, read_karpathy
+from .features import FeatureStore
+
+CAPTIONS_PER_IMAGE = 5
+_CACHE_LIMIT_BYTES = 2 << 30  # keep padded features in memory when a split's worth fits in this
+
+
+@dataclass
+class DataPaths:
+    captions: Path
+    features: Path
+    test_images: Path | None = None
+    val_images: Path | None = None
+    grounding: Path | None = None
+
+
+def resolve_paths(data_cfg) -> DataPaths:
+    """Where the files of a `data` config section are (synthetic data is generated on first use)."""
+    if data_cfg.kind == "synthetic":
+        p = synthetic.ensure(data_cfg.root, data_cfg.seed, data_cfg.images)
+        return DataPaths(p["captions"], p["features"], p["test_images"], p["val_images"], p["grounding"])
+    return DataPaths(Path(data_cfg.captions), Path(data_cfg.features),
+                     Path(data_cfg.test_images) if data_cfg.test_images else None)
+
+
+class CaptionData:
+    """Splits, vocabulary and features of one dataset. `vocab` given = reuse a trained model's vocabulary."""
+
+    def __init__(self, data_cfg, max_regions: int, feature_dim: int = 2048, vocab: Vocab | None = None):
+        self.cfg = data_cfg
+        self.paths = resolve_paths(data_cfg)
+        self.max_regions = max_regions
+        self.splits = read_karpathy(self.paths.captions)
+        self.vocab = vocab or Vocab.build([c for img in self.splits["train"] for c in img.captions],
+                                          data_cfg.vocab_min_count)
+        self.features = FeatureStore(self.paths.features, feature_dim)
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        per_image = max_regions * feature_dim * 4
+        self._cacheable = per_image * sum(len(v) for v in self.splits.values()) < _CACHE_LIMIT_BYTES
+        self._grounding = None
+
+    # -- lookups ----------------------------------------------------------------------------------------------
+    def images(self, split: str) -> list[ImageCaptions]:
+        if split in self.splits:
+            return self.splits[split]
+        if split == "test2014":
+            if not self.paths.test_images:
+                raise ValueError("data.test_images is not set: no test-server image list")
+            return [ImageCaptions(i, "test2014", "test2014") for i in read_image_info(self.paths.test_images)]
+        if split == "val2014":
+            if self.paths.val_images and self.paths.val_images.is_file():
+                ids = read_image_info(self.paths.val_images)
+            else:
+                ids = [img.image_id for s in self.splits.values() for img in s if img.filepath == "val2014"]
+            return [ImageCaptions(i, "val2014", "val2014") for i in ids]
+        raise ValueError(f"unknown split {split!r}: train, val, test, val2014 or test2014")
+
+    def references(self, split: str) -> dict[int, list[str]]:
+        """Tokenized reference captions as space-joined strings, per image id."""
+        return {img.image_id: [" ".join(c) for c in img.captions] for img in self.images(split)}
+
+    def grounding(self) -> dict[int, dict] | None:
+        """Synthetic data only: per image, the region of every token of every sentence (-1: not grounded)."""
+        if self._grounding is None and self.paths.grounding and self.paths.grounding.is_file():
+            raw = json.loads(self.paths.grounding.read_text())
+            self._grounding = {int(k): v for k, v in raw.items()}
+        return self._grounding
+
+    def region_features(self, image_id: int) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._cache.get(image_id)
+        if hit is None:
+            hit = self.features.padded(image_id, self.max_regions)
+            if self._cacheable:
+                self._cache[image_id] = hit
+        return hit
+
+    # -- batches ----------------------------------------------------------------------------------------------
+    def loader(self, split: str, batch_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
+               rank: int = 0, world: int = 1, num_workers: int = 0, with_captions: bool = True,
+               limit: int | None = None) -> DataLoader:
+        """Batches of whole images. With world > 1 each rank gets a disjoint, equally long shard."""
+        images = self.images(split)[:limit] if limit else self.images(split)
+        order = np.arange(len(images))
+        if shuffle:
+            order = np.random.default_rng((seed, epoch)).permutation(len(images))
+        if world > 1:
+            per_rank = -(-len(order) // world)
+            order = np.resize(order, per_rank * world)  # wrap around so every rank has the same number of steps
+            order = order[rank::world]
+        batches = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+        ds = _ImageDataset(self, images, with_captions)
+        return DataLoader(ds, batch_sampler=batches, num_workers=num_workers, collate_fn=_collate,
+                          persistent_workers=False)
+
+    def check(self, splits=("train", "val", "test")) -> None:
+        """Fail before training if any image of these splits has no features (names the ids)."""
+        for split in splits:
+            self.features.check_ids([img.image_id for img in self.images(split)])
+
+
+class _ImageDataset(Dataset):
+    def __init__(self, data: CaptionData, images: list[ImageCaptions], with_captions: bool):
+        self.data, self.images, self.with_captions = data, images, with_captions
+        self.max_len = data.cfg.max_caption_len
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> dict:
+        img = self.images[i]
+        feats, mask = self.data.region_features(img.image_id)
+        item = {"image_id": img.image_id, "feats": feats, "region_mask": mask}
+        if self.with_captions and img.captions:
+            caps = [img.captions[j % len(img.captions)] for j in range(CAPTIONS_PER_IMAGE)]
+            item["captions"] = [self.data.vocab.encode(c, self.max_len) for c in caps]
+        return item
+
+
+def _collate(items: list[dict]) -> dict:
+    batch = {
+        "image_ids": torch.tensor([it["image_id"] for it in items], dtype=torch.long),
+        "feats": torch.from_numpy(np.stack([it["feats"] for it in items])),  # (B, R, D)
+        "region_mask": torch.from_numpy(np.stack([it["region_mask"] for it in items])),  # (B, R) True = region
+    }
+    if all("captions" in it for it in items):
+        length = max(len(c) for it in items for c in it["captions"])
+        caps = torch.zeros(len(items), CAPTIONS_PER_IMAGE, length, dtype=torch.long)  # 0 = <pad>
+        for b, it in enumerate(items):
+            for j, c in enumerate(it["captions"]):
+                caps[b, j, :len(c)] = torch.tensor(c)
+        batch["captions"] = caps  # (B, 5, L): <bos> w1 .. wn <eos> <pad>..
+    return batch

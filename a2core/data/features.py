@@ -1,0 +1,103 @@
+"""Bottom-up region features, from one HDF5 file or a directory of .npz files.
+
+HDF5: one dataset `"{image_id}_features"` of shape (n, D) per image. Directory: `{image_id}.npz` with key `feat`.
+Every error names the file and the image id. Features are padded or cut to `max_regions` with a region mask.
+"""
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+
+class FeatureError(ValueError):
+    pass
+
+
+class FeatureStore:
+    """Opened lazily (per process: HDF5 handles must not cross a fork)."""
+
+    def __init__(self, path: str | Path, feature_dim: int = 2048):
+        self.path = Path(path)
+        self.feature_dim = feature_dim
+        if not self.path.exists():
+            raise FileNotFoundError(f"{self.path}: region features not found")
+        self.is_dir = self.path.is_dir()
+        self._h5 = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_h5"] = None
+        return state
+
+    def _file(self):
+        if self._h5 is None:
+            import h5py
+
+            try:
+                self._h5 = h5py.File(self.path, "r")
+            except OSError as err:
+                raise FeatureError(f"{self.path}: cannot open as HDF5 ({err})") from None
+        return self._h5
+
+    def has(self, image_id: int) -> bool:
+        if self.is_dir:
+            return (self.path / f"{image_id}.npz").is_file()
+        return f"{image_id}_features" in self._file()
+
+    def check_ids(self, image_ids) -> None:
+        """Fail early, naming the first image ids without features."""
+        missing = [i for i in image_ids if not self.has(i)]
+        if missing:
+            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+            raise FeatureError(f"{self.path}: no region features for {len(missing)} image id(s): {shown}")
+
+    def get(self, image_id: int) -> np.ndarray:
+        """(n, D) float32."""
+        if self.is_dir:
+            file = self.path / f"{image_id}.npz"
+            if not file.is_file():
+                raise FeatureError(f"{file}: no region features for image id {image_id}")
+            try:
+                with np.load(file) as npz:
+                    if "feat" not in npz:
+                        raise FeatureError(f"{file}: image id {image_id}: no array 'feat' (has {list(npz.keys())})")
+                    feat = npz["feat"]
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+                if isinstance(err, FeatureError):
+                    raise
+                raise FeatureError(f"{file}: image id {image_id}: unreadable or truncated ({err})") from None
+            where = file
+        else:
+            key = f"{image_id}_features"
+            h5 = self._file()
+            if key not in h5:
+                raise FeatureError(f"{self.path}: no dataset {key!r} for image id {image_id}")
+            try:
+                feat = h5[key][()]
+            except (OSError, KeyError) as err:
+                raise FeatureError(f"{self.path}: image id {image_id}: unreadable ({err})") from None
+            where = self.path
+        feat = np.asarray(feat)
+        if feat.ndim != 2 or feat.shape[1] != self.feature_dim or feat.shape[0] < 1:
+            raise FeatureError(f"{where}: image id {image_id}: features have shape {feat.shape}, "
+                               f"expected (n >= 1, {self.feature_dim})")
+        feat = feat.astype(np.float32, copy=False)
+        if not np.isfinite(feat).all():
+            raise FeatureError(f"{where}: image id {image_id}: features contain NaN or inf")
+        return feat
+
+    def padded(self, image_id: int, max_regions: int) -> tuple[np.ndarray, np.ndarray]:
+        """(max_regions, D) features and a (max_regions,) bool mask, True where a real region is."""
+        feat = self.get(image_id)[:max_regions]
+        out = np.zeros((max_regions, self.feature_dim), np.float32)
+        out[: len(feat)] = feat
+        mask = np.zeros(max_regions, bool)
+        mask[: len(feat)] = True
+        return out, mask
+
+    def close(self) -> None:
+        if self._h5 is not None:
+            self._h5.close()
+            self._h5 = None
