@@ -118,6 +118,7 @@ class TrainConfig:
     label_smoothing: float = 0.0
     # Validation after every epoch.
     val_decode: str = "greedy"  # greedy | beam
+    val_meteor: bool = False  # METEOR needs a Java process per validation (~4 s); the final evaluation has it
     beam_size: int = 5
     max_len: int = 20
     # SCST (stage 2).

@@ -1,0 +1,232 @@
+"""Caption decoding: greedy, sampling and batched beam search over a *stepper* (one model, the same model without
+its key/value cache, or an averaging ensemble of models), plus `decode_to_file` behind `a2 decode`.
+
+A stepper has `init_state(feats, region_mask)`, `expand_state(state, k)`, `step(last_tokens, state) -> log-probs`
+and `reorder_state(state, index)`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from .model.a2 import A2Transformer
+
+
+class ModelStepper:
+    """One model, decoding with its cached decoder keys/values (each step costs one position)."""
+
+    def __init__(self, model: A2Transformer):
+        self.model = model
+
+    def init_state(self, feats, region_mask):
+        return self.model.init_state(feats, region_mask)
+
+    def expand_state(self, state, k: int):
+        """Every image's memory repeated k times (beams of one image are adjacent rows)."""
+        rep = lambda d: {n: v.repeat_interleave(k, 0) for n, v in d.items()}  # noqa: E731
+        return {**state, "mem": [rep(m) for m in state["mem"]],
+                "region_mask": state["region_mask"].repeat_interleave(k, 0),
+                "caches": [rep(c) for c in state["caches"]]}
+
+    def step(self, last, state):
+        return self.model.step(last, state)
+
+    def reorder_state(self, state, index):
+        return self.model.reorder_state(state, index)
+
+
+class UncachedStepper(ModelStepper):
+    """The same model re-running the whole prefix every step: the reference the cached path must equal."""
+
+    def init_state(self, feats, region_mask):
+        state = super().init_state(feats, region_mask)
+        state["prefix"] = torch.zeros(feats.shape[0], 0, dtype=torch.long, device=feats.device)
+        return state
+
+    def expand_state(self, state, k):
+        out = super().expand_state(state, k)
+        out["prefix"] = state["prefix"].repeat_interleave(k, 0)
+        return out
+
+    def step(self, last, state):
+        state["prefix"] = torch.cat([state["prefix"], last[:, None]], dim=1)
+        logits, _ = self.model.decode(state["prefix"], state["mem"], state["region_mask"])
+        return logits[:, -1].log_softmax(-1)
+
+    def reorder_state(self, state, index):
+        return {**state, "prefix": state["prefix"].index_select(0, index)}
+
+
+class EnsembleStepper:
+    """Averages the member models' per-step word distributions: log(mean_i p_i(w))."""
+
+    def __init__(self, models: list[A2Transformer]):
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        self.members = [ModelStepper(m) for m in models]
+
+    def init_state(self, feats, region_mask):
+        return [s.init_state(feats, region_mask) for s in self.members]
+
+    def expand_state(self, state, k):
+        return [s.expand_state(st, k) for s, st in zip(self.members, state)]
+
+    def step(self, last, state):
+        logps = torch.stack([s.step(last, st) for s, st in zip(self.members, state)])  # (M, N, V)
+        return torch.logsumexp(logps, dim=0) - math.log(len(self.members))
+
+    def reorder_state(self, state, index):
+        return [s.reorder_state(st, index) for s, st in zip(self.members, state)]
+
+
+def as_stepper(model_or_stepper):
+    return ModelStepper(model_or_stepper) if isinstance(model_or_stepper, A2Transformer) else model_or_stepper
+
+
+@torch.no_grad()
+def greedy(model_or_stepper, feats, region_mask, max_len: int = 20, bos: int = 1, eos: int = 2) -> torch.Tensor:
+    """(B, <= max_len) word ids, each row ending with <eos> or cut at max_len (pad 0 after <eos>)."""
+    stepper = as_stepper(model_or_stepper)
+    state = stepper.init_state(feats, region_mask)
+    b = feats.shape[0]
+    last = torch.full((b,), bos, dtype=torch.long, device=feats.device)
+    done = torch.zeros(b, dtype=torch.bool, device=feats.device)
+    out = []
+    for _ in range(max_len):
+        word = stepper.step(last, state).argmax(-1)
+        word = word.masked_fill(done, 0)
+        out.append(word)
+        done |= word == eos
+        last = word
+        if bool(done.all()):
+            break
+    return torch.stack(out, dim=1)
+
+
+@torch.no_grad()
+def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_len: int = 20, bos: int = 1,
+                eos: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batched beam search. Returns the best sequence per image (B, <= max_len + 1) (pad 0 after <eos>) and its
+    total log-probability (B,). A hypothesis ends at <eos>; after max_len words <eos> is forced."""
+    stepper = as_stepper(model_or_stepper)
+    b, k = feats.shape[0], beam_size
+    device = feats.device
+    state = stepper.expand_state(stepper.init_state(feats, region_mask), k)
+    scores = torch.full((b, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    last = torch.full((b * k,), bos, dtype=torch.long, device=device)
+    done = torch.zeros(b * k, dtype=torch.bool, device=device)
+    seqs = torch.zeros(b * k, 0, dtype=torch.long, device=device)
+    base = (torch.arange(b, device=device) * k)[:, None]  # (B, 1) first row of each image
+    for t in range(max_len + 1):
+        logp = stepper.step(last, state)  # (B*K, V)
+        v = logp.shape[-1]
+        if t == max_len:  # out of length: only <eos> may follow
+            forced = torch.full_like(logp, float("-inf"))
+            forced[:, eos] = logp[:, eos]
+            logp = forced
+        # A finished hypothesis stays as it is: one continuation (pad) at no cost.
+        finished_row = torch.full((v,), float("-inf"), device=device)
+        finished_row[0] = 0.0
+        logp = torch.where(done[:, None], finished_row, logp)
+        cand = (scores.view(b * k, 1) + logp).view(b, k * v)
+        scores, flat = cand.topk(k, dim=-1)  # (B, K)
+        beam, word = flat // v, flat % v
+        rows = (base + beam).view(-1)
+        word = word.view(-1)
+        seqs = torch.cat([seqs.index_select(0, rows), word[:, None]], dim=1)
+        done = done.index_select(0, rows) | (word == eos)
+        state = stepper.reorder_state(state, rows)
+        last = word
+        if bool(done.all()):
+            break
+    best = seqs.view(b, k, -1)[:, 0]
+    return best, scores[:, 0]
+
+
+def sample(model: A2Transformer, feats, region_mask, n: int, max_len: int = 20, bos: int = 1, eos: int = 2,
+           temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """n captions per image sampled from the model with its decoder cache, keeping the graph for SCST.
+
+    Returns tokens (B*n, L) (pad 0 after <eos>), per-token log-probabilities (B*n, L) with grad, and a mask
+    (B*n, L) of the positions that count (words up to and including <eos>)."""
+    stepper = ModelStepper(model)
+    state = stepper.expand_state(stepper.init_state(feats, region_mask), n)
+    rows = feats.shape[0] * n
+    last = torch.full((rows,), bos, dtype=torch.long, device=feats.device)
+    done = torch.zeros(rows, dtype=torch.bool, device=feats.device)
+    words, logps, masks = [], [], []
+    for _ in range(max_len):
+        logp = stepper.step(last, state)
+        word = torch.multinomial((logp.detach() / temperature).softmax(-1), 1).squeeze(1)
+        word = word.masked_fill(done, 0)
+        masks.append(~done)
+        logps.append(logp.gather(1, word[:, None]).squeeze(1))
+        words.append(word)
+        done = done | (word == eos)
+        last = word
+        if bool(done.all()):
+            break
+    return torch.stack(words, 1), torch.stack(logps, 1), torch.stack(masks, 1)
+
+
+def captions_for(data, stepper, split: str, *, beam_size: int = 5, max_len: int = 20, batch_size: int = 50,
+                 limit: int | None = None, progress: bool = False, device: str | torch.device = "cpu",
+                 rank: int = 0, world: int = 1) -> dict[int, str]:
+    """{image_id: caption} for a split (beam_size 1 = greedy). With world > 1, this rank's shard only."""
+    vocab = data.vocab
+    out: dict[int, str] = {}
+    loader = data.loader(split, batch_size, with_captions=False, limit=limit, rank=rank, world=world)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(loader.batch_sampler), desc=f"decode {split}", unit="batch", file=sys.stderr)
+    for batch in loader:
+        feats, mask = batch["feats"].to(device), batch["region_mask"].to(device)
+        if beam_size > 1:
+            seqs, _ = beam_search(stepper, feats, mask, beam_size, max_len, vocab.bos, vocab.eos)
+        else:
+            seqs = greedy(stepper, feats, mask, max_len, vocab.bos, vocab.eos)
+        for image_id, seq in zip(batch["image_ids"].tolist(), seqs.tolist()):
+            out[image_id] = vocab.decode(seq)
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    return out
+
+
+def write_results_json(path: str | Path, captions: dict[int, str]) -> None:
+    """COCO results format [{"image_id": int, "caption": str}], written atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in sorted(captions.items())]))
+    os.replace(tmp, path)
+
+
+def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int = 5, max_len: int = 20,
+                   batch_size: int = 50, data_overrides: list[str] | None = None, device: str | None = None) -> dict:
+    """`a2 decode`: one checkpoint or an averaging ensemble -> COCO results JSON for a split."""
+    from .checkpoint import load_ensemble
+    from .config import DataConfig, _build, apply_overrides
+    from .data.dataset import CaptionData
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    models, vocab, config = load_ensemble(checkpoints, device=device)
+    raw = apply_overrides({"data": config["data"]}, data_overrides or [])
+    data_cfg = _build(DataConfig, raw["data"], "data")
+    data_cfg.validate()
+    data = CaptionData(data_cfg, config["model"]["max_regions"], config["model"]["feature_dim"], vocab=vocab)
+    data.features.check_ids([img.image_id for img in data.images(split)])
+    stepper = EnsembleStepper(models) if len(models) > 1 else ModelStepper(models[0])
+    caps = captions_for(data, stepper, split, beam_size=beam_size, max_len=max_len, batch_size=batch_size,
+                        progress=True, device=device)
+    write_results_json(out, caps)
+    return {"out": str(out), "images": len(caps), "checkpoints": list(map(str, checkpoints)), "split": split}

@@ -1,0 +1,872 @@
+"""Caption metrics: a vectorised CIDEr-D and the COCO caption evaluation.
+
+``CiderD`` reproduces ``pycocoevalcap.cider.Cider`` (CIDEr-D: 1..4-grams, tf-idf vectors, clipped
+cosine similarity, Gaussian length penalty with sigma = 6, x10) number for number, but computes
+all candidate/reference pairs of a call with a few numpy operations instead of Python loops over
+n-grams, which makes it cheap enough to be the SCST reward.
+
+Document frequencies (df) come either from the references of the call (``CiderD()``, exactly what
+pycocoevalcap does) or from a training corpus computed once (``CiderD.from_corpus``; the usual
+choice for SCST rewards), which can be saved as JSON or kept inside a checkpoint dict.
+
+``coco_scores`` runs the standard COCO caption evaluation (PTB tokenizer, BLEU-1..4, METEOR,
+ROUGE-L, CIDEr and, when its Stanford CoreNLP models are installed, SPICE) on raw captions;
+``evaluate_results_file`` does the same for a COCO results JSON against Karpathy's
+``dataset_coco.json``; ``best_constant_caption`` gives the "one caption for every image" baseline.
+
+Two details of pycocoevalcap are kept on purpose, so that the numbers stay comparable with
+published ones:
+
+* the "length" used by the length penalty is the number of *bigrams* of a sentence
+  (``max(words - 1, 0)``), not its number of words;
+* an n-gram that never occurs in the df corpus gets df = 1 (idf = log(num_docs)).
+"""
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CiderD",
+    "coco_scores",
+    "evaluate_results_file",
+    "best_constant_caption",
+    "ptb_tokenize",
+    "spice_available",
+    "METRIC_NAMES",
+]
+
+#: Metric keys returned by :func:`coco_scores` (SPICE only when it ran).
+METRIC_NAMES = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
+
+_STATE_FORMAT = "a2tune.cider-d.df"
+_STATE_VERSION = 1
+# Upper bound on the candidate-entry x reference expansion handled in one numpy pass.
+_CHUNK_ENTRIES = 1 << 21
+
+
+# --------------------------------------------------------------------------------------------
+# n-gram counting
+# --------------------------------------------------------------------------------------------
+class _NgramIndex:
+    """Maps n-grams to integer ids for one scoring call.
+
+    Unigrams are keyed by the word itself, longer n-grams by a tuple of words. ``fixed`` is the
+    (large, never copied) index of a precomputed df corpus; n-grams outside it get call-local ids
+    starting at ``len(fixed)``.
+    """
+
+    __slots__ = ("fixed", "n_fixed", "local")
+
+    def __init__(self, fixed: dict | None = None):
+        self.fixed = fixed
+        self.n_fixed = len(fixed) if fixed else 0
+        self.local: dict = {}
+
+    @property
+    def size(self) -> int:
+        return self.n_fixed + len(self.local)
+
+    def lookup(self, grams: list) -> np.ndarray:
+        local = self.local
+        setdefault = local.setdefault
+        if not self.fixed:
+            # len(local) is evaluated before the insertion, so a new n-gram gets the next id.
+            return np.array([setdefault(g, len(local)) for g in grams], dtype=np.int64)
+        get = self.fixed.get
+        ids = np.array([get(g, -1) for g in grams], dtype=np.int64)
+        missing = np.flatnonzero(ids < 0)
+        if missing.size:
+            base = self.n_fixed
+            ids[missing] = [setdefault(grams[i], base + len(local)) for i in missing.tolist()]
+        return ids
+
+
+class _Block:
+    """Sparse n-gram vectors of a list of sentences, one row per (sentence, n-gram).
+
+    Rows are sorted by (sentence, order, id). ``val``/``norm`` are filled by :meth:`weigh`.
+    """
+
+    __slots__ = ("num", "sent", "order", "ids", "tf", "length", "val", "norm")
+
+    def __init__(self, sentences: Sequence[str], n: int, index: _NgramIndex):
+        grams: list = []
+        extend = grams.extend
+        lengths: list[int] = []
+        append = lengths.append
+        for s in sentences:
+            w = s.split()
+            append(len(w))
+            extend(w)
+            for k in range(2, n + 1):
+                extend(zip(*[w[j:] for j in range(k)]))
+        num = len(lengths)
+        words = np.asarray(lengths, dtype=np.int64).reshape(num)
+        per_order = np.maximum(words[:, None] - np.arange(n)[None, :], 0)  # (S, n)
+        occ_sent = np.repeat(np.arange(num, dtype=np.int64), per_order.sum(axis=1))
+        occ_order = np.repeat(np.tile(np.arange(n, dtype=np.int64), num), per_order.ravel())
+        ids = index.lookup(grams)
+        m = max(index.size, 1)
+        keys, tf = np.unique((occ_sent * n + occ_order) * m + ids, return_counts=True)
+        so = keys // m
+        self.num = num
+        self.ids = keys - so * m
+        self.sent = so // n
+        self.order = so - self.sent * n
+        self.tf = tf.astype(np.float64)
+        # pycocoevalcap counts the *bigrams* of a sentence as its length (``if n == 1``).
+        self.length = np.maximum(words - 1, 0).astype(np.float64)
+        self.val: np.ndarray | None = None
+        self.norm: np.ndarray | None = None
+
+    def weigh(self, idf: np.ndarray, n: int) -> None:
+        self.val = self.tf * idf[self.ids]
+        sq = np.bincount(self.sent * n + self.order, weights=self.val * self.val, minlength=self.num * n)
+        self.norm = np.sqrt(sq).reshape(self.num, n)
+
+    def keys(self, n: int, m: int) -> np.ndarray:
+        # Ascending for any m larger than every id, because rows are sorted by (sent, order, id).
+        return (self.sent * n + self.order) * m + self.ids
+
+
+def _pair_scores(
+    cb: _Block, rb: _Block, first_ref: np.ndarray, nref: np.ndarray, n: int, sigma: float, m: int
+) -> np.ndarray:
+    """CIDEr-D of candidate c against reference rows first_ref[c] .. first_ref[c] + nref[c] - 1."""
+    num_c = cb.num
+    pstart = np.cumsum(nref) - nref
+    num_pairs = int(nref.sum())
+    pair_cand = np.repeat(np.arange(num_c, dtype=np.int64), nref)
+    pair_ref = np.repeat(first_ref, nref) + (np.arange(num_pairs, dtype=np.int64) - np.repeat(pstart, nref))
+    acc = np.zeros(num_pairs * n)
+
+    rkeys = rb.keys(n, m)
+    rep = nref[cb.sent]  # each candidate entry meets every reference of its image
+    if rkeys.size and rep.size:
+        cum = np.cumsum(rep)
+        bounds = np.searchsorted(cum, np.arange(_CHUNK_ENTRIES, int(cum[-1]), _CHUNK_ENTRIES), side="right")
+        edges = [0, *bounds.tolist(), rep.size]
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            if hi <= lo:
+                continue
+            r = rep[lo:hi]
+            e = np.repeat(np.arange(lo, hi, dtype=np.int64), r)
+            j = np.arange(e.size, dtype=np.int64) - np.repeat(np.cumsum(r) - r, r)
+            c = cb.sent[e]
+            order = cb.order[e]
+            q = ((first_ref[c] + j) * n + order) * m + cb.ids[e]
+            pos = np.searchsorted(rkeys, q)
+            np.minimum(pos, rkeys.size - 1, out=pos)
+            hit = rkeys[pos] == q
+            rv = rb.val[pos[hit]]
+            cv = cb.val[e[hit]]
+            # vrama91's clipping: min(hyp, ref) * ref
+            acc += np.bincount((pstart[c[hit]] + j[hit]) * n + order[hit], weights=np.minimum(cv, rv) * rv,
+                               minlength=num_pairs * n)
+    acc = acc.reshape(num_pairs, n)
+    denom = cb.norm[pair_cand] * rb.norm[pair_ref]
+    val = np.divide(acc, denom, out=acc.copy(), where=denom != 0)
+    delta = cb.length[pair_cand] - rb.length[pair_ref]
+    val *= np.exp(-(delta * delta) / (2.0 * sigma * sigma))[:, None]
+    total = np.bincount(pair_cand, weights=val.sum(axis=1), minlength=num_c)
+    return total / n / nref * 10.0
+
+
+def _constant_scores(
+    cb: _Block, rb: _Block, group_of_ref: np.ndarray, group_count: np.ndarray, n: int, sigma: float
+) -> np.ndarray:
+    """CIDEr-D of the single sentence in ``cb`` against every reference group of ``rb``."""
+    order_ids = np.argsort(cb.ids)
+    cids = cb.ids[order_ids]
+    cvals = cb.val[order_ids]
+    acc = np.zeros(rb.num * n)
+    if cids.size and rb.ids.size:
+        pos = np.searchsorted(cids, rb.ids)
+        np.minimum(pos, cids.size - 1, out=pos)
+        hit = cids[pos] == rb.ids
+        rv = rb.val[hit]
+        cv = cvals[pos[hit]]
+        acc = np.bincount(rb.sent[hit] * n + rb.order[hit], weights=np.minimum(cv, rv) * rv, minlength=rb.num * n)
+    acc = acc.reshape(rb.num, n)
+    denom = cb.norm[0][None, :] * rb.norm
+    val = np.divide(acc, denom, out=acc.copy(), where=denom != 0)
+    delta = cb.length[0] - rb.length
+    val *= np.exp(-(delta * delta) / (2.0 * sigma * sigma))[:, None]
+    total = np.bincount(group_of_ref, weights=val.sum(axis=1), minlength=group_count.size)
+    return total / n / group_count * 10.0
+
+
+def _flatten_groups(groups: Sequence[Sequence[str]]) -> tuple[list[str], np.ndarray]:
+    sents: list[str] = []
+    for g in groups:
+        sents.extend(g)
+    return sents, np.fromiter((len(g) for g in groups), dtype=np.int64, count=len(groups))
+
+
+# --------------------------------------------------------------------------------------------
+# CIDEr-D
+# --------------------------------------------------------------------------------------------
+class CiderD:
+    """CIDEr-D, a vectorised drop-in for ``pycocoevalcap.cider.cider.Cider``.
+
+    ``CiderD()`` takes document frequencies from the references of each call, exactly like
+    pycocoevalcap. ``CiderD.from_corpus(refs)`` (or ``load`` / ``from_state_dict``) fixes them,
+    with ``ref_len = log(number of images of the corpus)``, for SCST rewards.
+
+    Inputs are tokenized, space-separated strings (as after ``PTBTokenizer``).
+    """
+
+    def __init__(self, n: int = 4, sigma: float = 6.0, df: str = "corpus"):
+        if df != "corpus":
+            raise ValueError(
+                f"CiderD(df={df!r}): only df='corpus' (df from the references of each call) is built "
+                "here; use CiderD.from_corpus(...), CiderD.load(path) or CiderD.from_state_dict(...) "
+                "for precomputed document frequencies"
+            )
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"CiderD: n must be a positive int, got {n!r}")
+        if not float(sigma) > 0:
+            raise ValueError(f"CiderD: sigma must be > 0, got {sigma!r}")
+        self.n = n
+        self.sigma = float(sigma)
+        self._fixed: dict | None = None  # n-gram -> id of the df corpus
+        self._df: np.ndarray | None = None  # df per id
+        self._num_docs: int | None = None
+        self._ref_len: float | None = None
+
+    # ---- introspection ------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        """``"corpus"`` (df from each call's references) or ``"precomputed"``."""
+        return "corpus" if self._fixed is None else "precomputed"
+
+    @property
+    def num_docs(self) -> int | None:
+        return self._num_docs
+
+    @property
+    def ref_len(self) -> float | None:
+        return self._ref_len
+
+    def method(self) -> str:
+        return "CIDEr"
+
+    def __repr__(self) -> str:
+        if self._fixed is None:
+            return f"CiderD(n={self.n}, sigma={self.sigma}, df='corpus')"
+        return (f"CiderD(n={self.n}, sigma={self.sigma}, df=precomputed over {self._num_docs} images, "
+                f"{len(self._fixed)} n-grams)")
+
+    # ---- precomputed document frequencies -----------------------------------------------
+    @classmethod
+    def from_corpus(cls, references: Sequence[Sequence[str]], n: int = 4, sigma: float = 6.0,
+                    chunk_images: int = 5000) -> "CiderD":
+        """Document frequencies from a corpus: ``references[i]`` = tokenized captions of image i."""
+        refs = list(references)
+        if not refs:
+            raise ValueError("CiderD.from_corpus: the corpus is empty")
+        for i, group in enumerate(refs):
+            _check_ref_list(group, f"CiderD.from_corpus: references[{i}]")
+        obj = cls(n=n, sigma=sigma)
+        index = _NgramIndex(None)
+        df = np.zeros(0, dtype=np.int64)
+        for start in range(0, len(refs), max(1, int(chunk_images))):
+            sents, counts = _flatten_groups(refs[start:start + chunk_images])
+            blk = _Block(sents, n, index)
+            m = max(index.size, 1)
+            group_of_sent = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+            uniq = np.unique(group_of_sent[blk.sent] * m + blk.ids)
+            cnt = np.bincount(uniq % m, minlength=index.size)
+            df = np.concatenate([df, np.zeros(index.size - df.size, dtype=np.int64)]) + cnt
+        obj._fixed = index.local
+        obj._df = df.astype(np.float64)
+        obj._num_docs = len(refs)
+        obj._ref_len = float(np.log(float(len(refs))))
+        return obj
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable state (df over a corpus); only for precomputed df."""
+        if self._fixed is None:
+            raise ValueError("CiderD.state_dict: this scorer takes df from each call's references "
+                             "(df='corpus'); build one with CiderD.from_corpus(...) to save df")
+        ngrams = [g if isinstance(g, str) else " ".join(g) for g in self._fixed]
+        return {
+            "format": _STATE_FORMAT,
+            "version": _STATE_VERSION,
+            "n": self.n,
+            "sigma": self.sigma,
+            "num_docs": int(self._num_docs),
+            "ref_len": float(self._ref_len),
+            "ngrams": ngrams,
+            "df": [int(x) for x in self._df.tolist()],
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> "CiderD":
+        where = "CiderD.from_state_dict"
+        if not isinstance(state, Mapping):
+            raise ValueError(f"{where}: expected a dict, got {type(state).__name__}")
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"{where}: 'format' must be {_STATE_FORMAT!r}, got {state.get('format')!r}")
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"{where}: unsupported version {state.get('version')!r} (expected {_STATE_VERSION})")
+        for key in ("n", "sigma", "num_docs", "ref_len", "ngrams", "df"):
+            if key not in state:
+                raise ValueError(f"{where}: missing key {key!r}")
+        n, num_docs = state["n"], state["num_docs"]
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{where}: 'n' must be a positive int, got {n!r}")
+        if not isinstance(num_docs, int) or num_docs < 1:
+            raise ValueError(f"{where}: 'num_docs' must be a positive int, got {num_docs!r}")
+        ngrams, dfs = state["ngrams"], state["df"]
+        if not isinstance(ngrams, (list, tuple)) or not isinstance(dfs, (list, tuple)) or len(ngrams) != len(dfs):
+            raise ValueError(f"{where}: 'ngrams' and 'df' must be lists of the same length")
+        obj = cls(n=n, sigma=float(state["sigma"]))
+        fixed: dict = {}
+        for i, s in enumerate(ngrams):
+            words = s.split() if isinstance(s, str) else None
+            if not words or len(words) > n:
+                raise ValueError(f"{where}: ngrams[{i}] = {s!r} is not an n-gram of 1..{n} words")
+            fixed[words[0] if len(words) == 1 else tuple(words)] = i
+        if len(fixed) != len(ngrams):
+            raise ValueError(f"{where}: 'ngrams' has duplicates")
+        df = np.asarray(dfs, dtype=np.float64).reshape(-1)
+        if df.size and (df.min() < 0 or df.max() > num_docs):
+            raise ValueError(f"{where}: df values must lie in [0, num_docs={num_docs}]")
+        obj._fixed = fixed
+        obj._df = df
+        obj._num_docs = num_docs
+        obj._ref_len = float(state["ref_len"])
+        return obj
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write :meth:`state_dict` as JSON (gzip if the name ends in .gz), atomically."""
+        path = os.fspath(path)
+        data = json.dumps(self.state_dict(), separators=(",", ":")).encode("utf-8")
+        if path.endswith(".gz"):
+            data = gzip.compress(data, mtime=0)
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CiderD":
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"CiderD.load: no such file: {path}")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            if data[:2] == b"\x1f\x8b":
+                data = gzip.decompress(data)
+            state = json.loads(data.decode("utf-8"))
+        except (OSError, ValueError, EOFError) as e:
+            raise ValueError(f"CiderD.load: {path} is not a CIDEr-D df file ({e})") from None
+        try:
+            return cls.from_state_dict(state)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    # ---- scoring ------------------------------------------------------------------------
+    def compute_score(self, gts: Mapping[Any, list[str]], res: Mapping[Any, list[str]]) -> tuple[float, np.ndarray]:
+        """pycocoevalcap's interface: ``(mean, per-image scores in gts key order)``."""
+        missing = [k for k in gts if k not in res]
+        extra = [k for k in res if k not in gts]
+        if missing or extra:
+            raise ValueError(
+                "CiderD.compute_score: gts and res must have the same image ids"
+                + (f"; missing from res: {_fmt_ids(missing)}" if missing else "")
+                + (f"; not in gts: {_fmt_ids(extra)}" if extra else "")
+            )
+        keys = list(gts.keys())
+        if not keys:
+            raise ValueError("CiderD.compute_score: no images")
+        cands = []
+        for k in keys:
+            hypo = res[k]
+            if isinstance(hypo, str):
+                cands.append(hypo)
+            elif isinstance(hypo, (list, tuple)) and len(hypo) == 1 and isinstance(hypo[0], str):
+                cands.append(hypo[0])
+            else:
+                raise ValueError(f"CiderD.compute_score: res[{k!r}] must be a list with one caption, got {hypo!r}")
+        groups = [gts[k] for k in keys]
+        scores = self._score(cands, groups, "gts")
+        return float(np.mean(scores)), scores
+
+    def scores(self, candidates: Sequence[str], references: Sequence[Sequence[str]]) -> np.ndarray:
+        """One CIDEr-D per candidate; ``references[i]`` are the tokenized references of candidate i.
+
+        Candidates that share a reference list (the same object or the same captions) share its
+        vectors. With precomputed df this is the SCST reward; in ``df='corpus'`` mode every
+        candidate counts as one image, as in ``compute_score``.
+        """
+        if len(candidates) != len(references):
+            raise ValueError(f"CiderD.scores: {len(candidates)} candidates but {len(references)} reference lists")
+        for i, c in enumerate(candidates):
+            if not isinstance(c, str):
+                raise ValueError(f"CiderD.scores: candidates[{i}] must be a str, got {type(c).__name__}")
+        return self._score(list(candidates), references, "references")
+
+    def _score(self, cands: list[str], groups: Sequence[Sequence[str]], what: str) -> np.ndarray:
+        n = self.n
+        if not cands:
+            return np.zeros(0)
+        # Share reference vectors between candidates with the same references.
+        group_ids: dict = {}
+        by_obj: dict[int, int] = {}
+        uniq: list[Sequence[str]] = []
+        cand_group = np.empty(len(cands), dtype=np.int64)
+        for i, g in enumerate(groups):
+            gi = by_obj.get(id(g))
+            if gi is None:
+                _check_ref_list(g, f"CiderD: {what}[{i}]")
+                key = tuple(g)
+                gi = group_ids.get(key)
+                if gi is None:
+                    gi = group_ids[key] = len(uniq)
+                    uniq.append(g)
+                by_obj[id(g)] = gi
+            cand_group[i] = gi
+        index = _NgramIndex(self._fixed)
+        sents, group_count = _flatten_groups(uniq)
+        rb = _Block(sents, n, index)
+        cb = _Block(cands, n, index)
+        m = max(index.size, 1)
+        df = np.zeros(index.size)
+        if self._fixed is not None:
+            df[: self._df.size] = self._df
+            ref_len = self._ref_len
+        else:
+            # df = number of images whose references contain the n-gram; every candidate is an image.
+            docs = np.bincount(cand_group, minlength=len(uniq)).astype(np.float64)
+            group_of_sent = np.repeat(np.arange(len(uniq), dtype=np.int64), group_count)
+            pairs = np.unique(group_of_sent[rb.sent] * m + rb.ids)
+            df += np.bincount(pairs % m, weights=docs[pairs // m], minlength=index.size)
+            ref_len = float(np.log(float(len(cands))))
+        idf = ref_len - np.log(np.maximum(1.0, df))
+        rb.weigh(idf, n)
+        cb.weigh(idf, n)
+        group_first = np.cumsum(group_count) - group_count
+        return _pair_scores(cb, rb, group_first[cand_group], group_count[cand_group], n, self.sigma, m)
+
+    def constant_scores(self, candidate: str, references: Sequence[Sequence[str]]) -> np.ndarray:
+        """CIDEr-D of one caption used for every image: one score per reference list.
+
+        In ``df='corpus'`` mode df comes from ``references`` (one image per list), i.e. the same
+        numbers as ``compute_score({i: refs_i}, {i: [candidate]})``.
+        """
+        return self._constant_many([candidate], references)[0]
+
+    def _constant_many(self, candidates: Sequence[str], references: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        n = self.n
+        groups = list(references)
+        if not groups:
+            raise ValueError("CiderD.constant_scores: no reference lists")
+        for i, g in enumerate(groups):
+            _check_ref_list(g, f"CiderD: references[{i}]")
+        index = _NgramIndex(self._fixed)
+        sents, group_count = _flatten_groups(groups)
+        rb = _Block(sents, n, index)
+        cblocks = [_Block([c], n, index) for c in candidates]
+        m = max(index.size, 1)
+        df = np.zeros(index.size)
+        group_of_sent = np.repeat(np.arange(len(groups), dtype=np.int64), group_count)
+        if self._fixed is not None:
+            df[: self._df.size] = self._df
+            ref_len = self._ref_len
+        else:
+            pairs = np.unique(group_of_sent[rb.sent] * m + rb.ids)
+            df += np.bincount(pairs % m, minlength=index.size)
+            ref_len = float(np.log(float(len(groups))))
+        idf = ref_len - np.log(np.maximum(1.0, df))
+        rb.weigh(idf, n)
+        out = []
+        for cb in cblocks:
+            cb.weigh(idf, n)
+            out.append(_constant_scores(cb, rb, group_of_sent, group_count, n, self.sigma))
+        return out
+
+
+def _check_ref_list(group: Any, where: str) -> None:
+    if isinstance(group, str) or not isinstance(group, Sequence) or len(group) == 0:
+        raise ValueError(f"{where} must be a non-empty list of captions, got {group!r}")
+    for s in group:
+        if not isinstance(s, str):
+            raise ValueError(f"{where} must contain only str captions, got {type(s).__name__}")
+
+
+def _fmt_ids(ids: Sequence[Any], limit: int = 5) -> str:
+    shown = ", ".join(repr(i) if not isinstance(i, int) else str(i) for i in list(ids)[:limit])
+    return shown + (f" (and {len(ids) - limit} more)" if len(ids) > limit else "")
+
+
+# --------------------------------------------------------------------------------------------
+# COCO caption evaluation
+# --------------------------------------------------------------------------------------------
+# Characters that Java or the PTB lexer would treat as line breaks: they would shift the
+# one-caption-per-line alignment, so they become spaces.
+_LINE_BREAKS = str.maketrans({c: " " for c in "\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def ptb_tokenize(captions: Mapping[Any, Sequence[str]]) -> dict[Any, list[str]]:
+    """pycocoevalcap's PTBTokenizer (Stanford CoreNLP 3.4.1, lower-cased, punctuation removed).
+
+    Same jar, options and punctuation filter as ``pycocoevalcap.tokenizer.ptbtokenizer``; the
+    temporary file goes to the system temp directory (site-packages may be read-only), Java is
+    told to use UTF-8, and the number of output lines is checked.
+    """
+    from pycocoevalcap.tokenizer import ptbtokenizer as ptb
+
+    keys: list[Any] = []
+    lines: list[str] = []
+    for k, caps in captions.items():
+        for c in caps:
+            keys.append(k)
+            lines.append(str(c).translate(_LINE_BREAKS))
+    out: dict[Any, list[str]] = {k: [] for k in captions}
+    if not lines:
+        return out
+    jar = os.path.join(os.path.dirname(os.path.abspath(ptb.__file__)), ptb.STANFORD_CORENLP_3_4_1_JAR)
+    fd, tmp = tempfile.mkstemp(prefix="a2tune-ptb-", suffix=".txt")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write("\n".join(lines).encode("utf-8"))
+        cmd = ["java", "-Dfile.encoding=UTF-8", "-cp", jar, "edu.stanford.nlp.process.PTBTokenizer",
+               "-preserveLines", "-lowerCase", tmp]
+        try:
+            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except FileNotFoundError:
+            raise RuntimeError("COCO evaluation needs Java (PTB tokenizer, METEOR): 'java' was not found") from None
+    finally:
+        os.remove(tmp)
+    if proc.returncode != 0:
+        raise RuntimeError(f"PTB tokenizer failed (exit {proc.returncode}): "
+                           f"{proc.stderr.decode('utf-8', 'replace')[-2000:]}")
+    token_lines = proc.stdout.decode("utf-8").split("\n")
+    if len(token_lines) < len(lines):
+        raise RuntimeError(f"PTB tokenizer returned {len(token_lines)} lines for {len(lines)} captions")
+    punct = set(ptb.PUNCTUATIONS)
+    for k, line in zip(keys, token_lines):
+        out[k].append(" ".join(w for w in line.rstrip().split(" ") if w not in punct))
+    return out
+
+
+def _spice_lib_dir() -> str:
+    import pycocoevalcap.spice as spice_pkg
+
+    return os.path.join(os.path.dirname(os.path.abspath(spice_pkg.__file__)), "lib")
+
+
+def _spice_jars() -> list[str]:
+    lib = _spice_lib_dir()
+    return [os.path.join(lib, "stanford-corenlp-3.6.0.jar"), os.path.join(lib, "stanford-corenlp-3.6.0-models.jar")]
+
+
+def spice_available() -> bool:
+    """True when SPICE's Stanford CoreNLP jars are installed (SPICE can run offline)."""
+    return all(os.path.isfile(p) for p in _spice_jars())
+
+
+def _spice_missing_message() -> str:
+    return (f"Stanford CoreNLP models not found under {_spice_lib_dir()} (needs a one-time download: "
+            "`python -m pycocoevalcap.spice.get_stanford_models` with network access, or copy "
+            "stanford-corenlp-3.6.0.jar and stanford-corenlp-3.6.0-models.jar there)")
+
+
+def _progress(enabled: bool, msg: str) -> None:
+    if enabled:
+        print(f"coco_scores: {msg}", file=sys.stderr, flush=True)
+
+
+def _run_meteor(gts: dict, res: dict) -> tuple[float, list[float]]:
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    try:
+        meteor = Meteor()
+    except FileNotFoundError:
+        raise RuntimeError("COCO evaluation needs Java (METEOR): 'java' was not found") from None
+    proc = meteor.meteor_p
+    try:
+        score, scores = meteor.compute_score(gts, res)
+    except (ValueError, BrokenPipeError, OSError) as e:
+        proc.kill()
+        err = b""
+        try:
+            err = proc.stderr.read() or b""
+        except (OSError, ValueError):
+            pass
+        raise RuntimeError(f"METEOR failed ({e}): {err.decode('utf-8', 'replace')[-2000:]}") from None
+    finally:
+        if meteor.lock.locked():
+            meteor.lock.release()
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        proc.kill()
+        proc.wait()
+    return float(score), [float(s) for s in scores]
+
+
+def coco_scores(
+    gts: Mapping[int, Sequence[str]],
+    res: Mapping[int, str],
+    spice: bool | None = None,
+    per_image: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """COCO caption metrics of raw (untokenized) captions.
+
+    ``gts[image_id]`` = reference captions, ``res[image_id]`` = the generated caption (a str, or
+    a one-element list). Returns ``{"BLEU-1".."BLEU-4", "METEOR", "ROUGE-L", "CIDEr"[, "SPICE"]}``
+    as fractions (pycocoevalcap's numbers; CIDEr is CIDEr-D x10), plus
+    ``"per_image": {image_id: {metric: value}}`` when ``per_image``.
+
+    SPICE: ``spice=None`` runs it iff its Stanford CoreNLP jars are installed (otherwise one line
+    on stderr says so); ``spice=True`` requires them (RuntimeError); ``spice=False`` skips it.
+    """
+    missing = [k for k in gts if k not in res]
+    extra = [k for k in res if k not in gts]
+    if missing:
+        raise ValueError(f"coco_scores: image id(s) {_fmt_ids(missing)} have references but no result "
+                         f"({len(missing)} of {len(gts)} missing)")
+    if extra:
+        raise ValueError(f"coco_scores: image id(s) {_fmt_ids(extra)} have a result but no references")
+    ids = list(gts.keys())
+    if not ids:
+        raise ValueError("coco_scores: no images to evaluate")
+    raw_res: dict[Any, list[str]] = {}
+    for k in ids:
+        r = res[k]
+        if isinstance(r, (list, tuple)) and len(r) == 1:
+            r = r[0]
+        if not isinstance(r, str):
+            raise ValueError(f"coco_scores: the result of image {k!r} must be a caption string, got {r!r}")
+        raw_res[k] = [r]
+        _check_ref_list(gts[k], f"coco_scores: references of image {k!r}")
+
+    if spice is None:
+        run_spice = spice_available()
+        if not run_spice:
+            print(f"SPICE skipped: {_spice_missing_message()}", file=sys.stderr, flush=True)
+    elif spice:
+        if not spice_available():
+            raise RuntimeError(f"SPICE was requested but cannot run: {_spice_missing_message()}")
+        run_spice = True
+    else:
+        run_spice = False
+
+    num = len(ids)
+    t0 = time.perf_counter()
+    _progress(progress, f"PTB tokenizer on {num} images ...")
+    both = ptb_tokenize({**{("gts", k): gts[k] for k in ids}, **{("res", k): raw_res[k] for k in ids}})
+    tok_gts = {k: both[("gts", k)] for k in ids}
+    tok_res = {k: both[("res", k)] for k in ids}
+
+    results: dict[str, float] = {}
+    per: dict[str, list[float]] = {}
+
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.rouge.rouge import Rouge
+
+    _progress(progress, f"BLEU-1..4 on {num} images ...")
+    bleu, bleu_per = Bleu(4).compute_score(tok_gts, tok_res, verbose=0)
+    for i in range(4):
+        results[f"BLEU-{i + 1}"] = float(bleu[i])
+        per[f"BLEU-{i + 1}"] = [float(x) for x in bleu_per[i]]
+
+    _progress(progress, f"METEOR on {num} images ...")
+    results["METEOR"], per["METEOR"] = _run_meteor(tok_gts, tok_res)
+
+    _progress(progress, f"ROUGE-L on {num} images ...")
+    rouge, rouge_per = Rouge().compute_score(tok_gts, tok_res)
+    results["ROUGE-L"], per["ROUGE-L"] = float(rouge), [float(x) for x in rouge_per]
+
+    _progress(progress, f"CIDEr on {num} images ...")
+    cider, cider_per = CiderD().compute_score(tok_gts, tok_res)
+    results["CIDEr"], per["CIDEr"] = float(cider), [float(x) for x in cider_per]
+
+    if run_spice:
+        _progress(progress, f"SPICE on {num} images ...")
+        try:
+            from pycocoevalcap.spice.spice import Spice
+
+            spice_mean, spice_sets = Spice().compute_score(tok_gts, tok_res)
+        except (subprocess.CalledProcessError, OSError, ValueError, KeyError) as e:
+            if spice:
+                raise RuntimeError(f"SPICE failed: {e}") from None
+            print(f"SPICE skipped: it failed ({e})", file=sys.stderr, flush=True)
+        else:
+            by_id = dict(zip(sorted(ids), spice_sets))
+            results["SPICE"] = float(spice_mean)
+            per["SPICE"] = [float(by_id[k]["All"]["f"]) for k in ids]
+    _progress(progress, "done in %.1f s: %s" % (time.perf_counter() - t0,
+                                                  ", ".join(f"{k} {v:.4f}" for k, v in results.items())))
+
+    out: dict[str, Any] = dict(results)
+    if per_image:
+        out["per_image"] = {k: {name: vals[i] for name, vals in per.items()} for i, k in enumerate(ids)}
+    return out
+
+
+def _read_json(path: str, what: str) -> Any:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} file not found: {path}")
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+_SPLITS = {"train": {"train", "restval"}, "restval": {"restval"}, "val": {"val"}, "test": {"test"}}
+
+
+def load_split_references(captions_path: str | os.PathLike, split: str = "test") -> dict[int, list[str]]:
+    """``{cocoid: [raw caption, ...]}`` of one Karpathy split (``train`` includes ``restval``)."""
+    path = os.fspath(captions_path)
+    if split not in _SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {sorted(_SPLITS)}")
+    data = _read_json(path, "captions")
+    images = data.get("images") if isinstance(data, dict) else None
+    if not isinstance(images, list):
+        raise ValueError(f"{path}: expected Karpathy's format {{\"images\": [...]}}")
+    wanted = _SPLITS[split]
+    gts: dict[int, list[str]] = {}
+    for i, img in enumerate(images):
+        if not isinstance(img, dict):
+            raise ValueError(f"{path}: images[{i}] is not an object")
+        if img.get("split") not in wanted:
+            continue
+        cid = img.get("cocoid")
+        if not _is_int(cid):
+            raise ValueError(f"{path}: images[{i}] has no integer 'cocoid' (got {cid!r})")
+        if cid in gts:
+            raise ValueError(f"{path}: image id {cid} appears twice in split {split!r}")
+        sents = img.get("sentences")
+        if not isinstance(sents, list) or not sents:
+            raise ValueError(f"{path}: image id {cid} has no 'sentences'")
+        caps = []
+        for j, s in enumerate(sents):
+            raw = s.get("raw") if isinstance(s, dict) else None
+            if not isinstance(raw, str):
+                toks = s.get("tokens") if isinstance(s, dict) else None
+                if not isinstance(toks, list) or not all(isinstance(t, str) for t in toks):
+                    raise ValueError(f"{path}: image id {cid}, sentences[{j}] has neither 'raw' nor 'tokens'")
+                raw = " ".join(toks)
+            caps.append(raw)
+        gts[cid] = caps
+    if not gts:
+        raise ValueError(f"{path}: no images in split {split!r}")
+    return gts
+
+
+def load_results(results_path: str | os.PathLike) -> dict[int, str]:
+    """``{image_id: caption}`` from a COCO results JSON ``[{"image_id": int, "caption": str}, ...]``."""
+    path = os.fspath(results_path)
+    data = _read_json(path, "results")
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of {{\"image_id\": int, \"caption\": str}}")
+    res: dict[int, str] = {}
+    dups: list[int] = []
+    for i, r in enumerate(data):
+        if not isinstance(r, dict):
+            raise ValueError(f"{path}: entry {i} is not an object")
+        iid, cap = r.get("image_id"), r.get("caption")
+        if not _is_int(iid):
+            raise ValueError(f"{path}: entry {i} has no integer 'image_id' (got {iid!r})")
+        if not isinstance(cap, str):
+            raise ValueError(f"{path}: entry {i} (image id {iid}) has no string 'caption'")
+        if iid in res:
+            dups.append(iid)
+        res[iid] = cap
+    if dups:
+        raise ValueError(f"{path}: duplicate image id(s) {_fmt_ids(sorted(set(dups)))}")
+    return res
+
+
+def evaluate_results_file(
+    results_path: str | os.PathLike,
+    captions_path: str | os.PathLike,
+    split: str = "test",
+    per_image: bool = False,
+    spice: bool | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Score a COCO results JSON against the ``raw`` references of a Karpathy split."""
+    res = load_results(results_path)
+    gts = load_split_references(captions_path, split)
+    missing = [k for k in gts if k not in res]
+    if missing:
+        raise ValueError(f"{os.fspath(results_path)}: no caption for image id(s) {_fmt_ids(missing)} of split "
+                         f"{split!r} in {os.fspath(captions_path)} ({len(missing)} of {len(gts)} missing)")
+    extra = [k for k in res if k not in gts]
+    if extra:
+        raise ValueError(f"{os.fspath(results_path)}: image id(s) {_fmt_ids(extra)} are not in split {split!r} "
+                         f"of {os.fspath(captions_path)}")
+    return coco_scores(gts, {k: res[k] for k in gts}, spice=spice, per_image=per_image, progress=progress)
+
+
+# --------------------------------------------------------------------------------------------
+# Baseline: the best single caption for every image
+# --------------------------------------------------------------------------------------------
+_PUNCT = str.maketrans({c: " " for c in ".,!?;:\"()[]{}`"})
+
+
+def simple_tokenize(caption: str) -> str:
+    """Lower-case, drop common punctuation, collapse whitespace (a light PTB stand-in)."""
+    return " ".join(caption.lower().translate(_PUNCT).split())
+
+
+def best_constant_caption(
+    train_captions: Sequence[str], gts: Mapping[int, Sequence[str]], candidates: int = 50
+) -> tuple[str, float]:
+    """The caption that scores the highest CIDEr-D when used for every image of ``gts``.
+
+    Candidates are the ``candidates`` most frequent training captions after
+    :func:`simple_tokenize` (which is also applied to ``gts``); df comes from ``gts``. Returns
+    ``(caption, CIDEr-D)``; ties go to the more frequent caption.
+    """
+    if candidates < 1:
+        raise ValueError(f"best_constant_caption: candidates must be >= 1, got {candidates}")
+    counts = collections.Counter(t for t in (simple_tokenize(c) for c in train_captions) if t)
+    if not counts:
+        raise ValueError("best_constant_caption: no non-empty training captions")
+    if not gts:
+        raise ValueError("best_constant_caption: gts is empty")
+    pool = [c for c, _ in counts.most_common(candidates)]
+    refs = [[simple_tokenize(c) for c in gts[k]] for k in gts]
+    per_cand = CiderD()._constant_many(pool, refs)
+    means = [float(np.mean(s)) for s in per_cand]
+    best = int(np.argmax(means))
+    return pool[best], means[best]

@@ -1,0 +1,308 @@
+"""The A2 Transformer: a captioning Transformer over region features whose decoder cross-attention is aligned by
+a learnable mask perturbation network (paper Eq. 2-10). One readable file; shapes in comments use
+  B batch, T caption steps, R regions, H heads, Dh = d_model / H, V vocabulary.
+
+Cross-attention of every decoder layer computes the usual weights  a = softmax(q k^T / sqrt(Dh))  (B, H, T, R) and
+  mask network (Eq. 2)   m = sigmoid(q_m k_m^T / sqrt(Dh) + b_h)   (B, H, T, R), one value per head, step, region.
+      The paper writes m_t = sigmoid(W_m h_t + b_m), a fixed-size output; region counts vary, so (as the attention
+      calibration work the paper follows does) the decoder state h_t is projected to a mask query q_m and scored
+      against mask keys k_m projected from each region's encoding. W_m = (W_qm, W_km) and b_h vary per layer/head.
+  perturbed (Eq. 3)      a_p = m * a + (1 - m) * mean_heads(a)     used only in the mask network's own step
+  Eq. 5                  a_m = a * exp(1 - m)
+  fusion (Eq. 6-10)      none: a | max: max(a, a_m) | moving_average: a + eta a_m |
+                         exp_decay: e^(-s/T_P) a + (1 - e^(-s/T_P)) a_m | gate: g a + (1 - g) a_m, g = sigmoid(w_h.q + b_h)
+  renormalisation        (config `renormalize`, default on) divides the fused weights by their sum over regions so
+                         each row is a distribution again; Eq. 6-9 do not keep rows summing to 1.
+Note a_m >= a elementwise (exp(1 - m) > 1), so `max` equals a_m before renormalisation, as Eq. 6 implies.
+In the captioner's pass m is detached: the mask is supervision for the captioner, and the mask network is
+trained only by its adversarial objective (Eq. 4, see `a2core.train`). `fusion: none` builds no mask network
+and is exactly a plain Transformer.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+
+NEG_INF = -1e9
+
+
+def _heads(x: torch.Tensor, h: int) -> torch.Tensor:
+    """(B, N, d) -> (B, H, N, Dh)"""
+    b, n, d = x.shape
+    return x.view(b, n, h, d // h).transpose(1, 2)
+
+
+def _merge(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, Dh) -> (B, N, d)"""
+    b, h, n, dh = x.shape
+    return x.transpose(1, 2).reshape(b, n, h * dh)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention; `cache` (a dict) holds past keys/values for step-by-step decoding."""
+
+    def __init__(self, d: int, h: int, dropout: float):
+        super().__init__()
+        self.h = h
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, key_mask=None, causal=False, cache=None):
+        # x: (B, N, d); key_mask: (B, N) True = attend; cache: {"k", "v"} of (B, H, t, Dh) for past steps
+        q, k, v = (_heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
+        if cache is not None:
+            if "k" in cache:
+                k = torch.cat([cache["k"], k], dim=2)
+                v = torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, N, N_k)
+        if key_mask is not None:
+            scores = scores.masked_fill(~key_mask[:, None, None, :], NEG_INF)
+        if causal and q.shape[2] > 1:
+            n, nk = q.shape[2], k.shape[2]
+            future = torch.ones(n, nk, dtype=torch.bool, device=x.device).triu(nk - n + 1)
+            scores = scores.masked_fill(future, NEG_INF)
+        weights = self.drop(scores.softmax(-1))
+        return self.out(_merge(weights @ v))
+
+
+class A2CrossAttention(nn.Module):
+    """Decoder-to-region attention with the mask perturbation network and one of the fusions (module docstring)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, h = cfg.d_model, cfg.heads
+        self.h, self.fusion = h, cfg.fusion
+        self.eta, self.temperature, self.renormalize = cfg.eta, cfg.temperature, cfg.renormalize
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * d)
+        self.out = nn.Linear(d, d)
+        self.drop = nn.Dropout(cfg.dropout)
+        if self.fusion != "none":
+            # Mask perturbation network (theta_m): trained only by the adversarial mask loss.
+            self.mask_q = nn.Linear(d, d)
+            self.mask_k = nn.Linear(d, d)
+            self.mask_bias = nn.Parameter(torch.full((h,), float(cfg.mask_bias_init)))
+        if self.fusion == "gate":
+            # Eq. 10: g = sigmoid(W_g q + b_g), one gate per layer, head and step.
+            self.gate_w = nn.Parameter(torch.zeros(h, d // h))
+            self.gate_b = nn.Parameter(torch.zeros(h))
+        self.record = False
+        self.last: dict[str, torch.Tensor] = {}
+        self.last_mask_mean = float("nan")  # mean m over real regions in the latest perturbed pass
+
+    def mask_parameters(self) -> list[nn.Parameter]:
+        if self.fusion == "none":
+            return []
+        return [*self.mask_q.parameters(), *self.mask_k.parameters(), self.mask_bias]
+
+    def memory(self, enc: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-region keys/values, computed once per image and reused at every decoding step."""
+        k, v = (_heads(t, self.h) for t in self.kv(enc).chunk(2, dim=-1))  # (B, H, R, Dh) each
+        mem = {"k": k, "v": v}
+        if self.fusion != "none":
+            mem["mk"] = _heads(self.mask_k(enc), self.h)  # (B, H, R, Dh)
+        return mem
+
+    def mask(self, x: torch.Tensor, mem: dict) -> torch.Tensor:
+        """Eq. 2: m in (0, 1) of shape (B, H, T, R) from decoder states x (B, T, d)."""
+        qm = _heads(self.mask_q(x), self.h)
+        logits = qm @ mem["mk"].transpose(-1, -2) / math.sqrt(qm.shape[-1]) + self.mask_bias[None, :, None, None]
+        return torch.sigmoid(logits)
+
+    def fuse(self, a: torch.Tensor, m: torch.Tensor, q: torch.Tensor, step: float) -> torch.Tensor:
+        """Eq. 5-10. a, m: (B, H, T, R); q: (B, H, T, Dh) the attention queries (for the gate)."""
+        a_m = a * torch.exp(1.0 - m)
+        if self.fusion == "max":
+            fused = torch.maximum(a, a_m)
+        elif self.fusion == "moving_average":
+            fused = a + self.eta * a_m
+        elif self.fusion == "exp_decay":
+            keep = math.exp(-step / self.temperature)
+            fused = keep * a + (1.0 - keep) * a_m
+        elif self.fusion == "gate":
+            g = torch.sigmoid((q * self.gate_w[None, :, None, :]).sum(-1, keepdim=True)
+                              + self.gate_b[None, :, None, None])  # (B, H, T, 1)
+            fused = g * a + (1.0 - g) * a_m
+        else:
+            raise ValueError(f"unknown fusion {self.fusion!r}")
+        if self.renormalize:
+            fused = fused / fused.sum(-1, keepdim=True).clamp_min(1e-12)
+        return fused
+
+    def forward(self, x, mem, region_mask, mode: str = "aligned", step: float = 0.0):
+        """x: (B, T, d); region_mask: (B, R) True = real region. Returns (B, T, d) and, in mode 'perturbed',
+        the mask penalty ||1 - m||^2 per row averaged over (B, H, T) (Eq. 4's second term)."""
+        q = _heads(self.q(x), self.h)  # (B, H, T, Dh)
+        scores = q @ mem["k"].transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, R)
+        valid = region_mask[:, None, None, :]
+        a = scores.masked_fill(~valid, NEG_INF).softmax(-1)
+        penalty = None
+        if self.fusion == "none" or mode == "plain":
+            weights, m = a, None
+        elif mode == "perturbed":
+            m = self.mask(x, mem)
+            a_bar = a.mean(dim=1, keepdim=True)  # (B, 1, T, R): average over heads, not zero (Eq. 3)
+            weights = m * a + (1.0 - m) * a_bar
+            penalty = (((1.0 - m) ** 2) * valid).sum(-1).mean()
+            self.last_mask_mean = float((m.detach() * valid).sum() / (valid.sum() * m.shape[1] * m.shape[2]))
+        else:
+            m = self.mask(x, mem).detach()
+            weights = self.fuse(a, m, q, step)
+        if self.record:
+            self.last = {"attention": a.detach(), "aligned": weights.detach()}
+            if m is not None:
+                self.last["mask"] = m.detach()
+        out = self.out(_merge(self.drop(weights) @ mem["v"]))
+        return out, penalty
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn = SelfAttention(cfg.d_model, cfg.heads, cfg.dropout)
+        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.ReLU(), nn.Dropout(cfg.dropout),
+                                nn.Linear(cfg.d_ff, cfg.d_model))
+        self.norm1, self.norm2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, region_mask):
+        # Post-norm residual blocks, as in the paper ("layer normalization applied after MHA and FFN").
+        x = self.norm1(x + self.drop(self.attn(x, key_mask=region_mask)))
+        return self.norm2(x + self.drop(self.ff(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.dropout)
+        self.cross = A2CrossAttention(cfg)
+        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.ReLU(), nn.Dropout(cfg.dropout),
+                                nn.Linear(cfg.d_ff, cfg.d_model))
+        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(cfg.d_model) for _ in range(3))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, y, mem, region_mask, mode, step, cache=None):
+        y = self.norm1(y + self.drop(self.self_attn(y, causal=True, cache=cache)))
+        c, penalty = self.cross(y, mem, region_mask, mode, step)
+        y = self.norm2(y + self.drop(c))
+        return self.norm3(y + self.drop(self.ff(y))), penalty
+
+
+def sinusoid(length: int, d: int) -> torch.Tensor:
+    pos = torch.arange(length, dtype=torch.float32)[:, None]
+    i = torch.arange(0, d, 2, dtype=torch.float32)
+    angle = pos / torch.pow(10000.0, i / d)
+    pe = torch.zeros(length, d)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(angle), torch.cos(angle[:, : d // 2])
+    return pe
+
+
+class A2Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, max_len: int = 64):
+        super().__init__()
+        self.cfg, self.vocab_size = cfg, vocab_size
+        d = cfg.d_model
+        self.region_in = nn.Sequential(nn.Linear(cfg.feature_dim, d), nn.ReLU(), nn.Dropout(cfg.dropout),
+                                       nn.LayerNorm(d))
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.layers))
+        self.embed = nn.Embedding(vocab_size, d, padding_idx=0)
+        self.register_buffer("pos", sinusoid(max_len + 2, d), persistent=False)
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
+        self.drop = nn.Dropout(cfg.dropout)
+        self.head = nn.Linear(d, vocab_size, bias=False)
+        self.head.weight = self.embed.weight  # tied input/output word embeddings
+        # Global training step s (Eq. 8), saved with the model so decoding uses the step training reached.
+        self.register_buffer("train_step", torch.zeros((), dtype=torch.float64))
+        self._init()
+
+    def _init(self):
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "gate_w" not in name:
+                nn.init.xavier_uniform_(p)
+
+    # -- parameter groups ---------------------------------------------------------------------------------------
+    def mask_parameters(self) -> list[nn.Parameter]:
+        return [p for layer in self.decoder for p in layer.cross.mask_parameters()]
+
+    def captioner_parameters(self) -> list[nn.Parameter]:
+        mask = {id(p) for p in self.mask_parameters()}
+        return [p for p in self.parameters() if id(p) not in mask]
+
+    @property
+    def has_mask_network(self) -> bool:
+        return self.cfg.fusion != "none"
+
+    def record_attention(self, on: bool = True) -> None:
+        for layer in self.decoder:
+            layer.cross.record = on
+            layer.cross.last = {}
+
+    def recorded_attention(self) -> list[dict[str, torch.Tensor]]:
+        return [layer.cross.last for layer in self.decoder]
+
+    # -- encoder / decoder ----------------------------------------------------------------------------------------
+    def encode(self, feats: torch.Tensor, region_mask: torch.Tensor) -> torch.Tensor:
+        """feats (B, R, feature_dim), region_mask (B, R) -> (B, R, d)"""
+        x = self.region_in(feats)
+        for layer in self.encoder:
+            x = layer(x, region_mask)
+        return x
+
+    def memory(self, enc: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        return [layer.cross.memory(enc) for layer in self.decoder]
+
+    def _embed(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        t = tokens.shape[1]
+        return self.drop(self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.pos[start:start + t])
+
+    def decode(self, tokens, mem, region_mask, mode: str = "aligned", caches=None, start: int = 0):
+        """tokens (B, T) -> logits (B, T, V) and the summed mask penalty of all layers (mode 'perturbed')."""
+        y = self._embed(tokens, start)
+        step = float(self.train_step)
+        total = None
+        for i, layer in enumerate(self.decoder):
+            y, penalty = layer(y, mem[i], region_mask, mode, step, None if caches is None else caches[i])
+            if penalty is not None:
+                total = penalty if total is None else total + penalty
+        return self.head(y), total
+
+    def forward(self, feats, region_mask, tokens, mode: str = "aligned", repeat: int = 1):
+        """Teacher forcing. feats (B, R, D); tokens (B * repeat, T) where each image has `repeat` captions.
+        Returns logits (B * repeat, T, V) and the mask penalty (None unless mode is 'perturbed')."""
+        enc = self.encode(feats, region_mask)
+        if repeat > 1:
+            enc = enc.repeat_interleave(repeat, dim=0)
+            region_mask = region_mask.repeat_interleave(repeat, dim=0)
+        return self.decode(tokens, self.memory(enc), region_mask, mode)
+
+    # -- step-by-step decoding -------------------------------------------------------------------------------
+    def init_state(self, feats, region_mask) -> dict:
+        enc = self.encode(feats, region_mask)
+        return {"mem": self.memory(enc), "region_mask": region_mask, "caches": [{} for _ in self.decoder], "t": 0}
+
+    def step(self, last_tokens: torch.Tensor, state: dict) -> torch.Tensor:
+        """last_tokens (N,) -> log-probabilities (N, V) of the next word; advances the cached state."""
+        logits, _ = self.decode(last_tokens[:, None], state["mem"], state["region_mask"], caches=state["caches"],
+                                start=state["t"])
+        state["t"] += 1
+        return logits[:, -1].log_softmax(-1)
+
+    @staticmethod
+    def reorder_state(state: dict, index: torch.Tensor) -> dict:
+        """Select rows (beams) of the per-beam caches: index (N,) into the batch dimension.
+
+        Beam search only moves rows within the group of one image, whose region memory rows are identical,
+        so the memory is left in place instead of being copied every step."""
+        caches = [{k: v.index_select(0, index) for k, v in c.items()} for c in state["caches"]]
+        return {**state, "caches": caches}
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, max_len: int = 64) -> A2Transformer:
+    return A2Transformer(cfg, vocab_size, max_len)

@@ -1,0 +1,386 @@
+"""Training: cross-entropy with Noam warmup and the alternating mask-network updates (stage 1), then self-critical
+sequence training with a CIDEr-D reward (stage 2). Plain PyTorch: `train(config, report)` runs the same under
+`a2 train`, a test, or a Ray Train worker (which initialises torch.distributed before calling it).
+
+Every step of stage 1:
+  1. captioner step: L_IC = cross-entropy of the captions under the *aligned* attention (Eq. 11); the gradient
+     goes to every parameter except the mask network's (the mask m is detached inside the model).
+  2. mask step (every `mask_every` steps, not for fusion `none`): L(theta_m) = -L_IC(a_p) + lambda ||1 - m||^2
+     (Eq. 4) with the *perturbed* attention a_p; the gradient goes to the mask network only, the captioner is
+     frozen for it (backward with `inputs=` the mask parameters; the encoder runs without a graph).
+Data parallel: instead of DDP's wrapper (which expects one forward per step over one parameter set), the two
+objectives' gradients are averaged across ranks with one flattened all-reduce each, which is what DDP does.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import checkpoint as ckpt
+from .config import Config
+from .data.captions import Vocab
+from .data.dataset import CaptionData
+from .decode import ModelStepper, captions_for, greedy, sample
+from .model.a2 import build_model
+
+log = logging.getLogger("a2core.train")
+Report = Callable[[dict, "str | None"], None]
+
+
+def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
+    """Learning rate at optimizer step `step` (0-based) of the Transformer schedule."""
+    s = step + 1
+    return factor * d_model ** -0.5 * min(s ** -0.5, s * warmup ** -1.5)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class _Dist:
+    """Rank, world size and the collective ops this loop needs (no-ops when not distributed)."""
+
+    def __init__(self):
+        self.on = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.on else 0
+        self.world = dist.get_world_size() if self.on else 1
+
+    def average_grads(self, params) -> None:
+        grads = [p.grad for p in params if p.grad is not None]
+        if not self.on or not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def broadcast_params(self, module) -> None:
+        if self.on:
+            for t in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(t.data, 0)
+
+    def mean(self, values: dict[str, float]) -> dict[str, float]:
+        if not self.on or not values:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+        if dist.get_backend() == "nccl":
+            t = t.cuda()
+        dist.all_reduce(t)
+        return {k: float(v) / self.world for k, v in zip(keys, t.tolist())}
+
+    def gather_dict(self, part: dict) -> dict:
+        if not self.on:
+            return part
+        parts = [None] * self.world
+        dist.all_gather_object(parts, part)
+        out = {}
+        for p in parts:
+            out.update(p)
+        return out
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        return torch.device("cuda", local % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def _caption_loss(logits, targets, smoothing: float = 0.0):
+    """Mean cross-entropy over real (non-pad) target words. logits (N, T, V), targets (N, T)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=0,
+                           label_smoothing=smoothing)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, output_dir: str | Path, resume_from: str | Path | None = None):
+        self.cfg = cfg
+        self.dist = _Dist()
+        self.device = _device()
+        self.output_dir = Path(output_dir)
+        state = ckpt.load(resume_from) if resume_from else None
+        if state is not None:
+            saved = Config.from_dict(state["config"])
+            if saved.model != cfg.model:
+                raise ValueError(f"{resume_from}: its model config differs from this run's; cannot resume")
+        seed_everything(cfg.train.seed)
+        vocab = Vocab(state["vocab"]) if state else None
+        self.data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab)
+        self.data.check(("train", "val"))
+        self.vocab = self.data.vocab
+        self.model = build_model(cfg.model, len(self.vocab), cfg.data.max_caption_len + 2).to(self.device)
+        self.dist.broadcast_params(self.model)
+        t = cfg.train
+        self.cap_params = self.model.captioner_parameters()
+        self.mask_params = self.model.mask_parameters()
+        self.opt = torch.optim.Adam(self.cap_params, lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: noam(s, cfg.model.d_model, t.warmup, t.lr_factor))
+        self.mask_opt = torch.optim.Adam(self.mask_params, lr=t.mask_lr) if self.mask_params else None
+        self.scst_opt = torch.optim.Adam(self.cap_params, lr=t.scst_lr)
+        self.epoch, self.step = 0, 0
+        self.best: dict = {"val/CIDEr": float("-inf"), "epoch": 0}
+        self.history: list[dict] = []
+        self._cider = None
+        if state is not None:
+            self._restore(state)
+
+    # -- state ------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+            "mask_optimizer": self.mask_opt.state_dict() if self.mask_opt else None,
+            "scst_optimizer": self.scst_opt.state_dict(), "config": self.cfg.to_dict(), "vocab": self.vocab.words,
+            "epoch": self.epoch, "step": self.step, "best": dict(self.best), "history": list(self.history),
+            "rng": ckpt.rng_state(), "format": 1,
+        }
+
+    def _restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if self.mask_opt and state.get("mask_optimizer"):
+            self.mask_opt.load_state_dict(state["mask_optimizer"])
+        if state.get("scst_optimizer"):
+            self.scst_opt.load_state_dict(state["scst_optimizer"])
+        self.epoch, self.step = state["epoch"], state["step"]
+        self.best, self.history = dict(state["best"]), list(state.get("history", []))
+        ckpt.set_rng_state(state["rng"])
+
+    # -- one epoch of each stage ----------------------------------------------------------------------------------
+    def _batches(self):
+        t = self.cfg.train
+        return self.data.loader("train", t.batch_size, shuffle=True, seed=t.seed, epoch=self.epoch,
+                                rank=self.dist.rank, world=self.dist.world, num_workers=t.num_workers)
+
+    def _mask_step(self, feats, mask, inp, tgt) -> tuple[float, float]:
+        """Eq. 4 on one batch: the mask network maximises the caption loss under perturbed attention."""
+        with torch.no_grad():
+            enc = self.model.encode(feats, mask)
+        enc = enc.repeat_interleave(inp.shape[0] // feats.shape[0], 0)
+        rmask = mask.repeat_interleave(inp.shape[0] // feats.shape[0], 0)
+        logits, penalty = self.model.decode(inp, self.model.memory(enc), rmask, mode="perturbed")
+        loss = -_caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
+        self.mask_opt.zero_grad(set_to_none=True)
+        loss.backward(inputs=self.mask_params)
+        self.dist.average_grads(self.mask_params)
+        self.mask_opt.step()
+        mask_mean = float(np.mean([layer.cross.last_mask_mean for layer in self.model.decoder]))
+        return float(loss), mask_mean
+
+    def xe_epoch(self) -> dict:
+        t = self.cfg.train
+        self.model.train()
+        sums = {"train/loss": 0.0, "train/mask_loss": 0.0, "train/mask_mean": 0.0}
+        n_steps = n_mask = 0
+        for batch in self._batches():
+            feats = batch["feats"].to(self.device)
+            mask = batch["region_mask"].to(self.device)
+            caps = batch["captions"].to(self.device)  # (B, 5, L)
+            tokens = caps.view(-1, caps.shape[-1])
+            inp, tgt = tokens[:, :-1], tokens[:, 1:]
+            logits, _ = self.model(feats, mask, inp, repeat=caps.shape[1])
+            loss = _caption_loss(logits, tgt, t.label_smoothing)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward(inputs=self.cap_params)
+            self.dist.average_grads(self.cap_params)
+            if t.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.cap_params, t.grad_clip)
+            self.opt.step()
+            self.sched.step()
+            self.step += 1
+            self.model.train_step.fill_(self.step)
+            sums["train/loss"] += float(loss)
+            n_steps += 1
+            if self.mask_opt is not None and self.step % t.mask_every == 0:
+                mask_loss, mask_mean = self._mask_step(feats, mask, inp, tgt)
+                sums["train/mask_loss"] += mask_loss
+                sums["train/mask_mean"] += mask_mean
+                n_mask += 1
+            if self.dist.rank == 0 and self.step % t.log_every == 0:
+                log.info("epoch %d step %d loss %.4f lr %.2e", self.epoch + 1, self.step, float(loss),
+                         self.sched.get_last_lr()[0])
+        out = {"train/loss": sums["train/loss"] / max(n_steps, 1), "train/lr": self.sched.get_last_lr()[0]}
+        if n_mask:
+            out["train/mask_loss"] = sums["train/mask_loss"] / n_mask
+            out["train/mask_mean"] = sums["train/mask_mean"] / n_mask
+        return out
+
+    def cider(self):
+        """CIDEr-D reward with document frequencies precomputed once from the training captions."""
+        if self._cider is None:
+            from .metrics import CiderD
+
+            refs = list(self.data.references("train").values())
+            self._cider = CiderD.from_corpus(refs)
+        return self._cider
+
+    def scst_epoch(self) -> dict:
+        t = self.cfg.train
+        cider = self.cider()
+        refs_by_id = self.data.references("train")
+        sums = {"train/loss": 0.0, "train/reward": 0.0, "train/mask_loss": 0.0, "train/mask_mean": 0.0}
+        n_steps = n_mask = 0
+        for batch in self._batches():
+            feats = batch["feats"].to(self.device)
+            mask = batch["region_mask"].to(self.device)
+            ids = batch["image_ids"].tolist()
+            k = t.scst_samples
+            self.model.train()
+            tokens, logps, valid = sample(self.model, feats, mask, k, t.max_len, self.vocab.bos, self.vocab.eos)
+            cands = [self.vocab.decode(seq) for seq in tokens.tolist()]
+            refs = [refs_by_id[i] for i in ids for _ in range(k)]
+            reward = torch.tensor(cider.scores(cands, refs), dtype=torch.float32, device=self.device).view(-1, k)
+            if t.scst_baseline == "mean":
+                baseline = (reward.sum(1, keepdim=True) - reward) / (k - 1)  # mean of the *other* samples
+            else:
+                self.model.eval()
+                g = greedy(self.model, feats, mask, t.max_len, self.vocab.bos, self.vocab.eos)
+                self.model.train()
+                g_caps = [self.vocab.decode(seq) for seq in g.tolist()]
+                baseline = torch.tensor(cider.scores(g_caps, [refs_by_id[i] for i in ids]),
+                                        dtype=torch.float32, device=self.device)[:, None]
+            advantage = (reward - baseline).view(-1, 1)
+            loss = -(advantage * logps * valid).sum() / valid.shape[0]
+            self.scst_opt.zero_grad(set_to_none=True)
+            loss.backward(inputs=self.cap_params)
+            self.dist.average_grads(self.cap_params)
+            if t.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.cap_params, t.grad_clip)
+            self.scst_opt.step()
+            self.step += 1
+            self.model.train_step.fill_(self.step)
+            sums["train/loss"] += float(loss)
+            sums["train/reward"] += float(reward.mean())
+            n_steps += 1
+            if self.mask_opt is not None and self.step % t.mask_every == 0:
+                # The mask network keeps training against the captioner: Eq. 4 on the reference captions.
+                caps = batch["captions"].to(self.device)
+                tok = caps.view(-1, caps.shape[-1])
+                mask_loss, mask_mean = self._mask_step(feats, mask, tok[:, :-1], tok[:, 1:])
+                sums["train/mask_loss"] += mask_loss
+                sums["train/mask_mean"] += mask_mean
+                n_mask += 1
+        out = {"train/loss": sums["train/loss"] / max(n_steps, 1), "train/reward": sums["train/reward"] / max(n_steps, 1)}
+        if n_mask:
+            out["train/mask_loss"] = sums["train/mask_loss"] / n_mask
+            out["train/mask_mean"] = sums["train/mask_mean"] / n_mask
+        return out
+
+    # -- validation -----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self) -> dict:
+        t = self.cfg.train
+        self.model.eval()
+        beam = t.beam_size if t.val_decode == "beam" else 1
+        part = captions_for(self.data, ModelStepper(self.model), "val", beam_size=beam, max_len=t.max_len,
+                            batch_size=t.batch_size, limit=self.cfg.data.val_images, device=self.device,
+                            rank=self.dist.rank, world=self.dist.world)
+        caps = self.dist.gather_dict(part)
+        refs = self.data.references("val")
+        refs = {i: refs[i] for i in caps}
+        from .metrics import caption_scores
+
+        scores = caption_scores(refs, caps, meteor=t.val_meteor)
+        out = {f"val/{k}": v for k, v in scores.items()}
+        from .diagnostics import attention_jsd
+
+        jsd = attention_jsd(self.model, self.data, "val", limit=min(50, self.cfg.data.val_images or 50),
+                            batch_size=t.batch_size, device=self.device)
+        out.update({f"val/jsd/layer{i}": v for i, v in enumerate(jsd)})
+        out["samples"] = [f"{i}: {caps[i]}" for i in sorted(caps)[:5]]
+        return out
+
+    # -- the loop ---------------------------------------------------------------------------------------------------
+    def _save_epoch(self, metrics: dict, improved: bool) -> Path | None:
+        if self.dist.rank != 0:
+            return None
+        last = ckpt.save(self.state_dict(), self.output_dir / "last.pt")
+        if improved:
+            tmp = self.output_dir / ".best.pt.tmp"
+            if tmp.exists():
+                tmp.unlink()
+            os.link(last, tmp)  # last.pt is replaced (new inode) next epoch, so the link keeps this one
+            os.replace(tmp, self.output_dir / "best.pt")
+        return last
+
+    def _enter_scst(self) -> None:
+        """Switch point: stage 2 starts from the configured XE checkpoint (default: this run's best)."""
+        src = self.cfg.train.scst_from or (self.output_dir / "best.pt")
+        if self.dist.on:
+            dist.barrier()
+        state = ckpt.load(src, map_location=self.device)
+        if Vocab(state["vocab"]) != self.vocab:
+            raise ValueError(f"{src}: its vocabulary differs from this run's; cannot start SCST from it")
+        step = self.model.train_step.clone()
+        self.model.load_state_dict(state["model"])
+        self.model.train_step.copy_(step)
+        log.info("SCST starts from %s (epoch %s)", src, state.get("epoch"))
+
+    def run(self, report: Report | None) -> dict:
+        t = self.cfg.train
+        total = t.xe_epochs + t.scst_epochs
+        while self.epoch < total:
+            stage = "xe" if self.epoch < t.xe_epochs else "scst"
+            if stage == "scst" and self.epoch == t.xe_epochs:
+                self._enter_scst()
+            start = time.perf_counter()
+            train_metrics = self.xe_epoch() if stage == "xe" else self.scst_epoch()
+            train_metrics = self.dist.mean(train_metrics)
+            self.epoch += 1
+            val = self.validate()
+            samples = val.pop("samples")
+            improved = val["val/CIDEr"] > self.best["val/CIDEr"]
+            if improved:
+                self.best = {"val/CIDEr": val["val/CIDEr"], "epoch": self.epoch, "stage": stage}
+            metrics = {"epoch": self.epoch, "step": self.step, "stage": stage, **train_metrics, **val,
+                       "best/val/CIDEr": self.best["val/CIDEr"], "best/epoch": self.best["epoch"],
+                       "time/epoch_s": time.perf_counter() - start}
+            self.history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
+            last = self._save_epoch(metrics, improved)
+            metrics["samples"] = samples
+            if report is not None:
+                self._report(report, metrics, last)
+        return {"best/val/CIDEr": self.best["val/CIDEr"], "best_epoch": self.best["epoch"], "epochs": self.epoch,
+                "steps": self.step, "best_checkpoint": str(self.output_dir / "best.pt"),
+                "last_checkpoint": str(self.output_dir / "last.pt"), "history": self.history}
+
+    def _report(self, report: Report, metrics: dict, last: Path | None) -> None:
+        if last is None:
+            report(metrics, None)
+            return
+        tmp = Path(tempfile.mkdtemp(prefix="a2ckpt-"))
+        try:
+            try:
+                os.link(last, tmp / ckpt.CHECKPOINT_FILE)
+            except OSError:  # another filesystem: copy instead
+                shutil.copy2(last, tmp / ckpt.CHECKPOINT_FILE)
+            report(metrics, str(tmp))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def train(config: Config | dict, report: Report | None = None, *, output_dir: str | Path | None = None,
+          resume_from: str | Path | None = None) -> dict:
+    """Train one configuration; see the module docstring. Returns the best score and checkpoint paths."""
+    cfg = config if isinstance(config, Config) else Config.from_dict(config)
+    trainer = Trainer(cfg, output_dir or cfg.output_dir, resume_from)
+    return trainer.run(report)
