@@ -1,0 +1,392 @@
+"""COCO caption test-server submission files: write, zip and validate.
+
+The server expects one ``results.zip`` whose root holds exactly two files::
+
+    captions_val2014_<alg>_results.json
+    captions_test2014_<alg>_results.json
+
+each a JSON list ``[{"image_id": int, "caption": str}, ...]`` covering every image of its split exactly
+once (val2014: 40,504 images; test2014: 40,775, from ``image_info_test2014.json``).
+
+``validate_zip`` checks all of that and reports *every* problem it finds, so one run tells the whole
+story::
+
+    report = validate_zip("results.zip", read_image_ids("captions_val2014.json"),
+                          read_image_ids("image_info_test2014.json"), alg="a2")
+    print(report)               # human-readable; report.ok is False when anything is wrong
+    report.raise_if_invalid()   # SubmissionError carrying the same text
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import zipfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+__all__ = [
+    "SPLITS",
+    "Problem",
+    "SubmissionError",
+    "ValidationReport",
+    "make_zip",
+    "read_image_ids",
+    "results_filename",
+    "validate_zip",
+    "write_results",
+]
+
+SPLITS = ("val", "test")
+_ALG_RE = re.compile(r"[A-Za-z0-9-]+")
+_NAME_RE = re.compile(r"captions_(?P<split>val|test)2014_(?P<alg>[A-Za-z0-9-]+)_results\.json")
+# How many image ids / entry indices a problem message shows before "... (N more)".
+MAX_IDS_SHOWN = 10
+
+
+class SubmissionError(ValueError):
+    """A submission file is malformed, or an input needed to build or check one is."""
+
+
+# --------------------------------------------------------------------------------------------- names
+
+
+def results_filename(split: str, alg: str) -> str:
+    """``captions_{split}2014_{alg}_results.json``; ``split`` is ``val`` or ``test``."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if not isinstance(alg, str) or not _ALG_RE.fullmatch(alg):
+        raise ValueError(f"alg must match [A-Za-z0-9-]+ (it becomes part of the file name), got {alg!r}")
+    return f"captions_{split}2014_{alg}_results.json"
+
+
+# ------------------------------------------------------------------------------------------- writing
+
+
+def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> Path:
+    """Write ``path`` through ``write(fileobj)`` into a temp file in the same directory, then
+    ``os.replace`` it into place, so readers only ever see the old or the complete new file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        kwargs = {"encoding": "utf-8", "newline": "\n"} if "b" not in mode else {}
+        with os.fdopen(fd, mode, **kwargs) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def write_results(path: str | os.PathLike, captions: Mapping[int, str]) -> Path:
+    """Write a COCO results file ``[{"image_id": int, "caption": str}]`` sorted by image id, atomically.
+
+    Ids must be ints and captions strings (SubmissionError naming the offending id otherwise). Empty
+    captions are written as they are; ``validate_zip`` flags them.
+    """
+    entries = []
+    for image_id, caption in captions.items():
+        if isinstance(image_id, bool) or not isinstance(image_id, int):
+            raise SubmissionError(f"{path}: image id {image_id!r} is not an int")
+        if not isinstance(caption, str):
+            raise SubmissionError(f"{path}: caption of image {image_id} is {type(caption).__name__}, not str")
+        entries.append({"image_id": int(image_id), "caption": caption})
+    entries.sort(key=lambda e: e["image_id"])
+
+    def write(f):
+        json.dump(entries, f, ensure_ascii=False)
+        f.write("\n")
+
+    return _atomic_write(path, write, mode="w")
+
+
+def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_results: str | os.PathLike) -> Path:
+    """Write ``zip_path`` (the server's ``results.zip``) holding exactly the two results files at its
+    root (arcname = file name), atomically."""
+    val_results, test_results = Path(val_results), Path(test_results)
+    for p in (val_results, test_results):
+        if not p.is_file():
+            raise SubmissionError(f"results file not found: {p}")
+    if val_results.name == test_results.name:
+        raise SubmissionError(f"val and test results have the same file name {val_results.name!r}")
+
+    def write(f):
+        with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            zf.write(val_results, arcname=val_results.name)
+            zf.write(test_results, arcname=test_results.name)
+
+    return _atomic_write(zip_path, write, mode="wb")
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+
+def read_image_ids(path: str | os.PathLike) -> list[int]:
+    """Image ids of a COCO image-info JSON (``{"images": [{"id": int, ...}, ...]}``), in file order.
+
+    Works for ``image_info_test2014.json`` and ``captions_val2014.json`` alike. Every error names the file.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise SubmissionError(f"{path}: image-info file not found") from None
+    except UnicodeDecodeError as e:
+        raise SubmissionError(f"{path}: not valid UTF-8 ({e})") from None
+    except json.JSONDecodeError as e:
+        raise SubmissionError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise SubmissionError(f"{path}: cannot read ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise SubmissionError(f"{path}: expected a COCO image-info object with an 'images' list")
+    ids: list[int] = []
+    for i, image in enumerate(data["images"]):
+        image_id = image.get("id") if isinstance(image, dict) else None
+        if isinstance(image_id, bool) or not isinstance(image_id, int):
+            raise SubmissionError(f"{path}: images[{i}] has no integer 'id' (got {image!r:.80})")
+        ids.append(image_id)
+    return ids
+
+
+# ---------------------------------------------------------------------------------------- validation
+
+
+def _preview(values: Iterable[Any], limit: int = MAX_IDS_SHOWN) -> str:
+    values = list(values)
+    shown = ", ".join(str(v) for v in values[:limit])
+    if len(values) > limit:
+        shown += f", ... ({len(values) - limit} more)"
+    return shown
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a submission.
+
+    ``file`` is the zip member it concerns (the zip's own path for archive-level problems), ``kind`` a
+    stable machine-readable tag, ``message`` what a person reads, ``image_ids`` every image id involved
+    (uncapped; the message shows only the first few).
+    """
+
+    file: str
+    kind: str
+    message: str
+    image_ids: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.message}"
+
+
+@dataclass
+class ValidationReport:
+    """Everything ``validate_zip`` found. Falsy problems list = a submission the server will accept."""
+
+    zip_path: str
+    problems: list[Problem] = field(default_factory=list)
+    files: dict[str, int] = field(default_factory=dict)  # member name -> number of results entries read
+    alg: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def kinds(self) -> list[str]:
+        return [p.kind for p in self.problems]
+
+    def by_kind(self, kind: str) -> list[Problem]:
+        return [p for p in self.problems if p.kind == kind]
+
+    def add(self, file: str, kind: str, message: str, image_ids: Iterable[int] = ()) -> None:
+        self.problems.append(Problem(file, kind, message, tuple(image_ids)))
+
+    def __str__(self) -> str:
+        if self.ok:
+            files = ", ".join(f"{name} ({n} captions)" for name, n in sorted(self.files.items()))
+            return f"{self.zip_path}: OK - {files}"
+        lines = [f"{self.zip_path}: {len(self.problems)} problem(s)"]
+        lines += [f"  - [{p.kind}] {p}" for p in self.problems]
+        return "\n".join(lines)
+
+    def raise_if_invalid(self) -> None:
+        if not self.ok:
+            raise SubmissionError(str(self))
+
+
+def _check_entries(report: ValidationReport, name: str, data: Any, expected: set[int]) -> None:
+    """Schema and coverage checks of one decoded results file."""
+    if not isinstance(data, list):
+        report.add(name, "not_list", f"top-level JSON is {type(data).__name__}, expected a list of "
+                                     '{"image_id": int, "caption": str} objects')
+        return
+    not_object: list[int] = []  # entry indices
+    missing_key: dict[str, list[int]] = {"image_id": [], "caption": []}
+    bad_id: list[tuple[int, Any]] = []  # (index, value)
+    bad_caption: list[tuple[int, Any]] = []  # (index or image id, value)
+    empty_caption: list[Any] = []  # image ids (or "entry #index" when the id itself is bad)
+    seen: Counter[int] = Counter()
+    for i, entry in enumerate(data):
+        if not isinstance(entry, dict):
+            not_object.append(i)
+            continue
+        for key in missing_key:
+            if key not in entry:
+                missing_key[key].append(i)
+        image_id = entry.get("image_id")
+        id_ok = "image_id" in entry and isinstance(image_id, int) and not isinstance(image_id, bool)
+        if id_ok:
+            seen[image_id] += 1
+        elif "image_id" in entry:
+            bad_id.append((i, image_id))
+        label = image_id if id_ok else f"entry #{i}"
+        if "caption" in entry:
+            caption = entry["caption"]
+            if not isinstance(caption, str):
+                bad_caption.append((label, caption))
+            elif not caption.strip():
+                empty_caption.append(label)
+
+    if not_object:
+        report.add(name, "not_object", f"{len(not_object)} entries are not JSON objects "
+                                       f"(entry indices: {_preview(not_object)})")
+    for key, idx in missing_key.items():
+        if idx:
+            report.add(name, "missing_key", f"{len(idx)} entries have no {key!r} key "
+                                            f"(entry indices: {_preview(idx)})")
+    if bad_id:
+        report.add(name, "bad_image_id",
+                   f"{len(bad_id)} entries have an image_id that is not an int: "
+                   + _preview(f"entry #{i}: {v!r:.40}" for i, v in bad_id))
+    if bad_caption:
+        report.add(name, "bad_caption",
+                   f"{len(bad_caption)} captions are not strings: "
+                   + _preview(f"{label}: {v!r:.40}" for label, v in bad_caption),
+                   [label for label, _ in bad_caption if isinstance(label, int)])
+    if empty_caption:
+        report.add(name, "empty_caption",
+                   f"{len(empty_caption)} empty captions, image ids: {_preview(empty_caption)}",
+                   [label for label in empty_caption if isinstance(label, int)])
+
+    duplicates = sorted(i for i, n in seen.items() if n > 1)
+    if duplicates:
+        report.add(name, "duplicate_ids", f"{len(duplicates)} image ids appear more than once: "
+                                          f"{_preview(f'{i} (x{seen[i]})' for i in duplicates)}", duplicates)
+    missing = sorted(expected - seen.keys())
+    if missing:
+        report.add(name, "missing_ids", f"missing {len(missing)} image ids: {_preview(missing)}", missing)
+    extra = sorted(seen.keys() - expected)
+    if extra:
+        report.add(name, "extra_ids", f"{len(extra)} image ids are not in the split: {_preview(extra)}", extra)
+
+
+def validate_zip(
+    zip_path: str | os.PathLike,
+    val_image_ids: Iterable[int],
+    test_image_ids: Iterable[int],
+    alg: str | None = None,
+) -> ValidationReport:
+    """Check a COCO caption server ``results.zip``; return a report listing every problem found.
+
+    Checks: the file is a zip; it holds exactly two files, at its root, named
+    ``captions_{val,test}2014_<alg>_results.json`` with one ``alg`` (``alg`` itself when given); each is
+    UTF-8 JSON, a list of objects with an int ``image_id`` (bools and strings rejected) and a non-blank
+    string ``caption``; each split's image ids are covered exactly once with no extras. Extra keys in an
+    entry are allowed (the server reads only these two).
+    """
+    zip_path = str(zip_path)
+    report = ValidationReport(zip_path=zip_path, alg=alg)
+    expected = {"val": set(val_image_ids), "test": set(test_image_ids)}
+    if alg is not None and (not isinstance(alg, str) or not _ALG_RE.fullmatch(alg)):
+        report.add(zip_path, "bad_alg", f"alg {alg!r} does not match [A-Za-z0-9-]+")
+
+    if not os.path.isfile(zip_path):
+        report.add(zip_path, "not_found", "file not found")
+        return report
+    if not zipfile.is_zipfile(zip_path):
+        report.add(zip_path, "not_zip", "not a zip archive")
+        return report
+    try:
+        zf = zipfile.ZipFile(zip_path)
+    except (zipfile.BadZipFile, OSError) as e:
+        report.add(zip_path, "not_zip", f"cannot open as a zip archive ({e})")
+        return report
+
+    with zf:
+        members = [info for info in zf.infolist() if not info.is_dir()]
+        names = [info.filename for info in members]
+        for name, n in Counter(names).items():
+            if n > 1:
+                report.add(name, "duplicate_member", f"appears {n} times in the archive")
+        if len(members) != 2:
+            report.add(zip_path, "file_count",
+                       f"holds {len(members)} files ({_preview(names) or 'none'}); expected exactly 2: "
+                       "captions_val2014_<alg>_results.json and captions_test2014_<alg>_results.json")
+
+        by_split: dict[str, list[tuple[zipfile.ZipInfo, str]]] = {"val": [], "test": []}
+        for info in members:
+            name = info.filename
+            base = name.replace("\\", "/").rsplit("/", 1)[-1]
+            if base != name:
+                report.add(name, "not_at_root", f"is inside a folder; the server needs it at the zip root as {base!r}")
+            m = _NAME_RE.fullmatch(base)
+            if not m:
+                report.add(name, "bad_name", f"unexpected file name {base!r}; expected "
+                                             "captions_val2014_<alg>_results.json or captions_test2014_<alg>_results.json")
+                continue
+            by_split[m["split"]].append((info, m["alg"]))
+
+        algs = {a for entries in by_split.values() for _, a in entries}
+        if alg is not None:
+            for entries in by_split.values():
+                for info, a in entries:
+                    if a != alg:
+                        report.add(info.filename, "alg_mismatch", f"algorithm name {a!r} in the file name, expected {alg!r}")
+        elif len(algs) > 1:
+            report.add(zip_path, "alg_mismatch",
+                       f"the files use different algorithm names: {', '.join(sorted(algs))}")
+
+        for split in SPLITS:
+            entries = by_split[split]
+            if not entries:
+                shown = results_filename(split, alg) if alg and _ALG_RE.fullmatch(alg) else f"captions_{split}2014_<alg>_results.json"
+                report.add(zip_path, "missing_file", f"no {split}2014 results file ({shown})")
+            elif len(entries) > 1:
+                report.add(zip_path, "duplicate_split",
+                           f"{len(entries)} {split}2014 results files: {', '.join(i.filename for i, _ in entries)}")
+            for info, _ in entries:
+                name = info.filename
+                try:
+                    raw = zf.read(info)
+                except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError) as e:
+                    report.add(name, "unreadable", f"cannot be extracted ({e})")
+                    continue
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    report.add(name, "not_utf8", f"is not valid UTF-8 ({e})")
+                    continue
+                if text.startswith("\ufeff"):
+                    report.add(name, "bom", "starts with a UTF-8 byte-order mark, which JSON parsers reject")
+                    text = text[1:]
+                try:
+                    data = json.loads(text)
+                except json.JSONDecodeError as e:
+                    report.add(name, "not_json", f"is not valid JSON ({e})")
+                    continue
+                report.files[name] = len(data) if isinstance(data, list) else 0
+                _check_entries(report, name, data, expected[split])
+    return report

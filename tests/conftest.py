@@ -1,0 +1,1 @@
+from tests.s3server import s3_endpoint  # noqa: F401
