@@ -1,0 +1,626 @@
+"""`a2 study validate|run|resume|status|compare`: a study file in, a searched and tracked set of trials out.
+
+    a2 study validate studies/x.yaml [key=value ...]      # the whole spec, before anything starts Ray
+    a2 study run studies/x.yaml [key=value ...] [--address ADDR]
+    a2 study resume NAME [--storage ROOT]                  # after a crash or kill -9 of `run`
+    a2 study status NAME [--storage ROOT] [--json]         # the trial table, read from storage (no Ray)
+    a2 study compare NAME [--by fusion] [--tracking-uri URI]
+
+Where a study lives: `<storage>/<name>/` (a local folder or `s3://bucket/prefix/<name>/`) holds the Tune
+experiment, `study.yaml` (the resolved spec: `resume` and `status` need nothing but the name), `trials/` (one
+Ray Train run per trial, with its checkpoints) and `summary.json` (best trial, its best checkpoint, every trial's
+results; written at the end of `run`/`resume`, read by packaging and reports). `run` also leaves a pointer
+`./.a2/studies/<name>.json` so that `resume NAME` / `status NAME` find a study outside the default storage.
+
+Ray: `run` and `resume` join the cluster at `--address` / `$RAY_ADDRESS` when given, else start a local Ray with
+this machine's CPUs. Nothing starts Ray before the spec is valid and the MLflow URI answers; a trial that asks
+for more than the cluster has is refused (exit 2) before any trial starts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STUDY_FILE = "study.yaml"
+SUMMARY_FILE = "summary.json"
+POINTER_DIR = Path(".a2") / "studies"
+DEFAULT_STORAGE = "a2-studies"  # launch.spec's default storage root
+
+
+class StudyError(Exception):
+    """A user-facing study problem (exit 2): no such study, a study that exists already, a cluster too small."""
+
+
+# -- arguments ---------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="study_command", required=True)
+
+    v = sub.add_parser("validate", help="validate a study file completely (nothing starts)")
+    v.add_argument("file")
+    v.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=2 model.d_model=64")
+
+    r = sub.add_parser("run", help="run a study on Ray Tune (a local Ray unless --address / RAY_ADDRESS)")
+    r.add_argument("file")
+    r.add_argument("overrides", nargs="*", help="key=value, e.g. resources.workers_per_trial=2")
+    r.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
+    r.add_argument("--quiet", action="store_true", help="no live trial table")
+
+    rs = sub.add_parser("resume", help="continue an interrupted study: finished trials stay, others resume")
+    rs.add_argument("name")
+    rs.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
+    rs.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
+    rs.add_argument("--quiet", action="store_true", help="no live trial table")
+
+    st = sub.add_parser("status", help="the trial table of a study, read from its storage")
+    st.add_argument("name")
+    st.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
+    st.add_argument("--json", action="store_true", help="print the status as JSON")
+
+    cp = sub.add_parser("compare", help="configurations of a study side by side, from MLflow")
+    cp.add_argument("name")
+    cp.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
+    cp.add_argument("--tracking-uri", default=None)
+
+
+def main(args: argparse.Namespace) -> int:
+    command = args.study_command
+    try:
+        if command == "validate":
+            from launch.spec import validate_main
+
+            return validate_main(args.file, args.overrides)
+        if command == "run":
+            return cmd_run(args)
+        if command == "resume":
+            return cmd_resume(args)
+        if command == "status":
+            return cmd_status(args)
+        if command == "compare":
+            from dashboards.compare import main as compare_main
+
+            return compare_main(args)
+    except StudyError as err:
+        print(f"a2 study {command}: error: {err}", file=sys.stderr)
+        return 2
+    raise SystemExit(f"unknown study command {command!r}")
+
+
+# -- where a study lives -----------------------------------------------------------------------------------------
+@dataclass
+class StudyLocation:
+    """`<storage>/<name>`, local or on S3, with small helpers to read and (atomically) write files there."""
+
+    name: str
+    storage: str
+    endpoint_url: str | None = None
+
+    @property
+    def path(self) -> str:
+        from launch.trainable import study_dir
+
+        return study_dir(self.storage, self.name)
+
+    def fs_path(self, *parts: str) -> tuple[str, Any]:
+        """(path, pyarrow filesystem or None) of a file below the study folder."""
+        from launch.trainable import join, storage_location
+
+        return storage_location(join(self.path, *parts) if parts else self.path, self.endpoint_url)
+
+    def ray_storage(self) -> tuple[str, Any]:
+        """(storage_path, storage_filesystem) for `RunConfig` of the study's Tune experiment."""
+        from launch.trainable import storage_location
+
+        return storage_location(self.storage, self.endpoint_url)
+
+    def filesystem(self):
+        """A pyarrow filesystem and the study folder's path on it (for Ray APIs that take `storage_filesystem`)."""
+        path, fs = self.fs_path()
+        if fs is None and "://" in path:
+            import pyarrow.fs
+
+            fs, path = pyarrow.fs.FileSystem.from_uri(path)
+        return path, fs
+
+    def exists(self, *parts: str) -> bool:
+        path, fs = self.fs_path(*parts)
+        if fs is None and "://" not in path:
+            return os.path.exists(path)
+        import pyarrow.fs
+
+        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
+        return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
+
+    def read_text(self, *parts: str) -> str:
+        path, fs = self.fs_path(*parts)
+        if fs is None and "://" not in path:
+            return Path(path).read_text()
+        import pyarrow.fs
+
+        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
+        with fs.open_input_stream(path) as f:
+            return f.readall().decode("utf-8")
+
+    def write_text(self, text: str, *parts: str) -> str:
+        """Write a file below the study folder: temp file + rename locally, one PUT on S3 (atomic too)."""
+        path, fs = self.fs_path(*parts)
+        if fs is None and "://" not in path:
+            _atomic_write(Path(path), text)
+            return path
+        import pyarrow.fs
+
+        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(path) as f:
+            f.write(text.encode("utf-8"))
+        return path
+
+    def uri(self, *parts: str) -> str:
+        """A path or URI to show people: `s3://bucket/...` for S3 storage."""
+        from launch.trainable import join
+
+        return join(self.path, *parts) if parts else self.path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _pointer_path(name: str) -> Path:
+    return POINTER_DIR / f"{name}.json"
+
+
+def remember(location: StudyLocation) -> None:
+    """Leave `./.a2/studies/<name>.json` so that `resume NAME` / `status NAME` find the study from here."""
+    try:
+        _atomic_write(_pointer_path(location.name), json.dumps(
+            {"name": location.name, "storage": location.storage, "storage_endpoint_url": location.endpoint_url,
+             "path": location.uri(), "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
+    except OSError as err:  # a read-only working directory must not fail the study
+        print(f"a2 study: note: could not write {_pointer_path(location.name)}: {err}", file=sys.stderr)
+
+
+def locate(name: str, storage: str | None = None) -> StudyLocation:
+    """Find study `name`: under `storage` when given, else where the pointer file says, else the default root."""
+    endpoint = None
+    if storage is None:
+        pointer = _pointer_path(name)
+        if pointer.is_file():
+            info = json.loads(pointer.read_text())
+            storage, endpoint = info.get("storage"), info.get("storage_endpoint_url")
+    if storage is None:
+        storage = os.environ.get("A2_STUDY_STORAGE") or DEFAULT_STORAGE
+    if "://" not in storage:
+        storage = os.path.abspath(os.path.expanduser(storage))
+    endpoint = endpoint or os.environ.get("A2_STORAGE_ENDPOINT_URL") or None
+    location = StudyLocation(name, storage, endpoint)
+    if not location.exists(STUDY_FILE):
+        raise StudyError(f"no study {name!r} at {location.uri()} (no {STUDY_FILE} there); "
+                         f"pass --storage ROOT, the storage root the study was run with")
+    return location
+
+
+def load_saved_spec(location: StudyLocation):
+    """The StudySpec saved with the study (validated again, so moved data fails here, not in a trial)."""
+    from launch.spec import load_study
+
+    with tempfile.TemporaryDirectory(prefix="a2-study-") as tmp:
+        path = Path(tmp) / STUDY_FILE
+        path.write_text(location.read_text(STUDY_FILE))
+        spec = load_study(path)
+    spec.source = location.uri(STUDY_FILE)
+    return spec
+
+
+# -- run / resume ------------------------------------------------------------------------------------------------
+def cmd_run(args) -> int:
+    from launch.spec import load_study
+
+    spec = load_study(args.file, args.overrides)  # ConfigError -> exit 2 with the key path (a2's main)
+    summary = run_study(spec, address=args.address, verbose=not args.quiet)
+    return exit_code(summary)
+
+
+def cmd_resume(args) -> int:
+    location = locate(args.name, args.storage)
+    summary = resume_study(location, address=args.address, verbose=not args.quiet)
+    return exit_code(summary)
+
+
+def exit_code(summary: dict) -> int:
+    """0 when every trial finished (or was stopped early by the scheduler) and one reported the metric."""
+    states = [t["state"] for t in summary.get("trials", [])]
+    if not states or summary.get("best") is None:
+        return 1
+    return 0 if all(s == "TERMINATED" for s in states) else 1
+
+
+def check_tracking(spec) -> None:
+    try:
+        from dashboards.tracking import check_tracking_uri
+    except ImportError:  # tracking helpers not installed: MLflow reports problems itself
+        return
+    uri = spec.tracking["mlflow_uri"]
+    try:
+        check_tracking_uri(uri)
+    except ValueError as err:
+        raise StudyError(f"tracking.mlflow_uri: {err}") from None
+
+
+def run_study(spec, *, address: str | None = None, verbose: bool = True, connect: bool = True) -> dict:
+    """Run a validated study to its end on Ray; returns the summary (also written to `summary.json`)."""
+    location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
+    check_tracking(spec)
+    if location.exists(STUDY_FILE) or _experiment_exists(location):
+        raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
+                         f"`a2 study resume {spec.name}`, or give the new study another name")
+    if connect:
+        cluster = _connect(address)
+        check_cluster(spec, cluster)
+    location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
+    remember(location)
+    tuner = build_tuner(spec, location, verbose=verbose)
+    _print(f"study {spec.name}: {spec.num_trials} trials, results in {location.uri()}", verbose)
+    tuner.fit()
+    return finish(spec, location, verbose=verbose)
+
+
+def resume_study(location: StudyLocation, *, address: str | None = None, verbose: bool = True,
+                 connect: bool = True) -> dict:
+    """Continue a study: finished trials are kept as they are, unfinished and errored ones resume."""
+    from ray.tune import Tuner
+
+    spec = load_saved_spec(location)
+    check_tracking(spec)
+    if connect:
+        cluster = _connect(address)
+        check_cluster(spec, cluster)
+    path, fs = location.filesystem()
+    if not Tuner.can_restore(path, storage_filesystem=fs):
+        raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
+                         f"(it was stopped before its first trial started); run it again")
+    remember(location)
+    _prepare_output(verbose)
+    from launch.trainable import make_trainable, plan_from_spec
+
+    tuner = Tuner.restore(path, trainable=make_trainable(plan_from_spec(spec)), resume_unfinished=True,
+                          resume_errored=True, storage_filesystem=fs)
+    _print(f"study {spec.name}: resuming from {location.uri()}", verbose)
+    tuner.fit()
+    return finish(spec, location, verbose=verbose)
+
+
+def _experiment_exists(location: StudyLocation) -> bool:
+    try:
+        from ray.tune import Tuner
+
+        path, fs = location.filesystem()
+        return bool(Tuner.can_restore(path, storage_filesystem=fs))
+    except Exception:  # noqa: BLE001 - no folder, unreachable storage: nothing to protect
+        return False
+
+
+def _connect(address: str | None) -> dict:
+    from launch.raycluster import connect
+    from launch.trainable import propagated_env
+
+    return connect(address, runtime_env_vars=propagated_env())
+
+
+def check_cluster(spec, cluster: dict) -> None:
+    """A trial asking more than the whole cluster has would wait forever: refuse it (ConfigError, exit 2)."""
+    from launch.spec import StudySpec
+
+    StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
+
+
+def saved_form(spec) -> dict:
+    """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the
+    data/model/train keys that the search space controls (the loader refuses a key set in both places)."""
+    raw = spec.to_dict()
+    for param in getattr(spec, "params", {}).values():
+        section, *rest = param.path.split(".")
+        node = raw.get(section)
+        for part in rest[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(rest[-1], None)
+    return raw
+
+
+def _prepare_output(verbose: bool) -> None:
+    # Tune's older reporter prints the trial table with the columns we choose; the newer one would hide them.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+
+
+def _print(text: str, verbose: bool = True) -> None:
+    if verbose:
+        print(text, flush=True)
+
+
+def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
+    from ray import tune
+
+    from launch.search import tune_config_kwargs
+    from launch.trainable import make_trainable, plan_from_spec
+
+    _prepare_output(verbose)
+    storage_path, fs = location.ray_storage()
+    callbacks = []
+    try:
+        from launch.mlflow_callback import A2MLflowCallback
+    except ImportError:  # tracking module missing: the study still runs
+        A2MLflowCallback = None
+    if A2MLflowCallback is not None:
+        callbacks.append(A2MLflowCallback(
+            spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"),
+            study_params=_study_params(spec), study_tags={"a2.storage": location.uri()},
+            resolve_config=spec.trial_config, metric=spec.metric, mode=spec.mode))
+    run_config = tune.RunConfig(
+        name=spec.name,
+        storage_path=storage_path,
+        storage_filesystem=fs,
+        failure_config=tune.FailureConfig(max_failures=int(spec.resources["max_failures"])),
+        callbacks=callbacks,
+        progress_reporter=_reporter(spec),
+        verbose=2 if verbose else 0,
+    )
+    tune_config = tune.TuneConfig(**tune_config_kwargs(spec))
+    return tune.Tuner(make_trainable(plan_from_spec(spec)), param_space={}, tune_config=tune_config,
+                      run_config=run_config)
+
+
+def _study_params(spec) -> dict:
+    raw = spec.to_dict()
+    return {"search": raw.get("search", {}), "resources": raw.get("resources", {}), "storage": raw.get("storage"),
+            "base": {k: raw.get(k) for k in ("data", "model", "train")}}
+
+
+def _reporter(spec):
+    from ray.tune import CLIReporter
+
+    metrics = {"epoch": "epoch", spec.metric: spec.metric.split("/")[-1]}
+    if spec.metric == "val/CIDEr":
+        metrics["best/val/CIDEr"] = "best CIDEr"
+    metrics["time/epoch_s"] = "s/epoch"
+    params = {key: key for key in list(spec.params)}
+    return CLIReporter(metric_columns=metrics, parameter_columns=params or None, max_report_frequency=30,
+                       sort_by_metric=True, max_progress_rows=40)
+
+
+# -- reading a study back: status, summary -----------------------------------------------------------------------
+def _finite(value) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _better(a: float, b: float | None, mode: str) -> bool:
+    return b is None or (a > b if mode == "max" else a < b)
+
+
+def collect(spec, location: StudyLocation) -> list[dict]:
+    """One row per trial, from the Tune experiment in storage (no Ray needed)."""
+    import logging
+
+    from ray.tune import ExperimentAnalysis
+
+    path, fs = location.filesystem()
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    analysis = ExperimentAnalysis(path, storage_filesystem=fs)
+    frames = analysis.trial_dataframes
+    rows = []
+    for trial in analysis.trials:
+        df = frames.get(trial.trial_id)
+        history = []
+        if df is not None and not df.empty:
+            for record in df.to_dict("records"):
+                history.append({k: v for k, v in record.items()
+                                if not k.startswith("config/") and not isinstance(v, (list, dict))})
+        rows.append(trial_row(spec, location, trial.trial_id, dict(trial.config or {}), str(trial.status),
+                              history, trial.last_result or {}, _error_text(trial)))
+    return rows
+
+
+def _error_text(trial) -> str | None:
+    for attr in ("error_msg", "error_message"):
+        value = getattr(trial, attr, None)
+        if isinstance(value, str) and value:
+            return value.strip().splitlines()[-1][:500]
+    return None
+
+
+def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
+              last_result: dict, error: str | None = None) -> dict:
+    from launch.trainable import TRIALS_DIR, train_run_name
+
+    metric, mode = spec.metric, spec.mode
+    try:
+        config = spec.trial_config(sampled)
+    except Exception:  # noqa: BLE001 - an old study whose keys moved on: show what is known
+        config = {}
+    model = config.get("model", {})
+    train = config.get("train", {})
+    epochs = [int(r["epoch"]) for r in history if _finite(r.get("epoch")) is not None]
+    if not epochs and _finite(last_result.get("epoch")) is not None:
+        epochs = [int(last_result["epoch"])]
+    best_value, best_epoch, best_ckpt = None, None, None
+    for r in history:
+        value = _finite(r.get(metric))
+        if value is not None and _better(value, best_value, mode):
+            best_value, best_epoch = value, (int(r["epoch"]) if _finite(r.get("epoch")) is not None else None)
+            best_ckpt = r.get("checkpoint_path") if isinstance(r.get("checkpoint_path"), str) else best_ckpt
+    last_value = _finite(history[-1].get(metric)) if history else _finite(last_result.get(metric))
+    run_dir = location.uri(TRIALS_DIR, train_run_name(spec.name, trial_id))
+    return {
+        "trial_id": trial_id,
+        "state": state,
+        "sampled": sampled,
+        "fusion": model.get("fusion", sampled.get("fusion")),
+        "lambda": model.get("lambda", sampled.get("lambda")),
+        "seed": train.get("seed", sampled.get("seed")),
+        "epochs_done": max(epochs) if epochs else 0,
+        "epochs_planned": spec.total_epochs,
+        "epochs_reported": epochs,
+        "last": last_value,
+        "best": best_value,
+        "best_epoch": best_epoch,
+        "best_checkpoint": _best_checkpoint(location, run_dir, best_epoch, best_ckpt),
+        "train_run": run_dir,
+        "config": config,
+        "error": error,
+    }
+
+
+def _best_checkpoint(location: StudyLocation, run_dir: str, epoch: int | None, reported: str | None) -> str | None:
+    """The stored checkpoint of the trial's best epoch (Ray Train keeps the best and the latest)."""
+    from launch.trainable import CHECKPOINT_FILE
+
+    if epoch is None:
+        return None
+    candidate = f"{run_dir.rstrip('/')}/checkpoint_epoch{epoch:04d}"
+    rel = candidate[len(location.uri().rstrip('/')) + 1:] if candidate.startswith(location.uri()) else None
+    try:
+        if rel and location.exists(rel, CHECKPOINT_FILE):
+            return f"{candidate}/{CHECKPOINT_FILE}"
+    except Exception:  # noqa: BLE001
+        pass
+    if reported:
+        prefix = "s3://" if location.storage.startswith("s3://") and "://" not in reported else ""
+        return f"{prefix}{reported.rstrip('/')}/{CHECKPOINT_FILE}"
+    return None
+
+
+def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
+    """Best trial, the baseline (fusion none, same seed) comparison, and every trial's results."""
+    metric, mode = spec.metric, spec.mode
+    best = None
+    for row in rows:
+        if row["best"] is not None and (best is None or _better(row["best"], best["best"], mode)):
+            best = row
+    baseline, beats = None, None
+    if best is not None:
+        candidates = [r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"] and r["best"] is not None]
+        for r in candidates:
+            if baseline is None or _better(r["best"], baseline["best"], mode):
+                baseline = r
+        if baseline is not None and baseline is not best:
+            beats = _better(best["best"], baseline["best"], mode) and best["best"] != baseline["best"]
+    done = sum(1 for r in rows if r["state"] == "TERMINATED")
+    return {
+        "study": spec.name,
+        "path": location.uri(),
+        "metric": metric,
+        "mode": mode,
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "num_trials": spec.num_trials,
+        "trials_finished": done,
+        "complete": done == spec.num_trials and len(rows) == spec.num_trials,
+        "best": None if best is None else {
+            "trial_id": best["trial_id"], "value": best["best"], "epoch": best["best_epoch"],
+            "checkpoint": best["best_checkpoint"], "sampled": best["sampled"], "config": best["config"],
+            "fusion": best["fusion"], "seed": best["seed"], "lambda": best["lambda"]},
+        "baseline": None if baseline is None else {
+            "trial_id": baseline["trial_id"], "value": baseline["best"], "seed": baseline["seed"],
+            "checkpoint": baseline["best_checkpoint"]},
+        "beats_baseline": beats,
+        "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows],
+    }
+
+
+def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
+    rows = collect(spec, location)
+    summary = summarize(spec, location, rows)
+    location.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n", SUMMARY_FILE)
+    if verbose:
+        print(format_table(rows, spec.metric))
+    print(verdict(summary), flush=True)
+    print(f"summary: {location.uri(SUMMARY_FILE)}", flush=True)
+    return summary
+
+
+def _json_default(value):
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return str(value)
+
+
+def verdict(summary: dict) -> str:
+    best = summary.get("best")
+    metric = summary["metric"]
+    if best is None:
+        return f"study {summary['study']}: no trial reported {metric}"
+    line = (f"best trial {best['trial_id']}: {metric} {best['value']:.4f} at epoch {best['epoch']} "
+            f"(fusion {best['fusion']}, lambda {_fmt(best['lambda'])}, seed {best['seed']})")
+    base = summary.get("baseline")
+    if best["fusion"] == "none":
+        line += "; it is itself the baseline (fusion none)"
+    elif base is None:
+        line += f"; no baseline (fusion none) trial with seed {best['seed']} in the study"
+    elif summary.get("beats_baseline"):
+        line += (f"; beats the baseline (fusion none, seed {base['seed']}, trial {base['trial_id']}: "
+                 f"{base['value']:.4f}) by {best['value'] - base['value']:+.4f}")
+    else:
+        line += (f"; does NOT beat the baseline (fusion none, seed {base['seed']}, trial {base['trial_id']}: "
+                 f"{base['value']:.4f})")
+    return line
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def format_table(rows: list[dict], metric: str) -> str:
+    short = metric.split("/")[-1]
+    header = ["trial", "fusion", "lambda", "seed", "state", "epochs", f"last {short}", f"best {short}"]
+    body = [[r["trial_id"], str(r["fusion"]), _fmt(r["lambda"]), _fmt(r["seed"]), r["state"],
+             f"{r['epochs_done']}/{r['epochs_planned']}", _fmt(r["last"]), _fmt(r["best"])] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    return "\n".join(lines)
+
+
+def cmd_status(args) -> int:
+    location = locate(args.name, args.storage)
+    spec = load_saved_spec(location)
+    try:
+        rows = collect(spec, location)
+    except ValueError as err:  # no experiment snapshot yet
+        rows = []
+        if not args.json:
+            print(f"study {spec.name}: no trial has started yet ({err.__class__.__name__})")
+    summary = summarize(spec, location, rows)
+    if args.json:
+        print(json.dumps(summary, indent=2, default=_json_default))
+        return 0
+    print(f"study {spec.name} at {location.uri()}: {summary['trials_finished']}/{spec.num_trials} trials finished")
+    if rows:
+        print(format_table(rows, spec.metric))
+    print(verdict(summary))
+    return 0

@@ -1,0 +1,265 @@
+"""A study trial as Ray runs it: the one file that knows training happens inside Ray.
+
+Ray Train V2 (the default in Ray 2.60) does not run a `TorchTrainer` as a Tune trainable. A trial is therefore a
+small Tune *driver function*, `a2_trial`, that needs almost nothing itself (`TRIAL_DRIVER_RESOURCES`) and runs
+
+    TorchTrainer(worker_fn, train_loop_config=<resolved a2core config>,
+                 scaling_config=ScalingConfig(num_workers=N, resources_per_worker={...}),
+                 run_config=ray.train.RunConfig(name=f"{study}-{trial_id}", storage_path=<study>/trials, ...),
+                 callbacks=[TuneReportCallback()]).fit()
+
+`worker_fn` runs on every Train worker (torch.distributed is set up by then: gloo on CPU, nccl on GPU) and calls
+`a2core.train.train` with a `report` that hands each epoch's metrics and rank 0's checkpoint to `ray.train.report`.
+`TuneReportCallback` forwards rank 0's metrics (with `checkpoint_path`) to Tune, so Tune's schedulers see the
+`epoch` key of every result.
+
+Fault tolerance rests on the Train run name being a function of the Tune trial id alone:
+- a worker or node dies: the Train controller restarts the worker group (`FailureConfig(max_failures)`), and the
+  workers resume from the run's latest checkpoint (`ray.train.get_checkpoint()`);
+- the trial itself fails, or the study driver dies and the study is resumed: Tune starts `a2_trial` again for
+  the same trial id, the `TorchTrainer` finds its own run folder and snapshot, and again resumes from the latest
+  checkpoint. No epoch is trained twice after its checkpoint was reported.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import tempfile
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+TRIALS_DIR = "trials"  # below the study's folder: one Ray Train run per trial
+CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
+# The Tune driver function only waits on its TorchTrainer. Ray rejects {"CPU": 0} alone for a trial.
+TRIAL_DRIVER_RESOURCES = {"CPU": 0.01}
+# Environment that Ray workers need to reach storage and tracking from any node of the cluster.
+PROPAGATED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
+                  "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_TRACKING_URI",
+                  "MLFLOW_S3_ENDPOINT_URL", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                  "A2_DATA_CACHE")
+
+
+# -- storage -----------------------------------------------------------------------------------------------------
+def is_remote(storage: str) -> bool:
+    return "://" in str(storage) and not str(storage).startswith("file://")
+
+
+def storage_location(storage: str, endpoint_url: str | None = None):
+    """`(path, filesystem)` for Ray's `storage_path` / `storage_filesystem`.
+
+    Local folders become absolute paths with no filesystem. `s3://bucket/prefix` with an `endpoint_url` (any
+    S3-compatible server) becomes `("bucket/prefix", pyarrow S3FileSystem(endpoint_override=...))`; without one,
+    the URI is handed to Ray as is (pyarrow resolves AWS from the environment).
+    """
+    storage = str(storage)
+    if storage.startswith("file://"):
+        storage = storage[len("file://"):]
+    if not is_remote(storage):
+        return os.path.abspath(os.path.expanduser(storage)), None
+    parsed = urlparse(storage)
+    if parsed.scheme in ("s3", "s3a") and endpoint_url:
+        import pyarrow.fs
+
+        endpoint = urlparse(endpoint_url if "://" in endpoint_url else f"http://{endpoint_url}")
+        kwargs: dict[str, Any] = {"endpoint_override": endpoint.netloc, "scheme": endpoint.scheme or "http"}
+        region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
+        if region:
+            kwargs["region"] = region
+        fs = pyarrow.fs.S3FileSystem(**kwargs)
+        return f"{parsed.netloc}{parsed.path}".rstrip("/"), fs
+    return storage.rstrip("/"), None
+
+
+def join(path: str, *parts: str) -> str:
+    """Join below a storage path: a local folder, a bucket path (with a filesystem) or a URI."""
+    if "://" in path:
+        return "/".join([path.rstrip("/"), *[p.strip("/") for p in parts]])
+    return posixpath.join(path, *parts) if not os.path.isabs(path) or os.sep == "/" else os.path.join(path, *parts)
+
+
+def study_dir(storage: str, name: str) -> str:
+    """The Tune experiment folder of a study (as a storage URI or local path)."""
+    if is_remote(storage):
+        return join(str(storage), name)
+    return os.path.join(os.path.abspath(os.path.expanduser(str(storage).removeprefix("file://"))), name)
+
+
+def train_run_name(study: str, trial_id: str) -> str:
+    """The Ray Train run of a trial: the same on every retry and restore of that trial."""
+    return f"{study}-{trial_id}"
+
+
+# -- the plan a trial needs --------------------------------------------------------------------------------------
+@dataclass
+class TrialPlan:
+    """Everything `a2_trial` needs besides the sampled config: plain values, cheap to ship with every trial."""
+
+    study: str
+    storage: str  # the study root (local folder or URI) holding `<study>/`
+    storage_endpoint_url: str | None = None
+    workers_per_trial: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    worker_resources: dict = field(default_factory=dict)  # extra custom resources per Train worker
+    driver_cpus: float = TRIAL_DRIVER_RESOURCES["CPU"]
+    max_failures: int = 1  # Train worker-group restarts within one trial (-1: no limit)
+    metric: str = "val/CIDEr"
+    mode: str = "max"
+    num_to_keep: int = 2
+    resolve: Callable[[dict], dict] | None = None  # sampled Tune config -> full a2core config dict
+    base: dict = field(default_factory=dict)  # used when `resolve` is None: base config + dotted overrides
+
+    @property
+    def trials_path(self) -> str:
+        return join(study_dir(self.storage, self.study), TRIALS_DIR)
+
+    def trial_config(self, sampled: dict) -> dict:
+        if self.resolve is not None:
+            return self.resolve(dict(sampled))
+        from a2core.config import Config, set_dotted
+
+        raw = _deepcopy(self.base)
+        for key, value in sampled.items():
+            set_dotted(raw, key, value)
+        return Config.from_dict(raw).to_dict()
+
+    def worker_resource_request(self) -> dict:
+        res = {"CPU": float(self.cpus_per_worker)}
+        if self.gpus_per_worker:
+            res["GPU"] = float(self.gpus_per_worker)
+        res.update({k: float(v) for k, v in self.worker_resources.items()})
+        return res
+
+    def driver_resource_request(self) -> dict:
+        return {"CPU": float(self.driver_cpus)}
+
+    def trial_resource_request(self) -> dict:
+        """What one trial holds while it runs: its driver plus its Train workers."""
+        total = self.driver_resource_request()
+        for key, value in self.worker_resource_request().items():
+            total[key] = total.get(key, 0.0) + value * self.workers_per_trial
+        return total
+
+    def describe(self) -> dict:
+        out = asdict(self)
+        out.pop("resolve", None)
+        return out
+
+
+def plan_from_spec(spec) -> TrialPlan:
+    """The trial plan of a `launch.spec.StudySpec`."""
+    res = spec.resources
+    search = spec.search
+    return TrialPlan(
+        study=spec.name,
+        storage=str(spec.storage),
+        storage_endpoint_url=getattr(spec, "storage_endpoint_url", None),
+        workers_per_trial=int(_get(res, "workers_per_trial", 1)),
+        cpus_per_worker=float(_get(res, "cpus_per_worker", 1.0)),
+        gpus_per_worker=float(_get(res, "gpus_per_worker", 0.0) or 0.0),
+        worker_resources=dict(_get(res, "worker_resources", None) or _get(res, "resources_per_worker", None) or {}),
+        driver_cpus=float(_get(res, "driver_cpus", TRIAL_DRIVER_RESOURCES["CPU"])),
+        max_failures=int(_get(res, "max_failures", 1)),
+        metric=str(_get(search, "metric", "val/CIDEr")),
+        mode=str(_get(search, "mode", "max")),
+        resolve=spec.trial_config,
+    )
+
+
+def _get(obj, key: str, default=None):
+    if obj is None:
+        return default
+    if isinstance(obj, dict):
+        value = obj.get(key, default)
+    else:
+        value = getattr(obj, key, default)
+    return default if value is None else value
+
+
+def _deepcopy(raw):
+    if isinstance(raw, dict):
+        return {k: _deepcopy(v) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [_deepcopy(v) for v in raw]
+    return raw
+
+
+# -- Train workers -----------------------------------------------------------------------------------------------
+def worker_fn(config: dict) -> None:
+    """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume."""
+    import ray.train
+    from ray.train import Checkpoint
+
+    from a2core.train import train
+
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    work = Path(tempfile.mkdtemp(prefix=f"a2-trial-r{rank}-"))
+
+    def report(metrics: dict, checkpoint_dir: str | None) -> None:
+        epoch = metrics.get("epoch")
+        name = f"checkpoint_epoch{int(epoch):04d}" if isinstance(epoch, (int, float)) else None
+        checkpoint = Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        # Every rank reports (a barrier); rank 0 alone brings the checkpoint, stored under a readable name.
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
+
+    try:
+        with ExitStack() as stack:
+            resume_from = None
+            checkpoint = ray.train.get_checkpoint()
+            if checkpoint is not None:
+                local = Path(stack.enter_context(checkpoint.as_directory()))
+                if (local / CHECKPOINT_FILE).is_file():
+                    resume_from = str(local / CHECKPOINT_FILE)
+            train(config, report, output_dir=str(work / "out"), resume_from=resume_from)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# -- the Tune driver function ------------------------------------------------------------------------------------
+def a2_trial(config: dict, plan: TrialPlan) -> None:
+    """One study trial: run the trial's Ray Train job to the end (or resume it) and forward its results to Tune."""
+    import ray.train
+    import ray.tune
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    trial_id = ray.tune.get_context().get_trial_id()
+    train_config = plan.trial_config(config)
+    path, fs = storage_location(plan.trials_path, plan.storage_endpoint_url)
+    use_gpu = plan.gpus_per_worker > 0
+    trainer = TorchTrainer(
+        worker_fn,
+        train_loop_config=train_config,
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=plan.workers_per_trial, use_gpu=use_gpu, resources_per_worker=plan.worker_resource_request()),
+        run_config=ray.train.RunConfig(
+            name=train_run_name(plan.study, trial_id),
+            storage_path=path,
+            storage_filesystem=fs,
+            failure_config=ray.train.FailureConfig(max_failures=plan.max_failures),
+            # The latest checkpoint is always kept as well (resume point); the best by the study metric stays.
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=plan.num_to_keep, checkpoint_score_attribute=plan.metric,
+                checkpoint_score_order=plan.mode),
+            callbacks=[TuneReportCallback()],
+        ),
+    )
+    trainer.fit()  # raises when the run fails for good: Tune then retries the trial under its FailureConfig
+
+
+def make_trainable(plan: TrialPlan):
+    """`a2_trial` bound to its plan and resource request, ready for `Tuner(...)` / `Tuner.restore(...)`."""
+    from ray import tune
+
+    return tune.with_resources(tune.with_parameters(a2_trial, plan=plan), plan.driver_resource_request())
+
+
+def propagated_env() -> dict:
+    """Storage and tracking credentials of this shell, for the Ray job's workers on every node."""
+    return {k: os.environ[k] for k in PROPAGATED_ENV if os.environ.get(k)}
