@@ -1,0 +1,362 @@
+"""Study files: every shipped study validates; bad ones fail fast, before Ray, naming the key and the file."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from a2core.config import Config, ConfigError
+from launch.spec import StudySpec, load_study, validate_main
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDIES = sorted((ROOT / "studies").glob("*.yaml"))
+SMOKE = ROOT / "studies" / "smoke.yaml"
+
+
+@pytest.fixture
+def coco_files(tmp_path) -> list[str]:
+    """data.* overrides pointing the paper studies' kind: coco at files that exist."""
+    (tmp_path / "dataset_coco.json").write_text("{}")
+    (tmp_path / "features").mkdir()
+    (tmp_path / "image_info_test2014.json").write_text("{}")
+    return [f"data.captions={tmp_path / 'dataset_coco.json'}", f"data.features={tmp_path / 'features'}",
+            f"data.test_images={tmp_path / 'image_info_test2014.json'}"]
+
+
+def write(tmp_path: Path, raw: dict, name: str = "study.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def smoke_raw() -> dict:
+    return yaml.safe_load(SMOKE.read_text())
+
+
+# -- shipped studies --------------------------------------------------------------------------------------------
+def test_there_are_shipped_studies():
+    assert {p.stem for p in STUDIES} >= {"smoke", "lambda_sweep", "fusion_ablation", "seeds"}
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+def test_every_shipped_study_validates(path, coco_files):
+    raw = yaml.safe_load(path.read_text())
+    overrides = coco_files if raw["data"].get("kind") == "coco" else []
+    spec = load_study(path, overrides)
+    assert spec.name == raw["name"]
+    assert spec.source == str(path)
+    assert spec.num_trials >= 1
+    for cell in spec.grid_cells():
+        for point in spec.points_for_cell(cell) or [{}]:
+            cfg = spec.trial_config({**cell, **point})
+            Config.from_dict(cfg)  # a valid a2core config
+    assert StudySpec.from_dict(spec.to_dict(), source=str(path)).to_dict() == spec.to_dict()
+
+
+def test_paper_studies_name_missing_coco_files():
+    with pytest.raises(ConfigError) as err:
+        load_study(ROOT / "studies" / "lambda_sweep.yaml", ["data.captions=/nonexistent/dataset_coco.json"])
+    assert err.value.path == "data.captions"
+    assert "lambda_sweep.yaml" in str(err.value) and "/nonexistent/dataset_coco.json" in str(err.value)
+
+
+def test_smoke_study_shape():
+    spec = load_study(SMOKE)
+    assert spec.base["data"]["kind"] == "synthetic"
+    assert spec.base["model"]["d_model"] <= 128
+    assert spec.resources["gpus_per_worker"] == 0
+    assert spec.resources["max_concurrent_trials"] == 1
+    assert spec.trial_resources()["CPU"] <= 2
+    assert spec.storage == str(Path.cwd() / "a2-studies")
+    assert spec.tracking["mlflow_uri"] == "sqlite:///" + str(Path.cwd() / "mlflow.db")
+    assert spec.tracking["experiment"] == "a2-smoke"
+    # fusion none: one trial (lambda only exists for gate); gate: num_samples trials
+    assert spec.grid_cells() == [{"fusion": "none", "seed": 0}, {"fusion": "gate", "seed": 0}]
+    assert [spec.samples_per_cell(c) for c in spec.grid_cells()] == [1, 2]
+    assert spec.num_trials == 3
+
+
+def test_fusion_ablation_space(coco_files):
+    spec = load_study(ROOT / "studies" / "fusion_ablation.yaml", coco_files)
+    fusions = [c["fusion"] for c in spec.grid_cells()]
+    assert fusions == ["none", "max", "moving_average", "exp_decay", "gate"]
+    assert spec.num_trials == 4 + spec.search["num_samples"]
+    assert spec.points_for_cell({"fusion": "gate", "seed": 0}) == []
+    (point,) = spec.points_for_cell({"fusion": "exp_decay", "seed": 0})
+    assert set(point) == {"temperature"}
+
+
+def test_seeds_study_is_grid_only(coco_files):
+    spec = load_study(ROOT / "studies" / "seeds.yaml", coco_files)
+    assert spec.algorithm == "grid"
+    assert spec.sampled_keys == []
+    assert [c["seed"] for c in spec.grid_cells()] == [0, 1, 2, 3]
+    assert spec.num_trials == 4
+    assert [spec.trial_config(c)["train"]["seed"] for c in spec.grid_cells()] == [0, 1, 2, 3]
+    assert spec.base["train"]["scst_epochs"] > 0
+
+
+# -- overrides, trial configs, defaults --------------------------------------------------------------------------
+def test_overrides_apply_before_validation():
+    spec = load_study(SMOKE, ["search.num_samples=5", "train.xe_epochs=1", "search.scheduler={fifo: {}}",
+                              "model.d_model=32", "name=a2-smoke-2"])
+    assert spec.search["num_samples"] == 5
+    assert spec.base["train"]["xe_epochs"] == 1
+    assert spec.total_epochs == 1
+    assert spec.base["model"]["d_model"] == 32
+    assert spec.name == "a2-smoke-2"
+    assert spec.num_trials == 1 + 5
+    with pytest.raises(ConfigError) as err:
+        load_study(SMOKE, ["train.xe_epochs=0"])
+    assert err.value.path == "train.xe_epochs" and "smoke.yaml" in str(err.value)
+
+
+def test_trial_config_maps_aliases_to_paths():
+    spec = load_study(SMOKE)
+    cfg = spec.trial_config({"fusion": "gate", "lambda": 0.031, "seed": 3})
+    assert cfg["model"]["fusion"] == "gate"
+    assert cfg["model"]["lambda"] == 0.031
+    assert cfg["train"]["seed"] == 3
+    assert cfg["model"]["d_model"] == spec.base["model"]["d_model"]
+    # dotted paths work too, and the result is validated
+    assert spec.trial_config({"model.eta": 0.2})["model"]["eta"] == 0.2
+    with pytest.raises(ConfigError) as err:
+        spec.trial_config({"lambda": -1.0})
+    assert err.value.path == "model.lambda"
+    with pytest.raises(ConfigError) as err:
+        spec.trial_config({"bogus": 1})
+    assert err.value.path == "bogus"
+    assert spec.base["model"]["fusion"] == "gate"  # the base is never modified
+
+
+def test_default_points_are_the_paper_values(tmp_path):
+    raw = smoke_raw()
+    raw["search"]["space"] = {
+        "fusion": {"grid": ["max", "moving_average"]},
+        "lambda": {"loguniform": [0.005, 0.2]},
+        "eta": {"uniform": [0.0, 0.5], "when": {"fusion": "moving_average"}},
+        "model.dropout": {"uniform": [0.2, 0.4]},  # schema default 0.1 outside: the middle
+    }
+    del raw["model"]["dropout"]
+    spec = load_study(write(tmp_path, raw))
+    assert spec.search["points_to_evaluate"] == [{"lambda": 0.035, "model.dropout": 0.3, "eta": 0.1}]
+    assert spec.points_for_cell({"fusion": "max"}) == [{"lambda": 0.035, "model.dropout": 0.3}]
+    assert spec.points_for_cell({"fusion": "moving_average"}) == [{"lambda": 0.035, "model.dropout": 0.3, "eta": 0.1}]
+
+
+def test_explicit_points_and_grid_algorithm(tmp_path):
+    raw = smoke_raw()
+    raw["search"].update(algorithm="grid", points_to_evaluate=[{"lambda": 0.01}, {"lambda": 0.1}])
+    spec = load_study(write(tmp_path, raw))
+    assert spec.points_for_cell({"fusion": "gate", "seed": 0}) == [{"lambda": 0.01}, {"lambda": 0.1}]
+    assert spec.num_trials == 1 + 2  # none: once; gate: one trial per point
+
+
+def test_conditional_grid_key_and_choice(tmp_path):
+    raw = smoke_raw()
+    raw["search"]["space"] = {
+        "fusion": {"grid": ["gate", "exp_decay"]},
+        "temperature": {"grid": [1000, 10000], "when": {"fusion": "exp_decay"}},
+        "model.renormalize": {"choice": [True, False]},
+    }
+    spec = load_study(write(tmp_path, raw))
+    assert spec.grid_cells() == [{"fusion": "gate"}, {"fusion": "exp_decay", "temperature": 1000},
+                                 {"fusion": "exp_decay", "temperature": 10000}]
+    assert spec.num_trials == 3 * 2
+
+
+def test_dotted_space_keys_must_exist_and_fit_the_type(tmp_path):
+    raw = smoke_raw()
+    del raw["model"]["layers"]
+    raw["search"]["space"]["model.layers"] = {"uniform": [1, 3]}
+    with pytest.raises(ConfigError) as err:
+        load_study(write(tmp_path, raw))
+    assert err.value.path == "search.space.model.layers.uniform" and "randint" in str(err.value)
+    raw["search"]["space"]["model.layers"] = {"randint": [1, 3]}
+    spec = load_study(write(tmp_path, raw))
+    assert spec.params["model.layers"].path == "model.layers"
+    raw["search"]["space"]["model.layerz"] = {"randint": [1, 3]}
+    with pytest.raises(ConfigError) as err:
+        load_study(write(tmp_path, raw))
+    assert err.value.path == "search.space.model.layerz"
+
+
+def test_cluster_resources_are_checked():
+    load_study(SMOKE, cluster_resources={"CPU": 2, "GPU": 0})
+    with pytest.raises(ConfigError) as err:
+        load_study(SMOKE, ["resources.cpus_per_worker=1"], cluster_resources={"CPU": 2, "GPU": 0})
+    assert err.value.path == "resources.cpus_per_worker" and "cluster has 2" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_study(SMOKE, ["resources.gpus_per_worker=1"], cluster_resources={"CPU": 2, "GPU": 1})
+    assert err.value.path == "resources.gpus_per_worker" and "2 GPUs" in str(err.value)
+
+
+def test_storage_and_tracking_resolve(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = load_study(SMOKE, ["storage=s3://my-bucket/a2/", "storage_endpoint_url=http://127.0.0.1:9000",
+                              "tracking.mlflow_uri=null", "tracking.experiment=exp-1"])
+    assert spec.storage == "s3://my-bucket/a2" and spec.is_s3
+    assert spec.storage_endpoint_url == "http://127.0.0.1:9000"
+    assert spec.tracking == {"mlflow_uri": os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{tmp_path}/mlflow.db",
+                             "experiment": "exp-1"}
+    assert load_study(SMOKE, ["storage=runs/x"]).storage == str(tmp_path / "runs" / "x")
+
+
+# -- bad specs ---------------------------------------------------------------------------------------------------
+BAD = [
+    # (id, overrides, key path in the error, words in the message)
+    ("unknown top-level key", ["serch.metric=val/CIDEr"], "serch", "unknown key"),
+    ("unknown key in a space entry", ["search.space.seed.grdi=[0]"], "search.space.seed.grdi", "unknown key"),
+    ("unknown config key", ["model.dmodel=64"], "model.dmodel", "unknown key"),
+    ("unknown resources key", ["resources.gpus=1"], "resources.gpus", "unknown key"),
+    ("wrong type", ["train.batch_size=big"], "train.batch_size", "integer"),
+    ("lambda <= 0 in a range", ["search.space.lambda={uniform: [0, 0.1], when: {fusion: gate}}"],
+     "search.space.lambda.uniform", "must be > 0"),
+    ("loguniform low <= 0", ["search.space.lambda.loguniform=[-0.1, 0.2]"], "search.space.lambda.loguniform",
+     "low > 0"),
+    ("low >= high", ["search.space.lambda.loguniform=[0.2, 0.01]"], "search.space.lambda.loguniform", "low must be < high"),
+    ("eta < 0", ["model.eta=-0.1"], "model.eta", ">= 0"),
+    ("eta < 0 in a grid", ["search.space.eta={grid: [0.1, -0.5]}"], "search.space.eta.grid", ">= 0"),
+    ("unknown fusion in the grid", ["search.space.fusion.grid=[none, gate, mean]"], "search.space.fusion.grid",
+     "unknown fusion 'mean'"),
+    ("temperature without exp_decay", ["model.temperature=5000"], "model.temperature", "only used by fusion"),
+    ("temperature key without when", ["search.space.temperature={loguniform: [1000, 50000]}"],
+     "search.space.temperature", "when"),
+    ("exp_decay without temperature", ["search.space.fusion.grid=[gate, exp_decay]"], "model.temperature",
+     "required when fusion is 'exp_decay'"),
+    ("empty grid", ["search.space.seed.grid=[]"], "search.space.seed.grid", "non-empty"),
+    ("unknown space key", ["search.space.lamda={loguniform: [0.01, 0.1]}"], "search.space.lamda", "unknown search key"),
+    ("when names a key outside the space", ["search.space.temperature={loguniform: [1, 2], when: {eta: 0.1}}"],
+     "search.space.temperature.when.eta", "not a key of the search space"),
+    ("when value not in the grid", ["search.space.lambda.when={fusion: max}"], "search.space.lambda.when.fusion",
+     "not one of"),
+    ("bad name", ["name=A2 Sweep"], "name", "lowercase"),
+    ("name too long", ["name=" + "a" * 65], "name", "64"),
+    ("unknown mode", ["search.mode=maximize"], "search.mode", "'max' or 'min'"),
+    ("unknown metric", ["search.metric=val/CIDEr-D"], "search.metric", "not reported"),
+    ("unknown algorithm", ["search.algorithm=bayes"], "search.algorithm", "optuna"),
+    ("unknown scheduler", ["search.scheduler={hyperband: {}}"], "search.scheduler.hyperband", "unknown scheduler"),
+    ("grace period beyond the epochs", ["search.scheduler.asha.grace_period=9"], "search.scheduler.asha.grace_period",
+     "planned epochs"),
+    ("point outside the range", ["search.points_to_evaluate=[{lambda: 0.5}]"], "search.points_to_evaluate[0].lambda",
+     "outside"),
+    ("more points than samples", ["search.points_to_evaluate=[{lambda: 0.01}, {lambda: 0.02}, {lambda: 0.03}]"],
+     "search.points_to_evaluate", "num_samples"),
+    ("key in the space and the base", ["model.lambda=0.05"], "model.lambda", "search.space.lambda"),
+    ("epochs in the space", ["search.space={xe_epochs: {grid: [1]}}"], "search.space.xe_epochs", "unknown search key"),
+    ("no workers", ["resources.workers_per_trial=0"], "resources.workers_per_trial", ">= 1"),
+    ("negative gpus", ["resources.gpus_per_worker=-1"], "resources.gpus_per_worker", ">= 0"),
+    ("fractional gpus > 1", ["resources.gpus_per_worker=1.5"], "resources.gpus_per_worker", "whole number"),
+    ("no concurrency", ["resources.max_concurrent_trials=0"], "resources.max_concurrent_trials", ">= 1"),
+    ("zero cpus", ["resources.cpus_per_worker=0"], "resources.cpus_per_worker", "> 0"),
+    ("storage scheme", ["storage=gs://bucket/a2"], "storage", "s3://"),
+    ("endpoint without s3", ["storage_endpoint_url=http://127.0.0.1:9000"], "storage_endpoint_url", "s3://"),
+    ("tracking scheme", ["tracking.mlflow_uri=ftp://host/x"], "tracking.mlflow_uri", "unknown scheme"),
+    ("coco data missing", ["data={kind: coco, captions: /nonexistent/c.json, features: /nonexistent/f.h5}"],
+     "data.captions", "no such file"),
+    ("zero samples", ["search.num_samples=0"], "search.num_samples", ">= 1"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_specs_name_the_key_and_the_file(case, tmp_path):
+    _, overrides, key, words = case
+    study = write(tmp_path, smoke_raw(), "bad-study.yaml")
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        load_study(study, overrides)
+    assert time.monotonic() - start < 5
+    assert err.value.path == key, str(err.value)
+    assert err.value.source == str(study)
+    message = str(err.value)
+    assert "bad-study.yaml" in message and key in message and words in message, message
+
+
+def test_missing_coco_features_name_the_key(tmp_path, coco_files):
+    study = write(tmp_path, yaml.safe_load((ROOT / "studies" / "lambda_sweep.yaml").read_text()), "sweep.yaml")
+    overrides = coco_files[:1] + ["data.features=/nonexistent/feats.h5"] + coco_files[2:]
+    with pytest.raises(ConfigError) as err:
+        load_study(study, overrides)
+    assert err.value.path == "data.features" and "sweep.yaml" in str(err.value)
+
+
+def test_conditional_sampled_key_cannot_be_active_for_other_fusions(tmp_path):
+    raw = smoke_raw()
+    raw["search"]["space"] = {"fusion": {"grid": ["gate", "exp_decay"]},
+                              "temperature": {"loguniform": [1000, 50000], "when": {"fusion": ["exp_decay", "gate"]}}}
+    with pytest.raises(ConfigError) as err:
+        load_study(write(tmp_path, raw))
+    assert err.value.path == "search.space.temperature.loguniform"
+    assert "fusion=gate" in str(err.value) and "only used by fusion 'exp_decay'" in str(err.value)
+
+
+def test_not_a_mapping_and_missing_file(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError) as err:
+        load_study(path)
+    assert "list.yaml" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_study(tmp_path / "nope.yaml")
+    assert "nope.yaml" in str(err.value) and "not found" in str(err.value)
+    raw = smoke_raw()
+    raw["search"]["space"] = [1, 2]
+    with pytest.raises(ConfigError) as err:
+        load_study(write(tmp_path, raw))
+    assert err.value.path == "search.space" and "mapping" in str(err.value)
+
+
+def test_validate_main_prints_one_line(capsys, tmp_path):
+    assert validate_main(SMOKE) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("OK a2-smoke: 3 trials in 2 grid cells") and "\n" not in out
+    bad = write(tmp_path, {**smoke_raw(), "name": "Bad Name"}, "bad.yaml")
+    assert validate_main(bad) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and "name:" in err
+
+
+# -- no Ray before validation ------------------------------------------------------------------------------------
+def _run(code: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_validation_never_imports_ray(tmp_path):
+    bad = write(tmp_path, {**smoke_raw(), "storage": "gs://nope"}, "bad.yaml")
+    code = ("import sys, time; t = time.monotonic(); from launch.spec import validate_main; "
+            "rc = validate_main(sys.argv[1]); print('ray' in sys.modules, 'optuna' in sys.modules, "
+            "round(time.monotonic() - t, 2)); sys.exit(rc)")
+    good = _run(code, str(SMOKE))
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.splitlines()[-1].split()[:2] == ["False", "False"]
+    res = _run(code, str(bad))
+    assert res.returncode == 2
+    assert "bad.yaml" in res.stderr and "storage" in res.stderr
+    flags = res.stdout.split()
+    assert flags[:2] == ["False", "False"] and float(flags[2]) < 5
+
+
+def test_cli_study_validate_fails_fast_without_ray(tmp_path):
+    probe = _run("from launch.cli import build_parser; build_parser()")
+    if probe.returncode != 0:
+        pytest.skip(f"the a2 CLI does not build yet: {probe.stderr.strip().splitlines()[-1]}")
+    bad = write(tmp_path, {**smoke_raw(), "search": {**smoke_raw()["search"], "mode": "maximize"}}, "bad.yaml")
+    code = ("import sys; sys.argv = ['a2', 'study', 'validate', sys.argv[1]]; "
+            "from launch.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
+            "print('RAY', 'ray' in sys.modules); sys.exit(rc)")
+    start = time.monotonic()
+    res = _run(code, str(bad))
+    assert time.monotonic() - start < 10
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "bad.yaml" in res.stderr and "search.mode" in res.stderr
+    assert "RAY False" in res.stdout
+    ok = _run(code, str(SMOKE))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "RAY False" in ok.stdout
