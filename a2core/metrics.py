@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import gzip
 import json
-import math
 import os
 import subprocess
 import sys
@@ -42,7 +41,10 @@ __all__ = [
     "coco_scores",
     "evaluate_results_file",
     "best_constant_caption",
+    "load_results",
+    "load_split_references",
     "ptb_tokenize",
+    "simple_tokenize",
     "spice_available",
     "METRIC_NAMES",
 ]
@@ -52,74 +54,214 @@ METRIC_NAMES = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CI
 
 _STATE_FORMAT = "a2tune.cider-d.df"
 _STATE_VERSION = 1
-# Upper bound on the candidate-entry x reference expansion handled in one numpy pass.
-_CHUNK_ENTRIES = 1 << 21
 
 
 # --------------------------------------------------------------------------------------------
-# n-gram counting
+# n-gram encoding
 # --------------------------------------------------------------------------------------------
-class _NgramIndex:
-    """Maps n-grams to integer ids for one scoring call.
+# An n-gram of order k >= 2 is identified by (id of its first k-1 words, id of its last word),
+# packed into one int64 key; both parts stay below 2**31.
+_BIG = 1 << 31
 
-    Unigrams are keyed by the word itself, longer n-grams by a tuple of words. ``fixed`` is the
-    (large, never copied) index of a precomputed df corpus; n-grams outside it get call-local ids
-    starting at ``len(fixed)``.
+
+def _unique(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (numpy's hash-based np.unique is slow on these structured keys)."""
+    s = np.sort(a)
+    if s.size:
+        s = s[np.concatenate(([True], s[1:] != s[:-1]))]
+    return s
+
+
+class _Table:
+    """The n-grams of a df corpus as arrays: a trie stored level by level.
+
+    ``words``: word -> word id; ``uni[word id]`` = n-gram id of that unigram; for order k >= 2,
+    ``keys[k - 2]`` (sorted) = parent n-gram id * _BIG + last word id and ``gids[k - 2]`` the
+    n-gram ids. N-gram ids are 0 .. size - 1 and index ``df``.
     """
 
-    __slots__ = ("fixed", "n_fixed", "local")
+    def __init__(self, n: int):
+        self.n = n
+        self.words: dict[str, int] = {}
+        self.uni = np.zeros(0, dtype=np.int64)
+        self.keys = [np.zeros(0, dtype=np.int64) for _ in range(n - 1)]
+        self.gids = [np.zeros(0, dtype=np.int64) for _ in range(n - 1)]
+        self.size = 0
 
-    def __init__(self, fixed: dict | None = None):
-        self.fixed = fixed
-        self.n_fixed = len(fixed) if fixed else 0
-        self.local: dict = {}
+    def extend(self, enc: "_Encoded") -> None:
+        """Adopt the n-grams an encoding found outside the table (their ids are already final)."""
+        if enc.new_words:
+            self.words.update(enc.new_words)  # ids were given in insertion order
+        for k, (keys, gids) in enumerate(enc.new_levels, start=1):
+            if not keys.size:
+                continue
+            if k == 1:
+                # New unigrams are exactly the new words, numbered in word id order.
+                self.uni = np.concatenate([self.uni, gids])
+            else:
+                allk = np.concatenate([self.keys[k - 2], keys])
+                allg = np.concatenate([self.gids[k - 2], gids])
+                order = np.argsort(allk, kind="stable")
+                self.keys[k - 2], self.gids[k - 2] = allk[order], allg[order]
+        self.size = enc.num_ids
 
-    @property
-    def size(self) -> int:
-        return self.n_fixed + len(self.local)
+    def to_arrays(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(words, prefix, last): n-gram i = n-gram prefix[i] (-1: none) + word last[i]."""
+        prefix = np.full(self.size, -1, dtype=np.int64)
+        last = np.zeros(self.size, dtype=np.int64)
+        last[self.uni] = np.arange(self.uni.size, dtype=np.int64)
+        for keys, gids in zip(self.keys, self.gids):
+            prefix[gids] = keys // _BIG
+            last[gids] = keys % _BIG
+        return list(self.words), prefix, last
 
-    def lookup(self, grams: list) -> np.ndarray:
-        local = self.local
-        setdefault = local.setdefault
-        if not self.fixed:
-            # len(local) is evaluated before the insertion, so a new n-gram gets the next id.
-            return np.array([setdefault(g, len(local)) for g in grams], dtype=np.int64)
-        get = self.fixed.get
-        ids = np.array([get(g, -1) for g in grams], dtype=np.int64)
-        missing = np.flatnonzero(ids < 0)
-        if missing.size:
-            base = self.n_fixed
-            ids[missing] = [setdefault(grams[i], base + len(local)) for i in missing.tolist()]
-        return ids
+    @classmethod
+    def from_arrays(cls, words: Sequence[str], prefix: Sequence[int], last: Sequence[int], n: int,
+                    where: str) -> "_Table":
+        table = cls(n)
+        if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w and len(w.split()) == 1
+                                                            for w in words):
+            raise ValueError(f"{where}: 'words' must be a list of words (no whitespace)")
+        table.words = {w: i for i, w in enumerate(words)}
+        if len(table.words) != len(words):
+            raise ValueError(f"{where}: 'words' has duplicates")
+        try:
+            prefix_a = np.asarray(prefix, dtype=np.int64).reshape(-1)
+            last_a = np.asarray(last, dtype=np.int64).reshape(-1)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: 'prefix' and 'last_word' must be lists of ints") from None
+        size = prefix_a.size
+        idx = np.arange(size, dtype=np.int64)
+        if last_a.size != size:
+            raise ValueError(f"{where}: 'prefix' and 'last_word' differ in length")
+        if size and (prefix_a.min() < -1 or np.any(prefix_a >= idx) or last_a.min() < 0
+                     or last_a.max() >= len(words)):
+            raise ValueError(f"{where}: 'prefix' must point to earlier n-grams and 'last_word' into 'words'")
+        is_uni = prefix_a < 0
+        uni_words = last_a[is_uni]
+        if uni_words.size != len(words) or np.unique(uni_words).size != len(words):
+            raise ValueError(f"{where}: every word needs exactly one unigram entry")
+        table.uni = np.zeros(len(words), dtype=np.int64)
+        table.uni[uni_words] = idx[is_uni]
+        order = np.where(is_uni, 1, 0)
+        for _ in range(n - 1):
+            todo = (order == 0) & (order[np.maximum(prefix_a, 0)] > 0)
+            if not todo.any():
+                break
+            order[todo] = order[prefix_a[todo]] + 1
+        if np.any(order == 0):
+            raise ValueError(f"{where}: n-grams longer than n={n} words")
+        for k in range(2, n + 1):
+            sel = order == k
+            keys = prefix_a[sel] * _BIG + last_a[sel]
+            by_key = np.argsort(keys, kind="stable")
+            keys = keys[by_key]
+            if keys.size > 1 and np.any(keys[1:] == keys[:-1]):
+                raise ValueError(f"{where}: an n-gram of {k} words appears twice")
+            table.keys[k - 2], table.gids[k - 2] = keys, idx[sel][by_key]
+        table.size = size
+        return table
+
+    def lookup(self, ngram: str) -> int:
+        """Id of an n-gram given as space-separated words, or -1."""
+        words = ngram.split()
+        if not words or len(words) > self.n or words[0] not in self.words:
+            return -1
+        gid = int(self.uni[self.words[words[0]]])
+        for k, w in enumerate(words[1:], start=2):
+            wid = self.words.get(w)
+            keys = self.keys[k - 2]
+            if wid is None or not keys.size:
+                return -1
+            key = gid * _BIG + wid
+            at = min(int(np.searchsorted(keys, key)), keys.size - 1)
+            if keys[at] != key:
+                return -1
+            gid = int(self.gids[k - 2][at])
+        return gid
 
 
-class _Block:
-    """Sparse n-gram vectors of a list of sentences, one row per (sentence, n-gram).
+class _Encoded:
+    """N-gram occurrences of a list of sentences, counted: one row per (sentence, n-gram).
 
-    Rows are sorted by (sentence, order, id). ``val``/``norm`` are filled by :meth:`weigh`.
+    Rows are sorted by (sentence, order, id). Ids below ``table.size`` are the table's; others
+    are local to this encoding (consistent across all its sentences).
     """
 
-    __slots__ = ("num", "sent", "order", "ids", "tf", "length", "val", "norm")
+    __slots__ = ("num", "sent", "order", "ids", "tf", "length", "num_ids", "new_words", "new_levels")
 
-    def __init__(self, sentences: Sequence[str], n: int, index: _NgramIndex):
-        grams: list = []
-        extend = grams.extend
+    def __init__(self, sentences: Sequence[str], n: int, table: _Table | None):
+        flat: list[str] = []
+        extend = flat.extend
         lengths: list[int] = []
         append = lengths.append
         for s in sentences:
             w = s.split()
             append(len(w))
             extend(w)
-            for k in range(2, n + 1):
-                extend(zip(*[w[j:] for j in range(k)]))
         num = len(lengths)
-        words = np.asarray(lengths, dtype=np.int64).reshape(num)
-        per_order = np.maximum(words[:, None] - np.arange(n)[None, :], 0)  # (S, n)
-        occ_sent = np.repeat(np.arange(num, dtype=np.int64), per_order.sum(axis=1))
-        occ_order = np.repeat(np.tile(np.arange(n, dtype=np.int64), num), per_order.ravel())
-        ids = index.lookup(grams)
-        m = max(index.size, 1)
-        keys, tf = np.unique((occ_sent * n + occ_order) * m + ids, return_counts=True)
+        words_per_sent = np.array(lengths, dtype=np.int64).reshape(num)
+
+        # word ids: the table's words first, unseen words after them
+        base_w = len(table.words) if table is not None else 0
+        base_id = table.size if table is not None else 0
+        new_words: dict[str, int] = {}
+        setdefault = new_words.setdefault
+        if table is not None and table.words:
+            get = table.words.get
+            wid = np.array([get(w, -1) for w in flat], dtype=np.int64)
+            unseen = np.flatnonzero(wid < 0)
+            if unseen.size:
+                wid[unseen] = [setdefault(flat[i], base_w + len(new_words)) for i in unseen.tolist()]
+        else:
+            wid = np.array([setdefault(w, base_w + len(new_words)) for w in flat], dtype=np.int64)
+        if base_w + len(new_words) >= _BIG:
+            raise ValueError("CiderD: more than 2**31 distinct words")
+
+        ntok = wid.size
+        sent_of_tok = np.repeat(np.arange(num, dtype=np.int64), words_per_sent)
+        start = np.cumsum(words_per_sent) - words_per_sent
+        remaining = words_per_sent[sent_of_tok] - (np.arange(ntok, dtype=np.int64) - start[sent_of_tok])
+
+        next_id = base_id
+        new_levels: list[tuple[np.ndarray, np.ndarray]] = []
+        occ_sent, occ_order, occ_ids = [], [], []
+        pos = np.arange(ntok, dtype=np.int64)  # start positions of the n-grams of the current order
+        gid = np.zeros(0, dtype=np.int64)
+        for k in range(1, n + 1):
+            if k > 1:
+                keep = remaining[pos] >= k
+                pos, gid = pos[keep], gid[keep]
+                if not pos.size:
+                    new_levels.extend((np.zeros(0, dtype=np.int64),) * 2 for _ in range(n - k + 1))
+                    break
+                key = gid * _BIG + wid[pos + (k - 1)]
+            else:
+                key = wid
+            # Look each distinct n-gram up once, with sorted needles.
+            uniq, inv = np.unique(key, return_inverse=True)
+            ugid = np.full(uniq.size, -1, dtype=np.int64)
+            if table is not None and uniq.size:
+                if k == 1:
+                    known = uniq < base_w
+                    ugid[known] = table.uni[uniq[known]]
+                elif table.keys[k - 2].size:
+                    tk = table.keys[k - 2]
+                    at = np.minimum(np.searchsorted(tk, uniq), tk.size - 1)
+                    hit = tk[at] == uniq
+                    ugid[hit] = table.gids[k - 2][at[hit]]
+            miss = np.flatnonzero(ugid < 0)
+            ugid[miss] = np.arange(next_id, next_id + miss.size, dtype=np.int64)
+            new_levels.append((uniq[miss], ugid[miss]))
+            next_id += miss.size
+            gid = ugid[inv.reshape(-1)]
+            occ_sent.append(sent_of_tok[pos])
+            occ_order.append(np.full(pos.size, k - 1, dtype=np.int64))
+            occ_ids.append(gid)
+
+        m = max(next_id, 1)
+        keys, tf = np.unique((np.concatenate(occ_sent) * n + np.concatenate(occ_order)) * m
+                             + np.concatenate(occ_ids), return_counts=True)
         so = keys // m
         self.num = num
         self.ids = keys - so * m
@@ -127,55 +269,63 @@ class _Block:
         self.order = so - self.sent * n
         self.tf = tf.astype(np.float64)
         # pycocoevalcap counts the *bigrams* of a sentence as its length (``if n == 1``).
-        self.length = np.maximum(words - 1, 0).astype(np.float64)
-        self.val: np.ndarray | None = None
-        self.norm: np.ndarray | None = None
+        self.length = np.maximum(words_per_sent - 1, 0).astype(np.float64)
+        self.num_ids = next_id
+        self.new_words = new_words
+        self.new_levels = new_levels
 
-    def weigh(self, idf: np.ndarray, n: int) -> None:
-        self.val = self.tf * idf[self.ids]
+
+class _Vectors:
+    """tf-idf vectors of some sentences of an encoding (rows sorted by (sentence, order, id))."""
+
+    __slots__ = ("num", "sent", "order", "ids", "val", "norm", "length")
+
+    def __init__(self, enc: _Encoded, lo: int, hi: int, idf: np.ndarray, n: int):
+        a, b = np.searchsorted(enc.sent, [lo, hi])
+        self.num = hi - lo
+        self.sent = enc.sent[a:b] - lo
+        self.order = enc.order[a:b]
+        self.ids = enc.ids[a:b]
+        self.val = enc.tf[a:b] * idf[a:b]
         sq = np.bincount(self.sent * n + self.order, weights=self.val * self.val, minlength=self.num * n)
         self.norm = np.sqrt(sq).reshape(self.num, n)
-
-    def keys(self, n: int, m: int) -> np.ndarray:
-        # Ascending for any m larger than every id, because rows are sorted by (sent, order, id).
-        return (self.sent * n + self.order) * m + self.ids
+        self.length = enc.length[lo:hi]
 
 
-def _pair_scores(
-    cb: _Block, rb: _Block, first_ref: np.ndarray, nref: np.ndarray, n: int, sigma: float, m: int
-) -> np.ndarray:
-    """CIDEr-D of candidate c against reference rows first_ref[c] .. first_ref[c] + nref[c] - 1."""
+def _pair_scores(cb: _Vectors, rb: _Vectors, cand_group: np.ndarray, group_first: np.ndarray,
+                 group_count: np.ndarray, n: int, sigma: float, m: int) -> np.ndarray:
+    """CIDEr-D of candidate c against the reference rows of its group (image) ``cand_group[c]``.
+
+    Pairs (c, r) are numbered candidate by candidate, r in the order of the group's references.
+    """
     num_c = cb.num
+    nref = group_count[cand_group]
     pstart = np.cumsum(nref) - nref
     num_pairs = int(nref.sum())
     pair_cand = np.repeat(np.arange(num_c, dtype=np.int64), nref)
-    pair_ref = np.repeat(first_ref, nref) + (np.arange(num_pairs, dtype=np.int64) - np.repeat(pstart, nref))
+    pair_ref = np.repeat(group_first[cand_group], nref) + (np.arange(num_pairs, dtype=np.int64)
+                                                          - np.repeat(pstart, nref))
     acc = np.zeros(num_pairs * n)
-
-    rkeys = rb.keys(n, m)
-    rep = nref[cb.sent]  # each candidate entry meets every reference of its image
-    if rkeys.size and rep.size:
-        cum = np.cumsum(rep)
-        bounds = np.searchsorted(cum, np.arange(_CHUNK_ENTRIES, int(cum[-1]), _CHUNK_ENTRIES), side="right")
-        edges = [0, *bounds.tolist(), rep.size]
-        for lo, hi in zip(edges[:-1], edges[1:]):
-            if hi <= lo:
-                continue
-            r = rep[lo:hi]
-            e = np.repeat(np.arange(lo, hi, dtype=np.int64), r)
-            j = np.arange(e.size, dtype=np.int64) - np.repeat(np.cumsum(r) - r, r)
-            c = cb.sent[e]
-            order = cb.order[e]
-            q = ((first_ref[c] + j) * n + order) * m + cb.ids[e]
-            pos = np.searchsorted(rkeys, q)
-            np.minimum(pos, rkeys.size - 1, out=pos)
-            hit = rkeys[pos] == q
-            rv = rb.val[pos[hit]]
-            cv = cb.val[e[hit]]
-            # vrama91's clipping: min(hyp, ref) * ref
-            acc += np.bincount((pstart[c[hit]] + j[hit]) * n + order[hit], weights=np.minimum(cv, rv) * rv,
-                               minlength=num_pairs * n)
-    acc = acc.reshape(num_pairs, n)
+    if cb.ids.size and rb.ids.size:
+        # Reference rows sorted by (group, order, id): each candidate n-gram finds, in one range,
+        # the references of its image that contain it.
+        group_of_row = np.repeat(np.arange(group_count.size, dtype=np.int64), group_count)
+        gkeys = (group_of_row[rb.sent] * n + rb.order) * m + rb.ids
+        by_key = np.argsort(gkeys, kind="stable")
+        gkeys = gkeys[by_key]
+        c = cb.sent
+        q = (cand_group[c] * n + cb.order) * m + cb.ids
+        lo = np.searchsorted(gkeys, q, side="left")
+        cnt = np.searchsorted(gkeys, q, side="right") - lo
+        e = np.repeat(np.arange(q.size, dtype=np.int64), cnt)
+        row = by_key[np.repeat(lo, cnt) + (np.arange(e.size, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt))]
+        rv = rb.val[row]
+        cv = cb.val[e]
+        ce = c[e]
+        pair = pstart[ce] + (rb.sent[row] - group_first[cand_group[ce]])
+        # vrama91's clipping: min(hyp, ref) * ref
+        acc = np.bincount(pair * n + cb.order[e], weights=np.minimum(cv, rv) * rv, minlength=num_pairs * n)
+    acc = acc.astype(np.float64, copy=False).reshape(num_pairs, n)
     denom = cb.norm[pair_cand] * rb.norm[pair_ref]
     val = np.divide(acc, denom, out=acc.copy(), where=denom != 0)
     delta = cb.length[pair_cand] - rb.length[pair_ref]
@@ -185,34 +335,26 @@ def _pair_scores(
 
 
 def _constant_scores(
-    cb: _Block, rb: _Block, group_of_ref: np.ndarray, group_count: np.ndarray, n: int, sigma: float
+    cb: _Vectors, rb: _Vectors, group_of_ref: np.ndarray, group_count: np.ndarray, n: int, sigma: float
 ) -> np.ndarray:
     """CIDEr-D of the single sentence in ``cb`` against every reference group of ``rb``."""
-    order_ids = np.argsort(cb.ids)
-    cids = cb.ids[order_ids]
-    cvals = cb.val[order_ids]
+    by_id = np.argsort(cb.ids)
+    cids = cb.ids[by_id]
+    cvals = cb.val[by_id]
     acc = np.zeros(rb.num * n)
     if cids.size and rb.ids.size:
-        pos = np.searchsorted(cids, rb.ids)
-        np.minimum(pos, cids.size - 1, out=pos)
-        hit = cids[pos] == rb.ids
+        at = np.minimum(np.searchsorted(cids, rb.ids), cids.size - 1)
+        hit = cids[at] == rb.ids
         rv = rb.val[hit]
-        cv = cvals[pos[hit]]
+        cv = cvals[at[hit]]
         acc = np.bincount(rb.sent[hit] * n + rb.order[hit], weights=np.minimum(cv, rv) * rv, minlength=rb.num * n)
-    acc = acc.reshape(rb.num, n)
+    acc = acc.astype(np.float64, copy=False).reshape(rb.num, n)
     denom = cb.norm[0][None, :] * rb.norm
     val = np.divide(acc, denom, out=acc.copy(), where=denom != 0)
     delta = cb.length[0] - rb.length
     val *= np.exp(-(delta * delta) / (2.0 * sigma * sigma))[:, None]
     total = np.bincount(group_of_ref, weights=val.sum(axis=1), minlength=group_count.size)
     return total / n / group_count * 10.0
-
-
-def _flatten_groups(groups: Sequence[Sequence[str]]) -> tuple[list[str], np.ndarray]:
-    sents: list[str] = []
-    for g in groups:
-        sents.extend(g)
-    return sents, np.fromiter((len(g) for g in groups), dtype=np.int64, count=len(groups))
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,8 +383,9 @@ class CiderD:
             raise ValueError(f"CiderD: sigma must be > 0, got {sigma!r}")
         self.n = n
         self.sigma = float(sigma)
-        self._fixed: dict | None = None  # n-gram -> id of the df corpus
-        self._df: np.ndarray | None = None  # df per id
+        self._table: _Table | None = None  # n-grams of the df corpus
+        self._df: np.ndarray | None = None  # df per n-gram id of the table
+        self._idf: np.ndarray | None = None  # ref_len - log(max(1, df))
         self._num_docs: int | None = None
         self._ref_len: float | None = None
 
@@ -250,24 +393,33 @@ class CiderD:
     @property
     def mode(self) -> str:
         """``"corpus"`` (df from each call's references) or ``"precomputed"``."""
-        return "corpus" if self._fixed is None else "precomputed"
+        return "corpus" if self._table is None else "precomputed"
 
     @property
     def num_docs(self) -> int | None:
+        """Number of images of the df corpus (precomputed mode)."""
         return self._num_docs
 
     @property
     def ref_len(self) -> float | None:
+        """log(num_docs) of the df corpus (precomputed mode)."""
         return self._ref_len
 
     def method(self) -> str:
         return "CIDEr"
 
     def __repr__(self) -> str:
-        if self._fixed is None:
+        if self._table is None:
             return f"CiderD(n={self.n}, sigma={self.sigma}, df='corpus')"
-        return (f"CiderD(n={self.n}, sigma={self.sigma}, df=precomputed over {self._num_docs} images, "
-                f"{len(self._fixed)} n-grams)")
+        return (f"CiderD(n={self.n}, sigma={self.sigma}, df precomputed over {self._num_docs} images, "
+                f"{self._table.size} n-grams)")
+
+    def _set_df(self, table: _Table, df: np.ndarray, num_docs: int, ref_len: float) -> None:
+        self._table = table
+        self._df = np.asarray(df, dtype=np.float64)
+        self._num_docs = int(num_docs)
+        self._ref_len = float(ref_len)
+        self._idf = self._ref_len - np.log(np.maximum(1.0, self._df))
 
     # ---- precomputed document frequencies -----------------------------------------------
     @classmethod
@@ -280,36 +432,41 @@ class CiderD:
         for i, group in enumerate(refs):
             _check_ref_list(group, f"CiderD.from_corpus: references[{i}]")
         obj = cls(n=n, sigma=sigma)
-        index = _NgramIndex(None)
+        table = _Table(n)
         df = np.zeros(0, dtype=np.int64)
-        for start in range(0, len(refs), max(1, int(chunk_images))):
-            sents, counts = _flatten_groups(refs[start:start + chunk_images])
-            blk = _Block(sents, n, index)
-            m = max(index.size, 1)
+        step = max(1, int(chunk_images))
+        for start in range(0, len(refs), step):
+            sents, counts = _flatten_groups(refs[start:start + step])
+            enc = _Encoded(sents, n, table)
+            table.extend(enc)
+            m = max(table.size, 1)
             group_of_sent = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
-            uniq = np.unique(group_of_sent[blk.sent] * m + blk.ids)
-            cnt = np.bincount(uniq % m, minlength=index.size)
-            df = np.concatenate([df, np.zeros(index.size - df.size, dtype=np.int64)]) + cnt
-        obj._fixed = index.local
-        obj._df = df.astype(np.float64)
-        obj._num_docs = len(refs)
-        obj._ref_len = float(np.log(float(len(refs))))
+            docs = _unique(group_of_sent[enc.sent] * m + enc.ids)
+            df = np.concatenate([df, np.zeros(table.size - df.size, dtype=np.int64)])
+            df += np.bincount(docs % m, minlength=table.size)
+        obj._set_df(table, df, len(refs), float(np.log(float(len(refs)))))
         return obj
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain JSON-serialisable state (df over a corpus); only for precomputed df."""
-        if self._fixed is None:
+        """Plain JSON-serialisable state (the df of a corpus); only for precomputed df.
+
+        N-gram i is n-gram ``prefix[i]`` (-1 for none) followed by ``words[last_word[i]]``;
+        ``df[i]`` is the number of corpus images whose references contain it.
+        """
+        if self._table is None:
             raise ValueError("CiderD.state_dict: this scorer takes df from each call's references "
-                             "(df='corpus'); build one with CiderD.from_corpus(...) to save df")
-        ngrams = [g if isinstance(g, str) else " ".join(g) for g in self._fixed]
+                             "(df='corpus'); build one with CiderD.from_corpus(...) to keep df")
+        words, prefix, last = self._table.to_arrays()
         return {
             "format": _STATE_FORMAT,
             "version": _STATE_VERSION,
             "n": self.n,
             "sigma": self.sigma,
-            "num_docs": int(self._num_docs),
-            "ref_len": float(self._ref_len),
-            "ngrams": ngrams,
+            "num_docs": self._num_docs,
+            "ref_len": self._ref_len,
+            "words": words,
+            "prefix": prefix.tolist(),
+            "last_word": last.tolist(),
             "df": [int(x) for x in self._df.tolist()],
         }
 
@@ -322,41 +479,40 @@ class CiderD:
             raise ValueError(f"{where}: 'format' must be {_STATE_FORMAT!r}, got {state.get('format')!r}")
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"{where}: unsupported version {state.get('version')!r} (expected {_STATE_VERSION})")
-        for key in ("n", "sigma", "num_docs", "ref_len", "ngrams", "df"):
+        for key in ("n", "sigma", "num_docs", "ref_len", "words", "prefix", "last_word", "df"):
             if key not in state:
                 raise ValueError(f"{where}: missing key {key!r}")
         n, num_docs = state["n"], state["num_docs"]
-        if not isinstance(n, int) or n < 1:
+        if not _is_int(n) or n < 1:
             raise ValueError(f"{where}: 'n' must be a positive int, got {n!r}")
-        if not isinstance(num_docs, int) or num_docs < 1:
+        if not _is_int(num_docs) or num_docs < 1:
             raise ValueError(f"{where}: 'num_docs' must be a positive int, got {num_docs!r}")
-        ngrams, dfs = state["ngrams"], state["df"]
-        if not isinstance(ngrams, (list, tuple)) or not isinstance(dfs, (list, tuple)) or len(ngrams) != len(dfs):
-            raise ValueError(f"{where}: 'ngrams' and 'df' must be lists of the same length")
-        obj = cls(n=n, sigma=float(state["sigma"]))
-        fixed: dict = {}
-        for i, s in enumerate(ngrams):
-            words = s.split() if isinstance(s, str) else None
-            if not words or len(words) > n:
-                raise ValueError(f"{where}: ngrams[{i}] = {s!r} is not an n-gram of 1..{n} words")
-            fixed[words[0] if len(words) == 1 else tuple(words)] = i
-        if len(fixed) != len(ngrams):
-            raise ValueError(f"{where}: 'ngrams' has duplicates")
-        df = np.asarray(dfs, dtype=np.float64).reshape(-1)
+        try:
+            df = np.asarray(state["df"], dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: 'df' must be a list of numbers") from None
+        if df.size != len(state["prefix"]):
+            raise ValueError(f"{where}: 'df' and 'prefix' must have the same length")
         if df.size and (df.min() < 0 or df.max() > num_docs):
             raise ValueError(f"{where}: df values must lie in [0, num_docs={num_docs}]")
-        obj._fixed = fixed
-        obj._df = df
-        obj._num_docs = num_docs
-        obj._ref_len = float(state["ref_len"])
+        table = _Table.from_arrays(state["words"], state["prefix"], state["last_word"], n, where)
+        obj = cls(n=n, sigma=float(state["sigma"]))
+        obj._set_df(table, df, num_docs, float(state["ref_len"]))
         return obj
+
+    def document_frequency(self, ngram: str) -> float:
+        """df of an n-gram (space-separated words) in the precomputed corpus (0 if absent)."""
+        if self._table is None:
+            raise ValueError("CiderD.document_frequency: df='corpus' mode has no fixed df")
+        gid = self._table.lookup(ngram)
+        return float(self._df[gid]) if gid >= 0 else 0.0
 
     def save(self, path: str | os.PathLike) -> None:
         """Write :meth:`state_dict` as JSON (gzip if the name ends in .gz), atomically."""
         path = os.fspath(path)
         data = json.dumps(self.state_dict(), separators=(",", ":")).encode("utf-8")
         if path.endswith(".gz"):
-            data = gzip.compress(data, mtime=0)
+            data = gzip.compress(data, compresslevel=5, mtime=0)
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
@@ -376,6 +532,7 @@ class CiderD:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "CiderD":
+        """Read a file written by :meth:`save`."""
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"CiderD.load: no such file: {path}")
@@ -393,7 +550,8 @@ class CiderD:
             raise ValueError(f"{path}: {e}") from None
 
     # ---- scoring ------------------------------------------------------------------------
-    def compute_score(self, gts: Mapping[Any, list[str]], res: Mapping[Any, list[str]]) -> tuple[float, np.ndarray]:
+    def compute_score(self, gts: Mapping[Any, Sequence[str]], res: Mapping[Any, Sequence[str]]
+                      ) -> tuple[float, np.ndarray]:
         """pycocoevalcap's interface: ``(mean, per-image scores in gts key order)``."""
         missing = [k for k in gts if k not in res]
         extra = [k for k in res if k not in gts]
@@ -415,8 +573,7 @@ class CiderD:
                 cands.append(hypo[0])
             else:
                 raise ValueError(f"CiderD.compute_score: res[{k!r}] must be a list with one caption, got {hypo!r}")
-        groups = [gts[k] for k in keys]
-        scores = self._score(cands, groups, "gts")
+        scores = self._score(cands, [gts[k] for k in keys], "gts")
         return float(np.mean(scores)), scores
 
     def scores(self, candidates: Sequence[str], references: Sequence[Sequence[str]]) -> np.ndarray:
@@ -433,13 +590,23 @@ class CiderD:
                 raise ValueError(f"CiderD.scores: candidates[{i}] must be a str, got {type(c).__name__}")
         return self._score(list(candidates), references, "references")
 
+    def _idf_of(self, enc: _Encoded, df_local: np.ndarray | None, ref_len: float) -> np.ndarray:
+        """idf per row of ``enc``: ref_len - log(max(1, df)); n-grams outside the df corpus get ref_len."""
+        if self._table is None:
+            return ref_len - np.log(np.maximum(1.0, df_local[enc.ids]))
+        size = self._table.size
+        idf = np.full(enc.ids.size, ref_len)
+        known = enc.ids < size
+        idf[known] = self._idf[enc.ids[known]]
+        return idf
+
     def _score(self, cands: list[str], groups: Sequence[Sequence[str]], what: str) -> np.ndarray:
         n = self.n
         if not cands:
             return np.zeros(0)
-        # Share reference vectors between candidates with the same references.
-        group_ids: dict = {}
+        # Candidates with the same references share one set of reference vectors.
         by_obj: dict[int, int] = {}
+        by_text: dict[tuple, int] = {}
         uniq: list[Sequence[str]] = []
         cand_group = np.empty(len(cands), dtype=np.int64)
         for i, g in enumerate(groups):
@@ -447,38 +614,37 @@ class CiderD:
             if gi is None:
                 _check_ref_list(g, f"CiderD: {what}[{i}]")
                 key = tuple(g)
-                gi = group_ids.get(key)
+                gi = by_text.get(key)
                 if gi is None:
-                    gi = group_ids[key] = len(uniq)
+                    gi = by_text[key] = len(uniq)
                     uniq.append(g)
                 by_obj[id(g)] = gi
             cand_group[i] = gi
-        index = _NgramIndex(self._fixed)
         sents, group_count = _flatten_groups(uniq)
-        rb = _Block(sents, n, index)
-        cb = _Block(cands, n, index)
-        m = max(index.size, 1)
-        df = np.zeros(index.size)
-        if self._fixed is not None:
-            df[: self._df.size] = self._df
-            ref_len = self._ref_len
-        else:
-            # df = number of images whose references contain the n-gram; every candidate is an image.
+        num_refs = len(sents)
+        enc = _Encoded(sents + cands, n, self._table)
+        m = max(enc.num_ids, 1)
+        df_local = None
+        if self._table is None:
+            # df = number of images whose references hold the n-gram; every candidate is an image.
             docs = np.bincount(cand_group, minlength=len(uniq)).astype(np.float64)
             group_of_sent = np.repeat(np.arange(len(uniq), dtype=np.int64), group_count)
-            pairs = np.unique(group_of_sent[rb.sent] * m + rb.ids)
-            df += np.bincount(pairs % m, weights=docs[pairs // m], minlength=index.size)
+            is_ref = enc.sent < num_refs
+            pairs = _unique(group_of_sent[enc.sent[is_ref]] * m + enc.ids[is_ref])
+            df_local = np.bincount(pairs % m, weights=docs[pairs // m], minlength=m)
             ref_len = float(np.log(float(len(cands))))
-        idf = ref_len - np.log(np.maximum(1.0, df))
-        rb.weigh(idf, n)
-        cb.weigh(idf, n)
+        else:
+            ref_len = self._ref_len
+        idf = self._idf_of(enc, df_local, ref_len)
+        rb = _Vectors(enc, 0, num_refs, idf, n)
+        cb = _Vectors(enc, num_refs, num_refs + len(cands), idf, n)
         group_first = np.cumsum(group_count) - group_count
-        return _pair_scores(cb, rb, group_first[cand_group], group_count[cand_group], n, self.sigma, m)
+        return _pair_scores(cb, rb, cand_group, group_first, group_count, n, self.sigma, m)
 
     def constant_scores(self, candidate: str, references: Sequence[Sequence[str]]) -> np.ndarray:
         """CIDEr-D of one caption used for every image: one score per reference list.
 
-        In ``df='corpus'`` mode df comes from ``references`` (one image per list), i.e. the same
+        In ``df='corpus'`` mode df comes from ``references`` (one image per list): the same
         numbers as ``compute_score({i: refs_i}, {i: [candidate]})``.
         """
         return self._constant_many([candidate], references)[0]
@@ -490,27 +656,33 @@ class CiderD:
             raise ValueError("CiderD.constant_scores: no reference lists")
         for i, g in enumerate(groups):
             _check_ref_list(g, f"CiderD: references[{i}]")
-        index = _NgramIndex(self._fixed)
         sents, group_count = _flatten_groups(groups)
-        rb = _Block(sents, n, index)
-        cblocks = [_Block([c], n, index) for c in candidates]
-        m = max(index.size, 1)
-        df = np.zeros(index.size)
+        num_refs = len(sents)
+        enc = _Encoded(sents + list(candidates), n, self._table)
+        m = max(enc.num_ids, 1)
         group_of_sent = np.repeat(np.arange(len(groups), dtype=np.int64), group_count)
-        if self._fixed is not None:
-            df[: self._df.size] = self._df
-            ref_len = self._ref_len
-        else:
-            pairs = np.unique(group_of_sent[rb.sent] * m + rb.ids)
-            df += np.bincount(pairs % m, minlength=index.size)
+        df_local = None
+        if self._table is None:
+            is_ref = enc.sent < num_refs
+            pairs = _unique(group_of_sent[enc.sent[is_ref]] * m + enc.ids[is_ref])
+            df_local = np.bincount(pairs % m, minlength=m).astype(np.float64)
             ref_len = float(np.log(float(len(groups))))
-        idf = ref_len - np.log(np.maximum(1.0, df))
-        rb.weigh(idf, n)
+        else:
+            ref_len = self._ref_len
+        idf = self._idf_of(enc, df_local, ref_len)
+        rb = _Vectors(enc, 0, num_refs, idf, n)
         out = []
-        for cb in cblocks:
-            cb.weigh(idf, n)
+        for i in range(len(candidates)):
+            cb = _Vectors(enc, num_refs + i, num_refs + i + 1, idf, n)
             out.append(_constant_scores(cb, rb, group_of_sent, group_count, n, self.sigma))
         return out
+
+
+def _flatten_groups(groups: Sequence[Sequence[str]]) -> tuple[list[str], np.ndarray]:
+    sents: list[str] = []
+    for g in groups:
+        sents.extend(g)
+    return sents, np.fromiter((len(g) for g in groups), dtype=np.int64, count=len(groups))
 
 
 def _check_ref_list(group: Any, where: str) -> None:
@@ -604,34 +776,40 @@ def _progress(enabled: bool, msg: str) -> None:
         print(f"coco_scores: {msg}", file=sys.stderr, flush=True)
 
 
-def _run_meteor(gts: dict, res: dict) -> tuple[float, list[float]]:
+def _start_meteor():
+    """Start pycocoevalcap's METEOR process (its JVM loads the paraphrase table meanwhile)."""
     from pycocoevalcap.meteor.meteor import Meteor
 
     try:
-        meteor = Meteor()
+        return Meteor()
     except FileNotFoundError:
         raise RuntimeError("COCO evaluation needs Java (METEOR): 'java' was not found") from None
+
+
+def _stop_meteor(meteor) -> None:
     proc = meteor.meteor_p
+    if meteor.lock.locked():
+        meteor.lock.release()
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    proc.kill()
+    proc.wait()
+
+
+def _meteor_scores(meteor, gts: dict, res: dict) -> tuple[float, list[float]]:
     try:
         score, scores = meteor.compute_score(gts, res)
-    except (ValueError, BrokenPipeError, OSError) as e:
-        proc.kill()
+    except (ValueError, OSError) as e:
+        meteor.meteor_p.kill()
         err = b""
         try:
-            err = proc.stderr.read() or b""
+            err = meteor.meteor_p.stderr.read() or b""
         except (OSError, ValueError):
             pass
         raise RuntimeError(f"METEOR failed ({e}): {err.decode('utf-8', 'replace')[-2000:]}") from None
-    finally:
-        if meteor.lock.locked():
-            meteor.lock.release()
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-        proc.kill()
-        proc.wait()
-    return float(score), [float(s) for s in scores]
+    return float(score), [float(x) for x in scores]
 
 
 def coco_scores(
@@ -684,33 +862,36 @@ def coco_scores(
 
     num = len(ids)
     t0 = time.perf_counter()
-    _progress(progress, f"PTB tokenizer on {num} images ...")
-    both = ptb_tokenize({**{("gts", k): gts[k] for k in ids}, **{("res", k): raw_res[k] for k in ids}})
-    tok_gts = {k: both[("gts", k)] for k in ids}
-    tok_res = {k: both[("res", k)] for k in ids}
-
     results: dict[str, float] = {}
     per: dict[str, list[float]] = {}
+    meteor = _start_meteor()  # starts up while the other metrics run
+    try:
+        _progress(progress, f"PTB tokenizer on {num} images ...")
+        both = ptb_tokenize({**{("gts", k): gts[k] for k in ids}, **{("res", k): raw_res[k] for k in ids}})
+        tok_gts = {k: both[("gts", k)] for k in ids}
+        tok_res = {k: both[("res", k)] for k in ids}
 
-    from pycocoevalcap.bleu.bleu import Bleu
-    from pycocoevalcap.rouge.rouge import Rouge
+        from pycocoevalcap.bleu.bleu import Bleu
+        from pycocoevalcap.rouge.rouge import Rouge
 
-    _progress(progress, f"BLEU-1..4 on {num} images ...")
-    bleu, bleu_per = Bleu(4).compute_score(tok_gts, tok_res, verbose=0)
-    for i in range(4):
-        results[f"BLEU-{i + 1}"] = float(bleu[i])
-        per[f"BLEU-{i + 1}"] = [float(x) for x in bleu_per[i]]
+        _progress(progress, f"BLEU-1..4 on {num} images ...")
+        bleu, bleu_per = Bleu(4).compute_score(tok_gts, tok_res, verbose=0)
+        for i in range(4):
+            results[f"BLEU-{i + 1}"] = float(bleu[i])
+            per[f"BLEU-{i + 1}"] = [float(x) for x in bleu_per[i]]
 
-    _progress(progress, f"METEOR on {num} images ...")
-    results["METEOR"], per["METEOR"] = _run_meteor(tok_gts, tok_res)
+        _progress(progress, f"ROUGE-L on {num} images ...")
+        rouge, rouge_per = Rouge().compute_score(tok_gts, tok_res)
+        results["ROUGE-L"], per["ROUGE-L"] = float(rouge), [float(x) for x in rouge_per]
 
-    _progress(progress, f"ROUGE-L on {num} images ...")
-    rouge, rouge_per = Rouge().compute_score(tok_gts, tok_res)
-    results["ROUGE-L"], per["ROUGE-L"] = float(rouge), [float(x) for x in rouge_per]
+        _progress(progress, f"CIDEr on {num} images ...")
+        cider, cider_per = CiderD().compute_score(tok_gts, tok_res)
+        results["CIDEr"], per["CIDEr"] = float(cider), [float(x) for x in cider_per]
 
-    _progress(progress, f"CIDEr on {num} images ...")
-    cider, cider_per = CiderD().compute_score(tok_gts, tok_res)
-    results["CIDEr"], per["CIDEr"] = float(cider), [float(x) for x in cider_per]
+        _progress(progress, f"METEOR on {num} images ...")
+        results["METEOR"], per["METEOR"] = _meteor_scores(meteor, tok_gts, tok_res)
+    finally:
+        _stop_meteor(meteor)
 
     if run_spice:
         _progress(progress, f"SPICE on {num} images ...")
@@ -726,9 +907,11 @@ def coco_scores(
             by_id = dict(zip(sorted(ids), spice_sets))
             results["SPICE"] = float(spice_mean)
             per["SPICE"] = [float(by_id[k]["All"]["f"]) for k in ids]
+    order = [k for k in METRIC_NAMES if k in results]
+    results = {k: results[k] for k in order}
+    per = {k: per[k] for k in order}
     _progress(progress, "done in %.1f s: %s" % (time.perf_counter() - t0,
                                                   ", ".join(f"{k} {v:.4f}" for k, v in results.items())))
-
     out: dict[str, Any] = dict(results)
     if per_image:
         out["per_image"] = {k: {name: vals[i] for name, vals in per.items()} for i, k in enumerate(ids)}
@@ -823,7 +1006,14 @@ def evaluate_results_file(
     spice: bool | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Score a COCO results JSON against the ``raw`` references of a Karpathy split."""
+    """Score a COCO results JSON against the ``raw`` references of a Karpathy split.
+
+    References are the ``raw`` sentences (``" ".join(tokens)`` where ``raw`` is missing) of the
+    images of ``split`` (``train`` includes ``restval``); every image of the split needs exactly
+    one result and every result must belong to the split.
+    """
+    if split not in _SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {sorted(_SPLITS)}")
     res = load_results(results_path)
     gts = load_split_references(captions_path, split)
     missing = [k for k in gts if k not in res]
