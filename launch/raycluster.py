@@ -67,17 +67,24 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_d
 
 
 def running_cluster_address() -> str | None:
-    """The address of a cluster this process should join: `$RAY_ADDRESS`, else a `ray start` cluster of this
-    machine recorded in Ray's temp dir (what `ray.init(address="auto")` would find), else None."""
+    """The cluster this process should join: `$RAY_ADDRESS`, else the live `ray start` cluster of this machine
+    that Ray recorded (what `ray.init(address="auto")` finds), else None (start a local Ray)."""
     if os.environ.get("RAY_ADDRESS"):
         return os.environ["RAY_ADDRESS"]
     try:
-        from ray._private.services import find_bootstrap_address
+        from ray._private.utils import read_ray_address
 
-        found = find_bootstrap_address(None)
-    except Exception:  # noqa: BLE001 - no cluster, or an older Ray without the helper
+        found = read_ray_address(None)
+    except Exception:  # noqa: BLE001 - nothing recorded, or a Ray without the helper
         return None
-    return "auto" if found else None
+    if not found or ":" not in found:
+        return None
+    host, _, port = found.rpartition(":")
+    try:  # a stale record of a cluster that is gone must not be joined
+        with socket.create_connection((host, int(port)), timeout=2):
+            return found
+    except (OSError, ValueError):
+        return None
 
 
 def free_port() -> int:

@@ -624,3 +624,21 @@ def cmd_status(args) -> int:
         print(format_table(rows, spec.metric))
     print(verdict(summary))
     return 0
+
+
+def _standalone(argv: list[str] | None = None) -> int:
+    """`python -m launch.study ...`: the same commands as `a2 study ...`."""
+    from a2core.config import ConfigError
+
+    parser = argparse.ArgumentParser(prog="a2 study", description="hyperparameter studies on Ray Tune")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return main(args)
+    except (ConfigError, FileNotFoundError, ValueError) as err:
+        print(f"a2 study: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_standalone())

@@ -1,0 +1,158 @@
+"""Fault tolerance on real Ray clusters on loopback.
+
+(a) A trial's Train workers lose their node mid-trial; a replacement node joins; the trial finishes from its
+    last checkpoint (Ray Train's FailureConfig), without re-running an epoch it had checkpointed.
+(b) The study driver (`a2 study run`) is killed with SIGKILL mid-study; `a2 study resume NAME` finishes it:
+    the finished trial is not run again, the interrupted one continues at its last checkpoint epoch + 1.
+
+"Not re-run" is read from MLflow: every result a trial reports is logged with its epoch as the step, so a
+repeated epoch would show up as a repeated step. The tests kill only after the latest checkpointed epoch has
+been logged.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.raycluster import (  # noqa: F401 - tiny_data and ray_cluster_factory are fixtures
+    a2, kill_group, mlflow_history, mlflow_trials, ray_cluster_factory, snapshot_epochs, start_a2, tail, tiny_data,
+    tiny_study, trial_runs, wait_for)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+EPOCHS = 4
+
+
+def _logged_steps(uri: str, study: str, trial_id: str) -> list[int]:
+    try:
+        runs = mlflow_trials(uri, study)
+    except Exception:  # noqa: BLE001 - the database may not exist yet
+        return []
+    run = runs.get(trial_id)
+    if run is None:
+        return []
+    return [step for step, _, _ in mlflow_history(uri, run.info.run_id, "val/CIDEr")]
+
+
+def _checkpointed_and_logged(uri: str, storage, study: str, trial_id: str | None = None):
+    """(trial id, run dir, epoch) of a running trial whose latest registered checkpoint is logged in MLflow."""
+    for tid, run_dir in trial_runs(storage, study).items():
+        if trial_id is not None and tid != trial_id:
+            continue
+        epochs = snapshot_epochs(run_dir)
+        if not epochs or max(epochs) >= EPOCHS:
+            continue
+        if max(epochs) in _logged_steps(uri, study, tid):
+            return tid, run_dir, max(epochs)
+    return None
+
+
+def _assert_epochs_once(uri: str, study: str, trial_id: str, after_ms: int, resumed_from: int) -> None:
+    history = mlflow_history(uri, mlflow_trials(uri, study)[trial_id].info.run_id, "val/CIDEr")
+    steps = [step for step, _, _ in history]
+    assert steps == list(range(1, EPOCHS + 1)), f"epochs logged {steps}: an epoch was trained twice or lost"
+    later = [step for step, _, ts in history if ts > after_ms]
+    assert later and later[0] == resumed_from + 1, (later, resumed_from)
+
+
+def test_trial_finishes_after_losing_its_worker_node(tmp_path, tiny_data, ray_cluster_factory):
+    name = "ft-node"
+    # The head holds 1 CPU: the study driver and the trial's driver function (0.01 CPU) run there, its Train
+    # workers (1 CPU each) cannot: they land on the worker node.
+    cluster = ray_cluster_factory(num_cpus=1)
+    node = cluster.add_node(num_cpus=2, resources={"node_b": 2}, name="worker-a")
+    storage = tmp_path / "studies"
+    study = tiny_study(tmp_path, name, tiny_data, epochs=EPOCHS, workers=2, cpus_per_worker=1, max_failures=2)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    log = tmp_path / "run.log"
+    proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=cluster.env())
+    try:
+        trial_id, run_dir, _ = wait_for(lambda: _checkpointed_and_logged(uri, storage, name), 420,
+                                        "the trial's first checkpoint", proc=proc, log=log)
+        killed_ms = int(time.time() * 1000)
+        cluster.kill_node(node)
+        resumed_from = max(snapshot_epochs(run_dir))
+        assert resumed_from < EPOCHS
+        wait_for(lambda: any(n["state"] == "DEAD" for n in cluster.list_nodes()), 60, "the node to be seen dead")
+        cluster.add_node(num_cpus=2, resources={"node_b": 2}, name="worker-b")
+        rc = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+    out = log.read_text(errors="replace")
+    assert rc == 0, tail(log, 120)
+    assert "RETRY" in out, "Ray Train never saw the worker node fail"
+
+    summary = json.loads((storage / name / "summary.json").read_text())
+    (trial,) = summary["trials"]
+    assert trial["trial_id"] == trial_id and trial["state"] == "TERMINATED"
+    assert trial["epochs_done"] == EPOCHS
+    _assert_epochs_once(uri, name, trial_id, killed_ms, resumed_from)
+    assert mlflow_trials(uri, name)[trial_id].info.status == "FINISHED"
+
+
+def test_study_resumes_after_the_driver_is_killed(tmp_path, tiny_data):
+    name = "ft-driver"
+    storage = tmp_path / "studies"
+    study = tiny_study(tmp_path, name, tiny_data, fusions=("none", "max"), epochs=EPOCHS, workers=1,
+                       cpus_per_worker=1, max_concurrent=1)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # the driver starts its own local Ray, which dies with it
+    log = tmp_path / "run.log"
+    proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=env)
+
+    def second_trial_checkpointed():
+        try:
+            runs = mlflow_trials(uri, name)
+        except Exception:  # noqa: BLE001
+            return None
+        finished = [tid for tid, r in runs.items() if r.info.status == "FINISHED"]
+        if len(finished) != 1:
+            return None
+        found = _checkpointed_and_logged(uri, storage, name)
+        if found and found[0] not in finished:
+            return finished[0], found
+        return None
+
+    try:
+        first_id, (second_id, second_dir, _) = wait_for(second_trial_checkpointed, 600,
+                                                       "a finished trial and a checkpoint of the next one",
+                                                       proc=proc, log=log)
+        first_history = mlflow_history(uri, mlflow_trials(uri, name)[first_id].info.run_id, "val/CIDEr")
+        first_checkpoints = sorted(p.name for p in trial_runs(storage, name)[first_id].iterdir())
+        killed_ms = int(time.time() * 1000)
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only; its local Ray goes down with it
+        proc.wait(timeout=30)
+        resumed_from = max(snapshot_epochs(second_dir))
+        time.sleep(2)
+    finally:
+        kill_group(proc)  # whatever is left of the killed driver's local Ray
+    assert resumed_from < EPOCHS
+
+    resume = a2("study", "resume", name, cwd=tmp_path, env=env, timeout=600)
+    assert resume.returncode == 0, resume.stdout[-6000:]
+
+    summary = json.loads((storage / name / "summary.json").read_text())
+    assert summary["complete"]
+    by_id = {t["trial_id"]: t for t in summary["trials"]}
+    assert set(by_id) == {first_id, second_id}
+    for trial in by_id.values():
+        assert trial["state"] == "TERMINATED" and trial["epochs_done"] == EPOCHS
+        assert trial["epochs_reported"] == list(range(1, EPOCHS + 1))
+    # The finished trial was not run again: nothing new in MLflow or in its Train run folder.
+    runs = mlflow_trials(uri, name)
+    assert len(runs) == 2
+    assert mlflow_history(uri, runs[first_id].info.run_id, "val/CIDEr") == first_history
+    assert sorted(p.name for p in trial_runs(storage, name)[first_id].iterdir()) == first_checkpoints
+    # The interrupted one continued after its last checkpoint, in its own MLflow run.
+    _assert_epochs_once(uri, name, second_id, killed_ms, resumed_from)
+    assert runs[second_id].info.status == "FINISHED"
+    # The baseline comparison: the study has the fusion none trial of the same seed.
+    assert summary["baseline"] is not None
+    assert ("beats the baseline" in resume.stdout or "does NOT beat the baseline" in resume.stdout
+            or "itself the baseline" in resume.stdout)
