@@ -39,6 +39,7 @@ import numpy as np
 __all__ = [
     "CiderD",
     "coco_scores",
+    "caption_scores",
     "evaluate_results_file",
     "best_constant_caption",
     "load_results",
@@ -812,6 +813,64 @@ def _meteor_scores(meteor, gts: dict, res: dict) -> tuple[float, list[float]]:
     return float(score), [float(x) for x in scores]
 
 
+def _check_inputs(gts: Mapping[Any, Sequence[str]], res: Mapping[Any, Any], where: str) -> tuple[list, dict]:
+    """Same image ids on both sides, one caption per result; returns (ids in gts order, {id: [caption]})."""
+    missing = [k for k in gts if k not in res]
+    extra = [k for k in res if k not in gts]
+    if missing:
+        raise ValueError(f"{where}: image id(s) {_fmt_ids(missing)} have references but no result "
+                         f"({len(missing)} of {len(gts)} missing)")
+    if extra:
+        raise ValueError(f"{where}: image id(s) {_fmt_ids(extra)} have a result but no references")
+    ids = list(gts.keys())
+    if not ids:
+        raise ValueError(f"{where}: no images to evaluate")
+    one: dict[Any, list[str]] = {}
+    for k in ids:
+        r = res[k]
+        if isinstance(r, (list, tuple)) and len(r) == 1:
+            r = r[0]
+        if not isinstance(r, str):
+            raise ValueError(f"{where}: the result of image {k!r} must be a caption string, got {r!r}")
+        one[k] = [r]
+        _check_ref_list(gts[k], f"{where}: references of image {k!r}")
+    return ids, one
+
+
+def _tokenized_scores(tok_gts: dict, tok_res: dict, meteor, progress: bool,
+                      results: dict[str, float], per: dict[str, list[float]]) -> None:
+    """BLEU-1..4, ROUGE-L, CIDEr (and METEOR when ``meteor`` is a started process) of tokenized captions."""
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.rouge.rouge import Rouge
+
+    num = len(tok_gts)
+    _progress(progress, f"BLEU-1..4 on {num} images ...")
+    bleu, bleu_per = Bleu(4).compute_score(tok_gts, tok_res, verbose=0)
+    for i in range(4):
+        results[f"BLEU-{i + 1}"] = float(bleu[i])
+        per[f"BLEU-{i + 1}"] = [float(x) for x in bleu_per[i]]
+
+    _progress(progress, f"ROUGE-L on {num} images ...")
+    rouge, rouge_per = Rouge().compute_score(tok_gts, tok_res)
+    results["ROUGE-L"], per["ROUGE-L"] = float(rouge), [float(x) for x in rouge_per]
+
+    _progress(progress, f"CIDEr on {num} images ...")
+    cider, cider_per = CiderD().compute_score(tok_gts, tok_res)
+    results["CIDEr"], per["CIDEr"] = float(cider), [float(x) for x in cider_per]
+
+    if meteor is not None:
+        _progress(progress, f"METEOR on {num} images ...")
+        results["METEOR"], per["METEOR"] = _meteor_scores(meteor, tok_gts, tok_res)
+
+
+def _assemble(ids: list, results: dict[str, float], per: dict[str, list[float]], per_image: bool) -> dict[str, Any]:
+    order = [k for k in METRIC_NAMES if k in results]
+    out: dict[str, Any] = {k: results[k] for k in order}
+    if per_image:
+        out["per_image"] = {k: {name: per[name][i] for name in order} for i, k in enumerate(ids)}
+    return out
+
+
 def coco_scores(
     gts: Mapping[int, Sequence[str]],
     res: Mapping[int, str],
@@ -829,26 +888,7 @@ def coco_scores(
     SPICE: ``spice=None`` runs it iff its Stanford CoreNLP jars are installed (otherwise one line
     on stderr says so); ``spice=True`` requires them (RuntimeError); ``spice=False`` skips it.
     """
-    missing = [k for k in gts if k not in res]
-    extra = [k for k in res if k not in gts]
-    if missing:
-        raise ValueError(f"coco_scores: image id(s) {_fmt_ids(missing)} have references but no result "
-                         f"({len(missing)} of {len(gts)} missing)")
-    if extra:
-        raise ValueError(f"coco_scores: image id(s) {_fmt_ids(extra)} have a result but no references")
-    ids = list(gts.keys())
-    if not ids:
-        raise ValueError("coco_scores: no images to evaluate")
-    raw_res: dict[Any, list[str]] = {}
-    for k in ids:
-        r = res[k]
-        if isinstance(r, (list, tuple)) and len(r) == 1:
-            r = r[0]
-        if not isinstance(r, str):
-            raise ValueError(f"coco_scores: the result of image {k!r} must be a caption string, got {r!r}")
-        raw_res[k] = [r]
-        _check_ref_list(gts[k], f"coco_scores: references of image {k!r}")
-
+    ids, raw_res = _check_inputs(gts, res, "coco_scores")
     if spice is None:
         run_spice = spice_available()
         if not run_spice:
@@ -864,32 +904,13 @@ def coco_scores(
     t0 = time.perf_counter()
     results: dict[str, float] = {}
     per: dict[str, list[float]] = {}
-    meteor = _start_meteor()  # starts up while the other metrics run
+    meteor = _start_meteor()  # its JVM starts up while the other metrics run
     try:
         _progress(progress, f"PTB tokenizer on {num} images ...")
         both = ptb_tokenize({**{("gts", k): gts[k] for k in ids}, **{("res", k): raw_res[k] for k in ids}})
         tok_gts = {k: both[("gts", k)] for k in ids}
         tok_res = {k: both[("res", k)] for k in ids}
-
-        from pycocoevalcap.bleu.bleu import Bleu
-        from pycocoevalcap.rouge.rouge import Rouge
-
-        _progress(progress, f"BLEU-1..4 on {num} images ...")
-        bleu, bleu_per = Bleu(4).compute_score(tok_gts, tok_res, verbose=0)
-        for i in range(4):
-            results[f"BLEU-{i + 1}"] = float(bleu[i])
-            per[f"BLEU-{i + 1}"] = [float(x) for x in bleu_per[i]]
-
-        _progress(progress, f"ROUGE-L on {num} images ...")
-        rouge, rouge_per = Rouge().compute_score(tok_gts, tok_res)
-        results["ROUGE-L"], per["ROUGE-L"] = float(rouge), [float(x) for x in rouge_per]
-
-        _progress(progress, f"CIDEr on {num} images ...")
-        cider, cider_per = CiderD().compute_score(tok_gts, tok_res)
-        results["CIDEr"], per["CIDEr"] = float(cider), [float(x) for x in cider_per]
-
-        _progress(progress, f"METEOR on {num} images ...")
-        results["METEOR"], per["METEOR"] = _meteor_scores(meteor, tok_gts, tok_res)
+        _tokenized_scores(tok_gts, tok_res, meteor, progress, results, per)
     finally:
         _stop_meteor(meteor)
 
@@ -907,15 +928,37 @@ def coco_scores(
             by_id = dict(zip(sorted(ids), spice_sets))
             results["SPICE"] = float(spice_mean)
             per["SPICE"] = [float(by_id[k]["All"]["f"]) for k in ids]
-    order = [k for k in METRIC_NAMES if k in results]
-    results = {k: results[k] for k in order}
-    per = {k: per[k] for k in order}
-    _progress(progress, "done in %.1f s: %s" % (time.perf_counter() - t0,
-                                                  ", ".join(f"{k} {v:.4f}" for k, v in results.items())))
-    out: dict[str, Any] = dict(results)
-    if per_image:
-        out["per_image"] = {k: {name: vals[i] for name, vals in per.items()} for i, k in enumerate(ids)}
+    out = _assemble(ids, results, per, per_image)
+    _progress(progress, "done in %.1f s: %s" % (time.perf_counter() - t0, ", ".join(
+        f"{k} {v:.4f}" for k, v in out.items() if k != "per_image")))
     return out
+
+
+def caption_scores(
+    gts: Mapping[int, Sequence[str]],
+    res: Mapping[int, str],
+    meteor: bool = False,
+    per_image: bool = False,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """COCO metrics of already tokenized captions (no PTB tokenizer), for validation in training.
+
+    Returns ``{"BLEU-1".."BLEU-4", "ROUGE-L", "CIDEr"}`` and, with ``meteor=True``, "METEOR"
+    (one Java process); same numbers as :func:`coco_scores` on the tokenized text. Captions
+    are only whitespace-normalised.
+    """
+    ids, one = _check_inputs(gts, res, "caption_scores")
+    tok_gts = {k: [" ".join(c.split()) for c in gts[k]] for k in ids}
+    tok_res = {k: [" ".join(one[k][0].split())] for k in ids}
+    results: dict[str, float] = {}
+    per: dict[str, list[float]] = {}
+    proc = _start_meteor() if meteor else None
+    try:
+        _tokenized_scores(tok_gts, tok_res, proc, progress, results, per)
+    finally:
+        if proc is not None:
+            _stop_meteor(proc)
+    return _assemble(ids, results, per, per_image)
 
 
 def _read_json(path: str, what: str) -> Any:

@@ -293,6 +293,17 @@ def test_coco_scores_values_and_keys(coco_run):
     assert out["CIDEr"] == pytest.approx(Cider().compute_score(tok_gts, tok_res)[0], abs=1e-9)
 
 
+def test_caption_scores_on_tokenized_text_match_coco_scores(coco_run):
+    out, _, _ = coco_run
+    tok_gts = {k: [" ".join(c.lower().rstrip(".!").split()) for c in v] for k, v in COCO_GTS.items()}
+    tok_res = {11: "a dog runs on the grass", 22: "a  plate of broccoli", 33: ""}
+    fast = metrics.caption_scores(tok_gts, tok_res, per_image=True)  # no Java without METEOR
+    assert list(fast) == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr", "per_image"]
+    for key in ("BLEU-1", "BLEU-4", "ROUGE-L", "CIDEr"):
+        assert fast[key] == pytest.approx(out[key], abs=1e-12)
+        assert fast["per_image"][22][key] == pytest.approx(out["per_image"][22][key], abs=1e-12)
+
+
 def test_coco_scores_spice_notice_and_progress(coco_run):
     out, err, lib = coco_run
     assert "SPICE" not in out
