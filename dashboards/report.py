@@ -314,7 +314,7 @@ def plot_lambda(runs: list[RunSummary], path: Path) -> Path | None:
         ax2.plot(mask_l, mask, "s--", color="tab:red", label="mean mask value")
         ax2.set_ylabel("mean mask m", color="tab:red")
         handles += ax2.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, loc="best", fontsize=8)
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
     ax.set_title("CIDEr and mask value against λ")
     return _save(fig, path)
 
@@ -382,12 +382,13 @@ def plot_grounding(runs: list[RunSummary], path: Path) -> Path | None:
     order = sorted(means, key=fusion_sort_key)
     fig = _figure()
     ax = fig.add_subplot()
-    width = 0.8 / len(keys)
+    width = min(0.8 / len(keys), 0.25)
     for j, (_, label) in enumerate(keys):
         xs = [i + (j - 0.5) * width for i, g in enumerate(order) if j in means[g]]
         ys = [means[g][j] for g in order if j in means[g]]
         ax.bar(xs, ys, width=width, label=label)
     ax.set_xticks(range(len(order)), [FUSION_LABEL.get(g, g) for g in order])
+    ax.set_xlim(-0.75, len(order) - 0.25)
     ax.set_ylabel("grounding accuracy")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8)

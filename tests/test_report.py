@@ -13,6 +13,8 @@ from dashboards.compare import main as compare_main
 from dashboards.report import build_report
 from dashboards.report import main as report_main
 from dashboards.tracking import StudyTracker
+from tests.mlflowserver import mlflow_server  # noqa: F401
+from tests.s3server import s3_client
 
 
 @pytest.fixture(autouse=True)
@@ -34,13 +36,16 @@ def _cider(fusion, lam, seed):
     return CIDER[fusion] + (0.02 if lam == 0.1 else 0.0) + 0.01 * seed
 
 
-def fabricate(uri: str, name: str = STUDY, artifact_location: str | None = None) -> dict:
+def fabricate(uri: str, name: str = STUDY, artifact_location: str | None = None,
+              fusions: tuple[str, ...] = tuple(LAMBDAS)) -> dict:
     """Runs like a real study: fusions x lambdas x 2 seeds, val metrics per epoch, JSD per layer."""
     tracker = StudyTracker(uri, name, artifact_location=artifact_location)
     tracker.start_study({"search": {"metric": "val/CIDEr", "num_samples": 18}}, {})
     client: MlflowClient = tracker.client
     names = {}
     for fusion, lams in LAMBDAS.items():
+        if fusion not in fusions:
+            continue
         for lam in lams:
             for seed in (0, 1):
                 tid = f"{fusion}-{lam}-{seed}"
@@ -165,3 +170,30 @@ def test_report_with_missing_metrics_and_unknown_study(tmp_path):
     assert "no run has logged val/CIDEr" in compare_table(uri, "bare")
     with pytest.raises(ValueError, match="nope"):
         build_report(uri, "nope", tmp_path / "out2")
+
+
+def test_report_through_the_server_lands_in_s3(mlflow_server, tmp_path):  # noqa: F811
+    """Against the tracking server: the report's artifacts are proxied to the S3 bucket."""
+    name = "fab-study-server"
+    info = fabricate(str(mlflow_server), name, fusions=("none", "gate"))
+    paths = build_report(str(mlflow_server), name, tmp_path / "out")
+    assert paths["artifact_uri"].startswith("mlflow-artifacts:")
+    client = MlflowClient(str(mlflow_server))
+    assert "report/report.html" in [a.path for a in client.list_artifacts(info["parent"], "report")]
+    keys = [o["Key"] for o in s3_client(mlflow_server.s3_endpoint).list_objects_v2(
+        Bucket=mlflow_server.bucket, Prefix="mlartifacts/").get("Contents", [])]
+    assert any(k.endswith(f"{info['parent']}/artifacts/report/report.html") for k in keys)
+    rows = _table_rows(open(paths["html"], encoding="utf-8").read())
+    assert list(rows)[1:] == ["none (baseline)", "gate"]
+    assert "gate" in compare_table(str(mlflow_server), name).splitlines()[-1]
+
+
+def test_kendall_plot_when_measured(tmp_path):
+    from dashboards.report import RunSummary, plot_kendall
+
+    final = {f"diag/kendall_{kind}/layer{i}": v for i in range(3)
+             for kind, v in (("attention", 0.1 * i), ("mask", 0.2 + 0.1 * i))}
+    runs = [RunSummary("r", "trial", "FINISHED", {}, {}, final)]
+    path = plot_kendall(runs, tmp_path / "k.png")
+    assert path is not None and open(path, "rb").read(4) == b"\x89PNG"
+    assert plot_kendall([RunSummary("r", "t", "FINISHED", {}, {}, {"val/CIDEr": 1.0})], tmp_path / "x.png") is None
