@@ -184,7 +184,7 @@ class Trainer:
         self.dist.average_grads(self.mask_params)
         self.mask_opt.step()
         mask_mean = float(np.mean([layer.cross.last_mask_mean for layer in self.model.decoder]))
-        return float(loss), mask_mean
+        return loss.item(), mask_mean
 
     def xe_epoch(self) -> dict:
         t = self.cfg.train
@@ -208,7 +208,7 @@ class Trainer:
             self.sched.step()
             self.step += 1
             self.model.train_step.fill_(self.step)
-            sums["train/loss"] += float(loss)
+            sums["train/loss"] += loss.item()
             n_steps += 1
             if self.mask_opt is not None and self.step % t.mask_every == 0:
                 mask_loss, mask_mean = self._mask_step(feats, mask, inp, tgt)
@@ -268,7 +268,7 @@ class Trainer:
             self.scst_opt.step()
             self.step += 1
             self.model.train_step.fill_(self.step)
-            sums["train/loss"] += float(loss)
+            sums["train/loss"] += loss.item()
             sums["train/reward"] += float(reward.mean())
             n_steps += 1
             if self.mask_opt is not None and self.step % t.mask_every == 0:

@@ -92,7 +92,7 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
     for i, o in enumerate(objects):
         z = np.zeros(LATENT, np.float32)
         z[o["cls"]] = 1.0
-        z[o["cls"] ^ 1] = 0.35  # confusable partner class leaks in
+        z[o["cls"] ^ 1] = 0.3  # confusable partner class leaks in
         k = len(CLASSES)
         z[k + o["colour"]] = 1.0
         k += len(COLOURS)
@@ -103,8 +103,8 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
         z[k + scene] = 0.5
         k += len(SCENES)
         # Salience markers: strong on the two described objects, weaker but present on distractors.
-        z[k] = rng.uniform(0.7, 1.3) if i == subj else rng.uniform(0.0, 0.55)
-        z[k + 1] = rng.uniform(0.7, 1.3) if i == obj_ else rng.uniform(0.0, 0.55)
+        z[k] = rng.uniform(0.8, 1.2) if i == subj else rng.uniform(0.0, 0.45)
+        z[k + 1] = rng.uniform(0.8, 1.2) if i == obj_ else rng.uniform(0.0, 0.45)
         latents.append(z)
     for _ in range(n_bg):
         z = np.zeros(LATENT, np.float32)
@@ -116,7 +116,7 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
     region_of = {int(old): new for new, old in enumerate(order)}
     for i, o in enumerate(objects):
         o["region"] = region_of[i]
-    latents = latents + rng.normal(0, 0.3, latents.shape).astype(np.float32)
+    latents = latents + rng.normal(0, 0.25, latents.shape).astype(np.float32)
     feats = latents @ embed + rng.normal(0, 0.05, (len(latents), FEATURE_DIM)).astype(np.float32)
     feats = np.maximum(feats, 0.0)  # ReLU-like, non-negative as bottom-up features are
     caps, grounds = [], []
