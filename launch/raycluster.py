@@ -16,6 +16,10 @@ Ray 2.60 turns token authentication on for `ray start`. A cluster here writes it
 node, and hands every client (`env()`), `RAY_AUTH_MODE=token` with `RAY_AUTH_TOKEN_PATH` pointing at it, so nodes
 and clients always agree. `auth=False` runs the cluster with `RAY_AUTH_MODE=disabled` instead.
 
+The dashboard is on by default: besides the Jobs API, Ray Train 2.60 needs its state API to release the
+placement group of a Train controller that died with a node (`PlacementGroupCleaner`); without it, the workers of
+a retried trial wait forever for CPUs that the dead run still holds.
+
 Nodes are stopped by signalling their own process groups; `ray stop` is never used because it stops every Ray
 process of the machine, including clusters that are not ours.
 """
@@ -62,7 +66,9 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_d
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **kwargs)
+        # The dashboard stays on: Ray Train's placement-group cleaner asks the state API whether a trial's Train
+        # controller is alive; without it, the placement group of a dead controller is never released.
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
     return dict(ray.cluster_resources())
 
 
@@ -117,7 +123,7 @@ class RayNode:
 class LocalCluster:
     """A Ray cluster of `ray start` processes on 127.0.0.1 (a head plus any number of worker nodes)."""
 
-    def __init__(self, num_cpus: float = 1, resources: dict | None = None, *, dashboard: bool = False,
+    def __init__(self, num_cpus: float = 1, resources: dict | None = None, *, dashboard: bool = True,
                  auth: bool = True, root: str | Path | None = None, object_store_mb: int = 150,
                  start_timeout_s: float = 90.0, keep_root: bool = False, fast_failure_detection: bool = True):
         self.head_cpus, self.head_resources = num_cpus, dict(resources or {})

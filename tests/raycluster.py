@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -68,10 +69,10 @@ def tiny_study(directory: Path, name: str, data_root: Path, *, fusions=("max",),
 # -- clusters ------------------------------------------------------------------------------------------------------
 @pytest.fixture
 def ray_cluster_factory():
-    """`make(num_cpus=1, resources=None, dashboard=False) -> LocalCluster` (started); all stopped afterwards."""
+    """`make(num_cpus=1, resources=None, dashboard=True) -> LocalCluster` (started); all stopped afterwards."""
     clusters: list[LocalCluster] = []
 
-    def make(num_cpus: float = 1, resources: dict | None = None, dashboard: bool = False) -> LocalCluster:
+    def make(num_cpus: float = 1, resources: dict | None = None, dashboard: bool = True) -> LocalCluster:
         cluster = LocalCluster(num_cpus=num_cpus, resources=resources, dashboard=dashboard)
         clusters.append(cluster)
         cluster.start()
@@ -168,18 +169,27 @@ def snapshot_epochs(run_dir: Path) -> list[int]:
     return sorted(out)
 
 
+@functools.lru_cache(maxsize=None)
 def mlflow_client(uri: str):
+    """One client per store: making one opens (and checks) the database, far slower than a query."""
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
 
 
 def mlflow_trials(uri: str, study: str) -> dict[str, object]:
-    """The study's child runs: {trial id: run}."""
-    from dashboards.tracking import study_runs
+    """The study's trial runs (children of its parent run): {trial id: run}. Empty before the study has any."""
+    from dashboards.tracking import TAG_ROLE, TAG_STUDY, TAG_TRIAL_ID
 
-    parent, children = study_runs(uri, study)
-    return {r.data.tags.get("a2.trial_id"): r for r in children}
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        return {}
+    client = mlflow_client(uri)
+    exp = client.get_experiment_by_name(study)
+    if exp is None:
+        return {}
+    runs = client.search_runs([exp.experiment_id], f"tags.`{TAG_ROLE}` = 'trial' and tags.`{TAG_STUDY}` = '{study}'",
+                              max_results=1000)
+    return {r.data.tags.get(TAG_TRIAL_ID): r for r in runs}
 
 
 def mlflow_history(uri: str, run_id: str, metric: str = "val/CIDEr") -> list[tuple[int, float, int]]:
