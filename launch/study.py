@@ -164,6 +164,17 @@ class StudyLocation:
             f.write(text.encode("utf-8"))
         return path
 
+    def listdir(self, *parts: str) -> list[str]:
+        """Names of the entries of a folder below the study folder (empty when there is none)."""
+        path, fs = self.fs_path(*parts)
+        if fs is None and "://" not in path:
+            return sorted(os.listdir(path)) if os.path.isdir(path) else []
+        import pyarrow.fs
+
+        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+        return sorted(info.base_name for info in infos)
+
     def uri(self, *parts: str) -> str:
         """A path or URI to show people: `s3://bucket/...` for S3 storage."""
         from launch.trainable import join
@@ -454,7 +465,7 @@ def _error_text(trial) -> str | None:
 
 def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
               last_result: dict, error: str | None = None) -> dict:
-    from launch.trainable import TRIALS_DIR, train_run_name
+    from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, train_run_name
 
     metric, mode = spec.metric, spec.mode
     try:
@@ -466,12 +477,28 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
     epochs = [int(r["epoch"]) for r in history if _finite(r.get("epoch")) is not None]
     if not epochs and _finite(last_result.get("epoch")) is not None:
         epochs = [int(last_result["epoch"])]
-    best_value, best_epoch, best_ckpt = None, None, None
+    values: dict[int, float] = {}  # epoch -> metric (the latest report of an epoch wins)
     for r in history:
-        value = _finite(r.get(metric))
-        if value is not None and _better(value, best_value, mode):
-            best_value, best_epoch = value, (int(r["epoch"]) if _finite(r.get("epoch")) is not None else None)
-            best_ckpt = r.get("checkpoint_path") if isinstance(r.get("checkpoint_path"), str) else best_ckpt
+        value, epoch = _finite(r.get(metric)), _finite(r.get("epoch"))
+        if value is not None and epoch is not None:
+            values[int(epoch)] = value
+    best_value = None
+    for value in values.values():
+        if _better(value, best_value, mode):
+            best_value = value
+    # Ray Train keeps the best checkpoints by the study metric plus the latest; ties go to the later epoch.
+    run_parts = (TRIALS_DIR, train_run_name(spec.name, trial_id))
+    ckpt_epoch = None
+    for epoch in _stored_checkpoint_epochs(location, run_parts):
+        value = values.get(epoch)
+        if value is None:
+            continue
+        if ckpt_epoch is None or _better(value, values[ckpt_epoch], mode) or value == values[ckpt_epoch]:
+            ckpt_epoch = epoch
+    if ckpt_epoch is not None and values[ckpt_epoch] == best_value:
+        best_epoch = ckpt_epoch
+    else:
+        best_epoch = next((e for e in sorted(values) if values[e] == best_value), None)
     last_value = _finite(history[-1].get(metric)) if history else _finite(last_result.get(metric))
     run_dir = location.uri(TRIALS_DIR, train_run_name(spec.name, trial_id))
     return {
@@ -487,30 +514,30 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
         "last": last_value,
         "best": best_value,
         "best_epoch": best_epoch,
-        "best_checkpoint": _best_checkpoint(location, run_dir, best_epoch, best_ckpt),
+        "best_checkpoint": (location.uri(*run_parts, _checkpoint_dir(ckpt_epoch), CHECKPOINT_FILE)
+                            if ckpt_epoch is not None else None),
+        "best_checkpoint_epoch": ckpt_epoch,
         "train_run": run_dir,
         "config": config,
         "error": error,
     }
 
 
-def _best_checkpoint(location: StudyLocation, run_dir: str, epoch: int | None, reported: str | None) -> str | None:
-    """The stored checkpoint of the trial's best epoch (Ray Train keeps the best and the latest)."""
-    from launch.trainable import CHECKPOINT_FILE
+def _checkpoint_dir(epoch: int) -> str:
+    return f"checkpoint_epoch{epoch:04d}"  # the name launch.trainable.worker_fn gives every epoch's checkpoint
 
-    if epoch is None:
-        return None
-    candidate = f"{run_dir.rstrip('/')}/checkpoint_epoch{epoch:04d}"
-    rel = candidate[len(location.uri().rstrip('/')) + 1:] if candidate.startswith(location.uri()) else None
+
+def _stored_checkpoint_epochs(location: StudyLocation, run_parts: tuple[str, ...]) -> list[int]:
+    """Epochs whose checkpoint is still in the trial's Train run folder, ascending."""
+    out = []
     try:
-        if rel and location.exists(rel, CHECKPOINT_FILE):
-            return f"{candidate}/{CHECKPOINT_FILE}"
-    except Exception:  # noqa: BLE001
-        pass
-    if reported:
-        prefix = "s3://" if location.storage.startswith("s3://") and "://" not in reported else ""
-        return f"{prefix}{reported.rstrip('/')}/{CHECKPOINT_FILE}"
-    return None
+        names = location.listdir(*run_parts)
+    except Exception:  # noqa: BLE001 - no folder yet, unreachable storage
+        return []
+    for name in names:
+        if name.startswith("checkpoint_epoch") and name[len("checkpoint_epoch"):].isdigit():
+            out.append(int(name[len("checkpoint_epoch"):]))
+    return sorted(out)
 
 
 def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
@@ -540,7 +567,7 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
         "complete": done == spec.num_trials and len(rows) == spec.num_trials,
         "best": None if best is None else {
             "trial_id": best["trial_id"], "value": best["best"], "epoch": best["best_epoch"],
-            "checkpoint": best["best_checkpoint"], "sampled": best["sampled"], "config": best["config"],
+            "checkpoint": best["best_checkpoint"], "checkpoint_epoch": best["best_checkpoint_epoch"], "sampled": best["sampled"], "config": best["config"],
             "fusion": best["fusion"], "seed": best["seed"], "lambda": best["lambda"]},
         "baseline": None if baseline is None else {
             "trial_id": baseline["trial_id"], "value": baseline["best"], "seed": baseline["seed"],
