@@ -1,21 +1,621 @@
-"""`a2 package`: best configuration of a study -> 4-seed ensemble -> COCO server zip, leaderboard, upload."""
+"""`a2 package NAME`: a study's best configuration -> four seed checkpoints -> averaging ensemble -> COCO server
+`results.zip`, `leaderboard.json`, uploads and an MLflow model version.
+
+    a2 package a2-smoke                         # seeds 0 1 2 3; missing seeds are trained on Ray
+    a2 package a2-seeds --no-train --upload s3://bucket/submissions/ --workers 4
+
+Steps:
+1. The study's best trial by its metric (ties: the lower trial id) defines the configuration: its resolved
+   config without `train.seed` (`dashboards.leaderboard.config_hash`). For every requested seed, the trial of
+   that configuration and seed (finished trials first, then the best by the metric, then the lower id) gives
+   its best checkpoint.
+2. Missing seeds are trained as a companion study `<name>-seeds-<hash8>-<n>` (a grid over the missing seeds
+   with everything else fixed, through `launch.study.run_study`: Ray Tune trials of Ray Train jobs, tracked in
+   MLflow, stored next to the study); `--no-train` refuses instead, naming them. Companion studies are listed in
+   `<study>/seed_studies.json`, so a later package run finds their checkpoints (and resumes an interrupted one).
+3. The ensemble decodes, with beam search (beam 5, at least one word), the val2014 and test2014 image sets
+   (and the Karpathy test split, once per seed and once for the ensemble) in shards on Ray workers (a task per
+   shard, one GPU each when the cluster has GPUs), or in this process with `--workers 0`.
+4. `captions_{val,test}2014_<alg>_results.json` go into `results.zip` at its root; the zip is validated
+   against the image lists (`dashboards.submission.validate_zip`) and only then renamed into place: a failed
+   validation leaves no `results.zip`.
+5. `leaderboard.json` (`dashboards.leaderboard`): COCO metrics of every seed and of the ensemble on the
+   Karpathy test split, provenance, the paper's rows.
+6. Delivery: the ensemble is registered as MLflow model `a2-<study>` (a pyfunc wrapping the checkpoints), the
+   zip and leaderboard are logged as artifacts of the study's parent run and uploaded (verified sha256) to the
+   study's S3 prefix `<study>/package/` when the study lives on S3, or to `--upload URI`.
+"""
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+SEED_STUDIES_FILE = "seed_studies.json"
+DEFAULT_OUT = "a2-packages"
+RESULTS_ZIP = "results.zip"
+LEADERBOARD = "leaderboard.json"
+MANIFEST = "package.json"
+SEEDS = (0, 1, 2, 3)
 
 
+class PackageError(Exception):
+    """A user-facing packaging problem (exit 2): missing seeds with --no-train, a submission that fails
+    validation, a study without results."""
+
+
+# -- arguments ---------------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="study name")
-    parser.add_argument("--storage", default=None, help="study storage root (local path or s3://...)")
-    parser.add_argument("--alg", default=None, help="algorithm name used in the results file names")
-    parser.add_argument("--no-train", action="store_true", help="refuse instead of training missing seeds")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
-    parser.add_argument("--out", default=None, help="output directory")
-    parser.add_argument("--upload", default=None, help="s3://bucket/prefix to upload results to")
-    parser.add_argument("--tracking-uri", default=None)
+    parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
+    parser.add_argument("--alg", default=None,
+                        help="algorithm name in the results file names, [A-Za-z0-9-]+ (default: the study name)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), help="seeds of the ensemble")
+    parser.add_argument("--no-train", action="store_true", help="refuse (naming them) instead of training missing seeds")
+    parser.add_argument("--out", default=None, help=f"output folder (default: ./{DEFAULT_OUT}/<name>)")
+    parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ to upload results.zip and the "
+                                                       "leaderboard to (default: the study's prefix when on S3)")
+    parser.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint for --upload")
+    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
     parser.add_argument("--beam-size", type=int, default=5)
-    parser.add_argument("--workers", type=int, default=None, help="Ray decode workers; 0 decodes in this process")
+    parser.add_argument("--batch-size", type=int, default=50, help="images per beam-search batch")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="Ray decoding tasks (default: one per GPU, else per CPU); 0 decodes in this process")
+    parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
+    parser.add_argument("--val-images", default=None, help="COCO image-info JSON of val2014 (default: the data's)")
+    parser.add_argument("--test-images", default=None, help="image_info_test2014.json (default: the data's)")
+    parser.add_argument("--data", nargs="*", default=[],
+                        help="data.* overrides for decoding on this machine, e.g. data.features=/x.h5")
+    parser.add_argument("--quiet", action="store_true", help="no live trial table while seeds train")
 
 
 def main(args) -> int:
-    raise NotImplementedError("a2 package is not implemented yet")
+    from launch.study import StudyError
+
+    try:
+        package(args.name, storage=args.storage, seeds=args.seeds, alg=args.alg, no_train=args.no_train,
+                out=args.out, upload=args.upload, s3_endpoint_url=args.s3_endpoint_url,
+                tracking_uri=args.tracking_uri, beam_size=args.beam_size, batch_size=args.batch_size,
+                workers=args.workers, address=args.address, val_images=args.val_images,
+                test_images=args.test_images, data_overrides=args.data, verbose=not args.quiet)
+    except (PackageError, StudyError) as err:
+        print(f"a2 package: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _say(text: str, verbose: bool = True) -> None:
+    if verbose:
+        print(text, flush=True)
+
+
+# -- candidates: the trials of a study with their configurations -----------------------------------------------------
+def _read_json(location, *parts: str) -> dict | None:
+    if not location.exists(*parts):
+        return None
+    return json.loads(location.read_text(*parts))
+
+
+def candidates(spec, location, summary: dict) -> list[dict]:
+    """One dict per trial of a study summary that reported the metric and has a best checkpoint."""
+    from dashboards.leaderboard import config_hash
+
+    out = []
+    for row in summary.get("trials", []):
+        if row.get("best") is None or not row.get("best_checkpoint"):
+            continue
+        try:
+            config = spec.trial_config(dict(row.get("sampled") or {}))
+        except Exception as err:  # noqa: BLE001 - a trial the saved spec cannot rebuild any more
+            print(f"a2 package: note: skipping trial {row.get('trial_id')} of {spec.name}: {err}", file=sys.stderr)
+            continue
+        out.append({"study": spec.name, "trial_id": str(row["trial_id"]), "seed": int(config["train"]["seed"]),
+                    "value": float(row["best"]), "epoch": row.get("best_epoch"), "state": row.get("state"),
+                    "checkpoint": row["best_checkpoint"], "config": config, "hash": config_hash(config)})
+    return out
+
+
+def _rank_key(mode: str) -> Callable[[dict], tuple]:
+    return lambda c: (-c["value"] if mode == "max" else c["value"], c["study"], c["trial_id"])
+
+
+def select_best(cands: list[dict], mode: str) -> dict:
+    """The best trial by the metric; ties go to the lower (study, trial id), so the choice is deterministic."""
+    if not cands:
+        raise PackageError("no trial of the study reported its metric with a checkpoint: nothing to package")
+    return min(cands, key=_rank_key(mode))
+
+
+def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
+                     exists: Callable[[str], bool]) -> tuple[dict[int, dict], list[int]]:
+    """For each seed, the trial of configuration `digest` with that seed whose checkpoint exists (finished
+    trials first, then the best by the metric, then the lower trial id); and the seeds that have none."""
+    rank = _rank_key(mode)
+    chosen, missing = {}, []
+    for seed in seeds:
+        pool = sorted((c for c in cands if c["hash"] == digest and c["seed"] == seed),
+                      key=lambda c: (c["state"] not in (None, "TERMINATED"), *rank(c)))
+        hit = next((c for c in pool if exists(c["checkpoint"])), None)
+        if hit is None:
+            missing.append(seed)
+        else:
+            chosen[seed] = hit
+    return chosen, missing
+
+
+def checkpoint_exists(uri: str, endpoint_url: str | None = None) -> bool:
+    if uri.startswith("s3://"):
+        from dashboards.s3 import make_client, parse_s3_uri
+
+        bucket, key = parse_s3_uri(uri, require_key=True)
+        try:
+            make_client(endpoint_url).head_object(Bucket=bucket, Key=key)
+            return True
+        except Exception:  # noqa: BLE001 - not there, or not readable: either way unusable
+            return False
+    return Path(uri).is_file()
+
+
+def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
+    """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
+    if not uri.startswith("s3://"):
+        return uri
+    from dashboards.s3 import download_file
+
+    target = Path(cache_dir) / hashlib.sha256(uri.encode()).hexdigest()[:16] / "checkpoint.pt"
+    if not target.is_file():
+        download_file(uri, target, endpoint_url=endpoint_url)
+    return str(target)
+
+
+# -- training the missing seeds ----------------------------------------------------------------------------------
+def seeds_spec(spec, location, config: dict, seeds: list[int], name: str):
+    """A study that trains `config` with each of `seeds` (grid), with the parent study's resources, tracking
+    and storage."""
+    from launch.spec import StudySpec
+
+    train = {k: v for k, v in config["train"].items() if k != "seed"}
+    raw = {
+        "name": name,
+        "data": config["data"], "model": config["model"], "train": train,
+        "search": {"metric": spec.metric, "mode": spec.mode, "algorithm": "grid",
+                   "space": {"seed": {"grid": [int(s) for s in seeds]}}, "scheduler": {"fifo": {}}},
+        "resources": dict(spec.resources),
+        "tracking": {"mlflow_uri": spec.tracking["mlflow_uri"]},
+        "storage": location.storage,
+        "storage_endpoint_url": location.endpoint_url,
+    }
+    return StudySpec.from_dict(raw, source=f"seeds of {spec.name} ({location.uri()})")
+
+
+def seed_study_name(study: str, digest: str, index: int) -> str:
+    suffix = f"-seeds-{digest[:8]}-{index}"
+    return f"{study[:64 - len(suffix)].rstrip('-')}{suffix}"
+
+
+def companion_studies(location) -> list[str]:
+    data = _read_json(location, SEED_STUDIES_FILE) or {}
+    return list(data.get("studies", []))
+
+
+def _companion_rows(location, names: list[str], digest: str, verbose: bool) -> tuple[list[dict], list[Any]]:
+    """Candidates of the companion seed studies of configuration `digest`, and those without a summary."""
+    from launch.study import SUMMARY_FILE, StudyLocation, load_saved_spec
+
+    rows, unfinished = [], []
+    for name in names:
+        comp = StudyLocation(name, location.storage, location.endpoint_url)
+        if not comp.exists("study.yaml"):
+            continue
+        comp_spec = load_saved_spec(comp)
+        summary = _read_json(comp, SUMMARY_FILE)
+        if summary is None:
+            if _base_hash(comp_spec) == digest:
+                unfinished.append(comp)
+            continue
+        rows += [c for c in candidates(comp_spec, comp, summary) if c["hash"] == digest]
+    return rows, unfinished
+
+
+def _base_hash(spec) -> str:
+    from dashboards.leaderboard import config_hash
+
+    return config_hash(spec.trial_config({"seed": 0}))
+
+
+def train_missing(spec, location, best: dict, missing: list[int], *, address: str | None, verbose: bool) -> list[dict]:
+    """Train the missing seeds of the best configuration as a companion study; returns its candidates."""
+    from launch.study import StudyLocation, load_saved_spec, resume_study, run_study
+
+    names = companion_studies(location)
+    _, unfinished = _companion_rows(location, names, best["hash"], verbose)
+    rows = []
+    for comp in unfinished:  # an interrupted earlier attempt: finish it first
+        _say(f"package: resuming the unfinished seed study {comp.name}", verbose)
+        summary = resume_study(comp, address=address, verbose=verbose)
+        rows += [c for c in candidates(load_saved_spec(comp), comp, summary) if c["hash"] == best["hash"]]
+    done = {c["seed"] for c in rows}
+    todo = [s for s in missing if s not in done]
+    if not todo:
+        return rows
+    index = 0
+    while seed_study_name(spec.name, best["hash"], index) in names or StudyLocation(
+            seed_study_name(spec.name, best["hash"], index), location.storage, location.endpoint_url).exists(
+            "study.yaml"):
+        index += 1
+    name = seed_study_name(spec.name, best["hash"], index)
+    new_spec = seeds_spec(spec, location, best["config"], todo, name)
+    # Listed before it runs, so that an interrupted run is found (and resumed) by the next package run.
+    location.write_text(json.dumps({"studies": names + [name]}, indent=2) + "\n", SEED_STUDIES_FILE)
+    _say(f"package: training seed(s) {', '.join(map(str, todo))} of trial {best['trial_id']}'s configuration "
+         f"as study {name}", verbose)
+    summary = run_study(new_spec, address=address, verbose=verbose)
+    comp = StudyLocation(name, location.storage, location.endpoint_url)
+    return rows + [c for c in candidates(new_spec, comp, summary) if c["hash"] == best["hash"]]
+
+
+# -- decoding ------------------------------------------------------------------------------------------------------
+def _shard(ids: list[int], rank: int, world: int) -> list[int]:
+    return ids[rank::world]
+
+
+def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]], single_split: str | None,
+                 beam_size: int, max_len: int, batch_size: int, endpoint_url: str | None = None,
+                 progress: bool = False, device: str | None = None) -> dict:
+    """Captions of one shard: the ensemble on every split of `shard`, and each checkpoint alone on
+    `single_split`. Runs in a Ray task or in this process. Returns {"ensemble": {split: {id: caption}},
+    "single": [{id: caption} per checkpoint], "images": n, "seconds": s}."""
+    import torch
+
+    from a2core.checkpoint import load_ensemble
+    from a2core.config import Config
+    from a2core.data.dataset import resolve_paths
+    from a2core.data.features import FeatureStore
+    from dashboards.leaderboard import caption_features, ensemble_stepper
+
+    t0 = time.perf_counter()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
+    paths = [fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints]
+    models, vocab, config = load_ensemble(paths, device=device)
+    model_cfg = config["model"]
+    store = FeatureStore(resolve_paths(Config.from_dict({**config, "data": data_config}).data).features,
+                         model_cfg["feature_dim"])
+    fetch = lambda i: store.padded(i, model_cfg["max_regions"])  # noqa: E731
+    total = sum(len(v) for v in shard.values()) + (len(shard.get(single_split, [])) * len(models)
+                                                    if single_split and len(models) > 1 else 0)
+    bar = None
+    if progress and total:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="decode", unit="img", file=sys.stderr)
+    tick = bar.update if bar else None
+    kwargs = dict(beam_size=beam_size, max_len=max_len, batch_size=batch_size, device=device, progress=tick)
+    out: dict[str, Any] = {"ensemble": {}, "single": []}
+    with torch.no_grad():
+        stepper = ensemble_stepper(models, vocab.eos)
+        for split, ids in shard.items():
+            out["ensemble"][split] = caption_features(stepper, vocab, ids, fetch, **kwargs)
+        if single_split is not None:
+            for model in models:
+                if len(models) == 1:
+                    out["single"].append(out["ensemble"][single_split])
+                else:
+                    out["single"].append(caption_features(ensemble_stepper([model], vocab.eos), vocab,
+                                                          shard[single_split], fetch, **kwargs))
+    if bar:
+        bar.close()
+    store.close()
+    out["images"] = total
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _merge(parts: list[dict], n_models: int) -> dict:
+    merged: dict[str, Any] = {"ensemble": {}, "single": [{} for _ in range(n_models)]}
+    for part in parts:
+        for split, caps in part["ensemble"].items():
+            merged["ensemble"].setdefault(split, {}).update(caps)
+        for i, caps in enumerate(part["single"]):
+            merged["single"][i].update(caps)
+    return merged
+
+
+def default_workers(resources: dict) -> int:
+    gpus = int(resources.get("GPU", 0) or 0)
+    if gpus:
+        return gpus
+    return max(1, min(8, int(resources.get("CPU", 1) or 1)))
+
+
+def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], single_split: str, *,
+               beam_size: int, max_len: int, batch_size: int, workers: int | None, address: str | None,
+               endpoint_url: str | None, verbose: bool = True) -> dict:
+    """The ensemble's captions of every split and each checkpoint's on `single_split`, on Ray tasks (one per
+    shard of the image lists) or, with workers=0, in this process."""
+    t0 = time.perf_counter()
+    n_images = sum(len(v) for v in splits.values())
+    if workers == 0:
+        _say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) in this process", verbose)
+        result = decode_shard(checkpoints, data_config, splits, single_split, beam_size, max_len, batch_size,
+                              endpoint_url, progress=verbose)
+        merged = _merge([result], len(checkpoints))
+    else:
+        import ray
+
+        from launch.raycluster import connect
+        from launch.trainable import propagated_env
+
+        resources = connect(address, runtime_env_vars=propagated_env())
+        n = workers or default_workers(resources)
+        use_gpu = int(resources.get("GPU", 0) or 0) > 0
+        task = ray.remote(decode_shard).options(num_cpus=1, num_gpus=1 if use_gpu else 0, max_retries=2)
+        _say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) on {n} Ray worker(s)"
+             f"{' (1 GPU each)' if use_gpu else ''}", verbose)
+        futures = [task.remote(checkpoints, data_config, {s: _shard(ids, r, n) for s, ids in splits.items()},
+                               single_split, beam_size, max_len, batch_size, endpoint_url)
+                   for r in range(n)]
+        parts = []
+        bar = None
+        if verbose:
+            from tqdm import tqdm
+
+            bar = tqdm(total=n, desc="decode shards", unit="shard", file=sys.stderr)
+        pending = list(futures)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            parts.extend(ray.get(ready))
+            if bar:
+                bar.update(len(ready))
+        if bar:
+            bar.close()
+        merged = _merge(parts, len(checkpoints))
+    for split, ids in splits.items():
+        got = merged["ensemble"].get(split, {})
+        lost = [i for i in ids if i not in got]
+        if lost:
+            raise PackageError(f"decoding lost {len(lost)} {split} images (e.g. {lost[:5]})")
+    merged["seconds"] = time.perf_counter() - t0
+    _say(f"package: decoded in {merged['seconds']:.1f} s", verbose)
+    return merged
+
+
+# -- the package ---------------------------------------------------------------------------------------------------
+def _data_config(config: dict, overrides: list[str]) -> dict:
+    from a2core.config import Config, apply_overrides
+
+    raw = apply_overrides({**config}, list(overrides or []))
+    return Config.from_dict(raw).to_dict()["data"]
+
+
+def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple[list[int], list[int], dict]:
+    """The val2014 / test2014 ids the server expects (from files where there are any) and where they came from."""
+    from dashboards.submission import read_image_ids
+
+    sources = {}
+    if val_images:
+        val_ids, sources["val2014"] = read_image_ids(val_images), str(val_images)
+    elif data.paths.val_images and Path(data.paths.val_images).is_file():
+        val_ids, sources["val2014"] = read_image_ids(data.paths.val_images), str(data.paths.val_images)
+    else:
+        val_ids = [img.image_id for img in data.images("val2014")]
+        sources["val2014"] = f"{data.paths.captions} (filepath val2014)"
+    if test_images:
+        test_ids, sources["test2014"] = read_image_ids(test_images), str(test_images)
+    elif data.paths.test_images:
+        test_ids, sources["test2014"] = read_image_ids(data.paths.test_images), str(data.paths.test_images)
+    else:
+        raise PackageError("no test2014 image list: set data.test_images in the study or pass --test-images")
+    return list(dict.fromkeys(val_ids)), list(dict.fromkeys(test_ids)), sources
+
+
+def _upload_prefix(location, upload: str | None) -> str | None:
+    if upload:
+        if not upload.startswith("s3://"):
+            raise PackageError(f"--upload must be an s3:// URI, got {upload!r}")
+        return upload.rstrip("/") + "/"
+    if location.storage.startswith("s3://"):
+        return location.uri("package").rstrip("/") + "/"
+    return None
+
+
+def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | None = None, no_train: bool = False,
+            out: str | os.PathLike | None = None, upload: str | None = None, s3_endpoint_url: str | None = None,
+            tracking_uri: str | None = None, beam_size: int = 5, batch_size: int = 50, workers: int | None = None,
+            address: str | None = None, val_images: str | None = None, test_images: str | None = None,
+            data_overrides: list[str] | None = None, verbose: bool = True) -> dict:
+    """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
+    from launch.study import SUMMARY_FILE, locate, load_saved_spec
+
+    t_start = time.perf_counter()
+    location = locate(name, storage)
+    spec = load_saved_spec(location)
+    summary = _read_json(location, SUMMARY_FILE)
+    if summary is None:
+        raise PackageError(f"study {name!r} at {location.uri()} has no {SUMMARY_FILE}: finish it first "
+                           f"(`a2 study resume {name}`)")
+    if not summary.get("complete", True):
+        _say(f"package: note: study {name} is not complete ({summary.get('trials_finished')}/"
+             f"{summary.get('num_trials')} trials finished); packaging what it has", verbose)
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    if not seeds:
+        raise PackageError("--seeds: give at least one seed")
+    alg = alg or name
+    from dashboards.submission import results_filename
+
+    try:
+        val_name, test_name = results_filename("val", alg), results_filename("test", alg)
+    except ValueError as err:
+        raise PackageError(f"--alg: {err}") from None
+    tracking_uri = tracking_uri or spec.tracking["mlflow_uri"]
+    from dashboards.tracking import check_tracking_uri
+
+    try:
+        check_tracking_uri(tracking_uri)
+    except ValueError as err:
+        raise PackageError(f"MLflow: {err}") from None
+    endpoint = location.endpoint_url
+    upload_endpoint = s3_endpoint_url or (endpoint if not upload else None)
+    upload_prefix = _upload_prefix(location, upload)
+    out = Path(out or Path(DEFAULT_OUT) / name).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    zip_path = out / RESULTS_ZIP
+    if zip_path.exists():  # a stale zip must not survive a failed run
+        zip_path.unlink()
+
+    import ray
+
+    ray_was_up = ray.is_initialized()
+    try:
+        # 1. the best configuration and its seed checkpoints
+        mode = spec.mode
+        main_rows = candidates(spec, location, summary)
+        best = select_best(main_rows, mode)
+        fusion = best["config"]["model"]["fusion"]
+        _say(f"package: best trial {best['trial_id']} of {name}: {spec.metric} {best['value']:.4f} "
+             f"(fusion {fusion}, seed {best['seed']}, config {best['hash'][:12]})", verbose)
+        comp_rows, _ = _companion_rows(location, companion_studies(location), best["hash"], verbose)
+        rows = main_rows + comp_rows
+        exists = lambda uri: checkpoint_exists(uri, endpoint)  # noqa: E731
+        chosen, missing = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
+        if missing:
+            have = ", ".join(f"seed {s}: trial {c['trial_id']}" for s, c in sorted(chosen.items())) or "none"
+            if no_train:
+                raise PackageError(
+                    f"study {name}: no checkpoint of the best configuration (trial {best['trial_id']}, config "
+                    f"{best['hash'][:12]}) for seed(s) {', '.join(map(str, missing))} (found {have}); run without "
+                    f"--no-train to train them, or pass --seeds with the seeds that exist")
+            rows += train_missing(spec, location, best, missing, address=address, verbose=verbose)
+            chosen, still = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
+            if still:
+                raise PackageError(f"training seed(s) {', '.join(map(str, still))} produced no checkpoint; see "
+                                   f"`a2 study status {seed_study_name(name, best['hash'], 0)}` and its siblings")
+        members = [chosen[s] for s in seeds]
+        for m in members:
+            _say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
+                 f"{m['value']:.4f}), {m['checkpoint']}", verbose)
+
+        # 2. data and image lists
+        from a2core.config import Config
+        from a2core.data.captions import Vocab
+        from a2core.data.dataset import CaptionData
+        from a2core import checkpoint as ckpt
+
+        cache = out / ".checkpoints"
+        local = [fetch_checkpoint(m["checkpoint"], cache, endpoint) for m in members]
+        first = ckpt.load(local[0])
+        config = first["config"]
+        data_config = _data_config(config, data_overrides or [])
+        cfg = Config.from_dict({**config, "data": data_config})
+        data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab=Vocab(first["vocab"]))
+        del first
+        val_ids, test_ids, sources = _image_lists(data, val_images, test_images)
+        karpathy = [img.image_id for img in data.images("test")]
+        data.features.check_ids(list(dict.fromkeys(val_ids + test_ids + karpathy)))
+        max_len = int(config["train"].get("max_len", 20))
+
+        # 3. decode (Ray tasks or this process)
+        checkpoints = [m["checkpoint"] if m["checkpoint"].startswith("s3://") else str(Path(p).resolve())
+                       for m, p in zip(members, local)]
+        decoded = decode_all(checkpoints, data_config, {"val2014": val_ids, "test2014": test_ids, "test": karpathy},
+                             "test", beam_size=beam_size, max_len=max_len, batch_size=batch_size, workers=workers,
+                             address=address, endpoint_url=endpoint, verbose=verbose)
+
+        # 4. results files, zip, validation
+        from dashboards.submission import make_zip, validate_zip, write_results
+
+        val_path = write_results(out / val_name, {i: decoded["ensemble"]["val2014"][i] for i in val_ids})
+        test_path = write_results(out / test_name, {i: decoded["ensemble"]["test2014"][i] for i in test_ids})
+        staging = out / f".{RESULTS_ZIP}.staging"
+        make_zip(staging, val_path, test_path)
+        report = validate_zip(staging, val_ids, test_ids, alg=alg)
+        if not report.ok:
+            staging.unlink(missing_ok=True)
+            raise PackageError(f"the submission failed validation, no {RESULTS_ZIP} written:\n{report}")
+        os.replace(staging, zip_path)
+        _say(f"package: {zip_path}: valid ({len(val_ids)} val2014 + {len(test_ids)} test2014 captions)", verbose)
+        ensemble_test = decoded["ensemble"]["test"]
+        from a2core.decode import write_results_json
+
+        write_results_json(out / "captions_karpathy_test_ensemble.json", ensemble_test)
+
+        # 5. leaderboard
+        from dashboards import leaderboard as lb
+
+        _say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
+             f"({len(karpathy)} images)", verbose)
+        refs = data.references("test")
+        systems = {f"seed-{m['seed']}": decoded["single"][i] for i, m in enumerate(members)}
+        systems["ensemble"] = ensemble_test
+        scores = lb.score_systems(refs, systems)
+        run_ids = {}
+        for study_name in sorted({m["study"] for m in members}):
+            run_ids[study_name] = lb.trial_run_ids(tracking_uri, study_name)
+        board_members = [{"seed": m["seed"], "trial_id": m["trial_id"], "study": m["study"],
+                          "checkpoint": m["checkpoint"], "value": m["value"], "metrics": scores[f"seed-{m['seed']}"],
+                          "mlflow_run_id": run_ids.get(m["study"], {}).get(m["trial_id"])} for m in members]
+
+        # 6. MLflow: the ensemble as a registered model, then the leaderboard (which names its version)
+        parent = lb.study_parent_run(tracking_uri, name)
+        model_name = f"a2-{name}"
+        _say(f"package: registering the ensemble as MLflow model {model_name}", verbose)
+        model = lb.register_ensemble(
+            tracking_uri, parent, local, model_name, beam_size=beam_size, max_len=max_len,
+            description=f"{len(members)}-seed averaging ensemble of study {name} (config {best['hash'][:12]})",
+            tags={"a2.study": name, "a2.config_hash": best["hash"], "a2.seeds": ",".join(map(str, seeds)),
+                  "a2.trial_ids": ",".join(m["trial_id"] for m in members)})
+        board = lb.build_leaderboard(
+            study=name, config=best["config"], members=board_members, ensemble_metrics=scores["ensemble"],
+            images=len(karpathy), beam_size=beam_size, max_len=max_len,
+            selected_by={"metric": spec.metric, "mode": mode, "trial_id": best["trial_id"], "value": best["value"],
+                         "tie_break": "lower trial id"},
+            extra={"submission": {"zip": str(zip_path), "alg": alg, "files": [val_name, test_name],
+                                  "val2014_images": len(val_ids), "test2014_images": len(test_ids),
+                                  "image_lists": sources},
+                   "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent,
+                              "registered_model": model["name"], "model_version": model["version"],
+                              "model_uri": model["model_uri"],
+                              "study_run_ids": {s: r for s, r in run_ids.items()}}})
+        board_path = lb.write_leaderboard(out / LEADERBOARD, board)
+        print(lb.format_table(board), flush=True)
+        artifact_uri = lb.log_artifacts(tracking_uri, parent, [zip_path, board_path], "package")
+
+        # 7. uploads
+        uploads = []
+        if upload_prefix:
+            from dashboards.s3 import upload_file
+
+            for path in (zip_path, board_path):
+                try:
+                    uploads.append(upload_file(path, upload_prefix + path.name, endpoint_url=upload_endpoint))
+                except Exception as err:  # noqa: BLE001 - S3TransferError, credentials, endpoint
+                    raise PackageError(f"upload of {path.name} to {upload_prefix} failed: {err}") from None
+                _say(f"package: uploaded {path.name} to {uploads[-1]['uri']} (sha256 {uploads[-1]['sha256']})",
+                     verbose)
+
+        manifest = {
+            "study": name, "study_path": location.uri(), "out": str(out), "results_zip": str(zip_path),
+            "results_files": [str(val_path), str(test_path)], "leaderboard": str(board_path),
+            "seeds": seeds, "members": [{k: m[k] for k in ("seed", "study", "trial_id", "checkpoint", "value")}
+                                        for m in members],
+            "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": fusion,
+            "ensemble_CIDEr": scores["ensemble"].get("CIDEr"),
+            "seed_CIDEr": {m["seed"]: scores[f"seed-{m['seed']}"].get("CIDEr") for m in members},
+            "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "artifacts": artifact_uri, **model},
+            "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
+            "decode_seconds": round(decoded["seconds"], 2), "seconds": round(time.perf_counter() - t_start, 2),
+        }
+        lb.write_leaderboard(out / MANIFEST, manifest)
+        _say(f"package: done in {manifest['seconds']:.0f} s\n  submission:  {zip_path}\n  leaderboard: {board_path}\n"
+             f"  MLflow:      {model['model_uri']} (run {parent}, artifacts {artifact_uri})"
+             + "".join(f"\n  uploaded:    {u['uri']}" for u in uploads), verbose)
+        return manifest
+    finally:
+        if not ray_was_up and ray.is_initialized():
+            ray.shutdown()

@@ -1,0 +1,475 @@
+"""The leaderboard of a packaged study, and the ensemble as an MLflow model.
+
+`leaderboard.json` (written by `a2 package`) holds, for every seed checkpoint of the study's best configuration
+and for their averaging ensemble, the offline COCO metrics on the Karpathy test split (percentages, as in the
+paper), where each number came from (study, trial ids, MLflow run ids, checkpoint locations, config hash, git
+commit, seeds), and the paper's rows for the same fusion (Table 1 / Table 3, and Table 2 for the ensemble)::
+
+    {"schema": 1, "study": "a2-smoke", "created": "...", "git_commit": "...",
+     "evaluation": {"split": "karpathy-test", "images": 20, "beam_size": 5, "scale": "percent", ...},
+     "configuration": {"hash": "<sha256>", "fusion": "gate", "config": {...}, "selected_by": {...}},
+     "seeds": [0, 1, 2, 3],
+     "entries": [{"name": "seed-0", "kind": "checkpoint", "seed": 0, "trial_id": "...", "metrics": {...},
+                  "ensemble_CIDEr": 3.1, ...}, ..., {"name": "ensemble", "kind": "ensemble", ...}],
+     "ensemble": {"CIDEr": 3.1, "mean_seed_CIDEr": 2.7, "best_seed_CIDEr": 2.9, "gain_over_mean": 0.4},
+     "paper": {"table1": {...}, "table2": {...}, "table3": {...}}}
+
+The config hash is the sha256 of the canonical JSON (sorted keys, no spaces) of the resolved a2core config
+without `train.seed` (and without `output_dir`, which says where a plain run writes, not what it trains): the
+seeds of one configuration share it.
+
+`A2EnsembleModel` is an `mlflow.pyfunc.PythonModel` whose artifacts are the checkpoints: it captions image ids
+(features from the checkpoints' data config, or a `features_path` in the model config) or given region
+features, with the same beam search as the submission. `register_ensemble` logs and registers it.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import mlflow.pyfunc
+import pandas as pd
+
+from dashboards import paper_results
+
+SCHEMA = 1
+# Metrics in the order the table shows them; coco_scores' names.
+METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
+SHORT = {"BLEU-1": "B-1", "BLEU-2": "B-2", "BLEU-3": "B-3", "BLEU-4": "B-4", "METEOR": "M", "ROUGE-L": "R",
+         "CIDEr": "C", "SPICE": "S"}
+NOT_HASHED = ("train.seed", "output_dir")
+
+
+# -- configurations ----------------------------------------------------------------------------------------------
+def canonical_config(config: Mapping) -> dict:
+    """The config without the keys that do not define the configuration (`train.seed`, `output_dir`)."""
+    out = copy.deepcopy(dict(config))
+    for dotted in NOT_HASHED:
+        node = out
+        *parents, last = dotted.split(".")
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return out
+
+
+def config_hash(config: Mapping) -> str:
+    """sha256 hex of the canonical JSON of the config minus its seed: equal for the seeds of one configuration."""
+    text = json.dumps(canonical_config(config), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# -- scores ------------------------------------------------------------------------------------------------------
+def as_percent(scores: Mapping[str, Any]) -> dict[str, float]:
+    """coco_scores' fractions as the paper's percentages (CIDEr 1.25 -> 125.0), in METRICS order."""
+    return {k: round(float(scores[k]) * 100.0, 4) for k in METRICS if k in scores and scores[k] is not None}
+
+
+def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str, Mapping[int, str]],
+                  spice: bool | None = None, parallel: int | None = None,
+                  scorer: Callable | None = None) -> dict[str, dict[str, float]]:
+    """`a2core.metrics.coco_scores` of each system's captions (percent), a few systems at a time.
+
+    Each call runs its own Java processes (PTB tokenizer, METEOR), so they overlap well in threads."""
+    if scorer is None:
+        from a2core.metrics import coco_scores as scorer
+    if spice is None:
+        from a2core.metrics import spice_available
+
+        spice = spice_available()
+        if not spice:
+            print("leaderboard: SPICE not available (Stanford CoreNLP models missing); reported without it",
+                  file=sys.stderr, flush=True)
+    names = list(systems)
+    workers = max(1, min(len(names), parallel or min(4, os.cpu_count() or 1)))
+
+    def one(name: str) -> dict[str, float]:
+        return as_percent(scorer(references, systems[name], spice=spice, progress=False))
+
+    if workers == 1:
+        return {name: one(name) for name in names}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip(names, pool.map(one, names)))
+
+
+# -- the leaderboard ---------------------------------------------------------------------------------------------
+def _git_commit() -> str:
+    try:
+        from dashboards.tracking import git_commit
+
+        return git_commit()
+    except Exception:  # noqa: BLE001 - provenance must not fail the package
+        return "unknown"
+
+
+def _fmt_number(value) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensemble_metrics: Mapping[str, float],
+                      images: int, beam_size: int = 5, max_len: int = 20, selected_by: Mapping | None = None,
+                      split: str = "test", extra: Mapping | None = None) -> dict:
+    """The leaderboard dict.
+
+    `members`: one dict per seed checkpoint with `seed`, `trial_id`, `study`, `checkpoint`, `metrics` (percent,
+    from `score_systems`) and optionally `mlflow_run_id`, `value` (its study metric). `ensemble_metrics`: the
+    averaging ensemble's metrics (percent)."""
+    cfg = canonical_config(config)
+    digest = config_hash(config)
+    fusion = cfg.get("model", {}).get("fusion")
+    stage = "scst" if int(cfg.get("train", {}).get("scst_epochs") or 0) > 0 else "xe"
+    ens_cider = ensemble_metrics.get("CIDEr")
+    entries = []
+    for m in sorted(members, key=lambda m: (m["seed"], str(m["trial_id"]))):
+        metrics = dict(m["metrics"])
+        own = metrics.get("CIDEr")
+        entries.append({
+            "name": f"seed-{m['seed']}", "kind": "checkpoint", "seed": m["seed"], "study": m.get("study", study),
+            "trial_id": m["trial_id"], "mlflow_run_id": m.get("mlflow_run_id"), "checkpoint": m["checkpoint"],
+            "config_hash": digest, "study_metric": m.get("value"), "metrics": metrics, "ensemble_CIDEr": ens_cider,
+            "ensemble_gain_CIDEr": None if own is None or ens_cider is None else round(ens_cider - own, 4),
+        })
+    seed_ciders = [e["metrics"]["CIDEr"] for e in entries if e["metrics"].get("CIDEr") is not None]
+    entries.append({
+        "name": "ensemble", "kind": "ensemble", "seeds": [e["seed"] for e in entries],
+        "studies": sorted({e["study"] for e in entries}), "trial_ids": [e["trial_id"] for e in entries],
+        "mlflow_run_ids": [e["mlflow_run_id"] for e in entries], "checkpoints": [e["checkpoint"] for e in entries],
+        "config_hash": digest, "metrics": dict(ensemble_metrics), "ensemble_CIDEr": ens_cider,
+    })
+    summary = {"CIDEr": ens_cider,
+               "mean_seed_CIDEr": round(sum(seed_ciders) / len(seed_ciders), 4) if seed_ciders else None,
+               "best_seed_CIDEr": max(seed_ciders) if seed_ciders else None}
+    summary["gain_over_mean"] = (None if ens_cider is None or summary["mean_seed_CIDEr"] is None
+                                 else round(ens_cider - summary["mean_seed_CIDEr"], 4))
+    board = {
+        "schema": SCHEMA,
+        "study": study,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "git_commit": _git_commit(),
+        "evaluation": {"split": f"karpathy-{split}", "images": int(images), "beam_size": int(beam_size),
+                       "max_len": int(max_len), "scale": "percent",
+                       "metrics": [k for k in METRICS if k in ensemble_metrics],
+                       "spice": "SPICE" in ensemble_metrics},
+        "configuration": {"hash": digest, "fusion": fusion, "lambda": cfg.get("model", {}).get("lambda"),
+                          "stage": stage, "config": cfg, "selected_by": dict(selected_by or {})},
+        "seeds": [e["seed"] for e in entries if e["kind"] == "checkpoint"],
+        "entries": entries,
+        "ensemble": summary,
+        "paper": paper_results.paper_rows(fusion, stage) if fusion else None,
+    }
+    if extra:
+        board.update(extra)
+    return board
+
+
+def write_leaderboard(path: str | os.PathLike, board: Mapping) -> Path:
+    """Write the leaderboard JSON atomically (temp file in the same folder, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(board, f, indent=2, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_leaderboard(path: str | os.PathLike) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def format_table(board: Mapping) -> str:
+    """A small text table: each seed and the ensemble (with the ensemble's CIDEr next to each seed's), then the
+    paper's rows for the same fusion."""
+    metrics = [k for k in METRICS if k in board["evaluation"]["metrics"]]
+    header = ["", "trial", *[SHORT[k] for k in metrics], "ens C"]
+    rows = []
+    for e in board["entries"]:
+        trial = e["trial_id"] if e["kind"] == "checkpoint" else f"{len(e['seeds'])} seeds"
+        rows.append([e["name"], str(trial), *[_fmt_number(e["metrics"].get(k)) for k in metrics],
+                     _fmt_number(e.get("ensemble_CIDEr"))])
+    paper = board.get("paper") or {}
+    t1 = paper.get("table1")
+    if t1:
+        rows.append([f"paper T1 {t1['row']} ({t1.get('stage', 'xe')})", "", *[
+            _fmt_number(t1.get("metrics", t1.get("xe", {})).get(k)) for k in metrics], ""])
+    t3 = paper.get("table3")
+    if t3:
+        rows.append([f"paper T3 {t3['row']}", "", *[_fmt_number(t3["metrics"].get(k)) for k in metrics], ""])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    ev = board["evaluation"]
+    title = (f"leaderboard of {board['study']} ({board['configuration']['fusion']}, config "
+             f"{board['configuration']['hash'][:12]}): {ev['split']}, {ev['images']} images, beam {ev['beam_size']}, "
+             f"percent")
+    return "\n".join([title, *lines])
+
+
+# -- MLflow --------------------------------------------------------------------------------------------------------
+def trial_run_ids(tracking_uri: str | None, study: str) -> dict[str, str]:
+    """{trial_id: MLflow run id} of a study's trial runs ({} when the study has no runs or MLflow is not there)."""
+    if not tracking_uri:
+        return {}
+    try:
+        from dashboards.tracking import TAG_TRIAL_ID, study_runs
+
+        _, children = study_runs(tracking_uri, study)
+    except Exception as err:  # noqa: BLE001 - provenance is best effort
+        print(f"leaderboard: note: no MLflow runs of {study} ({err})", file=sys.stderr)
+        return {}
+    return {run.data.tags[TAG_TRIAL_ID]: run.info.run_id for run in children if TAG_TRIAL_ID in run.data.tags}
+
+
+def study_parent_run(tracking_uri: str, study: str) -> str:
+    """The study's parent run id; created (and left FINISHED) when the study has none yet."""
+    from dashboards.tracking import StudyTracker, study_runs
+
+    parent, _ = study_runs(tracking_uri, study)
+    if parent is not None:
+        return parent.info.run_id
+    tracker = StudyTracker(tracking_uri, study)
+    run_id = tracker.start_study(tags={"a2.created_by": "package"})
+    tracker.end_study("FINISHED")
+    return run_id
+
+
+def log_artifacts(tracking_uri: str, run_id: str, paths: Iterable[str | os.PathLike],
+                  artifact_path: str = "package") -> str:
+    """Log files as artifacts of a run; returns the artifact folder's URI."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    for p in paths:
+        client.log_artifact(run_id, str(p), artifact_path)
+    return f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
+
+
+# -- captioning with an ensemble (shared by packaging and the MLflow model) ----------------------------------------
+class MinLengthStepper:
+    """Wraps a decode stepper so that <eos> cannot come before `min_len` words: beam search prefers short
+    hypotheses, and an empty caption is not a valid submission entry."""
+
+    def __init__(self, inner, eos: int, min_len: int = 1):
+        self.inner, self.eos, self.min_len = inner, eos, min_len
+
+    def init_state(self, feats, region_mask):
+        return {"inner": self.inner.init_state(feats, region_mask), "t": 0}
+
+    def expand_state(self, state, k: int):
+        return {"inner": self.inner.expand_state(state["inner"], k), "t": state["t"]}
+
+    def step(self, last, state):
+        logp = self.inner.step(last, state["inner"])
+        if state["t"] < self.min_len:
+            logp = logp.clone()
+            logp[:, self.eos] = float("-inf")
+        state["t"] += 1
+        return logp
+
+    def reorder_state(self, state, index):
+        return {"inner": self.inner.reorder_state(state["inner"], index), "t": state["t"]}
+
+
+def ensemble_stepper(models: list, eos: int, min_len: int = 1):
+    """An averaging ensemble (one model: that model) that never ends a caption before `min_len` words."""
+    from a2core.decode import EnsembleStepper, ModelStepper
+
+    inner = EnsembleStepper(models) if len(models) > 1 else ModelStepper(models[0])
+    return MinLengthStepper(inner, eos, min_len)
+
+
+def caption_features(stepper, vocab, image_ids: Sequence[int], fetch: Callable[[int], tuple], *, beam_size: int = 5,
+                     max_len: int = 20, batch_size: int = 50, device="cpu",
+                     progress: Callable[[int], None] | None = None) -> dict[int, str]:
+    """{image_id: caption} by beam search; `fetch(image_id)` gives the padded (features, mask) of an image."""
+    import numpy as np
+    import torch
+
+    from a2core.decode import beam_search, greedy
+
+    out: dict[int, str] = {}
+    ids = list(image_ids)
+    for start in range(0, len(ids), batch_size):
+        chunk = ids[start:start + batch_size]
+        pairs = [fetch(i) for i in chunk]
+        feats = torch.from_numpy(np.stack([p[0] for p in pairs])).to(device)
+        mask = torch.from_numpy(np.stack([p[1] for p in pairs])).to(device)
+        if beam_size > 1:
+            seqs, _ = beam_search(stepper, feats, mask, beam_size, max_len, vocab.bos, vocab.eos)
+        else:
+            seqs = greedy(stepper, feats, mask, max_len, vocab.bos, vocab.eos)
+        for image_id, seq in zip(chunk, seqs.tolist()):
+            out[int(image_id)] = vocab.decode(seq)
+        if progress is not None:
+            progress(len(chunk))
+    return out
+
+
+def pad_features(feat, max_regions: int, feature_dim: int) -> tuple:
+    """(max_regions, D) float32 features and their (max_regions,) region mask, as FeatureStore.padded."""
+    import numpy as np
+
+    feat = np.asarray(feat, dtype=np.float32).reshape(-1, feature_dim)[:max_regions]
+    out = np.zeros((max_regions, feature_dim), np.float32)
+    out[: len(feat)] = feat
+    mask = np.zeros(max_regions, bool)
+    mask[: len(feat)] = True
+    return out, mask
+
+
+# -- the ensemble as an MLflow model --------------------------------------------------------------------------------
+CHECKPOINT_ARTIFACT = "checkpoint_{:02d}"
+
+
+class A2EnsembleModel(mlflow.pyfunc.PythonModel):
+    """Averaging ensemble of A2 checkpoints (the model's artifacts) that captions images.
+
+    `predict` takes a pandas DataFrame (or a list of ints, or a dict of lists) with an `image_id` column and,
+    optionally, a `features` column of (n_regions, 2048) arrays. Without features, an image's regions come from
+    the feature store of the checkpoints' data config, or from `features_path` in the model config. Returns a
+    DataFrame with `image_id` and `caption`, in input order."""
+
+    def __init__(self, beam_size: int = 5, max_len: int = 20, batch_size: int = 50, min_len: int = 1):
+        self.beam_size, self.max_len, self.batch_size, self.min_len = beam_size, max_len, batch_size, min_len
+
+    def load_context(self, context):
+        import torch
+
+        from a2core.checkpoint import load_ensemble
+
+        keys = sorted(k for k in context.artifacts if k.startswith("checkpoint_"))
+        if not keys:
+            raise ValueError("A2EnsembleModel: no checkpoint artifacts")
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.models, self.vocab, self.config = load_ensemble([context.artifacts[k] for k in keys], self.device)
+        model_config = getattr(context, "model_config", None) or {}
+        self.features_path = model_config.get("features_path")
+        self._store = None
+
+    def _feature_store(self):
+        if self._store is None:
+            from a2core.config import Config
+            from a2core.data.features import FeatureStore
+
+            path = self.features_path
+            if not path:
+                from a2core.data.dataset import resolve_paths
+
+                path = resolve_paths(Config.from_dict(self.config).data).features
+            self._store = FeatureStore(path, self.config["model"]["feature_dim"])
+        return self._store
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        if isinstance(model_input, pd.DataFrame):
+            frame = model_input
+        elif isinstance(model_input, dict):
+            frame = pd.DataFrame(model_input)
+        else:
+            frame = pd.DataFrame({"image_id": list(model_input)})
+        if "image_id" not in frame.columns:
+            raise ValueError("A2EnsembleModel.predict: the input needs an 'image_id' column")
+        ids = [int(i) for i in frame["image_id"]]
+        max_regions = self.config["model"]["max_regions"]
+        dim = self.config["model"]["feature_dim"]
+        if "features" in frame.columns:
+            given = {i: f for i, f in zip(ids, frame["features"])}
+
+            def fetch(i):
+                return pad_features(given[i], max_regions, dim)
+        else:
+            store = self._feature_store()
+
+            def fetch(i):
+                return store.padded(i, max_regions)
+
+        beam = int((params or {}).get("beam_size", self.beam_size))
+        stepper = ensemble_stepper(self.models, self.vocab.eos, self.min_len)
+        caps = caption_features(stepper, self.vocab, list(dict.fromkeys(ids)), fetch, beam_size=beam,
+                                max_len=self.max_len, batch_size=self.batch_size, device=self.device)
+        return pd.DataFrame({"image_id": ids, "caption": [caps[i] for i in ids]})
+
+
+def _slim_checkpoint(src: str | os.PathLike, dst: Path) -> Path:
+    """A copy of a checkpoint with what inference needs (weights, config, vocabulary, epoch): no optimizer."""
+    from a2core import checkpoint as ckpt
+
+    state = ckpt.load(src)
+    keep = {k: state[k] for k in ("model", "config", "vocab", "epoch", "step", "best") if k in state}
+    return ckpt.save(keep, dst)
+
+
+def _current_tracking_uri() -> str | None:
+    """The URI set with `mlflow.set_tracking_uri` (None when never set), to restore it afterwards."""
+    try:
+        from mlflow.tracking._tracking_service import utils
+
+        return utils._tracking_uri
+    except (ImportError, AttributeError):
+        return None
+
+
+def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str | os.PathLike], name: str, *,
+                      beam_size: int = 5, max_len: int = 20, description: str | None = None,
+                      tags: Mapping[str, str] | None = None) -> dict:
+    """Log the ensemble as an MLflow pyfunc model of run `run_id` (its checkpoints as artifacts, without optimizer
+    state) and register it as a new version of model `name`. Returns {"name", "version", "model_uri", ...}."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    repo = Path(__file__).resolve().parents[1]
+    code_paths = [str(repo / "a2core"), str(repo / "dashboards")]
+    client = MlflowClient(tracking_uri=tracking_uri)
+    status = client.get_run(run_id).info.status
+    previous_uri, previous_env = _current_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
+    with tempfile.TemporaryDirectory(prefix="a2-model-") as tmp:
+        artifacts = {}
+        for i, path in enumerate(checkpoints):
+            key = CHECKPOINT_ARTIFACT.format(i)
+            artifacts[key] = str(_slim_checkpoint(path, Path(tmp) / f"{key}.pt"))
+        mlflow.set_tracking_uri(tracking_uri)
+        try:
+            mlflow.start_run(run_id=run_id)
+            try:
+                info = mlflow.pyfunc.log_model(
+                    name="ensemble", python_model=A2EnsembleModel(beam_size=beam_size, max_len=max_len),
+                    artifacts=artifacts, code_paths=code_paths, registered_model_name=name,
+                    pip_requirements=["torch", "numpy", "h5py", "pyyaml", "pandas"],
+                    metadata={"a2.checkpoints": [str(p) for p in checkpoints], "a2.beam_size": beam_size})
+            finally:
+                mlflow.end_run(status=status if status in ("FINISHED", "FAILED", "KILLED") else "FINISHED")
+                if status == "RUNNING":
+                    client.update_run(run_id, status="RUNNING")
+        finally:  # leave the caller's global MLflow settings as they were
+            mlflow.set_tracking_uri(previous_uri)
+            if previous_env is not None:
+                os.environ["MLFLOW_TRACKING_URI"] = previous_env
+    version = info.registered_model_version
+    if version is None:  # older MLflow: look the version up by the run
+        found = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")
+        version = max(int(v.version) for v in found)
+    if description:
+        client.update_model_version(name, str(version), description=description)
+    for k, v in (tags or {}).items():
+        client.set_model_version_tag(name, str(version), k, str(v))
+    return {"name": name, "version": int(version), "model_uri": f"models:/{name}/{version}",
+            "logged_model_uri": info.model_uri, "run_id": run_id}

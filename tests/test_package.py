@@ -1,0 +1,245 @@
+"""`a2 package` on the synthetic set: best configuration -> 4 seeds -> ensemble -> results.zip, leaderboard,
+upload, MLflow model.
+
+The "pre-run study" is built without Ray to save time: three tiny checkpoints of one configuration (gate fusion,
+seeds 0, 1, 2) are trained directly with `a2core.train.train`, put where Ray Train puts a trial's checkpoints,
+and described by `study.yaml` + `summary.json` written with launch.study's own functions. A fourth trial
+(the baseline) errored without a result. Packaging seeds 0-3 then has to train seed 3, which it does as a real
+Ray study.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.raycluster import tiny_data, tiny_study  # noqa: F401
+from tests.s3server import s3_client, unique_bucket
+
+NAME = "pkg"
+TRAINED_SEEDS = (0, 1, 2)
+
+
+# -- unit: selection and hashing (no training) ---------------------------------------------------------------------
+def _cand(trial_id, seed, value, digest="h1", state="TERMINATED", study="s"):
+    return {"study": study, "trial_id": trial_id, "seed": seed, "value": value, "state": state,
+            "checkpoint": f"/ckpt/{trial_id}", "hash": digest, "config": {}}
+
+
+def test_best_configuration_ties_break_by_trial_id_and_seeds_group_by_config():
+    from launch.package import PackageError, select_best, seed_checkpoints
+
+    rows = [_cand("t3", 0, 0.5, "h2"), _cand("t1", 1, 0.5, "h1"), _cand("t2", 0, 0.4, "h1"),
+            _cand("t4", 2, 0.45, "h1", state="ERROR"), _cand("t5", 2, 0.3, "h1"), _cand("t6", 1, 0.2, "h1")]
+    best = select_best(rows, "max")
+    assert best["trial_id"] == "t1"  # 0.5 ties with t3; the lower trial id wins
+    assert select_best(rows, "min")["trial_id"] == "t6"
+    chosen, missing = seed_checkpoints(rows, "h1", [0, 1, 2, 3], "max", exists=lambda uri: uri != "/ckpt/t2")
+    # seed 0: t2 is the only h1 trial and its checkpoint is gone (t3 has another config); seed 2: finished t5
+    # before the errored (if better) t4; seed 1: the best, t1.
+    assert {s: c["trial_id"] for s, c in chosen.items()} == {1: "t1", 2: "t5"}
+    assert missing == [0, 3]
+    with pytest.raises(PackageError):
+        select_best([], "max")
+
+
+def test_config_hash_ignores_seed_and_output_dir():
+    from dashboards.leaderboard import config_hash
+
+    a = {"model": {"fusion": "gate", "lambda": 0.035}, "train": {"seed": 0, "xe_epochs": 2}, "output_dir": "x"}
+    b = {"output_dir": "y", "train": {"xe_epochs": 2, "seed": 3}, "model": {"lambda": 0.035, "fusion": "gate"}}
+    c = {"model": {"fusion": "gate", "lambda": 0.05}, "train": {"seed": 0, "xe_epochs": 2}}
+    assert config_hash(a) == config_hash(b) != config_hash(c)
+    assert len(config_hash(a)) == 64
+
+
+# -- the pre-run study ---------------------------------------------------------------------------------------------
+def _study_file(directory: Path, data_root: Path, storage: Path, mlflow_uri: str) -> Path:
+    return tiny_study(directory, NAME, data_root, fusions=("none", "gate"), seeds=TRAINED_SEEDS, epochs=2,
+                      workers=1, cpus_per_worker=1, storage=storage, mlflow_uri=mlflow_uri,
+                      extra={"model.max_regions": 10})
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, tiny_data):
+    """Tiny gate-fusion checkpoints of seeds 0, 1, 2 (d_model 32, 1 layer, 2 heads, 200 images, 2 epochs)."""
+    from a2core.train import train
+    from launch.spec import load_study
+
+    root = tmp_path_factory.mktemp("pkg-trained")
+    spec = load_study(_study_file(root, tiny_data, root / "unused", f"sqlite:///{root / 'unused.db'}"))
+    runs = {}
+    for seed in TRAINED_SEEDS:
+        runs[seed] = train(spec.trial_config({"fusion": "gate", "seed": seed}), output_dir=str(root / f"seed{seed}"))
+    return {"data": tiny_data, "runs": runs}
+
+
+@pytest.fixture
+def study(tmp_path, trained, monkeypatch):
+    """A finished study in tmp_path/studies laid out as `a2 study run` leaves it (study.yaml, Ray Train trial
+    folders with their best checkpoints, summary.json); cwd is tmp_path."""
+    from launch.spec import load_study
+    from launch.study import STUDY_FILE, SUMMARY_FILE, StudyLocation, saved_form, summarize, trial_row
+    from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, train_run_name
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = load_study(_study_file(tmp_path, trained["data"], tmp_path / "studies", uri))
+    location = StudyLocation(NAME, spec.storage)
+    location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
+    rows = []
+    for i, seed in enumerate(TRAINED_SEEDS):
+        trial_id = f"fixt0_{i:05d}"
+        result = trained["runs"][seed]
+        run_dir = Path(location.uri(TRIALS_DIR, train_run_name(NAME, trial_id)))
+        target = run_dir / f"checkpoint_epoch{result['best_epoch']:04d}" / CHECKPOINT_FILE
+        target.parent.mkdir(parents=True)
+        shutil.copy(result["best_checkpoint"], target)
+        rows.append(trial_row(spec, location, trial_id, {"fusion": "gate", "seed": seed}, "TERMINATED",
+                              result["history"], result["history"][-1]))
+    rows.append(trial_row(spec, location, "fixt0_00003", {"fusion": "none", "seed": 0}, "ERROR", [], {},
+                          "RuntimeError: the worker died"))
+    summary = summarize(spec, location, rows)
+    assert summary["best"]["fusion"] == "gate"
+    location.write_text(json.dumps(summary, indent=2, default=str), SUMMARY_FILE)
+    return {"spec": spec, "location": location, "storage": tmp_path / "studies", "uri": uri,
+            "data": trained["data"], "summary": summary}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+
+
+# -- --no-train ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_no_train_refuses_naming_the_missing_seeds(study, tmp_path, capsys):
+    from launch.cli import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.zip").write_bytes(b"stale")  # a stale zip must not survive the refusal
+    rc = main(["package", NAME, "--storage", str(study["storage"]), "--no-train", "--out", str(out),
+               "--seeds", "0", "1", "2", "3", "--workers", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "seed(s) 3" in err and "--no-train" in err
+    assert "seed 0: trial fixt0_00000" in err  # says what it found, too
+    assert not (out / "results.zip").exists()
+    assert not (study["storage"] / NAME / "seed_studies.json").exists()  # nothing was trained
+
+
+# -- the whole package, with the missing seed trained on Ray --------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_endpoint, capsys):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from dashboards.leaderboard import config_hash
+    from dashboards.submission import read_image_ids, validate_zip
+    from launch.cli import main
+    from launch.package import decode_all
+
+    bucket = unique_bucket(s3_endpoint, "pkg")
+    out = tmp_path / "out"
+    rc = main(["package", NAME, "--storage", str(study["storage"]), "--out", str(out), "--workers", "2",
+               "--upload", f"s3://{bucket}/submissions/", "--s3-endpoint-url", s3_endpoint, "--quiet"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed[-4000:]
+
+    # Seed 3 was trained as a companion Ray study of the best configuration.
+    companions = json.loads((study["storage"] / NAME / "seed_studies.json").read_text())["studies"]
+    assert len(companions) == 1
+    comp_summary = json.loads((study["storage"] / companions[0] / "summary.json").read_text())
+    (trial,) = comp_summary["trials"]
+    assert trial["seed"] == 3 and trial["state"] == "TERMINATED" and Path(trial["best_checkpoint"]).is_file()
+
+    # The zip: exactly the two server files at its root, valid against the image lists.
+    data = study["data"]
+    val_ids = read_image_ids(data / "image_info_val2014.json")
+    test_ids = read_image_ids(data / "image_info_test2014.json")
+    zip_path = out / "results.zip"
+    report = validate_zip(zip_path, val_ids, test_ids, alg=NAME)
+    assert report.ok, str(report)
+    with zipfile.ZipFile(zip_path) as zf:
+        assert sorted(zf.namelist()) == [f"captions_test2014_{NAME}_results.json",
+                                         f"captions_val2014_{NAME}_results.json"]
+        test_entries = json.loads(zf.read(f"captions_test2014_{NAME}_results.json"))
+        val_entries = json.loads(zf.read(f"captions_val2014_{NAME}_results.json"))
+    assert sorted(e["image_id"] for e in test_entries) == sorted(test_ids)  # each test image exactly once
+    assert len(test_entries) == len(set(test_ids)) == 20
+    assert len(val_entries) == len(set(val_ids))
+    assert all(isinstance(e["caption"], str) and e["caption"].strip() for e in test_entries + val_entries)
+
+    # The leaderboard: four seeds and the ensemble, the ensemble's CIDEr next to each seed's.
+    board = json.loads((out / "leaderboard.json").read_text())
+    entries = {e["name"]: e for e in board["entries"]}
+    assert list(entries) == ["seed-0", "seed-1", "seed-2", "seed-3", "ensemble"]
+    ens = entries["ensemble"]["metrics"]["CIDEr"]
+    assert isinstance(ens, float) and ens >= 0
+    for seed in range(4):
+        e = entries[f"seed-{seed}"]
+        assert e["seed"] == seed and e["ensemble_CIDEr"] == ens
+        assert e["ensemble_gain_CIDEr"] == pytest.approx(ens - e["metrics"]["CIDEr"], abs=1e-3)
+        assert set(e["metrics"]) >= {"BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"}
+        assert Path(e["checkpoint"]).is_file()
+    assert entries["seed-3"]["study"] == companions[0]
+    assert {entries[f"seed-{s}"]["trial_id"] for s in TRAINED_SEEDS} == {"fixt0_00000", "fixt0_00001", "fixt0_00002"}
+    expected_hash = config_hash(study["spec"].trial_config({"fusion": "gate", "seed": 0}))
+    assert board["configuration"]["hash"] == expected_hash
+    assert all(e["config_hash"] == expected_hash for e in board["entries"])
+    assert board["seeds"] == [0, 1, 2, 3] and board["evaluation"]["images"] == 20
+    assert board["paper"]["table3"]["row"] == "Gate Mechanism"
+    assert board["paper"]["table3"]["metrics"]["CIDEr"] == 125.0
+    assert board["paper"]["table1"]["row"] == "A2 Transformer"
+    assert board["paper"]["table1"]["metrics"]["CIDEr"] == 125.0  # cross-entropy column: no SCST epochs here
+    assert len(board["git_commit"]) == 40
+    assert "ens C" in printed and "paper T3 Gate Mechanism" in printed
+
+    # Provenance: the trained seed's MLflow run is the companion study's trial run.
+    client = MlflowClient(tracking_uri=study["uri"])
+    seed3_run = client.get_run(entries["seed-3"]["mlflow_run_id"])
+    assert seed3_run.data.tags["a2.trial_id"] == entries["seed-3"]["trial_id"]
+    assert seed3_run.data.tags["a2.seed"] == "3"
+
+    # Uploads landed on the S3 endpoint with the local bytes' sha256.
+    s3 = s3_client(s3_endpoint)
+    for fname in ("results.zip", "leaderboard.json"):
+        head = s3.head_object(Bucket=bucket, Key=f"submissions/{fname}")
+        assert head["Metadata"]["sha256"] == _sha256(out / fname)
+        assert head["ContentLength"] == (out / fname).stat().st_size
+
+    # MLflow: zip and leaderboard are artifacts of the study's parent run; the ensemble is a model version.
+    parent_id = board["mlflow"]["parent_run_id"]
+    names = {f.path for f in client.list_artifacts(parent_id, "package")}
+    assert names == {"package/results.zip", "package/leaderboard.json"}
+    versions = client.search_model_versions(f"name='a2-{NAME}'")
+    assert [int(v.version) for v in versions] == [board["mlflow"]["model_version"]] == [1]
+    assert versions[0].tags["a2.config_hash"] == expected_hash
+
+    # The registered model captions like the submission did (same checkpoints, same beam search).
+    captions = {e["image_id"]: e["caption"] for e in test_entries}
+    mlflow.set_tracking_uri(study["uri"])
+    try:
+        model = mlflow.pyfunc.load_model(f"models:/a2-{NAME}/1")
+    finally:
+        mlflow.set_tracking_uri(None)
+    some = sorted(test_ids)[:3]
+    pred = model.predict({"image_id": some})
+    assert list(pred["image_id"]) == some
+    assert list(pred["caption"]) == [captions[i] for i in some]
+
+    # The in-process fallback (--workers 0) gives the same captions as the Ray shards.
+    checkpoints = [e["checkpoint"] for e in board["entries"] if e["kind"] == "checkpoint"]
+    config = study["spec"].trial_config({"fusion": "gate", "seed": 0})
+    local = decode_all(checkpoints, config["data"], {"test2014": sorted(test_ids)}, None, beam_size=5, max_len=20,
+                       batch_size=50, workers=0, address=None, endpoint_url=None, verbose=False)
+    assert local["ensemble"]["test2014"] == captions
