@@ -32,7 +32,6 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -76,30 +75,71 @@ def as_percent(scores: Mapping[str, Any]) -> dict[str, float]:
 
 
 def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str, Mapping[int, str]],
-                  spice: bool | None = None, parallel: int | None = None,
-                  scorer: Callable | None = None) -> dict[str, dict[str, float]]:
-    """`a2core.metrics.coco_scores` of each system's captions (percent), a few systems at a time.
+                  spice: bool | None = None) -> dict[str, dict[str, float]]:
+    """COCO metrics (percent) of several systems' captions of the same images: `a2core.metrics.coco_scores`'
+    numbers, with one PTB tokenizer run and one METEOR process shared by all systems instead of two Java
+    processes per system (they dominate the time and fight over a small machine's cores).
 
-    Each call runs its own Java processes (PTB tokenizer, METEOR), so they overlap well in threads."""
-    if scorer is None:
-        from a2core.metrics import coco_scores as scorer
+    Same steps as `coco_scores`: every caption PTB-tokenized (references once), then BLEU-1..4, ROUGE-L and
+    CIDEr-D (`caption_scores` on the tokenized text) and METEOR. With SPICE (when its models are installed, or
+    `spice=True`) each system goes through `coco_scores` itself."""
+    from a2core.metrics import caption_scores, coco_scores, ptb_tokenize, spice_available
+
     if spice is None:
-        from a2core.metrics import spice_available
-
         spice = spice_available()
         if not spice:
             print("leaderboard: SPICE not available (Stanford CoreNLP models missing); reported without it",
                   file=sys.stderr, flush=True)
-    names = list(systems)
-    workers = max(1, min(len(names), parallel or min(4, os.cpu_count() or 1)))
+    if spice:
+        return {name: as_percent(coco_scores(references, caps, spice=True, progress=False))
+                for name, caps in systems.items()}
+    ids = list(references)
+    for name, caps in systems.items():
+        lost = [k for k in ids if k not in caps]
+        extra = [k for k in caps if k not in references]
+        if lost or extra:
+            raise ValueError(f"{name}: captions of {len(caps)} images for {len(ids)} references "
+                             f"(missing {lost[:5]}, not in the references {extra[:5]})")
+    raw = {("gts", k): list(references[k]) for k in ids}
+    for name, caps in systems.items():
+        raw.update({(name, k): [caps[k]] for k in ids})
+    tok = ptb_tokenize(raw)
+    tok_gts = {k: tok[("gts", k)] for k in ids}
+    out: dict[str, dict[str, float]] = {}
+    meteor = _start_meteor()
+    try:
+        for name in systems:
+            tok_res = {k: tok[(name, k)] for k in ids}
+            scores = caption_scores(tok_gts, {k: tok_res[k][0] for k in ids})
+            if meteor is not None:
+                scores["METEOR"], _ = meteor.compute_score(tok_gts, tok_res)
+            out[name] = as_percent(scores)
+    finally:
+        _stop_meteor(meteor)
+    return out
 
-    def one(name: str) -> dict[str, float]:
-        return as_percent(scorer(references, systems[name], spice=spice, progress=False))
 
-    if workers == 1:
-        return {name: one(name) for name in names}
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(zip(names, pool.map(one, names)))
+def _start_meteor():
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    try:
+        return Meteor()
+    except FileNotFoundError:
+        raise RuntimeError("COCO evaluation needs Java (METEOR): 'java' was not found") from None
+
+
+def _stop_meteor(meteor) -> None:
+    if meteor is None:
+        return
+    proc = meteor.meteor_p
+    if meteor.lock.locked():
+        meteor.lock.release()
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    proc.kill()
+    proc.wait()
 
 
 # -- the leaderboard ---------------------------------------------------------------------------------------------

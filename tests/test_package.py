@@ -243,3 +243,26 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     local = decode_all(checkpoints, config["data"], {"test2014": sorted(test_ids)}, None, beam_size=5, max_len=20,
                        batch_size=50, workers=0, address=None, endpoint_url=None, verbose=False)
     assert local["ensemble"]["test2014"] == captions
+
+
+# -- a submission that fails validation is refused, and leaves no results.zip -----------------------------------------
+@pytest.mark.slow
+def test_invalid_submission_is_refused_and_leaves_no_zip(study, tmp_path, capsys, monkeypatch):
+    import launch.package as package_mod
+    from launch.cli import main
+
+    def decode_with_a_blank(checkpoints, data_config, splits, single_split, **kwargs):
+        ens = {split: {i: "a caption" for i in ids} for split, ids in splits.items()}
+        ens["test2014"][sorted(splits["test2014"])[0]] = "  "
+        return {"ensemble": ens, "single": [dict(ens["test"]) for _ in checkpoints], "seconds": 0.0}
+
+    monkeypatch.setattr(package_mod, "decode_all", decode_with_a_blank)
+    out = tmp_path / "out"
+    rc = main(["package", NAME, "--storage", str(study["storage"]), "--out", str(out), "--seeds", "0", "1", "2",
+               "--workers", "0", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "failed validation" in err and "empty_caption" in err
+    assert not (out / "results.zip").exists()
+    assert not list(out.glob("*.zip*")) and not list(out.glob(".results.zip*"))
+    assert not (out / "leaderboard.json").exists()

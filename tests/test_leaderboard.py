@@ -1,0 +1,144 @@
+"""Leaderboard JSON, the paper's tables, shared-JVM scoring and the minimum-length decoding of packaging."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from dashboards import leaderboard as lb
+from dashboards import paper_results as paper
+
+
+# -- the paper's tables ----------------------------------------------------------------------------------------------
+def test_paper_rows_follow_the_fusion_mapping():
+    expected = {"none": ("Baseline", 120.0), "max": ("Max Pooling", 122.8), "moving_average": ("Moving Average", 122.3),
+                "exp_decay": ("Exponential Decay", 124.2), "gate": ("Gate Mechanism", 125.0)}
+    for fusion, (row, cider) in expected.items():
+        rows = paper.paper_rows(fusion, "xe")
+        assert rows["table3"]["row"] == row and rows["table3"]["metrics"]["CIDEr"] == cider
+        assert (rows["table1"] is not None) == (fusion == "gate")
+    gate = paper.paper_rows("gate", "scst")
+    assert gate["table1"]["metrics"] == {"BLEU-1": 81.5, "BLEU-4": 39.8, "METEOR": 29.6, "ROUGE-L": 59.1,
+                                         "CIDEr": 133.9, "SPICE": 23.0}
+    assert gate["table2"]["c5"]["CIDEr"] == 132.4 and gate["table2"]["c40"]["CIDEr"] == 134.7
+    assert gate["table2"]["ensemble"] == 4
+    assert paper.table1_row("gate")["xe"]["CIDEr"] == 125.0
+    assert paper.TABLE1["rows"]["DPA"]["scst"]["BLEU-1"] is None  # "-" in the paper
+    with pytest.raises(ValueError):
+        paper.table1_row("gate", "rl")
+
+
+# -- the leaderboard dict and file -----------------------------------------------------------------------------------
+def _metrics(cider: float) -> dict:
+    return {"BLEU-1": 70.0, "BLEU-4": 30.0, "METEOR": 25.0, "ROUGE-L": 50.0, "CIDEr": cider}
+
+
+def _board(tmp_path):
+    config = {"data": {"kind": "synthetic"}, "model": {"fusion": "max", "lambda": 0.035},
+              "train": {"seed": 0, "xe_epochs": 2, "scst_epochs": 0}, "output_dir": "runs/a2"}
+    members = [{"seed": s, "trial_id": f"t{s}", "study": "st", "checkpoint": str(tmp_path / f"c{s}.pt"),
+                "value": 0.5, "metrics": _metrics(100.0 + s), "mlflow_run_id": f"r{s}"} for s in (2, 0, 1, 3)]
+    return lb.build_leaderboard(study="st", config=config, members=members, ensemble_metrics=_metrics(110.0),
+                                images=20, selected_by={"metric": "val/CIDEr", "trial_id": "t0"})
+
+
+def test_leaderboard_has_the_ensemble_cider_next_to_each_seed(tmp_path):
+    board = _board(tmp_path)
+    names = [e["name"] for e in board["entries"]]
+    assert names == ["seed-0", "seed-1", "seed-2", "seed-3", "ensemble"]
+    for e in board["entries"][:4]:
+        assert e["ensemble_CIDEr"] == 110.0
+        assert e["ensemble_gain_CIDEr"] == pytest.approx(110.0 - e["metrics"]["CIDEr"])
+        assert e["config_hash"] == board["configuration"]["hash"]
+    ens = board["entries"][-1]
+    assert ens["seeds"] == [0, 1, 2, 3] and ens["mlflow_run_ids"] == ["r0", "r1", "r2", "r3"]
+    assert board["ensemble"] == {"CIDEr": 110.0, "mean_seed_CIDEr": 101.5, "best_seed_CIDEr": 103.0,
+                                 "gain_over_mean": 8.5}
+    assert "seed" not in board["configuration"]["config"]["train"]
+    assert "output_dir" not in board["configuration"]["config"]
+    assert board["paper"]["table3"]["row"] == "Max Pooling" and board["paper"]["table1"] is None
+    assert board["evaluation"]["metrics"] == ["BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]
+    assert board["evaluation"]["spice"] is False
+
+    table = lb.format_table(board)
+    lines = table.splitlines()
+    assert "ens C" in lines[1]
+    seed0 = next(line for line in lines if line.startswith("seed-0"))
+    assert seed0.split()[-2:] == ["100.0", "110.0"]  # own CIDEr, the ensemble's
+    assert any(line.startswith("paper T3 Max Pooling") for line in lines)
+
+
+def test_write_leaderboard_is_atomic_and_round_trips(tmp_path, monkeypatch):
+    board = _board(tmp_path)
+    path = lb.write_leaderboard(tmp_path / "out" / "leaderboard.json", board)
+    assert lb.read_leaderboard(path) == json.loads(json.dumps(board))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["leaderboard.json"]  # no temp file left
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(lb.json, "dump", broken)
+    with pytest.raises(OSError):
+        lb.write_leaderboard(path, {"other": 1})
+    assert lb.read_leaderboard(path)["study"] == "st"  # the old file is intact
+    assert sorted(p.name for p in path.parent.iterdir()) == ["leaderboard.json"]
+
+
+def test_as_percent_scales_like_the_paper():
+    assert lb.as_percent({"CIDEr": 1.25, "BLEU-4": 0.382, "per_image": {}}) == {"BLEU-4": 38.2, "CIDEr": 125.0}
+
+
+# -- scoring: one tokenizer and one METEOR for every system, coco_scores' numbers ----------------------------------------
+@pytest.mark.slow
+def test_score_systems_equals_coco_scores():
+    from a2core.metrics import coco_scores
+
+    refs = {1: ["a red ball on the table", "a ball that is red"], 2: ["two dogs run in a park", "dogs running"],
+            3: ["a man rides a bike", "a person on a bicycle"], 4: ["a cat sleeps", "the cat is asleep on a bed"]}
+    good = {1: "a red ball on a table", 2: "two dogs in the park", 3: "a man riding a bike", 4: "a cat asleep"}
+    bad = {1: "a dog", 2: "a cat", 3: "a bike", 4: "a table."}
+    scores = lb.score_systems(refs, {"good": good, "bad": bad}, spice=False)
+    expected = lb.as_percent(coco_scores(refs, good, spice=False, progress=False))
+    assert scores["good"].keys() == expected.keys() == {"BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L",
+                                                        "CIDEr"}
+    for k, v in expected.items():
+        assert scores["good"][k] == pytest.approx(v, abs=1e-3), k
+    assert scores["good"]["CIDEr"] > scores["bad"]["CIDEr"]
+    with pytest.raises(ValueError, match="missing"):
+        lb.score_systems(refs, {"short": {1: "a ball"}}, spice=False)
+
+
+# -- decoding: never an empty caption --------------------------------------------------------------------------------
+class EosLovingStepper:
+    """A stand-in model whose favourite word is always <eos> (id 2), then word 5."""
+
+    vocab = 8
+
+    def init_state(self, feats, region_mask):
+        return {"n": feats.shape[0]}
+
+    def expand_state(self, state, k):
+        return {"n": state["n"] * k}
+
+    def step(self, last, state):
+        logits = torch.full((last.shape[0], self.vocab), -5.0)
+        logits[:, 2] = 3.0
+        logits[:, 5] = 1.0
+        return logits.log_softmax(-1)
+
+    def reorder_state(self, state, index):
+        return state
+
+
+def test_min_length_stepper_never_ends_before_the_first_word():
+    from a2core.decode import beam_search
+
+    feats, mask = torch.zeros(3, 4, 8), torch.ones(3, 4, dtype=torch.bool)
+    plain, _ = beam_search(EosLovingStepper(), feats, mask, beam_size=5, max_len=20)
+    assert plain[:, 0].tolist() == [2, 2, 2]  # an empty caption: what the server would reject
+    seqs, scores = beam_search(lb.MinLengthStepper(EosLovingStepper(), eos=2, min_len=1), feats, mask,
+                               beam_size=5, max_len=20)
+    assert seqs[:, :2].tolist() == [[5, 2]] * 3  # the best one-word caption, then <eos>
+    assert all(math.isfinite(s) for s in scores.tolist())
