@@ -1,15 +1,158 @@
-"""`a2 pipeline`: smoke study -> report -> packaging -> leaderboard, end to end."""
+"""`a2 pipeline`: the main job, end to end on one machine or cluster.
+
+    a2 pipeline                                   # studies/smoke.yaml on the embedded synthetic COCO
+    a2 pipeline --study studies/smoke.yaml train.xe_epochs=2 --out pipeline-out
+
+1. the study (`launch.study.run_study`: Ray Tune trials of Ray Train jobs, tracked in MLflow); a study of the
+   same name and spec that finished before is reused, an interrupted one is resumed;
+2. its report (`dashboards.report.build_report`: plots and report.html, also logged to MLflow);
+3. packaging (`launch.package.package`): the best configuration with seeds 0-3 (the missing ones trained as a
+   companion Ray study with the study's own epochs), ensemble decoding, the validated results.zip, the
+   leaderboard, the MLflow model version (and uploads when the study lives on S3 or `--upload` is given).
+
+At the end it prints where everything is.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_STUDY = "studies/smoke.yaml"
+DEFAULT_OUT = "a2-pipeline"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--study", default="studies/smoke.yaml")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--tracking-uri", default=None)
-    parser.add_argument("overrides", nargs="*", help="key=value study overrides")
+    parser.add_argument("--study", default=DEFAULT_STUDY, help=f"study file (default: {DEFAULT_STUDY})")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the study, e.g. train.xe_epochs=2")
+    parser.add_argument("--out", default=None, help=f"report and package folder (default: ./{DEFAULT_OUT}/<name>)")
+    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides tracking.mlflow_uri)")
+    parser.add_argument("--storage", default=None, help="study storage root (overrides storage)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3], help="seeds of the ensemble")
+    parser.add_argument("--alg", default=None, help="algorithm name in the results file names (default: study name)")
+    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=None, help="Ray decoding tasks; 0 decodes in this process")
+    parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ for results.zip and the leaderboard")
+    parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
+    parser.add_argument("--quiet", action="store_true", help="no live trial tables")
+
+
+def study_file(path: str) -> Path:
+    """The study file: as given, else (for the default) the one shipped next to this package."""
+    p = Path(path)
+    if p.is_file() or p.is_absolute():
+        return p
+    shipped = Path(__file__).resolve().parents[1] / path
+    return shipped if shipped.is_file() else p
+
+
+def _same_study(saved, spec) -> bool:
+    from launch.study import saved_form
+
+    return json.dumps(saved_form(saved), sort_keys=True, default=str) == json.dumps(
+        saved_form(spec), sort_keys=True, default=str)
+
+
+def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
+    """Run the study; reuse it when it finished before with the same spec; resume it when it was interrupted."""
+    from launch.study import (SUMMARY_FILE, STUDY_FILE, StudyError, StudyLocation, load_saved_spec, resume_study,
+                              run_study)
+
+    location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
+    if not location.exists(STUDY_FILE):
+        return run_study(spec, address=address, verbose=verbose)
+    saved = load_saved_spec(location)
+    if not _same_study(saved, spec):
+        raise StudyError(f"study {spec.name!r} exists at {location.uri()} with another spec; give this one another "
+                         f"name (override name=...) or another --storage")
+    if location.exists(SUMMARY_FILE):
+        summary = json.loads(location.read_text(SUMMARY_FILE))
+        if summary.get("complete"):
+            print(f"pipeline: study {spec.name} finished before at {location.uri()}: reusing it", flush=True)
+            return summary
+    print(f"pipeline: study {spec.name} at {location.uri()} is unfinished: resuming it", flush=True)
+    return resume_study(location, address=address, verbose=verbose)
 
 
 def main(args) -> int:
-    raise NotImplementedError("a2 pipeline is not implemented yet")
+    from launch.package import PackageError
+    from launch.study import StudyError
+
+    try:
+        return pipeline(args)
+    except (PackageError, StudyError) as err:
+        print(f"a2 pipeline: error: {err}", file=sys.stderr)
+        return 2
+
+
+def pipeline(args) -> int:
+    import ray
+
+    from launch.package import package
+    from launch.spec import load_study
+    from launch.study import exit_code, verdict
+
+    t0 = time.perf_counter()
+    overrides = list(args.overrides or [])
+    if args.tracking_uri:
+        overrides.append(f"tracking.mlflow_uri={args.tracking_uri}")
+    if args.storage:
+        overrides.append(f"storage={args.storage}")
+    spec = load_study(study_file(args.study), overrides)
+    name = spec.name
+    out = Path(args.out or Path(DEFAULT_OUT) / name).resolve()
+    uri = spec.tracking["mlflow_uri"]
+    verbose = not args.quiet
+    ray_was_up = ray.is_initialized()
+    times = {}
+    problems = []
+    try:
+        print(f"pipeline: 1/3 study {name} ({spec.num_trials} trials)", flush=True)
+        t = time.perf_counter()
+        summary = run_or_reuse(spec, address=args.address, verbose=verbose)
+        times["study"] = time.perf_counter() - t
+        if exit_code(summary) != 0:
+            problems.append(f"study: not every trial finished ({verdict(summary)})")
+
+        print(f"pipeline: 2/3 report of {name}", flush=True)
+        t = time.perf_counter()
+        report = {}
+        try:
+            from dashboards.report import build_report
+
+            report = build_report(uri, name, out / "report")
+        except Exception as err:  # noqa: BLE001 - the package is still worth making; the exit code says it
+            problems.append(f"report: {type(err).__name__}: {err}")
+            print(f"pipeline: the report failed: {err}", file=sys.stderr, flush=True)
+        times["report"] = time.perf_counter() - t
+
+        print(f"pipeline: 3/3 package {name} (seeds {' '.join(map(str, args.seeds))})", flush=True)
+        t = time.perf_counter()
+        manifest = package(name, storage=spec.storage, seeds=args.seeds, alg=args.alg, out=out / "package",
+                           upload=args.upload, tracking_uri=uri, beam_size=args.beam_size, workers=args.workers,
+                           address=args.address, verbose=verbose)
+        times["package"] = time.perf_counter() - t
+    finally:
+        if not ray_was_up and ray.is_initialized():
+            ray.shutdown()
+
+    total = time.perf_counter() - t0
+    lines = [
+        f"pipeline: done in {total / 60:.1f} min (study {times['study']:.0f} s, report {times['report']:.0f} s, "
+        f"package {times['package']:.0f} s)",
+        f"  study:        {summary.get('path')}  (summary.json; `a2 study status {name}`)",
+        f"  best trial:   {verdict(summary)}",
+        f"  MLflow:       {uri}  (experiment {name}; `a2 mlflow serve --backend-store-uri {uri}` for the UI)",
+        f"  report:       {report.get('html', '(failed)')}",
+        f"  submission:   {manifest['results_zip']}",
+        f"  leaderboard:  {manifest['leaderboard']}  (ensemble CIDEr {manifest['ensemble_CIDEr']:.2f}; seeds "
+        + ", ".join(f"{s}: {c:.2f}" for s, c in manifest["seed_CIDEr"].items()) + ")",
+        f"  model:        {manifest['mlflow']['model_uri']}",
+        f"  manifest:     {Path(manifest['out']) / 'package.json'}",
+    ]
+    lines += [f"  uploaded:     {u['uri']}" for u in manifest["uploads"]]
+    lines += [f"  problem:      {p}" for p in problems]
+    print("\n".join(lines), flush=True)
+    return 1 if problems else 0
