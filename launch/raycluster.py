@@ -248,13 +248,14 @@ class LocalCluster:
 
     def list_nodes(self) -> list[dict]:
         code = ("import json, ray; ray.init(address=%r, logging_level='ERROR', log_to_driver=False); "
-                "print(json.dumps([{'node_id': n['NodeID'], 'state': 'ALIVE' if n['Alive'] else 'DEAD', "
-                "'resources': n['Resources']} for n in ray.nodes()]))") % self.address
+                "print('A2NODES=' + json.dumps([{'node_id': n['NodeID'], 'state': 'ALIVE' if n['Alive'] else 'DEAD', "
+                "'resources': n['Resources']} for n in ray.nodes()]), flush=True)") % self.address
         out = subprocess.run([sys.executable, "-c", code], env=self.env(address=False), capture_output=True,
                              text=True, timeout=60)
-        if out.returncode != 0:
-            return []
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        for line in out.stdout.splitlines():
+            if line.startswith("A2NODES="):
+                return json.loads(line[len("A2NODES="):])
+        return []
 
     def logs(self, node: RayNode | str, tail: int = 60) -> str:
         node = self._node(node)
@@ -322,7 +323,39 @@ class LocalCluster:
         raise TimeoutError(f"node {node.name!r} did not start in {self.start_timeout_s:.0f}s:\n{self.logs(node)}")
 
 
-def _signal_group(pgid: int | None, sig: int) -> None:
+def session_pids(sid: int) -> list[int]:
+    """Processes of a session. Ray gives every worker process its own process group, but they stay in the
+    session of the `ray start` that made their node, so a node's session is all of its processes."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 3 and fields[3] == str(sid) and fields[0] not in ("Z", "X"):  # zombies are dead
+            pids.append(int(entry))
+    return pids
+
+
+def kill_session(sid: int | None, sig: int = signal.SIGKILL) -> None:
+    """Signal every process of a session we started (a node, or a driver with its local Ray) at once."""
+    if not sid:
+        return
+    _signal_pgid(sid, sig)
+    if not os.path.isdir("/proc"):
+        return
+    for pid in session_pids(sid):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _signal_pgid(pgid: int | None, sig: int) -> None:
     if not pgid:
         return
     try:
@@ -331,15 +364,27 @@ def _signal_group(pgid: int | None, sig: int) -> None:
         pass
 
 
+def _signal_group(pgid: int | None, sig: int) -> None:
+    """A node's processes: its `ray start` process group and every worker of its session."""
+    if sig == signal.SIGKILL:
+        kill_session(pgid, sig)
+    else:
+        _signal_pgid(pgid, sig)
+
+
 def _reap_group(pgid: int | None, wait_s: float) -> None:
-    """Wait until no process of the group is left (raylet children may outlive `ray start --block` briefly)."""
+    """Wait until no process of the node's session is left (killing stragglers)."""
     if not pgid:
         return
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
+        alive = session_pids(pgid) if os.path.isdir("/proc") else []
         try:
             os.killpg(pgid, 0)
+            alive.append(pgid)
         except (ProcessLookupError, PermissionError):
+            pass
+        if not alive:
             return
-        _signal_group(pgid, signal.SIGKILL)
+        kill_session(pgid, signal.SIGKILL)
         time.sleep(0.1)

@@ -392,6 +392,9 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
         storage_path=storage_path,
         storage_filesystem=fs,
         failure_config=tune.FailureConfig(max_failures=int(spec.resources["max_failures"])),
+        # Trials' Tune checkpoints are pointers to their Train checkpoints (launch.trainable); keeping one also
+        # makes Tune save the experiment state with every checkpoint, so `resume` loses as little as possible.
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         callbacks=callbacks,
         progress_reporter=_reporter(spec),
         verbose=2 if verbose else 0,
@@ -450,9 +453,33 @@ def collect(spec, location: StudyLocation) -> list[dict]:
             for record in df.to_dict("records"):
                 history.append({k: v for k, v in record.items()
                                 if not k.startswith("config/") and not isinstance(v, (list, dict))})
+        history = merge_history(history, _result_log(spec, location, trial.trial_id))
         rows.append(trial_row(spec, location, trial.trial_id, dict(trial.config or {}), str(trial.status),
                               history, trial.last_result or {}, _error_text(trial)))
     return rows
+
+
+def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
+    from launch.trainable import TRIALS_DIR, read_results
+
+    try:
+        return read_results(location.uri(TRIALS_DIR), spec.name, trial_id, location.endpoint_url)
+    except Exception:  # noqa: BLE001 - unreadable log: Tune's results alone
+        return []
+
+
+def merge_history(tune_rows: list[dict], logged: list[dict]) -> list[dict]:
+    """One result per epoch, oldest first: the trial's own result log (complete across restarts) over Tune's
+    result rows (which lose what was not yet synced when a driver died)."""
+    by_epoch: dict[int, dict] = {}
+    extra = []
+    for row in list(tune_rows) + list(logged):
+        epoch = _finite(row.get("epoch"))
+        if epoch is None:
+            extra.append(row)
+        else:
+            by_epoch[int(epoch)] = {**by_epoch.get(int(epoch), {}), **row}
+    return [by_epoch[e] for e in sorted(by_epoch)] + extra
 
 
 def _error_text(trial) -> str | None:

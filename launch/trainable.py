@@ -6,12 +6,14 @@ small Tune *driver function*, `a2_trial`, that needs almost nothing itself (`TRI
     TorchTrainer(worker_fn, train_loop_config=<resolved a2core config>,
                  scaling_config=ScalingConfig(num_workers=N, resources_per_worker={...}),
                  run_config=ray.train.RunConfig(name=f"{study}-{trial_id}", storage_path=<study>/trials, ...),
-                 callbacks=[TuneReportCallback()]).fit()
+                 callbacks=[<forward results to the driver>]).fit()
 
 `worker_fn` runs on every Train worker (torch.distributed is set up by then: gloo on CPU, nccl on GPU) and calls
 `a2core.train.train` with a `report` that hands each epoch's metrics and rank 0's checkpoint to `ray.train.report`.
-`TuneReportCallback` forwards rank 0's metrics (with `checkpoint_path`) to Tune, so Tune's schedulers see the
-`epoch` key of every result.
+A Train callback (like Ray's `TuneReportCallback`) forwards rank 0's metrics, with `checkpoint_path`, to the
+driver, which reports them to Tune, so Tune's schedulers see the `epoch` key of every result. With every
+checkpointed result the driver also gives Tune a tiny checkpoint pointing at the Train checkpoint, which keeps a
+trial's result history across `Tuner.restore`.
 
 Fault tolerance rests on the Train run name being a function of the Tune trial id alone:
 - a worker or node dies: the Train controller restarts the worker group (`FailureConfig(max_failures)`), and the
@@ -22,6 +24,7 @@ Fault tolerance rests on the Train run name being a function of the Tune trial i
 """
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import shutil
@@ -221,17 +224,137 @@ def worker_fn(config: dict) -> None:
 
 
 # -- the Tune driver function ------------------------------------------------------------------------------------
+TUNE_POINTER_FILE = "train_checkpoint.json"
+RESULTS_FILE = "results.json"  # in a trial's Train run folder: every epoch's result, across retries and restores
+
+
+def _read_text(path: str, fs) -> str | None:
+    if fs is None:
+        try:
+            return Path(path).read_text()
+        except FileNotFoundError:
+            return None
+    import pyarrow.fs
+
+    if fs.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(path) as f:
+        return f.readall().decode("utf-8")
+
+
+def _write_text(path: str, fs, text: str) -> None:
+    """Replace a small file at once: temp file + rename locally, one PUT on object storage."""
+    if fs is None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, target)
+        return
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(text.encode("utf-8"))
+
+
+class ResultLog:
+    """The results of one trial, kept next to its checkpoints and rewritten after every epoch.
+
+    Tune's own result files are synced to storage only now and then, and a trial that Tune restarts keeps only
+    what was synced; this log is written before Tune (and MLflow) hear of a result, so it holds every epoch a
+    trial reported, whatever was restarted. An epoch reported again (after a restart) replaces its old entry."""
+
+    def __init__(self, path: str, fs):
+        self.path, self.fs = path, fs
+        text = _read_text(path, fs)
+        self.by_epoch: dict[int, dict] = {}
+        for item in json.loads(text) if text else []:
+            if isinstance(item.get("epoch"), (int, float)):
+                self.by_epoch[int(item["epoch"])] = item
+
+    def add(self, result: dict) -> None:
+        epoch = result.get("epoch")
+        if not isinstance(epoch, (int, float)):
+            return
+        keep = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
+        self.by_epoch[int(epoch)] = keep
+        _write_text(self.path, self.fs, json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
+
+
+def read_results(trials_path: str, study: str, trial_id: str, endpoint_url: str | None = None) -> list[dict]:
+    """The result log of a trial (see `ResultLog`), oldest epoch first; empty when it has none yet."""
+    path, fs = storage_location(join(trials_path, train_run_name(study, trial_id), RESULTS_FILE), endpoint_url)
+    if fs is None and "://" in path:
+        import pyarrow.fs
+
+        fs, path = pyarrow.fs.FileSystem.from_uri(path)
+    text = _read_text(path, fs)
+    return json.loads(text) if text else []
+
+
+def _forwarder_class():
+    from ray.train.v2.api.callback import UserCallback
+
+    class ForwardToTrial(UserCallback):
+        """Runs in the Train controller: hands rank 0's metrics (and its checkpoint's path) to the trial driver.
+
+        Like Ray's `TuneReportCallback`, but through a queue the driver reads itself, so that the driver can give
+        Tune a checkpoint of its own with every result (see `a2_trial`)."""
+
+        def __init__(self, queue):
+            self.queue = queue
+
+        def after_report(self, run_context, metrics, checkpoint):
+            item = dict(metrics[0])
+            if checkpoint is not None:
+                item["checkpoint_path"] = checkpoint.path
+            self.queue.put(item)  # the queue holds one item: Train waits until Tune has taken the last one
+
+    return ForwardToTrial
+
+
+def _report_to_tune(item: dict) -> None:
+    """Forward one epoch's result to Tune. A result with a Train checkpoint also gets a Tune checkpoint: a tiny
+    folder that only points at the Train checkpoint. Tune then treats the trial as restorable: after a driver
+    crash `Tuner.restore` keeps the trial's results so far, where a trial without a checkpoint would restart
+    its result history from nothing. The weights stay where Ray Train put them."""
+    import ray.tune
+
+    path = item.get("checkpoint_path")
+    if not path:
+        ray.tune.report(item)
+        return
+    folder = Path(tempfile.mkdtemp(prefix="a2-tune-ckpt-"))
+    try:
+        (folder / TUNE_POINTER_FILE).write_text(json.dumps({"train_checkpoint": path, "epoch": item.get("epoch")}))
+        ray.tune.report(item, checkpoint=ray.tune.Checkpoint.from_directory(str(folder)))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def a2_trial(config: dict, plan: TrialPlan) -> None:
-    """One study trial: run the trial's Ray Train job to the end (or resume it) and forward its results to Tune."""
+    """One study trial: run the trial's Ray Train job to the end (or resume it) and forward its results to Tune.
+
+    `TorchTrainer.fit()` runs in a thread; this function's own thread reports what the Train controller
+    forwards (one result per epoch) with `ray.tune.report`, then re-raises a failure of `fit()` so that Tune
+    retries the trial under its FailureConfig.
+    """
+    import queue as stdlib_queue
+    import threading
+
+    import ray
     import ray.train
     import ray.tune
     from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
+    from ray.util.queue import Empty, Queue
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     trial_id = ray.tune.get_context().get_trial_id()
     train_config = plan.trial_config(config)
     path, fs = storage_location(plan.trials_path, plan.storage_endpoint_url)
     use_gpu = plan.gpus_per_worker > 0
+    # The queue lives and dies with this driver (same node), as the Train controller does.
+    results = Queue(maxsize=1, actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
+        node_id=ray.get_runtime_context().get_node_id(), soft=False)})
     trainer = TorchTrainer(
         worker_fn,
         train_loop_config=train_config,
@@ -247,10 +370,42 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=plan.num_to_keep, checkpoint_score_attribute=plan.metric,
                 checkpoint_score_order=plan.mode),
-            callbacks=[TuneReportCallback()],
+            callbacks=[_forwarder_class()(results)],
         ),
     )
-    trainer.fit()  # raises when the run fails for good: Tune then retries the trial under its FailureConfig
+    log_path, log_fs = storage_location(join(plan.trials_path, train_run_name(plan.study, trial_id), RESULTS_FILE),
+                                        plan.storage_endpoint_url)
+    if log_fs is None and "://" in log_path:
+        import pyarrow.fs
+
+        log_fs, log_path = pyarrow.fs.FileSystem.from_uri(log_path)
+    result_log = ResultLog(log_path, log_fs)
+    outcome: dict = {}
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the trial's thread below
+            outcome["error"] = err
+
+    runner = threading.Thread(target=fit, name=f"a2-train-{trial_id}", daemon=True)
+    runner.start()
+    while True:
+        try:
+            item = results.get(timeout=1.0)
+        except (Empty, stdlib_queue.Empty):
+            if runner.is_alive():
+                continue
+            try:  # fit() returned: its last result may still be in the queue
+                item = results.get_nowait()
+            except (Empty, stdlib_queue.Empty):
+                break
+        result_log.add(item)
+        _report_to_tune(item)
+    runner.join()
+    ray.kill(results.actor)
+    if "error" in outcome:
+        raise outcome["error"]  # fit() failed for good: Tune retries the trial under its FailureConfig
 
 
 def make_trainable(plan: TrialPlan):

@@ -22,7 +22,7 @@ from typing import Callable
 import pytest
 import yaml
 
-from launch.raycluster import LocalCluster
+from launch.raycluster import LocalCluster, kill_session
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_IMAGES = 200
@@ -112,12 +112,8 @@ def start_a2(*args: str, cwd: Path, log: Path, env: dict | None = None) -> subpr
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    """Kill a process started by `start_a2` and everything left in its process group."""
-    for target in (lambda: os.killpg(proc.pid, sig),):
-        try:
-            target()
-        except (ProcessLookupError, PermissionError):
-            pass
+    """Kill a process started by `start_a2` and everything left of its session (the local Ray it started)."""
+    kill_session(proc.pid, sig)
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -181,8 +177,6 @@ def mlflow_trials(uri: str, study: str) -> dict[str, object]:
     """The study's trial runs (children of its parent run): {trial id: run}. Empty before the study has any."""
     from dashboards.tracking import TAG_ROLE, TAG_STUDY, TAG_TRIAL_ID
 
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
-        return {}
     client = mlflow_client(uri)
     exp = client.get_experiment_by_name(study)
     if exp is None:

@@ -19,12 +19,14 @@ import time
 import pytest
 
 from tests.raycluster import (  # noqa: F401 - tiny_data and ray_cluster_factory are fixtures
-    a2, kill_group, mlflow_history, mlflow_trials, ray_cluster_factory, snapshot_epochs, start_a2, tail, tiny_data,
+    a2, kill_group, mlflow_client, mlflow_history, mlflow_trials, ray_cluster_factory, snapshot_epochs, start_a2, tail, tiny_data,
     tiny_study, trial_runs, wait_for)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-EPOCHS = 4
+EPOCHS = 5
+# Small batches: epochs of a few seconds, long enough to kill something in the middle of a trial.
+SLOW = {"train.batch_size": 4}
 
 
 def _logged_steps(uri: str, study: str, trial_id: str) -> list[int]:
@@ -55,8 +57,11 @@ def _assert_epochs_once(uri: str, study: str, trial_id: str, after_ms: int, resu
     history = mlflow_history(uri, mlflow_trials(uri, study)[trial_id].info.run_id, "val/CIDEr")
     steps = [step for step, _, _ in history]
     assert steps == list(range(1, EPOCHS + 1)), f"epochs logged {steps}: an epoch was trained twice or lost"
+    # What was trained after the failure: exactly the epochs after the last registered checkpoint (results of
+    # epochs up to it may still have been on their way to MLflow when the kill happened).
     later = [step for step, _, ts in history if ts > after_ms]
-    assert later and later[0] == resumed_from + 1, (later, resumed_from)
+    assert [step for step in later if step > resumed_from] == list(range(resumed_from + 1, EPOCHS + 1)), (
+        later, resumed_from)
 
 
 def test_trial_finishes_after_losing_its_worker_node(tmp_path, tiny_data, ray_cluster_factory):
@@ -66,8 +71,10 @@ def test_trial_finishes_after_losing_its_worker_node(tmp_path, tiny_data, ray_cl
     cluster = ray_cluster_factory(num_cpus=1)
     node = cluster.add_node(num_cpus=2, resources={"node_b": 2}, name="worker-a")
     storage = tmp_path / "studies"
-    study = tiny_study(tmp_path, name, tiny_data, epochs=EPOCHS, workers=2, cpus_per_worker=1, max_failures=2)
+    study = tiny_study(tmp_path, name, tiny_data, epochs=EPOCHS, workers=2, cpus_per_worker=1, max_failures=2,
+                       extra=SLOW)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow_client(uri)  # opening the store takes seconds: do it before the epochs start to fly by
     log = tmp_path / "run.log"
     proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=cluster.env())
     try:
@@ -76,7 +83,7 @@ def test_trial_finishes_after_losing_its_worker_node(tmp_path, tiny_data, ray_cl
         killed_ms = int(time.time() * 1000)
         cluster.kill_node(node)
         resumed_from = max(snapshot_epochs(run_dir))
-        assert resumed_from < EPOCHS
+        assert resumed_from < EPOCHS, "the trial finished before its node could be killed: make epochs longer"
         wait_for(lambda: any(n["state"] == "DEAD" for n in cluster.list_nodes()), 60, "the node to be seen dead")
         cluster.add_node(num_cpus=2, resources={"node_b": 2}, name="worker-b")
         rc = proc.wait(timeout=600)
@@ -85,7 +92,9 @@ def test_trial_finishes_after_losing_its_worker_node(tmp_path, tiny_data, ray_cl
             kill_group(proc)
     out = log.read_text(errors="replace")
     assert rc == 0, tail(log, 120)
-    assert "RETRY" in out, "Ray Train never saw the worker node fail"
+    # Either Ray Train restarted its worker group, or (when the trial's driver function was on the lost node too)
+    # Tune restarted the trial, whose Train run then resumed from its own folder.
+    assert "[FailurePolicy] RETRY" in out or "Trial task failed" in out, "nobody saw the worker node fail"
 
     summary = json.loads((storage / name / "summary.json").read_text())
     (trial,) = summary["trials"]
@@ -99,8 +108,9 @@ def test_study_resumes_after_the_driver_is_killed(tmp_path, tiny_data):
     name = "ft-driver"
     storage = tmp_path / "studies"
     study = tiny_study(tmp_path, name, tiny_data, fusions=("none", "max"), epochs=EPOCHS, workers=1,
-                       cpus_per_worker=1, max_concurrent=1)
+                       cpus_per_worker=1, max_concurrent=1, extra=SLOW)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow_client(uri)
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)  # the driver starts its own local Ray, which dies with it
     log = tmp_path / "run.log"
