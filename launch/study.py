@@ -159,9 +159,7 @@ class StudyLocation:
         import pyarrow.fs
 
         fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
-        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        with fs.open_output_stream(path) as f:
-            f.write(text.encode("utf-8"))
+        _upload_text(fs, path, text)
         return path
 
     def listdir(self, *parts: str) -> list[str]:
@@ -180,6 +178,16 @@ class StudyLocation:
         from launch.trainable import join
 
         return join(self.path, *parts) if parts else self.path
+
+
+def _upload_text(fs, path: str, text: str) -> None:
+    """One small object on object storage, uploaded from a local file (a single PUT, no multipart upload)."""
+    import pyarrow.fs
+
+    with tempfile.TemporaryDirectory(prefix="a2-upload-") as tmp:
+        local = Path(tmp) / "object"
+        local.write_text(text)
+        pyarrow.fs.copy_files(str(local), path, destination_filesystem=fs)
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -533,7 +541,8 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
         "state": state,
         "sampled": sampled,
         "fusion": model.get("fusion", sampled.get("fusion")),
-        "lambda": model.get("lambda", sampled.get("lambda")),
+        # lambda weighs the mask loss, which fusion none does not have
+        "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
         "seed": train.get("seed", sampled.get("seed")),
         "epochs_done": max(epochs) if epochs else 0,
         "epochs_planned": spec.total_epochs,

@@ -251,9 +251,12 @@ def _write_text(path: str, fs, text: str) -> None:
         tmp.write_text(text)
         os.replace(tmp, target)
         return
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(path) as f:
-        f.write(text.encode("utf-8"))
+    import pyarrow.fs
+
+    with tempfile.TemporaryDirectory(prefix="a2-upload-") as tmp:  # one PUT from a file, no multipart upload
+        local = Path(tmp) / "object"
+        local.write_text(text)
+        pyarrow.fs.copy_files(str(local), path, destination_filesystem=fs)
 
 
 class ResultLog:

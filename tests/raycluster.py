@@ -190,3 +190,34 @@ def mlflow_history(uri: str, run_id: str, metric: str = "val/CIDEr") -> list[tup
     """[(step, value, timestamp ms)] of one metric, in logging order."""
     hist = mlflow_client(uri).get_metric_history(run_id, metric)
     return [(m.step, m.value, m.timestamp) for m in sorted(hist, key=lambda m: (m.timestamp, m.step))]
+
+
+# -- S3 storage on the test endpoint -----------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def arrow_s3_compatible_moto():
+    """Let pyarrow (which Ray uses for storage) write objects to the in-process moto server.
+
+    moto 5.2.1 answers CompleteMultipartUpload with the wrong XML root element (getmoto/moto#10055); the AWS SDK
+    for C++ inside pyarrow then reports INTERNAL_FAILURE for every object it writes. Rename the root element to
+    what S3 sends (`CompleteMultipartUploadResult`) while the tests run; a fixed moto is left untouched."""
+    import re
+
+    import moto.s3.responses as responses
+
+    original = responses.S3Response.serialized
+
+    def serialized(self, *args, **kwargs):
+        status, headers, body = original(self, *args, **kwargs)
+        if getattr(self, "data", {}).get("Action") == "CompleteMultipartUpload" and isinstance(body, (str, bytes)):
+            text = body.decode() if isinstance(body, bytes) else body
+            match = re.search(r"<([A-Za-z]+)[\s>]", text[text.find("?>") + 2 if "?>" in text else 0:])
+            if match and match.group(1) != "CompleteMultipartUploadResult":
+                wrong = match.group(1)
+                text = text.replace(f"<{wrong}", "<CompleteMultipartUploadResult", 1)
+                text = text.replace(f"</{wrong}>", "</CompleteMultipartUploadResult>", 1)
+                body = text.encode() if isinstance(body, bytes) else text
+        return status, headers, body
+
+    responses.S3Response.serialized = serialized
+    yield
+    responses.S3Response.serialized = original

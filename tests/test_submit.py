@@ -13,7 +13,9 @@ import sys
 
 import pytest
 
-from tests.raycluster import REPO, a2_env, ray_cluster_factory, tiny_data, tiny_study  # noqa: F401
+from tests.raycluster import (  # noqa: F401 - fixtures
+    REPO, a2_env, arrow_s3_compatible_moto, ray_cluster_factory, tiny_data, tiny_study)
+from tests.s3server import s3_client, unique_bucket
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -26,10 +28,14 @@ def ray_cli() -> str:
     return shutil.which("ray") or str(pytest.fail("the `ray` command is not installed"))
 
 
-def test_submit_runs_a_study_as_a_ray_job(tmp_path, tiny_data, ray_cluster_factory):
-    cluster = ray_cluster_factory(num_cpus=2, dashboard=True)
+def test_submit_runs_a_study_as_a_ray_job(tmp_path, tiny_data, ray_cluster_factory, s3_endpoint,
+                                          arrow_s3_compatible_moto):
+    """The job's study keeps its checkpoints, results and summary on S3 (an S3-compatible endpoint)."""
+    bucket = unique_bucket(s3_endpoint, "a2-job")
+    cluster = ray_cluster_factory(num_cpus=2, dashboard=True)  # its nodes inherit the test's S3 credentials
     name = "job-one"
-    study = tiny_study(tmp_path, name, tiny_data, epochs=2, workers=2, cpus_per_worker=0.5)
+    study = tiny_study(tmp_path, name, tiny_data, epochs=2, workers=2, cpus_per_worker=0.5,
+                       extra={"storage": f"s3://{bucket}/studies", "storage_endpoint_url": s3_endpoint})
     cmd = [ray_cli(), "job", "submit", "--address", cluster.dashboard_url, "--working-dir", str(REPO),
            "--runtime-env-json", json.dumps({"excludes": EXCLUDES}),
            "--", "python", "launch/submit.py", str(study), "--quiet"]
@@ -39,9 +45,15 @@ def test_submit_runs_a_study_as_a_ray_job(tmp_path, tiny_data, ray_cluster_facto
     out = job.stdout
     assert job.returncode == 0, out[-6000:]
     assert re.search(r"Job 'raysubmit_\w+' succeeded", out), out[-3000:]
-    summary = json.loads((tmp_path / "studies" / name / "summary.json").read_text())
+    s3 = s3_client(s3_endpoint)
+    summary = json.loads(s3.get_object(Bucket=bucket, Key=f"studies/{name}/summary.json")["Body"].read())
     assert summary["complete"] and summary["best"] is not None
     assert summary["trials"][0]["epochs_reported"] == [1, 2]
+    best = summary["best"]["checkpoint"]
+    assert best.startswith(f"s3://{bucket}/studies/{name}/trials/") and best.endswith("/checkpoint.pt")
+    s3.head_object(Bucket=bucket, Key=best[len(f"s3://{bucket}/"):])  # the best checkpoint is there
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"studies/{name}/")["Contents"]}
+    assert f"studies/{name}/study.yaml" in keys
 
 
 def test_submit_rejects_an_invalid_study_without_ray(tmp_path, tiny_data):
