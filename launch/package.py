@@ -205,8 +205,9 @@ def companion_studies(location) -> list[str]:
 
 
 def _companion_rows(location, names: list[str], digest: str, verbose: bool) -> tuple[list[dict], list[Any]]:
-    """Candidates of the companion seed studies of configuration `digest`, and those without a summary."""
-    from launch.study import SUMMARY_FILE, StudyLocation, load_saved_spec
+    """Candidates of the companion seed studies of configuration `digest`, and those of them that did not finish
+    (no summary, or a trial that did not end TERMINATED: interrupted or failed)."""
+    from launch.study import SUMMARY_FILE, StudyLocation, exit_code, load_saved_spec
 
     rows, unfinished = [], []
     for name in names:
@@ -214,12 +215,13 @@ def _companion_rows(location, names: list[str], digest: str, verbose: bool) -> t
         if not comp.exists("study.yaml"):
             continue
         comp_spec = load_saved_spec(comp)
-        summary = _read_json(comp, SUMMARY_FILE)
-        if summary is None:
-            if _base_hash(comp_spec) == digest:
-                unfinished.append(comp)
+        if _base_hash(comp_spec) != digest:
             continue
-        rows += [c for c in candidates(comp_spec, comp, summary) if c["hash"] == digest]
+        summary = _read_json(comp, SUMMARY_FILE)
+        if summary is None or exit_code(summary) != 0:
+            unfinished.append(comp)
+        if summary is not None:
+            rows += [c for c in candidates(comp_spec, comp, summary) if c["hash"] == digest]
     return rows, unfinished
 
 
@@ -235,13 +237,15 @@ def train_missing(spec, location, best: dict, missing: list[int], *, address: st
 
     names = companion_studies(location)
     _, unfinished = _companion_rows(location, names, best["hash"], verbose)
-    rows = []
-    for comp in unfinished:  # an interrupted earlier attempt: finish it first
+    rows, covered = [], set()
+    for comp in unfinished:  # an interrupted or failed earlier attempt: finish it first
         _say(f"package: resuming the unfinished seed study {comp.name}", verbose)
+        comp_spec = load_saved_spec(comp)
+        covered |= {int(s) for s in comp_spec.params["seed"].values} if "seed" in comp_spec.params else set()
         summary = resume_study(comp, address=address, verbose=verbose)
-        rows += [c for c in candidates(load_saved_spec(comp), comp, summary) if c["hash"] == best["hash"]]
-    done = {c["seed"] for c in rows}
-    todo = [s for s in missing if s not in done]
+        rows += [c for c in candidates(comp_spec, comp, summary) if c["hash"] == best["hash"]]
+    # Seeds of a resumed study are not trained again elsewhere: if it still lacks them, packaging says so.
+    todo = [s for s in missing if s not in covered]
     if not todo:
         return rows
     index = 0
@@ -425,6 +429,12 @@ def _upload_prefix(location, upload: str | None) -> str | None:
     return None
 
 
+# Ray Train gives a worker group 60 s to start by default; on a busy small machine importing torch in two fresh
+# workers can take longer. Applies to a Ray that this process starts (a cluster keeps its own setting).
+WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+WORKER_START_TIMEOUT_S = "300"
+
+
 def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | None = None, no_train: bool = False,
             out: str | os.PathLike | None = None, upload: str | None = None, s3_endpoint_url: str | None = None,
             tracking_uri: str | None = None, beam_size: int = 5, batch_size: int = 50, workers: int | None = None,
@@ -472,6 +482,7 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
     import ray
 
     ray_was_up = ray.is_initialized()
+    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
     try:
         # 1. the best configuration and its seed checkpoints
         mode = spec.mode
@@ -495,7 +506,7 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
             chosen, still = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
             if still:
                 raise PackageError(f"training seed(s) {', '.join(map(str, still))} produced no checkpoint; see "
-                                   f"`a2 study status {seed_study_name(name, best['hash'], 0)}` and its siblings")
+                                   + ", ".join(f"`a2 study status {c}`" for c in companion_studies(location)))
         members = [chosen[s] for s in seeds]
         for m in members:
             _say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -105,6 +106,9 @@ def pipeline(args) -> int:
     out = Path(args.out or Path(DEFAULT_OUT) / name).resolve()
     uri = spec.tracking["mlflow_uri"]
     verbose = not args.quiet
+    from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S
+
+    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
     ray_was_up = ray.is_initialized()
     times = {}
     problems = []
@@ -113,8 +117,11 @@ def pipeline(args) -> int:
         t = time.perf_counter()
         summary = run_or_reuse(spec, address=args.address, verbose=verbose)
         times["study"] = time.perf_counter() - t
-        if exit_code(summary) != 0:
-            problems.append(f"study: not every trial finished ({verdict(summary)})")
+        if exit_code(summary) != 0:  # interrupted or failed trials: no packaging from a half study
+            states = ", ".join(f"{t['trial_id']} {t['state']}" for t in summary.get("trials", []))
+            print(f"a2 pipeline: study {name} did not finish ({states or 'no trials'}); {verdict(summary)}\n"
+                  f"continue it with `a2 study resume {name}` or run `a2 pipeline` again", file=sys.stderr)
+            return 1
 
         print(f"pipeline: 2/3 report of {name}", flush=True)
         t = time.perf_counter()
