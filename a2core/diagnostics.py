@@ -10,7 +10,9 @@ generate word t". Rows are (image, head, position) over the image's real regions
   and gradient importance tau_it = |d p(y_t) / d h_i| (L2 norm over the encoder state h_i of region i), per layer
   (Fig. 2 and Fig. 5). A low mask value marks a region the mask network found decisive, hence 1 - m.
 - `grounding_accuracy`: synthetic data only: how often the top attended region (head-averaged) is the ground-truth
-  region of the word being generated, for original and aligned attention, per layer.
+  region of the word being generated, for original and aligned attention, per layer. Only words of the encoded
+  caption count (not words cut by `max_caption_len`), and only those whose region survived the cut to
+  `max_regions` (a region the model never sees cannot be attended).
 """
 from __future__ import annotations
 
@@ -152,11 +154,13 @@ def grounding_accuracy(model: A2Transformer, data, split: str = "val", limit: in
     hits_mean = {"attention": 0.0, "aligned": 0.0}
     words = 0
     for batch, inp, tgt in _teacher_batches(model, data, split, limit, batch_size, device):
-        layers, _ = _recorded_pass(model, batch, inp, device)
+        layers, rmask = _recorded_pass(model, batch, inp, device)
         for b, image_id in enumerate(batch["image_ids"].tolist()):
             regions = grounding[image_id]["sentences"][0]  # per caption word: region or -1
-            for t, region in enumerate(regions[: tgt.shape[1]]):
-                if region < 0:
+            n_words = int((tgt[b] != 0).sum()) - 1  # encoded words, without the final <eos>
+            kept = int(rmask[b].sum())  # regions left after the cut to max_regions
+            for t, region in enumerate(regions[:n_words]):
+                if region < 0 or region >= kept:
                     continue
                 words += 1
                 for kind in ("attention", "aligned"):
