@@ -13,6 +13,9 @@ from .data.captions import Vocab
 from .model.a2 import A2Transformer, build_model
 
 CHECKPOINT_FILE = "checkpoint.pt"
+# Next to CHECKPOINT_FILE in a reported checkpoint folder: every epoch's metrics up to it, readable without
+# loading the weights (a restarted study recovers results its dead driver never logged).
+HISTORY_FILE = "history.json"
 
 
 def save(state: dict, path: str | Path) -> Path:

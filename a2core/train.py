@@ -13,8 +13,8 @@ objectives' gradients are averaged across ranks with one flattened all-reduce ea
 """
 from __future__ import annotations
 
+import json
 import logging
-import math
 import os
 import random
 import shutil
@@ -373,6 +373,7 @@ class Trainer:
                 os.link(last, tmp / ckpt.CHECKPOINT_FILE)
             except OSError:  # another filesystem: copy instead
                 shutil.copy2(last, tmp / ckpt.CHECKPOINT_FILE)
+            (tmp / ckpt.HISTORY_FILE).write_text(json.dumps(self.history))
             report(metrics, str(tmp))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

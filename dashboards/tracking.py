@@ -465,6 +465,10 @@ class StudyTracker:
             self.client.log_batch(run_id, metrics=chunk)
         return logged
 
+    def logged_steps(self, run_id: str, key: str) -> set[int]:
+        """The steps at which metric `key` of a run has values."""
+        return {int(m.step) for m in self.client.get_metric_history(run_id, _clean_key(key))}
+
     def log_params(self, run_id: str, params: dict) -> None:
         """Log params (flattened); keys already logged with a different value are left alone (params are
         immutable in MLflow)."""

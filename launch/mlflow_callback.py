@@ -69,13 +69,16 @@ class A2MLflowCallback(Callback):
         metric, mode: the metric that decides a trial's best checkpoint (tag `a2.best_checkpoint`).
         strict: raise tracking errors from hooks instead of logging them (tests).
         artifact_location: artifact root of a newly created experiment (database backends without a server).
+        history_of: maps a trial id to its result log (one result per epoch, see `launch.trainable.ResultLog`).
+            With it, the first result of a trial in this driver, and its end, fill in the epochs that MLflow is
+            missing: results a killed driver never logged, although their checkpoint was saved.
     """
 
     def __init__(self, tracking_uri: str, study_name: str, *, experiment: str | None = None,
                  study_params: dict | None = None, study_tags: dict | None = None,
                  resolve_config: Callable[[dict], dict] | None = None, metric: str = "val/CIDEr",
                  mode: str = "max", check_timeout: float = 5.0, strict: bool = False,
-                 artifact_location: str | None = None):
+                 artifact_location: str | None = None, history_of: Callable[[str], list[dict]] | None = None):
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
         self.tracking_uri = tracking_uri
@@ -94,6 +97,8 @@ class A2MLflowCallback(Callback):
         self.errored: set[str] = set()
         self.best: dict[str, tuple[float, int | None]] = {}   # trial id -> (best metric, training_iteration)
         self.last_step: dict[str, int] = {}
+        self.history_of = history_of
+        self.backfilled: set[str] = set()  # trials whose missing epochs this driver has looked for
 
     # -- state saved by Tune with the experiment ---------------------------------------------------------------
     def get_state(self) -> dict:
@@ -112,6 +117,7 @@ class A2MLflowCallback(Callback):
     def __getstate__(self):  # the Tuner pickles its callbacks
         state = self.__dict__.copy()
         state["tracker"] = None
+        state["backfilled"] = set()  # a restored driver looks again
         return state
 
     # -- hooks -------------------------------------------------------------------------------------------------
@@ -164,8 +170,8 @@ class A2MLflowCallback(Callback):
         run_id = self._run_id(trial)
         tid = str(trial.trial_id)
         step = self._step(tid, result)
-        metrics = {k: v for k, v in result.items() if k not in _SKIP_KEYS and not isinstance(v, dict)}
-        tracker.log_metrics(run_id, metrics, step=step)
+        self._backfill(tid, run_id, before=step)
+        tracker.log_metrics(run_id, self._metrics(result), step=step)
 
         value = result.get(self.metric)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
@@ -183,6 +189,27 @@ class A2MLflowCallback(Callback):
         samples = result.get("samples")
         if isinstance(samples, (list, tuple)) and samples and all(isinstance(s, str) for s in samples):
             tracker.log_text(run_id, "\n".join(samples) + "\n", f"samples/epoch_{step:03d}.txt")
+
+    def _metrics(self, result: dict) -> dict:
+        return {k: v for k, v in result.items() if k not in _SKIP_KEYS and not isinstance(v, dict)}
+
+    def _backfill(self, tid: str, run_id: str, before: int | None = None) -> None:
+        """Log the epochs (< `before`) of the trial's result log that its run lacks; once per trial and driver."""
+        if self.history_of is None or tid in self.backfilled:
+            return
+        self.backfilled.add(tid)
+        history = [r for r in self.history_of(tid) or []
+                   if isinstance(r.get("epoch"), (int, float)) and (before is None or int(r["epoch"]) < before)]
+        if not history:
+            return
+        tracker = self._ensure_tracker()
+        logged = tracker.logged_steps(run_id, self.metric)
+        for result in history:
+            epoch = int(result["epoch"])
+            if epoch not in logged:
+                tracker.log_metrics(run_id, self._metrics(result), step=epoch)
+                self.last_step[tid] = max(epoch, self.last_step.get(tid, 0))
+                logger.info("MLflow: trial %s epoch %d logged from its result log", tid, epoch)
 
     def _step(self, tid: str, result: dict) -> int:
         epoch = result.get("epoch")
@@ -214,7 +241,9 @@ class A2MLflowCallback(Callback):
 
     @_guarded
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._ensure_tracker().end_trial(self._run_id(trial), "FINISHED")
+        run_id = self._run_id(trial)
+        self._backfill(str(trial.trial_id), run_id)  # a trial restored after its last epoch reports nothing more
+        self._ensure_tracker().end_trial(run_id, "FINISHED")
 
     @_guarded
     def on_trial_error(self, iteration, trials, trial, **info):

@@ -19,6 +19,7 @@ for more than the cluster has is refused (exit 2) before any trial starts.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -370,6 +371,9 @@ def saved_form(spec) -> dict:
 def _prepare_output(verbose: bool) -> None:
     # Tune's older reporter prints the trial table with the columns we choose; the newer one would hide them.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # The JSON and CSV result loggers are added explicitly (build_tuner); TensorBoard's would only complain
+    # about the caption samples in every result.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 
 
 def _print(text: str, verbose: bool = True) -> None:
@@ -385,7 +389,9 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
 
     _prepare_output(verbose)
     storage_path, fs = location.ray_storage()
-    callbacks = []
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    callbacks = [JsonLoggerCallback(), CSVLoggerCallback()]  # result.json is what `status` and `summary` read
     try:
         from launch.mlflow_callback import A2MLflowCallback
     except ImportError:  # tracking module missing: the study still runs
@@ -394,7 +400,8 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
         callbacks.append(A2MLflowCallback(
             spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"),
             study_params=_study_params(spec), study_tags={"a2.storage": location.uri()},
-            resolve_config=spec.trial_config, metric=spec.metric, mode=spec.mode))
+            resolve_config=spec.trial_config, metric=spec.metric, mode=spec.mode,
+            history_of=functools.partial(_result_log, spec, location)))
     run_config = tune.RunConfig(
         name=spec.name,
         storage_path=storage_path,

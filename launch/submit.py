@@ -13,7 +13,6 @@ in a copy of the working directory, and relative paths would land there.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 

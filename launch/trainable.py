@@ -37,6 +37,7 @@ from urllib.parse import urlparse
 
 TRIALS_DIR = "trials"  # below the study's folder: one Ray Train run per trial
 CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
+HISTORY_FILE = "history.json"  # a2core.checkpoint.HISTORY_FILE, likewise
 # The Tune driver function only waits on its TorchTrainer. Ray rejects {"CPU": 0} alone for a trial.
 TRIAL_DRIVER_RESOURCES = {"CPU": 0.01}
 # Environment that Ray workers need to reach storage and tracking from any node of the cluster.
@@ -75,6 +76,17 @@ def storage_location(storage: str, endpoint_url: str | None = None):
         fs = pyarrow.fs.S3FileSystem(**kwargs)
         return f"{parsed.netloc}{parsed.path}".rstrip("/"), fs
     return storage.rstrip("/"), None
+
+
+def file_location(storage: str, endpoint_url: str | None = None):
+    """`(path, filesystem)` for reading and writing single files: like `storage_location`, but a remote URI
+    without an endpoint gets pyarrow's filesystem too (filesystem None: a local path)."""
+    path, fs = storage_location(storage, endpoint_url)
+    if fs is None and "://" in path:
+        import pyarrow.fs
+
+        fs, path = pyarrow.fs.FileSystem.from_uri(path)
+    return path, fs
 
 
 def join(path: str, *parts: str) -> str:
@@ -280,16 +292,54 @@ class ResultLog:
             return
         keep = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
         self.by_epoch[int(epoch)] = keep
+        self._write()
+
+    def add_missing(self, results: list[dict]) -> list[int]:
+        """Add the results of epochs the log does not have (what a checkpoint remembers); returns those epochs."""
+        added = []
+        for result in results:
+            epoch = result.get("epoch")
+            if isinstance(epoch, (int, float)) and int(epoch) not in self.by_epoch:
+                self.by_epoch[int(epoch)] = {k: v for k, v in result.items()
+                                             if isinstance(v, (int, float, str, bool)) or v is None}
+                added.append(int(epoch))
+        if added:
+            self._write()
+        return sorted(added)
+
+    def _write(self) -> None:
         _write_text(self.path, self.fs, json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
+
+
+def latest_checkpoint_history(run_path: str, fs) -> list[dict]:
+    """The epoch history stored with the newest `checkpoint_epochNNNN` of a Train run folder (empty if none).
+
+    A driver killed between Ray Train registering a checkpoint and Tune hearing of its result loses that result
+    everywhere but here; the trial's result log (and from it MLflow) gets it back when the trial restarts."""
+    prefix = "checkpoint_epoch"
+    if fs is None:
+        root = Path(run_path)
+        names = [p.name for p in root.iterdir()] if root.is_dir() else []
+    else:
+        import pyarrow.fs
+
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(run_path, allow_not_found=True))
+        names = [posixpath.basename(i.path) for i in infos if i.type == pyarrow.fs.FileType.Directory]
+    epochs = sorted(int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit())
+    for epoch in reversed(epochs):  # the newest one that has its history (older checkpoints lack the file)
+        text = _read_text(join(run_path, f"{prefix}{epoch:04d}", HISTORY_FILE), fs)
+        if text:
+            try:
+                items = json.loads(text)
+            except ValueError:
+                continue
+            return [item for item in items if isinstance(item, dict)]
+    return []
 
 
 def read_results(trials_path: str, study: str, trial_id: str, endpoint_url: str | None = None) -> list[dict]:
     """The result log of a trial (see `ResultLog`), oldest epoch first; empty when it has none yet."""
-    path, fs = storage_location(join(trials_path, train_run_name(study, trial_id), RESULTS_FILE), endpoint_url)
-    if fs is None and "://" in path:
-        import pyarrow.fs
-
-        fs, path = pyarrow.fs.FileSystem.from_uri(path)
+    path, fs = file_location(join(trials_path, train_run_name(study, trial_id), RESULTS_FILE), endpoint_url)
     text = _read_text(path, fs)
     return json.loads(text) if text else []
 
@@ -376,13 +426,9 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
             callbacks=[_forwarder_class()(results)],
         ),
     )
-    log_path, log_fs = storage_location(join(plan.trials_path, train_run_name(plan.study, trial_id), RESULTS_FILE),
-                                        plan.storage_endpoint_url)
-    if log_fs is None and "://" in log_path:
-        import pyarrow.fs
-
-        log_fs, log_path = pyarrow.fs.FileSystem.from_uri(log_path)
-    result_log = ResultLog(log_path, log_fs)
+    run_uri = join(plan.trials_path, train_run_name(plan.study, trial_id))
+    result_log = ResultLog(*file_location(join(run_uri, RESULTS_FILE), plan.storage_endpoint_url))
+    result_log.add_missing(latest_checkpoint_history(*file_location(run_uri, plan.storage_endpoint_url)))
     outcome: dict = {}
 
     def fit() -> None:

@@ -1,7 +1,6 @@
 """Attention diagnostics: value ranges on a tiny model, and expected values on constructed cases (identical and
 disjoint distributions, scipy's Kendall tau-b, fusion `none`, attention forced onto the ground-truth region,
 gradient importance known in closed form)."""
-import json
 import math
 
 import numpy as np

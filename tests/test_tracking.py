@@ -302,3 +302,41 @@ def test_serve_rejects_a_file_backend(tmp_path):
     args.backend_store_uri = f"sqlite:///{tmp_path}/missing/m.db"
     with pytest.raises(TrackingError, match="does not exist"):
         serve(args)
+
+
+def test_callback_fills_in_epochs_a_killed_driver_never_logged(tmp_path):
+    """Epoch 2 was checkpointed (its result is in the trial's result log) but the driver died before logging it;
+    the restored driver's first result of the trial (epoch 3) brings epoch 2 along, once; the end of a trial
+    restored after its last epoch brings the rest."""
+    from mlflow.tracking import MlflowClient
+
+    from launch.mlflow_callback import A2MLflowCallback
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    log = {"abc_00000": [{"epoch": e, "val/CIDEr": float(e), "stage": "xe"} for e in (1, 2)],
+           "abc_00001": [{"epoch": e, "val/CIDEr": 10.0 + e} for e in (1, 2, 3)]}
+    t0, t1 = _FakeTrial("abc_00000", {"fusion": "max"}), _FakeTrial("abc_00001", {"fusion": "gate"})
+    cb = A2MLflowCallback(uri, "backfill-study", strict=True, history_of=lambda tid: log[tid])
+    cb.setup()
+    for t in (t0, t1):
+        cb.on_trial_start(0, [t0, t1], t)
+        cb.on_trial_result(0, [t0, t1], t, {"epoch": 1, "val/CIDEr": log[t.trial_id][0]["val/CIDEr"]})
+    state = cb.get_state()
+
+    cb2 = A2MLflowCallback(uri, "backfill-study", strict=True, history_of=lambda tid: log[tid])
+    cb2.set_state(state)
+    cb2.setup()
+    cb2.on_trial_start(0, [t0, t1], t0)
+    cb2.on_trial_result(0, [t0, t1], t0, {"epoch": 3, "val/CIDEr": 3.0})
+    log["abc_00000"].append({"epoch": 3, "val/CIDEr": 3.0})
+    cb2.on_trial_result(0, [t0, t1], t0, {"epoch": 4, "val/CIDEr": 4.0})
+    cb2.on_trial_complete(0, [t0, t1], t0)
+    cb2.on_trial_start(0, [t0, t1], t1)
+    cb2.on_trial_complete(0, [t0, t1], t1)  # restored after its last epoch: no result at all
+
+    client = MlflowClient(uri)
+    steps = {tid: [(m.step, m.value) for m in sorted(client.get_metric_history(run, "val/CIDEr"),
+                                                    key=lambda m: m.step)]
+             for tid, run in cb2.trial_runs.items()}
+    assert steps == {"abc_00000": [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)],
+                     "abc_00001": [(1, 11.0), (2, 12.0), (3, 13.0)]}

@@ -4,9 +4,9 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-import torch
 
 from a2core import checkpoint as ckpt
 from a2core.config import Config
@@ -79,6 +79,10 @@ def test_reports_and_checkpoints(tiny_data, tmp_path):
         seen.append((metrics, checkpoint_dir))
         state = ckpt.load(checkpoint_dir)  # present and complete while report runs
         assert state["epoch"] == metrics["epoch"]
+        # every epoch so far, readable without the weights
+        history = json.loads((Path(checkpoint_dir) / ckpt.HISTORY_FILE).read_text())
+        assert [h["epoch"] for h in history] == list(range(1, metrics["epoch"] + 1))
+        assert history[-1]["val/CIDEr"] == metrics["val/CIDEr"]
 
     result = train(cfg, report=report, output_dir=tmp_path / "run")
     metrics = seen[-1][0]
