@@ -216,7 +216,7 @@ class Trainer:
                 sums["train/mask_mean"] += mask_mean
                 n_mask += 1
             if self.dist.rank == 0 and self.step % t.log_every == 0:
-                log.info("epoch %d step %d loss %.4f lr %.2e", self.epoch + 1, self.step, float(loss),
+                log.info("epoch %d step %d loss %.4f lr %.2e", self.epoch + 1, self.step, loss.item(),
                          self.sched.get_last_lr()[0])
         out = {"train/loss": sums["train/loss"] / max(n_steps, 1), "train/lr": self.sched.get_last_lr()[0]}
         if n_mask:
