@@ -31,6 +31,7 @@ from a2core.train import Trainer, _caption_loss, noam
 D_MODEL, HEADS, LAYERS, D_FF = 512, 8, 6, 2048
 REGIONS, FEATURE_DIM, CAPTION_LEN, VOCAB = 50, 2048, 16, 10000
 CAPTIONS_PER_IMAGE = 5
+BEAM_SIZE, BEAM_MAX_LEN = 5, 20
 
 
 def make_batch(images: int, seed: int = 0):
@@ -52,7 +53,7 @@ class Step:
         torch.manual_seed(seed)
         self.cfg = ModelConfig(d_model=D_MODEL, layers=LAYERS, heads=HEADS, d_ff=D_FF, max_regions=REGIONS,
                                feature_dim=FEATURE_DIM, fusion=fusion)
-        self.model = build_model(self.cfg, VOCAB, CAPTION_LEN + 2).train()
+        self.model = build_model(self.cfg, VOCAB, max(CAPTION_LEN, BEAM_MAX_LEN) + 2).train()  # positions for both
         self.cap_params = self.model.captioner_parameters()
         self.mask_params = self.model.mask_parameters()
         self.opt = torch.optim.Adam(self.cap_params, lr=1.0, betas=(0.9, 0.98), eps=1e-9)
@@ -121,14 +122,14 @@ def main() -> None:
     model = a2.model.eval()
     bfeats, bmask = feats[: args.beam_images], mask[: args.beam_images]
     with torch.no_grad():
-        seq_c, score_c = beam_search(model, bfeats, bmask, beam_size=5, max_len=20)
-        seq_u, score_u = beam_search(UncachedStepper(model), bfeats, bmask, beam_size=5, max_len=20)
+        seq_c, score_c = beam_search(model, bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
+        seq_u, score_u = beam_search(UncachedStepper(model), bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
     same = torch.equal(seq_c, seq_u) and torch.allclose(score_c, score_u, atol=1e-3)
     t_c, t_u = [], []
     for r in range(args.repeats):
         runs = [(model, t_c), (UncachedStepper(model), t_u)]
         for stepper, out in (runs if r % 2 == 0 else runs[::-1]):
-            out.append(timed(lambda: beam_search(stepper, bfeats, bmask, beam_size=5, max_len=20)))
+            out.append(timed(lambda: beam_search(stepper, bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)))
     m_c, m_u = statistics.median(t_c), statistics.median(t_u)
     print(f"beam search: beam 5, max 20 words, {args.beam_images} images, A2 model (eval), "
           f"{seq_c.shape[1]} steps decoded; cached == uncached: {same}")

@@ -156,6 +156,14 @@ def test_cached_beam_search_equals_uncached(fusion):
     assert torch.equal(greedy(model, feats, rmask, 12), greedy(UncachedStepper(model), feats, rmask, 12))
 
 
+def test_decoding_past_the_models_positions_is_a_clear_error():
+    model = build_model(small("gate"), vocab_size=25, max_len=6).eval()  # 8 positions
+    feats, rmask = torch.randn(2, 6, 16), torch.ones(2, 6, dtype=torch.bool)
+    assert beam_search(model, feats, rmask, beam_size=2, max_len=7)[0].shape[0] == 2  # 8 steps: fits
+    with pytest.raises(ValueError, match="positions up to 9 requested; this model has 8"):
+        beam_search(model, feats, rmask, beam_size=2, max_len=8)
+
+
 def test_beam_search_finds_at_least_the_greedy_score_and_one_model_ensemble_is_the_model():
     torch.manual_seed(2)
     model = build_model(small("gate"), vocab_size=25).double().eval()

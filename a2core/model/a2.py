@@ -259,6 +259,9 @@ class A2Transformer(nn.Module):
 
     def _embed(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         t = tokens.shape[1]
+        if start + t > self.pos.shape[0]:
+            raise ValueError(f"caption positions up to {start + t} requested; this model has {self.pos.shape[0]} "
+                             "(decode with a smaller max_len or build the model with a larger one)")
         return self.drop(self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.pos[start:start + t])
 
     def decode(self, tokens, mem, region_mask, mode: str = "aligned", caches=None, start: int = 0):
