@@ -4,6 +4,8 @@
     last checkpoint (Ray Train's FailureConfig), without re-running an epoch it had checkpointed.
 (b) The study driver (`a2 study run`) is killed with SIGKILL mid-study; `a2 study resume NAME` finishes it:
     the finished trial is not run again, the interrupted one continues at its last checkpoint epoch + 1.
+    It is tracked by a real `mlflow server` (SQLite backend, artifacts on the moto S3 endpoint): one child run
+    per trial, all FINISHED, and `a2 report` puts its PNGs and HTML on the parent run, in S3.
 
 "Not re-run" is read from MLflow: every result a trial reports is logged with its epoch as the step, so a
 repeated epoch would show up as a repeated step. The tests kill only after the latest checkpointed epoch has
@@ -18,6 +20,7 @@ import time
 
 import pytest
 
+from tests.mlflowserver import mlflow_server  # noqa: F401 - a fixture
 from tests.raycluster import (  # noqa: F401 - tiny_data and ray_cluster_factory are fixtures
     a2, kill_group, mlflow_client, mlflow_history, mlflow_trials, ray_cluster_factory, snapshot_epochs, start_a2, tail, tiny_data,
     tiny_study, trial_runs, wait_for)
@@ -104,13 +107,12 @@ def test_trial_finishes_after_losing_its_worker_node(tmp_path, tiny_data, ray_cl
     assert mlflow_trials(uri, name)[trial_id].info.status == "FINISHED"
 
 
-def test_study_resumes_after_the_driver_is_killed(tmp_path, tiny_data):
-    name = "ft-driver"
+def test_study_resumes_after_the_driver_is_killed(tmp_path, tiny_data, mlflow_server):  # noqa: F811
+    name = f"ft-driver-{os.getpid()}"  # the server lives for the whole session
     storage = tmp_path / "studies"
+    uri = str(mlflow_server)
     study = tiny_study(tmp_path, name, tiny_data, fusions=("none", "max"), epochs=EPOCHS, workers=1,
-                       cpus_per_worker=1, max_concurrent=1, extra=SLOW)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    mlflow_client(uri)
+                       cpus_per_worker=1, max_concurrent=1, extra=SLOW, mlflow_uri=uri)
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)  # the driver starts its own local Ray, which dies with it
     log = tmp_path / "run.log"
@@ -166,3 +168,20 @@ def test_study_resumes_after_the_driver_is_killed(tmp_path, tiny_data):
     assert summary["baseline"] is not None
     assert ("beats the baseline" in resume.stdout or "does NOT beat the baseline" in resume.stdout
             or "itself the baseline" in resume.stdout)
+
+    # The parent run ended with the study; the report lands on it, and through the server in the S3 bucket.
+    from mlflow.tracking import MlflowClient
+
+    from dashboards.tracking import study_runs
+    from tests.s3server import s3_client
+
+    parent, children = study_runs(uri, name)
+    assert parent.info.status == "FINISHED" and len(children) == 2
+    report = a2("report", name, "--tracking-uri", uri, "--out", str(tmp_path / "report"), cwd=tmp_path, env=env,
+                timeout=300)
+    assert report.returncode == 0, report.stdout[-4000:]
+    logged = {a.path for a in MlflowClient(uri).list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.html", "report/learning_curves.png", "report/jsd_per_layer.png"} <= logged
+    keys = [o["Key"] for o in s3_client(mlflow_server.s3_endpoint).list_objects_v2(
+        Bucket=mlflow_server.bucket, Prefix="mlartifacts/").get("Contents", [])]
+    assert any(k.endswith(f"{parent.info.run_id}/artifacts/report/report.html") for k in keys)
