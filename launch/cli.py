@@ -23,15 +23,23 @@ def cmd_data_synth(args) -> int:
     return 0
 
 
+def training_config(path: str | None, overrides: list[str]):
+    """The a2core config of a config file or of a study file (its data / model / train sections; the search, at
+    its defaults, is left out), with `key=value` overrides."""
+    from a2core.config import Config, apply_overrides, load_yaml
+    from launch.spec import SECTIONS, TOP_KEYS
+
+    raw = load_yaml(path) if path else {}
+    if path and ("name" in raw or "search" in raw):  # a study file
+        study_only = set(TOP_KEYS) - set(SECTIONS)
+        raw = {k: v for k, v in raw.items() if k not in study_only}
+    return Config.from_dict(apply_overrides(raw, overrides or [], source=path), source=path)
+
+
 def cmd_train(args) -> int:
-    from a2core.config import Config
     from a2core.train import train
 
-    cfg = Config.from_yaml(args.config, args.overrides) if args.config else Config.from_dict({})
-    if args.overrides and not args.config:
-        from a2core.config import apply_overrides
-
-        cfg = Config.from_dict(apply_overrides({}, args.overrides))
+    cfg = training_config(args.config, args.overrides)
     result = train(cfg, report=_print_report, output_dir=args.output_dir, resume_from=args.resume)
     print(json.dumps(result, indent=2, default=str))
     return 0

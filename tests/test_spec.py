@@ -360,3 +360,17 @@ def test_cli_study_validate_fails_fast_without_ray(tmp_path):
     ok = _run(code, str(SMOKE))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "RAY False" in ok.stdout
+
+
+def test_a_study_file_is_a_training_config():
+    """`a2 train --config studies/smoke.yaml key=value`: the study's data / model / train sections, overridden."""
+    from launch.cli import training_config
+
+    raw = smoke_raw()
+    cfg = training_config(str(SMOKE), ["train.xe_epochs=3", "model.fusion=max"])
+    assert cfg.train.xe_epochs == 3 and cfg.model.fusion == "max"
+    assert cfg.data.images == raw["data"]["images"] and cfg.model.d_model == raw["model"]["d_model"]
+    assert cfg.train.batch_size == raw["train"]["batch_size"]
+    with pytest.raises(ConfigError) as err:  # still checked like any config, naming the file
+        training_config(str(SMOKE), ["model.d_modl=3"])
+    assert "model.d_modl" in str(err.value) and "smoke.yaml" in str(err.value)
