@@ -374,6 +374,9 @@ def _prepare_output(verbose: bool) -> None:
     # The JSON and CSV result loggers are added explicitly (build_tuner); TensorBoard's would only complain
     # about the caption samples in every result.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # The experiment state is saved with every trial checkpoint on purpose (build_tuner): no warning about it
+    # after every epoch.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 
 
 def _print(text: str, verbose: bool = True) -> None:
@@ -425,15 +428,35 @@ def _study_params(spec) -> dict:
             "base": {k: raw.get(k) for k in ("data", "model", "train")}}
 
 
-def _reporter(spec):
+def _reporter_class():
+    from types import SimpleNamespace
+
     from ray.tune import CLIReporter
 
+    class StudyReporter(CLIReporter):
+        """Tune's CLI reporter, for search spaces with conditional keys: its "Current best trial" line looks up every
+        parameter column in the best trial's config, and a trial without one (lambda of a fusion-none trial)
+        would stop the study with a KeyError. The best trial is shown with "-" for the keys it does not have."""
+
+        def _current_best_trial(self, trials):
+            best, metric = super()._current_best_trial(trials)
+            if best is None or not self._parameter_columns:
+                return best, metric
+            config = dict((best.last_result or {}).get("config") or {})
+            for key in self._parameter_columns:
+                config.setdefault(key, "-")
+            return SimpleNamespace(trial_id=best.trial_id, last_result={**best.last_result, "config": config}), metric
+
+    return StudyReporter
+
+
+def _reporter(spec):
     metrics = {"epoch": "epoch", spec.metric: spec.metric.split("/")[-1]}
     if spec.metric == "val/CIDEr":
         metrics["best/val/CIDEr"] = "best CIDEr"
     metrics["time/epoch_s"] = "s/epoch"
     params = {key: key for key in list(spec.params)}
-    return CLIReporter(metric_columns=metrics, parameter_columns=params or None, max_report_frequency=30,
+    return _reporter_class()(metric_columns=metrics, parameter_columns=params or None, max_report_frequency=30,
                        sort_by_metric=True, max_progress_rows=40)
 
 
