@@ -204,6 +204,23 @@ def _deepcopy(raw):
 
 
 # -- Train workers -----------------------------------------------------------------------------------------------
+def _quiet_per_epoch_logs() -> None:
+    """Ray Train and Tune log every report (all metrics, caption samples included) and every checkpoint at INFO,
+    from every worker: several lines per epoch and worker on the driver's console. Our own epoch line stays
+    (`a2core.train` logs one per `log_every` steps), and warnings still show."""
+    import logging
+
+    names = ["ray.train._internal.storage", "ray.train.v2._internal.execution.storage"]
+    try:
+        from ray.train.v2._internal.execution import context
+
+        names.append(context.__file__)  # that module's logger is named after its file
+    except ImportError:
+        pass
+    for name in names:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def worker_fn(config: dict) -> None:
     """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume."""
     import ray.train
@@ -211,6 +228,7 @@ def worker_fn(config: dict) -> None:
 
     from a2core.train import train
 
+    _quiet_per_epoch_logs()
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     work = Path(tempfile.mkdtemp(prefix=f"a2-trial-r{rank}-"))
@@ -401,6 +419,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     from ray.util.queue import Empty, Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    _quiet_per_epoch_logs()
     trial_id = ray.tune.get_context().get_trial_id()
     train_config = plan.trial_config(config)
     path, fs = storage_location(plan.trials_path, plan.storage_endpoint_url)
