@@ -1,1 +1,15 @@
+import pytest
+
 from tests.s3server import s3_endpoint  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For modules of many small torch computations: on two cores shared with other jobs, one intra-op thread is
+    far faster than two fighting for them. Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

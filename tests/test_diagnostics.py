@@ -21,13 +21,7 @@ LN2 = math.log(2.0)
 SEED = 11
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Two cores shared with other jobs: one intra-op thread is far faster than two fighting for them.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

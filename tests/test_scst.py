@@ -18,13 +18,7 @@ SEED = 31
 TINY_MODEL = {"d_model": 32, "layers": 2, "heads": 4, "d_ff": 64, "max_regions": 10, "fusion": "gate"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Two cores shared with other jobs: one intra-op thread is far faster than two fighting for them.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
