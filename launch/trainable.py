@@ -289,6 +289,11 @@ def _write_text(path: str, fs, text: str) -> None:
         pyarrow.fs.copy_files(str(local), path, destination_filesystem=fs)
 
 
+def _scalars(result: dict) -> dict:
+    """The JSON-plain entries of a result (caption samples and nested dicts are left out of the log)."""
+    return {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
 class ResultLog:
     """The results of one trial, kept next to its checkpoints and rewritten after every epoch.
 
@@ -308,8 +313,7 @@ class ResultLog:
         epoch = result.get("epoch")
         if not isinstance(epoch, (int, float)):
             return
-        keep = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
-        self.by_epoch[int(epoch)] = keep
+        self.by_epoch[int(epoch)] = _scalars(result)
         self._write()
 
     def add_missing(self, results: list[dict]) -> list[int]:
@@ -318,8 +322,7 @@ class ResultLog:
         for result in results:
             epoch = result.get("epoch")
             if isinstance(epoch, (int, float)) and int(epoch) not in self.by_epoch:
-                self.by_epoch[int(epoch)] = {k: v for k, v in result.items()
-                                             if isinstance(v, (int, float, str, bool)) or v is None}
+                self.by_epoch[int(epoch)] = _scalars(result)
                 added.append(int(epoch))
         if added:
             self._write()

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from launch.trainable import RESULTS_FILE, ResultLog, file_location, join, latest_checkpoint_history
 from tests.s3server import make_bucket
 
@@ -44,7 +42,6 @@ def test_local_run_folder(tmp_path):
     _check(str(run), None)
 
 
-@pytest.mark.usefixtures("s3_endpoint")
 def test_s3_run_folder(s3_endpoint):
     from tests.s3server import s3_client
 
