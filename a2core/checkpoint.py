@@ -11,6 +11,7 @@ import torch
 from .config import Config
 from .data.captions import Vocab
 from .model.a2 import A2Transformer, build_model
+from .errors import CheckpointError
 
 CHECKPOINT_FILE = "checkpoint.pt"
 # Next to CHECKPOINT_FILE in a reported checkpoint folder: every epoch's metrics up to it, readable without
@@ -38,7 +39,7 @@ def resolve(path: str | Path) -> Path:
     if path.is_dir():
         path = path / CHECKPOINT_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: checkpoint not found")
+        raise CheckpointError(f"{path}: checkpoint not found")
     return path
 
 
@@ -47,10 +48,10 @@ def load(path: str | Path, map_location="cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as err:  # truncated or not a checkpoint at all
-        raise ValueError(f"{path}: not a readable checkpoint ({err})") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({err})") from None
     for key in ("model", "config", "vocab"):
         if key not in state:
-            raise ValueError(f"{path}: not an a2tune checkpoint (no {key!r})")
+            raise CheckpointError(f"{path}: not an a2tune checkpoint (no {key!r})")
     return state
 
 
@@ -88,7 +89,7 @@ def load_ensemble(paths: list[str | Path], device="cpu") -> tuple[list[A2Transfo
         if vocab is None:
             vocab, config, first = v, cfg, path
         elif v != vocab:
-            raise ValueError(f"{path}: its vocabulary ({len(v)} words) differs from that of {first} "
+            raise CheckpointError(f"{path}: its vocabulary ({len(v)} words) differs from that of {first} "
                              f"({len(vocab)} words); an ensemble averages word distributions, so all checkpoints "
                              f"must share one vocabulary")
         models.append(model)

@@ -15,16 +15,11 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
+from .errors import ConfigError
+
 FUSIONS = ("none", "max", "moving_average", "exp_decay", "gate")
 
 
-class ConfigError(ValueError):
-    """A config value is wrong. `path` is the dotted key (`model.lambda`); `source` the file, if any."""
-
-    def __init__(self, path: str, message: str, source: str | None = None):
-        self.path, self.source, self.reason = path, source, message
-        where = f"{source}: " if source else ""
-        super().__init__(f"{where}{path}: {message}" if path else f"{where}{message}")
 
 
 def _alias(name: str) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .model.a2 import A2Transformer
+from .errors import A2Error
 
 
 class ModelStepper:
@@ -67,7 +68,7 @@ class EnsembleStepper:
 
     def __init__(self, models: list[A2Transformer]):
         if not models:
-            raise ValueError("an ensemble needs at least one model")
+            raise A2Error("an ensemble needs at least one model")
         self.members = [ModelStepper(m) for m in models]
 
     def init_state(self, feats, region_mask):

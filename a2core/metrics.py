@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from .errors import A2Error, DataError
 
 __all__ = [
     "CiderD",
@@ -735,15 +736,15 @@ def ptb_tokenize(captions: Mapping[Any, Sequence[str]]) -> dict[Any, list[str]]:
         try:
             proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except FileNotFoundError:
-            raise RuntimeError("COCO evaluation needs Java (PTB tokenizer, METEOR): 'java' was not found") from None
+            raise A2Error("COCO evaluation needs Java (PTB tokenizer, METEOR): 'java' was not found") from None
     finally:
         os.remove(tmp)
     if proc.returncode != 0:
-        raise RuntimeError(f"PTB tokenizer failed (exit {proc.returncode}): "
+        raise A2Error(f"PTB tokenizer failed (exit {proc.returncode}): "
                            f"{proc.stderr.decode('utf-8', 'replace')[-2000:]}")
     token_lines = proc.stdout.decode("utf-8").split("\n")
     if len(token_lines) < len(lines):
-        raise RuntimeError(f"PTB tokenizer returned {len(token_lines)} lines for {len(lines)} captions")
+        raise A2Error(f"PTB tokenizer returned {len(token_lines)} lines for {len(lines)} captions")
     punct = set(ptb.PUNCTUATIONS)
     for k, line in zip(keys, token_lines):
         out[k].append(" ".join(w for w in line.rstrip().split(" ") if w not in punct))
@@ -784,7 +785,7 @@ def _start_meteor():
     try:
         return Meteor()
     except FileNotFoundError:
-        raise RuntimeError("COCO evaluation needs Java (METEOR): 'java' was not found") from None
+        raise A2Error("COCO evaluation needs Java (METEOR): 'java' was not found") from None
 
 
 def _stop_meteor(meteor) -> None:
@@ -809,7 +810,7 @@ def _meteor_scores(meteor, gts: dict, res: dict) -> tuple[float, list[float]]:
             err = meteor.meteor_p.stderr.read() or b""
         except (OSError, ValueError):
             pass
-        raise RuntimeError(f"METEOR failed ({e}): {err.decode('utf-8', 'replace')[-2000:]}") from None
+        raise A2Error(f"METEOR failed ({e}): {err.decode('utf-8', 'replace')[-2000:]}") from None
     return float(score), [float(x) for x in scores]
 
 
@@ -818,20 +819,20 @@ def _check_inputs(gts: Mapping[Any, Sequence[str]], res: Mapping[Any, Any], wher
     missing = [k for k in gts if k not in res]
     extra = [k for k in res if k not in gts]
     if missing:
-        raise ValueError(f"{where}: image id(s) {_fmt_ids(missing)} have references but no result "
+        raise DataError(f"{where}: image id(s) {_fmt_ids(missing)} have references but no result "
                          f"({len(missing)} of {len(gts)} missing)")
     if extra:
-        raise ValueError(f"{where}: image id(s) {_fmt_ids(extra)} have a result but no references")
+        raise DataError(f"{where}: image id(s) {_fmt_ids(extra)} have a result but no references")
     ids = list(gts.keys())
     if not ids:
-        raise ValueError(f"{where}: no images to evaluate")
+        raise DataError(f"{where}: no images to evaluate")
     one: dict[Any, list[str]] = {}
     for k in ids:
         r = res[k]
         if isinstance(r, (list, tuple)) and len(r) == 1:
             r = r[0]
         if not isinstance(r, str):
-            raise ValueError(f"{where}: the result of image {k!r} must be a caption string, got {r!r}")
+            raise DataError(f"{where}: the result of image {k!r} must be a caption string, got {r!r}")
         one[k] = [r]
         _check_ref_list(gts[k], f"{where}: references of image {k!r}")
     return ids, one
@@ -895,7 +896,7 @@ def coco_scores(
             print(f"SPICE skipped: {_spice_missing_message()}", file=sys.stderr, flush=True)
     elif spice:
         if not spice_available():
-            raise RuntimeError(f"SPICE was requested but cannot run: {_spice_missing_message()}")
+            raise A2Error(f"SPICE was requested but cannot run: {_spice_missing_message()}")
         run_spice = True
     else:
         run_spice = False
@@ -922,7 +923,7 @@ def coco_scores(
             spice_mean, spice_sets = Spice().compute_score(tok_gts, tok_res)
         except (subprocess.CalledProcessError, OSError, ValueError, KeyError) as e:
             if spice:
-                raise RuntimeError(f"SPICE failed: {e}") from None
+                raise A2Error(f"SPICE failed: {e}") from None
             print(f"SPICE skipped: it failed ({e})", file=sys.stderr, flush=True)
         else:
             by_id = dict(zip(sorted(ids), spice_sets))
@@ -963,12 +964,12 @@ def caption_scores(
 
 def _read_json(path: str, what: str) -> Any:
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{what} file not found: {path}")
+        raise DataError(f"{what} file not found: {path}")
     try:
         with open(path, "rb") as f:
             return json.loads(f.read().decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise DataError(f"{path}: not valid JSON ({e})") from None
 
 
 def _is_int(x: Any) -> bool:
@@ -982,38 +983,38 @@ def load_split_references(captions_path: str | os.PathLike, split: str = "test")
     """``{cocoid: [raw caption, ...]}`` of one Karpathy split (``train`` includes ``restval``)."""
     path = os.fspath(captions_path)
     if split not in _SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {sorted(_SPLITS)}")
+        raise DataError(f"unknown split {split!r}; expected one of {sorted(_SPLITS)}")
     data = _read_json(path, "captions")
     images = data.get("images") if isinstance(data, dict) else None
     if not isinstance(images, list):
-        raise ValueError(f"{path}: expected Karpathy's format {{\"images\": [...]}}")
+        raise DataError(f"{path}: expected Karpathy's format {{\"images\": [...]}}")
     wanted = _SPLITS[split]
     gts: dict[int, list[str]] = {}
     for i, img in enumerate(images):
         if not isinstance(img, dict):
-            raise ValueError(f"{path}: images[{i}] is not an object")
+            raise DataError(f"{path}: images[{i}] is not an object")
         if img.get("split") not in wanted:
             continue
         cid = img.get("cocoid")
         if not _is_int(cid):
-            raise ValueError(f"{path}: images[{i}] has no integer 'cocoid' (got {cid!r})")
+            raise DataError(f"{path}: images[{i}] has no integer 'cocoid' (got {cid!r})")
         if cid in gts:
-            raise ValueError(f"{path}: image id {cid} appears twice in split {split!r}")
+            raise DataError(f"{path}: image id {cid} appears twice in split {split!r}")
         sents = img.get("sentences")
         if not isinstance(sents, list) or not sents:
-            raise ValueError(f"{path}: image id {cid} has no 'sentences'")
+            raise DataError(f"{path}: image id {cid} has no 'sentences'")
         caps = []
         for j, s in enumerate(sents):
             raw = s.get("raw") if isinstance(s, dict) else None
             if not isinstance(raw, str):
                 toks = s.get("tokens") if isinstance(s, dict) else None
                 if not isinstance(toks, list) or not all(isinstance(t, str) for t in toks):
-                    raise ValueError(f"{path}: image id {cid}, sentences[{j}] has neither 'raw' nor 'tokens'")
+                    raise DataError(f"{path}: image id {cid}, sentences[{j}] has neither 'raw' nor 'tokens'")
                 raw = " ".join(toks)
             caps.append(raw)
         gts[cid] = caps
     if not gts:
-        raise ValueError(f"{path}: no images in split {split!r}")
+        raise DataError(f"{path}: no images in split {split!r}")
     return gts
 
 
@@ -1022,22 +1023,22 @@ def load_results(results_path: str | os.PathLike) -> dict[int, str]:
     path = os.fspath(results_path)
     data = _read_json(path, "results")
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of {{\"image_id\": int, \"caption\": str}}")
+        raise DataError(f"{path}: expected a JSON list of {{\"image_id\": int, \"caption\": str}}")
     res: dict[int, str] = {}
     dups: list[int] = []
     for i, r in enumerate(data):
         if not isinstance(r, dict):
-            raise ValueError(f"{path}: entry {i} is not an object")
+            raise DataError(f"{path}: entry {i} is not an object")
         iid, cap = r.get("image_id"), r.get("caption")
         if not _is_int(iid):
-            raise ValueError(f"{path}: entry {i} has no integer 'image_id' (got {iid!r})")
+            raise DataError(f"{path}: entry {i} has no integer 'image_id' (got {iid!r})")
         if not isinstance(cap, str):
-            raise ValueError(f"{path}: entry {i} (image id {iid}) has no string 'caption'")
+            raise DataError(f"{path}: entry {i} (image id {iid}) has no string 'caption'")
         if iid in res:
             dups.append(iid)
         res[iid] = cap
     if dups:
-        raise ValueError(f"{path}: duplicate image id(s) {_fmt_ids(sorted(set(dups)))}")
+        raise DataError(f"{path}: duplicate image id(s) {_fmt_ids(sorted(set(dups)))}")
     return res
 
 
@@ -1056,16 +1057,16 @@ def evaluate_results_file(
     one result and every result must belong to the split.
     """
     if split not in _SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {sorted(_SPLITS)}")
+        raise DataError(f"unknown split {split!r}; expected one of {sorted(_SPLITS)}")
     res = load_results(results_path)
     gts = load_split_references(captions_path, split)
     missing = [k for k in gts if k not in res]
     if missing:
-        raise ValueError(f"{os.fspath(results_path)}: no caption for image id(s) {_fmt_ids(missing)} of split "
+        raise DataError(f"{os.fspath(results_path)}: no caption for image id(s) {_fmt_ids(missing)} of split "
                          f"{split!r} in {os.fspath(captions_path)} ({len(missing)} of {len(gts)} missing)")
     extra = [k for k in res if k not in gts]
     if extra:
-        raise ValueError(f"{os.fspath(results_path)}: image id(s) {_fmt_ids(extra)} are not in split {split!r} "
+        raise DataError(f"{os.fspath(results_path)}: image id(s) {_fmt_ids(extra)} are not in split {split!r} "
                          f"of {os.fspath(captions_path)}")
     return coco_scores(gts, {k: res[k] for k in gts}, spice=spice, per_image=per_image, progress=progress)
 
@@ -1091,12 +1092,12 @@ def best_constant_caption(
     ``(caption, CIDEr-D)``; ties go to the more frequent caption.
     """
     if candidates < 1:
-        raise ValueError(f"best_constant_caption: candidates must be >= 1, got {candidates}")
+        raise DataError(f"best_constant_caption: candidates must be >= 1, got {candidates}")
     counts = collections.Counter(t for t in (simple_tokenize(c) for c in train_captions) if t)
     if not counts:
-        raise ValueError("best_constant_caption: no non-empty training captions")
+        raise DataError("best_constant_caption: no non-empty training captions")
     if not gts:
-        raise ValueError("best_constant_caption: gts is empty")
+        raise DataError("best_constant_caption: gts is empty")
     pool = [c for c, _ in counts.most_common(candidates)]
     refs = [[simple_tokenize(c) for c in gts[k]] for k in gts]
     per_cand = CiderD()._constant_many(pool, refs)

@@ -34,6 +34,7 @@ from .data.captions import Vocab
 from .data.dataset import CaptionData
 from .decode import ModelStepper, captions_for, greedy, sample
 from .model.a2 import build_model
+from .errors import CheckpointError
 
 log = logging.getLogger("a2core.train")
 Report = Callable[[dict, "str | None"], None]
@@ -120,7 +121,7 @@ class Trainer:
         if state is not None:
             saved = Config.from_dict(state["config"])
             if saved.model != cfg.model:
-                raise ValueError(f"{resume_from}: its model config differs from this run's; cannot resume")
+                raise CheckpointError(f"{resume_from}: its model config differs from this run's; cannot resume")
         seed_everything(cfg.train.seed)
         vocab = Vocab(state["vocab"]) if state else None
         self.data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab)
@@ -329,7 +330,7 @@ class Trainer:
             dist.barrier()
         state = ckpt.load(src, map_location=self.device)
         if Vocab(state["vocab"]) != self.vocab:
-            raise ValueError(f"{src}: its vocabulary differs from this run's; cannot start SCST from it")
+            raise CheckpointError(f"{src}: its vocabulary differs from this run's; cannot start SCST from it")
         step = self.model.train_step.clone()
         self.model.load_state_dict(state["model"])
         self.model.train_step.copy_(step)

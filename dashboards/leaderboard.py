@@ -39,6 +39,7 @@ import mlflow.pyfunc
 import pandas as pd
 
 from dashboards import paper_results
+from a2core.errors import A2Error, DataError
 
 SCHEMA = 1
 # Metrics in the order the table shows them; coco_scores' names.
@@ -98,7 +99,7 @@ def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str,
         lost = [k for k in ids if k not in caps]
         extra = [k for k in caps if k not in references]
         if lost or extra:
-            raise ValueError(f"{name}: captions of {len(caps)} images for {len(ids)} references "
+            raise DataError(f"{name}: captions of {len(caps)} images for {len(ids)} references "
                              f"(missing {lost[:5]}, not in the references {extra[:5]})")
     raw = {("gts", k): list(references[k]) for k in ids}
     for name, caps in systems.items():
@@ -125,7 +126,7 @@ def _start_meteor():
     try:
         return Meteor()
     except FileNotFoundError:
-        raise RuntimeError("COCO evaluation needs Java (METEOR): 'java' was not found") from None
+        raise A2Error("COCO evaluation needs Java (METEOR): 'java' was not found") from None
 
 
 def _stop_meteor(meteor) -> None:

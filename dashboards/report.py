@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dashboards.tracking import TAG_FUSION, TAG_SEED, _client, default_tracking_uri, study_runs
+from a2core.errors import TrackingError
 
 CIDER = "val/CIDEr"
 FUSION_ORDER = ["none", "max", "moving_average", "exp_decay", "gate"]
@@ -109,7 +110,7 @@ def load_study(tracking_uri: str, study_name: str, histories: tuple[str, ...] = 
     """Read the study's parent run and child runs; raises ValueError when the study has no runs."""
     parent, children = study_runs(tracking_uri, study_name, experiment=experiment)
     if parent is None:
-        raise ValueError(f"no MLflow runs of study {study_name!r} at {tracking_uri}")
+        raise TrackingError(f"no MLflow runs of study {study_name!r} at {tracking_uri}")
     client = _client(tracking_uri)
     runs = []
     for run in children:

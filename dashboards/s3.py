@@ -35,6 +35,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from a2core.errors import StorageError
 
 __all__ = [
     "MiB",
@@ -83,18 +84,18 @@ def parse_s3_uri(uri: str, *, require_key: bool = False) -> tuple[str, str]:
     """``"s3://bucket/prefix/key"`` -> ``("bucket", "prefix/key")``. The key may be empty
     (``s3://bucket`` or ``s3://bucket/``) unless ``require_key``."""
     if not isinstance(uri, str):
-        raise ValueError(f"S3 URI must be a string, got {type(uri).__name__}")
+        raise StorageError(f"S3 URI must be a string, got {type(uri).__name__}")
     if not uri.startswith("s3://"):
-        raise ValueError(f"not an S3 URI (expected s3://bucket/key): {uri!r}")
+        raise StorageError(f"not an S3 URI (expected s3://bucket/key): {uri!r}")
     rest = uri[len("s3://"):]
     bucket, _, key = rest.partition("/")
     if not bucket:
-        raise ValueError(f"S3 URI has no bucket name: {uri!r}")
+        raise StorageError(f"S3 URI has no bucket name: {uri!r}")
     if not _BUCKET_RE.fullmatch(bucket):
-        raise ValueError(f"invalid S3 bucket name {bucket!r} in {uri!r} "
+        raise StorageError(f"invalid S3 bucket name {bucket!r} in {uri!r} "
                          "(3-63 characters: letters, digits, '.', '-', '_')")
     if require_key and not key:
-        raise ValueError(f"S3 URI has no object key: {uri!r}")
+        raise StorageError(f"S3 URI has no object key: {uri!r}")
     return bucket, key
 
 
@@ -303,7 +304,7 @@ def upload_file(
     """
     path = Path(local_path)
     if not path.is_file():
-        raise FileNotFoundError(f"no such file to upload: {path}")
+        raise StorageError(f"no such file to upload: {path}")
     bucket, key = parse_s3_uri(s3_uri)
     if not key or key.endswith("/"):
         key = key + path.name

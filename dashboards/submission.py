@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from a2core.errors import SubmissionError
+
 __all__ = [
     "SPLITS",
     "Problem",
@@ -48,19 +50,15 @@ _NAME_RE = re.compile(r"captions_(?P<split>val|test)2014_(?P<alg>[A-Za-z0-9-]+)_
 MAX_IDS_SHOWN = 10
 
 
-class SubmissionError(ValueError):
-    """A submission file is malformed, or an input needed to build or check one is."""
-
-
 # --------------------------------------------------------------------------------------------- names
 
 
 def results_filename(split: str, alg: str) -> str:
     """``captions_{split}2014_{alg}_results.json``; ``split`` is ``val`` or ``test``."""
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+        raise SubmissionError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if not isinstance(alg, str) or not _ALG_RE.fullmatch(alg):
-        raise ValueError(f"alg must match [A-Za-z0-9-]+ (it becomes part of the file name), got {alg!r}")
+        raise SubmissionError(f"alg must match [A-Za-z0-9-]+ (it becomes part of the file name), got {alg!r}")
     return f"captions_{split}2014_{alg}_results.json"
 
 

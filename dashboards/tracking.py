@@ -35,6 +35,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
+from a2core.errors import TrackingError
+
 TAG_STUDY = "a2.study"
 TAG_ROLE = "a2.role"
 TAG_TRIAL_ID = "a2.trial_id"
@@ -57,10 +59,6 @@ _BATCH_METRICS = 1000
 _DB_SCHEMES = {"postgresql", "postgres", "mysql", "mssql", "oracle"}
 _OTHER_SCHEMES = {"databricks", "databricks-uc", "uc"}
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
-
-
-class TrackingError(ValueError):
-    """The tracking URI cannot be used (malformed, unreachable, or a store path that cannot exist)."""
 
 
 # -- URI checks ----------------------------------------------------------------------------------------------

@@ -9,9 +9,7 @@ import argparse
 import json
 import sys
 
-
-class CLIError(Exception):
-    """A user-facing error: printed without a traceback, exit code 2."""
+from a2core.errors import A2Error
 
 
 # -- data / train / evaluate / decode ---------------------------------------------------------------------------
@@ -190,11 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from a2core.config import ConfigError
-
     try:
         return int(args.func(args) or 0)
-    except (CLIError, ConfigError, FileNotFoundError, ValueError) as err:
+    except A2Error as err:
         print(f"a2: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -37,17 +37,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from a2core.errors import PackageError
+
 SEED_STUDIES_FILE = "seed_studies.json"
 DEFAULT_OUT = "a2-packages"
 RESULTS_ZIP = "results.zip"
 LEADERBOARD = "leaderboard.json"
 MANIFEST = "package.json"
 SEEDS = (0, 1, 2, 3)
-
-
-class PackageError(Exception):
-    """A user-facing packaging problem (exit 2): missing seeds with --no-train, a submission that fails
-    validation, a study without results."""
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------

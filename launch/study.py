@@ -32,14 +32,12 @@ from typing import Any
 
 import yaml
 
+from a2core.errors import StudyError
+
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
 POINTER_DIR = Path(".a2") / "studies"
 DEFAULT_STORAGE = "a2-studies"  # launch.spec's default storage root
-
-
-class StudyError(Exception):
-    """A user-facing study problem (exit 2): no such study, a study that exists already, a cluster too small."""
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------

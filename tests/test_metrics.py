@@ -11,6 +11,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
+from a2core.errors import A2Error, DataError
 from pycocoevalcap.cider.cider import Cider
 
 from a2core import metrics
@@ -316,7 +318,7 @@ def test_coco_scores_spice_notice_and_progress(coco_run):
 def test_coco_scores_checks_before_running_java(monkeypatch, tmp_path):
     monkeypatch.setattr(metrics, "_spice_lib_dir", lambda: str(tmp_path))
     assert metrics.spice_available() is False
-    with pytest.raises(RuntimeError, match="SPICE was requested"):
+    with pytest.raises(A2Error, match="SPICE was requested"):
         coco_scores(COCO_GTS, COCO_RES, spice=True, progress=False)
     with pytest.raises(ValueError, match="33"):
         coco_scores(COCO_GTS, {11: "a", 22: "b"}, progress=False)
@@ -368,9 +370,9 @@ def test_evaluate_results_file_passes_split_references(monkeypatch, tmp_path):
 def test_evaluate_results_file_errors(tmp_path):
     caps = write_karpathy(tmp_path / "dataset_coco.json")
     res_path = str(tmp_path / "res.json")
-    with pytest.raises(FileNotFoundError, match="missing.json"):
+    with pytest.raises(DataError, match="missing.json"):
         evaluate_results_file(tmp_path / "missing.json", caps)
-    with pytest.raises(FileNotFoundError, match="nocaps.json"):
+    with pytest.raises(DataError, match="nocaps.json"):
         evaluate_results_file(write_results(tmp_path / "res.json", [(4, "a"), (5, "b")]), tmp_path / "nocaps.json")
     (tmp_path / "broken.json").write_text("[{")
     with pytest.raises(ValueError, match="broken.json"):

@@ -6,6 +6,8 @@ import hashlib
 import os
 
 import pytest
+
+from a2core.errors import StorageError
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
 from dashboards import s3
@@ -115,14 +117,14 @@ def test_parse_s3_uri():
     ("s3://bad bucket/key", "invalid S3 bucket name"),
 ])
 def test_parse_s3_uri_errors(uri, words):
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(StorageError, match=words):
         parse_s3_uri(uri)
 
 
 def test_parse_s3_uri_require_key():
-    with pytest.raises(ValueError, match="no object key"):
+    with pytest.raises(StorageError, match="no object key"):
         parse_s3_uri("s3://bucket/", require_key=True)
-    with pytest.raises(ValueError, match="must be a string"):
+    with pytest.raises(StorageError, match="must be a string"):
         parse_s3_uri(None)
 
 
@@ -279,7 +281,7 @@ def test_corrupted_upload_is_deleted(bucket, client, small_file):
 
 
 def test_upload_argument_errors(bucket, client, small_file, tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing.bin"):
+    with pytest.raises(StorageError, match="missing.bin"):
         upload_file(tmp_path / "missing.bin", f"s3://{bucket}/x", client=client)
     with pytest.raises(ValueError, match="part_size"):
         upload_file(small_file, f"s3://{bucket}/x", client=client, part_size=MiB)

@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 import pytest
+
+from a2core.errors import CheckpointError
 import torch
 
 import a2core.train as train_mod
@@ -214,7 +216,7 @@ def test_a_checkpoint_of_another_vocabulary_is_refused(tiny_root, tmp_path):
         train(_tiny(tiny_root, scst_from=str(other)), output_dir=tmp_path / "run")
     assert str(other) in str(err.value)
     missing = tmp_path / "missing.pt"
-    with pytest.raises(FileNotFoundError, match="missing.pt"):
+    with pytest.raises(CheckpointError, match="missing.pt"):
         train(_tiny(tiny_root, scst_from=str(missing)), output_dir=tmp_path / "run2")
 
 

@@ -6,6 +6,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from ..errors import DataError
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -24,11 +25,11 @@ class ImageCaptions:
 def _load_json(path: str | Path, what: str):
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: {what} not found")
+        raise DataError(f"{path}: {what} not found")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
+        raise DataError(f"{path}: not valid JSON ({err})") from None
 
 
 _TOKEN = re.compile(r"[a-z0-9']+")
@@ -44,22 +45,22 @@ def read_karpathy(path: str | Path) -> dict[str, list[ImageCaptions]]:
     doc = _load_json(path, "Karpathy captions file")
     images = doc.get("images") if isinstance(doc, dict) else None
     if not isinstance(images, list):
-        raise ValueError(f"{path}: expected an object with an 'images' list")
+        raise DataError(f"{path}: expected an object with an 'images' list")
     out: dict[str, list[ImageCaptions]] = {s: [] for s in SPLITS}
     seen: set[int] = set()
     for i, img in enumerate(images):
         if not isinstance(img, dict):
-            raise ValueError(f"{path}: images[{i}] is not an object")
+            raise DataError(f"{path}: images[{i}] is not an object")
         image_id = img.get("cocoid", img.get("imgid"))
         if not isinstance(image_id, int) or isinstance(image_id, bool):
-            raise ValueError(f"{path}: images[{i}] has no integer 'cocoid'")
+            raise DataError(f"{path}: images[{i}] has no integer 'cocoid'")
         if image_id in seen:
-            raise ValueError(f"{path}: image id {image_id} appears twice")
+            raise DataError(f"{path}: image id {image_id} appears twice")
         seen.add(image_id)
         split = img.get("split")
         split = "train" if split == "restval" else split
         if split not in SPLITS:
-            raise ValueError(f"{path}: image id {image_id} has unknown split {img.get('split')!r}")
+            raise DataError(f"{path}: image id {image_id} has unknown split {img.get('split')!r}")
         sentences = img.get("sentences") or []
         caps, raws = [], []
         for sent in sentences:
@@ -67,13 +68,13 @@ def read_karpathy(path: str | Path) -> dict[str, list[ImageCaptions]]:
             raw = sent.get("raw")
             if tokens is None:
                 if raw is None:
-                    raise ValueError(f"{path}: image id {image_id} has a sentence with neither 'tokens' nor 'raw'")
+                    raise DataError(f"{path}: image id {image_id} has a sentence with neither 'tokens' nor 'raw'")
                 tokens = tokenize(raw)
             tokens = [t.lower() for t in tokens]
             caps.append(tokens)
             raws.append(raw if raw is not None else " ".join(tokens))
         if split != "test" and not caps:
-            raise ValueError(f"{path}: image id {image_id} ({split}) has no sentences")
+            raise DataError(f"{path}: image id {image_id} ({split}) has no sentences")
         out[split].append(ImageCaptions(image_id, split, img.get("filepath", ""), caps, raws))
     return out
 
@@ -83,16 +84,16 @@ def read_image_info(path: str | Path) -> list[int]:
     doc = _load_json(path, "COCO image-info file")
     images = doc.get("images") if isinstance(doc, dict) else None
     if not isinstance(images, list):
-        raise ValueError(f"{path}: expected an object with an 'images' list")
+        raise DataError(f"{path}: expected an object with an 'images' list")
     ids = []
     for i, img in enumerate(images):
         image_id = img.get("id") if isinstance(img, dict) else None
         if not isinstance(image_id, int) or isinstance(image_id, bool):
-            raise ValueError(f"{path}: images[{i}] has no integer 'id'")
+            raise DataError(f"{path}: images[{i}] has no integer 'id'")
         ids.append(image_id)
     if len(set(ids)) != len(ids):
         dup = next(x for x, c in Counter(ids).items() if c > 1)
-        raise ValueError(f"{path}: image id {dup} appears twice")
+        raise DataError(f"{path}: image id {dup} appears twice")
     return ids
 
 
@@ -101,7 +102,7 @@ class Vocab:
 
     def __init__(self, words: list[str]):
         if tuple(words[: len(SPECIALS)]) != SPECIALS:
-            raise ValueError(f"a vocabulary must start with {SPECIALS}")
+            raise DataError(f"a vocabulary must start with {SPECIALS}")
         self.words = list(words)
         self.index = {w: i for i, w in enumerate(self.words)}
         self.pad, self.bos, self.eos, self.unk = (self.index[s] for s in SPECIALS)

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from . import synthetic
 from .captions import ImageCaptions, Vocab, read_image_info, read_karpathy
 from .features import FeatureStore
+from ..errors import DataError
 
 CAPTIONS_PER_IMAGE = 5
 _CACHE_LIMIT_BYTES = 2 << 30  # keep padded features in memory when a split's worth fits in this
@@ -57,7 +58,7 @@ class CaptionData:
             return self.splits[split]
         if split == "test2014":
             if not self.paths.test_images:
-                raise ValueError("data.test_images is not set: no test-server image list")
+                raise DataError("data.test_images is not set: no test-server image list")
             return [ImageCaptions(i, "test2014", "test2014") for i in read_image_info(self.paths.test_images)]
         if split == "val2014":
             if self.paths.val_images and self.paths.val_images.is_file():
@@ -65,7 +66,7 @@ class CaptionData:
             else:
                 ids = [img.image_id for s in self.splits.values() for img in s if img.filepath == "val2014"]
             return [ImageCaptions(i, "val2014", "val2014") for i in ids]
-        raise ValueError(f"unknown split {split!r}: train, val, test, val2014 or test2014")
+        raise DataError(f"unknown split {split!r}: train, val, test, val2014 or test2014")
 
     def references(self, split: str) -> dict[int, list[str]]:
         """Tokenized reference captions as space-joined strings, per image id."""

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import DataError
 
-class FeatureError(ValueError):
-    pass
+FeatureError = DataError  # the name older callers import
 
 
 class FeatureStore:
@@ -22,7 +22,7 @@ class FeatureStore:
         self.path = Path(path)
         self.feature_dim = feature_dim
         if not self.path.exists():
-            raise FileNotFoundError(f"{self.path}: region features not found")
+            raise DataError(f"{self.path}: region features not found")
         self.is_dir = self.path.is_dir()
         self._h5 = None
 

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from ..errors import DataError
 
 CLASSES = ["dog", "cat", "car", "bus", "bird", "plane", "horse", "cow", "man", "woman", "boat", "train",
            "cup", "bottle", "chair", "table"]  # neighbours are confusable pairs
@@ -137,7 +138,7 @@ def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: in
     """Write the dataset into `out` (created; replaced atomically if it exists) and return the file paths."""
     out = Path(out).resolve()
     if images < 20:
-        raise ValueError(f"images must be >= 20, got {images}")
+        raise DataError(f"images must be >= 20, got {images}")
     test_images = max(10, images // 10) if test_images is None else test_images
     rng = np.random.default_rng(seed)
     embed = rng.normal(0, 1.0 / np.sqrt(LATENT), (LATENT, FEATURE_DIM)).astype(np.float32) * 4.0
@@ -248,7 +249,7 @@ def ensure(root: str | Path | None, seed: int, images: int) -> dict[str, Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not complete():
             if meta.is_file():
-                raise ValueError(f"{root}: holds a synthetic dataset of other settings; "
+                raise DataError(f"{root}: holds a synthetic dataset of other settings; "
                                  f"choose another data.root or remove it")
             generate(root, seed=seed, images=images)
     return paths(root)
