@@ -4,6 +4,11 @@
     ray job submit --address http://HEAD:8265 --working-dir . -- python launch/submit.py studies/x.yaml [key=value ...]
     python launch/submit.py studies/x.yaml --resume      # continue the study if it exists, else start it
 
+`ray submit` copies this file to the head as ~/submit.py and runs it there over SSH (its arguments unquoted: write
+overrides without spaces, `search.space.fusion.grid=[none,gate]`). A relative study path that is not found in the
+working directory is looked up in the cluster's copy of this repository (`--repo`, default ~/a2tune, where
+ray-cluster.yaml and ray-cluster.local.yaml mount it).
+
 The spec is validated before Ray is touched (exit 2 with the key path). Then the script joins the cluster it
 runs in (`$RAY_ADDRESS`, which `ray job submit` sets, else the `ray start` cluster of this machine, else a new
 local Ray), checks the spec's resources against the cluster (exit 2), runs the study and exits 0 when every trial
@@ -13,6 +18,7 @@ in a copy of the working directory, and relative paths would land there.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -29,11 +35,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else this machine's cluster)")
     p.add_argument("--resume", action="store_true", help="resume the study if it exists already, else run it")
     p.add_argument("--quiet", action="store_true", help="no live trial table")
+    p.add_argument("--repo", default="~/a2tune",
+                   help="the cluster's copy of this repository, where relative study paths are also looked up")
     return p
 
 
+def study_path(path: str, repo: str) -> str:
+    """`path` if it exists (or is absolute), else the same relative path inside `repo` when that exists."""
+    given = Path(path)
+    if given.is_absolute() or given.exists():
+        return path
+    in_repo = Path(repo).expanduser() / given
+    return str(in_repo) if in_repo.exists() else path
+
+
+def use_cluster_token() -> None:
+    """Join a token-authenticated cluster without anything exported: a cluster started by ray-cluster*.yaml keeps
+    its token in Ray's default file (~/.ray/auth_token) on the head, but a Ray client still runs with
+    authentication disabled (and is refused) unless RAY_AUTH_MODE says `token`. Ray reads the token file itself."""
+    if "RAY_AUTH_MODE" not in os.environ and (Path.home() / ".ray" / "auth_token").is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)
     from a2core.config import ConfigError
 
     from launch import study as study_mod
@@ -41,11 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     from launch.spec import load_study
 
     try:
-        spec = load_study(args.study, args.overrides)
+        spec = load_study(study_path(args.study, args.repo), args.overrides)
     except ConfigError as err:
         print(f"submit: error: {err}", file=sys.stderr)
         return 2
     print(spec.summary(), flush=True)
+    use_cluster_token()
     address = args.address or running_cluster_address()
     try:
         location = study_mod.StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)

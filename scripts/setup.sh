@@ -8,10 +8,14 @@ if ! $PY -c "import torch" 2>/dev/null; then
   $PY -m pip install -q "torch==${A2_TORCH_VERSION:-2.13.0}"
 fi
 $PY -m pip install -q -e ".[test]"
-# Java runs the PTB tokenizer and METEOR; Chromium renders the MLflow UI in one integration test.
+# Java runs the PTB tokenizer and METEOR; Chromium renders the MLflow UI in one integration test; sshd, rsync and
+# nc let the cluster-launch test run `ray up` / `ray submit` / `ray down` against this machine.
 need=()
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v rsync >/dev/null 2>&1 || need+=(rsync)
+command -v nc >/dev/null 2>&1 || need+=(netcat-openbsd)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) \
