@@ -34,18 +34,43 @@ def training_config(path: str | None, overrides: list[str]):
     return Config.from_dict(apply_overrides(raw, overrides or [], source=path), source=path)
 
 
+def fresh_output_dir(path: Path) -> Path:
+    """`path` if it holds no checkpoint, else the first of `path-2`, `path-3`, ... that holds none: a new run never
+    overwrites an earlier run's checkpoints."""
+    candidate, n = path, 1
+    while any((candidate / name).exists() for name in ("best.pt", "last.pt")):
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
 def cmd_train(args) -> int:
+    from pathlib import Path
+
     from a2core.train import train
 
     cfg = training_config(args.config, args.overrides)
-    result = train(cfg, report=_print_report, output_dir=args.output_dir, resume_from=args.resume)
-    print(json.dumps(result, indent=2, default=str))
+    out = Path(args.output_dir or cfg.output_dir)
+    if args.resume is None:
+        chosen = fresh_output_dir(out)
+        if chosen != out:
+            print(f"{out} holds an earlier run's checkpoints; this run writes to {chosen}", flush=True)
+        out = chosen
+    result = train(cfg, report=_print_report, output_dir=out, resume_from=args.resume)
+    history = out / "history.json"
+    tmp = history.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result["history"], indent=1))
+    tmp.replace(history)
+    print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}\n"
+          f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
     return 0
 
 
 def _print_report(metrics: dict, checkpoint_dir) -> None:
-    shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items() if "/jsd/" not in k}
-    print(json.dumps(shown), flush=True)
+    """One line per epoch: the scalar training and validation metrics (per-layer diagnostics left to the file)."""
+    shown = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()
+             if isinstance(v, (int, float)) and (k.startswith(("train/", "val/")) and "/jsd/" not in k)]
+    print(f"epoch {metrics['epoch']}: " + "  ".join(shown), flush=True)
 
 
 def cmd_evaluate(args) -> int:
