@@ -314,9 +314,11 @@ class Trainer:
             return {}
         from .diagnostics import trial_diagnostics
 
+        start = time.perf_counter()
         images = min(t.diag_images, self.cfg.data.val_images or t.diag_images)
-        return trial_diagnostics(self.model, self.data, "val", images, min(t.diag_kendall_images, images),
-                                 batch_size=t.batch_size, device=self.device)
+        out = trial_diagnostics(self.model, self.data, "val", images, min(t.diag_kendall_images, images),
+                                batch_size=t.batch_size, device=self.device)
+        return {**out, "time/diag_s": time.perf_counter() - start}
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def _save_epoch(self, metrics: dict, improved: bool) -> Path | None:
