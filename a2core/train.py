@@ -316,8 +316,12 @@ class Trainer:
 
         start = time.perf_counter()
         images = min(t.diag_images, self.cfg.data.val_images or t.diag_images)
-        out = trial_diagnostics(self.model, self.data, "val", images, min(t.diag_kendall_images, images),
-                                batch_size=t.batch_size, device=self.device)
+        rng = ckpt.rng_state()  # their data loaders draw from the global generators: training must not see it
+        try:
+            out = trial_diagnostics(self.model, self.data, "val", images, min(t.diag_kendall_images, images),
+                                    batch_size=t.batch_size, device=self.device)
+        finally:
+            ckpt.set_rng_state(rng)
         return {**out, "time/diag_s": time.perf_counter() - start}
 
     # -- the loop ---------------------------------------------------------------------------------------------------
