@@ -21,6 +21,10 @@ Controls, measured on the val split of seed 0 with the ground truth itself as th
 word's region, uniform elsewhere): a perfectly grounded attention scores 1.0; the best word-agnostic attention,
 one region per caption, scores at most 0.5 (a caption's two class words lie in two different regions); uniform
 chance is 1 / regions, about 0.18; "always the first-mentioned object" scores 0.5.
+Learned (studies/smoke.yaml: 1000 images, d_model 64, 2 layers, 4 heads, `a2 train`, one process, one seed):
+the best constant caption scores val CIDEr 61.3; at epoch 4 / 6 the baseline scores 84.2 / 114.7 and gate
+79.1 / 93.7; at epoch 6 grounding accuracy / word-agnostic control / lift are 0.36 / 0.21 / +0.16 (baseline) and
+0.34 / 0.25 / +0.09 (gate). Seeds vary a lot: another baseline run reached 160.8 and 0.72 / 0.30 / +0.43.
 
 Written files (the layouts real COCO uses, so the same code path reads both):
   dataset_coco.json          Karpathy format; train2014 images in train/restval, val2014 in val/test/restval
