@@ -2,7 +2,8 @@
 
 All run teacher-forced on the split's first reference caption per image: decoder position t reads word t
 (position 0 reads <bos>) and predicts caption word t, so the attention at position t is "the attention used to
-generate word t". Rows are (image, head, position) over the image's real regions.
+generate word t". Rows are (image, head, position) over the image's real regions. Fused (aligned) weights need
+not sum to one (Eq. 6-9 do not renormalise): every diagnostic divides its own copy of each row by its sum.
 
 - `attention_jsd`: Jensen-Shannon divergence between original and aligned attention per decoder layer (Eq. 13, Fig. 6)
 - `mask_mean`: mean mask value (Fig. 4)
@@ -12,7 +13,13 @@ generate word t". Rows are (image, head, position) over the image's real regions
 - `grounding_accuracy`: synthetic data only: how often the top attended region (head-averaged) is the ground-truth
   region of the word being generated, for original and aligned attention, per layer. Only words of the encoded
   caption count (not words cut by `max_caption_len`), and only those whose region survived the cut to
-  `max_regions` (a region the model never sees cannot be attended).
+  `max_regions` (a region the model never sees cannot be attended). With its controls, on the layer- and
+  head-averaged aligned attention (the weights the captioner reads): uniform `chance` (1 / real regions), the
+  word-agnostic `control` (one region per caption: the argmax of the caption's attention averaged over all its
+  words, scored against every grounded word of it) and `subject_object` (how often a grounded word's region gets
+  more attention than the caption's other grounded regions; a word-agnostic attention scores at most 0.5 on
+  the synthetic set, whose captions ground two words in two different regions).
+- `trial_diagnostics`: all of the above as flat `diag/...` scalars for a trial's metrics (what `Trainer` reports).
 """
 from __future__ import annotations
 
@@ -29,19 +36,36 @@ def _teacher_batches(model: A2Transformer, data, split: str, limit: int | None, 
         yield batch, caps[:, :-1], caps[:, 1:]
 
 
-def _recorded_pass(model, batch, inp, device):
-    feats, mask = batch["feats"].to(device), batch["region_mask"].to(device)
-    model.record_attention(True)
-    try:
-        model(feats, mask, inp)
-        return model.recorded_attention(), mask
-    finally:
-        model.record_attention(False)
+@torch.no_grad()
+def recorded_passes(model: A2Transformer, data, split: str = "val", limit: int | None = 100, batch_size: int = 50,
+                    device="cpu") -> list[dict]:
+    """One teacher-forced pass over the split in eval mode, kept for the diagnostics that read recorded
+    attention (pass it as `passes=` to share it): per batch {"image_ids" (B,), "tgt" (B, T), "region_mask"
+    (B, R), "layers": per decoder layer {"attention", "aligned"[, "mask"]} (B, H, T, R)}."""
+    was_training = model.training
+    model.eval()
+    out = []
+    for batch, inp, tgt in _teacher_batches(model, data, split, limit, batch_size, device):
+        mask = batch["region_mask"].to(device)
+        model.record_attention(True)
+        try:
+            model(batch["feats"].to(device), mask, inp)
+            layers = model.recorded_attention()
+        finally:
+            model.record_attention(False)
+        out.append({"image_ids": batch["image_ids"], "tgt": tgt, "region_mask": mask, "layers": layers})
+    model.train(was_training)
+    return out
 
 
 def _row_mask(mask: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
     """(B, 1, T) True where the target is a real word (not pad)."""
     return (tgt != 0)[:, None, :]
+
+
+def _rows(weights: torch.Tensor) -> torch.Tensor:
+    """A copy of attention weights (..., R) with every row divided by its sum (padded regions hold 0)."""
+    return weights / weights.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
 def js_divergence(p: torch.Tensor, q: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
@@ -51,42 +75,34 @@ def js_divergence(p: torch.Tensor, q: torch.Tensor, eps: float = 1e-12) -> torch
     return 0.5 * kl(p, m) + 0.5 * kl(q, m)
 
 
-@torch.no_grad()
 def attention_jsd(model: A2Transformer, data, split: str = "val", limit: int | None = 100, batch_size: int = 50,
-                  device="cpu") -> list[float]:
+                  device="cpu", passes: list[dict] | None = None) -> list[float]:
     """Mean JSD(original, aligned) per decoder layer; all zeros for fusion `none`."""
-    was_training = model.training
-    model.eval()
+    passes = passes if passes is not None else recorded_passes(model, data, split, limit, batch_size, device)
     sums = np.zeros(len(model.decoder))
     count = 0.0
-    for batch, inp, tgt in _teacher_batches(model, data, split, limit, batch_size, device):
-        layers, _ = _recorded_pass(model, batch, inp, device)
-        rows = _row_mask(None, tgt).expand(-1, model.cfg.heads, -1)  # (B, H, T)
-        for i, rec in enumerate(layers):
-            jsd = js_divergence(rec["attention"], rec["aligned"])  # (B, H, T)
+    for p in passes:
+        rows = _row_mask(None, p["tgt"]).expand(-1, model.cfg.heads, -1)  # (B, H, T)
+        for i, rec in enumerate(p["layers"]):
+            jsd = js_divergence(_rows(rec["attention"]), _rows(rec["aligned"]))  # (B, H, T)
             sums[i] += float(jsd[rows].sum())
         count += float(rows.sum())
-    model.train(was_training)
     return (sums / max(count, 1.0)).tolist()
 
 
-@torch.no_grad()
 def mask_mean(model: A2Transformer, data, split: str = "val", limit: int | None = 100, batch_size: int = 50,
-              device="cpu") -> float:
+              device="cpu", passes: list[dict] | None = None) -> float:
     """Mean m over real regions and words, all layers; NaN for fusion `none` (no mask network)."""
     if not model.has_mask_network:
         return float("nan")
-    was_training = model.training
-    model.eval()
+    passes = passes if passes is not None else recorded_passes(model, data, split, limit, batch_size, device)
     total = count = 0.0
-    for batch, inp, tgt in _teacher_batches(model, data, split, limit, batch_size, device):
-        layers, mask = _recorded_pass(model, batch, inp, device)
-        sel = mask[:, None, None, :] & _row_mask(None, tgt)[..., None]  # (B, 1, T, R)
-        for rec in layers:
+    for p in passes:
+        sel = p["region_mask"][:, None, None, :] & _row_mask(None, p["tgt"])[..., None]  # (B, 1, T, R)
+        for rec in p["layers"]:
             m = rec["mask"]
             total += float((m * sel).sum())
             count += float(sel.sum()) * m.shape[1]
-    model.train(was_training)
     return total / max(count, 1.0)
 
 
@@ -129,7 +145,7 @@ def kendall_importance(model: A2Transformer, data, split: str = "val", limit: in
                     continue
                 imp = importance[b, t].numpy()[regions]
                 for i, rec in enumerate(layers):
-                    att = rec["attention"][b, :, t].mean(0).cpu().numpy()[regions]
+                    att = _rows(rec["attention"][b, :, t]).mean(0).cpu().numpy()[regions]
                     taus_a[i].append(kendall_tau(att, imp))
                     if "mask" in rec:
                         pert = 1.0 - rec["mask"][b, :, t].mean(0).cpu().numpy()[regions]
@@ -139,36 +155,74 @@ def kendall_importance(model: A2Transformer, data, split: str = "val", limit: in
     return {"attention": [mean(v) for v in taus_a], "mask": [mean(v) for v in taus_m]}
 
 
-@torch.no_grad()
 def grounding_accuracy(model: A2Transformer, data, split: str = "val", limit: int | None = 100,
-                       batch_size: int = 50, device="cpu") -> dict:
+                       batch_size: int = 50, device="cpu", passes: list[dict] | None = None) -> dict:
     """{"attention": [acc per layer], "aligned": [...], "attention_mean", "aligned_mean" (layer-averaged
-    attention), "words": number of grounded words scored}. Needs the synthetic set's grounding.json."""
+    attention), "chance", "control", "subject_object" (module docstring; on the layer-averaged aligned attention),
+    "words": number of grounded words scored}. Needs the synthetic set's grounding.json."""
     grounding = data.grounding()
     if grounding is None:
         raise ValueError("grounding accuracy needs ground-truth regions (the synthetic dataset's grounding.json)")
-    was_training = model.training
-    model.eval()
+    passes = passes if passes is not None else recorded_passes(model, data, split, limit, batch_size, device)
     n_layers = len(model.decoder)
     hits = {"attention": np.zeros(n_layers), "aligned": np.zeros(n_layers)}
     hits_mean = {"attention": 0.0, "aligned": 0.0}
+    chance = control = 0.0
+    pair_hits = pairs = 0
     words = 0
-    for batch, inp, tgt in _teacher_batches(model, data, split, limit, batch_size, device):
-        layers, rmask = _recorded_pass(model, batch, inp, device)
-        for b, image_id in enumerate(batch["image_ids"].tolist()):
-            regions = grounding[image_id]["sentences"][0]  # per caption word: region or -1
+    for p in passes:
+        tgt, rmask = p["tgt"], p["region_mask"]
+        # Each layer's rows normalised, then averaged over heads: (L, B, T, R) per kind.
+        per_layer = {kind: torch.stack([_rows(rec[kind]).mean(1) for rec in p["layers"]]) for kind in hits}
+        for b, image_id in enumerate(p["image_ids"].tolist()):
             n_words = int((tgt[b] != 0).sum()) - 1  # encoded words, without the final <eos>
             kept = int(rmask[b].sum())  # regions left after the cut to max_regions
-            for t, region in enumerate(regions[:n_words]):
-                if region < 0 or region >= kept:
-                    continue
-                words += 1
-                for kind in ("attention", "aligned"):
-                    per_layer = [rec[kind][b, :, t].mean(0) for rec in layers]  # (R,) each
-                    for i, att in enumerate(per_layer):
-                        hits[kind][i] += int(int(att.argmax()) == region)
-                    hits_mean[kind] += int(int(torch.stack(per_layer).mean(0).argmax()) == region)
-    model.train(was_training)
+            scored = [(t, r) for t, r in enumerate(grounding[image_id]["sentences"][0][:n_words]) if 0 <= r < kept]
+            if not scored:
+                continue
+            words += len(scored)
+            chance += len(scored) / kept
+            for kind, att in per_layer.items():
+                for t, region in scored:
+                    hits[kind] += (att[:, b, t].argmax(-1) == region).cpu().numpy()
+                    hits_mean[kind] += int(int(att[:, b, t].mean(0).argmax()) == region)
+            aligned = per_layer["aligned"][:, b].mean(0)  # (T, R)
+            fixed = int(aligned[:n_words].mean(0).argmax())  # the word-agnostic control's one region
+            control += sum(fixed == region for _, region in scored)
+            for t, region in scored:
+                others = sorted({r for _, r in scored} - {region})
+                if others:
+                    pairs += 1
+                    pair_hits += int(aligned[t, region] > aligned[t, others].max())
     w = max(words, 1)
     return {"attention": (hits["attention"] / w).tolist(), "aligned": (hits["aligned"] / w).tolist(),
-            "attention_mean": hits_mean["attention"] / w, "aligned_mean": hits_mean["aligned"] / w, "words": words}
+            "attention_mean": hits_mean["attention"] / w, "aligned_mean": hits_mean["aligned"] / w,
+            "chance": chance / w, "control": control / w, "subject_object": pair_hits / max(pairs, 1),
+            "words": words}
+
+
+def trial_diagnostics(model: A2Transformer, data, split: str = "val", images: int = 100, kendall_images: int = 10,
+                      batch_size: int = 50, device="cpu") -> dict[str, float]:
+    """The diagnostics as flat scalars on the first `images` images of `split` (Kendall tau on the first
+    `kendall_images`): `diag/jsd/layer{i}`, `diag/kendall/attention` (mean over layers; per layer
+    `diag/kendall/layer{i}/attention`), and with a mask network `diag/mask_mean`, `diag/kendall/mask`
+    (`.../layer{i}/mask`); on data with ground-truth regions `diag/grounding/{accuracy, control, lift, chance,
+    subject_object}` (lift = accuracy - control). A value that does not apply (no mask network, no grounding,
+    a constant ranking) is absent, never NaN."""
+    passes = recorded_passes(model, data, split, images, batch_size, device)
+    out = {f"diag/jsd/layer{i}": v for i, v in enumerate(attention_jsd(model, data, passes=passes))}
+    if model.has_mask_network:
+        out["diag/mask_mean"] = mask_mean(model, data, passes=passes)
+    taus = kendall_importance(model, data, split, kendall_images, batch_size, device)
+    for kind, per_layer in taus.items():
+        for i, v in enumerate(per_layer):
+            out[f"diag/kendall/layer{i}/{kind}"] = v
+        if not all(np.isnan(per_layer)):
+            out[f"diag/kendall/{kind}"] = float(np.nanmean(per_layer))
+    if data.grounding() is not None:
+        g = grounding_accuracy(model, data, passes=passes)
+        if g["words"]:
+            out.update({"diag/grounding/accuracy": g["aligned_mean"], "diag/grounding/control": g["control"],
+                        "diag/grounding/lift": g["aligned_mean"] - g["control"], "diag/grounding/chance": g["chance"],
+                        "diag/grounding/subject_object": g["subject_object"]})
+    return {k: float(v) for k, v in out.items() if not np.isnan(v)}

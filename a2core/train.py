@@ -302,13 +302,27 @@ class Trainer:
 
         scores = caption_scores(refs, caps, meteor=t.val_meteor)
         out = {f"val/{k}": v for k, v in scores.items()}
-        from .diagnostics import attention_jsd
-
-        jsd = attention_jsd(self.model, self.data, "val", limit=min(50, self.cfg.data.val_images or 50),
-                            batch_size=t.batch_size, device=self.device)
-        out.update({f"val/jsd/layer{i}": v for i, v in enumerate(jsd)})
         out["samples"] = [f"{i}: {caps[i]}" for i in sorted(caps)[:5]]
         return out
+
+    def diagnostics(self) -> dict:
+        """`diag/...` scalars (a2core.diagnostics.trial_diagnostics) on the first `train.diag_images` val images,
+        on the epochs `train.diag_every` names and after the last one; {} on other epochs."""
+        t = self.cfg.train
+        last = self.epoch == t.xe_epochs + t.scst_epochs
+        if not (last or (t.diag_every and self.epoch % t.diag_every == 0)):
+            return {}
+        from .diagnostics import trial_diagnostics
+
+        start = time.perf_counter()
+        images = min(t.diag_images, self.cfg.data.val_images or t.diag_images)
+        rng = ckpt.rng_state()  # their data loaders draw from the global generators: training must not see it
+        try:
+            out = trial_diagnostics(self.model, self.data, "val", images, min(t.diag_kendall_images, images),
+                                    batch_size=t.batch_size, device=self.device)
+        finally:
+            ckpt.set_rng_state(rng)
+        return {**out, "time/diag_s": time.perf_counter() - start}
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def _save_epoch(self, metrics: dict, improved: bool) -> Path | None:
@@ -348,6 +362,7 @@ class Trainer:
             train_metrics = self.dist.mean(train_metrics)
             self.epoch += 1
             val = self.validate()
+            val.update(self.diagnostics())
             samples = val.pop("samples")
             improved = val["val/CIDEr"] > self.best["val/CIDEr"]
             if improved:

@@ -6,8 +6,11 @@ Sections (each says so when the study logged nothing for it, never fails):
   in bold);
 - Fig. 4 style: best val CIDEr and the mean mask value (`train/mask_mean`) against lambda, log x axis, two y axes;
 - Fig. 6 style: per-layer Jensen-Shannon divergence between original and aligned attention, bars per fusion;
-- Kendall tau between attention / mask and gradient importance per layer (`diag/kendall_*/layer{i}`);
-- grounding accuracy on synthetic data (`diag/grounding_attention`, `diag/grounding_aligned`);
+- the A2 diagnostics every trial reports (`a2core.diagnostics`), as a table per fusion: grounding accuracy on
+  synthetic data with its word-agnostic control, lift and chance, subject-vs-object score, Kendall tau of
+  attention and mask against gradient importance, mask mean (`diag/...`, final values, mean ± std over runs);
+- Kendall tau between attention / mask and gradient importance per layer (`diag/kendall/layer{i}/{attention,mask}`);
+- grounding accuracy on synthetic data against its word-agnostic control and chance (`diag/grounding/...`);
 - learning curves per trial (val CIDEr and train loss against the logged step, the epoch);
 - a parallel-coordinates view of the search (searched params against best val CIDEr);
 - every run with its status.
@@ -39,8 +42,12 @@ TABLE_METRICS = [("B-1", "val/BLEU-1"), ("B-4", "val/BLEU-4"), ("METEOR", "val/M
 LAMBDA_KEYS = ("model.lambda", "lambda", "model.mask_lambda")
 FUSION_KEYS = ("model.fusion", "fusion")
 SEED_KEYS = ("train.seed", "seed")
-_JSD = re.compile(r"^val/jsd/layer(\d+)$")
-_KENDALL = re.compile(r"^diag/kendall_(attention|mask)/layer(\d+)$")
+_JSD = re.compile(r"^diag/jsd/layer(\d+)$")
+_KENDALL = re.compile(r"^diag/kendall/layer(\d+)/(attention|mask)$")
+DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
+                ("lift", "diag/grounding/lift"), ("chance", "diag/grounding/chance"),
+                ("subject vs object", "diag/grounding/subject_object"), ("Kendall τ attention", "diag/kendall/attention"),
+                ("Kendall τ mask", "diag/kendall/mask"), ("mask mean", "diag/mask_mean")]
 
 
 # -- data ------------------------------------------------------------------------------------------------------
@@ -356,7 +363,7 @@ def plot_jsd(runs: list[RunSummary], path: Path) -> Path | None:
 
 
 def plot_kendall(runs: list[RunSummary], path: Path) -> Path | None:
-    data = _layer_means(runs, _KENDALL, lambda r, m: (m.group(1), int(m.group(2))))
+    data = _layer_means(runs, _KENDALL, lambda r, m: (m.group(2), int(m.group(1))))
     if not data:
         return None
     fig = _figure()
@@ -370,31 +377,61 @@ def plot_kendall(runs: list[RunSummary], path: Path) -> Path | None:
 
 
 def plot_grounding(runs: list[RunSummary], path: Path) -> Path | None:
-    keys = [("diag/grounding_attention", "attention"), ("diag/grounding_aligned", "aligned attention")]
-    data: dict[str, dict[int, float]] = {}
-    for r in runs:
-        for j, (key, _) in enumerate(keys):
-            v = r.final.get(key)
-            if v is not None and not _isnan(v):
-                data.setdefault(r.fusion, {}).setdefault(j, []).append(v)  # type: ignore[arg-type]
-    if not data:
+    """Bars per fusion: grounding accuracy, its word-agnostic control and uniform chance (mean over runs)."""
+    keys = [("diag/grounding/accuracy", "attention (accuracy)"), ("diag/grounding/control", "word-agnostic control"),
+            ("diag/grounding/chance", "uniform chance")]
+    means = _diag_means(runs, [k for k, _ in keys])
+    if not means:
         return None
-    means = {g: {j: statistics.fmean(v) for j, v in d.items()} for g, d in data.items()}  # type: ignore[arg-type]
     order = sorted(means, key=fusion_sort_key)
     fig = _figure()
     ax = fig.add_subplot()
-    width = min(0.8 / len(keys), 0.25)
-    for j, (_, label) in enumerate(keys):
-        xs = [i + (j - 0.5) * width for i, g in enumerate(order) if j in means[g]]
-        ys = [means[g][j] for g in order if j in means[g]]
+    width = 0.8 / len(keys)
+    for j, (key, label) in enumerate(keys):
+        xs = [i + (j - (len(keys) - 1) / 2) * width for i, g in enumerate(order) if key in means[g]]
+        ys = [means[g][key][0] for g in order if key in means[g]]
         ax.bar(xs, ys, width=width, label=label)
     ax.set_xticks(range(len(order)), [FUSION_LABEL.get(g, g) for g in order])
     ax.set_xlim(-0.75, len(order) - 0.25)
     ax.set_ylabel("grounding accuracy")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8)
-    ax.set_title("Attention grounding on synthetic data")
+    ax.set_title("Attention grounding on synthetic data (final epoch, mean over runs)")
     return _save(fig, path)
+
+
+def _diag_means(runs: list[RunSummary], keys: list[str]) -> dict[str, dict[str, tuple[float, float | None, int]]]:
+    """Per fusion, per key that some of its runs logged: (mean, std or None, runs) of the final values."""
+    values: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        for key in keys:
+            v = r.final.get(key)
+            if v is not None and not _isnan(v):
+                values.setdefault(r.fusion, {}).setdefault(key, []).append(v)
+    return {g: {k: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else None, len(v)) for k, v in d.items()}
+            for g, d in values.items()}
+
+
+def diagnostics_table_html(runs: list[RunSummary]) -> str:
+    """One row per fusion, a column per `DIAG_COLUMNS` metric some run logged (a metric that does not apply to
+    a fusion, as the mask's to the baseline, is a dash)."""
+    means = _diag_means(runs, [k for _, k in DIAG_COLUMNS])
+    if not means:
+        return _missing("No run logged diag/... metrics (the diagnostics every trial reports since they exist).")
+    columns = [(label, k) for label, k in DIAG_COLUMNS if any(k in row for row in means.values())]
+    head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in columns)
+    body = []
+    for fusion in sorted(means, key=fusion_sort_key):
+        row = means[fusion]
+        n = max(c[2] for c in row.values())
+        cells = "".join(f"<td>{html.escape(fmt_mean_std(*row[k][:2], digits=2) if k in row else '–')}</td>"
+                        for _, k in columns)
+        body.append(f"<tr><th>{html.escape(FUSION_LABEL.get(fusion, fusion))}</th><td>{n}</td>{cells}</tr>")
+    return (f"<table class='diag'><thead><tr><th>fusion</th><th>runs</th>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table><p class='note'>Final epoch of every run, mean ± std over the "
+            f"runs of a fusion. Grounding (synthetic data): how often the top attended region is the one the word "
+            f"refers to; the control attends one region per caption, so lift = accuracy - control is what "
+            f"word-level grounding adds.</p>")
 
 
 def plot_curves(runs: list[RunSummary], path: Path) -> Path | None:
@@ -543,14 +580,15 @@ def build_report(tracking_uri: str | None, study_name: str, out_dir: str | os.Pa
         ("CIDEr and mask value against λ (Fig. 4 style)",
          _img(plots["lambda"], "CIDEr and mask vs lambda",
               "No run logged both a lambda param (model.lambda) and val/CIDEr.")),
+        ("A2 diagnostics per fusion", diagnostics_table_html(runs)),
         ("Per-layer JSD between original and aligned attention (Fig. 6 style)",
-         _img(plots["jsd"], "JSD per layer", "No run logged val/jsd/layer{i}.")),
+         _img(plots["jsd"], "JSD per layer", "No run logged diag/jsd/layer{i}.")),
         ("Kendall τ of attention and mask against gradient importance",
-         _img(plots["kendall"], "Kendall tau", "Not measured in this study: no run logged "
-              "diag/kendall_attention/layer{i} or diag/kendall_mask/layer{i} (run the diagnostics to add them).")),
+         _img(plots["kendall"], "Kendall tau", "No run logged diag/kendall/layer{i}/attention or "
+              "diag/kendall/layer{i}/mask.")),
         ("Grounding accuracy (synthetic data)",
-         _img(plots["grounding"], "grounding accuracy", "No run logged diag/grounding_attention or "
-              "diag/grounding_aligned (grounding is scored on the synthetic dataset only).")),
+         _img(plots["grounding"], "grounding accuracy", "No run logged diag/grounding/accuracy (grounding is "
+              "scored on data with ground-truth regions, the synthetic dataset).")),
         ("Learning curves", _img(plots["curves"], "learning curves", "No run logged val/CIDEr or train/loss.")),
         ("Search (parallel coordinates)",
          _img(plots["parallel"], "parallel coordinates", "No searched params vary across runs with val/CIDEr.")),

@@ -100,7 +100,7 @@ METRICS = (
     "val/CIDEr", "val/BLEU-1", "val/BLEU-2", "val/BLEU-3", "val/BLEU-4", "val/METEOR", "val/ROUGE-L",
     "best/val/CIDEr", "train/loss", "train/mask_loss", "train/mask_mean", "time/epoch_s", "epoch", "step",
 )
-_JSD_METRIC = re.compile(r"^val/jsd/layer(\d+)$")
+_JSD_METRIC = re.compile(r"^diag/jsd/layer(\d+)$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 NAME_MAX = 64
 
@@ -701,7 +701,7 @@ class _Loader:
             return
         if metric not in METRICS:
             self.fail("search.metric", f"{metric!r} is not reported by training; one of {', '.join(METRICS)}, "
-                                       f"val/jsd/layer<i>")
+                                       f"diag/jsd/layer<i>")
 
     # -- every trial the space can produce ---------------------------------------------------------------------
     def check_trials(self, spec: StudySpec, sections: dict) -> dict:

@@ -1,6 +1,6 @@
 """Attention diagnostics: value ranges on a tiny model, and expected values on constructed cases (identical and
-disjoint distributions, scipy's Kendall tau-b, fusion `none`, attention forced onto the ground-truth region,
-gradient importance known in closed form)."""
+disjoint distributions, scipy's Kendall tau-b, fusion `none`, attention forced onto the ground-truth region or
+onto one region per caption, gradient importance known in closed form); a short training run reports them all."""
 import math
 
 import numpy as np
@@ -16,6 +16,7 @@ from a2core.data.dataset import CaptionData
 from a2core.diagnostics import (attention_jsd, grounding_accuracy, js_divergence, kendall_importance, kendall_tau,
                                 mask_mean)
 from a2core.model.a2 import build_model
+from a2core.train import train
 
 LN2 = math.log(2.0)
 SEED = 11
@@ -158,12 +159,13 @@ def test_jsd_is_zero_when_the_mask_keeps_everything(root):
 # -- stubs with the recorded-attention interface --------------------------------------------------------------
 class _ForcedAttention(nn.Module):
     """Records, for every word of the first caption, attention one-hot on a chosen region per layer:
-    `right[layer]` True = the ground-truth region, False = another real region. `aligned` is always right."""
+    `right[layer]` True = the ground-truth region, False = another real region. `aligned` is always right, or
+    with `word_agnostic` one-hot at every step on the caption's first grounded region."""
 
-    def __init__(self, data, split, right=(True, True), heads=2):
+    def __init__(self, data, split, right=(True, True), heads=2, word_agnostic=False):
         super().__init__()
         self.decoder = nn.ModuleList(nn.Identity() for _ in right)
-        self.right, self.heads = right, heads
+        self.right, self.heads, self.word_agnostic = right, heads, word_agnostic
         grounding = data.grounding()
         self.regions = {}
         for img in data.images(split):
@@ -194,7 +196,11 @@ class _ForcedAttention(nn.Module):
             return out[:, None].expand(b, self.heads, t, r)
 
         wrong = torch.where(truth >= 0, (truth + 1) % n[:, None], truth)
-        self._last = [{"attention": one_hot(truth if ok else wrong), "aligned": one_hot(truth)} for ok in self.right]
+        aligned = truth
+        if self.word_agnostic:
+            first = torch.stack([row[row >= 0][0] for row in truth])  # (B,) the first-mentioned object
+            aligned = first[:, None].expand(b, t)
+        self._last = [{"attention": one_hot(truth if ok else wrong), "aligned": one_hot(aligned)} for ok in self.right]
         return torch.zeros(b, t, 5), None
 
 
@@ -213,6 +219,62 @@ def test_attention_on_the_ground_truth_region_scores_one(root):
     model = _ForcedAttention(data, "val", right=(False, False))
     acc = grounding_accuracy(model, data, "val", batch_size=5)
     assert acc["attention"] == [0.0, 0.0] and acc["attention_mean"] == 0.0
+
+
+def test_word_agnostic_control_is_far_below_perfect_grounding(root):
+    """On the synthetic set a perfectly grounded attention scores 1 and its word-agnostic control (one region per
+    caption) 0.5, since every caption grounds two words in two different regions; an attention that is itself
+    word-agnostic gains nothing over its control."""
+    data = _data(root)
+    g = data.grounding()
+    chance = [1.0 / g[img.image_id]["regions"] for img in data.images("val")
+              for r in g[img.image_id]["sentences"][0] if r >= 0]
+    perfect = grounding_accuracy(_ForcedAttention(data, "val"), data, "val", batch_size=2)
+    assert perfect["aligned_mean"] == 1.0 and perfect["subject_object"] == 1.0
+    assert perfect["control"] == 0.5
+    assert perfect["aligned_mean"] - perfect["control"] >= 0.3
+    assert perfect["chance"] == pytest.approx(float(np.mean(chance)))
+    agnostic = grounding_accuracy(_ForcedAttention(data, "val", word_agnostic=True), data, "val", batch_size=5)
+    assert agnostic["aligned_mean"] == agnostic["control"] == 0.5
+    assert agnostic["subject_object"] == 0.5  # right on the first object's word, wrong on the second's
+
+
+@pytest.mark.slow
+def test_a_short_training_run_reports_every_diagnostic(root, tmp_path):
+    """One epoch of a tiny model: the final epoch's metrics carry each diag/ scalar, finite and in range; the
+    baseline (no mask network) has no mask metrics rather than NaN ones."""
+    common = {"diag/grounding/accuracy", "diag/grounding/control", "diag/grounding/lift", "diag/grounding/chance",
+              "diag/grounding/subject_object", "diag/kendall/attention", "diag/jsd/layer0", "diag/jsd/layer1"}
+    for fusion in ("gate", "none"):
+        cfg = _cfg(root, fusion).replace({"train.xe_epochs": 1, "train.batch_size": 10, "train.warmup": 20,
+                                          "train.diag_images": 5, "train.diag_kendall_images": 2})
+        seen: list[dict] = []
+        train(cfg, report=lambda m, d: seen.append(m), output_dir=tmp_path / fusion)
+        diag = {k: v for k, v in seen[-1].items() if k.startswith("diag/")}
+        masked = {"diag/mask_mean", "diag/kendall/mask"}
+        assert common <= set(diag) and (masked <= set(diag)) == (fusion == "gate"), sorted(diag)
+        assert all(isinstance(v, float) and math.isfinite(v) for v in diag.values())
+        for key in ("accuracy", "control", "chance", "subject_object"):
+            assert 0.0 <= diag[f"diag/grounding/{key}"] <= 1.0
+        assert diag["diag/grounding/lift"] == pytest.approx(diag["diag/grounding/accuracy"]
+                                                            - diag["diag/grounding/control"])
+        assert 0.1 < diag["diag/grounding/chance"] < 0.3  # 1 / (4-7 regions)
+        assert all(-1.0 <= v <= 1.0 for k, v in diag.items() if "/kendall/" in k)
+        assert all(0.0 <= v <= LN2 for k, v in diag.items() if "/jsd/" in k)
+        if fusion == "gate":
+            assert 0.0 < diag["diag/mask_mean"] < 1.0
+        else:
+            assert diag["diag/jsd/layer0"] == 0.0
+    # Diagnostics leave training alone: with them only after the last epoch, the first epoch's loss is the same.
+    runs = {}
+    for every in (1, 0):
+        cfg = _cfg(root, "gate").replace({"train.xe_epochs": 2, "train.batch_size": 10, "train.diag_every": every,
+                                          "train.diag_images": 5, "train.diag_kendall_images": 2})
+        runs[every] = []
+        train(cfg, report=lambda m, d: runs[every].append(m), output_dir=tmp_path / f"every{every}")
+    assert "diag/grounding/accuracy" in runs[1][0] and "diag/grounding/accuracy" not in runs[0][0]
+    assert runs[1][1]["train/loss"] == runs[0][1]["train/loss"]
+    assert runs[1][1]["diag/grounding/accuracy"] == runs[0][1]["diag/grounding/accuracy"]
 
 
 def test_grounding_skips_regions_cut_by_max_regions(root):

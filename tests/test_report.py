@@ -28,6 +28,7 @@ CIDER = {"none": 1.00, "max": 1.05, "moving_average": 1.08, "exp_decay": 1.10, "
 BLEU1 = {"none": 0.70, "max": 0.72, "moving_average": 0.73, "exp_decay": 0.78, "gate": 0.75}
 LAMBDAS = {"none": [0.0], "max": [0.01, 0.1], "moving_average": [0.01, 0.1], "exp_decay": [0.01, 0.1],
            "gate": [0.01, 0.1]}
+GROUNDING = {"none": 0.5, "max": 0.55, "moving_average": 0.56, "exp_decay": 0.6, "gate": 0.62}
 EPOCHS = 3
 LAYERS = 3
 
@@ -63,10 +64,13 @@ def fabricate(uri: str, name: str = STUDY, artifact_location: str | None = None,
                               "val/ROUGE-L": 0.52 + (0.03 if fusion == "gate" else 0) + 0.001 * seed,
                               "train/loss": 4.0 / e + seed * 0.1, "train/mask_mean": 1.0 - 2 * lam - 0.01 * e}
                     if fusion != "none":
-                        values.update({f"val/jsd/layer{i}": 0.01 * (i + 1) * (1 + list(CIDER).index(fusion))
+                        values.update({f"diag/jsd/layer{i}": 0.01 * (i + 1) * (1 + list(CIDER).index(fusion))
                                        for i in range(LAYERS)})
-                    if fusion == "gate":
-                        values.update({"diag/grounding_attention": 0.4, "diag/grounding_aligned": 0.55})
+                        values["diag/mask_mean"] = 0.8 + 0.02 * seed
+                    values.update({"diag/grounding/accuracy": GROUNDING[fusion] + 0.02 * seed,
+                                   "diag/grounding/control": 0.3, "diag/grounding/chance": 0.18,
+                                   "diag/grounding/lift": GROUNDING[fusion] + 0.02 * seed - 0.3,
+                                   "diag/grounding/subject_object": 0.8})
                     metrics += [Metric(k, v, 1000 * e, e) for k, v in values.items()]
                 client.log_batch(run_id, metrics=metrics)
                 tracker.end_trial(run_id, "FINISHED")
@@ -96,7 +100,14 @@ def test_report_writes_plots_and_html(report, study):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, key
     page = open(report["html"], encoding="utf-8").read()
     assert page.count("data:image/png;base64,") == 5  # self-contained
-    assert "Not measured in this study" in page and "diag/kendall_attention" in page
+    assert "not measured" not in page.lower()
+    assert "No run logged diag/kendall/layer{i}/attention" in page  # this study logged no Kendall tau
+    # The diagnostics table: a row per fusion, grounding mean ± std over its runs; no mask value for the baseline.
+    rows = _table_rows(page, "diag")
+    assert rows["head"][:2] == ["fusion", "runs"] and "Kendall τ attention" not in rows["head"]
+    assert rows["gate"][:5] == ["4", f"{GROUNDING['gate'] + 0.01:.2f} ± 0.01", "0.30 ± 0.00",
+                                 f"{GROUNDING['gate'] + 0.01 - 0.3:.2f} ± 0.01", "0.18 ± 0.00"]
+    assert rows["none (baseline)"][-1] == "–" and rows["gate"][-1] == "0.81 ± 0.01"
     assert "Not logged: SPICE" in page
     for n in study["names"].values():
         assert n in page
@@ -110,8 +121,8 @@ def test_report_is_logged_on_the_parent_run(report, study):
     assert report["artifact_uri"].endswith("/report")
 
 
-def _table_rows(page: str) -> dict[str, list[str]]:
-    table = re.search(r"<table class='t3'>(.*?)</table>", page, re.S).group(1)
+def _table_rows(page: str, cls: str = "t3") -> dict[str, list[str]]:
+    table = re.search(rf"<table class='{cls}'>(.*?)</table>", page, re.S).group(1)
     head = re.findall(r"<th>(.*?)</th>", re.search(r"<thead>(.*?)</thead>", table, re.S).group(1))
     rows = {}
     for tr in re.findall(r"<tr>(.*?)</tr>", re.search(r"<tbody>(.*?)</tbody>", table, re.S).group(1), re.S):
@@ -165,7 +176,7 @@ def test_report_with_missing_metrics_and_unknown_study(tmp_path):
     tracker.log_metrics(run, {"train/loss": 3.0}, step=1)
     paths = build_report(uri, "bare", tmp_path / "out")
     page = open(paths["html"], encoding="utf-8").read()
-    assert "No run logged val/CIDEr" in page and "No run logged val/jsd/layer{i}" in page
+    assert "No run logged val/CIDEr" in page and "No run logged diag/jsd/layer{i}" in page
     assert set(paths) >= {"html", "curves"} and "lambda" not in paths
     assert "no run has logged val/CIDEr" in compare_table(uri, "bare")
     with pytest.raises(ValueError, match="nope"):
@@ -191,7 +202,7 @@ def test_report_through_the_server_lands_in_s3(mlflow_server, tmp_path):  # noqa
 def test_kendall_plot_when_measured(tmp_path):
     from dashboards.report import RunSummary, plot_kendall
 
-    final = {f"diag/kendall_{kind}/layer{i}": v for i in range(3)
+    final = {f"diag/kendall/layer{i}/{kind}": v for i in range(3)
              for kind, v in (("attention", 0.1 * i), ("mask", 0.2 + 0.1 * i))}
     runs = [RunSummary("r", "trial", "FINISHED", {}, {}, final)]
     path = plot_kendall(runs, tmp_path / "k.png")

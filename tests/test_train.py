@@ -87,9 +87,9 @@ def test_reports_and_checkpoints(tiny_data, tmp_path):
     result = train(cfg, report=report, output_dir=tmp_path / "run")
     metrics = seen[-1][0]
     for key in ("epoch", "step", "stage", "train/loss", "train/mask_loss", "train/mask_mean", "val/CIDEr",
-                "val/BLEU-4", "val/ROUGE-L", "val/jsd/layer0", "best/val/CIDEr", "time/epoch_s"):
+                "val/BLEU-4", "val/ROUGE-L", "diag/jsd/layer0", "best/val/CIDEr", "time/epoch_s"):
         assert key in metrics, key
-    assert 0 < metrics["train/mask_mean"] < 1 and metrics["val/jsd/layer0"] >= 0
+    assert 0 < metrics["train/mask_mean"] < 1 and metrics["diag/jsd/layer0"] >= 0
     assert metrics["best/val/CIDEr"] == max(m["val/CIDEr"] for m, _ in seen)
     best = ckpt.load(result["best_checkpoint"])
     assert best["best"]["val/CIDEr"] == result["best/val/CIDEr"]
