@@ -20,6 +20,9 @@ Why these intervals
   the interval is the bootstrap percentile interval. An arm with one seed keeps it fixed (nothing to resample).
 - Without per-image scores (`seed_difference`): Welch's t-interval of the difference of the two seed means.
 
+Early-stopped runs: `stopped_early_tags` is what the MLflow callback tags a scheduler-stopped trial with, and
+`best_candidates` is the one rule for "best": runs that were stopped early are left out unless nothing else is left.
+
 `seeds_needed` answers "how many seeds per arm resolve a difference delta" for a two-sided Welch/t test at
 alpha = 0.05 with 80% power, from the noncentral t distribution (exact for normal seed noise).
 """
@@ -36,6 +39,27 @@ CONFIDENCE = 0.95
 POWER = 0.80
 MIN_SEEDS = 3  # fewer seeds: no interval (see the module docstring)
 N_RESAMPLES = 4999
+
+# MLflow tags of trial runs (set by launch.mlflow_callback)
+TAG_CONFIG_HASH = "a2.config_hash"  # the replicate group: the trial's config without its seed
+TAG_STOPPED_EARLY = "a2.stopped_early"
+TAG_STOPPED_RUNG = "a2.stopped_rung"
+TAG_STOPPED_CUTOFF = "a2.stopped_cutoff"
+
+
+def stopped_early_tags(rung: int, cutoff: float) -> dict[str, str]:
+    return {TAG_STOPPED_EARLY: "true", TAG_STOPPED_RUNG: str(int(rung)), TAG_STOPPED_CUTOFF: f"{cutoff:.6g}"}
+
+
+def is_stopped_early(tags: dict) -> bool:
+    return str(tags.get(TAG_STOPPED_EARLY, "")).lower() == "true"
+
+
+def best_candidates(items: Sequence, tags_of=lambda item: item.tags) -> list:
+    """The items (runs, or groups of runs) that may be called "best": those not stopped early, unless every one
+    was (then all of them, so a study whose every trial was cut still has a best)."""
+    finished = [x for x in items if not is_stopped_early(tags_of(x))]
+    return finished or list(items)
 
 
 # -- one configuration ---------------------------------------------------------------------------------------------
