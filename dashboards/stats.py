@@ -93,9 +93,9 @@ def seed_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
     sd = float(x.std(ddof=1)) if x.size > 1 else None
     if x.size < MIN_SEEDS:
         return Interval(mean, None, None, int(x.size), sd)
+    if sd == 0:  # every seed gave the same value
+        return Interval(mean, mean, mean, int(x.size), sd)
     low, high = sps.t.interval(confidence, df=x.size - 1, loc=mean, scale=sd / math.sqrt(x.size))
-    if not math.isfinite(low):  # sd == 0: every seed gave the same value
-        low = high = mean
     return Interval(mean, float(low), float(high), int(x.size), sd)
 
 
