@@ -9,8 +9,9 @@ Why these intervals
 -------------------
 - One configuration over seeds (`seed_interval`): a Student t-interval, mean +- t(0.975, n-1) * sd / sqrt(n).
   Studies run 3-10 seeds; at such n a bootstrap percentile interval is too narrow (with 3 seeds it has 10
-  distinct resamples and covers a normal mean about 75% of the time instead of 95%), while the t-interval is exact
-  for normal seed noise and close to nominal for moderately skewed noise. Below 3 seeds there is no interval: two
+  distinct resamples; over 400 simulated normal studies `scipy.stats.bootstrap` covered the mean 76% of the time
+  at 3 seeds, 82% at 5 and 92% at 10), while the t-interval is exact for normal seed noise
+  (tests/test_stats.py checks 92-98% at 3, 5 and 10 seeds). Below 3 seeds there is no interval: two
   seeds give a t-interval 12.7 standard errors wide that says nothing, and one seed gives no spread at all.
 - Two configurations (`paired_difference`): every seed of both arms is scored on the same test images, so the
   images are a crossed factor that the difference must be paired over. `scipy.stats.bootstrap` resamples three
