@@ -93,6 +93,10 @@ def cmd_decode(args) -> int:
 
 # -- studies -----------------------------------------------------------------------------------------------------
 def cmd_study(args) -> int:
+    if args.study_command == "plan":
+        from launch.plan import main as plan_main
+
+        return plan_main(args)
     from launch import study
 
     return study.main(args)
@@ -171,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     from launch.study import add_arguments as add_study_arguments
 
     add_study_arguments(st)
+    from launch.plan import add_arguments as add_plan_arguments
+
+    # argparse has no public accessor for a parser's subcommands: `plan` joins the ones launch.study added
+    study_commands = next(a for a in st._actions if isinstance(a, argparse._SubParsersAction))
+    add_plan_arguments(study_commands.add_parser("plan", help="seeds per arm needed to resolve a CIDEr difference"))
     st.set_defaults(func=cmd_study)
 
     rp = sub.add_parser("report", help="plots and an HTML page from a study's MLflow runs")

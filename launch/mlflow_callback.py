@@ -4,6 +4,12 @@ One parent run per study, one child run per Tune trial id. Restores never duplic
 trial-id-to-run-id map is part of the callback state that Tune saves with the experiment (`get_state` /
 `set_state`), and when that state is missing the run is found again by its `a2.trial_id` tag.
 
+Every trial run carries its replicate group's `a2.config_hash` (the config without its seed, see
+`launch.search.config_hash`), so MLflow and the tables group replicates by it. A trial that the scheduler stopped
+(`stopped_early_of(trial_id)` returns the scheduler's record, e.g. `ReplicateASHA.stopped_early`) ends FINISHED
+with `a2.stopped_early=true`, `a2.stopped_rung` and `a2.stopped_cutoff`: early-stopped is a state of the run,
+which `dashboards.stats.best_candidates` keeps out of "best" unless nothing else finished.
+
 Metrics are logged with an explicit step, the result's "epoch" (monotonic across restores and retries), never
 Tune's `training_iteration`, which restarts at 1 when a Train run is restored.
 """
@@ -17,7 +23,9 @@ from typing import Callable
 from ray.tune import Callback
 from ray.tune.result import AUTO_RESULT_KEYS
 
+from dashboards.stats import TAG_CONFIG_HASH, stopped_early_tags
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
+from launch.search import config_hash
 
 logger = logging.getLogger(__name__)
 
@@ -72,13 +80,16 @@ class A2MLflowCallback(Callback):
         history_of: maps a trial id to its result log (one result per epoch, see `launch.trainable.ResultLog`).
             With it, the first result of a trial in this driver, and its end, fill in the epochs that MLflow is
             missing: results a killed driver never logged, although their checkpoint was saved.
+        stopped_early_of: maps a trial id to the scheduler's record of stopping it (`{"rung", "cutoff", ...}`)
+            or None; with it, a stopped trial's run is tagged `a2.stopped_early` when the trial ends.
     """
 
     def __init__(self, tracking_uri: str, study_name: str, *, experiment: str | None = None,
                  study_params: dict | None = None, study_tags: dict | None = None,
                  resolve_config: Callable[[dict], dict] | None = None, metric: str = "val/CIDEr",
                  mode: str = "max", check_timeout: float = 5.0, strict: bool = False,
-                 artifact_location: str | None = None, history_of: Callable[[str], list[dict]] | None = None):
+                 artifact_location: str | None = None, history_of: Callable[[str], list[dict]] | None = None,
+                 stopped_early_of: Callable[[str], dict | None] | None = None):
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
         self.tracking_uri = tracking_uri
@@ -98,6 +109,7 @@ class A2MLflowCallback(Callback):
         self.best: dict[str, tuple[float, int | None]] = {}   # trial id -> (best metric, training_iteration)
         self.last_step: dict[str, int] = {}
         self.history_of = history_of
+        self.stopped_early_of = stopped_early_of
         self.backfilled: set[str] = set()  # trials whose missing epochs this driver has looked for
 
     # -- state saved by Tune with the experiment ---------------------------------------------------------------
@@ -152,7 +164,8 @@ class A2MLflowCallback(Callback):
     def _open(self, trial) -> str:
         tracker = self._ensure_tracker()
         tid = str(trial.trial_id)
-        run_id = tracker.trial_run(tid, self._config(trial), tags={TAG_RAY_TRIAL: str(trial)}, run_name=str(trial))
+        tags = {TAG_RAY_TRIAL: str(trial), TAG_CONFIG_HASH: config_hash(dict(getattr(trial, "config", None) or {}))}
+        run_id = tracker.trial_run(tid, self._config(trial), tags=tags, run_name=str(trial))
         self.trial_runs[tid] = run_id
         return run_id
 
@@ -243,6 +256,9 @@ class A2MLflowCallback(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._run_id(trial)
         self._backfill(str(trial.trial_id), run_id)  # a trial restored after its last epoch reports nothing more
+        stop = self.stopped_early_of(str(trial.trial_id)) if self.stopped_early_of else None
+        if stop:
+            self._ensure_tracker().set_tags(run_id, stopped_early_tags(stop["rung"], stop["cutoff"]))
         self._ensure_tracker().end_trial(run_id, "FINISHED")
 
     @_guarded

@@ -16,10 +16,29 @@ study per grid cell (fusion=gate,seed=0 ...):
 - `algorithm: random` uses a random sampler per cell; `algorithm: grid` asks nothing: the enqueued points are
   every trial.
 
+Replicate groups
+----------------
+With `search.replicates` (seeds s_0..s_{N-1}) one Optuna trial is asked per *configuration* and handed out N
+times in a row, as N Tune trials that differ only in `seed` (`{"fusion": "gate", "lambda": 0.031, "seed": 1}`).
+They form a replicate group with one `config_hash` (a stable hash of the suggestion without its seed; the MLflow
+callback tags every run with it, `a2.config_hash`). Optuna sees the group, never one seed:
+
+- intermediate value at epoch e: the mean over the group once every replicate reported epoch e;
+- when every replicate has ended: FAIL if all failed, PRUNED if any was stopped early, else COMPLETE with the
+  mean of the replicates' final values (a failed replicate is left out of the mean).
+
+Without replicates every trial is a group of one and everything below reads the same.
+
+Why not Ray's `Repeater`: it forwards only `{metric: mean}` of the final results to the wrapped searcher (no
+`epoch`, so a scheduler-stopped group cannot be told PRUNED, and no intermediate results); it marks the replicate
+with `__trial_index__` rather than the study's `seed` key; its `save`/`restore` keep only the wrapped searcher, so
+after `Tuner.restore` the groups are lost and replicates of one configuration would be mistaken for new ones;
+and it asks not to be combined with an early-stopping scheduler, which `ReplicateASHA` below is built to be.
+
 How results reach Optuna
 ------------------------
-Every result with the metric and `epoch` is reported as the Optuna trial's intermediate value at step
-`epoch`. When a trial ends:
+Every result with the metric and `epoch` is reported (as the group mean, above) as the Optuna trial's
+intermediate value at step `epoch`. When a trial ends:
 
 - it errored (after Tune's retries)                          -> FAIL;
 - its last result has `epoch` < the planned epochs (XE + SCST): ASHA stopped it (or it ended early)
@@ -38,14 +57,36 @@ keys), `constant_liar` (concurrent trials of a cell get spread out) and a short 
 State: `save`/`restore` pickle everything (spec, Optuna studies with their trials, the maps, the round-robin
 position), so `Tuner.restore` continues the search where it stopped without repeating a suggestion.
 
+Early stopping on replicate groups: `ReplicateASHA`
+---------------------------------------------------
+`scheduler: {asha: {grace_period: g, reduction_factor: r, min_gap_se: k}}` is ASHA whose unit is the replicate
+group, not the trial. Rungs sit at epochs g, g*r, g*r^2, ... below the planned epochs (`max_t`). A trial's value
+at a rung is its metric at its first result with `epoch` >= the rung. A group reaches the rung when every one of
+its replicates has a value there (replicates that ended before it no longer count); then, as in ASHA:
+
+    cutoff = the (1 - 1/r) quantile of the means of the groups that reached this rung before it
+    spread = the pooled within-group standard deviation of all groups at this rung (this one included)
+    stop the group  iff  cutoff - mean > k * spread * sqrt(2 / n)      (mode max; n = replicates in the group)
+
+k * spread * sqrt(2/n) is k standard errors of the difference between two means of n seeds: with k = 2 (the
+default) a group is stopped only when it is clearly below the cutoff, never for a gap the seed noise explains.
+The first group at a rung always continues (no cutoff yet), and while no group at a rung has two replicates the
+spread is unknown and nothing is stopped: with `replicates` < 2 the scheduler behaves like FIFO. A stopped group's
+replicates are all stopped (at their next result). `stopped_early(trial_id)` returns `{"rung", "cutoff",
+"group_mean", "threshold"}` for a trial this scheduler stopped (the MLflow callback tags its run with it), else
+None. It saves most when a group's replicates run side by side (`max_concurrent_trials` >= replicates; the
+searcher hands them out consecutively); run one after the other, only the last replicate can be cut.
+
 `build_search(spec)` returns `(searcher, scheduler)`; `tune_config_kwargs(spec)` the matching arguments of
 `ray.tune.TuneConfig` (the concurrency limit comes from `resources.max_concurrent_trials` through it; Tune wraps
-the searcher in a `ConcurrencyLimiter`). The ASHA scheduler measures time in `epoch` (monotonic across XE and
-SCST, unlike `training_iteration`, which restarts when Ray Train restores a worker group) with
-`max_t` = the planned epochs; metric and mode come from the TuneConfig.
+the searcher in a `ConcurrencyLimiter`). The scheduler measures time in `epoch` (monotonic across XE and SCST,
+unlike `training_iteration`, which restarts when Ray Train restores a worker group) with `max_t` = the planned
+epochs; metric and mode come from the TuneConfig.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import pickle
@@ -54,16 +95,25 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+import numpy as np
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
-from launch.spec import Param, StudySpec
+from dashboards.stats import pooled_sd
+from launch.spec import SEED_PATH, Param, StudySpec
 
 logger = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 TIME_ATTR = "epoch"
+SEED_KEYS = ("seed", SEED_PATH)  # the seed's space key (alias or path): not part of a configuration
+
+
+def config_hash(config: dict) -> str:
+    """A stable 12-hex-digit hash of a suggestion without its seed: the id of its replicate group."""
+    rest = {k: v for k, v in config.items() if k not in SEED_KEYS}
+    return hashlib.sha1(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def _finite(value: Any) -> float | None:
@@ -85,21 +135,30 @@ def n_startup_trials(num_samples: int) -> int:
 
 
 class GridCrossedSearcher(Searcher):
-    """One Optuna study per grid cell; suggestions round-robin over the cells (see the module docstring)."""
+    """One Optuna study per grid cell; suggestions round-robin over the cells, each configuration once per
+    replicate seed (see the module docstring)."""
 
     def __init__(self, spec: StudySpec, metric: str | None = None, mode: str | None = None):
         super().__init__(metric=metric or spec.metric, mode=mode or spec.mode)
         self._spec = spec
         self._total_epochs = spec.total_epochs
+        self._seeds: list[int] = spec.replicate_seeds
+        self._group_size = max(1, len(self._seeds))
         self._cells: list[dict] = spec.grid_cells()
         self._quota: list[int] = [spec.samples_per_cell(c) for c in self._cells]
-        self._assigned: list[int] = [0] * len(self._cells)
+        self._assigned: list[int] = [0] * len(self._cells)  # configurations (groups) per cell
         self._next_cell = 0
         self._studies: list[optuna.Study] = [self._new_study(i, c) for i, c in enumerate(self._cells)]
         self._trials: dict[str, tuple[int, optuna.trial.Trial]] = {}  # Tune trial id -> (cell, Optuna trial)
         self._configs: dict[str, dict] = {}  # Tune trial id -> suggestion
-        self._progress: dict[str, tuple[int, float]] = {}  # Tune trial id -> (last epoch, its value)
+        # A replicate group is named by its first Tune trial id (two samples can be equal: they are still two groups).
+        self._group_of: dict[str, str] = {}  # Tune trial id -> group
+        self._members: dict[str, list[str]] = {}  # group -> its replicates' Tune trial ids, in seed order
+        self._open: str | None = None  # the group still handing out replicates
+        self._curves: dict[str, dict[int, float]] = {}  # Tune trial id -> {epoch: value}
+        self._finals: dict[str, float | None] = {}  # Tune trial id -> its final value
         self._outcomes: dict[str, str] = {}  # Tune trial id -> COMPLETE | PRUNED | FAIL
+        self._told: set[str] = set()  # groups whose Optuna trial has been told
 
     # -- Optuna ----------------------------------------------------------------------------------------------------
     def _sampler(self, index: int) -> optuna.samplers.BaseSampler:
@@ -143,22 +202,38 @@ class GridCrossedSearcher(Searcher):
     def suggest(self, trial_id: str) -> dict | str | None:
         if trial_id in self._configs:  # asked again for the same trial: same answer
             return dict(self._configs[trial_id])
-        n = len(self._cells)
-        for k in range(n):
-            index = (self._next_cell + k) % n
-            if self._assigned[index] < self._quota[index]:
-                break
+        if self._open is not None:  # the next replicate of a configuration already asked
+            index, trial = self._trials[self._open]
+            config = {k: v for k, v in self._configs[self._open].items() if k != "seed"}
         else:
-            return Searcher.FINISHED
-        self._next_cell = (index + 1) % n
-        cell = self._cells[index]
-        trial = self._studies[index].ask()
-        config = dict(cell)
-        config.update(self._spec.fill(cell, lambda p: self._suggest_one(trial, p)))
-        self._assigned[index] += 1
+            n = len(self._cells)
+            for k in range(n):
+                index = (self._next_cell + k) % n
+                if self._assigned[index] < self._quota[index]:
+                    break
+            else:
+                return Searcher.FINISHED
+            self._next_cell = (index + 1) % n
+            cell = self._cells[index]
+            trial = self._studies[index].ask()
+            config = dict(cell)
+            config.update(self._spec.fill(cell, lambda p: self._suggest_one(trial, p)))
+            self._assigned[index] += 1
+            self._open = trial_id
+            self._members[trial_id] = []
+        members = self._members[self._open]
+        if self._seeds:
+            config["seed"] = self._seeds[len(members)]
+        members.append(trial_id)
+        self._group_of[trial_id] = self._open
+        if len(members) == self._group_size:
+            self._open = None
         self._trials[trial_id] = (index, trial)
         self._configs[trial_id] = config
         return dict(config)
+
+    def _group(self, trial_id: str) -> list[str]:
+        return self._members[self._group_of[trial_id]]
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if trial_id not in self._trials or trial_id in self._outcomes:
@@ -166,33 +241,55 @@ class GridCrossedSearcher(Searcher):
         value, epoch = _finite(result.get(self.metric)), _epoch(result)
         if value is None or epoch is None:
             return
-        last = self._progress.get(trial_id)
-        if last is not None and epoch <= last[0]:  # a restored worker group repeats epochs it had reported
+        curve = self._curves.setdefault(trial_id, {})
+        if curve and epoch <= max(curve):  # a restored worker group repeats epochs it had reported
             return
-        self._trials[trial_id][1].report(value, epoch)
-        self._progress[trial_id] = (epoch, value)
+        curve[epoch] = value
+        group = self._group(trial_id)
+        values = [self._curves.get(t, {}).get(epoch) for t in group]
+        if len(group) == self._group_size and None not in values:  # the last replicate to reach this epoch
+            self._trials[trial_id][1].report(float(np.mean(values)), epoch)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self._trials or trial_id in self._outcomes:
             return
         if result:
             self.on_trial_result(trial_id, result)
-        index, trial = self._trials[trial_id]
+        curve = self._curves.get(trial_id, {})
         value = _finite(result.get(self.metric)) if result else None
         epoch = _epoch(result)
-        if epoch is None and trial_id in self._progress:
-            epoch = self._progress[trial_id][0]
-        if error or (value is None and trial_id not in self._progress):
-            state, values = TrialState.FAIL, None
+        if epoch is None and curve:
+            epoch = max(curve)
+        if error or (value is None and not curve):
+            state = TrialState.FAIL
         elif value is None or (epoch is not None and epoch < self._total_epochs):
+            state = TrialState.PRUNED
+        else:
+            state = TrialState.COMPLETE
+        self._outcomes[trial_id] = state.name
+        self._finals[trial_id] = value
+        self._tell(trial_id)
+
+    def _tell(self, trial_id: str) -> None:
+        """Tell Optuna the group's outcome once every replicate of `trial_id`'s group has ended."""
+        key = self._group_of[trial_id]
+        group = self._members[key]
+        if key in self._told or len(group) < self._group_size or any(t not in self._outcomes for t in group):
+            return
+        states = [self._outcomes[t] for t in group]
+        if all(s == "FAIL" for s in states):
+            state, values = TrialState.FAIL, None
+        elif "PRUNED" in states:
             state, values = TrialState.PRUNED, None
         else:
-            state, values = TrialState.COMPLETE, value
+            state = TrialState.COMPLETE
+            values = float(np.mean([self._finals[t] for t, s in zip(group, states) if s == "COMPLETE"]))
+        index, trial = self._trials[trial_id]
         try:
             self._studies[index].tell(trial, values, state=state)
         except Exception as exc:  # never let bookkeeping fail the study
-            logger.warning("could not record trial %s in Optuna: %s", trial_id, exc)
-        self._outcomes[trial_id] = state.name
+            logger.warning("could not record the group of trial %s in Optuna: %s", key, exc)
+        self._told.add(key)
 
     # -- inspection ----------------------------------------------------------------------------------------------
     @property
@@ -212,8 +309,12 @@ class GridCrossedSearcher(Searcher):
     def outcome(self, trial_id: str) -> str | None:
         return self._outcomes.get(trial_id)
 
+    def group_of(self, trial_id: str) -> list[str]:
+        """The Tune trial ids of `trial_id`'s replicate group (itself included), in seed order."""
+        return list(self._group(trial_id))
+
     def counts(self) -> list[tuple[dict, int, int]]:
-        """(cell, suggested, planned) per cell."""
+        """(cell, configurations suggested, planned) per cell."""
         return [(dict(c), a, q) for c, a, q in zip(self._cells, self._assigned, self._quota)]
 
     # -- state -----------------------------------------------------------------------------------------------------
@@ -231,8 +332,14 @@ class GridCrossedSearcher(Searcher):
             "studies": self._studies,  # pickled together with the trials below: they share the storage
             "trials": self._trials,
             "configs": self._configs,
-            "progress": self._progress,
+            "seeds": self._seeds,
+            "group_of": self._group_of,
+            "members": self._members,
+            "open": self._open,
+            "curves": self._curves,
+            "finals": self._finals,
             "outcomes": self._outcomes,
+            "told": self._told,
         }
 
     def set_state(self, state: dict) -> None:
@@ -244,7 +351,11 @@ class GridCrossedSearcher(Searcher):
         self._cells, self._quota = state["cells"], state["quota"]
         self._assigned, self._next_cell = state["assigned"], state["next_cell"]
         self._studies, self._trials = state["studies"], state["trials"]
-        self._configs, self._progress, self._outcomes = state["configs"], state["progress"], state["outcomes"]
+        self._configs, self._outcomes, self._told = state["configs"], state["outcomes"], state["told"]
+        self._seeds, self._members, self._open = state["seeds"], state["members"], state["open"]
+        self._group_of = state["group_of"]
+        self._group_size = max(1, len(self._seeds))
+        self._curves, self._finals = state["curves"], state["finals"]
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
@@ -255,11 +366,124 @@ class GridCrossedSearcher(Searcher):
             self.set_state(pickle.load(f))
 
 
+class ReplicateASHA(FIFOScheduler):
+    """ASHA over replicate groups that stops a group only on a gap beyond its seed spread (module docstring).
+
+    Args:
+        max_t: the planned epochs; rungs sit at grace_period * reduction_factor**k < max_t.
+        group_of: maps a trial's config to its replicate group (default: `config_hash`, the config without seed).
+        replicates: the trials per group (the study's replicate seeds; 1 without replicates).
+        min_gap_se: k of the stopping rule gap > k * pooled seed sd * sqrt(2/n).
+    """
+
+    def __init__(self, *, max_t: int, grace_period: int = 1, reduction_factor: float = 2, replicates: int = 1,
+                 min_gap_se: float = 2.0, time_attr: str = TIME_ATTR, metric: str | None = None,
+                 mode: str | None = None, group_of=config_hash):
+        super().__init__()
+        if grace_period < 1 or reduction_factor <= 1 or replicates < 1 or min_gap_se < 0:
+            raise ValueError("need grace_period >= 1, reduction_factor > 1, replicates >= 1, min_gap_se >= 0")
+        self.rungs: list[int] = []
+        t = float(grace_period)
+        while t < max_t:
+            self.rungs.append(int(math.ceil(t)))
+            t *= reduction_factor
+        self.rf, self.replicates, self.k = reduction_factor, replicates, min_gap_se
+        self._time_attr, self._metric, self._mode = time_attr, metric, mode
+        self._group_of = group_of
+        self._groups: dict[str, str] = {}  # trial id -> group
+        self._values: dict[int, dict[str, dict[str, float]]] = {r: {} for r in self.rungs}  # rung -> group -> trial
+        self._gone: dict[str, dict[int, int]] = {}  # group -> rung -> its replicates that ended before the rung
+        self._ended: set[str] = set()
+        self._means: dict[int, dict[str, float]] = {r: {} for r in self.rungs}  # rung -> group -> mean (decided)
+        self._stopped_groups: dict[str, dict] = {}  # group -> the decision that stopped it
+        self._stopped: dict[str, dict] = {}  # trial id -> that decision, for trials this scheduler stopped
+
+    def set_search_properties(self, metric: str | None, mode: str | None, **spec) -> bool:
+        if (self._metric and metric and metric != self._metric) or (self._mode and mode and mode != self._mode):
+            return False
+        self._metric, self._mode = self._metric or metric, self._mode or mode
+        return True
+
+    # -- Tune hooks ----------------------------------------------------------------------------------------------
+    def on_trial_add(self, tune_controller, trial) -> None:
+        self._groups[trial.trial_id] = self._group_of(dict(trial.config or {}))
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        tid = trial.trial_id
+        group = self._groups.setdefault(tid, self._group_of(dict(trial.config or {})))
+        t, value = _finite(result.get(self._time_attr)), _finite(result.get(self._metric))
+        if t is not None and value is not None:
+            for rung in self.rungs:
+                if t >= rung and tid not in self._values[rung].setdefault(group, {}):
+                    self._values[rung][group][tid] = value
+                    self._decide(group, rung)
+        if group in self._stopped_groups:
+            self._stopped[tid] = dict(self._stopped_groups[group])
+            return TrialScheduler.STOP
+        return TrialScheduler.CONTINUE
+
+    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+        self._end(trial.trial_id)
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        self._end(trial.trial_id)
+
+    def on_trial_remove(self, tune_controller, trial) -> None:
+        self._end(trial.trial_id)
+
+    def debug_string(self) -> str:
+        return (f"ReplicateASHA: rungs {self.rungs} ({self._time_attr}), {self.replicates} replicates per group, "
+                f"{len(self._stopped_groups)} groups stopped")
+
+    # -- the rule ------------------------------------------------------------------------------------------------
+    def _end(self, tid: str) -> None:
+        """A trial that ends below a rung no longer counts there: its group may be complete without it."""
+        group = self._groups.get(tid)
+        if group is None or tid in self._ended:
+            return
+        self._ended.add(tid)
+        gone = self._gone.setdefault(group, {})
+        for rung in self.rungs:
+            if tid not in self._values[rung].get(group, {}):
+                gone[rung] = gone.get(rung, 0) + 1
+                self._decide(group, rung)
+
+    def _decide(self, group: str, rung: int) -> None:
+        values = self._values[rung].get(group, {})
+        expected = self.replicates - self._gone.get(group, {}).get(rung, 0)
+        if group in self._means[rung] or not values or len(values) < expected:
+            return
+        sign = -1.0 if self._mode == "min" else 1.0  # compare in "higher is better" units
+        mean = float(np.mean(list(values.values())))
+        others = [sign * m for m in self._means[rung].values()]
+        self._means[rung][group] = mean
+        if not others or group in self._stopped_groups:
+            return
+        spread = pooled_sd([list(v.values()) for g, v in self._values[rung].items() if g in self._means[rung]])
+        if spread is None:  # no group with two replicates here: seed noise unknown, nothing is stopped
+            return
+        cutoff = float(np.percentile(others, (1 - 1 / self.rf) * 100))
+        threshold = self.k * spread * math.sqrt(2.0 / len(values))
+        if cutoff - sign * mean > threshold:
+            self._stopped_groups[group] = {"rung": rung, "cutoff": sign * cutoff, "group_mean": mean,
+                                           "threshold": threshold}
+
+    # -- inspection ----------------------------------------------------------------------------------------------
+    def stopped_early(self, trial_id: str) -> dict | None:
+        """`{"rung", "cutoff", "group_mean", "threshold"}` when this scheduler stopped the trial, else None."""
+        info = self._stopped.get(trial_id)
+        return dict(info) if info else None
+
+    def group_means(self, rung: int) -> dict[str, float]:
+        return dict(self._means[rung])
+
+
 def build_scheduler(spec: StudySpec) -> TrialScheduler:
     ((kind, options),) = spec.search["scheduler"].items()
     if kind == "asha":
-        return ASHAScheduler(time_attr=TIME_ATTR, max_t=spec.total_epochs, grace_period=options["grace_period"],
-                             reduction_factor=options["reduction_factor"], brackets=options["brackets"])
+        return ReplicateASHA(max_t=spec.total_epochs, grace_period=options["grace_period"],
+                             reduction_factor=options["reduction_factor"], replicates=max(1, len(spec.replicate_seeds)),
+                             min_gap_se=options["min_gap_se"])
     return FIFOScheduler()
 
 

@@ -17,7 +17,8 @@ plus `search`, `resources`, `tracking` and `storage`:
         temperature: {loguniform: [1000, 50000], when: {fusion: exp_decay}}
         seed: {grid: [0, 1]}
       points_to_evaluate: [{lambda: 0.035}]    # optional, per cell, before anything is sampled
-      scheduler: {asha: {grace_period: 2, reduction_factor: 2}}   # or {fifo: {}}
+      replicates: 3                       # optional: every configuration runs with seeds 0, 1, 2 (or a list)
+      scheduler: {asha: {grace_period: 2, reduction_factor: 2, min_gap_se: 2}}   # or {fifo: {}}
     resources: {workers_per_trial: 4, cpus_per_worker: 1, gpus_per_worker: 1, max_concurrent_trials: 8,
                 max_failures: 1, driver_cpus: 0.01}   # driver_cpus: the trial's Tune driver function
     tracking: {mlflow_uri: sqlite:///mlflow.db, experiment: null}
@@ -42,8 +43,13 @@ default). Without it, one point: the defaults, i.e. the paper's values from the 
 eta 0.1, ...) where the range contains them, else the middle of the range (geometric middle for loguniform).
 With `algorithm: grid` the points are all that runs: one trial per cell and point.
 
+`replicates: N` (or a list of distinct seeds) runs every configuration, i.e. every suggestion of the searcher,
+once per seed (0..N-1, or the list): the replicates of a configuration form a group that the searcher and the
+scheduler judge by its mean (see `launch.search`). The seed then comes from the replicate, so the space may not
+also hold `seed` (`train.seed`).
+
 Cells where no sampled key is active (e.g. `fusion: none` when lambda is conditioned on the other fusions) run
-once. `num_trials` counts it all; the Tune `num_samples` is that number.
+once. `num_trials` counts it all (configurations x replicates); the Tune `num_samples` is that number.
 
 Validation
 ----------
@@ -91,7 +97,9 @@ MODES = ("max", "min")
 SCHEDULERS = ("asha", "fifo")
 SECTIONS = ("data", "model", "train")
 TOP_KEYS = ("name", *SECTIONS, "search", "resources", "tracking", "storage", "storage_endpoint_url")
-SEARCH_KEYS = ("metric", "mode", "algorithm", "num_samples", "seed", "space", "points_to_evaluate", "scheduler")
+SEARCH_KEYS = ("metric", "mode", "algorithm", "num_samples", "seed", "space", "points_to_evaluate", "replicates",
+               "scheduler")
+SEED_PATH = "train.seed"  # set by the replicate index when search.replicates is given
 # Keys the space may not control: the scheduler's time budget and the pruning rule depend on the planned epochs.
 FIXED_PATHS = ("train.xe_epochs", "train.scst_epochs")
 
@@ -112,7 +120,9 @@ RESOURCE_DEFAULTS = {
     "max_failures": 1,  # Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever
     "driver_cpus": 0.01,  # the trial's small Tune driver function (a bare {"CPU": 0} is refused by Ray)
 }
-SCHEDULER_DEFAULTS = {"asha": {"grace_period": 1, "reduction_factor": 2, "brackets": 1}, "fifo": {}}
+# asha: the replicate-group ASHA of launch.search; min_gap_se = k in its stopping rule gap > k * s_pooled * sqrt(2/n).
+SCHEDULER_DEFAULTS = {"asha": {"grace_period": 1, "reduction_factor": 2, "min_gap_se": 2.0},
+                      "fifo": {}}
 DEFAULT_STORAGE = "a2-studies"
 DEFAULT_MLFLOW_URI = "sqlite:///mlflow.db"
 _MLFLOW_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "postgres", "mysql", "mssql", "databricks")
@@ -338,8 +348,17 @@ class StudySpec:
         return self.search["num_samples"]
 
     @property
-    def num_trials(self) -> int:
+    def replicate_seeds(self) -> list[int]:
+        """The seeds every configuration runs with (`search.replicates`); [] when the study has no replicates."""
+        return list(self.search.get("replicates", []))
+
+    @property
+    def num_configs(self) -> int:
         return sum(self.samples_per_cell(c) for c in self.grid_cells())
+
+    @property
+    def num_trials(self) -> int:
+        return self.num_configs * max(1, len(self.replicate_seeds))
 
     @property
     def total_epochs(self) -> int:
@@ -379,7 +398,10 @@ class StudySpec:
     def summary(self) -> str:
         cells = self.grid_cells()
         sampled = ", ".join(self.sampled_keys) or "none"
-        return (f"OK {self.name}: {self.num_trials} trials in {len(cells)} grid cell{'s' if len(cells) != 1 else ''}"
+        seeds = self.replicate_seeds
+        replicas = f" = {self.num_configs} configurations x {len(seeds)} seeds" if seeds else ""
+        return (f"OK {self.name}: {self.num_trials} trials{replicas} in {len(cells)} grid "
+                f"cell{'s' if len(cells) != 1 else ''}"
                 f" ({self.algorithm}; sampled: {sampled}; {self.mode} {self.metric}; storage {self.storage})")
 
     def to_dict(self) -> dict:
@@ -677,14 +699,39 @@ class _Loader:
         options = {**SCHEDULER_DEFAULTS[kind], **options}
         if kind == "asha":
             options["grace_period"] = self.integer(options["grace_period"], "search.scheduler.asha.grace_period", 1)
-            options["brackets"] = self.integer(options["brackets"], "search.scheduler.asha.brackets", 1)
             rf = self.number(options["reduction_factor"], "search.scheduler.asha.reduction_factor")
             if rf <= 1:
                 self.fail("search.scheduler.asha.reduction_factor", f"must be > 1, got {_fmt(rf)}")
             options["reduction_factor"] = rf
-        return {"metric": metric, "mode": mode, "algorithm": algorithm, "num_samples": num_samples, "seed": seed,
-                "space": {key: p.to_dict() for key, p in params.items()}, "points_to_evaluate": points,
-                "scheduler": {kind: options}}
+            gap = self.number(options["min_gap_se"], "search.scheduler.asha.min_gap_se")
+            if gap < 0:
+                self.fail("search.scheduler.asha.min_gap_se", f"must be >= 0, got {_fmt(gap)}")
+            options["min_gap_se"] = float(gap)
+        out = {"metric": metric, "mode": mode, "algorithm": algorithm, "num_samples": num_samples, "seed": seed,
+               "space": {key: p.to_dict() for key, p in params.items()}, "points_to_evaluate": points,
+               "scheduler": {kind: options}}
+        if "replicates" in raw:
+            out["replicates"] = self.check_replicates(raw["replicates"], params, sections)
+        return out
+
+    def check_replicates(self, raw: Any, params: dict[str, Param], sections: dict) -> list[int]:
+        """`replicates: N` -> seeds [0..N-1]; a list -> those seeds (distinct integers >= 0)."""
+        where = "search.replicates"
+        if get_dotted(sections, SEED_PATH, _MISSING) is not _MISSING:
+            self.fail(SEED_PATH, f"is set by {where} (the seed comes from the replicate index); remove it from train")
+        seeded = [p.key for p in params.values() if p.path == SEED_PATH]
+        if seeded:
+            self.fail(where, f"the seed comes from the replicate index, but search.space.{seeded[0]} also sets "
+                             f"{SEED_PATH}; remove one of search.replicates and search.space.{seeded[0]}")
+        if isinstance(raw, list):
+            if not raw:
+                self.fail(where, "a list of seeds must not be empty")
+            seeds = [self.integer(v, f"{where}[{i}]", minimum=0) for i, v in enumerate(raw)]
+            for i, v in enumerate(seeds):
+                if v in seeds[:i]:
+                    self.fail(f"{where}[{i}]", f"seed {v} is listed twice")
+            return seeds
+        return list(range(self.integer(raw, where, minimum=1)))
 
     def check_scheduler_budget(self, scheduler: dict, total_epochs: int) -> None:
         asha = scheduler.get("asha")

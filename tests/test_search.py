@@ -8,10 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 from optuna.trial import TrialState
-from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
+from types import SimpleNamespace
+
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import ConcurrencyLimiter, Searcher
 
-from launch.search import GridCrossedSearcher, build_search, n_startup_trials, tune_config_kwargs
+from a2core.config import ConfigError
+from launch.search import (GridCrossedSearcher, ReplicateASHA, build_search, config_hash, n_startup_trials,
+                           tune_config_kwargs)
 from launch.spec import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,8 +236,8 @@ def test_random_algorithm_and_choice_conditions(tmp_path):
 def test_build_search_and_tune_config(spec, tmp_path):
     searcher, scheduler = build_search(spec)
     assert isinstance(searcher, GridCrossedSearcher)
-    assert isinstance(scheduler, AsyncHyperBandScheduler)
-    assert scheduler._time_attr == "epoch" and scheduler._max_t == spec.total_epochs
+    assert isinstance(scheduler, ReplicateASHA)
+    assert scheduler._time_attr == "epoch" and scheduler.rungs == [1, 2]  # below max_t = 4 planned epochs
     assert searcher.metric == METRIC and searcher.mode == "max"
     kwargs = tune_config_kwargs(spec)
     assert kwargs["num_samples"] == spec.num_trials
@@ -275,3 +279,133 @@ def test_live_table_survives_a_best_trial_without_a_conditional_key():
     gate.last_result["val/CIDEr"] = 1.2
     best, metric = reporter._current_best_trial([baseline, gate])
     assert "'lambda': 0.035" in _best_trial_str(best, metric, reporter._parameter_columns)
+
+
+# -- replicate groups ----------------------------------------------------------------------------------------------
+REPLICATED = {"fusion": {"grid": ["none", "gate"]},
+              "lambda": {"loguniform": [0.005, 0.2], "when": {"fusion": "gate"}}}
+
+
+def test_replicate_group_is_one_optuna_observation_of_its_mean(tmp_path):
+    spec = load_study(study_file(tmp_path, REPLICATED, num_samples=2, replicates=3))
+    assert spec.replicate_seeds == [0, 1, 2] and spec.num_trials == 3 * 3
+    searcher = GridCrossedSearcher(spec)
+    got = drain(searcher)
+    assert len(got) == 9
+    first = [c for _, c in got[:3]]
+    assert [c["seed"] for c in first] == [0, 1, 2]
+    assert len({config_hash(c) for c in first}) == 1  # one group: same config hash, seeds differ
+    assert len({config_hash(c) for _, c in got}) == 3
+    assert spec.trial_config(first[1])["train"]["seed"] == 1
+
+    ids = [t for t, _ in got[:3]]
+    assert searcher.group_of(ids[2]) == ids
+    for t, v in zip(ids[:2], (0.9, 1.2)):
+        finish(searcher, t, v, spec.total_epochs)
+    study = searcher.study_of(searcher.cell_of(ids[0]))
+    (trial,) = [t for t in study.trials if t.number == searcher.optuna_trial_number(ids[0])]
+    assert trial.state == TrialState.RUNNING and trial.intermediate_values == {}  # waits for the third seed
+    finish(searcher, ids[2], 1.5, spec.total_epochs)
+    (trial,) = [t for t in study.trials if t.number == searcher.optuna_trial_number(ids[0])]
+    assert trial.state == TrialState.COMPLETE and trial.value == pytest.approx(1.2)
+    assert trial.intermediate_values[1] == pytest.approx(1.2 / spec.total_epochs)
+    assert len(study.trials) == 1  # three Tune trials, one Optuna observation
+
+
+def test_replicate_group_with_a_stopped_replicate_is_pruned_and_restores(tmp_path):
+    spec = load_study(study_file(tmp_path, REPLICATED, num_samples=2, replicates=[3, 7]))
+    searcher = GridCrossedSearcher(spec)
+    a = searcher.suggest("a")
+    path = tmp_path / "searcher.pkl"
+    searcher.save(str(path))
+    restored = GridCrossedSearcher(spec)
+    restored.restore(str(path))
+    b = restored.suggest("b")  # the second replicate of the same configuration, after a restore
+    assert (a["seed"], b["seed"]) == (3, 7) and config_hash(a) == config_hash(b)
+    finish(restored, "a", 1.0, spec.total_epochs)
+    finish(restored, "b", 0.4, 2)  # stopped early
+    assert restored.study_of(restored.cell_of("a")).trials[0].state == TrialState.PRUNED
+
+
+def test_replicates_and_a_seed_key_are_an_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"search.replicates.*search.space.seed"):
+        load_study(study_file(tmp_path, {**REPLICATED, "seed": {"grid": [0, 1]}}, replicates=3))
+    with pytest.raises(ConfigError, match=r"search.replicates\[1\]: seed 0 is listed twice"):
+        load_study(study_file(tmp_path, REPLICATED, replicates=[0, 0]))
+    with pytest.raises(ConfigError, match=r"search.replicates: must be >= 1"):
+        load_study(study_file(tmp_path, REPLICATED, replicates=0))
+
+
+# -- the replicate-group scheduler ----------------------------------------------------------------------------------
+def trial(tid: str, config: dict):
+    return SimpleNamespace(trial_id=tid, config=config)
+
+
+def run_rung(sched, groups: dict[str, list[float]], epoch: int = 1) -> dict[str, list[str]]:
+    """Report `groups` (name -> one value per replicate) at `epoch`, group after group; decisions per trial."""
+    out = {}
+    for name, values in groups.items():
+        out[name] = []
+        for seed, v in enumerate(values):
+            t = trial(f"{name}-{seed}", {"fusion": name, "seed": seed})
+            sched.on_trial_add(None, t)
+            out[name].append(sched.on_trial_result(None, t, {METRIC: v, "epoch": epoch}))
+    return out
+
+
+def scheduler(k=2.0, replicates=3):
+    sched = ReplicateASHA(max_t=8, grace_period=1, reduction_factor=2, replicates=replicates, min_gap_se=k)
+    assert sched.set_search_properties(METRIC, "max")
+    return sched
+
+
+# seed spread 1.0 in every group (values m-1, m, m+1): pooled sd 1, threshold 2 * 1 * sqrt(2/3) = 1.633
+SPREAD = (-1.0, 0.0, 1.0)
+
+
+def test_scheduler_never_stops_a_group_within_its_threshold():
+    sched = scheduler()
+    threshold = 2 * 1.0 * math.sqrt(2 / 3)
+    decisions = run_rung(sched, {"a": [10 + d for d in SPREAD], "b": [10 - threshold + 0.01 + d for d in SPREAD]})
+    assert decisions["b"] == [TrialScheduler.CONTINUE] * 3  # below the cutoff 10, but by less than the threshold
+    assert sched.stopped_early("b-2") is None
+    # one seed far below the cutoff does not stop its group when the group mean is close
+    decisions = run_rung(sched, {"c": [4.0, 12.0, 12.0]})
+    assert decisions["c"] == [TrialScheduler.CONTINUE] * 3
+
+
+def test_scheduler_stops_a_group_clearly_below_and_all_its_replicates():
+    sched = scheduler()
+    run_rung(sched, {"a": [10 + d for d in SPREAD]})
+    decisions = run_rung(sched, {"b": [6 + d for d in SPREAD]})  # 4 below, threshold 1.63
+    assert decisions["b"] == [TrialScheduler.CONTINUE, TrialScheduler.CONTINUE, TrialScheduler.STOP]
+    info = sched.stopped_early("b-2")
+    assert info["rung"] == 1 and info["cutoff"] == pytest.approx(10.0) and info["group_mean"] == pytest.approx(6.0)
+    assert info["threshold"] == pytest.approx(2 * math.sqrt(2 / 3))
+    # the replicates that were still running stop at their next result, with the same record
+    t = trial("b-0", {"fusion": "b", "seed": 0})
+    assert sched.on_trial_result(None, t, {METRIC: 6.5, "epoch": 2}) == TrialScheduler.STOP
+    assert sched.stopped_early("b-0") == info
+    assert sched.stopped_early("a-0") is None
+
+
+def test_scheduler_without_measured_spread_stops_nothing():
+    sched = scheduler(replicates=1)
+    decisions = run_rung(sched, {"a": [10.0], "b": [1.0], "c": [0.5]})
+    assert all(d == [TrialScheduler.CONTINUE] for d in decisions.values())
+
+
+def test_scheduler_min_mode_and_a_replicate_that_ended_early():
+    sched = ReplicateASHA(max_t=8, grace_period=1, reduction_factor=2, replicates=3, mode="min", metric="loss")
+    for name, values in {"a": [1.0, 1.1, 0.9], "b": [5.0, 5.1]}.items():
+        for seed, v in enumerate(values):
+            t = trial(f"{name}-{seed}", {"fusion": name, "seed": seed})
+            sched.on_trial_add(None, t)
+            sched.on_trial_result(None, t, {"loss": v, "epoch": 1})
+    assert sched.group_means(1) == {config_hash({"fusion": "a"}): pytest.approx(1.0)}  # b waits for its third
+    failed = trial("b-2", {"fusion": "b", "seed": 2})
+    sched.on_trial_add(None, failed)
+    sched.on_trial_error(None, failed)  # ... which fails before the rung: the group is decided on two seeds
+    assert sched.stopped_early("b-0") is None
+    assert sched.on_trial_result(None, trial("b-0", {"fusion": "b", "seed": 0}), {"loss": 5.0, "epoch": 2}) == "STOP"
+    assert sched.stopped_early("b-0")["cutoff"] == pytest.approx(1.0)

@@ -340,3 +340,32 @@ def test_callback_fills_in_epochs_a_killed_driver_never_logged(tmp_path):
              for tid, run in cb2.trial_runs.items()}
     assert steps == {"abc_00000": [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)],
                      "abc_00001": [(1, 11.0), (2, 12.0), (3, 13.0)]}
+
+
+def test_scheduler_stopped_trial_is_tagged_and_not_best(tmp_path):
+    """A trial the scheduler stopped ends FINISHED but tagged a2.stopped_early (rung, cutoff); replicates share
+    a2.config_hash; best_candidates leaves the stopped run out while another finished."""
+    from dashboards.stats import TAG_CONFIG_HASH, best_candidates
+    from launch.mlflow_callback import A2MLflowCallback
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    stopped = {"t1": {"rung": 2, "cutoff": 1.5, "group_mean": 0.9, "threshold": 0.2}}
+    trials = [_FakeTrial("t0", {"fusion": "gate", "lambda": 0.03, "seed": 0}),
+              _FakeTrial("t1", {"fusion": "gate", "lambda": 0.05, "seed": 0}),
+              _FakeTrial("t2", {"fusion": "gate", "lambda": 0.05, "seed": 1})]
+    cb = A2MLflowCallback(uri, "stop-study", strict=True, stopped_early_of=stopped.get)
+    cb.setup()
+    for t, value in zip(trials, (1.0, 2.0, 1.9)):
+        cb.on_trial_start(0, trials, t)
+        cb.on_trial_result(0, trials, t, {"epoch": 2, "val/CIDEr": value})
+        cb.on_trial_complete(0, trials, t)
+    _, children = study_runs(uri, "stop-study")
+    runs = {c.data.tags[TAG_TRIAL_ID]: c for c in children}
+    assert {k: r.info.status for k, r in runs.items()} == {"t0": "FINISHED", "t1": "FINISHED", "t2": "FINISHED"}
+    tags = runs["t1"].data.tags
+    assert (tags["a2.stopped_early"], tags["a2.stopped_rung"], tags["a2.stopped_cutoff"]) == ("true", "2", "1.5")
+    assert "a2.stopped_early" not in runs["t0"].data.tags
+    assert runs["t1"].data.tags[TAG_CONFIG_HASH] == runs["t2"].data.tags[TAG_CONFIG_HASH]
+    assert runs["t0"].data.tags[TAG_CONFIG_HASH] != runs["t1"].data.tags[TAG_CONFIG_HASH]
+    best = max(best_candidates([r.data for r in runs.values()]), key=lambda d: d.metrics["val/CIDEr"])
+    assert best.tags[TAG_TRIAL_ID] == "t2"  # t1 scored higher but was stopped early

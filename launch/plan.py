@@ -1,0 +1,80 @@
+"""`a2 study plan FILE [--sd SD] [--delta D ...]`: the seeds per arm a study needs before it spends a cluster.
+
+For each CIDEr difference `delta` (default: the paper's Table 3 gaps, each fusion vs the baseline and the smallest
+gap between two fusions) it prints the seeds per arm that resolve it at 95% confidence with 80% power (two-sided
+two-sample t test, `dashboards.stats.seeds_needed`) and what the study then costs in trial-epochs: configurations
+x seeds x planned epochs (XE + SCST), an upper bound that early stopping can only lower.
+
+The seed spread is `--sd`, or else measured in the study's own finished runs in MLflow: the pooled standard
+deviation of best val CIDEr within replicate groups (`dashboards.stats.pooled_sd`). Scores are x100.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+from a2core.errors import StudyError
+from dashboards.paper_results import TABLE3, TABLE3_ROW
+from dashboards.stats import POWER, pooled_sd, seeds_needed
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="the study file (its configurations and planned epochs set the cost)")
+    parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=4")
+    parser.add_argument("--sd", type=float, default=None,
+                        help="seed standard deviation of val CIDEr (x100); default: measured in the study's runs")
+    parser.add_argument("--delta", type=float, nargs="+", default=None,
+                        help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
+    parser.add_argument("--tracking-uri", default=None, help="where the finished study's runs are (default: spec)")
+
+
+def table3_gaps() -> list[tuple[str, float]]:
+    """Each fusion's CIDEr gain over the baseline in the paper's Table 3, and the smallest gap between fusions."""
+    cider = {fusion: TABLE3["rows"][row]["CIDEr"] for fusion, row in TABLE3_ROW.items()}
+    gaps = [(f"{f} vs none", round(c - cider["none"], 1)) for f, c in cider.items() if f != "none"]
+    pairs = [(abs(cider[a] - cider[b]), a, b) for a, b in itertools.combinations([f for f in cider if f != "none"], 2)]
+    d, a, b = min(pairs)
+    return gaps + [(f"{a} vs {b}", round(d, 1))]
+
+
+def measured_sd(tracking_uri: str, study_name: str) -> tuple[float, int]:
+    """(pooled seed sd of best val CIDEr, replicate groups with >= 2 seeds) of a finished study in MLflow."""
+    from dashboards.compare import configurations
+    from dashboards.report import load_study
+
+    runs = [r for r in load_study(tracking_uri, study_name).runs if r.best_cider is not None]
+    groups = [[r.best_cider for r in g] for g in configurations(runs)]
+    sd = pooled_sd(groups)
+    if sd is None:
+        raise StudyError(f"study {study_name!r} has no configuration with two seeds in {tracking_uri}: no seed spread "
+                         f"to measure; give one with --sd")
+    return sd, sum(len(g) > 1 for g in groups)
+
+
+def plan_text(configs: int, epochs: int, sd: float, deltas: list[tuple[str, float]], source: str) -> str:
+    lines = [f"seed spread: sd {sd:.2f} CIDEr ({source}); 95% confidence, {POWER:.0%} power, two-sided",
+             f"{'difference':<26}{'delta':>7}{'seeds/arm':>11}{'trial-epochs':>14}"]
+    for label, delta in deltas:
+        n = seeds_needed(delta, sd)
+        lines.append(f"{label:<26}{delta:>7.1f}{n:>11d}{configs * n * epochs:>14d}")
+    lines.append(f"trial-epochs = {configs} configurations x seeds x {epochs} epochs (before early stopping)")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from launch.spec import load_study
+
+    spec = load_study(args.file, args.overrides)
+    if args.sd is not None:
+        if args.sd <= 0:
+            raise StudyError(f"--sd must be > 0, got {args.sd}")
+        sd, source = args.sd, "given"
+    else:
+        uri = args.tracking_uri or spec.tracking["mlflow_uri"]
+        sd, groups = measured_sd(uri, spec.name)
+        source = f"measured in study {spec.name}, {groups} replicate groups"
+    if args.delta is not None and any(d <= 0 for d in args.delta):
+        raise StudyError(f"--delta must be > 0, got {args.delta}")
+    deltas = [(f"{d:g} CIDEr", d) for d in args.delta] if args.delta else table3_gaps()
+    print(plan_text(spec.num_configs, spec.total_epochs, sd, deltas, source))
+    return 0
