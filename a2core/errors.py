@@ -25,7 +25,7 @@ class DataError(A2Error, ValueError):
     """Captions, image lists or region features are missing or malformed (the message names file and image id)."""
 
 
-class CheckpointError(A2Error):
+class CheckpointError(A2Error, ValueError):
     """A checkpoint cannot be read safely: missing, corrupt, from another model, or holding disallowed objects."""
 
 

@@ -21,6 +21,7 @@ def study_file(tmp_path, monkeypatch):
     raw = yaml.safe_load(SMOKE.read_text())
     del raw["search"]["space"]["seed"]
     raw["search"]["replicates"] = 3
+    raw["train"].update(xe_epochs=20, scst_epochs=0)  # pinned: the expected trial-epochs below use 20
     raw["tracking"] = {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(raw))
