@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
 import torch
 
+from .atomic import atomic_write
 from .model.a2 import A2Transformer
 from .errors import A2Error
 
@@ -205,11 +205,7 @@ def captions_for(data, stepper, split: str, *, beam_size: int = 5, max_len: int 
 
 def write_results_json(path: str | Path, captions: dict[int, str]) -> None:
     """COCO results format [{"image_id": int, "caption": str}], written atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in sorted(captions.items())]))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps([{"image_id": i, "caption": c} for i, c in sorted(captions.items())]))
 
 
 def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int = 5, max_len: int = 20,

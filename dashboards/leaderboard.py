@@ -39,6 +39,7 @@ import mlflow.pyfunc
 import pandas as pd
 
 from dashboards import paper_results
+from a2core.atomic import atomic_write
 from a2core.errors import A2Error, DataError
 
 SCHEMA = 1
@@ -216,22 +217,8 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
 
 
 def write_leaderboard(path: str | os.PathLike, board: Mapping) -> Path:
-    """Write the leaderboard JSON atomically (temp file in the same folder, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(board, f, indent=2, default=str)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write the leaderboard JSON atomically."""
+    return atomic_write(path, json.dumps(board, indent=2, default=str) + "\n")
 
 
 def read_leaderboard(path: str | os.PathLike) -> dict:

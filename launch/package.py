@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from a2core.errors import PackageError
+from a2core.errors import PackageError, StorageError
+from dashboards.storage import open_location
 
 SEED_STUDIES_FILE = "seed_studies.json"
 DEFAULT_OUT = "a2-packages"
@@ -146,28 +147,14 @@ def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
     return chosen, missing
 
 
-def checkpoint_exists(uri: str, endpoint_url: str | None = None) -> bool:
-    if uri.startswith("s3://"):
-        from dashboards.s3 import make_client, parse_s3_uri
-
-        bucket, key = parse_s3_uri(uri, require_key=True)
-        try:
-            make_client(endpoint_url).head_object(Bucket=bucket, Key=key)
-            return True
-        except Exception:  # noqa: BLE001 - not there, or not readable: either way unusable
-            return False
-    return Path(uri).is_file()
-
-
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
     """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
-    if not uri.startswith("s3://"):
-        return uri
-    from dashboards.s3 import download_file
-
+    location = open_location(uri, endpoint_url)
+    if location.local:
+        return location.uri
     target = Path(cache_dir) / hashlib.sha256(uri.encode()).hexdigest()[:16] / "checkpoint.pt"
     if not target.is_file():
-        download_file(uri, target, endpoint_url=endpoint_url)
+        location.download(target)
     return str(target)
 
 
@@ -490,7 +477,7 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
              f"(fusion {fusion}, seed {best['seed']}, config {best['hash'][:12]})", verbose)
         comp_rows, _ = _companion_rows(location, companion_studies(location), best["hash"], verbose)
         rows = main_rows + comp_rows
-        exists = lambda uri: checkpoint_exists(uri, endpoint)  # noqa: E731
+        exists = lambda uri: open_location(uri, endpoint).exists()  # noqa: E731
         chosen, missing = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
         if missing:
             have = ", ".join(f"seed {s}: trial {c['trial_id']}" for s, c in sorted(chosen.items())) or "none"
@@ -597,12 +584,12 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
         # 7. uploads
         uploads = []
         if upload_prefix:
-            from dashboards.s3 import upload_file
+            from dashboards.storage import upload_file
 
             for path in (zip_path, board_path):
                 try:
                     uploads.append(upload_file(path, upload_prefix + path.name, endpoint_url=upload_endpoint))
-                except Exception as err:  # noqa: BLE001 - S3TransferError, credentials, endpoint
+                except StorageError as err:
                     raise PackageError(f"upload of {path.name} to {upload_prefix} failed: {err}") from None
                 _say(f"package: uploaded {path.name} to {uploads[-1]['uri']} (sha256 {uploads[-1]['sha256']})",
                      verbose)

@@ -28,10 +28,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
+from a2core.atomic import atomic_write
 from a2core.errors import StudyError
 
 STUDY_FILE = "study.yaml"
@@ -95,113 +95,34 @@ def main(args: argparse.Namespace) -> int:
 
 
 # -- where a study lives -----------------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class StudyLocation:
-    """`<storage>/<name>`, local or on S3, with small helpers to read and (atomically) write files there."""
+    """`<storage>/<name>`, a local folder or on S3: `at(...)` is a `dashboards.storage.Location` below it."""
 
     name: str
     storage: str
     endpoint_url: str | None = None
 
-    @property
-    def path(self) -> str:
-        from launch.trainable import study_dir
+    def at(self, *parts: str):
+        from dashboards.storage import open_location
 
-        return study_dir(self.storage, self.name)
-
-    def fs_path(self, *parts: str) -> tuple[str, Any]:
-        """(path, pyarrow filesystem or None) of a file below the study folder."""
-        from launch.trainable import join, storage_location
-
-        return storage_location(join(self.path, *parts) if parts else self.path, self.endpoint_url)
-
-    def ray_storage(self) -> tuple[str, Any]:
-        """(storage_path, storage_filesystem) for `RunConfig` of the study's Tune experiment."""
-        from launch.trainable import storage_location
-
-        return storage_location(self.storage, self.endpoint_url)
-
-    def filesystem(self):
-        """A pyarrow filesystem and the study folder's path on it (for Ray APIs that take `storage_filesystem`)."""
-        path, fs = self.fs_path()
-        if fs is None and "://" in path:
-            import pyarrow.fs
-
-            fs, path = pyarrow.fs.FileSystem.from_uri(path)
-        return path, fs
+        return open_location(self.storage, self.endpoint_url).join(self.name, *parts)
 
     def exists(self, *parts: str) -> bool:
-        path, fs = self.fs_path(*parts)
-        if fs is None and "://" not in path:
-            return os.path.exists(path)
-        import pyarrow.fs
+        return self.at(*parts).exists()
 
-        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
-        return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
+    def read_text(self, *parts: str) -> str | None:
+        return self.at(*parts).read_text()
 
-    def read_text(self, *parts: str) -> str:
-        path, fs = self.fs_path(*parts)
-        if fs is None and "://" not in path:
-            return Path(path).read_text()
-        import pyarrow.fs
-
-        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
-        with fs.open_input_stream(path) as f:
-            return f.readall().decode("utf-8")
-
-    def write_text(self, text: str, *parts: str) -> str:
-        """Write a file below the study folder: temp file + rename locally, one PUT on S3 (atomic too)."""
-        path, fs = self.fs_path(*parts)
-        if fs is None and "://" not in path:
-            _atomic_write(Path(path), text)
-            return path
-        import pyarrow.fs
-
-        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
-        _upload_text(fs, path, text)
-        return path
+    def write_text(self, text: str, *parts: str) -> None:
+        self.at(*parts).write_text(text)
 
     def listdir(self, *parts: str) -> list[str]:
-        """Names of the entries of a folder below the study folder (empty when there is none)."""
-        path, fs = self.fs_path(*parts)
-        if fs is None and "://" not in path:
-            return sorted(os.listdir(path)) if os.path.isdir(path) else []
-        import pyarrow.fs
-
-        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
-        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
-        return sorted(info.base_name for info in infos)
+        return self.at(*parts).listdir()
 
     def uri(self, *parts: str) -> str:
         """A path or URI to show people: `s3://bucket/...` for S3 storage."""
-        from launch.trainable import join
-
-        return join(self.path, *parts) if parts else self.path
-
-
-def _upload_text(fs, path: str, text: str) -> None:
-    """One small object on object storage, uploaded from a local file (a single PUT, no multipart upload)."""
-    import pyarrow.fs
-
-    with tempfile.TemporaryDirectory(prefix="a2-upload-") as tmp:
-        local = Path(tmp) / "object"
-        local.write_text(text)
-        pyarrow.fs.copy_files(str(local), path, destination_filesystem=fs)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        return self.at(*parts).uri
 
 
 def _pointer_path(name: str) -> Path:
@@ -211,7 +132,7 @@ def _pointer_path(name: str) -> Path:
 def remember(location: StudyLocation) -> None:
     """Leave `./.a2/studies/<name>.json` so that `resume NAME` / `status NAME` find the study from here."""
     try:
-        _atomic_write(_pointer_path(location.name), json.dumps(
+        atomic_write(_pointer_path(location.name), json.dumps(
             {"name": location.name, "storage": location.storage, "storage_endpoint_url": location.endpoint_url,
              "path": location.uri(), "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
     except OSError as err:  # a read-only working directory must not fail the study
@@ -313,7 +234,7 @@ def resume_study(location: StudyLocation, *, address: str | None = None, verbose
     if connect:
         cluster = _connect(address)
         check_cluster(spec, cluster)
-    path, fs = location.filesystem()
+    path, fs = location.at().ray_storage()
     if not Tuner.can_restore(path, storage_filesystem=fs):
         raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
                          f"(it was stopped before its first trial started); run it again")
@@ -332,7 +253,7 @@ def _experiment_exists(location: StudyLocation) -> bool:
     try:
         from ray.tune import Tuner
 
-        path, fs = location.filesystem()
+        path, fs = location.at().ray_storage()
         return bool(Tuner.can_restore(path, storage_filesystem=fs))
     except Exception:  # noqa: BLE001 - no folder, unreachable storage: nothing to protect
         return False
@@ -389,7 +310,9 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
     from launch.trainable import make_trainable, plan_from_spec
 
     _prepare_output(verbose)
-    storage_path, fs = location.ray_storage()
+    from dashboards.storage import open_location
+
+    storage_path, fs = open_location(location.storage, location.endpoint_url).ray_storage()  # the study's parent
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     callbacks = [JsonLoggerCallback(), CSVLoggerCallback()]  # result.json is what `status` and `summary` read
@@ -477,7 +400,7 @@ def collect(spec, location: StudyLocation) -> list[dict]:
 
     from ray.tune import ExperimentAnalysis
 
-    path, fs = location.filesystem()
+    path, fs = location.at().ray_storage()
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     analysis = ExperimentAnalysis(path, storage_filesystem=fs)
     frames = analysis.trial_dataframes
@@ -499,7 +422,7 @@ def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
     from launch.trainable import TRIALS_DIR, read_results
 
     try:
-        return read_results(location.uri(TRIALS_DIR), spec.name, trial_id, location.endpoint_url)
+        return read_results(location.at(TRIALS_DIR), spec.name, trial_id)
     except Exception:  # noqa: BLE001 - unreadable log: Tune's results alone
         return []
 

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import shutil
 import tempfile
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-from urllib.parse import urlparse
+from typing import Callable
 
 TRIALS_DIR = "trials"  # below the study's folder: one Ray Train run per trial
 CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
@@ -48,61 +46,6 @@ PROPAGATED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOK
 
 
 # -- storage -----------------------------------------------------------------------------------------------------
-def is_remote(storage: str) -> bool:
-    return "://" in str(storage) and not str(storage).startswith("file://")
-
-
-def storage_location(storage: str, endpoint_url: str | None = None):
-    """`(path, filesystem)` for Ray's `storage_path` / `storage_filesystem`.
-
-    Local folders become absolute paths with no filesystem. `s3://bucket/prefix` with an `endpoint_url` (any
-    S3-compatible server) becomes `("bucket/prefix", pyarrow S3FileSystem(endpoint_override=...))`; without one,
-    the URI is handed to Ray as is (pyarrow resolves AWS from the environment).
-    """
-    storage = str(storage)
-    if storage.startswith("file://"):
-        storage = storage[len("file://"):]
-    if not is_remote(storage):
-        return os.path.abspath(os.path.expanduser(storage)), None
-    parsed = urlparse(storage)
-    if parsed.scheme in ("s3", "s3a") and endpoint_url:
-        import pyarrow.fs
-
-        endpoint = urlparse(endpoint_url if "://" in endpoint_url else f"http://{endpoint_url}")
-        kwargs: dict[str, Any] = {"endpoint_override": endpoint.netloc, "scheme": endpoint.scheme or "http"}
-        region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
-        if region:
-            kwargs["region"] = region
-        fs = pyarrow.fs.S3FileSystem(**kwargs)
-        return f"{parsed.netloc}{parsed.path}".rstrip("/"), fs
-    return storage.rstrip("/"), None
-
-
-def file_location(storage: str, endpoint_url: str | None = None):
-    """`(path, filesystem)` for reading and writing single files: like `storage_location`, but a remote URI
-    without an endpoint gets pyarrow's filesystem too (filesystem None: a local path)."""
-    path, fs = storage_location(storage, endpoint_url)
-    if fs is None and "://" in path:
-        import pyarrow.fs
-
-        fs, path = pyarrow.fs.FileSystem.from_uri(path)
-    return path, fs
-
-
-def join(path: str, *parts: str) -> str:
-    """Join below a storage path: a local folder, a bucket path (with a filesystem) or a URI."""
-    if "://" in path:
-        return "/".join([path.rstrip("/"), *[p.strip("/") for p in parts]])
-    return posixpath.join(path, *parts) if not os.path.isabs(path) or os.sep == "/" else os.path.join(path, *parts)
-
-
-def study_dir(storage: str, name: str) -> str:
-    """The Tune experiment folder of a study (as a storage URI or local path)."""
-    if is_remote(storage):
-        return join(str(storage), name)
-    return os.path.join(os.path.abspath(os.path.expanduser(str(storage).removeprefix("file://"))), name)
-
-
 def train_run_name(study: str, trial_id: str) -> str:
     """The Ray Train run of a trial: the same on every retry and restore of that trial."""
     return f"{study}-{trial_id}"
@@ -128,9 +71,11 @@ class TrialPlan:
     resolve: Callable[[dict], dict] | None = None  # sampled Tune config -> full a2core config dict
     base: dict = field(default_factory=dict)  # used when `resolve` is None: base config + dotted overrides
 
-    @property
-    def trials_path(self) -> str:
-        return join(study_dir(self.storage, self.study), TRIALS_DIR)
+    def trials(self):
+        """The study's `trials/` folder (a `dashboards.storage.Location`): one Ray Train run per trial."""
+        from dashboards.storage import open_location
+
+        return open_location(self.storage, self.storage_endpoint_url).join(self.study, TRIALS_DIR)
 
     def trial_config(self, sampled: dict) -> dict:
         if self.resolve is not None:
@@ -258,37 +203,6 @@ TUNE_POINTER_FILE = "train_checkpoint.json"
 RESULTS_FILE = "results.json"  # in a trial's Train run folder: every epoch's result, across retries and restores
 
 
-def _read_text(path: str, fs) -> str | None:
-    if fs is None:
-        try:
-            return Path(path).read_text()
-        except FileNotFoundError:
-            return None
-    import pyarrow.fs
-
-    if fs.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
-        return None
-    with fs.open_input_stream(path) as f:
-        return f.readall().decode("utf-8")
-
-
-def _write_text(path: str, fs, text: str) -> None:
-    """Replace a small file at once: temp file + rename locally, one PUT on object storage."""
-    if fs is None:
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, target)
-        return
-    import pyarrow.fs
-
-    with tempfile.TemporaryDirectory(prefix="a2-upload-") as tmp:  # one PUT from a file, no multipart upload
-        local = Path(tmp) / "object"
-        local.write_text(text)
-        pyarrow.fs.copy_files(str(local), path, destination_filesystem=fs)
-
-
 def _scalars(result: dict) -> dict:
     """The JSON-plain entries of a result (caption samples and nested dicts are left out of the log)."""
     return {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
@@ -301,9 +215,9 @@ class ResultLog:
     what was synced; this log is written before Tune (and MLflow) hear of a result, so it holds every epoch a
     trial reported, whatever was restarted. An epoch reported again (after a restart) replaces its old entry."""
 
-    def __init__(self, path: str, fs):
-        self.path, self.fs = path, fs
-        text = _read_text(path, fs)
+    def __init__(self, location):
+        self.location = location
+        text = location.read_text()
         self.by_epoch: dict[int, dict] = {}
         for item in json.loads(text) if text else []:
             if isinstance(item.get("epoch"), (int, float)):
@@ -329,26 +243,20 @@ class ResultLog:
         return sorted(added)
 
     def _write(self) -> None:
-        _write_text(self.path, self.fs, json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
+        self.location.write_text(json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
 
 
-def latest_checkpoint_history(run_path: str, fs) -> list[dict]:
-    """The epoch history stored with the newest `checkpoint_epochNNNN` of a Train run folder (empty if none).
+def latest_checkpoint_history(run) -> list[dict]:
+    """The epoch history stored with the newest `checkpoint_epochNNNN` of a Train run folder (a Location; empty
+    if none).
 
     A driver killed between Ray Train registering a checkpoint and Tune hearing of its result loses that result
     everywhere but here; the trial's result log (and from it MLflow) gets it back when the trial restarts."""
     prefix = "checkpoint_epoch"
-    if fs is None:
-        root = Path(run_path)
-        names = [p.name for p in root.iterdir()] if root.is_dir() else []
-    else:
-        import pyarrow.fs
-
-        infos = fs.get_file_info(pyarrow.fs.FileSelector(run_path, allow_not_found=True))
-        names = [posixpath.basename(i.path) for i in infos if i.type == pyarrow.fs.FileType.Directory]
+    names = run.listdir(folders_only=True)
     epochs = sorted(int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit())
     for epoch in reversed(epochs):  # the newest one that has its history (older checkpoints lack the file)
-        text = _read_text(join(run_path, f"{prefix}{epoch:04d}", HISTORY_FILE), fs)
+        text = run.join(f"{prefix}{epoch:04d}", HISTORY_FILE).read_text()
         if text:
             try:
                 items = json.loads(text)
@@ -358,10 +266,10 @@ def latest_checkpoint_history(run_path: str, fs) -> list[dict]:
     return []
 
 
-def read_results(trials_path: str, study: str, trial_id: str, endpoint_url: str | None = None) -> list[dict]:
-    """The result log of a trial (see `ResultLog`), oldest epoch first; empty when it has none yet."""
-    path, fs = file_location(join(trials_path, train_run_name(study, trial_id), RESULTS_FILE), endpoint_url)
-    text = _read_text(path, fs)
+def read_results(trials, study: str, trial_id: str) -> list[dict]:
+    """The result log of a trial (see `ResultLog`) below the `trials` Location, oldest epoch first; empty when it
+    has none yet."""
+    text = trials.join(train_run_name(study, trial_id), RESULTS_FILE).read_text()
     return json.loads(text) if text else []
 
 
@@ -425,7 +333,8 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     _quiet_per_epoch_logs()
     trial_id = ray.tune.get_context().get_trial_id()
     train_config = plan.trial_config(config)
-    path, fs = storage_location(plan.trials_path, plan.storage_endpoint_url)
+    trials = plan.trials()
+    path, fs = trials.ray_storage()
     use_gpu = plan.gpus_per_worker > 0
     # The queue lives and dies with this driver (same node), as the Train controller does.
     results = Queue(maxsize=1, actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
@@ -448,9 +357,9 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
             callbacks=[_forwarder_class()(results)],
         ),
     )
-    run_uri = join(plan.trials_path, train_run_name(plan.study, trial_id))
-    result_log = ResultLog(*file_location(join(run_uri, RESULTS_FILE), plan.storage_endpoint_url))
-    result_log.add_missing(latest_checkpoint_history(*file_location(run_uri, plan.storage_endpoint_url)))
+    run = trials.join(train_run_name(plan.study, trial_id))
+    result_log = ResultLog(run.join(RESULTS_FILE))
+    result_log.add_missing(latest_checkpoint_history(run))
     outcome: dict = {}
 
     def fit() -> None:

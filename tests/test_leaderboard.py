@@ -79,7 +79,7 @@ def test_write_leaderboard_is_atomic_and_round_trips(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(lb.json, "dump", broken)
+    monkeypatch.setattr("a2core.atomic.os.fsync", broken)  # fails after the new text is in the temp file
     with pytest.raises(OSError):
         lb.write_leaderboard(path, {"other": 1})
     assert lb.read_leaderboard(path)["study"] == "st"  # the old file is intact
