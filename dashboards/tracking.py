@@ -328,7 +328,7 @@ class StudyTracker:
         self.client = _client(tracking_uri)
         self._experiment_id: str | None = None
         self.parent_run_id: str | None = None
-        self._trial_runs: dict[str, str] = {}
+        self.trial_runs: dict[str, str] = {}
 
     # pickling (Ray callbacks are pickled with the Tuner): drop the client, rebuild it lazily
     def __getstate__(self):
@@ -403,7 +403,7 @@ class StudyTracker:
             self.start_study()
         config = config or {}
         run = None
-        known = self._trial_runs.get(trial_id)
+        known = self.trial_runs.get(trial_id)
         if known is not None:
             try:
                 run = self.client.get_run(known)
@@ -438,7 +438,7 @@ class StudyTracker:
             update.update({k: v for k, v in extra.items() if run.data.tags.get(k) != v})
             if update:
                 self._set_tags(run.info.run_id, update)
-        self._trial_runs[trial_id] = run.info.run_id
+        self.trial_runs[trial_id] = run.info.run_id
         return run.info.run_id
 
     def end_trial(self, run_id: str, status: str = "FINISHED") -> None:

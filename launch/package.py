@@ -265,7 +265,7 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
     from a2core.config import Config
     from a2core.data.dataset import resolve_paths
     from a2core.data.features import FeatureStore
-    from dashboards.leaderboard import caption_features, ensemble_stepper
+    from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
 
     t0 = time.perf_counter()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -287,16 +287,16 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
     kwargs = dict(beam_size=beam_size, max_len=max_len, batch_size=batch_size, device=device, progress=tick)
     out: dict[str, Any] = {"ensemble": {}, "single": []}
     with torch.no_grad():
-        stepper = ensemble_stepper(models, vocab.eos)
         for split, ids in shard.items():
-            out["ensemble"][split] = caption_features(stepper, vocab, ids, fetch, **kwargs)
+            out["ensemble"][split] = caption_images(MinLengthStepper(EnsembleStepper(models), vocab.eos), vocab,
+                                                    ids, fetch, **kwargs)
         if single_split is not None:
             for model in models:
                 if len(models) == 1:
                     out["single"].append(out["ensemble"][single_split])
                 else:
-                    out["single"].append(caption_features(ensemble_stepper([model], vocab.eos), vocab,
-                                                          shard[single_split], fetch, **kwargs))
+                    out["single"].append(caption_images(MinLengthStepper(EnsembleStepper([model]), vocab.eos),
+                                                        vocab, shard[single_split], fetch, **kwargs))
     if bar:
         bar.close()
     store.close()
