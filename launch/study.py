@@ -349,36 +349,47 @@ def _study_params(spec) -> dict:
             "base": {k: raw.get(k) for k in ("data", "model", "train")}}
 
 
-def _reporter_class():
-    from types import SimpleNamespace
-
-    from ray.tune import CLIReporter
-
-    class StudyReporter(CLIReporter):
-        """Tune's CLI reporter, for search spaces with conditional keys: its "Current best trial" line looks up every
-        parameter column in the best trial's config, and a trial without one (lambda of a fusion-none trial)
-        would stop the study with a KeyError. The best trial is shown with "-" for the keys it does not have."""
-
-        def _current_best_trial(self, trials):
-            best, metric = super()._current_best_trial(trials)
-            if best is None or not self._parameter_columns:
-                return best, metric
-            config = dict((best.last_result or {}).get("config") or {})
-            for key in self._parameter_columns:
-                config.setdefault(key, "-")
-            return SimpleNamespace(trial_id=best.trial_id, last_result={**best.last_result, "config": config}), metric
-
-    return StudyReporter
-
-
 def _reporter(spec):
-    metrics = {"epoch": "epoch", spec.metric: spec.metric.split("/")[-1]}
-    if spec.metric == "val/CIDEr":
-        metrics["best/val/CIDEr"] = "best CIDEr"
-    metrics["time/epoch_s"] = "s/epoch"
-    params = {key: key for key in list(spec.params)}
-    return _reporter_class()(metric_columns=metrics, parameter_columns=params or None, max_report_frequency=30,
-                       sort_by_metric=True, max_progress_rows=40)
+    from ray.tune import ProgressReporter
+
+    class StudyTable(ProgressReporter):
+        """The live trial table: the table `a2 study status` prints, from the running trials, every 30 s and at
+        the end. (Tune's CLIReporter looks every parameter column up in the best trial's config, so a best trial
+        without a conditional key, lambda of fusion none, would stop the study with a KeyError.)"""
+
+        def __init__(self):
+            self.last = 0.0
+
+        def should_report(self, trials, done: bool = False) -> bool:
+            return done or time.monotonic() - self.last >= 30
+
+        def report(self, trials, done: bool, *sys_info) -> None:
+            self.last = time.monotonic()
+            print(format_table([live_row(spec, t) for t in trials], spec.metric), flush=True)
+
+    return StudyTable()
+
+
+def live_row(spec, trial) -> dict:
+    """A table row of a running Tune trial: its last result, and the best so far from Tune's metric analysis."""
+    result = trial.last_result or {}
+    best = (trial.metric_analysis.get(spec.metric) or {}).get(spec.mode)
+    return {"trial_id": trial.trial_id, "state": trial.status, **_described(spec, dict(trial.config or {})),
+            "epochs_done": int(_finite(result.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
+            "last": _finite(result.get(spec.metric)), "best": _finite(best)}
+
+
+def _described(spec, sampled: dict) -> dict:
+    """The resolved config of a trial's sampled values, with the columns every table shows."""
+    try:
+        config = spec.trial_config(sampled)
+    except Exception:  # noqa: BLE001 - an old study whose keys moved on: show what is known
+        config = {}
+    model, train = config.get("model", {}), config.get("train", {})
+    return {"config": config, "fusion": model.get("fusion", sampled.get("fusion")),
+            # lambda weighs the mask loss, which fusion none does not have
+            "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
+            "seed": train.get("seed", sampled.get("seed"))}
 
 
 # -- reading a study back: status, summary -----------------------------------------------------------------------
@@ -454,12 +465,7 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
     from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, train_run_name
 
     metric, mode = spec.metric, spec.mode
-    try:
-        config = spec.trial_config(sampled)
-    except Exception:  # noqa: BLE001 - an old study whose keys moved on: show what is known
-        config = {}
-    model = config.get("model", {})
-    train = config.get("train", {})
+    described = _described(spec, sampled)
     epochs = [int(r["epoch"]) for r in history if _finite(r.get("epoch")) is not None]
     if not epochs and _finite(last_result.get("epoch")) is not None:
         epochs = [int(last_result["epoch"])]
@@ -491,10 +497,7 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
         "trial_id": trial_id,
         "state": state,
         "sampled": sampled,
-        "fusion": model.get("fusion", sampled.get("fusion")),
-        # lambda weighs the mask loss, which fusion none does not have
-        "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
-        "seed": train.get("seed", sampled.get("seed")),
+        **described,
         "epochs_done": max(epochs) if epochs else 0,
         "epochs_planned": spec.total_epochs,
         "epochs_reported": epochs,
@@ -505,7 +508,6 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
                             if ckpt_epoch is not None else None),
         "best_checkpoint_epoch": ckpt_epoch,
         "train_run": run_dir,
-        "config": config,
         "error": error,
     }
 

@@ -13,6 +13,7 @@ in a copy of the working directory, and relative paths would land there.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -37,7 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     from a2core.config import ConfigError
 
     from launch import study as study_mod
-    from launch.raycluster import running_cluster_address
     from launch.spec import load_study
 
     try:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"submit: error: {err}", file=sys.stderr)
         return 2
     print(spec.summary(), flush=True)
-    address = args.address or running_cluster_address()
+    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # on a cluster's head: that cluster
     try:
         location = study_mod.StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
         if args.resume and location.exists(study_mod.STUDY_FILE):
