@@ -8,15 +8,8 @@ from __future__ import annotations
 import math
 
 from dashboards.report import (CIDER, TABLE_METRICS, ConfigGroup, config_groups, fmt_mean_std, fusion_sort_key,
-                               group_value, load_study, score_scale, searched_keys)
+                               group_value, load_study, score_scale, searched_keys, text_table)
 from dashboards.tracking import default_tracking_uri
-
-
-def _render(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.ljust(w) if i in (0, 1, len(cells) - 1) else c.rjust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths)))
-    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
 
 
 def best_groups(tracking_uri: str, study_name: str, by: str | None = "fusion", top: int = 10):
@@ -62,11 +55,7 @@ def compare_table(tracking_uri: str | None, study_name: str, by: str | None = "f
         rows.append(cells)
     note = "scores x100; " if scale == 100.0 else ""
     return (f"study {study_name}: {len(runs)} runs with {CIDER}; best config per "
-            f"{by or 'rank'} by mean best val CIDEr over seeds ({note}* = best in column)\n" + _render(header, rows))
-
-
-def compare(name: str, by: str | None = "fusion", tracking_uri: str | None = None) -> str:
-    return compare_table(tracking_uri, name, by)
+            f"{by or 'rank'} by mean best val CIDEr over seeds ({note}* = best in column)\n" + text_table(header, rows, right=set(range(2, len(header) - 1))))
 
 
 def main(args) -> int:
@@ -79,4 +68,4 @@ def main(args) -> int:
     return 0
 
 
-__all__ = ["compare_table", "compare", "main", "best_groups", "ConfigGroup"]
+__all__ = ["compare_table", "main", "best_groups", "ConfigGroup"]

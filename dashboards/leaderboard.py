@@ -43,10 +43,11 @@ from dashboards import paper_results
 from a2core.atomic import atomic_write
 from a2core.data.features import FeatureStore
 from a2core.errors import DataError
+from a2core.metrics import METRIC_NAMES
 
 SCHEMA = 1
 # Metrics in the order the table shows them; coco_scores' names.
-METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
+METRICS = METRIC_NAMES  # in the order the table shows them; coco_scores' names
 SHORT = {"BLEU-1": "B-1", "BLEU-2": "B-2", "BLEU-3": "B-3", "BLEU-4": "B-4", "METEOR": "M", "ROUGE-L": "R",
          "CIDEr": "C", "SPICE": "S"}
 NOT_HASHED = ("train.seed", "output_dir")
@@ -218,14 +219,13 @@ def format_table(board: Mapping) -> str:
     t3 = paper.get("table3")
     if t3:
         rows.append([f"paper T3 {t3['row']}", "", *[_fmt_number(t3["metrics"].get(k)) for k in metrics], ""])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     ev = board["evaluation"]
     title = (f"leaderboard of {board['study']} ({board['configuration']['fusion']}, config "
              f"{board['configuration']['hash'][:12]}): {ev['split']}, {ev['images']} images, beam {ev['beam_size']}, "
              f"percent")
-    return "\n".join([title, *lines])
+    from dashboards.report import text_table
+
+    return "\n".join([title, text_table(header, rows)])
 
 
 # -- MLflow --------------------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ class RunSummary:
 
     @property
     def lam(self) -> float | None:
-        return _float(self.param(*LAMBDA_KEYS))
+        return finite(self.param(*LAMBDA_KEYS))
 
     def score(self, metric: str) -> float | None:
         """A metric at the best epoch when known, else its final value."""
@@ -93,12 +93,22 @@ class Study:
         return self.parent.info.run_id
 
 
-def _float(value) -> float | None:
+def finite(value) -> float | None:
+    """`value` as a float, or None when it is not a finite number."""
     try:
         out = float(value)
     except (TypeError, ValueError):
         return None
-    return None if math.isnan(out) else out
+    return out if math.isfinite(out) else None
+
+
+def text_table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:
+    """The one plain-text table of the project: padded columns (those in `right` right-aligned), a rule under
+    the header."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) if i in right else c.ljust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
 
 
 def _isnan(value) -> bool:
@@ -150,7 +160,7 @@ def searched_keys(runs: list[RunSummary]) -> list[str]:
         distinct = set(values)
         if len(distinct) <= 1:
             continue
-        numeric = all(v is None or _float(v) is not None for v in values)
+        numeric = all(v is None or finite(v) is not None for v in values)
         if not numeric and len(runs) > 2 and len(distinct) == len(runs):
             continue  # a different string in every run: a path or a name, not a hyperparameter
         out.append(k)
@@ -431,7 +441,7 @@ def plot_parallel(runs: list[RunSummary], path: Path) -> Path | None:
     axes_spec = []  # (label, positions in [0,1] per run, tick positions, tick labels)
     for k in keys + [CIDER]:
         raw = [r.best_cider if k == CIDER else r.params.get(k) for r in runs]
-        nums = [_float(v) for v in raw]
+        nums = [finite(v) for v in raw]
         if all(n is not None for n in nums):
             vals = [float(n) for n in nums]  # type: ignore[arg-type]
             log = min(vals) > 0 and max(vals) / min(vals) > 20

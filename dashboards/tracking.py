@@ -188,17 +188,8 @@ def git_commit() -> str:
 
 
 def _flatten(config: dict) -> dict[str, Any]:
-    try:
-        from a2core.config import flatten
-    except ImportError:  # pragma: no cover - a2core is part of this repo
-        def flatten(raw, prefix=""):
-            out = {}
-            for k, v in raw.items():
-                if isinstance(v, dict) and v:
-                    out.update(flatten(v, f"{prefix}{k}."))
-                else:
-                    out[f"{prefix}{k}"] = v
-            return out
+    from a2core.config import flatten
+
     if hasattr(config, "to_dict"):
         config = config.to_dict()
     return flatten(dict(config or {}))
@@ -466,11 +457,6 @@ class StudyTracker:
     def logged_steps(self, run_id: str, key: str) -> set[int]:
         """The steps at which metric `key` of a run has values."""
         return {int(m.step) for m in self.client.get_metric_history(run_id, _clean_key(key))}
-
-    def log_params(self, run_id: str, params: dict) -> None:
-        """Log params (flattened); keys already logged with a different value are left alone (params are
-        immutable in MLflow)."""
-        self._log_params(run_id, _flatten(params), self.client.get_run(run_id).data.params)
 
     def set_tags(self, run_id: str, tags: dict) -> None:
         self._set_tags(run_id, tags)

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from a2core.errors import PackageError, StorageError
+from a2core.errors import A2Error, PackageError, StorageError
 from dashboards.storage import open_location
 
 SEED_STUDIES_FILE = "seed_studies.json"
@@ -74,17 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from launch.study import StudyError
-
-    try:
-        package(args.name, storage=args.storage, seeds=args.seeds, alg=args.alg, no_train=args.no_train,
+    package(args.name, storage=args.storage, seeds=args.seeds, alg=args.alg, no_train=args.no_train,
                 out=args.out, upload=args.upload, s3_endpoint_url=args.s3_endpoint_url,
                 tracking_uri=args.tracking_uri, beam_size=args.beam_size, batch_size=args.batch_size,
                 workers=args.workers, address=args.address, val_images=args.val_images,
-                test_images=args.test_images, data_overrides=args.data, verbose=not args.quiet)
-    except (PackageError, StudyError) as err:
-        print(f"a2 package: error: {err}", file=sys.stderr)
-        return 2
+            test_images=args.test_images, data_overrides=args.data, verbose=not args.quiet)
     return 0
 
 
@@ -110,7 +104,7 @@ def candidates(spec, location, summary: dict) -> list[dict]:
             continue
         try:
             config = spec.trial_config(dict(row.get("sampled") or {}))
-        except Exception as err:  # noqa: BLE001 - a trial the saved spec cannot rebuild any more
+        except A2Error as err:  # a trial the saved spec cannot rebuild any more
             print(f"a2 package: note: skipping trial {row.get('trial_id')} of {spec.name}: {err}", file=sys.stderr)
             continue
         out.append({"study": spec.name, "trial_id": str(row["trial_id"]), "seed": int(config["train"]["seed"]),

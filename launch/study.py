@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import os
 import sys
 import tempfile
@@ -32,7 +31,8 @@ from pathlib import Path
 import yaml
 
 from a2core.atomic import atomic_write
-from a2core.errors import StudyError
+from a2core.errors import A2Error, StudyError, TrackingError
+from dashboards.report import finite, text_table
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
@@ -73,25 +73,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     command = args.study_command
-    try:
-        if command == "validate":
-            from launch.spec import validate_main
+    if command == "validate":
+        from launch.spec import validate_main
 
-            return validate_main(args.file, args.overrides)
-        if command == "run":
-            return cmd_run(args)
-        if command == "resume":
-            return cmd_resume(args)
-        if command == "status":
-            return cmd_status(args)
-        if command == "compare":
-            from dashboards.compare import main as compare_main
+        return validate_main(args.file, args.overrides)
+    if command == "compare":
+        from dashboards.compare import main as compare_main
 
-            return compare_main(args)
-    except StudyError as err:
-        print(f"a2 study {command}: error: {err}", file=sys.stderr)
-        return 2
-    raise SystemExit(f"unknown study command {command!r}")
+        return compare_main(args)
+    return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[command](args)
 
 
 # -- where a study lives -----------------------------------------------------------------------------------------
@@ -195,14 +185,11 @@ def exit_code(summary: dict) -> int:
 
 
 def check_tracking(spec) -> None:
+    from dashboards.tracking import check_tracking_uri
+
     try:
-        from dashboards.tracking import check_tracking_uri
-    except ImportError:  # tracking helpers not installed: MLflow reports problems itself
-        return
-    uri = spec.tracking["mlflow_uri"]
-    try:
-        check_tracking_uri(uri)
-    except ValueError as err:
+        check_tracking_uri(spec.tracking["mlflow_uri"])
+    except TrackingError as err:
         raise StudyError(f"tracking.mlflow_uri: {err}") from None
 
 
@@ -250,13 +237,10 @@ def resume_study(location: StudyLocation, *, address: str | None = None, verbose
 
 
 def _experiment_exists(location: StudyLocation) -> bool:
-    try:
-        from ray.tune import Tuner
+    from ray.tune import Tuner
 
-        path, fs = location.at().ray_storage()
-        return bool(Tuner.can_restore(path, storage_filesystem=fs))
-    except Exception:  # noqa: BLE001 - no folder, unreachable storage: nothing to protect
-        return False
+    path, fs = location.at().ray_storage()
+    return bool(Tuner.can_restore(path, storage_filesystem=fs))
 
 
 def _connect(address: str | None) -> dict:
@@ -316,16 +300,13 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     callbacks = [JsonLoggerCallback(), CSVLoggerCallback()]  # result.json is what `status` and `summary` read
-    try:
-        from launch.mlflow_callback import A2MLflowCallback
-    except ImportError:  # tracking module missing: the study still runs
-        A2MLflowCallback = None
-    if A2MLflowCallback is not None:
-        callbacks.append(A2MLflowCallback(
-            spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"),
-            study_params=_study_params(spec), study_tags={"a2.storage": location.uri()},
-            resolve_config=spec.trial_config, metric=spec.metric, mode=spec.mode,
-            history_of=functools.partial(_result_log, spec, location)))
+    from launch.mlflow_callback import A2MLflowCallback
+
+    callbacks.append(A2MLflowCallback(
+        spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"),
+        study_params=_study_params(spec), study_tags={"a2.storage": location.uri()},
+        resolve_config=spec.trial_config, metric=spec.metric, mode=spec.mode,
+        history_of=functools.partial(_result_log, spec, location)))
     run_config = tune.RunConfig(
         name=spec.name,
         storage_path=storage_path,
@@ -375,15 +356,15 @@ def live_row(spec, trial) -> dict:
     result = trial.last_result or {}
     best = (trial.metric_analysis.get(spec.metric) or {}).get(spec.mode)
     return {"trial_id": trial.trial_id, "state": trial.status, **_described(spec, dict(trial.config or {})),
-            "epochs_done": int(_finite(result.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
-            "last": _finite(result.get(spec.metric)), "best": _finite(best)}
+            "epochs_done": int(finite(result.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
+            "last": finite(result.get(spec.metric)), "best": finite(best)}
 
 
 def _described(spec, sampled: dict) -> dict:
     """The resolved config of a trial's sampled values, with the columns every table shows."""
     try:
         config = spec.trial_config(sampled)
-    except Exception:  # noqa: BLE001 - an old study whose keys moved on: show what is known
+    except A2Error:  # an old study whose keys moved on: show what is known
         config = {}
     model, train = config.get("model", {}), config.get("train", {})
     return {"config": config, "fusion": model.get("fusion", sampled.get("fusion")),
@@ -393,14 +374,6 @@ def _described(spec, sampled: dict) -> dict:
 
 
 # -- reading a study back: status, summary -----------------------------------------------------------------------
-def _finite(value) -> float | None:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _better(a: float, b: float | None, mode: str) -> bool:
     return b is None or (a > b if mode == "max" else a < b)
 
@@ -434,7 +407,7 @@ def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
 
     try:
         return read_results(location.at(TRIALS_DIR), spec.name, trial_id)
-    except Exception:  # noqa: BLE001 - unreadable log: Tune's results alone
+    except ValueError:  # a log cut short (not JSON): Tune's results alone
         return []
 
 
@@ -444,7 +417,7 @@ def merge_history(tune_rows: list[dict], logged: list[dict]) -> list[dict]:
     by_epoch: dict[int, dict] = {}
     extra = []
     for row in list(tune_rows) + list(logged):
-        epoch = _finite(row.get("epoch"))
+        epoch = finite(row.get("epoch"))
         if epoch is None:
             extra.append(row)
         else:
@@ -466,12 +439,12 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
 
     metric, mode = spec.metric, spec.mode
     described = _described(spec, sampled)
-    epochs = [int(r["epoch"]) for r in history if _finite(r.get("epoch")) is not None]
-    if not epochs and _finite(last_result.get("epoch")) is not None:
+    epochs = [int(r["epoch"]) for r in history if finite(r.get("epoch")) is not None]
+    if not epochs and finite(last_result.get("epoch")) is not None:
         epochs = [int(last_result["epoch"])]
     values: dict[int, float] = {}  # epoch -> metric (the latest report of an epoch wins)
     for r in history:
-        value, epoch = _finite(r.get(metric)), _finite(r.get("epoch"))
+        value, epoch = finite(r.get(metric)), finite(r.get("epoch"))
         if value is not None and epoch is not None:
             values[int(epoch)] = value
     best_value = None
@@ -491,7 +464,7 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
         best_epoch = ckpt_epoch
     else:
         best_epoch = next((e for e in sorted(values) if values[e] == best_value), None)
-    last_value = _finite(history[-1].get(metric)) if history else _finite(last_result.get(metric))
+    last_value = finite(history[-1].get(metric)) if history else finite(last_result.get(metric))
     run_dir = location.uri(TRIALS_DIR, train_run_name(spec.name, trial_id))
     return {
         "trial_id": trial_id,
@@ -519,11 +492,7 @@ def _checkpoint_dir(epoch: int) -> str:
 def _stored_checkpoint_epochs(location: StudyLocation, run_parts: tuple[str, ...]) -> list[int]:
     """Epochs whose checkpoint is still in the trial's Train run folder, ascending."""
     out = []
-    try:
-        names = location.listdir(*run_parts)
-    except Exception:  # noqa: BLE001 - no folder yet, unreachable storage
-        return []
-    for name in names:
+    for name in location.listdir(*run_parts):
         if name.startswith("checkpoint_epoch") and name[len("checkpoint_epoch"):].isdigit():
             out.append(int(name[len("checkpoint_epoch"):]))
     return sorted(out)
@@ -615,11 +584,7 @@ def format_table(rows: list[dict], metric: str) -> str:
     header = ["trial", "fusion", "lambda", "seed", "state", "epochs", f"last {short}", f"best {short}"]
     body = [[r["trial_id"], str(r["fusion"]), _fmt(r["lambda"]), _fmt(r["seed"]), r["state"],
              f"{r['epochs_done']}/{r['epochs_planned']}", _fmt(r["last"]), _fmt(r["best"])] for r in rows]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
-    return "\n".join(lines)
+    return text_table(header, body)
 
 
 def cmd_status(args) -> int:
@@ -642,19 +607,7 @@ def cmd_status(args) -> int:
     return 0
 
 
-def _standalone(argv: list[str] | None = None) -> int:
-    """`python -m launch.study ...`: the same commands as `a2 study ...`."""
-    from a2core.config import ConfigError
+if __name__ == "__main__":  # `python -m launch.study ...`: the same commands as `a2 study ...`
+    from launch.cli import main as cli_main
 
-    parser = argparse.ArgumentParser(prog="a2 study", description="hyperparameter studies on Ray Tune")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return main(args)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        print(f"a2 study: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(_standalone())
+    sys.exit(cli_main(["study", *sys.argv[1:]]))

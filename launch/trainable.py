@@ -1,7 +1,7 @@
 """A study trial as Ray runs it: the one file that knows training happens inside Ray.
 
 Ray Train V2 (the default in Ray 2.60) does not run a `TorchTrainer` as a Tune trainable. A trial is therefore a
-small Tune *driver function*, `a2_trial`, that needs almost nothing itself (`TRIAL_DRIVER_RESOURCES`) and runs
+small Tune *driver function*, `a2_trial`, that needs almost nothing itself (`resources.driver_cpus`) and runs
 
     TorchTrainer(worker_fn, train_loop_config=<resolved a2core config>,
                  scaling_config=ScalingConfig(num_workers=N, resources_per_worker={...}),
@@ -29,15 +29,13 @@ import os
 import shutil
 import tempfile
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 TRIALS_DIR = "trials"  # below the study's folder: one Ray Train run per trial
 CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
 HISTORY_FILE = "history.json"  # a2core.checkpoint.HISTORY_FILE, likewise
-# The Tune driver function only waits on its TorchTrainer. Ray rejects {"CPU": 0} alone for a trial.
-TRIAL_DRIVER_RESOURCES = {"CPU": 0.01}
 # Environment that Ray workers need to reach storage and tracking from any node of the cluster.
 PROPAGATED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
                   "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_TRACKING_URI",
@@ -58,18 +56,12 @@ class TrialPlan:
 
     study: str
     storage: str  # the study root (local folder or URI) holding `<study>/`
-    storage_endpoint_url: str | None = None
-    workers_per_trial: int = 1
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    worker_resources: dict = field(default_factory=dict)  # extra custom resources per Train worker
-    driver_cpus: float = TRIAL_DRIVER_RESOURCES["CPU"]
-    max_failures: int = 1  # Train worker-group restarts within one trial (-1: no limit)
+    storage_endpoint_url: str | None
+    resolve: Callable[[dict], dict]  # sampled Tune config -> full a2core config dict
+    resources: dict  # the spec's `resources` section, defaults filled in
     metric: str = "val/CIDEr"
     mode: str = "max"
     num_to_keep: int = 2
-    resolve: Callable[[dict], dict] | None = None  # sampled Tune config -> full a2core config dict
-    base: dict = field(default_factory=dict)  # used when `resolve` is None: base config + dotted overrides
 
     def trials(self):
         """The study's `trials/` folder (a `dashboards.storage.Location`): one Ray Train run per trial."""
@@ -77,75 +69,17 @@ class TrialPlan:
 
         return open_location(self.storage, self.storage_endpoint_url).join(self.study, TRIALS_DIR)
 
-    def trial_config(self, sampled: dict) -> dict:
-        if self.resolve is not None:
-            return self.resolve(dict(sampled))
-        from a2core.config import Config, set_dotted
-
-        raw = _deepcopy(self.base)
-        for key, value in sampled.items():
-            set_dotted(raw, key, value)
-        return Config.from_dict(raw).to_dict()
-
     def worker_resource_request(self) -> dict:
-        res = {"CPU": float(self.cpus_per_worker)}
-        if self.gpus_per_worker:
-            res["GPU"] = float(self.gpus_per_worker)
-        res.update({k: float(v) for k, v in self.worker_resources.items()})
+        res = {"CPU": float(self.resources["cpus_per_worker"])}
+        if self.resources["gpus_per_worker"]:
+            res["GPU"] = float(self.resources["gpus_per_worker"])
         return res
-
-    def driver_resource_request(self) -> dict:
-        return {"CPU": float(self.driver_cpus)}
-
-    def trial_resource_request(self) -> dict:
-        """What one trial holds while it runs: its driver plus its Train workers."""
-        total = self.driver_resource_request()
-        for key, value in self.worker_resource_request().items():
-            total[key] = total.get(key, 0.0) + value * self.workers_per_trial
-        return total
-
-    def describe(self) -> dict:
-        out = asdict(self)
-        out.pop("resolve", None)
-        return out
 
 
 def plan_from_spec(spec) -> TrialPlan:
     """The trial plan of a `launch.spec.StudySpec`."""
-    res = spec.resources
-    search = spec.search
-    return TrialPlan(
-        study=spec.name,
-        storage=str(spec.storage),
-        storage_endpoint_url=getattr(spec, "storage_endpoint_url", None),
-        workers_per_trial=int(_get(res, "workers_per_trial", 1)),
-        cpus_per_worker=float(_get(res, "cpus_per_worker", 1.0)),
-        gpus_per_worker=float(_get(res, "gpus_per_worker", 0.0) or 0.0),
-        worker_resources=dict(_get(res, "worker_resources", None) or _get(res, "resources_per_worker", None) or {}),
-        driver_cpus=float(_get(res, "driver_cpus", TRIAL_DRIVER_RESOURCES["CPU"])),
-        max_failures=int(_get(res, "max_failures", 1)),
-        metric=str(_get(search, "metric", "val/CIDEr")),
-        mode=str(_get(search, "mode", "max")),
-        resolve=spec.trial_config,
-    )
-
-
-def _get(obj, key: str, default=None):
-    if obj is None:
-        return default
-    if isinstance(obj, dict):
-        value = obj.get(key, default)
-    else:
-        value = getattr(obj, key, default)
-    return default if value is None else value
-
-
-def _deepcopy(raw):
-    if isinstance(raw, dict):
-        return {k: _deepcopy(v) for k, v in raw.items()}
-    if isinstance(raw, list):
-        return [_deepcopy(v) for v in raw]
-    return raw
+    return TrialPlan(study=spec.name, storage=str(spec.storage), storage_endpoint_url=spec.storage_endpoint_url,
+                     resolve=spec.trial_config, resources=dict(spec.resources), metric=spec.metric, mode=spec.mode)
 
 
 # -- Train workers -----------------------------------------------------------------------------------------------
@@ -330,10 +264,10 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
 
     _quiet_per_epoch_logs()
     trial_id = ray.tune.get_context().get_trial_id()
-    train_config = plan.trial_config(config)
+    train_config = plan.resolve(dict(config))
     trials = plan.trials()
     path, fs = trials.ray_storage()
-    use_gpu = plan.gpus_per_worker > 0
+    use_gpu = plan.resources["gpus_per_worker"] > 0
     # The queue lives and dies with this driver (same node), as the Train controller does.
     results = Queue(maxsize=1, actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
         node_id=ray.get_runtime_context().get_node_id(), soft=False)})
@@ -342,12 +276,13 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
         train_loop_config=train_config,
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=plan.workers_per_trial, use_gpu=use_gpu, resources_per_worker=plan.worker_resource_request()),
+            num_workers=plan.resources["workers_per_trial"], use_gpu=use_gpu,
+            resources_per_worker=plan.worker_resource_request()),
         run_config=ray.train.RunConfig(
             name=train_run_name(plan.study, trial_id),
             storage_path=path,
             storage_filesystem=fs,
-            failure_config=ray.train.FailureConfig(max_failures=plan.max_failures),
+            failure_config=ray.train.FailureConfig(max_failures=plan.resources["max_failures"]),
             # The latest checkpoint is always kept as well (resume point); the best by the study metric stays.
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=plan.num_to_keep, checkpoint_score_attribute=plan.metric,
@@ -390,7 +325,7 @@ def make_trainable(plan: TrialPlan):
     """`a2_trial` bound to its plan and resource request, ready for `Tuner(...)` / `Tuner.restore(...)`."""
     from ray import tune
 
-    return tune.with_resources(tune.with_parameters(a2_trial, plan=plan), plan.driver_resource_request())
+    return tune.with_resources(tune.with_parameters(a2_trial, plan=plan), {"CPU": plan.resources["driver_cpus"]})
 
 
 def propagated_env() -> dict:
