@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from a2core.atomic import atomic_write
 from a2core.errors import A2Error, PackageError, StorageError
 from dashboards.storage import open_location
 
@@ -419,9 +420,67 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
             address: str | None = None, val_images: str | None = None, test_images: str | None = None,
             data_overrides: list[str] | None = None, verbose: bool = True) -> dict:
     """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
-    from launch.study import SUMMARY_FILE, locate, load_saved_spec
+    from dashboards.submission import results_filename
+    from dashboards.tracking import check_tracking_uri
 
     t_start = time.perf_counter()
+    location, spec, summary = open_study(name, storage, verbose)
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    if not seeds:
+        raise PackageError("--seeds: give at least one seed")
+    alg = alg or name
+    files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
+    tracking_uri = check_tracking_uri(tracking_uri or spec.tracking["mlflow_uri"])
+    upload_prefix = _upload_prefix(location, upload)
+    out = Path(out or Path(DEFAULT_OUT) / name).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RESULTS_ZIP).unlink(missing_ok=True)  # a stale zip must not survive a failed run
+
+    import ray
+
+    ray_was_up = ray.is_initialized()
+    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
+    try:
+        best, members = ensemble_members(spec, location, summary, seeds, no_train=no_train, address=address,
+                                         verbose=verbose)
+        local = [fetch_checkpoint(m["checkpoint"], out / ".checkpoints", location.endpoint_url) for m in members]
+        data, data_config, images = decoding_data(local[0], data_overrides, val_images, test_images)
+        decoded = decode_all([m["checkpoint"] if m["checkpoint"].startswith("s3://") else str(Path(p).resolve())
+                              for m, p in zip(members, local)], data_config, images["splits"], "test",
+                             beam_size=beam_size, max_len=images["max_len"], batch_size=batch_size, workers=workers,
+                             address=address, endpoint_url=location.endpoint_url, verbose=verbose)
+        results = write_submission(out, files, decoded, images, alg, verbose)
+        delivered = deliver(name, spec, best, members, local, data, decoded, results, images, tracking_uri=tracking_uri,
+                            beam_size=beam_size, seeds=seeds, verbose=verbose)
+        uploads = upload_all([results["zip"], delivered["leaderboard"]], upload_prefix,
+                             s3_endpoint_url or (location.endpoint_url if not upload else None), verbose)
+    finally:
+        if not ray_was_up and ray.is_initialized():
+            ray.shutdown()
+    manifest = {
+        "study": name, "study_path": location.uri(), "out": str(out), "results_zip": str(results["zip"]),
+        "results_files": [str(p) for p in results["files"]], "leaderboard": str(delivered["leaderboard"]),
+        "seeds": seeds, "members": [{k: m[k] for k in ("seed", "study", "trial_id", "checkpoint", "value")}
+                                    for m in members],
+        "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": best["config"]["model"]["fusion"],
+        "ensemble_CIDEr": delivered["scores"]["ensemble"].get("CIDEr"),
+        "seed_CIDEr": {m["seed"]: delivered["scores"][f"seed-{m['seed']}"].get("CIDEr") for m in members},
+        "mlflow": delivered["mlflow"], "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
+        "decode_seconds": round(decoded["seconds"], 2), "seconds": round(time.perf_counter() - t_start, 2),
+    }
+    atomic_write(out / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
+    _say(f"package: done in {manifest['seconds']:.0f} s\n  submission:  {results['zip']}\n  leaderboard: "
+         f"{delivered['leaderboard']}\n  MLflow:      {delivered['mlflow']['model_uri']} (run "
+         f"{delivered['mlflow']['parent_run_id']}, artifacts {delivered['mlflow']['artifacts']})"
+         + "".join(f"\n  uploaded:    {u['uri']}" for u in uploads), verbose)
+    return manifest
+
+
+# -- the steps of `package` --------------------------------------------------------------------------------------------
+def open_study(name: str, storage: str | None, verbose: bool = True):
+    """(location, saved spec, summary) of a study that has a summary (a finished or interrupted run)."""
+    from launch.study import SUMMARY_FILE, load_saved_spec, locate
+
     location = locate(name, storage)
     spec = load_saved_spec(location)
     summary = _read_json(location, SUMMARY_FILE)
@@ -431,180 +490,135 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
     if not summary.get("complete", True):
         _say(f"package: note: study {name} is not complete ({summary.get('trials_finished')}/"
              f"{summary.get('num_trials')} trials finished); packaging what it has", verbose)
-    seeds = list(dict.fromkeys(int(s) for s in seeds))
-    if not seeds:
-        raise PackageError("--seeds: give at least one seed")
-    alg = alg or name
-    from dashboards.submission import results_filename
+    return location, spec, summary
 
-    try:
-        val_name, test_name = results_filename("val", alg), results_filename("test", alg)
-    except ValueError as err:
-        raise PackageError(f"--alg: {err}") from None
-    tracking_uri = tracking_uri or spec.tracking["mlflow_uri"]
-    from dashboards.tracking import check_tracking_uri
 
-    try:
-        check_tracking_uri(tracking_uri)
-    except ValueError as err:
-        raise PackageError(f"MLflow: {err}") from None
-    endpoint = location.endpoint_url
-    upload_endpoint = s3_endpoint_url or (endpoint if not upload else None)
-    upload_prefix = _upload_prefix(location, upload)
-    out = Path(out or Path(DEFAULT_OUT) / name).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    zip_path = out / RESULTS_ZIP
-    if zip_path.exists():  # a stale zip must not survive a failed run
-        zip_path.unlink()
-
-    import ray
-
-    ray_was_up = ray.is_initialized()
-    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
-    try:
-        # 1. the best configuration and its seed checkpoints
-        mode = spec.mode
-        main_rows = candidates(spec, location, summary)
-        best = select_best(main_rows, mode)
-        fusion = best["config"]["model"]["fusion"]
-        _say(f"package: best trial {best['trial_id']} of {name}: {spec.metric} {best['value']:.4f} "
-             f"(fusion {fusion}, seed {best['seed']}, config {best['hash'][:12]})", verbose)
-        comp_rows, _ = _companion_rows(location, companion_studies(location), best["hash"], verbose)
-        rows = main_rows + comp_rows
-        exists = lambda uri: open_location(uri, endpoint).exists()  # noqa: E731
-        chosen, missing = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
-        if missing:
+def ensemble_members(spec, location, summary: dict, seeds: list[int], *, no_train: bool, address: str | None,
+                     verbose: bool) -> tuple[dict, list[dict]]:
+    """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
+    (missing seeds trained as a companion study unless `no_train`)."""
+    name, mode = spec.name, spec.mode
+    rows = candidates(spec, location, summary)
+    best = select_best(rows, mode)
+    _say(f"package: best trial {best['trial_id']} of {name}: {spec.metric} {best['value']:.4f} "
+         f"(fusion {best['config']['model']['fusion']}, seed {best['seed']}, config {best['hash'][:12]})", verbose)
+    rows += _companion_rows(location, companion_studies(location), best["hash"], verbose)[0]
+    exists = lambda uri: open_location(uri, location.endpoint_url).exists()  # noqa: E731
+    chosen, missing = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
+    if missing:
+        if no_train:
             have = ", ".join(f"seed {s}: trial {c['trial_id']}" for s, c in sorted(chosen.items())) or "none"
-            if no_train:
-                raise PackageError(
-                    f"study {name}: no checkpoint of the best configuration (trial {best['trial_id']}, config "
-                    f"{best['hash'][:12]}) for seed(s) {', '.join(map(str, missing))} (found {have}); run without "
-                    f"--no-train to train them, or pass --seeds with the seeds that exist")
-            rows += train_missing(spec, location, best, missing, address=address, verbose=verbose)
-            chosen, still = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
-            if still:
-                raise PackageError(f"training seed(s) {', '.join(map(str, still))} produced no checkpoint; see "
-                                   + ", ".join(f"`a2 study status {c}`" for c in companion_studies(location)))
-        members = [chosen[s] for s in seeds]
-        for m in members:
-            _say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
-                 f"{m['value']:.4f}), {m['checkpoint']}", verbose)
+            raise PackageError(
+                f"study {name}: no checkpoint of the best configuration (trial {best['trial_id']}, config "
+                f"{best['hash'][:12]}) for seed(s) {', '.join(map(str, missing))} (found {have}); run without "
+                f"--no-train to train them, or pass --seeds with the seeds that exist")
+        rows += train_missing(spec, location, best, missing, address=address, verbose=verbose)
+        chosen, still = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
+        if still:
+            raise PackageError(f"training seed(s) {', '.join(map(str, still))} produced no checkpoint; see "
+                               + ", ".join(f"`a2 study status {c}`" for c in companion_studies(location)))
+    members = [chosen[s] for s in seeds]
+    for m in members:
+        _say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
+             f"{m['value']:.4f}), {m['checkpoint']}", verbose)
+    return best, members
 
-        # 2. data and image lists
-        from a2core.config import Config
-        from a2core.data.captions import Vocab
-        from a2core.data.dataset import CaptionData
-        from a2core import checkpoint as ckpt
 
-        cache = out / ".checkpoints"
-        local = [fetch_checkpoint(m["checkpoint"], cache, endpoint) for m in members]
-        first = ckpt.load(local[0])
-        config = first["config"]
-        data_config = _data_config(config, data_overrides or [])
-        cfg = Config.from_dict({**config, "data": data_config})
-        data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab=Vocab(first["vocab"]))
-        del first
-        val_ids, test_ids, sources = _image_lists(data, val_images, test_images)
-        karpathy = [img.image_id for img in data.images("test")]
-        data.features.check_ids(list(dict.fromkeys(val_ids + test_ids + karpathy)))
-        max_len = int(config["train"].get("max_len", 20))
+def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images: str | None,
+                  test_images: str | None):
+    """(CaptionData, its data config, {"splits": {split: image ids}, "sources", "max_len"}) for decoding the
+    server's val2014 / test2014 images and the Karpathy test split with the checkpoints' vocabulary."""
+    from a2core import checkpoint as ckpt
+    from a2core.config import Config
+    from a2core.data.captions import Vocab
+    from a2core.data.dataset import CaptionData
 
-        # 3. decode (Ray tasks or this process)
-        checkpoints = [m["checkpoint"] if m["checkpoint"].startswith("s3://") else str(Path(p).resolve())
-                       for m, p in zip(members, local)]
-        decoded = decode_all(checkpoints, data_config, {"val2014": val_ids, "test2014": test_ids, "test": karpathy},
-                             "test", beam_size=beam_size, max_len=max_len, batch_size=batch_size, workers=workers,
-                             address=address, endpoint_url=endpoint, verbose=verbose)
+    state = ckpt.load(checkpoint)
+    config = state["config"]
+    data_config = _data_config(config, data_overrides or [])
+    cfg = Config.from_dict({**config, "data": data_config})
+    data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab=Vocab(state["vocab"]))
+    val_ids, test_ids, sources = _image_lists(data, val_images, test_images)
+    karpathy = [img.image_id for img in data.images("test")]
+    data.features.check_ids(list(dict.fromkeys(val_ids + test_ids + karpathy)))
+    return data, data_config, {"splits": {"val2014": val_ids, "test2014": test_ids, "test": karpathy},
+                               "sources": sources, "max_len": int(config["train"].get("max_len", 20))}
 
-        # 4. results files, zip, validation
-        from dashboards.submission import make_zip, validate_zip, write_results
 
-        val_path = write_results(out / val_name, {i: decoded["ensemble"]["val2014"][i] for i in val_ids})
-        test_path = write_results(out / test_name, {i: decoded["ensemble"]["test2014"][i] for i in test_ids})
-        staging = out / f".{RESULTS_ZIP}.staging"
-        make_zip(staging, val_path, test_path)
-        report = validate_zip(staging, val_ids, test_ids, alg=alg)
-        if not report.ok:
-            staging.unlink(missing_ok=True)
-            raise PackageError(f"the submission failed validation, no {RESULTS_ZIP} written:\n{report}")
-        os.replace(staging, zip_path)
-        _say(f"package: {zip_path}: valid ({len(val_ids)} val2014 + {len(test_ids)} test2014 captions)", verbose)
-        ensemble_test = decoded["ensemble"]["test"]
-        from a2core.decode import write_results_json
+def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: dict, alg: str,
+                     verbose: bool = True) -> dict:
+    """The two results files, `results.zip` (validated before it is renamed into place: an invalid submission
+    leaves no zip) and the ensemble's Karpathy-test captions. Returns {"zip", "files", "alg"}."""
+    from a2core.decode import write_results_json
+    from dashboards.submission import make_zip, validate_zip, write_results
 
-        write_results_json(out / "captions_karpathy_test_ensemble.json", ensemble_test)
+    val_ids, test_ids = images["splits"]["val2014"], images["splits"]["test2014"]
+    paths = [write_results(out / f, {i: decoded["ensemble"][split][i] for i in ids})
+             for f, split, ids in zip(files, ("val2014", "test2014"), (val_ids, test_ids))]
+    staging = out / f".{RESULTS_ZIP}.staging"
+    make_zip(staging, *paths)
+    report = validate_zip(staging, val_ids, test_ids, alg=alg)
+    if not report.ok:
+        staging.unlink(missing_ok=True)
+        raise PackageError(f"the submission failed validation, no {RESULTS_ZIP} written:\n{report}")
+    os.replace(staging, out / RESULTS_ZIP)
+    _say(f"package: {out / RESULTS_ZIP}: valid ({len(val_ids)} val2014 + {len(test_ids)} test2014 captions)", verbose)
+    write_results_json(out / "captions_karpathy_test_ensemble.json", decoded["ensemble"]["test"])
+    return {"zip": out / RESULTS_ZIP, "files": paths, "alg": alg}
 
-        # 5. leaderboard
-        from dashboards import leaderboard as lb
 
-        _say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
-             f"({len(karpathy)} images)", verbose)
-        refs = data.references("test")
-        systems = {f"seed-{m['seed']}": decoded["single"][i] for i, m in enumerate(members)}
-        systems["ensemble"] = ensemble_test
-        scores = lb.score_systems(refs, systems)
-        run_ids = {}
-        for study_name in sorted({m["study"] for m in members}):
-            run_ids[study_name] = lb.trial_run_ids(tracking_uri, study_name)
-        board_members = [{"seed": m["seed"], "trial_id": m["trial_id"], "study": m["study"],
-                          "checkpoint": m["checkpoint"], "value": m["value"], "metrics": scores[f"seed-{m['seed']}"],
-                          "mlflow_run_id": run_ids.get(m["study"], {}).get(m["trial_id"])} for m in members]
+def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], data, decoded: dict, results: dict,
+            images: dict, *, tracking_uri: str, beam_size: int, seeds: list[int], verbose: bool = True) -> dict:
+    """Karpathy-test scores of every seed and the ensemble, the ensemble registered as an MLflow model, and the
+    leaderboard (which names that model version) written and logged with the zip to the study's parent run.
+    Returns {"scores", "leaderboard" (its path), "mlflow"}."""
+    from dashboards import leaderboard as lb
 
-        # 6. MLflow: the ensemble as a registered model, then the leaderboard (which names its version)
-        parent = lb.study_parent_run(tracking_uri, name)
-        model_name = f"a2-{name}"
-        _say(f"package: registering the ensemble as MLflow model {model_name}", verbose)
-        model = lb.register_ensemble(
-            tracking_uri, parent, local, model_name, beam_size=beam_size, max_len=max_len,
-            description=f"{len(members)}-seed averaging ensemble of study {name} (config {best['hash'][:12]})",
-            tags={"a2.study": name, "a2.config_hash": best["hash"], "a2.seeds": ",".join(map(str, seeds)),
-                  "a2.trial_ids": ",".join(m["trial_id"] for m in members)})
-        board = lb.build_leaderboard(
-            study=name, config=best["config"], members=board_members, ensemble_metrics=scores["ensemble"],
-            images=len(karpathy), beam_size=beam_size, max_len=max_len,
-            selected_by={"metric": spec.metric, "mode": mode, "trial_id": best["trial_id"], "value": best["value"],
-                         "tie_break": "lower trial id"},
-            extra={"submission": {"zip": str(zip_path), "alg": alg, "files": [val_name, test_name],
-                                  "val2014_images": len(val_ids), "test2014_images": len(test_ids),
-                                  "image_lists": sources},
-                   "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent,
-                              "registered_model": model["name"], "model_version": model["version"],
-                              "model_uri": model["model_uri"],
-                              "study_run_ids": {s: r for s, r in run_ids.items()}}})
-        board_path = lb.write_leaderboard(out / LEADERBOARD, board)
-        print(lb.format_table(board), flush=True)
-        artifact_uri = lb.log_artifacts(tracking_uri, parent, [zip_path, board_path], "package")
+    karpathy = images["splits"]["test"]
+    _say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
+         f"({len(karpathy)} images)", verbose)
+    systems = {f"seed-{m['seed']}": decoded["single"][i] for i, m in enumerate(members)}
+    scores = lb.score_systems(data.references("test"), {**systems, "ensemble": decoded["ensemble"]["test"]})
+    run_ids = {study: lb.trial_run_ids(tracking_uri, study) for study in sorted({m["study"] for m in members})}
+    parent = lb.study_parent_run(tracking_uri, name)
+    model_name = f"a2-{name}"
+    _say(f"package: registering the ensemble as MLflow model {model_name}", verbose)
+    model = lb.register_ensemble(
+        tracking_uri, parent, local, model_name, beam_size=beam_size, max_len=images["max_len"],
+        description=f"{len(members)}-seed averaging ensemble of study {name} (config {best['hash'][:12]})",
+        tags={"a2.study": name, "a2.config_hash": best["hash"], "a2.seeds": ",".join(map(str, seeds)),
+              "a2.trial_ids": ",".join(m["trial_id"] for m in members)})
+    board = lb.build_leaderboard(
+        study=name, config=best["config"], ensemble_metrics=scores["ensemble"], images=len(karpathy),
+        members=[{"seed": m["seed"], "trial_id": m["trial_id"], "study": m["study"], "checkpoint": m["checkpoint"],
+                  "value": m["value"], "metrics": scores[f"seed-{m['seed']}"],
+                  "mlflow_run_id": run_ids.get(m["study"], {}).get(m["trial_id"])} for m in members],
+        beam_size=beam_size, max_len=images["max_len"],
+        selected_by={"metric": spec.metric, "mode": spec.mode, "trial_id": best["trial_id"], "value": best["value"],
+                     "tie_break": "lower trial id"},
+        extra={"submission": {"zip": str(results["zip"]), "alg": results["alg"],
+                              "files": [p.name for p in results["files"]],
+                              "val2014_images": len(images["splits"]["val2014"]),
+                              "test2014_images": len(images["splits"]["test2014"]), "image_lists": images["sources"]},
+               "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "registered_model": model["name"],
+                          "model_version": model["version"], "model_uri": model["model_uri"],
+                          "study_run_ids": run_ids}})
+    board_path = lb.write_leaderboard(results["zip"].parent / LEADERBOARD, board)
+    print(lb.format_table(board), flush=True)
+    artifacts = lb.log_artifacts(tracking_uri, parent, [results["zip"], board_path], "package")
+    return {"scores": scores, "leaderboard": board_path,
+            "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "artifacts": artifacts, **model}}
 
-        # 7. uploads
-        uploads = []
-        if upload_prefix:
-            from dashboards.storage import upload_file
 
-            for path in (zip_path, board_path):
-                try:
-                    uploads.append(upload_file(path, upload_prefix + path.name, endpoint_url=upload_endpoint))
-                except StorageError as err:
-                    raise PackageError(f"upload of {path.name} to {upload_prefix} failed: {err}") from None
-                _say(f"package: uploaded {path.name} to {uploads[-1]['uri']} (sha256 {uploads[-1]['sha256']})",
-                     verbose)
+def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, verbose: bool = True) -> list[dict]:
+    """Verified uploads of `paths` below `prefix` (none without a prefix)."""
+    from dashboards.storage import upload_file
 
-        manifest = {
-            "study": name, "study_path": location.uri(), "out": str(out), "results_zip": str(zip_path),
-            "results_files": [str(val_path), str(test_path)], "leaderboard": str(board_path),
-            "seeds": seeds, "members": [{k: m[k] for k in ("seed", "study", "trial_id", "checkpoint", "value")}
-                                        for m in members],
-            "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": fusion,
-            "ensemble_CIDEr": scores["ensemble"].get("CIDEr"),
-            "seed_CIDEr": {m["seed"]: scores[f"seed-{m['seed']}"].get("CIDEr") for m in members},
-            "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "artifacts": artifact_uri, **model},
-            "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
-            "decode_seconds": round(decoded["seconds"], 2), "seconds": round(time.perf_counter() - t_start, 2),
-        }
-        lb.write_leaderboard(out / MANIFEST, manifest)
-        _say(f"package: done in {manifest['seconds']:.0f} s\n  submission:  {zip_path}\n  leaderboard: {board_path}\n"
-             f"  MLflow:      {model['model_uri']} (run {parent}, artifacts {artifact_uri})"
-             + "".join(f"\n  uploaded:    {u['uri']}" for u in uploads), verbose)
-        return manifest
-    finally:
-        if not ray_was_up and ray.is_initialized():
-            ray.shutdown()
+    uploads = []
+    for path in paths if prefix else []:
+        try:
+            uploads.append(upload_file(path, prefix + path.name, endpoint_url=endpoint_url))
+        except StorageError as err:
+            raise PackageError(f"upload of {path.name} to {prefix} failed: {err}") from None
+        _say(f"package: uploaded {path.name} to {uploads[-1]['uri']} (sha256 {uploads[-1]['sha256']})", verbose)
+    return uploads

@@ -37,7 +37,7 @@ from dashboards.report import finite, text_table
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
 POINTER_DIR = Path(".a2") / "studies"
-DEFAULT_STORAGE = "a2-studies"  # launch.spec's default storage root
+
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------
@@ -138,6 +138,8 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
             info = json.loads(pointer.read_text())
             storage, endpoint = info.get("storage"), info.get("storage_endpoint_url")
     if storage is None:
+        from launch.spec import DEFAULT_STORAGE
+
         storage = os.environ.get("A2_STUDY_STORAGE") or DEFAULT_STORAGE
     if "://" not in storage:
         storage = os.path.abspath(os.path.expanduser(storage))
