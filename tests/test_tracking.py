@@ -267,8 +267,7 @@ def test_serve_runs_until_signalled_and_stops_its_server(tmp_path):
     import subprocess
     import sys
 
-    from dashboards.tracking import wait_healthy
-    from tests.mlflowserver import free_port
+    from tests.mlflowserver import free_port, wait_healthy
 
     port = free_port()
     code = ("import argparse, sys\nfrom dashboards.tracking import serve\n"
