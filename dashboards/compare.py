@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 
 from dashboards.report import (CIDER, TABLE_METRICS, ConfigGroup, config_groups, fmt_mean_std, fusion_sort_key,
-                               group_value, load_study, score_scale, searched_keys, text_table)
+                               group_value, load_study, score_scale, searched_keys)
+from dashboards.tables import text_table
 from dashboards.tracking import default_tracking_uri
 
 

@@ -223,7 +223,7 @@ def format_table(board: Mapping) -> str:
     title = (f"leaderboard of {board['study']} ({board['configuration']['fusion']}, config "
              f"{board['configuration']['hash'][:12]}): {ev['split']}, {ev['images']} images, beam {ev['beam_size']}, "
              f"percent")
-    from dashboards.report import text_table
+    from dashboards.tables import text_table
 
     return "\n".join([title, text_table(header, rows)])
 

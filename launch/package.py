@@ -39,7 +39,6 @@ from typing import Any, Callable
 
 from a2core.atomic import atomic_write
 from a2core.errors import A2Error, PackageError, StorageError
-from dashboards.storage import open_location
 
 SEED_STUDIES_FILE = "seed_studies.json"
 DEFAULT_OUT = "a2-packages"
@@ -144,6 +143,8 @@ def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
     """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
+    from dashboards.storage import open_location
+
     location = open_location(uri, endpoint_url)
     if location.local:
         return location.uri
@@ -497,6 +498,8 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int], *, no_trai
                      verbose: bool) -> tuple[dict, list[dict]]:
     """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
     (missing seeds trained as a companion study unless `no_train`)."""
+    from dashboards.storage import open_location
+
     name, mode = spec.name, spec.mode
     rows = candidates(spec, location, summary)
     best = select_best(rows, mode)

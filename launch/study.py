@@ -32,7 +32,7 @@ import yaml
 
 from a2core.atomic import atomic_write
 from a2core.errors import A2Error, StudyError, TrackingError
-from dashboards.report import finite, text_table
+from dashboards.tables import finite, text_table
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
