@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from a2core.atomic import atomic_write
 from a2core.errors import A2Error, PackageError, StorageError
+from launch.study import say
 
 SEED_STUDIES_FILE = "seed_studies.json"
 DEFAULT_OUT = "a2-packages"
@@ -80,11 +81,6 @@ def main(args) -> int:
                 workers=args.workers, address=args.address, val_images=args.val_images,
             test_images=args.test_images, data_overrides=args.data, verbose=not args.quiet)
     return 0
-
-
-def _say(text: str, verbose: bool = True) -> None:
-    if verbose:
-        print(text, flush=True)
 
 
 # -- candidates: the trials of a study with their configurations -----------------------------------------------------
@@ -219,7 +215,7 @@ def train_missing(spec, location, best: dict, missing: list[int], *, address: st
     _, unfinished = _companion_rows(location, names, best["hash"], verbose)
     rows, covered = [], set()
     for comp in unfinished:  # an interrupted or failed earlier attempt: finish it first
-        _say(f"package: resuming the unfinished seed study {comp.name}", verbose)
+        say(f"package: resuming the unfinished seed study {comp.name}", verbose)
         comp_spec = load_saved_spec(comp)
         covered |= {int(s) for s in comp_spec.params["seed"].values} if "seed" in comp_spec.params else set()
         summary = resume_study(comp, address=address, verbose=verbose)
@@ -237,7 +233,7 @@ def train_missing(spec, location, best: dict, missing: list[int], *, address: st
     new_spec = seeds_spec(spec, location, best["config"], todo, name)
     # Listed before it runs, so that an interrupted run is found (and resumed) by the next package run.
     location.write_text(json.dumps({"studies": names + [name]}, indent=2) + "\n", SEED_STUDIES_FILE)
-    _say(f"package: training seed(s) {', '.join(map(str, todo))} of trial {best['trial_id']}'s configuration "
+    say(f"package: training seed(s) {', '.join(map(str, todo))} of trial {best['trial_id']}'s configuration "
          f"as study {name}", verbose)
     summary = run_study(new_spec, address=address, verbose=verbose)
     comp = StudyLocation(name, location.storage, location.endpoint_url)
@@ -326,7 +322,7 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
     t0 = time.perf_counter()
     n_images = sum(len(v) for v in splits.values())
     if workers == 0:
-        _say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) in this process", verbose)
+        say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) in this process", verbose)
         result = decode_shard(checkpoints, data_config, splits, single_split, beam_size, max_len, batch_size,
                               endpoint_url, progress=verbose)
         merged = _merge([result], len(checkpoints))
@@ -340,7 +336,7 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
         n = workers or default_workers(resources)
         use_gpu = int(resources.get("GPU", 0) or 0) > 0
         task = ray.remote(decode_shard).options(num_cpus=1, num_gpus=1 if use_gpu else 0, max_retries=2)
-        _say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) on {n} Ray worker(s)"
+        say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) on {n} Ray worker(s)"
              f"{' (1 GPU each)' if use_gpu else ''}", verbose)
         futures = [task.remote(checkpoints, data_config, {s: _shard(ids, r, n) for s, ids in splits.items()},
                                single_split, beam_size, max_len, batch_size, endpoint_url)
@@ -366,7 +362,7 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
         if lost:
             raise PackageError(f"decoding lost {len(lost)} {split} images (e.g. {lost[:5]})")
     merged["seconds"] = time.perf_counter() - t0
-    _say(f"package: decoded in {merged['seconds']:.1f} s", verbose)
+    say(f"package: decoded in {merged['seconds']:.1f} s", verbose)
     return merged
 
 
@@ -470,7 +466,7 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
         "decode_seconds": round(decoded["seconds"], 2), "seconds": round(time.perf_counter() - t_start, 2),
     }
     atomic_write(out / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
-    _say(f"package: done in {manifest['seconds']:.0f} s\n  submission:  {results['zip']}\n  leaderboard: "
+    say(f"package: done in {manifest['seconds']:.0f} s\n  submission:  {results['zip']}\n  leaderboard: "
          f"{delivered['leaderboard']}\n  MLflow:      {delivered['mlflow']['model_uri']} (run "
          f"{delivered['mlflow']['parent_run_id']}, artifacts {delivered['mlflow']['artifacts']})"
          + "".join(f"\n  uploaded:    {u['uri']}" for u in uploads), verbose)
@@ -489,7 +485,7 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
         raise PackageError(f"study {name!r} at {location.uri()} has no {SUMMARY_FILE}: finish it first "
                            f"(`a2 study resume {name}`)")
     if not summary.get("complete", True):
-        _say(f"package: note: study {name} is not complete ({summary.get('trials_finished')}/"
+        say(f"package: note: study {name} is not complete ({summary.get('trials_finished')}/"
              f"{summary.get('num_trials')} trials finished); packaging what it has", verbose)
     return location, spec, summary
 
@@ -503,7 +499,7 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int], *, no_trai
     name, mode = spec.name, spec.mode
     rows = candidates(spec, location, summary)
     best = select_best(rows, mode)
-    _say(f"package: best trial {best['trial_id']} of {name}: {spec.metric} {best['value']:.4f} "
+    say(f"package: best trial {best['trial_id']} of {name}: {spec.metric} {best['value']:.4f} "
          f"(fusion {best['config']['model']['fusion']}, seed {best['seed']}, config {best['hash'][:12]})", verbose)
     rows += _companion_rows(location, companion_studies(location), best["hash"], verbose)[0]
     exists = lambda uri: open_location(uri, location.endpoint_url).exists()  # noqa: E731
@@ -522,7 +518,7 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int], *, no_trai
                                + ", ".join(f"`a2 study status {c}`" for c in companion_studies(location)))
     members = [chosen[s] for s in seeds]
     for m in members:
-        _say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
+        say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
              f"{m['value']:.4f}), {m['checkpoint']}", verbose)
     return best, members
 
@@ -565,7 +561,7 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
         staging.unlink(missing_ok=True)
         raise PackageError(f"the submission failed validation, no {RESULTS_ZIP} written:\n{report}")
     os.replace(staging, out / RESULTS_ZIP)
-    _say(f"package: {out / RESULTS_ZIP}: valid ({len(val_ids)} val2014 + {len(test_ids)} test2014 captions)", verbose)
+    say(f"package: {out / RESULTS_ZIP}: valid ({len(val_ids)} val2014 + {len(test_ids)} test2014 captions)", verbose)
     write_results_json(out / "captions_karpathy_test_ensemble.json", decoded["ensemble"]["test"])
     return {"zip": out / RESULTS_ZIP, "files": paths, "alg": alg}
 
@@ -578,14 +574,14 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
     from dashboards import leaderboard as lb
 
     karpathy = images["splits"]["test"]
-    _say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
+    say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
          f"({len(karpathy)} images)", verbose)
     systems = {f"seed-{m['seed']}": decoded["single"][i] for i, m in enumerate(members)}
     scores = lb.score_systems(data.references("test"), {**systems, "ensemble": decoded["ensemble"]["test"]})
     run_ids = {study: lb.trial_run_ids(tracking_uri, study) for study in sorted({m["study"] for m in members})}
     parent = lb.study_parent_run(tracking_uri, name)
     model_name = f"a2-{name}"
-    _say(f"package: registering the ensemble as MLflow model {model_name}", verbose)
+    say(f"package: registering the ensemble as MLflow model {model_name}", verbose)
     model = lb.register_ensemble(
         tracking_uri, parent, local, model_name, beam_size=beam_size, max_len=images["max_len"],
         description=f"{len(members)}-seed averaging ensemble of study {name} (config {best['hash'][:12]})",
@@ -623,5 +619,5 @@ def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, 
             uploads.append(upload_file(path, prefix + path.name, endpoint_url=endpoint_url))
         except StorageError as err:
             raise PackageError(f"upload of {path.name} to {prefix} failed: {err}") from None
-        _say(f"package: uploaded {path.name} to {uploads[-1]['uri']} (sha256 {uploads[-1]['sha256']})", verbose)
+        say(f"package: uploaded {path.name} to {uploads[-1]['uri']} (sha256 {uploads[-1]['sha256']})", verbose)
     return uploads

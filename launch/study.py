@@ -202,13 +202,11 @@ def run_study(spec, *, address: str | None = None, verbose: bool = True, connect
     if location.exists(STUDY_FILE) or _experiment_exists(location):
         raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
                          f"`a2 study resume {spec.name}`, or give the new study another name")
-    if connect:
-        cluster = _connect(address)
-        check_cluster(spec, cluster)
+    _join_cluster(spec, address, connect)
     location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
     remember(location)
     tuner = build_tuner(spec, location, verbose=verbose)
-    _print(f"study {spec.name}: {spec.num_trials} trials, results in {location.uri()}", verbose)
+    say(f"study {spec.name}: {spec.num_trials} trials, results in {location.uri()}", verbose)
     tuner.fit()
     return finish(spec, location, verbose=verbose)
 
@@ -220,20 +218,18 @@ def resume_study(location: StudyLocation, *, address: str | None = None, verbose
 
     spec = load_saved_spec(location)
     check_tracking(spec)
-    if connect:
-        cluster = _connect(address)
-        check_cluster(spec, cluster)
-    path, fs = location.at().ray_storage()
-    if not Tuner.can_restore(path, storage_filesystem=fs):
+    _join_cluster(spec, address, connect)
+    if not _experiment_exists(location):
         raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
                          f"(it was stopped before its first trial started); run it again")
     remember(location)
     _prepare_output(verbose)
     from launch.trainable import make_trainable, plan_from_spec
 
+    path, fs = location.at().ray_storage()
     tuner = Tuner.restore(path, trainable=make_trainable(plan_from_spec(spec)), resume_unfinished=True,
                           resume_errored=True, storage_filesystem=fs)
-    _print(f"study {spec.name}: resuming from {location.uri()}", verbose)
+    say(f"study {spec.name}: resuming from {location.uri()}", verbose)
     tuner.fit()
     return finish(spec, location, verbose=verbose)
 
@@ -245,18 +241,16 @@ def _experiment_exists(location: StudyLocation) -> bool:
     return bool(Tuner.can_restore(path, storage_filesystem=fs))
 
 
-def _connect(address: str | None) -> dict:
-    from launch.raycluster import connect
-    from launch.trainable import propagated_env
+def _join_cluster(spec, address: str | None, connect: bool = True) -> None:
+    """Join (or start) Ray, then refuse a trial asking more than the whole cluster has, which would wait forever
+    (ConfigError, exit 2)."""
+    if connect:
+        from launch.raycluster import connect as connect_ray
+        from launch.spec import StudySpec
+        from launch.trainable import propagated_env
 
-    return connect(address, runtime_env_vars=propagated_env())
-
-
-def check_cluster(spec, cluster: dict) -> None:
-    """A trial asking more than the whole cluster has would wait forever: refuse it (ConfigError, exit 2)."""
-    from launch.spec import StudySpec
-
-    StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
+        cluster = connect_ray(address, runtime_env_vars=propagated_env())
+        StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
 
 
 def saved_form(spec) -> dict:
@@ -273,6 +267,12 @@ def saved_form(spec) -> dict:
     return raw
 
 
+def say(text: str, verbose: bool = True) -> None:
+    """A progress line, unless quiet."""
+    if verbose:
+        print(text, flush=True)
+
+
 def _prepare_output(verbose: bool) -> None:
     # Tune's older reporter prints the trial table with the columns we choose; the newer one would hide them.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -282,11 +282,6 @@ def _prepare_output(verbose: bool) -> None:
     # The experiment state is saved with every trial checkpoint on purpose (build_tuner): no warning about it
     # after every epoch.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-
-
-def _print(text: str, verbose: bool = True) -> None:
-    if verbose:
-        print(text, flush=True)
 
 
 def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
