@@ -1,13 +1,13 @@
 """Checkpoints: plain dicts written atomically; a model is rebuilt from a checkpoint file alone."""
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .atomic import atomic_write
 from .config import Config
 from .data.captions import Vocab
 from .model.a2 import A2Transformer, build_model
@@ -21,16 +21,7 @@ HISTORY_FILE = "history.json"
 
 def save(state: dict, path: str | Path) -> Path:
     """torch.save to a temp file in the same directory, then rename: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    return atomic_write(path, lambda f: torch.save(state, f))
 
 
 def resolve(path: str | Path) -> Path:

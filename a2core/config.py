@@ -177,12 +177,6 @@ class Config:
             raise
         return cfg
 
-    @classmethod
-    def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> "Config":
-        raw = load_yaml(path)
-        raw = apply_overrides(raw, overrides or [], source=str(path))
-        return cls.from_dict(raw, source=str(path))
-
     def validate(self) -> None:
         self.data.validate("data")
         self.model.validate("model")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
 import torch
 
+from .atomic import atomic_write
 from .model.a2 import A2Transformer
 from .errors import A2Error
 
@@ -176,28 +176,77 @@ def sample(model: A2Transformer, feats, region_mask, n: int, max_len: int = 20, 
     return torch.stack(words, 1), torch.stack(logps, 1), torch.stack(masks, 1)
 
 
+class MinLengthStepper:
+    """A stepper that cannot end a caption (<eos>) before `min_len` words: beam search prefers short hypotheses,
+    and an empty caption is not a valid COCO server entry."""
+
+    def __init__(self, inner, eos: int, min_len: int = 1):
+        self.inner, self.eos, self.min_len = inner, eos, min_len
+
+    def init_state(self, feats, region_mask):
+        return {"inner": self.inner.init_state(feats, region_mask), "t": 0}
+
+    def expand_state(self, state, k: int):
+        return {"inner": self.inner.expand_state(state["inner"], k), "t": state["t"]}
+
+    def step(self, last, state):
+        logp = self.inner.step(last, state["inner"])
+        if state["t"] < self.min_len:
+            logp = logp.clone()
+            logp[:, self.eos] = float("-inf")
+        state["t"] += 1
+        return logp
+
+    def reorder_state(self, state, index):
+        return {"inner": self.inner.reorder_state(state["inner"], index), "t": state["t"]}
+
+
+def caption_batches(stepper, vocab, batches, *, beam_size: int = 5, max_len: int = 20,
+                    device: str | torch.device = "cpu", progress=None) -> dict[int, str]:
+    """{image_id: caption} (beam_size 1 = greedy) of `(image_ids, feats (B, R, D), region_mask (B, R))` batches;
+    `progress(n)` is called with each batch's image count."""
+    out: dict[int, str] = {}
+    for image_ids, feats, mask in batches:
+        feats, mask = feats.to(device), mask.to(device)
+        if beam_size > 1:
+            seqs, _ = beam_search(stepper, feats, mask, beam_size, max_len, vocab.bos, vocab.eos)
+        else:
+            seqs = greedy(stepper, feats, mask, max_len, vocab.bos, vocab.eos)
+        out.update((int(i), vocab.decode(seq)) for i, seq in zip(image_ids, seqs.tolist()))
+        if progress is not None:
+            progress(len(image_ids))
+    return out
+
+
+def caption_images(stepper, vocab, image_ids, fetch, *, batch_size: int = 50, **kwargs) -> dict[int, str]:
+    """{image_id: caption} of any images: `fetch(image_id)` gives their padded numpy (features (R, D), mask (R,)),
+    as `FeatureStore.padded` does. Other arguments as `caption_batches`."""
+    import numpy as np
+
+    ids = list(image_ids)
+
+    def batches():
+        for start in range(0, len(ids), batch_size):
+            chunk = ids[start:start + batch_size]
+            pairs = [fetch(i) for i in chunk]
+            yield chunk, torch.from_numpy(np.stack([p[0] for p in pairs])), torch.from_numpy(np.stack([p[1] for p in pairs]))
+
+    return caption_batches(stepper, vocab, batches(), **kwargs)
+
+
 def captions_for(data, stepper, split: str, *, beam_size: int = 5, max_len: int = 20, batch_size: int = 50,
                  limit: int | None = None, progress: bool = False, device: str | torch.device = "cpu",
                  rank: int = 0, world: int = 1) -> dict[int, str]:
     """{image_id: caption} for a split (beam_size 1 = greedy). With world > 1, this rank's shard only."""
-    vocab = data.vocab
-    out: dict[int, str] = {}
     loader = data.loader(split, batch_size, with_captions=False, limit=limit, rank=rank, world=world)
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(loader.batch_sampler), desc=f"decode {split}", unit="batch", file=sys.stderr)
-    for batch in loader:
-        feats, mask = batch["feats"].to(device), batch["region_mask"].to(device)
-        if beam_size > 1:
-            seqs, _ = beam_search(stepper, feats, mask, beam_size, max_len, vocab.bos, vocab.eos)
-        else:
-            seqs = greedy(stepper, feats, mask, max_len, vocab.bos, vocab.eos)
-        for image_id, seq in zip(batch["image_ids"].tolist(), seqs.tolist()):
-            out[image_id] = vocab.decode(seq)
-        if bar:
-            bar.update(1)
+    out = caption_batches(stepper, data.vocab, ((b["image_ids"].tolist(), b["feats"], b["region_mask"]) for b in loader),
+                          beam_size=beam_size, max_len=max_len, device=device,
+                          progress=(lambda n: bar.update(1)) if bar else None)
     if bar:
         bar.close()
     return out
@@ -205,11 +254,7 @@ def captions_for(data, stepper, split: str, *, beam_size: int = 5, max_len: int 
 
 def write_results_json(path: str | Path, captions: dict[int, str]) -> None:
     """COCO results format [{"image_id": int, "caption": str}], written atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in sorted(captions.items())]))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps([{"image_id": i, "caption": c} for i, c in sorted(captions.items())]))
 
 
 def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int = 5, max_len: int = 20,

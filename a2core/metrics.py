@@ -24,7 +24,7 @@ published ones:
 from __future__ import annotations
 
 import collections
-import gzip
+import contextlib
 import json
 import os
 import subprocess
@@ -366,7 +366,7 @@ class CiderD:
     """CIDEr-D, a vectorised drop-in for ``pycocoevalcap.cider.cider.Cider``.
 
     ``CiderD()`` takes document frequencies from the references of each call, exactly like
-    pycocoevalcap. ``CiderD.from_corpus(refs)`` (or ``load`` / ``from_state_dict``) fixes them,
+    pycocoevalcap. ``CiderD.from_corpus(refs)`` (or ``from_state_dict``) fixes them,
     with ``ref_len = log(number of images of the corpus)``, for SCST rewards.
 
     Inputs are tokenized, space-separated strings (as after ``PTBTokenizer``).
@@ -376,7 +376,7 @@ class CiderD:
         if df != "corpus":
             raise ValueError(
                 f"CiderD(df={df!r}): only df='corpus' (df from the references of each call) is built "
-                "here; use CiderD.from_corpus(...), CiderD.load(path) or CiderD.from_state_dict(...) "
+                "here; use CiderD.from_corpus(...) or CiderD.from_state_dict(...) "
                 "for precomputed document frequencies"
             )
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -508,48 +508,6 @@ class CiderD:
             raise ValueError("CiderD.document_frequency: df='corpus' mode has no fixed df")
         gid = self._table.lookup(ngram)
         return float(self._df[gid]) if gid >= 0 else 0.0
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write :meth:`state_dict` as JSON (gzip if the name ends in .gz), atomically."""
-        path = os.fspath(path)
-        data = json.dumps(self.state_dict(), separators=(",", ":")).encode("utf-8")
-        if path.endswith(".gz"):
-            data = gzip.compress(data, compresslevel=5, mtime=0)
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
-            raise
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "CiderD":
-        """Read a file written by :meth:`save`."""
-        path = os.fspath(path)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"CiderD.load: no such file: {path}")
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-            if data[:2] == b"\x1f\x8b":
-                data = gzip.decompress(data)
-            state = json.loads(data.decode("utf-8"))
-        except (OSError, ValueError, EOFError) as e:
-            raise ValueError(f"CiderD.load: {path} is not a CIDEr-D df file ({e})") from None
-        try:
-            return cls.from_state_dict(state)
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
 
     # ---- scoring ------------------------------------------------------------------------
     def compute_score(self, gts: Mapping[Any, Sequence[str]], res: Mapping[Any, Sequence[str]]
@@ -778,40 +736,53 @@ def _progress(enabled: bool, msg: str) -> None:
         print(f"coco_scores: {msg}", file=sys.stderr, flush=True)
 
 
-def _start_meteor():
-    """Start pycocoevalcap's METEOR process (its JVM loads the paraphrase table meanwhile)."""
-    from pycocoevalcap.meteor.meteor import Meteor
+class Meteor:
+    """METEOR 1.5 with pycocoevalcap's jar and protocol (so its numbers), in a Java process this object owns::
 
-    try:
-        return Meteor()
-    except FileNotFoundError:
-        raise A2Error("COCO evaluation needs Java (METEOR): 'java' was not found") from None
+        with Meteor() as meteor:            # the JVM loads its paraphrase table while other metrics run
+            mean, per_image = meteor.compute_score(tok_gts, tok_res)
 
+    pycocoevalcap's own wrapper stops its process only in `__del__` (which deadlocks after a failed call), so the
+    process is started and stopped here."""
 
-def _stop_meteor(meteor) -> None:
-    proc = meteor.meteor_p
-    if meteor.lock.locked():
-        meteor.lock.release()
-    try:
-        proc.stdin.close()
-    except OSError:
-        pass
-    proc.kill()
-    proc.wait()
+    def __enter__(self) -> "Meteor":
+        from pycocoevalcap.meteor import meteor as pycoco
 
-
-def _meteor_scores(meteor, gts: dict, res: dict) -> tuple[float, list[float]]:
-    try:
-        score, scores = meteor.compute_score(gts, res)
-    except (ValueError, OSError) as e:
-        meteor.meteor_p.kill()
-        err = b""
+        cmd = ["java", "-jar", "-Xmx2G", pycoco.METEOR_JAR, "-", "-", "-stdio", "-l", "en", "-norm"]
         try:
-            err = meteor.meteor_p.stderr.read() or b""
-        except (OSError, ValueError):
+            self.proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.abspath(pycoco.__file__)),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except FileNotFoundError:
+            raise A2Error("COCO evaluation needs Java (METEOR): 'java' was not found") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
             pass
-        raise A2Error(f"METEOR failed ({e}): {err.decode('utf-8', 'replace')[-2000:]}") from None
-    return float(score), [float(x) for x in scores]
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+    def _ask(self, line: str, answers: int = 1) -> list[bytes]:
+        self.proc.stdin.write(line.encode("utf-8") + b"\n")
+        self.proc.stdin.flush()
+        return [self.proc.stdout.readline() for _ in range(answers)]
+
+    def compute_score(self, gts: dict, res: dict) -> tuple[float, list[float]]:
+        """pycocoevalcap's interface: (mean, per-image scores in gts order); one caption per result."""
+        try:
+            stats = [self._ask(" ||| ".join(("SCORE", " ||| ".join(gts[k]),
+                                              res[k][0].replace("|||", "").replace("  ", " "))))[0]
+                     for k in gts]
+            answers = self._ask(" ||| ".join(["EVAL", *(s.decode("utf-8").strip() for s in stats)]), len(stats) + 1)
+            return float(answers[-1]), [float(a) for a in answers[:-1]]
+        except (ValueError, OSError) as e:
+            self.proc.kill()
+            err = self.proc.stderr.read() or b""
+            raise A2Error(f"METEOR failed ({e}): {err.decode('utf-8', 'replace')[-2000:]}") from None
 
 
 def _check_inputs(gts: Mapping[Any, Sequence[str]], res: Mapping[Any, Any], where: str) -> tuple[list, dict]:
@@ -861,7 +832,7 @@ def _tokenized_scores(tok_gts: dict, tok_res: dict, meteor, progress: bool,
 
     if meteor is not None:
         _progress(progress, f"METEOR on {num} images ...")
-        results["METEOR"], per["METEOR"] = _meteor_scores(meteor, tok_gts, tok_res)
+        results["METEOR"], per["METEOR"] = meteor.compute_score(tok_gts, tok_res)
 
 
 def _assemble(ids: list, results: dict[str, float], per: dict[str, list[float]], per_image: bool) -> dict[str, Any]:
@@ -905,15 +876,12 @@ def coco_scores(
     t0 = time.perf_counter()
     results: dict[str, float] = {}
     per: dict[str, list[float]] = {}
-    meteor = _start_meteor()  # its JVM starts up while the other metrics run
-    try:
+    with Meteor() as meteor:  # its JVM starts up while the other metrics run
         _progress(progress, f"PTB tokenizer on {num} images ...")
         both = ptb_tokenize({**{("gts", k): gts[k] for k in ids}, **{("res", k): raw_res[k] for k in ids}})
         tok_gts = {k: both[("gts", k)] for k in ids}
         tok_res = {k: both[("res", k)] for k in ids}
         _tokenized_scores(tok_gts, tok_res, meteor, progress, results, per)
-    finally:
-        _stop_meteor(meteor)
 
     if run_spice:
         _progress(progress, f"SPICE on {num} images ...")
@@ -953,12 +921,8 @@ def caption_scores(
     tok_res = {k: [" ".join(one[k][0].split())] for k in ids}
     results: dict[str, float] = {}
     per: dict[str, list[float]] = {}
-    proc = _start_meteor() if meteor else None
-    try:
+    with Meteor() if meteor else contextlib.nullcontext() as proc:
         _tokenized_scores(tok_gts, tok_res, proc, progress, results, per)
-    finally:
-        if proc is not None:
-            _stop_meteor(proc)
     return _assemble(ids, results, per, per_image)
 
 

@@ -1,6 +1,6 @@
 """Ensemble decoding throughput: one checkpoint against the 4-checkpoint averaging ensemble, beam 5.
 
-The decode path is the one `a2 package` runs in each shard (dashboards.leaderboard.caption_features over an
+The decode path is the one `a2 package` runs in each shard (a2core.decode.caption_images over an
 `EnsembleStepper` with the minimum-length guard): batched beam search, each model with its own decoder cache,
 word distributions averaged every step. The ensemble does four models' work per step, so the ideal ratio of
 throughputs is 0.25; what beam bookkeeping and the averaging cost shows as the distance from it.
@@ -57,7 +57,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from a2core.data.captions import SPECIALS, Vocab
-    from dashboards.leaderboard import caption_features, ensemble_stepper, pad_features
+    from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
+    from dashboards.leaderboard import GivenFeatures
 
     if args.checkpoints:
         from a2core.checkpoint import load_ensemble
@@ -76,18 +77,19 @@ def main() -> None:
                 f"vocabulary {len(vocab)}")
 
     rng = np.random.default_rng(0)
-    feats = {i: pad_features(rng.standard_normal((int(rng.integers(regions // 2, regions + 1)), dim)), regions, dim)
-             for i in range(args.images)}
+    store = GivenFeatures({i: rng.standard_normal((int(rng.integers(regions // 2, regions + 1)), dim))
+                           for i in range(args.images)}, dim)
+    feats = {i: store.padded(i, regions) for i in store.given}
     ids = list(feats)
 
     def run(k: int) -> float:
-        stepper = ensemble_stepper(models[:k], vocab.eos)
+        stepper = MinLengthStepper(EnsembleStepper(models[:k]), vocab.eos)
         gc.collect()
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         t = time.perf_counter()
         with torch.no_grad():
-            caps = caption_features(stepper, vocab, ids, feats.__getitem__, beam_size=args.beam_size,
+            caps = caption_images(stepper, vocab, ids, feats.__getitem__, beam_size=args.beam_size,
                                     max_len=args.max_len, batch_size=args.batch_size, device=args.device)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -98,7 +100,7 @@ def main() -> None:
     warm = ids[: min(len(ids), args.batch_size)]
     for k in (1, 4):
         with torch.no_grad():
-            caption_features(ensemble_stepper(models[:k], vocab.eos), vocab, warm, feats.__getitem__,
+            caption_images(MinLengthStepper(EnsembleStepper(models[:k]), vocab.eos), vocab, warm, feats.__getitem__,
                              beam_size=args.beam_size, max_len=args.max_len, batch_size=args.batch_size,
                              device=args.device)
     rates = {1: [], 4: []}

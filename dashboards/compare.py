@@ -20,18 +20,12 @@ import numpy as np
 
 from dashboards.report import (CIDER, TABLE_METRICS, RunSummary, config_groups, fusion_sort_key, group_value,
                                load_study, searched_keys)
+from dashboards.tables import text_table
 from dashboards.stats import TAG_CONFIG_HASH, Arm, Comparison, best_candidates, compare_arms, is_stopped_early
 from dashboards.tracking import _client, default_tracking_uri
 
 BASELINE = "none"
 PER_IMAGE_ARTIFACT = "eval/per_image_cider.json"
-
-
-def _render(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.ljust(w) if i in (0, len(cells) - 1) else c.rjust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths)))
-    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
 
 
 def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
@@ -137,7 +131,7 @@ def compare_table(tracking_uri: str | None, study_name: str, by: str = "fusion")
         table.append(cells)
     out = [f"study {study_name}: {n_runs} runs with {CIDER}; per {by} the best configuration by mean best val CIDEr "
            f"over its seeds (early-stopped ones only when nothing else ran); mean [95% CI] over seeds",
-           _render(header, table)]
+           text_table(header, table, right=set(range(1, len(header) - 1)))]
     out += comparison.verdicts()
     return "\n".join(out)
 

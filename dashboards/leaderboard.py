@@ -33,17 +33,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import mlflow.pyfunc
+import numpy as np
 import pandas as pd
 
 from dashboards import paper_results
-from a2core.errors import A2Error, DataError
+from a2core.atomic import atomic_write
+from a2core.data.features import FeatureStore
+from a2core.errors import DataError
+from a2core.metrics import METRIC_NAMES
 
 SCHEMA = 1
 # Metrics in the order the table shows them; coco_scores' names.
-METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
+METRICS = METRIC_NAMES  # in the order the table shows them; coco_scores' names
 SHORT = {"BLEU-1": "B-1", "BLEU-2": "B-2", "BLEU-3": "B-3", "BLEU-4": "B-4", "METEOR": "M", "ROUGE-L": "R",
          "CIDEr": "C", "SPICE": "S"}
 NOT_HASHED = ("train.seed", "output_dir")
@@ -84,7 +88,7 @@ def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str,
     Same steps as `coco_scores`: every caption PTB-tokenized (references once), then BLEU-1..4, ROUGE-L and
     CIDEr-D (`caption_scores` on the tokenized text) and METEOR. With SPICE (when its models are installed, or
     `spice=True`) each system goes through `coco_scores` itself."""
-    from a2core.metrics import caption_scores, coco_scores, ptb_tokenize, spice_available
+    from a2core.metrics import Meteor, caption_scores, coco_scores, ptb_tokenize, spice_available
 
     if spice is None:
         spice = spice_available()
@@ -107,40 +111,13 @@ def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str,
     tok = ptb_tokenize(raw)
     tok_gts = {k: tok[("gts", k)] for k in ids}
     out: dict[str, dict[str, float]] = {}
-    meteor = _start_meteor()
-    try:
+    with Meteor() as meteor:
         for name in systems:
             tok_res = {k: tok[(name, k)] for k in ids}
             scores = caption_scores(tok_gts, {k: tok_res[k][0] for k in ids})
-            if meteor is not None:
-                scores["METEOR"], _ = meteor.compute_score(tok_gts, tok_res)
+            scores["METEOR"], _ = meteor.compute_score(tok_gts, tok_res)
             out[name] = as_percent(scores)
-    finally:
-        _stop_meteor(meteor)
     return out
-
-
-def _start_meteor():
-    from pycocoevalcap.meteor.meteor import Meteor
-
-    try:
-        return Meteor()
-    except FileNotFoundError:
-        raise A2Error("COCO evaluation needs Java (METEOR): 'java' was not found") from None
-
-
-def _stop_meteor(meteor) -> None:
-    if meteor is None:
-        return
-    proc = meteor.meteor_p
-    if meteor.lock.locked():
-        meteor.lock.release()
-    try:
-        proc.stdin.close()
-    except OSError:
-        pass
-    proc.kill()
-    proc.wait()
 
 
 # -- the leaderboard ---------------------------------------------------------------------------------------------
@@ -216,22 +193,8 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
 
 
 def write_leaderboard(path: str | os.PathLike, board: Mapping) -> Path:
-    """Write the leaderboard JSON atomically (temp file in the same folder, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(board, f, indent=2, default=str)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write the leaderboard JSON atomically."""
+    return atomic_write(path, json.dumps(board, indent=2, default=str) + "\n")
 
 
 def read_leaderboard(path: str | os.PathLike) -> dict:
@@ -256,14 +219,13 @@ def format_table(board: Mapping) -> str:
     t3 = paper.get("table3")
     if t3:
         rows.append([f"paper T3 {t3['row']}", "", *[_fmt_number(t3["metrics"].get(k)) for k in metrics], ""])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     ev = board["evaluation"]
     title = (f"leaderboard of {board['study']} ({board['configuration']['fusion']}, config "
              f"{board['configuration']['hash'][:12]}): {ev['split']}, {ev['images']} images, beam {ev['beam_size']}, "
              f"percent")
-    return "\n".join([title, *lines])
+    from dashboards.tables import text_table
+
+    return "\n".join([title, text_table(header, rows)])
 
 
 # -- MLflow --------------------------------------------------------------------------------------------------------
@@ -305,81 +267,18 @@ def log_artifacts(tracking_uri: str, run_id: str, paths: Iterable[str | os.PathL
     return f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
 
 
-# -- captioning with an ensemble (shared by packaging and the MLflow model) ----------------------------------------
-class MinLengthStepper:
-    """Wraps a decode stepper so that <eos> cannot come before `min_len` words: beam search prefers short
-    hypotheses, and an empty caption is not a valid submission entry."""
-
-    def __init__(self, inner, eos: int, min_len: int = 1):
-        self.inner, self.eos, self.min_len = inner, eos, min_len
-
-    def init_state(self, feats, region_mask):
-        return {"inner": self.inner.init_state(feats, region_mask), "t": 0}
-
-    def expand_state(self, state, k: int):
-        return {"inner": self.inner.expand_state(state["inner"], k), "t": state["t"]}
-
-    def step(self, last, state):
-        logp = self.inner.step(last, state["inner"])
-        if state["t"] < self.min_len:
-            logp = logp.clone()
-            logp[:, self.eos] = float("-inf")
-        state["t"] += 1
-        return logp
-
-    def reorder_state(self, state, index):
-        return {"inner": self.inner.reorder_state(state["inner"], index), "t": state["t"]}
-
-
-def ensemble_stepper(models: list, eos: int, min_len: int = 1):
-    """An averaging ensemble (one model: that model) that never ends a caption before `min_len` words."""
-    from a2core.decode import EnsembleStepper, ModelStepper
-
-    inner = EnsembleStepper(models) if len(models) > 1 else ModelStepper(models[0])
-    return MinLengthStepper(inner, eos, min_len)
-
-
-def caption_features(stepper, vocab, image_ids: Sequence[int], fetch: Callable[[int], tuple], *, beam_size: int = 5,
-                     max_len: int = 20, batch_size: int = 50, device="cpu",
-                     progress: Callable[[int], None] | None = None) -> dict[int, str]:
-    """{image_id: caption} by beam search; `fetch(image_id)` gives the padded (features, mask) of an image."""
-    import numpy as np
-    import torch
-
-    from a2core.decode import beam_search, greedy
-
-    out: dict[int, str] = {}
-    ids = list(image_ids)
-    for start in range(0, len(ids), batch_size):
-        chunk = ids[start:start + batch_size]
-        pairs = [fetch(i) for i in chunk]
-        feats = torch.from_numpy(np.stack([p[0] for p in pairs])).to(device)
-        mask = torch.from_numpy(np.stack([p[1] for p in pairs])).to(device)
-        if beam_size > 1:
-            seqs, _ = beam_search(stepper, feats, mask, beam_size, max_len, vocab.bos, vocab.eos)
-        else:
-            seqs = greedy(stepper, feats, mask, max_len, vocab.bos, vocab.eos)
-        for image_id, seq in zip(chunk, seqs.tolist()):
-            out[int(image_id)] = vocab.decode(seq)
-        if progress is not None:
-            progress(len(chunk))
-    return out
-
-
-def pad_features(feat, max_regions: int, feature_dim: int) -> tuple:
-    """(max_regions, D) float32 features and their (max_regions,) region mask, as FeatureStore.padded."""
-    import numpy as np
-
-    feat = np.asarray(feat, dtype=np.float32).reshape(-1, feature_dim)[:max_regions]
-    out = np.zeros((max_regions, feature_dim), np.float32)
-    out[: len(feat)] = feat
-    mask = np.zeros(max_regions, bool)
-    mask[: len(feat)] = True
-    return out, mask
-
-
 # -- the ensemble as an MLflow model --------------------------------------------------------------------------------
 CHECKPOINT_ARTIFACT = "checkpoint_{:02d}"
+
+
+class GivenFeatures(FeatureStore):
+    """Region features handed to `predict` ({image_id: (n_regions, D) array}), padded as the store pads its own."""
+
+    def __init__(self, given: Mapping[int, Any], feature_dim: int):  # nothing to open: no FeatureStore.__init__
+        self.given, self.feature_dim = given, feature_dim
+
+    def get(self, image_id: int):
+        return np.asarray(self.given[image_id], dtype=np.float32).reshape(-1, self.feature_dim)
 
 
 class A2EnsembleModel(mlflow.pyfunc.PythonModel):
@@ -410,8 +309,6 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
     def _feature_store(self):
         if self._store is None:
             from a2core.config import Config
-            from a2core.data.features import FeatureStore
-
             path = self.features_path
             if not path:
                 from a2core.data.dataset import resolve_paths
@@ -429,24 +326,18 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
             frame = pd.DataFrame({"image_id": list(model_input)})
         if "image_id" not in frame.columns:
             raise ValueError("A2EnsembleModel.predict: the input needs an 'image_id' column")
-        ids = [int(i) for i in frame["image_id"]]
-        max_regions = self.config["model"]["max_regions"]
-        dim = self.config["model"]["feature_dim"]
-        if "features" in frame.columns:
-            given = {i: f for i, f in zip(ids, frame["features"])}
+        from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
 
-            def fetch(i):
-                return pad_features(given[i], max_regions, dim)
+        ids = [int(i) for i in frame["image_id"]]
+        if "features" in frame.columns:
+            store = GivenFeatures(dict(zip(ids, frame["features"])), self.config["model"]["feature_dim"])
         else:
             store = self._feature_store()
-
-            def fetch(i):
-                return store.padded(i, max_regions)
-
         beam = int((params or {}).get("beam_size", self.beam_size))
-        stepper = ensemble_stepper(self.models, self.vocab.eos, self.min_len)
-        caps = caption_features(stepper, self.vocab, list(dict.fromkeys(ids)), fetch, beam_size=beam,
-                                max_len=self.max_len, batch_size=self.batch_size, device=self.device)
+        stepper = MinLengthStepper(EnsembleStepper(self.models), self.vocab.eos, self.min_len)
+        caps = caption_images(stepper, self.vocab, list(dict.fromkeys(ids)),
+                              lambda i: store.padded(i, self.config["model"]["max_regions"]), beam_size=beam,
+                              max_len=self.max_len, batch_size=self.batch_size, device=self.device)
         return pd.DataFrame({"image_id": ids, "caption": [caps[i] for i in ids]})
 
 
@@ -457,16 +348,6 @@ def _slim_checkpoint(src: str | os.PathLike, dst: Path) -> Path:
     state = ckpt.load(src)
     keep = {k: state[k] for k in ("model", "config", "vocab", "epoch", "step", "best") if k in state}
     return ckpt.save(keep, dst)
-
-
-def _current_tracking_uri() -> str | None:
-    """The URI set with `mlflow.set_tracking_uri` (None when never set), to restore it afterwards."""
-    try:
-        from mlflow.tracking._tracking_service import utils
-
-        return utils._tracking_uri
-    except (ImportError, AttributeError):
-        return None
 
 
 def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str | os.PathLike], name: str, *,
@@ -481,7 +362,7 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
     code_paths = [str(repo / "a2core"), str(repo / "dashboards")]
     client = MlflowClient(tracking_uri=tracking_uri)
     status = client.get_run(run_id).info.status
-    previous_uri, previous_env = _current_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
+    previous_uri, previous_env = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
     with tempfile.TemporaryDirectory(prefix="a2-model-") as tmp:
         artifacts = {}
         for i, path in enumerate(checkpoints):

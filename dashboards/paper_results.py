@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import copy
 
+from a2core.metrics import METRIC_NAMES
+
 PAPER = "Attention-Aligned Transformer for Image Captioning (AAAI-22)"
-METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
+METRICS = METRIC_NAMES
 
 _T1_COLUMNS = ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dashboards.tables import finite
 from dashboards.tracking import TAG_FUSION, TAG_SEED, _client, default_tracking_uri, study_runs
 from a2core.errors import TrackingError
 
@@ -80,7 +81,7 @@ class RunSummary:
 
     @property
     def lam(self) -> float | None:
-        return _float(self.param(*LAMBDA_KEYS))
+        return finite(self.param(*LAMBDA_KEYS))
 
     def score(self, metric: str) -> float | None:
         """A metric at the best epoch when known, else its final value."""
@@ -98,14 +99,6 @@ class Study:
     @property
     def parent_run_id(self) -> str:
         return self.parent.info.run_id
-
-
-def _float(value) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(out) else out
 
 
 def _isnan(value) -> bool:
@@ -157,7 +150,7 @@ def searched_keys(runs: list[RunSummary]) -> list[str]:
         distinct = set(values)
         if len(distinct) <= 1:
             continue
-        numeric = all(v is None or _float(v) is not None for v in values)
+        numeric = all(v is None or finite(v) is not None for v in values)
         if not numeric and len(runs) > 2 and len(distinct) == len(runs):
             continue  # a different string in every run: a path or a name, not a hyperparameter
         out.append(k)
@@ -468,7 +461,7 @@ def plot_parallel(runs: list[RunSummary], path: Path) -> Path | None:
     axes_spec = []  # (label, positions in [0,1] per run, tick positions, tick labels)
     for k in keys + [CIDER]:
         raw = [r.best_cider if k == CIDER else r.params.get(k) for r in runs]
-        nums = [_float(v) for v in raw]
+        nums = [finite(v) for v in raw]
         if all(n is not None for n in nums):
             vals = [float(n) for n in nums]  # type: ignore[arg-type]
             log = min(vals) > 0 and max(vals) / min(vals) > 20

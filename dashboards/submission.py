@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
+from a2core.atomic import atomic_write
 from a2core.errors import SubmissionError
 
 __all__ = [
@@ -65,28 +65,6 @@ def results_filename(split: str, alg: str) -> str:
 # ------------------------------------------------------------------------------------------- writing
 
 
-def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "wb") -> Path:
-    """Write ``path`` through ``write(fileobj)`` into a temp file in the same directory, then
-    ``os.replace`` it into place, so readers only ever see the old or the complete new file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        kwargs = {"encoding": "utf-8", "newline": "\n"} if "b" not in mode else {}
-        with os.fdopen(fd, mode, **kwargs) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
-
-
 def write_results(path: str | os.PathLike, captions: Mapping[int, str]) -> Path:
     """Write a COCO results file ``[{"image_id": int, "caption": str}]`` sorted by image id, atomically.
 
@@ -102,11 +80,7 @@ def write_results(path: str | os.PathLike, captions: Mapping[int, str]) -> Path:
         entries.append({"image_id": int(image_id), "caption": caption})
     entries.sort(key=lambda e: e["image_id"])
 
-    def write(f):
-        json.dump(entries, f, ensure_ascii=False)
-        f.write("\n")
-
-    return _atomic_write(path, write, mode="w")
+    return atomic_write(path, json.dumps(entries, ensure_ascii=False) + "\n")
 
 
 def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_results: str | os.PathLike) -> Path:
@@ -124,7 +98,7 @@ def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_r
             zf.write(val_results, arcname=val_results.name)
             zf.write(test_results, arcname=test_results.name)
 
-    return _atomic_write(zip_path, write, mode="wb")
+    return atomic_write(zip_path, write)
 
 
 # ------------------------------------------------------------------------------------------- reading

@@ -13,8 +13,8 @@ Both `start_study` and `trial_run` are idempotent: calling them again (a resumed
 trial) finds the existing run by its tags, sets it RUNNING again and returns it, so a restore never duplicates
 a run.
 
-`serve` / `start_server` run `mlflow server` with a database backend and proxied artifacts (local directory or
-any S3-compatible bucket), bound to loopback unless told otherwise.
+`serve` runs `mlflow server` with a database backend and proxied artifacts (local directory or any S3-compatible
+bucket), bound to loopback unless told otherwise.
 """
 from __future__ import annotations
 
@@ -22,11 +22,9 @@ import json
 import numbers
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -188,17 +186,8 @@ def git_commit() -> str:
 
 
 def _flatten(config: dict) -> dict[str, Any]:
-    try:
-        from a2core.config import flatten
-    except ImportError:  # pragma: no cover - a2core is part of this repo
-        def flatten(raw, prefix=""):
-            out = {}
-            for k, v in raw.items():
-                if isinstance(v, dict) and v:
-                    out.update(flatten(v, f"{prefix}{k}."))
-                else:
-                    out[f"{prefix}{k}"] = v
-            return out
+    from a2core.config import flatten
+
     if hasattr(config, "to_dict"):
         config = config.to_dict()
     return flatten(dict(config or {}))
@@ -328,7 +317,7 @@ class StudyTracker:
         self.client = _client(tracking_uri)
         self._experiment_id: str | None = None
         self.parent_run_id: str | None = None
-        self._trial_runs: dict[str, str] = {}
+        self.trial_runs: dict[str, str] = {}
 
     # pickling (Ray callbacks are pickled with the Tuner): drop the client, rebuild it lazily
     def __getstate__(self):
@@ -403,7 +392,7 @@ class StudyTracker:
             self.start_study()
         config = config or {}
         run = None
-        known = self._trial_runs.get(trial_id)
+        known = self.trial_runs.get(trial_id)
         if known is not None:
             try:
                 run = self.client.get_run(known)
@@ -438,7 +427,7 @@ class StudyTracker:
             update.update({k: v for k, v in extra.items() if run.data.tags.get(k) != v})
             if update:
                 self._set_tags(run.info.run_id, update)
-        self._trial_runs[trial_id] = run.info.run_id
+        self.trial_runs[trial_id] = run.info.run_id
         return run.info.run_id
 
     def end_trial(self, run_id: str, status: str = "FINISHED") -> None:
@@ -466,11 +455,6 @@ class StudyTracker:
     def logged_steps(self, run_id: str, key: str) -> set[int]:
         """The steps at which metric `key` of a run has values."""
         return {int(m.step) for m in self.client.get_metric_history(run_id, _clean_key(key))}
-
-    def log_params(self, run_id: str, params: dict) -> None:
-        """Log params (flattened); keys already logged with a different value are left alone (params are
-        immutable in MLflow)."""
-        self._log_params(run_id, _flatten(params), self.client.get_run(run_id).data.params)
 
     def set_tags(self, run_id: str, tags: dict) -> None:
         self._set_tags(run_id, tags)
@@ -554,7 +538,7 @@ def server_command(backend_uri: str, artifacts_destination: str | None, port: in
             "--host", host, "--port", str(int(port)), "--workers", str(int(workers))]
 
 
-def _server_env(s3_endpoint_url: str | None) -> dict[str, str]:
+def server_env(s3_endpoint_url: str | None) -> dict[str, str]:
     env = dict(os.environ)
     # MLflow's GenAI job runner (extra processes, slower start) is not used by a2tune; opt back in via the env.
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
@@ -563,135 +547,26 @@ def _server_env(s3_endpoint_url: str | None) -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: SIGTERM the server when the process that started it dies, even by SIGKILL (mlflow's CLI
-    forwards SIGTERM to its web server)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-def _popen_kwargs() -> dict:
-    kwargs: dict[str, Any] = {"start_new_session": True}
-    if sys.platform.startswith("linux"):
-        kwargs["preexec_fn"] = _die_with_parent
-    return kwargs
-
-
-def _url(host: str, port: int) -> str:
+def server_url(host: str, port: int) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"
     return f"http://{shown}:{int(port)}"
 
 
-def wait_healthy(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc is not None and proc.poll() is not None:
-            raise TrackingError(f"MLflow server at {url} exited with code {proc.returncode} before it was healthy")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise TrackingError(f"MLflow server at {url} not healthy after {timeout:.0f} s")
-        time.sleep(0.25)
-
-
-def start_server(backend_uri: str, artifacts_destination: str | None, port: int, s3_endpoint_url: str | None = None,
-                 host: str = "127.0.0.1", workers: int = 1, log_path: str | None = None,
-                 timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
-    """Start `mlflow server` in its own process group and wait until `/health` answers (up to `timeout` s).
-
-    Returns (process, url). Stop it with `stop_server(process)` (kills the whole group: mlflow's CLI starts the
-    web server as a child). Output goes to `log_path` (default: a temporary file, path in `process.log_path`).
-    """
-    if log_path is None:
-        fd, log_path = tempfile.mkstemp(prefix="mlflow-server-", suffix=".log")
-        os.close(fd)
-    log = open(log_path, "ab")
-    try:
-        proc = subprocess.Popen(server_command(backend_uri, artifacts_destination, port, host, workers),
-                                env=_server_env(s3_endpoint_url), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, **_popen_kwargs())
-    finally:
-        log.close()
-    proc.log_path = log_path  # type: ignore[attr-defined]
-    url = _url(host, port)
-    try:
-        wait_healthy(url, timeout=timeout, proc=proc)
-    except TrackingError as err:
-        stop_server(proc)
-        tail = Path(log_path).read_text(errors="replace")[-3000:]
-        raise TrackingError(f"{err}\n--- server log ({log_path}) ---\n{tail}") from None
-    return proc, url
-
-
-def stop_server(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
-    """SIGTERM the server's process group, SIGKILL it after `timeout` s."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        pgid = None
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        if pgid is not None:
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                pass
-        elif proc.poll() is None:
-            proc.send_signal(sig)
-        try:
-            proc.wait(timeout=wait)
-            if pgid is not None:
-                try:  # the group may outlive its leader for a moment
-                    os.killpg(pgid, 0)
-                    time.sleep(0.2)
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            return proc.returncode
-        except subprocess.TimeoutExpired:
-            continue
-    return proc.poll()
-
-
 def serve(args) -> int:
-    """`a2 mlflow serve`: run an MLflow tracking server until interrupted; returns its exit code."""
+    """`a2 mlflow serve`: this process becomes `mlflow server` (its CLI stops its web server on SIGINT/SIGTERM)."""
     backend = args.backend_store_uri
     if not re.match(r"^(sqlite|postgresql|postgres|mysql|mssql)(\+\w+)?://", backend or ""):
         raise TrackingError(f"--backend-store-uri {backend!r}: use sqlite:///path.db or postgresql://user@host/db")
     if backend.startswith("sqlite:"):
         _check_sqlite(backend)
     dest = args.artifacts_destination or "./mlartifacts"
-    cmd = server_command(backend, dest, args.port, args.host, args.workers)
-    proc = subprocess.Popen(cmd, env=_server_env(args.s3_endpoint_url), **_popen_kwargs())
-    url = _url(args.host, args.port)
+    url = server_url(args.host, args.port)
     print(f"MLflow server: {url}  (backend {backend}, artifacts {dest}"
           + (f" via {args.s3_endpoint_url}" if args.s3_endpoint_url else "") + ")", flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"bound to {args.host}: reachable from other machines; restrict with a firewall or a proxy", flush=True)
     print(f"clients: export MLFLOW_TRACKING_URI={url}", flush=True)
-
-    def forward(signum, _frame):
-        try:
-            os.killpg(proc.pid, signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        while True:
-            try:
-                return proc.wait()
-            except KeyboardInterrupt:  # pragma: no cover - handler replaced above
-                forward(signal.SIGINT, None)
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    cmd = server_command(backend, dest, args.port, args.host, args.workers)
+    os.execve(cmd[0], cmd, server_env(args.s3_endpoint_url))

@@ -6,6 +6,7 @@ second and never start Ray.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
@@ -91,33 +92,14 @@ def cmd_decode(args) -> int:
     return 0
 
 
-# -- studies -----------------------------------------------------------------------------------------------------
-def cmd_study(args) -> int:
-    if args.study_command == "plan":
-        from launch.plan import main as plan_main
+# -- studies and what follows them -----------------------------------------------------------------------------
+def _deferred(target: str):
+    """The command function `module:function`, imported only when its command runs."""
+    def run(args) -> int:
+        module, name = target.split(":")
+        return getattr(importlib.import_module(module), name)(args)
 
-        return plan_main(args)
-    from launch import study
-
-    return study.main(args)
-
-
-def cmd_report(args) -> int:
-    from dashboards.report import main as report_main
-
-    return report_main(args)
-
-
-def cmd_mlflow_serve(args) -> int:
-    from dashboards.tracking import serve
-
-    return serve(args)
-
-
-def cmd_package(args) -> int:
-    from launch.package import main as package_main
-
-    return package_main(args)
+    return run
 
 
 def cmd_submission_validate(args) -> int:
@@ -126,12 +108,6 @@ def cmd_submission_validate(args) -> int:
     report = validate_zip(args.zip, read_image_ids(args.val_images), read_image_ids(args.test_images), alg=args.alg)
     print(report)
     return 0 if report.ok else 1
-
-
-def cmd_pipeline(args) -> int:
-    from launch.pipeline import main as pipeline_main
-
-    return pipeline_main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,18 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     from launch.study import add_arguments as add_study_arguments
 
     add_study_arguments(st)
-    from launch.plan import add_arguments as add_plan_arguments
-
-    # argparse has no public accessor for a parser's subcommands: `plan` joins the ones launch.study added
-    study_commands = next(a for a in st._actions if isinstance(a, argparse._SubParsersAction))
-    add_plan_arguments(study_commands.add_parser("plan", help="seeds per arm needed to resolve a CIDEr difference"))
-    st.set_defaults(func=cmd_study)
+    st.set_defaults(func=_deferred("launch.study:main"))
 
     rp = sub.add_parser("report", help="plots and an HTML page from a study's MLflow runs")
     rp.add_argument("name")
     rp.add_argument("--tracking-uri", default=None)
     rp.add_argument("--out", default=None, help="also write the report into this directory")
-    rp.set_defaults(func=cmd_report)
+    rp.set_defaults(func=_deferred("dashboards.report:main"))
 
     ml = sub.add_parser("mlflow", help="MLflow tracking server").add_subparsers(dest="mlflow_command", required=True)
     serve = ml.add_parser("serve", help="start an MLflow tracking server for a team")
@@ -196,13 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=5000)
     serve.add_argument("--workers", type=int, default=1)
-    serve.set_defaults(func=cmd_mlflow_serve)
+    serve.set_defaults(func=_deferred("dashboards.tracking:serve"))
 
     pk = sub.add_parser("package", help="4-seed ensemble -> COCO server zip, leaderboard, upload")
     from launch.package import add_arguments as add_package_arguments
 
     add_package_arguments(pk)
-    pk.set_defaults(func=cmd_package)
+    pk.set_defaults(func=_deferred("launch.package:main"))
 
     sv = sub.add_parser("submission", help="COCO server submissions").add_subparsers(dest="sub_command", required=True)
     val = sv.add_parser("validate", help="check a results.zip against the server's image lists")
@@ -216,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     from launch.pipeline import add_arguments as add_pipeline_arguments
 
     add_pipeline_arguments(pl)
-    pl.set_defaults(func=cmd_pipeline)
+    pl.set_defaults(func=_deferred("launch.pipeline:main"))
     return p
 
 

@@ -124,7 +124,7 @@ class A2MLflowCallback(Callback):
         self.best.update({k: tuple(v) for k, v in (state.get("best") or {}).items()})
         self.last_step.update(state.get("last_step") or {})
         if self.tracker is not None:
-            self.tracker._trial_runs.update(self.trial_runs)
+            self.tracker.trial_runs.update(self.trial_runs)
 
     def __getstate__(self):  # the Tuner pickles its callbacks
         state = self.__dict__.copy()
@@ -145,7 +145,7 @@ class A2MLflowCallback(Callback):
         if self.tracker is None:
             tracker = StudyTracker(self.tracking_uri, self.study_name, experiment=self.experiment,
                                    artifact_location=self.artifact_location)
-            tracker._trial_runs.update(self.trial_runs)
+            tracker.trial_runs.update(self.trial_runs)
             self.parent_run_id = tracker.start_study(self.study_params, self.study_tags)
             self.tracker = tracker
         return self.tracker

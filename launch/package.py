@@ -37,7 +37,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from a2core.errors import PackageError
+from a2core.atomic import atomic_write
+from a2core.errors import A2Error, PackageError, StorageError
+from launch.study import say
 
 SEED_STUDIES_FILE = "seed_studies.json"
 DEFAULT_OUT = "a2-packages"
@@ -73,23 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from launch.study import StudyError
-
-    try:
-        package(args.name, storage=args.storage, seeds=args.seeds, alg=args.alg, no_train=args.no_train,
+    package(args.name, storage=args.storage, seeds=args.seeds, alg=args.alg, no_train=args.no_train,
                 out=args.out, upload=args.upload, s3_endpoint_url=args.s3_endpoint_url,
                 tracking_uri=args.tracking_uri, beam_size=args.beam_size, batch_size=args.batch_size,
                 workers=args.workers, address=args.address, val_images=args.val_images,
-                test_images=args.test_images, data_overrides=args.data, verbose=not args.quiet)
-    except (PackageError, StudyError) as err:
-        print(f"a2 package: error: {err}", file=sys.stderr)
-        return 2
+            test_images=args.test_images, data_overrides=args.data, verbose=not args.quiet)
     return 0
-
-
-def _say(text: str, verbose: bool = True) -> None:
-    if verbose:
-        print(text, flush=True)
 
 
 # -- candidates: the trials of a study with their configurations -----------------------------------------------------
@@ -109,7 +100,7 @@ def candidates(spec, location, summary: dict) -> list[dict]:
             continue
         try:
             config = spec.trial_config(dict(row.get("sampled") or {}))
-        except Exception as err:  # noqa: BLE001 - a trial the saved spec cannot rebuild any more
+        except A2Error as err:  # a trial the saved spec cannot rebuild any more
             print(f"a2 package: note: skipping trial {row.get('trial_id')} of {spec.name}: {err}", file=sys.stderr)
             continue
         out.append({"study": spec.name, "trial_id": str(row["trial_id"]), "seed": int(config["train"]["seed"]),
@@ -146,28 +137,16 @@ def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
     return chosen, missing
 
 
-def checkpoint_exists(uri: str, endpoint_url: str | None = None) -> bool:
-    if uri.startswith("s3://"):
-        from dashboards.s3 import make_client, parse_s3_uri
-
-        bucket, key = parse_s3_uri(uri, require_key=True)
-        try:
-            make_client(endpoint_url).head_object(Bucket=bucket, Key=key)
-            return True
-        except Exception:  # noqa: BLE001 - not there, or not readable: either way unusable
-            return False
-    return Path(uri).is_file()
-
-
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
     """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
-    if not uri.startswith("s3://"):
-        return uri
-    from dashboards.s3 import download_file
+    from dashboards.storage import open_location
 
+    location = open_location(uri, endpoint_url)
+    if location.local:
+        return location.uri
     target = Path(cache_dir) / hashlib.sha256(uri.encode()).hexdigest()[:16] / "checkpoint.pt"
     if not target.is_file():
-        download_file(uri, target, endpoint_url=endpoint_url)
+        location.download(target)
     return str(target)
 
 
@@ -236,7 +215,7 @@ def train_missing(spec, location, best: dict, missing: list[int], *, address: st
     _, unfinished = _companion_rows(location, names, best["hash"], verbose)
     rows, covered = [], set()
     for comp in unfinished:  # an interrupted or failed earlier attempt: finish it first
-        _say(f"package: resuming the unfinished seed study {comp.name}", verbose)
+        say(f"package: resuming the unfinished seed study {comp.name}", verbose)
         comp_spec = load_saved_spec(comp)
         covered |= {int(s) for s in comp_spec.params["seed"].values} if "seed" in comp_spec.params else set()
         summary = resume_study(comp, address=address, verbose=verbose)
@@ -254,7 +233,7 @@ def train_missing(spec, location, best: dict, missing: list[int], *, address: st
     new_spec = seeds_spec(spec, location, best["config"], todo, name)
     # Listed before it runs, so that an interrupted run is found (and resumed) by the next package run.
     location.write_text(json.dumps({"studies": names + [name]}, indent=2) + "\n", SEED_STUDIES_FILE)
-    _say(f"package: training seed(s) {', '.join(map(str, todo))} of trial {best['trial_id']}'s configuration "
+    say(f"package: training seed(s) {', '.join(map(str, todo))} of trial {best['trial_id']}'s configuration "
          f"as study {name}", verbose)
     summary = run_study(new_spec, address=address, verbose=verbose)
     comp = StudyLocation(name, location.storage, location.endpoint_url)
@@ -278,7 +257,7 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
     from a2core.config import Config
     from a2core.data.dataset import resolve_paths
     from a2core.data.features import FeatureStore
-    from dashboards.leaderboard import caption_features, ensemble_stepper
+    from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
 
     t0 = time.perf_counter()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -300,16 +279,16 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
     kwargs = dict(beam_size=beam_size, max_len=max_len, batch_size=batch_size, device=device, progress=tick)
     out: dict[str, Any] = {"ensemble": {}, "single": []}
     with torch.no_grad():
-        stepper = ensemble_stepper(models, vocab.eos)
         for split, ids in shard.items():
-            out["ensemble"][split] = caption_features(stepper, vocab, ids, fetch, **kwargs)
+            out["ensemble"][split] = caption_images(MinLengthStepper(EnsembleStepper(models), vocab.eos), vocab,
+                                                    ids, fetch, **kwargs)
         if single_split is not None:
             for model in models:
                 if len(models) == 1:
                     out["single"].append(out["ensemble"][single_split])
                 else:
-                    out["single"].append(caption_features(ensemble_stepper([model], vocab.eos), vocab,
-                                                          shard[single_split], fetch, **kwargs))
+                    out["single"].append(caption_images(MinLengthStepper(EnsembleStepper([model]), vocab.eos),
+                                                        vocab, shard[single_split], fetch, **kwargs))
     if bar:
         bar.close()
     store.close()
@@ -343,7 +322,7 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
     t0 = time.perf_counter()
     n_images = sum(len(v) for v in splits.values())
     if workers == 0:
-        _say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) in this process", verbose)
+        say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) in this process", verbose)
         result = decode_shard(checkpoints, data_config, splits, single_split, beam_size, max_len, batch_size,
                               endpoint_url, progress=verbose)
         merged = _merge([result], len(checkpoints))
@@ -357,7 +336,7 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
         n = workers or default_workers(resources)
         use_gpu = int(resources.get("GPU", 0) or 0) > 0
         task = ray.remote(decode_shard).options(num_cpus=1, num_gpus=1 if use_gpu else 0, max_retries=2)
-        _say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) on {n} Ray worker(s)"
+        say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) on {n} Ray worker(s)"
              f"{' (1 GPU each)' if use_gpu else ''}", verbose)
         futures = [task.remote(checkpoints, data_config, {s: _shard(ids, r, n) for s, ids in splits.items()},
                                single_split, beam_size, max_len, batch_size, endpoint_url)
@@ -383,7 +362,7 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
         if lost:
             raise PackageError(f"decoding lost {len(lost)} {split} images (e.g. {lost[:5]})")
     merged["seconds"] = time.perf_counter() - t0
-    _say(f"package: decoded in {merged['seconds']:.1f} s", verbose)
+    say(f"package: decoded in {merged['seconds']:.1f} s", verbose)
     return merged
 
 
@@ -438,9 +417,67 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
             address: str | None = None, val_images: str | None = None, test_images: str | None = None,
             data_overrides: list[str] | None = None, verbose: bool = True) -> dict:
     """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
-    from launch.study import SUMMARY_FILE, locate, load_saved_spec
+    from dashboards.submission import results_filename
+    from dashboards.tracking import check_tracking_uri
 
     t_start = time.perf_counter()
+    location, spec, summary = open_study(name, storage, verbose)
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    if not seeds:
+        raise PackageError("--seeds: give at least one seed")
+    alg = alg or name
+    files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
+    tracking_uri = check_tracking_uri(tracking_uri or spec.tracking["mlflow_uri"])
+    upload_prefix = _upload_prefix(location, upload)
+    out = Path(out or Path(DEFAULT_OUT) / name).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RESULTS_ZIP).unlink(missing_ok=True)  # a stale zip must not survive a failed run
+
+    import ray
+
+    ray_was_up = ray.is_initialized()
+    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
+    try:
+        best, members = ensemble_members(spec, location, summary, seeds, no_train=no_train, address=address,
+                                         verbose=verbose)
+        local = [fetch_checkpoint(m["checkpoint"], out / ".checkpoints", location.endpoint_url) for m in members]
+        data, data_config, images = decoding_data(local[0], data_overrides, val_images, test_images)
+        decoded = decode_all([m["checkpoint"] if m["checkpoint"].startswith("s3://") else str(Path(p).resolve())
+                              for m, p in zip(members, local)], data_config, images["splits"], "test",
+                             beam_size=beam_size, max_len=images["max_len"], batch_size=batch_size, workers=workers,
+                             address=address, endpoint_url=location.endpoint_url, verbose=verbose)
+        results = write_submission(out, files, decoded, images, alg, verbose)
+        delivered = deliver(name, spec, best, members, local, data, decoded, results, images, tracking_uri=tracking_uri,
+                            beam_size=beam_size, seeds=seeds, verbose=verbose)
+        uploads = upload_all([results["zip"], delivered["leaderboard"]], upload_prefix,
+                             s3_endpoint_url or (location.endpoint_url if not upload else None), verbose)
+    finally:
+        if not ray_was_up and ray.is_initialized():
+            ray.shutdown()
+    manifest = {
+        "study": name, "study_path": location.uri(), "out": str(out), "results_zip": str(results["zip"]),
+        "results_files": [str(p) for p in results["files"]], "leaderboard": str(delivered["leaderboard"]),
+        "seeds": seeds, "members": [{k: m[k] for k in ("seed", "study", "trial_id", "checkpoint", "value")}
+                                    for m in members],
+        "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": best["config"]["model"]["fusion"],
+        "ensemble_CIDEr": delivered["scores"]["ensemble"].get("CIDEr"),
+        "seed_CIDEr": {m["seed"]: delivered["scores"][f"seed-{m['seed']}"].get("CIDEr") for m in members},
+        "mlflow": delivered["mlflow"], "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
+        "decode_seconds": round(decoded["seconds"], 2), "seconds": round(time.perf_counter() - t_start, 2),
+    }
+    atomic_write(out / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
+    say(f"package: done in {manifest['seconds']:.0f} s\n  submission:  {results['zip']}\n  leaderboard: "
+         f"{delivered['leaderboard']}\n  MLflow:      {delivered['mlflow']['model_uri']} (run "
+         f"{delivered['mlflow']['parent_run_id']}, artifacts {delivered['mlflow']['artifacts']})"
+         + "".join(f"\n  uploaded:    {u['uri']}" for u in uploads), verbose)
+    return manifest
+
+
+# -- the steps of `package` --------------------------------------------------------------------------------------------
+def open_study(name: str, storage: str | None, verbose: bool = True):
+    """(location, saved spec, summary) of a study that has a summary (a finished or interrupted run)."""
+    from launch.study import SUMMARY_FILE, load_saved_spec, locate
+
     location = locate(name, storage)
     spec = load_saved_spec(location)
     summary = _read_json(location, SUMMARY_FILE)
@@ -448,182 +485,139 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
         raise PackageError(f"study {name!r} at {location.uri()} has no {SUMMARY_FILE}: finish it first "
                            f"(`a2 study resume {name}`)")
     if not summary.get("complete", True):
-        _say(f"package: note: study {name} is not complete ({summary.get('trials_finished')}/"
+        say(f"package: note: study {name} is not complete ({summary.get('trials_finished')}/"
              f"{summary.get('num_trials')} trials finished); packaging what it has", verbose)
-    seeds = list(dict.fromkeys(int(s) for s in seeds))
-    if not seeds:
-        raise PackageError("--seeds: give at least one seed")
-    alg = alg or name
-    from dashboards.submission import results_filename
+    return location, spec, summary
 
-    try:
-        val_name, test_name = results_filename("val", alg), results_filename("test", alg)
-    except ValueError as err:
-        raise PackageError(f"--alg: {err}") from None
-    tracking_uri = tracking_uri or spec.tracking["mlflow_uri"]
-    from dashboards.tracking import check_tracking_uri
 
-    try:
-        check_tracking_uri(tracking_uri)
-    except ValueError as err:
-        raise PackageError(f"MLflow: {err}") from None
-    endpoint = location.endpoint_url
-    upload_endpoint = s3_endpoint_url or (endpoint if not upload else None)
-    upload_prefix = _upload_prefix(location, upload)
-    out = Path(out or Path(DEFAULT_OUT) / name).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    zip_path = out / RESULTS_ZIP
-    if zip_path.exists():  # a stale zip must not survive a failed run
-        zip_path.unlink()
+def ensemble_members(spec, location, summary: dict, seeds: list[int], *, no_train: bool, address: str | None,
+                     verbose: bool) -> tuple[dict, list[dict]]:
+    """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
+    (missing seeds trained as a companion study unless `no_train`)."""
+    from dashboards.storage import open_location
 
-    import ray
-
-    ray_was_up = ray.is_initialized()
-    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
-    try:
-        # 1. the best configuration and its seed checkpoints
-        mode = spec.mode
-        main_rows = candidates(spec, location, summary)
-        best = select_best(main_rows, mode)
-        fusion = best["config"]["model"]["fusion"]
-        _say(f"package: best trial {best['trial_id']} of {name}: {spec.metric} {best['value']:.4f} "
-             f"(fusion {fusion}, seed {best['seed']}, config {best['hash'][:12]})", verbose)
-        comp_rows, _ = _companion_rows(location, companion_studies(location), best["hash"], verbose)
-        rows = main_rows + comp_rows
-        exists = lambda uri: checkpoint_exists(uri, endpoint)  # noqa: E731
-        chosen, missing = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
-        if missing:
+    name, mode = spec.name, spec.mode
+    rows = candidates(spec, location, summary)
+    best = select_best(rows, mode)
+    say(f"package: best trial {best['trial_id']} of {name}: {spec.metric} {best['value']:.4f} "
+         f"(fusion {best['config']['model']['fusion']}, seed {best['seed']}, config {best['hash'][:12]})", verbose)
+    rows += _companion_rows(location, companion_studies(location), best["hash"], verbose)[0]
+    exists = lambda uri: open_location(uri, location.endpoint_url).exists()  # noqa: E731
+    chosen, missing = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
+    if missing:
+        if no_train:
             have = ", ".join(f"seed {s}: trial {c['trial_id']}" for s, c in sorted(chosen.items())) or "none"
-            if no_train:
-                raise PackageError(
-                    f"study {name}: no checkpoint of the best configuration (trial {best['trial_id']}, config "
-                    f"{best['hash'][:12]}) for seed(s) {', '.join(map(str, missing))} (found {have}); run without "
-                    f"--no-train to train them, or pass --seeds with the seeds that exist")
-            rows += train_missing(spec, location, best, missing, address=address, verbose=verbose)
-            chosen, still = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
-            if still:
-                raise PackageError(f"training seed(s) {', '.join(map(str, still))} produced no checkpoint; see "
-                                   + ", ".join(f"`a2 study status {c}`" for c in companion_studies(location)))
-        members = [chosen[s] for s in seeds]
-        for m in members:
-            _say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
-                 f"{m['value']:.4f}), {m['checkpoint']}", verbose)
+            raise PackageError(
+                f"study {name}: no checkpoint of the best configuration (trial {best['trial_id']}, config "
+                f"{best['hash'][:12]}) for seed(s) {', '.join(map(str, missing))} (found {have}); run without "
+                f"--no-train to train them, or pass --seeds with the seeds that exist")
+        rows += train_missing(spec, location, best, missing, address=address, verbose=verbose)
+        chosen, still = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
+        if still:
+            raise PackageError(f"training seed(s) {', '.join(map(str, still))} produced no checkpoint; see "
+                               + ", ".join(f"`a2 study status {c}`" for c in companion_studies(location)))
+    members = [chosen[s] for s in seeds]
+    for m in members:
+        say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
+             f"{m['value']:.4f}), {m['checkpoint']}", verbose)
+    return best, members
 
-        # 2. data and image lists
-        from a2core.config import Config
-        from a2core.data.captions import Vocab
-        from a2core.data.dataset import CaptionData
-        from a2core import checkpoint as ckpt
 
-        cache = out / ".checkpoints"
-        local = [fetch_checkpoint(m["checkpoint"], cache, endpoint) for m in members]
-        first = ckpt.load(local[0])
-        config = first["config"]
-        data_config = _data_config(config, data_overrides or [])
-        cfg = Config.from_dict({**config, "data": data_config})
-        data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab=Vocab(first["vocab"]))
-        del first
-        val_ids, test_ids, sources = _image_lists(data, val_images, test_images)
-        karpathy = [img.image_id for img in data.images("test")]
-        data.features.check_ids(list(dict.fromkeys(val_ids + test_ids + karpathy)))
-        max_len = int(config["train"].get("max_len", 20))
+def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images: str | None,
+                  test_images: str | None):
+    """(CaptionData, its data config, {"splits": {split: image ids}, "sources", "max_len"}) for decoding the
+    server's val2014 / test2014 images and the Karpathy test split with the checkpoints' vocabulary."""
+    from a2core import checkpoint as ckpt
+    from a2core.config import Config
+    from a2core.data.captions import Vocab
+    from a2core.data.dataset import CaptionData
 
-        # 3. decode (Ray tasks or this process)
-        checkpoints = [m["checkpoint"] if m["checkpoint"].startswith("s3://") else str(Path(p).resolve())
-                       for m, p in zip(members, local)]
-        decoded = decode_all(checkpoints, data_config, {"val2014": val_ids, "test2014": test_ids, "test": karpathy},
-                             "test", beam_size=beam_size, max_len=max_len, batch_size=batch_size, workers=workers,
-                             address=address, endpoint_url=endpoint, verbose=verbose)
+    state = ckpt.load(checkpoint)
+    config = state["config"]
+    data_config = _data_config(config, data_overrides or [])
+    cfg = Config.from_dict({**config, "data": data_config})
+    data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab=Vocab(state["vocab"]))
+    val_ids, test_ids, sources = _image_lists(data, val_images, test_images)
+    karpathy = [img.image_id for img in data.images("test")]
+    data.features.check_ids(list(dict.fromkeys(val_ids + test_ids + karpathy)))
+    return data, data_config, {"splits": {"val2014": val_ids, "test2014": test_ids, "test": karpathy},
+                               "sources": sources, "max_len": int(config["train"].get("max_len", 20))}
 
-        # 4. results files, zip, validation
-        from dashboards.submission import make_zip, validate_zip, write_results
 
-        val_path = write_results(out / val_name, {i: decoded["ensemble"]["val2014"][i] for i in val_ids})
-        test_path = write_results(out / test_name, {i: decoded["ensemble"]["test2014"][i] for i in test_ids})
-        staging = out / f".{RESULTS_ZIP}.staging"
-        make_zip(staging, val_path, test_path)
-        report = validate_zip(staging, val_ids, test_ids, alg=alg)
-        if not report.ok:
-            staging.unlink(missing_ok=True)
-            raise PackageError(f"the submission failed validation, no {RESULTS_ZIP} written:\n{report}")
-        os.replace(staging, zip_path)
-        _say(f"package: {zip_path}: valid ({len(val_ids)} val2014 + {len(test_ids)} test2014 captions)", verbose)
-        ensemble_test = decoded["ensemble"]["test"]
-        from a2core.decode import write_results_json
+def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: dict, alg: str,
+                     verbose: bool = True) -> dict:
+    """The two results files, `results.zip` (validated before it is renamed into place: an invalid submission
+    leaves no zip) and the ensemble's Karpathy-test captions. Returns {"zip", "files", "alg"}."""
+    from a2core.decode import write_results_json
+    from dashboards.submission import make_zip, validate_zip, write_results
 
-        write_results_json(out / "captions_karpathy_test_ensemble.json", ensemble_test)
+    val_ids, test_ids = images["splits"]["val2014"], images["splits"]["test2014"]
+    paths = [write_results(out / f, {i: decoded["ensemble"][split][i] for i in ids})
+             for f, split, ids in zip(files, ("val2014", "test2014"), (val_ids, test_ids))]
+    staging = out / f".{RESULTS_ZIP}.staging"
+    make_zip(staging, *paths)
+    report = validate_zip(staging, val_ids, test_ids, alg=alg)
+    if not report.ok:
+        staging.unlink(missing_ok=True)
+        raise PackageError(f"the submission failed validation, no {RESULTS_ZIP} written:\n{report}")
+    os.replace(staging, out / RESULTS_ZIP)
+    say(f"package: {out / RESULTS_ZIP}: valid ({len(val_ids)} val2014 + {len(test_ids)} test2014 captions)", verbose)
+    write_results_json(out / "captions_karpathy_test_ensemble.json", decoded["ensemble"]["test"])
+    return {"zip": out / RESULTS_ZIP, "files": paths, "alg": alg}
 
-        # 5. leaderboard
-        from dashboards import leaderboard as lb
 
-        _say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
-             f"({len(karpathy)} images)", verbose)
-        refs = data.references("test")
-        systems = {f"seed-{m['seed']}": decoded["single"][i] for i, m in enumerate(members)}
-        systems["ensemble"] = ensemble_test
-        scores = lb.score_systems(refs, systems)
-        run_ids = {}
-        for study_name in sorted({m["study"] for m in members}):
-            run_ids[study_name] = lb.trial_run_ids(tracking_uri, study_name)
-        board_members = [{"seed": m["seed"], "trial_id": m["trial_id"], "study": m["study"],
-                          "checkpoint": m["checkpoint"], "value": m["value"], "metrics": scores[f"seed-{m['seed']}"],
-                          "mlflow_run_id": run_ids.get(m["study"], {}).get(m["trial_id"])} for m in members]
+def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], data, decoded: dict, results: dict,
+            images: dict, *, tracking_uri: str, beam_size: int, seeds: list[int], verbose: bool = True) -> dict:
+    """Karpathy-test scores of every seed and the ensemble, the ensemble registered as an MLflow model, and the
+    leaderboard (which names that model version) written and logged with the zip to the study's parent run.
+    Returns {"scores", "leaderboard" (its path), "mlflow"}."""
+    from dashboards import leaderboard as lb
 
-        # 6. MLflow: the ensemble as a registered model, then the leaderboard (which names its version)
-        parent = lb.study_parent_run(tracking_uri, name)
-        model_name = f"a2-{name}"
-        _say(f"package: registering the ensemble as MLflow model {model_name}", verbose)
-        model = lb.register_ensemble(
-            tracking_uri, parent, local, model_name, beam_size=beam_size, max_len=max_len,
-            description=f"{len(members)}-seed averaging ensemble of study {name} (config {best['hash'][:12]})",
-            tags={"a2.study": name, "a2.config_hash": best["hash"], "a2.seeds": ",".join(map(str, seeds)),
-                  "a2.trial_ids": ",".join(m["trial_id"] for m in members)})
-        board = lb.build_leaderboard(
-            study=name, config=best["config"], members=board_members, ensemble_metrics=scores["ensemble"],
-            images=len(karpathy), beam_size=beam_size, max_len=max_len,
-            selected_by={"metric": spec.metric, "mode": mode, "trial_id": best["trial_id"], "value": best["value"],
-                         "tie_break": "lower trial id"},
-            extra={"submission": {"zip": str(zip_path), "alg": alg, "files": [val_name, test_name],
-                                  "val2014_images": len(val_ids), "test2014_images": len(test_ids),
-                                  "image_lists": sources},
-                   "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent,
-                              "registered_model": model["name"], "model_version": model["version"],
-                              "model_uri": model["model_uri"],
-                              "study_run_ids": {s: r for s, r in run_ids.items()}}})
-        board_path = lb.write_leaderboard(out / LEADERBOARD, board)
-        print(lb.format_table(board), flush=True)
-        artifact_uri = lb.log_artifacts(tracking_uri, parent, [zip_path, board_path], "package")
+    karpathy = images["splits"]["test"]
+    say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
+         f"({len(karpathy)} images)", verbose)
+    systems = {f"seed-{m['seed']}": decoded["single"][i] for i, m in enumerate(members)}
+    scores = lb.score_systems(data.references("test"), {**systems, "ensemble": decoded["ensemble"]["test"]})
+    run_ids = {study: lb.trial_run_ids(tracking_uri, study) for study in sorted({m["study"] for m in members})}
+    parent = lb.study_parent_run(tracking_uri, name)
+    model_name = f"a2-{name}"
+    say(f"package: registering the ensemble as MLflow model {model_name}", verbose)
+    model = lb.register_ensemble(
+        tracking_uri, parent, local, model_name, beam_size=beam_size, max_len=images["max_len"],
+        description=f"{len(members)}-seed averaging ensemble of study {name} (config {best['hash'][:12]})",
+        tags={"a2.study": name, "a2.config_hash": best["hash"], "a2.seeds": ",".join(map(str, seeds)),
+              "a2.trial_ids": ",".join(m["trial_id"] for m in members)})
+    board = lb.build_leaderboard(
+        study=name, config=best["config"], ensemble_metrics=scores["ensemble"], images=len(karpathy),
+        members=[{"seed": m["seed"], "trial_id": m["trial_id"], "study": m["study"], "checkpoint": m["checkpoint"],
+                  "value": m["value"], "metrics": scores[f"seed-{m['seed']}"],
+                  "mlflow_run_id": run_ids.get(m["study"], {}).get(m["trial_id"])} for m in members],
+        beam_size=beam_size, max_len=images["max_len"],
+        selected_by={"metric": spec.metric, "mode": spec.mode, "trial_id": best["trial_id"], "value": best["value"],
+                     "tie_break": "lower trial id"},
+        extra={"submission": {"zip": str(results["zip"]), "alg": results["alg"],
+                              "files": [p.name for p in results["files"]],
+                              "val2014_images": len(images["splits"]["val2014"]),
+                              "test2014_images": len(images["splits"]["test2014"]), "image_lists": images["sources"]},
+               "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "registered_model": model["name"],
+                          "model_version": model["version"], "model_uri": model["model_uri"],
+                          "study_run_ids": run_ids}})
+    board_path = lb.write_leaderboard(results["zip"].parent / LEADERBOARD, board)
+    print(lb.format_table(board), flush=True)
+    artifacts = lb.log_artifacts(tracking_uri, parent, [results["zip"], board_path], "package")
+    return {"scores": scores, "leaderboard": board_path,
+            "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "artifacts": artifacts, **model}}
 
-        # 7. uploads
-        uploads = []
-        if upload_prefix:
-            from dashboards.s3 import upload_file
 
-            for path in (zip_path, board_path):
-                try:
-                    uploads.append(upload_file(path, upload_prefix + path.name, endpoint_url=upload_endpoint))
-                except Exception as err:  # noqa: BLE001 - S3TransferError, credentials, endpoint
-                    raise PackageError(f"upload of {path.name} to {upload_prefix} failed: {err}") from None
-                _say(f"package: uploaded {path.name} to {uploads[-1]['uri']} (sha256 {uploads[-1]['sha256']})",
-                     verbose)
+def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, verbose: bool = True) -> list[dict]:
+    """Verified uploads of `paths` below `prefix` (none without a prefix)."""
+    from dashboards.storage import upload_file
 
-        manifest = {
-            "study": name, "study_path": location.uri(), "out": str(out), "results_zip": str(zip_path),
-            "results_files": [str(val_path), str(test_path)], "leaderboard": str(board_path),
-            "seeds": seeds, "members": [{k: m[k] for k in ("seed", "study", "trial_id", "checkpoint", "value")}
-                                        for m in members],
-            "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": fusion,
-            "ensemble_CIDEr": scores["ensemble"].get("CIDEr"),
-            "seed_CIDEr": {m["seed"]: scores[f"seed-{m['seed']}"].get("CIDEr") for m in members},
-            "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "artifacts": artifact_uri, **model},
-            "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
-            "decode_seconds": round(decoded["seconds"], 2), "seconds": round(time.perf_counter() - t_start, 2),
-        }
-        lb.write_leaderboard(out / MANIFEST, manifest)
-        _say(f"package: done in {manifest['seconds']:.0f} s\n  submission:  {zip_path}\n  leaderboard: {board_path}\n"
-             f"  MLflow:      {model['model_uri']} (run {parent}, artifacts {artifact_uri})"
-             + "".join(f"\n  uploaded:    {u['uri']}" for u in uploads), verbose)
-        return manifest
-    finally:
-        if not ray_was_up and ray.is_initialized():
-            ray.shutdown()
+    uploads = []
+    for path in paths if prefix else []:
+        try:
+            uploads.append(upload_file(path, prefix + path.name, endpoint_url=endpoint_url))
+        except StorageError as err:
+            raise PackageError(f"upload of {path.name} to {prefix} failed: {err}") from None
+        say(f"package: uploaded {path.name} to {uploads[-1]['uri']} (sha256 {uploads[-1]['sha256']})", verbose)
+    return uploads

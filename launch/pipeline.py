@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from a2core.errors import A2Error
+
 DEFAULT_STUDY = "studies/smoke.yaml"
 DEFAULT_OUT = "a2-pipeline"
 
@@ -78,17 +80,6 @@ def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
 
 
 def main(args) -> int:
-    from launch.package import PackageError
-    from launch.study import StudyError
-
-    try:
-        return pipeline(args)
-    except (PackageError, StudyError) as err:
-        print(f"a2 pipeline: error: {err}", file=sys.stderr)
-        return 2
-
-
-def pipeline(args) -> int:
     import ray
 
     from launch.package import package
@@ -130,7 +121,7 @@ def pipeline(args) -> int:
             from dashboards.report import build_report
 
             report = build_report(uri, name, out / "report")
-        except Exception as err:  # noqa: BLE001 - the package is still worth making; the exit code says it
+        except A2Error as err:  # the package is still worth making; the exit code says it
             problems.append(f"report: {type(err).__name__}: {err}")
             print(f"pipeline: the report failed: {err}", file=sys.stderr, flush=True)
         times["report"] = time.perf_counter() - t

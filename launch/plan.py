@@ -18,16 +18,6 @@ from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.stats import POWER, pooled_sd, seeds_needed
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="the study file (its configurations and planned epochs set the cost)")
-    parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=4")
-    parser.add_argument("--sd", type=float, default=None,
-                        help="seed standard deviation of val CIDEr (x100); default: measured in the study's runs")
-    parser.add_argument("--delta", type=float, nargs="+", default=None,
-                        help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
-    parser.add_argument("--tracking-uri", default=None, help="where the finished study's runs are (default: spec)")
-
-
 def table3_gaps() -> list[tuple[str, float]]:
     """Each fusion's CIDEr gain over the baseline in the paper's Table 3, and the smallest gap between fusions."""
     cider = {fusion: TABLE3["rows"][row]["CIDEr"] for fusion, row in TABLE3_ROW.items()}

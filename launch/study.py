@@ -21,23 +21,23 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import os
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from a2core.errors import StudyError
+from a2core.atomic import atomic_write
+from a2core.errors import A2Error, StudyError, TrackingError
+from dashboards.tables import finite, text_table
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
 POINTER_DIR = Path(".a2") / "studies"
-DEFAULT_STORAGE = "a2-studies"  # launch.spec's default storage root
+
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------
@@ -70,138 +70,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cp.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
     cp.add_argument("--tracking-uri", default=None)
 
+    pl = sub.add_parser("plan", help="seeds per arm needed to resolve a CIDEr difference, and the study's cost")
+    pl.add_argument("file", help="the study file (its configurations and planned epochs set the cost)")
+    pl.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=4")
+    pl.add_argument("--sd", type=float, default=None,
+                    help="seed standard deviation of val CIDEr (x100); default: measured in the study's runs")
+    pl.add_argument("--delta", type=float, nargs="+", default=None,
+                    help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
+    pl.add_argument("--tracking-uri", default=None, help="where the finished study's runs are (default: spec)")
+
 
 def main(args: argparse.Namespace) -> int:
     command = args.study_command
-    try:
-        if command == "validate":
-            from launch.spec import validate_main
+    if command == "validate":
+        from launch.spec import validate_main
 
-            return validate_main(args.file, args.overrides)
-        if command == "run":
-            return cmd_run(args)
-        if command == "resume":
-            return cmd_resume(args)
-        if command == "status":
-            return cmd_status(args)
-        if command == "compare":
-            from dashboards.compare import main as compare_main
+        return validate_main(args.file, args.overrides)
+    if command == "compare":
+        from dashboards.compare import main as compare_main
 
-            return compare_main(args)
-    except StudyError as err:
-        print(f"a2 study {command}: error: {err}", file=sys.stderr)
-        return 2
-    raise SystemExit(f"unknown study command {command!r}")
+        return compare_main(args)
+    if command == "plan":
+        from launch.plan import main as plan_main
+
+        return plan_main(args)
+    return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[command](args)
 
 
 # -- where a study lives -----------------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class StudyLocation:
-    """`<storage>/<name>`, local or on S3, with small helpers to read and (atomically) write files there."""
+    """`<storage>/<name>`, a local folder or on S3: `at(...)` is a `dashboards.storage.Location` below it."""
 
     name: str
     storage: str
     endpoint_url: str | None = None
 
-    @property
-    def path(self) -> str:
-        from launch.trainable import study_dir
+    def at(self, *parts: str):
+        from dashboards.storage import open_location
 
-        return study_dir(self.storage, self.name)
-
-    def fs_path(self, *parts: str) -> tuple[str, Any]:
-        """(path, pyarrow filesystem or None) of a file below the study folder."""
-        from launch.trainable import join, storage_location
-
-        return storage_location(join(self.path, *parts) if parts else self.path, self.endpoint_url)
-
-    def ray_storage(self) -> tuple[str, Any]:
-        """(storage_path, storage_filesystem) for `RunConfig` of the study's Tune experiment."""
-        from launch.trainable import storage_location
-
-        return storage_location(self.storage, self.endpoint_url)
-
-    def filesystem(self):
-        """A pyarrow filesystem and the study folder's path on it (for Ray APIs that take `storage_filesystem`)."""
-        path, fs = self.fs_path()
-        if fs is None and "://" in path:
-            import pyarrow.fs
-
-            fs, path = pyarrow.fs.FileSystem.from_uri(path)
-        return path, fs
+        return open_location(self.storage, self.endpoint_url).join(self.name, *parts)
 
     def exists(self, *parts: str) -> bool:
-        path, fs = self.fs_path(*parts)
-        if fs is None and "://" not in path:
-            return os.path.exists(path)
-        import pyarrow.fs
+        return self.at(*parts).exists()
 
-        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
-        return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
+    def read_text(self, *parts: str) -> str | None:
+        return self.at(*parts).read_text()
 
-    def read_text(self, *parts: str) -> str:
-        path, fs = self.fs_path(*parts)
-        if fs is None and "://" not in path:
-            return Path(path).read_text()
-        import pyarrow.fs
-
-        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
-        with fs.open_input_stream(path) as f:
-            return f.readall().decode("utf-8")
-
-    def write_text(self, text: str, *parts: str) -> str:
-        """Write a file below the study folder: temp file + rename locally, one PUT on S3 (atomic too)."""
-        path, fs = self.fs_path(*parts)
-        if fs is None and "://" not in path:
-            _atomic_write(Path(path), text)
-            return path
-        import pyarrow.fs
-
-        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
-        _upload_text(fs, path, text)
-        return path
+    def write_text(self, text: str, *parts: str) -> None:
+        self.at(*parts).write_text(text)
 
     def listdir(self, *parts: str) -> list[str]:
-        """Names of the entries of a folder below the study folder (empty when there is none)."""
-        path, fs = self.fs_path(*parts)
-        if fs is None and "://" not in path:
-            return sorted(os.listdir(path)) if os.path.isdir(path) else []
-        import pyarrow.fs
-
-        fs, path = (fs, path) if fs is not None else pyarrow.fs.FileSystem.from_uri(path)
-        infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
-        return sorted(info.base_name for info in infos)
+        return self.at(*parts).listdir()
 
     def uri(self, *parts: str) -> str:
         """A path or URI to show people: `s3://bucket/...` for S3 storage."""
-        from launch.trainable import join
-
-        return join(self.path, *parts) if parts else self.path
-
-
-def _upload_text(fs, path: str, text: str) -> None:
-    """One small object on object storage, uploaded from a local file (a single PUT, no multipart upload)."""
-    import pyarrow.fs
-
-    with tempfile.TemporaryDirectory(prefix="a2-upload-") as tmp:
-        local = Path(tmp) / "object"
-        local.write_text(text)
-        pyarrow.fs.copy_files(str(local), path, destination_filesystem=fs)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        return self.at(*parts).uri
 
 
 def _pointer_path(name: str) -> Path:
@@ -211,7 +135,7 @@ def _pointer_path(name: str) -> Path:
 def remember(location: StudyLocation) -> None:
     """Leave `./.a2/studies/<name>.json` so that `resume NAME` / `status NAME` find the study from here."""
     try:
-        _atomic_write(_pointer_path(location.name), json.dumps(
+        atomic_write(_pointer_path(location.name), json.dumps(
             {"name": location.name, "storage": location.storage, "storage_endpoint_url": location.endpoint_url,
              "path": location.uri(), "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
     except OSError as err:  # a read-only working directory must not fail the study
@@ -227,6 +151,8 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
             info = json.loads(pointer.read_text())
             storage, endpoint = info.get("storage"), info.get("storage_endpoint_url")
     if storage is None:
+        from launch.spec import DEFAULT_STORAGE
+
         storage = os.environ.get("A2_STUDY_STORAGE") or DEFAULT_STORAGE
     if "://" not in storage:
         storage = os.path.abspath(os.path.expanduser(storage))
@@ -274,14 +200,11 @@ def exit_code(summary: dict) -> int:
 
 
 def check_tracking(spec) -> None:
+    from dashboards.tracking import check_tracking_uri
+
     try:
-        from dashboards.tracking import check_tracking_uri
-    except ImportError:  # tracking helpers not installed: MLflow reports problems itself
-        return
-    uri = spec.tracking["mlflow_uri"]
-    try:
-        check_tracking_uri(uri)
-    except ValueError as err:
+        check_tracking_uri(spec.tracking["mlflow_uri"])
+    except TrackingError as err:
         raise StudyError(f"tracking.mlflow_uri: {err}") from None
 
 
@@ -292,13 +215,11 @@ def run_study(spec, *, address: str | None = None, verbose: bool = True, connect
     if location.exists(STUDY_FILE) or _experiment_exists(location):
         raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
                          f"`a2 study resume {spec.name}`, or give the new study another name")
-    if connect:
-        cluster = _connect(address)
-        check_cluster(spec, cluster)
+    _join_cluster(spec, address, connect)
     location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
     remember(location)
     tuner = build_tuner(spec, location, verbose=verbose)
-    _print(f"study {spec.name}: {spec.num_trials} trials, results in {location.uri()}", verbose)
+    say(f"study {spec.name}: {spec.num_trials} trials, results in {location.uri()}", verbose)
     tuner.fit()
     return finish(spec, location, verbose=verbose)
 
@@ -310,46 +231,39 @@ def resume_study(location: StudyLocation, *, address: str | None = None, verbose
 
     spec = load_saved_spec(location)
     check_tracking(spec)
-    if connect:
-        cluster = _connect(address)
-        check_cluster(spec, cluster)
-    path, fs = location.filesystem()
-    if not Tuner.can_restore(path, storage_filesystem=fs):
+    _join_cluster(spec, address, connect)
+    if not _experiment_exists(location):
         raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
                          f"(it was stopped before its first trial started); run it again")
     remember(location)
     _prepare_output(verbose)
     from launch.trainable import make_trainable, plan_from_spec
 
+    path, fs = location.at().ray_storage()
     tuner = Tuner.restore(path, trainable=make_trainable(plan_from_spec(spec)), resume_unfinished=True,
                           resume_errored=True, storage_filesystem=fs)
-    _print(f"study {spec.name}: resuming from {location.uri()}", verbose)
+    say(f"study {spec.name}: resuming from {location.uri()}", verbose)
     tuner.fit()
     return finish(spec, location, verbose=verbose)
 
 
 def _experiment_exists(location: StudyLocation) -> bool:
-    try:
-        from ray.tune import Tuner
+    from ray.tune import Tuner
 
-        path, fs = location.filesystem()
-        return bool(Tuner.can_restore(path, storage_filesystem=fs))
-    except Exception:  # noqa: BLE001 - no folder, unreachable storage: nothing to protect
-        return False
+    path, fs = location.at().ray_storage()
+    return bool(Tuner.can_restore(path, storage_filesystem=fs))
 
 
-def _connect(address: str | None) -> dict:
-    from launch.raycluster import connect
-    from launch.trainable import propagated_env
+def _join_cluster(spec, address: str | None, connect: bool = True) -> None:
+    """Join (or start) Ray, then refuse a trial asking more than the whole cluster has, which would wait forever
+    (ConfigError, exit 2)."""
+    if connect:
+        from launch.raycluster import connect as connect_ray
+        from launch.spec import StudySpec
+        from launch.trainable import propagated_env
 
-    return connect(address, runtime_env_vars=propagated_env())
-
-
-def check_cluster(spec, cluster: dict) -> None:
-    """A trial asking more than the whole cluster has would wait forever: refuse it (ConfigError, exit 2)."""
-    from launch.spec import StudySpec
-
-    StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
+        cluster = connect_ray(address, runtime_env_vars=propagated_env())
+        StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
 
 
 def saved_form(spec) -> dict:
@@ -366,6 +280,12 @@ def saved_form(spec) -> dict:
     return raw
 
 
+def say(text: str, verbose: bool = True) -> None:
+    """A progress line, unless quiet."""
+    if verbose:
+        print(text, flush=True)
+
+
 def _prepare_output(verbose: bool) -> None:
     # Tune's older reporter prints the trial table with the columns we choose; the newer one would hide them.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -377,11 +297,6 @@ def _prepare_output(verbose: bool) -> None:
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 
 
-def _print(text: str, verbose: bool = True) -> None:
-    if verbose:
-        print(text, flush=True)
-
-
 def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
     from ray import tune
 
@@ -389,20 +304,19 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
     from launch.trainable import make_trainable, plan_from_spec
 
     _prepare_output(verbose)
-    storage_path, fs = location.ray_storage()
+    from dashboards.storage import open_location
+
+    storage_path, fs = open_location(location.storage, location.endpoint_url).ray_storage()  # the study's parent
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     callbacks = [JsonLoggerCallback(), CSVLoggerCallback()]  # result.json is what `status` and `summary` read
-    try:
-        from launch.mlflow_callback import A2MLflowCallback
-    except ImportError:  # tracking module missing: the study still runs
-        A2MLflowCallback = None
-    if A2MLflowCallback is not None:
-        callbacks.append(A2MLflowCallback(
-            spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"),
-            study_params=_study_params(spec), study_tags={"a2.storage": location.uri()},
-            resolve_config=spec.trial_config, metric=spec.metric, mode=spec.mode,
-            history_of=functools.partial(_result_log, spec, location)))
+    from launch.mlflow_callback import A2MLflowCallback
+
+    callbacks.append(A2MLflowCallback(
+        spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"),
+        study_params=_study_params(spec), study_tags={"a2.storage": location.uri()},
+        resolve_config=spec.trial_config, metric=spec.metric, mode=spec.mode,
+        history_of=functools.partial(_result_log, spec, location)))
     run_config = tune.RunConfig(
         name=spec.name,
         storage_path=storage_path,
@@ -426,47 +340,50 @@ def _study_params(spec) -> dict:
             "base": {k: raw.get(k) for k in ("data", "model", "train")}}
 
 
-def _reporter_class():
-    from types import SimpleNamespace
-
-    from ray.tune import CLIReporter
-
-    class StudyReporter(CLIReporter):
-        """Tune's CLI reporter, for search spaces with conditional keys: its "Current best trial" line looks up every
-        parameter column in the best trial's config, and a trial without one (lambda of a fusion-none trial)
-        would stop the study with a KeyError. The best trial is shown with "-" for the keys it does not have."""
-
-        def _current_best_trial(self, trials):
-            best, metric = super()._current_best_trial(trials)
-            if best is None or not self._parameter_columns:
-                return best, metric
-            config = dict((best.last_result or {}).get("config") or {})
-            for key in self._parameter_columns:
-                config.setdefault(key, "-")
-            return SimpleNamespace(trial_id=best.trial_id, last_result={**best.last_result, "config": config}), metric
-
-    return StudyReporter
-
-
 def _reporter(spec):
-    metrics = {"epoch": "epoch", spec.metric: spec.metric.split("/")[-1]}
-    if spec.metric == "val/CIDEr":
-        metrics["best/val/CIDEr"] = "best CIDEr"
-    metrics["time/epoch_s"] = "s/epoch"
-    params = {key: key for key in list(spec.params)}
-    return _reporter_class()(metric_columns=metrics, parameter_columns=params or None, max_report_frequency=30,
-                       sort_by_metric=True, max_progress_rows=40)
+    from ray.tune import ProgressReporter
+
+    class StudyTable(ProgressReporter):
+        """The live trial table: the table `a2 study status` prints, from the running trials, every 30 s and at
+        the end. (Tune's CLIReporter looks every parameter column up in the best trial's config, so a best trial
+        without a conditional key, lambda of fusion none, would stop the study with a KeyError.)"""
+
+        def __init__(self):
+            self.last = 0.0
+
+        def should_report(self, trials, done: bool = False) -> bool:
+            return done or time.monotonic() - self.last >= 30
+
+        def report(self, trials, done: bool, *sys_info) -> None:
+            self.last = time.monotonic()
+            print(format_table([live_row(spec, t) for t in trials], spec.metric), flush=True)
+
+    return StudyTable()
+
+
+def live_row(spec, trial) -> dict:
+    """A table row of a running Tune trial: its last result, and the best so far from Tune's metric analysis."""
+    result = trial.last_result or {}
+    best = (trial.metric_analysis.get(spec.metric) or {}).get(spec.mode)
+    return {"trial_id": trial.trial_id, "state": trial.status, **_described(spec, dict(trial.config or {})),
+            "epochs_done": int(finite(result.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
+            "last": finite(result.get(spec.metric)), "best": finite(best)}
+
+
+def _described(spec, sampled: dict) -> dict:
+    """The resolved config of a trial's sampled values, with the columns every table shows."""
+    try:
+        config = spec.trial_config(sampled)
+    except A2Error:  # an old study whose keys moved on: show what is known
+        config = {}
+    model, train = config.get("model", {}), config.get("train", {})
+    return {"config": config, "fusion": model.get("fusion", sampled.get("fusion")),
+            # lambda weighs the mask loss, which fusion none does not have
+            "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
+            "seed": train.get("seed", sampled.get("seed"))}
 
 
 # -- reading a study back: status, summary -----------------------------------------------------------------------
-def _finite(value) -> float | None:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _better(a: float, b: float | None, mode: str) -> bool:
     return b is None or (a > b if mode == "max" else a < b)
 
@@ -477,7 +394,7 @@ def collect(spec, location: StudyLocation) -> list[dict]:
 
     from ray.tune import ExperimentAnalysis
 
-    path, fs = location.filesystem()
+    path, fs = location.at().ray_storage()
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     analysis = ExperimentAnalysis(path, storage_filesystem=fs)
     frames = analysis.trial_dataframes
@@ -499,8 +416,8 @@ def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
     from launch.trainable import TRIALS_DIR, read_results
 
     try:
-        return read_results(location.uri(TRIALS_DIR), spec.name, trial_id, location.endpoint_url)
-    except Exception:  # noqa: BLE001 - unreadable log: Tune's results alone
+        return read_results(location.at(TRIALS_DIR), spec.name, trial_id)
+    except ValueError:  # a log cut short (not JSON): Tune's results alone
         return []
 
 
@@ -510,7 +427,7 @@ def merge_history(tune_rows: list[dict], logged: list[dict]) -> list[dict]:
     by_epoch: dict[int, dict] = {}
     extra = []
     for row in list(tune_rows) + list(logged):
-        epoch = _finite(row.get("epoch"))
+        epoch = finite(row.get("epoch"))
         if epoch is None:
             extra.append(row)
         else:
@@ -531,18 +448,13 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
     from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, train_run_name
 
     metric, mode = spec.metric, spec.mode
-    try:
-        config = spec.trial_config(sampled)
-    except Exception:  # noqa: BLE001 - an old study whose keys moved on: show what is known
-        config = {}
-    model = config.get("model", {})
-    train = config.get("train", {})
-    epochs = [int(r["epoch"]) for r in history if _finite(r.get("epoch")) is not None]
-    if not epochs and _finite(last_result.get("epoch")) is not None:
+    described = _described(spec, sampled)
+    epochs = [int(r["epoch"]) for r in history if finite(r.get("epoch")) is not None]
+    if not epochs and finite(last_result.get("epoch")) is not None:
         epochs = [int(last_result["epoch"])]
     values: dict[int, float] = {}  # epoch -> metric (the latest report of an epoch wins)
     for r in history:
-        value, epoch = _finite(r.get(metric)), _finite(r.get("epoch"))
+        value, epoch = finite(r.get(metric)), finite(r.get("epoch"))
         if value is not None and epoch is not None:
             values[int(epoch)] = value
     best_value = None
@@ -562,16 +474,13 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
         best_epoch = ckpt_epoch
     else:
         best_epoch = next((e for e in sorted(values) if values[e] == best_value), None)
-    last_value = _finite(history[-1].get(metric)) if history else _finite(last_result.get(metric))
+    last_value = finite(history[-1].get(metric)) if history else finite(last_result.get(metric))
     run_dir = location.uri(TRIALS_DIR, train_run_name(spec.name, trial_id))
     return {
         "trial_id": trial_id,
         "state": state,
         "sampled": sampled,
-        "fusion": model.get("fusion", sampled.get("fusion")),
-        # lambda weighs the mask loss, which fusion none does not have
-        "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
-        "seed": train.get("seed", sampled.get("seed")),
+        **described,
         "epochs_done": max(epochs) if epochs else 0,
         "epochs_planned": spec.total_epochs,
         "epochs_reported": epochs,
@@ -582,7 +491,6 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
                             if ckpt_epoch is not None else None),
         "best_checkpoint_epoch": ckpt_epoch,
         "train_run": run_dir,
-        "config": config,
         "error": error,
     }
 
@@ -594,11 +502,7 @@ def _checkpoint_dir(epoch: int) -> str:
 def _stored_checkpoint_epochs(location: StudyLocation, run_parts: tuple[str, ...]) -> list[int]:
     """Epochs whose checkpoint is still in the trial's Train run folder, ascending."""
     out = []
-    try:
-        names = location.listdir(*run_parts)
-    except Exception:  # noqa: BLE001 - no folder yet, unreachable storage
-        return []
-    for name in names:
+    for name in location.listdir(*run_parts):
         if name.startswith("checkpoint_epoch") and name[len("checkpoint_epoch"):].isdigit():
             out.append(int(name[len("checkpoint_epoch"):]))
     return sorted(out)
@@ -690,11 +594,7 @@ def format_table(rows: list[dict], metric: str) -> str:
     header = ["trial", "fusion", "lambda", "seed", "state", "epochs", f"last {short}", f"best {short}"]
     body = [[r["trial_id"], str(r["fusion"]), _fmt(r["lambda"]), _fmt(r["seed"]), r["state"],
              f"{r['epochs_done']}/{r['epochs_planned']}", _fmt(r["last"]), _fmt(r["best"])] for r in rows]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
-    return "\n".join(lines)
+    return text_table(header, body)
 
 
 def cmd_status(args) -> int:
@@ -717,19 +617,7 @@ def cmd_status(args) -> int:
     return 0
 
 
-def _standalone(argv: list[str] | None = None) -> int:
-    """`python -m launch.study ...`: the same commands as `a2 study ...`."""
-    from a2core.config import ConfigError
+if __name__ == "__main__":  # `python -m launch.study ...`: the same commands as `a2 study ...`
+    from launch.cli import main as cli_main
 
-    parser = argparse.ArgumentParser(prog="a2 study", description="hyperparameter studies on Ray Tune")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return main(args)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        print(f"a2 study: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(_standalone())
+    sys.exit(cli_main(["study", *sys.argv[1:]]))

@@ -59,27 +59,22 @@ def use_cluster_token() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
-    from a2core.config import ConfigError
+    from a2core.errors import A2Error
 
     from launch import study as study_mod
-    from launch.raycluster import running_cluster_address
     from launch.spec import load_study
 
     try:
         spec = load_study(study_path(args.study, args.repo), args.overrides)
-    except ConfigError as err:
-        print(f"submit: error: {err}", file=sys.stderr)
-        return 2
-    print(spec.summary(), flush=True)
-    use_cluster_token()
-    address = args.address or running_cluster_address()
-    try:
+        print(spec.summary(), flush=True)
+        use_cluster_token()
+        address = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # on a cluster's head: that cluster
         location = study_mod.StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
         if args.resume and location.exists(study_mod.STUDY_FILE):
             summary = study_mod.resume_study(location, address=address, verbose=not args.quiet)
         else:
             summary = study_mod.run_study(spec, address=address, verbose=not args.quiet)
-    except (study_mod.StudyError, ConfigError) as err:
+    except A2Error as err:  # the same policy as the `a2` command: one line, exit 2; anything else is a bug
         print(f"submit: error: {err}", file=sys.stderr)
         return 2
     code = study_mod.exit_code(summary)

@@ -1,7 +1,7 @@
 """A study trial as Ray runs it: the one file that knows training happens inside Ray.
 
 Ray Train V2 (the default in Ray 2.60) does not run a `TorchTrainer` as a Tune trainable. A trial is therefore a
-small Tune *driver function*, `a2_trial`, that needs almost nothing itself (`TRIAL_DRIVER_RESOURCES`) and runs
+small Tune *driver function*, `a2_trial`, that needs almost nothing itself (`resources.driver_cpus`) and runs
 
     TorchTrainer(worker_fn, train_loop_config=<resolved a2core config>,
                  scaling_config=ScalingConfig(num_workers=N, resources_per_worker={...}),
@@ -26,20 +26,16 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import shutil
 import tempfile
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-from urllib.parse import urlparse
+from typing import Callable
 
 TRIALS_DIR = "trials"  # below the study's folder: one Ray Train run per trial
 CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
 HISTORY_FILE = "history.json"  # a2core.checkpoint.HISTORY_FILE, likewise
-# The Tune driver function only waits on its TorchTrainer. Ray rejects {"CPU": 0} alone for a trial.
-TRIAL_DRIVER_RESOURCES = {"CPU": 0.01}
 # Environment that Ray workers need to reach storage and tracking from any node of the cluster.
 PROPAGATED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
                   "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_TRACKING_URI",
@@ -48,61 +44,6 @@ PROPAGATED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOK
 
 
 # -- storage -----------------------------------------------------------------------------------------------------
-def is_remote(storage: str) -> bool:
-    return "://" in str(storage) and not str(storage).startswith("file://")
-
-
-def storage_location(storage: str, endpoint_url: str | None = None):
-    """`(path, filesystem)` for Ray's `storage_path` / `storage_filesystem`.
-
-    Local folders become absolute paths with no filesystem. `s3://bucket/prefix` with an `endpoint_url` (any
-    S3-compatible server) becomes `("bucket/prefix", pyarrow S3FileSystem(endpoint_override=...))`; without one,
-    the URI is handed to Ray as is (pyarrow resolves AWS from the environment).
-    """
-    storage = str(storage)
-    if storage.startswith("file://"):
-        storage = storage[len("file://"):]
-    if not is_remote(storage):
-        return os.path.abspath(os.path.expanduser(storage)), None
-    parsed = urlparse(storage)
-    if parsed.scheme in ("s3", "s3a") and endpoint_url:
-        import pyarrow.fs
-
-        endpoint = urlparse(endpoint_url if "://" in endpoint_url else f"http://{endpoint_url}")
-        kwargs: dict[str, Any] = {"endpoint_override": endpoint.netloc, "scheme": endpoint.scheme or "http"}
-        region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
-        if region:
-            kwargs["region"] = region
-        fs = pyarrow.fs.S3FileSystem(**kwargs)
-        return f"{parsed.netloc}{parsed.path}".rstrip("/"), fs
-    return storage.rstrip("/"), None
-
-
-def file_location(storage: str, endpoint_url: str | None = None):
-    """`(path, filesystem)` for reading and writing single files: like `storage_location`, but a remote URI
-    without an endpoint gets pyarrow's filesystem too (filesystem None: a local path)."""
-    path, fs = storage_location(storage, endpoint_url)
-    if fs is None and "://" in path:
-        import pyarrow.fs
-
-        fs, path = pyarrow.fs.FileSystem.from_uri(path)
-    return path, fs
-
-
-def join(path: str, *parts: str) -> str:
-    """Join below a storage path: a local folder, a bucket path (with a filesystem) or a URI."""
-    if "://" in path:
-        return "/".join([path.rstrip("/"), *[p.strip("/") for p in parts]])
-    return posixpath.join(path, *parts) if not os.path.isabs(path) or os.sep == "/" else os.path.join(path, *parts)
-
-
-def study_dir(storage: str, name: str) -> str:
-    """The Tune experiment folder of a study (as a storage URI or local path)."""
-    if is_remote(storage):
-        return join(str(storage), name)
-    return os.path.join(os.path.abspath(os.path.expanduser(str(storage).removeprefix("file://"))), name)
-
-
 def train_run_name(study: str, trial_id: str) -> str:
     """The Ray Train run of a trial: the same on every retry and restore of that trial."""
     return f"{study}-{trial_id}"
@@ -115,110 +56,46 @@ class TrialPlan:
 
     study: str
     storage: str  # the study root (local folder or URI) holding `<study>/`
-    storage_endpoint_url: str | None = None
-    workers_per_trial: int = 1
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    worker_resources: dict = field(default_factory=dict)  # extra custom resources per Train worker
-    driver_cpus: float = TRIAL_DRIVER_RESOURCES["CPU"]
-    max_failures: int = 1  # Train worker-group restarts within one trial (-1: no limit)
+    storage_endpoint_url: str | None
+    resolve: Callable[[dict], dict]  # sampled Tune config -> full a2core config dict
+    resources: dict  # the spec's `resources` section, defaults filled in
     metric: str = "val/CIDEr"
     mode: str = "max"
     num_to_keep: int = 2
-    resolve: Callable[[dict], dict] | None = None  # sampled Tune config -> full a2core config dict
-    base: dict = field(default_factory=dict)  # used when `resolve` is None: base config + dotted overrides
 
-    @property
-    def trials_path(self) -> str:
-        return join(study_dir(self.storage, self.study), TRIALS_DIR)
+    def trials(self):
+        """The study's `trials/` folder (a `dashboards.storage.Location`): one Ray Train run per trial."""
+        from dashboards.storage import open_location
 
-    def trial_config(self, sampled: dict) -> dict:
-        if self.resolve is not None:
-            return self.resolve(dict(sampled))
-        from a2core.config import Config, set_dotted
-
-        raw = _deepcopy(self.base)
-        for key, value in sampled.items():
-            set_dotted(raw, key, value)
-        return Config.from_dict(raw).to_dict()
+        return open_location(self.storage, self.storage_endpoint_url).join(self.study, TRIALS_DIR)
 
     def worker_resource_request(self) -> dict:
-        res = {"CPU": float(self.cpus_per_worker)}
-        if self.gpus_per_worker:
-            res["GPU"] = float(self.gpus_per_worker)
-        res.update({k: float(v) for k, v in self.worker_resources.items()})
+        res = {"CPU": float(self.resources["cpus_per_worker"])}
+        if self.resources["gpus_per_worker"]:
+            res["GPU"] = float(self.resources["gpus_per_worker"])
         return res
-
-    def driver_resource_request(self) -> dict:
-        return {"CPU": float(self.driver_cpus)}
-
-    def trial_resource_request(self) -> dict:
-        """What one trial holds while it runs: its driver plus its Train workers."""
-        total = self.driver_resource_request()
-        for key, value in self.worker_resource_request().items():
-            total[key] = total.get(key, 0.0) + value * self.workers_per_trial
-        return total
-
-    def describe(self) -> dict:
-        out = asdict(self)
-        out.pop("resolve", None)
-        return out
 
 
 def plan_from_spec(spec) -> TrialPlan:
     """The trial plan of a `launch.spec.StudySpec`."""
-    res = spec.resources
-    search = spec.search
-    return TrialPlan(
-        study=spec.name,
-        storage=str(spec.storage),
-        storage_endpoint_url=getattr(spec, "storage_endpoint_url", None),
-        workers_per_trial=int(_get(res, "workers_per_trial", 1)),
-        cpus_per_worker=float(_get(res, "cpus_per_worker", 1.0)),
-        gpus_per_worker=float(_get(res, "gpus_per_worker", 0.0) or 0.0),
-        worker_resources=dict(_get(res, "worker_resources", None) or _get(res, "resources_per_worker", None) or {}),
-        driver_cpus=float(_get(res, "driver_cpus", TRIAL_DRIVER_RESOURCES["CPU"])),
-        max_failures=int(_get(res, "max_failures", 1)),
-        metric=str(_get(search, "metric", "val/CIDEr")),
-        mode=str(_get(search, "mode", "max")),
-        resolve=spec.trial_config,
-    )
-
-
-def _get(obj, key: str, default=None):
-    if obj is None:
-        return default
-    if isinstance(obj, dict):
-        value = obj.get(key, default)
-    else:
-        value = getattr(obj, key, default)
-    return default if value is None else value
-
-
-def _deepcopy(raw):
-    if isinstance(raw, dict):
-        return {k: _deepcopy(v) for k, v in raw.items()}
-    if isinstance(raw, list):
-        return [_deepcopy(v) for v in raw]
-    return raw
+    return TrialPlan(study=spec.name, storage=str(spec.storage), storage_endpoint_url=spec.storage_endpoint_url,
+                     resolve=spec.trial_config, resources=dict(spec.resources), metric=spec.metric, mode=spec.mode)
 
 
 # -- Train workers -----------------------------------------------------------------------------------------------
 def _quiet_per_epoch_logs() -> None:
     """Ray Train and Tune log every report (all metrics, caption samples included) and every checkpoint at INFO,
     from every worker: several lines per epoch and worker on the driver's console. Our own epoch line stays
-    (`a2core.train` logs one per `log_every` steps), and warnings still show."""
+    (`a2core.train` logs one per `log_every` steps), and warnings still show.
+
+    Only public names: Ray's documented library logger "ray.train", and the root logger, because the logger of
+    Ray Train V2's report path is named after its source file and so sits outside "ray.train"
+    (tests/test_search.py::test_quiet_trial_logs pins which loggers stay quiet)."""
     import logging
 
-    names = ["ray.train._internal.storage", "ray.train.v2._internal.execution.storage"]
-    try:
-        from ray.train.v2._internal.execution import context
-
-        names.append(context.__file__)  # that module's logger is named after its file
-    except ImportError:
-        pass
-    for name in names:
-        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger().setLevel(logging.WARNING)
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
+    logging.getLogger("a2core").setLevel(logging.INFO)
 
 
 def worker_fn(config: dict) -> None:
@@ -258,37 +135,6 @@ TUNE_POINTER_FILE = "train_checkpoint.json"
 RESULTS_FILE = "results.json"  # in a trial's Train run folder: every epoch's result, across retries and restores
 
 
-def _read_text(path: str, fs) -> str | None:
-    if fs is None:
-        try:
-            return Path(path).read_text()
-        except FileNotFoundError:
-            return None
-    import pyarrow.fs
-
-    if fs.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
-        return None
-    with fs.open_input_stream(path) as f:
-        return f.readall().decode("utf-8")
-
-
-def _write_text(path: str, fs, text: str) -> None:
-    """Replace a small file at once: temp file + rename locally, one PUT on object storage."""
-    if fs is None:
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, target)
-        return
-    import pyarrow.fs
-
-    with tempfile.TemporaryDirectory(prefix="a2-upload-") as tmp:  # one PUT from a file, no multipart upload
-        local = Path(tmp) / "object"
-        local.write_text(text)
-        pyarrow.fs.copy_files(str(local), path, destination_filesystem=fs)
-
-
 def _scalars(result: dict) -> dict:
     """The JSON-plain entries of a result (caption samples and nested dicts are left out of the log)."""
     return {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
@@ -301,9 +147,9 @@ class ResultLog:
     what was synced; this log is written before Tune (and MLflow) hear of a result, so it holds every epoch a
     trial reported, whatever was restarted. An epoch reported again (after a restart) replaces its old entry."""
 
-    def __init__(self, path: str, fs):
-        self.path, self.fs = path, fs
-        text = _read_text(path, fs)
+    def __init__(self, location):
+        self.location = location
+        text = location.read_text()
         self.by_epoch: dict[int, dict] = {}
         for item in json.loads(text) if text else []:
             if isinstance(item.get("epoch"), (int, float)):
@@ -329,26 +175,20 @@ class ResultLog:
         return sorted(added)
 
     def _write(self) -> None:
-        _write_text(self.path, self.fs, json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
+        self.location.write_text(json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
 
 
-def latest_checkpoint_history(run_path: str, fs) -> list[dict]:
-    """The epoch history stored with the newest `checkpoint_epochNNNN` of a Train run folder (empty if none).
+def latest_checkpoint_history(run) -> list[dict]:
+    """The epoch history stored with the newest `checkpoint_epochNNNN` of a Train run folder (a Location; empty
+    if none).
 
     A driver killed between Ray Train registering a checkpoint and Tune hearing of its result loses that result
     everywhere but here; the trial's result log (and from it MLflow) gets it back when the trial restarts."""
     prefix = "checkpoint_epoch"
-    if fs is None:
-        root = Path(run_path)
-        names = [p.name for p in root.iterdir()] if root.is_dir() else []
-    else:
-        import pyarrow.fs
-
-        infos = fs.get_file_info(pyarrow.fs.FileSelector(run_path, allow_not_found=True))
-        names = [posixpath.basename(i.path) for i in infos if i.type == pyarrow.fs.FileType.Directory]
+    names = run.listdir(folders_only=True)
     epochs = sorted(int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit())
     for epoch in reversed(epochs):  # the newest one that has its history (older checkpoints lack the file)
-        text = _read_text(join(run_path, f"{prefix}{epoch:04d}", HISTORY_FILE), fs)
+        text = run.join(f"{prefix}{epoch:04d}", HISTORY_FILE).read_text()
         if text:
             try:
                 items = json.loads(text)
@@ -358,10 +198,10 @@ def latest_checkpoint_history(run_path: str, fs) -> list[dict]:
     return []
 
 
-def read_results(trials_path: str, study: str, trial_id: str, endpoint_url: str | None = None) -> list[dict]:
-    """The result log of a trial (see `ResultLog`), oldest epoch first; empty when it has none yet."""
-    path, fs = file_location(join(trials_path, train_run_name(study, trial_id), RESULTS_FILE), endpoint_url)
-    text = _read_text(path, fs)
+def read_results(trials, study: str, trial_id: str) -> list[dict]:
+    """The result log of a trial (see `ResultLog`) below the `trials` Location, oldest epoch first; empty when it
+    has none yet."""
+    text = trials.join(train_run_name(study, trial_id), RESULTS_FILE).read_text()
     return json.loads(text) if text else []
 
 
@@ -424,9 +264,10 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
 
     _quiet_per_epoch_logs()
     trial_id = ray.tune.get_context().get_trial_id()
-    train_config = plan.trial_config(config)
-    path, fs = storage_location(plan.trials_path, plan.storage_endpoint_url)
-    use_gpu = plan.gpus_per_worker > 0
+    train_config = plan.resolve(dict(config))
+    trials = plan.trials()
+    path, fs = trials.ray_storage()
+    use_gpu = plan.resources["gpus_per_worker"] > 0
     # The queue lives and dies with this driver (same node), as the Train controller does.
     results = Queue(maxsize=1, actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
         node_id=ray.get_runtime_context().get_node_id(), soft=False)})
@@ -435,12 +276,13 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
         train_loop_config=train_config,
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=plan.workers_per_trial, use_gpu=use_gpu, resources_per_worker=plan.worker_resource_request()),
+            num_workers=plan.resources["workers_per_trial"], use_gpu=use_gpu,
+            resources_per_worker=plan.worker_resource_request()),
         run_config=ray.train.RunConfig(
             name=train_run_name(plan.study, trial_id),
             storage_path=path,
             storage_filesystem=fs,
-            failure_config=ray.train.FailureConfig(max_failures=plan.max_failures),
+            failure_config=ray.train.FailureConfig(max_failures=plan.resources["max_failures"]),
             # The latest checkpoint is always kept as well (resume point); the best by the study metric stays.
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=plan.num_to_keep, checkpoint_score_attribute=plan.metric,
@@ -448,9 +290,9 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
             callbacks=[_forwarder_class()(results)],
         ),
     )
-    run_uri = join(plan.trials_path, train_run_name(plan.study, trial_id))
-    result_log = ResultLog(*file_location(join(run_uri, RESULTS_FILE), plan.storage_endpoint_url))
-    result_log.add_missing(latest_checkpoint_history(*file_location(run_uri, plan.storage_endpoint_url)))
+    run = trials.join(train_run_name(plan.study, trial_id))
+    result_log = ResultLog(run.join(RESULTS_FILE))
+    result_log.add_missing(latest_checkpoint_history(run))
     outcome: dict = {}
 
     def fit() -> None:
@@ -483,7 +325,7 @@ def make_trainable(plan: TrialPlan):
     """`a2_trial` bound to its plan and resource request, ready for `Tuner(...)` / `Tuner.restore(...)`."""
     from ray import tune
 
-    return tune.with_resources(tune.with_parameters(a2_trial, plan=plan), plan.driver_resource_request())
+    return tune.with_resources(tune.with_parameters(a2_trial, plan=plan), {"CPU": plan.resources["driver_cpus"]})
 
 
 def propagated_env() -> dict:

@@ -12,10 +12,22 @@ One server per test session; clients need no S3 credentials (the server proxies 
 """
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from a2core.errors import TrackingError
+from dashboards.tracking import server_command, server_env, server_url
 from tests.s3server import make_bucket
 
 
@@ -45,8 +57,6 @@ _SHARED: dict[str, list] = {}  # s3 endpoint -> [server info, users]
 
 
 def _start(s3_endpoint: str, root) -> MlflowServerURL:
-    from dashboards.tracking import start_server
-
     bucket = make_bucket(s3_endpoint, "a2-mlflow-test")
     backend = f"sqlite:///{root / 'mlflow.db'}"
     dest = f"s3://{bucket}/mlartifacts"
@@ -70,8 +80,6 @@ def _start(s3_endpoint: str, root) -> MlflowServerURL:
 def mlflow_server(s3_endpoint, tmp_path_factory):
     """The server's URL. Test modules that import this fixture share one server per session (pytest makes
     one fixture instance per importing module; they all reuse the first server)."""
-    from dashboards.tracking import stop_server
-
     entry = _SHARED.get(s3_endpoint)
     if entry is None or entry[0].proc.poll() is not None:
         entry = _SHARED[s3_endpoint] = [_start(s3_endpoint, tmp_path_factory.mktemp("mlflow-server")), 0]
@@ -83,3 +91,96 @@ def mlflow_server(s3_endpoint, tmp_path_factory):
         if entry[1] == 0:
             stop_server(entry[0].proc)
             _SHARED.pop(s3_endpoint, None)
+
+
+# -- starting and stopping `mlflow server` -------------------------------------------------------------------------
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: SIGTERM the server when the process that started it dies, even by SIGKILL (mlflow's CLI
+    forwards SIGTERM to its web server)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _popen_kwargs() -> dict:
+    kwargs: dict[str, Any] = {"start_new_session": True}
+    if sys.platform.startswith("linux"):
+        kwargs["preexec_fn"] = _die_with_parent
+    return kwargs
+
+
+def wait_healthy(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise TrackingError(f"MLflow server at {url} exited with code {proc.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise TrackingError(f"MLflow server at {url} not healthy after {timeout:.0f} s")
+        time.sleep(0.25)
+
+
+def start_server(backend_uri: str, artifacts_destination: str | None, port: int, s3_endpoint_url: str | None = None,
+                 host: str = "127.0.0.1", workers: int = 1, log_path: str | None = None,
+                 timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
+    """Start `mlflow server` in its own process group and wait until `/health` answers (up to `timeout` s).
+
+    Returns (process, url). Stop it with `stop_server(process)` (kills the whole group: mlflow's CLI starts the
+    web server as a child). Output goes to `log_path` (default: a temporary file, path in `process.log_path`).
+    """
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix="mlflow-server-", suffix=".log")
+        os.close(fd)
+    log = open(log_path, "ab")
+    try:
+        proc = subprocess.Popen(server_command(backend_uri, artifacts_destination, port, host, workers),
+                                env=server_env(s3_endpoint_url), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, **_popen_kwargs())
+    finally:
+        log.close()
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    url = server_url(host, port)
+    try:
+        wait_healthy(url, timeout=timeout, proc=proc)
+    except TrackingError as err:
+        stop_server(proc)
+        tail = Path(log_path).read_text(errors="replace")[-3000:]
+        raise TrackingError(f"{err}\n--- server log ({log_path}) ---\n{tail}") from None
+    return proc, url
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
+    """SIGTERM the server's process group, SIGKILL it after `timeout` s."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = None
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        if pgid is not None:
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+        elif proc.poll() is None:
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout=wait)
+            if pgid is not None:
+                try:  # the group may outlive its leader for a moment
+                    os.killpg(pgid, 0)
+                    time.sleep(0.2)
+                    os.killpg(pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return proc.returncode
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.poll()

@@ -79,7 +79,7 @@ def test_write_leaderboard_is_atomic_and_round_trips(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(lb.json, "dump", broken)
+    monkeypatch.setattr("a2core.atomic.os.fsync", broken)  # fails after the new text is in the temp file
     with pytest.raises(OSError):
         lb.write_leaderboard(path, {"other": 1})
     assert lb.read_leaderboard(path)["study"] == "st"  # the old file is intact
@@ -133,12 +133,12 @@ class EosLovingStepper:
 
 
 def test_min_length_stepper_never_ends_before_the_first_word():
-    from a2core.decode import beam_search
+    from a2core.decode import MinLengthStepper, beam_search
 
     feats, mask = torch.zeros(3, 4, 8), torch.ones(3, 4, dtype=torch.bool)
     plain, _ = beam_search(EosLovingStepper(), feats, mask, beam_size=5, max_len=20)
     assert plain[:, 0].tolist() == [2, 2, 2]  # an empty caption: what the server would reject
-    seqs, scores = beam_search(lb.MinLengthStepper(EosLovingStepper(), eos=2, min_len=1), feats, mask,
+    seqs, scores = beam_search(MinLengthStepper(EosLovingStepper(), eos=2, min_len=1), feats, mask,
                                beam_size=5, max_len=20)
     assert seqs[:, :2].tolist() == [[5, 2]] * 3  # the best one-word caption, then <eos>
     assert all(math.isfinite(s) for s in scores.tolist())

@@ -58,6 +58,41 @@ def test_config_hash_ignores_seed_and_output_dir():
     assert len(config_hash(a)) == 64
 
 
+# -- unit: the steps of package() that need no training ---------------------------------------------------------------
+FILES = ("captions_val2014_alg_results.json", "captions_test2014_alg_results.json")
+
+
+def test_write_submission_validates_before_the_zip_exists(tmp_path):
+    from launch.package import PackageError, write_submission
+
+    images = {"splits": {"val2014": [1, 2], "test2014": [3], "test": [7]}, "sources": {}, "max_len": 20}
+    decoded = {"ensemble": {"val2014": {1: "a dog", 2: "a cat"}, "test2014": {3: "a bird"}, "test": {7: "x"}}}
+    out = write_submission(tmp_path, FILES, decoded, images, "alg", verbose=False)
+    assert out["zip"] == tmp_path / "results.zip" and out["alg"] == "alg"
+    assert zipfile.ZipFile(out["zip"]).namelist() == list(FILES)
+    assert json.loads((tmp_path / FILES[1]).read_text()) == [{"image_id": 3, "caption": "a bird"}]
+    assert json.loads((tmp_path / "captions_karpathy_test_ensemble.json").read_text()) == [
+        {"image_id": 7, "caption": "x"}]
+    out["zip"].unlink()
+    decoded["ensemble"]["test2014"][3] = " "
+    with pytest.raises(PackageError, match="empty_caption"):
+        write_submission(tmp_path, FILES, decoded, images, "alg", verbose=False)
+    assert not list(tmp_path.glob("*.zip*")) and not list(tmp_path.glob(".results.zip*"))
+
+
+def test_upload_all_is_verified_or_a_package_error(s3_endpoint, tmp_path):
+    from launch.package import PackageError, upload_all
+
+    bucket = unique_bucket(s3_endpoint)
+    board = tmp_path / "leaderboard.json"
+    board.write_text('{"study": "x"}')
+    assert upload_all([board], None, s3_endpoint, verbose=False) == []  # no prefix: nothing to upload
+    (info,) = upload_all([board], f"s3://{bucket}/sub/", s3_endpoint, verbose=False)
+    assert info["uri"] == f"s3://{bucket}/sub/leaderboard.json" and info["sha256"] == _sha256(board)
+    with pytest.raises(PackageError, match="upload of leaderboard.json to s3://no-such-bucket-a2tune/x/"):
+        upload_all([board], "s3://no-such-bucket-a2tune/x/", s3_endpoint, verbose=False)
+
+
 # -- the pre-run study ---------------------------------------------------------------------------------------------
 def _study_file(directory: Path, data_root: Path, storage: Path, mlflow_uri: str) -> Path:
     return tiny_study(directory, NAME, data_root, fusions=("none", "gate"), seeds=TRAINED_SEEDS, epochs=2,

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 
-from launch.trainable import RESULTS_FILE, ResultLog, file_location, join, latest_checkpoint_history
+from dashboards.storage import open_location
+from launch.trainable import RESULTS_FILE, ResultLog, latest_checkpoint_history
 from tests.s3server import make_bucket
 
 
@@ -18,14 +19,15 @@ def _write_run(put, epochs_with_history: dict[int, list[int]]) -> None:
 
 
 def _check(run_uri: str, endpoint: str | None) -> None:
-    history = latest_checkpoint_history(*file_location(run_uri, endpoint))
+    run = open_location(run_uri, endpoint)
+    history = latest_checkpoint_history(run)
     assert [h["epoch"] for h in history] == [1, 2, 3]  # checkpoint 3 is the newest one with a history
 
-    log = ResultLog(*file_location(join(run_uri, RESULTS_FILE), endpoint))
+    log = ResultLog(run.join(RESULTS_FILE))
     log.add({"epoch": 1, "val/CIDEr": 0.5, "samples": ["not kept: a list"]})
     assert log.add_missing(history) == [2, 3]  # epoch 1 keeps what the driver saw
     assert log.add_missing(history) == []
-    again = ResultLog(*file_location(join(run_uri, RESULTS_FILE), endpoint))  # what a restarted trial reads
+    again = ResultLog(run.join(RESULTS_FILE))  # what a restarted trial reads
     assert [(r["epoch"], r["val/CIDEr"]) for r in again.by_epoch.values()] == [(1, 0.5), (2, 0.2), (3, 0.3)]
     assert "samples" not in again.by_epoch[1]
 
@@ -37,7 +39,7 @@ def test_local_run_folder(tmp_path):
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_bytes(data)
 
-    assert latest_checkpoint_history(str(run), None) == []  # no run folder yet
+    assert latest_checkpoint_history(open_location(run)) == []  # no run folder yet
     _write_run(put, {1: [1], 3: [1, 2, 3], 4: None})
     _check(str(run), None)
 
@@ -52,6 +54,6 @@ def test_s3_run_folder(s3_endpoint):
         client.put_object(Bucket=bucket, Key=f"studies/s/trials/s-abc/{rel}", Body=data)
 
     run_uri = f"s3://{bucket}/studies/s/trials/s-abc"
-    assert latest_checkpoint_history(*file_location(run_uri, s3_endpoint)) == []
+    assert latest_checkpoint_history(open_location(run_uri, s3_endpoint)) == []
     _write_run(put, {1: [1], 3: [1, 2, 3], 4: None})
     _check(run_uri, s3_endpoint)

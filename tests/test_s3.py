@@ -1,23 +1,28 @@
-"""Verified S3 transfers against a real S3 endpoint (moto's server on 127.0.0.1)."""
+"""The storage layer against a real S3 endpoint (moto's server on 127.0.0.1): verified transfers through boto3's
+managed transfer, faults injected into single HTTP attempts so that botocore's own retries are what is tested."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from a2core.errors import StorageError
-from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+from botocore.awsrequest import AWSResponse
+from botocore.exceptions import EndpointConnectionError
 
-from dashboards import s3
-from dashboards.s3 import (
+from dashboards import storage
+from dashboards.storage import (
     MiB,
     S3TransferError,
     S3VerificationError,
     download_file,
-    list_prefix,
     make_client,
+    open_location,
     parse_s3_uri,
     upload_file,
 )
@@ -64,37 +69,42 @@ def assert_nothing_left(client, bucket):
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
 
-class FlakyClient:
-    """Wraps a real S3 client; ``fail(method, call_number)`` decides whether that call raises a
-    connection error instead of reaching the server (``after=True``: the call reaches the server and
-    then its answer is 'lost')."""
+class _Body:
+    def __init__(self, data: bytes):
+        self.data = data
 
-    def __init__(self, real, fail, after=False, error=None):
-        self._real = real
-        self._fail = fail
-        self._after = after
-        self._error = error or (lambda: EndpointConnectionError(endpoint_url="http://127.0.0.1:1/flaky"))
-        self.calls: dict[str, int] = {}
-        self.pending_at_create: list[list] = []  # multipart uploads pending when each attempt began
+    def stream(self, **_):
+        yield self.data
 
-    def __getattr__(self, name):
-        attr = getattr(self._real, name)
-        if not callable(attr):
-            return attr
 
-        def call(*args, **kwargs):
-            n = self.calls[name] = self.calls.get(name, 0) + 1
-            if name == "create_multipart_upload":
-                pending = self._real.list_multipart_uploads(Bucket=kwargs["Bucket"]).get("Uploads", [])
-                self.pending_at_create.append(pending)
-            if self._fail(name, n) and not self._after:
-                raise self._error()
-            result = attr(*args, **kwargs)
-            if self._fail(name, n):
-                raise self._error()
-            return result
+def connection_error(request):
+    raise EndpointConnectionError(endpoint_url=request.url)
 
-        return call
+
+def server_busy(request):
+    body = b"<Error><Code>ServiceUnavailable</Code><Message>busy</Message></Error>"
+    return AWSResponse(request.url, 503, {}, _Body(body))
+
+
+def fail_requests(client, operation, when, effect=connection_error) -> Counter:
+    """Every HTTP attempt of `operation` (retries included) is counted; the n-th one gets `effect` instead of
+    reaching the server when `when(n)`. Returns the counter."""
+    calls = Counter()
+
+    def before_send(request, **_):
+        calls[operation] += 1
+        return effect(request) if when(calls[operation]) else None
+
+    client.meta.events.register(f"before-send.s3.{operation}", before_send)
+    return calls
+
+
+def lose_answer(client, operation):
+    """The call reaches the server, then its answer is 'lost' (the object may exist, the caller sees an error)."""
+    def after_call(**_):
+        raise EndpointConnectionError(endpoint_url="http://127.0.0.1:1/lost")
+
+    client.meta.events.register(f"after-call.s3.{operation}", after_call)
 
 
 # ------------------------------------------------------------------------------------------ URIs
@@ -132,28 +142,11 @@ def test_endpoint_from_environment(monkeypatch):
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", "http://minio:9000")
-    assert s3.resolve_endpoint_url() == "http://minio:9000"
+    assert storage.resolve_endpoint_url() == "http://minio:9000"
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://other:9000")
-    assert s3.resolve_endpoint_url() == "http://other:9000"
-    assert s3.resolve_endpoint_url("http://explicit:1") == "http://explicit:1"
+    assert storage.resolve_endpoint_url() == "http://other:9000"
+    assert storage.resolve_endpoint_url("http://explicit:1") == "http://explicit:1"
     assert make_client().meta.endpoint_url == "http://other:9000"
-
-
-def test_is_transient():
-    def client_error(code, status):
-        return ClientError({"Error": {"Code": code, "Message": "m"},
-                            "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
-
-    assert s3.is_transient(client_error("InternalError", 500))
-    assert s3.is_transient(client_error("ServiceUnavailable", 503))
-    assert s3.is_transient(client_error("SlowDown", 503))
-    assert s3.is_transient(client_error("Throttling", 400))
-    assert s3.is_transient(EndpointConnectionError(endpoint_url="http://x"))
-    assert s3.is_transient(ConnectionResetError())
-    assert s3.is_transient(ReadTimeoutError(endpoint_url="http://x"))
-    assert not s3.is_transient(client_error("AccessDenied", 403))
-    assert not s3.is_transient(client_error("NoSuchBucket", 404))
-    assert not s3.is_transient(ValueError("x"))
 
 
 # ---------------------------------------------------------------------------------------- upload
@@ -164,22 +157,23 @@ def test_upload_small_file(s3_endpoint, bucket, client, small_file):
     assert info["bucket"] == bucket and info["key"] == "subs/results.zip"
     assert info["size"] == 4321
     assert info["sha256"] == sha256(small_file)
-    assert info["parts"] == 1 and info["attempts"] == 1
     head = client.head_object(Bucket=bucket, Key="subs/results.zip", ChecksumMode="ENABLED")
     assert head["ContentLength"] == 4321
     assert head["Metadata"]["sha256"] == sha256(small_file)
+    assert head["ChecksumSHA256"] == base64.b64encode(hashlib.sha256(small_file.read_bytes()).digest()).decode()
     assert hashlib.sha256(stored(client, bucket, "subs/results.zip")).hexdigest() == sha256(small_file)
 
 
 def test_upload_to_prefix_appends_file_name(s3_endpoint, bucket, client, small_file):
     info = upload_file(small_file, f"s3://{bucket}/subs/", endpoint_url=s3_endpoint)
     assert info["key"] == "subs/results.zip"
-    assert list_prefix(f"s3://{bucket}/subs/", endpoint_url=s3_endpoint) == [f"s3://{bucket}/subs/results.zip"]
+    assert open_location(f"s3://{bucket}/subs/", s3_endpoint).listdir() == ["results.zip"]
 
 
 def test_upload_multipart(bucket, client, big_file):
+    calls = fail_requests(client, "UploadPart", lambda n: False)
     info = upload_file(big_file, f"s3://{bucket}/ckpt/big.bin", client=client, part_size=PART)
-    assert info["parts"] == 3
+    assert calls["UploadPart"] == 3
     assert info["size"] == 11 * MiB
     assert info["sha256"] == sha256(big_file)
     assert info["etag"].strip('"').endswith("-3")
@@ -190,106 +184,94 @@ def test_upload_multipart(bucket, client, big_file):
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
 
-def test_interrupted_multipart_is_aborted_and_retried(bucket, client, big_file):
-    flaky = FlakyClient(client, lambda method, n: method == "upload_part" and n == 2)
-    info = upload_file(big_file, f"s3://{bucket}/big.bin", client=flaky, part_size=PART, retries=3, backoff=0)
-    assert info["attempts"] == 2
-    assert flaky.calls["create_multipart_upload"] == 2
-    assert flaky.calls["abort_multipart_upload"] == 1
-    assert flaky.calls["upload_part"] == 2 + 3  # failed on part 2, then all three
-    # When the second attempt began, the first one's multipart upload was already gone.
-    assert flaky.pending_at_create == [[], []]
+def test_interrupted_part_is_retried_by_botocore(bucket, client, big_file):
+    calls = fail_requests(client, "UploadPart", lambda n: n == 2)
+    created = fail_requests(client, "CreateMultipartUpload", lambda n: False)
+    upload_file(big_file, f"s3://{bucket}/big.bin", client=client, part_size=PART)
+    assert calls["UploadPart"] == 3 + 1  # part 2 sent twice, within one multipart upload
+    assert created["CreateMultipartUpload"] == 1
     assert stored(client, bucket, "big.bin") == big_file.read_bytes()
     assert client.head_object(Bucket=bucket, Key="big.bin")["Metadata"]["sha256"] == sha256(big_file)
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
 
-def test_interrupted_multipart_without_retry_leaves_nothing(bucket, client, big_file):
-    flaky = FlakyClient(client, lambda method, n: method == "upload_part" and n >= 2)
-    with pytest.raises(S3TransferError, match="after 1 attempt") as e:
-        upload_file(big_file, f"s3://{bucket}/big.bin", client=flaky, part_size=PART, retries=1)
-    assert isinstance(e.value.__cause__, EndpointConnectionError)
-    assert flaky.calls["abort_multipart_upload"] == 1
+def test_interrupted_multipart_without_retry_leaves_nothing(s3_endpoint, bucket, big_file):
+    client = make_client(s3_endpoint, max_attempts=1)
+    fail_requests(client, "UploadPart", lambda n: n >= 2)
+    aborted = fail_requests(client, "AbortMultipartUpload", lambda n: False)
+    with pytest.raises(S3TransferError, match="big.bin"):
+        upload_file(big_file, f"s3://{bucket}/big.bin", client=client, part_size=PART)
+    assert aborted["AbortMultipartUpload"] == 1
     assert_nothing_left(client, bucket)
 
 
-def test_persistent_failure_exhausts_retries_and_leaves_nothing(bucket, client, big_file):
-    flaky = FlakyClient(client, lambda method, n: method == "upload_part" and n % 2 == 0)  # every 2nd part
-    sleeps = []
-    with pytest.raises(S3TransferError, match="after 3 attempt"):
-        upload_file(big_file, f"s3://{bucket}/big.bin", client=flaky, part_size=PART, retries=3,
-                    backoff=1.0, sleep=sleeps.append)
-    assert flaky.calls["create_multipart_upload"] == 3
-    assert flaky.calls["abort_multipart_upload"] == 3
-    assert len(sleeps) == 2 and 0.5 <= sleeps[0] <= 1.0 and 1.0 <= sleeps[1] <= 2.0  # exponential
-    assert_nothing_left(client, bucket)
-
-
-def test_lost_answer_to_complete_leaves_nothing(bucket, client, big_file):
-    """complete_multipart_upload reaches the server but its answer is lost: the object exists,
-    unverified; it must be removed when the upload gives up."""
-    flaky = FlakyClient(client, lambda method, n: method == "complete_multipart_upload", after=True)
+def test_persistent_failure_exhausts_retries_and_leaves_nothing(s3_endpoint, bucket, big_file):
+    client = make_client(s3_endpoint, max_attempts=3)
+    calls = fail_requests(client, "UploadPart", lambda n: n >= 2)  # part 1 goes through, then nothing does
     with pytest.raises(S3TransferError):
-        upload_file(big_file, f"s3://{bucket}/big.bin", client=flaky, part_size=PART, retries=1)
+        upload_file(big_file, f"s3://{bucket}/big.bin", client=client, part_size=PART)
+    assert calls["UploadPart"] == 1 + 3  # botocore's three attempts at part 2
+    assert_nothing_left(client, bucket)
+
+
+def test_lost_answer_to_complete_leaves_nothing(s3_endpoint, bucket, big_file):
+    """complete_multipart_upload reaches the server but its answer is lost: the object exists, unverified;
+    it must be removed when the upload gives up."""
+    client = make_client(s3_endpoint, max_attempts=1)
+    lose_answer(client, "CompleteMultipartUpload")
+    with pytest.raises(S3TransferError):
+        upload_file(big_file, f"s3://{bucket}/big.bin", client=client, part_size=PART)
     assert_nothing_left(client, bucket)
 
 
 def test_single_put_retried_on_server_error(bucket, client, small_file):
-    def error():
-        return ClientError({"Error": {"Code": "ServiceUnavailable", "Message": "busy"},
-                            "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
-
-    flaky = FlakyClient(client, lambda method, n: method == "put_object" and n <= 2, error=error)
-    info = upload_file(small_file, f"s3://{bucket}/r.zip", client=flaky, retries=3, backoff=0)
-    assert info["attempts"] == 3
+    calls = fail_requests(client, "PutObject", lambda n: n <= 2, effect=server_busy)
+    upload_file(small_file, f"s3://{bucket}/r.zip", client=client)
+    assert calls["PutObject"] == 3
     assert stored(client, bucket, "r.zip") == small_file.read_bytes()
 
 
-def test_single_put_persistent_failure(bucket, client, small_file):
-    flaky = FlakyClient(client, lambda method, n: method == "put_object", after=True)
-    with pytest.raises(S3TransferError, match="after 2 attempt"):
-        upload_file(small_file, f"s3://{bucket}/r.zip", client=flaky, retries=2, backoff=0)
+def test_single_put_persistent_failure(s3_endpoint, bucket, small_file):
+    client = make_client(s3_endpoint, max_attempts=2)
+    lose_answer(client, "PutObject")
+    with pytest.raises(S3TransferError, match="r.zip"):
+        upload_file(small_file, f"s3://{bucket}/r.zip", client=client)
     assert_nothing_left(client, bucket)
 
 
-def test_failed_upload_keeps_someone_elses_object(bucket, client, small_file):
+def test_failed_upload_keeps_someone_elses_object(s3_endpoint, bucket, small_file):
+    client = make_client(s3_endpoint, max_attempts=1)
     client.put_object(Bucket=bucket, Key="r.zip", Body=b"previous submission")
-    flaky = FlakyClient(client, lambda method, n: method == "put_object")
+    fail_requests(client, "PutObject", lambda n: True)
     with pytest.raises(S3TransferError):
-        upload_file(small_file, f"s3://{bucket}/r.zip", client=flaky, retries=1)
-    assert stored(client, bucket, "r.zip") == b"previous submission"
+        upload_file(small_file, f"s3://{bucket}/r.zip", client=client)
+    assert stored(make_client(s3_endpoint), bucket, "r.zip") == b"previous submission"
 
 
-def test_non_transient_error_is_not_retried(s3_endpoint, client, small_file):
-    flaky = FlakyClient(client, lambda method, n: False)
+def test_non_transient_error_is_not_retried(client, small_file):
+    calls = fail_requests(client, "PutObject", lambda n: False)
     with pytest.raises(S3TransferError, match="NoSuchBucket"):
-        upload_file(small_file, "s3://no-such-bucket-a2tune/r.zip", client=flaky, retries=5, backoff=0)
-    assert flaky.calls["put_object"] == 1
+        upload_file(small_file, "s3://no-such-bucket-a2tune/r.zip", client=client)
+    assert calls["PutObject"] == 1
 
 
 def test_corrupted_upload_is_deleted(bucket, client, small_file):
-    """The endpoint stores different bytes than were sent: verification fails, the object goes."""
+    """The endpoint stores other bytes than the file's (checksummed as sent): verification fails, the object goes."""
+    def truncate(params, **_):
+        params["body"] = small_file.read_bytes()[:-10]
 
-    class Corrupting(FlakyClient):
-        def put_object(self, **kwargs):
-            kwargs["Body"] = kwargs["Body"][:-10]
-            return self._real.put_object(**kwargs)
-
+    client.meta.events.register("before-call.s3.PutObject", truncate)
     with pytest.raises(S3VerificationError, match="size 4311 != local 4321"):
-        upload_file(small_file, f"s3://{bucket}/r.zip", client=Corrupting(client, lambda m, n: False), retries=3)
+        upload_file(small_file, f"s3://{bucket}/r.zip", client=client)
     assert_nothing_left(client, bucket)
 
 
-def test_upload_argument_errors(bucket, client, small_file, tmp_path):
+def test_upload_argument_errors(bucket, client, tmp_path):
     with pytest.raises(StorageError, match="missing.bin"):
         upload_file(tmp_path / "missing.bin", f"s3://{bucket}/x", client=client)
-    with pytest.raises(ValueError, match="part_size"):
-        upload_file(small_file, f"s3://{bucket}/x", client=client, part_size=MiB)
-    with pytest.raises(ValueError, match="retries"):
-        upload_file(small_file, f"s3://{bucket}/x", client=client, retries=0)
 
 
-# -------------------------------------------------------------------------------- download, list
+# -------------------------------------------------------------------------------- download, locations
 
 
 def test_download_round_trip(s3_endpoint, bucket, big_file, tmp_path):
@@ -325,20 +307,41 @@ def test_download_missing_object(bucket, client, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_list_prefix(s3_endpoint, bucket, client):
-    for key in ["study/a/1.json", "study/a/2.json", "study/b.json", "studies/c.json", "other.json"]:
-        client.put_object(Bucket=bucket, Key=key, Body=b"{}")
-    assert list_prefix(f"s3://{bucket}/study/", endpoint_url=s3_endpoint) == [
-        f"s3://{bucket}/study/a/1.json", f"s3://{bucket}/study/a/2.json", f"s3://{bucket}/study/b.json"]
-    assert len(list_prefix(f"s3://{bucket}", client=client)) == 5
-    assert list_prefix(f"s3://{bucket}/nothing/", client=client) == []
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    """The same storage root, once as a local folder and once on the S3 endpoint."""
+    if request.param == "local":
+        return open_location(tmp_path / "root")
+    endpoint = request.getfixturevalue("s3_endpoint")
+    return open_location(f"s3://{unique_bucket(endpoint)}/root/", endpoint)
 
 
-def test_list_prefix_paginates(bucket, client):
-    for i in range(25):
-        client.put_object(Bucket=bucket, Key=f"many/{i:04d}", Body=b"")
-    requests = []
-    client.meta.events.register("before-call.s3.ListObjectsV2", lambda **kw: requests.append(1))
-    uris = list_prefix(f"s3://{bucket}/many/", client=client, page_size=10)
-    assert uris == [f"s3://{bucket}/many/{i:04d}" for i in range(25)]
-    assert len(requests) == 3
+def test_location_read_write_list(root, tmp_path):
+    study = root.join("a2-x")
+    assert not study.exists() and study.listdir() == [] and study.join("study.yaml").read_text() is None
+    study.join("study.yaml").write_text("name: a2-x\n")
+    study.join("trials", "t1", "results.json").write_text("[]")
+    study.join("study.yaml").write_text("name: a2-x\nagain: true\n")  # replaced whole
+    assert study.join("study.yaml").read_text() == "name: a2-x\nagain: true\n"
+    assert study.listdir() == ["study.yaml", "trials"]
+    assert study.listdir(folders_only=True) == ["trials"]
+    assert study.join("trials").listdir() == ["t1"]
+    copy = study.join("trials", "t1", "results.json").download(tmp_path / "copy" / "results.json")
+    assert Path(copy).read_text() == "[]"
+    if root.local:
+        assert sorted(p.name for p in Path(study.uri).iterdir()) == ["study.yaml", "trials"]  # no temp files
+    else:
+        path, fs = study.ray_storage()
+        assert path == study.uri[len("s3://"):] and fs is not None
+
+
+def test_open_location_forms(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert open_location("rel/dir").uri == str(tmp_path / "rel" / "dir")
+    assert open_location(f"file://{tmp_path}/x").uri == str(tmp_path / "x")
+    assert open_location("s3://bucket/prefix/").uri == "s3://bucket/prefix"
+    assert open_location("s3a://bucket/p").uri == "s3://bucket/p"
+    assert open_location("s3://bucket/p", "http://minio:9000").join("a", "b.json").uri == "s3://bucket/p/a/b.json"
+    assert open_location("rel").ray_storage() == (str(tmp_path / "rel"), None)
+    with pytest.raises(StorageError, match="unsupported storage 'gs://b/x'"):
+        open_location("gs://b/x")

@@ -255,32 +255,6 @@ def test_build_search_and_tune_config(spec, tmp_path):
     assert isinstance(build_search(fifo)[1], FIFOScheduler)
 
 
-def test_live_table_survives_a_best_trial_without_a_conditional_key():
-    """The fusion-none trial has no lambda; while it is the best trial the reporter's "Current best trial" line
-    shows lambda as "-" instead of stopping the study with a KeyError (Tune's CLIReporter looks every parameter
-    column up in the best trial's config)."""
-    from types import SimpleNamespace
-
-    from ray.tune.progress_reporter import _best_trial_str
-
-    from launch.study import _reporter
-
-    spec = load_study(SMOKE)
-    reporter = _reporter(spec)
-    reporter.setup(metric=spec.metric, mode=spec.mode)  # what Tune does when the study starts
-    baseline = SimpleNamespace(trial_id="t1", last_result={"val/CIDEr": 0.9, "config": {"fusion": "none", "seed": 0}})
-    gate = SimpleNamespace(trial_id="t2", last_result={"val/CIDEr": 0.5,
-                                                       "config": {"fusion": "gate", "lambda": 0.035, "seed": 0}})
-    best, metric = reporter._current_best_trial([baseline, gate])
-    line = _best_trial_str(best, metric, reporter._parameter_columns)
-    assert line.startswith("Current best trial: t1 with val/CIDEr=0.9")
-    assert "'lambda': '-'" in line and "'fusion': 'none'" in line
-    assert baseline.last_result["config"] == {"fusion": "none", "seed": 0}  # the trial itself is left alone
-    gate.last_result["val/CIDEr"] = 1.2
-    best, metric = reporter._current_best_trial([baseline, gate])
-    assert "'lambda': 0.035" in _best_trial_str(best, metric, reporter._parameter_columns)
-
-
 # -- replicate groups ----------------------------------------------------------------------------------------------
 REPLICATED = {"fusion": {"grid": ["none", "gate"]},
               "lambda": {"loguniform": [0.005, 0.2], "when": {"fusion": "gate"}}}

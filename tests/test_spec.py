@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -267,10 +266,8 @@ BAD = [
 def test_bad_specs_name_the_key_and_the_file(case, tmp_path):
     _, overrides, key, words = case
     study = write(tmp_path, smoke_raw(), "bad-study.yaml")
-    start = time.monotonic()
     with pytest.raises(ConfigError) as err:
         load_study(study, overrides)
-    assert time.monotonic() - start < 5
     assert err.value.path == key, str(err.value)
     assert err.value.source == str(study)
     message = str(err.value)
@@ -330,30 +327,23 @@ def _run(code: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_validation_never_imports_ray(tmp_path):
     bad = write(tmp_path, {**smoke_raw(), "storage": "gs://nope"}, "bad.yaml")
-    code = ("import sys, time; t = time.monotonic(); from launch.spec import validate_main; "
-            "rc = validate_main(sys.argv[1]); print('ray' in sys.modules, 'optuna' in sys.modules, "
-            "round(time.monotonic() - t, 2)); sys.exit(rc)")
+    code = ("import sys; from launch.spec import validate_main; "
+            "rc = validate_main(sys.argv[1]); print('ray' in sys.modules, 'optuna' in sys.modules); sys.exit(rc)")
     good = _run(code, str(SMOKE))
     assert good.returncode == 0, good.stderr
     assert good.stdout.splitlines()[-1].split()[:2] == ["False", "False"]
     res = _run(code, str(bad))
     assert res.returncode == 2
     assert "bad.yaml" in res.stderr and "storage" in res.stderr
-    flags = res.stdout.split()
-    assert flags[:2] == ["False", "False"] and float(flags[2]) < 5
+    assert res.stdout.split() == ["False", "False"]
 
 
 def test_cli_study_validate_fails_fast_without_ray(tmp_path):
-    probe = _run("from launch.cli import build_parser; build_parser()")
-    if probe.returncode != 0:
-        pytest.skip(f"the a2 CLI does not build yet: {probe.stderr.strip().splitlines()[-1]}")
     bad = write(tmp_path, {**smoke_raw(), "search": {**smoke_raw()["search"], "mode": "maximize"}}, "bad.yaml")
     code = ("import sys; sys.argv = ['a2', 'study', 'validate', sys.argv[1]]; "
             "from launch.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
             "print('RAY', 'ray' in sys.modules); sys.exit(rc)")
-    start = time.monotonic()
     res = _run(code, str(bad))
-    assert time.monotonic() - start < 10
     assert res.returncode == 2, res.stdout + res.stderr
     assert "bad.yaml" in res.stderr and "search.mode" in res.stderr
     assert "RAY False" in res.stdout

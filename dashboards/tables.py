@@ -1,0 +1,22 @@
+"""Plain-text tables and the numbers in them (no MLflow or plotting imports: the `a2` command starts fast)."""
+from __future__ import annotations
+
+import math
+
+
+def finite(value) -> float | None:
+    """`value` as a float, or None when it is not a finite number."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def text_table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:
+    """The one plain-text table of the project: padded columns (those in `right` right-aligned), a rule under
+    the header."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) if i in right else c.ljust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
