@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from a2core.data.captions import is_image_id
 from a2core.errors import SubmissionError
 
 __all__ = [
@@ -151,6 +152,8 @@ def read_image_ids(path: str | os.PathLike) -> list[int]:
         raise SubmissionError(f"{path}: not valid UTF-8 ({e})") from None
     except json.JSONDecodeError as e:
         raise SubmissionError(f"{path}: not valid JSON ({e})") from None
+    except ValueError:  # Python's int() refuses more than 4300 digits, deep inside json
+        raise SubmissionError(f"{path}: holds an integer of more than {sys.get_int_max_str_digits()} digits") from None
     except OSError as e:
         raise SubmissionError(f"{path}: cannot read ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
@@ -158,8 +161,9 @@ def read_image_ids(path: str | os.PathLike) -> list[int]:
     ids: list[int] = []
     for i, image in enumerate(data["images"]):
         image_id = image.get("id") if isinstance(image, dict) else None
-        if isinstance(image_id, bool) or not isinstance(image_id, int):
-            raise SubmissionError(f"{path}: images[{i}] has no integer 'id' (got {image!r:.80})")
+        if not is_image_id(image_id):
+            raise SubmissionError(f"{path}: images[{i}] has no 'id' that is a non-negative 64-bit int "
+                                  f"(got {image!r:.80})")
         ids.append(image_id)
     return ids
 
@@ -251,7 +255,7 @@ def _check_entries(report: ValidationReport, name: str, data: Any, expected: set
             if key not in entry:
                 missing_key[key].append(i)
         image_id = entry.get("image_id")
-        id_ok = "image_id" in entry and isinstance(image_id, int) and not isinstance(image_id, bool)
+        id_ok = is_image_id(image_id)
         if id_ok:
             seen[image_id] += 1
         elif "image_id" in entry:
@@ -273,7 +277,7 @@ def _check_entries(report: ValidationReport, name: str, data: Any, expected: set
                                             f"(entry indices: {_preview(idx)})")
     if bad_id:
         report.add(name, "bad_image_id",
-                   f"{len(bad_id)} entries have an image_id that is not an int: "
+                   f"{len(bad_id)} entries have an image_id that is not a non-negative 64-bit int: "
                    + _preview(f"entry #{i}: {v!r:.40}" for i, v in bad_id))
     if bad_caption:
         report.add(name, "bad_caption",
