@@ -91,7 +91,7 @@ def load(path: str | Path, map_location="cpu") -> dict:
     for key in ("model", "config", "vocab"):
         if key not in state:
             raise CheckpointError(f"{path}: not an a2tune checkpoint (no {key!r})")
-    if isinstance(state.get("rng"), dict):
+    if isinstance(state.get("rng"), dict) and "numpy" in state["rng"]:  # the older form becomes plain data
         state["rng"] = {**state["rng"], "numpy": _plain_numpy_state(state["rng"]["numpy"])}
     return state
 
