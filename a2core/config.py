@@ -18,13 +18,17 @@ import yaml
 from .errors import ConfigError
 
 FUSIONS = ("none", "max", "moving_average", "exp_decay", "gate")
-
-
+SEED_LIMIT = 2**32  # numpy's seed range: seeds are 0 .. 2^32 - 1
 
 
 def _alias(name: str) -> dict:
     """Field metadata: the key used in YAML when it differs from the Python name (e.g. `lambda`)."""
     return {"key": name}
+
+
+def check_seed(seed: int, path: str) -> None:
+    if not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(path, f"must be in 0 .. {SEED_LIMIT - 1}, got {seed}")
 
 
 @dataclass
@@ -51,6 +55,7 @@ class DataConfig:
                     raise ConfigError(f"{path}.{key}", "required when kind is 'coco'")
         if self.images < 20:
             raise ConfigError(f"{path}.images", f"must be >= 20, got {self.images}")
+        check_seed(self.seed, f"{path}.seed")
         if self.vocab_min_count < 1:
             raise ConfigError(f"{path}.vocab_min_count", "must be >= 1")
         if self.max_caption_len < 2:
@@ -132,6 +137,7 @@ class TrainConfig:
     diag_kendall_images: int = 10  # the first N of those for Kendall tau (one backward pass per caption word)
 
     def validate(self, path: str = "train") -> None:
+        check_seed(self.seed, f"{path}.seed")
         for key in ("batch_size", "warmup", "beam_size", "max_len", "scst_samples", "mask_every", "log_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
@@ -193,14 +199,107 @@ class Config:
         return Config.from_dict(raw)
 
 
+# -- YAML ------------------------------------------------------------------------------------------------------
+# Config files, study specs and saved study.yaml files are a few KB; these caps bound time and memory on hostile
+# ones: the size of the file, and the number of nodes once aliases are expanded (1 KB of nested aliases, the
+# "billion laughs", would otherwise expand to 10^9 nodes in whatever walks the result). The pure-Python parser,
+# not libyaml's: libyaml crashes the process on deeply nested input, where Python's raises RecursionError. It
+# parses about 50 KB/s on a busy core, hence the small size cap.
+MAX_YAML_BYTES = 128 << 10
+MAX_YAML_NODES = 100_000
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses duplicate keys and integers too long for `int()`."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: later keys override on purpose
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {seen[key]})",
+                        key_node.start_mark)
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # Python refuses int() of more than 4300 digits
+            raise yaml.constructor.ConstructorError(
+                None, None, f"integer of {len(node.value)} characters is too long", node.start_mark) from None
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
+
+
+def parse_yaml(text: str, source: str | None = None) -> Any:
+    """YAML text to Python data, refusing duplicate keys, over-long integers and alias bombs (ConfigError)."""
+    try:
+        return _parse(text, source)
+    except yaml.YAMLError as err:
+        raise ConfigError("", f"not valid YAML: {_yaml_message(err)}", source) from None
+
+
+def _parse(text: str, source: str | None) -> Any:
+    """`parse_yaml` raising PyYAML's own errors (a ConfigError for what is too big or too deep)."""
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expanded_size(node, source)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ConfigError("", "YAML nested too deeply; refused", source) from None
+    finally:
+        loader.dispose()
+
+
+def _yaml_message(err: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: where, then what."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    context = getattr(err, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    return f"{where}{context + ': ' if context else ''}{problem}"
+
+
+def _check_expanded_size(node, source: str | None) -> None:
+    """Count nodes as if every alias were copied out, stopping at the cap (so this costs at most the cap)."""
+    count, stack = 0, [node]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_YAML_NODES:
+            raise ConfigError("", f"YAML holds more than {MAX_YAML_NODES} values once aliases are expanded; refused",
+                              source)
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(n for pair in node.value for n in pair)
+
+
 def load_yaml(path: str | Path) -> dict:
+    """A YAML file whose top level is a mapping, read with `parse_yaml`'s checks and at most MAX_YAML_BYTES."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("", "file not found", str(path))
+    with open(path, "rb") as f:
+        data = f.read(MAX_YAML_BYTES + 1)
+    if len(data) > MAX_YAML_BYTES:
+        raise ConfigError("", f"larger than {MAX_YAML_BYTES} bytes; refused", str(path))
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError("", f"not valid YAML: {err}", str(path)) from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError("", f"not UTF-8 text ({err})", str(path)) from None
+    raw = parse_yaml(text, str(path))
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -219,12 +318,21 @@ def apply_overrides(raw: dict, overrides: list[str], source: str | None = None) 
         if not match:
             raise ConfigError("", f"override {item!r} is not of the form key.path=value", source)
         key, text = match.groups()
-        try:
-            value = yaml.safe_load(text) if text != "" else ""
-        except yaml.YAMLError:
-            value = text
+        value = _override_value(text, item, source)
         set_dotted(raw, key, value)
     return raw
+
+
+def _override_value(text: str, item: str, source: str | None) -> Any:
+    """An override's value parsed as YAML with `parse_yaml`'s checks; text that is no YAML at all stays a string."""
+    if text == "":
+        return ""
+    try:
+        return _parse(text, source)
+    except yaml.constructor.ConstructorError as err:  # YAML, but refused (a duplicate key, a too-long integer)
+        raise ConfigError("", f"override {item[:80]!r}: {_yaml_message(err)}", source) from None
+    except yaml.YAMLError:
+        return text
 
 
 def set_dotted(raw: dict, key: str, value: Any) -> None:

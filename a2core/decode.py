@@ -15,7 +15,7 @@ import torch
 
 from .atomic import atomic_write
 from .model.a2 import A2Transformer
-from .errors import A2Error
+from .errors import A2Error, ConfigError
 
 
 class ModelStepper:
@@ -264,8 +264,15 @@ def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int 
     from .config import DataConfig, _build, apply_overrides
     from .data.dataset import CaptionData
 
+    for name, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--batch-size", batch_size)):
+        if value < 1:
+            raise ConfigError(name, f"must be >= 1, got {value}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     models, vocab, config = load_ensemble(checkpoints, device=device)
+    longest = min(m.pos.shape[0] for m in models) - 1  # beam search feeds max_len + 1 positions
+    if max_len > longest:
+        raise ConfigError("--max-len", f"{max_len} is longer than these models can decode (at most {longest}: "
+                                       f"data.max_caption_len + 3)")
     raw = apply_overrides({"data": config["data"]}, data_overrides or [])
     data_cfg = _build(DataConfig, raw["data"], "data")
     data_cfg.validate()

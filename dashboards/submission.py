@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from a2core.atomic import atomic_write
+from a2core.data.captions import is_image_id
 from a2core.errors import SubmissionError
 
 __all__ = [
@@ -48,6 +50,11 @@ _ALG_RE = re.compile(r"[A-Za-z0-9-]+")
 _NAME_RE = re.compile(r"captions_(?P<split>val|test)2014_(?P<alg>[A-Za-z0-9-]+)_results\.json")
 # How many image ids / entry indices a problem message shows before "... (N more)".
 MAX_IDS_SHOWN = 10
+# The server's zip holds 2 files of a few MB each (40,775 captions are ~3.5 MB of JSON); these caps leave room
+# and bound what a hostile zip costs.
+MAX_MEMBERS = 16
+MAX_MEMBER_BYTES = 32 << 20
+_UNREADABLE = object()  # what _read_json returns after reporting a problem
 
 
 # --------------------------------------------------------------------------------------------- names
@@ -119,6 +126,8 @@ def read_image_ids(path: str | os.PathLike) -> list[int]:
         raise SubmissionError(f"{path}: not valid UTF-8 ({e})") from None
     except json.JSONDecodeError as e:
         raise SubmissionError(f"{path}: not valid JSON ({e})") from None
+    except ValueError:  # Python's int() refuses more than 4300 digits, deep inside json
+        raise SubmissionError(f"{path}: holds an integer of more than {sys.get_int_max_str_digits()} digits") from None
     except OSError as e:
         raise SubmissionError(f"{path}: cannot read ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
@@ -126,8 +135,9 @@ def read_image_ids(path: str | os.PathLike) -> list[int]:
     ids: list[int] = []
     for i, image in enumerate(data["images"]):
         image_id = image.get("id") if isinstance(image, dict) else None
-        if isinstance(image_id, bool) or not isinstance(image_id, int):
-            raise SubmissionError(f"{path}: images[{i}] has no integer 'id' (got {image!r:.80})")
+        if not is_image_id(image_id):
+            raise SubmissionError(f"{path}: images[{i}] has no 'id' that is a non-negative 64-bit int "
+                                  f"(got {image!r:.80})")
         ids.append(image_id)
     return ids
 
@@ -219,7 +229,7 @@ def _check_entries(report: ValidationReport, name: str, data: Any, expected: set
             if key not in entry:
                 missing_key[key].append(i)
         image_id = entry.get("image_id")
-        id_ok = "image_id" in entry and isinstance(image_id, int) and not isinstance(image_id, bool)
+        id_ok = is_image_id(image_id)
         if id_ok:
             seen[image_id] += 1
         elif "image_id" in entry:
@@ -241,7 +251,7 @@ def _check_entries(report: ValidationReport, name: str, data: Any, expected: set
                                             f"(entry indices: {_preview(idx)})")
     if bad_id:
         report.add(name, "bad_image_id",
-                   f"{len(bad_id)} entries have an image_id that is not an int: "
+                   f"{len(bad_id)} entries have an image_id that is not a non-negative 64-bit int: "
                    + _preview(f"entry #{i}: {v!r:.40}" for i, v in bad_id))
     if bad_caption:
         report.add(name, "bad_caption",
@@ -273,92 +283,139 @@ def validate_zip(
 ) -> ValidationReport:
     """Check a COCO caption server ``results.zip``; return a report listing every problem found.
 
-    Checks: the file is a zip; it holds exactly two files, at its root, named
-    ``captions_{val,test}2014_<alg>_results.json`` with one ``alg`` (``alg`` itself when given); each is
-    UTF-8 JSON, a list of objects with an int ``image_id`` (bools and strings rejected) and a non-blank
-    string ``caption``; each split's image ids are covered exactly once with no extras. Extra keys in an
-    entry are allowed (the server reads only these two).
+    Checks: the file is a zip of at most ``MAX_MEMBERS`` entries with safe names; it holds exactly two files,
+    at its root, named ``captions_{val,test}2014_<alg>_results.json`` with one ``alg`` (``alg`` itself when
+    given); each is at most ``MAX_MEMBER_BYTES`` (declared and actually read), UTF-8 JSON, a list of objects
+    with an int ``image_id`` (bools, strings and ids outside int64 rejected) and a non-blank string
+    ``caption``; each split's image ids are covered exactly once with no extras. Extra keys in an entry are
+    allowed (the server reads only these two). Members are read as bounded streams: a zip bomb costs at most
+    ``MAX_MEMBER_BYTES`` of memory.
     """
     zip_path = str(zip_path)
     report = ValidationReport(zip_path=zip_path, alg=alg)
     expected = {"val": set(val_image_ids), "test": set(test_image_ids)}
     if alg is not None and (not isinstance(alg, str) or not _ALG_RE.fullmatch(alg)):
         report.add(zip_path, "bad_alg", f"alg {alg!r} does not match [A-Za-z0-9-]+")
-
-    if not os.path.isfile(zip_path):
-        report.add(zip_path, "not_found", "file not found")
+    zf = _open_zip(report)
+    if zf is None:
         return report
-    if not zipfile.is_zipfile(zip_path):
-        report.add(zip_path, "not_zip", "not a zip archive")
-        return report
-    try:
-        zf = zipfile.ZipFile(zip_path)
-    except (zipfile.BadZipFile, OSError) as e:
-        report.add(zip_path, "not_zip", f"cannot open as a zip archive ({e})")
-        return report
-
     with zf:
-        members = [info for info in zf.infolist() if not info.is_dir()]
-        names = [info.filename for info in members]
-        for name, n in Counter(names).items():
-            if n > 1:
-                report.add(name, "duplicate_member", f"appears {n} times in the archive")
-        if len(members) != 2:
-            report.add(zip_path, "file_count",
-                       f"holds {len(members)} files ({_preview(names) or 'none'}); expected exactly 2: "
-                       "captions_val2014_<alg>_results.json and captions_test2014_<alg>_results.json")
-
-        by_split: dict[str, list[tuple[zipfile.ZipInfo, str]]] = {"val": [], "test": []}
-        for info in members:
-            name = info.filename
-            base = name.replace("\\", "/").rsplit("/", 1)[-1]
-            if base != name:
-                report.add(name, "not_at_root", f"is inside a folder; the server needs it at the zip root as {base!r}")
-            m = _NAME_RE.fullmatch(base)
-            if not m:
-                report.add(name, "bad_name", f"unexpected file name {base!r}; expected "
-                                             "captions_val2014_<alg>_results.json or captions_test2014_<alg>_results.json")
-                continue
-            by_split[m["split"]].append((info, m["alg"]))
-
-        algs = {a for entries in by_split.values() for _, a in entries}
-        if alg is not None:
-            for entries in by_split.values():
-                for info, a in entries:
-                    if a != alg:
-                        report.add(info.filename, "alg_mismatch", f"algorithm name {a!r} in the file name, expected {alg!r}")
-        elif len(algs) > 1:
-            report.add(zip_path, "alg_mismatch",
-                       f"the files use different algorithm names: {', '.join(sorted(algs))}")
-
+        members = _check_members(report, zf)
+        if members is None:
+            return report
+        by_split = _members_by_split(report, members)
+        _check_algs(report, by_split, alg)
         for split in SPLITS:
-            entries = by_split[split]
-            if not entries:
-                shown = results_filename(split, alg) if alg and _ALG_RE.fullmatch(alg) else f"captions_{split}2014_<alg>_results.json"
-                report.add(zip_path, "missing_file", f"no {split}2014 results file ({shown})")
-            elif len(entries) > 1:
-                report.add(zip_path, "duplicate_split",
-                           f"{len(entries)} {split}2014 results files: {', '.join(i.filename for i, _ in entries)}")
-            for info, _ in entries:
-                name = info.filename
-                try:
-                    raw = zf.read(info)
-                except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError) as e:
-                    report.add(name, "unreadable", f"cannot be extracted ({e})")
-                    continue
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    report.add(name, "not_utf8", f"is not valid UTF-8 ({e})")
-                    continue
-                if text.startswith("\ufeff"):
-                    report.add(name, "bom", "starts with a UTF-8 byte-order mark, which JSON parsers reject")
-                    text = text[1:]
-                try:
-                    data = json.loads(text)
-                except json.JSONDecodeError as e:
-                    report.add(name, "not_json", f"is not valid JSON ({e})")
-                    continue
-                report.files[name] = len(data) if isinstance(data, list) else 0
-                _check_entries(report, name, data, expected[split])
+            for info, _ in by_split[split]:
+                data = _read_json(report, zf, info)
+                if data is not _UNREADABLE:
+                    report.files[info.filename] = len(data) if isinstance(data, list) else 0
+                    _check_entries(report, info.filename, data, expected[split])
     return report
+
+
+
+def _open_zip(report: ValidationReport) -> zipfile.ZipFile | None:
+    path = report.zip_path
+    if not os.path.isfile(path):
+        report.add(path, "not_found", "file not found")
+        return None
+    try:
+        return zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        report.add(path, "not_zip", f"not a zip archive ({e})")
+        return None
+
+
+def _check_members(report: ValidationReport, zf: zipfile.ZipFile) -> list[zipfile.ZipInfo] | None:
+    """The archive's files, after its archive-level checks; None when there are too many to look at."""
+    infos = zf.infolist()
+    if len(infos) > MAX_MEMBERS:
+        report.add(report.zip_path, "too_many_members", f"holds {len(infos)} entries; at most {MAX_MEMBERS} are read")
+        return None
+    for info in infos:
+        parts = info.filename.replace("\\", "/").split("/")
+        if info.filename.startswith(("/", "\\")) or ".." in parts or ":" in parts[0]:
+            report.add(info.filename, "unsafe_name", "is an absolute path or climbs out of the archive (..)")
+        if info.file_size > MAX_MEMBER_BYTES:
+            report.add(info.filename, "too_large", f"declares {info.file_size} bytes uncompressed; "
+                                                   f"at most {MAX_MEMBER_BYTES} are read")
+    members = [info for info in infos if not info.is_dir()]
+    names = [info.filename for info in members]
+    for name, n in Counter(names).items():
+        if n > 1:
+            report.add(name, "duplicate_member", f"appears {n} times in the archive")
+    if len(members) != 2:
+        report.add(report.zip_path, "file_count",
+                   f"holds {len(members)} files ({_preview(names) or 'none'}); expected exactly 2: "
+                   "captions_val2014_<alg>_results.json and captions_test2014_<alg>_results.json")
+    return members
+
+
+def _members_by_split(report: ValidationReport, members) -> dict[str, list[tuple[zipfile.ZipInfo, str]]]:
+    """Results files by split, with the alg of each name; reports misplaced, misnamed and missing files."""
+    by_split: dict[str, list[tuple[zipfile.ZipInfo, str]]] = {"val": [], "test": []}
+    for info in members:
+        name = info.filename
+        base = name.replace("\\", "/").rsplit("/", 1)[-1]
+        if base != name:
+            report.add(name, "not_at_root", f"is inside a folder; the server needs it at the zip root as {base!r}")
+        m = _NAME_RE.fullmatch(base)
+        if not m:
+            report.add(name, "bad_name", f"unexpected file name {base!r}; expected "
+                                         "captions_val2014_<alg>_results.json or captions_test2014_<alg>_results.json")
+            continue
+        by_split[m["split"]].append((info, m["alg"]))
+    for split, entries in by_split.items():
+        if not entries:
+            alg = report.alg
+            shown = results_filename(split, alg) if alg and _ALG_RE.fullmatch(alg) else f"captions_{split}2014_<alg>_results.json"
+            report.add(report.zip_path, "missing_file", f"no {split}2014 results file ({shown})")
+        elif len(entries) > 1:
+            report.add(report.zip_path, "duplicate_split",
+                       f"{len(entries)} {split}2014 results files: {', '.join(i.filename for i, _ in entries)}")
+    return by_split
+
+
+def _check_algs(report: ValidationReport, by_split, alg: str | None) -> None:
+    """One algorithm name across the files, and the expected one when given."""
+    named = [(info, a) for entries in by_split.values() for info, a in entries]
+    if alg is not None:
+        for info, a in named:
+            if a != alg:
+                report.add(info.filename, "alg_mismatch", f"algorithm name {a!r} in the file name, expected {alg!r}")
+    elif len({a for _, a in named}) > 1:
+        report.add(report.zip_path, "alg_mismatch",
+                   f"the files use different algorithm names: {', '.join(sorted({a for _, a in named}))}")
+
+
+def _read_json(report: ValidationReport, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Any:
+    """A member's JSON, read through a bounded stream (declared sizes can lie); _UNREADABLE after a problem."""
+    name = info.filename
+    if info.file_size > MAX_MEMBER_BYTES:
+        return _UNREADABLE  # reported by _check_members
+    try:
+        with zf.open(info) as f:
+            raw = f.read(MAX_MEMBER_BYTES + 1)
+    except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError, EOFError) as e:
+        report.add(name, "unreadable", f"cannot be extracted ({e})")
+        return _UNREADABLE
+    if len(raw) > MAX_MEMBER_BYTES:
+        report.add(name, "too_large", f"holds more than {MAX_MEMBER_BYTES} bytes uncompressed "
+                                      f"(declares {info.file_size})")
+        return _UNREADABLE
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        report.add(name, "not_utf8", f"is not valid UTF-8 ({e})")
+        return _UNREADABLE
+    if text.startswith("\ufeff"):
+        report.add(name, "bom", "starts with a UTF-8 byte-order mark, which JSON parsers reject")
+        text = text[1:]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        report.add(name, "not_json", f"is not valid JSON ({e})")
+    except ValueError:  # Python's int() refuses more than 4300 digits, deep inside json
+        report.add(name, "not_json", f"holds an integer of more than {sys.get_int_max_str_digits()} digits")
+    return _UNREADABLE

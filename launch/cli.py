@@ -13,6 +13,25 @@ import sys
 from a2core.errors import A2Error
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the argument in its error and exits 2)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:  # also a number too long for int() (Python's 4300-digit limit)
+        raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+    return value
+
+
 # -- data / train / evaluate / decode ---------------------------------------------------------------------------
 def cmd_data_synth(args) -> int:
     from a2core.data.synthetic import generate
@@ -117,9 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="datasets").add_subparsers(dest="data_command", required=True)
     synth = data.add_parser("synth", help="write the synthetic COCO-format dataset")
     synth.add_argument("--out", required=True)
-    synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--images", type=int, default=1500, help="Karpathy-split images (train/val/test)")
-    synth.add_argument("--test-images", type=int, default=None, help="test-server images (default images/10)")
+    synth.add_argument("--seed", type=non_negative_int, default=0)
+    synth.add_argument("--images", type=positive_int, default=1500, help="Karpathy-split images (train/val/test)")
+    synth.add_argument("--test-images", type=positive_int, default=None, help="test-server images (default images/10)")
     synth.set_defaults(func=cmd_data_synth)
 
     tr = sub.add_parser("train", help="one training run without Ray")
@@ -141,9 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--checkpoints", nargs="+", required=True)
     de.add_argument("--split", default="test", help="train|val|test (Karpathy), or test2014/val2014 (server sets)")
     de.add_argument("--out", required=True)
-    de.add_argument("--beam-size", type=int, default=5)
-    de.add_argument("--max-len", type=int, default=20)
-    de.add_argument("--batch-size", type=int, default=50)
+    de.add_argument("--beam-size", type=positive_int, default=5)
+    de.add_argument("--max-len", type=positive_int, default=20)
+    de.add_argument("--batch-size", type=positive_int, default=50)
     de.add_argument("--data", nargs="*", default=[], help="data.* overrides, e.g. data.features=/x.h5")
     de.set_defaults(func=cmd_decode)
 
@@ -165,8 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--artifacts-destination", default=None, help="s3://bucket/prefix (default: ./mlartifacts)")
     serve.add_argument("--s3-endpoint-url", default=None, help="any S3-compatible endpoint")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=5000)
-    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--port", type=positive_int, default=5000)
+    serve.add_argument("--workers", type=positive_int, default=1)
     serve.set_defaults(func=_deferred("dashboards.tracking:serve"))
 
     pk = sub.add_parser("package", help="4-seed ensemble -> COCO server zip, leaderboard, upload")

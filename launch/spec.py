@@ -82,6 +82,8 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from a2core.config import Config, ConfigError, apply_overrides, get_dotted, load_yaml, set_dotted
+from a2core.data.captions import read_karpathy, require_splits
+from a2core.errors import DataError
 
 ALIASES = {
     "fusion": "model.fusion",
@@ -825,6 +827,10 @@ class _Loader:
                     self.fail(f"data.{key}", f"{value}: no such HDF5 file or .npz directory")
             elif not p.is_file():
                 self.fail(f"data.{key}", f"{value}: no such file")
+        try:  # the captions themselves: malformed entries and empty train or val splits fail here, not in a trial
+            require_splits(read_karpathy(data["captions"]), data["captions"])
+        except DataError as err:
+            self.fail("data.captions", str(err))
         scst_from = base["train"].get("scst_from")
         if scst_from and not Path(scst_from).exists():
             self.fail("train.scst_from", f"{scst_from}: no such checkpoint")

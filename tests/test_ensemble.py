@@ -13,6 +13,7 @@ from a2core.config import Config
 from a2core.data import synthetic
 from a2core.data.dataset import CaptionData
 from a2core.decode import EnsembleStepper, ModelStepper, UncachedStepper, beam_search, captions_for
+from a2core.errors import CheckpointError
 from a2core.model.a2 import build_model
 from launch.cli import main as cli
 
@@ -118,7 +119,7 @@ def test_checkpoints_with_different_vocabularies_are_refused(setup, capsys):
     vocab[4], vocab[5] = vocab[5], vocab[4]  # same size, two word ids swapped
     other = ckpt.save({**state, "vocab": vocab}, setup["tmp"] / "swapped.pt")
     a = str(setup["paths"][0])
-    with pytest.raises(ValueError, match="vocabulary") as err:
+    with pytest.raises(CheckpointError, match="vocabulary") as err:
         ckpt.load_ensemble([a, other])
     assert a in str(err.value) and str(other) in str(err.value)
     out = setup["tmp"] / "refused.json"
@@ -129,7 +130,7 @@ def test_checkpoints_with_different_vocabularies_are_refused(setup, capsys):
     bigger = build_model(cfg.model, len(vocab) + 1, cfg.data.max_caption_len + 2)
     third = ckpt.save({**state, "model": bigger.state_dict(), "vocab": state["vocab"] + ["zebra"]},
                       setup["tmp"] / "bigger.pt")
-    with pytest.raises(ValueError, match=r"differs from that of .*model0\.pt"):
+    with pytest.raises(CheckpointError, match=r"differs from that of .*model0\.pt"):
         ckpt.load_ensemble([a, third])
 
 

@@ -212,7 +212,7 @@ def test_a_checkpoint_of_another_vocabulary_is_refused(tiny_root, tmp_path):
     vocab = list(state["vocab"])
     vocab[4], vocab[5] = vocab[5], vocab[4]
     other = ckpt.save({**state, "vocab": vocab}, tmp_path / "other-vocab.pt")
-    with pytest.raises(ValueError, match="vocabulary differs") as err:
+    with pytest.raises(CheckpointError, match="vocabulary differs") as err:
         train(_tiny(tiny_root, scst_from=str(other)), output_dir=tmp_path / "run")
     assert str(other) in str(err.value)
     missing = tmp_path / "missing.pt"

@@ -1,6 +1,7 @@
 """Study files: every shipped study validates; bad ones fail fast, before Ray, naming the key and the file."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,8 +20,11 @@ SMOKE = ROOT / "studies" / "smoke.yaml"
 
 @pytest.fixture
 def coco_files(tmp_path) -> list[str]:
-    """data.* overrides pointing the paper studies' kind: coco at files that exist."""
-    (tmp_path / "dataset_coco.json").write_text("{}")
+    """data.* overrides pointing the paper studies' kind: coco at files that exist (captions: one train and one
+    val image, since validation reads them)."""
+    images = [{"cocoid": i, "split": split, "sentences": [{"tokens": ["a", "dog"]}]}
+              for i, split in enumerate(["train", "val"])]
+    (tmp_path / "dataset_coco.json").write_text(json.dumps({"images": images}))
     (tmp_path / "features").mkdir()
     (tmp_path / "image_info_test2014.json").write_text("{}")
     return [f"data.captions={tmp_path / 'dataset_coco.json'}", f"data.features={tmp_path / 'features'}",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from ..errors import DataError
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
 SPLITS = ("train", "val", "test")
+INT64_MAX = 2**63 - 1  # image ids become torch.long tensors
 
 
 @dataclass
@@ -30,6 +32,13 @@ def _load_json(path: str | Path, what: str):
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: not valid JSON ({err})") from None
+    except ValueError:  # Python's int() refuses more than 4300 digits, deep inside json
+        raise DataError(f"{path}: holds an integer of more than {sys.get_int_max_str_digits()} digits") from None
+
+
+def is_image_id(value) -> bool:
+    """A COCO image id: a non-negative int within int64 (bools are not ids)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX
 
 
 _TOKEN = re.compile(r"[a-z0-9']+")
@@ -52,8 +61,9 @@ def read_karpathy(path: str | Path) -> dict[str, list[ImageCaptions]]:
         if not isinstance(img, dict):
             raise DataError(f"{path}: images[{i}] is not an object")
         image_id = img.get("cocoid", img.get("imgid"))
-        if not isinstance(image_id, int) or isinstance(image_id, bool):
-            raise DataError(f"{path}: images[{i}] has no integer 'cocoid'")
+        if not is_image_id(image_id):
+            raise DataError(f"{path}: images[{i}] has no 'cocoid' that is a non-negative 64-bit integer "
+                            f"(got {image_id!r:.40})")
         if image_id in seen:
             raise DataError(f"{path}: image id {image_id} appears twice")
         seen.add(image_id)
@@ -61,22 +71,41 @@ def read_karpathy(path: str | Path) -> dict[str, list[ImageCaptions]]:
         split = "train" if split == "restval" else split
         if split not in SPLITS:
             raise DataError(f"{path}: image id {image_id} has unknown split {img.get('split')!r}")
-        sentences = img.get("sentences") or []
-        caps, raws = [], []
-        for sent in sentences:
-            tokens = sent.get("tokens")
-            raw = sent.get("raw")
-            if tokens is None:
-                if raw is None:
-                    raise DataError(f"{path}: image id {image_id} has a sentence with neither 'tokens' nor 'raw'")
-                tokens = tokenize(raw)
-            tokens = [t.lower() for t in tokens]
-            caps.append(tokens)
-            raws.append(raw if raw is not None else " ".join(tokens))
+        caps, raws = _sentences(img.get("sentences") or [], f"{path}: image id {image_id}")
         if split != "test" and not caps:
             raise DataError(f"{path}: image id {image_id} ({split}) has no sentences")
         out[split].append(ImageCaptions(image_id, split, img.get("filepath", ""), caps, raws))
     return out
+
+
+def require_splits(splits: dict[str, list[ImageCaptions]], path: str | Path, names=("train", "val")) -> None:
+    """Training learns from train and picks epochs by val: refuse it up front when either split has no images."""
+    for name in names:
+        if not splits.get(name):
+            raise DataError(f"{path}: the {name} split has no images (training needs images in train and val)")
+
+
+def _sentences(sentences, where: str) -> tuple[list[list[str]], list[str]]:
+    """Tokenized captions and raw sentences of one image; `where` (file and image id) leads every error."""
+    if not isinstance(sentences, list):
+        raise DataError(f"{where}: 'sentences' is a {type(sentences).__name__}, not a list")
+    caps, raws = [], []
+    for j, sent in enumerate(sentences):
+        if not isinstance(sent, dict):
+            raise DataError(f"{where}: sentences[{j}] is a {type(sent).__name__}, not an object")
+        tokens, raw = sent.get("tokens"), sent.get("raw")
+        if raw is not None and not isinstance(raw, str):
+            raise DataError(f"{where}: sentences[{j}].raw is a {type(raw).__name__}, not a string")
+        if tokens is None:
+            if raw is None:
+                raise DataError(f"{where}: sentences[{j}] has neither 'tokens' nor 'raw'")
+            tokens = tokenize(raw)
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise DataError(f"{where}: sentences[{j}].tokens must be a list of strings, got {tokens!r:.60}")
+        tokens = [t.lower() for t in tokens]
+        caps.append(tokens)
+        raws.append(raw if raw is not None else " ".join(tokens))
+    return caps, raws
 
 
 def read_image_info(path: str | Path) -> list[int]:
@@ -88,8 +117,9 @@ def read_image_info(path: str | Path) -> list[int]:
     ids = []
     for i, img in enumerate(images):
         image_id = img.get("id") if isinstance(img, dict) else None
-        if not isinstance(image_id, int) or isinstance(image_id, bool):
-            raise DataError(f"{path}: images[{i}] has no integer 'id'")
+        if not is_image_id(image_id):
+            raise DataError(f"{path}: images[{i}] has no 'id' that is a non-negative 64-bit integer "
+                            f"(got {image_id!r:.40})")
         ids.append(image_id)
     if len(set(ids)) != len(ids):
         dup = next(x for x, c in Counter(ids).items() if c > 1)

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from . import synthetic
-from .captions import ImageCaptions, Vocab, read_image_info, read_karpathy
+from .captions import ImageCaptions, Vocab, read_image_info, read_karpathy, require_splits
 from .features import FeatureStore
 from ..errors import DataError
 
@@ -106,7 +106,9 @@ class CaptionData:
                           persistent_workers=False)
 
     def check(self, splits=("train", "val", "test")) -> None:
-        """Fail before training if any image of these splits has no features (names the ids)."""
+        """Fail before training if train or val (when asked for) is empty, or if any image of these splits has no
+        features (names the ids)."""
+        require_splits(self.splits, self.paths.captions, [s for s in ("train", "val") if s in splits])
         for split in splits:
             self.features.check_ids([img.image_id for img in self.images(split)])
 

@@ -1,0 +1,249 @@
+"""Hostile or broken inputs are refused with one clear error naming the file, key, id or argument, within bounded
+time and memory: YAML (duplicate keys, alias bombs, size, long integers), submission zips (a zip bomb, lying sizes,
+path traversal, too many members), integers (5000-digit and out-of-int64 image ids), captions (empty splits,
+`tokens` as a string, ints for sentences), seeds and the `a2` command's integer arguments."""
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from a2core.config import MAX_YAML_BYTES, Config, apply_overrides, load_yaml
+from a2core.data import synthetic
+from a2core.data.captions import read_image_info, read_karpathy
+from a2core.data.dataset import CaptionData
+from a2core.errors import ConfigError, DataError
+from dashboards.submission import MAX_MEMBER_BYTES, MAX_MEMBERS, read_image_ids, validate_zip
+from launch.cli import main as cli
+from launch.spec import load_study
+
+ROOT = Path(__file__).resolve().parents[1]
+VAL_IDS, TEST_IDS = [1, 2], [3]
+VAL_NAME, TEST_NAME = "captions_val2014_a2_results.json", "captions_test2014_a2_results.json"
+LIMIT_S, LIMIT_MB = 5, 300  # what a hostile file may cost before it is refused (CPU seconds, peak RSS)
+
+
+def _measured(code: str) -> dict:
+    """Run `code` in a fresh interpreter; it sets `out` (a dict). Adds its CPU seconds and peak RSS in MB (VmHWM:
+    the peak of this process's own memory; getrusage's ru_maxrss would include the forking pytest's size)."""
+    probe = (f"import resource, json, re\n{code}\n"
+             "r = resource.getrusage(resource.RUSAGE_SELF)\n"
+             "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())\n"
+             "out.update(cpu_s=r.ru_utime + r.ru_stime, rss_mb=int(hwm[1]) / 1024)\n"
+             "print(json.dumps(out))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+# -- YAML ----------------------------------------------------------------------------------------------------------
+def test_duplicate_keys_are_refused_naming_key_and_line(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_text("name: x\ntrain:\n  batch_size: 8\n  warmup: 10\nmodel: {layers: 2}\ntrain:\n  seed: 1\n")
+    with pytest.raises(ConfigError, match=rf"{path}: .*line 6.*duplicate key 'train' \(first on line 2\)"):
+        load_yaml(path)
+    # merge keys override on purpose: not duplicates
+    path.write_text("base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  x: 3\n")
+    assert load_yaml(path)["other"] == {"x": 3, "y": 2}
+
+
+def test_an_alias_bomb_is_refused_in_bounded_time_and_memory(tmp_path):
+    lines = ['name: bomb', 'a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 16)]  # 10^16 strings
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    assert 900 < path.stat().st_size < 1500
+    out = _measured(f"import io, contextlib\nfrom launch.cli import main\nerr = io.StringIO()\n"
+                    f"with contextlib.redirect_stderr(err):\n    code = main(['study', 'validate', {str(path)!r}])\n"
+                    f"out = {{'code': code, 'err': err.getvalue()}}")
+    assert out["code"] == 2 and str(path) in out["err"] and "once aliases are expanded" in out["err"]
+    assert out["cpu_s"] < LIMIT_S and out["rss_mb"] < LIMIT_MB
+
+
+def test_oversized_deep_and_long_integer_yaml_is_refused(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("a: " + "x" * MAX_YAML_BYTES + "\n")
+    with pytest.raises(ConfigError, match=rf"{big}: larger than {MAX_YAML_BYTES} bytes"):
+        load_yaml(big)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 50_000 + "]" * 50_000 + "\n")  # libyaml would crash the process on this
+    with pytest.raises(ConfigError, match=rf"{deep}: YAML nested too deeply"):
+        load_yaml(deep)
+    digits = tmp_path / "digits.yaml"
+    digits.write_text("train:\n  seed: " + "7" * 5000 + "\n")
+    with pytest.raises(ConfigError, match=rf"{digits}: .*line 2.*integer of 5000 characters is too long"):
+        load_yaml(digits)
+
+
+def test_override_values_are_parsed_by_the_same_loader():
+    assert apply_overrides({}, ["model.layers=3", "a.b=[1, 2]", "c=not: yaml: here"]) == \
+        {"model": {"layers": 3}, "a": {"b": [1, 2]}, "c": "not: yaml: here"}
+    with pytest.raises(ConfigError, match=r"x\.yaml: override 'train=\{seed: 1, seed: 2\}'.*duplicate key 'seed'"):
+        apply_overrides({}, ["train={seed: 1, seed: 2}"], source="x.yaml")
+    with pytest.raises(ConfigError, match=r"integer of 5000 characters"):
+        apply_overrides({}, ["train.seed=" + "9" * 5000])
+
+
+# -- seeds and command arguments ----------------------------------------------------------------------------------
+def test_negative_seeds_are_refused_as_config_keys_and_in_seed_grids(tmp_path):
+    for key in ("train.seed", "data.seed"):
+        with pytest.raises(ConfigError, match=rf"{key}: must be in 0 \.\. 4294967295, got -1"):
+            Config.from_dict({key.split(".")[0]: {key.split(".")[1]: -1}})
+    with pytest.raises(ConfigError, match=r"train\.seed: must be in 0 \.\. 4294967295, got 4294967296"):
+        Config.from_dict({"train": {"seed": 2**32}})
+    with pytest.raises(ConfigError, match=r"search\.space\.seed\.grid: -1 gives an invalid train\.seed"):
+        load_study(ROOT / "studies" / "smoke.yaml", ["search.space={seed: {grid: [0, -1]}}"])
+
+
+@pytest.mark.parametrize("argv, argument", [
+    (["decode", "--checkpoints", "c.pt", "--out", "r.json", "--max-len", "0"], "--max-len"),
+    (["decode", "--checkpoints", "c.pt", "--out", "r.json", "--beam-size", "0"], "--beam-size"),
+    (["decode", "--checkpoints", "c.pt", "--out", "r.json", "--batch-size", "-5"], "--batch-size"),
+    (["decode", "--checkpoints", "c.pt", "--out", "r.json", "--batch-size", "9" * 5000], "--batch-size"),
+    (["data", "synth", "--out", "x", "--seed", "-1"], "--seed"),
+])
+def test_non_positive_integer_arguments_are_refused_naming_them(argv, argument, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli(argv)
+    assert exit_.value.code == 2
+    assert f"argument {argument}: " in capsys.readouterr().err
+
+
+def test_decode_refuses_a_max_len_beyond_the_models_positions(tmp_path):
+    from a2core import checkpoint as ckpt
+    from a2core.data.captions import SPECIALS
+    from a2core.decode import decode_to_file
+    from a2core.model.a2 import build_model
+
+    cfg = Config.from_dict({"model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32}})
+    model = build_model(cfg.model, len(SPECIALS), cfg.data.max_caption_len + 2)
+    path = ckpt.save({"model": model.state_dict(), "config": cfg.to_dict(), "vocab": list(SPECIALS)}, tmp_path / "c.pt")
+    with pytest.raises(ConfigError, match=r"--max-len: 24 is longer than these models can decode \(at most 23"):
+        decode_to_file([str(path)], "test", str(tmp_path / "r.json"), max_len=24)
+    with pytest.raises(ConfigError, match=r"--beam-size: must be >= 1, got 0"):
+        decode_to_file([str(path)], "test", str(tmp_path / "r.json"), beam_size=0)
+
+
+# -- integers and captions -----------------------------------------------------------------------------------------
+def _karpathy(tmp_path, images) -> Path:
+    path = tmp_path / "dataset_coco.json"
+    path.write_text(json.dumps({"images": images}))
+    return path
+
+
+def _image(cocoid, split="train", sentences=None):
+    return {"cocoid": cocoid, "split": split, "sentences": sentences or [{"tokens": ["a", "dog"]}]}
+
+
+def test_image_ids_too_long_negative_or_beyond_int64_are_refused_naming_the_file(tmp_path):
+    path = tmp_path / "ids.json"
+    path.write_text('{"images": [{"id": ' + "1" * 5000 + "}]}")
+    for read in (read_image_info, read_karpathy):
+        with pytest.raises(DataError, match=rf"{path}: holds an integer of more than 4300 digits"):
+            read(path)
+    for bad in (-1, 2**63, True, "7"):
+        path.write_text(json.dumps({"images": [{"id": 1}, {"id": bad}]}))
+        with pytest.raises(DataError, match=rf"{path}: images\[1\] has no 'id' that is a non-negative 64-bit"):
+            read_image_info(path)
+    caps = _karpathy(tmp_path, [_image(1), _image(-4)])
+    with pytest.raises(DataError, match=rf"{caps}: images\[1\] has no 'cocoid' that is a non-negative 64-bit"):
+        read_karpathy(caps)
+
+
+@pytest.mark.parametrize("sentences, message", [
+    ([{"tokens": "a dog"}], r"sentences\[0\]\.tokens must be a list of strings, got 'a dog'"),
+    ([{"tokens": ["a", 3]}], r"sentences\[0\]\.tokens must be a list of strings"),
+    ([{"raw": 5}], r"sentences\[0\]\.raw is a int, not a string"),
+    (["a dog"], r"sentences\[0\] is a str, not an object"),
+    ("a dog", r"'sentences' is a str, not a list"),
+])
+def test_malformed_captions_are_refused_naming_file_and_image(tmp_path, sentences, message):
+    path = _karpathy(tmp_path, [_image(1), _image(7, "val", sentences)])
+    with pytest.raises(DataError, match=rf"{path}: image id 7: {message}"):
+        read_karpathy(path)
+
+
+@pytest.mark.parametrize("empty", ["train", "val"])
+def test_an_empty_train_or_val_split_is_refused_before_training_and_in_the_spec(tmp_path, empty):
+    syn = synthetic.generate(tmp_path / "syn", seed=1, images=20, test_images=2)
+    doc = json.loads(Path(syn["captions"]).read_text())
+    doc["images"] = [img for img in doc["images"] if img["split"].replace("restval", "train") != empty]
+    caps = _karpathy(tmp_path, doc["images"])
+    data_cfg = Config.from_dict({"data": {"kind": "coco", "captions": str(caps), "features": str(syn["features"])},
+                                 "model": {"max_regions": 10}})
+    data = CaptionData(data_cfg.data, 10)
+    with pytest.raises(DataError, match=rf"{caps}: the {empty} split has no images"):
+        data.check(("train", "val"))
+    overrides = ["data.kind=coco", f"data.captions={caps}", f"data.features={syn['features']}"]
+    with pytest.raises(ConfigError, match=rf"data\.captions: {caps}: the {empty} split has no images"):
+        load_study(ROOT / "studies" / "smoke.yaml", overrides)
+
+
+# -- submission zips ------------------------------------------------------------------------------------------------
+def _zip(tmp_path, members: dict[str, bytes]) -> Path:
+    path = tmp_path / "results.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def _results(ids) -> bytes:
+    return json.dumps([{"image_id": i, "caption": "a dog"} for i in ids]).encode()
+
+
+def test_a_zip_bomb_is_refused_in_bounded_time_and_memory(tmp_path):
+    path = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+        zf.writestr(TEST_NAME, _results(TEST_IDS))
+        with zf.open(VAL_NAME, "w", force_zip64=True) as f:  # 2 GiB of zeros, streamed
+            block = bytes(1 << 20)
+            for _ in range(2048):
+                f.write(block)
+    assert path.stat().st_size < 3 << 20
+    out = _measured(f"from dashboards.submission import validate_zip\n"
+                    f"r = validate_zip({str(path)!r}, {VAL_IDS}, {TEST_IDS}, alg='a2')\n"
+                    f"out = {{'ok': r.ok, 'kinds': r.kinds(), 'text': str(r)}}")
+    assert not out["ok"] and out["kinds"] == ["too_large"]
+    assert f"{VAL_NAME}: declares {2 << 30} bytes uncompressed" in out["text"]
+    assert out["cpu_s"] < LIMIT_S and out["rss_mb"] < LIMIT_MB
+
+
+def test_a_member_whose_declared_size_lies_is_refused(tmp_path):
+    """zipfile stops a member's stream at its declared size; the bytes beyond it fail the CRC check."""
+    path = _zip(tmp_path, {VAL_NAME: _results(VAL_IDS) + b" " * 5000, TEST_NAME: _results(TEST_IDS)})
+    with zipfile.ZipFile(path) as zf:  # rewrite the declared size in the central directory to a small lie
+        info = zf.getinfo(VAL_NAME)
+        offset = zf.start_dir + 24  # the first central-directory record's "uncompressed size" field
+    data = bytearray(path.read_bytes())
+    assert int.from_bytes(data[offset:offset + 4], "little") == info.file_size
+    data[offset:offset + 4] = (100).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    report = validate_zip(path, VAL_IDS, TEST_IDS, alg="a2")
+    assert report.kinds() == ["unreadable"] and f"{VAL_NAME}: cannot be extracted (Bad CRC-32" in str(report)
+
+
+def test_traversal_names_and_too_many_members_are_refused(tmp_path):
+    path = _zip(tmp_path, {VAL_NAME: _results(VAL_IDS), TEST_NAME: _results(TEST_IDS), "../evil.json": b"[]"})
+    report = validate_zip(path, VAL_IDS, TEST_IDS, alg="a2")
+    assert "unsafe_name" in report.kinds() and "../evil.json" in str(report)
+    many = _zip(tmp_path, {f"f{i}.json": b"[]" for i in range(MAX_MEMBERS + 1)})
+    report = validate_zip(many, VAL_IDS, TEST_IDS, alg="a2")
+    assert report.kinds() == ["too_many_members"] and f"holds {MAX_MEMBERS + 1} entries" in str(report)
+    assert MAX_MEMBER_BYTES >= 16 << 20  # room for the 40,775 test-server captions (~3.5 MB)
+
+
+def test_results_with_a_5000_digit_or_out_of_range_image_id_are_refused(tmp_path):
+    long_id = b'[{"image_id": ' + b"1" * 5000 + b', "caption": "a dog"}]'
+    path = _zip(tmp_path, {VAL_NAME: long_id, TEST_NAME: _results(TEST_IDS)})
+    report = validate_zip(path, VAL_IDS, TEST_IDS, alg="a2")
+    assert "not_json" in report.kinds() and f"{VAL_NAME}: holds an integer of more than 4300 digits" in str(report)
+    path = _zip(tmp_path, {VAL_NAME: _results(VAL_IDS + [-3, 2**63]), TEST_NAME: _results(TEST_IDS)})
+    report = validate_zip(path, VAL_IDS, TEST_IDS, alg="a2")
+    assert report.kinds() == ["bad_image_id"] and "2 entries have an image_id that is not" in str(report)
+    ids = tmp_path / "info.json"
+    ids.write_text('{"images": [{"id": ' + "2" * 5000 + "}]}")
+    with pytest.raises(ValueError, match=rf"{ids}: holds an integer of more than 4300 digits"):
+        read_image_ids(ids)
