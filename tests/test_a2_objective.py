@@ -89,8 +89,8 @@ def test_mask_objective_of_a_trained_like_model_ignores_padding_and_batch_size(m
     model = build_model(config(mask_net=mask_net).model, V)
     feats, mask, caps = batch(images=2, captions=3)
     tokens = caps.view(6, -1)
-    base = float(mask_objective(model, 0.035, feats, mask, tokens))
-    padded_words = float(mask_objective(model, 0.035, feats, mask, F.pad(tokens, (0, 4))))
+    base = mask_objective(model, 0.035, feats, mask, tokens).item()
+    padded_words = mask_objective(model, 0.035, feats, mask, F.pad(tokens, (0, 4))).item()
     padded_regions = F.pad(feats, (0, 0, 0, 2)), F.pad(mask, (0, 2))  # two more (padded) region slots
     model_8 = build_model(config(mask_net=mask_net, max_regions=8).model, V)
     state = model.state_dict()
@@ -99,9 +99,9 @@ def test_mask_objective_of_a_trained_like_model_ignores_padding_and_batch_size(m
             w = state[key].view(4, R_MAX, -1)
             state[key] = torch.cat([w, torch.zeros(4, 2, w.shape[-1])], 1).view(4 * 8, -1).squeeze(-1)
     model_8.load_state_dict(state)
-    more_slots = float(mask_objective(model_8, 0.035, *padded_regions, tokens))
-    doubled = float(mask_objective(model, 0.035, feats.repeat(2, 1, 1), mask.repeat(2, 1),
-                                   caps.repeat(2, 1, 1).view(12, -1)))
+    more_slots = mask_objective(model_8, 0.035, *padded_regions, tokens).item()
+    doubled = mask_objective(model, 0.035, feats.repeat(2, 1, 1), mask.repeat(2, 1),
+                             caps.repeat(2, 1, 1).view(12, -1)).item()
     assert padded_words == pytest.approx(base, abs=1e-5)
     assert more_slots == pytest.approx(base, abs=1e-5)
     assert doubled == pytest.approx(base, abs=1e-5)
@@ -225,7 +225,7 @@ def test_stage1_step_equals_the_reference_math(mask_net):
                                    word_mask=tokens[:, 1:] != 0)
     ours = -_caption_loss(logits, tokens[:, 1:]) + cfg.model.mask_lambda * penalty
     ref = reference_loss(ref_model, feats, mask, tokens, "perturbed", encode_grad=False)
-    assert float(ours) == pytest.approx(float(ref), abs=1e-10)
+    assert ours.item() == pytest.approx(ref.item(), abs=1e-10)
     for g, r in zip(grads(ours, model.mask_parameters()), grads(ref, ref_model.mask_parameters())):
         assert torch.allclose(g, r, atol=1e-10)
 
@@ -233,7 +233,7 @@ def test_stage1_step_equals_the_reference_math(mask_net):
     logits, _ = model.decode(tokens[:, :-1], model.memory(enc), mask)
     ours = _caption_loss(logits, tokens[:, 1:])
     ref = reference_loss(ref_model, feats, mask, tokens, "aligned")
-    assert float(ours) == pytest.approx(float(ref), abs=1e-10)
+    assert ours.item() == pytest.approx(ref.item(), abs=1e-10)
     for g, r in zip(grads(ours, updates.cap_params), grads(ref, ref_model.captioner_parameters())):
         assert torch.allclose(g, r, atol=1e-10)
 
