@@ -171,27 +171,32 @@ class Updates:
         t = self.cfg.train
         with self.amp():
             enc = self.model.encode(feats, mask)  # (B, R, d)
-        out = self.mask_step(enc.detach(), mask, caps, step) if self.mask_due(step) else {}
+            mem = self.model.memory(enc)
+        out = {}
+        if self.mask_due(step):
+            out = self.mask_step(enc.detach(), mask, caps, step, [{n: t.detach() for n, t in m.items()} for m in mem])
+            with self.amp():
+                mem = self.model.memory(enc.detach(), kv=mem)  # the mask network's keys after its update
         tokens = caps.reshape(-1, caps.shape[-1])  # (B * C, L), an image's captions adjacent
         with self.amp():
-            logits, _ = self.model.decode(tokens[:, :-1], self.model.memory(enc), mask)
+            logits, _ = self.model.decode(tokens[:, :-1], mem, mask)
             loss = _caption_loss(logits, tokens[:, 1:], t.label_smoothing)
         self.apply(loss, self.cap_params, self.opt, t.grad_clip)
         self.sched.step()
         self.scaler.update()
         return {"train/loss": loss.item(), **out}
 
-    def mask_step(self, enc, mask, caps, step: int) -> dict[str, float]:
+    def mask_step(self, enc, mask, caps, step: int, kv: list[dict] | None = None) -> dict[str, float]:
         """Eq. 4 on one batch: the mask network maximises the caption loss under perturbed attention.
-        enc (B, R, d): the batch's encoding, detached; caps (B, C, L), of which `mask_captions` per image are used,
-        rotating with `step`."""
+        enc (B, R, d): the batch's encoding, detached; kv: the captioner's region keys/values of enc (detached),
+        if already computed; caps (B, C, L), of which `mask_captions` per image are used, rotating with `step`."""
         k, c = self.cfg.train.mask_captions, caps.shape[1]
         if k is not None and k < c:
             caps = caps[:, (step * k + torch.arange(k, device=caps.device)) % c]  # (B, k, L)
         tokens = caps.reshape(-1, caps.shape[-1])
         inp, tgt = tokens[:, :-1], tokens[:, 1:]
         with self.amp():
-            logits, penalty = self.model.decode(inp, self.model.memory(enc), mask, mode="perturbed",
+            logits, penalty = self.model.decode(inp, self.model.memory(enc, kv), mask, mode="perturbed",
                                                 word_mask=tgt != 0)
             loss = -_caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
         self.apply(loss, self.mask_params, self.mask_opt)

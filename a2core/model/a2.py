@@ -125,10 +125,13 @@ class A2CrossAttention(nn.Module):
     def memory(self, enc: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-region keys/values of B images, computed once per image and reused by all its captions and steps."""
         k, v = (_heads(t, self.h) for t in self.kv(enc).chunk(2, dim=-1))  # (B, H, R, Dh) each
-        mem = {"k": k, "v": v}
+        return {"k": k, "v": v, **self.mask_memory(enc)}
+
+    def mask_memory(self, enc: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The mask network's own per-region part of the memory (content network: mask keys)."""
         if self.fusion != "none" and self.mask_net == "content":
-            mem["mk"] = _heads(self.mask_k(enc), self.h)  # (B, H, R, Dh)
-        return mem
+            return {"mk": _heads(self.mask_k(enc), self.h)}  # (B, H, R, Dh)
+        return {}
 
     def mask(self, x: torch.Tensor, mem: dict) -> torch.Tensor:
         """Eq. 2: m in (0, 1) of shape (B, H, S, R) from decoder states x (B, S, d) of S = C * T queries per image."""
@@ -297,8 +300,12 @@ class A2Transformer(nn.Module):
             x = layer(x, region_mask)
         return x
 
-    def memory(self, enc: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        return [layer.cross.memory(enc) for layer in self.decoder]
+    def memory(self, enc: torch.Tensor, kv: list[dict] | None = None) -> list[dict[str, torch.Tensor]]:
+        """Every decoder layer's region memory of enc (B, R, d); with `kv` (keys/values already computed from the
+        same encoding and weights) only the mask network's part is computed."""
+        if kv is None:
+            return [layer.cross.memory(enc) for layer in self.decoder]
+        return [{"k": m["k"], "v": m["v"], **layer.cross.mask_memory(enc)} for m, layer in zip(kv, self.decoder)]
 
     def _embed(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         t = tokens.shape[1]
