@@ -4,13 +4,14 @@ sequence training with a CIDEr-D reward (stage 2). Plain PyTorch: `train(config,
 
 Every step of stage 1 (`Updates.xe`) encodes the batch's regions once, then:
   1. mask step (every `mask_every` steps, not for fusion `none`): L(theta_m) = -L_IC(a_p) + lambda P (Eq. 4,
-     P and its reduction in `a2core.model.a2`) with the *perturbed* attention a_p, on the encoding just computed
-     (detached: no second encoder pass) and `mask_captions` captions per image (default all, the paper's
-     schedule); the gradient goes to the mask network only, the captioner is frozen for it (backward with
+     P and its reduction in `a2core.model.a2`) with the *perturbed* attention a_p, on the encoding and region
+     keys/values just computed (detached: no second encoder pass) and `mask_captions` captions per image
+     (default all, the paper's schedule); the gradient goes to the mask network only, the captioner is frozen for it (backward with
      `inputs=` the mask parameters).
   2. captioner step: L_IC = cross-entropy of the captions under the *aligned* attention (Eq. 11) with the mask
      network just updated; the gradient goes to every parameter except the mask network's (m is detached).
-Both steps see the same captioner weights, so reusing the encoding changes nothing in the math.
+Both steps see the same captioner weights, so reusing the encoding changes nothing in the math; only the mask
+network's own region keys are recomputed after its update.
 Precision (`train.precision`): every forward pass of training and decoding runs under `a2core.precision.autocast`;
 fp16 adds a GradScaler shared by the optimizers of one step (one `update()` per step).
 Data parallel: instead of DDP's wrapper (which expects one forward per step over one parameter set), the two
@@ -174,7 +175,8 @@ class Updates:
             mem = self.model.memory(enc)
         out = {}
         if self.mask_due(step):
-            out = self.mask_step(enc.detach(), mask, caps, step, [{n: t.detach() for n, t in m.items()} for m in mem])
+            kv = [{n: v.detach() for n, v in m.items()} for m in mem]
+            out = self.mask_step(enc.detach(), mask, caps, step, kv)
             with self.amp():
                 mem = self.model.memory(enc.detach(), kv=mem)  # the mask network's keys after its update
         tokens = caps.reshape(-1, caps.shape[-1])  # (B * C, L), an image's captions adjacent
