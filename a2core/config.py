@@ -19,6 +19,8 @@ from .errors import ConfigError
 
 FUSIONS = ("none", "max", "moving_average", "exp_decay", "gate")
 SEED_LIMIT = 2**32  # numpy's seed range: seeds are 0 .. 2^32 - 1
+MASK_NETS = ("content", "linear")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def _alias(name: str) -> dict:
@@ -78,7 +80,9 @@ class ModelConfig:
     mask_lambda: float = field(default=0.035, metadata=_alias("lambda"))
     eta: float = 0.1
     temperature: float | None = None  # T_P of exp_decay, in training steps
-    renormalize: bool = True  # divide aligned weights by their sum so each row is a distribution again
+    # Divide fused weights by their sum so each row is a distribution again (not in Eq. 6-9: a variant).
+    renormalize: bool = False
+    mask_net: str = "content"  # content (decoder state vs per-region mask keys) | linear (Eq. 2: one logit per slot)
     mask_bias_init: float = 2.0  # sigmoid(2) = 0.88: the mask starts close to "keep everything"
 
     def validate(self, path: str = "model") -> None:
@@ -91,6 +95,8 @@ class ModelConfig:
             raise ConfigError(f"{path}.dropout", f"must be in [0, 1), got {self.dropout}")
         if self.fusion not in FUSIONS:
             raise ConfigError(f"{path}.fusion", f"unknown fusion {self.fusion!r}; one of {', '.join(FUSIONS)}")
+        if self.mask_net not in MASK_NETS:
+            raise ConfigError(f"{path}.mask_net", f"must be one of {', '.join(MASK_NETS)}, got {self.mask_net!r}")
         if not self.mask_lambda > 0:
             raise ConfigError(f"{path}.lambda", f"must be > 0, got {self.mask_lambda}")
         if self.eta < 0:
@@ -114,6 +120,10 @@ class TrainConfig:
     warmup: int = 10000
     mask_lr: float = 1e-4  # Adam lr of the mask perturbation network (its own optimizer)
     mask_every: int = 1  # a mask-network step after every N captioner steps
+    # Captions per image the mask step uses (None = all, the paper's schedule); fewer make it cheaper. Which ones
+    # rotates with the step, so every caption is used in turn.
+    mask_captions: int | None = None
+    precision: str = "fp32"  # fp32 | bf16 | fp16: autocast for training and decoding; fp16 adds loss scaling
     grad_clip: float = 1.0
     label_smoothing: float = 0.0
     # Validation after every epoch.
@@ -152,6 +162,10 @@ class TrainConfig:
         for key in ("lr_factor", "mask_lr", "scst_lr"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{path}.{key}", f"must be > 0, got {getattr(self, key)}")
+        if self.mask_captions is not None and self.mask_captions < 1:
+            raise ConfigError(f"{path}.mask_captions", f"must be >= 1 when given, got {self.mask_captions}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"{path}.precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.val_decode not in ("greedy", "beam"):
             raise ConfigError(f"{path}.val_decode", f"must be 'greedy' or 'beam', got {self.val_decode!r}")
         if self.scst_baseline not in ("mean", "greedy"):

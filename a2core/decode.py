@@ -16,6 +16,7 @@ import torch
 from .atomic import atomic_write
 from .model.a2 import A2Transformer
 from .errors import A2Error, ConfigError
+from .precision import autocast
 
 
 class ModelStepper:
@@ -279,7 +280,8 @@ def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int 
     data = CaptionData(data_cfg, config["model"]["max_regions"], config["model"]["feature_dim"], vocab=vocab)
     data.features.check_ids([img.image_id for img in data.images(split)])
     stepper = EnsembleStepper(models) if len(models) > 1 else ModelStepper(models[0])
-    caps = captions_for(data, stepper, split, beam_size=beam_size, max_len=max_len, batch_size=batch_size,
-                        progress=True, device=device)
+    with autocast(config["train"].get("precision", "fp32"), torch.device(device)):  # the first checkpoint's
+        caps = captions_for(data, stepper, split, beam_size=beam_size, max_len=max_len, batch_size=batch_size,
+                            progress=True, device=device)
     write_results_json(out, caps)
     return {"out": str(out), "images": len(caps), "checkpoints": list(map(str, checkpoints)), "split": split}

@@ -2,12 +2,18 @@
 sequence training with a CIDEr-D reward (stage 2). Plain PyTorch: `train(config, report)` runs the same under
 `a2 train`, a test, or a Ray Train worker (which initialises torch.distributed before calling it).
 
-Every step of stage 1:
-  1. captioner step: L_IC = cross-entropy of the captions under the *aligned* attention (Eq. 11); the gradient
-     goes to every parameter except the mask network's (the mask m is detached inside the model).
-  2. mask step (every `mask_every` steps, not for fusion `none`): L(theta_m) = -L_IC(a_p) + lambda ||1 - m||^2
-     (Eq. 4) with the *perturbed* attention a_p; the gradient goes to the mask network only, the captioner is
-     frozen for it (backward with `inputs=` the mask parameters; the encoder runs without a graph).
+Every step of stage 1 (`Updates.xe`) encodes the batch's regions once, then:
+  1. mask step (every `mask_every` steps, not for fusion `none`): L(theta_m) = -L_IC(a_p) + lambda P (Eq. 4,
+     P and its reduction in `a2core.model.a2`) with the *perturbed* attention a_p, on the encoding and region
+     keys/values just computed (detached: no second encoder pass) and `mask_captions` captions per image
+     (default all, the paper's schedule); the gradient goes to the mask network only, the captioner is frozen for it (backward with
+     `inputs=` the mask parameters).
+  2. captioner step: L_IC = cross-entropy of the captions under the *aligned* attention (Eq. 11) with the mask
+     network just updated; the gradient goes to every parameter except the mask network's (m is detached).
+Both steps see the same captioner weights, so reusing the encoding changes nothing in the math; only the mask
+network's own region keys are recomputed after its update.
+Precision (`train.precision`): every forward pass of training and decoding runs under `a2core.precision.autocast`;
+fp16 adds a GradScaler shared by the optimizers of one step (one `update()` per step).
 Data parallel: instead of DDP's wrapper (which expects one forward per step over one parameter set), the two
 objectives' gradients are averaged across ranks with one flattened all-reduce each, which is what DDP does.
 """
@@ -29,6 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import checkpoint as ckpt
+from . import precision
 from .config import Config
 from .data.captions import Vocab
 from .data.dataset import CaptionData
@@ -111,6 +118,109 @@ def _caption_loss(logits, targets, smoothing: float = 0.0):
                            label_smoothing=smoothing)
 
 
+class _Means:
+    """Running means of named per-step values (a key counts only the steps that report it)."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, values: dict[str, float]) -> None:
+        for k, v in values.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+            self.counts[k] = self.counts.get(k, 0) + 1
+
+    def result(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+
+
+class Updates:
+    """The parameter updates of one batch with their optimizers, loss scaler and autocast; data-free (the Trainer
+    feeds it batches, benchmarks and tests call it on tensors). `step` arguments count the updates before."""
+
+    def __init__(self, model, cfg: Config, device: torch.device, dist: _Dist | None = None):
+        t = cfg.train
+        self.model, self.cfg, self.device, self.dist = model, cfg, device, dist or _Dist()
+        self.cap_params = model.captioner_parameters()
+        self.mask_params = model.mask_parameters()
+        self.opt = torch.optim.Adam(self.cap_params, lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: noam(s, cfg.model.d_model, t.warmup, t.lr_factor))
+        self.mask_opt = torch.optim.Adam(self.mask_params, lr=t.mask_lr) if self.mask_params else None
+        self.scst_opt = torch.optim.Adam(self.cap_params, lr=t.scst_lr)
+        precision.check(t.precision, device)
+        self.scaler = precision.grad_scaler(t.precision, device)
+
+    def amp(self):
+        return precision.autocast(self.cfg.train.precision, self.device)
+
+    def apply(self, loss: torch.Tensor, params, opt, clip: float = 0.0) -> None:
+        """Backward of `loss` into `params` only, averaged across ranks, clipped (clip > 0), one optimizer step."""
+        opt.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward(inputs=params)
+        self.dist.average_grads(params)
+        if clip > 0:
+            self.scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        self.scaler.step(opt)
+
+    def mask_due(self, step: int) -> bool:
+        return self.mask_opt is not None and (step + 1) % self.cfg.train.mask_every == 0
+
+    def xe(self, feats, mask, caps, step: int) -> dict[str, float]:
+        """Stage 1 on one batch: feats (B, R, D), mask (B, R), caps (B, C, L) (module docstring)."""
+        t = self.cfg.train
+        with self.amp():
+            enc = self.model.encode(feats, mask)  # (B, R, d)
+            mem = self.model.memory(enc)
+        out = {}
+        if self.mask_due(step):
+            kv = [{n: v.detach() for n, v in m.items()} for m in mem]
+            out = self.mask_step(enc.detach(), mask, caps, step, kv)
+            with self.amp():
+                mem = self.model.memory(enc.detach(), kv=mem)  # the mask network's keys after its update
+        tokens = caps.reshape(-1, caps.shape[-1])  # (B * C, L), an image's captions adjacent
+        with self.amp():
+            logits, _ = self.model.decode(tokens[:, :-1], mem, mask)
+            loss = _caption_loss(logits, tokens[:, 1:], t.label_smoothing)
+        self.apply(loss, self.cap_params, self.opt, t.grad_clip)
+        self.sched.step()
+        self.scaler.update()
+        return {"train/loss": loss.item(), **out}
+
+    def mask_step(self, enc, mask, caps, step: int, kv: list[dict] | None = None) -> dict[str, float]:
+        """Eq. 4 on one batch: the mask network maximises the caption loss under perturbed attention.
+        enc (B, R, d): the batch's encoding, detached; kv: the captioner's region keys/values of enc (detached),
+        if already computed; caps (B, C, L), of which `mask_captions` per image are used, rotating with `step`."""
+        k, c = self.cfg.train.mask_captions, caps.shape[1]
+        if k is not None and k < c:
+            caps = caps[:, (step * k + torch.arange(k, device=caps.device)) % c]  # (B, k, L)
+        tokens = caps.reshape(-1, caps.shape[-1])
+        inp, tgt = tokens[:, :-1], tokens[:, 1:]
+        with self.amp():
+            logits, penalty = self.model.decode(inp, self.model.memory(enc, kv), mask, mode="perturbed",
+                                                word_mask=tgt != 0)
+            loss = -_caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
+        self.apply(loss, self.mask_params, self.mask_opt)
+        mask_mean = float(np.mean([layer.cross.last_mask_mean for layer in self.model.decoder]))
+        return {"train/mask_loss": loss.item(), "train/mask_mean": mask_mean}
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                "mask_optimizer": self.mask_opt.state_dict() if self.mask_opt else None,
+                "scst_optimizer": self.scst_opt.state_dict(), "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if self.mask_opt and state.get("mask_optimizer"):
+            self.mask_opt.load_state_dict(state["mask_optimizer"])
+        if state.get("scst_optimizer"):
+            self.scst_opt.load_state_dict(state["scst_optimizer"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
+
 class Trainer:
     def __init__(self, cfg: Config, output_dir: str | Path, resume_from: str | Path | None = None):
         self.cfg = cfg
@@ -129,14 +239,7 @@ class Trainer:
         self.vocab = self.data.vocab
         self.model = build_model(cfg.model, len(self.vocab), cfg.data.max_caption_len + 2).to(self.device)
         self.dist.broadcast_params(self.model)
-        t = cfg.train
-        self.cap_params = self.model.captioner_parameters()
-        self.mask_params = self.model.mask_parameters()
-        self.opt = torch.optim.Adam(self.cap_params, lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: noam(s, cfg.model.d_model, t.warmup, t.lr_factor))
-        self.mask_opt = torch.optim.Adam(self.mask_params, lr=t.mask_lr) if self.mask_params else None
-        self.scst_opt = torch.optim.Adam(self.cap_params, lr=t.scst_lr)
+        self.updates = Updates(self.model, cfg, self.device, self.dist)
         self.epoch, self.step = 0, 0
         self.best: dict = {"val/CIDEr": float("-inf"), "epoch": 0}
         self.history: list[dict] = []
@@ -147,21 +250,15 @@ class Trainer:
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-            "mask_optimizer": self.mask_opt.state_dict() if self.mask_opt else None,
-            "scst_optimizer": self.scst_opt.state_dict(), "config": self.cfg.to_dict(), "vocab": self.vocab.words,
+            "model": self.model.state_dict(), **self.updates.state_dict(), "config": self.cfg.to_dict(),
+            "vocab": self.vocab.words,
             "epoch": self.epoch, "step": self.step, "best": dict(self.best), "history": list(self.history),
             "rng": ckpt.rng_state(), "format": 1,
         }
 
     def _restore(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        if self.mask_opt and state.get("mask_optimizer"):
-            self.mask_opt.load_state_dict(state["mask_optimizer"])
-        if state.get("scst_optimizer"):
-            self.scst_opt.load_state_dict(state["scst_optimizer"])
+        self.updates.load_state_dict(state)
         self.epoch, self.step = state["epoch"], state["step"]
         self.best, self.history = dict(state["best"]), list(state.get("history", []))
         ckpt.set_rng_state(state["rng"])
@@ -172,58 +269,24 @@ class Trainer:
         return self.data.loader("train", t.batch_size, shuffle=True, seed=t.seed, epoch=self.epoch,
                                 rank=self.dist.rank, world=self.dist.world, num_workers=t.num_workers)
 
-    def _mask_step(self, feats, mask, inp, tgt) -> tuple[float, float]:
-        """Eq. 4 on one batch: the mask network maximises the caption loss under perturbed attention."""
-        with torch.no_grad():
-            enc = self.model.encode(feats, mask)
-        enc = enc.repeat_interleave(inp.shape[0] // feats.shape[0], 0)
-        rmask = mask.repeat_interleave(inp.shape[0] // feats.shape[0], 0)
-        logits, penalty = self.model.decode(inp, self.model.memory(enc), rmask, mode="perturbed")
-        loss = -_caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
-        self.mask_opt.zero_grad(set_to_none=True)
-        loss.backward(inputs=self.mask_params)
-        self.dist.average_grads(self.mask_params)
-        self.mask_opt.step()
-        mask_mean = float(np.mean([layer.cross.last_mask_mean for layer in self.model.decoder]))
-        return loss.item(), mask_mean
+    def _batch(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch["feats"].to(self.device), batch["region_mask"].to(self.device)
+
+    def _advance(self) -> None:
+        self.step += 1
+        self.model.train_step.fill_(self.step)
 
     def xe_epoch(self) -> dict:
-        t = self.cfg.train
         self.model.train()
-        sums = {"train/loss": 0.0, "train/mask_loss": 0.0, "train/mask_mean": 0.0}
-        n_steps = n_mask = 0
+        means = _Means()
         for batch in self._batches():
-            feats = batch["feats"].to(self.device)
-            mask = batch["region_mask"].to(self.device)
-            caps = batch["captions"].to(self.device)  # (B, 5, L)
-            tokens = caps.view(-1, caps.shape[-1])
-            inp, tgt = tokens[:, :-1], tokens[:, 1:]
-            logits, _ = self.model(feats, mask, inp, repeat=caps.shape[1])
-            loss = _caption_loss(logits, tgt, t.label_smoothing)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward(inputs=self.cap_params)
-            self.dist.average_grads(self.cap_params)
-            if t.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.cap_params, t.grad_clip)
-            self.opt.step()
-            self.sched.step()
-            self.step += 1
-            self.model.train_step.fill_(self.step)
-            sums["train/loss"] += loss.item()
-            n_steps += 1
-            if self.mask_opt is not None and self.step % t.mask_every == 0:
-                mask_loss, mask_mean = self._mask_step(feats, mask, inp, tgt)
-                sums["train/mask_loss"] += mask_loss
-                sums["train/mask_mean"] += mask_mean
-                n_mask += 1
-            if self.dist.rank == 0 and self.step % t.log_every == 0:
-                log.info("epoch %d step %d loss %.4f lr %.2e", self.epoch + 1, self.step, loss.item(),
-                         self.sched.get_last_lr()[0])
-        out = {"train/loss": sums["train/loss"] / max(n_steps, 1), "train/lr": self.sched.get_last_lr()[0]}
-        if n_mask:
-            out["train/mask_loss"] = sums["train/mask_loss"] / n_mask
-            out["train/mask_mean"] = sums["train/mask_mean"] / n_mask
-        return out
+            feats, mask = self._batch(batch)
+            means.add(self.updates.xe(feats, mask, batch["captions"].to(self.device), self.step))
+            self._advance()
+            if self.dist.rank == 0 and self.step % self.cfg.train.log_every == 0:
+                log.info("epoch %d step %d loss %.4f lr %.2e", self.epoch + 1, self.step,
+                         means.sums["train/loss"] / means.counts["train/loss"], self.updates.sched.get_last_lr()[0])
+        return {**means.result(), "train/lr": self.updates.sched.get_last_lr()[0]}
 
     def cider(self):
         """CIDEr-D reward with document frequencies precomputed once from the training captions."""
@@ -235,18 +298,17 @@ class Trainer:
         return self._cider
 
     def scst_epoch(self) -> dict:
-        t = self.cfg.train
+        t, u = self.cfg.train, self.updates
         cider = self.cider()
         refs_by_id = self.data.references("train")
-        sums = {"train/loss": 0.0, "train/reward": 0.0, "train/mask_loss": 0.0, "train/mask_mean": 0.0}
-        n_steps = n_mask = 0
+        means = _Means()
         for batch in self._batches():
-            feats = batch["feats"].to(self.device)
-            mask = batch["region_mask"].to(self.device)
+            feats, mask = self._batch(batch)
             ids = batch["image_ids"].tolist()
             k = t.scst_samples
             self.model.train()
-            tokens, logps, valid = sample(self.model, feats, mask, k, t.max_len, self.vocab.bos, self.vocab.eos)
+            with u.amp():
+                tokens, logps, valid = sample(self.model, feats, mask, k, t.max_len, self.vocab.bos, self.vocab.eos)
             cands = [self.vocab.decode(seq) for seq in tokens.tolist()]
             refs = [refs_by_id[i] for i in ids for _ in range(k)]
             reward = torch.tensor(cider.scores(cands, refs), dtype=torch.float32, device=self.device).view(-1, k)
@@ -254,37 +316,25 @@ class Trainer:
                 baseline = (reward.sum(1, keepdim=True) - reward) / (k - 1)  # mean of the *other* samples
             else:
                 self.model.eval()
-                g = greedy(self.model, feats, mask, t.max_len, self.vocab.bos, self.vocab.eos)
+                with u.amp():
+                    g = greedy(self.model, feats, mask, t.max_len, self.vocab.bos, self.vocab.eos)
                 self.model.train()
                 g_caps = [self.vocab.decode(seq) for seq in g.tolist()]
                 baseline = torch.tensor(cider.scores(g_caps, [refs_by_id[i] for i in ids]),
                                         dtype=torch.float32, device=self.device)[:, None]
             advantage = (reward - baseline).view(-1, 1)
-            loss = -(advantage * logps * valid).sum() / valid.shape[0]
-            self.scst_opt.zero_grad(set_to_none=True)
-            loss.backward(inputs=self.cap_params)
-            self.dist.average_grads(self.cap_params)
-            if t.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.cap_params, t.grad_clip)
-            self.scst_opt.step()
-            self.step += 1
-            self.model.train_step.fill_(self.step)
-            sums["train/loss"] += loss.item()
-            sums["train/reward"] += float(reward.mean())
-            n_steps += 1
-            if self.mask_opt is not None and self.step % t.mask_every == 0:
+            loss = -(advantage * logps.float() * valid).sum() / valid.shape[0]
+            u.apply(loss, u.cap_params, u.scst_opt, t.grad_clip)
+            step_out = {"train/loss": loss.item(), "train/reward": float(reward.mean())}
+            if u.mask_due(self.step):
                 # The mask network keeps training against the captioner: Eq. 4 on the reference captions.
-                caps = batch["captions"].to(self.device)
-                tok = caps.view(-1, caps.shape[-1])
-                mask_loss, mask_mean = self._mask_step(feats, mask, tok[:, :-1], tok[:, 1:])
-                sums["train/mask_loss"] += mask_loss
-                sums["train/mask_mean"] += mask_mean
-                n_mask += 1
-        out = {"train/loss": sums["train/loss"] / max(n_steps, 1), "train/reward": sums["train/reward"] / max(n_steps, 1)}
-        if n_mask:
-            out["train/mask_loss"] = sums["train/mask_loss"] / n_mask
-            out["train/mask_mean"] = sums["train/mask_mean"] / n_mask
-        return out
+                with torch.no_grad(), u.amp():
+                    enc = self.model.encode(feats, mask)
+                step_out.update(u.mask_step(enc, mask, batch["captions"].to(self.device), self.step))
+            u.scaler.update()
+            means.add(step_out)
+            self._advance()
+        return means.result()
 
     # -- validation -----------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -292,9 +342,10 @@ class Trainer:
         t = self.cfg.train
         self.model.eval()
         beam = t.beam_size if t.val_decode == "beam" else 1
-        part = captions_for(self.data, ModelStepper(self.model), "val", beam_size=beam, max_len=t.max_len,
-                            batch_size=t.batch_size, limit=self.cfg.data.val_images, device=self.device,
-                            rank=self.dist.rank, world=self.dist.world)
+        with self.updates.amp():
+            part = captions_for(self.data, ModelStepper(self.model), "val", beam_size=beam, max_len=t.max_len,
+                                batch_size=t.batch_size, limit=self.cfg.data.val_images, device=self.device,
+                                rank=self.dist.rank, world=self.dist.world)
         caps = self.dist.gather_dict(part)
         refs = self.data.references("val")
         refs = {i: refs[i] for i in caps}

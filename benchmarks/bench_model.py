@@ -1,21 +1,25 @@
 """A2 Transformer cost at the paper's sizes, measured side by side in one run.
 
-1. Training step: A2 (fusion `gate`) against the plain Transformer (fusion `none`), same sizes and batch.
-   The A2 step is what `a2core.train.Trainer.xe_epoch` does per batch: the captioner's cross-entropy step under
-   the aligned attention, then the mask network's adversarial step (Eq. 4, `Trainer._mask_step` itself).
-   The plain step is the captioner step alone (no mask network exists).
+1. Training step: A2 (fusion `gate`) against the plain Transformer (fusion `none`), same sizes and batch, each
+   step being exactly what `a2core.train.Trainer.xe_epoch` runs per batch (`Updates.xe`): for A2 the mask
+   network's adversarial step (Eq. 4) then the captioner's cross-entropy step under the aligned attention; for the
+   plain Transformer the captioner step alone (no mask network exists). A2 runs twice: with the paper's schedule
+   (a mask step every step on all 5 captions per image) and with the cheaper one (`--cheap-captions` captions
+   per image in the mask step, every `--cheap-every` steps).
 2. Beam search (beam 5, max 20 words) with the decoder key/value cache against re-running the whole prefix
    every step (`UncachedStepper`), on the A2 model; the two must return the same captions.
 
 Sizes: d_model 512, 8 heads, 6 layers, d_ff 2048, 50 regions of 2048-d features, captions of 16 tokens,
 vocabulary 10,000; a batch of 10 images x 5 captions (CPU-sized; the paper trains with 50 images).
-Timings are interleaved (A2, plain, plain, A2, ...) and the median of the repeats is reported.
+Timings are interleaved (the arms' order rotates every repeat) and the median of the repeats is reported;
+with --cheap-every N > 1 each cheaper-schedule sample is N consecutive steps divided by N.
 
-On a GPU: `--device cuda [--autocast bf16|fp16]`: both steps and both searches run under the same autocast
-(no loss scaling: only the arithmetic is timed); CUDA timings synchronise before reading the clock.
+On a GPU: `--device cuda [--precision bf16|fp16]`: every arm and both searches run under that
+`train.precision` (autocast, plus loss scaling for fp16); CUDA timings synchronise before reading the clock.
 
 Usage: python benchmarks/bench_model.py [--repeats 5] [--images 10] [--beam-images 4] [--threads 1]
-                                        [--device cpu|cuda] [--autocast none|bf16|fp16]
+                                        [--cheap-captions 1] [--cheap-every 1]
+                                        [--device cpu|cuda] [--precision fp32|bf16|fp16]
 """
 from __future__ import annotations
 
@@ -23,14 +27,14 @@ import argparse
 import gc
 import statistics
 import time
-from types import SimpleNamespace
 
 import torch
 
-from a2core.config import ModelConfig
+from a2core import precision
+from a2core.config import Config
 from a2core.decode import UncachedStepper, beam_search
 from a2core.model.a2 import build_model
-from a2core.train import Trainer, _caption_loss, noam
+from a2core.train import Updates
 
 D_MODEL, HEADS, LAYERS, D_FF = 512, 8, 6, 2048
 REGIONS, FEATURE_DIM, CAPTION_LEN, VOCAB = 50, 2048, 16, 10000
@@ -50,25 +54,20 @@ def make_batch(images: int, seed: int = 0):
     return feats, mask, tokens[:, :-1], tokens[:, 1:]
 
 
-AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 class Run:
-    """Where and how everything runs: the device, the autocast dtype, the clock."""
+    """Where and how everything runs: the device, train.precision, the clock."""
 
-    def __init__(self, device: str, autocast: str):
-        self.device = torch.device(device)
-        self.dtype = AUTOCAST[autocast]
+    def __init__(self, device: str, prec: str):
+        self.device, self.precision = torch.device(device), prec
 
     def amp(self):
-        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
+        return precision.autocast(self.precision, self.device)
 
     def timed(self, fn) -> float:
         gc.collect()
         self.sync()
         start = time.perf_counter()
-        with self.amp():
-            fn()
+        fn()
         self.sync()
         return time.perf_counter() - start
 
@@ -77,34 +76,24 @@ class Run:
             torch.cuda.synchronize(self.device)
 
 
-class Step:
-    """One training step of a model, as the Trainer runs it."""
+class Arm:
+    """One model trained as the Trainer trains it (`Updates.xe`), `every` consecutive steps per call."""
 
-    def __init__(self, fusion: str, device: torch.device, seed: int = 0):
+    def __init__(self, run: Run, fusion: str, mask_captions: int | None = None, every: int = 1, seed: int = 0):
         torch.manual_seed(seed)
-        self.cfg = ModelConfig(d_model=D_MODEL, layers=LAYERS, heads=HEADS, d_ff=D_FF, max_regions=REGIONS,
-                               feature_dim=FEATURE_DIM, fusion=fusion)
-        self.model = build_model(self.cfg, VOCAB, max(CAPTION_LEN, BEAM_MAX_LEN) + 2).to(device).train()  # positions for both
-        self.cap_params = self.model.captioner_parameters()
-        self.mask_params = self.model.mask_parameters()
-        self.opt = torch.optim.Adam(self.cap_params, lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: noam(s, D_MODEL, 10000))
-        self.mask_opt = torch.optim.Adam(self.mask_params, lr=1e-4) if self.mask_params else None
-        # What Trainer._mask_step reads from the trainer.
-        self.trainer = SimpleNamespace(model=self.model, cfg=SimpleNamespace(model=self.cfg), mask_opt=self.mask_opt,
-                                       mask_params=self.mask_params, dist=SimpleNamespace(average_grads=lambda p: None))
+        self.cfg = Config.from_dict({
+            "model": {"d_model": D_MODEL, "layers": LAYERS, "heads": HEADS, "d_ff": D_FF, "max_regions": REGIONS,
+                      "feature_dim": FEATURE_DIM, "fusion": fusion},
+            "train": {"warmup": 10000, "mask_captions": mask_captions, "mask_every": every,
+                      "precision": run.precision}})
+        self.model = build_model(self.cfg.model, VOCAB, max(CAPTION_LEN, BEAM_MAX_LEN) + 2).to(run.device).train()
+        self.updates = Updates(self.model, self.cfg, run.device)
+        self.every, self.step = every, 0
 
-    def __call__(self, feats, mask, inp, tgt) -> None:
-        # Captioner step (Trainer.xe_epoch): aligned attention, gradient to every parameter but the mask network's.
-        logits, _ = self.model(feats, mask, inp, repeat=CAPTIONS_PER_IMAGE)
-        loss = _caption_loss(logits, tgt)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward(inputs=self.cap_params)
-        torch.nn.utils.clip_grad_norm_(self.cap_params, 1.0)
-        self.opt.step()
-        self.sched.step()
-        if self.mask_opt is not None:
-            Trainer._mask_step(self.trainer, feats, mask, inp, tgt)
+    def __call__(self, feats, mask, caps) -> None:
+        for _ in range(self.every):
+            self.updates.xe(feats, mask, caps, self.step)
+            self.step += 1
 
 
 def fmt(seconds: list[float]) -> str:
@@ -118,33 +107,41 @@ def main() -> None:
     ap.add_argument("--beam-images", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (1 is steadiest on a shared machine)")
+    ap.add_argument("--cheap-captions", type=int, default=1, help="train.mask_captions of the cheaper schedule")
+    ap.add_argument("--cheap-every", type=int, default=1, help="train.mask_every of the cheaper schedule")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    ap.add_argument("--autocast", choices=sorted(AUTOCAST), default="none")
+    ap.add_argument("--precision", choices=sorted(precision.DTYPES), default="fp32")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    run = Run(args.device, args.autocast)
+    run = Run(args.device, args.precision)
 
     feats, mask, inp, tgt = (t.to(run.device) for t in make_batch(args.images))
-    a2, plain = Step("gate", run.device), Step("none", run.device)
+    caps = torch.cat([inp, tgt[:, -1:]], 1).view(args.images, CAPTIONS_PER_IMAGE, -1)  # (B, 5, L)
+    cheap_name = f"A2, mask step on {args.cheap_captions} caption(s)/image every {args.cheap_every} step(s)"
+    arms = {"A2 (gate), paper schedule": Arm(run, "gate"),
+            cheap_name: Arm(run, "gate", args.cheap_captions, args.cheap_every),
+            "plain Transformer": Arm(run, "none")}
+    a2 = arms["A2 (gate), paper schedule"]
     n_a2 = sum(p.numel() for p in a2.model.parameters())
-    n_mask = sum(p.numel() for p in a2.mask_params)
-    n_plain = sum(p.numel() for p in plain.model.parameters())
+    n_mask = sum(p.numel() for p in a2.updates.mask_params)
+    n_plain = sum(p.numel() for p in arms["plain Transformer"].model.parameters())
     print(f"training step: d_model {D_MODEL}, {HEADS} heads, {LAYERS} layers, d_ff {D_FF}, {REGIONS} regions x "
           f"{FEATURE_DIM}, captions {CAPTION_LEN} tokens, vocab {VOCAB}, batch {args.images} images x "
           f"{CAPTIONS_PER_IMAGE} captions; torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-          f"device {run.device}, autocast {args.autocast}")
-    print(f"  parameters: A2 {n_a2 / 1e6:.1f}M (mask network {n_mask / 1e6:.1f}M), plain {n_plain / 1e6:.1f}M")
-    for step in (a2, plain):  # warm-up (allocator, Adam state, CUDA kernels)
-        run.timed(lambda: step(feats, mask, inp, tgt))
-    t_a2, t_plain = [], []
+          f"device {run.device}, precision {args.precision}")
+    print(f"  parameters: A2 {n_a2 / 1e6:.1f}M (mask network {n_mask / 1e6:.2f}M), plain {n_plain / 1e6:.1f}M")
+    for arm in arms.values():  # warm-up (allocator, Adam state, CUDA kernels)
+        run.timed(lambda: arm(feats, mask, caps))
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    names = list(arms)
     for r in range(args.repeats):
-        order = [(a2, t_a2), (plain, t_plain)] if r % 2 == 0 else [(plain, t_plain), (a2, t_a2)]
-        for step, out in order:
-            out.append(run.timed(lambda: step(feats, mask, inp, tgt)))
-    m_a2, m_plain = statistics.median(t_a2), statistics.median(t_plain)
-    print(f"  A2 (gate) step incl. mask step : {fmt(t_a2)}")
-    print(f"  plain Transformer step         : {fmt(t_plain)}")
-    print(f"  ratio A2 / plain               : {m_a2 / m_plain:.2f}x")
+        for name in names[r % 3:] + names[:r % 3]:
+            arm = arms[name]
+            times[name].append(run.timed(lambda: arm(feats, mask, caps)) / arm.every)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    plain = med["plain Transformer"]
+    for name in names:
+        print(f"  {name:<58}: {fmt(times[name])}  ratio {med[name] / plain:.2f}x")
 
     # -- beam search ----------------------------------------------------------------------------------------------
     model = a2.model.eval()
@@ -157,17 +154,22 @@ def main() -> None:
     for r in range(args.repeats):
         runs = [(model, t_c), (UncachedStepper(model), t_u)]
         for stepper, out in (runs if r % 2 == 0 else runs[::-1]):
-            out.append(run.timed(lambda: beam_search(stepper, bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)))
+            def search():
+                with torch.no_grad(), run.amp():
+                    beam_search(stepper, bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
+            out.append(run.timed(search))
     m_c, m_u = statistics.median(t_c), statistics.median(t_u)
     print(f"beam search: beam 5, max 20 words, {args.beam_images} images, A2 model (eval), "
           f"{seq_c.shape[1]} steps decoded; cached == uncached: {same}")
     print(f"  cached   : {fmt(t_c)}")
     print(f"  uncached : {fmt(t_u)}")
     print(f"  ratio uncached / cached: {m_u / m_c:.2f}x")
-    print(f"summary: an A2 training step (captioner + mask network) costs {m_a2 / m_plain:.2f}x a plain Transformer "
-          f"step ({m_a2:.2f} s vs {m_plain:.2f} s for {args.images}x{CAPTIONS_PER_IMAGE} captions on {run.device}, "
-          f"autocast {args.autocast}); "
-          f"the key/value cache makes beam search {m_u / m_c:.2f}x faster than re-running the prefix.")
+    paper, cheap = med["A2 (gate), paper schedule"], med[cheap_name]
+    print(f"summary: an A2 training step costs {paper / plain:.2f}x a plain Transformer step with the paper's "
+          f"schedule and {cheap / plain:.2f}x with the cheaper one ({cheap_name}); {paper:.2f} s / {cheap:.2f} s vs "
+          f"{plain:.2f} s for {args.images}x{CAPTIONS_PER_IMAGE} captions on {run.device}, precision "
+          f"{args.precision}; the key/value cache makes beam search {m_u / m_c:.2f}x faster than re-running the "
+          f"prefix.")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The A2 model's math: fusions (Eq. 5-10) against hand-computed values, the mask loss's gradient, `none` as a
-plain Transformer, and cached beam search against the uncached reference."""
+plain Transformer, and cached beam search against the uncached reference. (Eq. 4's reduction, the two mask
+networks, the training step against the reference math and precision: tests/test_a2_objective.py.)"""
 import math
 
 import pytest
@@ -31,13 +32,14 @@ A_M = [0.5, 0.4946164, 0.5436564]
     ("gate", [0.5, 0.3973082, 0.3718282]),                   # Eq. 9-10: W_g = 0, b_g = 0 -> g = 0.5
 ])
 def test_fusion_equations_against_hand_computed_values(fusion, expected):
-    cfg = small(fusion, renormalize=False, eta=0.1)
+    cfg = small(fusion, eta=0.1)
+    assert cfg.renormalize is False  # the paper's equations as written are the default
     cfg.heads = 1
     layer = A2CrossAttention(cfg)
     q = torch.randn(1, 1, 1, 32)
     fused = layer.fuse(A, M, q, step=50.0)
     assert torch.allclose(fused.flatten(), torch.tensor(expected), atol=1e-6)
-    # Renormalised (the default): the same weights divided by their sum.
+    # Renormalised (the variant `model.renormalize: true`): the same weights divided by their sum.
     layer.renormalize = True
     renorm = layer.fuse(A, M, q, step=50.0).flatten()
     assert torch.allclose(renorm, torch.tensor(expected) / sum(expected), atol=1e-6)
@@ -65,14 +67,16 @@ def test_perturbed_attention_and_penalty_follow_eq3_and_eq4():
     rmask = torch.ones(2, 5, dtype=torch.bool)
     rmask[1, 3:] = False
     mem = layer.memory(enc)
+    words = torch.tensor([[True, True, False], [True, True, True]])
     layer.record = True
-    _, penalty = layer(x, mem, rmask, mode="perturbed")
+    _, penalty = layer(x, mem, rmask, mode="perturbed", word_mask=words)
     rec = layer.last
     a, m = rec["attention"], rec["mask"]
     expected = m * a + (1 - m) * a.mean(1, keepdim=True)
     assert torch.allclose(rec["aligned"], expected, atol=1e-6)
-    pen = (((1 - m) ** 2) * rmask[:, None, None, :]).sum(-1).mean()
-    assert torch.isclose(penalty, pen)
+    # ||1 - m||^2 over real regions of each real word, averaged over the 4 heads (summed over words here).
+    per_row = (((1 - m) ** 2) * rmask[:, None, None, :]).sum(-1)  # (B, H, T)
+    assert torch.isclose(penalty, (per_row * words[:, None, :]).sum() / 4)
     assert float(a[1, :, :, 3:].abs().max()) == 0.0  # padded regions get no attention
 
 
@@ -81,7 +85,7 @@ def test_mask_loss_gradient_reaches_only_the_mask_network():
     model = build_model(small("gate"), vocab_size=20)
     feats, rmask = torch.randn(2, 6, 16), torch.ones(2, 6, dtype=torch.bool)
     tok = torch.randint(4, 20, (2, 7))
-    logits, penalty = model(feats, rmask, tok[:, :-1], mode="perturbed")
+    logits, penalty = model(feats, rmask, tok[:, :-1], mode="perturbed", word_mask=tok[:, 1:] != 0)
     loss = -nn.functional.cross_entropy(logits.reshape(-1, 20), tok[:, 1:].reshape(-1)) + 0.035 * penalty
     mask_params = model.mask_parameters()
     loss.backward(inputs=mask_params)

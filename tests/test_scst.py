@@ -260,6 +260,6 @@ def test_sampling_reuses_the_decoder_cache_and_matches_teacher_forcing(tiny_root
     # The sampled log-probs are the model's log-probs of those words under teacher forcing.
     inp = torch.cat([torch.full((4 * n, 1), trainer.vocab.bos), tokens[:, :-1]], 1)
     with torch.no_grad():
-        logits, _ = model(feats, mask, inp, repeat=n)
+        logits, _ = model(feats, mask, inp)  # n captions per image, grouped by image
     teacher = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
     assert torch.allclose(logps.detach()[valid], teacher[valid], atol=1e-5)

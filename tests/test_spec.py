@@ -86,11 +86,13 @@ def test_smoke_study_shape():
 
 def test_fusion_ablation_space(coco_files):
     spec = load_study(ROOT / "studies" / "fusion_ablation.yaml", coco_files)
-    fusions = [c["fusion"] for c in spec.grid_cells()]
-    assert fusions == ["none", "max", "moving_average", "exp_decay", "gate"]
-    assert spec.num_trials == 4 + spec.search["num_samples"]
-    assert spec.points_for_cell({"fusion": "gate", "seed": 0}) == []
-    (point,) = spec.points_for_cell({"fusion": "exp_decay", "seed": 0})
+    cells = [(c["fusion"], c.get("model.renormalize")) for c in spec.grid_cells()]
+    # Each fusion as written and renormalised; the baseline fuses nothing, so it has no renormalize.
+    assert cells == [("none", None)] + [(f, r) for f in ("max", "moving_average", "exp_decay", "gate")
+                                        for r in (False, True)]
+    assert spec.num_trials == 1 + 3 * 2 + 2 * spec.search["num_samples"]
+    assert spec.points_for_cell({"fusion": "gate", "seed": 0, "model.renormalize": False}) == []
+    (point,) = spec.points_for_cell({"fusion": "exp_decay", "seed": 0, "model.renormalize": True})
     assert set(point) == {"temperature"}
 
 

@@ -1,22 +1,38 @@
 """The A2 Transformer: a captioning Transformer over region features whose decoder cross-attention is aligned by
 a learnable mask perturbation network (paper Eq. 2-10). One readable file; shapes in comments use
-  B batch, T caption steps, R regions, H heads, Dh = d_model / H, V vocabulary.
+  B images, C captions per image, N = B * C captions, T caption steps, R regions, H heads, Dh = d_model / H,
+  V vocabulary, L decoder layers.
 
-Cross-attention of every decoder layer computes the usual weights  a = softmax(q k^T / sqrt(Dh))  (B, H, T, R) and
-  mask network (Eq. 2)   m = sigmoid(q_m k_m^T / sqrt(Dh) + b_h)   (B, H, T, R), one value per head, step, region.
-      The paper writes m_t = sigmoid(W_m h_t + b_m), a fixed-size output; region counts vary, so (as the attention
-      calibration work the paper follows does) the decoder state h_t is projected to a mask query q_m and scored
-      against mask keys k_m projected from each region's encoding. W_m = (W_qm, W_km) and b_h vary per layer/head.
+Cross-attention of every decoder layer computes the usual weights  a = softmax(q k^T / sqrt(Dh))  (N, H, T, R) and
+  mask network (Eq. 2)   m in (0, 1)^(N, H, T, R), one value per head, step and region, from the decoder state h_t;
+      config `mask_net`:
+      content (default)  m = sigmoid(q_m k_m^T / sqrt(Dh) + b_h): h_t is projected to a mask query q_m and scored
+                         against mask keys k_m projected from each region's encoding (as the attention calibration
+                         work the paper follows does), so the mask follows the region's content, whatever slot
+                         it sits in. W_m = (W_qm, W_km) and b_h vary per layer and head: 2 d^2 + 2 d + H per layer.
+      linear             m = sigmoid(W_m h_t + b_m), Eq. 2 literally: per layer and head a linear map of h_t to one
+                         logit per region slot up to `max_regions` (the first R slots are used): H R_max (d + 1) per
+                         layer. Region order carries no meaning in bottom-up features, which a per-slot mask cannot
+                         know: slot i is whatever object the detector listed i-th.
   perturbed (Eq. 3)      a_p = m * a + (1 - m) * mean_heads(a)     used only in the mask network's own step
+  mask objective (Eq. 4) L(theta_m) = -L_IC(a_p) + lambda * P, with L_IC the cross-entropy averaged over real
+                         target words and P = ||1 - m||^2 summed over real regions, averaged over heads, real
+                         target words and decoder layers:
+                             P = 1 / (L H W) * sum_{layer, head, real word, real region} (1 - m)^2,  W real words.
+                         Both terms are per-word means, so their ratio (what lambda weighs) does not change with
+                         caption length or padding, batch size, region padding or depth.
   Eq. 5                  a_m = a * exp(1 - m)
   fusion (Eq. 6-10)      none: a | max: max(a, a_m) | moving_average: a + eta a_m |
                          exp_decay: e^(-s/T_P) a + (1 - e^(-s/T_P)) a_m | gate: g a + (1 - g) a_m, g = sigmoid(w_h.q + b_h)
-  renormalisation        (config `renormalize`, default on) divides the fused weights by their sum over regions so
-                         each row is a distribution again; Eq. 6-9 do not keep rows summing to 1.
-Note a_m >= a elementwise (exp(1 - m) > 1), so `max` equals a_m before renormalisation, as Eq. 6 implies.
+  renormalisation        (config `renormalize`, default off, as Eq. 6-9 are written) divides the fused weights by
+                         their sum over regions so each row is a distribution again; a searchable variant.
+Note a_m >= a elementwise (exp(1 - m) > 1), so `max` equals a_m, as Eq. 6 implies.
 In the captioner's pass m is detached: the mask is supervision for the captioner, and the mask network is
 trained only by its adversarial objective (Eq. 4, see `a2core.train`). `fusion: none` builds no mask network
 and is exactly a plain Transformer.
+
+The C captions of an image are adjacent rows; cross-attention views them as one sequence of C * T queries per
+image against that image's region keys, so the region memory is computed and held once per image, not per caption.
 """
 from __future__ import annotations
 
@@ -24,10 +40,9 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..config import ModelConfig
-
-NEG_INF = -1e9
 
 
 def _heads(x: torch.Tensor, h: int) -> torch.Tensor:
@@ -43,14 +58,14 @@ def _merge(x: torch.Tensor) -> torch.Tensor:
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention; `cache` (a dict) holds past keys/values for step-by-step decoding."""
+    """Multi-head self-attention (`F.scaled_dot_product_attention`: no weights are needed here, so the fused
+    kernel may skip materialising them); `cache` (a dict) holds past keys/values for step-by-step decoding."""
 
     def __init__(self, d: int, h: int, dropout: float):
         super().__init__()
-        self.h = h
+        self.h, self.dropout = h, dropout
         self.qkv = nn.Linear(d, 3 * d)
         self.out = nn.Linear(d, d)
-        self.drop = nn.Dropout(dropout)
 
     def forward(self, x, key_mask=None, causal=False, cache=None):
         # x: (B, N, d); key_mask: (B, N) True = attend; cache: {"k", "v"} of (B, H, t, Dh) for past steps
@@ -60,24 +75,24 @@ class SelfAttention(nn.Module):
                 k = torch.cat([cache["k"], k], dim=2)
                 v = torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
-        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, N, N_k)
-        if key_mask is not None:
-            scores = scores.masked_fill(~key_mask[:, None, None, :], NEG_INF)
-        if causal and q.shape[2] > 1:
-            n, nk = q.shape[2], k.shape[2]
-            future = torch.ones(n, nk, dtype=torch.bool, device=x.device).triu(nk - n + 1)
-            scores = scores.masked_fill(future, NEG_INF)
-        weights = self.drop(scores.softmax(-1))
-        return self.out(_merge(weights @ v))
+        n, nk = q.shape[2], k.shape[2]
+        allowed = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, N_k) True = attend
+        is_causal = causal and n > 1 and n == nk
+        if causal and 1 < n < nk:  # new positions after cached ones: position i sees keys up to nk - n + i
+            allowed = torch.ones(n, nk, dtype=torch.bool, device=x.device).tril(nk - n)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=is_causal,
+                                             dropout_p=self.dropout if self.training else 0.0)  # (B, H, N, Dh)
+        return self.out(_merge(out))
 
 
 class A2CrossAttention(nn.Module):
-    """Decoder-to-region attention with the mask perturbation network and one of the fusions (module docstring)."""
+    """Decoder-to-region attention with the mask perturbation network and one of the fusions (module docstring).
+    Keeps its weights explicit (not the fused SDPA kernel): A2 reads, perturbs and fuses them."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, h = cfg.d_model, cfg.heads
-        self.h, self.fusion = h, cfg.fusion
+        self.h, self.fusion, self.mask_net, self.max_regions = h, cfg.fusion, cfg.mask_net, cfg.max_regions
         self.eta, self.temperature, self.renormalize = cfg.eta, cfg.temperature, cfg.renormalize
         self.q = nn.Linear(d, d)
         self.kv = nn.Linear(d, 2 * d)
@@ -85,38 +100,54 @@ class A2CrossAttention(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         if self.fusion != "none":
             # Mask perturbation network (theta_m): trained only by the adversarial mask loss.
-            self.mask_q = nn.Linear(d, d)
-            self.mask_k = nn.Linear(d, d)
-            self.mask_bias = nn.Parameter(torch.full((h,), float(cfg.mask_bias_init)))
+            if self.mask_net == "content":
+                self.mask_q = nn.Linear(d, d)
+                self.mask_k = nn.Linear(d, d)
+                self.mask_bias = nn.Parameter(torch.full((h,), float(cfg.mask_bias_init)))
+            else:  # linear: W_m (H * R_max, d), b_m (H * R_max,)
+                self.mask_lin = nn.Linear(d, h * cfg.max_regions)
+                nn.init.constant_(self.mask_lin.bias, float(cfg.mask_bias_init))
         if self.fusion == "gate":
             # Eq. 10: g = sigmoid(W_g q + b_g), one gate per layer, head and step.
             self.gate_w = nn.Parameter(torch.zeros(h, d // h))
             self.gate_b = nn.Parameter(torch.zeros(h))
         self.record = False
         self.last: dict[str, torch.Tensor] = {}
-        self.last_mask_mean = float("nan")  # mean m over real regions in the latest perturbed pass
+        self.last_mask_mean = float("nan")  # mean m over real regions and words in the latest perturbed pass
 
     def mask_parameters(self) -> list[nn.Parameter]:
         if self.fusion == "none":
             return []
-        return [*self.mask_q.parameters(), *self.mask_k.parameters(), self.mask_bias]
+        if self.mask_net == "content":
+            return [*self.mask_q.parameters(), *self.mask_k.parameters(), self.mask_bias]
+        return list(self.mask_lin.parameters())
 
     def memory(self, enc: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-region keys/values, computed once per image and reused at every decoding step."""
+        """Per-region keys/values of B images, computed once per image and reused by all its captions and steps."""
         k, v = (_heads(t, self.h) for t in self.kv(enc).chunk(2, dim=-1))  # (B, H, R, Dh) each
-        mem = {"k": k, "v": v}
-        if self.fusion != "none":
-            mem["mk"] = _heads(self.mask_k(enc), self.h)  # (B, H, R, Dh)
-        return mem
+        return {"k": k, "v": v, **self.mask_memory(enc)}
+
+    def mask_memory(self, enc: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The mask network's own per-region part of the memory (content network: mask keys)."""
+        if self.fusion != "none" and self.mask_net == "content":
+            return {"mk": _heads(self.mask_k(enc), self.h)}  # (B, H, R, Dh)
+        return {}
 
     def mask(self, x: torch.Tensor, mem: dict) -> torch.Tensor:
-        """Eq. 2: m in (0, 1) of shape (B, H, T, R) from decoder states x (B, T, d)."""
-        qm = _heads(self.mask_q(x), self.h)
-        logits = qm @ mem["mk"].transpose(-1, -2) / math.sqrt(qm.shape[-1]) + self.mask_bias[None, :, None, None]
+        """Eq. 2: m in (0, 1) of shape (B, H, S, R) from decoder states x (B, S, d) of S = C * T queries per image."""
+        regions = mem["k"].shape[2]
+        if self.mask_net == "content":
+            qm = _heads(self.mask_q(x), self.h)  # (B, H, S, Dh)
+            logits = qm @ mem["mk"].transpose(-1, -2) / math.sqrt(qm.shape[-1]) + self.mask_bias[None, :, None, None]
+        else:
+            if regions > self.max_regions:
+                raise ValueError(f"{regions} region slots; the linear mask network has {self.max_regions}")
+            b, s, _ = x.shape
+            logits = self.mask_lin(x).view(b, s, self.h, self.max_regions)[..., :regions].transpose(1, 2)
         return torch.sigmoid(logits)
 
     def fuse(self, a: torch.Tensor, m: torch.Tensor, q: torch.Tensor, step: float) -> torch.Tensor:
-        """Eq. 5-10. a, m: (B, H, T, R); q: (B, H, T, Dh) the attention queries (for the gate)."""
+        """Eq. 5-10. a, m: (B, H, S, R); q: (B, H, S, Dh) the attention queries (for the gate)."""
         a_m = a * torch.exp(1.0 - m)
         if self.fusion == "max":
             fused = torch.maximum(a, a_m)
@@ -127,7 +158,7 @@ class A2CrossAttention(nn.Module):
             fused = keep * a + (1.0 - keep) * a_m
         elif self.fusion == "gate":
             g = torch.sigmoid((q * self.gate_w[None, :, None, :]).sum(-1, keepdim=True)
-                              + self.gate_b[None, :, None, None])  # (B, H, T, 1)
+                              + self.gate_b[None, :, None, None])  # (B, H, S, 1)
             fused = g * a + (1.0 - g) * a_m
         else:
             raise ValueError(f"unknown fusion {self.fusion!r}")
@@ -135,31 +166,46 @@ class A2CrossAttention(nn.Module):
             fused = fused / fused.sum(-1, keepdim=True).clamp_min(1e-12)
         return fused
 
-    def forward(self, x, mem, region_mask, mode: str = "aligned", step: float = 0.0):
-        """x: (B, T, d); region_mask: (B, R) True = real region. Returns (B, T, d) and, in mode 'perturbed',
-        the mask penalty ||1 - m||^2 per row averaged over (B, H, T) (Eq. 4's second term)."""
-        q = _heads(self.q(x), self.h)  # (B, H, T, Dh)
-        scores = q @ mem["k"].transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, R)
+    def forward(self, x, mem, region_mask, mode: str = "aligned", step: float = 0.0, word_mask=None):
+        """x: (N, T, d) states of N = B * C captions (an image's C captions adjacent); mem and region_mask (B, R)
+        (True = real region) of the B images. Returns (N, T, d) and, in mode 'perturbed', Eq. 4's penalty
+        ||1 - m||^2 summed over real regions and the real words of word_mask (N, T), averaged over heads."""
+        n, t, d = x.shape
+        b = region_mask.shape[0]
+        if n % b:
+            raise ValueError(f"{n} caption rows for {b} images: each image needs the same number of captions")
+        x = x.reshape(b, -1, d)  # (B, S, d), S = C * T: an image's captions share its region memory
+        q = _heads(self.q(x), self.h)  # (B, H, S, Dh)
+        scores = q @ mem["k"].transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, S, R)
         valid = region_mask[:, None, None, :]
-        a = scores.masked_fill(~valid, NEG_INF).softmax(-1)
+        a = scores.masked_fill(~valid, torch.finfo(scores.dtype).min).softmax(-1)  # padded regions get 0
         penalty = None
         if self.fusion == "none" or mode == "plain":
             weights, m = a, None
         elif mode == "perturbed":
             m = self.mask(x, mem)
-            a_bar = a.mean(dim=1, keepdim=True)  # (B, 1, T, R): average over heads, not zero (Eq. 3)
+            a_bar = a.mean(dim=1, keepdim=True)  # (B, 1, S, R): average over heads, not zero (Eq. 3)
             weights = m * a + (1.0 - m) * a_bar
-            penalty = (((1.0 - m) ** 2) * valid).sum(-1).mean()
-            self.last_mask_mean = float((m.detach() * valid).sum() / (valid.sum() * m.shape[1] * m.shape[2]))
+            real = valid & word_mask.reshape(b, 1, -1, 1)  # (B, 1, S, R) real word x real region
+            penalty = (((1.0 - m) ** 2) * real).sum() / m.shape[1]
+            self.last_mask_mean = float((m.detach() * real).sum() / (real.sum() * m.shape[1]).clamp_min(1))
         else:
-            m = self.mask(x, mem).detach()
+            with torch.no_grad():
+                m = self.mask(x, mem)
             weights = self.fuse(a, m, q, step)
         if self.record:
-            self.last = {"attention": a.detach(), "aligned": weights.detach()}
+            self.last = {"attention": _per_caption(a.detach(), n), "aligned": _per_caption(weights.detach(), n)}
             if m is not None:
-                self.last["mask"] = m.detach()
-        out = self.out(_merge(self.drop(weights) @ mem["v"]))
-        return out, penalty
+                self.last["mask"] = _per_caption(m.detach(), n)
+        out = self.out(_merge(self.drop(weights) @ mem["v"]))  # (B, S, d)
+        return out.reshape(n, t, d), penalty
+
+
+def _per_caption(z: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, H, C * T, R) -> (N, H, T, R): one row per caption, as the recorded attention is read."""
+    b, h, s, r = z.shape
+    c = n // b
+    return z.view(b, h, c, s // c, r).transpose(1, 2).reshape(n, h, s // c, r)
 
 
 class EncoderLayer(nn.Module):
@@ -187,9 +233,9 @@ class DecoderLayer(nn.Module):
         self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(cfg.d_model) for _ in range(3))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, y, mem, region_mask, mode, step, cache=None):
+    def forward(self, y, mem, region_mask, mode, step, cache=None, word_mask=None):
         y = self.norm1(y + self.drop(self.self_attn(y, causal=True, cache=cache)))
-        c, penalty = self.cross(y, mem, region_mask, mode, step)
+        c, penalty = self.cross(y, mem, region_mask, mode, step, word_mask)
         y = self.norm2(y + self.drop(c))
         return self.norm3(y + self.drop(self.ff(y))), penalty
 
@@ -254,8 +300,12 @@ class A2Transformer(nn.Module):
             x = layer(x, region_mask)
         return x
 
-    def memory(self, enc: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        return [layer.cross.memory(enc) for layer in self.decoder]
+    def memory(self, enc: torch.Tensor, kv: list[dict] | None = None) -> list[dict[str, torch.Tensor]]:
+        """Every decoder layer's region memory of enc (B, R, d); with `kv` (keys/values already computed from the
+        same encoding and weights) only the mask network's part is computed."""
+        if kv is None:
+            return [layer.cross.memory(enc) for layer in self.decoder]
+        return [{"k": m["k"], "v": m["v"], **layer.cross.mask_memory(enc)} for m, layer in zip(kv, self.decoder)]
 
     def _embed(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         t = tokens.shape[1]
@@ -264,25 +314,28 @@ class A2Transformer(nn.Module):
                              "(decode with a smaller max_len or build the model with a larger one)")
         return self.drop(self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.pos[start:start + t])
 
-    def decode(self, tokens, mem, region_mask, mode: str = "aligned", caches=None, start: int = 0):
-        """tokens (B, T) -> logits (B, T, V) and the summed mask penalty of all layers (mode 'perturbed')."""
+    def decode(self, tokens, mem, region_mask, mode: str = "aligned", caches=None, start: int = 0, word_mask=None):
+        """tokens (N, T) of N = B * C captions (an image's C captions adjacent), mem and region_mask (B, R) of the
+        B images -> logits (N, T, V) and, in mode 'perturbed', Eq. 4's penalty P averaged over decoder layers
+        (module docstring). word_mask (N, T): True where the target word is real (not pad); perturbed mode only."""
+        if mode == "perturbed" and word_mask is None:
+            raise ValueError("the perturbed pass needs word_mask (which target words are real)")
         y = self._embed(tokens, start)
         step = float(self.train_step)
         total = None
         for i, layer in enumerate(self.decoder):
-            y, penalty = layer(y, mem[i], region_mask, mode, step, None if caches is None else caches[i])
+            y, penalty = layer(y, mem[i], region_mask, mode, step, None if caches is None else caches[i], word_mask)
             if penalty is not None:
                 total = penalty if total is None else total + penalty
+        if total is not None:
+            total = total / (len(self.decoder) * word_mask.sum().clamp_min(1))
         return self.head(y), total
 
-    def forward(self, feats, region_mask, tokens, mode: str = "aligned", repeat: int = 1):
-        """Teacher forcing. feats (B, R, D); tokens (B * repeat, T) where each image has `repeat` captions.
-        Returns logits (B * repeat, T, V) and the mask penalty (None unless mode is 'perturbed')."""
+    def forward(self, feats, region_mask, tokens, mode: str = "aligned", word_mask=None):
+        """Teacher forcing. feats (B, R, D), region_mask (B, R); tokens (N, T), N = B * C with each image's C
+        captions adjacent. Returns logits (N, T, V) and the mask penalty (None unless mode is 'perturbed')."""
         enc = self.encode(feats, region_mask)
-        if repeat > 1:
-            enc = enc.repeat_interleave(repeat, dim=0)
-            region_mask = region_mask.repeat_interleave(repeat, dim=0)
-        return self.decode(tokens, self.memory(enc), region_mask, mode)
+        return self.decode(tokens, self.memory(enc), region_mask, mode, word_mask=word_mask)
 
     # -- step-by-step decoding -------------------------------------------------------------------------------
     def init_state(self, feats, region_mask) -> dict:
@@ -294,7 +347,8 @@ class A2Transformer(nn.Module):
         logits, _ = self.decode(last_tokens[:, None], state["mem"], state["region_mask"], caches=state["caches"],
                                 start=state["t"])
         state["t"] += 1
-        return logits[:, -1].log_softmax(-1)
+        last = logits[:, -1]
+        return last.log_softmax(-1, dtype=torch.promote_types(last.dtype, torch.float32))  # fp32 under autocast
 
     @staticmethod
     def reorder_state(state: dict, index: torch.Tensor) -> dict:
