@@ -462,6 +462,8 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
         "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": best["config"]["model"]["fusion"],
         "ensemble_CIDEr": delivered["scores"]["ensemble"].get("CIDEr"),
         "seed_CIDEr": {m["seed"]: delivered["scores"][f"seed-{m['seed']}"].get("CIDEr") for m in members},
+        "seed_mean_CIDEr": delivered["board"]["seed_mean"].get("CIDEr"),
+        "ensemble_gain": delivered["board"]["ensemble"]["gain_over_best"],
         "mlflow": delivered["mlflow"], "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
         "decode_seconds": round(decoded["seconds"], 2), "seconds": round(time.perf_counter() - t_start, 2),
     }
@@ -577,7 +579,8 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
     say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
          f"({len(karpathy)} images)", verbose)
     systems = {f"seed-{m['seed']}": decoded["single"][i] for i, m in enumerate(members)}
-    scores = lb.score_systems(data.references("test"), {**systems, "ensemble": decoded["ensemble"]["test"]})
+    scores, per_image = lb.score_systems(data.references("test"),
+                                         {**systems, "ensemble": decoded["ensemble"]["test"]})
     run_ids = {study: lb.trial_run_ids(tracking_uri, study) for study in sorted({m["study"] for m in members})}
     parent = lb.study_parent_run(tracking_uri, name)
     model_name = f"a2-{name}"
@@ -592,7 +595,7 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
         members=[{"seed": m["seed"], "trial_id": m["trial_id"], "study": m["study"], "checkpoint": m["checkpoint"],
                   "value": m["value"], "metrics": scores[f"seed-{m['seed']}"],
                   "mlflow_run_id": run_ids.get(m["study"], {}).get(m["trial_id"])} for m in members],
-        beam_size=beam_size, max_len=images["max_len"],
+        beam_size=beam_size, max_len=images["max_len"], per_image=per_image,
         selected_by={"metric": spec.metric, "mode": spec.mode, "trial_id": best["trial_id"], "value": best["value"],
                      "tie_break": "lower trial id"},
         extra={"submission": {"zip": str(results["zip"]), "alg": results["alg"],
@@ -605,7 +608,7 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
     board_path = lb.write_leaderboard(results["zip"].parent / LEADERBOARD, board)
     print(lb.format_table(board), flush=True)
     artifacts = lb.log_artifacts(tracking_uri, parent, [results["zip"], board_path], "package")
-    return {"scores": scores, "leaderboard": board_path,
+    return {"scores": scores, "board": board, "leaderboard": board_path,
             "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "artifacts": artifacts, **model}}
 
 
