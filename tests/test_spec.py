@@ -127,7 +127,7 @@ def test_trial_config_maps_aliases_to_paths():
     assert cfg["train"]["seed"] == 3
     assert cfg["model"]["d_model"] == spec.base["model"]["d_model"]
     # dotted paths work too, and the result is validated
-    assert spec.trial_config({"model.eta": 0.2})["model"]["eta"] == 0.2
+    assert spec.trial_config({"model.eta": 0.2, "fusion": "moving_average"})["model"]["eta"] == 0.2
     with pytest.raises(ConfigError) as err:
         spec.trial_config({"lambda": -1.0})
     assert err.value.path == "model.lambda"
@@ -135,6 +135,30 @@ def test_trial_config_maps_aliases_to_paths():
         spec.trial_config({"bogus": 1})
     assert err.value.path == "bogus"
     assert spec.base["model"]["fusion"] == "gate"  # the base is never modified
+
+
+def test_trial_config_leaves_out_the_parameters_its_fusion_does_not_use():
+    spec = load_study(SMOKE)
+    model = {f: spec.trial_config({"fusion": f, "lambda": 0.05, **({"model.temperature": 100.0}
+                                                                  if f == "exp_decay" else {})})["model"]
+             for f in ("none", "max", "moving_average", "exp_decay", "gate")}
+    assert not {"lambda", "eta", "temperature", "renormalize", "mask_bias_init"} & set(model["none"])
+    assert model["gate"]["lambda"] == model["max"]["lambda"] == 0.05 and "renormalize" in model["gate"]
+    assert [f for f, m in model.items() if "eta" in m] == ["moving_average"]
+    assert [f for f, m in model.items() if "temperature" in m] == ["exp_decay"]
+    assert model["exp_decay"]["temperature"] == 100.0
+    assert model["none"]["d_model"] == model["gate"]["d_model"]  # the rest of the model is there
+
+
+def test_tracked_trial_runs_have_no_inapplicable_params(tmp_path):
+    from a2core.config import Config
+    from dashboards.tracking import StudyTracker
+
+    tracker = StudyTracker(f"sqlite:///{tmp_path / 'm.db'}", "absent", artifact_location=str(tmp_path / "art"))
+    run_id = tracker.trial_run("t0", Config.from_dict({"model": {"fusion": "none"}}))  # a plain Config: defaults
+    params = tracker.client.get_run(run_id).data.params
+    assert params["model.fusion"] == "none" and "model.d_model" in params
+    assert not {"model.lambda", "model.eta", "model.temperature", "model.renormalize"} & set(params)
 
 
 def test_default_points_are_the_paper_values(tmp_path):
