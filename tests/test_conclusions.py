@@ -161,3 +161,9 @@ def test_best_epochs_per_image_cider_is_the_run_artifact_compare_reads(tmp_path)
     assert diff.images == len(ids) and diff.delta == pytest.approx(5.0)
     assert diff.verdict().startswith("gate beats none by 5.0 CIDEr [") and diff.verdict().endswith(
         "3 seeds x 30 images")
+    # `a2 pipeline` ends with these verdicts, then the ensemble's gain from the leaderboard
+    from launch.pipeline import conclusion
+
+    gain = "ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seeds x 30 images"
+    assert conclusion(uri, "pi", {"ensemble_gain": {"verdict": gain}}) == [diff.verdict(), gain]
+    assert conclusion(uri, "nope", {})[0].startswith("no comparison: ")

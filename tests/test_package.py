@@ -36,9 +36,11 @@ def test_best_configuration_ties_break_by_trial_id_and_seeds_group_by_config():
 
     rows = [_cand("t3", 0, 0.5, "h2"), _cand("t1", 1, 0.5, "h1"), _cand("t2", 0, 0.4, "h1"),
             _cand("t4", 2, 0.45, "h1", state="ERROR"), _cand("t5", 2, 0.3, "h1"), _cand("t6", 1, 0.2, "h1")]
-    best = select_best(rows, "max")
-    assert best["trial_id"] == "t1"  # 0.5 ties with t3; the lower trial id wins
-    assert select_best(rows, "min")["trial_id"] == "t6"
+    # h2's mean (0.5) beats h1's (0.37) although h1's best trial t1 ties with t3
+    assert select_best(rows, "max")["trial_id"] == "t3"
+    assert select_best(rows, "min")["trial_id"] == "t6"  # h1's mean is lower; t6 its best trial
+    tie = [_cand("t3", 0, 0.5, "h2"), _cand("t1", 1, 0.5, "h1")]
+    assert select_best(tie, "max")["trial_id"] == "t1"  # equal means: the lower trial id
     chosen, missing = seed_checkpoints(rows, "h1", [0, 1, 2, 3], "max", exists=lambda uri: uri != "/ckpt/t2")
     # seed 0: t2 is the only h1 trial and its checkpoint is gone (t3 has another config); seed 2: finished t5
     # before the errored (if better) t4; seed 1: the best, t1.
@@ -46,6 +48,24 @@ def test_best_configuration_ties_break_by_trial_id_and_seeds_group_by_config():
     assert missing == [0, 3]
     with pytest.raises(PackageError):
         select_best([], "max")
+
+
+def test_best_configuration_is_one_not_stopped_early_unless_all_were():
+    from launch.package import select_best
+
+    cut = [dict(_cand(f"s{i}", i, 0.9, "h9"), stopped_early={"rung": 2, "cutoff": 0.8}) for i in range(2)]
+    done = [_cand(f"d{i}", i, 0.5 + 0.01 * i, "h1") for i in range(3)]
+    assert select_best(cut + done, "max")["trial_id"] == "d2"  # the stopped group looked better
+    assert select_best(cut, "max")["trial_id"] == "s0"
+
+
+def test_four_replicates_of_the_best_configuration_are_the_ensemble():
+    from launch.package import ensemble_seeds
+
+    rows = [_cand(f"r{s}", s, 0.5, "h1") for s in (3, 5, 7, 9)] + [_cand("x", 0, 0.9, "h2")]
+    assert ensemble_seeds(rows, "h1", exists=lambda uri: True)[0] == [3, 5, 7, 9]  # nothing to train
+    seeds, why = ensemble_seeds(rows, "h1", exists=lambda uri: uri != "/ckpt/r9")
+    assert seeds == [0, 1, 2, 3] and "3 replicate(s)" in why
 
 
 def test_config_hash_ignores_seed_and_output_dir():
