@@ -269,10 +269,16 @@ def _join_cluster(spec, address: str | None, connect: bool = True) -> None:
 
 def saved_form(spec) -> dict:
     """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the
-    data/model/train keys that the search space controls (the loader refuses a key set in both places)."""
+    data/model/train keys that the search space (or search.replicates: train.seed) controls (the loader refuses
+    a key set in both places)."""
     raw = spec.to_dict()
-    for param in getattr(spec, "params", {}).values():
-        section, *rest = param.path.split(".")
+    paths = [param.path for param in getattr(spec, "params", {}).values()]
+    if getattr(spec, "replicate_seeds", None):  # search.replicates sets train.seed
+        from launch.spec import SEED_PATH
+
+        paths.append(SEED_PATH)
+    for path in paths:
+        section, *rest = path.split(".")
         node = raw.get(section)
         for part in rest[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
