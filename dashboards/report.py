@@ -2,9 +2,12 @@
 
 Sections (each says so when the study logged nothing for it, never fails):
 
-- Table 3 layout: captioning scores per fusion (best config per fusion, mean ± std over seeds, best per column
-  in bold);
-- Fig. 4 style: best val CIDEr and the mean mask value (`train/mask_mean`) against lambda, log x axis, two y axes;
+- Table 3 layout: `a2 study compare NAME --by fusion`'s comparison (one function, `dashboards.stats.compare_arms`,
+  computes both): per fusion its best configuration by mean val CIDEr over seeds (stopped-early ones only when
+  nothing else ran), every score's mean with its 95% interval and the seeds, the difference to the baseline
+  (fusion none) with its interval and a plain-words verdict; best mean per column in bold;
+- Fig. 4 style: best val CIDEr against lambda (runs with a mask network only) with 95% error bars, the baseline as
+  a horizontal band (mean and 95% interval), and the mean mask value (`train/mask_mean`) on a second y axis;
 - Fig. 6 style: per-layer Jensen-Shannon divergence between original and aligned attention, bars per fusion;
 - the A2 diagnostics every trial reports (`a2core.diagnostics`), as a table per fusion: grounding accuracy on
   synthetic data with its word-agnostic control, lift and chance, subject-vs-object score, Kendall tau of
@@ -13,9 +16,10 @@ Sections (each says so when the study logged nothing for it, never fails):
 - grounding accuracy on synthetic data against its word-agnostic control and chance (`diag/grounding/...`);
 - learning curves per trial (val CIDEr and train loss against the logged step, the epoch);
 - a parallel-coordinates view of the search (searched params against best val CIDEr);
-- every run with its status.
+- every run with its status ("stopped early (rung r, cutoff c)" for a run the scheduler stopped).
 
 A run's scores are taken at its best epoch (the step of its highest `val/CIDEr`); other metrics are final values.
+Scores are on the x100 scale, as logged.
 """
 from __future__ import annotations
 
