@@ -166,7 +166,7 @@ def main(args) -> int:
         f"pipeline: done in {total / 60:.1f} min (study {times['study']:.0f} s, report {times['report']:.0f} s, "
         f"package {times['package']:.0f} s)",
         f"  study:        {summary.get('path')}  (summary.json; `a2 study status {name}`)",
-        f"  best trial:   {verdict(summary)}",
+        "  best trial:   " + verdict(summary).replace("\n", "\n                "),
         f"  MLflow:       {uri}  (experiment {name}; `a2 mlflow serve --backend-store-uri {uri}` for the UI)",
         f"  report:       {report.get('html', '(failed)')}",
         f"  submission:   {manifest['results_zip']}",
