@@ -110,6 +110,30 @@ class ModelConfig:
             raise ConfigError(f"{path}.temperature", f"only used by fusion 'exp_decay', not {self.fusion!r}")
 
 
+# Model keys (YAML names) that only some fusions use. ModelConfig keeps defaults for them, so plain-python users
+# need not care; what a study logs, tabulates and hashes leaves out those its fusion does not use.
+MASK_NETWORK_KEYS = ("lambda", "mask_net", "renormalize", "mask_bias_init")  # every fusion but none
+FUSION_ONLY_KEYS = {"eta": "moving_average", "temperature": "exp_decay"}  # eta of Eq. 7, T_P of Eq. 8
+
+
+def inapplicable_model_keys(fusion: str) -> set[str]:
+    """The `model.*` keys a configuration with `fusion` does not use: the mask network's (lambda, mask_net,
+    renormalize, mask_bias_init) for fusion none, eta except for moving_average, temperature (T_P) except for
+    exp_decay."""
+    out = {k for k, only in FUSION_ONLY_KEYS.items() if only != fusion}
+    return out | set(MASK_NETWORK_KEYS) if fusion == "none" else out
+
+
+def applicable_config(config: dict) -> dict:
+    """A copy of a config dict (`Config.to_dict()` form) without the model keys its fusion does not use."""
+    out = dict(config)
+    model = out.get("model")
+    if isinstance(model, dict):
+        drop = inapplicable_model_keys(model.get("fusion", ModelConfig.fusion))
+        out["model"] = {k: v for k, v in model.items() if k not in drop}
+    return out
+
+
 @dataclass
 class TrainConfig:
     seed: int = 0

@@ -10,7 +10,9 @@ pycocoevalcap does) or from a training corpus computed once (``CiderD.from_corpu
 choice for SCST rewards), which can be saved as JSON or kept inside a checkpoint dict.
 
 ``coco_scores`` runs the standard COCO caption evaluation (PTB tokenizer, BLEU-1..4, METEOR,
-ROUGE-L, CIDEr and, when its Stanford CoreNLP models are installed, SPICE) on raw captions;
+ROUGE-L, CIDEr and, when its Stanford CoreNLP models are installed, SPICE) on raw captions and
+returns every score on the COCO papers' x100 scale (``SCALE``: CIDEr 112.3, BLEU-4 36.9), as does
+``caption_scores``; ``CiderD`` itself keeps pycocoevalcap's scale (1.123), the SCST reward's;
 ``evaluate_results_file`` does the same for a COCO results JSON against Karpathy's
 ``dataset_coco.json``; ``best_constant_caption`` gives the "one caption for every image" baseline.
 
@@ -49,10 +51,15 @@ __all__ = [
     "simple_tokenize",
     "spice_available",
     "METRIC_NAMES",
+    "SCALE",
+    "SCALE_NAME",
 ]
 
 #: Metric keys returned by :func:`coco_scores` (SPICE only when it ran).
 METRIC_NAMES = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
+#: coco_scores / caption_scores report pycocoevalcap's numbers times SCALE, the papers' convention.
+SCALE = 100.0
+SCALE_NAME = "x100"
 
 _STATE_FORMAT = "a2tune.cider-d.df"
 _STATE_VERSION = 1
@@ -836,10 +843,11 @@ def _tokenized_scores(tok_gts: dict, tok_res: dict, meteor, progress: bool,
 
 
 def _assemble(ids: list, results: dict[str, float], per: dict[str, list[float]], per_image: bool) -> dict[str, Any]:
+    """pycocoevalcap's fractions as the papers' x100 scores (the one place the scale is applied)."""
     order = [k for k in METRIC_NAMES if k in results]
-    out: dict[str, Any] = {k: results[k] for k in order}
+    out: dict[str, Any] = {k: results[k] * SCALE for k in order}
     if per_image:
-        out["per_image"] = {k: {name: per[name][i] for name in order} for i, k in enumerate(ids)}
+        out["per_image"] = {k: {name: per[name][i] * SCALE for name in order} for i, k in enumerate(ids)}
     return out
 
 
@@ -854,7 +862,7 @@ def coco_scores(
 
     ``gts[image_id]`` = reference captions, ``res[image_id]`` = the generated caption (a str, or
     a one-element list). Returns ``{"BLEU-1".."BLEU-4", "METEOR", "ROUGE-L", "CIDEr"[, "SPICE"]}``
-    as fractions (pycocoevalcap's numbers; CIDEr is CIDEr-D x10), plus
+    on the x100 scale (pycocoevalcap's numbers x ``SCALE``: CIDEr 112.3 where pycocoevalcap says 1.123), plus
     ``"per_image": {image_id: {metric: value}}`` when ``per_image``.
 
     SPICE: ``spice=None`` runs it iff its Stanford CoreNLP jars are installed (otherwise one line
@@ -899,7 +907,7 @@ def coco_scores(
             per["SPICE"] = [float(by_id[k]["All"]["f"]) for k in ids]
     out = _assemble(ids, results, per, per_image)
     _progress(progress, "done in %.1f s: %s" % (time.perf_counter() - t0, ", ".join(
-        f"{k} {v:.4f}" for k, v in out.items() if k != "per_image")))
+        f"{k} {v:.2f}" for k, v in out.items() if k != "per_image")))
     return out
 
 
@@ -912,7 +920,7 @@ def caption_scores(
 ) -> dict[str, Any]:
     """COCO metrics of already tokenized captions (no PTB tokenizer), for validation in training.
 
-    Returns ``{"BLEU-1".."BLEU-4", "ROUGE-L", "CIDEr"}`` and, with ``meteor=True``, "METEOR"
+    Returns ``{"BLEU-1".."BLEU-4", "ROUGE-L", "CIDEr"}`` (x100) and, with ``meteor=True``, "METEOR"
     (one Java process); same numbers as :func:`coco_scores` on the tokenized text. Captions
     are only whitespace-normalised.
     """
@@ -1053,7 +1061,7 @@ def best_constant_caption(
 
     Candidates are the ``candidates`` most frequent training captions after
     :func:`simple_tokenize` (which is also applied to ``gts``); df comes from ``gts``. Returns
-    ``(caption, CIDEr-D)``; ties go to the more frequent caption.
+    ``(caption, CIDEr-D x100)``; ties go to the more frequent caption.
     """
     if candidates < 1:
         raise DataError(f"best_constant_caption: candidates must be >= 1, got {candidates}")
@@ -1067,4 +1075,4 @@ def best_constant_caption(
     per_cand = CiderD()._constant_many(pool, refs)
     means = [float(np.mean(s)) for s in per_cand]
     best = int(np.argmax(means))
-    return pool[best], means[best]
+    return pool[best], means[best] * SCALE

@@ -43,6 +43,8 @@ from .decode import ModelStepper, captions_for, greedy, sample
 from .model.a2 import build_model
 from .errors import CheckpointError
 
+PER_IMAGE_KEY = "val/per_image_cider"  # every validation result: {"ids": [...], "scores": [CIDEr-D x100, ...]}
+
 log = logging.getLogger("a2core.train")
 Report = Callable[[dict, "str | None"], None]
 
@@ -351,8 +353,11 @@ class Trainer:
         refs = {i: refs[i] for i in caps}
         from .metrics import caption_scores
 
-        scores = caption_scores(refs, caps, meteor=t.val_meteor)
+        scores = caption_scores(refs, caps, meteor=t.val_meteor, per_image=True)  # x100
+        per_image = scores.pop("per_image")
         out = {f"val/{k}": v for k, v in scores.items()}
+        # per-image CIDEr-D (x100) for the paired bootstrap of comparisons; a dict, so no scalar log carries it
+        out[PER_IMAGE_KEY] = {"ids": sorted(per_image), "scores": [per_image[i]["CIDEr"] for i in sorted(per_image)]}
         out["samples"] = [f"{i}: {caps[i]}" for i in sorted(caps)[:5]]
         return out
 

@@ -78,9 +78,12 @@ def _arm(tracking_uri: str, label: str, group: list[RunSummary], metrics: list[s
     return Arm(label, seeds, _per_image(tracking_uri, group))
 
 
-def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion") -> tuple[Comparison, list, int]:
-    """(the comparison, the table's (label, group) rows, number of runs with val CIDEr)."""
-    runs = [r for r in load_study(tracking_uri, study_name).runs if r.best_cider is not None]
+def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion",
+                     study=None) -> tuple[Comparison, list, int]:
+    """(the comparison, the table's (label, group) rows, number of runs with val CIDEr); `study`: the study
+    already loaded (`dashboards.report.load_study`), else it is read from MLflow."""
+    study = study or load_study(tracking_uri, study_name)
+    runs = [r for r in study.runs if r.best_cider is not None]
     metrics = [m for _, m in TABLE_METRICS if any(r.score(m) is not None for r in runs)]
     buckets: dict[str, list[RunSummary]] = {}
     for r in runs:

@@ -1,17 +1,20 @@
 """The leaderboard of a packaged study, and the ensemble as an MLflow model.
 
 `leaderboard.json` (written by `a2 package`) holds, for every seed checkpoint of the study's best configuration
-and for their averaging ensemble, the offline COCO metrics on the Karpathy test split (percentages, as in the
+and for their averaging ensemble, the offline COCO metrics on the Karpathy test split (x100, as in the
 paper), where each number came from (study, trial ids, MLflow run ids, checkpoint locations, config hash, git
 commit, seeds), and the paper's rows for the same fusion (Table 1 / Table 3, and Table 2 for the ensemble)::
 
     {"schema": 1, "study": "a2-smoke", "created": "...", "git_commit": "...",
-     "evaluation": {"split": "karpathy-test", "images": 20, "beam_size": 5, "scale": "percent", ...},
+     "evaluation": {"split": "karpathy-test", "images": 20, "beam_size": 5, "scale": "x100", ...},
      "configuration": {"hash": "<sha256>", "fusion": "gate", "config": {...}, "selected_by": {...}},
      "seeds": [0, 1, 2, 3],
-     "entries": [{"name": "seed-0", "kind": "checkpoint", "seed": 0, "trial_id": "...", "metrics": {...},
-                  "ensemble_CIDEr": 3.1, ...}, ..., {"name": "ensemble", "kind": "ensemble", ...}],
-     "ensemble": {"CIDEr": 3.1, "mean_seed_CIDEr": 2.7, "best_seed_CIDEr": 2.9, "gain_over_mean": 0.4},
+     "entries": [{"name": "seed-0", "kind": "checkpoint", "seed": 0, "trial_id": "...", "metrics": {...}, ...},
+                 ..., {"name": "ensemble", "kind": "ensemble", "metrics": {...}, ...}],
+     "seed_mean": {"CIDEr": {"mean": 101.5, "low": 99.4, "high": 103.6, "n": 4}, ...},
+     "ensemble": {"CIDEr": 110.0, "gain_over_mean": 8.5,
+                  "gain_over_best": {"best_member": "seed-3", "best_member_CIDEr": 103.0, "delta": 7.0,
+                                     "low": 3.2, "high": 10.9, "images": 20, "verdict": "ensemble beats ..."}},
      "paper": {"table1": {...}, "table2": {...}, "table3": {...}}}
 
 The config hash is the sha256 of the canonical JSON (sorted keys, no spaces) of the resolved a2core config
@@ -43,7 +46,7 @@ from dashboards import paper_results
 from a2core.atomic import atomic_write
 from a2core.data.features import FeatureStore
 from a2core.errors import DataError
-from a2core.metrics import METRIC_NAMES
+from a2core.metrics import METRIC_NAMES, SCALE, SCALE_NAME
 
 SCHEMA = 1
 # Metrics in the order the table shows them; coco_scores' names.
@@ -74,16 +77,18 @@ def config_hash(config: Mapping) -> str:
 
 
 # -- scores ------------------------------------------------------------------------------------------------------
-def as_percent(scores: Mapping[str, Any]) -> dict[str, float]:
-    """coco_scores' fractions as the paper's percentages (CIDEr 1.25 -> 125.0), in METRICS order."""
-    return {k: round(float(scores[k]) * 100.0, 4) for k in METRICS if k in scores and scores[k] is not None}
+def ordered(scores: Mapping[str, Any]) -> dict[str, float]:
+    """coco_scores' metrics (already x100, the papers' scale: CIDEr 125.0) in METRICS order, rounded."""
+    return {k: round(float(scores[k]), 4) for k in METRICS if k in scores and scores[k] is not None}
 
 
 def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str, Mapping[int, str]],
-                  spice: bool | None = None) -> dict[str, dict[str, float]]:
-    """COCO metrics (percent) of several systems' captions of the same images: `a2core.metrics.coco_scores`'
-    numbers, with one PTB tokenizer run and one METEOR process shared by all systems instead of two Java
-    processes per system (they dominate the time and fight over a small machine's cores).
+                  spice: bool | None = None) -> tuple[dict[str, dict[str, float]], dict[str, dict[int, float]]]:
+    """COCO metrics (x100) of several systems' captions of the same images, and each system's per-image CIDEr-D
+    ({name: {image_id: CIDEr}}, x100, what the paired bootstrap of the ensemble gain resamples):
+    `a2core.metrics.coco_scores`' numbers, with one PTB tokenizer run and one METEOR process shared by all
+    systems instead of two Java processes per system (they dominate the time and fight over a small machine's
+    cores).
 
     Same steps as `coco_scores`: every caption PTB-tokenized (references once), then BLEU-1..4, ROUGE-L and
     CIDEr-D (`caption_scores` on the tokenized text) and METEOR. With SPICE (when its models are installed, or
@@ -95,9 +100,17 @@ def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str,
         if not spice:
             print("leaderboard: SPICE not available (Stanford CoreNLP models missing); reported without it",
                   file=sys.stderr, flush=True)
+    out: dict[str, dict[str, float]] = {}
+    per_image: dict[str, dict[int, float]] = {}
+
+    def keep(name: str, scores: dict) -> None:
+        per_image[name] = {k: float(v["CIDEr"]) for k, v in scores.pop("per_image").items()}
+        out[name] = ordered(scores)
+
     if spice:
-        return {name: as_percent(coco_scores(references, caps, spice=True, progress=False))
-                for name, caps in systems.items()}
+        for name, caps in systems.items():
+            keep(name, coco_scores(references, caps, spice=True, per_image=True, progress=False))
+        return out, per_image
     ids = list(references)
     for name, caps in systems.items():
         lost = [k for k in ids if k not in caps]
@@ -110,14 +123,13 @@ def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str,
         raw.update({(name, k): [caps[k]] for k in ids})
     tok = ptb_tokenize(raw)
     tok_gts = {k: tok[("gts", k)] for k in ids}
-    out: dict[str, dict[str, float]] = {}
     with Meteor() as meteor:
         for name in systems:
             tok_res = {k: tok[(name, k)] for k in ids}
-            scores = caption_scores(tok_gts, {k: tok_res[k][0] for k in ids})
-            scores["METEOR"], _ = meteor.compute_score(tok_gts, tok_res)
-            out[name] = as_percent(scores)
-    return out
+            scores = caption_scores(tok_gts, {k: tok_res[k][0] for k in ids}, per_image=True)
+            scores["METEOR"] = meteor.compute_score(tok_gts, tok_res)[0] * SCALE
+            keep(name, scores)
+    return out, per_image
 
 
 # -- the leaderboard ---------------------------------------------------------------------------------------------
@@ -136,54 +148,91 @@ def _fmt_number(value) -> str:
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
+def _interval(iv) -> dict:
+    return {"mean": round(iv.mean, 4), "low": None if iv.low is None else round(iv.low, 4),
+            "high": None if iv.high is None else round(iv.high, 4), "n": iv.n}
+
+
+def ensemble_gain(ensemble: Mapping[str, float], members: Mapping[str, Mapping[str, float]],
+                  per_image: Mapping[str, Mapping[int, float]] | None = None) -> dict:
+    """The ensemble's CIDEr gain over its best member with a 95% interval: `dashboards.stats.compare_arms` on the
+    two systems, the paired bootstrap over the test images when both have per-image CIDEr-D, else no interval."""
+    from dashboards.stats import Arm, compare_arms
+
+    best = max(members, key=lambda name: members[name].get("CIDEr", -math.inf))
+    per_image = per_image or {}
+
+    def arm(name: str, metrics: Mapping[str, float]) -> Arm:
+        scores = per_image.get(name)
+        ids = sorted(per_image.get("ensemble") or {})
+        rows = None if scores is None or sorted(scores) != ids else np.asarray([[scores[i] for i in ids]])
+        return Arm(name, [dict(metrics)], rows)
+
+    diff = compare_arms([arm("ensemble", ensemble), arm(best, members[best])], baseline=best,
+                        metric="CIDEr").differences.get("ensemble")
+    return {"best_member": best, "best_member_CIDEr": members[best].get("CIDEr"),
+            "delta": None if diff is None else round(diff.delta, 4),
+            "low": None if diff is None or diff.low is None else round(diff.low, 4),
+            "high": None if diff is None or diff.high is None else round(diff.high, 4),
+            "images": None if diff is None else diff.images,
+            "verdict": None if diff is None else diff.verdict()}
+
+
 def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensemble_metrics: Mapping[str, float],
                       images: int, beam_size: int = 5, max_len: int = 20, selected_by: Mapping | None = None,
-                      split: str = "test", extra: Mapping | None = None) -> dict:
+                      split: str = "test", extra: Mapping | None = None,
+                      per_image: Mapping[str, Mapping[int, float]] | None = None) -> dict:
     """The leaderboard dict.
 
-    `members`: one dict per seed checkpoint with `seed`, `trial_id`, `study`, `checkpoint`, `metrics` (percent,
+    `members`: one dict per seed checkpoint with `seed`, `trial_id`, `study`, `checkpoint`, `metrics` (x100,
     from `score_systems`) and optionally `mlflow_run_id`, `value` (its study metric). `ensemble_metrics`: the
-    averaging ensemble's metrics (percent)."""
+    averaging ensemble's metrics (x100). `per_image`: per-image CIDEr-D of "seed-<s>" and "ensemble" (from
+    `score_systems`), for the interval of the ensemble gain.
+
+    Every number is one value per row: the seeds' metrics, their mean with a 95% t-interval over seeds
+    (`seed_mean`), the ensemble's metrics, and its gain over its best member with a paired bootstrap interval
+    over the test images (`ensemble.gain_over_best`); all from `dashboards.stats`."""
+    from dashboards.stats import Arm, compare_arms
+
     cfg = canonical_config(config)
     digest = config_hash(config)
     fusion = cfg.get("model", {}).get("fusion")
     stage = "scst" if int(cfg.get("train", {}).get("scst_epochs") or 0) > 0 else "xe"
-    ens_cider = ensemble_metrics.get("CIDEr")
     entries = []
     for m in sorted(members, key=lambda m: (m["seed"], str(m["trial_id"]))):
-        metrics = dict(m["metrics"])
-        own = metrics.get("CIDEr")
         entries.append({
             "name": f"seed-{m['seed']}", "kind": "checkpoint", "seed": m["seed"], "study": m.get("study", study),
             "trial_id": m["trial_id"], "mlflow_run_id": m.get("mlflow_run_id"), "checkpoint": m["checkpoint"],
-            "config_hash": digest, "study_metric": m.get("value"), "metrics": metrics, "ensemble_CIDEr": ens_cider,
-            "ensemble_gain_CIDEr": None if own is None or ens_cider is None else round(ens_cider - own, 4),
+            "config_hash": digest, "study_metric": m.get("value"), "metrics": dict(m["metrics"]),
         })
-    seed_ciders = [e["metrics"]["CIDEr"] for e in entries if e["metrics"].get("CIDEr") is not None]
+    seeds = [e for e in entries if e["kind"] == "checkpoint"]
+    metrics = [k for k in METRICS if k in ensemble_metrics]
+    ((_, intervals),) = compare_arms([Arm("seeds", [e["metrics"] for e in seeds])], metrics=metrics).rows
     entries.append({
-        "name": "ensemble", "kind": "ensemble", "seeds": [e["seed"] for e in entries],
-        "studies": sorted({e["study"] for e in entries}), "trial_ids": [e["trial_id"] for e in entries],
-        "mlflow_run_ids": [e["mlflow_run_id"] for e in entries], "checkpoints": [e["checkpoint"] for e in entries],
-        "config_hash": digest, "metrics": dict(ensemble_metrics), "ensemble_CIDEr": ens_cider,
+        "name": "ensemble", "kind": "ensemble", "seeds": [e["seed"] for e in seeds],
+        "studies": sorted({e["study"] for e in seeds}), "trial_ids": [e["trial_id"] for e in seeds],
+        "mlflow_run_ids": [e["mlflow_run_id"] for e in seeds], "checkpoints": [e["checkpoint"] for e in seeds],
+        "config_hash": digest, "metrics": dict(ensemble_metrics),
     })
+    ens_cider = ensemble_metrics.get("CIDEr")
+    mean = intervals.get("CIDEr")
     summary = {"CIDEr": ens_cider,
-               "mean_seed_CIDEr": round(sum(seed_ciders) / len(seed_ciders), 4) if seed_ciders else None,
-               "best_seed_CIDEr": max(seed_ciders) if seed_ciders else None}
-    summary["gain_over_mean"] = (None if ens_cider is None or summary["mean_seed_CIDEr"] is None
-                                 else round(ens_cider - summary["mean_seed_CIDEr"], 4))
+               "gain_over_best": ensemble_gain(ensemble_metrics, {e["name"]: e["metrics"] for e in seeds}, per_image)
+               if seeds and ens_cider is not None else None,
+               "gain_over_mean": None if ens_cider is None or mean is None else round(ens_cider - mean.mean, 4)}
     board = {
         "schema": SCHEMA,
         "study": study,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "git_commit": _git_commit(),
         "evaluation": {"split": f"karpathy-{split}", "images": int(images), "beam_size": int(beam_size),
-                       "max_len": int(max_len), "scale": "percent",
-                       "metrics": [k for k in METRICS if k in ensemble_metrics],
-                       "spice": "SPICE" in ensemble_metrics},
+                       "max_len": int(max_len), "scale": SCALE_NAME, "metrics": metrics,
+                       "spice": "SPICE" in ensemble_metrics, "interval": "95%"},
         "configuration": {"hash": digest, "fusion": fusion, "lambda": cfg.get("model", {}).get("lambda"),
                           "stage": stage, "config": cfg, "selected_by": dict(selected_by or {})},
-        "seeds": [e["seed"] for e in entries if e["kind"] == "checkpoint"],
+        "seeds": [e["seed"] for e in seeds],
         "entries": entries,
+        "seed_mean": {k: _interval(iv) for k, iv in intervals.items()},
         "ensemble": summary,
         "paper": paper_results.paper_rows(fusion, stage) if fusion else None,
     }
@@ -202,30 +251,38 @@ def read_leaderboard(path: str | os.PathLike) -> dict:
 
 
 def format_table(board: Mapping) -> str:
-    """A small text table: each seed and the ensemble (with the ensemble's CIDEr next to each seed's), then the
-    paper's rows for the same fusion."""
+    """A small text table: each seed, the seed mean with its 95% interval, the ensemble, the paper's rows for the
+    same fusion; then the ensemble's gain over its best member with its interval."""
+    from dashboards.stats import Interval
+    from dashboards.tables import text_table
+
     metrics = [k for k in METRICS if k in board["evaluation"]["metrics"]]
-    header = ["", "trial", *[SHORT[k] for k in metrics], "ens C"]
+    header = ["", "trial", *[SHORT[k] for k in metrics]]
     rows = []
     for e in board["entries"]:
         trial = e["trial_id"] if e["kind"] == "checkpoint" else f"{len(e['seeds'])} seeds"
-        rows.append([e["name"], str(trial), *[_fmt_number(e["metrics"].get(k)) for k in metrics],
-                     _fmt_number(e.get("ensemble_CIDEr"))])
+        rows.append([e["name"], str(trial), *[_fmt_number(e["metrics"].get(k)) for k in metrics]])
+        if e["kind"] == "ensemble":  # the seed mean goes between the seeds and the ensemble
+            mean = board.get("seed_mean") or {}
+            rows.insert(-1, ["seed mean [95% CI]", f"{len(e['seeds'])} seeds",
+                             *[Interval(**{"sd": None, **mean[k]}).text() if k in mean else "-" for k in metrics]])
     paper = board.get("paper") or {}
     t1 = paper.get("table1")
     if t1:
         rows.append([f"paper T1 {t1['row']} ({t1.get('stage', 'xe')})", "", *[
-            _fmt_number(t1.get("metrics", t1.get("xe", {})).get(k)) for k in metrics], ""])
+            _fmt_number(t1.get("metrics", t1.get("xe", {})).get(k)) for k in metrics]])
     t3 = paper.get("table3")
     if t3:
-        rows.append([f"paper T3 {t3['row']}", "", *[_fmt_number(t3["metrics"].get(k)) for k in metrics], ""])
+        rows.append([f"paper T3 {t3['row']}", "", *[_fmt_number(t3["metrics"].get(k)) for k in metrics]])
     ev = board["evaluation"]
     title = (f"leaderboard of {board['study']} ({board['configuration']['fusion']}, config "
              f"{board['configuration']['hash'][:12]}): {ev['split']}, {ev['images']} images, beam {ev['beam_size']}, "
-             f"percent")
-    from dashboards.tables import text_table
-
-    return "\n".join([title, text_table(header, rows)])
+             f"scores {ev['scale']}")
+    lines = [title, text_table(header, rows)]
+    gain = (board.get("ensemble") or {}).get("gain_over_best")
+    if gain and gain.get("verdict"):
+        lines.append(f"ensemble gain over its best member ({gain['best_member']}): {gain['verdict']}")
+    return "\n".join(lines)
 
 
 # -- MLflow --------------------------------------------------------------------------------------------------------

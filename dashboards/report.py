@@ -2,9 +2,12 @@
 
 Sections (each says so when the study logged nothing for it, never fails):
 
-- Table 3 layout: captioning scores per fusion (best config per fusion, mean ± std over seeds, best per column
-  in bold);
-- Fig. 4 style: best val CIDEr and the mean mask value (`train/mask_mean`) against lambda, log x axis, two y axes;
+- Table 3 layout: `a2 study compare NAME --by fusion`'s comparison (one function, `dashboards.stats.compare_arms`,
+  computes both): per fusion its best configuration by mean val CIDEr over seeds (stopped-early ones only when
+  nothing else ran), every score's mean with its 95% interval and the seeds, the difference to the baseline
+  (fusion none) with its interval and a plain-words verdict; best mean per column in bold;
+- Fig. 4 style: best val CIDEr against lambda (runs with a mask network only) with 95% error bars, the baseline as
+  a horizontal band (mean and 95% interval), and the mean mask value (`train/mask_mean`) on a second y axis;
 - Fig. 6 style: per-layer Jensen-Shannon divergence between original and aligned attention, bars per fusion;
 - the A2 diagnostics every trial reports (`a2core.diagnostics`), as a table per fusion: grounding accuracy on
   synthetic data with its word-agnostic control, lift and chance, subject-vs-object score, Kendall tau of
@@ -13,9 +16,10 @@ Sections (each says so when the study logged nothing for it, never fails):
 - grounding accuracy on synthetic data against its word-agnostic control and chance (`diag/grounding/...`);
 - learning curves per trial (val CIDEr and train loss against the logged step, the epoch);
 - a parallel-coordinates view of the search (searched params against best val CIDEr);
-- every run with its status.
+- every run with its status ("stopped early (rung r, cutoff c)" for a run the scheduler stopped).
 
 A run's scores are taken at its best epoch (the step of its highest `val/CIDEr`); other metrics are final values.
+Scores are on the x100 scale, as logged.
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a2core.config import inapplicable_model_keys
+from dashboards.stats import best_candidates, is_stopped_early, stopped_early_text
 from dashboards.tables import finite
 from dashboards.tracking import TAG_FUSION, TAG_SEED, _client, default_tracking_uri, study_runs
 from a2core.errors import TrackingError
@@ -81,7 +87,8 @@ class RunSummary:
 
     @property
     def lam(self) -> float | None:
-        return finite(self.param(*LAMBDA_KEYS))
+        """lambda, None for fusion none (no mask network: a run logged before keys became absent may carry one)."""
+        return None if self.fusion == "none" else finite(self.param(*LAMBDA_KEYS))
 
     def score(self, metric: str) -> float | None:
         """A metric at the best epoch when known, else its final value."""
@@ -163,30 +170,6 @@ class ConfigGroup:
     key: tuple
     runs: list[RunSummary]
 
-    def values(self, metric: str) -> list[float]:
-        out = []
-        for r in self.runs:
-            v = r.best_cider if metric == CIDER else r.score(metric)
-            if v is not None:
-                out.append(v)
-        return out
-
-    def mean(self, metric: str) -> float | None:
-        vals = self.values(metric)
-        return statistics.fmean(vals) if vals else None
-
-    def std(self, metric: str) -> float | None:
-        vals = self.values(metric)
-        return statistics.stdev(vals) if len(vals) > 1 else None
-
-    @property
-    def seeds(self) -> list[str]:
-        return sorted({r.seed for r in self.runs if r.seed is not None}, key=lambda s: (len(s), s))
-
-    @property
-    def best_run(self) -> RunSummary:
-        return max(self.runs, key=lambda r: -math.inf if r.best_cider is None else r.best_cider)
-
 
 def config_groups(runs: list[RunSummary], keys: list[str] | None = None) -> list[ConfigGroup]:
     keys = searched_keys(runs) if keys is None else keys
@@ -196,13 +179,11 @@ def config_groups(runs: list[RunSummary], keys: list[str] | None = None) -> list
     return [ConfigGroup(k, v) for k, v in groups.items()]
 
 
-def best_group(groups: list[ConfigGroup]) -> ConfigGroup | None:
-    scored = [g for g in groups if g.mean(CIDER) is not None]
-    return max(scored, key=lambda g: g.mean(CIDER)) if scored else None
-
-
 def group_value(run: RunSummary, by: str) -> str | None:
-    """The value of `by` for a run: a param (exact or dotted suffix), an a2.<by> tag or a tag."""
+    """The value of `by` for a run: a param (exact or dotted suffix), an a2.<by> tag or a tag; None when `by` is a
+    model key the run's fusion does not use (lambda of fusion none), whatever an older run logged."""
+    if by.rsplit(".", 1)[-1] in inapplicable_model_keys(run.fusion):
+        return None
     if by in run.params:
         return run.params[by]
     for k, v in sorted(run.params.items()):
@@ -215,67 +196,53 @@ def fusion_sort_key(value: str) -> tuple:
     return (FUSION_ORDER.index(value), "") if value in FUSION_ORDER else (len(FUSION_ORDER), str(value))
 
 
-def score_scale(values: list[float]) -> float:
-    """100 when scores look like fractions (pycocoevalcap's scale), so tables read like the paper's."""
-    vals = [v for v in values if v is not None]
-    return 100.0 if vals and max(abs(v) for v in vals) <= 5.0 else 1.0
-
-
-def fmt_mean_std(mean: float | None, std: float | None, scale: float = 1.0, digits: int = 1) -> str:
+def fmt_mean_std(mean: float | None, std: float | None, digits: int = 1) -> str:
     if mean is None:
         return "–"
-    text = f"{mean * scale:.{digits}f}"
-    if std is not None:
-        text += f" ± {std * scale:.{digits}f}"
-    return text
+    return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
 
 
 # -- table 3 ---------------------------------------------------------------------------------------------------
-def fusion_table(runs: list[RunSummary]) -> dict:
-    """Rows per fusion (best config of that fusion, mean/std over its seeds) and the columns present."""
-    keys = searched_keys(runs)
-    by_fusion: dict[str, list[RunSummary]] = {}
-    for r in runs:
-        by_fusion.setdefault(r.fusion, []).append(r)
-    columns = [(label, m) for label, m in TABLE_METRICS if any(r.score(m) is not None for r in runs)]
-    rows = []
-    for fusion in sorted(by_fusion, key=fusion_sort_key):
-        group = best_group(config_groups(by_fusion[fusion], [k for k in keys if k not in FUSION_KEYS]))
-        if group is None:
-            continue
-        rows.append({"fusion": fusion, "group": group,
-                     "cells": {m: (group.mean(m), group.std(m)) for _, m in columns}})
-    best = {}
-    for _, m in columns:
-        means = [row["cells"][m][0] for row in rows if row["cells"][m][0] is not None]
-        best[m] = max(means) if means else None
-    scale = score_scale([row["cells"][m][0] for row in rows for _, m in columns])
-    return {"columns": columns, "rows": rows, "best": best, "scale": scale}
+def fusion_table(study: Study):
+    """`a2 study compare NAME --by fusion`'s comparison (`dashboards.compare.study_comparison`, which calls
+    `dashboards.stats.compare_arms`): the same rows, intervals and differences as the command prints."""
+    from dashboards.compare import study_comparison
+
+    return study_comparison(study.tracking_uri, study.name, by="fusion", study=study)
 
 
-def fusion_table_html(table: dict) -> str:
-    if not table["rows"]:
+def fusion_table_html(comparison, labelled: list) -> str:
+    if not comparison.rows:
         return _missing("No run logged val/CIDEr, so there is no fusion table.")
-    head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in table["columns"])
+    columns = [(label, m) for label, m in TABLE_METRICS if any(m in iv for _, iv in comparison.rows)]
+    best = {m: max((iv[m].mean for _, iv in comparison.rows if m in iv), default=None) for _, m in columns}
+    keys = searched_keys([r for _, g in labelled for r in g])
     body = []
-    for row in table["rows"]:
-        g = row["group"]
+    for (arm, intervals), (_, group) in zip(comparison.rows, labelled):
         cells = []
-        for _, m in table["columns"]:
-            mean, std = row["cells"][m]
-            text = html.escape(fmt_mean_std(mean, std, table["scale"]))
-            is_best = mean is not None and table["best"][m] is not None and math.isclose(mean, table["best"][m])
+        for _, m in columns:
+            iv = intervals.get(m)
+            text = html.escape(iv.text() if iv else "–")
+            is_best = iv is not None and math.isclose(iv.mean, best[m])
             cells.append(f"<td class='best'><b>{text}</b></td>" if is_best else f"<td>{text}</td>")
-        config = ", ".join(f"{k}={v}" for k, v in g.key if k not in FUSION_KEYS) or "–"
-        body.append(f"<tr><th>{html.escape(FUSION_LABEL.get(row['fusion'], row['fusion']))}</th>"
-                    f"<td class='n'>{len(g.runs)}</td>{''.join(cells)}<td class='cfg'>{html.escape(config)}</td></tr>")
-    missing = [label for label, _ in TABLE_METRICS if label not in {c[0] for c in table["columns"]}]
+        diff = comparison.differences.get(arm.label)
+        versus = "baseline" if arm.label == comparison.baseline else (diff.interval_text() if diff else "–")
+        verdict = diff.verdict() if diff else ""
+        config = ", ".join(f"{k}={group[0].params[k]}" for k in keys
+                           if k in group[0].params and k not in FUSION_KEYS) or "–"
+        body.append(f"<tr><th>{html.escape(FUSION_LABEL.get(arm.label, arm.label))}</th>"
+                    f"<td class='n'>{len(arm.seeds)}</td>{''.join(cells)}<td>{html.escape(versus)}</td>"
+                    f"<td class='l'>{html.escape(verdict)}</td><td class='cfg'>{html.escape(config)}</td></tr>")
+    head = "".join(f"<th>{html.escape(label)}</th>" for label, _ in columns)
+    missing = [label for label, _ in TABLE_METRICS if label not in {c[0] for c in columns}]
     note = f"<p class='note'>Not logged: {', '.join(missing)}.</p>" if missing else ""
-    scale = " Scores ×100." if table["scale"] == 100.0 else ""
-    return (f"<table class='t3'><thead><tr><th>fusion</th><th>seeds</th>{head}<th>config</th></tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table>"
-            f"<p class='note'>Best config per fusion (by mean val CIDEr); mean ± std over seeds at each run's best "
-            f"epoch; best per column in bold.{scale}</p>{note}")
+    return (f"<table class='t3'><thead><tr><th>fusion</th><th>seeds</th>{head}<th>CIDEr vs baseline</th>"
+            f"<th>verdict</th><th>config</th></tr></thead><tbody>{''.join(body)}</tbody></table>"
+            f"<p class='note'>Best configuration per fusion by mean val CIDEr over its seeds (configurations stopped "
+            f"early only when nothing else ran); mean [95% CI] over seeds at each run's best epoch (no interval "
+            f"below 3 seeds), scores x100; best mean per column in bold. The difference to the baseline is the "
+            f"paired bootstrap over seeds and images when the runs logged per-image CIDEr-D, else Welch's t over "
+            f"seed means (the numbers of `a2 study compare --by fusion`).</p>{note}")
 
 
 # -- plots -----------------------------------------------------------------------------------------------------
@@ -290,32 +257,56 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def lambda_series(runs: list[RunSummary]):
+    """The Fig. 4 numbers: {lambda: its runs} of runs with a mask network, {lambda: Interval} of their best val
+    CIDEr, and the baseline's (fusion none) Interval or None; intervals from `dashboards.stats.compare_arms`."""
+    from dashboards.stats import Arm, compare_arms
+
+    by_lam: dict[float, list[RunSummary]] = {}
+    for r in runs:
+        if r.lam is not None and r.lam > 0 and r.best_cider is not None:
+            by_lam.setdefault(r.lam, []).append(r)
+    base = [r for r in runs if r.fusion == "none" and r.best_cider is not None]
+    arms = [Arm(str(x), [{CIDER: r.best_cider} for r in by_lam[x]]) for x in sorted(by_lam)]
+    arms += [Arm("none", [{CIDER: r.best_cider} for r in base])] if base else []
+    intervals = {arm.label: iv[CIDER] for arm, iv in compare_arms(arms, metrics=[CIDER]).rows}
+    return by_lam, {x: intervals[str(x)] for x in sorted(by_lam)}, intervals.get("none")
+
+
 def plot_lambda(runs: list[RunSummary], path: Path) -> Path | None:
-    pts = [(r.lam, r.best_cider, r.final.get("train/mask_mean")) for r in runs
-           if r.lam is not None and r.lam > 0 and r.best_cider is not None]
-    if not pts:
+    """Best val CIDEr against lambda (runs with a mask network only): the mean over a lambda's runs with its 95%
+    interval as error bars, the mean mask value on a second axis, and the baseline (fusion none: mean and 95%
+    interval over its runs) as a horizontal band."""
+    by_lam, points, baseline = lambda_series(runs)
+    if not by_lam:
         return None
-    by_lam: dict[float, list] = {}
-    for lam, cider, mask in pts:
-        by_lam.setdefault(lam, []).append((cider, mask))
     lams = sorted(by_lam)
-    cider = [statistics.fmean(c for c, _ in by_lam[x]) for x in lams]
+    cider = [points[x] for x in lams]
+    err = [[0 if iv.low is None else iv.mean - iv.low for iv in cider],
+           [0 if iv.high is None else iv.high - iv.mean for iv in cider]]
     fig = _figure()
     ax = fig.add_subplot()
-    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, color="tab:blue", alpha=0.35)
-    ax.plot(lams, cider, "o-", color="tab:blue", label="val CIDEr (best epoch)")
+    ax.scatter([r.lam for x in lams for r in by_lam[x]], [r.best_cider for x in lams for r in by_lam[x]], s=12,
+               color="tab:blue", alpha=0.35)
+    ax.errorbar(lams, [iv.mean for iv in cider], yerr=err, fmt="o-", color="tab:blue", capsize=3,
+                label="val CIDEr (best epoch), mean and 95% CI")
+    if baseline is not None:
+        ax.axhline(baseline.mean, color="gray", lw=1, label=f"baseline (fusion none), {baseline.n} runs")
+        if baseline.low is not None:
+            ax.axhspan(baseline.low, baseline.high, color="gray", alpha=0.2, lw=0)
     ax.set_xscale("log")
     ax.set_xlabel("λ (mask regulariser)")
-    ax.set_ylabel("val CIDEr", color="tab:blue")
+    ax.set_ylabel("val CIDEr (x100)", color="tab:blue")
     handles = ax.get_legend_handles_labels()[0]
-    mask_l = [x for x in lams if any(m is not None and not _isnan(m) for _, m in by_lam[x])]
+    mask = {x: [m for r in by_lam[x] if (m := r.final.get("train/mask_mean")) is not None and not _isnan(m)]
+            for x in lams}
+    mask_l = [x for x in lams if mask[x]]
     if mask_l:
-        mask = [statistics.fmean(m for _, m in by_lam[x] if m is not None and not _isnan(m)) for x in mask_l]
         ax2 = ax.twinx()
-        ax2.plot(mask_l, mask, "s--", color="tab:red", label="mean mask value")
+        ax2.plot(mask_l, [statistics.fmean(mask[x]) for x in mask_l], "s--", color="tab:red", label="mean mask value")
         ax2.set_ylabel("mean mask m", color="tab:red")
         handles += ax2.get_legend_handles_labels()[0]
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3), fontsize=8, frameon=False)
     ax.set_title("CIDEr and mask value against λ")
     return _save(fig, path)
 
@@ -524,6 +515,13 @@ td.l{text-align:left}
 """
 
 
+def run_state(run: RunSummary) -> str:
+    """The run's MLflow status, or "stopped early (rung r, cutoff c)" for a run the scheduler stopped."""
+    if is_stopped_early(run.tags):
+        return stopped_early_text(run.tags)
+    return run.status
+
+
 def runs_table_html(runs: list[RunSummary], keys: list[str]) -> str:
     if not runs:
         return _missing("The study has no trial runs yet.")
@@ -531,8 +529,8 @@ def runs_table_html(runs: list[RunSummary], keys: list[str]) -> str:
     rows = []
     for r in sorted(runs, key=lambda r: -math.inf if r.best_cider is None else -r.best_cider):
         cells = "".join(f"<td>{html.escape(str(r.params.get(k, '')))}</td>" for k in keys)
-        best = "–" if r.best_cider is None else f"{r.best_cider:.4g}"
-        rows.append(f"<tr><td class='l'>{html.escape(r.name)}</td><td class='l'>{html.escape(r.status)}</td>"
+        best = "–" if r.best_cider is None else f"{r.best_cider:.1f}"
+        rows.append(f"<tr><td class='l'>{html.escape(r.name)}</td><td class='l'>{html.escape(run_state(r))}</td>"
                     f"<td>{html.escape(r.seed or '')}</td>{cells}<td>{best}</td>"
                     f"<td>{'' if r.best_step is None else r.best_step}</td></tr>")
     return (f"<table><thead><tr><th>run</th><th>status</th><th>seed</th>{head}<th>best val CIDEr</th>"
@@ -557,19 +555,22 @@ def build_report(tracking_uri: str | None, study_name: str, out_dir: str | os.Pa
         "curves": plot_curves(runs, out / "learning_curves.png"),
         "parallel": plot_parallel(runs, out / "parallel_coordinates.png"),
     }
-    table = fusion_table(runs)
+    comparison, labelled, _ = fusion_table(study)
     keys = searched_keys(runs)
     statuses: dict[str, int] = {}
     for r in runs:
         statuses[r.status] = statuses.get(r.status, 0) + 1
-    best = max((r for r in runs if r.best_cider is not None), key=lambda r: r.best_cider, default=None)
-    summary = (f"{len(runs)} trial runs ({', '.join(f'{n} {s}' for s, n in sorted(statuses.items())) or 'none'}); "
-               f"parent run {study.parent_run_id} is {study.parent.info.status}.")
+    scored = best_candidates([r for r in runs if r.best_cider is not None])
+    best = max(scored, key=lambda r: r.best_cider, default=None)
+    summary = (f"{len(runs)} trial runs ({', '.join(f'{n} {s}' for s, n in sorted(statuses.items())) or 'none'}"
+               f"{f', {stopped} stopped early' if (stopped := sum(is_stopped_early(r.tags) for r in runs)) else ''}"
+               f"); parent run {study.parent_run_id} is {study.parent.info.status}.")
     if best is not None:
-        summary += f" Best: {best.name} ({best.fusion}) val CIDEr {best.best_cider:.4g} at epoch {best.best_step}."
+        summary += (f" Best single run: {best.name} ({best.fusion}) val CIDEr {best.best_cider:.1f} (x100) at epoch "
+                    f"{best.best_step}; configurations are compared over their seeds in the table below.")
     name = html.escape(study_name)
     sections = [
-        ("Fusion ablation (Table 3 layout)", fusion_table_html(table)),
+        ("Fusion ablation (Table 3 layout)", fusion_table_html(comparison, labelled)),
         ("CIDEr and mask value against λ (Fig. 4 style)",
          _img(plots["lambda"], "CIDEr and mask vs lambda",
               "No run logged both a lambda param (model.lambda) and val/CIDEr.")),

@@ -56,6 +56,17 @@ def is_stopped_early(tags: dict) -> bool:
     return str(tags.get(TAG_STOPPED_EARLY, "")).lower() == "true"
 
 
+def stopped_early_text(info: dict) -> str:
+    """"stopped early (rung 2, cutoff 105.3)" from the tags of a stopped run, or the scheduler's record
+    (`{"rung", "cutoff"}`)."""
+    rung, cutoff = info.get(TAG_STOPPED_RUNG, info.get("rung")), info.get(TAG_STOPPED_CUTOFF, info.get("cutoff"))
+    try:
+        cutoff = f"{float(cutoff):.1f}"
+    except (TypeError, ValueError):
+        cutoff = "?"
+    return f"stopped early (rung {rung if rung is not None else '?'}, cutoff {cutoff})"
+
+
 def best_candidates(items: Sequence, tags_of=lambda item: item.tags) -> list:
     """The items (runs, or groups of runs) that may be called "best": those not stopped early, unless every one
     was (then all of them, so a study whose every trial was cut still has a best)."""

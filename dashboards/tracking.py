@@ -390,7 +390,10 @@ class StudyTracker:
         trial_id = str(trial_id)
         if self.parent_run_id is None:
             self.start_study()
-        config = config or {}
+        from a2core.config import applicable_config
+
+        # a parameter its fusion does not use is absent from the run, not logged at its default
+        config = applicable_config(config.to_dict() if hasattr(config, "to_dict") else dict(config or {}))
         run = None
         known = self.trial_runs.get(trial_id)
         if known is not None:

@@ -16,6 +16,7 @@ Tune's `training_iteration`, which restarts at 1 when a Train run is restored.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 from typing import Callable
@@ -191,6 +192,7 @@ class A2MLflowCallback(Callback):
             old = self.best.get(tid)
             if old is None or (value > old[0] if self.mode == "max" else value < old[0]):
                 self.best[tid] = (float(value), result.get("training_iteration"))
+                self._log_per_image(run_id, result)
 
         best_ckpt = result.get("best_checkpoint") or result.get("best_checkpoint_path")
         if isinstance(best_ckpt, str) and best_ckpt:
@@ -202,6 +204,18 @@ class A2MLflowCallback(Callback):
         samples = result.get("samples")
         if isinstance(samples, (list, tuple)) and samples and all(isinstance(s, str) for s in samples):
             tracker.log_text(run_id, "\n".join(samples) + "\n", f"samples/epoch_{step:03d}.txt")
+
+    def _log_per_image(self, run_id: str, result: dict) -> None:
+        """The best epoch's per-image CIDEr-D (`{image_id: score}`, x100) as the artifact that the paired
+        bootstrap of `a2 study compare` and the report read (`dashboards.compare.PER_IMAGE_ARTIFACT`)."""
+        from a2core.train import PER_IMAGE_KEY
+        from dashboards.compare import PER_IMAGE_ARTIFACT
+
+        per_image = result.get(PER_IMAGE_KEY) or {}
+        ids, scores = per_image.get("ids"), per_image.get("scores")
+        if ids and scores and len(ids) == len(scores):
+            text = json.dumps({str(i): float(v) for i, v in zip(ids, scores)}, sort_keys=True)
+            self._ensure_tracker().log_text(run_id, text, PER_IMAGE_ARTIFACT)
 
     def _metrics(self, result: dict) -> dict:
         return {k: v for k, v in result.items() if k not in _SKIP_KEYS and not isinstance(v, dict)}

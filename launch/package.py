@@ -55,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
     parser.add_argument("--alg", default=None,
                         help="algorithm name in the results file names, [A-Za-z0-9-]+ (default: the study name)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), help="seeds of the ensemble")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                        help="seeds of the ensemble (default: the best configuration's replicates when it has at "
+                             f"least {len(SEEDS)}, else {' '.join(map(str, SEEDS))})")
     parser.add_argument("--no-train", action="store_true", help="refuse (naming them) instead of training missing seeds")
     parser.add_argument("--out", default=None, help=f"output folder (default: ./{DEFAULT_OUT}/<name>)")
     parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ to upload results.zip and the "
@@ -105,6 +107,7 @@ def candidates(spec, location, summary: dict) -> list[dict]:
             continue
         out.append({"study": spec.name, "trial_id": str(row["trial_id"]), "seed": int(config["train"]["seed"]),
                     "value": float(row["best"]), "epoch": row.get("best_epoch"), "state": row.get("state"),
+                    "stopped_early": row.get("stopped_early"),
                     "checkpoint": row["best_checkpoint"], "config": config, "hash": config_hash(config)})
     return out
 
@@ -114,10 +117,25 @@ def _rank_key(mode: str) -> Callable[[dict], tuple]:
 
 
 def select_best(cands: list[dict], mode: str) -> dict:
-    """The best trial by the metric; ties go to the lower (study, trial id), so the choice is deterministic."""
+    """The best trial of the best configuration. The configuration (config hash: its replicate group) with the
+    best mean metric over its seeds, among those the scheduler did not stop early unless it stopped every one
+    (`dashboards.stats.best_candidates`); within it the best trial. Ties go to the lower (study, trial id), so
+    the choice is deterministic."""
+    from dashboards.stats import TAG_STOPPED_EARLY, best_candidates
+
     if not cands:
         raise PackageError("no trial of the study reported its metric with a checkpoint: nothing to package")
-    return min(cands, key=_rank_key(mode))
+    groups: dict[str, list[dict]] = {}
+    for c in cands:
+        groups.setdefault(c["hash"], []).append(c)
+    def stopped(group: list[dict]) -> dict:
+        return {TAG_STOPPED_EARLY: "true"} if any(c.get("stopped_early") for c in group) else {}
+
+    sign = -1 if mode == "max" else 1
+    rank = _rank_key(mode)
+    best_group = min(best_candidates(list(groups.values()), tags_of=stopped),
+                     key=lambda g: (sign * sum(c["value"] for c in g) / len(g), rank(min(g, key=rank))))
+    return min(best_group, key=rank)
 
 
 def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
@@ -135,6 +153,16 @@ def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
         else:
             chosen[seed] = hit
     return chosen, missing
+
+
+def ensemble_seeds(cands: list[dict], digest: str, exists: Callable[[str], bool]) -> tuple[list[int], str]:
+    """The seeds of the ensemble when none are given, and why: the replicates of configuration `digest` that have
+    a checkpoint when there are at least len(SEEDS) of them (they are the members: nothing is trained), else
+    SEEDS."""
+    own = sorted({c["seed"] for c in cands if c["hash"] == digest and exists(c["checkpoint"])})
+    if len(own) >= len(SEEDS):
+        return own, f"the best configuration's {len(own)} replicates"
+    return list(SEEDS), f"the best configuration has {len(own)} replicate(s) with a checkpoint, fewer than {len(SEEDS)}"
 
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
@@ -411,7 +439,7 @@ WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 WORKER_START_TIMEOUT_S = "300"
 
 
-def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | None = None, no_train: bool = False,
+def package(name: str, *, storage: str | None = None, seeds=None, alg: str | None = None, no_train: bool = False,
             out: str | os.PathLike | None = None, upload: str | None = None, s3_endpoint_url: str | None = None,
             tracking_uri: str | None = None, beam_size: int = 5, batch_size: int = 50, workers: int | None = None,
             address: str | None = None, val_images: str | None = None, test_images: str | None = None,
@@ -422,8 +450,8 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
 
     t_start = time.perf_counter()
     location, spec, summary = open_study(name, storage, verbose)
-    seeds = list(dict.fromkeys(int(s) for s in seeds))
-    if not seeds:
+    seeds = None if seeds is None else list(dict.fromkeys(int(s) for s in seeds))
+    if seeds is not None and not seeds:
         raise PackageError("--seeds: give at least one seed")
     alg = alg or name
     files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
@@ -448,7 +476,7 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
                              address=address, endpoint_url=location.endpoint_url, verbose=verbose)
         results = write_submission(out, files, decoded, images, alg, verbose)
         delivered = deliver(name, spec, best, members, local, data, decoded, results, images, tracking_uri=tracking_uri,
-                            beam_size=beam_size, seeds=seeds, verbose=verbose)
+                            beam_size=beam_size, seeds=[m["seed"] for m in members], verbose=verbose)
         uploads = upload_all([results["zip"], delivered["leaderboard"]], upload_prefix,
                              s3_endpoint_url or (location.endpoint_url if not upload else None), verbose)
     finally:
@@ -457,11 +485,13 @@ def package(name: str, *, storage: str | None = None, seeds=SEEDS, alg: str | No
     manifest = {
         "study": name, "study_path": location.uri(), "out": str(out), "results_zip": str(results["zip"]),
         "results_files": [str(p) for p in results["files"]], "leaderboard": str(delivered["leaderboard"]),
-        "seeds": seeds, "members": [{k: m[k] for k in ("seed", "study", "trial_id", "checkpoint", "value")}
-                                    for m in members],
+        "seeds": [m["seed"] for m in members],
+        "members": [{k: m[k] for k in ("seed", "study", "trial_id", "checkpoint", "value")} for m in members],
         "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": best["config"]["model"]["fusion"],
         "ensemble_CIDEr": delivered["scores"]["ensemble"].get("CIDEr"),
         "seed_CIDEr": {m["seed"]: delivered["scores"][f"seed-{m['seed']}"].get("CIDEr") for m in members},
+        "seed_mean_CIDEr": delivered["board"]["seed_mean"].get("CIDEr"),
+        "ensemble_gain": delivered["board"]["ensemble"]["gain_over_best"],
         "mlflow": delivered["mlflow"], "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
         "decode_seconds": round(decoded["seconds"], 2), "seconds": round(time.perf_counter() - t_start, 2),
     }
@@ -490,19 +520,24 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
     return location, spec, summary
 
 
-def ensemble_members(spec, location, summary: dict, seeds: list[int], *, no_train: bool, address: str | None,
-                     verbose: bool) -> tuple[dict, list[dict]]:
+def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, no_train: bool,
+                     address: str | None, verbose: bool) -> tuple[dict, list[dict]]:
     """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
-    (missing seeds trained as a companion study unless `no_train`)."""
+    (missing seeds trained as a companion study unless `no_train`). `seeds` None: the best configuration's own
+    replicates when it has at least len(SEEDS) of them with checkpoints (packaging then trains nothing), else
+    SEEDS."""
     from dashboards.storage import open_location
 
     name, mode = spec.name, spec.mode
     rows = candidates(spec, location, summary)
     best = select_best(rows, mode)
-    say(f"package: best trial {best['trial_id']} of {name}: {spec.metric} {best['value']:.4f} "
+    say(f"package: best trial {best['trial_id']} of {name}: {spec.metric} {best['value']:.2f} "
          f"(fusion {best['config']['model']['fusion']}, seed {best['seed']}, config {best['hash'][:12]})", verbose)
     rows += _companion_rows(location, companion_studies(location), best["hash"], verbose)[0]
     exists = lambda uri: open_location(uri, location.endpoint_url).exists()  # noqa: E731
+    if seeds is None:
+        seeds, why = ensemble_seeds(rows, best["hash"], exists)
+        say(f"package: ensemble seeds {', '.join(map(str, seeds))} ({why})", verbose)
     chosen, missing = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
     if missing:
         if no_train:
@@ -519,7 +554,7 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int], *, no_trai
     members = [chosen[s] for s in seeds]
     for m in members:
         say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
-             f"{m['value']:.4f}), {m['checkpoint']}", verbose)
+             f"{m['value']:.2f}), {m['checkpoint']}", verbose)
     return best, members
 
 
@@ -577,7 +612,8 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
     say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
          f"({len(karpathy)} images)", verbose)
     systems = {f"seed-{m['seed']}": decoded["single"][i] for i, m in enumerate(members)}
-    scores = lb.score_systems(data.references("test"), {**systems, "ensemble": decoded["ensemble"]["test"]})
+    scores, per_image = lb.score_systems(data.references("test"),
+                                         {**systems, "ensemble": decoded["ensemble"]["test"]})
     run_ids = {study: lb.trial_run_ids(tracking_uri, study) for study in sorted({m["study"] for m in members})}
     parent = lb.study_parent_run(tracking_uri, name)
     model_name = f"a2-{name}"
@@ -592,7 +628,7 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
         members=[{"seed": m["seed"], "trial_id": m["trial_id"], "study": m["study"], "checkpoint": m["checkpoint"],
                   "value": m["value"], "metrics": scores[f"seed-{m['seed']}"],
                   "mlflow_run_id": run_ids.get(m["study"], {}).get(m["trial_id"])} for m in members],
-        beam_size=beam_size, max_len=images["max_len"],
+        beam_size=beam_size, max_len=images["max_len"], per_image=per_image,
         selected_by={"metric": spec.metric, "mode": spec.mode, "trial_id": best["trial_id"], "value": best["value"],
                      "tie_break": "lower trial id"},
         extra={"submission": {"zip": str(results["zip"]), "alg": results["alg"],
@@ -605,7 +641,7 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
     board_path = lb.write_leaderboard(results["zip"].parent / LEADERBOARD, board)
     print(lb.format_table(board), flush=True)
     artifacts = lb.log_artifacts(tracking_uri, parent, [results["zip"], board_path], "package")
-    return {"scores": scores, "leaderboard": board_path,
+    return {"scores": scores, "board": board, "leaderboard": board_path,
             "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "artifacts": artifacts, **model}}
 
 

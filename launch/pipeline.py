@@ -6,11 +6,18 @@
 1. the study (`launch.study.run_study`: Ray Tune trials of Ray Train jobs, tracked in MLflow); a study of the
    same name and spec that finished before is reused, an interrupted one is resumed;
 2. its report (`dashboards.report.build_report`: plots and report.html, also logged to MLflow);
-3. packaging (`launch.package.package`): the best configuration with seeds 0-3 (the missing ones trained as a
-   companion Ray study with the study's own epochs), ensemble decoding, the validated results.zip, the
-   leaderboard, the MLflow model version (and uploads when the study lives on S3 or `--upload` is given).
+3. packaging (`launch.package.package`): the best configuration (by its mean over seeds) with its own replicates
+   as the ensemble when it has at least 4, else seeds 0-3 (the missing ones trained as a companion Ray study with
+   the study's own epochs), ensemble decoding, the validated results.zip, the leaderboard, the MLflow model
+   version (and uploads when the study lives on S3 or `--upload` is given).
 
-At the end it prints where everything is.
+At the end it prints where everything is, then the study's conclusion: each fusion against the baseline (fusion
+none) as a difference in val CIDEr with its 95% interval (`a2 study compare NAME --by fusion`'s numbers), e.g.
+
+    conclusion:   gate beats none by 3.1 CIDEr [1.2, 5.0], 3 seeds x 100 images
+    conclusion:   ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seeds x 100 images
+
+or "gate vs none: no difference resolved at this size (...)". All scores x100.
 """
 from __future__ import annotations
 
@@ -33,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help=f"report and package folder (default: ./{DEFAULT_OUT}/<name>)")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides tracking.mlflow_uri)")
     parser.add_argument("--storage", default=None, help="study storage root (overrides storage)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3], help="seeds of the ensemble")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                        help="seeds of the ensemble (default: the best configuration's replicates when it has at "
+                             "least 4, else 0 1 2 3)")
     parser.add_argument("--alg", default=None, help="algorithm name in the results file names (default: study name)")
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--workers", type=int, default=None, help="Ray decoding tasks; 0 decodes in this process")
@@ -77,6 +86,21 @@ def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
             return summary
     print(f"pipeline: study {spec.name} at {location.uri()} is unfinished: resuming it", flush=True)
     return resume_study(location, address=address, verbose=verbose)
+
+
+def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
+    """The study's verdicts, fusion by fusion against the baseline (val CIDEr, the paired bootstrap over seeds and
+    images: `dashboards.compare.study_comparison`), and the ensemble's gain over its best member (test CIDEr)."""
+    from dashboards.compare import study_comparison
+
+    try:
+        comparison, _, _ = study_comparison(tracking_uri, name, by="fusion")
+    except A2Error as err:
+        lines = [f"no comparison: {err}"]
+    else:
+        lines = comparison.verdicts() or [f"no baseline (fusion none) to compare with in study {name}"]
+    gain = (manifest.get("ensemble_gain") or {}).get("verdict")
+    return lines + ([gain] if gain else [])
 
 
 def main(args) -> int:
@@ -126,7 +150,8 @@ def main(args) -> int:
             print(f"pipeline: the report failed: {err}", file=sys.stderr, flush=True)
         times["report"] = time.perf_counter() - t
 
-        print(f"pipeline: 3/3 package {name} (seeds {' '.join(map(str, args.seeds))})", flush=True)
+        print(f"pipeline: 3/3 package {name}"
+              + (f" (seeds {' '.join(map(str, args.seeds))})" if args.seeds else ""), flush=True)
         t = time.perf_counter()
         manifest = package(name, storage=spec.storage, seeds=args.seeds, alg=args.alg, out=out / "package",
                            upload=args.upload, tracking_uri=uri, beam_size=args.beam_size, workers=args.workers,
@@ -141,16 +166,17 @@ def main(args) -> int:
         f"pipeline: done in {total / 60:.1f} min (study {times['study']:.0f} s, report {times['report']:.0f} s, "
         f"package {times['package']:.0f} s)",
         f"  study:        {summary.get('path')}  (summary.json; `a2 study status {name}`)",
-        f"  best trial:   {verdict(summary)}",
+        "  best trial:   " + verdict(summary).replace("\n", "\n                "),
         f"  MLflow:       {uri}  (experiment {name}; `a2 mlflow serve --backend-store-uri {uri}` for the UI)",
         f"  report:       {report.get('html', '(failed)')}",
         f"  submission:   {manifest['results_zip']}",
-        f"  leaderboard:  {manifest['leaderboard']}  (ensemble CIDEr {manifest['ensemble_CIDEr']:.2f}; seeds "
-        + ", ".join(f"{s}: {c:.2f}" for s, c in manifest["seed_CIDEr"].items()) + ")",
+        f"  leaderboard:  {manifest['leaderboard']}  (test CIDEr x100: ensemble {manifest['ensemble_CIDEr']:.1f}; "
+        f"seeds " + ", ".join(f"{s}: {c:.1f}" for s, c in manifest["seed_CIDEr"].items()) + ")",
         f"  model:        {manifest['mlflow']['model_uri']}",
         f"  manifest:     {Path(manifest['out']) / 'package.json'}",
     ]
     lines += [f"  uploaded:     {u['uri']}" for u in manifest["uploads"]]
     lines += [f"  problem:      {p}" for p in problems]
+    lines += [f"conclusion:   {line}" for line in conclusion(uri, name, manifest)]
     print("\n".join(lines), flush=True)
     return 1 if problems else 0

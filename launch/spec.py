@@ -81,7 +81,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-from a2core.config import Config, ConfigError, apply_overrides, get_dotted, load_yaml, set_dotted
+from a2core.config import Config, ConfigError, applicable_config, apply_overrides, get_dotted, load_yaml, set_dotted
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.errors import DataError
 
@@ -383,11 +383,13 @@ class StudySpec:
         return path
 
     def trial_config(self, sampled: dict[str, Any]) -> dict:
-        """The validated a2core config (plain dict) of one suggestion, e.g. `{"fusion": "gate", "lambda": 0.03}`."""
+        """The validated a2core config (plain dict) of one suggestion, e.g. `{"fusion": "gate", "lambda": 0.03}`,
+        without the model keys its fusion does not use (`a2core.config.applicable_config`: a fusion-none trial
+        has no lambda, only exp_decay has a temperature, only moving_average an eta)."""
         raw = copy.deepcopy(self.base)
         for key, value in sampled.items():
             set_dotted(raw, self.path_of(key), value)
-        return Config.from_dict(raw, source=self.source).to_dict()
+        return applicable_config(Config.from_dict(raw, source=self.source).to_dict())
 
     def trial_resources(self) -> dict:
         """Total resources of one trial: its workers plus its Tune driver function."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import sys
 import tempfile
@@ -268,10 +269,16 @@ def _join_cluster(spec, address: str | None, connect: bool = True) -> None:
 
 def saved_form(spec) -> dict:
     """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the
-    data/model/train keys that the search space controls (the loader refuses a key set in both places)."""
+    data/model/train keys that the search space (or search.replicates: train.seed) controls (the loader refuses
+    a key set in both places)."""
     raw = spec.to_dict()
-    for param in getattr(spec, "params", {}).values():
-        section, *rest = param.path.split(".")
+    paths = [param.path for param in getattr(spec, "params", {}).values()]
+    if getattr(spec, "replicate_seeds", None):  # search.replicates sets train.seed
+        from launch.spec import SEED_PATH
+
+        paths.append(SEED_PATH)
+    for path in paths:
+        section, *rest = path.split(".")
         node = raw.get(section)
         for part in rest[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
@@ -312,11 +319,13 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
     callbacks = [JsonLoggerCallback(), CSVLoggerCallback()]  # result.json is what `status` and `summary` read
     from launch.mlflow_callback import A2MLflowCallback
 
+    tune_kwargs = tune_config_kwargs(spec)
+    stopped_early_of = getattr(tune_kwargs["scheduler"], "stopped_early", None)  # ReplicateASHA's record (FIFO: none)
     callbacks.append(A2MLflowCallback(
         spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"),
         study_params=_study_params(spec), study_tags={"a2.storage": location.uri()},
         resolve_config=spec.trial_config, metric=spec.metric, mode=spec.mode,
-        history_of=functools.partial(_result_log, spec, location)))
+        history_of=functools.partial(_result_log, spec, location), stopped_early_of=stopped_early_of))
     run_config = tune.RunConfig(
         name=spec.name,
         storage_path=storage_path,
@@ -326,10 +335,10 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
         # makes Tune save the experiment state with every checkpoint, so `resume` loses as little as possible.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         callbacks=callbacks,
-        progress_reporter=_reporter(spec),
+        progress_reporter=_reporter(spec, stopped_early_of),
         verbose=2 if verbose else 0,
     )
-    tune_config = tune.TuneConfig(**tune_config_kwargs(spec))
+    tune_config = tune.TuneConfig(**tune_kwargs)
     return tune.Tuner(make_trainable(plan_from_spec(spec)), param_space={}, tune_config=tune_config,
                       run_config=run_config)
 
@@ -340,7 +349,7 @@ def _study_params(spec) -> dict:
             "base": {k: raw.get(k) for k in ("data", "model", "train")}}
 
 
-def _reporter(spec):
+def _reporter(spec, stopped_early_of=None):
     from ray.tune import ProgressReporter
 
     class StudyTable(ProgressReporter):
@@ -356,16 +365,19 @@ def _reporter(spec):
 
         def report(self, trials, done: bool, *sys_info) -> None:
             self.last = time.monotonic()
-            print(format_table([live_row(spec, t) for t in trials], spec.metric), flush=True)
+            print(format_table([live_row(spec, t, stopped_early_of) for t in trials], spec.metric), flush=True)
 
     return StudyTable()
 
 
-def live_row(spec, trial) -> dict:
-    """A table row of a running Tune trial: its last result, and the best so far from Tune's metric analysis."""
+def live_row(spec, trial, stopped_early_of=None) -> dict:
+    """A table row of a running Tune trial: its last result, the best so far from Tune's metric analysis, and the
+    scheduler's record when it stopped the trial."""
     result = trial.last_result or {}
     best = (trial.metric_analysis.get(spec.metric) or {}).get(spec.mode)
-    return {"trial_id": trial.trial_id, "state": trial.status, **_described(spec, dict(trial.config or {})),
+    stopped = stopped_early_of(trial.trial_id) if stopped_early_of else None
+    return {"trial_id": trial.trial_id, "state": trial.status, "stopped_early": stopped,
+            **_described(spec, dict(trial.config or {})),
             "epochs_done": int(finite(result.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
             "last": finite(result.get(spec.metric)), "best": finite(best)}
 
@@ -409,7 +421,34 @@ def collect(spec, location: StudyLocation) -> list[dict]:
         history = merge_history(history, _result_log(spec, location, trial.trial_id))
         rows.append(trial_row(spec, location, trial.trial_id, dict(trial.config or {}), str(trial.status),
                               history, trial.last_result or {}, _error_text(trial)))
+    stopped = stopped_early_trials(spec)
+    for row in rows:
+        row["stopped_early"] = stopped.get(row["trial_id"])
+        if (row["stopped_early"] is None and row["state"] == "TERMINATED"
+                and 0 < row["epochs_done"] < row["epochs_planned"]):
+            row["stopped_early"] = {"rung": None, "cutoff": None}  # only the scheduler ends a trial short
     return rows
+
+
+def stopped_early_trials(spec) -> dict[str, dict]:
+    """{trial id: {"rung", "cutoff"}} of the trials the scheduler stopped, from their MLflow runs' tags (set by
+    the MLflow callback); {} when the tracking server does not answer (status still works, without them)."""
+    from dashboards.stats import TAG_STOPPED_CUTOFF, TAG_STOPPED_RUNG, is_stopped_early
+    from dashboards.tracking import TAG_TRIAL_ID, study_runs
+
+    try:
+        _, children = study_runs(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
+    except Exception as err:  # noqa: BLE001 - status reads storage; the tags are extra
+        print(f"note: stopped-early tags not read from MLflow ({type(err).__name__}: {err})", file=sys.stderr)
+        return {}
+    out = {}
+    for run in children:
+        tags = run.data.tags
+        if TAG_TRIAL_ID in tags and is_stopped_early(tags):
+            rung = finite(tags.get(TAG_STOPPED_RUNG))
+            out[tags[TAG_TRIAL_ID]] = {"rung": None if rung is None else int(rung),
+                                       "cutoff": finite(tags.get(TAG_STOPPED_CUTOFF))}
+    return out
 
 
 def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
@@ -508,13 +547,54 @@ def _stored_checkpoint_epochs(location: StudyLocation, run_parts: tuple[str, ...
     return sorted(out)
 
 
+def _stopped_tags(row: dict) -> dict:
+    from dashboards.stats import stopped_early_tags
+
+    info = row.get("stopped_early")
+    return stopped_early_tags(info.get("rung") or 0, info.get("cutoff") or math.nan) if info else {}
+
+
+def replicate_groups(spec, rows: list[dict]) -> list[dict]:
+    """One entry per replicate group (trials whose sampled values differ only in the seed,
+    `launch.search.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
+    seeds (`dashboards.stats.compare_arms`, the function every comparison uses), and whether the scheduler
+    stopped it (`stopped_early`: the record of one of its stopped trials, else None)."""
+    from dashboards.stats import Arm, compare_arms
+    from launch.search import config_hash
+
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(config_hash(dict(r["sampled"] or {})), []).append(r)
+    arms = [Arm(h, [{spec.metric: r["best"]} for r in g if r["best"] is not None]) for h, g in groups.items()]
+    intervals = {arm.label: iv.get(spec.metric) for arm, iv in compare_arms(arms, metrics=[spec.metric]).rows}
+    out = []
+    for h, g in groups.items():
+        iv = intervals.get(h)
+        out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"],
+                    "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
+                    "values": [r["best"] for r in g if r["best"] is not None],
+                    "n": 0 if iv is None else iv.n, "mean": None if iv is None else iv.mean,
+                    "low": None if iv is None else iv.low, "high": None if iv is None else iv.high,
+                    "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
+    return out
+
+
 def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
-    """Best trial, the baseline (fusion none, same seed) comparison, and every trial's results."""
+    """Best trial and best replicate group (both among those not stopped early, unless every one was:
+    `dashboards.stats.best_candidates`), the baseline (fusion none, same seed) comparison, every replicate
+    group's mean and interval, and every trial's results."""
+    from dashboards.stats import best_candidates
+
     metric, mode = spec.metric, spec.mode
     best = None
-    for row in rows:
-        if row["best"] is not None and (best is None or _better(row["best"], best["best"], mode)):
+    for row in best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags):
+        if best is None or _better(row["best"], best["best"], mode):
             best = row
+    groups = replicate_groups(spec, rows)
+    best_group = None
+    for g in best_candidates([g for g in groups if g["mean"] is not None], tags_of=_stopped_tags):
+        if best_group is None or _better(g["mean"], best_group["mean"], mode):
+            best_group = g
     baseline, beats = None, None
     if best is not None:
         candidates = [r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"] and r["best"] is not None]
@@ -535,8 +615,11 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
         "complete": done == spec.num_trials and len(rows) == spec.num_trials,
         "best": None if best is None else {
             "trial_id": best["trial_id"], "value": best["best"], "epoch": best["best_epoch"],
-            "checkpoint": best["best_checkpoint"], "checkpoint_epoch": best["best_checkpoint_epoch"], "sampled": best["sampled"], "config": best["config"],
-            "fusion": best["fusion"], "seed": best["seed"], "lambda": best["lambda"]},
+            "checkpoint": best["best_checkpoint"], "checkpoint_epoch": best["best_checkpoint_epoch"],
+            "sampled": best["sampled"], "config": best["config"], "fusion": best["fusion"], "seed": best["seed"],
+            "lambda": best["lambda"], "stopped_early": best.get("stopped_early")},
+        "best_group": best_group,
+        "groups": groups,
         "baseline": None if baseline is None else {
             "trial_id": baseline["trial_id"], "value": baseline["best"], "seed": baseline["seed"],
             "checkpoint": baseline["best_checkpoint"]},
@@ -563,11 +646,13 @@ def _json_default(value):
 
 
 def verdict(summary: dict) -> str:
+    """The best trial against its baseline (fusion none, same seed) and, for a study with replicates, the best
+    configuration's mean with its interval against the best fusion-none configuration's."""
     best = summary.get("best")
     metric = summary["metric"]
     if best is None:
         return f"study {summary['study']}: no trial reported {metric}"
-    line = (f"best trial {best['trial_id']}: {metric} {best['value']:.4f} at epoch {best['epoch']} "
+    line = (f"best trial {best['trial_id']}: {metric} {best['value']:.2f} at epoch {best['epoch']} "
             f"(fusion {best['fusion']}, lambda {_fmt(best['lambda'])}, seed {best['seed']})")
     base = summary.get("baseline")
     if best["fusion"] == "none":
@@ -576,11 +661,33 @@ def verdict(summary: dict) -> str:
         line += f"; no baseline (fusion none) trial with seed {best['seed']} in the study"
     elif summary.get("beats_baseline"):
         line += (f"; beats the baseline (fusion none, seed {base['seed']}, trial {base['trial_id']}: "
-                 f"{base['value']:.4f}) by {best['value'] - base['value']:+.4f}")
+                 f"{base['value']:.2f}) by {best['value'] - base['value']:+.2f}")
     else:
         line += (f"; does NOT beat the baseline (fusion none, seed {base['seed']}, trial {base['trial_id']}: "
-                 f"{base['value']:.4f})")
-    return line
+                 f"{base['value']:.2f})")
+    group = group_verdict(summary)
+    return line + (f"\n{group}" if group else "")
+
+
+def group_verdict(summary: dict) -> str | None:
+    """For replicated studies: "best configuration (fusion gate, lambda 0.035): 112.3 [110.1, 114.5] over 3 seeds;
+    gate beats none by ..." (the difference of seed means, Welch, `dashboards.stats.compare_arms`)."""
+    from dashboards.stats import Arm, Interval, compare_arms
+
+    best = summary.get("best_group")
+    if not best or best["n"] < 2:
+        return None
+    iv = Interval(best["mean"], best["low"], best["high"], best["n"], None)
+    line = (f"best configuration (fusion {best['fusion']}, lambda {_fmt(best['lambda'])}): "
+            f"{summary['metric']} {iv.text()} over {best['n']} seeds")
+    nones = [g for g in summary.get("groups", []) if g["fusion"] == "none" and g["mean"] is not None]
+    if best["fusion"] == "none" or not nones:
+        return line
+    sign = 1 if summary["mode"] == "max" else -1
+    base = max(nones, key=lambda g: sign * g["mean"])
+    arms = [Arm(str(g["fusion"]), [{summary["metric"]: v} for v in g["values"]]) for g in (best, base)]
+    diff = compare_arms(arms, baseline=base["fusion"], metric=summary["metric"], mode=summary["mode"])
+    return line + "; " + diff.verdicts()[0] if diff.differences else line
 
 
 def _fmt(value) -> str:
@@ -589,11 +696,30 @@ def _fmt(value) -> str:
     return "-" if value is None else str(value)
 
 
+def state_text(row: dict) -> str:
+    """A trial's or group's state: Tune's, or "stopped early (rung r, cutoff c)" when the scheduler stopped it."""
+    from dashboards.stats import stopped_early_text
+
+    return stopped_early_text(row["stopped_early"]) if row.get("stopped_early") else row.get("state", "")
+
+
 def format_table(rows: list[dict], metric: str) -> str:
     short = metric.split("/")[-1]
     header = ["trial", "fusion", "lambda", "seed", "state", "epochs", f"last {short}", f"best {short}"]
-    body = [[r["trial_id"], str(r["fusion"]), _fmt(r["lambda"]), _fmt(r["seed"]), r["state"],
+    body = [[r["trial_id"], str(r["fusion"]), _fmt(r["lambda"]), _fmt(r["seed"]), state_text(r),
              f"{r['epochs_done']}/{r['epochs_planned']}", _fmt(r["last"]), _fmt(r["best"])] for r in rows]
+    return text_table(header, body)
+
+
+def format_groups(groups: list[dict], metric: str) -> str:
+    """One row per replicate group: its seeds, the mean of the best metric with its 95% interval, its state."""
+    from dashboards.stats import Interval
+
+    short = metric.split("/")[-1]
+    header = ["config", "fusion", "lambda", "seeds", f"best {short} [95% CI]", "state"]
+    body = [[g["config_hash"], str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
+             "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"], None).text(),
+             state_text(g) if g.get("stopped_early") else "-"] for g in groups]
     return text_table(header, body)
 
 
@@ -613,6 +739,9 @@ def cmd_status(args) -> int:
     print(f"study {spec.name} at {location.uri()}: {summary['trials_finished']}/{spec.num_trials} trials finished")
     if rows:
         print(format_table(rows, spec.metric))
+    if any(g["n"] > 1 for g in summary["groups"]):
+        print(f"replicate groups (mean over seeds, 95% interval below 3 seeds: none):\n"
+              f"{format_groups(summary['groups'], spec.metric)}")
     print(verdict(summary))
     return 0
 

@@ -94,7 +94,10 @@ def test_negative_seeds_are_refused_as_config_keys_and_in_seed_grids(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.seed: must be in 0 \.\. 4294967295, got 4294967296"):
         Config.from_dict({"train": {"seed": 2**32}})
     with pytest.raises(ConfigError, match=r"search\.space\.seed\.grid: -1 gives an invalid train\.seed"):
-        load_study(ROOT / "studies" / "smoke.yaml", ["search.space={seed: {grid: [0, -1]}}"])
+        raw = load_yaml(ROOT / "studies" / "smoke.yaml")
+        raw["search"].pop("replicates")  # a seed grid instead
+        (tmp_path / "s.yaml").write_text(json.dumps(raw))  # JSON is YAML
+        load_study(tmp_path / "s.yaml", ["search.space={seed: {grid: [0, -1]}}"])
 
 
 @pytest.mark.parametrize("argv, argument", [

@@ -35,27 +35,46 @@ def _metrics(cider: float) -> dict:
     return {"BLEU-1": 70.0, "BLEU-4": 30.0, "METEOR": 25.0, "ROUGE-L": 50.0, "CIDEr": cider}
 
 
-def _board(tmp_path):
+def _board(tmp_path, per_image=None):
     config = {"data": {"kind": "synthetic"}, "model": {"fusion": "max", "lambda": 0.035},
               "train": {"seed": 0, "xe_epochs": 2, "scst_epochs": 0}, "output_dir": "runs/a2"}
     members = [{"seed": s, "trial_id": f"t{s}", "study": "st", "checkpoint": str(tmp_path / f"c{s}.pt"),
                 "value": 0.5, "metrics": _metrics(100.0 + s), "mlflow_run_id": f"r{s}"} for s in (2, 0, 1, 3)]
     return lb.build_leaderboard(study="st", config=config, members=members, ensemble_metrics=_metrics(110.0),
-                                images=20, selected_by={"metric": "val/CIDEr", "trial_id": "t0"})
+                                images=20, selected_by={"metric": "val/CIDEr", "trial_id": "t0"},
+                                per_image=per_image)
 
 
-def test_leaderboard_has_the_ensemble_cider_next_to_each_seed(tmp_path):
-    board = _board(tmp_path)
+def test_leaderboard_has_one_value_per_row_with_seed_interval_and_ensemble_gain(tmp_path):
+    import numpy as np
+    from scipy import stats as sps
+
+    rng = np.random.default_rng(0)
+    centred = lambda x, mean: x - x.mean() + mean  # noqa: E731 - CIDEr is the mean of the per-image scores
+    seed3 = centred(rng.normal(0.0, 20.0, 60), 103.0)  # the best member's per-image CIDEr-D
+    per_image = {f"seed-{s}": dict(enumerate(centred(rng.normal(0, 20.0, 60), 100.0 + s))) for s in range(3)}
+    per_image["seed-3"] = dict(enumerate(seed3))
+    per_image["ensemble"] = dict(enumerate(centred(seed3 + rng.normal(0, 2.0, 60), 110.0)))  # ~+7 on every image
+    board = _board(tmp_path, per_image)
     names = [e["name"] for e in board["entries"]]
     assert names == ["seed-0", "seed-1", "seed-2", "seed-3", "ensemble"]
     for e in board["entries"][:4]:
-        assert e["ensemble_CIDEr"] == 110.0
-        assert e["ensemble_gain_CIDEr"] == pytest.approx(110.0 - e["metrics"]["CIDEr"])
+        assert "ensemble_CIDEr" not in e and "ensemble_gain_CIDEr" not in e  # no repeated ensemble column
         assert e["config_hash"] == board["configuration"]["hash"]
     ens = board["entries"][-1]
     assert ens["seeds"] == [0, 1, 2, 3] and ens["mlflow_run_ids"] == ["r0", "r1", "r2", "r3"]
-    assert board["ensemble"] == {"CIDEr": 110.0, "mean_seed_CIDEr": 101.5, "best_seed_CIDEr": 103.0,
-                                 "gain_over_mean": 8.5}
+    assert board["evaluation"]["scale"] == "x100"
+    # the seed mean of CIDEr (100, 101, 102, 103) with its t-interval over the 4 seeds
+    half = sps.t.ppf(0.975, 3) * np.std([100, 101, 102, 103], ddof=1) / 2
+    cider = board["seed_mean"]["CIDEr"]
+    assert cider["mean"] == 101.5 and cider["n"] == 4
+    assert cider["low"] == pytest.approx(101.5 - half, abs=1e-3) and cider["high"] == pytest.approx(101.5 + half,
+                                                                                                     abs=1e-3)
+    gain = board["ensemble"]["gain_over_best"]
+    assert gain["best_member"] == "seed-3" and gain["best_member_CIDEr"] == 103.0 and gain["images"] == 60
+    assert gain["delta"] == pytest.approx(7.0)  # 110 - 103
+    assert 0 < gain["low"] < gain["high"] and gain["verdict"].startswith("ensemble beats seed-3 by")
+    assert board["ensemble"]["gain_over_mean"] == 8.5
     assert "seed" not in board["configuration"]["config"]["train"]
     assert "output_dir" not in board["configuration"]["config"]
     assert board["paper"]["table3"]["row"] == "Max Pooling" and board["paper"]["table1"] is None
@@ -64,10 +83,18 @@ def test_leaderboard_has_the_ensemble_cider_next_to_each_seed(tmp_path):
 
     table = lb.format_table(board)
     lines = table.splitlines()
-    assert "ens C" in lines[1]
+    assert "ens C" not in lines[1] and "x100" in lines[0]
     seed0 = next(line for line in lines if line.startswith("seed-0"))
-    assert seed0.split()[-2:] == ["100.0", "110.0"]  # own CIDEr, the ensemble's
+    assert seed0.split()[-1] == "100.0"  # its own CIDEr, nothing else
+    mean_line = next(line for line in lines if line.startswith("seed mean"))
+    assert f"101.5 [{101.5 - half:.1f}, {101.5 + half:.1f}]" in mean_line
+    assert lines[-1].startswith("ensemble gain over its best member (seed-3): ensemble beats seed-3 by")
     assert any(line.startswith("paper T3 Max Pooling") for line in lines)
+
+
+def test_leaderboard_without_per_image_scores_has_no_gain_interval(tmp_path):
+    gain = _board(tmp_path)["ensemble"]["gain_over_best"]
+    assert gain["delta"] == pytest.approx(7.0) and gain["low"] is None and "no interval" in gain["verdict"]
 
 
 def test_write_leaderboard_is_atomic_and_round_trips(tmp_path, monkeypatch):
@@ -86,8 +113,8 @@ def test_write_leaderboard_is_atomic_and_round_trips(tmp_path, monkeypatch):
     assert sorted(p.name for p in path.parent.iterdir()) == ["leaderboard.json"]
 
 
-def test_as_percent_scales_like_the_paper():
-    assert lb.as_percent({"CIDEr": 1.25, "BLEU-4": 0.382, "per_image": {}}) == {"BLEU-4": 38.2, "CIDEr": 125.0}
+def test_ordered_keeps_the_x100_scores_in_table_order():
+    assert lb.ordered({"CIDEr": 125.0, "BLEU-4": 38.2, "per_image": {}}) == {"BLEU-4": 38.2, "CIDEr": 125.0}
 
 
 # -- scoring: one tokenizer and one METEOR for every system, coco_scores' numbers ----------------------------------------
@@ -99,8 +126,10 @@ def test_score_systems_equals_coco_scores():
             3: ["a man rides a bike", "a person on a bicycle"], 4: ["a cat sleeps", "the cat is asleep on a bed"]}
     good = {1: "a red ball on a table", 2: "two dogs in the park", 3: "a man riding a bike", 4: "a cat asleep"}
     bad = {1: "a dog", 2: "a cat", 3: "a bike", 4: "a table."}
-    scores = lb.score_systems(refs, {"good": good, "bad": bad}, spice=False)
-    expected = lb.as_percent(coco_scores(refs, good, spice=False, progress=False))
+    scores, per_image = lb.score_systems(refs, {"good": good, "bad": bad}, spice=False)
+    full = coco_scores(refs, good, spice=False, per_image=True, progress=False)
+    expected = lb.ordered(full)
+    assert per_image["good"] == pytest.approx({k: v["CIDEr"] for k, v in full["per_image"].items()})
     assert scores["good"].keys() == expected.keys() == {"BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L",
                                                         "CIDEr"}
     for k, v in expected.items():

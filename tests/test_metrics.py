@@ -265,18 +265,18 @@ def test_coco_scores_values_and_keys(coco_run):
     names = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]
     assert list(out) == names + ["per_image"]
     assert all(isinstance(out[k], float) for k in names)
-    assert 0 < out["BLEU-4"] < 1 and 0 < out["METEOR"] < 1 and 0 < out["ROUGE-L"] < 1  # fractions
+    assert 1 < out["BLEU-4"] < 100 and 1 < out["METEOR"] < 100 and 1 < out["ROUGE-L"] < 100  # x100
     per = out["per_image"]
     assert set(per) == set(COCO_GTS) and all(list(v) == names for v in per.values())
-    assert per[11]["BLEU-4"] == pytest.approx(1.0, abs=1e-6)
-    assert per[11]["METEOR"] == pytest.approx(1.0, abs=1e-6)
-    assert per[11]["ROUGE-L"] == pytest.approx(1.0)
+    assert per[11]["BLEU-4"] == pytest.approx(100.0, abs=1e-4)
+    assert per[11]["METEOR"] == pytest.approx(100.0, abs=1e-4)
+    assert per[11]["ROUGE-L"] == pytest.approx(100.0)
     assert per[11]["CIDEr"] > per[22]["CIDEr"] > per[33]["CIDEr"] == 0.0
     assert out["CIDEr"] == pytest.approx(np.mean([per[k]["CIDEr"] for k in per]))
-    # CIDEr is pycocoevalcap's on the PTB-tokenized captions (lower-cased, punctuation removed)
+    # CIDEr is pycocoevalcap's on the PTB-tokenized captions (lower-cased, punctuation removed), x100
     tok_gts = {k: [" ".join(c.lower().rstrip(".!").split()) for c in v] for k, v in COCO_GTS.items()}
     tok_res = {11: ["a dog runs on the grass"], 22: ["a plate of broccoli"], 33: [""]}
-    assert out["CIDEr"] == pytest.approx(Cider().compute_score(tok_gts, tok_res)[0], abs=1e-9)
+    assert out["CIDEr"] == pytest.approx(100 * Cider().compute_score(tok_gts, tok_res)[0], abs=1e-7)
 
 
 def test_caption_scores_on_tokenized_text_match_coco_scores(coco_run):
@@ -395,7 +395,7 @@ def test_best_constant_caption_picks_obvious_winner():
     caption, score = best_constant_caption(train, gts, candidates=4)
     assert caption == "a man riding a horse"
     norm = {k: [metrics.simple_tokenize(c) for c in v] for k, v in gts.items()}
-    expected = Cider().compute_score(norm, {k: [caption] for k in gts})[0]
-    assert score == pytest.approx(expected, abs=1e-9) and score > 0
+    expected = 100 * Cider().compute_score(norm, {k: [caption] for k in gts})[0]  # x100
+    assert score == pytest.approx(expected, abs=1e-7) and score > 0
     # only the most frequent caption as candidate
     assert best_constant_caption(train, gts, candidates=1)[0] == "a cat sitting on a couch"

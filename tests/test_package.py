@@ -36,9 +36,11 @@ def test_best_configuration_ties_break_by_trial_id_and_seeds_group_by_config():
 
     rows = [_cand("t3", 0, 0.5, "h2"), _cand("t1", 1, 0.5, "h1"), _cand("t2", 0, 0.4, "h1"),
             _cand("t4", 2, 0.45, "h1", state="ERROR"), _cand("t5", 2, 0.3, "h1"), _cand("t6", 1, 0.2, "h1")]
-    best = select_best(rows, "max")
-    assert best["trial_id"] == "t1"  # 0.5 ties with t3; the lower trial id wins
-    assert select_best(rows, "min")["trial_id"] == "t6"
+    # h2's mean (0.5) beats h1's (0.37) although h1's best trial t1 ties with t3
+    assert select_best(rows, "max")["trial_id"] == "t3"
+    assert select_best(rows, "min")["trial_id"] == "t6"  # h1's mean is lower; t6 its best trial
+    tie = [_cand("t3", 0, 0.5, "h2"), _cand("t1", 1, 0.5, "h1")]
+    assert select_best(tie, "max")["trial_id"] == "t1"  # equal means: the lower trial id
     chosen, missing = seed_checkpoints(rows, "h1", [0, 1, 2, 3], "max", exists=lambda uri: uri != "/ckpt/t2")
     # seed 0: t2 is the only h1 trial and its checkpoint is gone (t3 has another config); seed 2: finished t5
     # before the errored (if better) t4; seed 1: the best, t1.
@@ -46,6 +48,24 @@ def test_best_configuration_ties_break_by_trial_id_and_seeds_group_by_config():
     assert missing == [0, 3]
     with pytest.raises(PackageError):
         select_best([], "max")
+
+
+def test_best_configuration_is_one_not_stopped_early_unless_all_were():
+    from launch.package import select_best
+
+    cut = [dict(_cand(f"s{i}", i, 0.9, "h9"), stopped_early={"rung": 2, "cutoff": 0.8}) for i in range(2)]
+    done = [_cand(f"d{i}", i, 0.5 + 0.01 * i, "h1") for i in range(3)]
+    assert select_best(cut + done, "max")["trial_id"] == "d2"  # the stopped group looked better
+    assert select_best(cut, "max")["trial_id"] == "s0"
+
+
+def test_four_replicates_of_the_best_configuration_are_the_ensemble():
+    from launch.package import ensemble_seeds
+
+    rows = [_cand(f"r{s}", s, 0.5, "h1") for s in (3, 5, 7, 9)] + [_cand("x", 0, 0.9, "h2")]
+    assert ensemble_seeds(rows, "h1", exists=lambda uri: True)[0] == [3, 5, 7, 9]  # nothing to train
+    seeds, why = ensemble_seeds(rows, "h1", exists=lambda uri: uri != "/ckpt/r9")
+    assert seeds == [0, 1, 2, 3] and "3 replicate(s)" in why
 
 
 def test_config_hash_ignores_seed_and_output_dir():
@@ -214,7 +234,7 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     assert len(val_entries) == len(set(val_ids))
     assert all(isinstance(e["caption"], str) and e["caption"].strip() for e in test_entries + val_entries)
 
-    # The leaderboard: four seeds and the ensemble, the ensemble's CIDEr next to each seed's.
+    # The leaderboard: four seeds, their mean with its interval, the ensemble and its gain over the best seed.
     board = json.loads((out / "leaderboard.json").read_text())
     entries = {e["name"]: e for e in board["entries"]}
     assert list(entries) == ["seed-0", "seed-1", "seed-2", "seed-3", "ensemble"]
@@ -222,8 +242,7 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     assert isinstance(ens, float) and ens >= 0
     for seed in range(4):
         e = entries[f"seed-{seed}"]
-        assert e["seed"] == seed and e["ensemble_CIDEr"] == ens
-        assert e["ensemble_gain_CIDEr"] == pytest.approx(ens - e["metrics"]["CIDEr"], abs=1e-3)
+        assert e["seed"] == seed and "ensemble_CIDEr" not in e
         assert set(e["metrics"]) >= {"BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"}
         assert Path(e["checkpoint"]).is_file()
     assert entries["seed-3"]["study"] == companions[0]
@@ -237,7 +256,14 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     assert board["paper"]["table1"]["row"] == "A2 Transformer"
     assert board["paper"]["table1"]["metrics"]["CIDEr"] == 125.0  # cross-entropy column: no SCST epochs here
     assert len(board["git_commit"]) == 40
-    assert "ens C" in printed and "paper T3 Gate Mechanism" in printed
+    seed_ciders = [entries[f"seed-{s}"]["metrics"]["CIDEr"] for s in range(4)]
+    assert board["seed_mean"]["CIDEr"]["n"] == 4
+    assert board["seed_mean"]["CIDEr"]["mean"] == pytest.approx(sum(seed_ciders) / 4, abs=1e-3)
+    gain = board["ensemble"]["gain_over_best"]
+    assert gain["best_member_CIDEr"] == max(seed_ciders) and gain["images"] == 20  # paired over the test images
+    assert gain["delta"] == pytest.approx(ens - max(seed_ciders), abs=1e-3) and gain["low"] <= gain["high"]
+    assert board["evaluation"]["scale"] == "x100"
+    assert "ens C" not in printed and "seed mean [95% CI]" in printed and "paper T3 Gate Mechanism" in printed
 
     # Provenance: the trained seed's MLflow run is the companion study's trial run.
     client = MlflowClient(tracking_uri=study["uri"])

@@ -19,8 +19,8 @@ SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
 def study_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     raw = yaml.safe_load(SMOKE.read_text())
-    del raw["search"]["space"]["seed"]
     raw["search"]["replicates"] = 3
+    raw["search"]["num_samples"] = 2  # none and 2 gate samples
     raw["train"].update(xe_epochs=20, scst_epochs=0)  # pinned: the expected trial-epochs below use 20
     raw["tracking"] = {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     path = tmp_path / "study.yaml"

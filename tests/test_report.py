@@ -24,22 +24,23 @@ def _in_tmp_dir(tmp_path, monkeypatch):
 
 
 STUDY = "fab-study"
-CIDER = {"none": 1.00, "max": 1.05, "moving_average": 1.08, "exp_decay": 1.10, "gate": 1.14}
-BLEU1 = {"none": 0.70, "max": 0.72, "moving_average": 0.73, "exp_decay": 0.78, "gate": 0.75}
-LAMBDAS = {"none": [0.0], "max": [0.01, 0.1], "moving_average": [0.01, 0.1], "exp_decay": [0.01, 0.1],
+CIDER = {"none": 100.0, "max": 105.0, "moving_average": 108.0, "exp_decay": 110.0, "gate": 114.0}  # x100
+BLEU1 = {"none": 70.0, "max": 72.0, "moving_average": 73.0, "exp_decay": 78.0, "gate": 75.0}
+LAMBDAS = {"none": [None], "max": [0.01, 0.1], "moving_average": [0.01, 0.1], "exp_decay": [0.01, 0.1],
            "gate": [0.01, 0.1]}
 GROUNDING = {"none": 0.5, "max": 0.55, "moving_average": 0.56, "exp_decay": 0.6, "gate": 0.62}
 EPOCHS = 3
 LAYERS = 3
+SEEDS = (0, 1, 2)
 
 
 def _cider(fusion, lam, seed):
-    return CIDER[fusion] + (0.02 if lam == 0.1 else 0.0) + 0.01 * seed
+    return CIDER[fusion] + (2.0 if lam == 0.1 else 0.0) + 1.0 * seed
 
 
 def fabricate(uri: str, name: str = STUDY, artifact_location: str | None = None,
               fusions: tuple[str, ...] = tuple(LAMBDAS)) -> dict:
-    """Runs like a real study: fusions x lambdas x 2 seeds, val metrics per epoch, JSD per layer."""
+    """Runs like a real study: fusions x lambdas x 3 seeds, val metrics (x100) per epoch, JSD per layer."""
     tracker = StudyTracker(uri, name, artifact_location=artifact_location)
     tracker.start_study({"search": {"metric": "val/CIDEr", "num_samples": 18}}, {})
     client: MlflowClient = tracker.client
@@ -48,9 +49,10 @@ def fabricate(uri: str, name: str = STUDY, artifact_location: str | None = None,
         if fusion not in fusions:
             continue
         for lam in lams:
-            for seed in (0, 1):
+            for seed in SEEDS:
                 tid = f"{fusion}-{lam}-{seed}"
-                config = {"model": {"fusion": fusion, "lambda": lam, "layers": LAYERS},
+                model = {"fusion": fusion, "layers": LAYERS, **({} if lam is None else {"lambda": lam})}
+                config = {"model": model,
                           "train": {"seed": seed, "xe_epochs": EPOCHS}, "output_dir": f"/tmp/out/{tid}"}
                 run_id = tracker.trial_run(tid, config, run_name=f"trial-{tid}")
                 names[(fusion, lam, seed)] = f"trial-{tid}"
@@ -58,11 +60,13 @@ def fabricate(uri: str, name: str = STUDY, artifact_location: str | None = None,
                 metrics = []
                 for e in range(1, EPOCHS + 1):
                     frac = [0.6, 1.0, 0.9][e - 1]  # the best epoch is 2, not the last one
-                    values = {"val/CIDEr": best * frac, "val/BLEU-1": BLEU1[fusion] + 0.002 * seed + (e - 2) * 0.05,
-                              "val/BLEU-4": 0.30 + (0.05 if fusion == "gate" else 0) + 0.001 * seed,
-                              "val/METEOR": 0.25 + (0.02 if fusion == "gate" else 0),
-                              "val/ROUGE-L": 0.52 + (0.03 if fusion == "gate" else 0) + 0.001 * seed,
-                              "train/loss": 4.0 / e + seed * 0.1, "train/mask_mean": 1.0 - 2 * lam - 0.01 * e}
+                    values = {"val/CIDEr": best * frac, "val/BLEU-1": BLEU1[fusion] + 0.2 * seed + (e - 2) * 5,
+                              "val/BLEU-4": 30.0 + (5.0 if fusion == "gate" else 0) + 0.1 * seed,
+                              "val/METEOR": 25.0 + (2.0 if fusion == "gate" else 0),
+                              "val/ROUGE-L": 52.0 + (3.0 if fusion == "gate" else 0) + 0.1 * seed,
+                              "train/loss": 4.0 / e + seed * 0.1}
+                    if lam is not None:
+                        values["train/mask_mean"] = 1.0 - 2 * lam - 0.01 * e
                     if fusion != "none":
                         values.update({f"diag/jsd/layer{i}": 0.01 * (i + 1) * (1 + list(CIDER).index(fusion))
                                        for i in range(LAYERS)})
@@ -105,9 +109,9 @@ def test_report_writes_plots_and_html(report, study):
     # The diagnostics table: a row per fusion, grounding mean ± std over its runs; no mask value for the baseline.
     rows = _table_rows(page, "diag")
     assert rows["head"][:2] == ["fusion", "runs"] and "Kendall τ attention" not in rows["head"]
-    assert rows["gate"][:5] == ["4", f"{GROUNDING['gate'] + 0.01:.2f} ± 0.01", "0.30 ± 0.00",
-                                 f"{GROUNDING['gate'] + 0.01 - 0.3:.2f} ± 0.01", "0.18 ± 0.00"]
-    assert rows["none (baseline)"][-1] == "–" and rows["gate"][-1] == "0.81 ± 0.01"
+    assert rows["gate"][:5] == ["6", f"{GROUNDING['gate'] + 0.02:.2f} ± 0.02", "0.30 ± 0.00",
+                                 f"{GROUNDING['gate'] + 0.02 - 0.3:.2f} ± 0.02", "0.18 ± 0.00"]
+    assert rows["none (baseline)"][-1] == "–" and rows["gate"][-1] == "0.82 ± 0.02"
     assert "Not logged: SPICE" in page
     for n in study["names"].values():
         assert n in page
@@ -131,29 +135,38 @@ def _table_rows(page: str, cls: str = "t3") -> dict[str, list[str]]:
     return {"head": head, **rows}
 
 
-def test_table3_marks_best_per_column_with_mean_std(report):
+def test_table3_has_seed_intervals_and_the_difference_to_the_baseline(report):
     page = open(report["html"], encoding="utf-8").read()
     rows = _table_rows(page)
-    assert rows["head"] == ["fusion", "seeds", "B-1", "B-4", "METEOR", "ROUGE-L", "CIDEr", "config"]
+    assert rows["head"] == ["fusion", "seeds", "B-1", "B-4", "METEOR", "ROUGE-L", "CIDEr", "CIDEr vs baseline",
+                            "verdict", "config"]
     assert list(rows)[1:] == ["none (baseline)", "max", "moving average", "exp. decay", "gate"]
     col = {name: i + 1 for i, name in enumerate(["B-1", "B-4", "METEOR", "ROUGE-L", "CIDEr"])}
-    # gate, lambda 0.1: CIDEr at the best epoch (2) 1.16 and 1.17 -> 116.5 ± 0.7 (x100), the best
-    assert rows["gate"][col["CIDEr"]] == "<b>116.5 ± 0.7</b>"
-    assert "model.lambda=0.1" in rows["gate"][-1] and rows["gate"][0] == "2"
-    # B-1 at the best epoch (2): exp_decay 0.780 and 0.782 -> 78.1 ± 0.1, the best
-    assert rows["exp. decay"][col["B-1"]] == "<b>78.1 ± 0.1</b>"
-    assert rows["gate"][col["B-1"]] == "75.1 ± 0.1"
-    assert rows["none (baseline)"][col["CIDEr"]] == "100.5 ± 0.7"
-    assert rows["gate"][col["METEOR"]] == "<b>27.0 ± 0.0</b>"
+    # gate, lambda 0.1: CIDEr at the best epoch (2) 116, 117, 118 -> mean 117 with the t-interval over 3 seeds
+    # (t(0.975, 2) * 1 / sqrt(3) = 2.48), the best
+    assert rows["gate"][col["CIDEr"]] == "<b>117.0 [114.5, 119.5]</b>"
+    assert "model.lambda=0.1" in rows["gate"][-1] and rows["gate"][0] == "3"
+    # B-1 at the best epoch (2): exp_decay 78.0, 78.2, 78.4 -> 78.2 [77.7, 78.7], the best
+    assert rows["exp. decay"][col["B-1"]] == "<b>78.2 [77.7, 78.7]</b>"
+    assert rows["gate"][col["B-1"]] == "75.2 [74.7, 75.7]"
+    assert rows["none (baseline)"][col["CIDEr"]] == "101.0 [98.5, 103.5]"
+    assert rows["gate"][col["METEOR"]] == "<b>27.0 [27.0, 27.0]</b>"  # the same on every seed
     bold = [(r, c) for r, cells in rows.items() if r != "head" for c, v in enumerate(cells) if v.startswith("<b>")]
     assert len(bold) == 5  # exactly one per metric column
+    # the difference to the baseline (Welch over seed means: no per-image scores logged) and its verdict
+    assert rows["none (baseline)"][col["CIDEr"] + 1] == "baseline"
+    assert rows["gate"][col["CIDEr"] + 1].startswith("+16.0 CIDEr [")
+    assert rows["gate"][col["CIDEr"] + 2].startswith("gate beats none by 16.0 CIDEr [")
+    assert "3 seeds, seed means only" in rows["gate"][col["CIDEr"] + 2]
+    # the baseline has no lambda: not in its config cell
+    assert "lambda" not in rows["none (baseline)"][-1]
 
 
 def test_main_entry_points(study, tmp_path, capsys):
     assert report_main(argparse.Namespace(name=STUDY, tracking_uri=study["uri"], out=str(tmp_path / "r"))) == 0
     assert (tmp_path / "r" / "report.html").exists()
     assert compare_main(argparse.Namespace(name=STUDY, by="fusion", tracking_uri=study["uri"])) == 0
-    assert "1.2 (2 seeds: no interval)" in capsys.readouterr().out  # compare's own values: tests/test_compare.py
+    assert "117.0 [114.5, 119.5]" in capsys.readouterr().out  # the numbers of the report's table
 
 
 def test_report_with_missing_metrics_and_unknown_study(tmp_path):
@@ -196,3 +209,20 @@ def test_kendall_plot_when_measured(tmp_path):
     path = plot_kendall(runs, tmp_path / "k.png")
     assert path is not None and open(path, "rb").read(4) == b"\x89PNG"
     assert plot_kendall([RunSummary("r", "t", "FINISHED", {}, {}, {"val/CIDEr": 1.0})], tmp_path / "x.png") is None
+
+
+def test_lambda_series_leaves_the_baseline_out_and_draws_it_as_a_band():
+    from dashboards.report import RunSummary, lambda_series
+
+    def run(fusion, lam, cider):
+        params = {"model.fusion": fusion, **({} if lam is None else {"model.lambda": str(lam)})}
+        return RunSummary(f"{fusion}-{lam}-{cider}", "t", "FINISHED", params, {}, {}, best_cider=cider)
+
+    runs = [run("gate", 0.035, c) for c in (110.0, 111.0, 112.0)] + [run("gate", 0.1, c) for c in (105.0, 107.0)]
+    # a baseline logged before inapplicable keys were left out still carries lambda 0.035: it is no lambda point
+    runs += [run("none", 0.035, c) for c in (100.0, 101.0, 102.0)]
+    by_lam, points, baseline = lambda_series(runs)
+    assert sorted(by_lam) == [0.035, 0.1] and len(by_lam[0.035]) == 3
+    assert points[0.035].mean == 111.0 and points[0.035].low == pytest.approx(111.0 - 2.484, abs=1e-3)
+    assert points[0.1].n == 2 and points[0.1].low is None  # two seeds: no interval
+    assert baseline.mean == 101.0 and baseline.n == 3 and baseline.high == pytest.approx(103.484, abs=1e-3)

@@ -71,7 +71,7 @@ def test_scst_raises_val_cider_over_the_xe_checkpoint_it_starts_from(tmp_path):
     xe = [h["val/CIDEr"] for h in history if h["stage"] == "xe"]
     scst = [h["val/CIDEr"] for h in history if h["stage"] == "scst"]
     xe_best = max(xe)
-    assert xe_best > 0.8, f"XE did not reach a reasonable score: {xe}"
+    assert xe_best > 80, f"XE did not reach a reasonable score: {xe}"  # x100
     # The XE checkpoint that stage 2 started from, validated again the same way, has that score.
     trainer = Trainer(cfg.replace({"train.scst_from": str(saved["xe_best"])}), tmp_path / "check")
     trainer._enter_scst()
@@ -170,7 +170,7 @@ def test_greedy_baseline_runs_for_real(tiny_root, tmp_path):
     (epoch,) = result["history"]
     assert epoch["stage"] == "scst"
     assert math.isfinite(epoch["train/loss"]) and 0.0 <= epoch["train/reward"] <= 10.0
-    assert 0.0 <= epoch["val/CIDEr"] <= 10.0 and math.isfinite(epoch["train/mask_loss"])
+    assert 0.0 <= epoch["val/CIDEr"] <= 1000.0 and math.isfinite(epoch["train/mask_loss"])
 
 
 # -- the switch point --------------------------------------------------------------------------------------------

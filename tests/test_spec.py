@@ -12,6 +12,7 @@ import yaml
 
 from a2core.config import Config, ConfigError
 from launch.spec import StudySpec, load_study, validate_main
+from launch.study import saved_form
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted((ROOT / "studies").glob("*.yaml"))
@@ -58,7 +59,8 @@ def test_every_shipped_study_validates(path, coco_files):
         for point in spec.points_for_cell(cell) or [{}]:
             cfg = spec.trial_config({**cell, **point})
             Config.from_dict(cfg)  # a valid a2core config
-    assert StudySpec.from_dict(spec.to_dict(), source=str(path)).to_dict() == spec.to_dict()
+    again = StudySpec.from_dict(saved_form(spec), source=str(path))  # what study.yaml holds, read back
+    assert again.to_dict() == spec.to_dict()
 
 
 def test_paper_studies_name_missing_coco_files():
@@ -73,15 +75,16 @@ def test_smoke_study_shape():
     assert spec.base["data"]["kind"] == "synthetic"
     assert spec.base["model"]["d_model"] <= 128
     assert spec.resources["gpus_per_worker"] == 0
-    assert spec.resources["max_concurrent_trials"] == 1
-    assert spec.trial_resources()["CPU"] <= 2
+    assert spec.resources["workers_per_trial"] == 1 and spec.resources["max_concurrent_trials"] == 2
+    assert spec.resources["max_concurrent_trials"] * spec.trial_resources()["CPU"] <= 2  # side by side on 2 cores
     assert spec.storage == str(Path.cwd() / "a2-studies")
     assert spec.tracking["mlflow_uri"] == "sqlite:///" + str(Path.cwd() / "mlflow.db")
     assert spec.tracking["experiment"] == "a2-smoke"
-    # fusion none: one trial (lambda only exists for gate); gate: num_samples trials
-    assert spec.grid_cells() == [{"fusion": "none", "seed": 0}, {"fusion": "gate", "seed": 0}]
-    assert [spec.samples_per_cell(c) for c in spec.grid_cells()] == [1, 2]
-    assert spec.num_trials == 3
+    # fusion none: one configuration (lambda only exists for gate); gate: num_samples; each with 4 seeds
+    assert spec.grid_cells() == [{"fusion": "none"}, {"fusion": "gate"}]
+    assert [spec.samples_per_cell(c) for c in spec.grid_cells()] == [1, 1]
+    assert spec.replicate_seeds == [0, 1, 2, 3]
+    assert spec.num_trials == 2 * 4
 
 
 def test_fusion_ablation_space(coco_files):
@@ -115,7 +118,7 @@ def test_overrides_apply_before_validation():
     assert spec.total_epochs == 1
     assert spec.base["model"]["d_model"] == 32
     assert spec.name == "a2-smoke-2"
-    assert spec.num_trials == 1 + 5
+    assert spec.num_trials == (1 + 5) * 4  # none once, gate 5 samples; 4 seeds each
     with pytest.raises(ConfigError) as err:
         load_study(SMOKE, ["train.xe_epochs=0"])
     assert err.value.path == "train.xe_epochs" and "smoke.yaml" in str(err.value)
@@ -129,7 +132,7 @@ def test_trial_config_maps_aliases_to_paths():
     assert cfg["train"]["seed"] == 3
     assert cfg["model"]["d_model"] == spec.base["model"]["d_model"]
     # dotted paths work too, and the result is validated
-    assert spec.trial_config({"model.eta": 0.2})["model"]["eta"] == 0.2
+    assert spec.trial_config({"model.eta": 0.2, "fusion": "moving_average"})["model"]["eta"] == 0.2
     with pytest.raises(ConfigError) as err:
         spec.trial_config({"lambda": -1.0})
     assert err.value.path == "model.lambda"
@@ -137,6 +140,30 @@ def test_trial_config_maps_aliases_to_paths():
         spec.trial_config({"bogus": 1})
     assert err.value.path == "bogus"
     assert spec.base["model"]["fusion"] == "gate"  # the base is never modified
+
+
+def test_trial_config_leaves_out_the_parameters_its_fusion_does_not_use():
+    spec = load_study(SMOKE)
+    model = {f: spec.trial_config({"fusion": f, "lambda": 0.05, **({"model.temperature": 100.0}
+                                                                  if f == "exp_decay" else {})})["model"]
+             for f in ("none", "max", "moving_average", "exp_decay", "gate")}
+    assert not {"lambda", "eta", "temperature", "renormalize", "mask_bias_init"} & set(model["none"])
+    assert model["gate"]["lambda"] == model["max"]["lambda"] == 0.05 and "renormalize" in model["gate"]
+    assert [f for f, m in model.items() if "eta" in m] == ["moving_average"]
+    assert [f for f, m in model.items() if "temperature" in m] == ["exp_decay"]
+    assert model["exp_decay"]["temperature"] == 100.0
+    assert model["none"]["d_model"] == model["gate"]["d_model"]  # the rest of the model is there
+
+
+def test_tracked_trial_runs_have_no_inapplicable_params(tmp_path):
+    from a2core.config import Config
+    from dashboards.tracking import StudyTracker
+
+    tracker = StudyTracker(f"sqlite:///{tmp_path / 'm.db'}", "absent", artifact_location=str(tmp_path / "art"))
+    run_id = tracker.trial_run("t0", Config.from_dict({"model": {"fusion": "none"}}))  # a plain Config: defaults
+    params = tracker.client.get_run(run_id).data.params
+    assert params["model.fusion"] == "none" and "model.d_model" in params
+    assert not {"model.lambda", "model.eta", "model.temperature", "model.renormalize"} & set(params)
 
 
 def test_default_points_are_the_paper_values(tmp_path):
@@ -159,7 +186,7 @@ def test_explicit_points_and_grid_algorithm(tmp_path):
     raw["search"].update(algorithm="grid", points_to_evaluate=[{"lambda": 0.01}, {"lambda": 0.1}])
     spec = load_study(write(tmp_path, raw))
     assert spec.points_for_cell({"fusion": "gate", "seed": 0}) == [{"lambda": 0.01}, {"lambda": 0.1}]
-    assert spec.num_trials == 1 + 2  # none: once; gate: one trial per point
+    assert spec.num_trials == (1 + 2) * 4  # none: once; gate: one configuration per point; 4 seeds each
 
 
 def test_conditional_grid_key_and_choice(tmp_path):
@@ -172,7 +199,7 @@ def test_conditional_grid_key_and_choice(tmp_path):
     spec = load_study(write(tmp_path, raw))
     assert spec.grid_cells() == [{"fusion": "gate"}, {"fusion": "exp_decay", "temperature": 1000},
                                  {"fusion": "exp_decay", "temperature": 10000}]
-    assert spec.num_trials == 3 * 2
+    assert spec.num_trials == 3 * 1 * 4  # 3 cells x num_samples (1) x 4 seeds
 
 
 def test_dotted_space_keys_must_exist_and_fit_the_type(tmp_path):
@@ -194,10 +221,10 @@ def test_dotted_space_keys_must_exist_and_fit_the_type(tmp_path):
 def test_cluster_resources_are_checked():
     load_study(SMOKE, cluster_resources={"CPU": 2, "GPU": 0})
     with pytest.raises(ConfigError) as err:
-        load_study(SMOKE, ["resources.cpus_per_worker=1"], cluster_resources={"CPU": 2, "GPU": 0})
+        load_study(SMOKE, ["resources.cpus_per_worker=2"], cluster_resources={"CPU": 2, "GPU": 0})
     assert err.value.path == "resources.cpus_per_worker" and "cluster has 2" in str(err.value)
     with pytest.raises(ConfigError) as err:
-        load_study(SMOKE, ["resources.gpus_per_worker=1"], cluster_resources={"CPU": 2, "GPU": 1})
+        load_study(SMOKE, ["resources.gpus_per_worker=2"], cluster_resources={"CPU": 2, "GPU": 1})
     assert err.value.path == "resources.gpus_per_worker" and "2 GPUs" in str(err.value)
 
 
@@ -317,7 +344,7 @@ def test_not_a_mapping_and_missing_file(tmp_path):
 def test_validate_main_prints_one_line(capsys, tmp_path):
     assert validate_main(SMOKE) == 0
     out = capsys.readouterr().out.strip()
-    assert out.startswith("OK a2-smoke: 3 trials in 2 grid cells") and "\n" not in out
+    assert out.startswith("OK a2-smoke: 8 trials = 2 configurations x 4 seeds in 2 grid cells") and "\n" not in out
     bad = write(tmp_path, {**smoke_raw(), "name": "Bad Name"}, "bad.yaml")
     assert validate_main(bad) == 2
     err = capsys.readouterr().err
