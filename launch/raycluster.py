@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 
 
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
+
 def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_driver: bool = True,
             quiet: bool = False, runtime_env_vars: dict | None = None) -> dict:
     """Join the Ray cluster at `address` / `$RAY_ADDRESS`, or start a local one. Returns cluster resources.
@@ -19,6 +22,11 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_d
 
     if ray.is_initialized():
         return dict(ray.cluster_resources())
+    # Ray Train starts a node-drain watcher actor with every worker group and force-kills it when the group stops,
+    # which Ray's core worker logs at ERROR level ("actor restart will fail") for every trial. The watcher only
+    # reports drains to `ray.train.get_preemption_info`, which a2 does not use: off, unless the user sets it.
+    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
+    runtime_env_vars = {PREEMPTION_WATCHER_ENV: os.environ[PREEMPTION_WATCHER_ENV], **(runtime_env_vars or {})}
     address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs: dict = dict(log_to_driver=log_to_driver)
     if quiet:
@@ -36,6 +44,8 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_d
             if address != "auto":
                 raise
             kwargs.pop("runtime_env", None)  # no cluster is running here: a local Ray, as without an address
+    # Token authentication, Ray's default for a new local Ray, chosen explicitly: Ray then does not warn about it.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     # The dashboard stays on: Ray Train's placement-group cleaner asks the state API whether a trial's Train
     # controller is alive; without it, the placement group of a dead controller is never released.
     ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
