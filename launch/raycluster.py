@@ -3,6 +3,7 @@ local Ray with this machine's CPUs. (tests/raycluster.py starts real multi-node 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -44,9 +45,25 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_d
             if address != "auto":
                 raise
             kwargs.pop("runtime_env", None)  # no cluster is running here: a local Ray, as without an address
-    # Token authentication, Ray's default for a new local Ray, chosen explicitly: Ray then does not warn about it.
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
     # The dashboard stays on: Ray Train's placement-group cleaner asks the state API whether a trial's Train
     # controller is alive; without it, the placement group of a dead controller is never released.
-    ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+    with _quiet_token_auth_notice():
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
     return dict(ray.cluster_resources())
+
+
+@contextlib.contextmanager
+def _quiet_token_auth_notice():
+    """A new local Ray turns token authentication on (the secure default) and logs a WARNING saying so on every
+    run; there is nothing to act on, so that one notice is held back while it starts. (Setting RAY_AUTH_MODE
+    silences it in Ray itself, but only before `ray` is imported: Ray caches its config at import.)"""
+    import logging
+
+    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = notice.level
+    if "RAY_AUTH_MODE" not in os.environ:
+        notice.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        notice.setLevel(level)
