@@ -27,7 +27,8 @@ TINY_MODEL = {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions":
 # cleaner's notice, Ray's token-auth notice, MLflow's pickling and signature advice.
 NOISE = ("PreemptionWatcher", "actor restart will fail", "controller actor", "Token authentication is",
          "CloudPickle", "signature", "Downloading artifacts")
-ERROR_LINE = re.compile(r"(^|\s|\[)(E\d{4} |ERROR\b)")  # glog's E1123 ... and Python logging's ERROR
+# Ray's C++ log lines ("[2026-11-23 18:09:23,395 E 27296 27296] core_worker.cc:...") and Python logging's ERROR.
+ERROR_LINE = re.compile(r"\[\d{4}-\d\d-\d\d [\d:,.]+ E \d+ \d+\]|\bERROR\b")
 
 
 def _checkpoints(directory: Path, seeds=(0, 1)) -> list[Path]:

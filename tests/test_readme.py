@@ -84,8 +84,12 @@ def clone(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)),
-                         ids=[f"block{i}-{b['lines'][0].split('#')[0].strip()[:30]}" for i, b in enumerate(BLOCKS)])
+def _block_id(index: int, block: dict) -> str:
+    command = next((line for line in block["lines"] if not line.startswith("#")), "")
+    return f"block{index}-{command.split(' #')[0].strip()[:30]}"
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[_block_id(i, b) for i, b in enumerate(BLOCKS)])
 def test_readme_block_runs_as_written(index, clone, tmp_path_factory):
     block = BLOCKS[index]
     if block["mode"] == "skip":
@@ -98,7 +102,7 @@ def test_readme_block_runs_as_written(index, clone, tmp_path_factory):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
     assert done.returncode == 0, f"README block {index} failed:\n{script}\n---\n{done.stdout[-6000:]}"
     assert "Traceback" not in done.stdout, done.stdout[-6000:]
-    first = block["lines"][0]
+    first = next(line for line in block["lines"] if not line.startswith("#"))
     for path in next((paths for start, paths in LEFT_BEHIND.items() if first.startswith(start)), []):
         assert (clone / path).is_file(), f"README block {index} left no {path}"
     if first.startswith("a2 data synth"):  # the evaluation found a caption for every test image
