@@ -27,3 +27,16 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def fresh_folder(path: str | os.PathLike, holds: tuple[str, ...], what: str) -> Path:
+    """`path` if it holds none of the files `holds` (an earlier `what`), else the first of `path-2`, `path-3`, ...
+    that holds none, saying so: a new output never overwrites an earlier one."""
+    path = Path(path)
+    candidate, n = path, 1
+    while any((candidate / name).exists() for name in holds):
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    if candidate != path:
+        print(f"{path} holds an earlier {what}; this run writes to {candidate}", flush=True)
+    return candidate

@@ -341,10 +341,10 @@ class GivenFeatures(FeatureStore):
 class A2EnsembleModel(mlflow.pyfunc.PythonModel):
     """Averaging ensemble of A2 checkpoints (the model's artifacts) that captions images.
 
-    `predict` takes a pandas DataFrame (or a list of ints, or a dict of lists) with an `image_id` column and,
-    optionally, a `features` column of (n_regions, 2048) arrays. Without features, an image's regions come from
-    the feature store of the checkpoints' data config, or from `features_path` in the model config. Returns a
-    DataFrame with `image_id` and `caption`, in input order."""
+    `predict` takes a pandas DataFrame with an `image_id` column (int64) and, optionally, a `features` column of
+    (n_regions, 2048) float64 arrays: the logged model's signature (`model_signature`), which MLflow enforces.
+    Without features, an image's regions come from the feature store of the checkpoints' data config, or from
+    `features_path` in the model config. Returns a DataFrame with `image_id` and `caption`, in input order."""
 
     def __init__(self, beam_size: int = 5, max_len: int = 20, batch_size: int = 50, min_len: int = 1):
         self.beam_size, self.max_len, self.batch_size, self.min_len = beam_size, max_len, batch_size, min_len
@@ -360,6 +360,8 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.models, self.vocab, self.config = load_ensemble([context.artifacts[k] for k in keys], self.device)
         model_config = getattr(context, "model_config", None) or {}
+        self.beam_size = int(model_config.get("beam_size", self.beam_size))
+        self.max_len = int(model_config.get("max_len", self.max_len))
         self.features_path = model_config.get("features_path")
         self._store = None
 
@@ -407,17 +409,54 @@ def _slim_checkpoint(src: str | os.PathLike, dst: Path) -> Path:
     return ckpt.save(keep, dst)
 
 
+TAG_CONTENT_HASH = "a2.content_hash"
+
+
+def content_hash(checkpoints: Sequence[str | os.PathLike], beam_size: int, max_len: int) -> str:
+    """sha256 of what a model version serves: the checkpoints' bytes, in ensemble order (each holds its config),
+    and the decoding settings. Equal hashes: the same model."""
+    digest = hashlib.sha256(json.dumps({"beam_size": beam_size, "max_len": max_len}).encode())
+    for path in checkpoints:
+        with open(path, "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()
+
+
+def model_signature(feature_dim: int, beam_size: int):
+    """Input `image_id` (and, optionally, `features`: an image's (n_regions, feature_dim) region features), output
+    `image_id` and `caption`, param `beam_size`; and an input example of one image with two zero regions."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
+
+    signature = ModelSignature(
+        inputs=Schema([ColSpec("long", "image_id"), ColSpec(Array(Array("double")), "features", required=False)]),
+        outputs=Schema([ColSpec("long", "image_id"), ColSpec("string", "caption")]),
+        params=ParamSchema([ParamSpec("beam_size", "long", beam_size)]))
+    example = pd.DataFrame({"image_id": [1], "features": [[[0.0] * feature_dim] * 2]})
+    return signature, example
+
+
 def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str | os.PathLike], name: str, *,
                       beam_size: int = 5, max_len: int = 20, description: str | None = None,
                       tags: Mapping[str, str] | None = None) -> dict:
     """Log the ensemble as an MLflow pyfunc model of run `run_id` (its checkpoints as artifacts, without optimizer
-    state) and register it as a new version of model `name`. Returns {"name", "version", "model_uri", ...}."""
+    state) and register it as a new version of model `name`, unless a version of `name` already serves the same
+    checkpoints and settings (tag `a2.content_hash`, `content_hash`): that version is reused, so a re-run
+    registers nothing new. Returns {"name", "version", "model_uri", "reused", ...}."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    client = MlflowClient(tracking_uri=tracking_uri)
+    digest = content_hash(checkpoints, beam_size, max_len)
+    same = client.search_model_versions(f"name='{name}' and tags.`{TAG_CONTENT_HASH}` = '{digest}'")
+    if same:
+        version = min(int(v.version) for v in same)
+        return {"name": name, "version": version, "model_uri": f"models:/{name}/{version}",
+                "logged_model_uri": next(v.source for v in same if int(v.version) == version), "run_id": run_id,
+                "reused": True}
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the job's log
     repo = Path(__file__).resolve().parents[1]
     code_paths = [str(repo / "a2core"), str(repo / "dashboards")]
-    client = MlflowClient(tracking_uri=tracking_uri)
     status = client.get_run(run_id).info.status
     previous_uri, previous_env = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
     with tempfile.TemporaryDirectory(prefix="a2-model-") as tmp:
@@ -425,13 +464,19 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
         for i, path in enumerate(checkpoints):
             key = CHECKPOINT_ARTIFACT.format(i)
             artifacts[key] = str(_slim_checkpoint(path, Path(tmp) / f"{key}.pt"))
+        from a2core import checkpoint as ckpt
+
+        signature, example = model_signature(ckpt.load(artifacts[CHECKPOINT_ARTIFACT.format(0)])["config"]["model"][
+            "feature_dim"], beam_size)
         mlflow.set_tracking_uri(tracking_uri)
         try:
             mlflow.start_run(run_id=run_id)
             try:
                 info = mlflow.pyfunc.log_model(
-                    name="ensemble", python_model=A2EnsembleModel(beam_size=beam_size, max_len=max_len),
+                    name="ensemble", python_model=str(Path(__file__).with_name("ensemble_model.py")),
+                    model_config={"beam_size": beam_size, "max_len": max_len},
                     artifacts=artifacts, code_paths=code_paths, registered_model_name=name,
+                    signature=signature, input_example=example,
                     pip_requirements=["torch", "numpy", "h5py", "pyyaml", "pandas"],
                     metadata={"a2.checkpoints": [str(p) for p in checkpoints], "a2.beam_size": beam_size})
             finally:
@@ -448,7 +493,7 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
         version = max(int(v.version) for v in found)
     if description:
         client.update_model_version(name, str(version), description=description)
-    for k, v in (tags or {}).items():
+    for k, v in {**(tags or {}), TAG_CONTENT_HASH: digest}.items():
         client.set_model_version_tag(name, str(version), k, str(v))
     return {"name": name, "version": int(version), "model_uri": f"models:/{name}/{version}",
-            "logged_model_uri": info.model_uri, "run_id": run_id}
+            "logged_model_uri": info.model_uri, "run_id": run_id, "reused": False}

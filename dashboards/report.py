@@ -605,13 +605,19 @@ def build_report(tracking_uri: str | None, study_name: str, out_dir: str | os.Pa
     return paths
 
 
+DEFAULT_OUT = "a2-reports"
+
+
 def main(args) -> int:
-    """`a2 report NAME [--tracking-uri URI] [--out DIR]`."""
+    """`a2 report NAME [--tracking-uri URI] [--out DIR]`: into DIR (default `./a2-reports/NAME`), or a new numbered
+    folder next to it when it holds an earlier report."""
+    from a2core.atomic import fresh_folder
     from dashboards.tracking import check_tracking_uri
 
     uri = getattr(args, "tracking_uri", None) or default_tracking_uri()
     check_tracking_uri(uri)
-    paths = build_report(uri, args.name, getattr(args, "out", None))
+    out = fresh_folder(Path(getattr(args, "out", None) or Path(DEFAULT_OUT) / args.name), ("report.html",), "report")
+    paths = build_report(uri, args.name, out)
     print(f"report of study {args.name}:")
     for key, value in paths.items():
         print(f"  {key}: {value}")

@@ -54,28 +54,16 @@ def training_config(path: str | None, overrides: list[str]):
     return Config.from_dict(apply_overrides(raw, overrides or [], source=path), source=path)
 
 
-def fresh_output_dir(path: Path) -> Path:
-    """`path` if it holds no checkpoint, else the first of `path-2`, `path-3`, ... that holds none: a new run never
-    overwrites an earlier run's checkpoints."""
-    candidate, n = path, 1
-    while any((candidate / name).exists() for name in ("best.pt", "last.pt")):
-        n += 1
-        candidate = path.with_name(f"{path.name}-{n}")
-    return candidate
-
-
 def cmd_train(args) -> int:
     from pathlib import Path
 
+    from a2core.atomic import fresh_folder
     from a2core.train import train
 
     cfg = training_config(args.config, args.overrides)
     out = Path(args.output_dir or cfg.output_dir)
     if args.resume is None:
-        chosen = fresh_output_dir(out)
-        if chosen != out:
-            print(f"{out} holds an earlier run's checkpoints; this run writes to {chosen}", flush=True)
-        out = chosen
+        out = fresh_folder(out, ("best.pt", "last.pt"), "run's checkpoints")
     result = train(cfg, report=_print_report, output_dir=out, resume_from=args.resume)
     history = out / "history.json"
     tmp = history.with_suffix(".json.tmp")
@@ -175,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="plots and an HTML page from a study's MLflow runs")
     rp.add_argument("name")
     rp.add_argument("--tracking-uri", default=None)
-    rp.add_argument("--out", default=None, help="also write the report into this directory")
+    rp.add_argument("--out", default=None, help="report folder (default: ./a2-reports/NAME; one that holds an "
+                                                "earlier report gets a new numbered folder NAME-2, ...)")
     rp.set_defaults(func=_deferred("dashboards.report:main"))
 
     ml = sub.add_parser("mlflow", help="MLflow tracking server").add_subparsers(dest="mlflow_command", required=True)

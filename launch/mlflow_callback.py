@@ -27,6 +27,7 @@ from ray.tune.result import AUTO_RESULT_KEYS
 from dashboards.stats import TAG_CONFIG_HASH, stopped_early_tags
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
 from launch.search import config_hash
+from launch.trainable import CHECKPOINT_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,9 @@ def _guarded(method):
     return wrapper
 
 
-def _checkpoint_uri(checkpoint) -> str:
-    path = str(checkpoint.path)
+def _checkpoint_uri(checkpoint, path: str | None = None) -> str:
+    """A URI of `path` (default: the checkpoint's folder) on the checkpoint's filesystem."""
+    path = str(path or checkpoint.path)
     fs = getattr(checkpoint, "filesystem", None)
     kind = getattr(fs, "type_name", "local") if fs is not None else "local"
     if kind == "local" or "://" in path:
@@ -194,9 +196,6 @@ class A2MLflowCallback(Callback):
                 self.best[tid] = (float(value), result.get("training_iteration"))
                 self._log_per_image(run_id, result)
 
-        best_ckpt = result.get("best_checkpoint") or result.get("best_checkpoint_path")
-        if isinstance(best_ckpt, str) and best_ckpt:
-            tracker.set_best_checkpoint(run_id, best_ckpt)
         ckpt = result.get("checkpoint_path")
         if isinstance(ckpt, str) and ckpt:
             tracker.set_tags(run_id, {TAG_CHECKPOINT: ckpt})
@@ -253,6 +252,9 @@ class A2MLflowCallback(Callback):
         tracker = self._ensure_tracker()
         run_id = self._run_id(trial)
         uri = _checkpoint_uri(checkpoint)
+        train_ckpt = (getattr(trial, "last_result", None) or {}).get("checkpoint_path")
+        if train_ckpt:  # Tune's checkpoint only points at the Train checkpoint (launch.trainable): name the weights
+            uri = _checkpoint_uri(checkpoint, f"{str(train_ckpt).rstrip('/')}/{CHECKPOINT_FILE}")
         tags = {TAG_CHECKPOINT: uri}
         best = self.best.get(str(trial.trial_id))
         last_it = (getattr(trial, "last_result", None) or {}).get("training_iteration")

@@ -21,7 +21,8 @@ Steps:
    validation leaves no `results.zip`.
 5. `leaderboard.json` (`dashboards.leaderboard`): COCO metrics of every seed and of the ensemble on the
    Karpathy test split, provenance, the paper's rows.
-6. Delivery: the ensemble is registered as MLflow model `a2-<study>` (a pyfunc wrapping the checkpoints), the
+6. Delivery: the ensemble is registered as MLflow model `<study>` (or `--model-name`; a pyfunc wrapping the
+   checkpoints; a version that already serves the same checkpoints is reused, not registered again), the
    zip and leaderboard are logged as artifacts of the study's parent run and uploaded (verified sha256) to the
    study's S3 prefix `<study>/package/` when the study lives on S3, or to `--upload URI`.
 """
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from a2core.atomic import atomic_write
+from a2core.atomic import atomic_write, fresh_folder
 from a2core.errors import A2Error, PackageError, StorageError
 from launch.study import say
 
@@ -59,7 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seeds of the ensemble (default: the best configuration's replicates when it has at "
                              f"least {len(SEEDS)}, else {' '.join(map(str, SEEDS))})")
     parser.add_argument("--no-train", action="store_true", help="refuse (naming them) instead of training missing seeds")
-    parser.add_argument("--out", default=None, help=f"output folder (default: ./{DEFAULT_OUT}/<name>)")
+    parser.add_argument("--out", default=None, help=f"output folder (default: ./{DEFAULT_OUT}/<name>; one that "
+                                                    f"holds an earlier package gets a new numbered folder NAME-2, ...)")
+    parser.add_argument("--model-name", default=None, help="registered MLflow model name (default: the study name)")
     parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ to upload results.zip and the "
                                                        "leaderboard to (default: the study's prefix when on S3)")
     parser.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint for --upload")
@@ -81,7 +84,8 @@ def main(args) -> int:
                 out=args.out, upload=args.upload, s3_endpoint_url=args.s3_endpoint_url,
                 tracking_uri=args.tracking_uri, beam_size=args.beam_size, batch_size=args.batch_size,
                 workers=args.workers, address=args.address, val_images=args.val_images,
-            test_images=args.test_images, data_overrides=args.data, verbose=not args.quiet)
+            test_images=args.test_images, data_overrides=args.data, model_name=args.model_name,
+            verbose=not args.quiet)
     return 0
 
 
@@ -443,7 +447,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
             out: str | os.PathLike | None = None, upload: str | None = None, s3_endpoint_url: str | None = None,
             tracking_uri: str | None = None, beam_size: int = 5, batch_size: int = 50, workers: int | None = None,
             address: str | None = None, val_images: str | None = None, test_images: str | None = None,
-            data_overrides: list[str] | None = None, verbose: bool = True) -> dict:
+            data_overrides: list[str] | None = None, model_name: str | None = None, verbose: bool = True) -> dict:
     """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
     from dashboards.submission import results_filename
     from dashboards.tracking import check_tracking_uri
@@ -457,9 +461,8 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
     tracking_uri = check_tracking_uri(tracking_uri or spec.tracking["mlflow_uri"])
     upload_prefix = _upload_prefix(location, upload)
-    out = Path(out or Path(DEFAULT_OUT) / name).resolve()
+    out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST, RESULTS_ZIP), "package")
     out.mkdir(parents=True, exist_ok=True)
-    (out / RESULTS_ZIP).unlink(missing_ok=True)  # a stale zip must not survive a failed run
 
     import ray
 
@@ -476,7 +479,8 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
                              address=address, endpoint_url=location.endpoint_url, verbose=verbose)
         results = write_submission(out, files, decoded, images, alg, verbose)
         delivered = deliver(name, spec, best, members, local, data, decoded, results, images, tracking_uri=tracking_uri,
-                            beam_size=beam_size, seeds=[m["seed"] for m in members], verbose=verbose)
+                            beam_size=beam_size, seeds=[m["seed"] for m in members], model_name=model_name or name,
+                            verbose=verbose)
         uploads = upload_all([results["zip"], delivered["leaderboard"]], upload_prefix,
                              s3_endpoint_url or (location.endpoint_url if not upload else None), verbose)
     finally:
@@ -602,7 +606,8 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
 
 
 def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], data, decoded: dict, results: dict,
-            images: dict, *, tracking_uri: str, beam_size: int, seeds: list[int], verbose: bool = True) -> dict:
+            images: dict, *, tracking_uri: str, beam_size: int, seeds: list[int], model_name: str,
+            verbose: bool = True) -> dict:
     """Karpathy-test scores of every seed and the ensemble, the ensemble registered as an MLflow model, and the
     leaderboard (which names that model version) written and logged with the zip to the study's parent run.
     Returns {"scores", "leaderboard" (its path), "mlflow"}."""
@@ -616,13 +621,13 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
                                          {**systems, "ensemble": decoded["ensemble"]["test"]})
     run_ids = {study: lb.trial_run_ids(tracking_uri, study) for study in sorted({m["study"] for m in members})}
     parent = lb.study_parent_run(tracking_uri, name)
-    model_name = f"a2-{name}"
-    say(f"package: registering the ensemble as MLflow model {model_name}", verbose)
     model = lb.register_ensemble(
         tracking_uri, parent, local, model_name, beam_size=beam_size, max_len=images["max_len"],
         description=f"{len(members)}-seed averaging ensemble of study {name} (config {best['hash'][:12]})",
         tags={"a2.study": name, "a2.config_hash": best["hash"], "a2.seeds": ",".join(map(str, seeds)),
               "a2.trial_ids": ",".join(m["trial_id"] for m in members)})
+    say(f"package: MLflow model {model['name']} version {model['version']}: " + (
+        "reused (it already serves these checkpoints)" if model["reused"] else "registered"), verbose)
     board = lb.build_leaderboard(
         study=name, config=best["config"], ensemble_metrics=scores["ensemble"], images=len(karpathy),
         members=[{"seed": m["seed"], "trial_id": m["trial_id"], "study": m["study"], "checkpoint": m["checkpoint"],

@@ -106,6 +106,7 @@ def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
 def main(args) -> int:
     import ray
 
+    from a2core.atomic import fresh_folder
     from launch.package import package
     from launch.spec import load_study
     from launch.study import exit_code, verdict
@@ -118,7 +119,9 @@ def main(args) -> int:
         overrides.append(f"storage={args.storage}")
     spec = load_study(study_file(args.study), overrides)
     name = spec.name
-    out = Path(args.out or Path(DEFAULT_OUT) / name).resolve()
+    # A folder holding an earlier run's report or package is kept: this run writes to a new numbered one.
+    out = fresh_folder(Path(args.out or Path(DEFAULT_OUT) / name).resolve(),
+                       ("report/report.html", "package/package.json"), "pipeline output")
     uri = spec.tracking["mlflow_uri"]
     verbose = not args.quiet
     from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S
@@ -166,13 +169,14 @@ def main(args) -> int:
         f"pipeline: done in {total / 60:.1f} min (study {times['study']:.0f} s, report {times['report']:.0f} s, "
         f"package {times['package']:.0f} s)",
         f"  study:        {summary.get('path')}  (summary.json; `a2 study status {name}`)",
-        "  best trial:   " + verdict(summary).replace("\n", "\n                "),
+        "  result:       " + verdict(summary).replace("\n", "\n                "),
         f"  MLflow:       {uri}  (experiment {name}; `a2 mlflow serve --backend-store-uri {uri}` for the UI)",
         f"  report:       {report.get('html', '(failed)')}",
         f"  submission:   {manifest['results_zip']}",
         f"  leaderboard:  {manifest['leaderboard']}  (test CIDEr x100: ensemble {manifest['ensemble_CIDEr']:.1f}; "
         f"seeds " + ", ".join(f"{s}: {c:.1f}" for s, c in manifest["seed_CIDEr"].items()) + ")",
-        f"  model:        {manifest['mlflow']['model_uri']}",
+        f"  model:        {manifest['mlflow']['model_uri']}"
+        + ("  (reused: it already serves these checkpoints)" if manifest["mlflow"]["reused"] else ""),
         f"  manifest:     {Path(manifest['out']) / 'package.json'}",
     ]
     lines += [f"  uploaded:     {u['uri']}" for u in manifest["uploads"]]

@@ -3,7 +3,11 @@ local Ray with this machine's CPUs. (tests/raycluster.py starts real multi-node 
 """
 from __future__ import annotations
 
+import contextlib
 import os
+
+
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_driver: bool = True,
@@ -19,6 +23,11 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_d
 
     if ray.is_initialized():
         return dict(ray.cluster_resources())
+    # Ray Train starts a node-drain watcher actor with every worker group and force-kills it when the group stops,
+    # which Ray's core worker logs at ERROR level ("actor restart will fail") for every trial. The watcher only
+    # reports drains to `ray.train.get_preemption_info`, which a2 does not use: off, unless the user sets it.
+    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
+    runtime_env_vars = {PREEMPTION_WATCHER_ENV: os.environ[PREEMPTION_WATCHER_ENV], **(runtime_env_vars or {})}
     address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs: dict = dict(log_to_driver=log_to_driver)
     if quiet:
@@ -38,5 +47,23 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_d
             kwargs.pop("runtime_env", None)  # no cluster is running here: a local Ray, as without an address
     # The dashboard stays on: Ray Train's placement-group cleaner asks the state API whether a trial's Train
     # controller is alive; without it, the placement group of a dead controller is never released.
-    ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+    with _quiet_token_auth_notice():
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
     return dict(ray.cluster_resources())
+
+
+@contextlib.contextmanager
+def _quiet_token_auth_notice():
+    """A new local Ray turns token authentication on (the secure default) and logs a WARNING saying so on every
+    run; there is nothing to act on, so that one notice is held back while it starts. (Setting RAY_AUTH_MODE
+    silences it in Ray itself, but only before `ray` is imported: Ray caches its config at import.)"""
+    import logging
+
+    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = notice.level
+    if "RAY_AUTH_MODE" not in os.environ:
+        notice.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        notice.setLevel(level)

@@ -15,6 +15,7 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -222,6 +223,7 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     val_ids = read_image_ids(data / "image_info_val2014.json")
     test_ids = read_image_ids(data / "image_info_test2014.json")
     zip_path = out / "results.zip"
+    zip_bytes = zip_path.read_bytes()
     report = validate_zip(zip_path, val_ids, test_ids, alg=NAME)
     assert report.ok, str(report)
     with zipfile.ZipFile(zip_path) as zf:
@@ -282,7 +284,7 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     parent_id = board["mlflow"]["parent_run_id"]
     names = {f.path for f in client.list_artifacts(parent_id, "package")}
     assert names == {"package/results.zip", "package/leaderboard.json"}
-    versions = client.search_model_versions(f"name='a2-{NAME}'")
+    versions = client.search_model_versions(f"name='{NAME}'")
     assert [int(v.version) for v in versions] == [board["mlflow"]["model_version"]] == [1]
     assert versions[0].tags["a2.config_hash"] == expected_hash
 
@@ -290,11 +292,11 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     captions = {e["image_id"]: e["caption"] for e in test_entries}
     mlflow.set_tracking_uri(study["uri"])
     try:
-        model = mlflow.pyfunc.load_model(f"models:/a2-{NAME}/1")
+        model = mlflow.pyfunc.load_model(f"models:/{NAME}/1")
     finally:
         mlflow.set_tracking_uri(None)
     some = sorted(test_ids)[:3]
-    pred = model.predict({"image_id": some})
+    pred = model.predict(pd.DataFrame({"image_id": some}))
     assert list(pred["image_id"]) == some
     assert list(pred["caption"]) == [captions[i] for i in some]
 
@@ -304,6 +306,16 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     local = decode_all(checkpoints, config["data"], {"test2014": sorted(test_ids)}, None, beam_size=5, max_len=20,
                        batch_size=50, workers=0, address=None, endpoint_url=None, verbose=False)
     assert local["ensemble"]["test2014"] == captions
+
+    # Packaging again: a new numbered folder, and the same model version (nothing registered twice).
+    rc = main(["package", NAME, "--storage", str(study["storage"]), "--out", str(out), "--workers", "0", "--quiet"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed[-4000:]
+    assert f"{out} holds an earlier package; this run writes to {out}-2" in printed
+    assert (out / "results.zip").read_bytes() == zip_bytes  # the first package is untouched
+    again = json.loads((tmp_path / "out-2" / "package.json").read_text())["mlflow"]
+    assert (again["version"], again["reused"]) == (1, True)
+    assert [int(v.version) for v in client.search_model_versions(f"name='{NAME}'")] == [1]
 
 
 # -- a submission that fails validation is refused, and leaves no results.zip -----------------------------------------

@@ -1,0 +1,7 @@
+"""The ensemble model's code as MLflow logs it ("models from code"): MLflow runs this file to build the model, so
+nothing is pickled. Decoding settings come from the logged model config (`register_ensemble`)."""
+import mlflow.models
+
+from dashboards.leaderboard import A2EnsembleModel
+
+mlflow.models.set_model(A2EnsembleModel())
