@@ -100,10 +100,8 @@ def test_the_pipeline_result_line_names_the_best_trial_once():
     summary = {"study": "s", "metric": "val/CIDEr", "beats_baseline": None, "baseline": None,
                "best": {"trial_id": "a07af468", "value": 1.5, "epoch": 3, "fusion": "none", "lambda": None,
                         "seed": 0}}
-    source = Path(__file__).resolve().parents[1].joinpath("launch/pipeline.py").read_text()
-    (label,) = re.findall(r'f"  (\w[\w ]*:\s*)\{verdict\(summary\)\}', source)
-    line = label + verdict(summary)
-    assert line.count("best trial") == 1 and "a07af468" in line
+    line = verdict(summary)  # the pipeline prints it after the label "result:"
+    assert line.startswith("best trial a07af468") and line.count("best trial") == 1
 
 
 @pytest.mark.slow
