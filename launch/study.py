@@ -13,8 +13,9 @@ results; written at the end of `run`/`resume`, read by packaging and reports). `
 `./.a2/studies/<name>.json` so that `resume NAME` / `status NAME` find a study outside the default storage.
 
 Ray: `run` and `resume` join the cluster at `--address` / `$RAY_ADDRESS` when given, else start a local Ray with
-this machine's CPUs. Nothing starts Ray before the spec is valid and the MLflow URI answers; a trial that asks
-for more than the cluster has is refused (exit 2) before any trial starts.
+this machine's CPUs. Nothing starts Ray before the spec is valid, the storage answers (S3: the bucket exists and
+the credentials work) and the MLflow URI answers; a trial that asks for more than the cluster has is refused
+(exit 2) before any trial starts. Credentials never travel by value (launch.raycluster.stash_credentials).
 """
 from __future__ import annotations
 
@@ -127,6 +128,12 @@ class StudyLocation:
         """A path or URI to show people: `s3://bucket/...` for S3 storage."""
         return self.at(*parts).uri
 
+    def check(self) -> None:
+        """StorageError now, before Ray starts, when S3 storage cannot work (bucket, endpoint, credentials)."""
+        from dashboards.storage import check_storage
+
+        check_storage(self.storage, self.endpoint_url)
+
 
 def _pointer_path(name: str) -> Path:
     return POINTER_DIR / f"{name}.json"
@@ -158,6 +165,7 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
         storage = os.path.abspath(os.path.expanduser(storage))
     endpoint = endpoint or os.environ.get("A2_STORAGE_ENDPOINT_URL") or None
     location = StudyLocation(name, storage, endpoint)
+    location.check()
     if not location.exists(STUDY_FILE):
         raise StudyError(f"no study {name!r} at {location.uri()} (no {STUDY_FILE} there); "
                          f"pass --storage ROOT, the storage root the study was run with")
@@ -211,6 +219,7 @@ def check_tracking(spec) -> None:
 def run_study(spec, *, address: str | None = None, verbose: bool = True, connect: bool = True) -> dict:
     """Run a validated study to its end on Ray; returns the summary (also written to `summary.json`)."""
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
+    location.check()
     check_tracking(spec)
     if location.exists(STUDY_FILE) or _experiment_exists(location):
         raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
