@@ -229,8 +229,7 @@ def run_study(spec, *, address: str | None = None, verbose: bool = True, connect
     remember(location)
     tuner = build_tuner(spec, location, verbose=verbose)
     say(f"study {spec.name}: {spec.num_trials} trials, results in {location.uri()}", verbose)
-    tuner.fit()
-    return finish(spec, location, verbose=verbose)
+    return fit_and_finish(spec, location, tuner, verbose=verbose)
 
 
 def resume_study(location: StudyLocation, *, address: str | None = None, verbose: bool = True,
@@ -252,8 +251,39 @@ def resume_study(location: StudyLocation, *, address: str | None = None, verbose
     tuner = Tuner.restore(path, trainable=make_trainable(plan_from_spec(spec)), resume_unfinished=True,
                           resume_errored=True, storage_filesystem=fs)
     say(f"study {spec.name}: resuming from {location.uri()}", verbose)
-    tuner.fit()
-    return finish(spec, location, verbose=verbose)
+    return fit_and_finish(spec, location, tuner, verbose=verbose)
+
+
+def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
+    """Run the trials, then write and print the summary. Storage that stays unreachable past the S3 retries
+    (dashboards.storage.S3_MAX_ATTEMPTS) stops the study cleanly: the trials as this driver last saw them, and how
+    to continue; everything saved before the outage stays, and `a2 study resume` goes on from there."""
+    from a2core.errors import StorageError
+
+    try:
+        grid = tuner.fit()
+        return finish(spec, location, verbose=verbose)
+    except (StorageError, OSError) as err:
+        rows = [_result_row(spec, result) for result in locals().get("grid") or []]
+        if rows:
+            print(format_table(rows, spec.metric))
+        print(f"study {spec.name} stopped: its storage {location.uri()} cannot be reached "
+              f"({str(err).splitlines()[0][:300]}); what was saved before stays; once the storage is back, "
+              f"continue with `a2 study resume {spec.name}`", flush=True)
+        return {"study": spec.name, "path": location.uri(), "storage_error": str(err), "best": None,
+                "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows]}
+
+
+def _result_row(spec, result) -> dict:
+    """A table row of a trial from Tune's result grid (what this driver last saw of it)."""
+    metrics = result.metrics or {}
+    history = result.metrics_dataframe
+    values = [] if history is None or spec.metric not in history else [finite(v) for v in history[spec.metric]]
+    values = [v for v in values if v is not None]
+    best = (max if spec.mode == "max" else min)(values) if values else None
+    return {"trial_id": metrics.get("trial_id") or "?", "state": "ERROR" if result.error else "TERMINATED",
+            **_described(spec, dict(result.config or {})), "epochs_done": int(finite(metrics.get("epoch")) or 0),
+            "epochs_planned": spec.total_epochs, "last": finite(metrics.get(spec.metric)), "best": best}
 
 
 def _experiment_exists(location: StudyLocation) -> bool:

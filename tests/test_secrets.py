@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shutil
 import stat
@@ -25,8 +26,8 @@ from dashboards.tracking import redact_uri
 from launch.raycluster import AWS_PROFILE, driver_only_secrets, stash_credentials
 from launch.trainable import propagated_env
 from tests.raycluster import (  # noqa: F401 - fixtures
-    a2, a2_env, arrow_s3_compatible_moto, free_port, tiny_data, tiny_study)
-from tests.s3server import s3_client, unique_bucket
+    a2, arrow_s3_compatible_moto, free_port, kill_group, start_a2, tiny_data, tiny_study, wait_for)
+from tests.s3server import s3_client, start_moto, unique_bucket
 
 KEY_ID = "AKIAA2TUNEFAKEKEY0001"
 SECRET = "a2tuneFakeSecret/Value+0123456789abcdXYZ"
@@ -200,3 +201,44 @@ def test_study_on_s3_leaves_no_key_anywhere(tmp_path, tiny_data, s3_endpoint, ar
             assert not [n for n in needles if n in body], key
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- S3 gone mid-study -----------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_s3_outage_mid_study_stops_cleanly_and_resume_continues(tmp_path, tiny_data, s3_endpoint,
+                                                                arrow_s3_compatible_moto):
+    server = start_moto()  # our own endpoint, to stop and start again on the same port (moto keeps the data)
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    bucket = unique_bucket(endpoint, "outage")
+    name = "outage"
+    study = tiny_study(tmp_path, name, tiny_data, epochs=3, workers=1, cpus_per_worker=0.5, max_failures=1,
+                       extra={"storage": f"s3://{bucket}/studies", "storage_endpoint_url": endpoint})
+    env = {**os.environ, "A2_S3_MAX_ATTEMPTS": "3"}  # give up on S3 within seconds, not a minute
+    s3 = s3_client(endpoint)
+    log = tmp_path / "run.log"
+    proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=env)
+    try:
+        def first_checkpoint():
+            listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"studies/{name}/trials/").get("Contents", [])
+            return any("checkpoint_epoch0001/" in o["Key"] for o in listed)
+
+        wait_for(first_checkpoint, 400, "the first epoch's checkpoint on S3", proc=proc, log=log)
+        server.stop()  # S3 is gone for good, as far as this run can tell
+        proc.wait(timeout=400)
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+    out = log.read_text()
+    server = start_moto(port)  # storage is back, with everything it had
+    try:
+        assert proc.returncode == 1, out[-6000:]
+        assert "Traceback" not in out.split("stopped")[-1], out[-6000:]
+        assert f"a2 study resume {name}" in out, out[-4000:]
+        resumed = a2("study", "resume", name, cwd=tmp_path, env=env, timeout=600)
+        assert resumed.returncode == 0, resumed.stdout[-6000:]
+        summary = json.loads(s3.get_object(Bucket=bucket, Key=f"studies/{name}/summary.json")["Body"].read())
+        assert summary["complete"] and summary["trials"][0]["epochs_reported"] == [1, 2, 3]
+    finally:
+        server.stop()
