@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from botocore.exceptions import ClientError
 
 from a2core.errors import ConfigError, StorageError
 from dashboards.storage import check_storage, make_client, open_location
@@ -76,13 +77,14 @@ def test_mlflow_secrets_stay_out_of_the_environment_while_ray_starts(monkeypatch
 
 
 class _SigningRecorder(http.server.BaseHTTPRequestHandler):
-    """Answers every request 404 and keeps its Authorization header: which key signed it."""
+    """Answers every request `status` and keeps its Authorization header: which key signed it."""
 
     seen: list[str] = []
+    status = 404
 
     def do_GET(self):
         self.seen.append(self.headers.get("Authorization", ""))
-        self.send_response(404)
+        self.send_response(self.status)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -92,19 +94,24 @@ class _SigningRecorder(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def _recorder(status: int = 404) -> tuple[http.server.ThreadingHTTPServer, str]:
+    handler = type("Recorder", (_SigningRecorder,), {"status": status, "seen": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
 def test_pyarrow_and_boto3_sign_with_the_key_from_the_file(fake_keys):
     path = Path(stash_credentials())
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SigningRecorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    server, endpoint = _recorder()
+    seen = server.RequestHandlerClass.seen
     try:
-        _SigningRecorder.seen.clear()
         assert not open_location("s3://some-bucket/studies", endpoint).join("x").exists()  # pyarrow (Ray's storage)
-        assert _SigningRecorder.seen and all(f"Credential={KEY_ID}/" in h for h in _SigningRecorder.seen)
-        _SigningRecorder.seen.clear()
-        with pytest.raises(Exception):
+        assert seen and all(f"Credential={KEY_ID}/" in h for h in seen)
+        seen.clear()
+        with pytest.raises(ClientError):  # the recorder's 404
             make_client(endpoint, max_attempts=1).head_object(Bucket="some-bucket", Key="x")  # boto3 (uploads)
-        assert _SigningRecorder.seen and all(f"Credential={KEY_ID}/" in h for h in _SigningRecorder.seen)
+        assert seen and all(f"Credential={KEY_ID}/" in h for h in seen)
     finally:
         server.shutdown()
         shutil.rmtree(path.parent)
@@ -129,7 +136,7 @@ def test_password_in_the_tracking_uri_is_refused_redacted(tmp_path, tiny_data):
 
 
 # -- S3 at start -------------------------------------------------------------------------------------------------
-def test_check_storage_names_a_missing_bucket_and_an_unreachable_endpoint(s3_endpoint):
+def test_check_storage_names_a_missing_bucket_an_unreachable_endpoint_and_refused_credentials(s3_endpoint):
     check_storage(f"s3://{unique_bucket(s3_endpoint)}/studies", s3_endpoint)  # there: no error
     check_storage("/some/local/folder")  # local folders are made as needed
     with pytest.raises(StorageError, match=rf"s3://no-such-bucket-a2 at {s3_endpoint}: no such bucket"):
@@ -137,6 +144,12 @@ def test_check_storage_names_a_missing_bucket_and_an_unreachable_endpoint(s3_end
     closed = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(StorageError, match=rf"s3://some-bucket at {closed}: cannot reach the bucket"):
         check_storage("s3://some-bucket/studies", closed)
+    server, denying = _recorder(403)  # what S3 answers to wrong credentials
+    try:
+        with pytest.raises(StorageError, match=rf"s3://some-bucket at {denying}: .*ACCESS_DENIED.*credentials"):
+            check_storage("s3://some-bucket/studies", denying)
+    finally:
+        server.shutdown()
 
 
 @pytest.mark.parametrize("case", ["missing-bucket", "closed-port"])
