@@ -6,7 +6,10 @@
     path, fs = loc.ray_storage()                             # Ray's storage_path / storage_filesystem
 
 Files are read, listed and written through pyarrow's filesystems: Ray Train and Tune take exactly these as
-`storage_filesystem`, so studies, trial checkpoints, result logs and packages all go through one library.
+`storage_filesystem`, so studies, trial checkpoints, result logs and packages all go through one library. Each S3
+request is retried with backoff (`s3_filesystem`, $A2_S3_MAX_ATTEMPTS); `check_storage` finds a missing bucket,
+an unreachable endpoint or refused credentials in seconds, before a study starts anything. Credentials come from
+the AWS SDK's default chain (environment, AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE, instance role).
 Artifacts that are published (submissions, leaderboards) go through `upload_file`: boto3's managed transfer
 (multipart above `part_size`, each request retried by botocore's `standard` retry mode), SHA-256 checksums on
 every request and in the object's metadata, a `head_object` check afterwards, and no partial object left behind

@@ -260,11 +260,12 @@ def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True
     to continue; everything saved before the outage stays, and `a2 study resume` goes on from there."""
     from a2core.errors import StorageError
 
+    grid = []  # Tune's results, when fit() got that far
     try:
         grid = tuner.fit()
         return finish(spec, location, verbose=verbose)
     except (StorageError, OSError) as err:
-        rows = [_result_row(spec, result) for result in locals().get("grid") or []]
+        rows = [_result_row(spec, result) for result in grid]
         if rows:
             print(format_table(rows, spec.metric))
         print(f"study {spec.name} stopped: its storage {location.uri()} cannot be reached "
