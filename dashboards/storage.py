@@ -6,7 +6,10 @@
     path, fs = loc.ray_storage()                             # Ray's storage_path / storage_filesystem
 
 Files are read, listed and written through pyarrow's filesystems: Ray Train and Tune take exactly these as
-`storage_filesystem`, so studies, trial checkpoints, result logs and packages all go through one library.
+`storage_filesystem`, so studies, trial checkpoints, result logs and packages all go through one library. Each S3
+request is retried with backoff (`s3_filesystem`, $A2_S3_MAX_ATTEMPTS); `check_storage` finds a missing bucket,
+an unreachable endpoint or refused credentials in seconds, before a study starts anything. Credentials come from
+the AWS SDK's default chain (environment, AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE, instance role).
 Artifacts that are published (submissions, leaderboards) go through `upload_file`: boto3's managed transfer
 (multipart above `part_size`, each request retried by botocore's `standard` retry mode), SHA-256 checksums on
 every request and in the object's metadata, a `head_object` check afterwards, and no partial object left behind
@@ -71,6 +74,53 @@ def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
                                 None)
 
 
+# -- S3 through pyarrow, with retries -----------------------------------------------------------------------------
+# Every S3 request (Tune's experiment state, Train's checkpoints, result logs) is retried by the AWS SDK's standard
+# strategy: exponential backoff with jitter, up to `max_attempts` tries, on connection errors, 5xx and throttling.
+# The default rides out about a minute of S3 trouble; past that the request fails and the study stops cleanly.
+S3_MAX_ATTEMPTS = int(os.environ.get("A2_S3_MAX_ATTEMPTS", "12"))
+S3_CONNECT_TIMEOUT_S = 5.0
+S3_REQUEST_TIMEOUT_S = 60.0
+
+
+def _region() -> str | None:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
+def s3_filesystem(bucket: str, endpoint_url: str | None = None, *,
+                  max_attempts: int = S3_MAX_ATTEMPTS) -> pafs.S3FileSystem:
+    """A pyarrow S3 filesystem for `bucket` at `endpoint_url` (else the ENDPOINT_ENV_VARS, else AWS). Credentials
+    come from the AWS SDK's default chain: environment, AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE, instance role."""
+    options: dict = dict(retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=max_attempts),
+                         connect_timeout=S3_CONNECT_TIMEOUT_S, request_timeout=S3_REQUEST_TIMEOUT_S)
+    endpoint = resolve_endpoint_url(endpoint_url)
+    if endpoint is None:
+        try:
+            options["region"] = _region() or pafs.resolve_s3_region(bucket)
+        except OSError as err:
+            raise StorageError(f"s3://{bucket}: cannot find the bucket's AWS region: {err}") from err
+    else:  # S3-compatible servers: signing needs some region
+        parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+        options.update(endpoint_override=parsed.netloc, scheme=parsed.scheme or "http", region=_region() or "us-east-1")
+    return pafs.S3FileSystem(**options)
+
+
+def check_storage(uri: str, endpoint_url: str | None = None) -> None:
+    """Fail fast, before anything starts, when S3 storage cannot work: no such bucket, endpoint unreachable, no or
+    wrong credentials (StorageError naming bucket and endpoint). A local folder needs nothing: it is made."""
+    if not str(uri).startswith("s3://"):
+        return
+    bucket, _ = parse_s3_uri(str(uri))
+    where = f"s3://{bucket} at {resolve_endpoint_url(endpoint_url) or 'AWS'}"
+    try:  # HeadBucket, tried twice: an endpoint that does not answer fails in seconds, not after the full retries
+        info = s3_filesystem(bucket, endpoint_url, max_attempts=2).get_file_info(bucket)
+    except OSError as err:
+        raise StorageError(f"storage {where}: cannot reach the bucket ({err}); check the endpoint "
+                           f"(storage_endpoint_url / $AWS_ENDPOINT_URL) and the credentials") from err
+    if info.type == pafs.FileType.NotFound:
+        raise StorageError(f"storage {where}: no such bucket {bucket!r}; create it first or fix the storage URI")
+
+
 # -- locations ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Location:
@@ -95,13 +145,7 @@ class Location:
         if self.local:
             return pafs.LocalFileSystem(), self.uri
         bucket, key = parse_s3_uri(self.uri)
-        endpoint = resolve_endpoint_url(self.endpoint_url)
-        if endpoint is None:
-            return pafs.FileSystem.from_uri(self.uri)
-        parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        fs = pafs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme or "http", region=region)
-        return fs, f"{bucket}/{key}".rstrip("/")
+        return s3_filesystem(bucket, self.endpoint_url), f"{bucket}/{key}".rstrip("/")
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """(pyarrow filesystem, path on it)."""
@@ -187,7 +231,7 @@ def make_client(endpoint_url: str | None = None, *, max_attempts: int = 5):
     region = None
     if endpoint_url:  # S3-compatible servers: path-style addressing; signing needs some region
         options["s3"] = {"addressing_style": "path"}
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        region = _region() or "us-east-1"
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region,
                                           config=Config(**options))
 

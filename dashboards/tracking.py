@@ -64,6 +64,15 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
 
 
+def redact_uri(uri: str) -> str:
+    """`uri` with any password replaced by `***` (`postgresql://user:***@host/db`), for showing or saving."""
+    parsed = urllib.parse.urlsplit(uri)
+    if parsed.password is None:
+        return uri
+    user = parsed.username or ""
+    return urllib.parse.urlunsplit(parsed._replace(netloc=f"{user}:***@{parsed.netloc.rpartition('@')[2]}"))
+
+
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> str:
     """Fail fast, with the URI in the message, when `uri` cannot work. Returns the URI.
 

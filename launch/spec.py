@@ -875,6 +875,13 @@ class _Loader:
         if uri is None:
             uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_URI
         uri = self.string(uri, "tracking.mlflow_uri")
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/@]*:[^/@]*@", uri):  # user:password@host
+            from dashboards.tracking import redact_uri
+
+            self.fail("tracking.mlflow_uri", f"{redact_uri(uri)}: no password in the URI (it would be saved with the "
+                                             "study and shown); give it by reference: ~/.pgpass or $PGPASSFILE for "
+                                             "a database, $MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials for "
+                                             "an MLflow server")
         scheme = uri.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*:", uri) else None
         if scheme and "+" in scheme:  # e.g. postgresql+psycopg2
             scheme = scheme.split("+", 1)[0]

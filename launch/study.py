@@ -13,8 +13,9 @@ results; written at the end of `run`/`resume`, read by packaging and reports). `
 `./.a2/studies/<name>.json` so that `resume NAME` / `status NAME` find a study outside the default storage.
 
 Ray: `run` and `resume` join the cluster at `--address` / `$RAY_ADDRESS` when given, else start a local Ray with
-this machine's CPUs. Nothing starts Ray before the spec is valid and the MLflow URI answers; a trial that asks
-for more than the cluster has is refused (exit 2) before any trial starts.
+this machine's CPUs. Nothing starts Ray before the spec is valid, the storage answers (S3: the bucket exists and
+the credentials work) and the MLflow URI answers; a trial that asks for more than the cluster has is refused
+(exit 2) before any trial starts. Credentials never travel by value (launch.raycluster.stash_credentials).
 """
 from __future__ import annotations
 
@@ -128,6 +129,12 @@ class StudyLocation:
         """A path or URI to show people: `s3://bucket/...` for S3 storage."""
         return self.at(*parts).uri
 
+    def check(self) -> None:
+        """StorageError now, before Ray starts, when S3 storage cannot work (bucket, endpoint, credentials)."""
+        from dashboards.storage import check_storage
+
+        check_storage(self.storage, self.endpoint_url)
+
 
 def _pointer_path(name: str) -> Path:
     return POINTER_DIR / f"{name}.json"
@@ -159,6 +166,7 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
         storage = os.path.abspath(os.path.expanduser(storage))
     endpoint = endpoint or os.environ.get("A2_STORAGE_ENDPOINT_URL") or None
     location = StudyLocation(name, storage, endpoint)
+    location.check()
     if not location.exists(STUDY_FILE):
         raise StudyError(f"no study {name!r} at {location.uri()} (no {STUDY_FILE} there); "
                          f"pass --storage ROOT, the storage root the study was run with")
@@ -212,6 +220,7 @@ def check_tracking(spec) -> None:
 def run_study(spec, *, address: str | None = None, verbose: bool = True, connect: bool = True) -> dict:
     """Run a validated study to its end on Ray; returns the summary (also written to `summary.json`)."""
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
+    location.check()
     check_tracking(spec)
     if location.exists(STUDY_FILE) or _experiment_exists(location):
         raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
@@ -221,8 +230,7 @@ def run_study(spec, *, address: str | None = None, verbose: bool = True, connect
     remember(location)
     tuner = build_tuner(spec, location, verbose=verbose)
     say(f"study {spec.name}: {spec.num_trials} trials, results in {location.uri()}", verbose)
-    tuner.fit()
-    return finish(spec, location, verbose=verbose)
+    return fit_and_finish(spec, location, tuner, verbose=verbose)
 
 
 def resume_study(location: StudyLocation, *, address: str | None = None, verbose: bool = True,
@@ -244,8 +252,40 @@ def resume_study(location: StudyLocation, *, address: str | None = None, verbose
     tuner = Tuner.restore(path, trainable=make_trainable(plan_from_spec(spec)), resume_unfinished=True,
                           resume_errored=True, storage_filesystem=fs)
     say(f"study {spec.name}: resuming from {location.uri()}", verbose)
-    tuner.fit()
-    return finish(spec, location, verbose=verbose)
+    return fit_and_finish(spec, location, tuner, verbose=verbose)
+
+
+def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
+    """Run the trials, then write and print the summary. Storage that stays unreachable past the S3 retries
+    (dashboards.storage.S3_MAX_ATTEMPTS) stops the study cleanly: the trials as this driver last saw them, and how
+    to continue; everything saved before the outage stays, and `a2 study resume` goes on from there."""
+    from a2core.errors import StorageError
+
+    grid = []  # Tune's results, when fit() got that far
+    try:
+        grid = tuner.fit()
+        return finish(spec, location, verbose=verbose)
+    except (StorageError, OSError) as err:
+        rows = [_result_row(spec, result) for result in grid]
+        if rows:
+            print(format_table(rows, spec.metric))
+        print(f"study {spec.name} stopped: its storage {location.uri()} cannot be reached "
+              f"({str(err).splitlines()[0][:300]}); what was saved before stays; once the storage is back, "
+              f"continue with `a2 study resume {spec.name}`", flush=True)
+        return {"study": spec.name, "path": location.uri(), "storage_error": str(err), "best": None,
+                "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows]}
+
+
+def _result_row(spec, result) -> dict:
+    """A table row of a trial from Tune's result grid (what this driver last saw of it)."""
+    metrics = result.metrics or {}
+    history = result.metrics_dataframe
+    values = [] if history is None or spec.metric not in history else [finite(v) for v in history[spec.metric]]
+    values = [v for v in values if v is not None]
+    best = (max if spec.mode == "max" else min)(values) if values else None
+    return {"trial_id": metrics.get("trial_id") or "?", "state": "ERROR" if result.error else "TERMINATED",
+            **_described(spec, dict(result.config or {})), "epochs_done": int(finite(metrics.get("epoch")) or 0),
+            "epochs_planned": spec.total_epochs, "last": finite(metrics.get(spec.metric)), "best": best}
 
 
 def _experiment_exists(location: StudyLocation) -> bool:

@@ -36,11 +36,10 @@ from typing import Callable
 TRIALS_DIR = "trials"  # below the study's folder: one Ray Train run per trial
 CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
 HISTORY_FILE = "history.json"  # a2core.checkpoint.HISTORY_FILE, likewise
-# Environment that Ray workers need to reach storage and tracking from any node of the cluster.
-PROPAGATED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
-                  "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_TRACKING_URI",
-                  "MLFLOW_S3_ENDPOINT_URL", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-                  "A2_DATA_CACHE")
+# Environment that Ray workers need to reach storage from any node of the cluster: settings and references
+# (the credentials file, its profile), never a secret's value (launch.raycluster.stash_credentials).
+PROPAGATED_ENV = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION",
+                  "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL", "A2_DATA_CACHE")
 
 
 # -- storage -----------------------------------------------------------------------------------------------------
@@ -329,5 +328,9 @@ def make_trainable(plan: TrialPlan):
 
 
 def propagated_env() -> dict:
-    """Storage and tracking credentials of this shell, for the Ray job's workers on every node."""
+    """Storage settings of this shell, for the Ray job's workers on every node: AWS keys of the environment are
+    moved into a credentials file first, so only its path and profile travel (launch.raycluster)."""
+    from launch.raycluster import stash_credentials
+
+    stash_credentials()
     return {k: os.environ[k] for k in PROPAGATED_ENV if os.environ.get(k)}

@@ -33,7 +33,6 @@ UNSET_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDP
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory):
     """Start moto's ThreadedMotoServer on 127.0.0.1 (free port); yield ``http://127.0.0.1:<port>``."""
-    from moto.server import ThreadedMotoServer
 
     mp = pytest.MonkeyPatch()
     try:
@@ -44,9 +43,7 @@ def s3_endpoint(tmp_path_factory):
         empty = tmp_path_factory.mktemp("aws-config") / "none"
         mp.setenv("AWS_CONFIG_FILE", str(empty))
         mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
+        server = start_moto()
         try:
             host, port = server.get_host_and_port()
             yield f"http://{host}:{port}"
@@ -54,6 +51,17 @@ def s3_endpoint(tmp_path_factory):
             server.stop()
     finally:
         mp.undo()
+
+
+def start_moto(port: int = 0):
+    """A ThreadedMotoServer on 127.0.0.1:`port` (0: a free one). moto keeps buckets and objects in this process,
+    not in the server: stop it and start another on the same port, and the data is still there (an S3 outage)."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    return server
 
 
 def s3_client(endpoint: str):
