@@ -103,18 +103,30 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_d
         return dict(ray.cluster_resources())
 
 
+TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
+
+
+class _DropTokenAuthNotice:
+    """A logging filter that drops Ray's token-authentication notice and passes everything else."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        return not record.getMessage().startswith(TOKEN_AUTH_NOTICE)
+
+
 @contextlib.contextmanager
 def _quiet_token_auth_notice():
     """A new local Ray turns token authentication on (the secure default) and logs a WARNING saying so on every
-    run; there is nothing to act on, so that one notice is held back while it starts. (Setting RAY_AUTH_MODE
-    silences it in Ray itself, but only before `ray` is imported: Ray caches its config at import.)"""
+    run; there is nothing to act on, so that one notice is dropped while it starts. (Setting RAY_AUTH_MODE
+    silences it in Ray itself, but only before `ray` is imported: Ray caches its config at import.) The filter
+    sits on the handlers of Ray's logger, which every Ray module's records pass through."""
     import logging
 
-    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
-    level = notice.level
-    if "RAY_AUTH_MODE" not in os.environ:
-        notice.setLevel(logging.ERROR)
+    handlers = logging.getLogger("ray").handlers if "RAY_AUTH_MODE" not in os.environ else []
+    for handler in handlers:
+        handler.addFilter(_DropTokenAuthNotice)
     try:
         yield
     finally:
-        notice.setLevel(level)
+        for handler in handlers:
+            handler.removeFilter(_DropTokenAuthNotice)
