@@ -46,7 +46,7 @@ class Spool:
 
     def append(self, record: dict) -> str:
         name = f"{self.next_seq:010d}.json"
-        self.folder.join(name).write_text(json.dumps(record, default=str) + "\n")
+        self.folder.join(name).write_text(json.dumps(record, default=_plain) + "\n")
         self.next_seq += 1
         return name
 
@@ -77,6 +77,11 @@ class Spool:
         if any(counts.values()):
             self.study.join(*OUTAGE_FILE).write_text(json.dumps(totals, indent=2) + "\n")
         return {**totals, "pending": len(self.names())}
+
+
+def _plain(value):
+    """numpy scalars as numbers (results carry them), anything else as its text."""
+    return value.item() if hasattr(value, "item") else str(value)
 
 
 def outage_line(outage: dict | None) -> str | None:

@@ -60,14 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("overrides", nargs="*", help="key=value, e.g. resources.workers_per_trial=2")
     r.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
     r.add_argument("--quiet", action="store_true", help="no live trial table")
-    _lease_arguments(r)
+    add_lease_arguments(r)
 
     rs = sub.add_parser("resume", help="continue an interrupted study: finished trials stay, others resume")
     rs.add_argument("name")
     rs.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
     rs.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
     rs.add_argument("--quiet", action="store_true", help="no live trial table")
-    _lease_arguments(rs)
+    add_lease_arguments(rs)
 
     st = sub.add_parser("status", help="the trial table of a study, read from its storage")
     st.add_argument("name")
@@ -89,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pl.add_argument("--tracking-uri", default=None, help="where the finished study's runs are (default: spec)")
 
 
-def _lease_arguments(parser: argparse.ArgumentParser) -> None:
+def add_lease_arguments(parser: argparse.ArgumentParser) -> None:
+    """--force and --stale-after: taking over the lease of a study whose writer is gone (`launch.lease`)."""
     from launch.lease import DEFAULT_STALE_AFTER
 
     parser.add_argument("--force", action="store_true",
