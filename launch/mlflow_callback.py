@@ -311,11 +311,8 @@ class A2MLflowCallback(Callback):
             status = "FINISHED"
         self._emit("end_study", status=status)
         if self.queue is not None:
-            self.outage = self.queue.close()
+            self.outage = self.queue.close()  # shown by the live table's last report and in the summary
             self.queue = None
-            line = outage_line(self.outage)
-            if line:
-                print(line, flush=True)
 
     def outage_text(self) -> str | None:
         """The live table's tracking line while the server is (or was) down, else None."""

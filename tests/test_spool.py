@@ -9,7 +9,8 @@ import dashboards.spool as spool_mod
 from a2core.errors import TrackingError
 from dashboards.spool import Spool, TrackingQueue, apply, outage_line, replay
 from dashboards.storage import open_location
-from dashboards.tracking import StudyTracker
+from dashboards.tracking import StudyTracker, study_runs
+from tests.raycluster import tiny_data, tiny_study  # noqa: F401 - tiny_data is a fixture
 
 
 class Server:
@@ -127,3 +128,37 @@ def test_outage_line():
     assert outage_line({"down_seconds": 31.2, "spooled": 14, "replayed": 14, "pending": 0}) == (
         "tracking: server down 31 s, 14 records spooled, all replayed")
     assert "2 waiting in the spool" in outage_line({"down_seconds": 5, "spooled": 2, "replayed": 0, "pending": 2})
+
+
+def test_mlflow_sync_replays_a_finished_studys_spool(tmp_path, tiny_data, capsys):  # noqa: F811
+    """`a2 mlflow sync NAME` after a study that ended while the server was down: the spool goes to MLflow in
+    order, the parent run takes the status the study ended with, summary.json's `tracking` says all replayed."""
+    import argparse
+    import json
+
+    import yaml
+
+    from launch.spec import load_study
+    from launch.study import cmd_sync, saved_form
+
+    spec = load_study(tiny_study(tmp_path, "synced", tiny_data))
+    study_dir = tmp_path / "studies" / "synced"
+    study_dir.mkdir(parents=True)
+    (study_dir / "study.yaml").write_text(yaml.safe_dump(saved_form(spec), sort_keys=False))
+    (study_dir / "summary.json").write_text(json.dumps({"name": "synced", "tracking": {"pending": 8}}))
+    tracker = StudyTracker(spec.tracking["mlflow_uri"], "synced")
+    tracker.start_study()  # the study started with the server up ...
+    spool = Spool(open_location(study_dir))  # ... which was down from the first trial to the end
+    for record in [*_records(epochs=5), {"op": "end_study", "status": "FINISHED"}]:
+        spool.append(record)
+    spool.add_outage(down_seconds=12.0, spooled=8)
+
+    assert cmd_sync(argparse.Namespace(name="synced", storage=str(tmp_path / "studies"))) == 0
+    assert "8 tracking records replayed; tracking: server down 12 s, 8 records spooled, all replayed" \
+        in capsys.readouterr().out
+    tracking = json.loads((study_dir / "summary.json").read_text())["tracking"]
+    assert tracking == {"down_seconds": 12.0, "spooled": 8, "replayed": 8, "dropped": 0, "pending": 0}
+    uri = spec.tracking["mlflow_uri"]
+    parent, children = study_runs(uri, "synced")
+    assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"]
+    assert _history(uri, children[0].info.run_id) == [(e, 10.0 * e) for e in range(1, 6)]

@@ -12,11 +12,11 @@ import pytest
 
 from tests.mlflowserver import RestartableServer
 from tests.raycluster import (  # noqa: F401 - tiny_data is a fixture
-    a2, kill_group, mlflow_history, mlflow_trials, start_a2, tail, tiny_data, tiny_study, wait_for)
+    kill_group, mlflow_history, mlflow_trials, start_a2, tail, tiny_data, tiny_study, wait_for)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-EPOCHS = 8
+EPOCHS = 24  # about a minute: the study outlasts the outage, so the spool is replayed while it runs
 OUTAGE_S = 30
 
 
@@ -55,15 +55,10 @@ def test_study_goes_on_while_the_tracking_server_is_down(tmp_path, tiny_data):  
         output = log.read_text()
         assert proc.returncode == 0, tail(log, 80)
         summary = json.loads((tmp_path / "studies" / name / "summary.json").read_text())
-        tracking = summary["tracking"]
-        if tracking["pending"]:  # the study ended before the server came back: replayed afterwards
-            sync = a2("mlflow", "sync", name, cwd=tmp_path, env=env, timeout=300)
-            assert sync.returncode == 0 and f"{tracking['pending']} tracking records replayed" in sync.stdout, \
-                sync.stdout
-            tracking = json.loads((tmp_path / "studies" / name / "summary.json").read_text())["tracking"]
+        tracking = summary["tracking"]  # replayed while the study ran: the server came back before its end
         assert tracking["spooled"] >= 1 and tracking["replayed"] == tracking["spooled"]
-        assert tracking["pending"] == 0 and tracking["dropped"] == 0 and tracking["down_seconds"] > 0
-        assert "tracking: server down" in output and "records spooled" in output
+        assert tracking["pending"] == 0 and tracking["dropped"] == 0 and tracking["down_seconds"] >= OUTAGE_S - 5
+        assert "records spooled, all replayed" in output
         assert not (tmp_path / "studies" / name / "lease.json").exists()  # released at the end
 
         # Every epoch exactly once, and the run ended FINISHED.
@@ -75,6 +70,7 @@ def test_study_goes_on_while_the_tracking_server_is_down(tmp_path, tiny_data):  
         # Training did not wait on the server: epochs were reported while it was down (a metric's timestamp is
         # its result's own time), and no gap between two epochs is as long as the outage.
         stamps = sorted(ts for _, _, ts in mlflow_history(uri, run.info.run_id))
+        assert max(stamps) > up_ms  # it outlasted the outage (else the spool would wait for `a2 mlflow sync`)
         during = [ts for ts in stamps if down_ms <= ts <= up_ms]
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         assert len(during) >= 2 and max(gaps) < OUTAGE_S * 1000, (stamps, down_ms, up_ms)
