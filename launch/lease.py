@@ -7,8 +7,9 @@ The lease is created only if there is none: `os.open(O_CREAT | O_EXCL)` on a loc
 (`If-None-Match: *`, boto3's `put_object(IfNoneMatch="*")`) on S3, which both AWS S3 and moto honour; pyarrow's
 S3 filesystem cannot make one. It names its holder (user, host, pid, started) and carries a heartbeat that its
 thread renews every `stale_after / 4` seconds (at most 30). A second writer is refused at once with a
-StudyError naming the holder. A lease with no heartbeat for `stale_after` seconds (or whose process is gone, on
-this host) can be taken over with `force=True`, said loudly on stderr; a live one never.
+StudyError naming the holder. A lease with no heartbeat for `stale_after` seconds can be taken over with
+`force=True`, said loudly on stderr; a live one never. A lease whose process is gone from this host (a driver
+killed with SIGKILL, then `a2 study resume` on the same machine) is taken over without `force`, also said loudly.
 """
 from __future__ import annotations
 
@@ -122,16 +123,17 @@ class StudyLease:
                 return self._start()
             holder = holder or {}
             age = time.time() - float(holder.get("heartbeat", 0))
-            stale = age >= self.stale_after or _pid_gone(holder)
+            gone = _pid_gone(holder)
             study = os.path.dirname(self.location.uri)
-            if not stale:
+            if not gone and age < self.stale_after:
                 raise StudyError(f"study at {study} is being written by {describe(holder)}; one writer per study: "
                                  f"wait for it to end (`--force` takes over only a lease with no heartbeat for "
                                  f"{self.stale_after:.0f} s)")
-            if not force:
+            if not force and not gone:
                 raise StudyError(f"study at {study} has a stale lease of {describe(holder)}; if that process is "
                                  f"gone, take the study over with --force")
-            print(f"a2 study: WARNING: taking over the stale lease of {describe(holder)} on {study} (--force)",
+            why = "its process is gone from this host" if gone else "--force"
+            print(f"a2 study: WARNING: taking over the stale lease of {describe(holder)} on {study} ({why})",
                   file=sys.stderr, flush=True)
             self._remove()
             if not self._create(self.mine):

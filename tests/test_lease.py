@@ -83,6 +83,19 @@ def test_force_takes_over_only_a_stale_lease(tmp_path, capsys):
     assert not (tmp_path / "study" / LEASE_FILE).exists()  # released
 
 
+def test_a_lease_whose_process_is_gone_from_this_host_is_taken_over(tmp_path, capsys):
+    """A driver killed with SIGKILL leaves its lease; `resume` on the same machine needs no --force."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    study = open_location(tmp_path / "study")
+    info = _stale_lease(study, host=socket.gethostname(), age=1)
+    info["pid"] = dead.pid
+    study.join(LEASE_FILE).write_text(json.dumps(info))
+    with StudyLease(study).held():
+        assert f"pid {dead.pid}" in capsys.readouterr().err
+        assert json.loads((tmp_path / "study" / LEASE_FILE).read_text())["pid"] == os.getpid()
+
+
 def test_heartbeat_keeps_the_lease_live(tmp_path):
     study = open_location(tmp_path / "study")
     with StudyLease(study, stale_after=0.4).held():
