@@ -227,19 +227,20 @@ def cmd_sync(args) -> int:
     location = locate(args.name, args.storage)
     spec = load_saved_spec(location)
     check_tracking(spec)
-    spool = Spool(location.at())
-    tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
-    parent = tracker.find_parent_run()  # as it is: the spool's own end_study record sets its final status
-    if parent is None:
-        tracker.start_study()
-    else:
-        tracker.parent_run_id = parent.info.run_id
-    replayed, dropped = replay(tracker, spool)
-    outage = spool.add_outage(replayed=replayed, dropped=dropped)
-    summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
-    if isinstance(summary, dict):
-        summary["tracking"] = outage
-        location.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n", SUMMARY_FILE)
+    with _lease(location, False, None):  # a running driver replays its own spool: never both at once
+        spool = Spool(location.at())
+        tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
+        parent = tracker.find_parent_run()  # as it is: the spool's own end_study record sets its final status
+        if parent is None:
+            tracker.start_study()
+        else:
+            tracker.parent_run_id = parent.info.run_id
+        replayed, dropped = replay(tracker, spool)
+        outage = spool.add_outage(replayed=replayed, dropped=dropped)
+        summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
+        if isinstance(summary, dict):
+            summary["tracking"] = outage
+            location.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n", SUMMARY_FILE)
     print(f"study {spec.name}: {replayed} tracking records replayed"
           + (f", {dropped} refused by the server" if dropped else "") + "; " + (outage_line(outage) or "nothing left"))
     return 0
