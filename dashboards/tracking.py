@@ -251,6 +251,17 @@ def config_value(config: dict, *keys: str) -> Any:
     return None
 
 
+# MLflow's REST client retries a refused or slow request for minutes by default (timeout 120 s, 7 retries with
+# backoff); a study's tracking thread spools instead, so one short try is enough. Read per request by MLflow.
+CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+
+
+def client_settings() -> None:
+    """Short MLflow HTTP timeouts in this process, unless the environment sets its own."""
+    for key, value in CLIENT_SETTINGS.items():
+        os.environ.setdefault(key, value)
+
+
 def _client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
@@ -446,13 +457,14 @@ class StudyTracker:
         self.client.set_terminated(run_id, status=_status(status))
 
     # -- logging ---------------------------------------------------------------------------------------------
-    def log_metrics(self, run_id: str, metrics: dict, step: int) -> dict[str, float]:
+    def log_metrics(self, run_id: str, metrics: dict, step: int, timestamp_ms: int | None = None) -> dict[str, float]:
         """Log the numeric values of `metrics` at the explicit `step`; strings and the like are skipped.
 
-        Returns what was logged."""
+        `timestamp_ms` (default: now) is the result's own time: logging the same result again is then a no-op
+        (MLflow keeps one row per key, step, timestamp and value). Returns what was logged."""
         from mlflow.entities import Metric
 
-        ts = int(time.time() * 1000)
+        ts = int(timestamp_ms) if timestamp_ms is not None else int(time.time() * 1000)
         logged: dict[str, float] = {}
         for key, value in (metrics or {}).items():
             num = _numeric(value)
@@ -575,7 +587,7 @@ def serve(args) -> int:
         _check_sqlite(backend)
     dest = args.artifacts_destination or "./mlartifacts"
     url = server_url(args.host, args.port)
-    print(f"MLflow server: {url}  (backend {backend}, artifacts {dest}"
+    print(f"MLflow server: {url}  (backend {redact_uri(backend)}, artifacts {dest}"
           + (f" via {args.s3_endpoint_url}" if args.s3_endpoint_url else "") + ")", flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"bound to {args.host}: reachable from other machines; restrict with a firewall or a proxy", flush=True)

@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=positive_int, default=5000)
     serve.add_argument("--workers", type=positive_int, default=1)
     serve.set_defaults(func=_deferred("dashboards.tracking:serve"))
+    from launch.study import add_sync_arguments
+
+    add_sync_arguments(ml.add_parser("sync", help="replay a study's tracking records spooled while MLflow was down"))
 
     pk = sub.add_parser("package", help="4-seed ensemble -> COCO server zip, leaderboard, upload")
     from launch.package import add_arguments as add_package_arguments

@@ -11,7 +11,13 @@ with `a2.stopped_early=true`, `a2.stopped_rung` and `a2.stopped_cutoff`: early-s
 which `dashboards.stats.best_candidates` keeps out of "best" unless nothing else finished.
 
 Metrics are logged with an explicit step, the result's "epoch" (monotonic across restores and retries), never
-Tune's `training_iteration`, which restarts at 1 when a Train run is restored.
+Tune's `training_iteration`, which restarts at 1 when a Train run is restored, and with the result's own timestamp,
+so that logging a result twice leaves one point.
+
+The hooks never wait on MLflow: each is one record put on a `dashboards.spool.TrackingQueue`, whose thread
+applies it with short HTTP timeouts, spools it in the study's storage while the server is down and replays the
+spool when it is back (or at `a2 study resume` / `a2 mlflow sync` after the study). `strict=True` applies
+records at once in the hook and raises (tests).
 """
 from __future__ import annotations
 
@@ -19,13 +25,15 @@ import functools
 import json
 import logging
 import math
+import tempfile
 from typing import Callable
 
 from ray.tune import Callback
 from ray.tune.result import AUTO_RESULT_KEYS
 
+from dashboards.spool import Spool, TrackingQueue, apply, outage_line
 from dashboards.stats import TAG_CONFIG_HASH, stopped_early_tags
-from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
+from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri, client_settings
 from launch.search import config_hash
 from launch.trainable import CHECKPOINT_FILE
 
@@ -57,6 +65,12 @@ def _guarded(method):
     return wrapper
 
 
+def _timestamp_ms(result: dict) -> int | None:
+    """The result's own time (Tune's `timestamp`, seconds), so that the same result logged twice is one point."""
+    ts = result.get("timestamp")
+    return int(ts * 1000) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None
+
+
 def _checkpoint_uri(checkpoint, path: str | None = None) -> str:
     """A URI of `path` (default: the checkpoint's folder) on the checkpoint's filesystem."""
     path = str(path or checkpoint.path)
@@ -85,6 +99,8 @@ class A2MLflowCallback(Callback):
             missing: results a killed driver never logged, although their checkpoint was saved.
         stopped_early_of: maps a trial id to the scheduler's record of stopping it (`{"rung", "cutoff", ...}`)
             or None; with it, a stopped trial's run is tagged `a2.stopped_early` when the trial ends.
+        spool_at: the study's storage (`dashboards.storage.Location`); the spool lives below it (default: a
+            temporary folder, which outlives an outage but not the driver).
     """
 
     def __init__(self, tracking_uri: str, study_name: str, *, experiment: str | None = None,
@@ -92,7 +108,7 @@ class A2MLflowCallback(Callback):
                  resolve_config: Callable[[dict], dict] | None = None, metric: str = "val/CIDEr",
                  mode: str = "max", check_timeout: float = 5.0, strict: bool = False,
                  artifact_location: str | None = None, history_of: Callable[[str], list[dict]] | None = None,
-                 stopped_early_of: Callable[[str], dict | None] | None = None):
+                 stopped_early_of: Callable[[str], dict | None] | None = None, spool_at=None):
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
         self.tracking_uri = tracking_uri
@@ -106,16 +122,25 @@ class A2MLflowCallback(Callback):
         self.check_timeout = check_timeout
         self.strict = strict
         self.tracker: StudyTracker | None = None
+        self.queue: TrackingQueue | None = None
+        self.spool_at = spool_at
+        self.outage: dict | None = None  # the study's outage totals, once the experiment ended
         self.parent_run_id: str | None = None
-        self.trial_runs: dict[str, str] = {}
+        self._trial_runs: dict[str, str] = {}  # from the saved state, until the tracker has them
         self.errored: set[str] = set()
         self.best: dict[str, tuple[float, int | None]] = {}   # trial id -> (best metric, training_iteration)
         self.last_step: dict[str, int] = {}
         self.history_of = history_of
         self.stopped_early_of = stopped_early_of
+        self.opened: set[str] = set()  # trials whose run this driver opened (or queued to open)
         self.backfilled: set[str] = set()  # trials whose missing epochs this driver has looked for
 
     # -- state saved by Tune with the experiment ---------------------------------------------------------------
+    @property
+    def trial_runs(self) -> dict[str, str]:
+        """Trial id -> run id (the tracker's, filled in by its thread as runs are opened)."""
+        return self.tracker.trial_runs if self.tracker is not None else self._trial_runs
+
     def get_state(self) -> dict:
         return {"parent_run_id": self.parent_run_id, "trial_runs": dict(self.trial_runs),
                 "errored": sorted(self.errored), "best": dict(self.best), "last_step": dict(self.last_step)}
@@ -131,7 +156,8 @@ class A2MLflowCallback(Callback):
 
     def __getstate__(self):  # the Tuner pickles its callbacks
         state = self.__dict__.copy()
-        state["tracker"] = None
+        state["tracker"] = state["queue"] = None
+        state["_trial_runs"] = dict(self.trial_runs)
         state["backfilled"] = set()  # a restored driver looks again
         return state
 
@@ -139,7 +165,13 @@ class A2MLflowCallback(Callback):
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
         # Not guarded: a bad tracking URI must stop the study before any trial starts.
         check_tracking_uri(self.tracking_uri, timeout=self.check_timeout)
+        client_settings()
         tracker = self._ensure_tracker()
+        if not self.strict:
+            from dashboards.storage import open_location
+
+            at = self.spool_at or open_location(tempfile.mkdtemp(prefix="a2-tracking-"))
+            self.queue = TrackingQueue(tracker, Spool(at))
         url = tracker.view_url()
         print(f"MLflow: study {self.study_name!r} -> parent run {self.parent_run_id}"
               + (f"; trials at {url}" if url else f" in {self.tracking_uri}"), flush=True)
@@ -148,7 +180,7 @@ class A2MLflowCallback(Callback):
         if self.tracker is None:
             tracker = StudyTracker(self.tracking_uri, self.study_name, experiment=self.experiment,
                                    artifact_location=self.artifact_location)
-            tracker.trial_runs.update(self.trial_runs)
+            tracker.trial_runs.update(self._trial_runs)
             self.parent_run_id = tracker.start_study(self.study_params, self.study_tags)
             self.tracker = tracker
         return self.tracker
@@ -157,20 +189,20 @@ class A2MLflowCallback(Callback):
         config = dict(getattr(trial, "config", None) or {})
         return self.resolve_config(config) if self.resolve_config else config
 
-    def _run_id(self, trial) -> str:
-        tid = str(trial.trial_id)
-        run_id = self.trial_runs.get(tid)
-        if run_id is None:
-            run_id = self._open(trial)
-        return run_id
+    def _emit(self, op: str, trial=None, **fields) -> None:
+        """One tracking call: applied now (strict) or queued for the tracking thread (never waits on MLflow)."""
+        record = {"op": op, **fields}
+        if trial is not None:
+            record["trial"] = str(trial.trial_id)
+        if self.queue is not None:
+            self.queue.put(record)
+        else:
+            apply(self._ensure_tracker(), record)
 
-    def _open(self, trial) -> str:
-        tracker = self._ensure_tracker()
-        tid = str(trial.trial_id)
+    def _open(self, trial) -> None:
         tags = {TAG_RAY_TRIAL: str(trial), TAG_CONFIG_HASH: config_hash(dict(getattr(trial, "config", None) or {}))}
-        run_id = tracker.trial_run(tid, self._config(trial), tags=tags, run_name=str(trial))
-        self.trial_runs[tid] = run_id
-        return run_id
+        self.opened.add(str(trial.trial_id))
+        self._emit("trial", trial, config=self._config(trial), tags=tags, run_name=str(trial))
 
     @_guarded
     def on_trial_start(self, iteration, trials, trial, **info):
@@ -182,29 +214,27 @@ class A2MLflowCallback(Callback):
 
     @_guarded
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        tracker = self._ensure_tracker()
-        run_id = self._run_id(trial)
         tid = str(trial.trial_id)
         step = self._step(tid, result)
-        self._backfill(tid, run_id, before=step)
-        tracker.log_metrics(run_id, self._metrics(result), step=step)
+        self._backfill(trial, before=step)
+        self._emit("metrics", trial, step=step, ts=_timestamp_ms(result), metrics=self._metrics(result))
 
         value = result.get(self.metric)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
             old = self.best.get(tid)
             if old is None or (value > old[0] if self.mode == "max" else value < old[0]):
                 self.best[tid] = (float(value), result.get("training_iteration"))
-                self._log_per_image(run_id, result)
+                self._log_per_image(trial, result)
 
         ckpt = result.get("checkpoint_path")
         if isinstance(ckpt, str) and ckpt:
-            tracker.set_tags(run_id, {TAG_CHECKPOINT: ckpt})
+            self._emit("tags", trial, tags={TAG_CHECKPOINT: ckpt})
 
         samples = result.get("samples")
         if isinstance(samples, (list, tuple)) and samples and all(isinstance(s, str) for s in samples):
-            tracker.log_text(run_id, "\n".join(samples) + "\n", f"samples/epoch_{step:03d}.txt")
+            self._emit("text", trial, text="\n".join(samples) + "\n", file=f"samples/epoch_{step:03d}.txt")
 
-    def _log_per_image(self, run_id: str, result: dict) -> None:
+    def _log_per_image(self, trial, result: dict) -> None:
         """The best epoch's per-image CIDEr-D (`{image_id: score}`, x100) as the artifact that the paired
         bootstrap of `a2 study compare` and the report read (`dashboards.compare.PER_IMAGE_ARTIFACT`)."""
         from a2core.train import PER_IMAGE_KEY
@@ -214,13 +244,14 @@ class A2MLflowCallback(Callback):
         ids, scores = per_image.get("ids"), per_image.get("scores")
         if ids and scores and len(ids) == len(scores):
             text = json.dumps({str(i): float(v) for i, v in zip(ids, scores)}, sort_keys=True)
-            self._ensure_tracker().log_text(run_id, text, PER_IMAGE_ARTIFACT)
+            self._emit("text", trial, text=text, file=PER_IMAGE_ARTIFACT)
 
     def _metrics(self, result: dict) -> dict:
         return {k: v for k, v in result.items() if k not in _SKIP_KEYS and not isinstance(v, dict)}
 
-    def _backfill(self, tid: str, run_id: str, before: int | None = None) -> None:
+    def _backfill(self, trial, before: int | None = None) -> None:
         """Log the epochs (< `before`) of the trial's result log that its run lacks; once per trial and driver."""
+        tid = str(trial.trial_id)
         if self.history_of is None or tid in self.backfilled:
             return
         self.backfilled.add(tid)
@@ -228,14 +259,9 @@ class A2MLflowCallback(Callback):
                    if isinstance(r.get("epoch"), (int, float)) and (before is None or int(r["epoch"]) < before)]
         if not history:
             return
-        tracker = self._ensure_tracker()
-        logged = tracker.logged_steps(run_id, self.metric)
-        for result in history:
-            epoch = int(result["epoch"])
-            if epoch not in logged:
-                tracker.log_metrics(run_id, self._metrics(result), step=epoch)
-                self.last_step[tid] = max(epoch, self.last_step.get(tid, 0))
-                logger.info("MLflow: trial %s epoch %d logged from its result log", tid, epoch)
+        entries = [{"step": int(r["epoch"]), "ts": _timestamp_ms(r), "metrics": self._metrics(r)} for r in history]
+        self.last_step[tid] = max([e["step"] for e in entries] + [self.last_step.get(tid, 0)])
+        self._emit("backfill", trial, metric=self.metric, entries=entries)
 
     def _step(self, tid: str, result: dict) -> int:
         epoch = result.get("epoch")
@@ -249,8 +275,6 @@ class A2MLflowCallback(Callback):
     @_guarded
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         # Tune processes a result before the checkpoint reported with it (trial.last_result is that result).
-        tracker = self._ensure_tracker()
-        run_id = self._run_id(trial)
         uri = _checkpoint_uri(checkpoint)
         train_ckpt = (getattr(trial, "last_result", None) or {}).get("checkpoint_path")
         if train_ckpt:  # Tune's checkpoint only points at the Train checkpoint (launch.trainable): name the weights
@@ -260,49 +284,52 @@ class A2MLflowCallback(Callback):
         last_it = (getattr(trial, "last_result", None) or {}).get("training_iteration")
         if best is not None and best[1] is not None and best[1] == last_it:
             tags[TAG_BEST_CKPT] = uri
-        tracker.set_tags(run_id, tags)
+        self._emit("tags", trial, tags=tags)
 
     @_guarded
     def on_trial_recover(self, iteration, trials, trial, **info):
         # The trial will be retried: its run stays open and continues when it restarts.
-        tracker = self._ensure_tracker()
-        tracker.set_tags(self._run_id(trial), {"a2.retries": str(getattr(trial, "num_failures", ""))})
+        self._emit("tags", trial, tags={"a2.retries": str(getattr(trial, "num_failures", ""))})
 
     @_guarded
     def on_trial_complete(self, iteration, trials, trial, **info):
-        run_id = self._run_id(trial)
-        self._backfill(str(trial.trial_id), run_id)  # a trial restored after its last epoch reports nothing more
+        self._backfill(trial)  # a trial restored after its last epoch reports nothing more
         stop = self.stopped_early_of(str(trial.trial_id)) if self.stopped_early_of else None
         if stop:
-            self._ensure_tracker().set_tags(run_id, stopped_early_tags(stop["rung"], stop["cutoff"]))
-        self._ensure_tracker().end_trial(run_id, "FINISHED")
+            self._emit("tags", trial, tags=stopped_early_tags(stop["rung"], stop["cutoff"]))
+        self._emit("end_trial", trial, status="FINISHED")
 
     @_guarded
     def on_trial_error(self, iteration, trials, trial, **info):
         # Called only when Tune gives up on the trial (retries go through on_trial_recover).
         self.errored.add(str(trial.trial_id))
-        self._ensure_tracker().end_trial(self._run_id(trial), "FAILED")
+        self._emit("end_trial", trial, status="FAILED")
 
     @_guarded
     def on_experiment_end(self, trials, **info):
-        tracker = self._ensure_tracker()
         unfinished = False
         for trial in trials or []:
             status = getattr(trial, "status", None)
-            run_id = self.trial_runs.get(str(trial.trial_id))
             if status == "ERROR":
                 self.errored.add(str(trial.trial_id))
             elif status != "TERMINATED":
                 unfinished = True  # interrupted study: resumable, its open runs are marked KILLED for now
-                if run_id is not None:
-                    tracker.end_trial(run_id, "KILLED")
+                if str(trial.trial_id) in self.trial_runs or str(trial.trial_id) in self.opened:
+                    self._emit("end_trial", trial, status="KILLED")
         if self.errored:
             status = "FAILED"
         elif unfinished:
             status = "KILLED"
         else:
             status = "FINISHED"
-        tracker.end_study(status)
+        self._emit("end_study", status=status)
+        if self.queue is not None:
+            self.outage = self.queue.close()  # shown by the live table's last report and in the summary
+            self.queue = None
+
+    def outage_text(self) -> str | None:
+        """The live table's tracking line while the server is (or was) down, else None."""
+        return outage_line(self.queue.status() if self.queue is not None else self.outage)
 
     # convenience for reports and tests
     def run_id_of(self, trial_id: str) -> str | None:

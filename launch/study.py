@@ -3,6 +3,7 @@
     a2 study validate studies/x.yaml [key=value ...]      # the whole spec, before anything starts Ray
     a2 study run studies/x.yaml [key=value ...] [--address ADDR]
     a2 study resume NAME [--storage ROOT]                  # after a crash or kill -9 of `run`
+    a2 mlflow sync NAME [--storage ROOT]                   # replay tracking spooled while MLflow was down
     a2 study status NAME [--storage ROOT] [--json]         # the trial table, read from storage (no Ray)
     a2 study compare NAME [--by fusion] [--tracking-uri URI]
 
@@ -16,6 +17,12 @@ Ray: `run` and `resume` join the cluster at `--address` / `$RAY_ADDRESS` when gi
 this machine's CPUs. Nothing starts Ray before the spec is valid, the storage answers (S3: the bucket exists and
 the credentials work) and the MLflow URI answers; a trial that asks for more than the cluster has is refused
 (exit 2) before any trial starts. Credentials never travel by value (launch.raycluster.stash_credentials).
+
+One writer per study: `run` and `resume` hold the study's lease (`launch.lease`, `<name>/lease.json`) from before
+Ray starts to the summary; a second writer is refused at once, naming the holder. A lease with no heartbeat for
+`--stale-after` seconds can be taken over with `--force`. Tracking never waits on MLflow (`dashboards.spool`): what
+the server could not take is spooled under `<name>/tracking/` and replayed when it answers again, by `resume`,
+or by `a2 mlflow sync NAME`; the outage is a line in the output and `tracking` in `summary.json`.
 """
 from __future__ import annotations
 
@@ -55,12 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("overrides", nargs="*", help="key=value, e.g. resources.workers_per_trial=2")
     r.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
     r.add_argument("--quiet", action="store_true", help="no live trial table")
+    add_lease_arguments(r)
 
     rs = sub.add_parser("resume", help="continue an interrupted study: finished trials stay, others resume")
     rs.add_argument("name")
     rs.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
     rs.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
     rs.add_argument("--quiet", action="store_true", help="no live trial table")
+    add_lease_arguments(rs)
 
     st = sub.add_parser("status", help="the trial table of a study, read from its storage")
     st.add_argument("name")
@@ -80,6 +89,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pl.add_argument("--delta", type=float, nargs="+", default=None,
                     help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
     pl.add_argument("--tracking-uri", default=None, help="where the finished study's runs are (default: spec)")
+
+
+def add_lease_arguments(parser: argparse.ArgumentParser) -> None:
+    """--force and --stale-after: taking over the lease of a study whose writer is gone (`launch.lease`)."""
+    from launch.lease import DEFAULT_STALE_AFTER
+
+    parser.add_argument("--force", action="store_true",
+                        help="take over the study's lease if it is stale (its writer gone)")
+    parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER, metavar="SECONDS",
+                        help=f"a lease with no heartbeat for this long is stale (default {DEFAULT_STALE_AFTER:.0f})")
+
+
+def add_sync_arguments(parser: argparse.ArgumentParser) -> None:
+    """`a2 mlflow sync NAME`: the study's spooled tracking records to its MLflow server."""
+    parser.add_argument("name")
+    parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
+    parser.set_defaults(func=cmd_sync)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -190,14 +216,43 @@ def cmd_run(args) -> int:
     from launch.spec import load_study
 
     spec = load_study(args.file, args.overrides)  # ConfigError -> exit 2 with the key path (a2's main)
-    summary = run_study(spec, address=args.address, verbose=not args.quiet)
+    summary = run_study(spec, address=args.address, verbose=not args.quiet, force=args.force,
+                        stale_after=args.stale_after)
     return exit_code(summary)
 
 
 def cmd_resume(args) -> int:
     location = locate(args.name, args.storage)
-    summary = resume_study(location, address=args.address, verbose=not args.quiet)
+    summary = resume_study(location, address=args.address, verbose=not args.quiet, force=args.force,
+                           stale_after=args.stale_after)
     return exit_code(summary)
+
+
+def cmd_sync(args) -> int:
+    """Replay the study's tracking spool into its MLflow server; updates `summary.json`'s `tracking`."""
+    from dashboards.spool import Spool, outage_line, replay
+    from dashboards.tracking import StudyTracker
+
+    location = locate(args.name, args.storage)
+    spec = load_saved_spec(location)
+    check_tracking(spec)
+    with _lease(location, False, None):  # a running driver replays its own spool: never both at once
+        spool = Spool(location.at())
+        tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
+        parent = tracker.find_parent_run()  # as it is: the spool's own end_study record sets its final status
+        if parent is None:
+            tracker.start_study()
+        else:
+            tracker.parent_run_id = parent.info.run_id
+        replayed, dropped = replay(tracker, spool)
+        outage = spool.add_outage(replayed=replayed, dropped=dropped)
+        summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
+        if isinstance(summary, dict):
+            summary["tracking"] = outage
+            location.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n", SUMMARY_FILE)
+    print(f"study {spec.name}: {replayed} tracking records replayed"
+          + (f", {dropped} refused by the server" if dropped else "") + "; " + (outage_line(outage) or "nothing left"))
+    return 0
 
 
 def exit_code(summary: dict) -> int:
@@ -217,14 +272,27 @@ def check_tracking(spec) -> None:
         raise StudyError(f"tracking.mlflow_uri: {err}") from None
 
 
-def run_study(spec, *, address: str | None = None, verbose: bool = True, connect: bool = True) -> dict:
+def run_study(spec, *, address: str | None = None, verbose: bool = True, connect: bool = True,
+              force: bool = False, stale_after: float | None = None) -> dict:
     """Run a validated study to its end on Ray; returns the summary (also written to `summary.json`)."""
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     location.check()
     check_tracking(spec)
-    if location.exists(STUDY_FILE) or _experiment_exists(location):
-        raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
-                         f"`a2 study resume {spec.name}`, or give the new study another name")
+    with _lease(location, force, stale_after):
+        if location.exists(STUDY_FILE) or _experiment_exists(location):
+            raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
+                             f"`a2 study resume {spec.name}`, or give the new study another name")
+        return _run(spec, location, address, verbose, connect)
+
+
+def _lease(location: StudyLocation, force: bool, stale_after: float | None):
+    """The study's lease, held while the block runs (one writer per study)."""
+    from launch.lease import DEFAULT_STALE_AFTER, StudyLease
+
+    return StudyLease(location.at(), stale_after or DEFAULT_STALE_AFTER).held(force)
+
+
+def _run(spec, location: StudyLocation, address: str | None, verbose: bool, connect: bool) -> dict:
     _join_cluster(spec, address, connect)
     location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
     remember(location)
@@ -234,12 +302,17 @@ def run_study(spec, *, address: str | None = None, verbose: bool = True, connect
 
 
 def resume_study(location: StudyLocation, *, address: str | None = None, verbose: bool = True,
-                 connect: bool = True) -> dict:
+                 connect: bool = True, force: bool = False, stale_after: float | None = None) -> dict:
     """Continue a study: finished trials are kept as they are, unfinished and errored ones resume."""
-    from ray.tune import Tuner
-
     spec = load_saved_spec(location)
     check_tracking(spec)
+    with _lease(location, force, stale_after):
+        return _resume(spec, location, address, verbose, connect)
+
+
+def _resume(spec, location: StudyLocation, address: str | None, verbose: bool, connect: bool) -> dict:
+    from ray.tune import Tuner
+
     _join_cluster(spec, address, connect)
     if not _experiment_exists(location):
         raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
@@ -361,11 +434,13 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
 
     tune_kwargs = tune_config_kwargs(spec)
     stopped_early_of = getattr(tune_kwargs["scheduler"], "stopped_early", None)  # ReplicateASHA's record (FIFO: none)
-    callbacks.append(A2MLflowCallback(
+    tracking = A2MLflowCallback(
         spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"),
         study_params=_study_params(spec), study_tags={"a2.storage": location.uri()},
         resolve_config=spec.trial_config, metric=spec.metric, mode=spec.mode,
-        history_of=functools.partial(_result_log, spec, location), stopped_early_of=stopped_early_of))
+        history_of=functools.partial(_result_log, spec, location), stopped_early_of=stopped_early_of,
+        spool_at=location.at())
+    callbacks.append(tracking)
     run_config = tune.RunConfig(
         name=spec.name,
         storage_path=storage_path,
@@ -375,7 +450,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
         # makes Tune save the experiment state with every checkpoint, so `resume` loses as little as possible.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         callbacks=callbacks,
-        progress_reporter=_reporter(spec, stopped_early_of),
+        progress_reporter=_reporter(spec, stopped_early_of, tracking.outage_text),
         verbose=2 if verbose else 0,
     )
     tune_config = tune.TuneConfig(**tune_kwargs)
@@ -389,7 +464,7 @@ def _study_params(spec) -> dict:
             "base": {k: raw.get(k) for k in ("data", "model", "train")}}
 
 
-def _reporter(spec, stopped_early_of=None):
+def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
     from ray.tune import ProgressReporter
 
     class StudyTable(ProgressReporter):
@@ -406,6 +481,9 @@ def _reporter(spec, stopped_early_of=None):
         def report(self, trials, done: bool, *sys_info) -> None:
             self.last = time.monotonic()
             print(format_table([live_row(spec, t, stopped_early_of) for t in trials], spec.metric), flush=True)
+            line = tracking_line()  # e.g. "tracking: server down 31 s, 14 records spooled, all replayed"
+            if line:
+                print(line, flush=True)
 
     return StudyTable()
 
@@ -669,12 +747,17 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
 
 
 def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
+    from dashboards.spool import Spool, outage_line
+
     rows = collect(spec, location)
     summary = summarize(spec, location, rows)
+    summary["tracking"] = Spool(location.at()).add_outage()  # the MLflow outages of the study, if any
     location.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n", SUMMARY_FILE)
     if verbose:
         print(format_table(rows, spec.metric))
     print(verdict(summary), flush=True)
+    if outage_line(summary["tracking"]):
+        print(outage_line(summary["tracking"]), flush=True)
     print(f"summary: {location.uri(SUMMARY_FILE)}", flush=True)
     return summary
 

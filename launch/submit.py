@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else this machine's cluster)")
     p.add_argument("--resume", action="store_true", help="resume the study if it exists already, else run it")
     p.add_argument("--quiet", action="store_true", help="no live trial table")
+    from launch.study import add_lease_arguments
+
+    add_lease_arguments(p)
     p.add_argument("--repo", default="~/a2tune",
                    help="the cluster's copy of this repository, where relative study paths are also looked up")
     return p
@@ -71,9 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         address = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # on a cluster's head: that cluster
         location = study_mod.StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
         if args.resume and location.exists(study_mod.STUDY_FILE):
-            summary = study_mod.resume_study(location, address=address, verbose=not args.quiet)
+            summary = study_mod.resume_study(location, address=address, verbose=not args.quiet, force=args.force,
+                                             stale_after=args.stale_after)
         else:
-            summary = study_mod.run_study(spec, address=address, verbose=not args.quiet)
+            summary = study_mod.run_study(spec, address=address, verbose=not args.quiet, force=args.force,
+                                          stale_after=args.stale_after)
     except A2Error as err:  # the same policy as the `a2` command: one line, exit 2; anything else is a bug
         print(f"submit: error: {err}", file=sys.stderr)
         return 2

@@ -184,3 +184,29 @@ def stop_server(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
         except subprocess.TimeoutExpired:
             continue
     return proc.poll()
+
+
+class RestartableServer:
+    """`mlflow server` on a SQLite backend and local artifacts, which a test can stop and start again on the same
+    port and backend (a tracking server going down and coming back).
+
+        server = RestartableServer(tmp_path); server.start(); ...; server.stop(); server.start(); server.stop()
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.backend_uri = f"sqlite:///{self.root / 'mlflow.db'}"
+        self.artifacts = str(self.root / "mlartifacts")
+        self.port = free_port()
+        self.url = server_url("127.0.0.1", self.port)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 90.0) -> str:
+        self.proc, _ = start_server(self.backend_uri, self.artifacts, self.port,
+                                    log_path=str(self.root / "server.log"), timeout=timeout)
+        return self.url
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_server(self.proc)
+            self.proc = None

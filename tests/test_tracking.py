@@ -366,3 +366,22 @@ def test_scheduler_stopped_trial_is_tagged_and_not_best(tmp_path):
     assert runs["t0"].data.tags[TAG_CONFIG_HASH] != runs["t1"].data.tags[TAG_CONFIG_HASH]
     best = max(best_candidates([r.data for r in runs.values()]), key=lambda d: d.metrics["val/CIDEr"])
     assert best.tags[TAG_TRIAL_ID] == "t2"  # t1 scored higher but was stopped early
+
+
+def test_serve_prints_the_backend_without_its_password(monkeypatch, capsys):
+    import argparse
+
+    from dashboards import tracking
+
+    assert tracking.redact_uri("postgresql://a2:s3cret@db.example:5432/mlflow") == \
+        "postgresql://a2:***@db.example:5432/mlflow"
+    assert tracking.redact_uri("postgresql+psycopg://a2@127.0.0.1/mlflow") == "postgresql+psycopg://a2@127.0.0.1/mlflow"
+    assert tracking.redact_uri("sqlite:///m.db") == "sqlite:///m.db"
+    started = []
+    monkeypatch.setattr(tracking.os, "execve", lambda path, cmd, env: started.append(cmd))
+    args = argparse.Namespace(backend_store_uri="postgresql://a2:s3cret@127.0.0.1:5432/mlflow",
+                              artifacts_destination=None, s3_endpoint_url=None, host="127.0.0.1", port=5000, workers=1)
+    tracking.serve(args)
+    out = capsys.readouterr().out
+    assert "backend postgresql://a2:***@127.0.0.1:5432/mlflow" in out and "s3cret" not in out
+    assert started and "postgresql://a2:s3cret@127.0.0.1:5432/mlflow" in started[0]  # the server itself needs it

@@ -1,0 +1,185 @@
+"""One writer per study: a lease file in the study's storage, `<storage>/<name>/lease.json`.
+
+    with StudyLease(location.at(), stale_after=120).held(force=False):
+        ...   # run or resume the study; a thread renews the lease's heartbeat
+
+The lease is created only if there is none: `os.open(O_CREAT | O_EXCL)` on a local path, a conditional PUT
+(`If-None-Match: *`, boto3's `put_object(IfNoneMatch="*")`) on S3, which both AWS S3 and moto honour; pyarrow's
+S3 filesystem cannot make one. It names its holder (user, host, pid, started) and carries a heartbeat that its
+thread renews every `stale_after / 4` seconds (at most 30). A second writer is refused at once with a
+StudyError naming the holder. A lease with no heartbeat for `stale_after` seconds can be taken over with
+`force=True`, said loudly on stderr; a live one never. A lease whose process is gone from this host (a driver
+killed with SIGKILL, then `a2 study resume` on the same machine) is taken over without `force`, also said loudly.
+"""
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+
+from a2core.atomic import atomic_write
+from a2core.errors import StudyError
+
+LEASE_FILE = "lease.json"
+DEFAULT_STALE_AFTER = 120.0
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def _pid_gone(holder: dict) -> bool:
+    """The holder ran on this host and its process is no longer there."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def describe(holder: dict, now: float | None = None) -> str:
+    age = (now or time.time()) - float(holder.get("heartbeat", 0))
+    return (f"{holder.get('user', '?')}@{holder.get('host', '?')} pid {holder.get('pid', '?')} since "
+            f"{holder.get('started', '?')} (last heartbeat {age:.0f} s ago)")
+
+
+class StudyLease:
+    """The lease of the study at `study` (a `dashboards.storage.Location` of the study's folder)."""
+
+    def __init__(self, study, stale_after: float = DEFAULT_STALE_AFTER):
+        if not stale_after > 0:
+            raise StudyError(f"--stale-after must be a positive number of seconds, got {stale_after!r}")
+        self.location = study.join(LEASE_FILE)
+        self.stale_after = float(stale_after)
+        self.every = min(30.0, self.stale_after / 4)
+        now = time.time()
+        self.mine = {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(),
+                     "token": uuid.uuid4().hex, "started": _iso(now), "heartbeat": now}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- storage ---------------------------------------------------------------------------------------------
+    def _s3(self):
+        from dashboards.storage import make_client, parse_s3_uri
+
+        bucket, key = parse_s3_uri(self.location.uri, require_key=True)
+        return make_client(self.location.endpoint_url), bucket, key
+
+    def _create(self, info: dict) -> bool:
+        """Write the lease if there is none; False when one exists."""
+        body = json.dumps(info, indent=2) + "\n"
+        if self.location.local:
+            os.makedirs(os.path.dirname(self.location.uri), exist_ok=True)
+            try:
+                fd = os.open(self.location.uri, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            return True
+        from botocore.exceptions import ClientError
+
+        client, bucket, key = self._s3()
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=body.encode(), IfNoneMatch="*")
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
+    def read(self) -> dict | None:
+        text = self.location.read_text()
+        try:
+            return json.loads(text) if text else None
+        except ValueError:  # cut short by a crash while written: as good as stale
+            return {"heartbeat": 0}
+
+    def _remove(self) -> None:
+        if self.location.local:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.location.uri)
+        else:
+            client, bucket, key = self._s3()
+            client.delete_object(Bucket=bucket, Key=key)
+
+    # -- taking, keeping and giving back ---------------------------------------------------------------------
+    def acquire(self, force: bool = False) -> None:
+        if not self._create(self.mine):
+            holder = self.read()
+            if holder is None and self._create(self.mine):  # released between our two looks
+                return self._start()
+            holder = holder or {}
+            age = time.time() - float(holder.get("heartbeat", 0))
+            gone = _pid_gone(holder)
+            study = os.path.dirname(self.location.uri)
+            if not gone and age < self.stale_after:
+                raise StudyError(f"study at {study} is being written by {describe(holder)}; one writer per study: "
+                                 f"wait for it to end (`--force` takes over only a lease with no heartbeat for "
+                                 f"{self.stale_after:.0f} s)")
+            if not force and not gone:
+                raise StudyError(f"study at {study} has a stale lease of {describe(holder)}; if that process is "
+                                 f"gone, take the study over with --force")
+            why = "its process is gone from this host" if gone else "--force"
+            print(f"a2 study: WARNING: taking over the stale lease of {describe(holder)} on {study} ({why})",
+                  file=sys.stderr, flush=True)
+            self._remove()
+            if not self._create(self.mine):
+                raise StudyError(f"study at {study}: another process took the lease first: "
+                                 f"{describe(self.read() or {})}")
+        self._start()
+
+    def _start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name="a2-lease", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                holder = self.read()
+                if not holder or holder.get("token") != self.mine["token"]:
+                    print(f"a2 study: WARNING: the lease on {self.location.uri} was taken over by "
+                          f"{describe(holder or {})}; this process is no longer the study's one writer",
+                          file=sys.stderr, flush=True)
+                    return
+                self.mine["heartbeat"] = time.time()
+                self._write(self.mine)
+            except Exception as err:  # noqa: BLE001 - storage trouble: try again at the next beat
+                print(f"a2 study: note: lease heartbeat failed: {err}", file=sys.stderr, flush=True)
+
+    def _write(self, info: dict) -> None:
+        if self.location.local:
+            atomic_write(self.location.uri, json.dumps(info, indent=2) + "\n")
+        else:
+            self.location.write_text(json.dumps(info, indent=2) + "\n")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        with contextlib.suppress(Exception):  # a lease left behind only goes stale
+            holder = self.read()
+            if holder and holder.get("token") == self.mine["token"]:
+                self._remove()
+
+    @contextlib.contextmanager
+    def held(self, force: bool = False):
+        self.acquire(force)
+        try:
+            yield self
+        finally:
+            self.release()

@@ -1,0 +1,121 @@
+"""One writer per study: the lease refuses a second `run` and a concurrent `resume` at once (real processes), a
+stale lease is taken over only with --force, and on S3 the lease is a conditional create (moto)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from a2core.errors import StudyError
+from dashboards.storage import open_location
+from launch.lease import LEASE_FILE, StudyLease
+from tests.raycluster import a2, a2_env, tiny_data, tiny_study  # noqa: F401 - fixture
+from tests.s3server import make_bucket
+
+HOLD = """
+import sys, time
+from dashboards.storage import open_location
+from launch.lease import StudyLease
+lease = StudyLease(open_location(sys.argv[1]), stale_after=60)
+lease.acquire()
+print("held", flush=True)
+time.sleep(300)
+"""
+
+
+def test_second_run_and_concurrent_resume_are_refused_naming_the_holder(tmp_path, tiny_data):  # noqa: F811
+    from launch.spec import load_study
+    from launch.study import saved_form
+
+    study_file = tiny_study(tmp_path, "leased", tiny_data)
+    study_dir = tmp_path / "studies" / "leased"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(study_dir)], env=a2_env(), stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        lease = json.loads((study_dir / LEASE_FILE).read_text())
+        assert (lease["pid"], lease["host"]) == (holder.pid, socket.gethostname())
+
+        second = a2("study", "run", str(study_file), cwd=tmp_path, timeout=120)
+        assert second.returncode == 2, second.stdout
+        assert f"being written by {lease['user']}@{lease['host']} pid {holder.pid} since {lease['started']}" \
+            in second.stdout
+        assert "Traceback" not in second.stdout and not (study_dir / "study.yaml").exists()
+
+        (study_dir / "study.yaml").write_text(yaml.safe_dump(saved_form(load_study(study_file)), sort_keys=False))
+        resume = a2("study", "resume", "leased", "--storage", str(tmp_path / "studies"), cwd=tmp_path, timeout=120)
+        assert resume.returncode == 2, resume.stdout
+        assert f"pid {holder.pid} since {lease['started']}" in resume.stdout
+        assert json.loads((study_dir / LEASE_FILE).read_text())["token"] == lease["token"]  # still the holder's
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _stale_lease(study, host="elsewhere", age=1000.0) -> dict:
+    info = {"user": "someone", "host": host, "pid": 4242, "token": "theirs", "started": "2026-01-01T00:00:00Z",
+            "heartbeat": time.time() - age}
+    study.join(LEASE_FILE).write_text(json.dumps(info))
+    return info
+
+
+def test_force_takes_over_only_a_stale_lease(tmp_path, capsys):
+    study = open_location(tmp_path / "study")
+    _stale_lease(study, age=5)  # live: refused, --force or not
+    for force in (False, True):
+        with pytest.raises(StudyError, match=r"being written by someone@elsewhere pid 4242 .* heartbeat 5 s ago"):
+            StudyLease(study, stale_after=120).acquire(force=force)
+
+    _stale_lease(study, age=1000)
+    with pytest.raises(StudyError, match="stale lease of someone@elsewhere pid 4242.*--force"):
+        StudyLease(study, stale_after=120).acquire()
+    lease = StudyLease(study, stale_after=120)
+    with lease.held(force=True):
+        assert "WARNING: taking over the stale lease of someone@elsewhere pid 4242" in capsys.readouterr().err
+        held = json.loads((tmp_path / "study" / LEASE_FILE).read_text())
+        assert (held["token"], held["pid"]) == (lease.mine["token"], os.getpid())
+    assert not (tmp_path / "study" / LEASE_FILE).exists()  # released
+
+
+def test_a_lease_whose_process_is_gone_from_this_host_is_taken_over(tmp_path, capsys):
+    """A driver killed with SIGKILL leaves its lease; `resume` on the same machine needs no --force."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    study = open_location(tmp_path / "study")
+    info = _stale_lease(study, host=socket.gethostname(), age=1)
+    info["pid"] = dead.pid
+    study.join(LEASE_FILE).write_text(json.dumps(info))
+    with StudyLease(study).held():
+        assert f"pid {dead.pid}" in capsys.readouterr().err
+        assert json.loads((tmp_path / "study" / LEASE_FILE).read_text())["pid"] == os.getpid()
+
+
+def test_heartbeat_keeps_the_lease_live(tmp_path):
+    study = open_location(tmp_path / "study")
+    with StudyLease(study, stale_after=0.4).held():
+        first = json.loads((tmp_path / "study" / LEASE_FILE).read_text())["heartbeat"]
+        time.sleep(0.6)  # longer than stale_after: only the heartbeat keeps it live
+        with pytest.raises(StudyError, match="being written by"):
+            StudyLease(study, stale_after=0.4).acquire(force=True)
+        assert json.loads((tmp_path / "study" / LEASE_FILE).read_text())["heartbeat"] > first
+
+
+def test_s3_lease_is_a_conditional_create(s3_endpoint):
+    bucket = make_bucket(s3_endpoint, "a2-lease-test")
+    study = open_location(f"s3://{bucket}/studies/leased", s3_endpoint)
+    first = StudyLease(study)
+    first.acquire()
+    try:
+        with pytest.raises(StudyError, match=rf"being written by .*pid {os.getpid()}"):
+            StudyLease(study).acquire(force=True)
+    finally:
+        first.release()
+    assert not study.join(LEASE_FILE).exists()
+    with StudyLease(study).held() as second:
+        assert json.loads(study.join(LEASE_FILE).read_text())["token"] == second.mine["token"]
