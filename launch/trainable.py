@@ -482,13 +482,14 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
         raise outcome["error"]  # fit() failed for good: Tune retries the trial under its FailureConfig
 
 
-def make_trainable(plan: TrialPlan):
+def make_trainable(plan: TrialPlan, *, ray_train: bool = False):
     """The trial function bound to its plan and resource request, ready for `Tuner(...)` /
     `Tuner.restore(...)`: `a2_local_trial` holding one worker's resources for a one-worker trial, else
-    `a2_trial` holding `driver_cpus` (its Train workers ask for their own)."""
+    `a2_trial` holding `driver_cpus` (its Train workers ask for their own). `ray_train` runs a one-worker trial
+    on Ray Train too (benchmarks/bench_study.py compares the two)."""
     from ray import tune
 
-    if plan.resources["workers_per_trial"] == 1:
+    if plan.resources["workers_per_trial"] == 1 and not ray_train:
         return tune.with_resources(tune.with_parameters(a2_local_trial, plan=plan), plan.worker_resource_request())
     return tune.with_resources(tune.with_parameters(a2_trial, plan=plan), {"CPU": plan.resources["driver_cpus"]})
 
