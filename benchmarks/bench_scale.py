@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -166,6 +167,8 @@ def run_size(trials: int, args, cluster, data: Path, work: Path) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # A `timeout` or Ctrl-C still stops the cluster's nodes (each in its own process group) on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from a2core.data.synthetic import ensure
     from tests.raycluster import DATA_IMAGES, LocalCluster
 
