@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     ensure(data, seed=0, images=DATA_IMAGES)
     per_node = math.ceil(args.concurrency / 4)
     rows = []
-    with LocalCluster(num_cpus=per_node + 0.5) as cluster:  # the head also runs the study driver
+    with LocalCluster(num_cpus=per_node) as cluster:  # the study driver itself holds no CPU of the cluster
         for i in range(3):
             cluster.add_node(num_cpus=per_node, name=f"worker-{i}")
         cluster.wait_for_nodes(4)
