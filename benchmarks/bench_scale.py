@@ -109,8 +109,6 @@ def counted_trial(config, plan, ops_dir: str):
 
 # -- the driver --------------------------------------------------------------------------------------------------
 def run_size(trials: int, args, cluster, data: Path, work: Path) -> dict:
-    import functools
-
     from ray import tune
 
     from dashboards import tracking
@@ -147,7 +145,8 @@ def run_size(trials: int, args, cluster, data: Path, work: Path) -> dict:
         logged["values"] += len(out)
         return out
 
-    trainable.make_trainable, saved_make = make_trainable, trainable.make_trainable
+    saved_make = trainable.make_trainable
+    trainable.make_trainable = make_trainable
     tracking.StudyTracker.log_metrics = timed_log_metrics
     try:
         t0 = time.monotonic()
