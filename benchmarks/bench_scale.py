@@ -20,6 +20,7 @@ Run it alone on the machine (it starts Ray): `flock /tmp/a2-ray.lock python benc
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -107,6 +108,11 @@ def counted_trial(config, plan, ops_dir: str):
         (Path(ops_dir) / f"{trial_id}.json").write_text(json.dumps(counts))
 
 
+def with_bench_keys(resolve, bench: dict, sampled: dict) -> dict:
+    """A trial's config with the stand-in's epochs and epoch length."""
+    return {**resolve(sampled), "bench": bench}
+
+
 # -- the driver --------------------------------------------------------------------------------------------------
 def run_size(trials: int, args, cluster, data: Path, work: Path) -> dict:
     from ray import tune
@@ -125,7 +131,7 @@ def run_size(trials: int, args, cluster, data: Path, work: Path) -> dict:
     spec = load_study(path)
     resolve = spec.trial_config
     bench = {"epochs": args.epochs, "epoch_s": args.epoch_s}
-    spec.trial_config = lambda sampled: {**resolve(sampled), "bench": bench}
+    spec.trial_config = functools.partial(with_bench_keys, resolve, bench)  # picklable: Tune saves it
     ops_dir = work / f"ops-{trials}"
     ops_dir.mkdir()
 
