@@ -3,6 +3,7 @@
     python benchmarks/bench_study.py                       # studies/smoke.yaml, shrunk to run in minutes
     python benchmarks/bench_study.py studies/smoke.yaml search.num_samples=1 --full
     python benchmarks/bench_study.py --from-summary a2-studies/a2-smoke/summary.json   # no new run
+    python benchmarks/bench_study.py --side-by-side        # one-worker trials: in the Tune trial vs on Ray Train
 
 It runs the study through `a2 study run` (a local Ray unless RAY_ADDRESS is set) in a scratch folder, then
 reads the trials' results back and prints:
@@ -12,6 +13,9 @@ reads the trials' results back and prints:
 - per-trial start-up: time from a trial's start to its first result, minus one epoch's own time (placement
   group, Train worker processes, torch.distributed, data loading), also as a share of the trial's time;
 - one summary line.
+
+`--side-by-side` runs the (one-worker) study twice in one go, its trials training in the Tune trial itself and
+then as one-worker Ray Train runs (`make_trainable(..., ray_train=True)`), and prints the start-up ratio.
 """
 from __future__ import annotations
 
@@ -42,10 +46,18 @@ def parse_args(argv=None):
     p.add_argument("--full", action="store_true", help="run the study as it is (no shrinking overrides)")
     p.add_argument("--keep", action="store_true", help="keep the scratch folder")
     p.add_argument("--from-summary", default=None, help="measure a finished study from its summary.json")
+    p.add_argument("--side-by-side", action="store_true",
+                   help="one-worker trials in the Tune trial vs on Ray Train, one after the other")
     return p.parse_args(argv)
 
 
-def run_study(study: str, overrides: list[str], work: Path) -> tuple[Path, float, int]:
+# `a2 study run` with every trial on Ray Train, one worker or not.
+ON_RAY_TRAIN = ("import functools, sys; import launch.trainable as t; "
+                "t.make_trainable = functools.partial(t.make_trainable, ray_train=True); "
+                "from launch.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def run_study(study: str, overrides: list[str], work: Path, ray_train: bool = False) -> tuple[Path, float, int]:
     """Run the study in `work`; returns (summary.json path, wall seconds, exit code)."""
     from launch.spec import load_study
 
@@ -53,7 +65,8 @@ def run_study(study: str, overrides: list[str], work: Path) -> tuple[Path, float
     overrides = overrides + [f"storage={work / 'studies'}", f"tracking.mlflow_uri=sqlite:///{work / 'mlflow.db'}"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([p for p in [env.get("PYTHONPATH"), str(ROOT)] if p])
-    cmd = [sys.executable, "-m", "launch.cli", "study", "run", str(Path(study).resolve()), *overrides, "--quiet"]
+    entry = ["-c", ON_RAY_TRAIN] if ray_train else ["-m", "launch.cli"]
+    cmd = [sys.executable, *entry, "study", "run", str(Path(study).resolve()), *overrides, "--quiet"]
     t0 = time.monotonic()
     with open(work / "run.log", "wb") as log:
         rc = subprocess.call(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -71,7 +84,7 @@ def trial_timings(summary: dict) -> list[dict]:
     location = StudyLocation(summary["study"], location_root)
     out = []
     for trial in summary["trials"]:
-        rows = read_results(location.uri(TRIALS_DIR), summary["study"], trial["trial_id"])
+        rows = read_results(location.at(TRIALS_DIR), summary["study"], trial["trial_id"])
         rows = [r for r in rows if isinstance(r.get("epoch"), (int, float))]
         if not rows:
             continue
@@ -95,7 +108,7 @@ def trial_timings(summary: dict) -> list[dict]:
 def _tune_rows(location, trial_id: str) -> list[dict]:
     from ray.tune import ExperimentAnalysis
 
-    path, fs = location.filesystem()
+    path, fs = location.at().ray_storage()
     analysis = ExperimentAnalysis(path, storage_filesystem=fs)
     df = analysis.trial_dataframes.get(trial_id)
     return [] if df is None or df.empty else df.to_dict("records")
@@ -146,21 +159,33 @@ def main(argv=None) -> int:
     from launch.spec import load_study
 
     overrides = list(args.overrides) if args.full else SMALL + list(args.overrides)
+    if args.side_by_side:
+        overrides.append("resources.workers_per_trial=1")
     spec = load_study(args.study, overrides)
-    work = Path(tempfile.mkdtemp(prefix="a2-bench-study-"))
-    try:
-        summary_path, wall, rc = run_study(args.study, overrides, work)
-        if rc != 0 or not summary_path.exists():
-            print((work / "run.log").read_text(errors="replace")[-4000:], file=sys.stderr)
-            print(f"bench_study: the study failed (exit {rc})", file=sys.stderr)
-            return 1
-        summary = json.loads(summary_path.read_text())
-        report(summary, wall, int(spec.resources["max_concurrent_trials"]))
-    finally:
-        if args.keep:
-            print(f"scratch folder kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    results = {}
+    for kind in (["in the Tune trial", "on Ray Train"] if args.side_by_side else ["as configured"]):
+        work = Path(tempfile.mkdtemp(prefix="a2-bench-study-"))
+        try:
+            summary_path, wall, rc = run_study(args.study, overrides, work, ray_train=kind == "on Ray Train")
+            if rc != 0 or not summary_path.exists():
+                print((work / "run.log").read_text(errors="replace")[-4000:], file=sys.stderr)
+                print(f"bench_study: the study failed (exit {rc})", file=sys.stderr)
+                return 1
+            print(f"-- trials {kind}")
+            summary = json.loads(summary_path.read_text())
+            results[kind] = report(summary, wall, int(spec.resources["max_concurrent_trials"]))
+            print()
+        finally:
+            if args.keep:
+                print(f"scratch folder kept: {work}")
+            else:
+                shutil.rmtree(work, ignore_errors=True)
+    if args.side_by_side:
+        local, train = results["in the Tune trial"], results["on Ray Train"]
+        print(f"SUMMARY bench_study side by side: one-worker trial start-up {local['startup_mean_s']:.1f}s in the "
+              f"Tune trial vs {train['startup_mean_s']:.1f}s on Ray Train -> "
+              f"x{train['startup_mean_s'] / max(local['startup_mean_s'], 1e-9):.1f} faster; study wall "
+              f"{local['wall_s']:.0f}s vs {train['wall_s']:.0f}s")
     return 0
 
 

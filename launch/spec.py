@@ -21,6 +21,7 @@ plus `search`, `resources`, `tracking` and `storage`:
       scheduler: {asha: {grace_period: 2, reduction_factor: 2, min_gap_se: 2}}   # or {fifo: {}}
     resources: {workers_per_trial: 4, cpus_per_worker: 1, gpus_per_worker: 1, max_concurrent_trials: 8,
                 max_failures: 1, driver_cpus: 0.01}   # driver_cpus: the trial's Tune driver function
+    # optional: price_per_hour (of a worker node, one trial per node) -> a cost estimate in status and summary
     tracking: {mlflow_uri: sqlite:///mlflow.db, experiment: null}
     storage: s3://bucket/prefix           # or a local directory
     storage_endpoint_url: null            # S3-compatible endpoint (MinIO, moto, ...)
@@ -121,6 +122,7 @@ RESOURCE_DEFAULTS = {
     "max_concurrent_trials": 1,
     "max_failures": 1,  # Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever
     "driver_cpus": 0.01,  # the trial's small Tune driver function (a bare {"CPU": 0} is refused by Ray)
+    "price_per_hour": None,  # of a worker node (one trial per node): the study's cost estimate; absent if not given
 }
 # asha: the replicate-group ASHA of launch.search; min_gap_se = k in its stopping rule gap > k * s_pooled * sqrt(2/n).
 SCHEDULER_DEFAULTS = {"asha": {"grace_period": 1, "reduction_factor": 2, "min_gap_se": 2.0},
@@ -854,6 +856,12 @@ class _Loader:
             self.fail("resources.gpus_per_worker", f"must be >= 0, got {_fmt(gpus)}")
         if gpus > 1 and not float(gpus).is_integer():
             self.fail("resources.gpus_per_worker", f"more than one GPU must be a whole number, got {_fmt(gpus)}")
+        if r["price_per_hour"] is None:
+            del r["price_per_hour"]
+        elif self.number(r["price_per_hour"], "resources.price_per_hour") <= 0:
+            self.fail("resources.price_per_hour", f"must be > 0, got {_fmt(r['price_per_hour'])}")
+        else:
+            r["price_per_hour"] = float(r["price_per_hour"])
         if cluster is not None:
             n, cpus = r["workers_per_trial"], r["cpus_per_worker"]
             need_cpu = n * cpus + r["driver_cpus"]

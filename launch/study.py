@@ -602,7 +602,7 @@ def _error_text(trial) -> str | None:
 
 def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
               last_result: dict, error: str | None = None) -> dict:
-    from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, train_run_name
+    from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, checkpoint_name, train_run_name
 
     metric, mode = spec.metric, spec.mode
     described = _described(spec, sampled)
@@ -644,16 +644,63 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
         "last": last_value,
         "best": best_value,
         "best_epoch": best_epoch,
-        "best_checkpoint": (location.uri(*run_parts, _checkpoint_dir(ckpt_epoch), CHECKPOINT_FILE)
+        "best_checkpoint": (location.uri(*run_parts, checkpoint_name(ckpt_epoch), CHECKPOINT_FILE)
                             if ckpt_epoch is not None else None),
         "best_checkpoint_epoch": ckpt_epoch,
         "train_run": run_dir,
+        "compute": trial_compute(history),
         "error": error,
     }
 
 
-def _checkpoint_dir(epoch: int) -> str:
-    return f"checkpoint_epoch{epoch:04d}"  # the name launch.trainable.worker_fn gives every epoch's checkpoint
+COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
+
+
+def trial_compute(history: list[dict]) -> dict:
+    """What a trial cost, {unit: seconds}: the largest of its cumulative `compute/*` results."""
+    out = {}
+    for unit in COMPUTE_UNITS:
+        values = [v for v in (finite(r.get(f"compute/{unit}")) for r in history) if v is not None]
+        if values:
+            out[unit] = max(values)
+    return out
+
+
+def compute_totals(spec, rows: list[dict]) -> dict:
+    """The study's compute: `total_<unit>` over all trials, `stopped_<unit>` spent on trials the scheduler stopped
+    early, `saved_<unit>` what stopping them saved against running them to their planned epochs (their cost per
+    epoch so far x the epochs they did not run). With `resources.price_per_hour` (a worker node's, one trial per
+    node) also `<kind>_cost` = price x the kind's wall hours."""
+    totals: dict[str, float] = {}
+    for row in rows:
+        done, planned = row["epochs_done"], row["epochs_planned"]
+        stopped = row["state"] == "TERMINATED" and 0 < done < planned
+        for unit, value in (row.get("compute") or {}).items():
+            totals[f"total_{unit}"] = totals.get(f"total_{unit}", 0.0) + value
+            totals[f"stopped_{unit}"] = totals.get(f"stopped_{unit}", 0.0) + (value if stopped else 0.0)
+            saved = value / done * (planned - done) if stopped else 0.0
+            totals[f"saved_{unit}"] = totals.get(f"saved_{unit}", 0.0) + saved
+    price = spec.resources.get("price_per_hour")
+    if price is not None and "total_wall_s" in totals:
+        for kind in ("total", "stopped", "saved"):
+            totals[f"{kind}_cost"] = price * totals[f"{kind}_wall_s"] / 3600
+    return totals
+
+
+def compute_line(totals: dict) -> str:
+    """One line for people: `compute: 812 s wall, 1570 CPU-s; stopped trials 201 s wall ...; saved ...`."""
+    if not totals:
+        return "compute: not recorded"
+
+    def part(kind: str) -> str:
+        units = [f"{totals[f'{kind}_wall_s']:.0f} s wall"]
+        units += [f"{totals[f'{kind}_{u}']:.0f} {u[:3].upper()}-s" for u in ("gpu_s", "cpu_s") if f"{kind}_{u}" in totals]
+        if f"{kind}_cost" in totals:
+            units.append(f"cost {totals[f'{kind}_cost']:.2f}")
+        return ", ".join(units)
+
+    return (f"compute: {part('total')}; on early-stopped trials {part('stopped')}; "
+            f"early stopping saved {part('saved')}")
 
 
 def _stored_checkpoint_epochs(location: StudyLocation, run_parts: tuple[str, ...]) -> list[int]:
@@ -742,6 +789,7 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
             "trial_id": baseline["trial_id"], "value": baseline["best"], "seed": baseline["seed"],
             "checkpoint": baseline["best_checkpoint"]},
         "beats_baseline": beats,
+        "compute": compute_totals(spec, rows),
         "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows],
     }
 
@@ -753,13 +801,25 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     summary = summarize(spec, location, rows)
     summary["tracking"] = Spool(location.at()).add_outage()  # the MLflow outages of the study, if any
     location.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n", SUMMARY_FILE)
+    log_compute_totals(spec, summary["compute"])
     if verbose:
         print(format_table(rows, spec.metric))
     print(verdict(summary), flush=True)
+    print(compute_line(summary["compute"]), flush=True)
     if outage_line(summary["tracking"]):
         print(outage_line(summary["tracking"]), flush=True)
     print(f"summary: {location.uri(SUMMARY_FILE)}", flush=True)
     return summary
+
+
+def log_compute_totals(spec, totals: dict) -> None:
+    """The study's compute totals as `compute/<key>` metrics of its MLflow parent run."""
+    from dashboards.tracking import StudyTracker
+
+    tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, spec.tracking.get("experiment"))
+    parent = tracker.find_parent_run()
+    if parent is not None and totals:
+        tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in totals.items()}, step=0)
 
 
 def _json_default(value):
@@ -866,6 +926,7 @@ def cmd_status(args) -> int:
         print(f"replicate groups (mean over seeds, 95% interval below 3 seeds: none):\n"
               f"{format_groups(summary['groups'], spec.metric)}")
     print(verdict(summary))
+    print(compute_line(summary["compute"]))
     return 0
 
 

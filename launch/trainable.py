@@ -1,5 +1,12 @@
 """A study trial as Ray runs it: the one file that knows training happens inside Ray.
 
+A trial of one worker (`resources.workers_per_trial: 1`) trains in the Tune trial process itself,
+`a2_local_trial`: no worker group, no process group, so it starts in about a second. It writes each epoch's
+checkpoint into its run folder `<study>/trials/<study>-<trial id>/checkpoint_epochNNNN` (the place Ray Train
+would use, so status, summary and packaging read both kinds alike), keeps the best `num_to_keep` by the study
+metric plus the latest, and resumes from the newest complete one when Tune restarts or restores the trial
+(`tune.FailureConfig`). Trials of several workers run on Ray Train, as follows.
+
 Ray Train V2 (the default in Ray 2.60) does not run a `TorchTrainer` as a Tune trainable. A trial is therefore a
 small Tune *driver function*, `a2_trial`, that needs almost nothing itself (`resources.driver_cpus`) and runs
 
@@ -21,13 +28,20 @@ Fault tolerance rests on the Train run name being a function of the Tune trial i
 - the trial itself fails, or the study driver dies and the study is resumed: Tune starts `a2_trial` again for
   the same trial id, the `TorchTrainer` finds its own run folder and snapshot, and again resumes from the latest
   checkpoint. No epoch is trained twice after its checkpoint was reported.
+
+Compute accounting: every result carries `compute/wall_s` (the trial's wall time) and `compute/gpu_s` (wall time
+x the trial's GPUs) or, on CPU, `compute/cpu_s` (user + system CPU seconds of its training processes, summed over
+ranks, from `getrusage`), cumulative over the trial's epochs and restarts: the last value is what the trial cost.
+Time spent after a trial's last reported epoch by an attempt that was then killed is not counted.
 """
 from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import tempfile
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +50,7 @@ from typing import Callable
 TRIALS_DIR = "trials"  # below the study's folder: one Ray Train run per trial
 CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
 HISTORY_FILE = "history.json"  # a2core.checkpoint.HISTORY_FILE, likewise
+CHECKPOINT_PREFIX = "checkpoint_epoch"  # + the epoch, 4 digits: one folder per checkpointed epoch
 # Environment that Ray workers need to reach storage from any node of the cluster: settings and references
 # (the credentials file, its profile), never a secret's value (launch.raycluster.stash_credentials).
 PROPAGATED_ENV = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION",
@@ -97,6 +112,30 @@ def _quiet_per_epoch_logs() -> None:
     logging.getLogger("a2core").setLevel(logging.INFO)
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far (all its threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
+
+
+def _cpu_seconds_all_ranks(since: float) -> float:
+    """CPU seconds this process spent since `since`, summed over the ranks of the process group (a collective:
+    every rank calls it with every report)."""
+    import torch
+    import torch.distributed as dist
+
+    spent = cpu_seconds() - since
+    if not (dist.is_available() and dist.is_initialized()):
+        return spent
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    total = torch.tensor([spent], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return float(total.item())
+
+
 def worker_fn(config: dict) -> None:
     """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume."""
     import ray.train
@@ -104,17 +143,17 @@ def worker_fn(config: dict) -> None:
 
     from a2core.train import train
 
+    cpu_start = cpu_seconds()
     _quiet_per_epoch_logs()
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     work = Path(tempfile.mkdtemp(prefix=f"a2-trial-r{rank}-"))
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
-        epoch = metrics.get("epoch")
-        name = f"checkpoint_epoch{int(epoch):04d}" if isinstance(epoch, (int, float)) else None
+        metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
         checkpoint = Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
         # Every rank reports (a barrier); rank 0 alone brings the checkpoint, stored under a readable name.
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_name(metrics.get("epoch")))
 
     try:
         with ExitStack() as stack:
@@ -125,6 +164,125 @@ def worker_fn(config: dict) -> None:
                 if (local / CHECKPOINT_FILE).is_file():
                     resume_from = str(local / CHECKPOINT_FILE)
             train(config, report, output_dir=str(work / "out"), resume_from=resume_from)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def checkpoint_name(epoch) -> str | None:
+    """`checkpoint_epochNNNN`: the folder of an epoch's checkpoint in a trial's run folder (both trial kinds)."""
+    return f"{CHECKPOINT_PREFIX}{int(epoch):04d}" if isinstance(epoch, (int, float)) else None
+
+
+# -- compute accounting ------------------------------------------------------------------------------------------
+class ComputeMeter:
+    """Stamps each result of one trial attempt with what the trial has cost so far (see the module docstring).
+
+    `previous` is the trial's result log: what earlier attempts spent is the largest total logged there. Device
+    seconds are GPU-seconds (wall x GPUs) when the trial holds GPUs, else CPU seconds of its workers, passed in
+    per result as this attempt's own count (which restarts at 0 when Ray Train restarts the worker group)."""
+
+    def __init__(self, previous: list[dict], gpus: float):
+        self.gpus = float(gpus)
+        self.device_key = "compute/gpu_s" if self.gpus else "compute/cpu_s"
+        self.base_wall = max((float(r.get("compute/wall_s") or 0.0) for r in previous), default=0.0)
+        self.base_device = max((float(r.get(self.device_key) or 0.0) for r in previous), default=0.0)
+        self.start = time.monotonic()
+        self.cpu_done = 0.0  # CPU seconds of earlier worker groups of this attempt
+        self.cpu_last = 0.0
+
+    def stamp(self, item: dict, attempt_cpu_s: float) -> None:
+        if attempt_cpu_s < self.cpu_last:  # a new worker group counts from 0 again
+            self.cpu_done += self.cpu_last
+        self.cpu_last = attempt_cpu_s
+        wall = time.monotonic() - self.start
+        item["compute/wall_s"] = self.base_wall + wall
+        spent = wall * self.gpus if self.gpus else self.cpu_done + attempt_cpu_s
+        item[self.device_key] = self.base_device + spent
+
+
+# -- one-worker trials: training in the Tune trial itself --------------------------------------------------------
+class LocalCheckpoints:
+    """The checkpoint folders of a one-worker trial's run folder (a Location), kept as Ray Train keeps them: the
+    best `num_to_keep` by the study metric, plus the latest. A folder is complete when it has its
+    `checkpoint.pt`: written last on S3, and a local folder is renamed into place whole."""
+
+    def __init__(self, run, metric: str, mode: str, num_to_keep: int):
+        self.run, self.metric, self.mode, self.num_to_keep = run, metric, mode, num_to_keep
+
+    def complete_epochs(self) -> list[int]:
+        names = self.run.listdir(folders_only=True)
+        epochs = [int(n[len(CHECKPOINT_PREFIX):]) for n in names
+                  if n.startswith(CHECKPOINT_PREFIX) and n[len(CHECKPOINT_PREFIX):].isdigit()]
+        return sorted(e for e in epochs if self.run.join(checkpoint_name(e), CHECKPOINT_FILE).exists())
+
+    def save(self, source: str, epoch: int) -> str:
+        """Store the checkpoint folder `source` as epoch `epoch`'s; returns where it now is (path or URI)."""
+        import pyarrow.fs as pafs
+
+        target = self.run.join(checkpoint_name(epoch))
+        fs, path = target.filesystem()
+        if target.local:
+            staging = Path(path).with_name(f".{Path(path).name}.partial")
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.copytree(source, staging)
+            shutil.rmtree(path, ignore_errors=True)  # an epoch trained again after a restart
+            os.replace(staging, path)
+        else:
+            names = sorted(p.name for p in Path(source).iterdir() if p.name != CHECKPOINT_FILE)
+            for name in [*names, CHECKPOINT_FILE]:
+                pafs.copy_files(str(Path(source) / name), f"{path}/{name}", destination_filesystem=fs)
+        return target.uri
+
+    def prune(self, values: dict[int, float]) -> None:
+        """Delete the folders that are neither the latest nor among the best `num_to_keep` (`values`: epoch ->
+        the study metric)."""
+        epochs = self.complete_epochs()
+        if len(epochs) <= self.num_to_keep:
+            return
+        scored = sorted((e for e in epochs if e in values), key=lambda e: (values[e], e),
+                        reverse=self.mode == "max")
+        keep = {epochs[-1], *scored[:self.num_to_keep]}
+        for epoch in epochs:
+            if epoch not in keep:
+                fs, path = self.run.join(checkpoint_name(epoch)).filesystem()
+                fs.delete_dir(path)
+
+
+def a2_local_trial(config: dict, plan: "TrialPlan") -> None:
+    """One study trial of one worker: `a2core.train.train` in this Tune trial process, each epoch's result
+    reported with `ray.tune.report` (with a pointer checkpoint when the epoch was checkpointed, as `a2_trial`
+    does); a restarted or restored trial resumes from its newest complete checkpoint."""
+    import ray.tune
+
+    from a2core.train import train
+
+    cpu_start = cpu_seconds()
+    _quiet_per_epoch_logs()
+    trial_id = ray.tune.get_context().get_trial_id()
+    train_config = plan.resolve(dict(config))
+    run = plan.trials().join(train_run_name(plan.study, trial_id))
+    result_log = ResultLog(run.join(RESULTS_FILE))
+    result_log.add_missing(latest_checkpoint_history(run))
+    meter = ComputeMeter(list(result_log.by_epoch.values()), plan.resources["gpus_per_worker"])
+    checkpoints = LocalCheckpoints(run, plan.metric, plan.mode, plan.num_to_keep)
+    work = Path(tempfile.mkdtemp(prefix="a2-trial-"))
+
+    def report(metrics: dict, checkpoint_dir: str | None) -> None:
+        item = dict(metrics)
+        if checkpoint_dir is not None:
+            item["checkpoint_path"] = checkpoints.save(checkpoint_dir, int(item["epoch"]))
+        meter.stamp(item, cpu_seconds() - cpu_start)
+        result_log.add(item)
+        _report_to_tune(item)
+        checkpoints.prune({e: r[plan.metric] for e, r in result_log.by_epoch.items()
+                           if isinstance(r.get(plan.metric), (int, float))})
+
+    try:
+        epochs = checkpoints.complete_epochs()
+        resume_from = None
+        if epochs:
+            resume_from = run.join(checkpoint_name(epochs[-1]), CHECKPOINT_FILE).download(work / CHECKPOINT_FILE)
+        train(train_config, report, output_dir=str(work / "out"), resume_from=resume_from)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -183,7 +341,7 @@ def latest_checkpoint_history(run) -> list[dict]:
 
     A driver killed between Ray Train registering a checkpoint and Tune hearing of its result loses that result
     everywhere but here; the trial's result log (and from it MLflow) gets it back when the trial restarts."""
-    prefix = "checkpoint_epoch"
+    prefix = CHECKPOINT_PREFIX
     names = run.listdir(folders_only=True)
     epochs = sorted(int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit())
     for epoch in reversed(epochs):  # the newest one that has its history (older checkpoints lack the file)
@@ -292,6 +450,8 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     run = trials.join(train_run_name(plan.study, trial_id))
     result_log = ResultLog(run.join(RESULTS_FILE))
     result_log.add_missing(latest_checkpoint_history(run))
+    meter = ComputeMeter(list(result_log.by_epoch.values()),
+                         plan.resources["workers_per_trial"] * plan.resources["gpus_per_worker"])
     outcome: dict = {}
 
     def fit() -> None:
@@ -312,6 +472,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
                 item = results.get_nowait()
             except (Empty, stdlib_queue.Empty):
                 break
+        meter.stamp(item, float(item.pop(ATTEMPT_CPU_KEY, 0.0)))
         result_log.add(item)
         _report_to_tune(item)
     runner.join()
@@ -320,10 +481,15 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
         raise outcome["error"]  # fit() failed for good: Tune retries the trial under its FailureConfig
 
 
-def make_trainable(plan: TrialPlan):
-    """`a2_trial` bound to its plan and resource request, ready for `Tuner(...)` / `Tuner.restore(...)`."""
+def make_trainable(plan: TrialPlan, *, ray_train: bool = False):
+    """The trial function bound to its plan and resource request, ready for `Tuner(...)` /
+    `Tuner.restore(...)`: `a2_local_trial` holding one worker's resources for a one-worker trial, else
+    `a2_trial` holding `driver_cpus` (its Train workers ask for their own). `ray_train` runs a one-worker trial
+    on Ray Train too (benchmarks/bench_study.py compares the two)."""
     from ray import tune
 
+    if plan.resources["workers_per_trial"] == 1 and not ray_train:
+        return tune.with_resources(tune.with_parameters(a2_local_trial, plan=plan), plan.worker_resource_request())
     return tune.with_resources(tune.with_parameters(a2_trial, plan=plan), {"CPU": plan.resources["driver_cpus"]})
 
 

@@ -3,7 +3,8 @@
 (a) A trial's Train workers lose their node mid-trial; a replacement node joins; the trial finishes from its
     last checkpoint (Ray Train's FailureConfig), without re-running an epoch it had checkpointed.
 (b) The study driver (`a2 study run`) is killed with SIGKILL mid-study; `a2 study resume NAME` finishes it:
-    the finished trial is not run again, the interrupted one continues at its last checkpoint epoch + 1.
+    the finished trial is not run again, the interrupted one continues at its last checkpoint epoch + 1. Both
+    kinds of trial: one worker (training in the Tune trial itself) and two (a Ray Train run).
     It is tracked by a real `mlflow server` (SQLite backend, artifacts on the moto S3 endpoint): one child run
     per trial, all FINISHED, and `a2 report` puts its PNGs and HTML on the parent run, in S3.
 
@@ -44,12 +45,21 @@ def _logged_steps(uri: str, study: str, trial_id: str) -> list[int]:
     return [step for step, _, _ in mlflow_history(uri, run.info.run_id, "val/CIDEr")]
 
 
+def resume_epochs(run_dir) -> list[int]:
+    """Epochs a trial can resume from: Ray Train's registered checkpoints, or for a one-worker trial (no Train
+    run) its complete checkpoint folders."""
+    if (run_dir / "checkpoint_manager_snapshot.json").exists():
+        return snapshot_epochs(run_dir)
+    return sorted(int(p.name[len("checkpoint_epoch"):]) for p in run_dir.glob("checkpoint_epoch*")
+                  if (p / "checkpoint.pt").is_file())
+
+
 def _checkpointed_and_logged(uri: str, storage, study: str, trial_id: str | None = None):
     """(trial id, run dir, epoch) of a running trial whose latest registered checkpoint is logged in MLflow."""
     for tid, run_dir in trial_runs(storage, study).items():
         if trial_id is not None and tid != trial_id:
             continue
-        epochs = snapshot_epochs(run_dir)
+        epochs = resume_epochs(run_dir)
         if not epochs or max(epochs) >= EPOCHS:
             continue
         if max(epochs) in _logged_steps(uri, study, tid):
@@ -107,12 +117,13 @@ def test_trial_finishes_after_losing_its_worker_node(tmp_path, tiny_data, ray_cl
     assert mlflow_trials(uri, name)[trial_id].info.status == "FINISHED"
 
 
-def test_study_resumes_after_the_driver_is_killed(tmp_path, tiny_data, mlflow_server):  # noqa: F811
-    name = f"ft-driver-{os.getpid()}"  # the server lives for the whole session
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "train"])
+def test_study_resumes_after_the_driver_is_killed(tmp_path, tiny_data, mlflow_server, workers):  # noqa: F811
+    name = f"ft-driver-{workers}w-{os.getpid()}"  # the server lives for the whole session
     storage = tmp_path / "studies"
     uri = str(mlflow_server)
-    study = tiny_study(tmp_path, name, tiny_data, fusions=("none", "max"), epochs=EPOCHS, workers=1,
-                       cpus_per_worker=1, max_concurrent=1, extra=SLOW, mlflow_uri=uri)
+    study = tiny_study(tmp_path, name, tiny_data, fusions=("none", "max"), epochs=EPOCHS, workers=workers,
+                       cpus_per_worker=1 / workers, max_concurrent=1, extra=SLOW, mlflow_uri=uri)
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)  # the driver starts its own local Ray, which dies with it
     log = tmp_path / "run.log"
@@ -140,7 +151,7 @@ def test_study_resumes_after_the_driver_is_killed(tmp_path, tiny_data, mlflow_se
         killed_ms = int(time.time() * 1000)
         os.kill(proc.pid, signal.SIGKILL)  # the driver only; its local Ray goes down with it
         proc.wait(timeout=30)
-        resumed_from = max(snapshot_epochs(second_dir))
+        resumed_from = max(resume_epochs(second_dir))
         time.sleep(2)
     finally:
         kill_group(proc)  # whatever is left of the killed driver's local Ray
@@ -164,6 +175,9 @@ def test_study_resumes_after_the_driver_is_killed(tmp_path, tiny_data, mlflow_se
     # The interrupted one continued after its last checkpoint, in its own MLflow run.
     _assert_epochs_once(uri, name, second_id, killed_ms, resumed_from)
     assert runs[second_id].info.status == "FINISHED"
+    # Its compute went on from what the killed attempt had logged: cumulative, one value per epoch.
+    wall = [value for _, value, _ in mlflow_history(uri, runs[second_id].info.run_id, "compute/wall_s")]
+    assert len(wall) == EPOCHS and wall == sorted(wall)
     # The baseline comparison: the study has the fusion none trial of the same seed.
     best, baseline = summary["best"], summary["baseline"]
     assert baseline is not None and baseline["seed"] == best["seed"]

@@ -1,4 +1,5 @@
-"""`a2 study run/status` end to end on a real (local) Ray: a one-trial study whose trial is a 2-worker DDP job."""
+"""`a2 study run/status` end to end on a real (local) Ray: a one-trial study whose trial is a 2-worker DDP job, and
+a study of one-worker trials that train in the Tune trial itself; both account for their compute."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.raycluster import a2, mlflow_history, mlflow_trials, tiny_data, tiny_study, trial_runs  # noqa: F401
+from dashboards.tracking import study_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -54,6 +56,7 @@ def test_one_trial_study_trains_with_ddp_and_is_tracked(tmp_path, tiny_data):
     assert child.info.status == "FINISHED"
     assert [step for step, _, _ in mlflow_history(uri, child.info.run_id, "val/CIDEr")] == [1, 2, 3]
     assert [step for step, _, _ in mlflow_history(uri, child.info.run_id, "train/loss")] == [1, 2, 3]
+    _assert_compute_logged(uri, name, summary, device="cpu_s")
 
     # `a2 study status NAME` finds the study from its name alone and shows the trial with its epochs.
     status = a2("study", "status", name, cwd=tmp_path, env=local_env(), timeout=120)
@@ -67,6 +70,66 @@ def test_one_trial_study_trains_with_ddp_and_is_tracked(tmp_path, tiny_data):
     # Running the same study again is refused: it exists (resume it instead).
     again = a2("study", "run", str(study), cwd=tmp_path, env=local_env(), timeout=120)
     assert again.returncode == 2 and "a2 study resume" in again.stdout
+
+
+def _assert_compute_logged(uri: str, name: str, summary: dict, device: str) -> None:
+    """Every trial's run has cumulative `compute/wall_s` and `compute/<device>` per epoch whose last value is the
+    trial's total in summary.json; the parent run has the study's totals, their sums."""
+    runs = mlflow_trials(uri, name)
+    for trial in summary["trials"]:
+        run_id = runs[trial["trial_id"]].info.run_id
+        for unit in ("wall_s", device):
+            history = mlflow_history(uri, run_id, f"compute/{unit}")
+            steps, values = [h[0] for h in history], [h[1] for h in history]
+            assert steps == trial["epochs_reported"], (unit, steps)
+            assert values == sorted(values) and values[0] > 0, (unit, values)  # cumulative
+            assert values[-1] == pytest.approx(trial["compute"][unit])
+    totals = summary["compute"]
+    for unit in ("wall_s", device):
+        assert totals[f"total_{unit}"] == pytest.approx(sum(t["compute"][unit] for t in summary["trials"]))
+    parent, _ = study_runs(uri, name)
+    logged = parent.data.metrics
+    assert {k: logged[f"compute/{k}"] for k in totals} == pytest.approx(totals)
+
+
+def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data):
+    """Two one-worker trials: no Ray Train run, the checkpoints in the study's trials folder (best and latest
+    kept), the compute in MLflow, summary.json and `status`, with the cost from `resources.price_per_hour`."""
+    name = "ray-local"
+    study = tiny_study(tmp_path, name, tiny_data, fusions=("none", "max"), seeds=(0,), epochs=4, workers=1,
+                       cpus_per_worker=1, extra={"resources.price_per_hour": 3.6, "search.scheduler": {"fifo": {}}})
+    run = a2("study", "run", str(study), cwd=tmp_path, env=local_env())
+    out = run.stdout
+    assert run.returncode == 0, out[-6000:]
+    assert "world_size=2" not in out
+
+    summary = json.loads((tmp_path / "studies" / name / "summary.json").read_text())
+    assert summary["complete"] and len(summary["trials"]) == 2
+    folders = trial_runs(tmp_path / "studies", name)
+    assert set(folders) == {t["trial_id"] for t in summary["trials"]}
+    for trial in summary["trials"]:
+        files = {p.name for p in folders[trial["trial_id"]].iterdir()}
+        assert "checkpoint_manager_snapshot.json" not in files  # no Ray Train run
+        assert trial["state"] == "TERMINATED" and trial["epochs_reported"] == [1, 2, 3, 4]
+        # The latest checkpoint and the best two by val/CIDEr (num_to_keep) are kept, each complete.
+        kept = sorted(int(f[len("checkpoint_epoch"):]) for f in files if f.startswith("checkpoint_epoch"))
+        assert 4 in kept and trial["best_checkpoint_epoch"] in kept and 2 <= len(kept) <= 3, kept
+        for epoch in kept:
+            assert (folders[trial["trial_id"]] / f"checkpoint_epoch{epoch:04d}" / "checkpoint.pt").is_file()
+    assert Path(summary["best"]["checkpoint"]).is_file()
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for trial_id, child in mlflow_trials(uri, name).items():
+        assert child.info.status == "FINISHED"
+        assert [step for step, _, _ in mlflow_history(uri, child.info.run_id, "val/CIDEr")] == [1, 2, 3, 4]
+    _assert_compute_logged(uri, name, summary, device="cpu_s")
+    totals = summary["compute"]
+    assert totals["stopped_wall_s"] == 0 and totals["saved_cpu_s"] == 0  # nothing was stopped early (FIFO)
+    assert totals["total_cost"] == pytest.approx(3.6 * totals["total_wall_s"] / 3600)
+
+    status = a2("study", "status", name, cwd=tmp_path, env=local_env(), timeout=120)
+    assert status.returncode == 0, status.stdout
+    assert f"compute: {totals['total_wall_s']:.0f} s wall, {totals['total_cpu_s']:.0f} CPU-s" in status.stdout
 
 
 def test_invalid_study_fails_before_ray_starts(tmp_path, tiny_data):

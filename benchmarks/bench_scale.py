@@ -1,0 +1,213 @@
+"""Orchestration at scale, simulated: what the study driver costs per trial as a study grows.
+
+    python benchmarks/bench_scale.py                       # 64, 128 and 256 trials
+    python benchmarks/bench_scale.py --sizes 64 128 --concurrency 8 --epochs 3 --epoch-s 0.3
+
+Each size is one study run by `launch.study.run_study` (the real Tuner, MLflow callback, result logs,
+checkpoint folders, summary) on a loopback Ray cluster of several nodes (`tests.raycluster.LocalCluster`: a head
+and three worker nodes), with its trials' training replaced by a stand-in that sleeps `--epoch-s` per epoch and
+reports a tiny checkpoint each epoch: it measures orchestration, not training. One-worker trials, so each trial
+is `launch.trainable.a2_local_trial`. Per size it prints:
+
+- driver overhead per trial: (study wall time - the ideal makespan, ceil(trials / concurrency) x a trial's
+  sleeping) / trials. The target is flat as trials grow, <= 0.5 s;
+- MLflow: metric values logged per second of the study, and the driver's seconds in MLflow calls per trial;
+- storage operations per trial, counted in the trials: `dashboards.storage.Location` lookups, reads, writes,
+  listings and downloads, plus checkpoint files written (Tune's own experiment-state syncing is not counted).
+
+Run it alone on the machine (it starts Ray): `flock /tmp/a2-ray.lock python benchmarks/bench_scale.py`.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+FUSIONS = ("none", "max", "moving_average", "gate")  # x seeds = the study's trials (a grid search)
+COUNTED = ("exists", "read_text", "write_text", "listdir", "download")  # Location methods that hit storage
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256], help="trials per study (x4)")
+    p.add_argument("--concurrency", type=int, default=8, help="trials at once (the cluster has as many CPUs)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epoch-s", type=float, default=0.3, help="seconds a stand-in epoch sleeps")
+    return p.parse_args(argv)
+
+
+# -- in the trials (these functions travel to the Ray workers by value) ------------------------------------------
+def stand_in_train(config, report, *, output_dir=None, resume_from=None):
+    """`a2core.train.train`'s contract at no cost: an epoch sleeps, then reports a tiny checkpoint."""
+    import random
+    import shutil
+    import tempfile as tf
+
+    epochs, epoch_s = config["bench"]["epochs"], config["bench"]["epoch_s"]
+    rng = random.Random(config["train"]["seed"])
+    history = []
+    for epoch in range(1, epochs + 1):
+        time.sleep(epoch_s)
+        metrics = {"epoch": epoch, "step": epoch * 10, "stage": "xe", "train/loss": 5.0 / epoch,
+                   "val/CIDEr": 50 + 10 * epoch + rng.random(), "time/epoch_s": epoch_s}
+        history.append(metrics)
+        folder = Path(tf.mkdtemp(prefix="a2-bench-ckpt-"))
+        (folder / "checkpoint.pt").write_bytes(b"\0" * 4096)
+        (folder / "history.json").write_text(json.dumps(history))
+        report(metrics, str(folder))
+        shutil.rmtree(folder, ignore_errors=True)
+    return {}
+
+
+def counted_trial(config, plan, ops_dir: str):
+    """`a2_local_trial` with `stand_in_train` for training, counting the trial's storage operations."""
+    import collections
+
+    import a2core.train
+    import ray.tune
+
+    from dashboards.storage import Location
+    from launch import trainable
+
+    counts = collections.Counter()
+    originals = {name: getattr(Location, name) for name in COUNTED}
+    original_save = trainable.LocalCheckpoints.save
+
+    def counting(name):
+        def call(self, *args, **kwargs):
+            counts[name] += 1
+            return originals[name](self, *args, **kwargs)
+        return call
+
+    def save(self, source, epoch):
+        counts["checkpoint files"] += len(list(Path(source).iterdir()))
+        return original_save(self, source, epoch)
+
+    a2core.train.train = stand_in_train
+    for name in COUNTED:
+        setattr(Location, name, counting(name))
+    trainable.LocalCheckpoints.save = save
+    try:
+        trainable.a2_local_trial(config, plan)
+    finally:
+        for name, method in originals.items():
+            setattr(Location, name, method)
+        trainable.LocalCheckpoints.save = original_save
+        trial_id = ray.tune.get_context().get_trial_id()
+        (Path(ops_dir) / f"{trial_id}.json").write_text(json.dumps(counts))
+
+
+def with_bench_keys(resolve, bench: dict, sampled: dict) -> dict:
+    """A trial's config with the stand-in's epochs and epoch length."""
+    return {**resolve(sampled), "bench": bench}
+
+
+# -- the driver --------------------------------------------------------------------------------------------------
+def run_size(trials: int, args, cluster, data: Path, work: Path) -> dict:
+    from ray import tune
+
+    from dashboards import tracking
+    from launch import study as study_mod
+    from launch import trainable
+    from launch.spec import load_study
+    from tests.raycluster import tiny_study
+
+    name = f"scale-{trials}"
+    seeds = tuple(range(math.ceil(trials / len(FUSIONS))))
+    path = tiny_study(work, name, data, fusions=FUSIONS, seeds=seeds, epochs=args.epochs, workers=1,
+                      cpus_per_worker=1, max_concurrent=args.concurrency,
+                      extra={"search.scheduler": {"fifo": {}}})
+    spec = load_study(path)
+    resolve = spec.trial_config
+    bench = {"epochs": args.epochs, "epoch_s": args.epoch_s}
+    spec.trial_config = functools.partial(with_bench_keys, resolve, bench)  # picklable: Tune saves it
+    ops_dir = work / f"ops-{trials}"
+    ops_dir.mkdir()
+
+    def make_trainable(plan, **_):
+        bound = tune.with_parameters(counted_trial, plan=plan, ops_dir=str(ops_dir))
+        return tune.with_resources(bound, plan.worker_resource_request())
+
+    logged = {"values": 0, "seconds": 0.0}
+    log_metrics = tracking.StudyTracker.log_metrics
+
+    def timed_log_metrics(self, run_id, metrics, step):
+        t0 = time.perf_counter()
+        try:
+            out = log_metrics(self, run_id, metrics, step)
+        finally:
+            logged["seconds"] += time.perf_counter() - t0
+        logged["values"] += len(out)
+        return out
+
+    saved_make = trainable.make_trainable
+    trainable.make_trainable = make_trainable
+    tracking.StudyTracker.log_metrics = timed_log_metrics
+    try:
+        t0 = time.monotonic()
+        summary = study_mod.run_study(spec, address=cluster.address, verbose=False)
+        wall = time.monotonic() - t0
+    finally:
+        trainable.make_trainable = saved_make
+        tracking.StudyTracker.log_metrics = log_metrics
+    if summary["trials_finished"] != trials:
+        raise SystemExit(f"bench_scale: {summary['trials_finished']}/{trials} trials finished")
+    ops = [sum(json.loads(p.read_text()).values()) for p in ops_dir.glob("*.json")]
+    ideal = math.ceil(trials / args.concurrency) * args.epochs * args.epoch_s
+    return {"trials": trials, "wall_s": wall, "ideal_s": ideal, "overhead_per_trial_s": (wall - ideal) / trials,
+            "mlflow_values_per_s": logged["values"] / wall, "mlflow_s_per_trial": logged["seconds"] / trials,
+            "storage_ops_per_trial": sum(ops) / max(1, len(ops))}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # A `timeout` or Ctrl-C still stops the cluster's nodes (each in its own process group) on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    from a2core.data.synthetic import ensure
+    from tests.raycluster import DATA_IMAGES, LocalCluster
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    work = Path(tempfile.mkdtemp(prefix="a2-bench-scale-"))
+    data = work / "data"
+    ensure(data, seed=0, images=DATA_IMAGES)
+    per_node = math.ceil(args.concurrency / 4)
+    rows = []
+    with LocalCluster(num_cpus=per_node) as cluster:  # the study driver itself holds no CPU of the cluster
+        for i in range(3):
+            cluster.add_node(num_cpus=per_node, name=f"worker-{i}")
+        cluster.wait_for_nodes(4)
+        os.environ.update(cluster.env())
+        for size in args.sizes:
+            (work / str(size)).mkdir()
+            rows.append(run_size(size, args, cluster, data, work / str(size)))
+            r = rows[-1]
+            print(f"{size:5d} trials: wall {r['wall_s']:7.1f} s (ideal {r['ideal_s']:.1f} s), overhead "
+                  f"{r['overhead_per_trial_s']:.2f} s/trial, MLflow {r['mlflow_values_per_s']:.0f} values/s "
+                  f"({r['mlflow_s_per_trial']:.2f} s/trial), storage {r['storage_ops_per_trial']:.0f} ops/trial",
+                  flush=True)
+        import ray
+
+        ray.shutdown()
+    first, last = rows[0], rows[-1]
+    growth = last["overhead_per_trial_s"] / max(first["overhead_per_trial_s"], 1e-9)
+    thousand = 1000 * last["overhead_per_trial_s"]
+    print(f"SUMMARY bench_scale: overhead per trial {first['overhead_per_trial_s']:.2f}s at {first['trials']} "
+          f"trials, {last['overhead_per_trial_s']:.2f}s at {last['trials']} (x{growth:.2f}); 1,000 trials at that "
+          f"rate: {thousand / 60:.1f} min of driver time; storage {last['storage_ops_per_trial']:.0f} ops/trial "
+          f"({args.epochs} epochs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Compute accounting without Ray: a trial's cumulative compute across restarts, the study's totals (stopped,
+saved, cost), the one-worker trial's checkpoint folders, and the `resources.price_per_hour` key."""
+from __future__ import annotations
+
+import pytest
+
+from a2core.errors import ConfigError
+from dashboards.storage import open_location
+from launch.study import compute_line, compute_totals, trial_compute
+from launch.trainable import ComputeMeter, LocalCheckpoints
+
+
+class _Spec:
+    def __init__(self, price=None):
+        self.resources = {} if price is None else {"price_per_hour": price}
+
+
+def _row(state, done, planned, wall, cpu):
+    return {"state": state, "epochs_done": done, "epochs_planned": planned,
+            "compute": {"wall_s": wall, "cpu_s": cpu}}
+
+
+def test_totals_count_stopped_trials_and_what_stopping_saved():
+    rows = [_row("TERMINATED", 8, 8, 80.0, 160.0),  # ran to the end
+            _row("TERMINATED", 2, 8, 30.0, 40.0),  # stopped at 2 of 8: 6 epochs of 15 s / 20 CPU-s saved
+            _row("ERROR", 1, 8, 12.0, 10.0)]  # failed: spent, but not stopped by the scheduler
+    totals = compute_totals(_Spec(price=3.6), rows)
+    assert totals["total_wall_s"] == pytest.approx(122.0) and totals["total_cpu_s"] == pytest.approx(210.0)
+    assert totals["stopped_wall_s"] == pytest.approx(30.0) and totals["stopped_cpu_s"] == pytest.approx(40.0)
+    assert totals["saved_wall_s"] == pytest.approx(90.0) and totals["saved_cpu_s"] == pytest.approx(120.0)
+    assert totals["total_cost"] == pytest.approx(3.6 * 122 / 3600)
+    assert totals["saved_cost"] == pytest.approx(3.6 * 90 / 3600)
+    assert compute_line(totals).startswith("compute: 122 s wall, 210 CPU-s, cost 0.12; on early-stopped trials 30 s")
+    assert not any(k.endswith("_cost") for k in compute_totals(_Spec(), rows))  # no price: no cost at all
+    assert compute_line({}) == "compute: not recorded"
+
+
+def test_trial_compute_is_the_largest_cumulative_value():
+    history = [{"epoch": 1, "compute/wall_s": 5.0, "compute/gpu_s": 20.0},
+               {"epoch": 2, "compute/wall_s": 9.0, "compute/gpu_s": 36.0}, {"epoch": 3}]
+    assert trial_compute(history) == {"wall_s": 9.0, "gpu_s": 36.0}
+
+
+def test_meter_continues_from_earlier_attempts_and_worker_group_restarts():
+    meter = ComputeMeter([{"epoch": 1, "compute/wall_s": 10.0, "compute/cpu_s": 30.0}], gpus=0)
+    a, b, c = {}, {}, {}
+    meter.stamp(a, 4.0)
+    meter.stamp(b, 9.0)
+    meter.stamp(c, 2.0)  # a new worker group counts from 0 again: its 2 s come on top of the 9 s before
+    assert [x["compute/cpu_s"] for x in (a, b, c)] == pytest.approx([34.0, 39.0, 41.0])
+    assert 10.0 <= a["compute/wall_s"] <= b["compute/wall_s"] <= c["compute/wall_s"]
+    on_gpu = ComputeMeter([], gpus=4)
+    item = {}
+    on_gpu.stamp(item, 123.0)  # CPU seconds do not count on GPU
+    assert set(item) == {"compute/wall_s", "compute/gpu_s"}
+    assert item["compute/gpu_s"] == pytest.approx(4 * item["compute/wall_s"])
+
+
+def test_local_checkpoints_keep_the_best_and_the_latest(tmp_path):
+    run = open_location(tmp_path / "run")
+    store = LocalCheckpoints(run, "val/CIDEr", "max", num_to_keep=2)
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "checkpoint.pt").write_bytes(b"weights")
+    (source / "history.json").write_text("[]")
+    values = {1: 5.0, 2: 9.0, 3: 7.0, 4: 1.0}
+    for epoch in values:
+        assert store.save(str(source), epoch) == str(tmp_path / "run" / f"checkpoint_epoch{epoch:04d}")
+        store.prune({e: v for e, v in values.items() if e <= epoch})
+    assert store.complete_epochs() == [2, 3, 4]  # best two (9, 7) and the latest
+    (tmp_path / "run" / "checkpoint_epoch0005").mkdir()  # a folder without its checkpoint.pt is not complete
+    assert store.complete_epochs() == [2, 3, 4]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "checkpoint_epoch0002", "checkpoint_epoch0003", "checkpoint_epoch0004", "checkpoint_epoch0005"]
+
+
+def test_price_per_hour_is_absent_unless_given(tmp_path):
+    from launch.spec import StudySpec
+
+    base = {"name": "p", "data": {"kind": "synthetic", "root": str(tmp_path / "d"), "images": 40},
+            "search": {"space": {"fusion": {"grid": ["max"]}}}}
+    assert "price_per_hour" not in StudySpec.from_dict(base).resources
+    priced = StudySpec.from_dict({**base, "resources": {"price_per_hour": 2}})
+    assert priced.resources["price_per_hour"] == 2.0
+    assert "price_per_hour" in priced.to_dict()["resources"]
+    with pytest.raises(ConfigError, match="resources.price_per_hour"):
+        StudySpec.from_dict({**base, "resources": {"price_per_hour": -1}})
