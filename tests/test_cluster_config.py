@@ -89,11 +89,9 @@ def test_repository_and_studies_are_mounted_and_installed(prepared):
 def test_paper_studies_fit_the_cluster(prepared, tmp_path):
     """Each GPU study's trial fits on one worker node type of this cluster."""
     from launch.spec import load_study
+    from tests.test_spec import coco_files
 
-    for name in ("dataset_coco.json", "features.h5", "image_info_test2014.json"):
-        (tmp_path / name).write_text("{}")
-    data = [f"data.captions={tmp_path / 'dataset_coco.json'}", f"data.features={tmp_path / 'features.h5'}",
-            f"data.test_images={tmp_path / 'image_info_test2014.json'}"]
+    data = coco_files(tmp_path)
     (worker,) = gpu_types(prepared).values()
     for study in ("lambda_sweep", "fusion_ablation", "seeds"):
         spec = load_study(ROOT / "studies" / f"{study}.yaml", data, cluster_resources=worker["resources"])
