@@ -6,6 +6,8 @@ import copy
 from pathlib import Path
 
 import pytest
+
+from tests.test_spec import coco_files  # noqa: F401 - fixture
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,12 +88,11 @@ def test_repository_and_studies_are_mounted_and_installed(prepared):
     assert any("ray start --address=$RAY_HEAD_IP:6379" in c for c in prepared["worker_start_ray_commands"])
 
 
-def test_paper_studies_fit_the_cluster(prepared, tmp_path):
+def test_paper_studies_fit_the_cluster(prepared, coco_files):
     """Each GPU study's trial fits on one worker node type of this cluster."""
     from launch.spec import load_study
-    from tests.test_spec import coco_files
 
-    data = coco_files(tmp_path)
+    data = coco_files
     (worker,) = gpu_types(prepared).values()
     for study in ("lambda_sweep", "fusion_ablation", "seeds"):
         spec = load_study(ROOT / "studies" / f"{study}.yaml", data, cluster_resources=worker["resources"])
