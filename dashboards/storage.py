@@ -7,7 +7,7 @@
 
 Files are read, listed and written through pyarrow's filesystems: Ray Train and Tune take exactly these as
 `storage_filesystem`, so studies, trial checkpoints, result logs and packages all go through one library. Each S3
-request is retried with backoff (`s3_filesystem`, $A2_S3_MAX_ATTEMPTS); `check_storage` finds a missing bucket,
+request is retried with backoff (`s3_filesystem`); `check_storage` finds a missing bucket,
 an unreachable endpoint or refused credentials in seconds, before a study starts anything. Credentials come from
 the AWS SDK's default chain (environment, AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE, instance role).
 Artifacts that are published (submissions, leaderboards) go through `upload_file`: boto3's managed transfer
@@ -76,9 +76,8 @@ def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
 
 # -- S3 through pyarrow, with retries -----------------------------------------------------------------------------
 # Every S3 request (Tune's experiment state, Train's checkpoints, result logs) is retried by the AWS SDK's standard
-# strategy: exponential backoff with jitter, up to `max_attempts` tries, on connection errors, 5xx and throttling.
-# The default rides out about a minute of S3 trouble; past that the request fails and the study stops cleanly.
-S3_MAX_ATTEMPTS = int(os.environ.get("A2_S3_MAX_ATTEMPTS", "12"))
+# strategy: exponential backoff with jitter, 3 tries, on connection errors, 5xx and throttling.
+# Past its attempts the request fails and the study stops cleanly.
 S3_CONNECT_TIMEOUT_S = 5.0
 S3_REQUEST_TIMEOUT_S = 60.0
 
@@ -87,12 +86,12 @@ def _region() -> str | None:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
 
 
-def s3_filesystem(bucket: str, endpoint_url: str | None = None, *,
-                  max_attempts: int = S3_MAX_ATTEMPTS) -> pafs.S3FileSystem:
+def s3_filesystem(bucket: str, endpoint_url: str | None = None) -> pafs.S3FileSystem:
     """A pyarrow S3 filesystem for `bucket` at `endpoint_url` (else the ENDPOINT_ENV_VARS, else AWS). Credentials
     come from the AWS SDK's default chain: environment, AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE, instance role."""
-    options: dict = dict(retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=max_attempts),
-                         connect_timeout=S3_CONNECT_TIMEOUT_S, request_timeout=S3_REQUEST_TIMEOUT_S)
+    # pyarrow's own retry strategy (the AWS SDK's standard one, 3 attempts): passing a strategy object from Python
+    # deadlocked requests to an S3 server in the same process (moto in the tests), so none is passed.
+    options: dict = dict(connect_timeout=S3_CONNECT_TIMEOUT_S, request_timeout=S3_REQUEST_TIMEOUT_S)
     endpoint = resolve_endpoint_url(endpoint_url)
     if endpoint is None:
         try:
@@ -113,7 +112,7 @@ def check_storage(uri: str, endpoint_url: str | None = None) -> None:
     bucket, _ = parse_s3_uri(str(uri))
     where = f"s3://{bucket} at {resolve_endpoint_url(endpoint_url) or 'AWS'}"
     try:  # HeadBucket, tried twice: an endpoint that does not answer fails in seconds, not after the full retries
-        info = s3_filesystem(bucket, endpoint_url, max_attempts=2).get_file_info(bucket)
+        info = s3_filesystem(bucket, endpoint_url).get_file_info(bucket)
     except OSError as err:
         raise StorageError(f"storage {where}: cannot reach the bucket ({err}); check the endpoint "
                            f"(storage_endpoint_url / $AWS_ENDPOINT_URL) and the credentials") from err

@@ -330,7 +330,7 @@ def _resume(spec, location: StudyLocation, address: str | None, verbose: bool, c
 
 def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
     """Run the trials, then write and print the summary. Storage that stays unreachable past the S3 retries
-    (dashboards.storage.S3_MAX_ATTEMPTS) stops the study cleanly: the trials as this driver last saw them, and how
+    (dashboards.storage.s3_filesystem) stops the study cleanly: the trials as this driver last saw them, and how
     to continue; everything saved before the outage stays, and `a2 study resume` goes on from there."""
     from a2core.errors import StorageError
 

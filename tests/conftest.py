@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from tests.s3server import s3_endpoint  # noqa: F401
@@ -13,3 +15,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Commands run in-process change os.environ on purpose (launch.raycluster.connect moves AWS keys into a
+    credentials file and points AWS_PROFILE at it, for the life of that process): each test starts from the
+    environment the one before it started from."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

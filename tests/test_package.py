@@ -181,14 +181,15 @@ def test_no_train_refuses_naming_the_missing_seeds(study, tmp_path, capsys):
 
     out = tmp_path / "out"
     out.mkdir()
-    (out / "results.zip").write_bytes(b"stale")  # a stale zip must not survive the refusal
+    (out / "results.zip").write_bytes(b"earlier")  # an earlier package: never overwritten, never removed
     rc = main(["package", NAME, "--storage", str(study["storage"]), "--no-train", "--out", str(out),
                "--seeds", "0", "1", "2", "3", "--workers", "0"])
     err = capsys.readouterr().err
     assert rc == 2
     assert "seed(s) 3" in err and "--no-train" in err
     assert "seed 0: trial fixt0_00000" in err  # says what it found, too
-    assert not (out / "results.zip").exists()
+    assert (out / "results.zip").read_bytes() == b"earlier"
+    assert not (tmp_path / "out-2" / "results.zip").exists()  # the refused run wrote no package anywhere
     assert not (study["storage"] / NAME / "seed_studies.json").exists()  # nothing was trained
 
 

@@ -44,9 +44,11 @@ SCST_DATA_SEED = 3
 def test_scst_raises_val_cider_over_the_xe_checkpoint_it_starts_from(tmp_path):
     """Stage 1 (XE) to a reasonable score, then stage 2 from the best XE checkpoint (this run's best.pt).
 
-    Sizes: 1000 images (800 train, 100 val: fewer val images make the score swing by +-0.15 between neighbouring
-    checkpoints, more than SCST gains here), d_model 64, 2 layers. XE runs 9 epochs (288 steps; the CIDEr of
-    the synthetic set rises once the model starts grounding object words, at a loss near 1.0).
+    Sizes: 1000 images (800 train, 100 val: fewer val images make the score swing by +-15 CIDEr between
+    neighbouring checkpoints, more than SCST gains here), d_model 64, 2 layers. XE runs 5 epochs (160 steps): on
+    the synthetic set XE passes the best constant caption by epoch 4 and is still far from its ceiling, so
+    stage 2 has room to show its gain (after 9 XE epochs the model is near 200 and SCST's 64 steps move it by
+    less than the val noise).
     scst_lr is 3e-5, not the paper's 5e-6: stage 2 has 64 steps here, not tens of thousands, and at 5e-6 Adam
     moves no weight by more than ~3e-4 in 64 steps; at 1e-4 the sampled reward still rises but val CIDEr falls
     (the 800 training images get over-fitted)."""
@@ -55,7 +57,7 @@ def test_scst_raises_val_cider_over_the_xe_checkpoint_it_starts_from(tmp_path):
     cfg = Config.from_dict({
         "data": {"root": str(root), "images": 1000, "seed": SCST_DATA_SEED},
         "model": {"d_model": 64, "layers": 2, "heads": 4, "d_ff": 128, "max_regions": 10, "fusion": "gate"},
-        "train": {"seed": 0, "xe_epochs": 9, "scst_epochs": 2, "batch_size": 25, "lr_factor": 0.2, "warmup": 150,
+        "train": {"seed": 0, "xe_epochs": 5, "scst_epochs": 2, "batch_size": 25, "lr_factor": 0.2, "warmup": 150,
                   "scst_lr": 3e-5, "scst_samples": 5, "scst_baseline": "mean", "val_decode": "greedy",
                   "log_every": 1000},
     })
@@ -67,7 +69,7 @@ def test_scst_raises_val_cider_over_the_xe_checkpoint_it_starts_from(tmp_path):
 
     result = train(cfg, report, output_dir=tmp_path / "run")
     history = result["history"]
-    assert [h["stage"] for h in history] == ["xe"] * 9 + ["scst"] * 2
+    assert [h["stage"] for h in history] == ["xe"] * 5 + ["scst"] * 2
     xe = [h["val/CIDEr"] for h in history if h["stage"] == "xe"]
     scst = [h["val/CIDEr"] for h in history if h["stage"] == "scst"]
     xe_best = max(xe)
