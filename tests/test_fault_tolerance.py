@@ -73,7 +73,7 @@ def _assert_epochs_once(uri: str, study: str, trial_id: str, after_ms: int, resu
     assert steps == list(range(1, EPOCHS + 1)), f"epochs logged {steps}: an epoch was trained twice or lost"
     # What was trained after the failure: exactly the epochs after the last registered checkpoint (results of
     # epochs up to it may still have been on their way to MLflow when the kill happened).
-    later = [step for step, _, ts in history if ts > after_ms]
+    later = sorted(step for step, _, ts in history if ts > after_ms)
     assert [step for step in later if step > resumed_from] == list(range(resumed_from + 1, EPOCHS + 1)), (
         later, resumed_from)
 
