@@ -123,12 +123,6 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
     return feats.astype(np.float16), caps, grounds
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: int | None = None) -> dict[str, Path]:
     """Write the dataset into `out` (created; replaced atomically if it exists) and return the file paths."""
     out = Path(out).resolve()
