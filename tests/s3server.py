@@ -69,9 +69,11 @@ def s3_client(endpoint: str):
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key="testing",
-                        config=Config(s3={"addressing_style": "path"}))
+    # A session of its own: boto3's default session caches the profiles it read first, and a command run in-process
+    # may since have pointed AWS_PROFILE at its credentials file (launch.raycluster.stash_credentials).
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                                          aws_access_key_id="testing", aws_secret_access_key="testing",
+                                          config=Config(s3={"addressing_style": "path"}))
 
 
 def make_bucket(endpoint: str, name: str) -> str:
