@@ -103,7 +103,7 @@ class Section(BaseModel):
         keys = [field.alias or name for name, field in cls.model_fields.items()]
         unknown = [key for key in raw if key not in keys and key not in cls.model_fields]
         if unknown:
-            raise ConfigError(str(unknown[0]), f"unknown key; known keys here: {', '.join(sorted(keys))}")
+            raise ConfigError(str(unknown[0]), f"unknown key; known keys here: {', '.join(keys) or 'none'}")
         return raw
 
 

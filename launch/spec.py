@@ -166,34 +166,25 @@ class Asha(Section):
     min_gap_se: Real = Field(2.0, ge=0)
 
 
-class Fifo(Section):
-    pass
-
-
 class Scheduler(Section):
-    asha: Asha | None = None
-    fifo: Fifo | None = None
+    """Exactly one of these, by name: `{asha: {grace_period: 2}}`, `{fifo: {}}`; `asha: null` takes its defaults."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys(cls, raw: Any) -> Any:
-        """Exactly one scheduler, by name (`{asha: {grace_period: 2}}`); `asha: null` takes its defaults."""
-        if not isinstance(raw, dict) or len(raw) != 1:
-            got = ", ".join(map(str, raw)) if isinstance(raw, dict) else repr(raw)
-            raise ConfigError("", f"must name exactly one scheduler of {', '.join(cls.model_fields)}, got "
-                                  f"{got or 'none'}")
-        ((kind, options),) = raw.items()
-        if kind not in cls.model_fields:
-            raise ConfigError(str(kind), f"unknown scheduler; one of {', '.join(cls.model_fields)}")
-        return {kind: options or {}}
+    asha: Asha = None
+    fifo: Section = None  # no options
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Scheduler:
+        if len(self.model_fields_set) != 1:
+            raise ConfigError("", f"must name exactly one scheduler of {', '.join(type(self).model_fields)}, got "
+                                  f"{', '.join(sorted(self.model_fields_set)) or 'none'}")
+        return self
 
     def to_dict(self) -> dict:
-        (kind,) = [name for name in type(self).model_fields if getattr(self, name) is not None]
-        return {kind: getattr(self, kind).model_dump()}
+        return {kind: getattr(self, kind).model_dump() for kind in self.model_fields_set}
 
 
 def _seeds(value: Any) -> Any:
-    """`replicates: N` means seeds 0 .. N-1."""
+    """`replicates: N` means seeds 0 .. N-1; a list names them."""
     if isinstance(value, list):
         if not value:
             raise ValueError("a list of seeds must not be empty")
@@ -222,7 +213,7 @@ class Search(Section):
     # Every configuration runs with seeds 0 .. N-1 (or those listed).
     replicates: Annotated[list[Annotated[Integer, Field(ge=0)]], BeforeValidator(_seeds),
                           AfterValidator(_distinct)] | None = None
-    scheduler: Scheduler = Field(default_factory=lambda: Scheduler(fifo=Fifo()))
+    scheduler: Scheduler = Field(default_factory=lambda: Scheduler(fifo={}))
 
 
 class Resources(Section):
@@ -860,10 +851,9 @@ class _Loader:
                                              "study and shown); give it by reference: ~/.pgpass or $PGPASSFILE for "
                                              "a database, $MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials for "
                                              "an MLflow server")
-        scheme = uri.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*:", uri) else None
-        if scheme and "+" in scheme:  # e.g. postgresql+psycopg2
-            scheme = scheme.split("+", 1)[0]
-        if scheme is None or len(scheme) == 1:  # a plain path (or a Windows drive letter): a file store
+        scheme = uri.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*:", uri) else ""
+        scheme = scheme.split("+", 1)[0]  # postgresql+psycopg2 -> postgresql
+        if len(scheme) <= 1:  # a plain path (or a Windows drive letter): a file store
             uri = os.path.abspath(os.path.expanduser(uri))
         elif scheme not in _MLFLOW_SCHEMES:
             self.fail("tracking.mlflow_uri", f"unknown scheme {scheme!r} in {uri!r}; use sqlite:///, http(s)://, "

@@ -272,7 +272,7 @@ BAD = [
     ("unknown mode", ["search.mode=maximize"], "search.mode", "'max' or 'min'"),
     ("unknown metric", ["search.metric=val/CIDEr-D"], "search.metric", "not reported"),
     ("unknown algorithm", ["search.algorithm=bayes"], "search.algorithm", "optuna"),
-    ("unknown scheduler", ["search.scheduler={hyperband: {}}"], "search.scheduler.hyperband", "unknown scheduler"),
+    ("unknown scheduler", ["search.scheduler={hyperband: {}}"], "search.scheduler.hyperband", "unknown key"),
     ("grace period beyond the epochs", ["search.scheduler.asha.grace_period=99"], "search.scheduler.asha.grace_period",
      "planned epochs"),
     ("point outside the range", ["search.points_to_evaluate=[{lambda: 0.5}]"], "search.points_to_evaluate[0].lambda",
