@@ -250,14 +250,18 @@ def _study_name(name: Any) -> str:
     return name
 
 
-Mapping = Annotated[dict, BeforeValidator(lambda value: {} if value is None else value)]
+def _mapping(value: Any) -> Any:
+    return {} if value is None else value
+
+
+RawSection = Annotated[dict, BeforeValidator(_mapping)]  # data / model / train as written: a Config once probed
 
 
 class StudyFile(Section):
     name: Annotated[str, BeforeValidator(_study_name)] = Field(None, validate_default=True)
-    data: Mapping = {}
-    model: Mapping = {}
-    train: Mapping = {}
+    data: RawSection = {}
+    model: RawSection = {}
+    train: RawSection = {}
     search: Search = Field(default_factory=Search)
     resources: Resources = Field(default_factory=Resources)
     tracking: Tracking = Field(default_factory=Tracking)
@@ -272,8 +276,11 @@ TOP_KEYS = tuple(StudyFile.model_fields)
 @lru_cache(maxsize=1)
 def config_schema() -> dict[str, type]:
     """`{"model.lambda": float, "train.seed": int, "data.root": str, ...}` (Optional[X] -> X, a Literal -> str)."""
-    return {f"{section}.{f.alias or name}": _value_type(f.annotation)
-            for section in SECTIONS for name, f in Config.model_fields[section].annotation.model_fields.items()}
+    out = {}
+    for section in SECTIONS:
+        for name, f in Config.model_fields[section].annotation.model_fields.items():
+            out[f"{section}.{f.alias or name}"] = _value_type(f.annotation)
+    return out
 
 
 def _value_type(annotation: Any) -> type:
