@@ -247,6 +247,8 @@ BAD = [
     ("unknown config key", ["model.dmodel=64"], "model.dmodel", "unknown key"),
     ("unknown resources key", ["resources.gpus=1"], "resources.gpus", "unknown key"),
     ("wrong type", ["train.batch_size=big"], "train.batch_size", "integer"),
+    ("a boolean for an integer", ["train.batch_size=true"], "train.batch_size", "must be an integer, got True"),
+    ("a boolean for a number", ["resources.cpus_per_worker=true"], "resources.cpus_per_worker", "must be a number"),
     ("lambda <= 0 in a range", ["search.space.lambda={uniform: [0, 0.1], when: {fusion: gate}}"],
      "search.space.lambda.uniform", "must be > 0"),
     ("loguniform low <= 0", ["search.space.lambda.loguniform=[-0.1, 0.2]"], "search.space.lambda.loguniform",
