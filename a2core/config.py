@@ -1,113 +1,218 @@
 """One schema for the `data`, `model` and `train` sections shared by `a2 train` and study files.
 
-A config is a tree of dataclasses built from plain dicts (YAML) by `Config.from_dict`, which rejects unknown
-keys, wrong types and out-of-range values with a `ConfigError` naming the key path. `to_dict` gives back a plain
-dict (what checkpoints and MLflow store). `apply_overrides` takes `key=value` strings (`model.lambda=0.05`).
+A config is a tree of pydantic models built from plain dicts (YAML) by `Config.from_dict`, which rejects unknown
+keys, wrong types and out-of-range values with a `ConfigError` naming the key path (`config_error` turns pydantic's
+errors into these). `to_dict` gives back a plain dict (what checkpoints and MLflow store). `apply_overrides` takes
+`key=value` strings (`model.lambda=0.05`).
 """
 from __future__ import annotations
 
-import dataclasses
+import copy
 import math
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
 
-FUSIONS = ("none", "max", "moving_average", "exp_decay", "gate")
 SEED_LIMIT = 2**32  # numpy's seed range: seeds are 0 .. 2^32 - 1
-MASK_NETS = ("content", "linear")
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-def _alias(name: str) -> dict:
-    """Field metadata: the key used in YAML when it differs from the Python name (e.g. `lambda`)."""
-    return {"key": name}
+# -- what YAML may give for each kind of key -------------------------------------------------------------------
+# Stricter than pydantic's own coercion: no "3" for an integer, no true for a number. An integral float is an
+# integer, and a number string is a float (YAML 1.1 reads "5e-6" as a string).
+def integer(value: Any) -> int:
+    """An int; an integral float (3.0) becomes one."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"must be an integer, got {value!r}")
 
 
-def check_seed(seed: int, path: str) -> None:
+def number(value: Any) -> int | float:
+    """A finite int or float, kept as given; a number string becomes a float."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _fits_a_float(value):
+        raise ValueError(f"must be a number, got {value!r}")
+    return value
+
+
+def _fits_a_float(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond the largest float
+        return False
+
+
+def _real(value: Any) -> float:
+    return float(number(value))
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string, got {value!r}")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return value
+
+
+def check_seed(seed: int, path: str = "") -> int:
     if not 0 <= seed < SEED_LIMIT:
         raise ConfigError(path, f"must be in 0 .. {SEED_LIMIT - 1}, got {seed}")
+    return seed
 
 
-@dataclass
-class DataConfig:
-    kind: str = "synthetic"  # synthetic | coco
+Integer = Annotated[int, BeforeValidator(integer)]
+Real = Annotated[float, BeforeValidator(_real)]
+Number = Annotated[int | float, BeforeValidator(number)]  # an int stays an int
+Text = Annotated[str, BeforeValidator(_text)]
+Flag = Annotated[bool, BeforeValidator(_flag)]
+Seed = Annotated[int, BeforeValidator(integer), AfterValidator(check_seed)]
+
+
+class Section(BaseModel):
+    """A mapping of known keys. `key: null` for a whole section reads as `{}`. Validators raise a `ConfigError`
+    whose path is relative to the section (`heads`); `config_error` puts the section's path in front."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, raw: Any) -> Any:
+        """Refuse a non-mapping or an unknown key naming the known ones (pydantic's message names neither)."""
+        if raw is None:
+            return {}
+        if isinstance(raw, BaseModel):
+            return raw
+        if not isinstance(raw, dict):
+            raise ConfigError("", f"must be a mapping, got {type(raw).__name__}")
+        keys = [field.alias or name for name, field in cls.model_fields.items()]
+        unknown = [key for key in raw if key not in keys and key not in cls.model_fields]
+        if unknown:
+            raise ConfigError(str(unknown[0]), f"unknown key; known keys here: {', '.join(keys) or 'none'}")
+        return raw
+
+
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
+def config_error(err: ValidationError, source: str | None = None) -> ConfigError:
+    """Pydantic's first error as a ConfigError naming the dotted key (`search.space.lambda.grid[1]`) and the file."""
+    first = err.errors()[0]
+    path = _dotted(first["loc"])
+    kind, ctx, value = first["type"], first.get("ctx", {}), first.get("input")
+    cause = ctx.get("error")
+    if isinstance(cause, ConfigError):
+        return ConfigError(_join(path, cause.path), cause.reason, source)
+    if isinstance(cause, Exception):
+        reason = str(cause)
+    elif kind in _BOUNDS:
+        reason = f"must be {_BOUNDS[kind]} {_fmt(next(iter(ctx.values())))}, got {_fmt(value)}"
+    elif kind == "literal_error":
+        name = first["loc"][-1] if first["loc"] and isinstance(first["loc"][-1], str) else "value"
+        reason = f"unknown {name} {value!r}: must be {ctx['expected']}"
+    elif kind == "extra_forbidden":
+        reason = "unknown key"
+    elif kind in ("dict_type", "list_type"):
+        reason = f"must be a {'mapping' if kind == 'dict_type' else 'list'}, got {type(value).__name__}"
+    else:
+        reason = first["msg"]
+    return ConfigError(path, reason, source)
+
+
+def _dotted(loc: tuple) -> str:
+    path = ""
+    for part in loc:
+        if part == "[key]":  # pydantic's marker for an error in a mapping's key, not its value
+            continue
+        path = _join(path, f"[{part}]" if isinstance(part, int) else str(part))
+    return path
+
+
+def _join(path: str, key: str) -> str:
+    if not path or not key:
+        return path or key
+    return path + key if key.startswith("[") else f"{path}.{key}"
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# -- the sections ------------------------------------------------------------------------------------------------
+class DataConfig(Section):
+    kind: Literal["synthetic", "coco"] = "synthetic"
     # kind=coco: Karpathy captions, region features (HDF5 file or .npz directory), test-server image list.
-    captions: str | None = None
-    features: str | None = None
-    test_images: str | None = None
+    captions: Text | None = None
+    features: Text | None = None
+    test_images: Text | None = None
     # kind=synthetic: generated into `root` (default: a per-user cache) from `seed` when absent.
-    root: str | None = None
-    seed: int = 0
-    images: int = 1500
-    vocab_min_count: int = 5
-    max_caption_len: int = 20
-    val_images: int | None = None  # cap on val images used for per-epoch validation (None = all)
+    root: Text | None = None
+    seed: Seed = 0
+    images: Integer = Field(1500, ge=20)
+    vocab_min_count: Integer = Field(5, ge=1)
+    max_caption_len: Integer = Field(20, ge=2)
+    val_images: Integer | None = Field(None, ge=1)  # cap on val images used for per-epoch validation (None = all)
 
-    def validate(self, path: str = "data") -> None:
-        if self.kind not in ("synthetic", "coco"):
-            raise ConfigError(f"{path}.kind", f"must be 'synthetic' or 'coco', got {self.kind!r}")
+    @model_validator(mode="after")
+    def _coco_files(self) -> DataConfig:
         if self.kind == "coco":
             for key in ("captions", "features"):
                 if not getattr(self, key):
-                    raise ConfigError(f"{path}.{key}", "required when kind is 'coco'")
-        if self.images < 20:
-            raise ConfigError(f"{path}.images", f"must be >= 20, got {self.images}")
-        check_seed(self.seed, f"{path}.seed")
-        if self.vocab_min_count < 1:
-            raise ConfigError(f"{path}.vocab_min_count", "must be >= 1")
-        if self.max_caption_len < 2:
-            raise ConfigError(f"{path}.max_caption_len", "must be >= 2")
-        if self.val_images is not None and self.val_images < 1:
-            raise ConfigError(f"{path}.val_images", "must be >= 1 when given")
+                    raise ConfigError(key, "required when kind is 'coco'")
+        return self
 
 
-@dataclass
-class ModelConfig:
-    d_model: int = 512
-    layers: int = 6
-    heads: int = 8
-    d_ff: int = 2048
-    dropout: float = 0.1
-    max_regions: int = 50
-    feature_dim: int = 2048
+Fusion = Literal["none", "max", "moving_average", "exp_decay", "gate"]
+FUSIONS = get_args(Fusion)
+MaskNet = Literal["content", "linear"]
+MASK_NETS = get_args(MaskNet)
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS = get_args(Precision)
+
+
+class ModelConfig(Section):
+    d_model: Integer = Field(512, ge=1)
+    layers: Integer = Field(6, ge=1)
+    heads: Integer = Field(8, ge=1)
+    d_ff: Integer = Field(2048, ge=1)
+    dropout: Real = Field(0.1, ge=0, lt=1)
+    max_regions: Integer = Field(50, ge=1)
+    feature_dim: Integer = Field(2048, ge=1)
     # A2 alignment (paper Eq. 2-10).
-    fusion: str = "gate"
-    mask_lambda: float = field(default=0.035, metadata=_alias("lambda"))
-    eta: float = 0.1
-    temperature: float | None = None  # T_P of exp_decay, in training steps
+    fusion: Fusion = "gate"
+    mask_lambda: Real = Field(0.035, gt=0, alias="lambda")
+    eta: Real = Field(0.1, ge=0)
+    temperature: Real | None = Field(None, gt=0)  # T_P of exp_decay, in training steps
     # Divide fused weights by their sum so each row is a distribution again (not in Eq. 6-9: a variant).
-    renormalize: bool = False
-    mask_net: str = "content"  # content (decoder state vs per-region mask keys) | linear (Eq. 2: one logit per slot)
-    mask_bias_init: float = 2.0  # sigmoid(2) = 0.88: the mask starts close to "keep everything"
+    renormalize: Flag = False
+    # content (decoder state vs per-region mask keys) | linear (Eq. 2: one logit per slot)
+    mask_net: MaskNet = "content"
+    mask_bias_init: Real = 2.0  # sigmoid(2) = 0.88: the mask starts close to "keep everything"
 
-    def validate(self, path: str = "model") -> None:
-        for key in ("d_model", "layers", "heads", "d_ff", "max_regions", "feature_dim"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
         if self.d_model % self.heads:
-            raise ConfigError(f"{path}.heads", f"d_model={self.d_model} is not divisible by heads={self.heads}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"{path}.dropout", f"must be in [0, 1), got {self.dropout}")
-        if self.fusion not in FUSIONS:
-            raise ConfigError(f"{path}.fusion", f"unknown fusion {self.fusion!r}; one of {', '.join(FUSIONS)}")
-        if self.mask_net not in MASK_NETS:
-            raise ConfigError(f"{path}.mask_net", f"must be one of {', '.join(MASK_NETS)}, got {self.mask_net!r}")
-        if not self.mask_lambda > 0:
-            raise ConfigError(f"{path}.lambda", f"must be > 0, got {self.mask_lambda}")
-        if self.eta < 0:
-            raise ConfigError(f"{path}.eta", f"must be >= 0, got {self.eta}")
-        if self.fusion == "exp_decay":
-            if self.temperature is None:
-                raise ConfigError(f"{path}.temperature", "required when fusion is 'exp_decay'")
-            if not self.temperature > 0:
-                raise ConfigError(f"{path}.temperature", f"must be > 0, got {self.temperature}")
-        elif self.temperature is not None:
-            raise ConfigError(f"{path}.temperature", f"only used by fusion 'exp_decay', not {self.fusion!r}")
+            raise ConfigError("heads", f"d_model={self.d_model} is not divisible by heads={self.heads}")
+        if self.fusion == "exp_decay" and self.temperature is None:
+            raise ConfigError("temperature", "required when fusion is 'exp_decay'")
+        if self.fusion != "exp_decay" and self.temperature is not None:
+            raise ConfigError("temperature", f"only used by fusion 'exp_decay', not {self.fusion!r}")
+        return self
 
 
 # Model keys (YAML names) that only some fusions use. ModelConfig keeps defaults for them, so plain-python users
@@ -129,107 +234,72 @@ def applicable_config(config: dict) -> dict:
     out = dict(config)
     model = out.get("model")
     if isinstance(model, dict):
-        drop = inapplicable_model_keys(model.get("fusion", ModelConfig.fusion))
+        drop = inapplicable_model_keys(model.get("fusion", ModelConfig.model_fields["fusion"].default))
         out["model"] = {k: v for k, v in model.items() if k not in drop}
     return out
 
 
-@dataclass
-class TrainConfig:
-    seed: int = 0
-    xe_epochs: int = 20
-    scst_epochs: int = 0
-    batch_size: int = 50  # images per step; each image brings its (up to) 5 captions
-    lr_factor: float = 1.0  # Noam: factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-    warmup: int = 10000
-    mask_lr: float = 1e-4  # Adam lr of the mask perturbation network (its own optimizer)
-    mask_every: int = 1  # a mask-network step after every N captioner steps
+class TrainConfig(Section):
+    seed: Seed = 0
+    xe_epochs: Integer = Field(20, ge=0)
+    scst_epochs: Integer = Field(0, ge=0)
+    batch_size: Integer = Field(50, ge=1)  # images per step; each image brings its (up to) 5 captions
+    lr_factor: Real = Field(1.0, gt=0)  # Noam: factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    warmup: Integer = Field(10000, ge=1)
+    mask_lr: Real = Field(1e-4, gt=0)  # Adam lr of the mask perturbation network (its own optimizer)
+    mask_every: Integer = Field(1, ge=1)  # a mask-network step after every N captioner steps
     # Captions per image the mask step uses (None = all, the paper's schedule); fewer make it cheaper. Which ones
     # rotates with the step, so every caption is used in turn.
-    mask_captions: int | None = None
-    precision: str = "fp32"  # fp32 | bf16 | fp16: autocast for training and decoding; fp16 adds loss scaling
-    grad_clip: float = 1.0
-    label_smoothing: float = 0.0
+    mask_captions: Integer | None = Field(None, ge=1)
+    precision: Precision = "fp32"  # autocast for training and decoding; fp16 adds loss scaling
+    grad_clip: Real = Field(1.0, ge=0)  # 0 = off
+    label_smoothing: Real = Field(0.0, ge=0, lt=1)
     # Validation after every epoch.
-    val_decode: str = "greedy"  # greedy | beam
-    val_meteor: bool = False  # METEOR needs a Java process per validation (~4 s); the final evaluation has it
-    beam_size: int = 5
-    max_len: int = 20
+    val_decode: Literal["greedy", "beam"] = "greedy"
+    val_meteor: Flag = False  # METEOR needs a Java process per validation (~4 s); the final evaluation has it
+    beam_size: Integer = Field(5, ge=1)
+    max_len: Integer = Field(20, ge=1)
     # SCST (stage 2).
-    scst_lr: float = 5e-6
-    scst_samples: int = 5
-    scst_baseline: str = "mean"  # mean (of the other samples) | greedy
-    scst_from: str | None = None  # an XE checkpoint to start stage 2 from (default: this run's best XE)
-    num_workers: int = 0  # DataLoader worker processes
-    log_every: int = 50
+    scst_lr: Real = Field(5e-6, gt=0)
+    scst_samples: Integer = Field(5, ge=1)
+    scst_baseline: Literal["mean", "greedy"] = "mean"  # mean (of the other samples) | greedy
+    scst_from: Text | None = None  # an XE checkpoint to start stage 2 from (default: this run's best XE)
+    num_workers: Integer = Field(0, ge=0)  # DataLoader worker processes
+    log_every: Integer = Field(50, ge=1)
     # Diagnostics (a2core.diagnostics: JSD, mask mean, Kendall tau, grounding) on a fixed val subset, reported
     # under diag/. On every `diag_every`-th epoch and always after the last; 0 = after the last epoch only.
     # Every epoch by default: a trial early stopping ends has them too, and they are cheap (smoke study, 1 thread:
     # 2.6 s against 77 s for a gate epoch with its validation, measured side by side; about 10% of a baseline one).
-    diag_every: int = 1
-    diag_images: int = 100  # the first N val images
-    diag_kendall_images: int = 10  # the first N of those for Kendall tau (one backward pass per caption word)
+    diag_every: Integer = Field(1, ge=0)
+    diag_images: Integer = Field(100, ge=1)  # the first N val images
+    diag_kendall_images: Integer = Field(10, ge=1)  # the first N of those for Kendall tau (one backward per word)
 
-    def validate(self, path: str = "train") -> None:
-        check_seed(self.seed, f"{path}.seed")
-        for key in ("batch_size", "warmup", "beam_size", "max_len", "scst_samples", "mask_every", "log_every"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
-        for key in ("diag_images", "diag_kendall_images"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
-        for key in ("xe_epochs", "scst_epochs", "num_workers", "diag_every"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"{path}.{key}", f"must be >= 0, got {getattr(self, key)}")
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
         if self.xe_epochs + self.scst_epochs < 1:
-            raise ConfigError(f"{path}.xe_epochs", "xe_epochs + scst_epochs must be >= 1")
-        for key in ("lr_factor", "mask_lr", "scst_lr"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"{path}.{key}", f"must be > 0, got {getattr(self, key)}")
-        if self.mask_captions is not None and self.mask_captions < 1:
-            raise ConfigError(f"{path}.mask_captions", f"must be >= 1 when given, got {self.mask_captions}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"{path}.precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.val_decode not in ("greedy", "beam"):
-            raise ConfigError(f"{path}.val_decode", f"must be 'greedy' or 'beam', got {self.val_decode!r}")
-        if self.scst_baseline not in ("mean", "greedy"):
-            raise ConfigError(f"{path}.scst_baseline", f"must be 'mean' or 'greedy', got {self.scst_baseline!r}")
+            raise ConfigError("xe_epochs", "xe_epochs + scst_epochs must be >= 1")
         if self.scst_baseline == "mean" and self.scst_samples < 2:
-            raise ConfigError(f"{path}.scst_samples", "the 'mean' baseline needs at least 2 samples")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"{path}.label_smoothing", "must be in [0, 1)")
-        if self.grad_clip < 0:
-            raise ConfigError(f"{path}.grad_clip", "must be >= 0 (0 = off)")
+            raise ConfigError("scst_samples", "the 'mean' baseline needs at least 2 samples")
+        return self
 
 
-@dataclass
-class Config:
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    output_dir: str = "runs/a2"  # checkpoints and logs of a plain `a2 train`
+class Config(Section):
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    output_dir: Text = "runs/a2"  # checkpoints and logs of a plain `a2 train`
 
-    # -- construction ------------------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, raw: dict | None, source: str | None = None) -> "Config":
+    def from_dict(cls, raw: dict | None, source: str | None = None) -> Config:
         try:
-            cfg = _build(cls, raw or {}, "")
-            cfg.validate()
-        except ConfigError as err:
-            if source and not err.source:
-                raise ConfigError(err.path, err.reason, source) from None
-            raise
-        return cfg
-
-    def validate(self) -> None:
-        self.data.validate("data")
-        self.model.validate("model")
-        self.train.validate("train")
+            return cls.model_validate(raw or {})
+        except ValidationError as err:
+            raise config_error(err, source) from None
 
     def to_dict(self) -> dict:
-        return _unbuild(self)
+        return self.model_dump(by_alias=True)
 
-    def replace(self, overrides: dict[str, Any]) -> "Config":
+    def replace(self, overrides: dict[str, Any]) -> Config:
         """A copy with dotted keys replaced (`{"model.fusion": "max"}`), validated."""
         raw = self.to_dict()
         for key, value in overrides.items():
@@ -350,7 +420,7 @@ _OVERRIDE = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)=(.*)$", re.S)
 
 def apply_overrides(raw: dict, overrides: list[str], source: str | None = None) -> dict:
     """`["model.lambda=0.05", "train.xe_epochs=3"]` applied to a copy of `raw`; values are parsed as YAML."""
-    raw = _deepcopy(raw)
+    raw = copy.deepcopy(raw)
     for item in overrides:
         match = _OVERRIDE.match(item)
         if not match:
@@ -405,80 +475,3 @@ def flatten(raw: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
-
-
-# -- dataclass <-> dict ----------------------------------------------------------------------------------------
-def _key(f: dataclasses.Field) -> str:
-    return f.metadata.get("key", f.name)
-
-
-def _build(cls, raw: Any, path: str):
-    if not isinstance(raw, dict):
-        raise ConfigError(path or "(root)", f"must be a mapping, got {type(raw).__name__}")
-    hints = get_type_hints(cls)
-    fields = {_key(f): f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        where = f"{path}.{unknown[0]}" if path else str(unknown[0])
-        raise ConfigError(where, f"unknown key; known keys here: {', '.join(sorted(fields))}")
-    kwargs = {}
-    for key, f in fields.items():
-        if key not in raw:
-            continue
-        sub = f"{path}.{key}" if path else key
-        kwargs[f.name] = _coerce(hints[f.name], raw[key], sub)
-    return cls(**kwargs)
-
-
-def _coerce(tp, value, path: str):
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path)
-    args = get_args(tp)
-    if get_origin(tp) is not None and type(None) in args:  # Optional[X]
-        if value is None:
-            return None
-        (tp,) = [a for a in args if a is not type(None)]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(path, f"must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(path, f"must be an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(float(value)):
-                raise ConfigError(path, f"must be finite, got {value!r}")
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "5e-6" as a string
-            try:
-                return _coerce(float, float(value), path)
-            except ValueError:
-                pass
-        raise ConfigError(path, f"must be a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(path, f"must be a string, got {value!r}")
-    return value
-
-
-def _unbuild(obj) -> dict:
-    out = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        out[_key(f)] = _unbuild(value) if dataclasses.is_dataclass(value) else value
-    return out
-
-
-def _deepcopy(raw):
-    if isinstance(raw, dict):
-        return {k: _deepcopy(v) for k, v in raw.items()}
-    if isinstance(raw, list):
-        return [_deepcopy(v) for v in raw]
-    return raw

@@ -262,7 +262,7 @@ def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int 
                    batch_size: int = 50, data_overrides: list[str] | None = None, device: str | None = None) -> dict:
     """`a2 decode`: one checkpoint or an averaging ensemble -> COCO results JSON for a split."""
     from .checkpoint import load_ensemble
-    from .config import DataConfig, _build, apply_overrides
+    from .config import Config, apply_overrides
     from .data.dataset import CaptionData
 
     for name, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--batch-size", batch_size)):
@@ -275,8 +275,7 @@ def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int 
         raise ConfigError("--max-len", f"{max_len} is longer than these models can decode (at most {longest}: "
                                        f"data.max_caption_len + 3)")
     raw = apply_overrides({"data": config["data"]}, data_overrides or [])
-    data_cfg = _build(DataConfig, raw["data"], "data")
-    data_cfg.validate()
+    data_cfg = Config.from_dict({"data": raw["data"]}).data
     data = CaptionData(data_cfg, config["model"]["max_regions"], config["model"]["feature_dim"], vocab=vocab)
     data.features.check_ids([img.image_id for img in data.images(split)])
     stepper = EnsembleStepper(models) if len(models) > 1 else ModelStepper(models[0])

@@ -1,30 +1,10 @@
 """Study files: their schema, their complete validation, and the search space they describe.
 
 A study file holds the `data` / `model` / `train` sections of an `a2core` config (the *base* of every trial),
-plus `search`, `resources`, `tracking` and `storage`:
-
-    name: a2-lambda-sweep                 # [a-z0-9-], at most 64 characters: it names paths and MLflow objects
-    data: {...}  model: {...}  train: {...}
-    search:
-      metric: val/CIDEr                   # a metric that a2core.train reports after every epoch
-      mode: max                           # max | min
-      algorithm: optuna                   # optuna (TPE) | random | grid
-      num_samples: 4                      # samples of the sampled keys per grid cell
-      seed: 0                             # searcher seed (cell i uses seed + i)
-      space:
-        fusion: {grid: [max, gate]}
-        lambda: {loguniform: [0.005, 0.2]}
-        temperature: {loguniform: [1000, 50000], when: {fusion: exp_decay}}
-        seed: {grid: [0, 1]}
-      points_to_evaluate: [{lambda: 0.035}]    # optional, per cell, before anything is sampled
-      replicates: 3                       # optional: every configuration runs with seeds 0, 1, 2 (or a list)
-      scheduler: {asha: {grace_period: 2, reduction_factor: 2, min_gap_se: 2}}   # or {fifo: {}}
-    resources: {workers_per_trial: 4, cpus_per_worker: 1, gpus_per_worker: 1, max_concurrent_trials: 8,
-                max_failures: 1, driver_cpus: 0.01}   # driver_cpus: the trial's Tune driver function
-    # optional: price_per_hour (of a worker node, one trial per node) -> a cost estimate in status and summary
-    tracking: {mlflow_uri: sqlite:///mlflow.db, experiment: null}
-    storage: s3://bucket/prefix           # or a local directory
-    storage_endpoint_url: null            # S3-compatible endpoint (MinIO, moto, ...)
+plus `name` ([a-z0-9-], at most 64 characters: it names paths and MLflow objects), `search`, `resources`,
+`tracking`, `storage` (a local directory or s3://bucket/prefix) and `storage_endpoint_url` (an S3-compatible
+endpoint). The models below are the schema of the study's own sections, each key commented; `studies/*.yaml`
+are commented examples.
 
 The search space
 ----------------
@@ -54,11 +34,12 @@ once. `num_trials` counts it all (configurations x replicates); the Tune `num_sa
 
 Validation
 ----------
-`load_study` validates everything before anything starts Ray (this module never imports ray): unknown keys at
-every level, types, ranges, that every trial the space can produce is a valid `a2core.config.Config` (every
-grid cell with its sampled keys at the ends of their ranges, at their defaults, at every point and every
-choice), data files of `kind: coco`, resources (also against a known cluster size), tracking and storage. Errors
-are `ConfigError`s naming the dotted key (`search.space.lambda.loguniform`) and the file.
+`load_study` validates everything before anything starts Ray (this module never imports ray): the schema
+(pydantic models: unknown keys at every level, types, ranges), then what no schema can say: that every trial the
+space can produce is a valid `a2core.config.Config` (every grid cell with its sampled keys at the ends of their
+ranges, at their defaults, at every point and every choice), data files of `kind: coco`, resources (also against
+a known cluster size), tracking and storage. Errors are `ConfigError`s naming the dotted key
+(`search.space.lambda.loguniform`) and the file.
 
 The planned epochs (`train.xe_epochs`, `train.scst_epochs`) cannot be searched: ASHA's `max_t` and the rule
 that tells Optuna a stopped trial was pruned both need one number for the whole study (`total_epochs`).
@@ -80,9 +61,12 @@ import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from a2core.config import Config, ConfigError, applicable_config, apply_overrides, get_dotted, load_yaml, set_dotted
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
+
+from a2core.config import (Config, ConfigError, Integer, Number, Real, Section, Text, applicable_config,
+                           apply_overrides, config_error, get_dotted, integer, load_yaml, set_dotted)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.errors import DataError
 
@@ -94,14 +78,7 @@ ALIASES = {
     "seed": "train.seed",
 }
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
-SAMPLED_DISTRIBUTIONS = ("choice", "uniform", "loguniform", "randint")
-ALGORITHMS = ("optuna", "random", "grid")
-MODES = ("max", "min")
-SCHEDULERS = ("asha", "fifo")
 SECTIONS = ("data", "model", "train")
-TOP_KEYS = ("name", *SECTIONS, "search", "resources", "tracking", "storage", "storage_endpoint_url")
-SEARCH_KEYS = ("metric", "mode", "algorithm", "num_samples", "seed", "space", "points_to_evaluate", "replicates",
-               "scheduler")
 SEED_PATH = "train.seed"  # set by the replicate index when search.replicates is given
 # Keys the space may not control: the scheduler's time budget and the pruning rule depend on the planned epochs.
 FIXED_PATHS = ("train.xe_epochs", "train.scst_epochs")
@@ -115,18 +92,6 @@ _JSD_METRIC = re.compile(r"^diag/jsd/layer(\d+)$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 NAME_MAX = 64
 
-RESOURCE_DEFAULTS = {
-    "workers_per_trial": 1,
-    "cpus_per_worker": 1,
-    "gpus_per_worker": 0,
-    "max_concurrent_trials": 1,
-    "max_failures": 1,  # Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever
-    "driver_cpus": 0.01,  # the trial's small Tune driver function (a bare {"CPU": 0} is refused by Ray)
-    "price_per_hour": None,  # of a worker node (one trial per node): the study's cost estimate; absent if not given
-}
-# asha: the replicate-group ASHA of launch.search; min_gap_se = k in its stopping rule gap > k * s_pooled * sqrt(2/n).
-SCHEDULER_DEFAULTS = {"asha": {"grace_period": 1, "reduction_factor": 2, "min_gap_se": 2.0},
-                      "fifo": {}}
 DEFAULT_STORAGE = "a2-studies"
 DEFAULT_MLFLOW_URI = "sqlite:///mlflow.db"
 _MLFLOW_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "postgres", "mysql", "mssql", "databricks")
@@ -144,22 +109,189 @@ _COUPLED = {
 }
 
 
-# -- the schema of data/model/train, read from a2core's dataclasses ------------------------------------------------
+# -- the schema of the study's own sections ------------------------------------------------------------------------
+# data / model / train are a2core's Config: checked as a whole once the space's keys are set (`_Loader.check_trials`).
+def _values(value: Any) -> tuple:
+    """The values of a grid or choice: a non-empty list of distinct numbers, strings or booleans."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"must be a non-empty list of values, got {value!r}")
+    for i, v in enumerate(value):
+        if not isinstance(v, (str, int, float, bool)):
+            raise ConfigError(f"[{i}]", f"must be a number, string or boolean, got {v!r}")
+        if any(v == w and type(v) is type(w) for w in value[:i]):
+            raise ConfigError(f"[{i}]", f"{v!r} is listed twice")
+    return tuple(value)
+
+
+def _pair(value: Any) -> Any:
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError(f"must be [low, high], got {value!r}")
+    return value
+
+
+class SpaceEntry(Section):
+    """One key of `search.space`: exactly one distribution, and optionally `when`."""
+
+    grid: Annotated[tuple, BeforeValidator(_values)] | None = None
+    choice: Annotated[tuple, BeforeValidator(_values)] | None = None
+    uniform: Annotated[tuple[Real, Real], BeforeValidator(_pair)] | None = None
+    loguniform: Annotated[tuple[Real, Real], BeforeValidator(_pair)] | None = None
+    randint: Annotated[tuple[Integer, Integer], BeforeValidator(_pair)] | None = None
+    when: dict[str, Any] | None = None  # {space key: value | [values]}
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in DISTRIBUTIONS if getattr(self, kind) is not None)
+
+    @model_validator(mode="after")
+    def _one_distribution(self) -> SpaceEntry:
+        kinds = [kind for kind in DISTRIBUTIONS if getattr(self, kind) is not None]
+        if len(kinds) != 1:
+            raise ConfigError("", f"needs exactly one distribution of {', '.join(DISTRIBUTIONS)}, got "
+                                  f"{', '.join(kinds) or 'none'}")
+        if kinds[0] in ("uniform", "loguniform", "randint"):
+            low, high = getattr(self, kinds[0])
+            if low >= high:
+                raise ConfigError(kinds[0], f"low must be < high, got [{_fmt(low)}, {_fmt(high)}]")
+            if kinds[0] == "loguniform" and low <= 0:
+                raise ConfigError(kinds[0], f"loguniform needs low > 0, got {_fmt(low)}")
+        return self
+
+
+class Asha(Section):
+    """The replicate-group ASHA of launch.search; min_gap_se = k in its stopping rule gap > k * s_pooled * sqrt(2/n)."""
+
+    grace_period: Integer = Field(1, ge=1)
+    reduction_factor: Number = Field(2, gt=1)
+    min_gap_se: Real = Field(2.0, ge=0)
+
+
+class Scheduler(Section):
+    """Exactly one of these, by name: `{asha: {grace_period: 2}}`, `{fifo: {}}`; `asha: null` takes its defaults."""
+
+    asha: Asha = None
+    fifo: Section = None  # no options
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Scheduler:
+        if len(self.model_fields_set) != 1:
+            raise ConfigError("", f"must name exactly one scheduler of {', '.join(type(self).model_fields)}, got "
+                                  f"{', '.join(sorted(self.model_fields_set)) or 'none'}")
+        return self
+
+    def to_dict(self) -> dict:
+        return {kind: getattr(self, kind).model_dump() for kind in self.model_fields_set}
+
+
+def _seeds(value: Any) -> Any:
+    """`replicates: N` means seeds 0 .. N-1; a list names them."""
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("a list of seeds must not be empty")
+        return value
+    count = integer(value)
+    if count < 1:
+        raise ValueError(f"must be >= 1, got {count}")
+    return list(range(count))
+
+
+def _distinct(seeds: list[int]) -> list[int]:
+    for i, seed in enumerate(seeds):
+        if seed in seeds[:i]:
+            raise ConfigError(f"[{i}]", f"seed {seed} is listed twice")
+    return seeds
+
+
+class Search(Section):
+    metric: Text = Field("val/CIDEr", min_length=1)  # a metric that a2core.train reports after every epoch
+    mode: Literal["max", "min"] = "max"
+    algorithm: Literal["optuna", "random", "grid"] = "optuna"  # optuna (TPE) | random | grid
+    num_samples: Integer = Field(1, ge=1)  # samples of the sampled keys per grid cell
+    seed: Integer = Field(0, ge=0)  # searcher seed (cell i uses seed + i)
+    space: dict[str, SpaceEntry] | None = None
+    points_to_evaluate: list[dict[str, Any]] | None = None  # e.g. [{lambda: 0.035}]: first in every cell
+    # Every configuration runs with seeds 0 .. N-1 (or those listed).
+    replicates: Annotated[list[Annotated[Integer, Field(ge=0)]], BeforeValidator(_seeds),
+                          AfterValidator(_distinct)] | None = None
+    scheduler: Scheduler = Field(default_factory=lambda: Scheduler(fifo={}))
+
+
+class Resources(Section):
+    workers_per_trial: Integer = Field(1, ge=1)
+    cpus_per_worker: Number = Field(1, gt=0)
+    gpus_per_worker: Number = Field(0, ge=0)
+    max_concurrent_trials: Integer = Field(1, ge=1)
+    # Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever.
+    max_failures: Integer = Field(1, ge=-1)
+    driver_cpus: Number = Field(0.01, gt=0)  # the trial's small Tune driver function (Ray refuses a bare {"CPU": 0})
+    # Of a worker node (one trial per node): the study's cost estimate in status and summary; absent if not given.
+    price_per_hour: Real | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _whole_gpus(self) -> Resources:
+        if self.gpus_per_worker > 1 and not float(self.gpus_per_worker).is_integer():
+            raise ConfigError("gpus_per_worker", f"more than one GPU must be a whole number, got "
+                                                 f"{_fmt(self.gpus_per_worker)}")
+        return self
+
+
+class Tracking(Section):
+    mlflow_uri: Text | None = Field(None, min_length=1)  # null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
+    experiment: Text | None = Field(None, min_length=1)  # null: the study's name
+
+
+def _study_name(name: Any) -> str:
+    if name is None:
+        raise ValueError("required: the study's name ([a-z0-9-])")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"must be lowercase letters, digits and '-' (starting with a letter or digit), got {name!r}")
+    if len(name) > NAME_MAX:
+        raise ValueError(f"at most {NAME_MAX} characters, got {len(name)}")
+    return name
+
+
+def _mapping(value: Any) -> Any:
+    return {} if value is None else value
+
+
+RawSection = Annotated[dict, BeforeValidator(_mapping)]  # data / model / train as written: a Config once probed
+
+
+class StudyFile(Section):
+    name: Annotated[str, BeforeValidator(_study_name)] = Field(None, validate_default=True)
+    data: RawSection = {}
+    model: RawSection = {}
+    train: RawSection = {}
+    search: Search = Field(default_factory=Search)
+    resources: Resources = Field(default_factory=Resources)
+    tracking: Tracking = Field(default_factory=Tracking)
+    storage: Text = Field(DEFAULT_STORAGE, min_length=1)
+    storage_endpoint_url: Text | None = Field(None, min_length=1)
+
+
+TOP_KEYS = tuple(StudyFile.model_fields)
+
+
+# -- the schema of data/model/train, read from a2core's models ---------------------------------------------------
 @lru_cache(maxsize=1)
 def config_schema() -> dict[str, type]:
-    """`{"model.lambda": float, "train.seed": int, "data.root": str, ...}` (Optional[X] -> X)."""
-    out: dict[str, type] = {}
-    hints = get_type_hints(Config)
+    """`{"model.lambda": float, "train.seed": int, "data.root": str, ...}` (Optional[X] -> X, a Literal -> str)."""
+    out = {}
     for section in SECTIONS:
-        cls = hints[section]
-        section_hints = get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            tp = section_hints[f.name]
-            args = get_args(tp)
-            if get_origin(tp) is not None and type(None) in args:
-                (tp,) = [a for a in args if a is not type(None)]
-            out[f"{section}.{f.metadata.get('key', f.name)}"] = tp
+        for name, f in Config.model_fields[section].annotation.model_fields.items():
+            out[f"{section}.{f.alias or name}"] = _value_type(f.annotation)
     return out
+
+
+def _value_type(annotation: Any) -> type:
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return str
+    if origin is Annotated:
+        return _value_type(get_args(annotation)[0])
+    if origin is not None:  # X | None
+        return _value_type(next(arg for arg in get_args(annotation) if arg is not type(None)))
+    return annotation
 
 
 @lru_cache(maxsize=1)
@@ -175,10 +307,6 @@ def resolve_key(key: str) -> str | None:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_scalar(value: Any) -> bool:
-    return isinstance(value, (str, int, float, bool))
 
 
 def _fmt(value: Any) -> str:
@@ -440,77 +568,38 @@ def validate_main(path: str | Path, overrides: list[str] | tuple = (), cluster_r
 
 
 class _Loader:
+    """What no schema can say: the space's keys and conditions, every trial it can produce, data files, the
+    cluster, tracking and storage."""
+
     def __init__(self, source: str | None):
         self.source = source
 
     def fail(self, path: str, message: str):
         raise ConfigError(path, message, self.source)
 
-    # -- small checks ---------------------------------------------------------------------------------------------
-    def mapping(self, value: Any, path: str, allow_none: bool = True) -> dict:
-        if value is None and allow_none:
-            return {}
-        if not isinstance(value, dict):
-            self.fail(path, f"must be a mapping, got {type(value).__name__}")
-        for key in value:
-            if not isinstance(key, str):
-                self.fail(f"{path}.{key}", "keys must be strings")
-        return value
-
-    def known(self, value: dict, path: str, keys) -> None:
-        unknown = [k for k in value if k not in keys]
-        if unknown:
-            self.fail(f"{path}.{unknown[0]}" if path else unknown[0], f"unknown key; known keys here: {', '.join(keys)}")
-
-    def integer(self, value: Any, path: str, minimum: int | None = None) -> int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int) or isinstance(value, bool):
-            self.fail(path, f"must be an integer, got {value!r}")
-        if minimum is not None and value < minimum:
-            self.fail(path, f"must be >= {minimum}, got {value}")
-        return value
-
-    def number(self, value: Any, path: str) -> float | int:
-        if isinstance(value, str):  # YAML 1.1 reads "5e-3" as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if not _is_number(value) or not math.isfinite(value):
-            self.fail(path, f"must be a number, got {value!r}")
-        return value
-
-    def string(self, value: Any, path: str) -> str:
-        if not isinstance(value, str) or not value:
-            self.fail(path, f"must be a non-empty string, got {value!r}")
-        return value
-
-    # -- the whole file --------------------------------------------------------------------------------------------
     def load(self, raw: Any, cluster_resources: dict | None) -> StudySpec:
-        if not isinstance(raw, dict):
-            self.fail("", f"a study must be a mapping, got {type(raw).__name__}")
-        raw = self.mapping(raw, "", allow_none=False)
-        self.known(raw, "", TOP_KEYS)
-        name = self.check_name(raw.get("name"))
-        sections = {s: copy.deepcopy(self.mapping(raw.get(s), s)) for s in SECTIONS}
-        self.resolve_paths(sections)
-        search_raw = self.mapping(raw.get("search"), "search")
-        self.known(search_raw, "search", SEARCH_KEYS)
-        params = self.check_space(search_raw.get("space"), sections)
-        search = self.check_search(search_raw, params, sections)
-        spec = StudySpec(name=name, base={}, search=search, resources={}, tracking={}, storage="",
+        try:
+            study = StudyFile.model_validate(raw)
+        except ValidationError as err:
+            raise config_error(err, self.source) from None
+        sections = self.resolve_paths({s: copy.deepcopy(getattr(study, s)) for s in SECTIONS})
+        params = self.check_space(study.search.space or {}, sections)
+        search = self.check_search(study.search, params, sections)
+        spec = StudySpec(name=study.name, base={}, search=search, resources={}, tracking={}, storage="",
                          storage_endpoint_url=None, source=self.source, raw={}, params=params)
         spec.base = self.check_trials(spec, sections)
         self.check_data(spec.base)
         self.check_metric(search["metric"], spec.base)
-        self.check_scheduler_budget(search["scheduler"], spec.total_epochs)
-        spec.resources = self.check_resources(raw.get("resources"), cluster_resources)
-        spec.tracking = self.check_tracking(raw.get("tracking"), name)
-        spec.storage, spec.storage_endpoint_url = self.check_storage(raw.get("storage", DEFAULT_STORAGE),
-                                                                     raw.get("storage_endpoint_url"))
+        asha = search["scheduler"].get("asha")
+        if asha and asha["grace_period"] > spec.total_epochs:
+            self.fail("search.scheduler.asha.grace_period", f"{asha['grace_period']} is more than the "
+                                                             f"{spec.total_epochs} planned epochs (train.xe_epochs "
+                                                             f"+ train.scst_epochs)")
+        spec.resources = self.check_resources(study.resources, cluster_resources)
+        spec.tracking = self.check_tracking(study.tracking.mlflow_uri, study.tracking.experiment or study.name)
+        spec.storage, spec.storage_endpoint_url = self.check_storage(study.storage, study.storage_endpoint_url)
         spec.raw = {
-            "name": name,
+            "name": study.name,
             **_sections_without(spec.base, [p.path for p in params.values()]),
             "search": copy.deepcopy(search),
             "resources": dict(spec.resources),
@@ -520,128 +609,84 @@ class _Loader:
         }
         return spec
 
-    def check_name(self, name: Any) -> str:
-        if name is None:
-            self.fail("name", "required: the study's name ([a-z0-9-])")
-        if not isinstance(name, str) or not _NAME.match(name):
-            self.fail("name", f"must be lowercase letters, digits and '-' (starting with a letter or digit), got {name!r}")
-        if len(name) > NAME_MAX:
-            self.fail("name", f"at most {NAME_MAX} characters, got {len(name)}")
-        return name
-
-    def resolve_paths(self, sections: dict) -> None:
+    @staticmethod
+    def resolve_paths(sections: dict) -> dict:
         """Relative data paths become absolute (trials run in other working directories)."""
         keys = [("data", k) for k in ("captions", "features", "test_images", "root")] + [("train", "scst_from")]
         for section, key in keys:
             value = sections[section].get(key)
             if isinstance(value, str) and value and "://" not in value:
                 sections[section][key] = os.path.abspath(os.path.expanduser(value))
+        return sections
 
     # -- search ---------------------------------------------------------------------------------------------------
-    def check_space(self, space: Any, sections: dict) -> dict[str, Param]:
-        space = self.mapping(space, "search.space")
+    def check_space(self, space: dict[str, SpaceEntry], sections: dict) -> dict[str, Param]:
         schema = config_schema()
-        paths: dict[str, str] = {}  # path -> key
-        entries: dict[str, tuple[str, dict]] = {}
+        params: dict[str, Param] = {}
         for key, entry in space.items():
             where = f"search.space.{key}"
             path = resolve_key(key)
             if path is None:
                 self.fail(where, f"unknown search key: neither an alias ({', '.join(ALIASES)}) nor a "
                                  f"data./model./train. key of the config")
-            if path in paths:
-                self.fail(where, f"names {path} like search.space.{paths[path]} already does")
+            same = next((p.key for p in params.values() if p.path == path), None)
+            if same is not None:
+                self.fail(where, f"names {path} like search.space.{same} already does")
             if path in FIXED_PATHS:
                 self.fail(where, "the planned epochs must be the same for every trial (ASHA's budget and the "
                                  "pruning rule depend on them); set it in train")
             if get_dotted(sections, path, _MISSING) is not _MISSING:
                 self.fail(path, f"is set by search.space.{key}; remove it from {path.split('.')[0]}")
-            paths[path] = key
-            entry = self.mapping(entry, where, allow_none=False)
-            self.known(entry, where, (*DISTRIBUTIONS, "when"))
-            kinds = [k for k in DISTRIBUTIONS if k in entry]
-            if len(kinds) != 1:
-                self.fail(where, f"needs exactly one distribution of {', '.join(DISTRIBUTIONS)}, got "
-                                 f"{', '.join(kinds) or 'none'}")
-            entries[key] = (path, entry)
-
-        params: dict[str, Param] = {}
-        for key, (path, entry) in entries.items():
-            (kind,) = [k for k in DISTRIBUTIONS if k in entry]
-            where = f"search.space.{key}.{kind}"
-            value = entry[kind]
-            tp = schema[path]
+            kind, tp = entry.kind, schema[path]
             if kind in ("grid", "choice"):
-                if not isinstance(value, list) or not value:
-                    self.fail(where, f"must be a non-empty list of values, got {value!r}")
-                for i, v in enumerate(value):
-                    if not _is_scalar(v):
-                        self.fail(f"{where}[{i}]", f"must be a number, string or boolean, got {v!r}")
-                    if any(v == w and type(v) is type(w) for w in value[:i]):
-                        self.fail(f"{where}[{i}]", f"{v!r} is listed twice")
-                params[key] = Param(key, path, kind, values=tuple(value))
-            else:
-                if not isinstance(value, list) or len(value) != 2:
-                    self.fail(where, f"must be [low, high], got {value!r}")
-                lo, hi = self.number(value[0], f"{where}[0]"), self.number(value[1], f"{where}[1]")
-                if kind == "randint":
-                    lo, hi = self.integer(lo, f"{where}[0]"), self.integer(hi, f"{where}[1]")
-                else:
-                    lo, hi = float(lo), float(hi)
-                if lo >= hi:
-                    self.fail(where, f"low must be < high, got [{_fmt(lo)}, {_fmt(hi)}]")
-                if kind == "loguniform" and lo <= 0:
-                    self.fail(where, f"loguniform needs low > 0, got {_fmt(lo)}")
-                if tp is int and kind != "randint":
-                    self.fail(where, f"{path} is an integer: use randint, grid or choice")
-                if tp in (str, bool):
-                    self.fail(where, f"{path} is a {'string' if tp is str else 'boolean'}: use grid or choice")
-                params[key] = Param(key, path, kind, low=lo, high=hi)
-
-        # `when` conditions, once every key is known.
-        by_path = {p.path: p for p in params.values()}
-        for key, (path, entry) in entries.items():
-            if "when" not in entry:
+                params[key] = Param(key, path, kind, values=getattr(entry, kind))
                 continue
-            where = f"search.space.{key}.when"
-            when = self.mapping(entry["when"], where, allow_none=False)
-            if not when:
-                self.fail(where, "must name at least one key")
-            conditions = []
-            for other, allowed in when.items():
-                other_path = resolve_key(other)
-                target = by_path.get(other_path) if other_path else None
-                if target is None:
-                    self.fail(f"{where}.{other}", f"not a key of the search space (keys: {', '.join(entries)})")
-                if target.key == key:
-                    self.fail(f"{where}.{other}", "a key cannot depend on itself")
-                if not target.categorical or entries[target.key][1].get("when") is not None:
-                    self.fail(f"{where}.{other}", f"conditions may only name a grid or choice key without its own "
-                                                  f"`when`; search.space.{target.key} is not one")
-                if params[key].kind == "grid" and target.kind != "grid":
-                    self.fail(f"{where}.{other}", "a grid key may only depend on grid keys")
-                allowed = allowed if isinstance(allowed, list) else [allowed]
-                if not allowed:
-                    self.fail(f"{where}.{other}", "must list at least one value")
-                for v in allowed:
-                    if not target.contains(v):
-                        self.fail(f"{where}.{other}", f"{v!r} is not one of search.space.{target.key}'s values "
-                                                      f"{list(target.values)}")
-                conditions.append((target.key, tuple(allowed)))
-            p = params[key]
-            params[key] = Param(p.key, p.path, p.kind, p.values, p.low, p.high, tuple(conditions))
-
+            if tp is int and kind != "randint":
+                self.fail(f"{where}.{kind}", f"{path} is an integer: use randint, grid or choice")
+            if tp in (str, bool):
+                self.fail(f"{where}.{kind}", f"{path} is a {'string' if tp is str else 'boolean'}: use grid or choice")
+            low, high = getattr(entry, kind)
+            params[key] = Param(key, path, kind, low=low, high=high)
+        for key, entry in space.items():
+            if entry.when is not None:
+                params[key] = dataclasses.replace(params[key], when=self.check_when(key, space, params))
         self.check_temperature(params, sections)
         return params
+
+    def check_when(self, key: str, space: dict[str, SpaceEntry], params: dict[str, Param]) -> tuple:
+        """`when: {fusion: exp_decay}` -> (("fusion", ("exp_decay",)),), once every key of the space is known."""
+        where = f"search.space.{key}.when"
+        if not space[key].when:
+            self.fail(where, "must name at least one key")
+        by_path = {p.path: p for p in params.values()}
+        conditions = []
+        for other, allowed in space[key].when.items():
+            target = by_path.get(resolve_key(other))
+            if target is None:
+                self.fail(f"{where}.{other}", f"not a key of the search space (keys: {', '.join(space)})")
+            if target.key == key:
+                self.fail(f"{where}.{other}", "a key cannot depend on itself")
+            if not target.categorical or space[target.key].when is not None:
+                self.fail(f"{where}.{other}", f"conditions may only name a grid or choice key without its own "
+                                              f"`when`; search.space.{target.key} is not one")
+            if params[key].kind == "grid" and target.kind != "grid":
+                self.fail(f"{where}.{other}", "a grid key may only depend on grid keys")
+            allowed = allowed if isinstance(allowed, list) else [allowed]
+            if not allowed:
+                self.fail(f"{where}.{other}", "must list at least one value")
+            for v in allowed:
+                if not target.contains(v):
+                    self.fail(f"{where}.{other}", f"{v!r} is not one of search.space.{target.key}'s values "
+                                                  f"{list(target.values)}")
+            conditions.append((target.key, tuple(allowed)))
+        return tuple(conditions)
 
     def check_temperature(self, params: dict[str, Param], sections: dict) -> None:
         """T_P only exists for exp_decay: a sampled temperature needs `when: {fusion: exp_decay}` unless every
         trial uses exp_decay."""
         temp = next((p for p in params.values() if p.path == "model.temperature"), None)
-        if temp is None:
-            return
         fusion = next((p for p in params.values() if p.path == "model.fusion"), None)
-        if fusion is not None and fusion.key in temp.conditions:
+        if temp is None or (fusion is not None and fusion.key in temp.conditions):
             return
         if fusion is not None:
             fusions = list(fusion.values)
@@ -653,106 +698,54 @@ class _Loader:
             self.fail(f"search.space.{temp.key}", f"the temperature T_P is only used by fusion 'exp_decay', but "
                                                   f"trials can use {', '.join(map(repr, others))}: {hint}")
 
-    def check_search(self, raw: dict, params: dict[str, Param], sections: dict) -> dict:
-        metric = raw.get("metric", "val/CIDEr")
-        metric = self.string(metric, "search.metric")
-        mode = raw.get("mode", "max")
-        if mode not in MODES:
-            self.fail("search.mode", f"must be 'max' or 'min', got {mode!r}")
-        algorithm = raw.get("algorithm", "optuna")
-        if algorithm not in ALGORITHMS:
-            self.fail("search.algorithm", f"must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
-        num_samples = self.integer(raw.get("num_samples", 1), "search.num_samples", minimum=1)
-        seed = self.integer(raw.get("seed", 0), "search.seed", minimum=0)
-        sampled = [p for p in params.values() if p.sampled]
-
-        points_raw = raw.get("points_to_evaluate")
-        if points_raw is None:
-            points = [{p.key: p.default() for p in sampled}] if sampled else []
-        else:
-            if not isinstance(points_raw, list):
-                self.fail("search.points_to_evaluate", f"must be a list of mappings, got {type(points_raw).__name__}")
-            points = []
-            for i, point in enumerate(points_raw):
-                where = f"search.points_to_evaluate[{i}]"
-                point = self.mapping(point, where, allow_none=False)
-                full = {}
-                for key, value in point.items():
-                    path = resolve_key(key)
-                    p = next((q for q in params.values() if q.path == path), None) if path else None
-                    if p is None or not p.sampled:
-                        self.fail(f"{where}.{key}", f"points may only set sampled keys of the space "
-                                                    f"({', '.join(q.key for q in sampled) or 'there are none'})")
-                    if not p.contains(value):
-                        self.fail(f"{where}.{key}", f"{value!r} is outside search.space.{p.key} ({p.to_dict()})")
-                    full[p.key] = int(value) if p.kind == "randint" else value
-                points.append({p.key: full.get(p.key, p.default()) for p in sampled})
-            if sampled and algorithm != "grid" and len(points) > num_samples:
-                self.fail("search.points_to_evaluate", f"{len(points)} points but only {num_samples} samples per "
-                                                       f"cell (search.num_samples)")
-            if sampled and algorithm == "grid" and not points:
-                self.fail("search.points_to_evaluate", "algorithm 'grid' runs the points: give at least one")
-
-        scheduler_raw = self.mapping(raw.get("scheduler", {"fifo": {}}), "search.scheduler", allow_none=False)
-        if len(scheduler_raw) != 1:
-            self.fail("search.scheduler", f"must name exactly one scheduler of {', '.join(SCHEDULERS)}, "
-                                          f"got {', '.join(scheduler_raw) or 'none'}")
-        ((kind, options),) = scheduler_raw.items()
-        if kind not in SCHEDULERS:
-            self.fail(f"search.scheduler.{kind}", f"unknown scheduler; one of {', '.join(SCHEDULERS)}")
-        options = self.mapping(options, f"search.scheduler.{kind}")
-        self.known(options, f"search.scheduler.{kind}", tuple(SCHEDULER_DEFAULTS[kind]))
-        options = {**SCHEDULER_DEFAULTS[kind], **options}
-        if kind == "asha":
-            options["grace_period"] = self.integer(options["grace_period"], "search.scheduler.asha.grace_period", 1)
-            rf = self.number(options["reduction_factor"], "search.scheduler.asha.reduction_factor")
-            if rf <= 1:
-                self.fail("search.scheduler.asha.reduction_factor", f"must be > 1, got {_fmt(rf)}")
-            options["reduction_factor"] = rf
-            gap = self.number(options["min_gap_se"], "search.scheduler.asha.min_gap_se")
-            if gap < 0:
-                self.fail("search.scheduler.asha.min_gap_se", f"must be >= 0, got {_fmt(gap)}")
-            options["min_gap_se"] = float(gap)
-        out = {"metric": metric, "mode": mode, "algorithm": algorithm, "num_samples": num_samples, "seed": seed,
-               "space": {key: p.to_dict() for key, p in params.items()}, "points_to_evaluate": points,
-               "scheduler": {kind: options}}
-        if "replicates" in raw:
-            out["replicates"] = self.check_replicates(raw["replicates"], params, sections)
+    def check_search(self, search: Search, params: dict[str, Param], sections: dict) -> dict:
+        """The normalised `search` section (defaults filled in, the space and points resolved)."""
+        out = search.model_dump(include={"metric", "mode", "algorithm", "num_samples", "seed"})
+        out["space"] = {key: p.to_dict() for key, p in params.items()}
+        out["points_to_evaluate"] = self.check_points(search, [p for p in params.values() if p.sampled])
+        out["scheduler"] = search.scheduler.to_dict()
+        if search.replicates is not None:
+            if get_dotted(sections, SEED_PATH, _MISSING) is not _MISSING:
+                self.fail(SEED_PATH, "is set by search.replicates (the seed comes from the replicate index); "
+                                     "remove it from train")
+            seeded = [p.key for p in params.values() if p.path == SEED_PATH]
+            if seeded:
+                self.fail("search.replicates", f"the seed comes from the replicate index, but search.space."
+                                               f"{seeded[0]} also sets {SEED_PATH}; remove one of search.replicates "
+                                               f"and search.space.{seeded[0]}")
+            out["replicates"] = search.replicates
         return out
 
-    def check_replicates(self, raw: Any, params: dict[str, Param], sections: dict) -> list[int]:
-        """`replicates: N` -> seeds [0..N-1]; a list -> those seeds (distinct integers >= 0)."""
-        where = "search.replicates"
-        if get_dotted(sections, SEED_PATH, _MISSING) is not _MISSING:
-            self.fail(SEED_PATH, f"is set by {where} (the seed comes from the replicate index); remove it from train")
-        seeded = [p.key for p in params.values() if p.path == SEED_PATH]
-        if seeded:
-            self.fail(where, f"the seed comes from the replicate index, but search.space.{seeded[0]} also sets "
-                             f"{SEED_PATH}; remove one of search.replicates and search.space.{seeded[0]}")
-        if isinstance(raw, list):
-            if not raw:
-                self.fail(where, "a list of seeds must not be empty")
-            seeds = [self.integer(v, f"{where}[{i}]", minimum=0) for i, v in enumerate(raw)]
-            for i, v in enumerate(seeds):
-                if v in seeds[:i]:
-                    self.fail(f"{where}[{i}]", f"seed {v} is listed twice")
-            return seeds
-        return list(range(self.integer(raw, where, minimum=1)))
-
-    def check_scheduler_budget(self, scheduler: dict, total_epochs: int) -> None:
-        asha = scheduler.get("asha")
-        if asha and asha["grace_period"] > total_epochs:
-            self.fail("search.scheduler.asha.grace_period", f"{asha['grace_period']} is more than the "
-                                                             f"{total_epochs} planned epochs (train.xe_epochs + "
-                                                             f"train.scst_epochs)")
+    def check_points(self, search: Search, sampled: list[Param]) -> list[dict]:
+        """Every point with every sampled key (missing ones at their default); without points, the defaults."""
+        if search.points_to_evaluate is None:
+            return [{p.key: p.default() for p in sampled}] if sampled else []
+        points = []
+        for i, point in enumerate(search.points_to_evaluate):
+            full = {}
+            for key, value in point.items():
+                where = f"search.points_to_evaluate[{i}].{key}"
+                p = next((q for q in sampled if q.path == resolve_key(key)), None)
+                if p is None:
+                    self.fail(where, f"points may only set sampled keys of the space "
+                                     f"({', '.join(q.key for q in sampled) or 'there are none'})")
+                if not p.contains(value):
+                    self.fail(where, f"{value!r} is outside search.space.{p.key} ({p.to_dict()})")
+                full[p.key] = int(value) if p.kind == "randint" else value
+            points.append({p.key: full.get(p.key, p.default()) for p in sampled})
+        if sampled and search.algorithm != "grid" and len(points) > search.num_samples:
+            self.fail("search.points_to_evaluate", f"{len(points)} points but only {search.num_samples} samples per "
+                                                   f"cell (search.num_samples)")
+        if sampled and search.algorithm == "grid" and not points:
+            self.fail("search.points_to_evaluate", "algorithm 'grid' runs the points: give at least one")
+        return points
 
     def check_metric(self, metric: str, base: dict) -> None:
         match = _JSD_METRIC.match(metric)
         if match:
             if int(match.group(1)) >= base["model"]["layers"]:
                 self.fail("search.metric", f"{metric}: the model has {base['model']['layers']} layers")
-            return
-        if metric not in METRICS:
+        elif metric not in METRICS:
             self.fail("search.metric", f"{metric!r} is not reported by training; one of {', '.join(METRICS)}, "
                                        f"diag/jsd/layer<i>")
 
@@ -840,49 +833,24 @@ class _Loader:
             self.fail("train.scst_from", f"{scst_from}: no such checkpoint")
 
     # -- resources, tracking, storage ----------------------------------------------------------------------------
-    def check_resources(self, raw: Any, cluster: dict | None) -> dict:
-        raw = self.mapping(raw, "resources")
-        self.known(raw, "resources", tuple(RESOURCE_DEFAULTS))
-        r = {**RESOURCE_DEFAULTS, **raw}
-        r["workers_per_trial"] = self.integer(r["workers_per_trial"], "resources.workers_per_trial", 1)
-        r["max_concurrent_trials"] = self.integer(r["max_concurrent_trials"], "resources.max_concurrent_trials", 1)
-        r["max_failures"] = self.integer(r["max_failures"], "resources.max_failures", -1)
-        for key in ("cpus_per_worker", "driver_cpus"):
-            r[key] = self.number(r[key], f"resources.{key}")
-            if r[key] <= 0:
-                self.fail(f"resources.{key}", f"must be > 0, got {_fmt(r[key])}")
-        gpus = r["gpus_per_worker"] = self.number(r["gpus_per_worker"], "resources.gpus_per_worker")
-        if gpus < 0:
-            self.fail("resources.gpus_per_worker", f"must be >= 0, got {_fmt(gpus)}")
-        if gpus > 1 and not float(gpus).is_integer():
-            self.fail("resources.gpus_per_worker", f"more than one GPU must be a whole number, got {_fmt(gpus)}")
-        if r["price_per_hour"] is None:
-            del r["price_per_hour"]
-        elif self.number(r["price_per_hour"], "resources.price_per_hour") <= 0:
-            self.fail("resources.price_per_hour", f"must be > 0, got {_fmt(r['price_per_hour'])}")
-        else:
-            r["price_per_hour"] = float(r["price_per_hour"])
-        if cluster is not None:
-            n, cpus = r["workers_per_trial"], r["cpus_per_worker"]
-            need_cpu = n * cpus + r["driver_cpus"]
-            have_cpu = float(cluster.get("CPU", 0))
-            if need_cpu > have_cpu + 1e-9:
-                self.fail("resources.cpus_per_worker", f"a trial needs {n} workers x {_fmt(cpus)} CPU + "
-                                                       f"{_fmt(r['driver_cpus'])} (driver) = {_fmt(need_cpu)} CPUs "
-                                                       f"but the cluster has {_fmt(have_cpu)}")
-            need_gpu, have_gpu = n * gpus, float(cluster.get("GPU", 0))
-            if need_gpu > have_gpu + 1e-9:
-                self.fail("resources.gpus_per_worker", f"a trial needs {n} workers x {_fmt(gpus)} GPU = "
-                                                       f"{_fmt(need_gpu)} GPUs but the cluster has {_fmt(have_gpu)}")
+    def check_resources(self, resources: Resources, cluster: dict | None) -> dict:
+        r = resources.model_dump(exclude_none=True)  # price_per_hour only when given
+        if cluster is None:
+            return r
+        n, cpus, gpus = r["workers_per_trial"], r["cpus_per_worker"], r["gpus_per_worker"]
+        need_cpu, have_cpu = n * cpus + r["driver_cpus"], float(cluster.get("CPU", 0))
+        if need_cpu > have_cpu + 1e-9:
+            self.fail("resources.cpus_per_worker", f"a trial needs {n} workers x {_fmt(cpus)} CPU + "
+                                                   f"{_fmt(r['driver_cpus'])} (driver) = {_fmt(need_cpu)} CPUs "
+                                                   f"but the cluster has {_fmt(have_cpu)}")
+        need_gpu, have_gpu = n * gpus, float(cluster.get("GPU", 0))
+        if need_gpu > have_gpu + 1e-9:
+            self.fail("resources.gpus_per_worker", f"a trial needs {n} workers x {_fmt(gpus)} GPU = "
+                                                   f"{_fmt(need_gpu)} GPUs but the cluster has {_fmt(have_gpu)}")
         return r
 
-    def check_tracking(self, raw: Any, name: str) -> dict:
-        raw = self.mapping(raw, "tracking")
-        self.known(raw, "tracking", ("mlflow_uri", "experiment"))
-        uri = raw.get("mlflow_uri")
-        if uri is None:
-            uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_URI
-        uri = self.string(uri, "tracking.mlflow_uri")
+    def check_tracking(self, uri: str | None, experiment: str) -> dict:
+        uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_URI
         if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/@]*:[^/@]*@", uri):  # user:password@host
             from dashboards.tracking import redact_uri
 
@@ -890,10 +858,9 @@ class _Loader:
                                              "study and shown); give it by reference: ~/.pgpass or $PGPASSFILE for "
                                              "a database, $MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials for "
                                              "an MLflow server")
-        scheme = uri.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*:", uri) else None
-        if scheme and "+" in scheme:  # e.g. postgresql+psycopg2
-            scheme = scheme.split("+", 1)[0]
-        if scheme is None or len(scheme) == 1:  # a plain path (or a Windows drive letter): a file store
+        scheme = uri.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*:", uri) else ""
+        scheme = scheme.split("+", 1)[0]  # postgresql+psycopg2 -> postgresql
+        if len(scheme) <= 1:  # a plain path (or a Windows drive letter): a file store
             uri = os.path.abspath(os.path.expanduser(uri))
         elif scheme not in _MLFLOW_SCHEMES:
             self.fail("tracking.mlflow_uri", f"unknown scheme {scheme!r} in {uri!r}; use sqlite:///, http(s)://, "
@@ -905,12 +872,9 @@ class _Loader:
             db = uri[len("sqlite:///"):]
             if db and db != ":memory:" and not db.startswith("/"):
                 uri = "sqlite:///" + os.path.abspath(os.path.expanduser(db))
-        experiment = raw.get("experiment")
-        experiment = name if experiment is None else self.string(experiment, "tracking.experiment")
         return {"mlflow_uri": uri, "experiment": experiment}
 
-    def check_storage(self, storage: Any, endpoint: Any) -> tuple[str, str | None]:
-        storage = self.string(storage, "storage")
+    def check_storage(self, storage: str, endpoint: str | None) -> tuple[str, str | None]:
         scheme = _SCHEME.match(storage)
         if scheme:
             if scheme.group(1).lower() != "s3":
@@ -923,13 +887,11 @@ class _Loader:
             if Path(storage).exists() and not Path(storage).is_dir():
                 self.fail("storage", f"{storage} exists and is not a directory")
         if endpoint is not None:
-            endpoint = self.string(endpoint, "storage_endpoint_url")
             if not re.match(r"^https?://[^/\s]+", endpoint):
                 self.fail("storage_endpoint_url", f"must be an http(s):// URL, got {endpoint!r}")
             if not storage.startswith("s3://"):
                 self.fail("storage_endpoint_url", "only used with s3:// storage")
         return storage, endpoint
-
 
 def _sections_without(base: dict, paths: list[str]) -> dict:
     """The data/model/train sections of `base` without the keys the space controls (what a study file holds)."""
