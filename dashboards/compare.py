@@ -1,14 +1,11 @@
 """`a2 study compare NAME [--by fusion]`: a study's configurations side by side, from MLflow, with intervals.
 
-Runs are grouped into configurations by their `a2.config_hash` tag (runs logged without it: by the params that
-vary across the study, seed excluded). With `by` (a param such as `fusion`, `lambda`, `model.lambda`, or a tag)
-there is one row per value of it: its best configuration by mean best val CIDEr over seeds, among those not
-stopped early (`dashboards.stats.best_candidates`). Runs without `by` are left out (`--by lambda` ignores fusion
-`none`, which has no mask network). Each row shows every metric's seed mean with its 95% interval, the seeds, and
-the difference in val CIDEr to the baseline (the best `fusion none` configuration) with its verdict, all from
-`dashboards.stats.compare_arms`: the paired bootstrap over seeds and test images when both runs logged their
-per-image CIDEr-D as the artifact `PER_IMAGE_ARTIFACT` (`{image_id: score}`, x100), else Welch's t over seed
-means.
+Runs are grouped into configurations by their `a2.config_hash` tag (else by the params that vary, seed excluded).
+With `by` (a param such as `fusion`, `lambda`, `model.lambda`, or a tag) there is one row per value: its best
+configuration by mean best val CIDEr over seeds (`dashboards.stats.best_candidates`: stopped-early ones only when
+nothing else ran); runs without `by` are left out (`--by lambda` ignores fusion `none`). A row shows every
+metric's seed mean with its 95% interval and the difference in val CIDEr to the baseline (best `fusion none`
+configuration): the paired bootstrap when both logged per-image CIDEr-D (`PER_IMAGE_ARTIFACT`), else Welch's t.
 """
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """`a2 report NAME`: plots and one HTML page from a study's MLflow runs, logged to its parent run under `report/`.
 
-Sections, each saying so when the study logged nothing for it: Table 3 (`a2 study compare NAME --by fusion`
-rendered, best mean per column in bold); Fig. 4 (best val CIDEr against lambda for runs with a mask network, 95%
-error bars, the baseline as a band of its mean and 95% interval, `train/mask_mean` on a second axis); the A2
-diagnostics per fusion (`diag/...`, mean ± std over runs); Fig. 6 (per-layer JSD of original and aligned
-attention); Kendall tau against gradient importance per layer; grounding accuracy against its word-agnostic
-control and chance; learning curves; the search as parallel coordinates; every run with its status ("stopped
-early (rung r, cutoff c)" for a run the scheduler stopped).
-
-Table scores are taken at a run's best epoch (the step of its highest `val/CIDEr`), other metrics are final
-values. Scores are x100, as logged.
+Sections (each says so when the study logged nothing for it): Table 3 (`a2 study compare --by fusion` rendered);
+Fig. 4 (best val CIDEr against lambda, runs with a mask network only, 95% error bars, the baseline as a band, the
+mask mean on a second axis); the A2 diagnostics per fusion; Fig. 6 (per-layer JSD of original and aligned
+attention); Kendall tau against gradient importance; grounding accuracy; learning curves; the search as
+parallel coordinates; every run with its status. Table scores are taken at a run's best epoch (the step of its
+highest val CIDEr), other metrics are final values; all x100, as logged.
 """
 from __future__ import annotations
 
@@ -89,9 +85,7 @@ class RunSummary:
 
 @dataclass
 class Study:
-    name: str
-    tracking_uri: str
-    parent: Any
+    parent: Any  # the study's parent run
     runs: list[RunSummary]
 
 
@@ -123,7 +117,7 @@ def load_study(tracking_uri: str, study_name: str, histories: tuple[str, ...] = 
         else:
             rs.best_cider = finite(rs.final.get(CIDER))
         runs.append(rs)
-    return Study(study_name, tracking_uri, parent, runs)
+    return Study(parent, runs)
 
 
 # -- grouping, shared with compare.py --------------------------------------------------------------------------
@@ -200,11 +194,9 @@ def fusion_table_html(comparison, labelled: list) -> str:
     head = ["fusion", "seeds", *(label for label, _ in columns), "CIDEr vs baseline", "verdict", "config"]
     missing = [label for label, m in TABLE_METRICS if (label, m) not in columns]
     return (_html_table(head, rows, "t3") +
-            "<p class='note'>Best configuration per fusion by mean val CIDEr over its seeds (configurations stopped "
-            "early only when nothing else ran); mean [95% CI] over seeds at each run's best epoch (no interval "
-            "below 3 seeds), scores x100; best mean per column in bold. The difference to the baseline is the "
-            "paired bootstrap over seeds and images when the runs logged per-image CIDEr-D, else Welch's t over "
-            "seed means (the numbers of `a2 study compare --by fusion`).</p>" +
+            "<p class='note'>The numbers of `a2 study compare --by fusion`: per fusion its best configuration by "
+            "mean val CIDEr over seeds (stopped-early ones only when nothing else ran), mean [95% CI] over seeds at "
+            "each run's best epoch (none below 3 seeds), x100; best mean per column in bold.</p>" +
             (f"<p class='note'>Not logged: {', '.join(missing)}.</p>" if missing else ""))
 
 
@@ -288,9 +280,9 @@ def plot_lambda(runs: list[RunSummary], path: Path) -> Path | None:
     cider = [points[x] for x in lams]
     err = [[0 if iv.low is None else iv.mean - iv.low for iv in cider],
            [0 if iv.high is None else iv.high - iv.mean for iv in cider]]
+    lam_runs = [r for x in lams for r in by_lam[x]]
     fig, ax = _axes()
-    ax.scatter([r.lam for x in lams for r in by_lam[x]], [r.best_cider for x in lams for r in by_lam[x]], s=12,
-               color="tab:blue", alpha=0.35)
+    ax.scatter([r.lam for r in lam_runs], [r.best_cider for r in lam_runs], s=12, color="tab:blue", alpha=0.35)
     ax.errorbar(lams, [iv.mean for iv in cider], yerr=err, fmt="o-", color="tab:blue", capsize=3,
                 label="val CIDEr (best epoch), mean and 95% CI")
     if baseline is not None:
@@ -300,14 +292,10 @@ def plot_lambda(runs: list[RunSummary], path: Path) -> Path | None:
     ax.set(xscale="log", xlabel="λ (mask regulariser)", title="CIDEr and mask value against λ")
     ax.set_ylabel("val CIDEr (x100)", color="tab:blue")
     handles = ax.get_legend_handles_labels()[0]
-    mask = {}
-    for x in lams:
-        values = [v for r in by_lam[x] if (v := finite(r.final.get("train/mask_mean"))) is not None]
-        if values:
-            mask[x] = fmean(values)
+    mask = _final_values(lam_runs, re.compile("train/mask_mean"), lambda r, m: ("mask", r.lam)).get("mask")
     if mask:
         ax2 = ax.twinx()
-        ax2.plot(list(mask), list(mask.values()), "s--", color="tab:red", label="mean mask value")
+        ax2.plot(list(mask), [fmean(v) for v in mask.values()], "s--", color="tab:red", label="mean mask value")
         ax2.set_ylabel("mean mask m", color="tab:red")
         handles += ax2.get_legend_handles_labels()[0]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3), fontsize=8, frameon=False)
