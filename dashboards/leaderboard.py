@@ -2,19 +2,11 @@
 
 `leaderboard.json` (written by `a2 package`) holds the offline COCO metrics (Karpathy test split, x100) of every
 seed checkpoint of the study's best configuration and of their averaging ensemble, one value per row, where each
-number came from, and the paper's rows for the same fusion::
-
-    {"schema": 1, "study": "a2-smoke", "created": "...", "git_commit": "...",
-     "evaluation": {"split": "karpathy-test", "images": 20, "beam_size": 5, "scale": "x100", ...},
-     "configuration": {"hash": "<sha256>", "fusion": "gate", "config": {...}, "selected_by": {...}},
-     "seeds": [0, 1, 2, 3],
-     "entries": [{"name": "seed-0", "kind": "checkpoint", "seed": 0, "trial_id": "...", "metrics": {...}, ...},
-                 ..., {"name": "ensemble", "kind": "ensemble", "metrics": {...}, ...}],
-     "seed_mean": {"CIDEr": {"mean": 101.5, "low": 99.4, "high": 103.6, "n": 4}, ...},
-     "ensemble": {"CIDEr": 110.0, "gain_over_mean": 8.5,
-                  "gain_over_best": {"best_member": "seed-3", "best_member_CIDEr": 103.0, "delta": 7.0,
-                                     "low": 3.2, "high": 10.9, "images": 20, "verdict": "ensemble beats ..."}},
-     "paper": {"table1": {...}, "table2": {...}, "table3": {...}}}
+number came from, and the paper's rows for the same fusion: `schema`, `study`, `created`, `git_commit`,
+`evaluation` (split, images, beam size, scale, metrics), `configuration` (hash, fusion, config, how it was
+selected), `seeds`, `entries` (one per seed, then the ensemble: name, kind, trial and MLflow run ids,
+checkpoints, metrics), `seed_mean` (per metric: mean, low, high, n), `ensemble` (its CIDEr, `gain_over_mean`,
+`gain_over_best`: best member, delta, low, high, images, verdict) and `paper` (Tables 1, 2 and 3).
 
 The config hash is the sha256 of the canonical JSON of the resolved config without `train.seed` and `output_dir`
 (where a plain run writes, not what it trains): the seeds of one configuration share it.

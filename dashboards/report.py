@@ -150,8 +150,8 @@ def group_value(run: RunSummary, by: str) -> str | None:
 def sort_key(value: str) -> tuple:
     """Numbers by value, then fusions in the paper's order, then other strings."""
     if finite(value) is not None:
-        return (0, float(value), "")
-    return (1, FUSION_ORDER.index(value), "") if value in FUSION_ORDER else (2, 0, str(value))
+        return (0, float(value))
+    return (1, FUSION_ORDER.index(value)) if value in FUSION_ORDER else (2, str(value))
 
 
 # -- tables ----------------------------------------------------------------------------------------------------

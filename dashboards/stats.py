@@ -20,6 +20,8 @@ from typing import Sequence
 import numpy as np
 from scipy import stats as sps
 
+from dashboards.tables import finite
+
 CONFIDENCE = 0.95
 POWER = 0.80
 MIN_SEEDS = 3
@@ -42,12 +44,10 @@ def is_stopped_early(tags: dict) -> bool:
 
 def stopped_early_text(info: dict) -> str:
     """"stopped early (rung 2, cutoff 105.3)" from a stopped run's tags or the scheduler's `{"rung", "cutoff"}`."""
-    rung, cutoff = info.get(TAG_STOPPED_RUNG, info.get("rung")), info.get(TAG_STOPPED_CUTOFF, info.get("cutoff"))
-    try:
-        cutoff = f"{float(cutoff):.1f}"
-    except (TypeError, ValueError):
-        cutoff = "?"
-    return f"stopped early (rung {rung if rung is not None else '?'}, cutoff {cutoff})"
+    rung = info.get(TAG_STOPPED_RUNG, info.get("rung"))
+    cutoff = finite(info.get(TAG_STOPPED_CUTOFF, info.get("cutoff")))
+    cutoff_text = "?" if cutoff is None else f"{cutoff:.1f}"
+    return f"stopped early (rung {'?' if rung is None else rung}, cutoff {cutoff_text})"
 
 
 def best_candidates(items: Sequence, tags_of=lambda item: item.tags) -> list:
