@@ -275,12 +275,10 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
     """Averaging ensemble of A2 checkpoints (the model's artifacts) that captions images.
 
     `predict` takes a DataFrame with an `image_id` column and, optionally, a `features` column of (n_regions,
-    feature_dim) arrays (the signature of `model_signature`). Without features, regions come from `features_path`
-    in the model config, else the feature store of the checkpoints' data config. Returns `image_id` and
-    `caption`, in input order."""
-
-    def __init__(self, beam_size: int = 5, max_len: int = 20, batch_size: int = 50, min_len: int = 1):
-        self.beam_size, self.max_len, self.batch_size, self.min_len = beam_size, max_len, batch_size, min_len
+    feature_dim) arrays (the signature of `model_signature`, which MLflow enforces). Without features, regions
+    come from `features_path` in the model config, else the feature store of the checkpoints' data config.
+    Returns `image_id` and `caption`, in input order. Decoding settings: the model config, else these."""
+    beam_size, max_len, batch_size, min_len = 5, 20, 50, 1
 
     def load_context(self, context):
         import torch
@@ -310,11 +308,6 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
 
-        if not isinstance(model_input, pd.DataFrame):
-            model_input = pd.DataFrame(model_input if isinstance(model_input, dict) else
-                                       {"image_id": list(model_input)})
-        if "image_id" not in model_input.columns:
-            raise ValueError("A2EnsembleModel.predict: the input needs an 'image_id' column")
         ids = [int(i) for i in model_input["image_id"]]
         store = (GivenFeatures(dict(zip(ids, model_input["features"])), self.config["model"]["feature_dim"])
                  if "features" in model_input.columns else self._feature_store())
