@@ -38,8 +38,9 @@ TABLE_METRICS = [("B-1", "val/BLEU-1"), ("B-4", "val/BLEU-4"), ("METEOR", "val/M
 SEED_KEYS = ("train.seed", "seed")
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
                 ("lift", "diag/grounding/lift"), ("chance", "diag/grounding/chance"),
-                ("subject vs object", "diag/grounding/subject_object"), ("Kendall τ attention", "diag/kendall/attention"),
-                ("Kendall τ mask", "diag/kendall/mask"), ("mask mean", "diag/mask_mean")]
+                ("subject vs object", "diag/grounding/subject_object"),
+                ("Kendall τ attention", "diag/kendall/attention"), ("Kendall τ mask", "diag/kendall/mask"),
+                ("mask mean", "diag/mask_mean")]
 _DIAG = re.compile("|".join(re.escape(key) for _, key in DIAG_COLUMNS))
 _JSD = re.compile(r"diag/jsd/layer(\d+)")
 _KENDALL = re.compile(r"diag/kendall/layer(\d+)/(attention|mask)")
