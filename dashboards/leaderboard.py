@@ -1,36 +1,21 @@
 """The leaderboard of a packaged study, and the ensemble as an MLflow model.
 
-`leaderboard.json` (written by `a2 package`) holds, for every seed checkpoint of the study's best configuration
-and for their averaging ensemble, the offline COCO metrics on the Karpathy test split (x100, as in the
-paper), where each number came from (study, trial ids, MLflow run ids, checkpoint locations, config hash, git
-commit, seeds), and the paper's rows for the same fusion (Table 1 / Table 3, and Table 2 for the ensemble)::
+`leaderboard.json` (written by `a2 package`) holds the offline COCO metrics (Karpathy test split, x100) of every
+seed checkpoint of the study's best configuration and of their averaging ensemble, one value per row, where each
+number came from, and the paper's rows for the same fusion: `schema`, `study`, `created`, `git_commit`,
+`evaluation` (split, images, beam size, scale, metrics), `configuration` (hash, fusion, config, how it was
+selected), `seeds`, `entries` (one per seed, then the ensemble: name, kind, trial and MLflow run ids,
+checkpoints, metrics), `seed_mean` (per metric: mean, low, high, n), `ensemble` (its CIDEr, `gain_over_mean`,
+`gain_over_best`: best member, delta, low, high, images, verdict) and `paper` (Tables 1, 2 and 3).
 
-    {"schema": 1, "study": "a2-smoke", "created": "...", "git_commit": "...",
-     "evaluation": {"split": "karpathy-test", "images": 20, "beam_size": 5, "scale": "x100", ...},
-     "configuration": {"hash": "<sha256>", "fusion": "gate", "config": {...}, "selected_by": {...}},
-     "seeds": [0, 1, 2, 3],
-     "entries": [{"name": "seed-0", "kind": "checkpoint", "seed": 0, "trial_id": "...", "metrics": {...}, ...},
-                 ..., {"name": "ensemble", "kind": "ensemble", "metrics": {...}, ...}],
-     "seed_mean": {"CIDEr": {"mean": 101.5, "low": 99.4, "high": 103.6, "n": 4}, ...},
-     "ensemble": {"CIDEr": 110.0, "gain_over_mean": 8.5,
-                  "gain_over_best": {"best_member": "seed-3", "best_member_CIDEr": 103.0, "delta": 7.0,
-                                     "low": 3.2, "high": 10.9, "images": 20, "verdict": "ensemble beats ..."}},
-     "paper": {"table1": {...}, "table2": {...}, "table3": {...}}}
-
-The config hash is the sha256 of the canonical JSON (sorted keys, no spaces) of the resolved a2core config
-without `train.seed` (and without `output_dir`, which says where a plain run writes, not what it trains): the
-seeds of one configuration share it.
-
-`A2EnsembleModel` is an `mlflow.pyfunc.PythonModel` whose artifacts are the checkpoints: it captions image ids
-(features from the checkpoints' data config, or a `features_path` in the model config) or given region
-features, with the same beam search as the submission. `register_ensemble` logs and registers it.
+The config hash is the sha256 of the canonical JSON of the resolved config without `train.seed` and `output_dir`
+(where a plain run writes, not what it trains): the seeds of one configuration share it.
 """
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
-import math
 import os
 import sys
 import tempfile
@@ -41,32 +26,27 @@ from typing import Any, Iterable, Mapping, Sequence
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
+from mlflow.tracking import MlflowClient
 
-from dashboards import paper_results
 from a2core.atomic import atomic_write
 from a2core.data.features import FeatureStore
 from a2core.errors import DataError
-from a2core.metrics import METRIC_NAMES, SCALE, SCALE_NAME
+from a2core.metrics import METRIC_NAMES as METRICS, SCALE, SCALE_NAME
+from dashboards import paper_results
+from dashboards.stats import Arm, Interval, compare_arms
+from dashboards.tables import finite, text_table
 
 SCHEMA = 1
-# Metrics in the order the table shows them; coco_scores' names.
-METRICS = METRIC_NAMES  # in the order the table shows them; coco_scores' names
 SHORT = {"BLEU-1": "B-1", "BLEU-2": "B-2", "BLEU-3": "B-3", "BLEU-4": "B-4", "METEOR": "M", "ROUGE-L": "R",
          "CIDEr": "C", "SPICE": "S"}
-NOT_HASHED = ("train.seed", "output_dir")
 
 
-# -- configurations ----------------------------------------------------------------------------------------------
 def canonical_config(config: Mapping) -> dict:
     """The config without the keys that do not define the configuration (`train.seed`, `output_dir`)."""
     out = copy.deepcopy(dict(config))
-    for dotted in NOT_HASHED:
-        node = out
-        *parents, last = dotted.split(".")
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
+    out.pop("output_dir", None)
+    if isinstance(out.get("train"), dict):
+        out["train"].pop("seed", None)
     return out
 
 
@@ -76,106 +56,73 @@ def config_hash(config: Mapping) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-# -- scores ------------------------------------------------------------------------------------------------------
 def ordered(scores: Mapping[str, Any]) -> dict[str, float]:
-    """coco_scores' metrics (already x100, the papers' scale: CIDEr 125.0) in METRICS order, rounded."""
-    return {k: round(float(scores[k]), 4) for k in METRICS if k in scores and scores[k] is not None}
+    """coco_scores' metrics (already x100) in METRICS order, rounded."""
+    return {k: round(float(scores[k]), 4) for k in METRICS if scores.get(k) is not None}
 
 
 def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str, Mapping[int, str]],
                   spice: bool | None = None) -> tuple[dict[str, dict[str, float]], dict[str, dict[int, float]]]:
     """COCO metrics (x100) of several systems' captions of the same images, and each system's per-image CIDEr-D
-    ({name: {image_id: CIDEr}}, x100, what the paired bootstrap of the ensemble gain resamples):
-    `a2core.metrics.coco_scores`' numbers, with one PTB tokenizer run and one METEOR process shared by all
-    systems instead of two Java processes per system (they dominate the time and fight over a small machine's
-    cores).
-
-    Same steps as `coco_scores`: every caption PTB-tokenized (references once), then BLEU-1..4, ROUGE-L and
-    CIDEr-D (`caption_scores` on the tokenized text) and METEOR. With SPICE (when its models are installed, or
-    `spice=True`) each system goes through `coco_scores` itself."""
+    ({name: {image_id: CIDEr}}): `a2core.metrics.coco_scores`' numbers, with one PTB tokenizer run and one METEOR
+    process shared by all systems (two Java processes per system would dominate the time). With SPICE (when its
+    models are installed, or `spice=True`) each system goes through `coco_scores` itself."""
     from a2core.metrics import Meteor, caption_scores, coco_scores, ptb_tokenize, spice_available
 
+    ids = list(references)
+    for name, caps in systems.items():
+        lost, extra = [k for k in ids if k not in caps], [k for k in caps if k not in references]
+        if lost or extra:
+            raise DataError(f"{name}: captions of {len(caps)} images for {len(ids)} references "
+                            f"(missing {lost[:5]}, not in the references {extra[:5]})")
     if spice is None:
         spice = spice_available()
         if not spice:
             print("leaderboard: SPICE not available (Stanford CoreNLP models missing); reported without it",
                   file=sys.stderr, flush=True)
-    out: dict[str, dict[str, float]] = {}
-    per_image: dict[str, dict[int, float]] = {}
-
-    def keep(name: str, scores: dict) -> None:
-        per_image[name] = {k: float(v["CIDEr"]) for k, v in scores.pop("per_image").items()}
-        out[name] = ordered(scores)
-
     if spice:
-        for name, caps in systems.items():
-            keep(name, coco_scores(references, caps, spice=True, per_image=True, progress=False))
-        return out, per_image
-    ids = list(references)
-    for name, caps in systems.items():
-        lost = [k for k in ids if k not in caps]
-        extra = [k for k in caps if k not in references]
-        if lost or extra:
-            raise DataError(f"{name}: captions of {len(caps)} images for {len(ids)} references "
-                             f"(missing {lost[:5]}, not in the references {extra[:5]})")
-    raw = {("gts", k): list(references[k]) for k in ids}
-    for name, caps in systems.items():
-        raw.update({(name, k): [caps[k]] for k in ids})
-    tok = ptb_tokenize(raw)
-    tok_gts = {k: tok[("gts", k)] for k in ids}
-    with Meteor() as meteor:
-        for name in systems:
-            tok_res = {k: tok[(name, k)] for k in ids}
-            scores = caption_scores(tok_gts, {k: tok_res[k][0] for k in ids}, per_image=True)
-            scores["METEOR"] = meteor.compute_score(tok_gts, tok_res)[0] * SCALE
-            keep(name, scores)
-    return out, per_image
+        results = {name: coco_scores(references, caps, spice=True, per_image=True, progress=False)
+                   for name, caps in systems.items()}
+    else:  # coco_scores' steps: PTB tokenization, then BLEU, ROUGE-L, CIDEr-D and METEOR on the tokens
+        raw = {("gts", k): list(references[k]) for k in ids}
+        raw.update({(name, k): [caps[k]] for name, caps in systems.items() for k in ids})
+        tokens = ptb_tokenize(raw)
+        gts = {k: tokens[("gts", k)] for k in ids}
+        results = {}
+        with Meteor() as meteor:
+            for name in systems:
+                res = {k: tokens[(name, k)] for k in ids}
+                results[name] = caption_scores(gts, {k: res[k][0] for k in ids}, per_image=True)
+                results[name]["METEOR"] = meteor.compute_score(gts, res)[0] * SCALE
+    per_image = {name: {k: float(v["CIDEr"]) for k, v in r["per_image"].items()} for name, r in results.items()}
+    return {name: ordered(r) for name, r in results.items()}, per_image
 
 
-# -- the leaderboard ---------------------------------------------------------------------------------------------
-def _git_commit() -> str:
-    try:
-        from dashboards.tracking import git_commit
-
-        return git_commit()
-    except Exception:  # noqa: BLE001 - provenance must not fail the package
-        return "unknown"
-
-
-def _fmt_number(value) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
-
-
-def _interval(iv) -> dict:
-    return {"mean": round(iv.mean, 4), "low": None if iv.low is None else round(iv.low, 4),
-            "high": None if iv.high is None else round(iv.high, 4), "n": iv.n}
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def ensemble_gain(ensemble: Mapping[str, float], members: Mapping[str, Mapping[str, float]],
                   per_image: Mapping[str, Mapping[int, float]] | None = None) -> dict:
-    """The ensemble's CIDEr gain over its best member with a 95% interval: `dashboards.stats.compare_arms` on the
-    two systems, the paired bootstrap over the test images when both have per-image CIDEr-D, else no interval."""
-    from dashboards.stats import Arm, compare_arms
-
-    best = max(members, key=lambda name: members[name].get("CIDEr", -math.inf))
+    """The ensemble's CIDEr gain over its best member with a 95% interval (`compare_arms` on the two systems: the
+    paired bootstrap over the test images when both have per-image CIDEr-D, else no interval)."""
+    best = max(members, key=lambda name: members[name].get("CIDEr", -np.inf))
     per_image = per_image or {}
+    ids = sorted(per_image.get("ensemble") or {})
 
     def arm(name: str, metrics: Mapping[str, float]) -> Arm:
         scores = per_image.get(name)
-        ids = sorted(per_image.get("ensemble") or {})
-        rows = None if scores is None or sorted(scores) != ids else np.asarray([[scores[i] for i in ids]])
-        return Arm(name, [dict(metrics)], rows)
+        same_images = scores is not None and sorted(scores) == ids
+        return Arm(name, [dict(metrics)], np.asarray([[scores[i] for i in ids]]) if same_images else None)
 
     diff = compare_arms([arm("ensemble", ensemble), arm(best, members[best])], baseline=best,
                         metric="CIDEr").differences.get("ensemble")
-    return {"best_member": best, "best_member_CIDEr": members[best].get("CIDEr"),
-            "delta": None if diff is None else round(diff.delta, 4),
-            "low": None if diff is None or diff.low is None else round(diff.low, 4),
-            "high": None if diff is None or diff.high is None else round(diff.high, 4),
-            "images": None if diff is None else diff.images,
-            "verdict": None if diff is None else diff.verdict()}
+    gain = {"best_member": best, "best_member_CIDEr": members[best].get("CIDEr"), "delta": None, "low": None,
+            "high": None, "images": None, "verdict": None}
+    if diff is not None:
+        gain.update(delta=_round(diff.delta), low=_round(diff.low), high=_round(diff.high), images=diff.images,
+                    verdict=diff.verdict())
+    return gain
 
 
 def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensemble_metrics: Mapping[str, float],
@@ -186,63 +133,49 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
 
     `members`: one dict per seed checkpoint with `seed`, `trial_id`, `study`, `checkpoint`, `metrics` (x100,
     from `score_systems`) and optionally `mlflow_run_id`, `value` (its study metric). `ensemble_metrics`: the
-    averaging ensemble's metrics (x100). `per_image`: per-image CIDEr-D of "seed-<s>" and "ensemble" (from
-    `score_systems`), for the interval of the ensemble gain.
-
-    Every number is one value per row: the seeds' metrics, their mean with a 95% t-interval over seeds
-    (`seed_mean`), the ensemble's metrics, and its gain over its best member with a paired bootstrap interval
-    over the test images (`ensemble.gain_over_best`); all from `dashboards.stats`."""
-    from dashboards.stats import Arm, compare_arms
+    ensemble's metrics. `per_image`: per-image CIDEr-D of "seed-<s>" and "ensemble" (from `score_systems`)."""
+    from dashboards.tracking import git_commit
 
     cfg = canonical_config(config)
     digest = config_hash(config)
     fusion = cfg.get("model", {}).get("fusion")
     stage = "scst" if int(cfg.get("train", {}).get("scst_epochs") or 0) > 0 else "xe"
-    entries = []
-    for m in sorted(members, key=lambda m: (m["seed"], str(m["trial_id"]))):
-        entries.append({
-            "name": f"seed-{m['seed']}", "kind": "checkpoint", "seed": m["seed"], "study": m.get("study", study),
-            "trial_id": m["trial_id"], "mlflow_run_id": m.get("mlflow_run_id"), "checkpoint": m["checkpoint"],
-            "config_hash": digest, "study_metric": m.get("value"), "metrics": dict(m["metrics"]),
-        })
-    seeds = [e for e in entries if e["kind"] == "checkpoint"]
+    seeds = [{"name": f"seed-{m['seed']}", "kind": "checkpoint", "seed": m["seed"], "study": m.get("study", study),
+              "trial_id": m["trial_id"], "mlflow_run_id": m.get("mlflow_run_id"), "checkpoint": m["checkpoint"],
+              "config_hash": digest, "study_metric": m.get("value"), "metrics": dict(m["metrics"])}
+             for m in sorted(members, key=lambda m: (m["seed"], str(m["trial_id"])))]
     metrics = [k for k in METRICS if k in ensemble_metrics]
     ((_, intervals),) = compare_arms([Arm("seeds", [e["metrics"] for e in seeds])], metrics=metrics).rows
-    entries.append({
-        "name": "ensemble", "kind": "ensemble", "seeds": [e["seed"] for e in seeds],
-        "studies": sorted({e["study"] for e in seeds}), "trial_ids": [e["trial_id"] for e in seeds],
-        "mlflow_run_ids": [e["mlflow_run_id"] for e in seeds], "checkpoints": [e["checkpoint"] for e in seeds],
-        "config_hash": digest, "metrics": dict(ensemble_metrics),
-    })
-    ens_cider = ensemble_metrics.get("CIDEr")
-    mean = intervals.get("CIDEr")
-    summary = {"CIDEr": ens_cider,
-               "gain_over_best": ensemble_gain(ensemble_metrics, {e["name"]: e["metrics"] for e in seeds}, per_image)
-               if seeds and ens_cider is not None else None,
-               "gain_over_mean": None if ens_cider is None or mean is None else round(ens_cider - mean.mean, 4)}
+    ensemble = {"name": "ensemble", "kind": "ensemble", "seeds": [e["seed"] for e in seeds],
+                "studies": sorted({e["study"] for e in seeds}), "trial_ids": [e["trial_id"] for e in seeds],
+                "mlflow_run_ids": [e["mlflow_run_id"] for e in seeds],
+                "checkpoints": [e["checkpoint"] for e in seeds], "config_hash": digest,
+                "metrics": dict(ensemble_metrics)}
+    cider, mean = ensemble_metrics.get("CIDEr"), intervals.get("CIDEr")
+    gain = (ensemble_gain(ensemble_metrics, {e["name"]: e["metrics"] for e in seeds}, per_image)
+            if seeds and cider is not None else None)
     board = {
         "schema": SCHEMA,
         "study": study,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "evaluation": {"split": f"karpathy-{split}", "images": int(images), "beam_size": int(beam_size),
                        "max_len": int(max_len), "scale": SCALE_NAME, "metrics": metrics,
                        "spice": "SPICE" in ensemble_metrics, "interval": "95%"},
         "configuration": {"hash": digest, "fusion": fusion, "lambda": cfg.get("model", {}).get("lambda"),
                           "stage": stage, "config": cfg, "selected_by": dict(selected_by or {})},
-        "seeds": [e["seed"] for e in seeds],
-        "entries": entries,
-        "seed_mean": {k: _interval(iv) for k, iv in intervals.items()},
-        "ensemble": summary,
+        "seeds": ensemble["seeds"],
+        "entries": [*seeds, ensemble],
+        "seed_mean": {k: {"mean": _round(iv.mean), "low": _round(iv.low), "high": _round(iv.high), "n": iv.n}
+                      for k, iv in intervals.items()},
+        "ensemble": {"CIDEr": cider, "gain_over_best": gain,
+                     "gain_over_mean": None if cider is None or mean is None else _round(cider - mean.mean)},
         "paper": paper_results.paper_rows(fusion, stage) if fusion else None,
     }
-    if extra:
-        board.update(extra)
-    return board
+    return {**board, **(extra or {})}
 
 
 def write_leaderboard(path: str | os.PathLike, board: Mapping) -> Path:
-    """Write the leaderboard JSON atomically."""
     return atomic_write(path, json.dumps(board, indent=2, default=str) + "\n")
 
 
@@ -250,35 +183,37 @@ def read_leaderboard(path: str | os.PathLike) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def format_table(board: Mapping) -> str:
-    """A small text table: each seed, the seed mean with its 95% interval, the ensemble, the paper's rows for the
-    same fusion; then the ensemble's gain over its best member with its interval."""
-    from dashboards.stats import Interval
-    from dashboards.tables import text_table
+def _fmt_number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
-    metrics = [k for k in METRICS if k in board["evaluation"]["metrics"]]
-    header = ["", "trial", *[SHORT[k] for k in metrics]]
-    rows = []
-    for e in board["entries"]:
-        trial = e["trial_id"] if e["kind"] == "checkpoint" else f"{len(e['seeds'])} seeds"
-        rows.append([e["name"], str(trial), *[_fmt_number(e["metrics"].get(k)) for k in metrics]])
-        if e["kind"] == "ensemble":  # the seed mean goes between the seeds and the ensemble
-            mean = board.get("seed_mean") or {}
-            rows.insert(-1, ["seed mean [95% CI]", f"{len(e['seeds'])} seeds",
-                             *[Interval(**{"sd": None, **mean[k]}).text() if k in mean else "-" for k in metrics]])
+
+def format_table(board: Mapping) -> str:
+    """A text table: each seed, the seed mean with its 95% interval, the ensemble, the paper's rows for the same
+    fusion; then the ensemble's gain over its best member."""
+    metrics = board["evaluation"]["metrics"]
+
+    def numbers(values: Mapping) -> list[str]:
+        return [_fmt_number(finite(values.get(k))) for k in metrics]
+
+    *seeds, ensemble = board["entries"]
+    mean = board.get("seed_mean") or {}
+    n = f"{len(ensemble['seeds'])} seeds"
+    rows = [[e["name"], str(e["trial_id"]), *numbers(e["metrics"])] for e in seeds]
+    rows.append(["seed mean [95% CI]", n, *(Interval(**mean[k], sd=None).text() if k in mean else "-"
+                                            for k in metrics)])
+    rows.append([ensemble["name"], n, *numbers(ensemble["metrics"])])
     paper = board.get("paper") or {}
-    t1 = paper.get("table1")
-    if t1:
-        rows.append([f"paper T1 {t1['row']} ({t1.get('stage', 'xe')})", "", *[
-            _fmt_number(t1.get("metrics", t1.get("xe", {})).get(k)) for k in metrics]])
-    t3 = paper.get("table3")
-    if t3:
-        rows.append([f"paper T3 {t3['row']}", "", *[_fmt_number(t3["metrics"].get(k)) for k in metrics]])
-    ev = board["evaluation"]
-    title = (f"leaderboard of {board['study']} ({board['configuration']['fusion']}, config "
-             f"{board['configuration']['hash'][:12]}): {ev['split']}, {ev['images']} images, beam {ev['beam_size']}, "
-             f"scores {ev['scale']}")
-    lines = [title, text_table(header, rows)]
+    if paper.get("table1"):
+        rows.append([f"paper T1 {paper['table1']['row']} ({paper['table1']['stage']})", "",
+                     *numbers(paper["table1"]["metrics"])])
+    if paper.get("table3"):
+        rows.append([f"paper T3 {paper['table3']['row']}", "", *numbers(paper["table3"]["metrics"])])
+    ev, configuration = board["evaluation"], board["configuration"]
+    lines = [f"leaderboard of {board['study']} ({configuration['fusion']}, config {configuration['hash'][:12]}): "
+             f"{ev['split']}, {ev['images']} images, beam {ev['beam_size']}, scores {ev['scale']}",
+             text_table(["", "trial", *(SHORT[k] for k in metrics)], rows)]
     gain = (board.get("ensemble") or {}).get("gain_over_best")
     if gain and gain.get("verdict"):
         lines.append(f"ensemble gain over its best member ({gain['best_member']}): {gain['verdict']}")
@@ -290,9 +225,9 @@ def trial_run_ids(tracking_uri: str | None, study: str) -> dict[str, str]:
     """{trial_id: MLflow run id} of a study's trial runs ({} when the study has no runs or MLflow is not there)."""
     if not tracking_uri:
         return {}
-    try:
-        from dashboards.tracking import TAG_TRIAL_ID, study_runs
+    from dashboards.tracking import TAG_TRIAL_ID, study_runs
 
+    try:
         _, children = study_runs(tracking_uri, study)
     except Exception as err:  # noqa: BLE001 - provenance is best effort
         print(f"leaderboard: note: no MLflow runs of {study} ({err})", file=sys.stderr)
@@ -316,8 +251,6 @@ def study_parent_run(tracking_uri: str, study: str) -> str:
 def log_artifacts(tracking_uri: str, run_id: str, paths: Iterable[str | os.PathLike],
                   artifact_path: str = "package") -> str:
     """Log files as artifacts of a run; returns the artifact folder's URI."""
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri=tracking_uri)
     for p in paths:
         client.log_artifact(run_id, str(p), artifact_path)
@@ -325,7 +258,7 @@ def log_artifacts(tracking_uri: str, run_id: str, paths: Iterable[str | os.PathL
 
 
 # -- the ensemble as an MLflow model --------------------------------------------------------------------------------
-CHECKPOINT_ARTIFACT = "checkpoint_{:02d}"
+TAG_CONTENT_HASH = "a2.content_hash"
 
 
 class GivenFeatures(FeatureStore):
@@ -341,13 +274,11 @@ class GivenFeatures(FeatureStore):
 class A2EnsembleModel(mlflow.pyfunc.PythonModel):
     """Averaging ensemble of A2 checkpoints (the model's artifacts) that captions images.
 
-    `predict` takes a pandas DataFrame with an `image_id` column (int64) and, optionally, a `features` column of
-    (n_regions, 2048) float64 arrays: the logged model's signature (`model_signature`), which MLflow enforces.
-    Without features, an image's regions come from the feature store of the checkpoints' data config, or from
-    `features_path` in the model config. Returns a DataFrame with `image_id` and `caption`, in input order."""
-
-    def __init__(self, beam_size: int = 5, max_len: int = 20, batch_size: int = 50, min_len: int = 1):
-        self.beam_size, self.max_len, self.batch_size, self.min_len = beam_size, max_len, batch_size, min_len
+    `predict` takes a DataFrame with an `image_id` column and, optionally, a `features` column of (n_regions,
+    feature_dim) arrays (the signature of `model_signature`, which MLflow enforces). Without features, regions
+    come from `features_path` in the model config, else the feature store of the checkpoints' data config.
+    Returns `image_id` and `caption`, in input order. Decoding settings: the model config, else these."""
+    beam_size, max_len, batch_size, min_len = 5, 20, 50, 1
 
     def load_context(self, context):
         import torch
@@ -365,51 +296,27 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
         self.features_path = model_config.get("features_path")
         self._store = None
 
-    def _feature_store(self):
+    def _feature_store(self) -> FeatureStore:
         if self._store is None:
             from a2core.config import Config
-            path = self.features_path
-            if not path:
-                from a2core.data.dataset import resolve_paths
+            from a2core.data.dataset import resolve_paths
 
-                path = resolve_paths(Config.from_dict(self.config).data).features
+            path = self.features_path or resolve_paths(Config.from_dict(self.config).data).features
             self._store = FeatureStore(path, self.config["model"]["feature_dim"])
         return self._store
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        if isinstance(model_input, pd.DataFrame):
-            frame = model_input
-        elif isinstance(model_input, dict):
-            frame = pd.DataFrame(model_input)
-        else:
-            frame = pd.DataFrame({"image_id": list(model_input)})
-        if "image_id" not in frame.columns:
-            raise ValueError("A2EnsembleModel.predict: the input needs an 'image_id' column")
         from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
 
-        ids = [int(i) for i in frame["image_id"]]
-        if "features" in frame.columns:
-            store = GivenFeatures(dict(zip(ids, frame["features"])), self.config["model"]["feature_dim"])
-        else:
-            store = self._feature_store()
-        beam = int((params or {}).get("beam_size", self.beam_size))
+        ids = [int(i) for i in model_input["image_id"]]
+        store = (GivenFeatures(dict(zip(ids, model_input["features"])), self.config["model"]["feature_dim"])
+                 if "features" in model_input.columns else self._feature_store())
         stepper = MinLengthStepper(EnsembleStepper(self.models), self.vocab.eos, self.min_len)
         caps = caption_images(stepper, self.vocab, list(dict.fromkeys(ids)),
-                              lambda i: store.padded(i, self.config["model"]["max_regions"]), beam_size=beam,
-                              max_len=self.max_len, batch_size=self.batch_size, device=self.device)
+                              lambda i: store.padded(i, self.config["model"]["max_regions"]),
+                              beam_size=int((params or {}).get("beam_size", self.beam_size)), max_len=self.max_len,
+                              batch_size=self.batch_size, device=self.device)
         return pd.DataFrame({"image_id": ids, "caption": [caps[i] for i in ids]})
-
-
-def _slim_checkpoint(src: str | os.PathLike, dst: Path) -> Path:
-    """A copy of a checkpoint with what inference needs (weights, config, vocabulary, epoch): no optimizer."""
-    from a2core import checkpoint as ckpt
-
-    state = ckpt.load(src)
-    keep = {k: state[k] for k in ("model", "config", "vocab", "epoch", "step", "best") if k in state}
-    return ckpt.save(keep, dst)
-
-
-TAG_CONTENT_HASH = "a2.content_hash"
 
 
 def content_hash(checkpoints: Sequence[str | os.PathLike], beam_size: int, max_len: int) -> str:
@@ -432,8 +339,7 @@ def model_signature(feature_dim: int, beam_size: int):
         inputs=Schema([ColSpec("long", "image_id"), ColSpec(Array(Array("double")), "features", required=False)]),
         outputs=Schema([ColSpec("long", "image_id"), ColSpec("string", "caption")]),
         params=ParamSchema([ParamSpec("beam_size", "long", beam_size)]))
-    example = pd.DataFrame({"image_id": [1], "features": [[[0.0] * feature_dim] * 2]})
-    return signature, example
+    return signature, pd.DataFrame({"image_id": [1], "features": [[[0.0] * feature_dim] * 2]})
 
 
 def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str | os.PathLike], name: str, *,
@@ -441,59 +347,50 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
                       tags: Mapping[str, str] | None = None) -> dict:
     """Log the ensemble as an MLflow pyfunc model of run `run_id` (its checkpoints as artifacts, without optimizer
     state) and register it as a new version of model `name`, unless a version of `name` already serves the same
-    checkpoints and settings (tag `a2.content_hash`, `content_hash`): that version is reused, so a re-run
-    registers nothing new. Returns {"name", "version", "model_uri", "reused", ...}."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
+    checkpoints and settings (tag `a2.content_hash`): that version is reused. Returns {"name", "version",
+    "model_uri", "logged_model_uri", "run_id", "reused"}."""
+    from a2core import checkpoint as ckpt
 
     client = MlflowClient(tracking_uri=tracking_uri)
     digest = content_hash(checkpoints, beam_size, max_len)
     same = client.search_model_versions(f"name='{name}' and tags.`{TAG_CONTENT_HASH}` = '{digest}'")
     if same:
-        version = min(int(v.version) for v in same)
-        return {"name": name, "version": version, "model_uri": f"models:/{name}/{version}",
-                "logged_model_uri": next(v.source for v in same if int(v.version) == version), "run_id": run_id,
-                "reused": True}
+        first = min(same, key=lambda v: int(v.version))
+        return {"name": name, "version": int(first.version), "model_uri": f"models:/{name}/{first.version}",
+                "logged_model_uri": first.source, "run_id": run_id, "reused": True}
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the job's log
     repo = Path(__file__).resolve().parents[1]
-    code_paths = [str(repo / "a2core"), str(repo / "dashboards")]
     status = client.get_run(run_id).info.status
     previous_uri, previous_env = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
     with tempfile.TemporaryDirectory(prefix="a2-model-") as tmp:
         artifacts = {}
-        for i, path in enumerate(checkpoints):
-            key = CHECKPOINT_ARTIFACT.format(i)
-            artifacts[key] = str(_slim_checkpoint(path, Path(tmp) / f"{key}.pt"))
-        from a2core import checkpoint as ckpt
-
-        signature, example = model_signature(ckpt.load(artifacts[CHECKPOINT_ARTIFACT.format(0)])["config"]["model"][
-            "feature_dim"], beam_size)
+        for i, path in enumerate(checkpoints):  # inference needs no optimizer state
+            state = ckpt.load(path)
+            artifacts[f"checkpoint_{i:02d}"] = str(ckpt.save(
+                {k: state[k] for k in ("model", "config", "vocab", "epoch", "step", "best") if k in state},
+                Path(tmp) / f"checkpoint_{i:02d}.pt"))
+            if i == 0:
+                feature_dim = state["config"]["model"]["feature_dim"]
+        signature, example = model_signature(feature_dim, beam_size)
         mlflow.set_tracking_uri(tracking_uri)
         try:
-            mlflow.start_run(run_id=run_id)
-            try:
+            with mlflow.start_run(run_id=run_id):
                 info = mlflow.pyfunc.log_model(
                     name="ensemble", python_model=str(Path(__file__).with_name("ensemble_model.py")),
-                    model_config={"beam_size": beam_size, "max_len": max_len},
-                    artifacts=artifacts, code_paths=code_paths, registered_model_name=name,
+                    model_config={"beam_size": beam_size, "max_len": max_len}, artifacts=artifacts,
+                    code_paths=[str(repo / "a2core"), str(repo / "dashboards")], registered_model_name=name,
                     signature=signature, input_example=example,
                     pip_requirements=["torch", "numpy", "h5py", "pyyaml", "pandas"],
                     metadata={"a2.checkpoints": [str(p) for p in checkpoints], "a2.beam_size": beam_size})
-            finally:
-                mlflow.end_run(status=status if status in ("FINISHED", "FAILED", "KILLED") else "FINISHED")
-                if status == "RUNNING":
-                    client.update_run(run_id, status="RUNNING")
-        finally:  # leave the caller's global MLflow settings as they were
+        finally:  # the run keeps its status; the caller's global MLflow settings are left as they were
+            client.update_run(run_id, status=status)
             mlflow.set_tracking_uri(previous_uri)
             if previous_env is not None:
                 os.environ["MLFLOW_TRACKING_URI"] = previous_env
-    version = info.registered_model_version
-    if version is None:  # older MLflow: look the version up by the run
-        found = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")
-        version = max(int(v.version) for v in found)
+    version = str(info.registered_model_version)
     if description:
-        client.update_model_version(name, str(version), description=description)
+        client.update_model_version(name, version, description=description)
     for k, v in {**(tags or {}), TAG_CONTENT_HASH: digest}.items():
-        client.set_model_version_tag(name, str(version), k, str(v))
+        client.set_model_version_tag(name, version, k, str(v))
     return {"name": name, "version": int(version), "model_uri": f"models:/{name}/{version}",
             "logged_model_uri": info.model_uri, "run_id": run_id, "reused": False}

@@ -1,8 +1,5 @@
-"""The A2 Transformer paper's result tables (AAAI-22, `paper/a2_transformer_aaai22.txt`) as data.
-
-All values are percentages, as printed in the paper (CIDEr 125.0 = pycocoevalcap's 1.250). `None` stands for a
-"-" in the paper. Metric keys are the ones `a2core.metrics.coco_scores` returns: BLEU-1..BLEU-4, METEOR,
-ROUGE-L, CIDEr, SPICE.
+"""The A2 Transformer paper's result tables (AAAI-22, `paper/a2_transformer_aaai22.txt`) as data: x100 as printed
+(CIDEr 125.0 = pycocoevalcap's 1.250), `None` for a "-" in the paper, `a2core.metrics.coco_scores`' metric names.
 
 - Table 1: offline Karpathy test split, cross-entropy training (`xe`) and CIDEr optimisation (`scst`). The
   "A2 Transformer" row is the gate-mechanism variant (the paper's best, also the one it submits).
@@ -12,13 +9,7 @@ ROUGE-L, CIDEr, SPICE.
 """
 from __future__ import annotations
 
-import copy
-
-from a2core.metrics import METRIC_NAMES
-
 PAPER = "Attention-Aligned Transformer for Image Captioning (AAAI-22)"
-METRICS = METRIC_NAMES
-
 _T1_COLUMNS = ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
 
 
@@ -86,54 +77,39 @@ TABLE3 = {
     },
 }
 
-# model.fusion -> the row of Table 3 (and of Table 1 / Table 2, where the paper has one).
+# model.fusion -> the row of Table 3; Tables 1 and 2 mark their A2 row with its fusion.
 TABLE3_ROW = {"none": "Baseline", "max": "Max Pooling", "moving_average": "Moving Average",
               "exp_decay": "Exponential Decay", "gate": "Gate Mechanism"}
-TABLE1_ROW = {"gate": "A2 Transformer"}
-TABLE2_ROW = {"gate": "A2 Transformer"}
+
+
+def _a2_row(table: dict, fusion: str) -> str | None:
+    return next((name for name, row in table["rows"].items() if row.get("fusion") == fusion), None)
 
 
 def table1_row(fusion: str, stage: str | None = None) -> dict | None:
     """Table 1's row of the A2 variant with this fusion (only gate has one), both stages or one (xe|scst)."""
-    name = TABLE1_ROW.get(fusion)
+    name = _a2_row(TABLE1, fusion)
     if name is None:
         return None
     row = TABLE1["rows"][name]
     out = {"table": "1", "row": name, "split": TABLE1["split"], "fusion": fusion}
     if stage is None:
-        out.update(xe=dict(row["xe"]), scst=dict(row["scst"]))
-    else:
-        if stage not in ("xe", "scst"):
-            raise ValueError(f"stage must be 'xe' or 'scst', got {stage!r}")
-        out.update(stage=stage, metrics=dict(row[stage]))
-    return out
-
-
-def table2_row(fusion: str) -> dict | None:
-    name = TABLE2_ROW.get(fusion)
-    if name is None:
-        return None
-    row = TABLE2["rows"][name]
-    return {"table": "2", "row": name, "split": TABLE2["split"], "fusion": fusion, "ensemble": row["ensemble"],
-            "c5": dict(row["c5"]), "c40": dict(row["c40"])}
-
-
-def table3_row(fusion: str) -> dict | None:
-    name = TABLE3_ROW.get(fusion)
-    if name is None:
-        return None
-    return {"table": "3", "row": name, "split": TABLE3["split"], "fusion": fusion, "stage": "xe",
-            "metrics": dict(TABLE3["rows"][name])}
+        return {**out, "xe": dict(row["xe"]), "scst": dict(row["scst"])}
+    if stage not in ("xe", "scst"):
+        raise ValueError(f"stage must be 'xe' or 'scst', got {stage!r}")
+    return {**out, "stage": stage, "metrics": dict(row[stage])}
 
 
 def paper_rows(fusion: str, stage: str | None = None) -> dict:
-    """Everything the paper reports for a fusion: {"paper", "table1", "table2", "table3"} (None where absent).
-
+    """Everything the paper reports for a fusion: {"paper", "table1", "table2", "table3"} (None where absent);
     `stage` (xe|scst) picks Table 1's column group that matches how the checkpoints were trained."""
-    return {"paper": PAPER, "fusion": fusion, "table1": table1_row(fusion, stage), "table2": table2_row(fusion),
-            "table3": table3_row(fusion)}
-
-
-def tables() -> dict:
-    """All three tables (deep copies: callers may change them)."""
-    return {"table1": copy.deepcopy(TABLE1), "table2": copy.deepcopy(TABLE2), "table3": copy.deepcopy(TABLE3)}
+    table2 = table3 = None
+    if name := _a2_row(TABLE2, fusion):
+        row = TABLE2["rows"][name]
+        table2 = {"table": "2", "row": name, "split": TABLE2["split"], "fusion": fusion, "ensemble": row["ensemble"],
+                  "c5": dict(row["c5"]), "c40": dict(row["c40"])}
+    if name := TABLE3_ROW.get(fusion):
+        table3 = {"table": "3", "row": name, "split": TABLE3["split"], "fusion": fusion, "stage": "xe",
+                  "metrics": dict(TABLE3["rows"][name])}
+    return {"paper": PAPER, "fusion": fusion, "table1": table1_row(fusion, stage), "table2": table2,
+            "table3": table3}

@@ -1,31 +1,15 @@
-"""The numbers behind every comparison a2tune prints: seed means with 95% intervals, differences between two
-configurations with a paired bootstrap interval, a plain-words verdict, and the seeds a study needs (power).
+"""The numbers behind every comparison a2tune prints: seed means with 95% intervals, differences of two
+configurations with their interval and a plain-words verdict, the seeds a study needs (power), and which runs
+may be called "best". `compare_arms` is the one entry point of compare, report, status and leaderboard. Scores
+are on the x100 scale.
 
-`compare_arms` is the one function that compare, report and leaderboard call: give it the arms (a configuration
-with one entry of metrics per seed, and optionally its per-image CIDEr-D per seed) and it returns every row's
-intervals and every arm's difference to the baseline. All scores are on the x100 scale.
-
-Why these intervals
--------------------
-- One configuration over seeds (`seed_interval`): a Student t-interval, mean +- t(0.975, n-1) * sd / sqrt(n).
-  Studies run 3-10 seeds; at such n a bootstrap percentile interval is too narrow (with 3 seeds it has 10
-  distinct resamples; over 400 simulated normal studies `scipy.stats.bootstrap` covered the mean 76% of the time
-  at 3 seeds, 82% at 5 and 92% at 10), while the t-interval is exact for normal seed noise
-  (tests/test_stats.py checks 92-98% at 3, 5 and 10 seeds). Below 3 seeds there is no interval: two
-  seeds give a t-interval 12.7 standard errors wide that says nothing, and one seed gives no spread at all.
-- Two configurations (`paired_difference`): every seed of both arms is scored on the same test images, so the
-  images are a crossed factor that the difference must be paired over. `scipy.stats.bootstrap` resamples three
-  index samples at once: the seeds of arm A, the seeds of arm B (independently: seed k of A and seed k of B are
-  different models) and the images (one draw shared by both arms and every seed, which keeps the pairing and
-  the correlation of one image across seeds). The statistic is mean(A[seeds_a][:, images]) - mean(B[...]);
-  the interval is the bootstrap percentile interval. An arm with one seed keeps it fixed (nothing to resample).
-- Without per-image scores (`seed_difference`): Welch's t-interval of the difference of the two seed means.
-
-Early-stopped runs: `stopped_early_tags` is what the MLflow callback tags a scheduler-stopped trial with, and
-`best_candidates` is the one rule for "best": runs that were stopped early are left out unless nothing else is left.
-
-`seeds_needed` answers "how many seeds per arm resolve a difference delta" for a two-sided Welch/t test at
-alpha = 0.05 with 80% power, from the noncentral t distribution (exact for normal seed noise).
+- One configuration (`seed_interval`): Student t-interval over seeds. At 3-10 seeds a bootstrap percentile
+  interval is too narrow (it covered the mean 76% / 82% / 92% of the time at 3 / 5 / 10 seeds in 400 simulated
+  normal studies); the t-interval is exact for normal seed noise. Below 3 seeds there is no interval.
+- Two configurations scored on the same test images (`paired_difference`): `scipy.stats.bootstrap` resamples the
+  seeds of each arm independently and the images once for both arms (the images are a crossed factor the
+  difference is paired over); percentile interval. Without per-image scores (`seed_difference`): Welch's t.
+- `seeds_needed`: seeds per arm for a two-sided t test at alpha 0.05 with 80% power (noncentral t).
 """
 from __future__ import annotations
 
@@ -36,9 +20,11 @@ from typing import Sequence
 import numpy as np
 from scipy import stats as sps
 
+from dashboards.tables import finite
+
 CONFIDENCE = 0.95
 POWER = 0.80
-MIN_SEEDS = 3  # fewer seeds: no interval (see the module docstring)
+MIN_SEEDS = 3
 N_RESAMPLES = 4999
 
 # MLflow tags of trial runs (set by launch.mlflow_callback)
@@ -57,14 +43,11 @@ def is_stopped_early(tags: dict) -> bool:
 
 
 def stopped_early_text(info: dict) -> str:
-    """"stopped early (rung 2, cutoff 105.3)" from the tags of a stopped run, or the scheduler's record
-    (`{"rung", "cutoff"}`)."""
-    rung, cutoff = info.get(TAG_STOPPED_RUNG, info.get("rung")), info.get(TAG_STOPPED_CUTOFF, info.get("cutoff"))
-    try:
-        cutoff = f"{float(cutoff):.1f}"
-    except (TypeError, ValueError):
-        cutoff = "?"
-    return f"stopped early (rung {rung if rung is not None else '?'}, cutoff {cutoff})"
+    """"stopped early (rung 2, cutoff 105.3)" from a stopped run's tags or the scheduler's `{"rung", "cutoff"}`."""
+    rung = info.get(TAG_STOPPED_RUNG, info.get("rung"))
+    cutoff = finite(info.get(TAG_STOPPED_CUTOFF, info.get("cutoff")))
+    cutoff_text = "?" if cutoff is None else f"{cutoff:.1f}"
+    return f"stopped early (rung {'?' if rung is None else rung}, cutoff {cutoff_text})"
 
 
 def best_candidates(items: Sequence, tags_of=lambda item: item.tags) -> list:
@@ -74,7 +57,6 @@ def best_candidates(items: Sequence, tags_of=lambda item: item.tags) -> list:
     return finished or list(items)
 
 
-# -- one configuration ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Interval:
     """Mean of n seeds with its 95% t-interval; `low`/`high` are None below MIN_SEEDS seeds."""
@@ -84,10 +66,6 @@ class Interval:
     n: int
     sd: float | None  # sample standard deviation over seeds (None for one seed)
 
-    @property
-    def half_width(self) -> float | None:
-        return None if self.low is None else (self.high - self.low) / 2
-
     def text(self, digits: int = 1) -> str:
         """`112.3 [110.1, 114.5]` or `112.3 (2 seeds: no interval)`."""
         if self.low is None:
@@ -95,35 +73,33 @@ class Interval:
         return f"{self.mean:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
 
 
-def seed_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
-    """Mean and t-interval of one metric over the seeds of one configuration (NaNs dropped)."""
+def _finite(values) -> np.ndarray:
     x = np.asarray([v for v in values if v is not None], dtype=float)
-    x = x[np.isfinite(x)]
+    return x[np.isfinite(x)]
+
+
+def seed_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
+    """Mean and t-interval of one metric over the seeds of one configuration (None and NaN dropped)."""
+    x = _finite(values)
     if x.size == 0:
         raise ValueError("no finite value to summarise")
     mean = float(x.mean())
     sd = float(x.std(ddof=1)) if x.size > 1 else None
     if x.size < MIN_SEEDS:
-        return Interval(mean, None, None, int(x.size), sd)
+        return Interval(mean, None, None, x.size, sd)
     if sd == 0:  # every seed gave the same value
-        return Interval(mean, mean, mean, int(x.size), sd)
+        return Interval(mean, mean, mean, x.size, sd)
     low, high = sps.t.interval(confidence, df=x.size - 1, loc=mean, scale=sd / math.sqrt(x.size))
-    return Interval(mean, float(low), float(high), int(x.size), sd)
+    return Interval(mean, float(low), float(high), x.size, sd)
 
 
 def pooled_sd(groups: Sequence[Sequence[float]]) -> float | None:
     """The within-configuration seed spread pooled over configurations: sqrt(sum (n_i-1) s_i^2 / sum (n_i-1))."""
-    num = den = 0.0
-    for g in groups:
-        x = np.asarray(g, dtype=float)
-        x = x[np.isfinite(x)]
-        if x.size > 1:
-            num += float(((x - x.mean()) ** 2).sum())
-            den += x.size - 1
-    return math.sqrt(num / den) if den > 0 else None
+    groups = [x for x in map(_finite, groups) if x.size > 1]
+    dof = sum(x.size - 1 for x in groups)
+    return math.sqrt(sum(float(((x - x.mean()) ** 2).sum()) for x in groups) / dof) if dof else None
 
 
-# -- two configurations --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Difference:
     """mean(A) - mean(B) with its 95% interval; `better` is +1 when higher scores are better, -1 otherwise."""
@@ -164,33 +140,31 @@ class Difference:
 
 def paired_difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("A", "B"), *, metric: str = "CIDEr",
                       better: int = 1, n_resamples: int = N_RESAMPLES, seed: int = 0) -> Difference:
-    """mean(a) - mean(b) with a bootstrap interval over seeds and (paired) images; see the module docstring.
+    """mean(a) - mean(b) with a bootstrap interval over each arm's seeds and the (shared) images.
 
     a: (seeds_a, images) per-image scores of arm A, b: (seeds_b, images), the same images in the same order.
     """
-    a, b = np.atleast_2d(np.asarray(a, dtype=float)), np.atleast_2d(np.asarray(b, dtype=float))
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"arms scored on different image sets: {a.shape[1]} vs {b.shape[1]} images")
-    n_img = a.shape[1]
+    arms = [np.atleast_2d(np.asarray(x, dtype=float)) for x in (a, b)]
+    n_img = arms[0].shape[1]
+    if arms[1].shape[1] != n_img:
+        raise ValueError(f"arms scored on different image sets: {n_img} vs {arms[1].shape[1]} images")
     if n_img < 2:
         raise ValueError("a paired bootstrap needs at least 2 images")
-    delta = float(a.mean() - b.mean())
-    # Index samples for scipy to resample: an arm with one seed keeps it fixed (scipy needs >= 2 observations).
-    samples = [np.arange(n) for n in (a.shape[0], b.shape[0]) if n > 1] + [np.arange(n_img)]
-    resampled = [a.shape[0] > 1, b.shape[0] > 1]
+    # Index samples to resample; an arm with one seed keeps it fixed (scipy needs >= 2 observations).
+    samples = [np.arange(len(x)) for x in arms if len(x) > 1] + [np.arange(n_img)]
 
-    def statistic(*idx, axis=-1):
-        idx = list(idx)
-        ia = idx.pop(0) if resampled[0] else np.zeros(idx[-1].shape[:-1] + (1,), dtype=int)
-        ib = idx.pop(0) if resampled[1] else np.zeros(idx[-1].shape[:-1] + (1,), dtype=int)
-        (ii,) = idx
-        per_image = a[ia].mean(axis=-2) - b[ib].mean(axis=-2)  # (..., images): seed-mean difference per image
-        return np.take_along_axis(per_image, ii, axis=-1).mean(axis=-1)  # (...,)
+    def statistic(*idx, axis=-1):  # idx: (..., n) index draws, one per sample
+        seed_draws = iter(idx[:-1])
+        means = [x[next(seed_draws)].mean(axis=-2) if len(x) > 1 else x[0] for x in arms]  # (..., images) each
+        images = idx[-1]
+        per_image = np.broadcast_to(means[0] - means[1], images.shape)
+        return np.take_along_axis(per_image, images, axis=-1).mean(axis=-1)
 
     res = sps.bootstrap(samples, statistic, n_resamples=n_resamples, vectorized=True, axis=-1, batch=200,
                         method="percentile", confidence_level=CONFIDENCE, rng=np.random.default_rng(seed))
-    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    return Difference(names[0], names[1], delta, low, high, a.shape[0], b.shape[0], n_img, metric, better)
+    ci = res.confidence_interval
+    return Difference(*names, float(arms[0].mean() - arms[1].mean()), float(ci.low), float(ci.high),
+                      len(arms[0]), len(arms[1]), n_img, metric, better)
 
 
 def seed_difference(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("A", "B"), *,
@@ -203,18 +177,19 @@ def seed_difference(a: Sequence[float], b: Sequence[float], names: tuple[str, st
         if x.std() == 0 and y.std() == 0:
             low = high = delta
         else:
-            ci = sps.ttest_ind(x, y, equal_var=False).confidence_interval(CONFIDENCE)
-            low, high = float(ci.low), float(ci.high)
-    return Difference(names[0], names[1], delta, low, high, int(x.size), int(y.size), None, metric, better)
+            low, high = map(float, sps.ttest_ind(x, y, equal_var=False).confidence_interval(CONFIDENCE))
+    return Difference(*names, delta, low, high, x.size, y.size, None, metric, better)
 
 
-# -- the one summary that tables use ------------------------------------------------------------------------------
 @dataclass
 class Arm:
     """One configuration: one dict of metrics per seed; optionally per-image scores (seeds, images) of `metric`."""
     label: str
     seeds: list[dict[str, float]]
     per_image: np.ndarray | None = None
+
+    def values(self, metric: str) -> list[float]:
+        return [s[metric] for s in self.seeds if s.get(metric) is not None and math.isfinite(s[metric])]
 
 
 @dataclass
@@ -229,43 +204,28 @@ class Comparison:
 
 def compare_arms(arms: Sequence[Arm], baseline: str | None = None, metric: str = "val/CIDEr", mode: str = "max",
                  metrics: Sequence[str] | None = None, seed: int = 0) -> Comparison:
-    """Intervals per arm and metric, and each arm's difference to `baseline` in `metric`.
-
-    The difference is the paired bootstrap over seeds and images when both arms carry per-image scores of the
-    same images, else Welch's t over seed means.
-    """
+    """Intervals per arm and metric, and each arm's difference to `baseline` in `metric`: the paired bootstrap
+    when both arms carry per-image scores of the same images, else Welch's t over seed means."""
     rows = []
     for arm in arms:
         keys = metrics if metrics is not None else sorted({k for s in arm.seeds for k in s})
-        intervals = {}
-        for k in keys:
-            values = [s[k] for s in arm.seeds if s.get(k) is not None and math.isfinite(s[k])]
-            if values:
-                intervals[k] = seed_interval(values)
-        rows.append((arm, intervals))
+        rows.append((arm, {k: seed_interval(arm.values(k)) for k in keys if arm.values(k)}))
     out = Comparison(rows, baseline=baseline)
     base = next((arm for arm in arms if arm.label == baseline), None)
-    if base is None:
-        return out
-    short = metric.rsplit("/", 1)[-1]
-    better = 1 if mode == "max" else -1
+    options = dict(metric=metric.rsplit("/", 1)[-1], better=1 if mode == "max" else -1)
     for arm in arms:
-        if arm is base:
+        if base is None or arm is base:
             continue
         names = (arm.label, base.label)
         if (arm.per_image is not None and base.per_image is not None
                 and np.shape(arm.per_image)[-1] == np.shape(base.per_image)[-1]):
-            out.differences[arm.label] = paired_difference(arm.per_image, base.per_image, names, metric=short,
-                                                           better=better, seed=seed)
-        else:
-            x = [s[metric] for s in arm.seeds if s.get(metric) is not None]
-            y = [s[metric] for s in base.seeds if s.get(metric) is not None]
-            if x and y:
-                out.differences[arm.label] = seed_difference(x, y, names, metric=short, better=better)
+            out.differences[arm.label] = paired_difference(arm.per_image, base.per_image, names, seed=seed,
+                                                           **options)
+        elif arm.values(metric) and base.values(metric):
+            out.differences[arm.label] = seed_difference(arm.values(metric), base.values(metric), names, **options)
     return out
 
 
-# -- power ---------------------------------------------------------------------------------------------------------
 def power(n: int, delta: float, sd: float, alpha: float = 1 - CONFIDENCE) -> float:
     """Power of a two-sided two-sample t test with n seeds per arm to detect a true difference `delta`."""
     if n < 2:
