@@ -8,7 +8,10 @@ are on the x100 scale.
   normal studies); the t-interval is exact for normal seed noise. Below 3 seeds there is no interval.
 - Two configurations scored on the same test images (`paired_difference`): `scipy.stats.bootstrap` resamples the
   seeds of each arm independently and the images once for both arms (the images are a crossed factor the
-  difference is paired over); percentile interval. Without per-image scores (`seed_difference`): Welch's t.
+  difference is paired over); percentile interval, widened to Welch's t-interval over the seed means where that
+  is wider (with 3+ seeds per arm). Alone, the bootstrap covered a true zero difference 82% / 91% / 90% of the
+  time at 3 / 5 / 10 seeds (400 simulated studies, seed sd 10, image sd 15, 100 images); widened, 97% / 96% /
+  94%. Without per-image scores (`seed_difference`): Welch's t.
 - `seeds_needed`: seeds per arm for a two-sided t test at alpha 0.05 with 80% power (noncentral t).
 """
 from __future__ import annotations
@@ -162,8 +165,13 @@ def paired_difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("A
 
     res = sps.bootstrap(samples, statistic, n_resamples=n_resamples, vectorized=True, axis=-1, batch=200,
                         method="percentile", confidence_level=CONFIDENCE, rng=np.random.default_rng(seed))
-    ci = res.confidence_interval
-    return Difference(*names, float(arms[0].mean() - arms[1].mean()), float(ci.low), float(ci.high),
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    # Few seeds: a percentile bootstrap over 3-5 seeds is too narrow (see the module docstring); the interval is
+    # at least Welch's t-interval over the seed means, which holds its 95% for the seed noise.
+    seedwise = seed_difference(arms[0].mean(axis=1), arms[1].mean(axis=1))
+    if seedwise.low is not None:
+        low, high = min(low, seedwise.low), max(high, seedwise.high)
+    return Difference(*names, float(arms[0].mean() - arms[1].mean()), low, high,
                       len(arms[0]), len(arms[1]), n_img, metric, better)
 
 
