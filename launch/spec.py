@@ -31,13 +31,8 @@ from a2core.config import (Config, ConfigError, Integer, Number, Real, Section, 
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.errors import DataError
 
-ALIASES = {
-    "fusion": "model.fusion",
-    "lambda": "model.lambda",
-    "eta": "model.eta",
-    "temperature": "model.temperature",
-    "seed": "train.seed",
-}
+ALIASES = {"fusion": "model.fusion", "lambda": "model.lambda", "eta": "model.eta", "temperature": "model.temperature",
+           "seed": "train.seed"}
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
 SECTIONS = ("data", "model", "train")
 SEED_PATH = "train.seed"  # set by the replicate index when search.replicates is given
@@ -60,14 +55,9 @@ _S3 = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
 _SCHEME = r"^([A-Za-z][A-Za-z0-9+.\-]*):"  # of a URI; + "//" of a URL
 
 _MISSING = object()
-# Config checks that involve two keys: an error at the first may come from the second being in the space.
-_COUPLED = {
-    "model.temperature": ("model.fusion",),
-    "model.fusion": ("model.temperature",),
-    "model.heads": ("model.d_model",),
-    "model.d_model": ("model.heads",),
-    "train.scst_samples": ("train.scst_baseline",),
-}
+# Config checks that involve two keys: an error at one may come from the other being in the space.
+_COUPLED = ({"model.temperature", "model.fusion"}, {"model.heads", "model.d_model"},
+            {"train.scst_samples", "train.scst_baseline"})
 
 
 # -- the schema of the study's own sections ------------------------------------------------------------------------
@@ -291,14 +281,9 @@ def config_schema() -> dict[str, type]:
 
 
 def _value_type(annotation: Any) -> type:
-    origin = get_origin(annotation)
-    if origin is Literal:
-        return str
-    if origin is Annotated:
-        return _value_type(get_args(annotation)[0])
-    if origin is not None:  # X | None
-        return _value_type(next(arg for arg in get_args(annotation) if arg is not type(None)))
-    return annotation
+    while get_origin(annotation) not in (None, Literal):  # Annotated[X, ...] or X | None -> X
+        annotation = next(arg for arg in get_args(annotation) if arg is not type(None))
+    return str if get_origin(annotation) is Literal else annotation
 
 
 @lru_cache(maxsize=1)
@@ -741,7 +726,7 @@ class _Loader:
             Config.from_dict(sections, source=self.source)
         except ConfigError as err:
             space_paths = {p.path for p in spec.params.values()}
-            if err.path not in space_paths and not space_paths & set(_COUPLED.get(err.path, ())):
+            if err.path not in space_paths and not any(err.path in pair and pair & space_paths for pair in _COUPLED):
                 raise
         first: Config | None = None
         for cell in spec.grid_cells():
@@ -792,15 +777,10 @@ class _Loader:
         if data["kind"] != "coco":
             return
         for key in ("captions", "features", "test_images"):
-            value = data.get(key)
-            if value is None:
-                continue
-            p = Path(value)
-            if key == "features":
-                if not (p.is_file() or p.is_dir()):
-                    self.fail(f"data.{key}", f"{value}: no such HDF5 file or .npz directory")
-            elif not p.is_file():
-                self.fail(f"data.{key}", f"{value}: no such file")
+            path = data.get(key)
+            if path is not None and not (Path(path).is_file() or (key == "features" and Path(path).is_dir())):
+                what = "HDF5 file or .npz directory" if key == "features" else "file"
+                self.fail(f"data.{key}", f"{path}: no such {what}")
         try:  # the captions themselves: malformed entries and empty train or val splits fail here, not in a trial
             require_splits(read_karpathy(data["captions"]), data["captions"])
         except DataError as err:
