@@ -1,53 +1,14 @@
 """Study files: their schema, their complete validation, and the search space they describe.
 
-A study file holds the `data` / `model` / `train` sections of an `a2core` config (the *base* of every trial),
-plus `name` ([a-z0-9-], at most 64 characters: it names paths and MLflow objects), `search`, `resources`,
-`tracking`, `storage` (a local directory or s3://bucket/prefix) and `storage_endpoint_url` (an S3-compatible
-endpoint). The models below are the schema of the study's own sections, each key commented; `studies/*.yaml`
-are commented examples.
+A study file is the `data` / `model` / `train` sections of an `a2core` config (the base of every trial) plus the
+study's own sections, whose pydantic models below are their schema. README "Studies" describes the search space
+for users; `studies/*.yaml` are commented examples.
 
-The search space
-----------------
-A key of `search.space` is an alias (`fusion`, `lambda`, `eta`, `temperature`, `seed`) or a dotted path into
-`data` / `model` / `train` that exists in the schema (`model.dropout`). Its value has exactly one distribution:
-
-- `grid: [..]`  crossed with the other grid keys: the *grid cells*, every one of which runs;
-- `choice: [..]`, `uniform: [lo, hi]`, `loguniform: [lo, hi]` (lo > 0), `randint: [lo, hi]` (both ends
-  included, as in Optuna): the *sampled* keys, `num_samples` times per cell;
-
-and optionally `when: {key: value | [values]}`: the key only exists in trials where that (unconditional grid
-or choice) key has one of those values, e.g. the exp_decay temperature T_P. A key that the space controls may
-not also be set in `data` / `model` / `train` (the file would say two things about it).
-
-`points_to_evaluate` are the first suggestions of every cell (keys: sampled keys; missing ones take their
-default). Without it, one point: the defaults, i.e. the paper's values from the a2core schema (lambda 0.035,
-eta 0.1, ...) where the range contains them, else the middle of the range (geometric middle for loguniform).
-With `algorithm: grid` the points are all that runs: one trial per cell and point.
-
-`replicates: N` (or a list of distinct seeds) runs every configuration, i.e. every suggestion of the searcher,
-once per seed (0..N-1, or the list): the replicates of a configuration form a group that the searcher and the
-scheduler judge by its mean (see `launch.search`). The seed then comes from the replicate, so the space may not
-also hold `seed` (`train.seed`).
-
-Cells where no sampled key is active (e.g. `fusion: none` when lambda is conditioned on the other fusions) run
-once. `num_trials` counts it all (configurations x replicates); the Tune `num_samples` is that number.
-
-Validation
-----------
-`load_study` validates everything before anything starts Ray (this module never imports ray): the schema
-(pydantic models: unknown keys at every level, types, ranges), then what no schema can say: that every trial the
-space can produce is a valid `a2core.config.Config` (every grid cell with its sampled keys at the ends of their
-ranges, at their defaults, at every point and every choice), data files of `kind: coco`, resources (also against
-a known cluster size), tracking and storage. Errors are `ConfigError`s naming the dotted key
-(`search.space.lambda.loguniform`) and the file.
-
-The planned epochs (`train.xe_epochs`, `train.scst_epochs`) cannot be searched: ASHA's `max_t` and the rule
-that tells Optuna a stopped trial was pruned both need one number for the whole study (`total_epochs`).
-
-Relative paths (storage, data files, a sqlite tracking database) are made absolute against the current
-directory, because trials run in other working directories and on other machines. `tracking.mlflow_uri: null`
-takes `$MLFLOW_TRACKING_URI` at load time (else `sqlite:///mlflow.db`); the resolved study (`to_dict()`) holds
-the result, so a resumed study tracks to the same place.
+`load_study` checks everything before anything starts Ray (this module never imports ray): the schema, then what
+no schema can say (`_Loader`): the space's keys and conditions, that every trial the space can produce is a valid
+`a2core.config.Config` (probed at the ends of ranges, defaults, points and choices), data files, the cluster.
+Errors are `ConfigError`s naming the dotted key (`search.space.lambda.loguniform`) and the file. Relative paths
+become absolute, because trials run in other working directories and on other machines.
 """
 from __future__ import annotations
 
@@ -58,7 +19,7 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -70,13 +31,8 @@ from a2core.config import (Config, ConfigError, Integer, Number, Real, Section, 
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.errors import DataError
 
-ALIASES = {
-    "fusion": "model.fusion",
-    "lambda": "model.lambda",
-    "eta": "model.eta",
-    "temperature": "model.temperature",
-    "seed": "train.seed",
-}
+ALIASES = {"fusion": "model.fusion", "lambda": "model.lambda", "eta": "model.eta", "temperature": "model.temperature",
+           "seed": "train.seed"}
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
 SECTIONS = ("data", "model", "train")
 SEED_PATH = "train.seed"  # set by the replicate index when search.replicates is given
@@ -96,17 +52,12 @@ DEFAULT_STORAGE = "a2-studies"
 DEFAULT_MLFLOW_URI = "sqlite:///mlflow.db"
 _MLFLOW_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "postgres", "mysql", "mssql", "databricks")
 _S3 = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+_SCHEME = r"^([A-Za-z][A-Za-z0-9+.\-]*):"  # of a URI; + "//" of a URL
 
 _MISSING = object()
-# Config checks that involve two keys: an error at the first may come from the second being in the space.
-_COUPLED = {
-    "model.temperature": ("model.fusion",),
-    "model.fusion": ("model.temperature",),
-    "model.heads": ("model.d_model",),
-    "model.d_model": ("model.heads",),
-    "train.scst_samples": ("train.scst_baseline",),
-}
+# Config checks that involve two keys: an error at one may come from the other being in the space.
+_COUPLED = ({"model.temperature", "model.fusion"}, {"model.heads", "model.d_model"},
+            {"train.scst_samples", "train.scst_baseline"})
 
 
 # -- the schema of the study's own sections ------------------------------------------------------------------------
@@ -179,9 +130,6 @@ class Scheduler(Section):
                                   f"{', '.join(sorted(self.model_fields_set)) or 'none'}")
         return self
 
-    def to_dict(self) -> dict:
-        return {kind: getattr(self, kind).model_dump() for kind in self.model_fields_set}
-
 
 def _seeds(value: Any) -> Any:
     """`replicates: N` means seeds 0 .. N-1; a list names them."""
@@ -239,6 +187,35 @@ class Tracking(Section):
     mlflow_uri: Text | None = Field(None, min_length=1)  # null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
     experiment: Text | None = Field(None, min_length=1)  # null: the study's name
 
+    @model_validator(mode="after")
+    def _resolve_uri(self) -> Tracking:
+        """The URI at load time (the saved study keeps it, so a resumed one tracks to the same place), with a
+        file store or a relative sqlite database made absolute."""
+        uri = self.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_URI
+        if re.match(_SCHEME + r"//[^/@]*:[^/@]*@", uri):  # user:password@host
+            from dashboards.tracking import redact_uri
+
+            raise ConfigError("mlflow_uri", f"{redact_uri(uri)}: no password in the URI (it would be saved with the "
+                                            "study and shown); give it by reference: ~/.pgpass or $PGPASSFILE for "
+                                            "a database, $MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials for an "
+                                            "MLflow server")
+        scheme = re.match(_SCHEME, uri)
+        scheme = scheme.group(1).lower().split("+", 1)[0] if scheme else ""  # postgresql+psycopg2 -> postgresql
+        if len(scheme) <= 1:  # a plain path (or a Windows drive letter): a file store
+            uri = os.path.abspath(os.path.expanduser(uri))
+        elif scheme not in _MLFLOW_SCHEMES:
+            raise ConfigError("mlflow_uri", f"unknown scheme {scheme!r} in {uri!r}; use sqlite:///, http(s)://, "
+                                            f"file:, a database URI or a directory")
+        elif scheme == "sqlite":
+            if not uri.startswith("sqlite:///"):
+                raise ConfigError("mlflow_uri", f"a sqlite URI is sqlite:///relative.db or sqlite:////abs.db, got "
+                                                f"{uri!r}")
+            db = uri[len("sqlite:///"):]
+            if db and db != ":memory:" and not db.startswith("/"):
+                uri = "sqlite:///" + os.path.abspath(os.path.expanduser(db))
+        self.mlflow_uri = uri
+        return self
+
 
 def _study_name(name: Any) -> str:
     if name is None:
@@ -264,9 +241,29 @@ class StudyFile(Section):
     train: RawSection = {}
     search: Search = Field(default_factory=Search)
     resources: Resources = Field(default_factory=Resources)
-    tracking: Tracking = Field(default_factory=Tracking)
-    storage: Text = Field(DEFAULT_STORAGE, min_length=1)
-    storage_endpoint_url: Text | None = Field(None, min_length=1)
+    tracking: Tracking = Field({}, validate_default=True)  # validated even when absent: it resolves the URI
+    storage: Text = Field(DEFAULT_STORAGE, min_length=1)  # a local directory or s3://bucket/prefix
+    storage_endpoint_url: Text | None = Field(None, min_length=1)  # an S3-compatible server's http(s):// URL
+
+    @model_validator(mode="after")
+    def _resolve_storage(self) -> StudyFile:
+        if re.match(_SCHEME + "//", self.storage):
+            if not self.storage.lower().startswith("s3://"):
+                raise ConfigError("storage", f"must be a local path or s3://bucket/prefix, got {self.storage!r}")
+            if not _S3.match(self.storage):
+                raise ConfigError("storage", f"not a valid s3://bucket/prefix: {self.storage!r}")
+            self.storage = self.storage.rstrip("/")
+        else:
+            self.storage = os.path.abspath(os.path.expanduser(self.storage))
+            if Path(self.storage).exists() and not Path(self.storage).is_dir():
+                raise ConfigError("storage", f"{self.storage} exists and is not a directory")
+        if self.storage_endpoint_url is not None:
+            if not re.match(r"^https?://[^/\s]+", self.storage_endpoint_url):
+                raise ConfigError("storage_endpoint_url", f"must be an http(s):// URL, got "
+                                                          f"{self.storage_endpoint_url!r}")
+            if not self.storage.startswith("s3://"):
+                raise ConfigError("storage_endpoint_url", "only used with s3:// storage")
+        return self
 
 
 TOP_KEYS = tuple(StudyFile.model_fields)
@@ -284,14 +281,9 @@ def config_schema() -> dict[str, type]:
 
 
 def _value_type(annotation: Any) -> type:
-    origin = get_origin(annotation)
-    if origin is Literal:
-        return str
-    if origin is Annotated:
-        return _value_type(get_args(annotation)[0])
-    if origin is not None:  # X | None
-        return _value_type(next(arg for arg in get_args(annotation) if arg is not type(None)))
-    return annotation
+    while get_origin(annotation) not in (None, Literal):  # Annotated[X, ...] or X | None -> X
+        annotation = next(arg for arg in get_args(annotation) if arg is not type(None))
+    return str if get_origin(annotation) is Literal else annotation
 
 
 @lru_cache(maxsize=1)
@@ -332,17 +324,9 @@ class Param:
     def categorical(self) -> bool:
         return self.kind in ("grid", "choice")
 
-    @property
-    def conditions(self) -> dict[str, tuple]:
-        return dict(self.when)
-
     def active(self, assignment: dict) -> bool:
         """Whether this key exists in a trial whose other keys are `assignment`."""
         return all(assignment.get(k, _MISSING) in allowed for k, allowed in self.when)
-
-    def possibly_active(self, cell: dict) -> bool:
-        """Whether this key can exist in a grid cell (conditions on sampled keys are undecided there)."""
-        return all(k not in cell or cell[k] in allowed for k, allowed in self.when)
 
     def contains(self, value: Any) -> bool:
         if self.categorical:
@@ -354,26 +338,21 @@ class Param:
             return False
         return self.low <= value <= self.high
 
-    def center(self) -> Any:
+    def default(self) -> Any:
+        """The paper's value (a2core's schema default) when the distribution contains it, else the middle: the
+        first value, the geometric middle of a loguniform range, the middle of the others."""
+        value = get_dotted(_schema_defaults(), self.path)
+        if value is not None and self.contains(value):
+            return int(value) if self.kind == "randint" else value
         if self.categorical:
             return self.values[0]
         if self.kind == "randint":
             return (self.low + self.high) // 2
-        if self.kind == "loguniform":
-            return float(f"{math.sqrt(self.low * self.high):.6g}")
-        return float(f"{(self.low + self.high) / 2:.6g}")
-
-    def default(self) -> Any:
-        """The paper's value (a2core's schema default) when the distribution contains it, else `center()`."""
-        value = get_dotted(_schema_defaults(), self.path)
-        if value is not None and self.contains(value):
-            return int(value) if self.kind == "randint" else value
-        return self.center()
+        middle = math.sqrt(self.low * self.high) if self.kind == "loguniform" else (self.low + self.high) / 2
+        return float(f"{middle:.6g}")
 
     def ends(self) -> tuple[Any, Any]:
-        if self.categorical:
-            return self.values[0], self.values[-1]
-        return self.low, self.high
+        return (self.values[0], self.values[-1]) if self.categorical else (self.low, self.high)
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {self.kind: list(self.values) if self.categorical else [self.low, self.high]}
@@ -393,10 +372,8 @@ class StudySpec:
     storage: str  # absolute local path or s3://bucket/prefix
     storage_endpoint_url: str | None
     source: str | None  # the study file
-    raw: dict  # the resolved study, as `to_dict()` returns it
-    params: dict[str, Param] = field(default_factory=dict, repr=False)
+    params: dict[str, Param]  # the keys of search.space
 
-    # -- construction -------------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict, source: str | None = None, cluster_resources: dict | None = None) -> "StudySpec":
         return _Loader(source).load(raw, cluster_resources)
@@ -414,21 +391,18 @@ class StudySpec:
     def algorithm(self) -> str:
         return self.search["algorithm"]
 
-    @property
-    def grid_params(self) -> list[Param]:
-        """Grid keys: unconditional ones first, in file order."""
-        ps = [p for p in self.params.values() if not p.sampled]
+    def _ordered(self, sampled: bool) -> list[Param]:
+        """Grid or sampled keys in the order a define-by-run space asks them: unconditional ones first."""
+        ps = [p for p in self.params.values() if p.sampled == sampled]
         return [p for p in ps if not p.when] + [p for p in ps if p.when]
 
     @property
     def sampled_params(self) -> list[Param]:
-        """Sampled keys in the order a define-by-run space asks them: unconditional ones first."""
-        ps = [p for p in self.params.values() if p.sampled]
-        return [p for p in ps if not p.when] + [p for p in ps if p.when]
+        return self._ordered(sampled=True)
 
     @property
     def grid_keys(self) -> list[str]:
-        return [p.key for p in self.grid_params]
+        return [p.key for p in self._ordered(sampled=False)]
 
     @property
     def sampled_keys(self) -> list[str]:
@@ -439,18 +413,17 @@ class StudySpec:
 
         `[{}]` when the space has no grid keys: the whole study is one cell.
         """
-        uncond = [p for p in self.grid_params if not p.when]
+        grid = self._ordered(sampled=False)
+        uncond = [p for p in grid if not p.when]
         cells = [dict(zip([p.key for p in uncond], combo)) for combo in itertools.product(*(p.values for p in uncond))]
-        for p in self.grid_params:
+        for p in grid:
             if p.when:
                 cells = [new for c in cells for new in ([{**c, p.key: v} for v in p.values] if p.active(c) else [c])]
         return cells
 
     def has_sampled(self, cell: dict) -> bool:
-        return any(p.possibly_active(cell) for p in self.sampled_params)
-
-    def active_sampled(self, assignment: dict) -> list[Param]:
-        return [p for p in self.sampled_params if p.active(assignment)]
+        """Whether a sampled key can exist in `cell` (conditions on sampled keys are undecided there)."""
+        return any(all(k not in cell or cell[k] in allowed for k, allowed in p.when) for p in self.sampled_params)
 
     def fill(self, cell: dict, value_of) -> dict:
         """The sampled part of a trial in `cell`, asking `value_of(param)` for every key that is active."""
@@ -465,12 +438,7 @@ class StudySpec:
         """The points to evaluate first in `cell`, reduced to the keys active there (duplicates removed)."""
         if not self.has_sampled(cell):
             return []
-        out: list[dict] = []
-        for point in self.search["points_to_evaluate"]:
-            reduced = self.fill(cell, lambda p: point[p.key])
-            if reduced not in out:
-                out.append(reduced)
-        return out
+        return _distinct_dicts(self.fill(cell, lambda p: point[p.key]) for point in self.search["points_to_evaluate"])
 
     def samples_per_cell(self, cell: dict) -> int:
         if not self.has_sampled(cell):
@@ -497,20 +465,8 @@ class StudySpec:
         """The planned epochs of every trial (XE + SCST): ASHA's max_t; fewer means the trial was stopped."""
         return int(self.base["train"]["xe_epochs"]) + int(self.base["train"]["scst_epochs"])
 
-    @property
-    def is_s3(self) -> bool:
-        return self.storage.startswith("s3://")
-
     def cell_label(self, cell: dict) -> str:
         return ",".join(f"{k}={_fmt(v)}" for k, v in cell.items()) or "all"
-
-    def path_of(self, key: str) -> str:
-        if key in self.params:
-            return self.params[key].path
-        path = resolve_key(key)
-        if path is None:
-            raise ConfigError(key, "not a key of the search space, an alias or a data/model/train path", self.source)
-        return path
 
     def trial_config(self, sampled: dict[str, Any]) -> dict:
         """The validated a2core config (plain dict) of one suggestion, e.g. `{"fusion": "gate", "lambda": 0.03}`,
@@ -518,7 +474,11 @@ class StudySpec:
         has no lambda, only exp_decay has a temperature, only moving_average an eta)."""
         raw = copy.deepcopy(self.base)
         for key, value in sampled.items():
-            set_dotted(raw, self.path_of(key), value)
+            path = self.params[key].path if key in self.params else resolve_key(key)
+            if path is None:
+                raise ConfigError(key, "not a key of the search space, an alias or a data/model/train path",
+                                  self.source)
+            set_dotted(raw, path, value)
         return applicable_config(Config.from_dict(raw, source=self.source).to_dict())
 
     def trial_resources(self) -> dict:
@@ -530,16 +490,30 @@ class StudySpec:
         }
 
     def summary(self) -> str:
-        cells = self.grid_cells()
-        sampled = ", ".join(self.sampled_keys) or "none"
+        cells = len(self.grid_cells())
         seeds = self.replicate_seeds
         replicas = f" = {self.num_configs} configurations x {len(seeds)} seeds" if seeds else ""
-        return (f"OK {self.name}: {self.num_trials} trials{replicas} in {len(cells)} grid "
-                f"cell{'s' if len(cells) != 1 else ''}"
-                f" ({self.algorithm}; sampled: {sampled}; {self.mode} {self.metric}; storage {self.storage})")
+        return (f"OK {self.name}: {self.num_trials} trials{replicas} in {cells} grid cell{'s' if cells != 1 else ''}"
+                f" ({self.algorithm}; sampled: {', '.join(self.sampled_keys) or 'none'}; {self.mode} {self.metric}; "
+                f"storage {self.storage})")
 
     def to_dict(self) -> dict:
-        return copy.deepcopy(self.raw)
+        """The resolved study; its data/model/train sections without the keys the space controls."""
+        sections = {s: dict(self.base[s]) for s in SECTIONS}
+        for p in self.params.values():
+            section, key = p.path.split(".", 1)
+            sections[section].pop(key, None)
+        return copy.deepcopy({"name": self.name, **sections, "search": self.search, "resources": self.resources,
+                              "tracking": self.tracking, "storage": self.storage,
+                              "storage_endpoint_url": self.storage_endpoint_url})
+
+
+def _distinct_dicts(dicts) -> list[dict]:
+    out: list[dict] = []
+    for d in dicts:
+        if d not in out:
+            out.append(d)
+    return out
 
 
 # -- loading -----------------------------------------------------------------------------------------------------------
@@ -554,22 +528,20 @@ def load_study(path: str | Path, overrides: list[str] | tuple = (), cluster_reso
     return StudySpec.from_dict(raw, source=source, cluster_resources=cluster_resources)
 
 
-def validate_main(path: str | Path, overrides: list[str] | tuple = (), cluster_resources: dict | None = None,
-                  out=None, err=None) -> int:
-    """Print a one-line summary of a valid study (exit 0), or its first error (exit 2)."""
-    out, err = out or sys.stdout, err or sys.stderr
+def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
+    """`a2 study validate`: a one-line summary of a valid study (exit 0), or its first error (exit 2)."""
     try:
-        spec = load_study(path, overrides, cluster_resources=cluster_resources)
+        spec = load_study(path, overrides)
     except ConfigError as error:
-        print(f"error: {error}", file=err)
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    print(spec.summary(), file=out)
+    print(spec.summary())
     return 0
 
 
 class _Loader:
-    """What no schema can say: the space's keys and conditions, every trial it can produce, data files, the
-    cluster, tracking and storage."""
+    """What no schema can say: the space's keys and conditions, every trial it can produce, data files and the
+    cluster."""
 
     def __init__(self, source: str | None):
         self.source = source
@@ -584,29 +556,22 @@ class _Loader:
             raise config_error(err, self.source) from None
         sections = self.resolve_paths({s: copy.deepcopy(getattr(study, s)) for s in SECTIONS})
         params = self.check_space(study.search.space or {}, sections)
-        search = self.check_search(study.search, params, sections)
-        spec = StudySpec(name=study.name, base={}, search=search, resources={}, tracking={}, storage="",
-                         storage_endpoint_url=None, source=self.source, raw={}, params=params)
+        spec = StudySpec(name=study.name, base={}, search=self.check_search(study.search, params, sections),
+                         resources=study.resources.model_dump(exclude_none=True),  # price_per_hour only when given
+                         tracking={"mlflow_uri": study.tracking.mlflow_uri,
+                                   "experiment": study.tracking.experiment or study.name},
+                         storage=study.storage, storage_endpoint_url=study.storage_endpoint_url, source=self.source,
+                         params=params)
         spec.base = self.check_trials(spec, sections)
         self.check_data(spec.base)
-        self.check_metric(search["metric"], spec.base)
-        asha = search["scheduler"].get("asha")
+        self.check_metric(spec.metric, spec.base)
+        asha = spec.search["scheduler"].get("asha")
         if asha and asha["grace_period"] > spec.total_epochs:
             self.fail("search.scheduler.asha.grace_period", f"{asha['grace_period']} is more than the "
                                                              f"{spec.total_epochs} planned epochs (train.xe_epochs "
                                                              f"+ train.scst_epochs)")
-        spec.resources = self.check_resources(study.resources, cluster_resources)
-        spec.tracking = self.check_tracking(study.tracking.mlflow_uri, study.tracking.experiment or study.name)
-        spec.storage, spec.storage_endpoint_url = self.check_storage(study.storage, study.storage_endpoint_url)
-        spec.raw = {
-            "name": study.name,
-            **_sections_without(spec.base, [p.path for p in params.values()]),
-            "search": copy.deepcopy(search),
-            "resources": dict(spec.resources),
-            "tracking": dict(spec.tracking),
-            "storage": spec.storage,
-            "storage_endpoint_url": spec.storage_endpoint_url,
-        }
+        if cluster_resources is not None:
+            self.check_cluster(spec, cluster_resources)
         return spec
 
     @staticmethod
@@ -686,7 +651,7 @@ class _Loader:
         trial uses exp_decay."""
         temp = next((p for p in params.values() if p.path == "model.temperature"), None)
         fusion = next((p for p in params.values() if p.path == "model.fusion"), None)
-        if temp is None or (fusion is not None and fusion.key in temp.conditions):
+        if temp is None or (fusion is not None and fusion.key in dict(temp.when)):
             return
         if fusion is not None:
             fusions = list(fusion.values)
@@ -703,7 +668,8 @@ class _Loader:
         out = search.model_dump(include={"metric", "mode", "algorithm", "num_samples", "seed"})
         out["space"] = {key: p.to_dict() for key, p in params.items()}
         out["points_to_evaluate"] = self.check_points(search, [p for p in params.values() if p.sampled])
-        out["scheduler"] = search.scheduler.to_dict()
+        out["scheduler"] = {kind: getattr(search.scheduler, kind).model_dump()
+                            for kind in search.scheduler.model_fields_set}
         if search.replicates is not None:
             if get_dotted(sections, SEED_PATH, _MISSING) is not _MISSING:
                 self.fail(SEED_PATH, "is set by search.replicates (the seed comes from the replicate index); "
@@ -760,7 +726,7 @@ class _Loader:
             Config.from_dict(sections, source=self.source)
         except ConfigError as err:
             space_paths = {p.path for p in spec.params.values()}
-            if err.path not in space_paths and not space_paths & set(_COUPLED.get(err.path, ())):
+            if err.path not in space_paths and not any(err.path in pair and pair & space_paths for pair in _COUPLED):
                 raise
         first: Config | None = None
         for cell in spec.grid_cells():
@@ -791,11 +757,7 @@ class _Loader:
             if c.kind == "choice":
                 for v in c.values:
                     found.append(at(lambda p, c=c, v=v: v if p is c else p.ends()[0]))
-        out = []
-        for a in found:
-            if a not in out:
-                out.append(a)
-        return out
+        return _distinct_dicts(found)
 
     def explain(self, err: ConfigError, spec: StudySpec, cell: dict, assignment: dict):
         """Re-raise a probe's error at the space key that caused it, else at the config key with its cell."""
@@ -815,15 +777,10 @@ class _Loader:
         if data["kind"] != "coco":
             return
         for key in ("captions", "features", "test_images"):
-            value = data.get(key)
-            if value is None:
-                continue
-            p = Path(value)
-            if key == "features":
-                if not (p.is_file() or p.is_dir()):
-                    self.fail(f"data.{key}", f"{value}: no such HDF5 file or .npz directory")
-            elif not p.is_file():
-                self.fail(f"data.{key}", f"{value}: no such file")
+            path = data.get(key)
+            if path is not None and not (Path(path).is_file() or (key == "features" and Path(path).is_dir())):
+                what = "HDF5 file or .npz directory" if key == "features" else "file"
+                self.fail(f"data.{key}", f"{path}: no such {what}")
         try:  # the captions themselves: malformed entries and empty train or val splits fail here, not in a trial
             require_splits(read_karpathy(data["captions"]), data["captions"])
         except DataError as err:
@@ -832,84 +789,13 @@ class _Loader:
         if scst_from and not Path(scst_from).exists():
             self.fail("train.scst_from", f"{scst_from}: no such checkpoint")
 
-    # -- resources, tracking, storage ----------------------------------------------------------------------------
-    def check_resources(self, resources: Resources, cluster: dict | None) -> dict:
-        r = resources.model_dump(exclude_none=True)  # price_per_hour only when given
-        if cluster is None:
-            return r
-        n, cpus, gpus = r["workers_per_trial"], r["cpus_per_worker"], r["gpus_per_worker"]
-        need_cpu, have_cpu = n * cpus + r["driver_cpus"], float(cluster.get("CPU", 0))
-        if need_cpu > have_cpu + 1e-9:
-            self.fail("resources.cpus_per_worker", f"a trial needs {n} workers x {_fmt(cpus)} CPU + "
-                                                   f"{_fmt(r['driver_cpus'])} (driver) = {_fmt(need_cpu)} CPUs "
-                                                   f"but the cluster has {_fmt(have_cpu)}")
-        need_gpu, have_gpu = n * gpus, float(cluster.get("GPU", 0))
-        if need_gpu > have_gpu + 1e-9:
-            self.fail("resources.gpus_per_worker", f"a trial needs {n} workers x {_fmt(gpus)} GPU = "
-                                                   f"{_fmt(need_gpu)} GPUs but the cluster has {_fmt(have_gpu)}")
-        return r
-
-    def check_tracking(self, uri: str | None, experiment: str) -> dict:
-        uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_URI
-        if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^/@]*:[^/@]*@", uri):  # user:password@host
-            from dashboards.tracking import redact_uri
-
-            self.fail("tracking.mlflow_uri", f"{redact_uri(uri)}: no password in the URI (it would be saved with the "
-                                             "study and shown); give it by reference: ~/.pgpass or $PGPASSFILE for "
-                                             "a database, $MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials for "
-                                             "an MLflow server")
-        scheme = uri.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*:", uri) else ""
-        scheme = scheme.split("+", 1)[0]  # postgresql+psycopg2 -> postgresql
-        if len(scheme) <= 1:  # a plain path (or a Windows drive letter): a file store
-            uri = os.path.abspath(os.path.expanduser(uri))
-        elif scheme not in _MLFLOW_SCHEMES:
-            self.fail("tracking.mlflow_uri", f"unknown scheme {scheme!r} in {uri!r}; use sqlite:///, http(s)://, "
-                                             f"file:, a database URI or a directory")
-        elif scheme == "sqlite":
-            if not uri.startswith("sqlite:///"):
-                self.fail("tracking.mlflow_uri", f"a sqlite URI is sqlite:///relative.db or sqlite:////abs.db, "
-                                                 f"got {uri!r}")
-            db = uri[len("sqlite:///"):]
-            if db and db != ":memory:" and not db.startswith("/"):
-                uri = "sqlite:///" + os.path.abspath(os.path.expanduser(db))
-        return {"mlflow_uri": uri, "experiment": experiment}
-
-    def check_storage(self, storage: str, endpoint: str | None) -> tuple[str, str | None]:
-        scheme = _SCHEME.match(storage)
-        if scheme:
-            if scheme.group(1).lower() != "s3":
-                self.fail("storage", f"must be a local path or s3://bucket/prefix, got {storage!r}")
-            if not _S3.match(storage):
-                self.fail("storage", f"not a valid s3://bucket/prefix: {storage!r}")
-            storage = storage.rstrip("/")
-        else:
-            storage = os.path.abspath(os.path.expanduser(storage))
-            if Path(storage).exists() and not Path(storage).is_dir():
-                self.fail("storage", f"{storage} exists and is not a directory")
-        if endpoint is not None:
-            if not re.match(r"^https?://[^/\s]+", endpoint):
-                self.fail("storage_endpoint_url", f"must be an http(s):// URL, got {endpoint!r}")
-            if not storage.startswith("s3://"):
-                self.fail("storage_endpoint_url", "only used with s3:// storage")
-        return storage, endpoint
-
-def _sections_without(base: dict, paths: list[str]) -> dict:
-    """The data/model/train sections of `base` without the keys the space controls (what a study file holds)."""
-    out = {s: copy.deepcopy(base[s]) for s in SECTIONS}
-    for path in paths:
-        section, key = path.split(".", 1)
-        out[section].pop(key, None)
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m launch.spec STUDY.yaml [key=value ...]`"""
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        print("usage: python -m launch.spec STUDY.yaml [key=value ...]", file=sys.stderr)
-        return 2
-    return validate_main(argv[0], argv[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    def check_cluster(self, spec: StudySpec, cluster: dict) -> None:
+        """A trial that asks more than the whole cluster has would wait forever."""
+        r, need = spec.resources, spec.trial_resources()
+        for kind, key in (("CPU", "cpus_per_worker"), ("GPU", "gpus_per_worker")):
+            have = float(cluster.get(kind, 0))
+            if need[kind] > have + 1e-9:
+                driver = f" + {_fmt(r['driver_cpus'])} (driver)" if kind == "CPU" else ""
+                self.fail(f"resources.{key}", f"a trial needs {r['workers_per_trial']} workers x {_fmt(r[key])} "
+                                              f"{kind}{driver} = {_fmt(need[kind])} {kind}s but the cluster has "
+                                              f"{_fmt(have)}")

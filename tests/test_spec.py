@@ -232,7 +232,7 @@ def test_storage_and_tracking_resolve(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = load_study(SMOKE, ["storage=s3://my-bucket/a2/", "storage_endpoint_url=http://127.0.0.1:9000",
                               "tracking.mlflow_uri=null", "tracking.experiment=exp-1"])
-    assert spec.storage == "s3://my-bucket/a2" and spec.is_s3
+    assert spec.storage == "s3://my-bucket/a2"
     assert spec.storage_endpoint_url == "http://127.0.0.1:9000"
     assert spec.tracking == {"mlflow_uri": os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{tmp_path}/mlflow.db",
                              "experiment": "exp-1"}
