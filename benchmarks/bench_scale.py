@@ -142,10 +142,10 @@ def run_size(trials: int, args, cluster, data: Path, work: Path) -> dict:
     logged = {"values": 0, "seconds": 0.0}
     log_metrics = tracking.StudyTracker.log_metrics
 
-    def timed_log_metrics(self, run_id, metrics, step):
+    def timed_log_metrics(self, run_id, metrics, step, **kwargs):
         t0 = time.perf_counter()
         try:
-            out = log_metrics(self, run_id, metrics, step)
+            out = log_metrics(self, run_id, metrics, step, **kwargs)
         finally:
             logged["seconds"] += time.perf_counter() - t0
         logged["values"] += len(out)
