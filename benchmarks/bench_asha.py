@@ -142,6 +142,7 @@ def load_arm(work: Path, name: str) -> dict:
 
 def per_image_scores(tracking_uri: str, study: str) -> dict[str, dict[str, float]]:
     """{trial id: {image id: CIDEr-D x100}} of the trials that logged their best epoch's per-image scores."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per download otherwise
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -178,7 +179,7 @@ def config_text(config: dict) -> str:
     parts = []
     for key in sorted(config, key=lambda k: (k != "fusion", k)):
         value = config[key]
-        parts.append(f"{key.rsplit('.', 1)[-1]}={value:.3g}" if isinstance(value, float) else f"{key}={value}")
+        parts.append(f"{key.rsplit('.', 1)[-1]}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
     return " ".join(parts)
 
 
