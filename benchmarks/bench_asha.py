@@ -1,6 +1,6 @@
 """Early stopping's worth, measured: one search run to the end and again under `ReplicateASHA`, side by side.
 
-    python benchmarks/bench_asha.py                  # the full benchmark (about 10 minutes on 2 cores)
+    python benchmarks/bench_asha.py                  # the full benchmark (5-10 minutes on 2 cores)
     python benchmarks/bench_asha.py --quick          # a smoke run of the same code path (a minute or two)
     python benchmarks/bench_asha.py --keep           # ... keeping the scratch folder, to look again later:
     python benchmarks/bench_asha.py --from-dir /tmp/a2-bench-asha-XXXX   # no new run
@@ -21,13 +21,19 @@ reduction factor 2, rungs at epochs 2 and 4, the default `min_gap_se` 2). It pri
 - per replicate group: its configuration, its mean best val CIDEr over seeds with the 95% interval in each arm,
   and what the scheduler did with it;
 - compute: CPU seconds of the trials' training processes (`compute/cpu_s`, summed in `summary.json`'s
-  `compute.total_cpu_s`), trial-epochs and study wall time of each arm, and their ratio;
+  `compute.total_cpu_s`), trial-epochs and study wall time of each arm, and their ratio. The arms run one after
+  the other on a shared machine, and a trial's CPU seconds grow with the load, so the CPU ratio is also given
+  at equal load: divided by the drift that the trials run in full in both arms (the same work, training is
+  deterministic) show between the arms;
 - the gap between the two searches' results: the best group's mean (`summary.json`'s `best_group`, never an
   early-stopped one) of the ASHA arm minus the full search's, with its 95% interval from
   `dashboards.stats.compare_arms` (paired bootstrap over seeds and val images when both groups logged
   per-image CIDEr-D to MLflow, else Welch's t over seed means), and whether the gap is within the seed noise
   (the interval holds 0);
-- the target: within the seed noise of the full search at <= 40% of its compute.
+- the target: within the seed noise of the full search at <= 40% of its compute (at equal load).
+
+A group is judged at a rung once all its replicates got there; replicates that started earlier train on
+meanwhile, so a stopped group's replicates may show more epochs than its rung (the table lists them).
 
 Run it alone on the machine (it starts Ray): `flock /tmp/a2-ray.lock python benchmarks/bench_asha.py`.
 """
@@ -194,6 +200,26 @@ def arm_compute(summary: dict) -> dict:
             "epochs_planned": sum(int(t["epochs_planned"]) for t in trials)}
 
 
+def load_drift(fifo: dict, asha: dict) -> tuple[float, int] | None:
+    """(ASHA / full CPU seconds, trials) over the trials that did the same work in both arms: the same
+    configuration and seed run to the planned epochs in both. The arms run one after the other on a shared
+    machine, and CPU seconds grow with the load (caches, memory bandwidth); this ratio is that drift, 1.0 at
+    equal load. None when no trial finished in both arms."""
+    def finished(summary: dict) -> dict[str, float]:
+        out = {}
+        for t in summary["trials"]:
+            cpu = (t.get("compute") or {}).get("cpu_s")
+            if t["epochs_done"] == t["epochs_planned"] and cpu:
+                out[json.dumps(t.get("sampled") or {}, sort_keys=True)] = float(cpu)
+        return out
+
+    full, early = finished(fifo), finished(asha)
+    both = sorted(set(full) & set(early))
+    if not both:
+        return None
+    return sum(early[k] for k in both) / sum(full[k] for k in both), len(both)
+
+
 def best_arm(summary: dict, label: str):
     """The best group of a search (`summary.json`'s `best_group`) as a `dashboards.stats.Arm`: its seeds' best val
     CIDEr and, when every replicate logged them for the same images, their per-image scores (seeds, images)."""
@@ -213,17 +239,28 @@ def best_arm(summary: dict, label: str):
     return Arm(label, seeds, matrix)
 
 
+def groups_by_configuration(summary: dict) -> dict[str, dict]:
+    """{configuration as JSON: its group}, each group with `epochs_done`: its replicates' epochs, in seed order."""
+    epochs = {t["trial_id"]: int(t["epochs_done"]) for t in summary["trials"]}
+    out = {}
+    for g in summary["groups"]:
+        key = json.dumps(configuration(summary, g), sort_keys=True)
+        out[key] = {**g, "epochs_done": [epochs[t] for t in g["trials"]]}
+    return out
+
+
 def compare_searches(fifo: dict, asha: dict) -> dict:
     """Everything the benchmark reports, from the two arms' summaries (each with `per_image`, possibly empty)."""
     from dashboards.stats import compare_arms, pooled_sd
 
-    fifo_groups = {json.dumps(configuration(fifo, g), sort_keys=True): g for g in fifo["groups"]}
-    asha_groups = {json.dumps(configuration(asha, g), sort_keys=True): g for g in asha["groups"]}
+    fifo_groups, asha_groups = groups_by_configuration(fifo), groups_by_configuration(asha)
     full, early = arm_compute(fifo), arm_compute(asha)
     arms = [best_arm(asha, "early stopping"), best_arm(fifo, "full search")]
     comparison = compare_arms(arms, baseline="full search", metric=METRIC, metrics=[METRIC])
     gap = comparison.differences["early stopping"]
-    ratio = early["cpu_s"] / full["cpu_s"] if full["cpu_s"] > 0 else math.nan
+    raw_ratio = early["cpu_s"] / full["cpu_s"] if full["cpu_s"] > 0 else math.nan
+    drift = load_drift(fifo, asha)
+    ratio = raw_ratio / drift[0] if drift else raw_ratio  # the CPU ratio at equal load
     within_noise = gap.low is not None and gap.low <= 0 <= gap.high
     not_worse = within_noise or (gap.low is not None and gap.low > 0)
     finished = [g["values"] for g in fifo["groups"] if len(g["values"]) > 1]
@@ -231,7 +268,7 @@ def compare_searches(fifo: dict, asha: dict) -> dict:
         "same_samples": sorted(fifo_groups) == sorted(asha_groups),
         "configurations": sorted(set(fifo_groups) | set(asha_groups)),
         "fifo_groups": fifo_groups, "asha_groups": asha_groups,
-        "full": full, "early": early, "cpu_ratio": ratio,
+        "full": full, "early": early, "raw_cpu_ratio": raw_ratio, "drift": drift, "cpu_ratio": ratio,
         "epoch_ratio": early["epochs"] / full["epochs"] if full["epochs"] else math.nan,
         "wall_s": {"fifo": fifo.get("bench_wall_s"), "asha": asha.get("bench_wall_s")},
         "best": {"fifo": configuration(fifo, fifo["best_group"]), "asha": configuration(asha, asha["best_group"])},
@@ -251,12 +288,13 @@ def group_cell(group: dict | None, planned: int) -> str:
         return "no result"
     text = seed_interval(group["values"]).text()
     if group.get("stopped_early"):
-        return f"{text}, {stopped_early_text(group['stopped_early'])}"
+        epochs = "/".join(str(e) for e in group["epochs_done"])
+        return f"{text}, {stopped_early_text(group['stopped_early'])}, epochs {epochs}"
     return f"{text}, {planned} epochs"
 
 
 def report(result: dict, planned_epochs: int) -> None:
-    print(f"{'configuration':<44} {'full search: mean [95% CI]':<38} early stopping (ASHA)")
+    print(f"{'configuration':<44} {'full search: mean [95% CI]':<38} early stopping (ASHA): mean [95% CI]")
     for key in result["configurations"]:
         fifo, asha = result["fifo_groups"].get(key), result["asha_groups"].get(key)
         config = config_text(json.loads(key))
@@ -266,7 +304,11 @@ def report(result: dict, planned_epochs: int) -> None:
     print(f"same configurations and seeds in both arms: {'yes' if result['same_samples'] else 'NO'} "
           f"({len(result['fifo_groups'])} groups)")
     print(f"{'':<26} {'full search':>12} {'ASHA':>12} {'ratio':>8}")
-    print(f"{'trial CPU seconds':<26} {full['cpu_s']:12.0f} {early['cpu_s']:12.0f} {result['cpu_ratio']:8.2f}")
+    print(f"{'trial CPU seconds':<26} {full['cpu_s']:12.0f} {early['cpu_s']:12.0f} {result['raw_cpu_ratio']:8.2f}")
+    if result["drift"]:
+        drift, n = result["drift"]
+        print(f"{'  ... at equal load':<26} {'':>12} {early['cpu_s'] / drift:12.0f} {result['cpu_ratio']:8.2f}"
+              f"   (load drift: the {n} trials run in full in both arms cost {drift:.2f}x in the ASHA arm)")
     print(f"{'trial wall seconds':<26} {full['wall_s']:12.0f} {early['wall_s']:12.0f} "
           f"{early['wall_s'] / full['wall_s']:8.2f}")
     print(f"{'trial-epochs':<26} {full['epochs']:12d} {early['epochs']:12d} {result['epoch_ratio']:8.2f}")
@@ -286,8 +328,9 @@ def report(result: dict, planned_epochs: int) -> None:
     noise = "within the seed noise" if result["within_noise"] else "NOT within the seed noise"
     if gap.low is None:
         noise = "no interval (fewer than 3 seeds)"
-    print(f"SUMMARY bench_asha: ASHA used {100 * result['cpu_ratio']:.0f}% of the full search's CPU seconds "
-          f"({early['cpu_s']:.0f} vs {full['cpu_s']:.0f}; {100 * result['epoch_ratio']:.0f}% of its trial-epochs); "
+    print(f"SUMMARY bench_asha: ASHA used {100 * result['cpu_ratio']:.0f}% of the full search's CPU seconds at "
+          f"equal load ({100 * result['raw_cpu_ratio']:.0f}% as measured; {100 * result['epoch_ratio']:.0f}% of its "
+          f"trial-epochs); "
           f"best result {gap.interval_text()} vs the full search, {noise}; target (within noise at <= "
           f"{100 * COMPUTE_TARGET:.0f}% compute) {'met' if result['target_met'] else 'NOT met'}")
 

@@ -80,7 +80,8 @@ def test_stopping_the_bad_group_keeps_the_best_at_a_third_of_the_compute(bench, 
     result = bench.compare_searches(fifo, asha)
 
     assert result["same_samples"]
-    assert result["cpu_ratio"] == pytest.approx((3 * 80 + 6 * 20) / (9 * 80))  # 0.5
+    assert result["cpu_ratio"] == result["raw_cpu_ratio"] == pytest.approx((3 * 80 + 6 * 20) / (9 * 80))  # 0.5
+    assert result["drift"] == (1.0, 3)  # group a ran in full in both arms at the same CPU cost
     assert result["epoch_ratio"] == pytest.approx((3 * 8 + 6 * 2) / (9 * 8))
     gap = result["gap"]
     assert gap.delta == 0.0 and gap.low < 0 < gap.high  # same group, Welch's interval over its 3 seeds
@@ -91,17 +92,29 @@ def test_stopping_the_bad_group_keeps_the_best_at_a_third_of_the_compute(bench, 
     bench.report(result, 8)
     out = capsys.readouterr().out
     assert "same configurations and seeds in both arms: yes (3 groups)" in out
-    assert "stopped early (rung 2, cutoff 60.0)" in out
-    assert "ASHA used 50% of the full search's CPU seconds" in out
+    assert "stopped early (rung 2, cutoff 60.0), epochs 2/2/2" in out
+    assert "ASHA used 50% of the full search's CPU seconds at equal load (50% as measured" in out
     assert "within the seed noise; target (within noise at <= 40% compute) NOT met" in out
 
 
 def test_a_cheap_search_that_lost_the_best_group_misses_the_target(bench):
     fifo = _summary({"a": GOOD, "b": BAD}, 8, best="a")
     asha = _summary({"a": GOOD | {"values": [40.0, 41.0, 42.0], "epochs": 2, "cpu": 20.0, "stopped": STOPPED},
-                     "b": BAD | {"cpu": 10.0}}, 8, best="b")
+                     "b": BAD}, 8, best="b")
     result = bench.compare_searches(fifo, asha)
-    assert result["cpu_ratio"] == pytest.approx(90 / 480)
+    assert result["cpu_ratio"] == pytest.approx((3 * 20 + 3 * 80) / 480)
     assert result["gap"].delta == pytest.approx(31.0 - 102.0)
     assert result["gap"].high < 0  # resolved: the early-stopping search's best is worse
     assert not result["within_noise"] and not result["target_met"]
+
+
+def test_the_cpu_ratio_is_taken_at_equal_load(bench):
+    """The arms run one after the other: trials that did the same work in both measure the load's drift."""
+    fifo = _summary({"a": GOOD, "b": BAD}, 8, best="a")
+    asha = _summary({"a": GOOD | {"cpu": 40.0},  # the same work at half the CPU seconds: a lighter load
+                     "b": BAD | {"values": [10.0, 11.0, 12.0], "epochs": 2, "cpu": 10.0, "stopped": STOPPED}},
+                    8, best="a")
+    result = bench.compare_searches(fifo, asha)
+    assert result["drift"] == (0.5, 3)
+    assert result["raw_cpu_ratio"] == pytest.approx(150 / 480)
+    assert result["cpu_ratio"] == pytest.approx(300 / 480)  # the ASHA arm's 150 CPU-s at the full search's load
