@@ -1,0 +1,387 @@
+"""Early stopping's worth, measured: one search run to the end and again under `ReplicateASHA`, side by side.
+
+    python benchmarks/bench_asha.py                  # the full benchmark (5-10 minutes on 2 cores)
+    python benchmarks/bench_asha.py --quick          # a smoke run of the same code path (a minute or two)
+    python benchmarks/bench_asha.py --keep           # ... keeping the scratch folder, to look again later:
+    python benchmarks/bench_asha.py --from-dir /tmp/a2-bench-asha-XXXX   # no new run
+
+The search (`search_study`) is one fusion/lambda search on the synthetic set that also samples the learning rate:
+fusion grid [none, gate], `train.lr_factor` loguniform [0.02, 2] in both cells and lambda loguniform
+[0.005, 0.2] in the gate cell, 3 configurations per cell (the first one the known-good point lr_factor 0.25,
+lambda 0.035), each replicated over seeds 0-2 (6 groups, 18 trials of 8 epochs), three trials side by side.
+On this data lambda alone moves little (in a 5-epoch pilot of a d_model-32 model, gate at lambda 0.001 and at 2
+gave identical val scores at every epoch from 2 on), so a lambda-only search has nothing to stop; the learning
+rate separates configurations, as in any real search.
+
+Both arms run the same study through `a2 study run` (a local Ray) in a scratch folder, with the same searcher
+seed and `algorithm: random`, so they get the same configurations with the same replicate seeds (TPE would not:
+its later samples depend on whether earlier groups were told PRUNED or COMPLETE). The only difference is
+`search.scheduler`: `fifo` (every trial to its planned epochs) or `asha` (`ReplicateASHA`, grace period 2,
+reduction factor 2, rungs at epochs 2 and 4, the default `min_gap_se` 2). It prints:
+
+- per replicate group: its configuration, its mean best val CIDEr over seeds with the 95% interval in each arm,
+  and what the scheduler did with it;
+- compute: CPU seconds of the trials' training processes (`compute/cpu_s`, summed in `summary.json`'s
+  `compute.total_cpu_s`), trial-epochs and study wall time of each arm, and their ratio. The arms run one after
+  the other on a shared machine, and a trial's CPU seconds grow with the load, so the CPU ratio is also given
+  at equal load: divided by the drift that the trials run in full in both arms (the same work, training is
+  deterministic) show between the arms;
+- the gap between the two searches' results: the best group's mean (`summary.json`'s `best_group`, never an
+  early-stopped one) of the ASHA arm minus the full search's, with its 95% interval from
+  `dashboards.stats.compare_arms` (paired bootstrap over seeds and val images when both groups logged
+  per-image CIDEr-D to MLflow, else Welch's t over seed means), and whether the gap is within the seed noise
+  (the interval holds 0);
+- the target: within the seed noise of the full search at <= 40% of its compute (at equal load).
+
+A group is judged at a rung once all its replicates got there; replicates that started earlier train on
+meanwhile, so a stopped group's replicates may show more epochs than its rung (the table lists them).
+
+Run it alone on the machine (it starts Ray): `flock /tmp/a2-ray.lock python benchmarks/bench_asha.py`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+METRIC = "val/CIDEr"
+ARMS = ("fifo", "asha")  # the full search, then the same search under early stopping
+COMPUTE_TARGET = 0.40  # the early-stopping arm's share of the full search's CPU seconds
+PER_IMAGE_ARTIFACT = "eval/per_image_cider.json"  # what the MLflow callback logs for a trial's best epoch
+
+# The full benchmark: 6 groups x 3 seeds of a d_model-64 model on 400 synthetic images (320 train, 40 val), 8 epochs
+# of 32 steps.
+FULL = {
+    "images": 400, "val_images": 50,
+    "model": {"d_model": 64, "layers": 1, "heads": 4, "d_ff": 128, "dropout": 0.1, "max_regions": 10},
+    "epochs": 8, "warmup": 64, "fusions": ["none", "gate"], "samples": 3, "replicates": 3,
+    "asha": {"grace_period": 2, "reduction_factor": 2, "min_gap_se": 2},
+}
+# --quick: 2 groups x 3 seeds of a tiny model on 200 images, 3 epochs (rungs at 1 and 2).
+QUICK = {
+    "images": 200, "val_images": 20,
+    "model": {"d_model": 32, "layers": 1, "heads": 2, "d_ff": 64, "dropout": 0.1, "max_regions": 8},
+    "epochs": 3, "warmup": 30, "fusions": ["gate"], "samples": 2, "replicates": 3,
+    "asha": {"grace_period": 1, "reduction_factor": 2, "min_gap_se": 2},
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a smoke-sized search (a minute or two)")
+    p.add_argument("--search-seed", type=int, default=0, help="the searcher's seed, the same in both arms")
+    p.add_argument("--samples", type=int, default=None, help="configurations per fusion (default 3; --quick 2)")
+    p.add_argument("--epochs", type=int, default=None, help="planned epochs per trial (default 8; --quick 3)")
+    p.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    p.add_argument("--from-dir", default=None, help="measure a kept scratch folder again (no new run)")
+    return p.parse_args(argv)
+
+
+# -- the studies -------------------------------------------------------------------------------------------------
+def search_study(arm: str, work: Path, data: Path, size: dict, search_seed: int = 0) -> dict:
+    """The study file (as a dict) of one arm: `fifo` or `asha`; everything else is the same in both."""
+    scheduler = {"asha": dict(size["asha"])} if arm == "asha" else {"fifo": {}}
+    space = {"fusion": {"grid": list(size["fusions"])},
+             "train.lr_factor": {"loguniform": [0.02, 2.0]}}
+    if any(f != "none" for f in size["fusions"]):
+        space["lambda"] = {"loguniform": [0.005, 0.2], "when": {"fusion": [f for f in size["fusions"] if f != "none"]}}
+    return {
+        "name": f"bench-asha-{arm}",
+        "data": {"kind": "synthetic", "seed": 0, "images": size["images"], "val_images": size["val_images"],
+                 "root": str(data)},
+        "model": dict(size["model"]),
+        "train": {"xe_epochs": size["epochs"], "scst_epochs": 0, "batch_size": 10, "warmup": size["warmup"],
+                  "val_decode": "greedy", "log_every": 1000, "diag_every": 0, "diag_images": 10,
+                  "diag_kendall_images": 1},
+        "search": {"metric": METRIC, "mode": "max", "algorithm": "random", "num_samples": size["samples"],
+                   "seed": search_seed, "replicates": size["replicates"], "space": space,
+                   "points_to_evaluate": [{"train.lr_factor": 0.25, "lambda": 0.035}],
+                   "scheduler": scheduler},
+        # a group's replicates side by side, so that a stopped group stops all of them at the rung
+        "resources": {"workers_per_trial": 1, "cpus_per_worker": round(1.8 / size["replicates"], 2),
+                      "gpus_per_worker": 0, "max_concurrent_trials": size["replicates"], "max_failures": 1},
+        "tracking": {"mlflow_uri": f"sqlite:///{work / 'mlflow.db'}"},
+        "storage": str(work / "studies"),
+    }
+
+
+def run_arm(study: dict, work: Path) -> tuple[float, int]:
+    """`a2 study run` of `study` in `work`; returns (wall seconds, exit code). The log goes to work/run.log."""
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / f"{study['name']}.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([p for p in [env.get("PYTHONPATH"), str(ROOT)] if p])
+    cmd = [sys.executable, "-m", "launch.cli", "study", "run", str(path), "--quiet"]
+    t0 = time.monotonic()
+    with open(work / "run.log", "wb") as log:
+        child = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            rc = child.wait()
+        finally:  # a timeout or Ctrl-C of the benchmark ends the study (and its local Ray) too
+            if child.poll() is None:
+                child.terminate()
+                try:
+                    child.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+    return time.monotonic() - t0, rc
+
+
+def load_arm(work: Path, name: str) -> dict:
+    summary = json.loads((work / "studies" / name / "summary.json").read_text())
+    summary["per_image"] = per_image_scores(f"sqlite:///{work / 'mlflow.db'}", name)
+    return summary
+
+
+def per_image_scores(tracking_uri: str, study: str) -> dict[str, dict[str, float]]:
+    """{trial id: {image id: CIDEr-D x100}} of the trials that logged their best epoch's per-image scores."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per download otherwise
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name(study)
+    if experiment is None:
+        return {}
+    out = {}
+    runs = client.search_runs([experiment.experiment_id], "tags.`a2.role` = 'trial'", max_results=1000)
+    for run in runs:
+        trial_id = run.data.tags.get("a2.trial_id")
+        if not trial_id or PER_IMAGE_ARTIFACT.rsplit("/", 1)[-1] not in _artifact_names(client, run.info.run_id):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            path = client.download_artifacts(run.info.run_id, PER_IMAGE_ARTIFACT, tmp)
+            out[trial_id] = {str(k): float(v) for k, v in json.loads(Path(path).read_text()).items()}
+    return out
+
+
+def _artifact_names(client, run_id: str) -> set[str]:
+    folder = PER_IMAGE_ARTIFACT.rsplit("/", 1)[0]
+    return {Path(f.path).name for f in client.list_artifacts(run_id, folder)}
+
+
+# -- the comparison ----------------------------------------------------------------------------------------------
+def configuration(summary: dict, group: dict) -> dict:
+    """The sampled configuration of a replicate group, without its seed."""
+    trials = {t["trial_id"]: t for t in summary["trials"]}
+    sampled = dict(trials[group["trials"][0]].get("sampled") or {})
+    sampled.pop("seed", None)
+    return sampled
+
+
+def config_text(config: dict) -> str:
+    parts = []
+    for key in sorted(config, key=lambda k: (k != "fusion", k)):
+        value = config[key]
+        parts.append(f"{key.rsplit('.', 1)[-1]}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+    return " ".join(parts)
+
+
+def arm_compute(summary: dict) -> dict:
+    """CPU seconds and trial wall seconds (the study's `compute` totals) and trial-epochs done / planned."""
+    totals = summary.get("compute") or {}
+    trials = summary["trials"]
+    return {"cpu_s": float(totals.get("total_cpu_s", math.nan)),
+            "wall_s": float(totals.get("total_wall_s", math.nan)),
+            "saved_cpu_s": float(totals.get("saved_cpu_s", 0.0)),
+            "epochs": sum(int(t["epochs_done"]) for t in trials),
+            "epochs_planned": sum(int(t["epochs_planned"]) for t in trials)}
+
+
+def load_drift(fifo: dict, asha: dict) -> tuple[float, int] | None:
+    """(ASHA / full CPU seconds, trials) over the trials that did the same work in both arms: the same
+    configuration and seed run to the planned epochs in both. The arms run one after the other on a shared
+    machine, and CPU seconds grow with the load (caches, memory bandwidth); this ratio is that drift, 1.0 at
+    equal load. None when no trial finished in both arms."""
+    def finished(summary: dict) -> dict[str, float]:
+        out = {}
+        for t in summary["trials"]:
+            cpu = (t.get("compute") or {}).get("cpu_s")
+            if t["epochs_done"] == t["epochs_planned"] and cpu:
+                out[json.dumps(t.get("sampled") or {}, sort_keys=True)] = float(cpu)
+        return out
+
+    full, early = finished(fifo), finished(asha)
+    both = sorted(set(full) & set(early))
+    if not both:
+        return None
+    return sum(early[k] for k in both) / sum(full[k] for k in both), len(both)
+
+
+def best_arm(summary: dict, label: str):
+    """The best group of a search (`summary.json`'s `best_group`) as a `dashboards.stats.Arm`: its seeds' best val
+    CIDEr and, when every replicate logged them for the same images, their per-image scores (seeds, images)."""
+    import numpy as np
+
+    from dashboards.stats import Arm
+
+    group = summary["best_group"]
+    trials = {t["trial_id"]: t for t in summary["trials"]}
+    seeds = [{METRIC: trials[tid]["best"]} for tid in group["trials"] if trials[tid]["best"] is not None]
+    per_image = [summary["per_image"].get(tid) for tid in group["trials"]]
+    matrix = None
+    if per_image and all(p is not None for p in per_image):
+        ids = sorted(per_image[0])
+        if all(sorted(p) == ids for p in per_image):
+            matrix = np.asarray([[p[i] for i in ids] for p in per_image])  # (seeds, images)
+    return Arm(label, seeds, matrix)
+
+
+def groups_by_configuration(summary: dict) -> dict[str, dict]:
+    """{configuration as JSON: its group}, each group with `epochs_done`: its replicates' epochs, in seed order."""
+    epochs = {t["trial_id"]: int(t["epochs_done"]) for t in summary["trials"]}
+    out = {}
+    for g in summary["groups"]:
+        key = json.dumps(configuration(summary, g), sort_keys=True)
+        out[key] = {**g, "epochs_done": [epochs[t] for t in g["trials"]]}
+    return out
+
+
+def compare_searches(fifo: dict, asha: dict) -> dict:
+    """Everything the benchmark reports, from the two arms' summaries (each with `per_image`, possibly empty)."""
+    from dashboards.stats import compare_arms, pooled_sd
+
+    fifo_groups, asha_groups = groups_by_configuration(fifo), groups_by_configuration(asha)
+    full, early = arm_compute(fifo), arm_compute(asha)
+    arms = [best_arm(asha, "early stopping"), best_arm(fifo, "full search")]
+    comparison = compare_arms(arms, baseline="full search", metric=METRIC, metrics=[METRIC])
+    gap = comparison.differences["early stopping"]
+    raw_ratio = early["cpu_s"] / full["cpu_s"] if full["cpu_s"] > 0 else math.nan
+    drift = load_drift(fifo, asha)
+    ratio = raw_ratio / drift[0] if drift else raw_ratio  # the CPU ratio at equal load
+    within_noise = gap.low is not None and gap.low <= 0 <= gap.high
+    not_worse = within_noise or (gap.low is not None and gap.low > 0)
+    finished = [g["values"] for g in fifo["groups"] if len(g["values"]) > 1]
+    return {
+        "same_samples": sorted(fifo_groups) == sorted(asha_groups),
+        "configurations": sorted(set(fifo_groups) | set(asha_groups)),
+        "fifo_groups": fifo_groups, "asha_groups": asha_groups,
+        "full": full, "early": early, "raw_cpu_ratio": raw_ratio, "drift": drift, "cpu_ratio": ratio,
+        "epoch_ratio": early["epochs"] / full["epochs"] if full["epochs"] else math.nan,
+        "wall_s": {"fifo": fifo.get("bench_wall_s"), "asha": asha.get("bench_wall_s")},
+        "best": {"fifo": configuration(fifo, fifo["best_group"]), "asha": configuration(asha, asha["best_group"])},
+        "intervals": {arm.label: iv[METRIC] for arm, iv in comparison.rows},
+        "gap": gap, "within_noise": within_noise,
+        "seed_sd": pooled_sd(finished),
+        "target_met": bool(not_worse and ratio <= COMPUTE_TARGET),
+    }
+
+
+def group_cell(group: dict | None, planned: int) -> str:
+    from dashboards.stats import seed_interval, stopped_early_text
+
+    if group is None:
+        return "-"
+    if not group["values"]:
+        return "no result"
+    text = seed_interval(group["values"]).text()
+    if group.get("stopped_early"):
+        epochs = "/".join(str(e) for e in group["epochs_done"])
+        return f"{text}, {stopped_early_text(group['stopped_early'])}, epochs {epochs}"
+    return f"{text}, {planned} epochs"
+
+
+def report(result: dict, planned_epochs: int) -> None:
+    print(f"{'configuration':<44} {'full search: mean [95% CI]':<38} early stopping (ASHA): mean [95% CI]")
+    for key in result["configurations"]:
+        fifo, asha = result["fifo_groups"].get(key), result["asha_groups"].get(key)
+        config = config_text(json.loads(key))
+        print(f"{config:<44} {group_cell(fifo, planned_epochs):<38} {group_cell(asha, planned_epochs)}")
+    print()
+    full, early = result["full"], result["early"]
+    print(f"same configurations and seeds in both arms: {'yes' if result['same_samples'] else 'NO'} "
+          f"({len(result['fifo_groups'])} groups)")
+    print(f"{'':<26} {'full search':>12} {'ASHA':>12} {'ratio':>8}")
+    print(f"{'trial CPU seconds':<26} {full['cpu_s']:12.0f} {early['cpu_s']:12.0f} {result['raw_cpu_ratio']:8.2f}")
+    if result["drift"]:
+        drift, n = result["drift"]
+        print(f"{'  ... at equal load':<26} {'':>12} {early['cpu_s'] / drift:12.0f} {result['cpu_ratio']:8.2f}"
+              f"   (load drift: the {n} trials run in full in both arms cost {drift:.2f}x in the ASHA arm)")
+    print(f"{'trial wall seconds':<26} {full['wall_s']:12.0f} {early['wall_s']:12.0f} "
+          f"{early['wall_s'] / full['wall_s']:8.2f}")
+    print(f"{'trial-epochs':<26} {full['epochs']:12d} {early['epochs']:12d} {result['epoch_ratio']:8.2f}")
+    wall = result["wall_s"]
+    if wall["fifo"] and wall["asha"]:
+        print(f"{'study wall seconds':<26} {wall['fifo']:12.0f} {wall['asha']:12.0f} "
+              f"{wall['asha'] / wall['fifo']:8.2f}")
+    print(f"the ASHA arm's own estimate of what stopping saved: {early['saved_cpu_s']:.0f} CPU-s")
+    print()
+    gap, sd = result["gap"], result["seed_sd"]
+    print(f"best group, full search:    {config_text(result['best']['fifo'])}: "
+          f"{result['intervals']['full search'].text()}")
+    print(f"best group, early stopping: {config_text(result['best']['asha'])}: "
+          f"{result['intervals']['early stopping'].text()}")
+    print(f"gap (early stopping - full): {gap.interval_text()}, {gap.size_text()}; "
+          f"seed sd {'-' if sd is None else f'{sd:.1f}'} CIDEr")
+    noise = "within the seed noise" if result["within_noise"] else "NOT within the seed noise"
+    if gap.low is None:
+        noise = "no interval (fewer than 3 seeds)"
+    print(f"SUMMARY bench_asha: ASHA used {100 * result['cpu_ratio']:.0f}% of the full search's CPU seconds at "
+          f"equal load ({100 * result['raw_cpu_ratio']:.0f}% as measured; {100 * result['epoch_ratio']:.0f}% of its "
+          f"trial-epochs); "
+          f"best result {gap.interval_text()} vs the full search, {noise}; target (within noise at <= "
+          f"{100 * COMPUTE_TARGET:.0f}% compute) {'met' if result['target_met'] else 'NOT met'}")
+
+
+def measure(work: Path) -> int:
+    summaries = {}
+    for arm in ARMS:
+        summaries[arm] = load_arm(work / arm, f"bench-asha-{arm}")
+        wall_file = work / arm / "wall_s"
+        summaries[arm]["bench_wall_s"] = float(wall_file.read_text()) if wall_file.exists() else None
+    planned = int(summaries["fifo"]["trials"][0]["epochs_planned"])
+    report(compare_searches(summaries["fifo"], summaries["asha"]), planned)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.from_dir:
+        return measure(Path(args.from_dir))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` still ends the running study
+    from a2core.data.synthetic import ensure
+
+    size = dict(QUICK if args.quick else FULL)
+    if args.samples is not None:
+        size["samples"] = args.samples
+    if args.epochs is not None:
+        size["epochs"] = args.epochs
+    work = Path(tempfile.mkdtemp(prefix="a2-bench-asha-"))
+    try:
+        data = work / "data"
+        ensure(data, seed=0, images=size["images"])  # generated once, outside both arms' compute
+        for arm in ARMS:
+            study = search_study(arm, work / arm, data, size, args.search_seed)
+            wall, rc = run_arm(study, work / arm)
+            summary_path = work / arm / "studies" / study["name"] / "summary.json"
+            if rc != 0 or not summary_path.exists():
+                print((work / arm / "run.log").read_text(errors="replace")[-4000:], file=sys.stderr)
+                print(f"bench_asha: the {arm} study failed (exit {rc})", file=sys.stderr)
+                return 1
+            (work / arm / "wall_s").write_text(f"{wall:.1f}")
+            print(f"{arm} arm: {study['name']} done in {wall:.0f} s", flush=True)
+        print()
+        return measure(work)
+    finally:
+        if args.keep:
+            print(f"scratch folder kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
