@@ -244,19 +244,20 @@ def _digests(path: Path, part_size: int) -> tuple[str, int, str]:
     return whole.hexdigest(), size, base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode()
 
 
-def _verify(client, bucket: str, key: str, sha_hex: str, size: int, composite: str) -> dict:
-    head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+def _verify(head: dict, uri: str, sha_hex: str, size: int, composite: str | None = None) -> None:
+    """The object's size, stored sha256 (when it has one) and S3 checksum (when asked for: of the whole object,
+    or of its parts' digests after a multipart upload) against the local bytes'."""
     problems = []
     if head.get("ContentLength") != size:
         problems.append(f"size {head.get('ContentLength')} != local {size}")
-    if (head.get("Metadata") or {}).get(META_SHA256) != sha_hex:
-        problems.append(f"metadata sha256 {(head.get('Metadata') or {}).get(META_SHA256)!r} != local {sha_hex}")
+    stored = (head.get("Metadata") or {}).get(META_SHA256)
+    if stored and stored != sha_hex:
+        problems.append(f"metadata sha256 {stored} != local {sha_hex}")
     checksum = head.get("ChecksumSHA256")  # "<b64>" of a single PUT, "<b64 of the parts' digests>-N" multipart
     if checksum and checksum.split("-")[0] not in (base64.b64encode(bytes.fromhex(sha_hex)).decode(), composite):
         problems.append(f"ChecksumSHA256 {checksum} does not match the local data")
     if problems:
-        raise S3VerificationError(f"s3://{bucket}/{key}: " + "; ".join(problems))
-    return head
+        raise S3VerificationError(f"{uri}: " + "; ".join(problems))
 
 
 def _delete_if_ours(client, bucket: str, key: str, token: str) -> None:
@@ -278,9 +279,9 @@ def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str
     object's metadata; botocore retries each request up to `max_attempts` times; s3transfer aborts a failed
     multipart upload, and an object this call wrote that fails or does not verify is deleted. Returns {"bucket",
     "key", "uri", "size", "sha256", "etag"}; failures raise S3TransferError (S3VerificationError: a mismatch)."""
+    from boto3.exceptions import S3UploadFailedError
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError
-    from boto3.exceptions import S3UploadFailedError
 
     path = Path(local_path)
     if not path.is_file():
@@ -288,16 +289,17 @@ def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str
     bucket, key = parse_s3_uri(s3_uri)
     if not key or key.endswith("/"):
         key += path.name
+    uri = f"s3://{bucket}/{key}"
     client = client or make_client(endpoint_url, max_attempts=max_attempts)
     sha_hex, size, composite = _digests(path, part_size)
     token = uuid.uuid4().hex
     extra = {"Metadata": {META_SHA256: sha_hex, META_TOKEN: token}, "ChecksumAlgorithm": "SHA256",
              **({"ContentType": content_type} if content_type else {})}
     config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, use_threads=False)
-    uri = f"s3://{bucket}/{key}"
     try:
         client.upload_file(str(path), bucket, key, ExtraArgs=extra, Config=config)
-        head = _verify(client, bucket, key, sha_hex, size, composite)
+        head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        _verify(head, uri, sha_hex, size, composite)
     except BaseException as err:  # interrupted too: no partial or unverified object of ours stays
         _delete_if_ours(client, bucket, key, token)
         if isinstance(err, (ClientError, BotoCoreError, S3UploadFailedError)):
@@ -314,10 +316,10 @@ def download_file(s3_uri: str, local_path: str | os.PathLike, *, endpoint_url: s
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = parse_s3_uri(s3_uri, require_key=True)
+    uri = f"s3://{bucket}/{key}"
     client = client or make_client(endpoint_url)
     path = Path(local_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    uri = f"s3://{bucket}/{key}"
     with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
         part = Path(tmp) / path.name
         try:
@@ -325,10 +327,8 @@ def download_file(s3_uri: str, local_path: str | os.PathLike, *, endpoint_url: s
             client.download_file(bucket, key, str(part))
         except (ClientError, BotoCoreError) as err:
             raise S3TransferError(f"download of {uri} failed: {err}") from err
-        expected = (head.get("Metadata") or {}).get(META_SHA256)
         sha_hex, size, _ = _digests(part, 8 * MiB)
-        if size != head.get("ContentLength") or (expected and sha_hex != expected):
-            raise S3VerificationError(f"{uri}: got {size} bytes with sha256 {sha_hex}; the object has "
-                                      f"{head.get('ContentLength')} bytes, sha256 {expected}")
+        _verify(head, uri, sha_hex, size)
         os.replace(part, path)
-    return {"uri": uri, "path": path, "size": size, "sha256": sha_hex, "verified": bool(expected)}
+    return {"uri": uri, "path": path, "size": size, "sha256": sha_hex,
+            "verified": bool((head.get("Metadata") or {}).get(META_SHA256))}

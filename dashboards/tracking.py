@@ -71,9 +71,9 @@ def redact_uri(uri: str) -> str:
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> str:
     """Fail fast, with the URI in the message, when `uri` cannot work. Returns the URI.
 
-    http(s): a GET of `<uri>/health` (then of the experiments-search endpoint) within `timeout` seconds, so an
-    unreachable server fails in seconds instead of after MLflow's minutes of retries; sqlite, file or a plain
-    path: the folder must exist; postgresql/mysql/...: a TCP connect to host:port within `timeout`.
+    http(s): one request of the REST API within `timeout` seconds, so an unreachable server fails in seconds
+    instead of after MLflow's minutes of retries; sqlite, file or a plain path: the folder must exist;
+    postgresql/mysql/...: a TCP connect to host:port within `timeout`.
     """
     if not isinstance(uri, str) or not uri.strip():
         raise TrackingError(f"tracking URI {uri!r} is empty or not a string")
@@ -127,7 +127,6 @@ def _check_sqlite(uri: str) -> None:
 
 
 def _auth_headers() -> dict[str, str]:
-    """The credentials MLflow's client would send ($MLFLOW_TRACKING_TOKEN, else username and password)."""
     headers = {"User-Agent": "a2tune"}
     token = os.environ.get("MLFLOW_TRACKING_TOKEN")
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
@@ -139,26 +138,19 @@ def _auth_headers() -> dict[str, str]:
 
 
 def _check_http(uri: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    answer = "timed out"
-    for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        try:
-            with urllib.request.urlopen(urllib.request.Request(uri.rstrip("/") + path, headers=_auth_headers()),
-                                        timeout=left):
-                return  # urlopen raises HTTPError for anything but a success
-        except urllib.error.HTTPError as err:
-            if err.code in (401, 403):
-                raise TrackingError(
-                    f"tracking URI {uri!r}: server refused access (HTTP {err.code}); set MLFLOW_TRACKING_USERNAME/"
-                    "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN") from None
-            answer = f"HTTP {err.code} for {path.split('?')[0]}"
-        except OSError as err:  # URLError, refused connections, timeouts
-            raise TrackingError(f"tracking URI {uri!r}: MLflow server unreachable "
-                                f"({getattr(err, 'reason', err)})") from None
-    raise TrackingError(f"tracking URI {uri!r}: does not answer like an MLflow server ({answer})")
+    """One request of MLflow's REST API (the experiments search), with the credentials MLflow's client sends."""
+    request = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1",
+                                     headers=_auth_headers())
+    try:
+        urllib.request.urlopen(request, timeout=timeout).close()
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            raise TrackingError(
+                f"tracking URI {uri!r}: server refused access (HTTP {err.code}); set MLFLOW_TRACKING_USERNAME/"
+                "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN") from None
+        raise TrackingError(f"tracking URI {uri!r}: does not answer like an MLflow server (HTTP {err.code})") from None
+    except OSError as err:  # URLError, refused connections, timeouts
+        raise TrackingError(f"tracking URI {uri!r}: MLflow server unreachable ({getattr(err, 'reason', err)})") from None
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
@@ -240,13 +232,9 @@ VIEW_KEY = "a2"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
 VIEW_METRICS = ("val/CIDEr", "val/BLEU-4", "val/METEOR", "train/loss", "train/mask_mean")
 VIEW_PARAMS = ("model.fusion", "model.lambda", "model.temperature", "train.seed")
-
-
-def default_view_state(metric: str = "val/CIDEr") -> dict:
-    metrics = [metric] + [m for m in VIEW_METRICS if m != metric]
-    return {"orderByKey": f"metrics.`{metric}`", "orderByAsc": False,
-            "selectedColumns": ["attributes.`Run Name`"] + [f"metrics.`{m}`" for m in metrics]
-            + [f"params.`{p}`" for p in VIEW_PARAMS]}
+VIEW_STATE = {"orderByKey": "metrics.`val/CIDEr`", "orderByAsc": False,
+              "selectedColumns": ["attributes.`Run Name`"] + [f"metrics.`{m}`" for m in VIEW_METRICS]
+              + [f"params.`{p}`" for p in VIEW_PARAMS]}
 
 
 def _get_or_create_experiment(client, name: str, artifact_location: str | None = None) -> str:
@@ -256,7 +244,7 @@ def _get_or_create_experiment(client, name: str, artifact_location: str | None =
     if exp is None:
         try:
             return client.create_experiment(name, artifact_location=artifact_location,
-                                            tags={TAG_STUDY: name, VIEW_TAG: json.dumps(default_view_state())})
+                                            tags={TAG_STUDY: name, VIEW_TAG: json.dumps(VIEW_STATE)})
         except MlflowException:  # created concurrently by another process
             exp = client.get_experiment_by_name(name)
             if exp is None:
@@ -264,7 +252,7 @@ def _get_or_create_experiment(client, name: str, artifact_location: str | None =
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
     if VIEW_TAG not in exp.tags:
-        client.set_experiment_tag(exp.experiment_id, VIEW_TAG, json.dumps(default_view_state()))
+        client.set_experiment_tag(exp.experiment_id, VIEW_TAG, json.dumps(VIEW_STATE))
     return exp.experiment_id
 
 
@@ -308,14 +296,6 @@ class StudyTracker:
         self._experiment_id: str | None = None
         self.parent_run_id: str | None = None
         self.trial_runs: dict[str, str] = {}
-
-    # pickling (Ray callbacks are pickled with the Tuner): drop the client, rebuild it lazily
-    def __getstate__(self):
-        return {**self.__dict__, "client": None}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self.client = _client(self.tracking_uri)
 
     def view_url(self) -> str | None:
         """Where to look at the study in the MLflow UI (None for a database URI without a server)."""
@@ -368,18 +348,6 @@ class StudyTracker:
         return self._first_run(f"tags.`{TAG_PARENT}` = {_quote(self.parent_run_id)} and "
                                f"tags.`{TAG_TRIAL_ID}` = {_quote(trial_id)}")
 
-    def _known_run(self, trial_id: str):
-        """The run this tracker already has for `trial_id`, unless it was deleted."""
-        from mlflow.exceptions import MlflowException
-
-        if trial_id not in self.trial_runs:
-            return None
-        try:
-            run = self.client.get_run(self.trial_runs[trial_id])
-        except MlflowException:
-            return None
-        return None if run.info.lifecycle_stage == "deleted" else run
-
     def trial_run(self, trial_id: str, config: dict | None = None, tags: dict | None = None,
                   run_name: str | None = None) -> str:
         """The child run of `trial_id`: the existing one (set RUNNING again) or a new one. Returns its id.
@@ -401,7 +369,7 @@ class StudyTracker:
             if value is not None:
                 own[tag] = str(value)
         extra = _tag_values(tags or {})
-        run = self._known_run(trial_id) or self.find_trial_run(trial_id)
+        run = self.find_trial_run(trial_id)
         if run is None:
             run = self.client.create_run(self.experiment_id, run_name=run_name or trial_id,
                                          tags=_tag_values({**own, **extra}))
