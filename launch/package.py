@@ -1,21 +1,13 @@
 """`a2 package NAME`: a study's best configuration -> its seed checkpoints -> averaging ensemble -> COCO server
-`results.zip`, `leaderboard.json`, uploads and an MLflow model version.
+`results.zip`, `leaderboard.json`, uploads and an MLflow model version (README, "Packaging for the COCO server").
 
     a2 package a2-smoke                         # seeds 0 1 2 3; missing seeds are trained on Ray
     a2 package a2-seeds --no-train --upload s3://bucket/submissions/ --workers 4
 
-`package` is a recipe of the steps below, each a function of its own:
-1. `ensemble_members`: the best configuration (`select_best`: the best mean over its seeds, not stopped early)
-   and per seed the trial whose checkpoint joins the ensemble (`seed_checkpoints`). Missing seeds are trained as
-   a companion study `<name>-seeds-<hash8>-<n>` (`train_missing`: a grid over the seeds through
-   `launch.study.run_study`, listed in `<study>/seed_studies.json` before it runs, so a later package run finds
-   its checkpoints or resumes it); `--no-train` refuses instead, naming them.
-2. `decode_all`: beam search (beam 5, at least one word) of the val2014, test2014 and Karpathy test images by
-   the ensemble (and by each seed on Karpathy test), in shards on Ray workers or, with `--workers 0`, here.
-3. `write_submission`: the results files and `results.zip`, validated before it is renamed into place.
-4. `deliver`: Karpathy-test scores, the ensemble registered as MLflow model `<study>` (a version that already
-   serves the same checkpoints is reused), `leaderboard.json`, both files logged to the study's parent run.
-5. `upload_all`: verified uploads to `--upload URI`, else to the study's prefix `<study>/package/` on S3.
+`package` is a recipe of steps, each a function: `ensemble_members` (the best configuration and a checkpoint per
+seed; missing seeds trained as a companion study by `train_missing`), `decoding_data`, `decode_all` (beam search
+in shards on Ray workers, or in this process), `write_submission` (`results.zip`, validated before it is renamed
+into place), `deliver` (scores, the MLflow model, `leaderboard.json`), `upload_all` and `write_manifest`.
 """
 from __future__ import annotations
 
