@@ -235,7 +235,6 @@ def validate_zip(zip_path: str | os.PathLike, val_image_ids: Iterable[int], test
         if members is None:
             return report
         by_split = _members_by_split(report, members)
-        _check_algs(report, by_split, alg)
         for split in SPLITS:
             for info, _ in by_split[split]:
                 data = _read_json(report, zf, info)
@@ -271,7 +270,8 @@ def _check_members(report: ValidationReport, zf: zipfile.ZipFile) -> list[zipfil
 
 
 def _members_by_split(report: ValidationReport, members) -> dict[str, list[tuple[zipfile.ZipInfo, str]]]:
-    """Results files by split, with the alg of each name; reports misplaced, misnamed and missing files."""
+    """Results files by split, with the alg of each name; reports misplaced, misnamed and missing files, and
+    algorithm names that differ."""
     by_split: dict[str, list[tuple[zipfile.ZipInfo, str]]] = {"val": [], "test": []}
     for info in members:
         name = info.filename
@@ -292,19 +292,16 @@ def _members_by_split(report: ValidationReport, members) -> dict[str, list[tuple
         elif len(entries) > 1:
             report.add(report.zip_path, "duplicate_split",
                        f"{len(entries)} {split}2014 results files: {', '.join(i.filename for i, _ in entries)}")
-    return by_split
-
-
-def _check_algs(report: ValidationReport, by_split, alg: str | None) -> None:
-    """One algorithm name across the files, and the expected one when given."""
     named = [(info, a) for entries in by_split.values() for info, a in entries]
-    if alg is not None:
+    if report.alg is not None:  # the algorithm asked for, else one across the files
         for info, a in named:
-            if a != alg:
-                report.add(info.filename, "alg_mismatch", f"algorithm name {a!r} in the file name, expected {alg!r}")
+            if a != report.alg:
+                report.add(info.filename, "alg_mismatch", f"algorithm name {a!r} in the file name, "
+                                                          f"expected {report.alg!r}")
     elif len({a for _, a in named}) > 1:
         report.add(report.zip_path, "alg_mismatch",
                    f"the files use different algorithm names: {', '.join(sorted({a for _, a in named}))}")
+    return by_split
 
 
 def _read_json(report: ValidationReport, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Any:
