@@ -65,13 +65,15 @@ def start_moto(port: int = 0):
 
 
 def s3_client(endpoint: str):
-    """A plain boto3 S3 client for the endpoint (path-style addressing)."""
+    """A plain boto3 S3 client for the endpoint (path-style addressing). A session of its own: boto3's default
+    session keeps the profiles it read first, and an in-process `a2` command may since have moved the keys into a
+    profile of a credentials file (`launch.raycluster.stash_credentials`)."""
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key="testing",
-                        config=Config(s3={"addressing_style": "path"}))
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                                          aws_access_key_id="testing", aws_secret_access_key="testing",
+                                          config=Config(s3={"addressing_style": "path"}))
 
 
 def make_bucket(endpoint: str, name: str) -> str:
