@@ -1,20 +1,14 @@
-"""Tracking that never blocks training and loses nothing: a bounded queue drained by a background thread, and a
-durable spool in the study's storage for what the MLflow server could not take.
+"""Tracking that never blocks training and loses nothing: a queue drained by a background thread, and a durable
+spool in the study's storage for what the MLflow server could not take.
 
     <study>/tracking/spool/0000000001.json     one record per file, written at once (temp + rename, or one PUT)
     <study>/tracking/outage.json               how long the server was down, records spooled / replayed
 
-A record is one tracking call keyed by trial id, not run id (a trial that starts while the server is down has
-no run yet): `trial` (find or create its run), `metrics` (with the step and the timestamp of the result),
-`backfill`, `tags`, `text`, `end_trial`, `end_study`. Replaying a record twice changes nothing: MLflow keeps one
-row per (key, step, timestamp, value), runs are found again by their trial id tag, tags and statuses are set to
-the same values. So a replay deletes each record after it is applied, in order, and a replay cut short (server
-down again, driver killed) goes on where it stopped, without duplicates.
-
-`TrackingQueue` is what the Tune driver's callback talks to: `put(record)` returns at once; its thread applies
-records to the `StudyTracker` while the server answers, spools them (in order, behind any older spooled record)
-while it does not, and replays the spool when a probe finds the server back. `replay(tracker, spool)` is the
-same replay for `a2 mlflow sync NAME` and `a2 study resume NAME` after the study ended.
+A record is one tracking call keyed by trial id, not run id (a trial that starts while the server is down has no
+run yet): `trial`, `metrics`, `backfill`, `tags`, `text`, `end_trial`, `end_study`. Applying a record twice changes
+nothing: MLflow keeps one row per (key, step, timestamp, value), runs are found again by their trial id tag, tags
+and statuses are set to the same values. So a replay deletes each record once applied, in order, and a replay cut
+short (server down again, driver killed) goes on where it stopped, without duplicates.
 """
 from __future__ import annotations
 
@@ -30,44 +24,36 @@ logger = logging.getLogger(__name__)
 
 SPOOL_DIR = ("tracking", "spool")
 OUTAGE_FILE = ("tracking", "outage.json")
+OPS = ("trial", "metrics", "backfill", "tags", "text", "end_trial", "end_study")
 
 
 class Spool:
-    """Records in `<study>/tracking/spool/` (a `dashboards.storage.Location` of the study), oldest first."""
+    """Records in `<study>/tracking/spool/` (`study`: a `dashboards.storage.Location`), oldest first."""
 
     def __init__(self, study):
         self.study = study
         self.folder = study.join(*SPOOL_DIR)
         names = self.names()
-        self.next_seq = int(names[-1].split(".")[0]) + 1 if names else 1
+        self.next_seq = int(names[-1].split(".")[0]) + 1 if names else 1  # a new driver never numbers over one
 
     def names(self) -> list[str]:
         return [n for n in self.folder.listdir() if n.endswith(".json")]  # zero-padded: sorted is in order
 
-    def append(self, record: dict) -> str:
-        name = f"{self.next_seq:010d}.json"
-        self.folder.join(name).write_text(json.dumps(record, default=_plain) + "\n")
+    def append(self, record: dict) -> None:
+        self.folder.join(f"{self.next_seq:010d}.json").write_text(json.dumps(record, default=_plain) + "\n")
         self.next_seq += 1
-        return name
 
     def read(self, name: str) -> dict:
         return json.loads(self.folder.join(name).read_text())
 
     def delete(self, name: str) -> None:
-        fs, path = self.folder.join(name).filesystem()
-        try:
-            fs.delete_file(path)
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            raise StorageError(f"{self.folder.join(name).uri}: cannot delete it: {err}") from err
+        self.folder.join(name).delete()
 
-    # -- the outage record (accumulated over drivers) -------------------------------------------------------
     def outage(self) -> dict:
-        text = self.study.join(*OUTAGE_FILE).read_text()
-        saved = json.loads(text) if text else {}
-        return {"down_seconds": float(saved.get("down_seconds", 0.0)), "spooled": int(saved.get("spooled", 0)),
-                "replayed": int(saved.get("replayed", 0)), "dropped": int(saved.get("dropped", 0))}
+        """The outage record, accumulated over the study's drivers."""
+        saved = json.loads(self.study.join(*OUTAGE_FILE).read_text() or "{}")
+        return {"down_seconds": float(saved.get("down_seconds", 0.0)),
+                **{key: int(saved.get(key, 0)) for key in ("spooled", "replayed", "dropped")}}
 
     def add_outage(self, **counts) -> dict:
         """Add this driver's figures to the saved ones; returns the totals with `pending` (records left)."""
@@ -80,7 +66,7 @@ class Spool:
 
 
 def _plain(value):
-    """numpy scalars as numbers (results carry them), anything else as its text."""
+    """numpy scalars (results carry them) as numbers, anything else as its text."""
     return value.item() if hasattr(value, "item") else str(value)
 
 
@@ -97,35 +83,31 @@ def outage_line(outage: dict | None) -> str | None:
     return text
 
 
-# -- applying a record -------------------------------------------------------------------------------------------
-def _run_id(tracker, trial: str) -> str:
-    return tracker.trial_runs.get(trial) or tracker.trial_run(trial)
-
-
 def apply(tracker, record: dict) -> None:
-    """Make the tracking call that `record` stands for (StudyTracker methods; idempotent, see the module doc)."""
+    """Make the tracking call that `record` stands for (`StudyTracker` methods; idempotent, see the module doc)."""
     op, trial = record["op"], record.get("trial")
+    if op not in OPS:
+        raise ValueError(f"unknown tracking record {op!r}")
+    if op == "end_study":
+        tracker.end_study(record["status"])
+        return
     if op == "trial":
         tracker.trial_run(trial, record.get("config"), tags=record.get("tags"), run_name=record.get("run_name"))
-    elif op == "metrics":
-        tracker.log_metrics(_run_id(tracker, trial), record["metrics"], step=record["step"],
-                            timestamp_ms=record.get("ts"))
+        return
+    run_id = tracker.trial_runs.get(trial) or tracker.trial_run(trial)
+    if op == "metrics":
+        tracker.log_metrics(run_id, record["metrics"], step=record["step"], timestamp_ms=record.get("ts"))
     elif op == "backfill":  # epochs of the trial's result log that its run lacks
-        run_id = _run_id(tracker, trial)
         logged = tracker.logged_steps(run_id, record["metric"])
         for entry in record["entries"]:
             if entry["step"] not in logged:
                 tracker.log_metrics(run_id, entry["metrics"], step=entry["step"], timestamp_ms=entry.get("ts"))
     elif op == "tags":
-        tracker.set_tags(_run_id(tracker, trial), record["tags"])
+        tracker.set_tags(run_id, record["tags"])
     elif op == "text":
-        tracker.log_text(_run_id(tracker, trial), record["text"], record["file"])
-    elif op == "end_trial":
-        tracker.end_trial(_run_id(tracker, trial), record["status"])
-    elif op == "end_study":
-        tracker.end_study(record["status"])
+        tracker.log_text(run_id, record["text"], record["file"])
     else:
-        raise ValueError(f"unknown tracking record {op!r}")
+        tracker.end_trial(run_id, record["status"])
 
 
 def server_answers(tracker, timeout: float = 2.0) -> bool:
@@ -142,44 +124,37 @@ def replay(tracker, spool: Spool, *, stop_on_error: bool = True) -> tuple[int, i
     """Apply the spooled records in order, deleting each once applied. Returns (replayed, dropped).
 
     A record the server answers but refuses (a bad value) is dropped with a warning, so one bad record cannot
-    hold back the rest; any other failure stops the replay (TrackingError), the rest stays spooled."""
+    hold back the rest; any other failure stops the replay (TrackingError, or a quiet stop without
+    `stop_on_error`) and the rest stays spooled."""
     replayed = dropped = 0
     for name in spool.names():
         record = spool.read(name)
         try:
             apply(tracker, record)
+            replayed += 1
         except Exception as err:  # noqa: BLE001 - the server's or the connection's
-            if server_answers(tracker):
-                logger.warning("MLflow refused spooled record %s (%s): %s", name, record.get("op"), err)
-                dropped += 1
-            elif stop_on_error:
+            if not server_answers(tracker):
+                if not stop_on_error:
+                    break
                 raise TrackingError(f"MLflow server {tracker.tracking_uri} stopped answering during the "
                                     f"replay ({replayed} records replayed): {err}") from err
-            else:
-                break
-        else:
-            replayed += 1
+            logger.warning("MLflow refused spooled record %s (%s): %s", name, record.get("op"), err)
+            dropped += 1
         spool.delete(name)
     return replayed, dropped
 
 
-# -- the queue between the Tune driver and MLflow ----------------------------------------------------------------
 _STOP = object()
 
 
 class TrackingQueue:
-    """Records in, applied by a background thread; spooled while the server is down, replayed when it is back.
-
-    Args:
-        tracker: a `StudyTracker` (its study's parent run started).
-        spool: the study's `Spool`.
-        maxsize: records in memory before `put` waits (only when the storage itself stalls).
-        probe_every: seconds between health probes while records are spooled.
-    """
+    """What the Tune driver's callback talks to: `put(record)` returns at once; a thread applies the records while
+    the server answers, spools them (in order, behind any older spooled record) while it does not, and replays
+    the spool when a probe (every `probe_every` s) finds the server back. At most `maxsize` records wait in
+    memory, which only a stalled storage fills."""
 
     def __init__(self, tracker, spool: Spool, *, maxsize: int = 10_000, probe_every: float = 5.0):
-        self.tracker, self.spool = tracker, spool
-        self.probe_every = probe_every
+        self.tracker, self.spool, self.probe_every = tracker, spool, probe_every
         self.queue: queue.Queue = queue.Queue(maxsize)
         self.backlog = len(spool.names())  # left by an earlier driver: replayed before anything new
         self.down_since: float | None = None
@@ -204,27 +179,28 @@ class TrackingQueue:
         self.thread.join(timeout)
         if self.thread.is_alive():
             logger.warning("MLflow tracking still busy after %.0f s; what it has not applied stays spooled", timeout)
-        if self.down_since is not None:
-            self.down_seconds += time.monotonic() - self.down_since
-            self.down_since = None
+        self._outage_over()
         return self.spool.add_outage(down_seconds=self.down_seconds, spooled=self.spooled,
                                      replayed=self.replayed, dropped=self.dropped)
 
-    # -- the thread ------------------------------------------------------------------------------------------
+    def _outage_over(self) -> None:
+        if self.down_since is not None:
+            self.down_seconds += time.monotonic() - self.down_since
+            self.down_since = None
+
     def _work(self) -> None:
         while True:
             try:
                 record = self.queue.get(timeout=self.probe_every)
             except queue.Empty:
                 record = None
-            if record is _STOP:
-                self._catch_up(force=True)
-                self.queue.task_done()
-                return
-            if record is not None:
+            if record is not None and record is not _STOP:
                 self._handle(record)
                 self.queue.task_done()  # `queue.join()` waits until every record is applied or spooled
-            self._catch_up()
+            self._catch_up(force=record is _STOP)
+            if record is _STOP:
+                self.queue.task_done()
+                return
 
     def _handle(self, record: dict) -> None:
         if not self.backlog:
@@ -238,8 +214,7 @@ class TrackingQueue:
                     return
                 logger.warning("MLflow server %s not answering (%s); spooling to %s", self.tracker.tracking_uri,
                                err, self.spool.folder.uri)
-                self.down_since = time.monotonic()
-                self.last_probe = self.down_since
+                self.down_since = self.last_probe = time.monotonic()
         try:
             self.spool.append(record)
         except StorageError as err:  # storage down too: the result log still has the metrics (backfill)
@@ -265,6 +240,5 @@ class TrackingQueue:
         self.dropped += dropped
         self.backlog = len(self.spool.names())
         if not self.backlog and self.down_since is not None:
-            self.down_seconds += time.monotonic() - self.down_since
-            self.down_since = None
+            self._outage_over()
             logger.warning("MLflow server back; %d spooled records replayed", self.replayed)

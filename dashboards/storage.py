@@ -5,16 +5,11 @@
     loc.join("a2-smoke").listdir()                           # [] when there is nothing
     path, fs = loc.ray_storage()                             # Ray's storage_path / storage_filesystem
 
-Files are read, listed and written through pyarrow's filesystems: Ray Train and Tune take exactly these as
-`storage_filesystem`, so studies, trial checkpoints, result logs and packages all go through one library. Each S3
-request is retried with backoff (`s3_filesystem`); `check_storage` finds a missing bucket,
-an unreachable endpoint or refused credentials in seconds, before a study starts anything. Credentials come from
-the AWS SDK's default chain (environment, AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE, instance role).
-Artifacts that are published (submissions, leaderboards) go through `upload_file`: boto3's managed transfer
-(multipart above `part_size`, each request retried by botocore's `standard` retry mode), SHA-256 checksums on
-every request and in the object's metadata, a `head_object` check afterwards, and no partial object left behind
-when it fails. The endpoint is `endpoint_url`, else $AWS_ENDPOINT_URL_S3 / $AWS_ENDPOINT_URL /
-$MLFLOW_S3_ENDPOINT_URL (first one set wins), else AWS itself.
+Files go through pyarrow's filesystems, the ones Ray Train and Tune take as `storage_filesystem`. Published
+artifacts go through `upload_file` (boto3's managed transfer, verified afterwards). Credentials come from the AWS
+SDK's default chain (environment, AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE, instance role); the endpoint is
+`endpoint_url`, else the first one set of $AWS_ENDPOINT_URL_S3 / $AWS_ENDPOINT_URL / $MLFLOW_S3_ENDPOINT_URL,
+else AWS itself.
 """
 from __future__ import annotations
 
@@ -74,10 +69,7 @@ def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
                                 None)
 
 
-# -- S3 through pyarrow, with retries -----------------------------------------------------------------------------
-# Every S3 request (Tune's experiment state, Train's checkpoints, result logs) is retried by the AWS SDK's standard
-# strategy: exponential backoff with jitter, 3 tries, on connection errors, 5xx and throttling.
-# Past its attempts the request fails and the study stops cleanly.
+# -- S3 through pyarrow ------------------------------------------------------------------------------------------
 S3_CONNECT_TIMEOUT_S = 5.0
 S3_REQUEST_TIMEOUT_S = 60.0
 
@@ -87,10 +79,10 @@ def _region() -> str | None:
 
 
 def s3_filesystem(bucket: str, endpoint_url: str | None = None) -> pafs.S3FileSystem:
-    """A pyarrow S3 filesystem for `bucket` at `endpoint_url` (else the ENDPOINT_ENV_VARS, else AWS). Credentials
-    come from the AWS SDK's default chain: environment, AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE, instance role."""
-    # pyarrow's own retry strategy (the AWS SDK's standard one, 3 attempts): passing a strategy object from Python
-    # deadlocked requests to an S3 server in the same process (moto in the tests), so none is passed.
+    """A pyarrow S3 filesystem for `bucket` at `endpoint_url` (else the ENDPOINT_ENV_VARS, else AWS).
+
+    Every request is retried by pyarrow's own strategy (the AWS SDK's standard one: backoff with jitter, 3 tries);
+    passing a strategy object from Python deadlocked requests to an S3 server in the same process (moto)."""
     options: dict = dict(connect_timeout=S3_CONNECT_TIMEOUT_S, request_timeout=S3_REQUEST_TIMEOUT_S)
     endpoint = resolve_endpoint_url(endpoint_url)
     if endpoint is None:
@@ -164,6 +156,12 @@ class Location:
             yield
         except OSError as err:
             raise StorageError(f"{self.uri}: cannot {doing}: {err}") from err
+
+    def delete(self) -> None:
+        """Remove this file; nothing happens when there is none."""
+        fs, path = self._fs
+        with self._errors("delete it"), contextlib.suppress(FileNotFoundError):
+            fs.delete_file(path)
 
     def exists(self) -> bool:
         fs, path = self._fs
@@ -246,19 +244,20 @@ def _digests(path: Path, part_size: int) -> tuple[str, int, str]:
     return whole.hexdigest(), size, base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode()
 
 
-def _verify(client, bucket: str, key: str, sha_hex: str, size: int, composite: str) -> dict:
-    head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+def _verify(head: dict, uri: str, sha_hex: str, size: int, composite: str | None = None) -> None:
+    """The object's size, stored sha256 (when it has one) and S3 checksum (when asked for: of the whole object,
+    or of its parts' digests after a multipart upload) against the local bytes'."""
     problems = []
     if head.get("ContentLength") != size:
         problems.append(f"size {head.get('ContentLength')} != local {size}")
-    if (head.get("Metadata") or {}).get(META_SHA256) != sha_hex:
-        problems.append(f"metadata sha256 {(head.get('Metadata') or {}).get(META_SHA256)!r} != local {sha_hex}")
+    stored = (head.get("Metadata") or {}).get(META_SHA256)
+    if stored and stored != sha_hex:
+        problems.append(f"metadata sha256 {stored} != local {sha_hex}")
     checksum = head.get("ChecksumSHA256")  # "<b64>" of a single PUT, "<b64 of the parts' digests>-N" multipart
     if checksum and checksum.split("-")[0] not in (base64.b64encode(bytes.fromhex(sha_hex)).decode(), composite):
         problems.append(f"ChecksumSHA256 {checksum} does not match the local data")
     if problems:
-        raise S3VerificationError(f"s3://{bucket}/{key}: " + "; ".join(problems))
-    return head
+        raise S3VerificationError(f"{uri}: " + "; ".join(problems))
 
 
 def _delete_if_ours(client, bucket: str, key: str, token: str) -> None:
@@ -276,12 +275,13 @@ def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str
                 max_attempts: int = 5, part_size: int = 8 * MiB, content_type: str | None = None) -> dict:
     """Upload `local_path` to `s3_uri` (a URI ending in `/` gets the file name) and verify it.
 
-    Returns {"bucket", "key", "uri", "size", "sha256", "etag"}. botocore retries each request up to
-    `max_attempts` times; s3transfer aborts a failed multipart upload; an object this call wrote that does not
-    verify is deleted. Failures raise S3TransferError (S3VerificationError for a mismatch)."""
+    boto3's managed transfer (multipart above `part_size`) with SHA-256 checksums on every request and in the
+    object's metadata; botocore retries each request up to `max_attempts` times; s3transfer aborts a failed
+    multipart upload, and an object this call wrote that fails or does not verify is deleted. Returns {"bucket",
+    "key", "uri", "size", "sha256", "etag"}; failures raise S3TransferError (S3VerificationError: a mismatch)."""
+    from boto3.exceptions import S3UploadFailedError
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError
-    from boto3.exceptions import S3UploadFailedError
 
     path = Path(local_path)
     if not path.is_file():
@@ -289,21 +289,21 @@ def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str
     bucket, key = parse_s3_uri(s3_uri)
     if not key or key.endswith("/"):
         key += path.name
+    uri = f"s3://{bucket}/{key}"
     client = client or make_client(endpoint_url, max_attempts=max_attempts)
     sha_hex, size, composite = _digests(path, part_size)
     token = uuid.uuid4().hex
     extra = {"Metadata": {META_SHA256: sha_hex, META_TOKEN: token}, "ChecksumAlgorithm": "SHA256",
              **({"ContentType": content_type} if content_type else {})}
     config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, use_threads=False)
-    uri = f"s3://{bucket}/{key}"
     try:
         client.upload_file(str(path), bucket, key, ExtraArgs=extra, Config=config)
-        head = _verify(client, bucket, key, sha_hex, size, composite)
-    except (ClientError, BotoCoreError, S3UploadFailedError) as err:
+        head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        _verify(head, uri, sha_hex, size, composite)
+    except BaseException as err:  # interrupted too: no partial or unverified object of ours stays
         _delete_if_ours(client, bucket, key, token)
-        raise S3TransferError(f"upload of {path} to {uri} failed: {err}") from err
-    except BaseException:
-        _delete_if_ours(client, bucket, key, token)
+        if isinstance(err, (ClientError, BotoCoreError, S3UploadFailedError)):
+            raise S3TransferError(f"upload of {path} to {uri} failed: {err}") from err
         raise
     return {"bucket": bucket, "key": key, "uri": uri, "size": size, "sha256": sha_hex, "etag": head.get("ETag")}
 
@@ -316,10 +316,10 @@ def download_file(s3_uri: str, local_path: str | os.PathLike, *, endpoint_url: s
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = parse_s3_uri(s3_uri, require_key=True)
+    uri = f"s3://{bucket}/{key}"
     client = client or make_client(endpoint_url)
     path = Path(local_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    uri = f"s3://{bucket}/{key}"
     with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
         part = Path(tmp) / path.name
         try:
@@ -327,10 +327,8 @@ def download_file(s3_uri: str, local_path: str | os.PathLike, *, endpoint_url: s
             client.download_file(bucket, key, str(part))
         except (ClientError, BotoCoreError) as err:
             raise S3TransferError(f"download of {uri} failed: {err}") from err
-        expected = (head.get("Metadata") or {}).get(META_SHA256)
         sha_hex, size, _ = _digests(part, 8 * MiB)
-        if size != head.get("ContentLength") or (expected and sha_hex != expected):
-            raise S3VerificationError(f"{uri}: got {size} bytes with sha256 {sha_hex}; the object has "
-                                      f"{head.get('ContentLength')} bytes, sha256 {expected}")
+        _verify(head, uri, sha_hex, size)
         os.replace(part, path)
-    return {"uri": uri, "path": path, "size": size, "sha256": sha_hex, "verified": bool(expected)}
+    return {"uri": uri, "path": path, "size": size, "sha256": sha_hex,
+            "verified": bool((head.get("Metadata") or {}).get(META_SHA256))}

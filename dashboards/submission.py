@@ -1,22 +1,15 @@
 """COCO caption test-server submission files: write, zip and validate.
 
-The server expects one ``results.zip`` whose root holds exactly two files::
-
-    captions_val2014_<alg>_results.json
-    captions_test2014_<alg>_results.json
-
-each a JSON list ``[{"image_id": int, "caption": str}, ...]`` covering every image of its split exactly
-once (val2014: 40,504 images; test2014: 40,775, from ``image_info_test2014.json``).
-
-``validate_zip`` checks all of that and reports *every* problem it finds, so one run tells the whole
-story::
+The server expects one `results.zip` whose root holds exactly `captions_val2014_<alg>_results.json` and
+`captions_test2014_<alg>_results.json`, each a JSON list `[{"image_id": int, "caption": str}, ...]` covering every
+image of its split exactly once (val2014: 40,504 images; test2014: 40,775, from `image_info_test2014.json`).
+`validate_zip` reports every problem it finds, so one run tells the whole story:
 
     report = validate_zip("results.zip", read_image_ids("captions_val2014.json"),
                           read_image_ids("image_info_test2014.json"), alg="a2")
-    print(report)               # human-readable; report.ok is False when anything is wrong
+    print(report)               # report.ok is False when anything is wrong
     report.raise_if_invalid()   # SubmissionError carrying the same text
 """
-
 from __future__ import annotations
 
 import json
@@ -30,34 +23,18 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from a2core.atomic import atomic_write
-from a2core.data.captions import is_image_id
-from a2core.errors import SubmissionError
-
-__all__ = [
-    "SPLITS",
-    "Problem",
-    "SubmissionError",
-    "ValidationReport",
-    "make_zip",
-    "read_image_ids",
-    "results_filename",
-    "validate_zip",
-    "write_results",
-]
+from a2core.data.captions import is_image_id, read_image_info
+from a2core.errors import DataError, SubmissionError
 
 SPLITS = ("val", "test")
 _ALG_RE = re.compile(r"[A-Za-z0-9-]+")
 _NAME_RE = re.compile(r"captions_(?P<split>val|test)2014_(?P<alg>[A-Za-z0-9-]+)_results\.json")
-# How many image ids / entry indices a problem message shows before "... (N more)".
-MAX_IDS_SHOWN = 10
+MAX_IDS_SHOWN = 10  # image ids / entry indices a message shows before "... (N more)"
 # The server's zip holds 2 files of a few MB each (40,775 captions are ~3.5 MB of JSON); these caps leave room
 # and bound what a hostile zip costs.
 MAX_MEMBERS = 16
 MAX_MEMBER_BYTES = 32 << 20
 _UNREADABLE = object()  # what _read_json returns after reporting a problem
-
-
-# --------------------------------------------------------------------------------------------- names
 
 
 def results_filename(split: str, alg: str) -> str:
@@ -69,30 +46,22 @@ def results_filename(split: str, alg: str) -> str:
     return f"captions_{split}2014_{alg}_results.json"
 
 
-# ------------------------------------------------------------------------------------------- writing
-
-
 def write_results(path: str | os.PathLike, captions: Mapping[int, str]) -> Path:
-    """Write a COCO results file ``[{"image_id": int, "caption": str}]`` sorted by image id, atomically.
-
-    Ids must be ints and captions strings (SubmissionError naming the offending id otherwise). Empty
-    captions are written as they are; ``validate_zip`` flags them.
-    """
-    entries = []
+    """Write a COCO results file `[{"image_id": int, "caption": str}]` sorted by image id, atomically. Ids must be
+    ints and captions strings (SubmissionError naming the id); empty captions are written (`validate_zip` flags
+    them)."""
     for image_id, caption in captions.items():
         if isinstance(image_id, bool) or not isinstance(image_id, int):
             raise SubmissionError(f"{path}: image id {image_id!r} is not an int")
         if not isinstance(caption, str):
             raise SubmissionError(f"{path}: caption of image {image_id} is {type(caption).__name__}, not str")
-        entries.append({"image_id": int(image_id), "caption": caption})
-    entries.sort(key=lambda e: e["image_id"])
-
+    entries = [{"image_id": image_id, "caption": captions[image_id]} for image_id in sorted(captions)]
     return atomic_write(path, json.dumps(entries, ensure_ascii=False) + "\n")
 
 
 def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_results: str | os.PathLike) -> Path:
-    """Write ``zip_path`` (the server's ``results.zip``) holding exactly the two results files at its
-    root (arcname = file name), atomically."""
+    """Write `zip_path` (the server's `results.zip`) holding exactly the two results files at its root,
+    atomically."""
     val_results, test_results = Path(val_results), Path(test_results)
     for p in (val_results, test_results):
         if not p.is_file():
@@ -108,41 +77,13 @@ def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_r
     return atomic_write(zip_path, write)
 
 
-# ------------------------------------------------------------------------------------------- reading
-
-
 def read_image_ids(path: str | os.PathLike) -> list[int]:
-    """Image ids of a COCO image-info JSON (``{"images": [{"id": int, ...}, ...]}``), in file order.
-
-    Works for ``image_info_test2014.json`` and ``captions_val2014.json`` alike. Every error names the file.
-    """
-    path = Path(path)
+    """Image ids of a COCO image-info JSON (`image_info_test2014.json`, `captions_val2014.json`: `{"images":
+    [{"id": int, ...}, ...]}`), in file order; every error names the file."""
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read().decode("utf-8"))
-    except FileNotFoundError:
-        raise SubmissionError(f"{path}: image-info file not found") from None
-    except UnicodeDecodeError as e:
-        raise SubmissionError(f"{path}: not valid UTF-8 ({e})") from None
-    except json.JSONDecodeError as e:
-        raise SubmissionError(f"{path}: not valid JSON ({e})") from None
-    except ValueError:  # Python's int() refuses more than 4300 digits, deep inside json
-        raise SubmissionError(f"{path}: holds an integer of more than {sys.get_int_max_str_digits()} digits") from None
-    except OSError as e:
-        raise SubmissionError(f"{path}: cannot read ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
-        raise SubmissionError(f"{path}: expected a COCO image-info object with an 'images' list")
-    ids: list[int] = []
-    for i, image in enumerate(data["images"]):
-        image_id = image.get("id") if isinstance(image, dict) else None
-        if not is_image_id(image_id):
-            raise SubmissionError(f"{path}: images[{i}] has no 'id' that is a non-negative 64-bit int "
-                                  f"(got {image!r:.80})")
-        ids.append(image_id)
-    return ids
-
-
-# ---------------------------------------------------------------------------------------- validation
+        return read_image_info(path)
+    except DataError as err:
+        raise SubmissionError(str(err)) from None
 
 
 def _preview(values: Iterable[Any], limit: int = MAX_IDS_SHOWN) -> str:
@@ -155,12 +96,8 @@ def _preview(values: Iterable[Any], limit: int = MAX_IDS_SHOWN) -> str:
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a submission.
-
-    ``file`` is the zip member it concerns (the zip's own path for archive-level problems), ``kind`` a
-    stable machine-readable tag, ``message`` what a person reads, ``image_ids`` every image id involved
-    (uncapped; the message shows only the first few).
-    """
+    """One thing wrong: `file` is the zip member it concerns (the zip itself for archive-level problems), `kind` a
+    stable tag, `message` what a person reads, `image_ids` every image id involved (the message shows a few)."""
 
     file: str
     kind: str
@@ -173,7 +110,7 @@ class Problem:
 
 @dataclass
 class ValidationReport:
-    """Everything ``validate_zip`` found. Falsy problems list = a submission the server will accept."""
+    """Everything `validate_zip` found; no problems: a submission the server will accept."""
 
     zip_path: str
     problems: list[Problem] = field(default_factory=list)
@@ -218,8 +155,8 @@ def _check_entries(report: ValidationReport, name: str, data: Any, expected: set
     not_object: list[int] = []  # entry indices
     missing_key: dict[str, list[int]] = {"image_id": [], "caption": []}
     bad_id: list[tuple[int, Any]] = []  # (index, value)
-    bad_caption: list[tuple[int, Any]] = []  # (index or image id, value)
-    empty_caption: list[Any] = []  # image ids (or "entry #index" when the id itself is bad)
+    bad_caption: list[tuple[Any, Any]] = []  # (image id, or "entry #index" when the id itself is bad; value)
+    empty_caption: list[Any] = []  # image ids, or "entry #index"
     seen: Counter[int] = Counter()
     for i, entry in enumerate(data):
         if not isinstance(entry, dict):
@@ -229,40 +166,34 @@ def _check_entries(report: ValidationReport, name: str, data: Any, expected: set
             if key not in entry:
                 missing_key[key].append(i)
         image_id = entry.get("image_id")
-        id_ok = is_image_id(image_id)
-        if id_ok:
+        if is_image_id(image_id):
             seen[image_id] += 1
         elif "image_id" in entry:
             bad_id.append((i, image_id))
-        label = image_id if id_ok else f"entry #{i}"
-        if "caption" in entry:
-            caption = entry["caption"]
-            if not isinstance(caption, str):
-                bad_caption.append((label, caption))
-            elif not caption.strip():
-                empty_caption.append(label)
+        label = image_id if is_image_id(image_id) else f"entry #{i}"
+        caption = entry.get("caption")
+        if "caption" in entry and not isinstance(caption, str):
+            bad_caption.append((label, caption))
+        elif isinstance(caption, str) and not caption.strip():
+            empty_caption.append(label)
 
     if not_object:
         report.add(name, "not_object", f"{len(not_object)} entries are not JSON objects "
                                        f"(entry indices: {_preview(not_object)})")
-    for key, idx in missing_key.items():
-        if idx:
-            report.add(name, "missing_key", f"{len(idx)} entries have no {key!r} key "
-                                            f"(entry indices: {_preview(idx)})")
+    for key, indices in missing_key.items():
+        if indices:
+            report.add(name, "missing_key", f"{len(indices)} entries have no {key!r} key "
+                                            f"(entry indices: {_preview(indices)})")
     if bad_id:
-        report.add(name, "bad_image_id",
-                   f"{len(bad_id)} entries have an image_id that is not a non-negative 64-bit int: "
-                   + _preview(f"entry #{i}: {v!r:.40}" for i, v in bad_id))
+        report.add(name, "bad_image_id", f"{len(bad_id)} entries have an image_id that is not a non-negative 64-bit "
+                                         f"int: {_preview(f'entry #{i}: {v!r:.40}' for i, v in bad_id)}")
     if bad_caption:
-        report.add(name, "bad_caption",
-                   f"{len(bad_caption)} captions are not strings: "
-                   + _preview(f"{label}: {v!r:.40}" for label, v in bad_caption),
+        report.add(name, "bad_caption", f"{len(bad_caption)} captions are not strings: "
+                                        f"{_preview(f'{label}: {v!r:.40}' for label, v in bad_caption)}",
                    [label for label, _ in bad_caption if isinstance(label, int)])
     if empty_caption:
-        report.add(name, "empty_caption",
-                   f"{len(empty_caption)} empty captions, image ids: {_preview(empty_caption)}",
+        report.add(name, "empty_caption", f"{len(empty_caption)} empty captions, image ids: {_preview(empty_caption)}",
                    [label for label in empty_caption if isinstance(label, int)])
-
     duplicates = sorted(i for i, n in seen.items() if n > 1)
     if duplicates:
         report.add(name, "duplicate_ids", f"{len(duplicates)} image ids appear more than once: "
@@ -275,36 +206,35 @@ def _check_entries(report: ValidationReport, name: str, data: Any, expected: set
         report.add(name, "extra_ids", f"{len(extra)} image ids are not in the split: {_preview(extra)}", extra)
 
 
-def validate_zip(
-    zip_path: str | os.PathLike,
-    val_image_ids: Iterable[int],
-    test_image_ids: Iterable[int],
-    alg: str | None = None,
-) -> ValidationReport:
-    """Check a COCO caption server ``results.zip``; return a report listing every problem found.
+def validate_zip(zip_path: str | os.PathLike, val_image_ids: Iterable[int], test_image_ids: Iterable[int],
+                 alg: str | None = None) -> ValidationReport:
+    """Check a COCO caption server `results.zip`; return a report listing every problem found.
 
-    Checks: the file is a zip of at most ``MAX_MEMBERS`` entries with safe names; it holds exactly two files,
-    at its root, named ``captions_{val,test}2014_<alg>_results.json`` with one ``alg`` (``alg`` itself when
-    given); each is at most ``MAX_MEMBER_BYTES`` (declared and actually read), UTF-8 JSON, a list of objects
-    with an int ``image_id`` (bools, strings and ids outside int64 rejected) and a non-blank string
-    ``caption``; each split's image ids are covered exactly once with no extras. Extra keys in an entry are
-    allowed (the server reads only these two). Members are read as bounded streams: a zip bomb costs at most
-    ``MAX_MEMBER_BYTES`` of memory.
+    The file is a zip of at most `MAX_MEMBERS` entries with safe names; it holds exactly two files, at its root,
+    named `captions_{val,test}2014_<alg>_results.json` with one `alg` (`alg` itself when given); each is at most
+    `MAX_MEMBER_BYTES` (declared and actually read), UTF-8 JSON, a list of objects with an int `image_id` (bools,
+    strings and ids outside int64 rejected) and a non-blank string `caption` (other keys are allowed: the server
+    reads only these); each split's image ids are covered exactly once with no extras. Members are read as
+    bounded streams: a zip bomb costs at most `MAX_MEMBER_BYTES` of memory.
     """
     zip_path = str(zip_path)
     report = ValidationReport(zip_path=zip_path, alg=alg)
     expected = {"val": set(val_image_ids), "test": set(test_image_ids)}
     if alg is not None and (not isinstance(alg, str) or not _ALG_RE.fullmatch(alg)):
         report.add(zip_path, "bad_alg", f"alg {alg!r} does not match [A-Za-z0-9-]+")
-    zf = _open_zip(report)
-    if zf is None:
+    if not os.path.isfile(zip_path):
+        report.add(zip_path, "not_found", "file not found")
+        return report
+    try:
+        zf = zipfile.ZipFile(zip_path)
+    except (zipfile.BadZipFile, OSError) as e:
+        report.add(zip_path, "not_zip", f"not a zip archive ({e})")
         return report
     with zf:
         members = _check_members(report, zf)
         if members is None:
             return report
         by_split = _members_by_split(report, members)
-        _check_algs(report, by_split, alg)
         for split in SPLITS:
             for info, _ in by_split[split]:
                 data = _read_json(report, zf, info)
@@ -312,19 +242,6 @@ def validate_zip(
                     report.files[info.filename] = len(data) if isinstance(data, list) else 0
                     _check_entries(report, info.filename, data, expected[split])
     return report
-
-
-
-def _open_zip(report: ValidationReport) -> zipfile.ZipFile | None:
-    path = report.zip_path
-    if not os.path.isfile(path):
-        report.add(path, "not_found", "file not found")
-        return None
-    try:
-        return zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as e:
-        report.add(path, "not_zip", f"not a zip archive ({e})")
-        return None
 
 
 def _check_members(report: ValidationReport, zf: zipfile.ZipFile) -> list[zipfile.ZipInfo] | None:
@@ -353,7 +270,8 @@ def _check_members(report: ValidationReport, zf: zipfile.ZipFile) -> list[zipfil
 
 
 def _members_by_split(report: ValidationReport, members) -> dict[str, list[tuple[zipfile.ZipInfo, str]]]:
-    """Results files by split, with the alg of each name; reports misplaced, misnamed and missing files."""
+    """Results files by split, with the alg of each name; reports misplaced, misnamed and missing files, and
+    algorithm names that differ."""
     by_split: dict[str, list[tuple[zipfile.ZipInfo, str]]] = {"val": [], "test": []}
     for info in members:
         name = info.filename
@@ -366,27 +284,24 @@ def _members_by_split(report: ValidationReport, members) -> dict[str, list[tuple
                                          "captions_val2014_<alg>_results.json or captions_test2014_<alg>_results.json")
             continue
         by_split[m["split"]].append((info, m["alg"]))
+    alg = report.alg if isinstance(report.alg, str) and _ALG_RE.fullmatch(report.alg) else "<alg>"
     for split, entries in by_split.items():
         if not entries:
-            alg = report.alg
-            shown = results_filename(split, alg) if alg and _ALG_RE.fullmatch(alg) else f"captions_{split}2014_<alg>_results.json"
-            report.add(report.zip_path, "missing_file", f"no {split}2014 results file ({shown})")
+            report.add(report.zip_path, "missing_file", f"no {split}2014 results file "
+                                                        f"(captions_{split}2014_{alg}_results.json)")
         elif len(entries) > 1:
             report.add(report.zip_path, "duplicate_split",
                        f"{len(entries)} {split}2014 results files: {', '.join(i.filename for i, _ in entries)}")
-    return by_split
-
-
-def _check_algs(report: ValidationReport, by_split, alg: str | None) -> None:
-    """One algorithm name across the files, and the expected one when given."""
     named = [(info, a) for entries in by_split.values() for info, a in entries]
-    if alg is not None:
+    if report.alg is not None:  # the algorithm asked for, else one across the files
         for info, a in named:
-            if a != alg:
-                report.add(info.filename, "alg_mismatch", f"algorithm name {a!r} in the file name, expected {alg!r}")
+            if a != report.alg:
+                report.add(info.filename, "alg_mismatch", f"algorithm name {a!r} in the file name, "
+                                                          f"expected {report.alg!r}")
     elif len({a for _, a in named}) > 1:
         report.add(report.zip_path, "alg_mismatch",
                    f"the files use different algorithm names: {', '.join(sorted({a for _, a in named}))}")
+    return by_split
 
 
 def _read_json(report: ValidationReport, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Any:

@@ -1,30 +1,13 @@
-"""`a2 package NAME`: a study's best configuration -> four seed checkpoints -> averaging ensemble -> COCO server
-`results.zip`, `leaderboard.json`, uploads and an MLflow model version.
+"""`a2 package NAME`: a study's best configuration -> its seed checkpoints -> averaging ensemble -> COCO server
+`results.zip`, `leaderboard.json`, uploads and an MLflow model version (README, "Packaging for the COCO server").
 
     a2 package a2-smoke                         # seeds 0 1 2 3; missing seeds are trained on Ray
     a2 package a2-seeds --no-train --upload s3://bucket/submissions/ --workers 4
 
-Steps:
-1. The study's best trial by its metric (ties: the lower trial id) defines the configuration: its resolved
-   config without `train.seed` (`dashboards.leaderboard.config_hash`). For every requested seed, the trial of
-   that configuration and seed (finished trials first, then the best by the metric, then the lower id) gives
-   its best checkpoint.
-2. Missing seeds are trained as a companion study `<name>-seeds-<hash8>-<n>` (a grid over the missing seeds
-   with everything else fixed, through `launch.study.run_study`: Ray Tune trials of Ray Train jobs, tracked in
-   MLflow, stored next to the study); `--no-train` refuses instead, naming them. Companion studies are listed in
-   `<study>/seed_studies.json`, so a later package run finds their checkpoints (and resumes an interrupted one).
-3. The ensemble decodes, with beam search (beam 5, at least one word), the val2014 and test2014 image sets
-   (and the Karpathy test split, once per seed and once for the ensemble) in shards on Ray workers (a task per
-   shard, one GPU each when the cluster has GPUs), or in this process with `--workers 0`.
-4. `captions_{val,test}2014_<alg>_results.json` go into `results.zip` at its root; the zip is validated
-   against the image lists (`dashboards.submission.validate_zip`) and only then renamed into place: a failed
-   validation leaves no `results.zip`.
-5. `leaderboard.json` (`dashboards.leaderboard`): COCO metrics of every seed and of the ensemble on the
-   Karpathy test split, provenance, the paper's rows.
-6. Delivery: the ensemble is registered as MLflow model `<study>` (or `--model-name`; a pyfunc wrapping the
-   checkpoints; a version that already serves the same checkpoints is reused, not registered again), the
-   zip and leaderboard are logged as artifacts of the study's parent run and uploaded (verified sha256) to the
-   study's S3 prefix `<study>/package/` when the study lives on S3, or to `--upload URI`.
+`package` is a recipe of steps, each a function: `ensemble_members` (the best configuration and a checkpoint per
+seed; missing seeds trained as a companion study by `train_missing`), `decoding_data`, `decode_all` (beam search
+in shards on Ray workers, or in this process), `write_submission` (`results.zip`, validated before it is renamed
+into place), `deliver` (scores, the MLflow model, `leaderboard.json`), `upload_all` and `write_manifest`.
 """
 from __future__ import annotations
 
@@ -48,9 +31,12 @@ RESULTS_ZIP = "results.zip"
 LEADERBOARD = "leaderboard.json"
 MANIFEST = "package.json"
 SEEDS = (0, 1, 2, 3)
+# Ray Train gives a worker group 60 s to start by default; on a busy small machine importing torch in two fresh
+# workers can take longer. Applies to a Ray that this process starts (a cluster keeps its own setting).
+WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+WORKER_START_TIMEOUT_S = "300"
 
 
-# -- arguments ---------------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="study name")
     parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
@@ -59,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=None,
                         help="seeds of the ensemble (default: the best configuration's replicates when it has at "
                              f"least {len(SEEDS)}, else {' '.join(map(str, SEEDS))})")
-    parser.add_argument("--no-train", action="store_true", help="refuse (naming them) instead of training missing seeds")
+    parser.add_argument("--no-train", action="store_true",
+                        help="refuse (naming them) instead of training missing seeds")
     parser.add_argument("--out", default=None, help=f"output folder (default: ./{DEFAULT_OUT}/<name>; one that "
                                                     f"holds an earlier package gets a new numbered folder NAME-2, ...)")
     parser.add_argument("--model-name", default=None, help="registered MLflow model name (default: the study name)")
@@ -81,23 +68,90 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args) -> int:
     package(args.name, storage=args.storage, seeds=args.seeds, alg=args.alg, no_train=args.no_train,
-                out=args.out, upload=args.upload, s3_endpoint_url=args.s3_endpoint_url,
-                tracking_uri=args.tracking_uri, beam_size=args.beam_size, batch_size=args.batch_size,
-                workers=args.workers, address=args.address, val_images=args.val_images,
-            test_images=args.test_images, data_overrides=args.data, model_name=args.model_name,
-            verbose=not args.quiet)
+            out=args.out, upload=args.upload, s3_endpoint_url=args.s3_endpoint_url, tracking_uri=args.tracking_uri,
+            beam_size=args.beam_size, batch_size=args.batch_size, workers=args.workers, address=args.address,
+            val_images=args.val_images, test_images=args.test_images, data_overrides=args.data,
+            model_name=args.model_name, verbose=not args.quiet)
     return 0
 
 
-# -- candidates: the trials of a study with their configurations -----------------------------------------------------
-def _read_json(location, *parts: str) -> dict | None:
-    if not location.exists(*parts):
-        return None
-    return json.loads(location.read_text(*parts))
+def package(name: str, *, storage: str | None = None, seeds=None, alg: str | None = None, no_train: bool = False,
+            out: str | os.PathLike | None = None, upload: str | None = None, s3_endpoint_url: str | None = None,
+            tracking_uri: str | None = None, beam_size: int = 5, batch_size: int = 50, workers: int | None = None,
+            address: str | None = None, val_images: str | None = None, test_images: str | None = None,
+            data_overrides: list[str] | None = None, model_name: str | None = None, verbose: bool = True) -> dict:
+    """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
+    import ray
+
+    from dashboards.submission import results_filename
+    from dashboards.tracking import check_tracking_uri
+
+    t_start = time.perf_counter()
+    location, spec, summary = open_study(name, storage, verbose)
+    seeds = None if seeds is None else list(dict.fromkeys(int(s) for s in seeds))
+    if seeds is not None and not seeds:
+        raise PackageError("--seeds: give at least one seed")
+    alg = alg or name
+    files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
+    tracking_uri = check_tracking_uri(tracking_uri or spec.tracking["mlflow_uri"])
+    upload_prefix = _upload_prefix(location, upload)
+    out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST, RESULTS_ZIP), "package")
+    out.mkdir(parents=True, exist_ok=True)
+    ray_was_up = ray.is_initialized()
+    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
+    try:
+        best, members = ensemble_members(spec, location, summary, seeds, no_train=no_train, address=address,
+                                         verbose=verbose)
+        local = [fetch_checkpoint(m["checkpoint"], out / ".checkpoints", location.endpoint_url) for m in members]
+        data, data_config, images = decoding_data(local[0], data_overrides, val_images, test_images)
+        # Ray workers fetch an s3:// checkpoint themselves; a local one by the absolute path fetched here
+        sources = [m["checkpoint"] if m["checkpoint"].startswith("s3://") else p for m, p in zip(members, local)]
+        decoded = decode_all(sources, data_config, images["splits"], "test", beam_size=beam_size,
+                             max_len=images["max_len"], batch_size=batch_size, workers=workers, address=address,
+                             endpoint_url=location.endpoint_url, verbose=verbose)
+        results = write_submission(out, files, decoded, images, alg, verbose)
+        delivered = deliver(name, spec, best, members, local, data, decoded, results, images,
+                            tracking_uri=tracking_uri, beam_size=beam_size, model_name=model_name or name,
+                            verbose=verbose)
+        uploads = upload_all([results["zip"], delivered["leaderboard"]], upload_prefix,
+                             s3_endpoint_url or (location.endpoint_url if not upload else None), verbose)
+    finally:
+        if not ray_was_up and ray.is_initialized():
+            ray.shutdown()
+    manifest = write_manifest(out, location, best, members, results, delivered, uploads, decoded["seconds"],
+                              time.perf_counter() - t_start)
+    say(f"package: done in {manifest['seconds']:.0f} s\n  submission:  {results['zip']}\n  leaderboard: "
+        f"{delivered['leaderboard']}\n  MLflow:      {delivered['mlflow']['model_uri']} (run "
+        f"{delivered['mlflow']['parent_run_id']}, artifacts {delivered['mlflow']['artifacts']})"
+        + "".join(f"\n  uploaded:    {u['uri']}" for u in uploads), verbose)
+    return manifest
 
 
-def candidates(spec, location, summary: dict) -> list[dict]:
-    """One dict per trial of a study summary that reported the metric and has a best checkpoint."""
+# -- 1. the ensemble's members -----------------------------------------------------------------------------------
+def open_study(name: str, storage: str | None, verbose: bool = True):
+    """(location, saved spec, summary) of a study that has a summary (a finished or interrupted run)."""
+    from launch.study import SUMMARY_FILE, load_saved_spec, locate
+
+    location = locate(name, storage)
+    spec = load_saved_spec(location)
+    summary = _read_json(location, SUMMARY_FILE)
+    if summary is None:
+        raise PackageError(f"study {name!r} at {location.uri()} has no {SUMMARY_FILE}: finish it first "
+                           f"(`a2 study resume {name}`)")
+    if not summary.get("complete", True):
+        say(f"package: note: study {name} is not complete ({summary.get('trials_finished')}/"
+            f"{summary.get('num_trials')} trials finished); packaging what it has", verbose)
+    return location, spec, summary
+
+
+def _read_json(location, *parts: str) -> Any:
+    text = location.read_text(*parts)
+    return None if text is None else json.loads(text)
+
+
+def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
+    """One dict per trial of a study summary that reported the metric and has a best checkpoint (only those of
+    configuration `digest` when given)."""
     from dashboards.leaderboard import config_hash
 
     out = []
@@ -111,9 +165,9 @@ def candidates(spec, location, summary: dict) -> list[dict]:
             continue
         out.append({"study": spec.name, "trial_id": str(row["trial_id"]), "seed": int(config["train"]["seed"]),
                     "value": float(row["best"]), "epoch": row.get("best_epoch"), "state": row.get("state"),
-                    "stopped_early": row.get("stopped_early"),
-                    "checkpoint": row["best_checkpoint"], "config": config, "hash": config_hash(config)})
-    return out
+                    "stopped_early": row.get("stopped_early"), "checkpoint": row["best_checkpoint"],
+                    "config": config, "hash": config_hash(config)})
+    return [c for c in out if digest is None or c["hash"] == digest]
 
 
 def _rank_key(mode: str) -> Callable[[dict], tuple]:
@@ -132,6 +186,7 @@ def select_best(cands: list[dict], mode: str) -> dict:
     groups: dict[str, list[dict]] = {}
     for c in cands:
         groups.setdefault(c["hash"], []).append(c)
+
     def stopped(group: list[dict]) -> dict:
         return {TAG_STOPPED_EARLY: "true"} if any(c.get("stopped_early") for c in group) else {}
 
@@ -161,16 +216,54 @@ def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
 
 def ensemble_seeds(cands: list[dict], digest: str, exists: Callable[[str], bool]) -> tuple[list[int], str]:
     """The seeds of the ensemble when none are given, and why: the replicates of configuration `digest` that have
-    a checkpoint when there are at least len(SEEDS) of them (they are the members: nothing is trained), else
-    SEEDS."""
+    a checkpoint when there are at least len(SEEDS) of them (nothing is trained), else SEEDS."""
     own = sorted({c["seed"] for c in cands if c["hash"] == digest and exists(c["checkpoint"])})
     if len(own) >= len(SEEDS):
         return own, f"the best configuration's {len(own)} replicates"
     return list(SEEDS), f"the best configuration has {len(own)} replicate(s) with a checkpoint, fewer than {len(SEEDS)}"
 
 
+def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, no_train: bool,
+                     address: str | None, verbose: bool) -> tuple[dict, list[dict]]:
+    """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
+    (missing seeds trained as a companion study unless `no_train`). `seeds` None: `ensemble_seeds`."""
+    from dashboards.storage import open_location
+
+    def exists(uri: str) -> bool:
+        return open_location(uri, location.endpoint_url).exists()
+
+    rows = candidates(spec, summary)
+    best = select_best(rows, spec.mode)
+    digest = best["hash"]
+    say(f"package: best trial {best['trial_id']} of {spec.name}: {spec.metric} {best['value']:.2f} "
+        f"(fusion {best['config']['model']['fusion']}, seed {best['seed']}, config {digest[:12]})", verbose)
+    rows += _companion_rows(location, digest)[0]
+    if seeds is None:
+        seeds, why = ensemble_seeds(rows, digest, exists)
+        say(f"package: ensemble seeds {', '.join(map(str, seeds))} ({why})", verbose)
+    chosen, missing = seed_checkpoints(rows, digest, seeds, spec.mode, exists)
+    if missing and no_train:
+        have = ", ".join(f"seed {s}: trial {c['trial_id']}" for s, c in sorted(chosen.items())) or "none"
+        raise PackageError(
+            f"study {spec.name}: no checkpoint of the best configuration (trial {best['trial_id']}, config "
+            f"{digest[:12]}) for seed(s) {', '.join(map(str, missing))} (found {have}); run without "
+            f"--no-train to train them, or pass --seeds with the seeds that exist")
+    if missing:
+        rows += train_missing(spec, location, best, missing, address=address, verbose=verbose)
+        chosen, missing = seed_checkpoints(rows, digest, seeds, spec.mode, exists)
+        if missing:
+            raise PackageError(f"training seed(s) {', '.join(map(str, missing))} produced no checkpoint; see "
+                               + ", ".join(f"`a2 study status {c}`" for c in companion_studies(location)))
+    members = [chosen[s] for s in seeds]
+    for m in members:
+        say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
+            f"{m['value']:.2f}), {m['checkpoint']}", verbose)
+    return best, members
+
+
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
-    """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
+    """A local path of a checkpoint: local paths as they are (absolute), s3:// objects downloaded (verified)
+    once."""
     from dashboards.storage import open_location
 
     location = open_location(uri, endpoint_url)
@@ -182,16 +275,16 @@ def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str |
     return str(target)
 
 
-# -- training the missing seeds ----------------------------------------------------------------------------------
+# -- 1b. training the missing seeds ------------------------------------------------------------------------------
 def seeds_spec(spec, location, config: dict, seeds: list[int], name: str):
     """A study that trains `config` with each of `seeds` (grid), with the parent study's resources, tracking
     and storage."""
     from launch.spec import StudySpec
 
-    train = {k: v for k, v in config["train"].items() if k != "seed"}
     raw = {
         "name": name,
-        "data": config["data"], "model": config["model"], "train": train,
+        "data": config["data"], "model": config["model"],
+        "train": {k: v for k, v in config["train"].items() if k != "seed"},
         "search": {"metric": spec.metric, "mode": spec.mode, "algorithm": "grid",
                    "space": {"seed": {"grid": [int(s) for s in seeds]}}, "scheduler": {"fifo": {}}},
         "resources": dict(spec.resources),
@@ -208,372 +301,80 @@ def seed_study_name(study: str, digest: str, index: int) -> str:
 
 
 def companion_studies(location) -> list[str]:
-    data = _read_json(location, SEED_STUDIES_FILE) or {}
-    return list(data.get("studies", []))
+    return list((_read_json(location, SEED_STUDIES_FILE) or {}).get("studies", []))
 
 
-def _companion_rows(location, names: list[str], digest: str, verbose: bool) -> tuple[list[dict], list[Any]]:
+def _companion(location, name: str):
+    from launch.study import StudyLocation
+
+    return StudyLocation(name, location.storage, location.endpoint_url)
+
+
+def _companion_rows(location, digest: str) -> tuple[list[dict], list[Any]]:
     """Candidates of the companion seed studies of configuration `digest`, and those of them that did not finish
     (no summary, or a trial that did not end TERMINATED: interrupted or failed)."""
-    from launch.study import SUMMARY_FILE, StudyLocation, exit_code, load_saved_spec
+    from dashboards.leaderboard import config_hash
+    from launch.study import STUDY_FILE, SUMMARY_FILE, exit_code, load_saved_spec
 
     rows, unfinished = [], []
-    for name in names:
-        comp = StudyLocation(name, location.storage, location.endpoint_url)
-        if not comp.exists("study.yaml"):
+    for comp in (_companion(location, name) for name in companion_studies(location)):
+        if not comp.exists(STUDY_FILE):
             continue
         comp_spec = load_saved_spec(comp)
-        if _base_hash(comp_spec) != digest:
+        if config_hash(comp_spec.trial_config({"seed": 0})) != digest:
             continue
         summary = _read_json(comp, SUMMARY_FILE)
         if summary is None or exit_code(summary) != 0:
             unfinished.append(comp)
         if summary is not None:
-            rows += [c for c in candidates(comp_spec, comp, summary) if c["hash"] == digest]
+            rows += candidates(comp_spec, summary, digest)
     return rows, unfinished
 
 
-def _base_hash(spec) -> str:
-    from dashboards.leaderboard import config_hash
-
-    return config_hash(spec.trial_config({"seed": 0}))
-
-
 def train_missing(spec, location, best: dict, missing: list[int], *, address: str | None, verbose: bool) -> list[dict]:
-    """Train the missing seeds of the best configuration as a companion study; returns its candidates."""
-    from launch.study import StudyLocation, load_saved_spec, resume_study, run_study
+    """Train the missing seeds of the best configuration as a companion study (an unfinished earlier one is
+    resumed first); returns the candidates it gave."""
+    from launch.study import STUDY_FILE, load_saved_spec, resume_study, run_study
 
-    names = companion_studies(location)
-    _, unfinished = _companion_rows(location, names, best["hash"], verbose)
+    digest = best["hash"]
     rows, covered = [], set()
-    for comp in unfinished:  # an interrupted or failed earlier attempt: finish it first
+    for comp in _companion_rows(location, digest)[1]:
         say(f"package: resuming the unfinished seed study {comp.name}", verbose)
         comp_spec = load_saved_spec(comp)
         covered |= {int(s) for s in comp_spec.params["seed"].values} if "seed" in comp_spec.params else set()
-        summary = resume_study(comp, address=address, verbose=verbose)
-        rows += [c for c in candidates(comp_spec, comp, summary) if c["hash"] == best["hash"]]
+        rows += candidates(comp_spec, resume_study(comp, address=address, verbose=verbose), digest)
     # Seeds of a resumed study are not trained again elsewhere: if it still lacks them, packaging says so.
     todo = [s for s in missing if s not in covered]
     if not todo:
         return rows
+    names = companion_studies(location)
     index = 0
-    while seed_study_name(spec.name, best["hash"], index) in names or StudyLocation(
-            seed_study_name(spec.name, best["hash"], index), location.storage, location.endpoint_url).exists(
-            "study.yaml"):
+    while seed_study_name(spec.name, digest, index) in names or _companion(
+            location, seed_study_name(spec.name, digest, index)).exists(STUDY_FILE):
         index += 1
-    name = seed_study_name(spec.name, best["hash"], index)
+    name = seed_study_name(spec.name, digest, index)
     new_spec = seeds_spec(spec, location, best["config"], todo, name)
     # Listed before it runs, so that an interrupted run is found (and resumed) by the next package run.
     location.write_text(json.dumps({"studies": names + [name]}, indent=2) + "\n", SEED_STUDIES_FILE)
     say(f"package: training seed(s) {', '.join(map(str, todo))} of trial {best['trial_id']}'s configuration "
-         f"as study {name}", verbose)
+        f"as study {name}", verbose)
     summary = run_study(new_spec, address=address, verbose=verbose)
-    comp = StudyLocation(name, location.storage, location.endpoint_url)
-    return rows + [c for c in candidates(new_spec, comp, summary) if c["hash"] == best["hash"]]
+    return rows + candidates(new_spec, summary, digest)
 
 
-# -- decoding ------------------------------------------------------------------------------------------------------
-def _shard(ids: list[int], rank: int, world: int) -> list[int]:
-    return ids[rank::world]
-
-
-def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]], single_split: str | None,
-                 beam_size: int, max_len: int, batch_size: int, endpoint_url: str | None = None,
-                 progress: bool = False, device: str | None = None) -> dict:
-    """Captions of one shard: the ensemble on every split of `shard`, and each checkpoint alone on
-    `single_split`. Runs in a Ray task or in this process. Returns {"ensemble": {split: {id: caption}},
-    "single": [{id: caption} per checkpoint], "images": n, "seconds": s}."""
-    import torch
-
-    from a2core.checkpoint import load_ensemble
-    from a2core.config import Config
-    from a2core.data.dataset import resolve_paths
-    from a2core.data.features import FeatureStore
-    from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
-
-    t0 = time.perf_counter()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
-    paths = [fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints]
-    models, vocab, config = load_ensemble(paths, device=device)
-    model_cfg = config["model"]
-    store = FeatureStore(resolve_paths(Config.from_dict({**config, "data": data_config}).data).features,
-                         model_cfg["feature_dim"])
-    fetch = lambda i: store.padded(i, model_cfg["max_regions"])  # noqa: E731
-    total = sum(len(v) for v in shard.values()) + (len(shard.get(single_split, [])) * len(models)
-                                                    if single_split and len(models) > 1 else 0)
-    bar = None
-    if progress and total:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, desc="decode", unit="img", file=sys.stderr)
-    tick = bar.update if bar else None
-    kwargs = dict(beam_size=beam_size, max_len=max_len, batch_size=batch_size, device=device, progress=tick)
-    out: dict[str, Any] = {"ensemble": {}, "single": []}
-    with torch.no_grad():
-        for split, ids in shard.items():
-            out["ensemble"][split] = caption_images(MinLengthStepper(EnsembleStepper(models), vocab.eos), vocab,
-                                                    ids, fetch, **kwargs)
-        if single_split is not None:
-            for model in models:
-                if len(models) == 1:
-                    out["single"].append(out["ensemble"][single_split])
-                else:
-                    out["single"].append(caption_images(MinLengthStepper(EnsembleStepper([model]), vocab.eos),
-                                                        vocab, shard[single_split], fetch, **kwargs))
-    if bar:
-        bar.close()
-    store.close()
-    out["images"] = total
-    out["seconds"] = time.perf_counter() - t0
-    return out
-
-
-def _merge(parts: list[dict], n_models: int) -> dict:
-    merged: dict[str, Any] = {"ensemble": {}, "single": [{} for _ in range(n_models)]}
-    for part in parts:
-        for split, caps in part["ensemble"].items():
-            merged["ensemble"].setdefault(split, {}).update(caps)
-        for i, caps in enumerate(part["single"]):
-            merged["single"][i].update(caps)
-    return merged
-
-
-def default_workers(resources: dict) -> int:
-    gpus = int(resources.get("GPU", 0) or 0)
-    if gpus:
-        return gpus
-    return max(1, min(8, int(resources.get("CPU", 1) or 1)))
-
-
-def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], single_split: str, *,
-               beam_size: int, max_len: int, batch_size: int, workers: int | None, address: str | None,
-               endpoint_url: str | None, verbose: bool = True) -> dict:
-    """The ensemble's captions of every split and each checkpoint's on `single_split`, on Ray tasks (one per
-    shard of the image lists) or, with workers=0, in this process."""
-    t0 = time.perf_counter()
-    n_images = sum(len(v) for v in splits.values())
-    if workers == 0:
-        say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) in this process", verbose)
-        result = decode_shard(checkpoints, data_config, splits, single_split, beam_size, max_len, batch_size,
-                              endpoint_url, progress=verbose)
-        merged = _merge([result], len(checkpoints))
-    else:
-        import ray
-
-        from launch.raycluster import connect
-        from launch.trainable import propagated_env
-
-        resources = connect(address, runtime_env_vars=propagated_env())
-        n = workers or default_workers(resources)
-        use_gpu = int(resources.get("GPU", 0) or 0) > 0
-        task = ray.remote(decode_shard).options(num_cpus=1, num_gpus=1 if use_gpu else 0, max_retries=2)
-        say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) on {n} Ray worker(s)"
-             f"{' (1 GPU each)' if use_gpu else ''}", verbose)
-        futures = [task.remote(checkpoints, data_config, {s: _shard(ids, r, n) for s, ids in splits.items()},
-                               single_split, beam_size, max_len, batch_size, endpoint_url)
-                   for r in range(n)]
-        parts = []
-        bar = None
-        if verbose:
-            from tqdm import tqdm
-
-            bar = tqdm(total=n, desc="decode shards", unit="shard", file=sys.stderr)
-        pending = list(futures)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            parts.extend(ray.get(ready))
-            if bar:
-                bar.update(len(ready))
-        if bar:
-            bar.close()
-        merged = _merge(parts, len(checkpoints))
-    for split, ids in splits.items():
-        got = merged["ensemble"].get(split, {})
-        lost = [i for i in ids if i not in got]
-        if lost:
-            raise PackageError(f"decoding lost {len(lost)} {split} images (e.g. {lost[:5]})")
-    merged["seconds"] = time.perf_counter() - t0
-    say(f"package: decoded in {merged['seconds']:.1f} s", verbose)
-    return merged
-
-
-# -- the package ---------------------------------------------------------------------------------------------------
-def _data_config(config: dict, overrides: list[str]) -> dict:
-    from a2core.config import Config, apply_overrides
-
-    raw = apply_overrides({**config}, list(overrides or []))
-    return Config.from_dict(raw).to_dict()["data"]
-
-
-def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple[list[int], list[int], dict]:
-    """The val2014 / test2014 ids the server expects (from files where there are any) and where they came from."""
-    from dashboards.submission import read_image_ids
-
-    sources = {}
-    if val_images:
-        val_ids, sources["val2014"] = read_image_ids(val_images), str(val_images)
-    elif data.paths.val_images and Path(data.paths.val_images).is_file():
-        val_ids, sources["val2014"] = read_image_ids(data.paths.val_images), str(data.paths.val_images)
-    else:
-        val_ids = [img.image_id for img in data.images("val2014")]
-        sources["val2014"] = f"{data.paths.captions} (filepath val2014)"
-    if test_images:
-        test_ids, sources["test2014"] = read_image_ids(test_images), str(test_images)
-    elif data.paths.test_images:
-        test_ids, sources["test2014"] = read_image_ids(data.paths.test_images), str(data.paths.test_images)
-    else:
-        raise PackageError("no test2014 image list: set data.test_images in the study or pass --test-images")
-    return list(dict.fromkeys(val_ids)), list(dict.fromkeys(test_ids)), sources
-
-
-def _upload_prefix(location, upload: str | None) -> str | None:
-    if upload:
-        if not upload.startswith("s3://"):
-            raise PackageError(f"--upload must be an s3:// URI, got {upload!r}")
-        return upload.rstrip("/") + "/"
-    if location.storage.startswith("s3://"):
-        return location.uri("package").rstrip("/") + "/"
-    return None
-
-
-# Ray Train gives a worker group 60 s to start by default; on a busy small machine importing torch in two fresh
-# workers can take longer. Applies to a Ray that this process starts (a cluster keeps its own setting).
-WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-WORKER_START_TIMEOUT_S = "300"
-
-
-def package(name: str, *, storage: str | None = None, seeds=None, alg: str | None = None, no_train: bool = False,
-            out: str | os.PathLike | None = None, upload: str | None = None, s3_endpoint_url: str | None = None,
-            tracking_uri: str | None = None, beam_size: int = 5, batch_size: int = 50, workers: int | None = None,
-            address: str | None = None, val_images: str | None = None, test_images: str | None = None,
-            data_overrides: list[str] | None = None, model_name: str | None = None, verbose: bool = True) -> dict:
-    """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
-    from dashboards.submission import results_filename
-    from dashboards.tracking import check_tracking_uri
-
-    t_start = time.perf_counter()
-    location, spec, summary = open_study(name, storage, verbose)
-    seeds = None if seeds is None else list(dict.fromkeys(int(s) for s in seeds))
-    if seeds is not None and not seeds:
-        raise PackageError("--seeds: give at least one seed")
-    alg = alg or name
-    files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
-    tracking_uri = check_tracking_uri(tracking_uri or spec.tracking["mlflow_uri"])
-    upload_prefix = _upload_prefix(location, upload)
-    out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST, RESULTS_ZIP), "package")
-    out.mkdir(parents=True, exist_ok=True)
-
-    import ray
-
-    ray_was_up = ray.is_initialized()
-    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
-    try:
-        best, members = ensemble_members(spec, location, summary, seeds, no_train=no_train, address=address,
-                                         verbose=verbose)
-        local = [fetch_checkpoint(m["checkpoint"], out / ".checkpoints", location.endpoint_url) for m in members]
-        data, data_config, images = decoding_data(local[0], data_overrides, val_images, test_images)
-        decoded = decode_all([m["checkpoint"] if m["checkpoint"].startswith("s3://") else str(Path(p).resolve())
-                              for m, p in zip(members, local)], data_config, images["splits"], "test",
-                             beam_size=beam_size, max_len=images["max_len"], batch_size=batch_size, workers=workers,
-                             address=address, endpoint_url=location.endpoint_url, verbose=verbose)
-        results = write_submission(out, files, decoded, images, alg, verbose)
-        delivered = deliver(name, spec, best, members, local, data, decoded, results, images, tracking_uri=tracking_uri,
-                            beam_size=beam_size, seeds=[m["seed"] for m in members], model_name=model_name or name,
-                            verbose=verbose)
-        uploads = upload_all([results["zip"], delivered["leaderboard"]], upload_prefix,
-                             s3_endpoint_url or (location.endpoint_url if not upload else None), verbose)
-    finally:
-        if not ray_was_up and ray.is_initialized():
-            ray.shutdown()
-    manifest = {
-        "study": name, "study_path": location.uri(), "out": str(out), "results_zip": str(results["zip"]),
-        "results_files": [str(p) for p in results["files"]], "leaderboard": str(delivered["leaderboard"]),
-        "seeds": [m["seed"] for m in members],
-        "members": [{k: m[k] for k in ("seed", "study", "trial_id", "checkpoint", "value")} for m in members],
-        "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": best["config"]["model"]["fusion"],
-        "ensemble_CIDEr": delivered["scores"]["ensemble"].get("CIDEr"),
-        "seed_CIDEr": {m["seed"]: delivered["scores"][f"seed-{m['seed']}"].get("CIDEr") for m in members},
-        "seed_mean_CIDEr": delivered["board"]["seed_mean"].get("CIDEr"),
-        "ensemble_gain": delivered["board"]["ensemble"]["gain_over_best"],
-        "mlflow": delivered["mlflow"], "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
-        "decode_seconds": round(decoded["seconds"], 2), "seconds": round(time.perf_counter() - t_start, 2),
-    }
-    atomic_write(out / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
-    say(f"package: done in {manifest['seconds']:.0f} s\n  submission:  {results['zip']}\n  leaderboard: "
-         f"{delivered['leaderboard']}\n  MLflow:      {delivered['mlflow']['model_uri']} (run "
-         f"{delivered['mlflow']['parent_run_id']}, artifacts {delivered['mlflow']['artifacts']})"
-         + "".join(f"\n  uploaded:    {u['uri']}" for u in uploads), verbose)
-    return manifest
-
-
-# -- the steps of `package` --------------------------------------------------------------------------------------------
-def open_study(name: str, storage: str | None, verbose: bool = True):
-    """(location, saved spec, summary) of a study that has a summary (a finished or interrupted run)."""
-    from launch.study import SUMMARY_FILE, load_saved_spec, locate
-
-    location = locate(name, storage)
-    spec = load_saved_spec(location)
-    summary = _read_json(location, SUMMARY_FILE)
-    if summary is None:
-        raise PackageError(f"study {name!r} at {location.uri()} has no {SUMMARY_FILE}: finish it first "
-                           f"(`a2 study resume {name}`)")
-    if not summary.get("complete", True):
-        say(f"package: note: study {name} is not complete ({summary.get('trials_finished')}/"
-             f"{summary.get('num_trials')} trials finished); packaging what it has", verbose)
-    return location, spec, summary
-
-
-def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, no_train: bool,
-                     address: str | None, verbose: bool) -> tuple[dict, list[dict]]:
-    """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
-    (missing seeds trained as a companion study unless `no_train`). `seeds` None: the best configuration's own
-    replicates when it has at least len(SEEDS) of them with checkpoints (packaging then trains nothing), else
-    SEEDS."""
-    from dashboards.storage import open_location
-
-    name, mode = spec.name, spec.mode
-    rows = candidates(spec, location, summary)
-    best = select_best(rows, mode)
-    say(f"package: best trial {best['trial_id']} of {name}: {spec.metric} {best['value']:.2f} "
-         f"(fusion {best['config']['model']['fusion']}, seed {best['seed']}, config {best['hash'][:12]})", verbose)
-    rows += _companion_rows(location, companion_studies(location), best["hash"], verbose)[0]
-    exists = lambda uri: open_location(uri, location.endpoint_url).exists()  # noqa: E731
-    if seeds is None:
-        seeds, why = ensemble_seeds(rows, best["hash"], exists)
-        say(f"package: ensemble seeds {', '.join(map(str, seeds))} ({why})", verbose)
-    chosen, missing = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
-    if missing:
-        if no_train:
-            have = ", ".join(f"seed {s}: trial {c['trial_id']}" for s, c in sorted(chosen.items())) or "none"
-            raise PackageError(
-                f"study {name}: no checkpoint of the best configuration (trial {best['trial_id']}, config "
-                f"{best['hash'][:12]}) for seed(s) {', '.join(map(str, missing))} (found {have}); run without "
-                f"--no-train to train them, or pass --seeds with the seeds that exist")
-        rows += train_missing(spec, location, best, missing, address=address, verbose=verbose)
-        chosen, still = seed_checkpoints(rows, best["hash"], seeds, mode, exists)
-        if still:
-            raise PackageError(f"training seed(s) {', '.join(map(str, still))} produced no checkpoint; see "
-                               + ", ".join(f"`a2 study status {c}`" for c in companion_studies(location)))
-    members = [chosen[s] for s in seeds]
-    for m in members:
-        say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
-             f"{m['value']:.2f}), {m['checkpoint']}", verbose)
-    return best, members
-
-
+# -- 2. decoding -------------------------------------------------------------------------------------------------
 def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images: str | None,
                   test_images: str | None):
     """(CaptionData, its data config, {"splits": {split: image ids}, "sources", "max_len"}) for decoding the
     server's val2014 / test2014 images and the Karpathy test split with the checkpoints' vocabulary."""
     from a2core import checkpoint as ckpt
-    from a2core.config import Config
+    from a2core.config import Config, apply_overrides
     from a2core.data.captions import Vocab
     from a2core.data.dataset import CaptionData
 
     state = ckpt.load(checkpoint)
     config = state["config"]
-    data_config = _data_config(config, data_overrides or [])
+    data_config = Config.from_dict(apply_overrides({**config}, list(data_overrides or []))).to_dict()["data"]
     cfg = Config.from_dict({**config, "data": data_config})
     data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab=Vocab(state["vocab"]))
     val_ids, test_ids, sources = _image_lists(data, val_images, test_images)
@@ -583,6 +384,129 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
                                "sources": sources, "max_len": int(config["train"].get("max_len", 20))}
 
 
+def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple[list[int], list[int], dict]:
+    """The val2014 / test2014 ids the server expects (from image-info files where there are any) and where they
+    came from."""
+    from dashboards.submission import read_image_ids
+
+    test_file = test_images or data.paths.test_images
+    if not test_file:
+        raise PackageError("no test2014 image list: set data.test_images in the study or pass --test-images")
+    val_file = val_images
+    if not val_file and data.paths.val_images and Path(data.paths.val_images).is_file():
+        val_file = data.paths.val_images
+    if val_file:
+        val_ids, val_source = read_image_ids(val_file), str(val_file)
+    else:
+        val_ids = list(dict.fromkeys(img.image_id for img in data.images("val2014")))
+        val_source = f"{data.paths.captions} (filepath val2014)"
+    return val_ids, read_image_ids(test_file), {"val2014": val_source, "test2014": str(test_file)}
+
+
+def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]], single_split: str | None,
+                 beam_size: int, max_len: int, batch_size: int, endpoint_url: str | None = None,
+                 progress: bool = False, device: str | None = None) -> dict:
+    """Captions of one shard: the ensemble on every split of `shard`, and each checkpoint alone on
+    `single_split`. Runs in a Ray task or in this process. Returns {"ensemble": {split: {id: caption}},
+    "single": [{id: caption} per checkpoint]}."""
+    import torch
+    from tqdm import tqdm
+
+    from a2core.checkpoint import load_ensemble
+    from a2core.config import Config
+    from a2core.data.dataset import resolve_paths
+    from a2core.data.features import FeatureStore
+    from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
+    models, vocab, config = load_ensemble([fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints],
+                                          device=device)
+    model_cfg = config["model"]
+    store = FeatureStore(resolve_paths(Config.from_dict({**config, "data": data_config}).data).features,
+                         model_cfg["feature_dim"])
+    singles = len(models) if single_split and len(models) > 1 else 0  # one model alone is the ensemble
+    total = sum(len(v) for v in shard.values()) + len(shard.get(single_split, [])) * singles
+    bar = tqdm(total=total, desc="decode", unit="img", file=sys.stderr, disable=not (progress and total))
+
+    def captions(ensemble: list, ids: list[int]) -> dict[int, str]:
+        return caption_images(MinLengthStepper(EnsembleStepper(ensemble), vocab.eos), vocab, ids,
+                              lambda i: store.padded(i, model_cfg["max_regions"]), beam_size=beam_size,
+                              max_len=max_len, batch_size=batch_size, device=device, progress=bar.update)
+
+    out: dict[str, Any] = {"ensemble": {}, "single": []}
+    with torch.no_grad():
+        for split, ids in shard.items():
+            out["ensemble"][split] = captions(models, ids)
+        if single_split is not None:
+            out["single"] = [captions([model], shard[single_split]) if singles else out["ensemble"][single_split]
+                             for model in models]
+    bar.close()
+    store.close()
+    return out
+
+
+def default_workers(resources: dict) -> int:
+    gpus = int(resources.get("GPU", 0) or 0)
+    return gpus or max(1, min(8, int(resources.get("CPU", 1) or 1)))
+
+
+def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], single_split: str | None,
+               *, beam_size: int, max_len: int, batch_size: int, workers: int | None, address: str | None,
+               endpoint_url: str | None, verbose: bool = True) -> dict:
+    """The ensemble's captions of every split and each checkpoint's on `single_split`, on Ray tasks (one per
+    shard of the image lists) or, with workers=0, in this process. Returns {"ensemble", "single", "seconds"}."""
+    t0 = time.perf_counter()
+    n_images = sum(len(v) for v in splits.values())
+    options = dict(single_split=single_split, beam_size=beam_size, max_len=max_len, batch_size=batch_size,
+                   endpoint_url=endpoint_url)
+    if workers == 0:
+        say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) in this process", verbose)
+        parts = [decode_shard(checkpoints, data_config, splits, **options, progress=verbose)]
+    else:
+        parts = _decode_on_ray(checkpoints, data_config, splits, options, workers, address, verbose)
+    merged: dict[str, Any] = {"ensemble": {split: {} for split in splits}, "single": [{} for _ in checkpoints]}
+    for part in parts:
+        for split, captions in part["ensemble"].items():
+            merged["ensemble"][split].update(captions)
+        for single, captions in zip(merged["single"], part["single"]):
+            single.update(captions)
+    for split, ids in splits.items():
+        lost = [i for i in ids if i not in merged["ensemble"][split]]
+        if lost:
+            raise PackageError(f"decoding lost {len(lost)} {split} images (e.g. {lost[:5]})")
+    merged["seconds"] = time.perf_counter() - t0
+    say(f"package: decoded in {merged['seconds']:.1f} s", verbose)
+    return merged
+
+
+def _decode_on_ray(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], options: dict,
+                   workers: int | None, address: str | None, verbose: bool) -> list[dict]:
+    """`decode_shard` of every shard (every n-th image of each split) as Ray tasks, one GPU each if there are."""
+    import ray
+    from tqdm import tqdm
+
+    from launch.raycluster import connect
+    from launch.trainable import propagated_env
+
+    resources = connect(address, runtime_env_vars=propagated_env())
+    n = workers or default_workers(resources)
+    use_gpu = int(resources.get("GPU", 0) or 0) > 0
+    task = ray.remote(decode_shard).options(num_cpus=1, num_gpus=1 if use_gpu else 0, max_retries=2)
+    say(f"package: decoding {sum(len(v) for v in splits.values())} images with {len(checkpoints)} checkpoint(s) "
+        f"on {n} Ray worker(s){' (1 GPU each)' if use_gpu else ''}", verbose)
+    pending = [task.remote(checkpoints, data_config, {s: ids[r::n] for s, ids in splits.items()}, **options)
+               for r in range(n)]
+    parts = []
+    with tqdm(total=n, desc="decode shards", unit="shard", file=sys.stderr, disable=not verbose) as bar:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            parts += ray.get(ready)
+            bar.update(len(ready))
+    return parts
+
+
+# -- 3-5. the submission, its delivery and uploads ------------------------------------------------------------------
 def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: dict, alg: str,
                      verbose: bool = True) -> dict:
     """The two results files, `results.zip` (validated before it is renamed into place: an invalid submission
@@ -606,25 +530,23 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
 
 
 def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], data, decoded: dict, results: dict,
-            images: dict, *, tracking_uri: str, beam_size: int, seeds: list[int], model_name: str,
-            verbose: bool = True) -> dict:
+            images: dict, *, tracking_uri: str, beam_size: int, model_name: str, verbose: bool = True) -> dict:
     """Karpathy-test scores of every seed and the ensemble, the ensemble registered as an MLflow model, and the
     leaderboard (which names that model version) written and logged with the zip to the study's parent run.
-    Returns {"scores", "leaderboard" (its path), "mlflow"}."""
+    Returns {"scores", "board", "leaderboard" (its path), "mlflow"}."""
     from dashboards import leaderboard as lb
 
     karpathy = images["splits"]["test"]
     say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
-         f"({len(karpathy)} images)", verbose)
+        f"({len(karpathy)} images)", verbose)
     systems = {f"seed-{m['seed']}": decoded["single"][i] for i, m in enumerate(members)}
-    scores, per_image = lb.score_systems(data.references("test"),
-                                         {**systems, "ensemble": decoded["ensemble"]["test"]})
+    scores, per_image = lb.score_systems(data.references("test"), {**systems, "ensemble": decoded["ensemble"]["test"]})
     run_ids = {study: lb.trial_run_ids(tracking_uri, study) for study in sorted({m["study"] for m in members})}
     parent = lb.study_parent_run(tracking_uri, name)
     model = lb.register_ensemble(
         tracking_uri, parent, local, model_name, beam_size=beam_size, max_len=images["max_len"],
         description=f"{len(members)}-seed averaging ensemble of study {name} (config {best['hash'][:12]})",
-        tags={"a2.study": name, "a2.config_hash": best["hash"], "a2.seeds": ",".join(map(str, seeds)),
+        tags={"a2.study": name, "a2.config_hash": best["hash"], "a2.seeds": ",".join(str(m["seed"]) for m in members),
               "a2.trial_ids": ",".join(m["trial_id"] for m in members)})
     say(f"package: MLflow model {model['name']} version {model['version']}: " + (
         "reused (it already serves these checkpoints)" if model["reused"] else "registered"), verbose)
@@ -650,6 +572,17 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
             "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "artifacts": artifacts, **model}}
 
 
+def _upload_prefix(location, upload: str | None) -> str | None:
+    """Where `upload_all` puts the files: `--upload`, else the study's `package/` prefix when it is on S3."""
+    if upload:
+        if not upload.startswith("s3://"):
+            raise PackageError(f"--upload must be an s3:// URI, got {upload!r}")
+        return upload.rstrip("/") + "/"
+    if location.storage.startswith("s3://"):
+        return location.uri("package").rstrip("/") + "/"
+    return None
+
+
 def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, verbose: bool = True) -> list[dict]:
     """Verified uploads of `paths` below `prefix` (none without a prefix)."""
     from dashboards.storage import upload_file
@@ -662,3 +595,23 @@ def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, 
             raise PackageError(f"upload of {path.name} to {prefix} failed: {err}") from None
         say(f"package: uploaded {path.name} to {uploads[-1]['uri']} (sha256 {uploads[-1]['sha256']})", verbose)
     return uploads
+
+
+def write_manifest(out: Path, location, best: dict, members: list[dict], results: dict, delivered: dict,
+                   uploads: list[dict], decode_seconds: float, seconds: float) -> dict:
+    """`package.json`: what was packaged from where, the headline scores and where everything went."""
+    scores, board = delivered["scores"], delivered["board"]
+    manifest = {
+        "study": location.name, "study_path": location.uri(), "out": str(out), "results_zip": str(results["zip"]),
+        "results_files": [str(p) for p in results["files"]], "leaderboard": str(delivered["leaderboard"]),
+        "seeds": [m["seed"] for m in members],
+        "members": [{k: m[k] for k in ("seed", "study", "trial_id", "checkpoint", "value")} for m in members],
+        "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": best["config"]["model"]["fusion"],
+        "ensemble_CIDEr": scores["ensemble"].get("CIDEr"),
+        "seed_CIDEr": {m["seed"]: scores[f"seed-{m['seed']}"].get("CIDEr") for m in members},
+        "seed_mean_CIDEr": board["seed_mean"].get("CIDEr"), "ensemble_gain": board["ensemble"]["gain_over_best"],
+        "mlflow": delivered["mlflow"], "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
+        "decode_seconds": round(decode_seconds, 2), "seconds": round(seconds, 2),
+    }
+    atomic_write(out / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
+    return manifest

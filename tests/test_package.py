@@ -101,6 +101,65 @@ def test_write_submission_validates_before_the_zip_exists(tmp_path):
     assert not list(tmp_path.glob("*.zip*")) and not list(tmp_path.glob(".results.zip*"))
 
 
+def test_candidates_keep_trials_with_a_checkpoint_of_the_configuration_asked_for():
+    from dashboards.leaderboard import config_hash
+    from launch.package import candidates
+
+    class Spec:
+        name = "s"
+
+        def trial_config(self, sampled):
+            return {"model": {"fusion": sampled["fusion"]}, "train": {"seed": sampled["seed"]}}
+
+    summary = {"trials": [
+        {"trial_id": "a", "sampled": {"fusion": "gate", "seed": 0}, "best": 1.5, "best_checkpoint": "/c/a"},
+        {"trial_id": "b", "sampled": {"fusion": "gate", "seed": 1}, "best": None, "best_checkpoint": "/c/b"},
+        {"trial_id": "c", "sampled": {"fusion": "none", "seed": 0}, "best": 2.0, "best_checkpoint": "/c/c"},
+        {"trial_id": "d", "sampled": {"fusion": "gate", "seed": 2}, "best": 1.0, "best_checkpoint": None}]}
+    assert [c["trial_id"] for c in candidates(Spec(), summary)] == ["a", "c"]
+    gate = config_hash({"model": {"fusion": "gate"}, "train": {"seed": 0}})
+    (row,) = candidates(Spec(), summary, gate)
+    assert (row["trial_id"], row["seed"], row["value"], row["checkpoint"]) == ("a", 0, 1.5, "/c/a")
+
+
+def test_upload_prefix_seed_study_names_and_local_checkpoints(tmp_path):
+    from launch.package import PackageError, _upload_prefix, fetch_checkpoint, seed_study_name
+    from launch.study import StudyLocation
+
+    local, on_s3 = StudyLocation("st", str(tmp_path)), StudyLocation("st", "s3://bucket/studies")
+    assert _upload_prefix(local, None) is None  # a local study uploads nothing unless asked
+    assert _upload_prefix(on_s3, None) == "s3://bucket/studies/st/package/"
+    assert _upload_prefix(local, "s3://b/subs") == "s3://b/subs/"
+    with pytest.raises(PackageError, match="--upload must be an s3:// URI"):
+        _upload_prefix(local, "/tmp/subs")
+    assert seed_study_name("pkg", "0123456789abcdef", 2) == "pkg-seeds-01234567-2"
+    assert len(seed_study_name("x" * 80, "0123456789abcdef", 0)) == 64
+    checkpoint = tmp_path / "checkpoint.pt"
+    assert fetch_checkpoint(str(checkpoint), tmp_path / "cache") == str(checkpoint)  # a local one is not copied
+
+
+def test_write_manifest_names_members_scores_and_uploads(tmp_path):
+    from launch.package import write_manifest
+    from launch.study import StudyLocation
+
+    members = [{"seed": s, "study": "st", "trial_id": f"t{s}", "checkpoint": f"/c/{s}", "value": 1.0 + s,
+                "hash": "h"} for s in (0, 1)]
+    best = {**members[1], "config": {"model": {"fusion": "gate"}}}
+    results = {"zip": tmp_path / "results.zip", "files": [tmp_path / "v.json", tmp_path / "t.json"]}
+    delivered = {"leaderboard": tmp_path / "leaderboard.json", "mlflow": {"model_uri": "models:/st/1"},
+                 "scores": {"ensemble": {"CIDEr": 9.0}, "seed-0": {"CIDEr": 7.0}, "seed-1": {"CIDEr": 8.0}},
+                 "board": {"seed_mean": {"CIDEr": {"mean": 7.5}}, "ensemble": {"gain_over_best": {"delta": 1.0}}}}
+    uploads = [{"uri": "s3://b/results.zip", "sha256": "ab", "size": 3, "bucket": "b"}]
+    manifest = write_manifest(tmp_path, StudyLocation("st", str(tmp_path / "studies")), best, members, results,
+                              delivered, uploads, 1.234, 5.678)
+    assert json.loads((tmp_path / "package.json").read_text()) == json.loads(json.dumps(manifest, default=str))
+    assert manifest["study"] == "st" and manifest["seeds"] == [0, 1] and manifest["best_trial"] == "t1"
+    assert manifest["seed_CIDEr"] == {0: 7.0, 1: 8.0} and manifest["ensemble_CIDEr"] == 9.0
+    assert manifest["fusion"] == "gate" and manifest["ensemble_gain"] == {"delta": 1.0}
+    assert manifest["uploads"] == [{"uri": "s3://b/results.zip", "sha256": "ab", "size": 3}]
+    assert (manifest["decode_seconds"], manifest["seconds"]) == (1.23, 5.68)
+
+
 def test_upload_all_is_verified_or_a_package_error(s3_endpoint, tmp_path):
     from launch.package import PackageError, upload_all
 
