@@ -11,12 +11,15 @@
 
 Sizes: d_model 512, 8 heads, 6 layers, d_ff 2048, 50 regions of 2048-d features, captions of 16 tokens,
 vocabulary 10,000; a batch of 10 images x 5 captions (CPU-sized; the paper trains with 50 images).
-Measuring on a shared, loaded machine: every repeat times each arm once (the order rotates every repeat), so the
-arms of one repeat ran under about the same load. Reported per A2 arm: the ratio of the medians over repeats and
-the median (min-max) of the per-repeat pairs A2_i / plain_i, which cancels load that changes between repeats; both
-for wall-clock time and, on CPU, for the process's CPU time (`time.process_time`: time spent waiting for a core
-is not counted, so with one thread it is the steadiest measure of work). With --cheap-every N > 1 each
-cheaper-schedule sample is N consecutive steps divided by N.
+Measuring on a shared, loaded machine: every repeat times the A2 arms once and the plain step twice, in an order
+that rotates every repeat, so the samples of one repeat ran under about the same load; plain_i is the mean of the
+repeat's two plain samples. Reported per A2 arm: the ratio of the medians over repeats, the median (min-max) of
+the per-repeat pairs A2_i / plain_i, which cancels load that changes between repeats, and the ratio of the fastest
+samples (load only ever adds time); as a yardstick of the noise, the same for the plain step's second sample
+against its first, whose true ratio is 1. Both for wall-clock time and, on CPU, for the process's CPU time
+(`time.process_time`: time spent waiting for a core is not counted, so with one thread it is the steadiest
+measure of work; it is the clock of the summary). With --cheap-every N > 1 each cheaper-schedule sample is N
+consecutive steps divided by N.
 
 On a GPU: `--device cuda [--precision bf16|fp16]`: every arm and both searches run under that
 `train.precision` (autocast, plus loss scaling for fp16); CUDA timings synchronise before reading the clock.
@@ -106,19 +109,21 @@ class Arm:
 
 
 def fmt(seconds: list[float]) -> str:
-    return f"median {statistics.median(seconds):7.3f} s  (min {min(seconds):.3f}, max {max(seconds):.3f}, n={len(seconds)})"
+    return (f"median {statistics.median(seconds):7.3f} s  (min {min(seconds):.3f}, max {max(seconds):.3f}, "
+            f"n={len(seconds)})")
 
 
 def ratios(arm: list[float], plain: list[float]) -> dict[str, float]:
-    """arm and plain: per-repeat seconds, index i from the same repeat. The ratio of the medians, and the median,
-    min and max of the per-repeat pairs arm_i / plain_i."""
-    pairs = [a / p for a, p in zip(arm, plain)]
+    """arm and plain: per-repeat seconds, index i from the same repeat. The ratio of the medians, the median, min
+    and max of the per-repeat pairs arm_i / plain_i, and the ratio of the minima."""
+    pairs = [a / p for a, p in zip(arm, plain, strict=True)]
     return {"of_medians": statistics.median(arm) / statistics.median(plain), "pairs": statistics.median(pairs),
-            "min": min(pairs), "max": max(pairs)}
+            "min": min(pairs), "max": max(pairs), "of_minima": min(arm) / min(plain)}
 
 
 def fmt_ratio(r: dict[str, float]) -> str:
-    return f"{r['of_medians']:.3f}x of medians, pairs {r['pairs']:.3f}x ({r['min']:.3f}-{r['max']:.3f})"
+    return (f"pairs {r['pairs']:.3f}x ({r['min']:.3f}-{r['max']:.3f}), of medians {r['of_medians']:.3f}x, "
+            f"of minima {r['of_minima']:.3f}x")
 
 
 def beam_search_speedup(run: Run, a2_model, feats, mask, images: int, repeats: int) -> float:
@@ -178,38 +183,45 @@ def main() -> None:
     print(f"  parameters: A2 {n_a2 / 1e6:.1f}M (mask network {n_mask / 1e6:.2f}M), plain {n_plain / 1e6:.1f}M")
     for arm in arms.values():  # warm-up (allocator, Adam state, CUDA kernels)
         run.timed(lambda: arm(feats, mask, caps))
-    wall: dict[str, list[float]] = {name: [] for name in arms}
-    cpu: dict[str, list[float]] = {name: [] for name in arms}
-    names = list(arms)
+    plain, again = "plain Transformer", "plain Transformer, again"
+    samples = [*arms, again]  # what one repeat times: each A2 arm once, the plain step twice
+    wall: dict[str, list[float]] = {name: [] for name in samples}
+    cpu: dict[str, list[float]] = {name: [] for name in samples}
     for r in range(args.repeats):
-        for name in names[r % 3:] + names[:r % 3]:
-            arm = arms[name]
+        for name in samples[r % len(samples):] + samples[:r % len(samples)]:
+            arm = arms[plain if name == again else name]
             w, c = run.timed_both(lambda: arm(feats, mask, caps))
             wall[name].append(w / arm.every)
             cpu[name].append(c / arm.every)
-    plain = "plain Transformer"
     clocks = {"wall": wall, "cpu": cpu} if run.device.type == "cpu" else {"wall": wall}  # host CPU time: not GPU work
+    reference = {clock: [(a + b) / 2 for a, b in zip(times[plain], times[again])] for clock, times in clocks.items()}
     for clock, times in clocks.items():
         print(f"  {clock} time per step:")
-        for name in names:
+        for name in samples:
             print(f"    {name:<58}: {fmt(times[name])}")
-    for name in names[:2]:
+    found = {}
+    for name in (*list(arms)[:2], again):
         print(f"  {name} / plain:")
         for clock, times in clocks.items():
-            print(f"    {clock:<4}: {fmt_ratio(ratios(times[name], times[plain]))}")
+            first = times[plain] if name == again else reference[clock]
+            found[name, clock] = ratios(times[name], first)
+            print(f"    {clock:<4}: {fmt_ratio(found[name, clock])}")
 
-    speedup = beam_search_speedup(run, a2.model, feats, mask, args.beam_images, args.repeats) if args.beam_images else None
-    steady = clocks["cpu" if "cpu" in clocks else "wall"]  # the summary's clock: CPU time on CPU
-    paper = ratios(steady["A2 (gate), paper schedule"], steady[plain])
-    cheap = ratios(steady[cheap_name], steady[plain])
-    clock = "CPU" if "cpu" in clocks else "wall-clock"
-    print(f"summary ({clock} time, median of per-repeat pairs): an A2 training step costs {paper['pairs']:.2f}x a "
-          f"plain Transformer step with the paper's schedule (target <= 1.45x: "
-          f"{'met' if paper['pairs'] <= 1.45 else 'NOT met'}) and {cheap['pairs']:.2f}x with the cheaper one "
-          f"({cheap_name}; target <= 1.10x: {'met' if cheap['pairs'] <= 1.10 else 'NOT met'}); "
-          f"{args.images}x{CAPTIONS_PER_IMAGE} captions on {run.device}, precision {args.precision}"
+    speedup = None
+    if args.beam_images:
+        speedup = beam_search_speedup(run, a2.model, feats, mask, args.beam_images, args.repeats)
+    clock = "cpu" if "cpu" in clocks else "wall"  # the summary's clock: CPU time on CPU
+    paper, cheap = found["A2 (gate), paper schedule", clock]["pairs"], found[cheap_name, clock]["pairs"]
+    noise = found[again, clock]
+    print(f"summary ({clock} time, median of per-repeat pairs): an A2 training step costs {paper:.2f}x a plain "
+          f"Transformer step with the paper's schedule (target <= 1.45x: {'met' if paper <= 1.45 else 'NOT met'}) "
+          f"and {cheap:.2f}x with the cheaper one ({cheap_name}; target <= 1.10x: "
+          f"{'met' if cheap <= 1.10 else 'NOT met'}); plain against plain {noise['pairs']:.2f}x "
+          f"({noise['min']:.2f}-{noise['max']:.2f}); {args.images}x{CAPTIONS_PER_IMAGE} captions on {run.device}, "
+          f"precision {args.precision}"
           + ("." if speedup is None else f"; the key/value cache makes beam search {speedup:.2f}x faster than "
              "re-running the prefix."))
+
 
 if __name__ == "__main__":
     main()
