@@ -19,7 +19,9 @@ samples (load only ever adds time); as a yardstick of the noise, the same for th
 against its first, whose true ratio is 1. Both for wall-clock time and, on CPU, for the process's CPU time
 (`time.process_time`: time spent waiting for a core is not counted, so with one thread it is the steadiest
 measure of work; it is the clock of the summary). With --cheap-every N > 1 each cheaper-schedule sample is N
-consecutive steps divided by N.
+consecutive steps divided by N. The load-free yardstick: each arm's matrix-multiply FLOPs per step, forward and
+backward (`torch.utils.flop_counter`), and their ratio, which is what the time ratio tends to where matrix
+multiplies dominate.
 
 On a GPU: `--device cuda [--precision bf16|fp16]`: every arm and both searches run under that
 `train.precision` (autocast, plus loss scaling for fp16); CUDA timings synchronise before reading the clock.
@@ -36,6 +38,7 @@ import statistics
 import time
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from a2core import precision
 from a2core.config import Config
@@ -183,6 +186,13 @@ def main() -> None:
     print(f"  parameters: A2 {n_a2 / 1e6:.1f}M (mask network {n_mask / 1e6:.2f}M), plain {n_plain / 1e6:.1f}M")
     for arm in arms.values():  # warm-up (allocator, Adam state, CUDA kernels)
         run.timed(lambda: arm(feats, mask, caps))
+    flops = {}
+    for name, arm in arms.items():
+        with FlopCounterMode(display=False) as counter:
+            arm(feats, mask, caps)
+        flops[name] = counter.get_total_flops() / arm.every
+    print("  matrix-multiply FLOPs per step (forward and backward): "
+          + ", ".join(f"{name} {f / 1e9:.1f} G ({f / flops['plain Transformer']:.3f}x)" for name, f in flops.items()))
     plain, again = "plain Transformer", "plain Transformer, again"
     samples = [*arms, again]  # what one repeat times: each A2 arm once, the plain step twice
     wall: dict[str, list[float]] = {name: [] for name in samples}
