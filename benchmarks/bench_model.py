@@ -216,6 +216,7 @@ def main() -> None:
             first = times[plain] if name == again else reference[clock]
             found[name, clock] = ratios(times[name], first)
             print(f"    {clock:<4}: {fmt_ratio(found[name, clock])}")
+            print("          per repeat: " + " ".join(f"{a / b:.3f}" for a, b in zip(times[name], first)))
 
     speedup = None
     if args.beam_images:
