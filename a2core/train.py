@@ -2,16 +2,21 @@
 sequence training with a CIDEr-D reward (stage 2). Plain PyTorch: `train(config, report)` runs the same under
 `a2 train`, a test, or a Ray Train worker (which initialises torch.distributed before calling it).
 
-Every step of stage 1 (`Updates.xe`) encodes the batch's regions once, then:
+Every step of stage 1 (`Updates.xe`) first computes, once, what neither step's mask network can change: the
+batch's region encoding, every decoder layer's region keys/values and the decoder below its first cross-attention
+(word embeddings and the first self-attention sublayer, `A2Transformer.decode_start`). Then:
   1. mask step (every `mask_every` steps, not for fusion `none`): L(theta_m) = -L_IC(a_p) + lambda P (Eq. 4,
-     P and its reduction in `a2core.model.a2`) with the *perturbed* attention a_p, on the encoding and region
-     keys/values just computed (detached: no second encoder pass) and `mask_captions` captions per image
-     (default all, the paper's schedule); the gradient goes to the mask network only, the captioner is frozen for it (backward with
-     `inputs=` the mask parameters).
+     P and its reduction in `a2core.model.a2`) with the *perturbed* attention a_p, on those tensors detached (no
+     second pass through them) and `mask_captions` captions per image (default all, the paper's schedule); the
+     gradient goes to the mask network only: the backward runs with `inputs=` the mask parameters, so autograd
+     computes no weight gradient of the frozen captioner (the 10,000-word output layer's included) and stops below
+     the lowest cross-attention.
   2. captioner step: L_IC = cross-entropy of the captions under the *aligned* attention (Eq. 11) with the mask
-     network just updated; the gradient goes to every parameter except the mask network's (m is detached).
-Both steps see the same captioner weights, so reusing the encoding changes nothing in the math; only the mask
-network's own region keys are recomputed after its update.
+     network just updated, continuing from the same shared tensors; the gradient goes to every parameter except
+     the mask network's (m is detached).
+Both steps see the same captioner weights, so the sharing changes nothing in the math (with dropout, the shared
+part's dropout draws are shared too, as one pass would have them); only the mask network's own region keys are
+computed after its update. Its statistics are read from the device once per mask step.
 Precision (`train.precision`): every forward pass of training and decoding runs under `a2core.precision.autocast`;
 fp16 adds a GradScaler shared by the optimizers of one step (one `update()` per step).
 Data parallel: instead of DDP's wrapper (which expects one forward per step over one parameter set), the two
@@ -172,40 +177,48 @@ class Updates:
     def xe(self, feats, mask, caps, step: int) -> dict[str, float]:
         """Stage 1 on one batch: feats (B, R, D), mask (B, R), caps (B, C, L) (module docstring)."""
         t = self.cfg.train
-        with self.amp():
-            enc = self.model.encode(feats, mask)  # (B, R, d)
-            mem = self.model.memory(enc)
-        out = {}
-        if self.mask_due(step):
-            kv = [{n: v.detach() for n, v in m.items()} for m in mem]
-            out = self.mask_step(enc.detach(), mask, caps, step, kv)
-            with self.amp():
-                mem = self.model.memory(enc.detach(), kv=mem)  # the mask network's keys after its update
         tokens = caps.reshape(-1, caps.shape[-1])  # (B * C, L), an image's captions adjacent
         with self.amp():
-            logits, _ = self.model.decode(tokens[:, :-1], mem, mask)
+            enc = self.model.encode(feats, mask)  # (B, R, d)
+            kv = self.model.memory(enc, mask_keys=False)  # region keys/values, per decoder layer
+            first = self.model.decode_start(tokens[:, :-1])  # (B * C, L - 1, d), below the first cross-attention
+        out = {}
+        if self.mask_due(step):
+            out = self.mask_step(enc.detach(), mask, caps, step, [{n: v.detach() for n, v in m.items()} for m in kv],
+                                 first.detach())
+        with self.amp():
+            mem = self.model.memory(enc.detach(), kv=kv)  # mask keys of the mask network as it is now (no gradient
+            # flows into them: the captioner's pass uses the mask without one)
+            logits, _ = self.model.decode(tokens[:, :-1], mem, mask, first=first)
             loss = _caption_loss(logits, tokens[:, 1:], t.label_smoothing)
         self.apply(loss, self.cap_params, self.opt, t.grad_clip)
         self.sched.step()
         self.scaler.update()
         return {"train/loss": loss.item(), **out}
 
-    def mask_step(self, enc, mask, caps, step: int, kv: list[dict] | None = None) -> dict[str, float]:
+    def mask_step(self, enc, mask, caps, step: int, kv: list[dict] | None = None,
+                  first: torch.Tensor | None = None) -> dict[str, float]:
         """Eq. 4 on one batch: the mask network maximises the caption loss under perturbed attention.
-        enc (B, R, d): the batch's encoding, detached; kv: the captioner's region keys/values of enc (detached),
-        if already computed; caps (B, C, L), of which `mask_captions` per image are used, rotating with `step`."""
-        k, c = self.cfg.train.mask_captions, caps.shape[1]
+        enc (B, R, d): the batch's encoding, detached; caps (B, C, L), of which `mask_captions` per image are used,
+        rotating with `step`. If already computed by the captioner's pass (detached): kv, the region keys/values
+        of enc, and first (B * C, L - 1, d), `decode_start` of all C captions."""
+        b, c = caps.shape[:2]
+        k = self.cfg.train.mask_captions
         if k is not None and k < c:
-            caps = caps[:, (step * k + torch.arange(k, device=caps.device)) % c]  # (B, k, L)
+            chosen = (step * k + torch.arange(k, device=caps.device)) % c
+            caps = caps[:, chosen]  # (B, k, L)
+            if first is not None:
+                first = first.view(b, c, *first.shape[1:])[:, chosen].flatten(0, 1)  # (B * k, L - 1, d)
         tokens = caps.reshape(-1, caps.shape[-1])
         inp, tgt = tokens[:, :-1], tokens[:, 1:]
         with self.amp():
             logits, penalty = self.model.decode(inp, self.model.memory(enc, kv), mask, mode="perturbed",
-                                                word_mask=tgt != 0)
+                                                word_mask=tgt != 0, first=first)
             loss = -_caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
         self.apply(loss, self.mask_params, self.mask_opt)
-        mask_mean = float(np.mean([layer.cross.last_mask_mean for layer in self.model.decoder]))
-        return {"train/mask_loss": loss.item(), "train/mask_mean": mask_mean}
+        mask_mean = torch.stack([layer.cross.last_mask_mean for layer in self.model.decoder]).mean()
+        loss_value, mask_mean = torch.stack([loss.detach().double(), mask_mean.double()]).tolist()  # one sync
+        return {"train/mask_loss": loss_value, "train/mask_mean": mask_mean}
 
     def state_dict(self) -> dict:
         return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),

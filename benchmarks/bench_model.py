@@ -11,13 +11,22 @@
 
 Sizes: d_model 512, 8 heads, 6 layers, d_ff 2048, 50 regions of 2048-d features, captions of 16 tokens,
 vocabulary 10,000; a batch of 10 images x 5 captions (CPU-sized; the paper trains with 50 images).
-Timings are interleaved (the arms' order rotates every repeat) and the median of the repeats is reported;
-with --cheap-every N > 1 each cheaper-schedule sample is N consecutive steps divided by N.
+Measuring on a shared, loaded machine: every repeat times the A2 arms once and the plain step twice, in an order
+that rotates every repeat, so the samples of one repeat ran under about the same load; plain_i is the mean of the
+repeat's two plain samples. Reported per A2 arm: the ratio of the medians over repeats, the median (min-max) of
+the per-repeat pairs A2_i / plain_i, which cancels load that changes between repeats, and the ratio of the fastest
+samples (load only ever adds time); as a yardstick of the noise, the same for the plain step's second sample
+against its first, whose true ratio is 1. Both for wall-clock time and, on CPU, for the process's CPU time
+(`time.process_time`: time spent waiting for a core is not counted, so with one thread it is the steadiest
+measure of work; it is the clock of the summary). With --cheap-every N > 1 each cheaper-schedule sample is N
+consecutive steps divided by N. The load-free yardstick: each arm's matrix-multiply FLOPs per step, forward and
+backward (`torch.utils.flop_counter`), and their ratio, which is what the time ratio tends to where matrix
+multiplies dominate.
 
 On a GPU: `--device cuda [--precision bf16|fp16]`: every arm and both searches run under that
 `train.precision` (autocast, plus loss scaling for fp16); CUDA timings synchronise before reading the clock.
 
-Usage: python benchmarks/bench_model.py [--repeats 5] [--images 10] [--beam-images 4] [--threads 1]
+Usage: python benchmarks/bench_model.py [--repeats 9] [--images 10] [--beam-images 4] [--threads 1]
                                         [--cheap-captions 1] [--cheap-every 1]
                                         [--device cpu|cuda] [--precision fp32|bf16|fp16]
 """
@@ -29,6 +38,7 @@ import statistics
 import time
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from a2core import precision
 from a2core.config import Config
@@ -64,12 +74,17 @@ class Run:
         return precision.autocast(self.precision, self.device)
 
     def timed(self, fn) -> float:
+        """Wall-clock seconds of fn()."""
+        return self.timed_both(fn)[0]
+
+    def timed_both(self, fn) -> tuple[float, float]:
+        """(wall-clock seconds, this process's CPU seconds) of fn()."""
         gc.collect()
         self.sync()
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         fn()
         self.sync()
-        return time.perf_counter() - start
+        return time.perf_counter() - wall, time.process_time() - cpu
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -97,14 +112,53 @@ class Arm:
 
 
 def fmt(seconds: list[float]) -> str:
-    return f"median {statistics.median(seconds):7.3f} s  (min {min(seconds):.3f}, max {max(seconds):.3f}, n={len(seconds)})"
+    return (f"median {statistics.median(seconds):7.3f} s  (min {min(seconds):.3f}, max {max(seconds):.3f}, "
+            f"n={len(seconds)})")
+
+
+def ratios(arm: list[float], plain: list[float]) -> dict[str, float]:
+    """arm and plain: per-repeat seconds, index i from the same repeat. The ratio of the medians, the median, min
+    and max of the per-repeat pairs arm_i / plain_i, and the ratio of the minima."""
+    pairs = [a / p for a, p in zip(arm, plain, strict=True)]
+    return {"of_medians": statistics.median(arm) / statistics.median(plain), "pairs": statistics.median(pairs),
+            "min": min(pairs), "max": max(pairs), "of_minima": min(arm) / min(plain)}
+
+
+def fmt_ratio(r: dict[str, float]) -> str:
+    return (f"pairs {r['pairs']:.3f}x ({r['min']:.3f}-{r['max']:.3f}), of medians {r['of_medians']:.3f}x, "
+            f"of minima {r['of_minima']:.3f}x")
+
+
+def beam_search_speedup(run: Run, a2_model, feats, mask, images: int, repeats: int) -> float:
+    """Beam search with the key/value cache against re-running the prefix, on the A2 model: the speed-up."""
+    model = a2_model.eval()
+    bfeats, bmask = feats[: images], mask[: images]
+    with torch.no_grad(), run.amp():
+        seq_c, score_c = beam_search(model, bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
+        seq_u, score_u = beam_search(UncachedStepper(model), bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
+    same = torch.equal(seq_c, seq_u) and torch.allclose(score_c, score_u, atol=1e-3)
+    t_c, t_u = [], []
+    for r in range(repeats):
+        runs = [(model, t_c), (UncachedStepper(model), t_u)]
+        for stepper, out in (runs if r % 2 == 0 else runs[::-1]):
+            def search():
+                with torch.no_grad(), run.amp():
+                    beam_search(stepper, bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
+            out.append(run.timed(search))
+    m_c, m_u = statistics.median(t_c), statistics.median(t_u)
+    print(f"beam search: beam 5, max 20 words, {images} images, A2 model (eval), "
+          f"{seq_c.shape[1]} steps decoded; cached == uncached: {same}")
+    print(f"  cached   : {fmt(t_c)}")
+    print(f"  uncached : {fmt(t_u)}")
+    print(f"  ratio uncached / cached: {m_u / m_c:.2f}x")
+    return m_u / m_c
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--images", type=int, default=10, help="images per training batch (x5 captions)")
-    ap.add_argument("--beam-images", type=int, default=4)
+    ap.add_argument("--beam-images", type=int, default=4, help="0: no beam search measurement")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (1 is steadiest on a shared machine)")
     ap.add_argument("--cheap-captions", type=int, default=1, help="train.mask_captions of the cheaper schedule")
@@ -132,44 +186,52 @@ def main() -> None:
     print(f"  parameters: A2 {n_a2 / 1e6:.1f}M (mask network {n_mask / 1e6:.2f}M), plain {n_plain / 1e6:.1f}M")
     for arm in arms.values():  # warm-up (allocator, Adam state, CUDA kernels)
         run.timed(lambda: arm(feats, mask, caps))
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    names = list(arms)
+    flops = {}
+    for name, arm in arms.items():
+        with FlopCounterMode(display=False) as counter:
+            arm(feats, mask, caps)
+        flops[name] = counter.get_total_flops() / arm.every
+    print("  matrix-multiply FLOPs per step (forward and backward): "
+          + ", ".join(f"{name} {f / 1e9:.1f} G ({f / flops['plain Transformer']:.3f}x)" for name, f in flops.items()))
+    plain, again = "plain Transformer", "plain Transformer, again"
+    samples = [*arms, again]  # what one repeat times: each A2 arm once, the plain step twice
+    wall: dict[str, list[float]] = {name: [] for name in samples}
+    cpu: dict[str, list[float]] = {name: [] for name in samples}
     for r in range(args.repeats):
-        for name in names[r % 3:] + names[:r % 3]:
-            arm = arms[name]
-            times[name].append(run.timed(lambda: arm(feats, mask, caps)) / arm.every)
-    med = {name: statistics.median(v) for name, v in times.items()}
-    plain = med["plain Transformer"]
-    for name in names:
-        print(f"  {name:<58}: {fmt(times[name])}  ratio {med[name] / plain:.2f}x")
+        for name in samples[r % len(samples):] + samples[:r % len(samples)]:
+            arm = arms[plain if name == again else name]
+            w, c = run.timed_both(lambda: arm(feats, mask, caps))
+            wall[name].append(w / arm.every)
+            cpu[name].append(c / arm.every)
+    clocks = {"wall": wall, "cpu": cpu} if run.device.type == "cpu" else {"wall": wall}  # host CPU time: not GPU work
+    reference = {clock: [(a + b) / 2 for a, b in zip(times[plain], times[again])] for clock, times in clocks.items()}
+    for clock, times in clocks.items():
+        print(f"  {clock} time per step:")
+        for name in samples:
+            print(f"    {name:<58}: {fmt(times[name])}")
+    found = {}
+    for name in (*list(arms)[:2], again):
+        print(f"  {name} / plain:")
+        for clock, times in clocks.items():
+            first = times[plain] if name == again else reference[clock]
+            found[name, clock] = ratios(times[name], first)
+            print(f"    {clock:<4}: {fmt_ratio(found[name, clock])}")
+            print("          per repeat: " + " ".join(f"{a / b:.3f}" for a, b in zip(times[name], first)))
 
-    # -- beam search ----------------------------------------------------------------------------------------------
-    model = a2.model.eval()
-    bfeats, bmask = feats[: args.beam_images], mask[: args.beam_images]
-    with torch.no_grad(), run.amp():
-        seq_c, score_c = beam_search(model, bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
-        seq_u, score_u = beam_search(UncachedStepper(model), bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
-    same = torch.equal(seq_c, seq_u) and torch.allclose(score_c, score_u, atol=1e-3)
-    t_c, t_u = [], []
-    for r in range(args.repeats):
-        runs = [(model, t_c), (UncachedStepper(model), t_u)]
-        for stepper, out in (runs if r % 2 == 0 else runs[::-1]):
-            def search():
-                with torch.no_grad(), run.amp():
-                    beam_search(stepper, bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
-            out.append(run.timed(search))
-    m_c, m_u = statistics.median(t_c), statistics.median(t_u)
-    print(f"beam search: beam 5, max 20 words, {args.beam_images} images, A2 model (eval), "
-          f"{seq_c.shape[1]} steps decoded; cached == uncached: {same}")
-    print(f"  cached   : {fmt(t_c)}")
-    print(f"  uncached : {fmt(t_u)}")
-    print(f"  ratio uncached / cached: {m_u / m_c:.2f}x")
-    paper, cheap = med["A2 (gate), paper schedule"], med[cheap_name]
-    print(f"summary: an A2 training step costs {paper / plain:.2f}x a plain Transformer step with the paper's "
-          f"schedule and {cheap / plain:.2f}x with the cheaper one ({cheap_name}); {paper:.2f} s / {cheap:.2f} s vs "
-          f"{plain:.2f} s for {args.images}x{CAPTIONS_PER_IMAGE} captions on {run.device}, precision "
-          f"{args.precision}; the key/value cache makes beam search {m_u / m_c:.2f}x faster than re-running the "
-          f"prefix.")
+    speedup = None
+    if args.beam_images:
+        speedup = beam_search_speedup(run, a2.model, feats, mask, args.beam_images, args.repeats)
+    clock = "cpu" if "cpu" in clocks else "wall"  # the summary's clock: CPU time on CPU
+    paper, cheap = found["A2 (gate), paper schedule", clock]["pairs"], found[cheap_name, clock]["pairs"]
+    noise = found[again, clock]
+    print(f"summary ({clock} time, median of per-repeat pairs): an A2 training step costs {paper:.2f}x a plain "
+          f"Transformer step with the paper's schedule (target <= 1.45x: {'met' if paper <= 1.45 else 'NOT met'}) "
+          f"and {cheap:.2f}x with the cheaper one ({cheap_name}; target <= 1.10x: "
+          f"{'met' if cheap <= 1.10 else 'NOT met'}); plain against plain {noise['pairs']:.2f}x "
+          f"({noise['min']:.2f}-{noise['max']:.2f}); {args.images}x{CAPTIONS_PER_IMAGE} captions on {run.device}, "
+          f"precision {args.precision}"
+          + ("." if speedup is None else f"; the key/value cache makes beam search {speedup:.2f}x faster than "
+             "re-running the prefix."))
 
 
 if __name__ == "__main__":

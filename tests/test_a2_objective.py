@@ -237,17 +237,52 @@ def test_stage1_step_equals_the_reference_math(mask_net):
     for g, r in zip(grads(ours, updates.cap_params), grads(ref, ref_model.captioner_parameters())):
         assert torch.allclose(g, r, atol=1e-10)
 
-    # The step itself: the mask loss before any update, then the caption loss with the mask network just updated
-    # (region memory reused, mask keys recomputed) and the captioner as before.
-    out = updates.xe(feats, mask, caps, step=0)
-    assert out["train/mask_loss"] == pytest.approx(reference_loss(ref_model, feats, mask, tokens, "perturbed").item(),
-                                                   abs=1e-10)
+
+def assert_step_equals_reference(updates, ref_model, feats, mask, caps, step, mask_captions):
+    """One `Updates.xe` against the reference math: the mask loss and the mask network's gradients (left in .grad
+    by the step) on the captions the mask step uses, before any update; then the caption loss and every captioner
+    gradient with the mask network just updated."""
+    model = updates.model
+    tokens = caps.reshape(-1, caps.shape[-1])
+    ref_mask = reference_loss(ref_model, feats, mask, mask_captions.reshape(-1, caps.shape[-1]), "perturbed")
+    ref_mask_grads = grads(ref_mask, ref_model.mask_parameters())
+    out = updates.xe(feats, mask, caps, step=step)
+    assert out["train/mask_loss"] == pytest.approx(ref_mask.item(), abs=1e-10)
+    for p, r in zip(model.mask_parameters(), ref_mask_grads, strict=True):
+        assert torch.allclose(p.grad, r, atol=1e-10)
     with torch.no_grad():
         for r, p in zip(ref_model.mask_parameters(), model.mask_parameters()):
             assert not torch.equal(r, p)
             r.copy_(p)
-    assert out["train/loss"] == pytest.approx(reference_loss(ref_model, feats, mask, tokens, "aligned").item(),
-                                              abs=1e-10)
+    ref_caption = reference_loss(ref_model, feats, mask, tokens, "aligned")
+    assert out["train/loss"] == pytest.approx(ref_caption.item(), abs=1e-10)
+    for p, r in zip(updates.cap_params, grads(ref_caption, ref_model.captioner_parameters()), strict=True):
+        assert torch.allclose(p.grad, r, atol=1e-10)
+
+
+@pytest.mark.parametrize("mask_net", ["content", "linear"])
+def test_stage1_update_equals_the_reference_math(mask_net):
+    """`Updates.xe` as a whole (encoding, region keys/values and the decoder below the first cross-attention
+    computed once, shared by both steps): losses and both steps' gradients as the reference path computes them."""
+    torch.manual_seed(0)
+    cfg = config(mask_net=mask_net, train={"grad_clip": 0.0})
+    model = build_model(cfg.model, V).double().train()  # dropout 0: train mode is deterministic
+    ref_model = copy.deepcopy(model)
+    feats, mask, caps = batch()
+    updates = Updates(model, cfg, torch.device("cpu"))
+    assert_step_equals_reference(updates, ref_model, feats.double(), mask, caps, 0, caps)
+
+
+def test_cheaper_schedule_step_equals_the_reference_math_on_its_captions():
+    """With `mask_captions: 2` the step's mask loss and gradients are the reference's on the two captions per image
+    it picks ((3 * 2 + [0, 1]) % 5 at step 3), its captioner step the reference's on all five."""
+    torch.manual_seed(0)
+    cfg = config(train={"grad_clip": 0.0, "mask_captions": 2})
+    model = build_model(cfg.model, V).double().train()
+    ref_model = copy.deepcopy(model)
+    feats, mask, caps = batch()
+    updates = Updates(model, cfg, torch.device("cpu"))
+    assert_step_equals_reference(updates, ref_model, feats.double(), mask, caps, 3, caps[:, [1, 2]])
 
 
 def test_cheaper_schedule_uses_k_captions_per_image_rotating_with_the_step():

@@ -113,7 +113,9 @@ class A2CrossAttention(nn.Module):
             self.gate_b = nn.Parameter(torch.zeros(h))
         self.record = False
         self.last: dict[str, torch.Tensor] = {}
-        self.last_mask_mean = float("nan")  # mean m over real regions and words in the latest perturbed pass
+        # Mean m over real regions and words in the latest perturbed pass: a 0-dim tensor, read once per step by
+        # the trainer (a float() here would wait for the device in the middle of the pass, once per layer).
+        self.last_mask_mean = torch.tensor(float("nan"))
 
     def mask_parameters(self) -> list[nn.Parameter]:
         if self.fusion == "none":
@@ -123,9 +125,14 @@ class A2CrossAttention(nn.Module):
         return list(self.mask_lin.parameters())
 
     def memory(self, enc: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-region keys/values of B images, computed once per image and reused by all its captions and steps."""
+        """Per-region keys/values of B images, computed once per image and reused by all its captions and steps,
+        with the mask network's part (`mask_memory`)."""
+        return {**self.kv_memory(enc), **self.mask_memory(enc)}
+
+    def kv_memory(self, enc: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The captioner's part of the memory: region keys and values."""
         k, v = (_heads(t, self.h) for t in self.kv(enc).chunk(2, dim=-1))  # (B, H, R, Dh) each
-        return {"k": k, "v": v, **self.mask_memory(enc)}
+        return {"k": k, "v": v}
 
     def mask_memory(self, enc: torch.Tensor) -> dict[str, torch.Tensor]:
         """The mask network's own per-region part of the memory (content network: mask keys)."""
@@ -188,7 +195,7 @@ class A2CrossAttention(nn.Module):
             weights = m * a + (1.0 - m) * a_bar
             real = valid & word_mask.reshape(b, 1, -1, 1)  # (B, 1, S, R) real word x real region
             penalty = (((1.0 - m) ** 2) * real).sum() / m.shape[1]
-            self.last_mask_mean = float((m.detach() * real).sum() / (real.sum() * m.shape[1]).clamp_min(1))
+            self.last_mask_mean = (m.detach().float() * real).sum() / (real.sum() * m.shape[1]).clamp_min(1)
         else:
             with torch.no_grad():
                 m = self.mask(x, mem)
@@ -234,7 +241,14 @@ class DecoderLayer(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, y, mem, region_mask, mode, step, cache=None, word_mask=None):
-        y = self.norm1(y + self.drop(self.self_attn(y, causal=True, cache=cache)))
+        return self.regions_block(self.self_block(y, cache), mem, region_mask, mode, step, word_mask)
+
+    def self_block(self, y, cache=None):
+        """The self-attention sublayer, (N, T, d) -> (N, T, d): it sees neither the regions nor the mask network."""
+        return self.norm1(y + self.drop(self.self_attn(y, causal=True, cache=cache)))
+
+    def regions_block(self, y, mem, region_mask, mode, step, word_mask=None):
+        """Cross-attention and feed-forward sublayers on the self-attention sublayer's output y (N, T, d)."""
         c, penalty = self.cross(y, mem, region_mask, mode, step, word_mask)
         y = self.norm2(y + self.drop(c))
         return self.norm3(y + self.drop(self.ff(y))), penalty
@@ -300,11 +314,15 @@ class A2Transformer(nn.Module):
             x = layer(x, region_mask)
         return x
 
-    def memory(self, enc: torch.Tensor, kv: list[dict] | None = None) -> list[dict[str, torch.Tensor]]:
-        """Every decoder layer's region memory of enc (B, R, d); with `kv` (keys/values already computed from the
-        same encoding and weights) only the mask network's part is computed."""
+    def memory(self, enc: torch.Tensor, kv: list[dict] | None = None,
+               mask_keys: bool = True) -> list[dict[str, torch.Tensor]]:
+        """Every decoder layer's region memory of enc (B, R, d): keys/values and, with `mask_keys`, the mask
+        network's part. With `kv` (keys/values already computed from the same encoding and weights) only the mask
+        network's part is computed."""
         if kv is None:
-            return [layer.cross.memory(enc) for layer in self.decoder]
+            kv = [layer.cross.kv_memory(enc) for layer in self.decoder]
+        if not mask_keys:
+            return kv
         return [{"k": m["k"], "v": m["v"], **layer.cross.mask_memory(enc)} for m, layer in zip(kv, self.decoder)]
 
     def _embed(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
@@ -314,17 +332,29 @@ class A2Transformer(nn.Module):
                              "(decode with a smaller max_len or build the model with a larger one)")
         return self.drop(self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.pos[start:start + t])
 
-    def decode(self, tokens, mem, region_mask, mode: str = "aligned", caches=None, start: int = 0, word_mask=None):
+    def decode_start(self, tokens: torch.Tensor, start: int = 0, cache: dict | None = None) -> torch.Tensor:
+        """The decoder below its first cross-attention: word embeddings and the first layer's self-attention
+        sublayer, tokens (N, T) -> (N, T, d). It depends on neither the regions nor the mask network, so the A2
+        step computes it once for the mask step and the captioner step (`decode(..., first=)`)."""
+        return self.decoder[0].self_block(self._embed(tokens, start), cache)
+
+    def decode(self, tokens, mem, region_mask, mode: str = "aligned", caches=None, start: int = 0, word_mask=None,
+               first=None):
         """tokens (N, T) of N = B * C captions (an image's C captions adjacent), mem and region_mask (B, R) of the
         B images -> logits (N, T, V) and, in mode 'perturbed', Eq. 4's penalty P averaged over decoder layers
-        (module docstring). word_mask (N, T): True where the target word is real (not pad); perturbed mode only."""
+        (module docstring). word_mask (N, T): True where the target word is real (not pad); perturbed mode only.
+        first: `decode_start(tokens, start)` if already computed (it is then used instead)."""
         if mode == "perturbed" and word_mask is None:
             raise ValueError("the perturbed pass needs word_mask (which target words are real)")
-        y = self._embed(tokens, start)
+        if first is None:
+            first = self.decode_start(tokens, start, None if caches is None else caches[0])
+        y = first
         step = float(self.train_step)
         total = None
         for i, layer in enumerate(self.decoder):
-            y, penalty = layer(y, mem[i], region_mask, mode, step, None if caches is None else caches[i], word_mask)
+            if i > 0:
+                y = layer.self_block(y, None if caches is None else caches[i])
+            y, penalty = layer.regions_block(y, mem[i], region_mask, mode, step, word_mask)
             if penalty is not None:
                 total = penalty if total is None else total + penalty
         if total is not None:
