@@ -2,6 +2,8 @@
 without duplicates), and the queue that spools while the server is down and replays when it is back."""
 from __future__ import annotations
 
+import time
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -112,6 +114,7 @@ def test_queue_spools_while_down_and_replays_when_back(tmp_path, server):
         q.put(record)
     q.queue.join()
     assert q.status()["spooled"] == 3 and len(Spool(study).names()) == 3
+    time.sleep(0.3)  # down for a while: the outage's length is rounded to 0.1 s
     server.up = True
     for record in records[5:]:
         q.put(record)
