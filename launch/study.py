@@ -813,10 +813,15 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
 
 
 def log_compute_totals(spec, totals: dict) -> None:
-    """The study's compute totals as `compute/<key>` metrics of its MLflow parent run."""
+    """The study's compute totals as `compute/<key>` metrics of its MLflow parent run. A tracking server that is
+    down as the study ends does not fail it: the totals are in summary.json, and the notice says so."""
+    from dashboards.spool import server_answers
     from dashboards.tracking import StudyTracker
 
     tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, spec.tracking.get("experiment"))
+    if not server_answers(tracker):
+        print("tracking: server down as the study ends; its compute totals are in summary.json only", flush=True)
+        return
     parent = tracker.find_parent_run()
     if parent is not None and totals:
         tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in totals.items()}, step=0)

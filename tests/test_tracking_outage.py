@@ -16,9 +16,10 @@ from tests.raycluster import (  # noqa: F401 - tiny_data is a fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-# Two minutes of training after epoch 1: the study outlasts the outage and the server's restart (itself up to
-# half a minute on a busy machine), so the spool is replayed while it runs.
-EPOCHS = 30
+# Epochs of about a second on an idle machine (30 took 33-42 s, ending inside the outage): 90 make the study
+# outlast the outage and the server's restart (itself up to half a minute on a busy machine), so the spool is
+# replayed while it runs.
+EPOCHS = 90
 OUTAGE_S = 30
 
 
