@@ -59,7 +59,7 @@ class Spool:
         """Add this driver's figures to the saved ones; returns the totals with `pending` (records left)."""
         totals = self.outage()
         for key, value in counts.items():
-            totals[key] = round(totals[key] + value, 1) if key == "down_seconds" else totals[key] + int(value)
+            totals[key] = round(totals[key] + value, 3) if key == "down_seconds" else totals[key] + int(value)
         if any(counts.values()):
             self.study.join(*OUTAGE_FILE).write_text(json.dumps(totals, indent=2) + "\n")
         return {**totals, "pending": len(self.names())}
@@ -169,7 +169,7 @@ class TrackingQueue:
 
     def status(self) -> dict:
         down = self.down_seconds + (time.monotonic() - self.down_since if self.down_since is not None else 0.0)
-        return {"down_seconds": round(down, 1), "spooled": self.spooled, "replayed": self.replayed,
+        return {"down_seconds": round(down, 3), "spooled": self.spooled, "replayed": self.replayed,
                 "dropped": self.dropped, "pending": self.backlog}
 
     def close(self, timeout: float = 120.0) -> dict:
