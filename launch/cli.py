@@ -13,23 +13,22 @@ import sys
 from a2core.errors import A2Error
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the argument in its error and exits 2)."""
-    return _int_at_least(text, 1)
+def _int_at_least(low: int):
+    """An argparse type: an integer >= `low` (argparse names the argument in its error and exits 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:  # also a number too long for int() (Python's 4300-digit limit)
+            raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0)
-
-
-def _int_at_least(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:  # also a number too long for int() (Python's 4300-digit limit)
-        raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-    return value
+positive_int = _int_at_least(1)
+non_negative_int = _int_at_least(0)
 
 
 # -- data / train / evaluate / decode ---------------------------------------------------------------------------
@@ -57,7 +56,7 @@ def training_config(path: str | None, overrides: list[str]):
 def cmd_train(args) -> int:
     from pathlib import Path
 
-    from a2core.atomic import fresh_folder
+    from a2core.atomic import atomic_write, fresh_folder
     from a2core.train import train
 
     cfg = training_config(args.config, args.overrides)
@@ -65,10 +64,7 @@ def cmd_train(args) -> int:
     if args.resume is None:
         out = fresh_folder(out, ("best.pt", "last.pt"), "run's checkpoints")
     result = train(cfg, report=_print_report, output_dir=out, resume_from=args.resume)
-    history = out / "history.json"
-    tmp = history.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result["history"], indent=1))
-    tmp.replace(history)
+    history = atomic_write(out / "history.json", json.dumps(result["history"], indent=1))
     print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}\n"
           f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
     return 0

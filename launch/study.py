@@ -19,7 +19,6 @@ import functools
 import json
 import os
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -28,8 +27,15 @@ from pathlib import Path
 import yaml
 
 from a2core.atomic import atomic_write
+from a2core.config import parse_yaml
 from a2core.errors import A2Error, StorageError, StudyError, TrackingError
+from dashboards.spool import Spool, outage_line, replay
 from dashboards.tables import finite, text_table
+from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, check_tracking_uri, study_runs
+from launch.lease import DEFAULT_STALE_AFTER, StudyLease
+from launch.spec import DEFAULT_STORAGE, SEED_PATH, StudySpec, load_study, validate_main
+from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name, plan_from_spec,
+                              read_results, train_run_name)
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
@@ -86,8 +92,6 @@ def _add_driver_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_lease_arguments(parser: argparse.ArgumentParser) -> None:
     """--force and --stale-after: taking over the lease of a study whose writer is gone (`launch.lease`)."""
-    from launch.lease import DEFAULT_STALE_AFTER
-
     parser.add_argument("--force", action="store_true",
                         help="take over the study's lease if it is stale (its writer gone)")
     parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER, metavar="SECONDS",
@@ -103,10 +107,8 @@ def add_sync_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     command = args.study_command
     if command == "validate":
-        from launch.spec import validate_main
-
         return validate_main(args.file, args.overrides)
-    if command == "compare":
+    if command == "compare":  # MLflow and scipy: imported only when asked for
         from dashboards.compare import main as compare_main
 
         return compare_main(args)
@@ -158,7 +160,7 @@ def remember(location: StudyLocation) -> None:
 
 def locate(name: str, storage: str | None = None) -> StudyLocation:
     """Find study `name`: under `storage` when given, else where the pointer file says, else the default root."""
-    from dashboards.storage import check_storage
+    from dashboards.storage import check_storage  # pyarrow: only when a study is opened
 
     endpoint = None
     pointer = POINTER_DIR / f"{name}.json"
@@ -166,8 +168,6 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
         info = json.loads(pointer.read_text())
         storage, endpoint = info.get("storage"), info.get("storage_endpoint_url")
     if storage is None:
-        from launch.spec import DEFAULT_STORAGE
-
         storage = os.environ.get("A2_STUDY_STORAGE") or DEFAULT_STORAGE
     if "://" not in storage:
         storage = os.path.abspath(os.path.expanduser(storage))
@@ -179,24 +179,16 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
     return location
 
 
-def load_saved_spec(location: StudyLocation):
+def load_saved_spec(location: StudyLocation) -> StudySpec:
     """The StudySpec saved with the study (validated again, so moved data fails here, not in a trial)."""
-    from launch.spec import load_study
-
-    with tempfile.TemporaryDirectory(prefix="a2-study-") as tmp:
-        path = Path(tmp) / STUDY_FILE
-        path.write_text(location.read_text(STUDY_FILE))
-        spec = load_study(path)
-    spec.source = location.uri(STUDY_FILE)
-    return spec
+    source = location.uri(STUDY_FILE)
+    return StudySpec.from_dict(parse_yaml(location.read_text(STUDY_FILE), source), source=source)
 
 
 def saved_form(spec) -> dict:
     """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the
     data/model/train keys that the search space (or search.replicates: train.seed) sets, which the loader would
     refuse as set twice."""
-    from launch.spec import SEED_PATH
-
     raw = spec.to_dict()
     paths = [param.path for param in spec.params.values()] + ([SEED_PATH] if spec.replicate_seeds else [])
     for path in paths:
@@ -219,8 +211,6 @@ def _json_default(value):
 
 # -- run / resume / sync -----------------------------------------------------------------------------------------
 def cmd_run(args) -> int:
-    from launch.spec import load_study
-
     spec = load_study(args.file, args.overrides)  # ConfigError -> exit 2 with the key path (a2's main)
     return exit_code(run_study(spec, address=args.address, verbose=not args.quiet, force=args.force,
                                stale_after=args.stale_after))
@@ -238,8 +228,6 @@ def exit_code(summary: dict) -> int:
 
 
 def check_tracking(spec) -> None:
-    from dashboards.tracking import check_tracking_uri
-
     try:
         check_tracking_uri(spec.tracking["mlflow_uri"])
     except TrackingError as err:
@@ -248,8 +236,6 @@ def check_tracking(spec) -> None:
 
 def _lease(location: StudyLocation, force: bool, stale_after: float | None):
     """The study's lease, held while the block runs (one writer per study)."""
-    from launch.lease import DEFAULT_STALE_AFTER, StudyLease
-
     return StudyLease(location.at(), stale_after or DEFAULT_STALE_AFTER).held(force)
 
 
@@ -279,7 +265,7 @@ def resume_study(location: StudyLocation, *, address: str | None = None, verbose
     scheduler and MLflow callback come back with the experiment's state)."""
     from ray.tune import Tuner
 
-    from launch.trainable import make_trainable, plan_from_spec
+    from launch.trainable import make_trainable  # looked up when called (benchmarks/bench_study.py replaces it)
 
     spec = load_saved_spec(location)
     check_tracking(spec)
@@ -299,9 +285,6 @@ def resume_study(location: StudyLocation, *, address: str | None = None, verbose
 
 def cmd_sync(args) -> int:
     """Replay the study's tracking spool into its MLflow server; updates `summary.json`'s `tracking`."""
-    from dashboards.spool import Spool, outage_line, replay
-    from dashboards.tracking import StudyTracker
-
     location = locate(args.name, args.storage)
     spec = load_saved_spec(location)
     check_tracking(spec)
@@ -353,7 +336,6 @@ def _join_cluster(spec, address: str | None, connect: bool = True) -> None:
     (ConfigError, exit 2)."""
     if connect:
         from launch.raycluster import connect as connect_ray
-        from launch.spec import StudySpec
         from launch.trainable import propagated_env
 
         cluster = connect_ray(address, runtime_env_vars=propagated_env())
@@ -382,7 +364,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
     from dashboards.storage import open_location
     from launch.mlflow_callback import A2MLflowCallback
     from launch.search import tune_config_kwargs
-    from launch.trainable import make_trainable, plan_from_spec
+    from launch.trainable import make_trainable
 
     _prepare_output()
     tune_kwargs = tune_config_kwargs(spec)
@@ -486,26 +468,22 @@ def _pick(items, key: str, mode: str):
 
 # -- reading a study back: status, summary -----------------------------------------------------------------------
 def collect(spec, location: StudyLocation) -> list[dict]:
-    """One row per trial, from the Tune experiment in storage (no Ray needed)."""
+    """One row per trial: its state from the Tune experiment in storage (no Ray needed), its results from its own
+    result log (every epoch it reported, across restarts; Tune's result files lose what was not yet synced when a
+    driver died)."""
     import logging
 
     from ray.tune import ExperimentAnalysis
 
     path, fs = location.at().ray_storage()
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    analysis = ExperimentAnalysis(path, storage_filesystem=fs)
-    frames = analysis.trial_dataframes
     stopped = stopped_early_trials(spec)
     rows = []
-    for trial in analysis.trials:
-        df = frames.get(trial.trial_id)
-        tune_rows = [] if df is None else [
-            {k: v for k, v in record.items() if not k.startswith("config/") and not isinstance(v, (list, dict))}
-            for record in df.to_dict("records")]
+    for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials:
         error = (trial.get_error() or "").strip().splitlines()
         row = trial_row(spec, location, trial.trial_id, dict(trial.config or {}), str(trial.status),
-                        merge_history(tune_rows, _result_log(spec, location, trial.trial_id)),
-                        trial.last_result or {}, error[-1][:500] if error else None)
+                        _result_log(spec, location, trial.trial_id), trial.last_result or {},
+                        error[-1][:500] if error else None)
         cut_short = row["state"] == "TERMINATED" and 0 < row["epochs_done"] < row["epochs_planned"]
         # Only the scheduler ends a trial short: one without the scheduler's record (MLflow down) is stopped too.
         row["stopped_early"] = stopped.get(trial.trial_id) or ({"rung": None, "cutoff": None} if cut_short else None)
@@ -517,7 +495,6 @@ def stopped_early_trials(spec) -> dict[str, dict]:
     """{trial id: {"rung", "cutoff"}} of the trials the scheduler stopped, from their MLflow runs' tags (set by
     the MLflow callback); {} when the tracking server does not answer (status still works, without them)."""
     from dashboards.stats import TAG_STOPPED_CUTOFF, TAG_STOPPED_RUNG, is_stopped_early
-    from dashboards.tracking import TAG_TRIAL_ID, study_runs
 
     try:
         _, children = study_runs(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
@@ -534,34 +511,16 @@ def stopped_early_trials(spec) -> dict[str, dict]:
 
 
 def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
-    from launch.trainable import TRIALS_DIR, read_results
-
     try:
         return read_results(location.at(TRIALS_DIR), spec.name, trial_id)
-    except ValueError:  # a log cut short (not JSON): Tune's results alone
+    except ValueError:  # a log cut short (not JSON): Tune's last result alone
         return []
-
-
-def merge_history(tune_rows: list[dict], logged: list[dict]) -> list[dict]:
-    """One result per epoch, oldest first: the trial's own result log (complete across restarts) over Tune's
-    result rows (which lose what was not yet synced when a driver died)."""
-    by_epoch: dict[int, dict] = {}
-    extra = []
-    for row in [*tune_rows, *logged]:
-        epoch = finite(row.get("epoch"))
-        if epoch is None:
-            extra.append(row)
-        else:
-            by_epoch[int(epoch)] = {**by_epoch.get(int(epoch), {}), **row}
-    return [by_epoch[e] for e in sorted(by_epoch)] + extra
 
 
 def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
               last_result: dict, error: str | None = None) -> dict:
     """A trial's row of the status table and the summary: its epochs, last and best value, and its best stored
     checkpoint (Ray Train keeps the best by the study metric plus the latest; ties go to the later epoch)."""
-    from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name, train_run_name
-
     epochs = [int(r["epoch"]) for r in history if finite(r.get("epoch")) is not None]
     if not epochs and finite(last_result.get("epoch")) is not None:
         epochs = [int(last_result["epoch"])]
@@ -643,10 +602,10 @@ def compute_line(totals: dict) -> str:
 
 
 def _stopped_tags(row: dict) -> dict:
+    """A row's or group's stopped-early record as the run tags that `dashboards.stats.best_candidates` reads."""
     from dashboards.stats import stopped_early_tags
 
-    info = row.get("stopped_early")
-    return stopped_early_tags(info.get("rung") or 0, info.get("cutoff") or float("nan")) if info else {}
+    return stopped_early_tags(0, float("nan")) if row.get("stopped_early") else {}
 
 
 def replicate_groups(spec, rows: list[dict]) -> list[dict]:
@@ -718,9 +677,6 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
 
 def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
-    from dashboards.spool import Spool, outage_line
-    from dashboards.tracking import StudyTracker
-
     rows = collect(spec, location)
     summary = summarize(spec, location, rows)
     summary["tracking"] = Spool(location.at()).add_outage()  # the MLflow outages of the study, if any

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import tempfile
 import time
@@ -101,12 +100,6 @@ def _quiet_per_epoch_logs() -> None:
     logging.getLogger().setLevel(logging.WARNING)
     logging.getLogger("ray.train").setLevel(logging.WARNING)
     logging.getLogger("a2core").setLevel(logging.INFO)
-
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process so far (all its threads)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 # -- a trial's bookkeeping, both kinds ---------------------------------------------------------------------------
@@ -272,7 +265,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     trial resumes from its newest complete checkpoint."""
     from a2core.train import train
 
-    cpu_start = cpu_seconds()
+    cpu_start = time.process_time()
     _quiet_per_epoch_logs()
     trial = TrialRecorder(plan, plan.resources["gpus_per_worker"])
     checkpoints = LocalCheckpoints(trial.run, plan.metric, plan.mode, plan.num_to_keep)
@@ -282,7 +275,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
         item = dict(metrics)
         if checkpoint_dir is not None:
             item["checkpoint_path"] = checkpoints.save(checkpoint_dir, int(item["epoch"]))
-        trial.record(item, cpu_seconds() - cpu_start)
+        trial.record(item, time.process_time() - cpu_start)
         checkpoints.prune({e: r[plan.metric] for e, r in trial.log.by_epoch.items()
                            if isinstance(r.get(plan.metric), (int, float))})
 
@@ -303,7 +296,7 @@ def _cpu_seconds_all_ranks(since: float) -> float:
     import torch
     import torch.distributed as dist
 
-    spent = cpu_seconds() - since
+    spent = time.process_time() - since
     if not (dist.is_available() and dist.is_initialized()):
         return spent
     total = torch.tensor([spent], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
@@ -318,7 +311,7 @@ def worker_fn(config: dict) -> None:
 
     from a2core.train import train
 
-    cpu_start = cpu_seconds()
+    cpu_start = time.process_time()
     _quiet_per_epoch_logs()
     work = Path(tempfile.mkdtemp(prefix=f"a2-trial-r{ray.train.get_context().get_world_rank()}-"))
 
