@@ -74,23 +74,13 @@ def _checkpoint_uri(checkpoint, path: str | None = None) -> str:
 
 
 class A2MLflowCallback(Callback):
-    """Track a Tune study in MLflow.
-
-    Args:
-        tracking_uri: checked (fast) in `setup`, before any trial starts.
-        study_name: the study; also the experiment name unless `experiment` is given.
-        study_params, study_tags: params (flattened) and extra tags of the parent run.
-        resolve_config: a Tune trial's config -> the resolved training config logged as the child run's params.
-        metric, mode: the metric that decides a trial's best checkpoint (tag `a2.best_checkpoint`).
-        strict: raise tracking errors from hooks instead of logging them (tests).
-        artifact_location: artifact root of a newly created experiment (database backends without a server).
-        history_of: a trial id -> its result log (`launch.trainable.ResultLog`). With it, a trial's first result in
-            this driver, and its end, fill in the epochs MLflow lacks (results of a killed driver whose checkpoint
-            was saved).
-        stopped_early_of: a trial id -> the scheduler's record of stopping it (`{"rung", "cutoff", ...}`) or None.
-        spool_at: the study's storage (`dashboards.storage.Location`) holding the spool (default: a temporary
-            folder, which outlives an outage but not the driver).
-    """
+    """Track a Tune study in MLflow. `resolve_config` maps a trial's config to the training config logged as its
+    run's params; `metric`/`mode` decide a trial's best checkpoint (tag `a2.best_checkpoint`); `strict` raises
+    tracking errors from hooks (tests); `artifact_location` is the artifact root of a new experiment;
+    `history_of(trial_id)` is the trial's result log (`launch.trainable.ResultLog`), from which its first result in
+    this driver, and its end, fill in the epochs MLflow lacks (results of a killed driver whose checkpoint was
+    saved); `stopped_early_of(trial_id)` is the scheduler's record of stopping a trial, or None; `spool_at` is the
+    study's storage (`dashboards.storage.Location`) holding the spool (default: a temporary folder)."""
 
     def __init__(self, tracking_uri: str, study_name: str, *, experiment: str | None = None,
                  study_params: dict | None = None, study_tags: dict | None = None,

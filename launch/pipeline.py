@@ -48,15 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no live trial tables")
 
 
-def study_file(path: str) -> Path:
-    """The study file: as given, else (for the default) the one shipped next to this package."""
-    p = Path(path)
-    if p.is_file() or p.is_absolute():
-        return p
-    shipped = Path(__file__).resolve().parents[1] / path
-    return shipped if shipped.is_file() else p
-
-
 def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
     """Run the study; reuse it when it finished before with the same spec; resume it when it was interrupted."""
     from launch.study import (SUMMARY_FILE, STUDY_FILE, StudyError, StudyLocation, load_saved_spec, resume_study,
@@ -98,7 +89,7 @@ def main(args) -> int:
     from a2core.atomic import fresh_folder
     from launch.package import package
     from launch.spec import load_study
-    from launch.study import exit_code, verdict
+    from launch.study import exit_code, study_path, verdict
 
     t0 = time.perf_counter()
     overrides = list(args.overrides or [])
@@ -106,7 +97,7 @@ def main(args) -> int:
         overrides.append(f"tracking.mlflow_uri={args.tracking_uri}")
     if args.storage:
         overrides.append(f"storage={args.storage}")
-    spec = load_study(study_file(args.study), overrides)
+    spec = load_study(study_path(args.study, Path(__file__).resolve().parents[1]), overrides)
     name = spec.name
     # A folder holding an earlier run's report or package is kept: this run writes to a new numbered one.
     out = fresh_folder(Path(args.out or Path(DEFAULT_OUT) / name).resolve(),

@@ -1,41 +1,33 @@
 """The search of a study: grid keys crossed with Optuna over the sampled keys, and the trial scheduler.
 
-`GridCrossedSearcher` keeps one Optuna study per grid cell (fusion=gate,seed=0 ...), because Ray's `OptunaSearch`
-cannot hold `tune.grid_search` keys and one TPE model over all keys would spend samples unevenly across the cells
-a study must compare. Each cell asks a define-by-run space over the sampled keys active in it (`when`
-conditions), starts with the spec's `points_to_evaluate` (default: the paper's values), and gets suggestions
-round-robin until it has `spec.samples_per_cell(cell)` configurations, then `Searcher.FINISHED`. Suggestions are
-flat dicts of the space's keys (`{"fusion": "gate", "seed": 0, "lambda": 0.031}`) that `spec.trial_config` turns
-into a2core configs. `algorithm: random` samples at random per cell; `algorithm: grid` asks nothing (the enqueued
-points are every trial). Each cell's sampler is seeded with `search.seed + cell index`; TPE runs `multivariate`,
-`group` (conditional keys) and `constant_liar` (concurrent trials spread out) after `n_startup_trials`.
+`GridCrossedSearcher` keeps one Optuna study per grid cell (fusion=gate,seed=0 ...): Ray's `OptunaSearch` cannot
+hold `tune.grid_search` keys, and one TPE model over all keys would spend samples unevenly across the cells a
+study compares. Each cell asks a define-by-run space over its active sampled keys (`when` conditions), starts with
+the spec's `points_to_evaluate` (default: the paper's values) and gets suggestions round-robin until it has
+`spec.samples_per_cell(cell)` configurations. Suggestions are flat dicts of the space's keys
+(`{"fusion": "gate", "seed": 0, "lambda": 0.031}`) that `spec.trial_config` resolves. `algorithm: random` samples
+at random, `algorithm: grid` asks nothing (the enqueued points are every trial).
 
-Replicate groups: with `search.replicates` (seeds s_0..s_{N-1}) each configuration is handed out N times in a
-row, as Tune trials that differ only in `seed`, sharing one `config_hash` (the suggestion without its seed). Ray's
-`Repeater` cannot do this (README: no epoch, no intermediate values, `__trial_index__` instead of the seed, groups
-lost on restore, not for early stopping). Optuna sees the group, never one seed: its intermediate value at epoch e
-is the group mean once every replicate reported e, and once every replicate has ended the group is FAIL if all
-failed, PRUNED if any was stopped early, else COMPLETE with the mean of the finished replicates. A replicate is
-FAIL when it errored or never reported the metric, PRUNED when its last `epoch` is below the planned epochs (ASHA
-stopped it: TPE ranks PRUNED below every COMPLETE, where Ray's OptunaSearch would learn from a truncated curve as
-if it were finished), else COMPLETE with its last value. Without replicates every trial is a group of one.
-`save`/`restore` keep everything, so `Tuner.restore` continues the search without repeating a suggestion.
+Replicate groups (`search.replicates`, README): each configuration is handed out once per seed, as consecutive
+Tune trials sharing one `config_hash`. Optuna sees the group, never one seed: the group mean as intermediate value
+at epoch e once every replicate reported e, and once all have ended FAIL if all failed, PRUNED if any stopped
+before the planned epochs (ASHA: TPE ranks PRUNED below every COMPLETE, so it does not learn from truncated curves
+as finished ones), else COMPLETE with the mean of the finished replicates. `save`/`restore` keep everything, so
+`Tuner.restore` continues the search without repeating a suggestion.
 
-`ReplicateASHA` (`scheduler: {asha: {grace_period: g, reduction_factor: r, min_gap_se: k}}`) is ASHA whose unit
-is the replicate group. Rungs sit at epochs g, g*r, g*r^2, ... below the planned epochs; a trial's value at a rung
-is its metric at its first result with `epoch` >= the rung, and a group is judged once each of its replicates
-still running has one:
+`ReplicateASHA` (`scheduler: {asha: {grace_period: g, reduction_factor: r, min_gap_se: k}}`) is ASHA over
+replicate groups. Rungs sit at epochs g, g*r, ... below the planned epochs; a trial's value at a rung is its metric
+at its first result with `epoch` >= the rung, and a group is judged once each of its replicates still running
+has one:
 
     cutoff = the (1 - 1/r) quantile of the means of the groups that reached this rung before it
     spread = the pooled within-group standard deviation of the groups at this rung (this one included)
     stop the group  iff  cutoff - mean > k * spread * sqrt(2 / n)      (mode max; n = replicates in the group)
 
-k standard errors of a difference of two n-seed means: a gap the seed noise explains never stops a group. The
-first group at a rung always continues, and while no group there has two replicates nothing is stopped (with
-`replicates` < 2 this is FIFO). A stopped group's replicates all stop at their next result; `stopped_early(trial
-id)` is the record the MLflow callback tags the run with. The scheduler's time is `epoch` (monotonic across XE,
-SCST and restored worker groups, unlike `training_iteration`); it saves most when a group's replicates run side
-by side (`max_concurrent_trials` >= replicates).
+that is k standard errors of a difference of two n-seed means. The first group at a rung continues, and while no
+group there has two replicates nothing is stopped. A stopped group's replicates all stop; `stopped_early(trial id)`
+is the record the MLflow callback tags their runs with. Time is `epoch` (monotonic across XE, SCST and restored
+worker groups, unlike `training_iteration`).
 """
 from __future__ import annotations
 
@@ -273,14 +265,9 @@ class GridCrossedSearcher(Searcher):
 
 
 class ReplicateASHA(FIFOScheduler):
-    """ASHA over replicate groups that stops a group only on a gap beyond its seed spread (module docstring).
-
-    Args:
-        max_t: the planned epochs; rungs sit at grace_period * reduction_factor**k < max_t.
-        group_of: maps a trial's config to its replicate group (default: `config_hash`, the config without seed).
-        replicates: the trials per group (the study's replicate seeds; 1 without replicates).
-        min_gap_se: k of the stopping rule gap > k * pooled seed sd * sqrt(2/n).
-    """
+    """ASHA over replicate groups that stops a group only on a gap beyond its seed spread (module docstring):
+    rungs at grace_period * reduction_factor**i < max_t (the planned epochs), `replicates` trials per group (1
+    without replicates), `group_of` a trial's config -> its group, `min_gap_se` the k of the stopping rule."""
 
     def __init__(self, *, max_t: int, grace_period: int = 1, reduction_factor: float = 2, replicates: int = 1,
                  min_gap_se: float = 2.0, time_attr: str = TIME_ATTR, metric: str | None = None,

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from a2core.atomic import atomic_write
-from a2core.config import parse_yaml
+from a2core.config import get_dotted, parse_yaml
 from a2core.errors import A2Error, StorageError, StudyError, TrackingError
 from dashboards.spool import Spool, outage_line, replay
 from dashboards.tables import finite, text_table
@@ -179,6 +179,15 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
     return location
 
 
+def study_path(path: str, root: str | Path) -> str:
+    """`path` if it exists (or is absolute), else the same relative path below `root` when that exists: a study
+    file of this repository's `studies/` wherever the command runs."""
+    if Path(path).is_absolute() or Path(path).exists():
+        return path
+    below = Path(root).expanduser() / path
+    return str(below) if below.exists() else path
+
+
 def load_saved_spec(location: StudyLocation) -> StudySpec:
     """The StudySpec saved with the study (validated again, so moved data fails here, not in a trial)."""
     source = location.uri(STUDY_FILE)
@@ -190,14 +199,11 @@ def saved_form(spec) -> dict:
     data/model/train keys that the search space (or search.replicates: train.seed) sets, which the loader would
     refuse as set twice."""
     raw = spec.to_dict()
-    paths = [param.path for param in spec.params.values()] + ([SEED_PATH] if spec.replicate_seeds else [])
-    for path in paths:
-        section, *rest = path.split(".")
-        node = raw.get(section)
-        for part in rest[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
+    for path in [param.path for param in spec.params.values()] + ([SEED_PATH] if spec.replicate_seeds else []):
+        parent, _, key = path.rpartition(".")
+        node = get_dotted(raw, parent)
         if isinstance(node, dict):
-            node.pop(rest[-1], None)
+            node.pop(key, None)
     return raw
 
 

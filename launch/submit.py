@@ -41,15 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def study_path(path: str, repo: str) -> str:
-    """`path` if it exists (or is absolute), else the same relative path inside `repo` when that exists."""
-    given = Path(path)
-    if given.is_absolute() or given.exists():
-        return path
-    in_repo = Path(repo).expanduser() / given
-    return str(in_repo) if in_repo.exists() else path
-
-
 def use_cluster_token() -> None:
     """Join a token-authenticated cluster without anything exported: a cluster started by ray-cluster*.yaml keeps
     its token in Ray's default file (~/.ray/auth_token) on the head, but a Ray client still runs with
@@ -66,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from launch.spec import load_study
 
     try:
-        spec = load_study(study_path(args.study, args.repo), args.overrides)
+        spec = load_study(study_mod.study_path(args.study, args.repo), args.overrides)
         print(spec.summary(), flush=True)
         use_cluster_token()
         driver = {"address": args.address or os.environ.get("RAY_ADDRESS") or "auto",  # on a head: its cluster
