@@ -252,40 +252,37 @@ def run_study(spec, *, address: str | None = None, verbose: bool = True, connect
 
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     check_storage(location.storage, location.endpoint_url)
-    check_tracking(spec)
-    with _lease(location, force, stale_after):
-        if location.exists(STUDY_FILE) or _experiment_exists(location):
-            raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
-                             f"`a2 study resume {spec.name}`, or give the new study another name")
-        _join_cluster(spec, address, connect)
-        location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
-        remember(location)
-        tuner = build_tuner(spec, location, verbose=verbose)
-        say(f"study {spec.name}: {spec.num_trials} trials, results in {location.uri()}", verbose)
-        return fit_and_finish(spec, location, tuner, verbose=verbose)
+    return _drive(spec, location, new=True, address=address, verbose=verbose, connect=connect, force=force,
+                  stale_after=stale_after)
 
 
 def resume_study(location: StudyLocation, *, address: str | None = None, verbose: bool = True,
                  connect: bool = True, force: bool = False, stale_after: float | None = None) -> dict:
     """Continue a study: finished trials are kept as they are, unfinished and errored ones resume (the searcher,
     scheduler and MLflow callback come back with the experiment's state)."""
-    from ray.tune import Tuner
+    return _drive(load_saved_spec(location), location, new=False, address=address, verbose=verbose, connect=connect,
+                  force=force, stale_after=stale_after)
 
-    from launch.trainable import make_trainable  # looked up when called (benchmarks/bench_study.py replaces it)
 
-    spec = load_saved_spec(location)
+def _drive(spec, location: StudyLocation, *, new: bool, address: str | None, verbose: bool, connect: bool,
+           force: bool, stale_after: float | None) -> dict:
+    """Run a new study or resume one, as the study's one writer, and summarize it."""
     check_tracking(spec)
     with _lease(location, force, stale_after):
-        _join_cluster(spec, address, connect)
-        if not _experiment_exists(location):
+        started = _experiment_exists(location)
+        if new and (started or location.exists(STUDY_FILE)):
+            raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
+                             f"`a2 study resume {spec.name}`, or give the new study another name")
+        if not new and not started:
             raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
                              f"(it was stopped before its first trial started); run it again")
+        _join_cluster(spec, address, connect)
+        if new:
+            location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
         remember(location)
-        _prepare_output()
-        path, fs = location.at().ray_storage()
-        tuner = Tuner.restore(path, trainable=make_trainable(plan_from_spec(spec)), resume_unfinished=True,
-                              resume_errored=True, storage_filesystem=fs)
-        say(f"study {spec.name}: resuming from {location.uri()}", verbose)
+        tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
+        doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
+        say(f"study {spec.name}: {doing} {location.uri()}", verbose)
         return fit_and_finish(spec, location, tuner, verbose=verbose)
 
 
@@ -354,25 +351,27 @@ def say(text: str, verbose: bool = True) -> None:
         print(text, flush=True)
 
 
-def _prepare_output() -> None:
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the older reporter prints our own table (_reporter)
-    # The JSON and CSV result loggers are added in build_tuner; TensorBoard's would only complain about the
-    # caption samples in every result.
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    # The experiment state is saved with every trial checkpoint on purpose (build_tuner): no warning each epoch.
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-
-
-def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
+def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore: bool = False):
+    """The study's Tuner: a new one, or restored from the study's storage (searcher, scheduler and callbacks
+    included) to resume unfinished and errored trials."""
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from dashboards.storage import open_location
     from launch.mlflow_callback import A2MLflowCallback
     from launch.search import tune_config_kwargs
-    from launch.trainable import make_trainable
+    from launch.trainable import make_trainable  # looked up when called (benchmarks/bench_study.py replaces it)
 
-    _prepare_output()
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the older reporter prints our own table (_reporter)
+    # The JSON and CSV result loggers are added below; TensorBoard's would only complain about the caption samples.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # The experiment state is saved with every trial checkpoint on purpose (below): no warning each epoch.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    trainable = make_trainable(plan_from_spec(spec))
+    if restore:
+        path, fs = location.at().ray_storage()
+        return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True,
+                                  storage_filesystem=fs)
     tune_kwargs = tune_config_kwargs(spec)
     stopped_early_of = getattr(tune_kwargs["scheduler"], "stopped_early", None)  # ReplicateASHA's record (FIFO: none)
     raw = spec.to_dict()
@@ -397,8 +396,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
         progress_reporter=_reporter(spec, stopped_early_of, tracking.outage_text),
         verbose=2 if verbose else 0,
     )
-    return tune.Tuner(make_trainable(plan_from_spec(spec)), param_space={}, tune_config=tune.TuneConfig(**tune_kwargs),
-                      run_config=run_config)
+    return tune.Tuner(trainable, param_space={}, tune_config=tune.TuneConfig(**tune_kwargs), run_config=run_config)
 
 
 def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
