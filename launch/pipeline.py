@@ -25,7 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-from a2core.errors import A2Error
+from a2core.atomic import fresh_folder
+from a2core.errors import A2Error, StudyError
+from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, package
+from launch.spec import load_study
+from launch.study import (STUDY_FILE, SUMMARY_FILE, StudyLocation, exit_code, load_saved_spec, resume_study, run_study,
+                          saved_form, study_path, verdict)
 
 DEFAULT_STUDY = "studies/smoke.yaml"
 DEFAULT_OUT = "a2-pipeline"
@@ -50,9 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
     """Run the study; reuse it when it finished before with the same spec; resume it when it was interrupted."""
-    from launch.study import (SUMMARY_FILE, STUDY_FILE, StudyError, StudyLocation, load_saved_spec, resume_study,
-                              run_study, saved_form)
-
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     if not location.exists(STUDY_FILE):
         return run_study(spec, address=address, verbose=verbose)
@@ -86,11 +88,6 @@ def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
 def main(args) -> int:
     import ray
 
-    from a2core.atomic import fresh_folder
-    from launch.package import package
-    from launch.spec import load_study
-    from launch.study import exit_code, study_path, verdict
-
     t0 = time.perf_counter()
     overrides = list(args.overrides or [])
     if args.tracking_uri:
@@ -104,9 +101,7 @@ def main(args) -> int:
                        ("report/report.html", "package/package.json"), "pipeline output")
     uri = spec.tracking["mlflow_uri"]
     verbose = not args.quiet
-    from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S
-
-    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
+    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)  # for a Ray this process starts
     ray_was_up = ray.is_initialized()
     times = {}
     problems = []
