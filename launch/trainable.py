@@ -205,6 +205,9 @@ class TrialRecorder:
         trial's result history would restart from nothing). The weights stay in the run folder."""
         import ray.tune
 
+        # The result's own time (Tune keeps it) goes into the log too: an epoch that MLflow gets back from the log
+        # after a driver died is logged at the time it was reported, in its place among the others.
+        item.setdefault("timestamp", time.time())
         self.meter.stamp(item, attempt_cpu_s)
         self.log.add(item)
         if not item.get("checkpoint_path"):
