@@ -685,16 +685,27 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     summary = summarize(spec, location, rows)
     summary["tracking"] = Spool(location.at()).add_outage()  # the MLflow outages of the study, if any
     _write_summary(location, summary)
-    tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, spec.tracking.get("experiment"))
-    parent = tracker.find_parent_run()
-    if parent is not None and summary["compute"]:
-        tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in summary["compute"].items()}, step=0)
+    _log_compute_totals(spec, summary["compute"])
     if verbose:
         print(format_table(rows, spec.metric))
     lines = [verdict(summary), compute_line(summary["compute"]), outage_line(summary["tracking"]),
              f"summary: {location.uri(SUMMARY_FILE)}"]
     print("\n".join(line for line in lines if line), flush=True)
     return summary
+
+
+def _log_compute_totals(spec, totals: dict) -> None:
+    """The compute totals as `compute/<key>` metrics of the study's MLflow parent run, when MLflow answers (a
+    server still down at the end does not fail the study: its spool waits for `resume` or `a2 mlflow sync`)."""
+    try:
+        check_tracking_uri(spec.tracking["mlflow_uri"], timeout=2.0)
+    except TrackingError:
+        print("note: MLflow does not answer: the study's compute totals are in summary.json only", file=sys.stderr)
+        return
+    tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, spec.tracking.get("experiment"))
+    parent = tracker.find_parent_run()
+    if parent is not None and totals:
+        tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in totals.items()}, step=0)
 
 
 # -- what people read --------------------------------------------------------------------------------------------
