@@ -1,7 +1,7 @@
 """The `a2` command. Each subcommand is a thin function over the package that owns the work.
 
-Imports happen inside the command functions so that `a2 --help` and `a2 study validate` start in well under a
-second and never start Ray.
+Torch, Ray, MLflow and scipy are imported inside the command functions (or `_deferred`) so that `a2 --help` and
+`a2 study validate` start in well under a second and never start Ray.
 """
 from __future__ import annotations
 
@@ -10,26 +10,28 @@ import importlib
 import json
 import sys
 
+from a2core.config import Config, apply_overrides, load_yaml
 from a2core.errors import A2Error
+from launch import package, pipeline, study
+from launch.spec import SECTIONS, TOP_KEYS
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the argument in its error and exits 2)."""
-    return _int_at_least(text, 1)
+def _int_at_least(low: int):
+    """An argparse type: an integer >= `low` (argparse names the argument in its error and exits 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:  # also a number too long for int() (Python's 4300-digit limit)
+            raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0)
-
-
-def _int_at_least(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:  # also a number too long for int() (Python's 4300-digit limit)
-        raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-    return value
+positive_int = _int_at_least(1)
+non_negative_int = _int_at_least(0)
 
 
 # -- data / train / evaluate / decode ---------------------------------------------------------------------------
@@ -44,9 +46,6 @@ def cmd_data_synth(args) -> int:
 def training_config(path: str | None, overrides: list[str]):
     """The a2core config of a config file or of a study file (its data / model / train sections; the search, at
     its defaults, is left out), with `key=value` overrides."""
-    from a2core.config import Config, apply_overrides, load_yaml
-    from launch.spec import SECTIONS, TOP_KEYS
-
     raw = load_yaml(path) if path else {}
     if path and ("name" in raw or "search" in raw):  # a study file
         study_only = set(TOP_KEYS) - set(SECTIONS)
@@ -57,7 +56,7 @@ def training_config(path: str | None, overrides: list[str]):
 def cmd_train(args) -> int:
     from pathlib import Path
 
-    from a2core.atomic import fresh_folder
+    from a2core.atomic import atomic_write, fresh_folder
     from a2core.train import train
 
     cfg = training_config(args.config, args.overrides)
@@ -65,10 +64,7 @@ def cmd_train(args) -> int:
     if args.resume is None:
         out = fresh_folder(out, ("best.pt", "last.pt"), "run's checkpoints")
     result = train(cfg, report=_print_report, output_dir=out, resume_from=args.resume)
-    history = out / "history.json"
-    tmp = history.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result["history"], indent=1))
-    tmp.replace(history)
+    history = atomic_write(out / "history.json", json.dumps(result["history"], indent=1))
     print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}\n"
           f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
     return 0
@@ -155,10 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     de.set_defaults(func=cmd_decode)
 
     st = sub.add_parser("study", help="hyperparameter studies on Ray Tune")
-    from launch.study import add_arguments as add_study_arguments
-
-    add_study_arguments(st)
-    st.set_defaults(func=_deferred("launch.study:main"))
+    study.add_arguments(st)
+    st.set_defaults(func=study.main)
 
     rp = sub.add_parser("report", help="plots and an HTML page from a study's MLflow runs")
     rp.add_argument("name")
@@ -176,15 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=positive_int, default=5000)
     serve.add_argument("--workers", type=positive_int, default=1)
     serve.set_defaults(func=_deferred("dashboards.tracking:serve"))
-    from launch.study import add_sync_arguments
-
-    add_sync_arguments(ml.add_parser("sync", help="replay a study's tracking records spooled while MLflow was down"))
+    sync = ml.add_parser("sync", help="replay a study's tracking records spooled while MLflow was down")
+    study.add_sync_arguments(sync)
 
     pk = sub.add_parser("package", help="4-seed ensemble -> COCO server zip, leaderboard, upload")
-    from launch.package import add_arguments as add_package_arguments
-
-    add_package_arguments(pk)
-    pk.set_defaults(func=_deferred("launch.package:main"))
+    package.add_arguments(pk)
+    pk.set_defaults(func=package.main)
 
     sv = sub.add_parser("submission", help="COCO server submissions").add_subparsers(dest="sub_command", required=True)
     val = sv.add_parser("validate", help="check a results.zip against the server's image lists")
@@ -195,10 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.set_defaults(func=cmd_submission_validate)
 
     pl = sub.add_parser("pipeline", help="the main job: smoke study, report, packaging, leaderboard")
-    from launch.pipeline import add_arguments as add_pipeline_arguments
-
-    add_pipeline_arguments(pl)
-    pl.set_defaults(func=_deferred("launch.pipeline:main"))
+    pipeline.add_arguments(pl)
+    pl.set_defaults(func=pipeline.main)
     return p
 
 

@@ -23,15 +23,10 @@ import threading
 import time
 import uuid
 
-from a2core.atomic import atomic_write
 from a2core.errors import StudyError
 
 LEASE_FILE = "lease.json"
 DEFAULT_STALE_AFTER = 120.0
-
-
-def _iso(epoch: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def _pid_gone(holder: dict) -> bool:
@@ -42,13 +37,13 @@ def _pid_gone(holder: dict) -> bool:
         os.kill(holder["pid"], 0)
     except ProcessLookupError:
         return True
-    except PermissionError:
-        return False
+    except PermissionError:  # alive, another user's
+        pass
     return False
 
 
-def describe(holder: dict, now: float | None = None) -> str:
-    age = (now or time.time()) - float(holder.get("heartbeat", 0))
+def describe(holder: dict) -> str:
+    age = time.time() - float(holder.get("heartbeat", 0))
     return (f"{holder.get('user', '?')}@{holder.get('host', '?')} pid {holder.get('pid', '?')} since "
             f"{holder.get('started', '?')} (last heartbeat {age:.0f} s ago)")
 
@@ -64,7 +59,8 @@ class StudyLease:
         self.every = min(30.0, self.stale_after / 4)
         now = time.time()
         self.mine = {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(),
-                     "token": uuid.uuid4().hex, "started": _iso(now), "heartbeat": now}
+                     "token": uuid.uuid4().hex,
+                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "heartbeat": now}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -156,15 +152,9 @@ class StudyLease:
                           file=sys.stderr, flush=True)
                     return
                 self.mine["heartbeat"] = time.time()
-                self._write(self.mine)
+                self.location.write_text(json.dumps(self.mine, indent=2) + "\n")  # atomic: a reader never sees half
             except Exception as err:  # noqa: BLE001 - storage trouble: try again at the next beat
                 print(f"a2 study: note: lease heartbeat failed: {err}", file=sys.stderr, flush=True)
-
-    def _write(self, info: dict) -> None:
-        if self.location.local:
-            atomic_write(self.location.uri, json.dumps(info, indent=2) + "\n")
-        else:
-            self.location.write_text(json.dumps(info, indent=2) + "\n")
 
     def release(self) -> None:
         self._stop.set()

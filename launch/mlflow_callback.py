@@ -1,23 +1,17 @@
 """Ray Tune driver callback that tracks a study in MLflow through `dashboards.tracking.StudyTracker`.
 
-One parent run per study, one child run per Tune trial id. Restores never duplicate runs: the
-trial-id-to-run-id map is part of the callback state that Tune saves with the experiment (`get_state` /
-`set_state`), and when that state is missing the run is found again by its `a2.trial_id` tag.
+One parent run per study, one child run per Tune trial id, tagged with its replicate group's `a2.config_hash`.
+Restores never duplicate runs: the trial-id-to-run-id map is part of the callback state that Tune saves with the
+experiment, and without it a run is found again by its `a2.trial_id` tag. A trial the scheduler stopped
+(`stopped_early_of(trial_id)`, e.g. `ReplicateASHA.stopped_early`) ends FINISHED with `a2.stopped_early=true`,
+`a2.stopped_rung` and `a2.stopped_cutoff`.
 
-Every trial run carries its replicate group's `a2.config_hash` (the config without its seed, see
-`launch.search.config_hash`), so MLflow and the tables group replicates by it. A trial that the scheduler stopped
-(`stopped_early_of(trial_id)` returns the scheduler's record, e.g. `ReplicateASHA.stopped_early`) ends FINISHED
-with `a2.stopped_early=true`, `a2.stopped_rung` and `a2.stopped_cutoff`: early-stopped is a state of the run,
-which `dashboards.stats.best_candidates` keeps out of "best" unless nothing else finished.
+Metrics are logged with the result's `epoch` as step (monotonic across restores and retries, unlike Tune's
+`training_iteration`) and the result's own timestamp, so that logging a result twice leaves one point.
 
-Metrics are logged with an explicit step, the result's "epoch" (monotonic across restores and retries), never
-Tune's `training_iteration`, which restarts at 1 when a Train run is restored, and with the result's own timestamp,
-so that logging a result twice leaves one point.
-
-The hooks never wait on MLflow: each is one record put on a `dashboards.spool.TrackingQueue`, whose thread
-applies it with short HTTP timeouts, spools it in the study's storage while the server is down and replays the
-spool when it is back (or at `a2 study resume` / `a2 mlflow sync` after the study). `strict=True` applies
-records at once in the hook and raises (tests).
+The hooks never wait on MLflow: each puts one record on a `dashboards.spool.TrackingQueue`, whose thread applies
+it, spools it in the study's storage while the server is down and replays the spool when it is back (or at
+`a2 study resume` / `a2 mlflow sync`). `strict=True` applies records in the hook and raises (tests).
 """
 from __future__ import annotations
 
@@ -76,62 +70,39 @@ def _checkpoint_uri(checkpoint, path: str | None = None) -> str:
     path = str(path or checkpoint.path)
     fs = getattr(checkpoint, "filesystem", None)
     kind = getattr(fs, "type_name", "local") if fs is not None else "local"
-    if kind == "local" or "://" in path:
-        return path
-    return f"{kind}://{path}"
+    return path if kind == "local" or "://" in path else f"{kind}://{path}"
 
 
 class A2MLflowCallback(Callback):
-    """Track a Tune study in MLflow.
-
-    Args:
-        tracking_uri: MLflow tracking URI; checked (fast) in `setup`, before any trial starts.
-        study_name: the study; also the experiment name unless `experiment` is given.
-        study_params: logged as params of the parent run (flattened), e.g. the study spec.
-        study_tags: extra tags of the parent run.
-        resolve_config: maps a Tune trial's config to the full resolved training config that is logged as
-            the child run's params (default: the trial config itself).
-        metric, mode: the metric that decides a trial's best checkpoint (tag `a2.best_checkpoint`).
-        strict: raise tracking errors from hooks instead of logging them (tests).
-        artifact_location: artifact root of a newly created experiment (database backends without a server).
-        history_of: maps a trial id to its result log (one result per epoch, see `launch.trainable.ResultLog`).
-            With it, the first result of a trial in this driver, and its end, fill in the epochs that MLflow is
-            missing: results a killed driver never logged, although their checkpoint was saved.
-        stopped_early_of: maps a trial id to the scheduler's record of stopping it (`{"rung", "cutoff", ...}`)
-            or None; with it, a stopped trial's run is tagged `a2.stopped_early` when the trial ends.
-        spool_at: the study's storage (`dashboards.storage.Location`); the spool lives below it (default: a
-            temporary folder, which outlives an outage but not the driver).
-    """
+    """Track a Tune study in MLflow. `resolve_config` maps a trial's config to the training config logged as its
+    run's params; `metric`/`mode` decide a trial's best checkpoint (tag `a2.best_checkpoint`); `strict` raises
+    tracking errors from hooks (tests); `artifact_location` is the artifact root of a new experiment;
+    `history_of(trial_id)` is the trial's result log (`launch.trainable.ResultLog`), from which its first result in
+    this driver, and its end, fill in the epochs MLflow lacks (results of a killed driver whose checkpoint was
+    saved); `stopped_early_of(trial_id)` is the scheduler's record of stopping a trial, or None; `spool_at` is the
+    study's storage (`dashboards.storage.Location`) holding the spool (default: a temporary folder)."""
 
     def __init__(self, tracking_uri: str, study_name: str, *, experiment: str | None = None,
                  study_params: dict | None = None, study_tags: dict | None = None,
                  resolve_config: Callable[[dict], dict] | None = None, metric: str = "val/CIDEr",
-                 mode: str = "max", check_timeout: float = 5.0, strict: bool = False,
-                 artifact_location: str | None = None, history_of: Callable[[str], list[dict]] | None = None,
+                 mode: str = "max", strict: bool = False, artifact_location: str | None = None,
+                 history_of: Callable[[str], list[dict]] | None = None,
                  stopped_early_of: Callable[[str], dict | None] | None = None, spool_at=None):
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
-        self.tracking_uri = tracking_uri
-        self.study_name = study_name
-        self.experiment = experiment
-        self.artifact_location = artifact_location
-        self.study_params = study_params or {}
-        self.study_tags = study_tags or {}
-        self.resolve_config = resolve_config
-        self.metric, self.mode = metric, mode
-        self.check_timeout = check_timeout
-        self.strict = strict
+        self.tracking_uri, self.study_name, self.experiment = tracking_uri, study_name, experiment
+        self.study_params, self.study_tags = study_params or {}, study_tags or {}
+        self.resolve_config, self.metric, self.mode = resolve_config, metric, mode
+        self.strict, self.artifact_location = strict, artifact_location
+        self.history_of, self.stopped_early_of, self.spool_at = history_of, stopped_early_of, spool_at
         self.tracker: StudyTracker | None = None
         self.queue: TrackingQueue | None = None
-        self.spool_at = spool_at
         self.outage: dict | None = None  # the study's outage totals, once the experiment ended
         self.parent_run_id: str | None = None
         self._trial_runs: dict[str, str] = {}  # from the saved state, until the tracker has them
         self.errored: set[str] = set()
-        self.best: dict[str, tuple[float, int | None]] = {}   # trial id -> (best metric, training_iteration)
+        self.best: dict[str, tuple[float, int | None]] = {}  # trial id -> (best metric, its training_iteration)
         self.last_step: dict[str, int] = {}
-        self.history_of = history_of
-        self.stopped_early_of = stopped_early_of
         self.opened: set[str] = set()  # trials whose run this driver opened (or queued to open)
         self.backfilled: set[str] = set()  # trials whose missing epochs this driver has looked for
 
@@ -151,20 +122,15 @@ class A2MLflowCallback(Callback):
         self.errored.update(state.get("errored") or [])
         self.best.update({k: tuple(v) for k, v in (state.get("best") or {}).items()})
         self.last_step.update(state.get("last_step") or {})
-        if self.tracker is not None:
-            self.tracker.trial_runs.update(self.trial_runs)
 
     def __getstate__(self):  # the Tuner pickles its callbacks
-        state = self.__dict__.copy()
-        state["tracker"] = state["queue"] = None
-        state["_trial_runs"] = dict(self.trial_runs)
-        state["backfilled"] = set()  # a restored driver looks again
-        return state
+        return {**self.__dict__, "tracker": None, "queue": None, "_trial_runs": dict(self.trial_runs),
+                "backfilled": set()}  # a restored driver looks for missing epochs again
 
     # -- hooks -------------------------------------------------------------------------------------------------
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
         # Not guarded: a bad tracking URI must stop the study before any trial starts.
-        check_tracking_uri(self.tracking_uri, timeout=self.check_timeout)
+        check_tracking_uri(self.tracking_uri)
         client_settings()
         tracker = self._ensure_tracker()
         if not self.strict:
@@ -185,10 +151,6 @@ class A2MLflowCallback(Callback):
             self.tracker = tracker
         return self.tracker
 
-    def _config(self, trial) -> dict:
-        config = dict(getattr(trial, "config", None) or {})
-        return self.resolve_config(config) if self.resolve_config else config
-
     def _emit(self, op: str, trial=None, **fields) -> None:
         """One tracking call: applied now (strict) or queued for the tracking thread (never waits on MLflow)."""
         record = {"op": op, **fields}
@@ -199,18 +161,14 @@ class A2MLflowCallback(Callback):
         else:
             apply(self._ensure_tracker(), record)
 
-    def _open(self, trial) -> None:
-        tags = {TAG_RAY_TRIAL: str(trial), TAG_CONFIG_HASH: config_hash(dict(getattr(trial, "config", None) or {}))}
-        self.opened.add(str(trial.trial_id))
-        self._emit("trial", trial, config=self._config(trial), tags=tags, run_name=str(trial))
-
     @_guarded
     def on_trial_start(self, iteration, trials, trial, **info):
-        self._open(trial)
+        config = dict(getattr(trial, "config", None) or {})
+        self.opened.add(str(trial.trial_id))
+        self._emit("trial", trial, config=self.resolve_config(config) if self.resolve_config else config,
+                   tags={TAG_RAY_TRIAL: str(trial), TAG_CONFIG_HASH: config_hash(config)}, run_name=str(trial))
 
-    @_guarded
-    def on_trial_restore(self, iteration, trials, trial, **info):
-        self._open(trial)
+    on_trial_restore = on_trial_start  # a restored trial continues its own run
 
     @_guarded
     def on_trial_result(self, iteration, trials, trial, result, **info):
@@ -226,17 +184,13 @@ class A2MLflowCallback(Callback):
                 self.best[tid] = (float(value), result.get("training_iteration"))
                 self._log_per_image(trial, result)
 
-        ckpt = result.get("checkpoint_path")
-        if isinstance(ckpt, str) and ckpt:
-            self._emit("tags", trial, tags={TAG_CHECKPOINT: ckpt})
-
         samples = result.get("samples")
         if isinstance(samples, (list, tuple)) and samples and all(isinstance(s, str) for s in samples):
             self._emit("text", trial, text="\n".join(samples) + "\n", file=f"samples/epoch_{step:03d}.txt")
 
     def _log_per_image(self, trial, result: dict) -> None:
-        """The best epoch's per-image CIDEr-D (`{image_id: score}`, x100) as the artifact that the paired
-        bootstrap of `a2 study compare` and the report read (`dashboards.compare.PER_IMAGE_ARTIFACT`)."""
+        """The best epoch's per-image CIDEr-D (`{image_id: score}`, x100), the artifact that the paired bootstrap
+        of `a2 study compare` and the report read (`dashboards.compare.PER_IMAGE_ARTIFACT`)."""
         from a2core.train import PER_IMAGE_KEY
         from dashboards.compare import PER_IMAGE_ARTIFACT
 
@@ -246,7 +200,8 @@ class A2MLflowCallback(Callback):
             text = json.dumps({str(i): float(v) for i, v in zip(ids, scores)}, sort_keys=True)
             self._emit("text", trial, text=text, file=PER_IMAGE_ARTIFACT)
 
-    def _metrics(self, result: dict) -> dict:
+    @staticmethod
+    def _metrics(result: dict) -> dict:
         return {k: v for k, v in result.items() if k not in _SKIP_KEYS and not isinstance(v, dict)}
 
     def _backfill(self, trial, before: int | None = None) -> None:
@@ -255,13 +210,12 @@ class A2MLflowCallback(Callback):
         if self.history_of is None or tid in self.backfilled:
             return
         self.backfilled.add(tid)
-        history = [r for r in self.history_of(tid) or []
+        entries = [{"step": int(r["epoch"]), "ts": _timestamp_ms(r), "metrics": self._metrics(r)}
+                   for r in self.history_of(tid) or []
                    if isinstance(r.get("epoch"), (int, float)) and (before is None or int(r["epoch"]) < before)]
-        if not history:
-            return
-        entries = [{"step": int(r["epoch"]), "ts": _timestamp_ms(r), "metrics": self._metrics(r)} for r in history]
-        self.last_step[tid] = max([e["step"] for e in entries] + [self.last_step.get(tid, 0)])
-        self._emit("backfill", trial, metric=self.metric, entries=entries)
+        if entries:
+            self.last_step[tid] = max([e["step"] for e in entries] + [self.last_step.get(tid, 0)])
+            self._emit("backfill", trial, metric=self.metric, entries=entries)
 
     def _step(self, tid: str, result: dict) -> int:
         epoch = result.get("epoch")
@@ -275,14 +229,13 @@ class A2MLflowCallback(Callback):
     @_guarded
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         # Tune processes a result before the checkpoint reported with it (trial.last_result is that result).
+        last = getattr(trial, "last_result", None) or {}
         uri = _checkpoint_uri(checkpoint)
-        train_ckpt = (getattr(trial, "last_result", None) or {}).get("checkpoint_path")
-        if train_ckpt:  # Tune's checkpoint only points at the Train checkpoint (launch.trainable): name the weights
-            uri = _checkpoint_uri(checkpoint, f"{str(train_ckpt).rstrip('/')}/{CHECKPOINT_FILE}")
+        if last.get("checkpoint_path"):  # Tune's checkpoint points at the real one (launch.trainable): the weights
+            uri = _checkpoint_uri(checkpoint, f"{str(last['checkpoint_path']).rstrip('/')}/{CHECKPOINT_FILE}")
         tags = {TAG_CHECKPOINT: uri}
         best = self.best.get(str(trial.trial_id))
-        last_it = (getattr(trial, "last_result", None) or {}).get("training_iteration")
-        if best is not None and best[1] is not None and best[1] == last_it:
+        if best is not None and best[1] is not None and best[1] == last.get("training_iteration"):
             tags[TAG_BEST_CKPT] = uri
         self._emit("tags", trial, tags=tags)
 
@@ -309,20 +262,14 @@ class A2MLflowCallback(Callback):
     def on_experiment_end(self, trials, **info):
         unfinished = False
         for trial in trials or []:
-            status = getattr(trial, "status", None)
+            tid, status = str(trial.trial_id), getattr(trial, "status", None)
             if status == "ERROR":
-                self.errored.add(str(trial.trial_id))
+                self.errored.add(tid)
             elif status != "TERMINATED":
                 unfinished = True  # interrupted study: resumable, its open runs are marked KILLED for now
-                if str(trial.trial_id) in self.trial_runs or str(trial.trial_id) in self.opened:
+                if tid in self.trial_runs or tid in self.opened:
                     self._emit("end_trial", trial, status="KILLED")
-        if self.errored:
-            status = "FAILED"
-        elif unfinished:
-            status = "KILLED"
-        else:
-            status = "FINISHED"
-        self._emit("end_study", status=status)
+        self._emit("end_study", status="FAILED" if self.errored else "KILLED" if unfinished else "FINISHED")
         if self.queue is not None:
             self.outage = self.queue.close()  # shown by the live table's last report and in the summary
             self.queue = None
@@ -331,6 +278,5 @@ class A2MLflowCallback(Callback):
         """The live table's tracking line while the server is (or was) down, else None."""
         return outage_line(self.queue.status() if self.queue is not None else self.outage)
 
-    # convenience for reports and tests
     def run_id_of(self, trial_id: str) -> str | None:
         return self.trial_runs.get(str(trial_id))

@@ -3,21 +3,18 @@
     a2 pipeline                                   # studies/smoke.yaml on the embedded synthetic COCO
     a2 pipeline --study studies/smoke.yaml train.xe_epochs=2 --out pipeline-out
 
-1. the study (`launch.study.run_study`: Ray Tune trials of Ray Train jobs, tracked in MLflow); a study of the
-   same name and spec that finished before is reused, an interrupted one is resumed;
+1. the study (`launch.study.run_study`); one of the same name and spec that finished before is reused, an
+   interrupted one is resumed;
 2. its report (`dashboards.report.build_report`: plots and report.html, also logged to MLflow);
-3. packaging (`launch.package.package`): the best configuration (by its mean over seeds) with its own replicates
-   as the ensemble when it has at least 4, else seeds 0-3 (the missing ones trained as a companion Ray study with
-   the study's own epochs), ensemble decoding, the validated results.zip, the leaderboard, the MLflow model
-   version (and uploads when the study lives on S3 or `--upload` is given).
+3. packaging (`launch.package.package`: the best configuration's seed ensemble, results.zip, leaderboard, MLflow
+   model version, uploads).
 
-At the end it prints where everything is, then the study's conclusion: each fusion against the baseline (fusion
-none) as a difference in val CIDEr with its 95% interval (`a2 study compare NAME --by fusion`'s numbers), e.g.
+It ends with where everything is and the study's conclusion: each fusion against the baseline (fusion none) as
+a difference in val CIDEr with its 95% interval (`a2 study compare NAME --by fusion`'s numbers), and the
+ensemble's gain over its best member, e.g.
 
     conclusion:   gate beats none by 3.1 CIDEr [1.2, 5.0], 3 seeds x 100 images
     conclusion:   ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seeds x 100 images
-
-or "gate vs none: no difference resolved at this size (...)". All scores x100.
 """
 from __future__ import annotations
 
@@ -28,7 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-from a2core.errors import A2Error
+from a2core.atomic import fresh_folder
+from a2core.errors import A2Error, StudyError
+from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, package
+from launch.spec import load_study
+from launch.study import (STUDY_FILE, SUMMARY_FILE, StudyLocation, exit_code, load_saved_spec, resume_study, run_study,
+                          saved_form, study_path, verdict)
 
 DEFAULT_STUDY = "studies/smoke.yaml"
 DEFAULT_OUT = "a2-pipeline"
@@ -51,39 +53,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no live trial tables")
 
 
-def study_file(path: str) -> Path:
-    """The study file: as given, else (for the default) the one shipped next to this package."""
-    p = Path(path)
-    if p.is_file() or p.is_absolute():
-        return p
-    shipped = Path(__file__).resolve().parents[1] / path
-    return shipped if shipped.is_file() else p
-
-
-def _same_study(saved, spec) -> bool:
-    from launch.study import saved_form
-
-    return json.dumps(saved_form(saved), sort_keys=True, default=str) == json.dumps(
-        saved_form(spec), sort_keys=True, default=str)
-
-
 def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
     """Run the study; reuse it when it finished before with the same spec; resume it when it was interrupted."""
-    from launch.study import (SUMMARY_FILE, STUDY_FILE, StudyError, StudyLocation, load_saved_spec, resume_study,
-                              run_study)
-
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     if not location.exists(STUDY_FILE):
         return run_study(spec, address=address, verbose=verbose)
-    saved = load_saved_spec(location)
-    if not _same_study(saved, spec):
+    saved, wanted = (json.dumps(saved_form(s), sort_keys=True, default=str) for s in (load_saved_spec(location), spec))
+    if saved != wanted:
         raise StudyError(f"study {spec.name!r} exists at {location.uri()} with another spec; give this one another "
                          f"name (override name=...) or another --storage")
-    if location.exists(SUMMARY_FILE):
-        summary = json.loads(location.read_text(SUMMARY_FILE))
-        if summary.get("complete"):
-            print(f"pipeline: study {spec.name} finished before at {location.uri()}: reusing it", flush=True)
-            return summary
+    summary = json.loads(location.read_text(SUMMARY_FILE) or "{}")
+    if summary.get("complete"):
+        print(f"pipeline: study {spec.name} finished before at {location.uri()}: reusing it", flush=True)
+        return summary
     print(f"pipeline: study {spec.name} at {location.uri()} is unfinished: resuming it", flush=True)
     return resume_study(location, address=address, verbose=verbose)
 
@@ -106,27 +88,20 @@ def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
 def main(args) -> int:
     import ray
 
-    from a2core.atomic import fresh_folder
-    from launch.package import package
-    from launch.spec import load_study
-    from launch.study import exit_code, verdict
-
     t0 = time.perf_counter()
     overrides = list(args.overrides or [])
     if args.tracking_uri:
         overrides.append(f"tracking.mlflow_uri={args.tracking_uri}")
     if args.storage:
         overrides.append(f"storage={args.storage}")
-    spec = load_study(study_file(args.study), overrides)
+    spec = load_study(study_path(args.study, Path(__file__).resolve().parents[1]), overrides)
     name = spec.name
     # A folder holding an earlier run's report or package is kept: this run writes to a new numbered one.
     out = fresh_folder(Path(args.out or Path(DEFAULT_OUT) / name).resolve(),
                        ("report/report.html", "package/package.json"), "pipeline output")
     uri = spec.tracking["mlflow_uri"]
     verbose = not args.quiet
-    from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S
-
-    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
+    os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)  # for a Ray this process starts
     ray_was_up = ray.is_initialized()
     times = {}
     problems = []

@@ -10,7 +10,6 @@ deviation of best val CIDEr within replicate groups (`dashboards.stats.pooled_sd
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 
 from a2core.errors import StudyError

@@ -58,8 +58,7 @@ def driver_only_secrets():
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
-def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_driver: bool = True,
-            quiet: bool = False, runtime_env_vars: dict | None = None) -> dict:
+def connect(address: str | None = None, *, runtime_env_vars: dict | None = None) -> dict:
     """Join the Ray cluster at `address` / `$RAY_ADDRESS`, or start a local one. Returns cluster resources.
 
     Without an address this always starts a new local Ray (`address="local"`), never silently joins some other
@@ -79,54 +78,44 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, log_to_d
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
     runtime_env_vars = {PREEMPTION_WATCHER_ENV: os.environ[PREEMPTION_WATCHER_ENV], **(runtime_env_vars or {})}
     address = address or os.environ.get("RAY_ADDRESS") or None
-    kwargs: dict = dict(log_to_driver=log_to_driver)
-    if quiet:
-        import logging
-
-        kwargs["logging_level"] = logging.WARNING
-    # A script run by `ray job submit` has its job's runtime env (working_dir, ...); leave it alone there.
-    if runtime_env_vars and address and not os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
-        kwargs["runtime_env"] = {"env_vars": dict(runtime_env_vars)}
     with driver_only_secrets():
         if address:
+            # A script run by `ray job submit` has its job's runtime env (working_dir, ...); leave it alone there.
+            job_env = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
             try:
-                ray.init(address=address, **kwargs)
+                ray.init(address=address, runtime_env=None if job_env else {"env_vars": runtime_env_vars})
                 return dict(ray.cluster_resources())
             except ConnectionError:
                 if address != "auto":
                     raise
-                kwargs.pop("runtime_env", None)  # no cluster is running here: a local Ray, as without an address
+                # no cluster is running here: a local Ray, as without an address
         # The dashboard stays on: Ray Train's placement-group cleaner asks the state API whether a trial's Train
         # controller is alive; without it, the placement group of a dead controller is never released.
         with _quiet_token_auth_notice():
-            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+            ray.init(address="local", num_cpus=os.cpu_count() or 1)
         return dict(ray.cluster_resources())
 
 
 TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
 
 
-class _DropTokenAuthNotice:
-    """A logging filter that drops Ray's token-authentication notice and passes everything else."""
-
-    @staticmethod
-    def filter(record) -> bool:
-        return not record.getMessage().startswith(TOKEN_AUTH_NOTICE)
+def _not_the_token_notice(record) -> bool:
+    return not record.getMessage().startswith(TOKEN_AUTH_NOTICE)
 
 
 @contextlib.contextmanager
 def _quiet_token_auth_notice():
     """A new local Ray turns token authentication on (the secure default) and logs a WARNING saying so on every
-    run; there is nothing to act on, so that one notice is dropped while it starts. (Setting RAY_AUTH_MODE
-    silences it in Ray itself, but only before `ray` is imported: Ray caches its config at import.) The filter
-    sits on the handlers of Ray's logger, which every Ray module's records pass through."""
+    run, with nothing to act on: that one notice is dropped while Ray starts, by a filter on the handlers of Ray's
+    logger, which every Ray module's records pass through. (RAY_AUTH_MODE silences it in Ray itself, but only
+    before `ray` is imported: Ray caches its config at import.)"""
     import logging
 
     handlers = logging.getLogger("ray").handlers if "RAY_AUTH_MODE" not in os.environ else []
     for handler in handlers:
-        handler.addFilter(_DropTokenAuthNotice)
+        handler.addFilter(_not_the_token_notice)
     try:
         yield
     finally:
         for handler in handlers:
-            handler.removeFilter(_DropTokenAuthNotice)
+            handler.removeFilter(_not_the_token_notice)

@@ -1,87 +1,33 @@
-"""The search of a study: grid keys crossed with Optuna (TPE) over the sampled keys, and the trial scheduler.
+"""The search of a study: grid keys crossed with Optuna over the sampled keys, and the trial scheduler.
 
-Ray's `OptunaSearch` cannot hold `tune.grid_search` keys, and one TPE model over (fusion, seed, lambda, ...)
-would spend samples unevenly across the cells a study must compare. `GridCrossedSearcher` keeps one Optuna
-study per grid cell (fusion=gate,seed=0 ...):
+`GridCrossedSearcher` keeps one Optuna study per grid cell (fusion=gate,seed=0 ...): Ray's `OptunaSearch` cannot
+hold `tune.grid_search` keys, and one TPE model over all keys would spend samples unevenly across the cells a
+study compares. Each cell asks a define-by-run space over its active sampled keys (`when` conditions), starts with
+the spec's `points_to_evaluate` (default: the paper's values) and gets suggestions round-robin until it has
+`spec.samples_per_cell(cell)` configurations. Suggestions are flat dicts of the space's keys
+(`{"fusion": "gate", "seed": 0, "lambda": 0.031}`) that `spec.trial_config` resolves. `algorithm: random` samples
+at random, `algorithm: grid` asks nothing (the enqueued points are every trial).
 
-- each cell's study asks a define-by-run space over the sampled keys that are active in that cell (`when`
-  conditions: the exp_decay temperature only in exp_decay cells; conditions on a `choice` key are decided
-  after it is sampled);
-- the spec's `points_to_evaluate` (default: the paper's values) are enqueued in every cell first, so the
-  paper defaults are each cell's first trial;
-- suggestions go to the cells round-robin until every cell has `spec.samples_per_cell(cell)` trials, then
-  `Searcher.FINISHED`; suggestions are flat dicts of the space's keys (`{"fusion": "gate", "seed": 0,
-  "lambda": 0.031}`) and `spec.trial_config(suggestion)` turns one into an a2core config; the searcher keeps
-  the trial id -> (cell, Optuna trial) map itself;
-- `algorithm: random` uses a random sampler per cell; `algorithm: grid` asks nothing: the enqueued points are
-  every trial.
+Replicate groups (`search.replicates`, README): each configuration is handed out once per seed, as consecutive
+Tune trials sharing one `config_hash`. Optuna sees the group, never one seed: the group mean as intermediate value
+at epoch e once every replicate reported e, and once all have ended FAIL if all failed, PRUNED if any stopped
+before the planned epochs (ASHA: TPE ranks PRUNED below every COMPLETE, so it does not learn from truncated curves
+as finished ones), else COMPLETE with the mean of the finished replicates. `save`/`restore` keep everything, so
+`Tuner.restore` continues the search without repeating a suggestion.
 
-Replicate groups
-----------------
-With `search.replicates` (seeds s_0..s_{N-1}) one Optuna trial is asked per *configuration* and handed out N
-times in a row, as N Tune trials that differ only in `seed` (`{"fusion": "gate", "lambda": 0.031, "seed": 1}`).
-They form a replicate group with one `config_hash` (a stable hash of the suggestion without its seed; the MLflow
-callback tags every run with it, `a2.config_hash`). Optuna sees the group, never one seed:
-
-- intermediate value at epoch e: the mean over the group once every replicate reported epoch e;
-- when every replicate has ended: FAIL if all failed, PRUNED if any was stopped early, else COMPLETE with the
-  mean of the replicates' final values (a failed replicate is left out of the mean).
-
-Without replicates every trial is a group of one and everything below reads the same.
-
-Why not Ray's `Repeater`: it forwards only `{metric: mean}` of the final results to the wrapped searcher (no
-`epoch`, so a scheduler-stopped group cannot be told PRUNED, and no intermediate results); it marks the replicate
-with `__trial_index__` rather than the study's `seed` key; its `save`/`restore` keep only the wrapped searcher, so
-after `Tuner.restore` the groups are lost and replicates of one configuration would be mistaken for new ones;
-and it asks not to be combined with an early-stopping scheduler, which `ReplicateASHA` below is built to be.
-
-How results reach Optuna
-------------------------
-Every result with the metric and `epoch` is reported (as the group mean, above) as the Optuna trial's
-intermediate value at step `epoch`. When a trial ends:
-
-- it errored (after Tune's retries)                          -> FAIL;
-- its last result has `epoch` < the planned epochs (XE + SCST): ASHA stopped it (or it ended early)
-                                                             -> PRUNED, its value the last intermediate value;
-- otherwise                                                  -> COMPLETE with the metric of its last result;
-- no metric was ever reported                                -> FAIL.
-
-Ray's own OptunaSearch tells ASHA-stopped trials as COMPLETE with their truncated value, so TPE learns from a
-2-epoch CIDEr as if it were a finished run. Optuna's TPE ranks PRUNED trials below every COMPLETE one (and
-among themselves by how far they got, then by their last value), which is what an ASHA stop means.
-
-Each cell's sampler is seeded with `search.seed + cell index`. TPE uses `multivariate` and `group` (conditional
-keys), `constant_liar` (concurrent trials of a cell get spread out) and a short random start-up:
-`n_startup_trials = clamp(num_samples // 3, 1, 10)` trials (enqueued points count) before TPE models the cell.
-
-State: `save`/`restore` pickle everything (spec, Optuna studies with their trials, the maps, the round-robin
-position), so `Tuner.restore` continues the search where it stopped without repeating a suggestion.
-
-Early stopping on replicate groups: `ReplicateASHA`
----------------------------------------------------
-`scheduler: {asha: {grace_period: g, reduction_factor: r, min_gap_se: k}}` is ASHA whose unit is the replicate
-group, not the trial. Rungs sit at epochs g, g*r, g*r^2, ... below the planned epochs (`max_t`). A trial's value
-at a rung is its metric at its first result with `epoch` >= the rung. A group reaches the rung when every one of
-its replicates has a value there (replicates that ended before it no longer count); then, as in ASHA:
+`ReplicateASHA` (`scheduler: {asha: {grace_period: g, reduction_factor: r, min_gap_se: k}}`) is ASHA over
+replicate groups. Rungs sit at epochs g, g*r, ... below the planned epochs; a trial's value at a rung is its metric
+at its first result with `epoch` >= the rung, and a group is judged once each of its replicates still running
+has one:
 
     cutoff = the (1 - 1/r) quantile of the means of the groups that reached this rung before it
-    spread = the pooled within-group standard deviation of all groups at this rung (this one included)
+    spread = the pooled within-group standard deviation of the groups at this rung (this one included)
     stop the group  iff  cutoff - mean > k * spread * sqrt(2 / n)      (mode max; n = replicates in the group)
 
-k * spread * sqrt(2/n) is k standard errors of the difference between two means of n seeds: with k = 2 (the
-default) a group is stopped only when it is clearly below the cutoff, never for a gap the seed noise explains.
-The first group at a rung always continues (no cutoff yet), and while no group at a rung has two replicates the
-spread is unknown and nothing is stopped: with `replicates` < 2 the scheduler behaves like FIFO. A stopped group's
-replicates are all stopped (at their next result). `stopped_early(trial_id)` returns `{"rung", "cutoff",
-"group_mean", "threshold"}` for a trial this scheduler stopped (the MLflow callback tags its run with it), else
-None. It saves most when a group's replicates run side by side (`max_concurrent_trials` >= replicates; the
-searcher hands them out consecutively); run one after the other, only the last replicate can be cut.
-
-`build_search(spec)` returns `(searcher, scheduler)`; `tune_config_kwargs(spec)` the matching arguments of
-`ray.tune.TuneConfig` (the concurrency limit comes from `resources.max_concurrent_trials` through it; Tune wraps
-the searcher in a `ConcurrencyLimiter`). The scheduler measures time in `epoch` (monotonic across XE and SCST,
-unlike `training_iteration`, which restarts when Ray Train restores a worker group) with `max_t` = the planned
-epochs; metric and mode come from the TuneConfig.
+that is k standard errors of a difference of two n-seed means. The first group at a rung continues, and while no
+group there has two replicates nothing is stopped. A stopped group's replicates all stop; `stopped_early(trial id)`
+is the record the MLflow callback tags their runs with. Time is `epoch` (monotonic across XE, SCST and restored
+worker groups, unlike `training_iteration`).
 """
 from __future__ import annotations
 
@@ -93,13 +39,14 @@ import pickle
 import warnings
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.trial import TrialState
-import numpy as np
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
 from dashboards.stats import pooled_sd
+from dashboards.tables import finite
 from launch.spec import SEED_PATH, Param, StudySpec
 
 logger = logging.getLogger(__name__)
@@ -116,13 +63,6 @@ def config_hash(config: dict) -> str:
     return hashlib.sha1(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 def _epoch(result: dict | None) -> int | None:
     value = (result or {}).get(TIME_ATTR)
     if isinstance(value, float) and value.is_integer():
@@ -131,19 +71,18 @@ def _epoch(result: dict | None) -> int | None:
 
 
 def n_startup_trials(num_samples: int) -> int:
+    """TPE's random start-up per cell (enqueued points count): a third of the samples, 1 to 10."""
     return max(1, min(10, num_samples // 3))
 
 
 class GridCrossedSearcher(Searcher):
     """One Optuna study per grid cell; suggestions round-robin over the cells, each configuration once per
-    replicate seed (see the module docstring)."""
+    replicate seed (module docstring). Its state (`get_state`) is all its attributes."""
 
     def __init__(self, spec: StudySpec, metric: str | None = None, mode: str | None = None):
         super().__init__(metric=metric or spec.metric, mode=mode or spec.mode)
         self._spec = spec
-        self._total_epochs = spec.total_epochs
         self._seeds: list[int] = spec.replicate_seeds
-        self._group_size = max(1, len(self._seeds))
         self._cells: list[dict] = spec.grid_cells()
         self._quota: list[int] = [spec.samples_per_cell(c) for c in self._cells]
         self._assigned: list[int] = [0] * len(self._cells)  # configurations (groups) per cell
@@ -160,23 +99,22 @@ class GridCrossedSearcher(Searcher):
         self._outcomes: dict[str, str] = {}  # Tune trial id -> COMPLETE | PRUNED | FAIL
         self._told: set[str] = set()  # groups whose Optuna trial has been told
 
-    # -- Optuna ----------------------------------------------------------------------------------------------------
-    def _sampler(self, index: int) -> optuna.samplers.BaseSampler:
+    @property
+    def _group_size(self) -> int:
+        return max(1, len(self._seeds))
+
+    def _new_study(self, index: int, cell: dict) -> optuna.Study:
         seed = self._spec.search["seed"] + index
         if self._spec.algorithm == "optuna":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.samplers.TPESampler(
+                sampler = optuna.samplers.TPESampler(
                     seed=seed, n_startup_trials=n_startup_trials(self._spec.search["num_samples"]),
                     multivariate=True, group=True, constant_liar=True)
-        return optuna.samplers.RandomSampler(seed=seed)
-
-    def _new_study(self, index: int, cell: dict) -> optuna.Study:
-        study = optuna.create_study(
-            study_name=f"{self._spec.name}/{self._spec.cell_label(cell)}",
-            direction="maximize" if self.mode == "max" else "minimize",
-            sampler=self._sampler(index),
-        )
+        else:
+            sampler = optuna.samplers.RandomSampler(seed=seed)
+        study = optuna.create_study(study_name=f"{self._spec.name}/{self._spec.cell_label(cell)}", sampler=sampler,
+                                    direction="maximize" if self.mode == "max" else "minimize")
         for point in self._spec.points_for_cell(cell):
             study.enqueue_trial(point)
         return study
@@ -207,17 +145,14 @@ class GridCrossedSearcher(Searcher):
             config = {k: v for k, v in self._configs[self._open].items() if k != "seed"}
         else:
             n = len(self._cells)
-            for k in range(n):
-                index = (self._next_cell + k) % n
-                if self._assigned[index] < self._quota[index]:
-                    break
-            else:
+            open_cells = [i % n for i in range(self._next_cell, self._next_cell + n)
+                          if self._assigned[i % n] < self._quota[i % n]]
+            if not open_cells:
                 return Searcher.FINISHED
+            index = open_cells[0]
             self._next_cell = (index + 1) % n
-            cell = self._cells[index]
-            trial = self._studies[index].ask()
-            config = dict(cell)
-            config.update(self._spec.fill(cell, lambda p: self._suggest_one(trial, p)))
+            cell, trial = self._cells[index], self._studies[index].ask()
+            config = {**cell, **self._spec.fill(cell, lambda p: self._suggest_one(trial, p))}
             self._assigned[index] += 1
             self._open = trial_id
             self._members[trial_id] = []
@@ -232,20 +167,17 @@ class GridCrossedSearcher(Searcher):
         self._configs[trial_id] = config
         return dict(config)
 
-    def _group(self, trial_id: str) -> list[str]:
-        return self._members[self._group_of[trial_id]]
-
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if trial_id not in self._trials or trial_id in self._outcomes:
             return
-        value, epoch = _finite(result.get(self.metric)), _epoch(result)
+        value, epoch = finite(result.get(self.metric)), _epoch(result)
         if value is None or epoch is None:
             return
         curve = self._curves.setdefault(trial_id, {})
         if curve and epoch <= max(curve):  # a restored worker group repeats epochs it had reported
             return
         curve[epoch] = value
-        group = self._group(trial_id)
+        group = self.group_of(trial_id)
         values = [self._curves.get(t, {}).get(epoch) for t in group]
         if len(group) == self._group_size and None not in values:  # the last replicate to reach this epoch
             self._trials[trial_id][1].report(float(np.mean(values)), epoch)
@@ -256,13 +188,13 @@ class GridCrossedSearcher(Searcher):
         if result:
             self.on_trial_result(trial_id, result)
         curve = self._curves.get(trial_id, {})
-        value = _finite(result.get(self.metric)) if result else None
+        value = finite(result.get(self.metric)) if result else None
         epoch = _epoch(result)
         if epoch is None and curve:
             epoch = max(curve)
         if error or (value is None and not curve):
             state = TrialState.FAIL
-        elif value is None or (epoch is not None and epoch < self._total_epochs):
+        elif value is None or (epoch is not None and epoch < self._spec.total_epochs):
             state = TrialState.PRUNED
         else:
             state = TrialState.COMPLETE
@@ -292,10 +224,6 @@ class GridCrossedSearcher(Searcher):
         self._told.add(key)
 
     # -- inspection ----------------------------------------------------------------------------------------------
-    @property
-    def cells(self) -> list[dict]:
-        return [dict(c) for c in self._cells]
-
     def study_of(self, cell: dict) -> optuna.Study:
         """The Optuna study of a grid cell (its trials, states, values, intermediate values)."""
         return self._studies[self._cells.index(cell)]
@@ -311,51 +239,21 @@ class GridCrossedSearcher(Searcher):
 
     def group_of(self, trial_id: str) -> list[str]:
         """The Tune trial ids of `trial_id`'s replicate group (itself included), in seed order."""
-        return list(self._group(trial_id))
+        return list(self._members[self._group_of[trial_id]])
 
     def counts(self) -> list[tuple[dict, int, int]]:
         """(cell, configurations suggested, planned) per cell."""
         return [(dict(c), a, q) for c, a, q in zip(self._cells, self._assigned, self._quota)]
 
-    # -- state -----------------------------------------------------------------------------------------------------
+    # -- state: every attribute (the spec, the Optuna studies with their trials, the maps, the round-robin position)
     def get_state(self) -> dict:
-        return {
-            "version": STATE_VERSION,
-            "metric": self._metric,
-            "mode": self._mode,
-            "spec": self._spec,
-            "total_epochs": self._total_epochs,
-            "cells": self._cells,
-            "quota": self._quota,
-            "assigned": self._assigned,
-            "next_cell": self._next_cell,
-            "studies": self._studies,  # pickled together with the trials below: they share the storage
-            "trials": self._trials,
-            "configs": self._configs,
-            "seeds": self._seeds,
-            "group_of": self._group_of,
-            "members": self._members,
-            "open": self._open,
-            "curves": self._curves,
-            "finals": self._finals,
-            "outcomes": self._outcomes,
-            "told": self._told,
-        }
+        return {"version": STATE_VERSION, **{name.lstrip("_"): value for name, value in vars(self).items()}}
 
     def set_state(self, state: dict) -> None:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"searcher state version {state.get('version')!r}, expected {STATE_VERSION}")
-        self._metric, self._mode = state["metric"], state["mode"]
-        self._spec = state["spec"]
-        self._total_epochs = state["total_epochs"]
-        self._cells, self._quota = state["cells"], state["quota"]
-        self._assigned, self._next_cell = state["assigned"], state["next_cell"]
-        self._studies, self._trials = state["studies"], state["trials"]
-        self._configs, self._outcomes, self._told = state["configs"], state["outcomes"], state["told"]
-        self._seeds, self._members, self._open = state["seeds"], state["members"], state["open"]
-        self._group_of = state["group_of"]
-        self._group_size = max(1, len(self._seeds))
-        self._curves, self._finals = state["curves"], state["finals"]
+        for name in list(vars(self)):
+            setattr(self, name, state[name.lstrip("_")])
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
@@ -367,14 +265,9 @@ class GridCrossedSearcher(Searcher):
 
 
 class ReplicateASHA(FIFOScheduler):
-    """ASHA over replicate groups that stops a group only on a gap beyond its seed spread (module docstring).
-
-    Args:
-        max_t: the planned epochs; rungs sit at grace_period * reduction_factor**k < max_t.
-        group_of: maps a trial's config to its replicate group (default: `config_hash`, the config without seed).
-        replicates: the trials per group (the study's replicate seeds; 1 without replicates).
-        min_gap_se: k of the stopping rule gap > k * pooled seed sd * sqrt(2/n).
-    """
+    """ASHA over replicate groups that stops a group only on a gap beyond its seed spread (module docstring):
+    rungs at grace_period * reduction_factor**i < max_t (the planned epochs), `replicates` trials per group (1
+    without replicates), `group_of` a trial's config -> its group, `min_gap_se` the k of the stopping rule."""
 
     def __init__(self, *, max_t: int, grace_period: int = 1, reduction_factor: float = 2, replicates: int = 1,
                  min_gap_se: float = 2.0, time_attr: str = TIME_ATTR, metric: str | None = None,
@@ -411,7 +304,7 @@ class ReplicateASHA(FIFOScheduler):
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         tid = trial.trial_id
         group = self._groups.setdefault(tid, self._group_of(dict(trial.config or {})))
-        t, value = _finite(result.get(self._time_attr)), _finite(result.get(self._metric))
+        t, value = finite(result.get(self._time_attr)), finite(result.get(self._metric))
         if t is not None and value is not None:
             for rung in self.rungs:
                 if t >= rung and tid not in self._values[rung].setdefault(group, {}):
@@ -478,28 +371,20 @@ class ReplicateASHA(FIFOScheduler):
         return dict(self._means[rung])
 
 
-def build_scheduler(spec: StudySpec) -> TrialScheduler:
-    ((kind, options),) = spec.search["scheduler"].items()
-    if kind == "asha":
-        return ReplicateASHA(max_t=spec.total_epochs, grace_period=options["grace_period"],
-                             reduction_factor=options["reduction_factor"], replicates=max(1, len(spec.replicate_seeds)),
-                             min_gap_se=options["min_gap_se"])
-    return FIFOScheduler()
-
-
 def build_search(spec: StudySpec) -> tuple[GridCrossedSearcher, TrialScheduler]:
     """The searcher and scheduler of a study, for `ray.tune.TuneConfig(search_alg=..., scheduler=...)`."""
-    return GridCrossedSearcher(spec), build_scheduler(spec)
+    ((kind, options),) = spec.search["scheduler"].items()
+    scheduler = FIFOScheduler()
+    if kind == "asha":
+        scheduler = ReplicateASHA(max_t=spec.total_epochs, grace_period=options["grace_period"],
+                                  reduction_factor=options["reduction_factor"],
+                                  replicates=max(1, len(spec.replicate_seeds)), min_gap_se=options["min_gap_se"])
+    return GridCrossedSearcher(spec), scheduler
 
 
 def tune_config_kwargs(spec: StudySpec) -> dict:
-    """Everything `ray.tune.TuneConfig(**kwargs)` needs for this study."""
+    """Everything `ray.tune.TuneConfig(**kwargs)` needs for this study (Tune wraps the searcher in a
+    `ConcurrencyLimiter` for `max_concurrent_trials`)."""
     search_alg, scheduler = build_search(spec)
-    return {
-        "search_alg": search_alg,
-        "scheduler": scheduler,
-        "num_samples": spec.num_trials,
-        "metric": spec.metric,
-        "mode": spec.mode,
-        "max_concurrent_trials": spec.resources["max_concurrent_trials"],
-    }
+    return {"search_alg": search_alg, "scheduler": scheduler, "num_samples": spec.num_trials, "metric": spec.metric,
+            "mode": spec.mode, "max_concurrent_trials": spec.resources["max_concurrent_trials"]}

@@ -1,100 +1,97 @@
-"""`a2 study validate|run|resume|status|compare`: a study file in, a searched and tracked set of trials out.
+"""`a2 study validate|run|resume|status|compare|plan` and `a2 mlflow sync NAME`.
 
-    a2 study validate studies/x.yaml [key=value ...]      # the whole spec, before anything starts Ray
-    a2 study run studies/x.yaml [key=value ...] [--address ADDR]
-    a2 study resume NAME [--storage ROOT]                  # after a crash or kill -9 of `run`
-    a2 mlflow sync NAME [--storage ROOT]                   # replay tracking spooled while MLflow was down
-    a2 study status NAME [--storage ROOT] [--json]         # the trial table, read from storage (no Ray)
-    a2 study compare NAME [--by fusion] [--tracking-uri URI]
+A study lives in `<storage>/<name>/` (a local folder or `s3://bucket/prefix/<name>/`): the Tune experiment,
+`study.yaml` (the resolved spec: `resume NAME` and `status NAME` need nothing else), `trials/` (one run folder per
+trial with its checkpoints and result log, `launch.trainable`), `lease.json` while a driver writes the study
+(`launch.lease`), `tracking/` (what MLflow could not take yet, `dashboards.spool`) and `summary.json` (best trial
+and configuration, compute, every trial's results; written at the end of `run`/`resume`, read by packaging and
+reports). `run` also leaves `./.a2/studies/<name>.json` so that `resume`/`status` find a study outside the
+default storage.
 
-Where a study lives: `<storage>/<name>/` (a local folder or `s3://bucket/prefix/<name>/`) holds the Tune
-experiment, `study.yaml` (the resolved spec: `resume` and `status` need nothing but the name), `trials/` (one
-Ray Train run per trial, with its checkpoints) and `summary.json` (best trial, its best checkpoint, every trial's
-results; written at the end of `run`/`resume`, read by packaging and reports). `run` also leaves a pointer
-`./.a2/studies/<name>.json` so that `resume NAME` / `status NAME` find a study outside the default storage.
-
-Ray: `run` and `resume` join the cluster at `--address` / `$RAY_ADDRESS` when given, else start a local Ray with
-this machine's CPUs. Nothing starts Ray before the spec is valid, the storage answers (S3: the bucket exists and
-the credentials work) and the MLflow URI answers; a trial that asks for more than the cluster has is refused
-(exit 2) before any trial starts. Credentials never travel by value (launch.raycluster.stash_credentials).
-
-One writer per study: `run` and `resume` hold the study's lease (`launch.lease`, `<name>/lease.json`) from before
-Ray starts to the summary; a second writer is refused at once, naming the holder. A lease with no heartbeat for
-`--stale-after` seconds can be taken over with `--force`. Tracking never waits on MLflow (`dashboards.spool`): what
-the server could not take is spooled under `<name>/tracking/` and replayed when it answers again, by `resume`,
-or by `a2 mlflow sync NAME`; the outage is a line in the output and `tracking` in `summary.json`.
+`run` and `resume` join the cluster at `--address` / `$RAY_ADDRESS`, else start a local Ray, only once the spec is
+valid, the storage and the MLflow URI answer and the lease is held; a trial that asks for more than the cluster has
+is refused (exit 2) before any trial starts.
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import json
-import math
 import os
 import sys
-import tempfile
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from a2core.atomic import atomic_write
-from a2core.errors import A2Error, StudyError, TrackingError
+from a2core.config import get_dotted, parse_yaml
+from a2core.errors import A2Error, StorageError, StudyError, TrackingError
+from dashboards.spool import Spool, outage_line, replay
 from dashboards.tables import finite, text_table
+from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, check_tracking_uri, study_runs
+from launch.lease import DEFAULT_STALE_AFTER, StudyLease
+from launch.spec import DEFAULT_STORAGE, SEED_PATH, StudySpec, load_study, validate_main
+from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name, plan_from_spec,
+                              read_results, train_run_name)
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
 POINTER_DIR = Path(".a2") / "studies"
-
+COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="study_command", required=True)
+    _add_study_file(sub.add_parser("validate", help="validate a study file completely (nothing starts)"))
 
-    v = sub.add_parser("validate", help="validate a study file completely (nothing starts)")
-    v.add_argument("file")
-    v.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=2 model.d_model=64")
+    run = sub.add_parser("run", help="run a study on Ray Tune (a local Ray unless --address / RAY_ADDRESS)")
+    _add_study_file(run)
+    _add_driver_arguments(run)
 
-    r = sub.add_parser("run", help="run a study on Ray Tune (a local Ray unless --address / RAY_ADDRESS)")
-    r.add_argument("file")
-    r.add_argument("overrides", nargs="*", help="key=value, e.g. resources.workers_per_trial=2")
-    r.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
-    r.add_argument("--quiet", action="store_true", help="no live trial table")
-    add_lease_arguments(r)
+    resume = sub.add_parser("resume", help="continue an interrupted study: finished trials stay, others resume")
+    _add_name(resume)
+    _add_driver_arguments(resume)
 
-    rs = sub.add_parser("resume", help="continue an interrupted study: finished trials stay, others resume")
-    rs.add_argument("name")
-    rs.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
-    rs.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
-    rs.add_argument("--quiet", action="store_true", help="no live trial table")
-    add_lease_arguments(rs)
+    status = sub.add_parser("status", help="the trial table of a study, read from its storage")
+    _add_name(status)
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
 
-    st = sub.add_parser("status", help="the trial table of a study, read from its storage")
-    st.add_argument("name")
-    st.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
-    st.add_argument("--json", action="store_true", help="print the status as JSON")
+    compare = sub.add_parser("compare", help="configurations of a study side by side, from MLflow")
+    compare.add_argument("name")
+    compare.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
+    compare.add_argument("--tracking-uri", default=None)
 
-    cp = sub.add_parser("compare", help="configurations of a study side by side, from MLflow")
-    cp.add_argument("name")
-    cp.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
-    cp.add_argument("--tracking-uri", default=None)
+    plan = sub.add_parser("plan", help="seeds per arm needed to resolve a CIDEr difference, and the study's cost")
+    _add_study_file(plan)
+    plan.add_argument("--sd", type=float, default=None,
+                      help="seed standard deviation of val CIDEr (x100); default: measured in the study's runs")
+    plan.add_argument("--delta", type=float, nargs="+", default=None,
+                      help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
+    plan.add_argument("--tracking-uri", default=None, help="where the finished study's runs are (default: spec)")
 
-    pl = sub.add_parser("plan", help="seeds per arm needed to resolve a CIDEr difference, and the study's cost")
-    pl.add_argument("file", help="the study file (its configurations and planned epochs set the cost)")
-    pl.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=4")
-    pl.add_argument("--sd", type=float, default=None,
-                    help="seed standard deviation of val CIDEr (x100); default: measured in the study's runs")
-    pl.add_argument("--delta", type=float, nargs="+", default=None,
-                    help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
-    pl.add_argument("--tracking-uri", default=None, help="where the finished study's runs are (default: spec)")
+
+def _add_study_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="the study file")
+    parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=2 model.d_model=64")
+
+
+def _add_name(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name")
+    parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
+
+
+def _add_driver_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
+    parser.add_argument("--quiet", action="store_true", help="no live trial table")
+    add_lease_arguments(parser)
 
 
 def add_lease_arguments(parser: argparse.ArgumentParser) -> None:
     """--force and --stale-after: taking over the lease of a study whose writer is gone (`launch.lease`)."""
-    from launch.lease import DEFAULT_STALE_AFTER
-
     parser.add_argument("--force", action="store_true",
                         help="take over the study's lease if it is stale (its writer gone)")
     parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER, metavar="SECONDS",
@@ -103,18 +100,15 @@ def add_lease_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_sync_arguments(parser: argparse.ArgumentParser) -> None:
     """`a2 mlflow sync NAME`: the study's spooled tracking records to its MLflow server."""
-    parser.add_argument("name")
-    parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
+    _add_name(parser)
     parser.set_defaults(func=cmd_sync)
 
 
 def main(args: argparse.Namespace) -> int:
     command = args.study_command
     if command == "validate":
-        from launch.spec import validate_main
-
         return validate_main(args.file, args.overrides)
-    if command == "compare":
+    if command == "compare":  # MLflow and scipy: imported only when asked for
         from dashboards.compare import main as compare_main
 
         return compare_main(args)
@@ -128,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
 # -- where a study lives -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StudyLocation:
-    """`<storage>/<name>`, a local folder or on S3: `at(...)` is a `dashboards.storage.Location` below it."""
+    """`<storage>/<name>`, a local folder or on S3: `at(...)` is the `dashboards.storage.Location` of a path below."""
 
     name: str
     storage: str
@@ -148,91 +142,152 @@ class StudyLocation:
     def write_text(self, text: str, *parts: str) -> None:
         self.at(*parts).write_text(text)
 
-    def listdir(self, *parts: str) -> list[str]:
-        return self.at(*parts).listdir()
-
     def uri(self, *parts: str) -> str:
         """A path or URI to show people: `s3://bucket/...` for S3 storage."""
         return self.at(*parts).uri
 
-    def check(self) -> None:
-        """StorageError now, before Ray starts, when S3 storage cannot work (bucket, endpoint, credentials)."""
-        from dashboards.storage import check_storage
-
-        check_storage(self.storage, self.endpoint_url)
-
-
-def _pointer_path(name: str) -> Path:
-    return POINTER_DIR / f"{name}.json"
-
 
 def remember(location: StudyLocation) -> None:
     """Leave `./.a2/studies/<name>.json` so that `resume NAME` / `status NAME` find the study from here."""
+    pointer = POINTER_DIR / f"{location.name}.json"
     try:
-        atomic_write(_pointer_path(location.name), json.dumps(
+        atomic_write(pointer, json.dumps(
             {"name": location.name, "storage": location.storage, "storage_endpoint_url": location.endpoint_url,
              "path": location.uri(), "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
     except OSError as err:  # a read-only working directory must not fail the study
-        print(f"a2 study: note: could not write {_pointer_path(location.name)}: {err}", file=sys.stderr)
+        print(f"a2 study: note: could not write {pointer}: {err}", file=sys.stderr)
 
 
 def locate(name: str, storage: str | None = None) -> StudyLocation:
     """Find study `name`: under `storage` when given, else where the pointer file says, else the default root."""
-    endpoint = None
-    if storage is None:
-        pointer = _pointer_path(name)
-        if pointer.is_file():
-            info = json.loads(pointer.read_text())
-            storage, endpoint = info.get("storage"), info.get("storage_endpoint_url")
-    if storage is None:
-        from launch.spec import DEFAULT_STORAGE
+    from dashboards.storage import check_storage  # pyarrow: only when a study is opened
 
+    endpoint = None
+    pointer = POINTER_DIR / f"{name}.json"
+    if storage is None and pointer.is_file():
+        info = json.loads(pointer.read_text())
+        storage, endpoint = info.get("storage"), info.get("storage_endpoint_url")
+    if storage is None:
         storage = os.environ.get("A2_STUDY_STORAGE") or DEFAULT_STORAGE
     if "://" not in storage:
         storage = os.path.abspath(os.path.expanduser(storage))
-    endpoint = endpoint or os.environ.get("A2_STORAGE_ENDPOINT_URL") or None
-    location = StudyLocation(name, storage, endpoint)
-    location.check()
+    location = StudyLocation(name, storage, endpoint or os.environ.get("A2_STORAGE_ENDPOINT_URL") or None)
+    check_storage(location.storage, location.endpoint_url)
     if not location.exists(STUDY_FILE):
         raise StudyError(f"no study {name!r} at {location.uri()} (no {STUDY_FILE} there); "
                          f"pass --storage ROOT, the storage root the study was run with")
     return location
 
 
-def load_saved_spec(location: StudyLocation):
+def study_path(path: str, root: str | Path) -> str:
+    """`path` if it exists (or is absolute), else the same relative path below `root` when that exists: a study
+    file of this repository's `studies/` wherever the command runs."""
+    if Path(path).is_absolute() or Path(path).exists():
+        return path
+    below = Path(root).expanduser() / path
+    return str(below) if below.exists() else path
+
+
+def load_saved_spec(location: StudyLocation) -> StudySpec:
     """The StudySpec saved with the study (validated again, so moved data fails here, not in a trial)."""
-    from launch.spec import load_study
-
-    with tempfile.TemporaryDirectory(prefix="a2-study-") as tmp:
-        path = Path(tmp) / STUDY_FILE
-        path.write_text(location.read_text(STUDY_FILE))
-        spec = load_study(path)
-    spec.source = location.uri(STUDY_FILE)
-    return spec
+    source = location.uri(STUDY_FILE)
+    return StudySpec.from_dict(parse_yaml(location.read_text(STUDY_FILE), source), source=source)
 
 
-# -- run / resume ------------------------------------------------------------------------------------------------
+def saved_form(spec) -> dict:
+    """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the
+    data/model/train keys that the search space (or search.replicates: train.seed) sets, which the loader would
+    refuse as set twice."""
+    raw = spec.to_dict()
+    for path in [param.path for param in spec.params.values()] + ([SEED_PATH] if spec.replicate_seeds else []):
+        parent, _, key = path.rpartition(".")
+        node = get_dotted(raw, parent)
+        if isinstance(node, dict):
+            node.pop(key, None)
+    return raw
+
+
+def _write_summary(location: StudyLocation, summary: dict) -> None:
+    location.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n", SUMMARY_FILE)
+
+
+def _json_default(value):
+    return value.item() if hasattr(value, "item") else str(value)  # numpy scalars, else their text
+
+
+# -- run / resume / sync -----------------------------------------------------------------------------------------
 def cmd_run(args) -> int:
-    from launch.spec import load_study
-
     spec = load_study(args.file, args.overrides)  # ConfigError -> exit 2 with the key path (a2's main)
-    summary = run_study(spec, address=args.address, verbose=not args.quiet, force=args.force,
-                        stale_after=args.stale_after)
-    return exit_code(summary)
+    return exit_code(run_study(spec, address=args.address, verbose=not args.quiet, force=args.force,
+                               stale_after=args.stale_after))
 
 
 def cmd_resume(args) -> int:
-    location = locate(args.name, args.storage)
-    summary = resume_study(location, address=args.address, verbose=not args.quiet, force=args.force,
-                           stale_after=args.stale_after)
-    return exit_code(summary)
+    return exit_code(resume_study(locate(args.name, args.storage), address=args.address, verbose=not args.quiet,
+                                  force=args.force, stale_after=args.stale_after))
+
+
+def exit_code(summary: dict) -> int:
+    """0 when every trial finished (or was stopped early by the scheduler) and one reported the metric."""
+    states = [t["state"] for t in summary.get("trials", [])]
+    return 0 if states and summary.get("best") is not None and all(s == "TERMINATED" for s in states) else 1
+
+
+def check_tracking(spec) -> None:
+    try:
+        check_tracking_uri(spec.tracking["mlflow_uri"])
+    except TrackingError as err:
+        raise StudyError(f"tracking.mlflow_uri: {err}") from None
+
+
+def _lease(location: StudyLocation, force: bool, stale_after: float | None):
+    """The study's lease, held while the block runs (one writer per study)."""
+    return StudyLease(location.at(), stale_after or DEFAULT_STALE_AFTER).held(force)
+
+
+def run_study(spec, *, address: str | None = None, verbose: bool = True, connect: bool = True,
+              force: bool = False, stale_after: float | None = None) -> dict:
+    """Run a validated study to its end on Ray; returns the summary (also written to `summary.json`)."""
+    from dashboards.storage import check_storage
+
+    location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
+    check_storage(location.storage, location.endpoint_url)
+    return _drive(spec, location, new=True, address=address, verbose=verbose, connect=connect, force=force,
+                  stale_after=stale_after)
+
+
+def resume_study(location: StudyLocation, *, address: str | None = None, verbose: bool = True,
+                 connect: bool = True, force: bool = False, stale_after: float | None = None) -> dict:
+    """Continue a study: finished trials are kept as they are, unfinished and errored ones resume (the searcher,
+    scheduler and MLflow callback come back with the experiment's state)."""
+    return _drive(load_saved_spec(location), location, new=False, address=address, verbose=verbose, connect=connect,
+                  force=force, stale_after=stale_after)
+
+
+def _drive(spec, location: StudyLocation, *, new: bool, address: str | None, verbose: bool, connect: bool,
+           force: bool, stale_after: float | None) -> dict:
+    """Run a new study or resume one, as the study's one writer, and summarize it."""
+    check_tracking(spec)
+    with _lease(location, force, stale_after):
+        started = _experiment_exists(location)
+        if new and (started or location.exists(STUDY_FILE)):
+            raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
+                             f"`a2 study resume {spec.name}`, or give the new study another name")
+        if not new and not started:
+            raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
+                             f"(it was stopped before its first trial started); run it again")
+        _join_cluster(spec, address, connect)
+        if new:
+            location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
+        remember(location)
+        tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
+        doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
+        say(f"study {spec.name}: {doing} {location.uri()}", verbose)
+        return fit_and_finish(spec, location, tuner, verbose=verbose)
 
 
 def cmd_sync(args) -> int:
     """Replay the study's tracking spool into its MLflow server; updates `summary.json`'s `tracking`."""
-    from dashboards.spool import Spool, outage_line, replay
-    from dashboards.tracking import StudyTracker
-
     location = locate(args.name, args.storage)
     spec = load_saved_spec(location)
     check_tracking(spec)
@@ -248,98 +303,21 @@ def cmd_sync(args) -> int:
         outage = spool.add_outage(replayed=replayed, dropped=dropped)
         summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
         if isinstance(summary, dict):
-            summary["tracking"] = outage
-            location.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n", SUMMARY_FILE)
+            _write_summary(location, {**summary, "tracking": outage})
     print(f"study {spec.name}: {replayed} tracking records replayed"
           + (f", {dropped} refused by the server" if dropped else "") + "; " + (outage_line(outage) or "nothing left"))
     return 0
 
 
-def exit_code(summary: dict) -> int:
-    """0 when every trial finished (or was stopped early by the scheduler) and one reported the metric."""
-    states = [t["state"] for t in summary.get("trials", [])]
-    if not states or summary.get("best") is None:
-        return 1
-    return 0 if all(s == "TERMINATED" for s in states) else 1
-
-
-def check_tracking(spec) -> None:
-    from dashboards.tracking import check_tracking_uri
-
-    try:
-        check_tracking_uri(spec.tracking["mlflow_uri"])
-    except TrackingError as err:
-        raise StudyError(f"tracking.mlflow_uri: {err}") from None
-
-
-def run_study(spec, *, address: str | None = None, verbose: bool = True, connect: bool = True,
-              force: bool = False, stale_after: float | None = None) -> dict:
-    """Run a validated study to its end on Ray; returns the summary (also written to `summary.json`)."""
-    location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
-    location.check()
-    check_tracking(spec)
-    with _lease(location, force, stale_after):
-        if location.exists(STUDY_FILE) or _experiment_exists(location):
-            raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
-                             f"`a2 study resume {spec.name}`, or give the new study another name")
-        return _run(spec, location, address, verbose, connect)
-
-
-def _lease(location: StudyLocation, force: bool, stale_after: float | None):
-    """The study's lease, held while the block runs (one writer per study)."""
-    from launch.lease import DEFAULT_STALE_AFTER, StudyLease
-
-    return StudyLease(location.at(), stale_after or DEFAULT_STALE_AFTER).held(force)
-
-
-def _run(spec, location: StudyLocation, address: str | None, verbose: bool, connect: bool) -> dict:
-    _join_cluster(spec, address, connect)
-    location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
-    remember(location)
-    tuner = build_tuner(spec, location, verbose=verbose)
-    say(f"study {spec.name}: {spec.num_trials} trials, results in {location.uri()}", verbose)
-    return fit_and_finish(spec, location, tuner, verbose=verbose)
-
-
-def resume_study(location: StudyLocation, *, address: str | None = None, verbose: bool = True,
-                 connect: bool = True, force: bool = False, stale_after: float | None = None) -> dict:
-    """Continue a study: finished trials are kept as they are, unfinished and errored ones resume."""
-    spec = load_saved_spec(location)
-    check_tracking(spec)
-    with _lease(location, force, stale_after):
-        return _resume(spec, location, address, verbose, connect)
-
-
-def _resume(spec, location: StudyLocation, address: str | None, verbose: bool, connect: bool) -> dict:
-    from ray.tune import Tuner
-
-    _join_cluster(spec, address, connect)
-    if not _experiment_exists(location):
-        raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
-                         f"(it was stopped before its first trial started); run it again")
-    remember(location)
-    _prepare_output(verbose)
-    from launch.trainable import make_trainable, plan_from_spec
-
-    path, fs = location.at().ray_storage()
-    tuner = Tuner.restore(path, trainable=make_trainable(plan_from_spec(spec)), resume_unfinished=True,
-                          resume_errored=True, storage_filesystem=fs)
-    say(f"study {spec.name}: resuming from {location.uri()}", verbose)
-    return fit_and_finish(spec, location, tuner, verbose=verbose)
-
-
 def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
-    """Run the trials, then write and print the summary. Storage that stays unreachable past the S3 retries
-    (dashboards.storage.s3_filesystem) stops the study cleanly: the trials as this driver last saw them, and how
-    to continue; everything saved before the outage stays, and `a2 study resume` goes on from there."""
-    from a2core.errors import StorageError
-
+    """Run the trials, then write and print the summary. Storage still unreachable after the S3 retries stops the
+    study cleanly: the trials as this driver last saw them, and how to continue once the storage is back."""
     grid = []  # Tune's results, when fit() got that far
     try:
         grid = tuner.fit()
         return finish(spec, location, verbose=verbose)
     except (StorageError, OSError) as err:
-        rows = [_result_row(spec, result) for result in grid]
+        rows = [_grid_row(spec, result) for result in grid]
         if rows:
             print(format_table(rows, spec.metric))
         print(f"study {spec.name} stopped: its storage {location.uri()} cannot be reached "
@@ -347,18 +325,6 @@ def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True
               f"continue with `a2 study resume {spec.name}`", flush=True)
         return {"study": spec.name, "path": location.uri(), "storage_error": str(err), "best": None,
                 "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows]}
-
-
-def _result_row(spec, result) -> dict:
-    """A table row of a trial from Tune's result grid (what this driver last saw of it)."""
-    metrics = result.metrics or {}
-    history = result.metrics_dataframe
-    values = [] if history is None or spec.metric not in history else [finite(v) for v in history[spec.metric]]
-    values = [v for v in values if v is not None]
-    best = (max if spec.mode == "max" else min)(values) if values else None
-    return {"trial_id": metrics.get("trial_id") or "?", "state": "ERROR" if result.error else "TERMINATED",
-            **_described(spec, dict(result.config or {})), "epochs_done": int(finite(metrics.get("epoch")) or 0),
-            "epochs_planned": spec.total_epochs, "last": finite(metrics.get(spec.metric)), "best": best}
 
 
 def _experiment_exists(location: StudyLocation) -> bool:
@@ -373,31 +339,10 @@ def _join_cluster(spec, address: str | None, connect: bool = True) -> None:
     (ConfigError, exit 2)."""
     if connect:
         from launch.raycluster import connect as connect_ray
-        from launch.spec import StudySpec
         from launch.trainable import propagated_env
 
         cluster = connect_ray(address, runtime_env_vars=propagated_env())
         StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
-
-
-def saved_form(spec) -> dict:
-    """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the
-    data/model/train keys that the search space (or search.replicates: train.seed) controls (the loader refuses
-    a key set in both places)."""
-    raw = spec.to_dict()
-    paths = [param.path for param in getattr(spec, "params", {}).values()]
-    if getattr(spec, "replicate_seeds", None):  # search.replicates sets train.seed
-        from launch.spec import SEED_PATH
-
-        paths.append(SEED_PATH)
-    for path in paths:
-        section, *rest = path.split(".")
-        node = raw.get(section)
-        for part in rest[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(rest[-1], None)
-    return raw
 
 
 def say(text: str, verbose: bool = True) -> None:
@@ -406,74 +351,63 @@ def say(text: str, verbose: bool = True) -> None:
         print(text, flush=True)
 
 
-def _prepare_output(verbose: bool) -> None:
-    # Tune's older reporter prints the trial table with the columns we choose; the newer one would hide them.
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    # The JSON and CSV result loggers are added explicitly (build_tuner); TensorBoard's would only complain
-    # about the caption samples in every result.
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    # The experiment state is saved with every trial checkpoint on purpose (build_tuner): no warning about it
-    # after every epoch.
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-
-
-def build_tuner(spec, location: StudyLocation, *, verbose: bool = True):
+def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore: bool = False):
+    """The study's Tuner: a new one, or restored from the study's storage (searcher, scheduler and callbacks
+    included) to resume unfinished and errored trials."""
     from ray import tune
-
-    from launch.search import tune_config_kwargs
-    from launch.trainable import make_trainable, plan_from_spec
-
-    _prepare_output(verbose)
-    from dashboards.storage import open_location
-
-    storage_path, fs = open_location(location.storage, location.endpoint_url).ray_storage()  # the study's parent
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-    callbacks = [JsonLoggerCallback(), CSVLoggerCallback()]  # result.json is what `status` and `summary` read
+    from dashboards.storage import open_location
     from launch.mlflow_callback import A2MLflowCallback
+    from launch.search import tune_config_kwargs
+    from launch.trainable import make_trainable  # looked up when called (benchmarks/bench_study.py replaces it)
 
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the older reporter prints our own table (_reporter)
+    # The JSON and CSV result loggers are added below; TensorBoard's would only complain about the caption samples.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # The experiment state is saved with every trial checkpoint on purpose (below): no warning each epoch.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    trainable = make_trainable(plan_from_spec(spec))
+    if restore:
+        path, fs = location.at().ray_storage()
+        return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True,
+                                  storage_filesystem=fs)
     tune_kwargs = tune_config_kwargs(spec)
     stopped_early_of = getattr(tune_kwargs["scheduler"], "stopped_early", None)  # ReplicateASHA's record (FIFO: none)
+    raw = spec.to_dict()
     tracking = A2MLflowCallback(
         spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"),
-        study_params=_study_params(spec), study_tags={"a2.storage": location.uri()},
-        resolve_config=spec.trial_config, metric=spec.metric, mode=spec.mode,
-        history_of=functools.partial(_result_log, spec, location), stopped_early_of=stopped_early_of,
+        study_params={"search": raw.get("search", {}), "resources": raw.get("resources", {}),
+                      "storage": raw.get("storage"), "base": {k: raw.get(k) for k in ("data", "model", "train")}},
+        study_tags={"a2.storage": location.uri()}, resolve_config=spec.trial_config, metric=spec.metric,
+        mode=spec.mode, history_of=functools.partial(_result_log, spec, location), stopped_early_of=stopped_early_of,
         spool_at=location.at())
-    callbacks.append(tracking)
+    storage_path, fs = open_location(location.storage, location.endpoint_url).ray_storage()  # the study's parent
     run_config = tune.RunConfig(
         name=spec.name,
         storage_path=storage_path,
         storage_filesystem=fs,
         failure_config=tune.FailureConfig(max_failures=int(spec.resources["max_failures"])),
-        # Trials' Tune checkpoints are pointers to their Train checkpoints (launch.trainable); keeping one also
-        # makes Tune save the experiment state with every checkpoint, so `resume` loses as little as possible.
+        # Trials' Tune checkpoints point at their Train checkpoints (launch.trainable); keeping one also makes Tune
+        # save the experiment state with every checkpoint, so `resume` loses as little as possible.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-        callbacks=callbacks,
+        # result.json is what `status` and `summary` read
+        callbacks=[JsonLoggerCallback(), CSVLoggerCallback(), tracking],
         progress_reporter=_reporter(spec, stopped_early_of, tracking.outage_text),
         verbose=2 if verbose else 0,
     )
-    tune_config = tune.TuneConfig(**tune_kwargs)
-    return tune.Tuner(make_trainable(plan_from_spec(spec)), param_space={}, tune_config=tune_config,
-                      run_config=run_config)
-
-
-def _study_params(spec) -> dict:
-    raw = spec.to_dict()
-    return {"search": raw.get("search", {}), "resources": raw.get("resources", {}), "storage": raw.get("storage"),
-            "base": {k: raw.get(k) for k in ("data", "model", "train")}}
+    return tune.Tuner(trainable, param_space={}, tune_config=tune.TuneConfig(**tune_kwargs), run_config=run_config)
 
 
 def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
     from ray.tune import ProgressReporter
 
     class StudyTable(ProgressReporter):
-        """The live trial table: the table `a2 study status` prints, from the running trials, every 30 s and at
-        the end. (Tune's CLIReporter looks every parameter column up in the best trial's config, so a best trial
-        without a conditional key, lambda of fusion none, would stop the study with a KeyError.)"""
+        """The live trial table (`a2 study status`'s, from the running trials) every 30 s and at the end. (Tune's
+        CLIReporter looks every parameter column up in the best trial's config, so a best trial without a
+        conditional key, lambda of fusion none, would stop the study with a KeyError.)"""
 
-        def __init__(self):
-            self.last = 0.0
+        last = 0.0
 
         def should_report(self, trials, done: bool = False) -> bool:
             return done or time.monotonic() - self.last >= 30
@@ -488,18 +422,7 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
     return StudyTable()
 
 
-def live_row(spec, trial, stopped_early_of=None) -> dict:
-    """A table row of a running Tune trial: its last result, the best so far from Tune's metric analysis, and the
-    scheduler's record when it stopped the trial."""
-    result = trial.last_result or {}
-    best = (trial.metric_analysis.get(spec.metric) or {}).get(spec.mode)
-    stopped = stopped_early_of(trial.trial_id) if stopped_early_of else None
-    return {"trial_id": trial.trial_id, "state": trial.status, "stopped_early": stopped,
-            **_described(spec, dict(trial.config or {})),
-            "epochs_done": int(finite(result.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
-            "last": finite(result.get(spec.metric)), "best": finite(best)}
-
-
+# -- table rows --------------------------------------------------------------------------------------------------
 def _described(spec, sampled: dict) -> dict:
     """The resolved config of a trial's sampled values, with the columns every table shows."""
     try:
@@ -513,38 +436,62 @@ def _described(spec, sampled: dict) -> dict:
             "seed": train.get("seed", sampled.get("seed"))}
 
 
+def _table_row(spec, trial_id: str, state: str, sampled: dict, last: dict, best, stopped_early=None) -> dict:
+    return {"trial_id": trial_id, "state": state, "stopped_early": stopped_early, **_described(spec, sampled),
+            "epochs_done": int(finite(last.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
+            "last": finite(last.get(spec.metric)), "best": finite(best)}
+
+
+def live_row(spec, trial, stopped_early_of=None) -> dict:
+    """A table row of a running Tune trial: its last result, the best so far from Tune's metric analysis, and the
+    scheduler's record when it stopped the trial."""
+    best = (trial.metric_analysis.get(spec.metric) or {}).get(spec.mode)
+    stopped = stopped_early_of(trial.trial_id) if stopped_early_of else None
+    return _table_row(spec, trial.trial_id, trial.status, dict(trial.config or {}), trial.last_result or {}, best,
+                      stopped)
+
+
+def _grid_row(spec, result) -> dict:
+    """A table row of a trial from Tune's result grid (what this driver last saw of it)."""
+    history = result.metrics_dataframe
+    values = history[spec.metric] if history is not None and spec.metric in history else []
+    metrics = result.metrics or {}
+    return _table_row(spec, metrics.get("trial_id") or "?", "ERROR" if result.error else "TERMINATED",
+                      dict(result.config or {}), metrics, _best_value(values, spec.mode))
+
+
+def _best_value(values, mode: str) -> float | None:
+    """The best of the finite values, or None."""
+    return (max if mode == "max" else min)((v for v in map(finite, values) if v is not None), default=None)
+
+
+def _pick(items, key: str, mode: str):
+    """The item with the best `item[key]` (the first of equals), or None."""
+    return (max if mode == "max" else min)(items, key=lambda item: item[key], default=None)
+
+
 # -- reading a study back: status, summary -----------------------------------------------------------------------
-def _better(a: float, b: float | None, mode: str) -> bool:
-    return b is None or (a > b if mode == "max" else a < b)
-
-
 def collect(spec, location: StudyLocation) -> list[dict]:
-    """One row per trial, from the Tune experiment in storage (no Ray needed)."""
+    """One row per trial: its state from the Tune experiment in storage (no Ray needed), its results from its own
+    result log (every epoch it reported, across restarts; Tune's result files lose what was not yet synced when a
+    driver died)."""
     import logging
 
     from ray.tune import ExperimentAnalysis
 
     path, fs = location.at().ray_storage()
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    analysis = ExperimentAnalysis(path, storage_filesystem=fs)
-    frames = analysis.trial_dataframes
-    rows = []
-    for trial in analysis.trials:
-        df = frames.get(trial.trial_id)
-        history = []
-        if df is not None and not df.empty:
-            for record in df.to_dict("records"):
-                history.append({k: v for k, v in record.items()
-                                if not k.startswith("config/") and not isinstance(v, (list, dict))})
-        history = merge_history(history, _result_log(spec, location, trial.trial_id))
-        rows.append(trial_row(spec, location, trial.trial_id, dict(trial.config or {}), str(trial.status),
-                              history, trial.last_result or {}, _error_text(trial)))
     stopped = stopped_early_trials(spec)
-    for row in rows:
-        row["stopped_early"] = stopped.get(row["trial_id"])
-        if (row["stopped_early"] is None and row["state"] == "TERMINATED"
-                and 0 < row["epochs_done"] < row["epochs_planned"]):
-            row["stopped_early"] = {"rung": None, "cutoff": None}  # only the scheduler ends a trial short
+    rows = []
+    for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials:
+        error = (trial.get_error() or "").strip().splitlines()
+        row = trial_row(spec, location, trial.trial_id, dict(trial.config or {}), str(trial.status),
+                        _result_log(spec, location, trial.trial_id), trial.last_result or {},
+                        error[-1][:500] if error else None)
+        cut_short = row["state"] == "TERMINATED" and 0 < row["epochs_done"] < row["epochs_planned"]
+        # Only the scheduler ends a trial short: one without the scheduler's record (MLflow down) is stopped too.
+        row["stopped_early"] = stopped.get(trial.trial_id) or ({"rung": None, "cutoff": None} if cut_short else None)
+        rows.append(row)
     return rows
 
 
@@ -552,7 +499,6 @@ def stopped_early_trials(spec) -> dict[str, dict]:
     """{trial id: {"rung", "cutoff"}} of the trials the scheduler stopped, from their MLflow runs' tags (set by
     the MLflow callback); {} when the tracking server does not answer (status still works, without them)."""
     from dashboards.stats import TAG_STOPPED_CUTOFF, TAG_STOPPED_RUNG, is_stopped_early
-    from dashboards.tracking import TAG_TRIAL_ID, study_runs
 
     try:
         _, children = study_runs(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
@@ -560,8 +506,7 @@ def stopped_early_trials(spec) -> dict[str, dict]:
         print(f"note: stopped-early tags not read from MLflow ({type(err).__name__}: {err})", file=sys.stderr)
         return {}
     out = {}
-    for run in children:
-        tags = run.data.tags
+    for tags in (run.data.tags for run in children):
         if TAG_TRIAL_ID in tags and is_stopped_early(tags):
             rung = finite(tags.get(TAG_STOPPED_RUNG))
             out[tags[TAG_TRIAL_ID]] = {"rung": None if rung is None else int(rung),
@@ -570,99 +515,56 @@ def stopped_early_trials(spec) -> dict[str, dict]:
 
 
 def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
-    from launch.trainable import TRIALS_DIR, read_results
-
     try:
         return read_results(location.at(TRIALS_DIR), spec.name, trial_id)
-    except ValueError:  # a log cut short (not JSON): Tune's results alone
+    except ValueError:  # a log cut short (not JSON): Tune's last result alone
         return []
-
-
-def merge_history(tune_rows: list[dict], logged: list[dict]) -> list[dict]:
-    """One result per epoch, oldest first: the trial's own result log (complete across restarts) over Tune's
-    result rows (which lose what was not yet synced when a driver died)."""
-    by_epoch: dict[int, dict] = {}
-    extra = []
-    for row in list(tune_rows) + list(logged):
-        epoch = finite(row.get("epoch"))
-        if epoch is None:
-            extra.append(row)
-        else:
-            by_epoch[int(epoch)] = {**by_epoch.get(int(epoch), {}), **row}
-    return [by_epoch[e] for e in sorted(by_epoch)] + extra
-
-
-def _error_text(trial) -> str | None:
-    for attr in ("error_msg", "error_message"):
-        value = getattr(trial, attr, None)
-        if isinstance(value, str) and value:
-            return value.strip().splitlines()[-1][:500]
-    return None
 
 
 def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
               last_result: dict, error: str | None = None) -> dict:
-    from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, checkpoint_name, train_run_name
-
-    metric, mode = spec.metric, spec.mode
-    described = _described(spec, sampled)
+    """A trial's row of the status table and the summary: its epochs, last and best value, and its best stored
+    checkpoint (Ray Train keeps the best by the study metric plus the latest; ties go to the later epoch)."""
     epochs = [int(r["epoch"]) for r in history if finite(r.get("epoch")) is not None]
     if not epochs and finite(last_result.get("epoch")) is not None:
         epochs = [int(last_result["epoch"])]
-    values: dict[int, float] = {}  # epoch -> metric (the latest report of an epoch wins)
-    for r in history:
-        value, epoch = finite(r.get(metric)), finite(r.get("epoch"))
-        if value is not None and epoch is not None:
-            values[int(epoch)] = value
-    best_value = None
-    for value in values.values():
-        if _better(value, best_value, mode):
-            best_value = value
-    # Ray Train keeps the best checkpoints by the study metric plus the latest; ties go to the later epoch.
-    run_parts = (TRIALS_DIR, train_run_name(spec.name, trial_id))
-    ckpt_epoch = None
-    for epoch in _stored_checkpoint_epochs(location, run_parts):
-        value = values.get(epoch)
-        if value is None:
-            continue
-        if ckpt_epoch is None or _better(value, values[ckpt_epoch], mode) or value == values[ckpt_epoch]:
-            ckpt_epoch = epoch
+    values = {int(r["epoch"]): finite(r[spec.metric]) for r in history  # the latest report of an epoch wins
+              if finite(r.get("epoch")) is not None and finite(r.get(spec.metric)) is not None}
+    best_value = _best_value(values.values(), spec.mode)
+    run = location.at(TRIALS_DIR, train_run_name(spec.name, trial_id))
+    sign = 1 if spec.mode == "max" else -1
+    ckpt_epoch = max((e for e in checkpoint_epochs(run) if e in values), key=lambda e: (sign * values[e], e),
+                     default=None)
     if ckpt_epoch is not None and values[ckpt_epoch] == best_value:
         best_epoch = ckpt_epoch
     else:
         best_epoch = next((e for e in sorted(values) if values[e] == best_value), None)
-    last_value = finite(history[-1].get(metric)) if history else finite(last_result.get(metric))
-    run_dir = location.uri(TRIALS_DIR, train_run_name(spec.name, trial_id))
     return {
         "trial_id": trial_id,
         "state": state,
         "sampled": sampled,
-        **described,
-        "epochs_done": max(epochs) if epochs else 0,
+        **_described(spec, sampled),
+        "epochs_done": max(epochs, default=0),
         "epochs_planned": spec.total_epochs,
         "epochs_reported": epochs,
-        "last": last_value,
+        "last": finite((history[-1] if history else last_result).get(spec.metric)),
         "best": best_value,
         "best_epoch": best_epoch,
-        "best_checkpoint": (location.uri(*run_parts, checkpoint_name(ckpt_epoch), CHECKPOINT_FILE)
-                            if ckpt_epoch is not None else None),
+        "best_checkpoint": None if ckpt_epoch is None else run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE).uri,
         "best_checkpoint_epoch": ckpt_epoch,
-        "train_run": run_dir,
+        "train_run": run.uri,
         "compute": trial_compute(history),
         "error": error,
     }
-
-
-COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
 
 
 def trial_compute(history: list[dict]) -> dict:
     """What a trial cost, {unit: seconds}: the largest of its cumulative `compute/*` results."""
     out = {}
     for unit in COMPUTE_UNITS:
-        values = [v for v in (finite(r.get(f"compute/{unit}")) for r in history) if v is not None]
-        if values:
-            out[unit] = max(values)
+        most = max((v for v in (finite(r.get(f"compute/{unit}")) for r in history) if v is not None), default=None)
+        if most is not None:
+            out[unit] = most
     return out
 
 
@@ -671,59 +573,50 @@ def compute_totals(spec, rows: list[dict]) -> dict:
     early, `saved_<unit>` what stopping them saved against running them to their planned epochs (their cost per
     epoch so far x the epochs they did not run). With `resources.price_per_hour` (a worker node's, one trial per
     node) also `<kind>_cost` = price x the kind's wall hours."""
-    totals: dict[str, float] = {}
+    totals: dict[str, float] = defaultdict(float)
     for row in rows:
         done, planned = row["epochs_done"], row["epochs_planned"]
         stopped = row["state"] == "TERMINATED" and 0 < done < planned
         for unit, value in (row.get("compute") or {}).items():
-            totals[f"total_{unit}"] = totals.get(f"total_{unit}", 0.0) + value
-            totals[f"stopped_{unit}"] = totals.get(f"stopped_{unit}", 0.0) + (value if stopped else 0.0)
-            saved = value / done * (planned - done) if stopped else 0.0
-            totals[f"saved_{unit}"] = totals.get(f"saved_{unit}", 0.0) + saved
+            totals[f"total_{unit}"] += value
+            totals[f"stopped_{unit}"] += value if stopped else 0.0
+            totals[f"saved_{unit}"] += value / done * (planned - done) if stopped else 0.0
     price = spec.resources.get("price_per_hour")
     if price is not None and "total_wall_s" in totals:
         for kind in ("total", "stopped", "saved"):
             totals[f"{kind}_cost"] = price * totals[f"{kind}_wall_s"] / 3600
-    return totals
+    return dict(totals)
 
 
 def compute_line(totals: dict) -> str:
-    """One line for people: `compute: 812 s wall, 1570 CPU-s; stopped trials 201 s wall ...; saved ...`."""
+    """One line for people: `compute: 812 s wall, 1570 CPU-s; on early-stopped trials ...; early stopping saved ...`."""
     if not totals:
         return "compute: not recorded"
 
     def part(kind: str) -> str:
         units = [f"{totals[f'{kind}_wall_s']:.0f} s wall"]
-        units += [f"{totals[f'{kind}_{u}']:.0f} {u[:3].upper()}-s" for u in ("gpu_s", "cpu_s") if f"{kind}_{u}" in totals]
+        for unit in ("gpu_s", "cpu_s"):
+            if f"{kind}_{unit}" in totals:
+                units.append(f"{totals[f'{kind}_{unit}']:.0f} {unit[:3].upper()}-s")
         if f"{kind}_cost" in totals:
             units.append(f"cost {totals[f'{kind}_cost']:.2f}")
         return ", ".join(units)
 
-    return (f"compute: {part('total')}; on early-stopped trials {part('stopped')}; "
-            f"early stopping saved {part('saved')}")
-
-
-def _stored_checkpoint_epochs(location: StudyLocation, run_parts: tuple[str, ...]) -> list[int]:
-    """Epochs whose checkpoint is still in the trial's Train run folder, ascending."""
-    out = []
-    for name in location.listdir(*run_parts):
-        if name.startswith("checkpoint_epoch") and name[len("checkpoint_epoch"):].isdigit():
-            out.append(int(name[len("checkpoint_epoch"):]))
-    return sorted(out)
+    return f"compute: {part('total')}; on early-stopped trials {part('stopped')}; early stopping saved {part('saved')}"
 
 
 def _stopped_tags(row: dict) -> dict:
+    """A row's or group's stopped-early record as the run tags that `dashboards.stats.best_candidates` reads."""
     from dashboards.stats import stopped_early_tags
 
-    info = row.get("stopped_early")
-    return stopped_early_tags(info.get("rung") or 0, info.get("cutoff") or math.nan) if info else {}
+    return stopped_early_tags(0, float("nan")) if row.get("stopped_early") else {}
 
 
 def replicate_groups(spec, rows: list[dict]) -> list[dict]:
     """One entry per replicate group (trials whose sampled values differ only in the seed,
     `launch.search.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
-    seeds (`dashboards.stats.compare_arms`, the function every comparison uses), and whether the scheduler
-    stopped it (`stopped_early`: the record of one of its stopped trials, else None)."""
+    seeds (`dashboards.stats.compare_arms`, as every comparison), and the record of one of its trials the scheduler
+    stopped early, if any."""
     from dashboards.stats import Arm, compare_arms
     from launch.search import config_hash
 
@@ -735,11 +628,11 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
     out = []
     for h, g in groups.items():
         iv = intervals.get(h)
+        interval = ({"n": iv.n, "mean": iv.mean, "low": iv.low, "high": iv.high} if iv is not None
+                    else {"n": 0, "mean": None, "low": None, "high": None})
         out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"],
                     "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
-                    "values": [r["best"] for r in g if r["best"] is not None],
-                    "n": 0 if iv is None else iv.n, "mean": None if iv is None else iv.mean,
-                    "low": None if iv is None else iv.low, "high": None if iv is None else iv.high,
+                    "values": [r["best"] for r in g if r["best"] is not None], **interval,
                     "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
     return out
 
@@ -750,30 +643,22 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
     group's mean and interval, and every trial's results."""
     from dashboards.stats import best_candidates
 
-    metric, mode = spec.metric, spec.mode
-    best = None
-    for row in best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags):
-        if best is None or _better(row["best"], best["best"], mode):
-            best = row
+    best = _pick(best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags), "best", spec.mode)
     groups = replicate_groups(spec, rows)
-    best_group = None
-    for g in best_candidates([g for g in groups if g["mean"] is not None], tags_of=_stopped_tags):
-        if best_group is None or _better(g["mean"], best_group["mean"], mode):
-            best_group = g
+    best_group = _pick(best_candidates([g for g in groups if g["mean"] is not None], tags_of=_stopped_tags), "mean",
+                       spec.mode)
     baseline, beats = None, None
     if best is not None:
-        candidates = [r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"] and r["best"] is not None]
-        for r in candidates:
-            if baseline is None or _better(r["best"], baseline["best"], mode):
-                baseline = r
+        baseline = _pick([r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"]
+                          and r["best"] is not None], "best", spec.mode)
         if baseline is not None and baseline is not best:
-            beats = _better(best["best"], baseline["best"], mode) and best["best"] != baseline["best"]
+            beats = best["best"] > baseline["best"] if spec.mode == "max" else best["best"] < baseline["best"]
     done = sum(1 for r in rows if r["state"] == "TERMINATED")
     return {
         "study": spec.name,
         "path": location.uri(),
-        "metric": metric,
-        "mode": mode,
+        "metric": spec.metric,
+        "mode": spec.mode,
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "num_trials": spec.num_trials,
         "trials_finished": done,
@@ -795,49 +680,39 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
 
 
 def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
-    from dashboards.spool import Spool, outage_line
-
+    """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
     rows = collect(spec, location)
     summary = summarize(spec, location, rows)
     summary["tracking"] = Spool(location.at()).add_outage()  # the MLflow outages of the study, if any
-    location.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n", SUMMARY_FILE)
-    log_compute_totals(spec, summary["compute"])
+    _write_summary(location, summary)
+    _log_compute_totals(spec, summary["compute"])
     if verbose:
         print(format_table(rows, spec.metric))
-    print(verdict(summary), flush=True)
-    print(compute_line(summary["compute"]), flush=True)
-    if outage_line(summary["tracking"]):
-        print(outage_line(summary["tracking"]), flush=True)
-    print(f"summary: {location.uri(SUMMARY_FILE)}", flush=True)
+    lines = [verdict(summary), compute_line(summary["compute"]), outage_line(summary["tracking"]),
+             f"summary: {location.uri(SUMMARY_FILE)}"]
+    print("\n".join(line for line in lines if line), flush=True)
     return summary
 
 
-def log_compute_totals(spec, totals: dict) -> None:
-    """The study's compute totals as `compute/<key>` metrics of its MLflow parent run. A tracking server that is
-    down as the study ends does not fail it: the totals are in summary.json, and the notice says so."""
-    from dashboards.spool import server_answers
-    from dashboards.tracking import StudyTracker
-
-    tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, spec.tracking.get("experiment"))
-    if not server_answers(tracker):
-        print("tracking: server down as the study ends; its compute totals are in summary.json only", flush=True)
+def _log_compute_totals(spec, totals: dict) -> None:
+    """The compute totals as `compute/<key>` metrics of the study's MLflow parent run, when MLflow answers (a
+    server still down at the end does not fail the study: its spool waits for `resume` or `a2 mlflow sync`)."""
+    try:
+        check_tracking_uri(spec.tracking["mlflow_uri"], timeout=2.0)
+    except TrackingError:
+        print("note: MLflow does not answer: the study's compute totals are in summary.json only", file=sys.stderr)
         return
+    tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, spec.tracking.get("experiment"))
     parent = tracker.find_parent_run()
     if parent is not None and totals:
         tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in totals.items()}, step=0)
 
 
-def _json_default(value):
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    return str(value)
-
-
+# -- what people read --------------------------------------------------------------------------------------------
 def verdict(summary: dict) -> str:
     """The best trial against its baseline (fusion none, same seed) and, for a study with replicates, the best
     configuration's mean with its interval against the best fusion-none configuration's."""
-    best = summary.get("best")
-    metric = summary["metric"]
+    best, metric = summary.get("best"), summary["metric"]
     if best is None:
         return f"study {summary['study']}: no trial reported {metric}"
     line = (f"best trial {best['trial_id']}: {metric} {best['value']:.2f} at epoch {best['epoch']} "
@@ -847,12 +722,12 @@ def verdict(summary: dict) -> str:
         line += "; it is itself the baseline (fusion none)"
     elif base is None:
         line += f"; no baseline (fusion none) trial with seed {best['seed']} in the study"
-    elif summary.get("beats_baseline"):
-        line += (f"; beats the baseline (fusion none, seed {base['seed']}, trial {base['trial_id']}: "
-                 f"{base['value']:.2f}) by {best['value'] - base['value']:+.2f}")
     else:
-        line += (f"; does NOT beat the baseline (fusion none, seed {base['seed']}, trial {base['trial_id']}: "
-                 f"{base['value']:.2f})")
+        beats = summary.get("beats_baseline")
+        line += (f"; {'beats' if beats else 'does NOT beat'} the baseline (fusion none, seed {base['seed']}, "
+                 f"trial {base['trial_id']}: {base['value']:.2f})")
+        if beats:
+            line += f" by {best['value'] - base['value']:+.2f}"
     group = group_verdict(summary)
     return line + (f"\n{group}" if group else "")
 
@@ -862,19 +737,18 @@ def group_verdict(summary: dict) -> str | None:
     gate beats none by ..." (the difference of seed means, Welch, `dashboards.stats.compare_arms`)."""
     from dashboards.stats import Arm, Interval, compare_arms
 
-    best = summary.get("best_group")
+    best, metric = summary.get("best_group"), summary["metric"]
     if not best or best["n"] < 2:
         return None
     iv = Interval(best["mean"], best["low"], best["high"], best["n"], None)
-    line = (f"best configuration (fusion {best['fusion']}, lambda {_fmt(best['lambda'])}): "
-            f"{summary['metric']} {iv.text()} over {best['n']} seeds")
-    nones = [g for g in summary.get("groups", []) if g["fusion"] == "none" and g["mean"] is not None]
-    if best["fusion"] == "none" or not nones:
+    line = (f"best configuration (fusion {best['fusion']}, lambda {_fmt(best['lambda'])}): {metric} {iv.text()} "
+            f"over {best['n']} seeds")
+    base = _pick([g for g in summary.get("groups", []) if g["fusion"] == "none" and g["mean"] is not None], "mean",
+                 summary["mode"])
+    if best["fusion"] == "none" or base is None:
         return line
-    sign = 1 if summary["mode"] == "max" else -1
-    base = max(nones, key=lambda g: sign * g["mean"])
-    arms = [Arm(str(g["fusion"]), [{summary["metric"]: v} for v in g["values"]]) for g in (best, base)]
-    diff = compare_arms(arms, baseline=base["fusion"], metric=summary["metric"], mode=summary["mode"])
+    arms = [Arm(str(g["fusion"]), [{metric: v} for v in g["values"]]) for g in (best, base)]
+    diff = compare_arms(arms, baseline=base["fusion"], metric=metric, mode=summary["mode"])
     return line + "; " + diff.verdicts()[0] if diff.differences else line
 
 
@@ -903,8 +777,7 @@ def format_groups(groups: list[dict], metric: str) -> str:
     """One row per replicate group: its seeds, the mean of the best metric with its 95% interval, its state."""
     from dashboards.stats import Interval
 
-    short = metric.split("/")[-1]
-    header = ["config", "fusion", "lambda", "seeds", f"best {short} [95% CI]", "state"]
+    header = ["config", "fusion", "lambda", "seeds", f"best {metric.split('/')[-1]} [95% CI]", "state"]
     body = [[g["config_hash"], str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
              "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"], None).text(),
              state_text(g) if g.get("stopped_early") else "-"] for g in groups]

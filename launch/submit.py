@@ -4,16 +4,14 @@
     ray job submit --address http://HEAD:8265 --working-dir . -- python launch/submit.py studies/x.yaml [key=value ...]
     python launch/submit.py studies/x.yaml --resume      # continue the study if it exists, else start it
 
-`ray submit` copies this file to the head as ~/submit.py and runs it there over SSH (its arguments unquoted: write
-overrides without spaces, `search.space.fusion.grid=[none,gate]`). A relative study path that is not found in the
-working directory is looked up in the cluster's copy of this repository (`--repo`, default ~/a2tune, where
-ray-cluster.yaml and ray-cluster.local.yaml mount it).
+`ray submit` copies this file to the head as ~/submit.py and runs it there over SSH (arguments unquoted: write
+overrides without spaces, `search.space.fusion.grid=[none,gate]`). A relative study path not found in the working
+directory is looked up in the cluster's copy of this repository (`--repo`, where ray-cluster*.yaml mount it).
 
-The spec is validated before Ray is touched (exit 2 with the key path). Then the script joins the cluster it
-runs in (`$RAY_ADDRESS`, which `ray job submit` sets, else the `ray start` cluster of this machine, else a new
-local Ray), checks the spec's resources against the cluster (exit 2), runs the study and exits 0 when every trial
-finished, 1 otherwise. Use absolute or s3:// `storage` and tracking URIs in studies submitted as jobs: a job runs
-in a copy of the working directory, and relative paths would land there.
+The spec is validated before Ray is touched (exit 2). Then the script joins the cluster it runs in
+(`$RAY_ADDRESS`, which `ray job submit` sets, else this machine's `ray start` cluster, else a new local Ray),
+runs the study as `a2 study run` does and exits 0 when every trial finished, 1 otherwise. Studies submitted as
+jobs need absolute or s3:// storage and tracking URIs: a job runs in a copy of the working directory.
 """
 from __future__ import annotations
 
@@ -43,15 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def study_path(path: str, repo: str) -> str:
-    """`path` if it exists (or is absolute), else the same relative path inside `repo` when that exists."""
-    given = Path(path)
-    if given.is_absolute() or given.exists():
-        return path
-    in_repo = Path(repo).expanduser() / given
-    return str(in_repo) if in_repo.exists() else path
-
-
 def use_cluster_token() -> None:
     """Join a token-authenticated cluster without anything exported: a cluster started by ray-cluster*.yaml keeps
     its token in Ray's default file (~/.ray/auth_token) on the head, but a Ray client still runs with
@@ -68,17 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     from launch.spec import load_study
 
     try:
-        spec = load_study(study_path(args.study, args.repo), args.overrides)
+        spec = load_study(study_mod.study_path(args.study, args.repo), args.overrides)
         print(spec.summary(), flush=True)
         use_cluster_token()
-        address = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # on a cluster's head: that cluster
+        driver = {"address": args.address or os.environ.get("RAY_ADDRESS") or "auto",  # on a head: its cluster
+                  "verbose": not args.quiet, "force": args.force, "stale_after": args.stale_after}
         location = study_mod.StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
         if args.resume and location.exists(study_mod.STUDY_FILE):
-            summary = study_mod.resume_study(location, address=address, verbose=not args.quiet, force=args.force,
-                                             stale_after=args.stale_after)
+            summary = study_mod.resume_study(location, **driver)
         else:
-            summary = study_mod.run_study(spec, address=address, verbose=not args.quiet, force=args.force,
-                                          stale_after=args.stale_after)
+            summary = study_mod.run_study(spec, **driver)
     except A2Error as err:  # the same policy as the `a2` command: one line, exit 2; anything else is a bug
         print(f"submit: error: {err}", file=sys.stderr)
         return 2

@@ -1,44 +1,26 @@
 """A study trial as Ray runs it: the one file that knows training happens inside Ray.
 
-A trial of one worker (`resources.workers_per_trial: 1`) trains in the Tune trial process itself,
-`a2_local_trial`: no worker group, no process group, so it starts in about a second. It writes each epoch's
-checkpoint into its run folder `<study>/trials/<study>-<trial id>/checkpoint_epochNNNN` (the place Ray Train
-would use, so status, summary and packaging read both kinds alike), keeps the best `num_to_keep` by the study
-metric plus the latest, and resumes from the newest complete one when Tune restarts or restores the trial
-(`tune.FailureConfig`). Trials of several workers run on Ray Train, as follows.
+A trial of one worker (`resources.workers_per_trial: 1`), `a2_local_trial`, trains in the Tune trial process
+itself: no worker group, no process group, so it starts in about a second. A trial of several workers, `a2_trial`,
+is a small Tune driver function (Ray Train V2 does not run a `TorchTrainer` as a Tune trainable) that runs a
+`TorchTrainer` of `worker_fn` (gloo on CPU, nccl on GPU) and forwards what rank 0 reports to Tune.
 
-Ray Train V2 (the default in Ray 2.60) does not run a `TorchTrainer` as a Tune trainable. A trial is therefore a
-small Tune *driver function*, `a2_trial`, that needs almost nothing itself (`resources.driver_cpus`) and runs
+Either way each epoch's checkpoint lands in the trial's run folder `<study>/trials/<study>-<trial id>/
+checkpoint_epochNNNN`, the best `num_to_keep` by the study metric plus the latest are kept, and each result is
+logged next to them (`ResultLog`) before Tune hears of it. The run folder is named after the Tune trial id
+alone, so a trial that Ray Train restarts (a worker or node died), Tune retries (`FailureConfig`) or
+`Tuner.restore` resumes continues from its own newest checkpoint. With each checkpointed result Tune also gets a
+tiny checkpoint pointing at the real one, which keeps a trial's result history across `Tuner.restore`.
 
-    TorchTrainer(worker_fn, train_loop_config=<resolved a2core config>,
-                 scaling_config=ScalingConfig(num_workers=N, resources_per_worker={...}),
-                 run_config=ray.train.RunConfig(name=f"{study}-{trial_id}", storage_path=<study>/trials, ...),
-                 callbacks=[<forward results to the driver>]).fit()
-
-`worker_fn` runs on every Train worker (torch.distributed is set up by then: gloo on CPU, nccl on GPU) and calls
-`a2core.train.train` with a `report` that hands each epoch's metrics and rank 0's checkpoint to `ray.train.report`.
-A Train callback (like Ray's `TuneReportCallback`) forwards rank 0's metrics, with `checkpoint_path`, to the
-driver, which reports them to Tune, so Tune's schedulers see the `epoch` key of every result. With every
-checkpointed result the driver also gives Tune a tiny checkpoint pointing at the Train checkpoint, which keeps a
-trial's result history across `Tuner.restore`.
-
-Fault tolerance rests on the Train run name being a function of the Tune trial id alone:
-- a worker or node dies: the Train controller restarts the worker group (`FailureConfig(max_failures)`), and the
-  workers resume from the run's latest checkpoint (`ray.train.get_checkpoint()`);
-- the trial itself fails, or the study driver dies and the study is resumed: Tune starts `a2_trial` again for
-  the same trial id, the `TorchTrainer` finds its own run folder and snapshot, and again resumes from the latest
-  checkpoint. No epoch is trained twice after its checkpoint was reported.
-
-Compute accounting: every result carries `compute/wall_s` (the trial's wall time) and `compute/gpu_s` (wall time
-x the trial's GPUs) or, on CPU, `compute/cpu_s` (user + system CPU seconds of its training processes, summed over
-ranks, from `getrusage`), cumulative over the trial's epochs and restarts: the last value is what the trial cost.
-Time spent after a trial's last reported epoch by an attempt that was then killed is not counted.
+Compute accounting: every result carries `compute/wall_s` and `compute/gpu_s` (wall x the trial's GPUs) or, on
+CPU, `compute/cpu_s` (user + system CPU seconds of its training processes, summed over ranks), cumulative over the
+trial's epochs and restarts: the last value is what the trial cost (time after its last reported epoch in an
+attempt that was then killed is not counted).
 """
 from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import tempfile
 import time
@@ -47,26 +29,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-TRIALS_DIR = "trials"  # below the study's folder: one Ray Train run per trial
+TRIALS_DIR = "trials"  # below the study's folder: one run folder per trial
 CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
 HISTORY_FILE = "history.json"  # a2core.checkpoint.HISTORY_FILE, likewise
 CHECKPOINT_PREFIX = "checkpoint_epoch"  # + the epoch, 4 digits: one folder per checkpointed epoch
+RESULTS_FILE = "results.json"  # in a trial's run folder: every epoch's result, across retries and restores
+TUNE_POINTER_FILE = "train_checkpoint.json"
+ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
 # Environment that Ray workers need to reach storage from any node of the cluster: settings and references
 # (the credentials file, its profile), never a secret's value (launch.raycluster.stash_credentials).
 PROPAGATED_ENV = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION",
                   "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL", "A2_DATA_CACHE")
 
 
-# -- storage -----------------------------------------------------------------------------------------------------
 def train_run_name(study: str, trial_id: str) -> str:
-    """The Ray Train run of a trial: the same on every retry and restore of that trial."""
+    """The run folder of a trial: the same on every retry and restore of that trial."""
     return f"{study}-{trial_id}"
 
 
-# -- the plan a trial needs --------------------------------------------------------------------------------------
+def checkpoint_name(epoch) -> str | None:
+    """`checkpoint_epochNNNN`: the folder of an epoch's checkpoint in a trial's run folder."""
+    return f"{CHECKPOINT_PREFIX}{int(epoch):04d}" if isinstance(epoch, (int, float)) else None
+
+
+def checkpoint_epochs(run) -> list[int]:
+    """The epochs that have a checkpoint folder in the run folder `run` (a Location), ascending."""
+    names = run.listdir(folders_only=True)
+    return sorted(int(n[len(CHECKPOINT_PREFIX):]) for n in names
+                  if n.startswith(CHECKPOINT_PREFIX) and n[len(CHECKPOINT_PREFIX):].isdigit())
+
+
 @dataclass
 class TrialPlan:
-    """Everything `a2_trial` needs besides the sampled config: plain values, cheap to ship with every trial."""
+    """Everything a trial needs besides its sampled config: plain values, cheap to ship with every trial."""
 
     study: str
     storage: str  # the study root (local folder or URI) holding `<study>/`
@@ -78,7 +73,7 @@ class TrialPlan:
     num_to_keep: int = 2
 
     def trials(self):
-        """The study's `trials/` folder (a `dashboards.storage.Location`): one Ray Train run per trial."""
+        """The study's `trials/` folder (a `dashboards.storage.Location`)."""
         from dashboards.storage import open_location
 
         return open_location(self.storage, self.storage_endpoint_url).join(self.study, TRIALS_DIR)
@@ -91,20 +86,15 @@ class TrialPlan:
 
 
 def plan_from_spec(spec) -> TrialPlan:
-    """The trial plan of a `launch.spec.StudySpec`."""
     return TrialPlan(study=spec.name, storage=str(spec.storage), storage_endpoint_url=spec.storage_endpoint_url,
                      resolve=spec.trial_config, resources=dict(spec.resources), metric=spec.metric, mode=spec.mode)
 
 
-# -- Train workers -----------------------------------------------------------------------------------------------
 def _quiet_per_epoch_logs() -> None:
-    """Ray Train and Tune log every report (all metrics, caption samples included) and every checkpoint at INFO,
-    from every worker: several lines per epoch and worker on the driver's console. Our own epoch line stays
-    (`a2core.train` logs one per `log_every` steps), and warnings still show.
-
-    Only public names: Ray's documented library logger "ray.train", and the root logger, because the logger of
-    Ray Train V2's report path is named after its source file and so sits outside "ray.train"
-    (tests/test_search.py::test_quiet_trial_logs pins which loggers stay quiet)."""
+    """Ray Train and Tune log every report and checkpoint at INFO from every worker; our own epoch line stays
+    (`a2core.train`) and warnings still show. Public names only: Ray's library logger "ray.train", and the root
+    logger, because Ray Train V2's report path logs through a logger named after its source file
+    (tests/test_study_output.py pins which loggers stay quiet)."""
     import logging
 
     logging.getLogger().setLevel(logging.WARNING)
@@ -112,74 +102,12 @@ def _quiet_per_epoch_logs() -> None:
     logging.getLogger("a2core").setLevel(logging.INFO)
 
 
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process so far (all its threads)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
-
-
-def _cpu_seconds_all_ranks(since: float) -> float:
-    """CPU seconds this process spent since `since`, summed over the ranks of the process group (a collective:
-    every rank calls it with every report)."""
-    import torch
-    import torch.distributed as dist
-
-    spent = cpu_seconds() - since
-    if not (dist.is_available() and dist.is_initialized()):
-        return spent
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    total = torch.tensor([spent], dtype=torch.float64, device=device)
-    dist.all_reduce(total)
-    return float(total.item())
-
-
-def worker_fn(config: dict) -> None:
-    """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume."""
-    import ray.train
-    from ray.train import Checkpoint
-
-    from a2core.train import train
-
-    cpu_start = cpu_seconds()
-    _quiet_per_epoch_logs()
-    ctx = ray.train.get_context()
-    rank = ctx.get_world_rank()
-    work = Path(tempfile.mkdtemp(prefix=f"a2-trial-r{rank}-"))
-
-    def report(metrics: dict, checkpoint_dir: str | None) -> None:
-        metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
-        checkpoint = Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-        # Every rank reports (a barrier); rank 0 alone brings the checkpoint, stored under a readable name.
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_name(metrics.get("epoch")))
-
-    try:
-        with ExitStack() as stack:
-            resume_from = None
-            checkpoint = ray.train.get_checkpoint()
-            if checkpoint is not None:
-                local = Path(stack.enter_context(checkpoint.as_directory()))
-                if (local / CHECKPOINT_FILE).is_file():
-                    resume_from = str(local / CHECKPOINT_FILE)
-            train(config, report, output_dir=str(work / "out"), resume_from=resume_from)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def checkpoint_name(epoch) -> str | None:
-    """`checkpoint_epochNNNN`: the folder of an epoch's checkpoint in a trial's run folder (both trial kinds)."""
-    return f"{CHECKPOINT_PREFIX}{int(epoch):04d}" if isinstance(epoch, (int, float)) else None
-
-
-# -- compute accounting ------------------------------------------------------------------------------------------
+# -- a trial's bookkeeping, both kinds ---------------------------------------------------------------------------
 class ComputeMeter:
-    """Stamps each result of one trial attempt with what the trial has cost so far (see the module docstring).
+    """Stamps each result of one trial attempt with what the trial has cost so far (module docstring).
 
-    `previous` is the trial's result log: what earlier attempts spent is the largest total logged there. Device
-    seconds are GPU-seconds (wall x GPUs) when the trial holds GPUs, else CPU seconds of its workers, passed in
-    per result as this attempt's own count (which restarts at 0 when Ray Train restarts the worker group)."""
+    `previous` is the trial's result log: earlier attempts spent the largest totals logged there. `stamp` takes
+    this attempt's own CPU seconds, which restart at 0 when Ray Train restarts the worker group."""
 
     def __init__(self, previous: list[dict], gpus: float):
         self.gpus = float(gpus)
@@ -196,8 +124,99 @@ class ComputeMeter:
         self.cpu_last = attempt_cpu_s
         wall = time.monotonic() - self.start
         item["compute/wall_s"] = self.base_wall + wall
-        spent = wall * self.gpus if self.gpus else self.cpu_done + attempt_cpu_s
-        item[self.device_key] = self.base_device + spent
+        item[self.device_key] = self.base_device + (wall * self.gpus if self.gpus else self.cpu_done + attempt_cpu_s)
+
+
+class ResultLog:
+    """The results of one trial by epoch, kept in its run folder and rewritten after every epoch.
+
+    Tune syncs its own result files only now and then, and a trial that Tune restarts keeps only what was synced;
+    this log is written before Tune (and MLflow) hear of a result, so it holds every epoch the trial reported. An
+    epoch reported again (after a restart) replaces its old entry; only JSON-plain values are kept."""
+
+    def __init__(self, location):
+        self.location = location
+        text = location.read_text()
+        self.by_epoch: dict[int, dict] = {}
+        self.add_missing(json.loads(text) if text else [], write=False)
+
+    def add(self, result: dict) -> None:
+        if isinstance(result.get("epoch"), (int, float)):
+            self.by_epoch[int(result["epoch"])] = _scalars(result)
+            self._write()
+
+    def add_missing(self, results: list[dict], write: bool = True) -> list[int]:
+        """Add the results of epochs the log does not have (what a checkpoint remembers); returns those epochs."""
+        added = []
+        for result in results:
+            epoch = result.get("epoch")
+            if isinstance(epoch, (int, float)) and int(epoch) not in self.by_epoch:
+                self.by_epoch[int(epoch)] = _scalars(result)
+                added.append(int(epoch))
+        if added and write:
+            self._write()
+        return sorted(added)
+
+    def _write(self) -> None:
+        self.location.write_text(json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
+
+
+def _scalars(result: dict) -> dict:
+    return {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def latest_checkpoint_history(run) -> list[dict]:
+    """The epoch history stored with the newest checkpoint of the run folder `run` that has one (empty if none).
+
+    A driver killed between Ray Train registering a checkpoint and Tune hearing of its result loses that result
+    everywhere but here; the trial's result log (and from it MLflow) gets it back when the trial restarts."""
+    for epoch in reversed(checkpoint_epochs(run)):  # older checkpoints may lack the file
+        text = run.join(checkpoint_name(epoch), HISTORY_FILE).read_text()
+        try:
+            items = json.loads(text or "null")
+        except ValueError:
+            continue
+        if isinstance(items, list):
+            return [item for item in items if isinstance(item, dict)]
+    return []
+
+
+def read_results(trials, study: str, trial_id: str) -> list[dict]:
+    """The result log of a trial below the `trials` Location, oldest epoch first; empty when it has none yet."""
+    text = trials.join(train_run_name(study, trial_id), RESULTS_FILE).read_text()
+    return json.loads(text) if text else []
+
+
+class TrialRecorder:
+    """What a trial does with each epoch's result: stamp its cost, log it, report it to Tune."""
+
+    def __init__(self, plan: TrialPlan, gpus: float):
+        import ray.tune
+
+        self.trial_id = ray.tune.get_context().get_trial_id()
+        self.run = plan.trials().join(train_run_name(plan.study, self.trial_id))
+        self.log = ResultLog(self.run.join(RESULTS_FILE))
+        self.log.add_missing(latest_checkpoint_history(self.run))
+        self.meter = ComputeMeter(list(self.log.by_epoch.values()), gpus)
+
+    def record(self, item: dict, attempt_cpu_s: float) -> None:
+        """A result with a checkpoint also gets a Tune checkpoint: a tiny folder pointing at the real one. Tune then
+        treats the trial as restorable, so `Tuner.restore` keeps its results so far (without a checkpoint, a
+        trial's result history would restart from nothing). The weights stay in the run folder."""
+        import ray.tune
+
+        # The result's own time (Tune keeps it) goes into the log too: an epoch that MLflow gets back from the log
+        # after a driver died is logged at the time it was reported, in its place among the others.
+        item.setdefault("timestamp", time.time())
+        self.meter.stamp(item, attempt_cpu_s)
+        self.log.add(item)
+        if not item.get("checkpoint_path"):
+            ray.tune.report(item)
+            return
+        with tempfile.TemporaryDirectory(prefix="a2-tune-ckpt-") as folder:
+            pointer = {"train_checkpoint": item["checkpoint_path"], "epoch": item.get("epoch")}
+            (Path(folder) / TUNE_POINTER_FILE).write_text(json.dumps(pointer))
+            ray.tune.report(item, checkpoint=ray.tune.Checkpoint.from_directory(folder))
 
 
 # -- one-worker trials: training in the Tune trial itself --------------------------------------------------------
@@ -210,10 +229,7 @@ class LocalCheckpoints:
         self.run, self.metric, self.mode, self.num_to_keep = run, metric, mode, num_to_keep
 
     def complete_epochs(self) -> list[int]:
-        names = self.run.listdir(folders_only=True)
-        epochs = [int(n[len(CHECKPOINT_PREFIX):]) for n in names
-                  if n.startswith(CHECKPOINT_PREFIX) and n[len(CHECKPOINT_PREFIX):].isdigit()]
-        return sorted(e for e in epochs if self.run.join(checkpoint_name(e), CHECKPOINT_FILE).exists())
+        return [e for e in checkpoint_epochs(self.run) if self.run.join(checkpoint_name(e), CHECKPOINT_FILE).exists()]
 
     def save(self, source: str, epoch: int) -> str:
         """Store the checkpoint folder `source` as epoch `epoch`'s; returns where it now is (path or URI)."""
@@ -239,8 +255,7 @@ class LocalCheckpoints:
         epochs = self.complete_epochs()
         if len(epochs) <= self.num_to_keep:
             return
-        scored = sorted((e for e in epochs if e in values), key=lambda e: (values[e], e),
-                        reverse=self.mode == "max")
+        scored = sorted((e for e in epochs if e in values), key=lambda e: (values[e], e), reverse=self.mode == "max")
         keep = {epochs[-1], *scored[:self.num_to_keep]}
         for epoch in epochs:
             if epoch not in keep:
@@ -248,244 +263,159 @@ class LocalCheckpoints:
                 fs.delete_dir(path)
 
 
-def a2_local_trial(config: dict, plan: "TrialPlan") -> None:
-    """One study trial of one worker: `a2core.train.train` in this Tune trial process, each epoch's result
-    reported with `ray.tune.report` (with a pointer checkpoint when the epoch was checkpointed, as `a2_trial`
-    does); a restarted or restored trial resumes from its newest complete checkpoint."""
-    import ray.tune
-
+def a2_local_trial(config: dict, plan: TrialPlan) -> None:
+    """One study trial of one worker: `a2core.train.train` in this Tune trial process; a restarted or restored
+    trial resumes from its newest complete checkpoint."""
     from a2core.train import train
 
-    cpu_start = cpu_seconds()
+    cpu_start = time.process_time()
     _quiet_per_epoch_logs()
-    trial_id = ray.tune.get_context().get_trial_id()
-    train_config = plan.resolve(dict(config))
-    run = plan.trials().join(train_run_name(plan.study, trial_id))
-    result_log = ResultLog(run.join(RESULTS_FILE))
-    result_log.add_missing(latest_checkpoint_history(run))
-    meter = ComputeMeter(list(result_log.by_epoch.values()), plan.resources["gpus_per_worker"])
-    checkpoints = LocalCheckpoints(run, plan.metric, plan.mode, plan.num_to_keep)
+    trial = TrialRecorder(plan, plan.resources["gpus_per_worker"])
+    checkpoints = LocalCheckpoints(trial.run, plan.metric, plan.mode, plan.num_to_keep)
     work = Path(tempfile.mkdtemp(prefix="a2-trial-"))
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
         item = dict(metrics)
         if checkpoint_dir is not None:
             item["checkpoint_path"] = checkpoints.save(checkpoint_dir, int(item["epoch"]))
-        meter.stamp(item, cpu_seconds() - cpu_start)
-        result_log.add(item)
-        _report_to_tune(item)
-        checkpoints.prune({e: r[plan.metric] for e, r in result_log.by_epoch.items()
+        trial.record(item, time.process_time() - cpu_start)
+        checkpoints.prune({e: r[plan.metric] for e, r in trial.log.by_epoch.items()
                            if isinstance(r.get(plan.metric), (int, float))})
 
     try:
         epochs = checkpoints.complete_epochs()
         resume_from = None
         if epochs:
-            resume_from = run.join(checkpoint_name(epochs[-1]), CHECKPOINT_FILE).download(work / CHECKPOINT_FILE)
-        train(train_config, report, output_dir=str(work / "out"), resume_from=resume_from)
+            resume_from = trial.run.join(checkpoint_name(epochs[-1]), CHECKPOINT_FILE).download(work / CHECKPOINT_FILE)
+        train(plan.resolve(dict(config)), report, output_dir=str(work / "out"), resume_from=resume_from)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-# -- the Tune driver function ------------------------------------------------------------------------------------
-TUNE_POINTER_FILE = "train_checkpoint.json"
-RESULTS_FILE = "results.json"  # in a trial's Train run folder: every epoch's result, across retries and restores
+# -- trials on Ray Train -----------------------------------------------------------------------------------------
+def _cpu_seconds_all_ranks(since: float) -> float:
+    """CPU seconds this process spent since `since`, summed over the ranks of the process group (a collective:
+    every rank calls it with every report)."""
+    import torch
+    import torch.distributed as dist
+
+    spent = time.process_time() - since
+    if not (dist.is_available() and dist.is_initialized()):
+        return spent
+    total = torch.tensor([spent], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(total)
+    return float(total.item())
 
 
-def _scalars(result: dict) -> dict:
-    """The JSON-plain entries of a result (caption samples and nested dicts are left out of the log)."""
-    return {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
+def worker_fn(config: dict) -> None:
+    """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume."""
+    import ray.train
+    from ray.train import Checkpoint
+
+    from a2core.train import train
+
+    cpu_start = time.process_time()
+    _quiet_per_epoch_logs()
+    work = Path(tempfile.mkdtemp(prefix=f"a2-trial-r{ray.train.get_context().get_world_rank()}-"))
+
+    def report(metrics: dict, checkpoint_dir: str | None) -> None:
+        metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
+        checkpoint = Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        # Every rank reports (a barrier); rank 0 alone brings the checkpoint, stored under a readable name.
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_name(metrics.get("epoch")))
+
+    try:
+        with ExitStack() as stack:
+            resume_from = None
+            checkpoint = ray.train.get_checkpoint()  # the run's latest, after any restart
+            if checkpoint is not None:
+                local = Path(stack.enter_context(checkpoint.as_directory()))
+                if (local / CHECKPOINT_FILE).is_file():
+                    resume_from = str(local / CHECKPOINT_FILE)
+            train(config, report, output_dir=str(work / "out"), resume_from=resume_from)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
-class ResultLog:
-    """The results of one trial, kept next to its checkpoints and rewritten after every epoch.
-
-    Tune's own result files are synced to storage only now and then, and a trial that Tune restarts keeps only
-    what was synced; this log is written before Tune (and MLflow) hear of a result, so it holds every epoch a
-    trial reported, whatever was restarted. An epoch reported again (after a restart) replaces its old entry."""
-
-    def __init__(self, location):
-        self.location = location
-        text = location.read_text()
-        self.by_epoch: dict[int, dict] = {}
-        for item in json.loads(text) if text else []:
-            if isinstance(item.get("epoch"), (int, float)):
-                self.by_epoch[int(item["epoch"])] = item
-
-    def add(self, result: dict) -> None:
-        epoch = result.get("epoch")
-        if not isinstance(epoch, (int, float)):
-            return
-        self.by_epoch[int(epoch)] = _scalars(result)
-        self._write()
-
-    def add_missing(self, results: list[dict]) -> list[int]:
-        """Add the results of epochs the log does not have (what a checkpoint remembers); returns those epochs."""
-        added = []
-        for result in results:
-            epoch = result.get("epoch")
-            if isinstance(epoch, (int, float)) and int(epoch) not in self.by_epoch:
-                self.by_epoch[int(epoch)] = _scalars(result)
-                added.append(int(epoch))
-        if added:
-            self._write()
-        return sorted(added)
-
-    def _write(self) -> None:
-        self.location.write_text(json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
-
-
-def latest_checkpoint_history(run) -> list[dict]:
-    """The epoch history stored with the newest `checkpoint_epochNNNN` of a Train run folder (a Location; empty
-    if none).
-
-    A driver killed between Ray Train registering a checkpoint and Tune hearing of its result loses that result
-    everywhere but here; the trial's result log (and from it MLflow) gets it back when the trial restarts."""
-    prefix = CHECKPOINT_PREFIX
-    names = run.listdir(folders_only=True)
-    epochs = sorted(int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit())
-    for epoch in reversed(epochs):  # the newest one that has its history (older checkpoints lack the file)
-        text = run.join(f"{prefix}{epoch:04d}", HISTORY_FILE).read_text()
-        if text:
-            try:
-                items = json.loads(text)
-            except ValueError:
-                continue
-            return [item for item in items if isinstance(item, dict)]
-    return []
-
-
-def read_results(trials, study: str, trial_id: str) -> list[dict]:
-    """The result log of a trial (see `ResultLog`) below the `trials` Location, oldest epoch first; empty when it
-    has none yet."""
-    text = trials.join(train_run_name(study, trial_id), RESULTS_FILE).read_text()
-    return json.loads(text) if text else []
-
-
-def _forwarder_class():
-    from ray.train.v2.api.callback import UserCallback
+def _forwarder(queue):
+    """A Train callback in the Train controller that hands rank 0's metrics (and its checkpoint's path) to the trial
+    driver through `queue`: Ray's `TuneReportCallback`, but the driver reports them itself (`TrialRecorder`)."""
+    from ray.train import UserCallback
 
     class ForwardToTrial(UserCallback):
-        """Runs in the Train controller: hands rank 0's metrics (and its checkpoint's path) to the trial driver.
-
-        Like Ray's `TuneReportCallback`, but through a queue the driver reads itself, so that the driver can give
-        Tune a checkpoint of its own with every result (see `a2_trial`)."""
-
-        def __init__(self, queue):
-            self.queue = queue
-
         def after_report(self, run_context, metrics, checkpoint):
             item = dict(metrics[0])
             if checkpoint is not None:
                 item["checkpoint_path"] = checkpoint.path
-            self.queue.put(item)  # the queue holds one item: Train waits until Tune has taken the last one
+            queue.put(item)  # the queue holds one item: Train waits until the driver has taken the last one
 
-    return ForwardToTrial
-
-
-def _report_to_tune(item: dict) -> None:
-    """Forward one epoch's result to Tune. A result with a Train checkpoint also gets a Tune checkpoint: a tiny
-    folder that only points at the Train checkpoint. Tune then treats the trial as restorable: after a driver
-    crash `Tuner.restore` keeps the trial's results so far, where a trial without a checkpoint would restart
-    its result history from nothing. The weights stay where Ray Train put them."""
-    import ray.tune
-
-    path = item.get("checkpoint_path")
-    if not path:
-        ray.tune.report(item)
-        return
-    folder = Path(tempfile.mkdtemp(prefix="a2-tune-ckpt-"))
-    try:
-        (folder / TUNE_POINTER_FILE).write_text(json.dumps({"train_checkpoint": path, "epoch": item.get("epoch")}))
-        ray.tune.report(item, checkpoint=ray.tune.Checkpoint.from_directory(str(folder)))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    return ForwardToTrial()
 
 
 def a2_trial(config: dict, plan: TrialPlan) -> None:
-    """One study trial: run the trial's Ray Train job to the end (or resume it) and forward its results to Tune.
-
-    `TorchTrainer.fit()` runs in a thread; this function's own thread reports what the Train controller
-    forwards (one result per epoch) with `ray.tune.report`, then re-raises a failure of `fit()` so that Tune
-    retries the trial under its FailureConfig.
-    """
-    import queue as stdlib_queue
+    """One study trial on Ray Train: run (or resume) the trial's `TorchTrainer` in a thread and report what its
+    controller forwards, one result per epoch; a failure of `fit()` is raised again here so that Tune retries the
+    trial under its FailureConfig."""
     import threading
 
     import ray
     import ray.train
-    import ray.tune
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Empty, Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     _quiet_per_epoch_logs()
-    trial_id = ray.tune.get_context().get_trial_id()
-    train_config = plan.resolve(dict(config))
-    trials = plan.trials()
-    path, fs = trials.ray_storage()
-    use_gpu = plan.resources["gpus_per_worker"] > 0
+    res = plan.resources
+    trial = TrialRecorder(plan, res["workers_per_trial"] * res["gpus_per_worker"])
+    path, fs = plan.trials().ray_storage()
     # The queue lives and dies with this driver (same node), as the Train controller does.
     results = Queue(maxsize=1, actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
         node_id=ray.get_runtime_context().get_node_id(), soft=False)})
     trainer = TorchTrainer(
         worker_fn,
-        train_loop_config=train_config,
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=plan.resources["workers_per_trial"], use_gpu=use_gpu,
-            resources_per_worker=plan.worker_resource_request()),
+        train_loop_config=plan.resolve(dict(config)),
+        torch_config=TorchConfig(backend="nccl" if res["gpus_per_worker"] > 0 else "gloo"),
+        scaling_config=ray.train.ScalingConfig(num_workers=res["workers_per_trial"],
+                                               use_gpu=res["gpus_per_worker"] > 0,
+                                               resources_per_worker=plan.worker_resource_request()),
         run_config=ray.train.RunConfig(
-            name=train_run_name(plan.study, trial_id),
+            name=train_run_name(plan.study, trial.trial_id),
             storage_path=path,
             storage_filesystem=fs,
-            failure_config=ray.train.FailureConfig(max_failures=plan.resources["max_failures"]),
-            # The latest checkpoint is always kept as well (resume point); the best by the study metric stays.
-            checkpoint_config=ray.train.CheckpointConfig(
-                num_to_keep=plan.num_to_keep, checkpoint_score_attribute=plan.metric,
-                checkpoint_score_order=plan.mode),
-            callbacks=[_forwarder_class()(results)],
+            failure_config=ray.train.FailureConfig(max_failures=res["max_failures"]),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=plan.num_to_keep,
+                                                         checkpoint_score_attribute=plan.metric,
+                                                         checkpoint_score_order=plan.mode),
+            callbacks=[_forwarder(results)],
         ),
     )
-    run = trials.join(train_run_name(plan.study, trial_id))
-    result_log = ResultLog(run.join(RESULTS_FILE))
-    result_log.add_missing(latest_checkpoint_history(run))
-    meter = ComputeMeter(list(result_log.by_epoch.values()),
-                         plan.resources["workers_per_trial"] * plan.resources["gpus_per_worker"])
-    outcome: dict = {}
+    failure: list[BaseException] = []
 
     def fit() -> None:
         try:
             trainer.fit()
-        except BaseException as err:  # noqa: BLE001 - re-raised in the trial's thread below
-            outcome["error"] = err
+        except BaseException as err:  # noqa: BLE001 - raised again in the trial's thread below
+            failure.append(err)
 
-    runner = threading.Thread(target=fit, name=f"a2-train-{trial_id}", daemon=True)
+    runner = threading.Thread(target=fit, name=f"a2-train-{trial.trial_id}", daemon=True)
     runner.start()
-    while True:
+    while runner.is_alive() or not results.empty():  # once fit() returned, its last result may still be queued
         try:
             item = results.get(timeout=1.0)
-        except (Empty, stdlib_queue.Empty):
-            if runner.is_alive():
-                continue
-            try:  # fit() returned: its last result may still be in the queue
-                item = results.get_nowait()
-            except (Empty, stdlib_queue.Empty):
-                break
-        meter.stamp(item, float(item.pop(ATTEMPT_CPU_KEY, 0.0)))
-        result_log.add(item)
-        _report_to_tune(item)
+        except Empty:
+            continue
+        trial.record(item, float(item.pop(ATTEMPT_CPU_KEY, 0.0)))
     runner.join()
     ray.kill(results.actor)
-    if "error" in outcome:
-        raise outcome["error"]  # fit() failed for good: Tune retries the trial under its FailureConfig
+    if failure:
+        raise failure[0]
 
 
 def make_trainable(plan: TrialPlan, *, ray_train: bool = False):
-    """The trial function bound to its plan and resource request, ready for `Tuner(...)` /
-    `Tuner.restore(...)`: `a2_local_trial` holding one worker's resources for a one-worker trial, else
-    `a2_trial` holding `driver_cpus` (its Train workers ask for their own). `ray_train` runs a one-worker trial
-    on Ray Train too (benchmarks/bench_study.py compares the two)."""
+    """The trial function bound to its plan and resource request, for `Tuner(...)` / `Tuner.restore(...)`:
+    `a2_local_trial` holding one worker's resources for a one-worker trial, else `a2_trial` holding
+    `driver_cpus` (its Train workers ask for their own). `ray_train` runs a one-worker trial on Ray Train too
+    (benchmarks/bench_study.py compares the two)."""
     from ray import tune
 
     if plan.resources["workers_per_trial"] == 1 and not ray_train:
