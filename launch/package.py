@@ -1,13 +1,8 @@
 """`a2 package NAME`: a study's best configuration -> its seed checkpoints -> averaging ensemble -> COCO server
 `results.zip`, `leaderboard.json`, uploads and an MLflow model version (README, "Packaging for the COCO server").
 
-    a2 package a2-smoke                         # seeds 0 1 2 3; missing seeds are trained on Ray
-    a2 package a2-seeds --no-train --upload s3://bucket/submissions/ --workers 4
-
-`package` is a recipe of steps, each a function: `ensemble_members` (the best configuration and a checkpoint per
-seed; missing seeds trained as a companion study by `train_missing`), `decoding_data`, `decode_all` (beam search
-in shards on Ray workers, or in this process), `write_submission` (`results.zip`, validated before it is renamed
-into place), `deliver` (scores, the MLflow model, `leaderboard.json`), `upload_all` and `write_manifest`.
+`package` is a recipe of named steps: `ensemble_members` (missing seeds trained by `train_missing`),
+`decoding_data`, `decode_all`, `write_submission`, `deliver`, `upload_all` and `write_manifest`.
 """
 from __future__ import annotations
 
@@ -61,17 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
     parser.add_argument("--val-images", default=None, help="COCO image-info JSON of val2014 (default: the data's)")
     parser.add_argument("--test-images", default=None, help="image_info_test2014.json (default: the data's)")
-    parser.add_argument("--data", nargs="*", default=[],
+    parser.add_argument("--data", nargs="*", default=[], dest="data_overrides",
                         help="data.* overrides for decoding on this machine, e.g. data.features=/x.h5")
-    parser.add_argument("--quiet", action="store_true", help="no live trial table while seeds train")
+    parser.add_argument("--quiet", action="store_false", dest="verbose", help="no live trial table while seeds train")
 
 
 def main(args) -> int:
-    package(args.name, storage=args.storage, seeds=args.seeds, alg=args.alg, no_train=args.no_train,
-            out=args.out, upload=args.upload, s3_endpoint_url=args.s3_endpoint_url, tracking_uri=args.tracking_uri,
-            beam_size=args.beam_size, batch_size=args.batch_size, workers=args.workers, address=args.address,
-            val_images=args.val_images, test_images=args.test_images, data_overrides=args.data,
-            model_name=args.model_name, verbose=not args.quiet)
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}  # the rest are package's
+    package(**options)
     return 0
 
 
@@ -404,51 +396,14 @@ def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple
 
 
 def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]], single_split: str | None,
-                 beam_size: int, max_len: int, batch_size: int, endpoint_url: str | None = None,
-                 progress: bool = False, device: str | None = None) -> dict:
-    """Captions of one shard: the ensemble on every split of `shard`, and each checkpoint alone on
-    `single_split`. Runs in a Ray task or in this process. Returns {"ensemble": {split: {id: caption}},
-    "single": [{id: caption} per checkpoint]}."""
-    import torch
-    from tqdm import tqdm
+                 endpoint_url: str | None = None, **options) -> dict:
+    """`a2core.decode.ensemble_captions` of local or s3:// checkpoints (fetched once per machine), in a Ray task or
+    in this process."""
+    from a2core.decode import ensemble_captions
 
-    from a2core.checkpoint import load_ensemble
-    from a2core.config import Config
-    from a2core.data.dataset import resolve_paths
-    from a2core.data.features import FeatureStore
-    from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
-    models, vocab, config = load_ensemble([fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints],
-                                          device=device)
-    model_cfg = config["model"]
-    store = FeatureStore(resolve_paths(Config.from_dict({**config, "data": data_config}).data).features,
-                         model_cfg["feature_dim"])
-    singles = len(models) if single_split and len(models) > 1 else 0  # one model alone is the ensemble
-    total = sum(len(v) for v in shard.values()) + len(shard.get(single_split, [])) * singles
-    bar = tqdm(total=total, desc="decode", unit="img", file=sys.stderr, disable=not (progress and total))
-
-    def captions(ensemble: list, ids: list[int]) -> dict[int, str]:
-        return caption_images(MinLengthStepper(EnsembleStepper(ensemble), vocab.eos), vocab, ids,
-                              lambda i: store.padded(i, model_cfg["max_regions"]), beam_size=beam_size,
-                              max_len=max_len, batch_size=batch_size, device=device, progress=bar.update)
-
-    out: dict[str, Any] = {"ensemble": {}, "single": []}
-    with torch.no_grad():
-        for split, ids in shard.items():
-            out["ensemble"][split] = captions(models, ids)
-        if single_split is not None:
-            out["single"] = [captions([model], shard[single_split]) if singles else out["ensemble"][single_split]
-                             for model in models]
-    bar.close()
-    store.close()
-    return out
-
-
-def default_workers(resources: dict) -> int:
-    gpus = int(resources.get("GPU", 0) or 0)
-    return gpus or max(1, min(8, int(resources.get("CPU", 1) or 1)))
+    local = [fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints]
+    return ensemble_captions(local, data_config, shard, single_split, **options)
 
 
 def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], single_split: str | None,
@@ -457,14 +412,14 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
     """The ensemble's captions of every split and each checkpoint's on `single_split`, on Ray tasks (one per
     shard of the image lists) or, with workers=0, in this process. Returns {"ensemble", "single", "seconds"}."""
     t0 = time.perf_counter()
-    n_images = sum(len(v) for v in splits.values())
-    options = dict(single_split=single_split, beam_size=beam_size, max_len=max_len, batch_size=batch_size,
-                   endpoint_url=endpoint_url)
+    options = dict(beam_size=beam_size, max_len=max_len, batch_size=batch_size, endpoint_url=endpoint_url)
+    what = f"{sum(len(v) for v in splits.values())} images with {len(checkpoints)} checkpoint(s)"
     if workers == 0:
-        say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) in this process", verbose)
-        parts = [decode_shard(checkpoints, data_config, splits, **options, progress=verbose)]
+        say(f"package: decoding {what} in this process", verbose)
+        parts = [decode_shard(checkpoints, data_config, splits, single_split, **options, progress=verbose)]
     else:
-        parts = _decode_on_ray(checkpoints, data_config, splits, options, workers, address, verbose)
+        parts = _decode_on_ray(checkpoints, data_config, splits, single_split, options, workers, address, what,
+                               verbose)
     merged: dict[str, Any] = {"ensemble": {split: {} for split in splits}, "single": [{} for _ in checkpoints]}
     for part in parts:
         for split, captions in part["ensemble"].items():
@@ -480,9 +435,10 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
     return merged
 
 
-def _decode_on_ray(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], options: dict,
-                   workers: int | None, address: str | None, verbose: bool) -> list[dict]:
-    """`decode_shard` of every shard (every n-th image of each split) as Ray tasks, one GPU each if there are."""
+def _decode_on_ray(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], single_split: str | None,
+                   options: dict, workers: int | None, address: str | None, what: str, verbose: bool) -> list[dict]:
+    """`decode_shard` of every shard (every n-th image of each split) as Ray tasks, one GPU each if there are;
+    by default one task per GPU, else per CPU (at most 8)."""
     import ray
     from tqdm import tqdm
 
@@ -490,13 +446,12 @@ def _decode_on_ray(checkpoints: list[str], data_config: dict, splits: dict[str, 
     from launch.trainable import propagated_env
 
     resources = connect(address, runtime_env_vars=propagated_env())
-    n = workers or default_workers(resources)
-    use_gpu = int(resources.get("GPU", 0) or 0) > 0
-    task = ray.remote(decode_shard).options(num_cpus=1, num_gpus=1 if use_gpu else 0, max_retries=2)
-    say(f"package: decoding {sum(len(v) for v in splits.values())} images with {len(checkpoints)} checkpoint(s) "
-        f"on {n} Ray worker(s){' (1 GPU each)' if use_gpu else ''}", verbose)
-    pending = [task.remote(checkpoints, data_config, {s: ids[r::n] for s, ids in splits.items()}, **options)
-               for r in range(n)]
+    gpus = int(resources.get("GPU", 0) or 0)
+    n = workers or gpus or max(1, min(8, int(resources.get("CPU", 1) or 1)))
+    task = ray.remote(decode_shard).options(num_cpus=1, num_gpus=1 if gpus else 0, max_retries=2)
+    say(f"package: decoding {what} on {n} Ray worker(s){' (1 GPU each)' if gpus else ''}", verbose)
+    pending = [task.remote(checkpoints, data_config, {s: ids[r::n] for s, ids in splits.items()}, single_split,
+                           **options) for r in range(n)]
     parts = []
     with tqdm(total=n, desc="decode shards", unit="shard", file=sys.stderr, disable=not verbose) as bar:
         while pending:
