@@ -156,9 +156,8 @@ def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
             print(f"a2 package: note: skipping trial {row.get('trial_id')} of {spec.name}: {err}", file=sys.stderr)
             continue
         out.append({"study": spec.name, "trial_id": str(row["trial_id"]), "seed": int(config["train"]["seed"]),
-                    "value": float(row["best"]), "epoch": row.get("best_epoch"), "state": row.get("state"),
-                    "stopped_early": row.get("stopped_early"), "checkpoint": row["best_checkpoint"],
-                    "config": config, "hash": config_hash(config)})
+                    "value": float(row["best"]), "state": row.get("state"), "stopped_early": row.get("stopped_early"),
+                    "checkpoint": row["best_checkpoint"], "config": config, "hash": config_hash(config)})
     return [c for c in out if digest is None or c["hash"] == digest]
 
 
@@ -167,10 +166,8 @@ def _rank_key(mode: str) -> Callable[[dict], tuple]:
 
 
 def select_best(cands: list[dict], mode: str) -> dict:
-    """The best trial of the best configuration. The configuration (config hash: its replicate group) with the
-    best mean metric over its seeds, among those the scheduler did not stop early unless it stopped every one
-    (`dashboards.stats.best_candidates`); within it the best trial. Ties go to the lower (study, trial id), so
-    the choice is deterministic."""
+    """The best trial of the configuration (config hash) with the best mean over its seeds, among those not
+    stopped early (`dashboards.stats.best_candidates`). Ties go to the lower (study, trial id)."""
     from dashboards.stats import TAG_STOPPED_EARLY, best_candidates
 
     if not cands:
@@ -207,8 +204,8 @@ def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
 
 
 def ensemble_seeds(cands: list[dict], digest: str, exists: Callable[[str], bool]) -> tuple[list[int], str]:
-    """The seeds of the ensemble when none are given, and why: the replicates of configuration `digest` that have
-    a checkpoint when there are at least len(SEEDS) of them (nothing is trained), else SEEDS."""
+    """The seeds of the ensemble when none are given, and why: configuration `digest`'s replicates with a
+    checkpoint when there are at least len(SEEDS) of them (nothing is trained), else SEEDS."""
     own = sorted({c["seed"] for c in cands if c["hash"] == digest and exists(c["checkpoint"])})
     if len(own) >= len(SEEDS):
         return own, f"the best configuration's {len(own)} replicates"
@@ -229,7 +226,8 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
     digest = best["hash"]
     say(f"package: best trial {best['trial_id']} of {spec.name}: {spec.metric} {best['value']:.2f} "
         f"(fusion {best['config']['model']['fusion']}, seed {best['seed']}, config {digest[:12]})", verbose)
-    rows += _companion_rows(location, digest)[0]
+    for _, comp_spec, comp_summary in _companions(location, digest):
+        rows += candidates(comp_spec, comp_summary or {}, digest)
     if seeds is None:
         seeds, why = ensemble_seeds(rows, digest, exists)
         say(f"package: ensemble seeds {', '.join(map(str, seeds))} ({why})", verbose)
@@ -254,8 +252,7 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
 
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
-    """A local path of a checkpoint: local paths as they are (absolute), s3:// objects downloaded (verified)
-    once."""
+    """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
     from dashboards.storage import open_location
 
     location = open_location(uri, endpoint_url)
@@ -269,8 +266,7 @@ def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str |
 
 # -- 1b. training the missing seeds ------------------------------------------------------------------------------
 def seeds_spec(spec, location, config: dict, seeds: list[int], name: str):
-    """A study that trains `config` with each of `seeds` (grid), with the parent study's resources, tracking
-    and storage."""
+    """A study that trains `config` with each of `seeds` (grid), with the parent study's resources and places."""
     from launch.spec import StudySpec
 
     raw = {
@@ -293,58 +289,46 @@ def seed_study_name(study: str, digest: str, index: int) -> str:
 
 
 def companion_studies(location) -> list[str]:
+    """The seed studies packaging trained for this study (seed_studies.json)."""
     return list((_read_json(location, SEED_STUDIES_FILE) or {}).get("studies", []))
 
 
-def _companion(location, name: str):
-    from launch.study import StudyLocation
-
-    return StudyLocation(name, location.storage, location.endpoint_url)
-
-
-def _companion_rows(location, digest: str) -> tuple[list[dict], list[Any]]:
-    """Candidates of the companion seed studies of configuration `digest`, and those of them that did not finish
-    (no summary, or a trial that did not end TERMINATED: interrupted or failed)."""
+def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
+    """(location, spec, summary or None) of each companion seed study of configuration `digest`."""
     from dashboards.leaderboard import config_hash
-    from launch.study import STUDY_FILE, SUMMARY_FILE, exit_code, load_saved_spec
+    from launch.study import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec
 
-    rows, unfinished = [], []
-    for comp in (_companion(location, name) for name in companion_studies(location)):
-        if not comp.exists(STUDY_FILE):
-            continue
-        comp_spec = load_saved_spec(comp)
-        if config_hash(comp_spec.trial_config({"seed": 0})) != digest:
-            continue
-        summary = _read_json(comp, SUMMARY_FILE)
-        if summary is None or exit_code(summary) != 0:
-            unfinished.append(comp)
-        if summary is not None:
-            rows += candidates(comp_spec, summary, digest)
-    return rows, unfinished
+    found = []
+    for name in companion_studies(location):
+        comp = StudyLocation(name, location.storage, location.endpoint_url)
+        if comp.exists(STUDY_FILE):
+            comp_spec = load_saved_spec(comp)
+            if config_hash(comp_spec.trial_config({"seed": 0})) == digest:
+                found.append((comp, comp_spec, _read_json(comp, SUMMARY_FILE)))
+    return found
 
 
 def train_missing(spec, location, best: dict, missing: list[int], *, address: str | None, verbose: bool) -> list[dict]:
-    """Train the missing seeds of the best configuration as a companion study (an unfinished earlier one is
-    resumed first); returns the candidates it gave."""
-    from launch.study import STUDY_FILE, load_saved_spec, resume_study, run_study
+    """Train the missing seeds of the best configuration as a companion study (an unfinished earlier one, without
+    a summary or with a trial that did not end TERMINATED, is resumed first); returns the candidates it gave."""
+    from launch.study import STUDY_FILE, StudyLocation, exit_code, resume_study, run_study
 
     digest = best["hash"]
     rows, covered = [], set()
-    for comp in _companion_rows(location, digest)[1]:
-        say(f"package: resuming the unfinished seed study {comp.name}", verbose)
-        comp_spec = load_saved_spec(comp)
-        covered |= {int(s) for s in comp_spec.params["seed"].values} if "seed" in comp_spec.params else set()
-        rows += candidates(comp_spec, resume_study(comp, address=address, verbose=verbose), digest)
+    for comp, comp_spec, comp_summary in _companions(location, digest):
+        if comp_summary is None or exit_code(comp_summary) != 0:
+            say(f"package: resuming the unfinished seed study {comp.name}", verbose)
+            covered.update(comp_spec.params["seed"].values)
+            rows += candidates(comp_spec, resume_study(comp, address=address, verbose=verbose), digest)
     # Seeds of a resumed study are not trained again elsewhere: if it still lacks them, packaging says so.
     todo = [s for s in missing if s not in covered]
     if not todo:
         return rows
     names = companion_studies(location)
     index = 0
-    while seed_study_name(spec.name, digest, index) in names or _companion(
-            location, seed_study_name(spec.name, digest, index)).exists(STUDY_FILE):
+    while (name := seed_study_name(spec.name, digest, index)) in names or StudyLocation(
+            name, location.storage, location.endpoint_url).exists(STUDY_FILE):
         index += 1
-    name = seed_study_name(spec.name, digest, index)
     new_spec = seeds_spec(spec, location, best["config"], todo, name)
     # Listed before it runs, so that an interrupted run is found (and resumed) by the next package run.
     location.write_text(json.dumps({"studies": names + [name]}, indent=2) + "\n", SEED_STUDIES_FILE)
@@ -377,21 +361,18 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
 
 
 def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple[list[int], list[int], dict]:
-    """The val2014 / test2014 ids the server expects (from image-info files where there are any) and where they
-    came from."""
+    """The val2014 / test2014 ids the server expects and where they came from."""
     from dashboards.submission import read_image_ids
 
     test_file = test_images or data.paths.test_images
     if not test_file:
         raise PackageError("no test2014 image list: set data.test_images in the study or pass --test-images")
-    val_file = val_images
-    if not val_file and data.paths.val_images and Path(data.paths.val_images).is_file():
-        val_file = data.paths.val_images
-    if val_file:
-        val_ids, val_source = read_image_ids(val_file), str(val_file)
-    else:
+    if val_images:
+        val_ids, val_source = read_image_ids(val_images), str(val_images)
+    else:  # the data's image-info file, else the captions' images with filepath val2014
         val_ids = list(dict.fromkeys(img.image_id for img in data.images("val2014")))
-        val_source = f"{data.paths.captions} (filepath val2014)"
+        has_file = data.paths.val_images and Path(data.paths.val_images).is_file()
+        val_source = str(data.paths.val_images) if has_file else f"{data.paths.captions} (filepath val2014)"
     return val_ids, read_image_ids(test_file), {"val2014": val_source, "test2014": str(test_file)}
 
 

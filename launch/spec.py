@@ -470,10 +470,8 @@ class StudySpec:
     def trial_resources(self) -> dict:
         """Total resources of one trial: its workers plus its Tune driver function."""
         r = self.resources
-        return {
-            "CPU": r["workers_per_trial"] * r["cpus_per_worker"] + r["driver_cpus"],
-            "GPU": r["workers_per_trial"] * r["gpus_per_worker"],
-        }
+        return {"CPU": r["workers_per_trial"] * r["cpus_per_worker"] + r["driver_cpus"],
+                "GPU": r["workers_per_trial"] * r["gpus_per_worker"]}
 
     def summary(self) -> str:
         cells = len(self.grid_cells())
@@ -627,11 +625,8 @@ class _Loader:
         fusion = next((p for p in space.values() if p.path == "model.fusion"), None)
         if temp is None or (fusion is not None and fusion.key in (temp.when or {})):
             return
-        if fusion is not None:
-            fusions = list(fusion.values)
-        else:
-            fusions = [get_dotted(sections, "model.fusion", get_dotted(_schema_defaults(), "model.fusion"))]
-        others = [f for f in fusions if f != "exp_decay"]
+        default = get_dotted(sections, "model.fusion", get_dotted(_schema_defaults(), "model.fusion"))
+        others = [f for f in (fusion.values if fusion else [default]) if f != "exp_decay"]
         if others:
             hint = f"add `when: {{{fusion.key}: exp_decay}}`" if fusion else "set model.fusion: exp_decay"
             self.fail(f"search.space.{temp.key}", f"the temperature T_P is only used by fusion 'exp_decay', but "
@@ -639,11 +634,9 @@ class _Loader:
 
     def check_search(self, search: Search, params: dict[str, Param], sections: dict) -> dict:
         """The normalised `search` section (defaults filled in, the space and points resolved)."""
-        out = search.model_dump(include={"metric", "mode", "algorithm", "num_samples", "seed"})
+        out = search.model_dump(mode="json", exclude_none=True)  # `when` resolved, the unnamed scheduler left out
         out["space"] = {key: p.to_dict() for key, p in params.items()}
         out["points_to_evaluate"] = self.check_points(search, [p for p in params.values() if p.sampled])
-        out["scheduler"] = {kind: getattr(search.scheduler, kind).model_dump()
-                            for kind in search.scheduler.model_fields_set}
         if search.replicates is not None:
             if get_dotted(sections, SEED_PATH, _MISSING) is not _MISSING:
                 self.fail(SEED_PATH, "is set by search.replicates (the seed comes from the replicate index); "
@@ -653,7 +646,6 @@ class _Loader:
                 self.fail("search.replicates", f"the seed comes from the replicate index, but search.space."
                                                f"{seeded[0]} also sets {SEED_PATH}; remove one of search.replicates "
                                                f"and search.space.{seeded[0]}")
-            out["replicates"] = search.replicates
         return out
 
     def check_points(self, search: Search, sampled: list[Param]) -> list[dict]:
