@@ -136,12 +136,10 @@ class Param(Section):
         return all(assignment.get(k, _MISSING) in allowed for k, allowed in (self.when or {}).items())
 
     def contains(self, value: Any) -> bool:
-        if self.categorical:
-            return any(value == v and type(value) is type(v) for v in self.values) or (
-                _is_number(value) and any(_is_number(v) and value == v for v in self.values))
-        if not _is_number(value):
-            return False
-        if self.kind == "randint" and not float(value).is_integer():
+        if self.categorical:  # 1 is 1.0, but True is not 1
+            return any(value == v and (type(value) is type(v) or _is_number(value) and _is_number(v))
+                       for v in self.values)
+        if not _is_number(value) or (self.kind == "randint" and not float(value).is_integer()):
             return False
         return self.values[0] <= value <= self.values[1]
 
@@ -287,26 +285,20 @@ class StudyFile(Section):
     resources: Resources = Field(default_factory=Resources)
     tracking: Tracking = Field({}, validate_default=True)  # validated even when absent: it resolves the URI
     storage: Text = Field(DEFAULT_STORAGE, min_length=1)  # a local directory or s3://bucket/prefix
-    storage_endpoint_url: Text | None = Field(None, min_length=1)  # an S3-compatible server's http(s):// URL
+    storage_endpoint_url: Text | None = Field(None, pattern=r"^https?://[^/\s]+")  # an S3-compatible server
 
     @model_validator(mode="after")
     def _resolve_storage(self) -> StudyFile:
         if re.match(_SCHEME + "//", self.storage):
-            if not self.storage.lower().startswith("s3://"):
-                raise ConfigError("storage", f"must be a local path or s3://bucket/prefix, got {self.storage!r}")
             if not _S3.match(self.storage):
-                raise ConfigError("storage", f"not a valid s3://bucket/prefix: {self.storage!r}")
+                raise ConfigError("storage", f"must be a local path or s3://bucket/prefix, got {self.storage!r}")
             self.storage = self.storage.rstrip("/")
         else:
             self.storage = os.path.abspath(os.path.expanduser(self.storage))
             if Path(self.storage).exists() and not Path(self.storage).is_dir():
                 raise ConfigError("storage", f"{self.storage} exists and is not a directory")
-        if self.storage_endpoint_url is not None:
-            if not re.match(r"^https?://[^/\s]+", self.storage_endpoint_url):
-                raise ConfigError("storage_endpoint_url", f"must be an http(s):// URL, got "
-                                                          f"{self.storage_endpoint_url!r}")
-            if not self.storage.startswith("s3://"):
-                raise ConfigError("storage_endpoint_url", "only used with s3:// storage")
+        if self.storage_endpoint_url is not None and not self.storage.startswith("s3://"):
+            raise ConfigError("storage_endpoint_url", "only used with s3:// storage")
         return self
 
 
