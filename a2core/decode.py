@@ -297,12 +297,21 @@ def write_results_json(path: str | Path, captions: dict[int, str]) -> None:
     atomic_write(path, json.dumps([{"image_id": i, "caption": c} for i, c in sorted(captions.items())]))
 
 
+def checkpoint_data(config: dict, vocab, data_overrides: list[str] | None = None):
+    """The CaptionData a checkpoint decodes: its config's data section with `data.*` overrides (the files on this
+    machine), and its vocabulary."""
+    from .config import Config, apply_overrides
+    from .data.dataset import CaptionData
+
+    raw = apply_overrides({"data": config["data"]}, list(data_overrides or []))
+    data_cfg = Config.from_dict({"data": raw["data"]}).data
+    return CaptionData(data_cfg, config["model"]["max_regions"], config["model"]["feature_dim"], vocab=vocab)
+
+
 def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int = 5, max_len: int = 20,
                    batch_size: int = 50, data_overrides: list[str] | None = None, device: str | None = None) -> dict:
     """`a2 decode`: one checkpoint or an averaging ensemble -> COCO results JSON for a split."""
     from .checkpoint import load_ensemble
-    from .config import Config, apply_overrides
-    from .data.dataset import CaptionData
 
     for name, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--batch-size", batch_size)):
         if value < 1:
@@ -313,9 +322,7 @@ def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int 
     if max_len > longest:
         raise ConfigError("--max-len", f"{max_len} is longer than these models can decode (at most {longest}: "
                                        f"data.max_caption_len + 3)")
-    raw = apply_overrides({"data": config["data"]}, data_overrides or [])
-    data_cfg = Config.from_dict({"data": raw["data"]}).data
-    data = CaptionData(data_cfg, config["model"]["max_regions"], config["model"]["feature_dim"], vocab=vocab)
+    data = checkpoint_data(config, vocab, data_overrides)
     data.features.check_ids([img.image_id for img in data.images(split)])
     stepper = EnsembleStepper(models) if len(models) > 1 else ModelStepper(models[0])
     with autocast(config["train"].get("precision", "fp32"), torch.device(device)):  # the first checkpoint's

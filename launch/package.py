@@ -126,7 +126,7 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
 
     location = locate(name, storage)
     spec = load_saved_spec(location)
-    summary = _read_json(location, SUMMARY_FILE)
+    summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
     if summary is None:
         raise PackageError(f"study {name!r} at {location.uri()} has no {SUMMARY_FILE}: finish it first "
                            f"(`a2 study resume {name}`)")
@@ -134,11 +134,6 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
         say(f"package: note: study {name} is not complete ({summary.get('trials_finished')}/"
             f"{summary.get('num_trials')} trials finished); packaging what it has", verbose)
     return location, spec, summary
-
-
-def _read_json(location, *parts: str) -> Any:
-    text = location.read_text(*parts)
-    return None if text is None else json.loads(text)
 
 
 def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
@@ -290,7 +285,7 @@ def seed_study_name(study: str, digest: str, index: int) -> str:
 
 def companion_studies(location) -> list[str]:
     """The seed studies packaging trained for this study (seed_studies.json)."""
-    return list((_read_json(location, SEED_STUDIES_FILE) or {}).get("studies", []))
+    return list(json.loads(location.read_text(SEED_STUDIES_FILE) or "{}").get("studies", []))
 
 
 def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
@@ -304,7 +299,7 @@ def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
         if comp.exists(STUDY_FILE):
             comp_spec = load_saved_spec(comp)
             if config_hash(comp_spec.trial_config({"seed": 0})) == digest:
-                found.append((comp, comp_spec, _read_json(comp, SUMMARY_FILE)))
+                found.append((comp, comp_spec, json.loads(comp.read_text(SUMMARY_FILE) or "null")))
     return found
 
 
@@ -344,20 +339,17 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
     """(CaptionData, its data config, {"splits": {split: image ids}, "sources", "max_len"}) for decoding the
     server's val2014 / test2014 images and the Karpathy test split with the checkpoints' vocabulary."""
     from a2core import checkpoint as ckpt
-    from a2core.config import Config, apply_overrides
     from a2core.data.captions import Vocab
-    from a2core.data.dataset import CaptionData
+    from a2core.decode import checkpoint_data
 
     state = ckpt.load(checkpoint)
-    config = state["config"]
-    data_config = Config.from_dict(apply_overrides({**config}, list(data_overrides or []))).to_dict()["data"]
-    cfg = Config.from_dict({**config, "data": data_config})
-    data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab=Vocab(state["vocab"]))
+    data = checkpoint_data(state["config"], Vocab(state["vocab"]), data_overrides)
     val_ids, test_ids, sources = _image_lists(data, val_images, test_images)
     karpathy = [img.image_id for img in data.images("test")]
     data.features.check_ids(list(dict.fromkeys(val_ids + test_ids + karpathy)))
-    return data, data_config, {"splits": {"val2014": val_ids, "test2014": test_ids, "test": karpathy},
-                               "sources": sources, "max_len": int(config["train"].get("max_len", 20))}
+    return data, data.cfg.model_dump(by_alias=True), {
+        "splits": {"val2014": val_ids, "test2014": test_ids, "test": karpathy}, "sources": sources,
+        "max_len": int(state["config"]["train"].get("max_len", 20))}
 
 
 def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple[list[int], list[int], dict]:
