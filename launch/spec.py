@@ -33,10 +33,8 @@ SEED_PATH = "train.seed"  # set by the replicate index when search.replicates is
 FIXED_PATHS = ("train.xe_epochs", "train.scst_epochs")
 
 # What a2core.train reports after every epoch (see the contract of `a2core.train.train`).
-METRICS = (
-    "val/CIDEr", "val/BLEU-1", "val/BLEU-2", "val/BLEU-3", "val/BLEU-4", "val/METEOR", "val/ROUGE-L",
-    "best/val/CIDEr", "train/loss", "train/mask_loss", "train/mask_mean", "time/epoch_s", "epoch", "step",
-)
+METRICS = ("val/CIDEr", "val/BLEU-1", "val/BLEU-2", "val/BLEU-3", "val/BLEU-4", "val/METEOR", "val/ROUGE-L",
+           "best/val/CIDEr", "train/loss", "train/mask_loss", "train/mask_mean", "time/epoch_s", "epoch", "step")
 _JSD_METRIC = re.compile(r"^diag/jsd/layer(\d+)$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 NAME_MAX = 64
