@@ -385,14 +385,14 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
     """The ensemble's captions of every split and each checkpoint's on `single_split`, on Ray tasks (one per
     shard of the image lists) or, with workers=0, in this process. Returns {"ensemble", "single", "seconds"}."""
     t0 = time.perf_counter()
-    options = dict(beam_size=beam_size, max_len=max_len, batch_size=batch_size, endpoint_url=endpoint_url)
+    options = dict(single_split=single_split, beam_size=beam_size, max_len=max_len, batch_size=batch_size,
+                   endpoint_url=endpoint_url)
     what = f"{sum(len(v) for v in splits.values())} images with {len(checkpoints)} checkpoint(s)"
     if workers == 0:
         say(f"package: decoding {what} in this process", verbose)
-        parts = [decode_shard(checkpoints, data_config, splits, single_split, **options, progress=verbose)]
+        parts = [decode_shard(checkpoints, data_config, splits, **options, progress=verbose)]
     else:
-        parts = _decode_on_ray(checkpoints, data_config, splits, single_split, options, workers, address, what,
-                               verbose)
+        parts = _decode_on_ray(checkpoints, data_config, splits, options, workers, address, what, verbose)
     merged: dict[str, Any] = {"ensemble": {split: {} for split in splits}, "single": [{} for _ in checkpoints]}
     for part in parts:
         for split, captions in part["ensemble"].items():
@@ -408,8 +408,8 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
     return merged
 
 
-def _decode_on_ray(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], single_split: str | None,
-                   options: dict, workers: int | None, address: str | None, what: str, verbose: bool) -> list[dict]:
+def _decode_on_ray(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], options: dict,
+                   workers: int | None, address: str | None, what: str, verbose: bool) -> list[dict]:
     """`decode_shard` of every shard (every n-th image of each split) as Ray tasks, one GPU each if there are;
     by default one task per GPU, else per CPU (at most 8)."""
     import ray
@@ -423,8 +423,8 @@ def _decode_on_ray(checkpoints: list[str], data_config: dict, splits: dict[str, 
     n = workers or gpus or max(1, min(8, int(resources.get("CPU", 1) or 1)))
     task = ray.remote(decode_shard).options(num_cpus=1, num_gpus=1 if gpus else 0, max_retries=2)
     say(f"package: decoding {what} on {n} Ray worker(s){' (1 GPU each)' if gpus else ''}", verbose)
-    pending = [task.remote(checkpoints, data_config, {s: ids[r::n] for s, ids in splits.items()}, single_split,
-                           **options) for r in range(n)]
+    pending = [task.remote(checkpoints, data_config, {s: ids[r::n] for s, ids in splits.items()}, **options)
+               for r in range(n)]
     parts = []
     with tqdm(total=n, desc="decode shards", unit="shard", file=sys.stderr, disable=not verbose) as bar:
         while pending:
