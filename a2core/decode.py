@@ -253,17 +253,65 @@ def captions_for(data, stepper, split: str, *, beam_size: int = 5, max_len: int 
     return out
 
 
+def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]],
+                      single_split: str | None, *, beam_size: int, max_len: int, batch_size: int,
+                      progress: bool = False, device: str | None = None) -> dict:
+    """Captions by the averaging ensemble of local `checkpoints` on every split of `shard` ({split: image ids}),
+    and by each checkpoint alone on `single_split`; regions from `data_config`'s feature store. Returns
+    {"ensemble": {split: {id: caption}}, "single": [{id: caption} per checkpoint]}."""
+    from tqdm import tqdm
+
+    from .checkpoint import load_ensemble
+    from .config import Config
+    from .data.dataset import resolve_paths
+    from .data.features import FeatureStore
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    models, vocab, config = load_ensemble(checkpoints, device=device)
+    model_cfg = config["model"]
+    store = FeatureStore(resolve_paths(Config.from_dict({**config, "data": data_config}).data).features,
+                         model_cfg["feature_dim"])
+    singles = len(models) if single_split and len(models) > 1 else 0  # one model alone is the ensemble
+    total = sum(len(v) for v in shard.values()) + len(shard.get(single_split, [])) * singles
+    bar = tqdm(total=total, desc="decode", unit="img", file=sys.stderr, disable=not (progress and total))
+
+    def captions(ensemble: list, ids: list[int]) -> dict[int, str]:
+        return caption_images(MinLengthStepper(EnsembleStepper(ensemble), vocab.eos), vocab, ids,
+                              lambda i: store.padded(i, model_cfg["max_regions"]), beam_size=beam_size,
+                              max_len=max_len, batch_size=batch_size, device=device, progress=bar.update)
+
+    out: dict = {"ensemble": {}, "single": []}
+    with torch.no_grad():
+        for split, ids in shard.items():
+            out["ensemble"][split] = captions(models, ids)
+        if single_split is not None:
+            out["single"] = [captions([model], shard[single_split]) if singles else out["ensemble"][single_split]
+                             for model in models]
+    bar.close()
+    store.close()
+    return out
+
+
 def write_results_json(path: str | Path, captions: dict[int, str]) -> None:
     """COCO results format [{"image_id": int, "caption": str}], written atomically."""
     atomic_write(path, json.dumps([{"image_id": i, "caption": c} for i, c in sorted(captions.items())]))
+
+
+def checkpoint_data(config: dict, vocab, data_overrides: list[str] | None = None):
+    """The CaptionData a checkpoint decodes: its config's data section with `data.*` overrides (the files on this
+    machine), and its vocabulary."""
+    from .config import Config, apply_overrides
+    from .data.dataset import CaptionData
+
+    raw = apply_overrides({"data": config["data"]}, list(data_overrides or []))
+    data_cfg = Config.from_dict({"data": raw["data"]}).data
+    return CaptionData(data_cfg, config["model"]["max_regions"], config["model"]["feature_dim"], vocab=vocab)
 
 
 def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int = 5, max_len: int = 20,
                    batch_size: int = 50, data_overrides: list[str] | None = None, device: str | None = None) -> dict:
     """`a2 decode`: one checkpoint or an averaging ensemble -> COCO results JSON for a split."""
     from .checkpoint import load_ensemble
-    from .config import Config, apply_overrides
-    from .data.dataset import CaptionData
 
     for name, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--batch-size", batch_size)):
         if value < 1:
@@ -274,9 +322,7 @@ def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int 
     if max_len > longest:
         raise ConfigError("--max-len", f"{max_len} is longer than these models can decode (at most {longest}: "
                                        f"data.max_caption_len + 3)")
-    raw = apply_overrides({"data": config["data"]}, data_overrides or [])
-    data_cfg = Config.from_dict({"data": raw["data"]}).data
-    data = CaptionData(data_cfg, config["model"]["max_regions"], config["model"]["feature_dim"], vocab=vocab)
+    data = checkpoint_data(config, vocab, data_overrides)
     data.features.check_ids([img.image_id for img in data.images(split)])
     stepper = EnsembleStepper(models) if len(models) > 1 else ModelStepper(models[0])
     with autocast(config["train"].get("precision", "fp32"), torch.device(device)):  # the first checkpoint's

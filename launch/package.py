@@ -1,13 +1,8 @@
 """`a2 package NAME`: a study's best configuration -> its seed checkpoints -> averaging ensemble -> COCO server
 `results.zip`, `leaderboard.json`, uploads and an MLflow model version (README, "Packaging for the COCO server").
 
-    a2 package a2-smoke                         # seeds 0 1 2 3; missing seeds are trained on Ray
-    a2 package a2-seeds --no-train --upload s3://bucket/submissions/ --workers 4
-
-`package` is a recipe of steps, each a function: `ensemble_members` (the best configuration and a checkpoint per
-seed; missing seeds trained as a companion study by `train_missing`), `decoding_data`, `decode_all` (beam search
-in shards on Ray workers, or in this process), `write_submission` (`results.zip`, validated before it is renamed
-into place), `deliver` (scores, the MLflow model, `leaderboard.json`), `upload_all` and `write_manifest`.
+`package` is a recipe of named steps: `ensemble_members` (missing seeds trained by `train_missing`),
+`decoding_data`, `decode_all`, `write_submission`, `deliver`, `upload_all` and `write_manifest`.
 """
 from __future__ import annotations
 
@@ -61,17 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
     parser.add_argument("--val-images", default=None, help="COCO image-info JSON of val2014 (default: the data's)")
     parser.add_argument("--test-images", default=None, help="image_info_test2014.json (default: the data's)")
-    parser.add_argument("--data", nargs="*", default=[],
+    parser.add_argument("--data", nargs="*", default=[], dest="data_overrides",
                         help="data.* overrides for decoding on this machine, e.g. data.features=/x.h5")
-    parser.add_argument("--quiet", action="store_true", help="no live trial table while seeds train")
+    parser.add_argument("--quiet", action="store_false", dest="verbose", help="no live trial table while seeds train")
 
 
 def main(args) -> int:
-    package(args.name, storage=args.storage, seeds=args.seeds, alg=args.alg, no_train=args.no_train,
-            out=args.out, upload=args.upload, s3_endpoint_url=args.s3_endpoint_url, tracking_uri=args.tracking_uri,
-            beam_size=args.beam_size, batch_size=args.batch_size, workers=args.workers, address=args.address,
-            val_images=args.val_images, test_images=args.test_images, data_overrides=args.data,
-            model_name=args.model_name, verbose=not args.quiet)
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}  # the rest are package's
+    package(**options)
     return 0
 
 
@@ -134,7 +126,7 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
 
     location = locate(name, storage)
     spec = load_saved_spec(location)
-    summary = _read_json(location, SUMMARY_FILE)
+    summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
     if summary is None:
         raise PackageError(f"study {name!r} at {location.uri()} has no {SUMMARY_FILE}: finish it first "
                            f"(`a2 study resume {name}`)")
@@ -142,11 +134,6 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
         say(f"package: note: study {name} is not complete ({summary.get('trials_finished')}/"
             f"{summary.get('num_trials')} trials finished); packaging what it has", verbose)
     return location, spec, summary
-
-
-def _read_json(location, *parts: str) -> Any:
-    text = location.read_text(*parts)
-    return None if text is None else json.loads(text)
 
 
 def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
@@ -164,9 +151,8 @@ def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
             print(f"a2 package: note: skipping trial {row.get('trial_id')} of {spec.name}: {err}", file=sys.stderr)
             continue
         out.append({"study": spec.name, "trial_id": str(row["trial_id"]), "seed": int(config["train"]["seed"]),
-                    "value": float(row["best"]), "epoch": row.get("best_epoch"), "state": row.get("state"),
-                    "stopped_early": row.get("stopped_early"), "checkpoint": row["best_checkpoint"],
-                    "config": config, "hash": config_hash(config)})
+                    "value": float(row["best"]), "state": row.get("state"), "stopped_early": row.get("stopped_early"),
+                    "checkpoint": row["best_checkpoint"], "config": config, "hash": config_hash(config)})
     return [c for c in out if digest is None or c["hash"] == digest]
 
 
@@ -175,10 +161,8 @@ def _rank_key(mode: str) -> Callable[[dict], tuple]:
 
 
 def select_best(cands: list[dict], mode: str) -> dict:
-    """The best trial of the best configuration. The configuration (config hash: its replicate group) with the
-    best mean metric over its seeds, among those the scheduler did not stop early unless it stopped every one
-    (`dashboards.stats.best_candidates`); within it the best trial. Ties go to the lower (study, trial id), so
-    the choice is deterministic."""
+    """The best trial of the configuration (config hash) with the best mean over its seeds, among those not
+    stopped early (`dashboards.stats.best_candidates`). Ties go to the lower (study, trial id)."""
     from dashboards.stats import TAG_STOPPED_EARLY, best_candidates
 
     if not cands:
@@ -215,8 +199,8 @@ def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
 
 
 def ensemble_seeds(cands: list[dict], digest: str, exists: Callable[[str], bool]) -> tuple[list[int], str]:
-    """The seeds of the ensemble when none are given, and why: the replicates of configuration `digest` that have
-    a checkpoint when there are at least len(SEEDS) of them (nothing is trained), else SEEDS."""
+    """The seeds of the ensemble when none are given, and why: configuration `digest`'s replicates with a
+    checkpoint when there are at least len(SEEDS) of them (nothing is trained), else SEEDS."""
     own = sorted({c["seed"] for c in cands if c["hash"] == digest and exists(c["checkpoint"])})
     if len(own) >= len(SEEDS):
         return own, f"the best configuration's {len(own)} replicates"
@@ -237,7 +221,8 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
     digest = best["hash"]
     say(f"package: best trial {best['trial_id']} of {spec.name}: {spec.metric} {best['value']:.2f} "
         f"(fusion {best['config']['model']['fusion']}, seed {best['seed']}, config {digest[:12]})", verbose)
-    rows += _companion_rows(location, digest)[0]
+    for _, comp_spec, comp_summary in _companions(location, digest):
+        rows += candidates(comp_spec, comp_summary or {}, digest)
     if seeds is None:
         seeds, why = ensemble_seeds(rows, digest, exists)
         say(f"package: ensemble seeds {', '.join(map(str, seeds))} ({why})", verbose)
@@ -262,8 +247,7 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
 
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
-    """A local path of a checkpoint: local paths as they are (absolute), s3:// objects downloaded (verified)
-    once."""
+    """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
     from dashboards.storage import open_location
 
     location = open_location(uri, endpoint_url)
@@ -277,8 +261,7 @@ def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str |
 
 # -- 1b. training the missing seeds ------------------------------------------------------------------------------
 def seeds_spec(spec, location, config: dict, seeds: list[int], name: str):
-    """A study that trains `config` with each of `seeds` (grid), with the parent study's resources, tracking
-    and storage."""
+    """A study that trains `config` with each of `seeds` (grid), with the parent study's resources and places."""
     from launch.spec import StudySpec
 
     raw = {
@@ -301,58 +284,46 @@ def seed_study_name(study: str, digest: str, index: int) -> str:
 
 
 def companion_studies(location) -> list[str]:
-    return list((_read_json(location, SEED_STUDIES_FILE) or {}).get("studies", []))
+    """The seed studies packaging trained for this study (seed_studies.json)."""
+    return list(json.loads(location.read_text(SEED_STUDIES_FILE) or "{}").get("studies", []))
 
 
-def _companion(location, name: str):
-    from launch.study import StudyLocation
-
-    return StudyLocation(name, location.storage, location.endpoint_url)
-
-
-def _companion_rows(location, digest: str) -> tuple[list[dict], list[Any]]:
-    """Candidates of the companion seed studies of configuration `digest`, and those of them that did not finish
-    (no summary, or a trial that did not end TERMINATED: interrupted or failed)."""
+def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
+    """(location, spec, summary or None) of each companion seed study of configuration `digest`."""
     from dashboards.leaderboard import config_hash
-    from launch.study import STUDY_FILE, SUMMARY_FILE, exit_code, load_saved_spec
+    from launch.study import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec
 
-    rows, unfinished = [], []
-    for comp in (_companion(location, name) for name in companion_studies(location)):
-        if not comp.exists(STUDY_FILE):
-            continue
-        comp_spec = load_saved_spec(comp)
-        if config_hash(comp_spec.trial_config({"seed": 0})) != digest:
-            continue
-        summary = _read_json(comp, SUMMARY_FILE)
-        if summary is None or exit_code(summary) != 0:
-            unfinished.append(comp)
-        if summary is not None:
-            rows += candidates(comp_spec, summary, digest)
-    return rows, unfinished
+    found = []
+    for name in companion_studies(location):
+        comp = StudyLocation(name, location.storage, location.endpoint_url)
+        if comp.exists(STUDY_FILE):
+            comp_spec = load_saved_spec(comp)
+            if config_hash(comp_spec.trial_config({"seed": 0})) == digest:
+                found.append((comp, comp_spec, json.loads(comp.read_text(SUMMARY_FILE) or "null")))
+    return found
 
 
 def train_missing(spec, location, best: dict, missing: list[int], *, address: str | None, verbose: bool) -> list[dict]:
-    """Train the missing seeds of the best configuration as a companion study (an unfinished earlier one is
-    resumed first); returns the candidates it gave."""
-    from launch.study import STUDY_FILE, load_saved_spec, resume_study, run_study
+    """Train the missing seeds of the best configuration as a companion study (an unfinished earlier one, without
+    a summary or with a trial that did not end TERMINATED, is resumed first); returns the candidates it gave."""
+    from launch.study import STUDY_FILE, StudyLocation, exit_code, resume_study, run_study
 
     digest = best["hash"]
     rows, covered = [], set()
-    for comp in _companion_rows(location, digest)[1]:
-        say(f"package: resuming the unfinished seed study {comp.name}", verbose)
-        comp_spec = load_saved_spec(comp)
-        covered |= {int(s) for s in comp_spec.params["seed"].values} if "seed" in comp_spec.params else set()
-        rows += candidates(comp_spec, resume_study(comp, address=address, verbose=verbose), digest)
+    for comp, comp_spec, comp_summary in _companions(location, digest):
+        if comp_summary is None or exit_code(comp_summary) != 0:
+            say(f"package: resuming the unfinished seed study {comp.name}", verbose)
+            covered.update(comp_spec.params["seed"].values)
+            rows += candidates(comp_spec, resume_study(comp, address=address, verbose=verbose), digest)
     # Seeds of a resumed study are not trained again elsewhere: if it still lacks them, packaging says so.
     todo = [s for s in missing if s not in covered]
     if not todo:
         return rows
     names = companion_studies(location)
     index = 0
-    while seed_study_name(spec.name, digest, index) in names or _companion(
-            location, seed_study_name(spec.name, digest, index)).exists(STUDY_FILE):
+    while (name := seed_study_name(spec.name, digest, index)) in names or StudyLocation(
+            name, location.storage, location.endpoint_url).exists(STUDY_FILE):
         index += 1
-    name = seed_study_name(spec.name, digest, index)
     new_spec = seeds_spec(spec, location, best["config"], todo, name)
     # Listed before it runs, so that an interrupted run is found (and resumed) by the next package run.
     location.write_text(json.dumps({"studies": names + [name]}, indent=2) + "\n", SEED_STUDIES_FILE)
@@ -368,87 +339,44 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
     """(CaptionData, its data config, {"splits": {split: image ids}, "sources", "max_len"}) for decoding the
     server's val2014 / test2014 images and the Karpathy test split with the checkpoints' vocabulary."""
     from a2core import checkpoint as ckpt
-    from a2core.config import Config, apply_overrides
     from a2core.data.captions import Vocab
-    from a2core.data.dataset import CaptionData
+    from a2core.decode import checkpoint_data
 
     state = ckpt.load(checkpoint)
-    config = state["config"]
-    data_config = Config.from_dict(apply_overrides({**config}, list(data_overrides or []))).to_dict()["data"]
-    cfg = Config.from_dict({**config, "data": data_config})
-    data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab=Vocab(state["vocab"]))
+    data = checkpoint_data(state["config"], Vocab(state["vocab"]), data_overrides)
     val_ids, test_ids, sources = _image_lists(data, val_images, test_images)
     karpathy = [img.image_id for img in data.images("test")]
     data.features.check_ids(list(dict.fromkeys(val_ids + test_ids + karpathy)))
-    return data, data_config, {"splits": {"val2014": val_ids, "test2014": test_ids, "test": karpathy},
-                               "sources": sources, "max_len": int(config["train"].get("max_len", 20))}
+    return data, data.cfg.model_dump(by_alias=True), {
+        "splits": {"val2014": val_ids, "test2014": test_ids, "test": karpathy}, "sources": sources,
+        "max_len": int(state["config"]["train"].get("max_len", 20))}
 
 
 def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple[list[int], list[int], dict]:
-    """The val2014 / test2014 ids the server expects (from image-info files where there are any) and where they
-    came from."""
+    """The val2014 / test2014 ids the server expects and where they came from."""
     from dashboards.submission import read_image_ids
 
     test_file = test_images or data.paths.test_images
     if not test_file:
         raise PackageError("no test2014 image list: set data.test_images in the study or pass --test-images")
-    val_file = val_images
-    if not val_file and data.paths.val_images and Path(data.paths.val_images).is_file():
-        val_file = data.paths.val_images
-    if val_file:
-        val_ids, val_source = read_image_ids(val_file), str(val_file)
-    else:
+    if val_images:
+        val_ids, val_source = read_image_ids(val_images), str(val_images)
+    else:  # the data's image-info file, else the captions' images with filepath val2014
         val_ids = list(dict.fromkeys(img.image_id for img in data.images("val2014")))
-        val_source = f"{data.paths.captions} (filepath val2014)"
+        has_file = data.paths.val_images and Path(data.paths.val_images).is_file()
+        val_source = str(data.paths.val_images) if has_file else f"{data.paths.captions} (filepath val2014)"
     return val_ids, read_image_ids(test_file), {"val2014": val_source, "test2014": str(test_file)}
 
 
 def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]], single_split: str | None,
-                 beam_size: int, max_len: int, batch_size: int, endpoint_url: str | None = None,
-                 progress: bool = False, device: str | None = None) -> dict:
-    """Captions of one shard: the ensemble on every split of `shard`, and each checkpoint alone on
-    `single_split`. Runs in a Ray task or in this process. Returns {"ensemble": {split: {id: caption}},
-    "single": [{id: caption} per checkpoint]}."""
-    import torch
-    from tqdm import tqdm
+                 endpoint_url: str | None = None, **options) -> dict:
+    """`a2core.decode.ensemble_captions` of local or s3:// checkpoints (fetched once per machine), in a Ray task or
+    in this process."""
+    from a2core.decode import ensemble_captions
 
-    from a2core.checkpoint import load_ensemble
-    from a2core.config import Config
-    from a2core.data.dataset import resolve_paths
-    from a2core.data.features import FeatureStore
-    from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
-    models, vocab, config = load_ensemble([fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints],
-                                          device=device)
-    model_cfg = config["model"]
-    store = FeatureStore(resolve_paths(Config.from_dict({**config, "data": data_config}).data).features,
-                         model_cfg["feature_dim"])
-    singles = len(models) if single_split and len(models) > 1 else 0  # one model alone is the ensemble
-    total = sum(len(v) for v in shard.values()) + len(shard.get(single_split, [])) * singles
-    bar = tqdm(total=total, desc="decode", unit="img", file=sys.stderr, disable=not (progress and total))
-
-    def captions(ensemble: list, ids: list[int]) -> dict[int, str]:
-        return caption_images(MinLengthStepper(EnsembleStepper(ensemble), vocab.eos), vocab, ids,
-                              lambda i: store.padded(i, model_cfg["max_regions"]), beam_size=beam_size,
-                              max_len=max_len, batch_size=batch_size, device=device, progress=bar.update)
-
-    out: dict[str, Any] = {"ensemble": {}, "single": []}
-    with torch.no_grad():
-        for split, ids in shard.items():
-            out["ensemble"][split] = captions(models, ids)
-        if single_split is not None:
-            out["single"] = [captions([model], shard[single_split]) if singles else out["ensemble"][single_split]
-                             for model in models]
-    bar.close()
-    store.close()
-    return out
-
-
-def default_workers(resources: dict) -> int:
-    gpus = int(resources.get("GPU", 0) or 0)
-    return gpus or max(1, min(8, int(resources.get("CPU", 1) or 1)))
+    local = [fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints]
+    return ensemble_captions(local, data_config, shard, single_split, **options)
 
 
 def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], single_split: str | None,
@@ -457,14 +385,14 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
     """The ensemble's captions of every split and each checkpoint's on `single_split`, on Ray tasks (one per
     shard of the image lists) or, with workers=0, in this process. Returns {"ensemble", "single", "seconds"}."""
     t0 = time.perf_counter()
-    n_images = sum(len(v) for v in splits.values())
     options = dict(single_split=single_split, beam_size=beam_size, max_len=max_len, batch_size=batch_size,
                    endpoint_url=endpoint_url)
+    what = f"{sum(len(v) for v in splits.values())} images with {len(checkpoints)} checkpoint(s)"
     if workers == 0:
-        say(f"package: decoding {n_images} images with {len(checkpoints)} checkpoint(s) in this process", verbose)
+        say(f"package: decoding {what} in this process", verbose)
         parts = [decode_shard(checkpoints, data_config, splits, **options, progress=verbose)]
     else:
-        parts = _decode_on_ray(checkpoints, data_config, splits, options, workers, address, verbose)
+        parts = _decode_on_ray(checkpoints, data_config, splits, options, workers, address, what, verbose)
     merged: dict[str, Any] = {"ensemble": {split: {} for split in splits}, "single": [{} for _ in checkpoints]}
     for part in parts:
         for split, captions in part["ensemble"].items():
@@ -481,8 +409,9 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
 
 
 def _decode_on_ray(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], options: dict,
-                   workers: int | None, address: str | None, verbose: bool) -> list[dict]:
-    """`decode_shard` of every shard (every n-th image of each split) as Ray tasks, one GPU each if there are."""
+                   workers: int | None, address: str | None, what: str, verbose: bool) -> list[dict]:
+    """`decode_shard` of every shard (every n-th image of each split) as Ray tasks, one GPU each if there are;
+    by default one task per GPU, else per CPU (at most 8)."""
     import ray
     from tqdm import tqdm
 
@@ -490,11 +419,10 @@ def _decode_on_ray(checkpoints: list[str], data_config: dict, splits: dict[str, 
     from launch.trainable import propagated_env
 
     resources = connect(address, runtime_env_vars=propagated_env())
-    n = workers or default_workers(resources)
-    use_gpu = int(resources.get("GPU", 0) or 0) > 0
-    task = ray.remote(decode_shard).options(num_cpus=1, num_gpus=1 if use_gpu else 0, max_retries=2)
-    say(f"package: decoding {sum(len(v) for v in splits.values())} images with {len(checkpoints)} checkpoint(s) "
-        f"on {n} Ray worker(s){' (1 GPU each)' if use_gpu else ''}", verbose)
+    gpus = int(resources.get("GPU", 0) or 0)
+    n = workers or gpus or max(1, min(8, int(resources.get("CPU", 1) or 1)))
+    task = ray.remote(decode_shard).options(num_cpus=1, num_gpus=1 if gpus else 0, max_retries=2)
+    say(f"package: decoding {what} on {n} Ray worker(s){' (1 GPU each)' if gpus else ''}", verbose)
     pending = [task.remote(checkpoints, data_config, {s: ids[r::n] for s, ids in splits.items()}, **options)
                for r in range(n)]
     parts = []

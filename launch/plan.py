@@ -1,12 +1,8 @@
 """`a2 study plan FILE [--sd SD] [--delta D ...]`: the seeds per arm a study needs before it spends a cluster.
 
-For each CIDEr difference `delta` (default: the paper's Table 3 gaps, each fusion vs the baseline and the smallest
-gap between two fusions) it prints the seeds per arm that resolve it at 95% confidence with 80% power (two-sided
-two-sample t test, `dashboards.stats.seeds_needed`) and what the study then costs in trial-epochs: configurations
-x seeds x planned epochs (XE + SCST), an upper bound that early stopping can only lower.
-
-The seed spread is `--sd`, or else measured in the study's own finished runs in MLflow: the pooled standard
-deviation of best val CIDEr within replicate groups (`dashboards.stats.pooled_sd`). Scores are x100.
+For each CIDEr difference (default: the paper's Table 3 gaps) the seeds per arm that resolve it at 95% confidence
+with 80% power (`dashboards.stats.seeds_needed`) and the study's cost in trial-epochs (README, "Power"). The seed
+spread is `--sd`, else the pooled sd of best val CIDEr within the study's replicate groups in MLflow.
 """
 from __future__ import annotations
 

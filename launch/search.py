@@ -123,9 +123,10 @@ class GridCrossedSearcher(Searcher):
     def _suggest_one(trial: optuna.trial.Trial, p: Param) -> Any:
         if p.kind == "choice":
             return trial.suggest_categorical(p.key, list(p.values))
+        low, high = p.values
         if p.kind == "randint":
-            return trial.suggest_int(p.key, int(p.low), int(p.high))
-        return trial.suggest_float(p.key, p.low, p.high, log=p.kind == "loguniform")
+            return trial.suggest_int(p.key, int(low), int(high))
+        return trial.suggest_float(p.key, low, high, log=p.kind == "loguniform")
 
     # -- Searcher ----------------------------------------------------------------------------------------------------
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec) -> bool:

@@ -1,19 +1,12 @@
-"""Study files: their schema, their complete validation, and the search space they describe.
+"""Study files: their schema, their complete validation, and the search space they describe (README "Studies").
 
-A study file is the `data` / `model` / `train` sections of an `a2core` config (the base of every trial) plus the
-study's own sections, whose pydantic models below are their schema. README "Studies" describes the search space
-for users; `studies/*.yaml` are commented examples.
-
-`load_study` checks everything before anything starts Ray (this module never imports ray): the schema, then what
-no schema can say (`_Loader`): the space's keys and conditions, that every trial the space can produce is a valid
-`a2core.config.Config` (probed at the ends of ranges, defaults, points and choices), data files, the cluster.
-Errors are `ConfigError`s naming the dotted key (`search.space.lambda.loguniform`) and the file. Relative paths
-become absolute, because trials run in other working directories and on other machines.
+A study file is the `data` / `model` / `train` sections of an `a2core` config plus the study's own sections, whose
+pydantic models are below. `load_study` checks everything before Ray starts (this module never imports ray),
+including what no schema can say (`_Loader`). Errors are `ConfigError`s naming the dotted key and the file.
 """
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import math
 import os
@@ -24,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr, ValidationError, model_validator
 
 from a2core.config import (Config, ConfigError, Integer, Number, Real, Section, Text, applicable_config,
                            apply_overrides, config_error, get_dotted, integer, load_yaml, set_dotted)
@@ -40,10 +33,8 @@ SEED_PATH = "train.seed"  # set by the replicate index when search.replicates is
 FIXED_PATHS = ("train.xe_epochs", "train.scst_epochs")
 
 # What a2core.train reports after every epoch (see the contract of `a2core.train.train`).
-METRICS = (
-    "val/CIDEr", "val/BLEU-1", "val/BLEU-2", "val/BLEU-3", "val/BLEU-4", "val/METEOR", "val/ROUGE-L",
-    "best/val/CIDEr", "train/loss", "train/mask_loss", "train/mask_mean", "time/epoch_s", "epoch", "step",
-)
+METRICS = ("val/CIDEr", "val/BLEU-1", "val/BLEU-2", "val/BLEU-3", "val/BLEU-4", "val/METEOR", "val/ROUGE-L",
+           "best/val/CIDEr", "train/loss", "train/mask_loss", "train/mask_mean", "time/epoch_s", "epoch", "step")
 _JSD_METRIC = re.compile(r"^diag/jsd/layer(\d+)$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 NAME_MAX = 64
@@ -62,6 +53,13 @@ _COUPLED = ({"model.temperature", "model.fusion"}, {"model.heads", "model.d_mode
 
 # -- the schema of the study's own sections ------------------------------------------------------------------------
 # data / model / train are a2core's Config: checked as a whole once the space's keys are set (`_Loader.check_trials`).
+def _listed_once(values: list, what: str = "") -> list:
+    for i, v in enumerate(values):
+        if any(v == w and type(v) is type(w) for w in values[:i]):
+            raise ConfigError(f"[{i}]", f"{what}{v!r} is listed twice")
+    return values
+
+
 def _values(value: Any) -> tuple:
     """The values of a grid or choice: a non-empty list of distinct numbers, strings or booleans."""
     if not isinstance(value, list) or not value:
@@ -69,9 +67,7 @@ def _values(value: Any) -> tuple:
     for i, v in enumerate(value):
         if not isinstance(v, (str, int, float, bool)):
             raise ConfigError(f"[{i}]", f"must be a number, string or boolean, got {v!r}")
-        if any(v == w and type(v) is type(w) for w in value[:i]):
-            raise ConfigError(f"[{i}]", f"{v!r} is listed twice")
-    return tuple(value)
+    return tuple(_listed_once(value))
 
 
 def _pair(value: Any) -> Any:
@@ -80,8 +76,9 @@ def _pair(value: Any) -> Any:
     return value
 
 
-class SpaceEntry(Section):
-    """One key of `search.space`: exactly one distribution, and optionally `when`."""
+class Param(Section):
+    """One key of `search.space`: exactly one distribution, and optionally `when`. The loader gives it its `key`
+    and resolves `when` to {space key: [allowed values]}."""
 
     grid: Annotated[tuple, BeforeValidator(_values)] | None = None
     choice: Annotated[tuple, BeforeValidator(_values)] | None = None
@@ -89,24 +86,77 @@ class SpaceEntry(Section):
     loguniform: Annotated[tuple[Real, Real], BeforeValidator(_pair)] | None = None
     randint: Annotated[tuple[Integer, Integer], BeforeValidator(_pair)] | None = None
     when: dict[str, Any] | None = None  # {space key: value | [values]}
+    # As written in the study (alias or dotted path); also its name in suggestions and Optuna.
+    _key: str = PrivateAttr("")
+
+    @model_validator(mode="after")
+    def _one_distribution(self) -> Param:
+        kinds = [kind for kind in DISTRIBUTIONS if getattr(self, kind) is not None]
+        if len(kinds) != 1:
+            raise ConfigError("", f"needs exactly one distribution of {', '.join(DISTRIBUTIONS)}, got "
+                                  f"{', '.join(kinds) or 'none'}")
+        if not self.categorical:
+            low, high = self.values
+            if low >= high:
+                raise ConfigError(self.kind, f"low must be < high, got [{_fmt(low)}, {_fmt(high)}]")
+            if self.kind == "loguniform" and low <= 0:
+                raise ConfigError(self.kind, f"loguniform needs low > 0, got {_fmt(low)}")
+        return self
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def path(self) -> str:
+        """The dotted config path."""
+        return resolve_key(self._key)
 
     @property
     def kind(self) -> str:
         return next(kind for kind in DISTRIBUTIONS if getattr(self, kind) is not None)
 
-    @model_validator(mode="after")
-    def _one_distribution(self) -> SpaceEntry:
-        kinds = [kind for kind in DISTRIBUTIONS if getattr(self, kind) is not None]
-        if len(kinds) != 1:
-            raise ConfigError("", f"needs exactly one distribution of {', '.join(DISTRIBUTIONS)}, got "
-                                  f"{', '.join(kinds) or 'none'}")
-        if kinds[0] in ("uniform", "loguniform", "randint"):
-            low, high = getattr(self, kinds[0])
-            if low >= high:
-                raise ConfigError(kinds[0], f"low must be < high, got [{_fmt(low)}, {_fmt(high)}]")
-            if kinds[0] == "loguniform" and low <= 0:
-                raise ConfigError(kinds[0], f"loguniform needs low > 0, got {_fmt(low)}")
-        return self
+    @property
+    def values(self) -> tuple:
+        """What the distribution lists: a grid's or choice's values, a range's (low, high)."""
+        return getattr(self, self.kind)
+
+    @property
+    def sampled(self) -> bool:
+        return self.kind != "grid"
+
+    @property
+    def categorical(self) -> bool:
+        return self.kind in ("grid", "choice")
+
+    def active(self, assignment: dict) -> bool:
+        """Whether this key exists in a trial whose other keys are `assignment`."""
+        return all(assignment.get(k, _MISSING) in allowed for k, allowed in (self.when or {}).items())
+
+    def contains(self, value: Any) -> bool:
+        if self.categorical:  # 1 is 1.0, but True is not 1
+            return any(value == v and (type(value) is type(v) or _is_number(value) and _is_number(v))
+                       for v in self.values)
+        if not _is_number(value) or (self.kind == "randint" and not float(value).is_integer()):
+            return False
+        return self.values[0] <= value <= self.values[1]
+
+    def default(self) -> Any:
+        """The paper's value (a2core's schema default) when the distribution contains it, else the middle: the
+        first value, the geometric middle of a loguniform range, the middle of the others."""
+        value = get_dotted(_schema_defaults(), self.path)
+        if value is not None and self.contains(value):
+            return int(value) if self.kind == "randint" else value
+        if self.categorical:
+            return self.values[0]
+        low, high = self.values
+        if self.kind == "randint":
+            return (low + high) // 2
+        middle = math.sqrt(low * high) if self.kind == "loguniform" else (low + high) / 2
+        return float(f"{middle:.6g}")
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json", exclude_none=True)
 
 
 class Asha(Section):
@@ -143,24 +193,17 @@ def _seeds(value: Any) -> Any:
     return list(range(count))
 
 
-def _distinct(seeds: list[int]) -> list[int]:
-    for i, seed in enumerate(seeds):
-        if seed in seeds[:i]:
-            raise ConfigError(f"[{i}]", f"seed {seed} is listed twice")
-    return seeds
-
-
 class Search(Section):
     metric: Text = Field("val/CIDEr", min_length=1)  # a metric that a2core.train reports after every epoch
     mode: Literal["max", "min"] = "max"
     algorithm: Literal["optuna", "random", "grid"] = "optuna"  # optuna (TPE) | random | grid
     num_samples: Integer = Field(1, ge=1)  # samples of the sampled keys per grid cell
     seed: Integer = Field(0, ge=0)  # searcher seed (cell i uses seed + i)
-    space: dict[str, SpaceEntry] | None = None
+    space: dict[str, Param] | None = None
     points_to_evaluate: list[dict[str, Any]] | None = None  # e.g. [{lambda: 0.035}]: first in every cell
     # Every configuration runs with seeds 0 .. N-1 (or those listed).
     replicates: Annotated[list[Annotated[Integer, Field(ge=0)]], BeforeValidator(_seeds),
-                          AfterValidator(_distinct)] | None = None
+                          AfterValidator(lambda seeds: _listed_once(seeds, "seed "))] | None = None
     scheduler: Scheduler = Field(default_factory=lambda: Scheduler(fifo={}))
 
 
@@ -189,8 +232,8 @@ class Tracking(Section):
 
     @model_validator(mode="after")
     def _resolve_uri(self) -> Tracking:
-        """The URI at load time (the saved study keeps it, so a resumed one tracks to the same place), with a
-        file store or a relative sqlite database made absolute."""
+        """The URI at load time (saved with the study, so a resumed one tracks to the same place), a file store
+        or a relative sqlite database made absolute."""
         uri = self.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_URI
         if re.match(_SCHEME + r"//[^/@]*:[^/@]*@", uri):  # user:password@host
             from dashboards.tracking import redact_uri
@@ -227,11 +270,8 @@ def _study_name(name: Any) -> str:
     return name
 
 
-def _mapping(value: Any) -> Any:
-    return {} if value is None else value
-
-
-RawSection = Annotated[dict, BeforeValidator(_mapping)]  # data / model / train as written: a Config once probed
+# data / model / train as written (`null` reads as {}): a Config once probed
+RawSection = Annotated[dict, BeforeValidator(lambda value: {} if value is None else value)]
 
 
 class StudyFile(Section):
@@ -243,26 +283,20 @@ class StudyFile(Section):
     resources: Resources = Field(default_factory=Resources)
     tracking: Tracking = Field({}, validate_default=True)  # validated even when absent: it resolves the URI
     storage: Text = Field(DEFAULT_STORAGE, min_length=1)  # a local directory or s3://bucket/prefix
-    storage_endpoint_url: Text | None = Field(None, min_length=1)  # an S3-compatible server's http(s):// URL
+    storage_endpoint_url: Text | None = Field(None, pattern=r"^https?://[^/\s]+")  # an S3-compatible server
 
     @model_validator(mode="after")
     def _resolve_storage(self) -> StudyFile:
         if re.match(_SCHEME + "//", self.storage):
-            if not self.storage.lower().startswith("s3://"):
-                raise ConfigError("storage", f"must be a local path or s3://bucket/prefix, got {self.storage!r}")
             if not _S3.match(self.storage):
-                raise ConfigError("storage", f"not a valid s3://bucket/prefix: {self.storage!r}")
+                raise ConfigError("storage", f"must be a local path or s3://bucket/prefix, got {self.storage!r}")
             self.storage = self.storage.rstrip("/")
         else:
             self.storage = os.path.abspath(os.path.expanduser(self.storage))
             if Path(self.storage).exists() and not Path(self.storage).is_dir():
                 raise ConfigError("storage", f"{self.storage} exists and is not a directory")
-        if self.storage_endpoint_url is not None:
-            if not re.match(r"^https?://[^/\s]+", self.storage_endpoint_url):
-                raise ConfigError("storage_endpoint_url", f"must be an http(s):// URL, got "
-                                                          f"{self.storage_endpoint_url!r}")
-            if not self.storage.startswith("s3://"):
-                raise ConfigError("storage_endpoint_url", "only used with s3:// storage")
+        if self.storage_endpoint_url is not None and not self.storage.startswith("s3://"):
+            raise ConfigError("storage_endpoint_url", "only used with s3:// storage")
         return self
 
 
@@ -276,14 +310,11 @@ def config_schema() -> dict[str, type]:
     out = {}
     for section in SECTIONS:
         for name, f in Config.model_fields[section].annotation.model_fields.items():
-            out[f"{section}.{f.alias or name}"] = _value_type(f.annotation)
+            annotation = f.annotation
+            while get_origin(annotation) not in (None, Literal):  # Annotated[X, ...] or X | None -> X
+                annotation = next(arg for arg in get_args(annotation) if arg is not type(None))
+            out[f"{section}.{f.alias or name}"] = str if get_origin(annotation) is Literal else annotation
     return out
-
-
-def _value_type(annotation: Any) -> type:
-    while get_origin(annotation) not in (None, Literal):  # Annotated[X, ...] or X | None -> X
-        annotation = next(arg for arg in get_args(annotation) if arg is not type(None))
-    return str if get_origin(annotation) is Literal else annotation
 
 
 @lru_cache(maxsize=1)
@@ -305,60 +336,12 @@ def _fmt(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-# -- one key of the search space ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Param:
-    key: str  # as written in the study (alias or dotted path); also the key in suggestions and Optuna
-    path: str  # dotted config path
-    kind: str  # grid | choice | uniform | loguniform | randint
-    values: tuple = ()  # grid / choice
-    low: float | int | None = None  # uniform / loguniform / randint
-    high: float | int | None = None
-    when: tuple = ()  # ((space key, (allowed values...)), ...)
-
-    @property
-    def sampled(self) -> bool:
-        return self.kind != "grid"
-
-    @property
-    def categorical(self) -> bool:
-        return self.kind in ("grid", "choice")
-
-    def active(self, assignment: dict) -> bool:
-        """Whether this key exists in a trial whose other keys are `assignment`."""
-        return all(assignment.get(k, _MISSING) in allowed for k, allowed in self.when)
-
-    def contains(self, value: Any) -> bool:
-        if self.categorical:
-            return any(value == v and type(value) is type(v) for v in self.values) or (
-                _is_number(value) and any(_is_number(v) and value == v for v in self.values))
-        if not _is_number(value):
-            return False
-        if self.kind == "randint" and not float(value).is_integer():
-            return False
-        return self.low <= value <= self.high
-
-    def default(self) -> Any:
-        """The paper's value (a2core's schema default) when the distribution contains it, else the middle: the
-        first value, the geometric middle of a loguniform range, the middle of the others."""
-        value = get_dotted(_schema_defaults(), self.path)
-        if value is not None and self.contains(value):
-            return int(value) if self.kind == "randint" else value
-        if self.categorical:
-            return self.values[0]
-        if self.kind == "randint":
-            return (self.low + self.high) // 2
-        middle = math.sqrt(self.low * self.high) if self.kind == "loguniform" else (self.low + self.high) / 2
-        return float(f"{middle:.6g}")
-
-    def ends(self) -> tuple[Any, Any]:
-        return (self.values[0], self.values[-1]) if self.categorical else (self.low, self.high)
-
-    def to_dict(self) -> dict:
-        out: dict[str, Any] = {self.kind: list(self.values) if self.categorical else [self.low, self.high]}
-        if self.when:
-            out["when"] = {k: list(v) for k, v in self.when}
-        return out
+def _distinct_dicts(dicts) -> list[dict]:
+    out: list[dict] = []
+    for d in dicts:
+        if d not in out:
+            out.append(d)
+    return out
 
 
 # -- the spec ---------------------------------------------------------------------------------------------------------
@@ -378,7 +361,6 @@ class StudySpec:
     def from_dict(cls, raw: dict, source: str | None = None, cluster_resources: dict | None = None) -> "StudySpec":
         return _Loader(source).load(raw, cluster_resources)
 
-    # -- the space ----------------------------------------------------------------------------------------------
     @property
     def metric(self) -> str:
         return self.search["metric"]
@@ -401,18 +383,12 @@ class StudySpec:
         return self._ordered(sampled=True)
 
     @property
-    def grid_keys(self) -> list[str]:
-        return [p.key for p in self._ordered(sampled=False)]
-
-    @property
     def sampled_keys(self) -> list[str]:
         return [p.key for p in self.sampled_params]
 
     def grid_cells(self) -> list[dict]:
-        """Every combination of the grid keys (a conditional grid key only where its condition holds).
-
-        `[{}]` when the space has no grid keys: the whole study is one cell.
-        """
+        """Every combination of the grid keys (a conditional grid key only where its condition holds); `[{}]`
+        when the space has no grid keys: the whole study is one cell."""
         grid = self._ordered(sampled=False)
         uncond = [p for p in grid if not p.when]
         cells = [dict(zip([p.key for p in uncond], combo)) for combo in itertools.product(*(p.values for p in uncond))]
@@ -423,7 +399,8 @@ class StudySpec:
 
     def has_sampled(self, cell: dict) -> bool:
         """Whether a sampled key can exist in `cell` (conditions on sampled keys are undecided there)."""
-        return any(all(k not in cell or cell[k] in allowed for k, allowed in p.when) for p in self.sampled_params)
+        return any(all(k not in cell or cell[k] in allowed for k, allowed in (p.when or {}).items())
+                   for p in self.sampled_params)
 
     def fill(self, cell: dict, value_of) -> dict:
         """The sampled part of a trial in `cell`, asking `value_of(param)` for every key that is active."""
@@ -470,8 +447,7 @@ class StudySpec:
 
     def trial_config(self, sampled: dict[str, Any]) -> dict:
         """The validated a2core config (plain dict) of one suggestion, e.g. `{"fusion": "gate", "lambda": 0.03}`,
-        without the model keys its fusion does not use (`a2core.config.applicable_config`: a fusion-none trial
-        has no lambda, only exp_decay has a temperature, only moving_average an eta)."""
+        without the model keys its fusion does not use (`a2core.config.applicable_config`)."""
         raw = copy.deepcopy(self.base)
         for key, value in sampled.items():
             path = self.params[key].path if key in self.params else resolve_key(key)
@@ -484,10 +460,8 @@ class StudySpec:
     def trial_resources(self) -> dict:
         """Total resources of one trial: its workers plus its Tune driver function."""
         r = self.resources
-        return {
-            "CPU": r["workers_per_trial"] * r["cpus_per_worker"] + r["driver_cpus"],
-            "GPU": r["workers_per_trial"] * r["gpus_per_worker"],
-        }
+        return {"CPU": r["workers_per_trial"] * r["cpus_per_worker"] + r["driver_cpus"],
+                "GPU": r["workers_per_trial"] * r["gpus_per_worker"]}
 
     def summary(self) -> str:
         cells = len(self.grid_cells())
@@ -506,14 +480,6 @@ class StudySpec:
         return copy.deepcopy({"name": self.name, **sections, "search": self.search, "resources": self.resources,
                               "tracking": self.tracking, "storage": self.storage,
                               "storage_endpoint_url": self.storage_endpoint_url})
-
-
-def _distinct_dicts(dicts) -> list[dict]:
-    out: list[dict] = []
-    for d in dicts:
-        if d not in out:
-            out.append(d)
-    return out
 
 
 # -- loading -----------------------------------------------------------------------------------------------------------
@@ -540,8 +506,8 @@ def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
 
 
 class _Loader:
-    """What no schema can say: the space's keys and conditions, every trial it can produce, data files and the
-    cluster."""
+    """What no schema can say: the space's keys and conditions, every trial it can produce (probed at the ends of
+    ranges, defaults, points and choices), data files and the cluster."""
 
     def __init__(self, source: str | None):
         self.source = source
@@ -554,7 +520,12 @@ class _Loader:
             study = StudyFile.model_validate(raw)
         except ValidationError as err:
             raise config_error(err, self.source) from None
-        sections = self.resolve_paths({s: copy.deepcopy(getattr(study, s)) for s in SECTIONS})
+        sections = {s: copy.deepcopy(getattr(study, s)) for s in SECTIONS}
+        # Relative data paths become absolute: trials run in other working directories and on other machines.
+        for path in ("data.captions", "data.features", "data.test_images", "data.root", "train.scst_from"):
+            value = get_dotted(sections, path)
+            if isinstance(value, str) and value and "://" not in value:
+                set_dotted(sections, path, os.path.abspath(os.path.expanduser(value)))
         params = self.check_space(study.search.space or {}, sections)
         spec = StudySpec(name=study.name, base={}, search=self.check_search(study.search, params, sections),
                          resources=study.resources.model_dump(exclude_none=True),  # price_per_hour only when given
@@ -564,7 +535,12 @@ class _Loader:
                          params=params)
         spec.base = self.check_trials(spec, sections)
         self.check_data(spec.base)
-        self.check_metric(spec.metric, spec.base)
+        match = _JSD_METRIC.match(spec.metric)
+        if match and int(match.group(1)) >= spec.base["model"]["layers"]:
+            self.fail("search.metric", f"{spec.metric}: the model has {spec.base['model']['layers']} layers")
+        if not match and spec.metric not in METRICS:
+            self.fail("search.metric", f"{spec.metric!r} is not reported by training; one of {', '.join(METRICS)}, "
+                                       f"diag/jsd/layer<i>")
         asha = spec.search["scheduler"].get("asha")
         if asha and asha["grace_period"] > spec.total_epochs:
             self.fail("search.scheduler.asha.grace_period", f"{asha['grace_period']} is more than the "
@@ -574,67 +550,53 @@ class _Loader:
             self.check_cluster(spec, cluster_resources)
         return spec
 
-    @staticmethod
-    def resolve_paths(sections: dict) -> dict:
-        """Relative data paths become absolute (trials run in other working directories)."""
-        keys = [("data", k) for k in ("captions", "features", "test_images", "root")] + [("train", "scst_from")]
-        for section, key in keys:
-            value = sections[section].get(key)
-            if isinstance(value, str) and value and "://" not in value:
-                sections[section][key] = os.path.abspath(os.path.expanduser(value))
-        return sections
-
     # -- search ---------------------------------------------------------------------------------------------------
-    def check_space(self, space: dict[str, SpaceEntry], sections: dict) -> dict[str, Param]:
+    def check_space(self, space: dict[str, Param], sections: dict) -> dict[str, Param]:
         schema = config_schema()
-        params: dict[str, Param] = {}
-        for key, entry in space.items():
+        named: dict[str, str] = {}  # config path -> space key
+        for key, p in space.items():
             where = f"search.space.{key}"
             path = resolve_key(key)
             if path is None:
                 self.fail(where, f"unknown search key: neither an alias ({', '.join(ALIASES)}) nor a "
                                  f"data./model./train. key of the config")
-            same = next((p.key for p in params.values() if p.path == path), None)
-            if same is not None:
-                self.fail(where, f"names {path} like search.space.{same} already does")
+            if path in named:
+                self.fail(where, f"names {path} like search.space.{named[path]} already does")
             if path in FIXED_PATHS:
                 self.fail(where, "the planned epochs must be the same for every trial (ASHA's budget and the "
                                  "pruning rule depend on them); set it in train")
             if get_dotted(sections, path, _MISSING) is not _MISSING:
                 self.fail(path, f"is set by search.space.{key}; remove it from {path.split('.')[0]}")
-            kind, tp = entry.kind, schema[path]
-            if kind in ("grid", "choice"):
-                params[key] = Param(key, path, kind, values=getattr(entry, kind))
-                continue
-            if tp is int and kind != "randint":
-                self.fail(f"{where}.{kind}", f"{path} is an integer: use randint, grid or choice")
-            if tp in (str, bool):
-                self.fail(f"{where}.{kind}", f"{path} is a {'string' if tp is str else 'boolean'}: use grid or choice")
-            low, high = getattr(entry, kind)
-            params[key] = Param(key, path, kind, low=low, high=high)
-        for key, entry in space.items():
-            if entry.when is not None:
-                params[key] = dataclasses.replace(params[key], when=self.check_when(key, space, params))
-        self.check_temperature(params, sections)
-        return params
+            if not p.categorical and schema[path] is int and p.kind != "randint":
+                self.fail(f"{where}.{p.kind}", f"{path} is an integer: use randint, grid or choice")
+            if not p.categorical and schema[path] in (str, bool):
+                self.fail(f"{where}.{p.kind}", f"{path} is a {'string' if schema[path] is str else 'boolean'}: "
+                                               f"use grid or choice")
+            named[path] = key
+            p._key = key
+        for key, p in space.items():
+            if p.when is not None:
+                p.when = self.check_when(p, space)
+        self.check_temperature(space, sections)
+        return space
 
-    def check_when(self, key: str, space: dict[str, SpaceEntry], params: dict[str, Param]) -> tuple:
-        """`when: {fusion: exp_decay}` -> (("fusion", ("exp_decay",)),), once every key of the space is known."""
-        where = f"search.space.{key}.when"
-        if not space[key].when:
+    def check_when(self, param: Param, space: dict[str, Param]) -> dict:
+        """`when: {fusion: exp_decay}` -> {"fusion": ["exp_decay"]}, once every key of the space is known."""
+        where = f"search.space.{param.key}.when"
+        if not param.when:
             self.fail(where, "must name at least one key")
-        by_path = {p.path: p for p in params.values()}
-        conditions = []
-        for other, allowed in space[key].when.items():
+        by_path = {p.path: p for p in space.values()}
+        conditions = {}
+        for other, allowed in param.when.items():
             target = by_path.get(resolve_key(other))
             if target is None:
                 self.fail(f"{where}.{other}", f"not a key of the search space (keys: {', '.join(space)})")
-            if target.key == key:
+            if target is param:
                 self.fail(f"{where}.{other}", "a key cannot depend on itself")
-            if not target.categorical or space[target.key].when is not None:
+            if not target.categorical or target.when is not None:
                 self.fail(f"{where}.{other}", f"conditions may only name a grid or choice key without its own "
                                               f"`when`; search.space.{target.key} is not one")
-            if params[key].kind == "grid" and target.kind != "grid":
+            if param.kind == "grid" and target.kind != "grid":
                 self.fail(f"{where}.{other}", "a grid key may only depend on grid keys")
             allowed = allowed if isinstance(allowed, list) else [allowed]
             if not allowed:
@@ -643,21 +605,18 @@ class _Loader:
                 if not target.contains(v):
                     self.fail(f"{where}.{other}", f"{v!r} is not one of search.space.{target.key}'s values "
                                                   f"{list(target.values)}")
-            conditions.append((target.key, tuple(allowed)))
-        return tuple(conditions)
+            conditions[target.key] = allowed
+        return conditions
 
-    def check_temperature(self, params: dict[str, Param], sections: dict) -> None:
+    def check_temperature(self, space: dict[str, Param], sections: dict) -> None:
         """T_P only exists for exp_decay: a sampled temperature needs `when: {fusion: exp_decay}` unless every
         trial uses exp_decay."""
-        temp = next((p for p in params.values() if p.path == "model.temperature"), None)
-        fusion = next((p for p in params.values() if p.path == "model.fusion"), None)
-        if temp is None or (fusion is not None and fusion.key in dict(temp.when)):
+        temp = next((p for p in space.values() if p.path == "model.temperature"), None)
+        fusion = next((p for p in space.values() if p.path == "model.fusion"), None)
+        if temp is None or (fusion is not None and fusion.key in (temp.when or {})):
             return
-        if fusion is not None:
-            fusions = list(fusion.values)
-        else:
-            fusions = [get_dotted(sections, "model.fusion", get_dotted(_schema_defaults(), "model.fusion"))]
-        others = [f for f in fusions if f != "exp_decay"]
+        default = get_dotted(sections, "model.fusion", get_dotted(_schema_defaults(), "model.fusion"))
+        others = [f for f in (fusion.values if fusion else [default]) if f != "exp_decay"]
         if others:
             hint = f"add `when: {{{fusion.key}: exp_decay}}`" if fusion else "set model.fusion: exp_decay"
             self.fail(f"search.space.{temp.key}", f"the temperature T_P is only used by fusion 'exp_decay', but "
@@ -665,11 +624,9 @@ class _Loader:
 
     def check_search(self, search: Search, params: dict[str, Param], sections: dict) -> dict:
         """The normalised `search` section (defaults filled in, the space and points resolved)."""
-        out = search.model_dump(include={"metric", "mode", "algorithm", "num_samples", "seed"})
+        out = search.model_dump(mode="json", exclude_none=True)  # `when` resolved, the unnamed scheduler left out
         out["space"] = {key: p.to_dict() for key, p in params.items()}
         out["points_to_evaluate"] = self.check_points(search, [p for p in params.values() if p.sampled])
-        out["scheduler"] = {kind: getattr(search.scheduler, kind).model_dump()
-                            for kind in search.scheduler.model_fields_set}
         if search.replicates is not None:
             if get_dotted(sections, SEED_PATH, _MISSING) is not _MISSING:
                 self.fail(SEED_PATH, "is set by search.replicates (the seed comes from the replicate index); "
@@ -679,7 +636,6 @@ class _Loader:
                 self.fail("search.replicates", f"the seed comes from the replicate index, but search.space."
                                                f"{seeded[0]} also sets {SEED_PATH}; remove one of search.replicates "
                                                f"and search.space.{seeded[0]}")
-            out["replicates"] = search.replicates
         return out
 
     def check_points(self, search: Search, sampled: list[Param]) -> list[dict]:
@@ -706,22 +662,10 @@ class _Loader:
             self.fail("search.points_to_evaluate", "algorithm 'grid' runs the points: give at least one")
         return points
 
-    def check_metric(self, metric: str, base: dict) -> None:
-        match = _JSD_METRIC.match(metric)
-        if match:
-            if int(match.group(1)) >= base["model"]["layers"]:
-                self.fail("search.metric", f"{metric}: the model has {base['model']['layers']} layers")
-        elif metric not in METRICS:
-            self.fail("search.metric", f"{metric!r} is not reported by training; one of {', '.join(METRICS)}, "
-                                       f"diag/jsd/layer<i>")
-
     # -- every trial the space can produce ---------------------------------------------------------------------
     def check_trials(self, spec: StudySpec, sections: dict) -> dict:
         """Build a Config for every grid cell with the sampled keys at their ends, defaults, points and choices.
-
-        Returns the base: the sections with defaults filled in and the space's keys at their schema defaults.
-        """
-        schema_defaults = _schema_defaults()
+        Returns the base: the sections with defaults filled in and the space's keys at their schema defaults."""
         try:  # the sections alone (space keys at their defaults): errors that no grid cell causes
             Config.from_dict(sections, source=self.source)
         except ConfigError as err:
@@ -739,10 +683,9 @@ class _Loader:
                 except ConfigError as err:
                     self.explain(err, spec, cell, assignment)
                 first = first or cfg
-        assert first is not None
         base = first.to_dict()
         for p in spec.params.values():
-            set_dotted(base, p.path, get_dotted(schema_defaults, p.path))
+            set_dotted(base, p.path, get_dotted(_schema_defaults(), p.path))
         return base
 
     @staticmethod
@@ -750,13 +693,13 @@ class _Loader:
         def at(pick):
             return {**cell, **spec.fill(cell, pick)}
 
-        found = [at(lambda p: p.default()), at(lambda p: p.ends()[0]), at(lambda p: p.ends()[1])]
+        found = [at(lambda p: p.default()), at(lambda p: p.values[0]), at(lambda p: p.values[-1])]
         for point in spec.search["points_to_evaluate"]:
             found.append(at(lambda p, point=point: point[p.key]))
         for c in spec.sampled_params:
             if c.kind == "choice":
                 for v in c.values:
-                    found.append(at(lambda p, c=c, v=v: v if p is c else p.ends()[0]))
+                    found.append(at(lambda p, c=c, v=v: v if p is c else p.values[0]))
         return _distinct_dicts(found)
 
     def explain(self, err: ConfigError, spec: StudySpec, cell: dict, assignment: dict):

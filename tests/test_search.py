@@ -48,7 +48,7 @@ def spec(tmp_path):
 
 
 def cell_key(config: dict, spec) -> tuple:
-    return tuple(config[k] for k in spec.grid_keys)
+    return tuple(config[k] for k, p in spec.params.items() if not p.sampled)
 
 
 def drain(searcher, prefix="t", limit=1000) -> list[tuple[str, dict]]:
