@@ -24,10 +24,10 @@ def test_paper_rows_follow_the_fusion_mapping():
                                          "CIDEr": 133.9, "SPICE": 23.0}
     assert gate["table2"]["c5"]["CIDEr"] == 132.4 and gate["table2"]["c40"]["CIDEr"] == 134.7
     assert gate["table2"]["ensemble"] == 4
-    assert paper.table1_row("gate")["xe"]["CIDEr"] == 125.0
+    assert paper.TABLE1["rows"]["A2 Transformer"]["xe"]["CIDEr"] == 125.0
     assert paper.TABLE1["rows"]["DPA"]["scst"]["BLEU-1"] is None  # "-" in the paper
     with pytest.raises(ValueError):
-        paper.table1_row("gate", "rl")
+        paper.paper_rows("gate", "rl")
 
 
 # -- the leaderboard dict and file -----------------------------------------------------------------------------------
