@@ -63,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     compare = sub.add_parser("compare", help="configurations of a study side by side, from MLflow")
     compare.add_argument("name")
     compare.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
+    compare.add_argument("--baseline", default=None, help="the value of --by to compare with (default: fusion none)")
     compare.add_argument("--tracking-uri", default=None)
 
     plan = sub.add_parser("plan", help="seeds per arm needed to resolve a CIDEr difference, and the study's cost")
