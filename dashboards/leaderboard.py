@@ -192,7 +192,7 @@ def format_table(board: Mapping) -> str:
     mean = board.get("seed_mean") or {}
     n = f"{len(ensemble['seeds'])} seeds"
     rows = [[e["name"], str(e["trial_id"]), *numbers(e["metrics"])] for e in seeds]
-    rows.append(["seed mean [95% CI]", n, *(Interval(**mean[k], sd=None).text() if k in mean else "-"
+    rows.append(["seed mean [95% CI]", n, *(Interval(**mean[k]).text() if k in mean else "-"
                                             for k in metrics)])
     rows.append([ensemble["name"], n, *numbers(ensemble["metrics"])])
     paper = board.get("paper") or {}

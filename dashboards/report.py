@@ -444,6 +444,7 @@ def build_report(tracking_uri: str, study_name: str, out_dir: str | os.PathLike)
     """Write the report's PNGs and `report.html` into `out_dir` and log them as artifacts of the study's parent run
     under `report/`. Returns {name: path} plus "artifact_uri"."""
     from dashboards.compare import study_comparison
+    from dashboards.leaderboard import log_artifacts
 
     study = load_study(tracking_uri, study_name)
     out = Path(out_dir)
@@ -474,11 +475,8 @@ def build_report(tracking_uri: str, study_name: str, out_dir: str | os.PathLike)
             + "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections) + "</body></html>")
     plots["html"] = out / "report.html"
     plots["html"].write_text(page, encoding="utf-8")
-    client = MlflowClient(tracking_uri=tracking_uri)
-    for path in plots.values():
-        client.log_artifact(study.parent.info.run_id, str(path), "report")
     return {**{key: str(path) for key, path in plots.items()},
-            "artifact_uri": f"{study.parent.info.artifact_uri.rstrip('/')}/report"}
+            "artifact_uri": log_artifacts(tracking_uri, study.parent.info.run_id, plots.values(), "report")}
 
 
 def main(args) -> int:
