@@ -59,9 +59,8 @@ def ordered(scores: Mapping[str, Any]) -> dict[str, float]:
 def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str, Mapping[int, str]],
                   spice: bool | None = None) -> tuple[dict[str, dict[str, float]], dict[str, dict[int, float]]]:
     """COCO metrics (x100) of several systems' captions of the same images, and each system's per-image CIDEr-D
-    ({name: {image_id: CIDEr}}): `a2core.metrics.coco_scores`' numbers, with one PTB tokenizer run and one METEOR
-    process shared by all systems (two Java processes per system would dominate the time). With SPICE (when its
-    models are installed, or `spice=True`) each system goes through `coco_scores` itself."""
+    ({name: {image_id: CIDEr}}): `a2core.metrics.coco_scores`' numbers with one PTB tokenizer run and one METEOR
+    process for all systems (two Java processes per system would dominate the time); with SPICE, `coco_scores`."""
     from a2core.metrics import Meteor, caption_scores, coco_scores, ptb_tokenize, spice_available
 
     ids = list(references)

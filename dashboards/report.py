@@ -87,10 +87,6 @@ class Study:
     runs: list[RunSummary]
 
 
-def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
-    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-
-
 def load_study(tracking_uri: str, study_name: str) -> Study:
     """Read the study's parent run and child runs; TrackingError when the study has no runs."""
     parent, children = study_runs(tracking_uri, study_name)
@@ -101,14 +97,15 @@ def load_study(tracking_uri: str, study_name: str) -> Study:
     for run in children:
         rs = RunSummary(run.info.run_id, run.info.run_name or run.info.run_id, run.info.status,
                         dict(run.data.params), dict(run.data.tags), dict(run.data.metrics))
-        rs.history = {key: _history(client, rs.run_id, key) for key in HISTORIES if key in rs.final}
+        rs.history = {key: sorted((m.step, m.value) for m in client.get_metric_history(rs.run_id, key))
+                      for key in HISTORIES if key in rs.final}
         cider = [(step, v) for step, v in rs.history.get(CIDER, []) if finite(v) is not None]
         if cider:
             rs.best_step, rs.best_cider = max(cider, key=lambda sv: (sv[1], -sv[0]))
             rs.at_best[CIDER] = rs.best_cider
             for _, metric in TABLE_METRICS:
                 if metric != CIDER and metric in rs.final:
-                    by_step = dict(_history(client, rs.run_id, metric))
+                    by_step = {m.step: m.value for m in client.get_metric_history(rs.run_id, metric)}
                     if rs.best_step in by_step:
                         rs.at_best[metric] = by_step[rs.best_step]
         else:
