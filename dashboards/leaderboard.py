@@ -211,10 +211,8 @@ def format_table(board: Mapping) -> str:
 
 
 # -- MLflow --------------------------------------------------------------------------------------------------------
-def trial_run_ids(tracking_uri: str | None, study: str) -> dict[str, str]:
+def trial_run_ids(tracking_uri: str, study: str) -> dict[str, str]:
     """{trial_id: MLflow run id} of a study's trial runs ({} when the study has no runs or MLflow is not there)."""
-    if not tracking_uri:
-        return {}
     from dashboards.tracking import TAG_TRIAL_ID, study_runs
 
     try:
