@@ -1,7 +1,9 @@
 """`a2 report NAME`: plots and one HTML page from a study's MLflow runs, logged to its parent run under `report/`.
 
-Each section says so when the study logged nothing for it. Table scores are taken at a run's best epoch (the step
-of its highest val CIDEr), other metrics are final values; all x100, as logged.
+Sections: Table 3 (`a2 study compare --by fusion` rendered), Fig. 4 (val CIDEr against lambda), the A2 diagnostics
+per fusion, Fig. 6 (per-layer JSD), Kendall tau, grounding, learning curves, the search as parallel coordinates,
+every run; each says so when the study logged nothing for it. Table scores are taken at a run's best epoch (the
+step of its highest val CIDEr), other metrics are final values; all x100, as logged.
 """
 from __future__ import annotations
 
@@ -383,7 +385,7 @@ def plot_parallel(runs: list[RunSummary]):
 
 
 # -- the page --------------------------------------------------------------------------------------------------
-# key: (file, plot function, section title, what the page says when the study logged nothing for it)
+# key: (file, plot(runs) -> Figure or None, section title, what the page says when the study logged nothing for it)
 PLOTS = {
     "lambda": ("lambda_cider_mask.png", plot_lambda, "CIDEr and mask value against λ (Fig. 4 style)",
                "No run logged both a lambda param (model.lambda) and val/CIDEr."),
