@@ -1,11 +1,12 @@
-"""`a2 study compare NAME [--by fusion]`: a study's configurations side by side, from MLflow, with intervals.
+"""`a2 study compare NAME [--by KEY] [--baseline VALUE]`: a study's configurations side by side, from MLflow.
 
 Runs are grouped into configurations by their `a2.config_hash` tag (else by the params that vary, seed excluded).
 With `by` (a param such as `fusion`, `lambda`, `model.lambda`, or a tag) there is one row per value: its best
 configuration by mean best val CIDEr over seeds (`dashboards.stats.best_candidates`: stopped-early ones only when
 nothing else ran); runs without `by` are left out (`--by lambda` ignores fusion `none`). A row shows every
-metric's seed mean with its 95% interval and the difference in val CIDEr to the baseline (best `fusion none`
-configuration): the paired bootstrap when both logged per-image CIDEr-D (`PER_IMAGE_ARTIFACT`), else Welch's t.
+metric's seed mean with its 95% interval and the difference in val CIDEr to the baseline (the row `--baseline
+VALUE`, else the best `fusion none` configuration): the paired bootstrap when both logged per-image CIDEr-D
+(`PER_IMAGE_ARTIFACT`), else Welch's t.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from statistics import fmean
 import numpy as np
 from mlflow.tracking import MlflowClient
 
+from a2core.errors import StudyError
 from dashboards.report import CIDER, TABLE_METRICS, RunSummary, group_value, load_study, searched_keys, sort_key
 from dashboards.stats import TAG_CONFIG_HASH, Arm, Comparison, best_candidates, compare_arms, is_stopped_early
 from dashboards.tables import text_table
@@ -59,10 +61,11 @@ def _per_image(client: MlflowClient, group: list[RunSummary]) -> np.ndarray | No
     return np.asarray(rows) if rows else None
 
 
-def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion",
-                     study=None) -> tuple[Comparison, list, int]:
-    """(the comparison, the table's (label, group) rows, number of runs with val CIDEr); `study`: the study
-    already loaded (`dashboards.report.load_study`), else it is read from MLflow."""
+def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion", study=None,
+                     baseline: str | None = None) -> tuple[Comparison, dict[str, str], int]:
+    """(the comparison, each row's config text, number of runs with val CIDEr). `study`: the study already loaded
+    (`dashboards.report.load_study`), else it is read from MLflow; `baseline`: the value of `by` whose row the
+    others are compared with, else the best fusion none configuration."""
     study = study or load_study(tracking_uri, study_name)
     runs = [r for r in study.runs if r.best_cider is not None]
     metrics = [m for _, m in TABLE_METRICS if any(r.score(m) is not None for r in runs)]
@@ -71,19 +74,26 @@ def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion",
         value = group_value(r, by)
         if value is not None:
             buckets.setdefault(str(value), []).append(r)
-    labelled = [(value, _best(configurations(buckets[value]))) for value in sorted(buckets, key=sort_key)]
-    base_label = None
+    labelled = {value: _best(configurations(buckets[value])) for value in sorted(buckets, key=sort_key)}
+    if baseline is not None and baseline not in labelled:
+        raise StudyError(f"--baseline {baseline}: no run of study {study_name} with val/CIDEr has {by}={baseline} "
+                         f"(it has {', '.join(labelled) or 'none'})")
     base_runs = [r for r in runs if r.fusion == BASELINE]
-    if base_runs:
+    if baseline is None and base_runs:
         base = _best(configurations(base_runs))
         ids = {r.run_id for r in base}
-        base_label = next((value for value, group in labelled if {r.run_id for r in group} == ids), None)
-        if base_label is None:  # rows of another key (--by lambda): the baseline is a reference row
-            base_label = f"fusion={BASELINE}"
-            labelled.append((base_label, base))
+        baseline = next((value for value, group in labelled.items() if {r.run_id for r in group} == ids), None)
+        if baseline is None:  # rows of another key (--by lambda): the baseline is a reference row
+            baseline = f"fusion={BASELINE}"
+            labelled[baseline] = base
     client = MlflowClient(tracking_uri=tracking_uri)
-    arms = [Arm(label, [r.scores(metrics) for r in group], _per_image(client, group)) for label, group in labelled]
-    return compare_arms(arms, baseline=base_label, metric=CIDER, metrics=metrics), labelled, len(runs)
+    arms = [Arm(label, [r.scores(metrics) for r in group], _per_image(client, group))
+            for label, group in labelled.items()]
+    # per row, the searched params of its configuration other than `by` ("model.lambda=0.1, ...")
+    keys = [k for k in searched_keys([r for group in labelled.values() for r in group]) if not k.endswith(by)]
+    configs = {label: ", ".join(f"{k}={group[0].params[k]}" for k in keys if k in group[0].params)
+               for label, group in labelled.items()}
+    return compare_arms(arms, baseline=baseline, metric=CIDER, metrics=metrics), configs, len(runs)
 
 
 def shown_metrics(comparison: Comparison) -> list[tuple[str, str]]:
@@ -91,25 +101,20 @@ def shown_metrics(comparison: Comparison) -> list[tuple[str, str]]:
     return [(label, m) for label, m in TABLE_METRICS if any(m in intervals for _, intervals in comparison.rows)]
 
 
-def config_texts(labelled: list, by: str) -> list[str]:
-    """Per row, the searched params of its configuration other than `by` ("model.lambda=0.1, ...")."""
-    keys = [k for k in searched_keys([r for _, group in labelled for r in group]) if not k.endswith(by)]
-    return [", ".join(f"{k}={group[0].params[k]}" for k in keys if k in group[0].params) for _, group in labelled]
-
-
-def compare_table(tracking_uri: str | None, study_name: str, by: str = "fusion") -> str:
+def compare_table(tracking_uri: str | None, study_name: str, by: str = "fusion", baseline: str | None = None) -> str:
     """The comparison as plain text: the table, then one verdict per row against the baseline."""
-    comparison, labelled, n_runs = study_comparison(tracking_uri or default_tracking_uri(), study_name, by)
+    comparison, configs, n_runs = study_comparison(tracking_uri or default_tracking_uri(), study_name, by,
+                                                   baseline=baseline)
     if not comparison.rows:
         return f"study {study_name}: no run has logged {CIDER} and {by} yet"
     columns = shown_metrics(comparison)
     header = [by, *(f"{label} [95% CI]" for label, _ in columns), "seeds", "vs baseline (CIDEr)", "config"]
     table = []
-    for (arm, intervals), config in zip(comparison.rows, config_texts(labelled, by)):
+    for arm, intervals in comparison.rows:
         diff = comparison.differences.get(arm.label)
         table.append([arm.label + (" (baseline)" if arm.label == comparison.baseline else ""),
                       *(intervals[m].text() if m in intervals else "-" for _, m in columns),
-                      str(len(arm.seeds)), diff.interval_text() if diff else "-", config])
+                      str(len(arm.seeds)), diff.interval_text() if diff else "-", configs[arm.label]])
     return "\n".join([
         f"study {study_name}: {n_runs} runs with {CIDER}; per {by} the best configuration by mean best val CIDEr "
         f"over its seeds (early-stopped ones only when nothing else ran); mean [95% CI] over seeds",
@@ -117,10 +122,10 @@ def compare_table(tracking_uri: str | None, study_name: str, by: str = "fusion")
 
 
 def main(args) -> int:
-    """Entry for `a2 study compare NAME [--by KEY] [--tracking-uri URI]`: prints the table."""
+    """Entry for `a2 study compare NAME [--by KEY] [--baseline VALUE] [--tracking-uri URI]`: prints the table."""
     from dashboards.tracking import check_tracking_uri
 
     uri = getattr(args, "tracking_uri", None) or default_tracking_uri()
     check_tracking_uri(uri)
-    print(compare_table(uri, args.name, getattr(args, "by", "fusion") or "fusion"))
+    print(compare_table(uri, args.name, getattr(args, "by", "fusion") or "fusion", getattr(args, "baseline", None)))
     return 0

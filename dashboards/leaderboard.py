@@ -1,15 +1,9 @@
 """The leaderboard of a packaged study, and the ensemble as an MLflow model.
 
-`leaderboard.json` (written by `a2 package`) holds the offline COCO metrics (Karpathy test split, x100) of every
-seed checkpoint of the study's best configuration and of their averaging ensemble, one value per row, where each
-number came from, and the paper's rows for the same fusion: `schema`, `study`, `created`, `git_commit`,
-`evaluation` (split, images, beam size, scale, metrics), `configuration` (hash, fusion, config, how it was
-selected), `seeds`, `entries` (one per seed, then the ensemble: name, kind, trial and MLflow run ids,
-checkpoints, metrics), `seed_mean` (per metric: mean, low, high, n), `ensemble` (its CIDEr, `gain_over_mean`,
-`gain_over_best`: best member, delta, low, high, images, verdict) and `paper` (Tables 1, 2 and 3).
-
-The config hash is the sha256 of the canonical JSON of the resolved config without `train.seed` and `output_dir`
-(where a plain run writes, not what it trains): the seeds of one configuration share it.
+`leaderboard.json` (written by `a2 package`, `build_leaderboard` shows its keys) holds the offline COCO metrics
+(Karpathy test split, x100) of every seed checkpoint of the study's best configuration and of their averaging
+ensemble, one value per row, where each number came from, the seed mean with its interval, the ensemble's gain over
+its best member, and the paper's rows for the same fusion.
 """
 from __future__ import annotations
 
@@ -51,7 +45,8 @@ def canonical_config(config: Mapping) -> dict:
 
 
 def config_hash(config: Mapping) -> str:
-    """sha256 hex of the canonical JSON of the config minus its seed: equal for the seeds of one configuration."""
+    """sha256 hex of the canonical JSON of `canonical_config` (not `output_dir`: where a plain run writes, not what
+    it trains): equal for the seeds of one configuration."""
     text = json.dumps(canonical_config(config), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -64,9 +59,8 @@ def ordered(scores: Mapping[str, Any]) -> dict[str, float]:
 def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str, Mapping[int, str]],
                   spice: bool | None = None) -> tuple[dict[str, dict[str, float]], dict[str, dict[int, float]]]:
     """COCO metrics (x100) of several systems' captions of the same images, and each system's per-image CIDEr-D
-    ({name: {image_id: CIDEr}}): `a2core.metrics.coco_scores`' numbers, with one PTB tokenizer run and one METEOR
-    process shared by all systems (two Java processes per system would dominate the time). With SPICE (when its
-    models are installed, or `spice=True`) each system goes through `coco_scores` itself."""
+    ({name: {image_id: CIDEr}}): `a2core.metrics.coco_scores`' numbers with one PTB tokenizer run and one METEOR
+    process for all systems (two Java processes per system would dominate the time); with SPICE, `coco_scores`."""
     from a2core.metrics import Meteor, caption_scores, coco_scores, ptb_tokenize, spice_available
 
     ids = list(references)
@@ -179,10 +173,6 @@ def write_leaderboard(path: str | os.PathLike, board: Mapping) -> Path:
     return atomic_write(path, json.dumps(board, indent=2, default=str) + "\n")
 
 
-def read_leaderboard(path: str | os.PathLike) -> dict:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
 def _fmt_number(value: float | None) -> str:
     if value is None:
         return "-"
@@ -201,7 +191,7 @@ def format_table(board: Mapping) -> str:
     mean = board.get("seed_mean") or {}
     n = f"{len(ensemble['seeds'])} seeds"
     rows = [[e["name"], str(e["trial_id"]), *numbers(e["metrics"])] for e in seeds]
-    rows.append(["seed mean [95% CI]", n, *(Interval(**mean[k], sd=None).text() if k in mean else "-"
+    rows.append(["seed mean [95% CI]", n, *(Interval(**mean[k]).text() if k in mean else "-"
                                             for k in metrics)])
     rows.append([ensemble["name"], n, *numbers(ensemble["metrics"])])
     paper = board.get("paper") or {}
@@ -221,10 +211,8 @@ def format_table(board: Mapping) -> str:
 
 
 # -- MLflow --------------------------------------------------------------------------------------------------------
-def trial_run_ids(tracking_uri: str | None, study: str) -> dict[str, str]:
+def trial_run_ids(tracking_uri: str, study: str) -> dict[str, str]:
     """{trial_id: MLflow run id} of a study's trial runs ({} when the study has no runs or MLflow is not there)."""
-    if not tracking_uri:
-        return {}
     from dashboards.tracking import TAG_TRIAL_ID, study_runs
 
     try:
@@ -275,9 +263,9 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
     """Averaging ensemble of A2 checkpoints (the model's artifacts) that captions images.
 
     `predict` takes a DataFrame with an `image_id` column and, optionally, a `features` column of (n_regions,
-    feature_dim) arrays (the signature of `model_signature`, which MLflow enforces). Without features, regions
-    come from `features_path` in the model config, else the feature store of the checkpoints' data config.
-    Returns `image_id` and `caption`, in input order. Decoding settings: the model config, else these."""
+    feature_dim) arrays (the signature `register_ensemble` logs). Without features, regions come from
+    `features_path` in the model config, else the feature store of the checkpoints' data config. Returns
+    `image_id` and `caption`, in input order. Decoding settings: the model config, else these."""
     beam_size, max_len, batch_size, min_len = 5, 20, 50, 1
 
     def load_context(self, context):
@@ -329,19 +317,6 @@ def content_hash(checkpoints: Sequence[str | os.PathLike], beam_size: int, max_l
     return digest.hexdigest()
 
 
-def model_signature(feature_dim: int, beam_size: int):
-    """Input `image_id` (and, optionally, `features`: an image's (n_regions, feature_dim) region features), output
-    `image_id` and `caption`, param `beam_size`; and an input example of one image with two zero regions."""
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
-
-    signature = ModelSignature(
-        inputs=Schema([ColSpec("long", "image_id"), ColSpec(Array(Array("double")), "features", required=False)]),
-        outputs=Schema([ColSpec("long", "image_id"), ColSpec("string", "caption")]),
-        params=ParamSchema([ParamSpec("beam_size", "long", beam_size)]))
-    return signature, pd.DataFrame({"image_id": [1], "features": [[[0.0] * feature_dim] * 2]})
-
-
 def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str | os.PathLike], name: str, *,
                       beam_size: int = 5, max_len: int = 20, description: str | None = None,
                       tags: Mapping[str, str] | None = None) -> dict:
@@ -349,6 +324,9 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
     state) and register it as a new version of model `name`, unless a version of `name` already serves the same
     checkpoints and settings (tag `a2.content_hash`): that version is reused. Returns {"name", "version",
     "model_uri", "logged_model_uri", "run_id", "reused"}."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
+
     from a2core import checkpoint as ckpt
 
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -371,7 +349,12 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
                 Path(tmp) / f"checkpoint_{i:02d}.pt"))
             if i == 0:
                 feature_dim = state["config"]["model"]["feature_dim"]
-        signature, example = model_signature(feature_dim, beam_size)
+        # input `image_id` and, optionally, `features`: an image's (n_regions, feature_dim) region features
+        signature = ModelSignature(
+            inputs=Schema([ColSpec("long", "image_id"), ColSpec(Array(Array("double")), "features", required=False)]),
+            outputs=Schema([ColSpec("long", "image_id"), ColSpec("string", "caption")]),
+            params=ParamSchema([ParamSpec("beam_size", "long", beam_size)]))
+        example = pd.DataFrame({"image_id": [1], "features": [[[0.0] * feature_dim] * 2]})  # two zero regions
         mlflow.set_tracking_uri(tracking_uri)
         try:
             with mlflow.start_run(run_id=run_id):

@@ -1,11 +1,9 @@
 """`a2 report NAME`: plots and one HTML page from a study's MLflow runs, logged to its parent run under `report/`.
 
-Sections (each says so when the study logged nothing for it): Table 3 (`a2 study compare --by fusion` rendered);
-Fig. 4 (best val CIDEr against lambda, runs with a mask network only, 95% error bars, the baseline as a band, the
-mask mean on a second axis); the A2 diagnostics per fusion; Fig. 6 (per-layer JSD of original and aligned
-attention); Kendall tau against gradient importance; grounding accuracy; learning curves; the search as
-parallel coordinates; every run with its status. Table scores are taken at a run's best epoch (the step of its
-highest val CIDEr), other metrics are final values; all x100, as logged.
+Sections: Table 3 (`a2 study compare --by fusion` rendered), Fig. 4 (val CIDEr against lambda), the A2 diagnostics
+per fusion, Fig. 6 (per-layer JSD), Kendall tau, grounding, learning curves, the search as parallel coordinates,
+every run; each says so when the study logged nothing for it. Table scores are taken at a run's best epoch (the
+step of its highest val CIDEr), other metrics are final values; all x100, as logged.
 """
 from __future__ import annotations
 
@@ -14,9 +12,9 @@ import html
 import math
 import os
 import re
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from statistics import fmean, stdev
 from typing import Any
@@ -36,6 +34,7 @@ FUSION_LABEL = {"none": "none (baseline)", "max": "max", "moving_average": "movi
 TABLE_METRICS = [("B-1", "val/BLEU-1"), ("B-4", "val/BLEU-4"), ("METEOR", "val/METEOR"),
                  ("ROUGE-L", "val/ROUGE-L"), ("CIDEr", "val/CIDEr"), ("SPICE", "val/SPICE")]
 SEED_KEYS = ("train.seed", "seed")
+HISTORIES = (CIDER, "train/loss")  # the metrics of the learning curves
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
                 ("lift", "diag/grounding/lift"), ("chance", "diag/grounding/chance"),
                 ("subject vs object", "diag/grounding/subject_object"),
@@ -90,14 +89,9 @@ class Study:
     runs: list[RunSummary]
 
 
-def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
-    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-
-
-def load_study(tracking_uri: str, study_name: str, histories: tuple[str, ...] = (CIDER, "train/loss"),
-               experiment: str | None = None) -> Study:
+def load_study(tracking_uri: str, study_name: str) -> Study:
     """Read the study's parent run and child runs; TrackingError when the study has no runs."""
-    parent, children = study_runs(tracking_uri, study_name, experiment=experiment)
+    parent, children = study_runs(tracking_uri, study_name)
     if parent is None:
         raise TrackingError(f"no MLflow runs of study {study_name!r} at {tracking_uri}")
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -105,14 +99,15 @@ def load_study(tracking_uri: str, study_name: str, histories: tuple[str, ...] = 
     for run in children:
         rs = RunSummary(run.info.run_id, run.info.run_name or run.info.run_id, run.info.status,
                         dict(run.data.params), dict(run.data.tags), dict(run.data.metrics))
-        rs.history = {key: _history(client, rs.run_id, key) for key in histories if key in rs.final}
+        rs.history = {key: sorted((m.step, m.value) for m in client.get_metric_history(rs.run_id, key))
+                      for key in HISTORIES if key in rs.final}
         cider = [(step, v) for step, v in rs.history.get(CIDER, []) if finite(v) is not None]
         if cider:
             rs.best_step, rs.best_cider = max(cider, key=lambda sv: (sv[1], -sv[0]))
             rs.at_best[CIDER] = rs.best_cider
             for _, metric in TABLE_METRICS:
                 if metric != CIDER and metric in rs.final:
-                    by_step = dict(_history(client, rs.run_id, metric))
+                    by_step = {m.step: m.value for m in client.get_metric_history(rs.run_id, metric)}
                     if rs.best_step in by_step:
                         rs.at_best[metric] = by_step[rs.best_step]
         else:
@@ -172,16 +167,16 @@ def _missing(text: str) -> str:
     return f"<p class='missing'>{html.escape(text)}</p>"
 
 
-def fusion_table_html(comparison, labelled: list) -> str:
+def fusion_table_html(comparison, configs: dict[str, str]) -> str:
     """Table 3: `dashboards.compare.study_comparison` by fusion, best mean per column in bold."""
-    from dashboards.compare import config_texts, shown_metrics
+    from dashboards.compare import shown_metrics
 
     if not comparison.rows:
         return _missing("No run logged val/CIDEr, so there is no fusion table.")
     columns = shown_metrics(comparison)
     best = {m: max(iv[m].mean for _, iv in comparison.rows if m in iv) for _, m in columns}
     rows = []
-    for (arm, intervals), config in zip(comparison.rows, config_texts(labelled, "fusion")):
+    for arm, intervals in comparison.rows:
         cells = [_td(len(arm.seeds))]
         for _, m in columns:
             iv = intervals.get(m)
@@ -190,7 +185,7 @@ def fusion_table_html(comparison, labelled: list) -> str:
                          else _td(iv.text() if iv else "–"))
         diff = comparison.differences.get(arm.label)
         versus = "baseline" if arm.label == comparison.baseline else (diff.interval_text() if diff else "–")
-        cells += [_td(versus), _td(diff.verdict() if diff else "", "l"), _td(config or "–", "cfg")]
+        cells += [_td(versus), _td(diff.verdict() if diff else "", "l"), _td(configs[arm.label] or "–", "cfg")]
         rows.append((FUSION_LABEL.get(arm.label, arm.label), cells))
     head = ["fusion", "seeds", *(label for label, _ in columns), "CIDEr vs baseline", "verdict", "config"]
     missing = [label for label, m in TABLE_METRICS if (label, m) not in columns]
@@ -245,17 +240,12 @@ def runs_table_html(runs: list[RunSummary], keys: list[str]) -> str:
     return _html_table(["run", "status", "seed", *keys, "best val CIDEr", "best epoch"], rows)
 
 
-# -- plots -----------------------------------------------------------------------------------------------------
+# -- plots: each returns a matplotlib Figure, or None when the study logged nothing for it -------------------------
 def _axes(width: float = 7.0, height: float = 4.2, ncols: int = 1):
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
     return fig, fig.subplots(1, ncols)
-
-
-def _save(fig, path: Path) -> Path:
-    fig.savefig(path)
-    return path
 
 
 def lambda_series(runs: list[RunSummary]):
@@ -271,7 +261,7 @@ def lambda_series(runs: list[RunSummary]):
     return by_lam, points, seed_interval(base) if base else None
 
 
-def plot_lambda(runs: list[RunSummary], path: Path) -> Path | None:
+def plot_lambda(runs: list[RunSummary]):
     """Best val CIDEr against lambda: each lambda's mean with its 95% interval as error bars and its runs as
     dots, the mean mask value on a second axis, and the baseline's mean and 95% interval as a band."""
     by_lam, points, baseline = lambda_series(runs)
@@ -300,64 +290,36 @@ def plot_lambda(runs: list[RunSummary], path: Path) -> Path | None:
         ax2.set_ylabel("mean mask m", color="tab:red")
         handles += ax2.get_legend_handles_labels()[0]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3), fontsize=8, frameon=False)
-    return _save(fig, path)
+    return fig
 
 
-def _bar_plot(path: Path, values: dict[str, dict[Any, list[float]]], series: list[str], labels: dict[str, str],
-              xs: dict[Any, str], **settings) -> Path:
-    """Grouped bars: for every x (key: its tick label) one bar per series, the mean of `values[series][x]`;
+def plot_bars(pattern: re.Pattern, place, labels: dict[str, str], tick, settings: dict, runs: list[RunSummary]):
+    """Grouped bars of the final values of the metrics `pattern` matches, `place(run, match)` -> (series, x): per
+    x (its tick label `tick(x)`) one bar per series (legend `labels`, in their order), the mean over runs;
     `settings` go to `Axes.set`."""
+    values = _final_values(runs, pattern, place)
+    if not values:
+        return None
+    series = sorted(values, key=lambda s: list(labels).index(s) if s in labels else len(labels))
+    xs = sorted({x for v in values.values() for x in v}, key=sort_key)
     fig, ax = _axes()
     width = 0.8 / len(series)
-    keys = list(xs)
     for i, s in enumerate(series):
-        at = [j for j, x in enumerate(keys) if x in values[s]]
-        ax.bar([j + (i - (len(series) - 1) / 2) * width for j in at], [fmean(values[s][keys[j]]) for j in at],
+        at = [j for j, x in enumerate(xs) if x in values[s]]
+        ax.bar([j + (i - (len(series) - 1) / 2) * width for j in at], [fmean(values[s][xs[j]]) for j in at],
                width=width, label=labels.get(s, s))
-    ax.set_xticks(range(len(xs)), list(xs.values()))
+    ax.set_xticks(range(len(xs)), [tick(x) for x in xs])
     ax.axhline(0, color="black", lw=0.6)
     ax.legend(fontsize=8)
-    ax.set(**settings)
-    return _save(fig, path)
+    ax.set(xlim=(-0.75, len(xs) - 0.25), **settings)
+    return fig
 
 
-def _layers(values: dict[str, dict[int, list[float]]]) -> dict[int, str]:
-    return {layer: str(layer + 1) for layer in sorted({layer for v in values.values() for layer in v})}
+def _layer(layer: int) -> str:
+    return str(layer + 1)
 
 
-def plot_jsd(runs: list[RunSummary], path: Path) -> Path | None:
-    values = _final_values(runs, _JSD, lambda r, m: (r.fusion, int(m[1])))
-    if not values:
-        return None
-    return _bar_plot(path, values, sorted(values, key=sort_key), FUSION_LABEL, _layers(values),
-                     xlabel="decoder layer", ylabel="JSD(original ‖ aligned attention)",
-                     title="Per-layer attention divergence (final epoch, mean over runs)")
-
-
-def plot_kendall(runs: list[RunSummary], path: Path) -> Path | None:
-    values = _final_values(runs, _KENDALL, lambda r, m: (m[2], int(m[1])))
-    if not values:
-        return None
-    return _bar_plot(path, values, [s for s in ("attention", "mask") if s in values],
-                     {"attention": "attention weights", "mask": "mask (1 - m)"}, _layers(values),
-                     xlabel="decoder layer", ylabel="Kendall τ vs gradient importance",
-                     title="Agreement with gradient-based importance")
-
-
-def plot_grounding(runs: list[RunSummary], path: Path) -> Path | None:
-    """Bars per fusion: grounding accuracy, its word-agnostic control and uniform chance (mean over runs)."""
-    values = _final_values(runs, _GROUNDING, lambda r, m: (m[1], r.fusion))
-    if not values:
-        return None
-    fusions = sorted({f for v in values.values() for f in v}, key=sort_key)
-    return _bar_plot(path, values, [s for s in ("accuracy", "control", "chance") if s in values],
-                     {"accuracy": "attention (accuracy)", "control": "word-agnostic control",
-                      "chance": "uniform chance"}, {f: FUSION_LABEL.get(f, f) for f in fusions},
-                     xlim=(-0.75, len(fusions) - 0.25), ylim=(0, 1), ylabel="grounding accuracy",
-                     title="Attention grounding on synthetic data (final epoch, mean over runs)")
-
-
-def plot_curves(runs: list[RunSummary], path: Path) -> Path | None:
+def plot_curves(runs: list[RunSummary]):
     from matplotlib.ticker import MaxNLocator
 
     keys = [(CIDER, "val CIDEr"), ("train/loss", "train loss")]
@@ -375,7 +337,7 @@ def plot_curves(runs: list[RunSummary], path: Path) -> Path | None:
         ax.set(xlabel="epoch (logged step)", ylabel=label, title=f"{label} per trial")
         if not many and ax.lines:
             ax.legend(fontsize=6)
-    return _save(fig, path)
+    return fig
 
 
 def _parallel_axis(key: str, raw: list) -> tuple[str, list[float], list[tuple[float, str]]]:
@@ -392,7 +354,7 @@ def _parallel_axis(key: str, raw: list) -> tuple[str, list[float], list[tuple[fl
     return f"{key} (log)" if log else key, [(v - low) / span for v in scaled], ticks
 
 
-def plot_parallel(runs: list[RunSummary], path: Path) -> Path | None:
+def plot_parallel(runs: list[RunSummary]):
     """One vertical axis per searched param and best val CIDEr, one line per run coloured by its CIDEr."""
     runs = [r for r in runs if r.best_cider is not None]
     keys = searched_keys(runs)
@@ -419,19 +381,33 @@ def plot_parallel(runs: list[RunSummary], path: Path) -> Path | None:
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     fig.colorbar(mpl.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="best val CIDEr")
-    return _save(fig, path)
+    return fig
 
 
 # -- the page --------------------------------------------------------------------------------------------------
-# key: (file, plot function, section title, what the page says when the study logged nothing for it)
+# key: (file, plot(runs) -> Figure or None, section title, what the page says when the study logged nothing for it)
 PLOTS = {
     "lambda": ("lambda_cider_mask.png", plot_lambda, "CIDEr and mask value against λ (Fig. 4 style)",
                "No run logged both a lambda param (model.lambda) and val/CIDEr."),
-    "jsd": ("jsd_per_layer.png", plot_jsd, "Per-layer JSD between original and aligned attention (Fig. 6 style)",
-            "No run logged diag/jsd/layer{i}."),
-    "kendall": ("kendall_tau.png", plot_kendall, "Kendall τ of attention and mask against gradient importance",
+    "jsd": ("jsd_per_layer.png",
+            partial(plot_bars, _JSD, lambda r, m: (r.fusion, int(m[1])), FUSION_LABEL, _layer,
+                    dict(xlabel="decoder layer", ylabel="JSD(original ‖ aligned attention)",
+                         title="Per-layer attention divergence (final epoch, mean over runs)")),
+            "Per-layer JSD between original and aligned attention (Fig. 6 style)", "No run logged diag/jsd/layer{i}."),
+    "kendall": ("kendall_tau.png",
+                partial(plot_bars, _KENDALL, lambda r, m: (m[2], int(m[1])),
+                        {"attention": "attention weights", "mask": "mask (1 - m)"}, _layer,
+                        dict(xlabel="decoder layer", ylabel="Kendall τ vs gradient importance",
+                             title="Agreement with gradient-based importance")),
+                "Kendall τ of attention and mask against gradient importance",
                 "No run logged diag/kendall/layer{i}/attention or diag/kendall/layer{i}/mask."),
-    "grounding": ("grounding.png", plot_grounding, "Grounding accuracy (synthetic data)",
+    "grounding": ("grounding.png",
+                  partial(plot_bars, _GROUNDING, lambda r, m: (m[1], r.fusion),
+                          {"accuracy": "attention (accuracy)", "control": "word-agnostic control",
+                           "chance": "uniform chance"}, lambda fusion: FUSION_LABEL.get(fusion, fusion),
+                          dict(ylim=(0, 1), ylabel="grounding accuracy",
+                               title="Attention grounding on synthetic data (final epoch, mean over runs)")),
+                  "Grounding accuracy (synthetic data)",
                   "No run logged diag/grounding/accuracy (grounding is scored on data with ground-truth regions, "
                   "the synthetic dataset)."),
     "curves": ("learning_curves.png", plot_curves, "Learning curves", "No run logged val/CIDEr or train/loss."),
@@ -463,27 +439,31 @@ def _summary(study: Study) -> str:
     return text
 
 
-def build_report(tracking_uri: str | None, study_name: str, out_dir: str | os.PathLike | None = None,
-                 log_to_mlflow: bool = True) -> dict[str, str]:
-    """Write the report's PNGs and `report.html` into `out_dir` (a new temporary directory when None) and log
-    them as artifacts of the study's parent run under `report/`. Returns {name: path} plus "artifact_uri"."""
+def build_report(tracking_uri: str, study_name: str, out_dir: str | os.PathLike) -> dict[str, str]:
+    """Write the report's PNGs and `report.html` into `out_dir` and log them as artifacts of the study's parent run
+    under `report/`. Returns {name: path} plus "artifact_uri"."""
     from dashboards.compare import study_comparison
+    from dashboards.leaderboard import log_artifacts
 
-    tracking_uri = tracking_uri or default_tracking_uri()
     study = load_study(tracking_uri, study_name)
-    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"a2-report-{study_name}-"))
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots = {key: plot(study.runs, out / file) for key, (file, plot, _, _) in PLOTS.items()}
+    plots = {}
+    for key, (file, plot, _, _) in PLOTS.items():
+        fig = plot(study.runs)
+        if fig is not None:
+            plots[key] = out / file
+            fig.savefig(plots[key])
 
     def figure(key: str) -> tuple[str, str]:
         _, _, title, missing = PLOTS[key]
-        if plots[key] is None:
+        if key not in plots:
             return title, _missing(missing)
         data = base64.b64encode(plots[key].read_bytes()).decode()
         return title, f"<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
 
-    comparison, labelled, _ = study_comparison(tracking_uri, study_name, by="fusion", study=study)
-    sections = [("Fusion ablation (Table 3 layout)", fusion_table_html(comparison, labelled)), figure("lambda"),
+    comparison, configs, _ = study_comparison(tracking_uri, study_name, by="fusion", study=study)
+    sections = [("Fusion ablation (Table 3 layout)", fusion_table_html(comparison, configs)), figure("lambda"),
                 ("A2 diagnostics per fusion", diagnostics_table_html(study.runs)),
                 *map(figure, ("jsd", "kendall", "grounding", "curves", "parallel")),
                 ("All runs", runs_table_html(study.runs, searched_keys(study.runs)))]
@@ -492,20 +472,10 @@ def build_report(tracking_uri: str | None, study_name: str, out_dir: str | os.Pa
             f"<style>{_CSS}</style></head><body><h1>Study {name}</h1><p class='sub'>{html.escape(_summary(study))}"
             f"<br>Tracking: {html.escape(tracking_uri)}</p>"
             + "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections) + "</body></html>")
-    html_path = out / "report.html"
-    html_path.write_text(page, encoding="utf-8")
-
-    paths = {key: str(path) for key, path in plots.items() if path is not None}
-    paths["html"] = str(html_path)
-    if log_to_mlflow:
-        client = MlflowClient(tracking_uri=tracking_uri)
-        for path in [html_path, *(p for p in plots.values() if p is not None)]:
-            client.log_artifact(study.parent.info.run_id, str(path), "report")
-        paths["artifact_uri"] = f"{study.parent.info.artifact_uri.rstrip('/')}/report"
-    return paths
-
-
-DEFAULT_OUT = "a2-reports"
+    plots["html"] = out / "report.html"
+    plots["html"].write_text(page, encoding="utf-8")
+    return {**{key: str(path) for key, path in plots.items()},
+            "artifact_uri": log_artifacts(tracking_uri, study.parent.info.run_id, plots.values(), "report")}
 
 
 def main(args) -> int:
@@ -516,7 +486,7 @@ def main(args) -> int:
 
     uri = getattr(args, "tracking_uri", None) or default_tracking_uri()
     check_tracking_uri(uri)
-    out = fresh_folder(Path(getattr(args, "out", None) or Path(DEFAULT_OUT) / args.name), ("report.html",), "report")
+    out = fresh_folder(Path(getattr(args, "out", None) or Path("a2-reports") / args.name), ("report.html",), "report")
     paths = build_report(uri, args.name, out)
     print(f"report of study {args.name}:")
     for key, value in paths.items():

@@ -1,17 +1,12 @@
-"""The numbers behind every comparison a2tune prints: seed means with 95% intervals, differences of two
-configurations with their interval and a plain-words verdict, the seeds a study needs (power), and which runs
-may be called "best". `compare_arms` is the one entry point of compare, report, status and leaderboard. Scores
-are on the x100 scale.
+"""The numbers behind every comparison a2tune prints (x100 scores): seed means with 95% intervals, differences of
+two configurations with their interval and a plain-words verdict, the seeds a study needs, and which runs may be
+called "best". `compare_arms` is the one entry point of compare, report, status and leaderboard; the README's
+"Intervals" gives the coverage each method was measured to hold.
 
-- One configuration (`seed_interval`): Student t-interval over seeds. At 3-10 seeds a bootstrap percentile
-  interval is too narrow (it covered the mean 76% / 82% / 92% of the time at 3 / 5 / 10 seeds in 400 simulated
-  normal studies); the t-interval is exact for normal seed noise. Below 3 seeds there is no interval.
-- Two configurations scored on the same test images (`paired_difference`): `scipy.stats.bootstrap` resamples the
-  seeds of each arm independently and the images once for both arms (the images are a crossed factor the
-  difference is paired over); percentile interval, widened to Welch's t-interval over the seed means where that
-  is wider (with 3+ seeds per arm). Alone, the bootstrap covered a true zero difference 82% / 91% / 90% of the
-  time at 3 / 5 / 10 seeds (400 simulated studies, seed sd 10, image sd 15, 100 images); widened, 97% / 96% /
-  94%. Without per-image scores (`seed_difference`): Welch's t.
+- One configuration: Student t over seeds (a bootstrap percentile interval is too narrow at 3-10 seeds).
+- Two configurations on the same images: `scipy.stats.bootstrap` over each arm's seeds and, once for both arms,
+  the images, widened to Welch's t over the seed means where that is wider (alone, the bootstrap covered a true
+  zero 82% / 91% / 90% of the time at 3 / 5 / 10 seeds; widened, 97% / 96% / 94%). Else Welch's t.
 - `seeds_needed`: seeds per arm for a two-sided t test at alpha 0.05 with 80% power (noncentral t).
 """
 from __future__ import annotations
@@ -67,7 +62,6 @@ class Interval:
     low: float | None
     high: float | None
     n: int
-    sd: float | None  # sample standard deviation over seeds (None for one seed)
 
     def text(self, digits: int = 1) -> str:
         """`112.3 [110.1, 114.5]` or `112.3 (2 seeds: no interval)`."""
@@ -87,13 +81,13 @@ def seed_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
     if x.size == 0:
         raise ValueError("no finite value to summarise")
     mean = float(x.mean())
-    sd = float(x.std(ddof=1)) if x.size > 1 else None
     if x.size < MIN_SEEDS:
-        return Interval(mean, None, None, x.size, sd)
+        return Interval(mean, None, None, x.size)
+    sd = float(x.std(ddof=1))
     if sd == 0:  # every seed gave the same value
-        return Interval(mean, mean, mean, x.size, sd)
+        return Interval(mean, mean, mean, x.size)
     low, high = sps.t.interval(confidence, df=x.size - 1, loc=mean, scale=sd / math.sqrt(x.size))
-    return Interval(mean, float(low), float(high), x.size, sd)
+    return Interval(mean, float(low), float(high), x.size)
 
 
 def pooled_sd(groups: Sequence[Sequence[float]]) -> float | None:

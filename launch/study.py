@@ -63,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     compare = sub.add_parser("compare", help="configurations of a study side by side, from MLflow")
     compare.add_argument("name")
     compare.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
+    compare.add_argument("--baseline", default=None, help="the value of --by to compare with (default: fusion none)")
     compare.add_argument("--tracking-uri", default=None)
 
     plan = sub.add_parser("plan", help="seeds per arm needed to resolve a CIDEr difference, and the study's cost")
@@ -740,7 +741,7 @@ def group_verdict(summary: dict) -> str | None:
     best, metric = summary.get("best_group"), summary["metric"]
     if not best or best["n"] < 2:
         return None
-    iv = Interval(best["mean"], best["low"], best["high"], best["n"], None)
+    iv = Interval(best["mean"], best["low"], best["high"], best["n"])
     line = (f"best configuration (fusion {best['fusion']}, lambda {_fmt(best['lambda'])}): {metric} {iv.text()} "
             f"over {best['n']} seeds")
     base = _pick([g for g in summary.get("groups", []) if g["fusion"] == "none" and g["mean"] is not None], "mean",
@@ -779,7 +780,7 @@ def format_groups(groups: list[dict], metric: str) -> str:
 
     header = ["config", "fusion", "lambda", "seeds", f"best {metric.split('/')[-1]} [95% CI]", "state"]
     body = [[g["config_hash"], str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
-             "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"], None).text(),
+             "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"]).text(),
              state_text(g) if g.get("stopped_early") else "-"] for g in groups]
     return text_table(header, body)
 

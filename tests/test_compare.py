@@ -6,6 +6,7 @@ import argparse
 import numpy as np
 import pytest
 
+from a2core.errors import StudyError
 from dashboards.compare import PER_IMAGE_ARTIFACT, compare_table, study_comparison
 from dashboards.compare import main as compare_main
 from dashboards.stats import TAG_CONFIG_HASH, paired_difference, seed_interval, stopped_early_tags
@@ -87,6 +88,20 @@ def test_compare_by_lambda_ignores_trials_without_a_mask_network(study, capsys):
     assert comparison.differences["0.01"].resolved and comparison.differences["0.01"].delta == pytest.approx(3.0)
     assert compare_main(argparse.Namespace(name=STUDY, by="lambda", tracking_uri=uri)) == 0
     assert "0.1 beats fusion=none by 6.0 CIDEr" in capsys.readouterr().out
+
+
+def test_compare_against_a_chosen_baseline_row(study, capsys):
+    uri, truth = study
+    comparison, _, _ = study_comparison(uri, STUDY, by="lambda", baseline="0.01")
+    assert comparison.baseline == "0.01" and [arm.label for arm, _ in comparison.rows] == ["0.01", "0.05", "0.1"]
+    assert set(comparison.differences) == {"0.05", "0.1"}  # no fusion=none reference row
+    diff = paired_difference(truth[("gate", 0.1)], truth[("gate", 0.01)], ("0.1", "0.01"))
+    assert comparison.differences["0.1"].interval_text() == diff.interval_text()
+    assert compare_main(argparse.Namespace(name=STUDY, by="lambda", baseline="0.01", tracking_uri=uri)) == 0
+    out = capsys.readouterr().out
+    assert "0.01 (baseline)" in out and out.splitlines()[-1] == diff.verdict()
+    with pytest.raises(StudyError, match=r"--baseline 0.2: .* lambda=0.2 \(it has 0.01, 0.05, 0.1\)"):
+        study_comparison(uri, STUDY, by="lambda", baseline="0.2")
 
 
 def test_stopped_group_is_best_when_it_is_the_only_one(tmp_path):

@@ -201,14 +201,17 @@ def test_report_through_the_server_lands_in_s3(mlflow_server, tmp_path):  # noqa
 
 
 def test_kendall_plot_when_measured(tmp_path):
-    from dashboards.report import RunSummary, plot_kendall
+    from dashboards.report import PLOTS, RunSummary
 
+    plot_kendall = PLOTS["kendall"][1]
     final = {f"diag/kendall/layer{i}/{kind}": v for i in range(3)
              for kind, v in (("attention", 0.1 * i), ("mask", 0.2 + 0.1 * i))}
-    runs = [RunSummary("r", "trial", "FINISHED", {}, {}, final)]
-    path = plot_kendall(runs, tmp_path / "k.png")
-    assert path is not None and open(path, "rb").read(4) == b"\x89PNG"
-    assert plot_kendall([RunSummary("r", "t", "FINISHED", {}, {}, {"val/CIDEr": 1.0})], tmp_path / "x.png") is None
+    fig = plot_kendall([RunSummary("r", "trial", "FINISHED", {}, {}, final)])
+    fig.savefig(tmp_path / "k.png")
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "2", "3"]  # decoder layers
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["attention weights", "mask (1 - m)"]
+    assert open(tmp_path / "k.png", "rb").read(4) == b"\x89PNG"
+    assert plot_kendall([RunSummary("r", "t", "FINISHED", {}, {}, {"val/CIDEr": 1.0})]) is None
 
 
 def test_lambda_series_leaves_the_baseline_out_and_draws_it_as_a_band():
