@@ -77,6 +77,22 @@ def test_a_study_whose_every_trial_was_stopped_still_has_a_best(spec):
     assert "best configuration" not in verdict(summary)  # one seed per configuration: no group line
 
 
+def test_the_closing_lines_name_every_key_that_varies_between_configurations(tmp_path):
+    """studies/mask_nets.yaml compares mask networks at one fusion and lambda: the lines name the mask network."""
+    spec = load_study(SMOKE.with_name("mask_nets.yaml"), [f"tracking.mlflow_uri=sqlite:///{tmp_path / 'm.db'}",
+                                                          f"storage={tmp_path / 'st'}"])
+    location = StudyLocation(spec.name, spec.storage)
+    rows = []
+    for net, values in {"content": [100.0, 101.0, 102.0], "linear": [104.0, 105.0, 106.0]}.items():
+        for seed, value in enumerate(values):
+            history = [{"epoch": spec.total_epochs, spec.metric: value}]
+            rows.append(trial_row(spec, location, f"{net}-{seed}", {"model.mask_net": net, "seed": seed},
+                                  "TERMINATED", history, history[-1]))
+    first, group = verdict(summarize(spec, location, rows)).splitlines()
+    assert "(fusion gate, lambda 0.035, mask_net linear, seed 2)" in first
+    assert group.startswith("best configuration (fusion gate, lambda 0.035, mask_net linear): val/CIDEr 105.0 [")
+
+
 def test_stopped_early_tags_come_back_from_mlflow(spec):
     tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name)
     tracker.start_study({}, {})
