@@ -1,16 +1,7 @@
-"""One writer per study: a lease file in the study's storage, `<storage>/<name>/lease.json`.
-
-    with StudyLease(location.at(), stale_after=120).held(force=False):
-        ...   # run or resume the study; a thread renews the lease's heartbeat
-
-The lease is created only if there is none: `os.open(O_CREAT | O_EXCL)` on a local path, a conditional PUT
-(`If-None-Match: *`, boto3's `put_object(IfNoneMatch="*")`) on S3, which both AWS S3 and moto honour; pyarrow's
-S3 filesystem cannot make one. It names its holder (user, host, pid, started) and carries a heartbeat that its
-thread renews every `stale_after / 4` seconds (at most 30). A second writer is refused at once with a
-StudyError naming the holder. A lease with no heartbeat for `stale_after` seconds can be taken over with
-`force=True`, said loudly on stderr; a live one never. A lease whose process is gone from this host (a driver
-killed with SIGKILL, then `a2 study resume` on the same machine) is taken over without `force`, also said loudly.
-"""
+"""One writer per study: `<storage>/<name>/lease.json`, created only if absent (`O_CREAT | O_EXCL` on disk, a
+conditional PUT, `put_object(IfNoneMatch="*")`, on S3), naming its holder, its heartbeat renewed by a thread.
+A stale lease (no heartbeat for `stale_after` s) is taken over with `force=True`, one whose process is gone from
+this host without it, both loudly; a live one never (README, "What it survives")."""
 from __future__ import annotations
 
 import contextlib

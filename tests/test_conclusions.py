@@ -169,9 +169,9 @@ def test_best_epochs_per_image_cider_is_the_run_artifact_compare_reads(tmp_path)
                                               PER_IMAGE_KEY: {"ids": ids, "scores": scores}})
         cb.on_trial_complete(0, trials, t)
     client = MlflowClient(uri)
-    saved = json.loads(open(client.download_artifacts(cb.run_id_of("gate1"), PER_IMAGE_ARTIFACT)).read())
+    saved = json.loads(open(client.download_artifacts(cb.trial_runs["gate1"], PER_IMAGE_ARTIFACT)).read())
     assert saved == {str(i): 106.0 + i % 7 for i in ids}  # the best epoch's, not the last one's
-    assert "val/per_image_cider" not in client.get_run(cb.run_id_of("gate1")).data.metrics
+    assert "val/per_image_cider" not in client.get_run(cb.trial_runs["gate1"]).data.metrics
     comparison, _, _ = study_comparison(uri, "pi", by="fusion")
     diff = comparison.differences["gate"]
     assert diff.images == len(ids) and diff.delta == pytest.approx(5.0)
