@@ -56,31 +56,25 @@ class StudyLease:
         self._thread: threading.Thread | None = None
 
     # -- storage ---------------------------------------------------------------------------------------------
-    def _s3(self):
-        from dashboards.storage import make_client, parse_s3_uri
-
-        bucket, key = parse_s3_uri(self.location.uri, require_key=True)
-        return make_client(self.location.endpoint_url), bucket, key
-
     def _create(self, info: dict) -> bool:
         """Write the lease if there is none; False when one exists."""
         body = json.dumps(info, indent=2) + "\n"
         if self.location.local:
             os.makedirs(os.path.dirname(self.location.uri), exist_ok=True)
             try:
-                fd = os.open(self.location.uri, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                with open(self.location.uri, "x") as f:  # O_CREAT | O_EXCL
+                    f.write(body)
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "w") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
             return True
         from botocore.exceptions import ClientError
 
-        client, bucket, key = self._s3()
+        from dashboards.storage import make_client, parse_s3_uri
+
+        bucket, key = parse_s3_uri(self.location.uri, require_key=True)
         try:
-            client.put_object(Bucket=bucket, Key=key, Body=body.encode(), IfNoneMatch="*")
+            make_client(self.location.endpoint_url).put_object(Bucket=bucket, Key=key, Body=body.encode(),
+                                                               IfNoneMatch="*")
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
                 return False
@@ -93,14 +87,6 @@ class StudyLease:
             return json.loads(text) if text else None
         except ValueError:  # cut short by a crash while written: as good as stale
             return {"heartbeat": 0}
-
-    def _remove(self) -> None:
-        if self.location.local:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.location.uri)
-        else:
-            client, bucket, key = self._s3()
-            client.delete_object(Bucket=bucket, Key=key)
 
     # -- taking, keeping and giving back ---------------------------------------------------------------------
     def acquire(self, force: bool = False) -> None:
@@ -122,7 +108,7 @@ class StudyLease:
             why = "its process is gone from this host" if gone else "--force"
             print(f"a2 study: WARNING: taking over the stale lease of {describe(holder)} on {study} ({why})",
                   file=sys.stderr, flush=True)
-            self._remove()
+            self.location.delete()
             if not self._create(self.mine):
                 raise StudyError(f"study at {study}: another process took the lease first: "
                                  f"{describe(self.read() or {})}")
@@ -155,7 +141,7 @@ class StudyLease:
         with contextlib.suppress(Exception):  # a lease left behind only goes stale
             holder = self.read()
             if holder and holder.get("token") == self.mine["token"]:
-                self._remove()
+                self.location.delete()
 
     @contextlib.contextmanager
     def held(self, force: bool = False):

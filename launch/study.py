@@ -46,11 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_driver_arguments(run)
 
     resume = sub.add_parser("resume", help="continue an interrupted study: finished trials stay, others resume")
-    _add_name(resume)
+    add_name(resume)
     _add_driver_arguments(resume)
 
     status = sub.add_parser("status", help="the trial table of a study, read from its storage")
-    _add_name(status)
+    add_name(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
 
     compare = sub.add_parser("compare", help="configurations of a study side by side, from MLflow")
@@ -72,7 +72,7 @@ def _add_study_file(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=2 model.d_model=64")
 
 
-def _add_name(parser: argparse.ArgumentParser) -> None:
+def add_name(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name")
     parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
 
@@ -89,12 +89,6 @@ def add_lease_arguments(parser: argparse.ArgumentParser) -> None:
                         help="take over the study's lease if it is stale (its writer gone)")
     parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER, metavar="SECONDS",
                         help=f"a lease with no heartbeat for this long is stale (default {DEFAULT_STALE_AFTER:.0f})")
-
-
-def add_sync_arguments(parser: argparse.ArgumentParser) -> None:
-    """`a2 mlflow sync NAME`: the study's spooled tracking records to its MLflow server."""
-    _add_name(parser)
-    parser.set_defaults(func=cmd_sync)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -207,15 +201,18 @@ def _json_default(value):
 
 
 # -- run / resume / sync -----------------------------------------------------------------------------------------
+def driver_options(args) -> dict:
+    """`run_study` / `resume_study` options of the driver arguments (`_add_driver_arguments`)."""
+    return {"address": args.address, "verbose": not args.quiet, "force": args.force, "stale_after": args.stale_after}
+
+
 def cmd_run(args) -> int:
     spec = load_study(args.file, args.overrides)  # ConfigError -> exit 2 with the key path (a2's main)
-    return exit_code(run_study(spec, address=args.address, verbose=not args.quiet, force=args.force,
-                               stale_after=args.stale_after))
+    return exit_code(run_study(spec, **driver_options(args)))
 
 
 def cmd_resume(args) -> int:
-    return exit_code(resume_study(locate(args.name, args.storage), address=args.address, verbose=not args.quiet,
-                                  force=args.force, stale_after=args.stale_after))
+    return exit_code(resume_study(locate(args.name, args.storage), **driver_options(args)))
 
 
 def exit_code(summary: dict) -> int:
@@ -236,37 +233,42 @@ def _lease(location: StudyLocation, force: bool, stale_after: float | None):
     return StudyLease(location.at(), stale_after or DEFAULT_STALE_AFTER).held(force)
 
 
-def run_study(spec, *, address: str | None = None, verbose: bool = True, connect: bool = True,
-              force: bool = False, stale_after: float | None = None) -> dict:
-    """Run a validated study to its end on Ray; returns the summary (also written to `summary.json`)."""
+def run_study(spec, **options) -> dict:
+    """Run a validated study to its end on Ray (`_drive`'s options); returns the summary (also in summary.json)."""
     from dashboards.storage import check_storage
 
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     check_storage(location.storage, location.endpoint_url)
-    return _drive(spec, location, new=True, address=address, verbose=verbose, connect=connect, force=force,
-                  stale_after=stale_after)
+    return _drive(spec, location, new=True, **options)
 
 
-def resume_study(location: StudyLocation, *, address: str | None = None, verbose: bool = True,
-                 connect: bool = True, force: bool = False, stale_after: float | None = None) -> dict:
+def resume_study(location: StudyLocation, **options) -> dict:
     """Continue a study: finished trials stay, unfinished and errored ones resume."""
-    return _drive(load_saved_spec(location), location, new=False, address=address, verbose=verbose, connect=connect,
-                  force=force, stale_after=stale_after)
+    return _drive(load_saved_spec(location), location, new=False, **options)
 
 
-def _drive(spec, location: StudyLocation, *, new: bool, address: str | None, verbose: bool, connect: bool,
-           force: bool, stale_after: float | None) -> dict:
-    """Run a new study or resume one, as the study's one writer, and summarize it."""
+def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = None, verbose: bool = True,
+           force: bool = False, stale_after: float | None = None) -> dict:
+    """Run a new study or resume one as the study's one writer, on the cluster at `address` (else $RAY_ADDRESS,
+    else a local Ray), and summarize it."""
     check_tracking(spec)
     with _lease(location, force, stale_after):
-        started = _experiment_exists(location)
+        from ray.tune import Tuner
+
+        path, fs = location.at().ray_storage()
+        started = Tuner.can_restore(path, storage_filesystem=fs)
         if new and (started or location.exists(STUDY_FILE)):
             raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
                              f"`a2 study resume {spec.name}`, or give the new study another name")
         if not new and not started:
             raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
                              f"(it was stopped before its first trial started); run it again")
-        _join_cluster(spec, address, connect)
+        from launch.raycluster import connect
+        from launch.trainable import propagated_env
+
+        cluster = connect(address, runtime_env_vars=propagated_env())
+        # a trial asking more than the whole cluster has would wait forever: refused (ConfigError, exit 2)
+        StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
         if new:
             location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
         remember(location)
@@ -315,23 +317,6 @@ def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True
               f"continue with `a2 study resume {spec.name}`", flush=True)
         return {"study": spec.name, "path": location.uri(), "storage_error": str(err), "best": None,
                 "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows]}
-
-
-def _experiment_exists(location: StudyLocation) -> bool:
-    from ray.tune import Tuner
-
-    path, fs = location.at().ray_storage()
-    return bool(Tuner.can_restore(path, storage_filesystem=fs))
-
-
-def _join_cluster(spec, address: str | None, connect: bool = True) -> None:
-    """Join (or start) Ray, then refuse a trial asking more than the cluster has (it would wait forever)."""
-    if connect:
-        from launch.raycluster import connect as connect_ray
-        from launch.trainable import propagated_env
-
-        cluster = connect_ray(address, runtime_env_vars=propagated_env())
-        StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
 
 
 def say(text: str, verbose: bool = True) -> None:
@@ -412,21 +397,18 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
 
 
 # -- table rows --------------------------------------------------------------------------------------------------
-def _described(spec, sampled: dict) -> dict:
-    """The resolved config of a trial's sampled values, with the columns every table shows."""
+def _table_row(spec, trial_id: str, state: str, sampled: dict, last: dict, best, stopped_early=None) -> dict:
+    """The columns every table shows, with the trial's resolved config."""
     try:
         config = spec.trial_config(sampled)
     except A2Error:  # an old study whose keys moved on: show what is known
         config = {}
     model, train = config.get("model", {}), config.get("train", {})
-    return {"config": config, "fusion": model.get("fusion", sampled.get("fusion")),
+    return {"trial_id": trial_id, "state": state, "stopped_early": stopped_early, "config": config,
+            "fusion": model.get("fusion", sampled.get("fusion")),
             # lambda weighs the mask loss, which fusion none does not have
             "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
-            "seed": train.get("seed", sampled.get("seed"))}
-
-
-def _table_row(spec, trial_id: str, state: str, sampled: dict, last: dict, best, stopped_early=None) -> dict:
-    return {"trial_id": trial_id, "state": state, "stopped_early": stopped_early, **_described(spec, sampled),
+            "seed": train.get("seed", sampled.get("seed")),
             "epochs_done": int(finite(last.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
             "last": finite(last.get(spec.metric)), "best": finite(best)}
 

@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_study(study_mod.study_path(args.study, args.repo), args.overrides)
         print(spec.summary(), flush=True)
         use_cluster_token()
-        driver = {"address": args.address or os.environ.get("RAY_ADDRESS") or "auto",  # on a head: its cluster
-                  "verbose": not args.quiet, "force": args.force, "stale_after": args.stale_after}
+        driver = study_mod.driver_options(args)
+        driver["address"] = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # on a head: its cluster
         location = study_mod.StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
         if args.resume and location.exists(study_mod.STUDY_FILE):
             summary = study_mod.resume_study(location, **driver)
