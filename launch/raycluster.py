@@ -86,21 +86,20 @@ def connect(address: str | None = None, *, runtime_env_vars: dict | None = None)
 TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
 
 
-def _not_the_token_notice(record) -> bool:
-    return not record.getMessage().startswith(TOKEN_AUTH_NOTICE)
-
-
 @contextlib.contextmanager
 def _quiet_token_auth_notice():
     """Drop, while Ray starts, the WARNING that a new local Ray uses token authentication (nothing to act on), by
     a filter on the handlers of Ray's logger (RAY_AUTH_MODE would silence it only before `ray` is imported)."""
     import logging
 
+    def not_the_token_notice(record) -> bool:
+        return not record.getMessage().startswith(TOKEN_AUTH_NOTICE)
+
     handlers = logging.getLogger("ray").handlers if "RAY_AUTH_MODE" not in os.environ else []
     for handler in handlers:
-        handler.addFilter(_not_the_token_notice)
+        handler.addFilter(not_the_token_notice)
     try:
         yield
     finally:
         for handler in handlers:
-            handler.removeFilter(_not_the_token_notice)
+            handler.removeFilter(not_the_token_notice)

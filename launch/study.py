@@ -251,10 +251,13 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
            force: bool = False, stale_after: float | None = None) -> dict:
     """Run a new study or resume one as the study's one writer, on the cluster at `address` (else $RAY_ADDRESS,
     else a local Ray), and summarize it."""
+    from ray.tune import Tuner
+
+    from launch.raycluster import connect
+    from launch.trainable import propagated_env
+
     check_tracking(spec)
     with _lease(location, force, stale_after):
-        from ray.tune import Tuner
-
         path, fs = location.at().ray_storage()
         started = Tuner.can_restore(path, storage_filesystem=fs)
         if new and (started or location.exists(STUDY_FILE)):
@@ -263,9 +266,6 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         if not new and not started:
             raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
                              f"(it was stopped before its first trial started); run it again")
-        from launch.raycluster import connect
-        from launch.trainable import propagated_env
-
         cluster = connect(address, runtime_env_vars=propagated_env())
         # a trial asking more than the whole cluster has would wait forever: refused (ConfigError, exit 2)
         StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
