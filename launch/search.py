@@ -57,8 +57,8 @@ class GridCrossedSearcher(Searcher):
     mean at epoch e once every replicate reported e, and at the end FAIL if all failed, PRUNED if any stopped
     before the planned epochs, else COMPLETE with the finished replicates' mean. Its state is all its attributes."""
 
-    def __init__(self, spec: StudySpec, metric: str | None = None, mode: str | None = None):
-        super().__init__(metric=metric or spec.metric, mode=mode or spec.mode)
+    def __init__(self, spec: StudySpec):
+        super().__init__(metric=spec.metric, mode=spec.mode)
         self._spec = spec
         self._seeds: list[int] = spec.replicate_seeds
         self._cells: list[dict] = spec.grid_cells()
@@ -107,12 +107,9 @@ class GridCrossedSearcher(Searcher):
 
     # -- Searcher ----------------------------------------------------------------------------------------------------
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec) -> bool:
-        if metric and self._metric and metric != self._metric:
-            raise ValueError(f"the study optimises {self._metric!r}, the TuneConfig says {metric!r}")
-        if mode and self._mode and mode != self._mode:
-            raise ValueError(f"the study's mode is {self._mode!r}, the TuneConfig says {mode!r}")
-        self._metric = self._metric or metric
-        self._mode = self._mode or mode
+        if (metric or self._metric, mode or self._mode) != (self._metric, self._mode):
+            raise ValueError(f"the study optimises {self._metric!r} ({self._mode}), the TuneConfig says "
+                             f"{metric!r} ({mode})")
         return True
 
     def suggest(self, trial_id: str) -> dict | str | None:
