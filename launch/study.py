@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import sys
@@ -95,14 +96,8 @@ def main(args: argparse.Namespace) -> int:
     command = args.study_command
     if command == "validate":
         return validate_main(args.file, args.overrides)
-    if command == "compare":  # MLflow and scipy: imported only when asked for
-        from dashboards.compare import main as compare_main
-
-        return compare_main(args)
-    if command == "plan":
-        from launch.plan import main as plan_main
-
-        return plan_main(args)
+    if command in ("compare", "plan"):  # MLflow and scipy: imported only when asked for
+        return importlib.import_module({"compare": "dashboards.compare", "plan": "launch.plan"}[command]).main(args)
     return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[command](args)
 
 
