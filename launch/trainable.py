@@ -321,7 +321,7 @@ def _forwarder(queue):
 def a2_trial(config: dict, plan: TrialPlan) -> None:
     """A trial on Ray Train: its `TorchTrainer` runs (or resumes) in a thread while this reports what the
     controller forwards; a failure of `fit()` is raised here, so that Tune retries the trial."""
-    from concurrent.futures import ThreadPoolExecutor
+    import threading
 
     import ray
     import ray.train
@@ -354,16 +354,27 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
             callbacks=[_forwarder(results)],
         ),
     )
-    with ThreadPoolExecutor(1, thread_name_prefix=f"a2-train-{trial.trial_id}") as runner:
-        fit = runner.submit(trainer.fit)
-        while not fit.done() or not results.empty():  # once fit() returned, its last result may still be queued
-            try:
-                item = results.get(timeout=1.0)
-            except Empty:
-                continue
-            trial.record(item, float(item.pop(ATTEMPT_CPU_KEY, 0.0)))
+    failure: list[BaseException] = []
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as err:  # noqa: BLE001 - raised again in the trial's thread below
+            failure.append(err)
+
+    # A daemon thread: a trial that Tune stops must not wait for its Train run at exit.
+    runner = threading.Thread(target=fit, name=f"a2-train-{trial.trial_id}", daemon=True)
+    runner.start()
+    while runner.is_alive() or not results.empty():  # once fit() returned, its last result may still be queued
+        try:
+            item = results.get(timeout=1.0)
+        except Empty:
+            continue
+        trial.record(item, float(item.pop(ATTEMPT_CPU_KEY, 0.0)))
+    runner.join()
     ray.kill(results.actor)
-    fit.result()  # fit()'s failure, raised here so that Tune retries the trial
+    if failure:
+        raise failure[0]
 
 
 def make_trainable(plan: TrialPlan, *, ray_train: bool = False):
