@@ -171,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=positive_int, default=1)
     serve.set_defaults(func=_deferred("dashboards.tracking:serve"))
     sync = ml.add_parser("sync", help="replay a study's tracking records spooled while MLflow was down")
-    study.add_sync_arguments(sync)
+    study.add_name(sync)
+    sync.set_defaults(func=study.cmd_sync)
 
     pk = sub.add_parser("package", help="4-seed ensemble -> COCO server zip, leaderboard, upload")
     package.add_arguments(pk)

@@ -1,16 +1,7 @@
-"""One writer per study: a lease file in the study's storage, `<storage>/<name>/lease.json`.
-
-    with StudyLease(location.at(), stale_after=120).held(force=False):
-        ...   # run or resume the study; a thread renews the lease's heartbeat
-
-The lease is created only if there is none: `os.open(O_CREAT | O_EXCL)` on a local path, a conditional PUT
-(`If-None-Match: *`, boto3's `put_object(IfNoneMatch="*")`) on S3, which both AWS S3 and moto honour; pyarrow's
-S3 filesystem cannot make one. It names its holder (user, host, pid, started) and carries a heartbeat that its
-thread renews every `stale_after / 4` seconds (at most 30). A second writer is refused at once with a
-StudyError naming the holder. A lease with no heartbeat for `stale_after` seconds can be taken over with
-`force=True`, said loudly on stderr; a live one never. A lease whose process is gone from this host (a driver
-killed with SIGKILL, then `a2 study resume` on the same machine) is taken over without `force`, also said loudly.
-"""
+"""One writer per study: `<storage>/<name>/lease.json`, created only if absent (`O_CREAT | O_EXCL` on disk, a
+conditional PUT, `put_object(IfNoneMatch="*")`, on S3), naming its holder, its heartbeat renewed by a thread.
+A stale lease (no heartbeat for `stale_after` s) is taken over with `force=True`, one whose process is gone from
+this host without it, both loudly; a live one never (README, "What it survives")."""
 from __future__ import annotations
 
 import contextlib
@@ -65,31 +56,25 @@ class StudyLease:
         self._thread: threading.Thread | None = None
 
     # -- storage ---------------------------------------------------------------------------------------------
-    def _s3(self):
-        from dashboards.storage import make_client, parse_s3_uri
-
-        bucket, key = parse_s3_uri(self.location.uri, require_key=True)
-        return make_client(self.location.endpoint_url), bucket, key
-
     def _create(self, info: dict) -> bool:
         """Write the lease if there is none; False when one exists."""
         body = json.dumps(info, indent=2) + "\n"
         if self.location.local:
             os.makedirs(os.path.dirname(self.location.uri), exist_ok=True)
             try:
-                fd = os.open(self.location.uri, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                with open(self.location.uri, "x") as f:  # O_CREAT | O_EXCL
+                    f.write(body)
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "w") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
             return True
         from botocore.exceptions import ClientError
 
-        client, bucket, key = self._s3()
+        from dashboards.storage import make_client, parse_s3_uri
+
+        bucket, key = parse_s3_uri(self.location.uri, require_key=True)
         try:
-            client.put_object(Bucket=bucket, Key=key, Body=body.encode(), IfNoneMatch="*")
+            make_client(self.location.endpoint_url).put_object(Bucket=bucket, Key=key, Body=body.encode(),
+                                                               IfNoneMatch="*")
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
                 return False
@@ -102,14 +87,6 @@ class StudyLease:
             return json.loads(text) if text else None
         except ValueError:  # cut short by a crash while written: as good as stale
             return {"heartbeat": 0}
-
-    def _remove(self) -> None:
-        if self.location.local:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.location.uri)
-        else:
-            client, bucket, key = self._s3()
-            client.delete_object(Bucket=bucket, Key=key)
 
     # -- taking, keeping and giving back ---------------------------------------------------------------------
     def acquire(self, force: bool = False) -> None:
@@ -131,7 +108,7 @@ class StudyLease:
             why = "its process is gone from this host" if gone else "--force"
             print(f"a2 study: WARNING: taking over the stale lease of {describe(holder)} on {study} ({why})",
                   file=sys.stderr, flush=True)
-            self._remove()
+            self.location.delete()
             if not self._create(self.mine):
                 raise StudyError(f"study at {study}: another process took the lease first: "
                                  f"{describe(self.read() or {})}")
@@ -164,7 +141,7 @@ class StudyLease:
         with contextlib.suppress(Exception):  # a lease left behind only goes stale
             holder = self.read()
             if holder and holder.get("token") == self.mine["token"]:
-                self._remove()
+                self.location.delete()
 
     @contextlib.contextmanager
     def held(self, force: bool = False):

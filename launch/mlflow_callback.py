@@ -1,17 +1,9 @@
 """Ray Tune driver callback that tracks a study in MLflow through `dashboards.tracking.StudyTracker`.
 
-One parent run per study, one child run per Tune trial id, tagged with its replicate group's `a2.config_hash`.
-Restores never duplicate runs: the trial-id-to-run-id map is part of the callback state that Tune saves with the
-experiment, and without it a run is found again by its `a2.trial_id` tag. A trial the scheduler stopped
-(`stopped_early_of(trial_id)`, e.g. `ReplicateASHA.stopped_early`) ends FINISHED with `a2.stopped_early=true`,
-`a2.stopped_rung` and `a2.stopped_cutoff`.
-
-Metrics are logged with the result's `epoch` as step (monotonic across restores and retries, unlike Tune's
-`training_iteration`) and the result's own timestamp, so that logging a result twice leaves one point.
-
-The hooks never wait on MLflow: each puts one record on a `dashboards.spool.TrackingQueue`, whose thread applies
-it, spools it in the study's storage while the server is down and replays the spool when it is back (or at
-`a2 study resume` / `a2 mlflow sync`). `strict=True` applies records in the hook and raises (tests).
+One parent run per study, one child run per Tune trial id (found again by its `a2.trial_id` tag after a restore),
+metrics at the result's `epoch` as step and with its own timestamp, so that logging a result twice leaves one
+point. The hooks never wait on MLflow: each queues a record on a `dashboards.spool.TrackingQueue`, which spools
+what a server that is down misses and replays it later; `strict=True` applies records in the hook and raises.
 """
 from __future__ import annotations
 
@@ -74,13 +66,10 @@ def _checkpoint_uri(checkpoint, path: str | None = None) -> str:
 
 
 class A2MLflowCallback(Callback):
-    """Track a Tune study in MLflow. `resolve_config` maps a trial's config to the training config logged as its
-    run's params; `metric`/`mode` decide a trial's best checkpoint (tag `a2.best_checkpoint`); `strict` raises
-    tracking errors from hooks (tests); `artifact_location` is the artifact root of a new experiment;
-    `history_of(trial_id)` is the trial's result log (`launch.trainable.ResultLog`), from which its first result in
-    this driver, and its end, fill in the epochs MLflow lacks (results of a killed driver whose checkpoint was
-    saved); `stopped_early_of(trial_id)` is the scheduler's record of stopping a trial, or None; `spool_at` is the
-    study's storage (`dashboards.storage.Location`) holding the spool (default: a temporary folder)."""
+    """Track a Tune study in MLflow. `resolve_config`: a trial's config -> the training config logged as params;
+    `metric`/`mode` pick the best checkpoint (tag `a2.best_checkpoint`); `history_of(trial_id)`: the trial's result
+    log, whose epochs MLflow lacks are logged once per trial and driver; `stopped_early_of(trial_id)`: the
+    scheduler's record of stopping a trial; `spool_at`: the study's Location holding the spool."""
 
     def __init__(self, tracking_uri: str, study_name: str, *, experiment: str | None = None,
                  study_params: dict | None = None, study_tags: dict | None = None,
@@ -277,6 +266,3 @@ class A2MLflowCallback(Callback):
     def outage_text(self) -> str | None:
         """The live table's tracking line while the server is (or was) down, else None."""
         return outage_line(self.queue.status() if self.queue is not None else self.outage)
-
-    def run_id_of(self, trial_id: str) -> str | None:
-        return self.trial_runs.get(str(trial_id))

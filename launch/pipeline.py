@@ -1,21 +1,5 @@
-"""`a2 pipeline`: the main job, end to end on one machine or cluster.
-
-    a2 pipeline                                   # studies/smoke.yaml on the embedded synthetic COCO
-    a2 pipeline --study studies/smoke.yaml train.xe_epochs=2 --out pipeline-out
-
-1. the study (`launch.study.run_study`); one of the same name and spec that finished before is reused, an
-   interrupted one is resumed;
-2. its report (`dashboards.report.build_report`: plots and report.html, also logged to MLflow);
-3. packaging (`launch.package.package`: the best configuration's seed ensemble, results.zip, leaderboard, MLflow
-   model version, uploads).
-
-It ends with where everything is and the study's conclusion: each fusion against the baseline (fusion none) as
-a difference in val CIDEr with its 95% interval (`a2 study compare NAME --by fusion`'s numbers), and the
-ensemble's gain over its best member, e.g.
-
-    conclusion:   gate beats none by 3.1 CIDEr [1.2, 5.0], 3 seeds x 100 images
-    conclusion:   ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seeds x 100 images
-"""
+"""`a2 pipeline`: the main job on one machine or cluster: the study (reused when it finished before with the same
+spec, resumed when interrupted), its report, packaging, and the study's conclusions (README, "Packaging")."""
 from __future__ import annotations
 
 import argparse

@@ -1,13 +1,6 @@
-"""Connecting to Ray: `connect()` joins the cluster at `address` / `RAY_ADDRESS` when there is one, else starts a
-local Ray with this machine's CPUs. (tests/raycluster.py starts real multi-node clusters on one machine.)
-
-Secrets go by reference, never by value. Ray Tune copies AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/... of the
-driver's environment into every trial's runtime env, which Ray writes to its logs (ray-project/ray#28276). So
-before Ray starts, `stash_credentials()` moves AWS keys found in the environment into a private shared-credentials
-file (mode 0600 in a 0700 folder, profile `a2tune`) and leaves only AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE
-behind, which boto3 and pyarrow read through their default credential chains. MLflow's secrets
-(MLFLOW_TRACKING_PASSWORD / MLFLOW_TRACKING_TOKEN) are needed by the driver alone (trials never talk to MLflow): they
-are kept out of the environment while Ray's processes start, and never given to a runtime env.
+"""Joining or starting Ray (`connect`), with secrets passed by reference, never by value: Ray Tune copies the
+driver's AWS_* variables into every trial's runtime env, which Ray logs (ray-project/ray#28276), so AWS keys move
+into a 0600 credentials file first; MLflow's secrets stay with the driver (trials never talk to MLflow).
 """
 from __future__ import annotations
 
@@ -25,9 +18,8 @@ AWS_PROFILE = "a2tune"
 
 
 def stash_credentials() -> str | None:
-    """Move the AWS keys of `os.environ` into a 0600 credentials file, profile `a2tune`, and point
-    AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE at it. Returns the file (None: no keys in the environment). The file
-    is removed when this process exits."""
+    """Move the AWS keys of `os.environ` into a 0600 credentials file (profile `a2tune`, removed at exit) that
+    AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE point at; returns the file, None without keys."""
     found = {var: os.environ.pop(var) for var in list(AWS_SECRETS) if os.environ.get(var)}
     if not found:
         return None
@@ -59,14 +51,9 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 def connect(address: str | None = None, *, runtime_env_vars: dict | None = None) -> dict:
-    """Join the Ray cluster at `address` / `$RAY_ADDRESS`, or start a local one. Returns cluster resources.
-
-    Without an address this always starts a new local Ray (`address="local"`), never silently joins some other
-    `ray start` cluster of the machine; `address="auto"` joins this machine's running cluster when there is one
-    (Ray's own lookup), else starts a local Ray too. `runtime_env_vars` reach every worker of this job on every
-    node (storage and tracking settings; never secrets: see `stash_credentials`, which runs first). A process that
-    is connected already keeps its connection.
-    """
+    """Join the Ray cluster at `address` / `$RAY_ADDRESS` ("auto": this machine's, if any), else start a new
+    local Ray (never silently some other cluster of the machine); returns the cluster's resources.
+    `runtime_env_vars` reach every worker of this job (never secrets). A connected process stays connected."""
     import ray
 
     if ray.is_initialized():
@@ -99,23 +86,20 @@ def connect(address: str | None = None, *, runtime_env_vars: dict | None = None)
 TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
 
 
-def _not_the_token_notice(record) -> bool:
-    return not record.getMessage().startswith(TOKEN_AUTH_NOTICE)
-
-
 @contextlib.contextmanager
 def _quiet_token_auth_notice():
-    """A new local Ray turns token authentication on (the secure default) and logs a WARNING saying so on every
-    run, with nothing to act on: that one notice is dropped while Ray starts, by a filter on the handlers of Ray's
-    logger, which every Ray module's records pass through. (RAY_AUTH_MODE silences it in Ray itself, but only
-    before `ray` is imported: Ray caches its config at import.)"""
+    """Drop, while Ray starts, the WARNING that a new local Ray uses token authentication (nothing to act on), by
+    a filter on the handlers of Ray's logger (RAY_AUTH_MODE would silence it only before `ray` is imported)."""
     import logging
+
+    def not_the_token_notice(record) -> bool:
+        return not record.getMessage().startswith(TOKEN_AUTH_NOTICE)
 
     handlers = logging.getLogger("ray").handlers if "RAY_AUTH_MODE" not in os.environ else []
     for handler in handlers:
-        handler.addFilter(_not_the_token_notice)
+        handler.addFilter(not_the_token_notice)
     try:
         yield
     finally:
         for handler in handlers:
-            handler.removeFilter(_not_the_token_notice)
+            handler.removeFilter(not_the_token_notice)

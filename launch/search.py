@@ -1,33 +1,9 @@
 """The search of a study: grid keys crossed with Optuna over the sampled keys, and the trial scheduler.
 
-`GridCrossedSearcher` keeps one Optuna study per grid cell (fusion=gate,seed=0 ...): Ray's `OptunaSearch` cannot
-hold `tune.grid_search` keys, and one TPE model over all keys would spend samples unevenly across the cells a
-study compares. Each cell asks a define-by-run space over its active sampled keys (`when` conditions), starts with
-the spec's `points_to_evaluate` (default: the paper's values) and gets suggestions round-robin until it has
-`spec.samples_per_cell(cell)` configurations. Suggestions are flat dicts of the space's keys
-(`{"fusion": "gate", "seed": 0, "lambda": 0.031}`) that `spec.trial_config` resolves. `algorithm: random` samples
-at random, `algorithm: grid` asks nothing (the enqueued points are every trial).
-
-Replicate groups (`search.replicates`, README): each configuration is handed out once per seed, as consecutive
-Tune trials sharing one `config_hash`. Optuna sees the group, never one seed: the group mean as intermediate value
-at epoch e once every replicate reported e, and once all have ended FAIL if all failed, PRUNED if any stopped
-before the planned epochs (ASHA: TPE ranks PRUNED below every COMPLETE, so it does not learn from truncated curves
-as finished ones), else COMPLETE with the mean of the finished replicates. `save`/`restore` keep everything, so
-`Tuner.restore` continues the search without repeating a suggestion.
-
-`ReplicateASHA` (`scheduler: {asha: {grace_period: g, reduction_factor: r, min_gap_se: k}}`) is ASHA over
-replicate groups. Rungs sit at epochs g, g*r, ... below the planned epochs; a trial's value at a rung is its metric
-at its first result with `epoch` >= the rung, and a group is judged once each of its replicates still running
-has one:
-
-    cutoff = the (1 - 1/r) quantile of the means of the groups that reached this rung before it
-    spread = the pooled within-group standard deviation of the groups at this rung (this one included)
-    stop the group  iff  cutoff - mean > k * spread * sqrt(2 / n)      (mode max; n = replicates in the group)
-
-that is k standard errors of a difference of two n-seed means. The first group at a rung continues, and while no
-group there has two replicates nothing is stopped. A stopped group's replicates all stop; `stopped_early(trial id)`
-is the record the MLflow callback tags their runs with. Time is `epoch` (monotonic across XE, SCST and restored
-worker groups, unlike `training_iteration`).
+`GridCrossedSearcher` keeps one Optuna study per grid cell (Ray's `OptunaSearch` cannot hold grid keys, and one
+TPE model over all cells would spend samples unevenly) and hands each configuration out once per replicate seed;
+Optuna sees a replicate group's mean, never one seed. `ReplicateASHA` is ASHA over replicate groups that stops a
+group only on a gap beyond its seed spread. The README ("Studies": Search, Replicates, Early stopping) has the rules.
 """
 from __future__ import annotations
 
@@ -76,11 +52,13 @@ def n_startup_trials(num_samples: int) -> int:
 
 
 class GridCrossedSearcher(Searcher):
-    """One Optuna study per grid cell; suggestions round-robin over the cells, each configuration once per
-    replicate seed (module docstring). Its state (`get_state`) is all its attributes."""
+    """One Optuna study per grid cell, asked round-robin over the cells until each has its quota; each
+    configuration goes out once per replicate seed, as consecutive trials. A group's Optuna trial gets the group
+    mean at epoch e once every replicate reported e, and at the end FAIL if all failed, PRUNED if any stopped
+    before the planned epochs, else COMPLETE with the finished replicates' mean. Its state is all its attributes."""
 
-    def __init__(self, spec: StudySpec, metric: str | None = None, mode: str | None = None):
-        super().__init__(metric=metric or spec.metric, mode=mode or spec.mode)
+    def __init__(self, spec: StudySpec):
+        super().__init__(metric=spec.metric, mode=spec.mode)
         self._spec = spec
         self._seeds: list[int] = spec.replicate_seeds
         self._cells: list[dict] = spec.grid_cells()
@@ -130,12 +108,9 @@ class GridCrossedSearcher(Searcher):
 
     # -- Searcher ----------------------------------------------------------------------------------------------------
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec) -> bool:
-        if metric and self._metric and metric != self._metric:
-            raise ValueError(f"the study optimises {self._metric!r}, the TuneConfig says {metric!r}")
-        if mode and self._mode and mode != self._mode:
-            raise ValueError(f"the study's mode is {self._mode!r}, the TuneConfig says {mode!r}")
-        self._metric = self._metric or metric
-        self._mode = self._mode or mode
+        if (metric or self._metric, mode or self._mode) != (self._metric, self._mode):
+            raise ValueError(f"the study optimises {self._metric!r} ({self._mode}), the TuneConfig says "
+                             f"{metric!r} ({mode})")
         return True
 
     def suggest(self, trial_id: str) -> dict | str | None:
@@ -266,9 +241,11 @@ class GridCrossedSearcher(Searcher):
 
 
 class ReplicateASHA(FIFOScheduler):
-    """ASHA over replicate groups that stops a group only on a gap beyond its seed spread (module docstring):
-    rungs at grace_period * reduction_factor**i < max_t (the planned epochs), `replicates` trials per group (1
-    without replicates), `group_of` a trial's config -> its group, `min_gap_se` the k of the stopping rule."""
+    """ASHA over replicate groups: rungs at grace_period * reduction_factor**i < max_t (the planned epochs); a
+    trial's value at a rung is its metric at its first result with `epoch` >= the rung (epochs, unlike
+    `training_iteration`, stay monotonic across restores). A group is judged once each replicate still running has
+    a value there and stopped iff cutoff - mean > k * spread * sqrt(2 / n): cutoff the (1 - 1/r) quantile of the
+    earlier groups' means, spread the pooled within-group sd at the rung, k `min_gap_se`."""
 
     def __init__(self, *, max_t: int, grace_period: int = 1, reduction_factor: float = 2, replicates: int = 1,
                  min_gap_se: float = 2.0, time_attr: str = TIME_ATTR, metric: str | None = None,
@@ -325,10 +302,6 @@ class ReplicateASHA(FIFOScheduler):
     def on_trial_remove(self, tune_controller, trial) -> None:
         self._end(trial.trial_id)
 
-    def debug_string(self) -> str:
-        return (f"ReplicateASHA: rungs {self.rungs} ({self._time_attr}), {self.replicates} replicates per group, "
-                f"{len(self._stopped_groups)} groups stopped")
-
     # -- the rule ------------------------------------------------------------------------------------------------
     def _end(self, tid: str) -> None:
         """A trial that ends below a rung no longer counts there: its group may be complete without it."""
@@ -372,20 +345,18 @@ class ReplicateASHA(FIFOScheduler):
         return dict(self._means[rung])
 
 
-def build_search(spec: StudySpec) -> tuple[GridCrossedSearcher, TrialScheduler]:
-    """The searcher and scheduler of a study, for `ray.tune.TuneConfig(search_alg=..., scheduler=...)`."""
+def build_scheduler(spec: StudySpec) -> TrialScheduler:
+    """The study's trial scheduler: `ReplicateASHA` for `scheduler: {asha: ...}`, else FIFO."""
     ((kind, options),) = spec.search["scheduler"].items()
-    scheduler = FIFOScheduler()
-    if kind == "asha":
-        scheduler = ReplicateASHA(max_t=spec.total_epochs, grace_period=options["grace_period"],
-                                  reduction_factor=options["reduction_factor"],
-                                  replicates=max(1, len(spec.replicate_seeds)), min_gap_se=options["min_gap_se"])
-    return GridCrossedSearcher(spec), scheduler
+    if kind != "asha":
+        return FIFOScheduler()
+    return ReplicateASHA(max_t=spec.total_epochs, grace_period=options["grace_period"],
+                         reduction_factor=options["reduction_factor"], replicates=max(1, len(spec.replicate_seeds)),
+                         min_gap_se=options["min_gap_se"])
 
 
 def tune_config_kwargs(spec: StudySpec) -> dict:
     """Everything `ray.tune.TuneConfig(**kwargs)` needs for this study (Tune wraps the searcher in a
     `ConcurrencyLimiter` for `max_concurrent_trials`)."""
-    search_alg, scheduler = build_search(spec)
-    return {"search_alg": search_alg, "scheduler": scheduler, "num_samples": spec.num_trials, "metric": spec.metric,
-            "mode": spec.mode, "max_concurrent_trials": spec.resources["max_concurrent_trials"]}
+    return {"search_alg": GridCrossedSearcher(spec), "scheduler": build_scheduler(spec), "num_samples": spec.num_trials,
+            "metric": spec.metric, "mode": spec.mode, "max_concurrent_trials": spec.resources["max_concurrent_trials"]}

@@ -1,21 +1,15 @@
 """`a2 study validate|run|resume|status|compare|plan` and `a2 mlflow sync NAME`.
 
-A study lives in `<storage>/<name>/` (a local folder or `s3://bucket/prefix/<name>/`): the Tune experiment,
-`study.yaml` (the resolved spec: `resume NAME` and `status NAME` need nothing else), `trials/` (one run folder per
-trial with its checkpoints and result log, `launch.trainable`), `lease.json` while a driver writes the study
-(`launch.lease`), `tracking/` (what MLflow could not take yet, `dashboards.spool`) and `summary.json` (best trial
-and configuration, compute, every trial's results; written at the end of `run`/`resume`, read by packaging and
-reports). `run` also leaves `./.a2/studies/<name>.json` so that `resume`/`status` find a study outside the
-default storage.
-
-`run` and `resume` join the cluster at `--address` / `$RAY_ADDRESS`, else start a local Ray, only once the spec is
-valid, the storage and the MLflow URI answer and the lease is held; a trial that asks for more than the cluster has
-is refused (exit 2) before any trial starts.
+A study lives in `<storage>/<name>/` (a folder or `s3://bucket/prefix/<name>/`): the Tune experiment, `study.yaml`
+(the resolved spec, all `resume`/`status` need), `trials/` (`launch.trainable`), `lease.json` (`launch.lease`),
+`tracking/` (`dashboards.spool`) and `summary.json` (best trial and configuration, compute, every trial's results;
+written at the end of `run`/`resume`). `./.a2/studies/<name>.json` points `resume`/`status` at the study.
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import sys
@@ -53,11 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_driver_arguments(run)
 
     resume = sub.add_parser("resume", help="continue an interrupted study: finished trials stay, others resume")
-    _add_name(resume)
+    add_name(resume)
     _add_driver_arguments(resume)
 
     status = sub.add_parser("status", help="the trial table of a study, read from its storage")
-    _add_name(status)
+    add_name(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
 
     compare = sub.add_parser("compare", help="configurations of a study side by side, from MLflow")
@@ -80,7 +74,7 @@ def _add_study_file(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=2 model.d_model=64")
 
 
-def _add_name(parser: argparse.ArgumentParser) -> None:
+def add_name(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name")
     parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
 
@@ -99,24 +93,12 @@ def add_lease_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a lease with no heartbeat for this long is stale (default {DEFAULT_STALE_AFTER:.0f})")
 
 
-def add_sync_arguments(parser: argparse.ArgumentParser) -> None:
-    """`a2 mlflow sync NAME`: the study's spooled tracking records to its MLflow server."""
-    _add_name(parser)
-    parser.set_defaults(func=cmd_sync)
-
-
 def main(args: argparse.Namespace) -> int:
     command = args.study_command
     if command == "validate":
         return validate_main(args.file, args.overrides)
-    if command == "compare":  # MLflow and scipy: imported only when asked for
-        from dashboards.compare import main as compare_main
-
-        return compare_main(args)
-    if command == "plan":
-        from launch.plan import main as plan_main
-
-        return plan_main(args)
+    if command in ("compare", "plan"):  # MLflow and scipy: imported only when asked for
+        return importlib.import_module({"compare": "dashboards.compare", "plan": "launch.plan"}[command]).main(args)
     return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[command](args)
 
 
@@ -181,8 +163,7 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
 
 
 def study_path(path: str, root: str | Path) -> str:
-    """`path` if it exists (or is absolute), else the same relative path below `root` when that exists: a study
-    file of this repository's `studies/` wherever the command runs."""
+    """`path` if it exists (or is absolute), else the same relative path below `root` when that exists."""
     if Path(path).is_absolute() or Path(path).exists():
         return path
     below = Path(root).expanduser() / path
@@ -196,9 +177,8 @@ def load_saved_spec(location: StudyLocation) -> StudySpec:
 
 
 def saved_form(spec) -> dict:
-    """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the
-    data/model/train keys that the search space (or search.replicates: train.seed) sets, which the loader would
-    refuse as set twice."""
+    """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the keys that
+    the search space (or search.replicates: train.seed) sets, which the loader would refuse as set twice."""
     raw = spec.to_dict()
     for path in [param.path for param in spec.params.values()] + ([SEED_PATH] if spec.replicate_seeds else []):
         parent, _, key = path.rpartition(".")
@@ -217,15 +197,18 @@ def _json_default(value):
 
 
 # -- run / resume / sync -----------------------------------------------------------------------------------------
+def driver_options(args) -> dict:
+    """`run_study` / `resume_study` options of the driver arguments (`_add_driver_arguments`)."""
+    return {"address": args.address, "verbose": not args.quiet, "force": args.force, "stale_after": args.stale_after}
+
+
 def cmd_run(args) -> int:
     spec = load_study(args.file, args.overrides)  # ConfigError -> exit 2 with the key path (a2's main)
-    return exit_code(run_study(spec, address=args.address, verbose=not args.quiet, force=args.force,
-                               stale_after=args.stale_after))
+    return exit_code(run_study(spec, **driver_options(args)))
 
 
 def cmd_resume(args) -> int:
-    return exit_code(resume_study(locate(args.name, args.storage), address=args.address, verbose=not args.quiet,
-                                  force=args.force, stale_after=args.stale_after))
+    return exit_code(resume_study(locate(args.name, args.storage), **driver_options(args)))
 
 
 def exit_code(summary: dict) -> int:
@@ -246,38 +229,42 @@ def _lease(location: StudyLocation, force: bool, stale_after: float | None):
     return StudyLease(location.at(), stale_after or DEFAULT_STALE_AFTER).held(force)
 
 
-def run_study(spec, *, address: str | None = None, verbose: bool = True, connect: bool = True,
-              force: bool = False, stale_after: float | None = None) -> dict:
-    """Run a validated study to its end on Ray; returns the summary (also written to `summary.json`)."""
+def run_study(spec, **options) -> dict:
+    """Run a validated study to its end on Ray (`_drive`'s options); returns the summary (also in summary.json)."""
     from dashboards.storage import check_storage
 
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     check_storage(location.storage, location.endpoint_url)
-    return _drive(spec, location, new=True, address=address, verbose=verbose, connect=connect, force=force,
-                  stale_after=stale_after)
+    return _drive(spec, location, new=True, **options)
 
 
-def resume_study(location: StudyLocation, *, address: str | None = None, verbose: bool = True,
-                 connect: bool = True, force: bool = False, stale_after: float | None = None) -> dict:
-    """Continue a study: finished trials are kept as they are, unfinished and errored ones resume (the searcher,
-    scheduler and MLflow callback come back with the experiment's state)."""
-    return _drive(load_saved_spec(location), location, new=False, address=address, verbose=verbose, connect=connect,
-                  force=force, stale_after=stale_after)
+def resume_study(location: StudyLocation, **options) -> dict:
+    """Continue a study: finished trials stay, unfinished and errored ones resume."""
+    return _drive(load_saved_spec(location), location, new=False, **options)
 
 
-def _drive(spec, location: StudyLocation, *, new: bool, address: str | None, verbose: bool, connect: bool,
-           force: bool, stale_after: float | None) -> dict:
-    """Run a new study or resume one, as the study's one writer, and summarize it."""
+def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = None, verbose: bool = True,
+           force: bool = False, stale_after: float | None = None) -> dict:
+    """Run a new study or resume one as the study's one writer, on the cluster at `address` (else $RAY_ADDRESS,
+    else a local Ray), and summarize it."""
+    from ray.tune import Tuner
+
+    from launch.raycluster import connect
+    from launch.trainable import propagated_env
+
     check_tracking(spec)
     with _lease(location, force, stale_after):
-        started = _experiment_exists(location)
+        path, fs = location.at().ray_storage()
+        started = Tuner.can_restore(path, storage_filesystem=fs)
         if new and (started or location.exists(STUDY_FILE)):
             raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
                              f"`a2 study resume {spec.name}`, or give the new study another name")
         if not new and not started:
             raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
                              f"(it was stopped before its first trial started); run it again")
-        _join_cluster(spec, address, connect)
+        cluster = connect(address, runtime_env_vars=propagated_env())
+        # a trial asking more than the whole cluster has would wait forever: refused (ConfigError, exit 2)
+        StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
         if new:
             location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
         remember(location)
@@ -311,8 +298,8 @@ def cmd_sync(args) -> int:
 
 
 def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
-    """Run the trials, then write and print the summary. Storage still unreachable after the S3 retries stops the
-    study cleanly: the trials as this driver last saw them, and how to continue once the storage is back."""
+    """Run the trials, then write and print the summary. Storage unreachable after the S3 retries stops the study
+    cleanly: the trials as this driver last saw them, and how to continue."""
     grid = []  # Tune's results, when fit() got that far
     try:
         grid = tuner.fit()
@@ -328,24 +315,6 @@ def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True
                 "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows]}
 
 
-def _experiment_exists(location: StudyLocation) -> bool:
-    from ray.tune import Tuner
-
-    path, fs = location.at().ray_storage()
-    return bool(Tuner.can_restore(path, storage_filesystem=fs))
-
-
-def _join_cluster(spec, address: str | None, connect: bool = True) -> None:
-    """Join (or start) Ray, then refuse a trial asking more than the whole cluster has, which would wait forever
-    (ConfigError, exit 2)."""
-    if connect:
-        from launch.raycluster import connect as connect_ray
-        from launch.trainable import propagated_env
-
-        cluster = connect_ray(address, runtime_env_vars=propagated_env())
-        StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
-
-
 def say(text: str, verbose: bool = True) -> None:
     """A progress line, unless quiet."""
     if verbose:
@@ -353,8 +322,8 @@ def say(text: str, verbose: bool = True) -> None:
 
 
 def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore: bool = False):
-    """The study's Tuner: a new one, or restored from the study's storage (searcher, scheduler and callbacks
-    included) to resume unfinished and errored trials."""
+    """The study's Tuner, new or restored from storage (searcher, scheduler, callbacks) to resume unfinished and
+    errored trials."""
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
@@ -424,21 +393,18 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
 
 
 # -- table rows --------------------------------------------------------------------------------------------------
-def _described(spec, sampled: dict) -> dict:
-    """The resolved config of a trial's sampled values, with the columns every table shows."""
+def _table_row(spec, trial_id: str, state: str, sampled: dict, last: dict, best, stopped_early=None) -> dict:
+    """The columns every table shows, with the trial's resolved config."""
     try:
         config = spec.trial_config(sampled)
     except A2Error:  # an old study whose keys moved on: show what is known
         config = {}
     model, train = config.get("model", {}), config.get("train", {})
-    return {"config": config, "fusion": model.get("fusion", sampled.get("fusion")),
+    return {"trial_id": trial_id, "state": state, "stopped_early": stopped_early, "config": config,
+            "fusion": model.get("fusion", sampled.get("fusion")),
             # lambda weighs the mask loss, which fusion none does not have
             "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
-            "seed": train.get("seed", sampled.get("seed"))}
-
-
-def _table_row(spec, trial_id: str, state: str, sampled: dict, last: dict, best, stopped_early=None) -> dict:
-    return {"trial_id": trial_id, "state": state, "stopped_early": stopped_early, **_described(spec, sampled),
+            "seed": train.get("seed", sampled.get("seed")),
             "epochs_done": int(finite(last.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
             "last": finite(last.get(spec.metric)), "best": finite(best)}
 
@@ -524,11 +490,8 @@ def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
 
 def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
               last_result: dict, error: str | None = None) -> dict:
-    """A trial's row of the status table and the summary: its epochs, last and best value, and its best stored
-    checkpoint (Ray Train keeps the best by the study metric plus the latest; ties go to the later epoch)."""
-    epochs = [int(r["epoch"]) for r in history if finite(r.get("epoch")) is not None]
-    if not epochs and finite(last_result.get("epoch")) is not None:
-        epochs = [int(last_result["epoch"])]
+    """A trial's row of the summary: the table's columns, the epochs it reported and its best stored checkpoint
+    (Ray Train keeps the best by the study metric plus the latest; ties go to the later epoch)."""
     values = {int(r["epoch"]): finite(r[spec.metric]) for r in history  # the latest report of an epoch wins
               if finite(r.get("epoch")) is not None and finite(r.get(spec.metric)) is not None}
     best_value = _best_value(values.values(), spec.mode)
@@ -540,16 +503,11 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
         best_epoch = ckpt_epoch
     else:
         best_epoch = next((e for e in sorted(values) if values[e] == best_value), None)
+    last = history[-1] if history else last_result  # the result log is in epoch order
     return {
-        "trial_id": trial_id,
-        "state": state,
+        **_table_row(spec, trial_id, state, sampled, last, best_value),
         "sampled": sampled,
-        **_described(spec, sampled),
-        "epochs_done": max(epochs, default=0),
-        "epochs_planned": spec.total_epochs,
-        "epochs_reported": epochs,
-        "last": finite((history[-1] if history else last_result).get(spec.metric)),
-        "best": best_value,
+        "epochs_reported": [int(r["epoch"]) for r in history or [last_result] if finite(r.get("epoch")) is not None],
         "best_epoch": best_epoch,
         "best_checkpoint": None if ckpt_epoch is None else run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE).uri,
         "best_checkpoint_epoch": ckpt_epoch,
@@ -619,7 +577,7 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
     seeds (`dashboards.stats.compare_arms`, as every comparison), and the record of one of its trials the scheduler
     stopped early, if any."""
     from dashboards.stats import Arm, compare_arms
-    from launch.search import config_hash
+    from launch.search import SEED_KEYS, config_hash
 
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -631,7 +589,8 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
         iv = intervals.get(h)
         interval = ({"n": iv.n, "mean": iv.mean, "low": iv.low, "high": iv.high} if iv is not None
                     else {"n": 0, "mean": None, "low": None, "high": None})
-        out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"],
+        sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
+        out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,
                     "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
                     "values": [r["best"] for r in g if r["best"] is not None], **interval,
                     "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
@@ -687,11 +646,8 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     summary["tracking"] = Spool(location.at()).add_outage()  # the MLflow outages of the study, if any
     _write_summary(location, summary)
     _log_compute_totals(spec, summary["compute"])
-    if verbose:
-        print(format_table(rows, spec.metric))
-    lines = [verdict(summary), compute_line(summary["compute"]), outage_line(summary["tracking"]),
-             f"summary: {location.uri(SUMMARY_FILE)}"]
-    print("\n".join(line for line in lines if line), flush=True)
+    print_conclusions(spec, summary, rows if verbose else [])
+    print(f"summary: {location.uri(SUMMARY_FILE)}", flush=True)
     return summary
 
 
@@ -717,7 +673,7 @@ def verdict(summary: dict) -> str:
     if best is None:
         return f"study {summary['study']}: no trial reported {metric}"
     line = (f"best trial {best['trial_id']}: {metric} {best['value']:.2f} at epoch {best['epoch']} "
-            f"(fusion {best['fusion']}, lambda {_fmt(best['lambda'])}, seed {best['seed']})")
+            f"({config_text(best, varying_keys(summary))}, seed {best['seed']})")
     base = summary.get("baseline")
     if best["fusion"] == "none":
         line += "; it is itself the baseline (fusion none)"
@@ -742,7 +698,7 @@ def group_verdict(summary: dict) -> str | None:
     if not best or best["n"] < 2:
         return None
     iv = Interval(best["mean"], best["low"], best["high"], best["n"])
-    line = (f"best configuration (fusion {best['fusion']}, lambda {_fmt(best['lambda'])}): {metric} {iv.text()} "
+    line = (f"best configuration ({config_text(best, varying_keys(summary))}): {metric} {iv.text()} "
             f"over {best['n']} seeds")
     base = _pick([g for g in summary.get("groups", []) if g["fusion"] == "none" and g["mean"] is not None], "mean",
                  summary["mode"])
@@ -751,6 +707,21 @@ def group_verdict(summary: dict) -> str | None:
     arms = [Arm(str(g["fusion"]), [{metric: v} for v in g["values"]]) for g in (best, base)]
     diff = compare_arms(arms, baseline=base["fusion"], metric=metric, mode=summary["mode"])
     return line + "; " + diff.verdicts()[0] if diff.differences else line
+
+
+def varying_keys(summary: dict) -> list[str]:
+    """The search keys besides fusion and lambda (always named) whose value differs between configurations."""
+    groups = summary.get("groups") or []
+    keys = sorted({k for g in groups for k in g.get("sampled") or {}
+                   if k.split(".")[-1] not in ("fusion", "lambda")})
+    return [k for k in keys if len({_fmt(g["sampled"].get(k)) for g in groups}) > 1]
+
+
+def config_text(item: dict, keys: list[str]) -> str:
+    """"fusion gate, lambda 0.035" and the value of each of `keys`, named by its last part ("mask_net linear")."""
+    sampled = item.get("sampled") or {}
+    named = [f"fusion {item['fusion']}", f"lambda {_fmt(item['lambda'])}"]
+    return ", ".join(named + [f"{k.split('.')[-1]} {_fmt(sampled.get(k))}" for k in keys])
 
 
 def _fmt(value) -> str:
@@ -799,14 +770,18 @@ def cmd_status(args) -> int:
         print(json.dumps(summary, indent=2, default=_json_default))
         return 0
     print(f"study {spec.name} at {location.uri()}: {summary['trials_finished']}/{spec.num_trials} trials finished")
-    if rows:
-        print(format_table(rows, spec.metric))
-    if any(g["n"] > 1 for g in summary["groups"]):
-        print(f"replicate groups (mean over seeds, 95% interval below 3 seeds: none):\n"
-              f"{format_groups(summary['groups'], spec.metric)}")
-    print(verdict(summary))
-    print(compute_line(summary["compute"]))
+    print_conclusions(spec, summary, rows)
     return 0
+
+
+def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
+    """The trial table (of `rows`), the replicate groups, the verdict, the compute and any tracking outage."""
+    lines = [format_table(rows, spec.metric)] if rows else []
+    if any(g["n"] > 1 for g in summary["groups"]):
+        lines.append(f"replicate groups (mean over seeds, 95% interval below 3 seeds: none):\n"
+                     f"{format_groups(summary['groups'], spec.metric)}")
+    lines += [verdict(summary), compute_line(summary["compute"]), outage_line(summary.get("tracking"))]
+    print("\n".join(line for line in lines if line), flush=True)
 
 
 if __name__ == "__main__":  # `python -m launch.study ...`: the same commands as `a2 study ...`

@@ -1,17 +1,9 @@
-"""Run a study on the Ray cluster this script runs in: the entry point for cluster jobs.
-
-    ray submit ray-cluster.yaml launch/submit.py -- studies/x.yaml [key=value ...]
-    ray job submit --address http://HEAD:8265 --working-dir . -- python launch/submit.py studies/x.yaml [key=value ...]
-    python launch/submit.py studies/x.yaml --resume      # continue the study if it exists, else start it
-
-`ray submit` copies this file to the head as ~/submit.py and runs it there over SSH (arguments unquoted: write
-overrides without spaces, `search.space.fusion.grid=[none,gate]`). A relative study path not found in the working
-directory is looked up in the cluster's copy of this repository (`--repo`, where ray-cluster*.yaml mount it).
-
-The spec is validated before Ray is touched (exit 2). Then the script joins the cluster it runs in
-(`$RAY_ADDRESS`, which `ray job submit` sets, else this machine's `ray start` cluster, else a new local Ray),
-runs the study as `a2 study run` does and exits 0 when every trial finished, 1 otherwise. Studies submitted as
-jobs need absolute or s3:// storage and tracking URIs: a job runs in a copy of the working directory.
+"""Run a study on the Ray cluster this script runs in, as `a2 study run` does: the entry point of `ray submit
+ray-cluster.yaml launch/submit.py -- studies/x.yaml [key=value ...]` and `ray job submit ... -- python
+launch/submit.py studies/x.yaml` (README, "Cluster"). `--resume` continues the study if it exists. A relative study
+path not found here is looked up in the cluster's copy of this repository (`--repo`). `ray submit` passes
+arguments unquoted (no spaces in overrides); a job runs in a copy of the working directory, so its storage and
+tracking URIs must be absolute or s3://. Exit 0 when every trial finished, 1 otherwise, 2 on an invalid spec.
 """
 from __future__ import annotations
 
@@ -60,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_study(study_mod.study_path(args.study, args.repo), args.overrides)
         print(spec.summary(), flush=True)
         use_cluster_token()
-        driver = {"address": args.address or os.environ.get("RAY_ADDRESS") or "auto",  # on a head: its cluster
-                  "verbose": not args.quiet, "force": args.force, "stale_after": args.stale_after}
+        driver = study_mod.driver_options(args)
+        driver["address"] = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # on a head: its cluster
         location = study_mod.StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
         if args.resume and location.exists(study_mod.STUDY_FILE):
             summary = study_mod.resume_study(location, **driver)

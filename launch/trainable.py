@@ -1,21 +1,11 @@
 """A study trial as Ray runs it: the one file that knows training happens inside Ray.
 
-A trial of one worker (`resources.workers_per_trial: 1`), `a2_local_trial`, trains in the Tune trial process
-itself: no worker group, no process group, so it starts in about a second. A trial of several workers, `a2_trial`,
-is a small Tune driver function (Ray Train V2 does not run a `TorchTrainer` as a Tune trainable) that runs a
-`TorchTrainer` of `worker_fn` (gloo on CPU, nccl on GPU) and forwards what rank 0 reports to Tune.
-
-Either way each epoch's checkpoint lands in the trial's run folder `<study>/trials/<study>-<trial id>/
-checkpoint_epochNNNN`, the best `num_to_keep` by the study metric plus the latest are kept, and each result is
-logged next to them (`ResultLog`) before Tune hears of it. The run folder is named after the Tune trial id
-alone, so a trial that Ray Train restarts (a worker or node died), Tune retries (`FailureConfig`) or
-`Tuner.restore` resumes continues from its own newest checkpoint. With each checkpointed result Tune also gets a
-tiny checkpoint pointing at the real one, which keeps a trial's result history across `Tuner.restore`.
-
-Compute accounting: every result carries `compute/wall_s` and `compute/gpu_s` (wall x the trial's GPUs) or, on
-CPU, `compute/cpu_s` (user + system CPU seconds of its training processes, summed over ranks), cumulative over the
-trial's epochs and restarts: the last value is what the trial cost (time after its last reported epoch in an
-attempt that was then killed is not counted).
+A one-worker trial (`a2_local_trial`) trains in the Tune trial process itself; a trial of several workers
+(`a2_trial`) is a small Tune function driving a Ray Train `TorchTrainer` of `worker_fn` (Ray Train V2 does not run
+as a Tune trainable). Either way each epoch's checkpoint lands in the trial's run folder
+`<study>/trials/<study>-<trial id>/checkpoint_epochNNNN`, named after the Tune trial id so that a restarted,
+retried or restored trial continues from its own newest checkpoint, and each result is logged there
+(`ResultLog`) before Tune hears of it, stamped with the trial's cumulative compute (`ComputeMeter`).
 """
 from __future__ import annotations
 
@@ -91,10 +81,9 @@ def plan_from_spec(spec) -> TrialPlan:
 
 
 def _quiet_per_epoch_logs() -> None:
-    """Ray Train and Tune log every report and checkpoint at INFO from every worker; our own epoch line stays
-    (`a2core.train`) and warnings still show. Public names only: Ray's library logger "ray.train", and the root
-    logger, because Ray Train V2's report path logs through a logger named after its source file
-    (tests/test_study_output.py pins which loggers stay quiet)."""
+    """Ray Train and Tune log every report and checkpoint at INFO from every worker: only our epoch line
+    (`a2core.train`) and warnings stay. The root logger too: Ray Train V2 logs reports through a logger named after
+    its source file (tests/test_study_output.py)."""
     import logging
 
     logging.getLogger().setLevel(logging.WARNING)
@@ -104,10 +93,9 @@ def _quiet_per_epoch_logs() -> None:
 
 # -- a trial's bookkeeping, both kinds ---------------------------------------------------------------------------
 class ComputeMeter:
-    """Stamps each result of one trial attempt with what the trial has cost so far (module docstring).
-
-    `previous` is the trial's result log: earlier attempts spent the largest totals logged there. `stamp` takes
-    this attempt's own CPU seconds, which restart at 0 when Ray Train restarts the worker group."""
+    """Stamps each result of a trial attempt with the trial's cumulative `compute/wall_s` and `compute/gpu_s`
+    (wall x GPUs) or `compute/cpu_s`. `previous` is the trial's result log (earlier attempts' totals); `stamp` takes
+    this attempt's CPU seconds, which restart at 0 with a new Ray Train worker group."""
 
     def __init__(self, previous: list[dict], gpus: float):
         self.gpus = float(gpus)
@@ -128,11 +116,9 @@ class ComputeMeter:
 
 
 class ResultLog:
-    """The results of one trial by epoch, kept in its run folder and rewritten after every epoch.
-
-    Tune syncs its own result files only now and then, and a trial that Tune restarts keeps only what was synced;
-    this log is written before Tune (and MLflow) hear of a result, so it holds every epoch the trial reported. An
-    epoch reported again (after a restart) replaces its old entry; only JSON-plain values are kept."""
+    """A trial's results by epoch (JSON-plain values), rewritten in its run folder after every epoch, before Tune
+    and MLflow hear of them: Tune keeps only what it had synced when it restarts a trial. An epoch reported again
+    replaces its entry."""
 
     def __init__(self, location):
         self.location = location
@@ -141,35 +127,25 @@ class ResultLog:
         self.add_missing(json.loads(text) if text else [], write=False)
 
     def add(self, result: dict) -> None:
-        if isinstance(result.get("epoch"), (int, float)):
-            self.by_epoch[int(result["epoch"])] = _scalars(result)
-            self._write()
+        self.add_missing([result], replace=True)
 
-    def add_missing(self, results: list[dict], write: bool = True) -> list[int]:
+    def add_missing(self, results: list[dict], write: bool = True, replace: bool = False) -> list[int]:
         """Add the results of epochs the log does not have (what a checkpoint remembers); returns those epochs."""
         added = []
         for result in results:
             epoch = result.get("epoch")
-            if isinstance(epoch, (int, float)) and int(epoch) not in self.by_epoch:
-                self.by_epoch[int(epoch)] = _scalars(result)
+            if isinstance(epoch, (int, float)) and (replace or int(epoch) not in self.by_epoch):
+                self.by_epoch[int(epoch)] = {k: v for k, v in result.items()
+                                             if isinstance(v, (int, float, str, bool)) or v is None}
                 added.append(int(epoch))
         if added and write:
-            self._write()
+            self.location.write_text(json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
         return sorted(added)
-
-    def _write(self) -> None:
-        self.location.write_text(json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
-
-
-def _scalars(result: dict) -> dict:
-    return {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
 def latest_checkpoint_history(run) -> list[dict]:
-    """The epoch history stored with the newest checkpoint of the run folder `run` that has one (empty if none).
-
-    A driver killed between Ray Train registering a checkpoint and Tune hearing of its result loses that result
-    everywhere but here; the trial's result log (and from it MLflow) gets it back when the trial restarts."""
+    """The epoch history stored with the newest checkpoint of the run folder `run` that has one (empty if none):
+    a driver killed between a checkpoint and Tune hearing of its result loses that result everywhere but here."""
     for epoch in reversed(checkpoint_epochs(run)):  # older checkpoints may lack the file
         text = run.join(checkpoint_name(epoch), HISTORY_FILE).read_text()
         try:
@@ -200,9 +176,8 @@ class TrialRecorder:
         self.meter = ComputeMeter(list(self.log.by_epoch.values()), gpus)
 
     def record(self, item: dict, attempt_cpu_s: float) -> None:
-        """A result with a checkpoint also gets a Tune checkpoint: a tiny folder pointing at the real one. Tune then
-        treats the trial as restorable, so `Tuner.restore` keeps its results so far (without a checkpoint, a
-        trial's result history would restart from nothing). The weights stay in the run folder."""
+        """A result with a checkpoint also gets a tiny Tune checkpoint pointing at the real one: without one,
+        `Tuner.restore` would restart the trial's result history from nothing."""
         import ray.tune
 
         # The result's own time (Tune keeps it) goes into the log too: an epoch that MLflow gets back from the log
@@ -221,9 +196,9 @@ class TrialRecorder:
 
 # -- one-worker trials: training in the Tune trial itself --------------------------------------------------------
 class LocalCheckpoints:
-    """The checkpoint folders of a one-worker trial's run folder (a Location), kept as Ray Train keeps them: the
-    best `num_to_keep` by the study metric, plus the latest. A folder is complete when it has its
-    `checkpoint.pt`: written last on S3, and a local folder is renamed into place whole."""
+    """A one-worker trial's checkpoint folders, kept as Ray Train keeps them: the best `num_to_keep` by the study
+    metric plus the latest. A folder is complete once it has its `checkpoint.pt` (written last on S3; a local
+    folder is renamed into place whole)."""
 
     def __init__(self, run, metric: str, mode: str, num_to_keep: int):
         self.run, self.metric, self.mode, self.num_to_keep = run, metric, mode, num_to_keep
@@ -250,8 +225,7 @@ class LocalCheckpoints:
         return target.uri
 
     def prune(self, values: dict[int, float]) -> None:
-        """Delete the folders that are neither the latest nor among the best `num_to_keep` (`values`: epoch ->
-        the study metric)."""
+        """Delete the folders neither latest nor among the best (`values`: epoch -> the study metric)."""
         epochs = self.complete_epochs()
         if len(epochs) <= self.num_to_keep:
             return
@@ -264,15 +238,13 @@ class LocalCheckpoints:
 
 
 def a2_local_trial(config: dict, plan: TrialPlan) -> None:
-    """One study trial of one worker: `a2core.train.train` in this Tune trial process; a restarted or restored
-    trial resumes from its newest complete checkpoint."""
+    """A one-worker trial: `a2core.train.train` in this Tune trial process, resuming from the newest checkpoint."""
     from a2core.train import train
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
     trial = TrialRecorder(plan, plan.resources["gpus_per_worker"])
     checkpoints = LocalCheckpoints(trial.run, plan.metric, plan.mode, plan.num_to_keep)
-    work = Path(tempfile.mkdtemp(prefix="a2-trial-"))
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
         item = dict(metrics)
@@ -282,20 +254,16 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
         checkpoints.prune({e: r[plan.metric] for e, r in trial.log.by_epoch.items()
                            if isinstance(r.get(plan.metric), (int, float))})
 
-    try:
-        epochs = checkpoints.complete_epochs()
-        resume_from = None
+    with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
+        work, epochs, resume_from = Path(folder), checkpoints.complete_epochs(), None
         if epochs:
             resume_from = trial.run.join(checkpoint_name(epochs[-1]), CHECKPOINT_FILE).download(work / CHECKPOINT_FILE)
         train(plan.resolve(dict(config)), report, output_dir=str(work / "out"), resume_from=resume_from)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 # -- trials on Ray Train -----------------------------------------------------------------------------------------
 def _cpu_seconds_all_ranks(since: float) -> float:
-    """CPU seconds this process spent since `since`, summed over the ranks of the process group (a collective:
-    every rank calls it with every report)."""
+    """CPU seconds spent since `since`, summed over the ranks (a collective: every rank calls it each report)."""
     import torch
     import torch.distributed as dist
 
@@ -316,7 +284,6 @@ def worker_fn(config: dict) -> None:
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
-    work = Path(tempfile.mkdtemp(prefix=f"a2-trial-r{ray.train.get_context().get_world_rank()}-"))
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
         metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
@@ -324,22 +291,21 @@ def worker_fn(config: dict) -> None:
         # Every rank reports (a barrier); rank 0 alone brings the checkpoint, stored under a readable name.
         ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_name(metrics.get("epoch")))
 
-    try:
-        with ExitStack() as stack:
-            resume_from = None
-            checkpoint = ray.train.get_checkpoint()  # the run's latest, after any restart
-            if checkpoint is not None:
-                local = Path(stack.enter_context(checkpoint.as_directory()))
-                if (local / CHECKPOINT_FILE).is_file():
-                    resume_from = str(local / CHECKPOINT_FILE)
-            train(config, report, output_dir=str(work / "out"), resume_from=resume_from)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    rank = ray.train.get_context().get_world_rank()
+    with ExitStack() as stack:
+        work = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"a2-trial-r{rank}-"))
+        resume_from = None
+        checkpoint = ray.train.get_checkpoint()  # the run's latest, after any restart
+        if checkpoint is not None:
+            local = Path(stack.enter_context(checkpoint.as_directory()))
+            if (local / CHECKPOINT_FILE).is_file():
+                resume_from = str(local / CHECKPOINT_FILE)
+        train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from)
 
 
 def _forwarder(queue):
-    """A Train callback in the Train controller that hands rank 0's metrics (and its checkpoint's path) to the trial
-    driver through `queue`: Ray's `TuneReportCallback`, but the driver reports them itself (`TrialRecorder`)."""
+    """A Train callback (in the Train controller) handing rank 0's metrics and checkpoint path to the trial through
+    `queue`: Ray's `TuneReportCallback`, but the trial reports them itself (`TrialRecorder`)."""
     from ray.train import UserCallback
 
     class ForwardToTrial(UserCallback):
@@ -353,9 +319,8 @@ def _forwarder(queue):
 
 
 def a2_trial(config: dict, plan: TrialPlan) -> None:
-    """One study trial on Ray Train: run (or resume) the trial's `TorchTrainer` in a thread and report what its
-    controller forwards, one result per epoch; a failure of `fit()` is raised again here so that Tune retries the
-    trial under its FailureConfig."""
+    """A trial on Ray Train: its `TorchTrainer` runs (or resumes) in a thread while this reports what the
+    controller forwards; a failure of `fit()` is raised here, so that Tune retries the trial."""
     import threading
 
     import ray
@@ -397,6 +362,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
         except BaseException as err:  # noqa: BLE001 - raised again in the trial's thread below
             failure.append(err)
 
+    # A daemon thread: a trial that Tune stops must not wait for its Train run at exit.
     runner = threading.Thread(target=fit, name=f"a2-train-{trial.trial_id}", daemon=True)
     runner.start()
     while runner.is_alive() or not results.empty():  # once fit() returned, its last result may still be queued
@@ -412,10 +378,9 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
 
 
 def make_trainable(plan: TrialPlan, *, ray_train: bool = False):
-    """The trial function bound to its plan and resource request, for `Tuner(...)` / `Tuner.restore(...)`:
-    `a2_local_trial` holding one worker's resources for a one-worker trial, else `a2_trial` holding
-    `driver_cpus` (its Train workers ask for their own). `ray_train` runs a one-worker trial on Ray Train too
-    (benchmarks/bench_study.py compares the two)."""
+    """The trial function bound to its plan and resources: `a2_local_trial` holding one worker's, else `a2_trial`
+    holding `driver_cpus` (its Train workers ask for their own). `ray_train`: a one-worker trial on Ray Train too
+    (benchmarks/bench_study.py)."""
     from ray import tune
 
     if plan.resources["workers_per_trial"] == 1 and not ray_train:
@@ -424,8 +389,7 @@ def make_trainable(plan: TrialPlan, *, ray_train: bool = False):
 
 
 def propagated_env() -> dict:
-    """Storage settings of this shell, for the Ray job's workers on every node: AWS keys of the environment are
-    moved into a credentials file first, so only its path and profile travel (launch.raycluster)."""
+    """Storage settings of this shell for the Ray job's workers (AWS keys moved into a credentials file first)."""
     from launch.raycluster import stash_credentials
 
     stash_credentials()

@@ -30,7 +30,7 @@ def _load(study: dict, tmp_path: Path):
 
 @pytest.mark.parametrize("size", ["FULL", "QUICK"])
 def test_arms_differ_only_in_the_scheduler_and_get_the_same_configurations(bench, tmp_path, size):
-    from launch.search import GridCrossedSearcher, ReplicateASHA, build_search
+    from launch.search import GridCrossedSearcher, ReplicateASHA, build_scheduler
 
     studies = {arm: bench.search_study(arm, tmp_path / arm, tmp_path / "data", getattr(bench, size))
                for arm in bench.ARMS}
@@ -41,7 +41,7 @@ def test_arms_differ_only_in_the_scheduler_and_get_the_same_configurations(bench
     assert schedulers == {"fifo": {"fifo": {}}, "asha": {"asha": getattr(bench, size)["asha"]}}
 
     specs = {arm: _load(s, tmp_path) for arm, s in studies.items()}
-    assert isinstance(build_search(specs["asha"])[1], ReplicateASHA)
+    assert isinstance(build_scheduler(specs["asha"]), ReplicateASHA)
     assert specs["fifo"].num_trials == specs["asha"].num_trials
     suggestions = {}
     for arm, spec in specs.items():

@@ -77,6 +77,22 @@ def test_a_study_whose_every_trial_was_stopped_still_has_a_best(spec):
     assert "best configuration" not in verdict(summary)  # one seed per configuration: no group line
 
 
+def test_the_closing_lines_name_every_key_that_varies_between_configurations(tmp_path):
+    """studies/mask_nets.yaml compares mask networks at one fusion and lambda: the lines name the mask network."""
+    spec = load_study(SMOKE.with_name("mask_nets.yaml"), [f"tracking.mlflow_uri=sqlite:///{tmp_path / 'm.db'}",
+                                                          f"storage={tmp_path / 'st'}"])
+    location = StudyLocation(spec.name, spec.storage)
+    rows = []
+    for net, values in {"content": [100.0, 101.0, 102.0], "linear": [104.0, 105.0, 106.0]}.items():
+        for seed, value in enumerate(values):
+            history = [{"epoch": spec.total_epochs, spec.metric: value}]
+            rows.append(trial_row(spec, location, f"{net}-{seed}", {"model.mask_net": net, "seed": seed},
+                                  "TERMINATED", history, history[-1]))
+    first, group = verdict(summarize(spec, location, rows)).splitlines()
+    assert "(fusion gate, lambda 0.035, mask_net linear, seed 2)" in first
+    assert group.startswith("best configuration (fusion gate, lambda 0.035, mask_net linear): val/CIDEr 105.0 [")
+
+
 def test_stopped_early_tags_come_back_from_mlflow(spec):
     tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name)
     tracker.start_study({}, {})
@@ -153,9 +169,9 @@ def test_best_epochs_per_image_cider_is_the_run_artifact_compare_reads(tmp_path)
                                               PER_IMAGE_KEY: {"ids": ids, "scores": scores}})
         cb.on_trial_complete(0, trials, t)
     client = MlflowClient(uri)
-    saved = json.loads(open(client.download_artifacts(cb.run_id_of("gate1"), PER_IMAGE_ARTIFACT)).read())
+    saved = json.loads(open(client.download_artifacts(cb.trial_runs["gate1"], PER_IMAGE_ARTIFACT)).read())
     assert saved == {str(i): 106.0 + i % 7 for i in ids}  # the best epoch's, not the last one's
-    assert "val/per_image_cider" not in client.get_run(cb.run_id_of("gate1")).data.metrics
+    assert "val/per_image_cider" not in client.get_run(cb.trial_runs["gate1"]).data.metrics
     comparison, _, _ = study_comparison(uri, "pi", by="fusion")
     diff = comparison.differences["gate"]
     assert diff.images == len(ids) and diff.delta == pytest.approx(5.0)

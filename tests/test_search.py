@@ -14,7 +14,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import ConcurrencyLimiter, Searcher
 
 from a2core.config import ConfigError
-from launch.search import (GridCrossedSearcher, ReplicateASHA, build_search, config_hash, n_startup_trials,
+from launch.search import (GridCrossedSearcher, ReplicateASHA, build_scheduler, config_hash, n_startup_trials,
                            tune_config_kwargs)
 from launch.spec import load_study
 
@@ -234,8 +234,8 @@ def test_random_algorithm_and_choice_conditions(tmp_path):
     assert {c["model.renormalize"] for c in got} == {True, False}
 
 
-def test_build_search_and_tune_config(spec, tmp_path):
-    searcher, scheduler = build_search(spec)
+def test_build_scheduler_and_tune_config(spec, tmp_path):
+    searcher, scheduler = GridCrossedSearcher(spec), build_scheduler(spec)
     assert isinstance(searcher, GridCrossedSearcher)
     assert isinstance(scheduler, ReplicateASHA)
     assert scheduler._time_attr == "epoch" and scheduler.rungs == [2]  # grace 2, below max_t = 4 planned epochs
@@ -253,7 +253,7 @@ def test_build_search_and_tune_config(spec, tmp_path):
     limited = ConcurrencyLimiter(searcher, max_concurrent=1)
     assert limited.suggest("x") is not None and limited.suggest("y") is None
     fifo = load_study(study_file(tmp_path, ABLATION, scheduler={"fifo": {}}))
-    assert isinstance(build_search(fifo)[1], FIFOScheduler)
+    assert isinstance(build_scheduler(fifo), FIFOScheduler)
 
 
 # -- replicate groups ----------------------------------------------------------------------------------------------
