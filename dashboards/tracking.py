@@ -1,15 +1,9 @@
-"""MLflow tracking for studies: one experiment per study, one parent run per study, one child run per trial.
+"""MLflow tracking of studies, all through `MlflowClient` with explicit run ids (no global active run, so one Tune
+driver tracks many trials at once), and `a2 mlflow serve`. Per study one experiment and these runs (the tags are
+what the rest of a2tune searches):
 
-Everything goes through `MlflowClient` with explicit run ids, never `mlflow.start_run`'s global active-run state,
-so a long-lived Tune driver can track many trials at once. Run layout (tags are what the rest of a2tune searches):
-
-    experiment  <study name>
-      run  <study name>        a2.role=study  a2.study=<name>                      (parent)
-        run  <trial id>        a2.role=trial  a2.study=<name>  a2.trial_id=<id>    (child, mlflow.parentRunId)
-
-`start_study` and `trial_run` are idempotent: called again (a resumed study, a restored or retried trial) they find
-the run by its tags and set it RUNNING again, so a restore never duplicates a run. `serve` runs `mlflow server`
-with a database backend and proxied artifacts (a local folder or an S3 bucket), bound to loopback unless told.
+    run <study name>   a2.role=study  a2.study=<name>                                                (parent)
+      run <trial id>   a2.role=trial  a2.study=<name>  a2.trial_id=<id>  mlflow.parentRunId=<parent>  (child)
 """
 from __future__ import annotations
 
@@ -38,7 +32,7 @@ TAG_TRIAL_ID = "a2.trial_id"
 TAG_FUSION = "a2.fusion"
 TAG_SEED = "a2.seed"
 TAG_GIT = "a2.git_commit"
-TAG_BEST_CKPT = "a2.best_checkpoint"
+TAG_BEST_CKPT = "a2.best_checkpoint"  # a tag, not a param: it changes during training, params cannot
 TAG_PARENT = "mlflow.parentRunId"
 
 RUN_STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
@@ -69,12 +63,8 @@ def redact_uri(uri: str) -> str:
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> str:
-    """Fail fast, with the URI in the message, when `uri` cannot work. Returns the URI.
-
-    http(s): one request of the REST API within `timeout` seconds, so an unreachable server fails in seconds
-    instead of after MLflow's minutes of retries; sqlite, file or a plain path: the folder must exist;
-    postgresql/mysql/...: a TCP connect to host:port within `timeout`.
-    """
+    """`uri`, once it is known to work (else TrackingError naming it, within `timeout` s instead of after MLflow's
+    minutes of retries): http(s) answers the REST API, a database's host:port connects, a file's folder exists."""
     if not isinstance(uri, str) or not uri.strip():
         raise TrackingError(f"tracking URI {uri!r} is empty or not a string")
     uri = uri.strip()
@@ -126,7 +116,8 @@ def _check_sqlite(uri: str) -> None:
         raise TrackingError(f"tracking URI {uri!r}: directory {str(folder)!r} of the database does not exist")
 
 
-def _auth_headers() -> dict[str, str]:
+def _check_http(uri: str, timeout: float) -> None:
+    """One request of MLflow's REST API (the experiments search), with the credentials MLflow's client sends."""
     headers = {"User-Agent": "a2tune"}
     token = os.environ.get("MLFLOW_TRACKING_TOKEN")
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
@@ -134,13 +125,8 @@ def _auth_headers() -> dict[str, str]:
         headers["Authorization"] = f"Bearer {token}"
     elif user and password:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-    return headers
-
-
-def _check_http(uri: str, timeout: float) -> None:
-    """One request of MLflow's REST API (the experiments search), with the credentials MLflow's client sends."""
     request = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1",
-                                     headers=_auth_headers())
+                                     headers=headers)
     try:
         urllib.request.urlopen(request, timeout=timeout).close()
     except urllib.error.HTTPError as err:
@@ -208,15 +194,11 @@ def _chunks(items: list, n: int) -> Iterable[list]:
         yield items[i:i + n]
 
 
-# MLflow's REST client retries a refused or slow request for minutes by default (timeout 120 s, 7 retries with
-# backoff); a study's tracking thread spools instead, so one short try is enough. Read per request by MLflow.
-CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
-
-
 def client_settings() -> None:
-    """Short MLflow HTTP timeouts in this process, unless the environment sets its own."""
-    for key, value in CLIENT_SETTINGS.items():
-        os.environ.setdefault(key, value)
+    """Short MLflow HTTP timeouts in this process, unless the environment sets its own: MLflow's REST client retries
+    a refused or slow request for minutes (timeout 120 s, 7 retries); a study's tracking thread spools instead."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")  # read per request by MLflow
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 
 
 def _client(tracking_uri: str):
@@ -230,11 +212,9 @@ def _client(tracking_uri: str):
 # flattened and sorted by val/CIDEr, with the key metrics and searched params as columns (see `view_url`).
 VIEW_KEY = "a2"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
-VIEW_METRICS = ("val/CIDEr", "val/BLEU-4", "val/METEOR", "train/loss", "train/mask_mean")
-VIEW_PARAMS = ("model.fusion", "model.lambda", "model.temperature", "train.seed")
-VIEW_STATE = {"orderByKey": "metrics.`val/CIDEr`", "orderByAsc": False,
-              "selectedColumns": ["attributes.`Run Name`"] + [f"metrics.`{m}`" for m in VIEW_METRICS]
-              + [f"params.`{p}`" for p in VIEW_PARAMS]}
+VIEW_STATE = {"orderByKey": "metrics.`val/CIDEr`", "orderByAsc": False, "selectedColumns": ["attributes.`Run Name`"]
+              + [f"metrics.`{m}`" for m in ("val/CIDEr", "val/BLEU-4", "val/METEOR", "train/loss", "train/mask_mean")]
+              + [f"params.`{p}`" for p in ("model.fusion", "model.lambda", "model.temperature", "train.seed")]}
 
 
 def _get_or_create_experiment(client, name: str, artifact_location: str | None = None) -> str:
@@ -254,13 +234,6 @@ def _get_or_create_experiment(client, name: str, artifact_location: str | None =
     if VIEW_TAG not in exp.tags:
         client.set_experiment_tag(exp.experiment_id, VIEW_TAG, json.dumps(VIEW_STATE))
     return exp.experiment_id
-
-
-def view_url(tracking_uri: str, experiment_id: str) -> str | None:
-    """The study's runs in the MLflow UI (the a2 view: trials sorted by val/CIDEr); None without a server."""
-    if not tracking_uri.lower().startswith(("http://", "https://")):
-        return None
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
 
 
 def _search_all(client, experiment_ids: list[str], filter_string: str) -> list:
@@ -298,8 +271,10 @@ class StudyTracker:
         self.trial_runs: dict[str, str] = {}
 
     def view_url(self) -> str | None:
-        """Where to look at the study in the MLflow UI (None for a database URI without a server)."""
-        return view_url(self.tracking_uri, self.experiment_id)
+        """The study's runs in the MLflow UI (the a2 view: trials sorted by val/CIDEr); None without a server."""
+        if not self.tracking_uri.lower().startswith(("http://", "https://")):
+            return None
+        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
 
     @property
     def experiment_id(self) -> str:
@@ -342,12 +317,6 @@ class StudyTracker:
         self.client.set_terminated(self.parent_run_id, status=_status(status))
 
     # -- trials (children) -----------------------------------------------------------------------------------
-    def find_trial_run(self, trial_id: str):
-        if self.parent_run_id is None:
-            return None
-        return self._first_run(f"tags.`{TAG_PARENT}` = {_quote(self.parent_run_id)} and "
-                               f"tags.`{TAG_TRIAL_ID}` = {_quote(trial_id)}")
-
     def trial_run(self, trial_id: str, config: dict | None = None, tags: dict | None = None,
                   run_name: str | None = None) -> str:
         """The child run of `trial_id`: the existing one (set RUNNING again) or a new one. Returns its id.
@@ -369,7 +338,8 @@ class StudyTracker:
             if value is not None:
                 own[tag] = str(value)
         extra = _tag_values(tags or {})
-        run = self.find_trial_run(trial_id)
+        run = self._first_run(f"tags.`{TAG_PARENT}` = {_quote(self.parent_run_id)} and "
+                              f"tags.`{TAG_TRIAL_ID}` = {_quote(trial_id)}")
         if run is None:
             run = self.client.create_run(self.experiment_id, run_name=run_name or trial_id,
                                          tags=_tag_values({**own, **extra}))
@@ -413,14 +383,6 @@ class StudyTracker:
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         self.client.log_text(run_id, text, artifact_file)
-
-    def log_dict(self, run_id: str, dictionary: dict, artifact_file: str) -> None:
-        self.client.log_dict(run_id, dictionary, artifact_file)
-
-    def set_best_checkpoint(self, run_id: str, uri: str) -> None:
-        """The best checkpoint's location as the tag `a2.best_checkpoint`: a tag, since it changes during training
-        and MLflow params cannot change once logged."""
-        self.set_tags(run_id, {TAG_BEST_CKPT: uri})
 
     def _log_params(self, run_id: str, flat: dict, existing: dict) -> None:
         """The params of `flat` that the run does not have yet (a resumed run keeps its first values)."""

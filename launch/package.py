@@ -387,7 +387,7 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
 def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple[list[int], list[int], dict]:
     """The val2014 / test2014 ids the server expects (from image-info files where there are any) and where they
     came from."""
-    from dashboards.submission import read_image_ids
+    from a2core.data.captions import read_image_info
 
     test_file = test_images or data.paths.test_images
     if not test_file:
@@ -396,11 +396,11 @@ def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple
     if not val_file and data.paths.val_images and Path(data.paths.val_images).is_file():
         val_file = data.paths.val_images
     if val_file:
-        val_ids, val_source = read_image_ids(val_file), str(val_file)
+        val_ids, val_source = read_image_info(val_file), str(val_file)
     else:
         val_ids = list(dict.fromkeys(img.image_id for img in data.images("val2014")))
         val_source = f"{data.paths.captions} (filepath val2014)"
-    return val_ids, read_image_ids(test_file), {"val2014": val_source, "test2014": str(test_file)}
+    return val_ids, read_image_info(test_file), {"val2014": val_source, "test2014": str(test_file)}
 
 
 def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]], single_split: str | None,

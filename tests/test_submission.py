@@ -7,11 +7,12 @@ import zipfile
 
 import pytest
 
+from a2core.data.captions import read_image_info
+from a2core.errors import DataError
 from dashboards.submission import (
     SubmissionError,
     ValidationReport,
     make_zip,
-    read_image_ids,
     results_filename,
     validate_zip,
     write_results,
@@ -114,23 +115,23 @@ def test_make_zip_missing_input(tmp_path):
     assert not (tmp_path / "results.zip").exists()
 
 
-def test_read_image_ids(tmp_path):
+def test_read_image_info(tmp_path):
     info = tmp_path / "image_info_test2014.json"
     info.write_text(json.dumps({"images": [{"id": 5, "file_name": "a.jpg"}, {"id": 2}], "info": {}}))
-    assert read_image_ids(info) == [5, 2]
+    assert read_image_info(info) == [5, 2]
     captions = tmp_path / "captions_val2014.json"
     captions.write_text(json.dumps({"images": [{"id": 9}], "annotations": [{"image_id": 9, "caption": "x"}]}))
-    assert read_image_ids(captions) == [9]
+    assert read_image_info(captions) == [9]
 
 
 @pytest.mark.parametrize("content", ['{"images": [{"id": "5"}]}', '{"annotations": []}', "not json", "[1, 2]"])
-def test_read_image_ids_errors_name_the_file(tmp_path, content):
+def test_read_image_info_errors_name_the_file(tmp_path, content):
     info = tmp_path / "broken_info.json"
     info.write_text(content)
-    with pytest.raises(SubmissionError, match="broken_info.json"):
-        read_image_ids(info)
-    with pytest.raises(SubmissionError, match="missing_info.json"):
-        read_image_ids(tmp_path / "missing_info.json")
+    with pytest.raises(DataError, match="broken_info.json"):
+        read_image_info(info)
+    with pytest.raises(DataError, match="missing_info.json"):
+        read_image_info(tmp_path / "missing_info.json")
 
 
 # ------------------------------------------------------------------------------------ validation
@@ -318,7 +319,7 @@ def test_all_problems_reported_at_once(tmp_path):
         "bad_image_id", "empty_caption", "duplicate_ids", "missing_ids", "extra_ids",  # val file
         "not_utf8",  # test file
     ])
-    missing = report.by_kind("missing_ids")[0]
+    (missing,) = [p for p in report.problems if p.kind == "missing_ids"]
     assert missing.image_ids == (391895, 554625)
     text = str(report)
     assert text.startswith(f"{tmp_path / 'results.zip'}: 8 problem(s)")
