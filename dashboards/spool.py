@@ -1,14 +1,10 @@
-"""Tracking that never blocks training and loses nothing: a queue drained by a background thread, and a durable
-spool in the study's storage for what the MLflow server could not take.
-
-    <study>/tracking/spool/0000000001.json     one record per file, written at once (temp + rename, or one PUT)
-    <study>/tracking/outage.json               how long the server was down, records spooled / replayed
+"""Tracking that never blocks training and loses nothing: a queue drained by a thread, and a spool in the study's
+storage (`tracking/spool/`, one record per file; `tracking/outage.json`: the totals) for what MLflow could not take.
 
 A record is one tracking call keyed by trial id, not run id (a trial that starts while the server is down has no
-run yet): `trial`, `metrics`, `backfill`, `tags`, `text`, `end_trial`, `end_study`. Applying a record twice changes
-nothing: MLflow keeps one row per (key, step, timestamp, value), runs are found again by their trial id tag, tags
-and statuses are set to the same values. So a replay deletes each record once applied, in order, and a replay cut
-short (server down again, driver killed) goes on where it stopped, without duplicates.
+run yet). Applying a record twice changes nothing: MLflow keeps one row per (key, step, timestamp, value), runs are
+found again by their trial id tag, tags and statuses are set to the same values. So a replay deletes each record once
+applied, in order, and a replay cut short goes on where it stopped, without duplicates.
 """
 from __future__ import annotations
 
@@ -24,7 +20,6 @@ logger = logging.getLogger(__name__)
 
 SPOOL_DIR = ("tracking", "spool")
 OUTAGE_FILE = ("tracking", "outage.json")
-OPS = ("trial", "metrics", "backfill", "tags", "text", "end_trial", "end_study")
 
 
 class Spool:
@@ -86,14 +81,14 @@ def outage_line(outage: dict | None) -> str | None:
 def apply(tracker, record: dict) -> None:
     """Make the tracking call that `record` stands for (`StudyTracker` methods; idempotent, see the module doc)."""
     op, trial = record["op"], record.get("trial")
-    if op not in OPS:
-        raise ValueError(f"unknown tracking record {op!r}")
     if op == "end_study":
         tracker.end_study(record["status"])
         return
     if op == "trial":
         tracker.trial_run(trial, record.get("config"), tags=record.get("tags"), run_name=record.get("run_name"))
         return
+    if op not in ("metrics", "backfill", "tags", "text", "end_trial"):
+        raise ValueError(f"unknown tracking record {op!r}")
     run_id = tracker.trial_runs.get(trial) or tracker.trial_run(trial)
     if op == "metrics":
         tracker.log_metrics(run_id, record["metrics"], step=record["step"], timestamp_ms=record.get("ts"))

@@ -176,13 +176,29 @@ class Location:
         return sorted(i.base_name for i in infos if not folders_only or i.type == pafs.FileType.Directory)
 
     def download(self, target: str | os.PathLike) -> Path:
-        """A copy of this file at `target`, written atomically; its size (and the sha256 that `upload_file`
-        stores) checked against the object's."""
-        if not self.exists():
-            raise StorageError(f"{self.uri}: no such file")
+        """A copy of this file at `target`, written atomically; from S3 its size and the sha256 that `upload_file`
+        stores are checked first (S3VerificationError, `target` left as it was)."""
         if self.local:
+            if not self.exists():
+                raise StorageError(f"{self.uri}: no such file")
             return atomic_write(target, Path(self.uri).read_bytes())
-        return download_file(self.uri, target, endpoint_url=self.endpoint_url)["path"]
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = parse_s3_uri(self.uri, require_key=True)
+        client = make_client(self.endpoint_url)
+        path = Path(target)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
+            part = Path(tmp) / path.name
+            try:
+                head = client.head_object(Bucket=bucket, Key=key)
+                client.download_file(bucket, key, str(part))
+            except (ClientError, BotoCoreError) as err:
+                raise S3TransferError(f"download of {self.uri} failed: {err}") from err
+            sha_hex, size, _ = _digests(part, 8 * MiB)
+            _verify(head, self.uri, sha_hex, size)
+            os.replace(part, path)
+        return path
 
 
 def open_location(uri: str | os.PathLike, endpoint_url: str | None = None) -> Location:
@@ -274,29 +290,3 @@ def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str
             raise S3TransferError(f"upload of {path} to {uri} failed: {err}") from err
         raise
     return {"bucket": bucket, "key": key, "uri": uri, "size": size, "sha256": sha_hex, "etag": head.get("ETag")}
-
-
-def download_file(s3_uri: str, local_path: str | os.PathLike, *, endpoint_url: str | None = None,
-                  client=None) -> dict:
-    """Download `s3_uri` to `local_path` atomically; its size and (when stored, as `upload_file` does) sha256
-    must match the object's, otherwise S3VerificationError and the target is left as it was.
-    Returns {"uri", "path", "size", "sha256", "verified"}."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    bucket, key = parse_s3_uri(s3_uri, require_key=True)
-    uri = f"s3://{bucket}/{key}"
-    client = client or make_client(endpoint_url)
-    path = Path(local_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
-        part = Path(tmp) / path.name
-        try:
-            head = client.head_object(Bucket=bucket, Key=key)
-            client.download_file(bucket, key, str(part))
-        except (ClientError, BotoCoreError) as err:
-            raise S3TransferError(f"download of {uri} failed: {err}") from err
-        sha_hex, size, _ = _digests(part, 8 * MiB)
-        _verify(head, uri, sha_hex, size)
-        os.replace(part, path)
-    return {"uri": uri, "path": path, "size": size, "sha256": sha_hex,
-            "verified": bool((head.get("Metadata") or {}).get(META_SHA256))}
