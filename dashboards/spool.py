@@ -44,15 +44,11 @@ class Spool:
     def delete(self, name: str) -> None:
         self.folder.join(name).delete()
 
-    def outage(self) -> dict:
-        """The outage record, accumulated over the study's drivers."""
-        saved = json.loads(self.study.join(*OUTAGE_FILE).read_text() or "{}")
-        return {"down_seconds": float(saved.get("down_seconds", 0.0)),
-                **{key: int(saved.get(key, 0)) for key in ("spooled", "replayed", "dropped")}}
-
     def add_outage(self, **counts) -> dict:
-        """Add this driver's figures to the saved ones; returns the totals with `pending` (records left)."""
-        totals = self.outage()
+        """Add this driver's figures to the study's saved ones; returns the totals with `pending` (records left)."""
+        saved = json.loads(self.study.join(*OUTAGE_FILE).read_text() or "{}")
+        totals = {"down_seconds": float(saved.get("down_seconds", 0.0)),
+                  **{key: int(saved.get(key, 0)) for key in ("spooled", "replayed", "dropped")}}
         for key, value in counts.items():
             totals[key] = round(totals[key] + value, 3) if key == "down_seconds" else totals[key] + int(value)
         if any(counts.values()):
@@ -100,7 +96,7 @@ def apply(tracker, record: dict) -> None:
     elif op == "tags":
         tracker.set_tags(run_id, record["tags"])
     elif op == "text":
-        tracker.log_text(run_id, record["text"], record["file"])
+        tracker.client.log_text(run_id, record["text"], record["file"])
     else:
         tracker.end_trial(run_id, record["status"])
 

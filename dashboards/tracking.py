@@ -8,6 +8,7 @@ what the rest of a2tune searches):
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import numbers
 import os
@@ -19,9 +20,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from a2core.config import flatten
 from a2core.errors import TrackingError
@@ -37,12 +37,11 @@ TAG_PARENT = "mlflow.parentRunId"
 
 RUN_STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
 
-# MLflow's own limits (mlflow.utils.validation).
+# MLflow's own limits (mlflow.utils.validation): value and key lengths, entities per log_batch request.
 _MAX_PARAM_VALUE = 6000
 _MAX_TAG_VALUE = 8000
 _MAX_KEY = 250
-_BATCH_PARAMS = 100
-_BATCH_METRICS = 1000
+_BATCH = {"metrics": 1000, "params": 100, "tags": 100}
 
 _DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433, "oracle": 1521}
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
@@ -71,15 +70,20 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> str:
     parsed = urllib.parse.urlparse(uri)
     scheme = parsed.scheme.lower()
     database = scheme.split("+")[0]
-    if scheme in ("http", "https"):
-        _host_port(uri, parsed)
-        _check_http(uri, timeout)
-    elif database in _DB_PORTS:
-        host, port = _host_port(uri, parsed, _DB_PORTS[database])
+    if scheme in ("http", "https") or database in _DB_PORTS:
+        if not parsed.hostname:
+            raise TrackingError(f"tracking URI {uri!r}: no host")
         try:
-            socket.create_connection((host, port), timeout=timeout).close()
-        except OSError as err:
-            raise TrackingError(f"tracking URI {uri!r}: cannot connect to {host}:{port} ({err})") from None
+            host, port = parsed.hostname, parsed.port or _DB_PORTS.get(database)
+        except ValueError as err:
+            raise TrackingError(f"tracking URI {uri!r}: bad port ({err})") from None
+        if database not in _DB_PORTS:
+            _check_http(uri, timeout)
+        else:
+            try:
+                socket.create_connection((host, port), timeout=timeout).close()
+            except OSError as err:
+                raise TrackingError(f"tracking URI {uri!r}: cannot connect to {host}:{port} ({err})") from None
     elif scheme == "sqlite":
         _check_sqlite(uri)
     elif scheme == "file" or (scheme == "" and not uri.startswith("//")) or (len(scheme) == 1 and os.name == "nt"):
@@ -92,15 +96,6 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> str:
             f"tracking URI {uri!r}: unknown scheme {scheme + '://' if scheme else '(none)'}; use http(s)://host:port, "
             "sqlite:///path.db, postgresql://..., mysql://... or a local directory")
     return uri
-
-
-def _host_port(uri: str, parsed, default_port: int | None = None) -> tuple[str, int | None]:
-    if not parsed.hostname:
-        raise TrackingError(f"tracking URI {uri!r}: no host")
-    try:
-        return parsed.hostname, parsed.port or default_port
-    except ValueError as err:
-        raise TrackingError(f"tracking URI {uri!r}: bad port ({err})") from None
 
 
 def _check_sqlite(uri: str) -> None:
@@ -140,7 +135,7 @@ def _check_http(uri: str, timeout: float) -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
-@lru_cache(maxsize=1)
+@functools.cache
 def git_commit() -> str:
     """`git rev-parse HEAD` of the checkout this package runs from (else of the cwd), or "unknown"."""
     for cwd in (Path(__file__).resolve().parent, Path.cwd()):
@@ -189,11 +184,6 @@ def _numeric(value: Any) -> float | None:
     return float(value)
 
 
-def _chunks(items: list, n: int) -> Iterable[list]:
-    for i in range(0, len(items), n):
-        yield items[i:i + n]
-
-
 def client_settings() -> None:
     """Short MLflow HTTP timeouts in this process, unless the environment sets its own: MLflow's REST client retries
     a refused or slow request for minutes (timeout 120 s, 7 retries); a study's tracking thread spools instead."""
@@ -217,25 +207,6 @@ VIEW_STATE = {"orderByKey": "metrics.`val/CIDEr`", "orderByAsc": False, "selecte
               + [f"params.`{p}`" for p in ("model.fusion", "model.lambda", "model.temperature", "train.seed")]}
 
 
-def _get_or_create_experiment(client, name: str, artifact_location: str | None = None) -> str:
-    from mlflow.exceptions import MlflowException
-
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        try:
-            return client.create_experiment(name, artifact_location=artifact_location,
-                                            tags={TAG_STUDY: name, VIEW_TAG: json.dumps(VIEW_STATE)})
-        except MlflowException:  # created concurrently by another process
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-    if exp.lifecycle_stage == "deleted":
-        client.restore_experiment(exp.experiment_id)
-    if VIEW_TAG not in exp.tags:
-        client.set_experiment_tag(exp.experiment_id, VIEW_TAG, json.dumps(VIEW_STATE))
-    return exp.experiment_id
-
-
 def _search_all(client, experiment_ids: list[str], filter_string: str) -> list:
     """Every run that matches, oldest first (all pages)."""
     runs, token = [], None
@@ -254,10 +225,8 @@ def _study_filter(study_name: str) -> str:
 
 # -- the tracker -----------------------------------------------------------------------------------------------
 class StudyTracker:
-    """MLflow runs of one study. Safe to use from a long-lived process (no global MLflow state).
-
-    `artifact_location` applies when the experiment is created: where a database backend without a server keeps
-    artifacts (default: MLflow's, ./mlruns under the working directory; a server decides itself)."""
+    """MLflow runs of one study (no global MLflow state: safe in a long-lived process). `artifact_location`: where a
+    new experiment keeps artifacts without a server (default: MLflow's ./mlruns; a server decides itself)."""
 
     def __init__(self, tracking_uri: str, study_name: str, experiment: str | None = None,
                  artifact_location: str | None = None):
@@ -266,7 +235,6 @@ class StudyTracker:
         self.experiment_name = experiment or study_name
         self.artifact_location = artifact_location
         self.client = _client(tracking_uri)
-        self._experiment_id: str | None = None
         self.parent_run_id: str | None = None
         self.trial_runs: dict[str, str] = {}
 
@@ -276,16 +244,29 @@ class StudyTracker:
             return None
         return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
 
-    @property
+    @functools.cached_property
     def experiment_id(self) -> str:
-        if self._experiment_id is None:
-            self._experiment_id = _get_or_create_experiment(self.client, self.experiment_name,
-                                                            self.artifact_location)
-        return self._experiment_id
+        """The experiment's id; created (with the a2 view) when there is none, restored when it was deleted."""
+        from mlflow.exceptions import MlflowException
+
+        exp = self.client.get_experiment_by_name(self.experiment_name)
+        if exp is None:
+            try:
+                return self.client.create_experiment(self.experiment_name, artifact_location=self.artifact_location,
+                                                     tags={TAG_STUDY: self.experiment_name,
+                                                           VIEW_TAG: json.dumps(VIEW_STATE)})
+            except MlflowException:  # created concurrently by another process
+                exp = self.client.get_experiment_by_name(self.experiment_name)
+                if exp is None:
+                    raise
+        if exp.lifecycle_stage == "deleted":
+            self.client.restore_experiment(exp.experiment_id)
+        if VIEW_TAG not in exp.tags:
+            self.client.set_experiment_tag(exp.experiment_id, VIEW_TAG, json.dumps(VIEW_STATE))
+        return exp.experiment_id
 
     def _first_run(self, filter_string: str):
-        runs = _search_all(self.client, [self.experiment_id], filter_string)
-        return runs[0] if runs else None
+        return next(iter(_search_all(self.client, [self.experiment_id], filter_string)), None)
 
     def _running_again(self, run) -> None:
         if run.info.status != "RUNNING":
@@ -319,10 +300,8 @@ class StudyTracker:
     # -- trials (children) -----------------------------------------------------------------------------------
     def trial_run(self, trial_id: str, config: dict | None = None, tags: dict | None = None,
                   run_name: str | None = None) -> str:
-        """The child run of `trial_id`: the existing one (set RUNNING again) or a new one. Returns its id.
-
-        A new run gets the config (less the parameters its fusion does not use) as flattened params and the tags
-        study, trial id, fusion, seed, git commit and `tags`; an existing one keeps its own, only `tags` change."""
+        """The id of the child run of `trial_id`: the existing one (set RUNNING again, only `tags` change) or a new one
+        with the config (less what its fusion does not use) as params, and tags trial id, fusion, seed, git commit."""
         from a2core.config import applicable_config
 
         trial_id = str(trial_id)
@@ -356,10 +335,8 @@ class StudyTracker:
 
     # -- logging ---------------------------------------------------------------------------------------------
     def log_metrics(self, run_id: str, metrics: dict, step: int, timestamp_ms: int | None = None) -> dict[str, float]:
-        """Log the numeric values of `metrics` at the explicit `step`; strings and the like are skipped.
-
-        `timestamp_ms` (default: now) is the result's own time: logging the same result again is then a no-op
-        (MLflow keeps one row per key, step, timestamp and value). Returns what was logged."""
+        """Log (and return) the numeric values of `metrics` at `step`. `timestamp_ms` (default: now) is the result's
+        own time: logging the same result again is then a no-op (MLflow keeps one row per key, step, time, value)."""
         from mlflow.entities import Metric
 
         ts = int(timestamp_ms) if timestamp_ms is not None else int(time.time() * 1000)
@@ -367,8 +344,7 @@ class StudyTracker:
         for key, value in (metrics or {}).items():
             if (number := _numeric(value)) is not None:
                 logged[_clean_key(key)] = number
-        for chunk in _chunks([Metric(k, v, ts, int(step)) for k, v in logged.items()], _BATCH_METRICS):
-            self.client.log_batch(run_id, metrics=chunk)
+        self._log_batch(run_id, "metrics", [Metric(k, v, ts, int(step)) for k, v in logged.items()])
         return logged
 
     def logged_steps(self, run_id: str, key: str) -> set[int]:
@@ -378,19 +354,19 @@ class StudyTracker:
     def set_tags(self, run_id: str, tags: dict) -> None:
         from mlflow.entities import RunTag
 
-        for chunk in _chunks([RunTag(k, v) for k, v in _tag_values(tags).items()], _BATCH_PARAMS):
-            self.client.log_batch(run_id, tags=chunk)
-
-    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
-        self.client.log_text(run_id, text, artifact_file)
+        self._log_batch(run_id, "tags", [RunTag(k, v) for k, v in _tag_values(tags).items()])
 
     def _log_params(self, run_id: str, flat: dict, existing: dict) -> None:
         """The params of `flat` that the run does not have yet (a resumed run keeps its first values)."""
         from mlflow.entities import Param
 
         new = [Param(_clean_key(k), _param_value(v)) for k, v in flat.items() if _clean_key(k) not in existing]
-        for chunk in _chunks(new, _BATCH_PARAMS):
-            self.client.log_batch(run_id, params=chunk)
+        self._log_batch(run_id, "params", new)
+
+    def _log_batch(self, run_id: str, kind: str, entities: list) -> None:
+        """`entities` (of `kind`: metrics, params or tags) in as many log_batch requests as MLflow's limit needs."""
+        for i in range(0, len(entities), _BATCH[kind]):
+            self.client.log_batch(run_id, **{kind: entities[i:i + _BATCH[kind]]})
 
 
 def _status(status: str) -> str:
@@ -401,13 +377,13 @@ def _status(status: str) -> str:
 
 
 def study_runs(tracking_uri: str, study_name: str, experiment: str | None = None):
-    """(parent_run, [child runs]) of a study, oldest first; parent_run is None when the study has no run.
-
-    Looks in the experiment named `experiment` (default: the study name), else in every experiment."""
+    """(parent_run or None, [child runs]) of a study, oldest first, from the experiment named `experiment` (default:
+    the study name), else from any experiment."""
     client = _client(tracking_uri)
     exp = client.get_experiment_by_name(experiment or study_name)
     exp_ids = [exp.experiment_id] if exp is not None else [e.experiment_id for e in client.search_experiments()]
-    parents = [run for chunk in _chunks(exp_ids, 100) for run in _search_all(client, chunk, _study_filter(study_name))]
+    parents = [run for i in range(0, len(exp_ids), 100)  # search_runs takes at most 100 experiments
+               for run in _search_all(client, exp_ids[i:i + 100], _study_filter(study_name))]
     if not parents:
         return None, []
     parent = parents[0]

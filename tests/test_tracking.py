@@ -51,7 +51,7 @@ def test_one_parent_one_child_per_trial_and_restore(tracking_uri, request):
     assert tracker.trial_run("trial_1", CONFIG) == runs["trial_1"]
     again.log_metrics(runs["trial_0"], {"val/CIDEr": 9.0}, step=4)
     again.set_tags(runs["trial_0"], {TAG_BEST_CKPT: "s3://bucket/ckpt/best.pt"})
-    again.log_text(runs["trial_0"], "a dog on a bench\n", "samples/epoch_004.txt")
+    again.client.log_text(runs["trial_0"], "a dog on a bench\n", "samples/epoch_004.txt")
     for run_id in runs.values():
         again.end_trial(run_id, "FINISHED")
     again.end_study("FINISHED")
