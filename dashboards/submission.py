@@ -11,7 +11,7 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 from a2core.atomic import atomic_write
 from a2core.data.captions import is_image_id
@@ -35,19 +35,6 @@ def results_filename(split: str, alg: str) -> str:
     if not isinstance(alg, str) or not _ALG_RE.fullmatch(alg):
         raise SubmissionError(f"alg must match [A-Za-z0-9-]+ (it becomes part of the file name), got {alg!r}")
     return f"captions_{split}2014_{alg}_results.json"
-
-
-def write_results(path: str | os.PathLike, captions: Mapping[int, str]) -> Path:
-    """Write a COCO results file `[{"image_id": int, "caption": str}]` sorted by image id, atomically. Ids must be
-    ints and captions strings (SubmissionError naming the id); empty captions are written (`validate_zip` flags
-    them)."""
-    for image_id, caption in captions.items():
-        if isinstance(image_id, bool) or not isinstance(image_id, int):
-            raise SubmissionError(f"{path}: image id {image_id!r} is not an int")
-        if not isinstance(caption, str):
-            raise SubmissionError(f"{path}: caption of image {image_id} is {type(caption).__name__}, not str")
-    entries = [{"image_id": image_id, "caption": captions[image_id]} for image_id in sorted(captions)]
-    return atomic_write(path, json.dumps(entries, ensure_ascii=False) + "\n")
 
 
 def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_results: str | os.PathLike) -> Path:

@@ -512,11 +512,12 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
     """The two results files, `results.zip` (validated before it is renamed into place: an invalid submission
     leaves no zip) and the ensemble's Karpathy-test captions. Returns {"zip", "files", "alg"}."""
     from a2core.decode import write_results_json
-    from dashboards.submission import make_zip, validate_zip, write_results
+    from dashboards.submission import make_zip, validate_zip
 
     val_ids, test_ids = images["splits"]["val2014"], images["splits"]["test2014"]
-    paths = [write_results(out / f, {i: decoded["ensemble"][split][i] for i in ids})
-             for f, split, ids in zip(files, ("val2014", "test2014"), (val_ids, test_ids))]
+    paths = [out / f for f in files]
+    for path, split, ids in zip(paths, ("val2014", "test2014"), (val_ids, test_ids)):
+        write_results_json(path, {i: decoded["ensemble"][split][i] for i in ids})
     staging = out / f".{RESULTS_ZIP}.staging"
     make_zip(staging, *paths)
     report = validate_zip(staging, val_ids, test_ids, alg=alg)
