@@ -112,11 +112,9 @@ def server_answers(tracker, timeout: float = 2.0) -> bool:
 
 
 def replay(tracker, spool: Spool, *, stop_on_error: bool = True) -> tuple[int, int]:
-    """Apply the spooled records in order, deleting each once applied. Returns (replayed, dropped).
-
-    A record the server answers but refuses (a bad value) is dropped with a warning, so one bad record cannot
-    hold back the rest; any other failure stops the replay (TrackingError, or a quiet stop without
-    `stop_on_error`) and the rest stays spooled."""
+    """Apply the spooled records in order, deleting each once applied; returns (replayed, dropped). A record the
+    server refuses is dropped with a warning; a server that stops answering stops the replay (TrackingError, or
+    quietly without `stop_on_error`) and the rest stays spooled."""
     replayed = dropped = 0
     for name in spool.names():
         record = spool.read(name)
@@ -139,10 +137,9 @@ _STOP = object()
 
 
 class TrackingQueue:
-    """What the Tune driver's callback talks to: `put(record)` returns at once; a thread applies the records while
-    the server answers, spools them (in order, behind any older spooled record) while it does not, and replays
-    the spool when a probe (every `probe_every` s) finds the server back. At most `maxsize` records wait in
-    memory, which only a stalled storage fills."""
+    """`put(record)` returns at once; a thread applies the records while the server answers, spools them (in order,
+    behind any older spooled record) while it does not, and replays the spool when a probe (every `probe_every` s)
+    finds the server back. At most `maxsize` records wait in memory, which only a stalled storage fills."""
 
     def __init__(self, tracker, spool: Spool, *, maxsize: int = 10_000, probe_every: float = 5.0):
         self.tracker, self.spool, self.probe_every = tracker, spool, probe_every

@@ -64,10 +64,8 @@ def _region() -> str | None:
 
 
 def s3_filesystem(bucket: str, endpoint_url: str | None = None) -> pafs.S3FileSystem:
-    """A pyarrow S3 filesystem for `bucket` at `endpoint_url` (else the ENDPOINT_ENV_VARS, else AWS).
-
-    Every request is retried by pyarrow's own strategy (the AWS SDK's standard one: backoff with jitter, 3 tries);
-    passing a strategy object from Python deadlocked requests to an S3 server in the same process (moto)."""
+    """A pyarrow S3 filesystem for `bucket`. Requests are retried by pyarrow's own strategy (the AWS SDK's standard
+    one, 3 tries): passing a strategy object from Python deadlocked requests to an in-process S3 server (moto)."""
     options: dict = dict(connect_timeout=5.0, request_timeout=60.0)
     endpoint = resolve_endpoint_url(endpoint_url)
     if endpoint is None:

@@ -1,4 +1,4 @@
-"""COCO caption test-server submission files: write, zip and validate. The server expects one `results.zip` whose
+"""COCO caption test-server submission files: zip and validate. The server expects one `results.zip` whose
 root holds exactly `captions_{val,test}2014_<alg>_results.json`, each a JSON list `[{"image_id": int, "caption":
 str}, ...]` covering every image of its split exactly once (val2014: 40,504 images; test2014: 40,775)."""
 from __future__ import annotations
@@ -38,8 +38,7 @@ def results_filename(split: str, alg: str) -> str:
 
 
 def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_results: str | os.PathLike) -> Path:
-    """Write `zip_path` (the server's `results.zip`) holding exactly the two results files at its root,
-    atomically."""
+    """Write `zip_path` (the server's `results.zip`) holding the two results files at its root, atomically."""
     val_results, test_results = Path(val_results), Path(test_results)
     for p in (val_results, test_results):
         if not p.is_file():

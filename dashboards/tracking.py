@@ -392,31 +392,6 @@ def study_runs(tracking_uri: str, study_name: str, experiment: str | None = None
 
 
 # -- the server ------------------------------------------------------------------------------------------------
-def server_command(backend_uri: str, artifacts_destination: str | None, port: int, host: str = "127.0.0.1",
-                   workers: int = 1) -> list[str]:
-    return [sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", backend_uri,
-            "--artifacts-destination", artifacts_destination or "./mlartifacts",
-            "--serve-artifacts",
-            "--host", host, "--port", str(int(port)), "--workers", str(int(workers))]
-
-
-def server_env(s3_endpoint_url: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    # MLflow's GenAI job runner (extra processes, slower start) is not used by a2tune; opt back in via the env.
-    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-    if s3_endpoint_url:
-        env["MLFLOW_S3_ENDPOINT_URL"] = s3_endpoint_url
-    return env
-
-
-def server_url(host: str, port: int) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    if ":" in shown and not shown.startswith("["):
-        shown = f"[{shown}]"
-    return f"http://{shown}:{int(port)}"
-
-
 def serve(args) -> int:
     """`a2 mlflow serve`: this process becomes `mlflow server` (its CLI stops its web server on SIGINT/SIGTERM)."""
     backend = args.backend_store_uri
@@ -425,11 +400,20 @@ def serve(args) -> int:
     if backend.startswith("sqlite:"):
         _check_sqlite(backend)
     dest = args.artifacts_destination or "./mlartifacts"
-    url = server_url(args.host, args.port)
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "", "::") else args.host
+    if ":" in shown and not shown.startswith("["):  # an IPv6 address
+        shown = f"[{shown}]"
+    url = f"http://{shown}:{int(args.port)}"
     print(f"MLflow server: {url}  (backend {redact_uri(backend)}, artifacts {dest}"
           + (f" via {args.s3_endpoint_url}" if args.s3_endpoint_url else "") + ")", flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"bound to {args.host}: reachable from other machines; restrict with a firewall or a proxy", flush=True)
     print(f"clients: export MLFLOW_TRACKING_URI={url}", flush=True)
-    cmd = server_command(backend, dest, args.port, args.host, args.workers)
-    os.execve(cmd[0], cmd, server_env(args.s3_endpoint_url))
+    env = dict(os.environ)
+    # MLflow's GenAI job runner (extra processes, slower start) is not used by a2tune; opt back in via the env.
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    if args.s3_endpoint_url:
+        env["MLFLOW_S3_ENDPOINT_URL"] = args.s3_endpoint_url
+    os.execve(sys.executable, [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+                               "--artifacts-destination", dest, "--serve-artifacts", "--host", args.host,
+                               "--port", str(int(args.port)), "--workers", str(int(args.workers))], env)
