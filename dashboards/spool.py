@@ -15,19 +15,18 @@ import threading
 import time
 
 from a2core.errors import StorageError, TrackingError
+from dashboards.tracking import check_tracking_uri
 
 logger = logging.getLogger(__name__)
 
-SPOOL_DIR = ("tracking", "spool")
-OUTAGE_FILE = ("tracking", "outage.json")
-
 
 class Spool:
-    """Records in `<study>/tracking/spool/` (`study`: a `dashboards.storage.Location`), oldest first."""
+    """Records in `<study>/tracking/spool/` (`study`: a `dashboards.storage.Location`), oldest first, and the outage
+    totals of the study's drivers in `<study>/tracking/outage.json`."""
 
     def __init__(self, study):
-        self.study = study
-        self.folder = study.join(*SPOOL_DIR)
+        self.folder = study.join("tracking", "spool")
+        self.outage_file = study.join("tracking", "outage.json")
         names = self.names()
         self.next_seq = int(names[-1].split(".")[0]) + 1 if names else 1  # a new driver never numbers over one
 
@@ -46,13 +45,13 @@ class Spool:
 
     def add_outage(self, **counts) -> dict:
         """Add this driver's figures to the study's saved ones; returns the totals with `pending` (records left)."""
-        saved = json.loads(self.study.join(*OUTAGE_FILE).read_text() or "{}")
+        saved = json.loads(self.outage_file.read_text() or "{}")
         totals = {"down_seconds": float(saved.get("down_seconds", 0.0)),
                   **{key: int(saved.get(key, 0)) for key in ("spooled", "replayed", "dropped")}}
         for key, value in counts.items():
             totals[key] = round(totals[key] + value, 3) if key == "down_seconds" else totals[key] + int(value)
         if any(counts.values()):
-            self.study.join(*OUTAGE_FILE).write_text(json.dumps(totals, indent=2) + "\n")
+            self.outage_file.write_text(json.dumps(totals, indent=2) + "\n")
         return {**totals, "pending": len(self.names())}
 
 
@@ -102,8 +101,6 @@ def apply(tracker, record: dict) -> None:
 
 
 def server_answers(tracker, timeout: float = 2.0) -> bool:
-    from dashboards.tracking import check_tracking_uri
-
     try:
         check_tracking_uri(tracker.tracking_uri, timeout=timeout)
         return True
