@@ -337,14 +337,12 @@ class StudyTracker:
     def log_metrics(self, run_id: str, metrics: dict, step: int, timestamp_ms: int | None = None) -> dict[str, float]:
         """Log (and return) the numeric values of `metrics` at `step`. `timestamp_ms` (default: now) is the result's
         own time: logging the same result again is then a no-op (MLflow keeps one row per key, step, time, value)."""
-        from mlflow.entities import Metric
-
         ts = int(timestamp_ms) if timestamp_ms is not None else int(time.time() * 1000)
         logged: dict[str, float] = {}
         for key, value in (metrics or {}).items():
             if (number := _numeric(value)) is not None:
                 logged[_clean_key(key)] = number
-        self._log_batch(run_id, "metrics", [Metric(k, v, ts, int(step)) for k, v in logged.items()])
+        self._log_batch(run_id, "metrics", [(k, v, ts, int(step)) for k, v in logged.items()])
         return logged
 
     def logged_steps(self, run_id: str, key: str) -> set[int]:
@@ -352,19 +350,18 @@ class StudyTracker:
         return {int(m.step) for m in self.client.get_metric_history(run_id, _clean_key(key))}
 
     def set_tags(self, run_id: str, tags: dict) -> None:
-        from mlflow.entities import RunTag
-
-        self._log_batch(run_id, "tags", [RunTag(k, v) for k, v in _tag_values(tags).items()])
+        self._log_batch(run_id, "tags", list(_tag_values(tags).items()))
 
     def _log_params(self, run_id: str, flat: dict, existing: dict) -> None:
         """The params of `flat` that the run does not have yet (a resumed run keeps its first values)."""
-        from mlflow.entities import Param
-
-        new = [Param(_clean_key(k), _param_value(v)) for k, v in flat.items() if _clean_key(k) not in existing]
+        new = [(_clean_key(k), _param_value(v)) for k, v in flat.items() if _clean_key(k) not in existing]
         self._log_batch(run_id, "params", new)
 
-    def _log_batch(self, run_id: str, kind: str, entities: list) -> None:
-        """`entities` (of `kind`: metrics, params or tags) in as many log_batch requests as MLflow's limit needs."""
+    def _log_batch(self, run_id: str, kind: str, items: list[tuple]) -> None:
+        """`items` as MLflow entities of `kind` (metrics, params, tags), in as many log_batch requests as needed."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        entities = [{"metrics": Metric, "params": Param, "tags": RunTag}[kind](*item) for item in items]
         for i in range(0, len(entities), _BATCH[kind]):
             self.client.log_batch(run_id, **{kind: entities[i:i + _BATCH[kind]]})
 
