@@ -15,7 +15,7 @@ import torch
 
 from .atomic import atomic_write
 from .model.a2 import A2Transformer
-from .errors import A2Error, ConfigError
+from .errors import A2Error, ConfigError, SubmissionError
 from .precision import autocast
 
 
@@ -293,8 +293,15 @@ def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str
 
 
 def write_results_json(path: str | Path, captions: dict[int, str]) -> None:
-    """COCO results format [{"image_id": int, "caption": str}], written atomically."""
-    atomic_write(path, json.dumps([{"image_id": i, "caption": c} for i, c in sorted(captions.items())]))
+    """COCO results format [{"image_id": int, "caption": str}] sorted by image id, UTF-8, written atomically; ids
+    must be ints and captions strings (SubmissionError naming the id); empty captions are written as they are."""
+    for image_id, caption in captions.items():
+        if isinstance(image_id, bool) or not isinstance(image_id, int):
+            raise SubmissionError(f"{path}: image id {image_id!r} is not an int")
+        if not isinstance(caption, str):
+            raise SubmissionError(f"{path}: caption of image {image_id} is {type(caption).__name__}, not str")
+    entries = [{"image_id": image_id, "caption": captions[image_id]} for image_id in sorted(captions)]
+    atomic_write(path, json.dumps(entries, ensure_ascii=False) + "\n")
 
 
 def checkpoint_data(config: dict, vocab, data_overrides: list[str] | None = None):

@@ -1,14 +1,10 @@
-"""Tracking that never blocks training and loses nothing: a queue drained by a background thread, and a durable
-spool in the study's storage for what the MLflow server could not take.
-
-    <study>/tracking/spool/0000000001.json     one record per file, written at once (temp + rename, or one PUT)
-    <study>/tracking/outage.json               how long the server was down, records spooled / replayed
+"""Tracking that never blocks training and loses nothing: a queue drained by a thread, and a spool in the study's
+storage (`tracking/spool/`, one record per file; `tracking/outage.json`: the totals) for what MLflow could not take.
 
 A record is one tracking call keyed by trial id, not run id (a trial that starts while the server is down has no
-run yet): `trial`, `metrics`, `backfill`, `tags`, `text`, `end_trial`, `end_study`. Applying a record twice changes
-nothing: MLflow keeps one row per (key, step, timestamp, value), runs are found again by their trial id tag, tags
-and statuses are set to the same values. So a replay deletes each record once applied, in order, and a replay cut
-short (server down again, driver killed) goes on where it stopped, without duplicates.
+run yet). Applying a record twice changes nothing: MLflow keeps one row per (key, step, timestamp, value), runs are
+found again by their trial id tag, tags and statuses are set to the same values. So a replay deletes each record once
+applied, in order, and a replay cut short goes on where it stopped, without duplicates.
 """
 from __future__ import annotations
 
@@ -19,20 +15,18 @@ import threading
 import time
 
 from a2core.errors import StorageError, TrackingError
+from dashboards.tracking import check_tracking_uri
 
 logger = logging.getLogger(__name__)
 
-SPOOL_DIR = ("tracking", "spool")
-OUTAGE_FILE = ("tracking", "outage.json")
-OPS = ("trial", "metrics", "backfill", "tags", "text", "end_trial", "end_study")
-
 
 class Spool:
-    """Records in `<study>/tracking/spool/` (`study`: a `dashboards.storage.Location`), oldest first."""
+    """Records in `<study>/tracking/spool/` (`study`: a `dashboards.storage.Location`), oldest first, and the outage
+    totals of the study's drivers in `<study>/tracking/outage.json`."""
 
     def __init__(self, study):
-        self.study = study
-        self.folder = study.join(*SPOOL_DIR)
+        self.folder = study.join("tracking", "spool")
+        self.outage_file = study.join("tracking", "outage.json")
         names = self.names()
         self.next_seq = int(names[-1].split(".")[0]) + 1 if names else 1  # a new driver never numbers over one
 
@@ -49,19 +43,15 @@ class Spool:
     def delete(self, name: str) -> None:
         self.folder.join(name).delete()
 
-    def outage(self) -> dict:
-        """The outage record, accumulated over the study's drivers."""
-        saved = json.loads(self.study.join(*OUTAGE_FILE).read_text() or "{}")
-        return {"down_seconds": float(saved.get("down_seconds", 0.0)),
-                **{key: int(saved.get(key, 0)) for key in ("spooled", "replayed", "dropped")}}
-
     def add_outage(self, **counts) -> dict:
-        """Add this driver's figures to the saved ones; returns the totals with `pending` (records left)."""
-        totals = self.outage()
+        """Add this driver's figures to the study's saved ones; returns the totals with `pending` (records left)."""
+        saved = json.loads(self.outage_file.read_text() or "{}")
+        totals = {"down_seconds": float(saved.get("down_seconds", 0.0)),
+                  **{key: int(saved.get(key, 0)) for key in ("spooled", "replayed", "dropped")}}
         for key, value in counts.items():
             totals[key] = round(totals[key] + value, 3) if key == "down_seconds" else totals[key] + int(value)
         if any(counts.values()):
-            self.study.join(*OUTAGE_FILE).write_text(json.dumps(totals, indent=2) + "\n")
+            self.outage_file.write_text(json.dumps(totals, indent=2) + "\n")
         return {**totals, "pending": len(self.names())}
 
 
@@ -86,14 +76,14 @@ def outage_line(outage: dict | None) -> str | None:
 def apply(tracker, record: dict) -> None:
     """Make the tracking call that `record` stands for (`StudyTracker` methods; idempotent, see the module doc)."""
     op, trial = record["op"], record.get("trial")
-    if op not in OPS:
-        raise ValueError(f"unknown tracking record {op!r}")
     if op == "end_study":
         tracker.end_study(record["status"])
         return
     if op == "trial":
         tracker.trial_run(trial, record.get("config"), tags=record.get("tags"), run_name=record.get("run_name"))
         return
+    if op not in ("metrics", "backfill", "tags", "text", "end_trial"):
+        raise ValueError(f"unknown tracking record {op!r}")
     run_id = tracker.trial_runs.get(trial) or tracker.trial_run(trial)
     if op == "metrics":
         tracker.log_metrics(run_id, record["metrics"], step=record["step"], timestamp_ms=record.get("ts"))
@@ -105,14 +95,12 @@ def apply(tracker, record: dict) -> None:
     elif op == "tags":
         tracker.set_tags(run_id, record["tags"])
     elif op == "text":
-        tracker.log_text(run_id, record["text"], record["file"])
+        tracker.client.log_text(run_id, record["text"], record["file"])
     else:
         tracker.end_trial(run_id, record["status"])
 
 
 def server_answers(tracker, timeout: float = 2.0) -> bool:
-    from dashboards.tracking import check_tracking_uri
-
     try:
         check_tracking_uri(tracker.tracking_uri, timeout=timeout)
         return True
@@ -121,11 +109,9 @@ def server_answers(tracker, timeout: float = 2.0) -> bool:
 
 
 def replay(tracker, spool: Spool, *, stop_on_error: bool = True) -> tuple[int, int]:
-    """Apply the spooled records in order, deleting each once applied. Returns (replayed, dropped).
-
-    A record the server answers but refuses (a bad value) is dropped with a warning, so one bad record cannot
-    hold back the rest; any other failure stops the replay (TrackingError, or a quiet stop without
-    `stop_on_error`) and the rest stays spooled."""
+    """Apply the spooled records in order, deleting each once applied; returns (replayed, dropped). A record the
+    server refuses is dropped with a warning; a server that stops answering stops the replay (TrackingError, or
+    quietly without `stop_on_error`) and the rest stays spooled."""
     replayed = dropped = 0
     for name in spool.names():
         record = spool.read(name)
@@ -148,10 +134,9 @@ _STOP = object()
 
 
 class TrackingQueue:
-    """What the Tune driver's callback talks to: `put(record)` returns at once; a thread applies the records while
-    the server answers, spools them (in order, behind any older spooled record) while it does not, and replays
-    the spool when a probe (every `probe_every` s) finds the server back. At most `maxsize` records wait in
-    memory, which only a stalled storage fills."""
+    """`put(record)` returns at once; a thread applies the records while the server answers, spools them (in order,
+    behind any older spooled record) while it does not, and replays the spool when a probe (every `probe_every` s)
+    finds the server back. At most `maxsize` records wait in memory, which only a stalled storage fills."""
 
     def __init__(self, tracker, spool: Spool, *, maxsize: int = 10_000, probe_every: float = 5.0):
         self.tracker, self.spool, self.probe_every = tracker, spool, probe_every

@@ -1,16 +1,6 @@
-"""The one storage layer: local folders and `s3://` (AWS or any S3-compatible endpoint) behind one `Location`.
-
-    loc = open_location("s3://bucket/studies", endpoint_url="http://minio:9000")   # or a local path
-    loc.join("a2-smoke", "study.yaml").write_text(text)     # atomic: temp file + rename, or one PUT
-    loc.join("a2-smoke").listdir()                           # [] when there is nothing
-    path, fs = loc.ray_storage()                             # Ray's storage_path / storage_filesystem
-
-Files go through pyarrow's filesystems, the ones Ray Train and Tune take as `storage_filesystem`. Published
-artifacts go through `upload_file` (boto3's managed transfer, verified afterwards). Credentials come from the AWS
-SDK's default chain (environment, AWS_SHARED_CREDENTIALS_FILE / AWS_PROFILE, instance role); the endpoint is
-`endpoint_url`, else the first one set of $AWS_ENDPOINT_URL_S3 / $AWS_ENDPOINT_URL / $MLFLOW_S3_ENDPOINT_URL,
-else AWS itself.
-"""
+"""The one storage layer: local folders and `s3://` behind one `Location` (pyarrow's filesystems, the ones Ray
+takes), and verified uploads of published artifacts through boto3's managed transfer. Credentials come from the AWS
+SDK's default chain; the endpoint is `endpoint_url`, else the first one set of ENDPOINT_ENV_VARS, else AWS."""
 from __future__ import annotations
 
 import base64
@@ -69,21 +59,14 @@ def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
                                 None)
 
 
-# -- S3 through pyarrow ------------------------------------------------------------------------------------------
-S3_CONNECT_TIMEOUT_S = 5.0
-S3_REQUEST_TIMEOUT_S = 60.0
-
-
 def _region() -> str | None:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
 
 
 def s3_filesystem(bucket: str, endpoint_url: str | None = None) -> pafs.S3FileSystem:
-    """A pyarrow S3 filesystem for `bucket` at `endpoint_url` (else the ENDPOINT_ENV_VARS, else AWS).
-
-    Every request is retried by pyarrow's own strategy (the AWS SDK's standard one: backoff with jitter, 3 tries);
-    passing a strategy object from Python deadlocked requests to an S3 server in the same process (moto)."""
-    options: dict = dict(connect_timeout=S3_CONNECT_TIMEOUT_S, request_timeout=S3_REQUEST_TIMEOUT_S)
+    """A pyarrow S3 filesystem for `bucket`. Requests are retried by pyarrow's own strategy (the AWS SDK's standard
+    one, 3 tries): passing a strategy object from Python deadlocked requests to an in-process S3 server (moto)."""
+    options: dict = dict(connect_timeout=5.0, request_timeout=60.0)
     endpoint = resolve_endpoint_url(endpoint_url)
     if endpoint is None:
         try:
@@ -132,21 +115,18 @@ class Location:
         return Location(posixpath.join(self.uri, *parts) if parts else self.uri, self.endpoint_url)
 
     @functools.cached_property
-    def _fs(self) -> tuple[pafs.FileSystem, str]:
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """(pyarrow filesystem, path on it)."""
         if self.local:
             return pafs.LocalFileSystem(), self.uri
         bucket, key = parse_s3_uri(self.uri)
         return s3_filesystem(bucket, self.endpoint_url), f"{bucket}/{key}".rstrip("/")
 
-    def filesystem(self) -> tuple[pafs.FileSystem, str]:
-        """(pyarrow filesystem, path on it)."""
-        return self._fs
-
     def ray_storage(self) -> tuple[str, pafs.FileSystem | None]:
         """(storage_path, storage_filesystem) for Ray's RunConfig and Tuner.restore/can_restore."""
         if self.local:
             return self.uri, None  # Ray's own local handling (symlinks, driver-side sync) stays in charge
-        fs, path = self._fs
+        fs, path = self.filesystem
         return path, fs
 
     @contextlib.contextmanager
@@ -159,49 +139,64 @@ class Location:
 
     def delete(self) -> None:
         """Remove this file; nothing happens when there is none."""
-        fs, path = self._fs
+        fs, path = self.filesystem
         with self._errors("delete it"), contextlib.suppress(FileNotFoundError):
             fs.delete_file(path)
 
     def exists(self) -> bool:
-        fs, path = self._fs
+        fs, path = self.filesystem
         with self._errors("look it up"):
             return fs.get_file_info(path).type != pafs.FileType.NotFound
 
     def read_text(self) -> str | None:
         """The file's text, or None when there is no such file."""
-        fs, path = self._fs
-        with self._errors("read it"):
-            if fs.get_file_info(path).type != pafs.FileType.File:
-                return None
+        fs, path = self.filesystem
+        with self._errors("read it"), contextlib.suppress(FileNotFoundError):
             with fs.open_input_stream(path) as f:
                 return f.readall().decode("utf-8")
+        return None
 
     def write_text(self, text: str) -> None:
-        """Replace the file at once: temp file + rename locally, a single PUT (no multipart upload) on S3."""
+        """Replace the file at once: temp file + rename locally; on S3 the object appears only once whole."""
         if self.local:
             atomic_write(self.uri, text)
             return
-        fs, path = self._fs
+        fs, path = self.filesystem
         with tempfile.TemporaryDirectory(prefix="a2-upload-") as tmp, self._errors("write it"):
             (Path(tmp) / "object").write_text(text)
             pafs.copy_files(str(Path(tmp) / "object"), path, destination_filesystem=fs)
 
     def listdir(self, *, folders_only: bool = False) -> list[str]:
         """Sorted names of the entries of this folder (empty when there is no such folder)."""
-        fs, path = self._fs
+        fs, path = self.filesystem
         with self._errors("list it"):
             infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
         return sorted(i.base_name for i in infos if not folders_only or i.type == pafs.FileType.Directory)
 
     def download(self, target: str | os.PathLike) -> Path:
-        """A copy of this file at `target`, written atomically; its size (and the sha256 that `upload_file`
-        stores) checked against the object's."""
-        if not self.exists():
-            raise StorageError(f"{self.uri}: no such file")
+        """A copy of this file at `target`, written atomically; from S3 its size and the sha256 that `upload_file`
+        stores are checked first (S3VerificationError, `target` left as it was)."""
         if self.local:
+            if not self.exists():
+                raise StorageError(f"{self.uri}: no such file")
             return atomic_write(target, Path(self.uri).read_bytes())
-        return download_file(self.uri, target, endpoint_url=self.endpoint_url)["path"]
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = parse_s3_uri(self.uri, require_key=True)
+        client = make_client(self.endpoint_url)
+        path = Path(target)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
+            part = Path(tmp) / path.name
+            try:
+                head = client.head_object(Bucket=bucket, Key=key)
+                client.download_file(bucket, key, str(part))
+            except (ClientError, BotoCoreError) as err:
+                raise S3TransferError(f"download of {self.uri} failed: {err}") from err
+            sha_hex, size, _ = _digests(part, 8 * MiB)
+            _verify(head, self.uri, sha_hex, size)
+            os.replace(part, path)
+        return path
 
 
 def open_location(uri: str | os.PathLike, endpoint_url: str | None = None) -> Location:
@@ -260,25 +255,11 @@ def _verify(head: dict, uri: str, sha_hex: str, size: int, composite: str | None
         raise S3VerificationError(f"{uri}: " + "; ".join(problems))
 
 
-def _delete_if_ours(client, bucket: str, key: str, token: str) -> None:
-    """Remove the object at the key if this upload wrote it (never someone else's object)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        if (client.head_object(Bucket=bucket, Key=key).get("Metadata") or {}).get(META_TOKEN) == token:
-            client.delete_object(Bucket=bucket, Key=key)
-    except (ClientError, BotoCoreError):  # no object (404), or unreachable: nothing of ours to remove
-        pass
-
-
 def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str | None = None, client=None,
-                max_attempts: int = 5, part_size: int = 8 * MiB, content_type: str | None = None) -> dict:
-    """Upload `local_path` to `s3_uri` (a URI ending in `/` gets the file name) and verify it.
-
-    boto3's managed transfer (multipart above `part_size`) with SHA-256 checksums on every request and in the
-    object's metadata; botocore retries each request up to `max_attempts` times; s3transfer aborts a failed
-    multipart upload, and an object this call wrote that fails or does not verify is deleted. Returns {"bucket",
-    "key", "uri", "size", "sha256", "etag"}; failures raise S3TransferError (S3VerificationError: a mismatch)."""
+                max_attempts: int = 5, part_size: int = 8 * MiB) -> dict:
+    """Upload `local_path` to `s3_uri` (a URI ending in `/` gets the file name), verified; returns {"bucket", "key",
+    "uri", "size", "sha256", "etag"}. Multipart above `part_size`, SHA-256 checksums on every request and in the
+    metadata, `max_attempts` per request; a failed or unverified upload leaves nothing of its own behind."""
     from boto3.exceptions import S3UploadFailedError
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError
@@ -293,42 +274,17 @@ def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str
     client = client or make_client(endpoint_url, max_attempts=max_attempts)
     sha_hex, size, composite = _digests(path, part_size)
     token = uuid.uuid4().hex
-    extra = {"Metadata": {META_SHA256: sha_hex, META_TOKEN: token}, "ChecksumAlgorithm": "SHA256",
-             **({"ContentType": content_type} if content_type else {})}
+    extra = {"Metadata": {META_SHA256: sha_hex, META_TOKEN: token}, "ChecksumAlgorithm": "SHA256"}
     config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, use_threads=False)
     try:
         client.upload_file(str(path), bucket, key, ExtraArgs=extra, Config=config)
         head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
         _verify(head, uri, sha_hex, size, composite)
     except BaseException as err:  # interrupted too: no partial or unverified object of ours stays
-        _delete_if_ours(client, bucket, key, token)
+        with contextlib.suppress(ClientError, BotoCoreError):  # no object (404), or unreachable: nothing to remove
+            if (client.head_object(Bucket=bucket, Key=key).get("Metadata") or {}).get(META_TOKEN) == token:
+                client.delete_object(Bucket=bucket, Key=key)  # ours only, never someone else's object
         if isinstance(err, (ClientError, BotoCoreError, S3UploadFailedError)):
             raise S3TransferError(f"upload of {path} to {uri} failed: {err}") from err
         raise
     return {"bucket": bucket, "key": key, "uri": uri, "size": size, "sha256": sha_hex, "etag": head.get("ETag")}
-
-
-def download_file(s3_uri: str, local_path: str | os.PathLike, *, endpoint_url: str | None = None,
-                  client=None) -> dict:
-    """Download `s3_uri` to `local_path` atomically; its size and (when stored, as `upload_file` does) sha256
-    must match the object's, otherwise S3VerificationError and the target is left as it was.
-    Returns {"uri", "path", "size", "sha256", "verified"}."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    bucket, key = parse_s3_uri(s3_uri, require_key=True)
-    uri = f"s3://{bucket}/{key}"
-    client = client or make_client(endpoint_url)
-    path = Path(local_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as tmp:
-        part = Path(tmp) / path.name
-        try:
-            head = client.head_object(Bucket=bucket, Key=key)
-            client.download_file(bucket, key, str(part))
-        except (ClientError, BotoCoreError) as err:
-            raise S3TransferError(f"download of {uri} failed: {err}") from err
-        sha_hex, size, _ = _digests(part, 8 * MiB)
-        _verify(head, uri, sha_hex, size)
-        os.replace(part, path)
-    return {"uri": uri, "path": path, "size": size, "sha256": sha_hex,
-            "verified": bool((head.get("Metadata") or {}).get(META_SHA256))}

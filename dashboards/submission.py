@@ -1,15 +1,6 @@
-"""COCO caption test-server submission files: write, zip and validate.
-
-The server expects one `results.zip` whose root holds exactly `captions_val2014_<alg>_results.json` and
-`captions_test2014_<alg>_results.json`, each a JSON list `[{"image_id": int, "caption": str}, ...]` covering every
-image of its split exactly once (val2014: 40,504 images; test2014: 40,775, from `image_info_test2014.json`).
-`validate_zip` reports every problem it finds, so one run tells the whole story:
-
-    report = validate_zip("results.zip", read_image_ids("captions_val2014.json"),
-                          read_image_ids("image_info_test2014.json"), alg="a2")
-    print(report)               # report.ok is False when anything is wrong
-    report.raise_if_invalid()   # SubmissionError carrying the same text
-"""
+"""COCO caption test-server submission files: zip and validate. The server expects one `results.zip` whose
+root holds exactly `captions_{val,test}2014_<alg>_results.json`, each a JSON list `[{"image_id": int, "caption":
+str}, ...]` covering every image of its split exactly once (val2014: 40,504 images; test2014: 40,775)."""
 from __future__ import annotations
 
 import json
@@ -20,11 +11,11 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 from a2core.atomic import atomic_write
-from a2core.data.captions import is_image_id, read_image_info
-from a2core.errors import DataError, SubmissionError
+from a2core.data.captions import is_image_id
+from a2core.errors import SubmissionError
 
 SPLITS = ("val", "test")
 _ALG_RE = re.compile(r"[A-Za-z0-9-]+")
@@ -46,22 +37,8 @@ def results_filename(split: str, alg: str) -> str:
     return f"captions_{split}2014_{alg}_results.json"
 
 
-def write_results(path: str | os.PathLike, captions: Mapping[int, str]) -> Path:
-    """Write a COCO results file `[{"image_id": int, "caption": str}]` sorted by image id, atomically. Ids must be
-    ints and captions strings (SubmissionError naming the id); empty captions are written (`validate_zip` flags
-    them)."""
-    for image_id, caption in captions.items():
-        if isinstance(image_id, bool) or not isinstance(image_id, int):
-            raise SubmissionError(f"{path}: image id {image_id!r} is not an int")
-        if not isinstance(caption, str):
-            raise SubmissionError(f"{path}: caption of image {image_id} is {type(caption).__name__}, not str")
-    entries = [{"image_id": image_id, "caption": captions[image_id]} for image_id in sorted(captions)]
-    return atomic_write(path, json.dumps(entries, ensure_ascii=False) + "\n")
-
-
 def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_results: str | os.PathLike) -> Path:
-    """Write `zip_path` (the server's `results.zip`) holding exactly the two results files at its root,
-    atomically."""
+    """Write `zip_path` (the server's `results.zip`) holding the two results files at its root, atomically."""
     val_results, test_results = Path(val_results), Path(test_results)
     for p in (val_results, test_results):
         if not p.is_file():
@@ -75,15 +52,6 @@ def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_r
             zf.write(test_results, arcname=test_results.name)
 
     return atomic_write(zip_path, write)
-
-
-def read_image_ids(path: str | os.PathLike) -> list[int]:
-    """Image ids of a COCO image-info JSON (`image_info_test2014.json`, `captions_val2014.json`: `{"images":
-    [{"id": int, ...}, ...]}`), in file order; every error names the file."""
-    try:
-        return read_image_info(path)
-    except DataError as err:
-        raise SubmissionError(str(err)) from None
 
 
 def _preview(values: Iterable[Any], limit: int = MAX_IDS_SHOWN) -> str:
@@ -127,9 +95,6 @@ class ValidationReport:
     def kinds(self) -> list[str]:
         return [p.kind for p in self.problems]
 
-    def by_kind(self, kind: str) -> list[Problem]:
-        return [p for p in self.problems if p.kind == kind]
-
     def add(self, file: str, kind: str, message: str, image_ids: Iterable[int] = ()) -> None:
         self.problems.append(Problem(file, kind, message, tuple(image_ids)))
 
@@ -146,77 +111,63 @@ class ValidationReport:
             raise SubmissionError(str(self))
 
 
+# What `_check_entries` reports, in this order: key -> (kind, message; {n}: how many, {shown}: the first few).
+_ENTRY_PROBLEMS = {
+    "not_object": ("not_object", "{n} entries are not JSON objects (entry indices: {shown})"),
+    "no_image_id": ("missing_key", "{n} entries have no 'image_id' key (entry indices: {shown})"),
+    "no_caption": ("missing_key", "{n} entries have no 'caption' key (entry indices: {shown})"),
+    "bad_image_id": ("bad_image_id", "{n} entries have an image_id that is not a non-negative 64-bit int: {shown}"),
+    "bad_caption": ("bad_caption", "{n} captions are not strings: {shown}"),
+    "empty_caption": ("empty_caption", "{n} empty captions, image ids: {shown}"),
+    "duplicate_ids": ("duplicate_ids", "{n} image ids appear more than once: {shown}"),
+    "missing_ids": ("missing_ids", "missing {n} image ids: {shown}"),
+    "extra_ids": ("extra_ids", "{n} image ids are not in the split: {shown}"),
+}
+
+
 def _check_entries(report: ValidationReport, name: str, data: Any, expected: set[int]) -> None:
     """Schema and coverage checks of one decoded results file."""
     if not isinstance(data, list):
         report.add(name, "not_list", f"top-level JSON is {type(data).__name__}, expected a list of "
                                      '{"image_id": int, "caption": str} objects')
         return
-    not_object: list[int] = []  # entry indices
-    missing_key: dict[str, list[int]] = {"image_id": [], "caption": []}
-    bad_id: list[tuple[int, Any]] = []  # (index, value)
-    bad_caption: list[tuple[Any, Any]] = []  # (image id, or "entry #index" when the id itself is bad; value)
-    empty_caption: list[Any] = []  # image ids, or "entry #index"
+    found = {key: [] for key in _ENTRY_PROBLEMS}  # key -> [(what the message shows, image id or None)]
     seen: Counter[int] = Counter()
     for i, entry in enumerate(data):
         if not isinstance(entry, dict):
-            not_object.append(i)
+            found["not_object"].append((i, None))
             continue
-        for key in missing_key:
+        for key in ("image_id", "caption"):
             if key not in entry:
-                missing_key[key].append(i)
-        image_id = entry.get("image_id")
+                found[f"no_{key}"].append((i, None))
+        image_id, caption = entry.get("image_id"), entry.get("caption")
         if is_image_id(image_id):
             seen[image_id] += 1
-        elif "image_id" in entry:
-            bad_id.append((i, image_id))
-        label = image_id if is_image_id(image_id) else f"entry #{i}"
-        caption = entry.get("caption")
+            label = image_id
+        else:
+            label, image_id = f"entry #{i}", None  # the entry's index names it in messages
+            if "image_id" in entry:
+                found["bad_image_id"].append((f"{label}: {entry['image_id']!r:.40}", None))
         if "caption" in entry and not isinstance(caption, str):
-            bad_caption.append((label, caption))
+            found["bad_caption"].append((f"{label}: {caption!r:.40}", image_id))
         elif isinstance(caption, str) and not caption.strip():
-            empty_caption.append(label)
-
-    if not_object:
-        report.add(name, "not_object", f"{len(not_object)} entries are not JSON objects "
-                                       f"(entry indices: {_preview(not_object)})")
-    for key, indices in missing_key.items():
-        if indices:
-            report.add(name, "missing_key", f"{len(indices)} entries have no {key!r} key "
-                                            f"(entry indices: {_preview(indices)})")
-    if bad_id:
-        report.add(name, "bad_image_id", f"{len(bad_id)} entries have an image_id that is not a non-negative 64-bit "
-                                         f"int: {_preview(f'entry #{i}: {v!r:.40}' for i, v in bad_id)}")
-    if bad_caption:
-        report.add(name, "bad_caption", f"{len(bad_caption)} captions are not strings: "
-                                        f"{_preview(f'{label}: {v!r:.40}' for label, v in bad_caption)}",
-                   [label for label, _ in bad_caption if isinstance(label, int)])
-    if empty_caption:
-        report.add(name, "empty_caption", f"{len(empty_caption)} empty captions, image ids: {_preview(empty_caption)}",
-                   [label for label in empty_caption if isinstance(label, int)])
-    duplicates = sorted(i for i, n in seen.items() if n > 1)
-    if duplicates:
-        report.add(name, "duplicate_ids", f"{len(duplicates)} image ids appear more than once: "
-                                          f"{_preview(f'{i} (x{seen[i]})' for i in duplicates)}", duplicates)
-    missing = sorted(expected - seen.keys())
-    if missing:
-        report.add(name, "missing_ids", f"missing {len(missing)} image ids: {_preview(missing)}", missing)
-    extra = sorted(seen.keys() - expected)
-    if extra:
-        report.add(name, "extra_ids", f"{len(extra)} image ids are not in the split: {_preview(extra)}", extra)
+            found["empty_caption"].append((label, image_id))
+    found["duplicate_ids"] = [(f"{i} (x{seen[i]})", i) for i in sorted(seen) if seen[i] > 1]
+    found["missing_ids"] = [(i, i) for i in sorted(expected - seen.keys())]
+    found["extra_ids"] = [(i, i) for i in sorted(seen.keys() - expected)]
+    for key, (kind, message) in _ENTRY_PROBLEMS.items():
+        if found[key]:
+            shown = _preview(text for text, _ in found[key])
+            report.add(name, kind, message.format(n=len(found[key]), shown=shown),
+                       [i for _, i in found[key] if i is not None])
 
 
 def validate_zip(zip_path: str | os.PathLike, val_image_ids: Iterable[int], test_image_ids: Iterable[int],
                  alg: str | None = None) -> ValidationReport:
-    """Check a COCO caption server `results.zip`; return a report listing every problem found.
-
-    The file is a zip of at most `MAX_MEMBERS` entries with safe names; it holds exactly two files, at its root,
-    named `captions_{val,test}2014_<alg>_results.json` with one `alg` (`alg` itself when given); each is at most
-    `MAX_MEMBER_BYTES` (declared and actually read), UTF-8 JSON, a list of objects with an int `image_id` (bools,
-    strings and ids outside int64 rejected) and a non-blank string `caption` (other keys are allowed: the server
-    reads only these); each split's image ids are covered exactly once with no extras. Members are read as
-    bounded streams: a zip bomb costs at most `MAX_MEMBER_BYTES` of memory.
-    """
+    """Every problem of a COCO caption server `results.zip`, as a report: at most `MAX_MEMBERS` entries with safe
+    names, exactly the two results files at its root with one `alg` (`alg` when given), each UTF-8 JSON of at most
+    `MAX_MEMBER_BYTES` (read as a bounded stream: a zip bomb costs no more), with an int64 `image_id` and a
+    non-blank `caption` per entry (other keys allowed), covering its split's image ids exactly once."""
     zip_path = str(zip_path)
     report = ValidationReport(zip_path=zip_path, alg=alg)
     expected = {"val": set(val_image_ids), "test": set(test_image_ids)}

@@ -1,19 +1,14 @@
-"""MLflow tracking for studies: one experiment per study, one parent run per study, one child run per trial.
+"""MLflow tracking of studies, all through `MlflowClient` with explicit run ids (no global active run, so one Tune
+driver tracks many trials at once), and `a2 mlflow serve`. Per study one experiment and these runs (the tags are
+what the rest of a2tune searches):
 
-Everything goes through `MlflowClient` with explicit run ids, never `mlflow.start_run`'s global active-run state,
-so a long-lived Tune driver can track many trials at once. Run layout (tags are what the rest of a2tune searches):
-
-    experiment  <study name>
-      run  <study name>        a2.role=study  a2.study=<name>                      (parent)
-        run  <trial id>        a2.role=trial  a2.study=<name>  a2.trial_id=<id>    (child, mlflow.parentRunId)
-
-`start_study` and `trial_run` are idempotent: called again (a resumed study, a restored or retried trial) they find
-the run by its tags and set it RUNNING again, so a restore never duplicates a run. `serve` runs `mlflow server`
-with a database backend and proxied artifacts (a local folder or an S3 bucket), bound to loopback unless told.
+    run <study name>   a2.role=study  a2.study=<name>                                                (parent)
+      run <trial id>   a2.role=trial  a2.study=<name>  a2.trial_id=<id>  mlflow.parentRunId=<parent>  (child)
 """
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import numbers
 import os
@@ -25,9 +20,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from a2core.config import flatten
 from a2core.errors import TrackingError
@@ -38,17 +32,16 @@ TAG_TRIAL_ID = "a2.trial_id"
 TAG_FUSION = "a2.fusion"
 TAG_SEED = "a2.seed"
 TAG_GIT = "a2.git_commit"
-TAG_BEST_CKPT = "a2.best_checkpoint"
+TAG_BEST_CKPT = "a2.best_checkpoint"  # a tag, not a param: it changes during training, params cannot
 TAG_PARENT = "mlflow.parentRunId"
 
 RUN_STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
 
-# MLflow's own limits (mlflow.utils.validation).
+# MLflow's own limits (mlflow.utils.validation): value and key lengths, entities per log_batch request.
 _MAX_PARAM_VALUE = 6000
 _MAX_TAG_VALUE = 8000
 _MAX_KEY = 250
-_BATCH_PARAMS = 100
-_BATCH_METRICS = 1000
+_BATCH = {"metrics": 1000, "params": 100, "tags": 100}
 
 _DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433, "oracle": 1521}
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
@@ -69,27 +62,28 @@ def redact_uri(uri: str) -> str:
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> str:
-    """Fail fast, with the URI in the message, when `uri` cannot work. Returns the URI.
-
-    http(s): one request of the REST API within `timeout` seconds, so an unreachable server fails in seconds
-    instead of after MLflow's minutes of retries; sqlite, file or a plain path: the folder must exist;
-    postgresql/mysql/...: a TCP connect to host:port within `timeout`.
-    """
+    """`uri`, once it is known to work (else TrackingError naming it, within `timeout` s instead of after MLflow's
+    minutes of retries): http(s) answers the REST API, a database's host:port connects, a file's folder exists."""
     if not isinstance(uri, str) or not uri.strip():
         raise TrackingError(f"tracking URI {uri!r} is empty or not a string")
     uri = uri.strip()
     parsed = urllib.parse.urlparse(uri)
     scheme = parsed.scheme.lower()
     database = scheme.split("+")[0]
-    if scheme in ("http", "https"):
-        _host_port(uri, parsed)
-        _check_http(uri, timeout)
-    elif database in _DB_PORTS:
-        host, port = _host_port(uri, parsed, _DB_PORTS[database])
+    if scheme in ("http", "https") or database in _DB_PORTS:
+        if not parsed.hostname:
+            raise TrackingError(f"tracking URI {uri!r}: no host")
         try:
-            socket.create_connection((host, port), timeout=timeout).close()
-        except OSError as err:
-            raise TrackingError(f"tracking URI {uri!r}: cannot connect to {host}:{port} ({err})") from None
+            host, port = parsed.hostname, parsed.port or _DB_PORTS.get(database)
+        except ValueError as err:
+            raise TrackingError(f"tracking URI {uri!r}: bad port ({err})") from None
+        if database not in _DB_PORTS:
+            _check_http(uri, timeout)
+        else:
+            try:
+                socket.create_connection((host, port), timeout=timeout).close()
+            except OSError as err:
+                raise TrackingError(f"tracking URI {uri!r}: cannot connect to {host}:{port} ({err})") from None
     elif scheme == "sqlite":
         _check_sqlite(uri)
     elif scheme == "file" or (scheme == "" and not uri.startswith("//")) or (len(scheme) == 1 and os.name == "nt"):
@@ -102,15 +96,6 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> str:
             f"tracking URI {uri!r}: unknown scheme {scheme + '://' if scheme else '(none)'}; use http(s)://host:port, "
             "sqlite:///path.db, postgresql://..., mysql://... or a local directory")
     return uri
-
-
-def _host_port(uri: str, parsed, default_port: int | None = None) -> tuple[str, int | None]:
-    if not parsed.hostname:
-        raise TrackingError(f"tracking URI {uri!r}: no host")
-    try:
-        return parsed.hostname, parsed.port or default_port
-    except ValueError as err:
-        raise TrackingError(f"tracking URI {uri!r}: bad port ({err})") from None
 
 
 def _check_sqlite(uri: str) -> None:
@@ -126,7 +111,8 @@ def _check_sqlite(uri: str) -> None:
         raise TrackingError(f"tracking URI {uri!r}: directory {str(folder)!r} of the database does not exist")
 
 
-def _auth_headers() -> dict[str, str]:
+def _check_http(uri: str, timeout: float) -> None:
+    """One request of MLflow's REST API (the experiments search), with the credentials MLflow's client sends."""
     headers = {"User-Agent": "a2tune"}
     token = os.environ.get("MLFLOW_TRACKING_TOKEN")
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
@@ -134,13 +120,8 @@ def _auth_headers() -> dict[str, str]:
         headers["Authorization"] = f"Bearer {token}"
     elif user and password:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-    return headers
-
-
-def _check_http(uri: str, timeout: float) -> None:
-    """One request of MLflow's REST API (the experiments search), with the credentials MLflow's client sends."""
     request = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1",
-                                     headers=_auth_headers())
+                                     headers=headers)
     try:
         urllib.request.urlopen(request, timeout=timeout).close()
     except urllib.error.HTTPError as err:
@@ -154,7 +135,7 @@ def _check_http(uri: str, timeout: float) -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
-@lru_cache(maxsize=1)
+@functools.cache
 def git_commit() -> str:
     """`git rev-parse HEAD` of the checkout this package runs from (else of the cwd), or "unknown"."""
     for cwd in (Path(__file__).resolve().parent, Path.cwd()):
@@ -203,20 +184,11 @@ def _numeric(value: Any) -> float | None:
     return float(value)
 
 
-def _chunks(items: list, n: int) -> Iterable[list]:
-    for i in range(0, len(items), n):
-        yield items[i:i + n]
-
-
-# MLflow's REST client retries a refused or slow request for minutes by default (timeout 120 s, 7 retries with
-# backoff); a study's tracking thread spools instead, so one short try is enough. Read per request by MLflow.
-CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
-
-
 def client_settings() -> None:
-    """Short MLflow HTTP timeouts in this process, unless the environment sets its own."""
-    for key, value in CLIENT_SETTINGS.items():
-        os.environ.setdefault(key, value)
+    """Short MLflow HTTP timeouts in this process, unless the environment sets its own: MLflow's REST client retries
+    a refused or slow request for minutes (timeout 120 s, 7 retries); a study's tracking thread spools instead."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")  # read per request by MLflow
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 
 
 def _client(tracking_uri: str):
@@ -230,37 +202,9 @@ def _client(tracking_uri: str):
 # flattened and sorted by val/CIDEr, with the key metrics and searched params as columns (see `view_url`).
 VIEW_KEY = "a2"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
-VIEW_METRICS = ("val/CIDEr", "val/BLEU-4", "val/METEOR", "train/loss", "train/mask_mean")
-VIEW_PARAMS = ("model.fusion", "model.lambda", "model.temperature", "train.seed")
-VIEW_STATE = {"orderByKey": "metrics.`val/CIDEr`", "orderByAsc": False,
-              "selectedColumns": ["attributes.`Run Name`"] + [f"metrics.`{m}`" for m in VIEW_METRICS]
-              + [f"params.`{p}`" for p in VIEW_PARAMS]}
-
-
-def _get_or_create_experiment(client, name: str, artifact_location: str | None = None) -> str:
-    from mlflow.exceptions import MlflowException
-
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        try:
-            return client.create_experiment(name, artifact_location=artifact_location,
-                                            tags={TAG_STUDY: name, VIEW_TAG: json.dumps(VIEW_STATE)})
-        except MlflowException:  # created concurrently by another process
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-    if exp.lifecycle_stage == "deleted":
-        client.restore_experiment(exp.experiment_id)
-    if VIEW_TAG not in exp.tags:
-        client.set_experiment_tag(exp.experiment_id, VIEW_TAG, json.dumps(VIEW_STATE))
-    return exp.experiment_id
-
-
-def view_url(tracking_uri: str, experiment_id: str) -> str | None:
-    """The study's runs in the MLflow UI (the a2 view: trials sorted by val/CIDEr); None without a server."""
-    if not tracking_uri.lower().startswith(("http://", "https://")):
-        return None
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+VIEW_STATE = {"orderByKey": "metrics.`val/CIDEr`", "orderByAsc": False, "selectedColumns": ["attributes.`Run Name`"]
+              + [f"metrics.`{m}`" for m in ("val/CIDEr", "val/BLEU-4", "val/METEOR", "train/loss", "train/mask_mean")]
+              + [f"params.`{p}`" for p in ("model.fusion", "model.lambda", "model.temperature", "train.seed")]}
 
 
 def _search_all(client, experiment_ids: list[str], filter_string: str) -> list:
@@ -281,10 +225,8 @@ def _study_filter(study_name: str) -> str:
 
 # -- the tracker -----------------------------------------------------------------------------------------------
 class StudyTracker:
-    """MLflow runs of one study. Safe to use from a long-lived process (no global MLflow state).
-
-    `artifact_location` applies when the experiment is created: where a database backend without a server keeps
-    artifacts (default: MLflow's, ./mlruns under the working directory; a server decides itself)."""
+    """MLflow runs of one study (no global MLflow state: safe in a long-lived process). `artifact_location`: where a
+    new experiment keeps artifacts without a server (default: MLflow's ./mlruns; a server decides itself)."""
 
     def __init__(self, tracking_uri: str, study_name: str, experiment: str | None = None,
                  artifact_location: str | None = None):
@@ -293,24 +235,38 @@ class StudyTracker:
         self.experiment_name = experiment or study_name
         self.artifact_location = artifact_location
         self.client = _client(tracking_uri)
-        self._experiment_id: str | None = None
         self.parent_run_id: str | None = None
         self.trial_runs: dict[str, str] = {}
 
     def view_url(self) -> str | None:
-        """Where to look at the study in the MLflow UI (None for a database URI without a server)."""
-        return view_url(self.tracking_uri, self.experiment_id)
+        """The study's runs in the MLflow UI (the a2 view: trials sorted by val/CIDEr); None without a server."""
+        if not self.tracking_uri.lower().startswith(("http://", "https://")):
+            return None
+        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
 
-    @property
+    @functools.cached_property
     def experiment_id(self) -> str:
-        if self._experiment_id is None:
-            self._experiment_id = _get_or_create_experiment(self.client, self.experiment_name,
-                                                            self.artifact_location)
-        return self._experiment_id
+        """The experiment's id; created (with the a2 view) when there is none, restored when it was deleted."""
+        from mlflow.exceptions import MlflowException
+
+        exp = self.client.get_experiment_by_name(self.experiment_name)
+        if exp is None:
+            try:
+                return self.client.create_experiment(self.experiment_name, artifact_location=self.artifact_location,
+                                                     tags={TAG_STUDY: self.experiment_name,
+                                                           VIEW_TAG: json.dumps(VIEW_STATE)})
+            except MlflowException:  # created concurrently by another process
+                exp = self.client.get_experiment_by_name(self.experiment_name)
+                if exp is None:
+                    raise
+        if exp.lifecycle_stage == "deleted":
+            self.client.restore_experiment(exp.experiment_id)
+        if VIEW_TAG not in exp.tags:
+            self.client.set_experiment_tag(exp.experiment_id, VIEW_TAG, json.dumps(VIEW_STATE))
+        return exp.experiment_id
 
     def _first_run(self, filter_string: str):
-        runs = _search_all(self.client, [self.experiment_id], filter_string)
-        return runs[0] if runs else None
+        return next(iter(_search_all(self.client, [self.experiment_id], filter_string)), None)
 
     def _running_again(self, run) -> None:
         if run.info.status != "RUNNING":
@@ -342,18 +298,10 @@ class StudyTracker:
         self.client.set_terminated(self.parent_run_id, status=_status(status))
 
     # -- trials (children) -----------------------------------------------------------------------------------
-    def find_trial_run(self, trial_id: str):
-        if self.parent_run_id is None:
-            return None
-        return self._first_run(f"tags.`{TAG_PARENT}` = {_quote(self.parent_run_id)} and "
-                               f"tags.`{TAG_TRIAL_ID}` = {_quote(trial_id)}")
-
     def trial_run(self, trial_id: str, config: dict | None = None, tags: dict | None = None,
                   run_name: str | None = None) -> str:
-        """The child run of `trial_id`: the existing one (set RUNNING again) or a new one. Returns its id.
-
-        A new run gets the config (less the parameters its fusion does not use) as flattened params and the tags
-        study, trial id, fusion, seed, git commit and `tags`; an existing one keeps its own, only `tags` change."""
+        """The id of the child run of `trial_id`: the existing one (set RUNNING again, only `tags` change) or a new one
+        with the config (less what its fusion does not use) as params, and tags trial id, fusion, seed, git commit."""
         from a2core.config import applicable_config
 
         trial_id = str(trial_id)
@@ -369,7 +317,8 @@ class StudyTracker:
             if value is not None:
                 own[tag] = str(value)
         extra = _tag_values(tags or {})
-        run = self.find_trial_run(trial_id)
+        run = self._first_run(f"tags.`{TAG_PARENT}` = {_quote(self.parent_run_id)} and "
+                              f"tags.`{TAG_TRIAL_ID}` = {_quote(trial_id)}")
         if run is None:
             run = self.client.create_run(self.experiment_id, run_name=run_name or trial_id,
                                          tags=_tag_values({**own, **extra}))
@@ -386,19 +335,14 @@ class StudyTracker:
 
     # -- logging ---------------------------------------------------------------------------------------------
     def log_metrics(self, run_id: str, metrics: dict, step: int, timestamp_ms: int | None = None) -> dict[str, float]:
-        """Log the numeric values of `metrics` at the explicit `step`; strings and the like are skipped.
-
-        `timestamp_ms` (default: now) is the result's own time: logging the same result again is then a no-op
-        (MLflow keeps one row per key, step, timestamp and value). Returns what was logged."""
-        from mlflow.entities import Metric
-
+        """Log (and return) the numeric values of `metrics` at `step`. `timestamp_ms` (default: now) is the result's
+        own time: logging the same result again is then a no-op (MLflow keeps one row per key, step, time, value)."""
         ts = int(timestamp_ms) if timestamp_ms is not None else int(time.time() * 1000)
         logged: dict[str, float] = {}
         for key, value in (metrics or {}).items():
             if (number := _numeric(value)) is not None:
                 logged[_clean_key(key)] = number
-        for chunk in _chunks([Metric(k, v, ts, int(step)) for k, v in logged.items()], _BATCH_METRICS):
-            self.client.log_batch(run_id, metrics=chunk)
+        self._log_batch(run_id, "metrics", [(k, v, ts, int(step)) for k, v in logged.items()])
         return logged
 
     def logged_steps(self, run_id: str, key: str) -> set[int]:
@@ -406,29 +350,20 @@ class StudyTracker:
         return {int(m.step) for m in self.client.get_metric_history(run_id, _clean_key(key))}
 
     def set_tags(self, run_id: str, tags: dict) -> None:
-        from mlflow.entities import RunTag
-
-        for chunk in _chunks([RunTag(k, v) for k, v in _tag_values(tags).items()], _BATCH_PARAMS):
-            self.client.log_batch(run_id, tags=chunk)
-
-    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
-        self.client.log_text(run_id, text, artifact_file)
-
-    def log_dict(self, run_id: str, dictionary: dict, artifact_file: str) -> None:
-        self.client.log_dict(run_id, dictionary, artifact_file)
-
-    def set_best_checkpoint(self, run_id: str, uri: str) -> None:
-        """The best checkpoint's location as the tag `a2.best_checkpoint`: a tag, since it changes during training
-        and MLflow params cannot change once logged."""
-        self.set_tags(run_id, {TAG_BEST_CKPT: uri})
+        self._log_batch(run_id, "tags", list(_tag_values(tags).items()))
 
     def _log_params(self, run_id: str, flat: dict, existing: dict) -> None:
         """The params of `flat` that the run does not have yet (a resumed run keeps its first values)."""
-        from mlflow.entities import Param
+        new = [(_clean_key(k), _param_value(v)) for k, v in flat.items() if _clean_key(k) not in existing]
+        self._log_batch(run_id, "params", new)
 
-        new = [Param(_clean_key(k), _param_value(v)) for k, v in flat.items() if _clean_key(k) not in existing]
-        for chunk in _chunks(new, _BATCH_PARAMS):
-            self.client.log_batch(run_id, params=chunk)
+    def _log_batch(self, run_id: str, kind: str, items: list[tuple]) -> None:
+        """`items` as MLflow entities of `kind` (metrics, params, tags), in as many log_batch requests as needed."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        entities = [{"metrics": Metric, "params": Param, "tags": RunTag}[kind](*item) for item in items]
+        for i in range(0, len(entities), _BATCH[kind]):
+            self.client.log_batch(run_id, **{kind: entities[i:i + _BATCH[kind]]})
 
 
 def _status(status: str) -> str:
@@ -439,13 +374,13 @@ def _status(status: str) -> str:
 
 
 def study_runs(tracking_uri: str, study_name: str, experiment: str | None = None):
-    """(parent_run, [child runs]) of a study, oldest first; parent_run is None when the study has no run.
-
-    Looks in the experiment named `experiment` (default: the study name), else in every experiment."""
+    """(parent_run or None, [child runs]) of a study, oldest first, from the experiment named `experiment` (default:
+    the study name), else from any experiment."""
     client = _client(tracking_uri)
     exp = client.get_experiment_by_name(experiment or study_name)
     exp_ids = [exp.experiment_id] if exp is not None else [e.experiment_id for e in client.search_experiments()]
-    parents = [run for chunk in _chunks(exp_ids, 100) for run in _search_all(client, chunk, _study_filter(study_name))]
+    parents = [run for i in range(0, len(exp_ids), 100)  # search_runs takes at most 100 experiments
+               for run in _search_all(client, exp_ids[i:i + 100], _study_filter(study_name))]
     if not parents:
         return None, []
     parent = parents[0]
@@ -454,31 +389,6 @@ def study_runs(tracking_uri: str, study_name: str, experiment: str | None = None
 
 
 # -- the server ------------------------------------------------------------------------------------------------
-def server_command(backend_uri: str, artifacts_destination: str | None, port: int, host: str = "127.0.0.1",
-                   workers: int = 1) -> list[str]:
-    return [sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", backend_uri,
-            "--artifacts-destination", artifacts_destination or "./mlartifacts",
-            "--serve-artifacts",
-            "--host", host, "--port", str(int(port)), "--workers", str(int(workers))]
-
-
-def server_env(s3_endpoint_url: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    # MLflow's GenAI job runner (extra processes, slower start) is not used by a2tune; opt back in via the env.
-    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-    if s3_endpoint_url:
-        env["MLFLOW_S3_ENDPOINT_URL"] = s3_endpoint_url
-    return env
-
-
-def server_url(host: str, port: int) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    if ":" in shown and not shown.startswith("["):
-        shown = f"[{shown}]"
-    return f"http://{shown}:{int(port)}"
-
-
 def serve(args) -> int:
     """`a2 mlflow serve`: this process becomes `mlflow server` (its CLI stops its web server on SIGINT/SIGTERM)."""
     backend = args.backend_store_uri
@@ -487,11 +397,20 @@ def serve(args) -> int:
     if backend.startswith("sqlite:"):
         _check_sqlite(backend)
     dest = args.artifacts_destination or "./mlartifacts"
-    url = server_url(args.host, args.port)
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "", "::") else args.host
+    if ":" in shown and not shown.startswith("["):  # an IPv6 address
+        shown = f"[{shown}]"
+    url = f"http://{shown}:{int(args.port)}"
     print(f"MLflow server: {url}  (backend {redact_uri(backend)}, artifacts {dest}"
           + (f" via {args.s3_endpoint_url}" if args.s3_endpoint_url else "") + ")", flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"bound to {args.host}: reachable from other machines; restrict with a firewall or a proxy", flush=True)
     print(f"clients: export MLFLOW_TRACKING_URI={url}", flush=True)
-    cmd = server_command(backend, dest, args.port, args.host, args.workers)
-    os.execve(cmd[0], cmd, server_env(args.s3_endpoint_url))
+    env = dict(os.environ)
+    # MLflow's GenAI job runner (extra processes, slower start) is not used by a2tune; opt back in via the env.
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    if args.s3_endpoint_url:
+        env["MLFLOW_S3_ENDPOINT_URL"] = args.s3_endpoint_url
+    os.execve(sys.executable, [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+                               "--artifacts-destination", dest, "--serve-artifacts", "--host", args.host,
+                               "--port", str(int(args.port)), "--workers", str(int(args.workers))], env)

@@ -106,9 +106,10 @@ def _deferred(target: str):
 
 
 def cmd_submission_validate(args) -> int:
-    from dashboards.submission import read_image_ids, validate_zip
+    from a2core.data.captions import read_image_info
+    from dashboards.submission import validate_zip
 
-    report = validate_zip(args.zip, read_image_ids(args.val_images), read_image_ids(args.test_images), alg=args.alg)
+    report = validate_zip(args.zip, read_image_info(args.val_images), read_image_info(args.test_images), alg=args.alg)
     print(report)
     return 0 if report.ok else 1
 

@@ -354,18 +354,18 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
 
 def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple[list[int], list[int], dict]:
     """The val2014 / test2014 ids the server expects and where they came from."""
-    from dashboards.submission import read_image_ids
+    from a2core.data.captions import read_image_info
 
     test_file = test_images or data.paths.test_images
     if not test_file:
         raise PackageError("no test2014 image list: set data.test_images in the study or pass --test-images")
     if val_images:
-        val_ids, val_source = read_image_ids(val_images), str(val_images)
+        val_ids, val_source = read_image_info(val_images), str(val_images)
     else:  # the data's image-info file, else the captions' images with filepath val2014
         val_ids = list(dict.fromkeys(img.image_id for img in data.images("val2014")))
         has_file = data.paths.val_images and Path(data.paths.val_images).is_file()
         val_source = str(data.paths.val_images) if has_file else f"{data.paths.captions} (filepath val2014)"
-    return val_ids, read_image_ids(test_file), {"val2014": val_source, "test2014": str(test_file)}
+    return val_ids, read_image_info(test_file), {"val2014": val_source, "test2014": str(test_file)}
 
 
 def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]], single_split: str | None,
@@ -440,11 +440,12 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
     """The two results files, `results.zip` (validated before it is renamed into place: an invalid submission
     leaves no zip) and the ensemble's Karpathy-test captions. Returns {"zip", "files", "alg"}."""
     from a2core.decode import write_results_json
-    from dashboards.submission import make_zip, validate_zip, write_results
+    from dashboards.submission import make_zip, validate_zip
 
     val_ids, test_ids = images["splits"]["val2014"], images["splits"]["test2014"]
-    paths = [write_results(out / f, {i: decoded["ensemble"][split][i] for i in ids})
-             for f, split, ids in zip(files, ("val2014", "test2014"), (val_ids, test_ids))]
+    paths = [out / f for f in files]
+    for path, split, ids in zip(paths, ("val2014", "test2014"), (val_ids, test_ids)):
+        write_results_json(path, {i: decoded["ensemble"][split][i] for i in ids})
     staging = out / f".{RESULTS_ZIP}.staging"
     make_zip(staging, *paths)
     report = validate_zip(staging, val_ids, test_ids, alg=alg)

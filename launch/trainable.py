@@ -211,7 +211,7 @@ class LocalCheckpoints:
         import pyarrow.fs as pafs
 
         target = self.run.join(checkpoint_name(epoch))
-        fs, path = target.filesystem()
+        fs, path = target.filesystem
         if target.local:
             staging = Path(path).with_name(f".{Path(path).name}.partial")
             shutil.rmtree(staging, ignore_errors=True)
@@ -233,7 +233,7 @@ class LocalCheckpoints:
         keep = {epochs[-1], *scored[:self.num_to_keep]}
         for epoch in epochs:
             if epoch not in keep:
-                fs, path = self.run.join(checkpoint_name(epoch)).filesystem()
+                fs, path = self.run.join(checkpoint_name(epoch)).filesystem
                 fs.delete_dir(path)
 
 

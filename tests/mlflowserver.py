@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 
 from a2core.errors import TrackingError
-from dashboards.tracking import server_command, server_env, server_url
 from tests.s3server import make_bucket
 
 
@@ -131,7 +130,7 @@ def wait_healthy(url: str, timeout: float = 30.0, proc: subprocess.Popen | None 
 def start_server(backend_uri: str, artifacts_destination: str | None, port: int, s3_endpoint_url: str | None = None,
                  host: str = "127.0.0.1", workers: int = 1, log_path: str | None = None,
                  timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
-    """Start `mlflow server` in its own process group and wait until `/health` answers (up to `timeout` s).
+    """Start `a2 mlflow serve` in its own process group and wait until `/health` answers (up to `timeout` s).
 
     Returns (process, url). Stop it with `stop_server(process)` (kills the whole group: mlflow's CLI starts the
     web server as a child). Output goes to `log_path` (default: a temporary file, path in `process.log_path`).
@@ -141,13 +140,16 @@ def start_server(backend_uri: str, artifacts_destination: str | None, port: int,
         os.close(fd)
     log = open(log_path, "ab")
     try:
-        proc = subprocess.Popen(server_command(backend_uri, artifacts_destination, port, host, workers),
-                                env=server_env(s3_endpoint_url), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, **_popen_kwargs())
+        options = {"--artifacts-destination": artifacts_destination, "--s3-endpoint-url": s3_endpoint_url,
+                   "--backend-store-uri": backend_uri, "--host": host, "--port": port, "--workers": workers}
+        command = [sys.executable, "-m", "launch.cli", "mlflow", "serve"]
+        command += [str(part) for option, value in options.items() if value is not None for part in (option, value)]
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                **_popen_kwargs())
     finally:
         log.close()
     proc.log_path = log_path  # type: ignore[attr-defined]
-    url = server_url(host, port)
+    url = f"http://{host}:{port}"
     try:
         wait_healthy(url, timeout=timeout, proc=proc)
     except TrackingError as err:
@@ -198,7 +200,7 @@ class RestartableServer:
         self.backend_uri = f"sqlite:///{self.root / 'mlflow.db'}"
         self.artifacts = str(self.root / "mlartifacts")
         self.port = free_port()
-        self.url = server_url("127.0.0.1", self.port)
+        self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90.0) -> str:

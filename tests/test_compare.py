@@ -44,7 +44,7 @@ def study(tmp_path):
                                     tags={TAG_CONFIG_HASH: f"hash{i}"})
             scores = per_image(mean, seed, 10 * i + seed)
             tracker.log_metrics(run, {"val/CIDEr": float(scores.mean()), "val/BLEU-4": 30.0 + seed}, step=1)
-            tracker.log_dict(run, {f"{k:03d}": float(v) for k, v in enumerate(scores)}, PER_IMAGE_ARTIFACT)
+            tracker.client.log_dict(run, {f"{k:03d}": float(v) for k, v in enumerate(scores)}, PER_IMAGE_ARTIFACT)
             truth.setdefault((fusion, lam), []).append(scores)
             tracker.end_trial(run, "FINISHED")
     # a better-looking configuration that the scheduler stopped early: never the best while others finished

@@ -15,7 +15,7 @@ from a2core.data import synthetic
 from a2core.data.captions import read_image_info, read_karpathy
 from a2core.data.dataset import CaptionData
 from a2core.errors import ConfigError, DataError
-from dashboards.submission import MAX_MEMBER_BYTES, MAX_MEMBERS, read_image_ids, validate_zip
+from dashboards.submission import MAX_MEMBER_BYTES, MAX_MEMBERS, validate_zip
 from launch.cli import main as cli
 from launch.spec import load_study
 
@@ -249,4 +249,4 @@ def test_results_with_a_5000_digit_or_out_of_range_image_id_are_refused(tmp_path
     ids = tmp_path / "info.json"
     ids.write_text('{"images": [{"id": ' + "2" * 5000 + "}]}")
     with pytest.raises(ValueError, match=rf"{ids}: holds an integer of more than 4300 digits"):
-        read_image_ids(ids)
+        read_image_info(ids)

@@ -260,7 +260,8 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     from mlflow.tracking import MlflowClient
 
     from dashboards.leaderboard import config_hash
-    from dashboards.submission import read_image_ids, validate_zip
+    from a2core.data.captions import read_image_info
+    from dashboards.submission import validate_zip
     from launch.cli import main
     from launch.package import decode_all
 
@@ -280,8 +281,8 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
 
     # The zip: exactly the two server files at its root, valid against the image lists.
     data = study["data"]
-    val_ids = read_image_ids(data / "image_info_val2014.json")
-    test_ids = read_image_ids(data / "image_info_test2014.json")
+    val_ids = read_image_info(data / "image_info_val2014.json")
+    test_ids = read_image_info(data / "image_info_test2014.json")
     zip_path = out / "results.zip"
     zip_bytes = zip_path.read_bytes()
     report = validate_zip(zip_path, val_ids, test_ids, alg=NAME)

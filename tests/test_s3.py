@@ -20,7 +20,6 @@ from dashboards.storage import (
     MiB,
     S3TransferError,
     S3VerificationError,
-    download_file,
     make_client,
     open_location,
     parse_s3_uri,
@@ -277,33 +276,31 @@ def test_upload_argument_errors(bucket, client, tmp_path):
 def test_download_round_trip(s3_endpoint, bucket, big_file, tmp_path):
     upload_file(big_file, f"s3://{bucket}/a/big.bin", endpoint_url=s3_endpoint, part_size=PART)
     target = tmp_path / "dl" / "big.bin"
-    info = download_file(f"s3://{bucket}/a/big.bin", target, endpoint_url=s3_endpoint)
-    assert info["verified"] is True
-    assert info["size"] == 11 * MiB and info["sha256"] == sha256(big_file)
+    assert open_location(f"s3://{bucket}/a/big.bin", s3_endpoint).download(target) == target
+    assert target.stat().st_size == 11 * MiB and sha256(target) == sha256(big_file)
     assert target.read_bytes() == big_file.read_bytes()
     assert [p.name for p in target.parent.iterdir()] == ["big.bin"]
 
 
-def test_download_rejects_sha256_mismatch(bucket, client, tmp_path):
+def test_download_rejects_sha256_mismatch(s3_endpoint, bucket, client, tmp_path):
     client.put_object(Bucket=bucket, Key="x.bin", Body=b"abc", Metadata={"sha256": "0" * 64})
     target = tmp_path / "x.bin"
     target.write_bytes(b"old")
     with pytest.raises(S3VerificationError, match="sha256"):
-        download_file(f"s3://{bucket}/x.bin", target, client=client)
+        open_location(f"s3://{bucket}/x.bin", s3_endpoint).download(target)
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
 
 
-def test_download_without_metadata(bucket, client, tmp_path):
-    client.put_object(Bucket=bucket, Key="plain.txt", Body=b"hello")
-    info = download_file(f"s3://{bucket}/plain.txt", tmp_path / "plain.txt", client=client)
-    assert info["verified"] is False and info["size"] == 5
+def test_download_without_metadata(s3_endpoint, bucket, client, tmp_path):
+    client.put_object(Bucket=bucket, Key="plain.txt", Body=b"hello")  # no sha256 to check: the size is
+    open_location(f"s3://{bucket}/plain.txt", s3_endpoint).download(tmp_path / "plain.txt")
     assert (tmp_path / "plain.txt").read_bytes() == b"hello"
 
 
-def test_download_missing_object(bucket, client, tmp_path):
+def test_download_missing_object(s3_endpoint, bucket, tmp_path):
     with pytest.raises(S3TransferError, match="404|NoSuchKey|Not Found"):
-        download_file(f"s3://{bucket}/nope", tmp_path / "nope", client=client)
+        open_location(f"s3://{bucket}/nope", s3_endpoint).download(tmp_path / "nope")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -123,7 +123,7 @@ def test_queue_spools_while_down_and_replays_when_back(tmp_path, server):
     assert outage_line(outage).startswith(f"tracking: server down ") and "all replayed" in outage_line(outage)
     assert _history(uri, tracker.trial_runs["t0"]) == [(e, 10.0 * e) for e in range(1, 6)]
     assert MlflowClient(uri).get_run(tracker.trial_runs["t0"]).info.status == "FINISHED"
-    assert Spool(study).outage()["spooled"] == outage["spooled"]  # saved for summary.json
+    assert Spool(study).add_outage()["spooled"] == outage["spooled"]  # saved for summary.json
 
 
 def test_outage_line():

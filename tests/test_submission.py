@@ -7,14 +7,15 @@ import zipfile
 
 import pytest
 
+from a2core.data.captions import read_image_info
+from a2core.decode import write_results_json
+from a2core.errors import DataError
 from dashboards.submission import (
     SubmissionError,
     ValidationReport,
     make_zip,
-    read_image_ids,
     results_filename,
     validate_zip,
-    write_results,
 )
 
 VAL_IDS = [391895, 522418, 184613, 318219, 554625]
@@ -71,7 +72,7 @@ def test_results_filename_rejects_bad_split():
 
 def test_write_results_sorted_utf8_atomic(tmp_path):
     path = tmp_path / "out" / VAL_NAME
-    write_results(path, {3: "ünïcode café", 1: "a dog", 2: "a cat"})
+    write_results_json(path, {3: "ünïcode café", 1: "a dog", 2: "a cat"})
     raw = path.read_bytes()
     assert json.loads(raw.decode("utf-8")) == [
         {"image_id": 1, "caption": "a dog"},
@@ -84,17 +85,18 @@ def test_write_results_sorted_utf8_atomic(tmp_path):
 
 def test_write_results_rejects_non_int_id_and_keeps_old_file(tmp_path):
     path = tmp_path / VAL_NAME
-    write_results(path, {1: "old"})
+    write_results_json(path, {1: "old"})
     with pytest.raises(SubmissionError, match="'7'"):
-        write_results(path, {1: "new", "7": "bad"})
+        write_results_json(path, {1: "new", "7": "bad"})
     assert json.loads(path.read_text()) == [{"image_id": 1, "caption": "old"}]
     with pytest.raises(SubmissionError, match="image 2"):
-        write_results(path, {2: None})
+        write_results_json(path, {2: None})
 
 
 def test_round_trip_passes_validation(tmp_path):
-    val = write_results(tmp_path / results_filename("val", "a2-max"), {i: f"cap {i}" for i in VAL_IDS})
-    test = write_results(tmp_path / results_filename("test", "a2-max"), {i: f"cap {i}" for i in TEST_IDS})
+    val, test = tmp_path / results_filename("val", "a2-max"), tmp_path / results_filename("test", "a2-max")
+    write_results_json(val, {i: f"cap {i}" for i in VAL_IDS})
+    write_results_json(test, {i: f"cap {i}" for i in TEST_IDS})
     zip_path = make_zip(tmp_path / "sub" / "results.zip", val, test)
     with zipfile.ZipFile(zip_path) as zf:
         assert sorted(zf.namelist()) == sorted([TEST_NAME, VAL_NAME])
@@ -108,29 +110,30 @@ def test_round_trip_passes_validation(tmp_path):
 
 
 def test_make_zip_missing_input(tmp_path):
-    val = write_results(tmp_path / VAL_NAME, {1: "x"})
+    val = tmp_path / VAL_NAME
+    write_results_json(val, {1: "x"})
     with pytest.raises(SubmissionError, match="nope.json"):
         make_zip(tmp_path / "results.zip", val, tmp_path / "nope.json")
     assert not (tmp_path / "results.zip").exists()
 
 
-def test_read_image_ids(tmp_path):
+def test_read_image_info(tmp_path):
     info = tmp_path / "image_info_test2014.json"
     info.write_text(json.dumps({"images": [{"id": 5, "file_name": "a.jpg"}, {"id": 2}], "info": {}}))
-    assert read_image_ids(info) == [5, 2]
+    assert read_image_info(info) == [5, 2]
     captions = tmp_path / "captions_val2014.json"
     captions.write_text(json.dumps({"images": [{"id": 9}], "annotations": [{"image_id": 9, "caption": "x"}]}))
-    assert read_image_ids(captions) == [9]
+    assert read_image_info(captions) == [9]
 
 
 @pytest.mark.parametrize("content", ['{"images": [{"id": "5"}]}', '{"annotations": []}', "not json", "[1, 2]"])
-def test_read_image_ids_errors_name_the_file(tmp_path, content):
+def test_read_image_info_errors_name_the_file(tmp_path, content):
     info = tmp_path / "broken_info.json"
     info.write_text(content)
-    with pytest.raises(SubmissionError, match="broken_info.json"):
-        read_image_ids(info)
-    with pytest.raises(SubmissionError, match="missing_info.json"):
-        read_image_ids(tmp_path / "missing_info.json")
+    with pytest.raises(DataError, match="broken_info.json"):
+        read_image_info(info)
+    with pytest.raises(DataError, match="missing_info.json"):
+        read_image_info(tmp_path / "missing_info.json")
 
 
 # ------------------------------------------------------------------------------------ validation
@@ -318,7 +321,7 @@ def test_all_problems_reported_at_once(tmp_path):
         "bad_image_id", "empty_caption", "duplicate_ids", "missing_ids", "extra_ids",  # val file
         "not_utf8",  # test file
     ])
-    missing = report.by_kind("missing_ids")[0]
+    (missing,) = [p for p in report.problems if p.kind == "missing_ids"]
     assert missing.image_ids == (391895, 554625)
     text = str(report)
     assert text.startswith(f"{tmp_path / 'results.zip'}: 8 problem(s)")

@@ -50,8 +50,8 @@ def test_one_parent_one_child_per_trial_and_restore(tracking_uri, request):
     assert again.trial_run("trial_0", CONFIG) == runs["trial_0"]
     assert tracker.trial_run("trial_1", CONFIG) == runs["trial_1"]
     again.log_metrics(runs["trial_0"], {"val/CIDEr": 9.0}, step=4)
-    again.set_best_checkpoint(runs["trial_0"], "s3://bucket/ckpt/best.pt")
-    again.log_text(runs["trial_0"], "a dog on a bench\n", "samples/epoch_004.txt")
+    again.set_tags(runs["trial_0"], {TAG_BEST_CKPT: "s3://bucket/ckpt/best.pt"})
+    again.client.log_text(runs["trial_0"], "a dog on a bench\n", "samples/epoch_004.txt")
     for run_id in runs.values():
         again.end_trial(run_id, "FINISHED")
     again.end_study("FINISHED")
@@ -105,7 +105,7 @@ def test_artifacts_reach_s3_through_the_server(mlflow_server):  # noqa: F811
     tracker = StudyTracker(str(mlflow_server), "artifact-study")
     tracker.start_study({}, {})
     run = tracker.trial_run("t0", CONFIG)
-    tracker.log_dict(run, {"a": 1}, "config/resolved.json")
+    tracker.client.log_dict(run, {"a": 1}, "config/resolved.json")
     keys = [o["Key"] for o in s3_client(mlflow_server.s3_endpoint).list_objects_v2(
         Bucket=mlflow_server.bucket).get("Contents", [])]
     assert any(k.startswith("mlartifacts/") and k.endswith(f"{run}/artifacts/config/resolved.json") for k in keys), keys
