@@ -2,6 +2,7 @@
 
     python benchmarks/bench_scale.py                       # 64, 128 and 256 trials
     python benchmarks/bench_scale.py --sizes 64 128 --concurrency 8 --epochs 3 --epoch-s 0.3
+    python benchmarks/bench_scale.py --sizes 64 128 --side-by-side   # also each trial in a fresh process
 
 Each size is one study run by `launch.study.run_study` (the real Tuner, MLflow callback, result logs,
 checkpoint folders, summary) on a loopback Ray cluster of several nodes (`tests.raycluster.LocalCluster`: a head
@@ -17,6 +18,9 @@ is `launch.trainable.a2_local_trial`. Per size it prints:
 - MLflow: metric values logged per second of the study, and the driver's seconds in MLflow calls per trial;
 - storage operations per trial, counted in the trials: `dashboards.storage.Location` lookups, reads, writes,
   listings and downloads, plus checkpoint files written (Tune's own experiment-state syncing is not counted).
+
+`--side-by-side` runs every size twice, first with a fresh process per trial (Tune's `reuse_actors` off, as
+before one-worker trials reused their process), then as shipped, and prints the ratio of their overheads.
 
 Run it alone on the machine (it starts Ray): `flock /tmp/a2-ray.lock python benchmarks/bench_scale.py`.
 """
@@ -48,6 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--concurrency", type=int, default=8, help="trials at once (the cluster has as many CPUs)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--epoch-s", type=float, default=0.3, help="seconds a stand-in epoch sleeps")
+    p.add_argument("--side-by-side", action="store_true", help="each size also with a fresh process per trial")
     return p.parse_args(argv)
 
 
@@ -118,10 +123,11 @@ def with_bench_keys(resolve, bench: dict, sampled: dict) -> dict:
 
 
 # -- the driver --------------------------------------------------------------------------------------------------
-def run_size(trials: int, args, cluster, data: Path, work: Path) -> dict:
+def run_size(trials: int, args, cluster, data: Path, work: Path, reuse: bool = True) -> dict:
     from ray import tune
 
     from dashboards import tracking
+    from launch import search
     from launch import study as study_mod
     from launch import trainable
     from launch.spec import load_study
@@ -155,15 +161,17 @@ def run_size(trials: int, args, cluster, data: Path, work: Path) -> dict:
         logged["values"] += len(out)
         return out
 
-    saved_make = trainable.make_trainable
+    saved_make, saved_kwargs = trainable.make_trainable, search.tune_config_kwargs
     trainable.make_trainable = make_trainable
+    if not reuse:
+        search.tune_config_kwargs = lambda spec: {**saved_kwargs(spec), "reuse_actors": False}
     tracking.StudyTracker.log_metrics = timed_log_metrics
     try:
         t0, cpu0 = time.monotonic(), time.process_time()
         summary = study_mod.run_study(spec, address=cluster.address, verbose=False)
         wall, driver_cpu = time.monotonic() - t0, time.process_time() - cpu0
     finally:
-        trainable.make_trainable = saved_make
+        trainable.make_trainable, search.tune_config_kwargs = saved_make, saved_kwargs
         tracking.StudyTracker.log_metrics = log_metrics
     if summary["trials_finished"] != trials:
         raise SystemExit(f"bench_scale: {summary['trials_finished']}/{trials} trials finished")
@@ -187,6 +195,13 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def print_row(r: dict, label: str) -> None:
+    print(f"{r['trials']:5d} trials ({label}): wall {r['wall_s']:7.1f} s (ideal {r['ideal_s']:.1f} s), overhead "
+          f"{r['overhead_per_trial_s']:.2f} s/trial (driver CPU {r['driver_cpu_per_trial_s']:.2f} s/trial), "
+          f"MLflow {r['mlflow_values_per_s']:.0f} values/s ({r['mlflow_s_per_trial']:.2f} s/trial), "
+          f"storage {r['storage_ops_per_trial']:.0f} ops/trial", flush=True)
+
+
 def run_sizes(args, work: Path) -> int:
     from a2core.data.synthetic import ensure
     from tests.raycluster import DATA_IMAGES, LocalCluster
@@ -194,21 +209,27 @@ def run_sizes(args, work: Path) -> int:
     data = work / "data"
     ensure(data, seed=0, images=DATA_IMAGES)
     per_node = math.ceil(args.concurrency / 4)
-    rows = []
+    rows = []  # as shipped (trial processes reused), one per size
     with LocalCluster(num_cpus=per_node) as cluster:  # the study driver itself holds no CPU of the cluster
         for i in range(3):
             cluster.add_node(num_cpus=per_node, name=f"worker-{i}")
         cluster.wait_for_nodes(4)
         os.environ.update(cluster.env())
         for size in args.sizes:
+            fresh = None
+            if args.side_by_side:
+                (work / f"{size}-fresh").mkdir()
+                fresh = run_size(size, args, cluster, data, work / f"{size}-fresh", reuse=False)
+                print_row(fresh, "a fresh process per trial")
             (work / str(size)).mkdir()
             rows.append(run_size(size, args, cluster, data, work / str(size)))
-            r = rows[-1]
-            print(f"{size:5d} trials: wall {r['wall_s']:7.1f} s (ideal {r['ideal_s']:.1f} s), overhead "
-                  f"{r['overhead_per_trial_s']:.2f} s/trial (driver CPU {r['driver_cpu_per_trial_s']:.2f} s/trial), "
-                  f"MLflow {r['mlflow_values_per_s']:.0f} values/s "
-                  f"({r['mlflow_s_per_trial']:.2f} s/trial), storage {r['storage_ops_per_trial']:.0f} ops/trial",
-                  flush=True)
+            print_row(rows[-1], "trial processes reused")
+            if fresh is not None:
+                r = rows[-1]
+                print(f"{size:5d} trials: overhead per trial reused / fresh "
+                      f"x{r['overhead_per_trial_s'] / max(fresh['overhead_per_trial_s'], 1e-9):.2f}, study wall "
+                      f"x{r['wall_s'] / fresh['wall_s']:.2f}, driver CPU per trial "
+                      f"x{r['driver_cpu_per_trial_s'] / fresh['driver_cpu_per_trial_s']:.2f}", flush=True)
         import ray
 
         ray.shutdown()

@@ -51,9 +51,11 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-# `a2 study run` with every trial on Ray Train, one worker or not.
-ON_RAY_TRAIN = ("import functools, sys; import launch.trainable as t; "
+# `a2 study run` with every trial on Ray Train, one worker or not, each in a fresh trial process.
+ON_RAY_TRAIN = ("import functools, sys; import launch.trainable as t; import launch.search as s; "
                 "t.make_trainable = functools.partial(t.make_trainable, ray_train=True); "
+                "kwargs = s.tune_config_kwargs; "
+                "s.tune_config_kwargs = lambda spec: {**kwargs(spec), 'reuse_actors': False}; "
                 "from launch.cli import main; sys.exit(main(sys.argv[1:]))")
 
 

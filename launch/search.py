@@ -359,4 +359,8 @@ def tune_config_kwargs(spec: StudySpec) -> dict:
     """Everything `ray.tune.TuneConfig(**kwargs)` needs for this study (Tune wraps the searcher in a
     `ConcurrencyLimiter` for `max_concurrent_trials`)."""
     return {"search_alg": GridCrossedSearcher(spec), "scheduler": build_scheduler(spec), "num_samples": spec.num_trials,
-            "metric": spec.metric, "mode": spec.mode, "max_concurrent_trials": spec.resources["max_concurrent_trials"]}
+            "metric": spec.metric, "mode": spec.mode, "max_concurrent_trials": spec.resources["max_concurrent_trials"],
+            # A one-worker trial trains in its Tune trial process: the next trial reuses that process and skips its
+            # start-up and imports (benchmarks/bench_scale.py). Tune starts a fresh one when the previous trial's
+            # thread does not stop in time. Ray Train trials keep a process of their own.
+            "reuse_actors": spec.resources["workers_per_trial"] == 1}

@@ -244,6 +244,11 @@ def test_build_scheduler_and_tune_config(spec, tmp_path):
     assert kwargs["num_samples"] == spec.num_trials
     assert kwargs["max_concurrent_trials"] == spec.resources["max_concurrent_trials"]
     assert (kwargs["metric"], kwargs["mode"]) == (METRIC, "max")
+    assert kwargs["reuse_actors"] is True  # one worker per trial: the next trial reuses the trial process
+    raw = yaml.safe_load(study_file(tmp_path, ABLATION).read_text())
+    raw["resources"].update(workers_per_trial=2, cpus_per_worker=0.5)
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(raw))
+    assert tune_config_kwargs(load_study(tmp_path / "train.yaml"))["reuse_actors"] is False  # Ray Train trials
     # the scheduler takes metric and mode from the TuneConfig, the searcher accepts the same ones
     assert scheduler.set_search_properties(METRIC, "max")
     assert searcher.set_search_properties(METRIC, "max", {})

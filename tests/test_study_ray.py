@@ -117,6 +117,11 @@ def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data):
         for epoch in kept:
             assert (folders[trial["trial_id"]] / f"checkpoint_epoch{epoch:04d}" / "checkpoint.pt").is_file()
     assert Path(summary["best"]["checkpoint"]).is_file()
+    # One trial at a time: the second trained in the first one's process (Tune's reuse_actors), no new start-up.
+    results = sorted((tmp_path / "studies" / name).glob("*/result.json"))
+    assert len(results) == 2, results
+    pids = {json.loads(line)["pid"] for path in results for line in path.read_text().splitlines() if line.strip()}
+    assert len(pids) == 1, pids
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for trial_id, child in mlflow_trials(uri, name).items():
