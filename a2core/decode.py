@@ -230,7 +230,8 @@ def caption_images(stepper, vocab, image_ids, fetch, *, batch_size: int = 50, **
         for start in range(0, len(ids), batch_size):
             chunk = ids[start:start + batch_size]
             pairs = [fetch(i) for i in chunk]
-            yield chunk, torch.from_numpy(np.stack([p[0] for p in pairs])), torch.from_numpy(np.stack([p[1] for p in pairs]))
+            feats, masks = (torch.from_numpy(np.stack([p[k] for p in pairs])) for k in (0, 1))
+            yield chunk, feats, masks
 
     return caption_batches(stepper, vocab, batches(), **kwargs)
 
@@ -245,7 +246,8 @@ def captions_for(data, stepper, split: str, *, beam_size: int = 5, max_len: int 
         from tqdm import tqdm
 
         bar = tqdm(total=len(loader.batch_sampler), desc=f"decode {split}", unit="batch", file=sys.stderr)
-    out = caption_batches(stepper, data.vocab, ((b["image_ids"].tolist(), b["feats"], b["region_mask"]) for b in loader),
+    batches = ((b["image_ids"].tolist(), b["feats"], b["region_mask"]) for b in loader)
+    out = caption_batches(stepper, data.vocab, batches,
                           beam_size=beam_size, max_len=max_len, device=device,
                           progress=(lambda n: bar.update(1)) if bar else None)
     if bar:

@@ -131,7 +131,8 @@ def _check_http(uri: str, timeout: float) -> None:
                 "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN") from None
         raise TrackingError(f"tracking URI {uri!r}: does not answer like an MLflow server (HTTP {err.code})") from None
     except OSError as err:  # URLError, refused connections, timeouts
-        raise TrackingError(f"tracking URI {uri!r}: MLflow server unreachable ({getattr(err, 'reason', err)})") from None
+        reason = getattr(err, "reason", err)
+        raise TrackingError(f"tracking URI {uri!r}: MLflow server unreachable ({reason})") from None
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
