@@ -116,7 +116,10 @@ class Difference:
         return self.low is not None and (self.low > 0 or self.high < 0)
 
     def size_text(self) -> str:
-        seeds = f"{self.seeds_a} seeds" if self.seeds_a == self.seeds_b else f"{self.seeds_a}+{self.seeds_b} seeds"
+        if self.seeds_a == self.seeds_b:
+            seeds = f"{self.seeds_a} seed{'s' if self.seeds_a != 1 else ''}"
+        else:
+            seeds = f"{self.seeds_a}+{self.seeds_b} seeds"
         return f"{seeds} x {self.images} images" if self.images else f"{seeds}, seed means only"
 
     def interval_text(self, digits: int = 1) -> str:

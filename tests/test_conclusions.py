@@ -180,6 +180,6 @@ def test_best_epochs_per_image_cider_is_the_run_artifact_compare_reads(tmp_path)
     # `a2 pipeline` ends with these verdicts, then the ensemble's gain from the leaderboard
     from launch.pipeline import conclusion
 
-    gain = "ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seeds x 30 images"
+    gain = "ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seed x 30 images"
     assert conclusion(uri, "pi", {"ensemble_gain": {"verdict": gain}}) == [diff.verdict(), gain]
     assert conclusion(uri, "nope", {})[0].startswith("no comparison: ")
