@@ -59,7 +59,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 METRIC = "val/CIDEr"
-ARMS = ("fifo", "asha")  # the full search, then the same search under early stopping
+ARMS = ("fifo", "asha")  # the full search, then the same search under early stopping (one arm per --min-gap-se)
 COMPUTE_TARGET = 0.40  # the early-stopping arm's share of the full search's CPU seconds
 PER_IMAGE_ARTIFACT = "eval/per_image_cider.json"  # what the MLflow callback logs for a trial's best epoch
 
@@ -86,15 +86,29 @@ def parse_args(argv=None):
     p.add_argument("--search-seed", type=int, default=0, help="the searcher's seed, the same in both arms")
     p.add_argument("--samples", type=int, default=None, help="configurations per fusion (default 3; --quick 2)")
     p.add_argument("--epochs", type=int, default=None, help="planned epochs per trial (default 8; --quick 3)")
+    p.add_argument("--min-gap-se", type=float, nargs="+", default=None, metavar="K",
+                   help="ReplicateASHA's min_gap_se (default 2); several values run one early-stopping arm each "
+                        "against the same full search, e.g. `--min-gap-se 2 0` (0: plain ASHA on group means)")
     p.add_argument("--keep", action="store_true", help="keep the scratch folder")
     p.add_argument("--from-dir", default=None, help="measure a kept scratch folder again (no new run)")
     return p.parse_args(argv)
 
 
 # -- the studies -------------------------------------------------------------------------------------------------
-def search_study(arm: str, work: Path, data: Path, size: dict, search_seed: int = 0) -> dict:
-    """The study file (as a dict) of one arm: `fifo` or `asha`; everything else is the same in both."""
-    scheduler = {"asha": dict(size["asha"])} if arm == "asha" else {"fifo": {}}
+def early_arms(gaps: list[float] | None) -> dict[str, float | None]:
+    """{arm name: its min_gap_se} of the early-stopping arms: `asha` for one value (None: the size's own),
+    `asha-k<K>` each for several."""
+    if not gaps or len(gaps) == 1:
+        return {"asha": gaps[0] if gaps else None}
+    return {f"asha-k{k:g}".replace(".", "p"): k for k in gaps}
+
+
+def search_study(arm: str, work: Path, data: Path, size: dict, search_seed: int = 0,
+                 min_gap_se: float | None = None) -> dict:
+    """The study file (as a dict) of one arm: `fifo` or an early-stopping arm (`asha...`, with `min_gap_se` if
+    given); everything else is the same in all arms."""
+    asha = dict(size["asha"]) | ({} if min_gap_se is None else {"min_gap_se": min_gap_se})
+    scheduler = {"asha": asha} if arm.startswith("asha") else {"fifo": {}}
     space = {"fusion": {"grid": list(size["fusions"])},
              "train.lr_factor": {"loguniform": [0.02, 2.0]}}
     if any(f != "none" for f in size["fusions"]):
@@ -338,13 +352,20 @@ def report(result: dict, planned_epochs: int) -> None:
 
 
 def measure(work: Path) -> int:
+    """Report every early-stopping arm of a scratch folder against its full search."""
     summaries = {}
-    for arm in ARMS:
+    arms = ["fifo"] + sorted(p.name for p in work.iterdir() if p.name.startswith("asha") and p.is_dir())
+    for arm in arms:
         summaries[arm] = load_arm(work / arm, f"bench-asha-{arm}")
         wall_file = work / arm / "wall_s"
         summaries[arm]["bench_wall_s"] = float(wall_file.read_text()) if wall_file.exists() else None
     planned = int(summaries["fifo"]["trials"][0]["epochs_planned"])
-    report(compare_searches(summaries["fifo"], summaries["asha"]), planned)
+    for arm in arms[1:]:
+        if len(arms) > 2:
+            study = yaml.safe_load((work / arm / f"bench-asha-{arm}.yaml").read_text())
+            print(f"== early-stopping arm {arm}: {json.dumps(study['search']['scheduler'])}")
+        report(compare_searches(summaries["fifo"], summaries[arm]), planned)
+        print()
     return 0
 
 
@@ -364,8 +385,9 @@ def main(argv=None) -> int:
     try:
         data = work / "data"
         ensure(data, seed=0, images=size["images"])  # generated once, outside both arms' compute
-        for arm in ARMS:
-            study = search_study(arm, work / arm, data, size, args.search_seed)
+        arms = {"fifo": None, **early_arms(args.min_gap_se)}
+        for arm, min_gap_se in arms.items():
+            study = search_study(arm, work / arm, data, size, args.search_seed, min_gap_se)
             wall, rc = run_arm(study, work / arm)
             summary_path = work / arm / "studies" / study["name"] / "summary.json"
             if rc != 0 or not summary_path.exists():

@@ -118,3 +118,17 @@ def test_the_cpu_ratio_is_taken_at_equal_load(bench):
     assert result["drift"] == (0.5, 3)
     assert result["raw_cpu_ratio"] == pytest.approx(150 / 480)
     assert result["cpu_ratio"] == pytest.approx(300 / 480)  # the ASHA arm's 150 CPU-s at the full search's load
+
+
+def test_several_min_gap_se_values_give_one_early_stopping_arm_each(bench, tmp_path):
+    assert bench.early_arms(None) == {"asha": None}
+    assert bench.early_arms([1.5]) == {"asha": 1.5}
+    arms = bench.early_arms([2, 0, 1.5])
+    assert arms == {"asha-k2": 2, "asha-k0": 0, "asha-k1p5": 1.5}
+    studies = {arm: bench.search_study(arm, tmp_path / arm, tmp_path / "data", bench.FULL, 0, k)
+               for arm, k in {"fifo": None, **arms}.items()}
+    assert studies["fifo"]["search"]["scheduler"] == {"fifo": {}}
+    for arm, k in arms.items():
+        assert studies[arm]["search"]["scheduler"] == {"asha": bench.FULL["asha"] | {"min_gap_se": k}}
+        _load(studies[arm], tmp_path)  # a valid study name and spec
+    assert bench.FULL["asha"]["min_gap_se"] == 2  # the size's own value is left as it was
