@@ -1,14 +1,16 @@
 """Early stopping's worth, measured: one search run to the end and again under `ReplicateASHA`, side by side.
 
-    python benchmarks/bench_asha.py                  # the full benchmark (5-10 minutes on 2 cores)
+    python benchmarks/bench_asha.py                  # the full benchmark (8-10 minutes on 2 cores)
+    python benchmarks/bench_asha.py --min-gap-se 2 0 # ... with one early-stopping arm per rule (12-15 minutes)
+    python benchmarks/bench_asha.py --min-gap-se 2 0 --hold   # ... those arms holding replicates at rungs
     python benchmarks/bench_asha.py --quick          # a smoke run of the same code path (a minute or two)
     python benchmarks/bench_asha.py --keep           # ... keeping the scratch folder, to look again later:
     python benchmarks/bench_asha.py --from-dir /tmp/a2-bench-asha-XXXX   # no new run
 
 The search (`search_study`) is one fusion/lambda search on the synthetic set that also samples the learning rate:
 fusion grid [none, gate], `train.lr_factor` loguniform [0.02, 2] in both cells and lambda loguniform
-[0.005, 0.2] in the gate cell, 3 configurations per cell (the first one the known-good point lr_factor 0.25,
-lambda 0.035), each replicated over seeds 0-2 (6 groups, 18 trials of 8 epochs), three trials side by side.
+[0.005, 0.2] in the gate cell, 6 configurations per cell (the first one the known-good point lr_factor 0.25,
+lambda 0.035), each replicated over seeds 0-2 (12 groups, 36 trials of 16 epochs), three trials side by side.
 On this data lambda alone moves little (in a 5-epoch pilot of a d_model-32 model, gate at lambda 0.001 and at 2
 gave identical val scores at every epoch from 2 on), so a lambda-only search has nothing to stop; the learning
 rate separates configurations, as in any real search.
@@ -17,7 +19,9 @@ Both arms run the same study through `a2 study run` (a local Ray) in a scratch f
 seed and `algorithm: random`, so they get the same configurations with the same replicate seeds (TPE would not:
 its later samples depend on whether earlier groups were told PRUNED or COMPLETE). The only difference is
 `search.scheduler`: `fifo` (every trial to its planned epochs) or `asha` (`ReplicateASHA`, grace period 2,
-reduction factor 2, rungs at epochs 2 and 4, the default `min_gap_se` 2). It prints:
+reduction factor 2, rungs at epochs 2, 4 and 8, the default `min_gap_se` 2, or each value of `--min-gap-se`: 0 is
+plain ASHA on group means, a group below the cutoff stops; `--hold`: `hold_at_rungs`). It prints, per
+early-stopping arm against the full search:
 
 - per replicate group: its configuration, its mean best val CIDEr over seeds with the 95% interval in each arm,
   and what the scheduler did with it;
@@ -34,7 +38,8 @@ reduction factor 2, rungs at epochs 2 and 4, the default `min_gap_se` 2). It pri
 - the target: within the seed noise of the full search at <= 40% of its compute (at equal load).
 
 A group is judged at a rung once all its replicates got there; replicates that started earlier train on
-meanwhile, so a stopped group's replicates may show more epochs than its rung (the table lists them).
+meanwhile (unless held), so a stopped group's replicates may show more epochs than its rung (the table lists
+them).
 
 Run it alone on the machine (it starts Ray): `flock /tmp/a2-ray.lock python benchmarks/bench_asha.py`.
 """
@@ -63,12 +68,12 @@ ARMS = ("fifo", "asha")  # the full search, then the same search under early sto
 COMPUTE_TARGET = 0.40  # the early-stopping arm's share of the full search's CPU seconds
 PER_IMAGE_ARTIFACT = "eval/per_image_cider.json"  # what the MLflow callback logs for a trial's best epoch
 
-# The full benchmark: 6 groups x 3 seeds of a d_model-64 model on 400 synthetic images (320 train, 40 val), 8 epochs
-# of 32 steps.
+# The full benchmark: 12 groups x 3 seeds of a d_model-64 model on 400 synthetic images (320 train, 40 val), 16
+# epochs of 32 steps.
 FULL = {
     "images": 400, "val_images": 50,
     "model": {"d_model": 64, "layers": 1, "heads": 4, "d_ff": 128, "dropout": 0.1, "max_regions": 10},
-    "epochs": 8, "warmup": 64, "fusions": ["none", "gate"], "samples": 3, "replicates": 3,
+    "epochs": 16, "warmup": 64, "fusions": ["none", "gate"], "samples": 6, "replicates": 3,
     "asha": {"grace_period": 2, "reduction_factor": 2, "min_gap_se": 2},
 }
 # --quick: 2 groups x 3 seeds of a tiny model on 200 images, 3 epochs (rungs at 1 and 2).
@@ -84,11 +89,13 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a smoke-sized search (a minute or two)")
     p.add_argument("--search-seed", type=int, default=0, help="the searcher's seed, the same in both arms")
-    p.add_argument("--samples", type=int, default=None, help="configurations per fusion (default 3; --quick 2)")
-    p.add_argument("--epochs", type=int, default=None, help="planned epochs per trial (default 8; --quick 3)")
+    p.add_argument("--samples", type=int, default=None, help="configurations per fusion (default 6; --quick 2)")
+    p.add_argument("--epochs", type=int, default=None, help="planned epochs per trial (default 16; --quick 3)")
     p.add_argument("--min-gap-se", type=float, nargs="+", default=None, metavar="K",
                    help="ReplicateASHA's min_gap_se (default 2); several values run one early-stopping arm each "
                         "against the same full search, e.g. `--min-gap-se 2 0` (0: plain ASHA on group means)")
+    p.add_argument("--hold", action="store_true",
+                   help="the early-stopping arms hold replicates at rungs (search.scheduler.asha.hold_at_rungs)")
     p.add_argument("--keep", action="store_true", help="keep the scratch folder")
     p.add_argument("--from-dir", default=None, help="measure a kept scratch folder again (no new run)")
     return p.parse_args(argv)
@@ -104,10 +111,12 @@ def early_arms(gaps: list[float] | None) -> dict[str, float | None]:
 
 
 def search_study(arm: str, work: Path, data: Path, size: dict, search_seed: int = 0,
-                 min_gap_se: float | None = None) -> dict:
+                 min_gap_se: float | None = None, hold: bool = False) -> dict:
     """The study file (as a dict) of one arm: `fifo` or an early-stopping arm (`asha...`, with `min_gap_se` if
-    given); everything else is the same in all arms."""
+    given, holding replicates at rungs with `hold`); everything else is the same in all arms."""
     asha = dict(size["asha"]) | ({} if min_gap_se is None else {"min_gap_se": min_gap_se})
+    if hold:
+        asha["hold_at_rungs"] = True
     scheduler = {"asha": asha} if arm.startswith("asha") else {"fifo": {}}
     space = {"fusion": {"grid": list(size["fusions"])},
              "train.lr_factor": {"loguniform": [0.02, 2.0]}}
@@ -387,7 +396,7 @@ def main(argv=None) -> int:
         ensure(data, seed=0, images=size["images"])  # generated once, outside both arms' compute
         arms = {"fifo": None, **early_arms(args.min_gap_se)}
         for arm, min_gap_se in arms.items():
-            study = search_study(arm, work / arm, data, size, args.search_seed, min_gap_se)
+            study = search_study(arm, work / arm, data, size, args.search_seed, min_gap_se, args.hold)
             wall, rc = run_arm(study, work / arm)
             summary_path = work / arm / "studies" / study["name"] / "summary.json"
             if rc != 0 or not summary_path.exists():

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import optuna
 from optuna.trial import TrialState
+from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
@@ -245,11 +246,19 @@ class ReplicateASHA(FIFOScheduler):
     trial's value at a rung is its metric at its first result with `epoch` >= the rung (epochs, unlike
     `training_iteration`, stay monotonic across restores). A group is judged once each replicate still running has
     a value there and stopped iff cutoff - mean > k * spread * sqrt(2 / n): cutoff the (1 - 1/r) quantile of the
-    earlier groups' means, spread the pooled within-group sd at the rung, k `min_gap_se`."""
+    earlier groups' means, spread the pooled within-group sd at the rung, k `min_gap_se`.
+
+    `hold_at_rungs`: a replicate that reaches a rung before its group can be judged is paused there (Tune's
+    PAUSE: its checkpoint stays, its CPUs go to other trials) instead of training on. Once the group is judged it
+    is resumed, and a one-worker trial reports its last result again before training (`launch.trainable`), so one
+    of a stopped group gets its STOP there. (Not `stop_trial` on the paused trial: Tune would keep it PAUSED in
+    the saved experiment state, and a resume would train it again.) It is held only while every replicate still
+    missing at the rung is running or pending, so holds always end; should nothing be left to run, the held
+    trials are resumed."""
 
     def __init__(self, *, max_t: int, grace_period: int = 1, reduction_factor: float = 2, replicates: int = 1,
                  min_gap_se: float = 2.0, time_attr: str = TIME_ATTR, metric: str | None = None,
-                 mode: str | None = None, group_of=config_hash):
+                 mode: str | None = None, group_of=config_hash, hold_at_rungs: bool = False):
         super().__init__()
         if grace_period < 1 or reduction_factor <= 1 or replicates < 1 or min_gap_se < 0:
             raise ValueError("need grace_period >= 1, reduction_factor > 1, replicates >= 1, min_gap_se >= 0")
@@ -258,7 +267,7 @@ class ReplicateASHA(FIFOScheduler):
         while t < max_t:
             self.rungs.append(int(math.ceil(t)))
             t *= reduction_factor
-        self.rf, self.replicates, self.k = reduction_factor, replicates, min_gap_se
+        self.rf, self.replicates, self.k, self.hold_at_rungs = reduction_factor, replicates, min_gap_se, hold_at_rungs
         self._time_attr, self._metric, self._mode = time_attr, metric, mode
         self._group_of = group_of
         self._groups: dict[str, str] = {}  # trial id -> group
@@ -268,6 +277,7 @@ class ReplicateASHA(FIFOScheduler):
         self._means: dict[int, dict[str, float]] = {r: {} for r in self.rungs}  # rung -> group -> mean (decided)
         self._stopped_groups: dict[str, dict] = {}  # group -> the decision that stopped it
         self._stopped: dict[str, dict] = {}  # trial id -> that decision, for trials this scheduler stopped
+        self._held: dict[str, tuple[str, int]] = {}  # trial id -> (group, rung): paused there until it is judged
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec) -> bool:
         if (self._metric and metric and metric != self._metric) or (self._mode and mode and mode != self._mode):
@@ -291,6 +301,10 @@ class ReplicateASHA(FIFOScheduler):
         if group in self._stopped_groups:
             self._stopped[tid] = dict(self._stopped_groups[group])
             return TrialScheduler.STOP
+        rung = self._rung_to_wait_at(tune_controller, trial, group)
+        if rung is not None:
+            self._held[tid] = (group, rung)
+            return TrialScheduler.PAUSE
         return TrialScheduler.CONTINUE
 
     def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
@@ -302,10 +316,23 @@ class ReplicateASHA(FIFOScheduler):
     def on_trial_remove(self, tune_controller, trial) -> None:
         self._end(trial.trial_id)
 
+    def choose_trial_to_run(self, tune_controller) -> Trial | None:
+        """A paused trial not held at a rung (a released replicate catches up with its group), else a pending one;
+        when nothing is running or pending, the held trials run on (their groups could not be judged)."""
+        trials = tune_controller.get_trials()
+        if self._held and not any(t.status in (Trial.RUNNING, Trial.PENDING) for t in trials):
+            self._held.clear()
+        for status in (Trial.PAUSED, Trial.PENDING):
+            for trial in trials:
+                if trial.status == status and trial.trial_id not in self._held:
+                    return trial
+        return None
+
     # -- the rule ------------------------------------------------------------------------------------------------
     def _end(self, tid: str) -> None:
         """A trial that ends below a rung no longer counts there: its group may be complete without it."""
         group = self._groups.get(tid)
+        self._held.pop(tid, None)
         if group is None or tid in self._ended:
             return
         self._ended.add(tid)
@@ -315,11 +342,38 @@ class ReplicateASHA(FIFOScheduler):
                 gone[rung] = gone.get(rung, 0) + 1
                 self._decide(group, rung)
 
+    def _rung_to_wait_at(self, tune_controller, trial, group: str) -> int | None:
+        """The rung where `trial` waits for its group's judgement (hold_at_rungs), or None to train on: the lowest
+        rung with its value and its group not judged yet, if every replicate still missing there is on its way
+        (running or pending, not held), so that the group will be judged."""
+        if not self.hold_at_rungs or tune_controller is None:
+            return None
+        for rung in self.rungs:
+            values = self._values[rung].get(group, {})
+            if trial.trial_id not in values or group in self._means[rung]:
+                continue
+            missing = self.replicates - self._gone.get(group, {}).get(rung, 0) - len(values)
+            on_the_way = [t for t in tune_controller.get_trials()
+                          if self._groups.get(t.trial_id) == group and t.trial_id not in values
+                          and t.trial_id not in self._held and t.status in (Trial.RUNNING, Trial.PENDING)]
+            return rung if 0 < missing <= len(on_the_way) else None
+        return None
+
     def _decide(self, group: str, rung: int) -> None:
         values = self._values[rung].get(group, {})
         expected = self.replicates - self._gone.get(group, {}).get(rung, 0)
         if group in self._means[rung] or not values or len(values) < expected:
             return
+        self._judge(group, rung, values)
+        # release the replicates held at this rung (all of them if the group stopped): choose_trial_to_run resumes
+        # them, and a stopped group's get STOP at their first result
+        stopped = group in self._stopped_groups
+        for tid, (held_group, held_rung) in list(self._held.items()):
+            if held_group == group and (held_rung == rung or stopped):
+                del self._held[tid]
+
+    def _judge(self, group: str, rung: int, values: dict[str, float]) -> None:
+        """Record the group's mean at the rung and stop the group if it is clearly below the cutoff."""
         sign = -1.0 if self._mode == "min" else 1.0  # compare in "higher is better" units
         mean = float(np.mean(list(values.values())))
         others = [sign * m for m in self._means[rung].values()]
@@ -352,7 +406,7 @@ def build_scheduler(spec: StudySpec) -> TrialScheduler:
         return FIFOScheduler()
     return ReplicateASHA(max_t=spec.total_epochs, grace_period=options["grace_period"],
                          reduction_factor=options["reduction_factor"], replicates=max(1, len(spec.replicate_seeds)),
-                         min_gap_se=options["min_gap_se"])
+                         min_gap_se=options["min_gap_se"], hold_at_rungs=options["hold_at_rungs"])
 
 
 def tune_config_kwargs(spec: StudySpec) -> dict:

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr, ValidationError, model_validator
 
-from a2core.config import (Config, ConfigError, Integer, Number, Real, Section, Text, applicable_config,
+from a2core.config import (Config, ConfigError, Flag, Integer, Number, Real, Section, Text, applicable_config,
                            apply_overrides, config_error, get_dotted, integer, load_yaml, set_dotted)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.errors import DataError
@@ -165,6 +165,9 @@ class Asha(Section):
     grace_period: Integer = Field(1, ge=1)
     reduction_factor: Number = Field(2, gt=1)
     min_gap_se: Real = Field(2.0, ge=0)
+    # One-worker trials only: a replicate waits at a rung, paused, for its group's judgement (fewer CPU-seconds,
+    # more wall time when slots stay free: benchmarks/RESULTS.md, "Early stopping's worth").
+    hold_at_rungs: Flag = False
 
 
 class Scheduler(Section):
@@ -546,6 +549,10 @@ class _Loader:
             self.fail("search.scheduler.asha.grace_period", f"{asha['grace_period']} is more than the "
                                                              f"{spec.total_epochs} planned epochs (train.xe_epochs "
                                                              f"+ train.scst_epochs)")
+        if asha and asha["hold_at_rungs"] and spec.resources["workers_per_trial"] > 1:
+            self.fail("search.scheduler.asha.hold_at_rungs", "only for one-worker trials (resources.workers_per_trial"
+                                                             ": 1): a Ray Train trial would restart its worker group "
+                                                             "at every rung")
         if cluster_resources is not None:
             self.check_cluster(spec, cluster_resources)
         return spec

@@ -193,6 +193,16 @@ class TrialRecorder:
             (Path(folder) / TUNE_POINTER_FILE).write_text(json.dumps(pointer))
             ray.tune.report(item, checkpoint=ray.tune.Checkpoint.from_directory(folder))
 
+    def report_again(self, epoch: int) -> None:
+        """Report the logged result of `epoch` (where a resumed trial starts) to Tune once more, before training:
+        the scheduler judges the trial there, so a replicate paused at a rung whose group was then stopped stops
+        without training another epoch (`launch.search.ReplicateASHA`). The searcher, the scheduler and MLflow
+        (same step and timestamp) take an epoch reported twice as one."""
+        import ray.tune
+
+        if epoch in self.log.by_epoch:
+            ray.tune.report(dict(self.log.by_epoch[epoch]))
+
 
 # -- one-worker trials: training in the Tune trial itself --------------------------------------------------------
 class LocalCheckpoints:
@@ -257,6 +267,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
         work, epochs, resume_from = Path(folder), checkpoints.complete_epochs(), None
         if epochs:
+            trial.report_again(epochs[-1])
             resume_from = trial.run.join(checkpoint_name(epochs[-1]), CHECKPOINT_FILE).download(work / CHECKPOINT_FILE)
         train(plan.resolve(dict(config)), report, output_dir=str(work / "out"), resume_from=resume_from)
 

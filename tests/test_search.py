@@ -389,3 +389,97 @@ def test_scheduler_min_mode_and_a_replicate_that_ended_early():
     assert sched.stopped_early("b-0") is None
     assert sched.on_trial_result(None, trial("b-0", {"fusion": "b", "seed": 0}), {"loss": 5.0, "epoch": 2}) == "STOP"
     assert sched.stopped_early("b-0")["cutoff"] == pytest.approx(1.0)
+
+
+class Controller:
+    """The part of Tune's controller a scheduler sees: its trials, each with a status."""
+
+    def __init__(self):
+        self.trials: list[SimpleNamespace] = []
+
+    def add(self, sched, tid: str, config: dict, status: str = "RUNNING"):
+        t = SimpleNamespace(trial_id=tid, config=config, status=status)
+        self.trials.append(t)
+        sched.on_trial_add(self, t)
+        return t
+
+    def get_trials(self):
+        return list(self.trials)
+
+
+def holding_scheduler(hold=True):
+    sched = ReplicateASHA(max_t=8, grace_period=1, reduction_factor=2, replicates=3, min_gap_se=2.0,
+                          hold_at_rungs=hold)
+    sched.set_search_properties(METRIC, "max")
+    return sched, Controller()
+
+
+def report(sched, controller, t, value: float, epoch: int = 1) -> str:
+    decision = sched.on_trial_result(controller, t, {METRIC: value, "epoch": epoch})
+    t.status = {TrialScheduler.PAUSE: "PAUSED", TrialScheduler.STOP: "TERMINATED"}.get(decision, t.status)
+    return decision
+
+
+def test_replicates_wait_at_a_rung_for_their_group_and_resume_when_it_goes_on():
+    sched, controller = holding_scheduler()
+    a = [controller.add(sched, f"a-{i}", {"fusion": "a", "seed": i}) for i in range(3)]
+    assert report(sched, controller, a[0], 9.0) == TrialScheduler.PAUSE  # a-1, a-2 still to come: a-0 waits
+    assert report(sched, controller, a[1], 10.0) == TrialScheduler.PAUSE
+    assert sched.choose_trial_to_run(controller) is None  # both held; a-2 is running
+    assert report(sched, controller, a[2], 11.0) == TrialScheduler.CONTINUE  # the last one: the group is judged
+    assert sched.choose_trial_to_run(controller) is a[0]  # the held ones are released, paused first
+    a[0].status = "RUNNING"
+    assert sched.choose_trial_to_run(controller) is a[1]
+    # a-0 resumed reports its rung result again (launch.trainable), then trains on to the next rung
+    assert report(sched, controller, a[0], 9.0) == TrialScheduler.CONTINUE
+    assert sched.group_means(1) == {config_hash({"fusion": "a"}): pytest.approx(10.0)}
+
+
+def test_replicates_held_at_a_rung_stop_with_their_group_when_resumed():
+    sched, controller = holding_scheduler()
+    for i, v in enumerate((9.0, 10.0, 11.0)):  # group a: the cutoff 10 at rung 1, spread 1
+        t = controller.add(sched, f"a-{i}", {"fusion": "a", "seed": i})
+        report(sched, controller, t, v)
+    b = [controller.add(sched, f"b-{i}", {"fusion": "b", "seed": i}) for i in range(3)]
+    assert report(sched, controller, b[0], 5.0) == TrialScheduler.PAUSE
+    assert report(sched, controller, b[1], 6.0) == TrialScheduler.PAUSE
+    assert report(sched, controller, b[2], 7.0) == TrialScheduler.STOP  # 4 below the cutoff, threshold 1.63
+    assert sched.choose_trial_to_run(controller) is b[0]  # released: it stops at its first result
+    for t in b[:2]:
+        t.status = "RUNNING"
+        assert report(sched, controller, t, 5.0) == TrialScheduler.STOP  # its rung result, reported again
+    for t in b:
+        assert sched.stopped_early(t.trial_id)["rung"] == 1
+    assert sched.choose_trial_to_run(controller) is None
+
+
+def test_a_replicate_is_not_held_for_one_that_is_not_on_its_way():
+    sched, controller = holding_scheduler()
+    first = controller.add(sched, "a-0", {"fusion": "a", "seed": 0})
+    controller.add(sched, "a-1", {"fusion": "a", "seed": 1})  # a-2 not suggested yet: holding could deadlock
+    assert report(sched, controller, first, 9.0) == TrialScheduler.CONTINUE
+    sched, controller = holding_scheduler(hold=False)  # Ray Train trials: never held
+    a = [controller.add(sched, f"a-{i}", {"fusion": "a", "seed": i}) for i in range(3)]
+    assert report(sched, controller, a[0], 9.0) == TrialScheduler.CONTINUE
+
+
+def test_held_trials_run_on_when_nothing_else_can_run():
+    sched, controller = holding_scheduler()
+    a = [controller.add(sched, f"a-{i}", {"fusion": "a", "seed": i}) for i in range(3)]
+    assert report(sched, controller, a[0], 9.0) == TrialScheduler.PAUSE
+    a[1].status = a[2].status = "PAUSED"  # e.g. paused by Tune itself: no group member left running
+    assert sched.choose_trial_to_run(controller) is a[0]
+
+
+def test_hold_at_rungs_is_a_one_worker_option(spec, tmp_path):
+    from a2core.config import ConfigError
+
+    assert not build_scheduler(spec).hold_at_rungs  # off unless asked for
+    raw = yaml.safe_load(study_file(tmp_path, ABLATION).read_text())
+    raw["search"]["scheduler"] = {"asha": {"grace_period": 1, "hold_at_rungs": True}}
+    (tmp_path / "hold.yaml").write_text(yaml.safe_dump(raw))
+    assert build_scheduler(load_study(tmp_path / "hold.yaml")).hold_at_rungs
+    raw["resources"].update(workers_per_trial=2, cpus_per_worker=0.5)
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="search.scheduler.asha.hold_at_rungs.*one-worker trials"):
+        load_study(tmp_path / "train.yaml")

@@ -152,3 +152,38 @@ def test_trial_larger_than_the_cluster_is_refused(tmp_path, tiny_data):
     assert run.returncode == 2, run.stdout[-3000:]
     assert "resources.cpus_per_worker" in run.stdout and "the cluster has" in run.stdout
     assert not (tmp_path / "studies" / "ray-big" / "study.yaml").exists()
+
+
+def test_replicates_held_at_a_rung_resume_or_stop_with_their_group(tmp_path, tiny_data):
+    """`hold_at_rungs`: a replicate that reaches a rung before its group is paused there; when the group is judged
+    it resumes (reporting its rung result again first) and goes on, or stops at that result without training
+    another epoch. Every trial ends TERMINATED in the saved experiment (a resume would not train it again)."""
+    name = "ray-hold"
+    # BLEU-1 after one epoch of this tiny model: 14.0 for every seed at lr_factor 1, 0-2.5 at 1e-4
+    study = tiny_study(tmp_path, name, tiny_data, fusions=("none",), epochs=3, workers=1, cpus_per_worker=0.5,
+                       max_concurrent=6, extra={
+                           "train.warmup": 1,
+                           "search.metric": "val/BLEU-1",
+                           "search.space": {"fusion": {"grid": ["none"]}, "train.lr_factor": {"grid": [1.0, 0.0001]}},
+                           "search.replicates": 3,
+                           "search.scheduler": {"asha": {"grace_period": 1, "reduction_factor": 2, "min_gap_se": 0,
+                                                         "hold_at_rungs": True}}})
+    run = a2("study", "run", str(study), cwd=tmp_path, env=local_env())
+    assert run.returncode == 0, run.stdout[-6000:]
+
+    summary = json.loads((tmp_path / "studies" / name / "summary.json").read_text())
+    trials = summary["trials"]
+    assert len(trials) == 6 and all(t["state"] == "TERMINATED" for t in trials), [t["state"] for t in trials]
+    by_lr = {}
+    for t in trials:
+        by_lr.setdefault(t["sampled"]["train.lr_factor"], []).append(t)
+    assert [t["epochs_done"] for t in by_lr[1.0]] == [3, 3, 3]
+    for t in by_lr[0.0001]:  # stopped at rung 1, each after exactly one epoch (held ones did not train on)
+        assert t["epochs_done"] == 1 and t["stopped_early"]["rung"] == 1, t
+
+    # At least one trial was paused and resumed: its rung result reported twice to Tune.
+    repeated = 0
+    for path in (tmp_path / "studies" / name).glob("*/result.json"):
+        epochs = [json.loads(line)["epoch"] for line in path.read_text().splitlines() if line.strip()]
+        repeated += len(epochs) - len(set(epochs))
+    assert repeated >= 1
