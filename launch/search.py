@@ -249,12 +249,12 @@ class ReplicateASHA(FIFOScheduler):
     earlier groups' means, spread the pooled within-group sd at the rung, k `min_gap_se`.
 
     `hold_at_rungs`: a replicate that reaches a rung before its group can be judged is paused there (Tune's
-    PAUSE: its checkpoint stays, its CPUs are free for any trial allowed to start) instead of training on. Once the group is judged it
-    is resumed, and a one-worker trial reports its last result again before training (`launch.trainable`), so one
-    of a stopped group gets its STOP there. (Not `stop_trial` on the paused trial: Tune would keep it PAUSED in
-    the saved experiment state, and a resume would train it again.) It is held only while every replicate still
-    missing at the rung is running or pending, so holds always end; should nothing be left to run, the held
-    trials are resumed."""
+    PAUSE: its checkpoint stays, its CPUs are free for any trial allowed to start) instead of training on. Once
+    the group is judged it is resumed, and a one-worker trial reports its last result again before training
+    (`launch.trainable`), so one of a stopped group gets its STOP there. (Not `stop_trial` on the paused trial:
+    Tune would keep it PAUSED in the saved experiment state, and a resume would train it again.) It is held only
+    while every replicate still missing at the rung is running or pending, so holds always end; should nothing be
+    left to run, the held trials are resumed."""
 
     def __init__(self, *, max_t: int, grace_period: int = 1, reduction_factor: float = 2, replicates: int = 1,
                  min_gap_se: float = 2.0, time_attr: str = TIME_ATTR, metric: str | None = None,
