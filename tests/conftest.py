@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from tests.s3server import s3_endpoint  # noqa: F401
+from tests.s3server import keep_session_environment, s3_endpoint  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +21,9 @@ def one_torch_thread():
 def _environment_restored():
     """Commands run in-process change os.environ on purpose (launch.raycluster.connect moves AWS keys into a
     credentials file and points AWS_PROFILE at it, for the life of that process): each test starts from the
-    environment the one before it started from."""
+    environment the one before it started from, plus what a session fixture started during it set."""
     saved = dict(os.environ)
     yield
     os.environ.clear()
     os.environ.update(saved)
+    keep_session_environment()

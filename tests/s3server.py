@@ -13,6 +13,7 @@ The server keeps its state for the whole session: give each test its own bucket 
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 
 import pytest
@@ -28,6 +29,18 @@ FAKE_ENV = {
 # Never read a developer's real AWS profile or point at real AWS by accident.
 UNSET_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
              "MLFLOW_S3_ENDPOINT_URL")
+# What the live `s3_endpoint` set ({name: value, or None: unset}). tests/conftest.py restores every test's
+# environment afterwards; a session started inside a test (`request.getfixturevalue`) must outlive that test's
+# restore, so conftest applies this again (`keep_session_environment`).
+SESSION_ENV: dict[str, str | None] = {}
+
+
+def keep_session_environment() -> None:
+    for name, value in SESSION_ENV.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")
@@ -36,13 +49,14 @@ def s3_endpoint(tmp_path_factory):
 
     mp = pytest.MonkeyPatch()
     try:
-        for k, v in FAKE_ENV.items():
-            mp.setenv(k, v)
-        for k in UNSET_ENV:
-            mp.delenv(k, raising=False)
-        empty = tmp_path_factory.mktemp("aws-config") / "none"
-        mp.setenv("AWS_CONFIG_FILE", str(empty))
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+        empty = str(tmp_path_factory.mktemp("aws-config") / "none")
+        SESSION_ENV.update(FAKE_ENV, **dict.fromkeys(UNSET_ENV))
+        SESSION_ENV.update(AWS_CONFIG_FILE=empty, AWS_SHARED_CREDENTIALS_FILE=empty)
+        for k, v in SESSION_ENV.items():
+            if v is None:
+                mp.delenv(k, raising=False)
+            else:
+                mp.setenv(k, v)
         server = start_moto()
         try:
             host, port = server.get_host_and_port()
@@ -50,6 +64,7 @@ def s3_endpoint(tmp_path_factory):
         finally:
             server.stop()
     finally:
+        SESSION_ENV.clear()
         mp.undo()
 
 
