@@ -1,8 +1,6 @@
-"""Study files: their schema, their complete validation, and the search space they describe (README "Studies").
-
-A study file is the `data` / `model` / `train` sections of an `a2core` config plus the study's own sections, whose
-pydantic models are below. `load_study` checks everything before Ray starts (this module never imports ray),
-including what no schema can say (`_Loader`). Errors are `ConfigError`s naming the dotted key and the file.
+"""Study files (README "Studies"): an a2core config's data / model / train sections plus the study's own, whose
+schema is below. `load_study` checks everything before Ray starts (this module never imports ray), including what no
+schema can say (`_Loader`), and raises `ConfigError`s naming the dotted key and the file.
 """
 from __future__ import annotations
 
@@ -154,9 +152,6 @@ class Param(Section):
             return (low + high) // 2
         middle = math.sqrt(low * high) if self.kind == "loguniform" else (low + high) / 2
         return float(f"{middle:.6g}")
-
-    def to_dict(self) -> dict:
-        return self.model_dump(mode="json", exclude_none=True)
 
 
 class Asha(Section):
@@ -376,14 +371,11 @@ class StudySpec:
     def algorithm(self) -> str:
         return self.search["algorithm"]
 
-    def _ordered(self, sampled: bool) -> list[Param]:
-        """Grid or sampled keys in the order a define-by-run space asks them: unconditional ones first."""
-        ps = [p for p in self.params.values() if p.sampled == sampled]
-        return [p for p in ps if not p.when] + [p for p in ps if p.when]
-
     @property
     def sampled_params(self) -> list[Param]:
-        return self._ordered(sampled=True)
+        """The sampled keys in the order a define-by-run space asks them: unconditional ones first."""
+        sampled = [p for p in self.params.values() if p.sampled]
+        return [p for p in sampled if not p.when] + [p for p in sampled if p.when]
 
     @property
     def sampled_keys(self) -> list[str]:
@@ -392,7 +384,7 @@ class StudySpec:
     def grid_cells(self) -> list[dict]:
         """Every combination of the grid keys (a conditional grid key only where its condition holds); `[{}]`
         when the space has no grid keys: the whole study is one cell."""
-        grid = self._ordered(sampled=False)
+        grid = [p for p in self.params.values() if not p.sampled]
         uncond = [p for p in grid if not p.when]
         cells = [dict(zip([p.key for p in uncond], combo)) for combo in itertools.product(*(p.values for p in uncond))]
         for p in grid:
@@ -453,7 +445,7 @@ class StudySpec:
         without the model keys its fusion does not use (`a2core.config.applicable_config`)."""
         raw = copy.deepcopy(self.base)
         for key, value in sampled.items():
-            path = self.params[key].path if key in self.params else resolve_key(key)
+            path = resolve_key(key)
             if path is None:
                 raise ConfigError(key, "not a key of the search space, an alias or a data/model/train path",
                                   self.source)
@@ -631,8 +623,9 @@ class _Loader:
 
     def check_search(self, search: Search, params: dict[str, Param], sections: dict) -> dict:
         """The normalised `search` section (defaults filled in, the space and points resolved)."""
-        out = search.model_dump(mode="json", exclude_none=True)  # `when` resolved, the unnamed scheduler left out
-        out["space"] = {key: p.to_dict() for key, p in params.items()}
+        # The params are search.space's own objects, their `when` resolved; the unnamed scheduler is left out.
+        out = search.model_dump(mode="json", exclude_none=True)
+        out.setdefault("space", {})
         out["points_to_evaluate"] = self.check_points(search, [p for p in params.values() if p.sampled])
         if search.replicates is not None:
             if get_dotted(sections, SEED_PATH, _MISSING) is not _MISSING:
@@ -659,7 +652,7 @@ class _Loader:
                     self.fail(where, f"points may only set sampled keys of the space "
                                      f"({', '.join(q.key for q in sampled) or 'there are none'})")
                 if not p.contains(value):
-                    self.fail(where, f"{value!r} is outside search.space.{p.key} ({p.to_dict()})")
+                    self.fail(where, f"{value!r} is outside search.space.{p.key} ({p.kind} {list(p.values)})")
                 full[p.key] = int(value) if p.kind == "randint" else value
             points.append({p.key: full.get(p.key, p.default()) for p in sampled})
         if sampled and search.algorithm != "grid" and len(points) > search.num_samples:
@@ -697,17 +690,11 @@ class _Loader:
 
     @staticmethod
     def probes(spec: StudySpec, cell: dict) -> list[dict]:
-        def at(pick):
-            return {**cell, **spec.fill(cell, pick)}
-
-        found = [at(lambda p: p.default()), at(lambda p: p.values[0]), at(lambda p: p.values[-1])]
-        for point in spec.search["points_to_evaluate"]:
-            found.append(at(lambda p, point=point: point[p.key]))
-        for c in spec.sampled_params:
-            if c.kind == "choice":
-                for v in c.values:
-                    found.append(at(lambda p, c=c, v=v: v if p is c else p.values[0]))
-        return _distinct_dicts(found)
+        picks = [lambda p: p.default(), lambda p: p.values[0], lambda p: p.values[-1]]
+        picks += [lambda p, point=point: point[p.key] for point in spec.search["points_to_evaluate"]]
+        picks += [lambda p, c=c, v=v: v if p is c else p.values[0]
+                  for c in spec.sampled_params if c.kind == "choice" for v in c.values]
+        return _distinct_dicts({**cell, **spec.fill(cell, pick)} for pick in picks)
 
     def explain(self, err: ConfigError, spec: StudySpec, cell: dict, assignment: dict):
         """Re-raise a probe's error at the space key that caused it, else at the config key with its cell."""
