@@ -521,8 +521,8 @@ class _Loader:
             value = get_dotted(sections, path)
             if isinstance(value, str) and value and "://" not in value:
                 set_dotted(sections, path, os.path.abspath(os.path.expanduser(value)))
-        params = self.check_space(study.search.space or {}, sections)
-        spec = StudySpec(name=study.name, base={}, search=self.check_search(study.search, params, sections),
+        params = self.check_space(study.search, sections)
+        spec = StudySpec(name=study.name, base={}, search=self.check_search(study.search, params),
                          resources=study.resources.model_dump(exclude_none=True),  # price_per_hour only when given
                          tracking={"mlflow_uri": study.tracking.mlflow_uri,
                                    "experiment": study.tracking.experiment or study.name},
@@ -550,29 +550,32 @@ class _Loader:
         return spec
 
     # -- search ---------------------------------------------------------------------------------------------------
-    def check_space(self, space: dict[str, Param], sections: dict) -> dict[str, Param]:
-        schema = config_schema()
-        named: dict[str, str] = {}  # config path -> space key
+    def check_space(self, search: Search, sections: dict) -> dict[str, Param]:
+        """The space's params, each keyed and its `when` resolved. One setter a config path: a space key or
+        search.replicates (train.seed), never also data / model / train."""
+        space, schema = search.space or {}, config_schema()
+        setters = {SEED_PATH: "search.replicates"} if search.replicates is not None else {}  # config path -> setter
         for key, p in space.items():
             where = f"search.space.{key}"
             path = resolve_key(key)
             if path is None:
                 self.fail(where, f"unknown search key: neither an alias ({', '.join(ALIASES)}) nor a "
                                  f"data./model./train. key of the config")
-            if path in named:
-                self.fail(where, f"names {path} like search.space.{named[path]} already does")
+            if path in setters:
+                self.fail(where, f"names {path} like {setters[path]} already does")
             if path in FIXED_PATHS:
                 self.fail(where, "the planned epochs must be the same for every trial (ASHA's budget and the "
                                  "pruning rule depend on them); set it in train")
-            if get_dotted(sections, path, _MISSING) is not _MISSING:
-                self.fail(path, f"is set by search.space.{key}; remove it from {path.split('.')[0]}")
             if not p.categorical and schema[path] is int and p.kind != "randint":
                 self.fail(f"{where}.{p.kind}", f"{path} is an integer: use randint, grid or choice")
             if not p.categorical and schema[path] in (str, bool):
                 self.fail(f"{where}.{p.kind}", f"{path} is a {'string' if schema[path] is str else 'boolean'}: "
                                                f"use grid or choice")
-            named[path] = key
+            setters[path] = where
             p._key = key
+        for path, setter in setters.items():
+            if get_dotted(sections, path, _MISSING) is not _MISSING:
+                self.fail(path, f"is set by {setter}; remove it from {path.split('.')[0]}")
         for key, p in space.items():
             if p.when is not None:
                 p.when = self.check_when(p, space)
@@ -621,21 +624,12 @@ class _Loader:
             self.fail(f"search.space.{temp.key}", f"the temperature T_P is only used by fusion 'exp_decay', but "
                                                   f"trials can use {', '.join(map(repr, others))}: {hint}")
 
-    def check_search(self, search: Search, params: dict[str, Param], sections: dict) -> dict:
+    def check_search(self, search: Search, params: dict[str, Param]) -> dict:
         """The normalised `search` section (defaults filled in, the space and points resolved)."""
         # The params are search.space's own objects, their `when` resolved; the unnamed scheduler is left out.
         out = search.model_dump(mode="json", exclude_none=True)
         out.setdefault("space", {})
         out["points_to_evaluate"] = self.check_points(search, [p for p in params.values() if p.sampled])
-        if search.replicates is not None:
-            if get_dotted(sections, SEED_PATH, _MISSING) is not _MISSING:
-                self.fail(SEED_PATH, "is set by search.replicates (the seed comes from the replicate index); "
-                                     "remove it from train")
-            seeded = [p.key for p in params.values() if p.path == SEED_PATH]
-            if seeded:
-                self.fail("search.replicates", f"the seed comes from the replicate index, but search.space."
-                                               f"{seeded[0]} also sets {SEED_PATH}; remove one of search.replicates "
-                                               f"and search.space.{seeded[0]}")
         return out
 
     def check_points(self, search: Search, sampled: list[Param]) -> list[dict]:
