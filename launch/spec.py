@@ -107,7 +107,6 @@ class Param(Section):
 
     @property
     def path(self) -> str:
-        """The dotted config path."""
         return resolve_key(self._key)
 
     @property
@@ -522,7 +521,11 @@ class _Loader:
             if isinstance(value, str) and value and "://" not in value:
                 set_dotted(sections, path, os.path.abspath(os.path.expanduser(value)))
         params = self.check_space(study.search, sections)
-        spec = StudySpec(name=study.name, base={}, search=self.check_search(study.search, params),
+        # Defaults filled in, `when` resolved (params are search.space's own objects), the unnamed scheduler left out
+        search = study.search.model_dump(mode="json", exclude_none=True)
+        search.setdefault("space", {})
+        search["points_to_evaluate"] = self.check_points(study.search, [p for p in params.values() if p.sampled])
+        spec = StudySpec(name=study.name, base={}, search=search,
                          resources=study.resources.model_dump(exclude_none=True),  # price_per_hour only when given
                          tracking={"mlflow_uri": study.tracking.mlflow_uri,
                                    "experiment": study.tracking.experiment or study.name},
@@ -551,8 +554,7 @@ class _Loader:
 
     # -- search ---------------------------------------------------------------------------------------------------
     def check_space(self, search: Search, sections: dict) -> dict[str, Param]:
-        """The space's params, each keyed and its `when` resolved. One setter a config path: a space key or
-        search.replicates (train.seed), never also data / model / train."""
+        """The space's params, keyed and their `when` resolved; a config path has one setter: a key or replicates."""
         space, schema = search.space or {}, config_schema()
         setters = {SEED_PATH: "search.replicates"} if search.replicates is not None else {}  # config path -> setter
         for key, p in space.items():
@@ -623,14 +625,6 @@ class _Loader:
             hint = f"add `when: {{{fusion.key}: exp_decay}}`" if fusion else "set model.fusion: exp_decay"
             self.fail(f"search.space.{temp.key}", f"the temperature T_P is only used by fusion 'exp_decay', but "
                                                   f"trials can use {', '.join(map(repr, others))}: {hint}")
-
-    def check_search(self, search: Search, params: dict[str, Param]) -> dict:
-        """The normalised `search` section (defaults filled in, the space and points resolved)."""
-        # The params are search.space's own objects, their `when` resolved; the unnamed scheduler is left out.
-        out = search.model_dump(mode="json", exclude_none=True)
-        out.setdefault("space", {})
-        out["points_to_evaluate"] = self.check_points(search, [p for p in params.values() if p.sampled])
-        return out
 
     def check_points(self, search: Search, sampled: list[Param]) -> list[dict]:
         """Every point with every sampled key (missing ones at their default); without points, the defaults."""
