@@ -21,6 +21,7 @@ from a2core.config import (Config, ConfigError, Flag, Integer, Number, Real, Sec
                            apply_overrides, config_error, get_dotted, integer, load_yaml, set_dotted)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.errors import DataError
+from dashboards.tracking import default_tracking_uri, redact_uri
 
 ALIASES = {"fusion": "model.fusion", "lambda": "model.lambda", "eta": "model.eta", "temperature": "model.temperature",
            "seed": "train.seed"}
@@ -38,7 +39,6 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 NAME_MAX = 64
 
 DEFAULT_STORAGE = "a2-studies"
-DEFAULT_MLFLOW_URI = "sqlite:///mlflow.db"
 _MLFLOW_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "postgres", "mysql", "mssql", "databricks")
 _S3 = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
 _SCHEME = r"^([A-Za-z][A-Za-z0-9+.\-]*):"  # of a URI; + "//" of a URL
@@ -231,10 +231,8 @@ class Tracking(Section):
     def _resolve_uri(self) -> Tracking:
         """The URI at load time (saved with the study, so a resumed one tracks to the same place), a file store
         or a relative sqlite database made absolute."""
-        uri = self.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_URI
+        uri = self.mlflow_uri or default_tracking_uri()
         if re.match(_SCHEME + r"//[^/@]*:[^/@]*@", uri):  # user:password@host
-            from dashboards.tracking import redact_uri
-
             raise ConfigError("mlflow_uri", f"{redact_uri(uri)}: no password in the URI (it would be saved with the "
                                             "study and shown); give it by reference: ~/.pgpass or $PGPASSFILE for "
                                             "a database, $MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials for an "
