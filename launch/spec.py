@@ -576,7 +576,7 @@ class _Loader:
         for path, setter in setters.items():
             if get_dotted(sections, path, _MISSING) is not _MISSING:
                 self.fail(path, f"is set by {setter}; remove it from {path.split('.')[0]}")
-        for key, p in space.items():
+        for p in space.values():
             if p.when is not None:
                 p.when = self.check_when(p, space)
         self.check_temperature(space, sections)
