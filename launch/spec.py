@@ -1,8 +1,6 @@
-"""Study files: their schema, their complete validation, and the search space they describe (README "Studies").
-
-A study file is the `data` / `model` / `train` sections of an `a2core` config plus the study's own sections, whose
-pydantic models are below. `load_study` checks everything before Ray starts (this module never imports ray),
-including what no schema can say (`_Loader`). Errors are `ConfigError`s naming the dotted key and the file.
+"""Study files (README "Studies"): an a2core config's data / model / train sections plus the study's own, whose
+schema is below. `load_study` checks everything before Ray starts (this module never imports ray), including what no
+schema can say (`_Loader`), and raises `ConfigError`s naming the dotted key and the file.
 """
 from __future__ import annotations
 
@@ -23,6 +21,7 @@ from a2core.config import (Config, ConfigError, Flag, Integer, Number, Real, Sec
                            apply_overrides, config_error, get_dotted, integer, load_yaml, set_dotted)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.errors import DataError
+from dashboards.tracking import default_tracking_uri, redact_uri
 
 ALIASES = {"fusion": "model.fusion", "lambda": "model.lambda", "eta": "model.eta", "temperature": "model.temperature",
            "seed": "train.seed"}
@@ -40,7 +39,6 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 NAME_MAX = 64
 
 DEFAULT_STORAGE = "a2-studies"
-DEFAULT_MLFLOW_URI = "sqlite:///mlflow.db"
 _MLFLOW_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "postgres", "mysql", "mssql", "databricks")
 _S3 = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
 _SCHEME = r"^([A-Za-z][A-Za-z0-9+.\-]*):"  # of a URI; + "//" of a URL
@@ -109,7 +107,6 @@ class Param(Section):
 
     @property
     def path(self) -> str:
-        """The dotted config path."""
         return resolve_key(self._key)
 
     @property
@@ -154,9 +151,6 @@ class Param(Section):
             return (low + high) // 2
         middle = math.sqrt(low * high) if self.kind == "loguniform" else (low + high) / 2
         return float(f"{middle:.6g}")
-
-    def to_dict(self) -> dict:
-        return self.model_dump(mode="json", exclude_none=True)
 
 
 class Asha(Section):
@@ -237,10 +231,8 @@ class Tracking(Section):
     def _resolve_uri(self) -> Tracking:
         """The URI at load time (saved with the study, so a resumed one tracks to the same place), a file store
         or a relative sqlite database made absolute."""
-        uri = self.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_URI
+        uri = self.mlflow_uri or default_tracking_uri()
         if re.match(_SCHEME + r"//[^/@]*:[^/@]*@", uri):  # user:password@host
-            from dashboards.tracking import redact_uri
-
             raise ConfigError("mlflow_uri", f"{redact_uri(uri)}: no password in the URI (it would be saved with the "
                                             "study and shown); give it by reference: ~/.pgpass or $PGPASSFILE for "
                                             "a database, $MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials for an "
@@ -376,14 +368,11 @@ class StudySpec:
     def algorithm(self) -> str:
         return self.search["algorithm"]
 
-    def _ordered(self, sampled: bool) -> list[Param]:
-        """Grid or sampled keys in the order a define-by-run space asks them: unconditional ones first."""
-        ps = [p for p in self.params.values() if p.sampled == sampled]
-        return [p for p in ps if not p.when] + [p for p in ps if p.when]
-
     @property
     def sampled_params(self) -> list[Param]:
-        return self._ordered(sampled=True)
+        """The sampled keys in the order a define-by-run space asks them: unconditional ones first."""
+        sampled = [p for p in self.params.values() if p.sampled]
+        return [p for p in sampled if not p.when] + [p for p in sampled if p.when]
 
     @property
     def sampled_keys(self) -> list[str]:
@@ -392,7 +381,7 @@ class StudySpec:
     def grid_cells(self) -> list[dict]:
         """Every combination of the grid keys (a conditional grid key only where its condition holds); `[{}]`
         when the space has no grid keys: the whole study is one cell."""
-        grid = self._ordered(sampled=False)
+        grid = [p for p in self.params.values() if not p.sampled]
         uncond = [p for p in grid if not p.when]
         cells = [dict(zip([p.key for p in uncond], combo)) for combo in itertools.product(*(p.values for p in uncond))]
         for p in grid:
@@ -453,7 +442,7 @@ class StudySpec:
         without the model keys its fusion does not use (`a2core.config.applicable_config`)."""
         raw = copy.deepcopy(self.base)
         for key, value in sampled.items():
-            path = self.params[key].path if key in self.params else resolve_key(key)
+            path = resolve_key(key)
             if path is None:
                 raise ConfigError(key, "not a key of the search space, an alias or a data/model/train path",
                                   self.source)
@@ -529,8 +518,12 @@ class _Loader:
             value = get_dotted(sections, path)
             if isinstance(value, str) and value and "://" not in value:
                 set_dotted(sections, path, os.path.abspath(os.path.expanduser(value)))
-        params = self.check_space(study.search.space or {}, sections)
-        spec = StudySpec(name=study.name, base={}, search=self.check_search(study.search, params, sections),
+        params = self.check_space(study.search, sections)
+        # Defaults filled in, `when` resolved (params are search.space's own objects), the unnamed scheduler left out
+        search = study.search.model_dump(mode="json", exclude_none=True)
+        search.setdefault("space", {})
+        search["points_to_evaluate"] = self.check_points(study.search, [p for p in params.values() if p.sampled])
+        spec = StudySpec(name=study.name, base={}, search=search,
                          resources=study.resources.model_dump(exclude_none=True),  # price_per_hour only when given
                          tracking={"mlflow_uri": study.tracking.mlflow_uri,
                                    "experiment": study.tracking.experiment or study.name},
@@ -558,30 +551,32 @@ class _Loader:
         return spec
 
     # -- search ---------------------------------------------------------------------------------------------------
-    def check_space(self, space: dict[str, Param], sections: dict) -> dict[str, Param]:
-        schema = config_schema()
-        named: dict[str, str] = {}  # config path -> space key
+    def check_space(self, search: Search, sections: dict) -> dict[str, Param]:
+        """The space's params, keyed and their `when` resolved; a config path has one setter: a key or replicates."""
+        space, schema = search.space or {}, config_schema()
+        setters = {SEED_PATH: "search.replicates"} if search.replicates is not None else {}  # config path -> setter
         for key, p in space.items():
             where = f"search.space.{key}"
             path = resolve_key(key)
             if path is None:
                 self.fail(where, f"unknown search key: neither an alias ({', '.join(ALIASES)}) nor a "
                                  f"data./model./train. key of the config")
-            if path in named:
-                self.fail(where, f"names {path} like search.space.{named[path]} already does")
+            if path in setters:
+                self.fail(where, f"names {path} like {setters[path]} already does")
             if path in FIXED_PATHS:
                 self.fail(where, "the planned epochs must be the same for every trial (ASHA's budget and the "
                                  "pruning rule depend on them); set it in train")
-            if get_dotted(sections, path, _MISSING) is not _MISSING:
-                self.fail(path, f"is set by search.space.{key}; remove it from {path.split('.')[0]}")
             if not p.categorical and schema[path] is int and p.kind != "randint":
                 self.fail(f"{where}.{p.kind}", f"{path} is an integer: use randint, grid or choice")
             if not p.categorical and schema[path] in (str, bool):
                 self.fail(f"{where}.{p.kind}", f"{path} is a {'string' if schema[path] is str else 'boolean'}: "
                                                f"use grid or choice")
-            named[path] = key
+            setters[path] = where
             p._key = key
-        for key, p in space.items():
+        for path, setter in setters.items():
+            if get_dotted(sections, path, _MISSING) is not _MISSING:
+                self.fail(path, f"is set by {setter}; remove it from {path.split('.')[0]}")
+        for p in space.values():
             if p.when is not None:
                 p.when = self.check_when(p, space)
         self.check_temperature(space, sections)
@@ -629,22 +624,6 @@ class _Loader:
             self.fail(f"search.space.{temp.key}", f"the temperature T_P is only used by fusion 'exp_decay', but "
                                                   f"trials can use {', '.join(map(repr, others))}: {hint}")
 
-    def check_search(self, search: Search, params: dict[str, Param], sections: dict) -> dict:
-        """The normalised `search` section (defaults filled in, the space and points resolved)."""
-        out = search.model_dump(mode="json", exclude_none=True)  # `when` resolved, the unnamed scheduler left out
-        out["space"] = {key: p.to_dict() for key, p in params.items()}
-        out["points_to_evaluate"] = self.check_points(search, [p for p in params.values() if p.sampled])
-        if search.replicates is not None:
-            if get_dotted(sections, SEED_PATH, _MISSING) is not _MISSING:
-                self.fail(SEED_PATH, "is set by search.replicates (the seed comes from the replicate index); "
-                                     "remove it from train")
-            seeded = [p.key for p in params.values() if p.path == SEED_PATH]
-            if seeded:
-                self.fail("search.replicates", f"the seed comes from the replicate index, but search.space."
-                                               f"{seeded[0]} also sets {SEED_PATH}; remove one of search.replicates "
-                                               f"and search.space.{seeded[0]}")
-        return out
-
     def check_points(self, search: Search, sampled: list[Param]) -> list[dict]:
         """Every point with every sampled key (missing ones at their default); without points, the defaults."""
         if search.points_to_evaluate is None:
@@ -659,7 +638,7 @@ class _Loader:
                     self.fail(where, f"points may only set sampled keys of the space "
                                      f"({', '.join(q.key for q in sampled) or 'there are none'})")
                 if not p.contains(value):
-                    self.fail(where, f"{value!r} is outside search.space.{p.key} ({p.to_dict()})")
+                    self.fail(where, f"{value!r} is outside search.space.{p.key} ({p.kind} {list(p.values)})")
                 full[p.key] = int(value) if p.kind == "randint" else value
             points.append({p.key: full.get(p.key, p.default()) for p in sampled})
         if sampled and search.algorithm != "grid" and len(points) > search.num_samples:
@@ -697,17 +676,11 @@ class _Loader:
 
     @staticmethod
     def probes(spec: StudySpec, cell: dict) -> list[dict]:
-        def at(pick):
-            return {**cell, **spec.fill(cell, pick)}
-
-        found = [at(lambda p: p.default()), at(lambda p: p.values[0]), at(lambda p: p.values[-1])]
-        for point in spec.search["points_to_evaluate"]:
-            found.append(at(lambda p, point=point: point[p.key]))
-        for c in spec.sampled_params:
-            if c.kind == "choice":
-                for v in c.values:
-                    found.append(at(lambda p, c=c, v=v: v if p is c else p.values[0]))
-        return _distinct_dicts(found)
+        picks = [lambda p: p.default(), lambda p: p.values[0], lambda p: p.values[-1]]
+        picks += [lambda p, point=point: point[p.key] for point in spec.search["points_to_evaluate"]]
+        picks += [lambda p, c=c, v=v: v if p is c else p.values[0]
+                  for c in spec.sampled_params if c.kind == "choice" for v in c.values]
+        return _distinct_dicts({**cell, **spec.fill(cell, pick)} for pick in picks)
 
     def explain(self, err: ConfigError, spec: StudySpec, cell: dict, assignment: dict):
         """Re-raise a probe's error at the space key that caused it, else at the config key with its cell."""

@@ -308,8 +308,10 @@ def test_replicate_group_with_a_stopped_replicate_is_pruned_and_restores(tmp_pat
 
 
 def test_replicates_and_a_seed_key_are_an_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"search.replicates.*search.space.seed"):
+    with pytest.raises(ConfigError, match=r"search.space.seed: names train.seed like search.replicates already does"):
         load_study(study_file(tmp_path, {**REPLICATED, "seed": {"grid": [0, 1]}}, replicates=3))
+    with pytest.raises(ConfigError, match=r"train.seed: is set by search.replicates; remove it from train"):
+        load_study(study_file(tmp_path, REPLICATED, replicates=3), ["train.seed=1"])
     with pytest.raises(ConfigError, match=r"search.replicates\[1\]: seed 0 is listed twice"):
         load_study(study_file(tmp_path, REPLICATED, replicates=[0, 0]))
     with pytest.raises(ConfigError, match=r"search.replicates: must be >= 1"):
