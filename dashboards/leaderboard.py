@@ -255,16 +255,14 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
     """Averaging ensemble of A2 checkpoints (the model's artifacts): `predict` captions a DataFrame's `image_id`s,
     in input order, from its optional `features` column of (n_regions, feature_dim) arrays, else from the model
     config's `features_path`, else the checkpoints' feature store. Decoding settings: the model config, else these."""
-    beam_size, max_len, batch_size, min_len = 5, 20, 50, 1
+    beam_size, max_len, batch_size = 5, 20, 50
 
     def load_context(self, context):
         import torch
 
         from a2core.checkpoint import load_ensemble
 
-        keys = sorted(k for k in context.artifacts if k.startswith("checkpoint_"))
-        if not keys:
-            raise ValueError("A2EnsembleModel: no checkpoint artifacts")
+        keys = sorted(k for k in context.artifacts if k.startswith("checkpoint_"))  # none: load_ensemble says so
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.models, self.vocab, self.config = load_ensemble([context.artifacts[k] for k in keys], self.device)
         model_config = getattr(context, "model_config", None) or {}
@@ -288,7 +286,7 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
         ids = [int(i) for i in model_input["image_id"]]
         store = (GivenFeatures(dict(zip(ids, model_input["features"])), self.config["model"]["feature_dim"])
                  if "features" in model_input.columns else self._feature_store())
-        stepper = MinLengthStepper(EnsembleStepper(self.models), self.vocab.eos, self.min_len)
+        stepper = MinLengthStepper(EnsembleStepper(self.models), self.vocab.eos)
         caps = caption_images(stepper, self.vocab, list(dict.fromkeys(ids)),
                               lambda i: store.padded(i, self.config["model"]["max_regions"]),
                               beam_size=int((params or {}).get("beam_size", self.beam_size)), max_len=self.max_len,
@@ -336,8 +334,7 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
             artifacts[f"checkpoint_{i:02d}"] = str(ckpt.save(
                 {k: state[k] for k in ("model", "config", "vocab", "epoch", "step", "best") if k in state},
                 Path(tmp) / f"checkpoint_{i:02d}.pt"))
-            if i == 0:
-                feature_dim = state["config"]["model"]["feature_dim"]
+        feature_dim = state["config"]["model"]["feature_dim"]  # the same for every member of an ensemble
         # input `image_id` and, optionally, `features`: an image's (n_regions, feature_dim) region features
         signature = ModelSignature(
             inputs=Schema([ColSpec("long", "image_id"), ColSpec(Array(Array("double")), "features", required=False)]),
