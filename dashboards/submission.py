@@ -72,9 +72,6 @@ class Problem:
     message: str
     image_ids: tuple[int, ...] = ()
 
-    def __str__(self) -> str:
-        return f"{self.file}: {self.message}"
-
 
 @dataclass
 class ValidationReport:
@@ -100,7 +97,7 @@ class ValidationReport:
             files = ", ".join(f"{name} ({n} captions)" for name, n in sorted(self.files.items()))
             return f"{self.zip_path}: OK - {files}"
         lines = [f"{self.zip_path}: {len(self.problems)} problem(s)"]
-        lines += [f"  - [{p.kind}] {p}" for p in self.problems]
+        lines += [f"  - [{p.kind}] {p.file}: {p.message}" for p in self.problems]
         return "\n".join(lines)
 
 
