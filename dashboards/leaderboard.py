@@ -1,10 +1,5 @@
-"""The leaderboard of a packaged study, and the ensemble as an MLflow model.
-
-`leaderboard.json` (written by `a2 package`, `build_leaderboard` shows its keys) holds the offline COCO metrics
-(Karpathy test split, x100) of every seed checkpoint of the study's best configuration and of their averaging
-ensemble, one value per row, where each number came from, the seed mean with its interval, the ensemble's gain over
-its best member, and the paper's rows for the same fusion.
-"""
+"""`leaderboard.json` of a packaged study (`build_leaderboard` shows its keys; the README says what it holds), and
+the ensemble as an MLflow model."""
 from __future__ import annotations
 
 import copy
@@ -121,13 +116,10 @@ def ensemble_gain(ensemble: Mapping[str, float], members: Mapping[str, Mapping[s
 
 def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensemble_metrics: Mapping[str, float],
                       images: int, beam_size: int = 5, max_len: int = 20, selected_by: Mapping | None = None,
-                      split: str = "test", extra: Mapping | None = None,
-                      per_image: Mapping[str, Mapping[int, float]] | None = None) -> dict:
-    """The leaderboard dict.
-
-    `members`: one dict per seed checkpoint with `seed`, `trial_id`, `study`, `checkpoint`, `metrics` (x100,
-    from `score_systems`) and optionally `mlflow_run_id`, `value` (its study metric). `ensemble_metrics`: the
-    ensemble's metrics. `per_image`: per-image CIDEr-D of "seed-<s>" and "ensemble" (from `score_systems`)."""
+                      extra: Mapping | None = None, per_image: Mapping[str, Mapping[int, float]] | None = None) -> dict:
+    """The leaderboard dict. `members`: one dict per seed checkpoint with `seed`, `trial_id`, `study`, `checkpoint`,
+    `metrics` and optionally `mlflow_run_id`, `value` (its study metric); `metrics`, `ensemble_metrics` and
+    `per_image` (CIDEr-D of "seed-<s>" and "ensemble") as `score_systems` gives them."""
     from dashboards.tracking import git_commit
 
     cfg = canonical_config(config)
@@ -153,7 +145,7 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
         "study": study,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "git_commit": git_commit(),
-        "evaluation": {"split": f"karpathy-{split}", "images": int(images), "beam_size": int(beam_size),
+        "evaluation": {"split": "karpathy-test", "images": int(images), "beam_size": int(beam_size),
                        "max_len": int(max_len), "scale": SCALE_NAME, "metrics": metrics,
                        "spice": "SPICE" in ensemble_metrics, "interval": "95%"},
         "configuration": {"hash": digest, "fusion": fusion, "lambda": cfg.get("model", {}).get("lambda"),
@@ -260,22 +252,17 @@ class GivenFeatures(FeatureStore):
 
 
 class A2EnsembleModel(mlflow.pyfunc.PythonModel):
-    """Averaging ensemble of A2 checkpoints (the model's artifacts) that captions images.
-
-    `predict` takes a DataFrame with an `image_id` column and, optionally, a `features` column of (n_regions,
-    feature_dim) arrays (the signature `register_ensemble` logs). Without features, regions come from
-    `features_path` in the model config, else the feature store of the checkpoints' data config. Returns
-    `image_id` and `caption`, in input order. Decoding settings: the model config, else these."""
-    beam_size, max_len, batch_size, min_len = 5, 20, 50, 1
+    """Averaging ensemble of A2 checkpoints (the model's artifacts): `predict` captions a DataFrame's `image_id`s,
+    in input order, from its optional `features` column of (n_regions, feature_dim) arrays, else from the model
+    config's `features_path`, else the checkpoints' feature store. Decoding settings: the model config, else these."""
+    beam_size, max_len, batch_size = 5, 20, 50
 
     def load_context(self, context):
         import torch
 
         from a2core.checkpoint import load_ensemble
 
-        keys = sorted(k for k in context.artifacts if k.startswith("checkpoint_"))
-        if not keys:
-            raise ValueError("A2EnsembleModel: no checkpoint artifacts")
+        keys = sorted(k for k in context.artifacts if k.startswith("checkpoint_"))  # none: load_ensemble says so
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.models, self.vocab, self.config = load_ensemble([context.artifacts[k] for k in keys], self.device)
         model_config = getattr(context, "model_config", None) or {}
@@ -299,7 +286,7 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
         ids = [int(i) for i in model_input["image_id"]]
         store = (GivenFeatures(dict(zip(ids, model_input["features"])), self.config["model"]["feature_dim"])
                  if "features" in model_input.columns else self._feature_store())
-        stepper = MinLengthStepper(EnsembleStepper(self.models), self.vocab.eos, self.min_len)
+        stepper = MinLengthStepper(EnsembleStepper(self.models), self.vocab.eos)
         caps = caption_images(stepper, self.vocab, list(dict.fromkeys(ids)),
                               lambda i: store.padded(i, self.config["model"]["max_regions"]),
                               beam_size=int((params or {}).get("beam_size", self.beam_size)), max_len=self.max_len,
@@ -347,8 +334,7 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
             artifacts[f"checkpoint_{i:02d}"] = str(ckpt.save(
                 {k: state[k] for k in ("model", "config", "vocab", "epoch", "step", "best") if k in state},
                 Path(tmp) / f"checkpoint_{i:02d}.pt"))
-            if i == 0:
-                feature_dim = state["config"]["model"]["feature_dim"]
+        feature_dim = state["config"]["model"]["feature_dim"]  # the same for every member of an ensemble
         # input `image_id` and, optionally, `features`: an image's (n_regions, feature_dim) region features
         signature = ModelSignature(
             inputs=Schema([ColSpec("long", "image_id"), ColSpec(Array(Array("double")), "features", required=False)]),

@@ -39,17 +39,17 @@ def results_filename(split: str, alg: str) -> str:
 
 def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_results: str | os.PathLike) -> Path:
     """Write `zip_path` (the server's `results.zip`) holding the two results files at its root, atomically."""
-    val_results, test_results = Path(val_results), Path(test_results)
-    for p in (val_results, test_results):
+    paths = [Path(val_results), Path(test_results)]
+    for p in paths:
         if not p.is_file():
             raise SubmissionError(f"results file not found: {p}")
-    if val_results.name == test_results.name:
-        raise SubmissionError(f"val and test results have the same file name {val_results.name!r}")
+    if paths[0].name == paths[1].name:
+        raise SubmissionError(f"val and test results have the same file name {paths[0].name!r}")
 
     def write(f):
         with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-            zf.write(val_results, arcname=val_results.name)
-            zf.write(test_results, arcname=test_results.name)
+            for p in paths:
+                zf.write(p, arcname=p.name)
 
     return atomic_write(zip_path, write)
 
@@ -72,9 +72,6 @@ class Problem:
     message: str
     image_ids: tuple[int, ...] = ()
 
-    def __str__(self) -> str:
-        return f"{self.file}: {self.message}"
-
 
 @dataclass
 class ValidationReport:
@@ -89,9 +86,6 @@ class ValidationReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def __bool__(self) -> bool:
-        return self.ok
-
     def kinds(self) -> list[str]:
         return [p.kind for p in self.problems]
 
@@ -103,12 +97,8 @@ class ValidationReport:
             files = ", ".join(f"{name} ({n} captions)" for name, n in sorted(self.files.items()))
             return f"{self.zip_path}: OK - {files}"
         lines = [f"{self.zip_path}: {len(self.problems)} problem(s)"]
-        lines += [f"  - [{p.kind}] {p}" for p in self.problems]
+        lines += [f"  - [{p.kind}] {p.file}: {p.message}" for p in self.problems]
         return "\n".join(lines)
-
-    def raise_if_invalid(self) -> None:
-        if not self.ok:
-            raise SubmissionError(str(self))
 
 
 # What `_check_entries` reports, in this order: key -> (kind, message; {n}: how many, {shown}: the first few).

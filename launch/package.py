@@ -339,23 +339,11 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
     """(CaptionData, its data config, {"splits": {split: image ids}, "sources", "max_len"}) for decoding the
     server's val2014 / test2014 images and the Karpathy test split with the checkpoints' vocabulary."""
     from a2core import checkpoint as ckpt
-    from a2core.data.captions import Vocab
+    from a2core.data.captions import Vocab, read_image_info
     from a2core.decode import checkpoint_data
 
     state = ckpt.load(checkpoint)
     data = checkpoint_data(state["config"], Vocab(state["vocab"]), data_overrides)
-    val_ids, test_ids, sources = _image_lists(data, val_images, test_images)
-    karpathy = [img.image_id for img in data.images("test")]
-    data.features.check_ids(list(dict.fromkeys(val_ids + test_ids + karpathy)))
-    return data, data.cfg.model_dump(by_alias=True), {
-        "splits": {"val2014": val_ids, "test2014": test_ids, "test": karpathy}, "sources": sources,
-        "max_len": int(state["config"]["train"].get("max_len", 20))}
-
-
-def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple[list[int], list[int], dict]:
-    """The val2014 / test2014 ids the server expects and where they came from."""
-    from a2core.data.captions import read_image_info
-
     test_file = test_images or data.paths.test_images
     if not test_file:
         raise PackageError("no test2014 image list: set data.test_images in the study or pass --test-images")
@@ -365,7 +353,13 @@ def _image_lists(data, val_images: str | None, test_images: str | None) -> tuple
         val_ids = list(dict.fromkeys(img.image_id for img in data.images("val2014")))
         has_file = data.paths.val_images and Path(data.paths.val_images).is_file()
         val_source = str(data.paths.val_images) if has_file else f"{data.paths.captions} (filepath val2014)"
-    return val_ids, read_image_info(test_file), {"val2014": val_source, "test2014": str(test_file)}
+    test_ids = read_image_info(test_file)
+    karpathy = [img.image_id for img in data.images("test")]
+    data.features.check_ids(list(dict.fromkeys(val_ids + test_ids + karpathy)))
+    return data, data.cfg.model_dump(by_alias=True), {
+        "splits": {"val2014": val_ids, "test2014": test_ids, "test": karpathy},
+        "sources": {"val2014": val_source, "test2014": str(test_file)},
+        "max_len": int(state["config"]["train"].get("max_len", 20))}
 
 
 def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]], single_split: str | None,
@@ -481,9 +475,8 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
         "reused (it already serves these checkpoints)" if model["reused"] else "registered"), verbose)
     board = lb.build_leaderboard(
         study=name, config=best["config"], ensemble_metrics=scores["ensemble"], images=len(karpathy),
-        members=[{"seed": m["seed"], "trial_id": m["trial_id"], "study": m["study"], "checkpoint": m["checkpoint"],
-                  "value": m["value"], "metrics": scores[f"seed-{m['seed']}"],
-                  "mlflow_run_id": run_ids.get(m["study"], {}).get(m["trial_id"])} for m in members],
+        members=[{**m, "metrics": scores[f"seed-{m['seed']}"], "mlflow_run_id": run_ids[m["study"]].get(m["trial_id"])}
+                 for m in members],
         beam_size=beam_size, max_len=images["max_len"], per_image=per_image,
         selected_by={"metric": spec.metric, "mode": spec.mode, "trial_id": best["trial_id"], "value": best["value"],
                      "tie_break": "lower trial id"},
