@@ -46,10 +46,9 @@ class Spool:
     def add_outage(self, **counts) -> dict:
         """Add this driver's figures to the study's saved ones; returns the totals with `pending` (records left)."""
         saved = json.loads(self.outage_file.read_text() or "{}")
-        totals = {"down_seconds": float(saved.get("down_seconds", 0.0)),
-                  **{key: int(saved.get(key, 0)) for key in ("spooled", "replayed", "dropped")}}
-        for key, value in counts.items():
-            totals[key] = round(totals[key] + value, 3) if key == "down_seconds" else totals[key] + int(value)
+        keys = ("down_seconds", "spooled", "replayed", "dropped")
+        totals = {key: saved.get(key, 0) + counts.get(key, 0) for key in keys}
+        totals["down_seconds"] = round(float(totals["down_seconds"]), 3)
         if any(counts.values()):
             self.outage_file.write_text(json.dumps(totals, indent=2) + "\n")
         return {**totals, "pending": len(self.names())}
