@@ -1,10 +1,9 @@
 """Tracking that never blocks training and loses nothing: a queue drained by a thread, and a spool in the study's
 storage (`tracking/spool/`, one record per file; `tracking/outage.json`: the totals) for what MLflow could not take.
 
-A record is one tracking call keyed by trial id, not run id (a trial that starts while the server is down has no
-run yet). Applying a record twice changes nothing: MLflow keeps one row per (key, step, timestamp, value), runs are
-found again by their trial id tag, tags and statuses are set to the same values. So a replay deletes each record once
-applied, in order, and a replay cut short goes on where it stopped, without duplicates.
+A record is one tracking call keyed by trial id (a trial that starts while the server is down has no run yet).
+Applying one twice changes nothing (MLflow keeps one row per key, step, timestamp and value; runs are found again by
+their trial id tag), so a replay deletes each record once applied, and one cut short goes on without duplicates.
 """
 from __future__ import annotations
 

@@ -148,11 +148,6 @@ def git_commit() -> str:
     return "unknown"
 
 
-def _as_dict(config) -> dict:
-    """A config dict from a dict, a `Config` or None."""
-    return config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
-
-
 def _param_value(value: Any) -> str:
     if isinstance(value, (list, tuple, dict)):
         value = json.dumps(value, default=str, sort_keys=isinstance(value, dict))
@@ -286,7 +281,7 @@ class StudyTracker:
             self._running_again(run)
             self.set_tags(run.info.run_id, all_tags)
         self.parent_run_id = run.info.run_id
-        self._log_params(self.parent_run_id, flatten(_as_dict(params)), run.data.params)
+        self._log_params(self.parent_run_id, flatten(params or {}), run.data.params)
         return self.parent_run_id
 
     def end_study(self, status: str = "FINISHED") -> None:
@@ -302,7 +297,7 @@ class StudyTracker:
         trial_id = str(trial_id)
         if self.parent_run_id is None:
             self.start_study()
-        flat = flatten(applicable_config(_as_dict(config)))
+        flat = flatten(applicable_config(config or {}))
         own = {TAG_STUDY: self.study_name, TAG_ROLE: "trial", TAG_TRIAL_ID: trial_id,
                TAG_PARENT: self.parent_run_id, TAG_GIT: git_commit()}
         if own[TAG_GIT] != "unknown":
