@@ -30,8 +30,6 @@ _SKIP_KEYS = set(AUTO_RESULT_KEYS) | {
     "episodes_this_iter", "epoch", "samples", "checkpoint_path", "best_checkpoint", "best_checkpoint_path",
     "__duplicate__", "__trial_info__",
 }
-TAG_CHECKPOINT = "a2.checkpoint"
-TAG_RAY_TRIAL = "a2.ray_trial_name"
 
 
 def _guarded(method):
@@ -134,7 +132,7 @@ class A2MLflowCallback(Callback):
         config = dict(getattr(trial, "config", None) or {})
         self.opened.add(str(trial.trial_id))
         self._emit("trial", trial, config=self.resolve_config(config) if self.resolve_config else config,
-                   tags={TAG_RAY_TRIAL: str(trial), TAG_CONFIG_HASH: config_hash(config)}, run_name=str(trial))
+                   tags={"a2.ray_trial_name": str(trial), TAG_CONFIG_HASH: config_hash(config)}, run_name=str(trial))
 
     on_trial_restore = on_trial_start  # a restored trial continues its own run
 
@@ -203,7 +201,7 @@ class A2MLflowCallback(Callback):
             path = f"{str(last['checkpoint_path']).rstrip('/')}/{CHECKPOINT_FILE}"
         kind = checkpoint.filesystem.type_name
         uri = path if kind == "local" or "://" in path else f"{kind}://{path}"
-        tags = {TAG_CHECKPOINT: uri}
+        tags = {"a2.checkpoint": uri}
         best = self.best.get(str(trial.trial_id))
         if best is not None and best[1] is not None and best[1] == last.get("training_iteration"):
             tags[TAG_BEST_CKPT] = uri
