@@ -1,12 +1,9 @@
 """`a2 study compare NAME [--by KEY] [--baseline VALUE]`: a study's configurations side by side, from MLflow.
 
-Runs are grouped into configurations by their `a2.config_hash` tag (else by the params that vary, seed excluded).
-With `by` (a param such as `fusion`, `lambda`, `model.lambda`, or a tag) there is one row per value: its best
-configuration by mean best val CIDEr over seeds (`dashboards.stats.best_candidates`: stopped-early ones only when
-nothing else ran); runs without `by` are left out (`--by lambda` ignores fusion `none`). A row shows every
-metric's seed mean with its 95% interval and the difference in val CIDEr to the baseline (the row `--baseline
-VALUE`, else the best `fusion none` configuration): the paired bootstrap when both logged per-image CIDEr-D
-(`PER_IMAGE_ARTIFACT`), else Welch's t.
+One row per value of `by` (a param such as `fusion` or `model.lambda`, or a tag; runs without it are left out): its
+best configuration by mean best val CIDEr over seeds, each metric's seed mean with its 95% interval, and the
+difference in val CIDEr to the baseline row (paired bootstrap over `PER_IMAGE_ARTIFACT` when both logged it, else
+Welch's t).
 """
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ from a2core.errors import StudyError
 from dashboards.report import CIDER, TABLE_METRICS, RunSummary, group_value, load_study, searched_keys, sort_key
 from dashboards.stats import TAG_CONFIG_HASH, Arm, Comparison, best_candidates, compare_arms, is_stopped_early
 from dashboards.tables import text_table
-from dashboards.tracking import default_tracking_uri
+from dashboards.tracking import check_tracking_uri, default_tracking_uri
 
 BASELINE = "none"
 PER_IMAGE_ARTIFACT = "eval/per_image_cider.json"
@@ -101,10 +98,9 @@ def shown_metrics(comparison: Comparison) -> list[tuple[str, str]]:
     return [(label, m) for label, m in TABLE_METRICS if any(m in intervals for _, intervals in comparison.rows)]
 
 
-def compare_table(tracking_uri: str | None, study_name: str, by: str = "fusion", baseline: str | None = None) -> str:
+def compare_table(tracking_uri: str, study_name: str, by: str = "fusion", baseline: str | None = None) -> str:
     """The comparison as plain text: the table, then one verdict per row against the baseline."""
-    comparison, configs, n_runs = study_comparison(tracking_uri or default_tracking_uri(), study_name, by,
-                                                   baseline=baseline)
+    comparison, configs, n_runs = study_comparison(tracking_uri, study_name, by, baseline=baseline)
     if not comparison.rows:
         return f"study {study_name}: no run has logged {CIDER} and {by} yet"
     columns = shown_metrics(comparison)
@@ -123,9 +119,6 @@ def compare_table(tracking_uri: str | None, study_name: str, by: str = "fusion",
 
 def main(args) -> int:
     """Entry for `a2 study compare NAME [--by KEY] [--baseline VALUE] [--tracking-uri URI]`: prints the table."""
-    from dashboards.tracking import check_tracking_uri
-
-    uri = getattr(args, "tracking_uri", None) or default_tracking_uri()
-    check_tracking_uri(uri)
-    print(compare_table(uri, args.name, getattr(args, "by", "fusion") or "fusion", getattr(args, "baseline", None)))
+    uri = check_tracking_uri(args.tracking_uri or default_tracking_uri())
+    print(compare_table(uri, args.name, args.by, args.baseline))
     return 0

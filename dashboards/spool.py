@@ -1,10 +1,9 @@
 """Tracking that never blocks training and loses nothing: a queue drained by a thread, and a spool in the study's
 storage (`tracking/spool/`, one record per file; `tracking/outage.json`: the totals) for what MLflow could not take.
 
-A record is one tracking call keyed by trial id, not run id (a trial that starts while the server is down has no
-run yet). Applying a record twice changes nothing: MLflow keeps one row per (key, step, timestamp, value), runs are
-found again by their trial id tag, tags and statuses are set to the same values. So a replay deletes each record once
-applied, in order, and a replay cut short goes on where it stopped, without duplicates.
+A record is one tracking call keyed by trial id (a trial that starts while the server is down has no run yet).
+Applying one twice changes nothing (MLflow keeps one row per key, step, timestamp and value; runs are found again by
+their trial id tag), so a replay deletes each record once applied, and one cut short goes on without duplicates.
 """
 from __future__ import annotations
 
@@ -46,10 +45,9 @@ class Spool:
     def add_outage(self, **counts) -> dict:
         """Add this driver's figures to the study's saved ones; returns the totals with `pending` (records left)."""
         saved = json.loads(self.outage_file.read_text() or "{}")
-        totals = {"down_seconds": float(saved.get("down_seconds", 0.0)),
-                  **{key: int(saved.get(key, 0)) for key in ("spooled", "replayed", "dropped")}}
-        for key, value in counts.items():
-            totals[key] = round(totals[key] + value, 3) if key == "down_seconds" else totals[key] + int(value)
+        keys = ("down_seconds", "spooled", "replayed", "dropped")
+        totals = {key: saved.get(key, 0) + counts.get(key, 0) for key in keys}
+        totals["down_seconds"] = round(float(totals["down_seconds"]), 3)
         if any(counts.values()):
             self.outage_file.write_text(json.dumps(totals, indent=2) + "\n")
         return {**totals, "pending": len(self.names())}

@@ -37,11 +37,10 @@ TAG_PARENT = "mlflow.parentRunId"
 
 RUN_STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
 
-# MLflow's own limits (mlflow.utils.validation): value and key lengths, entities per log_batch request.
+# MLflow's own limits (mlflow.utils.validation) on value and key lengths.
 _MAX_PARAM_VALUE = 6000
 _MAX_TAG_VALUE = 8000
 _MAX_KEY = 250
-_BATCH = {"metrics": 1000, "params": 100, "tags": 100}
 
 _DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433, "oracle": 1521}
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
@@ -147,11 +146,6 @@ def git_commit() -> str:
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
     return "unknown"
-
-
-def _as_dict(config) -> dict:
-    """A config dict from a dict, a `Config` or None."""
-    return config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
 
 
 def _param_value(value: Any) -> str:
@@ -287,15 +281,10 @@ class StudyTracker:
             self._running_again(run)
             self.set_tags(run.info.run_id, all_tags)
         self.parent_run_id = run.info.run_id
-        self._log_params(self.parent_run_id, flatten(_as_dict(params)), run.data.params)
+        self._log_params(self.parent_run_id, flatten(params or {}), run.data.params)
         return self.parent_run_id
 
     def end_study(self, status: str = "FINISHED") -> None:
-        if self.parent_run_id is None:
-            run = self.find_parent_run()
-            if run is None:
-                return
-            self.parent_run_id = run.info.run_id
         self.client.set_terminated(self.parent_run_id, status=_status(status))
 
     # -- trials (children) -----------------------------------------------------------------------------------
@@ -308,7 +297,7 @@ class StudyTracker:
         trial_id = str(trial_id)
         if self.parent_run_id is None:
             self.start_study()
-        flat = flatten(applicable_config(_as_dict(config)))
+        flat = flatten(applicable_config(config or {}))
         own = {TAG_STUDY: self.study_name, TAG_ROLE: "trial", TAG_TRIAL_ID: trial_id,
                TAG_PARENT: self.parent_run_id, TAG_GIT: git_commit()}
         if own[TAG_GIT] != "unknown":
@@ -339,10 +328,8 @@ class StudyTracker:
         """Log (and return) the numeric values of `metrics` at `step`. `timestamp_ms` (default: now) is the result's
         own time: logging the same result again is then a no-op (MLflow keeps one row per key, step, time, value)."""
         ts = int(timestamp_ms) if timestamp_ms is not None else int(time.time() * 1000)
-        logged: dict[str, float] = {}
-        for key, value in (metrics or {}).items():
-            if (number := _numeric(value)) is not None:
-                logged[_clean_key(key)] = number
+        numbers = {_clean_key(key): _numeric(value) for key, value in (metrics or {}).items()}
+        logged = {key: number for key, number in numbers.items() if number is not None}
         self._log_batch(run_id, "metrics", [(k, v, ts, int(step)) for k, v in logged.items()])
         return logged
 
@@ -359,12 +346,11 @@ class StudyTracker:
         self._log_batch(run_id, "params", new)
 
     def _log_batch(self, run_id: str, kind: str, items: list[tuple]) -> None:
-        """`items` as MLflow entities of `kind` (metrics, params, tags), in as many log_batch requests as needed."""
+        """`items` as MLflow entities of `kind` (metrics, params, tags); the client splits them into requests."""
         from mlflow.entities import Metric, Param, RunTag
 
-        entities = [{"metrics": Metric, "params": Param, "tags": RunTag}[kind](*item) for item in items]
-        for i in range(0, len(entities), _BATCH[kind]):
-            self.client.log_batch(run_id, **{kind: entities[i:i + _BATCH[kind]]})
+        entity = {"metrics": Metric, "params": Param, "tags": RunTag}[kind]
+        self.client.log_batch(run_id, **{kind: [entity(*item) for item in items]})
 
 
 def _status(status: str) -> str:

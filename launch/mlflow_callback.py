@@ -3,7 +3,7 @@
 One parent run per study, one child run per Tune trial id (found again by its `a2.trial_id` tag after a restore),
 metrics at the result's `epoch` as step and with its own timestamp, so that logging a result twice leaves one
 point. The hooks never wait on MLflow: each queues a record on a `dashboards.spool.TrackingQueue`, which spools
-what a server that is down misses and replays it later; `strict=True` applies records in the hook and raises.
+what a server that is down misses and replays it later.
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import functools
 import json
 import logging
 import math
-import tempfile
 from typing import Callable
 
 from ray.tune import Callback
@@ -31,8 +30,6 @@ _SKIP_KEYS = set(AUTO_RESULT_KEYS) | {
     "episodes_this_iter", "epoch", "samples", "checkpoint_path", "best_checkpoint", "best_checkpoint_path",
     "__duplicate__", "__trial_info__",
 }
-TAG_CHECKPOINT = "a2.checkpoint"
-TAG_RAY_TRIAL = "a2.ray_trial_name"
 
 
 def _guarded(method):
@@ -57,38 +54,27 @@ def _timestamp_ms(result: dict) -> int | None:
     return int(ts * 1000) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None
 
 
-def _checkpoint_uri(checkpoint, path: str | None = None) -> str:
-    """A URI of `path` (default: the checkpoint's folder) on the checkpoint's filesystem."""
-    path = str(path or checkpoint.path)
-    fs = getattr(checkpoint, "filesystem", None)
-    kind = getattr(fs, "type_name", "local") if fs is not None else "local"
-    return path if kind == "local" or "://" in path else f"{kind}://{path}"
-
-
 class A2MLflowCallback(Callback):
     """Track a Tune study in MLflow. `resolve_config`: a trial's config -> the training config logged as params;
     `metric`/`mode` pick the best checkpoint (tag `a2.best_checkpoint`); `history_of(trial_id)`: the trial's result
     log, whose epochs MLflow lacks are logged once per trial and driver; `stopped_early_of(trial_id)`: the
-    scheduler's record of stopping a trial; `spool_at`: the study's Location holding the spool."""
+    scheduler's record of stopping a trial; `spool_at`: the study's Location holding the spool (without one, the
+    hooks apply their records themselves); `strict`: tracking trouble in a hook is raised, not logged."""
 
     def __init__(self, tracking_uri: str, study_name: str, *, experiment: str | None = None,
                  study_params: dict | None = None, study_tags: dict | None = None,
                  resolve_config: Callable[[dict], dict] | None = None, metric: str = "val/CIDEr",
-                 mode: str = "max", strict: bool = False, artifact_location: str | None = None,
-                 history_of: Callable[[str], list[dict]] | None = None,
+                 mode: str = "max", strict: bool = False, history_of: Callable[[str], list[dict]] | None = None,
                  stopped_early_of: Callable[[str], dict | None] | None = None, spool_at=None):
-        if mode not in ("max", "min"):
-            raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
         self.tracking_uri, self.study_name, self.experiment = tracking_uri, study_name, experiment
         self.study_params, self.study_tags = study_params or {}, study_tags or {}
-        self.resolve_config, self.metric, self.mode = resolve_config, metric, mode
-        self.strict, self.artifact_location = strict, artifact_location
+        self.resolve_config, self.metric, self.mode, self.strict = resolve_config, metric, mode, strict
         self.history_of, self.stopped_early_of, self.spool_at = history_of, stopped_early_of, spool_at
         self.tracker: StudyTracker | None = None
         self.queue: TrackingQueue | None = None
         self.outage: dict | None = None  # the study's outage totals, once the experiment ended
         self.parent_run_id: str | None = None
-        self._trial_runs: dict[str, str] = {}  # from the saved state, until the tracker has them
+        self.trial_runs: dict[str, str] = {}  # trial id -> run id, filled in by the tracker as it opens runs
         self.errored: set[str] = set()
         self.best: dict[str, tuple[float, int | None]] = {}  # trial id -> (best metric, its training_iteration)
         self.last_step: dict[str, int] = {}
@@ -96,11 +82,6 @@ class A2MLflowCallback(Callback):
         self.backfilled: set[str] = set()  # trials whose missing epochs this driver has looked for
 
     # -- state saved by Tune with the experiment ---------------------------------------------------------------
-    @property
-    def trial_runs(self) -> dict[str, str]:
-        """Trial id -> run id (the tracker's, filled in by its thread as runs are opened)."""
-        return self.tracker.trial_runs if self.tracker is not None else self._trial_runs
-
     def get_state(self) -> dict:
         return {"parent_run_id": self.parent_run_id, "trial_runs": dict(self.trial_runs),
                 "errored": sorted(self.errored), "best": dict(self.best), "last_step": dict(self.last_step)}
@@ -113,7 +94,7 @@ class A2MLflowCallback(Callback):
         self.last_step.update(state.get("last_step") or {})
 
     def __getstate__(self):  # the Tuner pickles its callbacks
-        return {**self.__dict__, "tracker": None, "queue": None, "_trial_runs": dict(self.trial_runs),
+        return {**self.__dict__, "tracker": None, "queue": None, "trial_runs": dict(self.trial_runs),
                 "backfilled": set()}  # a restored driver looks for missing epochs again
 
     # -- hooks -------------------------------------------------------------------------------------------------
@@ -122,26 +103,22 @@ class A2MLflowCallback(Callback):
         check_tracking_uri(self.tracking_uri)
         client_settings()
         tracker = self._ensure_tracker()
-        if not self.strict:
-            from dashboards.storage import open_location
-
-            at = self.spool_at or open_location(tempfile.mkdtemp(prefix="a2-tracking-"))
-            self.queue = TrackingQueue(tracker, Spool(at))
+        if self.spool_at is not None:
+            self.queue = TrackingQueue(tracker, Spool(self.spool_at))
         url = tracker.view_url()
         print(f"MLflow: study {self.study_name!r} -> parent run {self.parent_run_id}"
               + (f"; trials at {url}" if url else f" in {self.tracking_uri}"), flush=True)
 
     def _ensure_tracker(self) -> StudyTracker:
         if self.tracker is None:
-            tracker = StudyTracker(self.tracking_uri, self.study_name, experiment=self.experiment,
-                                   artifact_location=self.artifact_location)
-            tracker.trial_runs.update(self._trial_runs)
+            tracker = StudyTracker(self.tracking_uri, self.study_name, experiment=self.experiment)
+            tracker.trial_runs = self.trial_runs  # one map: the saved state's runs, and those the tracker opens
             self.parent_run_id = tracker.start_study(self.study_params, self.study_tags)
             self.tracker = tracker
         return self.tracker
 
     def _emit(self, op: str, trial=None, **fields) -> None:
-        """One tracking call: applied now (strict) or queued for the tracking thread (never waits on MLflow)."""
+        """One tracking call: queued for the tracking thread (never waits on MLflow), else applied now."""
         record = {"op": op, **fields}
         if trial is not None:
             record["trial"] = str(trial.trial_id)
@@ -155,7 +132,7 @@ class A2MLflowCallback(Callback):
         config = dict(getattr(trial, "config", None) or {})
         self.opened.add(str(trial.trial_id))
         self._emit("trial", trial, config=self.resolve_config(config) if self.resolve_config else config,
-                   tags={TAG_RAY_TRIAL: str(trial), TAG_CONFIG_HASH: config_hash(config)}, run_name=str(trial))
+                   tags={"a2.ray_trial_name": str(trial), TAG_CONFIG_HASH: config_hash(config)}, run_name=str(trial))
 
     on_trial_restore = on_trial_start  # a restored trial continues its own run
 
@@ -219,10 +196,12 @@ class A2MLflowCallback(Callback):
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         # Tune processes a result before the checkpoint reported with it (trial.last_result is that result).
         last = getattr(trial, "last_result", None) or {}
-        uri = _checkpoint_uri(checkpoint)
+        path = str(checkpoint.path)
         if last.get("checkpoint_path"):  # Tune's checkpoint points at the real one (launch.trainable): the weights
-            uri = _checkpoint_uri(checkpoint, f"{str(last['checkpoint_path']).rstrip('/')}/{CHECKPOINT_FILE}")
-        tags = {TAG_CHECKPOINT: uri}
+            path = f"{str(last['checkpoint_path']).rstrip('/')}/{CHECKPOINT_FILE}"
+        kind = checkpoint.filesystem.type_name
+        uri = path if kind == "local" or "://" in path else f"{kind}://{path}"
+        tags = {"a2.checkpoint": uri}
         best = self.best.get(str(trial.trial_id))
         if best is not None and best[1] is not None and best[1] == last.get("training_iteration"):
             tags[TAG_BEST_CKPT] = uri

@@ -86,7 +86,7 @@ def test_compare_by_lambda_ignores_trials_without_a_mask_network(study, capsys):
     assert set(comparison.differences) == {"0.01", "0.05", "0.1"}
     assert comparison.differences["0.05"].images is None  # no per-image scores logged: Welch over seed means
     assert comparison.differences["0.01"].resolved and comparison.differences["0.01"].delta == pytest.approx(3.0)
-    assert compare_main(argparse.Namespace(name=STUDY, by="lambda", tracking_uri=uri)) == 0
+    assert compare_main(argparse.Namespace(name=STUDY, by="lambda", baseline=None, tracking_uri=uri)) == 0
     assert "0.1 beats fusion=none by 6.0 CIDEr" in capsys.readouterr().out
 
 

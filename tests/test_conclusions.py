@@ -145,7 +145,7 @@ class _Trial:
         return f"fn_{self.trial_id}"
 
 
-def test_best_epochs_per_image_cider_is_the_run_artifact_compare_reads(tmp_path):
+def test_best_epochs_per_image_cider_is_the_run_artifact_compare_reads(tmp_path, monkeypatch):
     """The MLflow callback logs the per-image CIDEr-D of a trial's best epoch (the validation result's
     PER_IMAGE_KEY) as eval/per_image_cider.json; `study_comparison` then pairs its arms over those images."""
     from mlflow.tracking import MlflowClient
@@ -154,8 +154,9 @@ def test_best_epochs_per_image_cider_is_the_run_artifact_compare_reads(tmp_path)
     from dashboards.compare import PER_IMAGE_ARTIFACT, study_comparison
     from launch.mlflow_callback import A2MLflowCallback
 
+    monkeypatch.chdir(tmp_path)  # the experiment keeps its artifacts under ./mlruns
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    cb = A2MLflowCallback(uri, "pi", strict=True, artifact_location=str(tmp_path / "art"),
+    cb = A2MLflowCallback(uri, "pi", strict=True,
                           resolve_config=lambda c: {"model": {"fusion": c["fusion"]}, "train": {"seed": c["seed"]}})
     cb.setup()
     ids = list(range(10, 40))

@@ -165,7 +165,7 @@ def test_table3_has_seed_intervals_and_the_difference_to_the_baseline(report):
 def test_main_entry_points(study, tmp_path, capsys):
     assert report_main(argparse.Namespace(name=STUDY, tracking_uri=study["uri"], out=str(tmp_path / "r"))) == 0
     assert (tmp_path / "r" / "report.html").exists()
-    assert compare_main(argparse.Namespace(name=STUDY, by="fusion", tracking_uri=study["uri"])) == 0
+    assert compare_main(argparse.Namespace(name=STUDY, by="fusion", baseline=None, tracking_uri=study["uri"])) == 0
     assert "117.0 [114.5, 119.5]" in capsys.readouterr().out  # the numbers of the report's table
 
 

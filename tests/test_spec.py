@@ -160,7 +160,7 @@ def test_tracked_trial_runs_have_no_inapplicable_params(tmp_path):
     from dashboards.tracking import StudyTracker
 
     tracker = StudyTracker(f"sqlite:///{tmp_path / 'm.db'}", "absent", artifact_location=str(tmp_path / "art"))
-    run_id = tracker.trial_run("t0", Config.from_dict({"model": {"fusion": "none"}}))  # a plain Config: defaults
+    run_id = tracker.trial_run("t0", Config.from_dict({"model": {"fusion": "none"}}).to_dict())  # with defaults
     params = tracker.client.get_run(run_id).data.params
     assert params["model.fusion"] == "none" and "model.d_model" in params
     assert not {"model.lambda", "model.eta", "model.temperature", "model.renormalize"} & set(params)
