@@ -53,10 +53,9 @@ class RunSummary:
     params: dict[str, str]
     tags: dict[str, str]
     final: dict[str, float]                       # latest value of every metric
-    at_best: dict[str, float] = field(default_factory=dict)   # table metrics at the best val/CIDEr step
     best_cider: float | None = None
     best_step: int | None = None
-    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # train/loss, table metrics
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # (step, value): train/loss, TABLE_METRICS
 
     def param(self, *keys: str) -> str | None:
         return next((self.params[k] for k in keys if k in self.params), None)
@@ -75,8 +74,9 @@ class RunSummary:
         return None if self.fusion == "none" else finite(self.param("model.lambda", "lambda", "model.mask_lambda"))
 
     def score(self, metric: str) -> float | None:
-        """A metric at the best epoch when known, else its final value."""
-        return finite(self.at_best.get(metric, self.final.get(metric)))
+        """A metric at the best epoch (the step of the highest val/CIDEr) when logged there, else its final value."""
+        at_best = dict(self.history.get(metric, [])).get(self.best_step)
+        return finite(self.final.get(metric) if at_best is None else at_best)
 
     def scores(self, metrics: list[str]) -> dict[str, float]:
         return {m: self.score(m) for m in metrics if self.score(m) is not None}
@@ -103,10 +103,6 @@ def load_study(tracking_uri: str, study_name: str) -> Study:
         cider = [(step, v) for step, v in rs.history.get(CIDER, []) if finite(v) is not None]
         if cider:
             rs.best_step, rs.best_cider = max(cider, key=lambda sv: (sv[1], -sv[0]))
-            for _, metric in TABLE_METRICS:
-                by_step = dict(rs.history.get(metric, []))
-                if rs.best_step in by_step:
-                    rs.at_best[metric] = by_step[rs.best_step]
         else:
             rs.best_cider = finite(rs.final.get(CIDER))
         runs.append(rs)
