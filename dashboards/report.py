@@ -55,7 +55,7 @@ class RunSummary:
     final: dict[str, float]                       # latest value of every metric
     best_cider: float | None = None
     best_step: int | None = None
-    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # (step, value) of the table, loss
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # TABLE_METRICS and train/loss
 
     def param(self, *keys: str) -> str | None:
         return next((self.params[k] for k in keys if k in self.params), None)
