@@ -28,9 +28,8 @@ from dashboards.tables import finite
 from dashboards.tracking import TAG_FUSION, TAG_SEED, default_tracking_uri, study_runs
 
 CIDER = "val/CIDEr"
-FUSION_ORDER = ["none", "max", "moving_average", "exp_decay", "gate"]
 FUSION_LABEL = {"none": "none (baseline)", "max": "max", "moving_average": "moving average",
-                "exp_decay": "exp. decay", "gate": "gate"}
+                "exp_decay": "exp. decay", "gate": "gate"}  # in the paper's order
 TABLE_METRICS = [("B-1", "val/BLEU-1"), ("B-4", "val/BLEU-4"), ("METEOR", "val/METEOR"),
                  ("ROUGE-L", "val/ROUGE-L"), ("CIDEr", "val/CIDEr"), ("SPICE", "val/SPICE")]
 SEED_KEYS = ("train.seed", "seed")
@@ -140,7 +139,7 @@ def sort_key(value: str) -> tuple:
     """Numbers by value, then fusions in the paper's order, then other strings."""
     if finite(value) is not None:
         return (0, float(value))
-    return (1, FUSION_ORDER.index(value)) if value in FUSION_ORDER else (2, str(value))
+    return (1, list(FUSION_LABEL).index(value)) if value in FUSION_LABEL else (2, str(value))
 
 
 # -- tables ----------------------------------------------------------------------------------------------------
