@@ -78,7 +78,7 @@ class RunSummary:
         return finite(self.final.get(metric) if at_best is None else at_best)
 
     def scores(self, metrics: list[str]) -> dict[str, float]:
-        return {m: self.score(m) for m in metrics if self.score(m) is not None}
+        return {m: score for m in metrics if (score := self.score(m)) is not None}
 
 
 @dataclass
