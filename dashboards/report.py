@@ -1,9 +1,6 @@
-"""`a2 report NAME`: plots and one HTML page from a study's MLflow runs, logged to its parent run under `report/`.
-
-Sections: Table 3 (`a2 study compare --by fusion` rendered), Fig. 4 (val CIDEr against lambda), the A2 diagnostics
-per fusion, Fig. 6 (per-layer JSD), Kendall tau, grounding, learning curves, the search as parallel coordinates,
-every run; each says so when the study logged nothing for it. Table scores are taken at a run's best epoch (the
-step of its highest val CIDEr), other metrics are final values; all x100, as logged.
+"""`a2 report NAME`: plots and one HTML page from a study's MLflow runs, logged to its parent run under `report/`
+(the README lists its sections). Table scores are taken at a run's best epoch (the step of its highest val CIDEr),
+other metrics are final values; all x100, as logged.
 """
 from __future__ import annotations
 
