@@ -1,9 +1,6 @@
-"""`a2 report NAME`: plots and one HTML page from a study's MLflow runs, logged to its parent run under `report/`.
-
-Sections: Table 3 (`a2 study compare --by fusion` rendered), Fig. 4 (val CIDEr against lambda), the A2 diagnostics
-per fusion, Fig. 6 (per-layer JSD), Kendall tau, grounding, learning curves, the search as parallel coordinates,
-every run; each says so when the study logged nothing for it. Table scores are taken at a run's best epoch (the
-step of its highest val CIDEr), other metrics are final values; all x100, as logged.
+"""`a2 report NAME`: plots and one HTML page from a study's MLflow runs, logged to its parent run under `report/`
+(the README lists its sections). Table scores are taken at a run's best epoch (the step of its highest val CIDEr),
+other metrics are final values; all x100, as logged.
 """
 from __future__ import annotations
 
@@ -28,13 +25,11 @@ from dashboards.tables import finite
 from dashboards.tracking import TAG_FUSION, TAG_SEED, default_tracking_uri, study_runs
 
 CIDER = "val/CIDEr"
-FUSION_ORDER = ["none", "max", "moving_average", "exp_decay", "gate"]
 FUSION_LABEL = {"none": "none (baseline)", "max": "max", "moving_average": "moving average",
-                "exp_decay": "exp. decay", "gate": "gate"}
+                "exp_decay": "exp. decay", "gate": "gate"}  # in the paper's order
 TABLE_METRICS = [("B-1", "val/BLEU-1"), ("B-4", "val/BLEU-4"), ("METEOR", "val/METEOR"),
                  ("ROUGE-L", "val/ROUGE-L"), ("CIDEr", "val/CIDEr"), ("SPICE", "val/SPICE")]
 SEED_KEYS = ("train.seed", "seed")
-HISTORIES = (CIDER, "train/loss")  # the metrics of the learning curves
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
                 ("lift", "diag/grounding/lift"), ("chance", "diag/grounding/chance"),
                 ("subject vs object", "diag/grounding/subject_object"),
@@ -54,10 +49,9 @@ class RunSummary:
     params: dict[str, str]
     tags: dict[str, str]
     final: dict[str, float]                       # latest value of every metric
-    at_best: dict[str, float] = field(default_factory=dict)   # table metrics at the best val/CIDEr step
     best_cider: float | None = None
     best_step: int | None = None
-    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # TABLE_METRICS and train/loss
 
     def param(self, *keys: str) -> str | None:
         return next((self.params[k] for k in keys if k in self.params), None)
@@ -76,11 +70,12 @@ class RunSummary:
         return None if self.fusion == "none" else finite(self.param("model.lambda", "lambda", "model.mask_lambda"))
 
     def score(self, metric: str) -> float | None:
-        """A metric at the best epoch when known, else its final value."""
-        return finite(self.at_best.get(metric, self.final.get(metric)))
+        """A metric at the best epoch (the step of the highest val/CIDEr) when logged there, else its final value."""
+        at_best = dict(self.history.get(metric, [])).get(self.best_step)
+        return finite(self.final.get(metric) if at_best is None else at_best)
 
     def scores(self, metrics: list[str]) -> dict[str, float]:
-        return {m: self.score(m) for m in metrics if self.score(m) is not None}
+        return {m: score for m in metrics if (score := self.score(m)) is not None}
 
 
 @dataclass
@@ -100,16 +95,10 @@ def load_study(tracking_uri: str, study_name: str) -> Study:
         rs = RunSummary(run.info.run_id, run.info.run_name or run.info.run_id, run.info.status,
                         dict(run.data.params), dict(run.data.tags), dict(run.data.metrics))
         rs.history = {key: sorted((m.step, m.value) for m in client.get_metric_history(rs.run_id, key))
-                      for key in HISTORIES if key in rs.final}
+                      for key in ("train/loss", *(m for _, m in TABLE_METRICS)) if key in rs.final}
         cider = [(step, v) for step, v in rs.history.get(CIDER, []) if finite(v) is not None]
         if cider:
             rs.best_step, rs.best_cider = max(cider, key=lambda sv: (sv[1], -sv[0]))
-            rs.at_best[CIDER] = rs.best_cider
-            for _, metric in TABLE_METRICS:
-                if metric != CIDER and metric in rs.final:
-                    by_step = {m.step: m.value for m in client.get_metric_history(rs.run_id, metric)}
-                    if rs.best_step in by_step:
-                        rs.at_best[metric] = by_step[rs.best_step]
         else:
             rs.best_cider = finite(rs.final.get(CIDER))
         runs.append(rs)
@@ -147,7 +136,7 @@ def sort_key(value: str) -> tuple:
     """Numbers by value, then fusions in the paper's order, then other strings."""
     if finite(value) is not None:
         return (0, float(value))
-    return (1, FUSION_ORDER.index(value)) if value in FUSION_ORDER else (2, str(value))
+    return (1, list(FUSION_LABEL).index(value)) if value in FUSION_LABEL else (2, str(value))
 
 
 # -- tables ----------------------------------------------------------------------------------------------------
@@ -315,10 +304,6 @@ def plot_bars(pattern: re.Pattern, place, labels: dict[str, str], tick, settings
     return fig
 
 
-def _layer(layer: int) -> str:
-    return str(layer + 1)
-
-
 def plot_curves(runs: list[RunSummary]):
     from matplotlib.ticker import MaxNLocator
 
@@ -386,17 +371,18 @@ def plot_parallel(runs: list[RunSummary]):
 
 # -- the page --------------------------------------------------------------------------------------------------
 # key: (file, plot(runs) -> Figure or None, section title, what the page says when the study logged nothing for it)
+# (the diag/.../layer{i} metrics count decoder layers from 0, the plots from 1)
 PLOTS = {
     "lambda": ("lambda_cider_mask.png", plot_lambda, "CIDEr and mask value against λ (Fig. 4 style)",
                "No run logged both a lambda param (model.lambda) and val/CIDEr."),
     "jsd": ("jsd_per_layer.png",
-            partial(plot_bars, _JSD, lambda r, m: (r.fusion, int(m[1])), FUSION_LABEL, _layer,
+            partial(plot_bars, _JSD, lambda r, m: (r.fusion, int(m[1]) + 1), FUSION_LABEL, str,
                     dict(xlabel="decoder layer", ylabel="JSD(original ‖ aligned attention)",
                          title="Per-layer attention divergence (final epoch, mean over runs)")),
             "Per-layer JSD between original and aligned attention (Fig. 6 style)", "No run logged diag/jsd/layer{i}."),
     "kendall": ("kendall_tau.png",
-                partial(plot_bars, _KENDALL, lambda r, m: (m[2], int(m[1])),
-                        {"attention": "attention weights", "mask": "mask (1 - m)"}, _layer,
+                partial(plot_bars, _KENDALL, lambda r, m: (m[2], int(m[1]) + 1),
+                        {"attention": "attention weights", "mask": "mask (1 - m)"}, str,
                         dict(xlabel="decoder layer", ylabel="Kendall τ vs gradient importance",
                              title="Agreement with gradient-based importance")),
                 "Kendall τ of attention and mask against gradient importance",
@@ -448,24 +434,21 @@ def build_report(tracking_uri: str, study_name: str, out_dir: str | os.PathLike)
     study = load_study(tracking_uri, study_name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots = {}
-    for key, (file, plot, _, _) in PLOTS.items():
+    plots, figures = {}, {}  # {key: PNG path}, {key: (section title, HTML)}
+    for key, (file, plot, title, missing) in PLOTS.items():
         fig = plot(study.runs)
-        if fig is not None:
-            plots[key] = out / file
-            fig.savefig(plots[key])
-
-    def figure(key: str) -> tuple[str, str]:
-        _, _, title, missing = PLOTS[key]
-        if key not in plots:
-            return title, _missing(missing)
+        if fig is None:
+            figures[key] = (title, _missing(missing))
+            continue
+        plots[key] = out / file
+        fig.savefig(plots[key])
         data = base64.b64encode(plots[key].read_bytes()).decode()
-        return title, f"<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
+        figures[key] = (title, f"<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>")
 
     comparison, configs, _ = study_comparison(tracking_uri, study_name, by="fusion", study=study)
-    sections = [("Fusion ablation (Table 3 layout)", fusion_table_html(comparison, configs)), figure("lambda"),
+    sections = [("Fusion ablation (Table 3 layout)", fusion_table_html(comparison, configs)), figures["lambda"],
                 ("A2 diagnostics per fusion", diagnostics_table_html(study.runs)),
-                *map(figure, ("jsd", "kendall", "grounding", "curves", "parallel")),
+                *(figures[key] for key in ("jsd", "kendall", "grounding", "curves", "parallel")),
                 ("All runs", runs_table_html(study.runs, searched_keys(study.runs)))]
     name = html.escape(study_name)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>a2 report: {name}</title>"

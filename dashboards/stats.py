@@ -1,13 +1,7 @@
 """The numbers behind every comparison a2tune prints (x100 scores): seed means with 95% intervals, differences of
 two configurations with their interval and a plain-words verdict, the seeds a study needs, and which runs may be
 called "best". `compare_arms` is the one entry point of compare, report, status and leaderboard; the README's
-"Intervals" gives the coverage each method was measured to hold.
-
-- One configuration: Student t over seeds (a bootstrap percentile interval is too narrow at 3-10 seeds).
-- Two configurations on the same images: `scipy.stats.bootstrap` over each arm's seeds and, once for both arms,
-  the images, widened to Welch's t over the seed means where that is wider (alone, the bootstrap covered a true
-  zero 82% / 91% / 90% of the time at 3 / 5 / 10 seeds; widened, 97% / 96% / 94%). Else Welch's t.
-- `seeds_needed`: seeds per arm for a two-sided t test at alpha 0.05 with 80% power (noncentral t).
+"Intervals" says why each method was chosen and the coverage it was measured to hold.
 """
 from __future__ import annotations
 
@@ -163,8 +157,8 @@ def paired_difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("A
     res = sps.bootstrap(samples, statistic, n_resamples=n_resamples, vectorized=True, axis=-1, batch=200,
                         method="percentile", confidence_level=CONFIDENCE, rng=np.random.default_rng(seed))
     low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    # Few seeds: a percentile bootstrap over 3-5 seeds is too narrow (see the module docstring); the interval is
-    # at least Welch's t-interval over the seed means, which holds its 95% for the seed noise.
+    # Few seeds: a percentile bootstrap over 3-5 seeds is too narrow (README "Intervals"); the interval is at
+    # least Welch's t-interval over the seed means, which holds its 95% for the seed noise.
     seedwise = seed_difference(arms[0].mean(axis=1), arms[1].mean(axis=1))
     if seedwise.low is not None:
         low, high = min(low, seedwise.low), max(high, seedwise.high)
@@ -243,7 +237,7 @@ def power(n: int, delta: float, sd: float, alpha: float = 1 - CONFIDENCE) -> flo
 
 def seeds_needed(delta: float, sd: float, target: float = POWER, alpha: float = 1 - CONFIDENCE,
                  limit: int = 100_000) -> int:
-    """The fewest seeds per arm whose t test resolves `delta` with `target` power (at least 2)."""
+    """The fewest seeds per arm whose two-sided t test resolves `delta` with `target` power (at least 2)."""
     if sd <= 0:
         return 2
     if delta == 0:
