@@ -238,7 +238,7 @@ def test_build_scheduler_and_tune_config(spec, tmp_path):
     searcher, scheduler = GridCrossedSearcher(spec), build_scheduler(spec)
     assert isinstance(searcher, GridCrossedSearcher)
     assert isinstance(scheduler, ReplicateASHA)
-    assert scheduler._time_attr == "epoch" and scheduler.rungs == [2]  # grace 2, below max_t = 4 planned epochs
+    assert scheduler.rungs == [2]  # grace 2, below max_t = 4 planned epochs
     assert searcher.metric == METRIC and searcher.mode == "max"
     kwargs = tune_config_kwargs(spec)
     assert kwargs["num_samples"] == spec.num_trials
