@@ -73,7 +73,6 @@ class GridCrossedSearcher(Searcher):
         self._curves: dict[str, dict[int, float]] = {}  # Tune trial id -> {epoch: value}
         self._finals: dict[str, float | None] = {}  # Tune trial id -> its final value
         self._outcomes: dict[str, str] = {}  # Tune trial id -> COMPLETE | PRUNED | FAIL
-        self._told: set[str] = set()  # groups whose Optuna trial has been told
 
     @property
     def _group_size(self) -> int:
@@ -177,10 +176,10 @@ class GridCrossedSearcher(Searcher):
         self._tell(trial_id)
 
     def _tell(self, trial_id: str) -> None:
-        """Tell Optuna the group's outcome once every replicate of `trial_id`'s group has ended."""
+        """Tell Optuna the group's outcome when the last replicate of `trial_id`'s group ends (each ends once)."""
         key = self._group_of[trial_id]
         group = self._members[key]
-        if key in self._told or len(group) < self._group_size or any(t not in self._outcomes for t in group):
+        if len(group) < self._group_size or any(t not in self._outcomes for t in group):
             return
         states = [self._outcomes[t] for t in group]
         if all(s == "FAIL" for s in states):
@@ -195,7 +194,6 @@ class GridCrossedSearcher(Searcher):
             self._studies[index].tell(trial, values, state=state)
         except Exception as exc:  # never let bookkeeping fail the study
             logger.warning("could not record the group of trial %s in Optuna: %s", key, exc)
-        self._told.add(key)
 
     # -- inspection ----------------------------------------------------------------------------------------------
     def study_of(self, cell: dict) -> optuna.Study:
