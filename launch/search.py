@@ -196,15 +196,14 @@ class GridCrossedSearcher(Searcher):
             logger.warning("could not record the group of trial %s in Optuna: %s", key, exc)
 
     # -- inspection ----------------------------------------------------------------------------------------------
-    def study_of(self, cell: dict) -> optuna.Study:
-        """The Optuna study of a grid cell (its trials, states, values, intermediate values)."""
-        return self._studies[self._cells.index(cell)]
+    def study_of(self, trial_id: str) -> optuna.Study:
+        """The Optuna study of `trial_id`'s grid cell."""
+        return self._studies[self._trials[trial_id][0]]
 
-    def cell_of(self, trial_id: str) -> dict:
-        return dict(self._cells[self._trials[trial_id][0]])
-
-    def optuna_trial_number(self, trial_id: str) -> int:
-        return self._trials[trial_id][1].number
+    def optuna_trial(self, trial_id: str) -> optuna.trial.FrozenTrial:
+        """`trial_id`'s group as its Optuna study records it (state, value, intermediate values)."""
+        number = self._trials[trial_id][1].number
+        return next(t for t in self.study_of(trial_id).trials if t.number == number)
 
     def outcome(self, trial_id: str) -> str | None:
         return self._outcomes.get(trial_id)
@@ -212,10 +211,6 @@ class GridCrossedSearcher(Searcher):
     def group_of(self, trial_id: str) -> list[str]:
         """The Tune trial ids of `trial_id`'s replicate group (itself included), in seed order."""
         return list(self._members[self._group_of[trial_id]])
-
-    def counts(self) -> list[tuple[dict, int, int]]:
-        """(cell, configurations suggested, planned) per cell."""
-        return [(dict(c), a, q) for c, a, q in zip(self._cells, self._assigned, self._quota)]
 
     # -- state: every attribute (the spec, the Optuna studies with their trials, the maps, the round-robin position)
     def get_state(self) -> dict:
