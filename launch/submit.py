@@ -1,9 +1,7 @@
-"""Run a study on the Ray cluster this script runs in, as `a2 study run` does: the entry point of `ray submit
-ray-cluster.yaml launch/submit.py -- studies/x.yaml [key=value ...]` and `ray job submit ... -- python
-launch/submit.py studies/x.yaml` (README, "Cluster"). `--resume` continues the study if it exists. A relative study
-path not found here is looked up in the cluster's copy of this repository (`--repo`). `ray submit` passes
-arguments unquoted (no spaces in overrides); a job runs in a copy of the working directory, so its storage and
-tracking URIs must be absolute or s3://. Exit 0 when every trial finished, 1 otherwise, 2 on an invalid spec.
+"""Run a study on the Ray cluster this script runs in, as `a2 study run` does: the entry point of `ray submit` and
+`ray job submit` (README, "Cluster"). `ray submit` passes arguments unquoted (no spaces in overrides); a job runs in
+a copy of the working directory, so its storage and tracking URIs must be absolute or s3://. Exit 0 when every trial
+finished, 1 otherwise, 2 on an invalid spec.
 """
 from __future__ import annotations
 

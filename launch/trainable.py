@@ -336,7 +336,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
 
     import ray
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
     from ray.util.queue import Empty, Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -350,9 +350,8 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     trainer = TorchTrainer(
         worker_fn,
         train_loop_config=plan.resolve(dict(config)),
-        torch_config=TorchConfig(backend="nccl" if res["gpus_per_worker"] > 0 else "gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=res["workers_per_trial"],
-                                               use_gpu=res["gpus_per_worker"] > 0,
+                                               use_gpu=res["gpus_per_worker"] > 0,  # so Ray picks nccl (else gloo)
                                                resources_per_worker=plan.worker_resource_request()),
         run_config=ray.train.RunConfig(
             name=train_run_name(plan.study, trial.trial_id),
