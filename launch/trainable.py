@@ -37,9 +37,9 @@ def train_run_name(study: str, trial_id: str) -> str:
     return f"{study}-{trial_id}"
 
 
-def checkpoint_name(epoch) -> str | None:
+def checkpoint_name(epoch: int) -> str:
     """`checkpoint_epochNNNN`: the folder of an epoch's checkpoint in a trial's run folder."""
-    return f"{CHECKPOINT_PREFIX}{int(epoch):04d}" if isinstance(epoch, (int, float)) else None
+    return f"{CHECKPOINT_PREFIX}{int(epoch):04d}"
 
 
 def checkpoint_epochs(run) -> list[int]:
@@ -300,7 +300,7 @@ def worker_fn(config: dict) -> None:
         metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
         checkpoint = Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
         # Every rank reports (a barrier); rank 0 alone brings the checkpoint, stored under a readable name.
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_name(metrics.get("epoch")))
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_name(metrics["epoch"]))
 
     rank = ray.train.get_context().get_world_rank()
     with ExitStack() as stack:
