@@ -159,8 +159,7 @@ def latest_checkpoint_history(run) -> list[dict]:
 
 def read_results(trials, study: str, trial_id: str) -> list[dict]:
     """The result log of a trial below the `trials` Location, oldest epoch first; empty when it has none yet."""
-    text = trials.join(train_run_name(study, trial_id), RESULTS_FILE).read_text()
-    return json.loads(text) if text else []
+    return list(ResultLog(trials.join(train_run_name(study, trial_id), RESULTS_FILE)).by_epoch.values())
 
 
 class TrialRecorder:
