@@ -11,9 +11,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a plain script: import the package next to this file
-    _root = Path(__file__).resolve().parents[1]
-    if (_root / "launch" / "__init__.py").is_file() and str(_root) not in sys.path:
-        sys.path.insert(0, str(_root))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def build_parser() -> argparse.ArgumentParser:
