@@ -1,6 +1,7 @@
-"""The search of a study: `GridCrossedSearcher` (grid keys crossed with Optuna over the sampled keys, one study per
-grid cell, each configuration handed out once per replicate seed) and `ReplicateASHA` (early stopping of replicate
-groups). The README ("Studies": Search, Replicates, Early stopping) has the rules.
+"""The search of a study: `GridCrossedSearcher`, one Optuna study per grid cell (Ray's `OptunaSearch` cannot hold grid
+keys, and one TPE model over all cells would spend samples unevenly), each configuration handed out once per
+replicate seed, and `ReplicateASHA`, early stopping of replicate groups. The README ("Studies": Search, Replicates,
+Early stopping) has the rules.
 """
 from __future__ import annotations
 
