@@ -15,6 +15,7 @@ AWS_SECRETS = {"AWS_ACCESS_KEY_ID": "aws_access_key_id", "AWS_SECRET_ACCESS_KEY"
                "AWS_SESSION_TOKEN": "aws_session_token", "AWS_SECURITY_TOKEN": "aws_session_token"}
 DRIVER_ONLY_SECRETS = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 AWS_PROFILE = "a2tune"
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # Ray Train's node-drain watcher, off (`connect`)
 
 
 def stash_credentials() -> str | None:
@@ -45,9 +46,6 @@ def driver_only_secrets():
         yield
     finally:
         os.environ.update(held)
-
-
-PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 def connect(address: str | None = None, *, runtime_env_vars: dict | None = None) -> dict:
@@ -83,9 +81,6 @@ def connect(address: str | None = None, *, runtime_env_vars: dict | None = None)
         return dict(ray.cluster_resources())
 
 
-TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
-
-
 @contextlib.contextmanager
 def _quiet_token_auth_notice():
     """Drop, while Ray starts, the WARNING that a new local Ray uses token authentication (nothing to act on), by
@@ -93,7 +88,7 @@ def _quiet_token_auth_notice():
     import logging
 
     def not_the_token_notice(record) -> bool:
-        return not record.getMessage().startswith(TOKEN_AUTH_NOTICE)
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
     handlers = logging.getLogger("ray").handlers if "RAY_AUTH_MODE" not in os.environ else []
     for handler in handlers:

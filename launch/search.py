@@ -1,9 +1,7 @@
-"""The search of a study: grid keys crossed with Optuna over the sampled keys, and the trial scheduler.
-
-`GridCrossedSearcher` keeps one Optuna study per grid cell (Ray's `OptunaSearch` cannot hold grid keys, and one
-TPE model over all cells would spend samples unevenly) and hands each configuration out once per replicate seed;
-Optuna sees a replicate group's mean, never one seed. `ReplicateASHA` is ASHA over replicate groups that stops a
-group only on a gap beyond its seed spread. The README ("Studies": Search, Replicates, Early stopping) has the rules.
+"""The search of a study: `GridCrossedSearcher`, one Optuna study per grid cell (Ray's `OptunaSearch` cannot hold grid
+keys, and one TPE model over all cells would spend samples unevenly), each configuration handed out once per
+replicate seed, and `ReplicateASHA`, early stopping of replicate groups. The README ("Studies": Search, Replicates,
+Early stopping) has the rules.
 """
 from __future__ import annotations
 
@@ -76,7 +74,6 @@ class GridCrossedSearcher(Searcher):
         self._curves: dict[str, dict[int, float]] = {}  # Tune trial id -> {epoch: value}
         self._finals: dict[str, float | None] = {}  # Tune trial id -> its final value
         self._outcomes: dict[str, str] = {}  # Tune trial id -> COMPLETE | PRUNED | FAIL
-        self._told: set[str] = set()  # groups whose Optuna trial has been told
 
     @property
     def _group_size(self) -> int:
@@ -180,10 +177,10 @@ class GridCrossedSearcher(Searcher):
         self._tell(trial_id)
 
     def _tell(self, trial_id: str) -> None:
-        """Tell Optuna the group's outcome once every replicate of `trial_id`'s group has ended."""
+        """Tell Optuna the group's outcome when the last replicate of `trial_id`'s group ends (each ends once)."""
         key = self._group_of[trial_id]
         group = self._members[key]
-        if key in self._told or len(group) < self._group_size or any(t not in self._outcomes for t in group):
+        if len(group) < self._group_size or any(t not in self._outcomes for t in group):
             return
         states = [self._outcomes[t] for t in group]
         if all(s == "FAIL" for s in states):
@@ -198,18 +195,16 @@ class GridCrossedSearcher(Searcher):
             self._studies[index].tell(trial, values, state=state)
         except Exception as exc:  # never let bookkeeping fail the study
             logger.warning("could not record the group of trial %s in Optuna: %s", key, exc)
-        self._told.add(key)
 
     # -- inspection ----------------------------------------------------------------------------------------------
-    def study_of(self, cell: dict) -> optuna.Study:
-        """The Optuna study of a grid cell (its trials, states, values, intermediate values)."""
-        return self._studies[self._cells.index(cell)]
+    def study_of(self, trial_id: str) -> optuna.Study:
+        """The Optuna study of `trial_id`'s grid cell."""
+        return self._studies[self._trials[trial_id][0]]
 
-    def cell_of(self, trial_id: str) -> dict:
-        return dict(self._cells[self._trials[trial_id][0]])
-
-    def optuna_trial_number(self, trial_id: str) -> int:
-        return self._trials[trial_id][1].number
+    def optuna_trial(self, trial_id: str) -> optuna.trial.FrozenTrial:
+        """`trial_id`'s group as its Optuna study records it (state, value, intermediate values)."""
+        number = self._trials[trial_id][1].number
+        return next(t for t in self.study_of(trial_id).trials if t.number == number)
 
     def outcome(self, trial_id: str) -> str | None:
         return self._outcomes.get(trial_id)
@@ -217,10 +212,6 @@ class GridCrossedSearcher(Searcher):
     def group_of(self, trial_id: str) -> list[str]:
         """The Tune trial ids of `trial_id`'s replicate group (itself included), in seed order."""
         return list(self._members[self._group_of[trial_id]])
-
-    def counts(self) -> list[tuple[dict, int, int]]:
-        """(cell, configurations suggested, planned) per cell."""
-        return [(dict(c), a, q) for c, a, q in zip(self._cells, self._assigned, self._quota)]
 
     # -- state: every attribute (the spec, the Optuna studies with their trials, the maps, the round-robin position)
     def get_state(self) -> dict:
@@ -242,23 +233,18 @@ class GridCrossedSearcher(Searcher):
 
 
 class ReplicateASHA(FIFOScheduler):
-    """ASHA over replicate groups: rungs at grace_period * reduction_factor**i < max_t (the planned epochs); a
-    trial's value at a rung is its metric at its first result with `epoch` >= the rung (epochs, unlike
-    `training_iteration`, stay monotonic across restores). A group is judged once each replicate still running has
-    a value there and stopped iff cutoff - mean > k * spread * sqrt(2 / n): cutoff the (1 - 1/r) quantile of the
-    earlier groups' means, spread the pooled within-group sd at the rung, k `min_gap_se`.
+    """ASHA over replicate groups (README, "Early stopping"): rungs at grace_period * reduction_factor**i < max_t;
+    a trial's value at a rung is its metric at its first result with `epoch` >= the rung (epochs, unlike
+    `training_iteration`, stay monotonic across restores).
 
-    `hold_at_rungs`: a replicate that reaches a rung before its group can be judged is paused there (Tune's
-    PAUSE: its checkpoint stays, its CPUs are free for any trial allowed to start) instead of training on. Once
-    the group is judged it is resumed, and a one-worker trial reports its last result again before training
-    (`launch.trainable`), so one of a stopped group gets its STOP there. (Not `stop_trial` on the paused trial:
-    Tune would keep it PAUSED in the saved experiment state, and a resume would train it again.) It is held only
-    while every replicate still missing at the rung is running or pending, so holds always end; should nothing be
-    left to run, the held trials are resumed."""
+    `hold_at_rungs`: a replicate that reaches a rung before its group can be judged gets Tune's PAUSE there, and is
+    resumed once the group is judged; a resumed one-worker trial reports its last result again (`launch.trainable`),
+    so one of a stopped group gets its STOP there. (Not `stop_trial` on the paused trial: Tune would keep it PAUSED
+    in the saved experiment state, and a resume would train it again.)"""
 
     def __init__(self, *, max_t: int, grace_period: int = 1, reduction_factor: float = 2, replicates: int = 1,
-                 min_gap_se: float = 2.0, time_attr: str = TIME_ATTR, metric: str | None = None,
-                 mode: str | None = None, group_of=config_hash, hold_at_rungs: bool = False):
+                 min_gap_se: float = 2.0, metric: str | None = None, mode: str | None = None,
+                 hold_at_rungs: bool = False):
         super().__init__()
         if grace_period < 1 or reduction_factor <= 1 or replicates < 1 or min_gap_se < 0:
             raise ValueError("need grace_period >= 1, reduction_factor > 1, replicates >= 1, min_gap_se >= 0")
@@ -268,8 +254,7 @@ class ReplicateASHA(FIFOScheduler):
             self.rungs.append(int(math.ceil(t)))
             t *= reduction_factor
         self.rf, self.replicates, self.k, self.hold_at_rungs = reduction_factor, replicates, min_gap_se, hold_at_rungs
-        self._time_attr, self._metric, self._mode = time_attr, metric, mode
-        self._group_of = group_of
+        self._metric, self._mode = metric, mode
         self._groups: dict[str, str] = {}  # trial id -> group
         self._values: dict[int, dict[str, dict[str, float]]] = {r: {} for r in self.rungs}  # rung -> group -> trial
         self._gone: dict[str, dict[int, int]] = {}  # group -> rung -> its replicates that ended before the rung
@@ -287,12 +272,12 @@ class ReplicateASHA(FIFOScheduler):
 
     # -- Tune hooks ----------------------------------------------------------------------------------------------
     def on_trial_add(self, tune_controller, trial) -> None:
-        self._groups[trial.trial_id] = self._group_of(dict(trial.config or {}))
+        self._groups[trial.trial_id] = config_hash(trial.config or {})
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         tid = trial.trial_id
-        group = self._groups.setdefault(tid, self._group_of(dict(trial.config or {})))
-        t, value = finite(result.get(self._time_attr)), finite(result.get(self._metric))
+        group = self._groups.setdefault(tid, config_hash(trial.config or {}))
+        t, value = finite(result.get(TIME_ATTR)), finite(result.get(self._metric))
         if t is not None and value is not None:
             for rung in self.rungs:
                 if t >= rung and tid not in self._values[rung].setdefault(group, {}):
@@ -307,14 +292,22 @@ class ReplicateASHA(FIFOScheduler):
             return TrialScheduler.PAUSE
         return TrialScheduler.CONTINUE
 
-    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
-        self._end(trial.trial_id)
+    def on_trial_complete(self, tune_controller, trial, result: dict | None = None) -> None:
+        """A trial that ended (completed, failed, removed) below a rung no longer counts there: its group may be
+        complete without it."""
+        tid = trial.trial_id
+        group = self._groups.get(tid)
+        self._held.pop(tid, None)
+        if group is None or tid in self._ended:
+            return
+        self._ended.add(tid)
+        gone = self._gone.setdefault(group, {})
+        for rung in self.rungs:
+            if tid not in self._values[rung].get(group, {}):
+                gone[rung] = gone.get(rung, 0) + 1
+                self._decide(group, rung)
 
-    def on_trial_error(self, tune_controller, trial) -> None:
-        self._end(trial.trial_id)
-
-    def on_trial_remove(self, tune_controller, trial) -> None:
-        self._end(trial.trial_id)
+    on_trial_error = on_trial_remove = on_trial_complete
 
     def choose_trial_to_run(self, tune_controller) -> Trial | None:
         """A paused trial not held at a rung (a released replicate catches up with its group), else a pending one;
@@ -329,19 +322,6 @@ class ReplicateASHA(FIFOScheduler):
         return None
 
     # -- the rule ------------------------------------------------------------------------------------------------
-    def _end(self, tid: str) -> None:
-        """A trial that ends below a rung no longer counts there: its group may be complete without it."""
-        group = self._groups.get(tid)
-        self._held.pop(tid, None)
-        if group is None or tid in self._ended:
-            return
-        self._ended.add(tid)
-        gone = self._gone.setdefault(group, {})
-        for rung in self.rungs:
-            if tid not in self._values[rung].get(group, {}):
-                gone[rung] = gone.get(rung, 0) + 1
-                self._decide(group, rung)
-
     def _rung_to_wait_at(self, tune_controller, trial, group: str) -> int | None:
         """The rung where `trial` waits for its group's judgement (hold_at_rungs), or None to train on: the lowest
         rung with its value and its group not judged yet, if every replicate still missing there is on its way

@@ -1,9 +1,7 @@
-"""Run a study on the Ray cluster this script runs in, as `a2 study run` does: the entry point of `ray submit
-ray-cluster.yaml launch/submit.py -- studies/x.yaml [key=value ...]` and `ray job submit ... -- python
-launch/submit.py studies/x.yaml` (README, "Cluster"). `--resume` continues the study if it exists. A relative study
-path not found here is looked up in the cluster's copy of this repository (`--repo`). `ray submit` passes
-arguments unquoted (no spaces in overrides); a job runs in a copy of the working directory, so its storage and
-tracking URIs must be absolute or s3://. Exit 0 when every trial finished, 1 otherwise, 2 on an invalid spec.
+"""Run a study on the Ray cluster this script runs in, as `a2 study run` does: the entry point of `ray submit` and
+`ray job submit` (README, "Cluster"). `ray submit` passes arguments unquoted (no spaces in overrides); a job runs in
+a copy of the working directory, so its storage and tracking URIs must be absolute or s3://. Exit 0 when every trial
+finished, 1 otherwise, 2 on an invalid spec.
 """
 from __future__ import annotations
 
@@ -13,9 +11,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a plain script: import the package next to this file
-    _root = Path(__file__).resolve().parents[1]
-    if (_root / "launch" / "__init__.py").is_file() and str(_root) not in sys.path:
-        sys.path.insert(0, str(_root))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def build_parser() -> argparse.ArgumentParser:

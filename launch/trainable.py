@@ -37,9 +37,9 @@ def train_run_name(study: str, trial_id: str) -> str:
     return f"{study}-{trial_id}"
 
 
-def checkpoint_name(epoch) -> str | None:
+def checkpoint_name(epoch: int) -> str:
     """`checkpoint_epochNNNN`: the folder of an epoch's checkpoint in a trial's run folder."""
-    return f"{CHECKPOINT_PREFIX}{int(epoch):04d}" if isinstance(epoch, (int, float)) else None
+    return f"{CHECKPOINT_PREFIX}{int(epoch):04d}"
 
 
 def checkpoint_epochs(run) -> list[int]:
@@ -159,8 +159,7 @@ def latest_checkpoint_history(run) -> list[dict]:
 
 def read_results(trials, study: str, trial_id: str) -> list[dict]:
     """The result log of a trial below the `trials` Location, oldest epoch first; empty when it has none yet."""
-    text = trials.join(train_run_name(study, trial_id), RESULTS_FILE).read_text()
-    return json.loads(text) if text else []
+    return list(ResultLog(trials.join(train_run_name(study, trial_id), RESULTS_FILE)).by_epoch.values())
 
 
 class TrialRecorder:
@@ -300,7 +299,7 @@ def worker_fn(config: dict) -> None:
         metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
         checkpoint = Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
         # Every rank reports (a barrier); rank 0 alone brings the checkpoint, stored under a readable name.
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_name(metrics.get("epoch")))
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_name(metrics["epoch"]))
 
     rank = ray.train.get_context().get_world_rank()
     with ExitStack() as stack:
@@ -336,7 +335,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
 
     import ray
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
     from ray.util.queue import Empty, Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -350,9 +349,8 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     trainer = TorchTrainer(
         worker_fn,
         train_loop_config=plan.resolve(dict(config)),
-        torch_config=TorchConfig(backend="nccl" if res["gpus_per_worker"] > 0 else "gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=res["workers_per_trial"],
-                                               use_gpu=res["gpus_per_worker"] > 0,
+                                               use_gpu=res["gpus_per_worker"] > 0,  # so Ray picks nccl (else gloo)
                                                resources_per_worker=plan.worker_resource_request()),
         run_config=ray.train.RunConfig(
             name=train_run_name(plan.study, trial.trial_id),

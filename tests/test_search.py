@@ -114,8 +114,9 @@ def test_suggestions_are_pure_flat_dicts(spec):
     config = searcher.suggest("a")
     assert all(k in spec.params for k in config)
     config["fusion"] = "mutated"
-    assert searcher.suggest("a")["fusion"] != "mutated"  # the searcher keeps its own copy
-    assert searcher.cell_of("a") in spec.grid_cells()
+    again = searcher.suggest("a")
+    assert again["fusion"] != "mutated"  # the searcher keeps its own copy
+    assert {k: again[k] for k in spec.grid_cells()[0]} in spec.grid_cells()  # one cell's grid values
 
 
 def test_state_save_restore_continues_without_repeating(spec, tmp_path):
@@ -149,7 +150,7 @@ def test_get_state_set_state_round_trip(spec):
         a.suggest(f"t{i}")
     b = GridCrossedSearcher(spec)
     b.set_state(a.get_state())
-    assert b.counts() == a.counts()
+    assert b.get_state()["assigned"] == a.get_state()["assigned"]  # configurations suggested per cell
     assert b.suggest("t5") == a.suggest("t5")
 
 
@@ -161,15 +162,12 @@ def test_asha_stopped_trial_is_pruned(spec):
     searcher.on_trial_complete(ids[2], None, error=True)
     assert [searcher.outcome(t) for t in ids] == ["COMPLETE", "PRUNED", "FAIL"]
 
-    pruned_cell = searcher.cell_of(ids[1])
-    study = searcher.study_of(pruned_cell)
-    (trial,) = [t for t in study.trials if t.number == searcher.optuna_trial_number(ids[1])]
+    trial = searcher.optuna_trial(ids[1])
     assert trial.state == TrialState.PRUNED
     assert trial.intermediate_values == {1: pytest.approx(0.2), 2: pytest.approx(0.4)}
     assert trial.value == pytest.approx(0.4)  # the last intermediate value
 
-    (complete,) = [t for t in searcher.study_of(searcher.cell_of(ids[0])).trials
-                   if t.number == searcher.optuna_trial_number(ids[0])]
+    complete = searcher.optuna_trial(ids[0])
     assert complete.state == TrialState.COMPLETE and complete.value == pytest.approx(0.9)
     assert complete.intermediate_values[spec.total_epochs] == pytest.approx(0.9)
 
@@ -191,8 +189,7 @@ def test_trial_without_metric_fails_and_repeats_are_ignored(spec):
     searcher.on_trial_result("c", {METRIC: 0.3, "epoch": 1})
     searcher.on_trial_result("c", {METRIC: 0.2, "epoch": 1})
     searcher.on_trial_complete("c", {METRIC: 0.35, "epoch": 2})
-    (trial,) = [t for t in searcher.study_of(searcher.cell_of("c")).trials
-                if t.number == searcher.optuna_trial_number("c")]
+    trial = searcher.optuna_trial("c")
     assert trial.intermediate_values == {1: 0.3, 2: 0.35}
     assert trial.state == TrialState.PRUNED
 
@@ -238,7 +235,7 @@ def test_build_scheduler_and_tune_config(spec, tmp_path):
     searcher, scheduler = GridCrossedSearcher(spec), build_scheduler(spec)
     assert isinstance(searcher, GridCrossedSearcher)
     assert isinstance(scheduler, ReplicateASHA)
-    assert scheduler._time_attr == "epoch" and scheduler.rungs == [2]  # grace 2, below max_t = 4 planned epochs
+    assert scheduler.rungs == [2]  # grace 2, below max_t = 4 planned epochs
     assert searcher.metric == METRIC and searcher.mode == "max"
     kwargs = tune_config_kwargs(spec)
     assert kwargs["num_samples"] == spec.num_trials
@@ -282,11 +279,11 @@ def test_replicate_group_is_one_optuna_observation_of_its_mean(tmp_path):
     assert searcher.group_of(ids[2]) == ids
     for t, v in zip(ids[:2], (0.9, 1.2)):
         finish(searcher, t, v, spec.total_epochs)
-    study = searcher.study_of(searcher.cell_of(ids[0]))
-    (trial,) = [t for t in study.trials if t.number == searcher.optuna_trial_number(ids[0])]
+    study = searcher.study_of(ids[0])
+    trial = searcher.optuna_trial(ids[0])
     assert trial.state == TrialState.RUNNING and trial.intermediate_values == {}  # waits for the third seed
     finish(searcher, ids[2], 1.5, spec.total_epochs)
-    (trial,) = [t for t in study.trials if t.number == searcher.optuna_trial_number(ids[0])]
+    trial = searcher.optuna_trial(ids[0])
     assert trial.state == TrialState.COMPLETE and trial.value == pytest.approx(1.2)
     assert trial.intermediate_values[1] == pytest.approx(1.2 / spec.total_epochs)
     assert len(study.trials) == 1  # three Tune trials, one Optuna observation
@@ -304,7 +301,7 @@ def test_replicate_group_with_a_stopped_replicate_is_pruned_and_restores(tmp_pat
     assert (a["seed"], b["seed"]) == (3, 7) and config_hash(a) == config_hash(b)
     finish(restored, "a", 1.0, spec.total_epochs)
     finish(restored, "b", 0.4, 2)  # stopped early
-    assert restored.study_of(restored.cell_of("a")).trials[0].state == TrialState.PRUNED
+    assert restored.study_of("a").trials[0].state == TrialState.PRUNED
 
 
 def test_replicates_and_a_seed_key_are_an_error(tmp_path):
