@@ -224,11 +224,6 @@ def check_tracking(spec) -> None:
         raise StudyError(f"tracking.mlflow_uri: {err}") from None
 
 
-def _lease(location: StudyLocation, force: bool, stale_after: float | None):
-    """The study's lease, held while the block runs (one writer per study)."""
-    return StudyLease(location.at(), stale_after or DEFAULT_STALE_AFTER).held(force)
-
-
 def run_study(spec, **options) -> dict:
     """Run a validated study to its end on Ray (`_drive`'s options); returns the summary (also in summary.json)."""
     from dashboards.storage import check_storage
@@ -244,7 +239,7 @@ def resume_study(location: StudyLocation, **options) -> dict:
 
 
 def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = None, verbose: bool = True,
-           force: bool = False, stale_after: float | None = None) -> dict:
+           force: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> dict:
     """Run a new study or resume one as the study's one writer, on the cluster at `address` (else $RAY_ADDRESS,
     else a local Ray), and summarize it."""
     from ray.tune import Tuner
@@ -253,7 +248,7 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
     from launch.trainable import propagated_env
 
     check_tracking(spec)
-    with _lease(location, force, stale_after):
+    with StudyLease(location.at(), stale_after).held(force):  # one writer per study
         path, fs = location.at().ray_storage()
         started = Tuner.can_restore(path, storage_filesystem=fs)
         if new and (started or location.exists(STUDY_FILE)):
@@ -279,7 +274,7 @@ def cmd_sync(args) -> int:
     location = locate(args.name, args.storage)
     spec = load_saved_spec(location)
     check_tracking(spec)
-    with _lease(location, False, None):  # a running driver replays its own spool: never both at once
+    with StudyLease(location.at()).held():  # a running driver replays its own spool: never both at once
         spool = Spool(location.at())
         tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
         parent = tracker.find_parent_run()  # as it is: the spool's own end_study record sets its final status
@@ -519,12 +514,8 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
 
 def trial_compute(history: list[dict]) -> dict:
     """What a trial cost, {unit: seconds}: the largest of its cumulative `compute/*` results."""
-    out = {}
-    for unit in COMPUTE_UNITS:
-        most = max((v for v in (finite(r.get(f"compute/{unit}")) for r in history) if v is not None), default=None)
-        if most is not None:
-            out[unit] = most
-    return out
+    most = {unit: _best_value([r.get(f"compute/{unit}") for r in history], "max") for unit in COMPUTE_UNITS}
+    return {unit: seconds for unit, seconds in most.items() if seconds is not None}
 
 
 def compute_totals(spec, rows: list[dict]) -> dict:
@@ -782,9 +773,3 @@ def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
                      f"{format_groups(summary['groups'], spec.metric)}")
     lines += [verdict(summary), compute_line(summary["compute"]), outage_line(summary.get("tracking"))]
     print("\n".join(line for line in lines if line), flush=True)
-
-
-if __name__ == "__main__":  # `python -m launch.study ...`: the same commands as `a2 study ...`
-    from launch.cli import main as cli_main
-
-    sys.exit(cli_main(["study", *sys.argv[1:]]))
