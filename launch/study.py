@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
@@ -565,25 +565,22 @@ def _stopped_tags(row: dict) -> dict:
 def replicate_groups(spec, rows: list[dict]) -> list[dict]:
     """One entry per replicate group (trials whose sampled values differ only in the seed,
     `launch.search.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
-    seeds (`dashboards.stats.compare_arms`, as every comparison), and the record of one of its trials the scheduler
+    seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
     stopped early, if any."""
-    from dashboards.stats import Arm, compare_arms
+    from dashboards.stats import seed_interval
     from launch.search import SEED_KEYS, config_hash
 
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(config_hash(dict(r["sampled"] or {})), []).append(r)
-    arms = [Arm(h, [{spec.metric: r["best"]} for r in g if r["best"] is not None]) for h, g in groups.items()]
-    intervals = {arm.label: iv.get(spec.metric) for arm, iv in compare_arms(arms, metrics=[spec.metric]).rows}
     out = []
     for h, g in groups.items():
-        iv = intervals.get(h)
-        interval = ({"n": iv.n, "mean": iv.mean, "low": iv.low, "high": iv.high} if iv is not None
-                    else {"n": 0, "mean": None, "low": None, "high": None})
+        values = [r["best"] for r in g if r["best"] is not None]
+        interval = asdict(seed_interval(values)) if values else {"mean": None, "low": None, "high": None, "n": 0}
         sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
         out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,
                     "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
-                    "values": [r["best"] for r in g if r["best"] is not None], **interval,
+                    "values": values, **interval,
                     "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
     return out
 
