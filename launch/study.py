@@ -542,15 +542,11 @@ def compute_line(totals: dict) -> str:
     """One line for people: `compute: 812 s wall, 1570 CPU-s; on early-stopped trials ...; early stopping saved ...`."""
     if not totals:
         return "compute: not recorded"
+    forms = {"wall_s": "{:.0f} s wall", "gpu_s": "{:.0f} GPU-s", "cpu_s": "{:.0f} CPU-s", "cost": "cost {:.2f}"}
 
     def part(kind: str) -> str:
-        units = [f"{totals[f'{kind}_wall_s']:.0f} s wall"]
-        for unit in ("gpu_s", "cpu_s"):
-            if f"{kind}_{unit}" in totals:
-                units.append(f"{totals[f'{kind}_{unit}']:.0f} {unit[:3].upper()}-s")
-        if f"{kind}_cost" in totals:
-            units.append(f"cost {totals[f'{kind}_cost']:.2f}")
-        return ", ".join(units)
+        shown = [(form, totals.get(f"{kind}_{key}")) for key, form in forms.items()]
+        return ", ".join(form.format(value) for form, value in shown if value is not None)
 
     return f"compute: {part('total')}; on early-stopped trials {part('stopped')}; early stopping saved {part('saved')}"
 
