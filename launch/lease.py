@@ -25,11 +25,9 @@ def _pid_gone(holder: dict) -> bool:
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
         return False
     try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        pass
+        os.kill(holder["pid"], 0)  # signal 0: only asks whether the process exists
+    except OSError as err:  # PermissionError: alive, another user's
+        return isinstance(err, ProcessLookupError)
     return False
 
 
@@ -92,32 +90,31 @@ class StudyLease:
     def acquire(self, force: bool = False) -> None:
         if not self._create(self.mine):
             holder = self.read()
-            if holder is None and self._create(self.mine):  # released between our two looks
-                return self._start()
-            holder = holder or {}
-            age = time.time() - float(holder.get("heartbeat", 0))
-            gone = _pid_gone(holder)
-            study = os.path.dirname(self.location.uri)
-            if not gone and age < self.stale_after:
-                raise StudyError(f"study at {study} is being written by {describe(holder)}; one writer per study: "
-                                 f"wait for it to end (`--force` takes over only a lease with no heartbeat for "
-                                 f"{self.stale_after:.0f} s)")
-            if not force and not gone:
-                raise StudyError(f"study at {study} has a stale lease of {describe(holder)}; if that process is "
-                                 f"gone, take the study over with --force")
-            why = "its process is gone from this host" if gone else "--force"
-            print(f"a2 study: WARNING: taking over the stale lease of {describe(holder)} on {study} ({why})",
-                  file=sys.stderr, flush=True)
-            self.location.delete()
-            if not self._create(self.mine):
-                raise StudyError(f"study at {study}: another process took the lease first: "
-                                 f"{describe(self.read() or {})}")
-        self._start()
-
-    def _start(self) -> None:
+            if holder is not None or not self._create(self.mine):  # None: released between our two looks
+                self._take_over(holder or {}, force)
         self._stop.clear()
         self._thread = threading.Thread(target=self._beat, name="a2-lease", daemon=True)
         self._thread.start()
+
+    def _take_over(self, holder: dict, force: bool) -> None:
+        """Replace a lease whose process is gone from this host, or a stale one with `force`; refuse the rest."""
+        age = time.time() - float(holder.get("heartbeat", 0))
+        gone = _pid_gone(holder)
+        study = os.path.dirname(self.location.uri)
+        if not gone and age < self.stale_after:
+            raise StudyError(f"study at {study} is being written by {describe(holder)}; one writer per study: "
+                             f"wait for it to end (`--force` takes over only a lease with no heartbeat for "
+                             f"{self.stale_after:.0f} s)")
+        if not force and not gone:
+            raise StudyError(f"study at {study} has a stale lease of {describe(holder)}; if that process is "
+                             f"gone, take the study over with --force")
+        why = "its process is gone from this host" if gone else "--force"
+        print(f"a2 study: WARNING: taking over the stale lease of {describe(holder)} on {study} ({why})",
+              file=sys.stderr, flush=True)
+        self.location.delete()
+        if not self._create(self.mine):
+            raise StudyError(f"study at {study}: another process took the lease first: "
+                             f"{describe(self.read() or {})}")
 
     def _beat(self) -> None:
         while not self._stop.wait(self.every):

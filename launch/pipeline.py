@@ -73,11 +73,8 @@ def main(args) -> int:
     import ray
 
     t0 = time.perf_counter()
-    overrides = list(args.overrides or [])
-    if args.tracking_uri:
-        overrides.append(f"tracking.mlflow_uri={args.tracking_uri}")
-    if args.storage:
-        overrides.append(f"storage={args.storage}")
+    flags = {"tracking.mlflow_uri": args.tracking_uri, "storage": args.storage}  # --tracking-uri, --storage
+    overrides = list(args.overrides or []) + [f"{key}={value}" for key, value in flags.items() if value]
     spec = load_study(study_path(args.study, Path(__file__).resolve().parents[1]), overrides)
     name = spec.name
     # A folder holding an earlier run's report or package is kept: this run writes to a new numbered one.

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
@@ -224,11 +224,6 @@ def check_tracking(spec) -> None:
         raise StudyError(f"tracking.mlflow_uri: {err}") from None
 
 
-def _lease(location: StudyLocation, force: bool, stale_after: float | None):
-    """The study's lease, held while the block runs (one writer per study)."""
-    return StudyLease(location.at(), stale_after or DEFAULT_STALE_AFTER).held(force)
-
-
 def run_study(spec, **options) -> dict:
     """Run a validated study to its end on Ray (`_drive`'s options); returns the summary (also in summary.json)."""
     from dashboards.storage import check_storage
@@ -244,7 +239,7 @@ def resume_study(location: StudyLocation, **options) -> dict:
 
 
 def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = None, verbose: bool = True,
-           force: bool = False, stale_after: float | None = None) -> dict:
+           force: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> dict:
     """Run a new study or resume one as the study's one writer, on the cluster at `address` (else $RAY_ADDRESS,
     else a local Ray), and summarize it."""
     from ray.tune import Tuner
@@ -253,7 +248,7 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
     from launch.trainable import propagated_env
 
     check_tracking(spec)
-    with _lease(location, force, stale_after):
+    with StudyLease(location.at(), stale_after).held(force):  # one writer per study
         path, fs = location.at().ray_storage()
         started = Tuner.can_restore(path, storage_filesystem=fs)
         if new and (started or location.exists(STUDY_FILE)):
@@ -279,7 +274,7 @@ def cmd_sync(args) -> int:
     location = locate(args.name, args.storage)
     spec = load_saved_spec(location)
     check_tracking(spec)
-    with _lease(location, False, None):  # a running driver replays its own spool: never both at once
+    with StudyLease(location.at()).held():  # a running driver replays its own spool: never both at once
         spool = Spool(location.at())
         tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
         parent = tracker.find_parent_run()  # as it is: the spool's own end_study record sets its final status
@@ -519,12 +514,8 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
 
 def trial_compute(history: list[dict]) -> dict:
     """What a trial cost, {unit: seconds}: the largest of its cumulative `compute/*` results."""
-    out = {}
-    for unit in COMPUTE_UNITS:
-        most = max((v for v in (finite(r.get(f"compute/{unit}")) for r in history) if v is not None), default=None)
-        if most is not None:
-            out[unit] = most
-    return out
+    most = {unit: _best_value([r.get(f"compute/{unit}") for r in history], "max") for unit in COMPUTE_UNITS}
+    return {unit: seconds for unit, seconds in most.items() if seconds is not None}
 
 
 def compute_totals(spec, rows: list[dict]) -> dict:
@@ -551,15 +542,11 @@ def compute_line(totals: dict) -> str:
     """One line for people: `compute: 812 s wall, 1570 CPU-s; on early-stopped trials ...; early stopping saved ...`."""
     if not totals:
         return "compute: not recorded"
+    forms = {"wall_s": "{:.0f} s wall", "gpu_s": "{:.0f} GPU-s", "cpu_s": "{:.0f} CPU-s", "cost": "cost {:.2f}"}
 
     def part(kind: str) -> str:
-        units = [f"{totals[f'{kind}_wall_s']:.0f} s wall"]
-        for unit in ("gpu_s", "cpu_s"):
-            if f"{kind}_{unit}" in totals:
-                units.append(f"{totals[f'{kind}_{unit}']:.0f} {unit[:3].upper()}-s")
-        if f"{kind}_cost" in totals:
-            units.append(f"cost {totals[f'{kind}_cost']:.2f}")
-        return ", ".join(units)
+        shown = [(form, totals.get(f"{kind}_{key}")) for key, form in forms.items()]
+        return ", ".join(form.format(value) for form, value in shown if value is not None)
 
     return f"compute: {part('total')}; on early-stopped trials {part('stopped')}; early stopping saved {part('saved')}"
 
@@ -574,25 +561,22 @@ def _stopped_tags(row: dict) -> dict:
 def replicate_groups(spec, rows: list[dict]) -> list[dict]:
     """One entry per replicate group (trials whose sampled values differ only in the seed,
     `launch.search.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
-    seeds (`dashboards.stats.compare_arms`, as every comparison), and the record of one of its trials the scheduler
+    seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
     stopped early, if any."""
-    from dashboards.stats import Arm, compare_arms
+    from dashboards.stats import seed_interval
     from launch.search import SEED_KEYS, config_hash
 
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(config_hash(dict(r["sampled"] or {})), []).append(r)
-    arms = [Arm(h, [{spec.metric: r["best"]} for r in g if r["best"] is not None]) for h, g in groups.items()]
-    intervals = {arm.label: iv.get(spec.metric) for arm, iv in compare_arms(arms, metrics=[spec.metric]).rows}
     out = []
     for h, g in groups.items():
-        iv = intervals.get(h)
-        interval = ({"n": iv.n, "mean": iv.mean, "low": iv.low, "high": iv.high} if iv is not None
-                    else {"n": 0, "mean": None, "low": None, "high": None})
+        values = [r["best"] for r in g if r["best"] is not None]
+        interval = asdict(seed_interval(values)) if values else {"mean": None, "low": None, "high": None, "n": 0}
         sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
         out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,
                     "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
-                    "values": [r["best"] for r in g if r["best"] is not None], **interval,
+                    "values": values, **interval,
                     "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
     return out
 
@@ -782,9 +766,3 @@ def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
                      f"{format_groups(summary['groups'], spec.metric)}")
     lines += [verdict(summary), compute_line(summary["compute"]), outage_line(summary.get("tracking"))]
     print("\n".join(line for line in lines if line), flush=True)
-
-
-if __name__ == "__main__":  # `python -m launch.study ...`: the same commands as `a2 study ...`
-    from launch.cli import main as cli_main
-
-    sys.exit(cli_main(["study", *sys.argv[1:]]))
