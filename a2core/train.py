@@ -5,6 +5,7 @@ sequence training with a CIDEr-D reward (stage 2). Plain PyTorch: `train(config,
 Every step of stage 1 (`Updates.xe`) first computes, once, what neither step's mask network can change: the
 batch's region encoding, every decoder layer's region keys/values and the decoder below its first cross-attention
 (word embeddings and the first self-attention sublayer, `A2Transformer.decode_start`). Then:
+
   1. mask step (every `mask_every` steps, not for fusion `none`): L(theta_m) = -L_IC(a_p) + lambda P (Eq. 4,
      P and its reduction in `a2core.model.a2`) with the *perturbed* attention a_p, on those tensors detached (no
      second pass through them) and `mask_captions` captions per image (default all, the paper's schedule); the
@@ -14,11 +15,14 @@ batch's region encoding, every decoder layer's region keys/values and the decode
   2. captioner step: L_IC = cross-entropy of the captions under the *aligned* attention (Eq. 11) with the mask
      network just updated, continuing from the same shared tensors; the gradient goes to every parameter except
      the mask network's (m is detached).
+
 Both steps see the same captioner weights, so the sharing changes nothing in the math (with dropout, the shared
 part's dropout draws are shared too, as one pass would have them); only the mask network's own region keys are
 computed after its update. Its statistics are read from the device once per mask step.
+
 Precision (`train.precision`): every forward pass of training and decoding runs under `a2core.precision.autocast`;
 fp16 adds a GradScaler shared by the optimizers of one step (one `update()` per step).
+
 Data parallel: instead of DDP's wrapper (which expects one forward per step over one parameter set), the two
 objectives' gradients are averaged across ranks with one flattened all-reduce each, which is what DDP does.
 """

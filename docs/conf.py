@@ -29,10 +29,12 @@ suppress_warnings = ["myst.header"]  # included files (benchmarks/RESULTS.md) st
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
+autodoc_typehints_description_target = "documented"  # types of the arguments a docstring's Args: names
+autodoc_typehints_format = "short"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
 html_theme = "furo"
 html_title = "a2tune"
 html_static_path: list[str] = []
+default_role = "code"  # `name` in a docstring renders as code, as in the Markdown pages
