@@ -71,6 +71,7 @@ def _flag(value: Any) -> bool:
 
 
 def check_seed(seed: int, path: str = "") -> int:
+    """`seed` if it is in 0 .. 2^32-1 (numpy's range), else a ConfigError naming `path`."""
     if not 0 <= seed < SEED_LIMIT:
         raise ConfigError(path, f"must be in 0 .. {SEED_LIMIT - 1}, got {seed}")
     return seed
@@ -313,12 +314,23 @@ class Config(Section):
 
     @classmethod
     def from_dict(cls, raw: dict | None, source: str | None = None) -> Config:
+        """The validated config of a plain dict (YAML), every missing key at its default.
+
+        Args:
+            raw: `{"data": {...}, "model": {...}, "train": {...}}`; None or `{}` gives the defaults.
+            source: The file `raw` came from, named in errors.
+
+        Raises:
+            ConfigError: Naming the dotted key (`model.heads`) and the file, for an unknown key, a wrong type or a
+                value out of range.
+        """
         try:
             return cls.model_validate(raw or {})
         except ValidationError as err:
             raise config_error(err, source) from None
 
     def to_dict(self) -> dict:
+        """A plain dict with the YAML key names (`lambda`), as checkpoints and MLflow store it."""
         return self.model_dump(by_alias=True)
 
     def replace(self, overrides: dict[str, Any]) -> Config:
@@ -466,6 +478,7 @@ def _override_value(text: str, item: str, source: str | None) -> Any:
 
 
 def set_dotted(raw: dict, key: str, value: Any) -> None:
+    """Set `raw["a"]["b"] = value` for key `a.b`, creating missing mappings on the way."""
     node = raw
     parts = key.split(".")
     for i, part in enumerate(parts[:-1]):
@@ -479,6 +492,7 @@ def set_dotted(raw: dict, key: str, value: Any) -> None:
 
 
 def get_dotted(raw: dict, key: str, default: Any = None) -> Any:
+    """`raw["a"]["b"]` for key `a.b`, or `default` where a part is missing."""
     node: Any = raw
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:

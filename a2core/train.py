@@ -470,7 +470,19 @@ class Trainer:
 
 def train(config: Config | dict, report: Report | None = None, *, output_dir: str | Path | None = None,
           resume_from: str | Path | None = None) -> dict:
-    """Train one configuration; see the module docstring. Returns the best score and checkpoint paths."""
+    """Train one configuration: cross-entropy epochs, then SCST epochs (see the module docstring).
+
+    Args:
+        config: A `Config`, or a plain dict that `Config.from_dict` accepts.
+        report: Called after every epoch with the epoch's metrics (`train/...`, `val/...` on the x100 scale,
+            `diag/...`) and the folder of that epoch's checkpoint (None on ranks other than 0).
+        output_dir: Where `best.pt` and `last.pt` go (default: `config.output_dir`).
+        resume_from: A checkpoint to continue from, bit-identically (model, optimizers, step, RNG states).
+
+    Returns:
+        `best/val/CIDEr`, `best_epoch`, `epochs`, `steps`, `best_checkpoint`, `last_checkpoint` and `history`
+        (one dict of scalars per epoch).
+    """
     cfg = config if isinstance(config, Config) else Config.from_dict(config)
     trainer = Trainer(cfg, output_dir or cfg.output_dir, resume_from)
     return trainer.run(report)

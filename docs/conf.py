@@ -38,3 +38,4 @@ html_theme = "furo"
 html_title = "a2tune"
 html_static_path: list[str] = []
 default_role = "code"  # `name` in a docstring renders as code, as in the Markdown pages
+smartquotes = False  # keys, commands and quotes in the text stay as typed

@@ -267,6 +267,12 @@ def sinusoid(length: int, d: int) -> torch.Tensor:
 
 
 class A2Transformer(nn.Module):
+    """Region encoder and caption decoder whose cross-attention is aligned by the mask network (module docstring).
+
+    The mask network's parameters (`mask_parameters`) are trained by their own objective, the rest
+    (`captioner_parameters`) by the captioning loss.
+    """
+
     def __init__(self, cfg: ModelConfig, vocab_size: int, max_len: int = 64):
         super().__init__()
         self.cfg, self.vocab_size = cfg, vocab_size
@@ -291,9 +297,11 @@ class A2Transformer(nn.Module):
 
     # -- parameter groups ---------------------------------------------------------------------------------------
     def mask_parameters(self) -> list[nn.Parameter]:
+        """The mask networks' parameters, every decoder layer's (empty for fusion `none`)."""
         return [p for layer in self.decoder for p in layer.cross.mask_parameters()]
 
     def captioner_parameters(self) -> list[nn.Parameter]:
+        """Every parameter but the mask networks'."""
         mask = {id(p) for p in self.mask_parameters()}
         return [p for p in self.parameters() if id(p) not in mask]
 
@@ -394,4 +402,11 @@ class A2Transformer(nn.Module):
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, max_len: int = 64) -> A2Transformer:
+    """The A2 Transformer of a `model` config section (fusion `none`: a plain Transformer, no mask network).
+
+    Args:
+        cfg: The `model` section.
+        vocab_size: Words of the vocabulary, the four special tokens included.
+        max_len: Longest caption in tokens (positions are encoded up to max_len + 2).
+    """
     return A2Transformer(cfg, vocab_size, max_len)
