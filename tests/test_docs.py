@@ -89,3 +89,29 @@ def test_readme_is_short_and_its_links_resolve():
     for link in local:
         assert (REPO / link).exists(), f"README links to {link}, which does not exist"
     assert any(link.startswith("docs/") for link in local)
+
+
+def test_readmes_study_file_is_a_valid_study(tmp_path):
+    from launch.spec import load_study
+
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    (tmp_path / "study.yaml").write_text(block)
+    spec = load_study(tmp_path / "study.yaml")
+    assert spec.name == "a2-smoke" and spec.num_trials == 8  # 2 configurations x 4 seeds
+
+
+def test_readmes_command_table_names_every_command():
+    from launch.cli import build_parser
+
+    table = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `a2 ")]
+    named = {line.split("`")[1] for line in table}
+
+    def leaves(words, parser):
+        subs = a2ref._subcommands(parser)
+        if not subs:
+            yield " ".join(words)
+        for name, _help, sub in subs:
+            yield from leaves(words + [name], sub)
+
+    assert named == set(leaves(["a2"], build_parser()))
