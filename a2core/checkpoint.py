@@ -123,6 +123,7 @@ def _plain_numpy_state(state) -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore the RNG states that `rng_state` took."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -131,6 +132,11 @@ def set_rng_state(state: dict) -> None:
 
 
 def model_from_state(state: dict, device="cpu") -> tuple[A2Transformer, Vocab, dict]:
+    """Rebuild a model from a checkpoint's dict alone.
+
+    Returns:
+        The model in eval mode on `device`, its vocabulary and its config as a plain dict.
+    """
     config = Config.from_dict(state["config"])
     vocab = Vocab(state["vocab"])
     model = build_model(config.model, len(vocab), config.data.max_caption_len + 2)
@@ -140,6 +146,11 @@ def model_from_state(state: dict, device="cpu") -> tuple[A2Transformer, Vocab, d
 
 
 def load_model(path: str | Path, device="cpu") -> tuple[A2Transformer, Vocab, dict]:
+    """`model_from_state` of the checkpoint at `path` (a file, or a folder holding `checkpoint.pt`).
+
+    Raises:
+        CheckpointError: The file is missing, not a torch.save file, or would run code when loaded.
+    """
     return model_from_state(load(path), device)
 
 

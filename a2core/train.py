@@ -5,6 +5,7 @@ sequence training with a CIDEr-D reward (stage 2). Plain PyTorch: `train(config,
 Every step of stage 1 (`Updates.xe`) first computes, once, what neither step's mask network can change: the
 batch's region encoding, every decoder layer's region keys/values and the decoder below its first cross-attention
 (word embeddings and the first self-attention sublayer, `A2Transformer.decode_start`). Then:
+
   1. mask step (every `mask_every` steps, not for fusion `none`): L(theta_m) = -L_IC(a_p) + lambda P (Eq. 4,
      P and its reduction in `a2core.model.a2`) with the *perturbed* attention a_p, on those tensors detached (no
      second pass through them) and `mask_captions` captions per image (default all, the paper's schedule); the
@@ -14,11 +15,14 @@ batch's region encoding, every decoder layer's region keys/values and the decode
   2. captioner step: L_IC = cross-entropy of the captions under the *aligned* attention (Eq. 11) with the mask
      network just updated, continuing from the same shared tensors; the gradient goes to every parameter except
      the mask network's (m is detached).
+
 Both steps see the same captioner weights, so the sharing changes nothing in the math (with dropout, the shared
 part's dropout draws are shared too, as one pass would have them); only the mask network's own region keys are
 computed after its update. Its statistics are read from the device once per mask step.
+
 Precision (`train.precision`): every forward pass of training and decoding runs under `a2core.precision.autocast`;
 fp16 adds a GradScaler shared by the optimizers of one step (one `update()` per step).
+
 Data parallel: instead of DDP's wrapper (which expects one forward per step over one parameter set), the two
 objectives' gradients are averaged across ranks with one flattened all-reduce each, which is what DDP does.
 """
@@ -466,7 +470,19 @@ class Trainer:
 
 def train(config: Config | dict, report: Report | None = None, *, output_dir: str | Path | None = None,
           resume_from: str | Path | None = None) -> dict:
-    """Train one configuration; see the module docstring. Returns the best score and checkpoint paths."""
+    """Train one configuration: cross-entropy epochs, then SCST epochs (see the module docstring).
+
+    Args:
+        config: A `Config`, or a plain dict that `Config.from_dict` accepts.
+        report: Called after every epoch with the epoch's metrics (`train/...`, `val/...` on the x100 scale,
+            `diag/...`) and the folder of that epoch's checkpoint (None on ranks other than 0).
+        output_dir: Where `best.pt` and `last.pt` go (default: `config.output_dir`).
+        resume_from: A checkpoint to continue from, bit-identically (model, optimizers, step, RNG states).
+
+    Returns:
+        `best/val/CIDEr`, `best_epoch`, `epochs`, `steps`, `best_checkpoint`, `last_checkpoint` and `history`
+        (one dict of scalars per epoch).
+    """
     cfg = config if isinstance(config, Config) else Config.from_dict(config)
     trainer = Trainer(cfg, output_dir or cfg.output_dir, resume_from)
     return trainer.run(report)

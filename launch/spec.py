@@ -78,12 +78,19 @@ class Param(Section):
     """One key of `search.space`: exactly one distribution, and optionally `when`. The loader gives it its `key`
     and resolves `when` to {space key: [allowed values]}."""
 
-    grid: Annotated[tuple, BeforeValidator(_values)] | None = None
-    choice: Annotated[tuple, BeforeValidator(_values)] | None = None
-    uniform: Annotated[tuple[Real, Real], BeforeValidator(_pair)] | None = None
-    loguniform: Annotated[tuple[Real, Real], BeforeValidator(_pair)] | None = None
-    randint: Annotated[tuple[Integer, Integer], BeforeValidator(_pair)] | None = None
-    when: dict[str, Any] | None = None  # {space key: value | [values]}
+    grid: Annotated[tuple, BeforeValidator(_values)] | None = Field(None, description=(
+        "Values that are all run: grid keys are crossed into grid cells."))
+    choice: Annotated[tuple, BeforeValidator(_values)] | None = Field(None, description=(
+        "Values sampled from, `num_samples` times per grid cell."))
+    uniform: Annotated[tuple[Real, Real], BeforeValidator(_pair)] | None = Field(None, description=(
+        "[low, high]: a number sampled uniformly."))
+    loguniform: Annotated[tuple[Real, Real], BeforeValidator(_pair)] | None = Field(None, description=(
+        "[low, high], low > 0: a number sampled uniformly in log space."))
+    randint: Annotated[tuple[Integer, Integer], BeforeValidator(_pair)] | None = Field(None, description=(
+        "[low, high]: an integer, both ends included."))
+    when: dict[str, Any] | None = Field(None, description=(
+        "{space key: value or [values]}: the key exists only in trials where that (unconditional grid or choice) "
+        "key has one of those values."))
     # As written in the study (alias or dotted path); also its name in suggestions and Optuna.
     _key: str = PrivateAttr("")
 
@@ -156,19 +163,22 @@ class Param(Section):
 class Asha(Section):
     """The replicate-group ASHA of launch.search; min_gap_se = k in its stopping rule gap > k * s_pooled * sqrt(2/n)."""
 
-    grace_period: Integer = Field(1, ge=1)
-    reduction_factor: Number = Field(2, gt=1)
-    min_gap_se: Real = Field(2.0, ge=0)
-    # One-worker trials only: a replicate waits at a rung, paused, for its group's judgement (fewer CPU-seconds,
-    # more wall time when slots stay free: benchmarks/RESULTS.md, "Early stopping's worth").
-    hold_at_rungs: Flag = False
+    grace_period: Integer = Field(1, ge=1, description="Epochs before the first rung.")
+    reduction_factor: Number = Field(2, gt=1, description=(
+        "r: rungs at epochs g, g*r, ...; a group below the (1 - 1/r) quantile of a rung's means may stop."))
+    min_gap_se: Real = Field(2.0, ge=0, description=(
+        "k: a group stops only if cutoff - its mean > k * s_pooled * sqrt(2/n) (its seed spread cannot explain "
+        "the gap)."))
+    # fewer CPU-seconds, more wall time when slots stay free: benchmarks/RESULTS.md, "Early stopping's worth"
+    hold_at_rungs: Flag = Field(False, description=(
+        "One-worker trials only: a replicate waits at a rung, paused, until its group is judged."))
 
 
 class Scheduler(Section):
     """Exactly one of these, by name: `{asha: {grace_period: 2}}`, `{fifo: {}}`; `asha: null` takes its defaults."""
 
-    asha: Asha = None
-    fifo: Section = None  # no options
+    asha: Asha = Field(None, description="Replicate-group ASHA: early stopping that judges groups of seeds.")
+    fifo: Section = Field(None, description="No early stopping (no options: `{fifo: {}}`).")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Scheduler:
@@ -191,29 +201,37 @@ def _seeds(value: Any) -> Any:
 
 
 class Search(Section):
-    metric: Text = Field("val/CIDEr", min_length=1)  # a metric that a2core.train reports after every epoch
-    mode: Literal["max", "min"] = "max"
-    algorithm: Literal["optuna", "random", "grid"] = "optuna"  # optuna (TPE) | random | grid
-    num_samples: Integer = Field(1, ge=1)  # samples of the sampled keys per grid cell
-    seed: Integer = Field(0, ge=0)  # searcher seed (cell i uses seed + i)
-    space: dict[str, Param] | None = None
-    points_to_evaluate: list[dict[str, Any]] | None = None  # e.g. [{lambda: 0.035}]: first in every cell
-    # Every configuration runs with seeds 0 .. N-1 (or those listed).
+    metric: Text = Field("val/CIDEr", min_length=1, description=(
+        "The metric searched on, one that a2core.train reports after every epoch."))
+    mode: Literal["max", "min"] = Field("max", description="Whether `metric` is maximised or minimised.")
+    algorithm: Literal["optuna", "random", "grid"] = Field("optuna", description=(
+        "How sampled keys are drawn: Optuna TPE, random, or `grid` (only the points run)."))
+    num_samples: Integer = Field(1, ge=1, description="Samples of the sampled keys per grid cell.")
+    seed: Integer = Field(0, ge=0, description="Searcher seed (grid cell i uses seed + i).")
+    space: dict[str, Param] | None = Field(None, description=(
+        "Searched keys: aliases (`fusion`, `lambda`, `eta`, `temperature`, `seed`) or dotted `data.` / `model.` / "
+        "`train.` paths, each with exactly one distribution."))
+    points_to_evaluate: list[dict[str, Any]] | None = Field(None, description=(
+        "First suggestions of every grid cell, e.g. `[{lambda: 0.035}]` (default: the paper's values)."))
     replicates: Annotated[list[Annotated[Integer, Field(ge=0)]], BeforeValidator(_seeds),
-                          AfterValidator(lambda seeds: _listed_once(seeds, "seed "))] | None = None
-    scheduler: Scheduler = Field(default_factory=lambda: Scheduler(fifo={}))
+                          AfterValidator(lambda seeds: _listed_once(seeds, "seed "))] | None = Field(
+        None, description="N (seeds 0 .. N-1) or a list of seeds: every configuration runs once per seed.")
+    scheduler: Scheduler = Field(default_factory=lambda: Scheduler(fifo={}), description=(
+        "Early stopping: exactly one of `asha` or `fifo` (default: fifo, none)."))
 
 
 class Resources(Section):
-    workers_per_trial: Integer = Field(1, ge=1)
-    cpus_per_worker: Number = Field(1, gt=0)
-    gpus_per_worker: Number = Field(0, ge=0)
-    max_concurrent_trials: Integer = Field(1, ge=1)
-    # Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever.
-    max_failures: Integer = Field(1, ge=-1)
-    driver_cpus: Number = Field(0.01, gt=0)  # the trial's small Tune driver function (Ray refuses a bare {"CPU": 0})
-    # Of a worker node (one trial per node): the study's cost estimate in status and summary; absent if not given.
-    price_per_hour: Real | None = Field(None, gt=0)
+    workers_per_trial: Integer = Field(1, ge=1, description=(
+        "Data-parallel workers of one trial (1: runs in the Tune trial; more: a Ray Train job)."))
+    cpus_per_worker: Number = Field(1, gt=0, description="CPUs reserved per worker.")
+    gpus_per_worker: Number = Field(0, ge=0, description="GPUs per worker (a fraction, or a whole number above 1).")
+    max_concurrent_trials: Integer = Field(1, ge=1, description="Trials running side by side.")
+    max_failures: Integer = Field(1, ge=-1, description=(
+        "Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever."))
+    # Ray refuses a bare {"CPU": 0}.
+    driver_cpus: Number = Field(0.01, gt=0, description="CPUs of a multi-worker trial's small Tune driver function.")
+    price_per_hour: Real | None = Field(None, gt=0, description=(
+        "Price of a worker node (one trial per node): the study's cost estimate in status and summary."))
 
     @model_validator(mode="after")
     def _whole_gpus(self) -> Resources:
@@ -224,8 +242,10 @@ class Resources(Section):
 
 
 class Tracking(Section):
-    mlflow_uri: Text | None = Field(None, min_length=1)  # null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
-    experiment: Text | None = Field(None, min_length=1)  # null: the study's name
+    mlflow_uri: Text | None = Field(None, min_length=1, description=(
+        "MLflow tracking URI, without a password (null: $MLFLOW_TRACKING_URI at load time, else "
+        "sqlite:///mlflow.db; saved with the study)."))
+    experiment: Text | None = Field(None, min_length=1, description="MLflow experiment (null: the study's name).")
 
     @model_validator(mode="after")
     def _resolve_uri(self) -> Tracking:
@@ -270,15 +290,19 @@ RawSection = Annotated[dict, BeforeValidator(lambda value: {} if value is None e
 
 
 class StudyFile(Section):
-    name: Annotated[str, BeforeValidator(_study_name)] = Field(None, validate_default=True)
-    data: RawSection = {}
-    model: RawSection = {}
-    train: RawSection = {}
-    search: Search = Field(default_factory=Search)
-    resources: Resources = Field(default_factory=Resources)
-    tracking: Tracking = Field({}, validate_default=True)  # validated even when absent: it resolves the URI
-    storage: Text = Field(DEFAULT_STORAGE, min_length=1)  # a local directory or s3://bucket/prefix
-    storage_endpoint_url: Text | None = Field(None, pattern=r"^https?://[^/\s]+")  # an S3-compatible server
+    name: Annotated[str, BeforeValidator(_study_name)] = Field(None, validate_default=True, description=(
+        f"The study's name, `[a-z0-9-]`, at most {NAME_MAX} characters: it names paths and MLflow objects."))
+    data: RawSection = Field({}, description="The `data` section of a config, for every trial.")
+    model: RawSection = Field({}, description="The `model` section of a config (searched keys left out).")
+    train: RawSection = Field({}, description="The `train` section of a config (searched keys left out).")
+    search: Search = Field(default_factory=Search, description="What is searched, how, and early stopping.")
+    resources: Resources = Field(default_factory=Resources, description="Workers, CPUs and GPUs of each trial.")
+    # Validated even when absent: it resolves the URI.
+    tracking: Tracking = Field({}, validate_default=True, description="Where the study is tracked in MLflow.")
+    storage: Text = Field(DEFAULT_STORAGE, min_length=1, description=(
+        "Where the study's record and checkpoints go: a local directory or `s3://bucket/prefix`."))
+    storage_endpoint_url: Text | None = Field(None, pattern=r"^https?://[^/\s]+", description=(
+        "An S3-compatible server for `storage` (default: AWS)."))
 
     @model_validator(mode="after")
     def _resolve_storage(self) -> StudyFile:

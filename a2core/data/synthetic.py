@@ -10,13 +10,15 @@ the set measures: `grounding.json` maps each class word to its object's region (
 colour word is the caption's free choice of object, so no region is "right" for it before it is said).
 
 Region features are a fixed random linear embedding (latent -> FEATURE_DIM, then ReLU, float16 on disk) of a
-latent vector plus noise (std 0.1 on the latent, 0.05 on the features). The latent dimensions:
+latent vector plus noise (std 0.1 on the latent, 0.05 on the features). The latent dimensions::
+
   [0, 16)   class one-hot (confusable pairs dog/cat, car/bus, ...: the partner class leaks in at 0.3)
   [16, 22)  colour one-hot
   [22, 26)  box (cx, cy, w, h) in [0, 1]; the relation words ("to the left of", "above", ...) come from cx, cy
   [26, 30)  scene one-hot (1.0 on background regions, 0.3 on objects): the "in a park" words
   30        object flag (1 on objects, 0 on background)
   [31, 37)  nuisance: N(0, 1) on background regions, 0 on objects
+
 Controls, measured on the val split of seed 0 with the ground truth itself as the attention (one-hot on a class
 word's region, uniform elsewhere): a perfectly grounded attention scores 1.0; the best word-agnostic attention,
 one region per caption, scores at most 0.5 (a caption's two class words lie in two different regions); uniform
@@ -26,13 +28,15 @@ the best constant caption scores val CIDEr 61.3; at epoch 4 / 6 the baseline sco
 79.1 / 93.7; at epoch 6 grounding accuracy / word-agnostic control / lift are 0.36 / 0.21 / +0.16 (baseline) and
 0.34 / 0.25 / +0.09 (gate). Seeds vary a lot: another baseline run reached 160.8 and 0.72 / 0.30 / +0.43.
 
-Written files (the layouts real COCO uses, so the same code path reads both):
+Written files (the layouts real COCO uses, so the same code path reads both)::
+
   dataset_coco.json          Karpathy format; train2014 images in train/restval, val2014 in val/test/restval
   image_info_test2014.json   test-server images (no captions)
   image_info_val2014.json    every val2014 image id (what the server's val submission must cover)
   features.h5                "{image_id}_features" (n, FEATURE_DIM)
   features/                  {image_id}.npz with key "feat"
   grounding.json             {image_id: {"regions": n, "sentences": [[region index or -1 per token]]}}
+
 Everything is a pure function of (seed, images, test_images).
 """
 from __future__ import annotations
