@@ -155,8 +155,8 @@ def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, fl
     elif sd is None:
         lines.append(f"  power     no seed spread ({sd_source}): give --sd")
     else:
-        lines.append(f"  power     seed spread sd {sd:.2f} CIDEr ({sd_source}); two-sided t test at "
-                     f"{CONFIDENCE:.0%} confidence, {POWER:.0%} power wanted")
+        lines.append(f"  power     seed spread sd {sd:.2f} CIDEr ({sd_source})")
+        lines.append(f"            two-sided t test at {CONFIDENCE:.0%} confidence, {POWER:.0%} power wanted")
         lines.append(f"    {'difference':<26}{'delta':>6}{'seeds/arm needed':>18}{f'power at {seeds}':>14}")
         for label, delta in deltas:
             needed = seeds_needed(delta, sd)
@@ -166,8 +166,9 @@ def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, fl
         return "\n".join(lines)
     est = estimate(spec, images_per_second, workers)
     lines += ["cost (an estimate)",
-              f"  throughput {images_per_second:g} training images/s per GPU ({ips_source}); an SCST image costs "
-              f"{SCST_IMAGE_COST:g}, a validation image {VAL_IMAGE_COST:g}; linear scaling over a trial's GPUs",
+              f"  speed     {images_per_second:g} training images/s per GPU ({ips_source})",
+              f"            assumed: an SCST image costs {SCST_IMAGE_COST:g}, a validation image {VAL_IMAGE_COST:g}; "
+              f"a trial's GPUs scale linearly",
               f"  GPU-hours {est.gpu_hours:,.0f} for {spec.num_trials} trials; about {est.wall_hours:,.0f} h wall "
               f"on {est.gpus_at_once} GPUs at once"]
     if workers is not None:
@@ -177,12 +178,12 @@ def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, fl
             lines.append(f"  cost      no price known for {workers.instance}: give --price-per-hour")
         else:
             gpu_hour = node / workers.gpus
-            what = ("given" if price is not None else f"on-demand list price of {workers.instance}, us-west-2, AWS "
-                                                      f"2025 (assumed)")
-            text = f"  cost      ${est.gpu_hours * gpu_hour:,.0f} at ${node:.3f}/h a node ({what}) / {workers.gpus} GPUs"
+            what = "given" if price is not None else "on-demand list price, us-west-2, 2025, assumed"
+            lines.append(f"  cost      ${est.gpu_hours * gpu_hour:,.0f}: {workers.instance} at ${node:.3f}/h ({what}) "
+                         f"/ {workers.gpus} GPUs = ${gpu_hour:.3f} a GPU-hour")
             if price is None and workers.spot:
-                text += f"; spot at ~{SPOT_SHARE:.0%} of it (assumed): ${est.gpu_hours * gpu_hour * SPOT_SHARE:,.0f}"
-            lines.append(text)
+                lines.append(f"            spot at ~{SPOT_SHARE:.0%} of on-demand (assumed): "
+                             f"${est.gpu_hours * gpu_hour * SPOT_SHARE:,.0f}")
     return "\n".join(lines)
 
 
@@ -219,7 +220,7 @@ def main(args) -> int:
     sd, sd_source = _seed_spread(args, spec)
     deltas = [(f"{d:g} CIDEr", d) for d in args.delta] if args.delta else table3_gaps()
     ips, ips_source = ((args.images_per_second, "given") if args.images_per_second is not None else
-                       (IMAGES_PER_SECOND, "an estimate for an A10G, benchmarks/RESULTS.md"))
+                       (IMAGES_PER_SECOND, "an estimate for an A10G: benchmarks/RESULTS.md"))
     workers = cluster_workers(args.cluster)
     print(plan_text(spec, sd, sd_source, deltas, ips, ips_source, workers, args.price_per_hour))
     return 0

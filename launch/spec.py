@@ -219,7 +219,8 @@ class Resources(Section):
     # Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever.
     max_failures: Integer = Field(1, ge=-1)
     driver_cpus: Number = Field(0.01, gt=0)  # the trial's small Tune driver function (Ray refuses a bare {"CPU": 0})
-    # Of a worker node (one trial per node): the study's cost estimate in status and summary; absent if not given.
+    # What one trial holds per hour (a node's price over the trials it runs side by side): the study's cost in status
+    # and summary; absent if not given.
     price_per_hour: Real | None = Field(None, gt=0)
 
     @model_validator(mode="after")
@@ -657,8 +658,7 @@ class _Loader:
             splits = self.splits if self.splits is not None else read_karpathy(path)
             return {k: len(splits.get(k, [])) for k in ("train", "val")}, f"counted in {path}"
         return ({"train": KARPATHY_IMAGES["train"], "val": KARPATHY_IMAGES["val"]},
-                "standard Karpathy split counts: 113,287 train images (restval included) and 5,000 val, each with "
-                "about 5 captions; no captions file here")
+                "the standard Karpathy split, restval in train, about 5 captions an image; no captions file here")
 
     def check_batch(self, spec: StudySpec) -> None:
         """The global batch splits evenly over a trial's workers, for every batch size a trial can have."""

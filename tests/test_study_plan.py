@@ -39,12 +39,12 @@ def test_shipped_coco_study_plans_at_the_papers_scale(name, capsys):
     assert a2(["study", "plan", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"steps     11,329 a epoch; {11_329 * (xe + scst):,} in {xe + scst} epochs" in out
-    assert "standard Karpathy split counts" in out
+    assert "the standard Karpathy split" in out
     images = 11_329 * 10  # the last step filled up; an SCST image costs 2, a validation image 1 (all 5,000)
     gpu_hours = trials * (xe * (images + 5_000) + scst * (2 * images + 5_000)) / plan.IMAGES_PER_SECOND / 3600
     assert f"GPU-hours {gpu_hours:,.0f} for {trials} trials" in out
     price = plan.ON_DEMAND_PRICES["g5.12xlarge"] / 4
-    assert f"cost      ${gpu_hours * price:,.0f} at $5.672/h a node" in out
+    assert f"cost      ${gpu_hours * price:,.0f}: g5.12xlarge at $5.672/h" in out
     header = path.read_text().split("\nname:")[0]  # each file's header states its plan
     assert f"{11_329 * (xe + scst):,}" in header and f"{trials} trials" in header
     stated = float(re.search(r"about ([\d,]+) GPU-hours", header)[1].replace(",", ""))
