@@ -94,7 +94,8 @@ def _upgraded(state: dict) -> dict:
     """A format-1 checkpoint's config in today's units (see FORMAT)."""
     train = state["config"].get("train") if isinstance(state["config"], dict) else None
     if state.get("format", 1) < 2 and isinstance(train, dict) and isinstance(train.get("batch_size"), int):
-        state["config"] = {**state["config"], "train": {**train, "batch_size": train["batch_size"] * CAPTIONS_PER_IMAGE}}
+        pairs = train["batch_size"] * CAPTIONS_PER_IMAGE
+        state["config"] = {**state["config"], "train": {**train, "batch_size": pairs}}
         state["format"] = FORMAT
     return state
 

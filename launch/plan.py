@@ -147,8 +147,8 @@ def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, fl
                      f"{keep[0]:.1%} - {keep[1]:.1%} of the original attention at the end")
     seeds = len(spec.seed_values)
     lines += ["per study",
-              f"  trials    {spec.num_trials} = {spec.num_arms} configuration{'s' if spec.num_arms > 1 else ''} x {seeds} "
-              f"seed{'s' if seeds > 1 else ''}; "
+              f"  trials    {spec.num_trials} = {spec.num_arms} configuration{'s' if spec.num_arms > 1 else ''} "
+              f"x {seeds} seed{'s' if seeds > 1 else ''}; "
               f"{_n(spec.num_trials * spec.total_epochs)} trial-epochs (before early stopping)"]
     if spec.num_arms < 2:
         lines.append("  power     one configuration: nothing is compared")

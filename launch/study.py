@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--price-per-hour", type=float, default=None,
                       help="price of a worker node per hour (default: the on-demand list price of its type)")
     plan.add_argument("--cluster", default=str(Path(__file__).resolve().parents[1] / "ray-cluster.yaml"),
-                      help="the cluster-launcher file whose GPU worker type prices the study (default: ray-cluster.yaml)")
+                      help="cluster-launcher file whose GPU worker type prices the study (default: ray-cluster.yaml)")
 
 
 def _add_study_file(parser: argparse.ArgumentParser) -> None:
@@ -213,6 +213,8 @@ def driver_options(args) -> dict:
 
 def cmd_run(args) -> int:
     spec = load_study(args.file, args.overrides)  # ConfigError -> exit 2 with the key path (a2's main)
+    for warning in spec.warnings:  # what `a2 study validate` warns about (a long warmup, T_P past the last step)
+        print(f"a2 study: warning: {warning}", file=sys.stderr)
     return exit_code(run_study(spec, **driver_options(args)))
 
 

@@ -118,7 +118,8 @@ def test_a_comparison_with_one_seed_per_arm_is_an_error_unless_it_explores():
     assert spec.num_arms == 2 and spec.seed_values == [0]
     # a seed grid gives every arm its seeds too
     space = {**smoke()["search"]["space"], "seed": {"grid": [0, 1]}}
-    assert StudySpec.from_dict(smoke(search__replicates=None, search__scheduler=fifo, search__space=space)).num_arms == 2
+    seeded = smoke(search__replicates=None, search__scheduler=fifo, search__space=space)
+    assert StudySpec.from_dict(seeded).num_arms == 2
 
 
 def test_a_batch_that_does_not_split_over_the_workers_is_refused():
@@ -165,3 +166,19 @@ def test_a_format_1_saved_study_converts_to_the_same_steps():
     assert spec.base["train"]["batch_size"] == 100
     assert spec.steps_per_epoch == math.ceil(800 / 20)  # 20 images a step, as before: 10 on each of 2 workers
     assert any(w.startswith("search.replicates:") for w in spec.warnings)
+
+
+def test_a_saved_study_yaml_without_format_is_read_as_format_1(tmp_path):
+    """`a2 study resume` of a study saved before: its study.yaml has no `format`; saved from now on, it has 2."""
+    from launch.study import STUDY_FILE, StudyLocation, load_saved_spec, saved_form
+
+    spec = load_study(SMOKE, [f"storage={tmp_path}", f"tracking.mlflow_uri=sqlite:///{tmp_path / 'm.db'}"])
+    saved = saved_form(spec)
+    assert saved["format"] == 2
+    old = {k: v for k, v in saved.items() if k != "format"}
+    old["train"]["batch_size"] = 10  # images per worker, as format 1 stored it
+    (tmp_path / spec.name).mkdir()
+    (tmp_path / spec.name / STUDY_FILE).write_text(yaml.safe_dump(old))
+    again = load_saved_spec(StudyLocation(spec.name, str(tmp_path)))
+    assert again.base["train"]["batch_size"] == 50 and again.steps_per_epoch == spec.steps_per_epoch == 80
+    assert again.to_dict() == spec.to_dict()
