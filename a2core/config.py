@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from .errors import ConfigError
 
 SEED_LIMIT = 2**32  # numpy's seed range: seeds are 0 .. 2^32 - 1
+CAPTIONS_PER_IMAGE = 5  # every training image brings 5 captions (cycled when it has fewer, the first 5 of more)
 
 
 # -- what YAML may give for each kind of key -------------------------------------------------------------------
@@ -256,11 +257,15 @@ class TrainConfig(Section):
     seed: Seed = Field(0, description="Seed of initialisation, data order and dropout (0 .. 2^32-1).")
     xe_epochs: Integer = Field(20, ge=0, description="Epochs of cross-entropy training (stage 1).")
     scst_epochs: Integer = Field(0, ge=0, description="Epochs of SCST with a CIDEr-D reward (stage 2).")
-    batch_size: Integer = Field(50, ge=1, description=(
-        "Images per global step, split over a trial's workers; each image brings its (up to) 5 captions."))
+    # M2's `--batch_size 50`: batch_size / 5 images with their 5 captions each, split evenly over the trial's
+    # workers; every step count (warmup, T_P, mask_every, log_every) counts these global optimizer steps.
+    batch_size: Integer = Field(50, ge=CAPTIONS_PER_IMAGE, description=(
+        "Global batch of one optimizer step in image-caption pairs, whatever the number of workers: batch_size / 5 "
+        "images with their 5 captions each, split evenly over the trial's workers. An SCST step takes batch_size / 5 "
+        "images x `scst_samples` sampled captions (M2: batch_size // 5 images x 5 beams)."))
     lr_factor: Real = Field(1.0, gt=0, description=(
         "Noam schedule: lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)."))
-    warmup: Integer = Field(10000, ge=1, description="Warmup steps of the Noam schedule (global steps).")
+    warmup: Integer = Field(10000, ge=1, description="Warmup of the Noam schedule, in global optimizer steps.")
     mask_lr: Real = Field(1e-4, gt=0, description="Adam learning rate of the mask network (its own optimizer).")
     mask_every: Integer = Field(1, ge=1, description="A mask-network step after every N captioner steps.")
     # Which captions rotates with the step, so every caption is used in turn.
@@ -301,7 +306,35 @@ class TrainConfig(Section):
             raise ConfigError("xe_epochs", "xe_epochs + scst_epochs must be >= 1")
         if self.scst_baseline == "mean" and self.scst_samples < 2:
             raise ConfigError("scst_samples", "the 'mean' baseline needs at least 2 samples")
+        if self.batch_size % CAPTIONS_PER_IMAGE:
+            raise ConfigError("batch_size", f"{self.batch_size} image-caption pairs is not a whole number of images "
+                                            f"with {CAPTIONS_PER_IMAGE} captions each: use a multiple of "
+                                            f"{CAPTIONS_PER_IMAGE}")
         return self
+
+    @property
+    def images_per_step(self) -> int:
+        """Images of one optimizer step over all workers (each with its 5 captions)."""
+        return self.batch_size // CAPTIONS_PER_IMAGE
+
+
+def images_per_worker(batch_size: int, workers: int) -> int:
+    """Each worker's share of a global batch of `batch_size` image-caption pairs (train.batch_size); a
+    ConfigError at train.batch_size naming both numbers when whole images do not split evenly over the workers."""
+    images = batch_size // CAPTIONS_PER_IMAGE
+    if images % workers:
+        fits = [w for w in range(1, images + 1) if images % w == 0]
+        raise ConfigError("train.batch_size", f"{batch_size} image-caption pairs ({images} images x "
+                                              f"{CAPTIONS_PER_IMAGE} captions) do not split evenly over {workers} "
+                                              f"workers; use a multiple of {CAPTIONS_PER_IMAGE * workers} pairs, "
+                                              f"or {', '.join(map(str, fits))} workers")
+    return images // workers
+
+
+def steps_per_epoch(train_images: int, batch_size: int) -> int:
+    """Optimizer steps of one epoch over `train_images` at a global batch of `batch_size` pairs: the last batch
+    is filled up from the start of the epoch's order, so every step has the full batch."""
+    return -(-train_images // (batch_size // CAPTIONS_PER_IMAGE))
 
 
 class Config(Section):

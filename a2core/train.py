@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from . import precision
-from .config import Config
+from .config import Config, images_per_worker
 from .data.captions import Vocab
 from .data.dataset import CaptionData
 from .decode import ModelStepper, captions_for, greedy, sample
@@ -259,6 +259,8 @@ class Trainer:
         self.model = build_model(cfg.model, len(self.vocab), cfg.data.max_caption_len + 2).to(self.device)
         self.dist.broadcast_params(self.model)
         self.updates = Updates(self.model, cfg, self.device, self.dist)
+        # the trial's global batch split over its workers; refused here too when it does not split evenly
+        self.images_per_worker = images_per_worker(cfg.train.batch_size, self.dist.world)
         self.epoch, self.step = 0, 0
         self.best: dict = {"val/CIDEr": float("-inf"), "epoch": 0}
         self.history: list[dict] = []
@@ -272,7 +274,7 @@ class Trainer:
             "model": self.model.state_dict(), **self.updates.state_dict(), "config": self.cfg.to_dict(),
             "vocab": self.vocab.words,
             "epoch": self.epoch, "step": self.step, "best": dict(self.best), "history": list(self.history),
-            "rng": ckpt.rng_state(), "format": 1,
+            "rng": ckpt.rng_state(), "format": ckpt.FORMAT,
         }
 
     def _restore(self, state: dict) -> None:
@@ -285,8 +287,8 @@ class Trainer:
     # -- one epoch of each stage ----------------------------------------------------------------------------------
     def _batches(self):
         t = self.cfg.train
-        return self.data.loader("train", t.batch_size, shuffle=True, seed=t.seed, epoch=self.epoch,
-                                rank=self.dist.rank, world=self.dist.world, num_workers=t.num_workers)
+        return self.data.train_loader(t.images_per_step, seed=t.seed, epoch=self.epoch, rank=self.dist.rank,
+                                      world=self.dist.world, num_workers=t.num_workers)
 
     def _batch(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         return batch["feats"].to(self.device), batch["region_mask"].to(self.device)
@@ -363,7 +365,7 @@ class Trainer:
         beam = t.beam_size if t.val_decode == "beam" else 1
         with self.updates.amp():
             part = captions_for(self.data, ModelStepper(self.model), "val", beam_size=beam, max_len=t.max_len,
-                                batch_size=t.batch_size, limit=self.cfg.data.val_images, device=self.device,
+                                batch_size=self.images_per_worker, limit=self.cfg.data.val_images, device=self.device,
                                 rank=self.dist.rank, world=self.dist.world)
         caps = self.dist.gather_dict(part)
         refs = self.data.references("val")
@@ -392,7 +394,7 @@ class Trainer:
         rng = ckpt.rng_state()  # their data loaders draw from the global generators: training must not see it
         try:
             out = trial_diagnostics(self.model, self.data, "val", images, min(t.diag_kendall_images, images),
-                                    batch_size=t.batch_size, device=self.device)
+                                    batch_size=self.images_per_worker, device=self.device)
         finally:
             ckpt.set_rng_state(rng)
         return {**out, "time/diag_s": time.perf_counter() - start}

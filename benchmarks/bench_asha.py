@@ -127,7 +127,7 @@ def search_study(arm: str, work: Path, data: Path, size: dict, search_seed: int 
         "data": {"kind": "synthetic", "seed": 0, "images": size["images"], "val_images": size["val_images"],
                  "root": str(data)},
         "model": dict(size["model"]),
-        "train": {"xe_epochs": size["epochs"], "scst_epochs": 0, "batch_size": 10, "warmup": size["warmup"],
+        "train": {"xe_epochs": size["epochs"], "scst_epochs": 0, "batch_size": 50, "warmup": size["warmup"],
                   "val_decode": "greedy", "log_every": 1000, "diag_every": 0, "diag_images": 10,
                   "diag_kendall_images": 1},
         "search": {"metric": METRIC, "mode": "max", "algorithm": "random", "num_samples": size["samples"],

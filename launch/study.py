@@ -27,7 +27,7 @@ from dashboards.spool import Spool, outage_line, replay
 from dashboards.tables import finite, text_table
 from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, check_tracking_uri, study_runs
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
-from launch.spec import DEFAULT_STORAGE, SEED_PATH, StudySpec, load_study, validate_main
+from launch.spec import DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, load_study, validate_main
 from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name, plan_from_spec,
                               read_results, train_run_name)
 
@@ -60,13 +60,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     compare.add_argument("--baseline", default=None, help="the value of --by to compare with (default: fusion none)")
     compare.add_argument("--tracking-uri", default=None)
 
-    plan = sub.add_parser("plan", help="seeds per arm needed to resolve a CIDEr difference, and the study's cost")
+    plan = sub.add_parser("plan", help="a study's steps, schedule, seeds and power, GPU-hours and cost, before it runs")
     _add_study_file(plan)
     plan.add_argument("--sd", type=float, default=None,
                       help="seed standard deviation of val CIDEr (x100); default: measured in the study's runs")
     plan.add_argument("--delta", type=float, nargs="+", default=None,
                       help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
     plan.add_argument("--tracking-uri", default=None, help="where the finished study's runs are (default: spec)")
+    plan.add_argument("--images-per-second", type=float, default=None,
+                      help="training images per second per GPU (default: the estimate in benchmarks/RESULTS.md)")
+    plan.add_argument("--price-per-hour", type=float, default=None,
+                      help="price of a worker node per hour (default: the on-demand list price of its type)")
+    plan.add_argument("--cluster", default=str(Path(__file__).resolve().parents[1] / "ray-cluster.yaml"),
+                      help="cluster-launcher file whose GPU worker type prices the study (default: ray-cluster.yaml)")
 
 
 def _add_study_file(parser: argparse.ArgumentParser) -> None:
@@ -173,13 +179,16 @@ def study_path(path: str, root: str | Path) -> str:
 def load_saved_spec(location: StudyLocation) -> StudySpec:
     """The StudySpec saved with the study (validated again, so moved data fails here, not in a trial)."""
     source = location.uri(STUDY_FILE)
-    return StudySpec.from_dict(parse_yaml(location.read_text(STUDY_FILE), source), source=source)
+    raw = parse_yaml(location.read_text(STUDY_FILE), source)
+    if isinstance(raw, dict):
+        raw.setdefault("format", 1)  # saved before the format was recorded: converted (launch.spec.convert_format_1)
+    return StudySpec.from_dict(raw, source=source)
 
 
 def saved_form(spec) -> dict:
     """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the keys that
     the search space (or search.replicates: train.seed) sets, which the loader would refuse as set twice."""
-    raw = spec.to_dict()
+    raw = {**spec.to_dict(), "format": STUDY_FORMAT}
     for path in [param.path for param in spec.params.values()] + ([SEED_PATH] if spec.replicate_seeds else []):
         parent, _, key = path.rpartition(".")
         node = get_dotted(raw, parent)
@@ -204,6 +213,8 @@ def driver_options(args) -> dict:
 
 def cmd_run(args) -> int:
     spec = load_study(args.file, args.overrides)  # ConfigError -> exit 2 with the key path (a2's main)
+    for warning in spec.warnings:  # what `a2 study validate` warns about (a long warmup, T_P past the last step)
+        print(f"a2 study: warning: {warning}", file=sys.stderr)
     return exit_code(run_study(spec, **driver_options(args)))
 
 

@@ -246,7 +246,7 @@ def test_a_short_training_run_reports_every_diagnostic(root, tmp_path):
     common = {"diag/grounding/accuracy", "diag/grounding/control", "diag/grounding/lift", "diag/grounding/chance",
               "diag/grounding/subject_object", "diag/kendall/attention", "diag/jsd/layer0", "diag/jsd/layer1"}
     for fusion in ("gate", "none"):
-        cfg = _cfg(root, fusion).replace({"train.xe_epochs": 1, "train.batch_size": 10, "train.warmup": 20,
+        cfg = _cfg(root, fusion).replace({"train.xe_epochs": 1, "train.batch_size": 50, "train.warmup": 20,
                                           "train.diag_images": 5, "train.diag_kendall_images": 2})
         seen: list[dict] = []
         train(cfg, report=lambda m, d: seen.append(m), output_dir=tmp_path / fusion)
@@ -268,7 +268,7 @@ def test_a_short_training_run_reports_every_diagnostic(root, tmp_path):
     # Diagnostics leave training alone: with them only after the last epoch, the first epoch's loss is the same.
     runs = {}
     for every in (1, 0):
-        cfg = _cfg(root, "gate").replace({"train.xe_epochs": 2, "train.batch_size": 10, "train.diag_every": every,
+        cfg = _cfg(root, "gate").replace({"train.xe_epochs": 2, "train.batch_size": 50, "train.diag_every": every,
                                           "train.diag_images": 5, "train.diag_kendall_images": 2})
         runs[every] = []
         train(cfg, report=lambda m, d: runs[every].append(m), output_dir=tmp_path / f"every{every}")

@@ -57,7 +57,7 @@ def test_scst_raises_val_cider_over_the_xe_checkpoint_it_starts_from(tmp_path):
     cfg = Config.from_dict({
         "data": {"root": str(root), "images": 1000, "seed": SCST_DATA_SEED},
         "model": {"d_model": 64, "layers": 2, "heads": 4, "d_ff": 128, "max_regions": 10, "fusion": "gate"},
-        "train": {"seed": 0, "xe_epochs": 5, "scst_epochs": 2, "batch_size": 25, "lr_factor": 0.2, "warmup": 150,
+        "train": {"seed": 0, "xe_epochs": 5, "scst_epochs": 2, "batch_size": 125, "lr_factor": 0.2, "warmup": 150,
                   "scst_lr": 3e-5, "scst_samples": 5, "scst_baseline": "mean", "val_decode": "greedy",
                   "log_every": 1000},
     })
@@ -131,7 +131,7 @@ def _constructed(trainer, monkeypatch, rewards, greedy_reward=None):
 
 
 def test_mean_of_others_baseline(tiny_root, tmp_path, monkeypatch):
-    cfg = _tiny(tiny_root, scst_samples=3, batch_size=30, scst_baseline="mean")
+    cfg = _tiny(tiny_root, scst_samples=3, batch_size=150, scst_baseline="mean")
     trainer = Trainer(cfg, tmp_path)
     rewards = torch.tensor([0.9, 0.3, 0.0])
     logp, valid, seen = _constructed(trainer, monkeypatch, rewards.tolist())
@@ -156,7 +156,7 @@ def test_mean_of_others_baseline(tiny_root, tmp_path, monkeypatch):
 
 
 def test_greedy_baseline_uses_the_greedy_reward(tiny_root, tmp_path, monkeypatch):
-    cfg = _tiny(tiny_root, scst_samples=3, batch_size=30, scst_baseline="greedy")
+    cfg = _tiny(tiny_root, scst_samples=3, batch_size=150, scst_baseline="greedy")
     trainer = Trainer(cfg, tmp_path)
     rewards = torch.tensor([0.9, 0.3, 0.0])
     logp, valid, _ = _constructed(trainer, monkeypatch, rewards.tolist(), greedy_reward=0.5)
@@ -167,7 +167,7 @@ def test_greedy_baseline_uses_the_greedy_reward(tiny_root, tmp_path, monkeypatch
 
 
 def test_greedy_baseline_runs_for_real(tiny_root, tmp_path):
-    result = train(_tiny(tiny_root, scst_samples=2, batch_size=10, scst_baseline="greedy", scst_lr=1e-4,
+    result = train(_tiny(tiny_root, scst_samples=2, batch_size=50, scst_baseline="greedy", scst_lr=1e-4,
                          scst_from=str(_xe_checkpoint(tiny_root, tmp_path))), output_dir=tmp_path / "run")
     (epoch,) = result["history"]
     assert epoch["stage"] == "scst"

@@ -27,6 +27,8 @@ def study_file(tmp_path: Path, space: dict, **search) -> Path:
     raw = yaml.safe_load(SMOKE.read_text())
     raw["search"]["space"] = space
     raw["search"].pop("replicates", None)  # the spaces below carry their seeds themselves, or pass replicates
+    if "replicates" not in search:  # ASHA needs replicate groups to judge, a comparison seeds (`a2 study validate`)
+        raw["search"].update(scheduler={"fifo": {}}, purpose="explore")  # these test the search, they compare nothing
     raw["search"].update(search)
     raw["train"].update(xe_epochs=4, scst_epochs=0)
     path = tmp_path / "study.yaml"
@@ -45,6 +47,17 @@ ABLATION = {
 @pytest.fixture
 def spec(tmp_path):
     return load_study(study_file(tmp_path, ABLATION, num_samples=3, seed=7))
+
+
+REPLICATED_ABLATION = {k: v for k, v in ABLATION.items() if k != "seed"}
+SMOKE_ASHA = {"asha": {"grace_period": 2, "reduction_factor": 2}}
+
+
+@pytest.fixture
+def asha_spec(tmp_path):
+    """The ablation with 2 replicates under the smoke study's ASHA."""
+    return load_study(study_file(tmp_path, REPLICATED_ABLATION, num_samples=3, seed=7, replicates=2,
+                                 scheduler=SMOKE_ASHA))
 
 
 def cell_key(config: dict, spec) -> tuple:
@@ -231,7 +244,8 @@ def test_random_algorithm_and_choice_conditions(tmp_path):
     assert {c["model.renormalize"] for c in got} == {True, False}
 
 
-def test_build_scheduler_and_tune_config(spec, tmp_path):
+def test_build_scheduler_and_tune_config(asha_spec, tmp_path):
+    spec = asha_spec
     searcher, scheduler = GridCrossedSearcher(spec), build_scheduler(spec)
     assert isinstance(searcher, GridCrossedSearcher)
     assert isinstance(scheduler, ReplicateASHA)
@@ -470,11 +484,11 @@ def test_held_trials_run_on_when_nothing_else_can_run():
     assert sched.choose_trial_to_run(controller) is a[0]
 
 
-def test_hold_at_rungs_is_a_one_worker_option(spec, tmp_path):
+def test_hold_at_rungs_is_a_one_worker_option(asha_spec, tmp_path):
     from a2core.config import ConfigError
 
-    assert not build_scheduler(spec).hold_at_rungs  # off unless asked for
-    raw = yaml.safe_load(study_file(tmp_path, ABLATION).read_text())
+    assert not build_scheduler(asha_spec).hold_at_rungs  # off unless asked for
+    raw = yaml.safe_load(study_file(tmp_path, REPLICATED_ABLATION, replicates=2).read_text())
     raw["search"]["scheduler"] = {"asha": {"grace_period": 1, "hold_at_rungs": True}}
     (tmp_path / "hold.yaml").write_text(yaml.safe_dump(raw))
     assert build_scheduler(load_study(tmp_path / "hold.yaml")).hold_at_rungs

@@ -12,9 +12,8 @@ from torch.utils.data import DataLoader, Dataset
 from . import synthetic
 from .captions import ImageCaptions, Vocab, read_image_info, read_karpathy, require_splits
 from .features import FeatureStore
+from ..config import CAPTIONS_PER_IMAGE
 from ..errors import DataError
-
-CAPTIONS_PER_IMAGE = 5
 _CACHE_LIMIT_BYTES = 2 << 30  # keep padded features in memory when a split's worth fits in this
 
 
@@ -103,6 +102,22 @@ class CaptionData:
         batches = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
         ds = _ImageDataset(self, images, with_captions)
         return DataLoader(ds, batch_sampler=batches, num_workers=num_workers, collate_fn=_collate,
+                          persistent_workers=False)
+
+    def train_loader(self, images_per_step: int, *, seed: int = 0, epoch: int = 0, rank: int = 0, world: int = 1,
+                     num_workers: int = 0, split: str = "train") -> DataLoader:
+        """The training batches of one epoch: a global batch of `images_per_step` images per optimizer step, of
+        which rank r of `world` gets the r-th contiguous `images_per_step / world`, so the steps of an epoch and
+        the images of each step are the same at any number of workers (`images_per_step` must split evenly:
+        `a2core.config.images_per_worker`). The last step is filled up from the start of the epoch's order."""
+        if images_per_step % world:
+            raise ValueError(f"{images_per_step} images per step do not split over {world} workers")
+        images = self.images(split)
+        order = np.random.default_rng((seed, epoch)).permutation(len(images))
+        steps = -(-len(order) // images_per_step)
+        order = np.resize(order, steps * images_per_step).reshape(steps, world, -1)  # (steps, world, images/world)
+        ds = _ImageDataset(self, images, True)
+        return DataLoader(ds, batch_sampler=order[:, rank].tolist(), num_workers=num_workers, collate_fn=_collate,
                           persistent_workers=False)
 
     def check(self, splits=("train", "val", "test")) -> None:

@@ -127,6 +127,12 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
     return feats.astype(np.float16), caps, grounds
 
 
+def split_sizes(images: int) -> dict[str, int]:
+    """Images per Karpathy split of the dataset `generate` writes with `images` images (restval in train)."""
+    val = max(5, images // 10)
+    return {"train": images - 2 * val, "val": val, "test": val}
+
+
 def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: int | None = None) -> dict[str, Path]:
     """Write the dataset into `out` (created; replaced atomically if it exists) and return the file paths."""
     out = Path(out).resolve()
