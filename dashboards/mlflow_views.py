@@ -101,7 +101,7 @@ def view_states(metric: str = "val/CIDEr", mode: str = "max", searched_params: I
     columns = (["attributes.`Run Name`"] + [f"metrics.`{m}`" for m in dict.fromkeys([metric, *KEY_METRICS])]
                + [f"params.`{p}`" for p in [*searched, "train.seed"]] + [f"tags.`{TAG_REPLICATE_GROUP}`"])
     trials = {"orderByKey": f"metrics.`{metric}`", "orderByAsc": mode == "min", "searchFilter": TRIAL_FILTER,
-              "selectedColumns": columns, "compareRunSections": sections, "compareRunCharts": charts,
+              "selectedColumns": columns, "columnOrder": columns, "compareRunSections": sections, "compareRunCharts": charts,
               "isAccordionReordered": True, "hideEmptyCharts": True, "useGroupedValuesInCharts": True}
     # Grouped runs: MLflow's parallel coordinates cannot aggregate string params (fusion), so that chart stays in
     # the trials view.
