@@ -21,7 +21,7 @@ import pytest
 from dashboards.mlflow_views import (MODEL_TRAINING, TAG_EXPERIMENT_KIND, VIEW_CONFIGS, VIEW_TAG_PREFIX,
                                      VIEW_TRIALS, saved_sections, section_order, ui_url, view_states, view_tags)
 from dashboards.stats import TAG_CONFIG_HASH
-from dashboards.tracking import StudyTracker, ui_pointer
+from dashboards.tracking import StudyTracker, study_pointer, ui_pointer
 from tests.mlflowserver import free_port, mlflow_server, start_server, stop_server  # noqa: F401
 from tests.raycluster import a2, tiny_data, tiny_study  # noqa: F401
 
@@ -214,6 +214,8 @@ def test_experiment_is_model_training_and_views_follow_new_sections(tmp_path):
     exp = tracker.client.get_experiment(tracker.experiment_id)
     assert exp.tags[TAG_EXPERIMENT_KIND] == MODEL_TRAINING
     assert {VIEW_TAG_PREFIX + VIEW_TRIALS, VIEW_TAG_PREFIX + VIEW_CONFIGS} <= set(exp.tags)
+    assert study_pointer(uri, "kind-study") == ui_pointer(uri, tracker.experiment_id)  # `a2 pipeline`'s
+    assert study_pointer(uri, "no-such-study").startswith("(no experiment yet")
 
     tracker.set_views("val/CIDEr", "max", ["model.fusion"])
     run = tracker.trial_run("t0", {"model": {"fusion": "max"}, "train": {"seed": 0}})
