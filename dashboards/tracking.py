@@ -25,6 +25,8 @@ from typing import Any
 
 from a2core.config import flatten
 from a2core.errors import TrackingError
+from dashboards.mlflow_views import (MODEL_TRAINING, TAG_EXPERIMENT_KIND, VIEW_TRIALS, chart_section,
+                                     saved_sections, ui_url, view_states, view_tags)
 
 TAG_STUDY = "a2.study"
 TAG_ROLE = "a2.role"
@@ -42,6 +44,7 @@ _MAX_PARAM_VALUE = 6000
 _MAX_TAG_VALUE = 8000
 _MAX_KEY = 250
 
+DEFAULT_PORT = 5000  # of `a2 mlflow serve`
 _DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433, "oracle": 1521}
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
 
@@ -192,16 +195,6 @@ def _client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-# The experiment page of MLflow 3 opens on its GenAI overview and nests child runs under the (metric-less)
-# parent run. A shared view stored as an experiment tag gives a study a useful landing page instead: trials
-# flattened and sorted by val/CIDEr, with the key metrics and searched params as columns (see `view_url`).
-VIEW_KEY = "a2"
-VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
-VIEW_STATE = {"orderByKey": "metrics.`val/CIDEr`", "orderByAsc": False, "selectedColumns": ["attributes.`Run Name`"]
-              + [f"metrics.`{m}`" for m in ("val/CIDEr", "val/BLEU-4", "val/METEOR", "train/loss", "train/mask_mean")]
-              + [f"params.`{p}`" for p in ("model.fusion", "model.lambda", "model.temperature", "train.seed")]}
-
-
 def _search_all(client, experiment_ids: list[str], filter_string: str) -> list:
     """Every run that matches, oldest first (all pages)."""
     runs, token = [], None
@@ -232,33 +225,68 @@ class StudyTracker:
         self.client = _client(tracking_uri)
         self.parent_run_id: str | None = None
         self.trial_runs: dict[str, str] = {}
+        self._view: tuple | None = None  # (metric, mode, searched params) once `set_views` was called
+        self._view_sections: set[str] = set()  # the chart sections the views list
 
-    def view_url(self) -> str | None:
-        """The study's runs in the MLflow UI (the a2 view: trials sorted by val/CIDEr); None without a server."""
+    def view_url(self, view: str = VIEW_TRIALS, charts: bool = False) -> str | None:
+        """The study's runs in the MLflow UI, opened on `view` (`dashboards.mlflow_views`: the trials by the study
+        metric, or `a2-configs`, grouped by replicate group), as a table or (`charts`) the chart view; None when the
+        tracking URI is not a server (see `ui_pointer`)."""
         if not self.tracking_uri.lower().startswith(("http://", "https://")):
             return None
-        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+        return ui_url(self.tracking_uri, self.experiment_id, view, charts)
 
     @functools.cached_property
     def experiment_id(self) -> str:
-        """The experiment's id; created (with the a2 view) when there is none, restored when it was deleted."""
+        """The experiment's id; created (model training, with the a2 views) when there is none, restored when it was
+        deleted; an existing one is marked model training again (a resumed study) and gets the views it lacks."""
         from mlflow.exceptions import MlflowException
 
         exp = self.client.get_experiment_by_name(self.experiment_name)
         if exp is None:
+            tags = {TAG_STUDY: self.experiment_name, TAG_EXPERIMENT_KIND: MODEL_TRAINING,
+                    **view_tags(self._view_states())}
             try:
                 return self.client.create_experiment(self.experiment_name, artifact_location=self.artifact_location,
-                                                     tags={TAG_STUDY: self.experiment_name,
-                                                           VIEW_TAG: json.dumps(VIEW_STATE)})
+                                                     tags=tags)
             except MlflowException:  # created concurrently by another process
                 exp = self.client.get_experiment_by_name(self.experiment_name)
                 if exp is None:
                     raise
         if exp.lifecycle_stage == "deleted":
             self.client.restore_experiment(exp.experiment_id)
-        if VIEW_TAG not in exp.tags:
-            self.client.set_experiment_tag(exp.experiment_id, VIEW_TAG, json.dumps(VIEW_STATE))
+        missing = {TAG_EXPERIMENT_KIND: MODEL_TRAINING} if exp.tags.get(TAG_EXPERIMENT_KIND) != MODEL_TRAINING else {}
+        if not saved_sections(exp.tags):
+            missing.update(view_tags(self._view_states(), exp.tags))
+        for key, value in missing.items():
+            self.client.set_experiment_tag(exp.experiment_id, key, value)
         return exp.experiment_id
+
+    # -- the study's views in the MLflow UI ------------------------------------------------------------------
+    def set_views(self, metric: str = "val/CIDEr", mode: str = "max", searched_params: list[str] | tuple = ()) -> None:
+        """Save the study's views (`dashboards.mlflow_views`) for its `metric`, `mode` and searched params; from now
+        on, metrics of a new chart section update them, so that the views list every section in reading order."""
+        self._view = (metric, mode, tuple(searched_params))
+        exp = self.client.get_experiment(self.experiment_id)
+        self._view_sections = saved_sections(exp.tags) | {chart_section(metric)}
+        self._write_views(exp.tags)
+
+    def _view_states(self) -> dict:
+        metric, mode, searched = self._view or ("val/CIDEr", "max", ())
+        # one metric name per known section: that is all `section_order` needs
+        return view_states(metric, mode, searched, [f"{section}/x" for section in self._view_sections])
+
+    def _write_views(self, existing: dict | None = None) -> None:
+        for key, value in view_tags(self._view_states(), existing).items():
+            self.client.set_experiment_tag(self.experiment_id, key, value)
+
+    def _note_sections(self, metric_names) -> None:
+        if self._view is None:
+            return
+        new = {chart_section(m) for m in metric_names} - self._view_sections
+        if new:
+            self._view_sections = self._view_sections | new
+            self._write_views(self.client.get_experiment(self.experiment_id).tags)
 
     def _first_run(self, filter_string: str):
         return next(iter(_search_all(self.client, [self.experiment_id], filter_string)), None)
@@ -331,6 +359,8 @@ class StudyTracker:
         numbers = {_clean_key(key): _numeric(value) for key, value in (metrics or {}).items()}
         logged = {key: number for key, number in numbers.items() if number is not None}
         self._log_batch(run_id, "metrics", [(k, v, ts, int(step)) for k, v in logged.items()])
+        if run_id != self.parent_run_id:  # the parent's totals are not in the views (they show trials)
+            self._note_sections(logged)
         return logged
 
     def logged_steps(self, run_id: str, key: str) -> set[int]:
@@ -375,6 +405,32 @@ def study_runs(tracking_uri: str, study_name: str, experiment: str | None = None
     return parent, children
 
 
+def ui_pointer(tracking_uri: str, experiment_id: str | None) -> str:
+    """Where to see a study's trials: the MLflow UI URL of its runs (`dashboards.mlflow_views.ui_url`) when the
+    tracking URI is a server, else how to serve the database, then that URL on the default port."""
+    if experiment_id is None:
+        return f"(no experiment yet in {redact_uri(tracking_uri)})"
+    if tracking_uri.lower().startswith(("http://", "https://")):
+        return ui_url(tracking_uri, experiment_id)
+    serve_url = ui_url(f"http://127.0.0.1:{DEFAULT_PORT}", experiment_id)
+    if re.match(r"^(sqlite|postgresql|postgres|mysql|mssql)(\+\w+)?://", tracking_uri):
+        return f"`a2 mlflow serve --backend-store-uri {redact_uri(tracking_uri)}`, then {serve_url}"
+    return f"`mlflow ui --backend-store-uri {tracking_uri}`, then {serve_url}"
+
+
+def study_pointer(tracking_uri: str, experiment: str) -> str:
+    """`ui_pointer` of the experiment named `experiment`, looked up (never created)."""
+    exp = _client(tracking_uri).get_experiment_by_name(experiment)
+    return ui_pointer(tracking_uri, exp.experiment_id if exp is not None else None)
+
+
+def _study_urls(backend: str, server: str, limit: int = 10) -> list[str]:
+    """"study NAME: URL" of the (at most `limit` most recently updated) study experiments of a backend store."""
+    experiments = _client(backend).search_experiments(filter_string=f"tags.`{TAG_STUDY}` LIKE '%'",
+                                                      max_results=limit, order_by=["last_update_time DESC"])
+    return [f"  study {exp.tags.get(TAG_STUDY, exp.name)}: {ui_url(server, exp.experiment_id)}" for exp in experiments]
+
+
 # -- the server ------------------------------------------------------------------------------------------------
 def serve(args) -> int:
     """`a2 mlflow serve`: this process becomes `mlflow server` (its CLI stops its web server on SIGINT/SIGTERM)."""
@@ -393,6 +449,12 @@ def serve(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"bound to {args.host}: reachable from other machines; restrict with a firewall or a proxy", flush=True)
     print(f"clients: export MLFLOW_TRACKING_URI={url}", flush=True)
+    try:  # where each study's trials open once the server is up
+        studies = _study_urls(backend, url)
+    except Exception as err:  # noqa: BLE001 - the server reports a store it cannot open itself
+        studies = [f"  (studies not listed: {type(err).__name__}: {err})"]
+    if studies:
+        print("trials of each study (the Views menu has its other views):\n" + "\n".join(studies), flush=True)
     env = dict(os.environ)
     # MLflow's GenAI job runner (extra processes, slower start) is not used by a2tune; opt back in via the env.
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")

@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--artifacts-destination", default=None, help="s3://bucket/prefix (default: ./mlartifacts)")
     serve.add_argument("--s3-endpoint-url", default=None, help="any S3-compatible endpoint")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=positive_int, default=5000)
+    serve.add_argument("--port", type=positive_int, default=5000)  # dashboards.tracking.DEFAULT_PORT
     serve.add_argument("--workers", type=positive_int, default=1)
     serve.set_defaults(func=_deferred("dashboards.tracking:serve"))
     sync = ml.add_parser("sync", help="replay a study's tracking records spooled while MLflow was down")

@@ -18,7 +18,7 @@ from ray.tune.result import AUTO_RESULT_KEYS
 
 from dashboards.spool import Spool, TrackingQueue, apply, outage_line
 from dashboards.stats import TAG_CONFIG_HASH, stopped_early_tags
-from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri, client_settings
+from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri, client_settings, ui_pointer
 from launch.search import config_hash
 from launch.trainable import CHECKPOINT_FILE
 
@@ -59,17 +59,20 @@ class A2MLflowCallback(Callback):
     `metric`/`mode` pick the best checkpoint (tag `a2.best_checkpoint`); `history_of(trial_id)`: the trial's result
     log, whose epochs MLflow lacks are logged once per trial and driver; `stopped_early_of(trial_id)`: the
     scheduler's record of stopping a trial; `spool_at`: the study's Location holding the spool (without one, the
-    hooks apply their records themselves); `strict`: tracking trouble in a hook is raised, not logged."""
+    hooks apply their records themselves); `strict`: tracking trouble in a hook is raised, not logged;
+    `searched_params`: the config keys the study searches (the axes of its parallel-coordinates chart in MLflow)."""
 
     def __init__(self, tracking_uri: str, study_name: str, *, experiment: str | None = None,
                  study_params: dict | None = None, study_tags: dict | None = None,
                  resolve_config: Callable[[dict], dict] | None = None, metric: str = "val/CIDEr",
                  mode: str = "max", strict: bool = False, history_of: Callable[[str], list[dict]] | None = None,
-                 stopped_early_of: Callable[[str], dict | None] | None = None, spool_at=None):
+                 stopped_early_of: Callable[[str], dict | None] | None = None, spool_at=None,
+                 searched_params: list[str] | tuple = ()):
         self.tracking_uri, self.study_name, self.experiment = tracking_uri, study_name, experiment
         self.study_params, self.study_tags = study_params or {}, study_tags or {}
         self.resolve_config, self.metric, self.mode, self.strict = resolve_config, metric, mode, strict
         self.history_of, self.stopped_early_of, self.spool_at = history_of, stopped_early_of, spool_at
+        self.searched_params = tuple(searched_params)
         self.tracker: StudyTracker | None = None
         self.queue: TrackingQueue | None = None
         self.outage: dict | None = None  # the study's outage totals, once the experiment ended
@@ -105,15 +108,15 @@ class A2MLflowCallback(Callback):
         tracker = self._ensure_tracker()
         if self.spool_at is not None:
             self.queue = TrackingQueue(tracker, Spool(self.spool_at))
-        url = tracker.view_url()
-        print(f"MLflow: study {self.study_name!r} -> parent run {self.parent_run_id}"
-              + (f"; trials at {url}" if url else f" in {self.tracking_uri}"), flush=True)
+        print(f"MLflow: study {self.study_name!r} -> parent run {self.parent_run_id}; trials: "
+              + ui_pointer(self.tracking_uri, tracker.experiment_id), flush=True)
 
     def _ensure_tracker(self) -> StudyTracker:
         if self.tracker is None:
             tracker = StudyTracker(self.tracking_uri, self.study_name, experiment=self.experiment)
             tracker.trial_runs = self.trial_runs  # one map: the saved state's runs, and those the tracker opens
             self.parent_run_id = tracker.start_study(self.study_params, self.study_tags)
+            tracker.set_views(self.metric, self.mode, getattr(self, "searched_params", ()))  # older pickles lack it
             self.tracker = tracker
         return self.tracker
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from a2core.atomic import fresh_folder
 from a2core.errors import A2Error, StudyError
+from dashboards.tracking import redact_uri, study_pointer
 from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, package
 from launch.spec import load_study
 from launch.study import (STUDY_FILE, SUMMARY_FILE, StudyLocation, exit_code, load_saved_spec, resume_study, run_study,
@@ -121,12 +122,18 @@ def main(args) -> int:
             ray.shutdown()
 
     total = time.perf_counter() - t0
+    experiment = spec.tracking.get("experiment") or name
+    try:
+        trials = study_pointer(uri, experiment)
+    except Exception as err:  # noqa: BLE001 - a server down now: the study and its package are done all the same
+        trials = f"(MLflow does not answer: {type(err).__name__})"
     lines = [
         f"pipeline: done in {total / 60:.1f} min (study {times['study']:.0f} s, report {times['report']:.0f} s, "
         f"package {times['package']:.0f} s)",
         f"  study:        {summary.get('path')}  (summary.json; `a2 study status {name}`)",
         "  result:       " + verdict(summary).replace("\n", "\n                "),
-        f"  MLflow:       {uri}  (experiment {name}; `a2 mlflow serve --backend-store-uri {uri}` for the UI)",
+        f"  MLflow:       {redact_uri(uri)}  (experiment {experiment})",
+        f"  trials:       {trials}",
         f"  report:       {report.get('html', '(failed)')}",
         f"  submission:   {manifest['results_zip']}",
         f"  leaderboard:  {manifest['leaderboard']}  (test CIDEr x100: ensemble {manifest['ensemble_CIDEr']:.1f}; "

@@ -357,7 +357,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
                       "storage": raw.get("storage"), "base": {k: raw.get(k) for k in ("data", "model", "train")}},
         study_tags={"a2.storage": location.uri()}, resolve_config=spec.trial_config, metric=spec.metric,
         mode=spec.mode, history_of=functools.partial(_result_log, spec, location), stopped_early_of=stopped_early_of,
-        spool_at=location.at())
+        spool_at=location.at(), searched_params=[p.path for p in spec.params.values()])
     storage_path, fs = open_location(location.storage, location.endpoint_url).ray_storage()  # the study's parent
     run_config = tune.RunConfig(
         name=spec.name,
