@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr, Valida
 from a2core.config import (Config, ConfigError, Flag, Integer, Number, Real, Section, Text, applicable_config,
                            apply_overrides, config_error, get_dotted, integer, load_yaml, set_dotted)
 from a2core.data.captions import read_karpathy, require_splits
+from a2core.data.prepared import check_copy, is_prepared
 from a2core.errors import DataError
 from dashboards.tracking import default_tracking_uri, redact_uri
 
@@ -702,8 +703,13 @@ class _Loader:
         for key in ("captions", "features", "test_images"):
             path = data.get(key)
             if path is not None and not (Path(path).is_file() or (key == "features" and Path(path).is_dir())):
-                what = "HDF5 file or .npz directory" if key == "features" else "file"
+                what = "HDF5 file, .npz directory or prepared store" if key == "features" else "file"
                 self.fail(f"data.{key}", f"{path}: no such {what}")
+        if is_prepared(data["features"]):
+            try:  # an incomplete or damaged copy fails here, naming its file (the full checksum: `a2 data fetch`)
+                check_copy(data["features"])
+            except DataError as err:
+                self.fail("data.features", str(err))
         try:  # the captions themselves: malformed entries and empty train or val splits fail here, not in a trial
             require_splits(read_karpathy(data["captions"]), data["captions"])
         except DataError as err:
