@@ -322,7 +322,7 @@ def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str
     store = FeatureStore(resolve_paths(Config.from_dict({**config, "data": data_config}).data).features,
                          model_cfg["feature_dim"])
     singles = len(models) if single_split and len(models) > 1 else 0  # one model alone is the ensemble
-    total = sum(len(v) for v in shard.values()) + len(shard.get(single_split, [])) * singles
+    total = len(set().union(*shard.values())) + len(shard.get(single_split, [])) * singles
     bar = tqdm(total=total, desc="decode", unit="img", file=sys.stderr, disable=not (progress and total))
 
     def captions(ensemble: list, ids: list[int]) -> dict[int, str]:
@@ -332,8 +332,12 @@ def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str
 
     out: dict = {"ensemble": {}, "single": []}
     with torch.no_grad():
+        # every image once, whatever splits it is in (Karpathy test images are also val2014 images): the
+        # members' encoders and the beam search run once per image
+        unique = list(dict.fromkeys(i for ids in shard.values() for i in ids))
+        ensemble = captions(models, unique)
         for split, ids in shard.items():
-            out["ensemble"][split] = captions(models, ids)
+            out["ensemble"][split] = {i: ensemble[i] for i in ids}
         if single_split is not None:
             out["single"] = [captions([model], shard[single_split]) if singles else out["ensemble"][single_split]
                              for model in models]
