@@ -26,6 +26,7 @@ RESULTS_ZIP = "results.zip"
 LEADERBOARD = "leaderboard.json"
 MANIFEST = "package.json"
 SEEDS = (0, 1, 2, 3)
+SERVER_IMAGES = 81_279  # the COCO server's val2014 (40,504) + test2014 (40,775) images
 # Ray Train gives a worker group 60 s to start by default; on a busy small machine importing torch in two fresh
 # workers can take longer. Applies to a Ray that this process starts (a cluster keeps its own setting).
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
@@ -59,12 +60,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", nargs="*", default=[], dest="data_overrides",
                         help="data.* overrides for decoding on this machine, e.g. data.features=/x.h5")
     parser.add_argument("--quiet", action="store_false", dest="verbose", help="no live trial table while seeds train")
+    parser.add_argument("--plan", action="store_true",
+                        help="only state the decoding's cost: images and shards to decode, the ensemble's seconds "
+                             "per image measured here on a few images (copies of the best checkpoint), and "
+                             f"the time for them and for the server's {SERVER_IMAGES:,} images; trains and writes "
+                             "nothing")
 
 
 def main(args) -> int:
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}  # the rest are package's
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "plan")}  # the rest: package's
+    if getattr(args, "plan", False):
+        print(plan_text(decode_plan(args.name, storage=args.storage, seeds=args.seeds, beam_size=args.beam_size,
+                                    batch_size=args.batch_size, workers=args.workers, val_images=args.val_images,
+                                    test_images=args.test_images, data_overrides=args.data_overrides)))
+        return 0
     package(**options)
     return 0
+
+
+def decode_plan(name: str, *, storage: str | None = None, seeds=None, beam_size: int = 5, batch_size: int = 50,
+                workers: int | None = None, val_images: str | None = None, test_images: str | None = None,
+                data_overrides: list[str] | None = None, sample: int = 8) -> dict:
+    """What decoding study `name`'s package costs: its images and shards (less those an earlier run kept), and
+    the ensemble's seconds per image measured on `sample` Karpathy test images with copies of the best trial's
+    checkpoint (an ensemble of M members costs M single-model passes per beam step)."""
+    import torch
+
+    from a2core.decode import ensemble_captions
+
+    location, spec, summary = open_study(name, storage, verbose=False)
+    best = select_best(candidates(spec, summary), spec.mode)
+    members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
+    cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
+    checkpoint = fetch_checkpoint(best["checkpoint"], cache, location.endpoint_url)
+    _, data_config, images = decoding_data(checkpoint, data_overrides, val_images, test_images)
+    splits = images["splits"]
+    unique = len(set().union(*map(set, splits.values())))
+    shards = make_shards(splits)
+    ids = splits["test"][:sample + 2] or splits["val2014"][:sample + 2]
+    options = dict(single_split=None, beam_size=beam_size, max_len=images["max_len"], batch_size=batch_size)
+    ensemble_captions([checkpoint] * members, data_config, {"test": ids[:2]}, **options)  # warm-up (loading, caches)
+    started = time.perf_counter()
+    ensemble_captions([checkpoint] * members, data_config, {"test": ids[2:]}, **options)
+    per_image = (time.perf_counter() - started) / max(1, len(ids) - 2)
+    single_images = len(splits["test"]) if members > 1 else 0  # each member alone on the Karpathy test split
+    cost = per_image * (unique + single_images)
+    return {"study": name, "members": members, "beam_size": beam_size, "images": unique, "shards": len(shards),
+            "device": "cuda" if torch.cuda.is_available() else "cpu", "sample": len(ids) - 2,
+            "seconds_per_image": per_image, "seconds": cost, "workers": workers,
+            "server_seconds": per_image * SERVER_IMAGES}
+
+
+def plan_text(p: dict) -> str:
+    hours = lambda s: f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min"  # noqa: E731
+    w = p["workers"] or 1
+    return (f"package decode plan for {p['study']}: {p['members']}-member ensemble, beam {p['beam_size']}\n"
+            f"  images: {p['images']:,} distinct (val2014, test2014, Karpathy test) in {p['shards']} shards of "
+            f"{SHARD_IMAGES}\n"
+            f"  measured here ({p['device']}, {p['sample']} images in one batch): {p['seconds_per_image']:.3f} s "
+            f"per image for the ensemble\n"
+            f"  decode: {hours(p['seconds'])} on one worker, {hours(p['seconds'] / w)} on {w} worker(s) of this "
+            f"speed (plus each member alone on the Karpathy test split, included)\n"
+            f"  the server's {SERVER_IMAGES:,} images (val2014 40,504 + test2014 40,775): "
+            f"{hours(p['server_seconds'])} on one worker like this one; a shard kept by an earlier run is not "
+            f"decoded again")
 
 
 def package(name: str, *, storage: str | None = None, seeds=None, alg: str | None = None, no_train: bool = False,

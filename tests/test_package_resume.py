@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.raycluster import tiny_data  # noqa: F401 - fixture
-from tests.test_package import trained  # noqa: F401 - fixture
+from tests.test_package import NAME, study, trained  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +62,14 @@ def test_a_decode_stopped_mid_way_continues_and_gives_the_same_zip(trained, tmp_
         (tmp_path / name).mkdir()
         zips.append(package.write_submission(tmp_path / name, files, decoded, images, "x", verbose=False)["zip"])
     assert zips[0].read_bytes() == zips[1].read_bytes()
+
+
+def test_plan_states_the_decode_cost_and_trains_nothing(study, tmp_path, capsys):  # noqa: F811
+    from launch.cli import main
+
+    rc = main(["package", NAME, "--storage", str(study["storage"]), "--plan", "--workers", "4"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert "4-member ensemble, beam 5" in printed and "s per image for the ensemble" in printed
+    assert "the server's 81,279 images" in printed and "on 4 worker(s)" in printed
+    assert not (tmp_path / "a2-packages").exists()  # nothing written
