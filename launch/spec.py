@@ -21,6 +21,7 @@ from a2core.config import (CAPTIONS_PER_IMAGE, Config, ConfigError, Flag, Intege
                            applicable_config, apply_overrides, config_error, get_dotted, images_per_worker, integer,
                            load_yaml, set_dotted, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
+from a2core.data.prepared import check_copy, is_prepared
 from a2core.errors import DataError
 from dashboards.tracking import default_tracking_uri, redact_uri
 
@@ -870,10 +871,15 @@ class _Loader:
             if path is not None and not (Path(path).is_file() or (key == "features" and Path(path).is_dir())):
                 if not self.check_files:
                     continue
-                what = "HDF5 file or .npz directory" if key == "features" else "file"
+                what = "HDF5 file, .npz directory or prepared store" if key == "features" else "file"
                 self.fail(f"data.{key}", f"{path}: no such {what}")
         if not Path(data["captions"]).is_file():
             return
+        if is_prepared(data["features"]):
+            try:  # an incomplete or damaged copy fails here, naming its file (the full checksum: `a2 data fetch`)
+                check_copy(data["features"])
+            except DataError as err:
+                self.fail("data.features", str(err))
         try:  # the captions themselves: malformed entries and empty train or val splits fail here, not in a trial
             self.splits = read_karpathy(data["captions"])
             require_splits(self.splits, data["captions"])

@@ -271,6 +271,10 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         cluster = connect(address, runtime_env_vars=propagated_env())
         # a trial asking more than the whole cluster has would wait forever: refused (ConfigError, exit 2)
         StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
+        if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
+            from launch.datastore import check_feature_copies
+
+            check_feature_copies(spec.base["data"]["features"])
         if new:
             location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
         remember(location)

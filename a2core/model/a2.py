@@ -320,6 +320,8 @@ class A2Transformer(nn.Module):
     # -- encoder / decoder ----------------------------------------------------------------------------------------
     def encode(self, feats: torch.Tensor, region_mask: torch.Tensor) -> torch.Tensor:
         """feats (B, R, feature_dim), region_mask (B, R) -> (B, R, d)"""
+        if feats.dtype == torch.float16:  # batches of a prepared store: widened here, on the device
+            feats = feats.to(self.region_in[0].weight.dtype)
         x = self.region_in(feats)
         for layer in self.encoder:
             x = layer(x, region_mask)
