@@ -13,7 +13,7 @@ from statistics import fmean
 import numpy as np
 from mlflow.tracking import MlflowClient
 
-from a2core.errors import StudyError
+from a2core.errors import DataError, StudyError
 from dashboards.report import CIDER, TABLE_METRICS, RunSummary, group_value, load_study, searched_keys, sort_key
 from dashboards.stats import TAG_CONFIG_HASH, Arm, Comparison, best_candidates, compare_arms, is_stopped_early
 from dashboards.tables import text_table
@@ -40,22 +40,25 @@ def _best(groups: list[list[RunSummary]]) -> list[RunSummary]:
     return max(best_candidates(groups, tags_of=tags), key=lambda group: fmean(r.best_cider for r in group))
 
 
-def _per_image(client: MlflowClient, group: list[RunSummary]) -> np.ndarray | None:
-    """(seeds, images) per-image CIDEr-D of a group, when every run logged it for the same images."""
-    rows, ids = [], None
+def _per_image(client: MlflowClient, group: list[RunSummary]) -> tuple[np.ndarray, list[str]] | tuple[None, None]:
+    """((seeds, images) per-image CIDEr-D of a group, the image ids of its columns) when every run logged it; the
+    runs of one group scored on different images are an error naming them."""
+    rows, ids, first = [], None, None
     for r in group:
         try:
             path = client.download_artifacts(r.run_id, PER_IMAGE_ARTIFACT)
         except Exception:  # noqa: BLE001 - not logged by this run: the comparison falls back to seed means
-            return None
+            return None, None
         with open(path) as f:
             scores = json.load(f)
         if ids is None:
-            ids = sorted(scores)
+            ids, first = sorted(scores), r
         if sorted(scores) != ids:
-            return None
+            only = sorted(set(scores) ^ set(ids))[:5]
+            raise DataError(f"runs {first.run_id} and {r.run_id} of one configuration logged {PER_IMAGE_ARTIFACT} "
+                            f"for different images ({len(ids)} and {len(scores)} images; in one only: {only})")
         rows.append([float(scores[i]) for i in ids])
-    return np.asarray(rows) if rows else None
+    return (np.asarray(rows), ids) if rows else (None, None)
 
 
 def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion", study=None,
@@ -84,7 +87,7 @@ def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion", stu
             baseline = f"fusion={BASELINE}"
             labelled[baseline] = base
     client = MlflowClient(tracking_uri=tracking_uri)
-    arms = [Arm(label, [r.scores(metrics) for r in group], _per_image(client, group))
+    arms = [Arm(label, [r.scores(metrics) for r in group], *_per_image(client, group))
             for label, group in labelled.items()]
     # per row, the searched params of its configuration other than `by` ("model.lambda=0.1, ...")
     keys = [k for k in searched_keys([r for group in labelled.values() for r in group]) if not k.endswith(by)]

@@ -102,7 +102,8 @@ def ensemble_gain(ensemble: Mapping[str, float], members: Mapping[str, Mapping[s
     def arm(name: str, metrics: Mapping[str, float]) -> Arm:
         scores = per_image.get(name)
         same_images = scores is not None and sorted(scores) == ids
-        return Arm(name, [dict(metrics)], np.asarray([[scores[i] for i in ids]]) if same_images else None)
+        return Arm(name, [dict(metrics)], np.asarray([[scores[i] for i in ids]]) if same_images else None,
+                   ids if same_images else None)
 
     diff = compare_arms([arm("ensemble", ensemble), arm(best, members[best])], baseline=best,
                         metric="CIDEr").differences.get("ensemble")

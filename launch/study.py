@@ -681,7 +681,7 @@ def group_verdict(summary: dict) -> str | None:
     best, metric = summary.get("best_group"), summary["metric"]
     if not best or best["n"] < 2:
         return None
-    iv = Interval(best["mean"], best["low"], best["high"], best["n"])
+    iv = Interval(best["mean"], best["low"], best["high"], best["n"], bool(best.get("identical")))
     line = (f"best configuration ({config_text(best, varying_keys(summary))}): {metric} {iv.text()} "
             f"over {best['n']} seeds")
     base = _pick([g for g in summary.get("groups", []) if g["fusion"] == "none" and g["mean"] is not None], "mean",
@@ -735,7 +735,8 @@ def format_groups(groups: list[dict], metric: str) -> str:
 
     header = ["config", "fusion", "lambda", "seeds", f"best {metric.split('/')[-1]} [95% CI]", "state"]
     body = [[g["config_hash"], str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
-             "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"]).text(),
+             "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"],
+                                                    bool(g.get("identical"))).text(),
              state_text(g) if g.get("stopped_early") else "-"] for g in groups]
     return text_table(header, body)
 
@@ -760,9 +761,11 @@ def cmd_status(args) -> int:
 
 def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
     """The trial table (of `rows`), the replicate groups, the verdict, the compute and any tracking outage."""
+    from dashboards.stats import MIN_SEEDS
+
     lines = [format_table(rows, spec.metric)] if rows else []
     if any(g["n"] > 1 for g in summary["groups"]):
-        lines.append(f"replicate groups (mean over seeds, 95% interval below 3 seeds: none):\n"
+        lines.append(f"replicate groups (mean over seeds, 95% interval; below {MIN_SEEDS} seeds: none):\n"
                      f"{format_groups(summary['groups'], spec.metric)}")
     lines += [verdict(summary), compute_line(summary["compute"]), outage_line(summary.get("tracking"))]
     print("\n".join(line for line in lines if line), flush=True)

@@ -227,5 +227,5 @@ def test_lambda_series_leaves_the_baseline_out_and_draws_it_as_a_band():
     by_lam, points, baseline = lambda_series(runs)
     assert sorted(by_lam) == [0.035, 0.1] and len(by_lam[0.035]) == 3
     assert points[0.035].mean == 111.0 and points[0.035].low == pytest.approx(111.0 - 2.484, abs=1e-3)
-    assert points[0.1].n == 2 and points[0.1].low is None  # two seeds: no interval
+    assert points[0.1].n == 2 and points[0.1].low == pytest.approx(106 - 12.706 * 2 ** 0.5 / 2 ** 0.5, abs=1e-2)
     assert baseline.mean == 101.0 and baseline.n == 3 and baseline.high == pytest.approx(103.484, abs=1e-3)
