@@ -1,7 +1,7 @@
 """`a2 study plan FILE [--sd SD] [--delta D ...]`: the seeds per arm a study needs before it spends a cluster.
 
-For each CIDEr difference (default: the paper's Table 3 gaps) the seeds per arm that resolve it at 95% confidence
-with 80% power (`dashboards.stats.seeds_needed`) and the study's cost in trial-epochs (README, "Power"). The seed
+For each CIDEr difference (default: the paper's Table 3 gaps) the seeds per arm with which the verdict rule of
+`compare_arms` (95% Welch interval, no verdict below 2 seeds) resolves it with 80% power (`dashboards.stats.seeds_needed`) and the study's cost in trial-epochs (README, "Power"). The seed
 spread is `--sd`, else the pooled sd of best val CIDEr within the study's replicate groups in MLflow.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ def measured_sd(tracking_uri: str, study_name: str) -> tuple[float, int]:
 
 
 def plan_text(configs: int, epochs: int, sd: float, deltas: list[tuple[str, float]], source: str) -> str:
-    lines = [f"seed spread: sd {sd:.2f} CIDEr ({source}); 95% confidence, {POWER:.0%} power, two-sided",
+    lines = [f"seed spread: sd {sd:.2f} CIDEr ({source}); 95% confidence, {POWER:.0%} power of the verdict rule",
              f"{'difference':<26}{'delta':>7}{'seeds/arm':>11}{'trial-epochs':>14}"]
     for label, delta in deltas:
         n = seeds_needed(delta, sd)
