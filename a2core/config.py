@@ -273,6 +273,9 @@ class TrainConfig(Section):
     diag_every: Integer = Field(1, ge=0)
     diag_images: Integer = Field(100, ge=1)  # the first N val images
     diag_kendall_images: Integer = Field(10, ge=1)  # the first N of those for Kendall tau (one backward per word)
+    # Further epochs with diagnostics, whatever diag_every says: a study sets its scheduler's rungs here, the epochs
+    # at which it may stop the trial, so that a trial stopped early ends with its diagnostics too.
+    diag_epochs: list[Integer] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

@@ -376,10 +376,10 @@ class Trainer:
 
     def diagnostics(self) -> dict:
         """`diag/...` scalars (a2core.diagnostics.trial_diagnostics) on the first `train.diag_images` val images,
-        on the epochs `train.diag_every` names and after the last one; {} on other epochs."""
+        on the epochs `train.diag_every` and `train.diag_epochs` name and after the last one; {} on other epochs."""
         t = self.cfg.train
         last = self.epoch == t.xe_epochs + t.scst_epochs
-        if not (last or (t.diag_every and self.epoch % t.diag_every == 0)):
+        if not (last or self.epoch in t.diag_epochs or (t.diag_every and self.epoch % t.diag_every == 0)):
             return {}
         from .diagnostics import trial_diagnostics
 

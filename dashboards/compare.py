@@ -8,14 +8,12 @@ Welch's t).
 from __future__ import annotations
 
 import json
-from statistics import fmean
-
 import numpy as np
 from mlflow.tracking import MlflowClient
 
 from a2core.errors import DataError, StudyError
 from dashboards.report import CIDER, TABLE_METRICS, RunSummary, group_value, load_study, searched_keys, sort_key
-from dashboards.stats import TAG_CONFIG_HASH, Arm, Comparison, best_candidates, compare_arms, is_stopped_early
+from dashboards.stats import TAG_CONFIG_HASH, Arm, Comparison, best_group, compare_arms, is_stopped_early
 from dashboards.tables import text_table
 from dashboards.tracking import check_tracking_uri, default_tracking_uri
 
@@ -33,11 +31,10 @@ def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
 
 
 def _best(groups: list[list[RunSummary]]) -> list[RunSummary]:
-    """The group with the best mean; a group counts as stopped early when any of its replicates was."""
-    def tags(group):
-        return next((r.tags for r in group if is_stopped_early(r.tags)), {})
-
-    return max(best_candidates(groups, tags_of=tags), key=lambda group: fmean(r.best_cider for r in group))
+    """The group with the best mean (`dashboards.stats.best_group`); a group counts as stopped early when any of
+    its replicates was."""
+    return best_group(groups, lambda group: [r.best_cider for r in group], "max",
+                      lambda group: any(is_stopped_early(r.tags) for r in group))
 
 
 def _per_image(client: MlflowClient, group: list[RunSummary]) -> tuple[np.ndarray, list[str]] | tuple[None, None]:

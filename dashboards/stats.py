@@ -13,9 +13,12 @@ MIN_SEEDS = 2 is where this keeps its 95%: tests/test_calibration.py measures it
 """
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats as sps
@@ -29,7 +32,7 @@ MIN_SEEDS = 2  # seeds per arm from which an interval holds its 95% (tests/test_
 N_RESAMPLES = 4999
 
 # MLflow tags of trial runs (set by launch.mlflow_callback)
-TAG_CONFIG_HASH = "a2.config_hash"  # the replicate group: the trial's config without its seed
+TAG_CONFIG_HASH = "a2.config_hash"  # the replicate group: `config_hash` of the trial's resolved config
 TAG_STOPPED_EARLY = "a2.stopped_early"
 TAG_STOPPED_RUNG = "a2.stopped_rung"
 TAG_STOPPED_CUTOFF = "a2.stopped_cutoff"
@@ -49,6 +52,48 @@ def stopped_early_text(info: dict) -> str:
     cutoff = finite(info.get(TAG_STOPPED_CUTOFF, info.get("cutoff")))
     cutoff_text = "?" if cutoff is None else f"{cutoff:.1f}"
     return f"stopped early (rung {'?' if rung is None else rung}, cutoff {cutoff_text})"
+
+
+def canonical_config(config: Mapping) -> dict:
+    """What the replicates of one configuration share: the resolved a2core config (`StudySpec.trial_config`, only
+    the keys that apply to it) without `train.seed` (the replicate), `output_dir` (where a plain run writes) and the
+    diagnostics settings `train.diag_*` (they read the model and leave training alone)."""
+    out = copy.deepcopy(dict(config))
+    out.pop("output_dir", None)
+    if isinstance(out.get("train"), dict):
+        out["train"] = {k: v for k, v in out["train"].items() if k != "seed" and not k.startswith("diag_")}
+    return out
+
+
+def config_hash(config: Mapping) -> str:
+    """The id of a replicate group, the one value of the `a2.config_hash` tag, of `replicate_groups` in a study's
+    summary, of the scheduler's groups and of the leaderboard: sha256 hex of the canonical JSON of
+    `canonical_config(resolved config)`. Two suggestions whose resolved configs agree are one configuration (a
+    sampled key that does not apply to it changes nothing); the searcher never hands out one twice."""
+    text = json.dumps(canonical_config(config), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def short_hash(digest: str) -> str:
+    """The first 12 hex digits of a config hash, as tables show it."""
+    return str(digest)[:12]
+
+
+def best_group(groups: Sequence, values_of: Callable, mode: str = "max",
+               stopped_of: Callable | None = None):
+    """The one rule for "the best configuration" (status, summary.json, compare, report, package, pipeline): the
+    group with the best mean of `values_of(group)` among the groups not stopped early (`stopped_of(group)`: any
+    of its replicates was), unless every one was; the first of equal means. None when no group has a value."""
+    def stopped_tags(group) -> dict:
+        return stopped_early_tags(0, math.nan) if stopped_of is not None and stopped_of(group) else {}
+
+    scored = [(g, _finite(values_of(g))) for g in groups]
+    scored = [(g, float(v.mean())) for g, v in scored if v.size]
+    if not scored:
+        return None
+    kept = best_candidates(scored, tags_of=lambda item: stopped_tags(item[0]))
+    sign = 1 if mode == "max" else -1
+    return max(kept, key=lambda item: sign * item[1])[0]
 
 
 def best_candidates(items: Sequence, tags_of=lambda item: item.tags) -> list:
@@ -125,12 +170,16 @@ class Difference:
     metric: str = "CIDEr"
     better: int = 1
     identical: tuple[str, ...] = ()
+    members: bool = False  # A is one system built from B's seeds (an ensemble of them): sizes say so
 
     @property
     def resolved(self) -> bool:
         return self.low is not None and (self.low > 0 or self.high < 0)
 
     def size_text(self) -> str:
+        if self.members:
+            seeds = f"{self.seeds_b} member seed{'s' if self.seeds_b != 1 else ''}"
+            return f"{seeds} x {self.images} images" if self.images else f"{seeds}, seed means only"
         if self.seeds_a == self.seeds_b:
             seeds = _seeds_text(self.seeds_a)
         else:
@@ -185,7 +234,7 @@ def _constant_over_seeds(x: np.ndarray) -> np.ndarray:
 
 
 def difference_intervals(a: np.ndarray, b: np.ndarray, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
-                         confidence: float = CONFIDENCE) -> dict[str, np.ndarray]:
+                         confidence: float = CONFIDENCE, fixed_a: bool = False) -> dict[str, np.ndarray]:
     """The verdict rule, for many studies at once: mean(A) - mean(B) of each study with its 95% interval.
 
     a: (studies, seeds_a, images) per-image scores of arm A and b: (studies, seeds_b, images) of arm B, the same
@@ -194,6 +243,9 @@ def difference_intervals(a: np.ndarray, b: np.ndarray, *, n_resamples: int = N_R
     same), each of shape (studies,).
     The bootstrap resamples each arm's seeds and the shared images with one set of weights for all studies (each
     study on its own sees an ordinary bootstrap); an arm of one seed keeps it.
+    `fixed_a`: A is one fixed system built from B's seeds (an ensemble of them), not a seed replicate: only B needs
+    MIN_SEEDS seeds, and the seed part of the interval is B's seed spread (Welch with A's variance 0 is the
+    one-sample t-interval, n_B - 1 degrees of freedom).
     """
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.ndim != b.ndim or a.ndim not in (2, 3) or a.shape[0] != b.shape[0]:
@@ -207,13 +259,18 @@ def difference_intervals(a: np.ndarray, b: np.ndarray, *, n_resamples: int = N_R
     means_a, means_b = (x.mean(axis=2) if per_image else x for x in (a, b))  # (studies, seeds) seed means
     delta = means_a.mean(axis=1) - means_b.mean(axis=1)
     identical_a, identical_b = _constant_over_seeds(a), _constant_over_seeds(b)
+    if fixed_a:
+        if seeds_a != 1:
+            raise ValueError(f"a fixed system is one row, got {seeds_a}")
+        seeds_a = MIN_SEEDS  # no seed requirement on A; its variance is taken as 0 below
     low = np.full(delta.shape, np.nan)
     high = np.full(delta.shape, np.nan)
     ok = ~(identical_a | identical_b)
     if min(seeds_a, seeds_b) < MIN_SEEDS or not ok.any():
         return dict(delta=delta, low=low, high=high, identical_a=identical_a, identical_b=identical_b)
     # Welch's t-interval over the seed means: it holds its 95% for the seed noise from 2 seeds per arm
-    va, vb = (x.var(axis=1, ddof=1) / x.shape[1] for x in (means_a, means_b))  # squared standard errors
+    va, vb = (x.var(axis=1, ddof=1) / x.shape[1] if x.shape[1] > 1 else np.zeros(len(x))
+              for x in (means_a, means_b))  # squared standard errors
     se2 = va + vb
     with np.errstate(divide="ignore", invalid="ignore"):
         df = se2 ** 2 / (va ** 2 / (seeds_a - 1) + vb ** 2 / (seeds_b - 1))
@@ -223,7 +280,7 @@ def difference_intervals(a: np.ndarray, b: np.ndarray, *, n_resamples: int = N_R
         # percentile bootstrap over seeds and images: statistic[k, r] = wa[r] @ a[k] @ v[r] - wb[r] @ b[k] @ v[r]
         rng = np.random.default_rng(seed)
         v = _resampling_weights(rng, a.shape[2], n_resamples)  # (R, images)
-        wa, wb = (_resampling_weights(rng, n, n_resamples) for n in (seeds_a, seeds_b))  # (R, seeds)
+        wa, wb = (_resampling_weights(rng, x.shape[1], n_resamples) for x in (a, b))  # (R, seeds)
         stat = (np.einsum("ksr,rs->kr", np.einsum("ksi,ri->ksr", a, v), wa)
                 - np.einsum("ksr,rs->kr", np.einsum("ksi,ri->ksr", b, v), wb))  # (studies, R)
         # the expanded percentile interval (Hesterberg): a plain percentile interval over m images is too narrow
@@ -262,6 +319,57 @@ def seed_difference(a: Sequence[float], b: Sequence[float], names: tuple[str, st
     """mean(a) - mean(b) over seeds with Welch's t-interval (no interval below MIN_SEEDS seeds in an arm)."""
     x, y = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
     return _difference(x, y, names, None, metric, better)
+
+
+def gain_over_members(system: np.ndarray, members: np.ndarray, names: tuple[str, str] = ("ensemble", "members"),
+                      *, metric: str = "CIDEr", n_resamples: int = N_RESAMPLES, seed: int = 0) -> Difference:
+    """A system built from seed runs (an ensemble) against the mean of those runs, with the runs' seed spread in
+    the interval (`difference_intervals(fixed_a=True)`: the bootstrap over member seeds and images, widened to the
+    one-sample t-interval over the members' seed means).
+
+    system: (images,) per-image scores and members: (seeds, images), the same images in the same order; or the
+    system's score and the members' (seeds,) scores (seed means only: the one-sample t-interval)."""
+    if np.ndim(system) == 0:
+        a, b = np.asarray([[system]], dtype=float), np.asarray(members, dtype=float).reshape(1, -1)
+        images = None
+    else:
+        a = np.asarray(system, dtype=float).reshape(1, 1, -1)
+        b = np.atleast_2d(np.asarray(members, dtype=float))[None]
+        images = b.shape[2]
+    out = difference_intervals(a, b, n_resamples=n_resamples, seed=seed, fixed_a=True)
+    low, high = float(out["low"][0]), float(out["high"][0])
+    return Difference(*names, float(out["delta"][0]), None if math.isnan(low) else low,
+                      None if math.isnan(high) else high, 1, b.shape[1], images, metric, 1,
+                      (names[1],) if out["identical_b"][0] else (), members=True)
+
+
+def gain_over_one(system: np.ndarray, members: np.ndarray, index: int, names: tuple[str, str] = ("ensemble", "member"),
+                  *, metric: str = "CIDEr", n_resamples: int = N_RESAMPLES, seed: int = 0,
+                  confidence: float = CONFIDENCE) -> Difference:
+    """A system against ONE of its member runs (`members[index]`, e.g. the one chosen on validation): that member
+    is one draw of a seed, so the interval holds the members' seed spread for one run (t(n-1) x their sd), widened
+    to the expanded percentile bootstrap over the images of system - member; no interval below MIN_SEEDS members
+    or when every member scored the same.
+
+    system: (images,) and members: (seeds, images), the same images in the same order; or the system's score and
+    the members' (seeds,) scores (no image part)."""
+    a = np.asarray(system, dtype=float).ravel()
+    b = np.asarray(members, dtype=float).reshape(len(members), -1)  # (seeds, images or 1)
+    n, m = b.shape
+    per_image = a - b[index]  # (images,)
+    delta = float(per_image.mean())
+    identical = bool(_constant_over_seeds(b[None])[0])
+    low = high = None
+    if n >= MIN_SEEDS and not identical:
+        half = float(sps.t.ppf(0.5 + confidence / 2, n - 1) * b.mean(axis=1).std(ddof=1))
+        low, high = delta - half, delta + half
+        if m > 1:
+            v = _resampling_weights(np.random.default_rng(seed), m, n_resamples)  # (R, images)
+            tail = sps.norm.cdf(-math.sqrt(m / (m - 1)) * sps.t.ppf(0.5 + confidence / 2, m - 1))
+            boot_low, boot_high = np.quantile(v @ per_image, [tail, 1 - tail])
+            low, high = min(low, float(boot_low)), max(high, float(boot_high))
+    return Difference(*names, delta, low, high, 1, n, m if m > 1 else None, metric, 1,
+                      (names[1],) if identical else (), members=True)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from ray.tune.result import AUTO_RESULT_KEYS
 from dashboards.spool import Spool, TrackingQueue, apply, outage_line
 from dashboards.stats import TAG_CONFIG_HASH, stopped_early_tags
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri, client_settings
-from launch.search import config_hash
+from launch.search import group_key
 from launch.trainable import CHECKPOINT_FILE
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,8 @@ class A2MLflowCallback(Callback):
         config = dict(getattr(trial, "config", None) or {})
         self.opened.add(str(trial.trial_id))
         self._emit("trial", trial, config=self.resolve_config(config) if self.resolve_config else config,
-                   tags={"a2.ray_trial_name": str(trial), TAG_CONFIG_HASH: config_hash(config)}, run_name=str(trial))
+                   tags={"a2.ray_trial_name": str(trial), TAG_CONFIG_HASH: group_key(config, self.resolve_config)},
+                   run_name=str(trial))
 
     on_trial_restore = on_trial_start  # a restored trial continues its own run
 

@@ -559,16 +559,17 @@ def _stopped_tags(row: dict) -> dict:
 
 
 def replicate_groups(spec, rows: list[dict]) -> list[dict]:
-    """One entry per replicate group (trials whose sampled values differ only in the seed,
-    `launch.search.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
+    """One entry per replicate group (trials whose resolved configs differ only in the seed,
+    `dashboards.stats.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
     seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
     stopped early, if any."""
-    from dashboards.stats import seed_interval
-    from launch.search import SEED_KEYS, config_hash
+    from dashboards.stats import config_hash, seed_interval
+    from launch.search import SEED_KEYS, group_key
 
     groups: dict[str, list[dict]] = {}
     for r in rows:
-        groups.setdefault(config_hash(dict(r["sampled"] or {})), []).append(r)
+        digest = config_hash(r["config"]) if r.get("config") else group_key(dict(r["sampled"] or {}))
+        groups.setdefault(digest, []).append(r)
     out = []
     for h, g in groups.items():
         values = [r["best"] for r in g if r["best"] is not None]
@@ -586,11 +587,11 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
     `dashboards.stats.best_candidates`), the baseline (fusion none, same seed) comparison, every replicate
     group's mean and interval, and every trial's results."""
     from dashboards.stats import best_candidates
+    from dashboards.stats import best_group as pick_best_group
 
     best = _pick(best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags), "best", spec.mode)
     groups = replicate_groups(spec, rows)
-    best_group = _pick(best_candidates([g for g in groups if g["mean"] is not None], tags_of=_stopped_tags), "mean",
-                       spec.mode)
+    best_group = pick_best_group(groups, lambda g: g["values"], spec.mode, lambda g: bool(g.get("stopped_early")))
     baseline, beats = None, None
     if best is not None:
         baseline = _pick([r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"]
@@ -731,10 +732,10 @@ def format_table(rows: list[dict], metric: str) -> str:
 
 def format_groups(groups: list[dict], metric: str) -> str:
     """One row per replicate group: its seeds, the mean of the best metric with its 95% interval, its state."""
-    from dashboards.stats import Interval
+    from dashboards.stats import Interval, short_hash
 
     header = ["config", "fusion", "lambda", "seeds", f"best {metric.split('/')[-1]} [95% CI]", "state"]
-    body = [[g["config_hash"], str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
+    body = [[short_hash(g["config_hash"]), str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
              "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"],
                                                     bool(g.get("identical"))).text(),
              state_text(g) if g.get("stopped_early") else "-"] for g in groups]
