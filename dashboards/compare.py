@@ -84,7 +84,8 @@ def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion", stu
             baseline = f"fusion={BASELINE}"
             labelled[baseline] = base
     client = MlflowClient(tracking_uri=tracking_uri)
-    arms = [Arm(label, [r.scores(metrics) for r in group], *_per_image(client, group))
+    arms = [Arm(label, [r.scores(metrics) for r in group], *_per_image(client, group),
+                seed_ids=[r.seed for r in group])
             for label, group in labelled.items()]
     # per row, the searched params of its configuration other than `by` ("model.lambda=0.1, ...")
     keys = [k for k in searched_keys([r for group in labelled.values() for r in group]) if not k.endswith(by)]

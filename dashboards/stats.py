@@ -380,6 +380,7 @@ class Arm:
     seeds: list[dict[str, float]]
     per_image: np.ndarray | None = None
     image_ids: Sequence | None = None
+    seed_ids: Sequence | None = None  # each entry of `seeds`' seed number, where known (study records keep them)
 
     def __post_init__(self):
         if self.per_image is not None:
