@@ -259,6 +259,11 @@ class TrainConfig(Section):
     val_meteor: Flag = False  # METEOR needs a Java process per validation (~4 s); the final evaluation has it
     beam_size: Integer = Field(5, ge=1)
     max_len: Integer = Field(20, ge=1)
+    # When the run ends: its selected checkpoint (best val CIDEr) decodes the held-out test split with beam search
+    # (beam_size, max_len), reported as test/... with per-image CIDEr-D; verdicts rest on these, not on the val
+    # images the checkpoint and the configuration were selected on. `test_images`: the first N (None: all).
+    test_at_end: Flag = True
+    test_images: Integer | None = Field(None, ge=1)
     # SCST (stage 2).
     scst_lr: Real = Field(5e-6, gt=0)
     scst_samples: Integer = Field(5, ge=1)

@@ -44,11 +44,12 @@ from . import precision
 from .config import Config
 from .data.captions import Vocab
 from .data.dataset import CaptionData
-from .decode import ModelStepper, captions_for, greedy, sample
+from .decode import ModelStepper, captions_for, greedy, sample, score_split
 from .model.a2 import build_model
 from .errors import CheckpointError
 
 PER_IMAGE_KEY = "val/per_image_cider"  # every validation result: {"ids": [...], "scores": [CIDEr-D x100, ...]}
+TEST_PER_IMAGE_KEY = "test/per_image_cider"  # the last result (train.test_at_end): the same on the test split
 
 log = logging.getLogger("a2core.train")
 Report = Callable[[dict, "str | None"], None]
@@ -393,6 +394,31 @@ class Trainer:
             ckpt.set_rng_state(rng)
         return {**out, "time/diag_s": time.perf_counter() - start}
 
+    @torch.no_grad()
+    def test_evaluation(self) -> dict:
+        """`test/...` scores (x100) and per-image CIDEr-D of the best checkpoint (the epoch of the best val CIDEr)
+        on the test split, beam search; the model's own weights are put back afterwards. {} without test images."""
+        t = self.cfg.train
+        if not self.data.images("test"):
+            return {}
+        if self.dist.on:
+            dist.barrier()  # rank 0 has written best.pt
+        start = time.perf_counter()
+        current = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(ckpt.load(self.output_dir / "best.pt", map_location=self.device)["model"])
+        self.model.eval()
+        try:
+            with self.updates.amp():
+                scores, per_image = score_split(self.data, ModelStepper(self.model), "test", gather=self.dist.gather_dict,
+                                                beam_size=t.beam_size, max_len=t.max_len, batch_size=t.batch_size,
+                                                limit=t.test_images, device=self.device, rank=self.dist.rank,
+                                                world=self.dist.world)
+        finally:
+            self.model.load_state_dict(current)
+        out = {f"test/{k}": v for k, v in scores.items()}
+        out[TEST_PER_IMAGE_KEY] = {"ids": list(per_image), "scores": list(per_image.values())}
+        return {**out, "test/epoch": self.best["epoch"], "time/test_s": time.perf_counter() - start}
+
     # -- the loop ---------------------------------------------------------------------------------------------------
     def _save_epoch(self, metrics: dict, improved: bool) -> Path | None:
         if self.dist.rank != 0:
@@ -441,6 +467,8 @@ class Trainer:
                        "time/epoch_s": time.perf_counter() - start}
             self.history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
             last = self._save_epoch(metrics, improved)
+            if self.epoch == total and t.test_at_end:
+                metrics.update(self.test_evaluation())
             metrics["samples"] = samples
             if report is not None:
                 self._report(report, metrics, last)

@@ -415,23 +415,25 @@ class Comparison:
     rows: list[tuple[Arm, dict[str, Interval]]]  # every arm with an Interval per metric it logged
     differences: dict[str, Difference] = field(default_factory=dict)  # arm label -> difference to the baseline
     baseline: str | None = None
+    metric: str | None = None  # the metric of the differences ("test/CIDEr")
 
     def verdicts(self) -> list[str]:
         return [d.verdict() for d in self.differences.values()]
 
 
 def compare_arms(arms: Sequence[Arm], baseline: str | None = None, metric: str = "val/CIDEr", mode: str = "max",
-                 metrics: Sequence[str] | None = None, seed: int = 0) -> Comparison:
+                 metrics: Sequence[str] | None = None, seed: int = 0, label: str | None = None) -> Comparison:
     """Intervals per arm and metric, and each arm's difference to `baseline` in `metric`: the paired bootstrap
     (widened to Welch's t) when both arms carry per-image scores, matched by image id, else Welch's t over seed
-    means; no interval, and no verdict, below MIN_SEEDS seeds per arm or when an arm's seeds all scored the same."""
+    means; no interval, and no verdict, below MIN_SEEDS seeds per arm or when an arm's seeds all scored the same.
+    `label`: the metric's name in verdicts (default: its last part, "CIDEr")."""
     rows = []
     for arm in arms:
         keys = metrics if metrics is not None else sorted({k for s in arm.seeds for k in s})
         rows.append((arm, {k: seed_interval(arm.values(k)) for k in keys if arm.values(k)}))
-    out = Comparison(rows, baseline=baseline)
+    out = Comparison(rows, baseline=baseline, metric=metric)
     base = next((arm for arm in arms if arm.label == baseline), None)
-    options = dict(metric=metric.rsplit("/", 1)[-1], better=1 if mode == "max" else -1)
+    options = dict(metric=label or metric.rsplit("/", 1)[-1], better=1 if mode == "max" else -1)
     for arm in arms:
         if base is None or arm is base:
             continue

@@ -150,6 +150,7 @@ class A2MLflowCallback(Callback):
             if old is None or (value > old[0] if self.mode == "max" else value < old[0]):
                 self.best[tid] = (float(value), result.get("training_iteration"))
                 self._log_per_image(trial, result)
+        self._log_test_per_image(trial, result)
 
         samples = result.get("samples")
         if isinstance(samples, (list, tuple)) and samples and all(isinstance(s, str) for s in samples):
@@ -166,6 +167,18 @@ class A2MLflowCallback(Callback):
         if ids and scores and len(ids) == len(scores):
             text = json.dumps({str(i): float(v) for i, v in zip(ids, scores)}, sort_keys=True)
             self._emit("text", trial, text=text, file=PER_IMAGE_ARTIFACT)
+
+    def _log_test_per_image(self, trial, result: dict) -> None:
+        """The run's test-split per-image CIDEr-D of its selected checkpoint (its last result,
+        `a2core.train.TEST_PER_IMAGE_KEY`), which verdicts rest on (`dashboards.compare.TEST_PER_IMAGE_ARTIFACT`)."""
+        from a2core.train import TEST_PER_IMAGE_KEY
+        from dashboards.compare import TEST_PER_IMAGE_ARTIFACT
+
+        per_image = result.get(TEST_PER_IMAGE_KEY) or {}
+        ids, scores = per_image.get("ids"), per_image.get("scores")
+        if ids and scores and len(ids) == len(scores):
+            text = json.dumps({str(i): float(v) for i, v in zip(ids, scores)}, sort_keys=True)
+            self._emit("text", trial, text=text, file=TEST_PER_IMAGE_ARTIFACT)
 
     @staticmethod
     def _metrics(result: dict) -> dict:
