@@ -401,7 +401,14 @@ def _table_row(spec, trial_id: str, state: str, sampled: dict, last: dict, best,
             "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
             "seed": train.get("seed", sampled.get("seed")),
             "epochs_done": int(finite(last.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
-            "last": finite(last.get(spec.metric)), "best": finite(best)}
+            "last": finite(last.get(spec.metric)), "best": finite(best),
+            # the selected checkpoint on the test split, reported when the trial ended (a2core train.test_at_end)
+            "test": finite(last.get(test_metric(spec.metric)))}
+
+
+def test_metric(metric: str) -> str:
+    """The test-split counterpart of a val metric ("val/CIDEr" -> "test/CIDEr")."""
+    return "test/" + metric.split("/", 1)[-1]
 
 
 def live_row(spec, trial, stopped_early_of=None) -> dict:
@@ -577,7 +584,8 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
         sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
         out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,
                     "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
-                    "values": values, **interval,
+                    "values": values, "test_values": [r["test"] for r in g if r.get("test") is not None],
+                    **interval,
                     "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
     return out
 
@@ -689,8 +697,12 @@ def group_verdict(summary: dict) -> str | None:
                  summary["mode"])
     if best["fusion"] == "none" or base is None:
         return line
-    arms = [Arm(str(g["fusion"]), [{metric: v} for v in g["values"]]) for g in (best, base)]
-    diff = compare_arms(arms, baseline=base["fusion"], metric=metric, mode=summary["mode"])
+    # selected on val; judged on the test split when every trial of both groups reported it (when it ended)
+    on_test = all(g.get("test_values") and len(g["test_values"]) == len(g["values"]) for g in (best, base))
+    key = "test_values" if on_test else "values"
+    arms = [Arm(str(g["fusion"]), [{metric: v} for v in g[key]]) for g in (best, base)]
+    diff = compare_arms(arms, baseline=base["fusion"], metric=metric, mode=summary["mode"],
+                        label=f"test {metric.split('/')[-1]}" if on_test else None)
     return line + "; " + diff.verdicts()[0] if diff.differences else line
 
 
