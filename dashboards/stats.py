@@ -7,8 +7,8 @@ The verdict rule (`difference_intervals`, vectorised over simulated studies so t
 `power` run the very rule that `compare_arms` prints):
 - fewer than MIN_SEEDS seeds in an arm: the difference, no interval, no verdict (one seed measures no seed noise);
 - an arm whose seeds all scored the same: no interval, no verdict, and a warning that the seed changes nothing;
-- else the percentile bootstrap over each arm's seeds and the shared images, widened to Welch's t-interval over
-  the seed means where that is wider (seed means only: Welch's t-interval alone).
+- else the expanded percentile bootstrap over each arm's seeds and the shared images (matched by image id),
+  widened to Welch's t-interval over the seed means where that is wider (seed means only: Welch's t alone).
 MIN_SEEDS = 2 is where this keeps its 95%: tests/test_calibration.py measures it at 1, 2, 3, 5 and 10 seeds.
 """
 from __future__ import annotations
@@ -56,12 +56,14 @@ def stopped_early_text(info: dict) -> str:
 
 def canonical_config(config: Mapping) -> dict:
     """What the replicates of one configuration share: the resolved a2core config (`StudySpec.trial_config`, only
-    the keys that apply to it) without `train.seed` (the replicate), `output_dir` (where a plain run writes) and the
-    diagnostics settings `train.diag_*` (they read the model and leave training alone)."""
+    the keys that apply to it) without `train.seed` (the replicate), `output_dir` (where a plain run writes), the
+    diagnostics settings `train.diag_*` and the end-of-run test settings `train.test_*` (they read the model and
+    leave training alone)."""
     out = copy.deepcopy(dict(config))
     out.pop("output_dir", None)
     if isinstance(out.get("train"), dict):
-        out["train"] = {k: v for k, v in out["train"].items() if k != "seed" and not k.startswith("diag_")}
+        out["train"] = {k: v for k, v in out["train"].items()
+                        if k != "seed" and not k.startswith(("diag_", "test_"))}
     return out
 
 

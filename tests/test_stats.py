@@ -145,3 +145,28 @@ def test_best_candidates_excludes_stopped_unless_only():
     assert best_candidates([cut]) == [cut]
     assert stopped_early_tags(2, 1.23456789) == {"a2.stopped_early": "true", "a2.stopped_rung": "2",
                                                   "a2.stopped_cutoff": "1.23457"}
+
+
+@pytest.mark.parametrize("study", ["fusion_ablation", "lambda_sweep"])
+def test_shipped_studies_never_print_a_one_seed_verdict(study):
+    """Whatever seeds a shipped study runs per configuration, its comparisons (report's Table 3, compare) give a
+    verdict only when each arm has MIN_SEEDS seeds: with one seed, the difference and "no verdict"."""
+    from pathlib import Path
+
+    import yaml
+
+    from dashboards.stats import MIN_SEEDS
+
+    search = yaml.safe_load((Path(__file__).resolve().parents[1] / "studies" / f"{study}.yaml").read_text())["search"]
+    replicates = search.get("replicates")  # a count or a list of seeds; else the seed grid of the space
+    n = (replicates if isinstance(replicates, int) else len(replicates)) if replicates else \
+        len(search["space"].get("seed", {}).get("grid", [0]))
+    rng = np.random.default_rng(0)
+    ids = [str(i) for i in range(50)]
+    arms = [Arm(name, [{"val/CIDEr": 0.0}] * n, rng.normal(mean, 5, (n, 50)), ids)
+            for name, mean in (("gate", 120.0), ("none", 100.0))]
+    (text,) = compare_arms(arms, baseline="none").verdicts()
+    if n < MIN_SEEDS:
+        assert text.startswith("gate vs none: no verdict: 1 seed per arm measures no seed noise (+"), text
+    else:
+        assert "no verdict" not in text and text.startswith("gate beats none by"), text
