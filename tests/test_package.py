@@ -324,7 +324,11 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     assert board["seed_mean"]["CIDEr"]["mean"] == pytest.approx(sum(seed_ciders) / 4, abs=1e-3)
     gain = board["ensemble"]["gain_over_members"]
     assert gain["images"] == 20 and gain["seeds"] == 4  # paired over the test images, the members' seed spread
-    assert gain["delta"] == pytest.approx(ens - sum(seed_ciders) / 4, abs=1e-3) and gain["low"] <= gain["high"]
+    assert gain["delta"] == pytest.approx(ens - sum(seed_ciders) / 4, abs=1e-3)
+    if gain["low"] is None:  # this tiny fixture's seeds can caption every test image alike: then no interval
+        assert len(set(seed_ciders)) == 1 and "the seed changes nothing" in gain["verdict"], gain
+    else:
+        assert gain["low"] <= gain["delta"] <= gain["high"]
     chosen = board["ensemble"]["gain_over_chosen"]  # the member with the best validation score, not the best test
     assert chosen["member"] == f"seed-{max(members, key=lambda m: m['value'])['seed']}"
     assert board["evaluation"]["scale"] == "x100"
