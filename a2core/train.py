@@ -401,11 +401,13 @@ class Trainer:
         t = self.cfg.train
         if not self.data.images("test"):
             return {}
-        if self.dist.on:
-            dist.barrier()  # rank 0 has written best.pt
         start = time.perf_counter()
         current = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.model.load_state_dict(ckpt.load(self.output_dir / "best.pt", map_location=self.device)["model"])
+        # only rank 0 writes best.pt (into its own output folder): it sends the weights to the other ranks
+        best = [ckpt.load(self.output_dir / "best.pt", map_location="cpu")["model"] if self.dist.rank == 0 else None]
+        if self.dist.on:
+            dist.broadcast_object_list(best, src=0)
+        self.model.load_state_dict(best[0])
         self.model.eval()
         try:
             with self.updates.amp():
