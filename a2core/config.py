@@ -281,6 +281,13 @@ class TrainConfig(Section):
         "METEOR in the per-epoch validation (a Java process, ~4 s each); the final evaluation always has it."))
     beam_size: Integer = Field(5, ge=1, description="Beam width of beam-search decoding.")
     max_len: Integer = Field(20, ge=1, description="Longest decoded caption, in words.")
+    # The selected checkpoint (best val CIDEr) decodes the held-out test split when the run ends; verdicts rest on
+    # these scores, not on the val images the checkpoint and the configuration were selected on.
+    test_at_end: Flag = Field(True, description=(
+        "When the run ends, its selected checkpoint decodes the test split with beam search (beam_size, max_len), "
+        "reported as test/... with per-image CIDEr-D (the scores verdicts rest on)."))
+    test_images: Integer | None = Field(None, ge=1, description=(
+        "The end-of-run test evaluation uses the first N test images (null: all)."))
     # SCST (stage 2).
     scst_lr: Real = Field(5e-6, gt=0, description="Learning rate of SCST.")
     scst_samples: Integer = Field(5, ge=1, description="Sampled captions per image in SCST.")
@@ -299,6 +306,9 @@ class TrainConfig(Section):
     diag_images: Integer = Field(100, ge=1, description="The diagnostics run on the first N val images.")
     diag_kendall_images: Integer = Field(10, ge=1, description=(
         "Kendall tau on the first N of those (one backward pass per word)."))
+    diag_epochs: list[Integer] = Field(default_factory=list, description=(
+        "Further epochs with diagnostics, whatever diag_every says: a study sets its scheduler's rungs here, so a "
+        "trial stopped early ends with its diagnostics too."))
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

@@ -11,6 +11,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -301,6 +302,19 @@ def captions_for(data, stepper, split: str, *, beam_size: int = 5, max_len: int 
     if bar:
         bar.close()
     return out
+
+
+def score_split(data, stepper, split: str, *, gather: Callable[[dict], dict] = lambda shard: shard,
+                meteor: bool = False, **decode) -> tuple[dict[str, float], dict[int, float]]:
+    """Caption a split (`captions_for` with `decode`: beam_size, max_len, batch_size, limit, device, rank, world)
+    and score it: (COCO metrics x100, {image_id: CIDEr-D x100}). `gather` joins the ranks' shards."""
+    from .metrics import caption_scores
+
+    caps = gather(captions_for(data, stepper, split, **decode))
+    refs = data.references(split)
+    scores = caption_scores({i: refs[i] for i in caps}, caps, meteor=meteor, per_image=True)
+    per_image = scores.pop("per_image")
+    return scores, {i: per_image[i]["CIDEr"] for i in sorted(per_image)}
 
 
 def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]],

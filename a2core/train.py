@@ -48,11 +48,12 @@ from . import precision
 from .config import Config, images_per_worker
 from .data.captions import Vocab
 from .data.dataset import CaptionData
-from .decode import ModelStepper, captions_for, greedy, sample
+from .decode import ModelStepper, captions_for, greedy, sample, score_split
 from .model.a2 import build_model
 from .errors import CheckpointError
 
 PER_IMAGE_KEY = "val/per_image_cider"  # every validation result: {"ids": [...], "scores": [CIDEr-D x100, ...]}
+TEST_PER_IMAGE_KEY = "test/per_image_cider"  # the last result (train.test_at_end): the same on the test split
 
 log = logging.getLogger("a2core.train")
 Report = Callable[[dict, "str | None"], None]
@@ -382,10 +383,10 @@ class Trainer:
 
     def diagnostics(self) -> dict:
         """`diag/...` scalars (a2core.diagnostics.trial_diagnostics) on the first `train.diag_images` val images,
-        on the epochs `train.diag_every` names and after the last one; {} on other epochs."""
+        on the epochs `train.diag_every` and `train.diag_epochs` name and after the last one; {} on other epochs."""
         t = self.cfg.train
         last = self.epoch == t.xe_epochs + t.scst_epochs
-        if not (last or (t.diag_every and self.epoch % t.diag_every == 0)):
+        if not (last or self.epoch in t.diag_epochs or (t.diag_every and self.epoch % t.diag_every == 0)):
             return {}
         from .diagnostics import trial_diagnostics
 
@@ -398,6 +399,33 @@ class Trainer:
         finally:
             ckpt.set_rng_state(rng)
         return {**out, "time/diag_s": time.perf_counter() - start}
+
+    @torch.no_grad()
+    def test_evaluation(self) -> dict:
+        """`test/...` scores (x100) and per-image CIDEr-D of the best checkpoint (the epoch of the best val CIDEr)
+        on the test split, beam search; the model's own weights are put back afterwards. {} without test images."""
+        t = self.cfg.train
+        if not self.data.images("test"):
+            return {}
+        start = time.perf_counter()
+        current = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        # only rank 0 writes best.pt (into its own output folder): it sends the weights to the other ranks
+        best = [ckpt.load(self.output_dir / "best.pt", map_location="cpu")["model"] if self.dist.rank == 0 else None]
+        if self.dist.on:
+            dist.broadcast_object_list(best, src=0)
+        self.model.load_state_dict(best[0])
+        self.model.eval()
+        try:
+            with self.updates.amp():
+                scores, per_image = score_split(self.data, ModelStepper(self.model), "test", gather=self.dist.gather_dict,
+                                                beam_size=t.beam_size, max_len=t.max_len, batch_size=t.batch_size,
+                                                limit=t.test_images, device=self.device, rank=self.dist.rank,
+                                                world=self.dist.world)
+        finally:
+            self.model.load_state_dict(current)
+        out = {f"test/{k}": v for k, v in scores.items()}
+        out[TEST_PER_IMAGE_KEY] = {"ids": list(per_image), "scores": list(per_image.values())}
+        return {**out, "test/epoch": self.best["epoch"], "time/test_s": time.perf_counter() - start}
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def _save_epoch(self, metrics: dict, improved: bool) -> Path | None:
@@ -447,6 +475,8 @@ class Trainer:
                        "time/epoch_s": time.perf_counter() - start}
             self.history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
             last = self._save_epoch(metrics, improved)
+            if self.epoch == total and t.test_at_end:
+                metrics.update(self.test_evaluation())
             metrics["samples"] = samples
             if report is not None:
                 self._report(report, metrics, last)

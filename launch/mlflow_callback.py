@@ -19,7 +19,7 @@ from ray.tune.result import AUTO_RESULT_KEYS
 from dashboards.spool import Spool, TrackingQueue, apply, outage_line
 from dashboards.stats import TAG_CONFIG_HASH, stopped_early_tags
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri, client_settings, ui_pointer
-from launch.search import config_hash
+from launch.search import group_key
 from launch.trainable import CHECKPOINT_FILE
 
 logger = logging.getLogger(__name__)
@@ -135,7 +135,8 @@ class A2MLflowCallback(Callback):
         config = dict(getattr(trial, "config", None) or {})
         self.opened.add(str(trial.trial_id))
         self._emit("trial", trial, config=self.resolve_config(config) if self.resolve_config else config,
-                   tags={"a2.ray_trial_name": str(trial), TAG_CONFIG_HASH: config_hash(config)}, run_name=str(trial))
+                   tags={"a2.ray_trial_name": str(trial), TAG_CONFIG_HASH: group_key(config, self.resolve_config)},
+                   run_name=str(trial))
 
     on_trial_restore = on_trial_start  # a restored trial continues its own run
 
@@ -152,6 +153,7 @@ class A2MLflowCallback(Callback):
             if old is None or (value > old[0] if self.mode == "max" else value < old[0]):
                 self.best[tid] = (float(value), result.get("training_iteration"))
                 self._log_per_image(trial, result)
+        self._log_test_per_image(trial, result)
 
         samples = result.get("samples")
         if isinstance(samples, (list, tuple)) and samples and all(isinstance(s, str) for s in samples):
@@ -168,6 +170,18 @@ class A2MLflowCallback(Callback):
         if ids and scores and len(ids) == len(scores):
             text = json.dumps({str(i): float(v) for i, v in zip(ids, scores)}, sort_keys=True)
             self._emit("text", trial, text=text, file=PER_IMAGE_ARTIFACT)
+
+    def _log_test_per_image(self, trial, result: dict) -> None:
+        """The run's test-split per-image CIDEr-D of its selected checkpoint (its last result,
+        `a2core.train.TEST_PER_IMAGE_KEY`), which verdicts rest on (`dashboards.compare.TEST_PER_IMAGE_ARTIFACT`)."""
+        from a2core.train import TEST_PER_IMAGE_KEY
+        from dashboards.compare import TEST_PER_IMAGE_ARTIFACT
+
+        per_image = result.get(TEST_PER_IMAGE_KEY) or {}
+        ids, scores = per_image.get("ids"), per_image.get("scores")
+        if ids and scores and len(ids) == len(scores):
+            text = json.dumps({str(i): float(v) for i, v in zip(ids, scores)}, sort_keys=True)
+            self._emit("text", trial, text=text, file=TEST_PER_IMAGE_ARTIFACT)
 
     @staticmethod
     def _metrics(result: dict) -> dict:

@@ -199,7 +199,7 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
 def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
     """One dict per trial of a study summary that reported the metric and has a best checkpoint (only those of
     configuration `digest` when given)."""
-    from dashboards.leaderboard import config_hash
+    from dashboards.stats import config_hash
 
     out = []
     for row in summary.get("trials", []):
@@ -223,22 +223,19 @@ def _rank_key(mode: str) -> Callable[[dict], tuple]:
 def select_best(cands: list[dict], mode: str) -> dict:
     """The best trial of the configuration (config hash) with the best mean over its seeds, among those not
     stopped early (`dashboards.stats.best_candidates`). Ties go to the lower (study, trial id)."""
-    from dashboards.stats import TAG_STOPPED_EARLY, best_candidates
+    from dashboards.stats import best_group
 
     if not cands:
         raise PackageError("no trial of the study reported its metric with a checkpoint: nothing to package")
     groups: dict[str, list[dict]] = {}
     for c in cands:
         groups.setdefault(c["hash"], []).append(c)
-
-    def stopped(group: list[dict]) -> dict:
-        return {TAG_STOPPED_EARLY: "true"} if any(c.get("stopped_early") for c in group) else {}
-
-    sign = -1 if mode == "max" else 1
     rank = _rank_key(mode)
-    best_group = min(best_candidates(list(groups.values()), tags_of=stopped),
-                     key=lambda g: (sign * sum(c["value"] for c in g) / len(g), rank(min(g, key=rank))))
-    return min(best_group, key=rank)
+    # equal means: the group whose best trial ranks first (best_group keeps the first of equals)
+    ordered = sorted(groups.values(), key=lambda g: rank(min(g, key=rank)))
+    group = best_group(ordered, lambda g: [c["value"] for c in g], mode,
+                       lambda g: any(c.get("stopped_early") for c in g))
+    return min(group, key=rank)
 
 
 def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
@@ -350,7 +347,7 @@ def companion_studies(location) -> list[str]:
 
 def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
     """(location, spec, summary or None) of each companion seed study of configuration `digest`."""
-    from dashboards.leaderboard import config_hash
+    from dashboards.stats import config_hash
     from launch.study import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec
 
     found = []
@@ -661,7 +658,8 @@ def write_manifest(out: Path, location, best: dict, members: list[dict], results
         "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": best["config"]["model"]["fusion"],
         "ensemble_CIDEr": scores["ensemble"].get("CIDEr"),
         "seed_CIDEr": {m["seed"]: scores[f"seed-{m['seed']}"].get("CIDEr") for m in members},
-        "seed_mean_CIDEr": board["seed_mean"].get("CIDEr"), "ensemble_gain": board["ensemble"]["gain_over_best"],
+        "seed_mean_CIDEr": board["seed_mean"].get("CIDEr"), "ensemble_gain": board["ensemble"]["gain_over_members"],
+        "ensemble_gain_over_chosen": board["ensemble"].get("gain_over_chosen"),
         "mlflow": delivered["mlflow"], "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
         "decode_seconds": round(decode_seconds, 2), "seconds": round(seconds, 2),
     }

@@ -57,7 +57,8 @@ def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
 
 def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
     """The study's verdicts, fusion by fusion against the baseline (val CIDEr, the paired bootstrap over seeds and
-    images: `dashboards.compare.study_comparison`), and the ensemble's gain over its best member (test CIDEr)."""
+    images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
+    over the member chosen on validation."""
     from dashboards.compare import study_comparison
 
     try:
@@ -66,8 +67,8 @@ def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
         lines = [f"no comparison: {err}"]
     else:
         lines = comparison.verdicts() or [f"no baseline (fusion none) to compare with in study {name}"]
-    gain = (manifest.get("ensemble_gain") or {}).get("verdict")
-    return lines + ([gain] if gain else [])
+    gains = [(manifest.get(key) or {}).get("verdict") for key in ("ensemble_gain", "ensemble_gain_over_chosen")]
+    return lines + [gain for gain in gains if gain]
 
 
 def main(args) -> int:

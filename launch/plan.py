@@ -3,7 +3,8 @@
 Per trial: its images (counted in the captions file when it is there, else the standard Karpathy counts), the
 global batch, steps per epoch and in all, warmup's share of the cross-entropy steps and the T_P range against the
 trial's steps. Per study: trials, trial-epochs, seeds per arm and the power they give for the paper's Table 3 gaps
-(`dashboards.stats.power` / `seeds_needed`) at a seed spread (`--sd`, else measured in the study's finished runs,
+(`dashboards.stats.power` / `seeds_needed`: the power of the verdict rule `compare_arms` prints, a 95% Welch
+interval with no verdict below 2 seeds) at a seed spread (`--sd`, else measured in the study's finished runs,
 else `COCO_SEED_SD` for a COCO study), and an estimate of GPU-hours, wall time and cost on the worker type of
 `ray-cluster.yaml` from a throughput (`--images-per-second`, default `IMAGES_PER_SECOND`).
 """
@@ -156,7 +157,8 @@ def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, fl
         lines.append(f"  power     no seed spread ({sd_source}): give --sd")
     else:
         lines.append(f"  power     seed spread sd {sd:.2f} CIDEr ({sd_source})")
-        lines.append(f"            two-sided t test at {CONFIDENCE:.0%} confidence, {POWER:.0%} power wanted")
+        lines.append(f"            the verdict rule (95% Welch interval, no verdict below 2 seeds), "
+                     f"{POWER:.0%} power wanted")
         lines.append(f"    {'difference':<26}{'delta':>6}{'seeds/arm needed':>18}{f'power at {seeds}':>14}")
         for label, delta in deltas:
             needed = seeds_needed(delta, sd)

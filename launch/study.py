@@ -416,7 +416,14 @@ def _table_row(spec, trial_id: str, state: str, sampled: dict, last: dict, best,
             "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
             "seed": train.get("seed", sampled.get("seed")),
             "epochs_done": int(finite(last.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
-            "last": finite(last.get(spec.metric)), "best": finite(best)}
+            "last": finite(last.get(spec.metric)), "best": finite(best),
+            # the selected checkpoint on the test split, reported when the trial ended (a2core train.test_at_end)
+            "test": finite(last.get(test_metric(spec.metric)))}
+
+
+def test_metric(metric: str) -> str:
+    """The test-split counterpart of a val metric ("val/CIDEr" -> "test/CIDEr")."""
+    return "test/" + metric.split("/", 1)[-1]
 
 
 def live_row(spec, trial, stopped_early_of=None) -> dict:
@@ -574,16 +581,17 @@ def _stopped_tags(row: dict) -> dict:
 
 
 def replicate_groups(spec, rows: list[dict]) -> list[dict]:
-    """One entry per replicate group (trials whose sampled values differ only in the seed,
-    `launch.search.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
+    """One entry per replicate group (trials whose resolved configs differ only in the seed,
+    `dashboards.stats.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
     seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
     stopped early, if any."""
-    from dashboards.stats import seed_interval
-    from launch.search import SEED_KEYS, config_hash
+    from dashboards.stats import config_hash, seed_interval
+    from launch.search import SEED_KEYS, group_key
 
     groups: dict[str, list[dict]] = {}
     for r in rows:
-        groups.setdefault(config_hash(dict(r["sampled"] or {})), []).append(r)
+        digest = config_hash(r["config"]) if r.get("config") else group_key(dict(r["sampled"] or {}))
+        groups.setdefault(digest, []).append(r)
     out = []
     for h, g in groups.items():
         values = [r["best"] for r in g if r["best"] is not None]
@@ -591,7 +599,8 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
         sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
         out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,
                     "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
-                    "values": values, **interval,
+                    "values": values, "test_values": [r["test"] for r in g if r.get("test") is not None],
+                    **interval,
                     "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
     return out
 
@@ -601,11 +610,11 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
     `dashboards.stats.best_candidates`), the baseline (fusion none, same seed) comparison, every replicate
     group's mean and interval, and every trial's results."""
     from dashboards.stats import best_candidates
+    from dashboards.stats import best_group as pick_best_group
 
     best = _pick(best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags), "best", spec.mode)
     groups = replicate_groups(spec, rows)
-    best_group = _pick(best_candidates([g for g in groups if g["mean"] is not None], tags_of=_stopped_tags), "mean",
-                       spec.mode)
+    best_group = pick_best_group(groups, lambda g: g["values"], spec.mode, lambda g: bool(g.get("stopped_early")))
     baseline, beats = None, None
     if best is not None:
         baseline = _pick([r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"]
@@ -696,15 +705,19 @@ def group_verdict(summary: dict) -> str | None:
     best, metric = summary.get("best_group"), summary["metric"]
     if not best or best["n"] < 2:
         return None
-    iv = Interval(best["mean"], best["low"], best["high"], best["n"])
+    iv = Interval(best["mean"], best["low"], best["high"], best["n"], bool(best.get("identical")))
     line = (f"best configuration ({config_text(best, varying_keys(summary))}): {metric} {iv.text()} "
             f"over {best['n']} seeds")
     base = _pick([g for g in summary.get("groups", []) if g["fusion"] == "none" and g["mean"] is not None], "mean",
                  summary["mode"])
     if best["fusion"] == "none" or base is None:
         return line
-    arms = [Arm(str(g["fusion"]), [{metric: v} for v in g["values"]]) for g in (best, base)]
-    diff = compare_arms(arms, baseline=base["fusion"], metric=metric, mode=summary["mode"])
+    # selected on val; judged on the test split when every trial of both groups reported it (when it ended)
+    on_test = all(g.get("test_values") and len(g["test_values"]) == len(g["values"]) for g in (best, base))
+    key = "test_values" if on_test else "values"
+    arms = [Arm(str(g["fusion"]), [{metric: v} for v in g[key]]) for g in (best, base)]
+    diff = compare_arms(arms, baseline=base["fusion"], metric=metric, mode=summary["mode"],
+                        label=f"test {metric.split('/')[-1]}" if on_test else None)
     return line + "; " + diff.verdicts()[0] if diff.differences else line
 
 
@@ -746,11 +759,12 @@ def format_table(rows: list[dict], metric: str) -> str:
 
 def format_groups(groups: list[dict], metric: str) -> str:
     """One row per replicate group: its seeds, the mean of the best metric with its 95% interval, its state."""
-    from dashboards.stats import Interval
+    from dashboards.stats import Interval, short_hash
 
     header = ["config", "fusion", "lambda", "seeds", f"best {metric.split('/')[-1]} [95% CI]", "state"]
-    body = [[g["config_hash"], str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
-             "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"]).text(),
+    body = [[short_hash(g["config_hash"]), str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
+             "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"],
+                                                    bool(g.get("identical"))).text(),
              state_text(g) if g.get("stopped_early") else "-"] for g in groups]
     return text_table(header, body)
 
@@ -775,9 +789,11 @@ def cmd_status(args) -> int:
 
 def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
     """The trial table (of `rows`), the replicate groups, the verdict, the compute and any tracking outage."""
+    from dashboards.stats import MIN_SEEDS
+
     lines = [format_table(rows, spec.metric)] if rows else []
     if any(g["n"] > 1 for g in summary["groups"]):
-        lines.append(f"replicate groups (mean over seeds, 95% interval below 3 seeds: none):\n"
+        lines.append(f"replicate groups (mean over seeds, 95% interval; below {MIN_SEEDS} seeds: none):\n"
                      f"{format_groups(summary['groups'], spec.metric)}")
     lines += [verdict(summary), compute_line(summary["compute"]), outage_line(summary.get("tracking"))]
     print("\n".join(line for line in lines if line), flush=True)

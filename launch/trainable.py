@@ -61,6 +61,15 @@ class TrialPlan:
     metric: str = "val/CIDEr"
     mode: str = "max"
     num_to_keep: int = 2
+    diag_epochs: tuple[int, ...] = ()  # the scheduler's rungs: a trial stopped there ends with its diagnostics
+
+    def config(self, sampled: dict) -> dict:
+        """The a2core config of a trial: the resolved suggestion, with diagnostics at the epochs it may be stopped."""
+        config = self.resolve(dict(sampled))
+        if self.diag_epochs:
+            train = config.setdefault("train", {})
+            train["diag_epochs"] = sorted(set(train.get("diag_epochs") or []) | set(self.diag_epochs))
+        return config
 
     def trials(self):
         """The study's `trials/` folder (a `dashboards.storage.Location`)."""
@@ -76,8 +85,11 @@ class TrialPlan:
 
 
 def plan_from_spec(spec) -> TrialPlan:
+    from launch.search import scheduler_rungs
+
     return TrialPlan(study=spec.name, storage=str(spec.storage), storage_endpoint_url=spec.storage_endpoint_url,
-                     resolve=spec.trial_config, resources=dict(spec.resources), metric=spec.metric, mode=spec.mode)
+                     resolve=spec.trial_config, resources=dict(spec.resources), metric=spec.metric, mode=spec.mode,
+                     diag_epochs=tuple(scheduler_rungs(spec)))
 
 
 def _quiet_per_epoch_logs() -> None:
@@ -268,7 +280,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
         if epochs:
             trial.report_again(epochs[-1])
             resume_from = trial.run.join(checkpoint_name(epochs[-1]), CHECKPOINT_FILE).download(work / CHECKPOINT_FILE)
-        train(plan.resolve(dict(config)), report, output_dir=str(work / "out"), resume_from=resume_from)
+        train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from)
 
 
 # -- trials on Ray Train -----------------------------------------------------------------------------------------
@@ -348,7 +360,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
         node_id=ray.get_runtime_context().get_node_id(), soft=False)})
     trainer = TorchTrainer(
         worker_fn,
-        train_loop_config=plan.resolve(dict(config)),
+        train_loop_config=plan.config(config),
         scaling_config=ray.train.ScalingConfig(num_workers=res["workers_per_trial"],
                                                use_gpu=res["gpus_per_worker"] > 0,  # so Ray picks nccl (else gloo)
                                                resources_per_worker=plan.worker_resource_request()),
