@@ -26,10 +26,11 @@ from a2core.errors import A2Error, StorageError, StudyError, TrackingError
 from dashboards.spool import Spool, outage_line, replay
 from dashboards.tables import finite, text_table
 from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, check_tracking_uri, study_runs
+from launch import stop
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.spec import DEFAULT_STORAGE, SEED_PATH, StudySpec, load_study, validate_main
 from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name, plan_from_spec,
-                              read_results, train_run_name)
+                              read_results, remove_temp_root, train_run_name)
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
@@ -212,7 +213,10 @@ def cmd_resume(args) -> int:
 
 
 def exit_code(summary: dict) -> int:
-    """0 when every trial finished (or was stopped early by the scheduler) and one reported the metric."""
+    """0 when every trial finished (or was stopped early by the scheduler) and one reported the metric; 128 + the
+    signal's number when a signal stopped the study."""
+    if summary.get("interrupted"):
+        return stop.exit_status(summary["interrupted"])  # 130 (SIGINT), 143 (SIGTERM)
     states = [t["state"] for t in summary.get("trials", [])]
     return 0 if states and summary.get("best") is not None and all(s == "TERMINATED" for s in states) else 1
 
@@ -245,6 +249,7 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
     from ray.tune import Tuner
 
     from launch.raycluster import connect
+    from launch.stop import stop_on_signals
     from launch.trainable import propagated_env
 
     check_tracking(spec)
@@ -263,10 +268,16 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         if new:
             location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
         remember(location)
-        tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
-        doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
-        say(f"study {spec.name}: {doing} {location.uri()}", verbose)
-        return fit_and_finish(spec, location, tuner, verbose=verbose)
+        temp = plan_from_spec(spec)
+        remove_temp_root(temp)  # what trials of a killed driver left on this node
+        try:
+            with stop_on_signals():  # SIGINT and SIGTERM: a clean stop, `a2 study resume NAME` continues
+                tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
+                doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
+                say(f"study {spec.name}: {doing} {location.uri()}", verbose)
+                return fit_and_finish(spec, location, tuner, verbose=verbose)
+        finally:
+            remove_temp_root(temp)
 
 
 def cmd_sync(args) -> int:
@@ -298,7 +309,13 @@ def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True
     grid = []  # Tune's results, when fit() got that far
     try:
         grid = tuner.fit()
-        return finish(spec, location, verbose=verbose)
+        summary = finish(spec, location, verbose=verbose)
+        stopped_by = stop.received()
+        if stopped_by is not None:
+            print(f"study {spec.name} stopped by {stop.signal_name(stopped_by)}: finished trials stay, the others "
+                  f"resume from their last checkpoint; continue with `a2 study resume {spec.name}`", flush=True)
+            summary["interrupted"] = stopped_by
+        return summary
     except (StorageError, OSError) as err:
         rows = [_grid_row(spec, result) for result in grid]
         if rows:
@@ -646,7 +663,11 @@ def _log_compute_totals(spec, totals: dict) -> None:
     tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, spec.tracking.get("experiment"))
     parent = tracker.find_parent_run()
     if parent is not None and totals:
-        tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in totals.items()}, step=0)
+        # every run/resume that ends the study logs its totals at the next step (a (key, step) is written once)
+        logged = [s for key, steps in tracker.metric_steps(parent.info.run_id).items() if key.startswith("compute/")
+                  for s in steps]
+        tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in totals.items()},
+                            step=max(logged, default=-1) + 1)
 
 
 # -- what people read --------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ retried or restored trial continues from its own newest checkpoint, and each res
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import shutil
@@ -68,6 +70,13 @@ class TrialPlan:
 
         return open_location(self.storage, self.storage_endpoint_url).join(self.study, TRIALS_DIR)
 
+    def temp_root(self) -> Path:
+        """This node's temp folder of the study's trials, `<tmp>/a2-study-<name>-<storage hash>`: a trial process
+        makes its temp folders (`a2-trial-*`, `a2-tune-ckpt-*`, a2core's `a2ckpt-*`) in it (`use_temp_root`), so that
+        the driver, the study's one writer, removes what killed trials left, at its start and end."""
+        digest = hashlib.sha1(str(self.storage).encode()).hexdigest()[:8]
+        return Path(tempfile.gettempdir()) / f"a2-study-{self.study}-{digest}"
+
     def worker_resource_request(self) -> dict:
         res = {"CPU": float(self.resources["cpus_per_worker"])}
         if self.resources["gpus_per_worker"]:
@@ -78,6 +87,17 @@ class TrialPlan:
 def plan_from_spec(spec) -> TrialPlan:
     return TrialPlan(study=spec.name, storage=str(spec.storage), storage_endpoint_url=spec.storage_endpoint_url,
                      resolve=spec.trial_config, resources=dict(spec.resources), metric=spec.metric, mode=spec.mode)
+
+
+def use_temp_root(root: str | Path) -> None:
+    """Make this process's temp folders in `root` (`TrialPlan.temp_root`; a trial's process is its own)."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    tempfile.tempdir = str(root)
+
+
+def remove_temp_root(plan: TrialPlan) -> None:
+    """Remove the temp folders that trials of the study left on this node (the driver, before and after Tune)."""
+    shutil.rmtree(plan.temp_root(), ignore_errors=True)
 
 
 def _quiet_per_epoch_logs() -> None:
@@ -252,6 +272,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
+    use_temp_root(plan.temp_root())
     trial = TrialRecorder(plan, plan.resources["gpus_per_worker"])
     checkpoints = LocalCheckpoints(trial.run, plan.metric, plan.mode, plan.num_to_keep)
 
@@ -285,7 +306,7 @@ def _cpu_seconds_all_ranks(since: float) -> float:
     return float(total.item())
 
 
-def worker_fn(config: dict) -> None:
+def worker_fn(config: dict, temp_root: str | None = None) -> None:
     """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume."""
     import ray.train
     from ray.train import Checkpoint
@@ -294,6 +315,8 @@ def worker_fn(config: dict) -> None:
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
+    if temp_root is not None:
+        use_temp_root(temp_root)
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
         metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
@@ -340,6 +363,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     _quiet_per_epoch_logs()
+    use_temp_root(plan.temp_root())
     res = plan.resources
     trial = TrialRecorder(plan, res["workers_per_trial"] * res["gpus_per_worker"])
     path, fs = plan.trials().ray_storage()
@@ -347,7 +371,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     results = Queue(maxsize=1, actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
         node_id=ray.get_runtime_context().get_node_id(), soft=False)})
     trainer = TorchTrainer(
-        worker_fn,
+        functools.partial(worker_fn, temp_root=str(plan.temp_root())),
         train_loop_config=plan.resolve(dict(config)),
         scaling_config=ray.train.ScalingConfig(num_workers=res["workers_per_trial"],
                                                use_gpu=res["gpus_per_worker"] > 0,  # so Ray picks nccl (else gloo)
