@@ -28,6 +28,7 @@ from dashboards.tables import finite, text_table
 from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, check_tracking_uri, study_runs
 from launch import stop
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
+from launch.verify import quick_checkpoint_problem
 from launch.spec import DEFAULT_STORAGE, SEED_PATH, StudySpec, load_study, validate_main
 from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name, plan_from_spec,
                               read_results, remove_temp_root, train_run_name)
@@ -54,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     status = sub.add_parser("status", help="the trial table of a study, read from its storage")
     add_name(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
+
+    check = sub.add_parser("check", help="verify a study's saved state and every checkpoint (exit 2 if unreadable)")
+    add_name(check)
 
     compare = sub.add_parser("compare", help="configurations of a study side by side, from MLflow")
     compare.add_argument("name")
@@ -100,6 +104,10 @@ def main(args: argparse.Namespace) -> int:
         return validate_main(args.file, args.overrides)
     if command in ("compare", "plan"):  # MLflow and scipy: imported only when asked for
         return importlib.import_module({"compare": "dashboards.compare", "plan": "launch.plan"}[command]).main(args)
+    if command == "check":
+        from launch.verify import cmd_check
+
+        return cmd_check(args)
     return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[command](args)
 
 
@@ -146,6 +154,7 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
     """Find study `name`: under `storage` when given, else where the pointer file says, else the default root."""
     from dashboards.storage import check_storage  # pyarrow: only when a study is opened
 
+    check_name(name)
     endpoint = None
     pointer = POINTER_DIR / f"{name}.json"
     if storage is None and pointer.is_file():
@@ -163,6 +172,17 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
     return location
 
 
+def check_name(name: str) -> str:
+    """`name` if it is a study's name (the spec's rule: lowercase letters, digits, '-'), which keeps every path made
+    from it inside the storage root; else StudyError (exit 2)."""
+    from launch.spec import _study_name
+
+    try:
+        return _study_name(name)
+    except ValueError as err:
+        raise StudyError(f"study name {name!r}: {err}") from None
+
+
 def study_path(path: str, root: str | Path) -> str:
     """`path` if it exists (or is absolute), else the same relative path below `root` when that exists."""
     if Path(path).is_absolute() or Path(path).exists():
@@ -174,7 +194,12 @@ def study_path(path: str, root: str | Path) -> str:
 def load_saved_spec(location: StudyLocation) -> StudySpec:
     """The StudySpec saved with the study (validated again, so moved data fails here, not in a trial)."""
     source = location.uri(STUDY_FILE)
-    return StudySpec.from_dict(parse_yaml(location.read_text(STUDY_FILE), source), source=source)
+    try:
+        text = location.read_text(STUDY_FILE)
+    except UnicodeDecodeError as err:
+        raise StudyError(f"{source}: not a study file (not UTF-8 text: {err.reason} at byte {err.start}); restore it "
+                         f"from a copy (`a2 study check {location.name}` lists every problem)") from None
+    return StudySpec.from_dict(parse_yaml(text, source), source=source)
 
 
 def saved_form(spec) -> dict:
@@ -238,7 +263,11 @@ def run_study(spec, **options) -> dict:
 
 
 def resume_study(location: StudyLocation, **options) -> dict:
-    """Continue a study: finished trials stay, unfinished and errored ones resume."""
+    """Continue a study: finished trials stay, unfinished and errored ones resume. A corrupt state file is refused
+    first (`launch.verify`): Tune would restart the experiment over it."""
+    from launch.verify import refuse_corrupt
+
+    refuse_corrupt(location.at(), "resume")
     return _drive(load_saved_spec(location), location, new=False, **options)
 
 
@@ -522,6 +551,8 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
         "epochs_reported": [int(r["epoch"]) for r in history or [last_result] if finite(r.get("epoch")) is not None],
         "best_epoch": best_epoch,
         "best_checkpoint": None if ckpt_epoch is None else run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE).uri,
+        "best_checkpoint_problem": None if ckpt_epoch is None else quick_checkpoint_problem(
+            run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE)),
         "best_checkpoint_epoch": ckpt_epoch,
         "train_run": run.uri,
         "compute": trial_compute(history),
@@ -627,6 +658,7 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
         "best": None if best is None else {
             "trial_id": best["trial_id"], "value": best["best"], "epoch": best["best_epoch"],
             "checkpoint": best["best_checkpoint"], "checkpoint_epoch": best["best_checkpoint_epoch"],
+            "checkpoint_problem": best.get("best_checkpoint_problem"),
             "sampled": best["sampled"], "config": best["config"], "fusion": best["fusion"], "seed": best["seed"],
             "lambda": best["lambda"], "stopped_early": best.get("stopped_early")},
         "best_group": best_group,
@@ -762,7 +794,10 @@ def format_groups(groups: list[dict], metric: str) -> str:
 
 
 def cmd_status(args) -> int:
+    from launch.verify import refuse_corrupt
+
     location = locate(args.name, args.storage)
+    refuse_corrupt(location.at(), "status")
     spec = load_saved_spec(location)
     try:
         rows = collect(spec, location)
@@ -786,4 +821,7 @@ def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
         lines.append(f"replicate groups (mean over seeds, 95% interval below 3 seeds: none):\n"
                      f"{format_groups(summary['groups'], spec.metric)}")
     lines += [verdict(summary), compute_line(summary["compute"]), outage_line(summary.get("tracking"))]
+    lines += [f"trial {r['trial_id']}: best checkpoint {r['best_checkpoint_problem'].split(': ', 1)[-1]}: "
+              f"{r['best_checkpoint']}; `a2 package` refuses it (restore it from a copy)"
+              for r in rows if r.get("best_checkpoint_problem")]
     print("\n".join(line for line in lines if line), flush=True)

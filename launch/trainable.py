@@ -285,11 +285,39 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
                            if isinstance(r.get(plan.metric), (int, float))})
 
     with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
-        work, epochs, resume_from = Path(folder), checkpoints.complete_epochs(), None
-        if epochs:
-            trial.report_again(epochs[-1])
-            resume_from = trial.run.join(checkpoint_name(epochs[-1]), CHECKPOINT_FILE).download(work / CHECKPOINT_FILE)
+        work = Path(folder)
+        epoch, resume_from = newest_readable_checkpoint(trial.run, checkpoints.complete_epochs(), work)
+        if epoch is not None:
+            trial.report_again(epoch)
         train(plan.resolve(dict(config)), report, output_dir=str(work / "out"), resume_from=resume_from)
+
+
+def newest_readable_checkpoint(run, epochs: list[int], work: Path) -> tuple[int | None, Path | None]:
+    """(epoch, local copy) of the newest checkpoint of the run folder `run` among `epochs` that loads; an unreadable
+    one (truncated, garbage) is passed over, saying so with its storage path. (None, None) when none loads."""
+    from a2core import checkpoint
+    from a2core.errors import CheckpointError
+
+    def say(text: str) -> None:  # a trial's printed lines reach the driver's output (Ray forwards them)
+        print(f"WARNING: {text}", flush=True)
+    skipped = []
+    for epoch in reversed(epochs):
+        stored = run.join(checkpoint_name(epoch), CHECKPOINT_FILE)
+        local = work / CHECKPOINT_FILE
+        try:
+            stored.download(local)
+            checkpoint.load(local)
+        except (CheckpointError, OSError) as err:
+            reason = str(err).replace(f"{local}: ", "").splitlines()[0][:200]
+            say(f"checkpoint {stored.uri} is unreadable ({reason})")
+            skipped.append(stored.uri)
+            continue
+        if skipped:
+            say(f"resuming from {stored.uri} (epoch {epoch}), the newest readable checkpoint, instead of {skipped[0]}")
+        return epoch, local
+    if skipped:
+        say(f"no readable checkpoint in {run.uri}: the trial starts again from epoch 1")
+    return None, None
 
 
 # -- trials on Ray Train -----------------------------------------------------------------------------------------
