@@ -87,7 +87,8 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
     tracking_uri = check_tracking_uri(tracking_uri or spec.tracking["mlflow_uri"])
     upload_prefix = _upload_prefix(location, upload)
-    out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST, RESULTS_ZIP), "package")
+    # a folder is an earlier package once its manifest (written last) is there: a killed run's folder is reused
+    out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST,), "package")
     out.mkdir(parents=True, exist_ok=True)
     ray_was_up = ray.is_initialized()
     os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
