@@ -121,3 +121,10 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_readable_one(tmp
     summary = json.loads((storage / name / "summary.json").read_text())
     assert summary["complete"] and summary["trials"][0]["epochs_reported"] == [1, 2, 3, 4, 5, 6]
     assert duplicated_points(uri, name) == []
+
+
+def test_a_study_name_outside_the_storage_root_is_refused(tmp_path):
+    for command in (["study", "status"], ["study", "resume"], ["study", "check"], ["mlflow", "sync"], ["package"]):
+        done = a2(*command, "../storage/c1", cwd=tmp_path, timeout=120)
+        assert done.returncode == 2, (command, done.stdout[-2000:])
+        assert "study name '../storage/c1'" in done.stdout, (command, done.stdout[-2000:])
