@@ -8,11 +8,13 @@ written at the end of `run`/`resume`). `./.a2/studies/<name>.json` points `resum
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import importlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -333,27 +335,72 @@ def cmd_sync(args) -> int:
 
 
 def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
-    """Run the trials, then write and print the summary. Storage unreachable after the S3 retries stops the study
-    cleanly: the trials as this driver last saw them, and how to continue."""
+    """Run the trials, then write and print the summary. Storage that cannot be written (full, read-only, over
+    quota) or reached (S3 past its retries) stops the study cleanly: one line naming the path and the error, the
+    trials as this driver last saw them, and how to continue."""
     grid = []  # Tune's results, when fit() got that far
     try:
         grid = tuner.fit()
         summary = finish(spec, location, verbose=verbose)
-        stopped_by = stop.received()
-        if stopped_by is not None:
-            print(f"study {spec.name} stopped by {stop.signal_name(stopped_by)}: finished trials stay, the others "
-                  f"resume from their last checkpoint; continue with `a2 study resume {spec.name}`", flush=True)
-            summary["interrupted"] = stopped_by
-        return summary
-    except (StorageError, OSError) as err:
-        rows = [_grid_row(spec, result) for result in grid]
-        if rows:
-            print(format_table(rows, spec.metric))
-        print(f"study {spec.name} stopped: its storage {location.uri()} cannot be reached "
-              f"({str(err).splitlines()[0][:300]}); what was saved before stays; once the storage is back, "
-              f"continue with `a2 study resume {spec.name}`", flush=True)
-        return {"study": spec.name, "path": location.uri(), "storage_error": str(err), "best": None,
-                "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows]}
+    except Exception as err:  # noqa: BLE001 - a storage problem stops the study cleanly; anything else is a bug
+        problem = storage_problem(location, err)
+        if problem is None and not isinstance(err, (StorageError, OSError)):
+            raise
+        return _stopped_by_storage(spec, location, grid, problem or str(err).splitlines()[0][:300])
+    problem = storage_problem(location) if any(t["state"] == "ERROR" for t in summary["trials"]) else None
+    if problem is not None:  # trials failed writing their checkpoints or results
+        return _stopped_by_storage(spec, location, grid, problem, summary)
+    stopped_by = stop.received()
+    if stopped_by is not None:
+        print(f"study {spec.name} stopped by {stop.signal_name(stopped_by)}: finished trials stay, the others "
+              f"resume from their last checkpoint; continue with `a2 study resume {spec.name}`", flush=True)
+        summary["interrupted"] = stopped_by
+    return summary
+
+
+# errnos of storage that cannot take more: no space, over quota, read-only, not allowed
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+_STORAGE_TEXTS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
+
+
+def storage_problem(location: StudyLocation, err: BaseException | None = None) -> str | None:
+    """"PATH: [Errno 28] No space left on device" when the study's storage cannot be written, else None: from the
+    error `err` (and its causes), a probe write into the study's folder (local storage), or the trials' errors."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in _STORAGE_ERRNOS:
+            return f"{err.filename or location.uri()}: [Errno {err.errno}] {err.strerror}"
+        err = err.__cause__ or err.__context__
+    if "://" in location.storage:
+        return None
+    folder = Path(location.uri())
+    try:  # as much as an epoch's result log or a small checkpoint part needs
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".a2-probe-") as probe:
+            probe.write(b"\0" * (256 * 1024))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as probe_err:
+        if probe_err.errno in _STORAGE_ERRNOS:
+            return f"{folder}: [Errno {probe_err.errno}] {probe_err.strerror}"
+    for error_file in folder.glob("*/error.txt"):  # Tune's record of a trial's last error
+        try:
+            text = error_file.read_text(errors="replace")
+        except OSError:
+            continue
+        line = next((ln.strip() for ln in reversed(text.splitlines()) if any(t in ln for t in _STORAGE_TEXTS)), None)
+        if line:
+            return f"{folder}: {line[:300]}"
+    return None
+
+
+def _stopped_by_storage(spec, location: StudyLocation, grid, problem: str, summary: dict | None = None) -> dict:
+    rows = [_grid_row(spec, result) for result in grid] if summary is None else []
+    if rows:
+        print(format_table(rows, spec.metric))
+    print(f"study {spec.name} stopped: its storage cannot be written or reached ({problem}); what was saved before "
+          f"stays; once the storage is fixed, continue with `a2 study resume {spec.name}`", flush=True)
+    return {**(summary or {}), "study": spec.name, "path": location.uri(), "storage_error": problem,
+            "best": None if summary is None else summary.get("best"),
+            "trials": (summary or {}).get("trials") or [{k: v for k, v in r.items() if k != "config"} for r in rows]}
 
 
 def say(text: str, verbose: bool = True) -> None:
