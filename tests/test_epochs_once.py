@@ -37,3 +37,24 @@ def test_an_epoch_reported_again_is_written_once(tmp_path):
     assert _points(again, run, "best/val/CIDEr") == {2: 1}  # a key new at that step is written
     values = {m.step: m.value for m in again.client.get_metric_history(run, "val/CIDEr")}
     assert values == {1: 10.0, 2: 20.0, 3: 30.0}  # the first report of an epoch stays
+
+
+def test_compare_of_a_running_study_says_so(tmp_path, capsys):
+    import argparse
+
+    from dashboards.compare import main as compare_main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = StudyTracker(uri, "live")
+    tracker.start_study()
+    for seed, fusion in enumerate(("none", "gate")):
+        run = tracker.trial_run(f"t{seed}", {"model": {"fusion": fusion}, "train": {"seed": seed}})
+        tracker.log_metrics(run, {"val/CIDEr": 40.0 + seed}, step=1)
+        if seed == 0:
+            tracker.end_trial(run, "FINISHED")
+    args = argparse.Namespace(name="live", by="fusion", baseline=None, tracking_uri=uri)
+    assert compare_main(args) == 0
+    assert "note: study live is still running (1 of 2 trial runs finished so far)" in capsys.readouterr().out
+    tracker.end_study("FINISHED")
+    assert compare_main(args) == 0
+    assert "still running" not in capsys.readouterr().out
