@@ -280,7 +280,6 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
     from ray.tune import Tuner
 
     from launch.raycluster import connect
-    from launch.stop import stop_on_signals
     from launch.trainable import propagated_env
 
     check_tracking(spec)
@@ -302,7 +301,7 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         temp = plan_from_spec(spec)
         remove_temp_root(temp)  # what trials of a killed driver left on this node
         try:
-            with stop_on_signals():  # SIGINT and SIGTERM: a clean stop, `a2 study resume NAME` continues
+            with stop.stop_on_signals():  # SIGINT and SIGTERM: a clean stop, `a2 study resume NAME` continues
                 tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
                 doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
                 say(f"study {spec.name}: {doing} {location.uri()}", verbose)

@@ -63,8 +63,9 @@ def statuses(uri: str, study: str) -> tuple[str | None, dict]:
     from dashboards.tracking import study_runs
 
     parent, _ = study_runs(uri, study)
+    trials = mlflow_trials(uri, study)
     return (parent.info.status if parent else None,
-            {tid: (run.info.status, run.data.tags.get("a2.end_reason")) for tid, run in mlflow_trials(uri, study).items()})
+            {tid: (run.info.status, run.data.tags.get("a2.end_reason")) for tid, run in trials.items()})
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["sigint", "sigterm", "sigkill"])
