@@ -61,8 +61,9 @@ def problem(location, kind: str) -> str | None:
     return None
 
 
-def state_files(study) -> list[tuple[object, str]]:
-    """(Location, kind) of the files a resume or a status reads back, below the study folder `study`."""
+def state_files(study, train_snapshots: bool = True) -> list[tuple[object, str]]:
+    """(Location, kind) of the files a resume or a status reads back, below the study folder `study`; with
+    `train_snapshots` also Ray Train's checkpoint records of multi-worker trials (read by their resume only)."""
     from launch.trainable import RESULTS_FILE, TRIALS_DIR
 
     names = study.listdir()
@@ -73,13 +74,14 @@ def state_files(study) -> list[tuple[object, str]]:
     for run in trials.listdir(folders_only=True):
         inside = trials.join(run).listdir()
         files += [(trials.join(run, n), kind) for n, kind in ((RESULTS_FILE, "results"), (TRAIN_SNAPSHOT, "json"))
-                  if n in inside]
+                  if n in inside and (train_snapshots or n != TRAIN_SNAPSHOT)]
     return files
 
 
 def refuse_corrupt(study, doing: str) -> None:
-    """StudyError (exit 2) naming the first unreadable state file of the study: nothing is run or overwritten."""
-    for location, kind in state_files(study):
+    """StudyError (exit 2) naming the first unreadable state file of the study: nothing is run or overwritten.
+    `doing`: "resume" or "status" (which leaves out Ray Train's records, rewritten by running trials)."""
+    for location, kind in state_files(study, train_snapshots=doing != "status"):
         found = problem(location, kind)
         if found:
             raise StudyError(f"{found}; {doing} refused, nothing was run or changed: restore the file from a copy, "
