@@ -136,6 +136,11 @@ def compare_table(tracking_uri: str, study_name: str, by: str = "fusion", baseli
 
 def main(args) -> int:
     """Entry for `a2 study compare NAME [--by KEY] [--baseline VALUE] [--tracking-uri URI]`: prints the table."""
+    from dashboards.tracking import still_running_note
+
     uri = check_tracking_uri(args.tracking_uri or default_tracking_uri())
     print(compare_table(uri, args.name, args.by, args.baseline))
+    note = still_running_note(uri, args.name, "comparison")
+    if note:
+        print(note)
     return 0

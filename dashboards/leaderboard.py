@@ -310,6 +310,21 @@ def content_hash(checkpoints: Sequence[str | os.PathLike], beam_size: int, max_l
     return digest.hexdigest()
 
 
+def drop_unfinished_versions(client, name: str, run_id: str) -> list[int]:
+    """Delete the versions of model `name` from run `run_id` that have no `a2.content_hash` tag: a packaging job
+    killed between registering a version and tagging it (the tag is set last) left them, and a rerun would register
+    the same ensemble again beside them. Returns the versions deleted."""
+    dropped = []
+    for version in client.search_model_versions(f"name='{name}' and run_id='{run_id}'"):
+        if TAG_CONTENT_HASH not in (version.tags or {}):
+            client.delete_model_version(name, version.version)
+            dropped.append(int(version.version))
+    if dropped:
+        print(f"model {name}: removed unfinished version(s) {', '.join(map(str, dropped))} of run {run_id} "
+              f"(registered by a packaging job that did not finish)", flush=True)
+    return dropped
+
+
 def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str | os.PathLike], name: str, *,
                       beam_size: int = 5, max_len: int = 20, description: str | None = None,
                       tags: Mapping[str, str] | None = None) -> dict:
@@ -329,6 +344,7 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
         first = min(same, key=lambda v: int(v.version))
         return {"name": name, "version": int(first.version), "model_uri": f"models:/{name}/{first.version}",
                 "logged_model_uri": first.source, "run_id": run_id, "reused": True}
+    drop_unfinished_versions(client, name, run_id)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the job's log
     repo = Path(__file__).resolve().parents[1]
     status = client.get_run(run_id).info.status

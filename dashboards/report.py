@@ -474,4 +474,9 @@ def main(args) -> int:
     print(f"report of study {args.name}:")
     for key, value in paths.items():
         print(f"  {key}: {value}")
+    from dashboards.tracking import still_running_note
+
+    note = still_running_note(uri, args.name, "report")
+    if note:
+        print(note)
     return 0

@@ -36,6 +36,7 @@ TAG_SEED = "a2.seed"
 TAG_GIT = "a2.git_commit"
 TAG_BEST_CKPT = "a2.best_checkpoint"  # a tag, not a param: it changes during training, params cannot
 TAG_PARENT = "mlflow.parentRunId"
+TAG_END_REASON = "a2.end_reason"  # why a run is KILLED or FAILED (removed when it ends FINISHED)
 
 RUN_STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
 
@@ -227,6 +228,9 @@ class StudyTracker:
         self.trial_runs: dict[str, str] = {}
         self._view: tuple | None = None  # (metric, mode, searched params) once `set_views` was called
         self._view_sections: set[str] = set()  # the chart sections the views list
+        # run id -> metric key -> the steps MLflow holds: read once per run and process, then kept up to date, so
+        # that a replayed or re-reported epoch (a resume, a retry, a spool replay) is written once
+        self._steps: dict[str, dict[str, set[int]]] = {}
 
     def view_url(self, view: str = VIEW_TRIALS, charts: bool = False) -> str | None:
         """The study's runs in the MLflow UI, opened on `view` (`dashboards.mlflow_views`: the trials by the study
@@ -312,8 +316,21 @@ class StudyTracker:
         self._log_params(self.parent_run_id, flatten(params or {}), run.data.params)
         return self.parent_run_id
 
-    def end_study(self, status: str = "FINISHED") -> None:
-        self.client.set_terminated(self.parent_run_id, status=_status(status))
+    def end_study(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        self._end(self.parent_run_id, status, reason)
+
+    def _end(self, run_id: str, status: str, reason: str | None) -> None:
+        """End a run with `status`; its `a2.end_reason` tag says why (a KILLED or FAILED run), or goes."""
+        from mlflow.exceptions import MlflowException
+
+        if reason:
+            self.set_tags(run_id, {TAG_END_REASON: reason})
+        else:
+            try:
+                self.client.delete_tag(run_id, TAG_END_REASON)
+            except MlflowException:  # it had none
+                pass
+        self.client.set_terminated(run_id, status=_status(status))
 
     # -- trials (children) -----------------------------------------------------------------------------------
     def trial_run(self, trial_id: str, config: dict | None = None, tags: dict | None = None,
@@ -340,6 +357,7 @@ class StudyTracker:
         if run is None:
             run = self.client.create_run(self.experiment_id, run_name=run_name or trial_id,
                                          tags=_tag_values({**own, **extra}))
+            self._steps[run.info.run_id] = {}  # a new run has no metrics yet
         else:
             self._running_again(run)
             self.set_tags(run.info.run_id, {**{k: v for k, v in own.items() if k not in run.data.tags},
@@ -348,24 +366,37 @@ class StudyTracker:
         self.trial_runs[trial_id] = run.info.run_id
         return run.info.run_id
 
-    def end_trial(self, run_id: str, status: str = "FINISHED") -> None:
-        self.client.set_terminated(run_id, status=_status(status))
+    def end_trial(self, run_id: str, status: str = "FINISHED", reason: str | None = None) -> None:
+        self._end(run_id, status, reason)
 
     # -- logging ---------------------------------------------------------------------------------------------
     def log_metrics(self, run_id: str, metrics: dict, step: int, timestamp_ms: int | None = None) -> dict[str, float]:
-        """Log (and return) the numeric values of `metrics` at `step`. `timestamp_ms` (default: now) is the result's
-        own time: logging the same result again is then a no-op (MLflow keeps one row per key, step, time, value)."""
+        """Log the numeric values of `metrics` at `step` that the run does not hold yet (every (key, step) is written
+        once, whatever its value or time: the first report of an epoch stays); returns the numeric values.
+        `timestamp_ms` (default: now) is the result's own time."""
         ts = int(timestamp_ms) if timestamp_ms is not None else int(time.time() * 1000)
         numbers = {_clean_key(key): _numeric(value) for key, value in (metrics or {}).items()}
         logged = {key: number for key, number in numbers.items() if number is not None}
-        self._log_batch(run_id, "metrics", [(k, v, ts, int(step)) for k, v in logged.items()])
+        steps = self.metric_steps(run_id)
+        fresh = {key: number for key, number in logged.items() if int(step) not in steps.get(key, ())}
+        self._log_batch(run_id, "metrics", [(k, v, ts, int(step)) for k, v in fresh.items()])
+        for key in fresh:
+            steps.setdefault(key, set()).add(int(step))
         if run_id != self.parent_run_id:  # the parent's totals are not in the views (they show trials)
             self._note_sections(logged)
         return logged
 
+    def metric_steps(self, run_id: str) -> dict[str, set[int]]:
+        """{metric key: the steps at which the run has values}, read from MLflow once per run and process."""
+        if run_id not in self._steps:
+            keys = self.client.get_run(run_id).data.metrics
+            self._steps[run_id] = {key: {int(m.step) for m in self.client.get_metric_history(run_id, key)}
+                                   for key in keys}
+        return self._steps[run_id]
+
     def logged_steps(self, run_id: str, key: str) -> set[int]:
         """The steps at which metric `key` of a run has values."""
-        return {int(m.step) for m in self.client.get_metric_history(run_id, _clean_key(key))}
+        return set(self.metric_steps(run_id).get(_clean_key(key), ()))
 
     def set_tags(self, run_id: str, tags: dict) -> None:
         self._log_batch(run_id, "tags", list(_tag_values(tags).items()))
@@ -429,6 +460,17 @@ def _study_urls(backend: str, server: str, limit: int = 10) -> list[str]:
     experiments = _client(backend).search_experiments(filter_string=f"tags.`{TAG_STUDY}` LIKE '%'",
                                                       max_results=limit, order_by=["last_update_time DESC"])
     return [f"  study {exp.tags.get(TAG_STUDY, exp.name)}: {ui_url(server, exp.experiment_id)}" for exp in experiments]
+
+
+def still_running_note(tracking_uri: str, study_name: str, what: str) -> str | None:
+    """"note: study NAME is still running (...)" when its parent run is RUNNING, so that a comparison or a report
+    of a study part way through says so; None otherwise."""
+    parent, children = study_runs(tracking_uri, study_name)
+    if parent is None or parent.info.status != "RUNNING":
+        return None
+    done = sum(1 for run in children if run.info.status == "FINISHED")
+    return (f"note: study {study_name} is still running ({done} of {len(children)} trial runs finished so far): "
+            f"this {what} covers only what is logged up to now")
 
 
 # -- the server ------------------------------------------------------------------------------------------------

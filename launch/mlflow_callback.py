@@ -54,6 +54,15 @@ def _timestamp_ms(result: dict) -> int | None:
     return int(ts * 1000) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None
 
 
+def _error_line(trial) -> str:
+    """The last line of a trial's error (its exception), for the run's `a2.end_reason` tag."""
+    try:
+        lines = str(trial.get_error() or "").strip().splitlines()
+    except Exception:  # noqa: BLE001 - the error file may be gone with its node
+        lines = []
+    return (lines[-1][:500] if lines else "the trial failed") + " (`a2 study status NAME` shows the trial)"
+
+
 class A2MLflowCallback(Callback):
     """Track a Tune study in MLflow. `resolve_config`: a trial's config -> the training config logged as params;
     `metric`/`mode` pick the best checkpoint (tag `a2.best_checkpoint`); `history_of(trial_id)`: the trial's result
@@ -83,6 +92,7 @@ class A2MLflowCallback(Callback):
         self.last_step: dict[str, int] = {}
         self.opened: set[str] = set()  # trials whose run this driver opened (or queued to open)
         self.backfilled: set[str] = set()  # trials whose missing epochs this driver has looked for
+        self.completed: set[str] = set()  # trials that this driver saw complete
 
     # -- state saved by Tune with the experiment ---------------------------------------------------------------
     def get_state(self) -> dict:
@@ -98,7 +108,7 @@ class A2MLflowCallback(Callback):
 
     def __getstate__(self):  # the Tuner pickles its callbacks
         return {**self.__dict__, "tracker": None, "queue": None, "trial_runs": dict(self.trial_runs),
-                "backfilled": set()}  # a restored driver looks for missing epochs again
+                "backfilled": set(), "opened": set(), "completed": set()}  # a restored driver looks again
 
     # -- hooks -------------------------------------------------------------------------------------------------
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
@@ -232,6 +242,7 @@ class A2MLflowCallback(Callback):
     @_guarded
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._backfill(trial)  # a trial restored after its last epoch reports nothing more
+        self.completed.add(str(trial.trial_id))
         stop = self.stopped_early_of(str(trial.trial_id)) if self.stopped_early_of else None
         if stop:
             self._emit("tags", trial, tags=stopped_early_tags(stop["rung"], stop["cutoff"]))
@@ -241,20 +252,30 @@ class A2MLflowCallback(Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         # Called only when Tune gives up on the trial (retries go through on_trial_recover).
         self.errored.add(str(trial.trial_id))
-        self._emit("end_trial", trial, status="FAILED")
+        self._emit("end_trial", trial, status="FAILED", reason=_error_line(trial))
 
     @_guarded
     def on_experiment_end(self, trials, **info):
-        unfinished = False
+        # The runs' statuses follow the trials' as they are now (an earlier driver's errors resumed since count
+        # no more): FINISHED only when every trial is, KILLED while some can still resume, FAILED if one failed.
+        from launch import stop
+
+        signal_number = stop.received()
+        how = f"interrupted by {stop.signal_name(signal_number)}" if signal_number else "the study stopped"
+        reason = f"{how}; continue with `a2 study resume {self.study_name}`"
+        failed = unfinished = False
         for trial in trials or []:
             tid, status = str(trial.trial_id), getattr(trial, "status", None)
             if status == "ERROR":
-                self.errored.add(tid)
-            elif status != "TERMINATED":
+                failed = True
+            elif status != "TERMINATED" or (signal_number and tid in self.opened and tid not in self.completed):
+                # (Tune's clean-up after a stop signal sets its running trials TERMINATED too)
                 unfinished = True  # interrupted study: resumable, its open runs are marked KILLED for now
                 if tid in self.trial_runs or tid in self.opened:
-                    self._emit("end_trial", trial, status="KILLED")
-        self._emit("end_study", status="FAILED" if self.errored else "KILLED" if unfinished else "FINISHED")
+                    self._emit("end_trial", trial, status="KILLED", reason=reason)
+        status = "FAILED" if failed else "KILLED" if unfinished else "FINISHED"
+        self._emit("end_study", status=status,
+                   reason=None if status == "FINISHED" else "a trial failed" if failed else reason)
         if self.queue is not None:
             self.outage = self.queue.close()  # shown by the live table's last report and in the summary
             self.queue = None

@@ -146,7 +146,8 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
     tracking_uri = check_tracking_uri(tracking_uri or spec.tracking["mlflow_uri"])
     upload_prefix = _upload_prefix(location, upload)
-    out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST, RESULTS_ZIP), "package")
+    # a folder is an earlier package once its manifest (written last) is there: a killed run's folder is reused
+    out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST,), "package")
     out.mkdir(parents=True, exist_ok=True)
     ray_was_up = ray.is_initialized()
     os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
@@ -154,6 +155,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
         best, members = ensemble_members(spec, location, summary, seeds, no_train=no_train, address=address,
                                          verbose=verbose)
         local = [fetch_checkpoint(m["checkpoint"], out / ".checkpoints", location.endpoint_url) for m in members]
+        refuse_unreadable(members, local)
         data, data_config, images = decoding_data(local[0], data_overrides, val_images, test_images)
         # Ray workers fetch an s3:// checkpoint themselves; a local one by the absolute path fetched here
         sources = [m["checkpoint"] if m["checkpoint"].startswith("s3://") else p for m, p in zip(members, local)]
@@ -301,6 +303,20 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
         say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
             f"{m['value']:.2f}), {m['checkpoint']}", verbose)
     return best, members
+
+
+def refuse_unreadable(members: list[dict], local: list[str]) -> None:
+    """PackageError (exit 2) naming the stored checkpoint of a member that does not load, before any decoding."""
+    from a2core import checkpoint as ckpt
+    from a2core.errors import CheckpointError
+
+    for member, path in zip(members, local):
+        try:
+            ckpt.load(path)
+        except CheckpointError as err:
+            raise PackageError(f"{member['checkpoint']} (trial {member.get('trial_id')}, seed {member.get('seed')}): "
+                               f"{str(err).replace(f'{path}: ', '')}; nothing was decoded: restore the file from a "
+                               f"copy (`a2 study check NAME` verifies every checkpoint)") from None
 
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:

@@ -8,11 +8,13 @@ written at the end of `run`/`resume`). `./.a2/studies/<name>.json` points `resum
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import importlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -26,10 +28,12 @@ from a2core.errors import A2Error, StorageError, StudyError, TrackingError
 from dashboards.spool import Spool, outage_line, replay
 from dashboards.tables import finite, text_table
 from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, check_tracking_uri, study_runs
+from launch import stop
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.spec import DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, load_study, validate_main
 from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name, plan_from_spec,
-                              read_results, train_run_name)
+                              read_results, remove_temp_root, train_run_name)
+from launch.verify import quick_checkpoint_problem
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
@@ -53,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     status = sub.add_parser("status", help="the trial table of a study, read from its storage")
     add_name(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
+
+    check = sub.add_parser("check", help="verify a study's saved state and every checkpoint (exit 2 if unreadable)")
+    add_name(check)
 
     compare = sub.add_parser("compare", help="configurations of a study side by side, from MLflow")
     compare.add_argument("name")
@@ -105,6 +112,10 @@ def main(args: argparse.Namespace) -> int:
         return validate_main(args.file, args.overrides)
     if command in ("compare", "plan"):  # MLflow and scipy: imported only when asked for
         return importlib.import_module({"compare": "dashboards.compare", "plan": "launch.plan"}[command]).main(args)
+    if command == "check":
+        from launch.verify import cmd_check
+
+        return cmd_check(args)
     return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[command](args)
 
 
@@ -151,6 +162,7 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
     """Find study `name`: under `storage` when given, else where the pointer file says, else the default root."""
     from dashboards.storage import check_storage  # pyarrow: only when a study is opened
 
+    check_name(name)
     endpoint = None
     pointer = POINTER_DIR / f"{name}.json"
     if storage is None and pointer.is_file():
@@ -168,6 +180,17 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
     return location
 
 
+def check_name(name: str) -> str:
+    """`name` if it is a study's name (the spec's rule: lowercase letters, digits, '-'), which keeps every path made
+    from it inside the storage root; else StudyError (exit 2)."""
+    from launch.spec import _study_name
+
+    try:
+        return _study_name(name)
+    except ValueError as err:
+        raise StudyError(f"study name {name!r}: {err}") from None
+
+
 def study_path(path: str, root: str | Path) -> str:
     """`path` if it exists (or is absolute), else the same relative path below `root` when that exists."""
     if Path(path).is_absolute() or Path(path).exists():
@@ -179,7 +202,12 @@ def study_path(path: str, root: str | Path) -> str:
 def load_saved_spec(location: StudyLocation) -> StudySpec:
     """The StudySpec saved with the study (validated again, so moved data fails here, not in a trial)."""
     source = location.uri(STUDY_FILE)
-    raw = parse_yaml(location.read_text(STUDY_FILE), source)
+    try:
+        text = location.read_text(STUDY_FILE)
+    except UnicodeDecodeError as err:
+        raise StudyError(f"{source}: not a study file (not UTF-8 text: {err.reason} at byte {err.start}); restore it "
+                         f"from a copy (`a2 study check {location.name}` lists every problem)") from None
+    raw = parse_yaml(text, source)
     if isinstance(raw, dict):
         raw.setdefault("format", 1)  # saved before the format was recorded: converted (launch.spec.convert_format_1)
     return StudySpec.from_dict(raw, source=source)
@@ -223,7 +251,10 @@ def cmd_resume(args) -> int:
 
 
 def exit_code(summary: dict) -> int:
-    """0 when every trial finished (or was stopped early by the scheduler) and one reported the metric."""
+    """0 when every trial finished (or was stopped early by the scheduler) and one reported the metric; 128 + the
+    signal's number when a signal stopped the study."""
+    if summary.get("interrupted"):
+        return stop.exit_status(summary["interrupted"])  # 130 (SIGINT), 143 (SIGTERM)
     states = [t["state"] for t in summary.get("trials", [])]
     return 0 if states and summary.get("best") is not None and all(s == "TERMINATED" for s in states) else 1
 
@@ -245,7 +276,11 @@ def run_study(spec, **options) -> dict:
 
 
 def resume_study(location: StudyLocation, **options) -> dict:
-    """Continue a study: finished trials stay, unfinished and errored ones resume."""
+    """Continue a study: finished trials stay, unfinished and errored ones resume. A corrupt state file is refused
+    first (`launch.verify`): Tune would restart the experiment over it."""
+    from launch.verify import refuse_corrupt
+
+    refuse_corrupt(location.at(), "resume")
     return _drive(load_saved_spec(location), location, new=False, **options)
 
 
@@ -278,10 +313,16 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         if new:
             location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
         remember(location)
-        tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
-        doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
-        say(f"study {spec.name}: {doing} {location.uri()}", verbose)
-        return fit_and_finish(spec, location, tuner, verbose=verbose)
+        temp = plan_from_spec(spec)
+        remove_temp_root(temp)  # what trials of a killed driver left on this node
+        try:
+            with stop.stop_on_signals():  # SIGINT and SIGTERM: a clean stop, `a2 study resume NAME` continues
+                tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
+                doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
+                say(f"study {spec.name}: {doing} {location.uri()}", verbose)
+                return fit_and_finish(spec, location, tuner, verbose=verbose)
+        finally:
+            remove_temp_root(temp)
 
 
 def cmd_sync(args) -> int:
@@ -308,21 +349,72 @@ def cmd_sync(args) -> int:
 
 
 def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
-    """Run the trials, then write and print the summary. Storage unreachable after the S3 retries stops the study
-    cleanly: the trials as this driver last saw them, and how to continue."""
+    """Run the trials, then write and print the summary. Storage that cannot be written (full, read-only, over
+    quota) or reached (S3 past its retries) stops the study cleanly: one line naming the path and the error, the
+    trials as this driver last saw them, and how to continue."""
     grid = []  # Tune's results, when fit() got that far
     try:
         grid = tuner.fit()
-        return finish(spec, location, verbose=verbose)
-    except (StorageError, OSError) as err:
-        rows = [_grid_row(spec, result) for result in grid]
-        if rows:
-            print(format_table(rows, spec.metric))
-        print(f"study {spec.name} stopped: its storage {location.uri()} cannot be reached "
-              f"({str(err).splitlines()[0][:300]}); what was saved before stays; once the storage is back, "
-              f"continue with `a2 study resume {spec.name}`", flush=True)
-        return {"study": spec.name, "path": location.uri(), "storage_error": str(err), "best": None,
-                "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows]}
+        summary = finish(spec, location, verbose=verbose)
+    except Exception as err:  # noqa: BLE001 - a storage problem stops the study cleanly; anything else is a bug
+        problem = storage_problem(location, err)
+        if problem is None and not isinstance(err, (StorageError, OSError)):
+            raise
+        return _stopped_by_storage(spec, location, grid, problem or str(err).splitlines()[0][:300])
+    problem = storage_problem(location) if any(t["state"] == "ERROR" for t in summary["trials"]) else None
+    if problem is not None:  # trials failed writing their checkpoints or results
+        return _stopped_by_storage(spec, location, grid, problem, summary)
+    stopped_by = stop.received()
+    if stopped_by is not None:
+        print(f"study {spec.name} stopped by {stop.signal_name(stopped_by)}: finished trials stay, the others "
+              f"resume from their last checkpoint; continue with `a2 study resume {spec.name}`", flush=True)
+        summary["interrupted"] = stopped_by
+    return summary
+
+
+# errnos of storage that cannot take more: no space, over quota, read-only, not allowed
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+_STORAGE_TEXTS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
+
+
+def storage_problem(location: StudyLocation, err: BaseException | None = None) -> str | None:
+    """"PATH: [Errno 28] No space left on device" when the study's storage cannot be written, else None: from the
+    error `err` (and its causes), a probe write into the study's folder (local storage), or the trials' errors."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in _STORAGE_ERRNOS:
+            return f"{err.filename or location.uri()}: [Errno {err.errno}] {err.strerror}"
+        err = err.__cause__ or err.__context__
+    if "://" in location.storage:
+        return None
+    folder = Path(location.uri())
+    try:  # as much as an epoch's result log or a small checkpoint part needs
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".a2-probe-") as probe:
+            probe.write(b"\0" * (256 * 1024))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as probe_err:
+        if probe_err.errno in _STORAGE_ERRNOS:
+            return f"{folder}: [Errno {probe_err.errno}] {probe_err.strerror}"
+    for error_file in folder.glob("*/error.txt"):  # Tune's record of a trial's last error
+        try:
+            text = error_file.read_text(errors="replace")
+        except OSError:
+            continue
+        line = next((ln.strip() for ln in reversed(text.splitlines()) if any(t in ln for t in _STORAGE_TEXTS)), None)
+        if line:
+            return f"{folder}: {line[:300]}"
+    return None
+
+
+def _stopped_by_storage(spec, location: StudyLocation, grid, problem: str, summary: dict | None = None) -> dict:
+    rows = [_grid_row(spec, result) for result in grid] if summary is None else []
+    if rows:
+        print(format_table(rows, spec.metric))
+    print(f"study {spec.name} stopped: its storage cannot be written or reached ({problem}); what was saved before "
+          f"stays; once the storage is fixed, continue with `a2 study resume {spec.name}`", flush=True)
+    return {**(summary or {}), "study": spec.name, "path": location.uri(), "storage_error": problem,
+            "best": None if summary is None else summary.get("best"),
+            "trials": (summary or {}).get("trials") or [{k: v for k, v in r.items() if k != "config"} for r in rows]}
 
 
 def say(text: str, verbose: bool = True) -> None:
@@ -527,6 +619,8 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
         "epochs_reported": [int(r["epoch"]) for r in history or [last_result] if finite(r.get("epoch")) is not None],
         "best_epoch": best_epoch,
         "best_checkpoint": None if ckpt_epoch is None else run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE).uri,
+        "best_checkpoint_problem": None if ckpt_epoch is None else quick_checkpoint_problem(
+            run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE)),
         "best_checkpoint_epoch": ckpt_epoch,
         "train_run": run.uri,
         "compute": trial_compute(history),
@@ -634,6 +728,7 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
         "best": None if best is None else {
             "trial_id": best["trial_id"], "value": best["best"], "epoch": best["best_epoch"],
             "checkpoint": best["best_checkpoint"], "checkpoint_epoch": best["best_checkpoint_epoch"],
+            "checkpoint_problem": best.get("best_checkpoint_problem"),
             "sampled": best["sampled"], "config": best["config"], "fusion": best["fusion"], "seed": best["seed"],
             "lambda": best["lambda"], "stopped_early": best.get("stopped_early")},
         "best_group": best_group,
@@ -670,7 +765,11 @@ def _log_compute_totals(spec, totals: dict) -> None:
     tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, spec.tracking.get("experiment"))
     parent = tracker.find_parent_run()
     if parent is not None and totals:
-        tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in totals.items()}, step=0)
+        # every run/resume that ends the study logs its totals at the next step (a (key, step) is written once)
+        logged = [s for key, steps in tracker.metric_steps(parent.info.run_id).items() if key.startswith("compute/")
+                  for s in steps]
+        tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in totals.items()},
+                            step=max(logged, default=-1) + 1)
 
 
 # -- what people read --------------------------------------------------------------------------------------------
@@ -770,7 +869,10 @@ def format_groups(groups: list[dict], metric: str) -> str:
 
 
 def cmd_status(args) -> int:
+    from launch.verify import refuse_corrupt
+
     location = locate(args.name, args.storage)
+    refuse_corrupt(location.at(), "status")
     spec = load_saved_spec(location)
     try:
         rows = collect(spec, location)
@@ -796,4 +898,7 @@ def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
         lines.append(f"replicate groups (mean over seeds, 95% interval; below {MIN_SEEDS} seeds: none):\n"
                      f"{format_groups(summary['groups'], spec.metric)}")
     lines += [verdict(summary), compute_line(summary["compute"]), outage_line(summary.get("tracking"))]
+    lines += [f"trial {r['trial_id']}: best checkpoint {r['best_checkpoint_problem'].split(': ', 1)[-1]}: "
+              f"{r['best_checkpoint']}; `a2 package` refuses it (restore it from a copy)"
+              for r in rows if r.get("best_checkpoint_problem")]
     print("\n".join(line for line in lines if line), flush=True)

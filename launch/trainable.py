@@ -9,6 +9,8 @@ retried or restored trial continues from its own newest checkpoint, and each res
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import shutil
@@ -77,6 +79,13 @@ class TrialPlan:
 
         return open_location(self.storage, self.storage_endpoint_url).join(self.study, TRIALS_DIR)
 
+    def temp_root(self) -> Path:
+        """This node's temp folder of the study's trials, `<tmp>/a2-study-<name>-<storage hash>`: a trial process
+        makes its temp folders (`a2-trial-*`, `a2-tune-ckpt-*`, a2core's `a2ckpt-*`) in it (`use_temp_root`), so that
+        the driver, the study's one writer, removes what killed trials left, at its start and end."""
+        digest = hashlib.sha1(str(self.storage).encode()).hexdigest()[:8]
+        return Path(tempfile.gettempdir()) / f"a2-study-{self.study}-{digest}"
+
     def worker_resource_request(self) -> dict:
         res = {"CPU": float(self.resources["cpus_per_worker"])}
         if self.resources["gpus_per_worker"]:
@@ -90,6 +99,17 @@ def plan_from_spec(spec) -> TrialPlan:
     return TrialPlan(study=spec.name, storage=str(spec.storage), storage_endpoint_url=spec.storage_endpoint_url,
                      resolve=spec.trial_config, resources=dict(spec.resources), metric=spec.metric, mode=spec.mode,
                      diag_epochs=tuple(scheduler_rungs(spec)))
+
+
+def use_temp_root(root: str | Path) -> None:
+    """Make this process's temp folders in `root` (`TrialPlan.temp_root`; a trial's process is its own)."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    tempfile.tempdir = str(root)
+
+
+def remove_temp_root(plan: TrialPlan) -> None:
+    """Remove the temp folders that trials of the study left on this node (the driver, before and after Tune)."""
+    shutil.rmtree(plan.temp_root(), ignore_errors=True)
 
 
 def _quiet_per_epoch_logs() -> None:
@@ -264,6 +284,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
+    use_temp_root(plan.temp_root())
     trial = TrialRecorder(plan, plan.resources["gpus_per_worker"])
     checkpoints = LocalCheckpoints(trial.run, plan.metric, plan.mode, plan.num_to_keep)
 
@@ -276,11 +297,39 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
                            if isinstance(r.get(plan.metric), (int, float))})
 
     with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
-        work, epochs, resume_from = Path(folder), checkpoints.complete_epochs(), None
-        if epochs:
-            trial.report_again(epochs[-1])
-            resume_from = trial.run.join(checkpoint_name(epochs[-1]), CHECKPOINT_FILE).download(work / CHECKPOINT_FILE)
+        work = Path(folder)
+        epoch, resume_from = newest_readable_checkpoint(trial.run, checkpoints.complete_epochs(), work)
+        if epoch is not None:
+            trial.report_again(epoch)
         train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from)
+
+
+def newest_readable_checkpoint(run, epochs: list[int], work: Path) -> tuple[int | None, Path | None]:
+    """(epoch, local copy) of the newest checkpoint of the run folder `run` among `epochs` that loads; an unreadable
+    one (truncated, garbage) is passed over, saying so with its storage path. (None, None) when none loads."""
+    from a2core import checkpoint
+    from a2core.errors import CheckpointError
+
+    def say(text: str) -> None:  # a trial's printed lines reach the driver's output (Ray forwards them)
+        print(f"WARNING: {text}", flush=True)
+    skipped = []
+    for epoch in reversed(epochs):
+        stored = run.join(checkpoint_name(epoch), CHECKPOINT_FILE)
+        local = work / CHECKPOINT_FILE
+        try:
+            stored.download(local)
+            checkpoint.load(local)
+        except (CheckpointError, OSError) as err:
+            reason = str(err).replace(f"{local}: ", "").splitlines()[0][:200]
+            say(f"checkpoint {stored.uri} is unreadable ({reason})")
+            skipped.append(stored.uri)
+            continue
+        if skipped:
+            say(f"resuming from {stored.uri} (epoch {epoch}), the newest readable checkpoint, instead of {skipped[0]}")
+        return epoch, local
+    if skipped:
+        say(f"no readable checkpoint in {run.uri}: the trial starts again from epoch 1")
+    return None, None
 
 
 # -- trials on Ray Train -----------------------------------------------------------------------------------------
@@ -297,7 +346,7 @@ def _cpu_seconds_all_ranks(since: float) -> float:
     return float(total.item())
 
 
-def worker_fn(config: dict) -> None:
+def worker_fn(config: dict, temp_root: str | None = None) -> None:
     """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume."""
     import ray.train
     from ray.train import Checkpoint
@@ -306,6 +355,8 @@ def worker_fn(config: dict) -> None:
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
+    if temp_root is not None:
+        use_temp_root(temp_root)
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
         metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
@@ -352,6 +403,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     _quiet_per_epoch_logs()
+    use_temp_root(plan.temp_root())
     res = plan.resources
     trial = TrialRecorder(plan, res["workers_per_trial"] * res["gpus_per_worker"])
     path, fs = plan.trials().ray_storage()
@@ -359,7 +411,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     results = Queue(maxsize=1, actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
         node_id=ray.get_runtime_context().get_node_id(), soft=False)})
     trainer = TorchTrainer(
-        worker_fn,
+        functools.partial(worker_fn, temp_root=str(plan.temp_root())),
         train_loop_config=plan.config(config),
         scaling_config=ray.train.ScalingConfig(num_workers=res["workers_per_trial"],
                                                use_gpu=res["gpus_per_worker"] > 0,  # so Ray picks nccl (else gloo)
