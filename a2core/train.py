@@ -242,8 +242,12 @@ class Updates:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, output_dir: str | Path, resume_from: str | Path | None = None):
+    def __init__(self, cfg: Config, output_dir: str | Path, resume_from: str | Path | None = None,
+                 best_from: str | Path | None = None):
         self.cfg = cfg
+        # A resumed run whose best epoch came before the resume has no best.pt in its (new) output folder: the
+        # caller hands in a copy of that epoch's checkpoint, for the test evaluation and the switch to SCST.
+        self.best_from = Path(best_from) if best_from else None
         self.dist = _Dist()
         self.device = _device()
         self.output_dir = Path(output_dir)
@@ -408,17 +412,23 @@ class Trainer:
         if not self.data.images("test"):
             return {}
         start = time.perf_counter()
-        current = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         # only rank 0 writes best.pt (into its own output folder): it sends the weights to the other ranks
-        best = [ckpt.load(self.output_dir / "best.pt", map_location="cpu")["model"] if self.dist.rank == 0 else None]
+        path = self.best_checkpoint() if self.dist.rank == 0 else None
+        best = [ckpt.load(path, map_location="cpu")["model"] if path is not None else None]
         if self.dist.on:
             dist.broadcast_object_list(best, src=0)
+        if best[0] is None:  # the same answer on every rank (broadcast)
+            log.warning("no copy of the best checkpoint (epoch %d) here: the test split is not scored",
+                        self.best["epoch"])
+            return {}
+        current = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model.load_state_dict(best[0])
         self.model.eval()
         try:
             with self.updates.amp():
-                scores, per_image = score_split(self.data, ModelStepper(self.model), "test", gather=self.dist.gather_dict,
-                                                beam_size=t.beam_size, max_len=t.max_len, batch_size=t.batch_size,
+                scores, per_image = score_split(self.data, ModelStepper(self.model), "test",
+                                                gather=self.dist.gather_dict, beam_size=t.beam_size,
+                                                max_len=t.max_len, batch_size=t.batch_size,
                                                 limit=t.test_images, device=self.device, rank=self.dist.rank,
                                                 world=self.dist.world)
         finally:
@@ -426,6 +436,13 @@ class Trainer:
         out = {f"test/{k}": v for k, v in scores.items()}
         out[TEST_PER_IMAGE_KEY] = {"ids": list(per_image), "scores": list(per_image.values())}
         return {**out, "test/epoch": self.best["epoch"], "time/test_s": time.perf_counter() - start}
+
+    def best_checkpoint(self) -> Path | None:
+        """This run's best checkpoint: best.pt in the output folder, else the copy handed in as `best_from`."""
+        for path in (self.output_dir / "best.pt", self.best_from):
+            if path is not None and path.is_file():
+                return path
+        return None
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def _save_epoch(self, metrics: dict, improved: bool) -> Path | None:
@@ -442,7 +459,7 @@ class Trainer:
 
     def _enter_scst(self) -> None:
         """Switch point: stage 2 starts from the configured XE checkpoint (default: this run's best)."""
-        src = self.cfg.train.scst_from or (self.output_dir / "best.pt")
+        src = self.cfg.train.scst_from or self.best_checkpoint() or (self.output_dir / "best.pt")
         if self.dist.on:
             dist.barrier()
         state = ckpt.load(src, map_location=self.device)
@@ -501,7 +518,7 @@ class Trainer:
 
 
 def train(config: Config | dict, report: Report | None = None, *, output_dir: str | Path | None = None,
-          resume_from: str | Path | None = None) -> dict:
+          resume_from: str | Path | None = None, best_from: str | Path | None = None) -> dict:
     """Train one configuration: cross-entropy epochs, then SCST epochs (see the module docstring).
 
     Args:
@@ -510,11 +527,14 @@ def train(config: Config | dict, report: Report | None = None, *, output_dir: st
             `diag/...`) and the folder of that epoch's checkpoint (None on ranks other than 0).
         output_dir: Where `best.pt` and `last.pt` go (default: `config.output_dir`).
         resume_from: A checkpoint to continue from, bit-identically (model, optimizers, step, RNG states).
+        best_from: With `resume_from`: the checkpoint of the run's best epoch so far, when that epoch came before
+            the resumed one (the test evaluation and SCST start from the best epoch, and the new output folder
+            has no best.pt until an epoch beats it).
 
     Returns:
         `best/val/CIDEr`, `best_epoch`, `epochs`, `steps`, `best_checkpoint`, `last_checkpoint` and `history`
         (one dict of scalars per epoch).
     """
     cfg = config if isinstance(config, Config) else Config.from_dict(config)
-    trainer = Trainer(cfg, output_dir or cfg.output_dir, resume_from)
+    trainer = Trainer(cfg, output_dir or cfg.output_dir, resume_from, best_from)
     return trainer.run(report)

@@ -280,6 +280,7 @@ class LocalCheckpoints:
 
 def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     """A one-worker trial: `a2core.train.train` in this Tune trial process, resuming from the newest checkpoint."""
+    from a2core.errors import StorageError
     from a2core.train import train
 
     cpu_start = time.process_time()
@@ -299,9 +300,26 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
         work = Path(folder)
         epoch, resume_from = newest_readable_checkpoint(trial.run, checkpoints.complete_epochs(), work)
+        best_from = None
         if epoch is not None:
             trial.report_again(epoch)
-        train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from)
+            best_epoch = best_epoch_of(resume_from)
+            if best_epoch not in (None, epoch):  # the selected checkpoint is an earlier one: a copy for the test split
+                best_from = work / "best_epoch" / CHECKPOINT_FILE
+                best_from.parent.mkdir()
+                try:
+                    trial.run.join(checkpoint_name(best_epoch), CHECKPOINT_FILE).download(best_from)
+                except (OSError, StorageError):
+                    best_from = None  # not kept: the run says so when it scores the test split
+        train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from, best_from=best_from)
+
+
+def best_epoch_of(checkpoint_file) -> int | None:
+    """The epoch of the best val score so far recorded in a checkpoint (None before any)."""
+    from a2core import checkpoint
+
+    epoch = (checkpoint.load(checkpoint_file, map_location="cpu").get("best") or {}).get("epoch")
+    return int(epoch) if epoch else None
 
 
 def newest_readable_checkpoint(run, epochs: list[int], work: Path) -> tuple[int | None, Path | None]:
@@ -367,13 +385,22 @@ def worker_fn(config: dict, temp_root: str | None = None) -> None:
     rank = ray.train.get_context().get_world_rank()
     with ExitStack() as stack:
         work = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"a2-trial-r{rank}-"))
-        resume_from = None
+        resume_from = best_from = None
         checkpoint = ray.train.get_checkpoint()  # the run's latest, after any restart
         if checkpoint is not None:
             local = Path(stack.enter_context(checkpoint.as_directory()))
             if (local / CHECKPOINT_FILE).is_file():
                 resume_from = str(local / CHECKPOINT_FILE)
-        train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from)
+                best_epoch = best_epoch_of(resume_from)
+                if best_epoch is not None and checkpoint_name(best_epoch) != Path(checkpoint.path).name:
+                    # the selected checkpoint is an earlier sibling in the run folder (kept: the best two are)
+                    best = Checkpoint(str(Path(checkpoint.path).parent / checkpoint_name(best_epoch)),
+                                      filesystem=checkpoint.filesystem)
+                    try:
+                        best_from = str(Path(stack.enter_context(best.as_directory())) / CHECKPOINT_FILE)
+                    except (OSError, FileNotFoundError):
+                        best_from = None  # not kept: the run says so when it scores the test split
+        train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from, best_from=best_from)
 
 
 def _forwarder(queue):

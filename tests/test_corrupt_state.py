@@ -97,7 +97,7 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_readable_one(tmp
     storage = tmp_path / "studies"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     study = tiny_study(tmp_path, name, tiny_data, epochs=6, workers=1, cpus_per_worker=1,
-                       extra={"train.batch_size": 4})
+                       extra={"train.batch_size": 20})
     env = local_env(tmp_path)
     log = tmp_path / "run.log"
     proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=env)

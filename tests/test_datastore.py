@@ -124,7 +124,7 @@ def test_study_refuses_a_node_whose_copy_is_missing_or_differs(tmp_path, ray_clu
         "name": "coco-nodes",
         "data": {"kind": "coco", "captions": str(paths["captions"]), "features": str(store)},
         "model": {"d_model": 32, "layers": 1, "heads": 2, "d_ff": 64, "max_regions": 8},
-        "train": {"xe_epochs": 1, "scst_epochs": 0, "batch_size": 10},
+        "train": {"xe_epochs": 1, "scst_epochs": 0, "batch_size": 50},
         "search": {"metric": "val/CIDEr", "mode": "max", "algorithm": "grid", "space": {}},
         "resources": {"workers_per_trial": 1, "cpus_per_worker": 0.5},
         "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},

@@ -74,7 +74,7 @@ def test_a_signal_after_an_epoch_then_resume_logs_every_epoch_once(tmp_path, tin
     storage = tmp_path / "studies"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     study = tiny_study(tmp_path, name, tiny_data, fusions=("none", "max"), epochs=EPOCHS, workers=1,
-                       cpus_per_worker=1, max_concurrent=1, extra={"train.batch_size": 4})
+                       cpus_per_worker=1, max_concurrent=1, extra={"train.batch_size": 20})
     env = local_env(tmp_path)
     log = tmp_path / "run.log"
     proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=env)

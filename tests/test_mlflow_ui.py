@@ -252,7 +252,7 @@ def served_study(tmp_path_factory, tiny_data):  # noqa: F811
     name = "ui-smoke"
     # batches of 10, a short warmup and greedy validation: val CIDEr climbs to ~35 in 4 epochs of ~1 s
     study = tiny_study(root, name, tiny_data, fusions=SMOKE_FUSIONS, seeds=SMOKE_SEEDS, epochs=4, workers=1,
-                       cpus_per_worker=1, extra={"search.scheduler": {"fifo": {}}, "train.batch_size": 10,
+                       cpus_per_worker=1, extra={"search.scheduler": {"fifo": {}}, "train.batch_size": 50,
                                                  "train.warmup": 30, "train.lr_factor": 0.5,
                                                  "train.val_decode": "greedy"})
     env = dict(os.environ)
