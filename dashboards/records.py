@@ -156,15 +156,18 @@ def record_from_comparison(comparison, *, study: str, spec: str, split: str, by:
 
 def export_record(tracking_uri: str, study_name: str, by: str, out: str | Path, *, spec: str = "",
                   baseline: str | None = None, measured: str = "", note: str = "") -> dict:
-    """Write the record of `a2 study compare NAME --by KEY` (val scores of each row's best configuration)."""
-    from dashboards.compare import shown_metrics, study_comparison
+    """Write the record of `a2 study compare NAME --by KEY`: each row's best configuration (chosen on val), its
+    verdict on the split `compare` judges on."""
+    from dashboards.compare import TEST_CIDER, shown_metrics, study_comparison
     from dashboards.report import CIDER
 
     comparison, configs, _ = study_comparison(tracking_uri, study_name, by, baseline=baseline)
     seeds = {arm.label: [int(s) if s is not None else i for i, s in enumerate(arm.seed_ids or [None] * len(arm.seeds))]
              for arm, _ in comparison.rows}
-    record = record_from_comparison(comparison, study=study_name, spec=spec, split="val", by=by, metric=CIDER,
-                                    mode="max", columns=[(label, m) for label, m in shown_metrics(comparison)],
+    # the verdict's split: the test split when every row's runs scored it when they ended (compare's rule), else val
+    split = "test" if comparison.metric == TEST_CIDER else "val"
+    record = record_from_comparison(comparison, study=study_name, spec=spec, split=split, by=by,
+                                    metric=comparison.metric or CIDER, mode="max", columns=[(label, m) for label, m in shown_metrics(comparison)],
                                     seeds=seeds, configs=configs, measured=measured, note=note)
     atomic_write(out, json.dumps(record, indent=1) + "\n")
     return record

@@ -787,11 +787,9 @@ def verdict(summary: dict) -> str:
     elif base is None:
         line += f"; no baseline (fusion none) trial with seed {best['seed']} in the study"
     else:
-        beats = summary.get("beats_baseline")
-        line += (f"; {'beats' if beats else 'does NOT beat'} the baseline (fusion none, seed {base['seed']}, "
-                 f"trial {base['trial_id']}: {base['value']:.2f})")
-        if beats:
-            line += f" by {best['value'] - base['value']:+.2f}"
+        # one run against one run: a difference, never a verdict (that needs seed noise: `group_verdict`)
+        line += (f"; the baseline's run with that seed (fusion none, trial {base['trial_id']}): {base['value']:.2f}, "
+                 f"{best['value'] - base['value']:+.2f} (one seed each: no verdict)")
     group = group_verdict(summary)
     return line + (f"\n{group}" if group else "")
 
