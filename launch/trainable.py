@@ -322,16 +322,18 @@ def best_epoch_of(checkpoint_file) -> int | None:
     return int(epoch) if epoch else None
 
 
-def newest_readable_checkpoint(run, epochs: list[int], work: Path) -> tuple[int | None, Path | None]:
-    """(epoch, local copy) of the newest checkpoint of the run folder `run` among `epochs` that loads; an unreadable
-    one (truncated, garbage) is passed over, saying so with its storage path. (None, None) when none loads."""
+def newest_readable_checkpoint(run, epochs: list[int], work: Path, first: int | None = None
+                               ) -> tuple[int | None, Path | None]:
+    """(epoch, local copy) of the newest checkpoint of the run folder `run` among `epochs` that loads, trying epoch
+    `first` before the others when it is among them (Ray Train's resume point); an unreadable one (truncated,
+    garbage) is passed over, saying so with its storage path. (None, None) when none loads."""
     from a2core import checkpoint
     from a2core.errors import CheckpointError
 
     def say(text: str) -> None:  # a trial's printed lines reach the driver's output (Ray forwards them)
         print(f"WARNING: {text}", flush=True)
     skipped = []
-    for epoch in reversed(epochs):
+    for epoch in sorted(epochs, key=lambda e: (e == first, e), reverse=True):
         stored = run.join(checkpoint_name(epoch), CHECKPOINT_FILE)
         local = work / CHECKPOINT_FILE
         try:
@@ -351,6 +353,43 @@ def newest_readable_checkpoint(run, epochs: list[int], work: Path) -> tuple[int 
 
 
 # -- trials on Ray Train -----------------------------------------------------------------------------------------
+def ray_train_start(run, work: Path) -> tuple | None:
+    """Where a Ray Train trial resumes when the checkpoint Ray Train would resume from does not load: (filesystem,
+    path) of the newest checkpoint folder of the run folder `run` that does. None: Ray Train's own resume point loads
+    (or there is no checkpoint), it resumes or starts as usual.
+
+    Ray Train resumes, unread, from the latest checkpoint its record (`checkpoint_manager_snapshot.json`) names. When
+    that one is unreadable (or missing), the record is removed, so that Ray Train starts a new one, and so are the
+    unreadable folders past the fallback, whose epochs are trained and stored again under the same names (as a
+    one-worker trial's are). Folders up to the fallback stay, outside the new record (never pruned by Ray Train)."""
+    from launch.verify import TRAIN_SNAPSHOT
+
+    epochs = [e for e in checkpoint_epochs(run) if run.join(checkpoint_name(e), CHECKPOINT_FILE).exists()]
+    if not epochs:
+        return None
+    recorded = recorded_latest_epoch(run.join(TRAIN_SNAPSHOT))
+    epoch, _ = newest_readable_checkpoint(run, epochs, work, first=recorded)
+    if epoch is not None and epoch == recorded:
+        return None
+    run.join(TRAIN_SNAPSHOT).delete()
+    for unreadable in (e for e in epochs if epoch is None or e > epoch):
+        fs, path = run.join(checkpoint_name(unreadable)).filesystem
+        fs.delete_dir(path)
+    return None if epoch is None else run.join(checkpoint_name(epoch)).filesystem
+
+
+def recorded_latest_epoch(snapshot) -> int | None:
+    """The epoch of the latest checkpoint in Ray Train's record of a run's checkpoints (the `Location` `snapshot`):
+    where Ray Train resumes. None without a readable record."""
+    try:
+        state = json.loads(snapshot.read_text() or "null")
+        name = state["latest_checkpoint_result"]["checkpoint_dir_name"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    digits = name[len(CHECKPOINT_PREFIX):] if isinstance(name, str) and name.startswith(CHECKPOINT_PREFIX) else ""
+    return int(digits) if digits.isdigit() else None
+
+
 def _cpu_seconds_all_ranks(since: float) -> float:
     """CPU seconds spent since `since`, summed over the ranks (a collective: every rank calls it each report)."""
     import torch
@@ -364,8 +403,10 @@ def _cpu_seconds_all_ranks(since: float) -> float:
     return float(total.item())
 
 
-def worker_fn(config: dict, temp_root: str | None = None) -> None:
-    """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume."""
+def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | None = None) -> None:
+    """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume. `start_from`:
+    (filesystem, path) of the checkpoint folder to resume from while Ray Train has none of its own
+    (`ray_train_start`: its latest was unreadable)."""
     import ray.train
     from ray.train import Checkpoint
 
@@ -387,6 +428,8 @@ def worker_fn(config: dict, temp_root: str | None = None) -> None:
         work = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"a2-trial-r{rank}-"))
         resume_from = best_from = None
         checkpoint = ray.train.get_checkpoint()  # the run's latest, after any restart
+        if checkpoint is None and start_from is not None:
+            checkpoint = Checkpoint(start_from[1], filesystem=start_from[0])
         if checkpoint is not None:
             local = Path(stack.enter_context(checkpoint.as_directory()))
             if (local / CHECKPOINT_FILE).is_file():
@@ -433,12 +476,14 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     use_temp_root(plan.temp_root())
     res = plan.resources
     trial = TrialRecorder(plan, res["workers_per_trial"] * res["gpus_per_worker"])
+    with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
+        start_from = ray_train_start(trial.run, Path(folder))
     path, fs = plan.trials().ray_storage()
     # The queue lives and dies with this driver (same node), as the Train controller does.
     results = Queue(maxsize=1, actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
         node_id=ray.get_runtime_context().get_node_id(), soft=False)})
     trainer = TorchTrainer(
-        functools.partial(worker_fn, temp_root=str(plan.temp_root())),
+        functools.partial(worker_fn, temp_root=str(plan.temp_root()), start_from=start_from),
         train_loop_config=plan.config(config),
         scaling_config=ray.train.ScalingConfig(num_workers=res["workers_per_trial"],
                                                use_gpu=res["gpus_per_worker"] > 0,  # so Ray picks nccl (else gloo)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.raycluster import (  # noqa: F401 - tiny_data is a fixture
-    a2, kill_group, mlflow_trials, start_a2, tiny_data, tiny_study, trial_runs, wait_for)
+    a2, kill_group, mlflow_trials, snapshot_epochs, start_a2, tiny_data, tiny_study, trial_runs, wait_for)
 from tests.test_interruptions import duplicated_points, epoch_logged, local_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -120,6 +120,52 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_readable_one(tmp
     assert f"resuming from {readable} (epoch {epochs[-2]})" in resume.stdout, resume.stdout[-6000:]
     summary = json.loads((storage / name / "summary.json").read_text())
     assert summary["complete"] and summary["trials"][0]["epochs_reported"] == [1, 2, 3, 4, 5, 6]
+    assert duplicated_points(uri, name) == []
+
+
+def test_a_ray_train_trials_truncated_latest_checkpoint_falls_back_too(tmp_path, tiny_data):
+    """A trial of 2 gloo workers: Ray Train would resume from its latest checkpoint, unread; the trial resumes from
+    the newest one that loads instead, and trains the epochs after it again."""
+    name = "fallback-train"
+    storage = tmp_path / "studies"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = tiny_study(tmp_path, name, tiny_data, epochs=6, workers=2, cpus_per_worker=0.5,
+                       extra={"train.batch_size": 40})
+    env = local_env(tmp_path)
+    log = tmp_path / "run.log"
+    proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=env)
+    try:
+        wait_for(lambda: epoch_logged(storage, name, epoch=2), 300, "the trial's second epoch", proc=proc, log=log)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=90) == 130
+    finally:
+        kill_group(proc)
+    (run_dir,) = trial_runs(storage, name).values()
+    epochs = sorted(int(p.name[-4:]) for p in run_dir.glob("checkpoint_epoch*"))
+    assert 2 <= epochs[-1] < 6, epochs
+    # Ray Train's resume point: the latest checkpoint its record names (a newer folder may be there, unrecorded)
+    recorded = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+    recorded = int(recorded["latest_checkpoint_result"]["checkpoint_dir_name"][-4:])
+    assert recorded >= 2 and recorded in epochs, (recorded, epochs)
+    for epoch in (e for e in epochs if e >= recorded):  # truncated: the recorded one and any newer
+        truncated = run_dir / f"checkpoint_epoch{epoch:04d}" / "checkpoint.pt"
+        truncated.write_bytes(truncated.read_bytes()[:truncated.stat().st_size // 2])
+    latest = run_dir / f"checkpoint_epoch{recorded:04d}" / "checkpoint.pt"
+    fallback = max(e for e in epochs if e < recorded)
+    readable = run_dir / f"checkpoint_epoch{fallback:04d}" / "checkpoint.pt"
+    logged_before = {r["epoch"]: r["timestamp"] for r in json.loads((run_dir / "results.json").read_text())}
+
+    resume = a2("study", "resume", name, cwd=tmp_path, env=env, timeout=400)
+    assert resume.returncode == 0, resume.stdout[-6000:]
+    assert f"checkpoint {latest} is unreadable" in resume.stdout, resume.stdout[-6000:]
+    assert f"resuming from {readable} (epoch {fallback})" in resume.stdout, resume.stdout[-6000:]
+    summary = json.loads((storage / name / "summary.json").read_text())
+    assert summary["complete"] and summary["trials"][0]["epochs_reported"] == [1, 2, 3, 4, 5, 6]
+    # the epochs after the fallback were trained again (reported anew), those up to it were not
+    logged_after = {r["epoch"]: r["timestamp"] for r in json.loads((run_dir / "results.json").read_text())}
+    assert [e for e in logged_before if logged_after[e] != logged_before[e]] == \
+        [e for e in logged_before if e > fallback], (logged_before, logged_after)
+    assert snapshot_epochs(run_dir)[-1] == 6
     assert duplicated_points(uri, name) == []
 
 
