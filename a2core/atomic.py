@@ -12,7 +12,10 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO
     folder, fsync it, then rename it over `path`: readers see the old file or the complete new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:  # a full, read-only or over-quota folder: the error names the file, not a temp name
+        raise type(err)(err.errno, err.strerror, str(path)) from err
     try:
         with os.fdopen(fd, "wb") as f:
             if callable(data):

@@ -281,7 +281,36 @@ def resume_study(location: StudyLocation, **options) -> dict:
     from launch.verify import refuse_corrupt
 
     refuse_corrupt(location.at(), "resume")
-    return _drive(load_saved_spec(location), location, new=False, **options)
+    spec = load_saved_spec(location)
+    refuse_relocated(spec, location)
+    return _drive(spec, location, new=False, **options)
+
+
+def refuse_relocated(spec, location: StudyLocation) -> None:
+    """StudyError (exit 2, before Ray) when the study's storage is no longer where it was run (a copy, or moved).
+    A resume restores Tune's saved experiment, whose MLflow export keeps the tracking URI, the run ids, and the
+    spool and result logs at the storage the study was run at; its trials would write there too. So a resumed copy
+    would write into the original's storage and MLflow runs (or recreate a moved study's old folder): refused,
+    naming both places and the MLflow store. Reading a copy (`status`, `check`, `compare`, `package`) is fine."""
+    recorded = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
+    if _same_storage(recorded.storage, location.storage):
+        return
+    try:
+        there = "the original is still there" if recorded.exists(STUDY_FILE) else "nothing is there now"
+    except Exception:  # noqa: BLE001 - another machine's path or a bucket out of reach: unknown
+        there = "out of reach from here"
+    raise StudyError(
+        f"study {spec.name} at {location.uri()} was run at {recorded.uri()} ({there}), logging to MLflow at "
+        f"{spec.tracking['mlflow_uri']}: its saved experiment writes its trials, tracking spool and MLflow runs "
+        f"there, so it resumes only at {recorded.uri()} (move it back, then `a2 study resume {spec.name} --storage "
+        f"{recorded.storage}`); to go on here, run the study again under another name; status, check, compare and "
+        f"package read this copy as it is")
+
+
+def _same_storage(a: str, b: str) -> bool:
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = None, verbose: bool = True,
@@ -330,6 +359,8 @@ def cmd_sync(args) -> int:
     location = locate(args.name, args.storage)
     spec = load_saved_spec(location)
     check_tracking(spec)
+    print(f"study {spec.name}: replaying its tracking spool into MLflow at {spec.tracking['mlflow_uri']} (the store "
+          f"recorded with the study)", flush=True)
     with StudyLease(location.at()).held():  # a running driver replays its own spool: never both at once
         spool = Spool(location.at())
         tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
