@@ -71,12 +71,14 @@ def assert_one_line_stop(out: str, name: str, storage: Path, error: str) -> None
     assert "EOFError" not in out and "Traceback (most recent call last)" not in out.split(line)[-1]
 
 
-def assert_resume_finishes(tmp_path: Path, name: str, storage: Path, env: dict, epochs: int) -> None:
+def assert_resume_finishes(tmp_path: Path, name: str, storage: Path, env: dict, epochs: int) -> str:
+    """`a2 study resume NAME` finishes the study, every epoch once in MLflow; its output."""
     resume = a2("study", "resume", name, cwd=tmp_path, env=env, timeout=400)
     assert resume.returncode == 0, resume.stdout[-6000:]
     summary = json.loads((storage / name / "summary.json").read_text())
     assert summary["complete"] and summary["trials"][0]["epochs_reported"] == list(range(1, epochs + 1))
     assert duplicated_points(f"sqlite:///{tmp_path / 'mlflow.db'}", name) == []
+    return resume.stdout
 
 
 def test_a_full_disk_stops_the_study_with_one_line_and_resume_finishes_it(tmp_path, tiny_data, small_tmpfs):
@@ -117,9 +119,11 @@ def test_a_storage_made_read_only_stops_the_study_with_one_line_and_resume_finis
 
     out = stop_mid_study(tmp_path, name, study, storage, env, read_only)
     assert_one_line_stop(out, name, storage, "[Errno 30] Read-only file system")
+    assert (storage / name / "lease.json").exists()  # a read-only folder keeps it
 
     subprocess.run(["mount", "-o", "remount,rw", str(tmpfs)], check=True)  # the storage fixed
-    assert_resume_finishes(tmp_path, name, storage, env, epochs=6)
+    resumed = assert_resume_finishes(tmp_path, name, storage, env, epochs=6)
+    assert "WARNING: taking over the stale lease" in resumed and "its process is gone from this host" in resumed
 
 
 def test_a_storage_over_its_quota_stops_the_study_with_one_line_and_resume_finishes_it(tmp_path, tiny_data):
