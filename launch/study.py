@@ -300,11 +300,11 @@ def refuse_relocated(spec, location: StudyLocation) -> None:
     except Exception:  # noqa: BLE001 - another machine's path or a bucket out of reach: unknown
         there = "out of reach from here"
     raise StudyError(
-        f"study {spec.name} at {location.uri()} was run at {recorded.uri()} ({there}), logging to MLflow at "
-        f"{spec.tracking['mlflow_uri']}: its saved experiment writes its trials, tracking spool and MLflow runs "
-        f"there, so it resumes only at {recorded.uri()} (move it back, then `a2 study resume {spec.name} --storage "
-        f"{recorded.storage}`); to go on here, run the study again under another name; status, check, compare and "
-        f"package read this copy as it is")
+        f"study {spec.name} at {location.uri()} was run at {recorded.uri()} ({there}) and logs to MLflow at "
+        f"{spec.tracking['mlflow_uri']}: its saved experiment would write its trials and tracking spool at "
+        f"{recorded.uri()} and its epochs into the original's MLflow runs, so it resumes only there (move it back, "
+        f"then `a2 study resume {spec.name} --storage {recorded.storage}`); to go on here, run the study again under "
+        f"another name; status, check, compare and package read this copy as it is")
 
 
 def _same_storage(a: str, b: str) -> bool:

@@ -40,7 +40,7 @@ def test_a_copied_study_is_refused_by_resume_naming_both_places_and_the_store(tm
     assert done.returncode == 2, done.stdout[-3000:]
     line = done.stdout.strip().splitlines()[-1]
     assert f"study {NAME} at {copy / NAME} was run at {original / NAME} (the original is still there)" in line, line
-    assert f"logging to MLflow at {uri}" in line and f"--storage {original}" in line, line
+    assert f"logs to MLflow at {uri}" in line and f"--storage {original}" in line, line
     assert "Traceback" not in done.stdout and "Ray" not in done.stdout, done.stdout[-3000:]
     assert (_tree(original), _tree(copy)) == before  # nothing written in either place
     assert not Path(uri[len("sqlite:///"):]).exists()  # nor in MLflow
