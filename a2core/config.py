@@ -288,6 +288,9 @@ class TrainConfig(Section):
         "reported as test/... with per-image CIDEr-D (the scores verdicts rest on)."))
     test_images: Integer | None = Field(None, ge=1, description=(
         "The end-of-run test evaluation uses the first N test images (null: all)."))
+    test_meteor: Flag = Field(True, description=(
+        "METEOR in the end-of-run test evaluation (one Java process, about 4 s); without Java it is left out "
+        "with a warning. BLEU-1..4, ROUGE-L and CIDEr are always reported."))
     # SCST (stage 2).
     scst_lr: Real = Field(5e-6, gt=0, description="Learning rate of SCST.")
     scst_samples: Integer = Field(5, ge=1, description="Sampled captions per image in SCST.")

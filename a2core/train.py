@@ -426,7 +426,7 @@ class Trainer:
         self.model.eval()
         try:
             with self.updates.amp():
-                scores, per_image = score_split(self.data, ModelStepper(self.model), "test",
+                scores, per_image = score_split(self.data, ModelStepper(self.model), "test", meteor=self.test_meteor(),
                                                 gather=self.dist.gather_dict, beam_size=t.beam_size,
                                                 max_len=t.max_len, batch_size=t.batch_size,
                                                 limit=t.test_images, device=self.device, rank=self.dist.rank,
@@ -436,6 +436,15 @@ class Trainer:
         out = {f"test/{k}": v for k, v in scores.items()}
         out[TEST_PER_IMAGE_KEY] = {"ids": list(per_image), "scores": list(per_image.values())}
         return {**out, "test/epoch": self.best["epoch"], "time/test_s": time.perf_counter() - start}
+
+    def test_meteor(self) -> bool:
+        """Whether the test evaluation scores METEOR: `train.test_meteor` and Java present (a warning when not)."""
+        if not self.cfg.train.test_meteor:
+            return False
+        if shutil.which("java") is None:
+            log.warning("no Java here: the test split is scored without METEOR (test/METEOR not reported)")
+            return False
+        return True
 
     def best_checkpoint(self) -> Path | None:
         """This run's best checkpoint: best.pt in the output folder, else the copy handed in as `best_from`."""

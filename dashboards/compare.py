@@ -1,9 +1,12 @@
 """`a2 study compare NAME [--by KEY] [--baseline VALUE]`: a study's configurations side by side, from MLflow.
 
 One row per value of `by` (a param such as `fusion` or `model.lambda`, or a tag; runs without it are left out): its
-best configuration by mean best val CIDEr over seeds, each metric's seed mean with its 95% interval, and the
-difference in val CIDEr to the baseline row (paired bootstrap over `PER_IMAGE_ARTIFACT` when both logged it, else
-Welch's t).
+best configuration by mean best val CIDEr over seeds (the selection, on the val images), then the numbers of the
+held-out test split (each run's selected checkpoint decoded with beam search when it ended): each metric's seed mean
+with its 95% interval and the difference in test CIDEr to the baseline row (paired bootstrap over
+`TEST_PER_IMAGE_ARTIFACT` when both logged it, else Welch's t). Only the selection column is on val. A comparison
+some of whose runs have no test scores (stopped early, or `train.test_at_end: false`) is on val throughout, and its
+header says so.
 """
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 
 from a2core.errors import DataError, StudyError
-from dashboards.report import CIDER, TABLE_METRICS, RunSummary, group_value, load_study, searched_keys, sort_key
+from dashboards.report import (CIDER, SELECTION_COLUMN, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, RunSummary,
+                               group_value, load_study, searched_keys, sort_key)
 from dashboards.stats import TAG_CONFIG_HASH, Arm, Comparison, best_group, compare_arms, is_stopped_early
 from dashboards.tables import text_table
 from dashboards.tracking import check_tracking_uri, default_tracking_uri
@@ -20,7 +24,6 @@ from dashboards.tracking import check_tracking_uri, default_tracking_uri
 BASELINE = "none"
 PER_IMAGE_ARTIFACT = "eval/per_image_cider.json"  # the best val epoch's per-image CIDEr-D
 TEST_PER_IMAGE_ARTIFACT = "eval/test_per_image_cider.json"  # the selected checkpoint's, on the test split
-TEST_CIDER = "test/CIDEr"
 
 
 def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
@@ -68,7 +71,6 @@ def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion", stu
     others are compared with, else the best fusion none configuration."""
     study = study or load_study(tracking_uri, study_name)
     runs = [r for r in study.runs if r.best_cider is not None]
-    metrics = [m for _, m in TABLE_METRICS if any(r.score(m) is not None for r in runs)]
     buckets: dict[str, list[RunSummary]] = {}
     for r in runs:
         value = group_value(r, by)
@@ -88,9 +90,9 @@ def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion", stu
             labelled[baseline] = base
     # Rows are selected on the val images; their differences rest on the test split (each run's selected
     # checkpoint decoded with beam search when it ended) when every chosen run has it, else on val.
-    on_test = bool(labelled) and all(r.score(TEST_CIDER) is not None for g in labelled.values() for r in g)
-    if on_test:
-        metrics = [*metrics, TEST_CIDER]
+    chosen = [r for g in labelled.values() for r in g]
+    on_test = bool(chosen) and all(r.score(TEST_CIDER) is not None for r in chosen)
+    metrics = [m for _, m in split_columns(on_test) if any(r.score(m) is not None for r in chosen)]
     client = MlflowClient(tracking_uri=tracking_uri)
     artifact = TEST_PER_IMAGE_ARTIFACT if on_test else PER_IMAGE_ARTIFACT
     arms = [Arm(label, [r.scores(metrics) for r in group], *_per_image(client, group, artifact),
@@ -101,13 +103,22 @@ def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion", stu
     configs = {label: ", ".join(f"{k}={group[0].params[k]}" for k in keys if k in group[0].params)
                for label, group in labelled.items()}
     comparison = compare_arms(arms, baseline=baseline, metric=TEST_CIDER if on_test else CIDER, metrics=metrics,
-                              label="test CIDEr" if on_test else None)
+                              label="test CIDEr" if on_test else "val CIDEr")
     return comparison, configs, len(runs)
 
 
+def split_columns(on_test: bool) -> list[tuple[str, str]]:
+    """(heading, metric) of a comparison's interval columns, each heading naming its split: on the test split, the
+    test metrics and then the val CIDEr the rows were selected by, labelled as that; else the val metrics (then the
+    selection numbers and the verdict's alike)."""
+    if on_test:
+        return [*((f"test {label}", m) for label, m in TEST_TABLE_METRICS), SELECTION_COLUMN]
+    return [(f"val {label}", m) for label, m in TABLE_METRICS]
+
+
 def shown_metrics(comparison: Comparison) -> list[tuple[str, str]]:
-    """(label, metric) of the table metrics that some row logged."""
-    return [(label, m) for label, m in [*TABLE_METRICS, ("test CIDEr", TEST_CIDER)]
+    """(heading, metric) of the columns of `split_columns` for the comparison's split that some row logged."""
+    return [(label, m) for label, m in split_columns(comparison.metric == TEST_CIDER)
             if any(m in intervals for _, intervals in comparison.rows)]
 
 
@@ -127,10 +138,11 @@ def compare_table(tracking_uri: str, study_name: str, by: str = "fusion", baseli
                       str(len(arm.seeds)), diff.interval_text() if diff else "-", configs[arm.label]])
     return "\n".join([
         f"study {study_name}: {n_runs} runs with {CIDER}; per {by} the best configuration by mean best val CIDEr "
-        f"over its seeds (early-stopped ones only when nothing else ran); mean [95% CI] over seeds; differences "
-        f"and verdicts on the {split} images"
-        + (" (each run's selected checkpoint, beam search)" if split == "test" else
-           " (the images the rows were selected on: no run logged test scores)"),
+        f"over its seeds (early-stopped ones only when nothing else ran); mean [95% CI] over seeds; "
+        + ("every column but the selection column (val) is on the test split, differences and verdicts too (each "
+           "run's selected checkpoint decoded with beam search when it ended)" if split == "test" else
+           "every number is on the val images the rows were selected on (not every chosen run logged test "
+           "scores), so the verdicts are not held-out ones"),
         text_table(header, table, right=set(range(1, len(header) - 1))), *comparison.verdicts()])
 
 

@@ -6,11 +6,13 @@ The record format (version 1), one small JSON file per table:
     {"record": "a2tune-study-record", "version": 1,
      "study": "a2-mask-nets",                      # the study the scores come from
      "spec": "studies/mask_nets.yaml",             # its study file (and overrides, if any, in "note")
-     "split": "val",                               # the images the scores are on: "val" or "test"
+     "split": "test",                              # the images the verdicts are on: "test" (held out) or "val"
      "by": "mask_net",                             # what the rows differ in
-     "metric": "val/CIDEr", "mode": "max",         # the metric the differences and verdicts are of
+     "metric": "test/CIDEr", "mode": "max",        # the metric the differences and verdicts are of
      "baseline": "content",                        # the row every other row is compared with (or null)
-     "columns": [["val CIDEr", "val/CIDEr"], ...], # [heading, metric] of the interval columns, in order
+     "columns": [["test CIDEr", "test/CIDEr"],     # [heading, metric] of the interval columns, in order; a heading
+                 ["val CIDEr (selection)", "val/CIDEr"], ...],  # names its split, and a val column of a record
+                                                   # on the test split is the selection criterion, labelled so
      "measured": "2026-11-24, 2 cores, 24 GiB, no GPU",
      "note": "...",                                # free text: overrides, data set version
      "arms": [{"label": "content", "config": "fusion=gate, lambda=0.035",
@@ -54,7 +56,23 @@ def load_record(path: str | Path) -> dict:
         if arm.get("per_image") and len(arm["per_image"]["scores"]) != n:
             raise DataError(f"{path}: arm {arm['label']}: per-image scores of {len(arm['per_image']['scores'])} "
                             f"seeds for {n} seeds")
+    split = record.get("split")
+    if _split(record["metric"]) not in (None, split):
+        raise DataError(f"{path}: the verdicts are of {record['metric']}, not on the record's split {split!r}")
+    for heading, metric in record["columns"]:
+        on = _split(metric)
+        if on is not None and not heading.startswith(f"{on} "):
+            raise DataError(f"{path}: column {heading!r} ({metric}) does not say its split: start it with {on!r}")
+        if on == "val" and split == "test" and "(selection)" not in heading:
+            raise DataError(f"{path}: column {heading!r} ({metric}) is on val in a record on the test split: only "
+                            f"the selection criterion may be, labelled '(selection)'")
     return record
+
+
+def _split(metric: str) -> str | None:
+    """The split a metric is on ("val/CIDEr" -> "val", "test/BLEU-4" -> "test"), None for other metrics."""
+    prefix = metric.split("/", 1)[0]
+    return prefix if prefix in ("val", "test") else None
 
 
 def arms_of(record: Mapping) -> list[Arm]:
@@ -84,8 +102,8 @@ def render_table(record: Mapping) -> str:
                               mode=record.get("mode", "max"), metrics=[m for _, m in columns])
     short = metric.rsplit("/", 1)[-1]
     head = [record["by"], "seeds", *(heading for heading, _ in columns)]
-    if record.get("baseline") is not None:
-        head.append(f"{short} vs {record['baseline']} [95% CI]: verdict")
+    if record.get("baseline") is not None:  # "test CIDEr vs none [95% CI]: verdict": the verdict's split too
+        head.append(f"{metric.replace('/', ' ')} vs {record['baseline']} [95% CI]: verdict")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     stored = {arm["label"]: arm for arm in record["arms"]}
     for arm, intervals in comparison.rows:
@@ -157,7 +175,8 @@ def record_from_comparison(comparison, *, study: str, spec: str, split: str, by:
 def export_record(tracking_uri: str, study_name: str, by: str, out: str | Path, *, spec: str = "",
                   baseline: str | None = None, measured: str = "", note: str = "") -> dict:
     """Write the record of `a2 study compare NAME --by KEY`: each row's best configuration (chosen on val), its
-    verdict on the split `compare` judges on."""
+    columns and verdict on the split `compare` judges on (the test split, and the val CIDEr the row was chosen by,
+    labelled as the selection; val throughout when not every chosen run reported test scores)."""
     from dashboards.compare import TEST_CIDER, shown_metrics, study_comparison
     from dashboards.report import CIDER
 
@@ -167,7 +186,7 @@ def export_record(tracking_uri: str, study_name: str, by: str, out: str | Path, 
     # the verdict's split: the test split when every row's runs scored it when they ended (compare's rule), else val
     split = "test" if comparison.metric == TEST_CIDER else "val"
     record = record_from_comparison(comparison, study=study_name, spec=spec, split=split, by=by,
-                                    metric=comparison.metric or CIDER, mode="max", columns=[(label, m) for label, m in shown_metrics(comparison)],
+                                    metric=comparison.metric or CIDER, mode="max", columns=shown_metrics(comparison),
                                     seeds=seeds, configs=configs, measured=measured, note=note)
     atomic_write(out, json.dumps(record, indent=1) + "\n")
     return record

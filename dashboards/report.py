@@ -27,8 +27,14 @@ from dashboards.tracking import TAG_FUSION, TAG_SEED, default_tracking_uri, stud
 CIDER = "val/CIDEr"
 FUSION_LABEL = {"none": "none (baseline)", "max": "max", "moving_average": "moving average",
                 "exp_decay": "exp. decay", "gate": "gate"}  # in the paper's order
+# Table 3's metrics on the selection split (val, logged every epoch: a run's numbers at its best epoch) ...
 TABLE_METRICS = [("B-1", "val/BLEU-1"), ("B-4", "val/BLEU-4"), ("METEOR", "val/METEOR"),
                  ("ROUGE-L", "val/ROUGE-L"), ("CIDEr", "val/CIDEr"), ("SPICE", "val/SPICE")]
+# ... and on the held-out split: the selected checkpoint decoded with beam search when the run ended (no SPICE)
+TEST_CIDER = "test/CIDEr"
+TEST_TABLE_METRICS = [("B-1", "test/BLEU-1"), ("B-4", "test/BLEU-4"), ("METEOR", "test/METEOR"),
+                      ("ROUGE-L", "test/ROUGE-L"), ("CIDEr", TEST_CIDER)]
+SELECTION_COLUMN = ("val CIDEr (selection)", CIDER)  # the number each row was chosen by, on the val images
 SEED_KEYS = ("train.seed", "seed")
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
                 ("lift", "diag/grounding/lift"), ("chance", "diag/grounding/chance"),
@@ -158,10 +164,12 @@ def _missing(text: str) -> str:
 
 def fusion_table_html(comparison, configs: dict[str, str]) -> str:
     """Table 3: `dashboards.compare.study_comparison` by fusion, best mean per column in bold."""
-    from dashboards.compare import shown_metrics
+    from dashboards.compare import shown_metrics, split_columns
 
     if not comparison.rows:
         return _missing("No run logged val/CIDEr, so there is no fusion table.")
+    on_test = comparison.metric == TEST_CIDER
+    split = "test" if on_test else "val"
     columns = shown_metrics(comparison)
     best = {m: max(iv[m].mean for _, iv in comparison.rows if m in iv) for _, m in columns}
     rows = []
@@ -176,12 +184,20 @@ def fusion_table_html(comparison, configs: dict[str, str]) -> str:
         versus = "baseline" if arm.label == comparison.baseline else (diff.interval_text() if diff else "–")
         cells += [_td(versus), _td(diff.verdict() if diff else "", "l"), _td(configs[arm.label] or "–", "cfg")]
         rows.append((FUSION_LABEL.get(arm.label, arm.label), cells))
-    head = ["fusion", "seeds", *(label for label, _ in columns), "CIDEr vs baseline", "verdict", "config"]
-    missing = [label for label, m in TABLE_METRICS if (label, m) not in columns]
+    head = ["fusion", "seeds", *(label for label, _ in columns), f"{split} CIDEr vs baseline", "verdict", "config"]
+    missing = [label for label, m in split_columns(on_test) if (label, m) not in columns]
+    images = max((diff.images or 0 for diff in comparison.differences.values()), default=0)
+    where = (f"Every number but the selection column is on the held-out test split"
+             f"{f' ({images} images)' if images else ''}: each run's "
+             "selected checkpoint (its best val CIDEr epoch) decoded with beam search when the run ended; the "
+             "differences and verdicts are on those images. Only the selection column is on val."
+             if on_test else
+             "Every number is on the val images the rows were selected on (not every chosen run logged test "
+             "scores: a run stopped early, or train.test_at_end: false), so the verdicts are not held-out ones.")
     return (_html_table(head, rows, "t3") +
             "<p class='note'>The numbers of `a2 study compare --by fusion`: per fusion its best configuration by "
-            "mean val CIDEr over seeds (stopped-early ones only when nothing else ran), mean [95% CI] over seeds at "
-            f"each run's best epoch (none below {MIN_SEEDS} seeds), x100; best mean per column in bold.</p>" +
+            "mean val CIDEr over seeds (stopped-early ones only when nothing else ran); mean [95% CI] over seeds "
+            f"(none below {MIN_SEEDS} seeds), x100; best mean per column in bold. {where}</p>" +
             (f"<p class='note'>Not logged: {', '.join(missing)}.</p>" if missing else ""))
 
 
@@ -222,11 +238,16 @@ def runs_table_html(runs: list[RunSummary], keys: list[str]) -> str:
     rows = []
     for r in sorted(runs, key=lambda r: -math.inf if r.best_cider is None else -r.best_cider):
         state = stopped_early_text(r.tags) if is_stopped_early(r.tags) else r.status
+        test = r.score(TEST_CIDER)
         cells = [_td(state, "l"), _td(r.seed or ""), *(_td(r.params.get(k, "")) for k in keys),
                  _td("–" if r.best_cider is None else f"{r.best_cider:.1f}"),
-                 _td("" if r.best_step is None else r.best_step)]
+                 _td("" if r.best_step is None else r.best_step), _td("–" if test is None else f"{test:.1f}")]
         rows.append((r.name, cells))
-    return _html_table(["run", "status", "seed", *keys, "best val CIDEr", "best epoch"], rows)
+    return (_html_table(["run", "status", "seed", *keys, "best val CIDEr (selection)", "best epoch", "test CIDEr"],
+                        rows, "runs") +
+            "<p class='note'>Best val CIDEr: the epoch each run's checkpoint was selected by (val images). Test "
+            "CIDEr: that checkpoint on the test split, beam search, when the run ended (– for a run that did not "
+            "end: stopped early or still running).</p>")
 
 
 # -- plots: each returns a matplotlib Figure, or None when the study logged nothing for it -------------------------

@@ -72,7 +72,8 @@ def tiny_study(directory: Path, name: str, data_root: Path, *, fusions=("max",),
         "data": {"kind": "synthetic", "seed": 0, "images": DATA_IMAGES, "root": str(data_root), "val_images": 20},
         "model": {"d_model": 32, "layers": 1, "heads": 2, "d_ff": 64, "max_regions": 8},
         "train": {"xe_epochs": epochs, "scst_epochs": 0, "batch_size": 100 * workers, "warmup": 50,
-                  "log_every": 1000},  # 20 images per worker and step
+                  "log_every": 1000,  # 20 images per worker and step
+                  "test_meteor": False},  # a Java process of ~4 s per rank and trial (tests/test_train.py scores it)
         "search": {"metric": "val/CIDEr", "mode": "max", "algorithm": "grid", "purpose": "explore",  # claims nothing
                    "space": {"fusion": {"grid": list(fusions)}, "seed": {"grid": list(seeds)}}},
         "resources": {"workers_per_trial": workers, "cpus_per_worker": cpus_per_worker,

@@ -70,10 +70,15 @@ def test_compare_by_fusion_rows_intervals_and_difference_to_baseline(study):
     assert expect.startswith("116.0 [") and expect in rows["gate"]  # the best gate config, not the stopped one
     assert "model.lambda=0.1" in rows["gate"] and "130" not in text
     assert "(baseline)" in rows["none"] and seed_interval(truth[("none", None)].mean(axis=1)).text() in rows["none"]
-    diff = paired_difference(gate, truth[("none", None)], ("gate", "none"))
+    diff = paired_difference(gate, truth[("none", None)], ("gate", "none"), metric="val CIDEr")
     assert diff.interval_text() in rows["gate"]
     assert lines[-1] == diff.verdict()
-    assert lines[-1].startswith("gate beats none by 6.0 CIDEr [") and lines[-1].endswith("3 seeds x 60 images")
+    assert lines[-1].startswith("gate beats none by 6.0 val CIDEr [") and lines[-1].endswith("3 seeds x 60 images")
+    # no run logged test scores: every column is on val and says so, and so does the header
+    assert "every number is on the val images the rows were selected on" in lines[0]
+    assert [c.strip() for c in lines[1].split("  ") if c.strip()][:3] == ["fusion", "val B-4 [95% CI]",
+                                                                           "val CIDEr [95% CI]"]
+    assert "vs baseline (val CIDEr)" in lines[1] and "test" not in lines[1]
     assert " 3  " in rows["gate"]  # n seeds
 
 
@@ -87,7 +92,7 @@ def test_compare_by_lambda_ignores_trials_without_a_mask_network(study, capsys):
     assert comparison.differences["0.05"].images is None  # no per-image scores logged: Welch over seed means
     assert comparison.differences["0.01"].resolved and comparison.differences["0.01"].delta == pytest.approx(3.0)
     assert compare_main(argparse.Namespace(name=STUDY, by="lambda", baseline=None, tracking_uri=uri)) == 0
-    assert "0.1 beats fusion=none by 6.0 CIDEr" in capsys.readouterr().out
+    assert "0.1 beats fusion=none by 6.0 val CIDEr" in capsys.readouterr().out
 
 
 def test_compare_against_a_chosen_baseline_row(study, capsys):
@@ -95,7 +100,7 @@ def test_compare_against_a_chosen_baseline_row(study, capsys):
     comparison, _, _ = study_comparison(uri, STUDY, by="lambda", baseline="0.01")
     assert comparison.baseline == "0.01" and [arm.label for arm, _ in comparison.rows] == ["0.01", "0.05", "0.1"]
     assert set(comparison.differences) == {"0.05", "0.1"}  # no fusion=none reference row
-    diff = paired_difference(truth[("gate", 0.1)], truth[("gate", 0.01)], ("0.1", "0.01"))
+    diff = paired_difference(truth[("gate", 0.1)], truth[("gate", 0.01)], ("0.1", "0.01"), metric="val CIDEr")
     assert comparison.differences["0.1"].interval_text() == diff.interval_text()
     assert compare_main(argparse.Namespace(name=STUDY, by="lambda", baseline="0.01", tracking_uri=uri)) == 0
     out = capsys.readouterr().out
@@ -133,7 +138,8 @@ def test_rows_are_selected_on_val_and_judged_on_the_test_split(tmp_path):
             run = tracker.trial_run(f"{fusion}-{lam}-{seed}", {"model": model, "train": {"seed": seed}},
                                     tags={TAG_CONFIG_HASH: f"hash{i}"})
             test = per_image(100.0, seed, 50 + 10 * i + seed)  # on test every configuration scores about 100
-            tracker.log_metrics(run, {"val/CIDEr": val_mean + seed, "test/CIDEr": float(test.mean())}, step=1)
+            tracker.log_metrics(run, {"val/CIDEr": val_mean + seed, "val/BLEU-4": 40.0 + seed,
+                                      "test/CIDEr": float(test.mean()), "test/BLEU-4": 30.0 + i + seed}, step=1)
             tracker.client.log_dict(run, {f"{k:03d}": float(v) for k, v in enumerate(test)}, TEST_PER_IMAGE_ARTIFACT)
             truth.setdefault((fusion, lam), []).append(test)
             tracker.end_trial(run, "FINISHED")
@@ -146,4 +152,14 @@ def test_rows_are_selected_on_val_and_judged_on_the_test_split(tmp_path):
     assert (diff.delta, diff.low, diff.high) == pytest.approx((expect.delta, expect.low, expect.high))
     assert diff.verdict() == expect.verdict() and "test CIDEr" in diff.verdict()
     text = compare_table(uri, "split", by="fusion")
-    assert "differences and verdicts on the test images" in text and "vs baseline (test CIDEr)" in text
+    lines = text.splitlines()
+    assert "every column but the selection column (val) is on the test split, differences and verdicts too" in lines[0]
+    # the columns: test metrics, then the val CIDEr the rows were selected by, labelled; no other val number
+    assert [c.strip() for c in lines[1].split("  ") if c.strip()] == [
+        "fusion", "test B-4 [95% CI]", "test CIDEr [95% CI]", "val CIDEr (selection) [95% CI]", "seeds",
+        "vs baseline (test CIDEr)", "config"]
+    gate = next(line for line in lines if line.startswith("gate"))
+    assert seed_interval([32.0, 33.0, 34.0]).text() in gate  # test B-4 of gate's lambda 0.1 (i = 2)
+    assert seed_interval(np.stack(truth[("gate", 0.1)]).mean(axis=1)).text() in gate  # its test CIDEr
+    assert seed_interval([116.0, 117.0, 118.0]).text() in gate  # the val CIDEr it was selected by
+    assert "41.0 [" not in text  # val B-4 (40 + seed) is no column

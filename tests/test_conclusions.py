@@ -176,7 +176,7 @@ def test_best_epochs_per_image_cider_is_the_run_artifact_compare_reads(tmp_path,
     comparison, _, _ = study_comparison(uri, "pi", by="fusion")
     diff = comparison.differences["gate"]
     assert diff.images == len(ids) and diff.delta == pytest.approx(5.0)
-    assert diff.verdict().startswith("gate beats none by 5.0 CIDEr [") and diff.verdict().endswith(
+    assert diff.verdict().startswith("gate beats none by 5.0 val CIDEr [") and diff.verdict().endswith(
         "3 seeds x 30 images")
     # `a2 pipeline` ends with these verdicts, then the ensemble's gain from the leaderboard
     from launch.pipeline import conclusion

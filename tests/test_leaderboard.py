@@ -35,8 +35,8 @@ def _metrics(cider: float) -> dict:
     return {"BLEU-1": 70.0, "BLEU-4": 30.0, "METEOR": 25.0, "ROUGE-L": 50.0, "CIDEr": cider}
 
 
-def _board(tmp_path, per_image=None):
-    config = {"data": {"kind": "synthetic"}, "model": {"fusion": "max", "lambda": 0.035},
+def _board(tmp_path, per_image=None, data=None):
+    config = {"data": data or {"kind": "synthetic"}, "model": {"fusion": "max", "lambda": 0.035},
               "train": {"seed": 0, "xe_epochs": 2, "scst_epochs": 0}, "output_dir": "runs/a2"}
     members = [{"seed": s, "trial_id": f"t{s}", "study": "st", "checkpoint": str(tmp_path / f"c{s}.pt"),
                 "value": 0.5 + (s == 2), "metrics": _metrics(100.0 + s), "mlflow_run_id": f"r{s}"}
@@ -85,17 +85,27 @@ def test_leaderboard_has_one_value_per_row_with_seed_interval_and_ensemble_gain(
     assert board["paper"]["table3"]["row"] == "Max Pooling" and board["paper"]["table1"] is None
     assert board["evaluation"]["metrics"] == ["BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]
     assert board["evaluation"]["spice"] is False
+    # every score is on the held-out split (the synthetic set's test split here); val only chose the checkpoints
+    assert board["evaluation"]["split"] == "synthetic-test"
+    assert board["evaluation"]["selection"] == {"split": "val", "metric": "val/CIDEr"}
 
     table = lb.format_table(board)
     lines = table.splitlines()
     assert "ens C" not in lines[1] and "x100" in lines[0]
+    assert lines[0].startswith("leaderboard of st (max, config ") and lines[0].endswith(
+        ": every score on the synthetic-test split, 20 images, beam 5, scores x100; configuration and checkpoints "
+        "selected by val/CIDEr on the val split")
+    assert lines[1].split() == ["trial", "test", "B-1", "test", "B-4", "test", "M", "test", "R", "test", "C"]
     seed0 = next(line for line in lines if line.startswith("seed-0"))
     assert seed0.split()[-1] == "100.0"  # its own CIDEr, nothing else
     mean_line = next(line for line in lines if line.startswith("seed mean"))
     assert f"101.5 [{101.5 - half:.1f}, {101.5 + half:.1f}]" in mean_line
     assert lines[-2].startswith("ensemble gain over its members' mean: ensemble beats its members' mean by 8.5")
     assert lines[-1].startswith("ensemble gain over the member chosen on validation: ensemble ")
-    assert any(line.startswith("paper T3 Max Pooling") for line in lines)
+    assert any(line.startswith("paper T3 Max Pooling (COCO Karpathy test)") for line in lines)
+    coco = _board(tmp_path, per_image, data={"kind": "coco"})
+    assert coco["evaluation"]["split"] == "karpathy-test"
+    assert "every score on the karpathy-test split" in lb.format_table(coco).splitlines()[0]
 
 
 def test_leaderboard_without_per_image_scores_has_the_seed_spread_interval(tmp_path):

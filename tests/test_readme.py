@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"<!--\s*readme-test:\s*(tiny|skip:\s*(?P<reason>.*?))\s*-->")
 TINY = ("model.d_model=16 model.d_ff=32 model.layers=1 model.heads=2 train.xe_epochs=1 train.diag_images=10 "
-        "train.diag_kendall_images=2 data.val_images=20")
+        "train.diag_kendall_images=2 train.test_meteor=false data.val_images=20")
 TINY_STUDY = "data.images=200 search.num_samples=1 search.scheduler.asha.grace_period=1"  # a study on its own (cached) synthetic set: smaller still
 TAKES_OVERRIDES = ("a2 train ", "a2 study validate ", "a2 study run ")
 

@@ -37,7 +37,7 @@ def test_a_record_renders_as_compare_arms_prints_it(tmp_path):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(record))
     table = render_table(load_record(path)).splitlines()
-    assert table[0] == "| fusion | seeds | val CIDEr | lift | CIDEr vs none [95% CI]: verdict |"
+    assert table[0] == "| fusion | seeds | val CIDEr | lift | val CIDEr vs none [95% CI]: verdict |"
     none, gate, one = (np.asarray(a["per_image"]["scores"]) for a in record["arms"])
     diff = paired_difference(gate, none, ("gate", "none"))
     word = "resolved" if diff.resolved else "not resolved"
@@ -61,6 +61,50 @@ def test_marked_tables_must_be_what_the_code_prints(tmp_path):
     page.write_text(page.read_text().replace(table.splitlines()[3].split(" | ")[2], "999.9 [1.0, 2.0]"))
     (problem,) = check_markdown(page, tmp_path)
     assert "results/r.json" in problem and table in problem
+
+
+def test_a_record_on_the_test_split_names_each_columns_split(tmp_path):
+    """Rows selected on val, judged on test: every column is a test score but the selection column, and the
+    headings say so; a record that mixes a val result into a test table, or hides a column's split, is refused."""
+    record = make_record({"none": 3, "gate": 3})
+    for arm in record["arms"]:
+        arm["scores"] = {"test/CIDEr": arm["scores"]["val/CIDEr"], "test/BLEU-4": [30.0, 31.0, 32.0],
+                         "val/CIDEr": [v + 10.0 for v in arm["scores"]["val/CIDEr"]]}
+    record.update(split="test", metric="test/CIDEr", columns=[["test B-4", "test/BLEU-4"], ["test CIDEr", "test/CIDEr"],
+                                                              ["val CIDEr (selection)", "val/CIDEr"]])
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(record))
+    table = render_table(load_record(path)).splitlines()
+    assert table[0] == ("| fusion | seeds | test B-4 | test CIDEr | val CIDEr (selection) | "
+                        "test CIDEr vs none [95% CI]: verdict |")
+    none, gate = (np.asarray(a["per_image"]["scores"]) for a in record["arms"])
+    diff = paired_difference(gate, none, ("gate", "none"))
+    word = "resolved" if diff.resolved else "not resolved"
+    assert table[3] == (f"| gate | 0-2 | {seed_interval([30.0, 31.0, 32.0]).text()} | "
+                        f"{seed_interval(gate.mean(axis=1)).text()} | {seed_interval(gate.mean(axis=1) + 10).text()} "
+                        f"| {diff.interval_text().replace(' CIDEr', '')}: {word} |")
+    for columns, message in [([["B-4", "test/BLEU-4"]], "column 'B-4' .* does not say its split: start it with 'test'"),
+                             ([["val CIDEr", "val/CIDEr"]], "is on val in a record on the test split: only the "
+                                                            "selection criterion may be")]:
+        path.write_text(json.dumps({**record, "columns": columns}))
+        with pytest.raises(DataError, match=message):
+            load_record(path)
+    path.write_text(json.dumps({**record, "split": "val"}))
+    with pytest.raises(DataError, match="the verdicts are of test/CIDEr, not on the record's split 'val'"):
+        load_record(path)
+
+
+@pytest.mark.parametrize("name", ["synthetic_fusions", "mask_nets"])
+def test_the_published_records_are_on_the_test_split_but_the_selection_column(name):
+    record = load_record(ROOT / "results" / f"{name}.json")
+    assert record["split"] == "test" and record["metric"] == "test/CIDEr"
+    assert [m for _, m in record["columns"]] == ["test/BLEU-1", "test/BLEU-4", "test/ROUGE-L", "test/CIDEr",
+                                                 "val/CIDEr"]
+    assert record["columns"][-1] == ["val CIDEr (selection)", "val/CIDEr"]
+    for arm in record["arms"]:
+        assert len(arm["per_image"]["image_ids"]) == 100 and len(arm["per_image"]["scores"]) == len(arm["seeds"])
+        # the per-image scores are the test CIDEr each seed's mean is
+        assert np.mean(arm["per_image"]["scores"], axis=1) == pytest.approx(arm["scores"]["test/CIDEr"], abs=1e-3)
 
 
 def test_a_record_with_a_missing_seed_is_refused(tmp_path):

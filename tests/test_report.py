@@ -28,6 +28,8 @@ CIDER = {"none": 100.0, "max": 105.0, "moving_average": 108.0, "exp_decay": 110.
 BLEU1 = {"none": 70.0, "max": 72.0, "moving_average": 73.0, "exp_decay": 78.0, "gate": 75.0}
 LAMBDAS = {"none": [None], "max": [0.01, 0.1], "moving_average": [0.01, 0.1], "exp_decay": [0.01, 0.1],
            "gate": [0.01, 0.1]}
+# the held-out split, scored once when a run ends: its order differs from val's (exp_decay leads on test, gate on val)
+TEST_CIDER = {"none": 95.0, "max": 99.0, "moving_average": 101.0, "exp_decay": 104.0, "gate": 103.0}
 GROUNDING = {"none": 0.5, "max": 0.55, "moving_average": 0.56, "exp_decay": 0.6, "gate": 0.62}
 EPOCHS = 3
 LAYERS = 3
@@ -38,9 +40,19 @@ def _cider(fusion, lam, seed):
     return CIDER[fusion] + (2.0 if lam == 0.1 else 0.0) + 1.0 * seed
 
 
+def _test_scores(fusion, lam, seed) -> dict[str, float]:
+    """What the selected checkpoint scores on the test split when the run ends (x100)."""
+    gate = fusion == "gate"
+    return {"test/CIDEr": TEST_CIDER[fusion] + (1.0 if lam == 0.1 else 0.0) + 2.0 * seed,
+            "test/BLEU-1": BLEU1[fusion] - 1.0 + 0.3 * seed, "test/BLEU-4": 29.0 + 4.0 * gate + 0.1 * seed,
+            "test/METEOR": 24.0 + 1.0 * gate + 0.1 * seed, "test/ROUGE-L": 51.0 + 2.0 * gate + 0.1 * seed,
+            "test/epoch": 2}
+
+
 def fabricate(uri: str, name: str = STUDY, artifact_location: str | None = None,
-              fusions: tuple[str, ...] = tuple(LAMBDAS)) -> dict:
-    """Runs like a real study: fusions x lambdas x 3 seeds, val metrics (x100) per epoch, JSD per layer."""
+              fusions: tuple[str, ...] = tuple(LAMBDAS), test_split: bool = True) -> dict:
+    """Runs like a real study: fusions x lambdas x 3 seeds, val metrics (x100) per epoch, JSD per layer, and (with
+    `test_split`) the test scores of each run's selected checkpoint, logged at the last epoch."""
     tracker = StudyTracker(uri, name, artifact_location=artifact_location)
     tracker.start_study({"search": {"metric": "val/CIDEr", "num_samples": 18}}, {})
     client: MlflowClient = tracker.client
@@ -75,6 +87,8 @@ def fabricate(uri: str, name: str = STUDY, artifact_location: str | None = None,
                                    "diag/grounding/control": 0.3, "diag/grounding/chance": 0.18,
                                    "diag/grounding/lift": GROUNDING[fusion] + 0.02 * seed - 0.3,
                                    "diag/grounding/subject_object": 0.8})
+                    if test_split and e == EPOCHS:
+                        values.update(_test_scores(fusion, lam, seed))
                     metrics += [Metric(k, v, 1000 * e, e) for k, v in values.items()]
                 client.log_batch(run_id, metrics=metrics)
                 tracker.end_trial(run_id, "FINISHED")
@@ -112,7 +126,7 @@ def test_report_writes_plots_and_html(report, study):
     assert rows["gate"][:5] == ["6", f"{GROUNDING['gate'] + 0.02:.2f} ± 0.02", "0.30 ± 0.00",
                                  f"{GROUNDING['gate'] + 0.02 - 0.3:.2f} ± 0.02", "0.18 ± 0.00"]
     assert rows["none (baseline)"][-1] == "–" and rows["gate"][-1] == "0.82 ± 0.02"
-    assert "Not logged: SPICE" in page
+    assert "Not logged" not in page  # every test column of Table 3 was logged (SPICE is no test column)
     for n in study["names"].values():
         assert n in page
 
@@ -135,38 +149,68 @@ def _table_rows(page: str, cls: str = "t3") -> dict[str, list[str]]:
     return {"head": head, **rows}
 
 
-def test_table3_has_seed_intervals_and_the_difference_to_the_baseline(report):
+def test_table3_rows_are_on_the_test_split_with_the_selection_column_on_val(report):
     page = open(report["html"], encoding="utf-8").read()
     rows = _table_rows(page)
-    assert rows["head"] == ["fusion", "seeds", "B-1", "B-4", "METEOR", "ROUGE-L", "CIDEr", "CIDEr vs baseline",
-                            "verdict", "config"]
+    assert rows["head"] == ["fusion", "seeds", "test B-1", "test B-4", "test METEOR", "test ROUGE-L", "test CIDEr",
+                            "val CIDEr (selection)", "test CIDEr vs baseline", "verdict", "config"]
     assert list(rows)[1:] == ["none (baseline)", "max", "moving average", "exp. decay", "gate"]
-    col = {name: i + 1 for i, name in enumerate(["B-1", "B-4", "METEOR", "ROUGE-L", "CIDEr"])}
-    # gate, lambda 0.1: CIDEr at the best epoch (2) 116, 117, 118 -> mean 117 with the t-interval over 3 seeds
-    # (t(0.975, 2) * 1 / sqrt(3) = 2.48), the best
-    assert rows["gate"][col["CIDEr"]] == "<b>117.0 [114.5, 119.5]</b>"
+    col = {name: i + 1 for i, name in enumerate(rows["head"][2:8])}
+    # rows are selected on val: gate's lambda 0.1 (val CIDEr at the best epoch, 2: 116, 117, 118 -> 117 with the
+    # t-interval over 3 seeds, t(0.975, 2) * 1 / sqrt(3) = 2.48), the best val mean, in the labelled selection column
+    assert rows["gate"][col["val CIDEr (selection)"]] == "<b>117.0 [114.5, 119.5]</b>"
     assert "model.lambda=0.1" in rows["gate"][-1] and rows["gate"][0] == "3"
-    # B-1 at the best epoch (2): exp_decay 78.0, 78.2, 78.4 -> 78.2 [77.7, 78.7], the best
-    assert rows["exp. decay"][col["B-1"]] == "<b>78.2 [77.7, 78.7]</b>"
-    assert rows["gate"][col["B-1"]] == "75.2 [74.7, 75.7]"
-    assert rows["none (baseline)"][col["CIDEr"]] == "101.0 [98.5, 103.5]"
-    assert rows["gate"][col["METEOR"]] == "<b>27.0 (3 seeds, all equal: the seed changes nothing)</b>"  # every seed
+    # every other number is that configuration's test score: 103 + 1 + 2 * seed -> 106 [101.0, 111.0]
+    # (t(0.975, 2) * 2 / sqrt(3) = 4.97); exp. decay leads on test, 104 + 1 + 2 * seed -> 107
+    assert rows["gate"][col["test CIDEr"]] == "106.0 [101.0, 111.0]"
+    assert rows["exp. decay"][col["test CIDEr"]] == "<b>107.0 [102.0, 112.0]</b>"
+    assert rows["none (baseline)"][col["test CIDEr"]] == "97.0 [92.0, 102.0]"
+    # test B-1: BLEU1 - 1 + 0.3 * seed: exp_decay 77.3 [76.6, 78.0], the best; gate 74.3
+    assert rows["exp. decay"][col["test B-1"]] == "<b>77.3 [76.6, 78.0]</b>"
+    assert rows["gate"][col["test B-1"]] == "74.3 [73.6, 75.0]"
+    assert rows["gate"][col["test B-4"]] == "<b>33.1 [32.9, 33.3]</b>"
+    assert rows["gate"][col["test METEOR"]] == "<b>25.1 [24.9, 25.3]</b>"
+    assert rows["gate"][col["test ROUGE-L"]] == "<b>53.1 [52.9, 53.3]</b>"
+    for cells in (cells for label, cells in rows.items() if label != "head"):  # no val number but the selection
+        assert not any(v in " ".join(cells) for v in ("78.2 [77.7, 78.7]", "75.2 [74.7, 75.7]"))
     bold = [(r, c) for r, cells in rows.items() if r != "head" for c, v in enumerate(cells) if v.startswith("<b>")]
-    assert len(bold) == 5  # exactly one per metric column
-    # the difference to the baseline (Welch over seed means: no per-image scores logged) and its verdict
-    assert rows["none (baseline)"][col["CIDEr"] + 1] == "baseline"
-    assert rows["gate"][col["CIDEr"] + 1].startswith("+16.0 CIDEr [")
-    assert rows["gate"][col["CIDEr"] + 2].startswith("gate beats none by 16.0 CIDEr [")
-    assert "3 seeds, seed means only" in rows["gate"][col["CIDEr"] + 2]
-    # the baseline has no lambda: not in its config cell
-    assert "lambda" not in rows["none (baseline)"][-1]
+    assert len(bold) == 6  # exactly one per interval column
+    # the difference to the baseline in test CIDEr (Welch over seed means: no per-image scores logged):
+    # 106 - 97 = 9, se sqrt(4/3 + 4/3), 4 df -> [4.5, 13.5]
+    versus, verdict = col["val CIDEr (selection)"] + 1, col["val CIDEr (selection)"] + 2
+    assert rows["none (baseline)"][versus] == "baseline"
+    assert rows["gate"][versus] == "+9.0 test CIDEr [+4.5, +13.5]"
+    assert rows["gate"][verdict] == "gate beats none by 9.0 test CIDEr [4.5, 13.5], 3 seeds, seed means only"
+    assert "lambda" not in rows["none (baseline)"][-1]  # the baseline has no lambda: not in its config cell
+    assert "Every number but the selection column is on the held-out test split" in page
+    # the run list: each run's selection number (val) and its test CIDEr, labelled
+    runs = _table_rows(page, "runs")
+    assert runs["head"][-3:] == ["best val CIDEr (selection)", "best epoch", "test CIDEr"]
+    assert runs["trial-gate-0.1-2"][-3:] == ["118.0", "2", "108.0"]
+
+
+def test_a_study_without_test_scores_is_on_val_throughout_and_says_so(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'v.db'}"
+    fabricate(uri, "valonly", artifact_location=str(tmp_path / "a"), fusions=("none", "gate"), test_split=False)
+    text = compare_table(uri, "valonly")
+    assert "every number is on the val images the rows were selected on" in text
+    head = text.splitlines()[1]
+    assert "val B-1 [95% CI]" in head and "val CIDEr [95% CI]" in head and "vs baseline (val CIDEr)" in head
+    assert "test" not in head and "selection" not in head
+    assert text.splitlines()[-1].startswith("gate beats none by 16.0 val CIDEr [")
+    paths = build_report(uri, "valonly", tmp_path / "out")
+    rows = _table_rows(open(paths["html"], encoding="utf-8").read())
+    assert rows["head"][2:8] == ["val B-1", "val B-4", "val METEOR", "val ROUGE-L", "val CIDEr",
+                                 "val CIDEr vs baseline"]
+    assert rows["gate"][5] == "<b>117.0 [114.5, 119.5]</b>" and rows["gate"][6].startswith("+16.0 val CIDEr [")
 
 
 def test_main_entry_points(study, tmp_path, capsys):
     assert report_main(argparse.Namespace(name=STUDY, tracking_uri=study["uri"], out=str(tmp_path / "r"))) == 0
     assert (tmp_path / "r" / "report.html").exists()
     assert compare_main(argparse.Namespace(name=STUDY, by="fusion", baseline=None, tracking_uri=study["uri"])) == 0
-    assert "117.0 [114.5, 119.5]" in capsys.readouterr().out  # the numbers of the report's table
+    out = capsys.readouterr().out
+    assert "106.0 [101.0, 111.0]" in out and "117.0 [114.5, 119.5]" in out  # the numbers of the report's table
 
 
 def test_report_with_missing_metrics_and_unknown_study(tmp_path):

@@ -104,9 +104,13 @@ def test_reports_and_checkpoints(tiny_data, tmp_path):
     trainer = Trainer(cfg, tmp_path / "again")
     trainer.model.load_state_dict(best["model"])
     trainer.model.eval()
-    scores, per_image = score_split(trainer.data, ModelStepper(trainer.model), "test", beam_size=5, max_len=20,
-                                    batch_size=cfg.train.batch_size)
-    assert metrics["test/CIDEr"] == pytest.approx(scores["CIDEr"])
+    scores, per_image = score_split(trainer.data, ModelStepper(trainer.model), "test", meteor=True,
+                                    beam_size=5, max_len=20, batch_size=cfg.train.batch_size)
+    # every COCO metric of the tables on the held-out split (SPICE aside), METEOR too where Java runs
+    assert sorted(k for k in metrics if k.startswith("test/") and k not in ("test/epoch", TEST_PER_IMAGE_KEY)) == sorted(
+        f"test/{k}" for k in ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"))
+    for key, value in scores.items():
+        assert metrics[f"test/{key}"] == pytest.approx(value), key
     assert metrics[TEST_PER_IMAGE_KEY]["ids"] == list(per_image) == [i.image_id for i in trainer.data.images("test")]
     assert metrics[TEST_PER_IMAGE_KEY]["scores"] == pytest.approx(list(per_image.values()))
 
