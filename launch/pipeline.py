@@ -56,8 +56,9 @@ def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
 
 
 def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
-    """The study's verdicts, fusion by fusion against the baseline (val CIDEr, the paired bootstrap over seeds and
-    images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
+    """The study's verdicts, fusion by fusion against the baseline (test CIDEr of the configurations selected on val
+    CIDEr, or val throughout when a run has no test scores, as the verdict line says; the paired bootstrap over seeds
+    and images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
     over the member chosen on validation."""
     from dashboards.compare import study_comparison
 
