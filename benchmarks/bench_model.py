@@ -26,7 +26,7 @@ multiplies dominate.
 On a GPU: `--device cuda [--precision bf16|fp16]`: every arm and both searches run under that
 `train.precision` (autocast, plus loss scaling for fp16); CUDA timings synchronise before reading the clock.
 
-Usage: python benchmarks/bench_model.py [--repeats 9] [--images 10] [--beam-images 4] [--threads 1]
+Usage: python benchmarks/bench_model.py [--repeats 9] [--images 10] [--beam-images 4] [--beam-only] [--threads 1]
                                         [--cheap-captions 1] [--cheap-every 1]
                                         [--device cpu|cuda] [--precision fp32|bf16|fp16]
 """
@@ -166,6 +166,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--images", type=int, default=10, help="images per training batch (x5 captions)")
     ap.add_argument("--beam-images", type=int, default=4, help="0: no beam search measurement")
+    ap.add_argument("--beam-only", action="store_true",
+                    help="only the beam search measurement (on the untrained A2 model: every hypothesis runs all "
+                         "max_len + 1 steps)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (1 is steadiest on a shared machine)")
     ap.add_argument("--cheap-captions", type=int, default=1, help="train.mask_captions of the cheaper schedule")
@@ -183,6 +186,11 @@ def main() -> None:
             cheap_name: Arm(run, "gate", args.cheap_captions, args.cheap_every),
             "plain Transformer": Arm(run, "none")}
     a2 = arms["A2 (gate), paper schedule"]
+    if args.beam_only:
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), device {run.device}, precision "
+              f"{args.precision}")
+        beam_search_speedup(run, a2.model, feats, mask, args.beam_images, args.repeats)
+        return
     n_a2 = sum(p.numel() for p in a2.model.parameters())
     n_mask = sum(p.numel() for p in a2.updates.mask_params)
     n_plain = sum(p.numel() for p in arms["plain Transformer"].model.parameters())
