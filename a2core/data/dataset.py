@@ -156,7 +156,9 @@ class _ImageDataset(Dataset):
             # only where the rows are, (B, 2): the padded batch (20 MB at 50 x 100 x 2048 float16) is gathered from
             # the shared memory map by the process that consumes it (`_finish`), since handing it over from a
             # worker costs more than gathering it (a fresh shared-memory segment per batch: benchmarks/RESULTS.md)
-            batch["regions"] = torch.from_numpy(prepared.locate(ids, self.data.max_regions))
+            where = prepared.locate(ids, self.data.max_regions)
+            prepared.prefetch(where)  # reads queued now, in a worker ahead of the batches being consumed
+            batch["regions"] = torch.from_numpy(where)
         else:
             batch["feats"], batch["region_mask"] = pad([self.data.region_rows(i) for i in ids],
                                                        self.data.max_regions, self.data.features.feature_dim)
