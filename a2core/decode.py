@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from .atomic import atomic_write
-from .model.a2 import A2Transformer
+from .model.a2 import A2Transformer, KVCache
 from .errors import A2Error, ConfigError, SubmissionError
 from .precision import autocast
 
@@ -36,6 +36,10 @@ class ModelStepper:
         one row per image: cross-attention reads an image's k rows as one sequence of queries against it (as an
         image's captions in training), so it is neither copied k times nor read k times per step."""
         return {**state, "caches": [c.repeat(k) for c in state["caches"]], "rows_per_image": k}
+
+    def restart(self, state):
+        """`state` as `init_state` made it, before any step: the same region memory, empty caches."""
+        return {**state, "caches": [KVCache() for _ in state["caches"]], "t": 0}
 
     def step(self, last, state):
         return self.model.step(last, state)
@@ -114,15 +118,15 @@ class EnsembleStepper:
 
 
 class EncodedStepper:
-    """A stepper whose batch is encoded already: `init_state` returns the state `inner.init_state` gave for it, so
-    several searches over one batch (the ensemble, then each member alone) share one encoder pass per model.
-    Searches leave that state as it was (each expands its own copy)."""
+    """A `ModelStepper` whose batch is encoded already: `init_state` starts from the state `inner.init_state` gave
+    for it (its region memory; `restart`: fresh caches), so several searches over one batch (the ensemble, then
+    each member alone) share one encoder pass per model."""
 
-    def __init__(self, inner, state):
+    def __init__(self, inner: ModelStepper, state):
         self.inner, self.state = inner, state
 
     def init_state(self, feats, region_mask):
-        return self.state
+        return self.inner.restart(self.state)
 
     def expand_state(self, state, k):
         return self.inner.expand_state(state, k)
@@ -178,7 +182,11 @@ def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_le
     b, k = feats.shape[0], beam_size
     device = feats.device
     compact = _can_select_rows(stepper)
-    state = stepper.expand_state(stepper.init_state(feats, region_mask), k)
+    state = stepper.init_state(feats, region_mask)
+    # an image's k beams start identical (<bos>, the same state): the first step runs once per image, then its
+    # state (caches of one position) is repeated for the k beams
+    first = stepper.step(torch.full((b,), bos, dtype=torch.long, device=device), state)  # (B, V)
+    state = stepper.expand_state(state, k)
     scores = torch.full((b, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     last = torch.full((b * k,), bos, dtype=torch.long, device=device)
@@ -190,7 +198,7 @@ def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_le
     steps = 0
     for t in range(max_len + 1):
         g = alive.numel()
-        logp = stepper.step(last, state)  # (G*K, V)
+        logp = first.repeat_interleave(k, 0) if t == 0 else stepper.step(last, state)  # (G*K, V)
         v = logp.shape[-1]
         if t == max_len:  # out of length: only <eos> may follow
             forced = torch.full_like(logp, float("-inf"))

@@ -26,6 +26,7 @@ RESULTS_ZIP = "results.zip"
 LEADERBOARD = "leaderboard.json"
 MANIFEST = "package.json"
 SEEDS = (0, 1, 2, 3)
+SHARD_IMAGES = 500  # images per decoding shard: a killed package loses at most one shard per worker
 SERVER_IMAGES = 81_279  # the COCO server's val2014 (40,504) + test2014 (40,775) images
 # Ray Train gives a worker group 60 s to start by default; on a busy small machine importing torch in two fresh
 # workers can take longer. Applies to a Ray that this process starts (a cluster keeps its own setting).
@@ -453,7 +454,6 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
     return ensemble_captions(local, data_config, shard, single_split, **options)
 
 
-SHARD_IMAGES = 500  # images per decoding shard: a killed package loses at most one shard per worker
 DECODED_DIR = "package-decoded"  # in the study's storage: one folder of finished shards per decoding job
 
 
