@@ -204,10 +204,11 @@ def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_le
             forced = torch.full_like(logp, float("-inf"))
             forced[:, eos] = logp[:, eos]
             logp = forced
-        # A finished hypothesis stays as it is: one continuation (pad) at no cost.
-        finished_row = torch.full((v,), float("-inf"), device=device)
-        finished_row[0] = 0.0
-        logp = torch.where(done[:, None], finished_row, logp)
+        # A finished hypothesis stays as it is: one continuation (pad, word 0) at no cost.
+        if bool(done.any()):
+            pad = torch.where(done, 0.0, logp[:, 0])  # (G*K,)
+            logp = logp.masked_fill(done[:, None], float("-inf"))
+            logp[:, 0] = pad
         cand = (scores.view(g * k, 1) + logp).view(g, k * v)
         scores, flat = cand.topk(k, dim=-1)  # (G, K)
         beam, word = flat // v, flat % v

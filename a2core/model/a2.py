@@ -445,8 +445,10 @@ class A2Transformer(nn.Module):
     # -- step-by-step decoding -------------------------------------------------------------------------------
     def init_state(self, feats, region_mask) -> dict:
         enc = self.encode(feats, region_mask)
-        return {"mem": self.memory(enc), "region_mask": region_mask, "caches": [KVCache() for _ in self.decoder],
-                "t": 0}
+        # contiguous once per image: the keys/values are views into one projection's output, which every step's
+        # batched matmul would otherwise copy (B, H, R, Dh) per layer and step
+        mem = [{name: t.contiguous() for name, t in m.items()} for m in self.memory(enc)]
+        return {"mem": mem, "region_mask": region_mask, "caches": [KVCache() for _ in self.decoder], "t": 0}
 
     def step(self, last_tokens: torch.Tensor, state: dict) -> torch.Tensor:
         """last_tokens (N,) -> log-probabilities (N, V) of the next word; advances the cached state."""
