@@ -3,7 +3,8 @@ its key/value cache, or an averaging ensemble of models), plus `decode_to_file` 
 
 A stepper has `init_state(feats, region_mask)`, `expand_state(state, k)`, `step(last_tokens, state) -> log-probs`
 and `reorder_state(state, index)` (rows moved within each image's group of beams), and may have
-`select_rows(state, index)` (any rows kept, memory included), with which beam search drops finished images.
+`select_rows(state, index)` (whole images' rows kept, memory included), with which beam search drops finished
+images.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Callable
 import torch
 
 from .atomic import atomic_write
-from .model.a2 import A2Transformer
+from .model.a2 import A2Transformer, KVCache
 from .errors import A2Error, ConfigError, SubmissionError
 from .precision import autocast
 
@@ -31,11 +32,14 @@ class ModelStepper:
         return self.model.init_state(feats, region_mask)
 
     def expand_state(self, state, k: int):
-        """Every image's memory repeated k times (beams of one image are adjacent rows)."""
-        rep = lambda d: {n: v.repeat_interleave(k, 0) for n, v in d.items()}  # noqa: E731
-        return {**state, "mem": [rep(m) for m in state["mem"]],
-                "region_mask": state["region_mask"].repeat_interleave(k, 0),
-                "caches": [rep(c) for c in state["caches"]]}
+        """k rows per image (beams or samples, adjacent); the caches' rows are repeated. The region memory stays
+        one row per image: cross-attention reads an image's k rows as one sequence of queries against it (as an
+        image's captions in training), so it is neither copied k times nor read k times per step."""
+        return {**state, "caches": [c.repeat(k) for c in state["caches"]], "rows_per_image": k}
+
+    def restart(self, state):
+        """`state` as `init_state` made it, before any step: the same region memory, empty caches."""
+        return {**state, "caches": [KVCache() for _ in state["caches"]], "t": 0}
 
     def step(self, last, state):
         return self.model.step(last, state)
@@ -44,14 +48,22 @@ class ModelStepper:
         return self.model.reorder_state(state, index)
 
     def select_rows(self, state, index):
-        """Only the rows `index` (N',) of everything per row: memory, region mask and caches."""
-        pick = lambda d: {n: v.index_select(0, index) for n, v in d.items()}  # noqa: E731
-        return {**state, "mem": [pick(m) for m in state["mem"]], "region_mask": state["region_mask"].index_select(0, index),
-                "caches": [pick(c) for c in state["caches"]]}
+        """Only the rows `index` (N',) of everything per row: caches, and the region memory and mask of their
+        images. `index` keeps whole images: all k rows of each image kept, in order."""
+        k = state.get("rows_per_image", 1)
+        images = index.view(-1, k)[:, 0] // k  # (N' / k,)
+        if not torch.equal(index, (images[:, None] * k + torch.arange(k, device=index.device)).view(-1)):
+            raise ValueError("select_rows keeps whole images: all rows of an image, in order")
+        pick = lambda d: {n: v.index_select(0, images) for n, v in d.items()}  # noqa: E731
+        return {**state, "mem": [pick(m) for m in state["mem"]],
+                "region_mask": state["region_mask"].index_select(0, images),
+                "caches": [c.select(index) for c in state["caches"]]}
 
 
 class UncachedStepper(ModelStepper):
-    """The same model re-running the whole prefix every step: the reference the cached path must equal."""
+    """The same model re-running the whole prefix every step: the reference the cached path must equal. Its
+    region memory is repeated per row, the straightforward layout, so the reference shares no shortcut with the
+    cached path."""
 
     def init_state(self, feats, region_mask):
         state = super().init_state(feats, region_mask)
@@ -59,9 +71,10 @@ class UncachedStepper(ModelStepper):
         return state
 
     def expand_state(self, state, k):
-        out = super().expand_state(state, k)
-        out["prefix"] = state["prefix"].repeat_interleave(k, 0)
-        return out
+        rep = lambda d: {n: v.repeat_interleave(k, 0) for n, v in d.items()}  # noqa: E731
+        return {**state, "mem": [rep(m) for m in state["mem"]],
+                "region_mask": state["region_mask"].repeat_interleave(k, 0),
+                "prefix": state["prefix"].repeat_interleave(k, 0)}
 
     def step(self, last, state):
         state["prefix"] = torch.cat([state["prefix"], last[:, None]], dim=1)
@@ -72,16 +85,20 @@ class UncachedStepper(ModelStepper):
         return {**state, "prefix": state["prefix"].index_select(0, index)}
 
     def select_rows(self, state, index):
-        return {**super().select_rows(state, index), "prefix": state["prefix"].index_select(0, index)}
+        pick = lambda d: {n: v.index_select(0, index) for n, v in d.items()}  # noqa: E731
+        return {**state, "mem": [pick(m) for m in state["mem"]],
+                "region_mask": state["region_mask"].index_select(0, index),
+                "prefix": state["prefix"].index_select(0, index)}
 
 
 class EnsembleStepper:
     """Averages the member models' per-step word distributions: log(mean_i p_i(w))."""
 
-    def __init__(self, models: list[A2Transformer]):
+    def __init__(self, models: list):
+        """models: A2Transformer models, or steppers of one model each (e.g. `EncodedStepper`)."""
         if not models:
             raise A2Error("an ensemble needs at least one model")
-        self.members = [ModelStepper(m) for m in models]
+        self.members = [as_stepper(m) for m in models]
 
     def init_state(self, feats, region_mask):
         return [s.init_state(feats, region_mask) for s in self.members]
@@ -98,6 +115,30 @@ class EnsembleStepper:
 
     def select_rows(self, state, index):
         return [s.select_rows(st, index) for s, st in zip(self.members, state)]
+
+
+class EncodedStepper:
+    """A `ModelStepper` whose batch is encoded already: `init_state` starts from the state `inner.init_state` gave
+    for it (its region memory; `restart`: fresh caches), so several searches over one batch (the ensemble, then
+    each member alone) share one encoder pass per model."""
+
+    def __init__(self, inner: ModelStepper, state):
+        self.inner, self.state = inner, state
+
+    def init_state(self, feats, region_mask):
+        return self.inner.restart(self.state)
+
+    def expand_state(self, state, k):
+        return self.inner.expand_state(state, k)
+
+    def step(self, last, state):
+        return self.inner.step(last, state)
+
+    def reorder_state(self, state, index):
+        return self.inner.reorder_state(state, index)
+
+    def select_rows(self, state, index):
+        return self.inner.select_rows(state, index)
 
 
 def as_stepper(model_or_stepper):
@@ -141,7 +182,11 @@ def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_le
     b, k = feats.shape[0], beam_size
     device = feats.device
     compact = _can_select_rows(stepper)
-    state = stepper.expand_state(stepper.init_state(feats, region_mask), k)
+    state = stepper.init_state(feats, region_mask)
+    # an image's k beams start identical (<bos>, the same state): the first step runs once per image, then its
+    # state (caches of one position) is repeated for the k beams
+    first = stepper.step(torch.full((b,), bos, dtype=torch.long, device=device), state)  # (B, V)
+    state = stepper.expand_state(state, k)
     scores = torch.full((b, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     last = torch.full((b * k,), bos, dtype=torch.long, device=device)
@@ -153,16 +198,17 @@ def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_le
     steps = 0
     for t in range(max_len + 1):
         g = alive.numel()
-        logp = stepper.step(last, state)  # (G*K, V)
+        logp = first.repeat_interleave(k, 0) if t == 0 else stepper.step(last, state)  # (G*K, V)
         v = logp.shape[-1]
         if t == max_len:  # out of length: only <eos> may follow
             forced = torch.full_like(logp, float("-inf"))
             forced[:, eos] = logp[:, eos]
             logp = forced
-        # A finished hypothesis stays as it is: one continuation (pad) at no cost.
-        finished_row = torch.full((v,), float("-inf"), device=device)
-        finished_row[0] = 0.0
-        logp = torch.where(done[:, None], finished_row, logp)
+        # A finished hypothesis stays as it is: one continuation (pad, word 0) at no cost.
+        if bool(done.any()):
+            pad = torch.where(done, 0.0, logp[:, 0])  # (G*K,)
+            logp = logp.masked_fill(done[:, None], float("-inf"))
+            logp[:, 0] = pad
         cand = (scores.view(g * k, 1) + logp).view(g, k * v)
         scores, flat = cand.topk(k, dim=-1)  # (G, K)
         beam, word = flat // v, flat % v
@@ -268,21 +314,23 @@ def caption_batches(stepper, vocab, batches, *, beam_size: int = 5, max_len: int
     return out
 
 
-def caption_images(stepper, vocab, image_ids, fetch, *, batch_size: int = 50, **kwargs) -> dict[int, str]:
-    """{image_id: caption} of any images: `fetch(image_id)` gives their padded numpy (features (R, D), mask (R,)),
-    as `FeatureStore.padded` does. Other arguments as `caption_batches`."""
+def fetched_batches(image_ids, fetch, batch_size: int):
+    """`(image_ids, feats (B, R, D), region_mask (B, R))` batches of consecutive images: `fetch(image_id)` gives
+    their padded numpy (features (R, D), mask (R,)), as `FeatureStore.padded` does."""
     import numpy as np
 
     ids = list(image_ids)
+    for start in range(0, len(ids), batch_size):
+        chunk = ids[start:start + batch_size]
+        pairs = [fetch(i) for i in chunk]
+        feats, masks = (torch.from_numpy(np.stack([p[k] for p in pairs])) for k in (0, 1))
+        yield chunk, feats, masks
 
-    def batches():
-        for start in range(0, len(ids), batch_size):
-            chunk = ids[start:start + batch_size]
-            pairs = [fetch(i) for i in chunk]
-            feats, masks = (torch.from_numpy(np.stack([p[k] for p in pairs])) for k in (0, 1))
-            yield chunk, feats, masks
 
-    return caption_batches(stepper, vocab, batches(), **kwargs)
+def caption_images(stepper, vocab, image_ids, fetch, *, batch_size: int = 50, **kwargs) -> dict[int, str]:
+    """{image_id: caption} of any images, fetched by `fetch` (`fetched_batches`). Other arguments as
+    `caption_batches`."""
+    return caption_batches(stepper, vocab, fetched_batches(image_ids, fetch, batch_size), **kwargs)
 
 
 def captions_for(data, stepper, split: str, *, beam_size: int = 5, max_len: int = 20, batch_size: int = 50,
@@ -339,22 +387,34 @@ def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str
     total = len(set().union(*shard.values())) + len(shard.get(single_split, [])) * singles
     bar = tqdm(total=total, desc="decode", unit="img", file=sys.stderr, disable=not (progress and total))
 
-    def captions(ensemble: list, ids: list[int]) -> dict[int, str]:
-        return caption_images(MinLengthStepper(EnsembleStepper(ensemble), vocab.eos), vocab, ids,
-                              lambda i: store.padded(i, model_cfg["max_regions"]), beam_size=beam_size,
-                              max_len=max_len, batch_size=batch_size, device=device, progress=bar.update)
-
-    out: dict = {"ensemble": {}, "single": []}
+    options = dict(beam_size=beam_size, max_len=max_len, device=device, progress=bar.update)
+    fetch = lambda i: store.padded(i, model_cfg["max_regions"])  # noqa: E731
+    out: dict = {"ensemble": {}, "single": [{} for _ in models] if singles else []}
+    # Every image once, whatever splits it is in (Karpathy test images are also val2014 images): each member's
+    # encoder runs once per image, for the ensemble's search and, on `single_split`, for the member's own. The
+    # single split's images come first, in batches of their own, so that the members' solo searches run on
+    # the batches they had when they were decoded in a pass of their own.
+    unique = list(dict.fromkeys(i for ids in shard.values() for i in ids))
+    solo = list(dict.fromkeys(shard[single_split])) if singles else []
+    in_solo = set(solo)
+    rest = [i for i in unique if i not in in_solo]
+    ensemble: dict[int, str] = {}
     with torch.no_grad():
-        # every image once, whatever splits it is in (Karpathy test images are also val2014 images): the
-        # members' encoders and the beam search run once per image
-        unique = list(dict.fromkeys(i for ids in shard.values() for i in ids))
-        ensemble = captions(models, unique)
-        for split, ids in shard.items():
-            out["ensemble"][split] = {i: ensemble[i] for i in ids}
-        if single_split is not None:
-            out["single"] = [captions([model], shard[single_split]) if singles else out["ensemble"][single_split]
-                             for model in models]
+        for ids, alone in ((solo, True), (rest, False)):
+            for chunk, feats, mask in fetched_batches(ids, fetch, batch_size):
+                batch = [(chunk, feats.to(device), mask.to(device))]
+                members = [ModelStepper(model) for model in models]
+                encoded = [EncodedStepper(m, m.init_state(*batch[0][1:])) for m in members]  # (B, R, d) per member
+                ensemble.update(caption_batches(MinLengthStepper(EnsembleStepper(encoded), vocab.eos), vocab, batch,
+                                                **options))
+                for single, member in zip(out["single"] if alone else [], encoded):
+                    single.update(caption_batches(MinLengthStepper(member, vocab.eos), vocab, batch, **options))
+    for split, ids in shard.items():
+        out["ensemble"][split] = {i: ensemble[i] for i in ids}
+    if single_split is not None and not singles:
+        out["single"] = [out["ensemble"][single_split] for _ in models]  # one model alone is the ensemble
+    elif singles:
+        out["single"] = [{i: single[i] for i in shard[single_split]} for single in out["single"]]
     bar.close()
     store.close()
     return out

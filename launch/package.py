@@ -26,6 +26,7 @@ RESULTS_ZIP = "results.zip"
 LEADERBOARD = "leaderboard.json"
 MANIFEST = "package.json"
 SEEDS = (0, 1, 2, 3)
+SHARD_IMAGES = 500  # images per decoding shard: a killed package loses at most one shard per worker
 SERVER_IMAGES = 81_279  # the COCO server's val2014 (40,504) + test2014 (40,775) images
 # Ray Train gives a worker group 60 s to start by default; on a busy small machine importing torch in two fresh
 # workers can take longer. Applies to a Ray that this process starts (a cluster keeps its own setting).
@@ -52,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=50, help="images per beam-search batch")
+    parser.add_argument("--shard-images", type=int, default=SHARD_IMAGES,
+                        help="images per decoding shard, the unit a killed package does not decode again")
     parser.add_argument("--workers", type=int, default=None,
                         help="Ray decoding tasks (default: one per GPU, else per CPU); 0 decodes in this process")
     parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
@@ -72,6 +75,7 @@ def main(args) -> int:
     if getattr(args, "plan", False):
         print(plan_text(decode_plan(args.name, storage=args.storage, seeds=args.seeds, beam_size=args.beam_size,
                                     batch_size=args.batch_size, workers=args.workers, val_images=args.val_images,
+                                    shard_images=args.shard_images,
                                     test_images=args.test_images, data_overrides=args.data_overrides)))
         return 0
     package(**options)
@@ -80,7 +84,7 @@ def main(args) -> int:
 
 def decode_plan(name: str, *, storage: str | None = None, seeds=None, beam_size: int = 5, batch_size: int = 50,
                 workers: int | None = None, val_images: str | None = None, test_images: str | None = None,
-                data_overrides: list[str] | None = None, sample: int = 8) -> dict:
+                data_overrides: list[str] | None = None, sample: int = 8, shard_images: int = SHARD_IMAGES) -> dict:
     """What decoding study `name`'s package costs: its images and shards (less those an earlier run kept), and
     the ensemble's seconds per image measured on `sample` Karpathy test images with copies of the best trial's
     checkpoint (an ensemble of M members costs M single-model passes per beam step)."""
@@ -96,7 +100,7 @@ def decode_plan(name: str, *, storage: str | None = None, seeds=None, beam_size:
     _, data_config, images = decoding_data(checkpoint, data_overrides, val_images, test_images)
     splits = images["splits"]
     unique = len(set().union(*map(set, splits.values())))
-    shards = make_shards(splits)
+    shards = make_shards(splits, shard_images)
     ids = splits["test"][:sample + 2] or splits["val2014"][:sample + 2]
     options = dict(single_split=None, beam_size=beam_size, max_len=images["max_len"], batch_size=batch_size)
     ensemble_captions([checkpoint] * members, data_config, {"test": ids[:2]}, **options)  # warm-up (loading, caches)
@@ -106,6 +110,7 @@ def decode_plan(name: str, *, storage: str | None = None, seeds=None, beam_size:
     single_images = len(splits["test"]) if members > 1 else 0  # each member alone on the Karpathy test split
     cost = per_image * (unique + single_images)
     return {"study": name, "members": members, "beam_size": beam_size, "images": unique, "shards": len(shards),
+            "shard_images": shard_images,
             "device": "cuda" if torch.cuda.is_available() else "cpu", "sample": len(ids) - 2,
             "seconds_per_image": per_image, "seconds": cost, "workers": workers,
             "server_seconds": per_image * SERVER_IMAGES}
@@ -116,7 +121,7 @@ def plan_text(p: dict) -> str:
     w = p["workers"] or 1
     return (f"package decode plan for {p['study']}: {p['members']}-member ensemble, beam {p['beam_size']}\n"
             f"  images: {p['images']:,} distinct (val2014, test2014, Karpathy test) in {p['shards']} shards of "
-            f"{SHARD_IMAGES}\n"
+            f"{p['shard_images']}\n"
             f"  measured here ({p['device']}, {p['sample']} images in one batch): {p['seconds_per_image']:.3f} s "
             f"per image for the ensemble\n"
             f"  decode: {hours(p['seconds'])} on one worker, {hours(p['seconds'] / w)} on {w} worker(s) of this "
@@ -129,6 +134,7 @@ def plan_text(p: dict) -> str:
 def package(name: str, *, storage: str | None = None, seeds=None, alg: str | None = None, no_train: bool = False,
             out: str | os.PathLike | None = None, upload: str | None = None, s3_endpoint_url: str | None = None,
             tracking_uri: str | None = None, beam_size: int = 5, batch_size: int = 50, workers: int | None = None,
+            shard_images: int = SHARD_IMAGES,
             address: str | None = None, val_images: str | None = None, test_images: str | None = None,
             data_overrides: list[str] | None = None, model_name: str | None = None, verbose: bool = True) -> dict:
     """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
@@ -160,9 +166,11 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
         # Ray workers fetch an s3:// checkpoint themselves; a local one by the absolute path fetched here
         sources = [m["checkpoint"] if m["checkpoint"].startswith("s3://") else p for m, p in zip(members, local)]
         decoding = dict(beam_size=beam_size, max_len=images["max_len"], batch_size=batch_size)
-        keep = location.at(DECODED_DIR, decode_key(local, images["splits"], "test", **decoding))
+        keep = location.at(DECODED_DIR, decode_key(local, images["splits"], "test", **decoding,
+                                                   shard_images=shard_images))
         decoded = decode_all(sources, data_config, images["splits"], "test", **decoding, workers=workers,
-                             address=address, endpoint_url=location.endpoint_url, verbose=verbose, keep=keep)
+                             address=address, endpoint_url=location.endpoint_url, verbose=verbose, keep=keep,
+                             shard_images=shard_images)
         results = write_submission(out, files, decoded, images, alg, verbose)
         delivered = deliver(name, spec, best, members, local, data, decoded, results, images,
                             tracking_uri=tracking_uri, beam_size=beam_size, model_name=model_name or name,
@@ -446,7 +454,6 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
     return ensemble_captions(local, data_config, shard, single_split, **options)
 
 
-SHARD_IMAGES = 500  # images per decoding shard: a killed package loses at most one shard per worker
 DECODED_DIR = "package-decoded"  # in the study's storage: one folder of finished shards per decoding job
 
 

@@ -151,3 +151,37 @@ def test_a2_decode_with_two_checkpoints_writes_one_caption_per_test_image(setup)
     assert cli(["decode", "--checkpoints", a, "--split", "test", "--out", str(single)]) == 0
     expected1 = captions_for(setup["data"], ModelStepper(models[0]), "test", beam_size=5, max_len=20)
     assert {r["image_id"]: r["caption"] for r in json.loads(single.read_text())} == expected1
+
+
+def test_members_encode_each_image_once_for_the_ensemble_and_their_solo_captions(setup, monkeypatch):
+    """`ensemble_captions` (packaging's decode): each member's encoder runs once per image, shared by the ensemble's
+    search and the member's solo search on the single split; the captions equal those of separate passes (the
+    ensemble over every image, each member alone over the single split, each encoding its images again)."""
+    from a2core.decode import MinLengthStepper, caption_images, ensemble_captions
+    from a2core.data.features import FeatureStore
+    from a2core.model.a2 import A2Transformer
+
+    data = setup["data"]
+    val = [img.image_id for img in data.images("val")][:6]
+    test = [img.image_id for img in data.images("test")][:7]
+    shard = {"all": val + test, "test": test}  # the single split's images are in the other split too
+    paths = list(map(str, setup["paths"]))
+    options = dict(beam_size=3, max_len=12, batch_size=3)
+    encoded = []
+    encode = A2Transformer.encode
+    monkeypatch.setattr(A2Transformer, "encode", lambda self, feats, mask: encoded.append(len(feats))
+                        or encode(self, feats, mask))
+    got = ensemble_captions(paths, setup["cfg"].to_dict()["data"], shard, "test", **options)
+    assert sum(encoded) == 2 * len(val + test)  # two members, every image once each
+    encoded.clear()
+
+    models, vocab, _ = ckpt.load_ensemble(paths)
+    store = FeatureStore(data.paths.features, setup["cfg"].model.feature_dim)
+    fetch = lambda i: store.padded(i, setup["cfg"].model.max_regions)  # noqa: E731
+    alone = lambda stepper, ids: caption_images(MinLengthStepper(stepper, vocab.eos), vocab, ids, fetch,  # noqa: E731
+                                                batch_size=3, beam_size=3, max_len=12)
+    ensemble = alone(EnsembleStepper(models), val + test)
+    singles = [alone(ModelStepper(m), test) for m in models]
+    assert sum(encoded) == 2 * len(val + test) + 2 * len(test)  # what separate passes cost
+    assert got["ensemble"] == {"all": {i: ensemble[i] for i in val + test}, "test": {i: ensemble[i] for i in test}}
+    assert got["single"] == singles and singles[0] != singles[1]  # the members differ

@@ -160,6 +160,44 @@ def test_cached_beam_search_equals_uncached(fusion):
     assert torch.equal(greedy(model, feats, rmask, 12), greedy(UncachedStepper(model), feats, rmask, 12))
 
 
+def test_long_cached_beam_search_equals_uncached_in_float32():
+    """Past the key/value cache's first capacity (16 positions) and with every hypothesis running to max_len
+    (<eos> made unlikely): the same captions as re-running the prefix, scores within float32 rounding."""
+    torch.manual_seed(2)
+    model = build_model(small("gate"), vocab_size=25).eval()
+    with torch.no_grad():
+        model.head.weight[2] -= 3.0 * model.head.weight[2].sign()  # <eos> unlikely: all steps run
+    feats = torch.randn(3, 6, 16)
+    rmask = torch.ones(3, 6, dtype=torch.bool)
+    rmask[2, 4:] = False
+    seq_c, score_c = beam_search(model, feats, rmask, beam_size=5, max_len=20)
+    seq_u, score_u = beam_search(UncachedStepper(model), feats, rmask, beam_size=5, max_len=20)
+    assert seq_c.shape[1] == 21 and torch.equal(seq_c, seq_u)
+    torch.testing.assert_close(score_c, score_u, rtol=1e-5, atol=1e-4)
+
+
+def test_kv_cache_rows_are_selected_and_grown_like_concatenated_tensors():
+    from a2core.model.a2 import KVCache
+
+    torch.manual_seed(0)
+    steps = [torch.randn(4, 1, 6) for _ in range(20)]
+    cache, reference = KVCache(), torch.zeros(4, 0, 6)
+    for t, kv in enumerate(steps):
+        assert torch.equal(cache.append(kv), torch.cat([reference, kv], 1))
+        reference = torch.cat([reference, kv], 1)
+        index = torch.randint(0, 4, (4,))
+        cache, reference = cache.select(index, reuse=True), reference[index]  # the spare buffer is written
+    assert cache.length == 20 and torch.equal(cache.buf[:, :20], reference)
+    fewer = cache.select(torch.tensor([3, 0]))
+    assert torch.equal(fewer.buf[:, :20], reference[[3, 0]]) and torch.equal(cache.buf[:, :20], reference)
+    assert torch.equal(cache.repeat(2).buf[:, :20], reference.repeat_interleave(2, 0))
+    # with autograd the keys are concatenated, never written in place (the backward pass needs them)
+    grad = KVCache()
+    x = torch.randn(2, 1, 6, requires_grad=True)
+    (grad.append(x).sum() + grad.append(x * 2).sum()).backward()
+    assert torch.equal(x.grad, torch.full_like(x, 4.0))
+
+
 def test_decoding_past_the_models_positions_is_a_clear_error():
     model = build_model(small("gate"), vocab_size=25, max_len=6).eval()  # 8 positions
     feats, rmask = torch.randn(2, 6, 16), torch.ones(2, 6, dtype=torch.bool)

@@ -73,3 +73,56 @@ def test_plan_states_the_decode_cost_and_trains_nothing(study, tmp_path, capsys)
     assert "4-member ensemble, beam 5" in printed and "s per image for the ensemble" in printed
     assert "the server's 81,279 images" in printed and "on 4 worker(s)" in printed
     assert not (tmp_path / "a2-packages").exists()  # nothing written
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_package_process_reruns_without_decoding_a_shard_twice(study, tmp_path):  # noqa: F811
+    """`a2 package` as a process of its own, killed (SIGKILL: no handler runs) once a shard is in the study's
+    storage and before the decoding ends; the rerun decodes only the shards not kept (the kept files are not
+    written again) and its results.zip is byte-identical to that of an uninterrupted run of a copy of the study."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import launch.package as package
+
+    whole_storage = tmp_path / "studies-whole"
+    shutil.copytree(study["storage"], whole_storage)  # the same finished study, for the uninterrupted run
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+
+    def a2(storage: Path, out: str, db: str) -> list[str]:
+        return [sys.executable, "-m", "launch.cli", "package", NAME, "--storage", str(storage), "--seeds", "0", "1",
+                "--no-train", "--workers", "0", "--beam-size", "3", "--batch-size", "2", "--shard-images", "3",
+                "--out", str(tmp_path / out), "--tracking-uri", f"sqlite:///{tmp_path / db}"]
+
+    kept = study["storage"] / NAME / package.DECODED_DIR
+    shards = lambda: {p.name: p.stat().st_mtime_ns for p in kept.glob("*/shard-*.json")}  # noqa: E731
+    proc = subprocess.Popen(a2(study["storage"], "out", "m.db"), cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not shards() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = shards()
+    assert proc.returncode == -signal.SIGKILL and before, proc.stderr.read().decode()[-3000:]
+    assert not (tmp_path / "out" / "results.zip").exists()
+
+    rerun = subprocess.run(a2(study["storage"], "out", "m.db"), cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    after = shards()
+    assert len(before) < len(after)  # killed before the decoding's end
+    assert f"{len(before)} of {len(after)} shards were decoded before" in rerun.stdout + rerun.stderr
+    assert {name: after[name] for name in before} == before  # no kept shard decoded (written) again
+
+    whole = subprocess.run(a2(whole_storage, "whole", "w.db"), cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert "decoded before" not in whole.stdout + whole.stderr
+    assert (tmp_path / "out" / "results.zip").read_bytes() == (tmp_path / "whole" / "results.zip").read_bytes()

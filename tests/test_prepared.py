@@ -82,6 +82,37 @@ def test_float16_store_gives_the_same_model_outputs_and_loss(float32_set, tmp_pa
     assert abs(losses[1].item() - losses[0].item()) < 1e-4 * losses[0].item()
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_whole_batch_gather_equals_the_per_image_path(float32_set, tmp_path, workers):
+    """The loader builds a prepared store's batch with one gather from the memory map (in the iterating process);
+    every tensor equals the per-image path's: each image's rows padded by `features.pad`, captions encoded one by
+    one. max_regions 6 cuts some images (up to 10 regions), so the cut is covered too."""
+    from a2core.data.features import pad
+
+    prepared.prepare(float32_set["h5"], tmp_path / "w.a2feat")
+    cfg = _coco(float32_set, tmp_path / "w.a2feat")
+    data = CaptionData(cfg.data, 6)
+    batches = list(data.loader("train", 7, shuffle=True, seed=2, num_workers=workers))
+    assert sum(len(b["image_ids"]) for b in batches) == len(data.images("train")) and len(batches) > 2
+    by_id = {img.image_id: img for img in data.images("train")}
+    padded = 0
+    for batch in batches:
+        ids = batch["image_ids"].tolist()
+        feats, mask = pad([data.features.rows(i, 6) for i in ids], 6, 2048)
+        assert feats.dtype == batch["feats"].dtype == torch.float16 and batch["feats"].shape == (len(ids), 6, 2048)
+        assert torch.equal(batch["feats"], feats) and torch.equal(batch["region_mask"], mask)
+        padded += int((~mask).sum())
+        encoded = [[data.vocab.encode(c, cfg.data.max_caption_len) for c in by_id[i].captions[:5]] for i in ids]
+        length = max(len(c) for caps in encoded for c in caps)
+        assert batch["captions"].dtype == torch.long and batch["captions"].shape == (len(ids), 5, length)
+        for b, caps in enumerate(encoded):
+            for j, c in enumerate(caps):
+                assert batch["captions"][b, j, :len(c)].tolist() == c and not batch["captions"][b, j, len(c):].any()
+    assert padded > 0  # some images have fewer than 6 regions
+    with pytest.raises(DataError, match=r"w\.a2feat: no region features for image id 7"):
+        data.features.prepared.locate([100000, 7], 6)
+
+
 def test_bad_input_names_the_file_and_image_id_and_leaves_nothing(tmp_path):
     bad = tmp_path / "bad.h5"
     with h5py.File(bad, "w") as f:

@@ -240,7 +240,7 @@ def test_sampling_reuses_the_decoder_cache_and_matches_teacher_forcing(tiny_root
 
     def recording_decode(tokens, mem, region_mask, mode="aligned", caches=None, start=0):
         out = decode(tokens, mem, region_mask, mode, caches, start)
-        calls.append((tokens.shape[1], start, [c["k"].shape[2] for c in caches] if caches else None))
+        calls.append((tokens.shape[1], start, [c.length for c in caches] if caches else None))
         return out
 
     model.decode = recording_decode

@@ -1,7 +1,6 @@
 """What a run reads: vocabulary, Karpathy splits, region features, and batches of images with 5 captions each."""
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +84,7 @@ class CaptionData:
         return feats[0].float().numpy(), mask[0].numpy()
 
     def region_rows(self, image_id: int) -> np.ndarray:
-        """(n <= max_regions, D) rows of one image; padded per batch by `_collate`. Small sets stay in memory; a
+        """(n <= max_regions, D) rows of one image; padded per batch by `pad`. Small sets stay in memory; a
         prepared store needs no cache of ours (its memory map is in the OS page cache, shared by processes)."""
         hit = self._cache.get(image_id)
         if hit is None:
@@ -108,10 +107,8 @@ class CaptionData:
             order = np.resize(order, per_rank * world)  # wrap around so every rank has the same number of steps
             order = order[rank::world]
         batches = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
-        ds = _ImageDataset(self, images, with_captions)
-        collate = functools.partial(_collate, max_regions=self.max_regions, dim=self.features.feature_dim)
-        return DataLoader(ds, batch_sampler=batches, num_workers=num_workers, collate_fn=collate,
-                          persistent_workers=False)
+        return _BatchLoader(self, _ImageDataset(self, images, with_captions), batch_sampler=batches,
+                            num_workers=num_workers, collate_fn=_whole_batch, persistent_workers=False)
 
     def train_loader(self, images_per_step: int, *, seed: int = 0, epoch: int = 0, rank: int = 0, world: int = 1,
                      num_workers: int = 0, split: str = "train") -> DataLoader:
@@ -125,10 +122,8 @@ class CaptionData:
         order = np.random.default_rng((seed, epoch)).permutation(len(images))
         steps = -(-len(order) // images_per_step)
         order = np.resize(order, steps * images_per_step).reshape(steps, world, -1)  # (steps, world, images/world)
-        ds = _ImageDataset(self, images, True)
-        collate = functools.partial(_collate, max_regions=self.max_regions, dim=self.features.feature_dim)
-        return DataLoader(ds, batch_sampler=order[:, rank].tolist(), num_workers=num_workers, collate_fn=collate,
-                          persistent_workers=False)
+        return _BatchLoader(self, _ImageDataset(self, images, True), batch_sampler=order[:, rank].tolist(),
+                            num_workers=num_workers, collate_fn=_whole_batch, persistent_workers=False)
 
     def check(self, splits=("train", "val", "test")) -> None:
         """Fail before training if train or val (when asked for) is empty, or if any image of these splits has no
@@ -139,6 +134,9 @@ class CaptionData:
 
 
 class _ImageDataset(Dataset):
+    """Images of a split; a batch is built whole by `__getitems__` (torch's fetcher calls it with a batch's
+    indices, then `collate_fn` on its result, in a worker or the main process)."""
+
     def __init__(self, data: CaptionData, images: list[ImageCaptions], with_captions: bool):
         self.data, self.images, self.with_captions = data, images, with_captions
         self.max_len = data.cfg.max_caption_len
@@ -147,26 +145,56 @@ class _ImageDataset(Dataset):
         return len(self.images)
 
     def __getitem__(self, i: int) -> dict:
-        img = self.images[i]
-        item = {"image_id": img.image_id, "rows": self.data.region_rows(img.image_id)}  # (n, D)
-        if self.with_captions and img.captions:
-            caps = [img.captions[j % len(img.captions)] for j in range(CAPTIONS_PER_IMAGE)]
-            item["captions"] = [self.data.vocab.encode(c, self.max_len) for c in caps]
-        return item
+        return _finish(self.data, self.__getitems__([i]))
+
+    def __getitems__(self, indices: list[int]) -> dict:
+        images = [self.images[i] for i in indices]
+        ids = [img.image_id for img in images]
+        batch = {"image_ids": torch.tensor(ids, dtype=torch.long)}
+        prepared = self.data.features.prepared
+        if prepared is not None:
+            # only where the rows are, (B, 2): the padded batch (20 MB at 50 x 100 x 2048 float16) is gathered from
+            # the shared memory map by the process that consumes it (`_finish`), since handing it over from a
+            # worker costs more than gathering it (a fresh shared-memory segment per batch: benchmarks/RESULTS.md)
+            where = prepared.locate(ids, self.data.max_regions)
+            prepared.prefetch(where)  # reads queued now, in a worker ahead of the batches being consumed
+            batch["regions"] = torch.from_numpy(where)
+        else:
+            batch["feats"], batch["region_mask"] = pad([self.data.region_rows(i) for i in ids],
+                                                       self.data.max_regions, self.data.features.feature_dim)
+        if self.with_captions and all(img.captions for img in images):
+            encoded = [[self.data.vocab.encode(img.captions[j % len(img.captions)], self.max_len)
+                        for j in range(CAPTIONS_PER_IMAGE)] for img in images]
+            length = max(len(c) for caps in encoded for c in caps)
+            caps = np.zeros((len(images), CAPTIONS_PER_IMAGE, length), dtype=np.int64)  # 0 = <pad>
+            for b, captions in enumerate(encoded):
+                for j, c in enumerate(captions):
+                    caps[b, j, :len(c)] = c
+            batch["captions"] = torch.from_numpy(caps)  # (B, 5, L): <bos> w1 .. wn <eos> <pad>..
+        return batch
 
 
-def _collate(items: list[dict], max_regions: int, dim: int) -> dict:
-    feats, mask = pad([it["rows"] for it in items], max_regions, dim)
-    batch = {
-        "image_ids": torch.tensor([it["image_id"] for it in items], dtype=torch.long),
-        "feats": feats,  # (B, R, D) zero-padded; float16 from a prepared store (the model widens it), else float32
-        "region_mask": mask,  # (B, R) True = region
-    }
-    if all("captions" in it for it in items):
-        length = max(len(c) for it in items for c in it["captions"])
-        caps = torch.zeros(len(items), CAPTIONS_PER_IMAGE, length, dtype=torch.long)  # 0 = <pad>
-        for b, it in enumerate(items):
-            for j, c in enumerate(it["captions"]):
-                caps[b, j, :len(c)] = torch.tensor(c)
-        batch["captions"] = caps  # (B, 5, L): <bos> w1 .. wn <eos> <pad>..
+def _whole_batch(batch: dict) -> dict:
+    """collate_fn: `_ImageDataset.__getitems__` has built the batch already."""
     return batch
+
+
+def _finish(data: CaptionData, batch: dict) -> dict:
+    """The batch as the model takes it: image_ids (B,), feats (B, R, D) zero-padded (float16 from a prepared store,
+    which the model widens; else float32), region_mask (B, R) True = region, and captions (B, 5, L) when asked."""
+    where = batch.pop("regions", None)
+    if where is not None:
+        batch["feats"], batch["region_mask"] = data.features.prepared.gather(where.numpy(), data.max_regions)
+    return batch
+
+
+class _BatchLoader(DataLoader):
+    """A DataLoader whose batches are finished (`_finish`) in the process that iterates it."""
+
+    def __init__(self, data: CaptionData, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.data = data
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            yield _finish(self.data, batch)

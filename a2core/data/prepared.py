@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 from ..atomic import atomic_write
 from ..errors import DataError
@@ -118,11 +119,12 @@ class PreparedFeatures:
         if index.ndim != 2 or index.shape != (self.manifest["images"], 3):
             raise DataError(f"{self.path / INDEX}: shape {index.shape}, expected ({self.manifest['images']}, 3)")
         self.ids, self.starts, self.counts = index[:, 0], index[:, 1], index[:, 2]
-        self._rows = None
+        self._rows = self._rows_tensor = None
+        self._fd: int | None = None  # the rows file, for `prefetch`
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_rows"] = None
+        state["_rows"] = state["_rows_tensor"] = state["_fd"] = None
         return state
 
     @property
@@ -157,8 +159,55 @@ class PreparedFeatures:
         start, n = int(self.starts[i]), int(self.counts[i])
         return self.rows[start:start + n]
 
+    def locate(self, image_ids, max_regions: int) -> np.ndarray:
+        """(B, 2) int64: each image's first row and its number of rows (cut to `max_regions`); a few bytes per
+        image to hand from a DataLoader worker to the process that `gather`s them. DataError names a missing id."""
+        ids = np.asarray(image_ids, dtype=np.int64)
+        slots = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        missing = ids[self.ids[slots] != ids]
+        if len(missing):
+            raise DataError(f"{self.path}: no region features for image id {int(missing[0])}")
+        return np.stack([self.starts[slots], np.minimum(self.counts[slots], max_regions)], axis=1)
+
+    def prefetch(self, where: np.ndarray) -> None:
+        """Ask the OS to read the rows located by `where` (B, 2) into its page cache, without waiting: all of a
+        batch's reads are queued at once (a memory map alone faults them in one image at a time), and in a
+        DataLoader worker they proceed while the batches before it are consumed. A no-op where the OS has no
+        posix_fadvise; cached rows cost a lookup."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        if self._fd is None:
+            self._fd = os.open(self.path / ROWS, os.O_RDONLY)
+        row_bytes = 2 * self.feature_dim
+        for start, n in where.tolist():
+            os.posix_fadvise(self._fd, start * row_bytes, n * row_bytes, os.POSIX_FADV_WILLNEED)
+
+    def gather(self, where: np.ndarray, max_regions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch located by `where` (B, 2) as zero-padded (B, max_regions, D) float16 features and their
+        (B, max_regions) bool mask, True where a real region is; the same values as `features.pad` of the images'
+        rows. Each image is one copy from the memory map into the batch, in file order (sequential reads when
+        the store comes from disk); only the padding is zeroed, not the whole batch first."""
+        rows = self.rows_tensor  # (total_rows, D) float16 over the memory map
+        counts = torch.from_numpy(np.ascontiguousarray(where[:, 1]))
+        feats = torch.empty((len(where), max_regions, self.feature_dim), dtype=torch.float16)
+        for b in np.argsort(where[:, 0], kind="stable").tolist():
+            start, n = int(where[b, 0]), int(where[b, 1])
+            feats[b, :n] = rows[start:start + n]
+            feats[b, n:] = 0
+        mask = torch.arange(max_regions) < counts[:, None]  # (B, max_regions)
+        return feats, mask
+
+    @property
+    def rows_tensor(self) -> torch.Tensor:
+        if self._rows_tensor is None:
+            self._rows_tensor = torch.from_numpy(self.rows)  # shares the memory map, no copy
+        return self._rows_tensor
+
     def close(self) -> None:
-        self._rows = None
+        self._rows = self._rows_tensor = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 # -- conversion -------------------------------------------------------------------------------------------------

@@ -60,9 +60,70 @@ def _merge(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, n, h * dh)
 
 
+class KVCache:
+    """Past keys and values of one self-attention layer for step-by-step decoding: N rows (captions or beams) of
+    `length` positions, held as one (N, capacity, 2 d) tensor, keys in [..., :d] and values in [..., d:] (heads
+    merged, as the qkv projection returns them).
+
+    Without autograd a step writes its position into free capacity (no growing concatenation, which re-copies the
+    whole cache every step), and beam search's reorder (`select(index, reuse=True)`) copies the rows with one
+    index_select of the cache's 2-d (N, length * 2d) view, the fast kernel (a 4-d index_select is >10x slower on
+    CPU), into the spare buffer of the previous reorder (no fresh allocation, whose page faults cost more than the
+    copy). With autograd (SCST sampling) every step concatenates into a new tensor: writing into a buffer in
+    place would overwrite keys the backward pass still needs."""
+
+    def __init__(self):
+        self.buf: torch.Tensor | None = None  # (N, capacity >= length, 2 d)
+        self.length = 0
+        self._spare: torch.Tensor | None = None  # a buffer of buf's shape that `select(reuse=True)` may write into
+
+    def append(self, kv: torch.Tensor) -> torch.Tensor:
+        """kv (N, n, 2 d) of the n new positions -> every position's keys and values, (N, length + n, 2 d)."""
+        end = self.length + kv.shape[1]
+        if kv.requires_grad or (self.buf is not None and self.buf.requires_grad):
+            self.buf = kv if self.buf is None else torch.cat([self.buf[:, :self.length], kv], dim=1)
+            self._spare = None
+        else:
+            if self.buf is None or self.buf.shape[1] < end:
+                grown = kv.new_empty(kv.shape[0], max(end, 16, 2 * self.length), kv.shape[2])
+                if self.length:
+                    grown[:, :self.length] = self.buf[:, :self.length]
+                self.buf, self._spare = grown, None
+            self.buf[:, self.length:end] = kv
+        self.length = end
+        return self.buf[:, :end]
+
+    def select(self, index: torch.Tensor, reuse: bool = False) -> "KVCache":
+        """A cache of the rows `index` (N',), e.g. beams reordered or finished images dropped. With `reuse`
+        this cache is spent: its buffer becomes the spare of the result, which writes into it at its next reorder
+        (beam search keeps only the newest state)."""
+        out = KVCache()
+        out.length = self.length
+        if self.buf is None:
+            return out
+        if self.buf.requires_grad:
+            out.buf = self.buf[:, :self.length].index_select(0, index)
+            return out
+        n, cap, width = self.buf.shape
+        spare = self._spare if reuse else None
+        if spare is None or spare.shape[0] != index.numel():
+            spare = self.buf.new_empty(index.numel(), cap, width)
+        used = self.length * width  # the filled prefix of each row of the (N, capacity * 2 d) view
+        torch.index_select(self.buf.view(n, -1)[:, :used], 0, index, out=spare.view(spare.shape[0], -1)[:, :used])
+        out.buf = spare
+        out._spare = self.buf if reuse and spare.shape[0] == n else None
+        return out
+
+    def repeat(self, k: int) -> "KVCache":
+        """Every row repeated k times (adjacent)."""
+        if self.buf is None:
+            return KVCache()
+        return self.select(torch.arange(self.buf.shape[0], device=self.buf.device).repeat_interleave(k))
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention (`F.scaled_dot_product_attention`: no weights are needed here, so the fused
-    kernel may skip materialising them); `cache` (a dict) holds past keys/values for step-by-step decoding."""
+    kernel may skip materialising them); `cache` (a `KVCache`) holds past keys/values for step-by-step decoding."""
 
     def __init__(self, d: int, h: int, dropout: float):
         super().__init__()
@@ -70,14 +131,15 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d, 3 * d)
         self.out = nn.Linear(d, d)
 
-    def forward(self, x, key_mask=None, causal=False, cache=None):
-        # x: (B, N, d); key_mask: (B, N) True = attend; cache: {"k", "v"} of (B, H, t, Dh) for past steps
-        q, k, v = (_heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
+    def forward(self, x, key_mask=None, causal=False, cache: KVCache | None = None):
+        # x: (B, N, d); key_mask: (B, N) True = attend
+        d = x.shape[-1]
+        qkv = self.qkv(x)  # (B, N, 3 d): queries, keys, values
         if cache is not None:
-            if "k" in cache:
-                k = torch.cat([cache["k"], k], dim=2)
-                v = torch.cat([cache["v"], v], dim=2)
-            cache["k"], cache["v"] = k, v
+            kv = cache.append(qkv[..., d:])  # (B, past + N, 2 d): every position's keys and values
+            q, k, v = _heads(qkv[..., :d], self.h), _heads(kv[..., :d], self.h), _heads(kv[..., d:], self.h)
+        else:
+            q, k, v = (_heads(t, self.h) for t in qkv.chunk(3, dim=-1))  # (B, H, N, Dh) each
         n, nk = q.shape[2], k.shape[2]
         allowed = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, N_k) True = attend
         is_causal = causal and n > 1 and n == nk
@@ -345,7 +407,7 @@ class A2Transformer(nn.Module):
                              "(decode with a smaller max_len or build the model with a larger one)")
         return self.drop(self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.pos[start:start + t])
 
-    def decode_start(self, tokens: torch.Tensor, start: int = 0, cache: dict | None = None) -> torch.Tensor:
+    def decode_start(self, tokens: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
         """The decoder below its first cross-attention: word embeddings and the first layer's self-attention
         sublayer, tokens (N, T) -> (N, T, d). It depends on neither the regions nor the mask network, so the A2
         step computes it once for the mask step and the captioner step (`decode(..., first=)`)."""
@@ -383,7 +445,10 @@ class A2Transformer(nn.Module):
     # -- step-by-step decoding -------------------------------------------------------------------------------
     def init_state(self, feats, region_mask) -> dict:
         enc = self.encode(feats, region_mask)
-        return {"mem": self.memory(enc), "region_mask": region_mask, "caches": [{} for _ in self.decoder], "t": 0}
+        # contiguous once per image: the keys/values are views into one projection's output, which every step's
+        # batched matmul would otherwise copy (B, H, R, Dh) per layer and step
+        mem = [{name: t.contiguous() for name, t in m.items()} for m in self.memory(enc)]
+        return {"mem": mem, "region_mask": region_mask, "caches": [KVCache() for _ in self.decoder], "t": 0}
 
     def step(self, last_tokens: torch.Tensor, state: dict) -> torch.Tensor:
         """last_tokens (N,) -> log-probabilities (N, V) of the next word; advances the cached state."""
@@ -395,11 +460,12 @@ class A2Transformer(nn.Module):
 
     @staticmethod
     def reorder_state(state: dict, index: torch.Tensor) -> dict:
-        """Select rows (beams) of the per-beam caches: index (N,) into the batch dimension.
+        """Select rows (beams) of the per-beam caches: index (N,) into the batch dimension. The state given is
+        spent (its cache buffers are reused by the result).
 
-        Beam search only moves rows within the group of one image, whose region memory rows are identical,
-        so the memory is left in place instead of being copied every step."""
-        caches = [{k: v.index_select(0, index) for k, v in c.items()} for c in state["caches"]]
+        Beam search only moves rows within the group of one image, and the region memory holds one row per
+        image (`ModelStepper.expand_state`), so the memory is left as it is."""
+        caches = [c.select(index, reuse=True) for c in state["caches"]]
         return {**state, "caches": caches}
 
 
