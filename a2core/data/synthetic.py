@@ -55,9 +55,14 @@ BACKGROUND = (1, 2)  # background regions per image, inclusive
 FEATURE_DIM = 2048
 _CLASS, _COLOUR, _BOX, _SCENE = 0, len(CLASSES), len(CLASSES) + len(COLOURS), len(CLASSES) + len(COLOURS) + 4
 _FLAG = _SCENE + len(SCENES)
-_NUISANCE = _FLAG + 1
+_SALIENCE = _FLAG + 1
+_NUISANCE = _SALIENCE + 2
 LATENT = _NUISANCE + 6
-FORMAT_VERSION = 2
+# Bumped whenever the same (seed, images, test_images) would give other files. Stored in synthetic.json; a set of
+# another version is never reused (`ensure`). 3: a salience order, every caption names the two most salient objects.
+FORMAT_VERSION = 3
+STYLE_WEIGHTS = (0.6, 0.2, 0.2)  # "a red dog left of ..." | "there is a red dog ..." | "a red dog is ..."
+SCENE_RATE = 0.8  # captions that end "in a park"
 
 
 def _relation(box_a, box_b) -> str:
@@ -74,14 +79,14 @@ def _caption(rng, a, b, scene) -> tuple[list[str], list[int]]:
         return [("a", -1), (COLOURS[o["colour"]], -1), (CLASSES[o["cls"]], o["region"])]
 
     rel = [(w, -1) for w in _relation(a["box"], b["box"]).split()]
-    style = rng.integers(3)
+    style = rng.choice(3, p=STYLE_WEIGHTS)
     if style == 0:
         toks = obj(a) + rel + obj(b)
     elif style == 1:
         toks = [("there", -1), ("is", -1)] + obj(a) + rel + obj(b)
     else:
         toks = obj(a) + [("is", -1)] + rel + obj(b)
-    if rng.random() < 0.6:
+    if rng.random() < SCENE_RATE:
         toks += [("in", -1), ("the" if SCENES[scene] == "kitchen" else "a", -1), (SCENES[scene], -1)]
     return [t for t, _ in toks], [r for _, r in toks]
 
@@ -95,6 +100,7 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
     colours = rng.choice(len(COLOURS), n_obj, replace=False)
     objects = [{"cls": int(c), "colour": int(k), "box": rng.uniform(0.1, 0.9, 2).tolist()
                 + rng.uniform(0.05, 0.4, 2).tolist()} for c, k in zip(classes, colours)]
+    # objects[0] is the most salient, objects[1] the second: what every caption names, in that order
     latents = np.zeros((n_obj + n_bg, LATENT), np.float32)
     for z, o in zip(latents, objects):
         z[_CLASS + o["cls"]] = 1.0
@@ -103,6 +109,8 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
         z[_BOX:_BOX + 4] = o["box"]
         z[_SCENE + scene] = 0.3
         z[_FLAG] = 1.0
+    latents[0, _SALIENCE] = 1.0
+    latents[1, _SALIENCE + 1] = 1.0
     for z in latents[n_obj:]:
         z[_SCENE + scene] = 1.0
         z[_NUISANCE:] = rng.normal(0, 1.0, LATENT - _NUISANCE)
@@ -115,9 +123,8 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
     feats = latents @ embed + rng.normal(0, 0.05, (len(latents), FEATURE_DIM)).astype(np.float32)
     feats = np.maximum(feats, 0.0)  # ReLU-like, non-negative as bottom-up features are
     caps, grounds = [], []
-    for _ in range(5):
-        a, b = rng.choice(n_obj, 2, replace=False)  # each caption describes its own pair
-        toks, ground = _caption(rng, objects[a], objects[b], scene)
+    for _ in range(5):  # the references agree on what to say; only the wording varies
+        toks, ground = _caption(rng, objects[0], objects[1], scene)
         caps.append(toks)
         grounds.append(ground)
     return feats.astype(np.float16), caps, grounds
@@ -238,7 +245,21 @@ def ensure(root: str | Path | None, seed: int, images: int) -> dict[str, Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not complete():
             if meta.is_file():
-                raise DataError(f"{root}: holds a synthetic dataset of other settings; "
-                                 f"choose another data.root or remove it")
+                raise DataError(_mismatch(root, meta, seed, images))
             generate(root, seed=seed, images=images)
     return paths(root)
+
+
+def _mismatch(root: Path, meta: Path, seed: int, images: int) -> str:
+    """Why the set at `root` is not the one asked for; an older format version is never reused (its captions and
+    features differ), and regenerating over a folder the user named could destroy their files, so refuse."""
+    try:
+        m = json.loads(meta.read_text())
+    except (OSError, json.JSONDecodeError):
+        m = {}
+    if m.get("format") != FORMAT_VERSION:
+        return (f"{root}: holds a synthetic dataset of format version {m.get('format')}, but this code generates "
+                f"version {FORMAT_VERSION} (other captions and features); remove it to regenerate it, or choose "
+                f"another data.root")
+    return (f"{root}: holds a synthetic dataset of seed {m.get('seed')} and {m.get('images')} images, not seed "
+            f"{seed} and {images}; choose another data.root or remove it")
