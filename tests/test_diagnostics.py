@@ -278,11 +278,11 @@ def test_a_short_training_run_reports_every_diagnostic(root, tmp_path):
 
 
 def test_grounding_skips_regions_cut_by_max_regions(root):
-    """With max_regions 4, a word grounded in region 6 has no features: it is not counted (neither hit nor miss)."""
-    data = _data(root, max_regions=4)
+    """With max_regions 3, a word grounded in region 4 has no features: it is not counted (neither hit nor miss)."""
+    data = _data(root, max_regions=3)
     g = data.grounding()
-    expected = sum(1 for img in data.images("val") for r in g[img.image_id]["sentences"][0] if 0 <= r < 4)
-    cut = sum(1 for img in data.images("val") for r in g[img.image_id]["sentences"][0] if r >= 4)
+    expected = sum(1 for img in data.images("val") for r in g[img.image_id]["sentences"][0] if 0 <= r < 3)
+    cut = sum(1 for img in data.images("val") for r in g[img.image_id]["sentences"][0] if r >= 3)
     assert cut > 0  # the case is exercised
     acc = grounding_accuracy(_ForcedAttention(data, "val"), data, "val", batch_size=5)
     assert acc["words"] == expected

@@ -63,6 +63,7 @@ LATENT = _NUISANCE + 6
 FORMAT_VERSION = 3
 STYLE_WEIGHTS = (0.6, 0.2, 0.2)  # "a red dog left of ..." | "there is a red dog ..." | "a red dog is ..."
 SCENE_RATE = 0.8  # captions that end "in a park"
+RELATION_MARGIN = 0.15
 
 
 def _relation(box_a, box_b) -> str:
@@ -100,7 +101,12 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
     colours = rng.choice(len(COLOURS), n_obj, replace=False)
     objects = [{"cls": int(c), "colour": int(k), "box": rng.uniform(0.1, 0.9, 2).tolist()
                 + rng.uniform(0.05, 0.4, 2).tolist()} for c, k in zip(classes, colours)]
-    # objects[0] is the most salient, objects[1] the second: what every caption names, in that order
+    # objects[0] is the most salient, objects[1] the second: what every caption names, in that order. Their
+    # relation is never a near tie (|dx| and |dy| at least RELATION_MARGIN apart): the word is learnable, not
+    # a coin flip on boxes that are nearly diagonal to each other.
+    while abs(abs(objects[1]["box"][0] - objects[0]["box"][0]) - abs(objects[1]["box"][1] - objects[0]["box"][1])) \
+            < RELATION_MARGIN:
+        objects[1]["box"][:2] = rng.uniform(0.1, 0.9, 2).tolist()
     latents = np.zeros((n_obj + n_bg, LATENT), np.float32)
     for z, o in zip(latents, objects):
         z[_CLASS + o["cls"]] = 1.0
