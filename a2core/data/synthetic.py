@@ -1,13 +1,15 @@
 """Synthetic COCO: a captioning dataset where word-level grounding is necessary, written in the real COCO formats.
 
 Each image holds 3-5 objects and 1-2 background regions, in random region order. Every object has its own class
-and its own colour (no two objects of an image share either), and no object is marked as more salient than
-another. Each of the 5 captions describes a randomly chosen ordered pair of the objects (so different captions of
-one image describe different pairs) and their spatial relation, e.g. "a red dog to the left of a blue car in a
-park". A caption names an object by its colour first: the colour word picks one of the objects, and the class
-word after it is only predictable by attending to the region of that colour. That is the word-level grounding
-the set measures: `grounding.json` maps each class word to its object's region (-1 for every other token; a
-colour word is the caption's free choice of object, so no region is "right" for it before it is said).
+and its own colour (no two objects of an image share either), and the objects have a salience order. All 5
+captions of an image describe its two most salient objects, in salience order, and their spatial relation, e.g.
+"a red dog to the left of a blue car in a park"; only the wording varies (STYLE_WEIGHTS, SCENE_RATE), and its most
+common form is the same on every image. The references thus agree on what a caption should say, as COCO's five
+do on an image's main content: with 5 references that each named a different random pair (format version 2),
+which pair a greedy caption named was close to arbitrary and val CIDEr swung with it. A caption names an object by
+its colour first: the colour word picks one of the objects, and the class word after it is only predictable by
+attending to the region of that colour. That is the word-level grounding the set measures: `grounding.json` maps
+each class word to its object's region (-1 for every other token).
 
 Region features are a fixed random linear embedding (latent -> FEATURE_DIM, then ReLU, float16 on disk) of a
 latent vector plus noise (std 0.1 on the latent, 0.05 on the features). The latent dimensions:
@@ -16,15 +18,13 @@ latent vector plus noise (std 0.1 on the latent, 0.05 on the features). The late
   [22, 26)  box (cx, cy, w, h) in [0, 1]; the relation words ("to the left of", "above", ...) come from cx, cy
   [26, 30)  scene one-hot (1.0 on background regions, 0.3 on objects): the "in a park" words
   30        object flag (1 on objects, 0 on background)
-  [31, 37)  nuisance: N(0, 1) on background regions, 0 on objects
-Controls, measured on the val split of seed 0 with the ground truth itself as the attention (one-hot on a class
-word's region, uniform elsewhere): a perfectly grounded attention scores 1.0; the best word-agnostic attention,
-one region per caption, scores at most 0.5 (a caption's two class words lie in two different regions); uniform
-chance is 1 / regions, about 0.18; "always the first-mentioned object" scores 0.5.
-Learned (studies/smoke.yaml: 1000 images, d_model 64, 2 layers, 4 heads, `a2 train`, one process, one seed):
-the best constant caption scores val CIDEr 61.3; at epoch 4 / 6 the baseline scores 84.2 / 114.7 and gate
-79.1 / 93.7; at epoch 6 grounding accuracy / word-agnostic control / lift are 0.36 / 0.21 / +0.16 (baseline) and
-0.34 / 0.25 / +0.09 (gate). Seeds vary a lot: another baseline run reached 160.8 and 0.72 / 0.30 / +0.43.
+  [31, 33)  salience: 1 at 31 on the most salient object, 1 at 32 on the second, 0 elsewhere
+  [33, 39)  nuisance: N(0, 1) on background regions, 0 on objects
+The two named objects' relation is never a near tie (their |dx| and |dy| differ by at least RELATION_MARGIN).
+Controls, with the ground truth itself as the attention (one-hot on a class word's region, uniform elsewhere): a
+perfectly grounded attention scores 1.0; the best word-agnostic attention, one region per caption, scores at most
+0.5 (a caption's two class words lie in two different regions); uniform chance is 1 / regions, about 0.18;
+"always the first-mentioned object" scores 0.5. Learned: benchmarks/RESULTS.md, "Seed noise of the smoke study".
 
 Written files (the layouts real COCO uses, so the same code path reads both):
   dataset_coco.json          Karpathy format; train2014 images in train/restval, val2014 in val/test/restval
