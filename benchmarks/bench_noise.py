@@ -3,6 +3,8 @@
     python benchmarks/bench_noise.py                      # 10 seeds of each smoke configuration, then the summary
     python benchmarks/bench_noise.py --fusion none --seeds 0 1 2   # a part (records add up across calls)
     python benchmarks/bench_noise.py --summary            # no training: summarise the stored records
+    python benchmarks/bench_noise.py --fusion gate --seeds 0 1 2 3 4 --records benchmarks/records/noise-cheap \
+        --set train.mask_captions=1 train.mask_every=2    # another setting of the same study, in its own folder
 
 Each run is a plain in-process `a2core.train.train` of `studies/smoke.yaml`'s data/model/train sections (one
 thread, no Ray) with `train.seed` = the seed and the smoke grid's fusion (gate at its first TPE sample, the
@@ -40,13 +42,21 @@ SMOKE = ROOT / "studies" / "smoke.yaml"
 TARGETS = {"sd": 2.5, "move": 3.0, "lift_sd": 0.03}
 
 
-def smoke_config(fusion: str, seed: int) -> dict:
+def smoke_sections(overrides: list[str] = ()) -> dict:
+    """The smoke study's data/model/train sections with `key.path=value` overrides applied."""
+    from a2core.config import apply_overrides
+
     spec = yaml.safe_load(SMOKE.read_text())
-    return {"data": dict(spec["data"]), "model": {**spec["model"], "fusion": fusion},
-            "train": {**spec["train"], "seed": seed}}
+    return apply_overrides({k: spec[k] for k in ("data", "model", "train")}, list(overrides))
 
 
-def run_one(fusion: str, seed: int) -> dict:
+def smoke_config(fusion: str, seed: int, overrides: list[str] = ()) -> dict:
+    sections = smoke_sections(overrides)
+    return {"data": sections["data"], "model": {**sections["model"], "fusion": fusion},
+            "train": {**sections["train"], "seed": seed}}
+
+
+def run_one(fusion: str, seed: int, overrides: list[str] = ()) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -55,9 +65,9 @@ def run_one(fusion: str, seed: int) -> dict:
     seen: list[dict] = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="a2-bench-noise-") as out:
-        train(smoke_config(fusion, seed), report=lambda metrics, _: seen.append(metrics), output_dir=out)
+        train(smoke_config(fusion, seed, overrides), report=lambda metrics, _: seen.append(metrics), output_dir=out)
     last = seen[-1]
-    return {"fusion": fusion, "seed": seed, "config": smoke_config(fusion, seed),
+    return {"fusion": fusion, "seed": seed, "config": smoke_config(fusion, seed, overrides),
             "val_cider": [m["val/CIDEr"] for m in seen], "train_loss": [m["train/loss"] for m in seen],
             "best_val_cider": max(m["val/CIDEr"] for m in seen),
             "grounding": {k.split("/")[-1]: last[k] for k in last if k.startswith("diag/grounding/")},
@@ -140,13 +150,15 @@ def main() -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=list(range(10)))
     ap.add_argument("--summary", action="store_true", help="only summarise the stored records")
     ap.add_argument("--records", type=Path, default=RECORDS)
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="overrides of the smoke study's data/model/train (use their own --records folder)")
     args = ap.parse_args()
     fusions = args.fusion or yaml.safe_load(SMOKE.read_text())["search"]["space"]["fusion"]["grid"]
     args.records.mkdir(parents=True, exist_ok=True)
     if not args.summary:
         for fusion in fusions:
             for seed in args.seeds:
-                record = run_one(fusion, seed)
+                record = run_one(fusion, seed, args.set)
                 path = args.records / f"{fusion}-seed{seed}.json"
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(record))
@@ -155,7 +167,7 @@ def main() -> int:
                       f"{[round(c, 1) for c in record['val_cider']]}, lift {record['grounding']['lift']:+.3f}",
                       flush=True)
     records = [json.loads(p.read_text()) for p in sorted(args.records.glob("*.json"))]
-    smoke = {k: yaml.safe_load(SMOKE.read_text())[k] for k in ("data", "model", "train")}
+    smoke = smoke_sections(args.set)
     records = [r for r in records if _same_setup(r["config"], smoke)]  # records of an older smoke are ignored
     if not records:
         print("no records")
