@@ -3,6 +3,8 @@
     python benchmarks/bench_noise.py                      # 10 seeds of each smoke configuration, then the summary
     python benchmarks/bench_noise.py --fusion none --seeds 0 1 2   # a part (records add up across calls)
     python benchmarks/bench_noise.py --summary            # no training: summarise the stored records
+    python benchmarks/bench_noise.py --summary --versus none --seeds 0 1 2 3 4   # ... and each fusion vs none
+    python benchmarks/bench_noise.py --fusion exp_decay --set model.temperature=400   # a fusion's own key
     python benchmarks/bench_noise.py --fusion gate --seeds 0 1 2 3 4 --records benchmarks/records/noise-cheap \
         --set train.mask_captions=1 train.mask_every=2    # another setting of the same study, in its own folder
 
@@ -93,10 +95,14 @@ def ceiling() -> dict:
 
 
 def _same_setup(config: dict, smoke: dict) -> bool:
-    """The run used the smoke study's current sections (its fusion and seed aside)."""
-    model = {k: v for k, v in config["model"].items() if k != "fusion"}
+    """The run used the smoke study's current sections (its fusion, the keys only its fusion uses (exp_decay's
+    temperature, moving_average's eta) and its seed aside)."""
+    from a2core.config import FUSION_ONLY_KEYS
+
+    model = {k: v for k, v in config["model"].items() if k != "fusion" and k not in FUSION_ONLY_KEYS}
     train = {k: v for k, v in config["train"].items() if k != "seed"}
-    return config["data"] == smoke["data"] and model == smoke["model"] and train == smoke["train"]
+    smoke_model = {k: v for k, v in smoke["model"].items() if k not in FUSION_ONLY_KEYS}
+    return config["data"] == smoke["data"] and model == smoke_model and train == smoke["train"]
 
 
 def val_size_share(runs: list[dict]) -> float:
@@ -112,7 +118,8 @@ def val_size_share(runs: list[dict]) -> float:
     return float(min(1.0, interaction / scores.shape[1] / total)) if total > 0 else math.nan
 
 
-def summary(records: list[dict]) -> bool:
+def summary(records: list[dict], targeted: list[str]) -> bool:
+    """Print the table; True when every configuration in `targeted` (the smoke grid's) meets the targets."""
     from dashboards.stats import seed_interval
 
     ok = True
@@ -135,6 +142,8 @@ def summary(records: list[dict]) -> bool:
               f"{sd:.2f} | {move:.1f} | {li.mean:+.3f} [{li.low or math.nan:+.3f}, {li.high or math.nan:+.3f}] | "
               f"{lift_sd:.3f} | {np.mean(acc):.2f} | {np.mean([r['wall_s'] for r in runs]):.0f} |")
         checks = {"sd": sd <= TARGETS["sd"], "move": move <= TARGETS["move"], "lift_sd": lift_sd <= TARGETS["lift_sd"]}
+        if fusion not in targeted:
+            continue
         ok &= all(checks.values())
         print(f"  targets ({fusion}): " + ", ".join(f"{k} <= {TARGETS[k]}: {'met' if v else 'NOT met'}"
                                                  for k, v in checks.items()))
@@ -144,12 +153,36 @@ def summary(records: list[dict]) -> bool:
     return ok
 
 
+def versus(records: list[dict], baseline: str, seeds: list[int]) -> None:
+    """Each configuration minus `baseline` over `seeds` (Welch's t over seed means): best val CIDEr and lift."""
+    from dashboards.stats import seed_difference
+
+    by_fusion: dict[str, dict[int, dict]] = {}
+    for r in records:
+        if r["seed"] in seeds:
+            by_fusion.setdefault(r["fusion"], {})[r["seed"]] = r
+    base = by_fusion.get(baseline, {})
+    print(f"\n| configuration | seeds | best val CIDEr vs {baseline} [95% CI] | half-width | lift vs {baseline} [95% CI] |")
+    print("|---|---|---|---|---|")
+    for fusion, runs in sorted(by_fusion.items()):
+        if fusion == baseline or not base:
+            continue
+        c = seed_difference([r["best_val_cider"] for r in runs.values()], [r["best_val_cider"] for r in base.values()])
+        lift = seed_difference([r["grounding"]["lift"] for r in runs.values()],
+                               [r["grounding"]["lift"] for r in base.values()])
+        if c.low is None or lift.low is None:
+            continue
+        print(f"| {fusion} | {len(runs)} vs {len(base)} | {c.delta:+.1f} [{c.low:+.1f}, {c.high:+.1f}] | "
+              f"{(c.high - c.low) / 2:.1f} | {lift.delta:+.3f} [{lift.low:+.3f}, {lift.high:+.3f}] |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fusion", nargs="+", default=None, help="configurations (default: the smoke grid's)")
     ap.add_argument("--seeds", nargs="+", type=int, default=list(range(10)))
     ap.add_argument("--summary", action="store_true", help="only summarise the stored records")
     ap.add_argument("--records", type=Path, default=RECORDS)
+    ap.add_argument("--versus", metavar="FUSION", help="also print each configuration minus this one over --seeds")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="overrides of the smoke study's data/model/train (use their own --records folder)")
     args = ap.parse_args()
@@ -172,7 +205,10 @@ def main() -> int:
     if not records:
         print("no records")
         return 1
-    ok = summary(records)
+    grid = yaml.safe_load(SMOKE.read_text())["search"]["space"]["fusion"]["grid"]
+    ok = summary(records, grid)
+    if args.versus:
+        versus(records, args.versus, args.seeds)
     c = ceiling()
     top = max(r["best_val_cider"] for r in records)
     print(f"ceiling (references against each other): {c['reference_loo_cider']:.1f}; best trained run: {top:.1f}; "
