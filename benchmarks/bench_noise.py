@@ -138,8 +138,11 @@ def summary(records: list[dict], targeted: list[str]) -> bool:
         ci, li = seed_interval(best), seed_interval(lift)
         sd = float(np.std(best, ddof=1)) if len(best) > 1 else math.nan
         lift_sd = float(np.std(lift, ddof=1)) if len(lift) > 1 else math.nan
-        print(f"| {fusion} | {len(runs)} | {ci.mean:.1f} [{ci.low or math.nan:.1f}, {ci.high or math.nan:.1f}] | "
-              f"{sd:.2f} | {move:.1f} | {li.mean:+.3f} [{li.low or math.nan:+.3f}, {li.high or math.nan:+.3f}] | "
+        def bounds(i, fmt):  # no interval below 2 seeds
+            return "[-]" if i.low is None else f"[{i.low:{fmt}}, {i.high:{fmt}}]"
+
+        print(f"| {fusion} | {len(runs)} | {ci.mean:.1f} {bounds(ci, '.1f')} | "
+              f"{sd:.2f} | {move:.1f} | {li.mean:+.3f} {bounds(li, '+.3f')} | "
               f"{lift_sd:.3f} | {np.mean(acc):.2f} | {np.mean([r['wall_s'] for r in runs]):.0f} |")
         checks = {"sd": sd <= TARGETS["sd"], "move": move <= TARGETS["move"], "lift_sd": lift_sd <= TARGETS["lift_sd"]}
         if fusion not in targeted:
@@ -162,7 +165,8 @@ def versus(records: list[dict], baseline: str, seeds: list[int]) -> None:
         if r["seed"] in seeds:
             by_fusion.setdefault(r["fusion"], {})[r["seed"]] = r
     base = by_fusion.get(baseline, {})
-    print(f"\n| configuration | seeds | best val CIDEr vs {baseline} [95% CI] | half-width | lift vs {baseline} [95% CI] |")
+    print(f"\n| configuration | seeds | best val CIDEr vs {baseline} [95% CI] | half-width | "
+          f"lift vs {baseline} [95% CI] |")
     print("|---|---|---|---|---|")
     for fusion, runs in sorted(by_fusion.items()):
         if fusion == baseline or not base:
