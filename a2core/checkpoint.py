@@ -19,12 +19,15 @@ import numpy as np
 import torch
 
 from .atomic import atomic_write
-from .config import Config, get_dotted
+from .config import CAPTIONS_PER_IMAGE, Config, get_dotted
 from .data.captions import Vocab
 from .model.a2 import A2Transformer, build_model
 from .errors import CheckpointError
 
 CHECKPOINT_FILE = "checkpoint.pt"
+# 2: train.batch_size is the global batch in image-caption pairs. Format 1 stored images per worker; `load` turns
+# it into pairs (x 5) of that worker's share, since a format-1 checkpoint does not record its worker count.
+FORMAT = 2
 # Next to CHECKPOINT_FILE in a reported checkpoint folder: every epoch's metrics up to it, readable without
 # loading the weights (a restarted study recovers results its dead driver never logged).
 HISTORY_FILE = "history.json"
@@ -84,6 +87,16 @@ def load(path: str | Path, map_location="cpu") -> dict:
             raise CheckpointError(f"{path}: not an a2tune checkpoint (no {key!r})")
     if isinstance(state.get("rng"), dict) and "numpy" in state["rng"]:  # the older form becomes plain data
         state["rng"] = {**state["rng"], "numpy": _plain_numpy_state(state["rng"]["numpy"])}
+    return _upgraded(state)
+
+
+def _upgraded(state: dict) -> dict:
+    """A format-1 checkpoint's config in today's units (see FORMAT)."""
+    train = state["config"].get("train") if isinstance(state["config"], dict) else None
+    if state.get("format", 1) < 2 and isinstance(train, dict) and isinstance(train.get("batch_size"), int):
+        pairs = train["batch_size"] * CAPTIONS_PER_IMAGE
+        state["config"] = {**state["config"], "train": {**train, "batch_size": pairs}}
+        state["format"] = FORMAT
     return state
 
 
@@ -123,6 +136,7 @@ def _plain_numpy_state(state) -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore the RNG states that `rng_state` took."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -131,6 +145,11 @@ def set_rng_state(state: dict) -> None:
 
 
 def model_from_state(state: dict, device="cpu") -> tuple[A2Transformer, Vocab, dict]:
+    """Rebuild a model from a checkpoint's dict alone.
+
+    Returns:
+        The model in eval mode on `device`, its vocabulary and its config as a plain dict.
+    """
     config = Config.from_dict(state["config"])
     vocab = Vocab(state["vocab"])
     model = build_model(config.model, len(vocab), config.data.max_caption_len + 2)
@@ -140,6 +159,11 @@ def model_from_state(state: dict, device="cpu") -> tuple[A2Transformer, Vocab, d
 
 
 def load_model(path: str | Path, device="cpu") -> tuple[A2Transformer, Vocab, dict]:
+    """`model_from_state` of the checkpoint at `path` (a file, or a folder holding `checkpoint.pt`).
+
+    Raises:
+        CheckpointError: The file is missing, not a torch.save file, or would run code when loaded.
+    """
     return model_from_state(load(path), device)
 
 

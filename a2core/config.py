@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from .errors import ConfigError
 
 SEED_LIMIT = 2**32  # numpy's seed range: seeds are 0 .. 2^32 - 1
+CAPTIONS_PER_IMAGE = 5  # every training image brings 5 captions (cycled when it has fewer, the first 5 of more)
 
 
 # -- what YAML may give for each kind of key -------------------------------------------------------------------
@@ -71,6 +72,7 @@ def _flag(value: Any) -> bool:
 
 
 def check_seed(seed: int, path: str = "") -> int:
+    """`seed` if it is in 0 .. 2^32-1 (numpy's range), else a ConfigError naming `path`."""
     if not 0 <= seed < SEED_LIMIT:
         raise ConfigError(path, f"must be in 0 .. {SEED_LIMIT - 1}, got {seed}")
     return seed
@@ -155,18 +157,24 @@ def _fmt(value: Any) -> str:
 
 # -- the sections ------------------------------------------------------------------------------------------------
 class DataConfig(Section):
-    kind: Literal["synthetic", "coco"] = "synthetic"
-    # kind=coco: Karpathy captions, region features (HDF5 file or .npz directory), test-server image list.
-    captions: Text | None = None
-    features: Text | None = None
-    test_images: Text | None = None
-    # kind=synthetic: generated into `root` (default: a per-user cache) from `seed` when absent.
-    root: Text | None = None
-    seed: Seed = 0
-    images: Integer = Field(1500, ge=20)
-    vocab_min_count: Integer = Field(5, ge=1)
-    max_caption_len: Integer = Field(20, ge=2)
-    val_images: Integer | None = Field(None, ge=1)  # cap on val images used for per-epoch validation (None = all)
+    kind: Literal["synthetic", "coco"] = Field("synthetic", description=(
+        "`synthetic`: the seeded COCO look-alike, generated on first use; `coco`: real files (`captions`, "
+        "`features`, `test_images`)."))
+    captions: Text | None = Field(None, description="kind coco: the Karpathy `dataset_coco.json` (required).")
+    features: Text | None = Field(None, description=(
+        "kind coco: region features, one HDF5 file with `{image_id}_features` datasets or a directory of "
+        "`{image_id}.npz` (required)."))
+    test_images: Text | None = Field(None, description=(
+        "kind coco: the test server's image list, `image_info_test2014.json` (for packaging)."))
+    root: Text | None = Field(None, description=(
+        "kind synthetic: the folder of the generated set (default: a per-user cache); used as it is when its seed "
+        "and size match, generated there otherwise."))
+    seed: Seed = Field(0, description="kind synthetic: the seed the set is generated from (0 .. 2^32-1).")
+    images: Integer = Field(1500, ge=20, description="kind synthetic: Karpathy-split images (train/val/test).")
+    vocab_min_count: Integer = Field(5, ge=1, description="Words seen fewer times in train become `<unk>`.")
+    max_caption_len: Integer = Field(20, ge=2, description="Caption tokens kept for training (longer ones are cut).")
+    val_images: Integer | None = Field(None, ge=1, description=(
+        "Cap on the val images of the per-epoch validation (null: all)."))
 
     @model_validator(mode="after")
     def _coco_files(self) -> DataConfig:
@@ -186,23 +194,29 @@ PRECISIONS = get_args(Precision)
 
 
 class ModelConfig(Section):
-    d_model: Integer = Field(512, ge=1)
-    layers: Integer = Field(6, ge=1)
-    heads: Integer = Field(8, ge=1)
-    d_ff: Integer = Field(2048, ge=1)
-    dropout: Real = Field(0.1, ge=0, lt=1)
-    max_regions: Integer = Field(50, ge=1)
-    feature_dim: Integer = Field(2048, ge=1)
+    d_model: Integer = Field(512, ge=1, description="Width of the encoder and decoder; a multiple of `heads`.")
+    layers: Integer = Field(6, ge=1, description="Encoder layers, and as many decoder layers.")
+    heads: Integer = Field(8, ge=1, description="Attention heads per layer.")
+    d_ff: Integer = Field(2048, ge=1, description="Hidden width of each feed-forward sublayer.")
+    dropout: Real = Field(0.1, ge=0, lt=1, description="Dropout probability.")
+    max_regions: Integer = Field(50, ge=1, description="Region features per image kept (padded, with a mask).")
+    feature_dim: Integer = Field(2048, ge=1, description="Size of one region feature.")
     # A2 alignment (paper Eq. 2-10).
-    fusion: Fusion = "gate"
-    mask_lambda: Real = Field(0.035, gt=0, alias="lambda")
-    eta: Real = Field(0.1, ge=0)
-    temperature: Real | None = Field(None, gt=0)  # T_P of exp_decay, in training steps
-    # Divide fused weights by their sum so each row is a distribution again (not in Eq. 6-9: a variant).
-    renormalize: Flag = False
-    # content (decoder state vs per-region mask keys) | linear (Eq. 2: one logit per slot)
-    mask_net: MaskNet = "content"
-    mask_bias_init: Real = 2.0  # sigmoid(2) = 0.88: the mask starts close to "keep everything"
+    fusion: Fusion = Field("gate", description=(
+        "How the aligned weights `a_m` are fused into the attention (Eq. 6-10); `none` is the plain Transformer."))
+    mask_lambda: Real = Field(0.035, gt=0, alias="lambda", description=(
+        "Weight of the mask penalty `||1-m||^2` in the mask loss (Eq. 4)."))
+    eta: Real = Field(0.1, ge=0, description="fusion moving_average: the weight eta of Eq. 7.")
+    temperature: Real | None = Field(None, gt=0, description=(
+        "fusion exp_decay: T_P of Eq. 8, in global training steps (required there, refused elsewhere)."))
+    renormalize: Flag = Field(False, description=(
+        "Divide fused weights by their sum over regions, so each row is a distribution again (a variant, not in "
+        "Eq. 6-9)."))
+    mask_net: MaskNet = Field("content", description=(
+        "The mask network: `content` scores the decoder state against per-region mask keys; `linear` is Eq. 2 "
+        "literally, one logit per region slot."))
+    mask_bias_init: Real = Field(2.0, description=(
+        "Initial bias of the mask logits: sigmoid(2) = 0.88, a mask that starts close to keeping everything."))
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
@@ -240,39 +254,61 @@ def applicable_config(config: dict) -> dict:
 
 
 class TrainConfig(Section):
-    seed: Seed = 0
-    xe_epochs: Integer = Field(20, ge=0)
-    scst_epochs: Integer = Field(0, ge=0)
-    batch_size: Integer = Field(50, ge=1)  # images per step; each image brings its (up to) 5 captions
-    lr_factor: Real = Field(1.0, gt=0)  # Noam: factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-    warmup: Integer = Field(10000, ge=1)
-    mask_lr: Real = Field(1e-4, gt=0)  # Adam lr of the mask perturbation network (its own optimizer)
-    mask_every: Integer = Field(1, ge=1)  # a mask-network step after every N captioner steps
-    # Captions per image the mask step uses (None = all, the paper's schedule); fewer make it cheaper. Which ones
-    # rotates with the step, so every caption is used in turn.
-    mask_captions: Integer | None = Field(None, ge=1)
-    precision: Precision = "fp32"  # autocast for training and decoding; fp16 adds loss scaling
-    grad_clip: Real = Field(1.0, ge=0)  # 0 = off
-    label_smoothing: Real = Field(0.0, ge=0, lt=1)
+    seed: Seed = Field(0, description="Seed of initialisation, data order and dropout (0 .. 2^32-1).")
+    xe_epochs: Integer = Field(20, ge=0, description="Epochs of cross-entropy training (stage 1).")
+    scst_epochs: Integer = Field(0, ge=0, description="Epochs of SCST with a CIDEr-D reward (stage 2).")
+    # M2's `--batch_size 50`: batch_size / 5 images with their 5 captions each, split evenly over the trial's
+    # workers; every step count (warmup, T_P, mask_every, log_every) counts these global optimizer steps.
+    batch_size: Integer = Field(50, ge=CAPTIONS_PER_IMAGE, description=(
+        "Global batch of one optimizer step in image-caption pairs, whatever the number of workers: batch_size / 5 "
+        "images with their 5 captions each, split evenly over the trial's workers. An SCST step takes batch_size / 5 "
+        "images x `scst_samples` sampled captions (M2: batch_size // 5 images x 5 beams)."))
+    lr_factor: Real = Field(1.0, gt=0, description=(
+        "Noam schedule: lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)."))
+    warmup: Integer = Field(10000, ge=1, description="Warmup of the Noam schedule, in global optimizer steps.")
+    mask_lr: Real = Field(1e-4, gt=0, description="Adam learning rate of the mask network (its own optimizer).")
+    mask_every: Integer = Field(1, ge=1, description="A mask-network step after every N captioner steps.")
+    # Which captions rotates with the step, so every caption is used in turn.
+    mask_captions: Integer | None = Field(None, ge=1, description=(
+        "Captions per image the mask step uses (null: all, the paper's schedule); fewer make it cheaper."))
+    precision: Precision = Field("fp32", description=(
+        "Autocast dtype for training and validation decoding; fp16 adds loss scaling (a GradScaler)."))
+    grad_clip: Real = Field(1.0, ge=0, description="Gradient-norm clipping of the captioner (0 = off).")
+    label_smoothing: Real = Field(0.0, ge=0, lt=1, description="Label smoothing of the cross-entropy.")
     # Validation after every epoch.
-    val_decode: Literal["greedy", "beam"] = "greedy"
-    val_meteor: Flag = False  # METEOR needs a Java process per validation (~4 s); the final evaluation has it
-    beam_size: Integer = Field(5, ge=1)
-    max_len: Integer = Field(20, ge=1)
+    val_decode: Literal["greedy", "beam"] = Field("greedy", description="Decoding of the per-epoch validation.")
+    val_meteor: Flag = Field(False, description=(
+        "METEOR in the per-epoch validation (a Java process, ~4 s each); the final evaluation always has it."))
+    beam_size: Integer = Field(5, ge=1, description="Beam width of beam-search decoding.")
+    max_len: Integer = Field(20, ge=1, description="Longest decoded caption, in words.")
+    # The selected checkpoint (best val CIDEr) decodes the held-out test split when the run ends; verdicts rest on
+    # these scores, not on the val images the checkpoint and the configuration were selected on.
+    test_at_end: Flag = Field(True, description=(
+        "When the run ends, its selected checkpoint decodes the test split with beam search (beam_size, max_len), "
+        "reported as test/... with per-image CIDEr-D (the scores verdicts rest on)."))
+    test_images: Integer | None = Field(None, ge=1, description=(
+        "The end-of-run test evaluation uses the first N test images (null: all)."))
     # SCST (stage 2).
-    scst_lr: Real = Field(5e-6, gt=0)
-    scst_samples: Integer = Field(5, ge=1)
-    scst_baseline: Literal["mean", "greedy"] = "mean"  # mean (of the other samples) | greedy
-    scst_from: Text | None = None  # an XE checkpoint to start stage 2 from (default: this run's best XE)
-    num_workers: Integer = Field(0, ge=0)  # DataLoader worker processes
-    log_every: Integer = Field(50, ge=1)
+    scst_lr: Real = Field(5e-6, gt=0, description="Learning rate of SCST.")
+    scst_samples: Integer = Field(5, ge=1, description="Sampled captions per image in SCST.")
+    scst_baseline: Literal["mean", "greedy"] = Field("mean", description=(
+        "SCST reward baseline: the mean of the other samples, or the greedy caption."))
+    scst_from: Text | None = Field(None, description=(
+        "An XE checkpoint to start stage 2 from (null: this run's best XE checkpoint)."))
+    num_workers: Integer = Field(0, ge=0, description="DataLoader worker processes.")
+    log_every: Integer = Field(50, ge=1, description="Steps between training-loss log lines.")
     # Diagnostics (a2core.diagnostics: JSD, mask mean, Kendall tau, grounding) on a fixed val subset, reported
     # under diag/. On every `diag_every`-th epoch and always after the last; 0 = after the last epoch only.
     # Every epoch by default: a trial early stopping ends has them too, and they are cheap (smoke study, 1 thread:
     # 2.6 s against 77 s for a gate epoch with its validation, measured side by side; about 10% of a baseline one).
-    diag_every: Integer = Field(1, ge=0)
-    diag_images: Integer = Field(100, ge=1)  # the first N val images
-    diag_kendall_images: Integer = Field(10, ge=1)  # the first N of those for Kendall tau (one backward per word)
+    diag_every: Integer = Field(1, ge=0, description=(
+        "A2 diagnostics after every N-th epoch and always after the last (0: after the last only)."))
+    diag_images: Integer = Field(100, ge=1, description="The diagnostics run on the first N val images.")
+    diag_kendall_images: Integer = Field(10, ge=1, description=(
+        "Kendall tau on the first N of those (one backward pass per word)."))
+    diag_epochs: list[Integer] = Field(default_factory=list, description=(
+        "Further epochs with diagnostics, whatever diag_every says: a study sets its scheduler's rungs here, so a "
+        "trial stopped early ends with its diagnostics too."))
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -280,23 +316,64 @@ class TrainConfig(Section):
             raise ConfigError("xe_epochs", "xe_epochs + scst_epochs must be >= 1")
         if self.scst_baseline == "mean" and self.scst_samples < 2:
             raise ConfigError("scst_samples", "the 'mean' baseline needs at least 2 samples")
+        if self.batch_size % CAPTIONS_PER_IMAGE:
+            raise ConfigError("batch_size", f"{self.batch_size} image-caption pairs is not a whole number of images "
+                                            f"with {CAPTIONS_PER_IMAGE} captions each: use a multiple of "
+                                            f"{CAPTIONS_PER_IMAGE}")
         return self
+
+    @property
+    def images_per_step(self) -> int:
+        """Images of one optimizer step over all workers (each with its 5 captions)."""
+        return self.batch_size // CAPTIONS_PER_IMAGE
+
+
+def images_per_worker(batch_size: int, workers: int) -> int:
+    """Each worker's share of a global batch of `batch_size` image-caption pairs (train.batch_size); a
+    ConfigError at train.batch_size naming both numbers when whole images do not split evenly over the workers."""
+    images = batch_size // CAPTIONS_PER_IMAGE
+    if images % workers:
+        fits = [w for w in range(1, images + 1) if images % w == 0]
+        raise ConfigError("train.batch_size", f"{batch_size} image-caption pairs ({images} images x "
+                                              f"{CAPTIONS_PER_IMAGE} captions) do not split evenly over {workers} "
+                                              f"workers; use a multiple of {CAPTIONS_PER_IMAGE * workers} pairs, "
+                                              f"or {', '.join(map(str, fits))} workers")
+    return images // workers
+
+
+def steps_per_epoch(train_images: int, batch_size: int) -> int:
+    """Optimizer steps of one epoch over `train_images` at a global batch of `batch_size` pairs: the last batch
+    is filled up from the start of the epoch's order, so every step has the full batch."""
+    return -(-train_images // (batch_size // CAPTIONS_PER_IMAGE))
 
 
 class Config(Section):
-    data: DataConfig = Field(default_factory=DataConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    output_dir: Text = "runs/a2"  # checkpoints and logs of a plain `a2 train`
+    data: DataConfig = Field(default_factory=DataConfig, description="Which captions and region features.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The A2 Transformer and its alignment.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description=(
+        "Optimisation, validation, SCST and the A2 diagnostics."))
+    output_dir: Text = Field("runs/a2", description=(
+        "Checkpoints and logs of a plain `a2 train` (a folder in use gets a numbered sibling)."))
 
     @classmethod
     def from_dict(cls, raw: dict | None, source: str | None = None) -> Config:
+        """The validated config of a plain dict (YAML), every missing key at its default.
+
+        Args:
+            raw: `{"data": {...}, "model": {...}, "train": {...}}`; None or `{}` gives the defaults.
+            source: The file `raw` came from, named in errors.
+
+        Raises:
+            ConfigError: Naming the dotted key (`model.heads`) and the file, for an unknown key, a wrong type or a
+                value out of range.
+        """
         try:
             return cls.model_validate(raw or {})
         except ValidationError as err:
             raise config_error(err, source) from None
 
     def to_dict(self) -> dict:
+        """A plain dict with the YAML key names (`lambda`), as checkpoints and MLflow store it."""
         return self.model_dump(by_alias=True)
 
     def replace(self, overrides: dict[str, Any]) -> Config:
@@ -444,6 +521,7 @@ def _override_value(text: str, item: str, source: str | None) -> Any:
 
 
 def set_dotted(raw: dict, key: str, value: Any) -> None:
+    """Set `raw["a"]["b"] = value` for key `a.b`, creating missing mappings on the way."""
     node = raw
     parts = key.split(".")
     for i, part in enumerate(parts[:-1]):
@@ -457,6 +535,7 @@ def set_dotted(raw: dict, key: str, value: Any) -> None:
 
 
 def get_dotted(raw: dict, key: str, default: Any = None) -> Any:
+    """`raw["a"]["b"]` for key `a.b`, or `default` where a part is missing."""
     node: Any = raw
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:

@@ -2,7 +2,8 @@
 its key/value cache, or an averaging ensemble of models), plus `decode_to_file` behind `a2 decode`.
 
 A stepper has `init_state(feats, region_mask)`, `expand_state(state, k)`, `step(last_tokens, state) -> log-probs`
-and `reorder_state(state, index)`.
+and `reorder_state(state, index)` (rows moved within each image's group of beams), and may have
+`select_rows(state, index)` (any rows kept, memory included), with which beam search drops finished images.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -41,6 +43,12 @@ class ModelStepper:
     def reorder_state(self, state, index):
         return self.model.reorder_state(state, index)
 
+    def select_rows(self, state, index):
+        """Only the rows `index` (N',) of everything per row: memory, region mask and caches."""
+        pick = lambda d: {n: v.index_select(0, index) for n, v in d.items()}  # noqa: E731
+        return {**state, "mem": [pick(m) for m in state["mem"]], "region_mask": state["region_mask"].index_select(0, index),
+                "caches": [pick(c) for c in state["caches"]]}
+
 
 class UncachedStepper(ModelStepper):
     """The same model re-running the whole prefix every step: the reference the cached path must equal."""
@@ -63,6 +71,9 @@ class UncachedStepper(ModelStepper):
     def reorder_state(self, state, index):
         return {**state, "prefix": state["prefix"].index_select(0, index)}
 
+    def select_rows(self, state, index):
+        return {**super().select_rows(state, index), "prefix": state["prefix"].index_select(0, index)}
+
 
 class EnsembleStepper:
     """Averages the member models' per-step word distributions: log(mean_i p_i(w))."""
@@ -84,6 +95,9 @@ class EnsembleStepper:
 
     def reorder_state(self, state, index):
         return [s.reorder_state(st, index) for s, st in zip(self.members, state)]
+
+    def select_rows(self, state, index):
+        return [s.select_rows(st, index) for s, st in zip(self.members, state)]
 
 
 def as_stepper(model_or_stepper):
@@ -110,23 +124,36 @@ def greedy(model_or_stepper, feats, region_mask, max_len: int = 20, bos: int = 1
     return torch.stack(out, dim=1)
 
 
+def _can_select_rows(stepper) -> bool:
+    return callable(getattr(stepper, "select_rows", None)) and getattr(stepper, "can_select_rows", True)
+
+
 @torch.no_grad()
 def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_len: int = 20, bos: int = 1,
                 eos: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """Batched beam search. Returns the best sequence per image (B, <= max_len + 1) (pad 0 after <eos>) and its
-    total log-probability (B,). A hypothesis ends at <eos>; after max_len words <eos> is forced."""
+    total log-probability (B,). A hypothesis ends at <eos>; after max_len words <eos> is forced.
+
+    An image whose k hypotheses have all ended leaves the batch (with a stepper that can `select_rows`): its
+    result is final (a finished hypothesis only continues with pad at no cost), and the images still decoding
+    no longer pay for its rows. Results are those of keeping it."""
     stepper = as_stepper(model_or_stepper)
     b, k = feats.shape[0], beam_size
     device = feats.device
+    compact = _can_select_rows(stepper)
     state = stepper.expand_state(stepper.init_state(feats, region_mask), k)
     scores = torch.full((b, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     last = torch.full((b * k,), bos, dtype=torch.long, device=device)
     done = torch.zeros(b * k, dtype=torch.bool, device=device)
     seqs = torch.zeros(b * k, 0, dtype=torch.long, device=device)
-    base = (torch.arange(b, device=device) * k)[:, None]  # (B, 1) first row of each image
+    alive = torch.arange(b, device=device)  # (G,) the image of each group of k rows still decoding
+    best_seqs: list[torch.Tensor | None] = [None] * b
+    best_scores: list[torch.Tensor | None] = [None] * b
+    steps = 0
     for t in range(max_len + 1):
-        logp = stepper.step(last, state)  # (B*K, V)
+        g = alive.numel()
+        logp = stepper.step(last, state)  # (G*K, V)
         v = logp.shape[-1]
         if t == max_len:  # out of length: only <eos> may follow
             forced = torch.full_like(logp, float("-inf"))
@@ -136,19 +163,34 @@ def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_le
         finished_row = torch.full((v,), float("-inf"), device=device)
         finished_row[0] = 0.0
         logp = torch.where(done[:, None], finished_row, logp)
-        cand = (scores.view(b * k, 1) + logp).view(b, k * v)
-        scores, flat = cand.topk(k, dim=-1)  # (B, K)
+        cand = (scores.view(g * k, 1) + logp).view(g, k * v)
+        scores, flat = cand.topk(k, dim=-1)  # (G, K)
         beam, word = flat // v, flat % v
-        rows = (base + beam).view(-1)
+        rows = ((torch.arange(g, device=device) * k)[:, None] + beam).view(-1)
         word = word.view(-1)
         seqs = torch.cat([seqs.index_select(0, rows), word[:, None]], dim=1)
         done = done.index_select(0, rows) | (word == eos)
         state = stepper.reorder_state(state, rows)
         last = word
-        if bool(done.all()):
-            break
-    best = seqs.view(b, k, -1)[:, 0]
-    return best, scores[:, 0]
+        steps = t + 1
+        ended = done.view(g, k).all(dim=1)  # (G,)
+        if bool(ended.all()) or (compact and bool(ended.any())):
+            for i in ended.nonzero().flatten().tolist():
+                best_seqs[int(alive[i])], best_scores[int(alive[i])] = seqs[i * k], scores[i, 0]
+            if bool(ended.all()):
+                break
+            keep = (~ended).nonzero().flatten()  # (G',) groups still decoding
+            keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
+            state = stepper.select_rows(state, keep_rows)
+            seqs, done, last = seqs.index_select(0, keep_rows), done.index_select(0, keep_rows), last[keep_rows]
+            scores, alive = scores.index_select(0, keep), alive[keep]
+    for i in range(alive.numel()):  # still decoding after max_len + 1 steps: cannot happen (<eos> is forced)
+        if best_seqs[int(alive[i])] is None:
+            best_seqs[int(alive[i])], best_scores[int(alive[i])] = seqs[i * k], scores[i, 0]
+    best = torch.zeros(b, steps, dtype=torch.long, device=device)  # pad 0 after <eos>, as when kept to the end
+    for i, seq in enumerate(best_seqs):
+        best[i, :seq.numel()] = seq
+    return best, torch.stack(best_scores)
 
 
 def sample(model: A2Transformer, feats, region_mask, n: int, max_len: int = 20, bos: int = 1, eos: int = 2,
@@ -200,6 +242,13 @@ class MinLengthStepper:
 
     def reorder_state(self, state, index):
         return {"inner": self.inner.reorder_state(state["inner"], index), "t": state["t"]}
+
+    @property
+    def can_select_rows(self) -> bool:
+        return _can_select_rows(self.inner)
+
+    def select_rows(self, state, index):
+        return {"inner": self.inner.select_rows(state["inner"], index), "t": state["t"]}
 
 
 def caption_batches(stepper, vocab, batches, *, beam_size: int = 5, max_len: int = 20,
@@ -255,6 +304,19 @@ def captions_for(data, stepper, split: str, *, beam_size: int = 5, max_len: int 
     return out
 
 
+def score_split(data, stepper, split: str, *, gather: Callable[[dict], dict] = lambda shard: shard,
+                meteor: bool = False, **decode) -> tuple[dict[str, float], dict[int, float]]:
+    """Caption a split (`captions_for` with `decode`: beam_size, max_len, batch_size, limit, device, rank, world)
+    and score it: (COCO metrics x100, {image_id: CIDEr-D x100}). `gather` joins the ranks' shards."""
+    from .metrics import caption_scores
+
+    caps = gather(captions_for(data, stepper, split, **decode))
+    refs = data.references(split)
+    scores = caption_scores({i: refs[i] for i in caps}, caps, meteor=meteor, per_image=True)
+    per_image = scores.pop("per_image")
+    return scores, {i: per_image[i]["CIDEr"] for i in sorted(per_image)}
+
+
 def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]],
                       single_split: str | None, *, beam_size: int, max_len: int, batch_size: int,
                       progress: bool = False, device: str | None = None) -> dict:
@@ -274,7 +336,7 @@ def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str
     store = FeatureStore(resolve_paths(Config.from_dict({**config, "data": data_config}).data).features,
                          model_cfg["feature_dim"])
     singles = len(models) if single_split and len(models) > 1 else 0  # one model alone is the ensemble
-    total = sum(len(v) for v in shard.values()) + len(shard.get(single_split, [])) * singles
+    total = len(set().union(*shard.values())) + len(shard.get(single_split, [])) * singles
     bar = tqdm(total=total, desc="decode", unit="img", file=sys.stderr, disable=not (progress and total))
 
     def captions(ensemble: list, ids: list[int]) -> dict[int, str]:
@@ -284,8 +346,12 @@ def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str
 
     out: dict = {"ensemble": {}, "single": []}
     with torch.no_grad():
+        # every image once, whatever splits it is in (Karpathy test images are also val2014 images): the
+        # members' encoders and the beam search run once per image
+        unique = list(dict.fromkeys(i for ids in shard.values() for i in ids))
+        ensemble = captions(models, unique)
         for split, ids in shard.items():
-            out["ensemble"][split] = captions(models, ids)
+            out["ensemble"][split] = {i: ensemble[i] for i in ids}
         if single_split is not None:
             out["single"] = [captions([model], shard[single_split]) if singles else out["ensemble"][single_split]
                              for model in models]

@@ -8,7 +8,7 @@ not sum to one (Eq. 6-9 do not renormalise): every diagnostic divides its own co
 - `attention_jsd`: Jensen-Shannon divergence between original and aligned attention per decoder layer (Eq. 13, Fig. 6)
 - `mask_mean`: mean mask value (Fig. 4)
 - `kendall_importance`: Kendall tau between head-averaged attention, and between the perturbation strength 1 - m,
-  and gradient importance tau_it = |d p(y_t) / d h_i| (L2 norm over the encoder state h_i of region i), per layer
+  and gradient importance `tau_it = |d p(y_t) / d h_i|` (L2 norm over the encoder state h_i of region i), per layer
   (Fig. 2 and Fig. 5). A low mask value marks a region the mask network found decisive, hence 1 - m.
 - `grounding_accuracy`: synthetic data only: how often the top attended region (head-averaged) is the ground-truth
   region of the word being generated, for original and aligned attention, per layer. Only words of the encoded

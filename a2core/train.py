@@ -5,6 +5,7 @@ sequence training with a CIDEr-D reward (stage 2). Plain PyTorch: `train(config,
 Every step of stage 1 (`Updates.xe`) first computes, once, what neither step's mask network can change: the
 batch's region encoding, every decoder layer's region keys/values and the decoder below its first cross-attention
 (word embeddings and the first self-attention sublayer, `A2Transformer.decode_start`). Then:
+
   1. mask step (every `mask_every` steps, not for fusion `none`): L(theta_m) = -L_IC(a_p) + lambda P (Eq. 4,
      P and its reduction in `a2core.model.a2`) with the *perturbed* attention a_p, on those tensors detached (no
      second pass through them) and `mask_captions` captions per image (default all, the paper's schedule); the
@@ -14,11 +15,14 @@ batch's region encoding, every decoder layer's region keys/values and the decode
   2. captioner step: L_IC = cross-entropy of the captions under the *aligned* attention (Eq. 11) with the mask
      network just updated, continuing from the same shared tensors; the gradient goes to every parameter except
      the mask network's (m is detached).
+
 Both steps see the same captioner weights, so the sharing changes nothing in the math (with dropout, the shared
 part's dropout draws are shared too, as one pass would have them); only the mask network's own region keys are
 computed after its update. Its statistics are read from the device once per mask step.
+
 Precision (`train.precision`): every forward pass of training and decoding runs under `a2core.precision.autocast`;
 fp16 adds a GradScaler shared by the optimizers of one step (one `update()` per step).
+
 Data parallel: instead of DDP's wrapper (which expects one forward per step over one parameter set), the two
 objectives' gradients are averaged across ranks with one flattened all-reduce each, which is what DDP does.
 """
@@ -41,14 +45,15 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from . import precision
-from .config import Config
+from .config import Config, images_per_worker
 from .data.captions import Vocab
 from .data.dataset import CaptionData
-from .decode import ModelStepper, captions_for, greedy, sample
+from .decode import ModelStepper, captions_for, greedy, sample, score_split
 from .model.a2 import build_model
 from .errors import CheckpointError
 
 PER_IMAGE_KEY = "val/per_image_cider"  # every validation result: {"ids": [...], "scores": [CIDEr-D x100, ...]}
+TEST_PER_IMAGE_KEY = "test/per_image_cider"  # the last result (train.test_at_end): the same on the test split
 
 log = logging.getLogger("a2core.train")
 Report = Callable[[dict, "str | None"], None]
@@ -237,8 +242,12 @@ class Updates:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, output_dir: str | Path, resume_from: str | Path | None = None):
+    def __init__(self, cfg: Config, output_dir: str | Path, resume_from: str | Path | None = None,
+                 best_from: str | Path | None = None):
         self.cfg = cfg
+        # A resumed run whose best epoch came before the resume has no best.pt in its (new) output folder: the
+        # caller hands in a copy of that epoch's checkpoint, for the test evaluation and the switch to SCST.
+        self.best_from = Path(best_from) if best_from else None
         self.dist = _Dist()
         self.device = _device()
         self.output_dir = Path(output_dir)
@@ -255,6 +264,8 @@ class Trainer:
         self.model = build_model(cfg.model, len(self.vocab), cfg.data.max_caption_len + 2).to(self.device)
         self.dist.broadcast_params(self.model)
         self.updates = Updates(self.model, cfg, self.device, self.dist)
+        # the trial's global batch split over its workers; refused here too when it does not split evenly
+        self.images_per_worker = images_per_worker(cfg.train.batch_size, self.dist.world)
         self.epoch, self.step = 0, 0
         self.best: dict = {"val/CIDEr": float("-inf"), "epoch": 0}
         self.history: list[dict] = []
@@ -268,7 +279,7 @@ class Trainer:
             "model": self.model.state_dict(), **self.updates.state_dict(), "config": self.cfg.to_dict(),
             "vocab": self.vocab.words,
             "epoch": self.epoch, "step": self.step, "best": dict(self.best), "history": list(self.history),
-            "rng": ckpt.rng_state(), "format": 1,
+            "rng": ckpt.rng_state(), "format": ckpt.FORMAT,
         }
 
     def _restore(self, state: dict) -> None:
@@ -281,8 +292,8 @@ class Trainer:
     # -- one epoch of each stage ----------------------------------------------------------------------------------
     def _batches(self):
         t = self.cfg.train
-        return self.data.loader("train", t.batch_size, shuffle=True, seed=t.seed, epoch=self.epoch,
-                                rank=self.dist.rank, world=self.dist.world, num_workers=t.num_workers)
+        return self.data.train_loader(t.images_per_step, seed=t.seed, epoch=self.epoch, rank=self.dist.rank,
+                                      world=self.dist.world, num_workers=t.num_workers)
 
     def _batch(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         return batch["feats"].to(self.device), batch["region_mask"].to(self.device)
@@ -359,7 +370,7 @@ class Trainer:
         beam = t.beam_size if t.val_decode == "beam" else 1
         with self.updates.amp():
             part = captions_for(self.data, ModelStepper(self.model), "val", beam_size=beam, max_len=t.max_len,
-                                batch_size=t.batch_size, limit=self.cfg.data.val_images, device=self.device,
+                                batch_size=self.images_per_worker, limit=self.cfg.data.val_images, device=self.device,
                                 rank=self.dist.rank, world=self.dist.world)
         caps = self.dist.gather_dict(part)
         refs = self.data.references("val")
@@ -376,10 +387,10 @@ class Trainer:
 
     def diagnostics(self) -> dict:
         """`diag/...` scalars (a2core.diagnostics.trial_diagnostics) on the first `train.diag_images` val images,
-        on the epochs `train.diag_every` names and after the last one; {} on other epochs."""
+        on the epochs `train.diag_every` and `train.diag_epochs` name and after the last one; {} on other epochs."""
         t = self.cfg.train
         last = self.epoch == t.xe_epochs + t.scst_epochs
-        if not (last or (t.diag_every and self.epoch % t.diag_every == 0)):
+        if not (last or self.epoch in t.diag_epochs or (t.diag_every and self.epoch % t.diag_every == 0)):
             return {}
         from .diagnostics import trial_diagnostics
 
@@ -388,10 +399,50 @@ class Trainer:
         rng = ckpt.rng_state()  # their data loaders draw from the global generators: training must not see it
         try:
             out = trial_diagnostics(self.model, self.data, "val", images, min(t.diag_kendall_images, images),
-                                    batch_size=t.batch_size, device=self.device)
+                                    batch_size=self.images_per_worker, device=self.device)
         finally:
             ckpt.set_rng_state(rng)
         return {**out, "time/diag_s": time.perf_counter() - start}
+
+    @torch.no_grad()
+    def test_evaluation(self) -> dict:
+        """`test/...` scores (x100) and per-image CIDEr-D of the best checkpoint (the epoch of the best val CIDEr)
+        on the test split, beam search; the model's own weights are put back afterwards. {} without test images."""
+        t = self.cfg.train
+        if not self.data.images("test"):
+            return {}
+        start = time.perf_counter()
+        # only rank 0 writes best.pt (into its own output folder): it sends the weights to the other ranks
+        path = self.best_checkpoint() if self.dist.rank == 0 else None
+        best = [ckpt.load(path, map_location="cpu")["model"] if path is not None else None]
+        if self.dist.on:
+            dist.broadcast_object_list(best, src=0)
+        if best[0] is None:  # the same answer on every rank (broadcast)
+            log.warning("no copy of the best checkpoint (epoch %d) here: the test split is not scored",
+                        self.best["epoch"])
+            return {}
+        current = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(best[0])
+        self.model.eval()
+        try:
+            with self.updates.amp():
+                scores, per_image = score_split(self.data, ModelStepper(self.model), "test",
+                                                gather=self.dist.gather_dict, beam_size=t.beam_size,
+                                                max_len=t.max_len, batch_size=t.batch_size,
+                                                limit=t.test_images, device=self.device, rank=self.dist.rank,
+                                                world=self.dist.world)
+        finally:
+            self.model.load_state_dict(current)
+        out = {f"test/{k}": v for k, v in scores.items()}
+        out[TEST_PER_IMAGE_KEY] = {"ids": list(per_image), "scores": list(per_image.values())}
+        return {**out, "test/epoch": self.best["epoch"], "time/test_s": time.perf_counter() - start}
+
+    def best_checkpoint(self) -> Path | None:
+        """This run's best checkpoint: best.pt in the output folder, else the copy handed in as `best_from`."""
+        for path in (self.output_dir / "best.pt", self.best_from):
+            if path is not None and path.is_file():
+                return path
+        return None
 
     # -- the loop ---------------------------------------------------------------------------------------------------
     def _save_epoch(self, metrics: dict, improved: bool) -> Path | None:
@@ -408,7 +459,7 @@ class Trainer:
 
     def _enter_scst(self) -> None:
         """Switch point: stage 2 starts from the configured XE checkpoint (default: this run's best)."""
-        src = self.cfg.train.scst_from or (self.output_dir / "best.pt")
+        src = self.cfg.train.scst_from or self.best_checkpoint() or (self.output_dir / "best.pt")
         if self.dist.on:
             dist.barrier()
         state = ckpt.load(src, map_location=self.device)
@@ -441,6 +492,8 @@ class Trainer:
                        "time/epoch_s": time.perf_counter() - start}
             self.history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
             last = self._save_epoch(metrics, improved)
+            if self.epoch == total and t.test_at_end:
+                metrics.update(self.test_evaluation())
             metrics["samples"] = samples
             if report is not None:
                 self._report(report, metrics, last)
@@ -465,8 +518,23 @@ class Trainer:
 
 
 def train(config: Config | dict, report: Report | None = None, *, output_dir: str | Path | None = None,
-          resume_from: str | Path | None = None) -> dict:
-    """Train one configuration; see the module docstring. Returns the best score and checkpoint paths."""
+          resume_from: str | Path | None = None, best_from: str | Path | None = None) -> dict:
+    """Train one configuration: cross-entropy epochs, then SCST epochs (see the module docstring).
+
+    Args:
+        config: A `Config`, or a plain dict that `Config.from_dict` accepts.
+        report: Called after every epoch with the epoch's metrics (`train/...`, `val/...` on the x100 scale,
+            `diag/...`) and the folder of that epoch's checkpoint (None on ranks other than 0).
+        output_dir: Where `best.pt` and `last.pt` go (default: `config.output_dir`).
+        resume_from: A checkpoint to continue from, bit-identically (model, optimizers, step, RNG states).
+        best_from: With `resume_from`: the checkpoint of the run's best epoch so far, when that epoch came before
+            the resumed one (the test evaluation and SCST start from the best epoch, and the new output folder
+            has no best.pt until an epoch beats it).
+
+    Returns:
+        `best/val/CIDEr`, `best_epoch`, `epochs`, `steps`, `best_checkpoint`, `last_checkpoint` and `history`
+        (one dict of scalars per epoch).
+    """
     cfg = config if isinstance(config, Config) else Config.from_dict(config)
-    trainer = Trainer(cfg, output_dir or cfg.output_dir, resume_from)
+    trainer = Trainer(cfg, output_dir or cfg.output_dir, resume_from, best_from)
     return trainer.run(report)

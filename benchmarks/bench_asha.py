@@ -127,7 +127,7 @@ def search_study(arm: str, work: Path, data: Path, size: dict, search_seed: int 
         "data": {"kind": "synthetic", "seed": 0, "images": size["images"], "val_images": size["val_images"],
                  "root": str(data)},
         "model": dict(size["model"]),
-        "train": {"xe_epochs": size["epochs"], "scst_epochs": 0, "batch_size": 10, "warmup": size["warmup"],
+        "train": {"xe_epochs": size["epochs"], "scst_epochs": 0, "batch_size": 50, "warmup": size["warmup"],
                   "val_decode": "greedy", "log_every": 1000, "diag_every": 0, "diag_images": 10,
                   "diag_kendall_images": 1},
         "search": {"metric": METRIC, "mode": "max", "algorithm": "random", "num_samples": size["samples"],
@@ -256,12 +256,12 @@ def best_arm(summary: dict, label: str):
     trials = {t["trial_id"]: t for t in summary["trials"]}
     seeds = [{METRIC: trials[tid]["best"]} for tid in group["trials"] if trials[tid]["best"] is not None]
     per_image = [summary["per_image"].get(tid) for tid in group["trials"]]
-    matrix = None
+    matrix, ids = None, None
     if per_image and all(p is not None for p in per_image):
         ids = sorted(per_image[0])
         if all(sorted(p) == ids for p in per_image):
             matrix = np.asarray([[p[i] for i in ids] for p in per_image])  # (seeds, images)
-    return Arm(label, seeds, matrix)
+    return Arm(label, seeds, matrix, ids if matrix is not None else None)
 
 
 def groups_by_configuration(summary: dict) -> dict[str, dict]:
@@ -352,7 +352,7 @@ def report(result: dict, planned_epochs: int) -> None:
           f"seed sd {'-' if sd is None else f'{sd:.1f}'} CIDEr")
     noise = "within the seed noise" if result["within_noise"] else "NOT within the seed noise"
     if gap.low is None:
-        noise = "no interval (fewer than 3 seeds)"
+        noise = f"no verdict ({gap.no_verdict_reason()})"
     print(f"SUMMARY bench_asha: ASHA used {100 * result['cpu_ratio']:.0f}% of the full search's CPU seconds at "
           f"equal load ({100 * result['raw_cpu_ratio']:.0f}% as measured; {100 * result['epoch_ratio']:.0f}% of its "
           f"trial-epochs); "

@@ -137,6 +137,11 @@ def beam_search_speedup(run: Run, a2_model, feats, mask, images: int, repeats: i
         seq_c, score_c = beam_search(model, bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
         seq_u, score_u = beam_search(UncachedStepper(model), bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
     same = torch.equal(seq_c, seq_u) and torch.allclose(score_c, score_u, atol=1e-3)
+    flops = {}
+    for name, stepper in (("cached", model), ("uncached", UncachedStepper(model))):
+        with torch.no_grad(), run.amp(), FlopCounterMode(display=False) as counter:
+            beam_search(stepper, bfeats, bmask, beam_size=BEAM_SIZE, max_len=BEAM_MAX_LEN)
+        flops[name] = counter.get_total_flops()
     t_c, t_u = [], []
     for r in range(repeats):
         runs = [(model, t_c), (UncachedStepper(model), t_u)]
@@ -150,7 +155,9 @@ def beam_search_speedup(run: Run, a2_model, feats, mask, images: int, repeats: i
           f"{seq_c.shape[1]} steps decoded; cached == uncached: {same}")
     print(f"  cached   : {fmt(t_c)}")
     print(f"  uncached : {fmt(t_u)}")
-    print(f"  ratio uncached / cached: {m_u / m_c:.2f}x")
+    print(f"  ratio uncached / cached: {m_u / m_c:.2f}x (the FLOP ratio, the bound with both at full arithmetic "
+          f"efficiency: {flops['uncached'] / flops['cached']:.2f}x; {flops['cached'] / 1e9:.1f} vs "
+          f"{flops['uncached'] / 1e9:.1f} GFLOP)")
     return m_u / m_c
 
 

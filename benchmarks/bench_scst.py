@@ -44,7 +44,8 @@ def main() -> None:
             cfg = Config.from_dict({
                 "data": {"root": str(root), "images": args.images, "seed": 0},
                 "model": {"d_model": 128, "layers": 3, "heads": 8, "d_ff": 512, "max_regions": 10, "fusion": "gate"},
-                "train": {"batch_size": args.batch, "warmup": 100, "scst_samples": args.samples,
+                "train": {"batch_size": args.batch * 5,  # pairs: --batch images x 5 captions
+                          "warmup": 100, "scst_samples": args.samples,
                           "scst_baseline": baseline, "scst_lr": 1e-4, "max_len": 20, "log_every": 10 ** 6},
             })
             return Trainer(cfg, Path(tmp) / f"out-{baseline}")

@@ -2,7 +2,6 @@
 the ensemble as an MLflow model."""
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -22,28 +21,12 @@ from a2core.data.features import FeatureStore
 from a2core.errors import DataError
 from a2core.metrics import METRIC_NAMES as METRICS, SCALE, SCALE_NAME
 from dashboards import paper_results
-from dashboards.stats import Arm, Interval, compare_arms
+from dashboards.stats import Arm, Interval, canonical_config, compare_arms, config_hash  # noqa: F401 - used here, and re-exported
 from dashboards.tables import finite, text_table
 
 SCHEMA = 1
 SHORT = {"BLEU-1": "B-1", "BLEU-2": "B-2", "BLEU-3": "B-3", "BLEU-4": "B-4", "METEOR": "M", "ROUGE-L": "R",
          "CIDEr": "C", "SPICE": "S"}
-
-
-def canonical_config(config: Mapping) -> dict:
-    """The config without the keys that do not define the configuration (`train.seed`, `output_dir`)."""
-    out = copy.deepcopy(dict(config))
-    out.pop("output_dir", None)
-    if isinstance(out.get("train"), dict):
-        out["train"].pop("seed", None)
-    return out
-
-
-def config_hash(config: Mapping) -> str:
-    """sha256 hex of the canonical JSON of `canonical_config` (not `output_dir`: where a plain run writes, not what
-    it trains): equal for the seeds of one configuration."""
-    text = json.dumps(canonical_config(config), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def ordered(scores: Mapping[str, Any]) -> dict[str, float]:
@@ -91,27 +74,37 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
+def _gain_record(diff) -> dict:
+    return {"delta": _round(diff.delta), "low": _round(diff.low), "high": _round(diff.high), "images": diff.images,
+            "seeds": diff.seeds_b, "verdict": diff.verdict()}
+
+
 def ensemble_gain(ensemble: Mapping[str, float], members: Mapping[str, Mapping[str, float]],
-                  per_image: Mapping[str, Mapping[int, float]] | None = None) -> dict:
-    """The ensemble's CIDEr gain over its best member with a 95% interval (`compare_arms` on the two systems: the
-    paired bootstrap over the test images when both have per-image CIDEr-D, else no interval)."""
-    best = max(members, key=lambda name: members[name].get("CIDEr", -np.inf))
+                  per_image: Mapping[str, Mapping[int, float]] | None = None,
+                  chosen: str | None = None) -> dict[str, dict | None]:
+    """The ensemble's test CIDEr gain over the mean of its members (`over_members`) and over the member chosen on
+    validation (`over_chosen`, `chosen`: its name; None when no member has a validation score), each with a 95%
+    interval that holds the members' seed spread (`dashboards.stats.gain_over_members` / `gain_over_one`: with
+    per-image CIDEr-D of every system on the same test images also the bootstrap over them). Never against the
+    member that scored best on the test images themselves: that choice would be made on the numbers it is judged
+    by."""
+    from dashboards.stats import gain_over_members, gain_over_one
+
+    names = [name for name in members if members[name].get("CIDEr") is not None]
     per_image = per_image or {}
     ids = sorted(per_image.get("ensemble") or {})
-
-    def arm(name: str, metrics: Mapping[str, float]) -> Arm:
-        scores = per_image.get(name)
-        same_images = scores is not None and sorted(scores) == ids
-        return Arm(name, [dict(metrics)], np.asarray([[scores[i] for i in ids]]) if same_images else None)
-
-    diff = compare_arms([arm("ensemble", ensemble), arm(best, members[best])], baseline=best,
-                        metric="CIDEr").differences.get("ensemble")
-    gain = {"best_member": best, "best_member_CIDEr": members[best].get("CIDEr"), "delta": None, "low": None,
-            "high": None, "images": None, "verdict": None}
-    if diff is not None:
-        gain.update(delta=_round(diff.delta), low=_round(diff.low), high=_round(diff.high), images=diff.images,
-                    verdict=diff.verdict())
-    return gain
+    paired = bool(ids) and all(sorted(per_image.get(n) or {}) == ids for n in names)
+    if paired:
+        system = np.asarray([per_image["ensemble"][i] for i in ids])
+        rows = np.asarray([[per_image[n][i] for i in ids] for n in names])  # (members, images)
+    else:
+        system, rows = float(ensemble["CIDEr"]), np.asarray([members[n]["CIDEr"] for n in names])
+    over = gain_over_members(system, rows, ("ensemble", "its members' mean"))
+    out: dict[str, dict | None] = {"over_members": _gain_record(over), "over_chosen": None}
+    if chosen in names:
+        one = gain_over_one(system, rows, names.index(chosen), ("ensemble", f"{chosen} (chosen on validation)"))
+        out["over_chosen"] = {"member": chosen, "member_CIDEr": members[chosen].get("CIDEr"), **_gain_record(one)}
+    return out
 
 
 def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensemble_metrics: Mapping[str, float],
@@ -137,9 +130,12 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
                 "mlflow_run_ids": [e["mlflow_run_id"] for e in seeds],
                 "checkpoints": [e["checkpoint"] for e in seeds], "config_hash": digest,
                 "metrics": dict(ensemble_metrics)}
-    cider, mean = ensemble_metrics.get("CIDEr"), intervals.get("CIDEr")
-    gain = (ensemble_gain(ensemble_metrics, {e["name"]: e["metrics"] for e in seeds}, per_image)
-            if seeds and cider is not None else None)
+    cider = ensemble_metrics.get("CIDEr")
+    valued = [e for e in seeds if finite(e["study_metric"]) is not None]
+    sign = -1 if (selected_by or {}).get("mode") == "min" else 1
+    chosen = max(valued, key=lambda e: sign * e["study_metric"])["name"] if valued else None
+    gain = (ensemble_gain(ensemble_metrics, {e["name"]: e["metrics"] for e in seeds}, per_image, chosen)
+            if seeds and cider is not None else {"over_members": None, "over_chosen": None})
     board = {
         "schema": SCHEMA,
         "study": study,
@@ -154,8 +150,8 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
         "entries": [*seeds, ensemble],
         "seed_mean": {k: {"mean": _round(iv.mean), "low": _round(iv.low), "high": _round(iv.high), "n": iv.n}
                       for k, iv in intervals.items()},
-        "ensemble": {"CIDEr": cider, "gain_over_best": gain,
-                     "gain_over_mean": None if cider is None or mean is None else _round(cider - mean.mean)},
+        "ensemble": {"CIDEr": cider, "gain_over_members": gain["over_members"],
+                     "gain_over_chosen": gain["over_chosen"]},
         "paper": paper_results.paper_rows(fusion, stage) if fusion else None,
     }
     return {**board, **(extra or {})}
@@ -196,10 +192,20 @@ def format_table(board: Mapping) -> str:
     lines = [f"leaderboard of {board['study']} ({configuration['fusion']}, config {configuration['hash'][:12]}): "
              f"{ev['split']}, {ev['images']} images, beam {ev['beam_size']}, scores {ev['scale']}",
              text_table(["", "trial", *(SHORT[k] for k in metrics)], rows)]
-    gain = (board.get("ensemble") or {}).get("gain_over_best")
-    if gain and gain.get("verdict"):
-        lines.append(f"ensemble gain over its best member ({gain['best_member']}): {gain['verdict']}")
+    for line in gain_lines(board):
+        lines.append(line)
     return "\n".join(lines)
+
+
+def gain_lines(board: Mapping) -> list[str]:
+    """The ensemble's gains in words: over its members' mean, and over the member chosen on validation."""
+    ensemble = board.get("ensemble") or {}
+    lines = []
+    if (ensemble.get("gain_over_members") or {}).get("verdict"):
+        lines.append(f"ensemble gain over its members' mean: {ensemble['gain_over_members']['verdict']}")
+    if (ensemble.get("gain_over_chosen") or {}).get("verdict"):
+        lines.append(f"ensemble gain over the member chosen on validation: {ensemble['gain_over_chosen']['verdict']}")
+    return lines
 
 
 # -- MLflow --------------------------------------------------------------------------------------------------------
@@ -304,6 +310,21 @@ def content_hash(checkpoints: Sequence[str | os.PathLike], beam_size: int, max_l
     return digest.hexdigest()
 
 
+def drop_unfinished_versions(client, name: str, run_id: str) -> list[int]:
+    """Delete the versions of model `name` from run `run_id` that have no `a2.content_hash` tag: a packaging job
+    killed between registering a version and tagging it (the tag is set last) left them, and a rerun would register
+    the same ensemble again beside them. Returns the versions deleted."""
+    dropped = []
+    for version in client.search_model_versions(f"name='{name}' and run_id='{run_id}'"):
+        if TAG_CONTENT_HASH not in (version.tags or {}):
+            client.delete_model_version(name, version.version)
+            dropped.append(int(version.version))
+    if dropped:
+        print(f"model {name}: removed unfinished version(s) {', '.join(map(str, dropped))} of run {run_id} "
+              f"(registered by a packaging job that did not finish)", flush=True)
+    return dropped
+
+
 def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str | os.PathLike], name: str, *,
                       beam_size: int = 5, max_len: int = 20, description: str | None = None,
                       tags: Mapping[str, str] | None = None) -> dict:
@@ -323,6 +344,7 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
         first = min(same, key=lambda v: int(v.version))
         return {"name": name, "version": int(first.version), "model_uri": f"models:/{name}/{first.version}",
                 "logged_model_uri": first.source, "run_id": run_id, "reused": True}
+    drop_unfinished_versions(client, name, run_id)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the job's log
     repo = Path(__file__).resolve().parents[1]
     status = client.get_run(run_id).info.status

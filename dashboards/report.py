@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from a2core.config import inapplicable_model_keys
 from a2core.errors import TrackingError
-from dashboards.stats import best_candidates, is_stopped_early, seed_interval, stopped_early_text
+from dashboards.stats import MIN_SEEDS, best_candidates, is_stopped_early, seed_interval, stopped_early_text
 from dashboards.tables import finite
 from dashboards.tracking import TAG_FUSION, TAG_SEED, default_tracking_uri, study_runs
 
@@ -181,7 +181,7 @@ def fusion_table_html(comparison, configs: dict[str, str]) -> str:
     return (_html_table(head, rows, "t3") +
             "<p class='note'>The numbers of `a2 study compare --by fusion`: per fusion its best configuration by "
             "mean val CIDEr over seeds (stopped-early ones only when nothing else ran), mean [95% CI] over seeds at "
-            "each run's best epoch (none below 3 seeds), x100; best mean per column in bold.</p>" +
+            f"each run's best epoch (none below {MIN_SEEDS} seeds), x100; best mean per column in bold.</p>" +
             (f"<p class='note'>Not logged: {', '.join(missing)}.</p>" if missing else ""))
 
 
@@ -474,4 +474,9 @@ def main(args) -> int:
     print(f"report of study {args.name}:")
     for key, value in paths.items():
         print(f"  {key}: {value}")
+    from dashboards.tracking import still_running_note
+
+    note = still_running_note(uri, args.name, "report")
+    if note:
+        print(note)
     return 0

@@ -75,7 +75,7 @@ def apply(tracker, record: dict) -> None:
     """Make the tracking call that `record` stands for (`StudyTracker` methods; idempotent, see the module doc)."""
     op, trial = record["op"], record.get("trial")
     if op == "end_study":
-        tracker.end_study(record["status"])
+        tracker.end_study(record["status"], record.get("reason"))
         return
     if op == "trial":
         tracker.trial_run(trial, record.get("config"), tags=record.get("tags"), run_name=record.get("run_name"))
@@ -95,7 +95,7 @@ def apply(tracker, record: dict) -> None:
     elif op == "text":
         tracker.client.log_text(run_id, record["text"], record["file"])
     else:
-        tracker.end_trial(run_id, record["status"])
+        tracker.end_trial(run_id, record["status"], record.get("reason"))
 
 
 def server_answers(tracker, timeout: float = 2.0) -> bool:

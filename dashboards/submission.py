@@ -38,7 +38,8 @@ def results_filename(split: str, alg: str) -> str:
 
 
 def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_results: str | os.PathLike) -> Path:
-    """Write `zip_path` (the server's `results.zip`) holding the two results files at its root, atomically."""
+    """Write `zip_path` (the server's `results.zip`) holding the two results files at its root, atomically; its
+    bytes depend on the files' names and contents only."""
     paths = [Path(val_results), Path(test_results)]
     for p in paths:
         if not p.is_file():
@@ -48,8 +49,10 @@ def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_r
 
     def write(f):
         with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-            for p in paths:
-                zf.write(p, arcname=p.name)
+            for p in paths:  # a fixed date and mode: the same captions always give the same zip, byte for byte
+                info = zipfile.ZipInfo(p.name, date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o644 << 16
+                zf.writestr(info, p.read_bytes())
 
     return atomic_write(zip_path, write)
 

@@ -25,6 +25,8 @@ from typing import Any
 
 from a2core.config import flatten
 from a2core.errors import TrackingError
+from dashboards.mlflow_views import (MODEL_TRAINING, TAG_EXPERIMENT_KIND, VIEW_TRIALS, chart_section,
+                                     saved_sections, ui_url, view_states, view_tags)
 
 TAG_STUDY = "a2.study"
 TAG_ROLE = "a2.role"
@@ -34,6 +36,7 @@ TAG_SEED = "a2.seed"
 TAG_GIT = "a2.git_commit"
 TAG_BEST_CKPT = "a2.best_checkpoint"  # a tag, not a param: it changes during training, params cannot
 TAG_PARENT = "mlflow.parentRunId"
+TAG_END_REASON = "a2.end_reason"  # why a run is KILLED or FAILED (removed when it ends FINISHED)
 
 RUN_STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
 
@@ -42,6 +45,7 @@ _MAX_PARAM_VALUE = 6000
 _MAX_TAG_VALUE = 8000
 _MAX_KEY = 250
 
+DEFAULT_PORT = 5000  # of `a2 mlflow serve`
 _DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433, "oracle": 1521}
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
 
@@ -192,16 +196,6 @@ def _client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-# The experiment page of MLflow 3 opens on its GenAI overview and nests child runs under the (metric-less)
-# parent run. A shared view stored as an experiment tag gives a study a useful landing page instead: trials
-# flattened and sorted by val/CIDEr, with the key metrics and searched params as columns (see `view_url`).
-VIEW_KEY = "a2"
-VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
-VIEW_STATE = {"orderByKey": "metrics.`val/CIDEr`", "orderByAsc": False, "selectedColumns": ["attributes.`Run Name`"]
-              + [f"metrics.`{m}`" for m in ("val/CIDEr", "val/BLEU-4", "val/METEOR", "train/loss", "train/mask_mean")]
-              + [f"params.`{p}`" for p in ("model.fusion", "model.lambda", "model.temperature", "train.seed")]}
-
-
 def _search_all(client, experiment_ids: list[str], filter_string: str) -> list:
     """Every run that matches, oldest first (all pages)."""
     runs, token = [], None
@@ -232,33 +226,71 @@ class StudyTracker:
         self.client = _client(tracking_uri)
         self.parent_run_id: str | None = None
         self.trial_runs: dict[str, str] = {}
+        self._view: tuple | None = None  # (metric, mode, searched params) once `set_views` was called
+        self._view_sections: set[str] = set()  # the chart sections the views list
+        # run id -> metric key -> the steps MLflow holds: read once per run and process, then kept up to date, so
+        # that a replayed or re-reported epoch (a resume, a retry, a spool replay) is written once
+        self._steps: dict[str, dict[str, set[int]]] = {}
 
-    def view_url(self) -> str | None:
-        """The study's runs in the MLflow UI (the a2 view: trials sorted by val/CIDEr); None without a server."""
+    def view_url(self, view: str = VIEW_TRIALS, charts: bool = False) -> str | None:
+        """The study's runs in the MLflow UI, opened on `view` (`dashboards.mlflow_views`: the trials by the study
+        metric, or `a2-configs`, grouped by replicate group), as a table or (`charts`) the chart view; None when the
+        tracking URI is not a server (see `ui_pointer`)."""
         if not self.tracking_uri.lower().startswith(("http://", "https://")):
             return None
-        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+        return ui_url(self.tracking_uri, self.experiment_id, view, charts)
 
     @functools.cached_property
     def experiment_id(self) -> str:
-        """The experiment's id; created (with the a2 view) when there is none, restored when it was deleted."""
+        """The experiment's id; created (model training, with the a2 views) when there is none, restored when it was
+        deleted; an existing one is marked model training again (a resumed study) and gets the views it lacks."""
         from mlflow.exceptions import MlflowException
 
         exp = self.client.get_experiment_by_name(self.experiment_name)
         if exp is None:
+            tags = {TAG_STUDY: self.experiment_name, TAG_EXPERIMENT_KIND: MODEL_TRAINING,
+                    **view_tags(self._view_states())}
             try:
                 return self.client.create_experiment(self.experiment_name, artifact_location=self.artifact_location,
-                                                     tags={TAG_STUDY: self.experiment_name,
-                                                           VIEW_TAG: json.dumps(VIEW_STATE)})
+                                                     tags=tags)
             except MlflowException:  # created concurrently by another process
                 exp = self.client.get_experiment_by_name(self.experiment_name)
                 if exp is None:
                     raise
         if exp.lifecycle_stage == "deleted":
             self.client.restore_experiment(exp.experiment_id)
-        if VIEW_TAG not in exp.tags:
-            self.client.set_experiment_tag(exp.experiment_id, VIEW_TAG, json.dumps(VIEW_STATE))
+        missing = {TAG_EXPERIMENT_KIND: MODEL_TRAINING} if exp.tags.get(TAG_EXPERIMENT_KIND) != MODEL_TRAINING else {}
+        if not saved_sections(exp.tags):
+            missing.update(view_tags(self._view_states(), exp.tags))
+        for key, value in missing.items():
+            self.client.set_experiment_tag(exp.experiment_id, key, value)
         return exp.experiment_id
+
+    # -- the study's views in the MLflow UI ------------------------------------------------------------------
+    def set_views(self, metric: str = "val/CIDEr", mode: str = "max", searched_params: list[str] | tuple = ()) -> None:
+        """Save the study's views (`dashboards.mlflow_views`) for its `metric`, `mode` and searched params; from now
+        on, metrics of a new chart section update them, so that the views list every section in reading order."""
+        self._view = (metric, mode, tuple(searched_params))
+        exp = self.client.get_experiment(self.experiment_id)
+        self._view_sections = saved_sections(exp.tags) | {chart_section(metric)}
+        self._write_views(exp.tags)
+
+    def _view_states(self) -> dict:
+        metric, mode, searched = self._view or ("val/CIDEr", "max", ())
+        # one metric name per known section: that is all `section_order` needs
+        return view_states(metric, mode, searched, [f"{section}/x" for section in self._view_sections])
+
+    def _write_views(self, existing: dict | None = None) -> None:
+        for key, value in view_tags(self._view_states(), existing).items():
+            self.client.set_experiment_tag(self.experiment_id, key, value)
+
+    def _note_sections(self, metric_names) -> None:
+        if self._view is None:
+            return
+        new = {chart_section(m) for m in metric_names} - self._view_sections
+        if new:
+            self._view_sections = self._view_sections | new
+            self._write_views(self.client.get_experiment(self.experiment_id).tags)
 
     def _first_run(self, filter_string: str):
         return next(iter(_search_all(self.client, [self.experiment_id], filter_string)), None)
@@ -284,8 +316,21 @@ class StudyTracker:
         self._log_params(self.parent_run_id, flatten(params or {}), run.data.params)
         return self.parent_run_id
 
-    def end_study(self, status: str = "FINISHED") -> None:
-        self.client.set_terminated(self.parent_run_id, status=_status(status))
+    def end_study(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        self._end(self.parent_run_id, status, reason)
+
+    def _end(self, run_id: str, status: str, reason: str | None) -> None:
+        """End a run with `status`; its `a2.end_reason` tag says why (a KILLED or FAILED run), or goes."""
+        from mlflow.exceptions import MlflowException
+
+        if reason:
+            self.set_tags(run_id, {TAG_END_REASON: reason})
+        else:
+            try:
+                self.client.delete_tag(run_id, TAG_END_REASON)
+            except MlflowException:  # it had none
+                pass
+        self.client.set_terminated(run_id, status=_status(status))
 
     # -- trials (children) -----------------------------------------------------------------------------------
     def trial_run(self, trial_id: str, config: dict | None = None, tags: dict | None = None,
@@ -312,6 +357,7 @@ class StudyTracker:
         if run is None:
             run = self.client.create_run(self.experiment_id, run_name=run_name or trial_id,
                                          tags=_tag_values({**own, **extra}))
+            self._steps[run.info.run_id] = {}  # a new run has no metrics yet
         else:
             self._running_again(run)
             self.set_tags(run.info.run_id, {**{k: v for k, v in own.items() if k not in run.data.tags},
@@ -320,22 +366,37 @@ class StudyTracker:
         self.trial_runs[trial_id] = run.info.run_id
         return run.info.run_id
 
-    def end_trial(self, run_id: str, status: str = "FINISHED") -> None:
-        self.client.set_terminated(run_id, status=_status(status))
+    def end_trial(self, run_id: str, status: str = "FINISHED", reason: str | None = None) -> None:
+        self._end(run_id, status, reason)
 
     # -- logging ---------------------------------------------------------------------------------------------
     def log_metrics(self, run_id: str, metrics: dict, step: int, timestamp_ms: int | None = None) -> dict[str, float]:
-        """Log (and return) the numeric values of `metrics` at `step`. `timestamp_ms` (default: now) is the result's
-        own time: logging the same result again is then a no-op (MLflow keeps one row per key, step, time, value)."""
+        """Log the numeric values of `metrics` at `step` that the run does not hold yet (every (key, step) is written
+        once, whatever its value or time: the first report of an epoch stays); returns the numeric values.
+        `timestamp_ms` (default: now) is the result's own time."""
         ts = int(timestamp_ms) if timestamp_ms is not None else int(time.time() * 1000)
         numbers = {_clean_key(key): _numeric(value) for key, value in (metrics or {}).items()}
         logged = {key: number for key, number in numbers.items() if number is not None}
-        self._log_batch(run_id, "metrics", [(k, v, ts, int(step)) for k, v in logged.items()])
+        steps = self.metric_steps(run_id)
+        fresh = {key: number for key, number in logged.items() if int(step) not in steps.get(key, ())}
+        self._log_batch(run_id, "metrics", [(k, v, ts, int(step)) for k, v in fresh.items()])
+        for key in fresh:
+            steps.setdefault(key, set()).add(int(step))
+        if run_id != self.parent_run_id:  # the parent's totals are not in the views (they show trials)
+            self._note_sections(logged)
         return logged
+
+    def metric_steps(self, run_id: str) -> dict[str, set[int]]:
+        """{metric key: the steps at which the run has values}, read from MLflow once per run and process."""
+        if run_id not in self._steps:
+            keys = self.client.get_run(run_id).data.metrics
+            self._steps[run_id] = {key: {int(m.step) for m in self.client.get_metric_history(run_id, key)}
+                                   for key in keys}
+        return self._steps[run_id]
 
     def logged_steps(self, run_id: str, key: str) -> set[int]:
         """The steps at which metric `key` of a run has values."""
-        return {int(m.step) for m in self.client.get_metric_history(run_id, _clean_key(key))}
+        return set(self.metric_steps(run_id).get(_clean_key(key), ()))
 
     def set_tags(self, run_id: str, tags: dict) -> None:
         self._log_batch(run_id, "tags", list(_tag_values(tags).items()))
@@ -375,6 +436,43 @@ def study_runs(tracking_uri: str, study_name: str, experiment: str | None = None
     return parent, children
 
 
+def ui_pointer(tracking_uri: str, experiment_id: str | None) -> str:
+    """Where to see a study's trials: the MLflow UI URL of its runs (`dashboards.mlflow_views.ui_url`) when the
+    tracking URI is a server, else how to serve the database, then that URL on the default port."""
+    if experiment_id is None:
+        return f"(no experiment yet in {redact_uri(tracking_uri)})"
+    if tracking_uri.lower().startswith(("http://", "https://")):
+        return ui_url(tracking_uri, experiment_id)
+    serve_url = ui_url(f"http://127.0.0.1:{DEFAULT_PORT}", experiment_id)
+    if re.match(r"^(sqlite|postgresql|postgres|mysql|mssql)(\+\w+)?://", tracking_uri):
+        return f"`a2 mlflow serve --backend-store-uri {redact_uri(tracking_uri)}`, then {serve_url}"
+    return f"`mlflow ui --backend-store-uri {tracking_uri}`, then {serve_url}"
+
+
+def study_pointer(tracking_uri: str, experiment: str) -> str:
+    """`ui_pointer` of the experiment named `experiment`, looked up (never created)."""
+    exp = _client(tracking_uri).get_experiment_by_name(experiment)
+    return ui_pointer(tracking_uri, exp.experiment_id if exp is not None else None)
+
+
+def _study_urls(backend: str, server: str, limit: int = 10) -> list[str]:
+    """"study NAME: URL" of the (at most `limit` most recently updated) study experiments of a backend store."""
+    experiments = _client(backend).search_experiments(filter_string=f"tags.`{TAG_STUDY}` LIKE '%'",
+                                                      max_results=limit, order_by=["last_update_time DESC"])
+    return [f"  study {exp.tags.get(TAG_STUDY, exp.name)}: {ui_url(server, exp.experiment_id)}" for exp in experiments]
+
+
+def still_running_note(tracking_uri: str, study_name: str, what: str) -> str | None:
+    """"note: study NAME is still running (...)" when its parent run is RUNNING, so that a comparison or a report
+    of a study part way through says so; None otherwise."""
+    parent, children = study_runs(tracking_uri, study_name)
+    if parent is None or parent.info.status != "RUNNING":
+        return None
+    done = sum(1 for run in children if run.info.status == "FINISHED")
+    return (f"note: study {study_name} is still running ({done} of {len(children)} trial runs finished so far): "
+            f"this {what} covers only what is logged up to now")
+
+
 # -- the server ------------------------------------------------------------------------------------------------
 def serve(args) -> int:
     """`a2 mlflow serve`: this process becomes `mlflow server` (its CLI stops its web server on SIGINT/SIGTERM)."""
@@ -393,6 +491,12 @@ def serve(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"bound to {args.host}: reachable from other machines; restrict with a firewall or a proxy", flush=True)
     print(f"clients: export MLFLOW_TRACKING_URI={url}", flush=True)
+    try:  # where each study's trials open once the server is up
+        studies = _study_urls(backend, url)
+    except Exception as err:  # noqa: BLE001 - the server reports a store it cannot open itself
+        studies = [f"  (studies not listed: {type(err).__name__}: {err})"]
+    if studies:
+        print("trials of each study (the Views menu has its other views):\n" + "\n".join(studies), flush=True)
     env = dict(os.environ)
     # MLflow's GenAI job runner (extra processes, slower start) is not used by a2tune; opt back in via the env.
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")

@@ -43,6 +43,40 @@ def cmd_data_synth(args) -> int:
     return 0
 
 
+def cmd_data_prepare(args) -> int:
+    import time
+
+    from a2core.data.prepared import prepare
+
+    started = time.monotonic()
+
+    def progress(done: int, total: int) -> None:
+        rate = done / max(time.monotonic() - started, 1e-9)
+        print(f"\r{done}/{total} images  {rate:.0f}/s  about {(total - done) / max(rate, 1e-9):.0f}s left",
+              end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    manifest = prepare(args.source, args.out, feature_dim=args.feature_dim, progress=progress)
+    print(json.dumps({"store": args.out, **{k: manifest[k] for k in ("images", "rows", "feature_dim", "checksum")}},
+                     indent=2))
+    return 0
+
+
+def cmd_data_fetch(args) -> int:
+    from launch.datastore import fetch
+
+    print(json.dumps(fetch(args.source, args.target, endpoint_url=args.endpoint_url), indent=2))
+    return 0
+
+
+def cmd_data_push(args) -> int:
+    from launch.datastore import push
+
+    manifest = push(args.store, args.uri, endpoint_url=args.endpoint_url)
+    print(json.dumps({"uri": args.uri, **{k: v for k, v in manifest.items() if k in ("checksum", "sha256")}},
+                     indent=2))
+    return 0
+
+
 def training_config(path: str | None, overrides: list[str]):
     """The a2core config of a config file or of a study file (its data / model / train sections; the search, at
     its defaults, is left out), with `key=value` overrides."""
@@ -125,6 +159,25 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--images", type=positive_int, default=1500, help="Karpathy-split images (train/val/test)")
     synth.add_argument("--test-images", type=positive_int, default=None, help="test-server images (default images/10)")
     synth.set_defaults(func=cmd_data_synth)
+    prep = data.add_parser("prepare", help="convert region features (HDF5 or .npz directory) into a prepared store: "
+                                           "float16 rows in one memory-mappable file, an index and a checksummed "
+                                           "manifest, read faster by the same loader (data.features: OUT)")
+    prep.add_argument("source", help="features.h5 ({image_id}_features datasets) or a directory of {image_id}.npz")
+    prep.add_argument("--out", required=True, help="the store's folder, e.g. data/coco/features.a2feat (must not exist)")
+    prep.add_argument("--feature-dim", type=positive_int, default=2048)
+    prep.set_defaults(func=cmd_data_prepare)
+    push = data.add_parser("push", help="upload a prepared store (or one data file) to S3, verified; a store's "
+                                        "manifest goes last")
+    push.add_argument("store", help="the store's local folder, or a file (dataset_coco.json, an image list)")
+    push.add_argument("uri", help="s3://bucket/prefix/NAME.a2feat")
+    push.add_argument("--endpoint-url", default=None, help="any S3-compatible endpoint (default: $AWS_ENDPOINT_URL)")
+    push.set_defaults(func=cmd_data_push)
+    fetch = data.add_parser("fetch", help="copy a prepared store onto this machine, SHA-256 verified; nothing to do "
+                                          "when it holds that version already (ray-cluster.yaml runs it per node)")
+    fetch.add_argument("source", help="s3://bucket/prefix/NAME.a2feat or a local store folder (or one data file)")
+    fetch.add_argument("target", help="local path, e.g. ~/a2tune/data/coco/features.a2feat")
+    fetch.add_argument("--endpoint-url", default=None, help="any S3-compatible endpoint (default: $AWS_ENDPOINT_URL)")
+    fetch.set_defaults(func=cmd_data_fetch)
 
     tr = sub.add_parser("train", help="one training run without Ray")
     tr.add_argument("--config", help="YAML with data/model/train sections (a study file works too)")
@@ -168,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--artifacts-destination", default=None, help="s3://bucket/prefix (default: ./mlartifacts)")
     serve.add_argument("--s3-endpoint-url", default=None, help="any S3-compatible endpoint")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=positive_int, default=5000)
+    serve.add_argument("--port", type=positive_int, default=5000)  # dashboards.tracking.DEFAULT_PORT
     serve.add_argument("--workers", type=positive_int, default=1)
     serve.set_defaults(func=_deferred("dashboards.tracking:serve"))
     sync = ml.add_parser("sync", help="replay a study's tracking records spooled while MLflow was down")

@@ -18,8 +18,8 @@ from ray.tune.result import AUTO_RESULT_KEYS
 
 from dashboards.spool import Spool, TrackingQueue, apply, outage_line
 from dashboards.stats import TAG_CONFIG_HASH, stopped_early_tags
-from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri, client_settings
-from launch.search import config_hash
+from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri, client_settings, ui_pointer
+from launch.search import group_key
 from launch.trainable import CHECKPOINT_FILE
 
 logger = logging.getLogger(__name__)
@@ -54,22 +54,34 @@ def _timestamp_ms(result: dict) -> int | None:
     return int(ts * 1000) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None
 
 
+def _error_line(trial) -> str:
+    """The last line of a trial's error (its exception), for the run's `a2.end_reason` tag."""
+    try:
+        lines = str(trial.get_error() or "").strip().splitlines()
+    except Exception:  # noqa: BLE001 - the error file may be gone with its node
+        lines = []
+    return (lines[-1][:500] if lines else "the trial failed") + " (`a2 study status NAME` shows the trial)"
+
+
 class A2MLflowCallback(Callback):
     """Track a Tune study in MLflow. `resolve_config`: a trial's config -> the training config logged as params;
     `metric`/`mode` pick the best checkpoint (tag `a2.best_checkpoint`); `history_of(trial_id)`: the trial's result
     log, whose epochs MLflow lacks are logged once per trial and driver; `stopped_early_of(trial_id)`: the
     scheduler's record of stopping a trial; `spool_at`: the study's Location holding the spool (without one, the
-    hooks apply their records themselves); `strict`: tracking trouble in a hook is raised, not logged."""
+    hooks apply their records themselves); `strict`: tracking trouble in a hook is raised, not logged;
+    `searched_params`: the config keys the study searches (the axes of its parallel-coordinates chart in MLflow)."""
 
     def __init__(self, tracking_uri: str, study_name: str, *, experiment: str | None = None,
                  study_params: dict | None = None, study_tags: dict | None = None,
                  resolve_config: Callable[[dict], dict] | None = None, metric: str = "val/CIDEr",
                  mode: str = "max", strict: bool = False, history_of: Callable[[str], list[dict]] | None = None,
-                 stopped_early_of: Callable[[str], dict | None] | None = None, spool_at=None):
+                 stopped_early_of: Callable[[str], dict | None] | None = None, spool_at=None,
+                 searched_params: list[str] | tuple = ()):
         self.tracking_uri, self.study_name, self.experiment = tracking_uri, study_name, experiment
         self.study_params, self.study_tags = study_params or {}, study_tags or {}
         self.resolve_config, self.metric, self.mode, self.strict = resolve_config, metric, mode, strict
         self.history_of, self.stopped_early_of, self.spool_at = history_of, stopped_early_of, spool_at
+        self.searched_params = tuple(searched_params)
         self.tracker: StudyTracker | None = None
         self.queue: TrackingQueue | None = None
         self.outage: dict | None = None  # the study's outage totals, once the experiment ended
@@ -80,6 +92,7 @@ class A2MLflowCallback(Callback):
         self.last_step: dict[str, int] = {}
         self.opened: set[str] = set()  # trials whose run this driver opened (or queued to open)
         self.backfilled: set[str] = set()  # trials whose missing epochs this driver has looked for
+        self.completed: set[str] = set()  # trials that this driver saw complete
 
     # -- state saved by Tune with the experiment ---------------------------------------------------------------
     def get_state(self) -> dict:
@@ -95,7 +108,7 @@ class A2MLflowCallback(Callback):
 
     def __getstate__(self):  # the Tuner pickles its callbacks
         return {**self.__dict__, "tracker": None, "queue": None, "trial_runs": dict(self.trial_runs),
-                "backfilled": set()}  # a restored driver looks for missing epochs again
+                "backfilled": set(), "opened": set(), "completed": set()}  # a restored driver looks again
 
     # -- hooks -------------------------------------------------------------------------------------------------
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
@@ -105,15 +118,15 @@ class A2MLflowCallback(Callback):
         tracker = self._ensure_tracker()
         if self.spool_at is not None:
             self.queue = TrackingQueue(tracker, Spool(self.spool_at))
-        url = tracker.view_url()
-        print(f"MLflow: study {self.study_name!r} -> parent run {self.parent_run_id}"
-              + (f"; trials at {url}" if url else f" in {self.tracking_uri}"), flush=True)
+        print(f"MLflow: study {self.study_name!r} -> parent run {self.parent_run_id}; trials: "
+              + ui_pointer(self.tracking_uri, tracker.experiment_id), flush=True)
 
     def _ensure_tracker(self) -> StudyTracker:
         if self.tracker is None:
             tracker = StudyTracker(self.tracking_uri, self.study_name, experiment=self.experiment)
             tracker.trial_runs = self.trial_runs  # one map: the saved state's runs, and those the tracker opens
             self.parent_run_id = tracker.start_study(self.study_params, self.study_tags)
+            tracker.set_views(self.metric, self.mode, getattr(self, "searched_params", ()))  # older pickles lack it
             self.tracker = tracker
         return self.tracker
 
@@ -132,7 +145,8 @@ class A2MLflowCallback(Callback):
         config = dict(getattr(trial, "config", None) or {})
         self.opened.add(str(trial.trial_id))
         self._emit("trial", trial, config=self.resolve_config(config) if self.resolve_config else config,
-                   tags={"a2.ray_trial_name": str(trial), TAG_CONFIG_HASH: config_hash(config)}, run_name=str(trial))
+                   tags={"a2.ray_trial_name": str(trial), TAG_CONFIG_HASH: group_key(config, self.resolve_config)},
+                   run_name=str(trial))
 
     on_trial_restore = on_trial_start  # a restored trial continues its own run
 
@@ -149,6 +163,7 @@ class A2MLflowCallback(Callback):
             if old is None or (value > old[0] if self.mode == "max" else value < old[0]):
                 self.best[tid] = (float(value), result.get("training_iteration"))
                 self._log_per_image(trial, result)
+        self._log_test_per_image(trial, result)
 
         samples = result.get("samples")
         if isinstance(samples, (list, tuple)) and samples and all(isinstance(s, str) for s in samples):
@@ -165,6 +180,18 @@ class A2MLflowCallback(Callback):
         if ids and scores and len(ids) == len(scores):
             text = json.dumps({str(i): float(v) for i, v in zip(ids, scores)}, sort_keys=True)
             self._emit("text", trial, text=text, file=PER_IMAGE_ARTIFACT)
+
+    def _log_test_per_image(self, trial, result: dict) -> None:
+        """The run's test-split per-image CIDEr-D of its selected checkpoint (its last result,
+        `a2core.train.TEST_PER_IMAGE_KEY`), which verdicts rest on (`dashboards.compare.TEST_PER_IMAGE_ARTIFACT`)."""
+        from a2core.train import TEST_PER_IMAGE_KEY
+        from dashboards.compare import TEST_PER_IMAGE_ARTIFACT
+
+        per_image = result.get(TEST_PER_IMAGE_KEY) or {}
+        ids, scores = per_image.get("ids"), per_image.get("scores")
+        if ids and scores and len(ids) == len(scores):
+            text = json.dumps({str(i): float(v) for i, v in zip(ids, scores)}, sort_keys=True)
+            self._emit("text", trial, text=text, file=TEST_PER_IMAGE_ARTIFACT)
 
     @staticmethod
     def _metrics(result: dict) -> dict:
@@ -215,6 +242,7 @@ class A2MLflowCallback(Callback):
     @_guarded
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._backfill(trial)  # a trial restored after its last epoch reports nothing more
+        self.completed.add(str(trial.trial_id))
         stop = self.stopped_early_of(str(trial.trial_id)) if self.stopped_early_of else None
         if stop:
             self._emit("tags", trial, tags=stopped_early_tags(stop["rung"], stop["cutoff"]))
@@ -224,20 +252,30 @@ class A2MLflowCallback(Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         # Called only when Tune gives up on the trial (retries go through on_trial_recover).
         self.errored.add(str(trial.trial_id))
-        self._emit("end_trial", trial, status="FAILED")
+        self._emit("end_trial", trial, status="FAILED", reason=_error_line(trial))
 
     @_guarded
     def on_experiment_end(self, trials, **info):
-        unfinished = False
+        # The runs' statuses follow the trials' as they are now (an earlier driver's errors resumed since count
+        # no more): FINISHED only when every trial is, KILLED while some can still resume, FAILED if one failed.
+        from launch import stop
+
+        signal_number = stop.received()
+        how = f"interrupted by {stop.signal_name(signal_number)}" if signal_number else "the study stopped"
+        reason = f"{how}; continue with `a2 study resume {self.study_name}`"
+        failed = unfinished = False
         for trial in trials or []:
             tid, status = str(trial.trial_id), getattr(trial, "status", None)
             if status == "ERROR":
-                self.errored.add(tid)
-            elif status != "TERMINATED":
+                failed = True
+            elif status != "TERMINATED" or (signal_number and tid in self.opened and tid not in self.completed):
+                # (Tune's clean-up after a stop signal sets its running trials TERMINATED too)
                 unfinished = True  # interrupted study: resumable, its open runs are marked KILLED for now
                 if tid in self.trial_runs or tid in self.opened:
-                    self._emit("end_trial", trial, status="KILLED")
-        self._emit("end_study", status="FAILED" if self.errored else "KILLED" if unfinished else "FINISHED")
+                    self._emit("end_trial", trial, status="KILLED", reason=reason)
+        status = "FAILED" if failed else "KILLED" if unfinished else "FINISHED"
+        self._emit("end_study", status=status,
+                   reason=None if status == "FINISHED" else "a trial failed" if failed else reason)
         if self.queue is not None:
             self.outage = self.queue.close()  # shown by the live table's last report and in the summary
             self.queue = None

@@ -26,6 +26,7 @@ RESULTS_ZIP = "results.zip"
 LEADERBOARD = "leaderboard.json"
 MANIFEST = "package.json"
 SEEDS = (0, 1, 2, 3)
+SERVER_IMAGES = 81_279  # the COCO server's val2014 (40,504) + test2014 (40,775) images
 # Ray Train gives a worker group 60 s to start by default; on a busy small machine importing torch in two fresh
 # workers can take longer. Applies to a Ray that this process starts (a cluster keeps its own setting).
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
@@ -59,12 +60,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", nargs="*", default=[], dest="data_overrides",
                         help="data.* overrides for decoding on this machine, e.g. data.features=/x.h5")
     parser.add_argument("--quiet", action="store_false", dest="verbose", help="no live trial table while seeds train")
+    parser.add_argument("--plan", action="store_true",
+                        help="only state the decoding's cost: images and shards to decode, the ensemble's seconds "
+                             "per image measured here on a few images (copies of the best checkpoint), and "
+                             f"the time for them and for the server's {SERVER_IMAGES:,} images; trains and writes "
+                             "nothing")
 
 
 def main(args) -> int:
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}  # the rest are package's
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "plan")}  # the rest: package's
+    if getattr(args, "plan", False):
+        print(plan_text(decode_plan(args.name, storage=args.storage, seeds=args.seeds, beam_size=args.beam_size,
+                                    batch_size=args.batch_size, workers=args.workers, val_images=args.val_images,
+                                    test_images=args.test_images, data_overrides=args.data_overrides)))
+        return 0
     package(**options)
     return 0
+
+
+def decode_plan(name: str, *, storage: str | None = None, seeds=None, beam_size: int = 5, batch_size: int = 50,
+                workers: int | None = None, val_images: str | None = None, test_images: str | None = None,
+                data_overrides: list[str] | None = None, sample: int = 8) -> dict:
+    """What decoding study `name`'s package costs: its images and shards (less those an earlier run kept), and
+    the ensemble's seconds per image measured on `sample` Karpathy test images with copies of the best trial's
+    checkpoint (an ensemble of M members costs M single-model passes per beam step)."""
+    import torch
+
+    from a2core.decode import ensemble_captions
+
+    location, spec, summary = open_study(name, storage, verbose=False)
+    best = select_best(candidates(spec, summary), spec.mode)
+    members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
+    cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
+    checkpoint = fetch_checkpoint(best["checkpoint"], cache, location.endpoint_url)
+    _, data_config, images = decoding_data(checkpoint, data_overrides, val_images, test_images)
+    splits = images["splits"]
+    unique = len(set().union(*map(set, splits.values())))
+    shards = make_shards(splits)
+    ids = splits["test"][:sample + 2] or splits["val2014"][:sample + 2]
+    options = dict(single_split=None, beam_size=beam_size, max_len=images["max_len"], batch_size=batch_size)
+    ensemble_captions([checkpoint] * members, data_config, {"test": ids[:2]}, **options)  # warm-up (loading, caches)
+    started = time.perf_counter()
+    ensemble_captions([checkpoint] * members, data_config, {"test": ids[2:]}, **options)
+    per_image = (time.perf_counter() - started) / max(1, len(ids) - 2)
+    single_images = len(splits["test"]) if members > 1 else 0  # each member alone on the Karpathy test split
+    cost = per_image * (unique + single_images)
+    return {"study": name, "members": members, "beam_size": beam_size, "images": unique, "shards": len(shards),
+            "device": "cuda" if torch.cuda.is_available() else "cpu", "sample": len(ids) - 2,
+            "seconds_per_image": per_image, "seconds": cost, "workers": workers,
+            "server_seconds": per_image * SERVER_IMAGES}
+
+
+def plan_text(p: dict) -> str:
+    hours = lambda s: f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min"  # noqa: E731
+    w = p["workers"] or 1
+    return (f"package decode plan for {p['study']}: {p['members']}-member ensemble, beam {p['beam_size']}\n"
+            f"  images: {p['images']:,} distinct (val2014, test2014, Karpathy test) in {p['shards']} shards of "
+            f"{SHARD_IMAGES}\n"
+            f"  measured here ({p['device']}, {p['sample']} images in one batch): {p['seconds_per_image']:.3f} s "
+            f"per image for the ensemble\n"
+            f"  decode: {hours(p['seconds'])} on one worker, {hours(p['seconds'] / w)} on {w} worker(s) of this "
+            f"speed (plus each member alone on the Karpathy test split, included)\n"
+            f"  the server's {SERVER_IMAGES:,} images (val2014 40,504 + test2014 40,775): "
+            f"{hours(p['server_seconds'])} on one worker like this one; a shard kept by an earlier run is not "
+            f"decoded again")
 
 
 def package(name: str, *, storage: str | None = None, seeds=None, alg: str | None = None, no_train: bool = False,
@@ -87,7 +146,8 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
     tracking_uri = check_tracking_uri(tracking_uri or spec.tracking["mlflow_uri"])
     upload_prefix = _upload_prefix(location, upload)
-    out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST, RESULTS_ZIP), "package")
+    # a folder is an earlier package once its manifest (written last) is there: a killed run's folder is reused
+    out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST,), "package")
     out.mkdir(parents=True, exist_ok=True)
     ray_was_up = ray.is_initialized()
     os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
@@ -95,12 +155,14 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
         best, members = ensemble_members(spec, location, summary, seeds, no_train=no_train, address=address,
                                          verbose=verbose)
         local = [fetch_checkpoint(m["checkpoint"], out / ".checkpoints", location.endpoint_url) for m in members]
+        refuse_unreadable(members, local)
         data, data_config, images = decoding_data(local[0], data_overrides, val_images, test_images)
         # Ray workers fetch an s3:// checkpoint themselves; a local one by the absolute path fetched here
         sources = [m["checkpoint"] if m["checkpoint"].startswith("s3://") else p for m, p in zip(members, local)]
-        decoded = decode_all(sources, data_config, images["splits"], "test", beam_size=beam_size,
-                             max_len=images["max_len"], batch_size=batch_size, workers=workers, address=address,
-                             endpoint_url=location.endpoint_url, verbose=verbose)
+        decoding = dict(beam_size=beam_size, max_len=images["max_len"], batch_size=batch_size)
+        keep = location.at(DECODED_DIR, decode_key(local, images["splits"], "test", **decoding))
+        decoded = decode_all(sources, data_config, images["splits"], "test", **decoding, workers=workers,
+                             address=address, endpoint_url=location.endpoint_url, verbose=verbose, keep=keep)
         results = write_submission(out, files, decoded, images, alg, verbose)
         delivered = deliver(name, spec, best, members, local, data, decoded, results, images,
                             tracking_uri=tracking_uri, beam_size=beam_size, model_name=model_name or name,
@@ -139,7 +201,7 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
 def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
     """One dict per trial of a study summary that reported the metric and has a best checkpoint (only those of
     configuration `digest` when given)."""
-    from dashboards.leaderboard import config_hash
+    from dashboards.stats import config_hash
 
     out = []
     for row in summary.get("trials", []):
@@ -163,22 +225,19 @@ def _rank_key(mode: str) -> Callable[[dict], tuple]:
 def select_best(cands: list[dict], mode: str) -> dict:
     """The best trial of the configuration (config hash) with the best mean over its seeds, among those not
     stopped early (`dashboards.stats.best_candidates`). Ties go to the lower (study, trial id)."""
-    from dashboards.stats import TAG_STOPPED_EARLY, best_candidates
+    from dashboards.stats import best_group
 
     if not cands:
         raise PackageError("no trial of the study reported its metric with a checkpoint: nothing to package")
     groups: dict[str, list[dict]] = {}
     for c in cands:
         groups.setdefault(c["hash"], []).append(c)
-
-    def stopped(group: list[dict]) -> dict:
-        return {TAG_STOPPED_EARLY: "true"} if any(c.get("stopped_early") for c in group) else {}
-
-    sign = -1 if mode == "max" else 1
     rank = _rank_key(mode)
-    best_group = min(best_candidates(list(groups.values()), tags_of=stopped),
-                     key=lambda g: (sign * sum(c["value"] for c in g) / len(g), rank(min(g, key=rank))))
-    return min(best_group, key=rank)
+    # equal means: the group whose best trial ranks first (best_group keeps the first of equals)
+    ordered = sorted(groups.values(), key=lambda g: rank(min(g, key=rank)))
+    group = best_group(ordered, lambda g: [c["value"] for c in g], mode,
+                       lambda g: any(c.get("stopped_early") for c in g))
+    return min(group, key=rank)
 
 
 def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
@@ -246,6 +305,20 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
     return best, members
 
 
+def refuse_unreadable(members: list[dict], local: list[str]) -> None:
+    """PackageError (exit 2) naming the stored checkpoint of a member that does not load, before any decoding."""
+    from a2core import checkpoint as ckpt
+    from a2core.errors import CheckpointError
+
+    for member, path in zip(members, local):
+        try:
+            ckpt.load(path)
+        except CheckpointError as err:
+            raise PackageError(f"{member['checkpoint']} (trial {member.get('trial_id')}, seed {member.get('seed')}): "
+                               f"{str(err).replace(f'{path}: ', '')}; nothing was decoded: restore the file from a "
+                               f"copy (`a2 study check NAME` verifies every checkpoint)") from None
+
+
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
     """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
     from dashboards.storage import open_location
@@ -290,7 +363,7 @@ def companion_studies(location) -> list[str]:
 
 def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
     """(location, spec, summary or None) of each companion seed study of configuration `digest`."""
-    from dashboards.leaderboard import config_hash
+    from dashboards.stats import config_hash
     from launch.study import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec
 
     found = []
@@ -373,22 +446,92 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
     return ensemble_captions(local, data_config, shard, single_split, **options)
 
 
+SHARD_IMAGES = 500  # images per decoding shard: a killed package loses at most one shard per worker
+DECODED_DIR = "package-decoded"  # in the study's storage: one folder of finished shards per decoding job
+
+
+def decode_key(checkpoints: list[str], splits: dict[str, list[int]], single_split: str | None, **options) -> str:
+    """What a decoding job's shards depend on: the checkpoints' bytes, the image lists and the decoding options."""
+    digest = hashlib.sha256()
+    for path in checkpoints:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    digest.update(json.dumps([splits, single_split, sorted(options.items())], sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def make_shards(splits: dict[str, list[int]], size: int = SHARD_IMAGES) -> list[dict[str, list[int]]]:
+    """Consecutive runs of `size` distinct images (an image in several splits is in one shard), as
+    {split: the run's images of that split}; the same lists give the same shards."""
+    unique = list(dict.fromkeys(i for ids in splits.values() for i in ids))
+    shards = []
+    for start in range(0, len(unique), size):
+        run = set(unique[start:start + size])
+        shards.append({split: [i for i in ids if i in run] for split, ids in splits.items()})
+    return shards
+
+
+def _shard_json(part: dict) -> str:
+    return json.dumps({"ensemble": {split: {str(i): c for i, c in caps.items()} for split, caps in part["ensemble"].items()},
+                       "single": [{str(i): c for i, c in caps.items()} for caps in part["single"]]})
+
+
+def _shard_from_json(text: str) -> dict:
+    raw = json.loads(text)
+    return {"ensemble": {split: {int(i): c for i, c in caps.items()} for split, caps in raw["ensemble"].items()},
+            "single": [{int(i): c for i, c in caps.items()} for caps in raw["single"]]}
+
+
 def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], single_split: str | None,
                *, beam_size: int, max_len: int, batch_size: int, workers: int | None, address: str | None,
-               endpoint_url: str | None, verbose: bool = True) -> dict:
-    """The ensemble's captions of every split and each checkpoint's on `single_split`, on Ray tasks (one per
-    shard of the image lists) or, with workers=0, in this process. Returns {"ensemble", "single", "seconds"}."""
+               endpoint_url: str | None, verbose: bool = True, keep=None, shard_images: int = SHARD_IMAGES) -> dict:
+    """The ensemble's captions of every split and each checkpoint's on `single_split`, decoded in shards of
+    `shard_images` images on Ray tasks or, with workers=0, in this process. Returns {"ensemble", "single",
+    "seconds", "shards", "reused"}.
+
+    `keep` (a storage `Location`, the study's `package-decoded/<key>` folder) receives every finished shard; a shard
+    already there is read back instead of decoded, so a killed `a2 package` continues where it stopped and gives
+    the same captions (each shard's images are decoded in the same batches either way)."""
     t0 = time.perf_counter()
     options = dict(single_split=single_split, beam_size=beam_size, max_len=max_len, batch_size=batch_size,
                    endpoint_url=endpoint_url)
-    what = f"{sum(len(v) for v in splits.values())} images with {len(checkpoints)} checkpoint(s)"
-    if workers == 0:
-        say(f"package: decoding {what} in this process", verbose)
-        parts = [decode_shard(checkpoints, data_config, splits, **options, progress=verbose)]
-    else:
-        parts = _decode_on_ray(checkpoints, data_config, splits, options, workers, address, what, verbose)
+    shards = make_shards(splits, shard_images)
+    parts: dict[int, dict] = {}
+    if keep is not None:
+        names = set(keep.listdir())
+        for index in range(len(shards)):
+            if f"shard-{index:05d}.json" in names:
+                text = keep.join(f"shard-{index:05d}.json").read_text()
+                if text is not None:
+                    parts[index] = _shard_from_json(text)
+    todo = [i for i in range(len(shards)) if i not in parts]
+    images = lambda index: len(set().union(*shards[index].values()))  # noqa: E731
+    what = (f"{sum(images(i) for i in todo)} images in {len(todo)} shard(s) with {len(checkpoints)} checkpoint(s)"
+            + (f"; {len(parts)} of {len(shards)} shards were decoded before (kept in {keep})" if parts else ""))
+
+    def finished(index: int, part: dict) -> None:
+        if keep is not None:
+            keep.join(f"shard-{index:05d}.json").write_text(_shard_json(part))
+        parts[index] = part
+
+    if todo:
+        from tqdm import tqdm
+
+        # images, not shards: the bar's rate and time left are those of the decoding
+        with tqdm(total=sum(images(i) for i in todo), desc="decode", unit="img", file=sys.stderr,
+                  disable=not verbose, smoothing=0.1) as bar:
+            if workers == 0:
+                say(f"package: decoding {what} in this process", verbose)
+                for index in todo:
+                    finished(index, decode_shard(checkpoints, data_config, shards[index], **options))
+                    bar.update(images(index))
+            else:
+                _decode_on_ray(checkpoints, data_config, [(i, shards[i]) for i in todo], options, workers, address,
+                               what, verbose, lambda i, part: (finished(i, part), bar.update(images(i))))
     merged: dict[str, Any] = {"ensemble": {split: {} for split in splits}, "single": [{} for _ in checkpoints]}
-    for part in parts:
+    for index in sorted(parts):
+        part = parts[index]
         for split, captions in part["ensemble"].items():
             merged["ensemble"][split].update(captions)
         for single, captions in zip(merged["single"], part["single"]):
@@ -398,16 +541,17 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
         if lost:
             raise PackageError(f"decoding lost {len(lost)} {split} images (e.g. {lost[:5]})")
     merged["seconds"] = time.perf_counter() - t0
+    merged["shards"], merged["reused"] = len(shards), len(shards) - len(todo)
     say(f"package: decoded in {merged['seconds']:.1f} s", verbose)
     return merged
 
 
-def _decode_on_ray(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], options: dict,
-                   workers: int | None, address: str | None, what: str, verbose: bool) -> list[dict]:
-    """`decode_shard` of every shard (every n-th image of each split) as Ray tasks, one GPU each if there are;
-    by default one task per GPU, else per CPU (at most 8)."""
+def _decode_on_ray(checkpoints: list[str], data_config: dict, shards: list[tuple[int, dict]], options: dict,
+                   workers: int | None, address: str | None, what: str, verbose: bool,
+                   finished: Callable[[int, dict], Any]) -> None:
+    """`decode_shard` of each (index, shard) as Ray tasks, one GPU each if there are, at most `workers` at a time
+    (default: one per GPU, else per CPU, at most 8); `finished(index, part)` as each one ends."""
     import ray
-    from tqdm import tqdm
 
     from launch.raycluster import connect
     from launch.trainable import propagated_env
@@ -417,15 +561,14 @@ def _decode_on_ray(checkpoints: list[str], data_config: dict, splits: dict[str, 
     n = workers or gpus or max(1, min(8, int(resources.get("CPU", 1) or 1)))
     task = ray.remote(decode_shard).options(num_cpus=1, num_gpus=1 if gpus else 0, max_retries=2)
     say(f"package: decoding {what} on {n} Ray worker(s){' (1 GPU each)' if gpus else ''}", verbose)
-    pending = [task.remote(checkpoints, data_config, {s: ids[r::n] for s, ids in splits.items()}, **options)
-               for r in range(n)]
-    parts = []
-    with tqdm(total=n, desc="decode shards", unit="shard", file=sys.stderr, disable=not verbose) as bar:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            parts += ray.get(ready)
-            bar.update(len(ready))
-    return parts
+    queue, running = list(shards), {}
+    while queue or running:
+        while queue and len(running) < n:  # at most n at a time: a finished shard is kept before the next starts
+            index, shard = queue.pop(0)
+            running[task.remote(checkpoints, data_config, shard, **options)] = index
+        ready, _ = ray.wait(list(running), num_returns=1)
+        for ref in ready:
+            finished(running.pop(ref), ray.get(ref))
 
 
 # -- 3-5. the submission, its delivery and uploads ------------------------------------------------------------------
@@ -531,7 +674,8 @@ def write_manifest(out: Path, location, best: dict, members: list[dict], results
         "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": best["config"]["model"]["fusion"],
         "ensemble_CIDEr": scores["ensemble"].get("CIDEr"),
         "seed_CIDEr": {m["seed"]: scores[f"seed-{m['seed']}"].get("CIDEr") for m in members},
-        "seed_mean_CIDEr": board["seed_mean"].get("CIDEr"), "ensemble_gain": board["ensemble"]["gain_over_best"],
+        "seed_mean_CIDEr": board["seed_mean"].get("CIDEr"), "ensemble_gain": board["ensemble"]["gain_over_members"],
+        "ensemble_gain_over_chosen": board["ensemble"].get("gain_over_chosen"),
         "mlflow": delivered["mlflow"], "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
         "decode_seconds": round(decode_seconds, 2), "seconds": round(seconds, 2),
     }

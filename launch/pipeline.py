@@ -11,6 +11,7 @@ from pathlib import Path
 
 from a2core.atomic import fresh_folder
 from a2core.errors import A2Error, StudyError
+from dashboards.tracking import redact_uri, study_pointer
 from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, package
 from launch.spec import load_study
 from launch.study import (STUDY_FILE, SUMMARY_FILE, StudyLocation, exit_code, load_saved_spec, resume_study, run_study,
@@ -56,7 +57,8 @@ def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
 
 def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
     """The study's verdicts, fusion by fusion against the baseline (val CIDEr, the paired bootstrap over seeds and
-    images: `dashboards.compare.study_comparison`), and the ensemble's gain over its best member (test CIDEr)."""
+    images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
+    over the member chosen on validation."""
     from dashboards.compare import study_comparison
 
     try:
@@ -65,8 +67,8 @@ def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
         lines = [f"no comparison: {err}"]
     else:
         lines = comparison.verdicts() or [f"no baseline (fusion none) to compare with in study {name}"]
-    gain = (manifest.get("ensemble_gain") or {}).get("verdict")
-    return lines + ([gain] if gain else [])
+    gains = [(manifest.get(key) or {}).get("verdict") for key in ("ensemble_gain", "ensemble_gain_over_chosen")]
+    return lines + [gain for gain in gains if gain]
 
 
 def main(args) -> int:
@@ -121,12 +123,18 @@ def main(args) -> int:
             ray.shutdown()
 
     total = time.perf_counter() - t0
+    experiment = spec.tracking.get("experiment") or name
+    try:
+        trials = study_pointer(uri, experiment)
+    except Exception as err:  # noqa: BLE001 - a server down now: the study and its package are done all the same
+        trials = f"(MLflow does not answer: {type(err).__name__})"
     lines = [
         f"pipeline: done in {total / 60:.1f} min (study {times['study']:.0f} s, report {times['report']:.0f} s, "
         f"package {times['package']:.0f} s)",
         f"  study:        {summary.get('path')}  (summary.json; `a2 study status {name}`)",
         "  result:       " + verdict(summary).replace("\n", "\n                "),
-        f"  MLflow:       {uri}  (experiment {name}; `a2 mlflow serve --backend-store-uri {uri}` for the UI)",
+        f"  MLflow:       {redact_uri(uri)}  (experiment {experiment})",
+        f"  trials:       {trials}",
         f"  report:       {report.get('html', '(failed)')}",
         f"  submission:   {manifest['results_zip']}",
         f"  leaderboard:  {manifest['leaderboard']}  (test CIDEr x100: ensemble {manifest['ensemble_CIDEr']:.1f}; "

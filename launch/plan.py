@@ -1,16 +1,48 @@
-"""`a2 study plan FILE [--sd SD] [--delta D ...]`: the seeds per arm a study needs before it spends a cluster.
+"""`a2 study plan FILE`: what a study will do and cost, read from the file alone, before anything runs.
 
-For each CIDEr difference (default: the paper's Table 3 gaps) the seeds per arm that resolve it at 95% confidence
-with 80% power (`dashboards.stats.seeds_needed`) and the study's cost in trial-epochs (README, "Power"). The seed
-spread is `--sd`, else the pooled sd of best val CIDEr within the study's replicate groups in MLflow.
+Per trial: its images (counted in the captions file when it is there, else the standard Karpathy counts), the
+global batch, steps per epoch and in all, warmup's share of the cross-entropy steps and the T_P range against the
+trial's steps. Per study: trials, trial-epochs, seeds per arm and the power they give for the paper's Table 3 gaps
+(`dashboards.stats.power` / `seeds_needed`: the power of the verdict rule `compare_arms` prints, a 95% Welch
+interval with no verdict below 2 seeds) at a seed spread (`--sd`, else measured in the study's finished runs,
+else `COCO_SEED_SD` for a COCO study), and an estimate of GPU-hours, wall time and cost on the worker type of
+`ray-cluster.yaml` from a throughput (`--images-per-second`, default `IMAGES_PER_SECOND`).
 """
 from __future__ import annotations
 
 import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
 
-from a2core.errors import StudyError
+from a2core.config import CAPTIONS_PER_IMAGE, load_yaml
+from a2core.errors import A2Error, StudyError
 from dashboards.paper_results import TABLE3, TABLE3_ROW
-from dashboards.stats import POWER, pooled_sd, seeds_needed
+from dashboards.stats import CONFIDENCE, POWER, pooled_sd, power, seeds_needed
+
+CLUSTER_FILE = Path(__file__).resolve().parents[1] / "ray-cluster.yaml"
+
+# Training images per second per GPU, cross-entropy, A2 gate model at the paper's sizes: an ESTIMATE, not a
+# measurement (no GPU was at hand); derived in benchmarks/RESULTS.md, "Throughput for `a2 study plan`": 301 GFLOP
+# per step of 10 images x 5 captions (FLOP count of the A2 step, paper schedule) at 10% of an A10G's 31.2 TFLOPS
+# FP32 peak = about 100 images/s. Measure it on the cluster (`time/epoch_s` of a first trial) and pass
+# --images-per-second.
+IMAGES_PER_SECOND = 100.0
+# Assumptions of the estimate (stated in every plan): an SCST image costs 2 cross-entropy images (5 captions
+# sampled word by word, then the backward through them, the CIDEr-D reward on the CPU); a validation image
+# (beam or greedy decoding) costs one; a trial's GPUs scale linearly.
+SCST_IMAGE_COST = 2.0
+VAL_IMAGE_COST = 1.0
+# Seed spread of best val CIDEr (x100) for a COCO study that has not run yet: an ASSUMED figure of 1.0 CIDEr. No
+# source at hand measures it for this model (the paper reports one run per configuration); it is of the order of
+# the differences between re-runs of one Transformer captioner on the Karpathy split. Replace it with the
+# study's own: `a2 study plan` measures it from the finished seeds in MLflow.
+COCO_SEED_SD = 1.0
+# On-demand price per hour of an instance (Linux, us-west-2), as listed by AWS EC2 On-Demand Pricing in 2025; an
+# assumption: check the current price list. Spot prices move by the hour: --price-per-hour for a quoted one.
+ON_DEMAND_PRICES = {"g5.12xlarge": 5.672, "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.48xlarge": 16.288,
+                    "p3.2xlarge": 3.06, "p3.8xlarge": 12.24, "p4d.24xlarge": 32.773}
+SPOT_SHARE = 0.35  # assumed: spot at about a third of on-demand for g5 in us-west-2 (check the spot price history)
 
 
 def table3_gaps() -> list[tuple[str, float]]:
@@ -36,30 +68,161 @@ def measured_sd(tracking_uri: str, study_name: str) -> tuple[float, int]:
     return sd, sum(len(g) > 1 for g in groups)
 
 
-def plan_text(configs: int, epochs: int, sd: float, deltas: list[tuple[str, float]], source: str) -> str:
-    lines = [f"seed spread: sd {sd:.2f} CIDEr ({source}); 95% confidence, {POWER:.0%} power, two-sided",
-             f"{'difference':<26}{'delta':>7}{'seeds/arm':>11}{'trial-epochs':>14}"]
-    for label, delta in deltas:
-        n = seeds_needed(delta, sd)
-        lines.append(f"{label:<26}{delta:>7.1f}{n:>11d}{configs * n * epochs:>14d}")
-    lines.append(f"trial-epochs = {configs} configurations x seeds x {epochs} epochs (before early stopping)")
+@dataclass(frozen=True)
+class Workers:
+    """The GPU worker type of a Ray cluster-launcher file."""
+    instance: str
+    gpus: int
+    spot: bool
+    max_nodes: int
+
+
+def cluster_workers(path: str | Path = CLUSTER_FILE) -> Workers | None:
+    """The first node type with GPUs in a cluster-launcher YAML (None: no such file or no GPU node type)."""
+    if not Path(path).is_file():
+        return None
+    for node in (load_yaml(path).get("available_node_types") or {}).values():
+        gpus = int((node.get("resources") or {}).get("GPU", 0))
+        if gpus > 0:
+            config = node.get("node_config") or {}
+            spot = (config.get("InstanceMarketOptions") or {}).get("MarketType") == "spot"
+            return Workers(str(config.get("InstanceType")), gpus, spot, int(node.get("max_workers", 1)))
+    return None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    gpu_hours: float
+    wall_hours: float
+    gpus_at_once: int
+
+
+def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimate:
+    """GPU-hours of every trial run to its planned epochs, and the wall time with the GPUs the study can use at
+    once (its concurrent trials, capped by the cluster's GPUs)."""
+    t = spec.base["train"]
+    train_images = spec.steps_per_epoch * t["batch_size"] // CAPTIONS_PER_IMAGE  # the last batch filled up
+    val_images = spec.base["data"].get("val_images") or spec.images["val"]
+    xe = train_images + VAL_IMAGE_COST * val_images
+    scst = SCST_IMAGE_COST * train_images + VAL_IMAGE_COST * val_images
+    gpu_seconds = (t["xe_epochs"] * xe + t["scst_epochs"] * scst) / images_per_second
+    gpu_hours = spec.num_trials * gpu_seconds / 3600
+    per_trial = spec.resources["workers_per_trial"] * spec.resources["gpus_per_worker"]
+    at_once = per_trial * spec.resources["max_concurrent_trials"]
+    if workers is not None:
+        at_once = min(at_once, workers.gpus * workers.max_nodes)
+    return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), int(at_once))
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _power_text(value: float) -> str:
+    return ">99%" if not math.isfinite(value) or value > 0.995 else f"{value:.0%}"
+
+
+def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, float]], images_per_second: float,
+              ips_source: str, workers: Workers | None, price: float | None) -> str:
+    t, r = spec.base["train"], spec.resources
+    steps, total = spec.steps_per_epoch, spec.total_steps
+    xe_steps = steps * t["xe_epochs"]
+    images = t["batch_size"] // CAPTIONS_PER_IMAGE
+    per_worker = images // r["workers_per_trial"]
+    lines = [f"{spec.name}: plan (nothing runs)",
+             "per trial",
+             f"  images    {_n(spec.images['train'])} train, {_n(spec.images['val'])} val ({spec.images_source})",
+             f"  batch     {t['batch_size']} image-caption pairs a step = {images} images x {CAPTIONS_PER_IMAGE} "
+             f"captions ({r['workers_per_trial']} worker{'s' if r['workers_per_trial'] > 1 else ''} x {per_worker} "
+             f"images); SCST: {images} images x {t['scst_samples']} samples",
+             f"  steps     {_n(steps)} a epoch; {_n(total)} in {spec.total_epochs} epochs ({t['xe_epochs']} XE + "
+             f"{t['scst_epochs']} SCST)"]
+    if t["xe_epochs"]:
+        peak = t["warmup"] / steps
+        lines.append(f"  warmup    {_n(t['warmup'])} steps = {t['warmup'] / xe_steps:.1%} of the {_n(xe_steps)} XE "
+                     f"steps (the learning rate peaks in epoch {math.floor(peak) + 1})")
+    tp = spec.temperature_range()
+    if tp is not None:
+        keep = [math.exp(-total / v) for v in tp]
+        lines.append(f"  T_P       {tp[0]:,.0f} - {tp[1]:,.0f} steps against {_n(total)}: exp_decay keeps "
+                     f"{keep[0]:.1%} - {keep[1]:.1%} of the original attention at the end")
+    seeds = len(spec.seed_values)
+    lines += ["per study",
+              f"  trials    {spec.num_trials} = {spec.num_arms} configuration{'s' if spec.num_arms > 1 else ''} "
+              f"x {seeds} seed{'s' if seeds > 1 else ''}; "
+              f"{_n(spec.num_trials * spec.total_epochs)} trial-epochs (before early stopping)"]
+    if spec.num_arms < 2:
+        lines.append("  power     one configuration: nothing is compared")
+    elif sd is None:
+        lines.append(f"  power     no seed spread ({sd_source}): give --sd")
+    else:
+        lines.append(f"  power     seed spread sd {sd:.2f} CIDEr ({sd_source})")
+        lines.append(f"            the verdict rule (95% Welch interval, no verdict below 2 seeds), "
+                     f"{POWER:.0%} power wanted")
+        lines.append(f"    {'difference':<26}{'delta':>6}{'seeds/arm needed':>18}{f'power at {seeds}':>14}")
+        for label, delta in deltas:
+            needed = seeds_needed(delta, sd)
+            lines.append(f"    {label:<26}{delta:>6.1f}{needed:>18d}{_power_text(power(seeds, delta, sd)):>14}")
+    if r["gpus_per_worker"] == 0:
+        lines.append("cost      none estimated: the trials use no GPU (resources.gpus_per_worker: 0)")
+        return "\n".join(lines)
+    est = estimate(spec, images_per_second, workers)
+    lines += ["cost (an estimate)",
+              f"  speed     {images_per_second:g} training images/s per GPU ({ips_source})",
+              f"            assumed: an SCST image costs {SCST_IMAGE_COST:g}, a validation image {VAL_IMAGE_COST:g}; "
+              f"a trial's GPUs scale linearly",
+              f"  GPU-hours {est.gpu_hours:,.0f} for {spec.num_trials} trials; about {est.wall_hours:,.0f} h wall "
+              f"on {est.gpus_at_once} GPUs at once"]
+    if workers is not None:
+        listed = ON_DEMAND_PRICES.get(workers.instance)
+        node = price if price is not None else listed
+        if node is None:
+            lines.append(f"  cost      no price known for {workers.instance}: give --price-per-hour")
+        else:
+            gpu_hour = node / workers.gpus
+            what = "given" if price is not None else "on-demand list price, us-west-2, 2025, assumed"
+            lines.append(f"  cost      ${est.gpu_hours * gpu_hour:,.0f}: {workers.instance} at ${node:.3f}/h ({what}) "
+                         f"/ {workers.gpus} GPUs = ${gpu_hour:.3f} a GPU-hour")
+            if price is None and workers.spot:
+                lines.append(f"            spot at ~{SPOT_SHARE:.0%} of on-demand (assumed): "
+                             f"${est.gpu_hours * gpu_hour * SPOT_SHARE:,.0f}")
     return "\n".join(lines)
+
+
+def _seed_spread(args, spec) -> tuple[float | None, str]:
+    if args.sd is not None:
+        if args.sd <= 0:
+            raise StudyError(f"--sd must be > 0, got {args.sd}")
+        return args.sd, "given"
+    uri = args.tracking_uri or spec.tracking["mlflow_uri"]
+    sqlite = uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file()
+    if not sqlite:  # never create a tracking database just to find it empty
+        try:
+            sd, groups = measured_sd(uri, spec.name)
+            return sd, f"measured in study {spec.name}, {groups} replicate groups"
+        except A2Error:
+            pass
+    if spec.base["data"]["kind"] == "coco":
+        return COCO_SEED_SD, "assumed for COCO, launch.plan.COCO_SEED_SD: no finished seeds of this study to measure"
+    return None, f"no finished seeds of study {spec.name} to measure"
 
 
 def main(args) -> int:
     from launch.spec import load_study
 
-    spec = load_study(args.file, args.overrides)
-    if args.sd is not None:
-        if args.sd <= 0:
-            raise StudyError(f"--sd must be > 0, got {args.sd}")
-        sd, source = args.sd, "given"
-    else:
-        uri = args.tracking_uri or spec.tracking["mlflow_uri"]
-        sd, groups = measured_sd(uri, spec.name)
-        source = f"measured in study {spec.name}, {groups} replicate groups"
+    spec = load_study(args.file, args.overrides, check_files=False)
+    for warning in spec.warnings:
+        print(f"warning: {warning}", file=__import__("sys").stderr)
     if args.delta is not None and any(d <= 0 for d in args.delta):
         raise StudyError(f"--delta must be > 0, got {args.delta}")
+    if args.images_per_second is not None and args.images_per_second <= 0:
+        raise StudyError(f"--images-per-second must be > 0, got {args.images_per_second}")
+    if args.price_per_hour is not None and args.price_per_hour <= 0:
+        raise StudyError(f"--price-per-hour must be > 0, got {args.price_per_hour}")
+    sd, sd_source = _seed_spread(args, spec)
     deltas = [(f"{d:g} CIDEr", d) for d in args.delta] if args.delta else table3_gaps()
-    print(plan_text(spec.num_configs, spec.total_epochs, sd, deltas, source))
+    ips, ips_source = ((args.images_per_second, "given") if args.images_per_second is not None else
+                       (IMAGES_PER_SECOND, "an estimate for an A10G: benchmarks/RESULTS.md"))
+    workers = cluster_workers(args.cluster)
+    print(plan_text(spec, sd, sd_source, deltas, ips, ips_source, workers, args.price_per_hour))
     return 0

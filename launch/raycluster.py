@@ -76,9 +76,26 @@ def connect(address: str | None = None, *, runtime_env_vars: dict | None = None)
                 # no cluster is running here: a local Ray, as without an address
         # The dashboard stays on: Ray Train's placement-group cleaner asks the state API whether a trial's Train
         # controller is alive; without it, the placement group of a dead controller is never released.
-        with _quiet_token_auth_notice():
+        with _quiet_token_auth_notice(), _sigterm_blocked():
             ray.init(address="local", num_cpus=os.cpu_count() or 1)
         return dict(ray.cluster_resources())
+
+
+@contextlib.contextmanager
+def _sigterm_blocked():
+    """SIGTERM blocked while a local Ray starts, as Ray blocks SIGINT: its processes (GCS, raylet, which share the
+    driver's process group) inherit the mask, so a SIGTERM to the group stops the study through the driver
+    (`launch.stop`) instead of pulling the cluster from under it. The driver ends them at its exit."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 @contextlib.contextmanager

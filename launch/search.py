@@ -5,8 +5,6 @@ Early stopping) has the rules.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import pickle
@@ -20,7 +18,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
-from dashboards.stats import pooled_sd
+from dashboards.stats import config_hash, pooled_sd, short_hash
 from dashboards.tables import finite
 from launch.spec import SEED_PATH, Param, StudySpec
 
@@ -30,12 +28,15 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 STATE_VERSION = 2
 TIME_ATTR = "epoch"
 SEED_KEYS = ("seed", SEED_PATH)  # the seed's space key (alias or path): not part of a configuration
+MAX_DUPLICATES = 20  # suggestions in a row that repeat a configuration before its grid cell counts as done
 
 
-def config_hash(config: dict) -> str:
-    """A stable 12-hex-digit hash of a suggestion without its seed: the id of its replicate group."""
-    rest = {k: v for k, v in config.items() if k not in SEED_KEYS}
-    return hashlib.sha1(json.dumps(rest, sort_keys=True, default=str).encode()).hexdigest()[:12]
+def group_key(config: dict, resolve=None) -> str:
+    """The replicate group of a suggestion: `dashboards.stats.config_hash` of its resolved config (`resolve`: the
+    spec's `trial_config`); without `resolve`, of the suggestion without its seed key."""
+    if resolve is not None:
+        return config_hash(resolve(dict(config)))
+    return config_hash({k: v for k, v in config.items() if k not in SEED_KEYS})
 
 
 def _epoch(result: dict | None) -> int | None:
@@ -74,6 +75,9 @@ class GridCrossedSearcher(Searcher):
         self._curves: dict[str, dict[int, float]] = {}  # Tune trial id -> {epoch: value}
         self._finals: dict[str, float | None] = {}  # Tune trial id -> its final value
         self._outcomes: dict[str, str] = {}  # Tune trial id -> COMPLETE | PRUNED | FAIL
+        # group -> `_trials_key`: a suggestion whose resolved config (and grid seed) an earlier group has is not run
+        # again (it would be the same trials with the same seeds, one group's numbers counted twice)
+        self._hashes: dict[str, str] = {}
 
     @property
     def _group_size(self) -> int:
@@ -125,11 +129,15 @@ class GridCrossedSearcher(Searcher):
                 return Searcher.FINISHED
             index = open_cells[0]
             self._next_cell = (index + 1) % n
-            cell, trial = self._cells[index], self._studies[index].ask()
-            config = {**cell, **self._spec.fill(cell, lambda p: self._suggest_one(trial, p))}
+            found = self._new_configuration(index)
+            if found is None:  # the cell has no configuration left that was not run: it is done
+                self._quota[index] = self._assigned[index]
+                return self.suggest(trial_id)
+            trial, config, digest = found
             self._assigned[index] += 1
             self._open = trial_id
             self._members[trial_id] = []
+            self._hashes[trial_id] = digest
         members = self._members[self._open]
         if self._seeds:
             config["seed"] = self._seeds[len(members)]
@@ -140,6 +148,28 @@ class GridCrossedSearcher(Searcher):
         self._trials[trial_id] = (index, trial)
         self._configs[trial_id] = config
         return dict(config)
+
+    def _trials_key(self, config: dict) -> str:
+        """What makes a group's trials the same runs: its config hash and, when the seed is a grid key of the
+        space rather than a replicate, that seed (the same configuration at another seed is another replicate)."""
+        digest = group_key(config, self._spec.trial_config)
+        seeds = [config[k] for k in SEED_KEYS if k in config]
+        return f"{digest}/seed={seeds[0]}" if seeds else digest
+
+    def _new_configuration(self, index: int) -> tuple[optuna.trial.Trial, dict, str] | None:
+        """(Optuna trial, suggestion, `_trials_key`) of a configuration of cell `index` that no group has run; a
+        duplicate is told to Optuna as FAIL (with the group it repeats) and another is asked, up to
+        MAX_DUPLICATES times in a row."""
+        cell, seen = self._cells[index], set(self._hashes.values())
+        for _ in range(MAX_DUPLICATES):
+            trial = self._studies[index].ask()
+            config = {**cell, **self._spec.fill(cell, lambda p: self._suggest_one(trial, p))}
+            digest = self._trials_key(config)
+            if digest not in seen:
+                return trial, config, digest
+            trial.set_user_attr("duplicate_of", short_hash(digest))
+            self._studies[index].tell(trial, state=TrialState.FAIL)
+        return None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if trial_id not in self._trials or trial_id in self._outcomes:
@@ -221,7 +251,13 @@ class GridCrossedSearcher(Searcher):
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"searcher state version {state.get('version')!r}, expected {STATE_VERSION}")
         for name in list(vars(self)):
+            if name == "_hashes" and "hashes" not in state:  # saved before duplicates were skipped
+                continue
             setattr(self, name, state[name.lstrip("_")])
+        if "hashes" not in state:
+            replicate = ("seed",) if self._seeds else ()  # a replicate's seed is not the configuration's
+            self._hashes = {g: self._trials_key({k: v for k, v in self._configs[g].items() if k not in replicate})
+                            for g in self._members}
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
@@ -230,6 +266,23 @@ class GridCrossedSearcher(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
             self.set_state(pickle.load(f))
+
+
+def asha_rungs(max_t: int, grace_period: int, reduction_factor: float) -> list[int]:
+    """The epochs at which ASHA judges a trial: grace_period * reduction_factor**i below max_t."""
+    rungs, t = [], float(grace_period)
+    while t < max_t:
+        rungs.append(int(math.ceil(t)))
+        t *= reduction_factor
+    return rungs
+
+
+def scheduler_rungs(spec: StudySpec) -> list[int]:
+    """The epochs at which the study's scheduler may stop a trial ([] without early stopping)."""
+    ((kind, options),) = spec.search["scheduler"].items()
+    if kind != "asha":
+        return []
+    return asha_rungs(spec.total_epochs, options["grace_period"], options["reduction_factor"])
 
 
 class ReplicateASHA(FIFOScheduler):
@@ -244,15 +297,12 @@ class ReplicateASHA(FIFOScheduler):
 
     def __init__(self, *, max_t: int, grace_period: int = 1, reduction_factor: float = 2, replicates: int = 1,
                  min_gap_se: float = 2.0, metric: str | None = None, mode: str | None = None,
-                 hold_at_rungs: bool = False):
+                 hold_at_rungs: bool = False, resolve=None):
         super().__init__()
+        self._resolve = resolve  # suggestion -> resolved config: groups are `config_hash` of it (`group_key`)
         if grace_period < 1 or reduction_factor <= 1 or replicates < 1 or min_gap_se < 0:
             raise ValueError("need grace_period >= 1, reduction_factor > 1, replicates >= 1, min_gap_se >= 0")
-        self.rungs: list[int] = []
-        t = float(grace_period)
-        while t < max_t:
-            self.rungs.append(int(math.ceil(t)))
-            t *= reduction_factor
+        self.rungs: list[int] = asha_rungs(max_t, grace_period, reduction_factor)
         self.rf, self.replicates, self.k, self.hold_at_rungs = reduction_factor, replicates, min_gap_se, hold_at_rungs
         self._metric, self._mode = metric, mode
         self._groups: dict[str, str] = {}  # trial id -> group
@@ -272,11 +322,11 @@ class ReplicateASHA(FIFOScheduler):
 
     # -- Tune hooks ----------------------------------------------------------------------------------------------
     def on_trial_add(self, tune_controller, trial) -> None:
-        self._groups[trial.trial_id] = config_hash(trial.config or {})
+        self._groups[trial.trial_id] = group_key(trial.config or {}, self._resolve)
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         tid = trial.trial_id
-        group = self._groups.setdefault(tid, config_hash(trial.config or {}))
+        group = self._groups.setdefault(tid, group_key(trial.config or {}, self._resolve))
         t, value = finite(result.get(TIME_ATTR)), finite(result.get(self._metric))
         if t is not None and value is not None:
             for rung in self.rungs:
@@ -386,7 +436,8 @@ def build_scheduler(spec: StudySpec) -> TrialScheduler:
         return FIFOScheduler()
     return ReplicateASHA(max_t=spec.total_epochs, grace_period=options["grace_period"],
                          reduction_factor=options["reduction_factor"], replicates=max(1, len(spec.replicate_seeds)),
-                         min_gap_se=options["min_gap_se"], hold_at_rungs=options["hold_at_rungs"])
+                         min_gap_se=options["min_gap_se"], hold_at_rungs=options["hold_at_rungs"],
+                         resolve=spec.trial_config)
 
 
 def tune_config_kwargs(spec: StudySpec) -> dict:

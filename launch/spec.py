@@ -10,16 +10,18 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr, ValidationError, model_validator
 
-from a2core.config import (Config, ConfigError, Flag, Integer, Number, Real, Section, Text, applicable_config,
-                           apply_overrides, config_error, get_dotted, integer, load_yaml, set_dotted)
+from a2core.config import (CAPTIONS_PER_IMAGE, Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
+                           applicable_config, apply_overrides, config_error, get_dotted, images_per_worker, integer,
+                           load_yaml, set_dotted, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
+from a2core.data.prepared import check_copy, is_prepared
 from a2core.errors import DataError
 from dashboards.tracking import default_tracking_uri, redact_uri
 
@@ -44,6 +46,7 @@ _S3 = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
 _SCHEME = r"^([A-Za-z][A-Za-z0-9+.\-]*):"  # of a URI; + "//" of a URL
 
 _MISSING = object()
+STUDY_FORMAT = 2  # see StudyFile.format
 # Config checks that involve two keys: an error at one may come from the other being in the space.
 _COUPLED = ({"model.temperature", "model.fusion"}, {"model.heads", "model.d_model"},
             {"train.scst_samples", "train.scst_baseline"})
@@ -78,12 +81,19 @@ class Param(Section):
     """One key of `search.space`: exactly one distribution, and optionally `when`. The loader gives it its `key`
     and resolves `when` to {space key: [allowed values]}."""
 
-    grid: Annotated[tuple, BeforeValidator(_values)] | None = None
-    choice: Annotated[tuple, BeforeValidator(_values)] | None = None
-    uniform: Annotated[tuple[Real, Real], BeforeValidator(_pair)] | None = None
-    loguniform: Annotated[tuple[Real, Real], BeforeValidator(_pair)] | None = None
-    randint: Annotated[tuple[Integer, Integer], BeforeValidator(_pair)] | None = None
-    when: dict[str, Any] | None = None  # {space key: value | [values]}
+    grid: Annotated[tuple, BeforeValidator(_values)] | None = Field(None, description=(
+        "Values that are all run: grid keys are crossed into grid cells."))
+    choice: Annotated[tuple, BeforeValidator(_values)] | None = Field(None, description=(
+        "Values sampled from, `num_samples` times per grid cell."))
+    uniform: Annotated[tuple[Real, Real], BeforeValidator(_pair)] | None = Field(None, description=(
+        "[low, high]: a number sampled uniformly."))
+    loguniform: Annotated[tuple[Real, Real], BeforeValidator(_pair)] | None = Field(None, description=(
+        "[low, high], low > 0: a number sampled uniformly in log space."))
+    randint: Annotated[tuple[Integer, Integer], BeforeValidator(_pair)] | None = Field(None, description=(
+        "[low, high]: an integer, both ends included."))
+    when: dict[str, Any] | None = Field(None, description=(
+        "{space key: value or [values]}: the key exists only in trials where that (unconditional grid or choice) "
+        "key has one of those values."))
     # As written in the study (alias or dotted path); also its name in suggestions and Optuna.
     _key: str = PrivateAttr("")
 
@@ -156,19 +166,22 @@ class Param(Section):
 class Asha(Section):
     """The replicate-group ASHA of launch.search; min_gap_se = k in its stopping rule gap > k * s_pooled * sqrt(2/n)."""
 
-    grace_period: Integer = Field(1, ge=1)
-    reduction_factor: Number = Field(2, gt=1)
-    min_gap_se: Real = Field(2.0, ge=0)
-    # One-worker trials only: a replicate waits at a rung, paused, for its group's judgement (fewer CPU-seconds,
-    # more wall time when slots stay free: benchmarks/RESULTS.md, "Early stopping's worth").
-    hold_at_rungs: Flag = False
+    grace_period: Integer = Field(1, ge=1, description="Epochs before the first rung.")
+    reduction_factor: Number = Field(2, gt=1, description=(
+        "r: rungs at epochs g, g*r, ...; a group below the (1 - 1/r) quantile of a rung's means may stop."))
+    min_gap_se: Real = Field(2.0, ge=0, description=(
+        "k: a group stops only if cutoff - its mean > k * s_pooled * sqrt(2/n) (its seed spread cannot explain "
+        "the gap)."))
+    # fewer CPU-seconds, more wall time when slots stay free: benchmarks/RESULTS.md, "Early stopping's worth"
+    hold_at_rungs: Flag = Field(False, description=(
+        "One-worker trials only: a replicate waits at a rung, paused, until its group is judged."))
 
 
 class Scheduler(Section):
     """Exactly one of these, by name: `{asha: {grace_period: 2}}`, `{fifo: {}}`; `asha: null` takes its defaults."""
 
-    asha: Asha = None
-    fifo: Section = None  # no options
+    asha: Asha = Field(None, description="Replicate-group ASHA: early stopping that judges groups of seeds.")
+    fifo: Section = Field(None, description="No early stopping (no options: `{fifo: {}}`).")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Scheduler:
@@ -191,29 +204,43 @@ def _seeds(value: Any) -> Any:
 
 
 class Search(Section):
-    metric: Text = Field("val/CIDEr", min_length=1)  # a metric that a2core.train reports after every epoch
-    mode: Literal["max", "min"] = "max"
-    algorithm: Literal["optuna", "random", "grid"] = "optuna"  # optuna (TPE) | random | grid
-    num_samples: Integer = Field(1, ge=1)  # samples of the sampled keys per grid cell
-    seed: Integer = Field(0, ge=0)  # searcher seed (cell i uses seed + i)
-    space: dict[str, Param] | None = None
-    points_to_evaluate: list[dict[str, Any]] | None = None  # e.g. [{lambda: 0.035}]: first in every cell
-    # Every configuration runs with seeds 0 .. N-1 (or those listed).
+    metric: Text = Field("val/CIDEr", min_length=1, description=(
+        "The metric searched on, one that a2core.train reports after every epoch."))
+    mode: Literal["max", "min"] = Field("max", description="Whether `metric` is maximised or minimised.")
+    algorithm: Literal["optuna", "random", "grid"] = Field("optuna", description=(
+        "How sampled keys are drawn: Optuna TPE, random, or `grid` (only the points run)."))
+    num_samples: Integer = Field(1, ge=1, description="Samples of the sampled keys per grid cell.")
+    seed: Integer = Field(0, ge=0, description="Searcher seed (grid cell i uses seed + i).")
+    space: dict[str, Param] | None = Field(None, description=(
+        "Searched keys: aliases (`fusion`, `lambda`, `eta`, `temperature`, `seed`) or dotted `data.` / `model.` / "
+        "`train.` paths, each with exactly one distribution."))
+    points_to_evaluate: list[dict[str, Any]] | None = Field(None, description=(
+        "First suggestions of every grid cell, e.g. `[{lambda: 0.035}]` (default: the paper's values)."))
     replicates: Annotated[list[Annotated[Integer, Field(ge=0)]], BeforeValidator(_seeds),
-                          AfterValidator(lambda seeds: _listed_once(seeds, "seed "))] | None = None
-    scheduler: Scheduler = Field(default_factory=lambda: Scheduler(fifo={}))
+                          AfterValidator(lambda seeds: _listed_once(seeds, "seed "))] | None = Field(
+        None, description="N (seeds 0 .. N-1) or a list of seeds: every configuration runs once per seed.")
+    scheduler: Scheduler = Field(default_factory=lambda: Scheduler(fifo={}), description=(
+        "Early stopping: exactly one of `asha` or `fifo` (default: fifo, none)."))
+    purpose: Literal["compare", "explore"] = Field(
+        "compare", description="compare: the study's configurations are arms whose differences it reports (mean and "
+        "95% interval over seeds), so every arm needs at least 2 seeds (`a2 study validate` refuses one). explore: "
+        "it only looks for promising regions (a first pass of a search, a smoke run) and claims no difference: one "
+        "seed per configuration is allowed.")
 
 
 class Resources(Section):
-    workers_per_trial: Integer = Field(1, ge=1)
-    cpus_per_worker: Number = Field(1, gt=0)
-    gpus_per_worker: Number = Field(0, ge=0)
-    max_concurrent_trials: Integer = Field(1, ge=1)
-    # Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever.
-    max_failures: Integer = Field(1, ge=-1)
-    driver_cpus: Number = Field(0.01, gt=0)  # the trial's small Tune driver function (Ray refuses a bare {"CPU": 0})
-    # Of a worker node (one trial per node): the study's cost estimate in status and summary; absent if not given.
-    price_per_hour: Real | None = Field(None, gt=0)
+    workers_per_trial: Integer = Field(1, ge=1, description=(
+        "Data-parallel workers of one trial (1: runs in the Tune trial; more: a Ray Train job)."))
+    cpus_per_worker: Number = Field(1, gt=0, description="CPUs reserved per worker.")
+    gpus_per_worker: Number = Field(0, ge=0, description="GPUs per worker (a fraction, or a whole number above 1).")
+    max_concurrent_trials: Integer = Field(1, ge=1, description="Trials running side by side.")
+    max_failures: Integer = Field(1, ge=-1, description=(
+        "Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever."))
+    # Ray refuses a bare {"CPU": 0}.
+    driver_cpus: Number = Field(0.01, gt=0, description="CPUs of a multi-worker trial's small Tune driver function.")
+    price_per_hour: Real | None = Field(None, gt=0, description=(
+        "What one trial holds per hour (a node's price over the trials it runs side by side): the study's cost in "
+        "status and summary; absent if not given."))
 
     @model_validator(mode="after")
     def _whole_gpus(self) -> Resources:
@@ -224,8 +251,10 @@ class Resources(Section):
 
 
 class Tracking(Section):
-    mlflow_uri: Text | None = Field(None, min_length=1)  # null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
-    experiment: Text | None = Field(None, min_length=1)  # null: the study's name
+    mlflow_uri: Text | None = Field(None, min_length=1, description=(
+        "MLflow tracking URI, without a password (null: $MLFLOW_TRACKING_URI at load time, else "
+        "sqlite:///mlflow.db; saved with the study)."))
+    experiment: Text | None = Field(None, min_length=1, description="MLflow experiment (null: the study's name).")
 
     @model_validator(mode="after")
     def _resolve_uri(self) -> Tracking:
@@ -270,15 +299,23 @@ RawSection = Annotated[dict, BeforeValidator(lambda value: {} if value is None e
 
 
 class StudyFile(Section):
-    name: Annotated[str, BeforeValidator(_study_name)] = Field(None, validate_default=True)
-    data: RawSection = {}
-    model: RawSection = {}
-    train: RawSection = {}
-    search: Search = Field(default_factory=Search)
-    resources: Resources = Field(default_factory=Resources)
-    tracking: Tracking = Field({}, validate_default=True)  # validated even when absent: it resolves the URI
-    storage: Text = Field(DEFAULT_STORAGE, min_length=1)  # a local directory or s3://bucket/prefix
-    storage_endpoint_url: Text | None = Field(None, pattern=r"^https?://[^/\s]+")  # an S3-compatible server
+    name: Annotated[str, BeforeValidator(_study_name)] = Field(None, validate_default=True, description=(
+        f"The study's name, `[a-z0-9-]`, at most {NAME_MAX} characters: it names paths and MLflow objects."))
+    data: RawSection = Field({}, description="The `data` section of a config, for every trial.")
+    model: RawSection = Field({}, description="The `model` section of a config (searched keys left out).")
+    train: RawSection = Field({}, description="The `train` section of a config (searched keys left out).")
+    search: Search = Field(default_factory=Search, description="What is searched, how, and early stopping.")
+    resources: Resources = Field(default_factory=Resources, description="Workers, CPUs and GPUs of each trial.")
+    # Validated even when absent: it resolves the URI.
+    tracking: Tracking = Field({}, validate_default=True, description="Where the study is tracked in MLflow.")
+    storage: Text = Field(DEFAULT_STORAGE, min_length=1, description=(
+        "Where the study's record and checkpoints go: a local directory or `s3://bucket/prefix`."))
+    storage_endpoint_url: Text | None = Field(None, pattern=r"^https?://[^/\s]+", description=(
+        "An S3-compatible server for `storage` (default: AWS)."))
+    format: Literal[1, 2] = Field(STUDY_FORMAT, description=(
+        "The units of the file: 2 (written by a2 or by hand today) has train.batch_size as the global batch in "
+        "image-caption pairs; 1, a study saved before (its study.yaml has no format), had images per worker and "
+        "is converted when read (`convert_format_1`)."))
 
     @model_validator(mode="after")
     def _resolve_storage(self) -> StudyFile:
@@ -351,10 +388,17 @@ class StudySpec:
     storage_endpoint_url: str | None
     source: str | None  # the study file
     params: dict[str, Param]  # the keys of search.space
+    # Images of the train (restval included) and val splits, and where the counts come from (`split_counts`).
+    images: dict[str, int] = field(default_factory=dict)
+    images_source: str = ""
+    warnings: list[str] = field(default_factory=list)  # what makes it doubtful but not meaningless (stderr)
 
     @classmethod
-    def from_dict(cls, raw: dict, source: str | None = None, cluster_resources: dict | None = None) -> "StudySpec":
-        return _Loader(source).load(raw, cluster_resources)
+    def from_dict(cls, raw: dict, source: str | None = None, cluster_resources: dict | None = None,
+                  check_files: bool = True) -> "StudySpec":
+        """check_files False (`a2 study plan` before the data is there): COCO data files may be absent; the split
+        sizes then are the standard Karpathy counts."""
+        return _Loader(source, check_files).load(raw, cluster_resources)
 
     @property
     def metric(self) -> str:
@@ -430,6 +474,37 @@ class StudySpec:
         return self.num_configs * max(1, len(self.replicate_seeds))
 
     @property
+    def seed_values(self) -> list:
+        """The seeds of one arm: search.replicates', else a seed grid's values, else the one fixed seed."""
+        if self.replicate_seeds:
+            return self.replicate_seeds
+        grid = next((p for p in self.params.values() if p.path == SEED_PATH and p.kind == "grid"), None)
+        return list(grid.values) if grid is not None else [self.base["train"]["seed"]]
+
+    @property
+    def num_arms(self) -> int:
+        """Configurations apart from their seed: what a comparison compares."""
+        return self.num_trials // len(self.seed_values)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Global optimizer steps of one epoch (XE and SCST alike: both take batch_size / 5 images a step)."""
+        return steps_per_epoch(self.images["train"], self.base["train"]["batch_size"])
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.total_epochs
+
+    def temperature_range(self) -> tuple[float, float] | None:
+        """The lowest and highest T_P (model.temperature) a trial can have; None when no trial uses exp_decay."""
+        param = next((p for p in self.params.values() if p.path == "model.temperature"), None)
+        if param is not None:
+            values = [float(v) for v in param.values]
+            return min(values), max(values)
+        value = self.base["model"].get("temperature")
+        return (float(value), float(value)) if value is not None else None
+
+    @property
     def total_epochs(self) -> int:
         """The planned epochs of every trial (XE + SCST): ASHA's max_t; fewer means the trial was stopped."""
         return int(self.base["train"]["xe_epochs"]) + int(self.base["train"]["scst_epochs"])
@@ -475,7 +550,8 @@ class StudySpec:
 
 
 # -- loading -----------------------------------------------------------------------------------------------------------
-def load_study(path: str | Path, overrides: list[str] | tuple = (), cluster_resources: dict | None = None) -> StudySpec:
+def load_study(path: str | Path, overrides: list[str] | tuple = (), cluster_resources: dict | None = None,
+               check_files: bool = True) -> StudySpec:
     """Read, override (`key=value`, applied to the YAML before validation) and validate a study file."""
     source = str(path)
     raw = load_yaml(path)
@@ -483,7 +559,31 @@ def load_study(path: str | Path, overrides: list[str] | tuple = (), cluster_reso
         raw = apply_overrides(raw, list(overrides), source=source)
     except ConfigError as err:
         raise ConfigError(err.path, f"{err.reason} (in an override)", err.source or source) from None
-    return StudySpec.from_dict(raw, source=source, cluster_resources=cluster_resources)
+    return StudySpec.from_dict(raw, source=source, cluster_resources=cluster_resources, check_files=check_files)
+
+
+# The Karpathy split of COCO 2014 (Karpathy & Fei-Fei 2015; the paper's "5,000 images for validation and 5,000 for
+# testing", the rest, restval included, for training), each image with about 5 captions: the split sizes a study
+# plans with before its captions file is there.
+KARPATHY_IMAGES = {"train": 113_287, "val": 5_000, "test": 5_000}
+
+
+def convert_format_1(raw: dict, source: str | None = None) -> dict:
+    """A study saved before the global batch (format 1: train.batch_size images per worker, each with 5 captions)
+    in today's units: batch_size x 5 x workers_per_trial image-caption pairs, the same images per optimizer step,
+    so the same steps per epoch and every step count keeps its meaning."""
+    raw = copy.deepcopy(raw)
+    space = get_dotted(raw, "search.space") or {}
+    if any(resolve_key(key) == "train.batch_size" for key in space if isinstance(key, str)):
+        raise ConfigError("search.space.train.batch_size", "a study saved before batches were counted in global "
+                          "image-caption pairs searches the batch size in images per worker; it cannot be "
+                          "converted: run it again as a new study", source)
+    workers = get_dotted(raw, "resources.workers_per_trial", 1)
+    batch = get_dotted(raw, "train.batch_size", 50)  # format 1's default: 50 images per worker
+    if isinstance(workers, int) and isinstance(batch, int):
+        set_dotted(raw, "train.batch_size", batch * CAPTIONS_PER_IMAGE * workers)
+    raw["format"] = STUDY_FORMAT
+    return raw
 
 
 def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
@@ -493,6 +593,8 @@ def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    for warning in spec.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(spec.summary())
     return 0
 
@@ -501,13 +603,17 @@ class _Loader:
     """What no schema can say: the space's keys and conditions, every trial it can produce (probed at the ends of
     ranges, defaults, points and choices), data files and the cluster."""
 
-    def __init__(self, source: str | None):
+    def __init__(self, source: str | None, check_files: bool = True):
         self.source = source
+        self.check_files = check_files
 
     def fail(self, path: str, message: str):
         raise ConfigError(path, message, self.source)
 
     def load(self, raw: Any, cluster_resources: dict | None) -> StudySpec:
+        self.saved_before = isinstance(raw, dict) and raw.get("format") == 1
+        if self.saved_before:
+            raw = convert_format_1(raw, self.source)
         try:
             study = StudyFile.model_validate(raw)
         except ValidationError as err:
@@ -531,6 +637,8 @@ class _Loader:
                          params=params)
         spec.base = self.check_trials(spec, sections)
         self.check_data(spec.base)
+        spec.images, spec.images_source = self.split_counts(spec.base["data"])
+        self.check_batch(spec)
         match = _JSD_METRIC.match(spec.metric)
         if match and int(match.group(1)) >= spec.base["model"]["layers"]:
             self.fail("search.metric", f"{spec.metric}: the model has {spec.base['model']['layers']} layers")
@@ -546,9 +654,66 @@ class _Loader:
             self.fail("search.scheduler.asha.hold_at_rungs", "only for one-worker trials (resources.workers_per_trial"
                                                              ": 1): a Ray Train trial would restart its worker group "
                                                              "at every rung")
+        # a study saved before these rules keeps loading (resume, status, packaging): for it they are warnings
+        complain = spec.warnings.append if self.saved_before else lambda message: self.fail(*message.split(": ", 1))
+        if asha and len(spec.replicate_seeds) < 2:
+            complain(f"search.scheduler.asha: ASHA here stops a replicate group only on a gap its seed spread cannot "
+                     f"explain; with {len(spec.replicate_seeds) or 1} seed per configuration it can never stop "
+                     f"anything: set search.replicates >= 2, or use scheduler {{fifo: {{}}}}")
+        if spec.search["purpose"] == "compare" and spec.num_arms > 1 and len(spec.seed_values) < 2:
+            complain(f"search.replicates: this study compares {spec.num_arms} configurations with one seed each, and "
+                     f"one seed against one seed has no interval: set search.replicates (`a2 study plan` says how "
+                     f"many resolve the gaps you expect), or `search.purpose: explore` if it only explores")
+        self.check_schedule(spec)
         if cluster_resources is not None:
             self.check_cluster(spec, cluster_resources)
         return spec
+
+    # -- the batch and the schedule --------------------------------------------------------------------------------
+    def split_counts(self, data: dict) -> tuple[dict[str, int], str]:
+        """Train and val images: from the captions file when it is there, else the synthetic generator's split or
+        the standard Karpathy counts."""
+        if data["kind"] == "synthetic":
+            from a2core.data.synthetic import split_sizes  # numpy: only for a synthetic study
+
+            sizes = split_sizes(data["images"])
+            return {"train": sizes["train"], "val": sizes["val"]}, f"synthetic data of {data['images']} images"
+        path = data.get("captions")
+        if path and Path(path).is_file():
+            splits = self.splits if self.splits is not None else read_karpathy(path)
+            return {k: len(splits.get(k, [])) for k in ("train", "val")}, f"counted in {path}"
+        return ({"train": KARPATHY_IMAGES["train"], "val": KARPATHY_IMAGES["val"]},
+                "the standard Karpathy split, restval in train, about 5 captions an image; no captions file here")
+
+    def check_batch(self, spec: StudySpec) -> None:
+        """The global batch splits evenly over a trial's workers, for every batch size a trial can have."""
+        workers = spec.resources["workers_per_trial"]
+        param = next((p for p in spec.params.values() if p.path == "train.batch_size"), None)
+        sizes = list(param.values) if param is not None and param.categorical else [spec.base["train"]["batch_size"]]
+        for size in sizes:
+            try:
+                images_per_worker(int(size), workers)
+            except ConfigError as err:
+                where = f"search.space.{param.key}" if param is not None else err.path
+                self.fail(where, f"{err.reason} (resources.workers_per_trial: {workers})")
+
+    def check_schedule(self, spec: StudySpec) -> None:
+        """Warnings: a warmup that takes most of training, a T_P range past the trial's last step."""
+        t = spec.base["train"]
+        xe_steps = spec.steps_per_epoch * t["xe_epochs"]
+        if t["xe_epochs"] and t["warmup"] > xe_steps / 2:
+            spec.warnings.append(
+                f"train.warmup: {t['warmup']} steps is {t['warmup'] / xe_steps:.0%} of the {xe_steps} cross-entropy "
+                f"steps a trial takes ({spec.steps_per_epoch} a epoch x {t['xe_epochs']}): the learning rate peaks "
+                f"{'after training ends' if t['warmup'] > xe_steps else 'late in training'} ({self.source or 'study'})")
+        tp = spec.temperature_range()
+        if tp is not None and tp[1] > spec.total_steps:
+            param = next((p for p in spec.params.values() if p.path == "model.temperature"), None)
+            where = f"search.space.{param.key}" if param is not None else "model.temperature"
+            spec.warnings.append(
+                f"{where}: T_P up to {tp[1]:g} steps reaches past the {spec.total_steps} steps a trial takes: "
+                f"exp_decay still keeps {math.exp(-spec.total_steps / tp[1]):.0%} of the original attention when "
+                f"training ends ({self.source or 'study'})")
 
     # -- search ---------------------------------------------------------------------------------------------------
     def check_space(self, search: Search, sections: dict) -> dict[str, Param]:
@@ -695,6 +860,8 @@ class _Loader:
             context += f" (with {', '.join(f'{k}={_fmt(v)}' for k, v in sampled.items())})"
         raise ConfigError(err.path, f"{err.reason}{context}", err.source or self.source) from None
 
+    splits: dict | None = None  # the captions file's splits, once read
+
     def check_data(self, base: dict) -> None:
         data = base["data"]
         if data["kind"] != "coco":
@@ -702,14 +869,24 @@ class _Loader:
         for key in ("captions", "features", "test_images"):
             path = data.get(key)
             if path is not None and not (Path(path).is_file() or (key == "features" and Path(path).is_dir())):
-                what = "HDF5 file or .npz directory" if key == "features" else "file"
+                if not self.check_files:
+                    continue
+                what = "HDF5 file, .npz directory or prepared store" if key == "features" else "file"
                 self.fail(f"data.{key}", f"{path}: no such {what}")
+        if not Path(data["captions"]).is_file():
+            return
+        if is_prepared(data["features"]):
+            try:  # an incomplete or damaged copy fails here, naming its file (the full checksum: `a2 data fetch`)
+                check_copy(data["features"])
+            except DataError as err:
+                self.fail("data.features", str(err))
         try:  # the captions themselves: malformed entries and empty train or val splits fail here, not in a trial
-            require_splits(read_karpathy(data["captions"]), data["captions"])
+            self.splits = read_karpathy(data["captions"])
+            require_splits(self.splits, data["captions"])
         except DataError as err:
             self.fail("data.captions", str(err))
         scst_from = base["train"].get("scst_from")
-        if scst_from and not Path(scst_from).exists():
+        if scst_from and self.check_files and not Path(scst_from).exists():
             self.fail("train.scst_from", f"{scst_from}: no such checkpoint")
 
     def check_cluster(self, spec: StudySpec, cluster: dict) -> None:

@@ -8,11 +8,13 @@ written at the end of `run`/`resume`). `./.a2/studies/<name>.json` points `resum
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import importlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -26,10 +28,12 @@ from a2core.errors import A2Error, StorageError, StudyError, TrackingError
 from dashboards.spool import Spool, outage_line, replay
 from dashboards.tables import finite, text_table
 from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, check_tracking_uri, study_runs
+from launch import stop
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
-from launch.spec import DEFAULT_STORAGE, SEED_PATH, StudySpec, load_study, validate_main
+from launch.spec import DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, load_study, validate_main
 from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name, plan_from_spec,
-                              read_results, train_run_name)
+                              read_results, remove_temp_root, train_run_name)
+from launch.verify import quick_checkpoint_problem
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
@@ -54,19 +58,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_name(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
 
+    check = sub.add_parser("check", help="verify a study's saved state and every checkpoint (exit 2 if unreadable)")
+    add_name(check)
+
     compare = sub.add_parser("compare", help="configurations of a study side by side, from MLflow")
     compare.add_argument("name")
     compare.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
     compare.add_argument("--baseline", default=None, help="the value of --by to compare with (default: fusion none)")
     compare.add_argument("--tracking-uri", default=None)
 
-    plan = sub.add_parser("plan", help="seeds per arm needed to resolve a CIDEr difference, and the study's cost")
+    plan = sub.add_parser("plan", help="a study's steps, schedule, seeds and power, GPU-hours and cost, before it runs")
     _add_study_file(plan)
     plan.add_argument("--sd", type=float, default=None,
                       help="seed standard deviation of val CIDEr (x100); default: measured in the study's runs")
     plan.add_argument("--delta", type=float, nargs="+", default=None,
                       help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
     plan.add_argument("--tracking-uri", default=None, help="where the finished study's runs are (default: spec)")
+    plan.add_argument("--images-per-second", type=float, default=None,
+                      help="training images per second per GPU (default: the estimate in benchmarks/RESULTS.md)")
+    plan.add_argument("--price-per-hour", type=float, default=None,
+                      help="price of a worker node per hour (default: the on-demand list price of its type)")
+    plan.add_argument("--cluster", default=str(Path(__file__).resolve().parents[1] / "ray-cluster.yaml"),
+                      help="cluster-launcher file whose GPU worker type prices the study (default: ray-cluster.yaml)")
 
 
 def _add_study_file(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +112,10 @@ def main(args: argparse.Namespace) -> int:
         return validate_main(args.file, args.overrides)
     if command in ("compare", "plan"):  # MLflow and scipy: imported only when asked for
         return importlib.import_module({"compare": "dashboards.compare", "plan": "launch.plan"}[command]).main(args)
+    if command == "check":
+        from launch.verify import cmd_check
+
+        return cmd_check(args)
     return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[command](args)
 
 
@@ -145,6 +162,7 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
     """Find study `name`: under `storage` when given, else where the pointer file says, else the default root."""
     from dashboards.storage import check_storage  # pyarrow: only when a study is opened
 
+    check_name(name)
     endpoint = None
     pointer = POINTER_DIR / f"{name}.json"
     if storage is None and pointer.is_file():
@@ -162,6 +180,17 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
     return location
 
 
+def check_name(name: str) -> str:
+    """`name` if it is a study's name (the spec's rule: lowercase letters, digits, '-'), which keeps every path made
+    from it inside the storage root; else StudyError (exit 2)."""
+    from launch.spec import _study_name
+
+    try:
+        return _study_name(name)
+    except ValueError as err:
+        raise StudyError(f"study name {name!r}: {err}") from None
+
+
 def study_path(path: str, root: str | Path) -> str:
     """`path` if it exists (or is absolute), else the same relative path below `root` when that exists."""
     if Path(path).is_absolute() or Path(path).exists():
@@ -173,13 +202,21 @@ def study_path(path: str, root: str | Path) -> str:
 def load_saved_spec(location: StudyLocation) -> StudySpec:
     """The StudySpec saved with the study (validated again, so moved data fails here, not in a trial)."""
     source = location.uri(STUDY_FILE)
-    return StudySpec.from_dict(parse_yaml(location.read_text(STUDY_FILE), source), source=source)
+    try:
+        text = location.read_text(STUDY_FILE)
+    except UnicodeDecodeError as err:
+        raise StudyError(f"{source}: not a study file (not UTF-8 text: {err.reason} at byte {err.start}); restore it "
+                         f"from a copy (`a2 study check {location.name}` lists every problem)") from None
+    raw = parse_yaml(text, source)
+    if isinstance(raw, dict):
+        raw.setdefault("format", 1)  # saved before the format was recorded: converted (launch.spec.convert_format_1)
+    return StudySpec.from_dict(raw, source=source)
 
 
 def saved_form(spec) -> dict:
     """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the keys that
     the search space (or search.replicates: train.seed) sets, which the loader would refuse as set twice."""
-    raw = spec.to_dict()
+    raw = {**spec.to_dict(), "format": STUDY_FORMAT}
     for path in [param.path for param in spec.params.values()] + ([SEED_PATH] if spec.replicate_seeds else []):
         parent, _, key = path.rpartition(".")
         node = get_dotted(raw, parent)
@@ -204,6 +241,8 @@ def driver_options(args) -> dict:
 
 def cmd_run(args) -> int:
     spec = load_study(args.file, args.overrides)  # ConfigError -> exit 2 with the key path (a2's main)
+    for warning in spec.warnings:  # what `a2 study validate` warns about (a long warmup, T_P past the last step)
+        print(f"a2 study: warning: {warning}", file=sys.stderr)
     return exit_code(run_study(spec, **driver_options(args)))
 
 
@@ -212,7 +251,10 @@ def cmd_resume(args) -> int:
 
 
 def exit_code(summary: dict) -> int:
-    """0 when every trial finished (or was stopped early by the scheduler) and one reported the metric."""
+    """0 when every trial finished (or was stopped early by the scheduler) and one reported the metric; 128 + the
+    signal's number when a signal stopped the study."""
+    if summary.get("interrupted"):
+        return stop.exit_status(summary["interrupted"])  # 130 (SIGINT), 143 (SIGTERM)
     states = [t["state"] for t in summary.get("trials", [])]
     return 0 if states and summary.get("best") is not None and all(s == "TERMINATED" for s in states) else 1
 
@@ -234,7 +276,11 @@ def run_study(spec, **options) -> dict:
 
 
 def resume_study(location: StudyLocation, **options) -> dict:
-    """Continue a study: finished trials stay, unfinished and errored ones resume."""
+    """Continue a study: finished trials stay, unfinished and errored ones resume. A corrupt state file is refused
+    first (`launch.verify`): Tune would restart the experiment over it."""
+    from launch.verify import refuse_corrupt
+
+    refuse_corrupt(location.at(), "resume")
     return _drive(load_saved_spec(location), location, new=False, **options)
 
 
@@ -260,13 +306,23 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         cluster = connect(address, runtime_env_vars=propagated_env())
         # a trial asking more than the whole cluster has would wait forever: refused (ConfigError, exit 2)
         StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
+        if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
+            from launch.datastore import check_feature_copies
+
+            check_feature_copies(spec.base["data"]["features"])
         if new:
             location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
         remember(location)
-        tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
-        doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
-        say(f"study {spec.name}: {doing} {location.uri()}", verbose)
-        return fit_and_finish(spec, location, tuner, verbose=verbose)
+        temp = plan_from_spec(spec)
+        remove_temp_root(temp)  # what trials of a killed driver left on this node
+        try:
+            with stop.stop_on_signals():  # SIGINT and SIGTERM: a clean stop, `a2 study resume NAME` continues
+                tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
+                doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
+                say(f"study {spec.name}: {doing} {location.uri()}", verbose)
+                return fit_and_finish(spec, location, tuner, verbose=verbose)
+        finally:
+            remove_temp_root(temp)
 
 
 def cmd_sync(args) -> int:
@@ -293,21 +349,72 @@ def cmd_sync(args) -> int:
 
 
 def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
-    """Run the trials, then write and print the summary. Storage unreachable after the S3 retries stops the study
-    cleanly: the trials as this driver last saw them, and how to continue."""
+    """Run the trials, then write and print the summary. Storage that cannot be written (full, read-only, over
+    quota) or reached (S3 past its retries) stops the study cleanly: one line naming the path and the error, the
+    trials as this driver last saw them, and how to continue."""
     grid = []  # Tune's results, when fit() got that far
     try:
         grid = tuner.fit()
-        return finish(spec, location, verbose=verbose)
-    except (StorageError, OSError) as err:
-        rows = [_grid_row(spec, result) for result in grid]
-        if rows:
-            print(format_table(rows, spec.metric))
-        print(f"study {spec.name} stopped: its storage {location.uri()} cannot be reached "
-              f"({str(err).splitlines()[0][:300]}); what was saved before stays; once the storage is back, "
-              f"continue with `a2 study resume {spec.name}`", flush=True)
-        return {"study": spec.name, "path": location.uri(), "storage_error": str(err), "best": None,
-                "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows]}
+        summary = finish(spec, location, verbose=verbose)
+    except Exception as err:  # noqa: BLE001 - a storage problem stops the study cleanly; anything else is a bug
+        problem = storage_problem(location, err)
+        if problem is None and not isinstance(err, (StorageError, OSError)):
+            raise
+        return _stopped_by_storage(spec, location, grid, problem or str(err).splitlines()[0][:300])
+    problem = storage_problem(location) if any(t["state"] == "ERROR" for t in summary["trials"]) else None
+    if problem is not None:  # trials failed writing their checkpoints or results
+        return _stopped_by_storage(spec, location, grid, problem, summary)
+    stopped_by = stop.received()
+    if stopped_by is not None:
+        print(f"study {spec.name} stopped by {stop.signal_name(stopped_by)}: finished trials stay, the others "
+              f"resume from their last checkpoint; continue with `a2 study resume {spec.name}`", flush=True)
+        summary["interrupted"] = stopped_by
+    return summary
+
+
+# errnos of storage that cannot take more: no space, over quota, read-only, not allowed
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+_STORAGE_TEXTS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
+
+
+def storage_problem(location: StudyLocation, err: BaseException | None = None) -> str | None:
+    """"PATH: [Errno 28] No space left on device" when the study's storage cannot be written, else None: from the
+    error `err` (and its causes), a probe write into the study's folder (local storage), or the trials' errors."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in _STORAGE_ERRNOS:
+            return f"{err.filename or location.uri()}: [Errno {err.errno}] {err.strerror}"
+        err = err.__cause__ or err.__context__
+    if "://" in location.storage:
+        return None
+    folder = Path(location.uri())
+    try:  # as much as an epoch's result log or a small checkpoint part needs
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".a2-probe-") as probe:
+            probe.write(b"\0" * (256 * 1024))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as probe_err:
+        if probe_err.errno in _STORAGE_ERRNOS:
+            return f"{folder}: [Errno {probe_err.errno}] {probe_err.strerror}"
+    for error_file in folder.glob("*/error.txt"):  # Tune's record of a trial's last error
+        try:
+            text = error_file.read_text(errors="replace")
+        except OSError:
+            continue
+        line = next((ln.strip() for ln in reversed(text.splitlines()) if any(t in ln for t in _STORAGE_TEXTS)), None)
+        if line:
+            return f"{folder}: {line[:300]}"
+    return None
+
+
+def _stopped_by_storage(spec, location: StudyLocation, grid, problem: str, summary: dict | None = None) -> dict:
+    rows = [_grid_row(spec, result) for result in grid] if summary is None else []
+    if rows:
+        print(format_table(rows, spec.metric))
+    print(f"study {spec.name} stopped: its storage cannot be written or reached ({problem}); what was saved before "
+          f"stays; once the storage is fixed, continue with `a2 study resume {spec.name}`", flush=True)
+    return {**(summary or {}), "study": spec.name, "path": location.uri(), "storage_error": problem,
+            "best": None if summary is None else summary.get("best"),
+            "trials": (summary or {}).get("trials") or [{k: v for k, v in r.items() if k != "config"} for r in rows]}
 
 
 def say(text: str, verbose: bool = True) -> None:
@@ -346,7 +453,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
                       "storage": raw.get("storage"), "base": {k: raw.get(k) for k in ("data", "model", "train")}},
         study_tags={"a2.storage": location.uri()}, resolve_config=spec.trial_config, metric=spec.metric,
         mode=spec.mode, history_of=functools.partial(_result_log, spec, location), stopped_early_of=stopped_early_of,
-        spool_at=location.at())
+        spool_at=location.at(), searched_params=[p.path for p in spec.params.values()])
     storage_path, fs = open_location(location.storage, location.endpoint_url).ray_storage()  # the study's parent
     run_config = tune.RunConfig(
         name=spec.name,
@@ -401,7 +508,14 @@ def _table_row(spec, trial_id: str, state: str, sampled: dict, last: dict, best,
             "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
             "seed": train.get("seed", sampled.get("seed")),
             "epochs_done": int(finite(last.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
-            "last": finite(last.get(spec.metric)), "best": finite(best)}
+            "last": finite(last.get(spec.metric)), "best": finite(best),
+            # the selected checkpoint on the test split, reported when the trial ended (a2core train.test_at_end)
+            "test": finite(last.get(test_metric(spec.metric)))}
+
+
+def test_metric(metric: str) -> str:
+    """The test-split counterpart of a val metric ("val/CIDEr" -> "test/CIDEr")."""
+    return "test/" + metric.split("/", 1)[-1]
 
 
 def live_row(spec, trial, stopped_early_of=None) -> dict:
@@ -505,6 +619,8 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
         "epochs_reported": [int(r["epoch"]) for r in history or [last_result] if finite(r.get("epoch")) is not None],
         "best_epoch": best_epoch,
         "best_checkpoint": None if ckpt_epoch is None else run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE).uri,
+        "best_checkpoint_problem": None if ckpt_epoch is None else quick_checkpoint_problem(
+            run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE)),
         "best_checkpoint_epoch": ckpt_epoch,
         "train_run": run.uri,
         "compute": trial_compute(history),
@@ -559,16 +675,17 @@ def _stopped_tags(row: dict) -> dict:
 
 
 def replicate_groups(spec, rows: list[dict]) -> list[dict]:
-    """One entry per replicate group (trials whose sampled values differ only in the seed,
-    `launch.search.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
+    """One entry per replicate group (trials whose resolved configs differ only in the seed,
+    `dashboards.stats.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
     seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
     stopped early, if any."""
-    from dashboards.stats import seed_interval
-    from launch.search import SEED_KEYS, config_hash
+    from dashboards.stats import config_hash, seed_interval
+    from launch.search import SEED_KEYS, group_key
 
     groups: dict[str, list[dict]] = {}
     for r in rows:
-        groups.setdefault(config_hash(dict(r["sampled"] or {})), []).append(r)
+        digest = config_hash(r["config"]) if r.get("config") else group_key(dict(r["sampled"] or {}))
+        groups.setdefault(digest, []).append(r)
     out = []
     for h, g in groups.items():
         values = [r["best"] for r in g if r["best"] is not None]
@@ -576,7 +693,8 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
         sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
         out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,
                     "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
-                    "values": values, **interval,
+                    "values": values, "test_values": [r["test"] for r in g if r.get("test") is not None],
+                    **interval,
                     "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
     return out
 
@@ -586,11 +704,11 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
     `dashboards.stats.best_candidates`), the baseline (fusion none, same seed) comparison, every replicate
     group's mean and interval, and every trial's results."""
     from dashboards.stats import best_candidates
+    from dashboards.stats import best_group as pick_best_group
 
     best = _pick(best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags), "best", spec.mode)
     groups = replicate_groups(spec, rows)
-    best_group = _pick(best_candidates([g for g in groups if g["mean"] is not None], tags_of=_stopped_tags), "mean",
-                       spec.mode)
+    best_group = pick_best_group(groups, lambda g: g["values"], spec.mode, lambda g: bool(g.get("stopped_early")))
     baseline, beats = None, None
     if best is not None:
         baseline = _pick([r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"]
@@ -610,6 +728,7 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
         "best": None if best is None else {
             "trial_id": best["trial_id"], "value": best["best"], "epoch": best["best_epoch"],
             "checkpoint": best["best_checkpoint"], "checkpoint_epoch": best["best_checkpoint_epoch"],
+            "checkpoint_problem": best.get("best_checkpoint_problem"),
             "sampled": best["sampled"], "config": best["config"], "fusion": best["fusion"], "seed": best["seed"],
             "lambda": best["lambda"], "stopped_early": best.get("stopped_early")},
         "best_group": best_group,
@@ -646,7 +765,11 @@ def _log_compute_totals(spec, totals: dict) -> None:
     tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, spec.tracking.get("experiment"))
     parent = tracker.find_parent_run()
     if parent is not None and totals:
-        tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in totals.items()}, step=0)
+        # every run/resume that ends the study logs its totals at the next step (a (key, step) is written once)
+        logged = [s for key, steps in tracker.metric_steps(parent.info.run_id).items() if key.startswith("compute/")
+                  for s in steps]
+        tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in totals.items()},
+                            step=max(logged, default=-1) + 1)
 
 
 # -- what people read --------------------------------------------------------------------------------------------
@@ -664,11 +787,9 @@ def verdict(summary: dict) -> str:
     elif base is None:
         line += f"; no baseline (fusion none) trial with seed {best['seed']} in the study"
     else:
-        beats = summary.get("beats_baseline")
-        line += (f"; {'beats' if beats else 'does NOT beat'} the baseline (fusion none, seed {base['seed']}, "
-                 f"trial {base['trial_id']}: {base['value']:.2f})")
-        if beats:
-            line += f" by {best['value'] - base['value']:+.2f}"
+        # one run against one run: a difference, never a verdict (that needs seed noise: `group_verdict`)
+        line += (f"; the baseline's run with that seed (fusion none, trial {base['trial_id']}): {base['value']:.2f}, "
+                 f"{best['value'] - base['value']:+.2f} (one seed each: no verdict)")
     group = group_verdict(summary)
     return line + (f"\n{group}" if group else "")
 
@@ -681,15 +802,19 @@ def group_verdict(summary: dict) -> str | None:
     best, metric = summary.get("best_group"), summary["metric"]
     if not best or best["n"] < 2:
         return None
-    iv = Interval(best["mean"], best["low"], best["high"], best["n"])
+    iv = Interval(best["mean"], best["low"], best["high"], best["n"], bool(best.get("identical")))
     line = (f"best configuration ({config_text(best, varying_keys(summary))}): {metric} {iv.text()} "
             f"over {best['n']} seeds")
     base = _pick([g for g in summary.get("groups", []) if g["fusion"] == "none" and g["mean"] is not None], "mean",
                  summary["mode"])
     if best["fusion"] == "none" or base is None:
         return line
-    arms = [Arm(str(g["fusion"]), [{metric: v} for v in g["values"]]) for g in (best, base)]
-    diff = compare_arms(arms, baseline=base["fusion"], metric=metric, mode=summary["mode"])
+    # selected on val; judged on the test split when every trial of both groups reported it (when it ended)
+    on_test = all(g.get("test_values") and len(g["test_values"]) == len(g["values"]) for g in (best, base))
+    key = "test_values" if on_test else "values"
+    arms = [Arm(str(g["fusion"]), [{metric: v} for v in g[key]]) for g in (best, base)]
+    diff = compare_arms(arms, baseline=base["fusion"], metric=metric, mode=summary["mode"],
+                        label=f"test {metric.split('/')[-1]}" if on_test else None)
     return line + "; " + diff.verdicts()[0] if diff.differences else line
 
 
@@ -731,17 +856,21 @@ def format_table(rows: list[dict], metric: str) -> str:
 
 def format_groups(groups: list[dict], metric: str) -> str:
     """One row per replicate group: its seeds, the mean of the best metric with its 95% interval, its state."""
-    from dashboards.stats import Interval
+    from dashboards.stats import Interval, short_hash
 
     header = ["config", "fusion", "lambda", "seeds", f"best {metric.split('/')[-1]} [95% CI]", "state"]
-    body = [[g["config_hash"], str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
-             "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"]).text(),
+    body = [[short_hash(g["config_hash"]), str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
+             "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"],
+                                                    bool(g.get("identical"))).text(),
              state_text(g) if g.get("stopped_early") else "-"] for g in groups]
     return text_table(header, body)
 
 
 def cmd_status(args) -> int:
+    from launch.verify import refuse_corrupt
+
     location = locate(args.name, args.storage)
+    refuse_corrupt(location.at(), "status")
     spec = load_saved_spec(location)
     try:
         rows = collect(spec, location)
@@ -760,9 +889,14 @@ def cmd_status(args) -> int:
 
 def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
     """The trial table (of `rows`), the replicate groups, the verdict, the compute and any tracking outage."""
+    from dashboards.stats import MIN_SEEDS
+
     lines = [format_table(rows, spec.metric)] if rows else []
     if any(g["n"] > 1 for g in summary["groups"]):
-        lines.append(f"replicate groups (mean over seeds, 95% interval below 3 seeds: none):\n"
+        lines.append(f"replicate groups (mean over seeds, 95% interval; below {MIN_SEEDS} seeds: none):\n"
                      f"{format_groups(summary['groups'], spec.metric)}")
     lines += [verdict(summary), compute_line(summary["compute"]), outage_line(summary.get("tracking"))]
+    lines += [f"trial {r['trial_id']}: best checkpoint {r['best_checkpoint_problem'].split(': ', 1)[-1]}: "
+              f"{r['best_checkpoint']}; `a2 package` refuses it (restore it from a copy)"
+              for r in rows if r.get("best_checkpoint_problem")]
     print("\n".join(line for line in lines if line), flush=True)

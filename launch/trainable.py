@@ -9,6 +9,8 @@ retried or restored trial continues from its own newest checkpoint, and each res
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import shutil
@@ -61,12 +63,28 @@ class TrialPlan:
     metric: str = "val/CIDEr"
     mode: str = "max"
     num_to_keep: int = 2
+    diag_epochs: tuple[int, ...] = ()  # the scheduler's rungs: a trial stopped there ends with its diagnostics
+
+    def config(self, sampled: dict) -> dict:
+        """The a2core config of a trial: the resolved suggestion, with diagnostics at the epochs it may be stopped."""
+        config = self.resolve(dict(sampled))
+        if self.diag_epochs:
+            train = config.setdefault("train", {})
+            train["diag_epochs"] = sorted(set(train.get("diag_epochs") or []) | set(self.diag_epochs))
+        return config
 
     def trials(self):
         """The study's `trials/` folder (a `dashboards.storage.Location`)."""
         from dashboards.storage import open_location
 
         return open_location(self.storage, self.storage_endpoint_url).join(self.study, TRIALS_DIR)
+
+    def temp_root(self) -> Path:
+        """This node's temp folder of the study's trials, `<tmp>/a2-study-<name>-<storage hash>`: a trial process
+        makes its temp folders (`a2-trial-*`, `a2-tune-ckpt-*`, a2core's `a2ckpt-*`) in it (`use_temp_root`), so that
+        the driver, the study's one writer, removes what killed trials left, at its start and end."""
+        digest = hashlib.sha1(str(self.storage).encode()).hexdigest()[:8]
+        return Path(tempfile.gettempdir()) / f"a2-study-{self.study}-{digest}"
 
     def worker_resource_request(self) -> dict:
         res = {"CPU": float(self.resources["cpus_per_worker"])}
@@ -76,8 +94,22 @@ class TrialPlan:
 
 
 def plan_from_spec(spec) -> TrialPlan:
+    from launch.search import scheduler_rungs
+
     return TrialPlan(study=spec.name, storage=str(spec.storage), storage_endpoint_url=spec.storage_endpoint_url,
-                     resolve=spec.trial_config, resources=dict(spec.resources), metric=spec.metric, mode=spec.mode)
+                     resolve=spec.trial_config, resources=dict(spec.resources), metric=spec.metric, mode=spec.mode,
+                     diag_epochs=tuple(scheduler_rungs(spec)))
+
+
+def use_temp_root(root: str | Path) -> None:
+    """Make this process's temp folders in `root` (`TrialPlan.temp_root`; a trial's process is its own)."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    tempfile.tempdir = str(root)
+
+
+def remove_temp_root(plan: TrialPlan) -> None:
+    """Remove the temp folders that trials of the study left on this node (the driver, before and after Tune)."""
+    shutil.rmtree(plan.temp_root(), ignore_errors=True)
 
 
 def _quiet_per_epoch_logs() -> None:
@@ -248,10 +280,12 @@ class LocalCheckpoints:
 
 def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     """A one-worker trial: `a2core.train.train` in this Tune trial process, resuming from the newest checkpoint."""
+    from a2core.errors import StorageError
     from a2core.train import train
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
+    use_temp_root(plan.temp_root())
     trial = TrialRecorder(plan, plan.resources["gpus_per_worker"])
     checkpoints = LocalCheckpoints(trial.run, plan.metric, plan.mode, plan.num_to_keep)
 
@@ -264,11 +298,56 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
                            if isinstance(r.get(plan.metric), (int, float))})
 
     with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
-        work, epochs, resume_from = Path(folder), checkpoints.complete_epochs(), None
-        if epochs:
-            trial.report_again(epochs[-1])
-            resume_from = trial.run.join(checkpoint_name(epochs[-1]), CHECKPOINT_FILE).download(work / CHECKPOINT_FILE)
-        train(plan.resolve(dict(config)), report, output_dir=str(work / "out"), resume_from=resume_from)
+        work = Path(folder)
+        epoch, resume_from = newest_readable_checkpoint(trial.run, checkpoints.complete_epochs(), work)
+        best_from = None
+        if epoch is not None:
+            trial.report_again(epoch)
+            best_epoch = best_epoch_of(resume_from)
+            if best_epoch not in (None, epoch):  # the selected checkpoint is an earlier one: a copy for the test split
+                best_from = work / "best_epoch" / CHECKPOINT_FILE
+                best_from.parent.mkdir()
+                try:
+                    trial.run.join(checkpoint_name(best_epoch), CHECKPOINT_FILE).download(best_from)
+                except (OSError, StorageError):
+                    best_from = None  # not kept: the run says so when it scores the test split
+        train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from, best_from=best_from)
+
+
+def best_epoch_of(checkpoint_file) -> int | None:
+    """The epoch of the best val score so far recorded in a checkpoint (None before any)."""
+    from a2core import checkpoint
+
+    epoch = (checkpoint.load(checkpoint_file, map_location="cpu").get("best") or {}).get("epoch")
+    return int(epoch) if epoch else None
+
+
+def newest_readable_checkpoint(run, epochs: list[int], work: Path) -> tuple[int | None, Path | None]:
+    """(epoch, local copy) of the newest checkpoint of the run folder `run` among `epochs` that loads; an unreadable
+    one (truncated, garbage) is passed over, saying so with its storage path. (None, None) when none loads."""
+    from a2core import checkpoint
+    from a2core.errors import CheckpointError
+
+    def say(text: str) -> None:  # a trial's printed lines reach the driver's output (Ray forwards them)
+        print(f"WARNING: {text}", flush=True)
+    skipped = []
+    for epoch in reversed(epochs):
+        stored = run.join(checkpoint_name(epoch), CHECKPOINT_FILE)
+        local = work / CHECKPOINT_FILE
+        try:
+            stored.download(local)
+            checkpoint.load(local)
+        except (CheckpointError, OSError) as err:
+            reason = str(err).replace(f"{local}: ", "").splitlines()[0][:200]
+            say(f"checkpoint {stored.uri} is unreadable ({reason})")
+            skipped.append(stored.uri)
+            continue
+        if skipped:
+            say(f"resuming from {stored.uri} (epoch {epoch}), the newest readable checkpoint, instead of {skipped[0]}")
+        return epoch, local
+    if skipped:
+        say(f"no readable checkpoint in {run.uri}: the trial starts again from epoch 1")
+    return None, None
 
 
 # -- trials on Ray Train -----------------------------------------------------------------------------------------
@@ -285,7 +364,7 @@ def _cpu_seconds_all_ranks(since: float) -> float:
     return float(total.item())
 
 
-def worker_fn(config: dict) -> None:
+def worker_fn(config: dict, temp_root: str | None = None) -> None:
     """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume."""
     import ray.train
     from ray.train import Checkpoint
@@ -294,6 +373,8 @@ def worker_fn(config: dict) -> None:
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
+    if temp_root is not None:
+        use_temp_root(temp_root)
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
         metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
@@ -304,13 +385,22 @@ def worker_fn(config: dict) -> None:
     rank = ray.train.get_context().get_world_rank()
     with ExitStack() as stack:
         work = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"a2-trial-r{rank}-"))
-        resume_from = None
+        resume_from = best_from = None
         checkpoint = ray.train.get_checkpoint()  # the run's latest, after any restart
         if checkpoint is not None:
             local = Path(stack.enter_context(checkpoint.as_directory()))
             if (local / CHECKPOINT_FILE).is_file():
                 resume_from = str(local / CHECKPOINT_FILE)
-        train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from)
+                best_epoch = best_epoch_of(resume_from)
+                if best_epoch is not None and checkpoint_name(best_epoch) != Path(checkpoint.path).name:
+                    # the selected checkpoint is an earlier sibling in the run folder (kept: the best two are)
+                    best = Checkpoint(str(Path(checkpoint.path).parent / checkpoint_name(best_epoch)),
+                                      filesystem=checkpoint.filesystem)
+                    try:
+                        best_from = str(Path(stack.enter_context(best.as_directory())) / CHECKPOINT_FILE)
+                    except (OSError, FileNotFoundError):
+                        best_from = None  # not kept: the run says so when it scores the test split
+        train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from, best_from=best_from)
 
 
 def _forwarder(queue):
@@ -340,6 +430,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     _quiet_per_epoch_logs()
+    use_temp_root(plan.temp_root())
     res = plan.resources
     trial = TrialRecorder(plan, res["workers_per_trial"] * res["gpus_per_worker"])
     path, fs = plan.trials().ray_storage()
@@ -347,8 +438,8 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     results = Queue(maxsize=1, actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
         node_id=ray.get_runtime_context().get_node_id(), soft=False)})
     trainer = TorchTrainer(
-        worker_fn,
-        train_loop_config=plan.resolve(dict(config)),
+        functools.partial(worker_fn, temp_root=str(plan.temp_root())),
+        train_loop_config=plan.config(config),
         scaling_config=ray.train.ScalingConfig(num_workers=res["workers_per_trial"],
                                                use_gpu=res["gpus_per_worker"] > 0,  # so Ray picks nccl (else gloo)
                                                resources_per_worker=plan.worker_resource_request()),

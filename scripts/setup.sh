@@ -7,7 +7,7 @@ PY=${PYTHON:-python3}
 if ! $PY -c "import torch" 2>/dev/null; then
   $PY -m pip install -q "torch==${A2_TORCH_VERSION:-2.13.0}"
 fi
-$PY -m pip install -q -e ".[test]"
+$PY -m pip install -q -e ".[test,docs]"   # docs: tests/test_docs.py builds the docs site
 # Java runs the PTB tokenizer and METEOR; Chromium renders the MLflow UI in one integration test; sshd, rsync and
 # nc let the cluster-launch test run `ray up` / `ray submit` / `ray down` against this machine.
 need=()

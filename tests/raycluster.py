@@ -71,8 +71,9 @@ def tiny_study(directory: Path, name: str, data_root: Path, *, fusions=("max",),
         "name": name,
         "data": {"kind": "synthetic", "seed": 0, "images": DATA_IMAGES, "root": str(data_root), "val_images": 20},
         "model": {"d_model": 32, "layers": 1, "heads": 2, "d_ff": 64, "max_regions": 8},
-        "train": {"xe_epochs": epochs, "scst_epochs": 0, "batch_size": 20, "warmup": 50, "log_every": 1000},
-        "search": {"metric": "val/CIDEr", "mode": "max", "algorithm": "grid",
+        "train": {"xe_epochs": epochs, "scst_epochs": 0, "batch_size": 100 * workers, "warmup": 50,
+                  "log_every": 1000},  # 20 images per worker and step
+        "search": {"metric": "val/CIDEr", "mode": "max", "algorithm": "grid", "purpose": "explore",  # claims nothing
                    "space": {"fusion": {"grid": list(fusions)}, "seed": {"grid": list(seeds)}}},
         "resources": {"workers_per_trial": workers, "cpus_per_worker": cpus_per_worker,
                       "max_concurrent_trials": max_concurrent, "max_failures": max_failures},
@@ -348,10 +349,13 @@ class LocalCluster:
             raise
 
     def add_node(self, num_cpus: float = 1, resources: dict | None = None, name: str | None = None,
-                 wait: bool = True) -> RayNode:
+                 wait: bool = True, wrapper: list[str] | None = None) -> RayNode:
+        """`wrapper`: a command that runs `ray start ...` (its arguments follow), e.g. one that gives the node a
+        file system view of its own (`unshare --mount` with a bind mount: a machine with other files)."""
         if not self.nodes:
             raise RuntimeError("start the head node first")
-        return self._start_node(name or f"node{len(self.nodes)}", num_cpus, dict(resources or {}), wait=wait)
+        return self._start_node(name or f"node{len(self.nodes)}", num_cpus, dict(resources or {}), wait=wait,
+                                wrapper=wrapper)
 
     def kill_node(self, node: RayNode | str, sig: int = signal.SIGKILL, wait_s: float = 10.0) -> None:
         """Kill every process of one node at once (raylet, its workers, agents): a machine that disappears."""
@@ -428,7 +432,7 @@ class LocalCluster:
         raise KeyError(node)
 
     def _start_node(self, name: str, num_cpus: float, resources: dict, *, head: bool = False,
-                    wait: bool = True) -> RayNode:
+                    wait: bool = True, wrapper: list[str] | None = None) -> RayNode:
         temp_dir = self.root / name
         if temp_dir.exists():  # a replacement node of the same name starts clean
             temp_dir = self.root / f"{name}-{len(self.nodes)}"
@@ -452,6 +456,7 @@ class LocalCluster:
                 cmd += ["--include-dashboard=false"]
         else:
             cmd += [f"--address={self.address}"]
+        cmd = list(wrapper or []) + cmd
         env = self.env(address=False)
         env.update(self.system_env)
         log_path = self.root / f"{temp_dir.name}.log"

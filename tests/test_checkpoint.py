@@ -143,7 +143,7 @@ def test_resume_from_a_checkpoint_with_the_older_rng_state_is_exact(tmp_path):
     root = tmp_path / "syn"
     synthetic.generate(root, seed=5, images=40, test_images=5)
     cfg = Config.from_dict({"data": {"root": str(root), "images": 40, "seed": 5, "val_images": 5},
-                            "model": TINY_MODEL, "train": {"xe_epochs": 2, "batch_size": 10, "warmup": 20}})
+                            "model": TINY_MODEL, "train": {"xe_epochs": 2, "batch_size": 50, "warmup": 20}})
     full: list[dict] = []
     train(cfg, report=lambda m, d: full.append(m), output_dir=tmp_path / "full")
     train(cfg.replace({"train.xe_epochs": 1}), report=None, output_dir=tmp_path / "part")

@@ -24,7 +24,7 @@ def test_train_summarises_and_never_overwrites_an_earlier_run(tmp_path):
     config.write_text(yaml.safe_dump({
         "data": {"root": str(root), "images": 40, "seed": 3, "val_images": 5},
         "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions": 10, "fusion": "gate"},
-        "train": {"xe_epochs": 2, "batch_size": 10, "warmup": 10}}))
+        "train": {"xe_epochs": 2, "batch_size": 50, "warmup": 10}}))
     first = a2_train("--config", str(config), cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     lines = first.stdout.strip().splitlines()

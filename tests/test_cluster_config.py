@@ -89,12 +89,15 @@ def test_repository_and_studies_are_mounted_and_installed(prepared):
 
 
 def test_paper_studies_fit_the_cluster(prepared, coco_files):
-    """Each GPU study's trial fits on one worker node type of this cluster."""
+    """Each GPU study's trials pack the GPUs of this cluster's worker nodes: a whole number of trials per node, and
+    no more trials at once than the nodes hold."""
     from launch.spec import load_study
 
     data = coco_files
     (worker,) = gpu_types(prepared).values()
     for study in ("lambda_sweep", "fusion_ablation", "seeds"):
         spec = load_study(ROOT / "studies" / f"{study}.yaml", data, cluster_resources=worker["resources"])
-        assert spec.trial_resources()["GPU"] == worker["resources"]["GPU"]
-        assert spec.resources["max_concurrent_trials"] <= worker["max_workers"]
+        per_node = worker["resources"]["GPU"] / spec.trial_resources()["GPU"]
+        assert per_node == int(per_node) >= 1
+        assert spec.trial_resources()["CPU"] * per_node <= worker["resources"]["CPU"]
+        assert spec.resources["max_concurrent_trials"] <= per_node * worker["max_workers"]

@@ -93,7 +93,7 @@ def test_ray_up_submit_down_on_the_local_provider(tmp_path, ssh_head):
     overrides = [f"data.root={tmp_path / 'data'}", "data.images=60", "data.val_images=10",
                  "model.d_model=32", "model.layers=1", "model.heads=2", "model.d_ff=64", "model.max_regions=8",
                  "train.xe_epochs=2", "search.num_samples=1", "search.space.fusion.grid=[gate]",
-                 "search.replicates=[0]", "search.scheduler.asha.grace_period=1",
+                 "search.replicates=[0]", "search.scheduler={fifo:{}}",  # no spaces: ray submit splits on them
                  "resources.workers_per_trial=1", f"storage={study_dir}",
                  f"tracking.mlflow_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
     try:

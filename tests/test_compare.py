@@ -116,3 +116,34 @@ def test_stopped_group_is_best_when_it_is_the_only_one(tmp_path):
     ((arm, intervals),) = comparison.rows
     assert intervals["val/CIDEr"].mean == pytest.approx(41.0) and intervals["val/CIDEr"].n == 3
     assert comparison.differences == {}  # no baseline in this study
+
+
+def test_rows_are_selected_on_val_and_judged_on_the_test_split(tmp_path):
+    """With test scores logged (each run's selected checkpoint on the test split, per image), the row of each fusion
+    is still its best configuration on val, but the difference and the verdict are on the test images."""
+    from dashboards.compare import TEST_PER_IMAGE_ARTIFACT
+
+    uri = f"sqlite:///{tmp_path / 'test.db'}"
+    tracker = StudyTracker(uri, "split")
+    tracker.start_study({}, {})
+    truth = {}
+    for i, ((fusion, lam), val_mean) in enumerate(CONFIGS.items()):
+        for seed in SEEDS:
+            model = {"fusion": fusion} if lam is None else {"fusion": fusion, "lambda": lam}
+            run = tracker.trial_run(f"{fusion}-{lam}-{seed}", {"model": model, "train": {"seed": seed}},
+                                    tags={TAG_CONFIG_HASH: f"hash{i}"})
+            test = per_image(100.0, seed, 50 + 10 * i + seed)  # on test every configuration scores about 100
+            tracker.log_metrics(run, {"val/CIDEr": val_mean + seed, "test/CIDEr": float(test.mean())}, step=1)
+            tracker.client.log_dict(run, {f"{k:03d}": float(v) for k, v in enumerate(test)}, TEST_PER_IMAGE_ARTIFACT)
+            truth.setdefault((fusion, lam), []).append(test)
+            tracker.end_trial(run, "FINISHED")
+    tracker.end_study("FINISHED")
+    comparison, configs, _ = study_comparison(uri, "split", by="fusion")
+    assert configs["gate"] == "model.lambda=0.1"  # selected on val (116 against 113)
+    diff = comparison.differences["gate"]
+    expect = paired_difference(np.stack(truth[("gate", 0.1)]), np.stack(truth[("none", None)]), ("gate", "none"),
+                               metric="test CIDEr")
+    assert (diff.delta, diff.low, diff.high) == pytest.approx((expect.delta, expect.low, expect.high))
+    assert diff.verdict() == expect.verdict() and "test CIDEr" in diff.verdict()
+    text = compare_table(uri, "split", by="fusion")
+    assert "differences and verdicts on the test images" in text and "vs baseline (test CIDEr)" in text

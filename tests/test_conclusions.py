@@ -184,3 +184,20 @@ def test_best_epochs_per_image_cider_is_the_run_artifact_compare_reads(tmp_path,
     gain = "ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seed x 30 images"
     assert conclusion(uri, "pi", {"ensemble_gain": {"verdict": gain}}) == [diff.verdict(), gain]
     assert conclusion(uri, "nope", {})[0].startswith("no comparison: ")
+
+
+def test_the_group_verdict_rests_on_the_test_split_when_trials_reported_it(spec):
+    """Groups are chosen on val (the study metric); their verdict is on the test scores each trial reported when it
+    ended (its selected checkpoint), which here show no difference although val does."""
+    location = StudyLocation(spec.name, spec.storage)
+    rows = _rows(spec, location, {("none", None): [100.0, 101.0, 102.0], ("gate", 0.035): [104.0, 105.0, 106.0]})
+    for row, test in zip(rows, [90.0, 95.0, 100.0, 91.0, 96.0, 99.0]):
+        row["test"] = test
+    summary = summarize(spec, location, rows)
+    gate = next(g for g in summary["groups"] if g["fusion"] == "gate")
+    assert gate["values"] == [104.0, 105.0, 106.0] and gate["test_values"] == [91.0, 96.0, 99.0]
+    from dashboards.stats import seed_difference
+
+    expect = seed_difference([91.0, 96.0, 99.0], [90.0, 95.0, 100.0], ("gate", "none"), metric="test CIDEr")
+    line = verdict(summary).splitlines()[1]
+    assert line.endswith("; " + expect.verdict()) and not expect.resolved and "+0.3 test CIDEr [" in line, line

@@ -246,7 +246,7 @@ def test_a_short_training_run_reports_every_diagnostic(root, tmp_path):
     common = {"diag/grounding/accuracy", "diag/grounding/control", "diag/grounding/lift", "diag/grounding/chance",
               "diag/grounding/subject_object", "diag/kendall/attention", "diag/jsd/layer0", "diag/jsd/layer1"}
     for fusion in ("gate", "none"):
-        cfg = _cfg(root, fusion).replace({"train.xe_epochs": 1, "train.batch_size": 10, "train.warmup": 20,
+        cfg = _cfg(root, fusion).replace({"train.xe_epochs": 1, "train.batch_size": 50, "train.warmup": 20,
                                           "train.diag_images": 5, "train.diag_kendall_images": 2})
         seen: list[dict] = []
         train(cfg, report=lambda m, d: seen.append(m), output_dir=tmp_path / fusion)
@@ -266,15 +266,18 @@ def test_a_short_training_run_reports_every_diagnostic(root, tmp_path):
         else:
             assert diag["diag/jsd/layer0"] == 0.0
     # Diagnostics leave training alone: with them only after the last epoch, the first epoch's loss is the same.
+    # A study's rungs (train.diag_epochs) add epochs: a trial stopped at a rung ends with its diagnostics.
     runs = {}
-    for every in (1, 0):
-        cfg = _cfg(root, "gate").replace({"train.xe_epochs": 2, "train.batch_size": 10, "train.diag_every": every,
-                                          "train.diag_images": 5, "train.diag_kendall_images": 2})
-        runs[every] = []
-        train(cfg, report=lambda m, d: runs[every].append(m), output_dir=tmp_path / f"every{every}")
-    assert "diag/grounding/accuracy" in runs[1][0] and "diag/grounding/accuracy" not in runs[0][0]
-    assert runs[1][1]["train/loss"] == runs[0][1]["train/loss"]
-    assert runs[1][1]["diag/grounding/accuracy"] == runs[0][1]["diag/grounding/accuracy"]
+    for name, every, rungs in (("every", 1, []), ("last", 0, []), ("rung", 0, [1])):
+        cfg = _cfg(root, "gate").replace({"train.xe_epochs": 2, "train.batch_size": 50, "train.diag_every": every,
+                                          "train.diag_epochs": rungs, "train.diag_images": 5,
+                                          "train.diag_kendall_images": 2})
+        runs[name] = []
+        train(cfg, report=lambda m, d: runs[name].append(m), output_dir=tmp_path / name)
+    assert "diag/grounding/accuracy" in runs["every"][0] and "diag/grounding/accuracy" not in runs["last"][0]
+    assert runs["rung"][0]["diag/grounding/accuracy"] == runs["every"][0]["diag/grounding/accuracy"]
+    assert runs["every"][1]["train/loss"] == runs["last"][1]["train/loss"] == runs["rung"][1]["train/loss"]
+    assert runs["every"][1]["diag/grounding/accuracy"] == runs["last"][1]["diag/grounding/accuracy"]
 
 
 def test_grounding_skips_regions_cut_by_max_regions(root):

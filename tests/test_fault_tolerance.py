@@ -31,8 +31,12 @@ from tests.raycluster import (  # noqa: F401 - tiny_data and ray_cluster_factory
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 EPOCHS = 5
-# Small batches: epochs of a few seconds, long enough to kill something in the middle of a trial.
-SLOW = {"train.batch_size": 4}
+
+
+def slow(workers: int) -> dict:
+    """Small batches, 4 images per worker and step (train.batch_size is the global batch in image-caption pairs):
+    epochs of a few seconds, long enough to kill something in the middle of a trial."""
+    return {"train.batch_size": 20 * workers}
 
 
 def _logged_steps(uri: str, study: str, trial_id: str) -> list[int]:
@@ -87,7 +91,7 @@ def test_trial_finishes_after_losing_its_worker_node(tmp_path, tiny_data, ray_cl
     node = cluster.add_node(num_cpus=2, resources={"node_b": 2}, name="worker-a")
     storage = tmp_path / "studies"
     study = tiny_study(tmp_path, name, tiny_data, epochs=EPOCHS, workers=2, cpus_per_worker=1, max_failures=2,
-                       extra=SLOW)
+                       extra=slow(2))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow_client(uri)  # opening the store takes seconds: do it before the epochs start to fly by
     log = tmp_path / "run.log"
@@ -124,7 +128,7 @@ def test_study_resumes_after_the_driver_is_killed(tmp_path, tiny_data, mlflow_se
     storage = tmp_path / "studies"
     uri = str(mlflow_server)
     study = tiny_study(tmp_path, name, tiny_data, fusions=("none", "max"), epochs=EPOCHS, workers=workers,
-                       cpus_per_worker=1 / workers, max_concurrent=1, extra=SLOW, mlflow_uri=uri)
+                       cpus_per_worker=1 / workers, max_concurrent=1, extra=slow(workers), mlflow_uri=uri)
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)  # the driver starts its own local Ray, which dies with it
     log = tmp_path / "run.log"

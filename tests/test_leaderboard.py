@@ -39,7 +39,8 @@ def _board(tmp_path, per_image=None):
     config = {"data": {"kind": "synthetic"}, "model": {"fusion": "max", "lambda": 0.035},
               "train": {"seed": 0, "xe_epochs": 2, "scst_epochs": 0}, "output_dir": "runs/a2"}
     members = [{"seed": s, "trial_id": f"t{s}", "study": "st", "checkpoint": str(tmp_path / f"c{s}.pt"),
-                "value": 0.5, "metrics": _metrics(100.0 + s), "mlflow_run_id": f"r{s}"} for s in (2, 0, 1, 3)]
+                "value": 0.5 + (s == 2), "metrics": _metrics(100.0 + s), "mlflow_run_id": f"r{s}"}
+               for s in (2, 0, 1, 3)]  # seed 2 is the best on validation, seed 3 on the test images
     return lb.build_leaderboard(study="st", config=config, members=members, ensemble_metrics=_metrics(110.0),
                                 images=20, selected_by={"metric": "val/CIDEr", "trial_id": "t0"},
                                 per_image=per_image)
@@ -70,11 +71,15 @@ def test_leaderboard_has_one_value_per_row_with_seed_interval_and_ensemble_gain(
     assert cider["mean"] == 101.5 and cider["n"] == 4
     assert cider["low"] == pytest.approx(101.5 - half, abs=1e-3) and cider["high"] == pytest.approx(101.5 + half,
                                                                                                      abs=1e-3)
-    gain = board["ensemble"]["gain_over_best"]
-    assert gain["best_member"] == "seed-3" and gain["best_member_CIDEr"] == 103.0 and gain["images"] == 60
-    assert gain["delta"] == pytest.approx(7.0)  # 110 - 103
-    assert 0 < gain["low"] < gain["high"] and gain["verdict"].startswith("ensemble beats seed-3 by")
-    assert board["ensemble"]["gain_over_mean"] == 8.5
+    gain = board["ensemble"]["gain_over_members"]  # against the members' mean, their seed spread in the interval
+    assert gain["delta"] == pytest.approx(8.5) and gain["images"] == 60 and gain["seeds"] == 4
+    assert gain["low"] < 8.5 - half and gain["high"] > 8.5 + half  # at least the one-sample t over the 4 seeds
+    assert gain["verdict"] == (f"ensemble beats its members' mean by 8.5 CIDEr [{gain['low']:.1f}, "
+                               f"{gain['high']:.1f}], 4 member seeds x 60 images")
+    chosen = board["ensemble"]["gain_over_chosen"]  # the member chosen on validation, not the best on test
+    assert chosen["member"] == "seed-2" and chosen["member_CIDEr"] == 102.0 and chosen["delta"] == pytest.approx(8.0)
+    one_seed = sps.t.ppf(0.975, 3) * np.std([100, 101, 102, 103], ddof=1)  # one run's seed spread
+    assert chosen["low"] <= 8.0 - one_seed and chosen["high"] >= 8.0 + one_seed
     assert "seed" not in board["configuration"]["config"]["train"]
     assert "output_dir" not in board["configuration"]["config"]
     assert board["paper"]["table3"]["row"] == "Max Pooling" and board["paper"]["table1"] is None
@@ -88,13 +93,18 @@ def test_leaderboard_has_one_value_per_row_with_seed_interval_and_ensemble_gain(
     assert seed0.split()[-1] == "100.0"  # its own CIDEr, nothing else
     mean_line = next(line for line in lines if line.startswith("seed mean"))
     assert f"101.5 [{101.5 - half:.1f}, {101.5 + half:.1f}]" in mean_line
-    assert lines[-1].startswith("ensemble gain over its best member (seed-3): ensemble beats seed-3 by")
+    assert lines[-2].startswith("ensemble gain over its members' mean: ensemble beats its members' mean by 8.5")
+    assert lines[-1].startswith("ensemble gain over the member chosen on validation: ensemble ")
     assert any(line.startswith("paper T3 Max Pooling") for line in lines)
 
 
-def test_leaderboard_without_per_image_scores_has_no_gain_interval(tmp_path):
-    gain = _board(tmp_path)["ensemble"]["gain_over_best"]
-    assert gain["delta"] == pytest.approx(7.0) and gain["low"] is None and "no interval" in gain["verdict"]
+def test_leaderboard_without_per_image_scores_has_the_seed_spread_interval(tmp_path):
+    from scipy import stats as sps
+
+    gain = _board(tmp_path)["ensemble"]["gain_over_members"]
+    half = sps.t.ppf(0.975, 3) * float(torch.tensor([100.0, 101, 102, 103]).std()) / 2
+    assert (gain["low"], gain["high"]) == pytest.approx((8.5 - half, 8.5 + half), abs=1e-3)
+    assert gain["verdict"].endswith("4 member seeds, seed means only") and gain["images"] is None
 
 
 def test_write_leaderboard_is_atomic_and_round_trips(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
-"""Every ```bash block of README.md runs as written, in order, in a copy of the repository.
+"""Every ```bash block of README.md and of the docs pages runs as written, in order, in a copy of the repository.
 
-The README marks each block with the HTML comment line just above it:
+The order is the README, then docs/tutorial.md, then the other pages of docs/ by path (`DOC_FILES`). A page marks
+each block with the HTML comment line just above it:
 - `<!-- readme-test: tiny -->`: run, with `TINY` (small sizes, one epoch) appended to every `a2 train`,
   `a2 study validate` and `a2 study run` line, so that the block finishes in minutes on 2 CPU cores;
 - `<!-- readme-test: skip: REASON -->`: not run (it needs a cluster, a bucket, COCO files or the whole suite);
@@ -64,7 +65,15 @@ def test_tiny_overrides_go_before_comments_and_only_where_taken():
                                                                       ("as written", None, ["a2 y"])]
 
 
-BLOCKS = readme_blocks((REPO / "README.md").read_text())
+def doc_files() -> list[Path]:
+    """The README, the tutorial, then every other Markdown page of docs/ by path (all blocks share one clone)."""
+    first = [REPO / "README.md", REPO / "docs" / "tutorial.md"]
+    return first + sorted(p for p in (REPO / "docs").rglob("*.md") if p not in first)
+
+
+DOC_FILES = doc_files()
+BLOCKS = [dict(block, file=str(path.relative_to(REPO))) for path in DOC_FILES
+          for block in readme_blocks(path.read_text())]
 # What a block that ran must have left behind, by its first command.
 LEFT_BEHIND = {
     "a2 data synth": ["data/synth/dataset_coco.json", "runs/a2/best.pt", "runs/a2/history.json", "results.json"],
@@ -86,24 +95,32 @@ def clone(tmp_path_factory) -> Path:
 
 def _block_id(index: int, block: dict) -> str:
     command = next((line for line in block["lines"] if not line.startswith("#")), "")
-    return f"block{index}-{command.split(' #')[0].strip()[:30]}"
+    return f"{block['file']}-block{index}-{command.split(' #')[0].strip()[:30]}"
+
+
+def test_the_docs_pages_blocks_are_collected():
+    files = {block["file"] for block in BLOCKS}
+    assert "README.md" in files and "docs/tutorial.md" in files
+    assert DOC_FILES[:2] == [REPO / "README.md", REPO / "docs" / "tutorial.md"]
+    assert all(block["mode"] == "skip" for block in BLOCKS if block["file"] not in ("README.md", "docs/tutorial.md")), \
+        "a block outside the README and the tutorial runs: keep the docs' run time what it is (mark it skip: REASON)"
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[_block_id(i, b) for i, b in enumerate(BLOCKS)])
 def test_readme_block_runs_as_written(index, clone, tmp_path_factory):
     block = BLOCKS[index]
     if block["mode"] == "skip":
-        pytest.skip(f"README block {index}: {block['reason']}")
+        pytest.skip(f"{block['file']} block {index}: {block['reason']}")
     script = tiny_script(block["lines"]) if block["mode"] == "tiny" else "\n".join(block["lines"])
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray, as for a new user
     env.update(PYTHONPATH=str(clone), A2_DATA_CACHE=str(tmp_path_factory.mktemp("a2cache")),
                RAY_USAGE_STATS_ENABLED="0")
     done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=clone, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
-    assert done.returncode == 0, f"README block {index} failed:\n{script}\n---\n{done.stdout[-6000:]}"
+    assert done.returncode == 0, f"{block['file']} block {index} failed:\n{script}\n---\n{done.stdout[-6000:]}"
     assert "Traceback" not in done.stdout, done.stdout[-6000:]
     first = next(line for line in block["lines"] if not line.startswith("#"))
     for path in next((paths for start, paths in LEFT_BEHIND.items() if first.startswith(start)), []):
-        assert (clone / path).is_file(), f"README block {index} left no {path}"
+        assert (clone / path).is_file(), f"{block['file']} block {index} left no {path}"
     if first.startswith("a2 data synth"):  # the evaluation found a caption for every test image
         assert "CIDEr" in done.stdout and "missing" not in done.stdout

@@ -14,7 +14,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import ConcurrencyLimiter, Searcher
 
 from a2core.config import ConfigError
-from launch.search import (GridCrossedSearcher, ReplicateASHA, build_scheduler, config_hash, n_startup_trials,
+from launch.search import (GridCrossedSearcher, ReplicateASHA, build_scheduler, group_key, n_startup_trials,
                            tune_config_kwargs)
 from launch.spec import load_study
 
@@ -27,6 +27,8 @@ def study_file(tmp_path: Path, space: dict, **search) -> Path:
     raw = yaml.safe_load(SMOKE.read_text())
     raw["search"]["space"] = space
     raw["search"].pop("replicates", None)  # the spaces below carry their seeds themselves, or pass replicates
+    if "replicates" not in search:  # ASHA needs replicate groups to judge, a comparison seeds (`a2 study validate`)
+        raw["search"].update(scheduler={"fifo": {}}, purpose="explore")  # these test the search, they compare nothing
     raw["search"].update(search)
     raw["train"].update(xe_epochs=4, scst_epochs=0)
     path = tmp_path / "study.yaml"
@@ -45,6 +47,17 @@ ABLATION = {
 @pytest.fixture
 def spec(tmp_path):
     return load_study(study_file(tmp_path, ABLATION, num_samples=3, seed=7))
+
+
+REPLICATED_ABLATION = {k: v for k, v in ABLATION.items() if k != "seed"}
+SMOKE_ASHA = {"asha": {"grace_period": 2, "reduction_factor": 2}}
+
+
+@pytest.fixture
+def asha_spec(tmp_path):
+    """The ablation with 2 replicates under the smoke study's ASHA."""
+    return load_study(study_file(tmp_path, REPLICATED_ABLATION, num_samples=3, seed=7, replicates=2,
+                                 scheduler=SMOKE_ASHA))
 
 
 def cell_key(config: dict, spec) -> tuple:
@@ -220,7 +233,7 @@ def test_grid_algorithm_runs_the_points(tmp_path):
 
 
 def test_random_algorithm_and_choice_conditions(tmp_path):
-    space = {"model.renormalize": {"choice": [True, False]},
+    space = {"fusion": {"grid": ["moving_average"]}, "model.renormalize": {"choice": [True, False]},
              "eta": {"uniform": [0.0, 0.5], "when": {"model.renormalize": True}},
              "seed": {"grid": [0, 1]}}
     spec = load_study(study_file(tmp_path, space, algorithm="random", num_samples=8))
@@ -229,9 +242,38 @@ def test_random_algorithm_and_choice_conditions(tmp_path):
     for c in got:
         assert ("eta" in c) == (c["model.renormalize"] is True)
     assert {c["model.renormalize"] for c in got} == {True, False}
+    # renormalize False has no eta: one configuration, run once per seed however often it is drawn
+    assert sorted(c["seed"] for c in got if not c["model.renormalize"]) == [0, 1]
 
 
-def test_build_scheduler_and_tune_config(spec, tmp_path):
+def test_duplicate_suggestions_never_run_twice(tmp_path):
+    """Suggestions that resolve to a configuration already run (the same values, or values of keys that do not
+    apply to it: eta without moving_average) are told to Optuna as FAIL and not run: no replicate group twice
+    with the same seeds. A grid cell with nothing new left is done."""
+    from dashboards.stats import config_hash
+
+    space = {"fusion": {"grid": ["none", "gate"]}, "eta": {"uniform": [0.0, 0.5]},
+             "lambda": {"choice": [0.01, 0.1], "when": {"fusion": "gate"}}}
+    spec = load_study(study_file(tmp_path, space, algorithm="random", num_samples=6, replicates=2))
+    searcher = GridCrossedSearcher(spec)
+    got = drain(searcher)
+    groups = {}
+    for tid, c in got:
+        groups.setdefault(config_hash(spec.trial_config(c)), []).append(c["seed"])
+    # none: one configuration; gate: lambda 0.01 or 0.1 (eta does not apply to either): three groups of seeds 0, 1
+    assert sorted(map(sorted, groups.values())) == [[0, 1]] * 3
+    failed = [t for study in searcher._studies for t in study.trials if t.state == TrialState.FAIL]
+    assert failed and all(len(t.user_attrs["duplicate_of"]) == 12 for t in failed)
+    # after a restore of a state saved before duplicates were tracked, they are still known
+    state = searcher.get_state()
+    del state["hashes"]
+    restored = GridCrossedSearcher(spec)
+    restored.set_state(state)
+    assert restored._hashes == searcher._hashes
+
+
+def test_build_scheduler_and_tune_config(asha_spec, tmp_path):
+    spec = asha_spec
     searcher, scheduler = GridCrossedSearcher(spec), build_scheduler(spec)
     assert isinstance(searcher, GridCrossedSearcher)
     assert isinstance(scheduler, ReplicateASHA)
@@ -258,6 +300,21 @@ def test_build_scheduler_and_tune_config(spec, tmp_path):
     assert isinstance(build_scheduler(fifo), FIFOScheduler)
 
 
+def test_a_trial_stopped_at_a_rung_ends_with_its_diagnostics(tmp_path):
+    """The smoke study runs diagnostics after the last epoch only (diag_every: 0), but ASHA may stop a trial at
+    epoch 2: its trials also run them at the scheduler's rungs, so a stopped trial logs diag/... too."""
+    from launch.search import scheduler_rungs
+    from launch.trainable import plan_from_spec
+
+    smoke = load_study(SMOKE)
+    assert smoke.base["train"]["diag_every"] == 0 and scheduler_rungs(smoke) == [2]
+    config = plan_from_spec(smoke).config({"fusion": "gate", "lambda": 0.035, "seed": 1})
+    assert config["train"]["diag_epochs"] == [2] and config["train"]["seed"] == 1
+    fifo = load_study(study_file(tmp_path, ABLATION, scheduler={"fifo": {}}))
+    assert scheduler_rungs(fifo) == []
+    assert plan_from_spec(fifo).config({"fusion": "max", "lambda": 0.035, "seed": 0})["train"]["diag_epochs"] == []
+
+
 # -- replicate groups ----------------------------------------------------------------------------------------------
 REPLICATED = {"fusion": {"grid": ["none", "gate"]},
               "lambda": {"loguniform": [0.005, 0.2], "when": {"fusion": "gate"}}}
@@ -271,8 +328,8 @@ def test_replicate_group_is_one_optuna_observation_of_its_mean(tmp_path):
     assert len(got) == 9
     first = [c for _, c in got[:3]]
     assert [c["seed"] for c in first] == [0, 1, 2]
-    assert len({config_hash(c) for c in first}) == 1  # one group: same config hash, seeds differ
-    assert len({config_hash(c) for _, c in got}) == 3
+    assert len({group_key(c, spec.trial_config) for c in first}) == 1  # one group: same config hash, seeds differ
+    assert len({group_key(c, spec.trial_config) for _, c in got}) == 3
     assert spec.trial_config(first[1])["train"]["seed"] == 1
 
     ids = [t for t, _ in got[:3]]
@@ -298,7 +355,7 @@ def test_replicate_group_with_a_stopped_replicate_is_pruned_and_restores(tmp_pat
     restored = GridCrossedSearcher(spec)
     restored.restore(str(path))
     b = restored.suggest("b")  # the second replicate of the same configuration, after a restore
-    assert (a["seed"], b["seed"]) == (3, 7) and config_hash(a) == config_hash(b)
+    assert (a["seed"], b["seed"]) == (3, 7) and group_key(a, spec.trial_config) == group_key(b, spec.trial_config)
     finish(restored, "a", 1.0, spec.total_epochs)
     finish(restored, "b", 0.4, 2)  # stopped early
     assert restored.study_of("a").trials[0].state == TrialState.PRUNED
@@ -381,7 +438,7 @@ def test_scheduler_min_mode_and_a_replicate_that_ended_early():
             t = trial(f"{name}-{seed}", {"fusion": name, "seed": seed})
             sched.on_trial_add(None, t)
             sched.on_trial_result(None, t, {"loss": v, "epoch": 1})
-    assert sched.group_means(1) == {config_hash({"fusion": "a"}): pytest.approx(1.0)}  # b waits for its third
+    assert sched.group_means(1) == {group_key({"fusion": "a", "seed": 0}): pytest.approx(1.0)}  # b waits for its third
     failed = trial("b-2", {"fusion": "b", "seed": 2})
     sched.on_trial_add(None, failed)
     sched.on_trial_error(None, failed)  # ... which fails before the rung: the group is decided on two seeds
@@ -431,7 +488,7 @@ def test_replicates_wait_at_a_rung_for_their_group_and_resume_when_it_goes_on():
     assert sched.choose_trial_to_run(controller) is a[1]
     # a-0 resumed reports its rung result again (launch.trainable), then trains on to the next rung
     assert report(sched, controller, a[0], 9.0) == TrialScheduler.CONTINUE
-    assert sched.group_means(1) == {config_hash({"fusion": "a"}): pytest.approx(10.0)}
+    assert sched.group_means(1) == {group_key({"fusion": "a", "seed": 0}): pytest.approx(10.0)}
 
 
 def test_replicates_held_at_a_rung_stop_with_their_group_when_resumed():
@@ -470,11 +527,11 @@ def test_held_trials_run_on_when_nothing_else_can_run():
     assert sched.choose_trial_to_run(controller) is a[0]
 
 
-def test_hold_at_rungs_is_a_one_worker_option(spec, tmp_path):
+def test_hold_at_rungs_is_a_one_worker_option(asha_spec, tmp_path):
     from a2core.config import ConfigError
 
-    assert not build_scheduler(spec).hold_at_rungs  # off unless asked for
-    raw = yaml.safe_load(study_file(tmp_path, ABLATION).read_text())
+    assert not build_scheduler(asha_spec).hold_at_rungs  # off unless asked for
+    raw = yaml.safe_load(study_file(tmp_path, REPLICATED_ABLATION, replicates=2).read_text())
     raw["search"]["scheduler"] = {"asha": {"grace_period": 1, "hold_at_rungs": True}}
     (tmp_path / "hold.yaml").write_text(yaml.safe_dump(raw))
     assert build_scheduler(load_study(tmp_path / "hold.yaml")).hold_at_rungs
@@ -482,3 +539,25 @@ def test_hold_at_rungs_is_a_one_worker_option(spec, tmp_path):
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="search.scheduler.asha.hold_at_rungs.*one-worker trials"):
         load_study(tmp_path / "train.yaml")
+
+
+def test_one_config_hash_for_tags_scheduler_status_and_package(tmp_path):
+    """A sampled key that does not apply to a configuration (lambda for fusion none) changes nothing: the
+    scheduler's group, the MLflow tag (`group_key` with the spec's resolver), `a2 study status`'s groups and
+    packaging's hash (`config_hash` of the resolved config) are one value."""
+    from dashboards.stats import config_hash
+    from launch.study import replicate_groups
+
+    spec = load_study(study_file(tmp_path, {"fusion": {"grid": ["none", "gate"]}, "lambda": {"loguniform": [0.005, 0.2]}},
+                                 replicates=2))
+    a, b = {"fusion": "none", "lambda": 0.05, "seed": 0}, {"fusion": "none", "lambda": 0.1, "seed": 1}
+    digest = config_hash(spec.trial_config(a))
+    assert group_key(a, spec.trial_config) == group_key(b, spec.trial_config) == digest
+    scheduler = build_scheduler(spec)
+    for tid, c in (("x", a), ("y", b)):
+        scheduler.on_trial_add(None, SimpleNamespace(trial_id=tid, config=c))
+    assert scheduler._groups == {"x": digest, "y": digest}
+    rows = [{"trial_id": tid, "config": spec.trial_config(c), "sampled": c, "best": v, "fusion": "none",
+             "lambda": None, "seed": c["seed"]} for tid, c, v in (("x", a, 1.0), ("y", b, 2.0))]
+    (group,) = replicate_groups(spec, rows)
+    assert group["config_hash"] == digest and group["seeds"] == [0, 1] and group["n"] == 2

@@ -93,7 +93,7 @@ def test_fusion_ablation_space(coco_files):
     # Each fusion as written and renormalised; the baseline fuses nothing, so it has no renormalize.
     assert cells == [("none", None)] + [(f, r) for f in ("max", "moving_average", "exp_decay", "gate")
                                         for r in (False, True)]
-    assert spec.num_trials == 1 + 3 * 2 + 2 * spec.search["num_samples"]
+    assert spec.num_trials == (1 + 3 * 2 + 2 * spec.search["num_samples"]) * len(spec.replicate_seeds)
     assert spec.points_for_cell({"fusion": "gate", "seed": 0, "model.renormalize": False}) == []
     (point,) = spec.points_for_cell({"fusion": "exp_decay", "seed": 0, "model.renormalize": True})
     assert set(point) == {"temperature"}

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from a2core.errors import DataError
 from a2core.metrics import CiderD
 from dashboards.stats import (Arm, best_candidates, compare_arms, paired_difference, power, seed_difference,
                               seed_interval, seeds_needed, stopped_early_tags)
@@ -18,11 +19,15 @@ def test_seed_interval_covers_the_true_mean_at_the_nominal_rate(n):
     assert 0.92 * 400 <= covered <= 0.98 * 400
 
 
-def test_seed_interval_below_three_seeds_says_so():
-    two = seed_interval([110.0, 112.0])
-    assert (two.mean, two.low, two.high, two.n) == (111.0, None, None, 2)
-    assert two.text() == "111.0 (2 seeds: no interval)"
-    assert seed_interval([5.0, 5.0, 5.0]).text() == "5.0 [5.0, 5.0]"
+def test_seed_interval_below_min_seeds_and_identical_seeds_say_so():
+    one = seed_interval([110.0])
+    assert (one.mean, one.low, one.high, one.n) == (110.0, None, None, 1)
+    assert one.text() == "110.0 (1 seed: no interval)"
+    two = seed_interval([110.0, 112.0])  # t(0.975, 1) = 12.706: wide, and it holds its 95%
+    assert two.low == pytest.approx(111 - 12.7062 * 2 ** 0.5 / 2 ** 0.5, abs=1e-3)
+    same = seed_interval([5.0, 5.0, 5.0])  # no zero-width interval: the seed changes nothing
+    assert (same.low, same.high, same.identical) == (None, None, True)
+    assert same.text() == "5.0 (3 seeds, all equal: the seed changes nothing)"
     iv = seed_interval([110.0, 112.0, 114.0])  # mean 112, sd 2, t(0.975, 2) = 4.303
     assert iv.low == pytest.approx(112 - 4.3027 * 2 / 3 ** 0.5, abs=1e-3)
 
@@ -73,7 +78,7 @@ def test_seed_difference_and_compare_arms():
     d = seed_difference([110.0, 111.0, 112.0], [104.0, 105.0, 106.0], ("gate", "none"))
     assert d.delta == pytest.approx(6.0) and d.resolved and d.images is None
     assert d.verdict().endswith("3 seeds, seed means only")
-    assert seed_difference([1.0, 2.0], [1.0, 2.0, 3.0]).low is None
+    assert seed_difference([1.0], [1.0, 2.0, 3.0]).low is None
     arms = [Arm("none", [{"val/CIDEr": v, "val/BLEU-4": 30.0} for v in (104.0, 105.0, 106.0)]),
             Arm("gate", [{"val/CIDEr": v} for v in (110.0, 111.0, 112.0)])]
     comparison = compare_arms(arms, baseline="none")
@@ -86,11 +91,52 @@ def test_seed_difference_and_compare_arms():
     assert loss.verdicts() == ["a beats b by 6.0 loss [3.7, 8.3], 3 seeds, seed means only"]  # Welch: df 4
 
 
-def test_power_and_seeds_needed():
-    # textbook two-sample t test values (alpha 0.05, power 0.8): d = 1 -> 17 per arm, d = 0.5 -> 64
-    assert seeds_needed(1.0, 1.0) == 17 and seeds_needed(0.5, 1.0) == 64
-    assert power(17, 1.0, 1.0) >= 0.8 > power(16, 1.0, 1.0)
-    assert seeds_needed(5.0, 0.1) == 2
+def test_one_seed_per_arm_gives_no_verdict():
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(100, 15, (1, 100)), rng.normal(88, 15, (1, 100))  # a large image-level gap, one seed
+    diff = paired_difference(a, b, ("gate", "none"))
+    assert diff.low is None and not diff.resolved
+    assert diff.verdict() == (f"gate vs none: no verdict: 1 seed per arm measures no seed noise "
+                              f"({diff.delta:+.1f} CIDEr, 1 seed x 100 images)")
+    mixed = seed_difference([1.0], [1.0, 2.0, 3.0], ("a", "b"))
+    assert mixed.verdict() == "a vs b: no verdict: 1 seed of a measures no seed noise (-1.0 CIDEr, 1+3 seeds, seed means only)"
+    assert seed_difference([1.0, 2.0], [3.0, 5.0]).low is not None  # 2 seeds per arm: Welch's interval
+
+
+def test_identical_seeds_give_no_verdict_and_a_warning():
+    a = np.tile(np.linspace(50, 150, 40), (3, 1))  # 3 seeds, every one scoring the same on every image
+    diff = paired_difference(a + 10, a, ("a", "b"))
+    assert diff.low is None and diff.identical == ("a", "b")
+    assert diff.verdict() == ("a vs b: no verdict: warning: the seed changes nothing in a and b (every seed scored "
+                              "the same) (+10.0 CIDEr, 3 seeds x 40 images)")
+    one = seed_difference([110.0, 110.0, 110.0], [100.0, 101.0, 99.0], ("a", "b"))
+    assert one.identical == ("a",) and "the seed changes nothing in a " in one.verdict()
+
+
+def test_arms_are_matched_by_image_id():
+    rng = np.random.default_rng(2)
+    scores = rng.normal(100, 20, (3, 5))
+    ids = ["1", "2", "3", "4", "5"]
+    a = Arm("a", [{"val/CIDEr": v} for v in scores.mean(axis=1) + 3], scores + 3, ids)
+    shuffled = [4, 0, 3, 1, 2]
+    b = Arm("b", [{"val/CIDEr": v} for v in scores.mean(axis=1)], scores[:, shuffled], [ids[j] for j in shuffled])
+    diff = compare_arms([a, b], baseline="b").differences["a"]
+    same = paired_difference(scores + 3, scores, ("a", "b"))  # the same images matched, whatever the order
+    assert (diff.delta, diff.low, diff.high) == pytest.approx((same.delta, same.low, same.high), abs=1e-9)
+    other = Arm("c", b.seeds, scores, ["1", "2", "3", "4", "99"])
+    with pytest.raises(DataError, match=r"arms c and b were scored on different images .*only in c: \['99'\], "
+                                        r"only in b: \['5'\]"):
+        compare_arms([other, b], baseline="b")
+    with pytest.raises(ValueError, match="arm d: per-image scores of 5 images need one image id per column"):
+        Arm("d", [], scores)
+
+
+def test_power_is_the_rules_power():
+    # the issue's example: sd 1.5, delta 5, 3 seeds per arm: about 0.77 in 20,000 simulated studies, not 0.8
+    assert power(3, 5.0, 1.5) == pytest.approx(0.762, abs=0.005)
+    assert seeds_needed(5.0, 1.5) == 4
+    assert power(1, 5.0, 1.5) == 0.0 and seeds_needed(5.0, 0.0) == 2
+    assert seeds_needed(1.0, 1.0) == 17 and power(17, 1.0, 1.0) >= 0.8 > power(16, 1.0, 1.0)
 
 
 def test_best_candidates_excludes_stopped_unless_only():
@@ -99,3 +145,28 @@ def test_best_candidates_excludes_stopped_unless_only():
     assert best_candidates([cut]) == [cut]
     assert stopped_early_tags(2, 1.23456789) == {"a2.stopped_early": "true", "a2.stopped_rung": "2",
                                                   "a2.stopped_cutoff": "1.23457"}
+
+
+@pytest.mark.parametrize("study", ["fusion_ablation", "lambda_sweep"])
+def test_shipped_studies_never_print_a_one_seed_verdict(study):
+    """Whatever seeds a shipped study runs per configuration, its comparisons (report's Table 3, compare) give a
+    verdict only when each arm has MIN_SEEDS seeds: with one seed, the difference and "no verdict"."""
+    from pathlib import Path
+
+    import yaml
+
+    from dashboards.stats import MIN_SEEDS
+
+    search = yaml.safe_load((Path(__file__).resolve().parents[1] / "studies" / f"{study}.yaml").read_text())["search"]
+    replicates = search.get("replicates")  # a count or a list of seeds; else the seed grid of the space
+    n = (replicates if isinstance(replicates, int) else len(replicates)) if replicates else \
+        len(search["space"].get("seed", {}).get("grid", [0]))
+    rng = np.random.default_rng(0)
+    ids = [str(i) for i in range(50)]
+    arms = [Arm(name, [{"val/CIDEr": 0.0}] * n, rng.normal(mean, 5, (n, 50)), ids)
+            for name, mean in (("gate", 120.0), ("none", 100.0))]
+    (text,) = compare_arms(arms, baseline="none").verdicts()
+    if n < MIN_SEEDS:
+        assert text.startswith("gate vs none: no verdict: 1 seed per arm measures no seed noise (+"), text
+    else:
+        assert "no verdict" not in text and text.startswith("gate beats none by"), text

@@ -29,7 +29,7 @@ def test_study_goes_on_while_the_tracking_server_is_down(tmp_path, tiny_data):  
     uri = server.start()
     name = "outage"
     study = tiny_study(tmp_path, name, tiny_data, epochs=EPOCHS, workers=1, cpus_per_worker=1, mlflow_uri=uri,
-                       extra={"train.batch_size": 2})  # epochs of a few seconds
+                       extra={"train.batch_size": 10})  # 2 images a step: epochs of a few seconds
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     log = tmp_path / "run.log"

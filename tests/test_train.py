@@ -17,12 +17,12 @@ from a2core.metrics import best_constant_caption
 from a2core.train import noam, train
 
 TINY = {"model": {"d_model": 32, "layers": 1, "heads": 2, "d_ff": 64, "max_regions": 10, "fusion": "gate"},
-        "train": {"xe_epochs": 3, "batch_size": 10, "warmup": 50, "lr_factor": 0.5}}
+        "train": {"xe_epochs": 3, "batch_size": 50, "warmup": 50, "lr_factor": 0.5}}
 
 # The small config the quality bar is measured with (also the smoke study's model).
 SMALL = {"model": {"d_model": 64, "layers": 2, "heads": 4, "d_ff": 128, "dropout": 0.0, "max_regions": 10,
                    "fusion": "gate"},
-         "train": {"xe_epochs": 6, "batch_size": 5, "warmup": 300, "lr_factor": 0.25}}
+         "train": {"xe_epochs": 6, "batch_size": 25, "warmup": 300, "lr_factor": 0.25}}
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +97,19 @@ def test_reports_and_checkpoints(tiny_data, tmp_path):
     model, vocab, config = ckpt.load_model(result["last_checkpoint"])  # a model from the file alone
     assert config["model"]["fusion"] == "gate" and len(vocab) == model.vocab_size
     assert not any(p.name.endswith(".tmp") for p in (tmp_path / "run").iterdir())  # nothing half-written
+    # when the run ends: the selected (best val) checkpoint decodes the test split with beam search, per image
+    assert "test/CIDEr" not in seen[0][0] and metrics["test/epoch"] == best["epoch"]
+    from a2core.decode import ModelStepper, score_split
+    from a2core.train import TEST_PER_IMAGE_KEY, Trainer
+
+    trainer = Trainer(cfg, tmp_path / "again")
+    trainer.model.load_state_dict(best["model"])
+    trainer.model.eval()
+    scores, per_image = score_split(trainer.data, ModelStepper(trainer.model), "test", beam_size=5, max_len=20,
+                                    batch_size=cfg.train.batch_size)
+    assert metrics["test/CIDEr"] == pytest.approx(scores["CIDEr"])
+    assert metrics[TEST_PER_IMAGE_KEY]["ids"] == list(per_image) == [i.image_id for i in trainer.data.images("test")]
+    assert metrics[TEST_PER_IMAGE_KEY]["scores"] == pytest.approx(list(per_image.values()))
 
 
 def test_bad_config_and_missing_features_fail_with_names(tiny_data, tmp_path):

@@ -1,6 +1,7 @@
 """What a run reads: vocabulary, Karpathy splits, region features, and batches of images with 5 captions each."""
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,10 +12,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import synthetic
 from .captions import ImageCaptions, Vocab, read_image_info, read_karpathy, require_splits
-from .features import FeatureStore
+from .features import FeatureStore, pad
+from ..config import CAPTIONS_PER_IMAGE
 from ..errors import DataError
-
-CAPTIONS_PER_IMAGE = 5
 _CACHE_LIMIT_BYTES = 2 << 30  # keep padded features in memory when a split's worth fits in this
 
 
@@ -80,10 +80,17 @@ class CaptionData:
         return self._grounding
 
     def region_features(self, image_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """(max_regions, D) float32 features and their (max_regions,) region mask."""
+        feats, mask = pad([self.region_rows(image_id)], self.max_regions, self.features.feature_dim)
+        return feats[0].float().numpy(), mask[0].numpy()
+
+    def region_rows(self, image_id: int) -> np.ndarray:
+        """(n <= max_regions, D) rows of one image; padded per batch by `_collate`. Small sets stay in memory; a
+        prepared store needs no cache of ours (its memory map is in the OS page cache, shared by processes)."""
         hit = self._cache.get(image_id)
         if hit is None:
-            hit = self.features.padded(image_id, self.max_regions)
-            if self._cacheable:
+            hit = self.features.rows(image_id, self.max_regions)
+            if self._cacheable and self.features.prepared is None:
                 self._cache[image_id] = hit
         return hit
 
@@ -102,7 +109,25 @@ class CaptionData:
             order = order[rank::world]
         batches = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
         ds = _ImageDataset(self, images, with_captions)
-        return DataLoader(ds, batch_sampler=batches, num_workers=num_workers, collate_fn=_collate,
+        collate = functools.partial(_collate, max_regions=self.max_regions, dim=self.features.feature_dim)
+        return DataLoader(ds, batch_sampler=batches, num_workers=num_workers, collate_fn=collate,
+                          persistent_workers=False)
+
+    def train_loader(self, images_per_step: int, *, seed: int = 0, epoch: int = 0, rank: int = 0, world: int = 1,
+                     num_workers: int = 0, split: str = "train") -> DataLoader:
+        """The training batches of one epoch: a global batch of `images_per_step` images per optimizer step, of
+        which rank r of `world` gets the r-th contiguous `images_per_step / world`, so the steps of an epoch and
+        the images of each step are the same at any number of workers (`images_per_step` must split evenly:
+        `a2core.config.images_per_worker`). The last step is filled up from the start of the epoch's order."""
+        if images_per_step % world:
+            raise ValueError(f"{images_per_step} images per step do not split over {world} workers")
+        images = self.images(split)
+        order = np.random.default_rng((seed, epoch)).permutation(len(images))
+        steps = -(-len(order) // images_per_step)
+        order = np.resize(order, steps * images_per_step).reshape(steps, world, -1)  # (steps, world, images/world)
+        ds = _ImageDataset(self, images, True)
+        collate = functools.partial(_collate, max_regions=self.max_regions, dim=self.features.feature_dim)
+        return DataLoader(ds, batch_sampler=order[:, rank].tolist(), num_workers=num_workers, collate_fn=collate,
                           persistent_workers=False)
 
     def check(self, splits=("train", "val", "test")) -> None:
@@ -123,19 +148,19 @@ class _ImageDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         img = self.images[i]
-        feats, mask = self.data.region_features(img.image_id)
-        item = {"image_id": img.image_id, "feats": feats, "region_mask": mask}
+        item = {"image_id": img.image_id, "rows": self.data.region_rows(img.image_id)}  # (n, D)
         if self.with_captions and img.captions:
             caps = [img.captions[j % len(img.captions)] for j in range(CAPTIONS_PER_IMAGE)]
             item["captions"] = [self.data.vocab.encode(c, self.max_len) for c in caps]
         return item
 
 
-def _collate(items: list[dict]) -> dict:
+def _collate(items: list[dict], max_regions: int, dim: int) -> dict:
+    feats, mask = pad([it["rows"] for it in items], max_regions, dim)
     batch = {
         "image_ids": torch.tensor([it["image_id"] for it in items], dtype=torch.long),
-        "feats": torch.from_numpy(np.stack([it["feats"] for it in items])),  # (B, R, D)
-        "region_mask": torch.from_numpy(np.stack([it["region_mask"] for it in items])),  # (B, R) True = region
+        "feats": feats,  # (B, R, D) zero-padded; float16 from a prepared store (the model widens it), else float32
+        "region_mask": mask,  # (B, R) True = region
     }
     if all("captions" in it for it in items):
         length = max(len(c) for it in items for c in it["captions"])

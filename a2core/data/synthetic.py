@@ -12,7 +12,8 @@ attending to the region of that colour. That is the word-level grounding the set
 each class word to its object's region (-1 for every other token).
 
 Region features are a fixed random linear embedding (latent -> FEATURE_DIM, then ReLU, float16 on disk) of a
-latent vector plus noise (std 0.1 on the latent, 0.05 on the features). The latent dimensions:
+latent vector plus noise (std 0.1 on the latent, 0.05 on the features). The latent dimensions::
+
   [0, 16)   class one-hot (confusable pairs dog/cat, car/bus, ...: the partner class leaks in at 0.3)
   [16, 22)  colour one-hot
   [22, 26)  box (cx, cy, w, h) in [0, 1]; the relation words ("to the left of", "above", ...) come from cx, cy
@@ -20,19 +21,22 @@ latent vector plus noise (std 0.1 on the latent, 0.05 on the features). The late
   30        object flag (1 on objects, 0 on background)
   [31, 33)  salience: 1 at 31 on the most salient object, 1 at 32 on the second, 0 elsewhere
   [33, 39)  nuisance: N(0, 1) on background regions, 0 on objects
+
 The two named objects' relation is never a near tie (their |dx| and |dy| differ by at least RELATION_MARGIN).
 Controls, with the ground truth itself as the attention (one-hot on a class word's region, uniform elsewhere): a
 perfectly grounded attention scores 1.0; the best word-agnostic attention, one region per caption, scores at most
 0.5 (a caption's two class words lie in two different regions); uniform chance is 1 / regions, about 0.18;
 "always the first-mentioned object" scores 0.5. Learned: benchmarks/RESULTS.md, "Seed noise of the smoke study".
 
-Written files (the layouts real COCO uses, so the same code path reads both):
+Written files (the layouts real COCO uses, so the same code path reads both)::
+
   dataset_coco.json          Karpathy format; train2014 images in train/restval, val2014 in val/test/restval
   image_info_test2014.json   test-server images (no captions)
   image_info_val2014.json    every val2014 image id (what the server's val submission must cover)
   features.h5                "{image_id}_features" (n, FEATURE_DIM)
   features/                  {image_id}.npz with key "feat"
   grounding.json             {image_id: {"regions": n, "sentences": [[region index or -1 per token]]}}
+
 Everything is a pure function of (seed, images, test_images).
 """
 from __future__ import annotations
@@ -134,6 +138,12 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
         caps.append(toks)
         grounds.append(ground)
     return feats.astype(np.float16), caps, grounds
+
+
+def split_sizes(images: int) -> dict[str, int]:
+    """Images per Karpathy split of the dataset `generate` writes with `images` images (restval in train)."""
+    val = max(5, images // 10)
+    return {"train": images - 2 * val, "val": val, "test": val}
 
 
 def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: int | None = None) -> dict[str, Path]:

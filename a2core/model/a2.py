@@ -1,9 +1,11 @@
 """The A2 Transformer: a captioning Transformer over region features whose decoder cross-attention is aligned by
-a learnable mask perturbation network (paper Eq. 2-10). One readable file; shapes in comments use
+a learnable mask perturbation network (paper Eq. 2-10). One readable file; shapes in comments use::
+
   B images, C captions per image, N = B * C captions, T caption steps, R regions, H heads, Dh = d_model / H,
   V vocabulary, L decoder layers.
 
-Cross-attention of every decoder layer computes the usual weights  a = softmax(q k^T / sqrt(Dh))  (N, H, T, R) and
+Cross-attention of every decoder layer computes the usual weights  a = softmax(q k^T / sqrt(Dh))  (N, H, T, R) and::
+
   mask network (Eq. 2)   m in (0, 1)^(N, H, T, R), one value per head, step and region, from the decoder state h_t;
       config `mask_net`:
       content (default)  m = sigmoid(q_m k_m^T / sqrt(Dh) + b_h): h_t is projected to a mask query q_m and scored
@@ -26,6 +28,7 @@ Cross-attention of every decoder layer computes the usual weights  a = softmax(q
                          exp_decay: e^(-s/T_P) a + (1 - e^(-s/T_P)) a_m | gate: g a + (1 - g) a_m, g = sigmoid(w_h.q + b_h)
   renormalisation        (config `renormalize`, default off, as Eq. 6-9 are written) divides the fused weights by
                          their sum over regions so each row is a distribution again; a searchable variant.
+
 Note a_m >= a elementwise (exp(1 - m) > 1), so `max` equals a_m, as Eq. 6 implies.
 In the captioner's pass m is detached: the mask is supervision for the captioner, and the mask network is
 trained only by its adversarial objective (Eq. 4, see `a2core.train`). `fusion: none` builds no mask network
@@ -264,6 +267,12 @@ def sinusoid(length: int, d: int) -> torch.Tensor:
 
 
 class A2Transformer(nn.Module):
+    """Region encoder and caption decoder whose cross-attention is aligned by the mask network (module docstring).
+
+    The mask network's parameters (`mask_parameters`) are trained by their own objective, the rest
+    (`captioner_parameters`) by the captioning loss.
+    """
+
     def __init__(self, cfg: ModelConfig, vocab_size: int, max_len: int = 64):
         super().__init__()
         self.cfg, self.vocab_size = cfg, vocab_size
@@ -288,9 +297,11 @@ class A2Transformer(nn.Module):
 
     # -- parameter groups ---------------------------------------------------------------------------------------
     def mask_parameters(self) -> list[nn.Parameter]:
+        """The mask networks' parameters, every decoder layer's (empty for fusion `none`)."""
         return [p for layer in self.decoder for p in layer.cross.mask_parameters()]
 
     def captioner_parameters(self) -> list[nn.Parameter]:
+        """Every parameter but the mask networks'."""
         mask = {id(p) for p in self.mask_parameters()}
         return [p for p in self.parameters() if id(p) not in mask]
 
@@ -309,6 +320,8 @@ class A2Transformer(nn.Module):
     # -- encoder / decoder ----------------------------------------------------------------------------------------
     def encode(self, feats: torch.Tensor, region_mask: torch.Tensor) -> torch.Tensor:
         """feats (B, R, feature_dim), region_mask (B, R) -> (B, R, d)"""
+        if feats.dtype == torch.float16:  # batches of a prepared store: widened here, on the device
+            feats = feats.to(self.region_in[0].weight.dtype)
         x = self.region_in(feats)
         for layer in self.encoder:
             x = layer(x, region_mask)
@@ -391,4 +404,11 @@ class A2Transformer(nn.Module):
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, max_len: int = 64) -> A2Transformer:
+    """The A2 Transformer of a `model` config section (fusion `none`: a plain Transformer, no mask network).
+
+    Args:
+        cfg: The `model` section.
+        vocab_size: Words of the vocabulary, the four special tokens included.
+        max_len: Longest caption in tokens (positions are encoded up to max_len + 2).
+    """
     return A2Transformer(cfg, vocab_size, max_len)

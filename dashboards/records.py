@@ -1,0 +1,204 @@
+"""Study records: the results a table in the README or the docs is printed from, kept in the repository
+(`results/*.json`), so that every published table regenerates from stored scores with today's code.
+
+The record format (version 1), one small JSON file per table:
+
+    {"record": "a2tune-study-record", "version": 1,
+     "study": "a2-mask-nets",                      # the study the scores come from
+     "spec": "studies/mask_nets.yaml",             # its study file (and overrides, if any, in "note")
+     "split": "val",                               # the images the scores are on: "val" or "test"
+     "by": "mask_net",                             # what the rows differ in
+     "metric": "val/CIDEr", "mode": "max",         # the metric the differences and verdicts are of
+     "baseline": "content",                        # the row every other row is compared with (or null)
+     "columns": [["val CIDEr", "val/CIDEr"], ...], # [heading, metric] of the interval columns, in order
+     "measured": "2026-11-24, 2 cores, 24 GiB, no GPU",
+     "note": "...",                                # free text: overrides, data set version
+     "arms": [{"label": "content", "config": "fusion=gate, lambda=0.035",
+               "seeds": [0, 1, 2],                 # the replicate seeds, one per entry of each list below
+               "scores": {"val/CIDEr": [91.1, ...], "diag/grounding/lift": [...]},   # per seed
+               "per_image": {"image_ids": ["101", ...], "scores": [[...], ...]}}]}   # (seeds, images) of `metric`,
+                                                                                       # optional
+`render_table` prints a record as a markdown table through `dashboards.stats.compare_arms` (the rule every
+comparison uses); `check_markdown` finds each table in a markdown file after its marker line
+`<!-- results: results/NAME.json -->` and says which ones differ from what today's code prints (tests/test_records.py
+runs it over the README and docs/). `export_record` writes a record from a study in MLflow
+(`python -m dashboards.records export NAME --by KEY --out results/NAME.json [--tracking-uri URI]`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Mapping
+
+from a2core.atomic import atomic_write
+from a2core.errors import DataError
+from dashboards.stats import Arm, compare_arms
+
+FORMAT = "a2tune-study-record"
+VERSION = 1
+MARKER = re.compile(r"^<!-- results: (\S+) -->\s*$")
+
+
+def load_record(path: str | Path) -> dict:
+    """A record file, checked: its format and version, and one score per seed in every list."""
+    record = json.loads(Path(path).read_text())
+    if record.get("record") != FORMAT or record.get("version") != VERSION:
+        raise DataError(f"{path}: not an {FORMAT} version {VERSION} file")
+    for arm in record["arms"]:
+        n = len(arm["seeds"])
+        for metric, values in arm["scores"].items():
+            if len(values) != n:
+                raise DataError(f"{path}: arm {arm['label']}: {len(values)} values of {metric} for {n} seeds")
+        if arm.get("per_image") and len(arm["per_image"]["scores"]) != n:
+            raise DataError(f"{path}: arm {arm['label']}: per-image scores of {len(arm['per_image']['scores'])} "
+                            f"seeds for {n} seeds")
+    return record
+
+
+def arms_of(record: Mapping) -> list[Arm]:
+    """The record's rows as `dashboards.stats.Arm`s (one dict of metrics per seed, per-image scores by image id)."""
+    out = []
+    for arm in record["arms"]:
+        seeds = [{metric: values[i] for metric, values in arm["scores"].items() if values[i] is not None}
+                 for i in range(len(arm["seeds"]))]
+        per_image = arm.get("per_image") or {}
+        out.append(Arm(arm["label"], seeds, per_image.get("scores"), per_image.get("image_ids")))
+    return out
+
+
+def _seeds_text(seeds: list) -> str:
+    ints = sorted(int(s) for s in seeds)
+    if len(ints) > 2 and ints == list(range(ints[0], ints[-1] + 1)):
+        return f"{ints[0]}-{ints[-1]}"
+    return ", ".join(map(str, ints))
+
+
+def render_table(record: Mapping) -> str:
+    """The record as a markdown table: per row its seeds, each column's mean [95% CI] over seeds, and the
+    difference in `metric` to the baseline with its verdict, as `compare_arms` prints it today."""
+    metric = record["metric"]
+    columns = [tuple(c) for c in record["columns"]]
+    comparison = compare_arms(arms_of(record), baseline=record.get("baseline"), metric=metric,
+                              mode=record.get("mode", "max"), metrics=[m for _, m in columns])
+    short = metric.rsplit("/", 1)[-1]
+    head = [record["by"], "seeds", *(heading for heading, _ in columns)]
+    if record.get("baseline") is not None:
+        head.append(f"{short} vs {record['baseline']} [95% CI]: verdict")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    stored = {arm["label"]: arm for arm in record["arms"]}
+    for arm, intervals in comparison.rows:
+        cells = [arm.label, _seeds_text(stored[arm.label]["seeds"]),
+                 *(intervals[m].text() if m in intervals else "-" for _, m in columns)]
+        if record.get("baseline") is not None:
+            diff = comparison.differences.get(arm.label)
+            if arm.label == record["baseline"]:
+                cells.append("(baseline)")
+            elif diff is None:
+                cells.append("-")
+            elif diff.low is None:
+                cells.append(f"{diff.delta:+.1f}: no verdict ({diff.no_verdict_reason()})")
+            else:
+                word = "resolved" if diff.resolved else "not resolved"
+                cells.append(f"{diff.interval_text().replace(f' {short}', '')}: {word}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tables_in(markdown: str) -> list[tuple[str, str]]:
+    """(record path, the table that follows its marker line) for each `<!-- results: PATH -->` in a markdown text."""
+    lines = markdown.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        match = MARKER.match(line.strip())
+        if match:
+            table = []
+            for row in lines[i + 1:]:
+                if not row.strip().startswith("|"):
+                    if table:
+                        break
+                    continue
+                table.append(row.strip())
+            found.append((match.group(1), "\n".join(table)))
+    return found
+
+
+def check_markdown(path: str | Path, root: str | Path) -> list[str]:
+    """The differences between each marked table of a markdown file and what `render_table` prints from its record
+    (paths relative to `root`); [] when every table is what today's code prints."""
+    problems = []
+    for record_path, table in tables_in(Path(path).read_text()):
+        expected = render_table(load_record(Path(root) / record_path))
+        if table != expected:
+            problems.append(f"{path}: the table after <!-- results: {record_path} --> differs from what the code "
+                            f"prints from the record:\n{expected}")
+    return problems
+
+
+def record_from_comparison(comparison, *, study: str, spec: str, split: str, by: str, metric: str, mode: str,
+                           columns: list[tuple[str, str]], seeds: Mapping[str, list], configs: Mapping[str, str],
+                           measured: str = "", note: str = "") -> dict:
+    """A record from a `dashboards.stats.Comparison` (e.g. `dashboards.compare.study_comparison`'s)."""
+    arms = []
+    for arm, _ in comparison.rows:
+        metrics = sorted({k for s in arm.seeds for k in s})
+        entry = {"label": arm.label, "config": configs.get(arm.label, ""), "seeds": list(seeds[arm.label]),
+                 "scores": {k: [s.get(k) for s in arm.seeds] for k in metrics}}
+        if arm.per_image is not None:
+            entry["per_image"] = {"image_ids": list(arm.image_ids),
+                                  "scores": [[round(float(v), 4) for v in row] for row in arm.per_image]}
+        arms.append(entry)
+    return {"record": FORMAT, "version": VERSION, "study": study, "spec": spec, "split": split, "by": by,
+            "metric": metric, "mode": mode, "baseline": comparison.baseline, "columns": [list(c) for c in columns],
+            "measured": measured, "note": note, "arms": arms}
+
+
+def export_record(tracking_uri: str, study_name: str, by: str, out: str | Path, *, spec: str = "",
+                  baseline: str | None = None, measured: str = "", note: str = "") -> dict:
+    """Write the record of `a2 study compare NAME --by KEY`: each row's best configuration (chosen on val), its
+    verdict on the split `compare` judges on."""
+    from dashboards.compare import TEST_CIDER, shown_metrics, study_comparison
+    from dashboards.report import CIDER
+
+    comparison, configs, _ = study_comparison(tracking_uri, study_name, by, baseline=baseline)
+    seeds = {arm.label: [int(s) if s is not None else i for i, s in enumerate(arm.seed_ids or [None] * len(arm.seeds))]
+             for arm, _ in comparison.rows}
+    # the verdict's split: the test split when every row's runs scored it when they ended (compare's rule), else val
+    split = "test" if comparison.metric == TEST_CIDER else "val"
+    record = record_from_comparison(comparison, study=study_name, spec=spec, split=split, by=by,
+                                    metric=comparison.metric or CIDER, mode="max", columns=[(label, m) for label, m in shown_metrics(comparison)],
+                                    seeds=seeds, configs=configs, measured=measured, note=note)
+    atomic_write(out, json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dashboards.records", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    render = sub.add_parser("render", help="print a record's table")
+    render.add_argument("record")
+    export = sub.add_parser("export", help="write the record of a study's comparison from MLflow")
+    export.add_argument("name")
+    export.add_argument("--by", default="fusion")
+    export.add_argument("--baseline")
+    export.add_argument("--out", required=True)
+    export.add_argument("--spec", default="")
+    export.add_argument("--measured", default="")
+    export.add_argument("--note", default="")
+    export.add_argument("--tracking-uri")
+    args = parser.parse_args(argv)
+    if args.command == "render":
+        print(render_table(load_record(args.record)))
+        return 0
+    from dashboards.tracking import check_tracking_uri, default_tracking_uri
+
+    uri = check_tracking_uri(args.tracking_uri or default_tracking_uri())
+    export_record(uri, args.name, args.by, args.out, spec=args.spec, baseline=args.baseline,
+                  measured=args.measured, note=args.note)
+    print(f"record: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

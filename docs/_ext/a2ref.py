@@ -1,0 +1,332 @@
+"""Reference pages generated at build time from the code that holds the facts.
+
+A page holds a marker line `<!-- a2ref: NAME -->`; when Sphinx reads the page the marker is replaced by the
+Markdown that `GENERATORS[NAME]()` returns:
+- `config`: the `data` / `model` / `train` sections of `a2core.config.Config` (what `a2 train` takes);
+- `study-file`: the other top-level keys of `launch.spec.StudyFile`, walked into every nested section;
+- `cli`: every subcommand and option of the `a2` parser (`launch.cli.build_parser`).
+
+The walks are generic (every pydantic field, every argparse action), so a key or a command added to the code
+appears here without touching the docs. `undocumented_fields()` lists the fields that have no description; the
+build warns about each (and a strict build fails), and `tests/test_docs.py` asserts the list is empty.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import types
+import typing
+from typing import Any, Iterator
+
+import annotated_types
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+MARKER = re.compile(r"^<!--\s*a2ref:\s*(?P<name>[a-z-]+)\s*-->\s*$", re.M)
+
+
+# -- pydantic models -------------------------------------------------------------------------------------------
+def _sections() -> tuple[type[BaseModel], type[BaseModel]]:
+    from a2core.config import Config
+    from launch.spec import StudyFile
+
+    return Config, StudyFile
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _strip(tp: Any) -> Any:
+    """The type without `Annotated[...]` and without `None` in a union: (type, may be null)."""
+    while typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    return tp
+
+
+def _nullable(tp: Any) -> tuple[Any, bool]:
+    tp = _strip(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) < len(typing.get_args(tp)):
+            return (_strip(args[0]) if len(args) == 1 else typing.Union[tuple(args)]), True
+    return tp, False
+
+
+def type_name(tp: Any) -> str:
+    """A reader's name for a field's type: `integer`, `one of: a, b`, `list of integer`, `[number, number]`."""
+    tp, nullable = _nullable(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType) and set(args) == {int, float}:
+        text = "number"
+    elif origin is typing.Literal:
+        text = "one of: " + ", ".join(f"`{a}`" for a in args)
+    elif origin in (typing.Union, types.UnionType):
+        text = " or ".join(type_name(a) for a in args)
+    elif origin in (list, tuple) and args:
+        if origin is tuple and Ellipsis not in args:
+            text = "[" + ", ".join(type_name(a) for a in args) + "]"
+        else:
+            text = f"list of {type_name(args[0])}"
+    elif origin is dict or tp is dict:
+        text = "mapping"
+    elif tp is tuple or origin is tuple:
+        text = "list"
+    elif _is_model(tp):
+        text = "mapping"
+    else:
+        text = {int: "integer", float: "number", bool: "true / false", str: "string", Any: "any"}.get(tp)
+        if text is None:
+            text = "number" if tp == int | float else getattr(tp, "__name__", str(tp))
+    return f"{text} or null" if nullable else text
+
+
+_BOUND = {annotated_types.Ge: (">=", "ge"), annotated_types.Gt: (">", "gt"), annotated_types.Le: ("<=", "le"),
+          annotated_types.Lt: ("<", "lt")}
+
+
+def _constraints(field) -> list[str]:
+    """`>= 1`, `< 1`, `length >= 1`, `matches ^https?://` from the field's metadata (its own and its type's)."""
+    out, metadata = [], list(field.metadata)
+    tp = field.annotation
+    for _ in range(4):  # the element type of a list, then its Annotated metadata
+        tp, _null = _nullable(tp)
+        if typing.get_origin(tp) is list and typing.get_args(tp):
+            tp = typing.get_args(tp)[0]
+            metadata += [m for a in typing.get_args(tp)[1:] for m in getattr(a, "metadata", [a])]
+    for item in metadata:
+        for kind, (sign, attr) in _BOUND.items():
+            if isinstance(item, kind):
+                out.append(f"{sign} {_value(getattr(item, attr))}")
+        if isinstance(item, annotated_types.MinLen):
+            out.append(f"length >= {item.min_length}")
+        if getattr(item, "pattern", None):
+            out.append(f"matches `{item.pattern}`")
+    return out
+
+
+def _value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _default(field) -> str:
+    if field.default_factory is not None:
+        return "(its keys' defaults)" if _is_model(field.default_factory) or callable(field.default_factory) else ""
+    if field.default is PydanticUndefined or field.default is None and not _nullable(field.annotation)[1]:
+        return "required"  # (a default of None that the type does not allow: the validator asks for a value)
+    value = field.default
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)) and not value:
+        return "{}" if isinstance(value, dict) else "[]"
+    return f"`{_value(value)}`"
+
+
+def _field_model(field) -> type[BaseModel] | None:
+    """The section a field holds, if it holds one (directly, or as the values of a mapping)."""
+    tp, _null = _nullable(field.annotation)
+    if _is_model(tp):
+        return tp
+    if typing.get_origin(tp) is dict and _is_model(_strip(typing.get_args(tp)[1])):
+        return _strip(typing.get_args(tp)[1])
+    return None
+
+
+def walk(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any, type[BaseModel]]]:
+    """(dotted key, field, owning model) for every field of `model` and of the sections under it, depth first.
+    A mapping of sections (`search.space`) is walked under `prefix.<key>`."""
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{field.alias or name}"
+        yield key, field, model
+        sub = _field_model(field)
+        if sub is not None and sub.model_fields:
+            is_map = typing.get_origin(_nullable(field.annotation)[0]) is dict
+            yield from walk(sub, f"{key}.<key>." if is_map else f"{key}.")
+
+
+def undocumented_fields() -> list[str]:
+    """`Model.field` for every field of the config and study-file schemas that has no description."""
+    seen, out = set(), []
+    for root in _sections():
+        for _key, field, model in walk(root):
+            name = next(n for n, f in model.model_fields.items() if f is field)
+            if (model, name) not in seen and not (field.description or "").strip():
+                out.append(f"{model.__module__}.{model.__name__}.{name}")
+            seen.add((model, name))
+    return out
+
+
+def _one_line(text: str) -> str:
+    return " ".join((text or "").split()).replace("|", "\\|")
+
+
+def _table(rows: list[tuple[str, Any]]) -> list[str]:
+    lines = ["| key | type | default | range | description |", "|---|---|---|---|---|"]
+    for key, field in rows:
+        sub = _field_model(field)
+        kind = type_name(field.annotation) if sub is None or _is_model(_nullable(field.annotation)[0]) else \
+            "mapping of sections"
+        lines.append(f"| `{key}` | {kind} | {_default(field)} | {', '.join(_constraints(field)) or ''} | "
+                     f"{_one_line(field.description)} |")
+    return lines
+
+
+def _model_doc(model: type[BaseModel]) -> str:
+    """The model's own docstring (not pydantic's BaseModel one), on one line."""
+    return _one_line(model.__dict__.get("__doc__") or "")
+
+
+def _sections_md(root: type[BaseModel], prefix: str, only: list[str] | None = None, level: int = 2) -> list[str]:
+    """One heading and one table per section: the fields of `root` (those in `only`), then each nested section."""
+    lines: list[str] = []
+    fields = [(n, f) for n, f in root.model_fields.items() if only is None or n in only]
+    plain = [(f"{prefix}{f.alias or n}", f) for n, f in fields]
+    if plain:
+        lines += _table(plain) + [""]
+    for name, field in fields:
+        sub = _field_model(field)
+        if sub is None or not sub.model_fields:
+            continue
+        is_map = typing.get_origin(_nullable(field.annotation)[0]) is dict
+        key = f"{prefix}{field.alias or name}" + (".<key>" if is_map else "")
+        lines += [f"{'#' * level} `{key}`", ""]
+        if _model_doc(sub):
+            lines += [_model_doc(sub), ""]
+        lines += _sections_md(sub, key + ".", level=level + 1)
+    return lines
+
+
+def config_md() -> str:
+    config, _study = _sections()
+    lines = []
+    for name, field in config.model_fields.items():
+        sub = _field_model(field)
+        if sub is None:
+            continue
+        lines += [f"## `{field.alias or name}`", "", _one_line(field.description), ""]
+        if _model_doc(sub):
+            lines += [_model_doc(sub), ""]
+        lines += _sections_md(sub, f"{field.alias or name}.", level=3)
+    rest = [(n, f) for n, f in config.model_fields.items() if _field_model(f) is None]
+    if rest:
+        lines += ["## Other keys of a plain `a2 train` config", ""] + _table([(f.alias or n, f) for n, f in rest])
+    return "\n".join(lines) + "\n"
+
+
+def study_file_md() -> str:
+    config, study = _sections()
+    shared = [n for n in study.model_fields if n in config.model_fields]
+    own = [n for n in study.model_fields if n not in shared]
+    lines = ["## Top-level keys", ""]
+    lines += _table([(study.model_fields[n].alias or n, study.model_fields[n]) for n in study.model_fields]) + [""]
+    lines += [f"The {', '.join(f'`{n}`' for n in shared)} sections are those of the [config reference](config.md)."]
+    lines += [""]
+    for name in own:
+        field = study.model_fields[name]
+        sub = _field_model(field)
+        if sub is None or not sub.model_fields:
+            continue
+        key = field.alias or name
+        lines += [f"## `{key}`", ""] + ([_model_doc(sub), ""] if _model_doc(sub) else [])
+        lines += _sections_md(sub, f"{key}.", level=3)
+    return "\n".join(lines) + "\n"
+
+
+# -- the `a2` command ---------------------------------------------------------------------------------------------
+def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
+    """(name, help, parser) of each subcommand of `parser`, in the order they were added."""
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            out += [(name, helps.get(name) or "", sub) for name, sub in action.choices.items()]
+    return out
+
+
+def _option_row(action: argparse.Action) -> str | None:
+    if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+        return None
+    if action.option_strings:
+        name = ", ".join(action.option_strings)
+        if action.nargs != 0:
+            name += " " + (action.metavar or action.dest.upper())
+    else:
+        name = action.metavar or action.dest
+    if action.nargs in ("*", "+"):
+        name += " ..."
+    if action.nargs == 0:
+        default = ""
+    elif action.required and action.nargs not in ("*", "?"):
+        default = "required"
+    elif action.default is None or action.default == [] or action.default is argparse.SUPPRESS:
+        default = ""
+    else:
+        default = f"`{action.default}`"
+    choices = ", ".join(f"`{c}`" for c in action.choices) if action.choices else ""
+    help_text = _one_line(action.help if action.help is not argparse.SUPPRESS else "")
+    if choices:
+        help_text = f"{help_text} (one of {choices})".strip()
+    return f"| `{name}` | {default} | {help_text} |"
+
+
+def _command_md(words: list[str], parser: argparse.ArgumentParser, help_text: str, level: int) -> list[str]:
+    lines = [f"{'#' * min(level, 6)} `{' '.join(words)}`", ""]
+    if help_text or parser.description:
+        lines += [_one_line(parser.description or help_text), ""]
+    usage = " ".join(parser.format_usage().split())
+    lines += ["```text", usage.removeprefix("usage: "), "```", ""]
+    rows = [row for row in map(_option_row, parser._actions) if row]
+    if rows:
+        lines += ["| argument | default | description |", "|---|---|---|", *rows, ""]
+    for name, sub_help, sub in _subcommands(parser):
+        lines += _command_md(words + [name], sub, sub_help, level + 1)
+    return lines
+
+
+def cli_md() -> str:
+    from launch.cli import build_parser
+
+    parser = build_parser()
+    lines = ["| command | what it does |", "|---|---|"]
+
+    def summary(words, p, level):
+        for name, sub_help, sub in _subcommands(p):
+            if not _subcommands(sub):
+                lines.append(f"| `{' '.join(words + [name])}` | {_one_line(sub_help)} |")
+            summary(words + [name], sub, level + 1)
+
+    summary(["a2"], parser, 0)
+    lines.append("")
+    for name, sub_help, sub in _subcommands(parser):
+        lines += _command_md(["a2", name], sub, sub_help, level=2)
+    return "\n".join(lines) + "\n"
+
+
+GENERATORS = {"config": config_md, "study-file": study_file_md, "cli": cli_md}
+
+
+# -- Sphinx -------------------------------------------------------------------------------------------------------
+def _source_read(app, docname: str, source: list[str]) -> None:
+    def generate(match: re.Match) -> str:
+        name = match.group("name")
+        if name not in GENERATORS:
+            raise ValueError(f"{docname}: unknown generated section {name!r}; known: {', '.join(GENERATORS)}")
+        return GENERATORS[name]()
+
+    source[0] = MARKER.sub(generate, source[0])
+
+
+def _check_descriptions(app) -> None:
+    from sphinx.util import logging
+
+    logger = logging.getLogger(__name__)
+    for name in undocumented_fields():
+        logger.warning(f"config field without a description: {name} (add Field(description=...))")
+
+
+def setup(app) -> dict:
+    app.connect("builder-inited", _check_descriptions)
+    app.connect("source-read", _source_read)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,234 @@
+"""Region features on every node of a cluster: `a2 data push` / `a2 data fetch` move a prepared store (see
+`a2core.data.prepared`) through the storage layer, and `check_feature_copies` refuses to start a study when an
+alive node's copy is missing or differs from the driver's.
+
+`fetch` is what ray-cluster.yaml's setup commands run on every node as it starts, spot workers that join mid-study
+included: it reads the store's manifest, skips when the node holds that version already (a `.verified` stamp that
+only a full SHA-256 check writes), else downloads the data files beside the target, checks every SHA-256 against the
+manifest, and swaps the verified folder in whole. A trial that still reads the old copy keeps its open files.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from a2core.data import prepared
+from a2core.errors import DataError, StudyError
+
+STAMP = ".verified"  # in a store folder: the checksum whose data files `fetch` (or `verify`) hashed in full
+PROBE_TIMEOUT_S = 120.0
+
+
+def _say(text: str, quiet: bool) -> None:
+    if not quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _is_verified(folder: Path, checksum: str) -> bool:
+    """`folder` holds the store `checksum`, hashed in full once (stamp) and with its files' sizes still right."""
+    try:
+        if (folder / STAMP).read_text().strip() != checksum:
+            return False
+        prepared.check_copy(folder, expected=checksum)
+        return True
+    except (OSError, DataError):
+        return False
+
+
+def verify(folder: str | os.PathLike) -> dict:
+    """Hash a local store in full against its manifest and stamp it as verified; returns the manifest."""
+    folder = Path(folder)
+    manifest = prepared.check_copy(folder, full=True)
+    (folder / STAMP).write_text(manifest["checksum"] + "\n")
+    return manifest
+
+
+def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None, quiet: bool = False) -> dict:
+    """Upload a local store to `uri` (s3://bucket/prefix/NAME.a2feat), data files first (each verified by the
+    storage layer), the manifest last: a reader that sees the manifest finds the files it names. Returns the
+    store's manifest; a plain file (captions, an image list) is uploaded as one ({"sha256"})."""
+    from dashboards.storage import open_location, upload_file
+
+    folder = Path(folder)
+    target = open_location(uri, endpoint_url)
+    if target.local:
+        raise DataError(f"{uri}: push uploads to s3://; copy a local store with `a2 data fetch`")
+    if folder.is_file():
+        return {"sha256": upload_file(folder, target.uri, endpoint_url=endpoint_url)["sha256"]}
+    manifest = verify(folder)
+    for name in (*sorted(manifest["files"]), prepared.MANIFEST):
+        _say(f"upload {folder / name} -> {target.join(name)}", quiet)
+        upload_file(folder / name, target.join(name).uri, endpoint_url=endpoint_url)
+    return manifest
+
+
+def _read_remote_manifest(source) -> dict:
+    text = source.join(prepared.MANIFEST).read_text()
+    if text is None:
+        raise DataError(f"{source.join(prepared.MANIFEST)}: no such file (not a prepared feature store; "
+                        f"make one with `a2 data prepare` and upload it with `a2 data push`)")
+    with tempfile.TemporaryDirectory(prefix="a2-manifest-") as tmp:  # parsed and checked as a local one would be
+        (Path(tmp) / prepared.MANIFEST).write_text(text)
+        try:
+            return prepared.read_manifest(tmp)
+        except DataError as err:
+            raise DataError(str(err).replace(str(Path(tmp) / prepared.MANIFEST),
+                                             str(source.join(prepared.MANIFEST)))) from None
+
+
+@contextlib.contextmanager
+def _locked(target: Path):
+    """One fetch per target at a time on a machine (a setup command and a hand-run one may meet)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = None, quiet: bool = False) -> dict:
+    """Make `target` a verified copy of the store at `uri` (s3://... or a local folder); returns
+    {"checksum", "target", "fetched": bool}. Nothing is downloaded when `target` holds that version already.
+    A `uri` that is a plain file (captions, an image list) is fetched as one (`_fetch_file`)."""
+    from dashboards.storage import open_location
+
+    source = open_location(uri, endpoint_url)
+    target = Path(os.path.expanduser(str(target))).absolute()
+    if not source.join(prepared.MANIFEST).exists() and source.exists() and not _is_folder(source):
+        return _fetch_file(source, target, quiet)
+    manifest = _read_remote_manifest(source)
+    checksum = manifest["checksum"]
+    with _locked(target):
+        if _is_verified(target, checksum):
+            _say(f"{target}: holds store {checksum[:12]} already (verified); nothing to fetch", quiet)
+            return {"checksum": checksum, "target": str(target), "fetched": False}
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".fetch", dir=target.parent))
+        try:
+            for name, entry in sorted(manifest["files"].items()):
+                started = time.monotonic()
+                _say(f"fetch {source.join(name)} ({entry['size'] / 2**30:.2f} GiB) -> {target}", quiet)
+                if source.local:
+                    shutil.copyfile(Path(source.uri) / name, tmp / name)
+                else:
+                    source.join(name).download(tmp / name)
+                if prepared.file_sha256(tmp / name) != entry["sha256"]:
+                    raise DataError(f"{source.join(name)}: SHA-256 differs from its manifest's (a damaged or "
+                                    f"replaced upload); {target} is left as it was")
+                _say(f"  verified in {time.monotonic() - started:.0f}s", quiet)
+            (tmp / prepared.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+            prepared.check_copy(tmp, expected=checksum)
+            (tmp / STAMP).write_text(checksum + "\n")
+            os.chmod(tmp, 0o755)
+            old = None
+            if target.exists():  # replaced whole: moved aside, then removed (open files stay readable)
+                old = target.with_name(f".{target.name}.old-{os.getpid()}")
+                os.rename(target, old)
+            os.rename(tmp, target)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    _say(f"{target}: store {checksum[:12]} fetched and verified", quiet)
+    return {"checksum": checksum, "target": str(target), "fetched": True}
+
+
+def _is_folder(location) -> bool:
+    import pyarrow.fs as pafs
+
+    fs, path = location.filesystem
+    return fs.get_file_info(path).type == pafs.FileType.Directory
+
+
+def _fetch_file(source, target: Path, quiet: bool) -> dict:
+    """One plain file (the captions, an image list): downloaded atomically unless `target` has the same size and
+    SHA-256 (the digest `a2 data push` / `upload_file` stores with an object; without one, it is downloaded)."""
+    from dashboards.storage import META_SHA256, make_client, parse_s3_uri
+
+    with _locked(target):
+        if source.local:
+            size, digest = Path(source.uri).stat().st_size, None
+            if target.is_file() and target.stat().st_size == size:
+                digest = prepared.file_sha256(Path(source.uri))
+        else:
+            bucket, key = parse_s3_uri(source.uri, require_key=True)
+            head = make_client(source.endpoint_url).head_object(Bucket=bucket, Key=key)
+            size, digest = head["ContentLength"], (head.get("Metadata") or {}).get(META_SHA256)
+        if digest and target.is_file() and target.stat().st_size == size and prepared.file_sha256(target) == digest:
+            _say(f"{target}: the same as {source.uri} already; nothing to fetch", quiet)
+            return {"sha256": digest, "target": str(target), "fetched": False}
+        _say(f"fetch {source.uri} -> {target}", quiet)
+        if source.local:
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.fetch")
+            try:
+                shutil.copyfile(source.uri, tmp)
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+        else:
+            source.download(target)  # size and stored SHA-256 checked before it replaces `target`
+        return {"sha256": prepared.file_sha256(target), "target": str(target), "fetched": True}
+
+
+# -- every node's copy ------------------------------------------------------------------------------------------
+def describe_copy(path: str) -> dict:
+    """What this machine holds at a features path: {"host", "ok", "what"}, `what` being the store's checksum, an
+    HDF5 file's size, or the error (naming the file) that makes it unusable."""
+    host = socket.gethostname()
+    p = Path(path)
+    try:
+        if prepared.is_prepared(p):
+            return {"host": host, "ok": True, "what": f"store {prepared.check_copy(p)['checksum']}"}
+        if p.is_file():
+            return {"host": host, "ok": True, "what": f"file of {p.stat().st_size} bytes"}
+        if p.is_dir():
+            return {"host": host, "ok": True, "what": "folder"}
+        return {"host": host, "ok": False, "what": f"{p}: missing"}
+    except (OSError, DataError) as err:
+        return {"host": host, "ok": False, "what": str(err)}
+
+
+def check_feature_copies(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[dict]:
+    """On every alive node of the connected Ray cluster, the copy at `path` against the driver's: StudyError
+    naming each node (address, host, node id) whose copy is missing, damaged or another version, and the file.
+    Returns one row per node. A probe is a zero-CPU task pinned to its node, so busy nodes answer too."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    expected = describe_copy(path)
+    if not expected["ok"]:
+        raise StudyError(f"data.features on the driver ({expected['host']}): {expected['what']}")
+    probe = ray.remote(num_cpus=0, max_retries=0)(describe_copy)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = {n["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            .remote(path) for n in nodes}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    rows, problems = [], []
+    for node in nodes:
+        ref = refs[node["NodeID"]]
+        name = f"node {node.get('NodeManagerAddress')} ({node.get('NodeManagerHostname')}, id {node['NodeID'][:12]})"
+        if ref not in ready:
+            ray.cancel(ref, force=True)
+            problems.append(f"{name}: did not answer within {timeout_s:.0f}s")
+            continue
+        try:
+            got = ray.get(ref)
+        except ray.exceptions.RayError as err:
+            problems.append(f"{name}: the check failed ({type(err).__name__}: {err})")
+            continue
+        rows.append({"node": name, **got})
+        if not got["ok"]:
+            problems.append(f"{name}: {got['what']}")
+        elif got["what"] != expected["what"]:
+            problems.append(f"{name}: {path} holds {got['what']}, the driver's copy is {expected['what']}")
+    if problems:
+        raise StudyError(f"data.features: the region features are not the same on every node, so the study does "
+                         f"not start (fetch them there: `a2 data fetch SOURCE {path}`):\n  " + "\n  ".join(problems))
+    return rows

@@ -1,0 +1,130 @@
+"""A study's saved state is verified on read, never silently replaced: garbage in Tune's experiment or search state,
+a binary study file or a garbage result log is refused by `resume` and `status` with one line naming the file (exit
+2, nothing run or changed); `a2 study check NAME` lists every unreadable file and checkpoint. A trial whose latest
+checkpoint is truncated resumes from the newest readable one, saying so; a finished trial's truncated best checkpoint
+is reported by `status` and refused by `a2 package` before any decoding."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.raycluster import (  # noqa: F401 - tiny_data is a fixture
+    a2, kill_group, mlflow_trials, start_a2, tiny_data, tiny_study, trial_runs, wait_for)
+from tests.test_interruptions import duplicated_points, epoch_logged, local_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+NAME = "corrupt"
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_data):
+    """A finished 2-trial study: (its folder, the tracking URI, the environment)."""
+    root = tmp_path_factory.mktemp("finished")
+    study = tiny_study(root, NAME, tiny_data, fusions=("none", "max"), epochs=2, workers=1, cpus_per_worker=1,
+                       max_concurrent=1)
+    env = local_env(root)
+    run = a2("study", "run", str(study), cwd=root, env=env, timeout=400)
+    assert run.returncode == 0, run.stdout[-4000:]
+    return root / "studies", f"sqlite:///{root / 'mlflow.db'}", env, root
+
+
+def _copy(finished, tmp_path) -> Path:
+    storage = tmp_path / "copy"
+    shutil.copytree(finished[0], storage)
+    return storage
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _corrupt(storage: Path, what: str) -> Path:
+    study = storage / NAME
+    if what == "study.yaml":
+        target = study / "study.yaml"
+        target.write_bytes(bytes(range(256)) * 4)
+        return target
+    if what == "results.json":
+        target = next(iter(trial_runs(storage, NAME).values())) / "results.json"
+    else:
+        target = next(study.glob(f"{what}-*"))
+    target.write_bytes(b"\x80\x04garbage" + os.urandom(64))
+    return target
+
+
+@pytest.mark.parametrize("what", ["searcher-state", "experiment_state", "study.yaml", "results.json"])
+def test_corrupt_state_is_refused_by_resume_and_status(finished, tmp_path, what):
+    _, uri, env, root = finished
+    storage = _copy(finished, tmp_path)
+    runs_before = len(mlflow_trials(uri, NAME))
+    target = _corrupt(storage, what)
+    before = _tree(storage)
+    for command in (["resume"], ["status"], ["check"]):
+        done = a2("study", *command, NAME, "--storage", str(storage), cwd=root, env=env, timeout=120)
+        assert done.returncode == 2, done.stdout[-3000:]
+        assert str(target) in done.stdout, done.stdout[-3000:]
+        assert "Traceback" not in done.stdout, done.stdout[-3000:]
+    assert _tree(storage) == before  # nothing run, nothing overwritten
+    assert len(mlflow_trials(uri, NAME)) == runs_before
+
+
+def test_check_passes_a_whole_study_and_names_a_truncated_best_checkpoint(finished, tmp_path):
+    _, _, env, root = finished
+    storage = _copy(finished, tmp_path)
+    check = a2("study", "check", NAME, "--storage", str(storage), cwd=root, env=env, timeout=120)
+    assert check.returncode == 0 and "all readable" in check.stdout, check.stdout[-3000:]
+
+    summary = json.loads((storage / NAME / "summary.json").read_text())
+    best = Path(summary["best"]["checkpoint"].replace(str(finished[0]), str(storage)))
+    best.write_bytes(best.read_bytes()[:best.stat().st_size // 2])
+    status = a2("study", "status", NAME, "--storage", str(storage), cwd=root, env=env, timeout=120)
+    assert status.returncode == 0, status.stdout[-3000:]
+    assert f"trial {summary['best']['trial_id']}: best checkpoint" in status.stdout and str(best) in status.stdout
+    check = a2("study", "check", NAME, "--storage", str(storage), cwd=root, env=env, timeout=120)
+    assert check.returncode == 2 and f"unreadable: {best}" in check.stdout, check.stdout[-3000:]
+
+
+def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_readable_one(tmp_path, tiny_data):
+    name = "fallback"
+    storage = tmp_path / "studies"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = tiny_study(tmp_path, name, tiny_data, epochs=6, workers=1, cpus_per_worker=1,
+                       extra={"train.batch_size": 20})
+    env = local_env(tmp_path)
+    log = tmp_path / "run.log"
+    proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=env)
+    try:
+        wait_for(lambda: epoch_logged(storage, name, epoch=2), 300, "the trial's second epoch", proc=proc, log=log)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        kill_group(proc)
+    (run_dir,) = trial_runs(storage, name).values()
+    epochs = sorted(int(p.name[-4:]) for p in run_dir.glob("checkpoint_epoch*"))
+    assert 2 <= epochs[-1] < 6, epochs  # the trial stopped part way (epochs take about a second)
+    latest = run_dir / f"checkpoint_epoch{epochs[-1]:04d}" / "checkpoint.pt"
+    latest.write_bytes(latest.read_bytes()[:latest.stat().st_size // 2])
+    readable = run_dir / f"checkpoint_epoch{epochs[-2]:04d}" / "checkpoint.pt"
+
+    resume = a2("study", "resume", name, cwd=tmp_path, env=env, timeout=400)
+    assert resume.returncode == 0, resume.stdout[-6000:]
+    assert f"checkpoint {latest} is unreadable" in resume.stdout, resume.stdout[-6000:]
+    assert f"resuming from {readable} (epoch {epochs[-2]})" in resume.stdout, resume.stdout[-6000:]
+    summary = json.loads((storage / name / "summary.json").read_text())
+    assert summary["complete"] and summary["trials"][0]["epochs_reported"] == [1, 2, 3, 4, 5, 6]
+    assert duplicated_points(uri, name) == []
+
+
+def test_a_study_name_outside_the_storage_root_is_refused(tmp_path):
+    for command in (["study", "status"], ["study", "resume"], ["study", "check"], ["mlflow", "sync"], ["package"]):
+        done = a2(*command, "../storage/c1", cwd=tmp_path, timeout=120)
+        assert done.returncode == 2, (command, done.stdout[-2000:])
+        assert "study name '../storage/c1'" in done.stdout, (command, done.stdout[-2000:])

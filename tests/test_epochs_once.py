@@ -1,0 +1,60 @@
+"""Every (run, key, step) reaches MLflow once: an epoch reported again (a resumed trial's first report, a retry, a
+spool replayed after the driver that spooled it died) with another time or value is not written again, by this
+tracker or by a new one (a new driver process)."""
+from __future__ import annotations
+
+from collections import Counter
+
+from dashboards.spool import Spool, replay
+from dashboards.storage import open_location
+from dashboards.tracking import StudyTracker
+
+
+def _points(tracker: StudyTracker, run_id: str, key: str) -> Counter:
+    return Counter(m.step for m in tracker.client.get_metric_history(run_id, key))
+
+
+def test_an_epoch_reported_again_is_written_once(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = StudyTracker(uri, "once")
+    tracker.start_study()
+    run = tracker.trial_run("t1", {"model": {"fusion": "none"}})
+    for epoch in (1, 2):
+        tracker.log_metrics(run, {"val/CIDEr": 10.0 * epoch, "train/loss": 3.0}, step=epoch, timestamp_ms=1000 * epoch)
+    tracker.log_metrics(run, {"val/CIDEr": 99.0, "train/loss": 2.0}, step=2, timestamp_ms=5000)  # same process
+
+    again = StudyTracker(uri, "once")  # a resumed driver: reads what the run holds once, then skips it
+    again.start_study()
+    assert again.trial_run("t1") == run
+    again.log_metrics(run, {"val/CIDEr": 98.0, "best/val/CIDEr": 20.0}, step=2, timestamp_ms=6000)
+    spool = Spool(open_location(str(tmp_path / "study")))  # a replayed record of epoch 1, then a new epoch 3
+    spool.append({"op": "metrics", "trial": "t1", "step": 1, "ts": 7000, "metrics": {"val/CIDEr": 11.0}})
+    spool.append({"op": "metrics", "trial": "t1", "step": 3, "ts": 8000, "metrics": {"val/CIDEr": 30.0}})
+    assert replay(again, spool) == (2, 0)
+
+    assert _points(again, run, "val/CIDEr") == {1: 1, 2: 1, 3: 1}
+    assert _points(again, run, "train/loss") == {1: 1, 2: 1}
+    assert _points(again, run, "best/val/CIDEr") == {2: 1}  # a key new at that step is written
+    values = {m.step: m.value for m in again.client.get_metric_history(run, "val/CIDEr")}
+    assert values == {1: 10.0, 2: 20.0, 3: 30.0}  # the first report of an epoch stays
+
+
+def test_compare_of_a_running_study_says_so(tmp_path, capsys):
+    import argparse
+
+    from dashboards.compare import main as compare_main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = StudyTracker(uri, "live")
+    tracker.start_study()
+    for seed, fusion in enumerate(("none", "gate")):
+        run = tracker.trial_run(f"t{seed}", {"model": {"fusion": fusion}, "train": {"seed": seed}})
+        tracker.log_metrics(run, {"val/CIDEr": 40.0 + seed}, step=1)
+        if seed == 0:
+            tracker.end_trial(run, "FINISHED")
+    args = argparse.Namespace(name="live", by="fusion", baseline=None, tracking_uri=uri)
+    assert compare_main(args) == 0
+    assert "note: study live is still running (1 of 2 trial runs finished so far)" in capsys.readouterr().out
+    tracker.end_study("FINISHED")
+    assert compare_main(args) == 0
+    assert "still running" not in capsys.readouterr().out

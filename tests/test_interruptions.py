@@ -1,0 +1,107 @@
+"""Interrupted studies on a local Ray: Ctrl-C (SIGINT to the driver's process group), SIGTERM (a scheduler's or a
+spot node's stop) and SIGKILL after an epoch, then `a2 study resume NAME`. Every run's status is true to the study
+at each point, no temp folder is left behind, and MLflow holds every (run, key, step) once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.raycluster import (  # noqa: F401 - tiny_data is a fixture
+    a2, kill_group, mlflow_client, mlflow_trials, start_a2, tail, tiny_data, tiny_study, trial_runs, wait_for)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+EPOCHS = 3
+TEMP_PREFIXES = ("a2-trial-", "a2-tune-ckpt-", "a2ckpt-")
+
+
+def local_env(tmp_path: Path) -> dict:
+    """A study that starts its own local Ray, with a temp folder of its own (to see what is left in it)."""
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    temp = tmp_path / "tmp"
+    temp.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(temp)
+    env["RAY_TMPDIR"] = "/tmp"  # Ray's session folder stays where its socket paths are short
+    return env
+
+
+def duplicated_points(uri: str, study: str) -> list[tuple]:
+    """(trial, key, step, count) of every metric point that MLflow holds more than once, over the study's runs."""
+    client = mlflow_client(uri)
+    out = []
+    for trial_id, run in mlflow_trials(uri, study).items():
+        for key in run.data.metrics:
+            counts = Counter(m.step for m in client.get_metric_history(run.info.run_id, key))
+            out += [(trial_id, key, step, n) for step, n in counts.items() if n > 1]
+    return out
+
+
+def left_temp_folders(tmp_path: Path) -> list[str]:
+    return sorted(str(p) for p in (tmp_path / "tmp").rglob("*") if p.name.startswith(TEMP_PREFIXES))
+
+
+def epoch_logged(storage: Path, study: str, epoch: int = 1):
+    """A trial whose result log has `epoch` (it was reported to Tune right after)."""
+    for tid, run_dir in trial_runs(storage, study).items():
+        try:
+            results = json.loads((run_dir / "results.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if any(r.get("epoch") == epoch for r in results):
+            return tid
+    return None
+
+
+def statuses(uri: str, study: str) -> tuple[str | None, dict]:
+    from dashboards.tracking import study_runs
+
+    parent, _ = study_runs(uri, study)
+    trials = mlflow_trials(uri, study)
+    return (parent.info.status if parent else None,
+            {tid: (run.info.status, run.data.tags.get("a2.end_reason")) for tid, run in trials.items()})
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["sigint", "sigterm", "sigkill"])
+def test_a_signal_after_an_epoch_then_resume_logs_every_epoch_once(tmp_path, tiny_data, sig):
+    name = f"sig-{sig.name.lower()}"
+    storage = tmp_path / "studies"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = tiny_study(tmp_path, name, tiny_data, fusions=("none", "max"), epochs=EPOCHS, workers=1,
+                       cpus_per_worker=1, max_concurrent=1, extra={"train.batch_size": 20})
+    env = local_env(tmp_path)
+    log = tmp_path / "run.log"
+    proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=env)
+    try:
+        wait_for(lambda: epoch_logged(storage, name), 300, "a trial's first epoch", proc=proc, log=log)
+        os.killpg(proc.pid, sig)
+        rc = proc.wait(timeout=60)
+    finally:
+        kill_group(proc)  # what a SIGKILL leaves of the local Ray
+    out = tail(log, 40)
+    if sig != signal.SIGKILL:
+        assert rc == 128 + sig, out
+        assert f"continue with `a2 study resume {name}`" in out, out
+        assert "Tuner.restore" not in out and "*** SIGTERM received" not in out, out
+        parent, trials = statuses(uri, name)
+        assert parent == "KILLED", (parent, trials)
+        assert all(status in ("FINISHED", "KILLED") for status, _ in trials.values()), trials
+        assert all(reason for status, reason in trials.values() if status == "KILLED"), trials
+        assert left_temp_folders(tmp_path) == []
+        assert not (storage / name / "lease.json").exists()
+
+    resume = a2("study", "resume", name, cwd=tmp_path, env=env, timeout=400)
+    assert resume.returncode == 0, resume.stdout[-6000:]
+    summary = json.loads((storage / name / "summary.json").read_text())
+    assert summary["complete"]
+    assert all(t["epochs_reported"] == list(range(1, EPOCHS + 1)) for t in summary["trials"])
+    assert duplicated_points(uri, name) == []
+    parent, trials = statuses(uri, name)
+    assert parent == "FINISHED" and {s for s, _ in trials.values()} == {"FINISHED"}, (parent, trials)
+    assert left_temp_folders(tmp_path) == []

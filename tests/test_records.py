@@ -1,0 +1,77 @@
+"""Study records (`dashboards.records`): a results table is printed by today's code from a stored record, and the
+README's (and docs') marked tables fail this suite when they differ from what the code prints."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from a2core.errors import DataError
+from dashboards.records import FORMAT, VERSION, check_markdown, load_record, render_table, tables_in
+from dashboards.stats import paired_difference, seed_interval
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_record(seeds: dict[str, int]) -> dict:
+    rng = np.random.default_rng(0)
+    ids = [str(100 + i) for i in range(20)]
+    difficulty = rng.gamma(2.0, 50.0, 20)
+    arms = []
+    for k, (label, n) in enumerate(seeds.items()):
+        scores = difficulty + 8 * k + rng.normal(0, 5, (n, 20)) + rng.normal(0, 2, (n, 1))
+        arms.append({"label": label, "config": f"fusion={label}", "seeds": list(range(n)),
+                     "scores": {"val/CIDEr": [float(v) for v in scores.mean(axis=1)],
+                                "diag/grounding/lift": [0.01 * (k + i) for i in range(n)]},
+                     "per_image": {"image_ids": ids, "scores": scores.tolist()}})
+    return {"record": FORMAT, "version": VERSION, "study": "s", "spec": "studies/s.yaml", "split": "val",
+            "by": "fusion", "metric": "val/CIDEr", "mode": "max", "baseline": "none",
+            "columns": [["val CIDEr", "val/CIDEr"], ["lift", "diag/grounding/lift"]],
+            "measured": "today", "note": "", "arms": arms}
+
+
+def test_a_record_renders_as_compare_arms_prints_it(tmp_path):
+    record = make_record({"none": 3, "gate": 3, "max": 1})
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(record))
+    table = render_table(load_record(path)).splitlines()
+    assert table[0] == "| fusion | seeds | val CIDEr | lift | CIDEr vs none [95% CI]: verdict |"
+    none, gate, one = (np.asarray(a["per_image"]["scores"]) for a in record["arms"])
+    diff = paired_difference(gate, none, ("gate", "none"))
+    word = "resolved" if diff.resolved else "not resolved"
+    assert table[2] == (f"| none | 0-2 | {seed_interval(none.mean(axis=1)).text()} | "
+                        f"{seed_interval([0.0, 0.01, 0.02]).text()} | (baseline) |")
+    assert table[3] == (f"| gate | 0-2 | {seed_interval(gate.mean(axis=1)).text()} | "
+                        f"{seed_interval([0.01, 0.02, 0.03]).text()} | "
+                        f"{diff.interval_text().replace(' CIDEr', '')}: {word} |")
+    # one seed: the difference, never a verdict
+    assert table[4].endswith(f"| {one.mean() - none.mean():+.1f}: no verdict (1 seed of max measures no seed noise) |")
+
+
+def test_marked_tables_must_be_what_the_code_prints(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "r.json").write_text(json.dumps(make_record({"none": 3, "gate": 3})))
+    table = render_table(load_record(tmp_path / "results" / "r.json"))
+    page = tmp_path / "page.md"
+    page.write_text(f"# Results\n\nText.\n\n<!-- results: results/r.json -->\n{table}\n\nMore text.\n")
+    assert tables_in(page.read_text()) == [("results/r.json", table)]
+    assert check_markdown(page, tmp_path) == []
+    page.write_text(page.read_text().replace(table.splitlines()[3].split(" | ")[2], "999.9 [1.0, 2.0]"))
+    (problem,) = check_markdown(page, tmp_path)
+    assert "results/r.json" in problem and table in problem
+
+
+def test_a_record_with_a_missing_seed_is_refused(tmp_path):
+    record = make_record({"none": 3})
+    record["arms"][0]["scores"]["val/CIDEr"].pop()
+    (tmp_path / "r.json").write_text(json.dumps(record))
+    with pytest.raises(DataError, match="arm none: 2 values of val/CIDEr for 3 seeds"):
+        load_record(tmp_path / "r.json")
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_published_tables_are_what_todays_code_prints_from_their_records(page):
+    assert check_markdown(page, ROOT) == []

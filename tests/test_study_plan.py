@@ -1,0 +1,184 @@
+"""The shipped COCO studies as the paper ran them, planned and validated before anything runs; the validation
+rules that make a study meaningless (errors) or doubtful (warnings); studies saved in the old batch unit."""
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from a2core.config import ConfigError, steps_per_epoch
+from a2core.data import synthetic
+from launch import plan
+from launch.cli import main as a2
+from launch.spec import KARPATHY_IMAGES, StudySpec, load_study
+
+ROOT = Path(__file__).resolve().parents[1]
+COCO_STUDIES = {"fusion_ablation": (20, 0, 75), "lambda_sweep": (15, 0, 36), "seeds": (20, 10, 4)}
+SMOKE = ROOT / "studies" / "smoke.yaml"
+
+
+@pytest.mark.parametrize("name", COCO_STUDIES)
+def test_shipped_coco_study_plans_at_the_papers_scale(name, capsys):
+    """No data here: the plan counts with the Karpathy split (11,329 steps an epoch at 50 pairs a step)."""
+    xe, scst, trials = COCO_STUDIES[name]
+    path = ROOT / "studies" / f"{name}.yaml"
+    spec = load_study(path, check_files=False)
+    t = spec.base["train"]
+    assert (t["batch_size"], t["warmup"], t["xe_epochs"], t["scst_epochs"]) == (50, 10_000, xe, scst)
+    assert t["val_decode"] == "beam" and t["beam_size"] == 5  # selected and compared as the paper reports
+    assert spec.images == {"train": 113_287, "val": 5_000}
+    assert spec.steps_per_epoch == steps_per_epoch(113_287, 50) == 11_329
+    assert spec.total_steps == 11_329 * (xe + scst)
+    assert t["warmup"] < 0.1 * 11_329 * xe  # the learning rate peaks in the first epoch, as in the paper
+    tp = spec.temperature_range()
+    assert tp is None or tp[1] < spec.total_steps
+    assert spec.num_trials == trials and spec.warnings == []
+    assert spec.num_arms == 1 or len(spec.seed_values) >= 5 if name == "fusion_ablation" else True
+
+    assert a2(["study", "plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"steps     11,329 a epoch; {11_329 * (xe + scst):,} in {xe + scst} epochs" in out
+    assert "the standard Karpathy split" in out
+    images = 11_329 * 10  # the last step filled up; an SCST image costs 2, a validation image 1 (all 5,000)
+    gpu_hours = trials * (xe * (images + 5_000) + scst * (2 * images + 5_000)) / plan.IMAGES_PER_SECOND / 3600
+    assert f"GPU-hours {gpu_hours:,.0f} for {trials} trials" in out
+    price = plan.ON_DEMAND_PRICES["g5.12xlarge"] / 4
+    assert f"cost      ${gpu_hours * price:,.0f}: g5.12xlarge at $5.672/h" in out
+    header = path.read_text().split("\nname:")[0]  # each file's header states its plan
+    assert f"{11_329 * (xe + scst):,}" in header and f"{trials} trials" in header
+    stated = float(re.search(r"about ([\d,]+) GPU-hours", header)[1].replace(",", ""))
+    assert stated == pytest.approx(gpu_hours, rel=0.05)
+
+
+def test_fusion_ablation_seeds_resolve_every_table3_gap_to_the_baseline(capsys):
+    spec = load_study(ROOT / "studies" / "fusion_ablation.yaml", check_files=False)
+    seeds = len(spec.seed_values)
+    from dashboards.stats import seeds_needed
+
+    gaps = [delta for label, delta in plan.table3_gaps() if label.endswith("vs none")]
+    assert seeds == max(seeds_needed(delta, plan.COCO_SEED_SD) for delta in gaps)
+
+
+@pytest.mark.parametrize("name", COCO_STUDIES)
+def test_shipped_coco_study_validates_on_a_synthetic_stand_in(name, tmp_path, capsys):
+    """`a2 data synth` writes the files a COCO study names; with them the study validates completely and the
+    plan counts the captions file."""
+    paths = synthetic.generate(tmp_path / "coco", seed=0, images=120, test_images=12)
+    overrides = [f"data.captions={paths['captions']}", f"data.features={paths['features']}",
+                 f"data.test_images={paths['test_images']}"]
+    spec = load_study(ROOT / "studies" / f"{name}.yaml", overrides)
+    train = synthetic.split_sizes(120)["train"]
+    assert spec.images == {"train": train, "val": synthetic.split_sizes(120)["val"]}
+    assert spec.steps_per_epoch == math.ceil(train / 10)
+    assert any(w.startswith("train.warmup:") for w in spec.warnings)  # 10,000 steps on 96 images: said so
+    assert a2(["study", "validate", str(ROOT / "studies" / f"{name}.yaml"), *overrides]) == 0
+    assert "warning: train.warmup" in capsys.readouterr().err
+
+
+def test_synthetic_split_sizes_match_the_generator(tmp_path):
+    from a2core.data.captions import read_karpathy
+
+    paths = synthetic.generate(tmp_path / "d", seed=0, images=130, test_images=10)
+    splits = read_karpathy(paths["captions"])
+    assert {k: len(v) for k, v in splits.items()} == synthetic.split_sizes(130)
+
+
+def test_the_throughput_default_is_the_recorded_estimate():
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    assert "Throughput for `a2 study plan`" in results
+    assert f"**{plan.IMAGES_PER_SECOND:g} images/s per GPU**" in results
+    assert KARPATHY_IMAGES == {"train": 113_287, "val": 5_000, "test": 5_000}
+
+
+# -- what validate refuses and warns about ------------------------------------------------------------------------
+def smoke(**changes) -> dict:
+    raw = yaml.safe_load(SMOKE.read_text())
+    for key, value in changes.items():
+        section, _, name = key.partition("__")
+        if value is None:
+            raw[section].pop(name, None)
+        else:
+            raw[section][name] = value
+    return raw
+
+
+def test_asha_with_one_replicate_is_an_error():
+    with pytest.raises(ConfigError) as err:
+        StudySpec.from_dict(smoke(search__replicates=None, search__purpose="explore"))
+    assert err.value.path == "search.scheduler.asha" and "can never stop anything" in err.value.reason
+
+
+def test_a_comparison_with_one_seed_per_arm_is_an_error_unless_it_explores():
+    fifo = {"fifo": {}}
+    with pytest.raises(ConfigError) as err:
+        StudySpec.from_dict(smoke(search__replicates=None, search__scheduler=fifo))
+    assert err.value.path == "search.replicates" and "2 configurations with one seed each" in err.value.reason
+    spec = StudySpec.from_dict(smoke(search__replicates=None, search__scheduler=fifo, search__purpose="explore"))
+    assert spec.num_arms == 2 and spec.seed_values == [0]
+    # a seed grid gives every arm its seeds too
+    space = {**smoke()["search"]["space"], "seed": {"grid": [0, 1]}}
+    seeded = smoke(search__replicates=None, search__scheduler=fifo, search__space=space)
+    assert StudySpec.from_dict(seeded).num_arms == 2
+
+
+def test_a_batch_that_does_not_split_over_the_workers_is_refused():
+    raw = smoke()
+    raw["resources"]["workers_per_trial"] = 4
+    with pytest.raises(ConfigError) as err:
+        StudySpec.from_dict(raw)
+    assert err.value.path == "train.batch_size"
+    assert "50 image-caption pairs (10 images x 5 captions) do not split evenly over 4 workers" in err.value.reason
+    assert "resources.workers_per_trial: 4" in err.value.reason
+
+
+def test_long_warmup_and_tp_past_the_last_step_are_warnings(tmp_path, capsys):
+    raw = smoke(train__warmup=200)  # 320 XE steps in 4 epochs of 80
+    raw["search"]["space"]["fusion"]["grid"] = ["none", "exp_decay"]
+    raw["search"]["space"]["lambda"]["when"] = {"fusion": "exp_decay"}
+    raw["search"]["space"]["temperature"] = {"loguniform": [100, 2000], "when": {"fusion": "exp_decay"}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_study(path)
+    assert [w.split(":")[0] for w in spec.warnings] == ["train.warmup", "search.space.temperature"]
+    assert "62% of the 320 cross-entropy steps" in spec.warnings[0]
+    assert f"keeps {math.exp(-320 / 2000):.0%} of the original attention" in spec.warnings[1]
+    assert a2(["study", "validate", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: train.warmup: 200 steps" in err and "warning: search.space.temperature: T_P up to 2000" in err
+
+
+def test_purpose_is_documented_in_the_schema():
+    from launch.spec import Search
+
+    assert "explore" in Search.model_fields["purpose"].description
+
+
+# -- studies saved before the global batch --------------------------------------------------------------------------
+def test_a_format_1_saved_study_converts_to_the_same_steps():
+    """format 1 (a saved study.yaml without `format`): 10 images per worker on 2 workers = 100 pairs a step."""
+    raw = smoke(search__replicates=None, search__scheduler={"fifo": {}})
+    raw["train"]["batch_size"] = 10
+    raw["resources"]["workers_per_trial"] = 2
+    raw["resources"]["cpus_per_worker"] = 0.5
+    raw["format"] = 1
+    spec = StudySpec.from_dict(raw)  # the one-seed comparison and the rest: warnings for a study saved before
+    assert spec.base["train"]["batch_size"] == 100
+    assert spec.steps_per_epoch == math.ceil(800 / 20)  # 20 images a step, as before: 10 on each of 2 workers
+    assert any(w.startswith("search.replicates:") for w in spec.warnings)
+
+
+def test_a_saved_study_yaml_without_format_is_read_as_format_1(tmp_path):
+    """`a2 study resume` of a study saved before: its study.yaml has no `format`; saved from now on, it has 2."""
+    from launch.study import STUDY_FILE, StudyLocation, load_saved_spec, saved_form
+
+    spec = load_study(SMOKE, [f"storage={tmp_path}", f"tracking.mlflow_uri=sqlite:///{tmp_path / 'm.db'}"])
+    saved = saved_form(spec)
+    assert saved["format"] == 2
+    old = {k: v for k, v in saved.items() if k != "format"}
+    old["train"]["batch_size"] = 10  # images per worker, as format 1 stored it
+    (tmp_path / spec.name).mkdir()
+    (tmp_path / spec.name / STUDY_FILE).write_text(yaml.safe_dump(old))
+    again = load_saved_spec(StudyLocation(spec.name, str(tmp_path)))
+    assert again.base["train"]["batch_size"] == 50 and again.steps_per_epoch == spec.steps_per_epoch == 80
+    assert again.to_dict() == spec.to_dict()
