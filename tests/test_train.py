@@ -14,7 +14,7 @@ from a2core.data import synthetic
 from a2core.data.dataset import CaptionData
 from a2core.decode import ModelStepper, captions_for, write_results_json
 from a2core.metrics import best_constant_caption
-from a2core.train import noam, train
+from a2core.train import learning_rate, noam, train
 
 TINY = {"model": {"d_model": 32, "layers": 1, "heads": 2, "d_ff": 64, "max_regions": 10, "fusion": "gate"},
         "train": {"xe_epochs": 3, "batch_size": 50, "warmup": 50, "lr_factor": 0.5}}
@@ -22,7 +22,8 @@ TINY = {"model": {"d_model": 32, "layers": 1, "heads": 2, "d_ff": 64, "max_regio
 # The small config the quality bar is measured with (also the smoke study's model).
 SMALL = {"model": {"d_model": 64, "layers": 2, "heads": 4, "d_ff": 128, "dropout": 0.0, "max_regions": 10,
                    "fusion": "gate"},
-         "train": {"xe_epochs": 6, "batch_size": 25, "warmup": 300, "lr_factor": 0.25}}
+         "train": {"xe_epochs": 6, "batch_size": 25, "warmup": 300, "lr_factor": 0.25,
+                   "lr_schedule": "noam_to_zero"}}
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,25 @@ def test_noam_schedule():
     peak = noam(9999, 512, 10000)
     assert peak == pytest.approx(512 ** -0.5 * 10000 ** -0.5)
     assert noam(39999, 512, 10000) == pytest.approx(peak / 2)
+
+
+def test_noam_to_zero_is_noam_ramped_down_to_zero_at_the_last_step():
+    total = 900
+    for step in (0, 299, 450, 899):
+        assert learning_rate(step, 64, 300, 0.25, "noam_to_zero", total) == pytest.approx(
+            noam(step, 64, 300, 0.25) * (1 - step / total))
+        assert learning_rate(step, 64, 300, 0.25) == noam(step, 64, 300, 0.25)  # the paper's, unchanged
+    assert learning_rate(total, 64, 300, 0.25, "noam_to_zero", total) == 0.0
+
+
+def test_a_noam_to_zero_run_ends_with_learning_rate_zero(tiny_data, tmp_path):
+    """The trainer counts the run's stage-1 steps (epochs x steps per epoch), so the ramp ends at its last step."""
+    cfg = _cfg(tiny_data, **{"train.xe_epochs": 2, "train.lr_schedule": "noam_to_zero", "train.diag_every": 0})
+    seen = []
+    train(cfg, report=lambda m, d: seen.append(m), output_dir=tmp_path / "run")
+    state = ckpt.load(tmp_path / "run" / "last.pt")
+    assert state["step"] == seen[-1]["step"] == 2 * 6  # 60 train images, 10 per step
+    assert state["scheduler"]["_last_lr"] == [0.0]
 
 
 def test_resume_reproduces_the_uninterrupted_run_exactly(tiny_data, tmp_path):
