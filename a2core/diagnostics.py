@@ -15,8 +15,10 @@ not sum to one (Eq. 6-9 do not renormalise): every diagnostic divides its own co
   caption count (not words cut by `max_caption_len`), and only those whose region survived the cut to
   `max_regions` (a region the model never sees cannot be attended). With its controls, on the layer- and
   head-averaged aligned attention (the weights the captioner reads): uniform `chance` (1 / real regions), the
-  word-agnostic `control` (one region per caption: the argmax of the caption's attention averaged over all its
-  words, scored against every grounded word of it) and `subject_object` (how often a grounded word's region gets
+  word-agnostic `control` (one region per caption: the argmax of the caption's attention averaged over its
+  grounded words, scored against each of them; averaged over all its words, the control moved with where each
+  seed's model happened to send the words no region grounds, "a" and "and", by 0.1 between seeds with
+  grounding at 0.99-1.0) and `subject_object` (how often a grounded word's region gets
   more attention than the caption's other grounded regions; a word-agnostic attention scores at most 0.5 on
   the synthetic set, whose captions ground two words in two different regions).
 - `trial_diagnostics`: all of the above as flat `diag/...` scalars for a trial's metrics (what `Trainer` reports).
@@ -187,7 +189,8 @@ def grounding_accuracy(model: A2Transformer, data, split: str = "val", limit: in
                     hits[kind] += (att[:, b, t].argmax(-1) == region).cpu().numpy()
                     hits_mean[kind] += int(int(att[:, b, t].mean(0).argmax()) == region)
             aligned = per_layer["aligned"][:, b].mean(0)  # (T, R)
-            fixed = int(aligned[:n_words].mean(0).argmax())  # the word-agnostic control's one region
+            # the word-agnostic control's one region: where the caption's grounded words attend on average
+            fixed = int(aligned[[t for t, _ in scored]].mean(0).argmax())
             control += sum(fixed == region for _, region in scored)
             for t, region in scored:
                 others = sorted({r for _, r in scored} - {region})

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from . import precision
-from .config import Config, images_per_worker
+from .config import Config, images_per_worker, steps_per_epoch
 from .data.captions import Vocab
 from .data.dataset import CaptionData
 from .decode import ModelStepper, captions_for, greedy, sample, score_split
@@ -63,6 +63,17 @@ def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     """Learning rate at optimizer step `step` (0-based) of the Transformer schedule."""
     s = step + 1
     return factor * d_model ** -0.5 * min(s ** -0.5, s * warmup ** -1.5)
+
+
+def learning_rate(step: int, d_model: int, warmup: int, factor: float = 1.0, schedule: str = "noam",
+                  total_steps: int | None = None) -> float:
+    """Learning rate of stage 1 at optimizer step `step` (0-based) under `train.lr_schedule`: `noam` (the paper's),
+    or `noam_to_zero`, Noam times a linear ramp from 1 at step 0 to 0 after the last of `total_steps`: the run ends
+    annealed, so its last epochs settle instead of moving with a learning rate still near its peak."""
+    lr = noam(step, d_model, warmup, factor)
+    if schedule == "noam_to_zero":
+        lr *= max(0.0, 1.0 - step / max(total_steps, 1))
+    return lr
 
 
 def seed_everything(seed: int) -> None:
@@ -150,14 +161,18 @@ class Updates:
     """The parameter updates of one batch with their optimizers, loss scaler and autocast; data-free (the Trainer
     feeds it batches, benchmarks and tests call it on tensors). `step` arguments count the updates before."""
 
-    def __init__(self, model, cfg: Config, device: torch.device, dist: _Dist | None = None):
+    def __init__(self, model, cfg: Config, device: torch.device, dist: _Dist | None = None,
+                 xe_steps: int | None = None):
+        """xe_steps: the optimizer steps of stage 1 (its epochs x steps per epoch), which `noam_to_zero` ends at."""
         t = cfg.train
+        if t.lr_schedule == "noam_to_zero" and xe_steps is None:
+            raise ValueError("train.lr_schedule noam_to_zero needs the run's stage-1 steps (xe_steps)")
         self.model, self.cfg, self.device, self.dist = model, cfg, device, dist or _Dist()
         self.cap_params = model.captioner_parameters()
         self.mask_params = model.mask_parameters()
         self.opt = torch.optim.Adam(self.cap_params, lr=1.0, betas=(0.9, 0.98), eps=1e-9)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: noam(s, cfg.model.d_model, t.warmup, t.lr_factor))
+            self.opt, lambda s: learning_rate(s, cfg.model.d_model, t.warmup, t.lr_factor, t.lr_schedule, xe_steps))
         self.mask_opt = torch.optim.Adam(self.mask_params, lr=t.mask_lr) if self.mask_params else None
         self.scst_opt = torch.optim.Adam(self.cap_params, lr=t.scst_lr)
         precision.check(t.precision, device)
@@ -263,7 +278,8 @@ class Trainer:
         self.vocab = self.data.vocab
         self.model = build_model(cfg.model, len(self.vocab), cfg.data.max_caption_len + 2).to(self.device)
         self.dist.broadcast_params(self.model)
-        self.updates = Updates(self.model, cfg, self.device, self.dist)
+        xe_steps = steps_per_epoch(len(self.data.images("train")), cfg.train.batch_size) * cfg.train.xe_epochs
+        self.updates = Updates(self.model, cfg, self.device, self.dist, xe_steps=xe_steps)
         # the trial's global batch split over its workers; refused here too when it does not split evenly
         self.images_per_worker = images_per_worker(cfg.train.batch_size, self.dist.world)
         self.epoch, self.step = 0, 0

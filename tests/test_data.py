@@ -10,6 +10,7 @@ from a2core.config import Config
 from a2core.data import synthetic
 from a2core.data.captions import Vocab, read_image_info, read_karpathy
 from a2core.data.dataset import CaptionData
+from a2core.errors import DataError
 from a2core.data.features import FeatureError, FeatureStore
 
 
@@ -25,7 +26,7 @@ def test_synthetic_is_deterministic_and_in_coco_formats(tmp_path):
         assert _digest(a[key]) == _digest(b[key]), key  # same seed, same bytes
     assert _digest(a["captions"]) != _digest(c["captions"])
     splits = read_karpathy(a["captions"])
-    assert {k: len(v) for k, v in splits.items()} == {"train": 30, "val": 5, "test": 5}
+    assert {k: len(v) for k, v in splits.items()} == {"train": 24, "val": 8, "test": 8}  # a fifth each
     doc = json.loads(a["captions"].read_text())
     assert {img["split"] for img in doc["images"]} == {"train", "restval", "val", "test"}
     assert all(len(img["sentences"]) == 5 for img in doc["images"])
@@ -59,10 +60,11 @@ def _grounded_captions(paths, split):
 def test_synthetic_grounding_needs_words(tmp_path):
     """No word-agnostic strategy is close to grounding: one region per caption (the best one, known from the
     answer) scores at most 0.5 on the class words, as does the first-mentioned object; uniform chance is ~0.18.
-    Each object has its own colour and class, so the colour word before a class word picks its region; the
-    captions of one image describe different pairs."""
+    Each object has its own colour and class, so the colour word before a class word picks its region. The
+    references of an image agree on what to say (the two most salient objects, in salience order, and the
+    scene): only the wording varies, each choice per caption at its weight."""
     paths = synthetic.generate(tmp_path / "g", seed=0, images=300, test_images=10)
-    best_fixed, first, chance, pairs = [], [], [], {}
+    best_fixed, first, chance, pairs, there, scenes = [], [], [], {}, [], {}
     for img, g, tokens, regions in _grounded_captions(paths, "train"):
         grounded = [r for r in regions if r >= 0]
         assert len(grounded) == 2 and grounded[0] != grounded[1]
@@ -70,12 +72,16 @@ def test_synthetic_grounding_needs_words(tmp_path):
         first.append(grounded.count(grounded[0]) / len(grounded))
         chance.append(1.0 / g["regions"])
         pairs.setdefault(img.image_id, set()).add(tuple(grounded))
+        there.append(tokens[0] == "there")
+        scenes.setdefault(img.image_id, set()).update(set(tokens) & set(synthetic.SCENES))
         for i, r in enumerate(regions):
             if r >= 0:
                 assert tokens[i - 1] in synthetic.COLOURS  # "a red dog": the colour word names the object
     assert max(best_fixed) == 0.5 and np.mean(first) == 0.5
     assert 0.15 < np.mean(chance) < 0.22
-    assert np.mean([len(p) > 1 for p in pairs.values()]) > 0.9  # captions of an image describe different pairs
+    assert all(len(p) == 1 for p in pairs.values())  # every caption of an image names the same ordered pair
+    assert all(len(s) == 1 for s in scenes.values())  # ... and the same scene, in whatever words
+    assert 0.15 < np.mean(there) < 0.25  # "there is ...": one template of TEMPLATES, at its weight 0.2
     # Within an image a colour names one region and a class one region (no two objects share either).
     seen: dict[tuple, int] = {}
     for img, g, tokens, regions in _grounded_captions(paths, "train"):
@@ -85,21 +91,65 @@ def test_synthetic_grounding_needs_words(tmp_path):
                     assert seen.setdefault((img.image_id, word), r) == r
 
 
+def test_synthetic_salience_is_in_the_features(tmp_path):
+    """What to name is readable from each region alone: the first-named object's region carries the 'most
+    salient' latent and the second's the 'second' one (through the same random embedding as everything else)."""
+    paths = synthetic.generate(tmp_path / "v", seed=0, images=60, test_images=10)
+    meta = json.loads((paths["root"] / "synthetic.json").read_text())
+    assert meta["format"] == synthetic.FORMAT_VERSION == 4
+    store = FeatureStore(paths["features"])
+    samples = []  # (rank: 0 first-named, 1 second-named, 2 any other region, feature)
+    for image_id, g in json.loads(paths["grounding"].read_text()).items():
+        subject, obj = [r for r in g["sentences"][0] if r >= 0]
+        assert all([r for r in s if r >= 0] == [subject, obj] for s in g["sentences"])
+        feats = store.get(int(image_id))
+        samples += [({subject: 0, obj: 1}.get(r, 2), feats[r].astype(np.float32)) for r in range(len(feats))]
+    train, held = samples[::2], samples[1::2]
+    cents = np.stack([np.mean([f for k, f in train if k == rank], 0) for rank in range(3)])
+    hits = [int(np.argmin(((cents - f) ** 2).sum(1))) == k for k, f in held if k < 2]
+    assert np.mean(hits) > 0.9
+
+
+def test_an_old_format_version_is_never_reused(tmp_path, monkeypatch):
+    """The cache's folder name carries the format version, so a set of an older version is not found there; a
+    folder named by data.root that holds another version is refused with a message saying so, never read."""
+    monkeypatch.setenv("A2_DATA_CACHE", str(tmp_path / "cache"))
+    assert f"-v{synthetic.FORMAT_VERSION}-" in synthetic.default_root(0, 40).name
+    root = tmp_path / "mine"
+    synthetic.generate(root, seed=0, images=40, test_images=10)
+    meta = root / "synthetic.json"
+    assert synthetic.ensure(root, 0, 40)["root"] == root  # the current version is reused as it is
+    old = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**old, "format": synthetic.FORMAT_VERSION - 1}))
+    with pytest.raises(DataError, match=rf"mine: holds a synthetic dataset of format version "
+                                        rf"{synthetic.FORMAT_VERSION - 1}, but this code generates version "
+                                        rf"{synthetic.FORMAT_VERSION}.*remove it to regenerate"):
+        synthetic.ensure(root, 0, 40)
+    meta.write_text(json.dumps(old))
+    with pytest.raises(DataError, match=r"seed 0 and 40 images, not seed 1 and 40"):
+        synthetic.ensure(root, 1, 40)
+
+
 def test_synthetic_grounded_regions_carry_their_word(tmp_path):
     """The region a class word is grounded in is the one whose features match that class (and the colour word
     before it that colour) best: nearest-centroid accuracy on held-out words is near perfect, so what is hard
-    is finding the region, not reading it."""
-    paths = synthetic.generate(tmp_path / "d", seed=0, images=200, test_images=10)
+    is finding the region, not reading it. Centroids are per word and salience rank (first- or second-named
+    object), since the salience latent moves a region's features as much as its class does."""
+    paths = synthetic.generate(tmp_path / "d", seed=0, images=600, test_images=10)
     store = FeatureStore(paths["features"])
-    samples = []
+    samples, seen = [], set()
     for img, g, tokens, regions in _grounded_captions(paths, "train"):
-        feats = store.get(img.image_id)
-        samples += [(tokens[i], tokens[i - 1], feats[r]) for i, r in enumerate(regions) if r >= 0]
+        if img.image_id in seen:  # every caption names the same two objects: one sample per object
+            continue
+        seen.add(img.image_id)
+        feats = store.get(img.image_id).astype(np.float32)
+        grounded = [i for i, r in enumerate(regions) if r >= 0]
+        samples += [((tokens[i], rank), (tokens[i - 1], rank), feats[regions[i]]) for rank, i in enumerate(grounded)]
     train, held = samples[: len(samples) // 2], samples[len(samples) // 2:]
     for word in (0, 1):  # the class, then the colour
         names = sorted({s[word] for s in train})
         cents = np.stack([np.mean([s[2] for s in train if s[word] == n], 0) for n in names])
-        hits = np.mean([names[int(np.argmin(((cents - s[2]) ** 2).sum(1)))] == s[word] for s in held])
+        hits = np.mean([names[int(np.argmin(((cents - s[2]) ** 2).sum(1)))][0] == s[word][0] for s in held])
         assert hits > 0.95, (word, hits)
 
 

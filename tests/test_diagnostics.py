@@ -160,12 +160,14 @@ def test_jsd_is_zero_when_the_mask_keeps_everything(root):
 class _ForcedAttention(nn.Module):
     """Records, for every word of the first caption, attention one-hot on a chosen region per layer:
     `right[layer]` True = the ground-truth region, False = another real region. `aligned` is always right, or
-    with `word_agnostic` one-hot at every step on the caption's first grounded region."""
+    with `word_agnostic` one-hot at every step on the caption's first grounded region; with `ungrounded_elsewhere`
+    the words no region grounds attend one-hot to a region neither class word names (else uniformly)."""
 
-    def __init__(self, data, split, right=(True, True), heads=2, word_agnostic=False):
+    def __init__(self, data, split, right=(True, True), heads=2, word_agnostic=False, ungrounded_elsewhere=False):
         super().__init__()
         self.decoder = nn.ModuleList(nn.Identity() for _ in right)
         self.right, self.heads, self.word_agnostic = right, heads, word_agnostic
+        self.ungrounded_elsewhere = ungrounded_elsewhere
         grounding = data.grounding()
         self.regions = {}
         for img in data.images(split):
@@ -197,6 +199,9 @@ class _ForcedAttention(nn.Module):
 
         wrong = torch.where(truth >= 0, (truth + 1) % n[:, None], truth)
         aligned = truth
+        if self.ungrounded_elsewhere:  # the lowest region index no class word of the caption names
+            other = torch.tensor([min(set(range(r)) - set(row[row >= 0].tolist())) for row in truth])  # (B,)
+            aligned = torch.where(truth >= 0, truth, other[:, None])
         if self.word_agnostic:
             first = torch.stack([row[row >= 0][0] for row in truth])  # (B,) the first-mentioned object
             aligned = first[:, None].expand(b, t)
@@ -237,6 +242,15 @@ def test_word_agnostic_control_is_far_below_perfect_grounding(root):
     agnostic = grounding_accuracy(_ForcedAttention(data, "val", word_agnostic=True), data, "val", batch_size=5)
     assert agnostic["aligned_mean"] == agnostic["control"] == 0.5
     assert agnostic["subject_object"] == 0.5  # right on the first object's word, wrong on the second's
+
+
+def test_the_control_reads_the_grounded_words_only(root):
+    """Where the words no region grounds ("a", "and", "in a park") attend does not move the control: a perfectly
+    grounded attention that sends all of them to one other region keeps control 0.5 (averaged over every word,
+    that other region would win and the control would be 0)."""
+    data = _data(root)
+    elsewhere = grounding_accuracy(_ForcedAttention(data, "val", ungrounded_elsewhere=True), data, "val", batch_size=2)
+    assert elsewhere["aligned_mean"] == 1.0 and elsewhere["control"] == 0.5
 
 
 @pytest.mark.slow
@@ -281,11 +295,11 @@ def test_a_short_training_run_reports_every_diagnostic(root, tmp_path):
 
 
 def test_grounding_skips_regions_cut_by_max_regions(root):
-    """With max_regions 4, a word grounded in region 6 has no features: it is not counted (neither hit nor miss)."""
-    data = _data(root, max_regions=4)
+    """With max_regions 3, a word grounded in region 4 has no features: it is not counted (neither hit nor miss)."""
+    data = _data(root, max_regions=3)
     g = data.grounding()
-    expected = sum(1 for img in data.images("val") for r in g[img.image_id]["sentences"][0] if 0 <= r < 4)
-    cut = sum(1 for img in data.images("val") for r in g[img.image_id]["sentences"][0] if r >= 4)
+    expected = sum(1 for img in data.images("val") for r in g[img.image_id]["sentences"][0] if 0 <= r < 3)
+    cut = sum(1 for img in data.images("val") for r in g[img.image_id]["sentences"][0] if r >= 3)
     assert cut > 0  # the case is exercised
     acc = grounding_accuracy(_ForcedAttention(data, "val"), data, "val", batch_size=5)
     assert acc["words"] == expected

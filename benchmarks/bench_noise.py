@@ -1,0 +1,241 @@
+"""Seed noise of the smoke study's configurations on the synthetic set, against the targets of the embedded benchmark.
+
+    python benchmarks/bench_noise.py                      # 10 seeds of each smoke configuration, then the summary
+    python benchmarks/bench_noise.py --fusion none --seeds 0 1 2   # a part (records add up across calls)
+    python benchmarks/bench_noise.py --summary            # no training: summarise the stored records
+    python benchmarks/bench_noise.py --summary --versus none --seeds 0 1 2 3 4   # ... and each fusion vs none
+    python benchmarks/bench_noise.py --fusion exp_decay --set model.temperature=400   # a fusion's own key
+    python benchmarks/bench_noise.py --fusion gate --seeds 0 1 2 3 4 --records benchmarks/records/noise-cheap \
+        --set train.mask_captions=1 train.mask_every=2    # another setting of the same study, in its own folder
+
+Each run is a plain in-process `a2core.train.train` of `studies/smoke.yaml`'s data/model/train sections (one
+thread, no Ray) with `train.seed` = the seed and the smoke grid's fusion (gate at its first TPE sample, the
+paper's lambda 0.035). Every run is stored as `benchmarks/records/noise/<fusion>-seed<N>.json` (fields in
+`benchmarks/records/README.md`) before the next starts, so a long measurement can be split over several calls and
+the summary is recomputed from the records alone.
+
+Printed per configuration (x100 CIDEr-D on the smoke study's val images):
+- best val CIDEr: mean [95% t-interval over seeds] and the seed sd; target sd <= 2.5;
+- movement: |val CIDEr of the last epoch - the one before|, largest over seeds; target <= 3;
+- grounding lift (diag/grounding/lift at the last epoch): mean and seed sd; target sd <= 0.03;
+- grounding accuracy (diag/grounding/accuracy): not saturated when every run's is at most 0.95 (a perfectly
+  grounded attention scores 1.0);
+and once: the ceiling (each val image's references scored against each other, leave-one-out: what a captioner
+that says what the references say scores) and the best constant caption, against the best trained model (the
+task is not saturated when the ceiling is clearly above it). A word-agnostic attention scores at most 0.5 on the
+grounded words by construction (tests/test_data.py, tests/test_diagnostics.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RECORDS = ROOT / "benchmarks" / "records" / "noise"
+SMOKE = ROOT / "studies" / "smoke.yaml"
+# grounding: a perfectly grounded attention scores 1.0; "clearly above the trained models" read as every run's
+# grounding accuracy at most 0.95, so that alignment has room to help
+TARGETS = {"sd": 2.5, "move": 3.0, "lift_sd": 0.03, "accuracy": 0.95}
+
+
+def smoke_sections(overrides: list[str] = ()) -> dict:
+    """The smoke study's data/model/train sections with `key.path=value` overrides applied."""
+    from a2core.config import apply_overrides
+
+    spec = yaml.safe_load(SMOKE.read_text())
+    return apply_overrides({k: spec[k] for k in ("data", "model", "train")}, list(overrides))
+
+
+def smoke_config(fusion: str, seed: int, overrides: list[str] = ()) -> dict:
+    sections = smoke_sections(overrides)
+    return {"data": sections["data"], "model": {**sections["model"], "fusion": fusion},
+            "train": {**sections["train"], "seed": seed}}
+
+
+def run_one(fusion: str, seed: int, overrides: list[str] = ()) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    from a2core.train import PER_IMAGE_KEY, train
+
+    seen: list[dict] = []
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="a2-bench-noise-") as out:
+        train(smoke_config(fusion, seed, overrides), report=lambda metrics, _: seen.append(metrics), output_dir=out)
+    last = seen[-1]
+    return {"fusion": fusion, "seed": seed, "config": smoke_config(fusion, seed, overrides),
+            "val_cider": [m["val/CIDEr"] for m in seen], "train_loss": [m["train/loss"] for m in seen],
+            "best_val_cider": max(m["val/CIDEr"] for m in seen),
+            "grounding": {k.split("/")[-1]: last[k] for k in last if k.startswith("diag/grounding/")},
+            "per_image_cider": last[PER_IMAGE_KEY], "wall_s": time.perf_counter() - start}
+
+
+def ceiling() -> dict:
+    """On the smoke study's val images: each reference scored against the other four (leave-one-out), their mean
+    and, per image, the best of the five (what a captioner that says an image's most agreed-on reference scores,
+    against four references), and the best constant caption."""
+    from a2core.config import Config
+    from a2core.data.dataset import CaptionData
+    from a2core.metrics import best_constant_caption, caption_scores
+
+    cfg = Config.from_dict(smoke_config("none", 0))
+    data = CaptionData(cfg.data, cfg.model.max_regions)
+    refs = data.references("val")
+    refs = {i: refs[i] for i in sorted(refs)[: cfg.data.val_images or len(refs)]}
+    per_ref = []  # (5, images) CIDEr-D of reference j against the other four
+    for j in range(5):
+        per = caption_scores({i: r[:j] + r[j + 1:] for i, r in refs.items()}, {i: r[j] for i, r in refs.items()},
+                             per_image=True)["per_image"]
+        per_ref.append([per[i]["CIDEr"] for i in refs])
+    per_ref = np.array(per_ref)
+    train_caps = [c for refs_ in data.references("train").values() for c in refs_]
+    caption, constant = best_constant_caption(train_caps, refs)
+    return {"reference_loo_cider": float(per_ref.mean()), "best_reference_cider": float(per_ref.max(0).mean()),
+            "best_constant_cider": constant, "best_constant_caption": caption}
+
+
+def _same_setup(config: dict, smoke: dict) -> bool:
+    """The run used the smoke study's current sections (its fusion, the keys only its fusion uses (exp_decay's
+    temperature, moving_average's eta), its seed and the logging interval aside)."""
+    from a2core.config import FUSION_ONLY_KEYS
+
+    model = {k: v for k, v in config["model"].items() if k != "fusion" and k not in FUSION_ONLY_KEYS}
+    train = {k: v for k, v in config["train"].items() if k not in ("seed", "log_every")}
+    smoke_model = {k: v for k, v in smoke["model"].items() if k not in FUSION_ONLY_KEYS}
+    smoke_train = {k: v for k, v in smoke["train"].items() if k != "log_every"}
+    return config["data"] == smoke["data"] and model == smoke_model and train == smoke_train
+
+
+def val_size_share(runs: list[dict]) -> float:
+    """Share of the seed variance of last-epoch val CIDEr that comes from seed-by-image disagreement averaged over
+    the val images (sigma^2_interaction / n_images of the additive seeds x images model): the part that more val
+    images would shrink; the rest is a shift of every image's score with the seed."""
+    scores = np.array([r["per_image_cider"]["scores"] for r in runs])  # (seeds, images)
+    if scores.shape[0] < 2:
+        return math.nan
+    resid = scores - scores.mean(1, keepdims=True) - scores.mean(0, keepdims=True) + scores.mean()
+    interaction = (resid ** 2).sum() / ((scores.shape[0] - 1) * (scores.shape[1] - 1))
+    total = scores.mean(1).var(ddof=1)
+    return float(min(1.0, interaction / scores.shape[1] / total)) if total > 0 else math.nan
+
+
+def summary(records: list[dict], targeted: list[str]) -> bool:
+    """Print the table; True when every configuration in `targeted` (the smoke grid's) meets the targets."""
+    from dashboards.stats import seed_interval
+
+    ok = True
+    by_fusion: dict[str, list[dict]] = {}
+    for r in sorted(records, key=lambda r: (r["fusion"], r["seed"])):
+        by_fusion.setdefault(r["fusion"], []).append(r)
+    print("| configuration | seeds | best val CIDEr [95% CI] | seed sd | largest last-epoch move | lift [95% CI] | "
+          "lift sd | grounding acc. | mean wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for fusion, runs in by_fusion.items():
+        best = [r["best_val_cider"] for r in runs]
+        move = max(abs(r["val_cider"][-1] - r["val_cider"][-2]) for r in runs) if len(runs[0]["val_cider"]) > 1 \
+            else math.nan
+        lift = [r["grounding"]["lift"] for r in runs]
+        acc = [r["grounding"]["accuracy"] for r in runs]
+        ci, li = seed_interval(best), seed_interval(lift)
+        sd = float(np.std(best, ddof=1)) if len(best) > 1 else math.nan
+        lift_sd = float(np.std(lift, ddof=1)) if len(lift) > 1 else math.nan
+        def bounds(i, fmt):  # no interval below 2 seeds
+            return "[-]" if i.low is None else f"[{i.low:{fmt}}, {i.high:{fmt}}]"
+
+        print(f"| {fusion} | {len(runs)} | {ci.mean:.1f} {bounds(ci, '.1f')} | "
+              f"{sd:.2f} | {move:.1f} | {li.mean:+.3f} {bounds(li, '+.3f')} | "
+              f"{lift_sd:.3f} | {np.mean(acc):.2f} | {np.mean([r['wall_s'] for r in runs]):.0f} |")
+        checks = {"sd": sd <= TARGETS["sd"], "move": move <= TARGETS["move"], "lift_sd": lift_sd <= TARGETS["lift_sd"],
+                  "accuracy": max(acc) <= TARGETS["accuracy"]}
+        if fusion not in targeted:
+            continue
+        ok &= all(checks.values())
+        print(f"  targets ({fusion}): " + ", ".join(f"{k} <= {TARGETS[k]}: {'met' if v else 'NOT met'}"
+                                                 for k, v in checks.items()))
+        print(f"  per seed best: {', '.join(f'{b:.1f}' for b in best)}; grounding accuracy {min(acc):.3f}-"
+              f"{max(acc):.3f} (perfectly grounded: 1.000)")
+        print(f"  share of the last epoch's seed variance that more val images would shrink: "
+              f"{val_size_share(runs):.0%}")
+    return ok
+
+
+def versus(records: list[dict], baseline: str, seeds: list[int]) -> None:
+    """Each configuration minus `baseline` over `seeds` (Welch's t over seed means): best val CIDEr and lift."""
+    from dashboards.stats import seed_difference
+
+    by_fusion: dict[str, dict[int, dict]] = {}
+    for r in records:
+        if r["seed"] in seeds:
+            by_fusion.setdefault(r["fusion"], {})[r["seed"]] = r
+    base = by_fusion.get(baseline, {})
+    print(f"\n| configuration | seeds | best val CIDEr vs {baseline} [95% CI] | half-width | "
+          f"lift vs {baseline} [95% CI] |")
+    print("|---|---|---|---|---|")
+    for fusion, runs in sorted(by_fusion.items()):
+        if fusion == baseline or not base:
+            continue
+        c = seed_difference([r["best_val_cider"] for r in runs.values()], [r["best_val_cider"] for r in base.values()])
+        lift = seed_difference([r["grounding"]["lift"] for r in runs.values()],
+                               [r["grounding"]["lift"] for r in base.values()])
+        if c.low is None:
+            continue
+        # no lift interval where both arms' lifts are one constant (every run grounding every word)
+        lift_text = "-" if lift.low is None else f"{lift.delta:+.3f} [{lift.low:+.3f}, {lift.high:+.3f}]"
+        print(f"| {fusion} | {len(runs)} vs {len(base)} | {c.delta:+.1f} [{c.low:+.1f}, {c.high:+.1f}] | "
+              f"{(c.high - c.low) / 2:.1f} | {lift_text} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fusion", nargs="+", default=None, help="configurations (default: the smoke grid's)")
+    ap.add_argument("--seeds", nargs="+", type=int, default=list(range(10)))
+    ap.add_argument("--summary", action="store_true", help="only summarise the stored records")
+    ap.add_argument("--records", type=Path, default=RECORDS)
+    ap.add_argument("--versus", metavar="FUSION", help="also print each configuration minus this one over --seeds")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="overrides of the smoke study's data/model/train (use their own --records folder)")
+    args = ap.parse_args()
+    fusions = args.fusion or yaml.safe_load(SMOKE.read_text())["search"]["space"]["fusion"]["grid"]
+    args.records.mkdir(parents=True, exist_ok=True)
+    if not args.summary:
+        for fusion in fusions:
+            for seed in args.seeds:
+                record = run_one(fusion, seed, args.set)
+                path = args.records / f"{fusion}-seed{seed}.json"
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(record))
+                os.replace(tmp, path)
+                print(f"{fusion} seed {seed}: best {record['best_val_cider']:.1f}, epochs "
+                      f"{[round(c, 1) for c in record['val_cider']]}, lift {record['grounding']['lift']:+.3f}",
+                      flush=True)
+    records = [json.loads(p.read_text()) for p in sorted(args.records.glob("*.json"))]
+    smoke = smoke_sections(args.set)
+    records = [r for r in records if _same_setup(r["config"], smoke)]  # records of an older smoke are ignored
+    if not records:
+        print("no records")
+        return 1
+    grid = yaml.safe_load(SMOKE.read_text())["search"]["space"]["fusion"]["grid"]
+    ok = summary(records, grid)
+    if args.versus:
+        versus(records, args.versus, args.seeds)
+    c = ceiling()
+    top = max(r["best_val_cider"] for r in records)
+    print(f"references against the other four: {c['reference_loo_cider']:.1f} (mean), "
+          f"{c['best_reference_cider']:.1f} (each image's best); best trained run: {top:.1f}; "
+          f"best constant caption: {c['best_constant_cider']:.1f} ({c['best_constant_caption']!r})")
+    print("all targets met" if ok else "targets NOT all met")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
