@@ -334,9 +334,10 @@ class StudyTracker:
 
     # -- trials (children) -----------------------------------------------------------------------------------
     def trial_run(self, trial_id: str, config: dict | None = None, tags: dict | None = None,
-                  run_name: str | None = None) -> str:
-        """The id of the child run of `trial_id`: the existing one (set RUNNING again, only `tags` change) or a new one
-        with the config (less what its fusion does not use) as params, and tags trial id, fusion, seed, git commit."""
+                  run_name: str | None = None, running: bool = True) -> str:
+        """The id of the child run of `trial_id`: the existing one (set RUNNING again unless not `running`, only
+        `tags` change) or a new one with the config (less what its fusion does not use) as params, and tags trial id,
+        fusion, seed, git commit."""
         from a2core.config import applicable_config
 
         trial_id = str(trial_id)
@@ -359,7 +360,8 @@ class StudyTracker:
                                          tags=_tag_values({**own, **extra}))
             self._steps[run.info.run_id] = {}  # a new run has no metrics yet
         else:
-            self._running_again(run)
+            if running:
+                self._running_again(run)
             self.set_tags(run.info.run_id, {**{k: v for k, v in own.items() if k not in run.data.tags},
                                             **{k: v for k, v in extra.items() if run.data.tags.get(k) != v}})
         self._log_params(run.info.run_id, flat, run.data.params)
@@ -411,7 +413,8 @@ class StudyTracker:
         from mlflow.entities import Metric, Param, RunTag
 
         entity = {"metrics": Metric, "params": Param, "tags": RunTag}[kind]
-        self.client.log_batch(run_id, **{kind: [entity(*item) for item in items]})
+        if items:
+            self.client.log_batch(run_id, **{kind: [entity(*item) for item in items]})
 
 
 def _status(status: str) -> str:

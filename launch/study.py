@@ -2,16 +2,16 @@
 
 A study lives in `<storage>/<name>/` (a folder or `s3://bucket/prefix/<name>/`): the Tune experiment, `study.yaml`
 (the resolved spec, all `resume`/`status` need), `trials/` (`launch.trainable`), `lease.json` (`launch.lease`),
-`tracking/` (`dashboards.spool`) and `summary.json` (best trial and configuration, compute, every trial's results;
+`tracking/outage.json` (`launch.mlflow_export`) and `summary.json` (best trial and configuration, compute, every trial's results;
 written at the end of `run`/`resume`). `./.a2/studies/<name>.json` points `resume`/`status` at the study.
 """
 from __future__ import annotations
 
 import argparse
 import errno
-import functools
 import importlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -25,14 +25,14 @@ import yaml
 from a2core.atomic import atomic_write
 from a2core.config import get_dotted, parse_yaml
 from a2core.errors import A2Error, StorageError, StudyError, TrackingError
-from dashboards.spool import Spool, outage_line, replay
 from dashboards.tables import finite, text_table
-from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, check_tracking_uri, study_runs
+from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import stop
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
+from launch.mlflow_export import Export, TrialState, add_outage, end_reason, outage_line
 from launch.spec import DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, load_study, validate_main
-from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name, plan_from_spec,
-                              read_results, remove_temp_root, train_run_name)
+from launch.trainable import (CHECKPOINT_FILE, STOPPED_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
+                              plan_from_spec, read_results, remove_temp_root, train_run_name)
 from launch.verify import quick_checkpoint_problem
 
 STUDY_FILE = "study.yaml"
@@ -326,26 +326,29 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
 
 
 def cmd_sync(args) -> int:
-    """Replay the study's tracking spool into its MLflow server; updates `summary.json`'s `tracking`."""
+    """Export the study's record to its MLflow server (`launch.mlflow_export`); updates `summary.json`'s `tracking`."""
     location = locate(args.name, args.storage)
     spec = load_saved_spec(location)
     check_tracking(spec)
-    with StudyLease(location.at()).held():  # a running driver replays its own spool: never both at once
-        spool = Spool(location.at())
-        tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
-        parent = tracker.find_parent_run()  # as it is: the spool's own end_study record sets its final status
-        if parent is None:
-            tracker.start_study()
-        else:
-            tracker.parent_run_id = parent.info.run_id
-        replayed, dropped = replay(tracker, spool)
-        outage = spool.add_outage(replayed=replayed, dropped=dropped)
+    with StudyLease(location.at()).held():  # a running driver exports itself: never both at once
+        export = Export(spec, location)
+        export.run(tune_trials(location), end_reason(spec.name))
+        outage = add_outage(location, pending=False)
         summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
         if isinstance(summary, dict):
             _write_summary(location, {**summary, "tracking": outage})
-    print(f"study {spec.name}: {replayed} tracking records replayed"
-          + (f", {dropped} refused by the server" if dropped else "") + "; " + (outage_line(outage) or "nothing left"))
+    print(f"study {spec.name}: exported to MLflow; " + (outage_line(outage) or "nothing was missing"))
     return 0
+
+
+def tune_trials(location: StudyLocation) -> list[TrialState]:
+    """The trials of the study's Tune experiment state in storage (no Ray needed)."""
+    # ray.tune is heavy: only the paths that read Tune's state import it
+    from ray.tune import ExperimentAnalysis
+
+    path, fs = location.at().ray_storage()
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    return [TrialState.of(trial) for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials]
 
 
 def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
@@ -446,14 +449,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
                                   storage_filesystem=fs)
     tune_kwargs = tune_config_kwargs(spec)
     stopped_early_of = getattr(tune_kwargs["scheduler"], "stopped_early", None)  # ReplicateASHA's record (FIFO: none)
-    raw = spec.to_dict()
-    tracking = A2MLflowCallback(
-        spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"),
-        study_params={"search": raw.get("search", {}), "resources": raw.get("resources", {}),
-                      "storage": raw.get("storage"), "base": {k: raw.get(k) for k in ("data", "model", "train")}},
-        study_tags={"a2.storage": location.uri()}, resolve_config=spec.trial_config, metric=spec.metric,
-        mode=spec.mode, history_of=functools.partial(_result_log, spec, location), stopped_early_of=stopped_early_of,
-        spool_at=location.at(), searched_params=[p.path for p in spec.params.values()])
+    tracking = A2MLflowCallback(spec, location, stopped_early_of=stopped_early_of)
     storage_path, fs = open_location(location.storage, location.endpoint_url).ray_storage()  # the study's parent
     run_config = tune.RunConfig(
         name=spec.name,
@@ -551,13 +547,12 @@ def collect(spec, location: StudyLocation) -> list[dict]:
     """One row per trial: its state from the Tune experiment in storage (no Ray needed), its results from its own
     result log (every epoch it reported, across restarts; Tune's result files lose what was not yet synced when a
     driver died)."""
-    import logging
-
+    # ray.tune is heavy: only the paths that read Tune's state import it
     from ray.tune import ExperimentAnalysis
 
     path, fs = location.at().ray_storage()
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    stopped = stopped_early_trials(spec)
+    stopped = stopped_early_trials(location)
     rows = []
     for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials:
         error = (trial.get_error() or "").strip().splitlines()
@@ -565,28 +560,21 @@ def collect(spec, location: StudyLocation) -> list[dict]:
                         _result_log(spec, location, trial.trial_id), trial.last_result or {},
                         error[-1][:500] if error else None)
         cut_short = row["state"] == "TERMINATED" and 0 < row["epochs_done"] < row["epochs_planned"]
-        # Only the scheduler ends a trial short: one without the scheduler's record (MLflow down) is stopped too.
+        # Only the scheduler ends a trial short: one without the scheduler's record (a driver killed) is stopped too.
         row["stopped_early"] = stopped.get(trial.trial_id) or ({"rung": None, "cutoff": None} if cut_short else None)
         rows.append(row)
     return rows
 
 
-def stopped_early_trials(spec) -> dict[str, dict]:
-    """{trial id: {"rung", "cutoff"}} of the trials the scheduler stopped, from their MLflow runs' tags (set by
-    the MLflow callback); {} when the tracking server does not answer (status still works, without them)."""
-    from dashboards.stats import TAG_STOPPED_CUTOFF, TAG_STOPPED_RUNG, is_stopped_early
-
-    try:
-        _, children = study_runs(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
-    except Exception as err:  # noqa: BLE001 - status reads storage; the tags are extra
-        print(f"note: stopped-early tags not read from MLflow ({type(err).__name__}: {err})", file=sys.stderr)
-        return {}
+def stopped_early_trials(location: StudyLocation) -> dict[str, dict]:
+    """{trial id: {"rung", "cutoff"}} of the trials the scheduler stopped, from their run folders' record
+    (`launch.trainable.STOPPED_FILE`, written by the driver's `launch.mlflow_callback`)."""
     out = {}
-    for tags in (run.data.tags for run in children):
-        if TAG_TRIAL_ID in tags and is_stopped_early(tags):
-            rung = finite(tags.get(TAG_STOPPED_RUNG))
-            out[tags[TAG_TRIAL_ID]] = {"rung": None if rung is None else int(rung),
-                                       "cutoff": finite(tags.get(TAG_STOPPED_CUTOFF))}
+    prefix = f"{location.name}-"
+    for name in location.at(TRIALS_DIR).listdir(folders_only=True):
+        record = json.loads(location.at(TRIALS_DIR, name, STOPPED_FILE).read_text() or "null")
+        if name.startswith(prefix) and isinstance(record, dict):
+            out[name[len(prefix):]] = {"rung": record.get("rung"), "cutoff": finite(record.get("cutoff"))}
     return out
 
 
@@ -746,7 +734,7 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
     rows = collect(spec, location)
     summary = summarize(spec, location, rows)
-    summary["tracking"] = Spool(location.at()).add_outage()  # the MLflow outages of the study, if any
+    summary["tracking"] = add_outage(location)  # the MLflow outages of the study, if any
     _write_summary(location, summary)
     _log_compute_totals(spec, summary["compute"])
     print_conclusions(spec, summary, rows if verbose else [])
@@ -756,7 +744,7 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
 
 def _log_compute_totals(spec, totals: dict) -> None:
     """The compute totals as `compute/<key>` metrics of the study's MLflow parent run, when MLflow answers (a
-    server still down at the end does not fail the study: its spool waits for `resume` or `a2 mlflow sync`)."""
+    server still down at the end does not fail the study: `resume` or `a2 mlflow sync` exports it later)."""
     try:
         check_tracking_uri(spec.tracking["mlflow_uri"], timeout=2.0)
     except TrackingError:

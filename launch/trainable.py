@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -26,6 +27,8 @@ CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not impo
 HISTORY_FILE = "history.json"  # a2core.checkpoint.HISTORY_FILE, likewise
 CHECKPOINT_PREFIX = "checkpoint_epoch"  # + the epoch, 4 digits: one folder per checkpointed epoch
 RESULTS_FILE = "results.json"  # in a trial's run folder: every epoch's result, across retries and restores
+ARTIFACTS_DIR = "artifacts"  # in a trial's run folder: the files of its MLflow run, at their artifact paths
+STOPPED_FILE = "stopped_early.json"  # in a trial's run folder: the scheduler's decision to stop it (launch.study)
 TUNE_POINTER_FILE = "train_checkpoint.json"
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
 # Environment that Ray workers need to reach storage from any node of the cluster: settings and references
@@ -201,6 +204,7 @@ class TrialRecorder:
         import ray.tune
 
         self.trial_id = ray.tune.get_context().get_trial_id()
+        self.metric, self.mode = plan.metric, plan.mode
         self.run = plan.trials().join(train_run_name(plan.study, self.trial_id))
         self.log = ResultLog(self.run.join(RESULTS_FILE))
         self.log.add_missing(latest_checkpoint_history(self.run))
@@ -215,6 +219,7 @@ class TrialRecorder:
         # after a driver died is logged at the time it was reported, in its place among the others.
         item.setdefault("timestamp", time.time())
         self.meter.stamp(item, attempt_cpu_s)
+        self.keep_artifacts(item)
         self.log.add(item)
         if not item.get("checkpoint_path"):
             ray.tune.report(item)
@@ -223,6 +228,33 @@ class TrialRecorder:
             pointer = {"train_checkpoint": item["checkpoint_path"], "epoch": item.get("epoch")}
             (Path(folder) / TUNE_POINTER_FILE).write_text(json.dumps(pointer))
             ray.tune.report(item, checkpoint=ray.tune.Checkpoint.from_directory(folder))
+
+    def keep_artifacts(self, item: dict) -> None:
+        """A result's per-image scores and caption samples, as files below the run folder's `artifacts/` (the
+        result log keeps plain values only): the best val epoch's per-image CIDEr-D (`eval/per_image_cider.json`,
+        what the paired bootstraps read; written when an epoch beats every earlier one), the test split's of the
+        selected checkpoint (`eval/test_per_image_cider.json`) and each epoch's samples (`samples/epoch_NNN.txt`)."""
+        # a2core.train imports torch: not at module level, the driver imports this module too
+        from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY
+
+        def number(value) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+        artifacts, epoch, value = self.run.join(ARTIFACTS_DIR), item.get("epoch"), item.get(self.metric)
+        earlier = [r[self.metric] for e, r in self.log.by_epoch.items()
+                   if isinstance(epoch, int) and e < epoch and number(r.get(self.metric))]
+        best = number(value) and (not earlier or (value > max(earlier) if self.mode == "max" else value < min(earlier)))
+        for key, name, wanted in ((PER_IMAGE_KEY, "eval/per_image_cider.json", best),
+                                  (TEST_PER_IMAGE_KEY, "eval/test_per_image_cider.json", True)):
+            scores = item.get(key) or {}
+            ids, values = scores.get("ids"), scores.get("scores")
+            if wanted and ids and values and len(ids) == len(values):
+                artifacts.join(name).write_text(
+                    json.dumps({str(i): float(v) for i, v in zip(ids, values)}, sort_keys=True))
+        samples = item.get("samples")
+        if isinstance(epoch, int) and isinstance(samples, (list, tuple)) and samples and all(
+                isinstance(s, str) for s in samples):
+            artifacts.join(f"samples/epoch_{epoch:03d}.txt").write_text("\n".join(samples) + "\n")
 
     def report_again(self, epoch: int) -> None:
         """Report the logged result of `epoch` (where a resumed trial starts) to Tune once more, before training:
