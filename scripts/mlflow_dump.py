@@ -6,8 +6,9 @@
 
 The dump holds, per run (the study's parent and one child per trial, in trial order): its name, status, params,
 tags, every metric's (step, value) history and its artifacts' names with a digest of their content. What differs
-between two runs of the same study is left out or normalised: run ids, timestamps and durations (`compute/*`
-values; their steps stay), the git commit, the study's temp folder (`<root>`) and Tune's random trial ids (trials in (replicate group, seed) order).
+between two runs of the same study is left out or normalised: run ids, timestamps and durations (the values of
+`compute/*` and `time/*`; their steps stay), the git commit, the study's folder (`<root>`), Tune's random trial ids
+and the replicate groups' hashes (of configs that hold the data folder): trials are numbered in config, seed order.
 """
 from __future__ import annotations
 
@@ -64,16 +65,20 @@ def dump(uri: str, name: str, root: str) -> dict:
     client = mlflow.MlflowClient(uri)
     parent, children = study_runs(uri, name)
     # Tune's trial ids are random: trials are named by their place in (replicate group, seed) order
-    children = sorted(children, key=lambda run: (run.data.tags.get("a2.config_hash", ""),
-                                                 run.data.tags.get("a2.seed", "")))
+    # (and the replicate groups' hashes, of configs holding the data folder, by the trials' order)
+    children = sorted(children, key=lambda run: json.dumps(
+        {k: v.replace(root, "<root>") for k, v in run.data.params.items() if k != "train.seed"}, sort_keys=True)
+        + run.data.tags.get("a2.seed", ""))
     names = {run.data.tags["a2.trial_id"]: f"<trial{i}>" for i, run in enumerate(children)}
+    for run in children:
+        names.setdefault(run.data.tags.get("a2.config_hash", "-"), f"<group{len(set(names.values())) - len(children)}>")
 
     def one(run) -> dict:
         rid = run.info.run_id
         metrics = {}
         for key in sorted(run.data.metrics):
             history = sorted((m.step, m.value) for m in client.get_metric_history(rid, key))
-            metrics[key] = [[s, None if key.startswith("compute/") else v] for s, v in history]
+            metrics[key] = [[s, None if key.startswith(("compute/", "time/")) else v] for s, v in history]
         artifacts = {}
         pending = [None]
         with tempfile.TemporaryDirectory() as folder:

@@ -230,4 +230,11 @@ def test_best_epochs_per_image_cider_is_the_artifact_compare_pairs(spec):
     comparison, _, _ = study_comparison(uri, spec.name, by="fusion")
     diff = comparison.differences["gate"]
     assert diff.images == len(IDS) and diff.delta == pytest.approx(5.0)
-    assert diff.verdict().startswith("gate beats none by 5.0 CIDEr [")
+    assert diff.verdict().startswith("gate beats none by 5.0 CIDEr [") and diff.verdict().endswith(
+        "3 seeds x 30 images")
+    # `a2 pipeline` ends with these verdicts, then the ensemble's gain from the leaderboard
+    from launch.pipeline import conclusion
+
+    gain = "ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seed x 30 images"
+    assert conclusion(uri, spec.name, {"ensemble_gain": {"verdict": gain}}) == [diff.verdict(), gain]
+    assert conclusion(uri, "nope", {})[0].startswith("no comparison: ")
