@@ -185,7 +185,7 @@ def _numeric(value: Any) -> float | None:
 
 def client_settings() -> None:
     """Short MLflow HTTP timeouts in this process, unless the environment sets its own: MLflow's REST client retries
-    a refused or slow request for minutes (timeout 120 s, 7 retries); a study's tracking thread spools instead."""
+    a refused or slow request for minutes (timeout 120 s, 7 retries); a study's export thread tries again later."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")  # read per request by MLflow
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 
@@ -229,7 +229,7 @@ class StudyTracker:
         self._view: tuple | None = None  # (metric, mode, searched params) once `set_views` was called
         self._view_sections: set[str] = set()  # the chart sections the views list
         # run id -> metric key -> the steps MLflow holds: read once per run and process, then kept up to date, so
-        # that a replayed or re-reported epoch (a resume, a retry, a spool replay) is written once
+        # that a replayed or re-reported epoch (a resume, a retry, an export made again) is written once
         self._steps: dict[str, dict[str, set[int]]] = {}
 
     def view_url(self, view: str = VIEW_TRIALS, charts: bool = False) -> str | None:

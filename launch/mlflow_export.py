@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 
 from a2core.errors import StorageError, TrackingError
-from dashboards.stats import TAG_CONFIG_HASH, config_hash, stopped_early_tags
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
 from launch.trainable import (ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, ResultLog,
                               train_run_name)
@@ -112,6 +111,9 @@ class Export:
 
     def _trial(self, tracker: StudyTracker, trial: TrialState, ended: str | None, late: bool) -> str | None:
         """Export one trial; returns the status its run has now (None: not started, no run)."""
+        # dashboards.stats imports scipy: kept out of the `a2 study` commands that do not export (launch.study)
+        from dashboards.stats import TAG_CONFIG_HASH, config_hash
+
         tid = trial.trial_id
         folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, tid))
         text = folder.join(RESULTS_FILE).read_text()
@@ -147,6 +149,8 @@ class Export:
 
     def _tags(self, trial: TrialState, results: list[dict], stopped: dict | None) -> dict:
         """The checkpoint tags (the newest one, and the best epoch's when it has one), retries, the stop record."""
+        from dashboards.stats import stopped_early_tags  # scipy: as in `_trial`
+
         tags = {}
         best_value, best = None, None
         for result in results:  # epoch order: the first of equal values is the best

@@ -483,7 +483,7 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
         def report(self, trials, done: bool, *sys_info) -> None:
             self.last = time.monotonic()
             print(format_table([live_row(spec, t, stopped_early_of) for t in trials], spec.metric), flush=True)
-            line = tracking_line()  # e.g. "tracking: server down 31 s, 14 records spooled, all replayed"
+            line = tracking_line()  # e.g. "tracking: server down 31 s, 14 epochs exported once it was back"
             if line:
                 print(line, flush=True)
 

@@ -10,10 +10,8 @@ from pathlib import Path
 import pytest
 from scipy import stats as sps
 
-from dashboards.stats import stopped_early_tags
-from dashboards.tracking import StudyTracker
 from launch.spec import load_study
-from launch.study import (StudyLocation, build_tuner, cmd_status, format_table, stopped_early_trials, summarize,
+from launch.study import (StudyLocation, build_tuner, cmd_status, format_table, summarize,
                           trial_row, verdict)
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
