@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from a2core.config import flatten
+from a2core.config import applicable_config, flatten
 from a2core.errors import TrackingError
 from dashboards.mlflow_views import (MODEL_TRAINING, TAG_EXPERIMENT_KIND, VIEW_TRIALS, chart_section,
                                      saved_sections, ui_url, view_states, view_tags)
@@ -191,7 +191,7 @@ def client_settings() -> None:
 
 
 def _client(tracking_uri: str):
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # mlflow: not for `a2` commands that only check a URI or serve
 
     return MlflowClient(tracking_uri=tracking_uri)
 
@@ -244,7 +244,7 @@ class StudyTracker:
     def experiment_id(self) -> str:
         """The experiment's id; created (model training, with the a2 views) when there is none, restored when it was
         deleted; an existing one is marked model training again (a resumed study) and gets the views it lacks."""
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # mlflow: as in `_client`
 
         exp = self.client.get_experiment_by_name(self.experiment_name)
         if exp is None:
@@ -321,7 +321,7 @@ class StudyTracker:
 
     def _end(self, run_id: str, status: str, reason: str | None) -> None:
         """End a run with `status`; its `a2.end_reason` tag says why (a KILLED or FAILED run), or goes."""
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # mlflow: as in `_client`
 
         if reason:
             self.set_tags(run_id, {TAG_END_REASON: reason})
@@ -338,8 +338,6 @@ class StudyTracker:
         """The id of the child run of `trial_id`: the existing one (set RUNNING again unless not `running`, only
         `tags` change) or a new one with the config (less what its fusion does not use) as params, and tags trial id,
         fusion, seed, git commit."""
-        from a2core.config import applicable_config
-
         trial_id = str(trial_id)
         if self.parent_run_id is None:
             self.start_study()
@@ -410,7 +408,7 @@ class StudyTracker:
 
     def _log_batch(self, run_id: str, kind: str, items: list[tuple]) -> None:
         """`items` as MLflow entities of `kind` (metrics, params, tags); the client splits them into requests."""
-        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.entities import Metric, Param, RunTag  # mlflow: as in `_client`
 
         entity = {"metrics": Metric, "params": Param, "tags": RunTag}[kind]
         if items:

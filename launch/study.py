@@ -30,10 +30,11 @@ from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import stop
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.mlflow_export import Export, TrialState, add_outage, end_reason, outage_line
-from launch.spec import DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, load_study, validate_main
+from launch.raycluster import connect
+from launch.spec import DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, _study_name, load_study, validate_main
 from launch.trainable import (CHECKPOINT_FILE, STOPPED_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
-                              plan_from_spec, read_results, remove_temp_root, train_run_name)
-from launch.verify import quick_checkpoint_problem
+                              plan_from_spec, propagated_env, read_results, remove_temp_root, train_run_name)
+from launch.verify import cmd_check, quick_checkpoint_problem, refuse_corrupt
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
@@ -113,8 +114,6 @@ def main(args: argparse.Namespace) -> int:
     if command in ("compare", "plan"):  # MLflow and scipy: imported only when asked for
         return importlib.import_module({"compare": "dashboards.compare", "plan": "launch.plan"}[command]).main(args)
     if command == "check":
-        from launch.verify import cmd_check
-
         return cmd_check(args)
     return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[command](args)
 
@@ -129,7 +128,7 @@ class StudyLocation:
     endpoint_url: str | None = None
 
     def at(self, *parts: str):
-        from dashboards.storage import open_location
+        from dashboards.storage import open_location  # pyarrow: only when a study is opened
 
         return open_location(self.storage, self.endpoint_url).join(self.name, *parts)
 
@@ -183,8 +182,6 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
 def check_name(name: str) -> str:
     """`name` if it is a study's name (the spec's rule: lowercase letters, digits, '-'), which keeps every path made
     from it inside the storage root; else StudyError (exit 2)."""
-    from launch.spec import _study_name
-
     try:
         return _study_name(name)
     except ValueError as err:
@@ -268,7 +265,7 @@ def check_tracking(spec) -> None:
 
 def run_study(spec, **options) -> dict:
     """Run a validated study to its end on Ray (`_drive`'s options); returns the summary (also in summary.json)."""
-    from dashboards.storage import check_storage
+    from dashboards.storage import check_storage  # pyarrow: only when a study is opened
 
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     check_storage(location.storage, location.endpoint_url)
@@ -278,8 +275,6 @@ def run_study(spec, **options) -> dict:
 def resume_study(location: StudyLocation, **options) -> dict:
     """Continue a study: finished trials stay, unfinished and errored ones resume. A corrupt state file is refused
     first (`launch.verify`): Tune would restart the experiment over it."""
-    from launch.verify import refuse_corrupt
-
     refuse_corrupt(location.at(), "resume")
     return _drive(load_saved_spec(location), location, new=False, **options)
 
@@ -288,10 +283,7 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
            force: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> dict:
     """Run a new study or resume one as the study's one writer, on the cluster at `address` (else $RAY_ADDRESS,
     else a local Ray), and summarize it."""
-    from ray.tune import Tuner
-
-    from launch.raycluster import connect
-    from launch.trainable import propagated_env
+    from ray.tune import Tuner  # ray: only when a study runs
 
     check_tracking(spec)
     with StudyLease(location.at(), stale_after).held(force):  # one writer per study
@@ -307,7 +299,7 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         # a trial asking more than the whole cluster has would wait forever: refused (ConfigError, exit 2)
         StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
-            from launch.datastore import check_feature_copies
+            from launch.datastore import check_feature_copies  # numpy: only for COCO features
 
             check_feature_copies(spec.base["data"]["features"])
         if new:
@@ -429,6 +421,7 @@ def say(text: str, verbose: bool = True) -> None:
 def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore: bool = False):
     """The study's Tuner, new or restored from storage (searcher, scheduler, callbacks) to resume unfinished and
     errored trials."""
+    # ray (and optuna, through launch.search): only when a study runs
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
@@ -468,7 +461,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
 
 
 def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
-    from ray.tune import ProgressReporter
+    from ray.tune import ProgressReporter  # ray: only when a study runs
 
     class StudyTable(ProgressReporter):
         """The live trial table (`a2 study status`'s, from the running trials) every 30 s and at the end. (Tune's
@@ -657,7 +650,7 @@ def compute_line(totals: dict) -> str:
 
 def _stopped_tags(row: dict) -> dict:
     """A row's or group's stopped-early record as the run tags that `dashboards.stats.best_candidates` reads."""
-    from dashboards.stats import stopped_early_tags
+    from dashboards.stats import stopped_early_tags  # scipy (dashboards.stats): not for `a2 study validate`
 
     return stopped_early_tags(0, float("nan")) if row.get("stopped_early") else {}
 
@@ -667,8 +660,8 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
     `dashboards.stats.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
     seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
     stopped early, if any."""
-    from dashboards.stats import config_hash, seed_interval
-    from launch.search import SEED_KEYS, group_key
+    from dashboards.stats import config_hash, seed_interval  # scipy: not for `a2 study validate`
+    from launch.search import SEED_KEYS, group_key  # ray and optuna: likewise
 
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -691,8 +684,7 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
     """Best trial and best replicate group (both among those not stopped early, unless every one was:
     `dashboards.stats.best_candidates`), the baseline (fusion none, same seed) comparison, every replicate
     group's mean and interval, and every trial's results."""
-    from dashboards.stats import best_candidates
-    from dashboards.stats import best_group as pick_best_group
+    from dashboards.stats import best_candidates, best_group as pick_best_group  # scipy: not for validate
 
     best = _pick(best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags), "best", spec.mode)
     groups = replicate_groups(spec, rows)
@@ -785,7 +777,7 @@ def verdict(summary: dict) -> str:
 def group_verdict(summary: dict) -> str | None:
     """For replicated studies: "best configuration (fusion gate, lambda 0.035): 112.3 [110.1, 114.5] over 3 seeds;
     gate beats none by ..." (the difference of seed means, Welch, `dashboards.stats.compare_arms`)."""
-    from dashboards.stats import Arm, Interval, compare_arms
+    from dashboards.stats import Arm, Interval, compare_arms  # scipy: not for `a2 study validate`
 
     best, metric = summary.get("best_group"), summary["metric"]
     if not best or best["n"] < 2:
@@ -829,7 +821,7 @@ def _fmt(value) -> str:
 
 def state_text(row: dict) -> str:
     """A trial's or group's state: Tune's, or "stopped early (rung r, cutoff c)" when the scheduler stopped it."""
-    from dashboards.stats import stopped_early_text
+    from dashboards.stats import stopped_early_text  # scipy: not for `a2 study validate`
 
     return stopped_early_text(row["stopped_early"]) if row.get("stopped_early") else row.get("state", "")
 
@@ -844,7 +836,7 @@ def format_table(rows: list[dict], metric: str) -> str:
 
 def format_groups(groups: list[dict], metric: str) -> str:
     """One row per replicate group: its seeds, the mean of the best metric with its 95% interval, its state."""
-    from dashboards.stats import Interval, short_hash
+    from dashboards.stats import Interval, short_hash  # scipy: not for `a2 study validate`
 
     header = ["config", "fusion", "lambda", "seeds", f"best {metric.split('/')[-1]} [95% CI]", "state"]
     body = [[short_hash(g["config_hash"]), str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
@@ -855,8 +847,6 @@ def format_groups(groups: list[dict], metric: str) -> str:
 
 
 def cmd_status(args) -> int:
-    from launch.verify import refuse_corrupt
-
     location = locate(args.name, args.storage)
     refuse_corrupt(location.at(), "status")
     spec = load_saved_spec(location)
@@ -877,7 +867,7 @@ def cmd_status(args) -> int:
 
 def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
     """The trial table (of `rows`), the replicate groups, the verdict, the compute and any tracking outage."""
-    from dashboards.stats import MIN_SEEDS
+    from dashboards.stats import MIN_SEEDS  # scipy: not for `a2 study validate`
 
     lines = [format_table(rows, spec.metric)] if rows else []
     if any(g["n"] > 1 for g in summary["groups"]):
