@@ -72,14 +72,14 @@ def _metrics(result: dict) -> dict:
 
 class Export:
     """One study's export into one tracker; `run(trials, ended)` is the idempotent export. It remembers what it
-    wrote (trials whose runs are final, artifacts by content), so that exporting every few seconds reads little."""
+    exported (each trial's record and state, artifacts by content), so that exporting every few seconds reads and
+    writes little: a trial whose results, stop record and state did not change is passed over."""
 
     def __init__(self, spec, location, tracker: StudyTracker | None = None):
         self.spec, self.location = spec, location
         self.tracker = tracker
-        self.final: set[str] = set()  # trials whose run is complete and ended in MLflow
+        self.exported: dict[str, tuple] = {}  # trial id -> (what its export read, the run's status)
         self.uploaded: dict[tuple[str, str], str] = {}  # (run id, artifact path) -> text uploaded
-        self.results_text: dict[str, str] = {}  # trial id -> results.json as last exported
         self.late = 0  # epochs written after the server had been down
 
     def open(self) -> StudyTracker:
@@ -116,13 +116,14 @@ class Export:
 
         tid = trial.trial_id
         folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, tid))
-        text = folder.join(RESULTS_FILE).read_text()
-        if tid in self.final and text == self.results_text.get(tid):
-            return "FINISHED"
+        text, stopped_text = folder.join(RESULTS_FILE).read_text(), folder.join(STOPPED_FILE).read_text()
+        seen = (text, stopped_text, trial.status, trial.retries, ended, late)
+        if self.exported.get(tid, (None,))[0] == seen:
+            return self.exported[tid][1]
         if text is None and trial.status == "PENDING":
             return None
         results = list(ResultLog(folder.join(RESULTS_FILE)).by_epoch.values()) if text else []
-        stopped = json.loads(folder.join(STOPPED_FILE).read_text() or "null")
+        stopped = json.loads(stopped_text or "null")
         complete = trial.status == "TERMINATED" and (stopped is not None or len(results) >= self.spec.total_epochs)
         status = ("FINISHED" if complete else "FAILED" if trial.status == "ERROR"
                   else "KILLED" if ended is not None else "RUNNING")
@@ -142,9 +143,7 @@ class Export:
         if status != "RUNNING":
             reason = trial.error if status == "FAILED" else ended if status == "KILLED" else None
             tracker.end_trial(run_id, status, reason)
-        if status == "FINISHED":
-            self.final.add(tid)
-            self.results_text[tid] = text
+        self.exported[tid] = (seen, status)
         return status
 
     def _tags(self, trial: TrialState, results: list[dict], stopped: dict | None) -> dict:
@@ -241,7 +240,11 @@ class StudyExporter:
             if not server_answers(self.uri):
                 raise TrackingError(f"MLflow server {self.uri} does not answer")
             self.export.run([TrialState.of(t) for t in list(self.trials())], ended, late=late)
-        except (TrackingError, StorageError, OSError) as err:
+        except StorageError as err:  # the study's storage, not the server: the study itself stops on it
+            logger.warning("MLflow export could not read the study's record: %s", err)
+            self.done = False
+            return False
+        except (TrackingError, OSError) as err:
             return self._down(err)
         except Exception as err:  # noqa: BLE001 - the server's or the connection's: an outage, if it is gone
             if server_answers(self.uri):
