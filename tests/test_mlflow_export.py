@@ -238,3 +238,33 @@ def test_best_epochs_per_image_cider_is_the_artifact_compare_pairs(spec):
     gain = "ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seed x 30 images"
     assert conclusion(uri, spec.name, {"ensemble_gain": {"verdict": gain}}) == [diff.verdict(), gain]
     assert conclusion(uri, "nope", {})[0].startswith("no comparison: ")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_study_exported_from_its_record_alone_is_what_the_driver_exported(tmp_path, monkeypatch):
+    """The smoke study of `scripts/mlflow_dump.py` (4 trials, 3 epochs), run; then its MLflow database set aside and
+    `a2 mlflow sync` run: the study's storage alone gives the same runs (params, tags, metrics by step, artifacts,
+    statuses). The parent's compute totals are left out of the comparison: `a2 study run` logs them when it ends,
+    they are not part of the export."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    spec_ = importlib.util.spec_from_file_location("mlflow_dump", SMOKE.parents[1] / "scripts" / "mlflow_dump.py")
+    dump = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(dump)
+    uri, root = dump.run_study(tmp_path)
+    live = dump.dump(uri, dump.NAME, str(root))
+    (tmp_path / "mlflow.db").rename(tmp_path / "live.db")
+    sync = subprocess.run([sys.executable, "-m", "launch.cli", "mlflow", "sync", dump.NAME,
+                           "--storage", str(tmp_path / "studies")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(SMOKE.parents[1])})
+    assert sync.returncode == 0, sync.stdout + sync.stderr
+    again = dump.dump(uri, dump.NAME, str(root))
+    for result in (live, again):
+        result["parent"]["metrics"] = {k: v for k, v in result["parent"]["metrics"].items()
+                                       if not k.startswith("compute/")}
+    assert again == live
+    assert live["parent"]["status"] == "FINISHED" and {t["status"] for t in live["trials"]} == {"FINISHED"}
