@@ -4,7 +4,11 @@ params and tags set, run statuses true to the study."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -12,9 +16,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import launch.mlflow_export as export_mod
+from dashboards.compare import study_comparison
 from dashboards.tracking import StudyTracker, study_runs
 from launch import study
 from launch.mlflow_export import Export, StudyExporter, TrialState, end_reason, outage_line
+from launch.pipeline import conclusion
 from launch.spec import load_study
 from launch.study import StudyLocation, stopped_early_trials
 from launch.trainable import STOPPED_FILE
@@ -213,8 +219,6 @@ def test_mlflow_sync_exports_a_study_that_ended_while_the_server_was_down(spec, 
 
 
 def test_best_epochs_per_image_cider_is_the_artifact_compare_pairs(spec):
-    from dashboards.compare import study_comparison
-
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking["mlflow_uri"]
     trials = []
@@ -233,8 +237,6 @@ def test_best_epochs_per_image_cider_is_the_artifact_compare_pairs(spec):
     assert diff.verdict().startswith("gate beats none by 5.0 CIDEr [") and diff.verdict().endswith(
         "3 seeds x 30 images")
     # `a2 pipeline` ends with these verdicts, then the ensemble's gain from the leaderboard
-    from launch.pipeline import conclusion
-
     gain = "ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seed x 30 images"
     assert conclusion(uri, spec.name, {"ensemble_gain": {"verdict": gain}}) == [diff.verdict(), gain]
     assert conclusion(uri, "nope", {})[0].startswith("no comparison: ")
@@ -247,11 +249,6 @@ def test_a_study_exported_from_its_record_alone_is_what_the_driver_exported(tmp_
     `a2 mlflow sync` run: the study's storage alone gives the same runs (params, tags, metrics by step, artifacts,
     statuses). The parent's compute totals are left out of the comparison: `a2 study run` logs them when it ends,
     they are not part of the export."""
-    import importlib.util
-    import os
-    import subprocess
-    import sys
-
     spec_ = importlib.util.spec_from_file_location("mlflow_dump", SMOKE.parents[1] / "scripts" / "mlflow_dump.py")
     dump = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(dump)
