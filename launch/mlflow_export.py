@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from a2core.errors import StorageError, TrackingError
+from a2core.errors import StorageError, StudyError, TrackingError
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
 from launch.trainable import (ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, ResultLog,
                               train_run_name)
@@ -64,6 +64,20 @@ def end_reason(study: str, signal_name: str | None = None) -> str:
     """Why the runs of a study that ended part way are KILLED, and how to go on."""
     how = f"interrupted by {signal_name}" if signal_name else "the study stopped"
     return f"{how}; continue with `a2 study resume {study}`"
+
+
+def stop_record(folder, text: str | None = None) -> dict | None:
+    """The scheduler's decision to stop the trial of run folder `folder` (`{"rung", "cutoff", ...}`), or None;
+    a file that is not one is a StudyError naming it. `text`: the file's text, when already read."""
+    target = folder.join(STOPPED_FILE)
+    text = target.read_text() if text is None else text
+    try:
+        record = json.loads(text or "null")
+    except ValueError as err:
+        raise StudyError(f"{target.uri}: not a stop record ({err}); delete it to let the study go on") from None
+    if record is not None and not (isinstance(record, dict) and "rung" in record and "cutoff" in record):
+        raise StudyError(f"{target.uri}: not a stop record (no rung and cutoff); delete it to let the study go on")
+    return record
 
 
 def _metrics(result: dict) -> dict:
@@ -123,7 +137,7 @@ class Export:
         if text is None and trial.status == "PENDING":
             return None
         results = list(ResultLog(folder.join(RESULTS_FILE)).by_epoch.values()) if text else []
-        stopped = json.loads(stopped_text or "null")
+        stopped = stop_record(folder, stopped_text or "")
         complete = trial.status == "TERMINATED" and (stopped is not None or len(results) >= self.spec.total_epochs)
         status = ("FINISHED" if complete else "FAILED" if trial.status == "ERROR"
                   else "KILLED" if ended is not None else "RUNNING")

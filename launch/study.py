@@ -29,10 +29,10 @@ from dashboards.tables import finite, text_table
 from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import stop
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
-from launch.mlflow_export import Export, TrialState, add_outage, end_reason, outage_line
+from launch.mlflow_export import Export, TrialState, add_outage, end_reason, outage_line, stop_record
 from launch.raycluster import connect
 from launch.spec import DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, _study_name, load_study, validate_main
-from launch.trainable import (CHECKPOINT_FILE, STOPPED_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
+from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
                               plan_from_spec, propagated_env, read_results, remove_temp_root, train_run_name)
 from launch.verify import cmd_check, quick_checkpoint_problem, refuse_corrupt
 
@@ -565,9 +565,9 @@ def stopped_early_trials(location: StudyLocation) -> dict[str, dict]:
     out = {}
     prefix = f"{location.name}-"
     for name in location.at(TRIALS_DIR).listdir(folders_only=True):
-        record = json.loads(location.at(TRIALS_DIR, name, STOPPED_FILE).read_text() or "null")
-        if name.startswith(prefix) and isinstance(record, dict):
-            out[name[len(prefix):]] = {"rung": record.get("rung"), "cutoff": finite(record.get("cutoff"))}
+        record = stop_record(location.at(TRIALS_DIR, name)) if name.startswith(prefix) else None
+        if record is not None:
+            out[name[len(prefix):]] = {"rung": record["rung"], "cutoff": finite(record["cutoff"])}
     return out
 
 

@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 import launch.mlflow_export as export_mod
 from dashboards.compare import study_comparison
+from a2core.errors import StudyError
 from dashboards.tracking import StudyTracker, study_runs
 from launch import study
 from launch.mlflow_export import Export, StudyExporter, TrialState, end_reason, outage_line
@@ -142,6 +143,13 @@ def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
     assert stopped_early_trials(location) == {"t2": {"rung": 2, "cutoff": 20.5}}  # `status` reads the record
     assert runs["t0"].data.tags["a2.config_hash"] != runs["t1"].data.tags["a2.config_hash"]
     assert runs["t0"].data.tags["a2.config_hash"] == runs["t2"].data.tags["a2.config_hash"]  # replicates
+
+    folder.join(STOPPED_FILE).write_text("{rung: 2")  # garbage: refused naming the file, by status and export
+    with pytest.raises(StudyError, match=f"{STOPPED_FILE}: not a stop record"):
+        stopped_early_trials(location)
+    with pytest.raises(StudyError, match=f"{STOPPED_FILE}: not a stop record"):
+        Export(spec, location).run([TrialState.of(t) for t in trials])
+    folder.join(STOPPED_FILE).write_text(json.dumps({"rung": 2, "cutoff": 20.5}))
 
     trials[1].status, trials[3].status = "RUNNING", "RUNNING"  # resumed: the runs continue, RUNNING again
     Export(spec, location).run([TrialState.of(t) for t in trials])
