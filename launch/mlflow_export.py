@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 SKIP_KEYS = {"done", "trial_id", "experiment_id", "experiment_tag", "should_checkpoint", "timesteps_this_iter",
              "episodes_this_iter", "epoch", "samples", "checkpoint_path", "best_checkpoint", "best_checkpoint_path",
              "training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "date", "pid", "hostname",
-             "node_ip", "time_since_restore", "iterations_since_restore", "timesteps_total", "episodes_total",
+             "node_ip", "checkpoint_dir_name", "time_since_restore", "iterations_since_restore", "timesteps_total", "episodes_total",
              "timesteps_since_restore", "config"}
 
 
@@ -172,14 +172,20 @@ class Export:
                     value > best_value if self.spec.mode == "max" else value < best_value)):
                 best_value, best = value, result
             if result.get("checkpoint_path"):
-                tags["a2.checkpoint"] = f"{str(result['checkpoint_path']).rstrip('/')}/{CHECKPOINT_FILE}"
+                tags["a2.checkpoint"] = self._checkpoint_uri(result["checkpoint_path"])
         if best is not None and best.get("checkpoint_path"):
-            tags[TAG_BEST_CKPT] = f"{str(best['checkpoint_path']).rstrip('/')}/{CHECKPOINT_FILE}"
+            tags[TAG_BEST_CKPT] = self._checkpoint_uri(best["checkpoint_path"])
         if trial.retries:
             tags["a2.retries"] = str(trial.retries)
         if stopped:
             tags.update(stopped_early_tags(stopped["rung"], stopped["cutoff"]))
         return tags
+
+    def _checkpoint_uri(self, folder: str) -> str:
+        """The weights file of a result's checkpoint folder (a Ray Train trial's is a path on the storage's
+        filesystem: on S3 without its scheme)."""
+        path = f"{str(folder).rstrip('/')}/{CHECKPOINT_FILE}"
+        return f"s3://{path}" if "://" not in path and self.location.storage.startswith("s3://") else path
 
     def _artifacts(self, tracker: StudyTracker, run_id: str, folder, prefix: str = "") -> None:
         """Upload the files below the trial's `artifacts/` that the run lacks or holds in another version."""
