@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 from a2core.errors import StorageError, StudyError, TrackingError
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
-from launch.trainable import (ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, ResultLog,
-                              train_run_name)
+from launch.trainable import ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, train_run_name
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +29,8 @@ logger = logging.getLogger(__name__)
 SKIP_KEYS = {"done", "trial_id", "experiment_id", "experiment_tag", "should_checkpoint", "timesteps_this_iter",
              "episodes_this_iter", "epoch", "samples", "checkpoint_path", "best_checkpoint", "best_checkpoint_path",
              "training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "date", "pid", "hostname",
-             "node_ip", "checkpoint_dir_name", "time_since_restore", "iterations_since_restore", "timesteps_total", "episodes_total",
-             "timesteps_since_restore", "config"}
+             "node_ip", "checkpoint_dir_name", "time_since_restore", "iterations_since_restore", "timesteps_total",
+             "episodes_total", "timesteps_since_restore", "config"}
 
 
 @dataclass
@@ -102,9 +101,9 @@ class Export:
             spec = self.spec
             tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
             raw = spec.to_dict()
-            tracker.start_study({"search": raw.get("search", {}), "resources": raw.get("resources", {}),
-                                 "storage": raw.get("storage"), "base": {k: raw.get(k) for k in ("data", "model", "train")}},
-                                {"a2.storage": self.location.uri()})
+            params = {"search": raw.get("search", {}), "resources": raw.get("resources", {}),
+                      "storage": raw.get("storage"), "base": {k: raw.get(k) for k in ("data", "model", "train")}}
+            tracker.start_study(params, {"a2.storage": self.location.uri()})
             tracker.set_views(spec.metric, spec.mode, [p.path for p in spec.params.values()])
             self.tracker = tracker
         return self.tracker
@@ -136,7 +135,8 @@ class Export:
             return self.exported[tid][1]
         if text is None and trial.status == "PENDING":
             return None
-        results = list(ResultLog(folder.join(RESULTS_FILE)).by_epoch.values()) if text else []
+        results = sorted((r for r in json.loads(text or "[]") if isinstance(r, dict) and isinstance(
+            r.get("epoch"), (int, float))), key=lambda r: r["epoch"])  # as `launch.trainable.ResultLog` wrote them
         stopped = stop_record(folder, stopped_text or "")
         complete = trial.status == "TERMINATED" and (stopped is not None or len(results) >= self.spec.total_epochs)
         status = ("FINISHED" if complete else "FAILED" if trial.status == "ERROR"

@@ -2,8 +2,9 @@
 
 A study lives in `<storage>/<name>/` (a folder or `s3://bucket/prefix/<name>/`): the Tune experiment, `study.yaml`
 (the resolved spec, all `resume`/`status` need), `trials/` (`launch.trainable`), `lease.json` (`launch.lease`),
-`tracking/outage.json` (`launch.mlflow_export`) and `summary.json` (best trial and configuration, compute, every trial's results;
-written at the end of `run`/`resume`). `./.a2/studies/<name>.json` points `resume`/`status` at the study.
+`tracking/outage.json` (`launch.mlflow_export`) and `summary.json` (best trial and configuration, compute, every
+trial's results; written at the end of `run`/`resume`). `./.a2/studies/<name>.json` points `resume`/`status` at the
+study. MLflow is an export of this record (`launch.mlflow_export`); nothing here reads MLflow to learn what happened.
 """
 from __future__ import annotations
 
