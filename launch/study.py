@@ -32,7 +32,8 @@ from launch import stop
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.mlflow_export import Export, TrialState, add_outage, end_reason, outage_line, stop_record
 from launch.raycluster import connect
-from launch.spec import DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, _study_name, load_study, validate_main
+from launch.spec import (DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, _study_name, check_cluster, load_study,
+                         validate_main)
 from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
                               plan_from_spec, propagated_env, read_results, remove_temp_root, train_run_name)
 from launch.verify import cmd_check, quick_checkpoint_problem, refuse_corrupt
@@ -297,8 +298,7 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
             raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
                              f"(it was stopped before its first trial started); run it again")
         cluster = connect(address, runtime_env_vars=propagated_env())
-        # a trial asking more than the whole cluster has would wait forever: refused (ConfigError, exit 2)
-        StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
+        check_cluster(spec, cluster)  # a trial asking more than the whole cluster has: refused (ConfigError, exit 2)
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
             from launch.datastore import check_feature_copies  # numpy: only for COCO features
 
