@@ -191,6 +191,8 @@ class Export:
         """Upload the files below the trial's `artifacts/` that the run lacks or holds in another version."""
         folders = set(folder.listdir(folders_only=True))
         for name in folder.listdir():
+            if name.startswith("."):  # a file being written (`a2core.atomic.atomic_write`'s temp file)
+                continue
             path = f"{prefix}{name}"
             if name in folders:
                 self._artifacts(tracker, run_id, folder.join(name), f"{path}/")

@@ -57,6 +57,7 @@ def write_epoch(location: StudyLocation, trial: FakeTrial, epoch: int, value: fl
                     "timestamp": 1000.0 + epoch, "training_iteration": epoch, "checkpoint_path": checkpoint})
     folder.join("results.json").write_text(json.dumps(results))
     folder.join("artifacts", f"samples/epoch_{epoch:03d}.txt").write_text(f"{epoch}: a dog\n")
+    folder.join("artifacts", f"samples/.epoch_{epoch + 1:03d}.txt.x1y2.tmp").write_text("half wri")  # being written
     if value >= max(r["val/CIDEr"] for r in results):
         scores = {str(i): value + i % 7 for i in IDS}
         folder.join("artifacts", "eval/per_image_cider.json").write_text(json.dumps(scores, sort_keys=True))
