@@ -47,6 +47,14 @@ class A2MLflowCallback(Callback):
     def on_step_begin(self, iteration, trials, **info):
         self.trials = trials
 
+    def _poke(self, iteration, trials, trial, *args, **info):
+        """A trial started, reported or ended: the export thread exports now (the hook does not wait for it)."""
+        self.trials = trials
+        if self.exporter is not None:
+            self.exporter.poke()
+
+    on_trial_start = on_trial_restore = on_trial_result = on_trial_error = _poke
+
     def on_trial_complete(self, iteration, trials, trial, **info):
         record = self.stopped_early_of(str(trial.trial_id)) if self.stopped_early_of else None
         if record:
@@ -55,6 +63,7 @@ class A2MLflowCallback(Callback):
                 folder.join(STOPPED_FILE).write_text(json.dumps(record, indent=1) + "\n")
             except Exception as err:  # noqa: BLE001 - storage trouble stops the study elsewhere, not in a hook
                 logger.warning("could not record that trial %s was stopped early: %s", trial.trial_id, err)
+        self._poke(iteration, trials, trial)
 
     def on_experiment_end(self, trials, **info):
         # The runs' statuses follow the trials' as they are now: FINISHED only when every trial is, KILLED while

@@ -238,8 +238,9 @@ def outage_line(outage: dict | None) -> str | None:
 
 
 class StudyExporter:
-    """The driver's export thread: `Export.run` every `every` s while the server answers (probed first, 2 s),
-    from `trials()` (the live Tune trials); `close(ended)` stops it, exports once more and saves the outage."""
+    """The driver's export thread: `Export.run` from `trials()` (the live Tune trials) when `poke`d (a trial
+    reported, started or ended: the hook only sets a flag) and every `every` s, while the server answers (probed
+    first, 2 s); `close(ended)` stops it, exports once more and saves the outage."""
 
     def __init__(self, export: Export, trials, every: float = 2.0):
         self.export, self.trials, self.every = export, trials, every
@@ -247,12 +248,20 @@ class StudyExporter:
         self.down_since: float | None = None
         self.down_seconds = 0.0
         self.done = False  # the last export went through
-        self.stop = threading.Event()
+        self.stop, self.wake = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._work, name="a2-mlflow-export", daemon=True)
         self.thread.start()
 
+    def poke(self) -> None:
+        """Export soon (the thread wakes up); returns at once."""
+        self.wake.set()
+
     def _work(self) -> None:
-        while not self.stop.wait(self.every):
+        while True:
+            self.wake.wait(self.every)
+            self.wake.clear()
+            if self.stop.is_set():
+                return
             self.once()
 
     def once(self, ended: str | None = None) -> bool:
@@ -298,6 +307,7 @@ class StudyExporter:
         """Stop the thread, export once more (`ended`: see `Export.run`) and add this driver's outage to the
         study's totals, which it returns."""
         self.stop.set()
+        self.wake.set()
         self.thread.join(120)
         self.once(ended)
         if self.down_since is not None:

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -189,8 +190,13 @@ def test_the_export_thread_waits_out_a_server_that_is_down(spec, monkeypatch):
     trials = trials_of(location, {"t0": [10.0], "t1": [12.0]}, {"t0": "RUNNING", "t1": "RUNNING"})
     up = {"now": True}
     monkeypatch.setattr(export_mod, "server_answers", lambda uri, timeout=2.0: up["now"])
-    exporter = StudyExporter(Export(spec, location), lambda: trials, every=3600)  # driven by hand here
-    assert exporter.once()
+    exporter = StudyExporter(Export(spec, location), lambda: trials, every=3600)  # no periodic export here
+    exporter.poke()  # what the callback's hooks do: the thread exports at once
+    for _ in range(200):
+        if exporter.done:
+            break
+        time.sleep(0.1)
+    assert exporter.done and set(runs_by_trial(uri, spec.name)[1]) == {"t0", "t1"}
     up["now"] = False
     for trial in trials:
         write_epoch(location, trial, 2, 20.0)
