@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from a2core.config import flatten
+from a2core.config import applicable_config, flatten
 from a2core.errors import TrackingError
 from dashboards.mlflow_views import (MODEL_TRAINING, TAG_EXPERIMENT_KIND, VIEW_TRIALS, chart_section,
                                      saved_sections, ui_url, view_states, view_tags)
@@ -185,13 +185,13 @@ def _numeric(value: Any) -> float | None:
 
 def client_settings() -> None:
     """Short MLflow HTTP timeouts in this process, unless the environment sets its own: MLflow's REST client retries
-    a refused or slow request for minutes (timeout 120 s, 7 retries); a study's tracking thread spools instead."""
+    a refused or slow request for minutes (timeout 120 s, 7 retries); a study's export thread tries again later."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")  # read per request by MLflow
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 
 
 def _client(tracking_uri: str):
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # mlflow: not for `a2` commands that only check a URI or serve
 
     return MlflowClient(tracking_uri=tracking_uri)
 
@@ -229,7 +229,7 @@ class StudyTracker:
         self._view: tuple | None = None  # (metric, mode, searched params) once `set_views` was called
         self._view_sections: set[str] = set()  # the chart sections the views list
         # run id -> metric key -> the steps MLflow holds: read once per run and process, then kept up to date, so
-        # that a replayed or re-reported epoch (a resume, a retry, a spool replay) is written once
+        # that a replayed or re-reported epoch (a resume, a retry, an export made again) is written once
         self._steps: dict[str, dict[str, set[int]]] = {}
 
     def view_url(self, view: str = VIEW_TRIALS, charts: bool = False) -> str | None:
@@ -244,7 +244,7 @@ class StudyTracker:
     def experiment_id(self) -> str:
         """The experiment's id; created (model training, with the a2 views) when there is none, restored when it was
         deleted; an existing one is marked model training again (a resumed study) and gets the views it lacks."""
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # mlflow: as in `_client`
 
         exp = self.client.get_experiment_by_name(self.experiment_name)
         if exp is None:
@@ -321,7 +321,7 @@ class StudyTracker:
 
     def _end(self, run_id: str, status: str, reason: str | None) -> None:
         """End a run with `status`; its `a2.end_reason` tag says why (a KILLED or FAILED run), or goes."""
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # mlflow: as in `_client`
 
         if reason:
             self.set_tags(run_id, {TAG_END_REASON: reason})
@@ -334,11 +334,10 @@ class StudyTracker:
 
     # -- trials (children) -----------------------------------------------------------------------------------
     def trial_run(self, trial_id: str, config: dict | None = None, tags: dict | None = None,
-                  run_name: str | None = None) -> str:
-        """The id of the child run of `trial_id`: the existing one (set RUNNING again, only `tags` change) or a new one
-        with the config (less what its fusion does not use) as params, and tags trial id, fusion, seed, git commit."""
-        from a2core.config import applicable_config
-
+                  run_name: str | None = None, running: bool = True) -> str:
+        """The id of the child run of `trial_id`: the existing one (set RUNNING again unless not `running`, only
+        `tags` change) or a new one with the config (less what its fusion does not use) as params, and tags trial id,
+        fusion, seed, git commit."""
         trial_id = str(trial_id)
         if self.parent_run_id is None:
             self.start_study()
@@ -359,7 +358,8 @@ class StudyTracker:
                                          tags=_tag_values({**own, **extra}))
             self._steps[run.info.run_id] = {}  # a new run has no metrics yet
         else:
-            self._running_again(run)
+            if running:
+                self._running_again(run)
             self.set_tags(run.info.run_id, {**{k: v for k, v in own.items() if k not in run.data.tags},
                                             **{k: v for k, v in extra.items() if run.data.tags.get(k) != v}})
         self._log_params(run.info.run_id, flat, run.data.params)
@@ -408,10 +408,11 @@ class StudyTracker:
 
     def _log_batch(self, run_id: str, kind: str, items: list[tuple]) -> None:
         """`items` as MLflow entities of `kind` (metrics, params, tags); the client splits them into requests."""
-        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.entities import Metric, Param, RunTag  # mlflow: as in `_client`
 
         entity = {"metrics": Metric, "params": Param, "tags": RunTag}[kind]
-        self.client.log_batch(run_id, **{kind: [entity(*item) for item in items]})
+        if items:
+            self.client.log_batch(run_id, **{kind: [entity(*item) for item in items]})
 
 
 def _status(status: str) -> str:

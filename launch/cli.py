@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=positive_int, default=5000)  # dashboards.tracking.DEFAULT_PORT
     serve.add_argument("--workers", type=positive_int, default=1)
     serve.set_defaults(func=_deferred("dashboards.tracking:serve"))
-    sync = ml.add_parser("sync", help="replay a study's tracking records spooled while MLflow was down")
+    sync = ml.add_parser("sync", help="export a study's record to MLflow (what it missed while the server was down)")
     study.add_name(sync)
     sync.set_defaults(func=study.cmd_sync)
 

@@ -666,7 +666,7 @@ class _Loader:
                      f"many resolve the gaps you expect), or `search.purpose: explore` if it only explores")
         self.check_schedule(spec)
         if cluster_resources is not None:
-            self.check_cluster(spec, cluster_resources)
+            check_cluster(spec, cluster_resources)
         return spec
 
     # -- the batch and the schedule --------------------------------------------------------------------------------
@@ -889,13 +889,15 @@ class _Loader:
         if scst_from and self.check_files and not Path(scst_from).exists():
             self.fail("train.scst_from", f"{scst_from}: no such checkpoint")
 
-    def check_cluster(self, spec: StudySpec, cluster: dict) -> None:
-        """A trial that asks more than the whole cluster has would wait forever."""
-        r, need = spec.resources, spec.trial_resources()
-        for kind, key in (("CPU", "cpus_per_worker"), ("GPU", "gpus_per_worker")):
-            have = float(cluster.get(kind, 0))
-            if need[kind] > have + 1e-9:
-                driver = f" + {_fmt(r['driver_cpus'])} (driver)" if kind == "CPU" else ""
-                self.fail(f"resources.{key}", f"a trial needs {r['workers_per_trial']} workers x {_fmt(r[key])} "
-                                              f"{kind}{driver} = {_fmt(need[kind])} {kind}s but the cluster has "
-                                              f"{_fmt(have)}")
+
+def check_cluster(spec: StudySpec, cluster: dict) -> None:
+    """A validated study against the resources of the cluster it will run on (`ray.cluster_resources()`): a trial
+    that asks more than the whole cluster has would wait forever (ConfigError naming the key and the file)."""
+    r, need = spec.resources, spec.trial_resources()
+    for kind, key in (("CPU", "cpus_per_worker"), ("GPU", "gpus_per_worker")):
+        have = float(cluster.get(kind, 0))
+        if need[kind] > have + 1e-9:
+            driver = f" + {_fmt(r['driver_cpus'])} (driver)" if kind == "CPU" else ""
+            raise ConfigError(f"resources.{key}", f"a trial needs {r['workers_per_trial']} workers x {_fmt(r[key])} "
+                                                  f"{kind}{driver} = {_fmt(need[kind])} {kind}s but the cluster has "
+                                                  f"{_fmt(have)}", spec.source)

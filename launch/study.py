@@ -2,16 +2,17 @@
 
 A study lives in `<storage>/<name>/` (a folder or `s3://bucket/prefix/<name>/`): the Tune experiment, `study.yaml`
 (the resolved spec, all `resume`/`status` need), `trials/` (`launch.trainable`), `lease.json` (`launch.lease`),
-`tracking/` (`dashboards.spool`) and `summary.json` (best trial and configuration, compute, every trial's results;
-written at the end of `run`/`resume`). `./.a2/studies/<name>.json` points `resume`/`status` at the study.
+`tracking/outage.json` (`launch.mlflow_export`) and `summary.json` (best trial and configuration, compute, every
+trial's results; written at the end of `run`/`resume`). `./.a2/studies/<name>.json` points `resume`/`status` at the
+study. MLflow is an export of this record (`launch.mlflow_export`); nothing here reads MLflow to learn what happened.
 """
 from __future__ import annotations
 
 import argparse
 import errno
-import functools
 import importlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -25,15 +26,17 @@ import yaml
 from a2core.atomic import atomic_write
 from a2core.config import get_dotted, parse_yaml
 from a2core.errors import A2Error, StorageError, StudyError, TrackingError
-from dashboards.spool import Spool, outage_line, replay
 from dashboards.tables import finite, text_table
-from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, check_tracking_uri, study_runs
+from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import stop
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
-from launch.spec import DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, load_study, validate_main
-from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name, plan_from_spec,
-                              read_results, remove_temp_root, train_run_name)
-from launch.verify import quick_checkpoint_problem
+from launch.mlflow_export import Export, TrialState, add_outage, end_reason, outage_line, stop_record
+from launch.raycluster import connect
+from launch.spec import (DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, _study_name, check_cluster, load_study,
+                         validate_main)
+from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
+                              plan_from_spec, propagated_env, read_results, remove_temp_root, train_run_name)
+from launch.verify import cmd_check, quick_checkpoint_problem, refuse_corrupt
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
@@ -113,8 +116,6 @@ def main(args: argparse.Namespace) -> int:
     if command in ("compare", "plan"):  # MLflow and scipy: imported only when asked for
         return importlib.import_module({"compare": "dashboards.compare", "plan": "launch.plan"}[command]).main(args)
     if command == "check":
-        from launch.verify import cmd_check
-
         return cmd_check(args)
     return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[command](args)
 
@@ -129,7 +130,7 @@ class StudyLocation:
     endpoint_url: str | None = None
 
     def at(self, *parts: str):
-        from dashboards.storage import open_location
+        from dashboards.storage import open_location  # pyarrow: only when a study is opened
 
         return open_location(self.storage, self.endpoint_url).join(self.name, *parts)
 
@@ -183,8 +184,6 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
 def check_name(name: str) -> str:
     """`name` if it is a study's name (the spec's rule: lowercase letters, digits, '-'), which keeps every path made
     from it inside the storage root; else StudyError (exit 2)."""
-    from launch.spec import _study_name
-
     try:
         return _study_name(name)
     except ValueError as err:
@@ -268,7 +267,7 @@ def check_tracking(spec) -> None:
 
 def run_study(spec, **options) -> dict:
     """Run a validated study to its end on Ray (`_drive`'s options); returns the summary (also in summary.json)."""
-    from dashboards.storage import check_storage
+    from dashboards.storage import check_storage  # pyarrow: only when a study is opened
 
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     check_storage(location.storage, location.endpoint_url)
@@ -278,8 +277,6 @@ def run_study(spec, **options) -> dict:
 def resume_study(location: StudyLocation, **options) -> dict:
     """Continue a study: finished trials stay, unfinished and errored ones resume. A corrupt state file is refused
     first (`launch.verify`): Tune would restart the experiment over it."""
-    from launch.verify import refuse_corrupt
-
     refuse_corrupt(location.at(), "resume")
     spec = load_saved_spec(location)
     refuse_relocated(spec, location)
@@ -288,8 +285,8 @@ def resume_study(location: StudyLocation, **options) -> dict:
 
 def refuse_relocated(spec, location: StudyLocation) -> None:
     """StudyError (exit 2, before Ray) when the study's storage is no longer where it was run (a copy, or moved).
-    A resume restores Tune's saved experiment, whose MLflow export keeps the tracking URI, the run ids, and the
-    spool and result logs at the storage the study was run at; its trials would write there too. So a resumed copy
+    A resume restores Tune's saved experiment, which keeps the storage the study was run at (its trials' folders,
+    checkpoints and result logs); its trials would write there, and the export into that study's MLflow runs. So a resumed copy
     would write into the original's storage and MLflow runs (or recreate a moved study's old folder): refused,
     naming both places and the MLflow store. Reading a copy (`status`, `check`, `compare`, `package`) is fine."""
     recorded = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
@@ -301,7 +298,7 @@ def refuse_relocated(spec, location: StudyLocation) -> None:
         there = "out of reach from here"
     raise StudyError(
         f"study {spec.name} at {location.uri()} was run at {recorded.uri()} ({there}) and logs to MLflow at "
-        f"{spec.tracking['mlflow_uri']}: its saved experiment would write its trials and tracking spool at "
+        f"{spec.tracking['mlflow_uri']}: its saved experiment would write its trials and result logs at "
         f"{recorded.uri()} and its epochs into the original's MLflow runs, so it resumes only there (move it back, "
         f"then `a2 study resume {spec.name} --storage {recorded.storage}`); to go on here, run the study again under "
         f"another name; status, check, compare and package read this copy as it is")
@@ -317,10 +314,7 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
            force: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> dict:
     """Run a new study or resume one as the study's one writer, on the cluster at `address` (else $RAY_ADDRESS,
     else a local Ray), and summarize it."""
-    from ray.tune import Tuner
-
-    from launch.raycluster import connect
-    from launch.trainable import propagated_env
+    from ray.tune import Tuner  # ray: only when a study runs
 
     check_tracking(spec)
     with StudyLease(location.at(), stale_after).held(force):  # one writer per study
@@ -333,10 +327,9 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
             raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
                              f"(it was stopped before its first trial started); run it again")
         cluster = connect(address, runtime_env_vars=propagated_env())
-        # a trial asking more than the whole cluster has would wait forever: refused (ConfigError, exit 2)
-        StudySpec.from_dict(saved_form(spec), source=spec.source, cluster_resources=cluster)
+        check_cluster(spec, cluster)  # a trial asking more than the whole cluster has: refused (ConfigError, exit 2)
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
-            from launch.datastore import check_feature_copies
+            from launch.datastore import check_feature_copies  # numpy: only for COCO features
 
             check_feature_copies(spec.base["data"]["features"])
         if new:
@@ -355,28 +348,31 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
 
 
 def cmd_sync(args) -> int:
-    """Replay the study's tracking spool into its MLflow server; updates `summary.json`'s `tracking`."""
+    """Export the study's record to its MLflow server (`launch.mlflow_export`); updates `summary.json`'s `tracking`."""
     location = locate(args.name, args.storage)
     spec = load_saved_spec(location)
     check_tracking(spec)
-    print(f"study {spec.name}: replaying its tracking spool into MLflow at {spec.tracking['mlflow_uri']} (the store "
+    print(f"study {spec.name}: exporting its record into MLflow at {spec.tracking['mlflow_uri']} (the store "
           f"recorded with the study)", flush=True)
-    with StudyLease(location.at()).held():  # a running driver replays its own spool: never both at once
-        spool = Spool(location.at())
-        tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
-        parent = tracker.find_parent_run()  # as it is: the spool's own end_study record sets its final status
-        if parent is None:
-            tracker.start_study()
-        else:
-            tracker.parent_run_id = parent.info.run_id
-        replayed, dropped = replay(tracker, spool)
-        outage = spool.add_outage(replayed=replayed, dropped=dropped)
+    with StudyLease(location.at()).held():  # a running driver exports itself: never both at once
+        export = Export(spec, location)
+        export.run(tune_trials(location), end_reason(spec.name))
+        outage = add_outage(location, pending=False)
         summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
         if isinstance(summary, dict):
             _write_summary(location, {**summary, "tracking": outage})
-    print(f"study {spec.name}: {replayed} tracking records replayed"
-          + (f", {dropped} refused by the server" if dropped else "") + "; " + (outage_line(outage) or "nothing left"))
+    print(f"study {spec.name}: exported to MLflow; " + (outage_line(outage) or "nothing was missing"))
     return 0
+
+
+def tune_trials(location: StudyLocation) -> list[TrialState]:
+    """The trials of the study's Tune experiment state in storage (no Ray needed)."""
+    # ray.tune is heavy: only the paths that read Tune's state import it
+    from ray.tune import ExperimentAnalysis
+
+    path, fs = location.at().ray_storage()
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    return [TrialState.of(trial) for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials]
 
 
 def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
@@ -457,6 +453,7 @@ def say(text: str, verbose: bool = True) -> None:
 def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore: bool = False):
     """The study's Tuner, new or restored from storage (searcher, scheduler, callbacks) to resume unfinished and
     errored trials."""
+    # ray (and optuna, through launch.search): only when a study runs
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
@@ -477,14 +474,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
                                   storage_filesystem=fs)
     tune_kwargs = tune_config_kwargs(spec)
     stopped_early_of = getattr(tune_kwargs["scheduler"], "stopped_early", None)  # ReplicateASHA's record (FIFO: none)
-    raw = spec.to_dict()
-    tracking = A2MLflowCallback(
-        spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"),
-        study_params={"search": raw.get("search", {}), "resources": raw.get("resources", {}),
-                      "storage": raw.get("storage"), "base": {k: raw.get(k) for k in ("data", "model", "train")}},
-        study_tags={"a2.storage": location.uri()}, resolve_config=spec.trial_config, metric=spec.metric,
-        mode=spec.mode, history_of=functools.partial(_result_log, spec, location), stopped_early_of=stopped_early_of,
-        spool_at=location.at(), searched_params=[p.path for p in spec.params.values()])
+    tracking = A2MLflowCallback(spec, location, stopped_early_of=stopped_early_of)
     storage_path, fs = open_location(location.storage, location.endpoint_url).ray_storage()  # the study's parent
     run_config = tune.RunConfig(
         name=spec.name,
@@ -503,7 +493,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
 
 
 def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
-    from ray.tune import ProgressReporter
+    from ray.tune import ProgressReporter  # ray: only when a study runs
 
     class StudyTable(ProgressReporter):
         """The live trial table (`a2 study status`'s, from the running trials) every 30 s and at the end. (Tune's
@@ -518,7 +508,7 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
         def report(self, trials, done: bool, *sys_info) -> None:
             self.last = time.monotonic()
             print(format_table([live_row(spec, t, stopped_early_of) for t in trials], spec.metric), flush=True)
-            line = tracking_line()  # e.g. "tracking: server down 31 s, 14 records spooled, all replayed"
+            line = tracking_line()  # e.g. "tracking: server down 31 s, 14 epochs exported once it was back"
             if line:
                 print(line, flush=True)
 
@@ -582,13 +572,12 @@ def collect(spec, location: StudyLocation) -> list[dict]:
     """One row per trial: its state from the Tune experiment in storage (no Ray needed), its results from its own
     result log (every epoch it reported, across restarts; Tune's result files lose what was not yet synced when a
     driver died)."""
-    import logging
-
+    # ray.tune is heavy: only the paths that read Tune's state import it
     from ray.tune import ExperimentAnalysis
 
     path, fs = location.at().ray_storage()
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    stopped = stopped_early_trials(spec)
+    stopped = stopped_early_trials(location)
     rows = []
     for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials:
         error = (trial.get_error() or "").strip().splitlines()
@@ -596,28 +585,21 @@ def collect(spec, location: StudyLocation) -> list[dict]:
                         _result_log(spec, location, trial.trial_id), trial.last_result or {},
                         error[-1][:500] if error else None)
         cut_short = row["state"] == "TERMINATED" and 0 < row["epochs_done"] < row["epochs_planned"]
-        # Only the scheduler ends a trial short: one without the scheduler's record (MLflow down) is stopped too.
+        # Only the scheduler ends a trial short: one without the scheduler's record (a driver killed) is stopped too.
         row["stopped_early"] = stopped.get(trial.trial_id) or ({"rung": None, "cutoff": None} if cut_short else None)
         rows.append(row)
     return rows
 
 
-def stopped_early_trials(spec) -> dict[str, dict]:
-    """{trial id: {"rung", "cutoff"}} of the trials the scheduler stopped, from their MLflow runs' tags (set by
-    the MLflow callback); {} when the tracking server does not answer (status still works, without them)."""
-    from dashboards.stats import TAG_STOPPED_CUTOFF, TAG_STOPPED_RUNG, is_stopped_early
-
-    try:
-        _, children = study_runs(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
-    except Exception as err:  # noqa: BLE001 - status reads storage; the tags are extra
-        print(f"note: stopped-early tags not read from MLflow ({type(err).__name__}: {err})", file=sys.stderr)
-        return {}
+def stopped_early_trials(location: StudyLocation) -> dict[str, dict]:
+    """{trial id: {"rung", "cutoff"}} of the trials the scheduler stopped, from their run folders' record
+    (`launch.trainable.STOPPED_FILE`, written by the driver's `launch.mlflow_callback`)."""
     out = {}
-    for tags in (run.data.tags for run in children):
-        if TAG_TRIAL_ID in tags and is_stopped_early(tags):
-            rung = finite(tags.get(TAG_STOPPED_RUNG))
-            out[tags[TAG_TRIAL_ID]] = {"rung": None if rung is None else int(rung),
-                                       "cutoff": finite(tags.get(TAG_STOPPED_CUTOFF))}
+    prefix = f"{location.name}-"
+    for name in location.at(TRIALS_DIR).listdir(folders_only=True):
+        record = stop_record(location.at(TRIALS_DIR, name)) if name.startswith(prefix) else None
+        if record is not None:
+            out[name[len(prefix):]] = {"rung": record["rung"], "cutoff": finite(record["cutoff"])}
     return out
 
 
@@ -700,7 +682,7 @@ def compute_line(totals: dict) -> str:
 
 def _stopped_tags(row: dict) -> dict:
     """A row's or group's stopped-early record as the run tags that `dashboards.stats.best_candidates` reads."""
-    from dashboards.stats import stopped_early_tags
+    from dashboards.stats import stopped_early_tags  # scipy (dashboards.stats): not for `a2 study validate`
 
     return stopped_early_tags(0, float("nan")) if row.get("stopped_early") else {}
 
@@ -710,8 +692,8 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
     `dashboards.stats.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
     seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
     stopped early, if any."""
-    from dashboards.stats import config_hash, seed_interval
-    from launch.search import SEED_KEYS, group_key
+    from dashboards.stats import config_hash, seed_interval  # scipy: not for `a2 study validate`
+    from launch.search import SEED_KEYS, group_key  # ray and optuna: likewise
 
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -734,8 +716,7 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
     """Best trial and best replicate group (both among those not stopped early, unless every one was:
     `dashboards.stats.best_candidates`), the baseline (fusion none, same seed) comparison, every replicate
     group's mean and interval, and every trial's results."""
-    from dashboards.stats import best_candidates
-    from dashboards.stats import best_group as pick_best_group
+    from dashboards.stats import best_candidates, best_group as pick_best_group  # scipy: not for validate
 
     best = _pick(best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags), "best", spec.mode)
     groups = replicate_groups(spec, rows)
@@ -777,7 +758,7 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
     rows = collect(spec, location)
     summary = summarize(spec, location, rows)
-    summary["tracking"] = Spool(location.at()).add_outage()  # the MLflow outages of the study, if any
+    summary["tracking"] = add_outage(location)  # the MLflow outages of the study, if any
     _write_summary(location, summary)
     _log_compute_totals(spec, summary["compute"])
     print_conclusions(spec, summary, rows if verbose else [])
@@ -787,7 +768,7 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
 
 def _log_compute_totals(spec, totals: dict) -> None:
     """The compute totals as `compute/<key>` metrics of the study's MLflow parent run, when MLflow answers (a
-    server still down at the end does not fail the study: its spool waits for `resume` or `a2 mlflow sync`)."""
+    server still down at the end does not fail the study: `resume` or `a2 mlflow sync` exports it later)."""
     try:
         check_tracking_uri(spec.tracking["mlflow_uri"], timeout=2.0)
     except TrackingError:
@@ -828,7 +809,7 @@ def verdict(summary: dict) -> str:
 def group_verdict(summary: dict) -> str | None:
     """For replicated studies: "best configuration (fusion gate, lambda 0.035): 112.3 [110.1, 114.5] over 3 seeds;
     gate beats none by ..." (the difference of seed means, Welch, `dashboards.stats.compare_arms`)."""
-    from dashboards.stats import Arm, Interval, compare_arms
+    from dashboards.stats import Arm, Interval, compare_arms  # scipy: not for `a2 study validate`
 
     best, metric = summary.get("best_group"), summary["metric"]
     if not best or best["n"] < 2:
@@ -872,7 +853,7 @@ def _fmt(value) -> str:
 
 def state_text(row: dict) -> str:
     """A trial's or group's state: Tune's, or "stopped early (rung r, cutoff c)" when the scheduler stopped it."""
-    from dashboards.stats import stopped_early_text
+    from dashboards.stats import stopped_early_text  # scipy: not for `a2 study validate`
 
     return stopped_early_text(row["stopped_early"]) if row.get("stopped_early") else row.get("state", "")
 
@@ -887,7 +868,7 @@ def format_table(rows: list[dict], metric: str) -> str:
 
 def format_groups(groups: list[dict], metric: str) -> str:
     """One row per replicate group: its seeds, the mean of the best metric with its 95% interval, its state."""
-    from dashboards.stats import Interval, short_hash
+    from dashboards.stats import Interval, short_hash  # scipy: not for `a2 study validate`
 
     header = ["config", "fusion", "lambda", "seeds", f"best {metric.split('/')[-1]} [95% CI]", "state"]
     body = [[short_hash(g["config_hash"]), str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
@@ -898,8 +879,6 @@ def format_groups(groups: list[dict], metric: str) -> str:
 
 
 def cmd_status(args) -> int:
-    from launch.verify import refuse_corrupt
-
     location = locate(args.name, args.storage)
     refuse_corrupt(location.at(), "status")
     spec = load_saved_spec(location)
@@ -920,7 +899,7 @@ def cmd_status(args) -> int:
 
 def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
     """The trial table (of `rows`), the replicate groups, the verdict, the compute and any tracking outage."""
-    from dashboards.stats import MIN_SEEDS
+    from dashboards.stats import MIN_SEEDS  # scipy: not for `a2 study validate`
 
     lines = [format_table(rows, spec.metric)] if rows else []
     if any(g["n"] > 1 for g in summary["groups"]):

@@ -12,20 +12,28 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
+import math
 import os
 import shutil
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from a2core.errors import CheckpointError, StorageError
+from launch.raycluster import stash_credentials
+
 TRIALS_DIR = "trials"  # below the study's folder: one run folder per trial
 CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
 HISTORY_FILE = "history.json"  # a2core.checkpoint.HISTORY_FILE, likewise
 CHECKPOINT_PREFIX = "checkpoint_epoch"  # + the epoch, 4 digits: one folder per checkpointed epoch
 RESULTS_FILE = "results.json"  # in a trial's run folder: every epoch's result, across retries and restores
+ARTIFACTS_DIR = "artifacts"  # in a trial's run folder: the files of its MLflow run, at their artifact paths
+STOPPED_FILE = "stopped_early.json"  # in a trial's run folder: the scheduler's decision to stop it (launch.study)
 TUNE_POINTER_FILE = "train_checkpoint.json"
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
 # Environment that Ray workers need to reach storage from any node of the cluster: settings and references
@@ -75,7 +83,7 @@ class TrialPlan:
 
     def trials(self):
         """The study's `trials/` folder (a `dashboards.storage.Location`)."""
-        from dashboards.storage import open_location
+        from dashboards.storage import open_location  # pyarrow: not for the driver's plain uses of this module
 
         return open_location(self.storage, self.storage_endpoint_url).join(self.study, TRIALS_DIR)
 
@@ -94,7 +102,7 @@ class TrialPlan:
 
 
 def plan_from_spec(spec) -> TrialPlan:
-    from launch.search import scheduler_rungs
+    from launch.search import scheduler_rungs  # ray and optuna: not in a trial's process
 
     return TrialPlan(study=spec.name, storage=str(spec.storage), storage_endpoint_url=spec.storage_endpoint_url,
                      resolve=spec.trial_config, resources=dict(spec.resources), metric=spec.metric, mode=spec.mode,
@@ -116,8 +124,6 @@ def _quiet_per_epoch_logs() -> None:
     """Ray Train and Tune log every report and checkpoint at INFO from every worker: only our epoch line
     (`a2core.train`) and warnings stay. The root logger too: Ray Train V2 logs reports through a logger named after
     its source file (tests/test_study_output.py)."""
-    import logging
-
     logging.getLogger().setLevel(logging.WARNING)
     logging.getLogger("ray.train").setLevel(logging.WARNING)
     logging.getLogger("a2core").setLevel(logging.INFO)
@@ -198,9 +204,10 @@ class TrialRecorder:
     """What a trial does with each epoch's result: stamp its cost, log it, report it to Tune."""
 
     def __init__(self, plan: TrialPlan, gpus: float):
-        import ray.tune
+        import ray.tune  # ray: only in a trial's process
 
         self.trial_id = ray.tune.get_context().get_trial_id()
+        self.metric, self.mode = plan.metric, plan.mode
         self.run = plan.trials().join(train_run_name(plan.study, self.trial_id))
         self.log = ResultLog(self.run.join(RESULTS_FILE))
         self.log.add_missing(latest_checkpoint_history(self.run))
@@ -209,12 +216,13 @@ class TrialRecorder:
     def record(self, item: dict, attempt_cpu_s: float) -> None:
         """A result with a checkpoint also gets a tiny Tune checkpoint pointing at the real one: without one,
         `Tuner.restore` would restart the trial's result history from nothing."""
-        import ray.tune
+        import ray.tune  # ray: only in a trial's process
 
         # The result's own time (Tune keeps it) goes into the log too: an epoch that MLflow gets back from the log
         # after a driver died is logged at the time it was reported, in its place among the others.
         item.setdefault("timestamp", time.time())
         self.meter.stamp(item, attempt_cpu_s)
+        self.keep_artifacts(item)
         self.log.add(item)
         if not item.get("checkpoint_path"):
             ray.tune.report(item)
@@ -224,12 +232,39 @@ class TrialRecorder:
             (Path(folder) / TUNE_POINTER_FILE).write_text(json.dumps(pointer))
             ray.tune.report(item, checkpoint=ray.tune.Checkpoint.from_directory(folder))
 
+    def keep_artifacts(self, item: dict) -> None:
+        """A result's per-image scores and caption samples, as files below the run folder's `artifacts/` (the
+        result log keeps plain values only): the best val epoch's per-image CIDEr-D (`eval/per_image_cider.json`,
+        what the paired bootstraps read; written when an epoch beats every earlier one), the test split's of the
+        selected checkpoint (`eval/test_per_image_cider.json`) and each epoch's samples (`samples/epoch_NNN.txt`)."""
+        # a2core.train imports torch: not at module level, the driver imports this module too
+        from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY
+
+        def number(value) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+        artifacts, epoch, value = self.run.join(ARTIFACTS_DIR), item.get("epoch"), item.get(self.metric)
+        earlier = [r[self.metric] for e, r in self.log.by_epoch.items()
+                   if isinstance(epoch, int) and e < epoch and number(r.get(self.metric))]
+        best = number(value) and (not earlier or (value > max(earlier) if self.mode == "max" else value < min(earlier)))
+        for key, name, wanted in ((PER_IMAGE_KEY, "eval/per_image_cider.json", best),
+                                  (TEST_PER_IMAGE_KEY, "eval/test_per_image_cider.json", True)):
+            scores = item.get(key) or {}
+            ids, values = scores.get("ids"), scores.get("scores")
+            if wanted and ids and values and len(ids) == len(values):
+                artifacts.join(name).write_text(
+                    json.dumps({str(i): float(v) for i, v in zip(ids, values)}, sort_keys=True))
+        samples = item.get("samples")
+        if isinstance(epoch, int) and isinstance(samples, (list, tuple)) and samples and all(
+                isinstance(s, str) for s in samples):
+            artifacts.join(f"samples/epoch_{epoch:03d}.txt").write_text("\n".join(samples) + "\n")
+
     def report_again(self, epoch: int) -> None:
         """Report the logged result of `epoch` (where a resumed trial starts) to Tune once more, before training:
         the scheduler judges the trial there, so a replicate paused at a rung whose group was then stopped stops
         without training another epoch (`launch.search.ReplicateASHA`). The searcher, the scheduler and MLflow
         (same step and timestamp) take an epoch reported twice as one."""
-        import ray.tune
+        import ray.tune  # ray: only in a trial's process
 
         if epoch in self.log.by_epoch:
             ray.tune.report(dict(self.log.by_epoch[epoch]))
@@ -249,7 +284,7 @@ class LocalCheckpoints:
 
     def save(self, source: str, epoch: int) -> str:
         """Store the checkpoint folder `source` as epoch `epoch`'s; returns where it now is (path or URI)."""
-        import pyarrow.fs as pafs
+        import pyarrow.fs as pafs  # pyarrow: only in a trial's process
 
         target = self.run.join(checkpoint_name(epoch))
         fs, path = target.filesystem
@@ -280,8 +315,7 @@ class LocalCheckpoints:
 
 def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     """A one-worker trial: `a2core.train.train` in this Tune trial process, resuming from the newest checkpoint."""
-    from a2core.errors import StorageError
-    from a2core.train import train
+    from a2core.train import train  # torch: only in a trial's process
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
@@ -316,7 +350,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
 
 def best_epoch_of(checkpoint_file) -> int | None:
     """The epoch of the best val score so far recorded in a checkpoint (None before any)."""
-    from a2core import checkpoint
+    from a2core import checkpoint  # torch: only in a trial's process
 
     epoch = (checkpoint.load(checkpoint_file, map_location="cpu").get("best") or {}).get("epoch")
     return int(epoch) if epoch else None
@@ -327,8 +361,7 @@ def newest_readable_checkpoint(run, epochs: list[int], work: Path, first: int | 
     """(epoch, local copy) of the newest checkpoint of the run folder `run` among `epochs` that loads, trying epoch
     `first` before the others when it is among them (Ray Train's resume point); an unreadable one (truncated,
     garbage) is passed over, saying so with its storage path. (None, None) when none loads."""
-    from a2core import checkpoint
-    from a2core.errors import CheckpointError
+    from a2core import checkpoint  # torch: only in a trial's process
 
     def say(text: str) -> None:  # a trial's printed lines reach the driver's output (Ray forwards them)
         print(f"WARNING: {text}", flush=True)
@@ -392,6 +425,7 @@ def recorded_latest_epoch(snapshot) -> int | None:
 
 def _cpu_seconds_all_ranks(since: float) -> float:
     """CPU seconds spent since `since`, summed over the ranks (a collective: every rank calls it each report)."""
+    # torch: only in a trial's process
     import torch
     import torch.distributed as dist
 
@@ -407,6 +441,7 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
     """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume. `start_from`:
     (filesystem, path) of the checkpoint folder to resume from while Ray Train has none of its own
     (`ray_train_start`: its latest was unreadable)."""
+    # ray and torch: only in a trial's process
     import ray.train
     from ray.train import Checkpoint
 
@@ -449,7 +484,7 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
 def _forwarder(queue):
     """A Train callback (in the Train controller) handing rank 0's metrics and checkpoint path to the trial through
     `queue`: Ray's `TuneReportCallback`, but the trial reports them itself (`TrialRecorder`)."""
-    from ray.train import UserCallback
+    from ray.train import UserCallback  # ray: only in a trial's process
 
     class ForwardToTrial(UserCallback):
         def after_report(self, run_context, metrics, checkpoint):
@@ -464,8 +499,7 @@ def _forwarder(queue):
 def a2_trial(config: dict, plan: TrialPlan) -> None:
     """A trial on Ray Train: its `TorchTrainer` runs (or resumes) in a thread while this reports what the
     controller forwards; a failure of `fit()` is raised here, so that Tune retries the trial."""
-    import threading
-
+    # ray: only in a trial's process
     import ray
     import ray.train
     from ray.train.torch import TorchTrainer
@@ -526,7 +560,7 @@ def make_trainable(plan: TrialPlan, *, ray_train: bool = False):
     """The trial function bound to its plan and resources: `a2_local_trial` holding one worker's, else `a2_trial`
     holding `driver_cpus` (its Train workers ask for their own). `ray_train`: a one-worker trial on Ray Train too
     (benchmarks/bench_study.py)."""
-    from ray import tune
+    from ray import tune  # ray: only when a study runs
 
     if plan.resources["workers_per_trial"] == 1 and not ray_train:
         return tune.with_resources(tune.with_parameters(a2_local_trial, plan=plan), plan.worker_resource_request())
@@ -535,7 +569,5 @@ def make_trainable(plan: TrialPlan, *, ray_train: bool = False):
 
 def propagated_env() -> dict:
     """Storage settings of this shell for the Ray job's workers (AWS keys moved into a credentials file first)."""
-    from launch.raycluster import stash_credentials
-
     stash_credentials()
     return {k: os.environ[k] for k in PROPAGATED_ENV if os.environ.get(k)}

@@ -10,10 +10,8 @@ from pathlib import Path
 import pytest
 from scipy import stats as sps
 
-from dashboards.stats import stopped_early_tags
-from dashboards.tracking import StudyTracker
 from launch.spec import load_study
-from launch.study import (StudyLocation, build_tuner, cmd_status, format_table, stopped_early_trials, summarize,
+from launch.study import (StudyLocation, build_tuner, cmd_status, format_table, summarize,
                           trial_row, verdict)
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
@@ -93,18 +91,6 @@ def test_the_closing_lines_name_every_key_that_varies_between_configurations(tmp
     assert group.startswith("best configuration (fusion gate, lambda 0.035, mask_net linear): val/CIDEr 105.0 [")
 
 
-def test_stopped_early_tags_come_back_from_mlflow(spec):
-    tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name)
-    tracker.start_study({}, {})
-    for tid in ("t0", "t1"):
-        run = tracker.trial_run(tid, {"model": {"fusion": "gate"}, "train": {"seed": 0}})
-        if tid == "t1":
-            tracker.set_tags(run, stopped_early_tags(2, 107.25))
-        tracker.end_trial(run, "FINISHED")
-    tracker.end_study("FINISHED")
-    assert stopped_early_trials(spec) == {"t1": {"rung": 2, "cutoff": 107.25}}
-
-
 def test_status_prints_groups_with_intervals(spec, tmp_path, monkeypatch, capsys):
     import launch.study as study
 
@@ -135,55 +121,6 @@ def test_build_tuner_wires_the_schedulers_record_into_the_mlflow_callback(spec, 
     kwargs = build_tuner(spec, StudyLocation(spec.name, spec.storage), verbose=False)
     scheduler = kwargs["tune_config"].scheduler
     assert seen["stopped_early_of"] == scheduler.stopped_early  # ReplicateASHA's record, bound to that scheduler
-
-
-class _Trial:
-    def __init__(self, trial_id, config):
-        self.trial_id, self.config, self.status, self.last_result, self.num_failures = trial_id, config, "RUNNING", {}, 0
-
-    def __str__(self):
-        return f"fn_{self.trial_id}"
-
-
-def test_best_epochs_per_image_cider_is_the_run_artifact_compare_reads(tmp_path, monkeypatch):
-    """The MLflow callback logs the per-image CIDEr-D of a trial's best epoch (the validation result's
-    PER_IMAGE_KEY) as eval/per_image_cider.json; `study_comparison` then pairs its arms over those images."""
-    from mlflow.tracking import MlflowClient
-
-    from a2core.train import PER_IMAGE_KEY
-    from dashboards.compare import PER_IMAGE_ARTIFACT, study_comparison
-    from launch.mlflow_callback import A2MLflowCallback
-
-    monkeypatch.chdir(tmp_path)  # the experiment keeps its artifacts under ./mlruns
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    cb = A2MLflowCallback(uri, "pi", strict=True,
-                          resolve_config=lambda c: {"model": {"fusion": c["fusion"]}, "train": {"seed": c["seed"]}})
-    cb.setup()
-    ids = list(range(10, 40))
-    trials = [_Trial(f"{f}{s}", {"fusion": f, "seed": s}) for f in ("none", "gate") for s in range(3)]
-    for t in trials:
-        cb.on_trial_start(0, trials, t)
-        lift = 5.0 if t.config["fusion"] == "gate" else 0.0
-        for epoch, shift in ((1, -10.0), (2, 0.0), (3, -3.0)):  # epoch 2 is the best
-            scores = [100.0 + lift + shift + (i % 7) + t.config["seed"] for i in ids]
-            cb.on_trial_result(0, trials, t, {"epoch": epoch, "val/CIDEr": sum(scores) / len(scores),
-                                              PER_IMAGE_KEY: {"ids": ids, "scores": scores}})
-        cb.on_trial_complete(0, trials, t)
-    client = MlflowClient(uri)
-    saved = json.loads(open(client.download_artifacts(cb.trial_runs["gate1"], PER_IMAGE_ARTIFACT)).read())
-    assert saved == {str(i): 106.0 + i % 7 for i in ids}  # the best epoch's, not the last one's
-    assert "val/per_image_cider" not in client.get_run(cb.trial_runs["gate1"]).data.metrics
-    comparison, _, _ = study_comparison(uri, "pi", by="fusion")
-    diff = comparison.differences["gate"]
-    assert diff.images == len(ids) and diff.delta == pytest.approx(5.0)
-    assert diff.verdict().startswith("gate beats none by 5.0 val CIDEr [") and diff.verdict().endswith(
-        "3 seeds x 30 images")
-    # `a2 pipeline` ends with these verdicts, then the ensemble's gain from the leaderboard
-    from launch.pipeline import conclusion
-
-    gain = "ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seed x 30 images"
-    assert conclusion(uri, "pi", {"ensemble_gain": {"verdict": gain}}) == [diff.verdict(), gain]
-    assert conclusion(uri, "nope", {})[0].startswith("no comparison: ")
 
 
 def test_the_group_verdict_rests_on_the_test_split_when_trials_reported_it(spec):

@@ -48,7 +48,7 @@ def test_a_copied_study_is_refused_by_resume_naming_both_places_and_the_store(tm
     status = a2("study", "status", NAME, "--storage", str(copy), cwd=tmp_path, timeout=120)
     assert "was run at" not in status.stdout and "Traceback" not in status.stdout, status.stdout[-3000:]
     sync = a2("mlflow", "sync", NAME, "--storage", str(copy), cwd=tmp_path, timeout=120)
-    assert f"study {NAME}: replaying its tracking spool into MLflow at {uri}" in sync.stdout, sync.stdout[-3000:]
+    assert f"study {NAME}: exporting its record into MLflow at {uri}" in sync.stdout, sync.stdout[-3000:]
 
 
 def test_a_moved_study_is_refused_by_resume_and_resumes_once_moved_back(tmp_path, tiny_data):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from a2core.config import Config, ConfigError
-from launch.spec import StudySpec, load_study, validate_main
+from launch.spec import StudySpec, check_cluster, load_study, validate_main
 from launch.study import saved_form
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,6 +226,11 @@ def test_cluster_resources_are_checked():
     with pytest.raises(ConfigError) as err:
         load_study(SMOKE, ["resources.gpus_per_worker=2"], cluster_resources={"CPU": 2, "GPU": 1})
     assert err.value.path == "resources.gpus_per_worker" and "2 GPUs" in str(err.value)
+    spec = load_study(SMOKE)  # the driver checks the validated spec once it knows its cluster
+    check_cluster(spec, {"CPU": 2, "GPU": 0})
+    with pytest.raises(ConfigError) as err:
+        check_cluster(spec, {"CPU": 0.5})
+    assert err.value.path == "resources.cpus_per_worker" and "smoke.yaml" in str(err.value)
 
 
 def test_storage_and_tracking_resolve(tmp_path, monkeypatch):

@@ -1,0 +1,316 @@
+"""MLflow as an export of a study's record: `export_study` brings MLflow to match what the study's storage holds.
+
+The record (`<study>/`): the spec (`study.yaml`), each trial's run folder (`launch.trainable`: `results.json`, every
+epoch's result; `artifacts/`, its per-image scores and samples; `stopped_early.json`, the scheduler's decision) and
+the trials' states in Tune's experiment state. Exporting twice changes nothing: runs are found again by their tags,
+params are set once, a metric's (key, step) is written only when the run lacks it (`StudyTracker.log_metrics`), tags
+and artifacts are set to what the record says. So an export cut short, or one made while the server was down, is
+finished by the next one; nothing is kept anywhere else in the meantime.
+
+During a study the driver's `StudyExporter` thread exports every few seconds (never from a Tune hook: training never
+waits on MLflow) and once more at the end; `a2 mlflow sync NAME` exports a study after it. The totals of the time the
+server was down (`<study>/tracking/outage.json`) go into the live table and `summary.json`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from a2core.errors import StorageError, StudyError, TrackingError
+from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
+from launch.trainable import ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, train_run_name
+
+logger = logging.getLogger(__name__)
+
+# Bookkeeping in a result, not metrics of the model (Tune's own keys, checkpoint paths, time stamps).
+SKIP_KEYS = {"done", "trial_id", "experiment_id", "experiment_tag", "should_checkpoint", "timesteps_this_iter",
+             "episodes_this_iter", "epoch", "samples", "checkpoint_path", "best_checkpoint", "best_checkpoint_path",
+             "training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "date", "pid", "hostname",
+             "node_ip", "checkpoint_dir_name", "time_since_restore", "iterations_since_restore", "timesteps_total",
+             "episodes_total", "timesteps_since_restore", "config"}
+
+
+@dataclass
+class TrialState:
+    """What Tune knows of a trial and the record needs: its id, name, sampled config, state ("PENDING", "RUNNING",
+    "PAUSED", "TERMINATED", "ERROR"), retries and last error line."""
+
+    trial_id: str
+    name: str
+    config: dict
+    status: str
+    retries: int = 0
+    error: str | None = None
+
+    @classmethod
+    def of(cls, trial) -> "TrialState":
+        """From a Tune `Trial` (the driver's live ones, or `ExperimentAnalysis.trials` after the study)."""
+        error = None
+        if trial.status == "ERROR":
+            try:
+                lines = str(trial.get_error() or "").strip().splitlines()
+            except Exception:  # noqa: BLE001 - the error file may be gone with its node
+                lines = []
+            error = (lines[-1][:500] if lines else "the trial failed") + " (`a2 study status NAME` shows the trial)"
+        return cls(str(trial.trial_id), str(trial), dict(trial.config or {}), str(trial.status),
+                   int(getattr(trial, "num_failures", 0) or 0), error)
+
+
+def end_reason(study: str, signal_name: str | None = None) -> str:
+    """Why the runs of a study that ended part way are KILLED, and how to go on."""
+    how = f"interrupted by {signal_name}" if signal_name else "the study stopped"
+    return f"{how}; continue with `a2 study resume {study}`"
+
+
+def stop_record(folder, text: str | None = None) -> dict | None:
+    """The scheduler's decision to stop the trial of run folder `folder` (`{"rung", "cutoff", ...}`), or None;
+    a file that is not one is a StudyError naming it. `text`: the file's text, when already read."""
+    target = folder.join(STOPPED_FILE)
+    text = target.read_text() if text is None else text
+    try:
+        record = json.loads(text or "null")
+    except ValueError as err:
+        raise StudyError(f"{target.uri}: not a stop record ({err}); delete it to let the study go on") from None
+    if record is not None and not (isinstance(record, dict) and "rung" in record and "cutoff" in record):
+        raise StudyError(f"{target.uri}: not a stop record (no rung and cutoff); delete it to let the study go on")
+    return record
+
+
+def _metrics(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k not in SKIP_KEYS and not isinstance(v, (dict, list))}
+
+
+class Export:
+    """One study's export into one tracker; `run(trials, ended)` is the idempotent export. It remembers what it
+    exported (each trial's record and state, artifacts by content), so that exporting every few seconds reads and
+    writes little: a trial whose results, stop record and state did not change is passed over."""
+
+    def __init__(self, spec, location, tracker: StudyTracker | None = None):
+        self.spec, self.location = spec, location
+        self.tracker = tracker
+        self.exported: dict[str, tuple] = {}  # trial id -> (what its export read, the run's status)
+        self.uploaded: dict[tuple[str, str], str] = {}  # (run id, artifact path) -> text uploaded
+        self.late = 0  # epochs written after the server had been down
+
+    def open(self) -> StudyTracker:
+        """The study's tracker, its parent run made or found (and RUNNING) and the study's views saved."""
+        if self.tracker is None:
+            spec = self.spec
+            tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
+            raw = spec.to_dict()
+            params = {"search": raw.get("search", {}), "resources": raw.get("resources", {}),
+                      "storage": raw.get("storage"), "base": {k: raw.get(k) for k in ("data", "model", "train")}}
+            tracker.start_study(params, {"a2.storage": self.location.uri()})
+            tracker.set_views(spec.metric, spec.mode, [p.path for p in spec.params.values()])
+            self.tracker = tracker
+        return self.tracker
+
+    def run(self, trials: list[TrialState], ended: str | None = None, late: bool = False) -> None:
+        """Bring MLflow to match the record. `ended`: None while the study runs, else the reason its unfinished runs
+        end KILLED (`end_reason`); `late`: the server was down since the last export (its epochs are counted)."""
+        tracker = self.open()
+        failed = unfinished = False
+        for trial in trials:
+            status = self._trial(tracker, trial, ended, late)
+            failed |= status == "FAILED"
+            unfinished |= status != "FINISHED"
+        if ended is not None:
+            unfinished |= len(trials) < self.spec.num_trials
+            status = "FAILED" if failed else "KILLED" if unfinished else "FINISHED"
+            tracker.end_study(status, None if status == "FINISHED" else "a trial failed" if failed else ended)
+
+    def _trial(self, tracker: StudyTracker, trial: TrialState, ended: str | None, late: bool) -> str | None:
+        """Export one trial; returns the status its run has now (None: not started, no run)."""
+        # dashboards.stats imports scipy: kept out of the `a2 study` commands that do not export (launch.study)
+        from dashboards.stats import TAG_CONFIG_HASH, config_hash
+
+        tid = trial.trial_id
+        folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, tid))
+        text, stopped_text = folder.join(RESULTS_FILE).read_text(), folder.join(STOPPED_FILE).read_text()
+        seen = (text, stopped_text, trial.status, trial.retries, ended, late)
+        if self.exported.get(tid, (None,))[0] == seen:
+            return self.exported[tid][1]
+        if text is None and trial.status == "PENDING":
+            return None
+        results = sorted((r for r in json.loads(text or "[]") if isinstance(r, dict) and isinstance(
+            r.get("epoch"), (int, float))), key=lambda r: r["epoch"])  # as `launch.trainable.ResultLog` wrote them
+        stopped = stop_record(folder, stopped_text or "")
+        complete = trial.status == "TERMINATED" and (stopped is not None or len(results) >= self.spec.total_epochs)
+        status = ("FINISHED" if complete else "FAILED" if trial.status == "ERROR"
+                  else "KILLED" if ended is not None else "RUNNING")
+        config = self.spec.trial_config(dict(trial.config))  # resolved: the replicate group is its hash
+        run_id = tracker.trial_run(tid, config, running=status == "RUNNING",
+                                   tags={"a2.ray_trial_name": trial.name,
+                                         TAG_CONFIG_HASH: config_hash(config)},
+                                   run_name=trial.name)
+        logged = tracker.logged_steps(run_id, self.spec.metric)
+        for result in results:
+            stamp, step = result.get("timestamp"), int(result["epoch"])
+            self.late += late and step not in logged
+            tracker.log_metrics(run_id, _metrics(result), step=step,
+                                timestamp_ms=int(stamp * 1000) if isinstance(stamp, (int, float)) else None)
+        tracker.set_tags(run_id, self._tags(trial, results, stopped))
+        self._artifacts(tracker, run_id, folder.join(ARTIFACTS_DIR))
+        if status != "RUNNING":
+            reason = trial.error if status == "FAILED" else ended if status == "KILLED" else None
+            tracker.end_trial(run_id, status, reason)
+        self.exported[tid] = (seen, status)
+        return status
+
+    def _tags(self, trial: TrialState, results: list[dict], stopped: dict | None) -> dict:
+        """The checkpoint tags (the newest one, and the best epoch's when it has one), retries, the stop record."""
+        from dashboards.stats import stopped_early_tags  # scipy: as in `_trial`
+
+        tags = {}
+        best_value, best = None, None
+        for result in results:  # epoch order: the first of equal values is the best
+            value = result.get(self.spec.metric)
+            if isinstance(value, (int, float)) and value == value and (best_value is None or (
+                    value > best_value if self.spec.mode == "max" else value < best_value)):
+                best_value, best = value, result
+            if result.get("checkpoint_path"):
+                tags["a2.checkpoint"] = self._checkpoint_uri(result["checkpoint_path"])
+        if best is not None and best.get("checkpoint_path"):
+            tags[TAG_BEST_CKPT] = self._checkpoint_uri(best["checkpoint_path"])
+        if trial.retries:
+            tags["a2.retries"] = str(trial.retries)
+        if stopped:
+            tags.update(stopped_early_tags(stopped["rung"], stopped["cutoff"]))
+        return tags
+
+    def _checkpoint_uri(self, folder: str) -> str:
+        """The weights file of a result's checkpoint folder (a Ray Train trial's is a path on the storage's
+        filesystem: on S3 without its scheme)."""
+        path = f"{str(folder).rstrip('/')}/{CHECKPOINT_FILE}"
+        return f"s3://{path}" if "://" not in path and self.location.storage.startswith("s3://") else path
+
+    def _artifacts(self, tracker: StudyTracker, run_id: str, folder, prefix: str = "") -> None:
+        """Upload the files below the trial's `artifacts/` that the run lacks or holds in another version."""
+        folders = set(folder.listdir(folders_only=True))
+        for name in folder.listdir():
+            if name.startswith("."):  # a file being written (`a2core.atomic.atomic_write`'s temp file)
+                continue
+            path = f"{prefix}{name}"
+            if name in folders:
+                self._artifacts(tracker, run_id, folder.join(name), f"{path}/")
+                continue
+            text = folder.join(name).read_text()
+            if text is not None and self.uploaded.get((run_id, path)) != text:
+                tracker.client.log_text(run_id, text, path)
+                self.uploaded[(run_id, path)] = text
+
+
+def server_answers(uri: str, timeout: float = 2.0) -> bool:
+    try:
+        check_tracking_uri(uri, timeout=timeout)
+        return True
+    except TrackingError:
+        return False
+
+
+# -- outage totals ----------------------------------------------------------------------------------------------
+OUTAGE_KEYS = ("down_seconds", "exported_late")
+
+
+def add_outage(location, **counts) -> dict:
+    """Add a driver's figures to the study's saved ones (`tracking/outage.json`); returns the totals."""
+    target = location.at("tracking", "outage.json")
+    saved = json.loads(target.read_text() or "{}")
+    totals = {key: saved.get(key, 0) + counts.get(key, 0) for key in OUTAGE_KEYS}
+    totals["down_seconds"] = round(float(totals["down_seconds"]), 3)
+    totals["pending"] = bool(counts.get("pending", saved.get("pending", False)))
+    if any(counts.values()) or saved.get("pending") != totals["pending"]:
+        target.write_text(json.dumps(totals, indent=2) + "\n")
+    return totals
+
+
+def outage_line(outage: dict | None) -> str | None:
+    """`tracking: server down 31 s, 14 epochs exported once it was back`; None when nothing happened."""
+    if not outage or not (outage.get("down_seconds") or outage.get("pending")):
+        return None
+    text = f"tracking: server down {outage.get('down_seconds', 0):.0f} s, "
+    if outage.get("pending"):
+        return text + "not all exported yet (`a2 mlflow sync NAME` exports the rest)"
+    return text + f"{outage.get('exported_late', 0)} epochs exported once it was back"
+
+
+class StudyExporter:
+    """The driver's export thread: `Export.run` from `trials()` (the live Tune trials) when `poke`d (a trial
+    reported, started or ended: the hook only sets a flag) and every `every` s, while the server answers (probed
+    first, 2 s); `close(ended)` stops it, exports once more and saves the outage."""
+
+    def __init__(self, export: Export, trials, every: float = 2.0):
+        self.export, self.trials, self.every = export, trials, every
+        self.uri = export.spec.tracking["mlflow_uri"]
+        self.down_since: float | None = None
+        self.down_seconds = 0.0
+        self.done = False  # the last export went through
+        self.stop, self.wake = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._work, name="a2-mlflow-export", daemon=True)
+        self.thread.start()
+
+    def poke(self) -> None:
+        """Export soon (the thread wakes up); returns at once."""
+        self.wake.set()
+
+    def _work(self) -> None:
+        while True:
+            self.wake.wait(self.every)
+            self.wake.clear()
+            if self.stop.is_set():
+                return
+            self.once()
+
+    def once(self, ended: str | None = None) -> bool:
+        """One export; False (and the outage clock running) when the server does not answer."""
+        late = self.down_since is not None
+        try:
+            if not server_answers(self.uri):
+                raise TrackingError(f"MLflow server {self.uri} does not answer")
+            self.export.run([TrialState.of(t) for t in list(self.trials())], ended, late=late)
+        except StorageError as err:  # the study's storage, not the server: the study itself stops on it
+            logger.warning("MLflow export could not read the study's record: %s", err)
+            self.done = False
+            return False
+        except (TrackingError, OSError) as err:
+            return self._down(err)
+        except Exception as err:  # noqa: BLE001 - the server's or the connection's: an outage, if it is gone
+            if server_answers(self.uri):
+                logger.warning("MLflow export failed: %s", err, exc_info=True)
+                self.done = False
+                return False
+            return self._down(err)
+        if late:
+            self.down_seconds += time.monotonic() - self.down_since
+            self.down_since = None
+            logger.warning("MLflow server back; %d epochs exported", self.export.late)
+        self.done = True
+        return True
+
+    def _down(self, err) -> bool:
+        if self.down_since is None:
+            logger.warning("MLflow server %s not answering (%s); the study's record is exported when it is back",
+                           self.uri, err)
+            self.down_since = time.monotonic()
+        self.done = False
+        return False
+
+    def status(self) -> dict:
+        down = self.down_seconds + (time.monotonic() - self.down_since if self.down_since is not None else 0.0)
+        return {"down_seconds": round(down, 3), "exported_late": self.export.late,
+                "pending": self.down_since is not None}
+
+    def close(self, ended: str | None) -> dict:
+        """Stop the thread, export once more (`ended`: see `Export.run`) and add this driver's outage to the
+        study's totals, which it returns."""
+        self.stop.set()
+        self.wake.set()
+        self.thread.join(120)
+        self.once(ended)
+        if self.down_since is not None:
+            self.down_seconds += time.monotonic() - self.down_since
+        return add_outage(self.export.location, down_seconds=self.down_seconds, exported_late=self.export.late,
+                          pending=not self.done)

@@ -1,0 +1,282 @@
+"""MLflow as an export of the study's record (`launch.mlflow_export`): a study folder written as trials write it,
+exported once, again, cut short, while the server is down and by `a2 mlflow sync`: every (run, key, step) once,
+params and tags set, run statuses true to the study."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+import launch.mlflow_export as export_mod
+from dashboards.compare import study_comparison
+from a2core.errors import StudyError
+from dashboards.tracking import StudyTracker, study_runs
+from launch import study
+from launch.mlflow_export import Export, StudyExporter, TrialState, end_reason, outage_line
+from launch.pipeline import conclusion
+from launch.spec import load_study
+from launch.study import StudyLocation, stopped_early_trials
+from launch.trainable import STOPPED_FILE
+
+SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
+IDS = list(range(10, 40))
+
+
+@pytest.fixture
+def spec(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # SQLite stores keep their artifacts under ./mlruns
+    return load_study(SMOKE, [f"tracking.mlflow_uri=sqlite:///{tmp_path / 'm.db'}", f"storage={tmp_path / 'st'}",
+                              "train.xe_epochs=3", f"data.root={tmp_path / 'data'}"], check_files=False)
+
+
+class FakeTrial:  # what Export reads of a Tune trial
+    def __init__(self, trial_id, config, status="RUNNING"):
+        self.trial_id, self.config, self.status, self.num_failures = trial_id, config, status, 0
+
+    def __str__(self):
+        return f"a2_local_trial_{self.trial_id}"
+
+    def get_error(self):
+        return "Traceback ...\nRuntimeError: out of memory"
+
+
+def write_epoch(location: StudyLocation, trial: FakeTrial, epoch: int, value: float) -> None:
+    """An epoch's result and artifacts, as `launch.trainable.TrialRecorder` leaves them in the trial's folder."""
+    folder = location.at("trials", f"{location.name}-{trial.trial_id}")
+    results = json.loads(folder.join("results.json").read_text() or "[]")
+    checkpoint = folder.join(f"checkpoint_epoch{epoch:04d}").uri
+    results.append({"epoch": epoch, "val/CIDEr": value, "train/loss": 3.0 / epoch, "stage": "xe",
+                    "timestamp": 1000.0 + epoch, "training_iteration": epoch, "checkpoint_path": checkpoint})
+    folder.join("results.json").write_text(json.dumps(results))
+    folder.join("artifacts", f"samples/epoch_{epoch:03d}.txt").write_text(f"{epoch}: a dog\n")
+    folder.join("artifacts", f"samples/.epoch_{epoch + 1:03d}.txt.x1y2.tmp").write_text("half wri")  # being written
+    if value >= max(r["val/CIDEr"] for r in results):
+        scores = {str(i): value + i % 7 for i in IDS}
+        folder.join("artifacts", "eval/per_image_cider.json").write_text(json.dumps(scores, sort_keys=True))
+
+
+def trials_of(location, values: dict[str, list[float]], statuses: dict[str, str]) -> list[FakeTrial]:
+    trials = []
+    for n, (tid, per_epoch) in enumerate(values.items()):
+        fusion = "none" if n % 2 == 0 else "gate"
+        trial = FakeTrial(tid, {"fusion": fusion, "seed": n // 2, **({"lambda": 0.035} if fusion == "gate" else {})},
+                          statuses.get(tid, "TERMINATED"))
+        for epoch, value in enumerate(per_epoch, 1):
+            write_epoch(location, trial, epoch, value)
+        trials.append(trial)
+    return trials
+
+
+def points(uri: str, study_name: str) -> dict:
+    """{trial id: {key: Counter(step)}} over the study's trial runs."""
+    client = MlflowClient(uri)
+    _, children = study_runs(uri, study_name)
+    return {run.data.tags["a2.trial_id"]: {key: Counter(m.step for m in client.get_metric_history(run.info.run_id, key))
+                                           for key in run.data.metrics} for run in children}
+
+
+def runs_by_trial(uri: str, name: str):
+    parent, children = study_runs(uri, name)
+    return parent, {run.data.tags["a2.trial_id"]: run for run in children}
+
+
+def test_export_is_the_record_in_mlflow_and_exporting_again_changes_nothing(spec):
+    location = StudyLocation(spec.name, spec.storage)
+    uri = spec.tracking["mlflow_uri"]
+    trials = trials_of(location, {"t0": [10.0, 30.0, 20.0], "t1": [12.0, 25.0, 33.0]}, {"t1": "RUNNING"})
+    states = [TrialState.of(t) for t in trials]
+    Export(spec, location).run(states)  # while the study runs
+    parent, runs = runs_by_trial(uri, spec.name)
+    assert parent.info.status == "RUNNING" and parent.data.params["search.metric"] == "val/CIDEr"
+    assert parent.data.tags["a2.storage"] == location.uri()
+    assert {tid: run.info.status for tid, run in runs.items()} == {"t0": "FINISHED", "t1": "RUNNING"}
+    t0 = runs["t0"]
+    assert t0.info.run_name == "a2_local_trial_t0" and t0.data.tags["a2.fusion"] == "none"
+    assert t0.data.params["model.fusion"] == "none" and "model.lambda" not in t0.data.params
+    assert t0.data.tags["a2.best_checkpoint"].endswith("checkpoint_epoch0002/checkpoint.pt")
+    assert t0.data.tags["a2.checkpoint"].endswith("checkpoint_epoch0003/checkpoint.pt")
+    assert "training_iteration" not in t0.data.metrics and "stage" not in t0.data.metrics
+    client = MlflowClient(uri)
+    history = client.get_metric_history(t0.info.run_id, "val/CIDEr")
+    assert sorted((m.step, m.value, m.timestamp) for m in history) == [
+        (1, 10.0, 1001000), (2, 30.0, 1002000), (3, 20.0, 1003000)]
+    saved = json.loads(open(client.download_artifacts(t0.info.run_id, "eval/per_image_cider.json")).read())
+    assert saved == {str(i): 30.0 + i % 7 for i in IDS}  # the best epoch's
+    assert [a.path for a in client.list_artifacts(t0.info.run_id, "samples")] == [
+        "samples/epoch_001.txt", "samples/epoch_002.txt", "samples/epoch_003.txt"]
+
+    trials[1].status = "TERMINATED"
+    again = Export(spec, location)  # a new driver, or `a2 mlflow sync`
+    again.run([TrialState.of(t) for t in trials], end_reason(spec.name))
+    again.run([TrialState.of(t) for t in trials], end_reason(spec.name))
+    parent, runs = runs_by_trial(uri, spec.name)
+    assert parent.info.status == "KILLED"  # 2 of the study's 4 trials: it can resume
+    assert {tid: run.info.status for tid, run in runs.items()} == {"t0": "FINISHED", "t1": "FINISHED"}
+    assert all(n == 1 for keys in points(uri, spec.name).values() for steps in keys.values() for n in steps.values())
+    assert points(uri, spec.name)["t1"]["val/CIDEr"] == {1: 1, 2: 1, 3: 1}
+
+
+def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
+    location = StudyLocation(spec.name, spec.storage)
+    uri = spec.tracking["mlflow_uri"]
+    trials = trials_of(location, {"t0": [10.0, 30.0, 31.0], "t1": [12.0, 13.0], "t2": [9.0, 8.0], "t3": [5.0]},
+                       {"t1": "ERROR", "t2": "TERMINATED", "t3": "TERMINATED"})
+    folder = location.at("trials", f"{spec.name}-t2")
+    folder.join(STOPPED_FILE).write_text(json.dumps({"rung": 2, "cutoff": 20.5, "group_mean": 8.0, "threshold": 1}))
+    Export(spec, location).run([TrialState.of(t) for t in trials], end_reason(spec.name, "SIGINT"))
+    parent, runs = runs_by_trial(uri, spec.name)
+    assert parent.info.status == "FAILED" and parent.data.tags["a2.end_reason"] == "a trial failed"
+    assert {tid: run.info.status for tid, run in runs.items()} == {
+        "t0": "FINISHED", "t1": "FAILED", "t2": "FINISHED", "t3": "KILLED"}  # t3: ended short, not by the scheduler
+    assert runs["t1"].data.tags["a2.end_reason"].startswith("RuntimeError: out of memory")
+    assert runs["t3"].data.tags["a2.end_reason"] == (
+        f"interrupted by SIGINT; continue with `a2 study resume {spec.name}`")
+    tags = runs["t2"].data.tags
+    assert (tags["a2.stopped_early"], tags["a2.stopped_rung"], tags["a2.stopped_cutoff"]) == ("true", "2", "20.5")
+    assert stopped_early_trials(location) == {"t2": {"rung": 2, "cutoff": 20.5}}  # `status` reads the record
+    assert runs["t0"].data.tags["a2.config_hash"] != runs["t1"].data.tags["a2.config_hash"]
+    assert runs["t0"].data.tags["a2.config_hash"] == runs["t2"].data.tags["a2.config_hash"]  # replicates
+
+    folder.join(STOPPED_FILE).write_text("{rung: 2")  # garbage: refused naming the file, by status and export
+    with pytest.raises(StudyError, match=f"{STOPPED_FILE}: not a stop record"):
+        stopped_early_trials(location)
+    with pytest.raises(StudyError, match=f"{STOPPED_FILE}: not a stop record"):
+        Export(spec, location).run([TrialState.of(t) for t in trials])
+    folder.join(STOPPED_FILE).write_text(json.dumps({"rung": 2, "cutoff": 20.5}))
+
+    trials[1].status, trials[3].status = "RUNNING", "RUNNING"  # resumed: the runs continue, RUNNING again
+    Export(spec, location).run([TrialState.of(t) for t in trials])
+    parent, runs = runs_by_trial(uri, spec.name)
+    assert parent.info.status == "RUNNING" and runs["t3"].info.status == "RUNNING"
+    assert runs["t0"].info.status == "FINISHED"  # a finished run is left as it is
+
+
+def test_an_export_cut_short_goes_on_without_duplicates(spec, monkeypatch):
+    location = StudyLocation(spec.name, spec.storage)
+    uri = spec.tracking["mlflow_uri"]
+    trials = trials_of(location, {"t0": [10.0, 30.0, 20.0], "t1": [12.0, 25.0, 33.0]}, {})
+    calls = {"n": 0}
+    real = StudyTracker.log_metrics
+
+    def dies_after_four(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 4:
+            raise ConnectionError("server gone")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(StudyTracker, "log_metrics", dies_after_four)
+    with pytest.raises(ConnectionError):
+        Export(spec, location).run([TrialState.of(t) for t in trials], end_reason(spec.name))
+    monkeypatch.setattr(StudyTracker, "log_metrics", real)
+    Export(spec, location).run([TrialState.of(t) for t in trials], end_reason(spec.name))
+    parent, runs = runs_by_trial(uri, spec.name)
+    assert points(uri, spec.name) == {tid: {"val/CIDEr": Counter({1: 1, 2: 1, 3: 1}),
+                                            "train/loss": Counter({1: 1, 2: 1, 3: 1})} for tid in ("t0", "t1")}
+    assert parent.info.status == "KILLED" and {r.info.status for r in runs.values()} == {"FINISHED"}
+
+
+def test_the_export_thread_waits_out_a_server_that_is_down(spec, monkeypatch):
+    location = StudyLocation(spec.name, spec.storage)
+    uri = spec.tracking["mlflow_uri"]
+    trials = trials_of(location, {"t0": [10.0], "t1": [12.0]}, {"t0": "RUNNING", "t1": "RUNNING"})
+    up = {"now": True}
+    monkeypatch.setattr(export_mod, "server_answers", lambda uri, timeout=2.0: up["now"])
+    exporter = StudyExporter(Export(spec, location), lambda: trials, every=3600)  # no periodic export here
+    exporter.poke()  # what the callback's hooks do: the thread exports at once
+    for _ in range(200):
+        if exporter.done:
+            break
+        time.sleep(0.1)
+    assert exporter.done and set(runs_by_trial(uri, spec.name)[1]) == {"t0", "t1"}
+    up["now"] = False
+    for trial in trials:
+        write_epoch(location, trial, 2, 20.0)
+    assert not exporter.once()
+    assert exporter.status()["pending"] and "not all exported yet" in outage_line(exporter.status())
+    up["now"] = True
+    for trial in trials:
+        write_epoch(location, trial, 3, 30.0)
+        trial.status = "TERMINATED"
+    outage = exporter.close(end_reason(spec.name))
+    assert outage["exported_late"] == 4 and not outage["pending"] and outage["down_seconds"] > 0
+    assert outage_line(outage).endswith("4 epochs exported once it was back")
+    assert json.loads(location.read_text("tracking", "outage.json"))["exported_late"] == 4  # for summary.json
+    parent, runs = runs_by_trial(uri, spec.name)
+    assert {r.info.status for r in runs.values()} == {"FINISHED"}
+    assert points(uri, spec.name)["t0"]["val/CIDEr"] == {1: 1, 2: 1, 3: 1}
+
+
+def test_mlflow_sync_exports_a_study_that_ended_while_the_server_was_down(spec, monkeypatch, capsys):
+    location = StudyLocation(spec.name, spec.storage)
+    uri = spec.tracking["mlflow_uri"]
+    trials = trials_of(location, {"t0": [10.0, 30.0, 20.0], "t1": [12.0, 25.0, 33.0]}, {})
+    location.write_text(json.dumps({"study": spec.name, "tracking": {}}), "summary.json")
+    export_mod.add_outage(location, down_seconds=12.0, pending=True)  # the driver's last export did not get through
+    monkeypatch.setattr(study, "locate", lambda name, storage=None: location)
+    monkeypatch.setattr(study, "load_saved_spec", lambda loc: spec)
+    monkeypatch.setattr(study, "tune_trials", lambda loc: [TrialState.of(t) for t in trials])
+    assert study.cmd_sync(argparse.Namespace(name=spec.name, storage=None)) == 0
+    assert "exported to MLflow; tracking: server down 12 s, 0 epochs exported once it was back" in \
+        capsys.readouterr().out
+    assert json.loads(location.read_text("summary.json"))["tracking"]["pending"] is False
+    parent, runs = runs_by_trial(uri, spec.name)
+    assert {r.info.status for r in runs.values()} == {"FINISHED"} and len(runs) == 2
+    assert points(uri, spec.name)["t1"]["val/CIDEr"] == {1: 1, 2: 1, 3: 1}
+
+
+def test_best_epochs_per_image_cider_is_the_artifact_compare_pairs(spec):
+    location = StudyLocation(spec.name, spec.storage)
+    uri = spec.tracking["mlflow_uri"]
+    trials = []
+    for fusion, lift in (("none", 0.0), ("gate", 5.0)):
+        for seed in range(3):
+            trial = FakeTrial(f"{fusion}{seed}", {"fusion": fusion, "seed": seed}, "TERMINATED")
+            folder = location.at("trials", f"{spec.name}-{trial.trial_id}")
+            scores = {str(i): 100.0 + lift + (i % 7) + seed for i in IDS}
+            folder.join("results.json").write_text(json.dumps([{"epoch": e, "val/CIDEr": 100.0} for e in (1, 2, 3)]))
+            folder.join("artifacts", "eval/per_image_cider.json").write_text(json.dumps(scores))
+            trials.append(trial)
+    Export(spec, location).run([TrialState.of(t) for t in trials], end_reason(spec.name))
+    comparison, _, _ = study_comparison(uri, spec.name, by="fusion")
+    diff = comparison.differences["gate"]
+    assert diff.images == len(IDS) and diff.delta == pytest.approx(5.0)
+    assert diff.verdict().startswith("gate beats none by 5.0 val CIDEr [") and diff.verdict().endswith(
+        "3 seeds x 30 images")
+    # `a2 pipeline` ends with these verdicts, then the ensemble's gain from the leaderboard
+    gain = "ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seed x 30 images"
+    assert conclusion(uri, spec.name, {"ensemble_gain": {"verdict": gain}}) == [diff.verdict(), gain]
+    assert conclusion(uri, "nope", {})[0].startswith("no comparison: ")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_study_exported_from_its_record_alone_is_what_the_driver_exported(tmp_path, monkeypatch):
+    """The smoke study of `scripts/mlflow_dump.py` (4 trials, 3 epochs), run; then its MLflow database set aside and
+    `a2 mlflow sync` run: the study's storage alone gives the same runs (params, tags, metrics by step, artifacts,
+    statuses). The parent's compute totals are left out of the comparison: `a2 study run` logs them when it ends,
+    they are not part of the export."""
+    spec_ = importlib.util.spec_from_file_location("mlflow_dump", SMOKE.parents[1] / "scripts" / "mlflow_dump.py")
+    dump = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(dump)
+    uri, root = dump.run_study(tmp_path)
+    live = dump.dump(uri, dump.NAME, str(root))
+    (tmp_path / "mlflow.db").rename(tmp_path / "live.db")
+    sync = subprocess.run([sys.executable, "-m", "launch.cli", "mlflow", "sync", dump.NAME,
+                           "--storage", str(tmp_path / "studies")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(SMOKE.parents[1])})
+    assert sync.returncode == 0, sync.stdout + sync.stderr
+    again = dump.dump(uri, dump.NAME, str(root))
+    for result in (live, again):
+        result["parent"]["metrics"] = {k: v for k, v in result["parent"]["metrics"].items()
+                                       if not k.startswith("compute/")}
+    assert again == live
+    assert live["parent"]["status"] == "FINISHED" and {t["status"] for t in live["trials"]} == {"FINISHED"}
