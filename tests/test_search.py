@@ -277,7 +277,7 @@ def test_build_scheduler_and_tune_config(asha_spec, tmp_path):
     searcher, scheduler = GridCrossedSearcher(spec), build_scheduler(spec)
     assert isinstance(searcher, GridCrossedSearcher)
     assert isinstance(scheduler, ReplicateASHA)
-    assert scheduler.rungs == [2]  # grace 2, below max_t = 4 planned epochs
+    assert scheduler.rungs == [2]  # grace 2, below max_t = 4 planned epochs (study_file trains 4)
     assert searcher.metric == METRIC and searcher.mode == "max"
     kwargs = tune_config_kwargs(spec)
     assert kwargs["num_samples"] == spec.num_trials
@@ -286,6 +286,7 @@ def test_build_scheduler_and_tune_config(asha_spec, tmp_path):
     assert kwargs["reuse_actors"] is True  # one worker per trial: the next trial reuses the trial process
     raw = yaml.safe_load(study_file(tmp_path, ABLATION).read_text())
     raw["resources"].update(workers_per_trial=2, cpus_per_worker=0.5)
+    raw.setdefault("train", {})["batch_size"] = 50  # 10 images: 5 per worker
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(raw))
     assert tune_config_kwargs(load_study(tmp_path / "train.yaml"))["reuse_actors"] is False  # Ray Train trials
     # the scheduler takes metric and mode from the TuneConfig, the searcher accepts the same ones
@@ -302,14 +303,14 @@ def test_build_scheduler_and_tune_config(asha_spec, tmp_path):
 
 def test_a_trial_stopped_at_a_rung_ends_with_its_diagnostics(tmp_path):
     """The smoke study runs diagnostics after the last epoch only (diag_every: 0), but ASHA may stop a trial at
-    epoch 2: its trials also run them at the scheduler's rungs, so a stopped trial logs diag/... too."""
+    epochs 2 or 4: its trials also run them at the scheduler's rungs, so a stopped trial logs diag/... too."""
     from launch.search import scheduler_rungs
     from launch.trainable import plan_from_spec
 
     smoke = load_study(SMOKE)
-    assert smoke.base["train"]["diag_every"] == 0 and scheduler_rungs(smoke) == [2]
+    assert smoke.base["train"]["diag_every"] == 0 and scheduler_rungs(smoke) == [2, 4]
     config = plan_from_spec(smoke).config({"fusion": "gate", "lambda": 0.035, "seed": 1})
-    assert config["train"]["diag_epochs"] == [2] and config["train"]["seed"] == 1
+    assert config["train"]["diag_epochs"] == [2, 4] and config["train"]["seed"] == 1
     fifo = load_study(study_file(tmp_path, ABLATION, scheduler={"fifo": {}}))
     assert scheduler_rungs(fifo) == []
     assert plan_from_spec(fifo).config({"fusion": "max", "lambda": 0.035, "seed": 0})["train"]["diag_epochs"] == []
@@ -536,6 +537,7 @@ def test_hold_at_rungs_is_a_one_worker_option(asha_spec, tmp_path):
     (tmp_path / "hold.yaml").write_text(yaml.safe_dump(raw))
     assert build_scheduler(load_study(tmp_path / "hold.yaml")).hold_at_rungs
     raw["resources"].update(workers_per_trial=2, cpus_per_worker=0.5)
+    raw.setdefault("train", {})["batch_size"] = 50  # 10 images: 5 per worker
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="search.scheduler.asha.hold_at_rungs.*one-worker trials"):
         load_study(tmp_path / "train.yaml")
