@@ -250,10 +250,19 @@ def arrow_s3_compatible_moto():
 
 
 # -- local multi-node Ray clusters ------------------------------------------------------------------------------
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port on 127.0.0.1 not handed out before by this process: the kernel may offer a port again once the
+    probing socket is closed, and `ray start` refuses a node whose components were given the same port."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 @dataclass
