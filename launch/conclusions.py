@@ -1,5 +1,5 @@
 """What people read of a study: the trial table, the replicate groups, the verdict and the compute line, printed
-by `a2 study status` and at the end of `run`/`resume` (`launch.driver`), and the live table's rows' text."""
+by `a2 study status` and at the end of `run`/`resume` (`launch.driver`), and the live trial table."""
 from __future__ import annotations
 
 from dashboards.tables import text_table
@@ -24,7 +24,6 @@ def compute_line(totals: dict) -> str:
     return f"compute: {part('total')}; on early-stopped trials {part('stopped')}; early stopping saved {part('saved')}"
 
 
-# -- what people read --------------------------------------------------------------------------------------------
 def verdict(summary: dict) -> str:
     """The best trial against its baseline (fusion none, same seed) and, for a study with replicates, the best
     configuration's mean with its interval against the best fusion-none configuration's."""
