@@ -4,7 +4,7 @@
     python benchmarks/bench_scale.py --sizes 64 128 --concurrency 8 --epochs 3 --epoch-s 0.3
     python benchmarks/bench_scale.py --sizes 64 128 --side-by-side   # also each trial in a fresh process
 
-Each size is one study run by `launch.study.run_study` (the real Tuner, MLflow callback, result logs,
+Each size is one study run by `launch.driver.run_study` (the real Tuner, MLflow callback, result logs,
 checkpoint folders, summary) on a loopback Ray cluster of several nodes (`tests.raycluster.LocalCluster`: a head
 and three worker nodes), with its trials' training replaced by a stand-in that sleeps `--epoch-s` per epoch and
 reports a tiny checkpoint each epoch: it measures orchestration, not training. One-worker trials, so each trial
@@ -128,8 +128,8 @@ def run_size(trials: int, args, cluster, data: Path, work: Path, reuse: bool = T
 
     from dashboards import tracking
     from launch import search
-    from launch import study as study_mod
     from launch import trainable
+    from launch.driver import run_study
     from launch.spec import load_study
     from tests.raycluster import tiny_study
 
@@ -168,7 +168,7 @@ def run_size(trials: int, args, cluster, data: Path, work: Path, reuse: bool = T
     tracking.StudyTracker.log_metrics = timed_log_metrics
     try:
         t0, cpu0 = time.monotonic(), time.process_time()
-        summary = study_mod.run_study(spec, address=cluster.address, verbose=False)
+        summary = run_study(spec, address=cluster.address, verbose=False)
         wall, driver_cpu = time.monotonic() - t0, time.process_time() - cpu0
     finally:
         trainable.make_trainable, search.tune_config_kwargs = saved_make, saved_kwargs

@@ -79,7 +79,7 @@ def run_study(study: str, overrides: list[str], work: Path, ray_train: bool = Fa
 def trial_timings(summary: dict) -> list[dict]:
     """Per trial: start (the trial's first result minus that result's time since the trial started), end,
     start-up cost (first result's time since start minus that epoch's own duration), epochs."""
-    from launch.study import StudyLocation
+    from launch.location import StudyLocation
     from launch.trainable import TRIALS_DIR, read_results
 
     location_root = summary["path"].rsplit("/", 1)[0]
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.from_summary:
         summary = json.loads(Path(args.from_summary).read_text())
-        from launch.study import load_saved_spec, StudyLocation
+        from launch.location import load_saved_spec, StudyLocation
 
         root = summary["path"].rsplit("/", 1)[0]
         spec = load_saved_spec(StudyLocation(summary["study"], root))

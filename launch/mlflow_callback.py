@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 class A2MLflowCallback(Callback):
-    """Track the study `spec` (stored at `location`, a `launch.study.StudyLocation`) in MLflow; `stopped_early_of`:
+    """Track the study `spec` (stored at `location`, a `launch.location.StudyLocation`) in MLflow; `stopped_early_of`:
     the scheduler's record of stopping a trial (`launch.search.ReplicateASHA.stopped_early`); `every`: seconds
     between exports."""
 

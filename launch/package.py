@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from a2core.atomic import atomic_write, fresh_folder
 from a2core.errors import A2Error, PackageError, StorageError
-from launch.study import say
+from launch.driver import say
 
 SEED_STUDIES_FILE = "seed_studies.json"
 DEFAULT_OUT = "a2-packages"
@@ -192,7 +192,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
 # -- 1. the ensemble's members -----------------------------------------------------------------------------------
 def open_study(name: str, storage: str | None, verbose: bool = True):
     """(location, saved spec, summary) of a study that has a summary (a finished or interrupted run)."""
-    from launch.study import SUMMARY_FILE, load_saved_spec, locate
+    from launch.location import SUMMARY_FILE, load_saved_spec, locate
 
     location = locate(name, storage)
     spec = load_saved_spec(location)
@@ -372,7 +372,7 @@ def companion_studies(location) -> list[str]:
 def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
     """(location, spec, summary or None) of each companion seed study of configuration `digest`."""
     from dashboards.stats import config_hash
-    from launch.study import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec
+    from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec
 
     found = []
     for name in companion_studies(location):
@@ -387,7 +387,9 @@ def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
 def train_missing(spec, location, best: dict, missing: list[int], *, address: str | None, verbose: bool) -> list[dict]:
     """Train the missing seeds of the best configuration as a companion study (an unfinished earlier one, without
     a summary or with a trial that did not end TERMINATED, is resumed first); returns the candidates it gave."""
-    from launch.study import STUDY_FILE, StudyLocation, exit_code, resume_study, run_study
+    from launch.driver import resume_study, run_study
+    from launch.location import STUDY_FILE, StudyLocation
+    from launch.study import exit_code
 
     digest = best["hash"]
     rows, covered = [], set()

@@ -14,8 +14,10 @@ from a2core.errors import A2Error, StudyError
 from dashboards.tracking import redact_uri, study_pointer
 from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, package
 from launch.spec import load_study
-from launch.study import (STUDY_FILE, SUMMARY_FILE, StudyLocation, exit_code, load_saved_spec, resume_study, run_study,
-                          saved_form, study_path, verdict)
+from launch.conclusions import verdict
+from launch.driver import resume_study, run_study
+from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, saved_form, study_path
+from launch.study import exit_code
 
 DEFAULT_STUDY = "studies/smoke.yaml"
 DEFAULT_OUT = "a2-pipeline"

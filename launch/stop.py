@@ -16,7 +16,7 @@ import threading
 from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# Tune's lines about its own interruption: replaced by a2's one line (`launch.study.fit_and_finish`).
+# Tune's lines about its own interruption: replaced by a2's one line (`launch.driver.fit_and_finish`).
 _TUNE_INTERRUPT_LINES = ("Stop signal received", "Experiment has been interrupted", "Trials did not complete")
 
 _received: int | None = None

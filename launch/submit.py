@@ -42,19 +42,21 @@ def main(argv: list[str] | None = None) -> int:
     from a2core.errors import A2Error
 
     from launch import study as study_mod
+    from launch.driver import resume_study, run_study
+    from launch.location import STUDY_FILE, StudyLocation, study_path
     from launch.spec import load_study
 
     try:
-        spec = load_study(study_mod.study_path(args.study, args.repo), args.overrides)
+        spec = load_study(study_path(args.study, args.repo), args.overrides)
         print(spec.summary(), flush=True)
         use_cluster_token()
         driver = study_mod.driver_options(args)
         driver["address"] = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # on a head: its cluster
-        location = study_mod.StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
-        if args.resume and location.exists(study_mod.STUDY_FILE):
-            summary = study_mod.resume_study(location, **driver)
+        location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
+        if args.resume and location.exists(STUDY_FILE):
+            summary = resume_study(location, **driver)
         else:
-            summary = study_mod.run_study(spec, **driver)
+            summary = run_study(spec, **driver)
     except A2Error as err:  # the same policy as the `a2` command: one line, exit 2; anything else is a bug
         print(f"submit: error: {err}", file=sys.stderr)
         return 2

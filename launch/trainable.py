@@ -33,7 +33,7 @@ HISTORY_FILE = "history.json"  # a2core.checkpoint.HISTORY_FILE, likewise
 CHECKPOINT_PREFIX = "checkpoint_epoch"  # + the epoch, 4 digits: one folder per checkpointed epoch
 RESULTS_FILE = "results.json"  # in a trial's run folder: every epoch's result, across retries and restores
 ARTIFACTS_DIR = "artifacts"  # in a trial's run folder: the files of its MLflow run, at their artifact paths
-STOPPED_FILE = "stopped_early.json"  # in a trial's run folder: the scheduler's decision to stop it (launch.study)
+STOPPED_FILE = "stopped_early.json"  # in a trial's run folder: the scheduler's decision to stop it (launch.driver)
 TUNE_POINTER_FILE = "train_checkpoint.json"
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
 # Environment that Ray workers need to reach storage from any node of the cluster: settings and references

@@ -19,7 +19,7 @@ from a2core.errors import StudyError
 _ROOT_FILES = (("experiment_state-", ".json", "json"), ("search_gen_state-", ".json", "pickle"),
                ("searcher-state-", ".pkl", "pickle"), ("callback-states-", ".pkl", "pickle"),
                ("tuner", ".pkl", "pickle"))
-STUDY_FILE = "study.yaml"  # launch.study.STUDY_FILE
+STUDY_FILE = "study.yaml"  # launch.location.STUDY_FILE
 TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of a trial's checkpoints
 
 
@@ -130,7 +130,7 @@ def checkpoint_files(study) -> list:
 
 def cmd_check(args) -> int:
     """`a2 study check NAME`: every state file and every checkpoint of the study; exit 2 when one is unreadable."""
-    from launch.study import locate
+    from launch.location import locate
 
     study = locate(args.name, args.storage).at()
     files = state_files(study)

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from scipy import stats as sps
 
+from launch.conclusions import format_table, verdict
+from launch.driver import build_tuner, summarize, trial_row
+from launch.location import StudyLocation
 from launch.spec import load_study
-from launch.study import (StudyLocation, build_tuner, cmd_status, format_table, summarize,
-                          trial_row, verdict)
+from launch.study import cmd_status
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
 

@@ -96,7 +96,7 @@ def test_report_goes_to_a2_reports_name_and_never_over_an_earlier_one(tmp_path, 
 
 
 def test_the_pipeline_result_line_names_the_best_trial_once():
-    from launch.study import verdict
+    from launch.conclusions import verdict
 
     summary = {"study": "s", "metric": "val/CIDEr", "beats_baseline": None, "baseline": None,
                "best": {"trial_id": "a07af468", "value": 1.5, "epoch": 3, "fusion": "none", "lambda": None,

@@ -31,7 +31,7 @@ time.sleep(300)
 
 def test_second_run_and_concurrent_resume_are_refused_naming_the_holder(tmp_path, tiny_data):  # noqa: F811
     from launch.spec import load_study
-    from launch.study import saved_form
+    from launch.location import saved_form
 
     study_file = tiny_study(tmp_path, "leased", tiny_data)
     study_dir = tmp_path / "studies" / "leased"

@@ -3,7 +3,7 @@ upload, MLflow model.
 
 The "pre-run study" is built without Ray to save time: three tiny checkpoints of one configuration (gate fusion,
 seeds 0, 1, 2) are trained directly with `a2core.train.train`, put where Ray Train puts a trial's checkpoints,
-and described by `study.yaml` + `summary.json` written with launch.study's own functions. A fourth trial
+and described by `study.yaml` + `summary.json` written with the driver's own functions (launch.driver). A fourth trial
 (the baseline) errored without a result. Packaging seeds 0-3 then has to train seed 3, which it does as a real
 Ray study.
 """
@@ -124,7 +124,7 @@ def test_candidates_keep_trials_with_a_checkpoint_of_the_configuration_asked_for
 
 def test_upload_prefix_seed_study_names_and_local_checkpoints(tmp_path):
     from launch.package import PackageError, _upload_prefix, fetch_checkpoint, seed_study_name
-    from launch.study import StudyLocation
+    from launch.location import StudyLocation
 
     local, on_s3 = StudyLocation("st", str(tmp_path)), StudyLocation("st", "s3://bucket/studies")
     assert _upload_prefix(local, None) is None  # a local study uploads nothing unless asked
@@ -140,7 +140,7 @@ def test_upload_prefix_seed_study_names_and_local_checkpoints(tmp_path):
 
 def test_write_manifest_names_members_scores_and_uploads(tmp_path):
     from launch.package import write_manifest
-    from launch.study import StudyLocation
+    from launch.location import StudyLocation
 
     members = [{"seed": s, "study": "st", "trial_id": f"t{s}", "checkpoint": f"/c/{s}", "value": 1.0 + s,
                 "hash": "h"} for s in (0, 1)]
@@ -199,7 +199,8 @@ def study(tmp_path, trained, monkeypatch):
     """A finished study in tmp_path/studies laid out as `a2 study run` leaves it (study.yaml, Ray Train trial
     folders with their best checkpoints, summary.json); cwd is tmp_path."""
     from launch.spec import load_study
-    from launch.study import STUDY_FILE, SUMMARY_FILE, StudyLocation, saved_form, summarize, trial_row
+    from launch.driver import summarize, trial_row
+    from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, saved_form
     from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, train_run_name
 
     monkeypatch.chdir(tmp_path)

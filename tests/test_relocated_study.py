@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from launch.spec import load_study
-from launch.study import STUDY_FILE, saved_form
+from launch.location import STUDY_FILE, saved_form
 from tests.raycluster import a2, tiny_data, tiny_study  # noqa: F401 - tiny_data is a fixture
 
 NAME = "moved"

@@ -12,7 +12,7 @@ import yaml
 
 from a2core.config import Config, ConfigError
 from launch.spec import StudySpec, check_cluster, load_study, validate_main
-from launch.study import saved_form
+from launch.location import saved_form
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted((ROOT / "studies").glob("*.yaml"))

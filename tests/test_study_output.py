@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from launch.spec import load_study
-from launch.study import _reporter
+from launch.driver import _reporter
 from launch.trainable import _quiet_per_epoch_logs
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"

@@ -170,7 +170,7 @@ def test_a_format_1_saved_study_converts_to_the_same_steps():
 
 def test_a_saved_study_yaml_without_format_is_read_as_format_1(tmp_path):
     """`a2 study resume` of a study saved before: its study.yaml has no `format`; saved from now on, it has 2."""
-    from launch.study import STUDY_FILE, StudyLocation, load_saved_spec, saved_form
+    from launch.location import STUDY_FILE, StudyLocation, load_saved_spec, saved_form
 
     spec = load_study(SMOKE, [f"storage={tmp_path}", f"tracking.mlflow_uri=sqlite:///{tmp_path / 'm.db'}"])
     saved = saved_form(spec)

@@ -1,0 +1,132 @@
+"""What people read of a study: the trial table, the replicate groups, the verdict and the compute line, printed
+by `a2 study status` and at the end of `run`/`resume` (`launch.driver`), and the live trial table."""
+from __future__ import annotations
+
+from dashboards.tables import text_table
+from launch.mlflow_export import outage_line
+
+
+def pick_best(items, key: str, mode: str):
+    """The item with the best `item[key]` (the first of equals), or None."""
+    return (max if mode == "max" else min)(items, key=lambda item: item[key], default=None)
+
+
+def compute_line(totals: dict) -> str:
+    """One line for people: `compute: 812 s wall, 1570 CPU-s; on early-stopped trials ...; early stopping saved ...`."""
+    if not totals:
+        return "compute: not recorded"
+    forms = {"wall_s": "{:.0f} s wall", "gpu_s": "{:.0f} GPU-s", "cpu_s": "{:.0f} CPU-s", "cost": "cost {:.2f}"}
+
+    def part(kind: str) -> str:
+        shown = [(form, totals.get(f"{kind}_{key}")) for key, form in forms.items()]
+        return ", ".join(form.format(value) for form, value in shown if value is not None)
+
+    return f"compute: {part('total')}; on early-stopped trials {part('stopped')}; early stopping saved {part('saved')}"
+
+
+def verdict(summary: dict) -> str:
+    """The best trial against its baseline (fusion none, same seed) and, for a study with replicates, the best
+    configuration's mean with its interval against the best fusion-none configuration's."""
+    best, metric = summary.get("best"), summary["metric"]
+    if best is None:
+        return f"study {summary['study']}: no trial reported {metric}"
+    line = (f"best trial {best['trial_id']}: {metric} {best['value']:.2f} at epoch {best['epoch']} "
+            f"({config_text(best, varying_keys(summary))}, seed {best['seed']})")
+    base = summary.get("baseline")
+    if best["fusion"] == "none":
+        line += "; it is itself the baseline (fusion none)"
+    elif base is None:
+        line += f"; no baseline (fusion none) trial with seed {best['seed']} in the study"
+    else:
+        # one run against one run: a difference, never a verdict (that needs seed noise: `group_verdict`)
+        line += (f"; the baseline's run with that seed (fusion none, trial {base['trial_id']}): {base['value']:.2f}, "
+                 f"{best['value'] - base['value']:+.2f} (one seed each: no verdict)")
+    group = group_verdict(summary)
+    return line + (f"\n{group}" if group else "")
+
+
+def group_verdict(summary: dict) -> str | None:
+    """For replicated studies: "best configuration (fusion gate, lambda 0.035): 112.3 [110.1, 114.5] over 3 seeds;
+    gate beats none by ..." (the difference of seed means, Welch, `dashboards.stats.compare_arms`)."""
+    from dashboards.stats import Arm, Interval, compare_arms  # scipy: not for `a2 study validate`
+
+    best, metric = summary.get("best_group"), summary["metric"]
+    if not best or best["n"] < 2:
+        return None
+    iv = Interval(best["mean"], best["low"], best["high"], best["n"], bool(best.get("identical")))
+    line = (f"best configuration ({config_text(best, varying_keys(summary))}): {metric} {iv.text()} "
+            f"over {best['n']} seeds")
+    base = pick_best([g for g in summary.get("groups", []) if g["fusion"] == "none" and g["mean"] is not None], "mean",
+                 summary["mode"])
+    if best["fusion"] == "none" or base is None:
+        return line
+    # selected on val; judged on the test split when every trial of both groups reported it (when it ended)
+    on_test = all(g.get("test_values") and len(g["test_values"]) == len(g["values"]) for g in (best, base))
+    key = "test_values" if on_test else "values"
+    arms = [Arm(str(g["fusion"]), [{metric: v} for v in g[key]]) for g in (best, base)]
+    diff = compare_arms(arms, baseline=base["fusion"], metric=metric, mode=summary["mode"],
+                        label=f"test {metric.split('/')[-1]}" if on_test else None)
+    return line + "; " + diff.verdicts()[0] if diff.differences else line
+
+
+def varying_keys(summary: dict) -> list[str]:
+    """The search keys besides fusion and lambda (always named) whose value differs between configurations."""
+    groups = summary.get("groups") or []
+    keys = sorted({k for g in groups for k in g.get("sampled") or {}
+                   if k.split(".")[-1] not in ("fusion", "lambda")})
+    return [k for k in keys if len({_fmt(g["sampled"].get(k)) for g in groups}) > 1]
+
+
+def config_text(item: dict, keys: list[str]) -> str:
+    """"fusion gate, lambda 0.035" and the value of each of `keys`, named by its last part ("mask_net linear")."""
+    sampled = item.get("sampled") or {}
+    named = [f"fusion {item['fusion']}", f"lambda {_fmt(item['lambda'])}"]
+    return ", ".join(named + [f"{k.split('.')[-1]} {_fmt(sampled.get(k))}" for k in keys])
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def state_text(row: dict) -> str:
+    """A trial's or group's state: Tune's, or "stopped early (rung r, cutoff c)" when the scheduler stopped it."""
+    from dashboards.stats import stopped_early_text  # scipy: not for `a2 study validate`
+
+    return stopped_early_text(row["stopped_early"]) if row.get("stopped_early") else row.get("state", "")
+
+
+def format_table(rows: list[dict], metric: str) -> str:
+    short = metric.split("/")[-1]
+    header = ["trial", "fusion", "lambda", "seed", "state", "epochs", f"last {short}", f"best {short}"]
+    body = [[r["trial_id"], str(r["fusion"]), _fmt(r["lambda"]), _fmt(r["seed"]), state_text(r),
+             f"{r['epochs_done']}/{r['epochs_planned']}", _fmt(r["last"]), _fmt(r["best"])] for r in rows]
+    return text_table(header, body)
+
+
+def format_groups(groups: list[dict], metric: str) -> str:
+    """One row per replicate group: its seeds, the mean of the best metric with its 95% interval, its state."""
+    from dashboards.stats import Interval, short_hash  # scipy: not for `a2 study validate`
+
+    header = ["config", "fusion", "lambda", "seeds", f"best {metric.split('/')[-1]} [95% CI]", "state"]
+    body = [[short_hash(g["config_hash"]), str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
+             "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"],
+                                                    bool(g.get("identical"))).text(),
+             state_text(g) if g.get("stopped_early") else "-"] for g in groups]
+    return text_table(header, body)
+
+
+def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
+    """The trial table (of `rows`), the replicate groups, the verdict, the compute and any tracking outage."""
+    from dashboards.stats import MIN_SEEDS  # scipy: not for `a2 study validate`
+
+    lines = [format_table(rows, spec.metric)] if rows else []
+    if any(g["n"] > 1 for g in summary["groups"]):
+        lines.append(f"replicate groups (mean over seeds, 95% interval; below {MIN_SEEDS} seeds: none):\n"
+                     f"{format_groups(summary['groups'], spec.metric)}")
+    lines += [verdict(summary), compute_line(summary["compute"]), outage_line(summary.get("tracking"))]
+    lines += [f"trial {r['trial_id']}: best checkpoint {r['best_checkpoint_problem'].split(': ', 1)[-1]}: "
+              f"{r['best_checkpoint']}; `a2 package` refuses it (restore it from a copy)"
+              for r in rows if r.get("best_checkpoint_problem")]
+    print("\n".join(line for line in lines if line), flush=True)

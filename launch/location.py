@@ -1,0 +1,135 @@
+"""Where a study lives: `<storage>/<name>/`, a folder or `s3://bucket/prefix/<name>/`.
+
+In it: the Tune experiment, `study.yaml` (the resolved spec, all `resume`/`status` need), `trials/`
+(`launch.trainable`), `lease.json` (`launch.lease`), `tracking/outage.json` (`launch.mlflow_export`) and
+`summary.json` (best trial and configuration, compute, every trial's results; written at the end of `run`/`resume` by
+`launch.driver`). `./.a2/studies/<name>.json` points `resume`/`status` at the study.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from a2core.atomic import atomic_write
+from a2core.config import get_dotted, parse_yaml
+from a2core.errors import StudyError
+from launch.spec import DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, _study_name
+
+STUDY_FILE = "study.yaml"
+SUMMARY_FILE = "summary.json"
+POINTER_DIR = Path(".a2") / "studies"
+
+
+@dataclass(frozen=True)
+class StudyLocation:
+    """`<storage>/<name>`, a local folder or on S3: `at(...)` is the `dashboards.storage.Location` of a path below."""
+
+    name: str
+    storage: str
+    endpoint_url: str | None = None
+
+    def at(self, *parts: str):
+        from dashboards.storage import open_location  # pyarrow: only when a study is opened
+
+        return open_location(self.storage, self.endpoint_url).join(self.name, *parts)
+
+    def exists(self, *parts: str) -> bool:
+        return self.at(*parts).exists()
+
+    def read_text(self, *parts: str) -> str | None:
+        return self.at(*parts).read_text()
+
+    def write_text(self, text: str, *parts: str) -> None:
+        self.at(*parts).write_text(text)
+
+    def uri(self, *parts: str) -> str:
+        """A path or URI to show people: `s3://bucket/...` for S3 storage."""
+        return self.at(*parts).uri
+
+
+def remember(location: StudyLocation) -> None:
+    """Leave `./.a2/studies/<name>.json` so that `resume NAME` / `status NAME` find the study from here."""
+    pointer = POINTER_DIR / f"{location.name}.json"
+    try:
+        atomic_write(pointer, json.dumps(
+            {"name": location.name, "storage": location.storage, "storage_endpoint_url": location.endpoint_url,
+             "path": location.uri(), "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
+    except OSError as err:  # a read-only working directory must not fail the study
+        print(f"a2 study: note: could not write {pointer}: {err}", file=sys.stderr)
+
+
+def locate(name: str, storage: str | None = None) -> StudyLocation:
+    """Find study `name`: under `storage` when given, else where the pointer file says, else the default root."""
+    from dashboards.storage import check_storage  # pyarrow: only when a study is opened
+
+    check_name(name)
+    endpoint = None
+    pointer = POINTER_DIR / f"{name}.json"
+    if storage is None and pointer.is_file():
+        info = json.loads(pointer.read_text())
+        storage, endpoint = info.get("storage"), info.get("storage_endpoint_url")
+    if storage is None:
+        storage = os.environ.get("A2_STUDY_STORAGE") or DEFAULT_STORAGE
+    if "://" not in storage:
+        storage = os.path.abspath(os.path.expanduser(storage))
+    location = StudyLocation(name, storage, endpoint or os.environ.get("A2_STORAGE_ENDPOINT_URL") or None)
+    check_storage(location.storage, location.endpoint_url)
+    if not location.exists(STUDY_FILE):
+        raise StudyError(f"no study {name!r} at {location.uri()} (no {STUDY_FILE} there); "
+                         f"pass --storage ROOT, the storage root the study was run with")
+    return location
+
+
+def check_name(name: str) -> str:
+    """`name` if it is a study's name (the spec's rule: lowercase letters, digits, '-'), which keeps every path made
+    from it inside the storage root; else StudyError (exit 2)."""
+    try:
+        return _study_name(name)
+    except ValueError as err:
+        raise StudyError(f"study name {name!r}: {err}") from None
+
+
+def study_path(path: str, root: str | Path) -> str:
+    """`path` if it exists (or is absolute), else the same relative path below `root` when that exists."""
+    if Path(path).is_absolute() or Path(path).exists():
+        return path
+    below = Path(root).expanduser() / path
+    return str(below) if below.exists() else path
+
+
+def load_saved_spec(location: StudyLocation) -> StudySpec:
+    """The StudySpec saved with the study (validated again, so moved data fails here, not in a trial)."""
+    source = location.uri(STUDY_FILE)
+    try:
+        text = location.read_text(STUDY_FILE)
+    except UnicodeDecodeError as err:
+        raise StudyError(f"{source}: not a study file (not UTF-8 text: {err.reason} at byte {err.start}); restore it "
+                         f"from a copy (`a2 study check {location.name}` lists every problem)") from None
+    raw = parse_yaml(text, source)
+    if isinstance(raw, dict):
+        raw.setdefault("format", 1)  # saved before the format was recorded: converted (launch.spec.convert_format_1)
+    return StudySpec.from_dict(raw, source=source)
+
+
+def saved_form(spec) -> dict:
+    """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the keys that
+    the search space (or search.replicates: train.seed) sets, which the loader would refuse as set twice."""
+    raw = {**spec.to_dict(), "format": STUDY_FORMAT}
+    for path in [param.path for param in spec.params.values()] + ([SEED_PATH] if spec.replicate_seeds else []):
+        parent, _, key = path.rpartition(".")
+        node = get_dotted(raw, parent)
+        if isinstance(node, dict):
+            node.pop(key, None)
+    return raw
+
+
+def write_summary(location: StudyLocation, summary: dict) -> None:
+    location.write_text(json.dumps(summary, indent=2, default=json_default) + "\n", SUMMARY_FILE)
+
+
+def json_default(value):
+    return value.item() if hasattr(value, "item") else str(value)  # numpy scalars, else their text
