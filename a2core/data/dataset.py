@@ -1,6 +1,8 @@
 """What a run reads: vocabulary, Karpathy splits, region features, and batches of images with 5 captions each."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,30 @@ from .features import FeatureStore, pad
 from ..config import CAPTIONS_PER_IMAGE
 from ..errors import DataError
 _CACHE_LIMIT_BYTES = 2 << 30  # keep padded features in memory when a split's worth fits in this
+# glibc's malloc serves an allocation above its mmap threshold with a fresh mmap and unmaps it on free, so every
+# padded batch (20 MB at 50 x 100 x 2048 float16, twice that in float32) was zero-filled by the kernel page by page
+# before being written: about 5,000 minor faults, 4-5 ms of a prepared store's 6 ms batch (benchmarks/RESULTS.md).
+# Raised thresholds keep such buffers in the heap, where the next batch reuses the pages of the one freed before it.
+_MMAP_THRESHOLD_BYTES = 256 << 20  # batches up to 256 MB come from the heap
+_TRIM_THRESHOLD_BYTES = 512 << 20  # at most this much freed heap is kept back from the OS
+_batch_memory_kept = False
+
+
+def keep_batch_memory() -> bool:
+    """Let this process reuse freed batch buffers instead of having each one mapped and zero-filled afresh
+    (glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD; the process keeps up to 512 MB of freed heap). Called once
+    per process by the loaders that build batches; False (nothing changed) where the C library has no mallopt."""
+    global _batch_memory_kept
+    if not _batch_memory_kept:
+        name = ctypes.util.find_library("c")
+        try:
+            mallopt = ctypes.CDLL(name).mallopt if name else None
+        except (OSError, AttributeError):  # not glibc (musl, macOS)
+            mallopt = None
+        m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+        _batch_memory_kept = bool(mallopt and mallopt(m_mmap_threshold, _MMAP_THRESHOLD_BYTES)
+                                  and mallopt(m_trim_threshold, _TRIM_THRESHOLD_BYTES))
+    return _batch_memory_kept
 
 
 @dataclass
@@ -47,6 +73,7 @@ class CaptionData:
                                           data_cfg.vocab_min_count)
         self.features = FeatureStore(self.paths.features, feature_dim)
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._encoded: dict[int, list[list[int]]] = {}  # image id -> its captions as token ids (`encoded_captions`)
         per_image = max_regions * feature_dim * 4
         self._cacheable = per_image * sum(len(v) for v in self.splits.values()) < _CACHE_LIMIT_BYTES
         self._grounding = None
@@ -91,6 +118,17 @@ class CaptionData:
             hit = self.features.rows(image_id, self.max_regions)
             if self._cacheable and self.features.prepared is None:
                 self._cache[image_id] = hit
+        return hit
+
+    def encoded_captions(self, image: ImageCaptions) -> list[list[int]]:
+        """The image's CAPTIONS_PER_IMAGE captions as token ids (<bos> .. <eos>; fewer references are repeated in
+        turn). Encoded on first use and kept: the same image comes back every epoch, and encoding was 1.4 ms of a
+        3 ms batch of a prepared store (benchmarks/RESULTS.md)."""
+        hit = self._encoded.get(image.image_id)
+        if hit is None:
+            caps, max_len = image.captions, self.cfg.max_caption_len
+            hit = self._encoded[image.image_id] = [self.vocab.encode(caps[j % len(caps)], max_len)
+                                                   for j in range(CAPTIONS_PER_IMAGE)]
         return hit
 
     # -- batches ----------------------------------------------------------------------------------------------
@@ -139,7 +177,6 @@ class _ImageDataset(Dataset):
 
     def __init__(self, data: CaptionData, images: list[ImageCaptions], with_captions: bool):
         self.data, self.images, self.with_captions = data, images, with_captions
-        self.max_len = data.cfg.max_caption_len
 
     def __len__(self) -> int:
         return len(self.images)
@@ -163,8 +200,7 @@ class _ImageDataset(Dataset):
             batch["feats"], batch["region_mask"] = pad([self.data.region_rows(i) for i in ids],
                                                        self.data.max_regions, self.data.features.feature_dim)
         if self.with_captions and all(img.captions for img in images):
-            encoded = [[self.data.vocab.encode(img.captions[j % len(img.captions)], self.max_len)
-                        for j in range(CAPTIONS_PER_IMAGE)] for img in images]
+            encoded = [self.data.encoded_captions(img) for img in images]
             length = max(len(c) for caps in encoded for c in caps)
             caps = np.zeros((len(images), CAPTIONS_PER_IMAGE, length), dtype=np.int64)  # 0 = <pad>
             for b, captions in enumerate(encoded):
@@ -196,5 +232,6 @@ class _BatchLoader(DataLoader):
         self.data = data
 
     def __iter__(self):
+        keep_batch_memory()  # every batch below is a fresh batch-sized buffer (in this process or a worker)
         for batch in super().__iter__():
             yield _finish(self.data, batch)
