@@ -16,7 +16,7 @@ is `launch.trainable.a2_local_trial`. Per size it prints:
 - the driver's own CPU seconds per trial (Tune's loop, the searcher, the MLflow callback, syncing): the serial
   cost that a larger cluster does not spread;
 - MLflow: metric values logged per second of the study, and the driver's seconds in MLflow calls per trial;
-- storage operations per trial, counted in the trials: `dashboards.storage.Location` lookups, reads, writes,
+- storage operations per trial, counted in the trials: `launch.storage.Location` lookups, reads, writes,
   listings and downloads, plus checkpoint files written (Tune's own experiment-state syncing is not counted).
 
 `--side-by-side` runs every size twice, first with a fresh process per trial (Tune's `reuse_actors` off, as
@@ -86,7 +86,7 @@ def counted_trial(config, plan, ops_dir: str):
     import a2core.train
     import ray.tune
 
-    from dashboards.storage import Location
+    from launch.storage import Location
     from launch import trainable
 
     counts = collections.Counter()

@@ -55,7 +55,7 @@ def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None
     """Upload a local store to `uri` (s3://bucket/prefix/NAME.a2feat), data files first (each verified by the
     storage layer), the manifest last: a reader that sees the manifest finds the files it names. Returns the
     store's manifest; a plain file (captions, an image list) is uploaded as one ({"sha256"})."""
-    from dashboards.storage import open_location, upload_file
+    from launch.storage import open_location, upload_file
 
     folder = Path(folder)
     target = open_location(uri, endpoint_url)
@@ -97,7 +97,7 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
     """Make `target` a verified copy of the store at `uri` (s3://... or a local folder); returns
     {"checksum", "target", "fetched": bool}. Nothing is downloaded when `target` holds that version already.
     A `uri` that is a plain file (captions, an image list) is fetched as one (`_fetch_file`)."""
-    from dashboards.storage import open_location
+    from launch.storage import open_location
 
     source = open_location(uri, endpoint_url)
     target = Path(os.path.expanduser(str(target))).absolute()
@@ -150,7 +150,7 @@ def _is_folder(location) -> bool:
 def _fetch_file(source, target: Path, quiet: bool) -> dict:
     """One plain file (the captions, an image list): downloaded atomically unless `target` has the same size and
     SHA-256 (the digest `a2 data push` / `upload_file` stores with an object; without one, it is downloaded)."""
-    from dashboards.storage import META_SHA256, make_client, parse_s3_uri
+    from launch.storage import META_SHA256, make_client, parse_s3_uri
 
     with _locked(target):
         if source.local:

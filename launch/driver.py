@@ -44,7 +44,7 @@ def check_tracking(spec) -> None:
 
 def run_study(spec, **options) -> dict:
     """Run a validated study to its end on Ray (`_drive`'s options); returns the summary (also in summary.json)."""
-    from dashboards.storage import check_storage  # pyarrow: only when a study is opened
+    from launch.storage import check_storage  # pyarrow: only when a study is opened
 
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     check_storage(location.storage, location.endpoint_url)
@@ -216,7 +216,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-    from dashboards.storage import open_location
+    from launch.storage import open_location
     from launch.mlflow_callback import A2MLflowCallback
     from launch.search import tune_config_kwargs
     from launch.trainable import make_trainable  # looked up when called (benchmarks/bench_study.py replaces it)

@@ -38,7 +38,7 @@ def describe(holder: dict) -> str:
 
 
 class StudyLease:
-    """The lease of the study at `study` (a `dashboards.storage.Location` of the study's folder)."""
+    """The lease of the study at `study` (a `launch.storage.Location` of the study's folder)."""
 
     def __init__(self, study, stale_after: float = DEFAULT_STALE_AFTER):
         if not stale_after > 0:
@@ -67,7 +67,7 @@ class StudyLease:
             return True
         from botocore.exceptions import ClientError
 
-        from dashboards.storage import make_client, parse_s3_uri
+        from launch.storage import make_client, parse_s3_uri
 
         bucket, key = parse_s3_uri(self.location.uri, require_key=True)
         try:

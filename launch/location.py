@@ -26,14 +26,14 @@ POINTER_DIR = Path(".a2") / "studies"
 
 @dataclass(frozen=True)
 class StudyLocation:
-    """`<storage>/<name>`, a local folder or on S3: `at(...)` is the `dashboards.storage.Location` of a path below."""
+    """`<storage>/<name>`, a local folder or on S3: `at(...)` is the `launch.storage.Location` of a path below."""
 
     name: str
     storage: str
     endpoint_url: str | None = None
 
     def at(self, *parts: str):
-        from dashboards.storage import open_location  # pyarrow: only when a study is opened
+        from launch.storage import open_location  # pyarrow: only when a study is opened
 
         return open_location(self.storage, self.endpoint_url).join(self.name, *parts)
 
@@ -64,7 +64,7 @@ def remember(location: StudyLocation) -> None:
 
 def locate(name: str, storage: str | None = None) -> StudyLocation:
     """Find study `name`: under `storage` when given, else where the pointer file says, else the default root."""
-    from dashboards.storage import check_storage  # pyarrow: only when a study is opened
+    from launch.storage import check_storage  # pyarrow: only when a study is opened
 
     check_name(name)
     endpoint = None

@@ -278,7 +278,7 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
                      address: str | None, verbose: bool) -> tuple[dict, list[dict]]:
     """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
     (missing seeds trained as a companion study unless `no_train`). `seeds` None: `ensemble_seeds`."""
-    from dashboards.storage import open_location
+    from launch.storage import open_location
 
     def exists(uri: str) -> bool:
         return open_location(uri, location.endpoint_url).exists()
@@ -329,7 +329,7 @@ def refuse_unreadable(members: list[dict], local: list[str]) -> None:
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
     """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
-    from dashboards.storage import open_location
+    from launch.storage import open_location
 
     location = open_location(uri, endpoint_url)
     if location.local:
@@ -659,7 +659,7 @@ def _upload_prefix(location, upload: str | None) -> str | None:
 
 def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, verbose: bool = True) -> list[dict]:
     """Verified uploads of `paths` below `prefix` (none without a prefix)."""
-    from dashboards.storage import upload_file
+    from launch.storage import upload_file
 
     uploads = []
     for path in paths if prefix else []:

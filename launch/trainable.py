@@ -82,8 +82,8 @@ class TrialPlan:
         return config
 
     def trials(self):
-        """The study's `trials/` folder (a `dashboards.storage.Location`)."""
-        from dashboards.storage import open_location  # pyarrow: not for the driver's plain uses of this module
+        """The study's `trials/` folder (a `launch.storage.Location`)."""
+        from launch.storage import open_location  # pyarrow: not for the driver's plain uses of this module
 
         return open_location(self.storage, self.storage_endpoint_url).join(self.study, TRIALS_DIR)
 

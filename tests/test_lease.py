@@ -13,14 +13,14 @@ import pytest
 import yaml
 
 from a2core.errors import StudyError
-from dashboards.storage import open_location
+from launch.storage import open_location
 from launch.lease import LEASE_FILE, StudyLease
 from tests.raycluster import a2, a2_env, tiny_data, tiny_study  # noqa: F401 - fixture
 from tests.s3server import make_bucket
 
 HOLD = """
 import sys, time
-from dashboards.storage import open_location
+from launch.storage import open_location
 from launch.lease import StudyLease
 lease = StudyLease(open_location(sys.argv[1]), stale_after=60)
 lease.acquire()

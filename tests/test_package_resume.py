@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 def test_a_decode_stopped_mid_way_continues_and_gives_the_same_zip(trained, tmp_path, monkeypatch):  # noqa: F811
     import launch.package as package
     from a2core.data.captions import read_image_info
-    from dashboards.storage import open_location
+    from launch.storage import open_location
     from launch.spec import load_study
     from tests.test_package import _study_file
 

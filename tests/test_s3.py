@@ -15,8 +15,8 @@ from a2core.errors import StorageError
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import EndpointConnectionError
 
-from dashboards import storage
-from dashboards.storage import (
+from launch import storage
+from launch.storage import (
     MiB,
     S3TransferError,
     S3VerificationError,

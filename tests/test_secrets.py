@@ -22,7 +22,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from a2core.errors import ConfigError, StorageError
-from dashboards.storage import check_storage, make_client, open_location
+from launch.storage import check_storage, make_client, open_location
 from dashboards.tracking import redact_uri
 from launch.raycluster import AWS_PROFILE, driver_only_secrets, stash_credentials
 from launch.trainable import propagated_env
