@@ -92,24 +92,30 @@ def test_check_passes_a_whole_study_and_names_a_truncated_best_checkpoint(finish
     assert check.returncode == 2 and f"unreadable: {best}" in check.stdout, check.stdout[-3000:]
 
 
-def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_readable_one(tmp_path, tiny_data):
-    name = "fallback"
+def _stopped_part_way(tmp_path, tiny_data, name: str, *, workers: int, batch_size: int):
+    """A one-trial study of 6 epochs on `workers` workers, stopped with Ctrl-C after its second epoch is logged:
+    (storage, MLflow URI, env, the trial's run folder, the epochs it has checkpoint folders of)."""
     storage = tmp_path / "studies"
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    study = tiny_study(tmp_path, name, tiny_data, epochs=6, workers=1, cpus_per_worker=1,
-                       extra={"train.batch_size": 20})
+    study = tiny_study(tmp_path, name, tiny_data, epochs=6, workers=workers, cpus_per_worker=1 / workers,
+                       extra={"train.batch_size": batch_size})
     env = local_env(tmp_path)
     log = tmp_path / "run.log"
     proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=env)
     try:
         wait_for(lambda: epoch_logged(storage, name, epoch=2), 300, "the trial's second epoch", proc=proc, log=log)
         os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
+        assert proc.wait(timeout=90) == 130
     finally:
         kill_group(proc)
     (run_dir,) = trial_runs(storage, name).values()
     epochs = sorted(int(p.name[-4:]) for p in run_dir.glob("checkpoint_epoch*"))
     assert 2 <= epochs[-1] < 6, epochs  # the trial stopped part way (epochs take about a second)
+    return storage, f"sqlite:///{tmp_path / 'mlflow.db'}", env, run_dir, epochs
+
+
+def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_readable_one(tmp_path, tiny_data):
+    name = "fallback"
+    storage, uri, env, run_dir, epochs = _stopped_part_way(tmp_path, tiny_data, name, workers=1, batch_size=20)
     latest = run_dir / f"checkpoint_epoch{epochs[-1]:04d}" / "checkpoint.pt"
     latest.write_bytes(latest.read_bytes()[:latest.stat().st_size // 2])
     readable = run_dir / f"checkpoint_epoch{epochs[-2]:04d}" / "checkpoint.pt"
@@ -127,22 +133,7 @@ def test_a_ray_train_trials_truncated_latest_checkpoint_falls_back_too(tmp_path,
     """A trial of 2 gloo workers: Ray Train would resume from its latest checkpoint, unread; the trial resumes from
     the newest one that loads instead, and trains the epochs after it again."""
     name = "fallback-train"
-    storage = tmp_path / "studies"
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    study = tiny_study(tmp_path, name, tiny_data, epochs=6, workers=2, cpus_per_worker=0.5,
-                       extra={"train.batch_size": 40})
-    env = local_env(tmp_path)
-    log = tmp_path / "run.log"
-    proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=env)
-    try:
-        wait_for(lambda: epoch_logged(storage, name, epoch=2), 300, "the trial's second epoch", proc=proc, log=log)
-        os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=90) == 130
-    finally:
-        kill_group(proc)
-    (run_dir,) = trial_runs(storage, name).values()
-    epochs = sorted(int(p.name[-4:]) for p in run_dir.glob("checkpoint_epoch*"))
-    assert 2 <= epochs[-1] < 6, epochs
+    storage, uri, env, run_dir, epochs = _stopped_part_way(tmp_path, tiny_data, name, workers=2, batch_size=40)
     # Ray Train's resume point: the latest checkpoint its record names (a newer folder may be there, unrecorded)
     recorded = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
     recorded = int(recorded["latest_checkpoint_result"]["checkpoint_dir_name"][-4:])
