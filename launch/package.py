@@ -150,7 +150,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
         raise PackageError("--seeds: give at least one seed")
     alg = alg or name
     files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
-    tracking_uri = check_tracking_uri(tracking_uri or spec.tracking["mlflow_uri"])
+    tracking_uri = check_tracking_uri(tracking_uri or spec.tracking.mlflow_uri)
     upload_prefix = _upload_prefix(location, upload)
     # a folder is an earlier package once its manifest (written last) is there: a killed run's folder is reused
     out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST,), "package")
@@ -351,8 +351,8 @@ def seeds_spec(spec, location, config: dict, seeds: list[int], name: str):
         "train": {k: v for k, v in config["train"].items() if k != "seed"},
         "search": {"metric": spec.metric, "mode": spec.mode, "algorithm": "grid",
                    "space": {"seed": {"grid": [int(s) for s in seeds]}}, "scheduler": {"fifo": {}}},
-        "resources": dict(spec.resources),
-        "tracking": {"mlflow_uri": spec.tracking["mlflow_uri"]},
+        "resources": spec.resources.model_dump(exclude_none=True),
+        "tracking": {"mlflow_uri": spec.tracking.mlflow_uri},
         "storage": location.storage,
         "storage_endpoint_url": location.endpoint_url,
     }

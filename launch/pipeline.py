@@ -85,7 +85,7 @@ def main(args) -> int:
     # A folder holding an earlier run's report or package is kept: this run writes to a new numbered one.
     out = fresh_folder(Path(args.out or Path(DEFAULT_OUT) / name).resolve(),
                        ("report/report.html", "package/package.json"), "pipeline output")
-    uri = spec.tracking["mlflow_uri"]
+    uri = spec.tracking.mlflow_uri
     verbose = not args.quiet
     os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)  # for a Ray this process starts
     ray_was_up = ray.is_initialized()
@@ -126,7 +126,7 @@ def main(args) -> int:
             ray.shutdown()
 
     total = time.perf_counter() - t0
-    experiment = spec.tracking.get("experiment") or name
+    experiment = spec.tracking.experiment
     try:
         trials = study_pointer(uri, experiment)
     except Exception as err:  # noqa: BLE001 - a server down now: the study and its package are done all the same

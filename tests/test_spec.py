@@ -74,12 +74,12 @@ def test_smoke_study_shape():
     spec = load_study(SMOKE)
     assert spec.base["data"]["kind"] == "synthetic"
     assert spec.base["model"]["d_model"] <= 128
-    assert spec.resources["gpus_per_worker"] == 0
-    assert spec.resources["workers_per_trial"] == 1 and spec.resources["max_concurrent_trials"] == 2
-    assert spec.resources["max_concurrent_trials"] * spec.trial_resources()["CPU"] <= 2  # side by side on 2 cores
+    assert spec.resources.gpus_per_worker == 0
+    assert spec.resources.workers_per_trial == 1 and spec.resources.max_concurrent_trials == 2
+    assert spec.resources.max_concurrent_trials * spec.trial_resources()["CPU"] <= 2  # side by side on 2 cores
     assert spec.storage == str(Path.cwd() / "a2-studies")
-    assert spec.tracking["mlflow_uri"] == "sqlite:///" + str(Path.cwd() / "mlflow.db")
-    assert spec.tracking["experiment"] == "a2-smoke"
+    assert spec.tracking.mlflow_uri == "sqlite:///" + str(Path.cwd() / "mlflow.db")
+    assert spec.tracking.experiment == "a2-smoke"
     # fusion none: one configuration (lambda only exists for gate); gate: num_samples; each with 4 seeds
     assert spec.grid_cells() == [{"fusion": "none"}, {"fusion": "gate"}]
     assert [spec.samples_per_cell(c) for c in spec.grid_cells()] == [1, 1]
@@ -93,7 +93,7 @@ def test_fusion_ablation_space(coco_files):
     # Each fusion as written and renormalised; the baseline fuses nothing, so it has no renormalize.
     assert cells == [("none", None)] + [(f, r) for f in ("max", "moving_average", "exp_decay", "gate")
                                         for r in (False, True)]
-    assert spec.num_trials == (1 + 3 * 2 + 2 * spec.search["num_samples"]) * len(spec.replicate_seeds)
+    assert spec.num_trials == (1 + 3 * 2 + 2 * spec.search.num_samples) * len(spec.replicate_seeds)
     assert spec.points_for_cell({"fusion": "gate", "seed": 0, "model.renormalize": False}) == []
     (point,) = spec.points_for_cell({"fusion": "exp_decay", "seed": 0, "model.renormalize": True})
     assert set(point) == {"temperature"}
@@ -113,7 +113,7 @@ def test_seeds_study_is_grid_only(coco_files):
 def test_overrides_apply_before_validation():
     spec = load_study(SMOKE, ["search.num_samples=5", "train.xe_epochs=1", "search.scheduler={fifo: {}}",
                               "model.d_model=32", "name=a2-smoke-2"])
-    assert spec.search["num_samples"] == 5
+    assert spec.search.num_samples == 5
     assert spec.base["train"]["xe_epochs"] == 1
     assert spec.total_epochs == 1
     assert spec.base["model"]["d_model"] == 32
@@ -176,7 +176,7 @@ def test_default_points_are_the_paper_values(tmp_path):
     }
     del raw["model"]["dropout"]
     spec = load_study(write(tmp_path, raw))
-    assert spec.search["points_to_evaluate"] == [{"lambda": 0.035, "model.dropout": 0.3, "eta": 0.1}]
+    assert spec.search.points_to_evaluate == [{"lambda": 0.035, "model.dropout": 0.3, "eta": 0.1}]
     assert spec.points_for_cell({"fusion": "max"}) == [{"lambda": 0.035, "model.dropout": 0.3}]
     assert spec.points_for_cell({"fusion": "moving_average"}) == [{"lambda": 0.035, "model.dropout": 0.3, "eta": 0.1}]
 
@@ -239,7 +239,7 @@ def test_storage_and_tracking_resolve(tmp_path, monkeypatch):
                               "tracking.mlflow_uri=null", "tracking.experiment=exp-1"])
     assert spec.storage == "s3://my-bucket/a2"
     assert spec.storage_endpoint_url == "http://127.0.0.1:9000"
-    assert spec.tracking == {"mlflow_uri": os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{tmp_path}/mlflow.db",
+    assert spec.tracking.model_dump() == {"mlflow_uri": os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{tmp_path}/mlflow.db",
                              "experiment": "exp-1"}
     assert load_study(SMOKE, ["storage=runs/x"]).storage == str(tmp_path / "runs" / "x")
 
