@@ -379,7 +379,7 @@ class StudySpec(Section):
         """What no field can say alone: the space's keys and conditions, every trial it can produce (probed at the
         ends of ranges, defaults, points and choices), the data files, the metric and the scheduler."""
         context = info.context or {}
-        self._source = source = context.get("source")
+        self._source = context.get("source")
         _resolve_storage(self)
         sections = {s: copy.deepcopy(getattr(self, s)) for s in SECTIONS}
         # Relative data paths become absolute: trials run in other working directories and on other machines.
@@ -955,6 +955,6 @@ def check_cluster(spec: StudySpec, cluster: dict) -> None:
         have = float(cluster.get(kind, 0))
         if need[kind] > have + 1e-9:
             driver = f" + {_fmt(r.driver_cpus)} (driver)" if kind == "CPU" else ""
-            raise ConfigError(f"resources.{key}", f"a trial needs {r.workers_per_trial} workers x {_fmt(getattr(r, key))} "
-                                                  f"{kind}{driver} = {_fmt(need[kind])} {kind}s but the cluster has "
-                                                  f"{_fmt(have)}", spec.source)
+            raise ConfigError(f"resources.{key}", f"a trial needs {r.workers_per_trial} workers x "
+                                                  f"{_fmt(getattr(r, key))} {kind}{driver} = {_fmt(need[kind])} "
+                                                  f"{kind}s but the cluster has {_fmt(have)}", spec.source)
