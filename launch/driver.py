@@ -21,6 +21,7 @@ from dashboards.tables import finite
 from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import stop
 from launch.conclusions import format_table, pick_best, print_conclusions
+from launch.datastore import check_feature_copies
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
                              write_summary)
@@ -106,8 +107,6 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         cluster = connect(address, runtime_env_vars=propagated_env())
         check_cluster(spec, cluster)  # a trial asking more than the whole cluster has: refused (ConfigError, exit 2)
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
-            from launch.datastore import check_feature_copies  # numpy: only for COCO features
-
             check_feature_copies(spec.base["data"]["features"])
         if new:
             location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)

@@ -62,7 +62,7 @@ def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
     CIDEr, or val throughout when a run has no test scores, as the verdict line says; the paired bootstrap over seeds
     and images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
     over the member chosen on validation."""
-    from dashboards.compare import study_comparison
+    from dashboards.compare import study_comparison  # mlflow: not on every `a2` command (launch.cli imports this)
 
     try:
         comparison, _, _ = study_comparison(tracking_uri, name, by="fusion")
@@ -75,7 +75,7 @@ def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
 
 
 def main(args) -> int:
-    import ray
+    import ray  # not on every `a2` command (launch.cli imports this module)
 
     t0 = time.perf_counter()
     flags = {"tracking.mlflow_uri": args.tracking_uri, "storage": args.storage}  # --tracking-uri, --storage
@@ -106,7 +106,7 @@ def main(args) -> int:
         t = time.perf_counter()
         report = {}
         try:
-            from dashboards.report import build_report
+            from dashboards.report import build_report  # mlflow: as `study_comparison`
 
             report = build_report(uri, name, out / "report")
         except A2Error as err:  # the package is still worth making; the exit code says it
