@@ -22,6 +22,7 @@ from a2core.config import (CAPTIONS_PER_IMAGE, Config, ConfigError, Flag, Intege
                            load_yaml, set_dotted, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.data.prepared import check_copy, is_prepared
+from a2core.data.synthetic import split_sizes
 from a2core.errors import DataError
 from dashboards.tracking import default_tracking_uri, redact_uri
 
@@ -401,21 +402,20 @@ class StudySpec(Section):
         _check_batch(self)
         match = _JSD_METRIC.match(self.metric)
         if match and int(match.group(1)) >= self._base["model"]["layers"]:
-            raise ConfigError("search.metric", f"{self.metric}: the model has {self._base['model']['layers']} layers")
+            _fail("search.metric", f"{self.metric}: the model has {self._base['model']['layers']} layers")
         if not match and self.metric not in METRICS:
-            raise ConfigError("search.metric", f"{self.metric!r} is not reported by training; one of "
-                                               f"{', '.join(METRICS)}, diag/jsd/layer<i>")
+            _fail("search.metric", f"{self.metric!r} is not reported by training; one of {', '.join(METRICS)}, "
+                                   f"diag/jsd/layer<i>")
         asha = search.scheduler.asha
         if asha and asha.grace_period > self.total_epochs:
-            raise ConfigError("search.scheduler.asha.grace_period", f"{asha.grace_period} is more than the "
-                                                                     f"{self.total_epochs} planned epochs "
-                                                                     f"(train.xe_epochs + train.scst_epochs)")
+            _fail("search.scheduler.asha.grace_period", f"{asha.grace_period} is more than the {self.total_epochs} "
+                                                        f"planned epochs (train.xe_epochs + train.scst_epochs)")
         if asha and asha.hold_at_rungs and self.resources.workers_per_trial > 1:
-            raise ConfigError("search.scheduler.asha.hold_at_rungs", "only for one-worker trials (resources."
-                                                                     "workers_per_trial: 1): a Ray Train trial would "
-                                                                     "restart its worker group at every rung")
+            _fail("search.scheduler.asha.hold_at_rungs", "only for one-worker trials (resources.workers_per_trial: "
+                                                         "1): a Ray Train trial would restart its worker group at "
+                                                         "every rung")
         # a study saved before these rules keeps loading (resume, status, packaging): for it they are warnings
-        complain = self.warnings.append if context.get("saved_before") else _fail
+        complain = self.warnings.append if context.get("saved_before") else lambda text: _fail(*text.split(": ", 1))
         if asha and len(self.replicate_seeds) < 2:
             complain(f"search.scheduler.asha: ASHA here stops a replicate group only on a gap its seed spread cannot "
                      f"explain; with {len(self.replicate_seeds) or 1} seed per configuration it can never stop "
@@ -450,25 +450,12 @@ class StudySpec(Section):
             state = _from_dataclass(state).__getstate__()
         super().__setstate__(state)
 
-    @property
-    def source(self) -> str | None:
-        return self._source
-
-    @property
-    def base(self) -> dict:
-        return self._base
-
-    @property
-    def images(self) -> dict[str, int]:
-        return self._images
-
-    @property
-    def images_source(self) -> str:
-        return self._images_source
-
-    @property
-    def warnings(self) -> list[str]:
-        return self._warnings
+    # what checking it found, read-only
+    source = property(lambda self: self._source)
+    base = property(lambda self: self._base)
+    images = property(lambda self: self._images)
+    images_source = property(lambda self: self._images_source)
+    warnings = property(lambda self: self._warnings)
 
     @property
     def params(self) -> dict[str, Param]:
@@ -486,6 +473,7 @@ class StudySpec(Section):
     @property
     def algorithm(self) -> str:
         return self.search.algorithm
+
     @property
     def sampled_params(self) -> list[Param]:
         """The sampled keys in the order a define-by-run space asks them: unconditional ones first."""
@@ -676,14 +664,11 @@ def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
     return 0
 
 
-
 # -- the batch and the schedule ----------------------------------------------------------------------------------------
 def _split_counts(data: dict, splits: dict | None) -> tuple[dict[str, int], str]:
     """Train and val images: from the captions file when it is there, else the synthetic generator's split or
     the standard Karpathy counts."""
     if data["kind"] == "synthetic":
-        from a2core.data.synthetic import split_sizes  # numpy: only for a synthetic study
-
         sizes = split_sizes(data["images"])
         return {"train": sizes["train"], "val": sizes["val"]}, f"synthetic data of {data['images']} images"
     path = data.get("captions")
@@ -907,12 +892,8 @@ def _check_data(base: dict, check_files: bool) -> dict | None:
     return splits
 
 
-def _fail(path_or_message: str, message: str | None = None):
-    """A ConfigError at a dotted key (the file is added by `from_dict`): `_fail(path, message)`, or one
-    `"path: message"` string (what a complaint reads as a warning)."""
-    if message is None:
-        path_or_message, message = path_or_message.split(": ", 1)
-    raise ConfigError(path_or_message, message)
+def _fail(path: str, message: str):
+    raise ConfigError(path, message)  # `from_dict` adds the file
 
 
 def _resolve_storage(spec: StudySpec) -> None:
