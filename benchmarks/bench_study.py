@@ -156,7 +156,7 @@ def main(argv=None) -> int:
 
         root = summary["path"].rsplit("/", 1)[0]
         spec = load_saved_spec(StudyLocation(summary["study"], root))
-        report(summary, None, int(spec.resources["max_concurrent_trials"]))
+        report(summary, None, int(spec.resources.max_concurrent_trials))
         return 0
     from launch.spec import load_study
 
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
                 return 1
             print(f"-- trials {kind}")
             summary = json.loads(summary_path.read_text())
-            results[kind] = report(summary, wall, int(spec.resources["max_concurrent_trials"]))
+            results[kind] = report(summary, wall, int(spec.resources.max_concurrent_trials))
             print()
         finally:
             if args.keep:

@@ -21,6 +21,7 @@ from dashboards.tables import finite
 from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import stop
 from launch.conclusions import format_table, pick_best, print_conclusions
+from launch.datastore import check_feature_copies
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
                              write_summary)
@@ -37,7 +38,7 @@ COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `c
 # -- run / resume ------------------------------------------------------------------------------------------------
 def check_tracking(spec) -> None:
     try:
-        check_tracking_uri(spec.tracking["mlflow_uri"])
+        check_tracking_uri(spec.tracking.mlflow_uri)
     except TrackingError as err:
         raise StudyError(f"tracking.mlflow_uri: {err}") from None
 
@@ -75,7 +76,7 @@ def refuse_relocated(spec, location: StudyLocation) -> None:
         there = "out of reach from here"
     raise StudyError(
         f"study {spec.name} at {location.uri()} was run at {recorded.uri()} ({there}) and logs to MLflow at "
-        f"{spec.tracking['mlflow_uri']}: its saved experiment would write its trials and result logs at "
+        f"{spec.tracking.mlflow_uri}: its saved experiment would write its trials and result logs at "
         f"{recorded.uri()} and its epochs into the original's MLflow runs, so it resumes only there (move it back, "
         f"then `a2 study resume {spec.name} --storage {recorded.storage}`); to go on here, run the study again under "
         f"another name; status, check, compare and package read this copy as it is")
@@ -106,8 +107,6 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         cluster = connect(address, runtime_env_vars=propagated_env())
         check_cluster(spec, cluster)  # a trial asking more than the whole cluster has: refused (ConfigError, exit 2)
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
-            from launch.datastore import check_feature_copies  # numpy: only for COCO features
-
             check_feature_copies(spec.base["data"]["features"])
         if new:
             location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
@@ -239,7 +238,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
         name=spec.name,
         storage_path=storage_path,
         storage_filesystem=fs,
-        failure_config=tune.FailureConfig(max_failures=int(spec.resources["max_failures"])),
+        failure_config=tune.FailureConfig(max_failures=int(spec.resources.max_failures)),
         # Trials' Tune checkpoints point at their Train checkpoints (launch.trainable); keeping one also makes Tune
         # save the experiment state with every checkpoint, so `resume` loses as little as possible.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
@@ -414,7 +413,7 @@ def compute_totals(spec, rows: list[dict]) -> dict:
             totals[f"total_{unit}"] += value
             totals[f"stopped_{unit}"] += value if stopped else 0.0
             totals[f"saved_{unit}"] += value / done * (planned - done) if stopped else 0.0
-    price = spec.resources.get("price_per_hour")
+    price = spec.resources.price_per_hour
     if price is not None and "total_wall_s" in totals:
         for kind in ("total", "stopped", "saved"):
             totals[f"{kind}_cost"] = price * totals[f"{kind}_wall_s"] / 3600
@@ -511,11 +510,11 @@ def _log_compute_totals(spec, totals: dict) -> None:
     """The compute totals as `compute/<key>` metrics of the study's MLflow parent run, when MLflow answers (a
     server still down at the end does not fail the study: `resume` or `a2 mlflow sync` exports it later)."""
     try:
-        check_tracking_uri(spec.tracking["mlflow_uri"], timeout=2.0)
+        check_tracking_uri(spec.tracking.mlflow_uri, timeout=2.0)
     except TrackingError:
         print("note: MLflow does not answer: the study's compute totals are in summary.json only", file=sys.stderr)
         return
-    tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, spec.tracking.get("experiment"))
+    tracker = StudyTracker(spec.tracking.mlflow_uri, spec.name, spec.tracking.experiment)
     parent = tracker.find_parent_run()
     if parent is not None and totals:
         # every run/resume that ends the study logs its totals at the next step (a (key, step) is written once)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from a2core.atomic import atomic_write
-from a2core.config import get_dotted, parse_yaml
+from a2core.config import parse_yaml
 from a2core.errors import StudyError
-from launch.spec import DEFAULT_STORAGE, SEED_PATH, STUDY_FORMAT, StudySpec, _study_name
+from launch.spec import DEFAULT_STORAGE, STUDY_FORMAT, StudySpec, _study_name
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
@@ -116,14 +116,12 @@ def load_saved_spec(location: StudyLocation) -> StudySpec:
 
 
 def saved_form(spec) -> dict:
-    """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` without the keys that
-    the search space (or search.replicates: train.seed) sets, which the loader would refuse as set twice."""
+    """The resolved study as a file `load_study` reads back to the same spec: `to_dict()` (its data/model/train
+    without the keys the space sets) without train.seed when search.replicates sets it, which the loader would refuse
+    as set twice."""
     raw = {**spec.to_dict(), "format": STUDY_FORMAT}
-    for path in [param.path for param in spec.params.values()] + ([SEED_PATH] if spec.replicate_seeds else []):
-        parent, _, key = path.rpartition(".")
-        node = get_dotted(raw, parent)
-        if isinstance(node, dict):
-            node.pop(key, None)
+    if spec.replicate_seeds:
+        raw["train"].pop("seed", None)
     return raw
 
 

@@ -36,7 +36,7 @@ class A2MLflowCallback(Callback):
 
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
         # A bad tracking URI stops the study before any trial starts.
-        check_tracking_uri(self.spec.tracking["mlflow_uri"])
+        check_tracking_uri(self.spec.tracking.mlflow_uri)
         client_settings()
         export = Export(self.spec, self.location)
         tracker = export.open()

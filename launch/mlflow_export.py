@@ -99,7 +99,7 @@ class Export:
         """The study's tracker, its parent run made or found (and RUNNING) and the study's views saved."""
         if self.tracker is None:
             spec = self.spec
-            tracker = StudyTracker(spec.tracking["mlflow_uri"], spec.name, experiment=spec.tracking.get("experiment"))
+            tracker = StudyTracker(spec.tracking.mlflow_uri, spec.name, experiment=spec.tracking.experiment)
             raw = spec.to_dict()
             params = {"search": raw.get("search", {}), "resources": raw.get("resources", {}),
                       "storage": raw.get("storage"), "base": {k: raw.get(k) for k in ("data", "model", "train")}}
@@ -244,7 +244,7 @@ class StudyExporter:
 
     def __init__(self, export: Export, trials, every: float = 2.0):
         self.export, self.trials, self.every = export, trials, every
-        self.uri = export.spec.tracking["mlflow_uri"]
+        self.uri = export.spec.tracking.mlflow_uri
         self.down_since: float | None = None
         self.down_seconds = 0.0
         self.done = False  # the last export went through

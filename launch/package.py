@@ -16,9 +16,22 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+from tqdm import tqdm
+
+from a2core import checkpoint as ckpt
 from a2core.atomic import atomic_write, fresh_folder
-from a2core.errors import A2Error, PackageError, StorageError
-from launch.driver import say
+from a2core.data.captions import Vocab, read_image_info
+from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
+from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
+from dashboards.submission import make_zip, results_filename, validate_zip
+from dashboards.tracking import check_tracking_uri
+from launch.driver import resume_study, run_study, say
+from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, locate
+from launch.raycluster import connect
+from launch.spec import StudySpec
+from launch.study import exit_code
+from launch.trainable import propagated_env
 
 SEED_STUDIES_FILE = "seed_studies.json"
 DEFAULT_OUT = "a2-packages"
@@ -88,10 +101,6 @@ def decode_plan(name: str, *, storage: str | None = None, seeds=None, beam_size:
     """What decoding study `name`'s package costs: its images and shards (less those an earlier run kept), and
     the ensemble's seconds per image measured on `sample` Karpathy test images with copies of the best trial's
     checkpoint (an ensemble of M members costs M single-model passes per beam step)."""
-    import torch
-
-    from a2core.decode import ensemble_captions
-
     location, spec, summary = open_study(name, storage, verbose=False)
     best = select_best(candidates(spec, summary), spec.mode)
     members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
@@ -138,10 +147,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
             address: str | None = None, val_images: str | None = None, test_images: str | None = None,
             data_overrides: list[str] | None = None, model_name: str | None = None, verbose: bool = True) -> dict:
     """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
-    import ray
-
-    from dashboards.submission import results_filename
-    from dashboards.tracking import check_tracking_uri
+    import ray  # not on every `a2` command (launch.cli imports this module)
 
     t_start = time.perf_counter()
     location, spec, summary = open_study(name, storage, verbose)
@@ -150,7 +156,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
         raise PackageError("--seeds: give at least one seed")
     alg = alg or name
     files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
-    tracking_uri = check_tracking_uri(tracking_uri or spec.tracking["mlflow_uri"])
+    tracking_uri = check_tracking_uri(tracking_uri or spec.tracking.mlflow_uri)
     upload_prefix = _upload_prefix(location, upload)
     # a folder is an earlier package once its manifest (written last) is there: a killed run's folder is reused
     out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST,), "package")
@@ -192,8 +198,6 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
 # -- 1. the ensemble's members -----------------------------------------------------------------------------------
 def open_study(name: str, storage: str | None, verbose: bool = True):
     """(location, saved spec, summary) of a study that has a summary (a finished or interrupted run)."""
-    from launch.location import SUMMARY_FILE, load_saved_spec, locate
-
     location = locate(name, storage)
     spec = load_saved_spec(location)
     summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
@@ -209,7 +213,7 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
 def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
     """One dict per trial of a study summary that reported the metric and has a best checkpoint (only those of
     configuration `digest` when given)."""
-    from dashboards.stats import config_hash
+    from dashboards.stats import config_hash  # scipy: not on every `a2` command (launch.cli imports this module)
 
     out = []
     for row in summary.get("trials", []):
@@ -233,7 +237,7 @@ def _rank_key(mode: str) -> Callable[[dict], tuple]:
 def select_best(cands: list[dict], mode: str) -> dict:
     """The best trial of the configuration (config hash) with the best mean over its seeds, among those not
     stopped early (`dashboards.stats.best_candidates`). Ties go to the lower (study, trial id)."""
-    from dashboards.stats import best_group
+    from dashboards.stats import best_group  # scipy: not on every `a2` command (launch.cli imports this module)
 
     if not cands:
         raise PackageError("no trial of the study reported its metric with a checkpoint: nothing to package")
@@ -278,7 +282,7 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
                      address: str | None, verbose: bool) -> tuple[dict, list[dict]]:
     """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
     (missing seeds trained as a companion study unless `no_train`). `seeds` None: `ensemble_seeds`."""
-    from launch.storage import open_location
+    from launch.storage import open_location  # pyarrow: not on every `a2` command (launch.cli imports this module)
 
     def exists(uri: str) -> bool:
         return open_location(uri, location.endpoint_url).exists()
@@ -315,9 +319,6 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
 
 def refuse_unreadable(members: list[dict], local: list[str]) -> None:
     """PackageError (exit 2) naming the stored checkpoint of a member that does not load, before any decoding."""
-    from a2core import checkpoint as ckpt
-    from a2core.errors import CheckpointError
-
     for member, path in zip(members, local):
         try:
             ckpt.load(path)
@@ -329,7 +330,7 @@ def refuse_unreadable(members: list[dict], local: list[str]) -> None:
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
     """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
-    from launch.storage import open_location
+    from launch.storage import open_location  # pyarrow: not on every `a2` command (launch.cli imports this module)
 
     location = open_location(uri, endpoint_url)
     if location.local:
@@ -343,16 +344,14 @@ def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str |
 # -- 1b. training the missing seeds ------------------------------------------------------------------------------
 def seeds_spec(spec, location, config: dict, seeds: list[int], name: str):
     """A study that trains `config` with each of `seeds` (grid), with the parent study's resources and places."""
-    from launch.spec import StudySpec
-
     raw = {
         "name": name,
         "data": config["data"], "model": config["model"],
         "train": {k: v for k, v in config["train"].items() if k != "seed"},
         "search": {"metric": spec.metric, "mode": spec.mode, "algorithm": "grid",
                    "space": {"seed": {"grid": [int(s) for s in seeds]}}, "scheduler": {"fifo": {}}},
-        "resources": dict(spec.resources),
-        "tracking": {"mlflow_uri": spec.tracking["mlflow_uri"]},
+        "resources": spec.resources.model_dump(exclude_none=True),
+        "tracking": {"mlflow_uri": spec.tracking.mlflow_uri},
         "storage": location.storage,
         "storage_endpoint_url": location.endpoint_url,
     }
@@ -371,8 +370,7 @@ def companion_studies(location) -> list[str]:
 
 def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
     """(location, spec, summary or None) of each companion seed study of configuration `digest`."""
-    from dashboards.stats import config_hash
-    from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec
+    from dashboards.stats import config_hash  # scipy: not on every `a2` command (launch.cli imports this module)
 
     found = []
     for name in companion_studies(location):
@@ -387,10 +385,6 @@ def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
 def train_missing(spec, location, best: dict, missing: list[int], *, address: str | None, verbose: bool) -> list[dict]:
     """Train the missing seeds of the best configuration as a companion study (an unfinished earlier one, without
     a summary or with a trial that did not end TERMINATED, is resumed first); returns the candidates it gave."""
-    from launch.driver import resume_study, run_study
-    from launch.location import STUDY_FILE, StudyLocation
-    from launch.study import exit_code
-
     digest = best["hash"]
     rows, covered = [], set()
     for comp, comp_spec, comp_summary in _companions(location, digest):
@@ -421,10 +415,6 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
                   test_images: str | None):
     """(CaptionData, its data config, {"splits": {split: image ids}, "sources", "max_len"}) for decoding the
     server's val2014 / test2014 images and the Karpathy test split with the checkpoints' vocabulary."""
-    from a2core import checkpoint as ckpt
-    from a2core.data.captions import Vocab, read_image_info
-    from a2core.decode import checkpoint_data
-
     state = ckpt.load(checkpoint)
     data = checkpoint_data(state["config"], Vocab(state["vocab"]), data_overrides)
     test_file = test_images or data.paths.test_images
@@ -449,8 +439,6 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
                  endpoint_url: str | None = None, **options) -> dict:
     """`a2core.decode.ensemble_captions` of local or s3:// checkpoints (fetched once per machine), in a Ray task or
     in this process."""
-    from a2core.decode import ensemble_captions
-
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
     local = [fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints]
     return ensemble_captions(local, data_config, shard, single_split, **options)
@@ -525,8 +513,6 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
         parts[index] = part
 
     if todo:
-        from tqdm import tqdm
-
         # images, not shards: the bar's rate and time left are those of the decoding
         with tqdm(total=sum(images(i) for i in todo), desc="decode", unit="img", file=sys.stderr,
                   disable=not verbose, smoothing=0.1) as bar:
@@ -560,10 +546,7 @@ def _decode_on_ray(checkpoints: list[str], data_config: dict, shards: list[tuple
                    finished: Callable[[int, dict], Any]) -> None:
     """`decode_shard` of each (index, shard) as Ray tasks, one GPU each if there are, at most `workers` at a time
     (default: one per GPU, else per CPU, at most 8); `finished(index, part)` as each one ends."""
-    import ray
-
-    from launch.raycluster import connect
-    from launch.trainable import propagated_env
+    import ray  # not on every `a2` command (launch.cli imports this module)
 
     resources = connect(address, runtime_env_vars=propagated_env())
     gpus = int(resources.get("GPU", 0) or 0)
@@ -585,9 +568,6 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
                      verbose: bool = True) -> dict:
     """The two results files, `results.zip` (validated before it is renamed into place: an invalid submission
     leaves no zip) and the ensemble's Karpathy-test captions. Returns {"zip", "files", "alg"}."""
-    from a2core.decode import write_results_json
-    from dashboards.submission import make_zip, validate_zip
-
     val_ids, test_ids = images["splits"]["val2014"], images["splits"]["test2014"]
     paths = [out / f for f in files]
     for path, split, ids in zip(paths, ("val2014", "test2014"), (val_ids, test_ids)):
@@ -609,7 +589,7 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
     """Karpathy-test scores of every seed and the ensemble, the ensemble registered as an MLflow model, and the
     leaderboard (which names that model version) written and logged with the zip to the study's parent run.
     Returns {"scores", "board", "leaderboard" (its path), "mlflow"}."""
-    from dashboards import leaderboard as lb
+    from dashboards import leaderboard as lb  # mlflow: not on every `a2` command (launch.cli imports this module)
 
     karpathy = images["splits"]["test"]
     say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
@@ -659,7 +639,7 @@ def _upload_prefix(location, upload: str | None) -> str | None:
 
 def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, verbose: bool = True) -> list[dict]:
     """Verified uploads of `paths` below `prefix` (none without a prefix)."""
-    from launch.storage import upload_file
+    from launch.storage import upload_file  # pyarrow: not on every `a2` command (launch.cli imports this module)
 
     uploads = []
     for path in paths if prefix else []:

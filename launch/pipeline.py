@@ -62,7 +62,7 @@ def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
     CIDEr, or val throughout when a run has no test scores, as the verdict line says; the paired bootstrap over seeds
     and images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
     over the member chosen on validation."""
-    from dashboards.compare import study_comparison
+    from dashboards.compare import study_comparison  # mlflow: not on every `a2` command (launch.cli imports this)
 
     try:
         comparison, _, _ = study_comparison(tracking_uri, name, by="fusion")
@@ -75,7 +75,7 @@ def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
 
 
 def main(args) -> int:
-    import ray
+    import ray  # not on every `a2` command (launch.cli imports this module)
 
     t0 = time.perf_counter()
     flags = {"tracking.mlflow_uri": args.tracking_uri, "storage": args.storage}  # --tracking-uri, --storage
@@ -85,7 +85,7 @@ def main(args) -> int:
     # A folder holding an earlier run's report or package is kept: this run writes to a new numbered one.
     out = fresh_folder(Path(args.out or Path(DEFAULT_OUT) / name).resolve(),
                        ("report/report.html", "package/package.json"), "pipeline output")
-    uri = spec.tracking["mlflow_uri"]
+    uri = spec.tracking.mlflow_uri
     verbose = not args.quiet
     os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)  # for a Ray this process starts
     ray_was_up = ray.is_initialized()
@@ -106,7 +106,7 @@ def main(args) -> int:
         t = time.perf_counter()
         report = {}
         try:
-            from dashboards.report import build_report
+            from dashboards.report import build_report  # mlflow: as `study_comparison`
 
             report = build_report(uri, name, out / "report")
         except A2Error as err:  # the package is still worth making; the exit code says it
@@ -126,7 +126,7 @@ def main(args) -> int:
             ray.shutdown()
 
     total = time.perf_counter() - t0
-    experiment = spec.tracking.get("experiment") or name
+    experiment = spec.tracking.experiment
     try:
         trials = study_pointer(uri, experiment)
     except Exception as err:  # noqa: BLE001 - a server down now: the study and its package are done all the same

@@ -107,8 +107,8 @@ def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimat
     scst = SCST_IMAGE_COST * train_images + VAL_IMAGE_COST * val_images
     gpu_seconds = (t["xe_epochs"] * xe + t["scst_epochs"] * scst) / images_per_second
     gpu_hours = spec.num_trials * gpu_seconds / 3600
-    per_trial = spec.resources["workers_per_trial"] * spec.resources["gpus_per_worker"]
-    at_once = per_trial * spec.resources["max_concurrent_trials"]
+    per_trial = spec.resources.workers_per_trial * spec.resources.gpus_per_worker
+    at_once = per_trial * spec.resources.max_concurrent_trials
     if workers is not None:
         at_once = min(at_once, workers.gpus * workers.max_nodes)
     return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), int(at_once))
@@ -128,12 +128,12 @@ def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, fl
     steps, total = spec.steps_per_epoch, spec.total_steps
     xe_steps = steps * t["xe_epochs"]
     images = t["batch_size"] // CAPTIONS_PER_IMAGE
-    per_worker = images // r["workers_per_trial"]
+    per_worker = images // r.workers_per_trial
     lines = [f"{spec.name}: plan (nothing runs)",
              "per trial",
              f"  images    {_n(spec.images['train'])} train, {_n(spec.images['val'])} val ({spec.images_source})",
              f"  batch     {t['batch_size']} image-caption pairs a step = {images} images x {CAPTIONS_PER_IMAGE} "
-             f"captions ({r['workers_per_trial']} worker{'s' if r['workers_per_trial'] > 1 else ''} x {per_worker} "
+             f"captions ({r.workers_per_trial} worker{'s' if r.workers_per_trial > 1 else ''} x {per_worker} "
              f"images); SCST: {images} images x {t['scst_samples']} samples",
              f"  steps     {_n(steps)} a epoch; {_n(total)} in {spec.total_epochs} epochs ({t['xe_epochs']} XE + "
              f"{t['scst_epochs']} SCST)"]
@@ -163,7 +163,7 @@ def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, fl
         for label, delta in deltas:
             needed = seeds_needed(delta, sd)
             lines.append(f"    {label:<26}{delta:>6.1f}{needed:>18d}{_power_text(power(seeds, delta, sd)):>14}")
-    if r["gpus_per_worker"] == 0:
+    if r.gpus_per_worker == 0:
         lines.append("cost      none estimated: the trials use no GPU (resources.gpus_per_worker: 0)")
         return "\n".join(lines)
     est = estimate(spec, images_per_second, workers)
@@ -194,7 +194,7 @@ def _seed_spread(args, spec) -> tuple[float | None, str]:
         if args.sd <= 0:
             raise StudyError(f"--sd must be > 0, got {args.sd}")
         return args.sd, "given"
-    uri = args.tracking_uri or spec.tracking["mlflow_uri"]
+    uri = args.tracking_uri or spec.tracking.mlflow_uri
     sqlite = uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file()
     if not sqlite:  # never create a tracking database just to find it empty
         try:

@@ -84,12 +84,12 @@ class GridCrossedSearcher(Searcher):
         return max(1, len(self._seeds))
 
     def _new_study(self, index: int, cell: dict) -> optuna.Study:
-        seed = self._spec.search["seed"] + index
+        seed = self._spec.search.seed + index
         if self._spec.algorithm == "optuna":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 sampler = optuna.samplers.TPESampler(
-                    seed=seed, n_startup_trials=n_startup_trials(self._spec.search["num_samples"]),
+                    seed=seed, n_startup_trials=n_startup_trials(self._spec.search.num_samples),
                     multivariate=True, group=True, constant_liar=True)
         else:
             sampler = optuna.samplers.RandomSampler(seed=seed)
@@ -279,10 +279,8 @@ def asha_rungs(max_t: int, grace_period: int, reduction_factor: float) -> list[i
 
 def scheduler_rungs(spec: StudySpec) -> list[int]:
     """The epochs at which the study's scheduler may stop a trial ([] without early stopping)."""
-    ((kind, options),) = spec.search["scheduler"].items()
-    if kind != "asha":
-        return []
-    return asha_rungs(spec.total_epochs, options["grace_period"], options["reduction_factor"])
+    asha = spec.search.scheduler.asha
+    return asha_rungs(spec.total_epochs, asha.grace_period, asha.reduction_factor) if asha else []
 
 
 class ReplicateASHA(FIFOScheduler):
@@ -431,12 +429,12 @@ class ReplicateASHA(FIFOScheduler):
 
 def build_scheduler(spec: StudySpec) -> TrialScheduler:
     """The study's trial scheduler: `ReplicateASHA` for `scheduler: {asha: ...}`, else FIFO."""
-    ((kind, options),) = spec.search["scheduler"].items()
-    if kind != "asha":
+    asha = spec.search.scheduler.asha
+    if asha is None:
         return FIFOScheduler()
-    return ReplicateASHA(max_t=spec.total_epochs, grace_period=options["grace_period"],
-                         reduction_factor=options["reduction_factor"], replicates=max(1, len(spec.replicate_seeds)),
-                         min_gap_se=options["min_gap_se"], hold_at_rungs=options["hold_at_rungs"],
+    return ReplicateASHA(max_t=spec.total_epochs, grace_period=asha.grace_period,
+                         reduction_factor=asha.reduction_factor, replicates=max(1, len(spec.replicate_seeds)),
+                         min_gap_se=asha.min_gap_se, hold_at_rungs=asha.hold_at_rungs,
                          resolve=spec.trial_config)
 
 
@@ -444,8 +442,8 @@ def tune_config_kwargs(spec: StudySpec) -> dict:
     """Everything `ray.tune.TuneConfig(**kwargs)` needs for this study (Tune wraps the searcher in a
     `ConcurrencyLimiter` for `max_concurrent_trials`)."""
     return {"search_alg": GridCrossedSearcher(spec), "scheduler": build_scheduler(spec), "num_samples": spec.num_trials,
-            "metric": spec.metric, "mode": spec.mode, "max_concurrent_trials": spec.resources["max_concurrent_trials"],
+            "metric": spec.metric, "mode": spec.mode, "max_concurrent_trials": spec.resources.max_concurrent_trials,
             # A one-worker trial trains in its Tune trial process: the next trial reuses that process and skips its
             # start-up and imports (benchmarks/bench_scale.py). Tune starts a fresh one when the previous trial's
             # thread does not stop in time. Ray Train trials keep a process of their own.
-            "reuse_actors": spec.resources["workers_per_trial"] == 1}
+            "reuse_actors": spec.resources.workers_per_trial == 1}

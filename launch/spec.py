@@ -1,6 +1,6 @@
 """Study files (README "Studies"): an a2core config's data / model / train sections plus the study's own, whose
 schema is below. `load_study` checks everything before Ray starts (this module never imports ray), including what no
-schema can say (`_Loader`), and raises `ConfigError`s naming the dotted key and the file.
+schema field can say alone (`StudySpec._check`), and raises `ConfigError`s naming the dotted key and the file.
 """
 from __future__ import annotations
 
@@ -10,18 +10,19 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, ValidationError, ValidationInfo,
+                      model_validator)
 
 from a2core.config import (CAPTIONS_PER_IMAGE, Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
                            applicable_config, apply_overrides, config_error, get_dotted, images_per_worker, integer,
                            load_yaml, set_dotted, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.data.prepared import check_copy, is_prepared
+from a2core.data.synthetic import split_sizes
 from a2core.errors import DataError
 from dashboards.tracking import default_tracking_uri, redact_uri
 
@@ -46,14 +47,14 @@ _S3 = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
 _SCHEME = r"^([A-Za-z][A-Za-z0-9+.\-]*):"  # of a URI; + "//" of a URL
 
 _MISSING = object()
-STUDY_FORMAT = 2  # see StudyFile.format
+STUDY_FORMAT = 2  # see StudySpec.format
 # Config checks that involve two keys: an error at one may come from the other being in the space.
 _COUPLED = ({"model.temperature", "model.fusion"}, {"model.heads", "model.d_model"},
             {"train.scst_samples", "train.scst_baseline"})
 
 
 # -- the schema of the study's own sections ------------------------------------------------------------------------
-# data / model / train are a2core's Config: checked as a whole once the space's keys are set (`_Loader.check_trials`).
+# data / model / train are a2core's Config: checked as a whole once the space's keys are set (`_check_trials`).
 def _listed_once(values: list, what: str = "") -> list:
     for i, v in enumerate(values):
         if any(v == w and type(v) is type(w) for w in values[:i]):
@@ -298,43 +299,6 @@ def _study_name(name: Any) -> str:
 RawSection = Annotated[dict, BeforeValidator(lambda value: {} if value is None else value)]
 
 
-class StudyFile(Section):
-    name: Annotated[str, BeforeValidator(_study_name)] = Field(None, validate_default=True, description=(
-        f"The study's name, `[a-z0-9-]`, at most {NAME_MAX} characters: it names paths and MLflow objects."))
-    data: RawSection = Field({}, description="The `data` section of a config, for every trial.")
-    model: RawSection = Field({}, description="The `model` section of a config (searched keys left out).")
-    train: RawSection = Field({}, description="The `train` section of a config (searched keys left out).")
-    search: Search = Field(default_factory=Search, description="What is searched, how, and early stopping.")
-    resources: Resources = Field(default_factory=Resources, description="Workers, CPUs and GPUs of each trial.")
-    # Validated even when absent: it resolves the URI.
-    tracking: Tracking = Field({}, validate_default=True, description="Where the study is tracked in MLflow.")
-    storage: Text = Field(DEFAULT_STORAGE, min_length=1, description=(
-        "Where the study's record and checkpoints go: a local directory or `s3://bucket/prefix`."))
-    storage_endpoint_url: Text | None = Field(None, pattern=r"^https?://[^/\s]+", description=(
-        "An S3-compatible server for `storage` (default: AWS)."))
-    format: Literal[1, 2] = Field(STUDY_FORMAT, description=(
-        "The units of the file: 2 (written by a2 or by hand today) has train.batch_size as the global batch in "
-        "image-caption pairs; 1, a study saved before (its study.yaml has no format), had images per worker and "
-        "is converted when read (`convert_format_1`)."))
-
-    @model_validator(mode="after")
-    def _resolve_storage(self) -> StudyFile:
-        if re.match(_SCHEME + "//", self.storage):
-            if not _S3.match(self.storage):
-                raise ConfigError("storage", f"must be a local path or s3://bucket/prefix, got {self.storage!r}")
-            self.storage = self.storage.rstrip("/")
-        else:
-            self.storage = os.path.abspath(os.path.expanduser(self.storage))
-            if Path(self.storage).exists() and not Path(self.storage).is_dir():
-                raise ConfigError("storage", f"{self.storage} exists and is not a directory")
-        if self.storage_endpoint_url is not None and not self.storage.startswith("s3://"):
-            raise ConfigError("storage_endpoint_url", "only used with s3:// storage")
-        return self
-
-
-TOP_KEYS = tuple(StudyFile.model_fields)
-
-
 # -- the schema of data/model/train, read from a2core's models ---------------------------------------------------
 @lru_cache(maxsize=1)
 def config_schema() -> dict[str, type]:
@@ -377,40 +341,138 @@ def _distinct_dicts(dicts) -> list[dict]:
 
 
 # -- the spec ---------------------------------------------------------------------------------------------------------
-@dataclass
-class StudySpec:
-    name: str
-    base: dict  # a2core config as a plain dict: defaults filled in; keys the space controls at schema defaults
-    search: dict  # normalised: metric, mode, algorithm, num_samples, seed, space, points_to_evaluate, scheduler
-    resources: dict
-    tracking: dict  # mlflow_uri (resolved), experiment (default: the study name)
-    storage: str  # absolute local path or s3://bucket/prefix
-    storage_endpoint_url: str | None
-    source: str | None  # the study file
-    params: dict[str, Param]  # the keys of search.space
-    # Images of the train (restval included) and val splits, and where the counts come from (`split_counts`).
-    images: dict[str, int] = field(default_factory=dict)
-    images_source: str = ""
-    warnings: list[str] = field(default_factory=list)  # what makes it doubtful but not meaningless (stderr)
+class StudySpec(Section):
+    """A study file, validated: its fields as written, resolved (paths absolute, the space's `when` and points
+    filled in, data/model/train with a2core's defaults but without the keys the space sets), plus what checking it
+    found (`base`, `images`, `warnings`). `from_dict` and `load_study` make one; `model_validate` alone takes the
+    file's path, `check_files` and `saved_before` from the validation context."""
+
+    name: Annotated[str, BeforeValidator(_study_name)] = Field(None, validate_default=True, description=(
+        f"The study's name, `[a-z0-9-]`, at most {NAME_MAX} characters: it names paths and MLflow objects."))
+    data: RawSection = Field({}, description="The `data` section of a config, for every trial.")
+    model: RawSection = Field({}, description="The `model` section of a config (searched keys left out).")
+    train: RawSection = Field({}, description="The `train` section of a config (searched keys left out).")
+    search: Search = Field(default_factory=Search, description="What is searched, how, and early stopping.")
+    resources: Resources = Field(default_factory=Resources, description="Workers, CPUs and GPUs of each trial.")
+    # Validated even when absent: it resolves the URI.
+    tracking: Tracking = Field({}, validate_default=True, description="Where the study is tracked in MLflow.")
+    storage: Text = Field(DEFAULT_STORAGE, min_length=1, description=(
+        "Where the study's record and checkpoints go: a local directory or `s3://bucket/prefix`."))
+    storage_endpoint_url: Text | None = Field(None, pattern=r"^https?://[^/\s]+", description=(
+        "An S3-compatible server for `storage` (default: AWS)."))
+    format: Literal[1, 2] = Field(STUDY_FORMAT, description=(
+        "The units of the file: 2 (written by a2 or by hand today) has train.batch_size as the global batch in "
+        "image-caption pairs; 1, a study saved before (its study.yaml has no format), had images per worker and "
+        "is converted when read (`convert_format_1`)."))
+
+    _source: str | None = PrivateAttr(None)  # the study file
+    # a2core config as a plain dict: defaults filled in, the keys the space controls at their schema defaults
+    _base: dict = PrivateAttr(default_factory=dict)
+    # Images of the train (restval included) and val splits, and where the counts come from (`_split_counts`).
+    _images: dict = PrivateAttr(default_factory=dict)
+    _images_source: str = PrivateAttr("")
+    _warnings: list = PrivateAttr(default_factory=list)  # what makes it doubtful but not meaningless (stderr)
+    # search.space / points_to_evaluate when the file had none: they come last in `to_dict` (study.yaml's order)
+    _filled_in: tuple = PrivateAttr(())
+
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> StudySpec:
+        """What no field can say alone: the space's keys and conditions, every trial it can produce (probed at the
+        ends of ranges, defaults, points and choices), the data files, the metric and the scheduler."""
+        context = info.context or {}
+        self._source = context.get("source")
+        _resolve_storage(self)
+        sections = {s: copy.deepcopy(getattr(self, s)) for s in SECTIONS}
+        # Relative data paths become absolute: trials run in other working directories and on other machines.
+        for path in ("data.captions", "data.features", "data.test_images", "data.root", "train.scst_from"):
+            value = get_dotted(sections, path)
+            if isinstance(value, str) and value and "://" not in value:
+                set_dotted(sections, path, os.path.abspath(os.path.expanduser(value)))
+        search = self.search
+        self._filled_in = tuple(key for key in ("space", "points_to_evaluate") if getattr(search, key) is None)
+        search.space = _check_space(search, sections)
+        search.points_to_evaluate = _check_points(search, [p for p in search.space.values() if p.sampled])
+        self.tracking.experiment = self.tracking.experiment or self.name
+        self._base = _check_trials(self, sections)
+        for section in SECTIONS:  # as saved: without the keys the space controls
+            setattr(self, section, {k: v for k, v in self._base[section].items()
+                                    if f"{section}.{k}" not in {p.path for p in self.params.values()}})
+        splits = _check_data(self._base, context.get("check_files", True))
+        self._images, self._images_source = _split_counts(self._base["data"], splits)
+        _check_batch(self)
+        match = _JSD_METRIC.match(self.metric)
+        if match and int(match.group(1)) >= self._base["model"]["layers"]:
+            _fail("search.metric", f"{self.metric}: the model has {self._base['model']['layers']} layers")
+        if not match and self.metric not in METRICS:
+            _fail("search.metric", f"{self.metric!r} is not reported by training; one of {', '.join(METRICS)}, "
+                                   f"diag/jsd/layer<i>")
+        asha = search.scheduler.asha
+        if asha and asha.grace_period > self.total_epochs:
+            _fail("search.scheduler.asha.grace_period", f"{asha.grace_period} is more than the {self.total_epochs} "
+                                                        f"planned epochs (train.xe_epochs + train.scst_epochs)")
+        if asha and asha.hold_at_rungs and self.resources.workers_per_trial > 1:
+            _fail("search.scheduler.asha.hold_at_rungs", "only for one-worker trials (resources.workers_per_trial: "
+                                                         "1): a Ray Train trial would restart its worker group at "
+                                                         "every rung")
+        # a study saved before these rules keeps loading (resume, status, packaging): for it they are warnings
+        complain = self.warnings.append if context.get("saved_before") else lambda text: _fail(*text.split(": ", 1))
+        if asha and len(self.replicate_seeds) < 2:
+            complain(f"search.scheduler.asha: ASHA here stops a replicate group only on a gap its seed spread cannot "
+                     f"explain; with {len(self.replicate_seeds) or 1} seed per configuration it can never stop "
+                     f"anything: set search.replicates >= 2, or use scheduler {{fifo: {{}}}}")
+        if search.purpose == "compare" and self.num_arms > 1 and len(self.seed_values) < 2:
+            complain(f"search.replicates: this study compares {self.num_arms} configurations with one seed each, and "
+                     f"one seed against one seed has no interval: set search.replicates (`a2 study plan` says how "
+                     f"many resolve the gaps you expect), or `search.purpose: explore` if it only explores")
+        _check_schedule(self)
+        return self
 
     @classmethod
-    def from_dict(cls, raw: dict, source: str | None = None, cluster_resources: dict | None = None,
-                  check_files: bool = True) -> "StudySpec":
-        """check_files False (`a2 study plan` before the data is there): COCO data files may be absent; the split
-        sizes then are the standard Karpathy counts."""
-        return _Loader(source, check_files).load(raw, cluster_resources)
+    def from_dict(cls, raw: Any, source: str | None = None, cluster_resources: dict | None = None,
+                  check_files: bool = True) -> StudySpec:
+        """The validated study of a parsed study file. check_files False (`a2 study plan` before the data is
+        there): COCO data files may be absent; the split sizes then are the standard Karpathy counts. With
+        `cluster_resources`, also `check_cluster`."""
+        saved_before = isinstance(raw, dict) and raw.get("format") == 1
+        if saved_before:
+            raw = convert_format_1(raw, source)
+        context = {"source": source, "check_files": check_files, "saved_before": saved_before}
+        try:
+            spec = cls.model_validate(raw, context=context)
+        except ValidationError as err:
+            raise config_error(err, source) from None
+        if cluster_resources is not None:
+            check_cluster(spec, cluster_resources)
+        return spec
+
+    def __setstate__(self, state: dict) -> None:
+        if "__dict__" not in state:  # pickled while StudySpec was a dataclass (a saved experiment's searcher state)
+            state = _from_dataclass(state).__getstate__()
+        super().__setstate__(state)
+
+    # what checking it found, read-only
+    source = property(lambda self: self._source)
+    base = property(lambda self: self._base)
+    images = property(lambda self: self._images)
+    images_source = property(lambda self: self._images_source)
+    warnings = property(lambda self: self._warnings)
+
+    @property
+    def params(self) -> dict[str, Param]:
+        """The keys of search.space, by their names in the file."""
+        return self.search.space
 
     @property
     def metric(self) -> str:
-        return self.search["metric"]
+        return self.search.metric
 
     @property
     def mode(self) -> str:
-        return self.search["mode"]
+        return self.search.mode
 
     @property
     def algorithm(self) -> str:
-        return self.search["algorithm"]
+        return self.search.algorithm
 
     @property
     def sampled_params(self) -> list[Param]:
@@ -451,19 +513,19 @@ class StudySpec:
         """The points to evaluate first in `cell`, reduced to the keys active there (duplicates removed)."""
         if not self.has_sampled(cell):
             return []
-        return _distinct_dicts(self.fill(cell, lambda p: point[p.key]) for point in self.search["points_to_evaluate"])
+        return _distinct_dicts(self.fill(cell, lambda p: point[p.key]) for point in self.search.points_to_evaluate)
 
     def samples_per_cell(self, cell: dict) -> int:
         if not self.has_sampled(cell):
             return 1
         if self.algorithm == "grid":
             return max(1, len(self.points_for_cell(cell)))
-        return self.search["num_samples"]
+        return self.search.num_samples
 
     @property
     def replicate_seeds(self) -> list[int]:
         """The seeds every configuration runs with (`search.replicates`); [] when the study has no replicates."""
-        return list(self.search.get("replicates", []))
+        return list(self.search.replicates or [])
 
     @property
     def num_configs(self) -> int:
@@ -527,8 +589,8 @@ class StudySpec:
     def trial_resources(self) -> dict:
         """Total resources of one trial: its workers plus its Tune driver function."""
         r = self.resources
-        return {"CPU": r["workers_per_trial"] * r["cpus_per_worker"] + r["driver_cpus"],
-                "GPU": r["workers_per_trial"] * r["gpus_per_worker"]}
+        return {"CPU": r.workers_per_trial * r.cpus_per_worker + r.driver_cpus,
+                "GPU": r.workers_per_trial * r.gpus_per_worker}
 
     def summary(self) -> str:
         cells = len(self.grid_cells())
@@ -539,14 +601,17 @@ class StudySpec:
                 f"storage {self.storage})")
 
     def to_dict(self) -> dict:
-        """The resolved study; its data/model/train sections without the keys the space controls."""
-        sections = {s: dict(self.base[s]) for s in SECTIONS}
-        for p in self.params.values():
-            section, key = p.path.split(".", 1)
-            sections[section].pop(key, None)
-        return copy.deepcopy({"name": self.name, **sections, "search": self.search, "resources": self.resources,
-                              "tracking": self.tracking, "storage": self.storage,
+        """The resolved study as plain data (study.yaml, the MLflow parent run's params)."""
+        search = self.search.model_dump(mode="json", exclude_none=True)
+        for key in self._filled_in:
+            search[key] = search.pop(key)
+        return copy.deepcopy({"name": self.name, **{s: getattr(self, s) for s in SECTIONS}, "search": search,
+                              "resources": self.resources.model_dump(exclude_none=True),  # a price only when given
+                              "tracking": self.tracking.model_dump(), "storage": self.storage,
                               "storage_endpoint_url": self.storage_endpoint_url})
+
+
+TOP_KEYS = tuple(StudySpec.model_fields)
 
 
 # -- loading -----------------------------------------------------------------------------------------------------------
@@ -599,295 +664,268 @@ def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
     return 0
 
 
-class _Loader:
-    """What no schema can say: the space's keys and conditions, every trial it can produce (probed at the ends of
-    ranges, defaults, points and choices), data files and the cluster."""
+# -- the batch and the schedule ----------------------------------------------------------------------------------------
+def _split_counts(data: dict, splits: dict | None) -> tuple[dict[str, int], str]:
+    """Train and val images: from the captions file when it is there, else the synthetic generator's split or
+    the standard Karpathy counts."""
+    if data["kind"] == "synthetic":
+        sizes = split_sizes(data["images"])
+        return {"train": sizes["train"], "val": sizes["val"]}, f"synthetic data of {data['images']} images"
+    path = data.get("captions")
+    if path and Path(path).is_file():
+        splits = splits if splits is not None else read_karpathy(path)
+        return {k: len(splits.get(k, [])) for k in ("train", "val")}, f"counted in {path}"
+    return ({"train": KARPATHY_IMAGES["train"], "val": KARPATHY_IMAGES["val"]},
+            "the standard Karpathy split, restval in train, about 5 captions an image; no captions file here")
 
-    def __init__(self, source: str | None, check_files: bool = True):
-        self.source = source
-        self.check_files = check_files
 
-    def fail(self, path: str, message: str):
-        raise ConfigError(path, message, self.source)
-
-    def load(self, raw: Any, cluster_resources: dict | None) -> StudySpec:
-        self.saved_before = isinstance(raw, dict) and raw.get("format") == 1
-        if self.saved_before:
-            raw = convert_format_1(raw, self.source)
+def _check_batch(spec: StudySpec) -> None:
+    """The global batch splits evenly over a trial's workers, for every batch size a trial can have."""
+    workers = spec.resources.workers_per_trial
+    param = next((p for p in spec.params.values() if p.path == "train.batch_size"), None)
+    sizes = list(param.values) if param is not None and param.categorical else [spec.base["train"]["batch_size"]]
+    for size in sizes:
         try:
-            study = StudyFile.model_validate(raw)
-        except ValidationError as err:
-            raise config_error(err, self.source) from None
-        sections = {s: copy.deepcopy(getattr(study, s)) for s in SECTIONS}
-        # Relative data paths become absolute: trials run in other working directories and on other machines.
-        for path in ("data.captions", "data.features", "data.test_images", "data.root", "train.scst_from"):
-            value = get_dotted(sections, path)
-            if isinstance(value, str) and value and "://" not in value:
-                set_dotted(sections, path, os.path.abspath(os.path.expanduser(value)))
-        params = self.check_space(study.search, sections)
-        # Defaults filled in, `when` resolved (params are search.space's own objects), the unnamed scheduler left out
-        search = study.search.model_dump(mode="json", exclude_none=True)
-        search.setdefault("space", {})
-        search["points_to_evaluate"] = self.check_points(study.search, [p for p in params.values() if p.sampled])
-        spec = StudySpec(name=study.name, base={}, search=search,
-                         resources=study.resources.model_dump(exclude_none=True),  # price_per_hour only when given
-                         tracking={"mlflow_uri": study.tracking.mlflow_uri,
-                                   "experiment": study.tracking.experiment or study.name},
-                         storage=study.storage, storage_endpoint_url=study.storage_endpoint_url, source=self.source,
-                         params=params)
-        spec.base = self.check_trials(spec, sections)
-        self.check_data(spec.base)
-        spec.images, spec.images_source = self.split_counts(spec.base["data"])
-        self.check_batch(spec)
-        match = _JSD_METRIC.match(spec.metric)
-        if match and int(match.group(1)) >= spec.base["model"]["layers"]:
-            self.fail("search.metric", f"{spec.metric}: the model has {spec.base['model']['layers']} layers")
-        if not match and spec.metric not in METRICS:
-            self.fail("search.metric", f"{spec.metric!r} is not reported by training; one of {', '.join(METRICS)}, "
-                                       f"diag/jsd/layer<i>")
-        asha = spec.search["scheduler"].get("asha")
-        if asha and asha["grace_period"] > spec.total_epochs:
-            self.fail("search.scheduler.asha.grace_period", f"{asha['grace_period']} is more than the "
-                                                             f"{spec.total_epochs} planned epochs (train.xe_epochs "
-                                                             f"+ train.scst_epochs)")
-        if asha and asha["hold_at_rungs"] and spec.resources["workers_per_trial"] > 1:
-            self.fail("search.scheduler.asha.hold_at_rungs", "only for one-worker trials (resources.workers_per_trial"
-                                                             ": 1): a Ray Train trial would restart its worker group "
-                                                             "at every rung")
-        # a study saved before these rules keeps loading (resume, status, packaging): for it they are warnings
-        complain = spec.warnings.append if self.saved_before else lambda message: self.fail(*message.split(": ", 1))
-        if asha and len(spec.replicate_seeds) < 2:
-            complain(f"search.scheduler.asha: ASHA here stops a replicate group only on a gap its seed spread cannot "
-                     f"explain; with {len(spec.replicate_seeds) or 1} seed per configuration it can never stop "
-                     f"anything: set search.replicates >= 2, or use scheduler {{fifo: {{}}}}")
-        if spec.search["purpose"] == "compare" and spec.num_arms > 1 and len(spec.seed_values) < 2:
-            complain(f"search.replicates: this study compares {spec.num_arms} configurations with one seed each, and "
-                     f"one seed against one seed has no interval: set search.replicates (`a2 study plan` says how "
-                     f"many resolve the gaps you expect), or `search.purpose: explore` if it only explores")
-        self.check_schedule(spec)
-        if cluster_resources is not None:
-            check_cluster(spec, cluster_resources)
-        return spec
-
-    # -- the batch and the schedule --------------------------------------------------------------------------------
-    def split_counts(self, data: dict) -> tuple[dict[str, int], str]:
-        """Train and val images: from the captions file when it is there, else the synthetic generator's split or
-        the standard Karpathy counts."""
-        if data["kind"] == "synthetic":
-            from a2core.data.synthetic import split_sizes  # numpy: only for a synthetic study
-
-            sizes = split_sizes(data["images"])
-            return {"train": sizes["train"], "val": sizes["val"]}, f"synthetic data of {data['images']} images"
-        path = data.get("captions")
-        if path and Path(path).is_file():
-            splits = self.splits if self.splits is not None else read_karpathy(path)
-            return {k: len(splits.get(k, [])) for k in ("train", "val")}, f"counted in {path}"
-        return ({"train": KARPATHY_IMAGES["train"], "val": KARPATHY_IMAGES["val"]},
-                "the standard Karpathy split, restval in train, about 5 captions an image; no captions file here")
-
-    def check_batch(self, spec: StudySpec) -> None:
-        """The global batch splits evenly over a trial's workers, for every batch size a trial can have."""
-        workers = spec.resources["workers_per_trial"]
-        param = next((p for p in spec.params.values() if p.path == "train.batch_size"), None)
-        sizes = list(param.values) if param is not None and param.categorical else [spec.base["train"]["batch_size"]]
-        for size in sizes:
-            try:
-                images_per_worker(int(size), workers)
-            except ConfigError as err:
-                where = f"search.space.{param.key}" if param is not None else err.path
-                self.fail(where, f"{err.reason} (resources.workers_per_trial: {workers})")
-
-    def check_schedule(self, spec: StudySpec) -> None:
-        """Warnings: a warmup that takes most of training, a T_P range past the trial's last step."""
-        t = spec.base["train"]
-        xe_steps = spec.steps_per_epoch * t["xe_epochs"]
-        if t["xe_epochs"] and t["warmup"] > xe_steps / 2:
-            spec.warnings.append(
-                f"train.warmup: {t['warmup']} steps is {t['warmup'] / xe_steps:.0%} of the {xe_steps} cross-entropy "
-                f"steps a trial takes ({spec.steps_per_epoch} a epoch x {t['xe_epochs']}): the learning rate peaks "
-                f"{'after training ends' if t['warmup'] > xe_steps else 'late in training'} ({self.source or 'study'})")
-        tp = spec.temperature_range()
-        if tp is not None and tp[1] > spec.total_steps:
-            param = next((p for p in spec.params.values() if p.path == "model.temperature"), None)
-            where = f"search.space.{param.key}" if param is not None else "model.temperature"
-            spec.warnings.append(
-                f"{where}: T_P up to {tp[1]:g} steps reaches past the {spec.total_steps} steps a trial takes: "
-                f"exp_decay still keeps {math.exp(-spec.total_steps / tp[1]):.0%} of the original attention when "
-                f"training ends ({self.source or 'study'})")
-
-    # -- search ---------------------------------------------------------------------------------------------------
-    def check_space(self, search: Search, sections: dict) -> dict[str, Param]:
-        """The space's params, keyed and their `when` resolved; a config path has one setter: a key or replicates."""
-        space, schema = search.space or {}, config_schema()
-        setters = {SEED_PATH: "search.replicates"} if search.replicates is not None else {}  # config path -> setter
-        for key, p in space.items():
-            where = f"search.space.{key}"
-            path = resolve_key(key)
-            if path is None:
-                self.fail(where, f"unknown search key: neither an alias ({', '.join(ALIASES)}) nor a "
-                                 f"data./model./train. key of the config")
-            if path in setters:
-                self.fail(where, f"names {path} like {setters[path]} already does")
-            if path in FIXED_PATHS:
-                self.fail(where, "the planned epochs must be the same for every trial (ASHA's budget and the "
-                                 "pruning rule depend on them); set it in train")
-            if not p.categorical and schema[path] is int and p.kind != "randint":
-                self.fail(f"{where}.{p.kind}", f"{path} is an integer: use randint, grid or choice")
-            if not p.categorical and schema[path] in (str, bool):
-                self.fail(f"{where}.{p.kind}", f"{path} is a {'string' if schema[path] is str else 'boolean'}: "
-                                               f"use grid or choice")
-            setters[path] = where
-            p._key = key
-        for path, setter in setters.items():
-            if get_dotted(sections, path, _MISSING) is not _MISSING:
-                self.fail(path, f"is set by {setter}; remove it from {path.split('.')[0]}")
-        for p in space.values():
-            if p.when is not None:
-                p.when = self.check_when(p, space)
-        self.check_temperature(space, sections)
-        return space
-
-    def check_when(self, param: Param, space: dict[str, Param]) -> dict:
-        """`when: {fusion: exp_decay}` -> {"fusion": ["exp_decay"]}, once every key of the space is known."""
-        where = f"search.space.{param.key}.when"
-        if not param.when:
-            self.fail(where, "must name at least one key")
-        by_path = {p.path: p for p in space.values()}
-        conditions = {}
-        for other, allowed in param.when.items():
-            target = by_path.get(resolve_key(other))
-            if target is None:
-                self.fail(f"{where}.{other}", f"not a key of the search space (keys: {', '.join(space)})")
-            if target is param:
-                self.fail(f"{where}.{other}", "a key cannot depend on itself")
-            if not target.categorical or target.when is not None:
-                self.fail(f"{where}.{other}", f"conditions may only name a grid or choice key without its own "
-                                              f"`when`; search.space.{target.key} is not one")
-            if param.kind == "grid" and target.kind != "grid":
-                self.fail(f"{where}.{other}", "a grid key may only depend on grid keys")
-            allowed = allowed if isinstance(allowed, list) else [allowed]
-            if not allowed:
-                self.fail(f"{where}.{other}", "must list at least one value")
-            for v in allowed:
-                if not target.contains(v):
-                    self.fail(f"{where}.{other}", f"{v!r} is not one of search.space.{target.key}'s values "
-                                                  f"{list(target.values)}")
-            conditions[target.key] = allowed
-        return conditions
-
-    def check_temperature(self, space: dict[str, Param], sections: dict) -> None:
-        """T_P only exists for exp_decay: a sampled temperature needs `when: {fusion: exp_decay}` unless every
-        trial uses exp_decay."""
-        temp = next((p for p in space.values() if p.path == "model.temperature"), None)
-        fusion = next((p for p in space.values() if p.path == "model.fusion"), None)
-        if temp is None or (fusion is not None and fusion.key in (temp.when or {})):
-            return
-        default = get_dotted(sections, "model.fusion", get_dotted(_schema_defaults(), "model.fusion"))
-        others = [f for f in (fusion.values if fusion else [default]) if f != "exp_decay"]
-        if others:
-            hint = f"add `when: {{{fusion.key}: exp_decay}}`" if fusion else "set model.fusion: exp_decay"
-            self.fail(f"search.space.{temp.key}", f"the temperature T_P is only used by fusion 'exp_decay', but "
-                                                  f"trials can use {', '.join(map(repr, others))}: {hint}")
-
-    def check_points(self, search: Search, sampled: list[Param]) -> list[dict]:
-        """Every point with every sampled key (missing ones at their default); without points, the defaults."""
-        if search.points_to_evaluate is None:
-            return [{p.key: p.default() for p in sampled}] if sampled else []
-        points = []
-        for i, point in enumerate(search.points_to_evaluate):
-            full = {}
-            for key, value in point.items():
-                where = f"search.points_to_evaluate[{i}].{key}"
-                p = next((q for q in sampled if q.path == resolve_key(key)), None)
-                if p is None:
-                    self.fail(where, f"points may only set sampled keys of the space "
-                                     f"({', '.join(q.key for q in sampled) or 'there are none'})")
-                if not p.contains(value):
-                    self.fail(where, f"{value!r} is outside search.space.{p.key} ({p.kind} {list(p.values)})")
-                full[p.key] = int(value) if p.kind == "randint" else value
-            points.append({p.key: full.get(p.key, p.default()) for p in sampled})
-        if sampled and search.algorithm != "grid" and len(points) > search.num_samples:
-            self.fail("search.points_to_evaluate", f"{len(points)} points but only {search.num_samples} samples per "
-                                                   f"cell (search.num_samples)")
-        if sampled and search.algorithm == "grid" and not points:
-            self.fail("search.points_to_evaluate", "algorithm 'grid' runs the points: give at least one")
-        return points
-
-    # -- every trial the space can produce ---------------------------------------------------------------------
-    def check_trials(self, spec: StudySpec, sections: dict) -> dict:
-        """Build a Config for every grid cell with the sampled keys at their ends, defaults, points and choices.
-        Returns the base: the sections with defaults filled in and the space's keys at their schema defaults."""
-        try:  # the sections alone (space keys at their defaults): errors that no grid cell causes
-            Config.from_dict(sections, source=self.source)
+            images_per_worker(int(size), workers)
         except ConfigError as err:
-            space_paths = {p.path for p in spec.params.values()}
-            if err.path not in space_paths and not any(err.path in pair and pair & space_paths for pair in _COUPLED):
-                raise
-        first: Config | None = None
-        for cell in spec.grid_cells():
-            for assignment in self.probes(spec, cell):
-                raw = copy.deepcopy(sections)
-                for key, value in assignment.items():
-                    set_dotted(raw, spec.params[key].path, value)
-                try:
-                    cfg = Config.from_dict(raw, source=self.source)
-                except ConfigError as err:
-                    self.explain(err, spec, cell, assignment)
-                first = first or cfg
-        base = first.to_dict()
-        for p in spec.params.values():
-            set_dotted(base, p.path, get_dotted(_schema_defaults(), p.path))
-        return base
+            where = f"search.space.{param.key}" if param is not None else err.path
+            _fail(where, f"{err.reason} (resources.workers_per_trial: {workers})")
 
-    @staticmethod
-    def probes(spec: StudySpec, cell: dict) -> list[dict]:
-        picks = [lambda p: p.default(), lambda p: p.values[0], lambda p: p.values[-1]]
-        picks += [lambda p, point=point: point[p.key] for point in spec.search["points_to_evaluate"]]
-        picks += [lambda p, c=c, v=v: v if p is c else p.values[0]
-                  for c in spec.sampled_params if c.kind == "choice" for v in c.values]
-        return _distinct_dicts({**cell, **spec.fill(cell, pick)} for pick in picks)
 
-    def explain(self, err: ConfigError, spec: StudySpec, cell: dict, assignment: dict):
-        """Re-raise a probe's error at the space key that caused it, else at the config key with its cell."""
-        for key, value in assignment.items():
-            p = spec.params[key]
-            if p.path == err.path:
-                self.fail(f"search.space.{key}.{p.kind}", f"{value!r} gives an invalid {p.path}: {err.reason}"
-                          + (f" (grid cell {spec.cell_label(cell)})" if cell and key not in cell else ""))
-        context = f" (grid cell {spec.cell_label(cell)})" if cell else ""
-        sampled = {k: v for k, v in assignment.items() if k not in cell}
-        if sampled:
-            context += f" (with {', '.join(f'{k}={_fmt(v)}' for k, v in sampled.items())})"
-        raise ConfigError(err.path, f"{err.reason}{context}", err.source or self.source) from None
+def _check_schedule(spec: StudySpec) -> None:
+    """Warnings: a warmup that takes most of training, a T_P range past the trial's last step."""
+    t = spec.base["train"]
+    xe_steps = spec.steps_per_epoch * t["xe_epochs"]
+    if t["xe_epochs"] and t["warmup"] > xe_steps / 2:
+        spec.warnings.append(
+            f"train.warmup: {t['warmup']} steps is {t['warmup'] / xe_steps:.0%} of the {xe_steps} cross-entropy "
+            f"steps a trial takes ({spec.steps_per_epoch} a epoch x {t['xe_epochs']}): the learning rate peaks "
+            f"{'after training ends' if t['warmup'] > xe_steps else 'late in training'} ({spec.source or 'study'})")
+    tp = spec.temperature_range()
+    if tp is not None and tp[1] > spec.total_steps:
+        param = next((p for p in spec.params.values() if p.path == "model.temperature"), None)
+        where = f"search.space.{param.key}" if param is not None else "model.temperature"
+        spec.warnings.append(
+            f"{where}: T_P up to {tp[1]:g} steps reaches past the {spec.total_steps} steps a trial takes: "
+            f"exp_decay still keeps {math.exp(-spec.total_steps / tp[1]):.0%} of the original attention when "
+            f"training ends ({spec.source or 'study'})")
 
-    splits: dict | None = None  # the captions file's splits, once read
 
-    def check_data(self, base: dict) -> None:
-        data = base["data"]
-        if data["kind"] != "coco":
-            return
-        for key in ("captions", "features", "test_images"):
-            path = data.get(key)
-            if path is not None and not (Path(path).is_file() or (key == "features" and Path(path).is_dir())):
-                if not self.check_files:
-                    continue
-                what = "HDF5 file, .npz directory or prepared store" if key == "features" else "file"
-                self.fail(f"data.{key}", f"{path}: no such {what}")
-        if not Path(data["captions"]).is_file():
-            return
-        if is_prepared(data["features"]):
-            try:  # an incomplete or damaged copy fails here, naming its file (the full checksum: `a2 data fetch`)
-                check_copy(data["features"])
-            except DataError as err:
-                self.fail("data.features", str(err))
-        try:  # the captions themselves: malformed entries and empty train or val splits fail here, not in a trial
-            self.splits = read_karpathy(data["captions"])
-            require_splits(self.splits, data["captions"])
+# -- search ------------------------------------------------------------------------------------------------------------
+def _check_space(search: Search, sections: dict) -> dict[str, Param]:
+    """The space's params, keyed and their `when` resolved; a config path has one setter: a key or replicates."""
+    space, schema = search.space or {}, config_schema()
+    setters = {SEED_PATH: "search.replicates"} if search.replicates is not None else {}  # config path -> setter
+    for key, p in space.items():
+        where = f"search.space.{key}"
+        path = resolve_key(key)
+        if path is None:
+            _fail(where, f"unknown search key: neither an alias ({', '.join(ALIASES)}) nor a "
+                             f"data./model./train. key of the config")
+        if path in setters:
+            _fail(where, f"names {path} like {setters[path]} already does")
+        if path in FIXED_PATHS:
+            _fail(where, "the planned epochs must be the same for every trial (ASHA's budget and the "
+                             "pruning rule depend on them); set it in train")
+        if not p.categorical and schema[path] is int and p.kind != "randint":
+            _fail(f"{where}.{p.kind}", f"{path} is an integer: use randint, grid or choice")
+        if not p.categorical and schema[path] in (str, bool):
+            _fail(f"{where}.{p.kind}", f"{path} is a {'string' if schema[path] is str else 'boolean'}: "
+                                           f"use grid or choice")
+        setters[path] = where
+        p._key = key
+    for path, setter in setters.items():
+        if get_dotted(sections, path, _MISSING) is not _MISSING:
+            _fail(path, f"is set by {setter}; remove it from {path.split('.')[0]}")
+    for p in space.values():
+        if p.when is not None:
+            p.when = _check_when(p, space)
+    _check_temperature(space, sections)
+    return space
+
+
+def _check_when(param: Param, space: dict[str, Param]) -> dict:
+    """`when: {fusion: exp_decay}` -> {"fusion": ["exp_decay"]}, once every key of the space is known."""
+    where = f"search.space.{param.key}.when"
+    if not param.when:
+        _fail(where, "must name at least one key")
+    by_path = {p.path: p for p in space.values()}
+    conditions = {}
+    for other, allowed in param.when.items():
+        target = by_path.get(resolve_key(other))
+        if target is None:
+            _fail(f"{where}.{other}", f"not a key of the search space (keys: {', '.join(space)})")
+        if target is param:
+            _fail(f"{where}.{other}", "a key cannot depend on itself")
+        if not target.categorical or target.when is not None:
+            _fail(f"{where}.{other}", f"conditions may only name a grid or choice key without its own "
+                                          f"`when`; search.space.{target.key} is not one")
+        if param.kind == "grid" and target.kind != "grid":
+            _fail(f"{where}.{other}", "a grid key may only depend on grid keys")
+        allowed = allowed if isinstance(allowed, list) else [allowed]
+        if not allowed:
+            _fail(f"{where}.{other}", "must list at least one value")
+        for v in allowed:
+            if not target.contains(v):
+                _fail(f"{where}.{other}", f"{v!r} is not one of search.space.{target.key}'s values "
+                                              f"{list(target.values)}")
+        conditions[target.key] = allowed
+    return conditions
+
+
+def _check_temperature(space: dict[str, Param], sections: dict) -> None:
+    """T_P only exists for exp_decay: a sampled temperature needs `when: {fusion: exp_decay}` unless every
+    trial uses exp_decay."""
+    temp = next((p for p in space.values() if p.path == "model.temperature"), None)
+    fusion = next((p for p in space.values() if p.path == "model.fusion"), None)
+    if temp is None or (fusion is not None and fusion.key in (temp.when or {})):
+        return
+    default = get_dotted(sections, "model.fusion", get_dotted(_schema_defaults(), "model.fusion"))
+    others = [f for f in (fusion.values if fusion else [default]) if f != "exp_decay"]
+    if others:
+        hint = f"add `when: {{{fusion.key}: exp_decay}}`" if fusion else "set model.fusion: exp_decay"
+        _fail(f"search.space.{temp.key}", f"the temperature T_P is only used by fusion 'exp_decay', but "
+                                              f"trials can use {', '.join(map(repr, others))}: {hint}")
+
+
+def _check_points(search: Search, sampled: list[Param]) -> list[dict]:
+    """Every point with every sampled key (missing ones at their default); without points, the defaults."""
+    if search.points_to_evaluate is None:
+        return [{p.key: p.default() for p in sampled}] if sampled else []
+    points = []
+    for i, point in enumerate(search.points_to_evaluate):
+        full = {}
+        for key, value in point.items():
+            where = f"search.points_to_evaluate[{i}].{key}"
+            p = next((q for q in sampled if q.path == resolve_key(key)), None)
+            if p is None:
+                _fail(where, f"points may only set sampled keys of the space "
+                                 f"({', '.join(q.key for q in sampled) or 'there are none'})")
+            if not p.contains(value):
+                _fail(where, f"{value!r} is outside search.space.{p.key} ({p.kind} {list(p.values)})")
+            full[p.key] = int(value) if p.kind == "randint" else value
+        points.append({p.key: full.get(p.key, p.default()) for p in sampled})
+    if sampled and search.algorithm != "grid" and len(points) > search.num_samples:
+        _fail("search.points_to_evaluate", f"{len(points)} points but only {search.num_samples} samples per "
+                                               f"cell (search.num_samples)")
+    if sampled and search.algorithm == "grid" and not points:
+        _fail("search.points_to_evaluate", "algorithm 'grid' runs the points: give at least one")
+    return points
+
+
+# -- every trial the space can produce ---------------------------------------------------------------------------------
+def _check_trials(spec: StudySpec, sections: dict) -> dict:
+    """Build a Config for every grid cell with the sampled keys at their ends, defaults, points and choices.
+    Returns the base: the sections with defaults filled in and the space's keys at their schema defaults."""
+    try:  # the sections alone (space keys at their defaults): errors that no grid cell causes
+        Config.from_dict(sections, source=spec.source)
+    except ConfigError as err:
+        space_paths = {p.path for p in spec.params.values()}
+        if err.path not in space_paths and not any(err.path in pair and pair & space_paths for pair in _COUPLED):
+            raise
+    first: Config | None = None
+    for cell in spec.grid_cells():
+        for assignment in _probes(spec, cell):
+            raw = copy.deepcopy(sections)
+            for key, value in assignment.items():
+                set_dotted(raw, spec.params[key].path, value)
+            try:
+                cfg = Config.from_dict(raw, source=spec.source)
+            except ConfigError as err:
+                _explain(err, spec, cell, assignment)
+            first = first or cfg
+    base = first.to_dict()
+    for p in spec.params.values():
+        set_dotted(base, p.path, get_dotted(_schema_defaults(), p.path))
+    return base
+
+
+def _probes(spec: StudySpec, cell: dict) -> list[dict]:
+    picks = [lambda p: p.default(), lambda p: p.values[0], lambda p: p.values[-1]]
+    picks += [lambda p, point=point: point[p.key] for point in spec.search.points_to_evaluate]
+    picks += [lambda p, c=c, v=v: v if p is c else p.values[0]
+              for c in spec.sampled_params if c.kind == "choice" for v in c.values]
+    return _distinct_dicts({**cell, **spec.fill(cell, pick)} for pick in picks)
+
+
+def _explain(err: ConfigError, spec: StudySpec, cell: dict, assignment: dict):
+    """Re-raise a probe's error at the space key that caused it, else at the config key with its cell."""
+    for key, value in assignment.items():
+        p = spec.params[key]
+        if p.path == err.path:
+            _fail(f"search.space.{key}.{p.kind}", f"{value!r} gives an invalid {p.path}: {err.reason}"
+                      + (f" (grid cell {spec.cell_label(cell)})" if cell and key not in cell else ""))
+    context = f" (grid cell {spec.cell_label(cell)})" if cell else ""
+    sampled = {k: v for k, v in assignment.items() if k not in cell}
+    if sampled:
+        context += f" (with {', '.join(f'{k}={_fmt(v)}' for k, v in sampled.items())})"
+    raise ConfigError(err.path, f"{err.reason}{context}", err.source or spec.source) from None
+
+
+def _check_data(base: dict, check_files: bool) -> dict | None:
+    """The data files of a COCO study; its captions' splits, read once (None when there are none to read)."""
+    data = base["data"]
+    if data["kind"] != "coco":
+        return None
+    for key in ("captions", "features", "test_images"):
+        path = data.get(key)
+        if path is not None and not (Path(path).is_file() or (key == "features" and Path(path).is_dir())):
+            if not check_files:
+                continue
+            what = "HDF5 file, .npz directory or prepared store" if key == "features" else "file"
+            _fail(f"data.{key}", f"{path}: no such {what}")
+    if not Path(data["captions"]).is_file():
+        return None
+    if is_prepared(data["features"]):
+        try:  # an incomplete or damaged copy fails here, naming its file (the full checksum: `a2 data fetch`)
+            check_copy(data["features"])
         except DataError as err:
-            self.fail("data.captions", str(err))
-        scst_from = base["train"].get("scst_from")
-        if scst_from and self.check_files and not Path(scst_from).exists():
-            self.fail("train.scst_from", f"{scst_from}: no such checkpoint")
+            _fail("data.features", str(err))
+    try:  # the captions themselves: malformed entries and empty train or val splits fail here, not in a trial
+        splits = read_karpathy(data["captions"])
+        require_splits(splits, data["captions"])
+    except DataError as err:
+        _fail("data.captions", str(err))
+    scst_from = base["train"].get("scst_from")
+    if scst_from and check_files and not Path(scst_from).exists():
+        _fail("train.scst_from", f"{scst_from}: no such checkpoint")
+    return splits
+
+
+def _fail(path: str, message: str):
+    raise ConfigError(path, message)  # `from_dict` adds the file
+
+
+def _resolve_storage(spec: StudySpec) -> None:
+    """`storage` as an absolute local path or s3://bucket/prefix without a trailing slash."""
+    if re.match(_SCHEME + "//", spec.storage):
+        if not _S3.match(spec.storage):
+            _fail("storage", f"must be a local path or s3://bucket/prefix, got {spec.storage!r}")
+        spec.storage = spec.storage.rstrip("/")
+    else:
+        spec.storage = os.path.abspath(os.path.expanduser(spec.storage))
+        if Path(spec.storage).exists() and not Path(spec.storage).is_dir():
+            _fail("storage", f"{spec.storage} exists and is not a directory")
+    if spec.storage_endpoint_url is not None and not spec.storage.startswith("s3://"):
+        _fail("storage_endpoint_url", "only used with s3:// storage")
+
+
+def _from_dataclass(old: dict) -> StudySpec:
+    """A StudySpec from the attributes of one pickled while it was a dataclass of plain dicts (base, search,
+    resources, tracking; params: search.space's Params), without checking it again."""
+    search = Search.model_validate({k: v for k, v in old["search"].items() if k != "space"})
+    search.space = old["params"]
+    sections = {s: dict(old["base"][s]) for s in SECTIONS}
+    for p in old["params"].values():
+        section, key = p.path.split(".", 1)
+        sections[section].pop(key, None)
+    spec = StudySpec.model_construct(name=old["name"], **sections, search=search,
+                                     resources=Resources.model_validate(old["resources"]),
+                                     tracking=Tracking.model_validate(old["tracking"]), storage=old["storage"],
+                                     storage_endpoint_url=old["storage_endpoint_url"])
+    spec._source, spec._base, spec._warnings = old["source"], old["base"], old.get("warnings", [])
+    spec._images, spec._images_source = old.get("images", {}), old.get("images_source", "")
+    return spec
 
 
 def check_cluster(spec: StudySpec, cluster: dict) -> None:
@@ -897,7 +935,7 @@ def check_cluster(spec: StudySpec, cluster: dict) -> None:
     for kind, key in (("CPU", "cpus_per_worker"), ("GPU", "gpus_per_worker")):
         have = float(cluster.get(kind, 0))
         if need[kind] > have + 1e-9:
-            driver = f" + {_fmt(r['driver_cpus'])} (driver)" if kind == "CPU" else ""
-            raise ConfigError(f"resources.{key}", f"a trial needs {r['workers_per_trial']} workers x {_fmt(r[key])} "
-                                                  f"{kind}{driver} = {_fmt(need[kind])} {kind}s but the cluster has "
-                                                  f"{_fmt(have)}", spec.source)
+            driver = f" + {_fmt(r.driver_cpus)} (driver)" if kind == "CPU" else ""
+            raise ConfigError(f"resources.{key}", f"a trial needs {r.workers_per_trial} workers x "
+                                                  f"{_fmt(getattr(r, key))} {kind}{driver} = {_fmt(need[kind])} "
+                                                  f"{kind}s but the cluster has {_fmt(have)}", spec.source)

@@ -134,7 +134,7 @@ def cmd_sync(args) -> int:
     location = locate(args.name, args.storage)
     spec = load_saved_spec(location)
     check_tracking(spec)
-    print(f"study {spec.name}: exporting its record into MLflow at {spec.tracking['mlflow_uri']} (the store "
+    print(f"study {spec.name}: exporting its record into MLflow at {spec.tracking.mlflow_uri} (the store "
           f"recorded with the study)", flush=True)
     with StudyLease(location.at()).held():  # a running driver exports itself: never both at once
         export = Export(spec, location)

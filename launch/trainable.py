@@ -26,6 +26,7 @@ from typing import Callable
 
 from a2core.errors import CheckpointError, StorageError
 from launch.raycluster import stash_credentials
+from launch.verify import TRAIN_SNAPSHOT
 
 TRIALS_DIR = "trials"  # below the study's folder: one run folder per trial
 CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
@@ -105,8 +106,8 @@ def plan_from_spec(spec) -> TrialPlan:
     from launch.search import scheduler_rungs  # ray and optuna: not in a trial's process
 
     return TrialPlan(study=spec.name, storage=str(spec.storage), storage_endpoint_url=spec.storage_endpoint_url,
-                     resolve=spec.trial_config, resources=dict(spec.resources), metric=spec.metric, mode=spec.mode,
-                     diag_epochs=tuple(scheduler_rungs(spec)))
+                     resolve=spec.trial_config, resources=spec.resources.model_dump(exclude_none=True),
+                     metric=spec.metric, mode=spec.mode, diag_epochs=tuple(scheduler_rungs(spec)))
 
 
 def use_temp_root(root: str | Path) -> None:
@@ -395,8 +396,6 @@ def ray_train_start(run, work: Path) -> tuple | None:
     that one is unreadable (or missing), the record is removed, so that Ray Train starts a new one, and so are the
     unreadable folders past the fallback, whose epochs are trained and stored again under the same names (as a
     one-worker trial's are). Folders up to the fallback stay, outside the new record (never pruned by Ray Train)."""
-    from launch.verify import TRAIN_SNAPSHOT
-
     epochs = [e for e in checkpoint_epochs(run) if run.join(checkpoint_name(e), CHECKPOINT_FILE).exists()]
     if not epochs:
         return None

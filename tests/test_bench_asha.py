@@ -134,4 +134,4 @@ def test_several_min_gap_se_values_give_one_early_stopping_arm_each(bench, tmp_p
     assert bench.FULL["asha"]["min_gap_se"] == 2  # the size's own value is left as it was
     held = bench.search_study("asha-k0", tmp_path / "held", tmp_path / "data", bench.FULL, 0, 0, hold=True)
     assert held["search"]["scheduler"] == {"asha": bench.FULL["asha"] | {"min_gap_se": 0, "hold_at_rungs": True}}
-    assert _load(held, tmp_path).search["scheduler"]["asha"]["hold_at_rungs"] is True
+    assert _load(held, tmp_path).search.scheduler.asha.hold_at_rungs is True

@@ -100,4 +100,4 @@ def test_paper_studies_fit_the_cluster(prepared, coco_files):
         per_node = worker["resources"]["GPU"] / spec.trial_resources()["GPU"]
         assert per_node == int(per_node) >= 1
         assert spec.trial_resources()["CPU"] * per_node <= worker["resources"]["CPU"]
-        assert spec.resources["max_concurrent_trials"] <= per_node * worker["max_workers"]
+        assert spec.resources.max_concurrent_trials <= per_node * worker["max_workers"]

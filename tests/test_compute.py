@@ -8,12 +8,13 @@ from a2core.errors import ConfigError
 from launch.storage import open_location
 from launch.conclusions import compute_line
 from launch.driver import compute_totals, trial_compute
+from launch.spec import Resources, StudySpec
 from launch.trainable import ComputeMeter, LocalCheckpoints
 
 
 class _Spec:
     def __init__(self, price=None):
-        self.resources = {} if price is None else {"price_per_hour": price}
+        self.resources = Resources(price_per_hour=price)
 
 
 def _row(state, done, planned, wall, cpu):
@@ -76,13 +77,12 @@ def test_local_checkpoints_keep_the_best_and_the_latest(tmp_path):
 
 
 def test_price_per_hour_is_absent_unless_given(tmp_path):
-    from launch.spec import StudySpec
-
     base = {"name": "p", "data": {"kind": "synthetic", "root": str(tmp_path / "d"), "images": 40},
             "search": {"space": {"fusion": {"grid": ["max"]}}}}
-    assert "price_per_hour" not in StudySpec.from_dict(base).resources
+    unpriced = StudySpec.from_dict(base)
+    assert unpriced.resources.price_per_hour is None and "price_per_hour" not in unpriced.to_dict()["resources"]
     priced = StudySpec.from_dict({**base, "resources": {"price_per_hour": 2}})
-    assert priced.resources["price_per_hour"] == 2.0
+    assert priced.resources.price_per_hour == 2.0
     assert "price_per_hour" in priced.to_dict()["resources"]
     with pytest.raises(ConfigError, match="resources.price_per_hour"):
         StudySpec.from_dict({**base, "resources": {"price_per_hour": -1}})

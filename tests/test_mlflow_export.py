@@ -92,7 +92,7 @@ def runs_by_trial(uri: str, name: str):
 
 def test_export_is_the_record_in_mlflow_and_exporting_again_changes_nothing(spec):
     location = StudyLocation(spec.name, spec.storage)
-    uri = spec.tracking["mlflow_uri"]
+    uri = spec.tracking.mlflow_uri
     trials = trials_of(location, {"t0": [10.0, 30.0, 20.0], "t1": [12.0, 25.0, 33.0]}, {"t1": "RUNNING"})
     states = [TrialState.of(t) for t in trials]
     Export(spec, location).run(states)  # while the study runs
@@ -128,7 +128,7 @@ def test_export_is_the_record_in_mlflow_and_exporting_again_changes_nothing(spec
 
 def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
     location = StudyLocation(spec.name, spec.storage)
-    uri = spec.tracking["mlflow_uri"]
+    uri = spec.tracking.mlflow_uri
     trials = trials_of(location, {"t0": [10.0, 30.0, 31.0], "t1": [12.0, 13.0], "t2": [9.0, 8.0], "t3": [5.0]},
                        {"t1": "ERROR", "t2": "TERMINATED", "t3": "TERMINATED"})
     folder = location.at("trials", f"{spec.name}-t2")
@@ -163,7 +163,7 @@ def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
 
 def test_an_export_cut_short_goes_on_without_duplicates(spec, monkeypatch):
     location = StudyLocation(spec.name, spec.storage)
-    uri = spec.tracking["mlflow_uri"]
+    uri = spec.tracking.mlflow_uri
     trials = trials_of(location, {"t0": [10.0, 30.0, 20.0], "t1": [12.0, 25.0, 33.0]}, {})
     calls = {"n": 0}
     real = StudyTracker.log_metrics
@@ -187,7 +187,7 @@ def test_an_export_cut_short_goes_on_without_duplicates(spec, monkeypatch):
 
 def test_the_export_thread_waits_out_a_server_that_is_down(spec, monkeypatch):
     location = StudyLocation(spec.name, spec.storage)
-    uri = spec.tracking["mlflow_uri"]
+    uri = spec.tracking.mlflow_uri
     trials = trials_of(location, {"t0": [10.0], "t1": [12.0]}, {"t0": "RUNNING", "t1": "RUNNING"})
     up = {"now": True}
     monkeypatch.setattr(export_mod, "server_answers", lambda uri, timeout=2.0: up["now"])
@@ -218,7 +218,7 @@ def test_the_export_thread_waits_out_a_server_that_is_down(spec, monkeypatch):
 
 def test_mlflow_sync_exports_a_study_that_ended_while_the_server_was_down(spec, monkeypatch, capsys):
     location = StudyLocation(spec.name, spec.storage)
-    uri = spec.tracking["mlflow_uri"]
+    uri = spec.tracking.mlflow_uri
     trials = trials_of(location, {"t0": [10.0, 30.0, 20.0], "t1": [12.0, 25.0, 33.0]}, {})
     location.write_text(json.dumps({"study": spec.name, "tracking": {}}), "summary.json")
     export_mod.add_outage(location, down_seconds=12.0, pending=True)  # the driver's last export did not get through
@@ -236,7 +236,7 @@ def test_mlflow_sync_exports_a_study_that_ended_while_the_server_was_down(spec, 
 
 def test_best_epochs_per_image_cider_is_the_artifact_compare_pairs(spec):
     location = StudyLocation(spec.name, spec.storage)
-    uri = spec.tracking["mlflow_uri"]
+    uri = spec.tracking.mlflow_uri
     trials = []
     for fusion, lift in (("none", 0.0), ("gate", 5.0)):
         for seed in range(3):

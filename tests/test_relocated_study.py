@@ -23,7 +23,7 @@ def _saved_study(tmp_path: Path, tiny_data: Path) -> tuple[Path, str]:
     folder = Path(spec.storage) / NAME
     folder.mkdir(parents=True)
     (folder / STUDY_FILE).write_text(yaml.safe_dump(saved_form(spec), sort_keys=False))
-    return Path(spec.storage), spec.tracking["mlflow_uri"]
+    return Path(spec.storage), spec.tracking.mlflow_uri
 
 
 def _tree(folder: Path) -> dict[str, str]:

@@ -281,7 +281,7 @@ def test_build_scheduler_and_tune_config(asha_spec, tmp_path):
     assert searcher.metric == METRIC and searcher.mode == "max"
     kwargs = tune_config_kwargs(spec)
     assert kwargs["num_samples"] == spec.num_trials
-    assert kwargs["max_concurrent_trials"] == spec.resources["max_concurrent_trials"]
+    assert kwargs["max_concurrent_trials"] == spec.resources.max_concurrent_trials
     assert (kwargs["metric"], kwargs["mode"]) == (METRIC, "max")
     assert kwargs["reuse_actors"] is True  # one worker per trial: the next trial reuses the trial process
     raw = yaml.safe_load(study_file(tmp_path, ABLATION).read_text())

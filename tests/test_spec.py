@@ -1,8 +1,11 @@
 """Study files: every shipped study validates; bad ones fail fast, before Ray, naming the key and the file."""
 from __future__ import annotations
 
+import copyreg
+import io
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +66,31 @@ def test_every_shipped_study_validates(path, coco_files):
     assert again.to_dict() == spec.to_dict()
 
 
+def test_a_spec_pickled_as_the_old_dataclass_still_loads():
+    """A study started while StudySpec was a dataclass of dicts keeps one in its searcher state (tuner.pkl, the
+    searcher checkpoint): it unpickles as today's spec, so the study resumes."""
+    spec = load_study(SMOKE)
+    raw = spec.to_dict()
+    old = {"name": spec.name, "base": spec.base, "search": raw["search"], "resources": raw["resources"],
+           "tracking": raw["tracking"], "storage": spec.storage, "storage_endpoint_url": None, "source": spec.source,
+           "params": spec.params, "images": spec.images, "images_source": spec.images_source, "warnings": []}
+
+    class DataclassPickler(pickle.Pickler):  # what pickling the dataclass wrote: its class, then its __dict__
+        def reducer_override(self, obj):
+            return (copyreg.__newobj__, (StudySpec,), old) if obj is spec else NotImplemented
+
+    buffer = io.BytesIO()
+    DataclassPickler(buffer).dump({"spec": spec})
+    loaded = pickle.loads(buffer.getvalue())["spec"]
+    assert isinstance(loaded, StudySpec) and loaded.to_dict() == spec.to_dict()
+    assert loaded.base == spec.base and loaded.images == spec.images and loaded.source == spec.source
+    assert loaded.grid_cells() == spec.grid_cells() and loaded.num_trials == spec.num_trials
+    cells = spec.grid_cells()
+    assert [loaded.trial_config(cell) for cell in cells] == [spec.trial_config(cell) for cell in cells]
+    again = pickle.loads(pickle.dumps(spec))  # today's pickles: the model with its checked state
+    assert again.to_dict() == spec.to_dict() and again.base == spec.base and again.warnings == spec.warnings
+
+
 def test_paper_studies_name_missing_coco_files():
     with pytest.raises(ConfigError) as err:
         load_study(ROOT / "studies" / "lambda_sweep.yaml", ["data.captions=/nonexistent/dataset_coco.json"])
@@ -74,12 +102,12 @@ def test_smoke_study_shape():
     spec = load_study(SMOKE)
     assert spec.base["data"]["kind"] == "synthetic"
     assert spec.base["model"]["d_model"] <= 128
-    assert spec.resources["gpus_per_worker"] == 0
-    assert spec.resources["workers_per_trial"] == 1 and spec.resources["max_concurrent_trials"] == 2
-    assert spec.resources["max_concurrent_trials"] * spec.trial_resources()["CPU"] <= 2  # side by side on 2 cores
+    assert spec.resources.gpus_per_worker == 0
+    assert spec.resources.workers_per_trial == 1 and spec.resources.max_concurrent_trials == 2
+    assert spec.resources.max_concurrent_trials * spec.trial_resources()["CPU"] <= 2  # side by side on 2 cores
     assert spec.storage == str(Path.cwd() / "a2-studies")
-    assert spec.tracking["mlflow_uri"] == "sqlite:///" + str(Path.cwd() / "mlflow.db")
-    assert spec.tracking["experiment"] == "a2-smoke"
+    assert spec.tracking.mlflow_uri == "sqlite:///" + str(Path.cwd() / "mlflow.db")
+    assert spec.tracking.experiment == "a2-smoke"
     # fusion none: one configuration (lambda only exists for gate); gate: num_samples; each with 4 seeds
     assert spec.grid_cells() == [{"fusion": "none"}, {"fusion": "gate"}]
     assert [spec.samples_per_cell(c) for c in spec.grid_cells()] == [1, 1]
@@ -93,7 +121,7 @@ def test_fusion_ablation_space(coco_files):
     # Each fusion as written and renormalised; the baseline fuses nothing, so it has no renormalize.
     assert cells == [("none", None)] + [(f, r) for f in ("max", "moving_average", "exp_decay", "gate")
                                         for r in (False, True)]
-    assert spec.num_trials == (1 + 3 * 2 + 2 * spec.search["num_samples"]) * len(spec.replicate_seeds)
+    assert spec.num_trials == (1 + 3 * 2 + 2 * spec.search.num_samples) * len(spec.replicate_seeds)
     assert spec.points_for_cell({"fusion": "gate", "seed": 0, "model.renormalize": False}) == []
     (point,) = spec.points_for_cell({"fusion": "exp_decay", "seed": 0, "model.renormalize": True})
     assert set(point) == {"temperature"}
@@ -113,7 +141,7 @@ def test_seeds_study_is_grid_only(coco_files):
 def test_overrides_apply_before_validation():
     spec = load_study(SMOKE, ["search.num_samples=5", "train.xe_epochs=1", "search.scheduler={fifo: {}}",
                               "model.d_model=32", "name=a2-smoke-2"])
-    assert spec.search["num_samples"] == 5
+    assert spec.search.num_samples == 5
     assert spec.base["train"]["xe_epochs"] == 1
     assert spec.total_epochs == 1
     assert spec.base["model"]["d_model"] == 32
@@ -176,7 +204,7 @@ def test_default_points_are_the_paper_values(tmp_path):
     }
     del raw["model"]["dropout"]
     spec = load_study(write(tmp_path, raw))
-    assert spec.search["points_to_evaluate"] == [{"lambda": 0.035, "model.dropout": 0.3, "eta": 0.1}]
+    assert spec.search.points_to_evaluate == [{"lambda": 0.035, "model.dropout": 0.3, "eta": 0.1}]
     assert spec.points_for_cell({"fusion": "max"}) == [{"lambda": 0.035, "model.dropout": 0.3}]
     assert spec.points_for_cell({"fusion": "moving_average"}) == [{"lambda": 0.035, "model.dropout": 0.3, "eta": 0.1}]
 
@@ -239,8 +267,8 @@ def test_storage_and_tracking_resolve(tmp_path, monkeypatch):
                               "tracking.mlflow_uri=null", "tracking.experiment=exp-1"])
     assert spec.storage == "s3://my-bucket/a2"
     assert spec.storage_endpoint_url == "http://127.0.0.1:9000"
-    assert spec.tracking == {"mlflow_uri": os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{tmp_path}/mlflow.db",
-                             "experiment": "exp-1"}
+    assert spec.tracking.mlflow_uri == (os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{tmp_path}/mlflow.db")
+    assert spec.tracking.experiment == "exp-1"
     assert load_study(SMOKE, ["storage=runs/x"]).storage == str(tmp_path / "runs" / "x")
 
 

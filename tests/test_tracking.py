@@ -136,8 +136,9 @@ def test_callback_setup_rejects_bad_uri():
     from types import SimpleNamespace
 
     from launch.mlflow_callback import A2MLflowCallback
+    from launch.spec import Tracking
 
-    spec = SimpleNamespace(name="x", tracking={"mlflow_uri": f"http://127.0.0.1:{closed_port()}"})
+    spec = SimpleNamespace(name="x", tracking=Tracking(mlflow_uri=f"http://127.0.0.1:{closed_port()}"))
     with pytest.raises(TrackingError, match="unreachable"):
         A2MLflowCallback(spec, None).setup()
 

@@ -3,7 +3,7 @@
 A page holds a marker line `<!-- a2ref: NAME -->`; when Sphinx reads the page the marker is replaced by the
 Markdown that `GENERATORS[NAME]()` returns:
 - `config`: the `data` / `model` / `train` sections of `a2core.config.Config` (what `a2 train` takes);
-- `study-file`: the other top-level keys of `launch.spec.StudyFile`, walked into every nested section;
+- `study-file`: the other top-level keys of `launch.spec.StudySpec`, walked into every nested section;
 - `cli`: every subcommand and option of the `a2` parser (`launch.cli.build_parser`).
 
 The walks are generic (every pydantic field, every argparse action), so a key or a command added to the code
@@ -28,9 +28,9 @@ MARKER = re.compile(r"^<!--\s*a2ref:\s*(?P<name>[a-z-]+)\s*-->\s*$", re.M)
 # -- pydantic models -------------------------------------------------------------------------------------------
 def _sections() -> tuple[type[BaseModel], type[BaseModel]]:
     from a2core.config import Config
-    from launch.spec import StudyFile
+    from launch.spec import StudySpec
 
-    return Config, StudyFile
+    return Config, StudySpec
 
 
 def _is_model(tp: Any) -> bool:
