@@ -152,7 +152,7 @@ def git_commit() -> str:
     return "unknown"
 
 
-def _param_value(value: Any) -> str:
+def param_value(value: Any) -> str:
     if isinstance(value, (list, tuple, dict)):
         value = json.dumps(value, default=str, sort_keys=isinstance(value, dict))
     return str(value)[:_MAX_PARAM_VALUE]
@@ -403,7 +403,7 @@ class StudyTracker:
 
     def _log_params(self, run_id: str, flat: dict, existing: dict) -> None:
         """The params of `flat` that the run does not have yet (a resumed run keeps its first values)."""
-        new = [(_clean_key(k), _param_value(v)) for k, v in flat.items() if _clean_key(k) not in existing]
+        new = [(_clean_key(k), param_value(v)) for k, v in flat.items() if _clean_key(k) not in existing]
         self._log_batch(run_id, "params", new)
 
     def _log_batch(self, run_id: str, kind: str, items: list[tuple]) -> None:

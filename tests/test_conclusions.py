@@ -11,7 +11,8 @@ import pytest
 from scipy import stats as sps
 
 from launch.conclusions import format_table, verdict
-from launch.driver import build_tuner, summarize, trial_row
+from launch.driver import build_tuner
+from launch.record import summarize, trial_row
 from launch.location import StudyLocation
 from launch.spec import load_study
 from launch.study import cmd_status

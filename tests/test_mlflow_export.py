@@ -21,7 +21,7 @@ from dashboards.compare import study_comparison
 from a2core.errors import StudyError
 from dashboards.tracking import StudyTracker, study_runs
 from launch import study
-from launch.driver import stopped_early_trials
+from launch.record import stopped_early_trials
 from launch.location import StudyLocation
 from launch.mlflow_export import Export, StudyExporter, TrialState, end_reason, outage_line
 from launch.pipeline import conclusion
