@@ -463,17 +463,6 @@ def _study_urls(backend: str, server: str, limit: int = 10) -> list[str]:
     return [f"  study {exp.tags.get(TAG_STUDY, exp.name)}: {ui_url(server, exp.experiment_id)}" for exp in experiments]
 
 
-def still_running_note(tracking_uri: str, study_name: str, what: str) -> str | None:
-    """"note: study NAME is still running (...)" when its parent run is RUNNING, so that a comparison or a report
-    of a study part way through says so; None otherwise."""
-    parent, children = study_runs(tracking_uri, study_name)
-    if parent is None or parent.info.status != "RUNNING":
-        return None
-    done = sum(1 for run in children if run.info.status == "FINISHED")
-    return (f"note: study {study_name} is still running ({done} of {len(children)} trial runs finished so far): "
-            f"this {what} covers only what is logged up to now")
-
-
 # -- the server ------------------------------------------------------------------------------------------------
 def serve(args) -> int:
     """`a2 mlflow serve`: this process becomes `mlflow server` (its CLI stops its web server on SIGINT/SIGTERM)."""

@@ -5,9 +5,9 @@ Tune's experiment state, and each trial's run folder (`launch.trainable`: `resul
 `artifacts/`, per-image scores; `stopped_early.json`, the scheduler's decision). `StudyRecord.load` reads it once
 into one object, in the shape of Ray's `ResultGrid.get_dataframe()`: `trials` (one row per trial, the summary's
 shape), `table()` (one row per trial and epoch, with config columns, the group hash and the stopped flag),
-`groups()` (replicate groups), `best()` and `per_image()`. `runs()` hands the dashboards the same record as plain
-`dashboards.report.RunSummary` values (dashboards never import launch). MLflow is an export of this record
-(`launch.mlflow_export`); nothing here reads MLflow.
+`groups()` (replicate groups), `best()`, `summary()` (`summary.json`) and `per_image()`. `study()` hands the
+dashboards the same record as plain `dashboards.report` values (dashboards never import launch). MLflow is an export
+of this record (`launch.mlflow_export`); nothing here reads MLflow.
 """
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from a2core.config import flatten
-from dashboards.report import RunSummary, Study
+from dashboards.report import TABLE_METRICS, RunSummary, Study
 from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY, TAG_STOPPED_RUNG,
-                              best_candidates, best_group, config_hash, seed_interval)
+                              best_candidates, config_hash, seed_interval)
+from dashboards.stats import best_group as pick_best_group
 from dashboards.tables import finite
 from dashboards.tracking import TAG_FUSION, TAG_SEED, TAG_TRIAL_ID, param_value
 from launch.conclusions import pick_best
@@ -36,7 +37,7 @@ COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `c
 # a trial's per-image CIDEr-D below its `artifacts/` (`a2core.train` writes them; the export uploads them as they are)
 PER_IMAGE = {"val": "eval/per_image_cider.json",  # the best val epoch's
              "test": "eval/test_per_image_cider.json"}  # the selected checkpoint's, on the test split
-HISTORY_KEYS = ("train/loss", "val/BLEU-1", "val/BLEU-4", "val/METEOR", "val/ROUGE-L", "val/CIDEr", "val/SPICE")
+HISTORY_KEYS = ("train/loss", *(metric for _, metric in TABLE_METRICS))  # the dashboards' per-epoch curves and tables
 
 
 @dataclass
@@ -179,11 +180,6 @@ def best_trial(spec, rows: list[dict]) -> dict | None:
                      spec.mode)
 
 
-def best_of_groups(spec, groups: list[dict]) -> dict | None:
-    """The replicate group of the best mean (`dashboards.stats.best_group`)."""
-    return best_group(groups, lambda g: g["values"], spec.mode, lambda g: bool(g.get("stopped_early")))
-
-
 # -- trial rows, groups and the summary ----------------------------------------------------------------------------
 def stopped_early_trials(location: StudyLocation) -> dict[str, dict]:
     """{trial id: {"rung", "cutoff"}} of the trials the scheduler stopped, from their run folders' record
@@ -290,7 +286,7 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
     group's mean and interval, and every trial's results."""
     best = best_trial(spec, rows)
     groups = replicate_groups(spec, rows)
-    best_group = best_of_groups(spec, groups)
+    best_group = pick_best_group(groups, lambda g: g["values"], spec.mode, lambda g: bool(g.get("stopped_early")))
     baseline, beats = None, None
     if best is not None:
         baseline = pick_best([r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"]
