@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dashboards.compare import compare_table
-from dashboards.report import Study, build_report, log_report
+from dashboards.report import build_report, log_report
 from launch.study import cmd_compare, cmd_report
 from tests.mlflowserver import mlflow_server  # noqa: F401
 from tests.s3server import s3_client
