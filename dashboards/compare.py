@@ -23,11 +23,10 @@ BASELINE = "none"
 
 
 def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
-    """Runs grouped by replicate group (config hash tag, else the searched params without the seed)."""
-    keys = searched_keys([r for r in runs if TAG_CONFIG_HASH not in r.tags])
+    """Runs grouped by replicate group (their config hash tag)."""
     groups: dict = {}
     for r in runs:
-        groups.setdefault(r.tags.get(TAG_CONFIG_HASH) or tuple(r.params.get(k) for k in keys), []).append(r)
+        groups.setdefault(r.tags[TAG_CONFIG_HASH], []).append(r)
     return list(groups.values())
 
 

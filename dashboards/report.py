@@ -20,7 +20,6 @@ from typing import Any, Callable
 from a2core.config import inapplicable_model_keys
 from dashboards.stats import MIN_SEEDS, best_candidates, is_stopped_early, seed_interval, stopped_early_text
 from dashboards.tables import finite
-from dashboards.tracking import TAG_FUSION, TAG_SEED
 
 CIDER = "val/CIDEr"
 FUSION_LABEL = {"none": "none (baseline)", "max": "max", "moving_average": "moving average",
@@ -33,7 +32,7 @@ TEST_CIDER = "test/CIDEr"
 TEST_TABLE_METRICS = [("B-1", "test/BLEU-1"), ("B-4", "test/BLEU-4"), ("METEOR", "test/METEOR"),
                       ("ROUGE-L", "test/ROUGE-L"), ("CIDEr", TEST_CIDER)]
 SELECTION_COLUMN = ("val CIDEr (selection)", CIDER)  # the number each row was chosen by, on the val images
-SEED_KEYS = ("train.seed", "seed")
+SEED_KEY = "train.seed"
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
                 ("lift", "diag/grounding/lift"), ("chance", "diag/grounding/chance"),
                 ("subject vs object", "diag/grounding/subject_object"),
@@ -71,21 +70,18 @@ class RunSummary:
             self.best_cider = finite(self.final.get(CIDER))
         return self
 
-    def param(self, *keys: str) -> str | None:
-        return next((self.params[k] for k in keys if k in self.params), None)
-
     @property
     def fusion(self) -> str:
-        return self.tags.get(TAG_FUSION) or self.param("model.fusion", "fusion") or "unknown"
+        return self.params.get("model.fusion", "unknown")
 
     @property
     def seed(self) -> str | None:
-        return self.tags.get(TAG_SEED) or self.param(*SEED_KEYS)
+        return self.params.get(SEED_KEY)
 
     @property
     def lam(self) -> float | None:
         """lambda, None for fusion none (no mask network)."""
-        return None if self.fusion == "none" else finite(self.param("model.lambda", "lambda", "model.mask_lambda"))
+        return None if self.fusion == "none" else finite(self.params.get("model.lambda"))
 
     def score(self, metric: str) -> float | None:
         """A metric at the best epoch (the step of the highest val/CIDEr) when logged there, else its final value."""
@@ -119,7 +115,7 @@ class Study:
 def searched_keys(runs: list[RunSummary]) -> list[str]:
     """Params that vary across the runs (the searched ones), seed keys and per-run strings (paths) excluded."""
     out = []
-    for k in sorted({k for r in runs for k in r.params} - set(SEED_KEYS)):
+    for k in sorted({k for r in runs for k in r.params} - {SEED_KEY}):
         values = [r.params.get(k) for r in runs]
         distinct = set(values)
         numeric = all(v is None or finite(v) is not None for v in values)

@@ -23,7 +23,7 @@ from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_CUTOFF, TAG_STOPPED_E
                               best_candidates, config_hash, seed_interval)
 from dashboards.stats import best_group as pick_best_group
 from dashboards.tables import finite
-from dashboards.tracking import TAG_FUSION, TAG_SEED, TAG_TRIAL_ID, param_value
+from dashboards.tracking import TAG_TRIAL_ID, param_value
 from launch.conclusions import pick_best
 from launch.driver import _best_value, _table_row
 from launch.lease import live_writer
@@ -126,9 +126,7 @@ class StudyRecord:
                     if key in HISTORY_KEYS:
                         history.setdefault(key, []).append((int(result["epoch"]), value))
             params = {k: param_value(v) for k, v in flatten(row["config"] or {}).items()}
-            tags = {TAG_TRIAL_ID: tid, TAG_CONFIG_HASH: group_hash(row),
-                    **{tag: params[key] for tag, key in ((TAG_FUSION, "model.fusion"), (TAG_SEED, "train.seed"))
-                       if key in params}}
+            tags = {TAG_TRIAL_ID: tid, TAG_CONFIG_HASH: group_hash(row)}
             if row.get("stopped_early"):
                 stopped = row["stopped_early"]
                 tags[TAG_STOPPED_EARLY] = "true"
