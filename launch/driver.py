@@ -308,7 +308,8 @@ def _best_value(values, mode: str) -> float | None:
 # -- the end of a run -------------------------------------------------------------------------------------------
 def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
-    from launch.record import StudyRecord  # imports launch.driver (this module): the record reads what it wrote
+    # scipy (dashboards.stats, through launch.record): not for `a2 study validate`, which imports this module
+    from launch.record import StudyRecord
 
     record = StudyRecord.load(location, spec)
     rows = record.trials

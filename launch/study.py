@@ -107,8 +107,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def __getattr__(name: str):
-    """`_result_log`, which tuner.pkl files of older studies name here (launch.record imports scipy and
-    matplotlib's users: not for `a2 study validate`)."""
+    """`_result_log`, which tuner.pkl files of older studies name here, imported when asked for (launch.record
+    imports scipy: not for `a2 study validate`)."""
     if name == "_result_log":
         from launch.record import _result_log
 
