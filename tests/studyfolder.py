@@ -52,11 +52,11 @@ class FabricatedStudy:
 
 
 def fabricated_study(root: Path, name: str, epochs: int, overrides: tuple[str, ...] = ()) -> FabricatedStudy:
-    """An empty study `name` below `root` (storage `root/st`, MLflow `root/mlflow.db`): the smoke spec with `epochs`
-    cross-entropy epochs, its `study.yaml` saved as `a2 study run` saves it."""
+    """An empty study `name` (storage `root/st` unless `overrides` set one, MLflow `root/mlflow.db`): the smoke spec
+    with `epochs` cross-entropy epochs, its `study.yaml` saved as `a2 study run` saves it."""
     spec = load_study(SMOKE, [f"name={name}", f"storage={root / 'st'}", f"tracking.mlflow_uri=sqlite:///{root / 'mlflow.db'}",
                               f"train.xe_epochs={epochs}", f"data.root={root / 'data'}", "search.scheduler={fifo: {}}",
                               *overrides], check_files=False)
-    location = StudyLocation(spec.name, spec.storage)
+    location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
     return FabricatedStudy(spec, location)

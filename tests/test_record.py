@@ -12,9 +12,7 @@ from tests.studyfolder import fabricated_study
 IMAGES = {"101": 80.0, "102": 120.0}
 
 
-@pytest.fixture
-def fab(tmp_path):
-    fab = fabricated_study(tmp_path, "rec", epochs=3)
+def fabricate(fab):
     for seed in (0, 1):
         fab.add(f"none{seed}", {"fusion": "none", "seed": seed},
                 [{"epoch": e, "val/CIDEr": 90.0 + e + seed, "train/loss": 3.0 / e, "stage": "xe"} for e in (1, 2, 3)],
@@ -26,6 +24,11 @@ def fab(tmp_path):
             stopped={"rung": 1, "cutoff": 96.0})
     fab.add("max1", {"fusion": "max", "lambda": 0.05, "seed": 1}, [{"epoch": 1, "val/CIDEr": 20.0}], status="RUNNING")
     return fab
+
+
+@pytest.fixture
+def fab(tmp_path):
+    return fabricate(fabricated_study(tmp_path, "rec", epochs=3))
 
 
 def test_the_table_is_trial_by_epoch_with_config_group_and_stopped_columns(fab):
@@ -74,3 +77,18 @@ def test_a_trial_of_a_study_with_a_live_writer_is_running(fab):
         study = fab.record().study()
     assert study.running and {r.trial_id: r.status for r in study.runs}["max1"] == "RUNNING"
     assert not fab.record().study().running
+
+
+def test_a_study_on_s3_reads_the_same(tmp_path, s3_endpoint):
+    """The record reads through the storage layer: a study in a bucket gives the same groups, best and scores."""
+    from tests.s3server import unique_bucket
+
+    bucket = unique_bucket(s3_endpoint)
+    on_s3 = fabricate(fabricated_study(tmp_path / "s3", "rec", epochs=3, overrides=(
+        f"storage=s3://{bucket}/studies", f"storage_endpoint_url={s3_endpoint}"))).record()
+    local = fabricate(fabricated_study(tmp_path / "local", "rec", epochs=3)).record()
+    assert on_s3.location.uri().startswith("s3://")
+    assert [g["values"] for g in on_s3.groups()] == [g["values"] for g in local.groups()]
+    assert on_s3.best()["trial_id"] == "gate1" and on_s3.per_image("none0") == IMAGES
+    columns = ["trial_id", "epoch", "val/CIDEr", "best", "stopped_early", "config/model.fusion"]
+    assert on_s3.table()[columns].equals(local.table()[columns])
