@@ -18,7 +18,7 @@ from pathlib import Path
 from a2core.config import CAPTIONS_PER_IMAGE, load_yaml
 from a2core.errors import A2Error, StudyError
 from dashboards.paper_results import TABLE3, TABLE3_ROW
-from dashboards.stats import CONFIDENCE, POWER, pooled_sd, power, seeds_needed
+from dashboards.stats import POWER, pooled_sd, power, seeds_needed
 
 CLUSTER_FILE = Path(__file__).resolve().parents[1] / "ray-cluster.yaml"
 

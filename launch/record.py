@@ -326,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     from dashboards.records import add_export_arguments, export_record
     from launch.location import locate
 
-    parser = argparse.ArgumentParser(prog="python -m launch.record", description=main.__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m launch.record",
+                                     description="the record file of a study's comparison, read from its storage")
     export = parser.add_subparsers(dest="command", required=True).add_parser(
         "export", help="write the record file of a study's comparison, read from its storage")
     export.add_argument("name")
