@@ -1,37 +1,32 @@
-"""`a2 study compare NAME [--by KEY] [--baseline VALUE]`: a study's configurations side by side, from MLflow.
+"""`a2 study compare NAME [--by KEY] [--baseline VALUE]`: a study's configurations side by side, from its record
+(`launch.record` hands it over as a `dashboards.report.Study`).
 
 One row per value of `by` (a param such as `fusion` or `model.lambda`, or a tag; runs without it are left out): its
 best configuration by mean best val CIDEr over seeds (the selection, on the val images), then the numbers of the
 held-out test split (each run's selected checkpoint decoded with beam search when it ended): each metric's seed mean
-with its 95% interval and the difference in test CIDEr to the baseline row (paired bootstrap over
-`TEST_PER_IMAGE_ARTIFACT` when both logged it, else Welch's t). Only the selection column is on val. A comparison
+with its 95% interval and the difference in test CIDEr to the baseline row (paired bootstrap over the runs'
+per-image test CIDEr-D when both have it, else Welch's t). Only the selection column is on val. A comparison
 some of whose runs have no test scores (stopped early, or `train.test_at_end: false`) is on val throughout, and its
 header says so.
 """
 from __future__ import annotations
 
-import json
 import numpy as np
-from mlflow.tracking import MlflowClient
 
 from a2core.errors import DataError, StudyError
 from dashboards.report import (CIDER, SELECTION_COLUMN, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, RunSummary,
-                               group_value, load_study, searched_keys, sort_key)
+                               Study, group_value, searched_keys, sort_key)
 from dashboards.stats import TAG_CONFIG_HASH, Arm, Comparison, best_group, compare_arms, is_stopped_early
 from dashboards.tables import text_table
-from dashboards.tracking import check_tracking_uri, default_tracking_uri
 
 BASELINE = "none"
-PER_IMAGE_ARTIFACT = "eval/per_image_cider.json"  # the best val epoch's per-image CIDEr-D
-TEST_PER_IMAGE_ARTIFACT = "eval/test_per_image_cider.json"  # the selected checkpoint's, on the test split
 
 
 def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
-    """Runs grouped by replicate group (config hash tag, else the searched params without the seed)."""
-    keys = searched_keys([r for r in runs if TAG_CONFIG_HASH not in r.tags])
+    """Runs grouped by replicate group (their config hash tag)."""
     groups: dict = {}
     for r in runs:
-        groups.setdefault(r.tags.get(TAG_CONFIG_HASH) or tuple(r.params.get(k) for k in keys), []).append(r)
+        groups.setdefault(r.tags[TAG_CONFIG_HASH], []).append(r)
     return list(groups.values())
 
 
@@ -42,34 +37,28 @@ def _best(groups: list[list[RunSummary]]) -> list[RunSummary]:
                       lambda group: any(is_stopped_early(r.tags) for r in group))
 
 
-def _per_image(client: MlflowClient, group: list[RunSummary],
-               artifact: str = PER_IMAGE_ARTIFACT) -> tuple[np.ndarray, list[str]] | tuple[None, None]:
-    """((seeds, images) per-image CIDEr-D of a group, the image ids of its columns) when every run logged it; the
-    runs of one group scored on different images are an error naming them."""
+def _per_image(group: list[RunSummary], split: str = "val") -> tuple[np.ndarray, list[str]] | tuple[None, None]:
+    """((seeds, images) per-image CIDEr-D of a group on `split`, the image ids of its columns) when every run has
+    them; the runs of one group scored on different images are an error naming them."""
     rows, ids, first = [], None, None
     for r in group:
-        try:
-            path = client.download_artifacts(r.run_id, artifact)
-        except Exception:  # noqa: BLE001 - not logged by this run: the comparison falls back to seed means
+        scores = r.per_image(split)
+        if scores is None:  # not written by this run: the comparison falls back to seed means
             return None, None
-        with open(path) as f:
-            scores = json.load(f)
         if ids is None:
             ids, first = sorted(scores), r
         if sorted(scores) != ids:
             only = sorted(set(scores) ^ set(ids))[:5]
-            raise DataError(f"runs {first.run_id} and {r.run_id} of one configuration logged {artifact} "
-                            f"for different images ({len(ids)} and {len(scores)} images; in one only: {only})")
+            raise DataError(f"trials {first.trial_id} and {r.trial_id} of one configuration have per-image {split} "
+                            f"CIDEr of different images ({len(ids)} and {len(scores)} images; in one only: {only})")
         rows.append([float(scores[i]) for i in ids])
     return (np.asarray(rows), ids) if rows else (None, None)
 
 
-def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion", study=None,
+def study_comparison(study: Study, by: str = "fusion",
                      baseline: str | None = None) -> tuple[Comparison, dict[str, str], int]:
-    """(the comparison, each row's config text, number of runs with val CIDEr). `study`: the study already loaded
-    (`dashboards.report.load_study`), else it is read from MLflow; `baseline`: the value of `by` whose row the
-    others are compared with, else the best fusion none configuration."""
-    study = study or load_study(tracking_uri, study_name)
+    """(the comparison, each row's config text, number of runs with val CIDEr). `baseline`: the value of `by`
+    whose row the others are compared with, else the best fusion none configuration."""
     runs = [r for r in study.runs if r.best_cider is not None]
     buckets: dict[str, list[RunSummary]] = {}
     for r in runs:
@@ -78,13 +67,13 @@ def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion", stu
             buckets.setdefault(str(value), []).append(r)
     labelled = {value: _best(configurations(buckets[value])) for value in sorted(buckets, key=sort_key)}
     if baseline is not None and baseline not in labelled:
-        raise StudyError(f"--baseline {baseline}: no run of study {study_name} with val/CIDEr has {by}={baseline} "
+        raise StudyError(f"--baseline {baseline}: no run of study {study.name} with val/CIDEr has {by}={baseline} "
                          f"(it has {', '.join(labelled) or 'none'})")
     base_runs = [r for r in runs if r.fusion == BASELINE]
     if baseline is None and base_runs:
         base = _best(configurations(base_runs))
-        ids = {r.run_id for r in base}
-        baseline = next((value for value, group in labelled.items() if {r.run_id for r in group} == ids), None)
+        ids = {r.trial_id for r in base}
+        baseline = next((value for value, group in labelled.items() if {r.trial_id for r in group} == ids), None)
         if baseline is None:  # rows of another key (--by lambda): the baseline is a reference row
             baseline = f"fusion={BASELINE}"
             labelled[baseline] = base
@@ -93,9 +82,7 @@ def study_comparison(tracking_uri: str, study_name: str, by: str = "fusion", stu
     chosen = [r for g in labelled.values() for r in g]
     on_test = bool(chosen) and all(r.score(TEST_CIDER) is not None for r in chosen)
     metrics = [m for _, m in split_columns(on_test) if any(r.score(m) is not None for r in chosen)]
-    client = MlflowClient(tracking_uri=tracking_uri)
-    artifact = TEST_PER_IMAGE_ARTIFACT if on_test else PER_IMAGE_ARTIFACT
-    arms = [Arm(label, [r.scores(metrics) for r in group], *_per_image(client, group, artifact),
+    arms = [Arm(label, [r.scores(metrics) for r in group], *_per_image(group, "test" if on_test else "val"),
                 seed_ids=[r.seed for r in group])
             for label, group in labelled.items()]
     # per row, the searched params of its configuration other than `by` ("model.lambda=0.1, ...")
@@ -122,9 +109,10 @@ def shown_metrics(comparison: Comparison) -> list[tuple[str, str]]:
             if any(m in intervals for _, intervals in comparison.rows)]
 
 
-def compare_table(tracking_uri: str, study_name: str, by: str = "fusion", baseline: str | None = None) -> str:
+def compare_table(study: Study, by: str = "fusion", baseline: str | None = None) -> str:
     """The comparison as plain text: the table, then one verdict per row against the baseline."""
-    comparison, configs, n_runs = study_comparison(tracking_uri, study_name, by, baseline=baseline)
+    study_name = study.name
+    comparison, configs, n_runs = study_comparison(study, by, baseline=baseline)
     if not comparison.rows:
         return f"study {study_name}: no run has logged {CIDER} and {by} yet"
     columns = shown_metrics(comparison)
@@ -144,15 +132,3 @@ def compare_table(tracking_uri: str, study_name: str, by: str = "fusion", baseli
            "every number is on the val images the rows were selected on (not every chosen run logged test "
            "scores), so the verdicts are not held-out ones"),
         text_table(header, table, right=set(range(1, len(header) - 1))), *comparison.verdicts()])
-
-
-def main(args) -> int:
-    """Entry for `a2 study compare NAME [--by KEY] [--baseline VALUE] [--tracking-uri URI]`: prints the table."""
-    from dashboards.tracking import still_running_note
-
-    uri = check_tracking_uri(args.tracking_uri or default_tracking_uri())
-    print(compare_table(uri, args.name, args.by, args.baseline))
-    note = still_running_note(uri, args.name, "comparison")
-    if note:
-        print(note)
-    return 0

@@ -23,8 +23,8 @@ The record format (version 1), one small JSON file per table:
 `render_table` prints a record as a markdown table through `dashboards.stats.compare_arms` (the rule every
 comparison uses); `check_markdown` finds each table in a markdown file after its marker line
 `<!-- results: results/NAME.json -->` and says which ones differ from what today's code prints (tests/test_records.py
-runs it over the README and docs/). `export_record` writes a record from a study in MLflow
-(`python -m dashboards.records export NAME --by KEY --out results/NAME.json [--tracking-uri URI]`).
+runs it over the README and docs/). `export_record` writes a record from a study's comparison
+(`python -m launch.record export NAME --by KEY --out results/NAME.json [--storage ROOT]` reads the study's storage).
 """
 from __future__ import annotations
 
@@ -172,24 +172,35 @@ def record_from_comparison(comparison, *, study: str, spec: str, split: str, by:
             "measured": measured, "note": note, "arms": arms}
 
 
-def export_record(tracking_uri: str, study_name: str, by: str, out: str | Path, *, spec: str = "",
+def export_record(study, by: str, out: str | Path, *, spec: str = "",
                   baseline: str | None = None, measured: str = "", note: str = "") -> dict:
     """Write the record of `a2 study compare NAME --by KEY`: each row's best configuration (chosen on val), its
     columns and verdict on the split `compare` judges on (the test split, and the val CIDEr the row was chosen by,
-    labelled as the selection; val throughout when not every chosen run reported test scores)."""
+    labelled as the selection; val throughout when not every chosen run reported test scores). `study`: a
+    `dashboards.report.Study`."""
     from dashboards.compare import TEST_CIDER, shown_metrics, study_comparison
     from dashboards.report import CIDER
 
-    comparison, configs, _ = study_comparison(tracking_uri, study_name, by, baseline=baseline)
+    comparison, configs, _ = study_comparison(study, by, baseline=baseline)
     seeds = {arm.label: [int(s) if s is not None else i for i, s in enumerate(arm.seed_ids or [None] * len(arm.seeds))]
              for arm, _ in comparison.rows}
     # the verdict's split: the test split when every row's runs scored it when they ended (compare's rule), else val
     split = "test" if comparison.metric == TEST_CIDER else "val"
-    record = record_from_comparison(comparison, study=study_name, spec=spec, split=split, by=by,
+    record = record_from_comparison(comparison, study=study.name, spec=spec, split=split, by=by,
                                     metric=comparison.metric or CIDER, mode="max", columns=shown_metrics(comparison),
                                     seeds=seeds, configs=configs, measured=measured, note=note)
     atomic_write(out, json.dumps(record, indent=1) + "\n")
     return record
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `python -m launch.record export` (`export_record`'s)."""
+    parser.add_argument("--by", default="fusion")
+    parser.add_argument("--baseline")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--spec", default="")
+    parser.add_argument("--measured", default="")
+    parser.add_argument("--note", default="")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,25 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     render = sub.add_parser("render", help="print a record's table")
     render.add_argument("record")
-    export = sub.add_parser("export", help="write the record of a study's comparison from MLflow")
-    export.add_argument("name")
-    export.add_argument("--by", default="fusion")
-    export.add_argument("--baseline")
-    export.add_argument("--out", required=True)
-    export.add_argument("--spec", default="")
-    export.add_argument("--measured", default="")
-    export.add_argument("--note", default="")
-    export.add_argument("--tracking-uri")
     args = parser.parse_args(argv)
-    if args.command == "render":
-        print(render_table(load_record(args.record)))
-        return 0
-    from dashboards.tracking import check_tracking_uri, default_tracking_uri
-
-    uri = check_tracking_uri(args.tracking_uri or default_tracking_uri())
-    export_record(uri, args.name, args.by, args.out, spec=args.spec, baseline=args.baseline,
-                  measured=args.measured, note=args.note)
-    print(f"record: {args.out}")
+    print(render_table(load_record(args.record)))
     return 0
 
 

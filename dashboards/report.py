@@ -1,6 +1,7 @@
-"""`a2 report NAME`: plots and one HTML page from a study's MLflow runs, logged to its parent run under `report/`
-(the README lists its sections). Table scores are taken at a run's best epoch (the step of its highest val CIDEr),
-other metrics are final values; all x100, as logged.
+"""`a2 report NAME`: plots and one HTML page from a study's record (`launch.record` hands it over as a `Study`),
+logged to the study's MLflow parent run under `report/` when it has one (the README lists its sections). Table scores
+are taken at a run's best epoch (the epoch of its highest val CIDEr), other metrics are final values; all x100, as
+reported.
 """
 from __future__ import annotations
 
@@ -14,15 +15,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from statistics import fmean, stdev
-from typing import Any
-
-from mlflow.tracking import MlflowClient
+from typing import Any, Callable
 
 from a2core.config import inapplicable_model_keys
-from a2core.errors import TrackingError
 from dashboards.stats import MIN_SEEDS, best_candidates, is_stopped_early, seed_interval, stopped_early_text
 from dashboards.tables import finite
-from dashboards.tracking import TAG_FUSION, TAG_SEED, default_tracking_uri, study_runs
 
 CIDER = "val/CIDEr"
 FUSION_LABEL = {"none": "none (baseline)", "max": "max", "moving_average": "moving average",
@@ -35,7 +32,7 @@ TEST_CIDER = "test/CIDEr"
 TEST_TABLE_METRICS = [("B-1", "test/BLEU-1"), ("B-4", "test/BLEU-4"), ("METEOR", "test/METEOR"),
                       ("ROUGE-L", "test/ROUGE-L"), ("CIDEr", TEST_CIDER)]
 SELECTION_COLUMN = ("val CIDEr (selection)", CIDER)  # the number each row was chosen by, on the val images
-SEED_KEYS = ("train.seed", "seed")
+SEED_KEY = "train.seed"
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
                 ("lift", "diag/grounding/lift"), ("chance", "diag/grounding/chance"),
                 ("subject vs object", "diag/grounding/subject_object"),
@@ -49,7 +46,10 @@ _GROUNDING = re.compile(r"diag/grounding/(accuracy|control|chance)")
 
 @dataclass
 class RunSummary:
-    run_id: str
+    """One trial of a study's record, as the dashboards read it: `params` its resolved config as MLflow shows it
+    (dotted keys, text values), `tags` its fusion, seed, replicate group and stop record (`dashboards.stats` tags),
+    `status` the status its MLflow run has (FINISHED, RUNNING, KILLED, FAILED)."""
+    trial_id: str
     name: str
     status: str
     params: dict[str, str]
@@ -58,22 +58,30 @@ class RunSummary:
     best_cider: float | None = None
     best_step: int | None = None
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # TABLE_METRICS and train/loss
+    per_image: Callable[[str], dict | None] = lambda split: None  # split -> {image id: CIDEr-D}, or None
 
-    def param(self, *keys: str) -> str | None:
-        return next((self.params[k] for k in keys if k in self.params), None)
+    def with_best(self) -> "RunSummary":
+        """Itself with `best_cider` and `best_step`: its highest val CIDEr (the earliest epoch of equal ones), else
+        the final value."""
+        cider = [(step, v) for step, v in self.history.get(CIDER, []) if finite(v) is not None]
+        if cider:
+            self.best_step, self.best_cider = max(cider, key=lambda sv: (sv[1], -sv[0]))
+        else:
+            self.best_cider = finite(self.final.get(CIDER))
+        return self
 
     @property
     def fusion(self) -> str:
-        return self.tags.get(TAG_FUSION) or self.param("model.fusion", "fusion") or "unknown"
+        return self.params.get("model.fusion", "unknown")
 
     @property
     def seed(self) -> str | None:
-        return self.tags.get(TAG_SEED) or self.param(*SEED_KEYS)
+        return self.params.get(SEED_KEY)
 
     @property
     def lam(self) -> float | None:
-        """lambda, None for fusion none (no mask network: a run logged before keys became absent may carry one)."""
-        return None if self.fusion == "none" else finite(self.param("model.lambda", "lambda", "model.mask_lambda"))
+        """lambda, None for fusion none (no mask network)."""
+        return None if self.fusion == "none" else finite(self.params.get("model.lambda"))
 
     def score(self, metric: str) -> float | None:
         """A metric at the best epoch (the step of the highest val/CIDEr) when logged there, else its final value."""
@@ -86,36 +94,28 @@ class RunSummary:
 
 @dataclass
 class Study:
-    parent: Any  # the study's parent run
+    """A study's record handed to the dashboards: its trials that have started, where the record is, and whether a
+    writer is still running it."""
+    name: str
     runs: list[RunSummary]
+    source: str = ""
+    running: bool = False
 
-
-def load_study(tracking_uri: str, study_name: str) -> Study:
-    """Read the study's parent run and child runs; TrackingError when the study has no runs."""
-    parent, children = study_runs(tracking_uri, study_name)
-    if parent is None:
-        raise TrackingError(f"no MLflow runs of study {study_name!r} at {tracking_uri}")
-    client = MlflowClient(tracking_uri=tracking_uri)
-    runs = []
-    for run in children:
-        rs = RunSummary(run.info.run_id, run.info.run_name or run.info.run_id, run.info.status,
-                        dict(run.data.params), dict(run.data.tags), dict(run.data.metrics))
-        rs.history = {key: sorted((m.step, m.value) for m in client.get_metric_history(rs.run_id, key))
-                      for key in ("train/loss", *(m for _, m in TABLE_METRICS)) if key in rs.final}
-        cider = [(step, v) for step, v in rs.history.get(CIDER, []) if finite(v) is not None]
-        if cider:
-            rs.best_step, rs.best_cider = max(cider, key=lambda sv: (sv[1], -sv[0]))
-        else:
-            rs.best_cider = finite(rs.final.get(CIDER))
-        runs.append(rs)
-    return Study(parent, runs)
+    def still_running_note(self, what: str) -> str | None:
+        """"note: study NAME is still running (...)" while a writer runs it, so that a comparison or a report of a
+        study part way through says so; None otherwise."""
+        if not self.running:
+            return None
+        done = sum(1 for run in self.runs if run.status == "FINISHED")
+        return (f"note: study {self.name} is still running ({done} of {len(self.runs)} trial runs finished so far): "
+                f"this {what} covers only what is logged up to now")
 
 
 # -- grouping, shared with compare.py --------------------------------------------------------------------------
 def searched_keys(runs: list[RunSummary]) -> list[str]:
     """Params that vary across the runs (the searched ones), seed keys and per-run strings (paths) excluded."""
     out = []
-    for k in sorted({k for r in runs for k in r.params} - set(SEED_KEYS)):
+    for k in sorted({k for r in runs for k in r.params} - {SEED_KEY}):
         values = [r.params.get(k) for r in runs]
         distinct = set(values)
         numeric = all(v is None or finite(v) is not None for v in values)
@@ -436,8 +436,8 @@ def _summary(study: Study) -> str:
     runs = study.runs
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(Counter(r.status for r in runs).items())) or "none"
     stopped = sum(is_stopped_early(r.tags) for r in runs)
-    text = (f"{len(runs)} trial runs ({statuses}{f', {stopped} stopped early' if stopped else ''}); parent run "
-            f"{study.parent.info.run_id} is {study.parent.info.status}.")
+    text = (f"{len(runs)} trial runs ({statuses}{f', {stopped} stopped early' if stopped else ''}); the study is "
+            f"{'still running' if study.running else 'not running'}.")
     best = max(best_candidates([r for r in runs if r.best_cider is not None]), key=lambda r: r.best_cider,
                default=None)
     if best is not None:
@@ -446,13 +446,10 @@ def _summary(study: Study) -> str:
     return text
 
 
-def build_report(tracking_uri: str, study_name: str, out_dir: str | os.PathLike) -> dict[str, str]:
-    """Write the report's PNGs and `report.html` into `out_dir` and log them as artifacts of the study's parent run
-    under `report/`. Returns {name: path} plus "artifact_uri"."""
+def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
+    """Write the report's PNGs and `report.html` into `out_dir`. Returns {name: path}."""
     from dashboards.compare import study_comparison
-    from dashboards.leaderboard import log_artifacts
 
-    study = load_study(tracking_uri, study_name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots, figures = {}, {}  # {key: PNG path}, {key: (section title, HTML)}
@@ -466,38 +463,26 @@ def build_report(tracking_uri: str, study_name: str, out_dir: str | os.PathLike)
         data = base64.b64encode(plots[key].read_bytes()).decode()
         figures[key] = (title, f"<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>")
 
-    comparison, configs, _ = study_comparison(tracking_uri, study_name, by="fusion", study=study)
+    comparison, configs, _ = study_comparison(study, by="fusion")
     sections = [("Fusion ablation (Table 3 layout)", fusion_table_html(comparison, configs)), figures["lambda"],
                 ("A2 diagnostics per fusion", diagnostics_table_html(study.runs)),
                 *(figures[key] for key in ("jsd", "kendall", "grounding", "curves", "parallel")),
                 ("All runs", runs_table_html(study.runs, searched_keys(study.runs)))]
-    name = html.escape(study_name)
+    name = html.escape(study.name)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>a2 report: {name}</title>"
             f"<style>{_CSS}</style></head><body><h1>Study {name}</h1><p class='sub'>{html.escape(_summary(study))}"
-            f"<br>Tracking: {html.escape(tracking_uri)}</p>"
+            f"<br>Record: {html.escape(study.source)}</p>"
             + "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections) + "</body></html>")
     plots["html"] = out / "report.html"
     plots["html"].write_text(page, encoding="utf-8")
-    return {**{key: str(path) for key, path in plots.items()},
-            "artifact_uri": log_artifacts(tracking_uri, study.parent.info.run_id, plots.values(), "report")}
+    return {key: str(path) for key, path in plots.items()}
 
 
-def main(args) -> int:
-    """`a2 report NAME [--tracking-uri URI] [--out DIR]`: into DIR (default `./a2-reports/NAME`), or a new numbered
-    folder next to it when it holds an earlier report."""
-    from a2core.atomic import fresh_folder
-    from dashboards.tracking import check_tracking_uri
+def log_report(tracking_uri: str, study_name: str, paths: dict[str, str]) -> str | None:
+    """Log a report's files as artifacts of the study's MLflow parent run under `report/`; returns their URI, or
+    None when the store has no such run (the study was not exported there: `a2 mlflow sync NAME`)."""
+    from dashboards.leaderboard import log_artifacts
+    from dashboards.tracking import study_runs
 
-    uri = getattr(args, "tracking_uri", None) or default_tracking_uri()
-    check_tracking_uri(uri)
-    out = fresh_folder(Path(getattr(args, "out", None) or Path("a2-reports") / args.name), ("report.html",), "report")
-    paths = build_report(uri, args.name, out)
-    print(f"report of study {args.name}:")
-    for key, value in paths.items():
-        print(f"  {key}: {value}")
-    from dashboards.tracking import still_running_note
-
-    note = still_running_note(uri, args.name, "report")
-    if note:
-        print(note)
-    return 0
+    parent, _ = study_runs(tracking_uri, study_name)
+    return None if parent is None else log_artifacts(tracking_uri, parent.info.run_id, paths.values(), "report")

@@ -152,7 +152,7 @@ def git_commit() -> str:
     return "unknown"
 
 
-def _param_value(value: Any) -> str:
+def param_value(value: Any) -> str:
     if isinstance(value, (list, tuple, dict)):
         value = json.dumps(value, default=str, sort_keys=isinstance(value, dict))
     return str(value)[:_MAX_PARAM_VALUE]
@@ -403,7 +403,7 @@ class StudyTracker:
 
     def _log_params(self, run_id: str, flat: dict, existing: dict) -> None:
         """The params of `flat` that the run does not have yet (a resumed run keeps its first values)."""
-        new = [(_clean_key(k), _param_value(v)) for k, v in flat.items() if _clean_key(k) not in existing]
+        new = [(_clean_key(k), param_value(v)) for k, v in flat.items() if _clean_key(k) not in existing]
         self._log_batch(run_id, "params", new)
 
     def _log_batch(self, run_id: str, kind: str, items: list[tuple]) -> None:
@@ -461,17 +461,6 @@ def _study_urls(backend: str, server: str, limit: int = 10) -> list[str]:
     experiments = _client(backend).search_experiments(filter_string=f"tags.`{TAG_STUDY}` LIKE '%'",
                                                       max_results=limit, order_by=["last_update_time DESC"])
     return [f"  study {exp.tags.get(TAG_STUDY, exp.name)}: {ui_url(server, exp.experiment_id)}" for exp in experiments]
-
-
-def still_running_note(tracking_uri: str, study_name: str, what: str) -> str | None:
-    """"note: study NAME is still running (...)" when its parent run is RUNNING, so that a comparison or a report
-    of a study part way through says so; None otherwise."""
-    parent, children = study_runs(tracking_uri, study_name)
-    if parent is None or parent.info.status != "RUNNING":
-        return None
-    done = sum(1 for run in children if run.info.status == "FINISHED")
-    return (f"note: study {study_name} is still running ({done} of {len(children)} trial runs finished so far): "
-            f"this {what} covers only what is logged up to now")
 
 
 # -- the server ------------------------------------------------------------------------------------------------

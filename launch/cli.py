@@ -208,12 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_arguments(st)
     st.set_defaults(func=study.main)
 
-    rp = sub.add_parser("report", help="plots and an HTML page from a study's MLflow runs")
-    rp.add_argument("name")
-    rp.add_argument("--tracking-uri", default=None)
+    rp = sub.add_parser("report", help="plots and an HTML page of a study, read from its storage")
+    study.add_name(rp)
+    rp.add_argument("--tracking-uri", default=None,
+                    help="MLflow store whose study parent run gets the report (default: the study's)")
     rp.add_argument("--out", default=None, help="report folder (default: ./a2-reports/NAME; one that holds an "
                                                 "earlier report gets a new numbered folder NAME-2, ...)")
-    rp.set_defaults(func=_deferred("dashboards.report:main"))
+    rp.set_defaults(func=study.cmd_report)
 
     ml = sub.add_parser("mlflow", help="MLflow tracking server").add_subparsers(dest="mlflow_command", required=True)
     serve = ml.add_parser("serve", help="start an MLflow tracking server for a team")

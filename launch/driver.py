@@ -1,17 +1,14 @@
 """The study driver: run or resume a study on Ray Tune as its one writer (`launch.lease`), show the live trial table,
-stop cleanly on a storage problem or a signal, and read the study back from its storage into trial rows, compute
-totals, replicate groups and `summary.json`. MLflow is an export of this record (`launch.mlflow_export`); nothing here
-reads MLflow to learn what happened."""
+stop cleanly on a storage problem or a signal, and at the end write `summary.json` from the study's record
+(`launch.record`). MLflow is an export of this record (`launch.mlflow_export`); nothing here reads MLflow to learn
+what happened."""
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import sys
 import tempfile
 import time
-from collections import defaultdict
-from dataclasses import asdict
 from pathlib import Path
 
 import yaml
@@ -20,19 +17,16 @@ from a2core.errors import A2Error, StorageError, StudyError, TrackingError
 from dashboards.tables import finite
 from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import stop
-from launch.conclusions import format_table, pick_best, print_conclusions
+from launch.conclusions import format_table, print_conclusions
 from launch.datastore import check_feature_copies
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
                              write_summary)
-from launch.mlflow_export import TrialState, add_outage, stop_record
+from launch.mlflow_export import add_outage
 from launch.raycluster import connect
 from launch.spec import check_cluster
-from launch.trainable import (CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
-                              plan_from_spec, propagated_env, read_results, remove_temp_root, train_run_name)
-from launch.verify import quick_checkpoint_problem, refuse_corrupt
-
-COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
+from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
+from launch.verify import refuse_corrupt
 
 
 # -- run / resume ------------------------------------------------------------------------------------------------
@@ -121,16 +115,6 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
                 return fit_and_finish(spec, location, tuner, verbose=verbose)
         finally:
             remove_temp_root(temp)
-
-
-def tune_trials(location: StudyLocation) -> list[TrialState]:
-    """The trials of the study's Tune experiment state in storage (no Ray needed)."""
-    # ray.tune is heavy: only the paths that read Tune's state import it
-    from ray.tune import ExperimentAnalysis
-
-    path, fs = location.at().ray_storage()
-    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    return [TrialState.of(trial) for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials]
 
 
 def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
@@ -320,184 +304,15 @@ def _best_value(values, mode: str) -> float | None:
     return (max if mode == "max" else min)((v for v in map(finite, values) if v is not None), default=None)
 
 
-# -- reading a study back: status, summary -----------------------------------------------------------------------
-def collect(spec, location: StudyLocation) -> list[dict]:
-    """One row per trial: its state from the Tune experiment in storage (no Ray needed), its results from its own
-    result log (every epoch it reported, across restarts; Tune's result files lose what was not yet synced when a
-    driver died)."""
-    # ray.tune is heavy: only the paths that read Tune's state import it
-    from ray.tune import ExperimentAnalysis
-
-    path, fs = location.at().ray_storage()
-    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    stopped = stopped_early_trials(location)
-    rows = []
-    for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials:
-        error = (trial.get_error() or "").strip().splitlines()
-        row = trial_row(spec, location, trial.trial_id, dict(trial.config or {}), str(trial.status),
-                        _result_log(spec, location, trial.trial_id), trial.last_result or {},
-                        error[-1][:500] if error else None)
-        cut_short = row["state"] == "TERMINATED" and 0 < row["epochs_done"] < row["epochs_planned"]
-        # Only the scheduler ends a trial short: one without the scheduler's record (a driver killed) is stopped too.
-        row["stopped_early"] = stopped.get(trial.trial_id) or ({"rung": None, "cutoff": None} if cut_short else None)
-        rows.append(row)
-    return rows
-
-
-def stopped_early_trials(location: StudyLocation) -> dict[str, dict]:
-    """{trial id: {"rung", "cutoff"}} of the trials the scheduler stopped, from their run folders' record
-    (`launch.trainable.STOPPED_FILE`, written by the driver's `launch.mlflow_callback`)."""
-    out = {}
-    prefix = f"{location.name}-"
-    for name in location.at(TRIALS_DIR).listdir(folders_only=True):
-        record = stop_record(location.at(TRIALS_DIR, name)) if name.startswith(prefix) else None
-        if record is not None:
-            out[name[len(prefix):]] = {"rung": record["rung"], "cutoff": finite(record["cutoff"])}
-    return out
-
-
-def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
-    try:
-        return read_results(location.at(TRIALS_DIR), spec.name, trial_id)
-    except ValueError:  # a log cut short (not JSON): Tune's last result alone
-        return []
-
-
-def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
-              last_result: dict, error: str | None = None) -> dict:
-    """A trial's row of the summary: the table's columns, the epochs it reported and its best stored checkpoint
-    (Ray Train keeps the best by the study metric plus the latest; ties go to the later epoch)."""
-    values = {int(r["epoch"]): finite(r[spec.metric]) for r in history  # the latest report of an epoch wins
-              if finite(r.get("epoch")) is not None and finite(r.get(spec.metric)) is not None}
-    best_value = _best_value(values.values(), spec.mode)
-    run = location.at(TRIALS_DIR, train_run_name(spec.name, trial_id))
-    sign = 1 if spec.mode == "max" else -1
-    ckpt_epoch = max((e for e in checkpoint_epochs(run) if e in values), key=lambda e: (sign * values[e], e),
-                     default=None)
-    if ckpt_epoch is not None and values[ckpt_epoch] == best_value:
-        best_epoch = ckpt_epoch
-    else:
-        best_epoch = next((e for e in sorted(values) if values[e] == best_value), None)
-    last = history[-1] if history else last_result  # the result log is in epoch order
-    return {
-        **_table_row(spec, trial_id, state, sampled, last, best_value),
-        "sampled": sampled,
-        "epochs_reported": [int(r["epoch"]) for r in history or [last_result] if finite(r.get("epoch")) is not None],
-        "best_epoch": best_epoch,
-        "best_checkpoint": None if ckpt_epoch is None else run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE).uri,
-        "best_checkpoint_problem": None if ckpt_epoch is None else quick_checkpoint_problem(
-            run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE)),
-        "best_checkpoint_epoch": ckpt_epoch,
-        "train_run": run.uri,
-        "compute": trial_compute(history),
-        "error": error,
-    }
-
-
-def trial_compute(history: list[dict]) -> dict:
-    """What a trial cost, {unit: seconds}: the largest of its cumulative `compute/*` results."""
-    most = {unit: _best_value([r.get(f"compute/{unit}") for r in history], "max") for unit in COMPUTE_UNITS}
-    return {unit: seconds for unit, seconds in most.items() if seconds is not None}
-
-
-def compute_totals(spec, rows: list[dict]) -> dict:
-    """The study's compute: `total_<unit>` over all trials, `stopped_<unit>` spent on trials the scheduler stopped
-    early, `saved_<unit>` what stopping them saved against running them to their planned epochs (their cost per
-    epoch so far x the epochs they did not run). With `resources.price_per_hour` (a worker node's, one trial per
-    node) also `<kind>_cost` = price x the kind's wall hours."""
-    totals: dict[str, float] = defaultdict(float)
-    for row in rows:
-        done, planned = row["epochs_done"], row["epochs_planned"]
-        stopped = row["state"] == "TERMINATED" and 0 < done < planned
-        for unit, value in (row.get("compute") or {}).items():
-            totals[f"total_{unit}"] += value
-            totals[f"stopped_{unit}"] += value if stopped else 0.0
-            totals[f"saved_{unit}"] += value / done * (planned - done) if stopped else 0.0
-    price = spec.resources.price_per_hour
-    if price is not None and "total_wall_s" in totals:
-        for kind in ("total", "stopped", "saved"):
-            totals[f"{kind}_cost"] = price * totals[f"{kind}_wall_s"] / 3600
-    return dict(totals)
-
-
-def _stopped_tags(row: dict) -> dict:
-    """A row's or group's stopped-early record as the run tags that `dashboards.stats.best_candidates` reads."""
-    from dashboards.stats import stopped_early_tags  # scipy (dashboards.stats): not for `a2 study validate`
-
-    return stopped_early_tags(0, float("nan")) if row.get("stopped_early") else {}
-
-
-def replicate_groups(spec, rows: list[dict]) -> list[dict]:
-    """One entry per replicate group (trials whose resolved configs differ only in the seed,
-    `dashboards.stats.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
-    seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
-    stopped early, if any."""
-    from dashboards.stats import config_hash, seed_interval  # scipy: not for `a2 study validate`
-    from launch.search import SEED_KEYS, group_key  # ray and optuna: likewise
-
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        digest = config_hash(r["config"]) if r.get("config") else group_key(dict(r["sampled"] or {}))
-        groups.setdefault(digest, []).append(r)
-    out = []
-    for h, g in groups.items():
-        values = [r["best"] for r in g if r["best"] is not None]
-        interval = asdict(seed_interval(values)) if values else {"mean": None, "low": None, "high": None, "n": 0}
-        sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
-        out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,
-                    "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
-                    "values": values, "test_values": [r["test"] for r in g if r.get("test") is not None],
-                    **interval,
-                    "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
-    return out
-
-
-def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
-    """Best trial and best replicate group (both among those not stopped early, unless every one was:
-    `dashboards.stats.best_candidates`), the baseline (fusion none, same seed) comparison, every replicate
-    group's mean and interval, and every trial's results."""
-    from dashboards.stats import best_candidates, best_group as pick_best_group  # scipy: not for validate
-
-    best = pick_best(best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags), "best", spec.mode)
-    groups = replicate_groups(spec, rows)
-    best_group = pick_best_group(groups, lambda g: g["values"], spec.mode, lambda g: bool(g.get("stopped_early")))
-    baseline, beats = None, None
-    if best is not None:
-        baseline = pick_best([r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"]
-                          and r["best"] is not None], "best", spec.mode)
-        if baseline is not None and baseline is not best:
-            beats = best["best"] > baseline["best"] if spec.mode == "max" else best["best"] < baseline["best"]
-    done = sum(1 for r in rows if r["state"] == "TERMINATED")
-    return {
-        "study": spec.name,
-        "path": location.uri(),
-        "metric": spec.metric,
-        "mode": spec.mode,
-        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "num_trials": spec.num_trials,
-        "trials_finished": done,
-        "complete": done == spec.num_trials and len(rows) == spec.num_trials,
-        "best": None if best is None else {
-            "trial_id": best["trial_id"], "value": best["best"], "epoch": best["best_epoch"],
-            "checkpoint": best["best_checkpoint"], "checkpoint_epoch": best["best_checkpoint_epoch"],
-            "checkpoint_problem": best.get("best_checkpoint_problem"),
-            "sampled": best["sampled"], "config": best["config"], "fusion": best["fusion"], "seed": best["seed"],
-            "lambda": best["lambda"], "stopped_early": best.get("stopped_early")},
-        "best_group": best_group,
-        "groups": groups,
-        "baseline": None if baseline is None else {
-            "trial_id": baseline["trial_id"], "value": baseline["best"], "seed": baseline["seed"],
-            "checkpoint": baseline["best_checkpoint"]},
-        "beats_baseline": beats,
-        "compute": compute_totals(spec, rows),
-        "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows],
-    }
-
-
+# -- the end of a run -------------------------------------------------------------------------------------------
 def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
-    rows = collect(spec, location)
-    summary = summarize(spec, location, rows)
+    # scipy (dashboards.stats, through launch.record): not for `a2 study validate`, which imports this module
+    from launch.record import StudyRecord
+
+    record = StudyRecord.load(location, spec)
+    rows = record.trials
+    summary = record.summary()
     summary["tracking"] = add_outage(location)  # the MLflow outages of the study, if any
     write_summary(location, summary)
     _log_compute_totals(spec, summary["compute"])

@@ -37,6 +37,15 @@ def describe(holder: dict) -> str:
             f"{holder.get('started', '?')} (last heartbeat {age:.0f} s ago)")
 
 
+def live_writer(study) -> dict | None:
+    """The holder of the lease of the study at `study` (a Location of its folder) while it is alive: a heartbeat
+    younger than `DEFAULT_STALE_AFTER` and, on this host, its process still there; else None."""
+    holder = StudyLease(study).read()
+    if holder is None or _pid_gone(holder) or time.time() - float(holder.get("heartbeat", 0)) >= DEFAULT_STALE_AFTER:
+        return None
+    return holder
+
+
 class StudyLease:
     """The lease of the study at `study` (a `launch.storage.Location` of the study's folder)."""
 

@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from a2core.errors import StorageError, StudyError, TrackingError
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
@@ -36,7 +36,8 @@ SKIP_KEYS = {"done", "trial_id", "experiment_id", "experiment_tag", "should_chec
 @dataclass
 class TrialState:
     """What Tune knows of a trial and the record needs: its id, name, sampled config, state ("PENDING", "RUNNING",
-    "PAUSED", "TERMINATED", "ERROR"), retries and last error line."""
+    "PAUSED", "TERMINATED", "ERROR"), retries, last error line and last result (the record's fallback for a trial
+    with no result log)."""
 
     trial_id: str
     name: str
@@ -44,19 +45,26 @@ class TrialState:
     status: str
     retries: int = 0
     error: str | None = None
+    last_result: dict = field(default_factory=dict)
 
     @classmethod
     def of(cls, trial) -> "TrialState":
         """From a Tune `Trial` (the driver's live ones, or `ExperimentAnalysis.trials` after the study)."""
-        error = None
-        if trial.status == "ERROR":
-            try:
-                lines = str(trial.get_error() or "").strip().splitlines()
-            except Exception:  # noqa: BLE001 - the error file may be gone with its node
-                lines = []
-            error = (lines[-1][:500] if lines else "the trial failed") + " (`a2 study status NAME` shows the trial)"
+        try:
+            lines = str(trial.get_error() or "").strip().splitlines()
+        except Exception:  # noqa: BLE001 - the error file may be gone with its node
+            lines = ["the trial failed"] if trial.status == "ERROR" else []
         return cls(str(trial.trial_id), str(trial), dict(trial.config or {}), str(trial.status),
-                   int(getattr(trial, "num_failures", 0) or 0), error)
+                   int(getattr(trial, "num_failures", 0) or 0), lines[-1][:500] if lines else None,
+                   dict(getattr(trial, "last_result", None) or {}))
+
+
+def run_status(state: str, epochs: int, stopped: dict | None, total_epochs: int, ended: bool) -> str:
+    """The MLflow status of a trial's run: FINISHED when Tune ended it after all its epochs or the scheduler stopped
+    it, FAILED when it errored, else KILLED once the study `ended` (no writer goes on with it), else RUNNING."""
+    if state == "TERMINATED" and (stopped is not None or epochs >= total_epochs):
+        return "FINISHED"
+    return "FAILED" if state == "ERROR" else "KILLED" if ended else "RUNNING"
 
 
 def end_reason(study: str, signal_name: str | None = None) -> str:
@@ -138,9 +146,7 @@ class Export:
         results = sorted((r for r in json.loads(text or "[]") if isinstance(r, dict) and isinstance(
             r.get("epoch"), (int, float))), key=lambda r: r["epoch"])  # as `launch.trainable.ResultLog` wrote them
         stopped = stop_record(folder, stopped_text or "")
-        complete = trial.status == "TERMINATED" and (stopped is not None or len(results) >= self.spec.total_epochs)
-        status = ("FINISHED" if complete else "FAILED" if trial.status == "ERROR"
-                  else "KILLED" if ended is not None else "RUNNING")
+        status = run_status(trial.status, len(results), stopped, self.spec.total_epochs, ended is not None)
         config = self.spec.trial_config(dict(trial.config))  # resolved: the replicate group is its hash
         run_id = tracker.trial_run(tid, config, running=status == "RUNNING",
                                    tags={"a2.ray_trial_name": trial.name,
@@ -155,7 +161,8 @@ class Export:
         tracker.set_tags(run_id, self._tags(trial, results, stopped))
         self._artifacts(tracker, run_id, folder.join(ARTIFACTS_DIR))
         if status != "RUNNING":
-            reason = trial.error if status == "FAILED" else ended if status == "KILLED" else None
+            reason = (f"{trial.error or 'the trial failed'} (`a2 study status NAME` shows the trial)"
+                      if status == "FAILED" else ended if status == "KILLED" else None)
             tracker.end_trial(run_id, status, reason)
         self.exported[tid] = (seen, status)
         return status

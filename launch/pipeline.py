@@ -17,6 +17,7 @@ from launch.spec import load_study
 from launch.conclusions import verdict
 from launch.driver import resume_study, run_study
 from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, saved_form, study_path
+from launch.record import StudyRecord
 from launch.study import exit_code
 
 DEFAULT_STUDY = "studies/smoke.yaml"
@@ -57,19 +58,19 @@ def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
     return resume_study(location, address=address, verbose=verbose)
 
 
-def conclusion(tracking_uri: str, name: str, manifest: dict) -> list[str]:
+def conclusion(study, manifest: dict) -> list[str]:
     """The study's verdicts, fusion by fusion against the baseline (test CIDEr of the configurations selected on val
     CIDEr, or val throughout when a run has no test scores, as the verdict line says; the paired bootstrap over seeds
     and images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
-    over the member chosen on validation."""
+    over the member chosen on validation. `study`: the study's record (`launch.record.StudyRecord.study`)."""
     from dashboards.compare import study_comparison  # mlflow: not on every `a2` command (launch.cli imports this)
 
     try:
-        comparison, _, _ = study_comparison(tracking_uri, name, by="fusion")
+        comparison, _, _ = study_comparison(study, by="fusion")
     except A2Error as err:
         lines = [f"no comparison: {err}"]
     else:
-        lines = comparison.verdicts() or [f"no baseline (fusion none) to compare with in study {name}"]
+        lines = comparison.verdicts() or [f"no baseline (fusion none) to compare with in study {study.name}"]
     gains = [(manifest.get(key) or {}).get("verdict") for key in ("ensemble_gain", "ensemble_gain_over_chosen")]
     return lines + [gain for gain in gains if gain]
 
@@ -105,10 +106,12 @@ def main(args) -> int:
         print(f"pipeline: 2/3 report of {name}", flush=True)
         t = time.perf_counter()
         report = {}
+        study = StudyRecord.load(StudyLocation(name, spec.storage, spec.storage_endpoint_url), spec).study()
         try:
-            from dashboards.report import build_report  # mlflow: as `study_comparison`
+            from dashboards.report import build_report, log_report  # mlflow: as `study_comparison`
 
-            report = build_report(uri, name, out / "report")
+            report = build_report(study, out / "report")
+            report["artifact_uri"] = log_report(uri, name, report)
         except A2Error as err:  # the package is still worth making; the exit code says it
             problems.append(f"report: {type(err).__name__}: {err}")
             print(f"pipeline: the report failed: {err}", file=sys.stderr, flush=True)
@@ -148,6 +151,6 @@ def main(args) -> int:
     ]
     lines += [f"  uploaded:     {u['uri']}" for u in manifest["uploads"]]
     lines += [f"  problem:      {p}" for p in problems]
-    lines += [f"conclusion:   {line}" for line in conclusion(uri, name, manifest)]
+    lines += [f"conclusion:   {line}" for line in conclusion(study, manifest)]
     print("\n".join(lines), flush=True)
     return 1 if problems else 0

@@ -4,8 +4,8 @@ Per trial: its images (counted in the captions file when it is there, else the s
 global batch, steps per epoch and in all, warmup's share of the cross-entropy steps and the T_P range against the
 trial's steps. Per study: trials, trial-epochs, seeds per arm and the power they give for the paper's Table 3 gaps
 (`dashboards.stats.power` / `seeds_needed`: the power of the verdict rule `compare_arms` prints, a 95% Welch
-interval with no verdict below 2 seeds) at a seed spread (`--sd`, else measured in the study's finished runs,
-else `COCO_SEED_SD` for a COCO study), and an estimate of GPU-hours, wall time and cost on the worker type of
+interval with no verdict below 2 seeds) at a seed spread (`--sd`, else measured in the record of the study's
+finished seeds, else `COCO_SEED_SD` for a COCO study), and an estimate of GPU-hours, wall time and cost on the worker type of
 `ray-cluster.yaml` from a throughput (`--images-per-second`, default `IMAGES_PER_SECOND`).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from a2core.config import CAPTIONS_PER_IMAGE, load_yaml
 from a2core.errors import A2Error, StudyError
 from dashboards.paper_results import TABLE3, TABLE3_ROW
-from dashboards.stats import CONFIDENCE, POWER, pooled_sd, power, seeds_needed
+from dashboards.stats import POWER, pooled_sd, power, seeds_needed
 
 CLUSTER_FILE = Path(__file__).resolve().parents[1] / "ray-cluster.yaml"
 
@@ -36,7 +36,7 @@ VAL_IMAGE_COST = 1.0
 # Seed spread of best val CIDEr (x100) for a COCO study that has not run yet: an ASSUMED figure of 1.0 CIDEr. No
 # source at hand measures it for this model (the paper reports one run per configuration); it is of the order of
 # the differences between re-runs of one Transformer captioner on the Karpathy split. Replace it with the
-# study's own: `a2 study plan` measures it from the finished seeds in MLflow.
+# study's own: `a2 study plan` measures it from the finished seeds in the study's record.
 COCO_SEED_SD = 1.0
 # On-demand price per hour of an instance (Linux, us-west-2), as listed by AWS EC2 On-Demand Pricing in 2025; an
 # assumption: check the current price list. Spot prices move by the hour: --price-per-hour for a quoted one.
@@ -54,17 +54,14 @@ def table3_gaps() -> list[tuple[str, float]]:
     return gaps + [(f"{a} vs {b}", round(d, 1))]
 
 
-def measured_sd(tracking_uri: str, study_name: str) -> tuple[float, int]:
-    """(pooled seed sd of best val CIDEr, replicate groups with >= 2 seeds) of a finished study in MLflow."""
-    from dashboards.compare import configurations
-    from dashboards.report import load_study
-
-    runs = [r for r in load_study(tracking_uri, study_name).runs if r.best_cider is not None]
-    groups = [[r.best_cider for r in g] for g in configurations(runs)]
+def measured_sd(record) -> tuple[float, int]:
+    """(pooled seed sd of the best study metric, replicate groups with >= 2 seeds) of a study's record
+    (`launch.record.StudyRecord`)."""
+    groups = [g["values"] for g in record.groups()]
     sd = pooled_sd(groups)
     if sd is None:
-        raise StudyError(f"study {study_name!r} has no configuration with two seeds in {tracking_uri}: no seed spread "
-                         f"to measure; give one with --sd")
+        raise StudyError(f"study {record.spec.name!r} at {record.location.uri()} has no configuration with two "
+                         f"seeds: no seed spread to measure; give one with --sd")
     return sd, sum(len(g) > 1 for g in groups)
 
 
@@ -194,14 +191,14 @@ def _seed_spread(args, spec) -> tuple[float | None, str]:
         if args.sd <= 0:
             raise StudyError(f"--sd must be > 0, got {args.sd}")
         return args.sd, "given"
-    uri = args.tracking_uri or spec.tracking.mlflow_uri
-    sqlite = uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file()
-    if not sqlite:  # never create a tracking database just to find it empty
-        try:
-            sd, groups = measured_sd(uri, spec.name)
-            return sd, f"measured in study {spec.name}, {groups} replicate groups"
-        except A2Error:
-            pass
+    from launch.location import locate
+    from launch.record import StudyRecord  # ray.tune: only to read a study that ran
+
+    try:
+        sd, groups = measured_sd(StudyRecord.load(locate(spec.name, args.storage or spec.storage)))
+        return sd, f"measured in study {spec.name}, {groups} replicate groups"
+    except A2Error:  # not run yet (no study.yaml there), or no group with two seeds
+        pass
     if spec.base["data"]["kind"] == "coco":
         return COCO_SEED_SD, "assumed for COCO, launch.plan.COCO_SEED_SD: no finished seeds of this study to measure"
     return None, f"no finished seeds of study {spec.name} to measure"

@@ -1,7 +1,8 @@
-"""`a2 study validate|run|resume|status|check|compare|plan` and `a2 mlflow sync NAME`: the command line.
+"""`a2 study validate|run|resume|status|check|compare|plan`, `a2 report` and `a2 mlflow sync NAME`: the command line.
 
-Where a study lives is `launch.location`; running, resuming and reading it back is `launch.driver`; what people read
-of it is `launch.conclusions`. MLflow is an export of the study's record (`launch.mlflow_export`).
+Where a study lives is `launch.location`; running and resuming it is `launch.driver`; reading it back is
+`launch.record`; what people read of it is `launch.conclusions` and `dashboards/`. MLflow is an export of the study's
+record (`launch.mlflow_export`).
 """
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ import json
 import sys
 from pathlib import Path
 
+from a2core.errors import A2Error
 from launch import stop
 # Tune's saved experiment (tuner.pkl) pickles the driver's callback, which holds a StudyLocation, and the live table's
 # reporter, which refers to format_table and live_row (and, in studies run before MLflow became an export,
 # _result_log) by the module they were defined in: launch.study. `a2 study resume` of such a study unpickles them from
-# here, so these names stay importable from launch.study.
+# here, so these names stay importable from launch.study (`_result_log` through `__getattr__` below).
 from launch.conclusions import format_table, print_conclusions  # noqa: F401 (format_table: old tuner.pkl)
-from launch.driver import (_result_log, check_tracking, collect, live_row, resume_study,  # noqa: F401 (old tuner.pkl)
-                           run_study, summarize, tune_trials)
+from launch.driver import check_tracking, live_row, resume_study, run_study  # noqa: F401 (live_row: old tuner.pkl)
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.location import (SUMMARY_FILE, StudyLocation, json_default, load_saved_spec,  # noqa: F401 (old tuner.pkl)
                              locate, write_summary)
@@ -47,11 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check = sub.add_parser("check", help="verify a study's saved state and every checkpoint (exit 2 if unreadable)")
     add_name(check)
 
-    compare = sub.add_parser("compare", help="configurations of a study side by side, from MLflow")
-    compare.add_argument("name")
+    compare = sub.add_parser("compare", help="configurations of a study side by side, read from its storage")
+    add_name(compare)
     compare.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
     compare.add_argument("--baseline", default=None, help="the value of --by to compare with (default: fusion none)")
-    compare.add_argument("--tracking-uri", default=None)
+    compare.add_argument("--tracking-uri", default=None, help=argparse.SUPPRESS)  # before the record: not read
 
     plan = sub.add_parser("plan", help="a study's steps, schedule, seeds and power, GPU-hours and cost, before it runs")
     _add_study_file(plan)
@@ -59,7 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="seed standard deviation of val CIDEr (x100); default: measured in the study's runs")
     plan.add_argument("--delta", type=float, nargs="+", default=None,
                       help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
-    plan.add_argument("--tracking-uri", default=None, help="where the finished study's runs are (default: spec)")
+    plan.add_argument("--storage", default=None,
+                      help="storage root of the finished study whose seeds give the spread (default: the spec's)")
+    plan.add_argument("--tracking-uri", default=None, help=argparse.SUPPRESS)  # before the record: not read
     plan.add_argument("--images-per-second", type=float, default=None,
                       help="training images per second per GPU (default: the estimate in benchmarks/RESULTS.md)")
     plan.add_argument("--price-per-hour", type=float, default=None,
@@ -96,11 +99,21 @@ def main(args: argparse.Namespace) -> int:
     command = args.study_command
     if command == "validate":
         return validate_main(args.file, args.overrides)
-    if command in ("compare", "plan"):  # MLflow and scipy: imported only when asked for
-        return importlib.import_module({"compare": "dashboards.compare", "plan": "launch.plan"}[command]).main(args)
+    if command == "plan":  # scipy: imported only when asked for
+        return importlib.import_module("launch.plan").main(args)
     if command == "check":
         return cmd_check(args)
-    return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[command](args)
+    return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status, "compare": cmd_compare}[command](args)
+
+
+def __getattr__(name: str):
+    """`_result_log`, which tuner.pkl files of older studies name here, imported when asked for (launch.record
+    imports scipy: not for `a2 study validate`)."""
+    if name == "_result_log":
+        from launch.record import _result_log
+
+        return _result_log
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- run / resume / sync -----------------------------------------------------------------------------------------
@@ -131,6 +144,8 @@ def exit_code(summary: dict) -> int:
 
 def cmd_sync(args) -> int:
     """Export the study's record to its MLflow server (`launch.mlflow_export`); updates `summary.json`'s `tracking`."""
+    from launch.record import tune_trials  # ray.tune: only when a study's Tune state is read
+
     location = locate(args.name, args.storage)
     spec = load_saved_spec(location)
     check_tracking(spec)
@@ -148,19 +163,70 @@ def cmd_sync(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from launch.record import StudyRecord  # ray.tune and scipy: not for `a2 study validate`
+
     location = locate(args.name, args.storage)
     refuse_corrupt(location.at(), "status")
-    spec = load_saved_spec(location)
-    try:
-        rows = collect(spec, location)
-    except ValueError as err:  # no experiment snapshot yet
-        rows = []
-        if not args.json:
-            print(f"study {spec.name}: no trial has started yet ({err.__class__.__name__})")
-    summary = summarize(spec, location, rows)
+    record = StudyRecord.load(location)
+    if not record.trials and not args.json:
+        print(f"study {record.spec.name}: no trial has started yet")
+    summary = record.summary()
     if args.json:
         print(json.dumps(summary, indent=2, default=json_default))
         return 0
+    spec = record.spec
     print(f"study {spec.name} at {location.uri()}: {summary['trials_finished']}/{spec.num_trials} trials finished")
-    print_conclusions(spec, summary, rows)
+    print_conclusions(spec, summary, record.trials)
     return 0
+
+
+def cmd_compare(args) -> int:
+    """`a2 study compare NAME [--storage ROOT] [--by KEY] [--baseline VALUE]`: prints the table from the record."""
+    from dashboards.compare import compare_table  # scipy, like launch.record: only when asked for
+    from launch.record import StudyRecord
+
+    study = StudyRecord.load(locate(args.name, args.storage)).study()
+    print(compare_table(study, args.by, args.baseline))
+    note = study.still_running_note("comparison")
+    if note:
+        print(note)
+    return 0
+
+
+def cmd_report(args) -> int:
+    """`a2 report NAME [--storage ROOT] [--out DIR] [--tracking-uri URI]`: the report from the record, into DIR
+    (default `./a2-reports/NAME`, or a new numbered folder next to it when it holds an earlier report), logged to
+    the study's MLflow parent run (in its own store unless --tracking-uri) when that run exists."""
+    from a2core.atomic import fresh_folder
+    from dashboards.report import build_report, log_report  # matplotlib and scipy: only when asked for
+    from launch.record import StudyRecord
+
+    record = StudyRecord.load(locate(args.name, getattr(args, "storage", None)))
+    study = record.study()
+    out = fresh_folder(Path(getattr(args, "out", None) or Path("a2-reports") / args.name), ("report.html",), "report")
+    paths = build_report(study, out)
+    uri = getattr(args, "tracking_uri", None) or record.spec.tracking.mlflow_uri
+    artifacts = log_report(uri, args.name, paths) if _store_answers(uri) else None
+    print(f"report of study {args.name}:")
+    for key, value in {**paths, **({"artifact_uri": artifacts} if artifacts else {})}.items():
+        print(f"  {key}: {value}")
+    if artifacts is None:
+        print(f"note: not logged to MLflow: {uri} has no run of study {args.name} (`a2 mlflow sync {args.name}` "
+              f"exports it)")
+    note = study.still_running_note("report")
+    if note:
+        print(note)
+    return 0
+
+
+def _store_answers(uri: str) -> bool:
+    """The MLflow store at `uri` is there (a SQLite file is never created just to find it empty) and answers."""
+    from dashboards.tracking import check_tracking_uri
+
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        return False
+    try:
+        check_tracking_uri(uri, timeout=5.0)
+    except A2Error:
+        return False
+    return True

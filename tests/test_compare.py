@@ -1,4 +1,4 @@
-"""`a2 study compare` with intervals, on replicate groups logged to a SQLite MLflow store in tmp_path."""
+"""`a2 study compare` with intervals, on replicate groups written to a study's folder in tmp_path."""
 from __future__ import annotations
 
 import argparse
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from a2core.errors import StudyError
-from dashboards.compare import PER_IMAGE_ARTIFACT, compare_table, study_comparison
-from dashboards.compare import main as compare_main
-from dashboards.stats import TAG_CONFIG_HASH, paired_difference, seed_interval, stopped_early_tags
-from dashboards.tracking import StudyTracker
+from dashboards.compare import compare_table, study_comparison
+from dashboards.stats import paired_difference, seed_interval
+from launch.study import cmd_compare
+from tests.studyfolder import fabricated_study
 
 STUDY = "cmp-study"
 IMAGES = 60
@@ -31,37 +31,41 @@ def per_image(mean: float, seed: int, rng_seed: int) -> np.ndarray:
     return scores - scores.mean() + mean + (seed - 1)  # the run's mean is exactly mean + (seed - 1)
 
 
+def cmd_args(fab, **options) -> argparse.Namespace:
+    return argparse.Namespace(name=fab.spec.name, storage=fab.spec.storage,
+                              **{"by": "fusion", "baseline": None, "tracking_uri": None, **options})
+
+
 @pytest.fixture
-def study(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracker = StudyTracker(uri, STUDY)
-    tracker.start_study({}, {})
+def fab(tmp_path, monkeypatch):
+    fab = fabricated_study(tmp_path, STUDY, epochs=1)
     truth = {}
     for i, ((fusion, lam), mean) in enumerate(CONFIGS.items()):
         for seed in SEEDS:
-            model = {"fusion": fusion} if lam is None else {"fusion": fusion, "lambda": lam}  # none: no lambda
-            run = tracker.trial_run(f"{fusion}-{lam}-{seed}", {"model": model, "train": {"seed": seed}},
-                                    tags={TAG_CONFIG_HASH: f"hash{i}"})
+            sampled = {"fusion": fusion, "seed": seed, **({} if lam is None else {"lambda": lam})}  # none: no lambda
             scores = per_image(mean, seed, 10 * i + seed)
-            tracker.log_metrics(run, {"val/CIDEr": float(scores.mean()), "val/BLEU-4": 30.0 + seed}, step=1)
-            tracker.client.log_dict(run, {f"{k:03d}": float(v) for k, v in enumerate(scores)}, PER_IMAGE_ARTIFACT)
+            fab.add(f"{fusion}-{lam}-{seed}", sampled,
+                    [{"epoch": 1, "val/CIDEr": float(scores.mean()), "val/BLEU-4": 30.0 + seed}],
+                    per_image={"val": {f"{k:03d}": float(v) for k, v in enumerate(scores)}})
             truth.setdefault((fusion, lam), []).append(scores)
-            tracker.end_trial(run, "FINISHED")
     # a better-looking configuration that the scheduler stopped early: never the best while others finished
     for seed in SEEDS:
-        run = tracker.trial_run(f"stopped-{seed}", {"model": {"fusion": "gate", "lambda": 0.05},
-                                                    "train": {"seed": seed}}, tags={TAG_CONFIG_HASH: "hash9"})
-        tracker.log_metrics(run, {"val/CIDEr": 130.0 + seed}, step=1)
-        if seed == 0:
-            tracker.set_tags(run, stopped_early_tags(1, 131.0))
-        tracker.end_trial(run, "FINISHED")
-    tracker.end_study("FINISHED")
-    return uri, {k: np.stack(v) for k, v in truth.items()}
+        fab.add(f"stopped-{seed}", {"fusion": "gate", "lambda": 0.05, "seed": seed},
+                [{"epoch": 1, "val/CIDEr": 130.0 + seed}],
+                stopped={"rung": 1, "cutoff": 131.0} if seed == 0 else None)
+    fab.patch_tune(monkeypatch)
+    fab.truth = {k: np.stack(v) for k, v in truth.items()}
+    return fab
+
+
+@pytest.fixture
+def study(fab):
+    return fab.record().study(), fab.truth
 
 
 def test_compare_by_fusion_rows_intervals_and_difference_to_baseline(study):
-    uri, truth = study
-    text = compare_table(uri, STUDY, by="fusion")
+    study, truth = study
+    text = compare_table(study, by="fusion")
     lines = text.splitlines()
     rows = {line.split()[0]: line for line in lines[3:5]}
     assert list(rows) == ["none", "gate"]
@@ -82,42 +86,39 @@ def test_compare_by_fusion_rows_intervals_and_difference_to_baseline(study):
     assert " 3  " in rows["gate"]  # n seeds
 
 
-def test_compare_by_lambda_ignores_trials_without_a_mask_network(study, capsys):
-    uri, truth = study
-    comparison, labelled, _ = study_comparison(uri, STUDY, by="lambda")
+def test_compare_by_lambda_ignores_trials_without_a_mask_network(fab, study, capsys):
+    study, truth = study
+    comparison, labelled, _ = study_comparison(study, by="lambda")
     labels = [arm.label for arm, _ in comparison.rows]
     # lambda 0.05 has only its stopped group, so that is its row; the baseline is a reference row, not a lambda
     assert labels == ["0.01", "0.05", "0.1", "fusion=none"]
     assert set(comparison.differences) == {"0.01", "0.05", "0.1"}
     assert comparison.differences["0.05"].images is None  # no per-image scores logged: Welch over seed means
     assert comparison.differences["0.01"].resolved and comparison.differences["0.01"].delta == pytest.approx(3.0)
-    assert compare_main(argparse.Namespace(name=STUDY, by="lambda", baseline=None, tracking_uri=uri)) == 0
+    assert cmd_compare(cmd_args(fab, by="lambda")) == 0
     assert "0.1 beats fusion=none by 6.0 val CIDEr" in capsys.readouterr().out
 
 
-def test_compare_against_a_chosen_baseline_row(study, capsys):
-    uri, truth = study
-    comparison, _, _ = study_comparison(uri, STUDY, by="lambda", baseline="0.01")
+def test_compare_against_a_chosen_baseline_row(fab, study, capsys):
+    study, truth = study
+    comparison, _, _ = study_comparison(study, by="lambda", baseline="0.01")
     assert comparison.baseline == "0.01" and [arm.label for arm, _ in comparison.rows] == ["0.01", "0.05", "0.1"]
     assert set(comparison.differences) == {"0.05", "0.1"}  # no fusion=none reference row
     diff = paired_difference(truth[("gate", 0.1)], truth[("gate", 0.01)], ("0.1", "0.01"), metric="val CIDEr")
     assert comparison.differences["0.1"].interval_text() == diff.interval_text()
-    assert compare_main(argparse.Namespace(name=STUDY, by="lambda", baseline="0.01", tracking_uri=uri)) == 0
+    assert cmd_compare(cmd_args(fab, by="lambda", baseline="0.01")) == 0
     out = capsys.readouterr().out
     assert "0.01 (baseline)" in out and out.splitlines()[-1] == diff.verdict()
     with pytest.raises(StudyError, match=r"--baseline 0.2: .* lambda=0.2 \(it has 0.01, 0.05, 0.1\)"):
-        study_comparison(uri, STUDY, by="lambda", baseline="0.2")
+        study_comparison(study, by="lambda", baseline="0.2")
 
 
 def test_stopped_group_is_best_when_it_is_the_only_one(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'only.db'}"
-    tracker = StudyTracker(uri, "only")
-    tracker.start_study({}, {})
+    fab = fabricated_study(tmp_path, "only", epochs=3)
     for seed in SEEDS:
-        run = tracker.trial_run(f"t{seed}", {"model": {"fusion": "gate"}, "train": {"seed": seed}},
-                                tags={TAG_CONFIG_HASH: "h", **stopped_early_tags(2, 50.0)})
-        tracker.log_metrics(run, {"val/CIDEr": 40.0 + seed}, step=2)
-    comparison, _, _ = study_comparison(uri, "only")
+        fab.add(f"t{seed}", {"fusion": "gate", "lambda": 0.05, "seed": seed},
+                [{"epoch": 2, "val/CIDEr": 40.0 + seed}], stopped={"rung": 2, "cutoff": 50.0})
+    comparison, _, _ = study_comparison(fab.record().study())
     ((arm, intervals),) = comparison.rows
     assert intervals["val/CIDEr"].mean == pytest.approx(41.0) and intervals["val/CIDEr"].n == 3
     assert comparison.differences == {}  # no baseline in this study
@@ -126,32 +127,27 @@ def test_stopped_group_is_best_when_it_is_the_only_one(tmp_path):
 def test_rows_are_selected_on_val_and_judged_on_the_test_split(tmp_path):
     """With test scores logged (each run's selected checkpoint on the test split, per image), the row of each fusion
     is still its best configuration on val, but the difference and the verdict are on the test images."""
-    from dashboards.compare import TEST_PER_IMAGE_ARTIFACT
-
-    uri = f"sqlite:///{tmp_path / 'test.db'}"
-    tracker = StudyTracker(uri, "split")
-    tracker.start_study({}, {})
+    fab = fabricated_study(tmp_path, "split", epochs=1)
     truth = {}
     for i, ((fusion, lam), val_mean) in enumerate(CONFIGS.items()):
         for seed in SEEDS:
-            model = {"fusion": fusion} if lam is None else {"fusion": fusion, "lambda": lam}
-            run = tracker.trial_run(f"{fusion}-{lam}-{seed}", {"model": model, "train": {"seed": seed}},
-                                    tags={TAG_CONFIG_HASH: f"hash{i}"})
+            sampled = {"fusion": fusion, "seed": seed, **({} if lam is None else {"lambda": lam})}
             test = per_image(100.0, seed, 50 + 10 * i + seed)  # on test every configuration scores about 100
-            tracker.log_metrics(run, {"val/CIDEr": val_mean + seed, "val/BLEU-4": 40.0 + seed,
-                                      "test/CIDEr": float(test.mean()), "test/BLEU-4": 30.0 + i + seed}, step=1)
-            tracker.client.log_dict(run, {f"{k:03d}": float(v) for k, v in enumerate(test)}, TEST_PER_IMAGE_ARTIFACT)
+            fab.add(f"{fusion}-{lam}-{seed}", sampled,
+                    [{"epoch": 1, "val/CIDEr": val_mean + seed, "val/BLEU-4": 40.0 + seed,
+                      "test/CIDEr": float(test.mean()), "test/BLEU-4": 30.0 + i + seed}],
+                    per_image={"test": {f"{k:03d}": float(v) for k, v in enumerate(test)}})
             truth.setdefault((fusion, lam), []).append(test)
-            tracker.end_trial(run, "FINISHED")
-    tracker.end_study("FINISHED")
-    comparison, configs, _ = study_comparison(uri, "split", by="fusion")
-    assert configs["gate"] == "model.lambda=0.1"  # selected on val (116 against 113)
+    study = fab.record().study()
+    comparison, configs, _ = study_comparison(study, by="fusion")
+    # selected on val (116 against 113); the model keys only a mask network has follow (the baseline lacks them)
+    assert configs["gate"].split(", ")[0] == "model.lambda=0.1" and "model.mask_net=content" in configs["gate"]
     diff = comparison.differences["gate"]
     expect = paired_difference(np.stack(truth[("gate", 0.1)]), np.stack(truth[("none", None)]), ("gate", "none"),
                                metric="test CIDEr")
     assert (diff.delta, diff.low, diff.high) == pytest.approx((expect.delta, expect.low, expect.high))
     assert diff.verdict() == expect.verdict() and "test CIDEr" in diff.verdict()
-    text = compare_table(uri, "split", by="fusion")
+    text = compare_table(study, by="fusion")
     lines = text.splitlines()
     assert "every column but the selection column (val) is on the test split, differences and verdicts too" in lines[0]
     # the columns: test metrics, then the val CIDEr the rows were selected by, labelled; no other val number

@@ -7,7 +7,7 @@ import pytest
 from a2core.errors import ConfigError
 from launch.storage import open_location
 from launch.conclusions import compute_line
-from launch.driver import compute_totals, trial_compute
+from launch.record import compute_totals, trial_compute
 from launch.spec import Resources, StudySpec
 from launch.trainable import ComputeMeter, LocalCheckpoints
 

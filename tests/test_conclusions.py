@@ -11,7 +11,8 @@ import pytest
 from scipy import stats as sps
 
 from launch.conclusions import format_table, verdict
-from launch.driver import build_tuner, summarize, trial_row
+from launch.driver import build_tuner
+from launch.record import StudyRecord, summarize, trial_row
 from launch.location import StudyLocation
 from launch.spec import load_study
 from launch.study import cmd_status
@@ -99,8 +100,7 @@ def test_status_prints_groups_with_intervals(spec, tmp_path, monkeypatch, capsys
     location = StudyLocation(spec.name, spec.storage)
     rows = _rows(spec, location, {("none", None): [100.0, 101.0, 102.0], ("gate", 0.035): [104.0, 105.0, 106.0]})
     monkeypatch.setattr(study, "locate", lambda name, storage=None: location)
-    monkeypatch.setattr(study, "load_saved_spec", lambda loc: spec)
-    monkeypatch.setattr(study, "collect", lambda s, loc: rows)
+    monkeypatch.setattr(StudyRecord, "load", classmethod(lambda cls, loc, *a, **kw: StudyRecord(spec, loc, rows)))
     assert cmd_status(argparse.Namespace(name=spec.name, storage=None, json=False)) == 0
     out = capsys.readouterr().out
     assert "replicate groups" in out and "105.0 [102.5, 107.5]" in out and "101.0 [98.5, 103.5]" in out

@@ -35,22 +35,22 @@ def test_an_epoch_reported_again_is_written_once(tmp_path):
     assert values == {1: 10.0, 2: 20.0, 3: 30.0}  # the first report of an epoch stays
 
 
-def test_compare_of_a_running_study_says_so(tmp_path, capsys):
+def test_compare_of_a_running_study_says_so(tmp_path, capsys, monkeypatch):
+    """While a live writer holds the study's lease, `compare` (and `report`) say the study is still running."""
     import argparse
 
-    from dashboards.compare import main as compare_main
+    from launch.lease import StudyLease
+    from launch.study import cmd_compare
+    from tests.studyfolder import fabricated_study
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracker = StudyTracker(uri, "live")
-    tracker.start_study()
+    fab = fabricated_study(tmp_path, "live", epochs=1)
     for seed, fusion in enumerate(("none", "gate")):
-        run = tracker.trial_run(f"t{seed}", {"model": {"fusion": fusion}, "train": {"seed": seed}})
-        tracker.log_metrics(run, {"val/CIDEr": 40.0 + seed}, step=1)
-        if seed == 0:
-            tracker.end_trial(run, "FINISHED")
-    args = argparse.Namespace(name="live", by="fusion", baseline=None, tracking_uri=uri)
-    assert compare_main(args) == 0
-    assert "note: study live is still running (1 of 2 trial runs finished so far)" in capsys.readouterr().out
-    tracker.end_study("FINISHED")
-    assert compare_main(args) == 0
+        fab.add(f"t{seed}", {"fusion": fusion, "seed": seed}, [{"epoch": 1, "val/CIDEr": 40.0 + seed}],
+                status="TERMINATED" if seed == 0 else "RUNNING")
+    fab.patch_tune(monkeypatch)
+    args = argparse.Namespace(name="live", storage=fab.spec.storage, by="fusion", baseline=None, tracking_uri=None)
+    with StudyLease(fab.location.at()).held():
+        assert cmd_compare(args) == 0
+        assert "note: study live is still running (1 of 2 trial runs finished so far)" in capsys.readouterr().out
+    assert cmd_compare(args) == 0
     assert "still running" not in capsys.readouterr().out

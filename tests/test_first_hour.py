@@ -81,15 +81,18 @@ def test_registering_the_same_checkpoints_again_reuses_the_version(tmp_path, cap
 
 def test_report_goes_to_a2_reports_name_and_never_over_an_earlier_one(tmp_path, monkeypatch, capsys):
     import dashboards.report as report
+    from launch.study import cmd_report
+    from tests.studyfolder import fabricated_study
 
     written = []
-    monkeypatch.setattr(report, "build_report", lambda uri, name, out: (
+    monkeypatch.setattr(report, "build_report", lambda study, out: (
         written.append(Path(out)), Path(out).mkdir(parents=True), (Path(out) / "report.html").write_text("x"),
         {"html": str(Path(out) / "report.html")})[-1])
-    monkeypatch.setattr("dashboards.tracking.check_tracking_uri", lambda uri: uri)
+    fab = fabricated_study(tmp_path, "a2-smoke", epochs=1)
+    fab.patch_tune(monkeypatch)
     monkeypatch.chdir(tmp_path)
-    args = SimpleNamespace(name="a2-smoke", tracking_uri="sqlite:///mlflow.db", out=None)
-    assert report.main(args) == 0 and report.main(args) == 0
+    args = SimpleNamespace(name="a2-smoke", storage=fab.spec.storage, tracking_uri=None, out=None)
+    assert cmd_report(args) == 0 and cmd_report(args) == 0
     assert written == [Path("a2-reports/a2-smoke"), Path("a2-reports/a2-smoke-2")]
     assert "a2-reports/a2-smoke holds an earlier report; this run writes to a2-reports/a2-smoke-2" in \
         capsys.readouterr().out

@@ -18,10 +18,11 @@ from mlflow.tracking import MlflowClient
 
 import launch.mlflow_export as export_mod
 from dashboards.compare import study_comparison
+from dashboards.report import Study
 from a2core.errors import StudyError
 from dashboards.tracking import StudyTracker, study_runs
 from launch import study
-from launch.driver import stopped_early_trials
+from launch.record import StudyRecord, stopped_early_trials
 from launch.location import StudyLocation
 from launch.mlflow_export import Export, StudyExporter, TrialState, end_reason, outage_line
 from launch.pipeline import conclusion
@@ -224,7 +225,7 @@ def test_mlflow_sync_exports_a_study_that_ended_while_the_server_was_down(spec, 
     export_mod.add_outage(location, down_seconds=12.0, pending=True)  # the driver's last export did not get through
     monkeypatch.setattr(study, "locate", lambda name, storage=None: location)
     monkeypatch.setattr(study, "load_saved_spec", lambda loc: spec)
-    monkeypatch.setattr(study, "tune_trials", lambda loc: [TrialState.of(t) for t in trials])
+    monkeypatch.setattr("launch.record.tune_trials", lambda loc: [TrialState.of(t) for t in trials])
     assert study.cmd_sync(argparse.Namespace(name=spec.name, storage=None)) == 0
     assert "exported to MLflow; tracking: server down 12 s, 0 epochs exported once it was back" in \
         capsys.readouterr().out
@@ -246,16 +247,22 @@ def test_best_epochs_per_image_cider_is_the_artifact_compare_pairs(spec):
             folder.join("results.json").write_text(json.dumps([{"epoch": e, "val/CIDEr": 100.0} for e in (1, 2, 3)]))
             folder.join("artifacts", "eval/per_image_cider.json").write_text(json.dumps(scores))
             trials.append(trial)
-    Export(spec, location).run([TrialState.of(t) for t in trials], end_reason(spec.name))
-    comparison, _, _ = study_comparison(uri, spec.name, by="fusion")
+    states = [TrialState.of(t) for t in trials]
+    Export(spec, location).run(states, end_reason(spec.name))
+    record = StudyRecord.load(location, spec, trials=states)
+    comparison, _, _ = study_comparison(record.study(), by="fusion")
     diff = comparison.differences["gate"]
     assert diff.images == len(IDS) and diff.delta == pytest.approx(5.0)
     assert diff.verdict().startswith("gate beats none by 5.0 val CIDEr [") and diff.verdict().endswith(
         "3 seeds x 30 images")
+    # the record's per-image scores are the artifact the export uploaded
+    run = runs_by_trial(uri, spec.name)[1]["gate1"]
+    uploaded = Path(MlflowClient(uri).download_artifacts(run.info.run_id, "eval/per_image_cider.json"))
+    assert json.loads(uploaded.read_text()) == record.per_image("gate1")
     # `a2 pipeline` ends with these verdicts, then the ensemble's gain from the leaderboard
     gain = "ensemble beats seed-1 by 4.2 CIDEr [2.0, 6.3], 1 seed x 30 images"
-    assert conclusion(uri, spec.name, {"ensemble_gain": {"verdict": gain}}) == [diff.verdict(), gain]
-    assert conclusion(uri, "nope", {})[0].startswith("no comparison: ")
+    assert conclusion(record.study(), {"ensemble_gain": {"verdict": gain}}) == [diff.verdict(), gain]
+    assert conclusion(Study("nope", []), {}) == ["no baseline (fusion none) to compare with in study nope"]
 
 
 @pytest.mark.slow

@@ -199,7 +199,7 @@ def study(tmp_path, trained, monkeypatch):
     """A finished study in tmp_path/studies laid out as `a2 study run` leaves it (study.yaml, Ray Train trial
     folders with their best checkpoints, summary.json); cwd is tmp_path."""
     from launch.spec import load_study
-    from launch.driver import summarize, trial_row
+    from launch.record import summarize, trial_row
     from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, saved_form
     from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, train_run_name
 

@@ -7,10 +7,10 @@ import pytest
 import yaml
 
 from a2core.errors import StudyError
-from dashboards.stats import TAG_CONFIG_HASH, seeds_needed
-from dashboards.tracking import StudyTracker
+from dashboards.stats import seeds_needed
 from launch.cli import main as a2
 from launch.plan import measured_sd, table3_gaps
+from tests.studyfolder import fabricated_study
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
 
@@ -57,19 +57,17 @@ def test_plan_with_a_given_spread(study_file, capsys):
     assert "the trials use no GPU" in out
 
 
-def test_plan_measures_the_spread_in_the_finished_study(study_file, tmp_path, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracker = StudyTracker(uri, "a2-smoke")
-    tracker.start_study({}, {})
+def test_plan_measures_the_spread_in_the_finished_study(study_file, tmp_path, capsys, monkeypatch):
+    fab = fabricated_study(tmp_path, "a2-smoke", epochs=1)
+    fab.patch_tune(monkeypatch)
     with pytest.raises(StudyError, match="no configuration with two seeds"):
-        measured_sd(uri, "a2-smoke")
-    for group, values in {"a": (10.0, 12.0, 14.0), "b": (20.0, 21.0, 22.0)}.items():
+        measured_sd(fab.record())
+    for group, values in {0.01: (10.0, 12.0, 14.0), 0.02: (20.0, 21.0, 22.0)}.items():
         for seed, v in enumerate(values):
-            run = tracker.trial_run(f"{group}{seed}", {"train": {"seed": seed}}, tags={TAG_CONFIG_HASH: group})
-            tracker.log_metrics(run, {"val/CIDEr": v}, step=1)
-    sd, groups = measured_sd(uri, "a2-smoke")
+            fab.add(f"{group}-{seed}", {"fusion": "gate", "lambda": group, "seed": seed}, [{"epoch": 1, "val/CIDEr": v}])
+    sd, groups = measured_sd(fab.record())
     assert groups == 2 and sd == pytest.approx(((4 + 1) / 2) ** 0.5)  # pooled variances 4 and 1
-    assert a2(["study", "plan", str(study_file), "--delta", "3"]) == 0
+    assert a2(["study", "plan", str(study_file), "--delta", "3", "--storage", fab.spec.storage]) == 0
     out = capsys.readouterr().out
     assert "sd 1.58 CIDEr (measured in study a2-smoke, 2 replicate groups)" in out
     assert _power_rows(out)["3 CIDEr"][:2] == ["3.0", str(seeds_needed(3.0, sd))]

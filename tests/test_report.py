@@ -1,20 +1,20 @@
-"""`a2 report` and `a2 study compare` on a study fabricated in a SQLite MLflow store."""
+"""`a2 report` and `a2 study compare` on a study fabricated in a study folder (exported to MLflow where a test
+looks there)."""
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
 
 import pytest
-from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from dashboards.compare import compare_table
-from dashboards.compare import main as compare_main
-from dashboards.report import build_report
-from dashboards.report import main as report_main
-from dashboards.tracking import StudyTracker
+from dashboards.report import build_report, log_report
+from launch.study import cmd_compare, cmd_report
 from tests.mlflowserver import mlflow_server  # noqa: F401
 from tests.s3server import s3_client
+from tests.studyfolder import fabricated_study
 
 
 @pytest.fixture(autouse=True)
@@ -49,34 +49,29 @@ def _test_scores(fusion, lam, seed) -> dict[str, float]:
             "test/epoch": 2}
 
 
-def fabricate(uri: str, name: str = STUDY, artifact_location: str | None = None,
-              fusions: tuple[str, ...] = tuple(LAMBDAS), test_split: bool = True) -> dict:
-    """Runs like a real study: fusions x lambdas x 3 seeds, val metrics (x100) per epoch, JSD per layer, and (with
-    `test_split`) the test scores of each run's selected checkpoint, logged at the last epoch."""
-    tracker = StudyTracker(uri, name, artifact_location=artifact_location)
-    tracker.start_study({"search": {"metric": "val/CIDEr", "num_samples": 18}}, {})
-    client: MlflowClient = tracker.client
-    names = {}
+def fabricate(root, name: str = STUDY, fusions: tuple[str, ...] = tuple(LAMBDAS), test_split: bool = True,
+              overrides: tuple[str, ...] = ()):
+    """A study folder like a real study's: fusions x lambdas x 3 seeds, val metrics (x100) per epoch, JSD per layer,
+    and (with `test_split`) the test scores of each run's selected checkpoint, reported at the last epoch."""
+    fab = fabricated_study(root, name, epochs=EPOCHS, overrides=(f"model.layers={LAYERS}", *overrides))
+    fab.names = {}
     for fusion, lams in LAMBDAS.items():
         if fusion not in fusions:
             continue
         for lam in lams:
             for seed in SEEDS:
                 tid = f"{fusion}-{lam}-{seed}"
-                model = {"fusion": fusion, "layers": LAYERS, **({} if lam is None else {"lambda": lam})}
-                config = {"model": model,
-                          "train": {"seed": seed, "xe_epochs": EPOCHS}, "output_dir": f"/tmp/out/{tid}"}
-                run_id = tracker.trial_run(tid, config, run_name=f"trial-{tid}")
-                names[(fusion, lam, seed)] = f"trial-{tid}"
+                fab.names[(fusion, lam, seed)] = f"trial-{tid}"
                 best = _cider(fusion, lam, seed)
-                metrics = []
+                results = []
                 for e in range(1, EPOCHS + 1):
                     frac = [0.6, 1.0, 0.9][e - 1]  # the best epoch is 2, not the last one
-                    values = {"val/CIDEr": best * frac, "val/BLEU-1": BLEU1[fusion] + 0.2 * seed + (e - 2) * 5,
+                    values = {"epoch": e, "val/CIDEr": best * frac,
+                              "val/BLEU-1": BLEU1[fusion] + 0.2 * seed + (e - 2) * 5,
                               "val/BLEU-4": 30.0 + (5.0 if fusion == "gate" else 0) + 0.1 * seed,
                               "val/METEOR": 25.0 + (2.0 if fusion == "gate" else 0),
                               "val/ROUGE-L": 52.0 + (3.0 if fusion == "gate" else 0) + 0.1 * seed,
-                              "train/loss": 4.0 / e + seed * 0.1}
+                              "train/loss": 4.0 / e + seed * 0.1, "timestamp": 1000.0 * e}
                     if lam is not None:
                         values["train/mask_mean"] = 1.0 - 2 * lam - 0.01 * e
                     if fusion != "none":
@@ -89,27 +84,29 @@ def fabricate(uri: str, name: str = STUDY, artifact_location: str | None = None,
                                    "diag/grounding/subject_object": 0.8})
                     if test_split and e == EPOCHS:
                         values.update(_test_scores(fusion, lam, seed))
-                    metrics += [Metric(k, v, 1000 * e, e) for k, v in values.items()]
-                client.log_batch(run_id, metrics=metrics)
-                tracker.end_trial(run_id, "FINISHED")
-    tracker.end_study("FINISHED")
-    return {"parent": tracker.parent_run_id, "names": names}
+                    results.append(values)
+                sampled = {"fusion": fusion, "seed": seed, **({} if lam is None else {"lambda": lam}),
+                           **({"temperature": 5000.0} if fusion == "exp_decay" else {})}
+                fab.add(tid, sampled, results, name=f"trial-{tid}")
+    return fab
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    root = tmp_path_factory.mktemp("report")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    info = fabricate(uri, artifact_location=str(root / "artifacts"))
-    return {"uri": uri, "root": root, **info}
+def fab(tmp_path_factory):
+    return fabricate(tmp_path_factory.mktemp("report"))
 
 
 @pytest.fixture(scope="module")
-def report(study):
-    return build_report(study["uri"], STUDY, study["root"] / "out")
+def study(fab):
+    return fab.record().study()
 
 
-def test_report_writes_plots_and_html(report, study):
+@pytest.fixture(scope="module")
+def report(study, fab):
+    return build_report(study, fab.location.uri() + "-out")
+
+
+def test_report_writes_plots_and_html(report, fab):
     for key in ("lambda", "jsd", "curves", "parallel", "grounding", "html"):
         assert key in report, key
     assert "kendall" not in report  # not logged by this study
@@ -127,16 +124,23 @@ def test_report_writes_plots_and_html(report, study):
                                  f"{GROUNDING['gate'] + 0.02 - 0.3:.2f} ± 0.02", "0.18 ± 0.00"]
     assert rows["none (baseline)"][-1] == "–" and rows["gate"][-1] == "0.82 ± 0.02"
     assert "Not logged" not in page  # every test column of Table 3 was logged (SPICE is no test column)
-    for n in study["names"].values():
+    for n in fab.names.values():
         assert n in page
 
 
-def test_report_is_logged_on_the_parent_run(report, study):
-    client = MlflowClient(study["uri"])
-    paths = sorted(a.path for a in client.list_artifacts(study["parent"], "report"))
+def test_report_is_logged_on_the_parent_run(report, fab):
+    """Into the study's parent run, once the study was exported to MLflow; not at all before (no run is made)."""
+    uri = fab.spec.tracking.mlflow_uri
+    assert log_report(uri, STUDY, report) is None
+    fab.export()
+    artifact_uri = log_report(uri, STUDY, report)
+    client = MlflowClient(uri)
+    parent = client.search_runs([client.get_experiment_by_name(STUDY).experiment_id],
+                                "tags.`a2.role` = 'study'")[0].info.run_id
+    paths = sorted(a.path for a in client.list_artifacts(parent, "report"))
     assert paths == sorted(["report/report.html", "report/lambda_cider_mask.png", "report/jsd_per_layer.png",
                             "report/learning_curves.png", "report/parallel_coordinates.png", "report/grounding.png"])
-    assert report["artifact_uri"].endswith("/report")
+    assert artifact_uri.endswith("/report")
 
 
 def _table_rows(page: str, cls: str = "t3") -> dict[str, list[str]]:
@@ -190,58 +194,93 @@ def test_table3_rows_are_on_the_test_split_with_the_selection_column_on_val(repo
 
 
 def test_a_study_without_test_scores_is_on_val_throughout_and_says_so(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'v.db'}"
-    fabricate(uri, "valonly", artifact_location=str(tmp_path / "a"), fusions=("none", "gate"), test_split=False)
-    text = compare_table(uri, "valonly")
+    study = fabricate(tmp_path, "valonly", fusions=("none", "gate"), test_split=False).record().study()
+    text = compare_table(study)
     assert "every number is on the val images the rows were selected on" in text
     head = text.splitlines()[1]
     assert "val B-1 [95% CI]" in head and "val CIDEr [95% CI]" in head and "vs baseline (val CIDEr)" in head
     assert "test" not in head and "selection" not in head
     assert text.splitlines()[-1].startswith("gate beats none by 16.0 val CIDEr [")
-    paths = build_report(uri, "valonly", tmp_path / "out")
+    paths = build_report(study, tmp_path / "out")
     rows = _table_rows(open(paths["html"], encoding="utf-8").read())
     assert rows["head"][2:8] == ["val B-1", "val B-4", "val METEOR", "val ROUGE-L", "val CIDEr",
                                  "val CIDEr vs baseline"]
     assert rows["gate"][5] == "<b>117.0 [114.5, 119.5]</b>" and rows["gate"][6].startswith("+16.0 val CIDEr [")
 
 
-def test_main_entry_points(study, tmp_path, capsys):
-    assert report_main(argparse.Namespace(name=STUDY, tracking_uri=study["uri"], out=str(tmp_path / "r"))) == 0
+def test_main_entry_points(fab, tmp_path, capsys, monkeypatch):
+    fab.patch_tune(monkeypatch)
+    args = argparse.Namespace(name=STUDY, storage=fab.spec.storage, tracking_uri=None, out=str(tmp_path / "r"))
+    assert cmd_report(args) == 0
     assert (tmp_path / "r" / "report.html").exists()
-    assert compare_main(argparse.Namespace(name=STUDY, by="fusion", baseline=None, tracking_uri=study["uri"])) == 0
+    assert cmd_compare(argparse.Namespace(name=STUDY, storage=fab.spec.storage, by="fusion", baseline=None,
+                                          tracking_uri=None)) == 0
     out = capsys.readouterr().out
     assert "106.0 [101.0, 111.0]" in out and "117.0 [114.5, 119.5]" in out  # the numbers of the report's table
 
 
-def test_report_with_missing_metrics_and_unknown_study(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    tracker = StudyTracker(uri, "bare")
-    tracker.start_study({}, {})
-    run = tracker.trial_run("t0", {"model": {"fusion": "gate"}})
-    tracker.log_metrics(run, {"train/loss": 3.0}, step=1)
-    paths = build_report(uri, "bare", tmp_path / "out")
+def test_compare_and_report_are_the_same_with_the_mlflow_store_deleted(tmp_path, capsys, monkeypatch):
+    """The record is the study's storage: with its MLflow store gone, `compare` prints the same table and `report`
+    draws the same tables (only the note that it was not logged to MLflow is new), and no store is made."""
+    fab = fabricate(tmp_path, "gone", fusions=("none", "gate"))
+    fab.patch_tune(monkeypatch)
+    fab.export()
+    store = tmp_path / "mlflow.db"
+    assert store.is_file()
+
+    def outputs(out: str):
+        compare = argparse.Namespace(name="gone", storage=fab.spec.storage, by="fusion", baseline=None,
+                                     tracking_uri=None)
+        assert cmd_compare(compare) == 0
+        table = capsys.readouterr().out
+        assert cmd_report(argparse.Namespace(name="gone", storage=fab.spec.storage, tracking_uri=None,
+                                             out=str(tmp_path / out))) == 0
+        page = (tmp_path / out / "report.html").read_text(encoding="utf-8")
+        return table, {cls: _table_rows(page, cls) for cls in ("t3", "diag", "runs")}, capsys.readouterr().out
+
+    table, rows, printed = outputs("with")
+    assert "artifact_uri:" in printed and "gate beats none by" in table
+    store.unlink()
+    shutil.rmtree(tmp_path / "mlruns", ignore_errors=True)
+    again, rows_again, printed = outputs("without")
+    assert again == table and rows_again == rows
+    assert "note: not logged to MLflow" in printed and not store.exists()
+
+
+def test_report_with_missing_metrics_and_unknown_study(tmp_path, monkeypatch):
+    fab = fabricated_study(tmp_path, "bare", epochs=1)
+    fab.add("t0", {"fusion": "gate"}, [{"epoch": 1, "train/loss": 3.0}])
+    paths = build_report(fab.record().study(), tmp_path / "out")
     page = open(paths["html"], encoding="utf-8").read()
     assert "No run logged val/CIDEr" in page and "No run logged diag/jsd/layer{i}" in page
     assert set(paths) >= {"html", "curves"} and "lambda" not in paths
-    assert "no run has logged val/CIDEr" in compare_table(uri, "bare")
-    with pytest.raises(ValueError, match="nope"):
-        build_report(uri, "nope", tmp_path / "out2")
+    assert "no run has logged val/CIDEr" in compare_table(fab.record().study())
+    from a2core.errors import StudyError
+
+    with pytest.raises(StudyError, match="no study 'nope'"):
+        cmd_report(argparse.Namespace(name="nope", storage=fab.spec.storage, tracking_uri=None,
+                                      out=str(tmp_path / "out2")))
 
 
 def test_report_through_the_server_lands_in_s3(mlflow_server, tmp_path):  # noqa: F811
     """Against the tracking server: the report's artifacts are proxied to the S3 bucket."""
     name = "fab-study-server"
-    info = fabricate(str(mlflow_server), name, fusions=("none", "gate"))
-    paths = build_report(str(mlflow_server), name, tmp_path / "out")
-    assert paths["artifact_uri"].startswith("mlflow-artifacts:")
+    fab = fabricate(tmp_path, name, fusions=("none", "gate"), overrides=(f"tracking.mlflow_uri={mlflow_server}",))
+    fab.export()
+    study = fab.record().study()
+    paths = build_report(study, tmp_path / "out")
+    artifact_uri = log_report(str(mlflow_server), name, paths)
+    assert artifact_uri.startswith("mlflow-artifacts:")
     client = MlflowClient(str(mlflow_server))
-    assert "report/report.html" in [a.path for a in client.list_artifacts(info["parent"], "report")]
+    parent = client.search_runs([client.get_experiment_by_name(name).experiment_id],
+                                "tags.`a2.role` = 'study'")[0].info.run_id
+    assert "report/report.html" in [a.path for a in client.list_artifacts(parent, "report")]
     keys = [o["Key"] for o in s3_client(mlflow_server.s3_endpoint).list_objects_v2(
         Bucket=mlflow_server.bucket, Prefix="mlartifacts/").get("Contents", [])]
-    assert any(k.endswith(f"{info['parent']}/artifacts/report/report.html") for k in keys)
+    assert any(k.endswith(f"{parent}/artifacts/report/report.html") for k in keys)
     rows = _table_rows(open(paths["html"], encoding="utf-8").read())
     assert list(rows)[1:] == ["none (baseline)", "gate"]
-    assert "gate" in compare_table(str(mlflow_server), name).splitlines()[-1]
+    assert "gate" in compare_table(study).splitlines()[-1]
 
 
 def test_kendall_plot_when_measured(tmp_path):

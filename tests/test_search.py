@@ -548,7 +548,7 @@ def test_one_config_hash_for_tags_scheduler_status_and_package(tmp_path):
     scheduler's group, the MLflow tag (`group_key` with the spec's resolver), `a2 study status`'s groups and
     packaging's hash (`config_hash` of the resolved config) are one value."""
     from dashboards.stats import config_hash
-    from launch.driver import replicate_groups
+    from launch.record import replicate_groups
 
     spec = load_study(study_file(tmp_path, {"fusion": {"grid": ["none", "gate"]}, "lambda": {"loguniform": [0.005, 0.2]}},
                                  replicates=2))

@@ -129,10 +129,11 @@ def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data):
         assert [step for step, _, _ in mlflow_history(uri, child.info.run_id, "val/CIDEr")] == [1, 2, 3, 4]
         # the selected checkpoint on the test split, when the run ended: metrics and per-image scores
         assert [step for step, _, _ in mlflow_history(uri, child.info.run_id, "test/CIDEr")] == [4]
-        from dashboards.compare import TEST_PER_IMAGE_ARTIFACT
         from mlflow.tracking import MlflowClient
 
-        scores = json.loads(Path(MlflowClient(uri).download_artifacts(child.info.run_id, TEST_PER_IMAGE_ARTIFACT,
+        from launch.record import PER_IMAGE
+
+        scores = json.loads(Path(MlflowClient(uri).download_artifacts(child.info.run_id, PER_IMAGE["test"],
                                                                       str(tmp_path / trial_id))).read_text())
         assert scores and all(isinstance(v, float) for v in scores.values())
     assert all(t["test"] is not None for t in summary["trials"])

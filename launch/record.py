@@ -1,0 +1,345 @@
+"""A study's record, read back from its storage: what `status`, the summary, `compare`, `report` and `plan` read.
+
+The study's folder is the only record of what happened (`launch.location`): the saved spec, the trials' states in
+Tune's experiment state, and each trial's run folder (`launch.trainable`: `results.json`, every epoch's result;
+`artifacts/`, per-image scores; `stopped_early.json`, the scheduler's decision). `StudyRecord.load` reads it once
+into one object, in the shape of Ray's `ResultGrid.get_dataframe()`: `trials` (one row per trial, the summary's
+shape), `table()` (one row per trial and epoch, with config columns, the group hash and the stopped flag),
+`groups()` (replicate groups), `best()`, `summary()` (`summary.json`) and `per_image()`. `study()` hands the
+dashboards the same record as plain `dashboards.report` values (dashboards never import launch). MLflow is an export
+of this record (`launch.mlflow_export`); nothing here reads MLflow.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from a2core.config import flatten
+from dashboards.report import TABLE_METRICS, RunSummary, Study
+from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY, TAG_STOPPED_RUNG,
+                              best_candidates, config_hash, seed_interval)
+from dashboards.stats import best_group as pick_best_group
+from dashboards.tables import finite
+from dashboards.tracking import TAG_TRIAL_ID, param_value
+from launch.conclusions import pick_best
+from launch.driver import _best_value, _table_row
+from launch.lease import live_writer
+from launch.location import StudyLocation, load_saved_spec
+from launch.mlflow_export import SKIP_KEYS, TrialState, run_status, stop_record
+from launch.trainable import (ARTIFACTS_DIR, CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
+                              read_results, train_run_name)
+from launch.verify import quick_checkpoint_problem
+
+COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
+# a trial's per-image CIDEr-D below its `artifacts/` (`a2core.train` writes them; the export uploads them as they are)
+PER_IMAGE = {"val": "eval/per_image_cider.json",  # the best val epoch's
+             "test": "eval/test_per_image_cider.json"}  # the selected checkpoint's, on the test split
+HISTORY_KEYS = ("train/loss", *(metric for _, metric in TABLE_METRICS))  # the dashboards' per-epoch curves and tables
+
+
+@dataclass
+class StudyRecord:
+    """One study as its storage holds it. `trials`: one row per trial (`trial_row`, the summary's shape), in Tune's
+    order; `results`: each trial's result log, epoch order; `running`: a live writer holds the study's lease."""
+
+    spec: object
+    location: StudyLocation
+    trials: list[dict]
+    results: dict[str, list[dict]] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)  # trial id -> Tune's trial name (its MLflow run's name)
+    running: bool = False
+
+    @classmethod
+    def load(cls, location: StudyLocation, spec=None, trials: list[TrialState] | None = None) -> "StudyRecord":
+        """Read the study at `location`: its saved spec unless `spec` is given, its trials' states from Tune's
+        experiment state unless `trials` are (none before its first trial started), each trial's run folder."""
+        spec = spec if spec is not None else load_saved_spec(location)
+        if trials is None:
+            try:
+                trials = tune_trials(location)
+            except ValueError:  # no experiment snapshot yet
+                trials = []
+        stopped = stopped_early_trials(location)
+        rows, results = [], {}
+        for trial in trials:
+            results[trial.trial_id] = _result_log(spec, location, trial.trial_id)
+            row = trial_row(spec, location, trial.trial_id, dict(trial.config), trial.status,
+                            results[trial.trial_id], trial.last_result, trial.error)
+            cut_short = row["state"] == "TERMINATED" and 0 < row["epochs_done"] < row["epochs_planned"]
+            # Only the scheduler ends a trial short: one without its record (a driver killed) is stopped too.
+            row["stopped_early"] = stopped.get(trial.trial_id) or ({"rung": None, "cutoff": None} if cut_short
+                                                                   else None)
+            rows.append(row)
+        return cls(spec, location, rows, results, {t.trial_id: t.name for t in trials},
+                   live_writer(location.at()) is not None)
+
+    def table(self):
+        """A pandas DataFrame, one row per trial and reported epoch: `trial_id`, `epoch`, the epoch's metrics, the
+        config columns (`config/model.fusion`, ...), `config_hash`, `state`, `stopped_early` (bool) and the trial's
+        `best`, `last` and `test` values of the study metric."""
+        import pandas as pd  # pandas: only for the table (status, compare and report do without)
+
+        rows = []
+        for trial in self.trials:
+            own = {"trial_id": trial["trial_id"], "state": trial["state"],
+                   **{f"config/{k}": v for k, v in flatten(trial["config"] or {}).items()},
+                   "config_hash": group_hash(trial), "stopped_early": bool(trial.get("stopped_early")),
+                   "best": trial["best"], "last": trial["last"], "test": trial["test"]}
+            rows += [{**own, "epoch": int(r["epoch"]), **_metrics(r)} for r in self.results.get(trial["trial_id"], [])]
+        return pd.DataFrame(rows)
+
+    def groups(self) -> list[dict]:
+        """One entry per replicate group (`replicate_groups`, the summary's `groups`)."""
+        return replicate_groups(self.spec, self.trials)
+
+    def best(self) -> dict | None:
+        """The best trial row by the study metric (`best_trial`)."""
+        return best_trial(self.spec, self.trials)
+
+    def summary(self) -> dict:
+        """What `summary.json` holds (`summarize`)."""
+        return summarize(self.spec, self.location, self.trials)
+
+    def per_image(self, trial_id: str, split: str = "val") -> dict[str, float] | None:
+        """{image id: CIDEr-D} of a trial on `split` ("val": its best epoch's; "test": its selected checkpoint's),
+        None when it has none."""
+        folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, trial_id), ARTIFACTS_DIR)
+        text = folder.join(PER_IMAGE[split]).read_text()
+        return None if text is None else json.loads(text)
+
+    def study(self) -> Study:
+        """The record as the dashboards take it (`dashboards.report.Study`): every trial that has started as a
+        `RunSummary`, its params the resolved config as MLflow shows it, its tags fusion, seed, group and stop
+        record, its status the one its MLflow run has."""
+        runs = []
+        for row in self.trials:
+            tid, results = row["trial_id"], self.results.get(row["trial_id"], [])
+            if not results and row["state"] == "PENDING":
+                continue
+            final, history = {}, {}
+            for result in results:  # epoch order: a metric's final value is its latest
+                for key, value in _metrics(result).items():
+                    final[key] = value
+                    if key in HISTORY_KEYS:
+                        history.setdefault(key, []).append((int(result["epoch"]), value))
+            params = {k: param_value(v) for k, v in flatten(row["config"] or {}).items()}
+            tags = {TAG_TRIAL_ID: tid, TAG_CONFIG_HASH: group_hash(row)}
+            if row.get("stopped_early"):
+                stopped = row["stopped_early"]
+                tags[TAG_STOPPED_EARLY] = "true"
+                if stopped.get("rung") is not None:
+                    tags[TAG_STOPPED_RUNG] = str(int(stopped["rung"]))
+                if finite(stopped.get("cutoff")) is not None:
+                    tags[TAG_STOPPED_CUTOFF] = f"{stopped['cutoff']:.6g}"
+            status = run_status(row["state"], len(results), row.get("stopped_early"), self.spec.total_epochs,
+                                ended=not self.running)
+            runs.append(RunSummary(tid, self.names.get(tid, tid), status, params, tags, final, history=history,
+                                   per_image=lambda split, tid=tid: self.per_image(tid, split)).with_best())
+        return Study(self.spec.name, runs, self.location.uri(), self.running)
+
+
+def _metrics(result: dict) -> dict[str, float]:
+    """The numbers of an epoch's result that are metrics (`launch.mlflow_export.SKIP_KEYS` left out, as MLflow)."""
+    return {k: float(v) for k, v in result.items()
+            if k not in SKIP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def tune_trials(location: StudyLocation) -> list[TrialState]:
+    """The trials of the study's Tune experiment state in storage (no Ray needed)."""
+    # ray.tune is heavy: only the paths that read Tune's state import it
+    from ray.tune import ExperimentAnalysis
+
+    path, fs = location.at().ray_storage()
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    return [TrialState.of(trial) for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials]
+
+
+def group_hash(row: dict) -> str:
+    """The replicate group of a trial row: `dashboards.stats.config_hash` of its resolved config (else of its
+    sampled keys without the seed, for an old study whose saved spec no longer resolves them)."""
+    if row.get("config"):
+        return config_hash(row["config"])
+    from launch.search import group_key  # ray and optuna: only for such a study
+
+    return group_key(dict(row["sampled"] or {}))
+
+
+def _stopped_tags(row: dict) -> dict:
+    """A row's or group's stopped-early record as the tag `dashboards.stats.best_candidates` reads."""
+    return {TAG_STOPPED_EARLY: "true"} if row.get("stopped_early") else {}
+
+
+def best_trial(spec, rows: list[dict]) -> dict | None:
+    """The trial row of the best value of the study metric, among those not stopped early unless every one was."""
+    return pick_best(best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags), "best",
+                     spec.mode)
+
+
+# -- trial rows, groups and the summary ----------------------------------------------------------------------------
+def stopped_early_trials(location: StudyLocation) -> dict[str, dict]:
+    """{trial id: {"rung", "cutoff"}} of the trials the scheduler stopped, from their run folders' record
+    (`launch.trainable.STOPPED_FILE`, written by the driver's `launch.mlflow_callback`)."""
+    out = {}
+    prefix = f"{location.name}-"
+    for name in location.at(TRIALS_DIR).listdir(folders_only=True):
+        record = stop_record(location.at(TRIALS_DIR, name)) if name.startswith(prefix) else None
+        if record is not None:
+            out[name[len(prefix):]] = {"rung": record["rung"], "cutoff": finite(record["cutoff"])}
+    return out
+
+
+def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
+    try:
+        return read_results(location.at(TRIALS_DIR), spec.name, trial_id)
+    except ValueError:  # a log cut short (not JSON): Tune's last result alone
+        return []
+
+
+def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
+              last_result: dict, error: str | None = None) -> dict:
+    """A trial's row of the summary: the table's columns, the epochs it reported and its best stored checkpoint
+    (Ray Train keeps the best by the study metric plus the latest; ties go to the later epoch)."""
+    values = {int(r["epoch"]): finite(r[spec.metric]) for r in history  # the latest report of an epoch wins
+              if finite(r.get("epoch")) is not None and finite(r.get(spec.metric)) is not None}
+    best_value = _best_value(values.values(), spec.mode)
+    run = location.at(TRIALS_DIR, train_run_name(spec.name, trial_id))
+    sign = 1 if spec.mode == "max" else -1
+    ckpt_epoch = max((e for e in checkpoint_epochs(run) if e in values), key=lambda e: (sign * values[e], e),
+                     default=None)
+    if ckpt_epoch is not None and values[ckpt_epoch] == best_value:
+        best_epoch = ckpt_epoch
+    else:
+        best_epoch = next((e for e in sorted(values) if values[e] == best_value), None)
+    last = history[-1] if history else last_result  # the result log is in epoch order
+    return {
+        **_table_row(spec, trial_id, state, sampled, last, best_value),
+        "sampled": sampled,
+        "epochs_reported": [int(r["epoch"]) for r in history or [last_result] if finite(r.get("epoch")) is not None],
+        "best_epoch": best_epoch,
+        "best_checkpoint": None if ckpt_epoch is None else run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE).uri,
+        "best_checkpoint_problem": None if ckpt_epoch is None else quick_checkpoint_problem(
+            run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE)),
+        "best_checkpoint_epoch": ckpt_epoch,
+        "train_run": run.uri,
+        "compute": trial_compute(history),
+        "error": error,
+    }
+
+
+def trial_compute(history: list[dict]) -> dict:
+    """What a trial cost, {unit: seconds}: the largest of its cumulative `compute/*` results."""
+    most = {unit: _best_value([r.get(f"compute/{unit}") for r in history], "max") for unit in COMPUTE_UNITS}
+    return {unit: seconds for unit, seconds in most.items() if seconds is not None}
+
+
+def compute_totals(spec, rows: list[dict]) -> dict:
+    """The study's compute: `total_<unit>` over all trials, `stopped_<unit>` spent on trials the scheduler stopped
+    early, `saved_<unit>` what stopping them saved against running them to their planned epochs (their cost per
+    epoch so far x the epochs they did not run). With `resources.price_per_hour` (a worker node's, one trial per
+    node) also `<kind>_cost` = price x the kind's wall hours."""
+    totals: dict[str, float] = defaultdict(float)
+    for row in rows:
+        done, planned = row["epochs_done"], row["epochs_planned"]
+        stopped = row["state"] == "TERMINATED" and 0 < done < planned
+        for unit, value in (row.get("compute") or {}).items():
+            totals[f"total_{unit}"] += value
+            totals[f"stopped_{unit}"] += value if stopped else 0.0
+            totals[f"saved_{unit}"] += value / done * (planned - done) if stopped else 0.0
+    price = spec.resources.price_per_hour
+    if price is not None and "total_wall_s" in totals:
+        for kind in ("total", "stopped", "saved"):
+            totals[f"{kind}_cost"] = price * totals[f"{kind}_wall_s"] / 3600
+    return dict(totals)
+
+
+def replicate_groups(spec, rows: list[dict]) -> list[dict]:
+    """One entry per replicate group (trials whose resolved configs differ only in the seed,
+    `dashboards.stats.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
+    seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
+    stopped early, if any."""
+    from launch.search import SEED_KEYS  # ray and optuna: not for `status` of a study with no trials yet
+
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(group_hash(r), []).append(r)
+    out = []
+    for h, g in groups.items():
+        values = [r["best"] for r in g if r["best"] is not None]
+        interval = asdict(seed_interval(values)) if values else {"mean": None, "low": None, "high": None, "n": 0}
+        sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
+        out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,
+                    "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
+                    "values": values, "test_values": [r["test"] for r in g if r.get("test") is not None],
+                    **interval,
+                    "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
+    return out
+
+
+def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
+    """Best trial and best replicate group (both among those not stopped early, unless every one was:
+    `dashboards.stats.best_candidates`), the baseline (fusion none, same seed) comparison, every replicate
+    group's mean and interval, and every trial's results."""
+    best = best_trial(spec, rows)
+    groups = replicate_groups(spec, rows)
+    best_group = pick_best_group(groups, lambda g: g["values"], spec.mode, lambda g: bool(g.get("stopped_early")))
+    baseline, beats = None, None
+    if best is not None:
+        baseline = pick_best([r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"]
+                          and r["best"] is not None], "best", spec.mode)
+        if baseline is not None and baseline is not best:
+            beats = best["best"] > baseline["best"] if spec.mode == "max" else best["best"] < baseline["best"]
+    done = sum(1 for r in rows if r["state"] == "TERMINATED")
+    return {
+        "study": spec.name,
+        "path": location.uri(),
+        "metric": spec.metric,
+        "mode": spec.mode,
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "num_trials": spec.num_trials,
+        "trials_finished": done,
+        "complete": done == spec.num_trials and len(rows) == spec.num_trials,
+        "best": None if best is None else {
+            "trial_id": best["trial_id"], "value": best["best"], "epoch": best["best_epoch"],
+            "checkpoint": best["best_checkpoint"], "checkpoint_epoch": best["best_checkpoint_epoch"],
+            "checkpoint_problem": best.get("best_checkpoint_problem"),
+            "sampled": best["sampled"], "config": best["config"], "fusion": best["fusion"], "seed": best["seed"],
+            "lambda": best["lambda"], "stopped_early": best.get("stopped_early")},
+        "best_group": best_group,
+        "groups": groups,
+        "baseline": None if baseline is None else {
+            "trial_id": baseline["trial_id"], "value": baseline["best"], "seed": baseline["seed"],
+            "checkpoint": baseline["best_checkpoint"]},
+        "beats_baseline": beats,
+        "compute": compute_totals(spec, rows),
+        "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m launch.record export NAME --by KEY --out results/NAME.json [--storage ROOT]`: the study record
+    file (`dashboards.records`) of `a2 study compare NAME --by KEY`, read from the study's storage."""
+    import argparse
+
+    from dashboards.records import add_export_arguments, export_record
+    from launch.location import locate
+
+    parser = argparse.ArgumentParser(prog="python -m launch.record",
+                                     description="the record file of a study's comparison, read from its storage")
+    export = parser.add_subparsers(dest="command", required=True).add_parser(
+        "export", help="write the record file of a study's comparison, read from its storage")
+    export.add_argument("name")
+    export.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
+    add_export_arguments(export)
+    args = parser.parse_args(argv)
+    study = StudyRecord.load(locate(args.name, args.storage)).study()
+    export_record(study, args.by, args.out, spec=args.spec, baseline=args.baseline, measured=args.measured,
+                  note=args.note)
+    print(f"record: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""`launch.record.StudyRecord`: a study's folder read into one table, its groups, its best trial and per-image
+scores; the dashboards' view of it is what the MLflow export of the same folder shows."""
+from __future__ import annotations
+
+import pytest
+
+from dashboards.stats import TAG_CONFIG_HASH, TAG_STOPPED_EARLY
+from dashboards.tracking import study_runs
+from launch.lease import StudyLease
+from tests.studyfolder import fabricated_study
+
+IMAGES = {"101": 80.0, "102": 120.0}
+
+
+def fabricate(fab):
+    for seed in (0, 1):
+        fab.add(f"none{seed}", {"fusion": "none", "seed": seed},
+                [{"epoch": e, "val/CIDEr": 90.0 + e + seed, "train/loss": 3.0 / e, "stage": "xe"} for e in (1, 2, 3)],
+                per_image={"val": IMAGES})
+        fab.add(f"gate{seed}", {"fusion": "gate", "lambda": 0.05, "seed": seed},
+                [{"epoch": e, "val/CIDEr": 95.0 + e + seed} for e in (1, 2, 3)])
+    # the best-looking trial, stopped by the scheduler after its first epoch: never the best while others finished
+    fab.add("max0", {"fusion": "max", "lambda": 0.05, "seed": 0}, [{"epoch": 1, "val/CIDEr": 150.0}],
+            stopped={"rung": 1, "cutoff": 96.0})
+    fab.add("max1", {"fusion": "max", "lambda": 0.05, "seed": 1}, [{"epoch": 1, "val/CIDEr": 20.0}], status="RUNNING")
+    return fab
+
+
+@pytest.fixture
+def fab(tmp_path):
+    return fabricate(fabricated_study(tmp_path, "rec", epochs=3))
+
+
+def test_the_table_is_trial_by_epoch_with_config_group_and_stopped_columns(fab):
+    table = fab.record().table()
+    assert len(table) == 4 * 3 + 2  # every epoch each trial reported
+    first = table[table.trial_id == "gate1"].sort_values("epoch")
+    assert list(first.epoch) == [1, 2, 3] and list(first["val/CIDEr"]) == [97.0, 98.0, 99.0]
+    assert set(first["config/model.fusion"]) == {"gate"} and set(first["config/model.lambda"]) == {0.05}
+    assert (first.best == 99.0).all() and (first["last"] == 99.0).all()
+    hashes = table.groupby("config/model.fusion").config_hash.nunique()
+    assert hashes.to_dict() == {"gate": 1, "max": 1, "none": 1}  # the seeds of a configuration are one group
+    assert table[table.trial_id == "max0"].stopped_early.all() and not table[table.trial_id == "gate0"].stopped_early.any()
+    assert "stage" not in table  # text results are no metrics
+
+
+def test_groups_best_and_per_image(fab):
+    record = fab.record()
+    groups = {g["fusion"]: g for g in record.groups()}
+    assert groups["gate"]["values"] == [98.0, 99.0] and groups["gate"]["mean"] == pytest.approx(98.5)  # 95 + 3 + seed
+    assert groups["max"]["stopped_early"] == {"rung": 1, "cutoff": 96.0}
+    assert record.best()["trial_id"] == "gate1"  # not max0: the scheduler stopped it
+    assert record.summary()["best_group"]["trials"] == ["gate0", "gate1"]
+    assert record.per_image("none0") == IMAGES and record.per_image("gate0") is None
+
+
+def test_the_dashboards_view_is_the_mlflow_export_of_the_same_folder(fab):
+    """params, tags, final metrics and statuses of the record's runs are those of the exported MLflow runs."""
+    fab.export()
+    runs = {r.trial_id: r for r in fab.record().study().runs}
+    _, children = study_runs(fab.spec.tracking.mlflow_uri, fab.spec.name)
+    assert len(children) == len(runs) == 6
+    for child in children:
+        run = runs[child.data.tags["a2.trial_id"]]
+        assert run.params == child.data.params
+        assert run.final == child.data.metrics
+        assert run.status == child.info.status
+        assert {k: v for k, v in run.tags.items() if k in child.data.tags} == run.tags
+    assert runs["max1"].status == "KILLED" and runs["max0"].status == "FINISHED"
+    assert runs["max0"].tags[TAG_STOPPED_EARLY] == "true"
+    assert runs["gate0"].tags[TAG_CONFIG_HASH] == runs["gate1"].tags[TAG_CONFIG_HASH]
+    assert runs["none1"].best_cider == 94.0 and runs["none1"].best_step == 3
+
+
+def test_a_trial_of_a_study_with_a_live_writer_is_running(fab):
+    with StudyLease(fab.location.at()).held():
+        study = fab.record().study()
+    assert study.running and {r.trial_id: r.status for r in study.runs}["max1"] == "RUNNING"
+    assert not fab.record().study().running
+
+
+def test_a_study_on_s3_reads_the_same(tmp_path, s3_endpoint):
+    """The record reads through the storage layer: a study in a bucket gives the same groups, best and scores."""
+    from tests.s3server import unique_bucket
+
+    bucket = unique_bucket(s3_endpoint)
+    on_s3 = fabricate(fabricated_study(tmp_path / "s3", "rec", epochs=3, overrides=(
+        f"storage=s3://{bucket}/studies", f"storage_endpoint_url={s3_endpoint}"))).record()
+    local = fabricate(fabricated_study(tmp_path / "local", "rec", epochs=3)).record()
+    assert on_s3.location.uri().startswith("s3://")
+    assert [g["values"] for g in on_s3.groups()] == [g["values"] for g in local.groups()]
+    assert on_s3.best()["trial_id"] == "gate1" and on_s3.per_image("none0") == IMAGES
+    columns = ["trial_id", "epoch", "val/CIDEr", "best", "stopped_early", "config/model.fusion"]
+    assert on_s3.table()[columns].equals(local.table()[columns])
