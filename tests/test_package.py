@@ -314,7 +314,7 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     expected_hash = config_hash(study["spec"].trial_config({"fusion": "gate", "seed": 0}))
     assert board["configuration"]["hash"] == expected_hash
     assert all(e["config_hash"] == expected_hash for e in board["entries"])
-    assert board["seeds"] == [0, 1, 2, 3] and board["evaluation"]["images"] == 40  # the synthetic test split: a fifth of 200
+    assert board["seeds"] == [0, 1, 2, 3] and board["evaluation"]["images"] == 50  # the synthetic test split: a quarter of 200
     assert board["paper"]["table3"]["row"] == "Gate Mechanism"
     assert board["paper"]["table3"]["metrics"]["CIDEr"] == 125.0
     assert board["paper"]["table1"]["row"] == "A2 Transformer"
