@@ -21,12 +21,13 @@ Printed per configuration (x100 CIDEr-D on the smoke study's val images):
 - best val CIDEr: mean [95% t-interval over seeds] and the seed sd; target sd <= 2.5;
 - movement: |val CIDEr of the last epoch - the one before|, largest over seeds; target <= 3;
 - grounding lift (diag/grounding/lift at the last epoch): mean and seed sd; target sd <= 0.03;
-- grounding accuracy (diag/grounding/accuracy): not saturated when every run's is at most 0.95 (a perfectly
-  grounded attention scores 1.0);
-and once: the ceiling (each val image's references scored against each other, leave-one-out: what a captioner
-that says what the references say scores) and the best constant caption, against the best trained model (the
-task is not saturated when the ceiling is clearly above it). A word-agnostic attention scores at most 0.5 on the
-grounded words by construction (tests/test_data.py, tests/test_diagnostics.py).
+- grounding accuracy (diag/grounding/accuracy; a perfectly grounded attention scores 1.0);
+and once: the perfectly grounded caption (what the references say, in their most common wording: every class word
+from its right region) against the best trained run, the references scored against each other (leave-one-out)
+and the best constant caption. The task is not saturated (alignment has room to help) when every targeted run's
+grounding accuracy is at most 0.95, or the perfectly grounded caption is clearly above the best trained run: by at
+least twice the seed-sd target. A word-agnostic attention scores at most 0.5 on the grounded words by construction
+(tests/test_data.py, tests/test_diagnostics.py).
 """
 from __future__ import annotations
 
@@ -46,9 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RECORDS = ROOT / "benchmarks" / "records" / "noise"
 SMOKE = ROOT / "studies" / "smoke.yaml"
-# grounding: a perfectly grounded attention scores 1.0; "clearly above the trained models" read as every run's
-# grounding accuracy at most 0.95, so that alignment has room to help
-TARGETS = {"sd": 2.5, "move": 3.0, "lift_sd": 0.03, "accuracy": 0.95}
+# room: "a perfectly grounded reference scores clearly above the trained models", read as every run's grounding
+# accuracy at most 0.95 (a perfectly grounded attention: 1.0), or the perfectly grounded caption's CIDEr at least
+# twice the seed-sd target above the best trained run
+TARGETS = {"sd": 2.5, "move": 3.0, "lift_sd": 0.03, "accuracy": 0.95, "ceiling_gap": 5.0}
 
 
 def smoke_sections(overrides: list[str] = ()) -> dict:
@@ -171,8 +173,7 @@ def summary(records: list[dict], targeted: list[str]) -> bool:
         print(f"| {fusion} | {len(runs)} | {ci.mean:.1f} {bounds(ci, '.1f')} | "
               f"{sd:.2f} | {move:.1f} | {li.mean:+.3f} {bounds(li, '+.3f')} | "
               f"{lift_sd:.3f} | {np.mean(acc):.2f} | {np.mean([r['wall_s'] for r in runs]):.0f} |")
-        checks = {"sd": sd <= TARGETS["sd"], "move": move <= TARGETS["move"], "lift_sd": lift_sd <= TARGETS["lift_sd"],
-                  "accuracy": max(acc) <= TARGETS["accuracy"]}
+        checks = {"sd": sd <= TARGETS["sd"], "move": move <= TARGETS["move"], "lift_sd": lift_sd <= TARGETS["lift_sd"]}
         if fusion not in targeted:
             continue
         ok &= all(checks.values())
@@ -274,8 +275,15 @@ def main() -> int:
         paired(records, [r for r in baseline if _same_setup(r["config"], shipped)], args.seeds)
     c = ceiling(args.set)
     top = max(r["best_val_cider"] for r in records)
+    gap = c["grounded_cider"] - top
+    accuracy = max(r["grounding"]["accuracy"] for r in records if r["fusion"] in grid)
+    room = accuracy <= TARGETS["accuracy"] or gap >= TARGETS["ceiling_gap"]
+    ok &= room
     print(f"perfectly grounded caption (the references' most common wording): {c['grounded_cider']:.1f}, "
-          f"{c['grounded_cider'] - top:+.1f} over the best trained run")
+          f"{gap:+.1f} over the best trained run; largest grounding accuracy of the smoke configurations "
+          f"{accuracy:.3f}")
+    print(f"  not saturated (grounding accuracy <= {TARGETS['accuracy']} in every run, or the perfectly grounded "
+          f"caption >= {TARGETS['ceiling_gap']:.0f} above the best run): {'met' if room else 'NOT met'}")
     print(f"references against the other four: {c['reference_loo_cider']:.1f} (mean), "
           f"{c['best_reference_cider']:.1f} (each image's best); best trained run: {top:.1f}; "
           f"best constant caption: {c['best_constant_cider']:.1f} ({c['best_constant_caption']!r})")

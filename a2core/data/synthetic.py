@@ -17,13 +17,12 @@ region hard to pick out (version 4, where every object had its own colour, was s
 run attended the one region of the named colour for every class word and captioned every val image as the
 references' most common wording does, so alignment had nothing left to improve): each named object has a
 same-colour distractor of another class (if the image has an object to spare, DISTRACTOR), so the colour word alone
-leaves two regions, and the distractor's salience is close to the named object's (COMPETE: 50-90% of it; every
+leaves two regions, and the distractor's salience is close to the named object's (COMPETE: 40-85% of it; every
 other object's at most OTHERS of it). The right region is the one of that colour with the larger salience: a
 comparison that softmax attention makes natively (a sharper attention resolves a smaller gap), readable from the
-features (the smallest gap, 0.05, is 3.5 standard deviations of the salience noise between the two; the rest of
+features (the smallest gap, 0.075, is 5.3 standard deviations of the salience noise between the two; the rest of
 the latent keeps its noise, LATENT_NOISE), so what a trained model gets wrong is where its attention was not sharp
-enough, on the images whose gap is small, and the same images for every seed (benchmarks/RESULTS.md: the smoke
-study's runs end ~20 CIDEr below the perfectly grounded caption, with a seed sd under 2.5).
+enough, mostly on the images whose gap is small (measured: benchmarks/RESULTS.md, "Seed noise of the smoke study").
 
 Region features are a fixed random linear embedding (latent -> FEATURE_DIM, then ReLU, float16 on disk) of a
 latent vector plus noise (std LATENT_NOISE on the latent, SALIENCE_NOISE on the salience dimensions, 0.05 on the
@@ -74,10 +73,10 @@ OBJECTS = (3, 5)  # objects per image, inclusive
 # same-colour distractor's from COMPETE times that (close: the hard comparisons), every other object's from
 # [0, OTHERS) times that. DISTRACTOR: how often a named object gets a same-colour distractor (if the image has an
 # object to spare). The latent noise is LATENT_NOISE, SALIENCE_NOISE on the salience dimensions: the smallest gap
-# between a named object and its distractor (0.5 x 0.1 = 0.05) is 3.5 standard deviations of their difference, so
+# between a named object and its distractor (0.5 x 0.15 = 0.075) is 5.3 standard deviations of their difference, so
 # the salience order is readable from the features (no floor that a perfectly grounded model would share).
 SALIENCE = (0.5, 1.0)
-COMPETE = (0.5, 0.9)
+COMPETE = (0.4, 0.85)
 OTHERS = 0.5
 DISTRACTOR = 1.0
 LATENT_NOISE = 0.1
