@@ -275,12 +275,13 @@ def main() -> int:
         paired(records, [r for r in baseline if _same_setup(r["config"], shipped)], args.seeds)
     c = ceiling(args.set)
     top = max(r["best_val_cider"] for r in records)
-    gap = c["grounded_cider"] - top
-    accuracy = max(r["grounding"]["accuracy"] for r in records if r["fusion"] in grid)
+    targeted = [r for r in records if r["fusion"] in grid] or records  # the smoke configurations' runs
+    gap = c["grounded_cider"] - max(r["best_val_cider"] for r in targeted)
+    accuracy = max(r["grounding"]["accuracy"] for r in targeted)
     room = accuracy <= TARGETS["accuracy"] or gap >= TARGETS["ceiling_gap"]
     ok &= room
     print(f"perfectly grounded caption (the references' most common wording): {c['grounded_cider']:.1f}, "
-          f"{gap:+.1f} over the best trained run; largest grounding accuracy of the smoke configurations "
+          f"{gap:+.1f} over the best run of the smoke configurations, whose largest grounding accuracy is "
           f"{accuracy:.3f}")
     print(f"  not saturated (grounding accuracy <= {TARGETS['accuracy']} in every run, or the perfectly grounded "
           f"caption >= {TARGETS['ceiling_gap']:.0f} above the best run): {'met' if room else 'NOT met'}")
