@@ -26,12 +26,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def tiny_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("scst") / "synth"
-    synthetic.generate(root, seed=SEED, images=50)  # 30 train, 10 val, 10 test
+    synthetic.generate(root, seed=SEED, images=60)  # 30 train, 15 val, 15 test
     return root
 
 
 def _tiny(root, **train):
-    return Config.from_dict({"data": {"root": str(root), "images": 50, "seed": SEED}, "model": dict(TINY_MODEL),
+    return Config.from_dict({"data": {"root": str(root), "images": 60, "seed": SEED}, "model": dict(TINY_MODEL),
                              "train": {"xe_epochs": 0, "scst_epochs": 1, "log_every": 1000, **train}})
 
 
