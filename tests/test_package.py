@@ -314,7 +314,7 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     expected_hash = config_hash(study["spec"].trial_config({"fusion": "gate", "seed": 0}))
     assert board["configuration"]["hash"] == expected_hash
     assert all(e["config_hash"] == expected_hash for e in board["entries"])
-    assert board["seeds"] == [0, 1, 2, 3] and board["evaluation"]["images"] == 40  # the synthetic test split: a fifth of 200
+    assert board["seeds"] == [0, 1, 2, 3] and board["evaluation"]["images"] == 50  # the synthetic test split: a quarter of 200
     assert board["paper"]["table3"]["row"] == "Gate Mechanism"
     assert board["paper"]["table3"]["metrics"]["CIDEr"] == 125.0
     assert board["paper"]["table1"]["row"] == "A2 Transformer"
@@ -324,7 +324,7 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     assert board["seed_mean"]["CIDEr"]["n"] == 4
     assert board["seed_mean"]["CIDEr"]["mean"] == pytest.approx(sum(seed_ciders) / 4, abs=1e-3)
     gain = board["ensemble"]["gain_over_members"]
-    assert gain["images"] == 40 and gain["seeds"] == 4  # paired over the test images, the members' seed spread
+    assert gain["images"] == 50 and gain["seeds"] == 4  # paired over the test images, the members' seed spread
     assert gain["delta"] == pytest.approx(ens - sum(seed_ciders) / 4, abs=1e-3)
     if gain["low"] is None:  # this tiny fixture's seeds can caption every test image alike: then no interval
         assert len(set(seed_ciders)) == 1 and "the seed changes nothing" in gain["verdict"], gain

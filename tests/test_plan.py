@@ -53,7 +53,7 @@ def test_plan_with_a_given_spread(study_file, capsys):
     assert rows["max vs moving_average"][:2] == ["0.5", "143"]
     # smoke with 3 replicates: 3 configurations (none, 2 gate samples) x 3 seeds x 20 epochs
     assert "trials    9 = 3 configurations x 3 seeds; 180 trial-epochs (before early stopping)" in out
-    assert "steps     150 a epoch; 3,000 in 20 epochs (20 XE + 0 SCST)" in out
+    assert "steps     200 a epoch; 4,000 in 20 epochs (20 XE + 0 SCST)" in out
     assert "the trials use no GPU" in out
 
 

@@ -26,12 +26,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def tiny_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("scst") / "synth"
-    synthetic.generate(root, seed=SEED, images=50)  # 30 train, 10 val, 10 test
+    synthetic.generate(root, seed=SEED, images=60)  # 30 train, 15 val, 15 test
     return root
 
 
 def _tiny(root, **train):
-    return Config.from_dict({"data": {"root": str(root), "images": 50, "seed": SEED}, "model": dict(TINY_MODEL),
+    return Config.from_dict({"data": {"root": str(root), "images": 60, "seed": SEED}, "model": dict(TINY_MODEL),
                              "train": {"xe_epochs": 0, "scst_epochs": 1, "log_every": 1000, **train}})
 
 
@@ -52,7 +52,7 @@ def test_scst_raises_val_cider_over_the_xe_checkpoint_it_starts_from(tmp_path):
     less than the val noise).
     scst_lr is 3e-5, not the paper's 5e-6: stage 2 has 64 steps here, not tens of thousands, and at 5e-6 Adam
     moves no weight by more than ~3e-4 in 64 steps; at 1e-4 the sampled reward still rises but val CIDEr falls
-    (the 800 training images get over-fitted)."""
+    (the training images get over-fitted)."""
     root = tmp_path / "synth"
     synthetic.generate(root, seed=SCST_DATA_SEED, images=1000)
     cfg = Config.from_dict({

@@ -133,7 +133,7 @@ def test_a_batch_that_does_not_split_over_the_workers_is_refused():
 
 
 def test_long_warmup_and_tp_past_the_last_step_are_warnings(tmp_path, capsys):
-    raw = smoke(train__warmup=650)  # 1050 XE steps in 7 epochs of 150
+    raw = smoke(train__warmup=850)  # 1400 XE steps in 7 epochs of 200
     raw["search"]["space"]["fusion"]["grid"] = ["none", "exp_decay"]
     raw["search"]["space"]["lambda"]["when"] = {"fusion": "exp_decay"}
     raw["search"]["space"]["temperature"] = {"loguniform": [100, 2000], "when": {"fusion": "exp_decay"}}
@@ -141,11 +141,11 @@ def test_long_warmup_and_tp_past_the_last_step_are_warnings(tmp_path, capsys):
     path.write_text(yaml.safe_dump(raw))
     spec = load_study(path)
     assert [w.split(":")[0] for w in spec.warnings] == ["train.warmup", "search.space.temperature"]
-    assert "62% of the 1050 cross-entropy steps" in spec.warnings[0]
-    assert f"keeps {math.exp(-1050 / 2000):.0%} of the original attention" in spec.warnings[1]
+    assert "61% of the 1400 cross-entropy steps" in spec.warnings[0]
+    assert f"keeps {math.exp(-1400 / 2000):.0%} of the original attention" in spec.warnings[1]
     assert a2(["study", "validate", str(path)]) == 0
     err = capsys.readouterr().err
-    assert "warning: train.warmup: 650 steps" in err and "warning: search.space.temperature: T_P up to 2000" in err
+    assert "warning: train.warmup: 850 steps" in err and "warning: search.space.temperature: T_P up to 2000" in err
 
 
 def test_purpose_is_documented_in_the_schema():
@@ -164,7 +164,7 @@ def test_a_format_1_saved_study_converts_to_the_same_steps():
     raw["format"] = 1
     spec = StudySpec.from_dict(raw)  # the one-seed comparison and the rest: warnings for a study saved before
     assert spec.base["train"]["batch_size"] == 100
-    assert spec.steps_per_epoch == math.ceil(750 / 20)  # 20 images a step, as before: 10 on each of 2 workers
+    assert spec.steps_per_epoch == math.ceil(1000 / 20)  # 20 images a step, as before: 10 on each of 2 workers
     assert any(w.startswith("search.replicates:") for w in spec.warnings)
 
 
@@ -180,5 +180,5 @@ def test_a_saved_study_yaml_without_format_is_read_as_format_1(tmp_path):
     (tmp_path / spec.name).mkdir()
     (tmp_path / spec.name / STUDY_FILE).write_text(yaml.safe_dump(old))
     again = load_saved_spec(StudyLocation(spec.name, str(tmp_path)))
-    assert again.base["train"]["batch_size"] == 25 and again.steps_per_epoch == spec.steps_per_epoch == 150
+    assert again.base["train"]["batch_size"] == 25 and again.steps_per_epoch == spec.steps_per_epoch == 200
     assert again.to_dict() == spec.to_dict()

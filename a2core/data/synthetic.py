@@ -1,28 +1,39 @@
 """Synthetic COCO: a captioning dataset where word-level grounding is necessary, written in the real COCO formats.
 
-Each image holds 3-5 objects and 1-2 background regions, in random region order. Every object has its own class
-and its own colour (no two objects of an image share either), and the objects have a salience order. All 5
-captions of an image name its two most salient objects, in salience order, and its scene, e.g. "a red dog and a
-blue car in a park". The references agree on what a caption should say, as COCO's five do on an image's main
-content (with 5 references that each named a different random pair, format version 2, which pair a greedy caption
-named was close to arbitrary and val CIDEr swung with it); only the wording varies, each choice per caption
-(TEMPLATES, ARTICLES, SCENE_PHRASES: "there is the red dog and a blue car", "a red dog next to a blue car at the
-park"), its most common form the same on every image. A caption names an object by its colour first: the colour
-word picks one of the objects, and the class word after it is only predictable by attending to the region of that
-colour. That is the word-level grounding the set measures: `grounding.json` maps each class word to its object's
-region (-1 for every other token). Captions say no spatial relation (version 3's "to the left of" came from
+Each image holds 3-5 objects and 1-2 background regions, in random region order. Every object has its own class,
+and the objects have two salience values, one per caption slot. All 5 captions of an image name its two most
+salient objects (the largest value of salience 1, then of salience 2) and its scene, e.g. "a red dog and a blue
+car in a park". The references agree on what a caption should say, as COCO's five do on an image's main content
+(with 5 references that each named a different random pair, format version 2, which pair a greedy caption named was
+close to arbitrary and val CIDEr swung with it); only the wording varies, each choice per caption (TEMPLATES,
+ARTICLES, SCENE_PHRASES: "there is the red dog and a blue car", "a red dog next to a blue car at the park"), its
+most common form the same on every image. Captions say no spatial relation (version 3's "to the left of" came from
 comparing two boxes, which the smoke study's model had not learned by its last epoch: it guessed the relation of
 two images in three, and each guess moved an image's CIDEr-D by hundreds).
 
+A caption names an object by its colour first, and the class word after it is grounded in that object's region
+(`grounding.json` maps each class word to its region, -1 for every other token). Format version 5 makes that
+region hard to pick out (version 4, where every object had its own colour, was saturated: every converged smoke
+run attended the one region of the named colour for every class word and captioned every val image as the
+references' most common wording does, so alignment had nothing left to improve): each named object has a
+same-colour distractor of another class (if the image has an object to spare, DISTRACTOR), so the colour word alone
+leaves two regions, and the distractor's salience is close to the named object's (COMPETE: 40-85% of it; every
+other object's at most OTHERS of it). The right region is the one of that colour with the larger salience: a
+comparison that softmax attention makes natively (a sharper attention resolves a smaller gap), readable from the
+features (the smallest gap, 0.075, is 5.3 standard deviations of the salience noise between the two; the rest of
+the latent keeps its noise, LATENT_NOISE), so what a trained model gets wrong is where its attention was not sharp
+enough, mostly on the images whose gap is small (measured: benchmarks/RESULTS.md, "Seed noise of the smoke study").
+
 Region features are a fixed random linear embedding (latent -> FEATURE_DIM, then ReLU, float16 on disk) of a
-latent vector plus noise (std 0.1 on the latent, 0.05 on the features). The latent dimensions::
+latent vector plus noise (std LATENT_NOISE on the latent, SALIENCE_NOISE on the salience dimensions, 0.05 on the
+features). The latent dimensions::
 
   [0, 16)   class one-hot (confusable pairs dog/cat, car/bus, ...: the partner class leaks in at 0.3)
   [16, 22)  colour one-hot
   [22, 26)  box (cx, cy, w, h) in [0, 1] (no word says it)
   [26, 30)  scene one-hot (1.0 on background regions, 0.3 on objects): the "in a park" words
   30        object flag (1 on objects, 0 on background)
-  [31, 33)  salience: 1 at 31 on the most salient object, 1 at 32 on the second, 0 elsewhere
+  [31, 33)  salience 1 and 2: on objects, the named object's value the largest (SALIENCE, COMPETE, OTHERS)
   [33, 39)  nuisance: N(0, 1) on background regions, 0 on objects
 
 Controls, with the ground truth itself as the attention (one-hot on a class word's region, uniform elsewhere): a
@@ -33,7 +44,7 @@ perfectly grounded attention scores 1.0; the best word-agnostic attention, one r
 Written files (the layouts real COCO uses, so the same code path reads both)::
 
   dataset_coco.json          Karpathy format; train2014 images in train/restval, val2014 in val/test/restval
-                             (val and test a fifth of the images each: `split_sizes`)
+                             (val and test a quarter of the images each: `split_sizes`)
   image_info_test2014.json   test-server images (no captions)
   image_info_val2014.json    every val2014 image id (what the server's val submission must cover)
   features.h5                "{image_id}_features" (n, FEATURE_DIM)
@@ -58,6 +69,18 @@ CLASSES = ["dog", "cat", "car", "bus", "bird", "plane", "horse", "cow", "sheep",
 COLOURS = ["red", "blue", "green", "yellow", "black", "white"]
 SCENES = ["park", "street", "kitchen", "field"]
 OBJECTS = (3, 5)  # objects per image, inclusive
+# Salience (latent dimensions _SALIENCE + j, j = 0, 1): the j-th named object's value is drawn from SALIENCE, its
+# same-colour distractor's from COMPETE times that (close: the hard comparisons), every other object's from
+# [0, OTHERS) times that. DISTRACTOR: how often a named object gets a same-colour distractor (if the image has an
+# object to spare). The latent noise is LATENT_NOISE, SALIENCE_NOISE on the salience dimensions: the smallest gap
+# between a named object and its distractor (0.5 x 0.15 = 0.075) is 5.3 standard deviations of their difference, so
+# the salience order is readable from the features (no floor that a perfectly grounded model would share).
+SALIENCE = (0.5, 1.0)
+COMPETE = (0.4, 0.85)
+OTHERS = 0.5
+DISTRACTOR = 1.0
+LATENT_NOISE = 0.1
+SALIENCE_NOISE = 0.01
 BACKGROUND = (1, 2)  # background regions per image, inclusive
 FEATURE_DIM = 2048
 _CLASS, _COLOUR, _BOX, _SCENE = 0, len(CLASSES), len(CLASSES) + len(COLOURS), len(CLASSES) + len(COLOURS) + 4
@@ -67,8 +90,10 @@ _NUISANCE = _SALIENCE + 2
 LATENT = _NUISANCE + 6
 # Bumped whenever the same (seed, images, test_images) would give other files. Stored in synthetic.json; a set of
 # another version is never reused (`ensure`). 3: a salience order, every caption names the two most salient objects.
-# 4: no spatial relation, varied wording, val and test a fifth of the images each.
-FORMAT_VERSION = 4
+# 4: no spatial relation, varied wording, val and test a fifth of the images each. 5: a same-colour distractor of
+# close salience for each named object (the region of a class word needs colour and salience), graded salience,
+# val and test a quarter of the images each.
+FORMAT_VERSION = 5
 # The wording of a caption, each choice made per caption with these weights (the first is the most common form, the
 # same on every image): what COCO's five annotators do with the same content, and what keeps CIDEr-D off the
 # 800-900 a verbatim reference set scores (each image's rare colour-class n-grams weigh far more than COCO's).
@@ -100,10 +125,16 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
     n_bg = int(rng.integers(BACKGROUND[0], BACKGROUND[1] + 1))
     scene = int(rng.integers(len(SCENES)))
     classes = rng.choice(len(CLASSES), n_obj, replace=False)
-    colours = rng.choice(len(COLOURS), n_obj, replace=False)
-    objects = [{"cls": int(c), "colour": int(k), "box": rng.uniform(0.1, 0.9, 2).tolist()
+    # objects[0] and objects[1] are what every caption names, in that order (the largest salience 1 and 2), in two
+    # different colours. Each other object may take the colour of one named object (its same-colour distractor:
+    # the first other object that of objects[0], the second that of objects[1]), else a colour no named one has.
+    named = rng.choice(len(COLOURS), 2, replace=False)
+    free = [k for k in range(len(COLOURS)) if k not in named]
+    colours = [int(named[0]), int(named[1])]
+    for j in range(n_obj - 2):
+        colours.append(int(named[j]) if j < 2 and rng.random() < DISTRACTOR else int(rng.choice(free)))
+    objects = [{"cls": int(c), "colour": k, "box": rng.uniform(0.1, 0.9, 2).tolist()
                 + rng.uniform(0.05, 0.4, 2).tolist()} for c, k in zip(classes, colours)]
-    # objects[0] is the most salient, objects[1] the second: what every caption names, in that order
     latents = np.zeros((n_obj + n_bg, LATENT), np.float32)
     for z, o in zip(latents, objects):
         z[_CLASS + o["cls"]] = 1.0
@@ -112,8 +143,13 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
         z[_BOX:_BOX + 4] = o["box"]
         z[_SCENE + scene] = 0.3
         z[_FLAG] = 1.0
-    latents[0, _SALIENCE] = 1.0
-    latents[1, _SALIENCE + 1] = 1.0
+    for j in range(2):  # salience j: the j-th named object has the largest value, its distractor a close one
+        top = rng.uniform(*SALIENCE)
+        values = rng.uniform(0, OTHERS, n_obj) * top
+        if n_obj > 2 + j and colours[2 + j] == colours[j]:
+            values[2 + j] = rng.uniform(*COMPETE) * top
+        values[j] = top
+        latents[:n_obj, _SALIENCE + j] = values
     for z in latents[n_obj:]:
         z[_SCENE + scene] = 1.0
         z[_NUISANCE:] = rng.normal(0, 1.0, LATENT - _NUISANCE)
@@ -122,7 +158,9 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
     region_of = {int(old): new for new, old in enumerate(order)}
     for i, o in enumerate(objects):
         o["region"] = region_of[i]
-    latents = latents + rng.normal(0, 0.1, latents.shape).astype(np.float32)
+    noise = rng.normal(0, LATENT_NOISE, latents.shape).astype(np.float32)
+    noise[:, _SALIENCE:_SALIENCE + 2] *= SALIENCE_NOISE / LATENT_NOISE
+    latents = latents + noise
     feats = latents @ embed + rng.normal(0, 0.05, (len(latents), FEATURE_DIM)).astype(np.float32)
     feats = np.maximum(feats, 0.0)  # ReLU-like, non-negative as bottom-up features are
     caps, grounds = [], []
@@ -135,7 +173,7 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
 
 def split_sizes(images: int) -> dict[str, int]:
     """Images per Karpathy split of the dataset `generate` writes with `images` images (restval in train)."""
-    val = max(5, images // 5)
+    val = max(5, images // 4)
     return {"train": images - 2 * val, "val": val, "test": val}
 
 
