@@ -19,7 +19,7 @@ from ..errors import DataError
 _CACHE_LIMIT_BYTES = 2 << 30  # keep padded features in memory when a split's worth fits in this
 # glibc's malloc serves an allocation above its mmap threshold with a fresh mmap and unmaps it on free, so every
 # padded batch (20 MB at 50 x 100 x 2048 float16, twice that in float32) was zero-filled by the kernel page by page
-# before being written: about 5,000 minor faults, 4-5 ms of a prepared store's 6 ms batch (benchmarks/RESULTS.md).
+# before being written: 3,300 minor faults a batch measured, 5 ms of a prepared store's 6 ms batch (RESULTS.md).
 # Raised thresholds keep such buffers in the heap, where the next batch reuses the pages of the one freed before it.
 _MMAP_THRESHOLD_BYTES = 256 << 20  # batches up to 256 MB come from the heap
 _TRIM_THRESHOLD_BYTES = 512 << 20  # at most this much freed heap is kept back from the OS
