@@ -3,21 +3,17 @@ configurations, and its comparison of two finished searches (compute ratio, gap,
 from __future__ import annotations
 
 import copy
-import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.repo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_asha", ROOT / "benchmarks" / "bench_asha.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_asha.py")
 
 
 def _load(study: dict, tmp_path: Path):

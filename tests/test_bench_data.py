@@ -2,16 +2,12 @@
 nothing behind (no timing is asserted)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.repo_scripts import load_script
 
 
 def test_bench_data_small(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_data", ROOT / "benchmarks" / "bench_data.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/bench_data.py")
     out = bench.main(["--images", "40", "--min-regions", "3", "--max-regions", "9", "--dim", "32", "--batch", "8",
                       "--workers", "0", "1", "--epochs", "2", "--dir", str(tmp_path)])
     assert set(out["rates"]) == {"hdf5/0", "prepared/0", "hdf5/1", "prepared/1"}

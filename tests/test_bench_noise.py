@@ -2,20 +2,15 @@
 paired comparison of a setting against the shipped one."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.repo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_noise", ROOT / "benchmarks" / "bench_noise.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_noise.py")
 
 
 def test_the_grounded_caption_is_what_the_references_say_in_their_most_common_wording(bench):

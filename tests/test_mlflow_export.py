@@ -4,7 +4,6 @@ params and tags set, run statuses true to the study."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -28,6 +27,7 @@ from launch.mlflow_export import Export, StudyExporter, TrialState, end_reason, 
 from launch.pipeline import conclusion
 from launch.spec import load_study
 from launch.trainable import STOPPED_FILE
+from tests.repo_scripts import load_script
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
 IDS = list(range(10, 40))
@@ -272,9 +272,7 @@ def test_a_study_exported_from_its_record_alone_is_what_the_driver_exported(tmp_
     `a2 mlflow sync` run: the study's storage alone gives the same runs (params, tags, metrics by step, artifacts,
     statuses). The parent's compute totals are left out of the comparison: `a2 study run` logs them when it ends,
     they are not part of the export."""
-    spec_ = importlib.util.spec_from_file_location("mlflow_dump", SMOKE.parents[1] / "scripts" / "mlflow_dump.py")
-    dump = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(dump)
+    dump = load_script("scripts/mlflow_dump.py")
     uri, root = dump.run_study(tmp_path)
     live = dump.dump(uri, dump.NAME, str(root))
     (tmp_path / "mlflow.db").rename(tmp_path / "live.db")
