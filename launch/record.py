@@ -11,6 +11,7 @@ of this record (`launch.mlflow_export`); nothing here reads MLflow.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import time
@@ -18,6 +19,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from a2core.config import flatten
+from dashboards.records import add_export_arguments, export_record
 from dashboards.report import TABLE_METRICS, RunSummary, Study
 from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY, TAG_STOPPED_RUNG,
                               best_candidates, config_hash, seed_interval)
@@ -27,7 +29,7 @@ from dashboards.tracking import TAG_TRIAL_ID, param_value
 from launch.conclusions import pick_best
 from launch.driver import _best_value, _table_row
 from launch.lease import live_writer
-from launch.location import StudyLocation, load_saved_spec
+from launch.location import StudyLocation, load_saved_spec, locate
 from launch.mlflow_export import SKIP_KEYS, TrialState, run_status, stop_record
 from launch.trainable import (ARTIFACTS_DIR, CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
                               read_results, train_run_name)
@@ -321,11 +323,6 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """`python -m launch.record export NAME --by KEY --out results/NAME.json [--storage ROOT]`: the study record
     file (`dashboards.records`) of `a2 study compare NAME --by KEY`, read from the study's storage."""
-    import argparse
-
-    from dashboards.records import add_export_arguments, export_record
-    from launch.location import locate
-
     parser = argparse.ArgumentParser(prog="python -m launch.record",
                                      description="the record file of a study's comparison, read from its storage")
     export = parser.add_subparsers(dest="command", required=True).add_parser(
