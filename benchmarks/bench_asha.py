@@ -3,6 +3,7 @@
     python benchmarks/bench_asha.py                  # the full benchmark (8-10 minutes on 2 cores)
     python benchmarks/bench_asha.py --min-gap-se 2 0 # ... with one early-stopping arm per rule (12-15 minutes)
     python benchmarks/bench_asha.py --min-gap-se 2 0 --hold   # ... those arms holding replicates at rungs
+    python benchmarks/bench_asha.py --size smoke     # the smoke study's data, model and schedule (about half an hour)
     python benchmarks/bench_asha.py --quick          # a smoke run of the same code path (a minute or two)
     python benchmarks/bench_asha.py --keep           # ... keeping the scratch folder, to look again later:
     python benchmarks/bench_asha.py --from-dir /tmp/a2-bench-asha-XXXX   # no new run
@@ -33,7 +34,7 @@ early-stopping arm against the full search:
 - the gap between the two searches' results: the best group's mean (`summary.json`'s `best_group`, never an
   early-stopped one) of the ASHA arm minus the full search's, with its 95% interval from
   `dashboards.stats.compare_arms` (paired bootstrap over seeds and val images when both groups logged
-  per-image CIDEr-D to MLflow, else Welch's t over seed means), and whether the gap is within the seed noise
+  per-image CIDEr-D in their run folders, else Welch's t over seed means), and whether the gap is within the seed noise
   (the interval holds 0);
 - the target: within the seed noise of the full search at <= 40% of its compute (at equal load).
 
@@ -66,7 +67,6 @@ if str(ROOT) not in sys.path:
 METRIC = "val/CIDEr"
 ARMS = ("fifo", "asha")  # the full search, then the same search under early stopping (one arm per --min-gap-se)
 COMPUTE_TARGET = 0.40  # the early-stopping arm's share of the full search's CPU seconds
-PER_IMAGE_ARTIFACT = "eval/per_image_cider.json"  # what the MLflow callback logs for a trial's best epoch
 
 # The full benchmark: 12 groups x 3 seeds of a d_model-64 model on 400 synthetic images (320 train, 40 val), 16
 # epochs of 32 steps.
@@ -76,6 +76,17 @@ FULL = {
     "epochs": 16, "warmup": 64, "fusions": ["none", "gate"], "samples": 6, "replicates": 3,
     "asha": {"grace_period": 2, "reduction_factor": 2, "min_gap_se": 2},
 }
+# --size smoke: the smoke study's data, model and schedule (studies/smoke.yaml: 2000 synthetic images, 1000 train and
+# 500 val, d_model 64, 2 layers, no dropout, batches of 25 pairs, 7 epochs of 200 steps ramped down to 0), where
+# the seed sd of best val CIDEr is under 2 points (benchmarks/bench_noise.py), so a gap between two searches can
+# resolve to a few points. 12 groups x 3 seeds; rungs at epochs 2 and 4.
+SMOKE = {
+    "images": 2000,
+    "model": {"d_model": 64, "layers": 2, "heads": 4, "d_ff": 128, "dropout": 0.0, "max_regions": 10},
+    "epochs": 7, "warmup": 300, "fusions": ["none", "gate"], "samples": 6, "replicates": 3,
+    "train": {"batch_size": 25, "lr_schedule": "noam_to_zero"},
+    "asha": {"grace_period": 2, "reduction_factor": 2, "min_gap_se": 2},
+}
 # --quick: 2 groups x 3 seeds of a tiny model on 200 images, 3 epochs (rungs at 1 and 2).
 QUICK = {
     "images": 200, "val_images": 20,
@@ -83,11 +94,15 @@ QUICK = {
     "epochs": 3, "warmup": 30, "fusions": ["gate"], "samples": 2, "replicates": 3,
     "asha": {"grace_period": 1, "reduction_factor": 2, "min_gap_se": 2},
 }
+SIZES = {"full": FULL, "smoke": SMOKE, "quick": QUICK}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a smoke-sized search (a minute or two)")
+    p.add_argument("--size", choices=sorted(SIZES), default="full",
+                   help="full: a wide, noisy search on 400 images (default); smoke: the smoke study's data, model "
+                        "and schedule (about half an hour); quick: the same as --quick")
     p.add_argument("--search-seed", type=int, default=0, help="the searcher's seed, the same in both arms")
     p.add_argument("--samples", type=int, default=None, help="configurations per fusion (default 6; --quick 2)")
     p.add_argument("--epochs", type=int, default=None, help="planned epochs per trial (default 16; --quick 3)")
@@ -98,7 +113,10 @@ def parse_args(argv=None):
                    help="the early-stopping arms hold replicates at rungs (search.scheduler.asha.hold_at_rungs)")
     p.add_argument("--keep", action="store_true", help="keep the scratch folder")
     p.add_argument("--from-dir", default=None, help="measure a kept scratch folder again (no new run)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.size = "quick"
+    return args
 
 
 # -- the studies -------------------------------------------------------------------------------------------------
@@ -124,12 +142,13 @@ def search_study(arm: str, work: Path, data: Path, size: dict, search_seed: int 
         space["lambda"] = {"loguniform": [0.005, 0.2], "when": {"fusion": [f for f in size["fusions"] if f != "none"]}}
     return {
         "name": f"bench-asha-{arm}",
-        "data": {"kind": "synthetic", "seed": 0, "images": size["images"], "val_images": size["val_images"],
-                 "root": str(data)},
+        # val_images absent: the generator's own split (a quarter of the images)
+        "data": {"kind": "synthetic", "seed": 0, "images": size["images"], "root": str(data),
+                 **({"val_images": size["val_images"]} if "val_images" in size else {})},
         "model": dict(size["model"]),
         "train": {"xe_epochs": size["epochs"], "scst_epochs": 0, "batch_size": 50, "warmup": size["warmup"],
                   "val_decode": "greedy", "log_every": 1000, "diag_every": 0, "diag_images": 10,
-                  "diag_kendall_images": 1},
+                  "diag_kendall_images": 1, **size.get("train", {})},
         "search": {"metric": METRIC, "mode": "max", "algorithm": "random", "num_samples": size["samples"],
                    "seed": search_seed, "replicates": size["replicates"], "space": space,
                    "points_to_evaluate": [{"train.lr_factor": 0.25, "lambda": 0.035}],
@@ -166,35 +185,19 @@ def run_arm(study: dict, work: Path) -> tuple[float, int]:
 
 
 def load_arm(work: Path, name: str) -> dict:
+    """An arm's `summary.json`, with `per_image`: {trial id: {image id: CIDEr-D x100}} of the trials that saved
+    their best epoch's per-image scores, read from the study's record (`launch.record`)."""
+    from launch.location import locate
+    from launch.record import StudyRecord
+
     summary = json.loads((work / "studies" / name / "summary.json").read_text())
-    summary["per_image"] = per_image_scores(f"sqlite:///{work / 'mlflow.db'}", name)
+    record = StudyRecord.load(locate(name, str(work / "studies")))
+    summary["per_image"] = {}
+    for trial in record.trials:
+        scores = record.per_image(trial["trial_id"])
+        if scores is not None:
+            summary["per_image"][trial["trial_id"]] = {str(k): float(v) for k, v in scores.items()}
     return summary
-
-
-def per_image_scores(tracking_uri: str, study: str) -> dict[str, dict[str, float]]:
-    """{trial id: {image id: CIDEr-D x100}} of the trials that logged their best epoch's per-image scores."""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per download otherwise
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    experiment = client.get_experiment_by_name(study)
-    if experiment is None:
-        return {}
-    out = {}
-    runs = client.search_runs([experiment.experiment_id], "tags.`a2.role` = 'trial'", max_results=1000)
-    for run in runs:
-        trial_id = run.data.tags.get("a2.trial_id")
-        if not trial_id or PER_IMAGE_ARTIFACT.rsplit("/", 1)[-1] not in _artifact_names(client, run.info.run_id):
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            path = client.download_artifacts(run.info.run_id, PER_IMAGE_ARTIFACT, tmp)
-            out[trial_id] = {str(k): float(v) for k, v in json.loads(Path(path).read_text()).items()}
-    return out
-
-
-def _artifact_names(client, run_id: str) -> set[str]:
-    folder = PER_IMAGE_ARTIFACT.rsplit("/", 1)[0]
-    return {Path(f.path).name for f in client.list_artifacts(run_id, folder)}
 
 
 # -- the comparison ----------------------------------------------------------------------------------------------
@@ -385,7 +388,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` still ends the running study
     from a2core.data.synthetic import ensure
 
-    size = dict(QUICK if args.quick else FULL)
+    size = dict(SIZES[args.size])
     if args.samples is not None:
         size["samples"] = args.samples
     if args.epochs is not None:

@@ -1,9 +1,40 @@
-"""What people read of a study: the trial table, the replicate groups, the verdict and the compute line, printed
-by `a2 study status` and at the end of `run`/`resume` (`launch.driver`), and the live trial table."""
+"""What people read of a study: the trial table (`table_row`, the columns every table and the summary's trial rows
+share), the replicate groups, the verdict and the compute line, printed by `a2 study status` and at the end of
+`run`/`resume` (`launch.driver`), and the live trial table."""
 from __future__ import annotations
 
-from dashboards.tables import text_table
+from a2core.errors import A2Error
+from dashboards.tables import finite, text_table
 from launch.mlflow_export import outage_line
+
+
+# -- table rows ----------------------------------------------------------------------------------------------------
+def table_row(spec, trial_id: str, state: str, sampled: dict, last: dict, best, stopped_early=None) -> dict:
+    """The columns every table shows, with the trial's resolved config."""
+    try:
+        config = spec.trial_config(sampled)
+    except A2Error:  # an old study whose keys moved on: show what is known
+        config = {}
+    model, train = config.get("model", {}), config.get("train", {})
+    return {"trial_id": trial_id, "state": state, "stopped_early": stopped_early, "config": config,
+            "fusion": model.get("fusion", sampled.get("fusion")),
+            # lambda weighs the mask loss, which fusion none does not have
+            "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
+            "seed": train.get("seed", sampled.get("seed")),
+            "epochs_done": int(finite(last.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
+            "last": finite(last.get(spec.metric)), "best": finite(best),
+            # the selected checkpoint on the test split, reported when the trial ended (a2core train.test_at_end)
+            "test": finite(last.get(test_metric(spec.metric)))}
+
+
+def test_metric(metric: str) -> str:
+    """The test-split counterpart of a val metric ("val/CIDEr" -> "test/CIDEr")."""
+    return "test/" + metric.split("/", 1)[-1]
+
+
+def best_value(values, mode: str) -> float | None:
+    """The best of the finite values, or None."""
+    return (max if mode == "max" else min)((v for v in map(finite, values) if v is not None), default=None)
 
 
 def pick_best(items, key: str, mode: str):

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import yaml
 
-from a2core.errors import A2Error, StorageError, StudyError, TrackingError
-from dashboards.tables import finite
+from a2core.errors import StorageError, StudyError, TrackingError
 from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import stop
-from launch.conclusions import format_table, print_conclusions
+from launch.conclusions import best_value, format_table, print_conclusions, table_row
 from launch.datastore import check_feature_copies
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
@@ -258,35 +257,12 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
 
 
 # -- table rows --------------------------------------------------------------------------------------------------
-def _table_row(spec, trial_id: str, state: str, sampled: dict, last: dict, best, stopped_early=None) -> dict:
-    """The columns every table shows, with the trial's resolved config."""
-    try:
-        config = spec.trial_config(sampled)
-    except A2Error:  # an old study whose keys moved on: show what is known
-        config = {}
-    model, train = config.get("model", {}), config.get("train", {})
-    return {"trial_id": trial_id, "state": state, "stopped_early": stopped_early, "config": config,
-            "fusion": model.get("fusion", sampled.get("fusion")),
-            # lambda weighs the mask loss, which fusion none does not have
-            "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
-            "seed": train.get("seed", sampled.get("seed")),
-            "epochs_done": int(finite(last.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
-            "last": finite(last.get(spec.metric)), "best": finite(best),
-            # the selected checkpoint on the test split, reported when the trial ended (a2core train.test_at_end)
-            "test": finite(last.get(test_metric(spec.metric)))}
-
-
-def test_metric(metric: str) -> str:
-    """The test-split counterpart of a val metric ("val/CIDEr" -> "test/CIDEr")."""
-    return "test/" + metric.split("/", 1)[-1]
-
-
 def live_row(spec, trial, stopped_early_of=None) -> dict:
     """A table row of a running Tune trial: its last result, the best so far from Tune's metric analysis, and the
     scheduler's record when it stopped the trial."""
     best = (trial.metric_analysis.get(spec.metric) or {}).get(spec.mode)
     stopped = stopped_early_of(trial.trial_id) if stopped_early_of else None
-    return _table_row(spec, trial.trial_id, trial.status, dict(trial.config or {}), trial.last_result or {}, best,
+    return table_row(spec, trial.trial_id, trial.status, dict(trial.config or {}), trial.last_result or {}, best,
                       stopped)
 
 
@@ -295,13 +271,8 @@ def _grid_row(spec, result) -> dict:
     history = result.metrics_dataframe
     values = history[spec.metric] if history is not None and spec.metric in history else []
     metrics = result.metrics or {}
-    return _table_row(spec, metrics.get("trial_id") or "?", "ERROR" if result.error else "TERMINATED",
-                      dict(result.config or {}), metrics, _best_value(values, spec.mode))
-
-
-def _best_value(values, mode: str) -> float | None:
-    """The best of the finite values, or None."""
-    return (max if mode == "max" else min)((v for v in map(finite, values) if v is not None), default=None)
+    return table_row(spec, metrics.get("trial_id") or "?", "ERROR" if result.error else "TERMINATED",
+                     dict(result.config or {}), metrics, best_value(values, spec.mode))
 
 
 # -- the end of a run -------------------------------------------------------------------------------------------

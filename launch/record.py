@@ -26,8 +26,7 @@ from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_CUTOFF, TAG_STOPPED_E
 from dashboards.stats import best_group as pick_best_group
 from dashboards.tables import finite
 from dashboards.tracking import TAG_TRIAL_ID, param_value
-from launch.conclusions import pick_best
-from launch.driver import _best_value, _table_row
+from launch.conclusions import best_value, pick_best, table_row
 from launch.lease import live_writer
 from launch.location import StudyLocation, load_saved_spec, locate
 from launch.mlflow_export import SKIP_KEYS, TrialState, run_status, stop_record
@@ -206,18 +205,18 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
     (Ray Train keeps the best by the study metric plus the latest; ties go to the later epoch)."""
     values = {int(r["epoch"]): finite(r[spec.metric]) for r in history  # the latest report of an epoch wins
               if finite(r.get("epoch")) is not None and finite(r.get(spec.metric)) is not None}
-    best_value = _best_value(values.values(), spec.mode)
+    best = best_value(values.values(), spec.mode)
     run = location.at(TRIALS_DIR, train_run_name(spec.name, trial_id))
     sign = 1 if spec.mode == "max" else -1
     ckpt_epoch = max((e for e in checkpoint_epochs(run) if e in values), key=lambda e: (sign * values[e], e),
                      default=None)
-    if ckpt_epoch is not None and values[ckpt_epoch] == best_value:
+    if ckpt_epoch is not None and values[ckpt_epoch] == best:
         best_epoch = ckpt_epoch
     else:
-        best_epoch = next((e for e in sorted(values) if values[e] == best_value), None)
+        best_epoch = next((e for e in sorted(values) if values[e] == best), None)
     last = history[-1] if history else last_result  # the result log is in epoch order
     return {
-        **_table_row(spec, trial_id, state, sampled, last, best_value),
+        **table_row(spec, trial_id, state, sampled, last, best),
         "sampled": sampled,
         "epochs_reported": [int(r["epoch"]) for r in history or [last_result] if finite(r.get("epoch")) is not None],
         "best_epoch": best_epoch,
@@ -233,7 +232,7 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
 
 def trial_compute(history: list[dict]) -> dict:
     """What a trial cost, {unit: seconds}: the largest of its cumulative `compute/*` results."""
-    most = {unit: _best_value([r.get(f"compute/{unit}") for r in history], "max") for unit in COMPUTE_UNITS}
+    most = {unit: best_value([r.get(f"compute/{unit}") for r in history], "max") for unit in COMPUTE_UNITS}
     return {unit: seconds for unit, seconds in most.items() if seconds is not None}
 
 

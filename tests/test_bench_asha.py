@@ -24,7 +24,7 @@ def _load(study: dict, tmp_path: Path):
     return load_study(str(path))
 
 
-@pytest.mark.parametrize("size", ["FULL", "QUICK"])
+@pytest.mark.parametrize("size", ["FULL", "SMOKE", "QUICK"])
 def test_arms_differ_only_in_the_scheduler_and_get_the_same_configurations(bench, tmp_path, size):
     from launch.search import GridCrossedSearcher, ReplicateASHA, build_scheduler
 
