@@ -36,7 +36,8 @@ early-stopping arm against the full search:
   `dashboards.stats.compare_arms` (paired bootstrap over seeds and val images when both groups logged
   per-image CIDEr-D in their run folders, else Welch's t over seed means), and whether the gap is within the seed noise
   (the interval holds 0);
-- the target: within the seed noise of the full search at <= 40% of its compute (at equal load).
+- the target: within the seed noise of the full search, with a gap whose 95% interval is at most 5 CIDEr wide on
+  each side, at <= 50% of its compute (at equal load).
 
 A group is judged at a rung once all its replicates got there; replicates that started earlier train on
 meanwhile (unless held), so a stopped group's replicates may show more epochs than its rung (the table lists
@@ -66,7 +67,8 @@ if str(ROOT) not in sys.path:
 
 METRIC = "val/CIDEr"
 ARMS = ("fifo", "asha")  # the full search, then the same search under early stopping (one arm per --min-gap-se)
-COMPUTE_TARGET = 0.40  # the early-stopping arm's share of the full search's CPU seconds
+COMPUTE_TARGET = 0.50  # the early-stopping arm's share of the full search's CPU seconds
+HALF_WIDTH_TARGET = 5.0  # the best-group gap's 95% interval, CIDEr on each side: a gap that narrow can tell
 
 # The full benchmark: 12 groups x 3 seeds of a d_model-64 model on 400 synthetic images (320 train, 40 val), 16
 # epochs of 32 steps.
@@ -290,6 +292,7 @@ def compare_searches(fifo: dict, asha: dict) -> dict:
     drift = load_drift(fifo, asha)
     ratio = raw_ratio / drift[0] if drift else raw_ratio  # the CPU ratio at equal load
     within_noise = gap.low is not None and gap.low <= 0 <= gap.high
+    half_width = None if gap.low is None else (gap.high - gap.low) / 2
     not_worse = within_noise or (gap.low is not None and gap.low > 0)
     finished = [g["values"] for g in fifo["groups"] if len(g["values"]) > 1]
     return {
@@ -303,7 +306,9 @@ def compare_searches(fifo: dict, asha: dict) -> dict:
         "intervals": {arm.label: iv[METRIC] for arm, iv in comparison.rows},
         "gap": gap, "within_noise": within_noise,
         "seed_sd": pooled_sd(finished),
-        "target_met": bool(not_worse and ratio <= COMPUTE_TARGET),
+        "half_width": half_width,
+        "target_met": bool(not_worse and ratio <= COMPUTE_TARGET and half_width is not None
+                           and half_width <= HALF_WIDTH_TARGET),
     }
 
 
@@ -356,11 +361,13 @@ def report(result: dict, planned_epochs: int) -> None:
     noise = "within the seed noise" if result["within_noise"] else "NOT within the seed noise"
     if gap.low is None:
         noise = f"no verdict ({gap.no_verdict_reason()})"
+    width = "" if result["half_width"] is None else f" (half-width {result['half_width']:.1f})"
     print(f"SUMMARY bench_asha: ASHA used {100 * result['cpu_ratio']:.0f}% of the full search's CPU seconds at "
           f"equal load ({100 * result['raw_cpu_ratio']:.0f}% as measured; {100 * result['epoch_ratio']:.0f}% of its "
           f"trial-epochs); "
-          f"best result {gap.interval_text()} vs the full search, {noise}; target (within noise at <= "
-          f"{100 * COMPUTE_TARGET:.0f}% compute) {'met' if result['target_met'] else 'NOT met'}")
+          f"best result {gap.interval_text()} vs the full search, {noise}{width}; target (within "
+          f"noise, half-width <= {HALF_WIDTH_TARGET:g}, at <= {100 * COMPUTE_TARGET:.0f}% compute) "
+          f"{'met' if result['target_met'] else 'NOT met'}")
 
 
 def measure(work: Path) -> int:
