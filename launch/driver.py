@@ -25,7 +25,7 @@ from launch.mlflow_export import add_outage
 from launch.raycluster import connect
 from launch.spec import check_cluster
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
-from launch.verify import refuse_corrupt
+from launch.verify import WholeCopies, refuse_corrupt, restore_whole_copies
 
 
 # -- run / resume ------------------------------------------------------------------------------------------------
@@ -45,9 +45,13 @@ def run_study(spec, **options) -> dict:
     return _drive(spec, location, new=True, **options)
 
 
-def resume_study(location: StudyLocation, **options) -> dict:
+def resume_study(location: StudyLocation, *, restore_state: bool = False, **options) -> dict:
     """Continue a study: finished trials stay, unfinished and errored ones resume. A corrupt state file is refused
-    first (`launch.verify`): Tune would restart the experiment over it."""
+    first (`launch.verify`): Tune would restart the experiment over it. `restore_state`: first put the whole copy
+    back over each of Tune's files that is unreadable (a disk that filled during Tune's own copy of it)."""
+    if restore_state:
+        for line in restore_whole_copies(location.at()):
+            print(f"a2 study: {line}", flush=True)
     refuse_corrupt(location.at(), "resume")
     spec = load_saved_spec(location)
     refuse_relocated(spec, location)
@@ -107,7 +111,8 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         temp = plan_from_spec(spec)
         remove_temp_root(temp)  # what trials of a killed driver left on this node
         try:
-            with stop.stop_on_signals():  # SIGINT and SIGTERM: a clean stop, `a2 study resume NAME` continues
+            # SIGINT and SIGTERM: a clean stop, `a2 study resume NAME` continues; whole copies of Tune's own files
+            with stop.stop_on_signals(), WholeCopies(location.at()):
                 tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
                 doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
                 say(f"study {spec.name}: {doing} {location.uri()}", verbose)

@@ -156,14 +156,15 @@ class Location:
                 return f.readall().decode("utf-8")
         return None
 
-    def write_text(self, text: str) -> None:
-        """Replace the file at once: temp file + rename locally; on S3 the object appears only once whole."""
+    def write_text(self, text: str | bytes) -> None:
+        """Replace the file with `text` (or bytes) at once: temp file + rename locally; on S3 the object appears only
+        once whole."""
         if self.local:
             atomic_write(self.uri, text)
             return
         fs, path = self.filesystem
         with tempfile.TemporaryDirectory(prefix="a2-upload-") as tmp, self._errors("write it"):
-            (Path(tmp) / "object").write_text(text)
+            (Path(tmp) / "object").write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
             pafs.copy_files(str(Path(tmp) / "object"), path, destination_filesystem=fs)
 
     def listdir(self, *, folders_only: bool = False) -> list[str]:

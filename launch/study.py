@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     resume = sub.add_parser("resume", help="continue an interrupted study: finished trials stay, others resume")
     add_name(resume)
     _add_driver_arguments(resume)
+    resume.add_argument("--restore-state", action="store_true",
+                        help="first put back the whole copy (state-copies/) of each of Tune's files that is unreadable, "
+                             "e.g. cut short by a full disk; each one put back is named")
 
     status = sub.add_parser("status", help="the trial table of a study, read from its storage")
     add_name(status)
@@ -130,7 +133,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    return exit_code(resume_study(locate(args.name, args.storage), **driver_options(args)))
+    return exit_code(resume_study(locate(args.name, args.storage), restore_state=args.restore_state,
+                                  **driver_options(args)))
 
 
 def exit_code(summary: dict) -> int:

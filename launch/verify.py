@@ -2,12 +2,18 @@
 before anything uses it (Tune's experiment state as JSON, its pickles by their opcodes, without running them; the
 study file as YAML; every trial's result log), so that a corrupt file is refused naming its storage path, instead of
 Tune silently restarting the experiment over it. `a2 study check NAME` also loads every checkpoint.
+
+Tune copies its own files into the storage with a plain copy, not an atomic one, so a disk filling during that copy
+leaves one cut short. `WholeCopies` keeps a whole copy of each of them while a study runs (`state-copies/`), and
+`a2 study resume NAME --restore-state` puts such a copy back over the file cut short, saying which.
 """
 from __future__ import annotations
 
 import json
 import pickletools
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import yaml
@@ -20,6 +26,7 @@ _ROOT_FILES = (("experiment_state-", ".json", "json"), ("search_gen_state-", ".j
                ("searcher-state-", ".pkl", "pickle"), ("callback-states-", ".pkl", "pickle"),
                ("tuner", ".pkl", "pickle"))
 STUDY_FILE = "study.yaml"  # launch.location.STUDY_FILE
+COPIES_DIR = "state-copies"  # below the study: the last whole copy of each of Tune's root files
 TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of a trial's checkpoints
 
 
@@ -68,8 +75,7 @@ def state_files(study, train_snapshots: bool = True) -> list[tuple[object, str]]
 
     names = study.listdir()
     files = [(study.join(STUDY_FILE), "yaml")] if STUDY_FILE in names else []
-    files += [(study.join(n), kind) for n in names for prefix, suffix, kind in _ROOT_FILES
-              if n.startswith(prefix) and n.endswith(suffix)]
+    files += [(study.join(n), _root_kind(n)) for n in names if _root_kind(n)]
     trials = study.join(TRIALS_DIR)
     for run in trials.listdir(folders_only=True):
         inside = trials.join(run).listdir()
@@ -80,12 +86,100 @@ def state_files(study, train_snapshots: bool = True) -> list[tuple[object, str]]
 
 def refuse_corrupt(study, doing: str) -> None:
     """StudyError (exit 2) naming the first unreadable state file of the study: nothing is run or overwritten.
-    `doing`: "resume" or "status" (which leaves out Ray Train's records, rewritten by running trials)."""
+    `doing`: "resume" or "status" (which leaves out Ray Train's records, rewritten by running trials). A file with a
+    whole copy in `state-copies/` says how to put it back."""
     for location, kind in state_files(study, train_snapshots=doing != "status"):
         found = problem(location, kind)
         if found:
-            raise StudyError(f"{found}; {doing} refused, nothing was run or changed: restore the file from a copy, "
-                             f"or run the study again under a new name (`a2 study check NAME` lists every problem)")
+            copy = _whole_copy(study, location, kind)
+            fix = (f"a whole copy of it is at {copy.uri}: `a2 study resume {study.uri.rstrip('/').rsplit('/', 1)[-1]} "
+                   f"--restore-state` puts it back" if copy else "restore the file from a copy")
+            raise StudyError(f"{found}; {doing} refused, nothing was run or changed: {fix}, or run the study again "
+                             f"under a new name (`a2 study check NAME` lists every problem)")
+
+
+def _root_kind(name: str) -> str | None:
+    """How Tune's root file `name` is read (json, pickle), or None for another file."""
+    return next((kind for prefix, suffix, kind in _ROOT_FILES if name.startswith(prefix) and name.endswith(suffix)),
+                None)
+
+
+def _whole_copy(study, location, kind: str):
+    """The whole copy of the root file at `location` in `state-copies/`, or None (none, or not whole either)."""
+    if _root_kind(location.uri.rsplit("/", 1)[-1]) is None:
+        return None
+    copy = study.join(COPIES_DIR, location.uri.rsplit("/", 1)[-1])
+    return copy if copy.exists() and problem(copy, kind) is None else None
+
+
+def restore_whole_copies(study) -> list[str]:
+    """Put the whole copy back over each of Tune's root files that is unreadable; one line per file put back."""
+    restored = []
+    for location, kind in state_files(study, train_snapshots=False):
+        copy = _whole_copy(study, location, kind) if problem(location, kind) else None
+        if copy is not None:
+            location.write_text(_read_bytes(copy))
+            restored.append(f"restored {location.uri} from its whole copy {copy.uri}")
+    return restored
+
+
+class WholeCopies:
+    """While a study runs, every `period` s and at its end: a copy of each of Tune's root files that changed (its
+    size or time), reads whole and differs from its copy, written atomically into `state-copies/`. A copy that cannot
+    be written (the disk full) is left as it was: the last whole one stays."""
+
+    def __init__(self, study, period: float = 2.0):
+        self.study, self.period = study, period
+        self.seen: dict[str, tuple] = {}  # name -> (size, mtime) last read
+        self.saved: dict[str, bytes] = {}  # name -> the bytes of its copy
+        self.failed = False  # said once
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="a2-state-copies", daemon=True)
+
+    def save(self) -> list[str]:
+        """Copy the root files that changed, read whole and differ from their copies; their names."""
+        import pyarrow.fs as pafs  # pyarrow: only once a study runs (`a2 study validate` imports this module)
+
+        fs, path = self.study.filesystem
+        copied = []
+        for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
+            name, stamp = info.base_name, (info.size, info.mtime_ns)
+            kind = _root_kind(name)
+            if kind is None or self.seen.get(name) == stamp:
+                continue
+            data = _read_bytes(self.study.join(name))
+            try:
+                _parse(kind, data)
+            except Exception:  # noqa: BLE001 - cut short or being written: the last whole copy stays
+                continue
+            if self.saved.get(name) != data:
+                self.study.join(COPIES_DIR, name).write_text(data)
+                self.saved[name] = data
+                copied.append(name)
+            self.seen[name] = stamp
+        return sorted(copied)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self._save_quietly()
+
+    def _save_quietly(self) -> None:
+        try:
+            self.save()
+        except Exception as err:  # noqa: BLE001 - a storage problem stops the study elsewhere, with its own line
+            if not self.failed:
+                print(f"a2 study: note: whole copies of Tune's state not updated (the last ones stay): "
+                      f"{str(err).splitlines()[0][:200]}", file=sys.stderr, flush=True)
+            self.failed = True
+
+    def __enter__(self) -> "WholeCopies":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._save_quietly()
 
 
 def checkpoint_problem(location) -> str | None:

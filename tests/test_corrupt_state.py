@@ -2,7 +2,8 @@
 a binary study file or a garbage result log is refused by `resume` and `status` with one line naming the file (exit
 2, nothing run or changed); `a2 study check NAME` lists every unreadable file and checkpoint. A trial whose latest
 checkpoint is truncated resumes from the newest readable one, saying so; a finished trial's truncated best checkpoint
-is reported by `status` and refused by `a2 package` before any decoding."""
+is reported by `status` and refused by `a2 package` before any decoding. Tune's experiment state cut short (a full disk
+during its own, non-atomic copy) is put back from its whole copy by `resume --restore-state`."""
 from __future__ import annotations
 
 import hashlib
@@ -165,3 +166,27 @@ def test_a_study_name_outside_the_storage_root_is_refused(tmp_path):
         done = a2(*command, "../storage/c1", cwd=tmp_path, timeout=120)
         assert done.returncode == 2, (command, done.stdout[-2000:])
         assert "study name '../storage/c1'" in done.stdout, (command, done.stdout[-2000:])
+
+
+def test_an_experiment_state_cut_short_is_put_back_from_its_whole_copy_by_resume_restore_state(tmp_path, tiny_data):
+    """Tune copies its experiment state into the storage with a plain copy (a full disk can cut it short): `resume`
+    refuses the cut file naming its whole copy in `state-copies/`, and `resume --restore-state` puts it back, saying
+    so, and finishes the study with every epoch once."""
+    name = "cut-state"
+    storage, uri, env, _, _ = _stopped_part_way(tmp_path, tiny_data, name, workers=1, batch_size=20)
+    state = max((storage / name).glob("experiment_state-*.json"))
+    copy = storage / name / "state-copies" / state.name
+    json.loads(copy.read_text())  # the driver kept a whole copy of it
+    state.write_bytes(state.read_bytes()[:state.stat().st_size // 2])
+
+    refused = a2("study", "resume", name, cwd=tmp_path, env=env, timeout=120)
+    assert refused.returncode == 2, refused.stdout[-3000:]
+    assert str(state) in refused.stdout and f"a whole copy of it is at {copy}" in refused.stdout, refused.stdout[-3000:]
+    assert f"`a2 study resume {name} --restore-state` puts it back" in refused.stdout
+
+    resume = a2("study", "resume", name, "--restore-state", cwd=tmp_path, env=env, timeout=400)
+    assert resume.returncode == 0, resume.stdout[-6000:]
+    assert f"restored {state} from its whole copy {copy}" in resume.stdout, resume.stdout[-6000:]
+    summary = json.loads((storage / name / "summary.json").read_text())
+    assert summary["complete"] and summary["trials"][0]["epochs_reported"] == [1, 2, 3, 4, 5, 6]
+    assert duplicated_points(uri, name) == []
