@@ -49,11 +49,14 @@ def resume_study(location: StudyLocation, *, restore_state: bool = False, **opti
     """Continue a study: finished trials stay, unfinished and errored ones resume. A corrupt state file is refused
     first (`launch.verify`): Tune would restart the experiment over it. `restore_state`: first put the whole copy
     back over each of Tune's files that is unreadable (a disk that filled during Tune's own copy of it)."""
-    if restore_state:
+    spec = None
+    if restore_state:  # only where the study was run: a copy is refused before anything in it changes
+        spec = load_saved_spec(location)
+        refuse_relocated(spec, location)
         for line in restore_whole_copies(location.at()):
             print(f"a2 study: {line}", flush=True)
     refuse_corrupt(location.at(), "resume")
-    spec = load_saved_spec(location)
+    spec = spec or load_saved_spec(location)
     refuse_relocated(spec, location)
     return _drive(spec, location, new=False, **options)
 
@@ -268,7 +271,7 @@ def live_row(spec, trial, stopped_early_of=None) -> dict:
     best = (trial.metric_analysis.get(spec.metric) or {}).get(spec.mode)
     stopped = stopped_early_of(trial.trial_id) if stopped_early_of else None
     return table_row(spec, trial.trial_id, trial.status, dict(trial.config or {}), trial.last_result or {}, best,
-                      stopped)
+                     stopped)
 
 
 def _grid_row(spec, result) -> dict:

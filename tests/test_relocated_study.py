@@ -1,7 +1,7 @@
 """A study's storage copied or moved elsewhere: `resume` refuses it before Ray starts, naming where the study was
 run, where it is now and the MLflow store its saved experiment logs to (a resumed copy would write into the
 original's storage and MLflow runs); `status` reads the copy, and `a2 mlflow sync` says which store it replays into.
-Nothing is written anywhere."""
+Nothing is written anywhere, `resume --restore-state` of a copy included."""
 from __future__ import annotations
 
 import hashlib
@@ -64,3 +64,19 @@ def test_a_moved_study_is_refused_by_resume_and_resumes_once_moved_back(tmp_path
     back = a2("study", "resume", NAME, "--storage", str(original), cwd=tmp_path, timeout=120)
     # past the check: this study never started a trial, which resume says (before any Ray starts)
     assert back.returncode == 2 and "has no Tune experiment state to resume" in back.stdout, back.stdout[-3000:]
+
+
+def test_restore_state_changes_nothing_in_a_copy(tmp_path, tiny_data):
+    """`resume --restore-state` of a copy is refused as a copy before any file of it is put back."""
+    original, _ = _saved_study(tmp_path, tiny_data)
+    state = "experiment_state-2026-11-26_07-00-00.json"
+    (original / NAME / "state-copies").mkdir()
+    (original / NAME / "state-copies" / state).write_text('{"trial_data": []}')
+    (original / NAME / state).write_text('{"trial_da')  # cut short
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    before = _tree(copy)
+    done = a2("study", "resume", NAME, "--storage", str(copy), "--restore-state", cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stdout[-3000:]
+    assert f"was run at {original / NAME} (the original is still there)" in done.stdout, done.stdout[-3000:]
+    assert "restored" not in done.stdout and _tree(copy) == before
