@@ -9,6 +9,7 @@ leaves one cut short. `WholeCopies` keeps a whole copy of each of them while a s
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import pickletools
 import sys
@@ -106,9 +107,10 @@ def _root_kind(name: str) -> str | None:
 
 def _whole_copy(study, location, kind: str):
     """The whole copy of the root file at `location` in `state-copies/`, or None (none, or not whole either)."""
-    if _root_kind(location.uri.rsplit("/", 1)[-1]) is None:
+    name = location.uri.rsplit("/", 1)[-1]
+    if _root_kind(name) is None:
         return None
-    copy = study.join(COPIES_DIR, location.uri.rsplit("/", 1)[-1])
+    copy = study.join(COPIES_DIR, name)
     return copy if copy.exists() and problem(copy, kind) is None else None
 
 
@@ -131,7 +133,7 @@ class WholeCopies:
     def __init__(self, study, period: float = 2.0):
         self.study, self.period = study, period
         self.seen: dict[str, tuple] = {}  # name -> (size, mtime) last read
-        self.saved: dict[str, bytes] = {}  # name -> the bytes of its copy
+        self.saved: dict[str, str] = {}  # name -> sha256 of its copy (an experiment state can be megabytes)
         self.failed = False  # said once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="a2-state-copies", daemon=True)
@@ -152,9 +154,10 @@ class WholeCopies:
                 _parse(kind, data)
             except Exception:  # noqa: BLE001 - cut short or being written: the last whole copy stays
                 continue
-            if self.saved.get(name) != data:
+            digest = hashlib.sha256(data).hexdigest()
+            if self.saved.get(name) != digest:
                 self.study.join(COPIES_DIR, name).write_text(data)
-                self.saved[name] = data
+                self.saved[name] = digest
                 copied.append(name)
             self.seen[name] = stamp
         return sorted(copied)
