@@ -3,6 +3,7 @@
     python benchmarks/bench_asha.py                  # the full benchmark (8-10 minutes on 2 cores)
     python benchmarks/bench_asha.py --min-gap-se 2 0 # ... with one early-stopping arm per rule (12-15 minutes)
     python benchmarks/bench_asha.py --min-gap-se 2 0 --hold   # ... those arms holding replicates at rungs
+    python benchmarks/bench_asha.py --size smoke --min-gap-se 2 0 0-hold --keep   # benchmarks/records/asha-smoke-v5
     python benchmarks/bench_asha.py --size smoke     # the smoke study's data, model and schedule (about half an hour)
     python benchmarks/bench_asha.py --quick          # a smoke run of the same code path (a minute or two)
     python benchmarks/bench_asha.py --keep           # ... keeping the scratch folder, to look again later:
@@ -79,13 +80,13 @@ FULL = {
     "asha": {"grace_period": 2, "reduction_factor": 2, "min_gap_se": 2},
 }
 # --size smoke: the smoke study's data, model and schedule (studies/smoke.yaml: 2000 synthetic images, 1000 train and
-# 500 val, d_model 64, 2 layers, no dropout, batches of 25 pairs, 7 epochs of 200 steps ramped down to 0), where
+# 500 val, d_model 64, 2 layers, no dropout, batches of 25 pairs, 8 epochs of 200 steps ramped down to 0), where
 # the seed sd of best val CIDEr is under 2 points (benchmarks/bench_noise.py), so a gap between two searches can
 # resolve to a few points. 12 groups x 3 seeds; rungs at epochs 2 and 4.
 SMOKE = {
     "images": 2000,
     "model": {"d_model": 64, "layers": 2, "heads": 4, "d_ff": 128, "dropout": 0.0, "max_regions": 10},
-    "epochs": 7, "warmup": 300, "fusions": ["none", "gate"], "samples": 6, "replicates": 3,
+    "epochs": 8, "warmup": 300, "fusions": ["none", "gate"], "samples": 6, "replicates": 3,
     "train": {"batch_size": 25, "lr_schedule": "noam_to_zero"},
     "asha": {"grace_period": 2, "reduction_factor": 2, "min_gap_se": 2},
 }
@@ -108,9 +109,10 @@ def parse_args(argv=None):
     p.add_argument("--search-seed", type=int, default=0, help="the searcher's seed, the same in both arms")
     p.add_argument("--samples", type=int, default=None, help="configurations per fusion (default 6; --quick 2)")
     p.add_argument("--epochs", type=int, default=None, help="planned epochs per trial (default 16; --quick 3)")
-    p.add_argument("--min-gap-se", type=float, nargs="+", default=None, metavar="K",
+    p.add_argument("--min-gap-se", type=_gap, nargs="+", default=None, metavar="K[-hold]",
                    help="ReplicateASHA's min_gap_se (default 2); several values run one early-stopping arm each "
-                        "against the same full search, e.g. `--min-gap-se 2 0` (0: plain ASHA on group means)")
+                        "against the same full search, e.g. `--min-gap-se 2 0 0-hold` (0: plain ASHA on group "
+                        "means; -hold: that arm holds replicates at rungs)")
     p.add_argument("--hold", action="store_true",
                    help="the early-stopping arms hold replicates at rungs (search.scheduler.asha.hold_at_rungs)")
     p.add_argument("--keep", action="store_true", help="keep the scratch folder")
@@ -122,12 +124,22 @@ def parse_args(argv=None):
 
 
 # -- the studies -------------------------------------------------------------------------------------------------
-def early_arms(gaps: list[float] | None) -> dict[str, float | None]:
-    """{arm name: its min_gap_se} of the early-stopping arms: `asha` for one value (None: the size's own),
-    `asha-k<K>` each for several."""
-    if not gaps or len(gaps) == 1:
-        return {"asha": gaps[0] if gaps else None}
-    return {f"asha-k{k:g}".replace(".", "p"): k for k in gaps}
+def _gap(text: str) -> tuple[float, bool]:
+    """A `--min-gap-se` value: K, or K-hold for an arm that holds replicates at rungs."""
+    number, hold = (text[:-len("-hold")], True) if text.endswith("-hold") else (text, False)
+    try:
+        return float(number), hold
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not K or K-hold: {text!r}") from None
+
+
+def early_arms(gaps: list[float | tuple[float, bool]] | None) -> dict[str, tuple[float | None, bool]]:
+    """{arm name: (its min_gap_se, whether it holds replicates at rungs)} of the early-stopping arms: `asha` for
+    one value (None: the size's own), `asha-k<K>` (`asha-k<K>-hold`) each for several."""
+    gaps = [g if isinstance(g, tuple) else (g, False) for g in gaps or []]
+    if len(gaps) <= 1:
+        return {"asha": gaps[0] if gaps else (None, False)}
+    return {f"asha-k{k:g}".replace(".", "p") + ("-hold" if hold else ""): (k, hold) for k, hold in gaps}
 
 
 def search_study(arm: str, work: Path, data: Path, size: dict, search_seed: int = 0,
@@ -404,9 +416,9 @@ def main(argv=None) -> int:
     try:
         data = work / "data"
         ensure(data, seed=0, images=size["images"])  # generated once, outside both arms' compute
-        arms = {"fifo": None, **early_arms(args.min_gap_se)}
-        for arm, min_gap_se in arms.items():
-            study = search_study(arm, work / arm, data, size, args.search_seed, min_gap_se, args.hold)
+        arms = {"fifo": (None, False), **early_arms(args.min_gap_se)}
+        for arm, (min_gap_se, hold) in arms.items():
+            study = search_study(arm, work / arm, data, size, args.search_seed, min_gap_se, hold or args.hold)
             wall, rc = run_arm(study, work / arm)
             summary_path = work / arm / "studies" / study["name"] / "summary.json"
             if rc != 0 or not summary_path.exists():

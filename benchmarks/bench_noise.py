@@ -23,10 +23,11 @@ Printed per configuration (x100 CIDEr-D on the smoke study's val images):
 - grounding lift (diag/grounding/lift at the last epoch): mean and seed sd; target sd <= 0.03;
 - grounding accuracy (diag/grounding/accuracy; a perfectly grounded attention scores 1.0);
 and once: the perfectly grounded caption (what the references say, in their most common wording: every class word
-from its right region) against the best trained run, the references scored against each other (leave-one-out)
+from its right region) against the trained runs, the references scored against each other (leave-one-out)
 and the best constant caption. The task is not saturated (alignment has room to help) when every targeted run's
-grounding accuracy is at most 0.95, or the perfectly grounded caption is clearly above the best trained run: by at
-least twice the seed-sd target. A word-agnostic attention scores at most 0.5 on the grounded words by construction
+grounding accuracy is at most 0.95, or the perfectly grounded caption is clearly above the trained runs: the 95%
+interval of its lead over their best val CIDEr (a mean over runs, as every comparison here) starts at least twice
+the seed-sd target above 0. A word-agnostic attention scores at most 0.5 on the grounded words by construction
 (tests/test_data.py, tests/test_diagnostics.py).
 """
 from __future__ import annotations
@@ -48,8 +49,9 @@ sys.path.insert(0, str(ROOT))
 RECORDS = ROOT / "benchmarks" / "records" / "noise"
 SMOKE = ROOT / "studies" / "smoke.yaml"
 # room: "a perfectly grounded reference scores clearly above the trained models", read as every run's grounding
-# accuracy at most 0.95 (a perfectly grounded attention: 1.0), or the perfectly grounded caption's CIDEr at least
-# twice the seed-sd target above the best trained run
+# accuracy at most 0.95 (a perfectly grounded attention: 1.0), or the perfectly grounded caption's lead over the
+# trained runs' best val CIDEr at least twice the seed-sd target at the low end of its 95% interval (a mean over
+# the runs with its interval, not the one best run: one seed's number is the noise this benchmark measures)
 TARGETS = {"sd": 2.5, "move": 3.0, "lift_sd": 0.03, "accuracy": 0.95, "ceiling_gap": 5.0}
 
 
@@ -276,15 +278,19 @@ def main() -> int:
     c = ceiling(args.set)
     top = max(r["best_val_cider"] for r in records)
     targeted = [r for r in records if r["fusion"] in grid] or records  # the smoke configurations' runs
+    from dashboards.stats import seed_interval
+
+    lead = seed_interval([c["grounded_cider"] - r["best_val_cider"] for r in targeted])
     gap = c["grounded_cider"] - max(r["best_val_cider"] for r in targeted)
     accuracy = max(r["grounding"]["accuracy"] for r in targeted)
-    room = accuracy <= TARGETS["accuracy"] or gap >= TARGETS["ceiling_gap"]
+    room = accuracy <= TARGETS["accuracy"] or lead.low >= TARGETS["ceiling_gap"]
     ok &= room
     print(f"perfectly grounded caption (the references' most common wording): {c['grounded_cider']:.1f}, "
-          f"{gap:+.1f} over the best run of the smoke configurations, whose largest grounding accuracy is "
-          f"{accuracy:.3f}")
+          f"{lead.mean:+.1f} [{lead.low:+.1f}, {lead.high:+.1f}] over the {len(targeted)} runs of the smoke "
+          f"configurations ({gap:+.1f} over the best of them), whose largest grounding accuracy is {accuracy:.3f}")
     print(f"  not saturated (grounding accuracy <= {TARGETS['accuracy']} in every run, or the perfectly grounded "
-          f"caption >= {TARGETS['ceiling_gap']:.0f} above the best run): {'met' if room else 'NOT met'}")
+          f"caption's lead >= {TARGETS['ceiling_gap']:.0f} at the low end of its 95% interval): "
+          f"{'met' if room else 'NOT met'}")
     print(f"references against the other four: {c['reference_loo_cider']:.1f} (mean), "
           f"{c['best_reference_cider']:.1f} (each image's best); best trained run: {top:.1f}; "
           f"best constant caption: {c['best_constant_cider']:.1f} ({c['best_constant_caption']!r})")

@@ -16,13 +16,25 @@ import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
+import torch
+from mlflow.models import ModelSignature
+from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
+
+from a2core import checkpoint as ckpt
 from a2core.atomic import atomic_write
+from a2core.checkpoint import load_ensemble
+from a2core.config import Config
+from a2core.data.dataset import resolve_paths
 from a2core.data.features import FeatureStore
+from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
 from a2core.errors import DataError
 from a2core.metrics import METRIC_NAMES as METRICS, SCALE, SCALE_NAME
+from a2core.metrics import Meteor, caption_scores, coco_scores, ptb_tokenize, spice_available
 from dashboards import paper_results
 from dashboards.stats import Arm, Interval, canonical_config, compare_arms, config_hash  # noqa: F401 - used here, and re-exported
+from dashboards.stats import gain_over_members, gain_over_one
 from dashboards.tables import finite, text_table
+from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, git_commit, study_runs
 
 SCHEMA = 1
 SHORT = {"BLEU-1": "B-1", "BLEU-2": "B-2", "BLEU-3": "B-3", "BLEU-4": "B-4", "METEOR": "M", "ROUGE-L": "R",
@@ -39,8 +51,6 @@ def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str,
     """COCO metrics (x100) of several systems' captions of the same images, and each system's per-image CIDEr-D
     ({name: {image_id: CIDEr}}): `a2core.metrics.coco_scores`' numbers with one PTB tokenizer run and one METEOR
     process for all systems (two Java processes per system would dominate the time); with SPICE, `coco_scores`."""
-    from a2core.metrics import Meteor, caption_scores, coco_scores, ptb_tokenize, spice_available
-
     ids = list(references)
     for name, caps in systems.items():
         lost, extra = [k for k in ids if k not in caps], [k for k in caps if k not in references]
@@ -88,8 +98,6 @@ def ensemble_gain(ensemble: Mapping[str, float], members: Mapping[str, Mapping[s
     per-image CIDEr-D of every system on the same test images also the bootstrap over them). Never against the
     member that scored best on the test images themselves: that choice would be made on the numbers it is judged
     by."""
-    from dashboards.stats import gain_over_members, gain_over_one
-
     names = [name for name in members if members[name].get("CIDEr") is not None]
     per_image = per_image or {}
     ids = sorted(per_image.get("ensemble") or {})
@@ -115,8 +123,6 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
     `per_image` (CIDEr-D of "seed-<s>" and "ensemble") as `score_systems` gives them, on the held-out test split
     (Karpathy test on COCO, the synthetic set's test split on synthetic data: `evaluation.split`). The study
     metric chose the configuration and each checkpoint on val (`evaluation.selection`), never on these images."""
-    from dashboards.tracking import git_commit
-
     cfg = canonical_config(config)
     digest = config_hash(config)
     fusion = cfg.get("model", {}).get("fusion")
@@ -221,8 +227,6 @@ def gain_lines(board: Mapping) -> list[str]:
 # -- MLflow --------------------------------------------------------------------------------------------------------
 def trial_run_ids(tracking_uri: str, study: str) -> dict[str, str]:
     """{trial_id: MLflow run id} of a study's trial runs ({} when the study has no runs or MLflow is not there)."""
-    from dashboards.tracking import TAG_TRIAL_ID, study_runs
-
     try:
         _, children = study_runs(tracking_uri, study)
     except Exception as err:  # noqa: BLE001 - provenance is best effort
@@ -233,8 +237,6 @@ def trial_run_ids(tracking_uri: str, study: str) -> dict[str, str]:
 
 def study_parent_run(tracking_uri: str, study: str) -> str:
     """The study's parent run id; created (and left FINISHED) when the study has none yet."""
-    from dashboards.tracking import StudyTracker, study_runs
-
     parent, _ = study_runs(tracking_uri, study)
     if parent is not None:
         return parent.info.run_id
@@ -274,10 +276,6 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
     beam_size, max_len, batch_size = 5, 20, 50
 
     def load_context(self, context):
-        import torch
-
-        from a2core.checkpoint import load_ensemble
-
         keys = sorted(k for k in context.artifacts if k.startswith("checkpoint_"))  # none: load_ensemble says so
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.models, self.vocab, self.config = load_ensemble([context.artifacts[k] for k in keys], self.device)
@@ -289,16 +287,11 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
 
     def _feature_store(self) -> FeatureStore:
         if self._store is None:
-            from a2core.config import Config
-            from a2core.data.dataset import resolve_paths
-
             path = self.features_path or resolve_paths(Config.from_dict(self.config).data).features
             self._store = FeatureStore(path, self.config["model"]["feature_dim"])
         return self._store
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
-
         ids = [int(i) for i in model_input["image_id"]]
         store = (GivenFeatures(dict(zip(ids, model_input["features"])), self.config["model"]["feature_dim"])
                  if "features" in model_input.columns else self._feature_store())
@@ -342,11 +335,6 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
     state) and register it as a new version of model `name`, unless a version of `name` already serves the same
     checkpoints and settings (tag `a2.content_hash`): that version is reused. Returns {"name", "version",
     "model_uri", "logged_model_uri", "run_id", "reused"}."""
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
-
-    from a2core import checkpoint as ckpt
-
     client = MlflowClient(tracking_uri=tracking_uri)
     digest = content_hash(checkpoints, beam_size, max_len)
     same = client.search_model_versions(f"name='{name}' and tags.`{TAG_CONTENT_HASH}` = '{digest}'")

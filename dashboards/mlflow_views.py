@@ -18,6 +18,7 @@ instead (`section_order`), so no metric is renamed.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.parse
 from typing import Iterable
@@ -67,8 +68,6 @@ def section_order(metric_names: Iterable[str], first: str = "val/CIDEr") -> list
 
 def _natural(text: str) -> tuple:
     """`layer2` before `layer10`."""
-    import re
-
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 

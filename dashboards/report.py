@@ -20,6 +20,7 @@ from typing import Any, Callable
 from a2core.config import inapplicable_model_keys
 from dashboards.stats import MIN_SEEDS, best_candidates, is_stopped_early, seed_interval, stopped_early_text
 from dashboards.tables import finite
+from dashboards.tracking import study_runs
 
 CIDER = "val/CIDEr"
 FUSION_LABEL = {"none": "none (baseline)", "max": "max", "moving_average": "moving average",
@@ -164,7 +165,7 @@ def _missing(text: str) -> str:
 
 def fusion_table_html(comparison, configs: dict[str, str]) -> str:
     """Table 3: `dashboards.compare.study_comparison` by fusion, best mean per column in bold."""
-    from dashboards.compare import shown_metrics, split_columns
+    from dashboards.compare import shown_metrics, split_columns  # dashboards.compare imports this module
 
     if not comparison.rows:
         return _missing("No run logged val/CIDEr, so there is no fusion table.")
@@ -252,7 +253,7 @@ def runs_table_html(runs: list[RunSummary], keys: list[str]) -> str:
 
 # -- plots: each returns a matplotlib Figure, or None when the study logged nothing for it -------------------------
 def _axes(width: float = 7.0, height: float = 4.2, ncols: int = 1):
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # matplotlib: only when a report draws its plots
 
     fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
     return fig, fig.subplots(1, ncols)
@@ -326,7 +327,7 @@ def plot_bars(pattern: re.Pattern, place, labels: dict[str, str], tick, settings
 
 
 def plot_curves(runs: list[RunSummary]):
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # matplotlib: as in `_axes`
 
     keys = [(CIDER, "val CIDEr"), ("train/loss", "train loss")]
     if not any(r.history.get(k) for r in runs for k, _ in keys):
@@ -366,7 +367,7 @@ def plot_parallel(runs: list[RunSummary]):
     keys = searched_keys(runs)
     if not runs or not keys:
         return None
-    import matplotlib as mpl
+    import matplotlib as mpl  # matplotlib: as in `_axes`
 
     axes = [_parallel_axis(k, [r.params.get(k) for r in runs]) for k in keys]
     axes.append(_parallel_axis(CIDER, [r.best_cider for r in runs]))
@@ -448,7 +449,7 @@ def _summary(study: Study) -> str:
 
 def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
     """Write the report's PNGs and `report.html` into `out_dir`. Returns {name: path}."""
-    from dashboards.compare import study_comparison
+    from dashboards.compare import study_comparison  # dashboards.compare imports this module
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -481,8 +482,7 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
 def log_report(tracking_uri: str, study_name: str, paths: dict[str, str]) -> str | None:
     """Log a report's files as artifacts of the study's MLflow parent run under `report/`; returns their URI, or
     None when the store has no such run (the study was not exported there: `a2 mlflow sync NAME`)."""
-    from dashboards.leaderboard import log_artifacts
-    from dashboards.tracking import study_runs
+    from dashboards.leaderboard import log_artifacts  # mlflow and torch: only when a report is logged
 
     parent, _ = study_runs(tracking_uri, study_name)
     return None if parent is None else log_artifacts(tracking_uri, parent.info.run_id, paths.values(), "report")

@@ -1,7 +1,9 @@
 """The `a2` command. Each subcommand is a thin function over the package that owns the work.
 
-Torch, Ray, MLflow and scipy are imported inside the command functions (or `_deferred`) so that `a2 --help` and
-`a2 study validate` start in well under a second and never start Ray.
+Ray, MLflow and matplotlib are imported inside the command functions (or `_deferred`), so that `a2 --help` and
+`a2 study validate` never start Ray or load MLflow (tests/test_spec.py checks it). They do load torch and scipy
+(about 2 s on 2 cores): the study checks read prepared feature stores (`a2core.data.prepared`, torch tensors) and
+the study record's statistics (`dashboards.stats`, scipy) at import.
 """
 from __future__ import annotations
 
@@ -9,10 +11,21 @@ import argparse
 import importlib
 import json
 import sys
+import time
+from pathlib import Path
 
+from a2core.atomic import atomic_write, fresh_folder
 from a2core.config import Config, apply_overrides, load_yaml
+from a2core.data.captions import read_image_info
+from a2core.data.prepared import prepare
+from a2core.data.synthetic import generate
+from a2core.decode import decode_to_file
 from a2core.errors import A2Error
+from a2core.metrics import evaluate_results_file
+from a2core.train import train
+from dashboards.submission import validate_zip
 from launch import package, pipeline, study
+from launch.datastore import fetch, push
 from launch.spec import SECTIONS, TOP_KEYS
 
 
@@ -36,18 +49,12 @@ non_negative_int = _int_at_least(0)
 
 # -- data / train / evaluate / decode ---------------------------------------------------------------------------
 def cmd_data_synth(args) -> int:
-    from a2core.data.synthetic import generate
-
     paths = generate(args.out, seed=args.seed, images=args.images, test_images=args.test_images)
     print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
     return 0
 
 
 def cmd_data_prepare(args) -> int:
-    import time
-
-    from a2core.data.prepared import prepare
-
     started = time.monotonic()
 
     def progress(done: int, total: int) -> None:
@@ -62,15 +69,11 @@ def cmd_data_prepare(args) -> int:
 
 
 def cmd_data_fetch(args) -> int:
-    from launch.datastore import fetch
-
     print(json.dumps(fetch(args.source, args.target, endpoint_url=args.endpoint_url), indent=2))
     return 0
 
 
 def cmd_data_push(args) -> int:
-    from launch.datastore import push
-
     manifest = push(args.store, args.uri, endpoint_url=args.endpoint_url)
     print(json.dumps({"uri": args.uri, **{k: v for k, v in manifest.items() if k in ("checksum", "sha256")}},
                      indent=2))
@@ -88,11 +91,6 @@ def training_config(path: str | None, overrides: list[str]):
 
 
 def cmd_train(args) -> int:
-    from pathlib import Path
-
-    from a2core.atomic import atomic_write, fresh_folder
-    from a2core.train import train
-
     cfg = training_config(args.config, args.overrides)
     out = Path(args.output_dir or cfg.output_dir)
     if args.resume is None:
@@ -112,8 +110,6 @@ def _print_report(metrics: dict, checkpoint_dir) -> None:
 
 
 def cmd_evaluate(args) -> int:
-    from a2core.metrics import evaluate_results_file
-
     scores = evaluate_results_file(args.results, args.captions, split=args.split, per_image=args.per_image,
                                    spice=True if args.spice else None)
     print(json.dumps(scores, indent=2))
@@ -121,8 +117,6 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_decode(args) -> int:
-    from a2core.decode import decode_to_file
-
     out = decode_to_file(args.checkpoints, split=args.split, out=args.out, beam_size=args.beam_size,
                          max_len=args.max_len, batch_size=args.batch_size, data_overrides=args.data)
     print(json.dumps(out, indent=2))
@@ -140,9 +134,6 @@ def _deferred(target: str):
 
 
 def cmd_submission_validate(args) -> int:
-    from a2core.data.captions import read_image_info
-    from dashboards.submission import validate_zip
-
     report = validate_zip(args.zip, read_image_info(args.val_images), read_image_info(args.test_images), alg=args.alg)
     print(report)
     return 0 if report.ok else 1

@@ -55,7 +55,7 @@ def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None
     """Upload a local store to `uri` (s3://bucket/prefix/NAME.a2feat), data files first (each verified by the
     storage layer), the manifest last: a reader that sees the manifest finds the files it names. Returns the
     store's manifest; a plain file (captions, an image list) is uploaded as one ({"sha256"})."""
-    from launch.storage import open_location, upload_file
+    from launch.storage import open_location, upload_file  # pyarrow and boto3: only when a store moves
 
     folder = Path(folder)
     target = open_location(uri, endpoint_url)
@@ -97,7 +97,7 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
     """Make `target` a verified copy of the store at `uri` (s3://... or a local folder); returns
     {"checksum", "target", "fetched": bool}. Nothing is downloaded when `target` holds that version already.
     A `uri` that is a plain file (captions, an image list) is fetched as one (`_fetch_file`)."""
-    from launch.storage import open_location
+    from launch.storage import open_location  # pyarrow: only when a store moves
 
     source = open_location(uri, endpoint_url)
     target = Path(os.path.expanduser(str(target))).absolute()
@@ -141,7 +141,7 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
 
 
 def _is_folder(location) -> bool:
-    import pyarrow.fs as pafs
+    import pyarrow.fs as pafs  # pyarrow: only when a store moves
 
     fs, path = location.filesystem
     return fs.get_file_info(path).type == pafs.FileType.Directory
@@ -150,7 +150,7 @@ def _is_folder(location) -> bool:
 def _fetch_file(source, target: Path, quiet: bool) -> dict:
     """One plain file (the captions, an image list): downloaded atomically unless `target` has the same size and
     SHA-256 (the digest `a2 data push` / `upload_file` stores with an object; without one, it is downloaded)."""
-    from launch.storage import META_SHA256, make_client, parse_s3_uri
+    from launch.storage import META_SHA256, make_client, parse_s3_uri  # boto3: only when a file moves
 
     with _locked(target):
         if source.local:
@@ -199,7 +199,7 @@ def check_feature_copies(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[
     """On every alive node of the connected Ray cluster, the copy at `path` against the driver's: StudyError
     naming each node (address, host, node id) whose copy is missing, damaged or another version, and the file.
     Returns one row per node. A probe is a zero-CPU task pinned to its node, so busy nodes answer too."""
-    import ray
+    import ray  # ray: only when a study checks its nodes' copies
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     expected = describe_copy(path)

@@ -74,7 +74,7 @@ class StudyLease:
             except FileExistsError:
                 return False
             return True
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # botocore and pyarrow: only for a lease on S3
 
         from launch.storage import make_client, parse_s3_uri
 

@@ -19,6 +19,8 @@ from a2core.config import CAPTIONS_PER_IMAGE, load_yaml
 from a2core.errors import A2Error, StudyError
 from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.stats import POWER, pooled_sd, power, seeds_needed
+from launch.location import locate
+from launch.spec import load_study
 
 CLUSTER_FILE = Path(__file__).resolve().parents[1] / "ray-cluster.yaml"
 
@@ -191,7 +193,6 @@ def _seed_spread(args, spec) -> tuple[float | None, str]:
         if args.sd <= 0:
             raise StudyError(f"--sd must be > 0, got {args.sd}")
         return args.sd, "given"
-    from launch.location import locate
     from launch.record import StudyRecord  # ray.tune: only to read a study that ran
 
     try:
@@ -205,8 +206,6 @@ def _seed_spread(args, spec) -> tuple[float | None, str]:
 
 
 def main(args) -> int:
-    from launch.spec import load_study
-
     spec = load_study(args.file, args.overrides, check_files=False)
     for warning in spec.warnings:
         print(f"warning: {warning}", file=__import__("sys").stderr)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
+import signal
 import shutil
 import tempfile
 
@@ -52,7 +54,7 @@ def connect(address: str | None = None, *, runtime_env_vars: dict | None = None)
     """Join the Ray cluster at `address` / `$RAY_ADDRESS` ("auto": this machine's, if any), else start a new
     local Ray (never silently some other cluster of the machine); returns the cluster's resources.
     `runtime_env_vars` reach every worker of this job (never secrets). A connected process stays connected."""
-    import ray
+    import ray  # ray: not for the `a2` commands that never join a cluster (trials import this module too)
 
     if ray.is_initialized():
         return dict(ray.cluster_resources())
@@ -86,8 +88,6 @@ def _sigterm_blocked():
     """SIGTERM blocked while a local Ray starts, as Ray blocks SIGINT: its processes (GCS, raylet, which share the
     driver's process group) inherit the mask, so a SIGTERM to the group stops the study through the driver
     (`launch.stop`) instead of pulling the cluster from under it. The driver ends them at its exit."""
-    import signal
-
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
@@ -102,8 +102,6 @@ def _sigterm_blocked():
 def _quiet_token_auth_notice():
     """Drop, while Ray starts, the WARNING that a new local Ray uses token authentication (nothing to act on), by
     a filter on the handlers of Ray's logger (RAY_AUTH_MODE would silence it only before `ray` is imported)."""
-    import logging
-
     def not_the_token_notice(record) -> bool:
         return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 

@@ -181,7 +181,7 @@ class Location:
             if not self.exists():
                 raise StorageError(f"{self.uri}: no such file")
             return atomic_write(target, Path(self.uri).read_bytes())
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError  # boto3: only for S3 objects
 
         bucket, key = parse_s3_uri(self.uri, require_key=True)
         client = make_client(self.endpoint_url)
@@ -216,7 +216,7 @@ def open_location(uri: str | os.PathLike, endpoint_url: str | None = None) -> Lo
 # -- verified transfers (boto3) ----------------------------------------------------------------------------------
 def make_client(endpoint_url: str | None = None, *, max_attempts: int = 5):
     """An S3 client whose every request botocore retries (standard mode: 5xx, throttling, connection errors)."""
-    import boto3
+    import boto3  # boto3: only for S3 (pyarrow's filesystems do local folders)
     from botocore.config import Config
 
     endpoint_url = resolve_endpoint_url(endpoint_url)
@@ -261,7 +261,7 @@ def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str
     """Upload `local_path` to `s3_uri` (a URI ending in `/` gets the file name), verified; returns {"bucket", "key",
     "uri", "size", "sha256", "etag"}. Multipart above `part_size`, SHA-256 checksums on every request and in the
     metadata, `max_attempts` per request; a failed or unverified upload leaves nothing of its own behind."""
-    from boto3.exceptions import S3UploadFailedError
+    from boto3.exceptions import S3UploadFailedError  # boto3: as in `make_client`
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError
 

@@ -12,7 +12,9 @@ import json
 import sys
 from pathlib import Path
 
+from a2core.atomic import fresh_folder
 from a2core.errors import A2Error
+from dashboards.tracking import check_tracking_uri
 from launch import stop
 # Tune's saved experiment (tuner.pkl) pickles the driver's callback, which holds a StudyLocation, and the live table's
 # reporter, which refers to format_table and live_row (and, in studies run before MLflow became an export,
@@ -113,7 +115,7 @@ def __getattr__(name: str):
     """`_result_log`, which tuner.pkl files of older studies name here, imported when asked for (launch.record
     imports scipy: not for `a2 study validate`)."""
     if name == "_result_log":
-        from launch.record import _result_log
+        from launch.record import _result_log  # scipy: only for such a tuner.pkl
 
         return _result_log
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -201,7 +203,6 @@ def cmd_report(args) -> int:
     """`a2 report NAME [--storage ROOT] [--out DIR] [--tracking-uri URI]`: the report from the record, into DIR
     (default `./a2-reports/NAME`, or a new numbered folder next to it when it holds an earlier report), logged to
     the study's MLflow parent run (in its own store unless --tracking-uri) when that run exists."""
-    from a2core.atomic import fresh_folder
     from dashboards.report import build_report, log_report  # matplotlib and scipy: only when asked for
     from launch.record import StudyRecord
 
@@ -225,8 +226,6 @@ def cmd_report(args) -> int:
 
 def _store_answers(uri: str) -> bool:
     """The MLflow store at `uri` is there (a SQLite file is never created just to find it empty) and answers."""
-    from dashboards.tracking import check_tracking_uri
-
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         return False
     try:

@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else this machine's cluster)")
     p.add_argument("--resume", action="store_true", help="resume the study if it exists already, else run it")
     p.add_argument("--quiet", action="store_true", help="no live trial table")
-    from launch.study import add_lease_arguments
+    from launch.study import add_lease_arguments  # after sys.path is set (a plain script)
 
     add_lease_arguments(p)
     p.add_argument("--repo", default="~/a2tune",
@@ -39,6 +39,7 @@ def use_cluster_token() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
+    # torch (launch.spec reads prepared stores): not before the arguments are checked (`--help`, a usage error)
     from a2core.errors import A2Error
 
     from launch import study as study_mod

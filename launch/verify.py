@@ -15,11 +15,13 @@ import pickletools
 import sys
 import tempfile
 import threading
+import zipfile
 from pathlib import Path
 
 import yaml
 
-from a2core.errors import StudyError
+from a2core.errors import CheckpointError, StudyError
+from launch.location import locate
 
 # Tune's files at the study's root (experiment state, searcher, callbacks, the Tuner) and how each is read
 # (search_gen_state-*.json is a pickle, despite its name).
@@ -72,7 +74,7 @@ def problem(location, kind: str) -> str | None:
 def state_files(study, train_snapshots: bool = True) -> list[tuple[object, str]]:
     """(Location, kind) of the files a resume or a status reads back, below the study folder `study`; with
     `train_snapshots` also Ray Train's checkpoint records of multi-worker trials (read by their resume only)."""
-    from launch.trainable import RESULTS_FILE, TRIALS_DIR
+    from launch.trainable import RESULTS_FILE, TRIALS_DIR  # launch.trainable imports this module
 
     names = study.listdir()
     files = [(study.join(STUDY_FILE), "yaml")] if STUDY_FILE in names else []
@@ -187,8 +189,7 @@ class WholeCopies:
 
 def checkpoint_problem(location) -> str | None:
     """Why the checkpoint file at `location` cannot be loaded (a2core's own loader, weights_only), or None."""
-    from a2core import checkpoint
-    from a2core.errors import CheckpointError
+    from a2core import checkpoint  # torch: only when a checkpoint is read
 
     with tempfile.TemporaryDirectory(prefix="a2-check-") as tmp:
         try:
@@ -202,8 +203,6 @@ def checkpoint_problem(location) -> str | None:
 def quick_checkpoint_problem(location) -> str | None:
     """A cheap look at a local checkpoint file (no weights read): a zip whose directory is whole and whose members
     fit in the file. A truncated file fails it; `checkpoint_problem` reads everything. S3 objects: None (not read)."""
-    import zipfile
-
     if not location.local:
         return None
     try:
@@ -217,6 +216,7 @@ def quick_checkpoint_problem(location) -> str | None:
 
 def checkpoint_files(study) -> list:
     """Every checkpoint file of the study's trials (`trials/<run>/checkpoint_epochNNNN/checkpoint.pt`)."""
+    # launch.trainable imports this module
     from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name
 
     trials = study.join(TRIALS_DIR)
@@ -227,8 +227,6 @@ def checkpoint_files(study) -> list:
 
 def cmd_check(args) -> int:
     """`a2 study check NAME`: every state file and every checkpoint of the study; exit 2 when one is unreadable."""
-    from launch.location import locate
-
     study = locate(args.name, args.storage).at()
     files = state_files(study)
     checkpoints = checkpoint_files(study)

@@ -2,6 +2,7 @@
 configurations, and its comparison of two finished searches (compute ratio, gap, target) is right."""
 from __future__ import annotations
 
+import argparse
 import copy
 from pathlib import Path
 
@@ -119,16 +120,20 @@ def test_the_cpu_ratio_is_taken_at_equal_load(bench):
 
 
 def test_several_min_gap_se_values_give_one_early_stopping_arm_each(bench, tmp_path):
-    assert bench.early_arms(None) == {"asha": None}
-    assert bench.early_arms([1.5]) == {"asha": 1.5}
-    arms = bench.early_arms([2, 0, 1.5])
-    assert arms == {"asha-k2": 2, "asha-k0": 0, "asha-k1p5": 1.5}
-    studies = {arm: bench.search_study(arm, tmp_path / arm, tmp_path / "data", bench.FULL, 0, k)
-               for arm, k in {"fifo": None, **arms}.items()}
+    assert bench.early_arms(None) == {"asha": (None, False)}
+    assert bench.early_arms([1.5]) == {"asha": (1.5, False)}
+    arms = bench.early_arms([2, 0, 1.5, bench._gap("0-hold")])
+    assert arms == {"asha-k2": (2, False), "asha-k0": (0, False), "asha-k1p5": (1.5, False),
+                    "asha-k0-hold": (0.0, True)}
+    studies = {arm: bench.search_study(arm, tmp_path / arm, tmp_path / "data", bench.FULL, 0, k, hold)
+               for arm, (k, hold) in {"fifo": (None, False), **arms}.items()}
     assert studies["fifo"]["search"]["scheduler"] == {"fifo": {}}
-    for arm, k in arms.items():
-        assert studies[arm]["search"]["scheduler"] == {"asha": bench.FULL["asha"] | {"min_gap_se": k}}
+    for arm, (k, hold) in arms.items():
+        assert studies[arm]["search"]["scheduler"] == {
+            "asha": bench.FULL["asha"] | {"min_gap_se": k} | ({"hold_at_rungs": True} if hold else {})}
         _load(studies[arm], tmp_path)  # a valid study name and spec
+    with pytest.raises(argparse.ArgumentTypeError, match="not K or K-hold: '0-held'"):
+        bench._gap("0-held")
     assert bench.FULL["asha"]["min_gap_se"] == 2  # the size's own value is left as it was
     held = bench.search_study("asha-k0", tmp_path / "held", tmp_path / "data", bench.FULL, 0, 0, hold=True)
     assert held["search"]["scheduler"] == {"asha": bench.FULL["asha"] | {"min_gap_se": 0, "hold_at_rungs": True}}

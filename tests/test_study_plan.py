@@ -133,7 +133,7 @@ def test_a_batch_that_does_not_split_over_the_workers_is_refused():
 
 
 def test_long_warmup_and_tp_past_the_last_step_are_warnings(tmp_path, capsys):
-    raw = smoke(train__warmup=850)  # 1400 XE steps in 7 epochs of 200
+    raw = smoke(train__warmup=850)  # 1600 XE steps in 8 epochs of 200
     raw["search"]["space"]["fusion"]["grid"] = ["none", "exp_decay"]
     raw["search"]["space"]["lambda"]["when"] = {"fusion": "exp_decay"}
     raw["search"]["space"]["temperature"] = {"loguniform": [100, 2000], "when": {"fusion": "exp_decay"}}
@@ -141,8 +141,8 @@ def test_long_warmup_and_tp_past_the_last_step_are_warnings(tmp_path, capsys):
     path.write_text(yaml.safe_dump(raw))
     spec = load_study(path)
     assert [w.split(":")[0] for w in spec.warnings] == ["train.warmup", "search.space.temperature"]
-    assert "61% of the 1400 cross-entropy steps" in spec.warnings[0]
-    assert f"keeps {math.exp(-1400 / 2000):.0%} of the original attention" in spec.warnings[1]
+    assert "53% of the 1600 cross-entropy steps" in spec.warnings[0]
+    assert f"keeps {math.exp(-1600 / 2000):.0%} of the original attention" in spec.warnings[1]
     assert a2(["study", "validate", str(path)]) == 0
     err = capsys.readouterr().err
     assert "warning: train.warmup: 850 steps" in err and "warning: search.space.temperature: T_P up to 2000" in err
