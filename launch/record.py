@@ -199,6 +199,13 @@ def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
         return []
 
 
+def shown_state(row: dict, running: bool) -> str:
+    """A trial's state as `a2 study status` shows it. Tune saves a running trial as PENDING, so that a resume starts
+    it again (`ray.tune.experiment.Trial.__getstate__`): one that has reported epochs while a live writer holds the
+    study is RUNNING. The record itself keeps Tune's word (the driver's summary reads it when the study ends)."""
+    return "RUNNING" if running and row["state"] == "PENDING" and row["epochs_done"] > 0 else row["state"]
+
+
 def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
               last_result: dict, error: str | None = None) -> dict:
     """A trial's row of the summary: the table's columns, the epochs it reported and its best stored checkpoint

@@ -169,11 +169,13 @@ def cmd_sync(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from launch.record import StudyRecord  # ray.tune and scipy: not for `a2 study validate`
+    from launch.record import StudyRecord, shown_state  # ray.tune and scipy: not for `a2 study validate`
 
     location = locate(args.name, args.storage)
     refuse_corrupt(location.at(), "status")
     record = StudyRecord.load(location)
+    for row in record.trials:
+        row["state"] = shown_state(row, record.running)
     if not record.trials and not args.json:
         print(f"study {record.spec.name}: no trial has started yet")
     summary = record.summary()

@@ -92,3 +92,24 @@ def test_a_study_on_s3_reads_the_same(tmp_path, s3_endpoint):
     assert on_s3.best()["trial_id"] == "gate1" and on_s3.per_image("none0") == IMAGES
     columns = ["trial_id", "epoch", "val/CIDEr", "best", "stopped_early", "config/model.fusion"]
     assert on_s3.table()[columns].equals(local.table()[columns])
+
+
+def test_status_shows_a_trial_tune_saved_as_pending_as_running_while_a_writer_holds_the_study(fab, monkeypatch, capsys):
+    """Tune saves a running trial as PENDING (so that a resume starts it again). `a2 study status` of a study whose
+    writer is alive shows such a trial, one that has reported epochs, as RUNNING; of a study nobody runs, as Tune
+    saved it. A trial that has not started stays PENDING either way."""
+    from launch.cli import main
+
+    fab.add("max2", {"fusion": "max", "lambda": 0.05, "seed": 2}, [{"epoch": 1, "val/CIDEr": 30.0}], status="PENDING")
+    fab.add("max3", {"fusion": "max", "lambda": 0.05, "seed": 3}, [], status="PENDING")
+    fab.patch_tune(monkeypatch)
+
+    def states() -> dict[str, str]:
+        assert main(["study", "status", "rec", "--storage", str(fab.spec.storage)]) == 0
+        rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+        return {row[0]: row[4] for row in rows if row and row[0] in ("max2", "max3", "gate0")}
+
+    with StudyLease(fab.location.at()).held():
+        assert states() == {"max2": "RUNNING", "max3": "PENDING", "gate0": "TERMINATED"}
+    assert states() == {"max2": "PENDING", "max3": "PENDING", "gate0": "TERMINATED"}
+    assert [t["state"] for t in fab.record().trials if t["trial_id"] == "max2"] == ["PENDING"]  # the record: Tune's
