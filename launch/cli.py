@@ -1,9 +1,8 @@
 """The `a2` command. Each subcommand is a thin function over the package that owns the work.
 
-Ray, MLflow and matplotlib are imported inside the command functions (or `_deferred`), so that `a2 --help` and
-`a2 study validate` never start Ray or load MLflow (tests/test_spec.py checks it). They do load torch and scipy
-(about 2 s on 2 cores): the study checks read prepared feature stores (`a2core.data.prepared`, torch tensors) and
-the study record's statistics (`dashboards.stats`, scipy) at import.
+Torch, Ray, MLflow, scipy and matplotlib are imported inside the command functions (or `_deferred`, or the
+modules' functions that need them), so that `a2 --help` and `a2 study validate` load none of them and answer in well
+under a second (tests/test_spec.py checks the modules).
 """
 from __future__ import annotations
 
@@ -19,10 +18,7 @@ from a2core.config import Config, apply_overrides, load_yaml
 from a2core.data.captions import read_image_info
 from a2core.data.prepared import prepare
 from a2core.data.synthetic import generate
-from a2core.decode import decode_to_file
 from a2core.errors import A2Error
-from a2core.metrics import evaluate_results_file
-from a2core.train import train
 from dashboards.submission import validate_zip
 from launch import package, pipeline, study
 from launch.datastore import fetch, push
@@ -91,6 +87,8 @@ def training_config(path: str | None, overrides: list[str]):
 
 
 def cmd_train(args) -> int:
+    from a2core.train import train  # torch: only in the commands that train, decode or score (`a2 --help` is fast)
+
     cfg = training_config(args.config, args.overrides)
     out = Path(args.output_dir or cfg.output_dir)
     if args.resume is None:
@@ -110,6 +108,8 @@ def _print_report(metrics: dict, checkpoint_dir) -> None:
 
 
 def cmd_evaluate(args) -> int:
+    from a2core.metrics import evaluate_results_file  # torch: as in `cmd_train`
+
     scores = evaluate_results_file(args.results, args.captions, split=args.split, per_image=args.per_image,
                                    spice=True if args.spice else None)
     print(json.dumps(scores, indent=2))
@@ -117,6 +117,8 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_decode(args) -> int:
+    from a2core.decode import decode_to_file  # torch: as in `cmd_train`
+
     out = decode_to_file(args.checkpoints, split=args.split, out=args.out, beam_size=args.beam_size,
                          max_len=args.max_len, batch_size=args.batch_size, data_overrides=args.data)
     print(json.dumps(out, indent=2))

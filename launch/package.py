@@ -16,13 +16,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from tqdm import tqdm
 
-from a2core import checkpoint as ckpt
 from a2core.atomic import atomic_write, fresh_folder
 from a2core.data.captions import Vocab, read_image_info
-from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
 from dashboards.submission import make_zip, results_filename, validate_zip
 from dashboards.tracking import check_tracking_uri
@@ -102,6 +99,10 @@ def decode_plan(name: str, *, storage: str | None = None, seeds=None, beam_size:
     the ensemble's seconds per image measured on `sample` Karpathy test images with copies of the best trial's
     checkpoint (an ensemble of M members costs M single-model passes per beam step)."""
     location, spec, summary = open_study(name, storage, verbose=False)
+    import torch  # torch: not on every `a2` command (launch.cli imports this module; `a2 --help` stays fast)
+
+    from a2core.decode import ensemble_captions  # torch: as above
+
     best = select_best(candidates(spec, summary), spec.mode)
     members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
@@ -319,6 +320,8 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
 
 def refuse_unreadable(members: list[dict], local: list[str]) -> None:
     """PackageError (exit 2) naming the stored checkpoint of a member that does not load, before any decoding."""
+    from a2core import checkpoint as ckpt  # torch: as in `decode_plan`
+
     for member, path in zip(members, local):
         try:
             ckpt.load(path)
@@ -415,6 +418,9 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
                   test_images: str | None):
     """(CaptionData, its data config, {"splits": {split: image ids}, "sources", "max_len"}) for decoding the
     server's val2014 / test2014 images and the Karpathy test split with the checkpoints' vocabulary."""
+    from a2core import checkpoint as ckpt  # torch: as in `decode_plan`
+    from a2core.decode import checkpoint_data
+
     state = ckpt.load(checkpoint)
     data = checkpoint_data(state["config"], Vocab(state["vocab"]), data_overrides)
     test_file = test_images or data.paths.test_images
@@ -439,6 +445,8 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
                  endpoint_url: str | None = None, **options) -> dict:
     """`a2core.decode.ensemble_captions` of local or s3:// checkpoints (fetched once per machine), in a Ray task or
     in this process."""
+    from a2core.decode import ensemble_captions  # torch: as in `decode_plan`
+
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
     local = [fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints]
     return ensemble_captions(local, data_config, shard, single_split, **options)
@@ -568,6 +576,8 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
                      verbose: bool = True) -> dict:
     """The two results files, `results.zip` (validated before it is renamed into place: an invalid submission
     leaves no zip) and the ensemble's Karpathy-test captions. Returns {"zip", "files", "alg"}."""
+    from a2core.decode import write_results_json  # torch: as in `decode_plan`
+
     val_ids, test_ids = images["splits"]["val2014"], images["splits"]["test2014"]
     paths = [out / f for f in files]
     for path, split, ids in zip(paths, ("val2014", "test2014"), (val_ids, test_ids)):

@@ -17,7 +17,6 @@ from launch.spec import load_study
 from launch.conclusions import verdict
 from launch.driver import resume_study, run_study
 from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, saved_form, study_path
-from launch.record import StudyRecord
 from launch.study import exit_code
 
 DEFAULT_STUDY = "studies/smoke.yaml"
@@ -63,7 +62,7 @@ def conclusion(study, manifest: dict) -> list[str]:
     CIDEr, or val throughout when a run has no test scores, as the verdict line says; the paired bootstrap over seeds
     and images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
     over the member chosen on validation. `study`: the study's record (`launch.record.StudyRecord.study`)."""
-    from dashboards.compare import study_comparison  # mlflow: not on every `a2` command (launch.cli imports this)
+    from dashboards.compare import study_comparison  # scipy: not on every `a2` command (launch.cli imports this)
 
     try:
         comparison, _, _ = study_comparison(study, by="fusion")
@@ -106,6 +105,8 @@ def main(args) -> int:
         print(f"pipeline: 2/3 report of {name}", flush=True)
         t = time.perf_counter()
         report = {}
+        from launch.record import StudyRecord  # scipy: not on every `a2` command (launch.cli imports this module)
+
         study = StudyRecord.load(StudyLocation(name, spec.storage, spec.storage_endpoint_url), spec).study()
         try:
             from dashboards.report import build_report, log_report  # mlflow: as `study_comparison`

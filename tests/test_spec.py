@@ -410,14 +410,15 @@ def test_cli_study_validate_fails_fast_without_ray(tmp_path):
     bad = write(tmp_path, {**smoke_raw(), "search": {**smoke_raw()["search"], "mode": "maximize"}}, "bad.yaml")
     code = ("import sys; sys.argv = ['a2', 'study', 'validate', sys.argv[1]]; "
             "from launch.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
-            "print('RAY', 'ray' in sys.modules, 'MLFLOW', 'mlflow' in sys.modules); sys.exit(rc)")
+            "print('RAY', 'ray' in sys.modules, 'MLFLOW', 'mlflow' in sys.modules, 'HEAVY', "
+            "[m for m in ('torch', 'scipy', 'matplotlib', 'pyarrow', 'boto3') if m in sys.modules]); sys.exit(rc)")
     res = _run(code, str(bad))
     assert res.returncode == 2, res.stdout + res.stderr
     assert "bad.yaml" in res.stderr and "search.mode" in res.stderr
     assert "RAY False MLFLOW False" in res.stdout
     ok = _run(code, str(SMOKE))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "RAY False MLFLOW False" in ok.stdout  # launch/cli.py's docstring promises both
+    assert "RAY False MLFLOW False HEAVY []" in ok.stdout  # launch/cli.py's docstring promises it
 
 
 def test_a_study_file_is_a_training_config():

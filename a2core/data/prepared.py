@@ -26,10 +26,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where batches are gathered (`PreparedFeatures.gather`)
+    import torch
 
 from ..atomic import atomic_write
 from ..errors import DataError
@@ -187,6 +189,8 @@ class PreparedFeatures:
         (B, max_regions) bool mask, True where a real region is; the same values as `features.pad` of the images'
         rows. Each image is one copy from the memory map into the batch, in file order (sequential reads when
         the store comes from disk); only the padding is zeroed, not the whole batch first."""
+        import torch  # torch: only where batches are gathered, not for the checks `a2 study validate` runs
+
         rows = self.rows_tensor  # (total_rows, D) float16 over the memory map
         counts = torch.from_numpy(np.ascontiguousarray(where[:, 1]))
         feats = torch.empty((len(where), max_regions, self.feature_dim), dtype=torch.float16)
@@ -200,6 +204,8 @@ class PreparedFeatures:
     @property
     def rows_tensor(self) -> torch.Tensor:
         if self._rows_tensor is None:
+            import torch  # torch: as in `gather`
+
             self._rows_tensor = torch.from_numpy(self.rows)  # shares the memory map, no copy
         return self._rows_tensor
 
