@@ -44,6 +44,9 @@ def _run(rank: int, world: int, raw: dict, init: str, out: str) -> None:
         with open(out, "w") as f:
             json.dump(record, f)
     if world > 1:
+        # Both ranks leave together: rank 1 tearing down gloo while rank 0 still wrote its record aborted rank 1
+        # once on a loaded CI machine ("terminate called without an active exception", SIGABRT).
+        dist.barrier()
         dist.destroy_process_group()
 
 
