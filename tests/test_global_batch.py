@@ -44,8 +44,9 @@ def _run(rank: int, world: int, raw: dict, init: str, out: str) -> None:
         with open(out, "w") as f:
             json.dump(record, f)
     if world > 1:
-        # Both ranks leave together: rank 1 tearing down gloo while rank 0 still wrote its record aborted rank 1
-        # once on a loaded CI machine ("terminate called without an active exception", SIGABRT).
+        # Both ranks leave together: once, on a loaded CI machine, rank 1 aborted at the end ("terminate called
+        # without an active exception", SIGABRT) while rank 0 was still writing its record; a rank that tears gloo
+        # down while its peer is still in the group is the likely cause, and a barrier rules it out.
         dist.barrier()
         dist.destroy_process_group()
 
