@@ -21,7 +21,6 @@ from pathlib import Path
 import yaml
 
 from a2core.errors import CheckpointError, StudyError
-from launch.location import locate
 
 # Tune's files at the study's root (experiment state, searcher, callbacks, the Tuner) and how each is read
 # (search_gen_state-*.json is a pickle, despite its name).
@@ -227,6 +226,9 @@ def checkpoint_files(study) -> list:
 
 def cmd_check(args) -> int:
     """`a2 study check NAME`: every state file and every checkpoint of the study; exit 2 when one is unreadable."""
+    # launch.spec (pydantic) through launch.location: not in a trial's process, which imports this module
+    from launch.location import locate
+
     study = locate(args.name, args.storage).at()
     files = state_files(study)
     checkpoints = checkpoint_files(study)
