@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from .data.synthetic import split_sizes
 from .errors import ConfigError
 
 SEED_LIMIT = 2**32  # numpy's seed range: seeds are 0 .. 2^32 - 1
@@ -171,6 +172,10 @@ class DataConfig(Section):
         "and size match, generated there otherwise."))
     seed: Seed = Field(0, description="kind synthetic: the seed the set is generated from (0 .. 2^32-1).")
     images: Integer = Field(1500, ge=20, description="kind synthetic: Karpathy-split images (train/val/test).")
+    test_split_images: Integer | None = Field(None, ge=1, description=(
+        "kind synthetic: images of the Karpathy test split, at least the quarter of `images` it has by default "
+        "(null: that quarter, as many as val). The extra images are generated after all the others, so training and "
+        "selection see the same data; more of them narrow the verdicts, which rest on this split."))
     vocab_min_count: Integer = Field(5, ge=1, description="Words seen fewer times in train become `<unk>`.")
     max_caption_len: Integer = Field(20, ge=2, description="Caption tokens kept for training (longer ones are cut).")
     val_images: Integer | None = Field(None, ge=1, description=(
@@ -182,6 +187,14 @@ class DataConfig(Section):
             for key in ("captions", "features"):
                 if not getattr(self, key):
                     raise ConfigError(key, "required when kind is 'coco'")
+            if self.test_split_images is not None:
+                raise ConfigError("test_split_images", "kind synthetic only: a coco test split is the captions "
+                                                       "file's (train.test_images scores fewer of its images)")
+        else:
+            quarter = split_sizes(self.images)["test"]
+            if self.test_split_images is not None and self.test_split_images < quarter:
+                raise ConfigError("test_split_images", f"at least {quarter}, the quarter of images "
+                                                       f"({self.images}) the test split always has")
         return self
 
 

@@ -23,11 +23,16 @@ BASELINE = "none"
 
 
 def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
-    """Runs grouped by replicate group (their config hash tag)."""
+    """Runs grouped by replicate group (their config hash tag), each group in seed order: the bootstrap draws seeds
+    by position, so the same study prints the same intervals whichever of its trials finished first."""
     groups: dict = {}
     for r in runs:
         groups.setdefault(r.tags[TAG_CONFIG_HASH], []).append(r)
-    return list(groups.values())
+    def seed_order(r: RunSummary) -> tuple:  # seeds are params, strings: "10" after "9"
+        seed = str(r.seed) if r.seed is not None else ""
+        return (not seed.lstrip("-").isdigit(), int(seed) if seed.lstrip("-").isdigit() else 0, seed, r.trial_id)
+
+    return [sorted(g, key=seed_order) for g in groups.values()]
 
 
 def _best(groups: list[list[RunSummary]]) -> list[RunSummary]:

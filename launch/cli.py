@@ -45,7 +45,8 @@ non_negative_int = _int_at_least(0)
 
 # -- data / train / evaluate / decode ---------------------------------------------------------------------------
 def cmd_data_synth(args) -> int:
-    paths = generate(args.out, seed=args.seed, images=args.images, test_images=args.test_images)
+    paths = generate(args.out, seed=args.seed, images=args.images, test_images=args.test_images,
+                     test_split_images=args.test_split_images)
     print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
     return 0
 
@@ -151,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--seed", type=non_negative_int, default=0)
     synth.add_argument("--images", type=positive_int, default=1500, help="Karpathy-split images (train/val/test)")
     synth.add_argument("--test-images", type=positive_int, default=None, help="test-server images (default images/10)")
+    synth.add_argument("--test-split-images", type=positive_int, default=None,
+                       help="images of the Karpathy test split (default images/4, as val; more are drawn last)")
     synth.set_defaults(func=cmd_data_synth)
     prep = data.add_parser("prepare", help="convert region features (HDF5 or .npz directory) into a prepared store: "
                                            "float16 rows in one memory-mappable file, an index and a checksummed "

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from a2core.errors import StudyError
-from dashboards.compare import compare_table, study_comparison
+from dashboards.compare import compare_table, configurations, study_comparison
 from dashboards.stats import paired_difference, seed_interval
 from launch.study import cmd_compare
 from tests.studyfolder import fabricated_study
@@ -159,3 +159,26 @@ def test_rows_are_selected_on_val_and_judged_on_the_test_split(tmp_path):
     assert seed_interval(np.stack(truth[("gate", 0.1)]).mean(axis=1)).text() in gate  # its test CIDEr
     assert seed_interval([116.0, 117.0, 118.0]).text() in gate  # the val CIDEr it was selected by
     assert "41.0 [" not in text  # val B-4 (40 + seed) is no column
+
+
+def test_the_intervals_do_not_depend_on_which_trial_finished_first(tmp_path):
+    """The bootstrap draws seeds by position: each group is put in seed order (numeric: seed 10 after 9), so two
+    records of the same runs, their trials listed in opposite orders, print the same comparison."""
+    def study(name, order):
+        fab = fabricated_study(tmp_path / name, name, epochs=1)
+        for i, ((fusion, lam), mean) in enumerate(CONFIGS.items()):
+            for position, seed in enumerate(order):
+                scores = per_image(mean, seed - 9, 10 * i + seed)
+                sampled = {"fusion": fusion, "seed": seed, **({} if lam is None else {"lambda": lam})}
+                fab.add(f"{fusion}-{lam}-{position}", sampled, [{"epoch": 1, "val/CIDEr": float(scores.mean())}],
+                        per_image={"val": {f"{k:03d}": float(v) for k, v in enumerate(scores)}})
+        return fab.record().study()
+
+    forward, backward = study("forward", (9, 10, 11)), study("backward", (11, 10, 9))
+    results = []
+    for s in (forward, backward):
+        comparison, _, _ = study_comparison(s)
+        results.append({label: (d.delta, d.low, d.high) for label, d in comparison.differences.items()})
+        baseline = next(g for g in configurations(s.runs) if g[0].fusion == "none")
+        assert [int(r.seed) for r in baseline] == [9, 10, 11]
+    assert results[0] == results[1] and results[0]["gate"][1] is not None

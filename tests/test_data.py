@@ -10,7 +10,7 @@ from a2core.config import Config
 from a2core.data import synthetic
 from a2core.data.captions import Vocab, read_image_info, read_karpathy
 from a2core.data.dataset import CaptionData
-from a2core.errors import DataError
+from a2core.errors import ConfigError, DataError
 from a2core.data.features import FeatureError, FeatureStore
 
 
@@ -46,6 +46,42 @@ def test_synthetic_is_deterministic_and_in_coco_formats(tmp_path):
             assert len(tokens) == len(regions)
             assert all(-1 <= r < g["regions"] for r in regions)
             assert [tok in synthetic.CLASSES for tok in tokens] == [r >= 0 for r in regions], tokens
+
+
+def test_a_larger_test_split_adds_images_and_changes_no_other(tmp_path, monkeypatch):
+    """test_split_images draws its extra test images after every other image: train, val, the quarter of test and
+    the server images are the same bytes as without it, so a study can widen its verdicts' held-out split without
+    changing what it trains and selects on. The cache keeps the two sets apart and refuses one for the other."""
+    monkeypatch.setenv("A2_DATA_CACHE", str(tmp_path / "cache"))
+    plain = synthetic.ensure(None, 3, 40)
+    wide = synthetic.ensure(None, 3, 40, test_split_images=25)
+    assert plain["root"] != wide["root"] and wide["root"].name.endswith("-n40-test25")
+    a, b = read_karpathy(plain["captions"]), read_karpathy(wide["captions"])
+    assert {k: len(v) for k, v in b.items()} == {"train": 20, "val": 10, "test": 25}
+    assert synthetic.split_sizes(40, 25) == {"train": 20, "val": 10, "test": 25}
+    for split in ("train", "val"):
+        assert [(i.image_id, i.captions) for i in a[split]] == [(i.image_id, i.captions) for i in b[split]]
+    assert [(i.image_id, i.captions) for i in a["test"]] == [(i.image_id, i.captions) for i in b["test"][:10]]
+    extra = [i.image_id for i in b["test"][10:]]
+    assert extra == list(range(100040, 100055))  # ids after the Karpathy ones, grounded like every other image
+    grounding = json.loads(wide["grounding"].read_text())
+    assert all(str(i) in grounding for i in extra)
+    assert read_image_info(plain["test_images"]) == read_image_info(wide["test_images"])
+    assert set(extra) <= set(read_image_info(wide["val_images"]))  # Karpathy's test images are val2014 images
+    h5a, h5b = FeatureStore(plain["features"]), FeatureStore(wide["features"])
+    for image_id in [a["train"][0].image_id, a["test"][-1].image_id, read_image_info(plain["test_images"])[-1]]:
+        assert np.array_equal(h5a.get(image_id), h5b.get(image_id))
+    assert json.loads((plain["root"] / "synthetic.json").read_text()).get("test_split_images") is None
+    with pytest.raises(DataError, match=r"seed 3 and 40 images \(a test split of 25\), not seed 3 and 40;"):
+        synthetic.ensure(wide["root"], 3, 40)
+    with pytest.raises(DataError, match=r"test_split_images must be at least 10 .*got 9"):
+        synthetic.generate(tmp_path / "few", seed=3, images=40, test_split_images=9)
+    with pytest.raises(ConfigError, match=r"data.test_split_images: at least 10"):
+        Config.from_dict({"data": {"kind": "synthetic", "images": 40, "test_split_images": 9}})
+    with pytest.raises(ConfigError, match=r"data.test_split_images: kind synthetic only"):
+        Config.from_dict({"data": {"kind": "coco", "captions": "c.json", "features": "f.h5", "test_split_images": 99}})
+    assert CaptionData(Config.from_dict({"data": {"kind": "synthetic", "seed": 3, "images": 40,
+                                                  "test_split_images": 25}}).data, 10).images("test") == b["test"]
 
 
 def _grounded_captions(paths, split):

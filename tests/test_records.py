@@ -94,8 +94,9 @@ def test_a_record_on_the_test_split_names_each_columns_split(tmp_path):
         load_record(path)
 
 
-# synthetic_fusions: version 5 of the set (500 test images), METEOR scored on the test split; mask_nets: version 2
-@pytest.mark.parametrize("name, test_images, meteor", [("synthetic_fusions", 500, ["test/METEOR"]),
+# synthetic_fusions: version 5 of the set with a test split of 2000 images (data.test_split_images), METEOR scored on
+# it; mask_nets: version 2 (100 test images)
+@pytest.mark.parametrize("name, test_images, meteor", [("synthetic_fusions", 2000, ["test/METEOR"]),
                                                        ("mask_nets", 100, [])])
 def test_the_published_records_are_on_the_test_split_but_the_selection_column(name, test_images, meteor):
     record = load_record(ROOT / "results" / f"{name}.json")

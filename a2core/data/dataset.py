@@ -55,7 +55,7 @@ class DataPaths:
 def resolve_paths(data_cfg) -> DataPaths:
     """Where the files of a `data` config section are (synthetic data is generated on first use)."""
     if data_cfg.kind == "synthetic":
-        p = synthetic.ensure(data_cfg.root, data_cfg.seed, data_cfg.images)
+        p = synthetic.ensure(data_cfg.root, data_cfg.seed, data_cfg.images, data_cfg.test_split_images)
         return DataPaths(p["captions"], p["features"], p["test_images"], p["val_images"], p["grounding"])
     return DataPaths(Path(data_cfg.captions), Path(data_cfg.features),
                      Path(data_cfg.test_images) if data_cfg.test_images else None)

@@ -44,14 +44,18 @@ perfectly grounded attention scores 1.0; the best word-agnostic attention, one r
 Written files (the layouts real COCO uses, so the same code path reads both)::
 
   dataset_coco.json          Karpathy format; train2014 images in train/restval, val2014 in val/test/restval
-                             (val and test a quarter of the images each: `split_sizes`)
+                             (val and test a quarter of the images each, or a larger test split of
+                             `test_split_images`: `split_sizes`)
   image_info_test2014.json   test-server images (no captions)
   image_info_val2014.json    every val2014 image id (what the server's val submission must cover)
   features.h5                "{image_id}_features" (n, FEATURE_DIM)
   features/                  {image_id}.npz with key "feat"
   grounding.json             {image_id: {"regions": n, "sentences": [[region index or -1 per token]]}}
 
-Everything is a pure function of (seed, images, test_images).
+Everything is a pure function of (seed, images, test_images, test_split_images). A test split larger than a quarter
+of the images is made of the quarter plus images generated after all the others (the test-server ones included), so
+every other image is the same as without it: a study that wants verdicts on more held-out images trains and selects
+on exactly the same data.
 """
 from __future__ import annotations
 
@@ -88,7 +92,7 @@ _FLAG = _SCENE + len(SCENES)
 _SALIENCE = _FLAG + 1
 _NUISANCE = _SALIENCE + 2
 LATENT = _NUISANCE + 6
-# Bumped whenever the same (seed, images, test_images) would give other files. Stored in synthetic.json; a set of
+# Bumped whenever the same (seed, images, test_images, test_split_images) would give other files. Stored in synthetic.json; a set of
 # another version is never reused (`ensure`). 3: a salience order, every caption names the two most salient objects.
 # 4: no spatial relation, varied wording, val and test a fifth of the images each. 5: a same-colour distractor of
 # close salience for each named object (the region of a class word needs colour and salience), graded salience,
@@ -171,17 +175,31 @@ def _image(rng, embed) -> tuple[np.ndarray, list[list[str]], list[list[int]]]:
     return feats.astype(np.float16), caps, grounds
 
 
-def split_sizes(images: int) -> dict[str, int]:
-    """Images per Karpathy split of the dataset `generate` writes with `images` images (restval in train)."""
+def split_sizes(images: int, test_split_images: int | None = None) -> dict[str, int]:
+    """Images per Karpathy split of the dataset `generate` writes with `images` images (restval in train) and a
+    test split of `test_split_images` (None: as many as val)."""
     val = max(5, images // 4)
-    return {"train": images - 2 * val, "val": val, "test": val}
+    return {"train": images - 2 * val, "val": val, "test": val if test_split_images is None else test_split_images}
 
 
-def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: int | None = None) -> dict[str, Path]:
-    """Write the dataset into `out` (created; replaced atomically if it exists) and return the file paths."""
+def check_test_split(images: int, test_split_images: int | None) -> None:
+    """A DataError unless `test_split_images` is None or at least the quarter of `images` the split always has."""
+    quarter = split_sizes(images)["test"]
+    if test_split_images is not None and test_split_images < quarter:
+        raise DataError(f"test_split_images must be at least {quarter} (the quarter of {images} images the test "
+                        f"split always has), got {test_split_images}; train.test_images scores fewer of them")
+
+
+def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: int | None = None,
+             test_split_images: int | None = None) -> dict[str, Path]:
+    """Write the dataset into `out` (created; replaced atomically if it exists) and return the file paths.
+
+    images: the Karpathy-split images; test_images: test-server images (default a tenth of `images`);
+    test_split_images: the Karpathy test split's size (default a quarter of `images`, as val)."""
     out = Path(out).resolve()
     if images < 20:
         raise DataError(f"images must be >= 20, got {images}")
+    check_test_split(images, test_split_images)
     test_images = max(10, images // 10) if test_images is None else test_images
     rng = np.random.default_rng(seed)
     embed = rng.normal(0, 1.0 / np.sqrt(LATENT), (LATENT, FEATURE_DIM)).astype(np.float32) * 4.0
@@ -189,6 +207,7 @@ def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: in
 
     sizes = split_sizes(images)
     n_train, n_val = sizes["train"], sizes["val"]
+    extra_test = 0 if test_split_images is None else test_split_images - sizes["test"]
     n_restval = n_train // 5  # restval images live in val2014 but train with train (as in Karpathy's split)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -202,16 +221,8 @@ def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: in
                 h5.create_dataset(f"{image_id}_features", data=feats)
                 np.savez(work / "features" / f"{image_id}.npz", feat=feats)
 
-            for i in range(images):
+            def karpathy(i: int, split: str, folder: str) -> None:
                 image_id = 100000 + i
-                if i < n_train - n_restval:
-                    split, folder = "train", "train2014"
-                elif i < n_train:
-                    split, folder = "restval", "val2014"
-                elif i < n_train + n_val:
-                    split, folder = "val", "val2014"
-                else:
-                    split, folder = "test", "val2014"
                 feats, caps, grounds = _image(rng, embed)
                 put(image_id, feats)
                 entries.append({"cocoid": image_id, "imgid": i, "split": split, "filepath": folder,
@@ -221,11 +232,21 @@ def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: in
                 grounding[str(image_id)] = {"regions": int(feats.shape[0]), "sentences": grounds}
                 if folder == "val2014":
                     val2014.append(image_id)
+
+            for i in range(images):
+                if i < n_train - n_restval:
+                    karpathy(i, "train", "train2014")
+                elif i < n_train:
+                    karpathy(i, "restval", "val2014")
+                else:
+                    karpathy(i, "val" if i < n_train + n_val else "test", "val2014")
             for i in range(test_images):
                 image_id = 900000 + i
                 feats, _, _ = _image(rng, embed)
                 put(image_id, feats)
                 test2014.append(image_id)
+            for i in range(images, images + extra_test):  # drawn last: every image above is as without them
+                karpathy(i, "test", "val2014")
 
         def info(ids, folder):
             return {"info": {"description": f"a2tune synthetic COCO ({folder}), seed {seed}"},
@@ -237,6 +258,7 @@ def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: in
         (work / "image_info_val2014.json").write_text(json.dumps(info(val2014, "val2014")))
         (work / "grounding.json").write_text(json.dumps(grounding))
         meta = {"format": FORMAT_VERSION, "seed": seed, "images": images, "test_images": test_images,
+                **({} if test_split_images is None else {"test_split_images": test_split_images}),
                 "classes": CLASSES, "colours": COLOURS, "scenes": SCENES}
         (work / "synthetic.json").write_text(json.dumps(meta, indent=1))
         if out.exists():
@@ -260,18 +282,19 @@ def paths(root: str | Path) -> dict[str, Path]:
             "val_images": root / "image_info_val2014.json", "grounding": root / "grounding.json"}
 
 
-def default_root(seed: int, images: int) -> Path:
+def default_root(seed: int, images: int, test_split_images: int | None = None) -> Path:
     base = Path(os.environ.get("A2_DATA_CACHE", Path.home() / ".cache" / "a2tune"))
-    return base / f"synthetic-v{FORMAT_VERSION}-seed{seed}-n{images}"
+    test = "" if test_split_images is None else f"-test{test_split_images}"
+    return base / f"synthetic-v{FORMAT_VERSION}-seed{seed}-n{images}{test}"
 
 
-def ensure(root: str | Path | None, seed: int, images: int) -> dict[str, Path]:
+def ensure(root: str | Path | None, seed: int, images: int, test_split_images: int | None = None) -> dict[str, Path]:
     """The dataset at `root` (default: a per-user cache), generated first if it is not complete there.
 
     Several processes may call this at once (data-parallel workers): generation goes to a temp dir and is
     renamed into place, and a lock file keeps the others waiting instead of generating it again.
     """
-    root = Path(root) if root else default_root(seed, images)
+    root = Path(root) if root else default_root(seed, images, test_split_images)
     meta = root / "synthetic.json"
 
     def complete() -> bool:
@@ -281,7 +304,8 @@ def ensure(root: str | Path | None, seed: int, images: int) -> dict[str, Path]:
             m = json.loads(meta.read_text())
         except (OSError, json.JSONDecodeError):
             return False
-        return m.get("format") == FORMAT_VERSION and m.get("seed") == seed and m.get("images") == images
+        return (m.get("format") == FORMAT_VERSION and m.get("seed") == seed and m.get("images") == images
+                and m.get("test_split_images") == test_split_images)
 
     if complete():
         return paths(root)
@@ -292,12 +316,12 @@ def ensure(root: str | Path | None, seed: int, images: int) -> dict[str, Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not complete():
             if meta.is_file():
-                raise DataError(_mismatch(root, meta, seed, images))
-            generate(root, seed=seed, images=images)
+                raise DataError(_mismatch(root, meta, seed, images, test_split_images))
+            generate(root, seed=seed, images=images, test_split_images=test_split_images)
     return paths(root)
 
 
-def _mismatch(root: Path, meta: Path, seed: int, images: int) -> str:
+def _mismatch(root: Path, meta: Path, seed: int, images: int, test_split_images: int | None = None) -> str:
     """Why the set at `root` is not the one asked for; an older format version is never reused (its captions and
     features differ), and regenerating over a folder the user named could destroy their files, so refuse."""
     try:
@@ -308,5 +332,9 @@ def _mismatch(root: Path, meta: Path, seed: int, images: int) -> str:
         return (f"{root}: holds a synthetic dataset of format version {m.get('format')}, but this code generates "
                 f"version {FORMAT_VERSION} (other captions and features); remove it to regenerate it, or choose "
                 f"another data.root")
-    return (f"{root}: holds a synthetic dataset of seed {m.get('seed')} and {m.get('images')} images, not seed "
-            f"{seed} and {images}; choose another data.root or remove it")
+    def test_split(n):
+        return "" if n is None else f" (a test split of {n})"
+
+    return (f"{root}: holds a synthetic dataset of seed {m.get('seed')} and {m.get('images')} images"
+            f"{test_split(m.get('test_split_images'))}, not seed {seed} and {images}{test_split(test_split_images)}; "
+            f"choose another data.root or remove it")
