@@ -32,7 +32,7 @@ CLUSTER_FILE = Path(__file__).resolve().parents[1] / "ray-cluster.yaml"
 IMAGES_PER_SECOND = 100.0
 # Assumptions of the estimate (stated in every plan): an SCST image costs 2 cross-entropy images (5 captions
 # sampled word by word, then the backward through them, the CIDEr-D reward on the CPU); a validation image
-# (beam or greedy decoding) costs one; a trial's GPUs scale linearly.
+# (beam or greedy decoding), and a test image of the end-of-run evaluation, costs one; a trial's GPUs scale linearly.
 SCST_IMAGE_COST = 2.0
 VAL_IMAGE_COST = 1.0
 # Seed spread of best val CIDEr (x100) for a COCO study that has not run yet: an ASSUMED figure of 1.0 CIDEr. No
@@ -104,13 +104,24 @@ def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimat
     val_images = spec.base["data"].get("val_images") or spec.images["val"]
     xe = train_images + VAL_IMAGE_COST * val_images
     scst = SCST_IMAGE_COST * train_images + VAL_IMAGE_COST * val_images
-    gpu_seconds = (t["xe_epochs"] * xe + t["scst_epochs"] * scst) / images_per_second
+    test = VAL_IMAGE_COST * test_images(spec)  # once, when the trial ends
+    gpu_seconds = (t["xe_epochs"] * xe + t["scst_epochs"] * scst + test) / images_per_second
     gpu_hours = spec.num_trials * gpu_seconds / 3600
     per_trial = spec.resources.workers_per_trial * spec.resources.gpus_per_worker
     at_once = per_trial * spec.resources.max_concurrent_trials
     if workers is not None:
         at_once = min(at_once, workers.gpus * workers.max_nodes)
     return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), int(at_once))
+
+
+def test_images(spec) -> int:
+    """Images of a trial's end-of-run test evaluation: the test split, or its first `train.test_images`; 0 without
+    `train.test_at_end`."""
+    t = spec.base["train"]
+    if not t["test_at_end"]:
+        return 0
+    split = spec.images.get("test", 0)
+    return min(split, t.get("test_images") or split)
 
 
 def _n(value: float) -> str:
@@ -130,7 +141,8 @@ def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, fl
     per_worker = images // r.workers_per_trial
     lines = [f"{spec.name}: plan (nothing runs)",
              "per trial",
-             f"  images    {_n(spec.images['train'])} train, {_n(spec.images['val'])} val ({spec.images_source})",
+             f"  images    {_n(spec.images['train'])} train, {_n(spec.images['val'])} val, "
+             f"{_n(spec.images.get('test', 0))} test ({spec.images_source})",
              f"  batch     {t['batch_size']} image-caption pairs a step = {images} images x {CAPTIONS_PER_IMAGE} "
              f"captions ({r.workers_per_trial} worker{'s' if r.workers_per_trial > 1 else ''} x {per_worker} "
              f"images); SCST: {images} images x {t['scst_samples']} samples",
@@ -168,8 +180,9 @@ def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, fl
     est = estimate(spec, images_per_second, workers)
     lines += ["cost (an estimate)",
               f"  speed     {images_per_second:g} training images/s per GPU ({ips_source})",
-              f"            assumed: an SCST image costs {SCST_IMAGE_COST:g}, a validation image {VAL_IMAGE_COST:g}; "
-              f"a trial's GPUs scale linearly",
+              f"            assumed: an SCST image costs {SCST_IMAGE_COST:g}, a validation image {VAL_IMAGE_COST:g}, "
+              f"a test image ({_n(test_images(spec))} when a trial ends) {VAL_IMAGE_COST:g}; a trial's GPUs scale "
+              f"linearly",
               f"  GPU-hours {est.gpu_hours:,.0f} for {spec.num_trials} trials; about {est.wall_hours:,.0f} h wall "
               f"on {est.gpus_at_once} GPUs at once"]
     if workers is not None:

@@ -368,7 +368,7 @@ class StudySpec(Section):
     _source: str | None = PrivateAttr(None)  # the study file
     # a2core config as a plain dict: defaults filled in, the keys the space controls at their schema defaults
     _base: dict = PrivateAttr(default_factory=dict)
-    # Images of the train (restval included) and val splits, and where the counts come from (`_split_counts`).
+    # Images of the train (restval included), val and test splits, and where the counts come from (`_split_counts`).
     _images: dict = PrivateAttr(default_factory=dict)
     _images_source: str = PrivateAttr("")
     _warnings: list = PrivateAttr(default_factory=list)  # what makes it doubtful but not meaningless (stderr)
@@ -666,16 +666,16 @@ def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
 
 # -- the batch and the schedule ----------------------------------------------------------------------------------------
 def _split_counts(data: dict, splits: dict | None) -> tuple[dict[str, int], str]:
-    """Train and val images: from the captions file when it is there, else the synthetic generator's split or
-    the standard Karpathy counts."""
+    """Train, val and test images: from the captions file when it is there, else the synthetic generator's split
+    or the standard Karpathy counts."""
     if data["kind"] == "synthetic":
-        sizes = split_sizes(data["images"])
-        return {"train": sizes["train"], "val": sizes["val"]}, f"synthetic data of {data['images']} images"
+        sizes = split_sizes(data["images"], data.get("test_split_images"))
+        return sizes, f"synthetic data of {data['images']} images"
     path = data.get("captions")
     if path and Path(path).is_file():
         splits = splits if splits is not None else read_karpathy(path)
-        return {k: len(splits.get(k, [])) for k in ("train", "val")}, f"counted in {path}"
-    return ({"train": KARPATHY_IMAGES["train"], "val": KARPATHY_IMAGES["val"]},
+        return {k: len(splits.get(k, [])) for k in ("train", "val", "test")}, f"counted in {path}"
+    return (dict(KARPATHY_IMAGES),
             "the standard Karpathy split, restval in train, about 5 captions an image; no captions file here")
 
 

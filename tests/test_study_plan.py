@@ -27,7 +27,7 @@ def test_shipped_coco_study_plans_at_the_papers_scale(name, capsys):
     t = spec.base["train"]
     assert (t["batch_size"], t["warmup"], t["xe_epochs"], t["scst_epochs"]) == (50, 10_000, xe, scst)
     assert t["val_decode"] == "beam" and t["beam_size"] == 5  # selected and compared as the paper reports
-    assert spec.images == {"train": 113_287, "val": 5_000}
+    assert spec.images == {"train": 113_287, "val": 5_000, "test": 5_000}
     assert spec.steps_per_epoch == steps_per_epoch(113_287, 50) == 11_329
     assert spec.total_steps == 11_329 * (xe + scst)
     assert t["warmup"] < 0.1 * 11_329 * xe  # the learning rate peaks in the first epoch, as in the paper
@@ -41,7 +41,10 @@ def test_shipped_coco_study_plans_at_the_papers_scale(name, capsys):
     assert f"steps     11,329 a epoch; {11_329 * (xe + scst):,} in {xe + scst} epochs" in out
     assert "the standard Karpathy split" in out
     images = 11_329 * 10  # the last step filled up; an SCST image costs 2, a validation image 1 (all 5,000)
-    gpu_hours = trials * (xe * (images + 5_000) + scst * (2 * images + 5_000)) / plan.IMAGES_PER_SECOND / 3600
+    test = 5_000  # the end-of-run test evaluation: once a trial, a test image costing as a validation image
+    gpu_hours = (trials * (xe * (images + 5_000) + scst * (2 * images + 5_000) + test) / plan.IMAGES_PER_SECOND
+                 / 3600)
+    assert "a test image (5,000 when a trial ends) 1;" in out and "113,287 train, 5,000 val, 5,000 test" in out
     assert f"GPU-hours {gpu_hours:,.0f} for {trials} trials" in out
     price = plan.ON_DEMAND_PRICES["g5.12xlarge"] / 4
     assert f"cost      ${gpu_hours * price:,.0f}: g5.12xlarge at $5.672/h" in out
@@ -69,7 +72,7 @@ def test_shipped_coco_study_validates_on_a_synthetic_stand_in(name, tmp_path, ca
                  f"data.test_images={paths['test_images']}"]
     spec = load_study(ROOT / "studies" / f"{name}.yaml", overrides)
     train = synthetic.split_sizes(120)["train"]
-    assert spec.images == {"train": train, "val": synthetic.split_sizes(120)["val"]}
+    assert spec.images == synthetic.split_sizes(120) == {"train": train, "val": 30, "test": 30}
     assert spec.steps_per_epoch == math.ceil(train / 10)
     assert any(w.startswith("train.warmup:") for w in spec.warnings)  # 10,000 steps on 96 images: said so
     assert a2(["study", "validate", str(ROOT / "studies" / f"{name}.yaml"), *overrides]) == 0
