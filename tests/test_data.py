@@ -10,8 +10,9 @@ from a2core.config import Config
 from a2core.data import synthetic
 from a2core.data.captions import Vocab, read_image_info, read_karpathy
 from a2core.data.dataset import CaptionData
-from a2core.errors import ConfigError, DataError
 from a2core.data.features import FeatureError, FeatureStore
+from a2core.errors import ConfigError, DataError
+from launch.cli import main as cli
 
 
 def _digest(path):
@@ -82,6 +83,9 @@ def test_a_larger_test_split_adds_images_and_changes_no_other(tmp_path, monkeypa
         Config.from_dict({"data": {"kind": "coco", "captions": "c.json", "features": "f.h5", "test_split_images": 99}})
     assert CaptionData(Config.from_dict({"data": {"kind": "synthetic", "seed": 3, "images": 40,
                                                   "test_split_images": 25}}).data, 10).images("test") == b["test"]
+    assert cli(["data", "synth", "--out", str(tmp_path / "cli"), "--seed", "3", "--images", "40",
+                "--test-split-images", "25"]) == 0
+    assert _digest(tmp_path / "cli" / "dataset_coco.json") == _digest(wide["captions"])
 
 
 def _grounded_captions(paths, split):
