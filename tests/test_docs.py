@@ -99,6 +99,11 @@ def test_readmes_study_file_is_a_valid_study(tmp_path):
     (tmp_path / "study.yaml").write_text(block)
     spec = load_study(tmp_path / "study.yaml")
     assert spec.name == "a2-smoke" and spec.num_trials == 8  # 2 configurations x 4 seeds
+    # "it is studies/smoke.yaml, shortened": every key it shows has smoke.yaml's value
+    from a2core.config import flatten, load_yaml
+
+    shown, smoke = flatten(load_yaml(tmp_path / "study.yaml")), flatten(load_yaml(REPO / "studies" / "smoke.yaml"))
+    assert {k: v for k, v in shown.items() if smoke.get(k) != v} == {}
 
 
 def test_readmes_command_table_names_every_command():
