@@ -28,6 +28,7 @@ def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
     groups: dict = {}
     for r in runs:
         groups.setdefault(r.tags[TAG_CONFIG_HASH], []).append(r)
+
     def seed_order(r: RunSummary) -> tuple:  # seeds are params, strings: "10" after "9"
         seed = str(r.seed) if r.seed is not None else ""
         return (not seed.lstrip("-").isdigit(), int(seed) if seed.lstrip("-").isdigit() else 0, seed, r.trial_id)

@@ -92,11 +92,11 @@ _FLAG = _SCENE + len(SCENES)
 _SALIENCE = _FLAG + 1
 _NUISANCE = _SALIENCE + 2
 LATENT = _NUISANCE + 6
-# Bumped whenever the same (seed, images, test_images, test_split_images) would give other files. Stored in synthetic.json; a set of
-# another version is never reused (`ensure`). 3: a salience order, every caption names the two most salient objects.
-# 4: no spatial relation, varied wording, val and test a fifth of the images each. 5: a same-colour distractor of
-# close salience for each named object (the region of a class word needs colour and salience), graded salience,
-# val and test a quarter of the images each.
+# Bumped whenever the same (seed, images, test_images, test_split_images) would give other files. Stored in
+# synthetic.json; a set of another version is never reused (`ensure`). 3: a salience order, every caption names the
+# two most salient objects. 4: no spatial relation, varied wording, val and test a fifth of the images each. 5: a
+# same-colour distractor of close salience for each named object (the region of a class word needs colour and
+# salience), graded salience, val and test a quarter of the images each.
 FORMAT_VERSION = 5
 # The wording of a caption, each choice made per caption with these weights (the first is the most common form, the
 # same on every image): what COCO's five annotators do with the same content, and what keeps CIDEr-D off the
@@ -332,6 +332,7 @@ def _mismatch(root: Path, meta: Path, seed: int, images: int, test_split_images:
         return (f"{root}: holds a synthetic dataset of format version {m.get('format')}, but this code generates "
                 f"version {FORMAT_VERSION} (other captions and features); remove it to regenerate it, or choose "
                 f"another data.root")
+
     def test_split(n):
         return "" if n is None else f" (a test split of {n})"
 
