@@ -29,9 +29,11 @@ def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
     for r in runs:
         groups.setdefault(r.tags[TAG_CONFIG_HASH], []).append(r)
 
-    def seed_order(r: RunSummary) -> tuple:  # seeds are params, strings: "10" after "9"
-        seed = str(r.seed) if r.seed is not None else ""
-        return (not seed.lstrip("-").isdigit(), int(seed) if seed.lstrip("-").isdigit() else 0, seed, r.trial_id)
+    def seed_order(r: RunSummary) -> tuple:  # seeds are params, strings: "10" after "9"; no seed last
+        try:
+            return (0, int(r.seed), r.trial_id)
+        except (TypeError, ValueError):
+            return (1, str(r.seed), r.trial_id)
 
     return [sorted(g, key=seed_order) for g in groups.values()]
 
