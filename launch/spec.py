@@ -23,8 +23,9 @@ from a2core.config import (CAPTIONS_PER_IMAGE, Config, ConfigError, Flag, Intege
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.data.prepared import check_copy, is_prepared
 from a2core.data.synthetic import split_sizes
-from a2core.errors import DataError
+from a2core.errors import DataError, StorageError
 from dashboards.tracking import default_tracking_uri, redact_uri
+from launch.placeholders import refuse_placeholder
 
 ALIASES = {"fusion": "model.fusion", "lambda": "model.lambda", "eta": "model.eta", "temperature": "model.temperature",
            "seed": "train.seed"}
@@ -381,7 +382,7 @@ class StudySpec(Section):
         ends of ranges, defaults, points and choices), the data files, the metric and the scheduler."""
         context = info.context or {}
         self._source = context.get("source")
-        _resolve_storage(self)
+        _resolve_storage(self, context.get("check_files", True))
         sections = {s: copy.deepcopy(getattr(self, s)) for s in SECTIONS}
         # Relative data paths become absolute: trials run in other working directories and on other machines.
         for path in ("data.captions", "data.features", "data.test_images", "data.root", "train.scst_from"):
@@ -896,10 +897,19 @@ def _fail(path: str, message: str):
     raise ConfigError(path, message)  # `from_dict` adds the file
 
 
-def _resolve_storage(spec: StudySpec) -> None:
-    """`storage` as an absolute local path or s3://bucket/prefix without a trailing slash."""
+def _resolve_storage(spec: StudySpec, check_files: bool) -> None:
+    """`storage` as an absolute local path or s3://bucket/prefix without a trailing slash. The shipped files'
+    placeholder bucket is refused unless the files are not checked (`a2 study plan` prices a study before any of it
+    exists)."""
     if re.match(_SCHEME + "//", spec.storage):
-        if not _S3.match(spec.storage):
+        try:
+            refuse_placeholder(spec.storage)
+            placeholder = False
+        except StorageError as err:
+            if check_files:
+                _fail("storage", f"{err} (in the file, or `storage=s3://your-bucket/a2-studies`)")
+            placeholder = True
+        if not placeholder and not _S3.match(spec.storage):
             _fail("storage", f"must be a local path or s3://bucket/prefix, got {spec.storage!r}")
         spec.storage = spec.storage.rstrip("/")
     else:

@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 
 from a2core.atomic import atomic_write
 from a2core.errors import StorageError
+from launch.placeholders import refuse_placeholder
 
 MiB = 1024 * 1024
 ENDPOINT_ENV_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL")
@@ -43,6 +44,7 @@ def parse_s3_uri(uri: str, *, require_key: bool = False) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise StorageError(f"not an S3 URI (expected s3://bucket/key): {uri!r}")
     bucket, _, key = uri[len("s3://"):].partition("/")
+    refuse_placeholder(uri)
     if not bucket:
         raise StorageError(f"S3 URI has no bucket name: {uri!r}")
     if not _BUCKET_RE.fullmatch(bucket):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copyreg
+import re
 import io
 import json
 import os
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from a2core.config import Config, ConfigError
+from launch.cli import main as cli_main
 from launch.spec import StudySpec, check_cluster, load_study, validate_main
 from launch.location import saved_form
 
@@ -25,14 +27,14 @@ SMOKE = ROOT / "studies" / "smoke.yaml"
 @pytest.fixture
 def coco_files(tmp_path) -> list[str]:
     """data.* overrides pointing the paper studies' kind: coco at files that exist (captions: one train and one
-    val image, since validation reads them)."""
+    val image, since validation reads them), and a bucket of the team's in place of the shipped placeholder."""
     images = [{"cocoid": i, "split": split, "sentences": [{"tokens": ["a", "dog"]}]}
               for i, split in enumerate(["train", "val"])]
     (tmp_path / "dataset_coco.json").write_text(json.dumps({"images": images}))
     (tmp_path / "features").mkdir()
     (tmp_path / "image_info_test2014.json").write_text("{}")
     return [f"data.captions={tmp_path / 'dataset_coco.json'}", f"data.features={tmp_path / 'features'}",
-            f"data.test_images={tmp_path / 'image_info_test2014.json'}"]
+            f"data.test_images={tmp_path / 'image_info_test2014.json'}", "storage=s3://a2-team-bucket/a2-studies"]
 
 
 def write(tmp_path: Path, raw: dict, name: str = "study.yaml") -> Path:
@@ -66,6 +68,36 @@ def test_every_shipped_study_validates(path, coco_files):
     assert again.to_dict() == spec.to_dict()
 
 
+@pytest.mark.parametrize("name", ["lambda_sweep", "fusion_ablation", "seeds"])
+def test_the_placeholder_bucket_is_refused_before_anything_starts(name, coco_files, capsys):
+    """The COCO studies ship with `storage: s3://YOUR-BUCKET/...`: validate (and so run and submit) refuses it in one
+    line naming the file and the key, before the data is even read; `plan` still prices the study as shipped."""
+    path = ROOT / "studies" / f"{name}.yaml"
+    assert "s3://YOUR-BUCKET/" in yaml.safe_load(path.read_text())["storage"]
+    with pytest.raises(ConfigError) as err:
+        load_study(path, [o for o in coco_files if not o.startswith("storage=")])
+    assert str(err.value).startswith(f"{path}: storage: s3://YOUR-BUCKET/a2-studies: YOUR-BUCKET is the placeholder")
+    assert "\n" not in str(err.value)
+    assert load_study(path, check_files=False).storage == "s3://YOUR-BUCKET/a2-studies"
+    assert cli_main(["study", "validate", str(path), *[o for o in coco_files if not o.startswith("storage=")]]) == 2
+    assert "replace it with your bucket" in capsys.readouterr().err
+
+
+def test_the_cluster_files_name_no_placeholder_a2_does_not_refuse():
+    """Every s3:// URI the shipped cluster files use names either a real bucket or the placeholder that `a2 data
+    fetch` refuses on the head, in one line, before any GPU node is asked for."""
+    from launch.placeholders import PLACEHOLDER_BUCKET, refuse_placeholder
+    from a2core.errors import StorageError
+
+    text = (ROOT / "ray-cluster.yaml").read_text()
+    uris = re.findall(r"s3://[^\s'\"]+", text)
+    assert uris and all(u.startswith(f"s3://{PLACEHOLDER_BUCKET}/") for u in uris)
+    for uri in uris:
+        with pytest.raises(StorageError, match="replace it with your bucket"):
+            refuse_placeholder(uri)
+    assert cli_main(["data", "fetch", f"s3://{PLACEHOLDER_BUCKET}/coco/dataset_coco.json", "/nonexistent/x"]) == 2
+
+
 def test_a_spec_pickled_as_the_old_dataclass_still_loads():
     """A study started while StudySpec was a dataclass of dicts keeps one in its searcher state (tuner.pkl, the
     searcher checkpoint): it unpickles as today's spec, so the study resumes."""
@@ -93,7 +125,8 @@ def test_a_spec_pickled_as_the_old_dataclass_still_loads():
 
 def test_paper_studies_name_missing_coco_files():
     with pytest.raises(ConfigError) as err:
-        load_study(ROOT / "studies" / "lambda_sweep.yaml", ["data.captions=/nonexistent/dataset_coco.json"])
+        load_study(ROOT / "studies" / "lambda_sweep.yaml", ["data.captions=/nonexistent/dataset_coco.json",
+                                                            "storage=s3://a2-team-bucket/a2-studies"])
     assert err.value.path == "data.captions"
     assert "lambda_sweep.yaml" in str(err.value) and "/nonexistent/dataset_coco.json" in str(err.value)
 

@@ -69,7 +69,7 @@ def test_shipped_coco_study_validates_on_a_synthetic_stand_in(name, tmp_path, ca
     plan counts the captions file."""
     paths = synthetic.generate(tmp_path / "coco", seed=0, images=120, test_images=12)
     overrides = [f"data.captions={paths['captions']}", f"data.features={paths['features']}",
-                 f"data.test_images={paths['test_images']}"]
+                 f"data.test_images={paths['test_images']}", "storage=s3://a2-team-bucket/a2-studies"]
     spec = load_study(ROOT / "studies" / f"{name}.yaml", overrides)
     train = synthetic.split_sizes(120)["train"]
     assert spec.images == synthetic.split_sizes(120) == {"train": train, "val": 30, "test": 30}
