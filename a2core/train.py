@@ -296,6 +296,8 @@ class Trainer:
             "vocab": self.vocab.words,
             "epoch": self.epoch, "step": self.step, "best": dict(self.best), "history": list(self.history),
             "rng": ckpt.rng_state(), "format": ckpt.FORMAT,
+            # Which copy of the code trained it: on a cluster, the copy `ray up` synced to the node, not the laptop's.
+            "code": {"a2core": str(Path(__file__).resolve().parent)},
         }
 
     def _restore(self, state: dict) -> None:

@@ -41,18 +41,22 @@ SCST_DATA_SEED = 3
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_scst_raises_val_cider_over_the_xe_checkpoint_it_starts_from(tmp_path):
-    """Stage 1 (XE) to a reasonable score, then stage 2 from the best XE checkpoint (this run's best.pt).
+def test_scst_raises_its_reward_from_the_xe_checkpoint_it_starts_from(tmp_path):
+    """Stage 1 (XE) to a reasonable score, then stage 2 from the best XE checkpoint (this run's best.pt): SCST raises
+    the CIDEr-D of its sampled captions, epoch over epoch, and keeps the XE checkpoint's val CIDEr.
 
-    Sizes: 1000 images (800 train, 100 val: fewer val images make the score swing by +-15 CIDEr between
-    neighbouring checkpoints, more than SCST gains here), d_model 64, 2 layers. XE runs 6 epochs (192 steps; 5 fell
-    short of the best constant caption once the epoch order became the global batch's): on the synthetic set XE
-    passes the best constant caption by epoch 5 or 6 and is still far from its ceiling, so
-    stage 2 has room to show its gain (after 9 XE epochs the model is near 200 and SCST's 64 steps move it by
-    less than the val noise).
-    scst_lr is 3e-5, not the paper's 5e-6: stage 2 has 64 steps here, not tens of thousands, and at 5e-6 Adam
-    moves no weight by more than ~3e-4 in 64 steps; at 1e-4 the sampled reward still rises but val CIDEr falls
-    (the training images get over-fitted)."""
+    Sizes: 1000 images (500 train, 250 val), d_model 64, 2 layers; XE runs 6 epochs, SCST 2 (scst_lr 3e-5, not the
+    paper's 5e-6: stage 2 has a few dozen steps here, not tens of thousands, and at 5e-6 Adam moves no weight by
+    more than ~3e-4). The same seeds train differently on different CPUs (other vector kernels, other rounding), so
+    every assertion has a margin measured on two seeds x two kernel sets (ATEN_CPU_CAPABILITY=default and avx2, an
+    AMD EPYC) and on a third CPU where the older form of this test failed:
+    - XE best val CIDEr 90.8-107.8 (the best constant caption scores about 61): asserted > 70.
+    - SCST's mean sampled reward (CIDEr-D / 100) rose by 0.0177-0.0184 from its first epoch to its second: asserted
+      > 0.006, a third of the smallest rise.
+    - Val CIDEr after SCST minus the XE best: -4.3 to +8.9 (mean about +1.5). At these sizes SCST's effect on val
+      CIDEr is below the noise of 250 val images between neighbouring checkpoints, so this test does not claim a
+      rise there (the older form did, and failed on one CPU: SCST [96.36, 97.82] against XE 100.655); it asserts that
+      SCST does not lose the XE model: > XE best - 12, about 2.5x the largest drop seen."""
     root = tmp_path / "synth"
     synthetic.generate(root, seed=SCST_DATA_SEED, images=1000)
     cfg = Config.from_dict({
@@ -73,14 +77,16 @@ def test_scst_raises_val_cider_over_the_xe_checkpoint_it_starts_from(tmp_path):
     assert [h["stage"] for h in history] == ["xe"] * 6 + ["scst"] * 2
     xe = [h["val/CIDEr"] for h in history if h["stage"] == "xe"]
     scst = [h["val/CIDEr"] for h in history if h["stage"] == "scst"]
+    reward = [h["train/reward"] for h in history if h["stage"] == "scst"]
     xe_best = max(xe)
     assert xe_best > 70, f"XE did not reach a reasonable score: {xe}"  # x100; the best constant caption scores about 61
     # The XE checkpoint that stage 2 started from, validated again the same way, has that score.
     trainer = Trainer(cfg.replace({"train.scst_from": str(saved["xe_best"])}), tmp_path / "check")
     trainer._enter_scst()
     assert trainer.validate()["val/CIDEr"] == pytest.approx(xe_best, abs=1e-9)
-    assert max(scst) > xe_best, f"SCST {scst} did not beat the XE checkpoint's {xe_best:.3f} (XE epochs: {xe})"
-    assert result["best/val/CIDEr"] == max(scst)
+    assert reward[1] - reward[0] > 0.006, f"SCST's sampled reward did not rise: {reward} (XE epochs: {xe})"
+    assert min(scst) > xe_best - 12, f"SCST {scst} lost the XE checkpoint's {xe_best:.3f} (XE epochs: {xe})"
+    assert result["best/val/CIDEr"] == max(xe + scst)  # the run's best is over both stages
 
 
 # -- the advantage, on constructed rewards --------------------------------------------------------------------------
