@@ -1,7 +1,7 @@
 """Training-loader throughput at COCO's shapes: the HDF5 layout against the prepared layout (`a2 data prepare`).
 
 Builds a synthetic set at COCO's shapes (default 20,000 images of 36-100 regions x 2048 float32 features, about
-11 GB as HDF5) under a temporary folder, converts it with `a2core.data.prepared.prepare`, and times shuffled
+11 GB as HDF5) under a temporary folder, converts it with `a2core.data.features.prepare`, and times shuffled
 epochs of the training loader (`CaptionData.loader`, the one `a2 train` and every trial use: features, padding,
 five encoded captions per image) at 0, 2 and 4 DataLoader workers, the two layouts interleaved. Before each
 layout's first epoch its files are dropped from the OS page cache (posix_fadvise DONTNEED), so epoch 1 reads from
@@ -30,7 +30,7 @@ import torch
 
 from a2core.config import Config
 from a2core.data.dataset import CaptionData
-from a2core.data.prepared import prepare
+from a2core.data.features import prepare
 
 GPU_IMAGES_PER_S = 400.0  # estimate: 50 images per step x 8 steps/s (paper-size A2, A100-class GPU)
 WORDS = [f"w{i}" for i in range(400)]

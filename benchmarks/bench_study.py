@@ -80,7 +80,8 @@ def trial_timings(summary: dict) -> list[dict]:
     """Per trial: start (the trial's first result minus that result's time since the trial started), end,
     start-up cost (first result's time since start minus that epoch's own duration), epochs."""
     from launch.location import StudyLocation
-    from launch.trainable import TRIALS_DIR, read_results
+    from launch.layout import read_results
+    from launch.layout import TRIALS_DIR
 
     location_root = summary["path"].rsplit("/", 1)[0]
     location = StudyLocation(summary["study"], location_root)

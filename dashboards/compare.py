@@ -1,5 +1,5 @@
 """`a2 study compare NAME [--by KEY] [--baseline VALUE]`: a study's configurations side by side, from its record
-(`launch.record` hands it over as a `dashboards.report.Study`).
+(`launch.record` hands it over as a `dashboards.runs.Study`).
 
 One row per value of `by` (a param such as `fusion` or `model.lambda`, or a tag; runs without it are left out): its
 best configuration by mean best val CIDEr over seeds (the selection, on the val images), then the numbers of the
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from a2core.errors import DataError, StudyError
-from dashboards.report import (CIDER, SELECTION_COLUMN, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, RunSummary,
-                               Study, group_value, searched_keys, sort_key)
+from dashboards.runs import (CIDER, SELECTION_COLUMN, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, RunSummary,
+                             Study, group_value, searched_keys, sort_key)
 from dashboards.stats import TAG_CONFIG_HASH, Arm, Comparison, best_group, compare_arms, is_stopped_early
 from dashboards.tables import text_table
 

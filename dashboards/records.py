@@ -36,8 +36,8 @@ from typing import Mapping
 
 from a2core.atomic import atomic_write
 from a2core.errors import DataError
-from dashboards.compare import TEST_CIDER, shown_metrics, study_comparison
-from dashboards.report import CIDER
+from dashboards.compare import shown_metrics, study_comparison
+from dashboards.runs import CIDER, TEST_CIDER
 from dashboards.stats import Arm, compare_arms
 
 FORMAT = "a2tune-study-record"
@@ -179,7 +179,7 @@ def export_record(study, by: str, out: str | Path, *, spec: str = "",
     """Write the record of `a2 study compare NAME --by KEY`: each row's best configuration (chosen on val), its
     columns and verdict on the split `compare` judges on (the test split, and the val CIDEr the row was chosen by,
     labelled as the selection; val throughout when not every chosen run reported test scores). `study`: a
-    `dashboards.report.Study`."""
+    `dashboards.runs.Study`."""
     comparison, configs, _ = study_comparison(study, by, baseline=baseline)
     seeds = {arm.label: [int(s) if s is not None else i for i, s in enumerate(arm.seed_ids or [None] * len(arm.seeds))]
              for arm, _ in comparison.rows}

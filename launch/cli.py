@@ -16,7 +16,6 @@ from pathlib import Path
 from a2core.atomic import atomic_write, fresh_folder
 from a2core.config import Config, apply_overrides, load_yaml
 from a2core.data.captions import read_image_info
-from a2core.data.prepared import prepare
 from a2core.data.synthetic import generate
 from a2core.errors import A2Error
 from dashboards.submission import validate_zip
@@ -58,6 +57,8 @@ def cmd_data_prepare(args) -> int:
         rate = done / max(time.monotonic() - started, 1e-9)
         print(f"\r{done}/{total} images  {rate:.0f}/s  about {(total - done) / max(rate, 1e-9):.0f}s left",
               end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    from a2core.data.features import prepare  # torch: only when a store is prepared (`a2 --help` stays light)
 
     manifest = prepare(args.source, args.out, feature_dim=args.feature_dim, progress=progress)
     print(json.dumps({"store": args.out, **{k: manifest[k] for k in ("images", "rows", "feature_dim", "checksum")}},

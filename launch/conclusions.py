@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from a2core.errors import A2Error
 from dashboards.tables import finite, text_table
-from launch.mlflow_export import outage_line
+from launch.layout import outage_line
 
 
 # -- table rows ----------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from launch.datastore import check_feature_copies
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
                              write_summary)
-from launch.mlflow_export import add_outage
+from launch.layout import add_outage
 from launch.raycluster import connect
 from launch.spec import check_cluster
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root

@@ -13,8 +13,8 @@ from ray.tune import Callback
 
 from dashboards.tracking import check_tracking_uri, client_settings, ui_pointer
 from launch import stop
-from launch.mlflow_export import Export, StudyExporter, end_reason, outage_line
-from launch.trainable import STOPPED_FILE, TRIALS_DIR, train_run_name
+from launch.mlflow_export import Export, StudyExporter, end_reason
+from launch.layout import STOPPED_FILE, TRIALS_DIR, outage_line, train_run_name
 
 logger = logging.getLogger(__name__)
 

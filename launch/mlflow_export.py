@@ -17,74 +17,18 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 
-from a2core.errors import StorageError, StudyError, TrackingError
+from a2core.errors import StorageError, TrackingError
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
-from launch.trainable import ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, train_run_name
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE, TRIALS_DIR,
+                           TrialState, add_outage, run_status, stop_record, train_run_name)
 
 logger = logging.getLogger(__name__)
-
-# Bookkeeping in a result, not metrics of the model (Tune's own keys, checkpoint paths, time stamps).
-SKIP_KEYS = {"done", "trial_id", "experiment_id", "experiment_tag", "should_checkpoint", "timesteps_this_iter",
-             "episodes_this_iter", "epoch", "samples", "checkpoint_path", "best_checkpoint", "best_checkpoint_path",
-             "training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "date", "pid", "hostname",
-             "node_ip", "checkpoint_dir_name", "time_since_restore", "iterations_since_restore", "timesteps_total",
-             "episodes_total", "timesteps_since_restore", "config"}
-
-
-@dataclass
-class TrialState:
-    """What Tune knows of a trial and the record needs: its id, name, sampled config, state ("PENDING", "RUNNING",
-    "PAUSED", "TERMINATED", "ERROR"), retries, last error line and last result (the record's fallback for a trial
-    with no result log)."""
-
-    trial_id: str
-    name: str
-    config: dict
-    status: str
-    retries: int = 0
-    error: str | None = None
-    last_result: dict = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, trial) -> "TrialState":
-        """From a Tune `Trial` (the driver's live ones, or `ExperimentAnalysis.trials` after the study)."""
-        try:
-            lines = str(trial.get_error() or "").strip().splitlines()
-        except Exception:  # noqa: BLE001 - the error file may be gone with its node
-            lines = ["the trial failed"] if trial.status == "ERROR" else []
-        return cls(str(trial.trial_id), str(trial), dict(trial.config or {}), str(trial.status),
-                   int(getattr(trial, "num_failures", 0) or 0), lines[-1][:500] if lines else None,
-                   dict(getattr(trial, "last_result", None) or {}))
-
-
-def run_status(state: str, epochs: int, stopped: dict | None, total_epochs: int, ended: bool) -> str:
-    """The MLflow status of a trial's run: FINISHED when Tune ended it after all its epochs or the scheduler stopped
-    it, FAILED when it errored, else KILLED once the study `ended` (no writer goes on with it), else RUNNING."""
-    if state == "TERMINATED" and (stopped is not None or epochs >= total_epochs):
-        return "FINISHED"
-    return "FAILED" if state == "ERROR" else "KILLED" if ended else "RUNNING"
-
 
 def end_reason(study: str, signal_name: str | None = None) -> str:
     """Why the runs of a study that ended part way are KILLED, and how to go on."""
     how = f"interrupted by {signal_name}" if signal_name else "the study stopped"
     return f"{how}; continue with `a2 study resume {study}`"
-
-
-def stop_record(folder, text: str | None = None) -> dict | None:
-    """The scheduler's decision to stop the trial of run folder `folder` (`{"rung", "cutoff", ...}`), or None;
-    a file that is not one is a StudyError naming it. `text`: the file's text, when already read."""
-    target = folder.join(STOPPED_FILE)
-    text = target.read_text() if text is None else text
-    try:
-        record = json.loads(text or "null")
-    except ValueError as err:
-        raise StudyError(f"{target.uri}: not a stop record ({err}); delete it to let the study go on") from None
-    if record is not None and not (isinstance(record, dict) and "rung" in record and "cutoff" in record):
-        raise StudyError(f"{target.uri}: not a stop record (no rung and cutoff); delete it to let the study go on")
-    return record
 
 
 def _metrics(result: dict) -> dict:
@@ -216,32 +160,6 @@ def server_answers(uri: str, timeout: float = 2.0) -> bool:
         return True
     except TrackingError:
         return False
-
-
-# -- outage totals ----------------------------------------------------------------------------------------------
-OUTAGE_KEYS = ("down_seconds", "exported_late")
-
-
-def add_outage(location, **counts) -> dict:
-    """Add a driver's figures to the study's saved ones (`tracking/outage.json`); returns the totals."""
-    target = location.at("tracking", "outage.json")
-    saved = json.loads(target.read_text() or "{}")
-    totals = {key: saved.get(key, 0) + counts.get(key, 0) for key in OUTAGE_KEYS}
-    totals["down_seconds"] = round(float(totals["down_seconds"]), 3)
-    totals["pending"] = bool(counts.get("pending", saved.get("pending", False)))
-    if any(counts.values()) or saved.get("pending") != totals["pending"]:
-        target.write_text(json.dumps(totals, indent=2) + "\n")
-    return totals
-
-
-def outage_line(outage: dict | None) -> str | None:
-    """`tracking: server down 31 s, 14 epochs exported once it was back`; None when nothing happened."""
-    if not outage or not (outage.get("down_seconds") or outage.get("pending")):
-        return None
-    text = f"tracking: server down {outage.get('down_seconds', 0):.0f} s, "
-    if outage.get("pending"):
-        return text + "not all exported yet (`a2 mlflow sync NAME` exports the rest)"
-    return text + f"{outage.get('exported_late', 0)} epochs exported once it was back"
 
 
 class StudyExporter:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from a2core.config import flatten
 from dashboards.records import add_export_arguments, export_record
-from dashboards.report import TABLE_METRICS, RunSummary, Study
+from dashboards.runs import TABLE_METRICS, RunSummary, Study
 from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY, TAG_STOPPED_RUNG,
                               best_candidates, config_hash, seed_interval)
 from dashboards.stats import best_group as pick_best_group
@@ -29,9 +29,8 @@ from dashboards.tracking import TAG_TRIAL_ID, param_value
 from launch.conclusions import best_value, pick_best, table_row
 from launch.lease import live_writer
 from launch.location import StudyLocation, load_saved_spec, locate
-from launch.mlflow_export import SKIP_KEYS, TrialState, run_status, stop_record
-from launch.trainable import (ARTIFACTS_DIR, CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
-                              read_results, train_run_name)
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, TrialState, checkpoint_epochs,
+                           checkpoint_name, read_results, run_status, stop_record, train_run_name)
 from launch.verify import quick_checkpoint_problem
 
 COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
@@ -112,7 +111,7 @@ class StudyRecord:
         return None if text is None else json.loads(text)
 
     def study(self) -> Study:
-        """The record as the dashboards take it (`dashboards.report.Study`): every trial that has started as a
+        """The record as the dashboards take it (`dashboards.runs.Study`): every trial that has started as a
         `RunSummary`, its params the resolved config as MLflow shows it, its tags fusion, seed, group and stop
         record, its status the one its MLflow run has."""
         runs = []

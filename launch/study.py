@@ -25,7 +25,8 @@ from launch.driver import check_tracking, live_row, resume_study, run_study  # n
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.location import (SUMMARY_FILE, StudyLocation, json_default, load_saved_spec,  # noqa: F401 (old tuner.pkl)
                              locate, write_summary)
-from launch.mlflow_export import Export, add_outage, end_reason, outage_line
+from launch.mlflow_export import Export, end_reason
+from launch.layout import add_outage, outage_line
 from launch.spec import load_study, validate_main
 from launch.verify import cmd_check, refuse_corrupt
 

@@ -26,38 +26,15 @@ from typing import Callable
 
 from a2core.errors import CheckpointError, StorageError
 from launch.raycluster import stash_credentials
-from launch.verify import TRAIN_SNAPSHOT
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR,
+                           TUNE_POINTER_FILE, ResultLog, checkpoint_epochs, checkpoint_name, latest_checkpoint_history,
+                           train_run_name)
 
-TRIALS_DIR = "trials"  # below the study's folder: one run folder per trial
-CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
-HISTORY_FILE = "history.json"  # a2core.checkpoint.HISTORY_FILE, likewise
-CHECKPOINT_PREFIX = "checkpoint_epoch"  # + the epoch, 4 digits: one folder per checkpointed epoch
-RESULTS_FILE = "results.json"  # in a trial's run folder: every epoch's result, across retries and restores
-ARTIFACTS_DIR = "artifacts"  # in a trial's run folder: the files of its MLflow run, at their artifact paths
-STOPPED_FILE = "stopped_early.json"  # in a trial's run folder: the scheduler's decision to stop it (launch.driver)
-TUNE_POINTER_FILE = "train_checkpoint.json"
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
 # Environment that Ray workers need to reach storage from any node of the cluster: settings and references
 # (the credentials file, its profile), never a secret's value (launch.raycluster.stash_credentials).
 PROPAGATED_ENV = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION",
                   "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL", "A2_DATA_CACHE")
-
-
-def train_run_name(study: str, trial_id: str) -> str:
-    """The run folder of a trial: the same on every retry and restore of that trial."""
-    return f"{study}-{trial_id}"
-
-
-def checkpoint_name(epoch: int) -> str:
-    """`checkpoint_epochNNNN`: the folder of an epoch's checkpoint in a trial's run folder."""
-    return f"{CHECKPOINT_PREFIX}{int(epoch):04d}"
-
-
-def checkpoint_epochs(run) -> list[int]:
-    """The epochs that have a checkpoint folder in the run folder `run` (a Location), ascending."""
-    names = run.listdir(folders_only=True)
-    return sorted(int(n[len(CHECKPOINT_PREFIX):]) for n in names
-                  if n.startswith(CHECKPOINT_PREFIX) and n[len(CHECKPOINT_PREFIX):].isdigit())
 
 
 @dataclass
@@ -152,53 +129,6 @@ class ComputeMeter:
         wall = time.monotonic() - self.start
         item["compute/wall_s"] = self.base_wall + wall
         item[self.device_key] = self.base_device + (wall * self.gpus if self.gpus else self.cpu_done + attempt_cpu_s)
-
-
-class ResultLog:
-    """A trial's results by epoch (JSON-plain values), rewritten in its run folder after every epoch, before Tune
-    and MLflow hear of them: Tune keeps only what it had synced when it restarts a trial. An epoch reported again
-    replaces its entry."""
-
-    def __init__(self, location):
-        self.location = location
-        text = location.read_text()
-        self.by_epoch: dict[int, dict] = {}
-        self.add_missing(json.loads(text) if text else [], write=False)
-
-    def add(self, result: dict) -> None:
-        self.add_missing([result], replace=True)
-
-    def add_missing(self, results: list[dict], write: bool = True, replace: bool = False) -> list[int]:
-        """Add the results of epochs the log does not have (what a checkpoint remembers); returns those epochs."""
-        added = []
-        for result in results:
-            epoch = result.get("epoch")
-            if isinstance(epoch, (int, float)) and (replace or int(epoch) not in self.by_epoch):
-                self.by_epoch[int(epoch)] = {k: v for k, v in result.items()
-                                             if isinstance(v, (int, float, str, bool)) or v is None}
-                added.append(int(epoch))
-        if added and write:
-            self.location.write_text(json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
-        return sorted(added)
-
-
-def latest_checkpoint_history(run) -> list[dict]:
-    """The epoch history stored with the newest checkpoint of the run folder `run` that has one (empty if none):
-    a driver killed between a checkpoint and Tune hearing of its result loses that result everywhere but here."""
-    for epoch in reversed(checkpoint_epochs(run)):  # older checkpoints may lack the file
-        text = run.join(checkpoint_name(epoch), HISTORY_FILE).read_text()
-        try:
-            items = json.loads(text or "null")
-        except ValueError:
-            continue
-        if isinstance(items, list):
-            return [item for item in items if isinstance(item, dict)]
-    return []
-
-
-def read_results(trials, study: str, trial_id: str) -> list[dict]:
-    """The result log of a trial below the `trials` Location, oldest epoch first; empty when it has none yet."""
-    return list(ResultLog(trials.join(train_run_name(study, trial_id), RESULTS_FILE)).by_epoch.values())
 
 
 class TrialRecorder:

@@ -21,6 +21,8 @@ from pathlib import Path
 import yaml
 
 from a2core.errors import CheckpointError, StudyError
+from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, checkpoint_epochs,
+                           checkpoint_name)
 
 # Tune's files at the study's root (experiment state, searcher, callbacks, the Tuner) and how each is read
 # (search_gen_state-*.json is a pickle, despite its name).
@@ -29,7 +31,6 @@ _ROOT_FILES = (("experiment_state-", ".json", "json"), ("search_gen_state-", ".j
                ("tuner", ".pkl", "pickle"))
 STUDY_FILE = "study.yaml"  # launch.location.STUDY_FILE
 COPIES_DIR = "state-copies"  # below the study: the last whole copy of each of Tune's root files
-TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of a trial's checkpoints
 
 
 def _read_bytes(location) -> bytes:
@@ -73,7 +74,6 @@ def problem(location, kind: str) -> str | None:
 def state_files(study, train_snapshots: bool = True) -> list[tuple[object, str]]:
     """(Location, kind) of the files a resume or a status reads back, below the study folder `study`; with
     `train_snapshots` also Ray Train's checkpoint records of multi-worker trials (read by their resume only)."""
-    from launch.trainable import RESULTS_FILE, TRIALS_DIR  # launch.trainable imports this module
 
     names = study.listdir()
     files = [(study.join(STUDY_FILE), "yaml")] if STUDY_FILE in names else []
@@ -215,9 +215,6 @@ def quick_checkpoint_problem(location) -> str | None:
 
 def checkpoint_files(study) -> list:
     """Every checkpoint file of the study's trials (`trials/<run>/checkpoint_epochNNNN/checkpoint.pt`)."""
-    # launch.trainable imports this module
-    from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, checkpoint_epochs, checkpoint_name
-
     trials = study.join(TRIALS_DIR)
     return [trials.join(run, checkpoint_name(e), CHECKPOINT_FILE) for run in trials.listdir(folders_only=True)
             for e in checkpoint_epochs(trials.join(run))

@@ -11,10 +11,10 @@ from pathlib import Path
 import yaml
 
 from launch.location import STUDY_FILE, StudyLocation, saved_form
-from launch.mlflow_export import Export, TrialState, end_reason
+from launch.mlflow_export import Export, end_reason
+from launch.layout import RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, TrialState, train_run_name
 from launch.record import PER_IMAGE, StudyRecord
 from launch.spec import load_study
-from launch.trainable import RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, train_run_name
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
 

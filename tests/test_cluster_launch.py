@@ -121,7 +121,8 @@ def test_ray_up_submit_down_on_the_local_provider(tmp_path, ssh_head):
         _ray(["up", "-y", "--no-config-cache", str(cluster_file)], tmp_path, env)
         assert (mount / "a2core" / "data" / "synthetic.py").is_file()  # file_mounts synced the repository
         # setup_commands installed the synced copy into the head's Python, which had no a2tune before
-        where = subprocess.run([str(home / "venv" / "bin" / "python"), "-I", "-c", "import a2core; print(a2core.__file__)"],
+        where = subprocess.run([str(home / "venv" / "bin" / "python"), "-I", "-c",
+                                "import a2core; print(a2core.__file__)"],
                                stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
         assert Path(where).is_relative_to(mount), where
         assert token_file.is_file()  # head_setup_commands generated the cluster's token where clients find it

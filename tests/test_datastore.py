@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from a2core.data import prepared, synthetic
+from a2core.data import features, prepared, synthetic
 from a2core.errors import DataError
 from launch import datastore
 from launch.cli import main
@@ -28,7 +28,7 @@ def _store(path: Path, seed: int, images: int = 20, dim: int = 16) -> dict:
     with h5py.File(path.with_suffix(".h5"), "w") as f:
         for i in range(images):
             f[f"{i + 1}_features"] = rng.random((int(rng.integers(2, 6)), dim), dtype=np.float32)
-    return prepared.prepare(path.with_suffix(".h5"), path, feature_dim=dim)
+    return features.prepare(path.with_suffix(".h5"), path, feature_dim=dim)
 
 
 def test_push_then_fetch_verifies_skips_and_replaces(s3_endpoint, tmp_path, capsys):
@@ -114,7 +114,7 @@ def test_study_refuses_a_node_whose_copy_is_missing_or_differs(tmp_path, ray_clu
     paths = synthetic.generate(tmp_path / "s", seed=0, images=40, test_images=10)
     data_dir = tmp_path / "data"
     store = data_dir / "features.a2feat"
-    prepared.prepare(paths["features"], store)
+    features.prepare(paths["features"], store)
     other = tmp_path / "other" / "features.a2feat"  # another version of the features, on the "spot" node
     _store(other, seed=5, dim=2048)
     empty = tmp_path / "empty"

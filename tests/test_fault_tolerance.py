@@ -23,7 +23,7 @@ import pytest
 
 from tests.mlflowserver import mlflow_server  # noqa: F401 - a fixture
 from launch.conclusions import verdict
-from launch.trainable import RESULTS_FILE
+from launch.layout import RESULTS_FILE
 from tests.raycluster import (  # noqa: F401 - tiny_data and ray_cluster_factory are fixtures
     a2, kill_group, mlflow_client, mlflow_history, mlflow_trials, ray_cluster_factory, snapshot_epochs, start_a2, tail, tiny_data,
     tiny_study, trial_runs, wait_for)

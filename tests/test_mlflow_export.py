@@ -17,16 +17,16 @@ from mlflow.tracking import MlflowClient
 
 import launch.mlflow_export as export_mod
 from dashboards.compare import study_comparison
-from dashboards.report import Study
+from dashboards.runs import Study
 from a2core.errors import StudyError
 from dashboards.tracking import StudyTracker, study_runs
 from launch import study
 from launch.record import StudyRecord, stopped_early_trials
 from launch.location import StudyLocation
-from launch.mlflow_export import Export, StudyExporter, TrialState, end_reason, outage_line
+from launch.mlflow_export import Export, StudyExporter, end_reason
+from launch.layout import STOPPED_FILE, TrialState, outage_line
 from launch.pipeline import conclusion
 from launch.spec import load_study
-from launch.trainable import STOPPED_FILE
 from tests.repo_scripts import load_script
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"

@@ -201,7 +201,7 @@ def study(tmp_path, trained, monkeypatch):
     from launch.spec import load_study
     from launch.record import summarize, trial_row
     from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, saved_form
-    from launch.trainable import CHECKPOINT_FILE, TRIALS_DIR, train_run_name
+    from launch.layout import CHECKPOINT_FILE, TRIALS_DIR, train_run_name
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from a2core.config import Config
-from a2core.data import prepared, synthetic
+from a2core.data import features, prepared, synthetic
 from a2core.data.dataset import CaptionData
 from a2core.data.features import FeatureStore
 from a2core.errors import ConfigError, DataError
@@ -40,8 +40,8 @@ def _coco(data, features):
 
 
 def test_prepare_from_either_layout_gives_the_same_store_within_float16_rounding(float32_set, tmp_path):
-    a = prepared.prepare(float32_set["h5"], tmp_path / "a.a2feat")
-    b = prepared.prepare(float32_set["npz"], tmp_path / "b.a2feat")
+    a = features.prepare(float32_set["h5"], tmp_path / "a.a2feat")
+    b = features.prepare(float32_set["npz"], tmp_path / "b.a2feat")
     assert a["checksum"] == b["checksum"] and a["images"] == 50  # same bytes from either source layout
     assert a["files"] == json.loads((tmp_path / "a.a2feat" / "manifest.json").read_text())["files"]
     assert prepared.check_copy(tmp_path / "a.a2feat", full=True, expected=a["checksum"]) == a
@@ -60,10 +60,10 @@ def test_prepare_from_either_layout_gives_the_same_store_within_float16_rounding
 
 
 def test_float16_store_gives_the_same_model_outputs_and_loss(float32_set, tmp_path):
-    prepared.prepare(float32_set["h5"], tmp_path / "c.a2feat")
+    features.prepare(float32_set["h5"], tmp_path / "c.a2feat")
     batches = {}
-    for layout, features in (("hdf5", float32_set["h5"]), ("prepared", tmp_path / "c.a2feat")):
-        cfg = _coco(float32_set, features)
+    for layout, source in (("hdf5", float32_set["h5"]), ("prepared", tmp_path / "c.a2feat")):
+        cfg = _coco(float32_set, source)
         data = CaptionData(cfg.data, cfg.model.max_regions)
         data.check(("train", "val"))
         batches[layout] = next(iter(data.loader("train", 8, shuffle=True, seed=1, num_workers=1)))
@@ -90,7 +90,7 @@ def test_whole_batch_gather_equals_the_per_image_path(float32_set, tmp_path, wor
     captions come from the encoded-caption cache."""
     from a2core.data.features import pad
 
-    prepared.prepare(float32_set["h5"], tmp_path / "w.a2feat")
+    features.prepare(float32_set["h5"], tmp_path / "w.a2feat")
     cfg = _coco(float32_set, tmp_path / "w.a2feat")
     data = CaptionData(cfg.data, 6)
     batches = [b for epoch in (0, 1) for b in data.loader("train", 7, shuffle=True, seed=2, epoch=epoch,
@@ -125,7 +125,7 @@ def test_batches_reuse_freed_memory_instead_of_fresh_pages(float32_set, tmp_path
 
     if not keep_batch_memory():
         pytest.skip("not glibc: no mallopt")
-    prepared.prepare(float32_set["h5"], tmp_path / "m.a2feat")
+    features.prepare(float32_set["h5"], tmp_path / "m.a2feat")
     store = prepared.PreparedFeatures(tmp_path / "m.a2feat")
     where = store.locate(store.ids[:40], 100)  # (40, 100, 2048) float16: 16 MB, 4,000 pages
     held = [store.gather(where, 100)]
@@ -148,30 +148,30 @@ def test_bad_input_names_the_file_and_image_id_and_leaves_nothing(tmp_path):
         f["3_features"] = np.ones((2, 8), np.float32)
         f["4_features"] = np.full((2, 8), np.nan, np.float32)
     with pytest.raises(DataError, match=r"bad\.h5: image id 4: features contain NaN"):
-        prepared.prepare(bad, tmp_path / "out", feature_dim=8)
+        features.prepare(bad, tmp_path / "out", feature_dim=8)
     with h5py.File(bad, "w") as f:
         f["5_features"] = np.full((2, 8), 1e6, np.float32)
     with pytest.raises(DataError, match=r"bad\.h5: image id 5: feature values beyond float16's range"):
-        prepared.prepare(bad, tmp_path / "out", feature_dim=8)
+        features.prepare(bad, tmp_path / "out", feature_dim=8)
     with h5py.File(bad, "w") as f:
         f["cat_features"] = np.ones((2, 8), np.float32)
     with pytest.raises(DataError, match=r"bad\.h5: dataset 'cat_features' is not named"):
-        prepared.prepare(bad, tmp_path / "out", feature_dim=8)
+        features.prepare(bad, tmp_path / "out", feature_dim=8)
     (tmp_path / "npz").mkdir()
     np.savez(tmp_path / "npz" / "9.npz", feat=np.ones((2, 4), np.float32))
     with pytest.raises(DataError, match=r"9\.npz: image id 9: features have shape \(2, 4\)"):
-        prepared.prepare(tmp_path / "npz", tmp_path / "out", feature_dim=8)
+        features.prepare(tmp_path / "npz", tmp_path / "out", feature_dim=8)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.h5", "npz"]  # no output, no temp folder
     with h5py.File(bad, "w") as f:
         f["3_features"] = np.ones((2, 8), np.float32)
-    prepared.prepare(bad, tmp_path / "out", feature_dim=8)
+    features.prepare(bad, tmp_path / "out", feature_dim=8)
     with pytest.raises(DataError, match=r"out: exists already"):
-        prepared.prepare(bad, tmp_path / "out", feature_dim=8)
+        features.prepare(bad, tmp_path / "out", feature_dim=8)
 
 
 def test_a_damaged_copy_is_refused_naming_the_file(float32_set, tmp_path):
     store = tmp_path / "d.a2feat"
-    manifest = prepared.prepare(float32_set["h5"], store)
+    manifest = features.prepare(float32_set["h5"], store)
     rows = store / prepared.ROWS
     data = bytearray(rows.read_bytes())
     data[1000] ^= 0xFF
@@ -202,7 +202,7 @@ def test_a_study_on_an_incomplete_store_is_refused_before_ray(float32_set, tmp_p
     from launch.spec import StudySpec
 
     store = tmp_path / "g.a2feat"
-    prepared.prepare(float32_set["h5"], store)
+    features.prepare(float32_set["h5"], store)
     raw = {"name": "s", "data": {"kind": "coco", "captions": str(float32_set["captions"]), "features": str(store)},
            "search": {"metric": "val/CIDEr", "mode": "max", "algorithm": "grid", "space": {}},
            "storage": str(tmp_path / "studies")}

@@ -284,7 +284,8 @@ def test_report_through_the_server_lands_in_s3(mlflow_server, tmp_path):  # noqa
 
 
 def test_kendall_plot_when_measured(tmp_path):
-    from dashboards.report import PLOTS, RunSummary
+    from dashboards.runs import RunSummary
+    from dashboards.report import PLOTS
 
     plot_kendall = PLOTS["kendall"][1]
     final = {f"diag/kendall/layer{i}/{kind}": v for i in range(3)
@@ -298,7 +299,8 @@ def test_kendall_plot_when_measured(tmp_path):
 
 
 def test_lambda_series_leaves_the_baseline_out_and_draws_it_as_a_band():
-    from dashboards.report import RunSummary, lambda_series
+    from dashboards.runs import RunSummary
+    from dashboards.report import lambda_series
 
     def run(fusion, lam, cider):
         params = {"model.fusion": fusion, **({} if lam is None else {"model.lambda": str(lam)})}

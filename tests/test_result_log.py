@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from launch.storage import open_location
-from launch.trainable import RESULTS_FILE, ResultLog, latest_checkpoint_history
+from launch.layout import RESULTS_FILE, ResultLog, latest_checkpoint_history
 from tests.s3server import make_bucket
 
 

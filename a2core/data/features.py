@@ -1,20 +1,29 @@
 """Bottom-up region features, from one HDF5 file, a directory of .npz files, or a prepared store.
 
 HDF5: one dataset `"{image_id}_features"` of shape (n, D) per image. Directory: `{image_id}.npz` with key `feat`.
-Prepared store: a folder with `manifest.json` (float16 rows in one memory map; `prepared.py`, `a2 data prepare`).
+Prepared store: a folder with `manifest.json` (float16 rows in one memory map; `prepared.py`), which `prepare` (`a2 data
+prepare`) writes from either of the others.
 Every error names the file and the image id. Features are padded or cut to `max_regions` with a region mask.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import shutil
+import tempfile
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
+from ..atomic import atomic_write
 from ..errors import DataError
-from .prepared import PreparedFeatures, is_prepared
+from .prepared import (FLOAT16_MAX, FORMAT, INDEX, MANIFEST, ROWS, VERSION, PreparedFeatures, file_sha256,
+                       files_checksum, is_prepared)
 
 FeatureError = DataError  # the name older callers import
 
@@ -140,3 +149,85 @@ def pad(rows: list[np.ndarray], max_regions: int, dim: int) -> tuple[torch.Tenso
         feats[b, :len(r)] = torch.from_numpy(r)  # torch converts float16 ~20x faster than numpy's astype
         mask[b, :len(r)] = True
     return feats, mask
+
+
+# -- conversion -------------------------------------------------------------------------------------------------
+def source_ids(source: str | os.PathLike) -> list[int]:
+    """Image ids of an HDF5 file of `{id}_features` datasets or a directory of `{id}.npz`, sorted; a name that
+    is not an image id is an error naming it."""
+    source = Path(source)
+    if not source.exists():
+        raise DataError(f"{source}: region features not found")
+    ids = []
+    if source.is_dir():
+        names = [p.name for p in source.iterdir() if p.suffix == ".npz"]
+        for name in names:
+            stem = name[:-len(".npz")]
+            if not stem.isdigit():
+                raise DataError(f"{source / name}: file name is not an image id ({{image_id}}.npz)")
+            ids.append(int(stem))
+    else:
+        import h5py
+
+        try:
+            with h5py.File(source, "r") as h5:
+                keys = list(h5.keys())
+        except OSError as err:
+            raise DataError(f"{source}: cannot open as HDF5 ({err})") from None
+        for key in keys:
+            stem = key[:-len("_features")] if key.endswith("_features") else None
+            if not stem or not stem.isdigit():
+                raise DataError(f"{source}: dataset {key!r} is not named {{image_id}}_features")
+            ids.append(int(stem))
+    if not ids:
+        raise DataError(f"{source}: no region features in it")
+    return sorted(ids)
+
+
+def prepare(source: str | os.PathLike, out: str | os.PathLike, *, feature_dim: int = 2048,
+            progress: Callable[[int, int], None] | None = None) -> dict:
+    """Convert `source` (HDF5 or .npz directory) into a prepared store at `out`; returns its manifest.
+    `progress(done, total)` is called every few hundred images."""
+    out = Path(out)
+    if out.exists():
+        raise DataError(f"{out}: exists already; remove it or choose another output folder")
+    ids = source_ids(source)
+    store = FeatureStore(source, feature_dim)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        index = np.zeros((len(ids), 3), np.int64)
+        digest, row, size = hashlib.sha256(), 0, 0
+        with open(tmp / ROWS, "wb") as f:
+            for i, image_id in enumerate(ids):
+                feat = store.get(image_id)  # (n, D) float32, checked: shape and finite values, errors name file+id
+                if np.abs(feat).max() > FLOAT16_MAX:
+                    raise DataError(f"{source}: image id {image_id}: feature values beyond float16's range "
+                                    f"(|x| > {FLOAT16_MAX:g})")
+                block = feat.astype("<f2").tobytes()
+                f.write(block)
+                digest.update(block)
+                index[i] = (image_id, row, len(feat))
+                row += len(feat)
+                size += len(block)
+                if progress and (i + 1) % 500 == 0:
+                    progress(i + 1, len(ids))
+            f.flush()
+            os.fsync(f.fileno())
+        store.close()
+        np.save(tmp / INDEX, index)
+        files = {ROWS: {"size": size, "sha256": digest.hexdigest()},
+                 INDEX: {"size": (tmp / INDEX).stat().st_size, "sha256": file_sha256(tmp / INDEX)}}
+        manifest = {"format": FORMAT, "version": VERSION, "dtype": "float16", "feature_dim": feature_dim,
+                    "images": len(ids), "rows": row, "source": Path(source).name, "files": files,
+                    "checksum": files_checksum(files)}
+        atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the store from the rest of a team
+        os.rename(tmp, out)  # the whole folder appears at once
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if progress:
+        progress(len(ids), len(ids))
+    return manifest
+

@@ -23,8 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -33,7 +31,6 @@ import numpy as np
 if TYPE_CHECKING:  # torch is imported where batches are gathered (`PreparedFeatures.gather`)
     import torch
 
-from ..atomic import atomic_write
 from ..errors import DataError
 
 FORMAT = "a2tune-features"
@@ -60,7 +57,7 @@ def file_sha256(path: Path, progress: Callable[[int], None] | None = None) -> st
     return digest.hexdigest()
 
 
-def _checksum(files: dict) -> str:
+def files_checksum(files: dict) -> str:
     """The store's content id: SHA-256 over its data files' names, sizes and SHA-256s."""
     text = json.dumps({name: [files[name]["size"], files[name]["sha256"]] for name in sorted(files)})
     return hashlib.sha256(text.encode()).hexdigest()
@@ -80,7 +77,7 @@ def read_manifest(path: str | os.PathLike) -> dict:
     if manifest.get("version") != VERSION:
         raise DataError(f"{file}: store version {manifest.get('version')!r}, this a2tune reads version {VERSION}")
     files = manifest.get("files") or {}
-    if set(files) != {ROWS, INDEX} or manifest.get("checksum") != _checksum(files):
+    if set(files) != {ROWS, INDEX} or manifest.get("checksum") != files_checksum(files):
         raise DataError(f"{file}: manifest is damaged (its file entries do not match its checksum)")
     return manifest
 
@@ -214,87 +211,3 @@ class PreparedFeatures:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-# -- conversion -------------------------------------------------------------------------------------------------
-def source_ids(source: str | os.PathLike) -> list[int]:
-    """Image ids of an HDF5 file of `{id}_features` datasets or a directory of `{id}.npz`, sorted; a name that
-    is not an image id is an error naming it."""
-    source = Path(source)
-    if not source.exists():
-        raise DataError(f"{source}: region features not found")
-    ids = []
-    if source.is_dir():
-        names = [p.name for p in source.iterdir() if p.suffix == ".npz"]
-        for name in names:
-            stem = name[:-len(".npz")]
-            if not stem.isdigit():
-                raise DataError(f"{source / name}: file name is not an image id ({{image_id}}.npz)")
-            ids.append(int(stem))
-    else:
-        import h5py
-
-        try:
-            with h5py.File(source, "r") as h5:
-                keys = list(h5.keys())
-        except OSError as err:
-            raise DataError(f"{source}: cannot open as HDF5 ({err})") from None
-        for key in keys:
-            stem = key[:-len("_features")] if key.endswith("_features") else None
-            if not stem or not stem.isdigit():
-                raise DataError(f"{source}: dataset {key!r} is not named {{image_id}}_features")
-            ids.append(int(stem))
-    if not ids:
-        raise DataError(f"{source}: no region features in it")
-    return sorted(ids)
-
-
-def prepare(source: str | os.PathLike, out: str | os.PathLike, *, feature_dim: int = 2048,
-            progress: Callable[[int, int], None] | None = None) -> dict:
-    """Convert `source` (HDF5 or .npz directory) into a prepared store at `out`; returns its manifest.
-    `progress(done, total)` is called every few hundred images."""
-    from .features import FeatureStore
-
-    out = Path(out)
-    if out.exists():
-        raise DataError(f"{out}: exists already; remove it or choose another output folder")
-    ids = source_ids(source)
-    store = FeatureStore(source, feature_dim)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        index = np.zeros((len(ids), 3), np.int64)
-        digest, row, size = hashlib.sha256(), 0, 0
-        with open(tmp / ROWS, "wb") as f:
-            for i, image_id in enumerate(ids):
-                feat = store.get(image_id)  # (n, D) float32, checked: shape and finite values, errors name file+id
-                if np.abs(feat).max() > FLOAT16_MAX:
-                    raise DataError(f"{source}: image id {image_id}: feature values beyond float16's range "
-                                    f"(|x| > {FLOAT16_MAX:g})")
-                block = feat.astype("<f2").tobytes()
-                f.write(block)
-                digest.update(block)
-                index[i] = (image_id, row, len(feat))
-                row += len(feat)
-                size += len(block)
-                if progress and (i + 1) % 500 == 0:
-                    progress(i + 1, len(ids))
-            f.flush()
-            os.fsync(f.fileno())
-        store.close()
-        np.save(tmp / INDEX, index)
-        files = {ROWS: {"size": size, "sha256": digest.hexdigest()},
-                 INDEX: {"size": (tmp / INDEX).stat().st_size, "sha256": file_sha256(tmp / INDEX)}}
-        manifest = {"format": FORMAT, "version": VERSION, "dtype": "float16", "feature_dim": feature_dim,
-                    "images": len(ids), "rows": row, "source": Path(source).name, "files": files,
-                    "checksum": _checksum(files)}
-        atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the store from the rest of a team
-        os.rename(tmp, out)  # the whole folder appears at once
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if progress:
-        progress(len(ids), len(ids))
-    return manifest
-

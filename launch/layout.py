@@ -1,0 +1,168 @@
+"""The storage layout of a study, the ground floor of launch/: where each thing of a trial lives in the study's
+folder (`<study>/trials/<study>-<trial id>/`: its result log, checkpoint folders, stop record, MLflow artifacts,
+Ray Train's snapshot) and how those files read back (`ResultLog`, `stop_record`, `TrialState`). Every other module,
+the trial's, the driver's, the record's, the MLflow export's, takes names and paths from here; this one imports
+nothing of theirs.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from a2core.errors import StudyError
+
+TRIALS_DIR = "trials"  # below the study's folder: one run folder per trial
+CHECKPOINT_FILE = "checkpoint.pt"  # a2core.checkpoint.CHECKPOINT_FILE (not imported: keeps this module light)
+HISTORY_FILE = "history.json"  # a2core.checkpoint.HISTORY_FILE, likewise
+CHECKPOINT_PREFIX = "checkpoint_epoch"  # + the epoch, 4 digits: one folder per checkpointed epoch
+RESULTS_FILE = "results.json"  # in a trial's run folder: every epoch's result, across retries and restores
+ARTIFACTS_DIR = "artifacts"  # in a trial's run folder: the files of its MLflow run, at their artifact paths
+STOPPED_FILE = "stopped_early.json"  # in a trial's run folder: the scheduler's decision to stop it (launch.driver)
+TUNE_POINTER_FILE = "train_checkpoint.json"
+TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of a trial's checkpoints
+
+
+def train_run_name(study: str, trial_id: str) -> str:
+    """The run folder of a trial: the same on every retry and restore of that trial."""
+    return f"{study}-{trial_id}"
+
+
+def checkpoint_name(epoch: int) -> str:
+    """`checkpoint_epochNNNN`: the folder of an epoch's checkpoint in a trial's run folder."""
+    return f"{CHECKPOINT_PREFIX}{int(epoch):04d}"
+
+
+def checkpoint_epochs(run) -> list[int]:
+    """The epochs that have a checkpoint folder in the run folder `run` (a Location), ascending."""
+    names = run.listdir(folders_only=True)
+    return sorted(int(n[len(CHECKPOINT_PREFIX):]) for n in names
+                  if n.startswith(CHECKPOINT_PREFIX) and n[len(CHECKPOINT_PREFIX):].isdigit())
+
+
+# Bookkeeping in a result, not metrics of the model (Tune's own keys, checkpoint paths, time stamps).
+SKIP_KEYS = {"done", "trial_id", "experiment_id", "experiment_tag", "should_checkpoint", "timesteps_this_iter",
+             "episodes_this_iter", "epoch", "samples", "checkpoint_path", "best_checkpoint", "best_checkpoint_path",
+             "training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "date", "pid", "hostname",
+             "node_ip", "checkpoint_dir_name", "time_since_restore", "iterations_since_restore", "timesteps_total",
+             "episodes_total", "timesteps_since_restore", "config"}
+
+
+@dataclass
+class TrialState:
+    """What Tune knows of a trial and the record needs: its id, name, sampled config, state ("PENDING", "RUNNING",
+    "PAUSED", "TERMINATED", "ERROR"), retries, last error line and last result (the record's fallback for a trial
+    with no result log)."""
+
+    trial_id: str
+    name: str
+    config: dict
+    status: str
+    retries: int = 0
+    error: str | None = None
+    last_result: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, trial) -> "TrialState":
+        """From a Tune `Trial` (the driver's live ones, or `ExperimentAnalysis.trials` after the study)."""
+        try:
+            lines = str(trial.get_error() or "").strip().splitlines()
+        except Exception:  # noqa: BLE001 - the error file may be gone with its node
+            lines = ["the trial failed"] if trial.status == "ERROR" else []
+        return cls(str(trial.trial_id), str(trial), dict(trial.config or {}), str(trial.status),
+                   int(getattr(trial, "num_failures", 0) or 0), lines[-1][:500] if lines else None,
+                   dict(getattr(trial, "last_result", None) or {}))
+
+
+def run_status(state: str, epochs: int, stopped: dict | None, total_epochs: int, ended: bool) -> str:
+    """The MLflow status of a trial's run: FINISHED when Tune ended it after all its epochs or the scheduler stopped
+    it, FAILED when it errored, else KILLED once the study `ended` (no writer goes on with it), else RUNNING."""
+    if state == "TERMINATED" and (stopped is not None or epochs >= total_epochs):
+        return "FINISHED"
+    return "FAILED" if state == "ERROR" else "KILLED" if ended else "RUNNING"
+
+
+def stop_record(folder, text: str | None = None) -> dict | None:
+    """The scheduler's decision to stop the trial of run folder `folder` (`{"rung", "cutoff", ...}`), or None;
+    a file that is not one is a StudyError naming it. `text`: the file's text, when already read."""
+    target = folder.join(STOPPED_FILE)
+    text = target.read_text() if text is None else text
+    try:
+        record = json.loads(text or "null")
+    except ValueError as err:
+        raise StudyError(f"{target.uri}: not a stop record ({err}); delete it to let the study go on") from None
+    if record is not None and not (isinstance(record, dict) and "rung" in record and "cutoff" in record):
+        raise StudyError(f"{target.uri}: not a stop record (no rung and cutoff); delete it to let the study go on")
+    return record
+
+
+class ResultLog:
+    """A trial's results by epoch (JSON-plain values), rewritten in its run folder after every epoch, before Tune
+    and MLflow hear of them: Tune keeps only what it had synced when it restarts a trial. An epoch reported again
+    replaces its entry."""
+
+    def __init__(self, location):
+        self.location = location
+        text = location.read_text()
+        self.by_epoch: dict[int, dict] = {}
+        self.add_missing(json.loads(text) if text else [], write=False)
+
+    def add(self, result: dict) -> None:
+        self.add_missing([result], replace=True)
+
+    def add_missing(self, results: list[dict], write: bool = True, replace: bool = False) -> list[int]:
+        """Add the results of epochs the log does not have (what a checkpoint remembers); returns those epochs."""
+        added = []
+        for result in results:
+            epoch = result.get("epoch")
+            if isinstance(epoch, (int, float)) and (replace or int(epoch) not in self.by_epoch):
+                self.by_epoch[int(epoch)] = {k: v for k, v in result.items()
+                                             if isinstance(v, (int, float, str, bool)) or v is None}
+                added.append(int(epoch))
+        if added and write:
+            self.location.write_text(json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))
+        return sorted(added)
+
+
+def latest_checkpoint_history(run) -> list[dict]:
+    """The epoch history stored with the newest checkpoint of the run folder `run` that has one (empty if none):
+    a driver killed between a checkpoint and Tune hearing of its result loses that result everywhere but here."""
+    for epoch in reversed(checkpoint_epochs(run)):  # older checkpoints may lack the file
+        text = run.join(checkpoint_name(epoch), HISTORY_FILE).read_text()
+        try:
+            items = json.loads(text or "null")
+        except ValueError:
+            continue
+        if isinstance(items, list):
+            return [item for item in items if isinstance(item, dict)]
+    return []
+
+
+def read_results(trials, study: str, trial_id: str) -> list[dict]:
+    """The result log of a trial below the `trials` Location, oldest epoch first; empty when it has none yet."""
+    return list(ResultLog(trials.join(train_run_name(study, trial_id), RESULTS_FILE)).by_epoch.values())
+
+
+# -- outage totals ----------------------------------------------------------------------------------------------
+OUTAGE_KEYS = ("down_seconds", "exported_late")
+
+
+def add_outage(location, **counts) -> dict:
+    """Add a driver's figures to the study's saved ones (`tracking/outage.json`); returns the totals."""
+    target = location.at("tracking", "outage.json")
+    saved = json.loads(target.read_text() or "{}")
+    totals = {key: saved.get(key, 0) + counts.get(key, 0) for key in OUTAGE_KEYS}
+    totals["down_seconds"] = round(float(totals["down_seconds"]), 3)
+    totals["pending"] = bool(counts.get("pending", saved.get("pending", False)))
+    if any(counts.values()) or saved.get("pending") != totals["pending"]:
+        target.write_text(json.dumps(totals, indent=2) + "\n")
+    return totals
+
+
+def outage_line(outage: dict | None) -> str | None:
+    """`tracking: server down 31 s, 14 epochs exported once it was back`; None when nothing happened."""
+    if not outage or not (outage.get("down_seconds") or outage.get("pending")):
+        return None
+    text = f"tracking: server down {outage.get('down_seconds', 0):.0f} s, "
+    if outage.get("pending"):
+        return text + "not all exported yet (`a2 mlflow sync NAME` exports the rest)"
+    return text + f"{outage.get('exported_late', 0)} epochs exported once it was back"
