@@ -50,6 +50,7 @@ from .data.captions import Vocab
 from .data.dataset import CaptionData
 from .decode import ModelStepper, captions_for, greedy, sample, score_split
 from .model.a2 import build_model
+from .selection import improves
 from .errors import CheckpointError
 
 PER_IMAGE_KEY = "val/per_image_cider"  # every validation result: {"ids": [...], "scores": [CIDEr-D x100, ...]}
@@ -511,7 +512,7 @@ class Trainer:
             val = self.validate()
             val.update(self.diagnostics())
             samples = val.pop("samples")
-            improved = val["val/CIDEr"] > self.best["val/CIDEr"]
+            improved = improves(val["val/CIDEr"], self.best["val/CIDEr"])  # the latest of equals (a2core.selection)
             if improved:
                 self.best = {"val/CIDEr": val["val/CIDEr"], "epoch": self.epoch, "stage": stage}
             metrics = {"epoch": self.epoch, "step": self.step, "stage": stage, **train_metrics, **val,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from a2core.config import inapplicable_model_keys
+from a2core.selection import best_epoch
 from dashboards.tables import finite
 
 CIDER = "val/CIDEr"
@@ -39,11 +40,12 @@ class RunSummary:
     per_image: Callable[[str], dict | None] = lambda split: None  # split -> {image id: CIDEr-D}, or None
 
     def with_best(self) -> "RunSummary":
-        """Itself with `best_cider` and `best_step`: its highest val CIDEr (the earliest epoch of equal ones), else
-        the final value."""
-        cider = [(step, v) for step, v in self.history.get(CIDER, []) if finite(v) is not None]
-        if cider:
-            self.best_step, self.best_cider = max(cider, key=lambda sv: (sv[1], -sv[0]))
+        """Itself with `best_cider` and `best_step`: its highest val CIDEr (the latest epoch of equal ones, the one rule
+        of `a2core.selection`), else the final value."""
+        cider = dict(self.history.get(CIDER, []))
+        self.best_step = best_epoch(cider)
+        if self.best_step is not None:
+            self.best_cider = finite(cider[self.best_step])
         else:
             self.best_cider = finite(self.final.get(CIDER))
         return self

@@ -19,6 +19,7 @@ import threading
 import time
 
 from a2core.errors import StorageError, TrackingError
+from a2core.selection import best_epoch
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE, TRIALS_DIR,
                            TrialState, add_outage, run_status, stop_record, train_run_name)
@@ -116,12 +117,10 @@ class Export:
         from dashboards.stats import stopped_early_tags  # scipy: as in `_trial`
 
         tags = {}
-        best_value, best = None, None
-        for result in results:  # epoch order: the first of equal values is the best
-            value = result.get(self.spec.metric)
-            if isinstance(value, (int, float)) and value == value and (best_value is None or (
-                    value > best_value if self.spec.mode == "max" else value < best_value)):
-                best_value, best = value, result
+        by_epoch = {int(r["epoch"]): r for r in results if isinstance(r.get("epoch"), (int, float))}
+        epoch = best_epoch({e: r.get(self.spec.metric) for e, r in by_epoch.items()}, self.spec.mode)
+        best = None if epoch is None else by_epoch[epoch]  # the one rule of a2core.selection
+        for result in results:  # epoch order: the newest checkpoint is the last one named
             if result.get("checkpoint_path"):
                 tags["a2.checkpoint"] = self._checkpoint_uri(result["checkpoint_path"])
         if best is not None and best.get("checkpoint_path"):

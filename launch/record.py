@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from a2core.config import flatten
+from a2core.selection import best_epoch as pick_best_epoch
 from dashboards.records import add_export_arguments, export_record
 from dashboards.runs import TABLE_METRICS, RunSummary, Study
 from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY, TAG_STOPPED_RUNG,
@@ -207,19 +208,14 @@ def shown_state(row: dict, running: bool) -> str:
 
 def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
               last_result: dict, error: str | None = None) -> dict:
-    """A trial's row of the summary: the table's columns, the epochs it reported and its best stored checkpoint
-    (Ray Train keeps the best by the study metric plus the latest; ties go to the later epoch)."""
+    """A trial's row of the summary: the table's columns, the epochs it reported, its best epoch and its best stored
+    checkpoint, both by the one rule of `a2core.selection` (the latest of equal values)."""
     values = {int(r["epoch"]): finite(r[spec.metric]) for r in history  # the latest report of an epoch wins
               if finite(r.get("epoch")) is not None and finite(r.get(spec.metric)) is not None}
     best = best_value(values.values(), spec.mode)
     run = location.at(TRIALS_DIR, train_run_name(spec.name, trial_id))
-    sign = 1 if spec.mode == "max" else -1
-    ckpt_epoch = max((e for e in checkpoint_epochs(run) if e in values), key=lambda e: (sign * values[e], e),
-                     default=None)
-    if ckpt_epoch is not None and values[ckpt_epoch] == best:
-        best_epoch = ckpt_epoch
-    else:
-        best_epoch = next((e for e in sorted(values) if values[e] == best), None)
+    best_epoch = pick_best_epoch(values, spec.mode)
+    ckpt_epoch = pick_best_epoch({e: values[e] for e in checkpoint_epochs(run) if e in values}, spec.mode)
     last = history[-1] if history else last_result  # the result log is in epoch order
     return {
         **table_row(spec, trial_id, state, sampled, last, best),

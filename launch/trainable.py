@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from a2core.errors import CheckpointError, StorageError
+from a2core.selection import rank
 from launch.raycluster import stash_credentials
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR,
                            TUNE_POINTER_FILE, ResultLog, checkpoint_epochs, checkpoint_name, latest_checkpoint_history,
@@ -236,7 +237,7 @@ class LocalCheckpoints:
         epochs = self.complete_epochs()
         if len(epochs) <= self.num_to_keep:
             return
-        scored = sorted((e for e in epochs if e in values), key=lambda e: (values[e], e), reverse=self.mode == "max")
+        scored = sorted((e for e in epochs if e in values), key=lambda e: rank(values[e], e, self.mode), reverse=True)
         keep = {epochs[-1], *scored[:self.num_to_keep]}
         for epoch in epochs:
             if epoch not in keep:
