@@ -513,10 +513,11 @@ class Noise:
         return math.sqrt(2 * self.seed_mean_var / n + self.image_var)
 
     def text(self) -> str:
-        if not self.images:
-            return f"seed spread sd {self.seed_sd:.2f}"
-        return (f"seed shift sd {self.seed_sd:.2f}, run x image sd {self.run_sd:.1f}, arm x image sd "
-                f"{self.arm_image_sd:.1f} over {self.images:,} test images (a seed mean's sd "
+        """"seed spread sd 1.00", or with images the components ("seed shift sd 0.30, run x image sd 50.0, ...")."""
+        image = f"arm x image sd {self.arm_image_sd:.1f} over {self.images:,} images" if self.images else ""
+        if not self.run_sd:  # a run's per-image noise is inside the seed spread (not measured apart)
+            return f"seed spread sd {self.seed_sd:.2f}" + (f", {image}" if image else "")
+        return (f"seed shift sd {self.seed_sd:.2f}, run x image sd {self.run_sd:.1f}, {image} (a seed mean's sd "
                 f"{math.sqrt(self.seed_mean_var):.2f})")
 
 
