@@ -225,6 +225,11 @@ class Difference:
                 f"[{lo:.{digits}f}, {hi:.{digits}f}], {self.size_text()}")
 
 
+def _resampling_weights(rng: np.random.Generator, n: int, n_resamples: int) -> np.ndarray:
+    """(n_resamples, n) bootstrap weights: how often each of n items is drawn, over n (rows sum to 1)."""
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=n_resamples) / n
+
+
 def _constant_over_seeds(x: np.ndarray) -> np.ndarray:
     """(studies,) True where every seed of an arm (studies, seeds[, images]) scored the same (needs >= 2 seeds)."""
     if x.shape[1] < 2:
