@@ -24,8 +24,8 @@ BASELINE = "none"
 
 
 def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
-    """Runs grouped by replicate group (their config hash tag), each group in seed order: the bootstrap draws seeds
-    by position, so the same study prints the same intervals whichever of its trials finished first."""
+    """Runs grouped by replicate group (their config hash tag), each group in seed order, so that the same study
+    lists its runs (and the records it exports) in the same order whichever of its trials finished first."""
     groups: dict = {}
     for r in runs:
         groups.setdefault(r.tags[TAG_CONFIG_HASH], []).append(r)

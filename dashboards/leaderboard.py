@@ -95,7 +95,7 @@ def ensemble_gain(ensemble: Mapping[str, float], members: Mapping[str, Mapping[s
     """The ensemble's test CIDEr gain over the mean of its members (`over_members`) and over the member chosen on
     validation (`over_chosen`, `chosen`: its name; None when no member has a validation score), each with a 95%
     interval that holds the members' seed spread (`dashboards.stats.gain_over_members` / `gain_over_one`: with
-    per-image CIDEr-D of every system on the same test images also the bootstrap over them). Never against the
+    per-image CIDEr-D of every system on the same test images also the images' term). Never against the
     member that scored best on the test images themselves: that choice would be made on the numbers it is judged
     by."""
     names = [name for name in members if members[name].get("CIDEr") is not None]
@@ -202,8 +202,9 @@ def format_table(board: Mapping) -> str:
     rows.append([ensemble["name"], n, *numbers(ensemble["metrics"])])
     paper = board.get("paper") or {}
     if paper.get("table1"):
-        rows.append([f"paper T1 {paper['table1']['row']} ({paper['table1']['stage']}, {_paper_split(paper['table1'])})", "",
-                     *numbers(paper["table1"]["metrics"])])
+        t1 = paper["table1"]
+        rows.append([f"paper T1 {t1['row']} ({t1['stage']}, {_paper_split(t1)})", "",
+                     *numbers(t1["metrics"])])
     if paper.get("table3"):
         rows.append([f"paper T3 {paper['table3']['row']} ({_paper_split(paper['table3'])})", "",
                      *numbers(paper["table3"]["metrics"])])

@@ -252,7 +252,8 @@ def _residual_ms(x: np.ndarray) -> np.ndarray:
 def components_interval(va: np.ndarray, vb: np.ndarray, n_a: int, n_b: int, images: int | None = None,
                         d2: np.ndarray | float = 0.0, ra: np.ndarray | float = 0.0, rb: np.ndarray | float = 0.0,
                         confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(half-width, degrees of freedom, estimated sd of the difference) of the verdict interval from a difference's variance components:
+    """(half-width, degrees of freedom, estimated sd of the difference) of the verdict interval, from the
+    difference's variance components:
 
     va, vb: each arm's squared standard error over seeds, s^2(seed means) / n (n - 1 degrees of freedom; a fixed
         arm, `n_a` = 1, has va = 0): a run's shift and the mean of its own per-image noise, as seeds vary;
@@ -264,8 +265,10 @@ def components_interval(va: np.ndarray, vb: np.ndarray, n_a: int, n_b: int, imag
     Vectorised over studies; `power` draws these components and calls this too."""
     va, vb = np.asarray(va, dtype=float), np.asarray(vb, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        denom = sum(v ** 2 / (n - 1) for v, n in ((va, n_a), (vb, n_b)) if n > 1)
-        var = va + vb
+        seed_part = va + vb  # everything that changes with the seed, runs' own per-image noise included
+        seed_denom = sum(v ** 2 / (n - 1) for v, n in ((va, n_a), (vb, n_b)) if n > 1)
+        seed_df = seed_part ** 2 / seed_denom  # Welch's
+        var, denom = seed_part, seed_denom
         if images is not None:
             m = images
             arm_image = np.maximum(d2 - ra / n_a - rb / n_b, 0.0) / m
@@ -274,8 +277,6 @@ def components_interval(va: np.ndarray, vb: np.ndarray, n_a: int, n_b: int, imag
             parts = (d2 / m) ** 2 / (m - 1) + sum((r / (n * m)) ** 2 / ((n - 1) * (m - 1))
                                                   for r, n in ((ra, n_a), (rb, n_b)) if n > 1)
             denom = denom + np.where(arm_image > 0, parts, 0.0)
-        seed_part = va + vb
-        seed_df = seed_part ** 2 / sum(v ** 2 / (n - 1) for v, n in ((va, n_a), (vb, n_b)) if n > 1)
         # never fewer degrees of freedom than the seeds alone give: an image term estimated as a difference of
         # mean squares must not make the seeds count for less
         df = np.fmax(var ** 2 / denom, seed_df)

@@ -257,7 +257,8 @@ def _noise(args, spec) -> tuple[Noise | None, str]:
         return Noise(args.sd, 0.0, ARM_IMAGE_SD, images), f"seed spread given; {assumed}"
     if spec.base["data"]["kind"] == "coco":
         return (Noise(COCO_SEED_SD, 0.0, ARM_IMAGE_SD, images),
-                f"nothing measured: no finished seeds; seed spread assumed for COCO, launch.plan.COCO_SEED_SD; {assumed}")
+                f"nothing measured: no finished seeds; seed spread assumed for COCO, launch.plan.COCO_SEED_SD; "
+                f"{assumed}")
     return None, f"no finished seeds of study {spec.name} to measure"
 
 

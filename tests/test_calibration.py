@@ -22,7 +22,8 @@ with the one-sided 99% Monte Carlo bound <= 6%; coverage >= 94%; the plan's powe
 simulated power at the gap an exact-variance interval resolves 80% of the time. Mean half-width against the oracle
 (1.96 x the true sd of the difference): <= 1.15 where >= 3 seeds and the image terms carry at least half the
 variance; where the seed means carry more, no interval that measures the seed noise in its seeds reaches 1.15 at
-3-4 seeds, and the rule is held to 1.02 x Welch's on seed means alone (`welch_bound`); docs/explanation/statistics.md quotes the figures (`python -m tests.test_calibration` prints them).
+3-4 seeds, and the rule is held to 1.02 x Welch's on seed means alone (`welch_bound`).
+docs/explanation/statistics.md quotes the figures (`python -m tests.test_calibration` prints them).
 """
 from __future__ import annotations
 
