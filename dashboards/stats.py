@@ -1,7 +1,7 @@
 """The numbers behind every comparison a2tune prints (x100 scores): seed means with 95% intervals, differences of
 two configurations with their interval and a plain-words verdict, the seeds a study needs, and which runs may be
-called "best". `compare_arms` is the one entry point of compare, report, status and leaderboard; the README's
-"Intervals" says why each method was chosen and the coverage it was measured to hold.
+called "best". `compare_arms` is the one entry point of compare, report, status and leaderboard;
+docs/explanation/statistics.md says why each method was chosen and the coverage it was measured to hold.
 
 The verdict rule (`difference_intervals`, vectorised over simulated studies; `components_interval` is its
 formula, which the calibration tests and `power` run too, so the plan's power is the power of what `compare_arms`
