@@ -4,8 +4,9 @@
 One row per value of `by` (a param such as `fusion` or `model.lambda`, or a tag; runs without it are left out): its
 best configuration by mean best val CIDEr over seeds (the selection, on the val images), then the numbers of the
 held-out test split (each run's selected checkpoint decoded with beam search when it ended): each metric's seed mean
-with its 95% interval and the difference in test CIDEr to the baseline row (paired bootstrap over the runs'
-per-image test CIDEr-D when both have it, else Welch's t). Only the selection column is on val. A comparison
+with its 95% interval and the difference in test CIDEr to the baseline row (from the runs' per-image test CIDEr-D
+paired by image id when both have it: the interval from the difference's variance components over seeds and
+images, `dashboards.stats.difference_intervals`; else Welch's t). Only the selection column is on val. A comparison
 some of whose runs have no test scores (stopped early, or `train.test_at_end: false`) is on val throughout, and its
 header says so.
 """
@@ -23,8 +24,8 @@ BASELINE = "none"
 
 
 def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
-    """Runs grouped by replicate group (their config hash tag), each group in seed order: the bootstrap draws seeds
-    by position, so the same study prints the same intervals whichever of its trials finished first."""
+    """Runs grouped by replicate group (their config hash tag), each group in seed order, so that the same study
+    lists its runs (and the records it exports) in the same order whichever of its trials finished first."""
     groups: dict = {}
     for r in runs:
         groups.setdefault(r.tags[TAG_CONFIG_HASH], []).append(r)
@@ -45,7 +46,7 @@ def _best(groups: list[list[RunSummary]]) -> list[RunSummary]:
                       lambda group: any(is_stopped_early(r.tags) for r in group))
 
 
-def _per_image(group: list[RunSummary], split: str = "val") -> tuple[np.ndarray, list[str]] | tuple[None, None]:
+def per_image_scores(group: list[RunSummary], split: str = "val") -> tuple[np.ndarray, list[str]] | tuple[None, None]:
     """((seeds, images) per-image CIDEr-D of a group on `split`, the image ids of its columns) when every run has
     them; the runs of one group scored on different images are an error naming them."""
     rows, ids, first = [], None, None
@@ -90,7 +91,7 @@ def study_comparison(study: Study, by: str = "fusion",
     chosen = [r for g in labelled.values() for r in g]
     on_test = bool(chosen) and all(r.score(TEST_CIDER) is not None for r in chosen)
     metrics = [m for _, m in split_columns(on_test) if any(r.score(m) is not None for r in chosen)]
-    arms = [Arm(label, [r.scores(metrics) for r in group], *_per_image(group, "test" if on_test else "val"),
+    arms = [Arm(label, [r.scores(metrics) for r in group], *per_image_scores(group, "test" if on_test else "val"),
                 seed_ids=[r.seed for r in group])
             for label, group in labelled.items()]
     # per row, the searched params of its configuration other than `by` ("model.lambda=0.1, ...")

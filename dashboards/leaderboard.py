@@ -95,7 +95,7 @@ def ensemble_gain(ensemble: Mapping[str, float], members: Mapping[str, Mapping[s
     """The ensemble's test CIDEr gain over the mean of its members (`over_members`) and over the member chosen on
     validation (`over_chosen`, `chosen`: its name; None when no member has a validation score), each with a 95%
     interval that holds the members' seed spread (`dashboards.stats.gain_over_members` / `gain_over_one`: with
-    per-image CIDEr-D of every system on the same test images also the bootstrap over them). Never against the
+    per-image CIDEr-D of every system on the same test images also the images' term). Never against the
     member that scored best on the test images themselves: that choice would be made on the numbers it is judged
     by."""
     names = [name for name in members if members[name].get("CIDEr") is not None]
@@ -178,9 +178,15 @@ def _fmt_number(value: float | None) -> str:
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
+def _paper_split(table: Mapping) -> str:
+    """"COCO Karpathy test" / "COCO Karpathy val" from a paper table's split ("karpathy-test", "karpathy-val")."""
+    return "COCO " + str(table["split"]).replace("karpathy-", "Karpathy ")
+
+
 def format_table(board: Mapping) -> str:
     """A text table: each seed, the seed mean with its 95% interval, the ensemble (all on the board's test split),
-    the paper's rows for the same fusion (COCO Karpathy test); then the ensemble's gains over its members' mean and
+    the paper's rows for the same fusion (each labelled with its split: Table 1 on Karpathy test, Table 3 on the
+    validation set); then the ensemble's gains over its members' mean and
     over the member chosen on validation."""
     metrics = board["evaluation"]["metrics"]
 
@@ -196,10 +202,11 @@ def format_table(board: Mapping) -> str:
     rows.append([ensemble["name"], n, *numbers(ensemble["metrics"])])
     paper = board.get("paper") or {}
     if paper.get("table1"):
-        rows.append([f"paper T1 {paper['table1']['row']} ({paper['table1']['stage']}, COCO Karpathy test)", "",
-                     *numbers(paper["table1"]["metrics"])])
+        t1 = paper["table1"]
+        rows.append([f"paper T1 {t1['row']} ({t1['stage']}, {_paper_split(t1)})", "",
+                     *numbers(t1["metrics"])])
     if paper.get("table3"):
-        rows.append([f"paper T3 {paper['table3']['row']} (COCO Karpathy test)", "",
+        rows.append([f"paper T3 {paper['table3']['row']} ({_paper_split(paper['table3'])})", "",
                      *numbers(paper["table3"]["metrics"])])
     ev, configuration = board["evaluation"], board["configuration"]
     selection = (ev.get("selection") or {}).get("metric") or (configuration.get("selected_by") or {}).get("metric")

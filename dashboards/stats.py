@@ -1,15 +1,18 @@
 """The numbers behind every comparison a2tune prints (x100 scores): seed means with 95% intervals, differences of
 two configurations with their interval and a plain-words verdict, the seeds a study needs, and which runs may be
-called "best". `compare_arms` is the one entry point of compare, report, status and leaderboard; the README's
-"Intervals" says why each method was chosen and the coverage it was measured to hold.
+called "best". `compare_arms` is the one entry point of compare, report, status and leaderboard;
+docs/explanation/statistics.md says why each method was chosen and the coverage it was measured to hold.
 
-The verdict rule (`difference_intervals`, vectorised over simulated studies so that the calibration tests and
-`power` run the very rule that `compare_arms` prints):
+The verdict rule (`difference_intervals`, vectorised over simulated studies; `components_interval` is its
+formula, which the calibration tests and `power` run too, so the plan's power is the power of what `compare_arms`
+prints):
 - fewer than MIN_SEEDS seeds in an arm: the difference, no interval, no verdict (one seed measures no seed noise);
 - an arm whose seeds all scored the same: no interval, no verdict, and a warning that the seed changes nothing;
-- else the expanded percentile bootstrap over each arm's seeds and the shared images (matched by image id),
-  widened to Welch's t-interval over the seed means where that is wider (seed means only: Welch's t alone).
-MIN_SEEDS = 2 is where this keeps its 95%: tests/test_calibration.py measures it at 1, 2, 3, 5 and 10 seeds.
+- else a t-interval whose variance is the sum of the difference's components, each counted once: each arm's seed
+  means over its seeds, and the arms' own per-image strengths on the shared images (matched by image id) net of
+  the runs' per-image noise, with Satterthwaite's degrees of freedom (seed means only: Welch's t).
+It generalises over new seeds and new images from the same distribution. MIN_SEEDS = 2 is where it keeps its 95%:
+tests/test_calibration.py measures it from 1 to 10 seeds and 100 to 5,000 images.
 """
 from __future__ import annotations
 
@@ -235,19 +238,70 @@ def _constant_over_seeds(x: np.ndarray) -> np.ndarray:
     return spread.reshape(x.shape[0], -1).max(axis=1) == 0
 
 
-def difference_intervals(a: np.ndarray, b: np.ndarray, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
-                         confidence: float = CONFIDENCE, fixed_a: bool = False) -> dict[str, np.ndarray]:
+def _residual_ms(x: np.ndarray) -> np.ndarray:
+    """(studies,) the seed x image residual mean square of an arm (studies, seeds, images): a run's own per-image
+    noise (its score on an image less its seed's mean and the arm's mean there), (seeds-1)(images-1) degrees of
+    freedom; 0 for one seed (nothing to measure it with)."""
+    n, m = x.shape[1:]
+    if n < 2:
+        return np.zeros(x.shape[0])
+    r = x - x.mean(axis=1, keepdims=True) - x.mean(axis=2, keepdims=True) + x.mean(axis=(1, 2), keepdims=True)
+    return np.einsum("ksi,ksi->k", r, r) / ((n - 1) * (m - 1))
+
+
+def components_interval(va: np.ndarray, vb: np.ndarray, n_a: int, n_b: int, images: int | None = None,
+                        d2: np.ndarray | float = 0.0, ra: np.ndarray | float = 0.0, rb: np.ndarray | float = 0.0,
+                        confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(half-width, degrees of freedom, estimated sd of the difference) of the verdict interval, from the
+    difference's variance components:
+
+    va, vb: each arm's squared standard error over seeds, s^2(seed means) / n (n - 1 degrees of freedom; a fixed
+        arm, `n_a` = 1, has va = 0): a run's shift and the mean of its own per-image noise, as seeds vary;
+    d2: the variance over the images of the per-image difference of the seed-averaged arms (images - 1 d.f.);
+    ra, rb: each arm's residual mean square (`_residual_ms`), a run's own per-image noise; it is inside d2 as
+        ra / n_a + rb / n_b and already counted in va, vb, so it is taken out of d2 once:
+    var(A - B) = va + vb + max(0, d2 - ra / n_a - rb / n_b) / images (the last term: the arms' own per-image
+    strengths, the images being a sample), with Satterthwaite's degrees of freedom. Seed means only: images None.
+    Vectorised over studies; `power` draws these components and calls this too."""
+    va, vb = np.asarray(va, dtype=float), np.asarray(vb, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        seed_part = va + vb  # everything that changes with the seed, runs' own per-image noise included
+        seed_denom = sum(v ** 2 / (n - 1) for v, n in ((va, n_a), (vb, n_b)) if n > 1)
+        seed_df = seed_part ** 2 / seed_denom  # Welch's
+        var, denom = seed_part, seed_denom
+        if images is not None:
+            m = images
+            arm_image = np.maximum(d2 - ra / n_a - rb / n_b, 0.0) / m
+            var = var + arm_image
+            # the arm x image term's own Satterthwaite share (a difference of mean squares; none when it is 0)
+            parts = (d2 / m) ** 2 / (m - 1) + sum((r / (n * m)) ** 2 / ((n - 1) * (m - 1))
+                                                  for r, n in ((ra, n_a), (rb, n_b)) if n > 1)
+            denom = denom + np.where(arm_image > 0, parts, 0.0)
+        # never fewer degrees of freedom than the seeds alone give: an image term estimated as a difference of
+        # mean squares must not make the seeds count for less
+        df = np.fmax(var ** 2 / denom, seed_df)
+        if min(n for n in (n_a, n_b) if n > 1) == 2:
+            # a seed part of 1 d.f. an arm is often tiny by chance (chi2(1)), and then Satterthwaite's d.f. jump
+            # with the image term: 5.9% false verdicts at 2 seeds x 5,000 images. The d.f. grow no faster than
+            # the seeds' share of the variance shrinks (3.0-3.8% in tests/test_calibration.py)
+            df = np.fmin(df, seed_df * var / seed_part)
+        half = sps.t.ppf(0.5 + confidence / 2, np.where(df > 0, df, 1.0)) * np.sqrt(var)
+    return half, df, np.sqrt(var)
+
+
+def difference_intervals(a: np.ndarray, b: np.ndarray, *, confidence: float = CONFIDENCE,
+                         fixed_a: bool = False) -> dict[str, np.ndarray]:
     """The verdict rule, for many studies at once: mean(A) - mean(B) of each study with its 95% interval.
 
     a: (studies, seeds_a, images) per-image scores of arm A and b: (studies, seeds_b, images) of arm B, the same
     images in the same order; or (studies, seeds) seed values (seed means only). Returns `delta`, `low`, `high`
-    (NaN where the rule gives no interval) and `identical_a`, `identical_b` (an arm whose seeds all scored the
-    same), each of shape (studies,).
-    The bootstrap resamples each arm's seeds and the shared images with one set of weights for all studies (each
-    study on its own sees an ordinary bootstrap); an arm of one seed keeps it.
+    (NaN where the rule gives no interval), `se` (the estimated sd of the difference), `df` and `identical_a`,
+    `identical_b` (an arm whose seeds all scored the same), each of shape (studies,).
+    The interval is `components_interval`'s: each source of variation counted once (the seeds through each arm's
+    seed means, the images through the per-image differences net of the runs' own per-image noise), so it
+    generalises over new seeds and new images from the same distribution.
     `fixed_a`: A is one fixed system built from B's seeds (an ensemble of them), not a seed replicate: only B needs
-    MIN_SEEDS seeds, and the seed part of the interval is B's seed spread (Welch with A's variance 0 is the
-    one-sample t-interval, n_B - 1 degrees of freedom).
+    MIN_SEEDS seeds, and A contributes no seed variance (the seed part is B's: the one-sample t-interval).
     """
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.ndim != b.ndim or a.ndim not in (2, 3) or a.shape[0] != b.shape[0]:
@@ -256,43 +310,29 @@ def difference_intervals(a: np.ndarray, b: np.ndarray, *, n_resamples: int = N_R
     if per_image and a.shape[2] != b.shape[2]:
         raise ValueError(f"arms scored on different image sets: {a.shape[2]} vs {b.shape[2]} images")
     if per_image and a.shape[2] < 2:
-        raise ValueError("a paired bootstrap needs at least 2 images")
+        raise ValueError("per-image scores need at least 2 images")
     seeds_a, seeds_b = a.shape[1], b.shape[1]
     means_a, means_b = (x.mean(axis=2) if per_image else x for x in (a, b))  # (studies, seeds) seed means
     delta = means_a.mean(axis=1) - means_b.mean(axis=1)
     identical_a, identical_b = _constant_over_seeds(a), _constant_over_seeds(b)
-    if fixed_a:
-        if seeds_a != 1:
-            raise ValueError(f"a fixed system is one row, got {seeds_a}")
-        seeds_a = MIN_SEEDS  # no seed requirement on A; its variance is taken as 0 below
-    low = np.full(delta.shape, np.nan)
-    high = np.full(delta.shape, np.nan)
+    if fixed_a and seeds_a != 1:
+        raise ValueError(f"a fixed system is one row, got {seeds_a}")
+    nan = np.full(delta.shape, np.nan)
+    out = dict(delta=delta, low=nan, high=nan, se=nan, df=nan, identical_a=identical_a, identical_b=identical_b)
     ok = ~(identical_a | identical_b)
-    if min(seeds_a, seeds_b) < MIN_SEEDS or not ok.any():
-        return dict(delta=delta, low=low, high=high, identical_a=identical_a, identical_b=identical_b)
-    # Welch's t-interval over the seed means: it holds its 95% for the seed noise from 2 seeds per arm
+    if min(MIN_SEEDS if fixed_a else seeds_a, seeds_b) < MIN_SEEDS or not ok.any():
+        return out
     va, vb = (x.var(axis=1, ddof=1) / x.shape[1] if x.shape[1] > 1 else np.zeros(len(x))
-              for x in (means_a, means_b))  # squared standard errors
-    se2 = va + vb
-    with np.errstate(divide="ignore", invalid="ignore"):
-        df = se2 ** 2 / (va ** 2 / (seeds_a - 1) + vb ** 2 / (seeds_b - 1))
-        half = sps.t.ppf(0.5 + confidence / 2, np.where(ok, df, 1.0)) * np.sqrt(se2)
-    low, high = delta - half, delta + half
+              for x in (means_a, means_b))  # squared standard errors over seeds
+    images = a.shape[2] if per_image else None
+    extra = {}
     if per_image:
-        # percentile bootstrap over seeds and images: statistic[k, r] = wa[r] @ a[k] @ v[r] - wb[r] @ b[k] @ v[r]
-        rng = np.random.default_rng(seed)
-        v = _resampling_weights(rng, a.shape[2], n_resamples)  # (R, images)
-        wa, wb = (_resampling_weights(rng, x.shape[1], n_resamples) for x in (a, b))  # (R, seeds)
-        stat = (np.einsum("ksr,rs->kr", np.einsum("ksi,ri->ksr", a, v), wa)
-                - np.einsum("ksr,rs->kr", np.einsum("ksi,ri->ksr", b, v), wb))  # (studies, R)
-        # the expanded percentile interval (Hesterberg): a plain percentile interval over m images is too narrow
-        # by about sqrt((m-1)/m) and z for t; the tails are moved so that it is as wide as the t-interval
-        m = a.shape[2]
-        tail = sps.norm.cdf(-math.sqrt(m / (m - 1)) * sps.t.ppf(0.5 + confidence / 2, m - 1))
-        boot_low, boot_high = np.quantile(stat, [tail, 1 - tail], axis=1)
-        low, high = np.minimum(low, boot_low), np.maximum(high, boot_high)
-    low, high = np.where(ok, low, np.nan), np.where(ok, high, np.nan)
-    return dict(delta=delta, low=low, high=high, identical_a=identical_a, identical_b=identical_b)
+        d = a.mean(axis=1) - b.mean(axis=1)  # (studies, images) the seed-averaged per-image difference
+        extra = dict(d2=d.var(axis=1, ddof=1), ra=_residual_ms(a), rb=_residual_ms(b))
+    half, df, se = components_interval(va, vb, seeds_a, seeds_b, images, confidence=confidence, **extra)
+    out.update(low=np.where(ok, delta - half, np.nan), high=np.where(ok, delta + half, np.nan),
+               se=np.where(ok, se, np.nan), df=np.where(ok, df, np.nan))
+    return out
 
 
 def _difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str], images: int | None, metric: str,
@@ -306,14 +346,14 @@ def _difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str], images: in
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("A", "B"), *, metric: str = "CIDEr",
-                      better: int = 1, n_resamples: int = N_RESAMPLES, seed: int = 0) -> Difference:
-    """mean(a) - mean(b) with a bootstrap interval over each arm's seeds and the (shared) images, widened to
-    Welch's t over the seed means (`difference_intervals`).
+                      better: int = 1) -> Difference:
+    """mean(a) - mean(b) with the interval from the difference's variance components over seeds and the (shared)
+    images (`difference_intervals`).
 
     a: (seeds_a, images) per-image scores of arm A, b: (seeds_b, images), the same images in the same order.
     """
     arms = [np.atleast_2d(np.asarray(x, dtype=float)) for x in (a, b)]
-    return _difference(*arms, names, arms[0].shape[1], metric, better, n_resamples=n_resamples, seed=seed)
+    return _difference(*arms, names, arms[0].shape[1], metric, better)
 
 
 def seed_difference(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("A", "B"), *,
@@ -324,10 +364,10 @@ def seed_difference(a: Sequence[float], b: Sequence[float], names: tuple[str, st
 
 
 def gain_over_members(system: np.ndarray, members: np.ndarray, names: tuple[str, str] = ("ensemble", "members"),
-                      *, metric: str = "CIDEr", n_resamples: int = N_RESAMPLES, seed: int = 0) -> Difference:
+                      *, metric: str = "CIDEr") -> Difference:
     """A system built from seed runs (an ensemble) against the mean of those runs, with the runs' seed spread in
-    the interval (`difference_intervals(fixed_a=True)`: the bootstrap over member seeds and images, widened to the
-    one-sample t-interval over the members' seed means).
+    the interval (`difference_intervals(fixed_a=True)`: the members' seed means, and the images net of the
+    members' own per-image noise; seed means only: the one-sample t-interval).
 
     system: (images,) per-image scores and members: (seeds, images), the same images in the same order; or the
     system's score and the members' (seeds,) scores (seed means only: the one-sample t-interval)."""
@@ -338,7 +378,7 @@ def gain_over_members(system: np.ndarray, members: np.ndarray, names: tuple[str,
         a = np.asarray(system, dtype=float).reshape(1, 1, -1)
         b = np.atleast_2d(np.asarray(members, dtype=float))[None]
         images = b.shape[2]
-    out = difference_intervals(a, b, n_resamples=n_resamples, seed=seed, fixed_a=True)
+    out = difference_intervals(a, b, fixed_a=True)
     low, high = float(out["low"][0]), float(out["high"][0])
     return Difference(*names, float(out["delta"][0]), None if math.isnan(low) else low,
                       None if math.isnan(high) else high, 1, b.shape[1], images, metric, 1,
@@ -424,10 +464,10 @@ class Comparison:
 
 
 def compare_arms(arms: Sequence[Arm], baseline: str | None = None, metric: str = "val/CIDEr", mode: str = "max",
-                 metrics: Sequence[str] | None = None, seed: int = 0, label: str | None = None) -> Comparison:
-    """Intervals per arm and metric, and each arm's difference to `baseline` in `metric`: the paired bootstrap
-    (widened to Welch's t) when both arms carry per-image scores, matched by image id, else Welch's t over seed
-    means; no interval, and no verdict, below MIN_SEEDS seeds per arm or when an arm's seeds all scored the same.
+                 metrics: Sequence[str] | None = None, label: str | None = None) -> Comparison:
+    """Intervals per arm and metric, and each arm's difference to `baseline` in `metric`: the interval from its
+    variance components over seeds and images (`difference_intervals`) when both arms carry per-image scores,
+    matched by image id, else Welch's t over seed means; no interval, and no verdict, below MIN_SEEDS seeds per arm or when an arm's seeds all scored the same.
     `label`: the metric's name in verdicts (default: its last part, "CIDEr")."""
     rows = []
     for arm in arms:
@@ -441,51 +481,130 @@ def compare_arms(arms: Sequence[Arm], baseline: str | None = None, metric: str =
             continue
         names = (arm.label, base.label)
         if arm.per_image is not None and base.per_image is not None:
-            out.differences[arm.label] = paired_difference(*matched_scores(arm, base), names, seed=seed, **options)
+            out.differences[arm.label] = paired_difference(*matched_scores(arm, base), names, **options)
         elif arm.values(metric) and base.values(metric):
             out.differences[arm.label] = seed_difference(arm.values(metric), base.values(metric), names, **options)
     return out
 
 
 # -- power of the verdict rule -------------------------------------------------------------------------------------
-POWER_GRID = 400  # quantiles per sample variance in `power`'s integral
+POWER_DRAWS = 40_000  # Latin-hypercube draws of the estimated variance components in `power`'s integral
 
 
-def power(n: int, delta: float, sd: float, alpha: float = 1 - CONFIDENCE) -> float:
-    """The probability that `compare_arms`' rule, with n seeds per arm whose seed means spread with sd `sd`, says
-    the arm that is truly `delta` better beats the other: its Welch interval (the rule on seed means; per-image
-    scores can only widen it) lies entirely on the side of `delta`.
+@dataclass(frozen=True)
+class Noise:
+    """What the difference of two arms varies with, per arm, x100 scores (`noise_of` measures it in a study):
+    seed_sd: a run's shift on every image as the seed changes;
+    run_sd: a run's own per-image noise around that shift (which of the references' wordings its captions hit,
+        image by image), independent between runs;
+    arm_image_sd: an arm's own strength on each image, the same for every seed (the images are a sample of many);
+    images: the test images a difference is over; None: seed means only (seed_sd is then a seed mean's sd)."""
+    seed_sd: float
+    run_sd: float = 0.0
+    arm_image_sd: float = 0.0
+    images: int | None = None
 
-    Exact for normal seed means: the mean difference is N(delta, 2 sd^2 / n) and independent of the two sample
-    variances, each sd^2 chi2(n-1)/(n-1); given those, Welch's interval misses 0 on delta's side with probability
-    Phi((|delta| - t(df) se) / (sd sqrt(2/n))). That is averaged over a grid of POWER_GRID x POWER_GRID quantiles
-    of the two variances (tests/test_calibration.py checks it against a Monte Carlo of `compare_arms`)."""
+    @property
+    def seed_mean_var(self) -> float:
+        """The variance of one run's mean over the images as the seed changes (its shift, and its own noise)."""
+        return self.seed_sd ** 2 + (self.run_sd ** 2 / self.images if self.images else 0.0)
+
+    @property
+    def image_var(self) -> float:
+        """The variance the images add to a difference whatever the seeds: 2 arm_image_sd^2 / images."""
+        return 2 * self.arm_image_sd ** 2 / self.images if self.images else 0.0
+
+    def sd_of_difference(self, n: int) -> float:
+        """The true sd of the difference of two arms' means with n seeds each (1.96 x it: the oracle half-width)."""
+        return math.sqrt(2 * self.seed_mean_var / n + self.image_var)
+
+    def text(self) -> str:
+        """"seed spread sd 1.00", or with images the components ("seed shift sd 0.30, run x image sd 50.0, ...")."""
+        image = f"arm x image sd {self.arm_image_sd:.1f} over {self.images:,} images" if self.images else ""
+        if not self.run_sd:  # a run's per-image noise is inside the seed spread (not measured apart)
+            return f"seed spread sd {self.seed_sd:.2f}" + (f", {image}" if image else "")
+        return (f"seed shift sd {self.seed_sd:.2f}, run x image sd {self.run_sd:.1f}, {image} (a seed mean's sd "
+                f"{math.sqrt(self.seed_mean_var):.2f})")
+
+
+def noise_of(groups: Sequence[np.ndarray]) -> Noise:
+    """The components measured in a study's configurations scored on the same images: `groups` holds each one's
+    (seeds, images) per-image scores, columns in one image order. Run noise: the pooled seed x image residual;
+    seed shift: the pooled variance of seed means less the run noise's share (at least 0); arm x image: the
+    configuration x image interaction of the seed-averaged scores less the run noise's share (at least 0; needs
+    2 configurations). A configuration of one seed measures nothing here."""
+    groups = [np.asarray(g, dtype=float) for g in groups if len(g) >= MIN_SEEDS]
+    if not groups:
+        raise ValueError("no configuration with two seeds: no seed noise to measure")
+    m = groups[0].shape[1]
+    if any(g.shape[1] != m for g in groups) or m < 2:
+        raise ValueError("the configurations' per-image scores are not on one set of 2 or more images")
+    dof = [len(g) - 1 for g in groups]
+    run = float(sum(d * _residual_ms(g[None])[0] for d, g in zip(dof, groups)) / sum(dof))
+    seed_means = sum(d * g.mean(axis=1).var(ddof=1) for d, g in zip(dof, groups)) / sum(dof)
+    arm_image = 0.0
+    if len(groups) > 1:
+        cells = np.stack([g.mean(axis=0) for g in groups])  # (configurations, images)
+        interaction = _residual_ms(cells[None])[0]  # configuration x image of the seed-averaged scores
+        arm_image = max(0.0, float(interaction - np.mean([run / len(g) for g in groups])))
+    return Noise(math.sqrt(max(0.0, float(seed_means) - run / m)), math.sqrt(run), math.sqrt(arm_image), m)
+
+
+def _noise(noise: float | Noise) -> Noise:
+    """A bare number is the seed spread of seed means (no per-image scores: Welch's t)."""
+    return noise if isinstance(noise, Noise) else Noise(float(noise))
+
+
+def power(n: int, delta: float, noise: float | Noise, alpha: float = 1 - CONFIDENCE) -> float:
+    """The probability that `compare_arms`' rule, with n seeds per arm, says the arm that is truly `delta` better
+    beats the other: its interval lies entirely on the side of `delta`. `noise`: the components (`Noise`, with
+    the number of test images), or a seed means' sd alone (the rule on seed means: Welch's t).
+
+    Under the normal model the difference is N(delta, sd^2) (`Noise.sd_of_difference`) and independent of the
+    components the rule estimates, each a scaled chi-square (each arm's seed-mean variance, n - 1 d.f.; the
+    per-image differences' variance, images - 1; each arm's residual, (n - 1)(images - 1)); given those, the rule
+    resolves delta's side with probability Phi((|delta| - half) / sd), `half` from `components_interval`, the
+    formula the rule applies. That is averaged over POWER_DRAWS Latin-hypercube draws of the components (one
+    fixed seed: the same answer every time; tests/test_calibration.py checks it against simulated studies)."""
+    noise = _noise(noise)
     if n < MIN_SEEDS or delta == 0:
         return 0.0
+    sd = noise.sd_of_difference(n)
     if sd <= 0:
         return 1.0
-    q = (np.arange(POWER_GRID) + 0.5) / POWER_GRID
-    ratio = sps.chi2.ppf(q, n - 1) / (n - 1)  # s^2 / sd^2 at each quantile
-    ca, cb = np.meshgrid(ratio, ratio, indexing="ij")
-    se = sd * np.sqrt((ca + cb) / n)  # Welch's standard error of the difference
-    df = (n - 1) * (ca + cb) ** 2 / (ca ** 2 + cb ** 2)
-    half = sps.t.ppf(1 - alpha / 2, df) * se
-    return float(sps.norm.cdf((abs(delta) - half) / (sd * math.sqrt(2.0 / n))).mean())
+    rng = np.random.default_rng(0)
+
+    def chi2(df: float) -> np.ndarray:  # POWER_DRAWS stratified draws of chi2(df) / df
+        return sps.chi2.ppf((rng.permutation(POWER_DRAWS) + 0.5) / POWER_DRAWS, df) / df
+
+    m, run = noise.images, noise.run_sd ** 2
+    q = noise.seed_mean_var / n
+    extra = {}
+    if m:
+        extra = dict(d2=(2 * noise.arm_image_sd ** 2 + 2 * run / n) * chi2(m - 1),
+                     ra=run * chi2((n - 1) * (m - 1)), rb=run * chi2((n - 1) * (m - 1)))
+    half, _, _ = components_interval(q * chi2(n - 1), q * chi2(n - 1), n, n, m, confidence=1 - alpha, **extra)
+    return float(sps.norm.cdf((abs(delta) - half) / sd).mean())
 
 
-def seeds_needed(delta: float, sd: float, target: float = POWER, alpha: float = 1 - CONFIDENCE,
-                 limit: int = 100_000) -> int:
+def seeds_needed(delta: float, noise: float | Noise, target: float = POWER, alpha: float = 1 - CONFIDENCE,
+                 limit: int = 100_000) -> int | None:
     """The fewest seeds per arm with which the verdict rule resolves `delta` with `target` power (`power`; at
-    least MIN_SEEDS)."""
-    if sd <= 0:
+    least MIN_SEEDS); None when no number of seeds does at these images (the images' own variance,
+    `Noise.image_var`, stays however many seeds run: more test images are needed) or more than `limit` would."""
+    noise = _noise(noise)
+    if noise.sd_of_difference(MIN_SEEDS) <= 0:
         return MIN_SEEDS
     if delta == 0:
         raise ValueError("a difference of 0 cannot be resolved")
-    # the normal-approximation answer is a lower bound of the rule's: start there and walk up
+    # an interval that knew the true sd needs sd <= delta / z; the rule's is wider: start there and walk up
     z = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(target)
-    n = max(MIN_SEEDS, math.floor(2 * (z * sd / delta) ** 2))
-    while power(n, delta, sd, alpha) < target:
+    room = (delta / z) ** 2 - noise.image_var
+    if room <= 0:
+        return None
+    n = max(MIN_SEEDS, math.floor(2 * noise.seed_mean_var / room))
+    while power(n, delta, noise, alpha) < target:
         n += 1
         if n > limit:
-            raise ValueError(f"more than {limit} seeds per arm")
+            return None
     return n

@@ -59,8 +59,8 @@ def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
 
 def conclusion(study, manifest: dict) -> list[str]:
     """The study's verdicts, fusion by fusion against the baseline (test CIDEr of the configurations selected on val
-    CIDEr, or val throughout when a run has no test scores, as the verdict line says; the paired bootstrap over seeds
-    and images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
+    CIDEr, or val throughout when a run has no test scores, as the verdict line says; the interval from the
+    variance components over seeds and images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
     over the member chosen on validation. `study`: the study's record (`launch.record.StudyRecord.study`)."""
     from dashboards.compare import study_comparison  # scipy: not on every `a2` command (launch.cli imports this)
 

@@ -3,9 +3,11 @@
 Per trial: its images (counted in the captions file when it is there, else the standard Karpathy counts), the
 global batch, steps per epoch and in all, warmup's share of the cross-entropy steps and the T_P range against the
 trial's steps. Per study: trials, trial-epochs, seeds per arm and the power they give for the paper's Table 3 gaps
-(`dashboards.stats.power` / `seeds_needed`: the power of the verdict rule `compare_arms` prints, a 95% Welch
-interval with no verdict below 2 seeds) at a seed spread (`--sd`, else measured in the record of the study's
-finished seeds, else `COCO_SEED_SD` for a COCO study), and an estimate of GPU-hours, wall time and cost on the worker type of
+(`dashboards.stats.power` / `seeds_needed`: the power of the verdict rule `compare_arms` prints, the 95% interval
+from the difference's variance components over seeds and the images the verdicts are on, no verdict below 2
+seeds) at the study's noise (`dashboards.stats.Noise`): measured in the per-image scores of the study's finished
+seeds, else in their seed values, else assumed (`--sd` for the seed spread, `COCO_SEED_SD` for a COCO study, the
+arm x image term `ARM_IMAGE_SD`), and an estimate of GPU-hours, wall time and cost on the worker type of
 `ray-cluster.yaml` from a throughput (`--images-per-second`, default `IMAGES_PER_SECOND`).
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from a2core.config import CAPTIONS_PER_IMAGE, load_yaml
 from a2core.errors import A2Error, StudyError
 from dashboards.paper_results import TABLE3, TABLE3_ROW
-from dashboards.stats import POWER, pooled_sd, power, seeds_needed
+from dashboards.stats import MIN_SEEDS, POWER, Noise, noise_of, pooled_sd, power, seeds_needed
 from launch.location import locate
 from launch.spec import load_study
 
@@ -40,6 +42,11 @@ VAL_IMAGE_COST = 1.0
 # the differences between re-runs of one Transformer captioner on the Karpathy split. Replace it with the
 # study's own: `a2 study plan` measures it from the finished seeds in the study's record.
 COCO_SEED_SD = 1.0
+# An arm's own per-image strengths (sd of its per-image CIDEr-D about the other arms', the same for every seed), for
+# a study with no finished seeds: ASSUMED to be as in the one study measured, `results/synthetic_fusions.json`
+# (10.4-11.9 for three fusions against none; 5.3 for the fourth). With thousands of test images it adds little to a
+# difference's variance (2 x 10^2 / 5,000 = 0.04); with a few hundred it can dominate.
+ARM_IMAGE_SD = 10.0
 # On-demand price per hour of an instance (Linux, us-west-2), as listed by AWS EC2 On-Demand Pricing in 2025; an
 # assumption: check the current price list. Spot prices move by the hour: --price-per-hour for a quoted one.
 ON_DEMAND_PRICES = {"g5.12xlarge": 5.672, "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.48xlarge": 16.288,
@@ -54,6 +61,24 @@ def table3_gaps() -> list[tuple[str, float]]:
     pairs = [(abs(cider[a] - cider[b]), a, b) for a, b in itertools.combinations([f for f in cider if f != "none"], 2)]
     d, a, b = min(pairs)
     return gaps + [(f"{a} vs {b}", round(d, 1))]
+
+
+def measured_noise(record) -> tuple[Noise, str]:
+    """The noise of a study's finished seeds (`launch.record.StudyRecord`) and where it comes from: from the
+    per-image scores of its replicate groups with two or more seeds on the split the verdicts are on (test when
+    every run has them, else val; `dashboards.stats.noise_of`), else the pooled seed spread of their values."""
+    from dashboards.compare import configurations, per_image_scores  # scipy: only to read a study that ran
+
+    name = record.spec.name
+    groups = [g for g in configurations([r for r in record.study().runs if r.best_cider is not None])
+              if len(g) >= MIN_SEEDS]
+    for split in ("test", "val"):
+        scored = [per_image_scores(g, split) for g in groups]
+        if scored and all(ids is not None and ids == scored[0][1] for _, ids in scored):
+            return (noise_of([x for x, _ in scored]),
+                    f"measured in study {name}: {len(groups)} replicate groups' per-image {split} scores")
+    sd, n = measured_sd(record)
+    return Noise(sd), f"measured in study {name}, {n} replicate groups (seed values only: no per-image scores)"
 
 
 def measured_sd(record) -> tuple[float, int]:
@@ -114,6 +139,11 @@ def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimat
     return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), int(at_once))
 
 
+def verdict_images(spec) -> int:
+    """The images a verdict is on: the end-of-run test images, else (no `train.test_at_end`) the val images."""
+    return test_images(spec) or spec.base["data"].get("val_images") or spec.images["val"]
+
+
 def test_images(spec) -> int:
     """Images of a trial's end-of-run test evaluation: the test split, or its first `train.test_images`; 0 without
     `train.test_at_end`."""
@@ -132,7 +162,7 @@ def _power_text(value: float) -> str:
     return ">99%" if not math.isfinite(value) or value > 0.995 else f"{value:.0%}"
 
 
-def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, float]], images_per_second: float,
+def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[str, float]], images_per_second: float,
               ips_source: str, workers: Workers | None, price: float | None) -> str:
     t, r = spec.base["train"], spec.resources
     steps, total = spec.steps_per_epoch, spec.total_steps
@@ -164,16 +194,25 @@ def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, fl
               f"{_n(spec.num_trials * spec.total_epochs)} trial-epochs (before early stopping)"]
     if spec.num_arms < 2:
         lines.append("  power     one configuration: nothing is compared")
-    elif sd is None:
-        lines.append(f"  power     no seed spread ({sd_source}): give --sd")
+    elif noise is None:
+        lines.append(f"  power     no seed spread ({noise_source}): give --sd")
     else:
-        lines.append(f"  power     seed spread sd {sd:.2f} CIDEr ({sd_source})")
-        lines.append(f"            the verdict rule (95% Welch interval, no verdict below 2 seeds), "
+        lines.append(f"  power     CIDEr {noise.text()}")
+        lines.append(f"            ({noise_source})")
+        over = (f"seeds and {noise.images:,} images, each component once, Satterthwaite d.f." if noise.images
+                else "seed means: Welch")
+        lines.append(f"            the verdict rule (95% interval over {over}; no verdict below 2 seeds), "
                      f"{POWER:.0%} power wanted")
         lines.append(f"    {'difference':<26}{'delta':>6}{'seeds/arm needed':>18}{f'power at {seeds}':>14}")
+        never = False
         for label, delta in deltas:
-            needed = seeds_needed(delta, sd)
-            lines.append(f"    {label:<26}{delta:>6.1f}{needed:>18d}{_power_text(power(seeds, delta, sd)):>14}")
+            needed = seeds_needed(delta, noise)
+            never |= needed is None
+            lines.append(f"    {label:<26}{delta:>6.1f}{'never' if needed is None else needed:>18}"
+                         f"{_power_text(power(seeds, delta, noise)):>14}")
+        if never:
+            lines.append(f"    never: the images' own variance ({noise.images:,} images) stays however many seeds "
+                         f"run; score more test images")
     if r.gpus_per_worker == 0:
         lines.append("cost      none estimated: the trials use no GPU (resources.gpus_per_worker: 0)")
         return "\n".join(lines)
@@ -201,20 +240,25 @@ def plan_text(spec, sd: float | None, sd_source: str, deltas: list[tuple[str, fl
     return "\n".join(lines)
 
 
-def _seed_spread(args, spec) -> tuple[float | None, str]:
-    if args.sd is not None:
-        if args.sd <= 0:
-            raise StudyError(f"--sd must be > 0, got {args.sd}")
-        return args.sd, "given"
-    from launch.record import StudyRecord  # ray.tune: only to read a study that ran
+def _noise(args, spec) -> tuple[Noise | None, str]:
+    """The study's noise and where it comes from: measured in its finished seeds; else assumed, said so."""
+    if args.sd is not None and args.sd <= 0:
+        raise StudyError(f"--sd must be > 0, got {args.sd}")
+    if args.sd is None:
+        from launch.record import StudyRecord  # ray.tune: only to read a study that ran
 
-    try:
-        sd, groups = measured_sd(StudyRecord.load(locate(spec.name, args.storage or spec.storage)))
-        return sd, f"measured in study {spec.name}, {groups} replicate groups"
-    except A2Error:  # not run yet (no study.yaml there), or no group with two seeds
-        pass
+        try:
+            return measured_noise(StudyRecord.load(locate(spec.name, args.storage or spec.storage)))
+        except A2Error:  # not run yet (no study.yaml there), or no group with two seeds
+            pass
+    images = verdict_images(spec)
+    assumed = "arm x image sd assumed, launch.plan.ARM_IMAGE_SD, as measured on synthetic data"
+    if args.sd is not None:
+        return Noise(args.sd, 0.0, ARM_IMAGE_SD, images), f"seed spread given; {assumed}"
     if spec.base["data"]["kind"] == "coco":
-        return COCO_SEED_SD, "assumed for COCO, launch.plan.COCO_SEED_SD: no finished seeds of this study to measure"
+        return (Noise(COCO_SEED_SD, 0.0, ARM_IMAGE_SD, images),
+                f"nothing measured: no finished seeds; seed spread assumed for COCO, launch.plan.COCO_SEED_SD; "
+                f"{assumed}")
     return None, f"no finished seeds of study {spec.name} to measure"
 
 
@@ -228,10 +272,10 @@ def main(args) -> int:
         raise StudyError(f"--images-per-second must be > 0, got {args.images_per_second}")
     if args.price_per_hour is not None and args.price_per_hour <= 0:
         raise StudyError(f"--price-per-hour must be > 0, got {args.price_per_hour}")
-    sd, sd_source = _seed_spread(args, spec)
+    noise, noise_source = _noise(args, spec)
     deltas = [(f"{d:g} CIDEr", d) for d in args.delta] if args.delta else table3_gaps()
     ips, ips_source = ((args.images_per_second, "given") if args.images_per_second is not None else
                        (IMAGES_PER_SECOND, "an estimate for an A10G: benchmarks/RESULTS.md"))
     workers = cluster_workers(args.cluster)
-    print(plan_text(spec, sd, sd_source, deltas, ips, ips_source, workers, args.price_per_hour))
+    print(plan_text(spec, noise, noise_source, deltas, ips, ips_source, workers, args.price_per_hour))
     return 0

@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan = sub.add_parser("plan", help="a study's steps, schedule, seeds and power, GPU-hours and cost, before it runs")
     _add_study_file(plan)
     plan.add_argument("--sd", type=float, default=None,
-                      help="seed standard deviation of val CIDEr (x100); default: measured in the study's runs")
+                      help="seed standard deviation of a seed's mean CIDEr (x100); default: measured in the study's "
+                           "runs (their per-image scores where they have them)")
     plan.add_argument("--delta", type=float, nargs="+", default=None,
                       help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
     plan.add_argument("--storage", default=None,

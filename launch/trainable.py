@@ -167,7 +167,7 @@ class TrialRecorder:
     def keep_artifacts(self, item: dict) -> None:
         """A result's per-image scores and caption samples, as files below the run folder's `artifacts/` (the
         result log keeps plain values only): the best val epoch's per-image CIDEr-D (`eval/per_image_cider.json`,
-        what the paired bootstraps read; written when an epoch beats every earlier one), the test split's of the
+        what the paired comparisons read; written when an epoch beats every earlier one), the test split's of the
         selected checkpoint (`eval/test_per_image_cider.json`) and each epoch's samples (`samples/epoch_NNN.txt`)."""
         # a2core.train imports torch: not at module level, the driver imports this module too
         from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY

@@ -102,7 +102,7 @@ def test_leaderboard_has_one_value_per_row_with_seed_interval_and_ensemble_gain(
     assert f"101.5 [{101.5 - half:.1f}, {101.5 + half:.1f}]" in mean_line
     assert lines[-2].startswith("ensemble gain over its members' mean: ensemble beats its members' mean by 8.5")
     assert lines[-1].startswith("ensemble gain over the member chosen on validation: ensemble ")
-    assert any(line.startswith("paper T3 Max Pooling (COCO Karpathy test)") for line in lines)
+    assert any(line.startswith("paper T3 Max Pooling (COCO Karpathy val)") for line in lines)  # Table 3: val set
     coco = _board(tmp_path, per_image, data={"kind": "coco"})
     assert coco["evaluation"]["split"] == "karpathy-test"
     assert "every score on the karpathy-test split" in lb.format_table(coco).splitlines()[0]

@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from a2core.errors import StudyError
-from dashboards.stats import seeds_needed
+from dashboards.stats import Noise, seeds_needed
 from launch.cli import main as a2
-from launch.plan import measured_sd, table3_gaps
+from launch.plan import ARM_IMAGE_SD, measured_sd, table3_gaps, verdict_images
 from tests.studyfolder import fabricated_study
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
@@ -49,8 +49,14 @@ def test_plan_with_a_given_spread(study_file, capsys):
     assert a2(["study", "plan", str(study_file), "--sd", "1.5"]) == 0
     out = capsys.readouterr().out
     rows = _power_rows(out)
-    assert rows["gate vs none"][:2] == ["5.0", str(seeds_needed(5.0, 1.5))]
-    assert rows["max vs moving_average"][:2] == ["0.5", "143"]
+    from launch.spec import load_study
+
+    images = verdict_images(load_study(study_file, check_files=False))
+    noise = Noise(1.5, 0.0, ARM_IMAGE_SD, images)  # the given spread, the assumed arm x image term
+    assert "CIDEr seed spread sd 1.50, arm x image sd 10.0 over" in out and "seed spread given; arm x image" in out
+    assert rows["gate vs none"][:2] == ["5.0", str(seeds_needed(5.0, noise))]
+    assert rows["max vs moving_average"][:2] == ["0.5", "never"]  # the images alone leave more than 0.5 / 2.8
+    assert "never: the images' own variance" in out
     # smoke with 3 replicates: 3 configurations (none, 2 gate samples) x 3 seeds x 20 epochs
     assert "trials    9 = 3 configurations x 3 seeds; 180 trial-epochs (before early stopping)" in out
     assert "steps     200 a epoch; 4,000 in 20 epochs (20 XE + 0 SCST)" in out
@@ -69,5 +75,39 @@ def test_plan_measures_the_spread_in_the_finished_study(study_file, tmp_path, ca
     assert groups == 2 and sd == pytest.approx(((4 + 1) / 2) ** 0.5)  # pooled variances 4 and 1
     assert a2(["study", "plan", str(study_file), "--delta", "3", "--storage", fab.spec.storage]) == 0
     out = capsys.readouterr().out
-    assert "sd 1.58 CIDEr (measured in study a2-smoke, 2 replicate groups)" in out
+    assert "CIDEr seed spread sd 1.58\n            (measured in study a2-smoke, 2 replicate groups (seed values only" in out
     assert _power_rows(out)["3 CIDEr"][:2] == ["3.0", str(seeds_needed(3.0, sd))]
+
+
+def test_plan_measures_the_noise_in_per_image_scores(study_file, tmp_path, capsys, monkeypatch):
+    """Finished seeds with per-image test scores: the plan's power is the rule's at the components measured in
+    them (`dashboards.stats.noise_of`) and at their number of images."""
+    import numpy as np
+
+    from dashboards.stats import noise_of, power
+    from launch.plan import measured_noise
+
+    fab = fabricated_study(tmp_path, "a2-smoke", epochs=1)
+    fab.patch_tune(monkeypatch)
+    rng = np.random.default_rng(0)
+    ids = [str(i) for i in range(300)]
+    scores, difficulty = {}, rng.normal(100, 30, 300)  # shared by the groups; each has its own strengths (sd 5)
+    for group in (0.01, 0.02):
+        strengths = difficulty + rng.normal(0, 5, 300)
+        scores[group] = [strengths + rng.normal(0, 1.0) + rng.normal(0, 20, 300) for _ in range(3)]
+        for seed, row in enumerate(scores[group]):
+            fab.add(f"{group}-{seed}", {"fusion": "gate", "lambda": group, "seed": seed},
+                    [{"epoch": 1, "val/CIDEr": float(row.mean()), "test/CIDEr": float(row.mean())}],
+                    per_image={"test": dict(zip(ids, map(float, row)))})
+    noise, source = measured_noise(fab.record())
+    order = np.argsort(ids)  # the record's image order: sorted ids
+    expected = noise_of([np.stack(scores[g])[:, order] for g in (0.01, 0.02)])
+    assert noise.images == expected.images == 300
+    assert (noise.seed_sd, noise.run_sd, noise.arm_image_sd) == pytest.approx(
+        (expected.seed_sd, expected.run_sd, expected.arm_image_sd), rel=1e-9)
+    assert noise.run_sd == pytest.approx(20, rel=0.1) and noise.arm_image_sd == pytest.approx(5, abs=2.5)  # as drawn
+    assert source == "measured in study a2-smoke: 2 replicate groups' per-image test scores"
+    assert a2(["study", "plan", str(study_file), "--delta", "8", "--storage", fab.spec.storage]) == 0
+    out = capsys.readouterr().out
+    assert f"CIDEr {noise.text()}\n            ({source})" in out
+    assert _power_rows(out)["8 CIDEr"] == ["8.0", str(seeds_needed(8.0, noise)), f"{power(3, 8.0, noise):.0%}"]

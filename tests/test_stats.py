@@ -69,7 +69,7 @@ def test_paired_difference_covers_a_true_zero_at_three_seeds():
     for _ in range(200):
         difficulty = rng.gamma(2.0, 50.0, 100)
         a, b = (difficulty + rng.normal(0, 15, (3, 100)) + rng.normal(0, 10, (3, 1)) for _ in range(2))
-        diff = paired_difference(a, b, n_resamples=999)
+        diff = paired_difference(a, b)
         covered += diff.low <= 0 <= diff.high
     assert 0.92 * 200 <= covered <= 0.995 * 200
 
@@ -170,3 +170,53 @@ def test_shipped_studies_never_print_a_one_seed_verdict(study):
         assert text.startswith("gate vs none: no verdict: 1 seed per arm measures no seed noise (+"), text
     else:
         assert "no verdict" not in text and text.startswith("gate beats none by"), text
+
+
+def test_the_interval_counts_each_component_once():
+    """Seed means per arm / n, plus the arm x image term net of the runs' per-image noise (computed by hand)."""
+    rng = np.random.default_rng(11)
+    a = rng.normal(100, 30, (3, 200)) + rng.normal(0, 1, (3, 1))
+    b = rng.normal(98, 30, (4, 200)) + rng.normal(0, 1, (4, 1))
+    d = paired_difference(a, b)
+
+    def residual(x):
+        r = x - x.mean(axis=1, keepdims=True) - x.mean(axis=0) + x.mean()
+        return (r ** 2).sum() / ((len(x) - 1) * (x.shape[1] - 1))
+
+    va, vb = a.mean(axis=1).var(ddof=1) / 3, b.mean(axis=1).var(ddof=1) / 4
+    image = max(0.0, (a.mean(axis=0) - b.mean(axis=0)).var(ddof=1) - residual(a) / 3 - residual(b) / 4) / 200
+    half = (d.high - d.low) / 2
+    t = half / np.sqrt(va + vb + image)
+    assert d.delta == pytest.approx(a.mean() - b.mean())
+    assert 1.96 < t < 4.31  # between z and t(2): Satterthwaite's d.f. lie between the seeds' and the images'
+
+
+def test_noise_of_measures_the_components():
+    """`noise_of` recovers seed shift, run noise and arm x image sd from a simulated study of 6 configurations x 5
+    seeds x 2,000 images (and the seed means alone say the sd of a seed mean)."""
+    from dashboards.stats import Noise, noise_of
+
+    rng = np.random.default_rng(12)
+    difficulty = rng.gamma(2.0, 50.0, 2000)
+    groups = [difficulty + rng.normal(0, 10, 2000) + rng.normal(0, 2.0, (5, 1)) + rng.normal(0, 50, (5, 2000))
+              for _ in range(6)]
+    noise = noise_of(groups)
+    assert noise.images == 2000
+    assert noise.run_sd == pytest.approx(50, rel=0.01)
+    assert noise.arm_image_sd == pytest.approx(10, rel=0.1)
+    assert noise.seed_sd == pytest.approx(2.0, rel=0.35)  # 24 d.f. of seed means
+    assert Noise(0.3, 50, 10, 2000).sd_of_difference(5) == pytest.approx(0.797, abs=0.001)
+    with pytest.raises(ValueError, match="no configuration with two seeds"):
+        noise_of([groups[0][:1]])
+
+
+def test_power_counts_the_test_images():
+    """The rule's power with per-image components: more test images shrink the arm x image term, and with too
+    few no number of seeds reaches 80%."""
+    from dashboards.stats import Noise
+
+    few, many = Noise(0.5, 50, 30, 500), Noise(0.5, 50, 30, 5000)
+    assert power(5, 4.0, few) < power(5, 4.0, many)
+    assert seeds_needed(3.0, few) is None  # 2 x 30^2 / 500 = 3.6: the images alone leave sd 1.9 > 3 / 2.8
+    assert seeds_needed(3.0, many) == 3 and power(3, 3.0, many) >= 0.8 > power(2, 3.0, many)
+    assert seeds_needed(2.0, many) == 11

@@ -60,7 +60,10 @@ def test_fusion_ablation_seeds_resolve_every_table3_gap_to_the_baseline(capsys):
     from dashboards.stats import seeds_needed
 
     gaps = [delta for label, delta in plan.table3_gaps() if label.endswith("vs none")]
-    assert seeds == max(seeds_needed(delta, plan.COCO_SEED_SD) for delta in gaps)
+    from dashboards.stats import Noise
+
+    noise = Noise(plan.COCO_SEED_SD, 0.0, plan.ARM_IMAGE_SD, plan.verdict_images(spec))  # what the plan assumes
+    assert seeds == max(seeds_needed(delta, noise) for delta in gaps)
 
 
 @pytest.mark.parametrize("name", COCO_STUDIES)
