@@ -1,5 +1,6 @@
-"""Self-critical sequence training (stage 2): it fine-tunes from the cross-entropy checkpoint it starts from; the advantage uses the mean reward of the *other* samples (or the greedy caption's reward); the switch
-point is a configurable checkpoint whose vocabulary must match; sampling reuses the decoder cache."""
+"""Self-critical sequence training (stage 2): it fine-tunes from the cross-entropy checkpoint it starts from; the
+advantage uses the mean reward of the *other* samples (or the greedy caption's reward); the switch point is a
+configurable checkpoint whose vocabulary must match; sampling reuses the decoder cache."""
 import math
 
 import numpy as np
