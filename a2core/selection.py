@@ -12,7 +12,8 @@ import math
 from typing import Mapping
 
 
-def _finite(value) -> float | None:
+def finite(value) -> float | None:
+    """`value` as a float, or None when it is not a finite number (the project's one test of "is this a number")."""
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -23,7 +24,7 @@ def _finite(value) -> float | None:
 def rank(value, epoch: int, mode: str = "max") -> tuple:
     """Sort key of an epoch's result, larger is better: the value in the study's direction, then the later epoch.
     A value that is not a finite number ranks below every other."""
-    value = _finite(value)
+    value = finite(value)
     if value is None:
         return (0, 0.0, epoch)
     return (1, value if mode == "max" else -value, epoch)
@@ -32,7 +33,7 @@ def rank(value, epoch: int, mode: str = "max") -> tuple:
 def improves(value, best, mode: str = "max") -> bool:
     """Whether a new epoch's `value` replaces the best so far (`best`, None or non-finite when there is none):
     a better value, or an equal one (the latest of equals)."""
-    value, best = _finite(value), _finite(best)
+    value, best = finite(value), finite(best)
     if value is None:
         return False
     return best is None or (value >= best if mode == "max" else value <= best)
@@ -40,5 +41,5 @@ def improves(value, best, mode: str = "max") -> bool:
 
 def best_epoch(values: Mapping[int, float], mode: str = "max") -> int | None:
     """The best epoch of {epoch: value}; None when no value is a finite number."""
-    scored = [(rank(v, int(e), mode), int(e)) for e, v in values.items() if _finite(v) is not None]
+    scored = [(rank(v, int(e), mode), int(e)) for e, v in values.items() if finite(v) is not None]
     return max(scored)[1] if scored else None

@@ -30,10 +30,11 @@ from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
 from a2core.errors import DataError
 from a2core.metrics import METRIC_NAMES as METRICS, SCALE, SCALE_NAME
 from a2core.metrics import Meteor, caption_scores, coco_scores, ptb_tokenize, spice_available
+from a2core.selection import finite
 from dashboards import paper_results
 from dashboards.stats import Arm, Interval, canonical_config, compare_arms, config_hash  # noqa: F401 - used here, and re-exported
 from dashboards.stats import gain_over_members, gain_over_one
-from dashboards.tables import finite, text_table
+from dashboards.tables import text_table
 from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, git_commit, study_runs
 
 SCHEMA = 1

@@ -16,10 +16,10 @@ from pathlib import Path
 from statistics import fmean, stdev
 from typing import Any
 
+from a2core.selection import finite
 from dashboards.compare import shown_metrics, split_columns, study_comparison
 from dashboards.runs import CIDER, FUSION_LABEL, TEST_CIDER, RunSummary, Study, searched_keys, sort_key
 from dashboards.stats import MIN_SEEDS, best_candidates, is_stopped_early, seed_interval, stopped_early_text
-from dashboards.tables import finite
 from dashboards.tracking import study_runs
 
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),

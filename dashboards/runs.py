@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from a2core.config import inapplicable_model_keys
-from a2core.selection import best_epoch
-from dashboards.tables import finite
+from a2core.selection import best_epoch, finite
 
 CIDER = "val/CIDEr"
 FUSION_LABEL = {"none": "none (baseline)", "max": "max", "moving_average": "moving average",

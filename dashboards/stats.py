@@ -27,7 +27,7 @@ import numpy as np
 from scipy import stats as sps
 
 from a2core.errors import DataError
-from dashboards.tables import finite
+from a2core.selection import finite
 
 CONFIDENCE = 0.95
 POWER = 0.80

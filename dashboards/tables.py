@@ -1,16 +1,5 @@
-"""Plain-text tables and the numbers in them (no MLflow or plotting imports: the `a2` command starts fast)."""
+"""Plain-text tables (no MLflow or plotting imports: the `a2` command starts fast)."""
 from __future__ import annotations
-
-import math
-
-
-def finite(value) -> float | None:
-    """`value` as a float, or None when it is not a finite number."""
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
 
 
 def text_table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> str:

@@ -4,7 +4,8 @@ share), the replicate groups, the verdict and the compute line, printed by `a2 s
 from __future__ import annotations
 
 from a2core.errors import A2Error
-from dashboards.tables import finite, text_table
+from a2core.selection import finite
+from dashboards.tables import text_table
 from launch.layout import outage_line
 
 

@@ -19,13 +19,12 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from a2core.config import flatten
-from a2core.selection import best_epoch as pick_best_epoch
+from a2core.selection import best_epoch as pick_best_epoch, finite
 from dashboards.records import add_export_arguments, export_record
 from dashboards.runs import TABLE_METRICS, RunSummary, Study
 from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY, TAG_STOPPED_RUNG,
                               best_candidates, config_hash, seed_interval)
 from dashboards.stats import best_group as pick_best_group
-from dashboards.tables import finite
 from dashboards.tracking import TAG_TRIAL_ID, param_value
 from launch.conclusions import best_value, pick_best, table_row
 from launch.lease import live_writer

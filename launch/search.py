@@ -18,8 +18,8 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
+from a2core.selection import finite
 from dashboards.stats import config_hash, pooled_sd, short_hash
-from dashboards.tables import finite
 from launch.spec import SEED_PATH, Param, StudySpec
 
 logger = logging.getLogger(__name__)

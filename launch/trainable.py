@@ -13,7 +13,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from a2core.errors import CheckpointError, StorageError
-from a2core.selection import rank
+from a2core.selection import best_epoch, rank
 from launch.raycluster import stash_credentials
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR,
                            TUNE_POINTER_FILE, ResultLog, checkpoint_epochs, checkpoint_name, latest_checkpoint_history,
@@ -167,18 +166,15 @@ class TrialRecorder:
     def keep_artifacts(self, item: dict) -> None:
         """A result's per-image scores and caption samples, as files below the run folder's `artifacts/` (the
         result log keeps plain values only): the best val epoch's per-image CIDEr-D (`eval/per_image_cider.json`,
-        what the paired comparisons read; written when an epoch beats every earlier one), the test split's of the
+        what the paired comparisons read; written when an epoch is the best so far, the latest of equals), the test split's of the
         selected checkpoint (`eval/test_per_image_cider.json`) and each epoch's samples (`samples/epoch_NNN.txt`)."""
         # a2core.train imports torch: not at module level, the driver imports this module too
         from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY
 
-        def number(value) -> bool:
-            return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-
-        artifacts, epoch, value = self.run.join(ARTIFACTS_DIR), item.get("epoch"), item.get(self.metric)
-        earlier = [r[self.metric] for e, r in self.log.by_epoch.items()
-                   if isinstance(epoch, int) and e < epoch and number(r.get(self.metric))]
-        best = number(value) and (not earlier or (value > max(earlier) if self.mode == "max" else value < min(earlier)))
+        artifacts, epoch = self.run.join(ARTIFACTS_DIR), item.get("epoch")
+        best = isinstance(epoch, int) and best_epoch(  # the best so far, by the one rule (a2core.selection)
+            {**{e: r.get(self.metric) for e, r in self.log.by_epoch.items() if e < epoch},
+             epoch: item.get(self.metric)}, self.mode) == epoch
         for key, name, wanted in ((PER_IMAGE_KEY, "eval/per_image_cider.json", best),
                                   (TEST_PER_IMAGE_KEY, "eval/test_per_image_cider.json", True)):
             scores = item.get(key) or {}
