@@ -24,11 +24,11 @@ The record format (version 1), one small JSON file per table:
 comparison uses); `check_markdown` finds each table in a markdown file after its marker line
 `<!-- results: results/NAME.json -->` and says which ones differ from what today's code prints (tests/test_records.py
 runs it over the README and docs/). `export_record` writes a record from a study's comparison
-(`python -m launch.record export NAME --by KEY --out results/NAME.json [--storage ROOT]` reads the study's storage).
+(`a2 results export NAME --by KEY --out results/NAME.json [--storage ROOT]` reads the study's storage; `a2 results
+show results/NAME.json` prints one).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -190,27 +190,3 @@ def export_record(study, by: str, out: str | Path, *, spec: str = "",
                                     seeds=seeds, configs=configs, measured=measured, note=note)
     atomic_write(out, json.dumps(record, indent=1) + "\n")
     return record
-
-
-def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `python -m launch.record export` (`export_record`'s)."""
-    parser.add_argument("--by", default="fusion")
-    parser.add_argument("--baseline")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--spec", default="")
-    parser.add_argument("--measured", default="")
-    parser.add_argument("--note", default="")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.records", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    render = sub.add_parser("render", help="print a record's table")
-    render.add_argument("record")
-    args = parser.parse_args(argv)
-    print(render_table(load_record(args.record)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,13 +1,12 @@
 """The `a2` command. Each subcommand is a thin function over the package that owns the work.
 
-Torch, Ray, MLflow, scipy and matplotlib are imported inside the command functions (or `_deferred`, or the
-modules' functions that need them), so that `a2 --help` and `a2 study validate` load none of them and answer in well
+Torch, Ray, MLflow, scipy and matplotlib are imported inside the command functions (or the modules' functions that
+need them), so that `a2 --help` and `a2 study validate` load none of them and answer in well
 under a second (tests/test_spec.py checks the modules).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import time
@@ -128,13 +127,29 @@ def cmd_decode(args) -> int:
 
 
 # -- studies and what follows them -----------------------------------------------------------------------------
-def _deferred(target: str):
-    """The command function `module:function`, imported only when its command runs."""
-    def run(args) -> int:
-        module, name = target.split(":")
-        return getattr(importlib.import_module(module), name)(args)
+def cmd_mlflow_serve(args) -> int:
+    from dashboards.tracking import serve  # mlflow: only when a server starts
 
-    return run
+    return serve(args)
+
+
+def cmd_results_export(args) -> int:
+    from dashboards.records import export_record  # scipy: only when a record is written
+    from launch.location import locate
+    from launch.record import StudyRecord
+
+    study_view = StudyRecord.load(locate(args.name, args.storage)).study()
+    export_record(study_view, args.by, args.out, spec=args.spec, baseline=args.baseline, measured=args.measured,
+                  note=args.note)
+    print(f"record: {args.out}")
+    return 0
+
+
+def cmd_results_show(args) -> int:
+    from dashboards.records import load_record, render_table  # scipy: only when a record is read
+
+    print(render_table(load_record(args.record)))
+    return 0
 
 
 def cmd_submission_validate(args) -> int:
@@ -221,10 +236,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=positive_int, default=5000)  # dashboards.tracking.DEFAULT_PORT
     serve.add_argument("--workers", type=positive_int, default=1)
-    serve.set_defaults(func=_deferred("dashboards.tracking:serve"))
+    serve.set_defaults(func=cmd_mlflow_serve)
     sync = ml.add_parser("sync", help="export a study's record to MLflow (what it missed while the server was down)")
     study.add_name(sync)
     sync.set_defaults(func=study.cmd_sync)
+
+    rs = sub.add_parser("results", help="the result records kept under results/: written from a study, printed as "
+                                        "tables").add_subparsers(dest="results_command", required=True)
+    export = rs.add_parser("export", help="write the record of `a2 study compare NAME --by KEY` (every trial's "
+                                          "scores and per-image CIDEr-D), read from the study's storage")
+    study.add_name(export)
+    export.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
+    export.add_argument("--baseline", default=None, help="the value of --by to compare with (default: fusion none)")
+    export.add_argument("--out", required=True, help="the record file, e.g. results/NAME.json")
+    export.add_argument("--spec", default="", help="the study file it was run from, as the record names it")
+    export.add_argument("--measured", default="", help="where and when it was measured (machine, date)")
+    export.add_argument("--note", default="", help="one line the record's table prints under it")
+    export.set_defaults(func=cmd_results_export)
+    show = rs.add_parser("show", help="print a record's comparison table, recomputed by today's verdict rule")
+    show.add_argument("record", help="a record file, e.g. results/synthetic_fusions.json")
+    show.set_defaults(func=cmd_results_show)
 
     pk = sub.add_parser("package", help="4-seed ensemble -> COCO server zip, leaderboard, upload")
     package.add_arguments(pk)

@@ -11,7 +11,6 @@ of this record (`launch.mlflow_export`); nothing here reads MLflow.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import time
@@ -20,7 +19,6 @@ from dataclasses import asdict, dataclass, field
 
 from a2core.config import flatten
 from a2core.selection import best_epoch as pick_best_epoch, finite
-from dashboards.records import add_export_arguments, export_record
 from dashboards.runs import TABLE_METRICS, RunSummary, Study
 from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY, TAG_STOPPED_RUNG,
                               best_candidates, config_hash, seed_interval)
@@ -318,25 +316,3 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
         "compute": compute_totals(spec, rows),
         "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows],
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m launch.record export NAME --by KEY --out results/NAME.json [--storage ROOT]`: the study record
-    file (`dashboards.records`) of `a2 study compare NAME --by KEY`, read from the study's storage."""
-    parser = argparse.ArgumentParser(prog="python -m launch.record",
-                                     description="the record file of a study's comparison, read from its storage")
-    export = parser.add_subparsers(dest="command", required=True).add_parser(
-        "export", help="write the record file of a study's comparison, read from its storage")
-    export.add_argument("name")
-    export.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
-    add_export_arguments(export)
-    args = parser.parse_args(argv)
-    study = StudyRecord.load(locate(args.name, args.storage)).study()
-    export_record(study, args.by, args.out, spec=args.spec, baseline=args.baseline, measured=args.measured,
-                  note=args.note)
-    print(f"record: {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

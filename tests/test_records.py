@@ -123,3 +123,31 @@ def test_a_record_with_a_missing_seed_is_refused(tmp_path):
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_published_tables_are_what_todays_code_prints_from_their_records(page):
     assert check_markdown(page, ROOT) == []
+
+
+def test_a2_results_export_writes_a_studys_record_and_show_prints_it(tmp_path, capsys, monkeypatch):
+    """`a2 results export NAME` writes the record of `a2 study compare NAME` from the study's storage (every seed's
+    scores and per-image CIDEr-D); `a2 results show` prints its table as `render_table` does."""
+    from launch.cli import main as a2
+    from tests.studyfolder import fabricated_study
+
+    fab = fabricated_study(tmp_path, "rec", epochs=2)
+    ids = [str(i) for i in range(6)]
+    for fusion, shift in (("none", 0.0), ("gate", 5.0)):
+        for seed in (0, 1, 2):
+            sampled = {"fusion": fusion, "seed": seed, **({"lambda": 0.035} if fusion == "gate" else {})}
+            scores = {i: 90.0 + shift + seed + int(i) for i in ids}
+            fab.add(f"{fusion}{seed}", sampled, [{"epoch": e, "val/CIDEr": 80.0 + shift + seed + e} for e in (1, 2)],
+                    per_image={"val": scores})
+    fab.patch_tune(monkeypatch)
+    out = tmp_path / "results" / "rec.json"
+    assert a2(["results", "export", "rec", "--storage", str(tmp_path / "st"), "--out", str(out),
+               "--measured", "today"]) == 0
+    record = load_record(out)
+    assert record["study"] == "rec" and record["by"] == "fusion" and record["measured"] == "today"
+    arms = {arm["label"]: arm for arm in record["arms"]}
+    assert set(arms) == {"none", "gate"} and arms["gate"]["seeds"] == [0, 1, 2]
+    assert arms["gate"]["scores"]["val/CIDEr"] == [87.0, 88.0, 89.0]  # each seed's best epoch (the last here)
+    capsys.readouterr()
+    assert a2(["results", "show", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == render_table(record).strip()
