@@ -914,10 +914,24 @@ def _resolve_storage(spec: StudySpec, check_files: bool) -> None:
         spec.storage = spec.storage.rstrip("/")
     else:
         spec.storage = os.path.abspath(os.path.expanduser(spec.storage))
-        if Path(spec.storage).exists() and not Path(spec.storage).is_dir():
-            _fail("storage", f"{spec.storage} exists and is not a directory")
+        _check_local_storage(spec.storage)
     if spec.storage_endpoint_url is not None and not spec.storage.startswith("s3://"):
         _fail("storage_endpoint_url", "only used with s3:// storage")
+
+
+def _check_local_storage(storage: str) -> None:
+    """A local storage root that can hold a study: no file where it or a folder above it should be, and reachable
+    (a folder this user may not enter fails here, not as a traceback of the first write)."""
+    path = Path(storage)
+    try:
+        for folder in [path, *path.parents]:
+            if folder.exists():
+                if not folder.is_dir():
+                    _fail("storage", f"{storage}: {folder} is a file, not a directory" if folder != path
+                          else f"{storage} exists and is not a directory")
+                break
+    except PermissionError as err:
+        _fail("storage", f"{storage}: cannot be reached ({err.strerror})")
 
 
 def _from_dataclass(old: dict) -> StudySpec:

@@ -466,3 +466,20 @@ def test_a_study_file_is_a_training_config():
     with pytest.raises(ConfigError) as err:  # still checked like any config, naming the file
         training_config(str(SMOKE), ["model.d_modl=3"])
     assert "model.d_modl" in str(err.value) and "smoke.yaml" in str(err.value)
+
+
+def test_local_storage_under_a_file_or_out_of_reach_is_refused_in_one_line(tmp_path):
+    """A storage root below a regular file, or in a folder this user cannot enter, fails validation (so `run` before
+    Ray starts) naming the key and what is wrong, not as a traceback of the study's first write."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match=r"storage: .*/afile/sub: .*/afile is a file, not a directory$"):
+        load_study(SMOKE, [f"storage={tmp_path / 'afile' / 'sub'}"])
+    with pytest.raises(ConfigError, match=r"storage: .*/afile exists and is not a directory$"):
+        load_study(SMOKE, [f"storage={tmp_path / 'afile'}"])
+    try:  # init's root folder: closed to this sandbox's root as to anyone but init's owner on a plain machine
+        reachable = (Path("/proc/1/root") / "x").exists() or True
+    except PermissionError:
+        reachable = False
+    if not reachable:
+        with pytest.raises(ConfigError, match=r"storage: /proc/1/root/x: cannot be reached \(Permission denied\)$"):
+            load_study(SMOKE, ["storage=/proc/1/root/x"])
