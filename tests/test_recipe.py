@@ -284,8 +284,48 @@ def test_configs_without_the_keys_train_as_before(root, monkeypatch):
 def test_the_coco_studies_use_the_paper_recipe_and_the_synthetic_ones_name_theirs():
     for name in ("fusion_ablation", "lambda_sweep", "seeds"):
         spec = load_study(f"studies/{name}.yaml", check_files=False)
-        assert spec.base["data"]["kind"] == "coco"
-        assert spec.base["train"]["batch_layout"] == "pairs" and spec.base["train"]["scst_candidates"] == "beam"
+        t = spec.base["train"]
+        assert spec.base["data"]["kind"] == "coco" and t["batch_layout"] == "pairs"
+        written = load_yaml(f"studies/{name}.yaml")["train"]
+        if t["scst_epochs"]:
+            assert t["scst_candidates"] == "beam" and t["scst_baseline"] == "mean"
+        else:  # no SCST stage: the key does not apply and is absent
+            assert "scst_candidates" not in written
     for name in ("smoke", "synthetic_fusions", "mask_nets"):
-        train = load_yaml(f"studies/{name}.yaml")["train"]
-        assert train["batch_layout"] in ("images", "pairs") and train["scst_candidates"] in ("sample", "beam")
+        written = load_yaml(f"studies/{name}.yaml")["train"]
+        assert written["batch_layout"] == "images" and written["scst_epochs"] == 0 and "scst_candidates" not in written
+
+
+# -- the plan ---------------------------------------------------------------------------------------------------------
+def test_the_plan_prices_the_layout_and_the_candidates():
+    from launch import plan
+
+    old = load_study("studies/seeds.yaml", ["train.batch_layout=images", "train.scst_candidates=sample"],
+                     check_files=False)
+    assert plan.encoder_passes(old) == 10  # 10 images x 5 captions: priced as before these keys
+    assert plan.xe_image_cost(old) == 1.0 and plan.scst_image_cost(old) == plan.SCST_IMAGE_COST == 2.0
+    new = load_study("studies/seeds.yaml", check_files=False)
+    # 50 pairs less the expected repeats: C(50, 2) pairs of pairs, each of one image with probability 4 / (5N - 1)
+    assert plan.encoder_passes(new) == pytest.approx(50 - 1225 * 4 / 566_434, abs=1e-4)
+    assert plan.xe_image_cost(new) == pytest.approx(1 + 4 * plan.ENCODER_SHARE, abs=1e-3)
+    assert plan.scst_image_cost(new) == 2.0 * plan.BEAM_SCST_COST
+    assert plan.estimate(new, 100, None).gpu_hours > plan.estimate(old, 100, None).gpu_hours
+
+
+def test_the_plans_encoder_passes_are_the_expected_distinct_images_of_a_pairs_step(tmp_path):
+    """At the smoke study's sizes (1,000 train images, 5,000 pairs, 25 a step) repeats are common enough to count:
+    the closed form against the mean over simulated steps."""
+    import numpy as np
+    import yaml
+
+    from launch import plan
+
+    raw = load_yaml("studies/smoke.yaml")
+    raw["train"]["batch_layout"] = "pairs"
+    path = tmp_path / "pairs.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_study(path, check_files=False)
+    rng = np.random.default_rng(0)
+    simulated = np.mean([len(np.unique(rng.choice(5000, 25, replace=False) // 5)) for _ in range(20_000)])
+    assert plan.encoder_passes(spec) == pytest.approx(simulated, abs=0.02)
+    assert 24.0 < plan.encoder_passes(spec) < 25.0
