@@ -2,6 +2,8 @@
 
     python benchmarks/bench_recipe.py                       # all three parts, 5 seeds, 2 processes for (b), (c)
     python benchmarks/bench_recipe.py --parts speed --repeats 5
+    python benchmarks/bench_recipe.py --parts layout & python benchmarks/bench_recipe.py --parts scst --follow
+                                                            # (c) starts on each seed as soon as (b) has it
     python benchmarks/bench_recipe.py --summary             # no training: the tables from the stored records
 
 (a) speed: one cross-entropy step (A2 gate, `Updates.xe`: the mask step and the captioner step) at the paper's
@@ -169,8 +171,11 @@ def layout_job(args: tuple) -> str:
 
 
 def scst_job(args: tuple) -> str:
-    seed, work, epochs = args
+    seed, work, epochs = args[:3]
+    follow = len(args) > 3 and args[3]
     _threads()
+    while follow and not (RECORDS / f"layout-pairs-seed{seed}.json").is_file():
+        time.sleep(20)  # --follow: part (b), in another process, has not written this seed's checkpoint yet
     start_from = json.loads((RECORDS / f"layout-pairs-seed{seed}.json").read_text())
     lines = []
     for arm in (("beam", "sample") if seed % 2 == 0 else ("sample", "beam")):  # alternate which runs first
@@ -297,6 +302,8 @@ def main() -> None:
     ap.add_argument("--scst-epochs", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=2, help="(b), (c): runs at a time, one thread each")
     ap.add_argument("--work", default="/tmp/bench-recipe", help="checkpoints of (b), read by (c)")
+    ap.add_argument("--follow", action="store_true",
+                    help="(c): wait for each seed's (b) record, written by a run of --parts layout in another process")
     ap.add_argument("--summary", action="store_true", help="only the summary of the stored records")
     args = ap.parse_args()
     seeds = list(range(args.seeds))
@@ -314,7 +321,7 @@ def main() -> None:
         if "layout" in args.parts:
             _pool(args.jobs, layout_job, [(arm, s, args.work) for s in seeds for arm in ("images", "pairs")])
         if "scst" in args.parts:
-            _pool(args.jobs, scst_job, [(s, args.work, args.scst_epochs) for s in seeds])
+            _pool(args.jobs, scst_job, [(s, args.work, args.scst_epochs, args.follow) for s in seeds])
     print(summary(seeds))
 
 
