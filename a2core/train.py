@@ -1,10 +1,13 @@
 """Training: cross-entropy with Noam warmup and the alternating mask-network updates (stage 1), then self-critical
-sequence training with a CIDEr-D reward (stage 2). Plain PyTorch: `train(config, report)` runs the same under
+sequence training with a CIDEr-D reward (stage 2), its candidates sampled or the beams of a beam search
+(`train.scst_candidates`, `Trainer.beam_candidates`). Plain PyTorch: `train(config, report)` runs the same under
 `a2 train`, a test, or a Ray Train worker (which initialises torch.distributed before calling it).
 
 Every step of stage 1 (`Updates.xe`) first computes, once, what neither step's mask network can change: the
 batch's region encoding, every decoder layer's region keys/values and the decoder below its first cross-attention
-(word embeddings and the first self-attention sublayer, `A2Transformer.decode_start`). Then:
+(word embeddings and the first self-attention sublayer, `A2Transformer.decode_start`); in `train.batch_layout`
+pairs, each distinct image of the step is encoded once and its encoding and keys/values are gathered per pair
+(`Updates.xe`). Then:
 
   1. mask step (every `mask_every` steps, not for fusion `none`): L(theta_m) = -L_IC(a_p) + lambda P (Eq. 4,
      P and its reduction in `a2core.model.a2`) with the *perturbed* attention a_p, on those tensors detached (no
