@@ -329,3 +329,17 @@ def test_the_plans_encoder_passes_are_the_expected_distinct_images_of_a_pairs_st
     simulated = np.mean([len(np.unique(rng.choice(5000, 25, replace=False) // 5)) for _ in range(20_000)])
     assert plan.encoder_passes(spec) == pytest.approx(simulated, abs=0.02)
     assert 24.0 < plan.encoder_passes(spec) < 25.0
+
+
+def test_a_configuration_saved_before_the_keys_keeps_its_group_hash():
+    """A study that ran before the recipe keys stored configs without them; resolved today they hold the defaults,
+    which must not make them another configuration (their replicate groups, leaderboard entries)."""
+    from dashboards.stats import config_hash
+
+    today = Config.from_dict({"train": {"xe_epochs": 3}}).to_dict()
+    saved = {**today, "train": {k: v for k, v in today["train"].items()
+                                if k not in ("batch_layout", "scst_candidates")}}
+    assert config_hash(saved) == config_hash(today)
+    pairs = Config.from_dict({"train": {"xe_epochs": 3, "batch_layout": "pairs"}}).to_dict()
+    beam = Config.from_dict({"train": {"xe_epochs": 3, "scst_candidates": "beam"}}).to_dict()
+    assert len({config_hash(today), config_hash(pairs), config_hash(beam)}) == 3
