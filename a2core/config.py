@@ -270,12 +270,21 @@ class TrainConfig(Section):
     seed: Seed = Field(0, description="Seed of initialisation, data order and dropout (0 .. 2^32-1).")
     xe_epochs: Integer = Field(20, ge=0, description="Epochs of cross-entropy training (stage 1).")
     scst_epochs: Integer = Field(0, ge=0, description="Epochs of SCST with a CIDEr-D reward (stage 2).")
-    # M2's `--batch_size 50`: batch_size / 5 images with their 5 captions each, split evenly over the trial's
-    # workers; every step count (warmup, T_P, mask_every, log_every) counts these global optimizer steps.
+    # The paper trains "with a batch size of 50" as M2 does; M2's train.py builds `DataLoader(train_dataset,
+    # batch_size=50, shuffle=True, drop_last=True)` over the dataset of (image, caption) *pairs*, so a step holds
+    # 50 pairs drawn at random over the split (about 50 distinct images). That is batch_layout `pairs`; `images`
+    # (batch_size / 5 images with all 5 of their captions) is a2tune's older layout, not M2's. Either way the batch
+    # is global, split over the trial's workers; every step count (warmup, T_P, mask_every, log_every) counts these
+    # global optimizer steps.
     batch_size: Integer = Field(50, ge=CAPTIONS_PER_IMAGE, description=(
-        "Global batch of one optimizer step in image-caption pairs, whatever the number of workers: batch_size / 5 "
-        "images with their 5 captions each, split evenly over the trial's workers. An SCST step takes batch_size / 5 "
-        "images x `scst_samples` sampled captions (M2: batch_size // 5 images x 5 beams)."))
+        "Global batch of one optimizer step in image-caption pairs, whatever the number of workers, split evenly "
+        "over the trial's workers (see `batch_layout`). An SCST step takes batch_size / 5 images x `scst_samples` "
+        "candidates (M2: batch_size // 5 images x 5 beams)."))
+    batch_layout: Literal["images", "pairs"] = Field("images", description=(
+        "How a cross-entropy batch is drawn: `pairs`, batch_size (image, caption) pairs at random over all pairs "
+        "of the split (M2's DataLoader(shuffle=True) over pairs, the paper's recipe); `images`, batch_size / 5 "
+        "images with their 5 captions each (a2tune's earlier layout, the default so that older configs train as "
+        "before). Both take 5 captions per image, so an epoch has the same pairs and steps in either layout."))
     lr_factor: Real = Field(1.0, gt=0, description=(
         "Noam schedule: lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)."))
     warmup: Integer = Field(10000, ge=1, description="Warmup of the Noam schedule, in global optimizer steps.")
@@ -311,9 +320,19 @@ class TrainConfig(Section):
         "with a warning. BLEU-1..4, ROUGE-L and CIDEr are always reported."))
     # SCST (stage 2).
     scst_lr: Real = Field(5e-6, gt=0, description="Learning rate of SCST.")
-    scst_samples: Integer = Field(5, ge=1, description="Sampled captions per image in SCST.")
+    scst_samples: Integer = Field(5, ge=1, description=(
+        "SCST candidates per image: sampled captions (`scst_candidates: sample`) or the beams of a beam search of "
+        "this width (`beam`)."))
+    # M2's train_scst decodes each image with beam search (beam 5, out_size 5), takes the 5 beams as candidates and
+    # their mean reward as the baseline; `sample` (random samples, leave-one-out or greedy baseline) is a2tune's
+    # earlier variant, the default so that older configs train as before.
+    scst_candidates: Literal["sample", "beam"] = Field("sample", description=(
+        "SCST candidates: `sample`, `scst_samples` captions sampled per image (baseline `scst_baseline`); `beam`, "
+        "the `scst_samples` beams of a beam search of that width with the mean of their rewards as the baseline "
+        "(M2's train_scst, the paper's recipe)."))
     scst_baseline: Literal["mean", "greedy"] = Field("mean", description=(
-        "SCST reward baseline: the mean of the other samples, or the greedy caption."))
+        "SCST reward baseline: the mean of the other samples, or the greedy caption (scst_candidates sample; beam "
+        "candidates always take the mean of the beams' rewards)."))
     scst_from: Text | None = Field(None, description=(
         "An XE checkpoint to start stage 2 from (null: this run's best XE checkpoint)."))
     num_workers: Integer = Field(0, ge=0, description="DataLoader worker processes.")
@@ -337,7 +356,17 @@ class TrainConfig(Section):
             raise ConfigError("xe_epochs", "xe_epochs + scst_epochs must be >= 1")
         if self.scst_baseline == "mean" and self.scst_samples < 2:
             raise ConfigError("scst_samples", "the 'mean' baseline needs at least 2 samples")
-        if self.batch_size % CAPTIONS_PER_IMAGE:
+        if self.scst_candidates == "beam" and self.scst_baseline != "mean":
+            raise ConfigError("scst_baseline", "beam candidates take the mean reward of the beams as the baseline "
+                                               "(M2); 'greedy' is for scst_candidates 'sample'")
+        if self.batch_layout == "pairs" and self.mask_captions is not None:
+            raise ConfigError("mask_captions", "batch_layout 'images' only: a 'pairs' batch holds one caption per "
+                                               "row, and the mask step takes them all")
+        if self.batch_size % CAPTIONS_PER_IMAGE and self.batch_layout == "pairs" and self.scst_epochs:
+            raise ConfigError("batch_size", f"{self.batch_size} pairs: with SCST a step takes batch_size / "
+                                            f"{CAPTIONS_PER_IMAGE} images (M2's batch_size // 5), so use a multiple "
+                                            f"of {CAPTIONS_PER_IMAGE}")
+        if self.batch_size % CAPTIONS_PER_IMAGE and self.batch_layout == "images":
             raise ConfigError("batch_size", f"{self.batch_size} image-caption pairs is not a whole number of images "
                                             f"with {CAPTIONS_PER_IMAGE} captions each: use a multiple of "
                                             f"{CAPTIONS_PER_IMAGE}")
@@ -362,9 +391,35 @@ def images_per_worker(batch_size: int, workers: int) -> int:
     return images // workers
 
 
-def steps_per_epoch(train_images: int, batch_size: int) -> int:
+def pairs_per_worker(batch_size: int, workers: int) -> int:
+    """Each worker's share of a global batch of `batch_size` pairs in batch_layout `pairs` (the global batch's
+    r-th contiguous slice goes to rank r); a ConfigError at train.batch_size when it does not split evenly: no
+    remainder rule, since a remainder would make the ranks' shares, and so the step, depend on the worker count."""
+    if batch_size % workers:
+        fits = [w for w in range(1, batch_size + 1) if batch_size % w == 0]
+        raise ConfigError("train.batch_size", f"{batch_size} image-caption pairs (batch_layout pairs) do not split "
+                                              f"evenly over {workers} workers; use a multiple of {workers} pairs, "
+                                              f"or {', '.join(map(str, fits))} workers")
+    return batch_size // workers
+
+
+def check_batch_split(batch_size: int, workers: int, layout: str = "images", scst: bool = False) -> None:
+    """ConfigError at train.batch_size unless the global batch splits evenly over `workers` in `layout`; with SCST
+    (`scst`) its batch_size / 5 images must split too (an SCST step takes whole images in either layout)."""
+    if layout == "pairs":
+        pairs_per_worker(batch_size, workers)
+    if layout == "images" or scst:
+        images_per_worker(batch_size, workers)
+
+
+def steps_per_epoch(train_images: int, batch_size: int, layout: str = "images") -> int:
     """Optimizer steps of one epoch over `train_images` at a global batch of `batch_size` pairs: the last batch
-    is filled up from the start of the epoch's order, so every step has the full batch."""
+    is filled up from the start of the epoch's order, so every step has the full batch. In layout `pairs` an epoch
+    is the train_images x 5 pairs (the captions `encoded_captions` gives every image) over batch_size; in
+    `images`, the images over batch_size / 5: the same count whenever batch_size is a multiple of 5 (M2 drops
+    the last partial batch instead: at most one step an epoch fewer)."""
+    if layout == "pairs":
+        return -(-(train_images * CAPTIONS_PER_IMAGE) // batch_size)
     return -(-train_images // (batch_size // CAPTIONS_PER_IMAGE))
 
 

@@ -171,9 +171,11 @@ def _can_select_rows(stepper) -> bool:
 
 @torch.no_grad()
 def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_len: int = 20, bos: int = 1,
-                eos: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+                eos: int = 2, all_beams: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Batched beam search. Returns the best sequence per image (B, <= max_len + 1) (pad 0 after <eos>) and its
-    total log-probability (B,). A hypothesis ends at <eos>; after max_len words <eos> is forced.
+    total log-probability (B,); with `all_beams`, all beam_size final hypotheses per image, best first:
+    (B, beam_size, <= max_len + 1) and (B, beam_size) (M2's `out_size=beam_size`, SCST's beam candidates). A
+    hypothesis ends at <eos>; after max_len words <eos> is forced.
 
     An image whose k hypotheses have all ended leaves the batch (with a stepper that can `select_rows`): its
     result is final (a finished hypothesis only continues with pad at no cost), and the images still decoding
@@ -222,7 +224,7 @@ def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_le
         ended = done.view(g, k).all(dim=1)  # (G,)
         if bool(ended.all()) or (compact and bool(ended.any())):
             for i in ended.nonzero().flatten().tolist():
-                best_seqs[int(alive[i])], best_scores[int(alive[i])] = seqs[i * k], scores[i, 0]
+                best_seqs[int(alive[i])], best_scores[int(alive[i])] = seqs[i * k:(i + 1) * k], scores[i]
             if bool(ended.all()):
                 break
             keep = (~ended).nonzero().flatten()  # (G',) groups still decoding
@@ -232,11 +234,13 @@ def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_le
             scores, alive = scores.index_select(0, keep), alive[keep]
     for i in range(alive.numel()):  # still decoding after max_len + 1 steps: cannot happen (<eos> is forced)
         if best_seqs[int(alive[i])] is None:
-            best_seqs[int(alive[i])], best_scores[int(alive[i])] = seqs[i * k], scores[i, 0]
-    best = torch.zeros(b, steps, dtype=torch.long, device=device)  # pad 0 after <eos>, as when kept to the end
+            best_seqs[int(alive[i])], best_scores[int(alive[i])] = seqs[i * k:(i + 1) * k], scores[i]
+    # an image's k hypotheses, best first (topk sorts); pad 0 after <eos>, as when kept to the end
+    beams = torch.zeros(b, k, steps, dtype=torch.long, device=device)
     for i, seq in enumerate(best_seqs):
-        best[i, :seq.numel()] = seq
-    return best, torch.stack(best_scores)
+        beams[i, :, :seq.shape[1]] = seq
+    scores = torch.stack(best_scores)  # (B, K)
+    return (beams, scores) if all_beams else (beams[:, 0], scores[:, 0])
 
 
 def sample(model: A2Transformer, feats, region_mask, n: int, max_len: int = 20, bos: int = 1, eos: int = 2,

@@ -1,10 +1,13 @@
 """Training: cross-entropy with Noam warmup and the alternating mask-network updates (stage 1), then self-critical
-sequence training with a CIDEr-D reward (stage 2). Plain PyTorch: `train(config, report)` runs the same under
+sequence training with a CIDEr-D reward (stage 2), its candidates sampled or the beams of a beam search
+(`train.scst_candidates`, `Trainer.beam_candidates`). Plain PyTorch: `train(config, report)` runs the same under
 `a2 train`, a test, or a Ray Train worker (which initialises torch.distributed before calling it).
 
 Every step of stage 1 (`Updates.xe`) first computes, once, what neither step's mask network can change: the
 batch's region encoding, every decoder layer's region keys/values and the decoder below its first cross-attention
-(word embeddings and the first self-attention sublayer, `A2Transformer.decode_start`). Then:
+(word embeddings and the first self-attention sublayer, `A2Transformer.decode_start`); in `train.batch_layout`
+pairs, each distinct image of the step is encoded once and its encoding and keys/values are gathered per pair
+(`Updates.xe`). Then:
 
   1. mask step (every `mask_every` steps, not for fusion `none`): L(theta_m) = -L_IC(a_p) + lambda P (Eq. 4,
      P and its reduction in `a2core.model.a2`) with the *perturbed* attention a_p, on those tensors detached (no
@@ -45,10 +48,10 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from . import precision
-from .config import Config, images_per_worker, steps_per_epoch
+from .config import CAPTIONS_PER_IMAGE, Config, check_batch_split, steps_per_epoch
 from .data.captions import Vocab
 from .data.dataset import CaptionData
-from .decode import ModelStepper, captions_for, greedy, sample, score_split
+from .decode import ModelStepper, beam_search, captions_for, greedy, sample, score_split
 from .model.a2 import build_model
 from .selection import improves
 from .errors import CheckpointError
@@ -195,13 +198,23 @@ class Updates:
     def mask_due(self, step: int) -> bool:
         return self.mask_opt is not None and (step + 1) % self.cfg.train.mask_every == 0
 
-    def xe(self, feats, mask, caps, step: int) -> dict[str, float]:
-        """Stage 1 on one batch: feats (B, R, D), mask (B, R), caps (B, C, L) (module docstring)."""
+    def xe(self, feats, mask, caps, step: int, caption_image: torch.Tensor | None = None) -> dict[str, float]:
+        """Stage 1 on one batch (module docstring): feats (B, R, D), mask (B, R) and either caps (B, C, L), an
+        image's C captions (batch_layout images), or caps (P, L) of P pairs with caption_image (P,), the row of
+        each pair's image in feats (batch_layout pairs)."""
         t = self.cfg.train
-        tokens = caps.reshape(-1, caps.shape[-1])  # (B * C, L), an image's captions adjacent
         with self.amp():
             enc = self.model.encode(feats, mask)  # (B, R, d)
             kv = self.model.memory(enc, mask_keys=False)  # region keys/values, per decoder layer
+        if caption_image is not None:
+            # Pairs of one image share its encoder pass and its keys/values: the B distinct images are encoded
+            # once, and their rows are gathered per pair (index_select; its backward sums a shared image's pair
+            # gradients). Each pair is then one image with C = 1 caption: enc (P, R, d), mask (P, R), caps (P, 1, L).
+            enc, mask = enc.index_select(0, caption_image), mask.index_select(0, caption_image)
+            kv = [{n: v.index_select(0, caption_image) for n, v in m.items()} for m in kv]
+            caps = caps[:, None]
+        tokens = caps.reshape(-1, caps.shape[-1])  # (B * C, L), an image's captions adjacent
+        with self.amp():
             first = self.model.decode_start(tokens[:, :-1])  # (B * C, L - 1, d), below the first cross-attention
         out = {}
         if self.mask_due(step):
@@ -279,10 +292,13 @@ class Trainer:
         self.vocab = self.data.vocab
         self.model = build_model(cfg.model, len(self.vocab), cfg.data.max_caption_len + 2).to(self.device)
         self.dist.broadcast_params(self.model)
-        xe_steps = steps_per_epoch(len(self.data.images("train")), cfg.train.batch_size) * cfg.train.xe_epochs
+        t = cfg.train
+        xe_steps = steps_per_epoch(len(self.data.images("train")), t.batch_size, t.batch_layout) * t.xe_epochs
         self.updates = Updates(self.model, cfg, self.device, self.dist, xe_steps=xe_steps)
         # the trial's global batch split over its workers; refused here too when it does not split evenly
-        self.images_per_worker = images_per_worker(cfg.train.batch_size, self.dist.world)
+        check_batch_split(t.batch_size, self.dist.world, t.batch_layout, scst=t.scst_epochs > 0)
+        # images a worker decodes at once in validation and diagnostics: its share of the batch's images
+        self.images_per_worker = max(1, t.batch_size // CAPTIONS_PER_IMAGE // self.dist.world)
         self.epoch, self.step = 0, 0
         self.best: dict = {"val/CIDEr": float("-inf"), "epoch": 0}
         self.history: list[dict] = []
@@ -309,8 +325,13 @@ class Trainer:
         ckpt.set_rng_state(state["rng"])
 
     # -- one epoch of each stage ----------------------------------------------------------------------------------
-    def _batches(self):
+    def _batches(self, stage: str = "xe"):
+        """This rank's batches of one epoch: in stage xe, of `train.batch_layout`; in SCST, whole images
+        (batch_size / 5 a step, M2's batch_size // 5) in either layout, since the candidates are drawn per image."""
         t = self.cfg.train
+        if stage == "xe" and t.batch_layout == "pairs":
+            return self.data.pair_loader(t.batch_size, seed=t.seed, epoch=self.epoch, rank=self.dist.rank,
+                                         world=self.dist.world, num_workers=t.num_workers)
         return self.data.train_loader(t.images_per_step, seed=t.seed, epoch=self.epoch, rank=self.dist.rank,
                                       world=self.dist.world, num_workers=t.num_workers)
 
@@ -326,7 +347,9 @@ class Trainer:
         means = _Means()
         for batch in self._batches():
             feats, mask = self._batch(batch)
-            means.add(self.updates.xe(feats, mask, batch["captions"].to(self.device), self.step))
+            pairs = batch.get("caption_image")  # batch_layout pairs: (P,) the image row of each caption
+            means.add(self.updates.xe(feats, mask, batch["captions"].to(self.device), self.step,
+                                      None if pairs is None else pairs.to(self.device)))
             self._advance()
             if self.dist.rank == 0 and self.step % self.cfg.train.log_every == 0:
                 log.info("epoch %d step %d loss %.4f lr %.2e", self.epoch + 1, self.step,
@@ -347,17 +370,23 @@ class Trainer:
         cider = self.cider()
         refs_by_id = self.data.references("train")
         means = _Means()
-        for batch in self._batches():
+        for batch in self._batches("scst"):
             feats, mask = self._batch(batch)
             ids = batch["image_ids"].tolist()
             k = t.scst_samples
             self.model.train()
-            with u.amp():
-                tokens, logps, valid = sample(self.model, feats, mask, k, t.max_len, self.vocab.bos, self.vocab.eos)
+            if t.scst_candidates == "beam":
+                tokens, logps, valid = self.beam_candidates(feats, mask)
+            else:
+                with u.amp():
+                    tokens, logps, valid = sample(self.model, feats, mask, k, t.max_len, self.vocab.bos,
+                                                  self.vocab.eos)
             cands = [self.vocab.decode(seq) for seq in tokens.tolist()]
             refs = [refs_by_id[i] for i in ids for _ in range(k)]
             reward = torch.tensor(cider.scores(cands, refs), dtype=torch.float32, device=self.device).view(-1, k)
-            if t.scst_baseline == "mean":
+            if t.scst_candidates == "beam":
+                baseline = reward.mean(1, keepdim=True)  # M2: the mean reward of the image's k beams, itself included
+            elif t.scst_baseline == "mean":
                 baseline = (reward.sum(1, keepdim=True) - reward) / (k - 1)  # mean of the *other* samples
             else:
                 self.model.eval()
@@ -380,6 +409,28 @@ class Trainer:
             means.add(step_out)
             self._advance()
         return means.result()
+
+    def beam_candidates(self, feats, mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """SCST candidates of scst_candidates `beam` (M2's train_scst): the `scst_samples` beams of a beam search of
+        that width, searched with the model in training mode as M2 does (dropout on), without a graph; then one
+        teacher-forced pass over the k candidates gives their word log-probabilities with a graph (fresh dropout
+        draws). M2 backpropagates through the search itself, which keeps max_len steps of k beams' activations;
+        the pass costs one decoder forward and backward of the candidates, as a sample's does.
+
+        feats (B, R, D), mask (B, R) -> tokens (B*k, L) (an image's k beams adjacent, best first, pad 0 after
+        <eos>), log-probabilities (B*k, L) with grad and the mask (B*k, L) of the words that count (up to and
+        including <eos>), as `a2core.decode.sample` returns them."""
+        t, k = self.cfg.train, self.cfg.train.scst_samples
+        with torch.no_grad(), self.updates.amp():
+            beams, _ = beam_search(ModelStepper(self.model), feats, mask, k, t.max_len, self.vocab.bos,
+                                   self.vocab.eos, all_beams=True)  # (B, k, L)
+        tokens = beams.flatten(0, 1)  # (B*k, L)
+        inp = torch.cat([torch.full_like(tokens[:, :1], self.vocab.bos), tokens[:, :-1]], dim=1)  # (B*k, L)
+        with self.updates.amp():
+            logits, _ = self.model.decode(inp, self.model.memory(self.model.encode(feats, mask)), mask)
+            logps = logits.float().log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)  # (B*k, L)
+        eos = (tokens == self.vocab.eos).long()
+        return tokens, logps, eos.cumsum(1) - eos == 0  # the words before the first <eos>, and that <eos>
 
     # -- validation -----------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -10,7 +10,7 @@
    every step (`UncachedStepper`), on the A2 model; the two must return the same captions.
 
 Sizes: d_model 512, 8 heads, 6 layers, d_ff 2048, 50 regions of 2048-d features, captions of 16 tokens,
-vocabulary 10,000; a batch of 10 images x 5 captions (CPU-sized; the paper trains with 50 images).
+vocabulary 10,000; a batch of 10 images x 5 captions (the images layout; the paper, as M2, draws 50 random pairs).
 Measuring on a shared, loaded machine: every repeat times the A2 arms once and the plain step twice, in an order
 that rotates every repeat, so the samples of one repeat ran under about the same load; plain_i is the mean of the
 repeat's two plain samples. Reported per A2 arm: the ratio of the medians over repeats, the median (min-max) of

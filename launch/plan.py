@@ -37,6 +37,22 @@ IMAGES_PER_SECOND = 100.0
 # (beam or greedy decoding), and a test image of the end-of-run evaluation, costs one; a trial's GPUs scale linearly.
 SCST_IMAGE_COST = 2.0
 VAL_IMAGE_COST = 1.0
+# The XE layout (train.batch_layout). IMAGES_PER_SECOND is for the `images` layout (10 encoder passes a step of 50
+# pairs); a `pairs` step encodes each distinct image of its 50 random pairs once, ~50 passes. Priced by the
+# encoder's share of an images-layout step, ENCODER_SHARE: the encoder's work (and the region keys/values) scales
+# with the passes, the decoder's (the 50 captions, the mask step) does not. From a FLOP count, as
+# IMAGES_PER_SECOND is (benchmarks/bench_recipe.py (a): A2 gate at the paper's sizes, FlopCounterMode, forward and
+# backward): an images step 287 GFLOP, a pairs step 582, ratio 2.03, so share = (2.03 - 1) / (50 / 10 - 1) = 0.26.
+# Measured on a CPU, one thread, the time ratio was 2.0-2.6 (RESULTS.md); on a GPU a 10-image step runs further
+# from its peak than a 50-image one, so there the time ratio is likely lower than the FLOP ratio: measure it
+# (`--images-per-second` from a first trial).
+ENCODER_SHARE = 0.26
+# SCST candidates (train.scst_candidates): a `beam` SCST image against a `sample` one (SCST_IMAGE_COST). Beam:
+# a beam search of width k (k beams x up to max_len decoder steps, no graph) and one teacher-forced pass of the k
+# beams (forward and backward); sample: k samples word by word keeping the graph, and their backward. MEASURED
+# on a CPU at the smoke study's sizes (benchmarks/bench_recipe.py (c), SCST epoch time beam / sample, 5 seeds):
+# 0.75x [0.62, 0.89]. Not measured at the paper's sizes or on a GPU: an assumption there.
+BEAM_SCST_COST = 0.75
 # Seed spread of best val CIDEr (x100) for a COCO study that has not run yet: an ASSUMED figure of 1.0 CIDEr. No
 # source at hand measures it for this model (the paper reports one run per configuration); it is of the order of
 # the differences between re-runs of one Transformer captioner on the Karpathy split. Replace it with the
@@ -121,14 +137,42 @@ class Estimate:
     gpus_at_once: int
 
 
+def encoder_passes(spec) -> float:
+    """Encoder passes of one cross-entropy step (all workers): batch_size / 5 in layout images; in layout pairs the
+    expected distinct images among batch_size pairs drawn without replacement from the train images x 5 pairs
+    (each drawn image is encoded once): N (1 - C(5N - 5, b) / C(5N, b))."""
+    t = spec.base["train"]
+    b = t["batch_size"]
+    if t.get("batch_layout", "images") != "pairs":
+        return b // CAPTIONS_PER_IMAGE
+    n = spec.images["train"]
+    pairs = n * CAPTIONS_PER_IMAGE
+    missed = math.prod((pairs - b - i) / (pairs - i) for i in range(CAPTIONS_PER_IMAGE)) if b <= pairs - 5 else 0.0
+    return n * (1 - missed)
+
+
+def xe_image_cost(spec) -> float:
+    """Cost of an epoch's training image in cross-entropy against the images layout's (1.0): the layout's encoder
+    passes a step over the images layout's, weighted by the encoder's share of a step (ENCODER_SHARE)."""
+    images = spec.base["train"]["batch_size"] // CAPTIONS_PER_IMAGE
+    return 1.0 + ENCODER_SHARE * (encoder_passes(spec) / max(images, 1) - 1.0)
+
+
+def scst_image_cost(spec) -> float:
+    """Cost of an SCST training image in cross-entropy images of the images layout: SCST_IMAGE_COST for sampled
+    candidates, times BEAM_SCST_COST for beam candidates."""
+    beam = spec.base["train"].get("scst_candidates", "sample") == "beam"
+    return SCST_IMAGE_COST * (BEAM_SCST_COST if beam else 1.0)
+
+
 def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimate:
     """GPU-hours of every trial run to its planned epochs, and the wall time with the GPUs the study can use at
     once (its concurrent trials, capped by the cluster's GPUs)."""
     t = spec.base["train"]
     train_images = spec.steps_per_epoch * t["batch_size"] // CAPTIONS_PER_IMAGE  # the last batch filled up
     val_images = spec.base["data"].get("val_images") or spec.images["val"]
-    xe = train_images + VAL_IMAGE_COST * val_images
-    scst = SCST_IMAGE_COST * train_images + VAL_IMAGE_COST * val_images
+    xe = xe_image_cost(spec) * train_images + VAL_IMAGE_COST * val_images
+    scst = scst_image_cost(spec) * train_images + VAL_IMAGE_COST * val_images
     test = VAL_IMAGE_COST * test_images(spec)  # once, when the trial ends
     gpu_seconds = (t["xe_epochs"] * xe + t["scst_epochs"] * scst + test) / images_per_second
     gpu_hours = spec.num_trials * gpu_seconds / 3600
@@ -169,13 +213,26 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
     xe_steps = steps * t["xe_epochs"]
     images = t["batch_size"] // CAPTIONS_PER_IMAGE
     per_worker = images // r.workers_per_trial
+    per_trial = f"{r.workers_per_trial} worker{'s' if r.workers_per_trial > 1 else ''}"
+    if t.get("batch_layout", "images") == "pairs":
+        batch = (f"{t['batch_size']} image-caption pairs a step at random over all {_n(spec.images['train'] * 5)} "
+                 f"pairs ({per_trial} x {t['batch_size'] // r.workers_per_trial} pairs), ~{encoder_passes(spec):.1f} "
+                 f"encoder passes a step (one per distinct image)")
+    else:
+        batch = (f"{t['batch_size']} image-caption pairs a step = {images} images x {CAPTIONS_PER_IMAGE} captions "
+                 f"({per_trial} x {per_worker} images), {images} encoder passes a step")
+    k = t["scst_samples"]
+    if t.get("scst_candidates", "sample") == "beam":
+        scst = (f"{images} images x {k} beams of a beam search of width {k} (up to {t['max_len']} steps of {k} "
+                f"beams an image, then one teacher-forced pass of the {k}), mean-reward baseline")
+    else:
+        scst = f"{images} images x {k} samples"
     lines = [f"{spec.name}: plan (nothing runs)",
              "per trial",
              f"  images    {_n(spec.images['train'])} train, {_n(spec.images['val'])} val, "
              f"{_n(spec.images.get('test', 0))} test ({spec.images_source})",
-             f"  batch     {t['batch_size']} image-caption pairs a step = {images} images x {CAPTIONS_PER_IMAGE} "
-             f"captions ({r.workers_per_trial} worker{'s' if r.workers_per_trial > 1 else ''} x {per_worker} "
-             f"images); SCST: {images} images x {t['scst_samples']} samples",
+             f"  batch     {batch}",
+             f"  SCST      {scst}" if t["scst_epochs"] else f"  SCST      none (scst_epochs 0)",
              f"  steps     {_n(steps)} a epoch; {_n(total)} in {spec.total_epochs} epochs ({t['xe_epochs']} XE + "
              f"{t['scst_epochs']} SCST)"]
     if t["xe_epochs"]:
@@ -219,9 +276,11 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
     est = estimate(spec, images_per_second, workers)
     lines += ["cost (an estimate)",
               f"  speed     {images_per_second:g} training images/s per GPU ({ips_source})",
-              f"            assumed: an SCST image costs {SCST_IMAGE_COST:g}, a validation image {VAL_IMAGE_COST:g}, "
-              f"a test image ({_n(test_images(spec))} when a trial ends) {VAL_IMAGE_COST:g}; a trial's GPUs scale "
-              f"linearly",
+              f"            assumed: an XE image costs {xe_image_cost(spec):.2f} ({t.get('batch_layout', 'images')} "
+              f"layout, encoder share {ENCODER_SHARE:g} of an images-layout step), an SCST image "
+              f"{scst_image_cost(spec):g} ({t.get('scst_candidates', 'sample')} candidates), a validation image "
+              f"{VAL_IMAGE_COST:g}, a test image ({_n(test_images(spec))} when a trial ends) {VAL_IMAGE_COST:g}; "
+              f"a trial's GPUs scale linearly",
               f"  GPU-hours {est.gpu_hours:,.0f} for {spec.num_trials} trials; about {est.wall_hours:,.0f} h wall "
               f"on {est.gpus_at_once} GPUs at once"]
     if workers is not None:

@@ -18,7 +18,7 @@ from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, Valid
                       model_validator)
 
 from a2core.config import (CAPTIONS_PER_IMAGE, Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
-                           applicable_config, apply_overrides, config_error, get_dotted, images_per_worker, integer,
+                           applicable_config, apply_overrides, check_batch_split, config_error, get_dotted, integer,
                            load_yaml, set_dotted, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.data.prepared import check_copy, is_prepared
@@ -551,8 +551,11 @@ class StudySpec(Section):
 
     @property
     def steps_per_epoch(self) -> int:
-        """Global optimizer steps of one epoch (XE and SCST alike: both take batch_size / 5 images a step)."""
-        return steps_per_epoch(self.images["train"], self.base["train"]["batch_size"])
+        """Global optimizer steps of one epoch (XE and SCST alike: an XE step takes batch_size pairs, as
+        batch_size / 5 images x 5 captions or as random pairs (train.batch_layout), an SCST step batch_size / 5
+        images; with SCST batch_size is a multiple of 5, so the counts agree)."""
+        t = self.base["train"]
+        return steps_per_epoch(self.images["train"], t["batch_size"], t.get("batch_layout", "images"))
 
     @property
     def total_steps(self) -> int:
@@ -682,12 +685,12 @@ def _split_counts(data: dict, splits: dict | None) -> tuple[dict[str, int], str]
 
 def _check_batch(spec: StudySpec) -> None:
     """The global batch splits evenly over a trial's workers, for every batch size a trial can have."""
-    workers = spec.resources.workers_per_trial
+    workers, t = spec.resources.workers_per_trial, spec.base["train"]
     param = next((p for p in spec.params.values() if p.path == "train.batch_size"), None)
     sizes = list(param.values) if param is not None and param.categorical else [spec.base["train"]["batch_size"]]
     for size in sizes:
         try:
-            images_per_worker(int(size), workers)
+            check_batch_split(int(size), workers, t.get("batch_layout", "images"), scst=t["scst_epochs"] > 0)
         except ConfigError as err:
             where = f"search.space.{param.key}" if param is not None else err.path
             _fail(where, f"{err.reason} (resources.workers_per_trial: {workers})")

@@ -163,6 +163,24 @@ class CaptionData:
         return _BatchLoader(self, _ImageDataset(self, images, True), batch_sampler=order[:, rank].tolist(),
                             num_workers=num_workers, collate_fn=_whole_batch, persistent_workers=False)
 
+    def pair_loader(self, pairs_per_step: int, *, seed: int = 0, epoch: int = 0, rank: int = 0, world: int = 1,
+                    num_workers: int = 0, split: str = "train") -> DataLoader:
+        """The training batches of one epoch in batch_layout `pairs`, as M2 draws them (a DataLoader with
+        shuffle=True over the dataset of (image, caption) pairs): a global batch of `pairs_per_step` pairs drawn
+        from one permutation, seeded by (seed, epoch), of all the split's pairs, each image's 5 captions of
+        `encoded_captions` (pair p = image p // 5, caption p % 5). Rank r of `world` gets the r-th contiguous
+        `pairs_per_step / world` pairs of each step, so the steps of an epoch and the pairs of each step are the same
+        at any number of workers (`pairs_per_step` must split evenly: `a2core.config.pairs_per_worker`). The last
+        step is filled up from the start of the epoch's order. Batches: `_PairDataset`."""
+        if pairs_per_step % world:
+            raise ValueError(f"{pairs_per_step} pairs per step do not split over {world} workers")
+        images = self.images(split)
+        order = np.random.default_rng((seed, epoch)).permutation(len(images) * CAPTIONS_PER_IMAGE)
+        steps = -(-len(order) // pairs_per_step)
+        order = np.resize(order, steps * pairs_per_step).reshape(steps, world, -1)  # (steps, world, pairs/world)
+        return _BatchLoader(self, _PairDataset(self, images), batch_sampler=order[:, rank].tolist(),
+                            num_workers=num_workers, collate_fn=_whole_batch, persistent_workers=False)
+
     def check(self, splits=("train", "val", "test")) -> None:
         """Fail before training if train or val (when asked for) is empty, or if any image of these splits has no
         features (names the ids)."""
@@ -207,6 +225,33 @@ class _ImageDataset(Dataset):
                 for j, c in enumerate(captions):
                     caps[b, j, :len(c)] = c
             batch["captions"] = torch.from_numpy(caps)  # (B, 5, L): <bos> w1 .. wn <eos> <pad>..
+        return batch
+
+
+class _PairDataset(_ImageDataset):
+    """(image, caption) pairs of a split: index p is image p // 5 with its caption p % 5. A batch holds each
+    distinct image once: image_ids (U,), feats (U, R, D), region_mask (U, R), in the order of first appearance,
+    with captions (P, L) of the P pairs and caption_image (P,), the row of each pair's image among the U, so pairs
+    of one image share one encoder pass (`a2core.train.Updates.xe`)."""
+
+    def __init__(self, data: CaptionData, images: list[ImageCaptions]):
+        super().__init__(data, images, False)  # the pairs' captions are added below, one per pair
+
+    def __len__(self) -> int:
+        return len(self.images) * CAPTIONS_PER_IMAGE
+
+    def __getitems__(self, indices: list[int]) -> dict:
+        image_of = [i // CAPTIONS_PER_IMAGE for i in indices]
+        distinct = list(dict.fromkeys(image_of))  # first appearance order
+        row = {img: r for r, img in enumerate(distinct)}
+        batch = super().__getitems__(distinct)
+        encoded = [self.data.encoded_captions(self.images[i // CAPTIONS_PER_IMAGE])[i % CAPTIONS_PER_IMAGE]
+                   for i in indices]
+        caps = np.zeros((len(indices), max(len(c) for c in encoded)), dtype=np.int64)  # 0 = <pad>
+        for p, c in enumerate(encoded):
+            caps[p, :len(c)] = c
+        batch["captions"] = torch.from_numpy(caps)  # (P, L): <bos> w1 .. wn <eos> <pad>..
+        batch["caption_image"] = torch.tensor([row[i] for i in image_of], dtype=torch.long)  # (P,) into the U
         return batch
 
 
