@@ -3,8 +3,8 @@ checkpoint becomes best.pt and is scored on the test split), checkpoint retentio
 export, reports and comparisons.
 
 The best epoch is the epoch of the best finite value of the metric in the study's mode ("max" or "min"); among
-equal values, the latest. The latest because it is the one that survives: retention keeps the newest checkpoint of
-equals, and a run that reaches the same score again has trained longer for it.
+equal values, the latest: as M2's `train.py` keeps its best (`if val_cider >= best_cider`), and the one that survives
+retention, which keeps the newest checkpoint of equals.
 """
 from __future__ import annotations
 
