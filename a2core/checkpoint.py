@@ -19,14 +19,14 @@ import numpy as np
 import torch
 
 from .atomic import atomic_write
-from .config import CAPTIONS_PER_IMAGE, Config, get_dotted
+from .config import Config, get_dotted
 from .data.captions import Vocab
 from .model.a2 import A2Transformer, build_model
 from .errors import CheckpointError
 
 CHECKPOINT_FILE = "checkpoint.pt"
-# 2: train.batch_size is the global batch in image-caption pairs. Format 1 stored images per worker; `load` turns
-# it into pairs (x 5) of that worker's share, since a format-1 checkpoint does not record its worker count.
+# 2: train.batch_size is the global batch in image-caption pairs. Format 1 (images per worker, before the first
+# release) is refused by `load`: its batch cannot be read in today's units without its worker count.
 FORMAT = 2
 # Next to CHECKPOINT_FILE in a reported checkpoint folder: every epoch's metrics up to it, readable without
 # loading the weights (a restarted study recovers results its dead driver never logged).
@@ -85,18 +85,11 @@ def load(path: str | Path, map_location="cpu") -> dict:
     for key in ("model", "config", "vocab"):
         if key not in state:
             raise CheckpointError(f"{path}: not an a2tune checkpoint (no {key!r})")
+    if isinstance(state.get("format"), int) and state["format"] < FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {state['format']}, from before the first release (this "
+                              f"a2tune reads format {FORMAT}); train it again")
     if isinstance(state.get("rng"), dict) and "numpy" in state["rng"]:  # the older form becomes plain data
         state["rng"] = {**state["rng"], "numpy": _plain_numpy_state(state["rng"]["numpy"])}
-    return _upgraded(state)
-
-
-def _upgraded(state: dict) -> dict:
-    """A format-1 checkpoint's config in today's units (see FORMAT)."""
-    train = state["config"].get("train") if isinstance(state["config"], dict) else None
-    if state.get("format", 1) < 2 and isinstance(train, dict) and isinstance(train.get("batch_size"), int):
-        pairs = train["batch_size"] * CAPTIONS_PER_IMAGE
-        state["config"] = {**state["config"], "train": {**train, "batch_size": pairs}}
-        state["format"] = FORMAT
     return state
 
 

@@ -110,8 +110,6 @@ def load_saved_spec(location: StudyLocation) -> StudySpec:
         raise StudyError(f"{source}: not a study file (not UTF-8 text: {err.reason} at byte {err.start}); restore it "
                          f"from a copy (`a2 study check {location.name}` lists every problem)") from None
     raw = parse_yaml(text, source)
-    if isinstance(raw, dict):
-        raw.setdefault("format", 1)  # saved before the format was recorded: converted (launch.spec.convert_format_1)
     return StudySpec.from_dict(raw, source=source)
 
 

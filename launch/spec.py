@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, ValidationError, ValidationInfo,
                       model_validator)
 
-from a2core.config import (CAPTIONS_PER_IMAGE, Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
+from a2core.config import (Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
                            applicable_config, apply_overrides, check_batch_split, config_error, get_dotted, integer,
                            load_yaml, set_dotted, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
@@ -346,7 +346,7 @@ class StudySpec(Section):
     """A study file, validated: its fields as written, resolved (paths absolute, the space's `when` and points
     filled in, data/model/train with a2core's defaults but without the keys the space sets), plus what checking it
     found (`base`, `images`, `warnings`). `from_dict` and `load_study` make one; `model_validate` alone takes the
-    file's path, `check_files` and `saved_before` from the validation context."""
+    file's path and `check_files` from the validation context."""
 
     name: Annotated[str, BeforeValidator(_study_name)] = Field(None, validate_default=True, description=(
         f"The study's name, `[a-z0-9-]`, at most {NAME_MAX} characters: it names paths and MLflow objects."))
@@ -361,10 +361,9 @@ class StudySpec(Section):
         "Where the study's record and checkpoints go: a local directory or `s3://bucket/prefix`."))
     storage_endpoint_url: Text | None = Field(None, pattern=r"^https?://[^/\s]+", description=(
         "An S3-compatible server for `storage` (default: AWS)."))
-    format: Literal[1, 2] = Field(STUDY_FORMAT, description=(
-        "The units of the file: 2 (written by a2 or by hand today) has train.batch_size as the global batch in "
-        "image-caption pairs; 1, a study saved before (its study.yaml has no format), had images per worker and "
-        "is converted when read (`convert_format_1`)."))
+    format: Literal[2] = Field(STUDY_FORMAT, description=(
+        "The units of the file: 2, train.batch_size is the global batch in image-caption pairs. `a2 study run` "
+        "writes it into the study's study.yaml; a file without it is read as 2."))
 
     _source: str | None = PrivateAttr(None)  # the study file
     # a2core config as a plain dict: defaults filled in, the keys the space controls at their schema defaults
@@ -415,16 +414,16 @@ class StudySpec(Section):
             _fail("search.scheduler.asha.hold_at_rungs", "only for one-worker trials (resources.workers_per_trial: "
                                                          "1): a Ray Train trial would restart its worker group at "
                                                          "every rung")
-        # a study saved before these rules keeps loading (resume, status, packaging): for it they are warnings
-        complain = self.warnings.append if context.get("saved_before") else lambda text: _fail(*text.split(": ", 1))
         if asha and len(self.replicate_seeds) < 2:
-            complain(f"search.scheduler.asha: ASHA here stops a replicate group only on a gap its seed spread cannot "
-                     f"explain; with {len(self.replicate_seeds) or 1} seed per configuration it can never stop "
-                     f"anything: set search.replicates >= 2, or use scheduler {{fifo: {{}}}}")
+            _fail("search.scheduler.asha", f"ASHA here stops a replicate group only on a gap its seed spread "
+                                           f"cannot explain; with {len(self.replicate_seeds) or 1} seed per "
+                                           f"configuration it can never stop anything: set search.replicates >= 2, "
+                                           f"or use scheduler {{fifo: {{}}}}")
         if search.purpose == "compare" and self.num_arms > 1 and len(self.seed_values) < 2:
-            complain(f"search.replicates: this study compares {self.num_arms} configurations with one seed each, and "
-                     f"one seed against one seed has no interval: set search.replicates (`a2 study plan` says how "
-                     f"many resolve the gaps you expect), or `search.purpose: explore` if it only explores")
+            _fail("search.replicates", f"this study compares {self.num_arms} configurations with one seed each, "
+                                       f"and one seed against one seed has no interval: set search.replicates (`a2 "
+                                       f"study plan` says how many resolve the gaps you expect), or `search.purpose: "
+                                       f"explore` if it only explores")
         _check_schedule(self)
         return self
 
@@ -434,10 +433,7 @@ class StudySpec(Section):
         """The validated study of a parsed study file. check_files False (`a2 study plan` before the data is
         there): COCO data files may be absent; the split sizes then are the standard Karpathy counts. With
         `cluster_resources`, also `check_cluster`."""
-        saved_before = isinstance(raw, dict) and raw.get("format") == 1
-        if saved_before:
-            raw = convert_format_1(raw, source)
-        context = {"source": source, "check_files": check_files, "saved_before": saved_before}
+        context = {"source": source, "check_files": check_files}
         try:
             spec = cls.model_validate(raw, context=context)
         except ValidationError as err:
@@ -445,11 +441,6 @@ class StudySpec(Section):
         if cluster_resources is not None:
             check_cluster(spec, cluster_resources)
         return spec
-
-    def __setstate__(self, state: dict) -> None:
-        if "__dict__" not in state:  # pickled while StudySpec was a dataclass (a saved experiment's searcher state)
-            state = _from_dataclass(state).__getstate__()
-        super().__setstate__(state)
 
     # what checking it found, read-only
     source = property(lambda self: self._source)
@@ -635,24 +626,6 @@ def load_study(path: str | Path, overrides: list[str] | tuple = (), cluster_reso
 # testing", the rest, restval included, for training), each image with about 5 captions: the split sizes a study
 # plans with before its captions file is there.
 KARPATHY_IMAGES = {"train": 113_287, "val": 5_000, "test": 5_000}
-
-
-def convert_format_1(raw: dict, source: str | None = None) -> dict:
-    """A study saved before the global batch (format 1: train.batch_size images per worker, each with 5 captions)
-    in today's units: batch_size x 5 x workers_per_trial image-caption pairs, the same images per optimizer step,
-    so the same steps per epoch and every step count keeps its meaning."""
-    raw = copy.deepcopy(raw)
-    space = get_dotted(raw, "search.space") or {}
-    if any(resolve_key(key) == "train.batch_size" for key in space if isinstance(key, str)):
-        raise ConfigError("search.space.train.batch_size", "a study saved before batches were counted in global "
-                          "image-caption pairs searches the batch size in images per worker; it cannot be "
-                          "converted: run it again as a new study", source)
-    workers = get_dotted(raw, "resources.workers_per_trial", 1)
-    batch = get_dotted(raw, "train.batch_size", 50)  # format 1's default: 50 images per worker
-    if isinstance(workers, int) and isinstance(batch, int):
-        set_dotted(raw, "train.batch_size", batch * CAPTIONS_PER_IMAGE * workers)
-    raw["format"] = STUDY_FORMAT
-    return raw
 
 
 def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
@@ -935,24 +908,6 @@ def _check_local_storage(storage: str) -> None:
                 break
     except PermissionError as err:
         _fail("storage", f"{storage}: cannot be reached ({err.strerror})")
-
-
-def _from_dataclass(old: dict) -> StudySpec:
-    """A StudySpec from the attributes of one pickled while it was a dataclass of plain dicts (base, search,
-    resources, tracking; params: search.space's Params), without checking it again."""
-    search = Search.model_validate({k: v for k, v in old["search"].items() if k != "space"})
-    search.space = old["params"]
-    sections = {s: dict(old["base"][s]) for s in SECTIONS}
-    for p in old["params"].values():
-        section, key = p.path.split(".", 1)
-        sections[section].pop(key, None)
-    spec = StudySpec.model_construct(name=old["name"], **sections, search=search,
-                                     resources=Resources.model_validate(old["resources"]),
-                                     tracking=Tracking.model_validate(old["tracking"]), storage=old["storage"],
-                                     storage_endpoint_url=old["storage_endpoint_url"])
-    spec._source, spec._base, spec._warnings = old["source"], old["base"], old.get("warnings", [])
-    spec._images, spec._images_source = old.get("images", {}), old.get("images_source", "")
-    return spec
 
 
 def check_cluster(spec: StudySpec, cluster: dict) -> None:

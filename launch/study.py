@@ -16,17 +16,12 @@ from a2core.atomic import fresh_folder
 from a2core.errors import A2Error
 from dashboards.tracking import check_tracking_uri
 from launch import stop
-# Tune's saved experiment (tuner.pkl) pickles the driver's callback, which holds a StudyLocation, and the live table's
-# reporter, which refers to format_table and live_row (and, in studies run before MLflow became an export,
-# _result_log) by the module they were defined in: launch.study. `a2 study resume` of such a study unpickles them from
-# here, so these names stay importable from launch.study (`_result_log` through `__getattr__` below).
-from launch.conclusions import format_table, print_conclusions  # noqa: F401 (format_table: old tuner.pkl)
-from launch.driver import check_tracking, live_row, resume_study, run_study  # noqa: F401 (live_row: old tuner.pkl)
+from launch.conclusions import print_conclusions
+from launch.driver import check_tracking, resume_study, run_study
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
-from launch.location import (SUMMARY_FILE, StudyLocation, json_default, load_saved_spec,  # noqa: F401 (old tuner.pkl)
-                             locate, write_summary)
-from launch.mlflow_export import Export, end_reason
+from launch.location import SUMMARY_FILE, json_default, load_saved_spec, locate, write_summary
 from launch.layout import add_outage, outage_line
+from launch.mlflow_export import Export, end_reason
 from launch.spec import load_study, validate_main
 from launch.verify import cmd_check, refuse_corrupt
 
@@ -111,16 +106,6 @@ def main(args: argparse.Namespace) -> int:
     if command == "check":
         return cmd_check(args)
     return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status, "compare": cmd_compare}[command](args)
-
-
-def __getattr__(name: str):
-    """`_result_log`, which tuner.pkl files of older studies name here, imported when asked for (launch.record
-    imports scipy: not for `a2 study validate`)."""
-    if name == "_result_log":
-        from launch.record import _result_log  # scipy: only for such a tuner.pkl
-
-        return _result_log
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- run / resume / sync -----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from a2core.config import Config
 from a2core.data import synthetic
 from a2core.data.captions import Vocab, read_image_info, read_karpathy
 from a2core.data.dataset import CaptionData
-from a2core.data.features import FeatureError, FeatureStore
+from a2core.data.features import FeatureStore
 from a2core.errors import ConfigError, DataError
 from launch.cli import main as cli
 
@@ -237,11 +237,11 @@ def test_feature_errors_name_file_and_image_id(tmp_path):
     feats, mask = store.padded(7, 5)
     assert feats.shape == (5, 2048) and mask.tolist() == [True, True, True, False, False]
     assert store.padded(7, 2)[1].tolist() == [True, True]  # cut to max_regions
-    with pytest.raises(FeatureError, match=r"f\.h5.*image id 9"):
+    with pytest.raises(DataError, match=r"f\.h5.*image id 9"):
         store.get(9)
-    with pytest.raises(FeatureError, match=r"f\.h5.*image id 8.*shape \(3, 100\)"):
+    with pytest.raises(DataError, match=r"f\.h5.*image id 8.*shape \(3, 100\)"):
         store.get(8)
-    with pytest.raises(FeatureError, match=r"2 image id\(s\): 9, 10"):
+    with pytest.raises(DataError, match=r"2 image id\(s\): 9, 10"):
         store.check_ids([7, 9, 10])
     d = tmp_path / "npz"
     d.mkdir()
@@ -250,12 +250,12 @@ def test_feature_errors_name_file_and_image_id(tmp_path):
     (d / "11.npz").write_bytes((d / "5.npz").read_bytes()[:100])  # truncated
     store = FeatureStore(d)
     assert store.get(5).shape == (2, 2048)
-    with pytest.raises(FeatureError, match=r"6\.npz.*image id 6.*no array 'feat'"):
+    with pytest.raises(DataError, match=r"6\.npz.*image id 6.*no array 'feat'"):
         store.get(6)
-    with pytest.raises(FeatureError, match=r"11\.npz.*image id 11.*unreadable or truncated"):
+    with pytest.raises(DataError, match=r"11\.npz.*image id 11.*unreadable or truncated"):
         store.get(11)
     (tmp_path / "bad.h5").write_bytes(b"not hdf5 at all")
-    with pytest.raises(FeatureError, match=r"bad\.h5: cannot open as HDF5"):
+    with pytest.raises(DataError, match=r"bad\.h5: cannot open as HDF5"):
         FeatureStore(tmp_path / "bad.h5").get(1)
 
 

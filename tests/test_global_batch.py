@@ -11,6 +11,7 @@ from a2core import checkpoint as ckpt
 from a2core.config import Config, ConfigError, images_per_worker, steps_per_epoch
 from a2core.data import synthetic
 from a2core.data.dataset import CaptionData
+from a2core.errors import CheckpointError
 
 STEPS = 6  # optimizer steps compared
 
@@ -98,9 +99,9 @@ def test_the_training_order_is_the_same_at_any_worker_count(tmp_path):
     assert [a + b for a, b in zip(*halves)] == one
 
 
-def test_a_format_1_checkpoint_loads_with_its_batch_in_pairs(tmp_path):
+def test_a_format_1_checkpoint_is_refused_in_one_line(tmp_path):
+    """Format 1 (before the first release) stored images per worker; read as pairs it would train another batch."""
     state = {"model": {}, "config": {"train": {"batch_size": 12}}, "vocab": ["<pad>"], "format": 1}
     torch.save(state, tmp_path / "old.pt")
-    loaded = ckpt.load(tmp_path / "old.pt")
-    assert loaded["config"]["train"]["batch_size"] == 60 and loaded["format"] == ckpt.FORMAT
-    Config.from_dict(loaded["config"])  # valid in today's unit
+    with pytest.raises(CheckpointError, match=r"old\.pt: checkpoint format 1, from before the first release"):
+        ckpt.load(tmp_path / "old.pt")

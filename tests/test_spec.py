@@ -1,12 +1,9 @@
 """Study files: every shipped study validates; bad ones fail fast, before Ray, naming the key and the file."""
 from __future__ import annotations
 
-import copyreg
 import re
-import io
 import json
 import os
-import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -96,31 +93,6 @@ def test_the_cluster_files_name_no_placeholder_a2_does_not_refuse():
         with pytest.raises(StorageError, match="replace it with your bucket"):
             refuse_placeholder(uri)
     assert cli_main(["data", "fetch", f"s3://{PLACEHOLDER_BUCKET}/coco/dataset_coco.json", "/nonexistent/x"]) == 2
-
-
-def test_a_spec_pickled_as_the_old_dataclass_still_loads():
-    """A study started while StudySpec was a dataclass of dicts keeps one in its searcher state (tuner.pkl, the
-    searcher checkpoint): it unpickles as today's spec, so the study resumes."""
-    spec = load_study(SMOKE)
-    raw = spec.to_dict()
-    old = {"name": spec.name, "base": spec.base, "search": raw["search"], "resources": raw["resources"],
-           "tracking": raw["tracking"], "storage": spec.storage, "storage_endpoint_url": None, "source": spec.source,
-           "params": spec.params, "images": spec.images, "images_source": spec.images_source, "warnings": []}
-
-    class DataclassPickler(pickle.Pickler):  # what pickling the dataclass wrote: its class, then its __dict__
-        def reducer_override(self, obj):
-            return (copyreg.__newobj__, (StudySpec,), old) if obj is spec else NotImplemented
-
-    buffer = io.BytesIO()
-    DataclassPickler(buffer).dump({"spec": spec})
-    loaded = pickle.loads(buffer.getvalue())["spec"]
-    assert isinstance(loaded, StudySpec) and loaded.to_dict() == spec.to_dict()
-    assert loaded.base == spec.base and loaded.images == spec.images and loaded.source == spec.source
-    assert loaded.grid_cells() == spec.grid_cells() and loaded.num_trials == spec.num_trials
-    cells = spec.grid_cells()
-    assert [loaded.trial_config(cell) for cell in cells] == [spec.trial_config(cell) for cell in cells]
-    again = pickle.loads(pickle.dumps(spec))  # today's pickles: the model with its checked state
-    assert again.to_dict() == spec.to_dict() and again.base == spec.base and again.warnings == spec.warnings
 
 
 def test_paper_studies_name_missing_coco_files():

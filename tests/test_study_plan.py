@@ -170,31 +170,18 @@ def test_purpose_is_documented_in_the_schema():
     assert "explore" in Search.model_fields["purpose"].description
 
 
-# -- studies saved before the global batch --------------------------------------------------------------------------
-def test_a_format_1_saved_study_converts_to_the_same_steps():
-    """format 1 (a saved study.yaml without `format`): 10 images per worker on 2 workers = 100 pairs a step."""
-    raw = smoke(search__replicates=None, search__scheduler={"fifo": {}})
-    raw["train"]["batch_size"] = 10
-    raw["resources"]["workers_per_trial"] = 2
-    raw["resources"]["cpus_per_worker"] = 0.5
-    raw["format"] = 1
-    spec = StudySpec.from_dict(raw)  # the one-seed comparison and the rest: warnings for a study saved before
-    assert spec.base["train"]["batch_size"] == 100
-    assert spec.steps_per_epoch == math.ceil(1000 / 20)  # 20 images a step, as before: 10 on each of 2 workers
-    assert any(w.startswith("search.replicates:") for w in spec.warnings)
-
-
-def test_a_saved_study_yaml_without_format_is_read_as_format_1(tmp_path):
-    """`a2 study resume` of a study saved before: its study.yaml has no `format`; saved from now on, it has 2."""
+# -- the saved spec's format -----------------------------------------------------------------------------------------
+def test_a_saved_study_yaml_records_its_format_and_one_without_reads_as_today(tmp_path):
+    """`a2 study run` saves `format: 2`; a study file without it (every shipped one) is read as format 2, and a format
+    from before the first release is refused naming the key."""
     from launch.location import STUDY_FILE, StudyLocation, load_saved_spec, saved_form
 
     spec = load_study(SMOKE, [f"storage={tmp_path}", f"tracking.mlflow_uri=sqlite:///{tmp_path / 'm.db'}"])
     saved = saved_form(spec)
     assert saved["format"] == 2
-    old = {k: v for k, v in saved.items() if k != "format"}
-    old["train"]["batch_size"] = 5  # images per worker, as format 1 stored it
     (tmp_path / spec.name).mkdir()
-    (tmp_path / spec.name / STUDY_FILE).write_text(yaml.safe_dump(old))
+    (tmp_path / spec.name / STUDY_FILE).write_text(yaml.safe_dump({k: v for k, v in saved.items() if k != "format"}))
     again = load_saved_spec(StudyLocation(spec.name, str(tmp_path)))
-    assert again.base["train"]["batch_size"] == 25 and again.steps_per_epoch == spec.steps_per_epoch == 200
-    assert again.to_dict() == spec.to_dict()
+    assert again.to_dict() == spec.to_dict() and again.base["train"]["batch_size"] == 25
+    with pytest.raises(ConfigError, match=r"format: .*2"):
+        StudySpec.from_dict({**saved, "format": 1})

@@ -25,8 +25,6 @@ from ..errors import DataError
 from .prepared import (FLOAT16_MAX, FORMAT, INDEX, MANIFEST, ROWS, VERSION, PreparedFeatures, file_sha256,
                        files_checksum, is_prepared)
 
-FeatureError = DataError  # the name older callers import
-
 
 class FeatureStore:
     """Opened lazily (per process: HDF5 handles and memory maps must not cross a fork)."""
@@ -54,7 +52,7 @@ class FeatureStore:
             try:
                 self._h5 = h5py.File(self.path, "r")
             except OSError as err:
-                raise FeatureError(f"{self.path}: cannot open as HDF5 ({err})") from None
+                raise DataError(f"{self.path}: cannot open as HDF5 ({err})") from None
         return self._h5
 
     def has(self, image_id: int) -> bool:
@@ -72,7 +70,7 @@ class FeatureStore:
             missing = [i for i in image_ids if not self.has(i)]
         if missing:
             shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-            raise FeatureError(f"{self.path}: no region features for {len(missing)} image id(s): {shown}")
+            raise DataError(f"{self.path}: no region features for {len(missing)} image id(s): {shown}")
 
     def get(self, image_id: int) -> np.ndarray:
         """(n, D) float32."""
@@ -81,34 +79,34 @@ class FeatureStore:
         if self.is_dir:
             file = self.path / f"{image_id}.npz"
             if not file.is_file():
-                raise FeatureError(f"{file}: no region features for image id {image_id}")
+                raise DataError(f"{file}: no region features for image id {image_id}")
             try:
                 with np.load(file) as npz:
                     if "feat" not in npz:
-                        raise FeatureError(f"{file}: image id {image_id}: no array 'feat' (has {list(npz.keys())})")
+                        raise DataError(f"{file}: image id {image_id}: no array 'feat' (has {list(npz.keys())})")
                     feat = npz["feat"]
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-                if isinstance(err, FeatureError):
+                if isinstance(err, DataError):
                     raise
-                raise FeatureError(f"{file}: image id {image_id}: unreadable or truncated ({err})") from None
+                raise DataError(f"{file}: image id {image_id}: unreadable or truncated ({err})") from None
             where = file
         else:
             key = f"{image_id}_features"
             h5 = self._file()
             if key not in h5:
-                raise FeatureError(f"{self.path}: no dataset {key!r} for image id {image_id}")
+                raise DataError(f"{self.path}: no dataset {key!r} for image id {image_id}")
             try:
                 feat = h5[key][()]
             except (OSError, KeyError) as err:
-                raise FeatureError(f"{self.path}: image id {image_id}: unreadable ({err})") from None
+                raise DataError(f"{self.path}: image id {image_id}: unreadable ({err})") from None
             where = self.path
         feat = np.asarray(feat)
         if feat.ndim != 2 or feat.shape[1] != self.feature_dim or feat.shape[0] < 1:
-            raise FeatureError(f"{where}: image id {image_id}: features have shape {feat.shape}, "
+            raise DataError(f"{where}: image id {image_id}: features have shape {feat.shape}, "
                                f"expected (n >= 1, {self.feature_dim})")
         feat = feat.astype(np.float32, copy=False)
         if not np.isfinite(feat).all():
-            raise FeatureError(f"{where}: image id {image_id}: features contain NaN or inf")
+            raise DataError(f"{where}: image id {image_id}: features contain NaN or inf")
         return feat
 
     def rows(self, image_id: int, max_regions: int) -> np.ndarray:
