@@ -26,7 +26,7 @@ from dashboards.stats import best_group as pick_best_group
 from dashboards.tracking import TAG_TRIAL_ID, param_value
 from launch.conclusions import best_value, pick_best, table_row
 from launch.lease import live_writer
-from launch.location import StudyLocation, load_saved_spec, locate
+from launch.location import StudyLocation, load_saved_spec
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, TrialState, checkpoint_epochs,
                            checkpoint_name, read_results, run_status, stop_record, train_run_name)
 from launch.verify import quick_checkpoint_problem
@@ -209,9 +209,9 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
     checkpoint, both by the one rule of `a2core.selection` (the latest of equal values)."""
     values = {int(r["epoch"]): finite(r[spec.metric]) for r in history  # the latest report of an epoch wins
               if finite(r.get("epoch")) is not None and finite(r.get(spec.metric)) is not None}
-    best = best_value(values.values(), spec.mode)
     run = location.at(TRIALS_DIR, train_run_name(spec.name, trial_id))
     best_epoch = pick_best_epoch(values, spec.mode)
+    best = None if best_epoch is None else values[best_epoch]
     ckpt_epoch = pick_best_epoch({e: values[e] for e in checkpoint_epochs(run) if e in values}, spec.mode)
     last = history[-1] if history else last_result  # the result log is in epoch order
     return {
