@@ -103,7 +103,7 @@ def decode_plan(name: str, *, storage: str | None = None, seeds=None, beam_size:
 
     from a2core.decode import ensemble_captions  # torch: as above
 
-    best = select_best(candidates(spec, summary), spec.mode)
+    best = select_best(summary, candidates(spec, summary))
     members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
     checkpoint = fetch_checkpoint(best["checkpoint"], cache, location.endpoint_url)
@@ -232,25 +232,24 @@ def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
 
 
 def _rank_key(mode: str) -> Callable[[dict], tuple]:
+    """Which of a seed's trials joins the ensemble: the best value, then the lower (study, trial id)."""
     return lambda c: (-c["value"] if mode == "max" else c["value"], c["study"], c["trial_id"])
 
 
-def select_best(cands: list[dict], mode: str) -> dict:
-    """The best trial of the configuration (config hash) with the best mean over its seeds, among those not
-    stopped early (`dashboards.stats.best_candidates`). Ties go to the lower (study, trial id)."""
-    from dashboards.stats import best_group  # scipy: not on every `a2` command (launch.cli imports this module)
-
-    if not cands:
-        raise PackageError("no trial of the study reported its metric with a checkpoint: nothing to package")
-    groups: dict[str, list[dict]] = {}
-    for c in cands:
-        groups.setdefault(c["hash"], []).append(c)
-    rank = _rank_key(mode)
-    # equal means: the group whose best trial ranks first (best_group keeps the first of equals)
-    ordered = sorted(groups.values(), key=lambda g: rank(min(g, key=rank)))
-    group = best_group(ordered, lambda g: [c["value"] for c in g], mode,
-                       lambda g: any(c.get("stopped_early") for c in g))
-    return min(group, key=rank)
+def select_best(summary: dict, cands: list[dict]) -> dict:
+    """The candidate of the study's best trial of its best configuration, as its record names them
+    (`launch.record.best_group`, the one rule every view reads: `status`, `compare`, `report`); when that trial has no
+    stored checkpoint, the best of its configuration's trials that has one."""
+    group = summary.get("best_group") or {}
+    pool = [c for c in cands if c["hash"] == group.get("config_hash")]
+    if not pool:
+        raise PackageError(
+            "no trial of the study reported its metric with a checkpoint: nothing to package" if not group else
+            f"study {summary.get('study')}: no trial of the best configuration (config "
+            f"{str(group['config_hash'])[:12]}, trials {', '.join(map(str, group.get('trials', [])))}) has a "
+            f"stored checkpoint: nothing to package")
+    named = next((c for c in pool if c["trial_id"] == str(group.get("best_trial"))), None)
+    return named or min(pool, key=_rank_key(summary.get("mode", "max")))
 
 
 def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
@@ -289,7 +288,7 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
         return open_location(uri, location.endpoint_url).exists()
 
     rows = candidates(spec, summary)
-    best = select_best(rows, spec.mode)
+    best = select_best(summary, rows)
     digest = best["hash"]
     say(f"package: best trial {best['trial_id']} of {spec.name}: {spec.metric} {best['value']:.2f} "
         f"(fusion {best['config']['model']['fusion']}, seed {best['seed']}, config {digest[:12]})", verbose)
