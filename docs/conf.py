@@ -46,8 +46,10 @@ default_role = "code"  # `name` in a docstring renders as code, as in the Markdo
 smartquotes = False  # keys, commands and quotes in the text stay as typed
 
 
-# A 95% interval as the docs print it: "[103.1, 107.5]", "[-1.2, +2.0]", "[0.62, 0.89]".
-INTERVAL = re.compile(r"\[[-+]?\d[\d,]*(?:\.\d+)?%?, [-+]?\d[\d,]*(?:\.\d+)?%?\]")
+# A 95% interval as the docs print it, with the value it belongs to where there is one: "105.3 [103.1, 107.5]",
+# "+0.4 CIDEr [-1.2, +2.0]" keeps only "[-1.2, +2.0]" whole, "[0.62, 0.89]".
+_NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?%?"  # 2,000 or -1.2 or 5.2%
+INTERVAL = re.compile(rf"(?:{_NUMBER} )?\[{_NUMBER}, {_NUMBER}\]")
 
 
 def _keep_intervals_whole(doctree) -> None:
