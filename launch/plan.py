@@ -337,4 +337,12 @@ def main(args) -> int:
                        (IMAGES_PER_SECOND, "an estimate for an A10G: benchmarks/RESULTS.md"))
     workers = cluster_workers(args.cluster)
     print(plan_text(spec, noise, noise_source, deltas, ips, ips_source, workers, args.price_per_hour))
+    if getattr(args, "rehearse", None):
+        from launch.rehearse import check_arguments, plan_lines  # ray and optuna: only when rehearsals are asked for
+
+        if args.rehearse < 1:
+            raise StudyError(f"--rehearse must be >= 1, got {args.rehearse}")
+        check_arguments(args)
+        print(plan_lines(spec, args.rehearse, seed=args.seed, record=args.from_record, means=args.mean, sd=args.sd,
+                         storage=args.storage, drop=args.drop))
     return 0
