@@ -242,6 +242,7 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
 
     configs = configs if configs is not None else suggestions(spec)
     scheduler = build_scheduler(spec)
+    scheduler.set_search_properties(spec.metric, spec.mode)  # as Tune does with the TuneConfig's
     asha = isinstance(scheduler, ReplicateASHA)
     resolved = [spec.trial_config(dict(c)) for c in configs]
     draws = [draw(model, config, repeat) for config in resolved]
