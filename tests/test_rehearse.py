@@ -156,7 +156,9 @@ def test_a_smoke_rehearsal_runs_through_ray_in_seconds_and_is_read_but_never_pac
     assert run.returncode == 0, out[-5000:]
     assert wall < 180, wall  # Ray's start, 8 trials, the record, MLflow: seconds to a minute on 2 shared cores
     assert "REHEARSAL" in out and "2 stopped early (2 at rung 2)" in out
-    assert "52 of 64 planned trial-epochs (81%)" in out
+    # the third replicate of none is held at rung 2 (52 trial-epochs), unless Tune had not started the fourth when
+    # it got there: then it trains epoch 3 before the group is judged (53), as `simulate` shows without holding
+    assert "52 of 64 planned trial-epochs (81%)" in out or "53 of 64 planned trial-epochs (83%)" in out
     assert "over 3 rehearsals" in out
 
     name = "a2-smoke-rehearsal"
@@ -168,16 +170,24 @@ def test_a_smoke_rehearsal_runs_through_ray_in_seconds_and_is_read_but_never_pac
     assert len(stopped) == 2 and {t["fusion"] for t in stopped} == {"none"}
     assert {t["stopped_early"]["rung"] for t in stopped} == {2}
 
-    # the part without Ray draws the same scores and takes the same decisions (rehearsal number 0 is the Ray one)
+    # the part without Ray draws the same scores (rehearsal number 0 is the Ray one) and takes the same decisions
     spec = load_study(folder / "study.yaml")
     m = rehearse.ScoreModel(**{**summary["rehearsal"]["model"],
                                "means": tuple(summary["rehearsal"]["model"]["means"].items())})
-    sim = {(r.fusion, r.seed): (r.best_cider, r.tags.get("a2.stopped_rung")) for r in rehearse.simulate(spec, m, 0).runs}
-    ray_runs = {(t["fusion"], str(t["seed"])): (t["best"], str(t["stopped_early"]["rung"]) if t.get("stopped_early")
-                                                else None) for t in summary["trials"]}
-    assert set(sim) == set(ray_runs)
-    for key, (value, rung) in ray_runs.items():
-        assert sim[key][0] == pytest.approx(value) and sim[key][1] == rung, key
+    sim = {(r.fusion, r.seed): r for r in rehearse.simulate(spec, m, 0).runs}
+    assert {(t["fusion"], str(t["seed"])) for t in summary["trials"]} == set(sim)
+    for t in summary["trials"]:
+        run = sim[(t["fusion"], str(t["seed"]))]
+        drawn = dict(run.history["val/CIDEr"])
+        logged = json.loads((folder / "trials" / f"{name}-{t['trial_id']}" / "results.json").read_text())
+        for result in logged:  # every epoch the Ray trial reported is the simulated one's draw
+            if result["epoch"] in drawn:
+                assert result["val/CIDEr"] == pytest.approx(drawn[result["epoch"]]), (t["trial_id"], result["epoch"])
+        assert bool(t.get("stopped_early")) == ("a2.stopped_rung" in run.tags), t["trial_id"]
+        if t.get("stopped_early"):
+            assert str(t["stopped_early"]["rung"]) == run.tags["a2.stopped_rung"]
+        else:
+            assert t["best"] == pytest.approx(run.best_cider)
 
     status = a2("study", "status", name, "--storage", str(storage), cwd=tmp_path, env=env, timeout=120)
     assert status.returncode == 0 and status.stdout.startswith(rehearse.BANNER), status.stdout[-3000:]
