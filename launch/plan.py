@@ -331,19 +331,10 @@ def main(args) -> int:
         raise StudyError(f"--images-per-second must be > 0, got {args.images_per_second}")
     if args.price_per_hour is not None and args.price_per_hour <= 0:
         raise StudyError(f"--price-per-hour must be > 0, got {args.price_per_hour}")
-    if getattr(args, "rehearse", None) is not None:
-        if args.rehearse < 1:
-            raise StudyError(f"--rehearse must be >= 1, got {args.rehearse}")
-        __import__("launch.rehearse").rehearse.check_arguments(args)
     noise, noise_source = _noise(args, spec)
     deltas = [(f"{d:g} CIDEr", d) for d in args.delta] if args.delta else table3_gaps()
     ips, ips_source = ((args.images_per_second, "given") if args.images_per_second is not None else
                        (IMAGES_PER_SECOND, "an estimate for an A10G: benchmarks/RESULTS.md"))
     workers = cluster_workers(args.cluster)
     print(plan_text(spec, noise, noise_source, deltas, ips, ips_source, workers, args.price_per_hour))
-    if getattr(args, "rehearse", None) is not None:
-        from launch.rehearse import plan_lines  # ray and optuna: only when rehearsals are asked for
-
-        print(plan_lines(spec, args.rehearse, seed=args.seed, record=args.from_record, means=args.mean, sd=args.sd,
-                         storage=args.storage, drop=args.drop))
     return 0

@@ -723,6 +723,21 @@ def main(args) -> int:
     return 0
 
 
+def plan_main(args) -> int:
+    """`a2 study plan FILE --rehearse N`: the plan, then `plan_lines` (arguments checked before anything prints)."""
+    from launch import plan
+    from launch.spec import load_study
+
+    if args.rehearse < 1:
+        raise StudyError(f"--rehearse must be >= 1, got {args.rehearse}")
+    check_arguments(args)
+    code = plan.main(args)
+    spec = load_study(args.file, args.overrides, check_files=False)
+    print(plan_lines(spec, args.rehearse, seed=args.seed, record=args.from_record, means=args.mean, sd=args.sd,
+                     storage=args.storage, drop=args.drop))
+    return code
+
+
 def plan_lines(spec, n: int, *, seed: int = 0, record: str | None = None, means=None, sd: float | None = None,
                storage: str | None = None, drop: float = LEARNING_DROP) -> str:
     """`a2 study plan --rehearse N`: power and the chance of keeping the best group with the study's early stopping,

@@ -110,6 +110,8 @@ def main(args: argparse.Namespace) -> int:
     command = args.study_command
     if command == "validate":
         return validate_main(args.file, args.overrides)
+    if command == "plan" and args.rehearse is not None:  # ray and optuna too: only when rehearsals are asked for
+        return importlib.import_module("launch.rehearse").plan_main(args)
     if command == "plan":  # scipy: imported only when asked for
         return importlib.import_module("launch.plan").main(args)
     if command == "rehearse":
