@@ -3,6 +3,7 @@ read side cost as trials grow, each trial 20 stand-in epochs.
 
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py                      # 75 and 1,005 trials
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 1005 2005 --epoch-s 0.05
+    flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 155 --state-saves periodic shipped
 
 Each size is `studies/fusion_ablation.yaml` (15 configurations x 5 seeds = 75 trials; `search.num_samples=N` gives
 the exp_decay cells 2N T_P samples: 5 x (7 + 2N) trials) rehearsed once through `launch.rehearse.run_rehearsal`: the
@@ -13,8 +14,11 @@ Per size it prints:
 
 - driver overhead per trial: (wall - ideal makespan, ceil(trials / 16) x 20 x epoch-s) / trials (target flat,
   <= 0.5 s); the driver's own CPU seconds per trial; its peak memory (max RSS);
-- Tune's experiment-state saves (`TuneController.save_to_dir`, each writes every trial's state: O(trials)): how
-  many, their mean and last time, and their share of the driver's wall time;
+- Tune's experiment-state saves (`TuneController.save_to_dir`, each writes every trial's state and the searcher's:
+  O(trials)): how many, their mean and last time, and their share of the driver's wall time. `--state-saves`:
+  `shipped` (the driver's `CheckpointConfig(num_to_keep=1)`, which makes Tune save the state at every trial
+  checkpoint: trials x epochs saves of O(trials) each), `periodic` (that forcing off, in this benchmark only:
+  Tune's own period, at least 10 s and about 5% of the time), or both, side by side;
 - the bytes the study's storage holds per trial, and Tune's own result log (`result.json`) among them;
 - `a2 study status`, `a2 study compare` and `a2 report` wall time on the finished record (each a fresh process,
   its Python start-up and imports included, as people wait for it; targets 2 s, 5 s, 30 s at 1,000 trials).
@@ -49,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--epoch-s", type=float, default=0.05, help="seconds a stand-in epoch sleeps")
     p.add_argument("--images", type=int, default=500, help="val and test images of the per-image scores")
     p.add_argument("--read-timeout", type=float, default=300, help="seconds a status/compare/report may take")
+    p.add_argument("--state-saves", nargs="+", choices=("shipped", "periodic"), default=["shipped"],
+                   help="Tune's experiment-state saves: at every trial checkpoint (shipped) or Tune's period")
     return p.parse_args(argv)
 
 
@@ -74,7 +80,7 @@ def timed_command(*args: str, cwd: Path, timeout: float) -> tuple[float, int, st
     return time.monotonic() - t0, run.returncode, run.stdout[-300:]
 
 
-def run_size(trials: int, args, work: Path) -> dict:
+def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict:
     import ray
     from ray.tune.execution.tune_controller import TuneController
 
@@ -101,12 +107,19 @@ def run_size(trials: int, args, work: Path) -> dict:
             saves.append(time.perf_counter() - t0)
 
     TuneController.save_to_dir = timed_save
+    create = TuneController._create_checkpoint_manager
+    if saves_mode == "periodic":  # no save forced by a trial's checkpoint: Tune's own period alone
+        def periodic(self):
+            manager = create(self)
+            manager._sync_every_n_trial_checkpoints = None
+            return manager
+        TuneController._create_checkpoint_manager = periodic
     try:
         cpu0 = time.process_time()
         out = rehearse.run_rehearsal(spec, model, epoch_seconds=args.epoch_s, time_scale=1.0, verbose=False)
         driver_cpu = time.process_time() - cpu0
     finally:
-        TuneController.save_to_dir = save_to_dir
+        TuneController.save_to_dir, TuneController._create_checkpoint_manager = save_to_dir, create
         ray.shutdown()
     summary = out["summary"]
     if summary["trials_finished"] != trials:
@@ -122,7 +135,7 @@ def run_size(trials: int, args, work: Path) -> dict:
         reads[label] = seconds if rc == 0 else None
         if rc != 0:
             print(f"  {label} failed (exit {rc}): {tail}", flush=True)
-    return {"trials": trials, "wall_s": wall, "ideal_s": ideal, "overhead_per_trial_s": (wall - ideal) / trials,
+    return {"trials": trials, "mode": saves_mode, "wall_s": wall, "ideal_s": ideal, "overhead_per_trial_s": (wall - ideal) / trials,
             "driver_cpu_per_trial_s": driver_cpu / trials,
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "saves": len(saves), "save_mean_s": sum(saves) / max(1, len(saves)), "save_last_s": saves[-1] if saves
@@ -133,7 +146,7 @@ def run_size(trials: int, args, work: Path) -> dict:
 def print_row(r: dict) -> None:
     def s(v):
         return "failed" if v is None else f"{v:.1f} s"
-    print(f"{r['trials']:5d} trials: wall {r['wall_s']:7.1f} s (ideal {r['ideal_s']:.1f} s), overhead "
+    print(f"{r['trials']:5d} trials, state saves {r['mode']}: wall {r['wall_s']:7.1f} s (ideal {r['ideal_s']:.1f} s), overhead "
           f"{r['overhead_per_trial_s']:.2f} s/trial, driver CPU {r['driver_cpu_per_trial_s']:.2f} s/trial, driver max "
           f"RSS {r['max_rss_mb']:.0f} MB; experiment-state saves {r['saves']} x {r['save_mean_s'] * 1000:.0f} ms "
           f"(last {r['save_last_s'] * 1000:.0f} ms, {r['save_share']:.0%} of the wall); storage "
@@ -149,12 +162,13 @@ def main(argv=None) -> int:
     for size in args.sizes:
         samples_for(size)
     for size in args.sizes:
-        work = Path(tempfile.mkdtemp(prefix=f"a2-bench-rehearse-{size}-"))
-        try:
-            rows.append(run_size(size, args, work))
-            print_row(rows[-1])
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        for mode in args.state_saves:
+            work = Path(tempfile.mkdtemp(prefix=f"a2-bench-rehearse-{size}-"))
+            try:
+                rows.append(run_size(size, args, work, mode))
+                print_row(rows[-1])
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
     first, last = rows[0], rows[-1]
     print(f"SUMMARY bench_rehearse: overhead per trial {first['overhead_per_trial_s']:.2f} s at {first['trials']} "
           f"trials, {last['overhead_per_trial_s']:.2f} s at {last['trials']} "
