@@ -23,7 +23,9 @@ Per size it prints:
 - `a2 study status`, `a2 study compare` and `a2 report` wall time on the finished record (each a fresh process,
   its Python start-up and imports included, as people wait for it; targets 2 s, 5 s, 30 s at 1,000 trials).
 
-Run it alone on the machine (it starts Ray).
+Run it alone on the machine (it starts Ray). As shipped (`--state-saves shipped`) Tune saves the experiment state at
+every trial checkpoint, O(trials) each time: on 2 cores 75 trials took 5.6 min and 155 trials 13 min, so 1,005
+trials take hours there; benchmarks/RESULTS.md has the figures and the bound.
 """
 from __future__ import annotations
 
