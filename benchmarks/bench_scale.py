@@ -56,35 +56,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-# -- in the trials (these functions travel to the Ray workers by value) ------------------------------------------
-def stand_in_train(config, report, *, output_dir=None, resume_from=None):
-    """`a2core.train.train`'s contract at no cost: an epoch sleeps, then reports a tiny checkpoint."""
-    import random
-    import shutil
-    import tempfile as tf
-
-    epochs, epoch_s = config["bench"]["epochs"], config["bench"]["epoch_s"]
-    rng = random.Random(config["train"]["seed"])
-    history = []
-    for epoch in range(1, epochs + 1):
-        time.sleep(epoch_s)
-        metrics = {"epoch": epoch, "step": epoch * 10, "stage": "xe", "train/loss": 5.0 / epoch,
-                   "val/CIDEr": 50 + 10 * epoch + rng.random(), "time/epoch_s": epoch_s}
-        history.append(metrics)
-        folder = Path(tf.mkdtemp(prefix="a2-bench-ckpt-"))
-        (folder / "checkpoint.pt").write_bytes(b"\0" * 4096)
-        (folder / "history.json").write_text(json.dumps(history))
-        report(metrics, str(folder))
-        shutil.rmtree(folder, ignore_errors=True)
-    return {}
-
-
+# -- in the trials (these functions travel to the Ray workers by value; the stand-in trainer is launch.rehearse's) --
 def counted_trial(config, plan, ops_dir: str):
-    """`a2_local_trial` with `stand_in_train` for training, counting the trial's storage operations."""
+    """`a2_local_trial` with the stand-in trainer (`launch.rehearse.stand_in_train`: an epoch sleeps, then reports a
+    small checkpoint) for training, counting the trial's storage operations."""
     import collections
+    import functools
 
     import a2core.train
     import ray.tune
+
+    from launch.rehearse import stand_in_train
 
     from launch.storage import Location
     from launch import trainable
@@ -103,7 +85,7 @@ def counted_trial(config, plan, ops_dir: str):
         counts["checkpoint files"] += len(list(Path(source).iterdir()))
         return original_save(self, source, epoch)
 
-    a2core.train.train = stand_in_train
+    a2core.train.train = functools.partial(stand_in_train, epoch_seconds=config["bench"]["epoch_s"])
     for name in COUNTED:
         setattr(Location, name, counting(name))
     trainable.LocalCheckpoints.save = save

@@ -202,6 +202,9 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
     location = locate(name, storage)
     spec = load_saved_spec(location)
     summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
+    from launch.rehearse import refuse_rehearsal  # a rehearsal's checkpoints hold no weights
+
+    refuse_rehearsal(location, summary)
     if summary is None:
         raise PackageError(f"study {name!r} at {location.uri()} has no {SUMMARY_FILE}: finish it first "
                            f"(`a2 study resume {name}`)")

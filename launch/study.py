@@ -71,6 +71,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="price of a worker node per hour (default: the on-demand list price of its type)")
     plan.add_argument("--cluster", default=str(Path(__file__).resolve().parents[1] / "ray-cluster.yaml"),
                       help="cluster-launcher file whose GPU worker type prices the study (default: ray-cluster.yaml)")
+    plan.add_argument("--rehearse", type=int, default=None, metavar="N",
+                      help="also N rehearsals without Ray (launch.rehearse): power and the chance of keeping the best "
+                           "configuration with the study's early stopping, next to the closed-form power")
+    rehearse = importlib.import_module("launch.rehearse")
+    rehearse.add_model_arguments(plan)
+
+    rehearse.add_arguments(sub.add_parser(
+        "rehearse", help="every trial of a study through the real driver, scheduler, record and MLflow export, with "
+                         "a stand-in trainer drawing scores from a stated model (nothing trains; never packageable)"))
 
 
 def _add_study_file(parser: argparse.ArgumentParser) -> None:
@@ -101,8 +110,12 @@ def main(args: argparse.Namespace) -> int:
     command = args.study_command
     if command == "validate":
         return validate_main(args.file, args.overrides)
+    if command == "plan" and args.rehearse is not None:  # ray and optuna too: only when rehearsals are asked for
+        return importlib.import_module("launch.rehearse").plan_main(args)
     if command == "plan":  # scipy: imported only when asked for
         return importlib.import_module("launch.plan").main(args)
+    if command == "rehearse":
+        return importlib.import_module("launch.rehearse").main(args)
     if command == "check":
         return cmd_check(args)
     return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status, "compare": cmd_compare}[command](args)
@@ -170,6 +183,7 @@ def cmd_status(args) -> int:
         print(json.dumps(summary, indent=2, default=json_default))
         return 0
     spec = record.spec
+    _print_banner(location)
     print(f"study {spec.name} at {location.uri()}: {summary['trials_finished']}/{spec.num_trials} trials finished")
     print_conclusions(spec, summary, record.trials)
     return 0
@@ -180,12 +194,21 @@ def cmd_compare(args) -> int:
     from dashboards.compare import compare_table  # scipy, like launch.record: only when asked for
     from launch.record import StudyRecord
 
-    study = StudyRecord.load(locate(args.name, args.storage)).study()
+    location = locate(args.name, args.storage)
+    study = StudyRecord.load(location).study()
+    _print_banner(location)
     print(compare_table(study, args.by, args.baseline))
     note = study.still_running_note("comparison")
     if note:
         print(note)
     return 0
+
+
+def _print_banner(location) -> None:
+    """A rehearsal's tables start with the line saying so (`launch.rehearse`)."""
+    line = importlib.import_module("launch.rehearse").banner(location)
+    if line:
+        print(line)
 
 
 def cmd_report(args) -> int:

@@ -9,6 +9,7 @@ retried or restored trial continues from its own newest checkpoint, and each res
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -50,6 +51,9 @@ class TrialPlan:
     mode: str = "max"
     num_to_keep: int = 2
     diag_epochs: tuple[int, ...] = ()  # the scheduler's rungs: a trial stopped there ends with its diagnostics
+    # the training function of a one-worker trial, `a2core.train.train`'s contract; None: that one. A rehearsal's
+    # stand-in (`launch.rehearse`) comes in through `swapped_trainer`
+    train: Callable | None = None
 
     def config(self, sampled: dict) -> dict:
         """The a2core config of a trial: the resolved suggestion, with diagnostics at the epochs it may be stopped."""
@@ -79,12 +83,28 @@ class TrialPlan:
         return res
 
 
+_SWAPPED_TRAIN: Callable | None = None  # set in the driver's process by `swapped_trainer` only
+
+
+@contextlib.contextmanager
+def swapped_trainer(train: Callable):
+    """Within it, the trials this process plans (`plan_from_spec`) train with `train` (a picklable function of
+    `a2core.train.train`'s contract) instead of a2core's: the hook of a rehearsal (`launch.rehearse`)."""
+    global _SWAPPED_TRAIN
+    before, _SWAPPED_TRAIN = _SWAPPED_TRAIN, train
+    try:
+        yield
+    finally:
+        _SWAPPED_TRAIN = before
+
+
 def plan_from_spec(spec) -> TrialPlan:
     from launch.search import scheduler_rungs  # ray and optuna: not in a trial's process
 
     return TrialPlan(study=spec.name, storage=str(spec.storage), storage_endpoint_url=spec.storage_endpoint_url,
                      resolve=spec.trial_config, resources=spec.resources.model_dump(exclude_none=True),
-                     metric=spec.metric, mode=spec.mode, diag_epochs=tuple(scheduler_rungs(spec)))
+                     metric=spec.metric, mode=spec.mode, diag_epochs=tuple(scheduler_rungs(spec)),
+                     train=_SWAPPED_TRAIN)
 
 
 def use_temp_root(root: str | Path) -> None:
@@ -245,6 +265,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     """A one-worker trial: `a2core.train.train` in this Tune trial process, resuming from the newest checkpoint."""
     from a2core.train import train  # torch: only in a trial's process
 
+    train = plan.train or train
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
     use_temp_root(plan.temp_root())

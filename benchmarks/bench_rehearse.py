@@ -1,0 +1,184 @@
+"""A study at the team's scale, rehearsed (`launch.rehearse`): what the driver, Tune's experiment state and the
+read side cost as trials grow, each trial 20 stand-in epochs.
+
+    flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py                      # 75 and 1,005 trials
+    flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 1005 2005 --epoch-s 0.05
+    flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 155 --state-saves periodic shipped
+
+Each size is `studies/fusion_ablation.yaml` (15 configurations x 5 seeds = 75 trials; `search.num_samples=N` gives
+the exp_decay cells 2N T_P samples: 5 x (7 + 2N) trials) rehearsed once through `launch.rehearse.run_rehearsal`: the
+real driver, searcher (GridCrossedSearcher), FIFO scheduler, trial storage, record, MLflow export (SQLite) and
+summary, on a local Ray whose 16 logical GPUs stand in for the cluster's, with the stand-in trainer sleeping
+`--epoch-s` an epoch and reporting drawn scores with `--images` per-image scores (the real trainer reports 5,000).
+Per size it prints:
+
+- driver overhead per trial: (wall - ideal makespan, ceil(trials / 16) x 20 x epoch-s) / trials (target flat,
+  <= 0.5 s); the driver's own CPU seconds per trial; its peak memory (max RSS);
+- Tune's experiment-state saves (`TuneController.save_to_dir`, each writes every trial's state and the searcher's:
+  O(trials)): how many, their mean and last time, and their share of the driver's wall time. `--state-saves`:
+  `shipped` (the driver's `CheckpointConfig(num_to_keep=1)`, which makes Tune save the state at every trial
+  checkpoint: trials x epochs saves of O(trials) each), `periodic` (that forcing off, in this benchmark only:
+  Tune's own period, at least 10 s and about 5% of the time), or both, side by side;
+- the bytes the study's storage holds per trial, and Tune's own result log (`result.json`) among them;
+- `a2 study status`, `a2 study compare` and `a2 report` wall time on the finished record (each a fresh process,
+  its Python start-up and imports included, as people wait for it; targets 2 s, 5 s, 30 s at 1,000 trials).
+
+Run it alone on the machine (it starts Ray). As shipped (`--state-saves shipped`) Tune saves the experiment state at
+every trial checkpoint, O(trials) each time: on 2 cores 75 trials took 5.6 min and 155 trials 13 min, so 1,005
+trials take hours there; benchmarks/RESULTS.md has the figures and the bound.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+STUDY = ROOT / "studies" / "fusion_ablation.yaml"
+CONCURRENT = 16  # fusion_ablation's max_concurrent_trials: 4 g5.12xlarge workers x 4 GPUs
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[75, 1005],
+                   help="trials per study: 75, or 5 x (7 + 2N) for N exp_decay samples a cell")
+    p.add_argument("--epoch-s", type=float, default=0.05, help="seconds a stand-in epoch sleeps")
+    p.add_argument("--images", type=int, default=500, help="val and test images of the per-image scores")
+    p.add_argument("--read-timeout", type=float, default=300, help="seconds a status/compare/report may take")
+    p.add_argument("--state-saves", nargs="+", choices=("shipped", "periodic"), default=["shipped"],
+                   help="Tune's experiment-state saves: at every trial checkpoint (shipped) or Tune's period")
+    return p.parse_args(argv)
+
+
+def samples_for(trials: int) -> int:
+    n = (trials // 5 - 7) / 2
+    if trials % 5 or n < 1 or n != int(n):
+        raise SystemExit(f"bench_rehearse: {trials} trials is not 5 x (7 + 2N)")
+    return int(n)
+
+
+def folder_bytes(path: Path, name: str | None = None) -> int:
+    return sum(p.stat().st_size for p in path.rglob(name or "*") if p.is_file())
+
+
+def timed_command(*args: str, cwd: Path, timeout: float) -> tuple[float, int, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    t0 = time.monotonic()
+    try:
+        run = subprocess.run([sys.executable, "-m", "launch.cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return time.monotonic() - t0, -1, f"timed out after {timeout:.0f} s"
+    return time.monotonic() - t0, run.returncode, run.stdout[-300:]
+
+
+def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict:
+    import ray
+    from ray.tune.execution.tune_controller import TuneController
+
+    from launch import rehearse
+    from launch.spec import StudySpec
+
+    overrides = [f"search.num_samples={samples_for(trials)}", f"data.val_images={args.images}",
+                 f"train.test_images={args.images}"]
+    raw, own = rehearse.rehearsal_raw(str(STUDY), overrides, str(work / "storage"), None)
+    original = StudySpec.from_dict(raw, source=str(STUDY), check_files=False)
+    spec = StudySpec.from_dict(own, source=str(STUDY))
+    assert spec.num_trials == trials, (spec.num_trials, trials)
+    model = rehearse.score_model(original)
+    model = rehearse.ScoreModel(**{**model.to_dict(), "means": model.means, "val_images": args.images,
+                                   "test_images": args.images})
+    saves: list[float] = []
+    save_to_dir = TuneController.save_to_dir
+
+    def timed_save(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return save_to_dir(self, *a, **k)
+        finally:
+            saves.append(time.perf_counter() - t0)
+
+    TuneController.save_to_dir = timed_save
+    create = TuneController._create_checkpoint_manager
+    if saves_mode == "periodic":  # no save forced by a trial's checkpoint: Tune's own period alone
+        def periodic(self):
+            manager = create(self)
+            manager._sync_every_n_trial_checkpoints = None
+            return manager
+        TuneController._create_checkpoint_manager = periodic
+    try:
+        cpu0 = time.process_time()
+        out = rehearse.run_rehearsal(spec, model, epoch_seconds=args.epoch_s, time_scale=1.0, verbose=False)
+        driver_cpu = time.process_time() - cpu0
+    finally:
+        TuneController.save_to_dir, TuneController._create_checkpoint_manager = save_to_dir, create
+        ray.shutdown()
+    summary = out["summary"]
+    if summary["trials_finished"] != trials:
+        raise SystemExit(f"bench_rehearse: {summary['trials_finished']}/{trials} trials finished")
+    wall = out["seconds"]
+    ideal = math.ceil(trials / CONCURRENT) * spec.total_epochs * args.epoch_s
+    folder = work / "storage" / spec.name
+    reads = {}
+    for label, command in (("status", ("study", "status", spec.name)), ("compare", ("study", "compare", spec.name)),
+                           ("report", ("report", spec.name, "--out", str(work / "report")))):
+        seconds, rc, tail = timed_command(*command, "--storage", str(work / "storage"), cwd=work,
+                                          timeout=args.read_timeout)
+        reads[label] = seconds if rc == 0 else None
+        if rc != 0:
+            print(f"  {label} failed (exit {rc}): {tail}", flush=True)
+    return {"trials": trials, "mode": saves_mode, "wall_s": wall, "ideal_s": ideal, "overhead_per_trial_s": (wall - ideal) / trials,
+            "driver_cpu_per_trial_s": driver_cpu / trials,
+            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "saves": len(saves), "save_mean_s": sum(saves) / max(1, len(saves)), "save_last_s": saves[-1] if saves
+            else 0.0, "save_share": sum(saves) / wall, "bytes_per_trial": folder_bytes(folder) / trials,
+            "tune_result_bytes_per_trial": folder_bytes(folder, "result.json") / trials, **reads}
+
+
+def print_row(r: dict) -> None:
+    def s(v):
+        return "failed" if v is None else f"{v:.1f} s"
+    print(f"{r['trials']:5d} trials, state saves {r['mode']}: wall {r['wall_s']:7.1f} s (ideal {r['ideal_s']:.1f} s), overhead "
+          f"{r['overhead_per_trial_s']:.2f} s/trial, driver CPU {r['driver_cpu_per_trial_s']:.2f} s/trial, driver max "
+          f"RSS {r['max_rss_mb']:.0f} MB; experiment-state saves {r['saves']} x {r['save_mean_s'] * 1000:.0f} ms "
+          f"(last {r['save_last_s'] * 1000:.0f} ms, {r['save_share']:.0%} of the wall); storage "
+          f"{r['bytes_per_trial'] / 1e6:.2f} MB/trial (Tune's result.json {r['tune_result_bytes_per_trial'] / 1e6:.2f}); "
+          f"status {s(r['status'])}, compare {s(r['compare'])}, report {s(r['report'])}", flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    rows = []
+    for size in args.sizes:
+        samples_for(size)
+    for size in args.sizes:
+        for mode in args.state_saves:
+            work = Path(tempfile.mkdtemp(prefix=f"a2-bench-rehearse-{size}-"))
+            try:
+                rows.append(run_size(size, args, work, mode))
+                print_row(rows[-1])
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    first, last = rows[0], rows[-1]
+    print(f"SUMMARY bench_rehearse: overhead per trial {first['overhead_per_trial_s']:.2f} s at {first['trials']} "
+          f"trials, {last['overhead_per_trial_s']:.2f} s at {last['trials']} "
+          f"(x{last['overhead_per_trial_s'] / max(first['overhead_per_trial_s'], 1e-9):.2f}); experiment-state save "
+          f"{first['save_mean_s'] * 1000:.0f} -> {last['save_mean_s'] * 1000:.0f} ms, "
+          f"{first['save_share']:.0%} -> {last['save_share']:.0%} of the driver's wall time")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

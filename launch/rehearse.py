@@ -1,0 +1,749 @@
+"""`a2 study rehearse FILE` and `a2 study plan FILE --rehearse N`: a study's every trial through the real orchestration,
+with training replaced by a stand-in whose scores are drawn from a stated model, before GPUs are paid for.
+
+The first rehearsal runs the study as `a2 study run` does (`launch.driver.run_study`: the searcher, the replicate
+ASHA, the trials' storage, the record, the MLflow export, `summary.json`) on Ray, the cluster's GPUs stood in for by
+Ray's declared (logical) resources, each trial's `a2core.train.train` swapped for `stand_in_train`
+(`launch.trainable.swapped_trainer`), which sleeps `epoch_seconds x time_scale` an epoch and reports what the score
+model draws. Further rehearsals (`--repeat N`, `plan --rehearse N`) redraw the noise and run the statistical part
+without Ray (`simulate`): the same searcher's configurations (`GridCrossedSearcher`, asked in Tune's order), the same
+scheduler object deciding on the same results (`launch.search.build_scheduler`: `ReplicateASHA`'s hooks, fed epoch by
+epoch in the order `max_concurrent_trials` slots run them), the same record-to-verdict code (`dashboards.compare.
+study_comparison`, `dashboards.stats.best_group`). Both paths end in a `dashboards.runs.Study`, read by `analyse`.
+
+The score model (`ScoreModel`): a configuration's true final mean by one config key (`by`, default the fusion: the
+paper's Table 3, `dashboards.paper_results`; or the arms of a results record, `--from-record`), plus the noise the
+plan assumes (`dashboards.stats.Noise`): a seed's shift (seed_sd), a run's own per-image noise (run_sd), an arm's own
+per-image strengths (arm_image_sd, drawn once per configuration and image), over the val and test images the study
+scores. A learning curve scales the run's mean over epochs: curve(e) = 1 - drop (1 - e / E)^2 (the last epoch at
+the full mean; `drop` 0.3: a first epoch at ~half the final CIDEr for E = 20, as cross-entropy training of the
+paper's model). The val score of an epoch is curve(e) (mean + shift) + the arm's val-image mean + the mean of the
+run's per-image noise that epoch; the test scores are at the selected (best val) epoch.
+
+A rehearsal is labelled wherever it is read: its name ends in `-rehearsal` (storage folder, MLflow experiment, every
+table header), `rehearsal.json` sits next to `study.yaml`, `summary.json` carries `"rehearsal"`, `status` and `compare`
+print `BANNER` first, its MLflow runs carry the tag `a2.rehearsal` and names starting `rehearsal-`, and `a2 package`
+refuses it (`refuse_rehearsal`).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import math
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from a2core.config import apply_overrides, flatten, get_dotted, load_yaml
+from a2core.errors import PackageError, StudyError
+
+NAME_SUFFIX = "-rehearsal"
+REHEARSAL_FILE = "rehearsal.json"  # next to study.yaml: the model the scores were drawn from
+TAG_REHEARSAL = "a2.rehearsal"
+DEFAULT_STORAGE = "./a2-rehearsals"
+LEARNING_DROP = 0.3
+BANNER = "REHEARSAL: stand-in trainer, scores drawn from a model (launch.rehearse); not a study result"
+
+
+# -- the score model -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ScoreModel:
+    """What the stand-in trainer draws (module docstring); plain values, shipped with every trial."""
+    by: str  # the config path whose value picks a configuration's mean ("model.fusion")
+    means: tuple[tuple[str, float], ...]  # (value of `by` as text, true final mean x100)
+    seed_sd: float
+    run_sd: float
+    arm_image_sd: float
+    val_images: int
+    test_images: int  # 0: no end-of-run test (train.test_at_end false)
+    drop: float = LEARNING_DROP
+    seed: int = 0
+    source: str = ""
+
+    def mean_of(self, config: dict) -> float:
+        value = str(get_dotted(config, self.by))
+        table = dict(self.means)
+        if value not in table:
+            raise StudyError(f"rehearsal score model: no mean for {self.by}={value} (it has "
+                             f"{', '.join(table) or 'none'}); give one with --mean {value}=CIDEr")
+        return table[value]
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "means": dict(self.means)}
+
+
+def curve(epoch: int, total: int, drop: float) -> float:
+    """The learning curve's share of the final mean at `epoch` of `total`."""
+    return 1.0 - drop * (1.0 - epoch / total) ** 2
+
+
+def _rng(model: ScoreModel, repeat: int, *key) -> np.random.Generator:
+    """A generator keyed by the model's seed, the rehearsal's number and `key`: the same draws in a Ray trial and in
+    `simulate`, whatever order the trials run in."""
+    digest = hashlib.sha256(json.dumps([model.seed, repeat, *key], default=str).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+@dataclass
+class Draws:
+    """One run's drawn scores: `val[e - 1]` its val CIDEr at epoch e, and what its per-image scores are made of."""
+    model: ScoreModel
+    repeat: int
+    group: str
+    seed: int
+    mean: float
+    shift: float
+    val: np.ndarray
+    epoch_noise: np.ndarray
+    total: int
+
+    def arm_images(self, split: str) -> np.ndarray:
+        m = self.model.val_images if split == "val" else self.model.test_images
+        return _rng(self.model, self.repeat, "arm", self.group, split).normal(0.0, self.model.arm_image_sd, m)
+
+    def per_image(self, split: str, best_epoch: int) -> np.ndarray:
+        """The run's per-image CIDEr-D on `split` at its selected epoch (val: whose mean is `val[best_epoch - 1]`)."""
+        arm = self.arm_images(split)
+        own = _rng(self.model, self.repeat, "images", self.group, self.seed, split).normal(0.0, self.model.run_sd,
+                                                                                            len(arm))
+        if split == "val":  # the same mean as the epoch's val score: the epoch's share of the run's noise
+            own = own - own.mean() + self.epoch_noise[best_epoch - 1]
+        return curve(best_epoch, self.total, self.model.drop) * (self.mean + self.shift) + arm + own
+
+
+def draw(model: ScoreModel, config: dict, repeat: int = 0) -> Draws:
+    """The draws of the run of `config` (a resolved trial config: its group is its config hash, its seed
+    `train.seed`) in rehearsal number `repeat`."""
+    from dashboards.stats import config_hash  # scipy: the trials have it
+
+    group, seed = config_hash(config), int(config["train"]["seed"])
+    total = int(config["train"]["xe_epochs"]) + int(config["train"]["scst_epochs"])
+    mean = model.mean_of(config)
+    rng = _rng(model, repeat, "run", group, seed)
+    shift = float(rng.normal(0.0, model.seed_sd))
+    epoch_noise = rng.normal(0.0, model.run_sd / math.sqrt(max(model.val_images, 1)), total)
+    arm_val = float(_rng(model, repeat, "arm", group, "val").normal(0.0, model.arm_image_sd, model.val_images).mean())
+    val = np.array([curve(e, total, model.drop) * (mean + shift) for e in range(1, total + 1)]) + arm_val + epoch_noise
+    return Draws(model, repeat, group, seed, mean, shift, val, epoch_noise, total)
+
+
+# -- the stand-in trainer (runs in the Ray trials; benchmarks/bench_scale.py uses it too) ---------------------------
+def stand_in_train(config, report, *, output_dir=None, resume_from=None, best_from=None, model: dict | None = None,
+                   epoch_seconds: float = 0.0, repeat: int = 0):
+    """`a2core.train.train`'s contract at no cost: each epoch sleeps `epoch_seconds`, then reports the drawn val
+    score (`model`: a `ScoreModel` as a dict; None: a rising score, `bench_scale`'s) with a small checkpoint
+    (`a2core.checkpoint` format, no weights) and the epoch's per-image val scores; the last epoch also the test
+    split's (train.test_at_end). Resumes after its checkpoint's epoch."""
+    import shutil
+    import tempfile as tf
+
+    from a2core import checkpoint
+    from a2core.selection import best_epoch
+    from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY
+
+    train = config["train"]
+    total = int(train["xe_epochs"]) + int(train["scst_epochs"])
+    draws = None
+    if model is not None:
+        model = ScoreModel(**{**model, "means": tuple(model["means"].items())})
+        draws = draw(model, config, repeat)
+    history, start = [], 1
+    if resume_from is not None:
+        state = checkpoint.load(resume_from)
+        history, start = list(state.get("history") or []), int(state["epoch"]) + 1
+    for epoch in range(start, total + 1):
+        time.sleep(epoch_seconds)
+        value = float(draws.val[epoch - 1]) if draws is not None else 50.0 + 10 * epoch + (seed_noise(train) / 10)
+        metrics = {"epoch": epoch, "step": epoch * 10, "stage": "xe" if epoch <= int(train["xe_epochs"]) else "scst",
+                   "train/loss": 5.0 / epoch, "val/CIDEr": value, "time/epoch_s": epoch_seconds}
+        values = {int(h["epoch"]): h["val/CIDEr"] for h in history} | {epoch: value}
+        best = best_epoch(values)
+        if draws is not None and model.val_images and best == epoch:
+            scores = draws.per_image("val", epoch)
+            metrics[PER_IMAGE_KEY] = {"ids": [str(i) for i in range(len(scores))], "scores": scores.tolist()}
+        if draws is not None and epoch == total and train.get("test_at_end") and model.test_images:
+            scores = draws.per_image("test", best)
+            metrics.update({"test/CIDEr": float(scores.mean()), "test/epoch": best,
+                            TEST_PER_IMAGE_KEY: {"ids": [str(i) for i in range(len(scores))],
+                                                 "scores": scores.tolist()}})
+        history.append({k: v for k, v in metrics.items() if not isinstance(v, dict)})
+        folder = Path(tf.mkdtemp(prefix="a2-rehearse-ckpt-"))
+        checkpoint.save({"format": checkpoint.FORMAT, "model": {}, "config": config, "vocab": [], "epoch": epoch,
+                         "best": {"epoch": best, "value": values[best]}, "history": history},
+                        folder / "checkpoint.pt")
+        (folder / checkpoint.HISTORY_FILE).write_text(json.dumps(history))
+        report(metrics, str(folder))
+        shutil.rmtree(folder, ignore_errors=True)
+    return {}
+
+
+def seed_noise(train: dict) -> float:
+    """bench_scale's stand-in: a value in [0, 10) fixed by the seed."""
+    import random
+
+    return random.Random(train.get("seed")).random() * 10
+
+
+# -- the statistical part, without Ray -------------------------------------------------------------------------------
+class _Trial:
+    """What the scheduler reads of a Tune trial."""
+
+    def __init__(self, trial_id: str, config: dict):
+        from ray.tune.experiment import Trial
+
+        self.trial_id, self.config, self.status = trial_id, config, Trial.PENDING
+
+
+class _Controller:
+    def __init__(self):
+        self.trials: list[_Trial] = []
+
+    def get_trials(self):
+        return self.trials
+
+
+def suggestions(spec) -> list[dict]:
+    """The study's trials as its searcher hands them out (`GridCrossedSearcher`, Tune's order): sampled configs.
+    TPE adapts to results in a real study; here every sampled value comes from its prior, the same in every
+    rehearsal (the scores do not depend on sampled keys other than `by`)."""
+    from ray.tune.search import Searcher
+
+    from launch.search import GridCrossedSearcher
+
+    searcher = GridCrossedSearcher(spec)
+    out = []
+    for i in range(spec.num_trials):
+        config = searcher.suggest(f"rehearsal{i:05d}")
+        if config is None or config == Searcher.FINISHED:
+            break
+        out.append(config)
+    return out
+
+
+def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = None):
+    """One rehearsal without Ray, as a `dashboards.runs.Study`: every trial's draws, fed epoch by epoch to the
+    study's own scheduler (`build_scheduler`: `ReplicateASHA`'s `on_trial_add`, `on_trial_result`,
+    `on_trial_complete`, `choose_trial_to_run`, PAUSE and STOP included) with `max_concurrent_trials` trials
+    running at once and the searcher adding a trial whenever fewer are unfinished (Tune's ConcurrencyLimiter)."""
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import TrialScheduler
+
+    from a2core.selection import best_epoch
+    from dashboards.runs import CIDER, TEST_CIDER, RunSummary, Study
+    from dashboards.stats import TAG_CONFIG_HASH, stopped_early_tags
+    from dashboards.tracking import param_value
+    from launch.search import ReplicateASHA, build_scheduler
+
+    configs = configs if configs is not None else suggestions(spec)
+    scheduler = build_scheduler(spec)
+    scheduler.set_search_properties(spec.metric, spec.mode)  # as Tune does with the TuneConfig's
+    asha = isinstance(scheduler, ReplicateASHA)
+    resolved = [spec.trial_config(dict(c)) for c in configs]
+    draws = [draw(model, config, repeat) for config in resolved]
+    trials = [_Trial(f"sim{i:05d}", dict(c)) for i, c in enumerate(configs)]
+    index = {t.trial_id: i for i, t in enumerate(trials)}
+    epochs = {t.trial_id: 0 for t in trials}
+    resumed: set[str] = set()
+    ctl, queue, slots, total = _Controller(), iter(trials), spec.resources.max_concurrent_trials, spec.total_epochs
+
+    def result(t):
+        e = epochs[t.trial_id]
+        return {"epoch": e, spec.metric: float(draws[index[t.trial_id]].val[e - 1])}
+
+    def end(t, res):
+        t.status = Trial.TERMINATED
+        if asha:
+            scheduler.on_trial_complete(ctl, t, res)
+
+    while True:
+        unfinished = sum(t.status != Trial.TERMINATED for t in ctl.trials)
+        while unfinished < slots and (t := next(queue, None)) is not None:
+            ctl.trials.append(t)
+            if asha:
+                scheduler.on_trial_add(ctl, t)
+            unfinished += 1
+        running = [t for t in ctl.trials if t.status == Trial.RUNNING]
+        while len(running) < slots:
+            if asha:
+                chosen = scheduler.choose_trial_to_run(ctl)
+            else:
+                chosen = next((t for t in ctl.trials if t.status == Trial.PENDING), None)
+            if chosen is None:
+                break
+            if chosen.status == Trial.PAUSED:
+                resumed.add(chosen.trial_id)
+            chosen.status = Trial.RUNNING
+            running.append(chosen)
+        if not running:
+            break
+        for t in running:
+            if t.trial_id in resumed:  # a resumed trial reports its last result again first (launch.trainable)
+                resumed.discard(t.trial_id)
+                if scheduler.on_trial_result(ctl, t, result(t)) == TrialScheduler.STOP:
+                    end(t, result(t))
+                    continue
+            epochs[t.trial_id] += 1
+            res = result(t)
+            decision = scheduler.on_trial_result(ctl, t, res) if asha else TrialScheduler.CONTINUE
+            if decision == TrialScheduler.STOP or epochs[t.trial_id] == total:
+                end(t, res)
+            elif decision == TrialScheduler.PAUSE:
+                t.status = Trial.PAUSED
+
+    runs = []
+    for t, config, d in zip(trials, resolved, draws):
+        done = epochs[t.trial_id]
+        if done == 0:
+            continue
+        values = {e: float(d.val[e - 1]) for e in range(1, done + 1)}
+        best = best_epoch(values)
+        tags = {TAG_CONFIG_HASH: d.group}
+        stopped = scheduler.stopped_early(t.trial_id) if asha else None
+        if stopped:
+            tags.update(stopped_early_tags(stopped["rung"], stopped["cutoff"]))
+        final = {CIDER: values[done]}
+        test = done == total and config["train"].get("test_at_end") and model.test_images
+        if test:
+            final[TEST_CIDER] = float(d.per_image("test", best).mean())
+
+        def per_image(split, d=d, best=best, test=test):
+            if (split == "test" and not test) or (split == "val" and not model.val_images):
+                return None
+            scores = d.per_image(split, best)
+            return {str(i): float(v) for i, v in enumerate(scores)}
+
+        params = {k: param_value(v) for k, v in flatten(config).items()}
+        runs.append(RunSummary(t.trial_id, f"rehearsal-{t.trial_id}", "FINISHED", params, tags, final,
+                               history={CIDER: sorted(values.items())}, per_image=per_image).with_best())
+    return Study(f"{spec.name}{'' if spec.name.endswith(NAME_SUFFIX) else NAME_SUFFIX}", runs)
+
+
+# -- what happened ---------------------------------------------------------------------------------------------------
+def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
+    """One rehearsal's outcome, read from its `dashboards.runs.Study` (a Ray rehearsal's record or `simulate`'s):
+    trials run and stopped (by rung), trial-epochs run against planned, the best group (`dashboards.stats.
+    best_group`, the summary's and compare's rule) and whether it is a true best, whether a true best group survived
+    early stopping, and each row of `a2 study compare`'s comparison (`study_comparison`) against its baseline: the
+    verdict, its interval's width and the true gap."""
+    from dashboards.compare import configurations, study_comparison
+    from dashboards.runs import CIDER
+    from dashboards.stats import TAG_CONFIG_HASH, TAG_STOPPED_RUNG, best_group, is_stopped_early
+
+    runs = [r for r in study.runs if r.best_cider is not None]
+    groups = configurations(runs)
+    true = {g[0].tags[TAG_CONFIG_HASH]: model.mean_of(_config_of(g[0])) for g in groups}
+    top = max(true.values()) if true else None
+    stopped = [r for r in runs if is_stopped_early(r.tags)]
+    rungs = Counter(int(r.tags[TAG_STOPPED_RUNG]) for r in stopped if r.tags.get(TAG_STOPPED_RUNG, "").isdigit())
+    done = sum(len(r.history.get(CIDER, [])) for r in runs)
+    chosen = best_group(groups, lambda g: [r.best_cider for r in g], spec.mode,
+                        lambda g: any(is_stopped_early(r.tags) for r in g))
+    survived = any(true[g[0].tags[TAG_CONFIG_HASH]] == top and not any(is_stopped_early(r.tags) for r in g)
+                   for g in groups)
+    comparison, _, _ = study_comparison(study, by)
+    table = dict(model.means)  # a row's label is its value of `by` ("fusion=none" for a reference row)
+    label_mean = {arm.label: table.get(arm.label.split("=")[-1]) for arm, _ in comparison.rows}
+    rows = {}
+    for label, diff in comparison.differences.items():
+        if label_mean.get(label) is None or label_mean.get(comparison.baseline) is None:
+            continue  # rows by another key than the model's: no true gap known
+        gap = label_mean[label] - label_mean[comparison.baseline]
+        rows[label] = {"delta": diff.delta, "low": diff.low, "high": diff.high, "resolved": diff.resolved,
+                       "right": diff.resolved and (diff.delta > 0) == (gap > 0) and gap != 0,
+                       "wrong": diff.resolved and ((diff.delta > 0) != (gap > 0) or gap == 0),
+                       "width": None if diff.low is None else diff.high - diff.low, "true_gap": gap,
+                       "seeds": diff.seeds_a, "images": diff.images, "verdict": diff.verdict()}
+    return {"trials": len(runs), "planned_trials": spec.num_trials, "stopped": len(stopped), "rungs": dict(rungs),
+            "epochs_run": done, "epochs_planned": spec.num_trials * spec.total_epochs,
+            "best_group_true_best": chosen is not None and true[chosen[0].tags[TAG_CONFIG_HASH]] == top,
+            "true_best_survived": survived, "split": "test" if comparison.metric == "test/CIDEr" else "val",
+            "baseline": comparison.baseline, "rows": rows}
+
+
+def _config_of(run) -> dict:
+    """A run's resolved config back from its params (dotted keys, text values): enough for `ScoreModel.mean_of`."""
+    out: dict = {}
+    for key, value in run.params.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def _value(run, by: str):
+    from dashboards.runs import group_value
+
+    return group_value(run, by)
+
+
+def aggregate(outcomes: list[dict], spec, model: ScoreModel) -> dict:
+    """Rates over rehearsals: the best group a true best, a true best kept, each row's verdicts (right, wrong, none)
+    and mean width, trials stopped and trial-epochs run."""
+    n = len(outcomes)
+    rows = {}
+    for label in outcomes[0]["rows"] if outcomes else []:
+        xs = [o["rows"][label] for o in outcomes if label in o["rows"]]
+        widths = [x["width"] for x in xs if x["width"] is not None]
+        rows[label] = {"true_gap": xs[0]["true_gap"], "right": sum(x["right"] for x in xs) / len(xs),
+                       "wrong": sum(x["wrong"] for x in xs) / len(xs),
+                       "none": sum(x["low"] is None for x in xs) / len(xs),
+                       "width": float(np.mean(widths)) if widths else None, "seeds": xs[0]["seeds"],
+                       "images": xs[0]["images"], "n": len(xs)}
+    return {"rehearsals": n, "best_group_true_best": sum(o["best_group_true_best"] for o in outcomes) / n,
+            "true_best_survived": sum(o["true_best_survived"] for o in outcomes) / n,
+            "stopped_mean": float(np.mean([o["stopped"] for o in outcomes])),
+            "epoch_share": float(np.mean([o["epochs_run"] / o["epochs_planned"] for o in outcomes])),
+            "split": Counter(o["split"] for o in outcomes).most_common(1)[0][0], "rows": rows}
+
+
+def mc_error(rate: float, n: int) -> float:
+    """The Monte Carlo standard error of a rate over n rehearsals."""
+    return math.sqrt(max(rate * (1 - rate), 1e-12) / n)
+
+
+# -- text ------------------------------------------------------------------------------------------------------------
+def outcome_text(outcome: dict, title: str) -> str:
+    rungs = ", ".join(f"{n} at rung {r}" for r, n in sorted(outcome["rungs"].items())) or "none"
+    lines = [f"{title}",
+             f"  trials    {outcome['trials']}/{outcome['planned_trials']} ran; {outcome['stopped']} stopped early "
+             f"({rungs})",
+             f"  compute   {outcome['epochs_run']:,} of {outcome['epochs_planned']:,} planned trial-epochs "
+             f"({outcome['epochs_run'] / outcome['epochs_planned']:.0%})",
+             f"  best      the best group {'IS' if outcome['best_group_true_best'] else 'is NOT'} a true best "
+             f"configuration; a true best {'survived' if outcome['true_best_survived'] else 'was STOPPED by'} "
+             f"early stopping",
+             f"  verdicts  (`a2 study compare`'s, on {outcome['split']}; true gap in brackets)"]
+    for label, row in outcome["rows"].items():
+        width = "no interval" if row["width"] is None else f"width {row['width']:.2f}"
+        lines.append(f"    {row['verdict']} [{width}; true gap {row['true_gap']:+.1f}]")
+    return "\n".join(lines)
+
+
+def aggregate_text(agg: dict, spec, model: ScoreModel, title: str, closed_form: bool = True) -> str:
+    from dashboards.stats import Noise, power
+
+    n = agg["rehearsals"]
+    noise = Noise(model.seed_sd, model.run_sd, model.arm_image_sd, model.test_images if agg["split"] == "test"
+                  else model.val_images)
+    asha = spec.search.scheduler.asha is not None
+    lines = [title,
+             f"  kept      a true best configuration survived early stopping in {agg['true_best_survived']:.0%}, "
+             f"was the best group in {agg['best_group_true_best']:.0%} of {n} rehearsals "
+             f"(MC error +-{mc_error(agg['best_group_true_best'], n):.0%})",
+             f"  compute   {agg['epoch_share']:.0%} of the planned trial-epochs on average; "
+             f"{agg['stopped_mean']:.1f} trials stopped early per rehearsal",
+             f"  {'difference':<28}{'true gap':>9}{'verdict rate':>14}{'wrong':>7}{'none':>6}{'mean width':>12}"
+             + (f"{'closed-form power':>19}" if closed_form else "")]
+    for label, row in agg["rows"].items():
+        cf = ""
+        if closed_form:
+            p = power(row["seeds"], row["true_gap"], noise) if row["true_gap"] else float("nan")
+            cf = f"{'-' if math.isnan(p) else f'{p:.0%}':>19}"
+        width = "-" if row["width"] is None else f"{row['width']:.2f}"
+        lines.append(f"    {label + ' vs baseline':<26}{row['true_gap']:>+9.1f}{row['right']:>13.0%} "
+                     f"{row['wrong']:>6.0%}{row['none']:>6.0%}{width:>12}{cf}")
+    lines.append(f"  (verdict rate: the interval excludes 0 on the true side; +-{mc_error(0.5, n):.0%} at most over "
+                 f"{n} rehearsals. The closed-form power (`a2 study plan`) ignores early stopping"
+                 + ("; this study stops groups at its rungs, so their rows may differ)" if asha else ")"))
+    return "\n".join(lines)
+
+
+def model_text(model: ScoreModel) -> str:
+    means = ", ".join(f"{k} {v:.1f}" for k, v in model.means)
+    return (f"score model ({model.source}): final mean by {model.by}: {means}; seed sd {model.seed_sd:.2f}, run x "
+            f"image sd {model.run_sd:.1f}, arm x image sd {model.arm_image_sd:.1f}, over {model.val_images:,} val "
+            f"and {model.test_images:,} test images; learning curve 1 - {model.drop:g} (1 - e/E)^2; seed {model.seed}")
+
+
+# -- building the model and the rehearsal's study --------------------------------------------------------------------
+def score_model(spec, *, record: str | None = None, means: list[str] | None = None, sd: float | None = None,
+                storage: str | None = None, seed: int = 0, drop: float = LEARNING_DROP) -> ScoreModel:
+    """The model a rehearsal draws from: means from `record` (a results record, `a2 results export`: its arms'
+    means of its metric, and its measured noise) or the paper's Table 3 by fusion, each overridden by `means`
+    ("gate=125.0"); noise as `a2 study plan` takes it (measured in the study's record, else `--sd` and the plan's
+    assumptions, launch.plan)."""
+    from dashboards.paper_results import TABLE3, TABLE3_ROW
+    from dashboards.stats import Noise, noise_of
+    from launch import plan
+
+    val_images = spec.base["data"].get("val_images") or spec.images["val"]
+    test_images = plan.test_images(spec)
+    by, table, noise, source = "model.fusion", {}, None, ""
+    if record is not None:
+        from dashboards.records import arms_of, load_record
+
+        try:
+            rec = load_record(record)
+        except (OSError, ValueError, KeyError) as err:
+            raise StudyError(f"--from-record {record}: {err}") from None
+        by = rec["by"] if "." in rec["by"] else f"model.{rec['by']}"
+        arms = arms_of(rec)
+        table = {arm.label: float(np.mean(arm.values(rec["metric"]))) for arm in arms}
+        scored = [arm.per_image for arm in arms if arm.per_image is not None and len(arm.per_image) >= 2]
+        if scored and len({s.shape[1] for s in scored}) == 1:
+            noise = noise_of(scored)
+        source = f"means and noise measured in {record} ({rec['study']}, {rec['metric']})"
+    else:
+        table = {fusion: float(TABLE3["rows"][row]["CIDEr"]) for fusion, row in TABLE3_ROW.items()}
+        source = "means: the paper's Table 3 CIDEr by fusion (dashboards.paper_results)"
+    for item in means or []:
+        key, _, value = item.partition("=")
+        try:
+            table[key] = float(value)
+        except ValueError:
+            raise StudyError(f"--mean {item}: give VALUE=CIDEr, e.g. gate=125.0") from None
+        source += f"; {key} set to {value}"
+    if sd is not None or noise is None:
+        args = argparse.Namespace(sd=sd, storage=storage)
+        noise, how = plan._noise(args, spec)
+        if noise is None:  # a synthetic study with nothing measured: the COCO assumption, said so
+            noise = Noise(plan.COCO_SEED_SD, 0.0, plan.ARM_IMAGE_SD, plan.verdict_images(spec))
+            how = "nothing measured; seed sd and arm x image sd as `a2 study plan` assumes for COCO"
+        source += f"; noise: {how}"
+    return ScoreModel(by, tuple(table.items()), noise.seed_sd, noise.run_sd, noise.arm_image_sd, int(val_images),
+                      int(test_images), drop, seed, source)
+
+
+def rehearsal_raw(path: str, overrides: list[str], storage: str, tracking_uri: str | None) -> tuple[dict, dict]:
+    """(the study file with its overrides, the rehearsal's own file): named `<name>-rehearsal`, stored under
+    `storage`, tracked at `tracking_uri` (default: an SQLite store in `storage`), COCO data replaced by a small
+    synthetic set (the stand-in reads no data; the score model keeps the study's own split sizes), one worker per
+    trial holding the trial's CPUs and GPUs (the stand-in trains in the trial process)."""
+    raw = apply_overrides(load_yaml(path), list(overrides), source=path)
+    own = json.loads(json.dumps(raw))
+    own["name"] = f"{raw.get('name', 'study')}{NAME_SUFFIX}"
+    own["storage"] = storage
+    own.pop("storage_endpoint_url", None)
+    uri = tracking_uri or f"sqlite:///{os.path.abspath(os.path.join(storage, 'mlflow.db'))}"
+    own["tracking"] = {**(raw.get("tracking") or {}), "mlflow_uri": uri}
+    own["tracking"].pop("experiment", None)
+    data = raw.get("data") or {}
+    if data.get("kind") == "coco":
+        own["data"] = {"kind": "synthetic", "seed": 0, "images": 400}
+    res = dict(raw.get("resources") or {})
+    workers = int(res.get("workers_per_trial", 1))
+    if workers > 1:
+        res["cpus_per_worker"] = workers * float(res.get("cpus_per_worker", 1))
+        res["gpus_per_worker"] = workers * int(res.get("gpus_per_worker", 0))
+        res["workers_per_trial"] = 1
+        own["resources"] = res
+    return raw, own
+
+
+def _logical_ray(spec) -> None:
+    """A local Ray whose declared CPUs and GPUs are what the study's concurrent trials ask (the cluster's, logical)."""
+    import ray
+
+    from launch.raycluster import connect
+
+    if ray.is_initialized():
+        return
+    per = spec.trial_resources()
+    c = spec.resources.max_concurrent_trials
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    ray.init(address="local", num_cpus=max(1, math.ceil(per["CPU"] * c)), num_gpus=int(per["GPU"] * c),
+             include_dashboard=False, log_to_driver=False)
+    connect()  # the connected Ray (connect's settings of the job apply only to a Ray it starts itself)
+
+
+def run_rehearsal(spec, model: ScoreModel, *, epoch_seconds: float, time_scale: float, address: str | None = None,
+                  verbose: bool = False) -> dict:
+    """The first rehearsal: `run_study` with the stand-in trainer; marks the study as a rehearsal (its file, the
+    summary, MLflow's tags). Returns {"summary", "seconds"}."""
+    from launch.driver import run_study
+    from launch.location import StudyLocation, write_summary
+    from launch.trainable import swapped_trainer
+
+    location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
+    marker = {"rehearsal": True, "model": model.to_dict(), "epoch_seconds": epoch_seconds, "time_scale": time_scale,
+              "note": BANNER}
+    from launch.driver import check_tracking
+
+    if "://" not in spec.storage:
+        Path(spec.storage).mkdir(parents=True, exist_ok=True)  # also the default SQLite store's folder
+    check_tracking(spec)  # before Ray starts
+    if address is None:
+        _logical_ray(spec)
+    train = functools.partial(stand_in_train, model=model.to_dict(), epoch_seconds=epoch_seconds * time_scale)
+    started = time.monotonic()
+    with swapped_trainer(train):
+        summary = run_study(spec, address=address, verbose=verbose)
+    seconds = time.monotonic() - started
+    location.write_text(json.dumps(marker, indent=1) + "\n", REHEARSAL_FILE)
+    summary["rehearsal"] = marker
+    write_summary(location, summary)
+    tag_mlflow(spec)
+    return {"summary": summary, "seconds": seconds, "location": location}
+
+
+def tag_mlflow(spec) -> int:
+    """Tag the rehearsal's MLflow runs (its experiment is `<name>-rehearsal`) `a2.rehearsal=true` and start every
+    run's name with `rehearsal-`; returns the runs tagged. (`a2 mlflow sync` of it sets Tune's trial names again;
+    the experiment's name and the tags stay.)"""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(spec.tracking.mlflow_uri)
+    experiment = client.get_experiment_by_name(spec.tracking.experiment)
+    if experiment is None:
+        return 0
+    runs = client.search_runs([experiment.experiment_id], max_results=10_000)
+    for run in runs:
+        client.set_tag(run.info.run_id, TAG_REHEARSAL, "true")
+        name = run.info.run_name or run.info.run_id
+        if not name.startswith("rehearsal-"):
+            client.update_run(run.info.run_id, name=f"rehearsal-{name}")
+    return len(runs)
+
+
+def refuse_rehearsal(location, summary: dict | None = None) -> None:
+    """PackageError when the study is a rehearsal: its scores are drawn, its checkpoints hold no weights."""
+    if (summary or {}).get("rehearsal") or location.exists(REHEARSAL_FILE):
+        raise PackageError(f"study {location.name} at {location.uri()} is a rehearsal (stand-in trainer, drawn "
+                           f"scores, no weights): nothing to package; run the study itself with `a2 study run`")
+
+
+def banner(location) -> str | None:
+    """The line every table of a rehearsal starts with, else None."""
+    return BANNER if location.exists(REHEARSAL_FILE) else None
+
+
+# -- the commands ----------------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="the study file")
+    parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.replicates=3")
+    add_model_arguments(parser)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rehearsals, each with new noise draws: the first on Ray, the rest without it (the same "
+                             "searcher, scheduler and comparison code)")
+    parser.add_argument("--time-scale", type=float, default=0.0,
+                        help="a stand-in epoch sleeps the plan's epoch time x this (default 0: no sleeping)")
+    parser.add_argument("--epoch-seconds", type=float, default=None,
+                        help="an epoch's time on the cluster (default: the plan's estimate)")
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, help=f"where the rehearsal is stored (default "
+                                                                   f"{DEFAULT_STORAGE})")
+    parser.add_argument("--tracking-uri", default=None, help="MLflow store (default: an SQLite file in --storage)")
+    parser.add_argument("--address", default=None, help="Ray cluster to join (default: a local Ray with the study's "
+                                                        "GPUs declared)")
+    parser.add_argument("--quiet", action="store_true", help="no live trial table")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, default=0, help="seed of the noise draws (rehearsals are reproducible)")
+    parser.add_argument("--from-record", default=None, metavar="RECORD",
+                        help="a results record (results/*.json) whose arms' means and noise the scores are drawn "
+                             "from (default: the paper's Table 3 by fusion, the plan's noise)")
+    parser.add_argument("--mean", action="append", default=None, metavar="VALUE=CIDER",
+                        help="a configuration's true mean by its fusion (or the record's key), e.g. gate=123.5")
+    parser.add_argument("--drop", type=float, default=LEARNING_DROP,
+                        help=f"the learning curve's drop: epoch e of E at 1 - drop (1 - e/E)^2 of the final mean "
+                             f"(default {LEARNING_DROP})")
+
+
+def check_arguments(args) -> None:
+    if getattr(args, "repeat", 1) < 1:
+        raise StudyError(f"--repeat must be >= 1, got {args.repeat}")
+    if getattr(args, "time_scale", 0.0) < 0:
+        raise StudyError(f"--time-scale must be >= 0, got {args.time_scale}")
+    if not 0 <= args.drop < 1:
+        raise StudyError(f"--drop must be in [0, 1), got {args.drop}")
+
+
+def epoch_time(spec) -> float:
+    """An epoch's wall time on the cluster by the plan's estimate (0 for a study with no GPUs: not estimated)."""
+    from launch import plan
+
+    if spec.resources.gpus_per_worker == 0:
+        return 0.0
+    est = plan.estimate(spec, plan.IMAGES_PER_SECOND, None)
+    per_trial_gpus = spec.resources.workers_per_trial * spec.resources.gpus_per_worker
+    return est.gpu_hours * 3600 / spec.num_trials / spec.total_epochs / per_trial_gpus
+
+
+def model_gaps(spec, model: ScoreModel) -> list[tuple[str, float]]:
+    """(label, true gap) of each value of the model's key in the study against the lowest one: the differences the
+    plan's power table shows for a rehearsal."""
+    table = dict(model.means)
+    values = sorted({str(get_dotted(spec.trial_config(dict(c)), model.by)) for c in suggestions(spec)},
+                    key=lambda v: table.get(v, 0.0))
+    base = values[0]
+    return [(f"{v} vs {base}", round(table[v] - table[base], 2)) for v in values[1:]
+            if v in table and base in table and table[v] != table[base]]
+
+
+def repeated(spec, model: ScoreModel, n: int, start: int = 0) -> list[dict]:
+    """`analyse` of rehearsals number start .. start + n - 1, without Ray."""
+    configs = suggestions(spec)
+    return [analyse(simulate(spec, model, r, configs), spec, model) for r in range(start, start + n)]
+
+
+def main(args) -> int:
+    """`a2 study rehearse FILE`."""
+    from launch import plan
+    from launch.record import StudyRecord
+    from launch.spec import StudySpec
+
+    check_arguments(args)
+    raw, own = rehearsal_raw(args.file, args.overrides, args.storage, args.tracking_uri)
+    original = StudySpec.from_dict(raw, source=args.file, check_files=False)
+    spec = StudySpec.from_dict(own, source=args.file)
+    model = score_model(original, record=args.from_record, means=args.mean, seed=args.seed, drop=args.drop)
+    seconds = args.epoch_seconds if args.epoch_seconds is not None else epoch_time(original)
+    if own.get("resources") != raw.get("resources"):
+        print(f"resources: one worker per trial holding its {spec.trial_resources()} (the stand-in trains in the "
+              f"trial process)")
+    noise = plan.Noise(model.seed_sd, model.run_sd, model.arm_image_sd, plan.verdict_images(original))
+    print(plan.plan_text(original, noise, "the rehearsal's score model", model_gaps(spec, model),
+                         plan.IMAGES_PER_SECOND,
+                         "an estimate for an A10G: benchmarks/RESULTS.md", plan.cluster_workers(), None))
+    print(f"\n{BANNER}\n{model_text(model)}\nstand-in epoch: {seconds:.0f} s on the cluster x time scale "
+          f"{args.time_scale:g} = {seconds * args.time_scale:.2f} s here")
+    if own.get("data") != raw.get("data"):
+        print("data: not read by the stand-in; the study's COCO files are replaced by a small synthetic set")
+    first = run_rehearsal(spec, model, epoch_seconds=seconds, time_scale=args.time_scale, address=args.address,
+                          verbose=not args.quiet)
+    record = StudyRecord.load(first["location"])
+    outcome = analyse(record.study(), spec, model)
+    print(f"\nrehearsal 1 on Ray: {first['seconds']:.1f} s for {spec.num_trials} trials; record at "
+          f"{first['location'].uri()}\n" + outcome_text(outcome, "what happened (REHEARSAL)"))
+    if args.repeat > 1:
+        outcomes = [outcome, *repeated(spec, model, args.repeat - 1, start=1)]
+        print("\n" + aggregate_text(aggregate(outcomes, spec, model), spec, model,
+                                    f"over {args.repeat} rehearsals (REHEARSAL; the first on Ray, the others "
+                                    f"without it: same searcher, scheduler and comparison code)"))
+    print(f"\nread it: a2 study status {spec.name} --storage {spec.storage}; a2 study compare {spec.name} --storage "
+          f"{spec.storage} (`a2 package` refuses a rehearsal)")
+    return 0
+
+
+def plan_main(args) -> int:
+    """`a2 study plan FILE --rehearse N`: the plan, then `plan_lines` (arguments checked before anything prints)."""
+    from launch import plan
+    from launch.spec import load_study
+
+    if args.rehearse < 1:
+        raise StudyError(f"--rehearse must be >= 1, got {args.rehearse}")
+    check_arguments(args)
+    code = plan.main(args)
+    spec = load_study(args.file, args.overrides, check_files=False)
+    print(plan_lines(spec, args.rehearse, seed=args.seed, record=args.from_record, means=args.mean, sd=args.sd,
+                     storage=args.storage, drop=args.drop))
+    return code
+
+
+def plan_lines(spec, n: int, *, seed: int = 0, record: str | None = None, means=None, sd: float | None = None,
+               storage: str | None = None, drop: float = LEARNING_DROP) -> str:
+    """`a2 study plan --rehearse N`: power and the chance of keeping the best group with the study's early stopping,
+    from N rehearsals without Ray, next to the closed-form power."""
+    model = score_model(spec, record=record, means=means, sd=sd, storage=storage, seed=seed, drop=drop)
+    agg = aggregate(repeated(spec, model, n), spec, model)
+    return aggregate_text(agg, spec, model, f"rehearsed: {n} rehearsals with the study's "
+                                            f"{'early stopping' if spec.search.scheduler.asha else 'scheduler (FIFO)'}"
+                                            f" (no Ray; {model_text(model)})")

@@ -1,0 +1,210 @@
+"""`a2 study rehearse` and `a2 study plan --rehearse` (launch/rehearse.py): the stand-in's draws, the statistical
+part without Ray (the study's own searcher, scheduler and comparison code), the verdict rate against the closed-form
+power, and (slow) a rehearsal of the smoke study through Ray whose record `status` and `compare` read, `package`
+refuses, and whose decisions the part without Ray reproduces."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dashboards.stats import Noise, power
+from launch import rehearse
+from launch.spec import load_study
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "studies" / "smoke.yaml"
+
+
+def smoke(*overrides: str):
+    return load_study(SMOKE, list(overrides), check_files=False)
+
+
+def model(**changes) -> rehearse.ScoreModel:
+    values = dict(by="model.fusion", means=(("none", 120.0), ("gate", 125.0)), seed_sd=1.0, run_sd=0.0,
+                  arm_image_sd=10.0, val_images=500, test_images=500, drop=0.3, seed=0, source="test")
+    values.update(changes)
+    return rehearse.ScoreModel(**values)
+
+
+def test_draws_are_keyed_by_seed_repeat_group_and_replicate():
+    spec = smoke()
+    gate = [spec.trial_config({"fusion": "gate", "lambda": 0.035, "seed": s}) for s in (0, 1)]
+    m = model(run_sd=40.0)
+    a, again, other = rehearse.draw(m, gate[0], 0), rehearse.draw(m, gate[0], 0), rehearse.draw(m, gate[0], 1)
+    assert np.array_equal(a.val, again.val) and not np.array_equal(a.val, other.val)
+    b = rehearse.draw(m, gate[1], 0)
+    assert a.group == b.group and a.shift != b.shift  # one configuration, two replicates
+    # the arm's own per-image strengths are one draw for all its seeds; the runs' own noise is not
+    assert np.array_equal(a.arm_images("test"), b.arm_images("test"))
+    assert not np.array_equal(a.per_image("test", 8), b.per_image("test", 8))
+    # the learning curve: half-way at 1 - 0.3 / 4 of the final mean; the last epoch at the mean + shift (+ noise)
+    assert rehearse.curve(4, 8, 0.3) == pytest.approx(0.925) and rehearse.curve(8, 8, 0.3) == 1.0
+    # the val per-image scores of the selected epoch average to that epoch's val score
+    assert a.per_image("val", 6).mean() == pytest.approx(a.val[5])
+    m0 = model()
+    c = rehearse.draw(m0, gate[0], 0)
+    assert c.val[-1] == pytest.approx(125.0 + c.shift + c.arm_images("val").mean())
+
+
+def test_the_score_model_takes_table3_or_a_record():
+    spec = smoke()
+    table3 = rehearse.score_model(spec)
+    assert dict(table3.means)["none"] == 120.0 and dict(table3.means)["gate"] == 125.0
+    assert (table3.seed_sd, table3.arm_image_sd, table3.test_images) == (1.0, 10.0, 500)
+    record = rehearse.score_model(spec, record=str(REPO / "results" / "synthetic_fusions.json"), means=["gate=99.5"])
+    data = json.loads((REPO / "results" / "synthetic_fusions.json").read_text())
+    none = next(a for a in data["arms"] if a["label"] == "none")
+    assert dict(record.means)["none"] == pytest.approx(np.mean(none["scores"]["test/CIDEr"]))
+    assert dict(record.means)["gate"] == 99.5
+    assert record.run_sd > 0  # measured in the record's per-image scores
+    with pytest.raises(Exception, match="--mean gate: give VALUE=CIDEr"):
+        rehearse.score_model(spec, means=["gate"])
+
+
+def test_rehearsals_without_ray_are_reproducible_under_a_fixed_seed():
+    spec = smoke()
+    first = rehearse.repeated(spec, model(), 3)
+    again = rehearse.repeated(spec, model(), 3)
+    assert first == again
+    other = rehearse.repeated(spec, model(seed=1), 3)
+    assert [o["rows"]["gate"]["delta"] for o in other] != [o["rows"]["gate"]["delta"] for o in first]
+    assert all(o["trials"] == 8 and o["epochs_planned"] == 64 for o in first)
+
+
+@pytest.mark.parametrize("hold, epochs", [(False, 6 * 8 + 2 + 3), (True, 6 * 8 + 2 * 2)])
+def test_the_study_scheduler_stops_a_clearly_worse_group_at_its_rung(hold, epochs):
+    """gate's group runs first (grid order gate, none), so none is judged against it at rung 2 (25 CIDEr x 0.83
+    below, far past 2 standard errors) once its 4th replicate gets there. Two trials at a time (Tune's limiter holds
+    the next replicates back while two run), so the first two replicates of none have finished by then: only the last
+    two stop. Without holding, the third has trained epoch 3 when the fourth's epoch 2 stops the group (it stops at
+    its next result); held at the rung (hold_at_rungs: Tune's PAUSE, then its resumed trial reports epoch 2 again),
+    it stops there."""
+    stopped = 2
+    spec = smoke("search.space.fusion.grid=[gate,none]", f"search.scheduler.asha.hold_at_rungs={str(hold).lower()}")
+    m = model(means=(("none", 100.0), ("gate", 125.0)))
+    out = rehearse.analyse(rehearse.simulate(spec, m, 0), spec, m)
+    assert out["stopped"] == stopped and out["rungs"] == {2: stopped}
+    assert out["epochs_run"] == epochs and out["epochs_planned"] == 64
+    assert out["best_group_true_best"] and out["true_best_survived"]
+    # a stopped replicate of the baseline has no test scores: compare's verdicts fall back to val, as `a2 study
+    # compare`'s do
+    assert out["split"] == "val" and out["rows"]["gate"]["right"]
+
+
+def test_the_verdict_rate_matches_the_closed_form_power_without_early_stopping():
+    """FIFO, a true gap of 2 CIDEr, 4 seeds x 500 test images, seed sd 1, arm x image sd 10: the plan's power is
+    ~0.5; 200 rehearsals' verdict rate lies within 3 Monte Carlo standard errors of it."""
+    spec = smoke("search.scheduler={fifo: {}}")
+    m = model(means=(("none", 120.0), ("gate", 122.0)))
+    n = 200
+    agg = rehearse.aggregate(rehearse.repeated(spec, m, n), spec, m)
+    expected = power(4, 2.0, Noise(1.0, 0.0, 10.0, 500))
+    assert 0.3 < expected < 0.8
+    row = agg["rows"]["gate"]
+    assert row["true_gap"] == 2.0 and agg["split"] == "test"
+    assert abs(row["right"] - expected) < 3 * math.sqrt(expected * (1 - expected) / n), (row, expected)
+    assert row["wrong"] < 0.02 and agg["epoch_share"] == 1.0
+    text = rehearse.aggregate_text(agg, spec, m, "title")
+    assert f"{expected:.0%}" in text and "closed-form power" in text
+
+
+def test_plan_rehearse_and_bad_arguments(capsys):
+    from launch.cli import main
+
+    assert main(["study", "plan", str(SMOKE), "--rehearse", "3", "--seed", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "rehearsed: 3 rehearsals with the study's early stopping" in out
+    assert "gate vs baseline" in out and "closed-form power" in out
+    assert main(["study", "plan", str(SMOKE), "--rehearse", "0"]) == 2
+    assert "a2: error: --rehearse must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["study", "rehearse", str(SMOKE), "--repeat", "0"]) == 2
+    assert "a2: error: --repeat must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_package_refuses_a_rehearsal_in_one_line(tmp_path):
+    from a2core.errors import PackageError
+    from launch.location import StudyLocation
+
+    location = StudyLocation("x-rehearsal", str(tmp_path))
+    (tmp_path / "x-rehearsal").mkdir()
+    rehearse.refuse_rehearsal(location, {})  # not marked: nothing refused
+    (tmp_path / "x-rehearsal" / rehearse.REHEARSAL_FILE).write_text("{}")
+    with pytest.raises(PackageError, match="is a rehearsal .* nothing to package"):
+        rehearse.refuse_rehearsal(location, {})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_smoke_rehearsal_runs_through_ray_in_seconds_and_is_read_but_never_packaged(tmp_path):
+    from tests.raycluster import a2
+
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    storage = tmp_path / "rehearsals"
+    started = time.monotonic()
+    run = a2("study", "rehearse", str(SMOKE), "search.space.fusion.grid=[gate,none]",
+             "search.scheduler.asha.hold_at_rungs=true", "--mean", "none=100",
+             "--storage", str(storage), "--repeat", "3", "--quiet", cwd=tmp_path, env=env, timeout=400)
+    wall = time.monotonic() - started
+    out = run.stdout
+    assert run.returncode == 0, out[-5000:]
+    assert wall < 180, wall  # Ray's start, 8 trials, the record, MLflow: seconds to a minute on 2 shared cores
+    assert "REHEARSAL" in out and "2 stopped early (2 at rung 2)" in out
+    # the third replicate of none is held at rung 2 (52 trial-epochs), unless Tune had not started the fourth when
+    # it got there: then it trains epoch 3 before the group is judged (53), as `simulate` shows without holding
+    assert "52 of 64 planned trial-epochs (81%)" in out or "53 of 64 planned trial-epochs (83%)" in out
+    assert "over 3 rehearsals" in out
+
+    name = "a2-smoke-rehearsal"
+    folder = storage / name
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["rehearsal"]["rehearsal"] is True and (folder / "rehearsal.json").is_file()
+    assert summary["best_group"]["fusion"] == "gate"
+    stopped = [t for t in summary["trials"] if t.get("stopped_early")]
+    assert len(stopped) == 2 and {t["fusion"] for t in stopped} == {"none"}
+    assert {t["stopped_early"]["rung"] for t in stopped} == {2}
+
+    # the part without Ray draws the same scores (rehearsal number 0 is the Ray one) and takes the same decisions
+    spec = load_study(folder / "study.yaml")
+    m = rehearse.ScoreModel(**{**summary["rehearsal"]["model"],
+                               "means": tuple(summary["rehearsal"]["model"]["means"].items())})
+    sim = {(r.fusion, r.seed): r for r in rehearse.simulate(spec, m, 0).runs}
+    assert {(t["fusion"], str(t["seed"])) for t in summary["trials"]} == set(sim)
+    for t in summary["trials"]:
+        run = sim[(t["fusion"], str(t["seed"]))]
+        drawn = dict(run.history["val/CIDEr"])
+        logged = json.loads((folder / "trials" / f"{name}-{t['trial_id']}" / "results.json").read_text())
+        for result in logged:  # every epoch the Ray trial reported is the simulated one's draw
+            if result["epoch"] in drawn:
+                assert result["val/CIDEr"] == pytest.approx(drawn[result["epoch"]]), (t["trial_id"], result["epoch"])
+        assert bool(t.get("stopped_early")) == ("a2.stopped_rung" in run.tags), t["trial_id"]
+        if t.get("stopped_early"):
+            assert str(t["stopped_early"]["rung"]) == run.tags["a2.stopped_rung"]
+        else:
+            assert t["best"] == pytest.approx(run.best_cider)
+
+    status = a2("study", "status", name, "--storage", str(storage), cwd=tmp_path, env=env, timeout=120)
+    assert status.returncode == 0 and status.stdout.startswith(rehearse.BANNER), status.stdout[-3000:]
+    assert f"study {name} at" in status.stdout and "8/8 trials finished" in status.stdout
+    compare = a2("study", "compare", name, "--storage", str(storage), cwd=tmp_path, env=env, timeout=120)
+    assert compare.returncode == 0 and compare.stdout.startswith(rehearse.BANNER), compare.stdout[-3000:]
+    assert "gate beats none by" in compare.stdout
+    package = a2("package", name, "--storage", str(storage), cwd=tmp_path, env=env, timeout=120)
+    assert package.returncode == 2
+    assert package.stdout.strip().splitlines()[-1].startswith(f"a2: error: study {name} at")
+    assert "is a rehearsal" in package.stdout
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{storage / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 9  # the study's parent run and 8 trials
+    assert all(r.data.tags.get(rehearse.TAG_REHEARSAL) == "true" for r in runs)
+    assert all(r.info.run_name.startswith("rehearsal-") for r in runs)
