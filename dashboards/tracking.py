@@ -196,6 +196,23 @@ def _client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
+def mark_runs(tracking_uri: str, experiment: str, tags: dict[str, str], name_prefix: str = "") -> int:
+    """Set `tags` on every run of `experiment` and start each run's name with `name_prefix` (a rehearsal's runs,
+    `launch.rehearse`); returns the number of runs, 0 when there is no such experiment."""
+    client = _client(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return 0
+    runs = _search_all(client, [found.experiment_id], "")
+    for run in runs:
+        for key, value in tags.items():
+            client.set_tag(run.info.run_id, key, value)
+        name = run.info.run_name or run.info.run_id
+        if not name.startswith(name_prefix):
+            client.update_run(run.info.run_id, name=f"{name_prefix}{name}")
+    return len(runs)
+
+
 def _search_all(client, experiment_ids: list[str], filter_string: str) -> list:
     """Every run that matches, oldest first (all pages)."""
     runs, token = [], None

@@ -320,8 +320,10 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
 
         params = {k: param_value(v) for k, v in flatten(config).items()}
         runs.append(RunSummary(t.trial_id, f"rehearsal-{t.trial_id}", "FINISHED", params, tags, final,
-                               history={CIDER: sorted(values.items())}, per_image=per_image).with_best())
-    return Study(f"{spec.name}{'' if spec.name.endswith(NAME_SUFFIX) else NAME_SUFFIX}", runs)
+                               best_value=values[best], best_step=best, history={CIDER: sorted(values.items())},
+                               per_image=per_image))
+    return Study(f"{spec.name}{'' if spec.name.endswith(NAME_SUFFIX) else NAME_SUFFIX}", runs,
+                 metric=spec.metric, mode=spec.mode)
 
 
 # -- what happened ---------------------------------------------------------------------------------------------------
@@ -335,14 +337,14 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
     from dashboards.runs import CIDER
     from dashboards.stats import TAG_CONFIG_HASH, TAG_STOPPED_RUNG, best_group, is_stopped_early
 
-    runs = [r for r in study.runs if r.best_cider is not None]
+    runs = [r for r in study.runs if r.best_value is not None]
     groups = configurations(runs)
     true = {g[0].tags[TAG_CONFIG_HASH]: model.mean_of(_config_of(g[0])) for g in groups}
     top = max(true.values()) if true else None
     stopped = [r for r in runs if is_stopped_early(r.tags)]
     rungs = Counter(int(r.tags[TAG_STOPPED_RUNG]) for r in stopped if r.tags.get(TAG_STOPPED_RUNG, "").isdigit())
     done = sum(len(r.history.get(CIDER, [])) for r in runs)
-    chosen = best_group(groups, lambda g: [r.best_cider for r in g], spec.mode,
+    chosen = best_group(groups, lambda g: [r.best_value for r in g], spec.mode,
                         lambda g: any(is_stopped_early(r.tags) for r in g))
     survived = any(true[g[0].tags[TAG_CONFIG_HASH]] == top and not any(is_stopped_early(r.tags) for r in g)
                    for g in groups)
@@ -588,19 +590,9 @@ def tag_mlflow(spec) -> int:
     """Tag the rehearsal's MLflow runs (its experiment is `<name>-rehearsal`) `a2.rehearsal=true` and start every
     run's name with `rehearsal-`; returns the runs tagged. (`a2 mlflow sync` of it sets Tune's trial names again;
     the experiment's name and the tags stay.)"""
-    from mlflow.tracking import MlflowClient
+    from dashboards.tracking import mark_runs  # mlflow: only once a rehearsal has run
 
-    client = MlflowClient(spec.tracking.mlflow_uri)
-    experiment = client.get_experiment_by_name(spec.tracking.experiment)
-    if experiment is None:
-        return 0
-    runs = client.search_runs([experiment.experiment_id], max_results=10_000)
-    for run in runs:
-        client.set_tag(run.info.run_id, TAG_REHEARSAL, "true")
-        name = run.info.run_name or run.info.run_id
-        if not name.startswith("rehearsal-"):
-            client.update_run(run.info.run_id, name=f"rehearsal-{name}")
-    return len(runs)
+    return mark_runs(spec.tracking.mlflow_uri, spec.tracking.experiment, {TAG_REHEARSAL: "true"}, "rehearsal-")
 
 
 def refuse_rehearsal(location, summary: dict | None = None) -> None:

@@ -187,7 +187,7 @@ def test_a_smoke_rehearsal_runs_through_ray_in_seconds_and_is_read_but_never_pac
         if t.get("stopped_early"):
             assert str(t["stopped_early"]["rung"]) == run.tags["a2.stopped_rung"]
         else:
-            assert t["best"] == pytest.approx(run.best_cider)
+            assert t["best"] == pytest.approx(run.best_value)
 
     status = a2("study", "status", name, "--storage", str(storage), cwd=tmp_path, env=env, timeout=120)
     assert status.returncode == 0 and status.stdout.startswith(rehearse.BANNER), status.stdout[-3000:]
