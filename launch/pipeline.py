@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seeds of the ensemble (default: the best configuration's replicates when it has at "
                              "least 4, else 0 1 2 3)")
     parser.add_argument("--alg", default=None, help="algorithm name in the results file names (default: study name)")
-    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
     parser.add_argument("--workers", type=int, default=None, help="Ray decoding tasks; 0 decodes in this process")
     parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ for results.zip and the leaderboard")
     parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")

@@ -22,6 +22,37 @@ def test_every_config_and_study_file_field_has_a_description():
     assert a2ref.undocumented_fields() == [], "add Field(description=...) to each; the reference page shows it"
 
 
+def test_every_cli_option_positional_and_subcommand_has_help_text():
+    """Walks the whole `a2` argparse tree (the subcommands `launch.study`, `launch.package` and `launch.pipeline`
+    add included): the CLI reference shows each help string, and an empty one would be an empty cell."""
+    assert a2ref.undocumented_options() == [], "add help=... to each; `a2 ... --help` and the reference show it"
+
+
+def test_an_option_without_help_is_found_and_fails_the_strict_build(monkeypatch, caplog):
+    import argparse
+    import logging
+
+    import launch.cli
+
+    parser = argparse.ArgumentParser(prog="a2")
+    sub = parser.add_subparsers(dest="command")
+    tr = sub.add_parser("train", help="one run")
+    tr.add_argument("--config", help="the config")
+    tr.add_argument("--output-dir")
+    tr.add_argument("overrides", nargs="*")
+    tr.add_argument("--old", help=argparse.SUPPRESS)  # hidden on purpose: not a gap
+    sub.add_parser("bare")
+    assert a2ref.undocumented_options(parser) == ["a2 train --output-dir", "a2 train overrides", "a2 bare"]
+
+    # The docs build (builder-inited) warns about each one; a warning fails `sphinx -W`.
+    monkeypatch.setattr(launch.cli, "build_parser", lambda: parser)
+    with caplog.at_level(logging.WARNING):
+        a2ref._check_descriptions(None)
+    warned = [r.getMessage() for r in caplog.records if "CLI option without help text" in r.getMessage()]
+    assert warned == [f"CLI option without help text: {n} (add help=... to its add_argument)"
+                      for n in ("a2 train --output-dir", "a2 train overrides", "a2 bare")]
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("docs-html")
@@ -63,6 +94,10 @@ def test_the_cli_reference_lists_every_subcommand_and_option(site):
             visit(words + [name], sub)
 
     visit(["a2"], build_parser())
+    # the help text is shown beside each option (rows of `a2 decode`, `a2 mlflow serve`, a study subcommand's name)
+    for shown in ("beams per image (default 5)", "address to listen on (default 127.0.0.1",
+                  "the study's name (its name: key)"):
+        assert shown in page, f"{shown!r} missing from the CLI reference"
 
 
 def test_the_api_reference_renders_a2core_docstrings(site):
