@@ -96,9 +96,31 @@ def cmd_train(args) -> int:
         out = fresh_folder(out, ("best.pt", "last.pt"), "run's checkpoints")
     result = train(cfg, report=_print_report, output_dir=out, resume_from=args.resume)
     history = atomic_write(out / "history.json", json.dumps(result["history"], indent=1))
-    print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}\n"
-          f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
+    print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}")
+    print(_test_summary(result, cfg, out))
+    print(f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
     return 0
+
+
+def _test_summary(result: dict, cfg, out: Path) -> str:
+    """The end-of-run test evaluation (the best epoch's checkpoint, beam search) as one line on the x100 scale, and
+    kept in OUT/test_scores.json (written whole or not at all); or why the test split was not scored."""
+    from a2core.metrics import METRIC_NAMES
+
+    test = result.get("test") or {}
+    scores = {name: test[f"test/{name}"] for name in METRIC_NAMES if f"test/{name}" in test}
+    if not scores:
+        why = ("train.test_at_end is false" if not cfg.train.test_at_end
+               else "no test images, or no copy of the best checkpoint here")
+        return f"test: not scored ({why})"
+    per_image = result.get("test_per_image_cider") or {"ids": [], "scores": []}
+    record = {"split": "test", "checkpoint": result["best_checkpoint"], "epoch": test.get("test/epoch"),
+              "beam_size": cfg.train.beam_size, "images": len(per_image["ids"]), "scores": scores,
+              "per_image_cider": dict(zip(map(str, per_image["ids"]), per_image["scores"]))}
+    path = atomic_write(out / "test_scores.json", json.dumps(record, indent=1))
+    shown = "  ".join(f"{name} {value:.2f}" for name, value in scores.items())
+    return (f"test (epoch {record['epoch']}, beam {record['beam_size']}, {record['images']} images, x100): {shown}\n"
+            f"test scores: {path}")
 
 
 def _print_report(metrics: dict, checkpoint_dir) -> None:
