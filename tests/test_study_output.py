@@ -58,3 +58,39 @@ def test_trial_logs_keep_our_epoch_line_and_drop_ray_trains_per_report_lines(res
         assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
         assert logging.getLogger(name).isEnabledFor(logging.WARNING), name
     assert logging.getLogger("a2core.train").isEnabledFor(logging.INFO)
+
+
+def test_the_last_table_is_printed_once_though_tune_reports_it_twice_in_another_order(capsys):
+    spec = load_study(SMOKE)
+    reporter = _reporter(spec)
+    a = _trial("t1", "TERMINATED", {"fusion": "none", "seed": 0}, 8, 0.9, 0.95)
+    b = _trial("t2", "TERMINATED", {"fusion": "gate", "lambda": 0.035, "seed": 0}, 8, 0.5, 0.6)
+    reporter.report([a, b], True)
+    reporter.report([b, a], True)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4 and out[2].split()[0] == "t1" and out[3].split()[0] == "t2"
+    b.last_result = {"epoch": 8, "val/CIDEr": 0.7}  # a change is printed
+    reporter.report([a, b], True)
+    assert capsys.readouterr().out.splitlines()[3].split()[-2:] == ["0.7", "0.6"]
+
+
+def test_ray_and_mlflow_info_lines_go_to_the_log_file_and_warnings_still_reach_the_terminal(tmp_path, capfd):
+    from launch import runlog
+
+    path = runlog.log_path(str(tmp_path / "studies" / "s"), "s")
+    assert path == tmp_path / "studies" / "s" / "driver.log"
+    assert runlog.log_path("s3://bucket/studies/s", "s").parts[-4:] == ("a2tune", "logs", "s", "driver.log")
+    ray_log, mlflow_log = logging.getLogger("ray.tune.tune"), logging.getLogger("mlflow.store.db.utils")
+    with runlog.diverted(path) as log:
+        assert log == path and not path.exists()  # nothing logged yet: no file (a refused study leaves none)
+        ray_log.info("Total run time: 1.00 seconds")
+        mlflow_log.info("Creating initial MLflow database tables...")
+        ray_log.warning("a trial failed")
+    err = capfd.readouterr().err
+    assert "Total run time" not in err and "Creating initial" not in err and "a trial failed" in err
+    logged = path.read_text().splitlines()
+    assert [line.split(": ", 1)[1] for line in logged] == [
+        "Total run time: 1.00 seconds", "Creating initial MLflow database tables...", "a trial failed"]
+    # everything is put back: after the study, INFO reaches the terminal as before and no more goes to the file
+    ray_log.info("after the study")
+    assert "after the study" in capfd.readouterr().err and len(path.read_text().splitlines()) == 3
