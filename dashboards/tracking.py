@@ -358,6 +358,8 @@ class StudyTracker:
                                          tags=_tag_values({**own, **extra}))
             self._steps[run.info.run_id] = {}  # a new run has no metrics yet
         else:
+            if run_name and run.info.run_name != run_name:  # e.g. a run exported before runs had readable names
+                self.client.update_run(run.info.run_id, name=run_name)
             if running:
                 self._running_again(run)
             self.set_tags(run.info.run_id, {**{k: v for k, v in own.items() if k not in run.data.tags},
