@@ -56,11 +56,11 @@ def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
     handler = _FolderFileHandler(Path(path))
     handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    saved: list[tuple[logging.Handler, int]] = []
+    saved: dict[logging.Handler, int] = {}  # a handler shared by two loggers is saved (and put back) once
     for name in loggers:
         logger = logging.getLogger(name)
         for terminal in _terminal_handlers(logger):
-            saved.append((terminal, terminal.level))
+            saved.setdefault(terminal, terminal.level)
             terminal.setLevel(max(terminal.level, logging.WARNING))
         logger.addHandler(handler)
     try:
@@ -69,5 +69,5 @@ def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
         for name in loggers:
             logging.getLogger(name).removeHandler(handler)
         handler.close()
-        for terminal, level in saved:
+        for terminal, level in saved.items():
             terminal.setLevel(level)
