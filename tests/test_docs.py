@@ -69,6 +69,7 @@ def _text(page: Path) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
 
 
+@pytest.mark.slow
 def test_the_study_file_and_config_reference_list_every_key(site):
     config, study = a2ref._sections()
     study_page, config_page = _text(site / "reference" / "study-file.html"), _text(site / "reference" / "config.html")
@@ -80,6 +81,7 @@ def test_the_study_file_and_config_reference_list_every_key(site):
     assert "search.scheduler.asha.min_gap_se" in study_page and ">= 0" in study_page
 
 
+@pytest.mark.slow
 def test_the_cli_reference_lists_every_subcommand_and_option(site):
     from launch.cli import build_parser
 
@@ -100,6 +102,7 @@ def test_the_cli_reference_lists_every_subcommand_and_option(site):
         assert shown in page, f"{shown!r} missing from the CLI reference"
 
 
+@pytest.mark.slow
 def test_the_api_reference_renders_a2core_docstrings(site):
     page = _text(site / "reference" / "api.html")
     for name in ("a2core.train.train", "a2core.model.a2.build_model", "a2core.checkpoint.load_ensemble",
@@ -107,6 +110,7 @@ def test_the_api_reference_renders_a2core_docstrings(site):
         assert name in page, name
 
 
+@pytest.mark.slow
 def test_the_site_loads_nothing_from_the_network(site):
     remote = re.compile(r"""<(?:link|script|img)\b[^>]*\b(?:href|src)=["'](?:https?:)?//""", re.I)
     for page in site.rglob("*.html"):

@@ -46,6 +46,7 @@ def _checkpoints(directory: Path, seeds=(0, 1)) -> list[Path]:
     return paths
 
 
+@pytest.mark.slow
 def test_registering_the_same_checkpoints_again_reuses_the_version(tmp_path, caplog, one_torch_thread, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a SQLite store keeps artifacts under ./mlruns
     import mlflow

@@ -91,6 +91,7 @@ def runs_by_trial(uri: str, name: str):
     return parent, {run.data.tags["a2.trial_id"]: run for run in children}
 
 
+@pytest.mark.slow
 def test_export_is_the_record_in_mlflow_and_exporting_again_changes_nothing(spec):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -133,6 +134,7 @@ def test_export_is_the_record_in_mlflow_and_exporting_again_changes_nothing(spec
     assert points(uri, spec.name)["t1"]["val/CIDEr"] == {1: 1, 2: 1, 3: 1}
 
 
+@pytest.mark.slow
 def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -172,6 +174,7 @@ def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
     assert runs["t0"].info.status == "FINISHED"  # a finished run is left as it is
 
 
+@pytest.mark.slow
 def test_an_export_cut_short_goes_on_without_duplicates(spec, monkeypatch):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -196,6 +199,7 @@ def test_an_export_cut_short_goes_on_without_duplicates(spec, monkeypatch):
     assert parent.info.status == "KILLED" and {r.info.status for r in runs.values()} == {"FINISHED"}
 
 
+@pytest.mark.slow
 def test_the_export_thread_waits_out_a_server_that_is_down(spec, monkeypatch):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -227,6 +231,7 @@ def test_the_export_thread_waits_out_a_server_that_is_down(spec, monkeypatch):
     assert points(uri, spec.name)["t0"]["val/CIDEr"] == {1: 1, 2: 1, 3: 1}
 
 
+@pytest.mark.slow
 def test_mlflow_sync_exports_a_study_that_ended_while_the_server_was_down(spec, monkeypatch, capsys):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -245,6 +250,7 @@ def test_mlflow_sync_exports_a_study_that_ended_while_the_server_was_down(spec, 
     assert points(uri, spec.name)["t1"]["val/CIDEr"] == {1: 1, 2: 1, 3: 1}
 
 
+@pytest.mark.slow
 def test_best_epochs_per_image_cider_is_the_artifact_compare_pairs(spec):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -298,6 +304,7 @@ def test_a_study_exported_from_its_record_alone_is_what_the_driver_exported(tmp_
     assert live["parent"]["status"] == "FINISHED" and {t["status"] for t in live["trials"]} == {"FINISHED"}
 
 
+@pytest.mark.slow
 def test_run_names_show_only_the_searched_keys_that_apply_and_old_names_are_replaced_on_export(tmp_path, spec):
     import yaml
 

@@ -108,6 +108,7 @@ def _screenshot(chromium: str, url: str, profile: Path, name: str, budget_ms: in
     return shot
 
 
+@pytest.mark.slow
 def test_mlflow_ui_shows_runs_and_cider(chromium, ui_study, tmp_path):
     url = ui_study["url"]
     assert url and "viewStateShareKey=a2" in url and "workflowType=machine_learning" in url
@@ -139,6 +140,7 @@ def test_mlflow_ui_shows_runs_and_cider(chromium, ui_study, tmp_path):
     assert len({tuple(p) for p in (pixels[::10, ::10, :3] * 255).astype(int).reshape(-1, 3)}) > 50
 
 
+@pytest.mark.slow
 def test_ui_api_serves_the_runs(ui_study, mlflow_server):  # noqa: F811
     """The same data through the endpoint the UI's runs table calls (ajax-api runs/search)."""
     tracker = ui_study["tracker"]
@@ -209,6 +211,7 @@ def test_urls_open_the_runs_of_a_model_training_experiment():
     assert "secret" not in ui_pointer("postgresql://a2:secret@db/mlflow", "3")
 
 
+@pytest.mark.slow
 def test_experiment_is_model_training_and_views_follow_new_sections(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = StudyTracker(uri, "kind-study")
