@@ -159,3 +159,112 @@ def test_readmes_command_table_names_every_command():
             yield from leaves(words + [name], sub)
 
     assert named == set(leaves(["a2"], build_parser()))
+
+
+def test_the_landing_page_installs_runs_shows_and_cites():
+    """What a researcher looks for first: install, the two commands, what comes out, the paper, the version."""
+    import tomllib
+
+    page = (REPO / "docs" / "index.md").read_text()
+    headings = re.findall(r"^## (.+)$", page, flags=re.M)
+    assert ["Install", "Two commands", "What you get", "The paper"] == headings[:4], headings
+    assert "python3 -m venv" in page and "scripts/setup.sh" in page
+    assert "a2 pipeline" in page and "python3 -m pytest -q" in page
+    assert "@inproceedings{" in page and "Attention-Aligned Transformer for Image Captioning" in page
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert f"a2tune {version}" in page
+    for image in re.findall(r"!\[[^]]*\]\(([^)]+)\)", page):
+        assert (REPO / "docs" / image).is_file(), image
+
+
+# Pages written by a2ref from the code, not by hand: their layout is the generator's.
+GENERATED_PAGES = {"reference/cli.md", "reference/config.md", "reference/study-file.md"}
+
+
+def _pages() -> dict[str, str]:
+    """Every hand-written page of docs/, by its path under docs/."""
+    docs = REPO / "docs"
+    return {str(page.relative_to(docs)): page.read_text() for page in sorted(docs.rglob("*.md"))
+            if "_build" not in page.parts and str(page.relative_to(docs)) not in GENERATED_PAGES}
+
+
+def _prose(markdown: str) -> str:
+    """The page without its fenced blocks and HTML comments: what a reader reads as running text."""
+    markdown = re.sub(r"^(```|~~~).*?^\1\s*$", "", markdown, flags=re.M | re.S)
+    return re.sub(r"<!--.*?-->", "", markdown, flags=re.S)
+
+
+def test_every_long_page_has_sections():
+    """A page of more than 400 words is scanned by its `##` headings, not read as one wall of text."""
+    walls = {}
+    for name, text in _pages().items():
+        prose = _prose(text)
+        words = len(prose.split())
+        if words > 400 and not re.search(r"^## \S", prose, flags=re.M):
+            walls[name] = words
+    assert walls == {}, f"pages of more than 400 words without a `##` heading (words): {walls}"
+
+
+def test_every_image_a_page_references_exists():
+    """Markdown images, {image}/{figure} directives and <img src=...>, each resolved against its page's folder."""
+    missing, seen = [], 0
+    for name, text in _pages().items():
+        prose = _prose(text)
+        targets = re.findall(r"!\[[^]]*\]\(\s*<?([^)\s>]+)", prose)
+        targets += re.findall(r"^[`:]{3,}\{(?:image|figure)\}\s+(\S+)", text, flags=re.M)
+        targets += re.findall(r"<img\b[^>]*\bsrc=[\"']([^\"']+)", prose)
+        for target in targets:
+            if re.match(r"[a-z]+://", target):
+                missing.append(f"{name}: {target} is remote (the site loads nothing from the network)")
+                continue
+            seen += 1
+            path = (REPO / "docs" / "index.md").parent / target.lstrip("/") if target.startswith("/") \
+                else (REPO / "docs" / name).parent / target
+            if not path.is_file():
+                missing.append(f"{name}: {target}")
+    assert missing == [], missing
+    assert seen >= 5, "the MLflow screenshots are referenced from the how-to and the tutorial"
+
+
+def test_equations_render_from_mathjax_served_by_the_site(site):
+    """$...$ and $$...$$ become MathJax markup, and MathJax is loaded from the site's own _static, not a CDN."""
+    page = (site / "explanation" / "model.html").read_text()
+    assert len(re.findall(r'class="math notranslate nohighlight"', page)) >= 10, "the paper's Eq. 2-10 as math"
+    for tag in range(2, 6):
+        assert rf"\tag{{{tag}}}" in page, f"Eq. {tag} is numbered as in the paper"
+    assert r"\alpha^a_t = g_t \cdot \alpha_t + (1 - g_t) \cdot \alpha^m_t" in page  # Eq. 9, the gate
+    stats = (site / "explanation" / "statistics.html").read_text()
+    assert r"\operatorname{var}(A - B)" in stats and 'class="math' in stats
+    scripts = re.findall(r"<script\b[^>]*\bsrc=[\"']([^\"']+)", page)
+    mathjax = [src for src in scripts if "mathjax" in src.lower()]
+    assert mathjax, f"no MathJax script on the model page: {scripts}"
+    for src in scripts:
+        assert not re.match(r"(?:https?:)?//", src), f"the model page loads the script {src} from the network"
+        assert (site / "explanation" / src.split("?")[0]).resolve().is_file(), f"{src} is not in the built site"
+    # The fonts MathJax's CommonHTML output asks for sit beside it (it loads them relative to its own script).
+    assert list((site / "_static" / "mathjax" / "output" / "chtml" / "fonts").rglob("*.woff")), "MathJax's fonts"
+
+
+def test_images_link_to_their_full_size_file(site):
+    page = (site / "how-to" / "compare-trials-in-mlflow.html").read_text()
+    images = re.findall(r"<img\b[^>]*\bsrc=\"([^\"]+)\"", page)
+    linked = re.findall(r"<a\b[^>]*class=\"[^\"]*image-reference[^\"]*\"[^>]*href=\"([^\"]+)\"[^>]*>\s*<img\b[^>]*"
+                        r"\bsrc=\"([^\"]+)\"", page)
+    assert len(images) == 4 and sorted(src for _href, src in linked) == sorted(images), (images, linked)
+    for href, src in linked:
+        assert href == src and (site / "how-to" / href).resolve().is_file(), href
+
+
+def test_no_interval_breaks_across_lines(site):
+    """Every 95% interval in a table cell is one unbreakable span (a2.css: white-space: nowrap)."""
+    assert "white-space: nowrap" in (site / "_static" / "a2.css").read_text()
+    cells = 0
+    for page in (site / "results" / "studies.html", site / "explanation" / "statistics.html"):
+        html_text = page.read_text()
+        assert "_static/a2.css" in html_text, f"{page.name} does not load a2.css"
+        for cell in re.findall(r"<td\b[^>]*>(.*?)</td>", html_text, flags=re.S):
+            bare = re.sub(r"<span class=\"a2-interval\">[^<]*</span>", "", cell)
+            bare = re.sub(r"<code\b.*?</code>", "", bare, flags=re.S)  # a code span keeps its own text
+            assert not re.search(r"\[[-+]?\d[\d.,]*%?, [-+]?\d[\d.,]*%?\]", bare), f"{page.name}: {cell[:200]}"
+            cells += cell.count("a2-interval")
+    assert cells >= 10, "the results tables hold intervals"
