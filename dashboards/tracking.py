@@ -213,6 +213,12 @@ def _study_filter(study_name: str) -> str:
 
 
 # -- the tracker -----------------------------------------------------------------------------------------------
+def import_mlflow() -> None:
+    """Import MLflow now: its import gives the "mlflow" logger its terminal handler, which `launch.runlog` turns
+    down to warnings while a study runs (it must exist before, not appear with the study's first MLflow call)."""
+    import mlflow  # noqa: F401
+
+
 class StudyTracker:
     """MLflow runs of one study (no global MLflow state: safe in a long-lived process). `artifact_location`: where a
     new experiment keeps artifacts without a server (default: MLflow's ./mlruns; a server decides itself)."""

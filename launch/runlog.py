@@ -50,8 +50,11 @@ def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
     above only. Everything is put back on the way out (an in-process caller, a test, sees no lasting change)."""
     # Import both first, so that their own handlers exist before they are turned down (a later import would add a
     # fresh terminal handler): ray and mlflow are imported by every study anyway.
-    import mlflow  # noqa: F401
     import ray  # noqa: F401
+
+    from dashboards.tracking import import_mlflow
+
+    import_mlflow()
 
     handler = _FolderFileHandler(Path(path))
     handler.setLevel(logging.INFO)

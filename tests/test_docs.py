@@ -226,6 +226,7 @@ def test_every_image_a_page_references_exists():
     assert seen >= 5, "the MLflow screenshots are referenced from the how-to and the tutorial"
 
 
+@pytest.mark.slow  # the strict Sphinx build (the `site` fixture)
 def test_equations_render_from_mathjax_served_by_the_site(site):
     """$...$ and $$...$$ become MathJax markup, and MathJax is loaded from the site's own _static, not a CDN."""
     page = (site / "explanation" / "model.html").read_text()
@@ -245,6 +246,7 @@ def test_equations_render_from_mathjax_served_by_the_site(site):
     assert list((site / "_static" / "mathjax" / "output" / "chtml" / "fonts").rglob("*.woff")), "MathJax's fonts"
 
 
+@pytest.mark.slow  # the strict Sphinx build (the `site` fixture)
 def test_images_link_to_their_full_size_file(site):
     page = (site / "how-to" / "compare-trials-in-mlflow.html").read_text()
     images = re.findall(r"<img\b[^>]*\bsrc=\"([^\"]+)\"", page)
@@ -255,6 +257,7 @@ def test_images_link_to_their_full_size_file(site):
         assert href == src and (site / "how-to" / href).resolve().is_file(), href
 
 
+@pytest.mark.slow  # the strict Sphinx build (the `site` fixture)
 def test_no_interval_breaks_across_lines(site):
     """Every 95% interval in a table cell is one unbreakable span (a2.css: white-space: nowrap)."""
     assert "white-space: nowrap" in (site / "_static" / "a2.css").read_text()
