@@ -552,6 +552,7 @@ class Trainer:
     def run(self, report: Report | None) -> dict:
         t = self.cfg.train
         total = t.xe_epochs + t.scst_epochs
+        test: dict = {}
         while self.epoch < total:
             stage = "xe" if self.epoch < t.xe_epochs else "scst"
             if stage == "scst" and self.epoch == t.xe_epochs:
@@ -572,13 +573,17 @@ class Trainer:
             self.history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
             last = self._save_epoch(metrics, improved)
             if self.epoch == total and t.test_at_end:
-                metrics.update(self.test_evaluation())
+                test = self.test_evaluation()
+                metrics.update(test)
             metrics["samples"] = samples
             if report is not None:
                 self._report(report, metrics, last)
         return {"best/val/CIDEr": self.best["val/CIDEr"], "best_epoch": self.best["epoch"], "epochs": self.epoch,
                 "steps": self.step, "best_checkpoint": str(self.output_dir / "best.pt"),
-                "last_checkpoint": str(self.output_dir / "last.pt"), "history": self.history}
+                "last_checkpoint": str(self.output_dir / "last.pt"), "history": self.history,
+                # the caller of `train` keeps these (`a2 train` writes test_scores.json); the per-image list too
+                "test": {k: v for k, v in test.items() if isinstance(v, (int, float))},
+                "test_per_image_cider": test.get(TEST_PER_IMAGE_KEY)}
 
     def _report(self, report: Report, metrics: dict, last: Path | None) -> None:
         if last is None:
@@ -611,8 +616,10 @@ def train(config: Config | dict, report: Report | None = None, *, output_dir: st
             has no best.pt until an epoch beats it).
 
     Returns:
-        `best/val/CIDEr`, `best_epoch`, `epochs`, `steps`, `best_checkpoint`, `last_checkpoint` and `history`
-        (one dict of scalars per epoch).
+        `best/val/CIDEr`, `best_epoch`, `epochs`, `steps`, `best_checkpoint`, `last_checkpoint`, `history`
+        (one dict of scalars per epoch), `test` (the end-of-run test evaluation of the best epoch: `test/CIDEr`,
+        ... x100, `test/epoch`, `time/test_s`; {} when it did not run: `train.test_at_end` false, no test images,
+        or an epoch resumed past the last) and `test_per_image_cider` (`{"ids", "scores"}` or None).
     """
     cfg = config if isinstance(config, Config) else Config.from_dict(config)
     trainer = Trainer(cfg, output_dir or cfg.output_dir, resume_from, best_from)

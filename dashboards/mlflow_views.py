@@ -9,8 +9,12 @@ which the URL sets with `workflowType=machine_learning`. A saved view is an expe
 
     a2          the trials, best first by the study metric; charts: the metric per epoch, and the parallel
                 coordinates of the searched keys against it
-    a2-configs  the same trials grouped by the replicate-group tag (`a2.config_hash`): one row per configuration,
-                charts of the mean over seeds with its min-max range
+    a2-configs  the same trials grouped by the configuration label (tag `a2.config`, e.g. "gate lambda=0.035
+                (cca42317e0f5)": the replicate group's searched keys, its `a2.config_hash` beside them): one row
+                per configuration, charts of the mean over seeds with its min-max range
+
+Trial runs are named from the keys the study searches and the seed ("gate lambda=0.035 seed=2"), not Tune's trial
+names (kept in the tag `a2.ray_trial_name`).
 
 MLflow sorts chart sections by name (`compute` and `time` before `val`); the views list them researcher-first
 instead (`section_order`), so no metric is renamed.
@@ -35,6 +39,9 @@ VIEW_TRIALS = "a2"
 VIEW_CONFIGS = "a2-configs"
 VIEWS = (VIEW_TRIALS, VIEW_CONFIGS)
 TAG_REPLICATE_GROUP = "a2.config_hash"  # dashboards.stats.TAG_CONFIG_HASH (not imported: keeps this module light)
+# The replicate group as a person reads it, its hash beside it: "gate lambda=0.035 (cca42317e0f5)"; one label per
+# hash (`launch.mlflow_export.trial_names`), so grouping by it groups the replicate groups.
+TAG_CONFIG_LABEL = "a2.config"
 TRIAL_FILTER = "tags.`a2.role` = 'trial'"  # the study's parent run (no per-epoch metrics) is not a trial
 
 # Chart sections, researcher first: MLflow names a metric's section after all but its last `/` part (`val/CIDEr`
@@ -102,14 +109,14 @@ def view_states(metric: str = "val/CIDEr", mode: str = "max", searched_params: I
                        "deleted": False, "runsCountToCompare": 10, "selectedParams": searched,
                        "selectedMetrics": [metric], "showAllRuns": True})
     columns = (["attributes.`Run Name`"] + [f"metrics.`{m}`" for m in dict.fromkeys([metric, *KEY_METRICS])]
-               + [f"params.`{p}`" for p in [*searched, "train.seed"]] + [f"tags.`{TAG_REPLICATE_GROUP}`"])
+               + [f"params.`{p}`" for p in [*searched, "train.seed"]] + [f"tags.`{TAG_CONFIG_LABEL}`"])
     trials = {"orderByKey": f"metrics.`{metric}`", "orderByAsc": mode == "min", "searchFilter": TRIAL_FILTER,
               "selectedColumns": columns, "columnOrder": columns, "compareRunSections": sections, "compareRunCharts": charts,
               "isAccordionReordered": True, "hideEmptyCharts": True, "useGroupedValuesInCharts": True}
     # Grouped runs: MLflow's parallel coordinates cannot aggregate string params (fusion), so that chart stays in
     # the trials view.
     configs = {**trials, "compareRunCharts": [by_epoch], "groupBy": {
-        "aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": TAG_REPLICATE_GROUP}]}}
+        "aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": TAG_CONFIG_LABEL}]}}
     return {VIEW_TRIALS: (f"a2 trials by {metric}", trials),
             VIEW_CONFIGS: ("a2 configurations: mean over seeds", configs)}
 

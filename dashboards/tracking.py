@@ -230,6 +230,12 @@ def _study_filter(study_name: str) -> str:
 
 
 # -- the tracker -----------------------------------------------------------------------------------------------
+def import_mlflow() -> None:
+    """Import MLflow now: its import gives the "mlflow" logger its terminal handler, which `launch.runlog` turns
+    down to warnings while a study runs (it must exist before, not appear with the study's first MLflow call)."""
+    import mlflow  # noqa: F401
+
+
 class StudyTracker:
     """MLflow runs of one study (no global MLflow state: safe in a long-lived process). `artifact_location`: where a
     new experiment keeps artifacts without a server (default: MLflow's ./mlruns; a server decides itself)."""
@@ -375,6 +381,8 @@ class StudyTracker:
                                          tags=_tag_values({**own, **extra}))
             self._steps[run.info.run_id] = {}  # a new run has no metrics yet
         else:
+            if run_name and run.info.run_name != run_name:  # e.g. a run exported before runs had readable names
+                self.client.update_run(run.info.run_id, name=run_name)
             if running:
                 self._running_again(run)
             self.set_tags(run.info.run_id, {**{k: v for k, v in own.items() if k not in run.data.tags},

@@ -96,9 +96,31 @@ def cmd_train(args) -> int:
         out = fresh_folder(out, ("best.pt", "last.pt"), "run's checkpoints")
     result = train(cfg, report=_print_report, output_dir=out, resume_from=args.resume)
     history = atomic_write(out / "history.json", json.dumps(result["history"], indent=1))
-    print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}\n"
-          f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
+    print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}")
+    print(_test_summary(result, cfg, out))
+    print(f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
     return 0
+
+
+def _test_summary(result: dict, cfg, out: Path) -> str:
+    """The end-of-run test evaluation (the best epoch's checkpoint, beam search) as one line on the x100 scale, and
+    kept in OUT/test_scores.json (written whole or not at all); or why the test split was not scored."""
+    from a2core.metrics import METRIC_NAMES
+
+    test = result.get("test") or {}
+    scores = {name: test[f"test/{name}"] for name in METRIC_NAMES if f"test/{name}" in test}
+    if not scores:
+        why = ("train.test_at_end is false" if not cfg.train.test_at_end
+               else "no test images, or no copy of the best checkpoint here")
+        return f"test: not scored ({why})"
+    per_image = result.get("test_per_image_cider") or {"ids": [], "scores": []}
+    record = {"split": "test", "checkpoint": result["best_checkpoint"], "epoch": test.get("test/epoch"),
+              "beam_size": cfg.train.beam_size, "images": len(per_image["ids"]), "scores": scores,
+              "per_image_cider": dict(zip(map(str, per_image["ids"]), per_image["scores"]))}
+    path = atomic_write(out / "test_scores.json", json.dumps(record, indent=1))
+    shown = "  ".join(f"{name} {value:.2f}" for name, value in scores.items())
+    return (f"test (epoch {record['epoch']}, beam {record['beam_size']}, {record['images']} images, x100): {shown}\n"
+            f"test scores: {path}")
 
 
 def _print_report(metrics: dict, checkpoint_dir) -> None:
@@ -164,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("data", help="datasets").add_subparsers(dest="data_command", required=True)
     synth = data.add_parser("synth", help="write the synthetic COCO-format dataset")
-    synth.add_argument("--out", required=True)
-    synth.add_argument("--seed", type=non_negative_int, default=0)
+    synth.add_argument("--out", required=True, help="the dataset's folder, e.g. data/synth")
+    synth.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the dataset (default 0)")
     synth.add_argument("--images", type=positive_int, default=1500, help="Karpathy-split images (train/val/test)")
     synth.add_argument("--test-images", type=positive_int, default=None, help="test-server images (default images/10)")
     synth.add_argument("--test-split-images", type=positive_int, default=None,
@@ -176,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                                            "manifest, read faster by the same loader (data.features: OUT)")
     prep.add_argument("source", help="features.h5 ({image_id}_features datasets) or a directory of {image_id}.npz")
     prep.add_argument("--out", required=True, help="the store's folder, e.g. data/coco/features.a2feat (must not exist)")
-    prep.add_argument("--feature-dim", type=positive_int, default=2048)
+    prep.add_argument("--feature-dim", type=positive_int, default=2048,
+                      help="width of every region's feature vector (default 2048, bottom-up features)")
     prep.set_defaults(func=cmd_data_prepare)
     push = data.add_parser("push", help="upload a prepared store (or one data file) to S3, verified; a store's "
                                         "manifest goes last")
@@ -193,26 +216,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train", help="one training run without Ray")
     tr.add_argument("--config", help="YAML with data/model/train sections (a study file works too)")
-    tr.add_argument("--output-dir", default=None)
+    tr.add_argument("--output-dir", default=None,
+                    help="folder for checkpoints, history.json and test_scores.json (default: train.output_dir)")
     tr.add_argument("--resume", default=None, help="checkpoint file to resume from")
     tr.add_argument("overrides", nargs="*", help="key=value, e.g. model.fusion=max train.xe_epochs=3")
     tr.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("evaluate", help="COCO metrics of a results file")
-    ev.add_argument("--results", required=True)
+    ev.add_argument("--results", required=True, help="COCO results JSON: [{\"image_id\": ..., \"caption\": ...}]")
     ev.add_argument("--captions", required=True, help="Karpathy dataset_coco.json")
-    ev.add_argument("--split", default="test")
-    ev.add_argument("--per-image", action="store_true")
+    ev.add_argument("--split", default="test", help="Karpathy split to score against: train|val|test (default test)")
+    ev.add_argument("--per-image", action="store_true", help="also print every image's scores")
     ev.add_argument("--spice", action="store_true", help="require SPICE (fails if its models are missing)")
     ev.set_defaults(func=cmd_evaluate)
 
     de = sub.add_parser("decode", help="beam-search captions with one checkpoint or an averaging ensemble")
-    de.add_argument("--checkpoints", nargs="+", required=True)
+    de.add_argument("--checkpoints", nargs="+", required=True,
+                    help="one checkpoint, or several whose output probabilities are averaged")
     de.add_argument("--split", default="test", help="train|val|test (Karpathy), or test2014/val2014 (server sets)")
-    de.add_argument("--out", required=True)
-    de.add_argument("--beam-size", type=positive_int, default=5)
-    de.add_argument("--max-len", type=positive_int, default=20)
-    de.add_argument("--batch-size", type=positive_int, default=50)
+    de.add_argument("--out", required=True, help="the COCO results JSON to write")
+    de.add_argument("--beam-size", type=positive_int, default=5, help="beams per image (default 5)")
+    de.add_argument("--max-len", type=positive_int, default=20, help="longest caption in tokens (default 20)")
+    de.add_argument("--batch-size", type=positive_int, default=50, help="images per beam-search batch (default 50)")
     de.add_argument("--data", nargs="*", default=[], help="data.* overrides, e.g. data.features=/x.h5")
     de.set_defaults(func=cmd_decode)
 
@@ -230,12 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     ml = sub.add_parser("mlflow", help="MLflow tracking server").add_subparsers(dest="mlflow_command", required=True)
     serve = ml.add_parser("serve", help="start an MLflow tracking server for a team")
-    serve.add_argument("--backend-store-uri", default="sqlite:///mlflow.db")
+    serve.add_argument("--backend-store-uri", default="sqlite:///mlflow.db",
+                       help="where runs are kept: sqlite:///path.db or postgresql://user@host/db (default sqlite:///mlflow.db)")
     serve.add_argument("--artifacts-destination", default=None, help="s3://bucket/prefix (default: ./mlartifacts)")
     serve.add_argument("--s3-endpoint-url", default=None, help="any S3-compatible endpoint")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=positive_int, default=5000)  # dashboards.tracking.DEFAULT_PORT
-    serve.add_argument("--workers", type=positive_int, default=1)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for all)")
+    serve.add_argument("--port", type=positive_int, default=5000, help="port to listen on (default 5000)")  # dashboards.tracking.DEFAULT_PORT
+    serve.add_argument("--workers", type=positive_int, default=1, help="server worker processes (default 1)")
     serve.set_defaults(func=cmd_mlflow_serve)
     sync = ml.add_parser("sync", help="export a study's record to MLflow (what it missed while the server was down)")
     study.add_name(sync)
@@ -263,10 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("submission", help="COCO server submissions").add_subparsers(dest="sub_command", required=True)
     val = sv.add_parser("validate", help="check a results.zip against the server's image lists")
-    val.add_argument("zip")
+    val.add_argument("zip", help="the results.zip to check")
     val.add_argument("--val-images", required=True, help="COCO image-info JSON of val2014")
     val.add_argument("--test-images", required=True, help="image_info_test2014.json")
-    val.add_argument("--alg", default=None)
+    val.add_argument("--alg", default=None, help="the algorithm name the file names must carry (default: any one)")
     val.set_defaults(func=cmd_submission_validate)
 
     pl = sub.add_parser("pipeline", help="the main job: smoke study, report, packaging, leaderboard")

@@ -15,7 +15,7 @@ import yaml
 
 from a2core.errors import StorageError, StudyError, TrackingError
 from dashboards.tracking import StudyTracker, check_tracking_uri
-from launch import stop
+from launch import runlog, stop
 from launch.conclusions import best_value, format_table, print_conclusions, table_row
 from launch.datastore import check_feature_copies
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
@@ -95,7 +95,9 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
     from ray.tune import Tuner  # ray: only when a study runs
 
     check_tracking(spec)
-    with StudyLease(location.at(), stale_after).held(force):  # one writer per study
+    # one writer per study; Ray's, Tune's and MLflow's INFO lines into the study's log file, not the terminal
+    with StudyLease(location.at(), stale_after).held(force), \
+            runlog.diverted(runlog.log_path(location.uri(), spec.name)) as log:
         path, fs = location.at().ray_storage()
         started = Tuner.can_restore(path, storage_filesystem=fs)
         if new and (started or location.exists(STUDY_FILE)):
@@ -118,7 +120,7 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
             with stop.stop_on_signals(), WholeCopies(location.at()):
                 tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
                 doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
-                say(f"study {spec.name}: {doing} {location.uri()}", verbose)
+                say(f"study {spec.name}: {doing} {location.uri()} (Ray and Tune log: {log})", verbose)
                 return fit_and_finish(spec, location, tuner, verbose=verbose)
         finally:
             remove_temp_root(temp)
@@ -194,9 +196,12 @@ def _stopped_by_storage(spec, location: StudyLocation, grid, problem: str, summa
 
 
 def say(text: str, verbose: bool = True) -> None:
-    """A progress line, unless quiet."""
+    """A progress line, unless quiet; printed above a progress bar being drawn (packaging's decode bar), not into it."""
     if verbose:
-        print(text, flush=True)
+        from tqdm import tqdm  # as print while no bar is drawn
+
+        tqdm.write(text, file=sys.stdout)
+        sys.stdout.flush()
 
 
 def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore: bool = False):
@@ -236,7 +241,9 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
         # result.json is what `status` and `summary` read
         callbacks=[JsonLoggerCallback(), CSVLoggerCallback(), tracking],
         progress_reporter=_reporter(spec, stopped_early_of, tracking.outage_text),
-        verbose=2 if verbose else 0,
+        # 1, not 2: our table only; 2 adds Tune's "Trial ... reported ..." and "... completed. Last result: ..."
+        # lines for every epoch of every trial (ray.tune.progress_reporter.TrialProgressCallback)
+        verbose=1 if verbose else 0,
     )
     return tune.Tuner(trainable, param_space={}, tune_config=tune.TuneConfig(**tune_kwargs), run_config=run_config)
 
@@ -250,16 +257,22 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
         conditional key, lambda of fusion none, would stop the study with a KeyError.)"""
 
         last = 0.0
+        shown = ""
 
         def should_report(self, trials, done: bool = False) -> bool:
             return done or time.monotonic() - self.last >= 30
 
         def report(self, trials, done: bool, *sys_info) -> None:
             self.last = time.monotonic()
-            print(format_table([live_row(spec, t, stopped_early_of) for t in trials], spec.metric), flush=True)
+            table = format_table([live_row(spec, t, stopped_early_of) for t in trials], spec.metric)
             line = tracking_line()  # e.g. "tracking: server down 31 s, 14 epochs exported once it was back"
             if line:
-                print(line, flush=True)
+                table += "\n" + line
+            # Tune reports the last state twice at the end (in another order): once is enough
+            if sorted(table.splitlines()) == sorted(self.shown.splitlines()):
+                return
+            self.shown = table
+            print(table, flush=True)
 
     return StudyTable()
 

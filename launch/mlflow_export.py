@@ -20,6 +20,7 @@ import time
 
 from a2core.errors import StorageError, TrackingError
 from a2core.selection import best_epoch
+from dashboards.mlflow_views import TAG_CONFIG_LABEL
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE, TRIALS_DIR,
                            TrialState, add_outage, run_status, stop_record, train_run_name)
@@ -93,10 +94,12 @@ class Export:
         stopped = stop_record(folder, stopped_text or "")
         status = run_status(trial.status, len(results), stopped, self.spec.total_epochs, ended is not None)
         config = self.spec.trial_config(dict(trial.config))  # resolved: the replicate group is its hash
+        digest = config_hash(config)
+        name, label = trial_names(self.spec, dict(trial.config), digest)
         run_id = tracker.trial_run(tid, config, running=status == "RUNNING",
-                                   tags={"a2.ray_trial_name": trial.name,
-                                         TAG_CONFIG_HASH: config_hash(config)},
-                                   run_name=trial.name)
+                                   tags={"a2.ray_trial_name": trial.name, TAG_CONFIG_HASH: digest,
+                                         TAG_CONFIG_LABEL: label},
+                                   run_name=name)
         logged = tracker.logged_steps(run_id, self.spec.metric)
         for result in results:
             stamp, step = result.get("timestamp"), int(result["epoch"])
@@ -238,3 +241,35 @@ class StudyExporter:
             self.down_seconds += time.monotonic() - self.down_since
         return add_outage(self.export.location, down_seconds=self.down_seconds, exported_late=self.export.late,
                           pending=not self.done)
+
+
+# -- names a person reads in the MLflow UI -------------------------------------------------------------------------
+def trial_names(spec, sampled: dict, digest: str) -> tuple[str, str]:
+    """(run name, configuration label) of a trial from the keys its study searches, as they apply to it:
+    ("gate lambda=0.035 seed=2", "gate lambda=0.035 (cca42317e0f5)"). The fusion is shown by its value alone, any
+    other key as `name=value` (the last part of its path, numbers to 4 significant digits); a key whose value does
+    not apply to the trial (lambda of fusion none) is absent; the seed (a seed key or `search.replicates`) ends the
+    run name and is not in the label, which names the replicate group and has its `a2.config_hash` beside it."""
+    from launch.conclusions import _fmt  # the trial table's formatting: the same values read the same everywhere
+    from launch.spec import SEED_PATH, resolve_key
+
+    config = spec.trial_config(sampled)
+    parts, seed = [], None
+    for key in dict.fromkeys([*spec.params, *sampled]):  # the space's order; then a replicate's seed
+        path = resolve_key(key)
+        if path is None:
+            continue
+        value = config
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:  # not applicable to this trial
+            continue
+        if path == SEED_PATH:
+            seed = value
+        elif path == "model.fusion":
+            parts.append(str(value))
+        else:
+            parts.append(f"{path.rsplit('.', 1)[-1]}={_fmt(value)}")
+    label = " ".join(parts)
+    name = " ".join(parts + ([f"seed={seed}"] if seed is not None else [])) or f"config {digest[:12]}"
+    return name, f"{label} ({digest[:12]})" if label else f"config {digest[:12]}"

@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                        "leaderboard to (default: the study's prefix when on S3)")
     parser.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint for --upload")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
-    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
     parser.add_argument("--batch-size", type=int, default=50, help="images per beam-search batch")
     parser.add_argument("--shard-images", type=int, default=SHARD_IMAGES,
                         help="images per decoding shard, the unit a killed package does not decode again")

@@ -3,6 +3,7 @@ spec, resumed when interrupted), its report, packaging, and the study's conclusi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, pac
 from launch.spec import load_study
 from launch.conclusions import verdict
 from launch.driver import resume_study, run_study
+from launch import runlog
 from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, saved_form, study_path
 from launch.study import exit_code
 
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seeds of the ensemble (default: the best configuration's replicates when it has at "
                              "least 4, else 0 1 2 3)")
     parser.add_argument("--alg", default=None, help="algorithm name in the results file names (default: study name)")
-    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
     parser.add_argument("--workers", type=int, default=None, help="Ray decoding tasks; 0 decodes in this process")
     parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ for results.zip and the leaderboard")
     parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
@@ -91,6 +93,9 @@ def main(args) -> int:
     ray_was_up = ray.is_initialized()
     times = {}
     problems = []
+    # Ray's, Tune's and MLflow's INFO lines (the packaging's Ray start, model registration, ...) into a log file
+    logs = contextlib.ExitStack()
+    log = logs.enter_context(runlog.diverted(out / "pipeline.log"))
     try:
         print(f"pipeline: 1/3 study {name} ({spec.num_trials} trials)", flush=True)
         t = time.perf_counter()
@@ -128,6 +133,7 @@ def main(args) -> int:
     finally:
         if not ray_was_up and ray.is_initialized():
             ray.shutdown()
+        logs.close()
 
     total = time.perf_counter() - t0
     experiment = spec.tracking.experiment
@@ -149,6 +155,7 @@ def main(args) -> int:
         f"  model:        {manifest['mlflow']['model_uri']}"
         + ("  (reused: it already serves these checkpoints)" if manifest["mlflow"]["reused"] else ""),
         f"  manifest:     {Path(manifest['out']) / 'package.json'}",
+        f"  log:          {log}  (Ray, Tune and MLflow)",
     ]
     lines += [f"  uploaded:     {u['uri']}" for u in manifest["uploads"]]
     lines += [f"  problem:      {p}" for p in problems]

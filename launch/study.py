@@ -88,7 +88,7 @@ def _add_study_file(parser: argparse.ArgumentParser) -> None:
 
 
 def add_name(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name")
+    parser.add_argument("name", help="the study's name (its `name:` key)")
     parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
 
 

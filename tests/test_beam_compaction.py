@@ -53,6 +53,7 @@ def _models(n):
     lambda ms: EnsembleStepper(ms),
     lambda ms: MinLengthStepper(EnsembleStepper(ms), eos=2, min_len=1),
 ], ids=["model", "uncached", "ensemble", "min-length"])
+@pytest.mark.slow
 def test_finished_images_leave_the_batch_with_the_same_results(make):
     models = _models(3)
     torch.manual_seed(0)

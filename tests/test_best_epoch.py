@@ -26,6 +26,7 @@ def test_the_rule():
 
 @pytest.mark.parametrize("mode, metric, values", [("max", "val/CIDEr", [50.0, 70.0, 70.0, 60.0]),
                                                   ("min", "train/loss", [5.0, 3.0, 3.0, 4.0])])
+@pytest.mark.slow
 def test_every_view_names_the_same_epoch(tmp_path, mode, metric, values):
     overrides = () if mode == "max" else (f"search.metric={metric}", "search.mode=min")
     fab = fabricated_study(tmp_path, f"tie-{mode}", epochs=4, overrides=overrides)
@@ -62,6 +63,7 @@ def test_retention_keeps_the_best_epoch(tmp_path):
         assert kept == [3, 4], (mode, kept)  # the best epoch by the rule, and the latest
 
 
+@pytest.mark.slow
 def test_training_keeps_the_latest_of_equal_val_scores_as_best(tmp_path, monkeypatch):
     """Trainer.fit's choice of best.pt (the checkpoint the test split is scored from) follows the same rule."""
     import a2core.train as train_mod

@@ -133,6 +133,7 @@ def check(r: dict, studies: int, seeds: int, noise: Noise) -> None:
         assert r["width"] <= target, (r, target)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SMALL))
 @pytest.mark.parametrize("seeds", (1, *SEEDS_PER_ARM))
 def test_per_image_cells_at_100_images(seeds, name):
@@ -159,6 +160,7 @@ HEAVY_STUDIES = 4_000
 
 @pytest.mark.parametrize("images", [500, pytest.param(2000, marks=pytest.mark.slow),
                                     pytest.param(5000, marks=pytest.mark.slow)])
+@pytest.mark.slow
 @pytest.mark.parametrize("seeds", SEEDS_PER_ARM)
 def test_heavy_tails(seeds, images):
     noise = regime("heavy tails", seeds, images)

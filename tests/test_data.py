@@ -129,6 +129,7 @@ def test_synthetic_grounding_needs_words(tmp_path):
                 assert seen.setdefault((img.image_id, tokens[i]), r) == r
 
 
+@pytest.mark.slow
 def test_synthetic_colour_alone_is_ambiguous_colour_and_salience_pick_the_region(tmp_path):
     """Format 5: a class word's region is not the one region of its colour: most named objects share their colour
     with a distractor of another class, and the named one is the region of that colour with the larger salience
@@ -178,6 +179,7 @@ def test_an_old_format_version_is_never_reused(tmp_path, monkeypatch):
         synthetic.ensure(root, 1, 40)
 
 
+@pytest.mark.slow
 def test_synthetic_grounded_regions_carry_their_word(tmp_path):
     """The region a class word is grounded in is the one whose features match that class (and the colour word
     before it that colour) best: nearest-centroid accuracy on held-out words is near perfect, so what is hard

@@ -31,6 +31,7 @@ def _store(path: Path, seed: int, images: int = 20, dim: int = 16) -> dict:
     return features.prepare(path.with_suffix(".h5"), path, feature_dim=dim)
 
 
+@pytest.mark.slow
 def test_push_then_fetch_verifies_skips_and_replaces(s3_endpoint, tmp_path, capsys):
     bucket = unique_bucket(s3_endpoint, "feat")
     v1 = _store(tmp_path / "v1.a2feat", seed=1)

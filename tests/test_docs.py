@@ -22,6 +22,37 @@ def test_every_config_and_study_file_field_has_a_description():
     assert a2ref.undocumented_fields() == [], "add Field(description=...) to each; the reference page shows it"
 
 
+def test_every_cli_option_positional_and_subcommand_has_help_text():
+    """Walks the whole `a2` argparse tree (the subcommands `launch.study`, `launch.package` and `launch.pipeline`
+    add included): the CLI reference shows each help string, and an empty one would be an empty cell."""
+    assert a2ref.undocumented_options() == [], "add help=... to each; `a2 ... --help` and the reference show it"
+
+
+def test_an_option_without_help_is_found_and_fails_the_strict_build(monkeypatch, caplog):
+    import argparse
+    import logging
+
+    import launch.cli
+
+    parser = argparse.ArgumentParser(prog="a2")
+    sub = parser.add_subparsers(dest="command")
+    tr = sub.add_parser("train", help="one run")
+    tr.add_argument("--config", help="the config")
+    tr.add_argument("--output-dir")
+    tr.add_argument("overrides", nargs="*")
+    tr.add_argument("--old", help=argparse.SUPPRESS)  # hidden on purpose: not a gap
+    sub.add_parser("bare")
+    assert a2ref.undocumented_options(parser) == ["a2 train --output-dir", "a2 train overrides", "a2 bare"]
+
+    # The docs build (builder-inited) warns about each one; a warning fails `sphinx -W`.
+    monkeypatch.setattr(launch.cli, "build_parser", lambda: parser)
+    with caplog.at_level(logging.WARNING):
+        a2ref._check_descriptions(None)
+    warned = [r.getMessage() for r in caplog.records if "CLI option without help text" in r.getMessage()]
+    assert warned == [f"CLI option without help text: {n} (add help=... to its add_argument)"
+                      for n in ("a2 train --output-dir", "a2 train overrides", "a2 bare")]
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("docs-html")
@@ -38,6 +69,7 @@ def _text(page: Path) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
 
 
+@pytest.mark.slow
 def test_the_study_file_and_config_reference_list_every_key(site):
     config, study = a2ref._sections()
     study_page, config_page = _text(site / "reference" / "study-file.html"), _text(site / "reference" / "config.html")
@@ -49,6 +81,7 @@ def test_the_study_file_and_config_reference_list_every_key(site):
     assert "search.scheduler.asha.min_gap_se" in study_page and ">= 0" in study_page
 
 
+@pytest.mark.slow
 def test_the_cli_reference_lists_every_subcommand_and_option(site):
     from launch.cli import build_parser
 
@@ -63,8 +96,13 @@ def test_the_cli_reference_lists_every_subcommand_and_option(site):
             visit(words + [name], sub)
 
     visit(["a2"], build_parser())
+    # the help text is shown beside each option (rows of `a2 decode`, `a2 mlflow serve`, a study subcommand's name)
+    for shown in ("beams per image (default 5)", "address to listen on (default 127.0.0.1",
+                  "the study's name (its name: key)"):
+        assert shown in page, f"{shown!r} missing from the CLI reference"
 
 
+@pytest.mark.slow
 def test_the_api_reference_renders_a2core_docstrings(site):
     page = _text(site / "reference" / "api.html")
     for name in ("a2core.train.train", "a2core.model.a2.build_model", "a2core.checkpoint.load_ensemble",
@@ -72,6 +110,7 @@ def test_the_api_reference_renders_a2core_docstrings(site):
         assert name in page, name
 
 
+@pytest.mark.slow
 def test_the_site_loads_nothing_from_the_network(site):
     remote = re.compile(r"""<(?:link|script|img)\b[^>]*\b(?:href|src)=["'](?:https?:)?//""", re.I)
     for page in site.rglob("*.html"):
@@ -187,6 +226,7 @@ def test_every_image_a_page_references_exists():
     assert seen >= 5, "the MLflow screenshots are referenced from the how-to and the tutorial"
 
 
+@pytest.mark.slow  # the strict Sphinx build (the `site` fixture)
 def test_equations_render_from_mathjax_served_by_the_site(site):
     """$...$ and $$...$$ become MathJax markup, and MathJax is loaded from the site's own _static, not a CDN."""
     page = (site / "explanation" / "model.html").read_text()
@@ -206,6 +246,7 @@ def test_equations_render_from_mathjax_served_by_the_site(site):
     assert list((site / "_static" / "mathjax" / "output" / "chtml" / "fonts").rglob("*.woff")), "MathJax's fonts"
 
 
+@pytest.mark.slow  # the strict Sphinx build (the `site` fixture)
 def test_images_link_to_their_full_size_file(site):
     page = (site / "how-to" / "compare-trials-in-mlflow.html").read_text()
     images = re.findall(r"<img\b[^>]*\bsrc=\"([^\"]+)\"", page)
@@ -216,6 +257,7 @@ def test_images_link_to_their_full_size_file(site):
         assert href == src and (site / "how-to" / href).resolve().is_file(), href
 
 
+@pytest.mark.slow  # the strict Sphinx build (the `site` fixture)
 def test_no_interval_breaks_across_lines(site):
     """Every 95% interval in a table cell is one unbreakable span (a2.css: white-space: nowrap)."""
     assert "white-space: nowrap" in (site / "_static" / "a2.css").read_text()

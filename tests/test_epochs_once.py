@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from dashboards.tracking import StudyTracker
 
 
@@ -12,6 +14,7 @@ def _points(tracker: StudyTracker, run_id: str, key: str) -> Counter:
     return Counter(m.step for m in tracker.client.get_metric_history(run_id, key))
 
 
+@pytest.mark.slow
 def test_an_epoch_reported_again_is_written_once(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = StudyTracker(uri, "once")

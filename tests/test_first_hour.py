@@ -1,6 +1,7 @@
 """A new user's first hour: a quiet successful run, idempotent re-runs, names that read well.
 
-- a tiny study prints no ERROR-level line and none of the warnings a user cannot act on, and MLflow's
+- a tiny study prints no ERROR-level line, none of the warnings a user cannot act on and none of Tune's per-result
+  or INFO lines (they are in the study's driver.log), and MLflow's
   `a2.best_checkpoint` names the real `checkpoint.pt` (slow: starts Ray; run under `flock /tmp/a2-ray.lock`);
 - registering the same checkpoints twice reuses the model version (tag `a2.content_hash`); the model has a
   signature and an input example and captions given features;
@@ -27,6 +28,8 @@ TINY_MODEL = {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions":
 # cleaner's notice, Ray's token-auth notice, MLflow's pickling and signature advice.
 NOISE = ("PreemptionWatcher", "actor restart will fail", "controller actor", "Token authentication is",
          "CloudPickle", "signature", "Downloading artifacts")
+# Tune's per-result and end-of-trial lines (its verbosity 2), which a study must not print
+TUNE_LINES = ("Trial a2_", " reported ", "completed. Last result", "Total run time", "Wrote the latest version")
 # Ray's C++ log lines ("[2026-11-23 18:09:23,395 E 27296 27296] core_worker.cc:...") and Python logging's ERROR.
 ERROR_LINE = re.compile(r"\[\d{4}-\d\d-\d\d [\d:,.]+ E \d+ \d+\]|\bERROR\b")
 
@@ -43,6 +46,7 @@ def _checkpoints(directory: Path, seeds=(0, 1)) -> list[Path]:
     return paths
 
 
+@pytest.mark.slow
 def test_registering_the_same_checkpoints_again_reuses_the_version(tmp_path, caplog, one_torch_thread, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a SQLite store keeps artifacts under ./mlruns
     import mlflow
@@ -118,6 +122,18 @@ def test_a_successful_tiny_study_is_quiet_and_names_its_checkpoint_file(tmp_path
     errors = [line for line in done.stdout.splitlines() if ERROR_LINE.search(line)]
     noise = [line for line in done.stdout.splitlines() if any(n in line for n in NOISE)]
     assert errors == [] and noise == [], "\n".join(errors + noise)
+    # The terminal shows the project's own lines: no per-result line of Tune's, no INFO line of Ray, Tune or MLflow
+    tune_lines = [line for line in done.stdout.splitlines()
+                  if any(n in line for n in TUNE_LINES) or re.search(r"\bINFO\b", line)]
+    assert tune_lines == [], "\n".join(tune_lines)
+    lines = done.stdout.splitlines()
+    log = tmp_path / "studies" / "quiet" / "driver.log"
+    assert f"study quiet: 1 trials, results in {tmp_path / 'studies' / 'quiet'} (Ray and Tune log: {log})" in lines
+    assert sum(line.split()[:2] == ["trial", "fusion"] for line in lines) >= 1  # our table, ...
+    assert lines[-1] == f"summary: {tmp_path / 'studies' / 'quiet' / 'summary.json'}"  # ... and conclusions
+    # ... and what Ray, Tune and MLflow said is in the study's log file
+    logged = log.read_text()
+    assert "Started a local Ray instance" in logged and "Total run time" in logged, logged[-2000:]
     _, children = study_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "quiet")
     (run,) = children
     best = run.data.tags[TAG_BEST_CKPT]

@@ -62,6 +62,7 @@ def test_an_alias_bomb_is_refused_in_bounded_time_and_memory(tmp_path):
     assert out["cpu_s"] < LIMIT_S and out["rss_mb"] < LIMIT_MB
 
 
+@pytest.mark.slow
 def test_oversized_deep_and_long_integer_yaml_is_refused(tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text("a: " + "x" * MAX_YAML_BYTES + "\n")
@@ -197,6 +198,7 @@ def _results(ids) -> bytes:
     return json.dumps([{"image_id": i, "caption": "a dog"} for i in ids]).encode()
 
 
+@pytest.mark.slow
 def test_a_zip_bomb_is_refused_in_bounded_time_and_memory(tmp_path):
     path = tmp_path / "bomb.zip"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:

@@ -260,6 +260,7 @@ def coco_run(tmp_path_factory):
     return out, err.getvalue(), str(empty_lib)
 
 
+@pytest.mark.slow
 def test_coco_scores_values_and_keys(coco_run):
     out, _, _ = coco_run
     names = ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"]
@@ -279,6 +280,7 @@ def test_coco_scores_values_and_keys(coco_run):
     assert out["CIDEr"] == pytest.approx(100 * Cider().compute_score(tok_gts, tok_res)[0], abs=1e-7)
 
 
+@pytest.mark.slow
 def test_caption_scores_on_tokenized_text_match_coco_scores(coco_run):
     out, _, _ = coco_run
     tok_gts = {k: [" ".join(c.lower().rstrip(".!").split()) for c in v] for k, v in COCO_GTS.items()}
@@ -290,6 +292,7 @@ def test_caption_scores_on_tokenized_text_match_coco_scores(coco_run):
         assert fast["per_image"][22][key] == pytest.approx(out["per_image"][22][key], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_coco_scores_spice_notice_and_progress(coco_run):
     out, err, lib = coco_run
     assert "SPICE" not in out

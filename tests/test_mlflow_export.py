@@ -91,6 +91,7 @@ def runs_by_trial(uri: str, name: str):
     return parent, {run.data.tags["a2.trial_id"]: run for run in children}
 
 
+@pytest.mark.slow
 def test_export_is_the_record_in_mlflow_and_exporting_again_changes_nothing(spec):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -102,7 +103,13 @@ def test_export_is_the_record_in_mlflow_and_exporting_again_changes_nothing(spec
     assert parent.data.tags["a2.storage"] == location.uri()
     assert {tid: run.info.status for tid, run in runs.items()} == {"t0": "FINISHED", "t1": "RUNNING"}
     t0 = runs["t0"]
-    assert t0.info.run_name == "a2_local_trial_t0" and t0.data.tags["a2.fusion"] == "none"
+    # names a person reads: the searched keys that apply (no lambda for fusion none) and the seed; Tune's in a tag
+    t1 = runs["t1"]
+    assert t0.info.run_name == "none seed=0" and t1.info.run_name == "gate lambda=0.035 seed=0"
+    assert t0.data.tags["a2.ray_trial_name"] == "a2_local_trial_t0"
+    assert t1.data.tags["a2.config"] == f"gate lambda=0.035 ({t1.data.tags['a2.config_hash'][:12]})"
+    assert t0.data.tags["a2.config"] == f"none ({t0.data.tags['a2.config_hash'][:12]})"
+    assert t0.data.tags["a2.fusion"] == "none"
     assert t0.data.params["model.fusion"] == "none" and "model.lambda" not in t0.data.params
     assert t0.data.tags["a2.best_checkpoint"].endswith("checkpoint_epoch0002/checkpoint.pt")
     assert t0.data.tags["a2.checkpoint"].endswith("checkpoint_epoch0003/checkpoint.pt")
@@ -127,6 +134,7 @@ def test_export_is_the_record_in_mlflow_and_exporting_again_changes_nothing(spec
     assert points(uri, spec.name)["t1"]["val/CIDEr"] == {1: 1, 2: 1, 3: 1}
 
 
+@pytest.mark.slow
 def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -147,6 +155,10 @@ def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
     assert stopped_early_trials(location) == {"t2": {"rung": 2, "cutoff": 20.5}}  # `status` reads the record
     assert runs["t0"].data.tags["a2.config_hash"] != runs["t1"].data.tags["a2.config_hash"]
     assert runs["t0"].data.tags["a2.config_hash"] == runs["t2"].data.tags["a2.config_hash"]  # replicates
+    # one label per replicate group: the UI's configurations view groups by it
+    assert runs["t0"].data.tags["a2.config"] == runs["t2"].data.tags["a2.config"] != runs["t1"].data.tags["a2.config"]
+    assert [runs[t].info.run_name for t in ("t0", "t1", "t2", "t3")] == [
+        "none seed=0", "gate lambda=0.035 seed=0", "none seed=1", "gate lambda=0.035 seed=1"]
 
     folder.join(STOPPED_FILE).write_text("{rung: 2")  # garbage: refused naming the file, by status and export
     with pytest.raises(StudyError, match=f"{STOPPED_FILE}: not a stop record"):
@@ -162,6 +174,7 @@ def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
     assert runs["t0"].info.status == "FINISHED"  # a finished run is left as it is
 
 
+@pytest.mark.slow
 def test_an_export_cut_short_goes_on_without_duplicates(spec, monkeypatch):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -186,6 +199,7 @@ def test_an_export_cut_short_goes_on_without_duplicates(spec, monkeypatch):
     assert parent.info.status == "KILLED" and {r.info.status for r in runs.values()} == {"FINISHED"}
 
 
+@pytest.mark.slow
 def test_the_export_thread_waits_out_a_server_that_is_down(spec, monkeypatch):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -217,6 +231,7 @@ def test_the_export_thread_waits_out_a_server_that_is_down(spec, monkeypatch):
     assert points(uri, spec.name)["t0"]["val/CIDEr"] == {1: 1, 2: 1, 3: 1}
 
 
+@pytest.mark.slow
 def test_mlflow_sync_exports_a_study_that_ended_while_the_server_was_down(spec, monkeypatch, capsys):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -235,6 +250,7 @@ def test_mlflow_sync_exports_a_study_that_ended_while_the_server_was_down(spec, 
     assert points(uri, spec.name)["t1"]["val/CIDEr"] == {1: 1, 2: 1, 3: 1}
 
 
+@pytest.mark.slow
 def test_best_epochs_per_image_cider_is_the_artifact_compare_pairs(spec):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
@@ -286,3 +302,41 @@ def test_a_study_exported_from_its_record_alone_is_what_the_driver_exported(tmp_
                                        if not k.startswith("compute/")}
     assert again == live
     assert live["parent"]["status"] == "FINISHED" and {t["status"] for t in live["trials"]} == {"FINISHED"}
+
+
+@pytest.mark.slow
+def test_run_names_show_only_the_searched_keys_that_apply_and_old_names_are_replaced_on_export(tmp_path, spec):
+    import yaml
+
+    from launch.mlflow_export import trial_names
+
+    # lambda searched for every fusion (no `when`), a model key by its path, no replicates, a seed grid
+    raw = yaml.safe_load(SMOKE.read_text())
+    raw["search"].update(replicates=None, scheduler={"fifo": {}}, space={
+        "fusion": {"grid": ["none", "gate"]}, "lambda": {"loguniform": [0.005, 0.2]},
+        "model.d_model": {"grid": [32, 64]}, "seed": {"grid": [0, 1]}})
+    raw["search"].pop("replicates")
+    raw["model"].pop("d_model")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    searched = load_study(tmp_path / "s.yaml", check_files=False)
+    digest = "0123456789abcdef" * 4
+    assert trial_names(searched, {"fusion": "gate", "lambda": 0.0123456, "model.d_model": 32, "seed": 1}, digest) == (
+        "gate lambda=0.01235 d_model=32 seed=1", "gate lambda=0.01235 d_model=32 (0123456789ab)")
+    # fusion none has no mask loss: its lambda does not apply and is not named
+    assert trial_names(searched, {"fusion": "none", "lambda": 0.05, "model.d_model": 64, "seed": 0}, digest) == (
+        "none d_model=64 seed=0", "none d_model=64 (0123456789ab)")
+    # a study that searches nothing but the seed: the configuration is its hash
+    raw["search"]["space"] = {"seed": {"grid": [0, 1]}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    assert trial_names(load_study(tmp_path / "s.yaml", check_files=False), {"seed": 1}, digest) == (
+        "seed=1", "config 0123456789ab")
+
+    # a run exported before runs had readable names gets its readable name at the next export (`a2 mlflow sync`)
+    location = StudyLocation(spec.name, spec.storage)
+    trials = trials_of(location, {"t0": [10.0]}, {})
+    tracker = StudyTracker(spec.tracking.mlflow_uri, spec.name)
+    tracker.start_study()
+    tracker.trial_run("t0", spec.trial_config(trials[0].config), run_name="a2_local_trial_t0")
+    Export(spec, location).run([TrialState.of(t) for t in trials])
+    _, runs = runs_by_trial(spec.tracking.mlflow_uri, spec.name)
+    assert list(runs) == ["t0"] and runs["t0"].info.run_name == "none seed=0"

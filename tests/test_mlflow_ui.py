@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.mlflow_views import (MODEL_TRAINING, TAG_EXPERIMENT_KIND, VIEW_CONFIGS, VIEW_TAG_PREFIX,
+from dashboards.mlflow_views import (MODEL_TRAINING, TAG_CONFIG_LABEL, TAG_EXPERIMENT_KIND, VIEW_CONFIGS, VIEW_TAG_PREFIX,
                                      VIEW_TRIALS, saved_sections, section_order, ui_url, view_states, view_tags)
 from dashboards.stats import TAG_CONFIG_HASH
 from dashboards.tracking import StudyTracker, study_pointer, ui_pointer
@@ -108,6 +108,7 @@ def _screenshot(chromium: str, url: str, profile: Path, name: str, budget_ms: in
     return shot
 
 
+@pytest.mark.slow
 def test_mlflow_ui_shows_runs_and_cider(chromium, ui_study, tmp_path):
     url = ui_study["url"]
     assert url and "viewStateShareKey=a2" in url and "workflowType=machine_learning" in url
@@ -139,6 +140,7 @@ def test_mlflow_ui_shows_runs_and_cider(chromium, ui_study, tmp_path):
     assert len({tuple(p) for p in (pixels[::10, ::10, :3] * 255).astype(int).reshape(-1, 3)}) > 50
 
 
+@pytest.mark.slow
 def test_ui_api_serves_the_runs(ui_study, mlflow_server):  # noqa: F811
     """The same data through the endpoint the UI's runs table calls (ajax-api runs/search)."""
     tracker = ui_study["tracker"]
@@ -184,7 +186,9 @@ def test_view_states_sort_group_and_chart_the_study_metric():
     assert parallel["selectedMetrics"] == ["val/BLEU-4"]
     assert "groupBy" not in trials
     assert configs["groupBy"] == {"aggregateFunction": "average",
-                                  "groupByKeys": [{"mode": "tag", "groupByData": TAG_CONFIG_HASH}]}
+                                  "groupByKeys": [{"mode": "tag", "groupByData": TAG_CONFIG_LABEL}]}
+    # the configuration label (with its hash) is a column of both views
+    assert trials["selectedColumns"][-1] == configs["selectedColumns"][-1] == "tags.`a2.config`"
     assert [c["type"] for c in configs["compareRunCharts"]] == ["LINE"]  # MLflow cannot aggregate string params
 
     tags = view_tags(views, now_ms=1000)
@@ -207,6 +211,7 @@ def test_urls_open_the_runs_of_a_model_training_experiment():
     assert "secret" not in ui_pointer("postgresql://a2:secret@db/mlflow", "3")
 
 
+@pytest.mark.slow
 def test_experiment_is_model_training_and_views_follow_new_sections(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = StudyTracker(uri, "kind-study")
@@ -280,8 +285,11 @@ def test_smoke_study_opens_where_trials_are_compared(chromium, served_study, tmp
     exp, runs = served_study["experiment"], served_study["runs"]
     assert exp.tags[TAG_EXPERIMENT_KIND] == MODEL_TRAINING
     names = sorted(r.info.run_name for r in runs)
-    groups = {r.data.tags[TAG_CONFIG_HASH] for r in runs}
-    assert len(names) == len(SMOKE_FUSIONS) * len(SMOKE_SEEDS) and len(groups) == len(SMOKE_FUSIONS)
+    groups = {r.data.tags[TAG_CONFIG_LABEL] for r in runs}
+    # what a person reads: the searched keys and the seed; each configuration by its keys, its hash beside them
+    assert names == sorted(f"{f} seed={s}" for f in SMOKE_FUSIONS for s in SMOKE_SEEDS)
+    assert groups == {f"{r.data.tags['a2.fusion']} ({r.data.tags[TAG_CONFIG_HASH][:12]})" for r in runs}
+    assert len(groups) == len(SMOKE_FUSIONS)
 
     # The pointers: `a2 study run` (the database: how to serve it, then the URL) and `a2 mlflow serve` (the URL).
     url = ui_url(served_study["server"], exp.experiment_id)
@@ -298,8 +306,9 @@ def test_smoke_study_opens_where_trials_are_compared(chromium, served_study, tmp
     # Grouped by the replicate-group tag: one row per configuration, its seeds under it.
     configs = ui_url(served_study["server"], exp.experiment_id, VIEW_CONFIGS)
     text, _ = _page_text(chromium, configs, tmp_path / "configs", lambda t, d: all(g in t for g in groups))
-    assert sorted(re.findall(r"Group: (\w+)", text)) == sorted(groups), text[:1500]
-    assert f"Group by: {TAG_CONFIG_HASH}" in text
+    assert sorted(re.findall(r"Group: (\w+ \(\w{12}\))", text)) == sorted(groups), text[:1500]
+    assert f"Group by: {TAG_CONFIG_LABEL}" in text
+    assert "a2_local_trial" not in text and "Group: " + next(iter(groups)) in text
 
     # The chart view: val/CIDEr per epoch renders (plotly lines with a legend per configuration), first section val.
     def rendered(text: str, dom: str) -> bool:

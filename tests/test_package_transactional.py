@@ -3,12 +3,14 @@ died between the two) is removed before the rerun registers its own, and the rer
 folder (no manifest yet) rather than a new NAME-2."""
 from __future__ import annotations
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from a2core.atomic import fresh_folder
 from dashboards.leaderboard import TAG_CONTENT_HASH, drop_unfinished_versions
 
 
+@pytest.mark.slow
 def test_untagged_versions_of_the_run_are_removed_and_tagged_ones_kept(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.create_experiment("pkg", artifact_location=str(tmp_path / "artifacts"))

@@ -54,6 +54,7 @@ def test_groups_best_and_per_image(fab):
     assert record.per_image("none0") == IMAGES and record.per_image("gate0") is None
 
 
+@pytest.mark.slow
 def test_the_dashboards_view_is_the_mlflow_export_of_the_same_folder(fab):
     """params, tags, final metrics and statuses of the record's runs are those of the exported MLflow runs."""
     fab.export()
@@ -79,6 +80,7 @@ def test_a_trial_of_a_study_with_a_live_writer_is_running(fab):
     assert not fab.record().study().running
 
 
+@pytest.mark.slow
 def test_a_study_on_s3_reads_the_same(tmp_path, s3_endpoint):
     """The record reads through the storage layer: a study in a bucket gives the same groups, best and scores."""
     from tests.s3server import unique_bucket

@@ -8,11 +8,15 @@ import hashlib
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from launch.spec import load_study
 from launch.location import STUDY_FILE, saved_form
 from tests.raycluster import a2, tiny_data, tiny_study  # noqa: F401 - tiny_data is a fixture
+
+# each test runs `a2` in a subprocess (a few seconds of imports each): not in the fast tier
+pytestmark = pytest.mark.slow
 
 NAME = "moved"
 
@@ -31,6 +35,7 @@ def _tree(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_a_copied_study_is_refused_by_resume_naming_both_places_and_the_store(tmp_path, tiny_data):
     original, uri = _saved_study(tmp_path, tiny_data)
     copy = tmp_path / "copy"
@@ -51,6 +56,7 @@ def test_a_copied_study_is_refused_by_resume_naming_both_places_and_the_store(tm
     assert f"study {NAME}: exporting its record into MLflow at {uri}" in sync.stdout, sync.stdout[-3000:]
 
 
+@pytest.mark.slow
 def test_a_moved_study_is_refused_by_resume_and_resumes_once_moved_back(tmp_path, tiny_data):
     original, uri = _saved_study(tmp_path, tiny_data)
     moved = tmp_path / "elsewhere"
@@ -66,6 +72,7 @@ def test_a_moved_study_is_refused_by_resume_and_resumes_once_moved_back(tmp_path
     assert back.returncode == 2 and "has no Tune experiment state to resume" in back.stdout, back.stdout[-3000:]
 
 
+@pytest.mark.slow
 def test_restore_state_changes_nothing_in_a_copy(tmp_path, tiny_data):
     """`resume --restore-state` of a copy is refused as a copy before any file of it is put back."""
     original, _ = _saved_study(tmp_path, tiny_data)

@@ -128,6 +128,7 @@ def test_report_writes_plots_and_html(report, fab):
         assert n in page
 
 
+@pytest.mark.slow
 def test_report_is_logged_on_the_parent_run(report, fab):
     """Into the study's parent run, once the study was exported to MLflow; not at all before (no run is made)."""
     uri = fab.spec.tracking.mlflow_uri
@@ -219,6 +220,7 @@ def test_main_entry_points(fab, tmp_path, capsys, monkeypatch):
     assert "106.0 [101.0, 111.0]" in out and "117.0 [114.5, 119.5]" in out  # the numbers of the report's table
 
 
+@pytest.mark.slow
 def test_compare_and_report_are_the_same_with_the_mlflow_store_deleted(tmp_path, capsys, monkeypatch):
     """The record is the study's storage: with its MLflow store gone, `compare` prints the same table and `report`
     draws the same tables (only the note that it was not logged to MLflow is new), and no store is made."""
@@ -262,6 +264,7 @@ def test_report_with_missing_metrics_and_unknown_study(tmp_path, monkeypatch):
                                       out=str(tmp_path / "out2")))
 
 
+@pytest.mark.slow
 def test_report_through_the_server_lands_in_s3(mlflow_server, tmp_path):  # noqa: F811
     """Against the tracking server: the report's artifacts are proxied to the S3 bucket."""
     name = "fab-study-server"

@@ -329,6 +329,7 @@ def root(request, tmp_path):
     return open_location(f"s3://{unique_bucket(endpoint)}/root/", endpoint)
 
 
+@pytest.mark.slow
 def test_location_read_write_list(root, tmp_path):
     study = root.join("a2-x")
     assert not study.exists() and study.listdir() == [] and study.join("study.yaml").read_text() is None

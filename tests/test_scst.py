@@ -172,6 +172,7 @@ def test_greedy_baseline_uses_the_greedy_reward(tiny_root, tmp_path, monkeypatch
     assert trainer.model.training  # back in training mode after the greedy decode
 
 
+@pytest.mark.slow
 def test_greedy_baseline_runs_for_real(tiny_root, tmp_path):
     result = train(_tiny(tiny_root, scst_samples=2, batch_size=50, scst_baseline="greedy", scst_lr=1e-4,
                          scst_from=str(_xe_checkpoint(tiny_root, tmp_path))), output_dir=tmp_path / "run")

@@ -124,6 +124,7 @@ def test_redact_uri():
         assert redact_uri(uri) == uri
 
 
+@pytest.mark.slow
 def test_password_in_the_tracking_uri_is_refused_redacted(tmp_path, tiny_data):
     from launch.spec import load_study
 

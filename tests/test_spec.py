@@ -188,6 +188,7 @@ def test_trial_config_leaves_out_the_parameters_its_fusion_does_not_use():
     assert model["none"]["d_model"] == model["gate"]["d_model"]  # the rest of the model is there
 
 
+@pytest.mark.slow
 def test_tracked_trial_runs_have_no_inapplicable_params(tmp_path):
     from a2core.config import Config
     from dashboards.tracking import StudyTracker

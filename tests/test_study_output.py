@@ -58,3 +58,56 @@ def test_trial_logs_keep_our_epoch_line_and_drop_ray_trains_per_report_lines(res
         assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
         assert logging.getLogger(name).isEnabledFor(logging.WARNING), name
     assert logging.getLogger("a2core.train").isEnabledFor(logging.INFO)
+
+
+def test_the_last_table_is_printed_once_though_tune_reports_it_twice_in_another_order(capsys):
+    spec = load_study(SMOKE)
+    reporter = _reporter(spec)
+    a = _trial("t1", "TERMINATED", {"fusion": "none", "seed": 0}, 8, 0.9, 0.95)
+    b = _trial("t2", "TERMINATED", {"fusion": "gate", "lambda": 0.035, "seed": 0}, 8, 0.5, 0.6)
+    reporter.report([a, b], True)
+    reporter.report([b, a], True)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4 and out[2].split()[0] == "t1" and out[3].split()[0] == "t2"
+    b.last_result = {"epoch": 8, "val/CIDEr": 0.7}  # a change is printed
+    reporter.report([a, b], True)
+    assert capsys.readouterr().out.splitlines()[3].split()[-2:] == ["0.7", "0.6"]
+
+
+def test_ray_and_mlflow_info_lines_go_to_the_log_file_and_warnings_still_reach_the_terminal(tmp_path):
+    import io
+
+    import mlflow  # noqa: F401  (their own handlers exist, as when a study runs)
+    import ray  # noqa: F401
+
+    from launch import runlog
+
+    path = runlog.log_path(str(tmp_path / "studies" / "s"), "s")
+    assert path == tmp_path / "studies" / "s" / "driver.log"
+    assert runlog.log_path("s3://bucket/studies/s", "s").parts[-4:] == ("a2tune", "logs", "s", "driver.log")
+    # a terminal handler on each logger, as Ray and MLflow install theirs (whatever earlier tests left of theirs)
+    terminal = io.StringIO()
+    handler = logging.StreamHandler(terminal)
+    loggers = [logging.getLogger(name) for name in runlog.LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+    ray_log, mlflow_log = logging.getLogger("ray.tune.tune"), logging.getLogger("mlflow.store.db.utils")
+    try:
+        with runlog.diverted(path) as log:
+            assert log == path and not path.exists()  # nothing logged yet: no file (a refused study leaves none)
+            ray_log.info("Total run time: 1.00 seconds")
+            mlflow_log.info("Creating initial MLflow database tables...")
+            ray_log.warning("a trial failed")
+        assert terminal.getvalue().splitlines() == ["a trial failed"]  # warnings still reach the terminal
+        logged = path.read_text().splitlines()
+        assert [line.split(": ", 1)[1] for line in logged] == [
+            "Total run time: 1.00 seconds", "Creating initial MLflow database tables...", "a trial failed"]
+        # everything is put back: after the study, INFO reaches the terminal as before and no more the file
+        ray_log.info("after the study")
+        assert terminal.getvalue().splitlines()[-1] == "after the study" and len(path.read_text().splitlines()) == 3
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.removeHandler(handler)
+            logger.setLevel(level)

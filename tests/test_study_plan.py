@@ -18,6 +18,7 @@ COCO_STUDIES = {"fusion_ablation": (20, 0, 75), "lambda_sweep": (15, 0, 36), "se
 SMOKE = ROOT / "studies" / "smoke.yaml"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", COCO_STUDIES)
 def test_shipped_coco_study_plans_at_the_papers_scale(name, capsys):
     """No data here: the plan counts with the Karpathy split (11,329 steps an epoch at 50 pairs a step)."""

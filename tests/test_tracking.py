@@ -31,6 +31,7 @@ def _study_name(request) -> str:
     return "t-" + request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:40] + f"-{time.time_ns()}"
 
 
+@pytest.mark.slow
 def test_one_parent_one_child_per_trial_and_restore(tracking_uri, request):
     name = _study_name(request)
     tracker = StudyTracker(tracking_uri, name)
@@ -83,6 +84,7 @@ def test_one_parent_one_child_per_trial_and_restore(tracking_uri, request):
     assert arts == ["samples/epoch_004.txt"]
 
 
+@pytest.mark.slow
 def test_resume_sets_runs_running_again(tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     tracker = StudyTracker(uri, "resume-study")
@@ -101,6 +103,7 @@ def test_resume_sets_runs_running_again(tmp_path):
         again.end_trial(run, "DONE")
 
 
+@pytest.mark.slow  # starts an MLflow server
 def test_artifacts_reach_s3_through_the_server(mlflow_server):  # noqa: F811
     tracker = StudyTracker(str(mlflow_server), "artifact-study")
     tracker.start_study({}, {})
@@ -126,6 +129,7 @@ def test_bad_uris_fail_fast(uri_fn, tmp_path):
     assert isinstance(err.value, ValueError)
 
 
+@pytest.mark.slow  # starts an MLflow server
 def test_good_uris_pass(mlflow_server, tmp_path):  # noqa: F811
     assert check_tracking_uri(str(mlflow_server)) == str(mlflow_server)
     assert check_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
@@ -144,6 +148,7 @@ def test_callback_setup_rejects_bad_uri():
 
 
 # -- a2 mlflow serve ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_serve_runs_until_signalled_and_stops_its_server(tmp_path):
     import signal
     import socket
@@ -186,6 +191,7 @@ def test_serve_rejects_a_file_backend(tmp_path):
         serve(args)
 
 
+@pytest.mark.slow
 def test_serve_prints_the_backend_without_its_password(monkeypatch, capsys):
     import argparse
 

@@ -55,6 +55,7 @@ def test_noam_to_zero_is_noam_ramped_down_to_zero_at_the_last_step():
     assert learning_rate(total, 64, 300, 0.25, "noam_to_zero", total) == 0.0
 
 
+@pytest.mark.slow
 def test_a_noam_to_zero_run_ends_with_learning_rate_zero(tiny_data, tmp_path):
     """The trainer counts the run's stage-1 steps (epochs x steps per epoch), so the ramp ends at its last step."""
     cfg = _cfg(tiny_data, **{"train.xe_epochs": 2, "train.lr_schedule": "noam_to_zero", "train.diag_every": 0})
@@ -65,6 +66,7 @@ def test_a_noam_to_zero_run_ends_with_learning_rate_zero(tiny_data, tmp_path):
     assert state["scheduler"]["_last_lr"] == [0.0]
 
 
+@pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run_exactly(tiny_data, tmp_path):
     cfg = _cfg(tiny_data)
     full: list[dict] = []
@@ -92,6 +94,7 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tiny_data, tmp_path):
         assert a["val/CIDEr"] == b["val/CIDEr"] and a["step"] == b["step"]
 
 
+@pytest.mark.slow
 def test_reports_and_checkpoints(tiny_data, tmp_path):
     cfg = _cfg(tiny_data, **{"train.xe_epochs": 2})
     seen = []

@@ -8,7 +8,8 @@ Markdown that `GENERATORS[NAME]()` returns:
 
 The walks are generic (every pydantic field, every argparse action), so a key or a command added to the code
 appears here without touching the docs. `undocumented_fields()` lists the fields that have no description; the
-build warns about each (and a strict build fails), and `tests/test_docs.py` asserts the list is empty.
+build warns about each (and a strict build fails), and `tests/test_docs.py` asserts the list is empty;
+`undocumented_options()` does the same for the options, positionals and subcommands of `a2`.
 """
 from __future__ import annotations
 
@@ -245,6 +246,31 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
     return out
 
 
+def undocumented_options(parser: argparse.ArgumentParser | None = None, words: tuple[str, ...] = ("a2",)) -> list[str]:
+    """`a2 study run --quiet`-style names of every option or positional of the `a2` parser (all subcommands) that
+    has no help text, and of every subcommand without one: the CLI reference would show an empty description."""
+    if parser is None:
+        from launch.cli import build_parser
+
+        parser = build_parser()
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub_help, sub in _subcommands(parser):
+                if not sub_help.strip():
+                    missing.append(" ".join((*words, name)))
+                missing += undocumented_options(sub, (*words, name))
+            continue
+        # argparse.SUPPRESS hides an option on purpose (kept for old scripts, not read): not a gap
+        if action.help is argparse.SUPPRESS:
+            continue
+        if not (action.help or "").strip():
+            missing.append(" ".join((*words, "/".join(action.option_strings) or action.dest)))
+    return missing
+
+
 def _option_row(action: argparse.Action) -> str | None:
     if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
         return None
@@ -324,6 +350,8 @@ def _check_descriptions(app) -> None:
     logger = logging.getLogger(__name__)
     for name in undocumented_fields():
         logger.warning(f"config field without a description: {name} (add Field(description=...))")
+    for name in undocumented_options():
+        logger.warning(f"CLI option without help text: {name} (add help=... to its add_argument)")
 
 
 def setup(app) -> dict:

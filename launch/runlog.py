@@ -1,0 +1,76 @@
+"""Where the INFO lines of Ray, Tune and MLflow go while a study or the main job runs: a log file, not the terminal.
+
+A person watching `a2 study run` or `a2 pipeline` reads the project's own trial table, progress lines and
+conclusions; "Started a local Ray instance", "Wrote the latest version of all result files", "Total run time",
+"Creating initial MLflow database tables" and the like are kept in the log file (warnings and errors still reach
+the terminal as well). Tune's per-result lines ("Trial ... reported ...", "... completed. Last result: ...") are
+not logged at all: the driver runs Tune at verbosity 1 (`launch.driver.build_tuner`), which prints only our table.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Iterator
+
+# Loggers with their own terminal handlers (they do not propagate to the root logger): Ray's ("ray", configured
+# when ray is imported, reached by ray.tune, ray.train, ...) and MLflow's ("mlflow", configured when it is imported).
+LOGGERS = ("ray", "mlflow")
+LOG_FILE = "driver.log"
+
+
+class _FolderFileHandler(logging.FileHandler):
+    """A FileHandler that opens its file (and makes its folder) on the first line only: a study refused before
+    anything is logged leaves no file behind, and a new study's folder need not exist yet when this starts."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, mode="a", encoding="utf-8", delay=True)
+
+    def _open(self):
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
+def log_path(study_uri: str, name: str) -> Path:
+    """The study's log file: in the study's folder (`study_uri`) when its storage is local; for storage on S3 (a
+    folder this process cannot append to), `~/.cache/a2tune/logs/NAME/driver.log` on the machine the driver runs on."""
+    if "://" not in study_uri:
+        return Path(study_uri) / LOG_FILE
+    return Path(os.path.expanduser("~")) / ".cache" / "a2tune" / "logs" / name / LOG_FILE
+
+
+def _terminal_handlers(logger: logging.Logger) -> list[logging.Handler]:
+    return [h for h in logger.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+
+
+@contextlib.contextmanager
+def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
+    """While inside: the INFO lines of `loggers` go to `path` (appended), their terminal handlers show WARNING and
+    above only. Everything is put back on the way out (an in-process caller, a test, sees no lasting change)."""
+    # Import both first, so that their own handlers exist before they are turned down (a later import would add a
+    # fresh terminal handler): ray and mlflow are imported by every study anyway.
+    import ray  # noqa: F401
+
+    from dashboards.tracking import import_mlflow
+
+    import_mlflow()
+
+    handler = _FolderFileHandler(Path(path))
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved: dict[logging.Handler, int] = {}  # a handler shared by two loggers is saved (and put back) once
+    for name in loggers:
+        logger = logging.getLogger(name)
+        for terminal in _terminal_handlers(logger):
+            saved.setdefault(terminal, terminal.level)
+            terminal.setLevel(max(terminal.level, logging.WARNING))
+        logger.addHandler(handler)
+    try:
+        yield Path(path)
+    finally:
+        for name in loggers:
+            logging.getLogger(name).removeHandler(handler)
+        handler.close()
+        for terminal, level in saved.items():
+            terminal.setLevel(level)
