@@ -168,8 +168,9 @@ class DataConfig(Section):
     test_images: Text | None = Field(None, description=(
         "kind coco: the test server's image list, `image_info_test2014.json` (for packaging)."))
     root: Text | None = Field(None, description=(
-        "kind synthetic: the folder of the generated set (default: a per-user cache); used as it is when its seed "
-        "and size match, generated there otherwise."))
+        "kind synthetic: the folder of the generated set (default: a per-user cache); generated there when it holds "
+        "no set yet, used as it is when it holds the set of this seed and size, and refused (naming both) "
+        "when it holds another set."))
     seed: Seed = Field(0, description="kind synthetic: the seed the set is generated from (0 .. 2^32-1).")
     images: Integer = Field(1500, ge=20, description="kind synthetic: Karpathy-split images (train/val/test).")
     test_split_images: Integer | None = Field(None, ge=1, description=(

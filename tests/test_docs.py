@@ -271,3 +271,14 @@ def test_no_interval_breaks_across_lines(site):
             assert not re.search(r"\[[-+]?\d[\d.,]*%?, [-+]?\d[\d.,]*%?\]", bare), f"{page.name}: {cell[:200]}"
             cells += cell.count("a2-interval")
     assert cells >= 10, "the results tables hold intervals"
+
+
+def test_the_generated_reference_pages_in_the_repository_are_current():
+    """The study-file, config and CLI reference pages hold their generated Markdown in the repository (so they read
+    on GitHub, where the README links to them), and it is what the code generates now."""
+    pages = {p.name for p in a2ref.pages(REPO / "docs")}
+    assert {"cli.md", "config.md", "study-file.md"} <= pages, pages
+    stale = [str(p.relative_to(REPO)) for p in a2ref.stale_pages(REPO / "docs")]
+    assert not stale, f"{stale}: out of date; run python3 docs/_ext/a2ref.py"
+    cli = (REPO / "docs" / "reference" / "cli.md").read_text()
+    assert "| `a2 study rehearse` |" in cli and "`--estimate`" in cli  # generated rows, not a marker

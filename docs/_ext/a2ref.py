@@ -1,7 +1,9 @@
-"""Reference pages generated at build time from the code that holds the facts.
+"""Reference pages generated from the code that holds the facts, kept in the repository so that they read on GitHub.
 
-A page holds a marker line `<!-- a2ref: NAME -->`; when Sphinx reads the page the marker is replaced by the
-Markdown that `GENERATORS[NAME]()` returns:
+A page holds a generated region: a line `<!-- a2ref: NAME -->`, the Markdown that `GENERATORS[NAME]()` returns, and a
+line `<!-- /a2ref -->`. `python3 docs/_ext/a2ref.py` writes every region anew (run it after changing a schema field
+or a CLI option); `tests/test_docs.py` fails while a page's region differs from what the code generates, and the
+Sphinx build regenerates the regions as it reads the pages, so the site is never stale either. The generators:
 - `config`: the `data` / `model` / `train` sections of `a2core.config.Config` (what `a2 train` takes);
 - `study-file`: the other top-level keys of `launch.spec.StudySpec`, walked into every nested section;
 - `cli`: every subcommand and option of the `a2` parser (`launch.cli.build_parser`).
@@ -15,15 +17,19 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any, Iterator
 
 import annotated_types
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-MARKER = re.compile(r"^<!--\s*a2ref:\s*(?P<name>[a-z-]+)\s*-->\s*$", re.M)
+# a generated region: its opening marker, the generated Markdown, the closing marker
+REGION = re.compile(r"^<!--\s*a2ref:\s*(?P<name>[a-z-]+)\s*-->\n(?P<body>.*?)^<!--\s*/a2ref\s*-->$", re.M | re.S)
+END = "<!-- /a2ref -->"
 
 
 # -- pydantic models -------------------------------------------------------------------------------------------
@@ -334,14 +340,29 @@ GENERATORS = {"config": config_md, "study-file": study_file_md, "cli": cli_md}
 
 
 # -- Sphinx -------------------------------------------------------------------------------------------------------
-def _source_read(app, docname: str, source: list[str]) -> None:
+def regenerate(text: str, where: str = "page") -> str:
+    """`text` with every generated region holding what its generator returns now."""
     def generate(match: re.Match) -> str:
         name = match.group("name")
         if name not in GENERATORS:
-            raise ValueError(f"{docname}: unknown generated section {name!r}; known: {', '.join(GENERATORS)}")
-        return GENERATORS[name]()
+            raise ValueError(f"{where}: unknown generated section {name!r}; known: {', '.join(GENERATORS)}")
+        return f"<!-- a2ref: {name} -->\n{GENERATORS[name]().rstrip()}\n{END}"
 
-    source[0] = MARKER.sub(generate, source[0])
+    return REGION.sub(generate, text)
+
+
+def pages(docs: Path) -> list[Path]:
+    """The pages of `docs` that hold a generated region."""
+    return [p for p in sorted(docs.rglob("*.md")) if REGION.search(p.read_text(encoding="utf-8"))]
+
+
+def stale_pages(docs: Path) -> list[Path]:
+    """The pages whose generated regions differ from what the code generates now."""
+    return [p for p in pages(docs) if regenerate(p.read_text(encoding="utf-8"), str(p)) != p.read_text(encoding="utf-8")]
+
+
+def _source_read(app, docname: str, source: list[str]) -> None:
+    source[0] = regenerate(source[0], docname)
 
 
 def _check_descriptions(app) -> None:
@@ -358,3 +379,15 @@ def setup(app) -> dict:
     app.connect("builder-inited", _check_descriptions)
     app.connect("source-read", _source_read)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":  # python3 docs/_ext/a2ref.py [--check]: write (or only check) the generated regions
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    docs_dir = Path(__file__).resolve().parents[1]
+    stale = stale_pages(docs_dir)
+    if "--check" in sys.argv[1:]:
+        print("\n".join(f"stale: {p}" for p in stale) or "every generated region is current")
+        sys.exit(1 if stale else 0)
+    for page in stale:
+        page.write_text(regenerate(page.read_text(encoding="utf-8"), str(page)), encoding="utf-8")
+        print(f"wrote {page}")
