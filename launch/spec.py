@@ -182,8 +182,10 @@ class Asha(Section):
 class Scheduler(Section):
     """Exactly one of these, by name: `{asha: {grace_period: 2}}`, `{fifo: {}}`; `asha: null` takes its defaults."""
 
-    asha: Asha = Field(None, description="Replicate-group ASHA: early stopping that judges groups of seeds.")
-    fifo: Section = Field(None, description="No early stopping (no options: `{fifo: {}}`).")
+    asha: Asha = Field(None, description="Replicate-group ASHA: early stopping that judges groups of seeds.",
+                       json_schema_extra={"a2_default": "one of `asha`, `fifo`"})
+    fifo: Section = Field(None, description="No early stopping (no options: `{fifo: {}}`).",
+                          json_schema_extra={"a2_default": "one of `asha`, `fifo`"})
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Scheduler:
@@ -220,7 +222,8 @@ class Search(Section):
         "First suggestions of every grid cell, e.g. `[{lambda: 0.035}]` (default: the paper's values)."))
     replicates: Annotated[list[Annotated[Integer, Field(ge=0)]], BeforeValidator(_seeds),
                           AfterValidator(lambda seeds: _listed_once(seeds, "seed "))] | None = Field(
-        None, description="N (seeds 0 .. N-1) or a list of seeds: every configuration runs once per seed.")
+        None, description="N (seeds 0 .. N-1) or a list of seeds: every configuration runs once per seed.",
+        json_schema_extra={"a2_type": "integer, or list of integer, or null"})
     scheduler: Scheduler = Field(default_factory=lambda: Scheduler(fifo={}), description=(
         "Early stopping: exactly one of `asha` or `fifo` (default: fifo, none)."))
     purpose: Literal["compare", "explore"] = Field(

@@ -173,9 +173,13 @@ def _table(rows: list[tuple[str, Any]]) -> list[str]:
     lines = ["| key | type | default | range | description |", "|---|---|---|---|---|"]
     for key, field in rows:
         sub = _field_model(field)
+        # a field whose validator widens what it takes (an integer for a list, ...) or whose model asks for one of
+        # its keys says so itself: `json_schema_extra={"a2_type": ..., "a2_default": ...}`
+        said = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         kind = type_name(field.annotation) if sub is None or _is_model(_nullable(field.annotation)[0]) else \
             "mapping of sections"
-        lines.append(f"| `{key}` | {kind} | {_default(field)} | {', '.join(_constraints(field)) or ''} | "
+        kind, default = said.get("a2_type", kind), said.get("a2_default", _default(field))
+        lines.append(f"| `{key}` | {kind} | {default} | {', '.join(_constraints(field)) or ''} | "
                      f"{_one_line(field.description)} |")
     return lines
 
