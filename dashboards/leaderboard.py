@@ -1,4 +1,4 @@
-"""`leaderboard.json` of a packaged study (`build_leaderboard` shows its keys; the README says what it holds), and
+"""`leaderboard.json` of a packaged study (`build_leaderboard` shows its keys; docs/how-to/package.md says what it holds), and
 the ensemble as an MLflow model."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`a2 report NAME`: plots and one HTML page from a study's record (`launch.record` hands it over as a `Study`),
-logged to the study's MLflow parent run under `report/` when it has one (the README lists its sections). Table scores
+logged to the study's MLflow parent run under `report/` when it has one (`build_report` lists its sections). Table scores
 are taken at a run's best epoch (the epoch of its highest val CIDEr), other metrics are final values; all x100, as
 reported.
 """

@@ -1,7 +1,7 @@
 """One writer per study: `<storage>/<name>/lease.json`, created only if absent (`O_CREAT | O_EXCL` on disk, a
 conditional PUT, `put_object(IfNoneMatch="*")`, on S3), naming its holder, its heartbeat renewed by a thread.
 A stale lease (no heartbeat for `stale_after` s) is taken over with `force=True`, one whose process is gone from
-this host without it, both loudly; a live one never (README, "What it survives")."""
+this host without it, both loudly; a live one never (docs/explanation/faults.md)."""
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,5 @@
 """`a2 package NAME`: a study's best configuration -> its seed checkpoints -> averaging ensemble -> COCO server
-`results.zip`, `leaderboard.json`, uploads and an MLflow model version (README, "Packaging for the COCO server").
+`results.zip`, `leaderboard.json`, uploads and an MLflow model version (docs/how-to/package.md).
 
 `package` is a recipe of named steps: `ensemble_members` (missing seeds trained by `train_missing`),
 `decoding_data`, `decode_all`, `write_submission`, `deliver`, `upload_all` and `write_manifest`.

@@ -1,5 +1,5 @@
 """`a2 pipeline`: the main job on one machine or cluster: the study (reused when it finished before with the same
-spec, resumed when interrupted), its report, packaging, and the study's conclusions (README, "Packaging")."""
+spec, resumed when interrupted), its report, packaging, and the study's conclusions (docs/tutorial.md, "The main job")."""
 from __future__ import annotations
 
 import argparse

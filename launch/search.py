@@ -1,7 +1,7 @@
 """The search of a study: `GridCrossedSearcher`, one Optuna study per grid cell (Ray's `OptunaSearch` cannot hold grid
 keys, and one TPE model over all cells would spend samples unevenly), each configuration handed out once per
-replicate seed, and `ReplicateASHA`, early stopping of replicate groups. The README ("Studies": Search, Replicates,
-Early stopping) has the rules.
+replicate seed, and `ReplicateASHA`, early stopping of replicate groups. docs/explanation/studies.md has the rules
+(search, replicates) and docs/explanation/statistics.md the early stopping.
 """
 from __future__ import annotations
 
@@ -284,7 +284,7 @@ def scheduler_rungs(spec: StudySpec) -> list[int]:
 
 
 class ReplicateASHA(FIFOScheduler):
-    """ASHA over replicate groups (README, "Early stopping"): rungs at grace_period * reduction_factor**i < max_t;
+    """ASHA over replicate groups (docs/explanation/statistics.md, early stopping): rungs at grace_period * reduction_factor**i < max_t;
     a trial's value at a rung is its metric at its first result with `epoch` >= the rung (epochs, unlike
     `training_iteration`, stay monotonic across restores).
 

@@ -1,4 +1,4 @@
-"""Study files (README "Studies"): an a2core config's data / model / train sections plus the study's own, whose
+"""Study files (docs/reference/study-file.md): an a2core config's data / model / train sections plus the study's own, whose
 schema is below. `load_study` checks everything before Ray starts (this module never imports ray), including what no
 schema field can say alone (`StudySpec._check`), and raises `ConfigError`s naming the dotted key and the file.
 """

@@ -1,5 +1,5 @@
 """Run a study on the Ray cluster this script runs in, as `a2 study run` does: the entry point of `ray submit` and
-`ray job submit` (README, "Cluster"). `ray submit` passes arguments unquoted (no spaces in overrides); a job runs in
+`ray job submit` (docs/how-to/cluster.md). `ray submit` passes arguments unquoted (no spaces in overrides); a job runs in
 a copy of the working directory, so its storage and tracking URIs must be absolute or s3://. Exit 0 when every trial
 finished, 1 otherwise, 2 on an invalid spec.
 """
