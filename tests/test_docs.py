@@ -286,3 +286,22 @@ def test_the_generated_reference_pages_in_the_repository_are_current():
     # types and defaults as the loader takes them: an integer is accepted for replicates; neither scheduler is required
     assert "| `search.replicates` | integer, or list of integer, or null |" in study_file
     assert "| `search.scheduler.asha` | mapping | one of `asha`, `fifo` |" in study_file
+
+
+@pytest.mark.slow
+def test_the_api_pages_example_runs_small_and_writes_only_its_own_folder(tmp_path):
+    """The Python example of docs/reference/api.md runs as written (seconds, a tiny model) and leaves the folder it
+    runs in untouched (its checkpoints go to a temporary folder of its own)."""
+    page = (REPO / "docs" / "reference" / "api.md").read_text()
+    [code] = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path / "tmp"), "HOME": str(tmp_path / "home")}
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "cwd").mkdir()
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "cwd", env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    best_epoch, test_cider = done.stdout.split()[-2:]
+    assert best_epoch == "1" and float(test_cider) >= 0.0
+    assert list((tmp_path / "cwd").iterdir()) == []  # nothing written where it ran
+    [out] = (tmp_path / "tmp").glob("a2-api-*")
+    assert (out / "best.pt").is_file()
