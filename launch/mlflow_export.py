@@ -21,8 +21,8 @@ import time
 from a2core.errors import StorageError, TrackingError
 from a2core.selection import best_epoch
 from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
-from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE, TRIALS_DIR,
-                           TrialState, add_outage, run_status, stop_record, train_run_name)
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, ENDED_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE,
+                           TRIALS_DIR, TrialState, add_outage, end_record, run_status, stop_record, train_run_name)
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,10 @@ class Export:
         failed = unfinished = False
         for trial in trials:
             status = self._trial(tracker, trial, ended, late)
-            failed |= status == "FAILED"
-            unfinished |= status != "FINISHED"
+            # a trial that ended itself (diverged) is FAILED with its reason, but done: the study is not failed
+            done_for_a_reason = status == "FAILED" and trial.status != "ERROR"
+            failed |= status == "FAILED" and not done_for_a_reason
+            unfinished |= status != "FINISHED" and not done_for_a_reason
         if ended is not None:
             unfinished |= len(trials) < self.spec.num_trials
             status = "FAILED" if failed else "KILLED" if unfinished else "FINISHED"
@@ -83,7 +85,8 @@ class Export:
         tid = trial.trial_id
         folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, tid))
         text, stopped_text = folder.join(RESULTS_FILE).read_text(), folder.join(STOPPED_FILE).read_text()
-        seen = (text, stopped_text, trial.status, trial.retries, ended, late)
+        ended_text = folder.join(ENDED_FILE).read_text()
+        seen = (text, stopped_text, ended_text, trial.status, trial.retries, ended, late)
         if self.exported.get(tid, (None,))[0] == seen:
             return self.exported[tid][1]
         if text is None and trial.status == "PENDING":
@@ -91,7 +94,8 @@ class Export:
         results = sorted((r for r in json.loads(text or "[]") if isinstance(r, dict) and isinstance(
             r.get("epoch"), (int, float))), key=lambda r: r["epoch"])  # as `launch.trainable.ResultLog` wrote them
         stopped = stop_record(folder, stopped_text or "")
-        status = run_status(trial.status, len(results), stopped, self.spec.total_epochs, ended is not None)
+        end = end_record(folder, ended_text or "")
+        status = run_status(trial.status, len(results), stopped, self.spec.total_epochs, ended is not None, end)
         config = self.spec.trial_config(dict(trial.config))  # resolved: the replicate group is its hash
         run_id = tracker.trial_run(tid, config, running=status == "RUNNING",
                                    tags={"a2.ray_trial_name": trial.name,
@@ -106,7 +110,9 @@ class Export:
         tracker.set_tags(run_id, self._tags(trial, results, stopped))
         self._artifacts(tracker, run_id, folder.join(ARTIFACTS_DIR))
         if status != "RUNNING":
-            reason = (f"{trial.error or 'the trial failed'} (`a2 study status NAME` shows the trial)"
+            # `a2.end_reason`: `diverged` (its end record), the error, or why the study stopped
+            reason = (end["reason"] if status == "FAILED" and end is not None and trial.status != "ERROR" else
+                      f"{trial.error or 'the trial failed'} (`a2 study status NAME` shows the trial)"
                       if status == "FAILED" else ended if status == "KILLED" else None)
             tracker.end_trial(run_id, status, reason)
         self.exported[tid] = (seen, status)

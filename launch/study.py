@@ -16,7 +16,7 @@ from a2core.atomic import fresh_folder
 from a2core.errors import A2Error
 from dashboards.tracking import check_tracking_uri
 from launch import stop
-from launch.conclusions import print_conclusions
+from launch.conclusions import print_conclusions, state_text
 from launch.driver import check_tracking, resume_study, run_study
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.location import SUMMARY_FILE, json_default, load_saved_spec, locate, write_summary
@@ -180,8 +180,12 @@ def cmd_compare(args) -> int:
     from dashboards.compare import compare_table  # scipy, like launch.record: only when asked for
     from launch.record import StudyRecord
 
-    study = StudyRecord.load(locate(args.name, args.storage)).study()
+    record = StudyRecord.load(locate(args.name, args.storage))
+    study = record.study()
     print(compare_table(study, args.by, args.baseline))
+    for row in record.trials:  # trials that ended themselves: their epochs before it count, say why they stopped
+        if row.get("ended"):
+            print(f"note: trial {row['trial_id']} {state_text(row)}")
     note = study.still_running_note("comparison")
     if note:
         print(note)

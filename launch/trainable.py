@@ -26,11 +26,12 @@ from typing import Callable
 from a2core.errors import CheckpointError, StorageError
 from a2core.selection import best_epoch, rank
 from launch.raycluster import stash_credentials
-from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR,
-                           TUNE_POINTER_FILE, ResultLog, checkpoint_epochs, checkpoint_name, latest_checkpoint_history,
-                           train_run_name)
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, ENDED_FILE, RESULTS_FILE, TRAIN_SNAPSHOT,
+                           TRIALS_DIR, TUNE_POINTER_FILE, ResultLog, checkpoint_epochs, checkpoint_name, end_record,
+                           end_text, latest_checkpoint_history, train_run_name)
 
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
+DIVERGED_KEY = "a2/diverged"  # worker -> trial driver: the run diverged (`diverged_record`), instead of an epoch
 # Environment that Ray workers need to reach storage from any node of the cluster: settings and references
 # (the credentials file, its profile), never a secret's value (launch.raycluster.stash_credentials).
 PROPAGATED_ENV = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION",
@@ -187,6 +188,17 @@ class TrialRecorder:
                 isinstance(s, str) for s in samples):
             artifacts.join(f"samples/epoch_{epoch:03d}.txt").write_text("\n".join(samples) + "\n")
 
+    def ended(self) -> dict | None:
+        """The trial's end record (`launch.layout.end_record`): it ended itself before (a restarted trial that had
+        diverged ends again at once, without training)."""
+        return end_record(self.run)
+
+    def end(self, record: dict) -> None:
+        """Write the trial's end record (it diverged: `diverged_record`); the trial then returns, so that Tune ends
+        it TERMINATED and the study goes on with the others. The line reaches the driver's output."""
+        self.run.join(ENDED_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        print(f"WARNING: trial {self.trial_id} {end_text(record)}: it ends here, the study goes on", flush=True)
+
     def report_again(self, epoch: int) -> None:
         """Report the logged result of `epoch` (where a resumed trial starts) to Tune once more, before training:
         the scheduler judges the trial there, so a replicate paused at a rung whose group was then stopped stops
@@ -241,14 +253,22 @@ class LocalCheckpoints:
                 fs.delete_dir(path)
 
 
+def diverged_record(err) -> dict:
+    """The end record of a trial whose training diverged (`a2core.errors.TrainingDiverged`)."""
+    return {"reason": "diverged", "epoch": err.epoch, "step": err.step, "key": err.key, "value": str(err.value)}
+
+
 def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     """A one-worker trial: `a2core.train.train` in this Tune trial process, resuming from the newest checkpoint."""
+    from a2core.errors import TrainingDiverged
     from a2core.train import train  # torch: only in a trial's process
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
     use_temp_root(plan.temp_root())
     trial = TrialRecorder(plan, plan.resources["gpus_per_worker"])
+    if trial.ended() is not None:
+        return
     checkpoints = LocalCheckpoints(trial.run, plan.metric, plan.mode, plan.num_to_keep)
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
@@ -273,7 +293,11 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
                     trial.run.join(checkpoint_name(best_epoch), CHECKPOINT_FILE).download(best_from)
                 except (OSError, StorageError):
                     best_from = None  # not kept: the run says so when it scores the test split
-        train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from, best_from=best_from)
+        try:
+            train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from,
+                  best_from=best_from)
+        except TrainingDiverged as err:
+            trial.end(diverged_record(err))
 
 
 def best_epoch_of(checkpoint_file) -> int | None:
@@ -371,6 +395,7 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
     import ray.train
     from ray.train import Checkpoint
 
+    from a2core.errors import TrainingDiverged
     from a2core.train import train
 
     cpu_start = time.process_time()
@@ -404,7 +429,12 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
                         best_from = str(Path(stack.enter_context(best.as_directory())) / CHECKPOINT_FILE)
                     except (OSError, FileNotFoundError):
                         best_from = None  # not kept: the run says so when it scores the test split
-        train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from, best_from=best_from)
+        try:
+            train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from, best_from=best_from)
+        except TrainingDiverged as err:
+            # Every rank stops at the same step (a2core.train decides in the gradients' all-reduce) and reports this
+            # (a barrier); the trial writes the end record and the Train run ends normally, not retried.
+            ray.train.report({DIVERGED_KEY: diverged_record(err)})
 
 
 def _forwarder(queue):
@@ -436,6 +466,8 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     use_temp_root(plan.temp_root())
     res = plan.resources
     trial = TrialRecorder(plan, res["workers_per_trial"] * res["gpus_per_worker"])
+    if trial.ended() is not None:
+        return
     with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
         start_from = ray_train_start(trial.run, Path(folder))
     path, fs = plan.trials().ray_storage()
@@ -474,6 +506,9 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
         try:
             item = results.get(timeout=1.0)
         except Empty:
+            continue
+        if DIVERGED_KEY in item:
+            trial.end(item[DIVERGED_KEY])
             continue
         trial.record(item, float(item.pop(ATTEMPT_CPU_KEY, 0.0)))
     runner.join()
