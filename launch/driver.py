@@ -23,7 +23,7 @@ from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved
                              write_summary)
 from launch.layout import add_outage
 from launch.raycluster import connect
-from launch.spec import check_cluster
+from launch.spec import check_cluster, check_machine, runs_locally
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
 from launch.verify import WholeCopies, refuse_corrupt, restore_whole_copies
 
@@ -94,6 +94,8 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
     else a local Ray), and summarize it."""
     from ray.tune import Tuner  # ray: only when a study runs
 
+    if runs_locally(spec, address):  # before Ray starts and before the study's folder (its lease) exists
+        check_machine(spec)
     check_tracking(spec)
     with StudyLease(location.at(), stale_after).held(force):  # one writer per study
         path, fs = location.at().ray_storage()
