@@ -4,6 +4,7 @@ stop cleanly on a storage problem or a signal, and at the end write `summary.jso
 what happened."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -30,10 +31,50 @@ from launch.verify import WholeCopies, refuse_corrupt, restore_whole_copies
 
 # -- run / resume ------------------------------------------------------------------------------------------------
 def check_tracking(spec) -> None:
+    """The study's MLflow store answers, and a SQLite one opens and can be written (`check_sqlite_store`): run,
+    resume and sync check it before Ray starts, so a damaged or locked store is one line, not MLflow's traceback."""
+    uri = spec.tracking.mlflow_uri
     try:
-        check_tracking_uri(spec.tracking.mlflow_uri)
+        check_tracking_uri(uri)
     except TrackingError as err:
         raise StudyError(f"tracking.mlflow_uri: {err}") from None
+    check_sqlite_store(uri, spec.name)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a `sqlite:///relative.db` / `sqlite:////abs.db` tracking URI (None: not SQLite, or in memory)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def check_sqlite_store(uri: str, study: str, timeout: float = 5.0) -> None:
+    """A SQLite MLflow store that exists must be a database (its schema reads) that this process may write (a write
+    lock is taken and given back within `timeout` s): TrackingError naming the file and the cause otherwise. A store
+    not there yet is fine (MLflow creates it)."""
+    import sqlite3
+
+    path = sqlite_path(uri)
+    if path is None or not path.exists():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=timeout)) as db:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a file that is no database fails here
+            db.execute("BEGIN IMMEDIATE")  # the write lock MLflow needs; waits `timeout` s for another writer
+            db.rollback()
+    except sqlite3.Error as err:
+        cause = str(err)
+        if "locked" in cause or "busy" in cause:
+            advice = (f"another process holds it (`fuser {path}` names it); wait for it to end, or point "
+                      f"tracking.mlflow_uri elsewhere")
+        elif "readonly" in cause or "read-only" in cause or "unable to open" in cause:
+            advice = "the file or its folder cannot be written"
+        else:
+            advice = (f"the MLflow store is damaged: move it aside, and `a2 mlflow sync {study}` writes the study's "
+                      f"runs again from its record")
+        raise TrackingError(f"tracking.mlflow_uri: {path}: {cause} after {timeout:.0f} s; {advice}"
+                            if "locked" in cause else f"tracking.mlflow_uri: {path}: {cause}; {advice}") from None
 
 
 def run_study(spec, **options) -> dict:
