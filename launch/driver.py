@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import sys
 import tempfile
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from a2core.config import flatten
 from a2core.errors import StorageError, StudyError, TrackingError
 from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import stop
@@ -27,6 +29,10 @@ from launch.raycluster import connect
 from launch.spec import check_cluster, check_machine, runs_locally
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
 from launch.verify import WholeCopies, refuse_corrupt, restore_whole_copies
+
+# The study file as `run` first wrote it, beside `study.yaml`: `resume` refuses a study.yaml edited since
+# (`refuse_changed_spec`), because Tune resumes the experiment it started and would never apply the edit.
+STARTED_SPEC_FILE = "study.started.yaml"
 
 
 # -- run / resume ------------------------------------------------------------------------------------------------
@@ -99,7 +105,53 @@ def resume_study(location: StudyLocation, *, restore_state: bool = False, **opti
     refuse_corrupt(location.at(), "resume")
     spec = spec or load_saved_spec(location)
     refuse_relocated(spec, location)
+    refuse_changed_spec(spec, location)
+    done = finished_already(spec, location)
+    if done is not None:  # nothing to run: no lease, no summary, no compute totals logged again
+        return done
     return _drive(spec, location, new=False, **options)
+
+
+def refuse_changed_spec(spec, location: StudyLocation) -> None:
+    """StudyError (before Ray, nothing written) when the study's `study.yaml` differs from the spec the study was
+    started with (`STARTED_SPEC_FILE`), naming the first key that differs, in the file's order. Both are compared in
+    their resolved form (`saved_form`), so only a change of what the study runs counts. A study started before the
+    copy was kept has none: not checked."""
+    text = location.read_text(STARTED_SPEC_FILE)
+    if text is None:
+        return
+    try:
+        started = flatten(yaml.safe_load(text) or {})
+    except yaml.YAMLError as err:
+        raise StudyError(f"{location.uri(STARTED_SPEC_FILE)}: not YAML ({str(err).splitlines()[0]}); restore it from "
+                         f"a copy") from None
+    now = flatten(yaml.safe_load(yaml.safe_dump(saved_form(spec), sort_keys=False)))
+    missing = object()
+    for key in [*started, *(k for k in now if k not in started)]:
+        before, after = started.get(key, missing), now.get(key, missing)
+        if before != after:
+            shown = lambda v: "absent" if v is missing else json.dumps(v)  # noqa: E731
+            raise StudyError(
+                f"study {spec.name}: {location.uri(STUDY_FILE)} differs from the spec it was started with at "
+                f"`{key}` ({shown(after)} now, {shown(before)} at the start): Tune resumes the trials it started "
+                f"with, so the change would never apply; put {STUDY_FILE} back as it was "
+                f"({location.uri(STARTED_SPEC_FILE)} holds it), or run the changed study under another name")
+
+
+def finished_already(spec, location: StudyLocation) -> dict | None:
+    """The summary of a study all of whose planned trials have finished (`resume` then says so in one line and
+    writes nothing), else None."""
+    from launch.record import StudyRecord  # ray.tune and scipy: only for a resume
+
+    summary = StudyRecord.load(location, spec).summary()
+    if not summary["complete"]:
+        return None
+    saved = json.loads(location.read_text(SUMMARY_FILE) or "null")
+    pending = isinstance(saved, dict) and (saved.get("tracking") or {}).get("pending")
+    print(f"study {spec.name}: all {spec.num_trials} planned trials finished already; nothing to resume "
+          f"(`a2 study status {spec.name}` shows them" + (f"; MLflow missed part of it: `a2 mlflow sync {spec.name}` "
+                                                          f"exports it)" if pending else ")"), flush=True)
+    return {**summary, "already_finished": True}
 
 
 def refuse_relocated(spec, location: StudyLocation) -> None:
@@ -152,7 +204,9 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
             check_feature_copies(spec.base["data"]["features"])
         if new:
-            location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
+            text = yaml.safe_dump(saved_form(spec), sort_keys=False)
+            location.write_text(text, STARTED_SPEC_FILE)  # first: a study.yaml is never there without it
+            location.write_text(text, STUDY_FILE)
         remember(location)
         temp = plan_from_spec(spec)
         remove_temp_root(temp)  # what trials of a killed driver left on this node
@@ -340,7 +394,16 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     _log_compute_totals(spec, summary["compute"])
     print_conclusions(spec, summary, rows if verbose else [])
     print(f"summary: {location.uri(SUMMARY_FILE)}", flush=True)
+    if not summary["complete"] and stop.received() is None:  # a signal's stop says so itself (`fit_and_finish`)
+        print(incomplete_line(spec, summary), flush=True)
     return summary
+
+
+def incomplete_line(spec, summary: dict) -> str:
+    """`study NAME: 1 of 4 planned trials finished, 3 missing; ...`: a study that ended short of its plan."""
+    done, planned = summary["trials_finished"], spec.num_trials
+    return (f"study {spec.name}: {done} of {planned} planned trials finished, {planned - done} missing; "
+            f"`a2 study resume {spec.name}` runs them")
 
 
 def _log_compute_totals(spec, totals: dict) -> None:

@@ -132,7 +132,8 @@ def exit_code(summary: dict) -> int:
     if summary.get("interrupted"):
         return stop.exit_status(summary["interrupted"])  # 130 (SIGINT), 143 (SIGTERM)
     states = [t["state"] for t in summary.get("trials", [])]
-    return 0 if states and summary.get("best") is not None and all(s == "TERMINATED" for s in states) else 1
+    planned = summary.get("complete", True)  # every planned trial finished (`launch.driver.finish` says so if not)
+    return 0 if states and planned and summary.get("best") is not None and all(s == "TERMINATED" for s in states) else 1
 
 
 def cmd_sync(args) -> int:
