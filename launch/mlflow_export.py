@@ -20,7 +20,8 @@ import time
 
 from a2core.errors import StorageError, TrackingError
 from a2core.selection import best_epoch
-from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
+from dashboards.tracking import (TAG_BEST_CKPT, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID, StudyTracker, _search_all,
+                                 check_tracking_uri)
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, ENDED_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE,
                            TRIALS_DIR, TrialState, add_outage, end_record, run_status, stop_record, train_run_name)
 
@@ -30,6 +31,10 @@ def end_reason(study: str, signal_name: str | None = None) -> str:
     """Why the runs of a study that ended part way are KILLED, and how to go on."""
     how = f"interrupted by {signal_name}" if signal_name else "the study stopped"
     return f"{how}; continue with `a2 study resume {study}`"
+
+
+SUPERSEDED = ("superseded: the driver was killed before Tune saved this trial, and its configuration ran again "
+              "under another trial id; its epochs are not in the study's record")
 
 
 def _metrics(result: dict) -> dict:
@@ -47,6 +52,7 @@ class Export:
         self.exported: dict[str, tuple] = {}  # trial id -> (what its export read, the run's status)
         self.uploaded: dict[tuple[str, str], str] = {}  # (run id, artifact path) -> text uploaded
         self.late = 0  # epochs written after the server had been down
+        self.superseded: list[str] = []  # trial ids whose runs this export ended as superseded (`_end_superseded`)
 
     def open(self) -> StudyTracker:
         """The study's tracker, its parent run made or found (and RUNNING) and the study's views saved."""
@@ -73,9 +79,21 @@ class Export:
             failed |= status == "FAILED" and not done_for_a_reason
             unfinished |= status != "FINISHED" and not done_for_a_reason
         if ended is not None:
+            self._end_superseded(tracker, {t.trial_id for t in trials})
             unfinished |= len(trials) < self.spec.num_trials
             status = "FAILED" if failed else "KILLED" if unfinished else "FINISHED"
             tracker.end_study(status, None if status == "FINISHED" else "a trial failed" if failed else ended)
+
+    def _end_superseded(self, tracker: StudyTracker, known: set[str]) -> None:
+        """End KILLED, tagged `a2.end_reason=superseded: ...`, the study's trial runs still RUNNING whose trial Tune
+        no longer knows: a driver killed before Tune saved its experiment state ran their configurations again under
+        new trial ids, and nothing will ever end the old runs (the study's end and `a2 mlflow sync` call this)."""
+        for run in _search_all(tracker.client, [tracker.experiment_id],
+                               f"tags.`{TAG_PARENT}` = '{tracker.parent_run_id}' and tags.`{TAG_ROLE}` = 'trial'"):
+            tid = run.data.tags.get(TAG_TRIAL_ID)
+            if tid not in known and run.info.status in ("RUNNING", "SCHEDULED"):
+                tracker.end_trial(run.info.run_id, "KILLED", SUPERSEDED)
+                self.superseded.append(tid)
 
     def _trial(self, tracker: StudyTracker, trial: TrialState, ended: str | None, late: bool) -> str | None:
         """Export one trial; returns the status its run has now (None: not started, no run)."""

@@ -152,7 +152,9 @@ def cmd_sync(args) -> int:
         summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
         if isinstance(summary, dict):
             write_summary(location, {**summary, "tracking": outage})
-    print(f"study {spec.name}: exported to MLflow; " + (outage_line(outage) or "nothing was missing"))
+    superseded = (f"; {len(export.superseded)} run(s) left RUNNING by trials a killed driver lost ended KILLED "
+                  f"(superseded)" if export.superseded else "")
+    print(f"study {spec.name}: exported to MLflow; " + (outage_line(outage) or "nothing was missing") + superseded)
     return 0
 
 
