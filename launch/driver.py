@@ -28,7 +28,7 @@ from launch.layout import add_outage
 from launch.raycluster import connect
 from launch.spec import check_cluster, check_machine, runs_locally
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
-from launch.verify import WholeCopies, refuse_corrupt, restore_whole_copies
+from launch.verify import WholeCopies, put_back_tune_pointers, refuse_corrupt, restore_whole_copies
 
 # The study file as `run` first wrote it, beside `study.yaml`: `resume` refuses a study.yaml edited since
 # (`refuse_changed_spec`), because Tune resumes the experiment it started and would never apply the edit.
@@ -199,6 +199,9 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         if not new and not started:
             raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
                              f"(it was stopped before its first trial started); run it again")
+        if not new:  # the study's one writer now: Tune's pointers a killed driver deleted too early, put back
+            for line in put_back_tune_pointers(location.at()):
+                print(f"a2 study: {line}", flush=True)
         cluster = connect(address, runtime_env_vars=propagated_env())
         check_cluster(spec, cluster)  # a trial asking more than the whole cluster has: refused (ConfigError, exit 2)
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
@@ -327,9 +330,12 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
         storage_path=storage_path,
         storage_filesystem=fs,
         failure_config=tune.FailureConfig(max_failures=int(spec.resources.max_failures)),
-        # Trials' Tune checkpoints point at their Train checkpoints (launch.trainable); keeping one also makes Tune
-        # save the experiment state with every checkpoint, so `resume` loses as little as possible.
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+        # Trials' Tune checkpoints point at their Train checkpoints (launch.trainable): one small file an epoch,
+        # all kept. Keeping only the newest, Tune deletes the one before right after saving it, and a driver killed
+        # before Tune's next snapshot of the experiment leaves a state naming a deleted checkpoint, which no resume
+        # restores (`launch.verify.put_back_tune_pointers` repairs such a study). Trials resume from their own
+        # newest checkpoint and schedulers count epochs, so a snapshot older than the newest pointer loses nothing.
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
         # result.json is what `status` and `summary` read
         callbacks=[JsonLoggerCallback(), CSVLoggerCallback(), tracking],
         progress_reporter=_reporter(spec, stopped_early_of, tracking.outage_text),

@@ -285,19 +285,31 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
         best_from = None
         if epoch is not None:
             trial.report_again(epoch)
-            best_epoch = best_epoch_of(resume_from)
-            if best_epoch not in (None, epoch):  # the selected checkpoint is an earlier one: a copy for the test split
-                best_from = work / "best_epoch" / CHECKPOINT_FILE
-                best_from.parent.mkdir()
-                try:
-                    trial.run.join(checkpoint_name(best_epoch), CHECKPOINT_FILE).download(best_from)
-                except (OSError, StorageError):
-                    best_from = None  # not kept: the run says so when it scores the test split
+            best_from = best_copy(trial.run, resume_from, epoch, work)
         try:
             train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from,
                   best_from=best_from)
         except TrainingDiverged as err:
             trial.end(diverged_record(err))
+
+
+def best_copy(run, resume_from: Path, epoch: int, work: Path) -> Path | None:
+    """The checkpoint a trial resumed at `epoch` from `resume_from` scores the test split from (a2core's
+    `best_from`): `resume_from` itself when that epoch is the best so far (its new output folder has no best.pt
+    until a later epoch beats it), else a copy of the best epoch's from the run folder `run` (None: not kept, the run
+    says so when it scores the test split)."""
+    best = best_epoch_of(resume_from)
+    if best is None:
+        return None
+    if best == epoch:
+        return resume_from
+    target = work / "best_epoch" / CHECKPOINT_FILE
+    target.parent.mkdir(exist_ok=True)
+    try:
+        run.join(checkpoint_name(best), CHECKPOINT_FILE).download(target)
+    except (OSError, StorageError):
+        return None
+    return target
 
 
 def best_epoch_of(checkpoint_file) -> int | None:
@@ -421,7 +433,9 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
             if (local / CHECKPOINT_FILE).is_file():
                 resume_from = str(local / CHECKPOINT_FILE)
                 best_epoch = best_epoch_of(resume_from)
-                if best_epoch is not None and checkpoint_name(best_epoch) != Path(checkpoint.path).name:
+                if best_epoch is not None and checkpoint_name(best_epoch) == Path(checkpoint.path).name:
+                    best_from = resume_from  # resumed at its best epoch: scored on the test split from it
+                elif best_epoch is not None:
                     # the selected checkpoint is an earlier sibling in the run folder (kept: the best two are)
                     best = Checkpoint(str(Path(checkpoint.path).parent / checkpoint_name(best_epoch)),
                                       filesystem=checkpoint.filesystem)

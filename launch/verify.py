@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickletools
+import re
 import sys
 import tempfile
 import threading
@@ -21,8 +22,8 @@ from pathlib import Path
 import yaml
 
 from a2core.errors import CheckpointError, StudyError
-from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, checkpoint_epochs,
-                           checkpoint_name)
+from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, TUNE_POINTER_FILE,
+                           checkpoint_epochs, checkpoint_name)
 
 # Tune's files at the study's root (experiment state, searcher, callbacks, the Tuner) and how each is read
 # (search_gen_state-*.json is a pickle, despite its name).
@@ -184,6 +185,71 @@ class WholeCopies:
         self._stop.set()
         self._thread.join()
         self._save_quietly()
+
+
+# -- Tune's pointer checkpoints ------------------------------------------------------------------------------------
+_TUNE_CHECKPOINT = re.compile(r"/checkpoint_\d{6}$")  # the storage path of a trial's Tune checkpoint folder
+
+
+def tune_checkpoint_paths(text: str) -> set[str]:
+    """The storage paths of the trial checkpoints (`checkpoint_NNNNNN`) an experiment state's text names. Tune keeps
+    each trial's checkpoint record as a cloudpickle in hex (`CLOUDPICKLE_FALLBACK`, `ray.tune.utils.serialization`)
+    inside JSON inside JSON: the paths are read from its opcodes' string arguments, nothing in it is run. This is
+    the one place that reads that internal (checked against the pinned Ray by tests/test_checkpoint_windows.py)."""
+    found: set[str] = set()
+
+    def walk(value) -> None:
+        if isinstance(value, str):
+            if value[:1] in "{[":
+                try:
+                    walk(json.loads(value))
+                except ValueError:
+                    pass
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            if value.get("_type") == "CLOUDPICKLE_FALLBACK" and isinstance(value.get("value"), str):
+                try:
+                    ops = list(pickletools.genops(bytes.fromhex(value["value"])))
+                except ValueError:
+                    return
+                found.update(arg for _, arg, _ in ops if isinstance(arg, str) and _TUNE_CHECKPOINT.search(arg))
+                return
+            for item in value.values():
+                walk(item)
+
+    try:
+        walk(json.loads(text or "{}"))
+    except ValueError:
+        pass  # an unreadable state is `refuse_corrupt`'s
+    return found
+
+
+def put_back_tune_pointers(study) -> list[str]:
+    """Put back, as an empty pointer, each trial checkpoint folder that the study's Tune experiment state names and
+    the storage no longer has; returns a line for each. A driver killed after Tune saved a trial's newer checkpoint
+    and deleted the one its last saved state names left the trial unrestorable ("Could not recover from checkpoint
+    as it does not exist on storage anymore"), though a2's own checkpoints are all there: a trial resumes from the
+    newest readable one of its run folder (`launch.trainable`), never from Tune's pointer, so an empty one serves."""
+    import pyarrow.fs as pafs  # pyarrow: only for a resume
+
+    _, fs = study.ray_storage()
+    fs = fs or pafs.LocalFileSystem()
+    lines = []
+    for name in study.listdir():
+        if not (name.startswith("experiment_state-") and name.endswith(".json")):
+            continue
+        for path in sorted(tune_checkpoint_paths(study.join(name).read_text())):
+            if fs.get_file_info(path).type != pafs.FileType.NotFound:
+                continue
+            fs.create_dir(path, recursive=True)
+            with fs.open_output_stream(f"{path}/{TUNE_POINTER_FILE}") as out:
+                out.write(json.dumps({"train_checkpoint": None, "put_back": True}).encode())
+            lines.append(f"Tune's record names {path}, which is gone (a driver killed between saving a checkpoint "
+                         f"and deleting the one before): put back as a pointer; the trial resumes from its own "
+                         f"newest readable checkpoint")
+    return lines
 
 
 def checkpoint_problem(location, model: dict | None = None, searched: tuple = ()) -> str | None:
