@@ -65,7 +65,8 @@ def check_sqlite_store(uri: str, study: str, timeout: float = 5.0) -> None:
     if path is None or not path.exists():
         return
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=timeout)) as db:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True,
+                                                timeout=timeout)) as db:
             db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a file that is no database fails here
             db.execute("BEGIN IMMEDIATE")  # the write lock MLflow needs; waits `timeout` s for another writer
             db.rollback()
@@ -139,18 +140,23 @@ def refuse_changed_spec(spec, location: StudyLocation) -> None:
 
 
 def finished_already(spec, location: StudyLocation) -> dict | None:
-    """The summary of a study all of whose planned trials have finished (`resume` then says so in one line and
-    writes nothing), else None."""
+    """The summary of a study all of whose planned trials have finished and whose end was recorded (`summary.json`
+    complete, nothing pending for MLflow): `resume` then says so in one line and writes nothing. None otherwise,
+    also when the trials finished but a driver killed at the end did not write the summary or the export: the
+    resume does that."""
     from launch.record import StudyRecord  # ray.tune and scipy: only for a resume
 
+    try:
+        saved = json.loads(location.read_text(SUMMARY_FILE) or "null")
+    except ValueError:
+        return None
+    if not (isinstance(saved, dict) and saved.get("complete") and not (saved.get("tracking") or {}).get("pending")):
+        return None
     summary = StudyRecord.load(location, spec).summary()
     if not summary["complete"]:
         return None
-    saved = json.loads(location.read_text(SUMMARY_FILE) or "null")
-    pending = isinstance(saved, dict) and (saved.get("tracking") or {}).get("pending")
     print(f"study {spec.name}: all {spec.num_trials} planned trials finished already; nothing to resume "
-          f"(`a2 study status {spec.name}` shows them" + (f"; MLflow missed part of it: `a2 mlflow sync {spec.name}` "
-                                                          f"exports it)" if pending else ")"), flush=True)
+          f"(`a2 study status {spec.name}` shows them)", flush=True)
     return {**summary, "already_finished": True}
 
 

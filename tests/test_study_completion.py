@@ -56,6 +56,8 @@ def test_resume_of_a_finished_study_says_so_and_writes_nothing(tmp_path, monkeyp
     fab = _fab(tmp_path, trials=4)
     fab.patch_tune(monkeypatch)
     fab.export()  # its MLflow runs, as the study's end left them
+    finish(fab.spec, fab.location)  # its summary.json, complete
+    capsys.readouterr()
     before = {**_files(fab.spec.storage), **_files(tmp_path / "mlflow.db")}
     for _ in range(2):
         assert main(["study", "resume", "done", "--storage", str(fab.spec.storage)]) == 0
@@ -64,6 +66,21 @@ def test_resume_of_a_finished_study_says_so_and_writes_nothing(tmp_path, monkeyp
             "them)"]
     assert {**_files(fab.spec.storage), **_files(tmp_path / "mlflow.db")} == before  # no lease, summary, metric
     assert not ray.is_initialized()
+
+
+def test_resume_of_finished_trials_whose_end_was_not_recorded_goes_on(tmp_path, monkeypatch):
+    """Every trial finished but the driver was killed before `summary.json`: no shortcut, the resume records the
+    end (here it stops at the lease, taken by another live writer, before Ray: what matters is that it got there)."""
+    from a2core.errors import StudyError
+    from launch.driver import finished_already, resume_study
+    from launch.lease import StudyLease
+
+    fab = _fab(tmp_path, trials=4)
+    fab.patch_tune(monkeypatch)
+    assert finished_already(fab.spec, fab.location) is None
+    with StudyLease(fab.location.at()).held():
+        with pytest.raises(StudyError, match="is being written by"):
+            resume_study(fab.location)
 
 
 def test_resume_refuses_a_study_yaml_edited_since_the_start(tmp_path, monkeypatch, capsys):
