@@ -39,10 +39,10 @@ def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
     return [sorted(g, key=seed_order) for g in groups.values()]
 
 
-def _best(groups: list[list[RunSummary]]) -> list[RunSummary]:
-    """The group with the best mean (`dashboards.stats.best_group`); a group counts as stopped early when any of
-    its replicates was."""
-    return best_group(groups, lambda group: [r.best_cider for r in group], "max",
+def _best(groups: list[list[RunSummary]], mode: str) -> list[RunSummary]:
+    """The group with the best mean of its runs' best values in the study's mode (`dashboards.stats.best_group`, the
+    rule the record's best group follows; a group counts as stopped early when any of its replicates was)."""
+    return best_group(groups, lambda group: [r.best_value for r in group], mode,
                       lambda group: any(is_stopped_early(r.tags) for r in group))
 
 
@@ -68,19 +68,19 @@ def study_comparison(study: Study, by: str = "fusion",
                      baseline: str | None = None) -> tuple[Comparison, dict[str, str], int]:
     """(the comparison, each row's config text, number of runs with val CIDEr). `baseline`: the value of `by`
     whose row the others are compared with, else the best fusion none configuration."""
-    runs = [r for r in study.runs if r.best_cider is not None]
+    runs = [r for r in study.runs if r.best_value is not None]
     buckets: dict[str, list[RunSummary]] = {}
     for r in runs:
         value = group_value(r, by)
         if value is not None:
             buckets.setdefault(str(value), []).append(r)
-    labelled = {value: _best(configurations(buckets[value])) for value in sorted(buckets, key=sort_key)}
+    labelled = {value: _best(configurations(buckets[value]), study.mode) for value in sorted(buckets, key=sort_key)}
     if baseline is not None and baseline not in labelled:
         raise StudyError(f"--baseline {baseline}: no run of study {study.name} with val/CIDEr has {by}={baseline} "
                          f"(it has {', '.join(labelled) or 'none'})")
     base_runs = [r for r in runs if r.fusion == BASELINE]
     if baseline is None and base_runs:
-        base = _best(configurations(base_runs))
+        base = _best(configurations(base_runs), study.mode)
         ids = {r.trial_id for r in base}
         baseline = next((value for value, group in labelled.items() if {r.trial_id for r in group} == ids), None)
         if baseline is None:  # rows of another key (--by lambda): the baseline is a reference row
@@ -134,7 +134,8 @@ def compare_table(study: Study, by: str = "fusion", baseline: str | None = None)
                       *(intervals[m].text() if m in intervals else "-" for _, m in columns),
                       str(len(arm.seeds)), diff.interval_text() if diff else "-", configs[arm.label]])
     return "\n".join([
-        f"study {study_name}: {n_runs} runs with {CIDER}; per {by} the best configuration by mean best val CIDEr "
+        f"study {study_name}: {n_runs} runs with {study.metric}; per {by} the best configuration by mean best "
+        f"{'val CIDEr' if study.metric == CIDER else study.metric} "
         f"over its seeds (early-stopped ones only when nothing else ran); mean [95% CI] over seeds; "
         + ("every column but the selection column (val) is on the test split, differences and verdicts too (each "
            "run's selected checkpoint decoded with beam search when it ended)" if split == "test" else

@@ -19,7 +19,7 @@ from typing import Any
 from a2core.selection import finite
 from dashboards.compare import shown_metrics, split_columns, study_comparison
 from dashboards.runs import CIDER, FUSION_LABEL, TEST_CIDER, RunSummary, Study, searched_keys, sort_key
-from dashboards.stats import MIN_SEEDS, best_candidates, is_stopped_early, seed_interval, stopped_early_text
+from dashboards.stats import MIN_SEEDS, is_stopped_early, seed_interval, stopped_early_text
 from dashboards.tracking import TAG_END_REASON, study_runs
 
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
@@ -123,13 +123,13 @@ def runs_table_html(runs: list[RunSummary], keys: list[str]) -> str:
     if not runs:
         return _missing("The study has no trial runs yet.")
     rows = []
-    for r in sorted(runs, key=lambda r: -math.inf if r.best_cider is None else -r.best_cider):
+    for r in sorted(runs, key=lambda r: -math.inf if r.score(CIDER) is None else -r.score(CIDER)):
         state = stopped_early_text(r.tags) if is_stopped_early(r.tags) else r.status
         if r.tags.get(TAG_END_REASON) == "diverged":  # why a trial ended itself (its record's end reason)
             state += f" ({r.tags[TAG_END_REASON]})"
         test = r.score(TEST_CIDER)
         cells = [_td(state, "l"), _td(r.seed or ""), *(_td(r.params.get(k, "")) for k in keys),
-                 _td("–" if r.best_cider is None else f"{r.best_cider:.1f}"),
+                 _td("–" if r.score(CIDER) is None else f"{r.score(CIDER):.1f}"),
                  _td("" if r.best_step is None else r.best_step), _td("–" if test is None else f"{test:.1f}")]
         rows.append((r.name, cells))
     return (_html_table(["run", "status", "seed", *keys, "best val CIDEr (selection)", "best epoch", "test CIDEr"],
@@ -152,11 +152,11 @@ def lambda_series(runs: list[RunSummary]):
     CIDEr, and the baseline's (fusion none) Interval or None."""
     by_lam: dict[float, list[RunSummary]] = {}
     for r in runs:
-        if r.lam is not None and r.lam > 0 and r.best_cider is not None:
+        if r.lam is not None and r.lam > 0 and r.score(CIDER) is not None:
             by_lam.setdefault(r.lam, []).append(r)
     by_lam = dict(sorted(by_lam.items()))
-    base = [r.best_cider for r in runs if r.fusion == "none" and r.best_cider is not None]
-    points = {lam: seed_interval([r.best_cider for r in group]) for lam, group in by_lam.items()}
+    base = [r.score(CIDER) for r in runs if r.fusion == "none" and r.score(CIDER) is not None]
+    points = {lam: seed_interval([r.score(CIDER) for r in group]) for lam, group in by_lam.items()}
     return by_lam, points, seed_interval(base) if base else None
 
 
@@ -172,7 +172,7 @@ def plot_lambda(runs: list[RunSummary]):
            [0 if iv.high is None else iv.high - iv.mean for iv in cider]]
     lam_runs = [r for x in lams for r in by_lam[x]]
     fig, ax = _axes()
-    ax.scatter([r.lam for r in lam_runs], [r.best_cider for r in lam_runs], s=12, color="tab:blue", alpha=0.35)
+    ax.scatter([r.lam for r in lam_runs], [r.score(CIDER) for r in lam_runs], s=12, color="tab:blue", alpha=0.35)
     ax.errorbar(lams, [iv.mean for iv in cider], yerr=err, fmt="o-", color="tab:blue", capsize=3,
                 label="val CIDEr (best epoch), mean and 95% CI")
     if baseline is not None:
@@ -251,16 +251,16 @@ def _parallel_axis(key: str, raw: list) -> tuple[str, list[float], list[tuple[fl
 
 def plot_parallel(runs: list[RunSummary]):
     """One vertical axis per searched param and best val CIDEr, one line per run coloured by its CIDEr."""
-    runs = [r for r in runs if r.best_cider is not None]
+    runs = [r for r in runs if r.score(CIDER) is not None]
     keys = searched_keys(runs)
     if not runs or not keys:
         return None
     import matplotlib as mpl  # matplotlib: as in `_axes`
 
     axes = [_parallel_axis(k, [r.params.get(k) for r in runs]) for k in keys]
-    axes.append(_parallel_axis(CIDER, [r.best_cider for r in runs]))
+    axes.append(_parallel_axis(CIDER, [r.score(CIDER) for r in runs]))
     fig, ax = _axes(max(6.0, 2.0 * len(axes)), 4.5)
-    cider = [r.best_cider for r in runs]
+    cider = [r.score(CIDER) for r in runs]
     norm = mpl.colors.Normalize(min(cider), max(max(cider), min(cider) + 1e-9))
     cmap = mpl.colormaps["viridis"]
     xs = range(len(axes))
@@ -329,10 +329,9 @@ def _summary(study: Study) -> str:
     text = (f"{len(runs)} trial runs ({statuses}{f', {stopped} stopped early' if stopped else ''}"
             f"{f', {diverged} diverged' if diverged else ''}); the study is "
             f"{'still running' if study.running else 'not running'}.")
-    best = max(best_candidates([r for r in runs if r.best_cider is not None]), key=lambda r: r.best_cider,
-               default=None)
+    best = study.best_run()  # the record's best trial: the one every view names
     if best is not None:
-        text += (f" Best single run: {best.name} ({best.fusion}) val CIDEr {best.best_cider:.1f} (x100) at epoch "
+        text += (f" Best single run: {best.name} ({best.fusion}) val CIDEr {best.score(CIDER):.1f} (x100) at epoch "
                  f"{best.best_step}; configurations are compared over their seeds in the table below.")
     return text
 

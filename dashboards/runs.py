@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from a2core.config import inapplicable_model_keys
-from a2core.selection import best_epoch, finite
+from a2core.selection import finite
 
 CIDER = "val/CIDEr"
 FUSION_LABEL = {"none": "none (baseline)", "max": "max", "moving_average": "moving average",
@@ -26,28 +26,19 @@ SEED_KEY = "train.seed"
 class RunSummary:
     """One trial of a study's record, as the dashboards read it: `params` its resolved config as MLflow shows it
     (dotted keys, text values), `tags` its fusion, seed, replicate group and stop record (`dashboards.stats` tags),
-    `status` the status its MLflow run has (FINISHED, RUNNING, KILLED, FAILED)."""
+    `status` the status its MLflow run has (FINISHED, RUNNING, KILLED, FAILED). `best_value` and `best_step` are the
+    record's: the study metric at the trial's best epoch, by the one rule of `a2core.selection` (never re-derived
+    here)."""
     trial_id: str
     name: str
     status: str
     params: dict[str, str]
     tags: dict[str, str]
     final: dict[str, float]                       # latest value of every metric
-    best_cider: float | None = None
+    best_value: float | None = None
     best_step: int | None = None
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # TABLE_METRICS and train/loss
     per_image: Callable[[str], dict | None] = lambda split: None  # split -> {image id: CIDEr-D}, or None
-
-    def with_best(self) -> "RunSummary":
-        """Itself with `best_cider` and `best_step`: its highest val CIDEr (the latest epoch of equal ones, the one rule
-        of `a2core.selection`), else the final value."""
-        cider = dict(self.history.get(CIDER, []))
-        self.best_step = best_epoch(cider)
-        if self.best_step is not None:
-            self.best_cider = finite(cider[self.best_step])
-        else:
-            self.best_cider = finite(self.final.get(CIDER))
-        return self
 
     @property
     def fusion(self) -> str:
@@ -73,12 +64,21 @@ class RunSummary:
 
 @dataclass
 class Study:
-    """A study's record handed to the dashboards: its trials that have started, where the record is, and whether a
-    writer is still running it."""
+    """A study's record handed to the dashboards: its trials that have started, where the record is, whether a writer
+    is still running it, the metric and mode it selects by, and what its record names best: `best_trial` (a trial id)
+    and `best_group` (a config hash), by the one rule of `launch.record.summarize`."""
     name: str
     runs: list[RunSummary]
     source: str = ""
     running: bool = False
+    metric: str = CIDER
+    mode: str = "max"
+    best_trial: str | None = None
+    best_group: str | None = None
+
+    def best_run(self) -> RunSummary | None:
+        """The run of the record's best trial (None before any trial reported the metric)."""
+        return next((r for r in self.runs if r.trial_id == self.best_trial), None)
 
     def still_running_note(self, what: str) -> str | None:
         """"note: study NAME is still running (...)" while a writer runs it, so that a comparison or a report of a

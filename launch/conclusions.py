@@ -88,8 +88,7 @@ def group_verdict(summary: dict) -> str | None:
     iv = Interval(best["mean"], best["low"], best["high"], best["n"], bool(best.get("identical")))
     line = (f"best configuration ({config_text(best, varying_keys(summary))}): {metric} {iv.text()} "
             f"over {best['n']} seeds")
-    base = pick_best([g for g in summary.get("groups", []) if g["fusion"] == "none" and g["mean"] is not None], "mean",
-                 summary["mode"])
+    base = summary.get("baseline_group")  # the record's (`launch.record.summarize`)
     if best["fusion"] == "none" or base is None:
         return line
     # selected on val; judged on the test split when every trial of both groups reported it (when it ended)

@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", nargs="*", default=[], dest="data_overrides",
                         help="data.* overrides for decoding on this machine, e.g. data.features=/x.h5")
     parser.add_argument("--quiet", action="store_false", dest="verbose", help="no live trial table while seeds train")
-    parser.add_argument("--plan", action="store_true",
+    parser.add_argument("--estimate", action="store_true",
                         help="only state the decoding's cost: images and shards to decode, the ensemble's seconds "
                              "per image measured here on a few images (copies of the best checkpoint), and "
                              f"the time for them and for the server's {SERVER_IMAGES:,} images; trains and writes "
@@ -81,18 +81,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "plan")}  # the rest: package's
-    if getattr(args, "plan", False):
-        print(plan_text(decode_plan(args.name, storage=args.storage, seeds=args.seeds, beam_size=args.beam_size,
-                                    batch_size=args.batch_size, workers=args.workers, val_images=args.val_images,
-                                    shard_images=args.shard_images,
-                                    test_images=args.test_images, data_overrides=args.data_overrides)))
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "estimate")}  # the rest: package's
+    if getattr(args, "estimate", False):
+        print(estimate_text(decode_estimate(args.name, storage=args.storage, seeds=args.seeds, beam_size=args.beam_size,
+                                            batch_size=args.batch_size, workers=args.workers,
+                                            val_images=args.val_images, shard_images=args.shard_images,
+                                            test_images=args.test_images, data_overrides=args.data_overrides)))
         return 0
     package(**options)
     return 0
 
 
-def decode_plan(name: str, *, storage: str | None = None, seeds=None, beam_size: int = 5, batch_size: int = 50,
+def decode_estimate(name: str, *, storage: str | None = None, seeds=None, beam_size: int = 5, batch_size: int = 50,
                 workers: int | None = None, val_images: str | None = None, test_images: str | None = None,
                 data_overrides: list[str] | None = None, sample: int = 8, shard_images: int = SHARD_IMAGES) -> dict:
     """What decoding study `name`'s package costs: its images and shards (less those an earlier run kept), and
@@ -103,7 +103,7 @@ def decode_plan(name: str, *, storage: str | None = None, seeds=None, beam_size:
 
     from a2core.decode import ensemble_captions  # torch: as above
 
-    best = select_best(candidates(spec, summary), spec.mode)
+    best = select_best(summary, candidates(spec, summary))
     members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
     checkpoint = fetch_checkpoint(best["checkpoint"], cache, location.endpoint_url)
@@ -126,7 +126,7 @@ def decode_plan(name: str, *, storage: str | None = None, seeds=None, beam_size:
             "server_seconds": per_image * SERVER_IMAGES}
 
 
-def plan_text(p: dict) -> str:
+def estimate_text(p: dict) -> str:
     hours = lambda s: f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min"  # noqa: E731
     w = p["workers"] or 1
     return (f"package decode plan for {p['study']}: {p['members']}-member ensemble, beam {p['beam_size']}\n"
@@ -232,25 +232,24 @@ def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
 
 
 def _rank_key(mode: str) -> Callable[[dict], tuple]:
+    """Which of a seed's trials joins the ensemble: the best value, then the lower (study, trial id)."""
     return lambda c: (-c["value"] if mode == "max" else c["value"], c["study"], c["trial_id"])
 
 
-def select_best(cands: list[dict], mode: str) -> dict:
-    """The best trial of the configuration (config hash) with the best mean over its seeds, among those not
-    stopped early (`dashboards.stats.best_candidates`). Ties go to the lower (study, trial id)."""
-    from dashboards.stats import best_group  # scipy: not on every `a2` command (launch.cli imports this module)
-
-    if not cands:
-        raise PackageError("no trial of the study reported its metric with a checkpoint: nothing to package")
-    groups: dict[str, list[dict]] = {}
-    for c in cands:
-        groups.setdefault(c["hash"], []).append(c)
-    rank = _rank_key(mode)
-    # equal means: the group whose best trial ranks first (best_group keeps the first of equals)
-    ordered = sorted(groups.values(), key=lambda g: rank(min(g, key=rank)))
-    group = best_group(ordered, lambda g: [c["value"] for c in g], mode,
-                       lambda g: any(c.get("stopped_early") for c in g))
-    return min(group, key=rank)
+def select_best(summary: dict, cands: list[dict]) -> dict:
+    """The candidate of the study's best trial of its best configuration, as its record names them
+    (`launch.record.best_group`, the one rule every view reads: `status`, `compare`, `report`); when that trial has no
+    stored checkpoint, the best of its configuration's trials that has one."""
+    group = summary.get("best_group") or {}
+    pool = [c for c in cands if c["hash"] == group.get("config_hash")]
+    if not pool:
+        raise PackageError(
+            "no trial of the study reported its metric with a checkpoint: nothing to package" if not group else
+            f"study {summary.get('study')}: no trial of the best configuration (config "
+            f"{str(group['config_hash'])[:12]}, trials {', '.join(map(str, group.get('trials', [])))}) has a "
+            f"stored checkpoint: nothing to package")
+    named = next((c for c in pool if c["trial_id"] == str(group.get("best_trial"))), None)
+    return named or min(pool, key=_rank_key(summary.get("mode", "max")))
 
 
 def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
@@ -289,7 +288,7 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
         return open_location(uri, location.endpoint_url).exists()
 
     rows = candidates(spec, summary)
-    best = select_best(rows, spec.mode)
+    best = select_best(summary, rows)
     digest = best["hash"]
     say(f"package: best trial {best['trial_id']} of {spec.name}: {spec.metric} {best['value']:.2f} "
         f"(fusion {best['config']['model']['fusion']}, seed {best['seed']}, config {digest[:12]})", verbose)
@@ -320,7 +319,7 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
 
 def refuse_unreadable(members: list[dict], local: list[str]) -> None:
     """PackageError (exit 2) naming the stored checkpoint of a member that does not load, before any decoding."""
-    from a2core import checkpoint as ckpt  # torch: as in `decode_plan`
+    from a2core import checkpoint as ckpt  # torch: as in `decode_estimate`
 
     from launch.verify import model_mismatch
 
@@ -426,7 +425,7 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
                   test_images: str | None):
     """(CaptionData, its data config, {"splits": {split: image ids}, "sources", "max_len"}) for decoding the
     server's val2014 / test2014 images and the Karpathy test split with the checkpoints' vocabulary."""
-    from a2core import checkpoint as ckpt  # torch: as in `decode_plan`
+    from a2core import checkpoint as ckpt  # torch: as in `decode_estimate`
     from a2core.decode import checkpoint_data
 
     state = ckpt.load(checkpoint)
@@ -453,7 +452,7 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
                  endpoint_url: str | None = None, **options) -> dict:
     """`a2core.decode.ensemble_captions` of local or s3:// checkpoints (fetched once per machine), in a Ray task or
     in this process."""
-    from a2core.decode import ensemble_captions  # torch: as in `decode_plan`
+    from a2core.decode import ensemble_captions  # torch: as in `decode_estimate`
 
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
     local = [fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints]
@@ -584,7 +583,7 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
                      verbose: bool = True) -> dict:
     """The two results files, `results.zip` (validated before it is renamed into place: an invalid submission
     leaves no zip) and the ensemble's Karpathy-test captions. Returns {"zip", "files", "alg"}."""
-    from a2core.decode import write_results_json  # torch: as in `decode_plan`
+    from a2core.decode import write_results_json  # torch: as in `decode_estimate`
 
     val_ids, test_ids = images["splits"]["val2014"], images["splits"]["test2014"]
     paths = [out / f for f in files]

@@ -86,7 +86,7 @@ def measured_noise(record) -> tuple[Noise, str]:
     from dashboards.compare import configurations, per_image_scores  # scipy: only to read a study that ran
 
     name = record.spec.name
-    groups = [g for g in configurations([r for r in record.study().runs if r.best_cider is not None])
+    groups = [g for g in configurations([r for r in record.study().runs if r.best_value is not None])
               if len(g) >= MIN_SEEDS]
     for split in ("test", "val"):
         scored = [per_image_scores(g, split) for g in groups]

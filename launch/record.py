@@ -139,9 +139,13 @@ class StudyRecord:
                 tags[TAG_END_REASON] = row["ended"]["reason"]
             status = run_status(row["state"], len(results), row.get("stopped_early"), self.spec.total_epochs,
                                 ended=not self.running, end=row.get("ended"))
-            runs.append(RunSummary(tid, self.names.get(tid, tid), status, params, tags, final, history=history,
-                                   per_image=lambda split, tid=tid: self.per_image(tid, split)).with_best())
-        return Study(self.spec.name, runs, self.location.uri(), self.running)
+            runs.append(RunSummary(tid, self.names.get(tid, tid), status, params, tags, final,
+                                   best_value=row["best"], best_step=row["best_epoch"], history=history,
+                                   per_image=lambda split, tid=tid: self.per_image(tid, split)))
+        best, group = self.best(), best_group(self.spec, self.groups())
+        return Study(self.spec.name, runs, self.location.uri(), self.running, self.spec.metric, self.spec.mode,
+                     best_trial=None if best is None else best["trial_id"],
+                     best_group=None if group is None else group["config_hash"])
 
 
 def _metrics(result: dict) -> dict[str, float]:
@@ -179,6 +183,13 @@ def best_trial(spec, rows: list[dict]) -> dict | None:
     """The trial row of the best value of the study metric, among those not stopped early unless every one was."""
     return pick_best(best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags), "best",
                      spec.mode)
+
+
+def best_group(spec, groups: list[dict]) -> dict | None:
+    """The best replicate group of `replicate_groups` (`dashboards.stats.best_group`: the best mean in the study's
+    mode among groups none of whose trials was stopped early, unless all were; of equal means, the group listed
+    first, i.e. whose first trial came first). Every view's "best configuration" is this one."""
+    return pick_best_group(groups, lambda g: g["values"], spec.mode, lambda g: bool(g.get("stopped_early")))
 
 
 # -- trial rows, groups and the summary ----------------------------------------------------------------------------
@@ -275,15 +286,17 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
     from launch.search import SEED_KEYS  # ray and optuna: not for `status` of a study with no trials yet
 
     groups: dict[str, list[dict]] = {}
-    for r in rows:
+    for r in rows:  # rows are in Tune's order (trial ids): a group's place is its first trial's, the tie rule's order
         groups.setdefault(group_hash(r), []).append(r)
     out = []
     for h, g in groups.items():
         values = [r["best"] for r in g if r["best"] is not None]
+        best = pick_best([r for r in g if r["best"] is not None], "best", spec.mode)
         interval = asdict(seed_interval(values)) if values else {"mean": None, "low": None, "high": None, "n": 0}
         sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
         out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,
                     "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
+                    "best_trial": None if best is None else best["trial_id"],
                     "values": values, "test_values": [r["test"] for r in g if r.get("test") is not None],
                     **interval,
                     "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
@@ -292,11 +305,11 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
 
 def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
     """Best trial and best replicate group (both among those not stopped early, unless every one was:
-    `dashboards.stats.best_candidates`), the baseline (fusion none, same seed) comparison, every replicate
-    group's mean and interval, and every trial's results."""
+    `dashboards.stats.best_candidates`; `best_group` is the one definition every view reads, with its own best
+    trial), the best baseline group (fusion none) a verdict compares with, the baseline trial (fusion none, same
+    seed), every replicate group's mean and interval, and every trial's results."""
     best = best_trial(spec, rows)
     groups = replicate_groups(spec, rows)
-    best_group = pick_best_group(groups, lambda g: g["values"], spec.mode, lambda g: bool(g.get("stopped_early")))
     baseline, beats = None, None
     if best is not None:
         baseline = pick_best([r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"]
@@ -319,7 +332,9 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
             "checkpoint_problem": best.get("best_checkpoint_problem"),
             "sampled": best["sampled"], "config": best["config"], "fusion": best["fusion"], "seed": best["seed"],
             "lambda": best["lambda"], "stopped_early": best.get("stopped_early")},
-        "best_group": best_group,
+        "best_group": best_group(spec, groups),
+        # the configuration a verdict compares with: the best of the baseline's (fusion none), by the same rule
+        "baseline_group": best_group(spec, [g for g in groups if g["fusion"] == "none"]),
         "groups": groups,
         "baseline": None if baseline is None else {
             "trial_id": baseline["trial_id"], "value": baseline["best"], "seed": baseline["seed"],

@@ -61,23 +61,42 @@ def resolve_endpoint_url(endpoint_url: str | None = None) -> str | None:
                                 None)
 
 
-def _region() -> str | None:
-    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+@dataclass(frozen=True)
+class S3Endpoint:
+    """Where S3 requests go, resolved once (`s3_endpoint`) for both clients of this module: pyarrow's filesystem
+    (what Ray Train and Tune take as `storage_filesystem`, so studies and checkpoints use it) and boto3 (verified
+    managed uploads and object metadata, which pyarrow has not). `url` None is AWS itself; `region` None on AWS means
+    the bucket's own. Credentials: both take the AWS SDK's default chain (environment, profile, instance role)."""
+    url: str | None
+    region: str | None
+
+    @property
+    def path_style(self) -> bool:
+        """S3-compatible servers (MinIO, moto, Ceph) address buckets by path, not by host name."""
+        return self.url is not None
+
+
+def s3_endpoint(endpoint_url: str | None = None) -> S3Endpoint:
+    """The endpoint (`resolve_endpoint_url`) and region ($AWS_REGION, $AWS_DEFAULT_REGION; an S3-compatible server
+    signs with some region, us-east-1 unless set)."""
+    url = resolve_endpoint_url(endpoint_url)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+    return S3Endpoint(url, region or ("us-east-1" if url else None))
 
 
 def s3_filesystem(bucket: str, endpoint_url: str | None = None) -> pafs.S3FileSystem:
     """A pyarrow S3 filesystem for `bucket`. Requests are retried by pyarrow's own strategy (the AWS SDK's standard
     one, 3 tries): passing a strategy object from Python deadlocked requests to an in-process S3 server (moto)."""
     options: dict = dict(connect_timeout=5.0, request_timeout=60.0)
-    endpoint = resolve_endpoint_url(endpoint_url)
-    if endpoint is None:
+    endpoint = s3_endpoint(endpoint_url)
+    if endpoint.url is None:
         try:
-            options["region"] = _region() or pafs.resolve_s3_region(bucket)
+            options["region"] = endpoint.region or pafs.resolve_s3_region(bucket)
         except OSError as err:
             raise StorageError(f"s3://{bucket}: cannot find the bucket's AWS region: {err}") from err
-    else:  # S3-compatible servers: signing needs some region
-        parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-        options.update(endpoint_override=parsed.netloc, scheme=parsed.scheme or "http", region=_region() or "us-east-1")
+    else:
+        parsed = urlparse(endpoint.url if "://" in endpoint.url else f"http://{endpoint.url}")
+        options.update(endpoint_override=parsed.netloc, scheme=parsed.scheme or "http", region=endpoint.region)
     return pafs.S3FileSystem(**options)
 
 
@@ -221,13 +240,11 @@ def make_client(endpoint_url: str | None = None, *, max_attempts: int = 5):
     import boto3  # boto3: only for S3 (pyarrow's filesystems do local folders)
     from botocore.config import Config
 
-    endpoint_url = resolve_endpoint_url(endpoint_url)
+    endpoint = s3_endpoint(endpoint_url)
     options: dict = {"retries": {"mode": "standard", "total_max_attempts": max_attempts}}  # attempts, not retries
-    region = None
-    if endpoint_url:  # S3-compatible servers: path-style addressing; signing needs some region
+    if endpoint.path_style:
         options["s3"] = {"addressing_style": "path"}
-        region = _region() or "us-east-1"
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region,
+    return boto3.session.Session().client("s3", endpoint_url=endpoint.url, region_name=endpoint.region,
                                           config=Config(**options))
 
 

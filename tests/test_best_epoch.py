@@ -77,3 +77,42 @@ def test_training_keeps_the_latest_of_equal_val_scores_as_best(tmp_path, monkeyp
     monkeypatch.setattr(train_mod.Trainer, "validate", lambda self: {"val/CIDEr": next(scores), "samples": []})
     result = train_mod.train(cfg, lambda metrics, folder: None, output_dir=tmp_path / "run")
     assert result["best_epoch"] == 2
+
+
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_every_view_names_the_same_best_configuration(tmp_path, mode, monkeypatch, capsys):
+    """One best configuration: the record's (`launch.record.best_group`). Two groups of equal mean (the one whose first
+    trial came first wins), and a better-looking group the scheduler stopped (never best while others finished): the
+    summary, the dashboards' study, `compare`'s row, the report's line and package's selection name the same group
+    and trial, in `max` and in `min` mode."""
+    from dashboards.compare import study_comparison
+    from dashboards.report import _summary
+    from launch.package import candidates, select_best
+
+    sign = 1 if mode == "max" else -1  # min mode: the study metric is a loss, lower is better
+    overrides = () if mode == "max" else ("search.metric=train/loss", "search.mode=min")
+    fab = fabricated_study(tmp_path, f"group-{mode}", epochs=2, overrides=overrides)
+    metric = fab.spec.metric
+
+    def add(tid, fusion, seed, value, **kw):
+        run = fab.location.at(TRIALS_DIR, train_run_name(fab.spec.name, tid))
+        run.join(checkpoint_name(2), CHECKPOINT_FILE).write_text("not read here")
+        results = [{"epoch": e, metric: sign * (value - 2 + e), "val/CIDEr": value - 2 + e,
+                    "checkpoint_path": run.join(checkpoint_name(e)).uri} for e in (1, 2)]
+        fab.add(tid, {"fusion": fusion, "lambda": 0.05, "seed": seed} if fusion != "none" else
+                {"fusion": fusion, "seed": seed}, results, **kw)
+
+    add("a0", "max", 0, 70.0), add("b0", "gate", 0, 66.0), add("a1", "max", 1, 60.0), add("b1", "gate", 1, 64.0)
+    add("c0", "moving_average", 0, 99.0, stopped={"rung": 1, "cutoff": 0.0}), add("c1", "moving_average", 1, 98.0, stopped={"rung": 1, "cutoff": 0.0})
+    record = fab.record()
+    summary = json.loads(json.dumps(record.summary()))
+    group = summary["best_group"]
+    assert group["trials"] == ["a0", "a1"] and group["best_trial"] == "a0"  # 65 = 65: a0 came before b0
+    study = record.study()
+    assert study.best_group == group["config_hash"] and study.best_trial == summary["best"]["trial_id"] == "a0"
+    assert study.mode == mode
+    comparison, _, _ = study_comparison(study, by="model.lambda")  # one row, lambda 0.05: its best configuration
+    [(arm, _)] = comparison.rows
+    assert arm.label == "0.05" and sorted(s["val/CIDEr"] for s in arm.seeds) == [60.0, 70.0]  # group a's
+    assert "Best single run: a0 (max)" in _summary(study)
+    assert select_best(summary, candidates(fab.spec, summary))["trial_id"] == "a0"

@@ -120,3 +120,19 @@ def test_readmes_command_table_names_every_command():
             yield from leaves(words + [name], sub)
 
     assert named == set(leaves(["a2"], build_parser()))
+
+
+def test_the_landing_page_installs_runs_shows_and_cites():
+    """What a researcher looks for first: install, the two commands, what comes out, the paper, the version."""
+    import tomllib
+
+    page = (REPO / "docs" / "index.md").read_text()
+    headings = re.findall(r"^## (.+)$", page, flags=re.M)
+    assert ["Install", "Two commands", "What you get", "The paper"] == headings[:4], headings
+    assert "python3 -m venv" in page and "scripts/setup.sh" in page
+    assert "a2 pipeline" in page and "python3 -m pytest -q" in page
+    assert "@inproceedings{" in page and "Attention-Aligned Transformer for Image Captioning" in page
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert f"a2tune {version}" in page
+    for image in re.findall(r"!\[[^]]*\]\(([^)]+)\)", page):
+        assert (REPO / "docs" / image).is_file(), image

@@ -133,3 +133,29 @@ def test_the_design_page_names_every_module():
     missing = [f"{name}" for name, path in module_files().items()
                if path.name != "__init__.py" and f"`{path.name}`" not in page]
     assert not missing, f"docs/explanation/design.md does not name {missing}"
+
+
+# import name -> the distribution the design page names for it
+DISTRIBUTIONS = {"yaml": "pyyaml", "botocore": "boto3"}
+
+
+def third_party_imports(package: str) -> set[str]:
+    import sys
+
+    names = set()
+    for path in (ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+    ours = {*PACKAGES, "__future__"}
+    return {DISTRIBUTIONS.get(n, n) for n in names if n not in sys.stdlib_module_names and n not in ours}
+
+
+def test_the_design_pages_third_party_column_is_what_each_package_imports():
+    page = (ROOT / "docs" / "explanation" / "design.md").read_text()
+    for package in PACKAGES:
+        row = next(line for line in page.splitlines() if line.startswith(f"| `{package}/` |"))  # "Who imports whom"
+        named = {name.strip() for name in row.strip("|").split("|")[2].split(",")}
+        assert named == third_party_imports(package), (package, sorted(named), sorted(third_party_imports(package)))

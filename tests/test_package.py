@@ -32,32 +32,28 @@ def _cand(trial_id, seed, value, digest="h1", state="TERMINATED", study="s"):
             "checkpoint": f"/ckpt/{trial_id}", "hash": digest, "config": {}}
 
 
-def test_best_configuration_ties_break_by_trial_id_and_seeds_group_by_config():
+def test_package_takes_the_records_best_trial_and_seeds_group_by_config():
+    """The best configuration and trial are the record's (`launch.record.best_group`, tested for every view in
+    tests/test_best_epoch.py); package only falls back within that configuration when its trial has no checkpoint."""
     from launch.package import PackageError, select_best, seed_checkpoints
 
     rows = [_cand("t3", 0, 0.5, "h2"), _cand("t1", 1, 0.5, "h1"), _cand("t2", 0, 0.4, "h1"),
             _cand("t4", 2, 0.45, "h1", state="ERROR"), _cand("t5", 2, 0.3, "h1"), _cand("t6", 1, 0.2, "h1")]
-    # h2's mean (0.5) beats h1's (0.37) although h1's best trial t1 ties with t3
-    assert select_best(rows, "max")["trial_id"] == "t3"
-    assert select_best(rows, "min")["trial_id"] == "t6"  # h1's mean is lower; t6 its best trial
-    tie = [_cand("t3", 0, 0.5, "h2"), _cand("t1", 1, 0.5, "h1")]
-    assert select_best(tie, "max")["trial_id"] == "t1"  # equal means: the lower trial id
+    summary = {"study": "s", "mode": "max",
+               "best_group": {"config_hash": "h1", "trials": ["t1", "t2", "t4", "t5", "t6"], "best_trial": "t1"}}
+    assert select_best(summary, rows)["trial_id"] == "t1"
+    without = [r for r in rows if r["trial_id"] != "t1"]  # the named trial's checkpoint is not a candidate
+    assert select_best(summary, without)["trial_id"] == "t4"
+    assert select_best(dict(summary, mode="min"), without)["trial_id"] == "t6"
     chosen, missing = seed_checkpoints(rows, "h1", [0, 1, 2, 3], "max", exists=lambda uri: uri != "/ckpt/t2")
     # seed 0: t2 is the only h1 trial and its checkpoint is gone (t3 has another config); seed 2: finished t5
     # before the errored (if better) t4; seed 1: the best, t1.
     assert {s: c["trial_id"] for s, c in chosen.items()} == {1: "t1", 2: "t5"}
     assert missing == [0, 3]
-    with pytest.raises(PackageError):
-        select_best([], "max")
-
-
-def test_best_configuration_is_one_not_stopped_early_unless_all_were():
-    from launch.package import select_best
-
-    cut = [dict(_cand(f"s{i}", i, 0.9, "h9"), stopped_early={"rung": 2, "cutoff": 0.8}) for i in range(2)]
-    done = [_cand(f"d{i}", i, 0.5 + 0.01 * i, "h1") for i in range(3)]
-    assert select_best(cut + done, "max")["trial_id"] == "d2"  # the stopped group looked better
-    assert select_best(cut, "max")["trial_id"] == "s0"
+    with pytest.raises(PackageError, match="nothing to package"):
+        select_best({"best_group": None}, [])
+    with pytest.raises(PackageError, match=r"config h9.*trials x0, x1\) has a stored checkpoint"):
+        select_best({"study": "s", "best_group": {"config_hash": "h9", "trials": ["x0", "x1"]}}, rows)
 
 
 def test_four_replicates_of_the_best_configuration_are_the_ensemble():

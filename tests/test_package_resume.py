@@ -64,10 +64,10 @@ def test_a_decode_stopped_mid_way_continues_and_gives_the_same_zip(trained, tmp_
     assert zips[0].read_bytes() == zips[1].read_bytes()
 
 
-def test_plan_states_the_decode_cost_and_trains_nothing(study, tmp_path, capsys):  # noqa: F811
+def test_estimate_states_the_decode_cost_and_trains_nothing(study, tmp_path, capsys):  # noqa: F811
     from launch.cli import main
 
-    rc = main(["package", NAME, "--storage", str(study["storage"]), "--plan", "--workers", "4"])
+    rc = main(["package", NAME, "--storage", str(study["storage"]), "--estimate", "--workers", "4"])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     assert "4-member ensemble, beam 5" in printed and "s per image for the ensemble" in printed

@@ -69,7 +69,7 @@ def test_the_dashboards_view_is_the_mlflow_export_of_the_same_folder(fab):
     assert runs["max1"].status == "KILLED" and runs["max0"].status == "FINISHED"
     assert runs["max0"].tags[TAG_STOPPED_EARLY] == "true"
     assert runs["gate0"].tags[TAG_CONFIG_HASH] == runs["gate1"].tags[TAG_CONFIG_HASH]
-    assert runs["none1"].best_cider == 94.0 and runs["none1"].best_step == 3
+    assert runs["none1"].best_value == 94.0 and runs["none1"].best_step == 3
 
 
 def test_a_trial_of_a_study_with_a_live_writer_is_running(fab):

@@ -304,7 +304,8 @@ def test_lambda_series_leaves_the_baseline_out_and_draws_it_as_a_band():
 
     def run(fusion, lam, cider):
         params = {"model.fusion": fusion, **({} if lam is None else {"model.lambda": str(lam)})}
-        return RunSummary(f"{fusion}-{lam}-{cider}", "t", "FINISHED", params, {}, {}, best_cider=cider)
+        return RunSummary(f"{fusion}-{lam}-{cider}", "t", "FINISHED", params, {}, {}, best_value=cider, best_step=1,
+                          history={"val/CIDEr": [(1, cider)]})
 
     runs = [run("gate", 0.035, c) for c in (110.0, 111.0, 112.0)] + [run("gate", 0.1, c) for c in (105.0, 107.0)]
     # a baseline logged before inapplicable keys were left out still carries lambda 0.035: it is no lambda point

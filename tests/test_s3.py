@@ -148,6 +148,22 @@ def test_endpoint_from_environment(monkeypatch):
     assert make_client().meta.endpoint_url == "http://other:9000"
 
 
+def test_both_s3_clients_take_one_resolved_endpoint_and_region(monkeypatch):
+    """pyarrow's filesystem (Ray's storage) and boto3 (verified uploads) reach the same endpoint with the same region:
+    `storage.s3_endpoint` resolves them once."""
+    for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    assert storage.s3_endpoint() == storage.S3Endpoint(None, None)  # AWS, the bucket's own region
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    assert storage.s3_endpoint() == storage.S3Endpoint("http://127.0.0.1:9", "us-east-1")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
+    endpoint = storage.s3_endpoint()
+    client, fs = make_client(), storage.s3_filesystem("bucket")
+    assert (client.meta.endpoint_url, client.meta.region_name) == (endpoint.url, endpoint.region) == (
+        "http://127.0.0.1:9", "eu-west-3")
+    assert fs.region == "eu-west-3" and client.meta.config.s3["addressing_style"] == "path"
+
+
 # ---------------------------------------------------------------------------------------- upload
 
 
