@@ -28,8 +28,9 @@ from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS
 # The one place that knows Ray's private state layout (the Ray adapter): Tune's files at the study's root (experiment
 # state, searcher, callbacks, the Tuner) as Ray 2.60 names them (`TuneController`, `SearchGenerator`, `Searcher`,
 # `CallbackList` CKPT_FILE_TMPL and `tuner_internal._TUNER_PKL`), and how each is read (search_gen_state-*.json is a
-# pickle, despite its name). tests/test_adapters.py holds them against the installed Ray, and pyproject.toml
-# allows only the Ray release they were read from.
+# pickle, despite its name), and where the experiment state keeps each trial's checkpoint record (a cloudpickle in hex
+# inside its JSON: `tune_checkpoint_paths`). tests/test_adapters.py and tests/test_checkpoint_windows.py hold them
+# against the installed Ray, and pyproject.toml allows only the Ray release they were read from.
 TESTED_RAY = "2.60"
 _ROOT_FILES = (("experiment_state-", ".json", "json"), ("search_gen_state-", ".json", "pickle"),
                ("searcher-state-", ".pkl", "pickle"), ("callback-states-", ".pkl", "pickle"),
