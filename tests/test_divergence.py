@@ -19,6 +19,7 @@ from a2core.errors import TrainingDiverged
 from a2core.train import _Dist, train
 from launch.layout import ENDED_FILE, TRIALS_DIR, end_record, run_status, train_run_name
 from launch.conclusions import state_text
+from tests.raycluster import tiny_data  # noqa: F401 - a fixture
 from tests.studyfolder import fabricated_study
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -168,3 +169,35 @@ def test_an_end_record_that_is_not_one_is_named(fab):
         end_record(folder)
     assert run_status("TERMINATED", 1, None, 3, True, DIVERGED) == "FAILED"
     assert run_status("TERMINATED", 1, None, 3, True) == "KILLED"
+
+
+# -- a real study: one arm diverges, the study goes on ------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("workers", [1, 2])  # a one-worker trial trains in Tune's process; two run on Ray Train
+def test_a_study_whose_arm_diverges_goes_on_and_records_why(tmp_path, tiny_data, workers):
+    """Run under the Ray lock (tests/test_readme.py): `flock /tmp/a2-ray.lock pytest ...`."""
+    from dashboards.tracking import StudyTracker
+    from tests.raycluster import a2, tiny_study
+
+    study = tiny_study(tmp_path, "div", tiny_data, fusions=("none",), epochs=2, workers=workers,
+                       cpus_per_worker=0.5, extra={"train.warmup": 1})
+    raw = yaml.safe_load(study.read_text())
+    raw["search"]["space"]["train.lr_factor"] = {"grid": [0.5, EXPLODES]}
+    study.write_text(yaml.safe_dump(raw, sort_keys=False))
+    done = a2("study", "run", str(study), cwd=tmp_path, timeout=800)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "diverged at epoch 1 step 2 (train/loss nan): it ends here, the study goes on" in done.stdout
+    summary = json.loads((tmp_path / "studies" / "div" / "summary.json").read_text())
+    assert summary["complete"] and summary["trials_finished"] == 2
+    rows = {t["sampled"]["train.lr_factor"]: t for t in summary["trials"]}
+    assert rows[EXPLODES]["ended"]["reason"] == "diverged" and rows[EXPLODES]["epochs_done"] == 0
+    assert rows[0.5]["ended"] is None and rows[0.5]["epochs_done"] == 2
+    status = a2("study", "status", "div", "--storage", str(tmp_path / "studies"), cwd=tmp_path, timeout=300)
+    assert "diverged at epoch 1 step 2 (train/loss nan)" in status.stdout, status.stdout[-3000:]
+    tracker = StudyTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "div")
+    runs = tracker.client.search_runs([tracker.experiment_id])
+    trial_runs = [r for r in runs if r.data.tags.get("a2.role") == "trial"]
+    assert sorted((r.info.status, str(r.data.tags.get("a2.end_reason"))) for r in trial_runs) == [
+        ("FAILED", "diverged"), ("FINISHED", "None")]
+    assert [r.info.status for r in runs if r.data.tags.get("a2.role") == "study"] == ["FINISHED"]
