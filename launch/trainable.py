@@ -193,11 +193,20 @@ class TrialRecorder:
         diverged ends again at once, without training)."""
         return end_record(self.run)
 
-    def end(self, record: dict) -> None:
-        """Write the trial's end record (it diverged: `diverged_record`); the trial then returns, so that Tune ends
-        it TERMINATED and the study goes on with the others. The line reaches the driver's output."""
-        self.run.join(ENDED_FILE).write_text(json.dumps(record, indent=1) + "\n")
-        print(f"WARNING: trial {self.trial_id} {end_text(record)}: it ends here, the study goes on", flush=True)
+    def end(self, record: dict | None = None) -> None:
+        """Write the trial's end record (it diverged: `diverged_record`; None: the one already there, a restarted
+        trial's) and tell Tune, so that it ends the trial TERMINATED when the trial then returns and the study goes
+        on with the others. Tune refuses a trial's last result without the study metric (its strict metric check
+        fails the whole study), so the trial reports the metric as NaN, which the searcher and the schedulers take
+        as no value (`launch.search`); the result log and MLflow never see it. The line reaches the driver's
+        output."""
+        import ray.tune  # ray: only in a trial's process
+
+        if record is not None:
+            self.run.join(ENDED_FILE).write_text(json.dumps(record, indent=1) + "\n")
+            print(f"WARNING: trial {self.trial_id} {end_text(record)}: it ends here, the study goes on", flush=True)
+        record = record or self.ended() or {}
+        ray.tune.report({self.metric: float("nan"), "a2/end_reason": str(record.get("reason"))})
 
     def report_again(self, epoch: int) -> None:
         """Report the logged result of `epoch` (where a resumed trial starts) to Tune once more, before training:
@@ -267,7 +276,8 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     _quiet_per_epoch_logs()
     use_temp_root(plan.temp_root())
     trial = TrialRecorder(plan, plan.resources["gpus_per_worker"])
-    if trial.ended() is not None:
+    if trial.ended() is not None:  # it diverged before a driver was killed: it ends again, untrained
+        trial.end()
         return
     checkpoints = LocalCheckpoints(trial.run, plan.metric, plan.mode, plan.num_to_keep)
 
@@ -480,7 +490,8 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     use_temp_root(plan.temp_root())
     res = plan.resources
     trial = TrialRecorder(plan, res["workers_per_trial"] * res["gpus_per_worker"])
-    if trial.ended() is not None:
+    if trial.ended() is not None:  # as in `a2_local_trial`
+        trial.end()
         return
     with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
         start_from = ray_train_start(trial.run, Path(folder))
