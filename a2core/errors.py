@@ -29,6 +29,16 @@ class CheckpointError(A2Error, ValueError):
     """A checkpoint cannot be read safely: missing, corrupt, from another model, or holding disallowed objects."""
 
 
+class TrainingDiverged(A2Error):
+    """Training produced a non-finite loss (`a2core.train`): the run stops there. `epoch` (1-based, the epoch being
+    trained), `step` (global optimizer steps done) and `key` (the loss that was not finite) say where."""
+
+    def __init__(self, epoch: int, step: int, key: str, value: float):
+        self.epoch, self.step, self.key, self.value = int(epoch), int(step), key, float(value)
+        super().__init__(f"training diverged at epoch {self.epoch} step {self.step}: {key} is {value} "
+                         "(a learning rate too high? train.lr_factor, train.warmup, train.grad_clip)")
+
+
 class StorageError(A2Error):
     """Study storage (a local path or s3://) is unreachable, missing, or refused an operation."""
 

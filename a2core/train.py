@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -54,10 +55,16 @@ from .data.dataset import CaptionData
 from .decode import ModelStepper, beam_search, captions_for, greedy, sample, score_split
 from .model.a2 import build_model
 from .selection import improves
-from .errors import CheckpointError
+from .errors import CheckpointError, TrainingDiverged
 
 PER_IMAGE_KEY = "val/per_image_cider"  # every validation result: {"ids": [...], "scores": [CIDEr-D x100, ...]}
 TEST_PER_IMAGE_KEY = "test/per_image_cider"  # the last result (train.test_at_end): the same on the test split
+# Divergence: a run stops at the first step whose loss is not finite (TrainingDiverged). Without a loss scaler that
+# step's NaN/inf gradient has already gone through Adam (and clipping, whose norm is NaN too) into every weight it
+# touches, so every later step is NaN as well: training on only wastes the trial's epochs and ends with CIDEr 0.
+# Under fp16 the GradScaler skips a step whose gradients are not finite and leaves the weights as they were, so a
+# single overflow is not divergence: there the run stops after this many consecutive non-finite steps.
+DIVERGED_STEPS_SCALED = 20
 
 log = logging.getLogger("a2core.train")
 Report = Callable[[dict, "str | None"], None]
@@ -94,17 +101,24 @@ class _Dist:
         self.rank = dist.get_rank() if self.on else 0
         self.world = dist.get_world_size() if self.on else 1
 
-    def average_grads(self, params) -> None:
+    def average_grads(self, params, flag: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Average the gradients of `params` across ranks. `flag`: a one-element tensor (this rank's loss is not
+        finite: 1) reduced in the same all-reduce, so that every rank takes the same decision at no extra collective;
+        returned positive when any rank's is."""
         grads = [p.grad for p in params if p.grad is not None]
-        if not self.on or not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        if not self.on or (not grads and flag is None):
+            return flag
+        parts = [g.reshape(-1) for g in grads]
+        if flag is not None:
+            parts.append(flag.reshape(1).to(grads[0].dtype if grads else torch.float32))
+        flat = torch.cat(parts)
         dist.all_reduce(flat)
         flat /= self.world
         offset = 0
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
+        return None if flag is None else flat[-1:]
 
     def broadcast_params(self, module) -> None:
         if self.on:
@@ -181,6 +195,7 @@ class Updates:
         self.scst_opt = torch.optim.Adam(self.cap_params, lr=t.scst_lr)
         precision.check(t.precision, device)
         self.scaler = precision.grad_scaler(t.precision, device)
+        self._nonfinite: torch.Tensor | None = None  # this step's losses not finite, on any rank (`apply`)
 
     def amp(self):
         return precision.autocast(self.cfg.train.precision, self.device)
@@ -189,11 +204,17 @@ class Updates:
         """Backward of `loss` into `params` only, averaged across ranks, clipped (clip > 0), one optimizer step."""
         opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward(inputs=params)
-        self.dist.average_grads(params)
+        bad = self.dist.average_grads(params, (~torch.isfinite(loss.detach())).float().reshape(1))
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
         if clip > 0:
             self.scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(params, clip)
         self.scaler.step(opt)
+
+    def nonfinite(self) -> bool:
+        """Whether a loss of the updates since the last call was not finite on any rank (then forgotten)."""
+        bad, self._nonfinite = self._nonfinite, None
+        return bad is not None and bool(bad.item() > 0)
 
     def mask_due(self, step: int) -> bool:
         return self.mask_opt is not None and (step + 1) % self.cfg.train.mask_every == 0
@@ -303,6 +324,7 @@ class Trainer:
         self.best: dict = {"val/CIDEr": float("-inf"), "epoch": 0}
         self.history: list[dict] = []
         self._cider = None
+        self._bad_steps = 0  # consecutive steps with a non-finite loss (`_check_finite`)
         if state is not None:
             self._restore(state)
 
@@ -342,15 +364,30 @@ class Trainer:
         self.step += 1
         self.model.train_step.fill_(self.step)
 
+    def _check_finite(self, step_out: dict) -> None:
+        """Stop the run (TrainingDiverged) at the step whose loss is not finite, or under fp16 after
+        DIVERGED_STEPS_SCALED such steps in a row (see there). Every rank decides alike (`Updates.apply`)."""
+        if not self.updates.nonfinite():
+            self._bad_steps = 0
+            return
+        self._bad_steps += 1
+        if self._bad_steps >= (DIVERGED_STEPS_SCALED if self.updates.scaler.is_enabled() else 1):
+            losses = [k for k in ("train/loss", "train/mask_loss") if k in step_out]
+            key = next((k for k in losses if not math.isfinite(step_out[k])), losses[0] if losses else "train/loss")
+            value = step_out.get(key, float("nan"))
+            raise TrainingDiverged(self.epoch + 1, self.step, key, value if not math.isfinite(value) else float("nan"))
+
     def xe_epoch(self) -> dict:
         self.model.train()
         means = _Means()
         for batch in self._batches():
             feats, mask = self._batch(batch)
             pairs = batch.get("caption_image")  # batch_layout pairs: (P,) the image row of each caption
-            means.add(self.updates.xe(feats, mask, batch["captions"].to(self.device), self.step,
-                                      None if pairs is None else pairs.to(self.device)))
+            step_out = self.updates.xe(feats, mask, batch["captions"].to(self.device), self.step,
+                                       None if pairs is None else pairs.to(self.device))
+            means.add(step_out)
             self._advance()
+            self._check_finite(step_out)
             if self.dist.rank == 0 and self.step % self.cfg.train.log_every == 0:
                 log.info("epoch %d step %d loss %.4f lr %.2e", self.epoch + 1, self.step,
                          means.sums["train/loss"] / means.counts["train/loss"], self.updates.sched.get_last_lr()[0])
@@ -408,6 +445,7 @@ class Trainer:
             u.scaler.update()
             means.add(step_out)
             self._advance()
+            self._check_finite(step_out)
         return means.result()
 
     def beam_candidates(self, feats, mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -614,6 +652,10 @@ def train(config: Config | dict, report: Report | None = None, *, output_dir: st
         best_from: With `resume_from`: the checkpoint of the run's best epoch so far, when that epoch came before
             the resumed one (the test evaluation and SCST start from the best epoch, and the new output folder
             has no best.pt until an epoch beats it).
+
+    Raises:
+        TrainingDiverged: a loss was not finite (`DIVERGED_STEPS_SCALED` says when); the epoch it happened in is
+            not reported, the earlier ones and their checkpoints stay.
 
     Returns:
         `best/val/CIDEr`, `best_epoch`, `epochs`, `steps`, `best_checkpoint`, `last_checkpoint`, `history`

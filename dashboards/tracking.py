@@ -203,7 +203,7 @@ def mark_runs(tracking_uri: str, experiment: str, tags: dict[str, str], name_pre
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return 0
-    runs = _search_all(client, [found.experiment_id], "")
+    runs = search_all_runs(client, [found.experiment_id], "")
     for run in runs:
         for key, value in tags.items():
             client.set_tag(run.info.run_id, key, value)
@@ -213,7 +213,7 @@ def mark_runs(tracking_uri: str, experiment: str, tags: dict[str, str], name_pre
     return len(runs)
 
 
-def _search_all(client, experiment_ids: list[str], filter_string: str) -> list:
+def search_all_runs(client, experiment_ids: list[str], filter_string: str) -> list:
     """Every run that matches, oldest first (all pages)."""
     runs, token = [], None
     while True:
@@ -316,7 +316,7 @@ class StudyTracker:
             self._write_views(self.client.get_experiment(self.experiment_id).tags)
 
     def _first_run(self, filter_string: str):
-        return next(iter(_search_all(self.client, [self.experiment_id], filter_string)), None)
+        return next(iter(search_all_runs(self.client, [self.experiment_id], filter_string)), None)
 
     def _running_again(self, run) -> None:
         if run.info.status != "RUNNING":
@@ -454,11 +454,11 @@ def study_runs(tracking_uri: str, study_name: str, experiment: str | None = None
     exp = client.get_experiment_by_name(experiment or study_name)
     exp_ids = [exp.experiment_id] if exp is not None else [e.experiment_id for e in client.search_experiments()]
     parents = [run for i in range(0, len(exp_ids), 100)  # search_runs takes at most 100 experiments
-               for run in _search_all(client, exp_ids[i:i + 100], _study_filter(study_name))]
+               for run in search_all_runs(client, exp_ids[i:i + 100], _study_filter(study_name))]
     if not parents:
         return None, []
     parent = parents[0]
-    children = _search_all(client, [parent.info.experiment_id], f"tags.`{TAG_PARENT}` = {_quote(parent.info.run_id)}")
+    children = search_all_runs(client, [parent.info.experiment_id], f"tags.`{TAG_PARENT}` = {_quote(parent.info.run_id)}")
     return parent, children
 
 

@@ -20,7 +20,7 @@ from a2core.errors import A2Error
 from dashboards.submission import validate_zip
 from launch import package, pipeline, study
 from launch.datastore import fetch, push
-from launch.spec import SECTIONS, TOP_KEYS
+from launch.spec import SECTIONS, TOP_KEYS, check_sizes
 
 
 def _int_at_least(low: int):
@@ -84,7 +84,9 @@ def training_config(path: str | None, overrides: list[str]):
     if path and ("name" in raw or "search" in raw):  # a study file
         study_only = set(TOP_KEYS) - set(SECTIONS)
         raw = {k: v for k, v in raw.items() if k not in study_only}
-    return Config.from_dict(apply_overrides(raw, overrides or [], source=path), source=path)
+    config = Config.from_dict(apply_overrides(raw, overrides or [], source=path), source=path)
+    check_sizes(config.to_dict(), path)  # a size past its cap (data.images=1e9): refused before any data is made
+    return config
 
 
 def cmd_train(args) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from a2core.errors import A2Error
 from a2core.selection import finite
 from dashboards.tables import text_table
-from launch.layout import outage_line
+from launch.layout import end_text, outage_line
 
 
 # -- table rows ----------------------------------------------------------------------------------------------------
@@ -122,9 +122,12 @@ def _fmt(value) -> str:
 
 
 def state_text(row: dict) -> str:
-    """A trial's or group's state: Tune's, or "stopped early (rung r, cutoff c)" when the scheduler stopped it."""
+    """A trial's or group's state: Tune's, "stopped early (rung r, cutoff c)" when the scheduler stopped it, or
+    "diverged at epoch e step s (train/loss nan)" when it ended itself (`launch.layout.end_record`)."""
     from dashboards.stats import stopped_early_text  # scipy: not for `a2 study validate`
 
+    if row.get("ended"):
+        return end_text(row["ended"])
     return stopped_early_text(row["stopped_early"]) if row.get("stopped_early") else row.get("state", "")
 
 

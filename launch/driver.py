@@ -4,7 +4,9 @@ stop cleanly on a storage problem or a signal, and at the end write `summary.jso
 what happened."""
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import sys
 import tempfile
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from a2core.config import flatten
 from a2core.errors import StorageError, StudyError, TrackingError
 from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import runlog, stop
@@ -23,17 +26,62 @@ from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved
                              write_summary)
 from launch.layout import add_outage
 from launch.raycluster import connect
-from launch.spec import check_cluster
+from launch.spec import check_cluster, check_machine, runs_locally
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
-from launch.verify import WholeCopies, refuse_corrupt, restore_whole_copies
+from launch.verify import WholeCopies, put_back_tune_pointers, refuse_corrupt, restore_whole_copies
+
+# The study file as `run` first wrote it, beside `study.yaml`: `resume` refuses a study.yaml edited since
+# (`refuse_changed_spec`), because Tune resumes the experiment it started and would never apply the edit.
+STARTED_SPEC_FILE = "study.started.yaml"
 
 
 # -- run / resume ------------------------------------------------------------------------------------------------
 def check_tracking(spec) -> None:
+    """The study's MLflow store answers, and a SQLite one opens and can be written (`check_sqlite_store`): run,
+    resume and sync check it before Ray starts, so a damaged or locked store is one line, not MLflow's traceback."""
+    uri = spec.tracking.mlflow_uri
     try:
-        check_tracking_uri(spec.tracking.mlflow_uri)
+        check_tracking_uri(uri)
     except TrackingError as err:
         raise StudyError(f"tracking.mlflow_uri: {err}") from None
+    check_sqlite_store(uri, spec.name)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a `sqlite:///relative.db` / `sqlite:////abs.db` tracking URI (None: not SQLite, or in memory)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def check_sqlite_store(uri: str, study: str, timeout: float = 5.0) -> None:
+    """A SQLite MLflow store that exists must be a database (its schema reads) that this process may write (a write
+    lock is taken and given back within `timeout` s): TrackingError naming the file and the cause otherwise. A store
+    not there yet is fine (MLflow creates it)."""
+    import sqlite3
+
+    path = sqlite_path(uri)
+    if path is None or not path.exists():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True,
+                                                timeout=timeout)) as db:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a file that is no database fails here
+            db.execute("BEGIN IMMEDIATE")  # the write lock MLflow needs; waits `timeout` s for another writer
+            db.rollback()
+    except sqlite3.Error as err:
+        cause = str(err)
+        if "locked" in cause or "busy" in cause:
+            advice = (f"another process holds it (`fuser {path}` names it); wait for it to end, or point "
+                      f"tracking.mlflow_uri elsewhere")
+        elif "readonly" in cause or "read-only" in cause or "unable to open" in cause:
+            advice = "the file or its folder cannot be written"
+        else:
+            advice = (f"the MLflow store is damaged: move it aside, and `a2 mlflow sync {study}` writes the study's "
+                      f"runs again from its record")
+        raise TrackingError(f"tracking.mlflow_uri: {path}: {cause} after {timeout:.0f} s; {advice}"
+                            if "locked" in cause else f"tracking.mlflow_uri: {path}: {cause}; {advice}") from None
 
 
 def run_study(spec, **options) -> dict:
@@ -58,7 +106,58 @@ def resume_study(location: StudyLocation, *, restore_state: bool = False, **opti
     refuse_corrupt(location.at(), "resume")
     spec = spec or load_saved_spec(location)
     refuse_relocated(spec, location)
+    refuse_changed_spec(spec, location)
+    done = finished_already(spec, location)
+    if done is not None:  # nothing to run: no lease, no summary, no compute totals logged again
+        return done
     return _drive(spec, location, new=False, **options)
+
+
+def refuse_changed_spec(spec, location: StudyLocation) -> None:
+    """StudyError (before Ray, nothing written) when the study's `study.yaml` differs from the spec the study was
+    started with (`STARTED_SPEC_FILE`), naming the first key that differs, in the file's order. Both are compared in
+    their resolved form (`saved_form`), so only a change of what the study runs counts. A study started before the
+    copy was kept has none: not checked."""
+    text = location.read_text(STARTED_SPEC_FILE)
+    if text is None:
+        return
+    try:
+        started = flatten(yaml.safe_load(text) or {})
+    except yaml.YAMLError as err:
+        raise StudyError(f"{location.uri(STARTED_SPEC_FILE)}: not YAML ({str(err).splitlines()[0]}); restore it from "
+                         f"a copy") from None
+    now = flatten(yaml.safe_load(yaml.safe_dump(saved_form(spec), sort_keys=False)))
+    missing = object()
+    for key in [*started, *(k for k in now if k not in started)]:
+        before, after = started.get(key, missing), now.get(key, missing)
+        if before != after:
+            shown = lambda v: "absent" if v is missing else json.dumps(v)  # noqa: E731
+            raise StudyError(
+                f"study {spec.name}: {location.uri(STUDY_FILE)} differs from the spec it was started with at "
+                f"`{key}` ({shown(after)} now, {shown(before)} at the start): Tune resumes the trials it started "
+                f"with, so the change would never apply; put {STUDY_FILE} back as it was "
+                f"({location.uri(STARTED_SPEC_FILE)} holds it), or run the changed study under another name")
+
+
+def finished_already(spec, location: StudyLocation) -> dict | None:
+    """The summary of a study all of whose planned trials have finished and whose end was recorded (`summary.json`
+    complete, nothing pending for MLflow): `resume` then says so in one line and writes nothing. None otherwise,
+    also when the trials finished but a driver killed at the end did not write the summary or the export: the
+    resume does that."""
+    from launch.record import StudyRecord  # ray.tune and scipy: only for a resume
+
+    try:
+        saved = json.loads(location.read_text(SUMMARY_FILE) or "null")
+    except ValueError:
+        return None
+    if not (isinstance(saved, dict) and saved.get("complete") and not (saved.get("tracking") or {}).get("pending")):
+        return None
+    summary = StudyRecord.load(location, spec).summary()
+    if not summary["complete"]:
+        return None
+    print(f"study {spec.name}: all {spec.num_trials} planned trials finished already; nothing to resume "
+          f"(`a2 study status {spec.name}` shows them)", flush=True)
+    return {**summary, "already_finished": True}
 
 
 def refuse_relocated(spec, location: StudyLocation) -> None:
@@ -94,6 +193,8 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
     else a local Ray), and summarize it."""
     from ray.tune import Tuner  # ray: only when a study runs
 
+    if runs_locally(spec, address):  # before Ray starts and before the study's folder (its lease) exists
+        check_machine(spec)
     check_tracking(spec)
     # one writer per study; Ray's, Tune's and MLflow's INFO lines into the study's log file, not the terminal
     with StudyLease(location.at(), stale_after).held(force), \
@@ -106,12 +207,17 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         if not new and not started:
             raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
                              f"(it was stopped before its first trial started); run it again")
+        if not new:  # the study's one writer now: Tune's pointers a killed driver deleted too early, put back
+            for line in put_back_tune_pointers(location.at()):
+                print(f"a2 study: {line}", flush=True)
         cluster = connect(address, runtime_env_vars=propagated_env())
         check_cluster(spec, cluster)  # a trial asking more than the whole cluster has: refused (ConfigError, exit 2)
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
             check_feature_copies(spec.base["data"]["features"])
         if new:
-            location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
+            text = yaml.safe_dump(saved_form(spec), sort_keys=False)
+            location.write_text(text, STARTED_SPEC_FILE)  # first: a study.yaml is never there without it
+            location.write_text(text, STUDY_FILE)
         remember(location)
         temp = plan_from_spec(spec)
         remove_temp_root(temp)  # what trials of a killed driver left on this node
@@ -235,9 +341,12 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
         storage_path=storage_path,
         storage_filesystem=fs,
         failure_config=tune.FailureConfig(max_failures=int(spec.resources.max_failures)),
-        # Trials' Tune checkpoints point at their Train checkpoints (launch.trainable); keeping one also makes Tune
-        # save the experiment state with every checkpoint, so `resume` loses as little as possible.
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+        # Trials' Tune checkpoints point at their Train checkpoints (launch.trainable): one small file an epoch,
+        # all kept. Keeping only the newest, Tune deletes the one before right after saving it, and a driver killed
+        # before Tune's next snapshot of the experiment leaves a state naming a deleted checkpoint, which no resume
+        # restores (`launch.verify.put_back_tune_pointers` repairs such a study). Trials resume from their own
+        # newest checkpoint and schedulers count epochs, so a snapshot older than the newest pointer loses nothing.
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
         # result.json is what `status` and `summary` read
         callbacks=[JsonLoggerCallback(), CSVLoggerCallback(), tracking],
         progress_reporter=_reporter(spec, stopped_early_of, tracking.outage_text),
@@ -310,7 +419,16 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     _log_compute_totals(spec, summary["compute"])
     print_conclusions(spec, summary, rows if verbose else [])
     print(f"summary: {location.uri(SUMMARY_FILE)}", flush=True)
+    if not summary["complete"] and stop.received() is None:  # a signal's stop says so itself (`fit_and_finish`)
+        print(incomplete_line(spec, summary), flush=True)
     return summary
+
+
+def incomplete_line(spec, summary: dict) -> str:
+    """`study NAME: 1 of 4 planned trials finished, 3 missing; ...`: a study that ended short of its plan."""
+    done, planned = summary["trials_finished"], spec.num_trials
+    return (f"study {spec.name}: {done} of {planned} planned trials finished, {planned - done} missing; "
+            f"`a2 study resume {spec.name}` runs them")
 
 
 def _log_compute_totals(spec, totals: dict) -> None:

@@ -18,6 +18,8 @@ CHECKPOINT_PREFIX = "checkpoint_epoch"  # + the epoch, 4 digits: one folder per 
 RESULTS_FILE = "results.json"  # in a trial's run folder: every epoch's result, across retries and restores
 ARTIFACTS_DIR = "artifacts"  # in a trial's run folder: the files of its MLflow run, at their artifact paths
 STOPPED_FILE = "stopped_early.json"  # in a trial's run folder: the scheduler's decision to stop it (launch.driver)
+ENDED_FILE = "ended.json"  # in a trial's run folder: why the trial itself ended before its planned epochs (`end_record`)
+END_REASONS = ("diverged",)  # what an end record may say: `a2core.errors.TrainingDiverged` (launch.trainable)
 TUNE_POINTER_FILE = "train_checkpoint.json"
 TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of a trial's checkpoints
 
@@ -73,9 +75,13 @@ class TrialState:
                    dict(getattr(trial, "last_result", None) or {}))
 
 
-def run_status(state: str, epochs: int, stopped: dict | None, total_epochs: int, ended: bool) -> str:
+def run_status(state: str, epochs: int, stopped: dict | None, total_epochs: int, ended: bool,
+               end: dict | None = None) -> str:
     """The MLflow status of a trial's run: FINISHED when Tune ended it after all its epochs or the scheduler stopped
-    it, FAILED when it errored, else KILLED once the study `ended` (no writer goes on with it), else RUNNING."""
+    it, FAILED when it errored or ended itself for a reason (`end`, its end record: it diverged), else KILLED once
+    the study `ended` (no writer goes on with it), else RUNNING."""
+    if state == "TERMINATED" and end is not None:
+        return "FAILED"
     if state == "TERMINATED" and (stopped is not None or epochs >= total_epochs):
         return "FINISHED"
     return "FAILED" if state == "ERROR" else "KILLED" if ended else "RUNNING"
@@ -93,6 +99,30 @@ def stop_record(folder, text: str | None = None) -> dict | None:
     if record is not None and not (isinstance(record, dict) and "rung" in record and "cutoff" in record):
         raise StudyError(f"{target.uri}: not a stop record (no rung and cutoff); delete it to let the study go on")
     return record
+
+
+def end_record(folder, text: str | None = None) -> dict | None:
+    """Why the trial of run folder `folder` ended itself before its planned epochs (`{"reason": "diverged", "epoch",
+    "step", "key"}`), or None; a file that is not one is a StudyError naming it. `text`: the file's text, if read."""
+    target = folder.join(ENDED_FILE)
+    text = target.read_text() if text is None else text
+    try:
+        record = json.loads(text or "null")
+    except ValueError as err:
+        raise StudyError(f"{target.uri}: not an end record ({err}); delete it to let the study go on") from None
+    if record is not None and not (isinstance(record, dict) and record.get("reason") in END_REASONS):
+        raise StudyError(f"{target.uri}: not an end record (no reason among {', '.join(END_REASONS)}); delete it "
+                         "to let the study go on")
+    return record
+
+
+def end_text(record: dict | None) -> str | None:
+    """`diverged at epoch 3 step 120 (train/loss nan)`: an end record for people; None without one."""
+    if not record:
+        return None
+    where = " ".join(f"{k} {record[k]}" for k in ("epoch", "step") if record.get(k) is not None)
+    what = f" ({record['key']} {record.get('value', 'not finite')})" if record.get("key") else ""
+    return f"{record['reason']}{' at ' + where if where else ''}{what}"
 
 
 class ResultLog:

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 
-from a2core.errors import StudyError
+from a2core.errors import StorageError, StudyError
 
 LEASE_FILE = "lease.json"
 DEFAULT_STALE_AFTER = 120.0
@@ -67,12 +67,16 @@ class StudyLease:
         """Write the lease if there is none; False when one exists."""
         body = json.dumps(info, indent=2) + "\n"
         if self.location.local:
-            os.makedirs(os.path.dirname(self.location.uri), exist_ok=True)
             try:
+                os.makedirs(os.path.dirname(self.location.uri), exist_ok=True)
                 with open(self.location.uri, "x") as f:  # O_CREAT | O_EXCL
                     f.write(body)
             except FileExistsError:
                 return False
+            except OSError as err:  # read-only, full, a file in the way, not allowed: one line, before Ray starts
+                raise StorageError(f"{self.location.uri}: cannot write the study's lease "
+                                   f"({err.strerror or err}); a study is run, resumed and synced only where its "
+                                   f"storage can be written") from None
             return True
         from botocore.exceptions import ClientError  # botocore and pyarrow: only for a lease on S3
 

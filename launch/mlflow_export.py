@@ -21,9 +21,10 @@ import time
 from a2core.errors import StorageError, TrackingError
 from a2core.selection import best_epoch
 from dashboards.mlflow_views import TAG_CONFIG_LABEL
-from dashboards.tracking import TAG_BEST_CKPT, StudyTracker, check_tracking_uri
-from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE, TRIALS_DIR,
-                           TrialState, add_outage, run_status, stop_record, train_run_name)
+from dashboards.tracking import (TAG_BEST_CKPT, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID, StudyTracker, search_all_runs,
+                                 check_tracking_uri)
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, ENDED_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE,
+                           TRIALS_DIR, TrialState, add_outage, end_record, run_status, stop_record, train_run_name)
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,10 @@ def end_reason(study: str, signal_name: str | None = None) -> str:
     """Why the runs of a study that ended part way are KILLED, and how to go on."""
     how = f"interrupted by {signal_name}" if signal_name else "the study stopped"
     return f"{how}; continue with `a2 study resume {study}`"
+
+
+SUPERSEDED = ("superseded: the driver was killed before Tune saved this trial, and its configuration ran again "
+              "under another trial id; its epochs are not in the study's record")
 
 
 def _metrics(result: dict) -> dict:
@@ -48,6 +53,7 @@ class Export:
         self.exported: dict[str, tuple] = {}  # trial id -> (what its export read, the run's status)
         self.uploaded: dict[tuple[str, str], str] = {}  # (run id, artifact path) -> text uploaded
         self.late = 0  # epochs written after the server had been down
+        self.superseded: list[str] = []  # trial ids whose runs this export ended as superseded (`_end_superseded`)
 
     def open(self) -> StudyTracker:
         """The study's tracker, its parent run made or found (and RUNNING) and the study's views saved."""
@@ -69,12 +75,26 @@ class Export:
         failed = unfinished = False
         for trial in trials:
             status = self._trial(tracker, trial, ended, late)
-            failed |= status == "FAILED"
-            unfinished |= status != "FINISHED"
+            # a trial that ended itself (diverged) is FAILED with its reason, but done: the study is not failed
+            done_for_a_reason = status == "FAILED" and trial.status != "ERROR"
+            failed |= status == "FAILED" and not done_for_a_reason
+            unfinished |= status != "FINISHED" and not done_for_a_reason
         if ended is not None:
+            self._end_superseded(tracker, {t.trial_id for t in trials})
             unfinished |= len(trials) < self.spec.num_trials
             status = "FAILED" if failed else "KILLED" if unfinished else "FINISHED"
             tracker.end_study(status, None if status == "FINISHED" else "a trial failed" if failed else ended)
+
+    def _end_superseded(self, tracker: StudyTracker, known: set[str]) -> None:
+        """End KILLED, tagged `a2.end_reason=superseded: ...`, the study's trial runs still RUNNING whose trial Tune
+        no longer knows: a driver killed before Tune saved its experiment state ran their configurations again under
+        new trial ids, and nothing will ever end the old runs (the study's end and `a2 mlflow sync` call this)."""
+        for run in search_all_runs(tracker.client, [tracker.experiment_id],
+                               f"tags.`{TAG_PARENT}` = '{tracker.parent_run_id}' and tags.`{TAG_ROLE}` = 'trial'"):
+            tid = run.data.tags.get(TAG_TRIAL_ID)
+            if tid not in known and run.info.status in ("RUNNING", "SCHEDULED"):
+                tracker.end_trial(run.info.run_id, "KILLED", SUPERSEDED)
+                self.superseded.append(tid)
 
     def _trial(self, tracker: StudyTracker, trial: TrialState, ended: str | None, late: bool) -> str | None:
         """Export one trial; returns the status its run has now (None: not started, no run)."""
@@ -84,7 +104,8 @@ class Export:
         tid = trial.trial_id
         folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, tid))
         text, stopped_text = folder.join(RESULTS_FILE).read_text(), folder.join(STOPPED_FILE).read_text()
-        seen = (text, stopped_text, trial.status, trial.retries, ended, late)
+        ended_text = folder.join(ENDED_FILE).read_text()
+        seen = (text, stopped_text, ended_text, trial.status, trial.retries, ended, late)
         if self.exported.get(tid, (None,))[0] == seen:
             return self.exported[tid][1]
         if text is None and trial.status == "PENDING":
@@ -92,7 +113,8 @@ class Export:
         results = sorted((r for r in json.loads(text or "[]") if isinstance(r, dict) and isinstance(
             r.get("epoch"), (int, float))), key=lambda r: r["epoch"])  # as `launch.trainable.ResultLog` wrote them
         stopped = stop_record(folder, stopped_text or "")
-        status = run_status(trial.status, len(results), stopped, self.spec.total_epochs, ended is not None)
+        end = end_record(folder, ended_text or "")
+        status = run_status(trial.status, len(results), stopped, self.spec.total_epochs, ended is not None, end)
         config = self.spec.trial_config(dict(trial.config))  # resolved: the replicate group is its hash
         digest = config_hash(config)
         name, label = trial_names(self.spec, dict(trial.config), digest)
@@ -109,7 +131,9 @@ class Export:
         tracker.set_tags(run_id, self._tags(trial, results, stopped))
         self._artifacts(tracker, run_id, folder.join(ARTIFACTS_DIR))
         if status != "RUNNING":
-            reason = (f"{trial.error or 'the trial failed'} (`a2 study status NAME` shows the trial)"
+            # `a2.end_reason`: `diverged` (its end record), the error, or why the study stopped
+            reason = (end["reason"] if status == "FAILED" and end is not None and trial.status != "ERROR" else
+                      f"{trial.error or 'the trial failed'} (`a2 study status NAME` shows the trial)"
                       if status == "FAILED" else ended if status == "KILLED" else None)
             tracker.end_trial(run_id, status, reason)
         self.exported[tid] = (seen, status)

@@ -324,13 +324,21 @@ def refuse_unreadable(members: list[dict], local: list[str]) -> None:
     """PackageError (exit 2) naming the stored checkpoint of a member that does not load, before any decoding."""
     from a2core import checkpoint as ckpt  # torch: as in `decode_estimate`
 
+    from launch.verify import model_mismatch
+
     for member, path in zip(members, local):
         try:
-            ckpt.load(path)
+            state = ckpt.load(path)
         except CheckpointError as err:
             raise PackageError(f"{member['checkpoint']} (trial {member.get('trial_id')}, seed {member.get('seed')}): "
                                f"{str(err).replace(f'{path}: ', '')}; nothing was decoded: restore the file from a "
                                f"copy (`a2 study check NAME` verifies every checkpoint)") from None
+        # a file of another model swapped in: one line here, not a size-mismatch traceback when it is built
+        mismatch = model_mismatch(state, (member.get("config") or {}).get("model"))
+        if mismatch is not None:
+            raise PackageError(f"{member['checkpoint']} (trial {member.get('trial_id')}, seed {member.get('seed')}): "
+                               f"{mismatch}; nothing was decoded: restore the trial's own checkpoint (`a2 study "
+                               f"check NAME` verifies every checkpoint)")
 
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:

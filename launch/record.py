@@ -23,12 +23,12 @@ from dashboards.runs import TABLE_METRICS, RunSummary, Study
 from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY, TAG_STOPPED_RUNG,
                               best_candidates, config_hash, seed_interval)
 from dashboards.stats import best_group as pick_best_group
-from dashboards.tracking import TAG_TRIAL_ID, param_value
+from dashboards.tracking import TAG_END_REASON, TAG_TRIAL_ID, param_value
 from launch.conclusions import best_value, pick_best, table_row
 from launch.lease import live_writer
 from launch.location import StudyLocation, load_saved_spec
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, TrialState, checkpoint_epochs,
-                           checkpoint_name, read_results, run_status, stop_record, train_run_name)
+                           checkpoint_name, end_record, read_results, run_status, stop_record, train_run_name)
 from launch.verify import quick_checkpoint_problem
 
 COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
@@ -61,13 +61,16 @@ class StudyRecord:
             except ValueError:  # no experiment snapshot yet
                 trials = []
         stopped = stopped_early_trials(location)
+        ends = ended_trials(location)
         rows, results = [], {}
         for trial in trials:
             results[trial.trial_id] = _result_log(spec, location, trial.trial_id)
             row = trial_row(spec, location, trial.trial_id, dict(trial.config), trial.status,
                             results[trial.trial_id], trial.last_result, trial.error)
-            cut_short = row["state"] == "TERMINATED" and 0 < row["epochs_done"] < row["epochs_planned"]
-            # Only the scheduler ends a trial short: one without its record (a driver killed) is stopped too.
+            row["ended"] = ends.get(trial.trial_id)  # it ended itself (diverged): not a scheduler's stop
+            cut_short = (row["state"] == "TERMINATED" and 0 < row["epochs_done"] < row["epochs_planned"]
+                         and row["ended"] is None)
+            # Else only the scheduler ends a trial short: one without its record (a driver killed) is stopped too.
             row["stopped_early"] = stopped.get(trial.trial_id) or ({"rung": None, "cutoff": None} if cut_short
                                                                    else None)
             rows.append(row)
@@ -132,8 +135,10 @@ class StudyRecord:
                     tags[TAG_STOPPED_RUNG] = str(int(stopped["rung"]))
                 if finite(stopped.get("cutoff")) is not None:
                     tags[TAG_STOPPED_CUTOFF] = f"{stopped['cutoff']:.6g}"
+            if row.get("ended"):
+                tags[TAG_END_REASON] = row["ended"]["reason"]
             status = run_status(row["state"], len(results), row.get("stopped_early"), self.spec.total_epochs,
-                                ended=not self.running)
+                                ended=not self.running, end=row.get("ended"))
             runs.append(RunSummary(tid, self.names.get(tid, tid), status, params, tags, final,
                                    best_value=row["best"], best_step=row["best_epoch"], history=history,
                                    per_image=lambda split, tid=tid: self.per_image(tid, split)))
@@ -200,6 +205,13 @@ def stopped_early_trials(location: StudyLocation) -> dict[str, dict]:
     return out
 
 
+def ended_trials(location: StudyLocation) -> dict[str, dict]:
+    """{trial id: end record} of the trials that ended themselves (`launch.layout.end_record`: they diverged)."""
+    prefix = f"{location.name}-"
+    return {name[len(prefix):]: record for name in location.at(TRIALS_DIR).listdir(folders_only=True)
+            if name.startswith(prefix) and (record := end_record(location.at(TRIALS_DIR, name))) is not None}
+
+
 def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
     try:
         return read_results(location.at(TRIALS_DIR), spec.name, trial_id)
@@ -254,7 +266,7 @@ def compute_totals(spec, rows: list[dict]) -> dict:
     totals: dict[str, float] = defaultdict(float)
     for row in rows:
         done, planned = row["epochs_done"], row["epochs_planned"]
-        stopped = row["state"] == "TERMINATED" and 0 < done < planned
+        stopped = row["state"] == "TERMINATED" and 0 < done < planned and not row.get("ended")
         for unit, value in (row.get("compute") or {}).items():
             totals[f"total_{unit}"] += value
             totals[f"stopped_{unit}"] += value if stopped else 0.0

@@ -47,6 +47,26 @@ _MLFLOW_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "postgres", 
 _S3 = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
 _SCHEME = r"^([A-Za-z][A-Za-z0-9+.\-]*):"  # of a URI; + "//" of a URL
 
+# Sizes past which a value is a typo, not a plan: `a2 study validate` (and `a2 train`, `check_sizes`) refuses them
+# before anything starts, naming the key and the cap; each is far above what this project runs, with its reason
+# (docs/reference/study-file.md, "Sizes it refuses", lists them and is checked against this table).
+SIZE_CAPS = {
+    # the synthetic COCO stands in for COCO's 123,287 Karpathy images; a larger stand-in measures nothing more, and
+    # its features (4-7 regions of 2048 float32 an image, ~45 KB) would take ~9 GB at the cap
+    "data.images": (200_000, "COCO's Karpathy split has 123,287 images; the synthetic set stands in for it"),
+    # the paper trains tens of epochs per stage (M2: XE to its plateau, then SCST); 1000 is 30x that
+    "train.xe_epochs": (1_000, "30x the paper's cross-entropy epochs"),
+    "train.scst_epochs": (1_000, "30x the paper's SCST epochs"),
+    # the paper's model: d_model 512, 6 layers, 8 heads, d_ff 2048, up to 50 regions, batch 50
+    "model.d_model": (4_096, "8x the paper's 512; its weights and Adam's state alone reach GPU memory beyond it"),
+    "model.layers": (48, "8x the paper's 6 (encoder and decoder each)"),
+    "model.heads": (128, "16x the paper's 8"),
+    "model.d_ff": (32_768, "16x the paper's 2048"),
+    "model.max_regions": (1_000, "20x the paper's 50 regions an image (bottom-up features have 10 to 100)"),
+    "train.batch_size": (10_000, "200x the paper's 50 image-caption pairs"),
+}
+MAX_TRIALS = 10_000  # configurations x replicates: a study of more is a typo (the largest shipped one, fusion_ablation, runs 75)
+
 _MISSING = object()
 STUDY_FORMAT = 2  # see StudySpec.format
 # Config checks that involve two keys: an error at one may come from the other being in the space.
@@ -400,6 +420,9 @@ class StudySpec(Section):
         for section in SECTIONS:  # as saved: without the keys the space controls
             setattr(self, section, {k: v for k, v in self._base[section].items()
                                     if f"{section}.{k}" not in {p.path for p in self.params.values()}})
+        if self.num_trials > MAX_TRIALS:
+            _fail("search", f"{self.num_trials:,} trials (configurations x replicates) is past the cap of "
+                            f"{MAX_TRIALS:,}: check search.num_samples, the grids and search.replicates")
         splits = _check_data(self._base, context.get("check_files", True))
         self._images, self._images_source = _split_counts(self._base["data"], splits)
         _check_batch(self)
@@ -635,6 +658,8 @@ def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
     """`a2 study validate`: a one-line summary of a valid study (exit 0), or its first error (exit 2)."""
     try:
         spec = load_study(path, overrides)
+        if runs_locally(spec):
+            check_machine(spec)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -798,7 +823,7 @@ def _check_trials(spec: StudySpec, sections: dict) -> dict:
     """Build a Config for every grid cell with the sampled keys at their ends, defaults, points and choices.
     Returns the base: the sections with defaults filled in and the space's keys at their schema defaults."""
     try:  # the sections alone (space keys at their defaults): errors that no grid cell causes
-        Config.from_dict(sections, source=spec.source)
+        check_sizes(Config.from_dict(sections, source=spec.source).to_dict())
     except ConfigError as err:
         space_paths = {p.path for p in spec.params.values()}
         if err.path not in space_paths and not any(err.path in pair and pair & space_paths for pair in _COUPLED):
@@ -811,6 +836,7 @@ def _check_trials(spec: StudySpec, sections: dict) -> dict:
                 set_dotted(raw, spec.params[key].path, value)
             try:
                 cfg = Config.from_dict(raw, source=spec.source)
+                check_sizes(cfg.to_dict())
             except ConfigError as err:
                 _explain(err, spec, cell, assignment)
             first = first or cfg
@@ -818,6 +844,17 @@ def _check_trials(spec: StudySpec, sections: dict) -> dict:
     for p in spec.params.values():
         set_dotted(base, p.path, get_dotted(_schema_defaults(), p.path))
     return base
+
+
+def check_sizes(config: dict, source: str | None = None) -> None:
+    """Refuse a config (a2core's, as a dict) with a size past its `SIZE_CAPS` cap: ConfigError naming the key."""
+    for path, (cap, why) in SIZE_CAPS.items():
+        if path == "data.images" and get_dotted(config, "data.kind") != "synthetic":
+            continue  # a COCO study's images are its captions file's
+        value = get_dotted(config, path)
+        if isinstance(value, (int, float)) and value > cap:
+            raise ConfigError(path, f"{_fmt(value)} is past the cap of {cap:,} ({why}); the caps: "
+                                    f"docs/reference/study-file.md, \"Sizes it refuses\"", source)
 
 
 def _probes(spec: StudySpec, cell: dict) -> list[dict]:
@@ -913,7 +950,30 @@ def _check_local_storage(storage: str) -> None:
         _fail("storage", f"{storage}: cannot be reached ({err.strerror})")
 
 
-def check_cluster(spec: StudySpec, cluster: dict) -> None:
+def machine_resources() -> dict:
+    """What a local Ray on this machine has (`launch.raycluster.connect` starts it with every CPU): CPUs, and the GPUs
+    CUDA_VISIBLE_DEVICES lets through, else those the NVIDIA driver lists (none without one). No Ray needed."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    installed = len(list(Path("/proc/driver/nvidia/gpus").glob("*")))
+    if visible is not None:
+        listed = [d for d in visible.split(",") if d.strip() and not d.strip().startswith("-")]
+        installed = min(len(listed), installed) if installed else len(listed)
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(installed)}
+
+
+def runs_locally(spec: StudySpec, address: str | None = None) -> bool:
+    """Whether `a2 study run` would run the study on a new local Ray on this machine: no cluster address (nor
+    $RAY_ADDRESS) and a local storage folder (a cluster's nodes share storage through s3://)."""
+    return not (address or os.environ.get("RAY_ADDRESS")) and "://" not in str(spec.storage)
+
+
+def check_machine(spec: StudySpec) -> None:
+    """A local study's trial against this machine (`machine_resources`), before Ray starts and before the study's
+    folder exists: a trial asking more CPUs or GPUs than the machine has would wait forever."""
+    check_cluster(spec, machine_resources(), "this machine")
+
+
+def check_cluster(spec: StudySpec, cluster: dict, where: str = "the cluster") -> None:
     """A validated study against the resources of the cluster it will run on (`ray.cluster_resources()`): a trial
     that asks more than the whole cluster has would wait forever (ConfigError naming the key and the file)."""
     r, need = spec.resources, spec.trial_resources()
@@ -923,4 +983,4 @@ def check_cluster(spec: StudySpec, cluster: dict) -> None:
             driver = f" + {_fmt(r.driver_cpus)} (driver)" if kind == "CPU" else ""
             raise ConfigError(f"resources.{key}", f"a trial needs {r.workers_per_trial} workers x "
                                                   f"{_fmt(getattr(r, key))} {kind}{driver} = {_fmt(need[kind])} "
-                                                  f"{kind}s but the cluster has {_fmt(have)}", spec.source)
+                                                  f"{kind}s but {where} has {_fmt(have)}", spec.source)

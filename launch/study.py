@@ -16,7 +16,7 @@ from a2core.atomic import fresh_folder
 from a2core.errors import A2Error
 from dashboards.tracking import check_tracking_uri
 from launch import stop
-from launch.conclusions import print_conclusions
+from launch.conclusions import print_conclusions, state_text
 from launch.driver import check_tracking, resume_study, run_study
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.location import SUMMARY_FILE, json_default, load_saved_spec, locate, write_summary
@@ -145,7 +145,8 @@ def exit_code(summary: dict) -> int:
     if summary.get("interrupted"):
         return stop.exit_status(summary["interrupted"])  # 130 (SIGINT), 143 (SIGTERM)
     states = [t["state"] for t in summary.get("trials", [])]
-    return 0 if states and summary.get("best") is not None and all(s == "TERMINATED" for s in states) else 1
+    planned = summary.get("complete", True)  # every planned trial finished (`launch.driver.finish` says so if not)
+    return 0 if states and planned and summary.get("best") is not None and all(s == "TERMINATED" for s in states) else 1
 
 
 def cmd_sync(args) -> int:
@@ -164,7 +165,9 @@ def cmd_sync(args) -> int:
         summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
         if isinstance(summary, dict):
             write_summary(location, {**summary, "tracking": outage})
-    print(f"study {spec.name}: exported to MLflow; " + (outage_line(outage) or "nothing was missing"))
+    superseded = (f"; {len(export.superseded)} run(s) left RUNNING by trials a killed driver lost ended KILLED "
+                  f"(superseded)" if export.superseded else "")
+    print(f"study {spec.name}: exported to MLflow; " + (outage_line(outage) or "nothing was missing") + superseded)
     return 0
 
 
@@ -195,9 +198,13 @@ def cmd_compare(args) -> int:
     from launch.record import StudyRecord
 
     location = locate(args.name, args.storage)
-    study = StudyRecord.load(location).study()
+    record = StudyRecord.load(location)
+    study = record.study()
     _print_banner(location)
     print(compare_table(study, args.by, args.baseline))
+    for row in record.trials:  # trials that ended themselves: their epochs before it count, say why they stopped
+        if row.get("ended"):
+            print(f"note: trial {row['trial_id']} {state_text(row)}")
     note = study.still_running_note("comparison")
     if note:
         print(note)

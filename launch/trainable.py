@@ -27,11 +27,12 @@ from typing import Callable
 from a2core.errors import CheckpointError, StorageError
 from a2core.selection import best_epoch, rank
 from launch.raycluster import stash_credentials
-from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR,
-                           TUNE_POINTER_FILE, ResultLog, checkpoint_epochs, checkpoint_name, latest_checkpoint_history,
-                           train_run_name)
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, ENDED_FILE, RESULTS_FILE, TRAIN_SNAPSHOT,
+                           TRIALS_DIR, TUNE_POINTER_FILE, ResultLog, checkpoint_epochs, checkpoint_name, end_record,
+                           end_text, latest_checkpoint_history, train_run_name)
 
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
+DIVERGED_KEY = "a2/diverged"  # worker -> trial driver: the run diverged (`diverged_record`), instead of an epoch
 # Environment that Ray workers need to reach storage from any node of the cluster: settings and references
 # (the credentials file, its profile), never a secret's value (launch.raycluster.stash_credentials).
 PROPAGATED_ENV = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION",
@@ -207,6 +208,26 @@ class TrialRecorder:
                 isinstance(s, str) for s in samples):
             artifacts.join(f"samples/epoch_{epoch:03d}.txt").write_text("\n".join(samples) + "\n")
 
+    def ended(self) -> dict | None:
+        """The trial's end record (`launch.layout.end_record`): it ended itself before (a restarted trial that had
+        diverged ends again at once, without training)."""
+        return end_record(self.run)
+
+    def end(self, record: dict | None = None) -> None:
+        """Write the trial's end record (it diverged: `diverged_record`; None: the one already there, a restarted
+        trial's) and tell Tune, so that it ends the trial TERMINATED when the trial then returns and the study goes
+        on with the others. Tune refuses a trial's last result without the study metric (its strict metric check
+        fails the whole study), so the trial reports the metric as NaN, which the searcher and the schedulers take
+        as no value (`launch.search`); the result log and MLflow never see it. The line reaches the driver's
+        output."""
+        import ray.tune  # ray: only in a trial's process
+
+        if record is not None:
+            self.run.join(ENDED_FILE).write_text(json.dumps(record, indent=1) + "\n")
+            print(f"WARNING: trial {self.trial_id} {end_text(record)}: it ends here, the study goes on", flush=True)
+        record = record or self.ended() or {}
+        ray.tune.report({self.metric: float("nan"), "a2/end_reason": str(record.get("reason"))})
+
     def report_again(self, epoch: int) -> None:
         """Report the logged result of `epoch` (where a resumed trial starts) to Tune once more, before training:
         the scheduler judges the trial there, so a replicate paused at a rung whose group was then stopped stops
@@ -261,8 +282,14 @@ class LocalCheckpoints:
                 fs.delete_dir(path)
 
 
+def diverged_record(err) -> dict:
+    """The end record of a trial whose training diverged (`a2core.errors.TrainingDiverged`)."""
+    return {"reason": "diverged", "epoch": err.epoch, "step": err.step, "key": err.key, "value": str(err.value)}
+
+
 def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     """A one-worker trial: `a2core.train.train` in this Tune trial process, resuming from the newest checkpoint."""
+    from a2core.errors import TrainingDiverged
     from a2core.train import train  # torch: only in a trial's process
 
     train = plan.train or train
@@ -270,6 +297,9 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     _quiet_per_epoch_logs()
     use_temp_root(plan.temp_root())
     trial = TrialRecorder(plan, plan.resources["gpus_per_worker"])
+    if trial.ended() is not None:  # it diverged before a driver was killed: it ends again, untrained
+        trial.end()
+        return
     checkpoints = LocalCheckpoints(trial.run, plan.metric, plan.mode, plan.num_to_keep)
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
@@ -286,15 +316,31 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
         best_from = None
         if epoch is not None:
             trial.report_again(epoch)
-            best_epoch = best_epoch_of(resume_from)
-            if best_epoch not in (None, epoch):  # the selected checkpoint is an earlier one: a copy for the test split
-                best_from = work / "best_epoch" / CHECKPOINT_FILE
-                best_from.parent.mkdir()
-                try:
-                    trial.run.join(checkpoint_name(best_epoch), CHECKPOINT_FILE).download(best_from)
-                except (OSError, StorageError):
-                    best_from = None  # not kept: the run says so when it scores the test split
-        train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from, best_from=best_from)
+            best_from = best_copy(trial.run, resume_from, epoch, work)
+        try:
+            train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from,
+                  best_from=best_from)
+        except TrainingDiverged as err:
+            trial.end(diverged_record(err))
+
+
+def best_copy(run, resume_from: Path, epoch: int, work: Path) -> Path | None:
+    """The checkpoint a trial resumed at `epoch` from `resume_from` scores the test split from (a2core's
+    `best_from`): `resume_from` itself when that epoch is the best so far (its new output folder has no best.pt
+    until a later epoch beats it), else a copy of the best epoch's from the run folder `run` (None: not kept, the run
+    says so when it scores the test split)."""
+    best = best_epoch_of(resume_from)
+    if best is None:
+        return None
+    if best == epoch:
+        return resume_from
+    target = work / "best_epoch" / CHECKPOINT_FILE
+    target.parent.mkdir(exist_ok=True)
+    try:
+        run.join(checkpoint_name(best), CHECKPOINT_FILE).download(target)
+    except (OSError, StorageError):
+        return None
+    return target
 
 
 def best_epoch_of(checkpoint_file) -> int | None:
@@ -392,6 +438,7 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
     import ray.train
     from ray.train import Checkpoint
 
+    from a2core.errors import TrainingDiverged
     from a2core.train import train
 
     cpu_start = time.process_time()
@@ -417,7 +464,9 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
             if (local / CHECKPOINT_FILE).is_file():
                 resume_from = str(local / CHECKPOINT_FILE)
                 best_epoch = best_epoch_of(resume_from)
-                if best_epoch is not None and checkpoint_name(best_epoch) != Path(checkpoint.path).name:
+                if best_epoch is not None and checkpoint_name(best_epoch) == Path(checkpoint.path).name:
+                    best_from = resume_from  # resumed at its best epoch: scored on the test split from it
+                elif best_epoch is not None:
                     # the selected checkpoint is an earlier sibling in the run folder (kept: the best two are)
                     best = Checkpoint(str(Path(checkpoint.path).parent / checkpoint_name(best_epoch)),
                                       filesystem=checkpoint.filesystem)
@@ -425,7 +474,12 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
                         best_from = str(Path(stack.enter_context(best.as_directory())) / CHECKPOINT_FILE)
                     except (OSError, FileNotFoundError):
                         best_from = None  # not kept: the run says so when it scores the test split
-        train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from, best_from=best_from)
+        try:
+            train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from, best_from=best_from)
+        except TrainingDiverged as err:
+            # Every rank stops at the same step (a2core.train decides in the gradients' all-reduce) and reports this
+            # (a barrier); the trial writes the end record and the Train run ends normally, not retried.
+            ray.train.report({DIVERGED_KEY: diverged_record(err)})
 
 
 def _forwarder(queue):
@@ -457,6 +511,9 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     use_temp_root(plan.temp_root())
     res = plan.resources
     trial = TrialRecorder(plan, res["workers_per_trial"] * res["gpus_per_worker"])
+    if trial.ended() is not None:  # as in `a2_local_trial`
+        trial.end()
+        return
     with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
         start_from = ray_train_start(trial.run, Path(folder))
     path, fs = plan.trials().ray_storage()
@@ -495,6 +552,9 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
         try:
             item = results.get(timeout=1.0)
         except Empty:
+            continue
+        if DIVERGED_KEY in item:
+            trial.end(item[DIVERGED_KEY])
             continue
         trial.record(item, float(item.pop(ATTEMPT_CPU_KEY, 0.0)))
     runner.join()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickletools
+import re
 import sys
 import tempfile
 import threading
@@ -21,14 +22,15 @@ from pathlib import Path
 import yaml
 
 from a2core.errors import CheckpointError, StudyError
-from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, checkpoint_epochs,
-                           checkpoint_name)
+from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, TUNE_POINTER_FILE,
+                           checkpoint_epochs, checkpoint_name)
 
 # The one place that knows Ray's private state layout (the Ray adapter): Tune's files at the study's root (experiment
 # state, searcher, callbacks, the Tuner) as Ray 2.60 names them (`TuneController`, `SearchGenerator`, `Searcher`,
 # `CallbackList` CKPT_FILE_TMPL and `tuner_internal._TUNER_PKL`), and how each is read (search_gen_state-*.json is a
-# pickle, despite its name). tests/test_adapters.py holds them against the installed Ray, and pyproject.toml
-# allows only the Ray release they were read from.
+# pickle, despite its name), and where the experiment state keeps each trial's checkpoint record (a cloudpickle in hex
+# inside its JSON: `tune_checkpoint_paths`). tests/test_adapters.py and tests/test_checkpoint_windows.py hold them
+# against the installed Ray, and pyproject.toml allows only the Ray release they were read from.
 TESTED_RAY = "2.60"
 _ROOT_FILES = (("experiment_state-", ".json", "json"), ("search_gen_state-", ".json", "pickle"),
                ("searcher-state-", ".pkl", "pickle"), ("callback-states-", ".pkl", "pickle"),
@@ -190,17 +192,127 @@ class WholeCopies:
         self._save_quietly()
 
 
-def checkpoint_problem(location) -> str | None:
-    """Why the checkpoint file at `location` cannot be loaded (a2core's own loader, weights_only), or None."""
+# -- Tune's pointer checkpoints ------------------------------------------------------------------------------------
+_TUNE_CHECKPOINT = re.compile(r"/checkpoint_\d{6}$")  # the storage path of a trial's Tune checkpoint folder
+
+
+def tune_checkpoint_paths(text: str) -> set[str]:
+    """The storage paths of the trial checkpoints (`checkpoint_NNNNNN`) an experiment state's text names. Tune keeps
+    each trial's checkpoint record as a cloudpickle in hex (`CLOUDPICKLE_FALLBACK`, `ray.tune.utils.serialization`)
+    inside JSON inside JSON: the paths are read from its opcodes' string arguments, nothing in it is run. This is
+    the one place that reads that internal (checked against the pinned Ray by tests/test_checkpoint_windows.py)."""
+    found: set[str] = set()
+
+    def walk(value) -> None:
+        if isinstance(value, str):
+            if value[:1] in "{[":
+                try:
+                    walk(json.loads(value))
+                except ValueError:
+                    pass
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            if value.get("_type") == "CLOUDPICKLE_FALLBACK" and isinstance(value.get("value"), str):
+                try:
+                    ops = list(pickletools.genops(bytes.fromhex(value["value"])))
+                except ValueError:
+                    return
+                found.update(arg for _, arg, _ in ops if isinstance(arg, str) and _TUNE_CHECKPOINT.search(arg))
+                return
+            for item in value.values():
+                walk(item)
+
+    try:
+        walk(json.loads(text or "{}"))
+    except ValueError:
+        pass  # an unreadable state is `refuse_corrupt`'s
+    return found
+
+
+def put_back_tune_pointers(study) -> list[str]:
+    """Put back, as an empty pointer, each trial checkpoint folder that the study's Tune experiment state names and
+    the storage no longer has; returns a line for each. A driver killed after Tune saved a trial's newer checkpoint
+    and deleted the one its last saved state names left the trial unrestorable ("Could not recover from checkpoint
+    as it does not exist on storage anymore"), though a2's own checkpoints are all there: a trial resumes from the
+    newest readable one of its run folder (`launch.trainable`), never from Tune's pointer, so an empty one serves."""
+    import pyarrow.fs as pafs  # pyarrow: only for a resume
+
+    _, fs = study.ray_storage()
+    fs = fs or pafs.LocalFileSystem()
+    lines = []
+    for name in study.listdir():
+        if not (name.startswith("experiment_state-") and name.endswith(".json")):
+            continue
+        for path in sorted(tune_checkpoint_paths(study.join(name).read_text())):
+            if fs.get_file_info(path).type != pafs.FileType.NotFound:
+                continue
+            fs.create_dir(path, recursive=True)
+            with fs.open_output_stream(f"{path}/{TUNE_POINTER_FILE}") as out:
+                out.write(json.dumps({"train_checkpoint": None, "put_back": True}).encode())
+            lines.append(f"Tune's record names {path}, which is gone (a driver killed between saving a checkpoint "
+                         f"and deleting the one before): put back as a pointer; the trial resumes from its own "
+                         f"newest readable checkpoint")
+    return lines
+
+
+def checkpoint_problem(location, model: dict | None = None, searched: tuple = ()) -> str | None:
+    """Why the checkpoint file at `location` cannot be loaded (a2core's own loader, weights_only), or is not the
+    model `model` (a config's model section; `model_mismatch`, its keys in `searched` left out), or None."""
     from a2core import checkpoint  # torch: only when a checkpoint is read
 
     with tempfile.TemporaryDirectory(prefix="a2-check-") as tmp:
         try:
             local = Path(location.uri) if location.local else location.download(Path(tmp) / "checkpoint.pt")
-            checkpoint.load(local)
+            state = checkpoint.load(local)
         except (CheckpointError, OSError) as err:
             return f"{location.uri}: {str(err).replace(str(local) + ': ', '') if location.local else err}"
-    return None
+    mismatch = model_mismatch(state, model, searched)
+    return None if mismatch is None else f"{location.uri}: {mismatch}"
+
+
+def model_mismatch(state: dict, model: dict | None = None, searched: tuple = ()) -> str | None:
+    """Why a loaded checkpoint (its dict) is not a model of the config section `model`: its own model config
+    differs at a key (the first one, sorted; the keys in `searched`, a study's searched `model.` keys, are each
+    trial's own), or its weights do not fit its own config (names or shapes: a swapped or hand-edited file, which
+    would fail later as a long size-mismatch traceback; looked at first). None when it is that model. Shapes only: the model is built
+    on torch's meta device, no memory for weights."""
+    import torch  # torch: only when a checkpoint is read
+
+    from a2core.config import Config
+    from a2core.errors import A2Error
+    from a2core.model.a2 import build_model
+
+    try:
+        saved = Config.from_dict(state["config"])
+    except (A2Error, KeyError, TypeError) as err:
+        return f"its config does not read ({str(err).splitlines()[0][:200]})"
+    weights = state.get("model")
+    if not isinstance(weights, dict):
+        return "no model weights in it"
+    with torch.device("meta"):
+        built = build_model(saved.model, len(state.get("vocab") or []), saved.data.max_caption_len + 2).state_dict()
+    for name in sorted(set(built) | set(weights)):
+        if name not in weights or name not in built:
+            return (f"its weights do not fit its own config ({name} is {'missing' if name in built else 'extra'}; "
+                    f"model.d_model {saved.model.d_model}, model.layers {saved.model.layers})")
+        if tuple(weights[name].shape) != tuple(built[name].shape):
+            return (f"its weights do not fit its own config ({name} is {tuple(weights[name].shape)}, the config "
+                    f"makes {tuple(built[name].shape)}: model.d_model {saved.model.d_model})")
+    return None if model is None else _other_model(saved, model, searched)
+
+
+def _other_model(saved, model: dict, searched: tuple) -> str | None:
+    """The first key (sorted) at which the checkpoint's model config `saved` differs from the study's `model`."""
+    from a2core.config import Config
+
+    have, want = saved.model.model_dump(by_alias=True), Config.from_dict({"model": model}).model.model_dump(
+        by_alias=True)
+    for key in sorted(set(have) | set(want)):
+        if f"model.{key}" not in searched and have.get(key) != want.get(key):
+            return (f"a model of another config: model.{key} is {have.get(key)!r} in the checkpoint, "
+                    f"{want.get(key)!r} in the study")
 
 
 def quick_checkpoint_problem(location) -> str | None:
@@ -225,18 +337,36 @@ def checkpoint_files(study) -> list:
             if trials.join(run, checkpoint_name(e), CHECKPOINT_FILE).exists()]
 
 
+def study_model(location) -> tuple[dict | None, tuple]:
+    """The model section every checkpoint of the study should match, and its searched `model.` keys (each trial's
+    own); (None, ()) when the saved spec cannot be read (its own check says why)."""
+    from launch.location import load_saved_spec  # pydantic: as in `cmd_check`
+
+    try:
+        spec = load_saved_spec(location)
+    except StudyError:
+        return None, ()
+    return spec.base["model"], tuple(p.path for p in spec.params.values())
+
+
 def cmd_check(args) -> int:
     """`a2 study check NAME`: every state file and every checkpoint of the study; exit 2 when one is unreadable."""
     # launch.spec (pydantic) through launch.location: not in a trial's process, which imports this module
     from launch.location import locate
 
-    study = locate(args.name, args.storage).at()
+    location = locate(args.name, args.storage)
+    study = location.at()
     files = state_files(study)
     checkpoints = checkpoint_files(study)
     problems = [p for p in (problem(loc, kind) for loc, kind in files) if p]
-    problems += [p for p in map(checkpoint_problem, checkpoints) if p]
     for line in problems:
         print(f"unreadable: {line}")
+    model, searched = study_model(location)
+    for found in (checkpoint_problem(c, model, searched) for c in checkpoints):
+        if found:  # a file that loads but is another model is "mismatched", one that does not "unreadable"
+            mismatched = "a model of another config" in found or "do not fit" in found
+            print(f"{'mismatched' if mismatched else 'unreadable'}: {found}")
+            problems.append(found)
     print(f"study {args.name} at {study.uri}: {len(files)} state files and {len(checkpoints)} checkpoints checked, "
           + (f"{len(problems)} unreadable (restore them from a copy; a trial resumes from its newest readable "
              f"checkpoint)" if problems else "all readable"))
