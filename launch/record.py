@@ -27,6 +27,7 @@ from dashboards.tracking import TAG_END_REASON, TAG_TRIAL_ID, param_value
 from launch.conclusions import best_value, pick_best, table_row
 from launch.lease import live_writer
 from launch.location import StudyLocation, load_saved_spec
+from launch.spec import SEED_KEYS
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, TrialState, checkpoint_epochs,
                            checkpoint_name, end_record, read_results, run_status, stop_record, train_run_name)
 from launch.verify import quick_checkpoint_problem
@@ -283,8 +284,6 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
     `dashboards.stats.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
     seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
     stopped early, if any."""
-    from launch.search import SEED_KEYS  # ray and optuna: not for `status` of a study with no trials yet
-
     groups: dict[str, list[dict]] = {}
     for r in rows:  # rows are in Tune's order (trial ids): a group's place is its first trial's, the tie rule's order
         groups.setdefault(group_hash(r), []).append(r)

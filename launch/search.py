@@ -20,14 +20,13 @@ from ray.tune.search import Searcher
 
 from a2core.selection import finite
 from dashboards.stats import config_hash, pooled_sd, short_hash
-from launch.spec import SEED_PATH, Param, StudySpec
+from launch.spec import SEED_KEYS, Param, StudySpec
 
 logger = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 STATE_VERSION = 2
 TIME_ATTR = "epoch"
-SEED_KEYS = ("seed", SEED_PATH)  # the seed's space key (alias or path): not part of a configuration
 MAX_DUPLICATES = 20  # suggestions in a row that repeat a configuration before its grid cell counts as done
 
 

@@ -32,6 +32,7 @@ ALIASES = {"fusion": "model.fusion", "lambda": "model.lambda", "eta": "model.eta
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
 SECTIONS = ("data", "model", "train")
 SEED_PATH = "train.seed"  # set by the replicate index when search.replicates is given
+SEED_KEYS = ("seed", SEED_PATH)  # the seed's space key (alias or path): not part of a configuration
 # Keys the space may not control: the scheduler's time budget and the pruning rule depend on the planned epochs.
 FIXED_PATHS = ("train.xe_epochs", "train.scst_epochs")
 
