@@ -113,6 +113,29 @@ class Section(BaseModel):
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 
 
+def _at_least(ctx: dict, value, unit: str) -> str:
+    least = ctx.get("min_length", 1)
+    return "must not be empty" if least == 1 else f"must have at least {least} {unit}, got {len(value)}"
+
+
+# pydantic error types -> (ctx, input) -> the reason, in the words every other refusal uses
+_HOUSE_STYLE = {
+    "string_too_short": lambda ctx, value: _at_least(ctx, value, "characters"),
+    "too_short": lambda ctx, value: _at_least(ctx, value, "items"),
+    "string_too_long": lambda ctx, value: f"must have at most {ctx.get('max_length')} characters, got {len(value)}",
+    "too_long": lambda ctx, value: f"must have at most {ctx.get('max_length')} items",
+    "missing": lambda ctx, value: "is required",
+    "string_type": lambda ctx, value: f"must be a string, got {type(value).__name__} {value!r}",
+    "int_type": lambda ctx, value: f"must be an integer, got {value!r}",
+    "int_parsing": lambda ctx, value: f"must be an integer, got {value!r}",
+    "int_from_float": lambda ctx, value: f"must be a whole number, got {value!r}",
+    "float_type": lambda ctx, value: f"must be a number, got {value!r}",
+    "float_parsing": lambda ctx, value: f"must be a number, got {value!r}",
+    "bool_type": lambda ctx, value: f"must be true or false, got {value!r}",
+    "bool_parsing": lambda ctx, value: f"must be true or false, got {value!r}",
+}
+
+
 def config_error(err: ValidationError, source: str | None = None) -> ConfigError:
     """Pydantic's first error as a ConfigError naming the dotted key (`search.space.lambda.grid[1]`) and the file."""
     first = err.errors()[0]
@@ -132,6 +155,8 @@ def config_error(err: ValidationError, source: str | None = None) -> ConfigError
         reason = "unknown key"
     elif kind in ("dict_type", "list_type"):
         reason = f"must be a {'mapping' if kind == 'dict_type' else 'list'}, got {type(value).__name__}"
+    elif kind in _HOUSE_STYLE:  # pydantic's own wording ("String should have at least 1 character") in ours
+        reason = _HOUSE_STYLE[kind](ctx, value)
     else:
         reason = first["msg"]
     return ConfigError(path, reason, source)

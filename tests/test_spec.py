@@ -456,3 +456,21 @@ def test_local_storage_under_a_file_or_out_of_reach_is_refused_in_one_line(tmp_p
     if not reachable:
         with pytest.raises(ConfigError, match=r"storage: /proc/1/root/x: cannot be reached \(Permission denied\)$"):
             load_study(SMOKE, ["storage=/proc/1/root/x"])
+
+
+@pytest.mark.parametrize("override, reason", [
+    ("storage=", "storage: must not be empty"),
+    ("search.metric=", "search.metric: must not be empty"),
+    ("tracking.experiment=", "tracking.experiment: must not be empty"),
+    ("train.xe_epochs=abc", "train.xe_epochs: must be an integer, got 'abc'"),
+    ("train.test_meteor=maybe", "train.test_meteor: must be true or false, got 'maybe'"),
+])
+def test_refusals_speak_the_house_style_not_pydantics(override, reason):
+    """Every refusal names the key and says what it must be in the project's words (never pydantic's "String should
+    have at least 1 character")."""
+    from a2core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_study(SMOKE, [override], check_files=False)
+    assert str(info.value).endswith(reason), str(info.value)
+    assert "should" not in str(info.value)
