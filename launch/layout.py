@@ -87,33 +87,32 @@ def run_status(state: str, epochs: int, stopped: dict | None, total_epochs: int,
     return "FAILED" if state == "ERROR" else "KILLED" if ended else "RUNNING"
 
 
-def stop_record(folder, text: str | None = None) -> dict | None:
-    """The scheduler's decision to stop the trial of run folder `folder` (`{"rung", "cutoff", ...}`), or None;
-    a file that is not one is a StudyError naming it. `text`: the file's text, when already read."""
-    target = folder.join(STOPPED_FILE)
+def _record(folder, name: str, what: str, valid, needs: str, text: str | None) -> dict | None:
+    """The JSON record `name` of run folder `folder`, or None when there is none; a file that is not one (not JSON,
+    or `valid(record)` false: it lacks `needs`) is a StudyError naming it."""
+    target = folder.join(name)
     text = target.read_text() if text is None else text
     try:
         record = json.loads(text or "null")
     except ValueError as err:
-        raise StudyError(f"{target.uri}: not a stop record ({err}); delete it to let the study go on") from None
-    if record is not None and not (isinstance(record, dict) and "rung" in record and "cutoff" in record):
-        raise StudyError(f"{target.uri}: not a stop record (no rung and cutoff); delete it to let the study go on")
+        raise StudyError(f"{target.uri}: not {what} ({err}); delete it to let the study go on") from None
+    if record is not None and not (isinstance(record, dict) and valid(record)):
+        raise StudyError(f"{target.uri}: not {what} ({needs}); delete it to let the study go on")
     return record
+
+
+def stop_record(folder, text: str | None = None) -> dict | None:
+    """The scheduler's decision to stop the trial of run folder `folder` (`{"rung", "cutoff", ...}`), or None;
+    a file that is not one is a StudyError naming it. `text`: the file's text, when already read."""
+    return _record(folder, STOPPED_FILE, "a stop record", lambda r: "rung" in r and "cutoff" in r,
+                   "no rung and cutoff", text)
 
 
 def end_record(folder, text: str | None = None) -> dict | None:
     """Why the trial of run folder `folder` ended itself before its planned epochs (`{"reason": "diverged", "epoch",
     "step", "key"}`), or None; a file that is not one is a StudyError naming it. `text`: the file's text, if read."""
-    target = folder.join(ENDED_FILE)
-    text = target.read_text() if text is None else text
-    try:
-        record = json.loads(text or "null")
-    except ValueError as err:
-        raise StudyError(f"{target.uri}: not an end record ({err}); delete it to let the study go on") from None
-    if record is not None and not (isinstance(record, dict) and record.get("reason") in END_REASONS):
-        raise StudyError(f"{target.uri}: not an end record (no reason among {', '.join(END_REASONS)}); delete it "
-                         "to let the study go on")
-    return record
+    return _record(folder, ENDED_FILE, "an end record", lambda r: r.get("reason") in END_REASONS,
+                   f"no reason among {', '.join(END_REASONS)}", text)
 
 
 def end_text(record: dict | None) -> str | None:
