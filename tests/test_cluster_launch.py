@@ -128,7 +128,10 @@ def test_ray_up_submit_down_on_the_local_provider(tmp_path, ssh_head):
         assert token_file.is_file()  # head_setup_commands generated the cluster's token where clients find it
         out = _ray(["submit", "--no-config-cache", str(cluster_file), str(REPO / "launch" / "submit.py"), "--",
                     "studies/smoke.yaml", f"--repo={mount}", "--quiet", *overrides], tmp_path, env, timeout=600)
-        assert "Connected to Ray cluster" in out or "Connecting to existing Ray cluster" in out, out[-4000:]
+        # the driver joined the cluster `ray up` started (Ray's INFO lines go to the study's log, not the terminal)
+        log = (study_dir / "a2-smoke" / "driver.log").read_text()
+        assert "Connected to Ray cluster" in log or "Connecting to existing Ray cluster" in log, (out[-2000:], log[-2000:])
+        assert "Started a local Ray instance" not in log + out
     finally:
         down = subprocess.run([_tool("ray"), "down", "-y", str(cluster_file)], cwd=tmp_path,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
