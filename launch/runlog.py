@@ -27,9 +27,26 @@ class _FolderFileHandler(logging.FileHandler):
     def __init__(self, path: Path):
         super().__init__(path, mode="a", encoding="utf-8", delay=True)
 
+    failed = False  # the file could not be written (the study's storage full or read-only): no more tries
+
     def _open(self):
         Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
         return super()._open()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed:
+            return
+        try:
+            super().emit(record)
+        except OSError:  # opening the file (FileHandler opens it outside its own error handling)
+            self.handleError(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        # A full, read-only or over-quota storage: the study stops and says so in one line (`launch.driver`); the log
+        # file's own failure must not print logging's "--- Logging error ---" traceback on the terminal beside it.
+        self.failed = True
+        with contextlib.suppress(OSError):
+            self.close()
 
 
 def log_path(study_uri: str, name: str) -> Path:

@@ -111,3 +111,20 @@ def test_ray_and_mlflow_info_lines_go_to_the_log_file_and_warnings_still_reach_t
         for logger, level in zip(loggers, levels):
             logger.removeHandler(handler)
             logger.setLevel(level)
+
+
+def test_a_log_file_that_cannot_be_written_adds_no_traceback_to_the_terminal(tmp_path, capfd):
+    """A study whose storage fills up or turns read-only stops with one line (tests/test_storage_full.py): the log
+    file in that storage failing too must not print logging's "--- Logging error ---" traceback."""
+    import logging
+
+    from launch import runlog
+
+    blocked = tmp_path / "study"
+    blocked.write_text("a regular file where the log's folder would be: no file can be made below it")
+    with runlog.diverted(blocked / runlog.LOG_FILE) as path:
+        logging.getLogger("ray").info("Started a local Ray instance")
+        logging.getLogger("ray").info("a second line, after the failure")
+    assert not path.exists()
+    captured = capfd.readouterr()
+    assert "Logging error" not in captured.err + captured.out and "Traceback" not in captured.err + captured.out
