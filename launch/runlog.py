@@ -20,33 +20,32 @@ LOGGERS = ("ray", "mlflow")
 LOG_FILE = "driver.log"
 
 
-class _FolderFileHandler(logging.FileHandler):
-    """A FileHandler that opens its file (and makes its folder) on the first line only: a study refused before
-    anything is logged leaves no file behind, and a new study's folder need not exist yet when this starts."""
+class _FolderFileHandler(logging.Handler):
+    """Appends each line to the log file, opening and closing it for every line: the file is never held open, so a
+    study's storage can be unmounted or remounted read-only under it (an operator's, or a test's, fault), and a new
+    study's folder need not exist before its first line (the folder is made then; a study refused before anything is
+    logged leaves no file). A full, read-only or over-quota storage stops the study with one line (`launch.driver`):
+    the log file failing there too stops logging quietly, without logging's "--- Logging error ---" traceback."""
+
+    terminator = "\n"
 
     def __init__(self, path: Path):
-        super().__init__(path, mode="a", encoding="utf-8", delay=True)
-
-    failed = False  # the file could not be written (the study's storage full or read-only): no more tries
-
-    def _open(self):
-        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
-        return super()._open()
+        super().__init__()
+        self.baseFilename = str(path)
+        self.failed = False
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.failed:
             return
         try:
-            super().emit(record)
-        except OSError:  # opening the file (FileHandler opens it outside its own error handling)
+            line = self.format(record) + self.terminator
+            Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+            with open(self.baseFilename, "a", encoding="utf-8") as log:
+                log.write(line)
+        except OSError:
+            self.failed = True
+        except Exception:  # a record that cannot be formatted: logging's own report, as for any handler
             self.handleError(record)
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        # A full, read-only or over-quota storage: the study stops and says so in one line (`launch.driver`); the log
-        # file's own failure must not print logging's "--- Logging error ---" traceback on the terminal beside it.
-        self.failed = True
-        with contextlib.suppress(OSError):
-            self.close()
 
 
 def log_path(study_uri: str, name: str) -> Path:
