@@ -27,6 +27,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+_REPO = Path(__file__).resolve().parents[2]  # the checkout this generator documents
 # a generated region: its opening marker, the generated Markdown, the closing marker
 REGION = re.compile(r"^<!--\s*a2ref:\s*(?P<name>[a-z-]+)\s*-->\n(?P<body>.*?)^<!--\s*/a2ref\s*-->$", re.M | re.S)
 END = "<!-- /a2ref -->"
@@ -299,7 +300,8 @@ def _option_row(action: argparse.Action) -> str | None:
     elif action.default is None or action.default == [] or action.default is argparse.SUPPRESS:
         default = ""
     else:
-        default = f"`{action.default}`"
+        # a path inside this checkout reads as the repository's own file, whatever folder it was cloned into
+        default = f"`{str(action.default).replace(str(_REPO) + '/', '')}`"
     choices = ", ".join(f"`{c}`" for c in action.choices) if action.choices else ""
     help_text = _one_line(action.help if action.help is not argparse.SUPPRESS else "")
     if choices:
