@@ -26,33 +26,39 @@ from launch.spec import load_study
 
 CLUSTER_FILE = Path(__file__).resolve().parents[1] / "ray-cluster.yaml"
 
-# Training images per second per GPU, cross-entropy, A2 gate model at the paper's sizes: an ESTIMATE, not a
-# measurement (no GPU was at hand); derived in benchmarks/RESULTS.md, "Throughput for `a2 study plan`": 301 GFLOP
-# per step of 10 images x 5 captions (FLOP count of the A2 step, paper schedule) at 10% of an A10G's 31.2 TFLOPS
-# FP32 peak = about 100 images/s. Measure it on the cluster (`time/epoch_s` of a first trial) and pass
+# Training images per second per GPU, cross-entropy, A2 gate model at the paper's sizes: an ESTIMATE for the
+# cluster's A10G, derived in benchmarks/RESULTS.md, "Throughput for `a2 study plan`": 301 GFLOP per step of 10
+# images x 5 captions at 10% of an A10G's 31.2 TFLOPS FP32 peak = about 100 images/s. MEASURED on an H200
+# (benchmarks/bench_gpu.py (a), RESULTS.md "On a GPU"): 115 images/s in fp32 (87 ms a step; bf16 and fp16 no
+# faster), i.e. the step is bound by its ~1,000 kernel launches and host work, not by the GPU's FLOPs, so a GPU of
+# fewer FLOPs is not much slower. Measure it on the cluster (`time/epoch_s` of a first trial) and pass
 # --images-per-second.
 IMAGES_PER_SECOND = 100.0
-# Assumptions of the estimate (stated in every plan): an SCST image costs 2 cross-entropy images (5 captions
-# sampled word by word, then the backward through them, the CIDEr-D reward on the CPU); a validation image
-# (beam or greedy decoding), and a test image of the end-of-run evaluation, costs one; a trial's GPUs scale linearly.
-SCST_IMAGE_COST = 2.0
-VAL_IMAGE_COST = 1.0
+# The other stages' images in cross-entropy images, MEASURED on an H200 at the paper's model sizes
+# (benchmarks/bench_gpu.py (b), a2core's Trainer, one epoch of each stage): an SCST image with 5 sampled captions
+# (decoded word by word keeping the graph, their backward, the CIDEr-D reward on the CPU) 6.9 (an assumed 2.0
+# before the measurement); a validation image (greedy decoding), and a test image of the end-of-run evaluation,
+# 2.0 (assumed 1.0 before). Both are launch-bound word-by-word decoding, slower against a cross-entropy step on a GPU
+# than on a CPU; the SCST figure is from a model three epochs into training, whose samples run longer than a
+# trained model's (an upper side). A trial's GPUs scale linearly (assumed).
+SCST_IMAGE_COST = 6.9
+VAL_IMAGE_COST = 2.0
 # The XE layout (train.batch_layout). IMAGES_PER_SECOND is for the `images` layout (10 encoder passes a step of 50
 # pairs); a `pairs` step encodes each distinct image of its 50 random pairs once, ~50 passes. Priced by the
 # encoder's share of an images-layout step, ENCODER_SHARE: the encoder's work (and the region keys/values) scales
 # with the passes, the decoder's (the 50 captions, the mask step) does not. From a FLOP count, as
 # IMAGES_PER_SECOND is (benchmarks/bench_recipe.py (a): A2 gate at the paper's sizes, FlopCounterMode, forward and
 # backward): an images step 287 GFLOP, a pairs step 582, ratio 2.03, so share = (2.03 - 1) / (50 / 10 - 1) = 0.26.
-# Measured on a CPU, one thread, the time ratio was 2.0-2.6 (RESULTS.md); on a GPU a 10-image step runs further
-# from its peak than a 50-image one, so there the time ratio is likely lower than the FLOP ratio: measure it
-# (`--images-per-second` from a first trial).
+# On a CPU, one thread, the time ratio was 2.0-2.6 (RESULTS.md); on an H200 it was 1.00 (share 0.00: the extra
+# encoder passes hide under the step's launch-bound time, benchmarks/bench_gpu.py (a)). The plan keeps the FLOP
+# figure, the upper side for a GPU of fewer FLOPs than an H200 (an A10G has a ninth of its dense bf16 FLOPs).
 ENCODER_SHARE = 0.26
 # SCST candidates (train.scst_candidates): a `beam` SCST image against a `sample` one (SCST_IMAGE_COST). Beam:
 # a beam search of width k (k beams x up to max_len decoder steps, no graph) and one teacher-forced pass of the k
-# beams (forward and backward); sample: k samples word by word keeping the graph, and their backward. MEASURED
-# on a CPU at the smoke study's sizes (benchmarks/bench_recipe.py (c), SCST epoch time beam / sample, 5 seeds):
-# 0.75x [0.62, 0.89]. Not measured at the paper's sizes or on a GPU: an assumption there.
-BEAM_SCST_COST = 0.75
+# beams (forward and backward); sample: k samples word by word keeping the graph, and their backward. MEASURED on
+# an H200 at the paper's model sizes (benchmarks/bench_gpu.py (b), both from the same checkpoint): 0.57. On a CPU
+# at the smoke study's sizes (benchmarks/bench_recipe.py (c), 5 seeds) it was 0.75x [0.62, 0.89].
+BEAM_SCST_COST = 0.57
 # Seed spread of best val CIDEr (x100) for a COCO study that has not run yet: an ASSUMED figure of 1.0 CIDEr. No
 # source at hand measures it for this model (the paper reports one run per configuration); it is of the order of
 # the differences between re-runs of one Transformer captioner on the Karpathy split. Replace it with the
@@ -276,11 +282,12 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
     est = estimate(spec, images_per_second, workers)
     lines += ["cost (an estimate)",
               f"  speed     {images_per_second:g} training images/s per GPU ({ips_source})",
-              f"            assumed: an XE image costs {xe_image_cost(spec):.2f} ({t.get('batch_layout', 'images')} "
-              f"layout, encoder share {ENCODER_SHARE:g} of an images-layout step), an SCST image "
-              f"{scst_image_cost(spec):g} ({t.get('scst_candidates', 'sample')} candidates), a validation image "
-              f"{VAL_IMAGE_COST:g}, a test image ({_n(test_images(spec))} when a trial ends) {VAL_IMAGE_COST:g}; "
-              f"a trial's GPUs scale linearly",
+              f"            per image, in XE images: an XE image {xe_image_cost(spec):.2f} "
+              f"({t.get('batch_layout', 'images')} layout, encoder share {ENCODER_SHARE:g} of an images-layout "
+              f"step, from FLOPs), an SCST image {scst_image_cost(spec):.2f} "
+              f"({t.get('scst_candidates', 'sample')} candidates), a validation image {VAL_IMAGE_COST:g}, a test "
+              f"image ({_n(test_images(spec))} when a trial ends) {VAL_IMAGE_COST:g} (measured on an H200: "
+              f"benchmarks/bench_gpu.py); a trial's GPUs scale linearly (assumed)",
               f"  GPU-hours {est.gpu_hours:,.0f} for {spec.num_trials} trials; about {est.wall_hours:,.0f} h wall "
               f"on {est.gpus_at_once} GPUs at once"]
     if workers is not None:
@@ -334,7 +341,7 @@ def main(args) -> int:
     noise, noise_source = _noise(args, spec)
     deltas = [(f"{d:g} CIDEr", d) for d in args.delta] if args.delta else table3_gaps()
     ips, ips_source = ((args.images_per_second, "given") if args.images_per_second is not None else
-                       (IMAGES_PER_SECOND, "an estimate for an A10G: benchmarks/RESULTS.md"))
+                       (IMAGES_PER_SECOND, "an estimate for an A10G; 115 measured on an H200: benchmarks/RESULTS.md"))
     workers = cluster_workers(args.cluster)
     print(plan_text(spec, noise, noise_source, deltas, ips, ips_source, workers, args.price_per_hour))
     return 0

@@ -41,21 +41,23 @@ def test_shipped_coco_study_plans_at_the_papers_scale(name, capsys):
     out = capsys.readouterr().out
     assert f"steps     11,329 a epoch; {11_329 * (xe + scst):,} in {xe + scst} epochs" in out
     assert "the standard Karpathy split" in out
-    images = 11_329 * 10  # the last step filled up; a validation image costs 1 (all 5,000)
-    test = 5_000  # the end-of-run test evaluation: once a trial, a test image costing as a validation image
+    images = 11_329 * 10  # the last step filled up; all 5,000 val images every epoch, VAL_IMAGE_COST each
+    val = plan.VAL_IMAGE_COST * 5_000
+    test = plan.VAL_IMAGE_COST * 5_000  # the end-of-run test evaluation: once a trial, a test image costing as a val one
     # the paper's recipe (train.batch_layout pairs): ~50 encoder passes a step instead of 10, priced by the encoder's
-    # share of a step; SCST with beam candidates: 2 XE images an SCST image, times the beam / sample cost
+    # share of a step; SCST with beam candidates: SCST_IMAGE_COST XE images an SCST image, times the beam / sample
+    # cost (both measured on an H200: benchmarks/bench_gpu.py)
     assert t["batch_layout"] == "pairs" and plan.encoder_passes(spec) == pytest.approx(50, abs=0.02)
     xe_cost = 1 + plan.ENCODER_SHARE * (plan.encoder_passes(spec) / 10 - 1)
     assert plan.xe_image_cost(spec) == pytest.approx(xe_cost)
-    scst_cost = 2 * plan.BEAM_SCST_COST  # 2 x 0.75, measured on a CPU (benchmarks/bench_recipe.py (c))
+    scst_cost = plan.SCST_IMAGE_COST * plan.BEAM_SCST_COST
     assert "~50.0 encoder passes a step (one per distinct image)" in out
     if scst:
         assert t["scst_candidates"] == "beam" and plan.scst_image_cost(spec) == pytest.approx(scst_cost)
         assert "SCST      10 images x 5 beams of a beam search of width 5" in out
-    gpu_hours = (trials * (xe * (xe_cost * images + 5_000) + scst * (scst_cost * images + 5_000) + test)
+    gpu_hours = (trials * (xe * (xe_cost * images + val) + scst * (scst_cost * images + val) + test)
                  / plan.IMAGES_PER_SECOND / 3600)
-    assert "a test image (5,000 when a trial ends) 1;" in out and "113,287 train, 5,000 val, 5,000 test" in out
+    assert f"a test image (5,000 when a trial ends) {plan.VAL_IMAGE_COST:g} (measured" in out and "113,287 train, 5,000 val, 5,000 test" in out
     assert f"GPU-hours {gpu_hours:,.0f} for {trials} trials" in out
     price = plan.ON_DEMAND_PRICES["g5.12xlarge"] / 4
     assert f"cost      ${gpu_hours * price:,.0f}: g5.12xlarge at $5.672/h" in out
