@@ -136,3 +136,28 @@ def test_copy_folder_copies_everything_below_it_locally_and_on_s3(tmp_path, s3_e
     there = open_location(f"s3://{bucket}/st/b", s3_endpoint)
     remote.copy_folder(there, last=CHECKPOINT_FILE)
     assert there.join("sub", "x.txt").read_text() == "x" and there.join(CHECKPOINT_FILE).read_text() == "weights"
+
+
+def test_a_kill_point_kills_only_where_a2_kill_at_names_it():
+    """`launch.killpoints`: the process named by A2_KILL_DRIVER_PID (else itself) is SIGKILLed at the point named,
+    with the value named if any; any other point, or no A2_KILL_AT, does nothing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = "from launch.killpoints import kill_point; kill_point('checkpoint-saved', 1); print('alive', flush=True)"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("A2_KILL_AT", None)
+
+    def run(**extra):
+        return subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True,
+                              timeout=60)
+
+    assert run().stdout == "alive\n"
+    assert run(A2_KILL_AT="checkpoint-saved@2").stdout == "alive\n"
+    assert run(A2_KILL_AT="trial-result").stdout == "alive\n"
+    for point in ("checkpoint-saved", "checkpoint-saved@1"):
+        killed = run(A2_KILL_AT=point)
+        assert killed.returncode == -signal.SIGKILL and "alive" not in killed.stdout, killed
+        assert f"a2 kill point {point}: SIGKILL to the driver" in killed.stdout
