@@ -224,8 +224,9 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
             text = yaml.safe_dump(saved_form(spec), sort_keys=False)
             location.write_text(text, STARTED_SPEC_FILE)  # first: a study.yaml is never there without it
             location.write_text(text, STUDY_FILE)
+        remember(location)  # `a2 study resume NAME` finds it by its name from now on, a driver killed next included
+        if new:
             kill_point("study-file-written")
-        remember(location)
         temp = plan_from_spec(spec)
         remove_temp_root(temp)  # what trials of a killed driver left on this node
         try:
