@@ -8,7 +8,9 @@ or a trial kills the driver, when the code passes the point; the real code path 
    checkpoints it no longer keeps not deleted. Tune's files are then removed, as a driver killed before Tune's first
    save leaves them, but with a trial that trained: the resumed study's trial of that configuration continues it
    from its checkpoint (`launch.trainable.adopt`) and, its epochs all done, scores the test split.
-3. `trial-result@1`: the driver has the next trial's first result.
+3. `trial-result@1`: the driver has the next trial's first result. Tune saves its state every 10 s or so, so
+   it often has not saved that trial yet: resumed, its configuration runs again under a new trial id, which
+   continues the lost trial's checkpoint; else Tune restores it. Either way the checks below hold.
 4. `export-final`: the driver's last MLflow export has ended one trial's run, not the others nor the study's.
 5. `study-end`: the summary and the export are written, the lease is not given back.
 
