@@ -591,6 +591,13 @@ class Trainer:
         t = self.cfg.train
         total = t.xe_epochs + t.scst_epochs
         test: dict = {}
+        if 0 < total <= self.epoch and t.test_at_end:
+            # Resumed from the last epoch's checkpoint: a run stopped after saving it but before its result (and the
+            # test scores that come with it) was kept scores the test split now, and reports the last epoch again
+            # with them (no checkpoint: there is no new one).
+            test = self.test_evaluation()
+            if report is not None and test and self.history:
+                report({**self.history[-1], **test, "samples": []}, None)
         while self.epoch < total:
             stage = "xe" if self.epoch < t.xe_epochs else "scst"
             if stage == "scst" and self.epoch == t.xe_epochs:
@@ -660,8 +667,10 @@ def train(config: Config | dict, report: Report | None = None, *, output_dir: st
     Returns:
         `best/val/CIDEr`, `best_epoch`, `epochs`, `steps`, `best_checkpoint`, `last_checkpoint`, `history`
         (one dict of scalars per epoch), `test` (the end-of-run test evaluation of the best epoch: `test/CIDEr`,
-        ... x100, `test/epoch`, `time/test_s`; {} when it did not run: `train.test_at_end` false, no test images,
-        or an epoch resumed past the last) and `test_per_image_cider` (`{"ids", "scores"}` or None).
+        ... x100, `test/epoch`, `time/test_s`; {} when it did not run: `train.test_at_end` false, no test images)
+        and `test_per_image_cider` (`{"ids", "scores"}` or None). A run resumed from its last epoch's checkpoint
+        trains nothing: it scores the test split from its best checkpoint (`best_from` when that epoch came before)
+        and reports the last epoch again with those scores.
     """
     cfg = config if isinstance(config, Config) else Config.from_dict(config)
     trainer = Trainer(cfg, output_dir or cfg.output_dir, resume_from, best_from)

@@ -5,6 +5,7 @@ what happened."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -21,10 +22,11 @@ from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import runlog, stop
 from launch.conclusions import best_value, format_table, print_conclusions, table_row
 from launch.datastore import check_feature_copies
+from launch.killpoints import arm_driver, kill_point
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
                              write_summary)
-from launch.layout import add_outage
+from launch.layout import SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR, add_outage
 from launch.raycluster import connect
 from launch.spec import check_cluster, check_machine, runs_locally
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
@@ -196,6 +198,7 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
     if runs_locally(spec, address):  # before Ray starts and before the study's folder (its lease) exists
         check_machine(spec)
     check_tracking(spec)
+    arm_driver()  # the kill-anywhere test's hook (`launch.killpoints`); nothing without A2_KILL_AT
     # one writer per study; Ray's, Tune's and MLflow's INFO lines into the study's log file, not the terminal
     with StudyLease(location.at(), stale_after).held(force), \
             runlog.diverted(runlog.log_path(location.uri(), spec.name)) as log:
@@ -204,12 +207,15 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         if new and (started or location.exists(STUDY_FILE)):
             raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
                              f"`a2 study resume {spec.name}`, or give the new study another name")
-        if not new and not started:
-            raise StudyError(f"study {location.name!r} at {location.uri()} has no Tune experiment state to resume "
-                             f"(it was stopped before its first trial started); run it again")
-        if not new:  # the study's one writer now: Tune's pointers a killed driver deleted too early, put back
+        if not new and not started:  # killed before Tune saved anything: the study starts in place, from a2's record
+            print(f"study {spec.name}: Tune saved no experiment state before the study's driver stopped: its "
+                  f"{spec.num_trials} trials start in place from the saved spec (same searcher seed, so the same "
+                  f"configurations), each from the checkpoints an earlier trial of its configuration left, if any",
+                  flush=True)
+        if started and not new:  # the study's one writer now: Tune's pointers a killed driver deleted too early, put back
             for line in put_back_tune_pointers(location.at()):
                 print(f"a2 study: {line}", flush=True)
+        adoptable = () if new else lost_trial_runs(location, started)
         cluster = connect(address, runtime_env_vars=propagated_env())
         check_cluster(spec, cluster)  # a trial asking more than the whole cluster has: refused (ConfigError, exit 2)
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
@@ -218,18 +224,38 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
             text = yaml.safe_dump(saved_form(spec), sort_keys=False)
             location.write_text(text, STARTED_SPEC_FILE)  # first: a study.yaml is never there without it
             location.write_text(text, STUDY_FILE)
-        remember(location)
+        remember(location)  # `a2 study resume NAME` finds it by its name from now on, a driver killed next included
+        if new:
+            kill_point("study-file-written")
         temp = plan_from_spec(spec)
         remove_temp_root(temp)  # what trials of a killed driver left on this node
         try:
             # SIGINT and SIGTERM: a clean stop, `a2 study resume NAME` continues; whole copies of Tune's own files
             with stop.stop_on_signals(), WholeCopies(location.at()):
-                tuner = build_tuner(spec, location, verbose=verbose, restore=not new)
-                doing = f"{spec.num_trials} trials, results in" if new else "resuming from"
+                tuner = build_tuner(spec, location, verbose=verbose, restore=started and not new,
+                                    adoptable=adoptable)
+                doing = "resuming from" if started and not new else f"{spec.num_trials} trials, results in"
                 say(f"study {spec.name}: {doing} {location.uri()} (Ray and Tune log: {log})", verbose)
-                return fit_and_finish(spec, location, tuner, verbose=verbose)
+                summary = fit_and_finish(spec, location, tuner, verbose=verbose)
+                kill_point("study-end")
+                return summary
         finally:
             remove_temp_root(temp)
+
+
+def lost_trial_runs(location: StudyLocation, started: bool) -> tuple[str, ...]:
+    """The run folders below `trials/` of trials that the study's saved Tune state does not know (all of them when
+    Tune saved none), that recorded their configuration and were not continued already: a driver killed before Tune
+    saved them. A resumed trial of the same configuration continues the newest of them (`launch.trainable.adopt`)."""
+    known: set[str] = set()
+    if started:
+        from launch.record import tune_trials  # ray.tune: only for a resume
+
+        known = {t.trial_id for t in tune_trials(location)}
+    prefix, trials = f"{location.name}-", location.at(TRIALS_DIR)
+    return tuple(name for name in trials.listdir(folders_only=True)
+                 if name.startswith(prefix) and name[len(prefix):] not in known
+                 and trials.join(name, TRIAL_FILE).exists() and not trials.join(name, SUPERSEDED_FILE).exists())
 
 
 def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True) -> dict:
@@ -310,9 +336,11 @@ def say(text: str, verbose: bool = True) -> None:
         sys.stdout.flush()
 
 
-def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore: bool = False):
+def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore: bool = False,
+                adoptable: tuple[str, ...] = ()):
     """The study's Tuner, new or restored from storage (searcher, scheduler, callbacks) to resume unfinished and
-    errored trials."""
+    errored trials. `adoptable`: run folders of trials Tune lost, which trials of their configuration continue
+    (`lost_trial_runs`)."""
     # ray (and optuna, through launch.search): only when a study runs
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
@@ -327,7 +355,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     # The experiment state is saved with every trial checkpoint on purpose (below): no warning each epoch.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    trainable = make_trainable(plan_from_spec(spec))
+    trainable = make_trainable(dataclasses.replace(plan_from_spec(spec), adoptable=tuple(adoptable)))
     if restore:
         path, fs = location.at().ray_storage()
         return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True,

@@ -20,6 +20,12 @@ ARTIFACTS_DIR = "artifacts"  # in a trial's run folder: the files of its MLflow 
 STOPPED_FILE = "stopped_early.json"  # in a trial's run folder: the scheduler's decision to stop it (launch.driver)
 ENDED_FILE = "ended.json"  # in a trial's run folder: why the trial itself ended before its planned epochs (`end_record`)
 END_REASONS = ("diverged",)  # what an end record may say: `a2core.errors.TrainingDiverged` (launch.trainable)
+# in a trial's run folder: the configuration Tune sampled for it (`{"trial_id", "config"}`), written when it starts:
+# a later trial of the same configuration finds the folder by it when Tune lost the trial (`launch.trainable.adopt`)
+TRIAL_FILE = "trial.json"
+# in a trial's run folder: a later trial continued it (`{"by", "run", "epoch"}`); the folder is superseded, out of the
+# record (Tune does not know its trial), and its MLflow run is ended KILLED, superseded (`launch.mlflow_export`)
+SUPERSEDED_FILE = "superseded.json"
 TUNE_POINTER_FILE = "train_checkpoint.json"
 TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of a trial's checkpoints
 

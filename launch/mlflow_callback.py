@@ -13,6 +13,7 @@ from ray.tune import Callback
 
 from dashboards.tracking import check_tracking_uri, client_settings, ui_pointer
 from launch import stop
+from launch.killpoints import kill_point
 from launch.mlflow_export import Export, StudyExporter, end_reason
 from launch.layout import STOPPED_FILE, TRIALS_DIR, outage_line, train_run_name
 
@@ -53,7 +54,11 @@ class A2MLflowCallback(Callback):
         if self.exporter is not None:
             self.exporter.poke()
 
-    on_trial_start = on_trial_restore = on_trial_result = on_trial_error = _poke
+    on_trial_start = on_trial_restore = on_trial_error = _poke
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        kill_point("trial-result", result.get("epoch"))  # the kill-anywhere test's hook (`launch.killpoints`)
+        self._poke(iteration, trials, trial)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         record = self.stopped_early_of(str(trial.trial_id)) if self.stopped_early_of else None

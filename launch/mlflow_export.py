@@ -23,8 +23,10 @@ from a2core.selection import best_epoch
 from dashboards.mlflow_views import TAG_CONFIG_LABEL
 from dashboards.tracking import (TAG_BEST_CKPT, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID, StudyTracker, search_all_runs,
                                  check_tracking_uri)
+from launch.killpoints import kill_point
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, ENDED_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE,
-                           TRIALS_DIR, TrialState, add_outage, end_record, run_status, stop_record, train_run_name)
+                           SUPERSEDED_FILE, TRIALS_DIR, TrialState, add_outage, end_record, run_status, stop_record,
+                           train_run_name)
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,8 @@ class Export:
         failed = unfinished = False
         for trial in trials:
             status = self._trial(tracker, trial, ended, late)
+            if ended is not None:
+                kill_point("export-final")  # the kill-anywhere test's hook (`launch.killpoints`)
             # a trial that ended itself (diverged) is FAILED with its reason, but done: the study is not failed
             done_for_a_reason = status == "FAILED" and trial.status != "ERROR"
             failed |= status == "FAILED" and not done_for_a_reason
@@ -93,8 +97,22 @@ class Export:
                                f"tags.`{TAG_PARENT}` = '{tracker.parent_run_id}' and tags.`{TAG_ROLE}` = 'trial'"):
             tid = run.data.tags.get(TAG_TRIAL_ID)
             if tid not in known and run.info.status in ("RUNNING", "SCHEDULED"):
-                tracker.end_trial(run.info.run_id, "KILLED", SUPERSEDED)
+                tracker.end_trial(run.info.run_id, "KILLED", self._superseded_reason(tid))
                 self.superseded.append(tid)
+
+    def _superseded_reason(self, trial_id: str | None) -> str:
+        """`SUPERSEDED`, or, when a later trial continued this one's checkpoints (`launch.trainable.adopt` marked
+        its folder), which trial and from which epoch."""
+        folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, str(trial_id)))
+        try:
+            mark = json.loads(folder.join(SUPERSEDED_FILE).read_text() or "null")
+        except (ValueError, StorageError):
+            mark = None
+        if not isinstance(mark, dict) or not mark.get("by"):
+            return SUPERSEDED
+        return (f"superseded: the driver was killed before Tune saved this trial; trial {mark['by']} (same "
+                f"configuration) continued it from its checkpoint of epoch {mark.get('epoch')}, and holds its epochs "
+                f"in the study's record")
 
     def _trial(self, tracker: StudyTracker, trial: TrialState, ended: str | None, late: bool) -> str | None:
         """Export one trial; returns the status its run has now (None: not started, no run)."""

@@ -10,6 +10,7 @@ import hashlib
 import os
 import posixpath
 import re
+import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -194,6 +195,27 @@ class Location:
         with self._errors("list it"):
             infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
         return sorted(i.base_name for i in infos if not folders_only or i.type == pafs.FileType.Directory)
+
+    def copy_folder(self, target: "Location", last: str | None = None) -> None:
+        """Copy this folder, everything below it, to the folder `target` (replaced), the file `last` at its top
+        copied last: a reader that takes a folder as whole once it has `last` (a checkpoint folder its
+        `checkpoint.pt`) never takes a half copy. Locally the copy is made beside `target` and renamed into place."""
+        if self.local and target.local:
+            staging = Path(target.uri).with_name(f".{Path(target.uri).name}.partial")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(self.uri, staging)
+            shutil.rmtree(target.uri, ignore_errors=True)
+            os.replace(staging, target.uri)
+            return
+        (src_fs, src), (dst_fs, dst) = self.filesystem, target.filesystem
+        with self._errors("copy it"):
+            infos = src_fs.get_file_info(pafs.FileSelector(src, recursive=True))
+            files = sorted((i.path for i in infos if i.type == pafs.FileType.File),
+                           key=lambda path: path == f"{src}/{last}")
+            for path in files:
+                pafs.copy_files(path, f"{dst}/{path[len(src):].lstrip('/')}", source_filesystem=src_fs,
+                                destination_filesystem=dst_fs)
 
     def download(self, target: str | os.PathLike) -> Path:
         """A copy of this file at `target`, written atomically; from S3 its size and the sha256 that `upload_file`

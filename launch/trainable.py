@@ -26,17 +26,20 @@ from typing import Callable
 
 from a2core.errors import CheckpointError, StorageError
 from a2core.selection import best_epoch, rank
+from launch.killpoints import DRIVER_PID_ENV, KILL_AT_ENV, kill_point
 from launch.raycluster import stash_credentials
-from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, ENDED_FILE, RESULTS_FILE, TRAIN_SNAPSHOT,
-                           TRIALS_DIR, TUNE_POINTER_FILE, ResultLog, checkpoint_epochs, checkpoint_name, end_record,
-                           end_text, latest_checkpoint_history, train_run_name)
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, ENDED_FILE, RESULTS_FILE,
+                           SUPERSEDED_FILE, TRAIN_SNAPSHOT, TRIAL_FILE, TRIALS_DIR, TUNE_POINTER_FILE, ResultLog,
+                           checkpoint_epochs, checkpoint_name, end_record, end_text, latest_checkpoint_history,
+                           train_run_name)
 
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
 DIVERGED_KEY = "a2/diverged"  # worker -> trial driver: the run diverged (`diverged_record`), instead of an epoch
 # Environment that Ray workers need to reach storage from any node of the cluster: settings and references
 # (the credentials file, its profile), never a secret's value (launch.raycluster.stash_credentials).
 PROPAGATED_ENV = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION",
-                  "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL", "A2_DATA_CACHE")
+                  "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL", "A2_DATA_CACHE",
+                  KILL_AT_ENV, DRIVER_PID_ENV)  # the last two: the kill-anywhere test's (`launch.killpoints`)
 
 
 @dataclass
@@ -55,6 +58,10 @@ class TrialPlan:
     # the training function of a one-worker trial, `a2core.train.train`'s contract; None: that one. A rehearsal's
     # stand-in (`launch.rehearse`) comes in through `swapped_trainer`
     train: Callable | None = None
+    # run folders (names below `trials/`) of trials the resumed study's Tune state does not know (a driver killed
+    # before Tune saved them, or before Tune saved anything): a trial of the same configuration continues the
+    # newest of them instead of starting at epoch 1 (`adopt`)
+    adoptable: tuple[str, ...] = ()
 
     def config(self, sampled: dict) -> dict:
         """The a2core config of a trial: the resolved suggestion, with diagnostics at the epochs it may be stopped."""
@@ -155,12 +162,18 @@ class ComputeMeter:
 class TrialRecorder:
     """What a trial does with each epoch's result: stamp its cost, log it, report it to Tune."""
 
-    def __init__(self, plan: TrialPlan, gpus: float):
+    def __init__(self, plan: TrialPlan, gpus: float, sampled: dict | None = None):
         import ray.tune  # ray: only in a trial's process
 
         self.trial_id = ray.tune.get_context().get_trial_id()
         self.metric, self.mode = plan.metric, plan.mode
         self.run = plan.trials().join(train_run_name(plan.study, self.trial_id))
+        if sampled is not None:
+            if not self.run.join(TRIAL_FILE).exists():
+                self.run.join(TRIAL_FILE).write_text(json.dumps({"trial_id": self.trial_id, "config": sampled},
+                                                                sort_keys=True, default=str))
+            if plan.adoptable:
+                adopt(plan, self.run, self.trial_id, sampled)
         self.log = ResultLog(self.run.join(RESULTS_FILE))
         self.log.add_missing(latest_checkpoint_history(self.run))
         self.meter = ComputeMeter(list(self.log.by_epoch.values()), gpus)
@@ -239,6 +252,71 @@ class TrialRecorder:
             ray.tune.report(dict(self.log.by_epoch[epoch]))
 
 
+def _same_config(a, b) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def adopt(plan: TrialPlan, run, trial_id: str, sampled: dict) -> dict | None:
+    """Continue a lost trial: when the run folder `run` of a starting trial has no checkpoint yet, the newest of the
+    run folders in `plan.adoptable` (trials the resumed study's Tune state does not know) whose trial had the same
+    sampled configuration, seed included (`TRIAL_FILE`), and a complete checkpoint, not continued already, is copied
+    into `run`: its checkpoint folders, its results up to its newest checkpoint, its artifacts and end record. The
+    trial then resumes from there as from its own checkpoints. The old folder is marked superseded last
+    (`SUPERSEDED_FILE`, read by the MLflow export, which ends its run so). Returns the mark, None when nothing was
+    continued."""
+    if checkpoint_epochs(run):
+        return None
+    trials = plan.trials()
+    found = None  # (newest epoch, folder, complete epochs)
+    for name in plan.adoptable:
+        old = trials.join(name)
+        if old.uri == run.uri or old.join(SUPERSEDED_FILE).exists():
+            continue
+        try:
+            record = json.loads(old.join(TRIAL_FILE).read_text() or "null")
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not _same_config(record.get("config"), sampled):
+            continue
+        epochs = [e for e in checkpoint_epochs(old) if old.join(checkpoint_name(e), CHECKPOINT_FILE).exists()]
+        if epochs and (found is None or epochs[-1] > found[0]):
+            found = (epochs[-1], old, epochs)
+    if found is None:
+        return None
+    newest, old, epochs = found
+    for epoch in epochs:
+        old.join(checkpoint_name(epoch)).copy_folder(run.join(checkpoint_name(epoch)), last=CHECKPOINT_FILE)
+    if old.join(ARTIFACTS_DIR).listdir():
+        old.join(ARTIFACTS_DIR).copy_folder(run.join(ARTIFACTS_DIR))
+    try:
+        results = json.loads(old.join(RESULTS_FILE).read_text() or "[]")
+    except ValueError:  # cut short: the checkpoint's own history has the epochs (`TrialRecorder`)
+        results = []
+    ResultLog(run.join(RESULTS_FILE)).add_missing(
+        [r for r in results if isinstance(r, dict) and isinstance(r.get("epoch"), (int, float)) and r["epoch"] <= newest])
+    ended = old.join(ENDED_FILE).read_text()
+    if ended is not None:
+        run.join(ENDED_FILE).write_text(ended)
+    mark = {"by": trial_id, "run": run.uri, "epoch": newest}
+    old.join(SUPERSEDED_FILE).write_text(json.dumps(mark, indent=1) + "\n")
+    print(f"trial {trial_id} continues {old.uri}, a trial of the same configuration that the study's Tune state "
+          f"does not know (its driver was killed before Tune saved it), from its checkpoint of epoch {newest}",
+          flush=True)
+    return mark
+
+
+def finished_before(config: dict, epoch: int | None, result: dict | None) -> bool:
+    """Whether a trial resumed at `epoch` (its newest checkpoint; `result`, that epoch's logged result) had done
+    everything: its last epoch, and the test split scored when the run scores it. A trial stopped after its last
+    epoch's checkpoint but before that result was kept resumes to score the test split (`a2core.train`)."""
+    from a2core.config import Config  # pydantic: only in a trial's process
+
+    t = Config.from_dict(config).train
+    if epoch is None or epoch < t.xe_epochs + t.scst_epochs:
+        return False
+    return not t.test_at_end or any(str(k).startswith("test/") for k in (result or {}))
+
+
 # -- one-worker trials: training in the Tune trial itself --------------------------------------------------------
 class LocalCheckpoints:
     """A one-worker trial's checkpoint folders, kept as Ray Train keeps them: the best `num_to_keep` by the study
@@ -296,7 +374,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
     use_temp_root(plan.temp_root())
-    trial = TrialRecorder(plan, plan.resources["gpus_per_worker"])
+    trial = TrialRecorder(plan, plan.resources["gpus_per_worker"], config)
     if trial.ended() is not None:  # it diverged before a driver was killed: it ends again, untrained
         trial.end()
         return
@@ -306,6 +384,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
         item = dict(metrics)
         if checkpoint_dir is not None:
             item["checkpoint_path"] = checkpoints.save(checkpoint_dir, int(item["epoch"]))
+            kill_point("checkpoint-saved", item["epoch"])
         trial.record(item, time.process_time() - cpu_start)
         checkpoints.prune({e: r[plan.metric] for e, r in trial.log.by_epoch.items()
                            if isinstance(r.get(plan.metric), (int, float))})
@@ -316,6 +395,8 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
         best_from = None
         if epoch is not None:
             trial.report_again(epoch)
+            if finished_before(plan.config(config), epoch, trial.log.by_epoch.get(epoch)):
+                return  # a driver killed after the trial's last result, before Tune ended it: nothing left to do
             best_from = best_copy(trial.run, resume_from, epoch, work)
         try:
             train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from,
@@ -510,9 +591,13 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     _quiet_per_epoch_logs()
     use_temp_root(plan.temp_root())
     res = plan.resources
-    trial = TrialRecorder(plan, res["workers_per_trial"] * res["gpus_per_worker"])
+    trial = TrialRecorder(plan, res["workers_per_trial"] * res["gpus_per_worker"], config)
     if trial.ended() is not None:  # as in `a2_local_trial`
         trial.end()
+        return
+    done = [e for e in checkpoint_epochs(trial.run) if trial.run.join(checkpoint_name(e), CHECKPOINT_FILE).exists()]
+    if done and finished_before(plan.config(config), done[-1], trial.log.by_epoch.get(done[-1])):
+        trial.report_again(done[-1])  # as in `a2_local_trial`: nothing left to train or score
         return
     with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
         start_from = ray_train_start(trial.run, Path(folder))

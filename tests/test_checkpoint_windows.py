@@ -116,3 +116,56 @@ def test_a_trial_resumed_at_its_best_epoch_scores_the_test_split_as_if_never_sto
     copy = best_copy(run, later, 3, work)
     assert copy == work / "best_epoch" / CHECKPOINT_FILE
     assert copy.read_bytes() == Path(run.join(checkpoint_name(2), CHECKPOINT_FILE).uri).read_bytes()
+
+
+def test_a_trial_resumed_from_its_last_epoch_scores_the_test_split_and_reports_that_epoch_again(tmp_path,
+                                                                                                 monkeypatch):
+    """Killed after its last epoch's checkpoint reached its folder but before that epoch's result (which carries the
+    test scores) was kept: resumed from that checkpoint, the run trains nothing, scores the test split from its best
+    checkpoint and reports the last epoch again with the scores of the run never stopped (before, it returned with
+    no test scores)."""
+    import torch
+
+    import a2core.train as train_mod
+    from a2core.config import Config
+    from a2core.data import synthetic
+    from launch.layout import CHECKPOINT_FILE, checkpoint_name
+    from launch.trainable import best_copy
+
+    torch.set_num_threads(1)
+    synthetic.generate(tmp_path / "data", seed=2, images=40, test_images=5)
+    cfg = Config.from_dict({"data": {"root": str(tmp_path / "data"), "images": 40, "seed": 2, "val_images": 5},
+                            "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions": 10},
+                            "train": {"xe_epochs": 2, "batch_size": 50, "warmup": 10, "diag_every": 0,
+                                      "test_meteor": False}})
+    scripted = {1: 40.0, 2: 20.0}  # epoch 1 is the best: the test split is scored from a copy of its checkpoint
+    monkeypatch.setattr(train_mod.Trainer, "validate",
+                        lambda self: {"val/CIDEr": scripted[self.epoch], "samples": []})
+    monkeypatch.setattr(train_mod.Trainer, "diagnostics", lambda self: {})
+    run = open_location(str(tmp_path / "run"))
+    reports: list[dict] = []
+
+    def keep(metrics, folder):
+        reports.append(metrics)
+        target = Path(run.join(checkpoint_name(metrics["epoch"])).uri)
+        target.mkdir(parents=True)
+        (target / CHECKPOINT_FILE).write_bytes((Path(folder) / CHECKPOINT_FILE).read_bytes())
+
+    train_mod.train(cfg, keep, output_dir=tmp_path / "whole")
+    whole = reports[-1]
+    assert whole["epoch"] == 2 and whole["test/epoch"] == 1 and whole["test/CIDEr"] is not None
+
+    work = tmp_path / "work"
+    work.mkdir()
+    last = work / CHECKPOINT_FILE
+    last.write_bytes(Path(run.join(checkpoint_name(2), CHECKPOINT_FILE).uri).read_bytes())
+    again: list[tuple] = []
+    out = train_mod.train(cfg, lambda m, d: again.append((m, d)), output_dir=work / "out", resume_from=last,
+                          best_from=best_copy(run, last, 2, work))
+    assert [(m["epoch"], d) for m, d in again] == [(2, None)]  # no new checkpoint
+    (metrics, _), = again
+    assert metrics["val/CIDEr"] == 20.0 and metrics["test/epoch"] == 1
+    assert {k: v for k, v in metrics.items() if k.startswith("test/")} == \
+        {k: v for k, v in whole.items() if k.startswith("test/")}
+    assert out["test"]["test/CIDEr"] == whole["test/CIDEr"] and out["epochs"] == 2
+
