@@ -165,9 +165,8 @@ def test_small_config_beats_twice_the_best_constant_caption(tmp_path, monkeypatc
     The same seeds train differently on different CPUs (other vector kernels, other rounding), so the bar's margin
     was measured (`python benchmarks/bench_margins.py --cases small`, records in benchmarks/records/margins/) on an
     AMD EPYC, 2026-11-27, training seeds 0-3 x ATEN_CPU_CAPABILITY default and avx2, one torch thread: best val
-    CIDEr 688.2-732.9 (9.4-10.0x the constant caption), test CIDEr 698.2-742.7 (9.6-10.2x); seed 0 on two threads,
-    as here, within that. The bar (2x) is about a fifth of the lowest run: a CPU that trains this far worse has a
-    bug, not other rounding."""
+    CIDEr 688.2-732.9 (9.4-10.0x the constant caption), test CIDEr 698.2-742.7 (9.6-10.2x). The bar (2x) is about
+    a fifth of the lowest run: a CPU that trains this far worse has a bug, not other rounding."""
     monkeypatch.setenv("A2_DATA_CACHE", str(tmp_path / "cache"))
     # the end-of-run test evaluation is off: this test decodes the test split itself, for `a2 evaluate` below
     cfg = Config.from_dict({"data": {"val_images": 100}, **SMALL}).replace({"train.test_at_end": False})
