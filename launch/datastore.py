@@ -70,6 +70,20 @@ def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None
     return manifest
 
 
+def cmd_push(args) -> int:
+    """`a2 data push STORE URI`."""
+    manifest = push(args.store, args.uri, endpoint_url=args.endpoint_url)
+    print(json.dumps({"uri": args.uri, **{k: v for k, v in manifest.items() if k in ("checksum", "sha256")}},
+                     indent=2))
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    """`a2 data fetch SOURCE TARGET`."""
+    print(json.dumps(fetch(args.source, args.target, endpoint_url=args.endpoint_url), indent=2))
+    return 0
+
+
 def _read_remote_manifest(source) -> dict:
     text = source.join(prepared.MANIFEST).read_text()
     if text is None:

@@ -15,9 +15,9 @@ import time
 import uuid
 
 from a2core.errors import StorageError, StudyError
+from launch.defaults import DEFAULT_STALE_AFTER
 
 LEASE_FILE = "lease.json"
-DEFAULT_STALE_AFTER = 120.0
 
 
 def _pid_gone(holder: dict) -> bool:

@@ -22,6 +22,8 @@ from launch.spec import DEFAULT_STORAGE, STUDY_FORMAT, StudySpec, _study_name
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
 POINTER_DIR = Path(".a2") / "studies"
+REHEARSAL_FILE = "rehearsal.json"  # next to study.yaml in a rehearsal (`launch.rehearse`): the model scores came from
+REHEARSAL_BANNER = "REHEARSAL: stand-in trainer, scores drawn from a model (launch.rehearse); not a study result"
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,11 @@ def saved_form(spec) -> dict:
 
 def write_summary(location: StudyLocation, summary: dict) -> None:
     location.write_text(json.dumps(summary, indent=2, default=json_default) + "\n", SUMMARY_FILE)
+
+
+def rehearsal_banner(location: StudyLocation) -> str | None:
+    """The line every table of a rehearsal starts with, else None."""
+    return REHEARSAL_BANNER if location.exists(REHEARSAL_FILE) else None
 
 
 def json_default(value):

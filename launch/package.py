@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -23,6 +22,7 @@ from a2core.data.captions import Vocab, read_image_info
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
 from dashboards.submission import make_zip, results_filename, validate_zip
 from dashboards.tracking import check_tracking_uri
+from launch.defaults import PACKAGE_OUT, SEEDS, SERVER_IMAGES, SHARD_IMAGES
 from launch.driver import resume_study, run_study, say
 from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, locate
 from launch.raycluster import connect
@@ -31,57 +31,17 @@ from launch.study import exit_code
 from launch.trainable import propagated_env
 
 SEED_STUDIES_FILE = "seed_studies.json"
-DEFAULT_OUT = "a2-packages"
 RESULTS_ZIP = "results.zip"
 LEADERBOARD = "leaderboard.json"
 MANIFEST = "package.json"
-SEEDS = (0, 1, 2, 3)
-SHARD_IMAGES = 500  # images per decoding shard: a killed package loses at most one shard per worker
-SERVER_IMAGES = 81_279  # the COCO server's val2014 (40,504) + test2014 (40,775) images
 # Ray Train gives a worker group 60 s to start by default; on a busy small machine importing torch in two fresh
 # workers can take longer. Applies to a Ray that this process starts (a cluster keeps its own setting).
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 WORKER_START_TIMEOUT_S = "300"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help="study name")
-    parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
-    parser.add_argument("--alg", default=None,
-                        help="algorithm name in the results file names, [A-Za-z0-9-]+ (default: the study name)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=None,
-                        help="seeds of the ensemble (default: the best configuration's replicates when it has at "
-                             f"least {len(SEEDS)}, else {' '.join(map(str, SEEDS))})")
-    parser.add_argument("--no-train", action="store_true",
-                        help="refuse (naming them) instead of training missing seeds")
-    parser.add_argument("--out", default=None, help=f"output folder (default: ./{DEFAULT_OUT}/<name>; one that "
-                                                    f"holds an earlier package gets a new numbered folder NAME-2, ...)")
-    parser.add_argument("--model-name", default=None, help="registered MLflow model name (default: the study name)")
-    parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ to upload results.zip and the "
-                                                       "leaderboard to (default: the study's prefix when on S3)")
-    parser.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint for --upload")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
-    parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
-    parser.add_argument("--batch-size", type=int, default=50, help="images per beam-search batch")
-    parser.add_argument("--shard-images", type=int, default=SHARD_IMAGES,
-                        help="images per decoding shard, the unit a killed package does not decode again")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="Ray decoding tasks (default: one per GPU, else per CPU); 0 decodes in this process")
-    parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
-    parser.add_argument("--val-images", default=None, help="COCO image-info JSON of val2014 (default: the data's)")
-    parser.add_argument("--test-images", default=None, help="image_info_test2014.json (default: the data's)")
-    parser.add_argument("--data", nargs="*", default=[], dest="data_overrides",
-                        help="data.* overrides for decoding on this machine, e.g. data.features=/x.h5")
-    parser.add_argument("--quiet", action="store_false", dest="verbose", help="no live trial table while seeds train")
-    parser.add_argument("--estimate", action="store_true",
-                        help="only state the decoding's cost: images and shards to decode, the ensemble's seconds "
-                             "per image measured here on a few images (copies of the best checkpoint), and "
-                             f"the time for them and for the server's {SERVER_IMAGES:,} images; trains and writes "
-                             "nothing")
-
-
 def main(args) -> int:
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "estimate")}  # the rest: package's
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "handler", "estimate")}  # the rest: package's
     if getattr(args, "estimate", False):
         print(estimate_text(decode_estimate(args.name, storage=args.storage, seeds=args.seeds, beam_size=args.beam_size,
                                             batch_size=args.batch_size, workers=args.workers,
@@ -160,7 +120,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     tracking_uri = check_tracking_uri(tracking_uri or spec.tracking.mlflow_uri)
     upload_prefix = _upload_prefix(location, upload)
     # a folder is an earlier package once its manifest (written last) is there: a killed run's folder is reused
-    out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST,), "package")
+    out = fresh_folder(Path(out or Path(PACKAGE_OUT) / name).resolve(), (MANIFEST,), "package")
     out.mkdir(parents=True, exist_ok=True)
     ray_was_up = ray.is_initialized()
     os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)

@@ -22,7 +22,7 @@ run's per-image noise that epoch; the test scores are at the selected (best val)
 
 A rehearsal is labelled wherever it is read: its name ends in `-rehearsal` (storage folder, MLflow experiment, every
 table header), `rehearsal.json` sits next to `study.yaml`, `summary.json` carries `"rehearsal"`, `status` and `compare`
-print `BANNER` first, its MLflow runs carry the tag `a2.rehearsal` and names starting `rehearsal-`, and `a2 package`
+print `REHEARSAL_BANNER` (`launch.location`) first, its MLflow runs carry the tag `a2.rehearsal` and names starting `rehearsal-`, and `a2 package`
 refuses it (`refuse_rehearsal`).
 """
 from __future__ import annotations
@@ -42,13 +42,11 @@ import numpy as np
 
 from a2core.config import apply_overrides, flatten, get_dotted, load_yaml
 from a2core.errors import PackageError, StudyError
+from launch.defaults import LEARNING_DROP
+from launch.location import REHEARSAL_BANNER, REHEARSAL_FILE
 
 NAME_SUFFIX = "-rehearsal"
-REHEARSAL_FILE = "rehearsal.json"  # next to study.yaml: the model the scores were drawn from
 TAG_REHEARSAL = "a2.rehearsal"
-DEFAULT_STORAGE = "./a2-rehearsals"
-LEARNING_DROP = 0.3
-BANNER = "REHEARSAL: stand-in trainer, scores drawn from a model (launch.rehearse); not a study result"
 
 
 # -- the score model -------------------------------------------------------------------------------------------------
@@ -566,7 +564,7 @@ def run_rehearsal(spec, model: ScoreModel, *, epoch_seconds: float, time_scale: 
 
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     marker = {"rehearsal": True, "model": model.to_dict(), "epoch_seconds": epoch_seconds, "time_scale": time_scale,
-              "note": BANNER}
+              "note": REHEARSAL_BANNER}
     from launch.driver import check_tracking
 
     if "://" not in spec.storage:
@@ -602,43 +600,7 @@ def refuse_rehearsal(location, summary: dict | None = None) -> None:
                            f"scores, no weights): nothing to package; run the study itself with `a2 study run`")
 
 
-def banner(location) -> str | None:
-    """The line every table of a rehearsal starts with, else None."""
-    return BANNER if location.exists(REHEARSAL_FILE) else None
-
-
 # -- the commands ----------------------------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="the study file")
-    parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.replicates=3")
-    add_model_arguments(parser)
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="rehearsals, each with new noise draws: the first on Ray, the rest without it (the same "
-                             "searcher, scheduler and comparison code)")
-    parser.add_argument("--time-scale", type=float, default=0.0,
-                        help="a stand-in epoch sleeps the plan's epoch time x this (default 0: no sleeping)")
-    parser.add_argument("--epoch-seconds", type=float, default=None,
-                        help="an epoch's time on the cluster (default: the plan's estimate)")
-    parser.add_argument("--storage", default=DEFAULT_STORAGE, help=f"where the rehearsal is stored (default "
-                                                                   f"{DEFAULT_STORAGE})")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow store (default: an SQLite file in --storage)")
-    parser.add_argument("--address", default=None, help="Ray cluster to join (default: a local Ray with the study's "
-                                                        "GPUs declared)")
-    parser.add_argument("--quiet", action="store_true", help="no live trial table")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="seed of the noise draws (rehearsals are reproducible)")
-    parser.add_argument("--from-record", default=None, metavar="RECORD",
-                        help="a results record (results/*.json) whose arms' means and noise the scores are drawn "
-                             "from (default: the paper's Table 3 by fusion, the plan's noise)")
-    parser.add_argument("--mean", action="append", default=None, metavar="VALUE=CIDER",
-                        help="a configuration's true mean by its fusion (or the record's key), e.g. gate=123.5")
-    parser.add_argument("--drop", type=float, default=LEARNING_DROP,
-                        help=f"the learning curve's drop: epoch e of E at 1 - drop (1 - e/E)^2 of the final mean "
-                             f"(default {LEARNING_DROP})")
-
-
 def check_arguments(args) -> None:
     if getattr(args, "repeat", 1) < 1:
         raise StudyError(f"--repeat must be >= 1, got {args.repeat}")
@@ -695,7 +657,7 @@ def main(args) -> int:
     print(plan.plan_text(original, noise, "the rehearsal's score model", model_gaps(spec, model),
                          plan.IMAGES_PER_SECOND,
                          "an estimate for an A10G: benchmarks/RESULTS.md", plan.cluster_workers(), None))
-    print(f"\n{BANNER}\n{model_text(model)}\nstand-in epoch: {seconds:.0f} s on the cluster x time scale "
+    print(f"\n{REHEARSAL_BANNER}\n{model_text(model)}\nstand-in epoch: {seconds:.0f} s on the cluster x time scale "
           f"{args.time_scale:g} = {seconds * args.time_scale:.2f} s here")
     if own.get("data") != raw.get("data"):
         print("data: not read by the stand-in; the study's COCO files are replaced by a small synthetic set")
