@@ -20,8 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow.fs as pafs
+
 from a2core.data import prepared
 from a2core.errors import DataError, StudyError
+from launch.storage import META_SHA256, make_client, open_location, parse_s3_uri, upload_file
 
 STAMP = ".verified"  # in a store folder: the checksum whose data files `fetch` (or `verify`) hashed in full
 PROBE_TIMEOUT_S = 120.0
@@ -55,8 +58,6 @@ def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None
     """Upload a local store to `uri` (s3://bucket/prefix/NAME.a2feat), data files first (each verified by the
     storage layer), the manifest last: a reader that sees the manifest finds the files it names. Returns the
     store's manifest; a plain file (captions, an image list) is uploaded as one ({"sha256"})."""
-    from launch.storage import open_location, upload_file  # pyarrow and boto3: only when a store moves
-
     folder = Path(folder)
     target = open_location(uri, endpoint_url)
     if target.local:
@@ -111,8 +112,6 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
     """Make `target` a verified copy of the store at `uri` (s3://... or a local folder); returns
     {"checksum", "target", "fetched": bool}. Nothing is downloaded when `target` holds that version already.
     A `uri` that is a plain file (captions, an image list) is fetched as one (`_fetch_file`)."""
-    from launch.storage import open_location  # pyarrow: only when a store moves
-
     source = open_location(uri, endpoint_url)
     target = Path(os.path.expanduser(str(target))).absolute()
     if not source.join(prepared.MANIFEST).exists() and source.exists() and not _is_folder(source):
@@ -155,8 +154,6 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
 
 
 def _is_folder(location) -> bool:
-    import pyarrow.fs as pafs  # pyarrow: only when a store moves
-
     fs, path = location.filesystem
     return fs.get_file_info(path).type == pafs.FileType.Directory
 
@@ -164,8 +161,6 @@ def _is_folder(location) -> bool:
 def _fetch_file(source, target: Path, quiet: bool) -> dict:
     """One plain file (the captions, an image list): downloaded atomically unless `target` has the same size and
     SHA-256 (the digest `a2 data push` / `upload_file` stores with an object; without one, it is downloaded)."""
-    from launch.storage import META_SHA256, make_client, parse_s3_uri  # boto3: only when a file moves
-
     with _locked(target):
         if source.local:
             size, digest = Path(source.uri).stat().st_size, None

@@ -18,6 +18,7 @@ from a2core.atomic import atomic_write
 from a2core.config import parse_yaml
 from a2core.errors import StudyError
 from launch.spec import DEFAULT_STORAGE, STUDY_FORMAT, StudySpec, _study_name
+from launch.storage import check_storage, open_location
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
@@ -35,8 +36,6 @@ class StudyLocation:
     endpoint_url: str | None = None
 
     def at(self, *parts: str):
-        from launch.storage import open_location  # pyarrow: only when a study is opened
-
         return open_location(self.storage, self.endpoint_url).join(self.name, *parts)
 
     def exists(self, *parts: str) -> bool:
@@ -66,8 +65,6 @@ def remember(location: StudyLocation) -> None:
 
 def locate(name: str, storage: str | None = None) -> StudyLocation:
     """Find study `name`: under `storage` when given, else where the pointer file says, else the default root."""
-    from launch.storage import check_storage  # pyarrow: only when a study is opened
-
     check_name(name)
     endpoint = None
     pointer = POINTER_DIR / f"{name}.json"

@@ -9,10 +9,15 @@ import sys
 import time
 from pathlib import Path
 
+import ray
+
 from a2core.atomic import fresh_folder
 from a2core.errors import A2Error, StudyError
+from dashboards.compare import study_comparison
+from dashboards.report import build_report, log_report
 from dashboards.tracking import redact_uri, study_pointer
 from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, package
+from launch.record import StudyRecord
 from launch.spec import load_study
 from launch.conclusions import verdict
 from launch.defaults import PIPELINE_OUT
@@ -45,8 +50,6 @@ def conclusion(study, manifest: dict) -> list[str]:
     CIDEr, or val throughout when a run has no test scores, as the verdict line says; the interval from the
     variance components over seeds and images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
     over the member chosen on validation. `study`: the study's record (`launch.record.StudyRecord.study`)."""
-    from dashboards.compare import study_comparison  # scipy: not on every `a2` command (launch.cli imports this)
-
     try:
         comparison, _, _ = study_comparison(study, by="fusion")
     except A2Error as err:
@@ -58,8 +61,6 @@ def conclusion(study, manifest: dict) -> list[str]:
 
 
 def main(args) -> int:
-    import ray  # not on every `a2` command (launch.cli imports this module)
-
     t0 = time.perf_counter()
     flags = {"tracking.mlflow_uri": args.tracking_uri, "storage": args.storage}  # --tracking-uri, --storage
     overrides = list(args.overrides or []) + [f"{key}={value}" for key, value in flags.items() if value]
@@ -91,12 +92,9 @@ def main(args) -> int:
         print(f"pipeline: 2/3 report of {name}", flush=True)
         t = time.perf_counter()
         report = {}
-        from launch.record import StudyRecord  # scipy: not on every `a2` command (launch.cli imports this module)
 
         study = StudyRecord.load(StudyLocation(name, spec.storage, spec.storage_endpoint_url), spec).study()
         try:
-            from dashboards.report import build_report, log_report  # mlflow: as `study_comparison`
-
             report = build_report(study, out / "report")
             report["artifact_uri"] = log_report(uri, name, report)
         except A2Error as err:  # the package is still worth making; the exit code says it
