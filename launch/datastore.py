@@ -208,7 +208,8 @@ def check_feature_copies(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[
     """On every alive node of the connected Ray cluster, the copy at `path` against the driver's: StudyError
     naming each node (address, host, node id) whose copy is missing, damaged or another version, and the file.
     Returns one row per node. A probe is a zero-CPU task pinned to its node, so busy nodes answer too."""
-    import ray  # ray: only when a study checks its nodes' copies
+    # ray: only the driver's check of its nodes' copies, not `a2 data fetch|push` (a node's setup runs fetch)
+    import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     expected = describe_copy(path)

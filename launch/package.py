@@ -15,20 +15,28 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import ray
+import torch
 from tqdm import tqdm
 
+from a2core import checkpoint as ckpt
 from a2core.atomic import atomic_write, fresh_folder
 from a2core.data.captions import Vocab, read_image_info
+from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
+from dashboards.stats import config_hash
 from dashboards.submission import make_zip, results_filename, validate_zip
 from dashboards.tracking import check_tracking_uri
 from launch.defaults import PACKAGE_OUT, SEEDS, SERVER_IMAGES, SHARD_IMAGES
 from launch.driver import resume_study, run_study, say
 from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, locate
 from launch.raycluster import connect
+from launch.rehearse import refuse_rehearsal
 from launch.spec import StudySpec
+from launch.storage import open_location, upload_file
 from launch.study import exit_code
 from launch.trainable import propagated_env
+from launch.verify import model_mismatch
 
 SEED_STUDIES_FILE = "seed_studies.json"
 RESULTS_ZIP = "results.zip"
@@ -41,7 +49,7 @@ WORKER_START_TIMEOUT_S = "300"
 
 
 def main(args) -> int:
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "handler", "estimate")}  # the rest: package's
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "handler", "estimate")}  # package's
     if getattr(args, "estimate", False):
         print(estimate_text(decode_estimate(args.name, storage=args.storage, seeds=args.seeds, beam_size=args.beam_size,
                                             batch_size=args.batch_size, workers=args.workers,
@@ -59,9 +67,6 @@ def decode_estimate(name: str, *, storage: str | None = None, seeds=None, beam_s
     the ensemble's seconds per image measured on `sample` Karpathy test images with copies of the best trial's
     checkpoint (an ensemble of M members costs M single-model passes per beam step)."""
     location, spec, summary = open_study(name, storage, verbose=False)
-    import torch  # torch: not on every `a2` command (launch.cli imports this module; `a2 --help` stays fast)
-
-    from a2core.decode import ensemble_captions  # torch: as above
 
     best = select_best(summary, candidates(spec, summary))
     members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
@@ -108,8 +113,6 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
             address: str | None = None, val_images: str | None = None, test_images: str | None = None,
             data_overrides: list[str] | None = None, model_name: str | None = None, verbose: bool = True) -> dict:
     """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
-    import ray  # not on every `a2` command (launch.cli imports this module)
-
     t_start = time.perf_counter()
     location, spec, summary = open_study(name, storage, verbose)
     seeds = None if seeds is None else list(dict.fromkeys(int(s) for s in seeds))
@@ -162,7 +165,6 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
     location = locate(name, storage)
     spec = load_saved_spec(location)
     summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
-    from launch.rehearse import refuse_rehearsal  # a rehearsal's checkpoints hold no weights
 
     refuse_rehearsal(location, summary)
     if summary is None:
@@ -177,8 +179,6 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
 def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
     """One dict per trial of a study summary that reported the metric and has a best checkpoint (only those of
     configuration `digest` when given)."""
-    from dashboards.stats import config_hash  # scipy: not on every `a2` command (launch.cli imports this module)
-
     out = []
     for row in summary.get("trials", []):
         if row.get("best") is None or not row.get("best_checkpoint"):
@@ -245,8 +245,6 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
                      address: str | None, verbose: bool) -> tuple[dict, list[dict]]:
     """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
     (missing seeds trained as a companion study unless `no_train`). `seeds` None: `ensemble_seeds`."""
-    from launch.storage import open_location  # pyarrow: not on every `a2` command (launch.cli imports this module)
-
     def exists(uri: str) -> bool:
         return open_location(uri, location.endpoint_url).exists()
 
@@ -282,10 +280,6 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
 
 def refuse_unreadable(members: list[dict], local: list[str]) -> None:
     """PackageError (exit 2) naming the stored checkpoint of a member that does not load, before any decoding."""
-    from a2core import checkpoint as ckpt  # torch: as in `decode_estimate`
-
-    from launch.verify import model_mismatch
-
     for member, path in zip(members, local):
         try:
             state = ckpt.load(path)
@@ -303,8 +297,6 @@ def refuse_unreadable(members: list[dict], local: list[str]) -> None:
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
     """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
-    from launch.storage import open_location  # pyarrow: not on every `a2` command (launch.cli imports this module)
-
     location = open_location(uri, endpoint_url)
     if location.local:
         return location.uri
@@ -343,8 +335,6 @@ def companion_studies(location) -> list[str]:
 
 def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
     """(location, spec, summary or None) of each companion seed study of configuration `digest`."""
-    from dashboards.stats import config_hash  # scipy: not on every `a2` command (launch.cli imports this module)
-
     found = []
     for name in companion_studies(location):
         comp = StudyLocation(name, location.storage, location.endpoint_url)
@@ -388,9 +378,6 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
                   test_images: str | None):
     """(CaptionData, its data config, {"splits": {split: image ids}, "sources", "max_len"}) for decoding the
     server's val2014 / test2014 images and the Karpathy test split with the checkpoints' vocabulary."""
-    from a2core import checkpoint as ckpt  # torch: as in `decode_estimate`
-    from a2core.decode import checkpoint_data
-
     state = ckpt.load(checkpoint)
     data = checkpoint_data(state["config"], Vocab(state["vocab"]), data_overrides)
     test_file = test_images or data.paths.test_images
@@ -415,8 +402,6 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
                  endpoint_url: str | None = None, **options) -> dict:
     """`a2core.decode.ensemble_captions` of local or s3:// checkpoints (fetched once per machine), in a Ray task or
     in this process."""
-    from a2core.decode import ensemble_captions  # torch: as in `decode_estimate`
-
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
     local = [fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints]
     return ensemble_captions(local, data_config, shard, single_split, **options)
@@ -524,8 +509,6 @@ def _decode_on_ray(checkpoints: list[str], data_config: dict, shards: list[tuple
                    finished: Callable[[int, dict], Any]) -> None:
     """`decode_shard` of each (index, shard) as Ray tasks, one GPU each if there are, at most `workers` at a time
     (default: one per GPU, else per CPU, at most 8); `finished(index, part)` as each one ends."""
-    import ray  # not on every `a2` command (launch.cli imports this module)
-
     resources = connect(address, runtime_env_vars=propagated_env())
     gpus = int(resources.get("GPU", 0) or 0)
     n = workers or gpus or max(1, min(8, int(resources.get("CPU", 1) or 1)))
@@ -546,8 +529,6 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
                      verbose: bool = True) -> dict:
     """The two results files, `results.zip` (validated before it is renamed into place: an invalid submission
     leaves no zip) and the ensemble's Karpathy-test captions. Returns {"zip", "files", "alg"}."""
-    from a2core.decode import write_results_json  # torch: as in `decode_estimate`
-
     val_ids, test_ids = images["splits"]["val2014"], images["splits"]["test2014"]
     paths = [out / f for f in files]
     for path, split, ids in zip(paths, ("val2014", "test2014"), (val_ids, test_ids)):
@@ -569,7 +550,8 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
     """Karpathy-test scores of every seed and the ensemble, the ensemble registered as an MLflow model, and the
     leaderboard (which names that model version) written and logged with the zip to the study's parent run.
     Returns {"scores", "board", "leaderboard" (its path), "mlflow"}."""
-    from dashboards import leaderboard as lb  # mlflow: not on every `a2` command (launch.cli imports this module)
+    # MLflow and the leaderboard: not in the Ray tasks that run `decode_shard`, which import this module
+    from dashboards import leaderboard as lb
 
     karpathy = images["splits"]["test"]
     say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
@@ -619,8 +601,6 @@ def _upload_prefix(location, upload: str | None) -> str | None:
 
 def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, verbose: bool = True) -> list[dict]:
     """Verified uploads of `paths` below `prefix` (none without a prefix)."""
-    from launch.storage import upload_file  # pyarrow: not on every `a2` command (launch.cli imports this module)
-
     uploads = []
     for path in paths if prefix else []:
         try:

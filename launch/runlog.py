@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-import ray
+import ray  # noqa: F401 (imported first: its loggers exist before `diverted` turns them down)
 
 from dashboards.tracking import import_mlflow
 

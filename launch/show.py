@@ -10,7 +10,6 @@ from a2core.atomic import fresh_folder
 from a2core.errors import A2Error
 from dashboards.compare import compare_table
 from dashboards.records import export_record, load_record, render_table
-from dashboards.report import build_report, log_report
 from dashboards.tracking import check_tracking_uri
 from launch.conclusions import print_conclusions, state_text
 from launch.location import json_default, locate, rehearsal_banner
@@ -64,6 +63,8 @@ def cmd_report(args) -> int:
     """`a2 report NAME [--storage ROOT] [--out DIR] [--tracking-uri URI]`: the report from the record, into DIR
     (default `./a2-reports/NAME`, or a new numbered folder next to it when it holds an earlier report), logged to
     the study's MLflow parent run (in its own store unless --tracking-uri) when that run exists."""
+    from dashboards.report import build_report, log_report  # matplotlib: not for the status and compare here
+
     record = StudyRecord.load(locate(args.name, getattr(args, "storage", None)))
     study = record.study()
     out = fresh_folder(Path(getattr(args, "out", None) or Path("a2-reports") / args.name), ("report.html",), "report")

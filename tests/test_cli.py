@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "ray", "mlflow", "scipy", "matplotlib", "pyarrow", "boto3", "pandas", "optuna")
 
 
-def leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], argparse.ArgumentParser]:
+def leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tuple, argparse.ArgumentParser]:
     """Every runnable subcommand of the `a2` parser: its words -> its parser."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
@@ -69,7 +69,8 @@ def test_study_plan_loads_no_torch_ray_mlflow_or_matplotlib():
     code = ("import contextlib, io, json, sys\nfrom launch.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
             "    rc = main(['study', 'plan', 'studies/smoke.yaml'])\n"
-            f"print(json.dumps({{'rc': rc, 'out': out.getvalue(), 'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))\n")
+            f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+            "print(json.dumps({'rc': rc, 'out': out.getvalue(), 'heavy': heavy}))\n")
     result = _loaded_after(code)
     assert result["rc"] == 0 and "power" in result["out"].lower(), result["out"]
     assert not {"torch", "ray", "mlflow", "matplotlib", "boto3", "optuna"} & set(result["heavy"]), result["heavy"]

@@ -84,12 +84,12 @@ def test_registering_the_same_checkpoints_again_reuses_the_version(tmp_path, cap
 
 
 def test_report_goes_to_a2_reports_name_and_never_over_an_earlier_one(tmp_path, monkeypatch, capsys):
-    import launch.show as show
+    import dashboards.report as report
     from launch.show import cmd_report
     from tests.studyfolder import fabricated_study
 
     written = []
-    monkeypatch.setattr(show, "build_report", lambda study, out: (
+    monkeypatch.setattr(report, "build_report", lambda study, out: (
         written.append(Path(out)), Path(out).mkdir(parents=True), (Path(out) / "report.html").write_text("x"),
         {"html": str(Path(out) / "report.html")})[-1])
     fab = fabricated_study(tmp_path, "a2-smoke", epochs=1)
