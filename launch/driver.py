@@ -33,7 +33,6 @@ from launch.layout import add_outage
 from launch.mlflow_callback import A2MLflowCallback
 from launch.raycluster import connect
 from launch.record import StudyRecord
-from launch.search import tune_config_kwargs
 from launch.spec import check_cluster, check_machine, runs_locally
 from launch.storage import check_storage, open_location
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
@@ -312,7 +311,9 @@ def say(text: str, verbose: bool = True) -> None:
 def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore: bool = False):
     """The study's Tuner, new or restored from storage (searcher, scheduler, callbacks) to resume unfinished and
     errored trials."""
-    from launch.trainable import make_trainable  # looked up when called: benchmarks/bench_study.py replaces it
+    # Both looked up when called: benchmarks/bench_study.py and bench_scale.py replace them
+    from launch.search import tune_config_kwargs
+    from launch.trainable import make_trainable
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the older reporter prints our own table (_reporter)
     # The JSON and CSV result loggers are added below; TensorBoard's would only complain about the caption samples.
