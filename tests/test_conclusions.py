@@ -110,6 +110,7 @@ def test_status_prints_groups_with_intervals(spec, tmp_path, monkeypatch, capsys
 def test_build_tuner_wires_the_schedulers_record_into_the_mlflow_callback(spec, monkeypatch):
     import launch.driver as driver
     import launch.mlflow_callback as cb
+    import ray.tune
 
     seen = {}
 
@@ -119,7 +120,7 @@ def test_build_tuner_wires_the_schedulers_record_into_the_mlflow_callback(spec, 
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(driver, "A2MLflowCallback", Capture)
-    monkeypatch.setattr(driver, "Tuner", lambda *a, **kw: kw)
+    monkeypatch.setattr(ray.tune, "Tuner", lambda *a, **kw: kw)
     kwargs = build_tuner(spec, StudyLocation(spec.name, spec.storage), verbose=False)
     scheduler = kwargs["tune_config"].scheduler
     assert seen["stopped_early_of"] == scheduler.stopped_early  # ReplicateASHA's record, bound to that scheduler
