@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="datasets").add_subparsers(dest="data_command", required=True)
-    synth = _command(data, "synth", "launch.local:cmd_data_synth", help="write the synthetic COCO-format dataset")
+    synth = _command(data, "synth", "launch.datastore:cmd_synth", help="write the synthetic COCO-format dataset")
     synth.add_argument("--out", required=True, help="the dataset's folder, e.g. data/synth")
     synth.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the dataset (default 0)")
     synth.add_argument("--images", type=positive_int, default=1500, help="Karpathy-split images (train/val/test)")
@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--spec", default="", help="the study file it was run from, as the record names it")
     export.add_argument("--measured", default="", help="where and when it was measured (machine, date)")
     export.add_argument("--note", default="", help="one line the record's table prints under it")
-    show = _command(rs, "show", "launch.show:cmd_results_show",
+    show = _command(rs, "show", "dashboards.records:cmd_show",
                     help="print a record's comparison table, recomputed by today's verdict rule")
     show.add_argument("record", help="a record file, e.g. results/synthetic_fusions.json")
 

@@ -1,6 +1,6 @@
 """Region features on every node of a cluster: `a2 data push` / `a2 data fetch` move a prepared store (see
 `a2core.data.prepared`) through the storage layer, and `check_feature_copies` refuses to start a study when an
-alive node's copy is missing or differs from the driver's.
+alive node's copy is missing or differs from the driver's. `a2 data synth` (the synthetic COCO) is handled here too.
 
 `fetch` is what ray-cluster.yaml's setup commands run on every node as it starts, spot workers that join mid-study
 included: it reads the store's manifest, skips when the node holds that version already (a `.verified` stamp that
@@ -23,6 +23,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from a2core.data import prepared
+from a2core.data.synthetic import generate
 from a2core.errors import DataError, StudyError
 from launch.storage import META_SHA256, make_client, open_location, parse_s3_uri, upload_file
 
@@ -69,6 +70,14 @@ def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None
         _say(f"upload {folder / name} -> {target.join(name)}", quiet)
         upload_file(folder / name, target.join(name).uri, endpoint_url=endpoint_url)
     return manifest
+
+
+def cmd_synth(args) -> int:
+    """`a2 data synth --out DIR`: the synthetic COCO (`a2core.data.synthetic`)."""
+    paths = generate(args.out, seed=args.seed, images=args.images, test_images=args.test_images,
+                     test_split_images=args.test_split_images)
+    print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
+    return 0
 
 
 def cmd_push(args) -> int:

@@ -1,4 +1,4 @@
-"""`a2 data synth|prepare`, `a2 train`, `a2 evaluate` and `a2 decode`: a2core's work on this machine, without Ray
+"""`a2 data prepare`, `a2 train`, `a2 evaluate` and `a2 decode`: a2core's work on this machine, without Ray
 or MLflow (the `a2` command's parser, launch/cli.py, names these functions)."""
 from __future__ import annotations
 
@@ -10,18 +10,10 @@ from pathlib import Path
 from a2core.atomic import atomic_write, fresh_folder
 from a2core.config import Config, apply_overrides, load_yaml
 from a2core.data.features import prepare
-from a2core.data.synthetic import generate
 from a2core.decode import decode_to_file
 from a2core.metrics import METRIC_NAMES, evaluate_results_file
 from a2core.train import train
 from launch.spec import SECTIONS, TOP_KEYS, check_sizes
-
-
-def cmd_data_synth(args) -> int:
-    paths = generate(args.out, seed=args.seed, images=args.images, test_images=args.test_images,
-                     test_split_images=args.test_split_images)
-    print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
-    return 0
 
 
 def cmd_data_prepare(args) -> int:

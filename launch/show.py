@@ -1,4 +1,4 @@
-"""`a2 study status|compare`, `a2 report` and `a2 results export|show`: the commands that read a study's record back
+"""`a2 study status|compare`, `a2 report` and `a2 results export`: the commands that read a study's record back
 and print or write what people read of it (the `a2` command's parser, launch/cli.py, names these functions). Nothing
 here starts Ray; `a2 report` logs to the study's MLflow run when its store answers."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from a2core.atomic import fresh_folder
 from a2core.errors import A2Error
 from dashboards.compare import compare_table
-from dashboards.records import export_record, load_record, render_table
+from dashboards.records import export_record
 from dashboards.tracking import check_tracking_uri
 from launch.conclusions import print_conclusions, state_text
 from launch.location import json_default, locate, rehearsal_banner
@@ -99,9 +99,4 @@ def cmd_results_export(args) -> int:
     export_record(study_view, args.by, args.out, spec=args.spec, baseline=args.baseline, measured=args.measured,
                   note=args.note)
     print(f"record: {args.out}")
-    return 0
-
-
-def cmd_results_show(args) -> int:
-    print(render_table(load_record(args.record)))
     return 0

@@ -29,17 +29,12 @@ import ray
 from ray import tune
 import ray.train
 from ray.train import Checkpoint, UserCallback
-from ray.train.torch import TorchTrainer
 import ray.tune
 from ray.util.queue import Empty, Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-import torch
-import torch.distributed as dist
 
-from a2core import checkpoint
 from a2core.errors import CheckpointError, StorageError, TrainingDiverged
 from a2core.selection import best_epoch, rank
-from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY, train
 from launch.raycluster import stash_credentials
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, ENDED_FILE, RESULTS_FILE, TRAIN_SNAPSHOT,
                            TRIALS_DIR, TUNE_POINTER_FILE, ResultLog, checkpoint_epochs, checkpoint_name, end_record,
@@ -198,6 +193,8 @@ class TrialRecorder:
         result log keeps plain values only): the best val epoch's per-image CIDEr-D (`eval/per_image_cider.json`,
         what the paired comparisons read; written when an epoch is the best so far, the latest of equals), the test split's of the
         selected checkpoint (`eval/test_per_image_cider.json`) and each epoch's samples (`samples/epoch_NNN.txt`)."""
+        from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY  # torch: as in `a2_local_trial`
+
         # a2core.train imports torch: not at module level, the driver imports this module too
 
         artifacts, epoch = self.run.join(ARTIFACTS_DIR), item.get("epoch")
@@ -291,7 +288,11 @@ def diverged_record(err) -> dict:
 
 def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     """A one-worker trial: `a2core.train.train` in this Tune trial process, resuming from the newest checkpoint."""
-    train_fn = plan.train or train
+    # torch (a2core's training and checkpoints, Ray's TorchTrainer): in a trial's process only; the driver imports
+    # this module for the trial's plan and loads no torch
+    from a2core.train import train
+
+    train = plan.train or train
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
     use_temp_root(plan.temp_root())
@@ -317,7 +318,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
             trial.report_again(epoch)
             best_from = best_copy(trial.run, resume_from, epoch, work)
         try:
-            train_fn(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from,
+            train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from,
                   best_from=best_from)
         except TrainingDiverged as err:
             trial.end(diverged_record(err))
@@ -344,6 +345,8 @@ def best_copy(run, resume_from: Path, epoch: int, work: Path) -> Path | None:
 
 def best_epoch_of(checkpoint_file) -> int | None:
     """The epoch of the best val score so far recorded in a checkpoint (None before any)."""
+    from a2core import checkpoint  # torch: as in `a2_local_trial`
+
     epoch = (checkpoint.load(checkpoint_file, map_location="cpu").get("best") or {}).get("epoch")
     return int(epoch) if epoch else None
 
@@ -353,6 +356,8 @@ def newest_readable_checkpoint(run, epochs: list[int], work: Path, first: int | 
     """(epoch, local copy) of the newest checkpoint of the run folder `run` among `epochs` that loads, trying epoch
     `first` before the others when it is among them (Ray Train's resume point); an unreadable one (truncated,
     garbage) is passed over, saying so with its storage path. (None, None) when none loads."""
+    from a2core import checkpoint  # torch: as in `a2_local_trial`
+
     def say(text: str) -> None:  # a trial's printed lines reach the driver's output (Ray forwards them)
         print(f"WARNING: {text}", flush=True)
     skipped = []
@@ -413,6 +418,9 @@ def recorded_latest_epoch(snapshot) -> int | None:
 
 def _cpu_seconds_all_ranks(since: float) -> float:
     """CPU seconds spent since `since`, summed over the ranks (a collective: every rank calls it each report)."""
+    import torch  # torch: as in `a2_local_trial`
+    import torch.distributed as dist
+
     spent = time.process_time() - since
     if not (dist.is_available() and dist.is_initialized()):
         return spent
@@ -425,6 +433,7 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
     """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume. `start_from`:
     (filesystem, path) of the checkpoint folder to resume from while Ray Train has none of its own
     (`ray_train_start`: its latest was unreadable)."""
+    from a2core.train import train  # torch: as in `a2_local_trial`
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
@@ -483,6 +492,8 @@ def _forwarder(queue):
 def a2_trial(config: dict, plan: TrialPlan) -> None:
     """A trial on Ray Train: its `TorchTrainer` runs (or resumes) in a thread while this reports what the
     controller forwards; a failure of `fit()` is raised here, so that Tune retries the trial."""
+    from ray.train.torch import TorchTrainer  # torch: as in `a2_local_trial`
+
     _quiet_per_epoch_logs()
     use_temp_root(plan.temp_root())
     res = plan.resources
