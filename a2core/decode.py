@@ -14,9 +14,16 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
+from tqdm import tqdm
 
 from .atomic import atomic_write
+from .checkpoint import load_ensemble
+from .config import Config, apply_overrides
+from .data.dataset import CaptionData, resolve_paths
+from .data.features import FeatureStore
+from .metrics import caption_scores
 from .model.a2 import A2Transformer, KVCache
 from .errors import A2Error, ConfigError, SubmissionError
 from .precision import autocast
@@ -321,8 +328,6 @@ def caption_batches(stepper, vocab, batches, *, beam_size: int = 5, max_len: int
 def fetched_batches(image_ids, fetch, batch_size: int):
     """`(image_ids, feats (B, R, D), region_mask (B, R))` batches of consecutive images: `fetch(image_id)` gives
     their padded numpy (features (R, D), mask (R,)), as `FeatureStore.padded` does."""
-    import numpy as np
-
     ids = list(image_ids)
     for start in range(0, len(ids), batch_size):
         chunk = ids[start:start + batch_size]
@@ -344,8 +349,6 @@ def captions_for(data, stepper, split: str, *, beam_size: int = 5, max_len: int 
     loader = data.loader(split, batch_size, with_captions=False, limit=limit, rank=rank, world=world)
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=len(loader.batch_sampler), desc=f"decode {split}", unit="batch", file=sys.stderr)
     batches = ((b["image_ids"].tolist(), b["feats"], b["region_mask"]) for b in loader)
     out = caption_batches(stepper, data.vocab, batches,
@@ -360,8 +363,6 @@ def score_split(data, stepper, split: str, *, gather: Callable[[dict], dict] = l
                 meteor: bool = False, **decode) -> tuple[dict[str, float], dict[int, float]]:
     """Caption a split (`captions_for` with `decode`: beam_size, max_len, batch_size, limit, device, rank, world)
     and score it: (COCO metrics x100, {image_id: CIDEr-D x100}). `gather` joins the ranks' shards."""
-    from .metrics import caption_scores
-
     caps = gather(captions_for(data, stepper, split, **decode))
     refs = data.references(split)
     scores = caption_scores({i: refs[i] for i in caps}, caps, meteor=meteor, per_image=True)
@@ -375,13 +376,6 @@ def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str
     """Captions by the averaging ensemble of local `checkpoints` on every split of `shard` ({split: image ids}),
     and by each checkpoint alone on `single_split`; regions from `data_config`'s feature store. Returns
     {"ensemble": {split: {id: caption}}, "single": [{id: caption} per checkpoint]}."""
-    from tqdm import tqdm
-
-    from .checkpoint import load_ensemble
-    from .config import Config
-    from .data.dataset import resolve_paths
-    from .data.features import FeatureStore
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     models, vocab, config = load_ensemble(checkpoints, device=device)
     model_cfg = config["model"]
@@ -439,9 +433,6 @@ def write_results_json(path: str | Path, captions: dict[int, str]) -> None:
 def checkpoint_data(config: dict, vocab, data_overrides: list[str] | None = None):
     """The CaptionData a checkpoint decodes: its config's data section with `data.*` overrides (the files on this
     machine), and its vocabulary."""
-    from .config import Config, apply_overrides
-    from .data.dataset import CaptionData
-
     raw = apply_overrides({"data": config["data"]}, list(data_overrides or []))
     data_cfg = Config.from_dict({"data": raw["data"]}).data
     return CaptionData(data_cfg, config["model"]["max_regions"], config["model"]["feature_dim"], vocab=vocab)
@@ -450,8 +441,6 @@ def checkpoint_data(config: dict, vocab, data_overrides: list[str] | None = None
 def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int = 5, max_len: int = 20,
                    batch_size: int = 50, data_overrides: list[str] | None = None, device: str | None = None) -> dict:
     """`a2 decode`: one checkpoint or an averaging ensemble -> COCO results JSON for a split."""
-    from .checkpoint import load_ensemble
-
     for name, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--batch-size", batch_size)):
         if value < 1:
             raise ConfigError(name, f"must be >= 1, got {value}")

@@ -37,6 +37,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.meteor import meteor as pycoco
+from pycocoevalcap.rouge.rouge import Rouge
+import pycocoevalcap.spice as spice_pkg
+from pycocoevalcap.spice.spice import Spice
+from pycocoevalcap.tokenizer import ptbtokenizer as ptb
 from .errors import A2Error, DataError
 
 __all__ = [
@@ -680,8 +686,6 @@ def ptb_tokenize(captions: Mapping[Any, Sequence[str]]) -> dict[Any, list[str]]:
     temporary file goes to the system temp directory (site-packages may be read-only), Java is
     told to use UTF-8, and the number of output lines is checked.
     """
-    from pycocoevalcap.tokenizer import ptbtokenizer as ptb
-
     keys: list[Any] = []
     lines: list[str] = []
     for k, caps in captions.items():
@@ -717,8 +721,6 @@ def ptb_tokenize(captions: Mapping[Any, Sequence[str]]) -> dict[Any, list[str]]:
 
 
 def _spice_lib_dir() -> str:
-    import pycocoevalcap.spice as spice_pkg
-
     return os.path.join(os.path.dirname(os.path.abspath(spice_pkg.__file__)), "lib")
 
 
@@ -753,8 +755,6 @@ class Meteor:
     process is started and stopped here."""
 
     def __enter__(self) -> "Meteor":
-        from pycocoevalcap.meteor import meteor as pycoco
-
         cmd = ["java", "-jar", "-Xmx2G", pycoco.METEOR_JAR, "-", "-", "-stdio", "-l", "en", "-norm"]
         try:
             self.proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.abspath(pycoco.__file__)),
@@ -819,9 +819,6 @@ def _check_inputs(gts: Mapping[Any, Sequence[str]], res: Mapping[Any, Any], wher
 def _tokenized_scores(tok_gts: dict, tok_res: dict, meteor, progress: bool,
                       results: dict[str, float], per: dict[str, list[float]]) -> None:
     """BLEU-1..4, ROUGE-L, CIDEr (and METEOR when ``meteor`` is a started process) of tokenized captions."""
-    from pycocoevalcap.bleu.bleu import Bleu
-    from pycocoevalcap.rouge.rouge import Rouge
-
     num = len(tok_gts)
     _progress(progress, f"BLEU-1..4 on {num} images ...")
     bleu, bleu_per = Bleu(4).compute_score(tok_gts, tok_res, verbose=0)
@@ -894,8 +891,6 @@ def coco_scores(
     if run_spice:
         _progress(progress, f"SPICE on {num} images ...")
         try:
-            from pycocoevalcap.spice.spice import Spice
-
             spice_mean, spice_sets = Spice().compute_score(tok_gts, tok_res)
         except (subprocess.CalledProcessError, OSError, ValueError, KeyError) as e:
             if spice:

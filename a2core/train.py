@@ -53,6 +53,8 @@ from .config import CAPTIONS_PER_IMAGE, Config, check_batch_split, steps_per_epo
 from .data.captions import Vocab
 from .data.dataset import CaptionData
 from .decode import ModelStepper, beam_search, captions_for, greedy, sample, score_split
+from .diagnostics import trial_diagnostics
+from .metrics import CiderD, caption_scores
 from .model.a2 import build_model
 from .selection import improves
 from .errors import CheckpointError, TrainingDiverged
@@ -396,8 +398,6 @@ class Trainer:
     def cider(self):
         """CIDEr-D reward with document frequencies precomputed once from the training captions."""
         if self._cider is None:
-            from .metrics import CiderD
-
             refs = list(self.data.references("train").values())
             self._cider = CiderD.from_corpus(refs)
         return self._cider
@@ -483,7 +483,6 @@ class Trainer:
         caps = self.dist.gather_dict(part)
         refs = self.data.references("val")
         refs = {i: refs[i] for i in caps}
-        from .metrics import caption_scores
 
         scores = caption_scores(refs, caps, meteor=t.val_meteor, per_image=True)  # x100
         per_image = scores.pop("per_image")
@@ -500,7 +499,6 @@ class Trainer:
         last = self.epoch == t.xe_epochs + t.scst_epochs
         if not (last or self.epoch in t.diag_epochs or (t.diag_every and self.epoch % t.diag_every == 0)):
             return {}
-        from .diagnostics import trial_diagnostics
 
         start = time.perf_counter()
         images = min(t.diag_images, self.cfg.data.val_images or t.diag_images)

@@ -126,6 +126,12 @@ def render_table(record: Mapping) -> str:
     return "\n".join(lines)
 
 
+def cmd_show(args) -> int:
+    """`a2 results show RECORD`."""
+    print(render_table(load_record(args.record)))
+    return 0
+
+
 def tables_in(markdown: str) -> list[tuple[str, str]]:
     """(record path, the table that follows its marker line) for each `<!-- results: PATH -->` in a markdown text."""
     lines = markdown.splitlines()

@@ -16,6 +16,10 @@ from pathlib import Path
 from statistics import fmean, stdev
 from typing import Any
 
+import matplotlib as mpl
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
 from a2core.selection import finite
 from dashboards.compare import shown_metrics, split_columns, study_comparison
 from dashboards.runs import CIDER, FUSION_LABEL, TEST_CIDER, RunSummary, Study, searched_keys, sort_key
@@ -141,8 +145,6 @@ def runs_table_html(runs: list[RunSummary], keys: list[str]) -> str:
 
 # -- plots: each returns a matplotlib Figure, or None when the study logged nothing for it -------------------------
 def _axes(width: float = 7.0, height: float = 4.2, ncols: int = 1):
-    from matplotlib.figure import Figure  # matplotlib: only when a report draws its plots
-
     fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
     return fig, fig.subplots(1, ncols)
 
@@ -215,8 +217,6 @@ def plot_bars(pattern: re.Pattern, place, labels: dict[str, str], tick, settings
 
 
 def plot_curves(runs: list[RunSummary]):
-    from matplotlib.ticker import MaxNLocator  # matplotlib: as in `_axes`
-
     keys = [(CIDER, "val CIDEr"), ("train/loss", "train loss")]
     if not any(r.history.get(k) for r in runs for k, _ in keys):
         return None
@@ -255,7 +255,6 @@ def plot_parallel(runs: list[RunSummary]):
     keys = searched_keys(runs)
     if not runs or not keys:
         return None
-    import matplotlib as mpl  # matplotlib: as in `_axes`
 
     axes = [_parallel_axis(k, [r.params.get(k) for r in runs]) for k in keys]
     axes.append(_parallel_axis(CIDER, [r.score(CIDER) for r in runs]))
@@ -370,7 +369,7 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
 def log_report(tracking_uri: str, study_name: str, paths: dict[str, str]) -> str | None:
     """Log a report's files as artifacts of the study's MLflow parent run under `report/`; returns their URI, or
     None when the store has no such run (the study was not exported there: `a2 mlflow sync NAME`)."""
-    from dashboards.leaderboard import log_artifacts  # mlflow and torch: only when a report is logged
+    from dashboards.leaderboard import log_artifacts  # torch, which the leaderboard's ensemble model needs: not here
 
     parent, _ = study_runs(tracking_uri, study_name)
     return None if parent is None else log_artifacts(tracking_uri, parent.info.run_id, paths.values(), "report")

@@ -191,7 +191,9 @@ def client_settings() -> None:
 
 
 def _client(tracking_uri: str):
-    from mlflow.tracking import MlflowClient  # mlflow: not for `a2` commands that only check a URI or serve
+    # mlflow (seconds to import): not for the modules that import this one for its URI helpers only (launch.spec:
+    # `a2 study validate`)
+    from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=tracking_uri)
 

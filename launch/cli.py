@@ -1,26 +1,22 @@
-"""The `a2` command. Each subcommand is a thin function over the package that owns the work.
+"""The `a2` command: its whole parser, built here, and each subcommand's handler named as "module:function".
 
-Torch, Ray, MLflow, scipy and matplotlib are imported inside the command functions (or the modules' functions that
-need them), so that `a2 --help` and `a2 study validate` load none of them and answer in well
-under a second (tests/test_spec.py checks the modules).
+Building the parser imports only argparse and `launch.defaults` (constants), so `a2 --help` and every
+`a2 ... --help` load none of the modules that do the work. `main` imports the one module whose function handles
+the subcommand given (`launch.spec` for `a2 study validate`, `launch.plan` for `a2 study plan`, `launch.study`
+for `a2 study run`, ...), and that module imports what it needs at its top. A module that handles a subcommand is
+imported only by handlers that need what it loads: `a2 study validate` and `a2 study plan` load no torch, Ray,
+MLflow or matplotlib (tests/test_spec.py, tests/test_cli.py; start-up: benchmarks/bench_cli.py).
 """
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import sys
-import time
 from pathlib import Path
 
-from a2core.atomic import atomic_write, fresh_folder
-from a2core.config import Config, apply_overrides, load_yaml
-from a2core.data.captions import read_image_info
-from a2core.data.synthetic import generate
 from a2core.errors import A2Error
-from dashboards.submission import validate_zip
-from launch import package, pipeline, study
-from launch.datastore import fetch, push
-from launch.spec import SECTIONS, TOP_KEYS, check_sizes
+from launch.defaults import (DEFAULT_STALE_AFTER, LEARNING_DROP, PACKAGE_OUT, PIPELINE_OUT, PIPELINE_STUDY,
+                             REHEARSAL_STORAGE, SEEDS, SERVER_IMAGES, SHARD_IMAGES)
 
 
 def _int_at_least(low: int):
@@ -41,145 +37,12 @@ positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
 
 
-# -- data / train / evaluate / decode ---------------------------------------------------------------------------
-def cmd_data_synth(args) -> int:
-    paths = generate(args.out, seed=args.seed, images=args.images, test_images=args.test_images,
-                     test_split_images=args.test_split_images)
-    print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
-    return 0
-
-
-def cmd_data_prepare(args) -> int:
-    started = time.monotonic()
-
-    def progress(done: int, total: int) -> None:
-        rate = done / max(time.monotonic() - started, 1e-9)
-        print(f"\r{done}/{total} images  {rate:.0f}/s  about {(total - done) / max(rate, 1e-9):.0f}s left",
-              end="" if done < total else "\n", file=sys.stderr, flush=True)
-
-    from a2core.data.features import prepare  # torch: only when a store is prepared (`a2 --help` stays light)
-
-    manifest = prepare(args.source, args.out, feature_dim=args.feature_dim, progress=progress)
-    print(json.dumps({"store": args.out, **{k: manifest[k] for k in ("images", "rows", "feature_dim", "checksum")}},
-                     indent=2))
-    return 0
-
-
-def cmd_data_fetch(args) -> int:
-    print(json.dumps(fetch(args.source, args.target, endpoint_url=args.endpoint_url), indent=2))
-    return 0
-
-
-def cmd_data_push(args) -> int:
-    manifest = push(args.store, args.uri, endpoint_url=args.endpoint_url)
-    print(json.dumps({"uri": args.uri, **{k: v for k, v in manifest.items() if k in ("checksum", "sha256")}},
-                     indent=2))
-    return 0
-
-
-def training_config(path: str | None, overrides: list[str]):
-    """The a2core config of a config file or of a study file (its data / model / train sections; the search, at
-    its defaults, is left out), with `key=value` overrides."""
-    raw = load_yaml(path) if path else {}
-    if path and ("name" in raw or "search" in raw):  # a study file
-        study_only = set(TOP_KEYS) - set(SECTIONS)
-        raw = {k: v for k, v in raw.items() if k not in study_only}
-    config = Config.from_dict(apply_overrides(raw, overrides or [], source=path), source=path)
-    check_sizes(config.to_dict(), path)  # a size past its cap (data.images=1e9): refused before any data is made
-    return config
-
-
-def cmd_train(args) -> int:
-    from a2core.train import train  # torch: only in the commands that train, decode or score (`a2 --help` is fast)
-
-    cfg = training_config(args.config, args.overrides)
-    out = Path(args.output_dir or cfg.output_dir)
-    if args.resume is None:
-        out = fresh_folder(out, ("best.pt", "last.pt"), "run's checkpoints")
-    result = train(cfg, report=_print_report, output_dir=out, resume_from=args.resume)
-    history = atomic_write(out / "history.json", json.dumps(result["history"], indent=1))
-    print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}")
-    print(_test_summary(result, cfg, out))
-    print(f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
-    return 0
-
-
-def _test_summary(result: dict, cfg, out: Path) -> str:
-    """The end-of-run test evaluation (the best epoch's checkpoint, beam search) as one line on the x100 scale, and
-    kept in OUT/test_scores.json (written whole or not at all); or why the test split was not scored."""
-    from a2core.metrics import METRIC_NAMES
-
-    test = result.get("test") or {}
-    scores = {name: test[f"test/{name}"] for name in METRIC_NAMES if f"test/{name}" in test}
-    if not scores:
-        why = ("train.test_at_end is false" if not cfg.train.test_at_end
-               else "no test images, or no copy of the best checkpoint here")
-        return f"test: not scored ({why})"
-    per_image = result.get("test_per_image_cider") or {"ids": [], "scores": []}
-    record = {"split": "test", "checkpoint": result["best_checkpoint"], "epoch": test.get("test/epoch"),
-              "beam_size": cfg.train.beam_size, "images": len(per_image["ids"]), "scores": scores,
-              "per_image_cider": dict(zip(map(str, per_image["ids"]), per_image["scores"]))}
-    path = atomic_write(out / "test_scores.json", json.dumps(record, indent=1))
-    shown = "  ".join(f"{name} {value:.2f}" for name, value in scores.items())
-    return (f"test (epoch {record['epoch']}, beam {record['beam_size']}, {record['images']} images, x100): {shown}\n"
-            f"test scores: {path}")
-
-
-def _print_report(metrics: dict, checkpoint_dir) -> None:
-    """One line per epoch: the scalar training and validation metrics (per-layer diagnostics left to the file)."""
-    shown = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()
-             if isinstance(v, (int, float)) and (k.startswith(("train/", "val/")) and "/jsd/" not in k)]
-    print(f"epoch {metrics['epoch']}: " + "  ".join(shown), flush=True)
-
-
-def cmd_evaluate(args) -> int:
-    from a2core.metrics import evaluate_results_file  # torch: as in `cmd_train`
-
-    scores = evaluate_results_file(args.results, args.captions, split=args.split, per_image=args.per_image,
-                                   spice=True if args.spice else None)
-    print(json.dumps(scores, indent=2))
-    return 0
-
-
-def cmd_decode(args) -> int:
-    from a2core.decode import decode_to_file  # torch: as in `cmd_train`
-
-    out = decode_to_file(args.checkpoints, split=args.split, out=args.out, beam_size=args.beam_size,
-                         max_len=args.max_len, batch_size=args.batch_size, data_overrides=args.data)
-    print(json.dumps(out, indent=2))
-    return 0
-
-
-# -- studies and what follows them -----------------------------------------------------------------------------
-def cmd_mlflow_serve(args) -> int:
-    from dashboards.tracking import serve  # mlflow: only when a server starts
-
-    return serve(args)
-
-
-def cmd_results_export(args) -> int:
-    from dashboards.records import export_record  # scipy: only when a record is written
-    from launch.location import locate
-    from launch.record import StudyRecord
-
-    study_view = StudyRecord.load(locate(args.name, args.storage)).study()
-    export_record(study_view, args.by, args.out, spec=args.spec, baseline=args.baseline, measured=args.measured,
-                  note=args.note)
-    print(f"record: {args.out}")
-    return 0
-
-
-def cmd_results_show(args) -> int:
-    from dashboards.records import load_record, render_table  # scipy: only when a record is read
-
-    print(render_table(load_record(args.record)))
-    return 0
-
-
-def cmd_submission_validate(args) -> int:
-    report = validate_zip(args.zip, read_image_info(args.val_images), read_image_info(args.test_images), alg=args.alg)
-    print(report)
-    return 0 if report.ok else 1
+def _command(sub, name: str, handler: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose function `handler` ("module:function", called with the parsed arguments) is imported only
+    when it runs."""
+    parser = sub.add_parser(name, **kwargs)
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,52 +50,49 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="datasets").add_subparsers(dest="data_command", required=True)
-    synth = data.add_parser("synth", help="write the synthetic COCO-format dataset")
+    synth = _command(data, "synth", "launch.datastore:cmd_synth", help="write the synthetic COCO-format dataset")
     synth.add_argument("--out", required=True, help="the dataset's folder, e.g. data/synth")
     synth.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the dataset (default 0)")
     synth.add_argument("--images", type=positive_int, default=1500, help="Karpathy-split images (train/val/test)")
     synth.add_argument("--test-images", type=positive_int, default=None, help="test-server images (default images/10)")
     synth.add_argument("--test-split-images", type=positive_int, default=None,
                        help="images of the Karpathy test split (default images/4, as val; more are drawn last)")
-    synth.set_defaults(func=cmd_data_synth)
-    prep = data.add_parser("prepare", help="convert region features (HDF5 or .npz directory) into a prepared store: "
-                                           "float16 rows in one memory-mappable file, an index and a checksummed "
-                                           "manifest, read faster by the same loader (data.features: OUT)")
+    prep = _command(data, "prepare", "launch.local:cmd_data_prepare",
+                    help="convert region features (HDF5 or .npz directory) into a prepared store: float16 rows in one "
+                         "memory-mappable file, an index and a checksummed manifest, read faster by the same loader "
+                         "(data.features: OUT)")
     prep.add_argument("source", help="features.h5 ({image_id}_features datasets) or a directory of {image_id}.npz")
     prep.add_argument("--out", required=True, help="the store's folder, e.g. data/coco/features.a2feat (must not exist)")
     prep.add_argument("--feature-dim", type=positive_int, default=2048,
                       help="width of every region's feature vector (default 2048, bottom-up features)")
-    prep.set_defaults(func=cmd_data_prepare)
-    push = data.add_parser("push", help="upload a prepared store (or one data file) to S3, verified; a store's "
-                                        "manifest goes last")
+    push = _command(data, "push", "launch.datastore:cmd_push",
+                    help="upload a prepared store (or one data file) to S3, verified; a store's manifest goes last")
     push.add_argument("store", help="the store's local folder, or a file (dataset_coco.json, an image list)")
     push.add_argument("uri", help="s3://bucket/prefix/NAME.a2feat")
     push.add_argument("--endpoint-url", default=None, help="any S3-compatible endpoint (default: $AWS_ENDPOINT_URL)")
-    push.set_defaults(func=cmd_data_push)
-    fetch = data.add_parser("fetch", help="copy a prepared store onto this machine, SHA-256 verified; nothing to do "
-                                          "when it holds that version already (ray-cluster.yaml runs it per node)")
+    fetch = _command(data, "fetch", "launch.datastore:cmd_fetch",
+                     help="copy a prepared store onto this machine, SHA-256 verified; nothing to do when it holds that "
+                          "version already (ray-cluster.yaml runs it per node)")
     fetch.add_argument("source", help="s3://bucket/prefix/NAME.a2feat or a local store folder (or one data file)")
     fetch.add_argument("target", help="local path, e.g. ~/a2tune/data/coco/features.a2feat")
     fetch.add_argument("--endpoint-url", default=None, help="any S3-compatible endpoint (default: $AWS_ENDPOINT_URL)")
-    fetch.set_defaults(func=cmd_data_fetch)
 
-    tr = sub.add_parser("train", help="one training run without Ray")
+    tr = _command(sub, "train", "launch.local:cmd_train", help="one training run without Ray")
     tr.add_argument("--config", help="YAML with data/model/train sections (a study file works too)")
     tr.add_argument("--output-dir", default=None,
                     help="folder for checkpoints, history.json and test_scores.json (default: train.output_dir)")
     tr.add_argument("--resume", default=None, help="checkpoint file to resume from")
     tr.add_argument("overrides", nargs="*", help="key=value, e.g. model.fusion=max train.xe_epochs=3")
-    tr.set_defaults(func=cmd_train)
 
-    ev = sub.add_parser("evaluate", help="COCO metrics of a results file")
+    ev = _command(sub, "evaluate", "launch.local:cmd_evaluate", help="COCO metrics of a results file")
     ev.add_argument("--results", required=True, help="COCO results JSON: [{\"image_id\": ..., \"caption\": ...}]")
     ev.add_argument("--captions", required=True, help="Karpathy dataset_coco.json")
     ev.add_argument("--split", default="test", help="Karpathy split to score against: train|val|test (default test)")
     ev.add_argument("--per-image", action="store_true", help="also print every image's scores")
     ev.add_argument("--spice", action="store_true", help="require SPICE (fails if its models are missing)")
-    ev.set_defaults(func=cmd_evaluate)
 
-    de = sub.add_parser("decode", help="beam-search captions with one checkpoint or an averaging ensemble")
+    de = _command(sub, "decode", "launch.local:cmd_decode",
+                  help="beam-search captions with one checkpoint or an averaging ensemble")
     de.add_argument("--checkpoints", nargs="+", required=True,
                     help="one checkpoint, or several whose output probabilities are averaged")
     de.add_argument("--split", default="test", help="train|val|test (Karpathy), or test2014/val2014 (server sets)")
@@ -241,22 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--max-len", type=positive_int, default=20, help="longest caption in tokens (default 20)")
     de.add_argument("--batch-size", type=positive_int, default=50, help="images per beam-search batch (default 50)")
     de.add_argument("--data", nargs="*", default=[], help="data.* overrides, e.g. data.features=/x.h5")
-    de.set_defaults(func=cmd_decode)
 
-    st = sub.add_parser("study", help="hyperparameter studies on Ray Tune")
-    study.add_arguments(st)
-    st.set_defaults(func=study.main)
+    _add_study_commands(sub.add_parser("study", help="hyperparameter studies on Ray Tune"))
 
-    rp = sub.add_parser("report", help="plots and an HTML page of a study, read from its storage")
-    study.add_name(rp)
+    rp = _command(sub, "report", "launch.show:cmd_report",
+                  help="plots and an HTML page of a study, read from its storage")
+    add_name(rp)
     rp.add_argument("--tracking-uri", default=None,
                     help="MLflow store whose study parent run gets the report (default: the study's)")
     rp.add_argument("--out", default=None, help="report folder (default: ./a2-reports/NAME; one that holds an "
                                                 "earlier report gets a new numbered folder NAME-2, ...)")
-    rp.set_defaults(func=study.cmd_report)
 
     ml = sub.add_parser("mlflow", help="MLflow tracking server").add_subparsers(dest="mlflow_command", required=True)
-    serve = ml.add_parser("serve", help="start an MLflow tracking server for a team")
+    serve = _command(ml, "serve", "dashboards.tracking:serve", help="start an MLflow tracking server for a team")
     serve.add_argument("--backend-store-uri", default="sqlite:///mlflow.db",
                        help="where runs are kept: sqlite:///path.db or postgresql://user@host/db (default sqlite:///mlflow.db)")
     serve.add_argument("--artifacts-destination", default=None, help="s3://bucket/prefix (default: ./mlartifacts)")
@@ -265,49 +122,233 @@ def build_parser() -> argparse.ArgumentParser:
                        help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for all)")
     serve.add_argument("--port", type=positive_int, default=5000, help="port to listen on (default 5000)")  # dashboards.tracking.DEFAULT_PORT
     serve.add_argument("--workers", type=positive_int, default=1, help="server worker processes (default 1)")
-    serve.set_defaults(func=cmd_mlflow_serve)
-    sync = ml.add_parser("sync", help="export a study's record to MLflow (what it missed while the server was down)")
-    study.add_name(sync)
-    sync.set_defaults(func=study.cmd_sync)
+    sync = _command(ml, "sync", "launch.study:cmd_sync",
+                    help="export a study's record to MLflow (what it missed while the server was down)")
+    add_name(sync)
 
     rs = sub.add_parser("results", help="the result records kept under results/: written from a study, printed as "
                                         "tables").add_subparsers(dest="results_command", required=True)
-    export = rs.add_parser("export", help="write the record of `a2 study compare NAME --by KEY` (every trial's "
-                                          "scores and per-image CIDEr-D), read from the study's storage")
-    study.add_name(export)
+    export = _command(rs, "export", "launch.show:cmd_results_export",
+                      help="write the record of `a2 study compare NAME --by KEY` (every trial's scores and per-image "
+                           "CIDEr-D), read from the study's storage")
+    add_name(export)
     export.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
     export.add_argument("--baseline", default=None, help="the value of --by to compare with (default: fusion none)")
     export.add_argument("--out", required=True, help="the record file, e.g. results/NAME.json")
     export.add_argument("--spec", default="", help="the study file it was run from, as the record names it")
     export.add_argument("--measured", default="", help="where and when it was measured (machine, date)")
     export.add_argument("--note", default="", help="one line the record's table prints under it")
-    export.set_defaults(func=cmd_results_export)
-    show = rs.add_parser("show", help="print a record's comparison table, recomputed by today's verdict rule")
+    show = _command(rs, "show", "dashboards.records:cmd_show",
+                    help="print a record's comparison table, recomputed by today's verdict rule")
     show.add_argument("record", help="a record file, e.g. results/synthetic_fusions.json")
-    show.set_defaults(func=cmd_results_show)
 
-    pk = sub.add_parser("package", help="4-seed ensemble -> COCO server zip, leaderboard, upload")
-    package.add_arguments(pk)
-    pk.set_defaults(func=package.main)
+    _add_package_arguments(_command(sub, "package", "launch.package:main",
+                                    help="4-seed ensemble -> COCO server zip, leaderboard, upload"))
 
     sv = sub.add_parser("submission", help="COCO server submissions").add_subparsers(dest="sub_command", required=True)
-    val = sv.add_parser("validate", help="check a results.zip against the server's image lists")
+    val = _command(sv, "validate", "dashboards.submission:cmd_validate",
+                   help="check a results.zip against the server's image lists")
     val.add_argument("zip", help="the results.zip to check")
     val.add_argument("--val-images", required=True, help="COCO image-info JSON of val2014")
     val.add_argument("--test-images", required=True, help="image_info_test2014.json")
     val.add_argument("--alg", default=None, help="the algorithm name the file names must carry (default: any one)")
-    val.set_defaults(func=cmd_submission_validate)
 
-    pl = sub.add_parser("pipeline", help="the main job: smoke study, report, packaging, leaderboard")
-    pipeline.add_arguments(pl)
-    pl.set_defaults(func=pipeline.main)
+    _add_pipeline_arguments(_command(sub, "pipeline", "launch.pipeline:main",
+                                     help="the main job: smoke study, report, packaging, leaderboard"))
     return p
+
+
+# -- a2 study ------------------------------------------------------------------------------------------------------
+def _add_study_commands(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="study_command", required=True)
+    _add_study_file(_command(sub, "validate", "launch.spec:cmd_validate",
+                             help="validate a study file completely (nothing starts)"))
+
+    run = _command(sub, "run", "launch.study:cmd_run",
+                   help="run a study on Ray Tune (a local Ray unless --address / RAY_ADDRESS)")
+    _add_study_file(run)
+    _add_driver_arguments(run)
+
+    resume = _command(sub, "resume", "launch.study:cmd_resume",
+                      help="continue an interrupted study: finished trials stay, others resume")
+    add_name(resume)
+    _add_driver_arguments(resume)
+    resume.add_argument("--restore-state", action="store_true",
+                        help="first put back the whole copy (state-copies/) of each of Tune's files that is unreadable, "
+                             "e.g. cut short by a full disk; each one put back is named")
+
+    status = _command(sub, "status", "launch.show:cmd_status", help="the trial table of a study, read from its storage")
+    add_name(status)
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+
+    check = _command(sub, "check", "launch.verify:cmd_check",
+                     help="verify a study's saved state and every checkpoint (exit 2 if unreadable)")
+    add_name(check)
+
+    compare = _command(sub, "compare", "launch.show:cmd_compare",
+                       help="configurations of a study side by side, read from its storage")
+    add_name(compare)
+    compare.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
+    compare.add_argument("--baseline", default=None, help="the value of --by to compare with (default: fusion none)")
+    compare.add_argument("--tracking-uri", default=None, help=argparse.SUPPRESS)  # before the record: not read
+
+    plan = _command(sub, "plan", "launch.plan:main",
+                    help="a study's steps, schedule, seeds and power, GPU-hours and cost, before it runs")
+    _add_study_file(plan)
+    plan.add_argument("--sd", type=float, default=None,
+                      help="seed standard deviation of a seed's mean CIDEr (x100); default: measured in the study's "
+                           "runs (their per-image scores where they have them)")
+    plan.add_argument("--delta", type=float, nargs="+", default=None,
+                      help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
+    plan.add_argument("--storage", default=None,
+                      help="storage root of the finished study whose seeds give the spread (default: the spec's)")
+    plan.add_argument("--tracking-uri", default=None, help=argparse.SUPPRESS)  # before the record: not read
+    plan.add_argument("--images-per-second", type=float, default=None,
+                      help="training images per second per GPU (default: the estimate in benchmarks/RESULTS.md)")
+    plan.add_argument("--price-per-hour", type=float, default=None,
+                      help="price of a worker node per hour (default: the on-demand list price of its type)")
+    plan.add_argument("--cluster", default=str(Path(__file__).resolve().parents[1] / "ray-cluster.yaml"),
+                      help="cluster-launcher file whose GPU worker type prices the study (default: ray-cluster.yaml)")
+    plan.add_argument("--rehearse", type=int, default=None, metavar="N", action=_Rehearse,
+                      help="also N rehearsals without Ray (launch.rehearse): power and the chance of keeping the best "
+                           "configuration with the study's early stopping, next to the closed-form power")
+    _add_model_arguments(plan)
+
+    _add_rehearse_arguments(_command(
+        sub, "rehearse", "launch.rehearse:main",
+        help="every trial of a study through the real driver, scheduler, record and MLflow export, with a stand-in "
+             "trainer drawing scores from a stated model (nothing trains; never packageable)"))
+
+
+class _Rehearse(argparse.Action):
+    """`a2 study plan --rehearse N`: the plan with rehearsals is handled by `launch.rehearse` (Ray and optuna),
+    the plan alone by `launch.plan` (neither)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.handler = "launch.rehearse:plan_main"
+
+
+def _add_study_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="the study file")
+    parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=2 model.d_model=64")
+
+
+def add_name(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="the study's name (its `name:` key)")
+    parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
+
+
+def _add_driver_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
+    parser.add_argument("--quiet", action="store_true", help="no live trial table")
+    add_lease_arguments(parser)
+
+
+def add_lease_arguments(parser: argparse.ArgumentParser) -> None:
+    """--force and --stale-after: taking over the lease of a study whose writer is gone (`launch.lease`)."""
+    parser.add_argument("--force", action="store_true",
+                        help="take over the study's lease if it is stale (its writer gone)")
+    parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER, metavar="SECONDS",
+                        help=f"a lease with no heartbeat for this long is stale (default {DEFAULT_STALE_AFTER:.0f})")
+
+
+def _add_rehearse_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="the study file")
+    parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.replicates=3")
+    _add_model_arguments(parser)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rehearsals, each with new noise draws: the first on Ray, the rest without it (the same "
+                             "searcher, scheduler and comparison code)")
+    parser.add_argument("--time-scale", type=float, default=0.0,
+                        help="a stand-in epoch sleeps the plan's epoch time x this (default 0: no sleeping)")
+    parser.add_argument("--epoch-seconds", type=float, default=None,
+                        help="an epoch's time on the cluster (default: the plan's estimate)")
+    parser.add_argument("--storage", default=REHEARSAL_STORAGE, help=f"where the rehearsal is stored (default "
+                                                                     f"{REHEARSAL_STORAGE})")
+    parser.add_argument("--tracking-uri", default=None, help="MLflow store (default: an SQLite file in --storage)")
+    parser.add_argument("--address", default=None, help="Ray cluster to join (default: a local Ray with the study's "
+                                                        "GPUs declared)")
+    parser.add_argument("--quiet", action="store_true", help="no live trial table")
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The score model of a rehearsal (`launch.rehearse.score_model`)."""
+    parser.add_argument("--seed", type=int, default=0, help="seed of the noise draws (rehearsals are reproducible)")
+    parser.add_argument("--from-record", default=None, metavar="RECORD",
+                        help="a results record (results/*.json) whose arms' means and noise the scores are drawn "
+                             "from (default: the paper's Table 3 by fusion, the plan's noise)")
+    parser.add_argument("--mean", action="append", default=None, metavar="VALUE=CIDER",
+                        help="a configuration's true mean by its fusion (or the record's key), e.g. gate=123.5")
+    parser.add_argument("--drop", type=float, default=LEARNING_DROP,
+                        help=f"the learning curve's drop: epoch e of E at 1 - drop (1 - e/E)^2 of the final mean "
+                             f"(default {LEARNING_DROP})")
+
+
+# -- a2 package, a2 pipeline -----------------------------------------------------------------------------------------
+def _add_package_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="study name")
+    parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
+    parser.add_argument("--alg", default=None,
+                        help="algorithm name in the results file names, [A-Za-z0-9-]+ (default: the study name)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                        help="seeds of the ensemble (default: the best configuration's replicates when it has at "
+                             f"least {len(SEEDS)}, else {' '.join(map(str, SEEDS))})")
+    parser.add_argument("--no-train", action="store_true",
+                        help="refuse (naming them) instead of training missing seeds")
+    parser.add_argument("--out", default=None, help=f"output folder (default: ./{PACKAGE_OUT}/<name>; one that "
+                                                    f"holds an earlier package gets a new numbered folder NAME-2, ...)")
+    parser.add_argument("--model-name", default=None, help="registered MLflow model name (default: the study name)")
+    parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ to upload results.zip and the "
+                                                       "leaderboard to (default: the study's prefix when on S3)")
+    parser.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint for --upload")
+    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
+    parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
+    parser.add_argument("--batch-size", type=int, default=50, help="images per beam-search batch")
+    parser.add_argument("--shard-images", type=int, default=SHARD_IMAGES,
+                        help="images per decoding shard, the unit a killed package does not decode again")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="Ray decoding tasks (default: one per GPU, else per CPU); 0 decodes in this process")
+    parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
+    parser.add_argument("--val-images", default=None, help="COCO image-info JSON of val2014 (default: the data's)")
+    parser.add_argument("--test-images", default=None, help="image_info_test2014.json (default: the data's)")
+    parser.add_argument("--data", nargs="*", default=[], dest="data_overrides",
+                        help="data.* overrides for decoding on this machine, e.g. data.features=/x.h5")
+    parser.add_argument("--quiet", action="store_false", dest="verbose", help="no live trial table while seeds train")
+    parser.add_argument("--estimate", action="store_true",
+                        help="only state the decoding's cost: images and shards to decode, the ensemble's seconds "
+                             "per image measured here on a few images (copies of the best checkpoint), and "
+                             f"the time for them and for the server's {SERVER_IMAGES:,} images; trains and writes "
+                             "nothing")
+
+
+def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--study", default=PIPELINE_STUDY, help=f"study file (default: {PIPELINE_STUDY})")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the study, e.g. train.xe_epochs=2")
+    parser.add_argument("--out", default=None, help=f"report and package folder (default: ./{PIPELINE_OUT}/<name>)")
+    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides tracking.mlflow_uri)")
+    parser.add_argument("--storage", default=None, help="study storage root (overrides storage)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                        help="seeds of the ensemble (default: the best configuration's replicates when it has at "
+                             "least 4, else 0 1 2 3)")
+    parser.add_argument("--alg", default=None, help="algorithm name in the results file names (default: study name)")
+    parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
+    parser.add_argument("--workers", type=int, default=None, help="Ray decoding tasks; 0 decodes in this process")
+    parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ for results.zip and the leaderboard")
+    parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
+    parser.add_argument("--quiet", action="store_true", help="no live trial tables")
+
+
+def handler(args: argparse.Namespace):
+    """The function that handles the parsed subcommand, its module imported now."""
+    module, _, function = args.handler.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        return int(handler(args)(args) or 0)
     except A2Error as err:
         print(f"a2: error: {err}", file=sys.stderr)
         return 2

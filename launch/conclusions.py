@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from a2core.errors import A2Error
 from a2core.selection import finite
+from dashboards.stats import MIN_SEEDS, Arm, Interval, compare_arms, short_hash, stopped_early_text
 from dashboards.tables import text_table
 from launch.layout import end_text, outage_line
 
@@ -80,8 +81,6 @@ def verdict(summary: dict) -> str:
 def group_verdict(summary: dict) -> str | None:
     """For replicated studies: "best configuration (fusion gate, lambda 0.035): 112.3 [110.1, 114.5] over 3 seeds;
     gate beats none by ..." (the difference of seed means, Welch, `dashboards.stats.compare_arms`)."""
-    from dashboards.stats import Arm, Interval, compare_arms  # scipy: not for `a2 study validate`
-
     best, metric = summary.get("best_group"), summary["metric"]
     if not best or best["n"] < 2:
         return None
@@ -124,8 +123,6 @@ def _fmt(value) -> str:
 def state_text(row: dict) -> str:
     """A trial's or group's state: Tune's, "stopped early (rung r, cutoff c)" when the scheduler stopped it, or
     "diverged at epoch e step s (train/loss nan)" when it ended itself (`launch.layout.end_record`)."""
-    from dashboards.stats import stopped_early_text  # scipy: not for `a2 study validate`
-
     if row.get("ended"):
         return end_text(row["ended"])
     return stopped_early_text(row["stopped_early"]) if row.get("stopped_early") else row.get("state", "")
@@ -141,8 +138,6 @@ def format_table(rows: list[dict], metric: str) -> str:
 
 def format_groups(groups: list[dict], metric: str) -> str:
     """One row per replicate group: its seeds, the mean of the best metric with its 95% interval, its state."""
-    from dashboards.stats import Interval, short_hash  # scipy: not for `a2 study validate`
-
     header = ["config", "fusion", "lambda", "seeds", f"best {metric.split('/')[-1]} [95% CI]", "state"]
     body = [[short_hash(g["config_hash"]), str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
              "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"],
@@ -153,8 +148,6 @@ def format_groups(groups: list[dict], metric: str) -> str:
 
 def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
     """The trial table (of `rows`), the replicate groups, the verdict, the compute and any tracking outage."""
-    from dashboards.stats import MIN_SEEDS  # scipy: not for `a2 study validate`
-
     lines = [format_table(rows, spec.metric)] if rows else []
     if any(g["n"] > 1 for g in summary["groups"]):
         lines.append(f"replicate groups (mean over seeds, 95% interval; below {MIN_SEEDS} seeds: none):\n"

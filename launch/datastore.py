@@ -1,6 +1,6 @@
 """Region features on every node of a cluster: `a2 data push` / `a2 data fetch` move a prepared store (see
 `a2core.data.prepared`) through the storage layer, and `check_feature_copies` refuses to start a study when an
-alive node's copy is missing or differs from the driver's.
+alive node's copy is missing or differs from the driver's. `a2 data synth` (the synthetic COCO) is handled here too.
 
 `fetch` is what ray-cluster.yaml's setup commands run on every node as it starts, spot workers that join mid-study
 included: it reads the store's manifest, skips when the node holds that version already (a `.verified` stamp that
@@ -20,8 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow.fs as pafs
+
 from a2core.data import prepared
+from a2core.data.synthetic import generate
 from a2core.errors import DataError, StudyError
+from launch.storage import META_SHA256, make_client, open_location, parse_s3_uri, upload_file
 
 STAMP = ".verified"  # in a store folder: the checksum whose data files `fetch` (or `verify`) hashed in full
 PROBE_TIMEOUT_S = 120.0
@@ -55,8 +59,6 @@ def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None
     """Upload a local store to `uri` (s3://bucket/prefix/NAME.a2feat), data files first (each verified by the
     storage layer), the manifest last: a reader that sees the manifest finds the files it names. Returns the
     store's manifest; a plain file (captions, an image list) is uploaded as one ({"sha256"})."""
-    from launch.storage import open_location, upload_file  # pyarrow and boto3: only when a store moves
-
     folder = Path(folder)
     target = open_location(uri, endpoint_url)
     if target.local:
@@ -68,6 +70,28 @@ def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None
         _say(f"upload {folder / name} -> {target.join(name)}", quiet)
         upload_file(folder / name, target.join(name).uri, endpoint_url=endpoint_url)
     return manifest
+
+
+def cmd_synth(args) -> int:
+    """`a2 data synth --out DIR`: the synthetic COCO (`a2core.data.synthetic`)."""
+    paths = generate(args.out, seed=args.seed, images=args.images, test_images=args.test_images,
+                     test_split_images=args.test_split_images)
+    print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
+    return 0
+
+
+def cmd_push(args) -> int:
+    """`a2 data push STORE URI`."""
+    manifest = push(args.store, args.uri, endpoint_url=args.endpoint_url)
+    print(json.dumps({"uri": args.uri, **{k: v for k, v in manifest.items() if k in ("checksum", "sha256")}},
+                     indent=2))
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    """`a2 data fetch SOURCE TARGET`."""
+    print(json.dumps(fetch(args.source, args.target, endpoint_url=args.endpoint_url), indent=2))
+    return 0
 
 
 def _read_remote_manifest(source) -> dict:
@@ -97,8 +121,6 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
     """Make `target` a verified copy of the store at `uri` (s3://... or a local folder); returns
     {"checksum", "target", "fetched": bool}. Nothing is downloaded when `target` holds that version already.
     A `uri` that is a plain file (captions, an image list) is fetched as one (`_fetch_file`)."""
-    from launch.storage import open_location  # pyarrow: only when a store moves
-
     source = open_location(uri, endpoint_url)
     target = Path(os.path.expanduser(str(target))).absolute()
     if not source.join(prepared.MANIFEST).exists() and source.exists() and not _is_folder(source):
@@ -141,8 +163,6 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
 
 
 def _is_folder(location) -> bool:
-    import pyarrow.fs as pafs  # pyarrow: only when a store moves
-
     fs, path = location.filesystem
     return fs.get_file_info(path).type == pafs.FileType.Directory
 
@@ -150,8 +170,6 @@ def _is_folder(location) -> bool:
 def _fetch_file(source, target: Path, quiet: bool) -> dict:
     """One plain file (the captions, an image list): downloaded atomically unless `target` has the same size and
     SHA-256 (the digest `a2 data push` / `upload_file` stores with an object; without one, it is downloaded)."""
-    from launch.storage import META_SHA256, make_client, parse_s3_uri  # boto3: only when a file moves
-
     with _locked(target):
         if source.local:
             size, digest = Path(source.uri).stat().st_size, None
@@ -199,7 +217,8 @@ def check_feature_copies(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[
     """On every alive node of the connected Ray cluster, the copy at `path` against the driver's: StudyError
     naming each node (address, host, node id) whose copy is missing, damaged or another version, and the file.
     Returns one row per node. A probe is a zero-CPU task pinned to its node, so busy nodes answer too."""
-    import ray  # ray: only when a study checks its nodes' copies
+    # ray: only the driver's check of its nodes' copies, not `a2 data fetch|push` (a node's setup runs fetch)
+    import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     expected = describe_copy(path)

@@ -9,11 +9,16 @@ import dataclasses
 import errno
 import json
 import os
+import sqlite3
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from ray import tune
+from ray.tune import ProgressReporter, Tuner
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+from tqdm import tqdm
 import yaml
 
 from a2core.config import flatten
@@ -27,8 +32,11 @@ from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
                              write_summary)
 from launch.layout import SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR, add_outage
+from launch.mlflow_callback import A2MLflowCallback
 from launch.raycluster import connect
+from launch.record import StudyRecord, tune_trials
 from launch.spec import check_cluster, check_machine, runs_locally
+from launch.storage import check_storage, open_location
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
 from launch.verify import WholeCopies, put_back_tune_pointers, refuse_corrupt, restore_whole_copies
 
@@ -61,8 +69,6 @@ def check_sqlite_store(uri: str, study: str, timeout: float = 5.0) -> None:
     """A SQLite MLflow store that exists must be a database (its schema reads) that this process may write (a write
     lock is taken and given back within `timeout` s): TrackingError naming the file and the cause otherwise. A store
     not there yet is fine (MLflow creates it)."""
-    import sqlite3
-
     path = sqlite_path(uri)
     if path is None or not path.exists():
         return
@@ -88,8 +94,6 @@ def check_sqlite_store(uri: str, study: str, timeout: float = 5.0) -> None:
 
 def run_study(spec, **options) -> dict:
     """Run a validated study to its end on Ray (`_drive`'s options); returns the summary (also in summary.json)."""
-    from launch.storage import check_storage  # pyarrow: only when a study is opened
-
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     check_storage(location.storage, location.endpoint_url)
     return _drive(spec, location, new=True, **options)
@@ -146,8 +150,6 @@ def finished_already(spec, location: StudyLocation) -> dict | None:
     complete, nothing pending for MLflow): `resume` then says so in one line and writes nothing. None otherwise,
     also when the trials finished but a driver killed at the end did not write the summary or the export: the
     resume does that."""
-    from launch.record import StudyRecord  # ray.tune and scipy: only for a resume
-
     try:
         saved = json.loads(location.read_text(SUMMARY_FILE) or "null")
     except ValueError:
@@ -193,8 +195,6 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
            force: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> dict:
     """Run a new study or resume one as the study's one writer, on the cluster at `address` (else $RAY_ADDRESS,
     else a local Ray), and summarize it."""
-    from ray.tune import Tuner  # ray: only when a study runs
-
     if runs_locally(spec, address):  # before Ray starts and before the study's folder (its lease) exists
         check_machine(spec)
     check_tracking(spec)
@@ -249,8 +249,6 @@ def lost_trial_runs(location: StudyLocation, started: bool) -> tuple[str, ...]:
     saved them. A resumed trial of the same configuration continues the newest of them (`launch.trainable.adopt`)."""
     known: set[str] = set()
     if started:
-        from launch.record import tune_trials  # ray.tune: only for a resume
-
         known = {t.trial_id for t in tune_trials(location)}
     prefix, trials = f"{location.name}-", location.at(TRIALS_DIR)
     return tuple(name for name in trials.listdir(folders_only=True)
@@ -330,8 +328,6 @@ def _stopped_by_storage(spec, location: StudyLocation, grid, problem: str, summa
 def say(text: str, verbose: bool = True) -> None:
     """A progress line, unless quiet; printed above a progress bar being drawn (packaging's decode bar), not into it."""
     if verbose:
-        from tqdm import tqdm  # as print while no bar is drawn
-
         tqdm.write(text, file=sys.stdout)
         sys.stdout.flush()
 
@@ -341,14 +337,9 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
     """The study's Tuner, new or restored from storage (searcher, scheduler, callbacks) to resume unfinished and
     errored trials. `adoptable`: run folders of trials Tune lost, which trials of their configuration continue
     (`lost_trial_runs`)."""
-    # ray (and optuna, through launch.search): only when a study runs
-    from ray import tune
-    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
-
-    from launch.storage import open_location
-    from launch.mlflow_callback import A2MLflowCallback
+    # Both looked up when called: benchmarks/bench_study.py and bench_scale.py replace them
     from launch.search import tune_config_kwargs
-    from launch.trainable import make_trainable  # looked up when called (benchmarks/bench_study.py replaces it)
+    from launch.trainable import make_trainable
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the older reporter prints our own table (_reporter)
     # The JSON and CSV result loggers are added below; TensorBoard's would only complain about the caption samples.
@@ -386,8 +377,6 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
 
 
 def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
-    from ray.tune import ProgressReporter  # ray: only when a study runs
-
     class StudyTable(ProgressReporter):
         """The live trial table (`a2 study status`'s, from the running trials) every 30 s and at the end. (Tune's
         CLIReporter looks every parameter column up in the best trial's config, so a best trial without a
@@ -437,7 +426,6 @@ def _grid_row(spec, result) -> dict:
 def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
     # scipy (dashboards.stats, through launch.record): not for `a2 study validate`, which imports this module
-    from launch.record import StudyRecord
 
     record = StudyRecord.load(location, spec)
     rows = record.trials

@@ -15,9 +15,10 @@ import time
 import uuid
 
 from a2core.errors import StorageError, StudyError
+from launch.defaults import DEFAULT_STALE_AFTER
+from launch.storage import make_client, parse_s3_uri
 
 LEASE_FILE = "lease.json"
-DEFAULT_STALE_AFTER = 120.0
 
 
 def _pid_gone(holder: dict) -> bool:
@@ -78,9 +79,7 @@ class StudyLease:
                                    f"({err.strerror or err}); a study is run, resumed and synced only where its "
                                    f"storage can be written") from None
             return True
-        from botocore.exceptions import ClientError  # botocore and pyarrow: only for a lease on S3
-
-        from launch.storage import make_client, parse_s3_uri
+        from botocore.exceptions import ClientError  # boto3's: only for a lease on S3, as in launch.storage
 
         bucket, key = parse_s3_uri(self.location.uri, require_key=True)
         try:

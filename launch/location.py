@@ -18,10 +18,13 @@ from a2core.atomic import atomic_write
 from a2core.config import parse_yaml
 from a2core.errors import StudyError
 from launch.spec import DEFAULT_STORAGE, STUDY_FORMAT, StudySpec, _study_name
+from launch.storage import check_storage, open_location
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
 POINTER_DIR = Path(".a2") / "studies"
+REHEARSAL_FILE = "rehearsal.json"  # next to study.yaml in a rehearsal (`launch.rehearse`): the model scores came from
+REHEARSAL_BANNER = "REHEARSAL: stand-in trainer, scores drawn from a model (launch.rehearse); not a study result"
 
 
 @dataclass(frozen=True)
@@ -33,8 +36,6 @@ class StudyLocation:
     endpoint_url: str | None = None
 
     def at(self, *parts: str):
-        from launch.storage import open_location  # pyarrow: only when a study is opened
-
         return open_location(self.storage, self.endpoint_url).join(self.name, *parts)
 
     def exists(self, *parts: str) -> bool:
@@ -64,8 +65,6 @@ def remember(location: StudyLocation) -> None:
 
 def locate(name: str, storage: str | None = None) -> StudyLocation:
     """Find study `name`: under `storage` when given, else where the pointer file says, else the default root."""
-    from launch.storage import check_storage  # pyarrow: only when a study is opened
-
     check_name(name)
     endpoint = None
     pointer = POINTER_DIR / f"{name}.json"
@@ -125,6 +124,11 @@ def saved_form(spec) -> dict:
 
 def write_summary(location: StudyLocation, summary: dict) -> None:
     location.write_text(json.dumps(summary, indent=2, default=json_default) + "\n", SUMMARY_FILE)
+
+
+def rehearsal_banner(location: StudyLocation) -> str | None:
+    """The line every table of a rehearsal starts with, else None."""
+    return REHEARSAL_BANNER if location.exists(REHEARSAL_FILE) else None
 
 
 def json_default(value):

@@ -21,12 +21,15 @@ import time
 from a2core.errors import StorageError, TrackingError
 from a2core.selection import best_epoch
 from dashboards.mlflow_views import TAG_CONFIG_LABEL
+from dashboards.stats import TAG_CONFIG_HASH, config_hash, stopped_early_tags
 from dashboards.tracking import (TAG_BEST_CKPT, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID, StudyTracker, search_all_runs,
                                  check_tracking_uri)
+from launch.conclusions import _fmt
 from launch.killpoints import kill_point
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, ENDED_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE,
                            SUPERSEDED_FILE, TRIALS_DIR, TrialState, add_outage, end_record, run_status, stop_record,
                            train_run_name)
+from launch.spec import SEED_PATH, resolve_key
 
 logger = logging.getLogger(__name__)
 
@@ -116,9 +119,6 @@ class Export:
 
     def _trial(self, tracker: StudyTracker, trial: TrialState, ended: str | None, late: bool) -> str | None:
         """Export one trial; returns the status its run has now (None: not started, no run)."""
-        # dashboards.stats imports scipy: kept out of the `a2 study` commands that do not export (launch.study)
-        from dashboards.stats import TAG_CONFIG_HASH, config_hash
-
         tid = trial.trial_id
         folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, tid))
         text, stopped_text = folder.join(RESULTS_FILE).read_text(), folder.join(STOPPED_FILE).read_text()
@@ -159,8 +159,6 @@ class Export:
 
     def _tags(self, trial: TrialState, results: list[dict], stopped: dict | None) -> dict:
         """The checkpoint tags (the newest one, and the best epoch's when it has one), retries, the stop record."""
-        from dashboards.stats import stopped_early_tags  # scipy: as in `_trial`
-
         tags = {}
         by_epoch = {int(r["epoch"]): r for r in results if isinstance(r.get("epoch"), (int, float))}
         epoch = best_epoch({e: r.get(self.spec.metric) for e, r in by_epoch.items()}, self.spec.mode)
@@ -292,9 +290,6 @@ def trial_names(spec, sampled: dict, digest: str) -> tuple[str, str]:
     other key as `name=value` (the last part of its path, numbers to 4 significant digits); a key whose value does
     not apply to the trial (lambda of fusion none) is absent; the seed (a seed key or `search.replicates`) ends the
     run name and is not in the label, which names the replicate group and has its `a2.config_hash` beside it."""
-    from launch.conclusions import _fmt  # the trial table's formatting: the same values read the same everywhere
-    from launch.spec import SEED_PATH, resolve_key
-
     config = spec.trial_config(sampled)
     parts, seed = [], None
     for key in dict.fromkeys([*spec.params, *sampled]):  # the space's order; then a replicate's seed

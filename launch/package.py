@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -16,72 +15,41 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import ray
+import torch
 from tqdm import tqdm
 
+from a2core import checkpoint as ckpt
 from a2core.atomic import atomic_write, fresh_folder
 from a2core.data.captions import Vocab, read_image_info
+from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
+from dashboards.stats import config_hash
 from dashboards.submission import make_zip, results_filename, validate_zip
 from dashboards.tracking import check_tracking_uri
+from launch.defaults import PACKAGE_OUT, SEEDS, SERVER_IMAGES, SHARD_IMAGES
 from launch.driver import resume_study, run_study, say
 from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, locate
 from launch.raycluster import connect
+from launch.rehearse import refuse_rehearsal
 from launch.spec import StudySpec
+from launch.storage import open_location, upload_file
 from launch.study import exit_code
 from launch.trainable import propagated_env
+from launch.verify import model_mismatch
 
 SEED_STUDIES_FILE = "seed_studies.json"
-DEFAULT_OUT = "a2-packages"
 RESULTS_ZIP = "results.zip"
 LEADERBOARD = "leaderboard.json"
 MANIFEST = "package.json"
-SEEDS = (0, 1, 2, 3)
-SHARD_IMAGES = 500  # images per decoding shard: a killed package loses at most one shard per worker
-SERVER_IMAGES = 81_279  # the COCO server's val2014 (40,504) + test2014 (40,775) images
 # Ray Train gives a worker group 60 s to start by default; on a busy small machine importing torch in two fresh
 # workers can take longer. Applies to a Ray that this process starts (a cluster keeps its own setting).
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 WORKER_START_TIMEOUT_S = "300"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help="study name")
-    parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
-    parser.add_argument("--alg", default=None,
-                        help="algorithm name in the results file names, [A-Za-z0-9-]+ (default: the study name)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=None,
-                        help="seeds of the ensemble (default: the best configuration's replicates when it has at "
-                             f"least {len(SEEDS)}, else {' '.join(map(str, SEEDS))})")
-    parser.add_argument("--no-train", action="store_true",
-                        help="refuse (naming them) instead of training missing seeds")
-    parser.add_argument("--out", default=None, help=f"output folder (default: ./{DEFAULT_OUT}/<name>; one that "
-                                                    f"holds an earlier package gets a new numbered folder NAME-2, ...)")
-    parser.add_argument("--model-name", default=None, help="registered MLflow model name (default: the study name)")
-    parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ to upload results.zip and the "
-                                                       "leaderboard to (default: the study's prefix when on S3)")
-    parser.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint for --upload")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
-    parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
-    parser.add_argument("--batch-size", type=int, default=50, help="images per beam-search batch")
-    parser.add_argument("--shard-images", type=int, default=SHARD_IMAGES,
-                        help="images per decoding shard, the unit a killed package does not decode again")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="Ray decoding tasks (default: one per GPU, else per CPU); 0 decodes in this process")
-    parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
-    parser.add_argument("--val-images", default=None, help="COCO image-info JSON of val2014 (default: the data's)")
-    parser.add_argument("--test-images", default=None, help="image_info_test2014.json (default: the data's)")
-    parser.add_argument("--data", nargs="*", default=[], dest="data_overrides",
-                        help="data.* overrides for decoding on this machine, e.g. data.features=/x.h5")
-    parser.add_argument("--quiet", action="store_false", dest="verbose", help="no live trial table while seeds train")
-    parser.add_argument("--estimate", action="store_true",
-                        help="only state the decoding's cost: images and shards to decode, the ensemble's seconds "
-                             "per image measured here on a few images (copies of the best checkpoint), and "
-                             f"the time for them and for the server's {SERVER_IMAGES:,} images; trains and writes "
-                             "nothing")
-
-
 def main(args) -> int:
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "func", "estimate")}  # the rest: package's
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "handler", "estimate")}  # package's
     if getattr(args, "estimate", False):
         print(estimate_text(decode_estimate(args.name, storage=args.storage, seeds=args.seeds, beam_size=args.beam_size,
                                             batch_size=args.batch_size, workers=args.workers,
@@ -99,9 +67,6 @@ def decode_estimate(name: str, *, storage: str | None = None, seeds=None, beam_s
     the ensemble's seconds per image measured on `sample` Karpathy test images with copies of the best trial's
     checkpoint (an ensemble of M members costs M single-model passes per beam step)."""
     location, spec, summary = open_study(name, storage, verbose=False)
-    import torch  # torch: not on every `a2` command (launch.cli imports this module; `a2 --help` stays fast)
-
-    from a2core.decode import ensemble_captions  # torch: as above
 
     best = select_best(summary, candidates(spec, summary))
     members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
@@ -148,8 +113,6 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
             address: str | None = None, val_images: str | None = None, test_images: str | None = None,
             data_overrides: list[str] | None = None, model_name: str | None = None, verbose: bool = True) -> dict:
     """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
-    import ray  # not on every `a2` command (launch.cli imports this module)
-
     t_start = time.perf_counter()
     location, spec, summary = open_study(name, storage, verbose)
     seeds = None if seeds is None else list(dict.fromkeys(int(s) for s in seeds))
@@ -160,7 +123,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     tracking_uri = check_tracking_uri(tracking_uri or spec.tracking.mlflow_uri)
     upload_prefix = _upload_prefix(location, upload)
     # a folder is an earlier package once its manifest (written last) is there: a killed run's folder is reused
-    out = fresh_folder(Path(out or Path(DEFAULT_OUT) / name).resolve(), (MANIFEST,), "package")
+    out = fresh_folder(Path(out or Path(PACKAGE_OUT) / name).resolve(), (MANIFEST,), "package")
     out.mkdir(parents=True, exist_ok=True)
     ray_was_up = ray.is_initialized()
     os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
@@ -202,7 +165,6 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
     location = locate(name, storage)
     spec = load_saved_spec(location)
     summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
-    from launch.rehearse import refuse_rehearsal  # a rehearsal's checkpoints hold no weights
 
     refuse_rehearsal(location, summary)
     if summary is None:
@@ -217,8 +179,6 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
 def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
     """One dict per trial of a study summary that reported the metric and has a best checkpoint (only those of
     configuration `digest` when given)."""
-    from dashboards.stats import config_hash  # scipy: not on every `a2` command (launch.cli imports this module)
-
     out = []
     for row in summary.get("trials", []):
         if row.get("best") is None or not row.get("best_checkpoint"):
@@ -285,8 +245,6 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
                      address: str | None, verbose: bool) -> tuple[dict, list[dict]]:
     """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
     (missing seeds trained as a companion study unless `no_train`). `seeds` None: `ensemble_seeds`."""
-    from launch.storage import open_location  # pyarrow: not on every `a2` command (launch.cli imports this module)
-
     def exists(uri: str) -> bool:
         return open_location(uri, location.endpoint_url).exists()
 
@@ -322,10 +280,6 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
 
 def refuse_unreadable(members: list[dict], local: list[str]) -> None:
     """PackageError (exit 2) naming the stored checkpoint of a member that does not load, before any decoding."""
-    from a2core import checkpoint as ckpt  # torch: as in `decode_estimate`
-
-    from launch.verify import model_mismatch
-
     for member, path in zip(members, local):
         try:
             state = ckpt.load(path)
@@ -343,8 +297,6 @@ def refuse_unreadable(members: list[dict], local: list[str]) -> None:
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
     """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
-    from launch.storage import open_location  # pyarrow: not on every `a2` command (launch.cli imports this module)
-
     location = open_location(uri, endpoint_url)
     if location.local:
         return location.uri
@@ -383,8 +335,6 @@ def companion_studies(location) -> list[str]:
 
 def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
     """(location, spec, summary or None) of each companion seed study of configuration `digest`."""
-    from dashboards.stats import config_hash  # scipy: not on every `a2` command (launch.cli imports this module)
-
     found = []
     for name in companion_studies(location):
         comp = StudyLocation(name, location.storage, location.endpoint_url)
@@ -428,9 +378,6 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
                   test_images: str | None):
     """(CaptionData, its data config, {"splits": {split: image ids}, "sources", "max_len"}) for decoding the
     server's val2014 / test2014 images and the Karpathy test split with the checkpoints' vocabulary."""
-    from a2core import checkpoint as ckpt  # torch: as in `decode_estimate`
-    from a2core.decode import checkpoint_data
-
     state = ckpt.load(checkpoint)
     data = checkpoint_data(state["config"], Vocab(state["vocab"]), data_overrides)
     test_file = test_images or data.paths.test_images
@@ -455,8 +402,6 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
                  endpoint_url: str | None = None, **options) -> dict:
     """`a2core.decode.ensemble_captions` of local or s3:// checkpoints (fetched once per machine), in a Ray task or
     in this process."""
-    from a2core.decode import ensemble_captions  # torch: as in `decode_estimate`
-
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
     local = [fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints]
     return ensemble_captions(local, data_config, shard, single_split, **options)
@@ -564,8 +509,6 @@ def _decode_on_ray(checkpoints: list[str], data_config: dict, shards: list[tuple
                    finished: Callable[[int, dict], Any]) -> None:
     """`decode_shard` of each (index, shard) as Ray tasks, one GPU each if there are, at most `workers` at a time
     (default: one per GPU, else per CPU, at most 8); `finished(index, part)` as each one ends."""
-    import ray  # not on every `a2` command (launch.cli imports this module)
-
     resources = connect(address, runtime_env_vars=propagated_env())
     gpus = int(resources.get("GPU", 0) or 0)
     n = workers or gpus or max(1, min(8, int(resources.get("CPU", 1) or 1)))
@@ -586,8 +529,6 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
                      verbose: bool = True) -> dict:
     """The two results files, `results.zip` (validated before it is renamed into place: an invalid submission
     leaves no zip) and the ensemble's Karpathy-test captions. Returns {"zip", "files", "alg"}."""
-    from a2core.decode import write_results_json  # torch: as in `decode_estimate`
-
     val_ids, test_ids = images["splits"]["val2014"], images["splits"]["test2014"]
     paths = [out / f for f in files]
     for path, split, ids in zip(paths, ("val2014", "test2014"), (val_ids, test_ids)):
@@ -609,7 +550,8 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
     """Karpathy-test scores of every seed and the ensemble, the ensemble registered as an MLflow model, and the
     leaderboard (which names that model version) written and logged with the zip to the study's parent run.
     Returns {"scores", "board", "leaderboard" (its path), "mlflow"}."""
-    from dashboards import leaderboard as lb  # mlflow: not on every `a2` command (launch.cli imports this module)
+    # MLflow and the leaderboard: not in the Ray tasks that run `decode_shard`, which import this module
+    from dashboards import leaderboard as lb
 
     karpathy = images["splits"]["test"]
     say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
@@ -659,8 +601,6 @@ def _upload_prefix(location, upload: str | None) -> str | None:
 
 def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, verbose: bool = True) -> list[dict]:
     """Verified uploads of `paths` below `prefix` (none without a prefix)."""
-    from launch.storage import upload_file  # pyarrow: not on every `a2` command (launch.cli imports this module)
-
     uploads = []
     for path in paths if prefix else []:
         try:

@@ -2,7 +2,6 @@
 spec, resumed when interrupted), its report, packaging, and the study's conclusions (docs/tutorial.md, "The main job")."""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -10,36 +9,23 @@ import sys
 import time
 from pathlib import Path
 
+import ray
+
 from a2core.atomic import fresh_folder
 from a2core.errors import A2Error, StudyError
+from dashboards.compare import study_comparison
+from dashboards.report import build_report, log_report
 from dashboards.tracking import redact_uri, study_pointer
 from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, package
+from launch.record import StudyRecord
 from launch.spec import load_study
 from launch.conclusions import verdict
+from launch.defaults import PIPELINE_OUT
 from launch.driver import resume_study, run_study
 from launch import runlog
 from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, saved_form, study_path
 from launch.study import exit_code
 
-DEFAULT_STUDY = "studies/smoke.yaml"
-DEFAULT_OUT = "a2-pipeline"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--study", default=DEFAULT_STUDY, help=f"study file (default: {DEFAULT_STUDY})")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the study, e.g. train.xe_epochs=2")
-    parser.add_argument("--out", default=None, help=f"report and package folder (default: ./{DEFAULT_OUT}/<name>)")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides tracking.mlflow_uri)")
-    parser.add_argument("--storage", default=None, help="study storage root (overrides storage)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=None,
-                        help="seeds of the ensemble (default: the best configuration's replicates when it has at "
-                             "least 4, else 0 1 2 3)")
-    parser.add_argument("--alg", default=None, help="algorithm name in the results file names (default: study name)")
-    parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
-    parser.add_argument("--workers", type=int, default=None, help="Ray decoding tasks; 0 decodes in this process")
-    parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ for results.zip and the leaderboard")
-    parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
-    parser.add_argument("--quiet", action="store_true", help="no live trial tables")
 
 
 def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
@@ -64,8 +50,6 @@ def conclusion(study, manifest: dict) -> list[str]:
     CIDEr, or val throughout when a run has no test scores, as the verdict line says; the interval from the
     variance components over seeds and images: `dashboards.compare.study_comparison`), and the ensemble's gain (test CIDEr) over its members' mean and
     over the member chosen on validation. `study`: the study's record (`launch.record.StudyRecord.study`)."""
-    from dashboards.compare import study_comparison  # scipy: not on every `a2` command (launch.cli imports this)
-
     try:
         comparison, _, _ = study_comparison(study, by="fusion")
     except A2Error as err:
@@ -77,15 +61,13 @@ def conclusion(study, manifest: dict) -> list[str]:
 
 
 def main(args) -> int:
-    import ray  # not on every `a2` command (launch.cli imports this module)
-
     t0 = time.perf_counter()
     flags = {"tracking.mlflow_uri": args.tracking_uri, "storage": args.storage}  # --tracking-uri, --storage
     overrides = list(args.overrides or []) + [f"{key}={value}" for key, value in flags.items() if value]
     spec = load_study(study_path(args.study, Path(__file__).resolve().parents[1]), overrides)
     name = spec.name
     # A folder holding an earlier run's report or package is kept: this run writes to a new numbered one.
-    out = fresh_folder(Path(args.out or Path(DEFAULT_OUT) / name).resolve(),
+    out = fresh_folder(Path(args.out or Path(PIPELINE_OUT) / name).resolve(),
                        ("report/report.html", "package/package.json"), "pipeline output")
     uri = spec.tracking.mlflow_uri
     verbose = not args.quiet
@@ -110,12 +92,9 @@ def main(args) -> int:
         print(f"pipeline: 2/3 report of {name}", flush=True)
         t = time.perf_counter()
         report = {}
-        from launch.record import StudyRecord  # scipy: not on every `a2` command (launch.cli imports this module)
 
         study = StudyRecord.load(StudyLocation(name, spec.storage, spec.storage_endpoint_url), spec).study()
         try:
-            from dashboards.report import build_report, log_report  # mlflow: as `study_comparison`
-
             report = build_report(study, out / "report")
             report["artifact_uri"] = log_report(uri, name, report)
         except A2Error as err:  # the package is still worth making; the exit code says it

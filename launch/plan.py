@@ -19,6 +19,7 @@ from pathlib import Path
 
 from a2core.config import CAPTIONS_PER_IMAGE, load_yaml
 from a2core.errors import A2Error, StudyError
+from dashboards.compare import configurations, per_image_scores
 from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.stats import MIN_SEEDS, POWER, Noise, noise_of, pooled_sd, power, seeds_needed
 from launch.location import locate
@@ -89,8 +90,6 @@ def measured_noise(record) -> tuple[Noise, str]:
     """The noise of a study's finished seeds (`launch.record.StudyRecord`) and where it comes from: from the
     per-image scores of its replicate groups with two or more seeds on the split the verdicts are on (test when
     every run has them, else val; `dashboards.stats.noise_of`), else the pooled seed spread of their values."""
-    from dashboards.compare import configurations, per_image_scores  # scipy: only to read a study that ran
-
     name = record.spec.name
     groups = [g for g in configurations([r for r in record.study().runs if r.best_value is not None])
               if len(g) >= MIN_SEEDS]
@@ -311,10 +310,13 @@ def _noise(args, spec) -> tuple[Noise | None, str]:
     if args.sd is not None and args.sd <= 0:
         raise StudyError(f"--sd must be > 0, got {args.sd}")
     if args.sd is None:
-        from launch.record import StudyRecord  # ray.tune: only to read a study that ran
-
         try:
-            return measured_noise(StudyRecord.load(locate(spec.name, args.storage or spec.storage)))
+            location = locate(spec.name, args.storage or spec.storage)
+            # The record reads the trials with Ray's Tune: imported only for a study that ran, so that the plan of
+            # one that has not (`a2 study plan` before `run`) loads no Ray.
+            from launch.record import StudyRecord
+
+            return measured_noise(StudyRecord.load(location))
         except A2Error:  # not run yet (no study.yaml there), or no group with two seeds
             pass
     images = verdict_images(spec)

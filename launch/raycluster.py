@@ -12,6 +12,8 @@ import signal
 import shutil
 import tempfile
 
+import ray
+
 # Environment variable -> key of an AWS shared-credentials file (AWS_SECURITY_TOKEN: the old name of the token).
 AWS_SECRETS = {"AWS_ACCESS_KEY_ID": "aws_access_key_id", "AWS_SECRET_ACCESS_KEY": "aws_secret_access_key",
                "AWS_SESSION_TOKEN": "aws_session_token", "AWS_SECURITY_TOKEN": "aws_session_token"}
@@ -54,8 +56,6 @@ def connect(address: str | None = None, *, runtime_env_vars: dict | None = None)
     """Join the Ray cluster at `address` / `$RAY_ADDRESS` ("auto": this machine's, if any), else start a new
     local Ray (never silently some other cluster of the machine); returns the cluster's resources.
     `runtime_env_vars` reach every worker of this job (never secrets). A connected process stays connected."""
-    import ray  # ray: not for the `a2` commands that never join a cluster (trials import this module too)
-
     if ray.is_initialized():
         return dict(ray.cluster_resources())
     stash_credentials()

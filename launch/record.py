@@ -17,6 +17,9 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+import pandas as pd
+from ray.tune import ExperimentAnalysis
+
 from a2core.config import flatten
 from a2core.selection import best_epoch as pick_best_epoch, finite
 from dashboards.runs import TABLE_METRICS, RunSummary, Study
@@ -82,8 +85,6 @@ class StudyRecord:
         """A pandas DataFrame, one row per trial and reported epoch: `trial_id`, `epoch`, the epoch's metrics, the
         config columns (`config/model.fusion`, ...), `config_hash`, `state`, `stopped_early` (bool) and the trial's
         `best`, `last` and `test` values of the study metric."""
-        import pandas as pd  # pandas: only for the table (status, compare and report do without)
-
         rows = []
         for trial in self.trials:
             own = {"trial_id": trial["trial_id"], "state": trial["state"],
@@ -157,9 +158,6 @@ def _metrics(result: dict) -> dict[str, float]:
 
 def tune_trials(location: StudyLocation) -> list[TrialState]:
     """The trials of the study's Tune experiment state in storage (no Ray needed)."""
-    # ray.tune is heavy: only the paths that read Tune's state import it
-    from ray.tune import ExperimentAnalysis
-
     path, fs = location.at().ray_storage()
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     return [TrialState.of(trial) for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials]
@@ -170,7 +168,7 @@ def group_hash(row: dict) -> str:
     sampled keys without the seed, for an old study whose saved spec no longer resolves them)."""
     if row.get("config"):
         return config_hash(row["config"])
-    from launch.search import group_key  # ray and optuna: only for such a study
+    from launch.search import group_key  # optuna: only for such a study (status and compare load none)
 
     return group_key(dict(row["sampled"] or {}))
 

@@ -22,8 +22,8 @@ run's per-image noise that epoch; the test scores are at the selected (best val)
 
 A rehearsal is labelled wherever it is read: its name ends in `-rehearsal` (storage folder, MLflow experiment, every
 table header), `rehearsal.json` sits next to `study.yaml`, `summary.json` carries `"rehearsal"`, `status` and `compare`
-print `BANNER` first, its MLflow runs carry the tag `a2.rehearsal` and names starting `rehearsal-`, and `a2 package`
-refuses it (`refuse_rehearsal`).
+print `launch.location.REHEARSAL_BANNER` first, its MLflow runs carry the tag `a2.rehearsal` and names starting
+`rehearsal-`, and `a2 package` refuses it (`refuse_rehearsal`).
 """
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ import hashlib
 import json
 import math
 import os
+import random
+import shutil
+import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -42,13 +45,21 @@ import numpy as np
 
 from a2core.config import apply_overrides, flatten, get_dotted, load_yaml
 from a2core.errors import PackageError, StudyError
+from a2core.selection import best_epoch
+from dashboards.compare import configurations, study_comparison
+from dashboards.paper_results import TABLE3, TABLE3_ROW
+from dashboards.records import arms_of, load_record
+from dashboards.runs import CIDER, TEST_CIDER, RunSummary, Study, group_value
+from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_RUNG, Noise, best_group, config_hash, is_stopped_early,
+                             noise_of, power, stopped_early_tags)
+from dashboards.tracking import mark_runs, param_value
+from launch import plan
+from launch.defaults import LEARNING_DROP
+from launch.location import REHEARSAL_BANNER, REHEARSAL_FILE, StudyLocation, write_summary
+from launch.spec import StudySpec, load_study
 
 NAME_SUFFIX = "-rehearsal"
-REHEARSAL_FILE = "rehearsal.json"  # next to study.yaml: the model the scores were drawn from
 TAG_REHEARSAL = "a2.rehearsal"
-DEFAULT_STORAGE = "./a2-rehearsals"
-LEARNING_DROP = 0.3
-BANNER = "REHEARSAL: stand-in trainer, scores drawn from a model (launch.rehearse); not a study result"
 
 
 # -- the score model -------------------------------------------------------------------------------------------------
@@ -120,8 +131,6 @@ class Draws:
 def draw(model: ScoreModel, config: dict, repeat: int = 0) -> Draws:
     """The draws of the run of `config` (a resolved trial config: its group is its config hash, its seed
     `train.seed`) in rehearsal number `repeat`."""
-    from dashboards.stats import config_hash  # scipy: the trials have it
-
     group, seed = config_hash(config), int(config["train"]["seed"])
     total = int(config["train"]["xe_epochs"]) + int(config["train"]["scst_epochs"])
     mean = model.mean_of(config)
@@ -140,11 +149,8 @@ def stand_in_train(config, report, *, output_dir=None, resume_from=None, best_fr
     score (`model`: a `ScoreModel` as a dict; None: a rising score, `bench_scale`'s) with a small checkpoint
     (`a2core.checkpoint` format, no weights) and the epoch's per-image val scores; the last epoch also the test
     split's (train.test_at_end). Resumes after its checkpoint's epoch."""
-    import shutil
-    import tempfile as tf
-
+    # torch: in the trials only (`a2 study plan --rehearse` imports this module and trains nothing)
     from a2core import checkpoint
-    from a2core.selection import best_epoch
     from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY
 
     train = config["train"]
@@ -173,7 +179,7 @@ def stand_in_train(config, report, *, output_dir=None, resume_from=None, best_fr
                             TEST_PER_IMAGE_KEY: {"ids": [str(i) for i in range(len(scores))],
                                                  "scores": scores.tolist()}})
         history.append({k: v for k, v in metrics.items() if not isinstance(v, dict)})
-        folder = Path(tf.mkdtemp(prefix="a2-rehearse-ckpt-"))
+        folder = Path(tempfile.mkdtemp(prefix="a2-rehearse-ckpt-"))
         checkpoint.save({"format": checkpoint.FORMAT, "model": {}, "config": config, "vocab": [], "epoch": epoch,
                          "best": {"epoch": best, "value": values[best]}, "history": history},
                         folder / "checkpoint.pt")
@@ -185,8 +191,6 @@ def stand_in_train(config, report, *, output_dir=None, resume_from=None, best_fr
 
 def seed_noise(train: dict) -> float:
     """bench_scale's stand-in: a value in [0, 10) fixed by the seed."""
-    import random
-
     return random.Random(train.get("seed")).random() * 10
 
 
@@ -195,7 +199,7 @@ class _Trial:
     """What the scheduler reads of a Tune trial."""
 
     def __init__(self, trial_id: str, config: dict):
-        from ray.tune.experiment import Trial
+        from ray.tune.experiment import Trial  # as in `simulate`
 
         self.trial_id, self.config, self.status = trial_id, config, Trial.PENDING
 
@@ -212,7 +216,7 @@ def suggestions(spec) -> list[dict]:
     """The study's trials as its searcher hands them out (`GridCrossedSearcher`, Tune's order): sampled configs.
     TPE adapts to results in a real study; here every sampled value comes from its prior, the same in every
     rehearsal (the scores do not depend on sampled keys other than `by`)."""
-    from ray.tune.search import Searcher
+    from ray.tune.search import Searcher  # as in `simulate`
 
     from launch.search import GridCrossedSearcher
 
@@ -231,13 +235,10 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
     study's own scheduler (`build_scheduler`: `ReplicateASHA`'s `on_trial_add`, `on_trial_result`,
     `on_trial_complete`, `choose_trial_to_run`, PAUSE and STOP included) with `max_concurrent_trials` trials
     running at once and the searcher adding a trial whenever fewer are unfinished (Tune's ConcurrencyLimiter)."""
+    # Tune's classes and optuna: not in the Ray Train workers that run `stand_in_train` (they import this module)
     from ray.tune.experiment import Trial
     from ray.tune.schedulers import TrialScheduler
 
-    from a2core.selection import best_epoch
-    from dashboards.runs import CIDER, TEST_CIDER, RunSummary, Study
-    from dashboards.stats import TAG_CONFIG_HASH, stopped_early_tags
-    from dashboards.tracking import param_value
     from launch.search import ReplicateASHA, build_scheduler
 
     configs = configs if configs is not None else suggestions(spec)
@@ -333,10 +334,6 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
     best_group`, the summary's and compare's rule) and whether it is a true best, whether a true best group survived
     early stopping, and each row of `a2 study compare`'s comparison (`study_comparison`) against its baseline: the
     verdict, its interval's width and the true gap."""
-    from dashboards.compare import configurations, study_comparison
-    from dashboards.runs import CIDER
-    from dashboards.stats import TAG_CONFIG_HASH, TAG_STOPPED_RUNG, best_group, is_stopped_early
-
     runs = [r for r in study.runs if r.best_value is not None]
     groups = configurations(runs)
     true = {g[0].tags[TAG_CONFIG_HASH]: model.mean_of(_config_of(g[0])) for g in groups}
@@ -381,8 +378,6 @@ def _config_of(run) -> dict:
 
 
 def _value(run, by: str):
-    from dashboards.runs import group_value
-
     return group_value(run, by)
 
 
@@ -430,8 +425,6 @@ def outcome_text(outcome: dict, title: str) -> str:
 
 
 def aggregate_text(agg: dict, spec, model: ScoreModel, title: str, closed_form: bool = True) -> str:
-    from dashboards.stats import Noise, power
-
     n = agg["rehearsals"]
     noise = Noise(model.seed_sd, model.run_sd, model.arm_image_sd, model.test_images if agg["split"] == "test"
                   else model.val_images)
@@ -472,16 +465,10 @@ def score_model(spec, *, record: str | None = None, means: list[str] | None = No
     means of its metric, and its measured noise) or the paper's Table 3 by fusion, each overridden by `means`
     ("gate=125.0"); noise as `a2 study plan` takes it (measured in the study's record, else `--sd` and the plan's
     assumptions, launch.plan)."""
-    from dashboards.paper_results import TABLE3, TABLE3_ROW
-    from dashboards.stats import Noise, noise_of
-    from launch import plan
-
     val_images = spec.base["data"].get("val_images") or spec.images["val"]
     test_images = plan.test_images(spec)
     by, table, noise, source = "model.fusion", {}, None, ""
     if record is not None:
-        from dashboards.records import arms_of, load_record
-
         try:
             rec = load_record(record)
         except (OSError, ValueError, KeyError) as err:
@@ -542,6 +529,7 @@ def rehearsal_raw(path: str, overrides: list[str], storage: str, tracking_uri: s
 
 def _logical_ray(spec) -> None:
     """A local Ray whose declared CPUs and GPUs are what the study's concurrent trials ask (the cluster's, logical)."""
+    # the driver's modules: not in the Ray Train workers that run `stand_in_train` (they import this module)
     import ray
 
     from launch.raycluster import connect
@@ -560,15 +548,13 @@ def run_rehearsal(spec, model: ScoreModel, *, epoch_seconds: float, time_scale: 
                   verbose: bool = False) -> dict:
     """The first rehearsal: `run_study` with the stand-in trainer; marks the study as a rehearsal (its file, the
     summary, MLflow's tags). Returns {"summary", "seconds"}."""
-    from launch.driver import run_study
-    from launch.location import StudyLocation, write_summary
+    # the driver's and the trial's modules: as in `_logical_ray`
+    from launch.driver import check_tracking, run_study
     from launch.trainable import swapped_trainer
 
     location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
     marker = {"rehearsal": True, "model": model.to_dict(), "epoch_seconds": epoch_seconds, "time_scale": time_scale,
-              "note": BANNER}
-    from launch.driver import check_tracking
-
+              "note": REHEARSAL_BANNER}
     if "://" not in spec.storage:
         Path(spec.storage).mkdir(parents=True, exist_ok=True)  # also the default SQLite store's folder
     check_tracking(spec)  # before Ray starts
@@ -590,8 +576,6 @@ def tag_mlflow(spec) -> int:
     """Tag the rehearsal's MLflow runs (its experiment is `<name>-rehearsal`) `a2.rehearsal=true` and start every
     run's name with `rehearsal-`; returns the runs tagged. (`a2 mlflow sync` of it sets Tune's trial names again;
     the experiment's name and the tags stay.)"""
-    from dashboards.tracking import mark_runs  # mlflow: only once a rehearsal has run
-
     return mark_runs(spec.tracking.mlflow_uri, spec.tracking.experiment, {TAG_REHEARSAL: "true"}, "rehearsal-")
 
 
@@ -602,43 +586,7 @@ def refuse_rehearsal(location, summary: dict | None = None) -> None:
                            f"scores, no weights): nothing to package; run the study itself with `a2 study run`")
 
 
-def banner(location) -> str | None:
-    """The line every table of a rehearsal starts with, else None."""
-    return BANNER if location.exists(REHEARSAL_FILE) else None
-
-
 # -- the commands ----------------------------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="the study file")
-    parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.replicates=3")
-    add_model_arguments(parser)
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="rehearsals, each with new noise draws: the first on Ray, the rest without it (the same "
-                             "searcher, scheduler and comparison code)")
-    parser.add_argument("--time-scale", type=float, default=0.0,
-                        help="a stand-in epoch sleeps the plan's epoch time x this (default 0: no sleeping)")
-    parser.add_argument("--epoch-seconds", type=float, default=None,
-                        help="an epoch's time on the cluster (default: the plan's estimate)")
-    parser.add_argument("--storage", default=DEFAULT_STORAGE, help=f"where the rehearsal is stored (default "
-                                                                   f"{DEFAULT_STORAGE})")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow store (default: an SQLite file in --storage)")
-    parser.add_argument("--address", default=None, help="Ray cluster to join (default: a local Ray with the study's "
-                                                        "GPUs declared)")
-    parser.add_argument("--quiet", action="store_true", help="no live trial table")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="seed of the noise draws (rehearsals are reproducible)")
-    parser.add_argument("--from-record", default=None, metavar="RECORD",
-                        help="a results record (results/*.json) whose arms' means and noise the scores are drawn "
-                             "from (default: the paper's Table 3 by fusion, the plan's noise)")
-    parser.add_argument("--mean", action="append", default=None, metavar="VALUE=CIDER",
-                        help="a configuration's true mean by its fusion (or the record's key), e.g. gate=123.5")
-    parser.add_argument("--drop", type=float, default=LEARNING_DROP,
-                        help=f"the learning curve's drop: epoch e of E at 1 - drop (1 - e/E)^2 of the final mean "
-                             f"(default {LEARNING_DROP})")
-
-
 def check_arguments(args) -> None:
     if getattr(args, "repeat", 1) < 1:
         raise StudyError(f"--repeat must be >= 1, got {args.repeat}")
@@ -650,8 +598,6 @@ def check_arguments(args) -> None:
 
 def epoch_time(spec) -> float:
     """An epoch's wall time on the cluster by the plan's estimate (0 for a study with no GPUs: not estimated)."""
-    from launch import plan
-
     if spec.resources.gpus_per_worker == 0:
         return 0.0
     est = plan.estimate(spec, plan.IMAGES_PER_SECOND, None)
@@ -678,9 +624,7 @@ def repeated(spec, model: ScoreModel, n: int, start: int = 0) -> list[dict]:
 
 def main(args) -> int:
     """`a2 study rehearse FILE`."""
-    from launch import plan
-    from launch.record import StudyRecord
-    from launch.spec import StudySpec
+    from launch.record import StudyRecord  # Ray's Tune reads its trials: as in `_logical_ray`
 
     check_arguments(args)
     raw, own = rehearsal_raw(args.file, args.overrides, args.storage, args.tracking_uri)
@@ -695,7 +639,7 @@ def main(args) -> int:
     print(plan.plan_text(original, noise, "the rehearsal's score model", model_gaps(spec, model),
                          plan.IMAGES_PER_SECOND,
                          "an estimate for an A10G: benchmarks/RESULTS.md", plan.cluster_workers(), None))
-    print(f"\n{BANNER}\n{model_text(model)}\nstand-in epoch: {seconds:.0f} s on the cluster x time scale "
+    print(f"\n{REHEARSAL_BANNER}\n{model_text(model)}\nstand-in epoch: {seconds:.0f} s on the cluster x time scale "
           f"{args.time_scale:g} = {seconds * args.time_scale:.2f} s here")
     if own.get("data") != raw.get("data"):
         print("data: not read by the stand-in; the study's COCO files are replaced by a small synthetic set")
@@ -717,9 +661,6 @@ def main(args) -> int:
 
 def plan_main(args) -> int:
     """`a2 study plan FILE --rehearse N`: the plan, then `plan_lines` (arguments checked before anything prints)."""
-    from launch import plan
-    from launch.spec import load_study
-
     if args.rehearse < 1:
         raise StudyError(f"--rehearse must be >= 1, got {args.rehearse}")
     check_arguments(args)

@@ -14,6 +14,10 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+import ray  # noqa: F401 (imported first: its loggers exist before `diverted` turns them down)
+
+from dashboards.tracking import import_mlflow
+
 # Loggers with their own terminal handlers (they do not propagate to the root logger): Ray's ("ray", configured
 # when ray is imported, reached by ray.tune, ray.train, ...) and MLflow's ("mlflow", configured when it is imported).
 LOGGERS = ("ray", "mlflow")
@@ -64,12 +68,8 @@ def _terminal_handlers(logger: logging.Logger) -> list[logging.Handler]:
 def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
     """While inside: the INFO lines of `loggers` go to `path` (appended), their terminal handlers show WARNING and
     above only. Everything is put back on the way out (an in-process caller, a test, sees no lasting change)."""
-    # Import both first, so that their own handlers exist before they are turned down (a later import would add a
-    # fresh terminal handler): ray and mlflow are imported by every study anyway.
-    import ray  # noqa: F401
-
-    from dashboards.tracking import import_mlflow
-
+    # Both imported first, so that their own handlers exist before they are turned down (a later import would add a
+    # fresh terminal handler): ray at this module's top, mlflow here; every study imports them anyway.
     import_mlflow()
 
     handler = _FolderFileHandler(Path(path))

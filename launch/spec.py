@@ -670,6 +670,11 @@ def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    """`a2 study validate FILE [key=value ...]`."""
+    return validate_main(args.file, args.overrides)
+
+
 # -- the batch and the schedule ----------------------------------------------------------------------------------------
 def _split_counts(data: dict, splits: dict | None) -> tuple[dict[str, int], str]:
     """Train, val and test images: from the captions file when it is there, else the synthetic generator's split

@@ -259,7 +259,8 @@ def open_location(uri: str | os.PathLike, endpoint_url: str | None = None) -> Lo
 # -- verified transfers (boto3) ----------------------------------------------------------------------------------
 def make_client(endpoint_url: str | None = None, *, max_attempts: int = 5):
     """An S3 client whose every request botocore retries (standard mode: 5xx, throttling, connection errors)."""
-    import boto3  # boto3: only for S3 (pyarrow's filesystems do local folders)
+    # boto3: only for S3 (pyarrow's filesystems do local folders; `a2 study plan` reads a local study through here)
+    import boto3
     from botocore.config import Config
 
     endpoint = s3_endpoint(endpoint_url)

@@ -13,6 +13,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a plain script: import the package next to this file
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from a2core.errors import A2Error  # noqa: E402 (below: the package is importable only once sys.path has it)
+from launch.cli import add_lease_arguments  # noqa: E402
+from launch.driver import resume_study, run_study  # noqa: E402
+from launch.location import STUDY_FILE, StudyLocation, study_path  # noqa: E402
+from launch.spec import load_study  # noqa: E402
+from launch.study import driver_options, exit_code  # noqa: E402
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="launch/submit.py", description="run an a2 study on this Ray cluster")
@@ -21,8 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else this machine's cluster)")
     p.add_argument("--resume", action="store_true", help="resume the study if it exists already, else run it")
     p.add_argument("--quiet", action="store_true", help="no live trial table")
-    from launch.study import add_lease_arguments  # after sys.path is set (a plain script)
-
     add_lease_arguments(p)
     p.add_argument("--repo", default="~/a2tune",
                    help="the cluster's copy of this repository, where relative study paths are also looked up")
@@ -39,19 +44,11 @@ def use_cluster_token() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
-    # torch (launch.spec reads prepared stores): not before the arguments are checked (`--help`, a usage error)
-    from a2core.errors import A2Error
-
-    from launch import study as study_mod
-    from launch.driver import resume_study, run_study
-    from launch.location import STUDY_FILE, StudyLocation, study_path
-    from launch.spec import load_study
-
     try:
         spec = load_study(study_path(args.study, args.repo), args.overrides)
         print(spec.summary(), flush=True)
         use_cluster_token()
-        driver = study_mod.driver_options(args)
+        driver = driver_options(args)
         driver["address"] = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # on a head: its cluster
         location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
         if args.resume and location.exists(STUDY_FILE):
@@ -61,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     except A2Error as err:  # the same policy as the `a2` command: one line, exit 2; anything else is a bug
         print(f"submit: error: {err}", file=sys.stderr)
         return 2
-    code = study_mod.exit_code(summary)
+    code = exit_code(summary)
     if code:
         failed = [t["trial_id"] for t in summary.get("trials", []) if t["state"] != "TERMINATED"]
         print(f"submit: study {spec.name} did not finish cleanly; trials not finished: {', '.join(failed) or '-'}",

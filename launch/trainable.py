@@ -24,7 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from a2core.errors import CheckpointError, StorageError
+import pyarrow.fs as pafs
+import ray
+from ray import tune
+import ray.train
+from ray.train import Checkpoint, UserCallback
+import ray.tune
+from ray.util.queue import Empty, Queue
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from a2core.config import Config
+from a2core.errors import CheckpointError, StorageError, TrainingDiverged
 from a2core.selection import best_epoch, rank
 from launch.killpoints import DRIVER_PID_ENV, KILL_AT_ENV, kill_point
 from launch.raycluster import stash_credentials
@@ -32,6 +42,7 @@ from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, EN
                            SUPERSEDED_FILE, TRAIN_SNAPSHOT, TRIAL_FILE, TRIALS_DIR, TUNE_POINTER_FILE, ResultLog,
                            checkpoint_epochs, checkpoint_name, end_record, end_text, latest_checkpoint_history,
                            train_run_name)
+from launch.storage import open_location
 
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
 DIVERGED_KEY = "a2/diverged"  # worker -> trial driver: the run diverged (`diverged_record`), instead of an epoch
@@ -73,8 +84,6 @@ class TrialPlan:
 
     def trials(self):
         """The study's `trials/` folder (a `launch.storage.Location`)."""
-        from launch.storage import open_location  # pyarrow: not for the driver's plain uses of this module
-
         return open_location(self.storage, self.storage_endpoint_url).join(self.study, TRIALS_DIR)
 
     def temp_root(self) -> Path:
@@ -163,8 +172,6 @@ class TrialRecorder:
     """What a trial does with each epoch's result: stamp its cost, log it, report it to Tune."""
 
     def __init__(self, plan: TrialPlan, gpus: float, sampled: dict | None = None):
-        import ray.tune  # ray: only in a trial's process
-
         self.trial_id = ray.tune.get_context().get_trial_id()
         self.metric, self.mode = plan.metric, plan.mode
         self.run = plan.trials().join(train_run_name(plan.study, self.trial_id))
@@ -181,8 +188,6 @@ class TrialRecorder:
     def record(self, item: dict, attempt_cpu_s: float) -> None:
         """A result with a checkpoint also gets a tiny Tune checkpoint pointing at the real one: without one,
         `Tuner.restore` would restart the trial's result history from nothing."""
-        import ray.tune  # ray: only in a trial's process
-
         # The result's own time (Tune keeps it) goes into the log too: an epoch that MLflow gets back from the log
         # after a driver died is logged at the time it was reported, in its place among the others.
         item.setdefault("timestamp", time.time())
@@ -202,8 +207,9 @@ class TrialRecorder:
         result log keeps plain values only): the best val epoch's per-image CIDEr-D (`eval/per_image_cider.json`,
         what the paired comparisons read; written when an epoch is the best so far, the latest of equals), the test split's of the
         selected checkpoint (`eval/test_per_image_cider.json`) and each epoch's samples (`samples/epoch_NNN.txt`)."""
+        from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY  # torch: as in `a2_local_trial`
+
         # a2core.train imports torch: not at module level, the driver imports this module too
-        from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY
 
         artifacts, epoch = self.run.join(ARTIFACTS_DIR), item.get("epoch")
         best = isinstance(epoch, int) and best_epoch(  # the best so far, by the one rule (a2core.selection)
@@ -233,8 +239,6 @@ class TrialRecorder:
         fails the whole study), so the trial reports the metric as NaN, which the searcher and the schedulers take
         as no value (`launch.search`); the result log and MLflow never see it. The line reaches the driver's
         output."""
-        import ray.tune  # ray: only in a trial's process
-
         if record is not None:
             self.run.join(ENDED_FILE).write_text(json.dumps(record, indent=1) + "\n")
             print(f"WARNING: trial {self.trial_id} {end_text(record)}: it ends here, the study goes on", flush=True)
@@ -246,8 +250,6 @@ class TrialRecorder:
         the scheduler judges the trial there, so a replicate paused at a rung whose group was then stopped stops
         without training another epoch (`launch.search.ReplicateASHA`). The searcher, the scheduler and MLflow
         (same step and timestamp) take an epoch reported twice as one."""
-        import ray.tune  # ray: only in a trial's process
-
         if epoch in self.log.by_epoch:
             ray.tune.report(dict(self.log.by_epoch[epoch]))
 
@@ -309,8 +311,6 @@ def finished_before(config: dict, epoch: int | None, result: dict | None) -> boo
     """Whether a trial resumed at `epoch` (its newest checkpoint; `result`, that epoch's logged result) had done
     everything: its last epoch, and the test split scored when the run scores it. A trial stopped after its last
     epoch's checkpoint but before that result was kept resumes to score the test split (`a2core.train`)."""
-    from a2core.config import Config  # pydantic: only in a trial's process
-
     t = Config.from_dict(config).train
     if epoch is None or epoch < t.xe_epochs + t.scst_epochs:
         return False
@@ -331,8 +331,6 @@ class LocalCheckpoints:
 
     def save(self, source: str, epoch: int) -> str:
         """Store the checkpoint folder `source` as epoch `epoch`'s; returns where it now is (path or URI)."""
-        import pyarrow.fs as pafs  # pyarrow: only in a trial's process
-
         target = self.run.join(checkpoint_name(epoch))
         fs, path = target.filesystem
         if target.local:
@@ -367,8 +365,9 @@ def diverged_record(err) -> dict:
 
 def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     """A one-worker trial: `a2core.train.train` in this Tune trial process, resuming from the newest checkpoint."""
-    from a2core.errors import TrainingDiverged
-    from a2core.train import train  # torch: only in a trial's process
+    # torch (a2core's training and checkpoints, Ray's TorchTrainer): in a trial's process only; the driver imports
+    # this module for the trial's plan and loads no torch
+    from a2core.train import train
 
     train = plan.train or train
     cpu_start = time.process_time()
@@ -426,7 +425,7 @@ def best_copy(run, resume_from: Path, epoch: int, work: Path) -> Path | None:
 
 def best_epoch_of(checkpoint_file) -> int | None:
     """The epoch of the best val score so far recorded in a checkpoint (None before any)."""
-    from a2core import checkpoint  # torch: only in a trial's process
+    from a2core import checkpoint  # torch: as in `a2_local_trial`
 
     epoch = (checkpoint.load(checkpoint_file, map_location="cpu").get("best") or {}).get("epoch")
     return int(epoch) if epoch else None
@@ -437,7 +436,7 @@ def newest_readable_checkpoint(run, epochs: list[int], work: Path, first: int | 
     """(epoch, local copy) of the newest checkpoint of the run folder `run` among `epochs` that loads, trying epoch
     `first` before the others when it is among them (Ray Train's resume point); an unreadable one (truncated,
     garbage) is passed over, saying so with its storage path. (None, None) when none loads."""
-    from a2core import checkpoint  # torch: only in a trial's process
+    from a2core import checkpoint  # torch: as in `a2_local_trial`
 
     def say(text: str) -> None:  # a trial's printed lines reach the driver's output (Ray forwards them)
         print(f"WARNING: {text}", flush=True)
@@ -499,8 +498,7 @@ def recorded_latest_epoch(snapshot) -> int | None:
 
 def _cpu_seconds_all_ranks(since: float) -> float:
     """CPU seconds spent since `since`, summed over the ranks (a collective: every rank calls it each report)."""
-    # torch: only in a trial's process
-    import torch
+    import torch  # torch: as in `a2_local_trial`
     import torch.distributed as dist
 
     spent = time.process_time() - since
@@ -515,12 +513,7 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
     """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume. `start_from`:
     (filesystem, path) of the checkpoint folder to resume from while Ray Train has none of its own
     (`ray_train_start`: its latest was unreadable)."""
-    # ray and torch: only in a trial's process
-    import ray.train
-    from ray.train import Checkpoint
-
-    from a2core.errors import TrainingDiverged
-    from a2core.train import train
+    from a2core.train import train  # torch: as in `a2_local_trial`
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
@@ -566,8 +559,6 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
 def _forwarder(queue):
     """A Train callback (in the Train controller) handing rank 0's metrics and checkpoint path to the trial through
     `queue`: Ray's `TuneReportCallback`, but the trial reports them itself (`TrialRecorder`)."""
-    from ray.train import UserCallback  # ray: only in a trial's process
-
     class ForwardToTrial(UserCallback):
         def after_report(self, run_context, metrics, checkpoint):
             item = dict(metrics[0])
@@ -581,12 +572,7 @@ def _forwarder(queue):
 def a2_trial(config: dict, plan: TrialPlan) -> None:
     """A trial on Ray Train: its `TorchTrainer` runs (or resumes) in a thread while this reports what the
     controller forwards; a failure of `fit()` is raised here, so that Tune retries the trial."""
-    # ray: only in a trial's process
-    import ray
-    import ray.train
-    from ray.train.torch import TorchTrainer
-    from ray.util.queue import Empty, Queue
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from ray.train.torch import TorchTrainer  # torch: as in `a2_local_trial`
 
     _quiet_per_epoch_logs()
     use_temp_root(plan.temp_root())
@@ -652,8 +638,6 @@ def make_trainable(plan: TrialPlan, *, ray_train: bool = False):
     """The trial function bound to its plan and resources: `a2_local_trial` holding one worker's, else `a2_trial`
     holding `driver_cpus` (its Train workers ask for their own). `ray_train`: a one-worker trial on Ray Train too
     (benchmarks/bench_study.py)."""
-    from ray import tune  # ray: only when a study runs
-
     if plan.resources["workers_per_trial"] == 1 and not ray_train:
         return tune.with_resources(tune.with_parameters(a2_local_trial, plan=plan), plan.worker_resource_request())
     return tune.with_resources(tune.with_parameters(a2_trial, plan=plan), {"CPU": plan.resources["driver_cpus"]})

@@ -19,11 +19,14 @@ import threading
 import zipfile
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import yaml
 
-from a2core.errors import CheckpointError, StudyError
+from a2core.config import Config
+from a2core.errors import A2Error, CheckpointError, StudyError
 from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, TUNE_POINTER_FILE,
                            checkpoint_epochs, checkpoint_name)
+from launch.location import load_saved_spec, locate
 
 # The one place that knows Ray's private state layout (the Ray adapter): Tune's files at the study's root (experiment
 # state, searcher, callbacks, the Tuner) as Ray 2.60 names them (`TuneController`, `SearchGenerator`, `Searcher`,
@@ -147,8 +150,6 @@ class WholeCopies:
 
     def save(self) -> list[str]:
         """Copy the root files that changed, read whole and differ from their copies; their names."""
-        import pyarrow.fs as pafs  # pyarrow: only once a study runs (`a2 study validate` imports this module)
-
         fs, path = self.study.filesystem
         copied = []
         for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
@@ -237,8 +238,6 @@ def put_back_tune_pointers(study) -> list[str]:
     and deleted the one its last saved state names left the trial unrestorable ("Could not recover from checkpoint
     as it does not exist on storage anymore"), though a2's own checkpoints are all there: a trial resumes from the
     newest readable one of its run folder (`launch.trainable`), never from Tune's pointer, so an empty one serves."""
-    import pyarrow.fs as pafs  # pyarrow: only for a resume
-
     _, fs = study.ray_storage()
     fs = fs or pafs.LocalFileSystem()
     lines = []
@@ -260,7 +259,7 @@ def put_back_tune_pointers(study) -> list[str]:
 def checkpoint_problem(location, model: dict | None = None, searched: tuple = ()) -> str | None:
     """Why the checkpoint file at `location` cannot be loaded (a2core's own loader, weights_only), or is not the
     model `model` (a config's model section; `model_mismatch`, its keys in `searched` left out), or None."""
-    from a2core import checkpoint  # torch: only when a checkpoint is read
+    from a2core import checkpoint  # torch: as in `model_mismatch`
 
     with tempfile.TemporaryDirectory(prefix="a2-check-") as tmp:
         try:
@@ -278,10 +277,10 @@ def model_mismatch(state: dict, model: dict | None = None, searched: tuple = ())
     trial's own), or its weights do not fit its own config (names or shapes: a swapped or hand-edited file, which
     would fail later as a long size-mismatch traceback; looked at first). None when it is that model. Shapes only: the model is built
     on torch's meta device, no memory for weights."""
-    import torch  # torch: only when a checkpoint is read
+    # torch: only when a checkpoint is read in full (`a2 study check`, packaging); `a2 study status` imports this
+    # module for its quick check (launch.record)
+    import torch
 
-    from a2core.config import Config
-    from a2core.errors import A2Error
     from a2core.model.a2 import build_model
 
     try:
@@ -305,8 +304,6 @@ def model_mismatch(state: dict, model: dict | None = None, searched: tuple = ())
 
 def _other_model(saved, model: dict, searched: tuple) -> str | None:
     """The first key (sorted) at which the checkpoint's model config `saved` differs from the study's `model`."""
-    from a2core.config import Config
-
     have, want = saved.model.model_dump(by_alias=True), Config.from_dict({"model": model}).model.model_dump(
         by_alias=True)
     for key in sorted(set(have) | set(want)):
@@ -340,8 +337,6 @@ def checkpoint_files(study) -> list:
 def study_model(location) -> tuple[dict | None, tuple]:
     """The model section every checkpoint of the study should match, and its searched `model.` keys (each trial's
     own); (None, ()) when the saved spec cannot be read (its own check says why)."""
-    from launch.location import load_saved_spec  # pydantic: as in `cmd_check`
-
     try:
         spec = load_saved_spec(location)
     except StudyError:
@@ -352,7 +347,6 @@ def study_model(location) -> tuple[dict | None, tuple]:
 def cmd_check(args) -> int:
     """`a2 study check NAME`: every state file and every checkpoint of the study; exit 2 when one is unreadable."""
     # launch.spec (pydantic) through launch.location: not in a trial's process, which imports this module
-    from launch.location import locate
 
     location = locate(args.name, args.storage)
     study = location.at()

@@ -5,6 +5,7 @@ experiment state is not written: `FabricatedStudy.record()` hands the trials' st
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,8 @@ class FabricatedStudy:
         import launch.record
 
         monkeypatch.setattr(launch.record, "tune_trials", lambda location: list(self.trials))
+        if "launch.study" in sys.modules:  # `a2 mlflow sync` took its own name at import (imported later: this one)
+            monkeypatch.setattr(sys.modules["launch.study"], "tune_trials", launch.record.tune_trials)
 
 
 def fabricated_study(root: Path, name: str, epochs: int, overrides: tuple[str, ...] = ()) -> FabricatedStudy:

@@ -15,7 +15,7 @@ from launch.driver import build_tuner
 from launch.record import StudyRecord, summarize, trial_row
 from launch.location import StudyLocation
 from launch.spec import load_study
-from launch.study import cmd_status
+from launch.show import cmd_status
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
 
@@ -95,11 +95,11 @@ def test_the_closing_lines_name_every_key_that_varies_between_configurations(tmp
 
 
 def test_status_prints_groups_with_intervals(spec, tmp_path, monkeypatch, capsys):
-    import launch.study as study
+    import launch.show as show
 
     location = StudyLocation(spec.name, spec.storage)
     rows = _rows(spec, location, {("none", None): [100.0, 101.0, 102.0], ("gate", 0.035): [104.0, 105.0, 106.0]})
-    monkeypatch.setattr(study, "locate", lambda name, storage=None: location)
+    monkeypatch.setattr(show, "locate", lambda name, storage=None: location)
     monkeypatch.setattr(StudyRecord, "load", classmethod(lambda cls, loc, *a, **kw: StudyRecord(spec, loc, rows)))
     assert cmd_status(argparse.Namespace(name=spec.name, storage=None, json=False)) == 0
     out = capsys.readouterr().out
@@ -108,6 +108,7 @@ def test_status_prints_groups_with_intervals(spec, tmp_path, monkeypatch, capsys
 
 
 def test_build_tuner_wires_the_schedulers_record_into_the_mlflow_callback(spec, monkeypatch):
+    import launch.driver as driver
     import launch.mlflow_callback as cb
     import ray.tune
 
@@ -118,7 +119,7 @@ def test_build_tuner_wires_the_schedulers_record_into_the_mlflow_callback(spec, 
             seen.update(kwargs)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(cb, "A2MLflowCallback", Capture)
+    monkeypatch.setattr(driver, "A2MLflowCallback", Capture)
     monkeypatch.setattr(ray.tune, "Tuner", lambda *a, **kw: kw)
     kwargs = build_tuner(spec, StudyLocation(spec.name, spec.storage), verbose=False)
     scheduler = kwargs["tune_config"].scheduler

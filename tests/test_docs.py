@@ -23,8 +23,8 @@ def test_every_config_and_study_file_field_has_a_description():
 
 
 def test_every_cli_option_positional_and_subcommand_has_help_text():
-    """Walks the whole `a2` argparse tree (the subcommands `launch.study`, `launch.package` and `launch.pipeline`
-    add included): the CLI reference shows each help string, and an empty one would be an empty cell."""
+    """Walks the whole `a2` argparse tree (launch/cli.py builds all of it): the CLI reference shows each help
+    string, and an empty one would be an empty cell."""
     assert a2ref.undocumented_options() == [], "add help=... to each; `a2 ... --help` and the reference show it"
 
 

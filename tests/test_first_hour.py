@@ -85,7 +85,7 @@ def test_registering_the_same_checkpoints_again_reuses_the_version(tmp_path, cap
 
 def test_report_goes_to_a2_reports_name_and_never_over_an_earlier_one(tmp_path, monkeypatch, capsys):
     import dashboards.report as report
-    from launch.study import cmd_report
+    from launch.show import cmd_report
     from tests.studyfolder import fabricated_study
 
     written = []

@@ -240,7 +240,7 @@ def test_mlflow_sync_exports_a_study_that_ended_while_the_server_was_down(spec, 
     export_mod.add_outage(location, down_seconds=12.0, pending=True)  # the driver's last export did not get through
     monkeypatch.setattr(study, "locate", lambda name, storage=None: location)
     monkeypatch.setattr(study, "load_saved_spec", lambda loc: spec)
-    monkeypatch.setattr("launch.record.tune_trials", lambda loc: [TrialState.of(t) for t in trials])
+    monkeypatch.setattr(study, "tune_trials", lambda loc: [TrialState.of(t) for t in trials])
     assert study.cmd_sync(argparse.Namespace(name=spec.name, storage=None)) == 0
     assert "exported to MLflow; tracking: server down 12 s, 0 epochs exported once it was back" in \
         capsys.readouterr().out

@@ -190,10 +190,10 @@ def test_a_smoke_rehearsal_runs_through_ray_in_seconds_and_is_read_but_never_pac
             assert t["best"] == pytest.approx(run.best_value)
 
     status = a2("study", "status", name, "--storage", str(storage), cwd=tmp_path, env=env, timeout=120)
-    assert status.returncode == 0 and status.stdout.startswith(rehearse.BANNER), status.stdout[-3000:]
+    assert status.returncode == 0 and status.stdout.startswith(rehearse.REHEARSAL_BANNER), status.stdout[-3000:]
     assert f"study {name} at" in status.stdout and "8/8 trials finished" in status.stdout
     compare = a2("study", "compare", name, "--storage", str(storage), cwd=tmp_path, env=env, timeout=120)
-    assert compare.returncode == 0 and compare.stdout.startswith(rehearse.BANNER), compare.stdout[-3000:]
+    assert compare.returncode == 0 and compare.stdout.startswith(rehearse.REHEARSAL_BANNER), compare.stdout[-3000:]
     assert "gate beats none by" in compare.stdout
     package = a2("package", name, "--storage", str(storage), cwd=tmp_path, env=env, timeout=120)
     assert package.returncode == 2

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from dashboards.compare import compare_table
 from dashboards.report import build_report, log_report
-from launch.study import cmd_compare, cmd_report
+from launch.show import cmd_compare, cmd_report
 from tests.mlflowserver import mlflow_server  # noqa: F401
 from tests.s3server import s3_client
 from tests.studyfolder import fabricated_study

@@ -429,7 +429,7 @@ def test_cli_study_validate_fails_fast_without_ray(tmp_path):
 
 def test_a_study_file_is_a_training_config():
     """`a2 train --config studies/smoke.yaml key=value`: the study's data / model / train sections, overridden."""
-    from launch.cli import training_config
+    from launch.local import training_config
 
     raw = smoke_raw()
     cfg = training_config(str(SMOKE), ["train.xe_epochs=3", "model.fusion=max"])

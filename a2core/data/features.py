@@ -47,7 +47,7 @@ class FeatureStore:
 
     def _file(self):
         if self._h5 is None:
-            import h5py
+            import h5py  # h5py: only for an HDF5 source (a prepared store or .npz folder needs none)
 
             try:
                 self._h5 = h5py.File(self.path, "r")
@@ -165,7 +165,7 @@ def source_ids(source: str | os.PathLike) -> list[int]:
                 raise DataError(f"{source / name}: file name is not an image id ({{image_id}}.npz)")
             ids.append(int(stem))
     else:
-        import h5py
+        import h5py  # h5py: as in `FeatureStore._file`
 
         try:
             with h5py.File(source, "r") as h5:

@@ -59,6 +59,7 @@ on exactly the same data.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -213,7 +214,7 @@ def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: in
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         (work / "features").mkdir()
-        import h5py
+        import h5py  # h5py: only when data is written (a2core.config, so `a2 study validate`, imports this module)
 
         entries, grounding, val2014, test2014 = [], {}, [], []
         with h5py.File(work / "features.h5", "w") as h5:
@@ -309,7 +310,6 @@ def ensure(root: str | Path | None, seed: int, images: int, test_split_images: i
 
     if complete():
         return paths(root)
-    import fcntl
 
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.with_name(root.name + ".lock"), "w") as lock:

@@ -1,0 +1,95 @@
+"""`a2 data prepare`, `a2 train`, `a2 evaluate` and `a2 decode`: a2core's work on this machine, without Ray
+or MLflow (the `a2` command's parser, launch/cli.py, names these functions)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from a2core.atomic import atomic_write, fresh_folder
+from a2core.config import Config, apply_overrides, load_yaml
+from a2core.data.features import prepare
+from a2core.decode import decode_to_file
+from a2core.metrics import METRIC_NAMES, evaluate_results_file
+from a2core.train import train
+from launch.spec import SECTIONS, TOP_KEYS, check_sizes
+
+
+def cmd_data_prepare(args) -> int:
+    started = time.monotonic()
+
+    def progress(done: int, total: int) -> None:
+        rate = done / max(time.monotonic() - started, 1e-9)
+        print(f"\r{done}/{total} images  {rate:.0f}/s  about {(total - done) / max(rate, 1e-9):.0f}s left",
+              end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    manifest = prepare(args.source, args.out, feature_dim=args.feature_dim, progress=progress)
+    print(json.dumps({"store": args.out, **{k: manifest[k] for k in ("images", "rows", "feature_dim", "checksum")}},
+                     indent=2))
+    return 0
+
+
+def training_config(path: str | None, overrides: list[str]):
+    """The a2core config of a config file or of a study file (its data / model / train sections; the search, at
+    its defaults, is left out), with `key=value` overrides."""
+    raw = load_yaml(path) if path else {}
+    if path and ("name" in raw or "search" in raw):  # a study file
+        study_only = set(TOP_KEYS) - set(SECTIONS)
+        raw = {k: v for k, v in raw.items() if k not in study_only}
+    config = Config.from_dict(apply_overrides(raw, overrides or [], source=path), source=path)
+    check_sizes(config.to_dict(), path)  # a size past its cap (data.images=1e9): refused before any data is made
+    return config
+
+
+def cmd_train(args) -> int:
+    cfg = training_config(args.config, args.overrides)
+    out = Path(args.output_dir or cfg.output_dir)
+    if args.resume is None:
+        out = fresh_folder(out, ("best.pt", "last.pt"), "run's checkpoints")
+    result = train(cfg, report=_print_report, output_dir=out, resume_from=args.resume)
+    history = atomic_write(out / "history.json", json.dumps(result["history"], indent=1))
+    print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}")
+    print(_test_summary(result, cfg, out))
+    print(f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
+    return 0
+
+
+def _test_summary(result: dict, cfg, out: Path) -> str:
+    """The end-of-run test evaluation (the best epoch's checkpoint, beam search) as one line on the x100 scale, and
+    kept in OUT/test_scores.json (written whole or not at all); or why the test split was not scored."""
+    test = result.get("test") or {}
+    scores = {name: test[f"test/{name}"] for name in METRIC_NAMES if f"test/{name}" in test}
+    if not scores:
+        why = ("train.test_at_end is false" if not cfg.train.test_at_end
+               else "no test images, or no copy of the best checkpoint here")
+        return f"test: not scored ({why})"
+    per_image = result.get("test_per_image_cider") or {"ids": [], "scores": []}
+    record = {"split": "test", "checkpoint": result["best_checkpoint"], "epoch": test.get("test/epoch"),
+              "beam_size": cfg.train.beam_size, "images": len(per_image["ids"]), "scores": scores,
+              "per_image_cider": dict(zip(map(str, per_image["ids"]), per_image["scores"]))}
+    path = atomic_write(out / "test_scores.json", json.dumps(record, indent=1))
+    shown = "  ".join(f"{name} {value:.2f}" for name, value in scores.items())
+    return (f"test (epoch {record['epoch']}, beam {record['beam_size']}, {record['images']} images, x100): {shown}\n"
+            f"test scores: {path}")
+
+
+def _print_report(metrics: dict, checkpoint_dir) -> None:
+    """One line per epoch: the scalar training and validation metrics (per-layer diagnostics left to the file)."""
+    shown = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()
+             if isinstance(v, (int, float)) and (k.startswith(("train/", "val/")) and "/jsd/" not in k)]
+    print(f"epoch {metrics['epoch']}: " + "  ".join(shown), flush=True)
+
+
+def cmd_evaluate(args) -> int:
+    scores = evaluate_results_file(args.results, args.captions, split=args.split, per_image=args.per_image,
+                                   spice=True if args.spice else None)
+    print(json.dumps(scores, indent=2))
+    return 0
+
+
+def cmd_decode(args) -> int:
+    out = decode_to_file(args.checkpoints, split=args.split, out=args.out, beam_size=args.beam_size,
+                         max_len=args.max_len, batch_size=args.batch_size, data_overrides=args.data)
+    print(json.dumps(out, indent=2))
+    return 0

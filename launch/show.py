@@ -1,0 +1,102 @@
+"""`a2 study status|compare`, `a2 report` and `a2 results export`: the commands that read a study's record back
+and print or write what people read of it (the `a2` command's parser, launch/cli.py, names these functions). Nothing
+here starts Ray; `a2 report` logs to the study's MLflow run when its store answers."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from a2core.atomic import fresh_folder
+from a2core.errors import A2Error
+from dashboards.compare import compare_table
+from dashboards.records import export_record
+from dashboards.tracking import check_tracking_uri
+from launch.conclusions import print_conclusions, state_text
+from launch.location import json_default, locate, rehearsal_banner
+from launch.record import StudyRecord, shown_state
+from launch.verify import refuse_corrupt
+
+
+def cmd_status(args) -> int:
+    location = locate(args.name, args.storage)
+    refuse_corrupt(location.at(), "status")
+    record = StudyRecord.load(location)
+    for row in record.trials:
+        row["state"] = shown_state(row, record.running)
+    if not record.trials and not args.json:
+        print(f"study {record.spec.name}: no trial has started yet")
+    summary = record.summary()
+    if args.json:
+        print(json.dumps(summary, indent=2, default=json_default))
+        return 0
+    spec = record.spec
+    _print_banner(location)
+    print(f"study {spec.name} at {location.uri()}: {summary['trials_finished']}/{spec.num_trials} trials finished")
+    print_conclusions(spec, summary, record.trials)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    """`a2 study compare NAME [--storage ROOT] [--by KEY] [--baseline VALUE]`: prints the table from the record."""
+    location = locate(args.name, args.storage)
+    record = StudyRecord.load(location)
+    study = record.study()
+    _print_banner(location)
+    print(compare_table(study, args.by, args.baseline))
+    for row in record.trials:  # trials that ended themselves: their epochs before it count, say why they stopped
+        if row.get("ended"):
+            print(f"note: trial {row['trial_id']} {state_text(row)}")
+    note = study.still_running_note("comparison")
+    if note:
+        print(note)
+    return 0
+
+
+def _print_banner(location) -> None:
+    """A rehearsal's tables start with the line saying so (`launch.rehearse`)."""
+    line = rehearsal_banner(location)
+    if line:
+        print(line)
+
+
+def cmd_report(args) -> int:
+    """`a2 report NAME [--storage ROOT] [--out DIR] [--tracking-uri URI]`: the report from the record, into DIR
+    (default `./a2-reports/NAME`, or a new numbered folder next to it when it holds an earlier report), logged to
+    the study's MLflow parent run (in its own store unless --tracking-uri) when that run exists."""
+    from dashboards.report import build_report, log_report  # matplotlib: not for the status and compare here
+
+    record = StudyRecord.load(locate(args.name, getattr(args, "storage", None)))
+    study = record.study()
+    out = fresh_folder(Path(getattr(args, "out", None) or Path("a2-reports") / args.name), ("report.html",), "report")
+    paths = build_report(study, out)
+    uri = getattr(args, "tracking_uri", None) or record.spec.tracking.mlflow_uri
+    artifacts = log_report(uri, args.name, paths) if _store_answers(uri) else None
+    print(f"report of study {args.name}:")
+    for key, value in {**paths, **({"artifact_uri": artifacts} if artifacts else {})}.items():
+        print(f"  {key}: {value}")
+    if artifacts is None:
+        print(f"note: not logged to MLflow: {uri} has no run of study {args.name} (`a2 mlflow sync {args.name}` "
+              f"exports it)")
+    note = study.still_running_note("report")
+    if note:
+        print(note)
+    return 0
+
+
+def _store_answers(uri: str) -> bool:
+    """The MLflow store at `uri` is there (a SQLite file is never created just to find it empty) and answers."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        return False
+    try:
+        check_tracking_uri(uri, timeout=5.0)
+    except A2Error:
+        return False
+    return True
+
+
+def cmd_results_export(args) -> int:
+    study_view = StudyRecord.load(locate(args.name, args.storage)).study()
+    export_record(study_view, args.by, args.out, spec=args.spec, baseline=args.baseline, measured=args.measured,
+                  note=args.note)
+    print(f"record: {args.out}")
+    return 0
