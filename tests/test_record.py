@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dashboards.stats import TAG_CONFIG_HASH, TAG_STOPPED_EARLY
+from dashboards.tracking import TAG_CONFIG_HASH, TAG_STOPPED_EARLY
 from dashboards.tracking import study_runs
 from launch.lease import StudyLease
 from tests.studyfolder import fabricated_study
