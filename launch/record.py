@@ -3,10 +3,9 @@
 The study's folder is the only record of what happened (`launch.location`): the saved spec, the trials' states in
 Tune's experiment state, and each trial's run folder (`launch.trainable`: `results.json`, every epoch's result;
 `artifacts/`, per-image scores; `stopped_early.json`, the scheduler's decision). `StudyRecord.load` reads it once
-into one object, in the shape of Ray's `ResultGrid.get_dataframe()`: `trials` (one row per trial, the summary's
-shape), `table()` (one row per trial and epoch, with config columns, the group hash and the stopped flag),
-`groups()` (replicate groups), `best()`, `summary()` (`summary.json`) and `per_image()`. `study()` hands the
-dashboards the same record as plain `dashboards.report` values (dashboards never import launch). MLflow is an export
+into one object: `trials` (each a `dashboards.runs.Trial`, the one shape of a trial every view reads; its row is the
+summary's), `groups()` (replicate groups), `best()`, `summary()` (`summary.json`) and `per_image()`. `study()`
+hands the dashboards the same trials (dashboards never import launch). MLflow is an export
 of this record (`launch.mlflow_export`); nothing here reads MLflow.
 """
 from __future__ import annotations
@@ -18,12 +17,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
-from a2core.config import flatten
 from a2core.selection import best_epoch as pick_best_epoch, finite
 from dashboards.runs import TABLE_METRICS, Study, Trial
 from dashboards.stats import best_candidates, config_hash, seed_interval
 from dashboards.stats import best_group as pick_best_group
-from dashboards.tracking import TAG_STOPPED_EARLY
 from launch.conclusions import best_value, pick_best, table_row, tune_trial
 from launch.lease import live_writer
 from launch.location import StudyLocation, load_saved_spec
@@ -88,21 +85,6 @@ class StudyRecord:
             rows.append(row)
         return cls(spec, location, rows, results, running)
 
-    def table(self):
-        """A pandas DataFrame, one row per trial and reported epoch: `trial_id`, `epoch`, the epoch's metrics, the
-        config columns (`config/model.fusion`, ...), `config_hash`, `state`, `stopped_early` (bool) and the trial's
-        `best`, `last` and `test` values of the study metric."""
-        import pandas as pd  # pandas: only for the table (status, compare and report do without)
-
-        rows = []
-        for trial in self.trials:
-            own = {"trial_id": trial.trial_id, "state": trial.state,
-                   **{f"config/{k}": v for k, v in flatten(trial.config).items()},
-                   "config_hash": trial.config_hash, "stopped_early": bool(trial.stopped_early),
-                   "best": trial.best_value, "last": trial.last, "test": trial.test}
-            rows += [{**own, "epoch": int(r["epoch"]), **_metrics(r)} for r in self.results.get(trial.trial_id, [])]
-        return pd.DataFrame(rows)
-
     def groups(self) -> list[dict]:
         """One entry per replicate group (`replicate_groups`, the summary's `groups`)."""
         return replicate_groups(self.spec, self.trials)
@@ -163,15 +145,9 @@ def group_hash(trial: Trial) -> str:
     return group_key(dict(trial.sampled or {}))
 
 
-def _stopped_tags(row) -> dict:
-    """A trial's or group's stopped-early record as the tag `dashboards.stats.best_candidates` reads."""
-    return {TAG_STOPPED_EARLY: "true"} if row.get("stopped_early") else {}
-
-
 def best_trial(spec, rows: list[Trial]) -> Trial | None:
     """The trial row of the best value of the study metric, among those not stopped early unless every one was."""
-    return pick_best(best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags), "best",
-                     spec.mode)
+    return pick_best(best_candidates([r for r in rows if r.best_value is not None]), "best", spec.mode)
 
 
 def best_group(spec, groups: list[dict]) -> dict | None:
