@@ -78,9 +78,8 @@ class Trial:
     @property
     def lam(self) -> float | None:
         """lambda, None for fusion none (no mask network: it weighs the mask loss)."""
-        if self.config.get("model", {}).get("fusion") == "none":
-            return None
-        return finite(self.config.get("model", {}).get("lambda", self.sampled.get("lambda")))
+        model = self.config.get("model", {})
+        return None if model.get("fusion") == "none" else model.get("lambda", self.sampled.get("lambda"))
 
     @property
     def seed(self):
