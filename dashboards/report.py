@@ -19,8 +19,8 @@ from typing import Any
 from a2core.selection import finite
 from dashboards.compare import shown_metrics, split_columns, study_comparison
 from dashboards.runs import CIDER, FUSION_LABEL, TEST_CIDER, Study, Trial, searched_keys, sort_key
-from dashboards.stats import MIN_SEEDS, is_stopped_early, seed_interval, stopped_early_text
-from dashboards.tracking import TAG_END_REASON, study_runs
+from dashboards.stats import MIN_SEEDS, seed_interval, stopped_early_text
+from dashboards.tracking import study_runs
 
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
                 ("lift", "diag/grounding/lift"), ("chance", "diag/grounding/chance"),
@@ -124,9 +124,9 @@ def runs_table_html(runs: list[Trial], keys: list[str]) -> str:
         return _missing("The study has no trial runs yet.")
     rows = []
     for r in sorted(runs, key=lambda r: -math.inf if r.score(CIDER) is None else -r.score(CIDER)):
-        state = stopped_early_text(r.tags) if is_stopped_early(r.tags) else r.status
-        if r.tags.get(TAG_END_REASON) == "diverged":  # why a trial ended itself (its record's end reason)
-            state += f" ({r.tags[TAG_END_REASON]})"
+        state = stopped_early_text(r.stopped_early) if r.stopped_early else r.status
+        if r.ended:  # why a trial ended itself (its record's end reason: it diverged)
+            state += f" ({r.ended['reason']})"
         test = r.score(TEST_CIDER)
         cells = [_td(state, "l"), _td("" if r.seed is None else r.seed), *(_td(r.params.get(k, "")) for k in keys),
                  _td("–" if r.score(CIDER) is None else f"{r.score(CIDER):.1f}"),
@@ -324,8 +324,8 @@ td.l{text-align:left}
 def _summary(study: Study) -> str:
     runs = study.runs
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(Counter(r.status for r in runs).items())) or "none"
-    stopped = sum(is_stopped_early(r.tags) for r in runs)
-    diverged = sum(r.tags.get(TAG_END_REASON) == "diverged" for r in runs)
+    stopped = sum(bool(r.stopped_early) for r in runs)
+    diverged = sum(bool(r.ended) for r in runs)
     text = (f"{len(runs)} trial runs ({statuses}{f', {stopped} stopped early' if stopped else ''}"
             f"{f', {diverged} diverged' if diverged else ''}); the study is "
             f"{'still running' if study.running else 'not running'}.")
