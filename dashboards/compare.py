@@ -15,22 +15,22 @@ from __future__ import annotations
 import numpy as np
 
 from a2core.errors import DataError, StudyError
-from dashboards.runs import (CIDER, SELECTION_COLUMN, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, RunSummary,
-                             Study, group_value, searched_keys, sort_key)
-from dashboards.stats import TAG_CONFIG_HASH, Arm, Comparison, best_group, compare_arms, is_stopped_early
+from dashboards.runs import (CIDER, SELECTION_COLUMN, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, Study, Trial,
+                             group_value, searched_keys, sort_key)
+from dashboards.stats import Arm, Comparison, best_group, compare_arms
 from dashboards.tables import text_table
 
 BASELINE = "none"
 
 
-def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
-    """Runs grouped by replicate group (their config hash tag), each group in seed order, so that the same study
+def configurations(runs: list[Trial]) -> list[list[Trial]]:
+    """Runs grouped by replicate group (their config hash), each group in seed order, so that the same study
     lists its runs (and the records it exports) in the same order whichever of its trials finished first."""
     groups: dict = {}
     for r in runs:
-        groups.setdefault(r.tags[TAG_CONFIG_HASH], []).append(r)
+        groups.setdefault(r.config_hash, []).append(r)
 
-    def seed_order(r: RunSummary) -> tuple:  # seeds are params, strings: "10" after "9"; no seed last
+    def seed_order(r: Trial) -> tuple:  # by number; no seed last
         try:
             return (0, int(r.seed), r.trial_id)
         except (TypeError, ValueError):
@@ -39,14 +39,14 @@ def configurations(runs: list[RunSummary]) -> list[list[RunSummary]]:
     return [sorted(g, key=seed_order) for g in groups.values()]
 
 
-def _best(groups: list[list[RunSummary]], mode: str) -> list[RunSummary]:
+def _best(groups: list[list[Trial]], mode: str) -> list[Trial]:
     """The group with the best mean of its runs' best values in the study's mode (`dashboards.stats.best_group`, the
     rule the record's best group follows; a group counts as stopped early when any of its replicates was)."""
     return best_group(groups, lambda group: [r.best_value for r in group], mode,
-                      lambda group: any(is_stopped_early(r.tags) for r in group))
+                      lambda group: any(r.stopped_early for r in group))
 
 
-def per_image_scores(group: list[RunSummary], split: str = "val") -> tuple[np.ndarray, list[str]] | tuple[None, None]:
+def per_image_scores(group: list[Trial], split: str = "val") -> tuple[np.ndarray, list[str]] | tuple[None, None]:
     """((seeds, images) per-image CIDEr-D of a group on `split`, the image ids of its columns) when every run has
     them; the runs of one group scored on different images are an error naming them."""
     rows, ids, first = [], None, None
@@ -69,7 +69,7 @@ def study_comparison(study: Study, by: str = "fusion",
     """(the comparison, each row's config text, number of runs with val CIDEr). `baseline`: the value of `by`
     whose row the others are compared with, else the best fusion none configuration."""
     runs = [r for r in study.runs if r.best_value is not None]
-    buckets: dict[str, list[RunSummary]] = {}
+    buckets: dict[str, list[Trial]] = {}
     for r in runs:
         value = group_value(r, by)
         if value is not None:

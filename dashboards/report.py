@@ -22,9 +22,9 @@ from matplotlib.ticker import MaxNLocator
 
 from a2core.selection import finite
 from dashboards.compare import shown_metrics, split_columns, study_comparison
-from dashboards.runs import CIDER, FUSION_LABEL, TEST_CIDER, RunSummary, Study, searched_keys, sort_key
-from dashboards.stats import MIN_SEEDS, is_stopped_early, seed_interval, stopped_early_text
-from dashboards.tracking import TAG_END_REASON, study_runs
+from dashboards.runs import CIDER, FUSION_LABEL, TEST_CIDER, Study, Trial, searched_keys, sort_key
+from dashboards.stats import MIN_SEEDS, seed_interval, stopped_early_text
+from dashboards.tracking import study_runs
 
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
                 ("lift", "diag/grounding/lift"), ("chance", "diag/grounding/chance"),
@@ -92,7 +92,7 @@ def fusion_table_html(comparison, configs: dict[str, str]) -> str:
             (f"<p class='note'>Not logged: {', '.join(missing)}.</p>" if missing else ""))
 
 
-def _final_values(runs: list[RunSummary], pattern: re.Pattern, place) -> dict[str, dict[Any, list[float]]]:
+def _final_values(runs: list[Trial], pattern: re.Pattern, place) -> dict[str, dict[Any, list[float]]]:
     """{group: {key: [final values]}} of the metrics `pattern` matches; `place(run, match)` -> (group, key)."""
     out: dict[str, dict[Any, list[float]]] = {}
     for r in runs:
@@ -104,7 +104,7 @@ def _final_values(runs: list[RunSummary], pattern: re.Pattern, place) -> dict[st
     return out
 
 
-def diagnostics_table_html(runs: list[RunSummary]) -> str:
+def diagnostics_table_html(runs: list[Trial]) -> str:
     """One row per fusion, a column per `DIAG_COLUMNS` metric some run logged (a dash where it does not apply)."""
     values = _final_values(runs, _DIAG, lambda r, m: (r.fusion, m[0]))
     if not values:
@@ -123,16 +123,16 @@ def diagnostics_table_html(runs: list[RunSummary]) -> str:
             "region per caption, so lift = accuracy - control is what word-level grounding adds.</p>")
 
 
-def runs_table_html(runs: list[RunSummary], keys: list[str]) -> str:
+def runs_table_html(runs: list[Trial], keys: list[str]) -> str:
     if not runs:
         return _missing("The study has no trial runs yet.")
     rows = []
     for r in sorted(runs, key=lambda r: -math.inf if r.score(CIDER) is None else -r.score(CIDER)):
-        state = stopped_early_text(r.tags) if is_stopped_early(r.tags) else r.status
-        if r.tags.get(TAG_END_REASON) == "diverged":  # why a trial ended itself (its record's end reason)
-            state += f" ({r.tags[TAG_END_REASON]})"
+        state = stopped_early_text(r.stopped_early) if r.stopped_early else r.status
+        if r.ended:  # why a trial ended itself (its record's end reason: it diverged)
+            state += f" ({r.ended['reason']})"
         test = r.score(TEST_CIDER)
-        cells = [_td(state, "l"), _td(r.seed or ""), *(_td(r.params.get(k, "")) for k in keys),
+        cells = [_td(state, "l"), _td("" if r.seed is None else r.seed), *(_td(r.params.get(k, "")) for k in keys),
                  _td("–" if r.score(CIDER) is None else f"{r.score(CIDER):.1f}"),
                  _td("" if r.best_step is None else r.best_step), _td("–" if test is None else f"{test:.1f}")]
         rows.append((r.name, cells))
@@ -149,10 +149,10 @@ def _axes(width: float = 7.0, height: float = 4.2, ncols: int = 1):
     return fig, fig.subplots(1, ncols)
 
 
-def lambda_series(runs: list[RunSummary]):
+def lambda_series(runs: list[Trial]):
     """The Fig. 4 numbers: {lambda: its runs} of runs with a mask network, {lambda: Interval} of their best val
     CIDEr, and the baseline's (fusion none) Interval or None."""
-    by_lam: dict[float, list[RunSummary]] = {}
+    by_lam: dict[float, list[Trial]] = {}
     for r in runs:
         if r.lam is not None and r.lam > 0 and r.score(CIDER) is not None:
             by_lam.setdefault(r.lam, []).append(r)
@@ -162,7 +162,7 @@ def lambda_series(runs: list[RunSummary]):
     return by_lam, points, seed_interval(base) if base else None
 
 
-def plot_lambda(runs: list[RunSummary]):
+def plot_lambda(runs: list[Trial]):
     """Best val CIDEr against lambda: each lambda's mean with its 95% interval as error bars and its runs as
     dots, the mean mask value on a second axis, and the baseline's mean and 95% interval as a band."""
     by_lam, points, baseline = lambda_series(runs)
@@ -194,7 +194,7 @@ def plot_lambda(runs: list[RunSummary]):
     return fig
 
 
-def plot_bars(pattern: re.Pattern, place, labels: dict[str, str], tick, settings: dict, runs: list[RunSummary]):
+def plot_bars(pattern: re.Pattern, place, labels: dict[str, str], tick, settings: dict, runs: list[Trial]):
     """Grouped bars of the final values of the metrics `pattern` matches, `place(run, match)` -> (series, x): per
     x (its tick label `tick(x)`) one bar per series (legend `labels`, in their order), the mean over runs;
     `settings` go to `Axes.set`."""
@@ -216,7 +216,7 @@ def plot_bars(pattern: re.Pattern, place, labels: dict[str, str], tick, settings
     return fig
 
 
-def plot_curves(runs: list[RunSummary]):
+def plot_curves(runs: list[Trial]):
     keys = [(CIDER, "val CIDEr"), ("train/loss", "train loss")]
     if not any(r.history.get(k) for r in runs for k, _ in keys):
         return None
@@ -249,7 +249,7 @@ def _parallel_axis(key: str, raw: list) -> tuple[str, list[float], list[tuple[fl
     return f"{key} (log)" if log else key, [(v - low) / span for v in scaled], ticks
 
 
-def plot_parallel(runs: list[RunSummary]):
+def plot_parallel(runs: list[Trial]):
     """One vertical axis per searched param and best val CIDEr, one line per run coloured by its CIDEr."""
     runs = [r for r in runs if r.score(CIDER) is not None]
     keys = searched_keys(runs)
@@ -323,8 +323,8 @@ td.l{text-align:left}
 def _summary(study: Study) -> str:
     runs = study.runs
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(Counter(r.status for r in runs).items())) or "none"
-    stopped = sum(is_stopped_early(r.tags) for r in runs)
-    diverged = sum(r.tags.get(TAG_END_REASON) == "diverged" for r in runs)
+    stopped = sum(bool(r.stopped_early) for r in runs)
+    diverged = sum(bool(r.ended) for r in runs)
     text = (f"{len(runs)} trial runs ({statuses}{f', {stopped} stopped early' if stopped else ''}"
             f"{f', {diverged} diverged' if diverged else ''}); the study is "
             f"{'still running' if study.running else 'not running'}.")

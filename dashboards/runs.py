@@ -1,13 +1,15 @@
-"""A study's runs as the read side takes them: one `RunSummary` per trial of the record (`launch.record` makes
-them), the `Study` that holds them, the metric names and table columns every view uses, and how runs group by a
+"""A study's trials as every view takes them: `Trial`, the one shape of a trial of the record (`launch.record`
+makes them), the `Study` that holds them, the metric names and table columns every view uses, and how runs group by a
 searched key. Reports (`report.py`), comparisons (`compare.py`) and the leaderboard all read these."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
-from a2core.config import inapplicable_model_keys
+from a2core.config import flatten, inapplicable_model_keys
 from a2core.selection import finite
+from dashboards.tracking import (TAG_CONFIG_HASH, TAG_END_REASON, TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY,
+                                 TAG_STOPPED_RUNG, TAG_TRIAL_ID, param_value)
 
 CIDER = "val/CIDEr"
 FUSION_LABEL = {"none": "none (baseline)", "max": "max", "moving_average": "moving average",
@@ -22,39 +24,101 @@ TEST_TABLE_METRICS = [("B-1", "test/BLEU-1"), ("B-4", "test/BLEU-4"), ("METEOR",
 SELECTION_COLUMN = ("val CIDEr (selection)", CIDER)  # the number each row was chosen by, on the val images
 SEED_KEY = "train.seed"
 
+# the summary's name of a trial's field where it differs from the attribute's (`lambda` is a Python keyword)
+_ATTRIBUTE = {"lambda": "lam", "best": "best_value", "best_epoch": "best_step"}
+# a trial's row of `summary.json` ("trials"), in its order; `config` is in the record's rows, not in the file
+ROW_KEYS = ("trial_id", "state", "stopped_early", "config", "fusion", "lambda", "seed", "epochs_done",
+            "epochs_planned", "last", "best", "test", "sampled", "epochs_reported", "best_epoch", "best_checkpoint",
+            "best_checkpoint_problem", "best_checkpoint_epoch", "train_run", "compute", "error", "ended")
+
+
 @dataclass
-class RunSummary:
-    """One trial of a study's record, as the dashboards read it: `params` its resolved config as MLflow shows it
-    (dotted keys, text values), `tags` its fusion, seed, replicate group and stop record (`dashboards.stats` tags),
-    `status` the status its MLflow run has (FINISHED, RUNNING, KILLED, FAILED). `best_value` and `best_step` are the
-    record's: the study metric at the trial's best epoch, by the one rule of `a2core.selection` (never re-derived
-    here)."""
+class Trial:
+    """One trial of a study: the one shape every view reads (the live table, `status`, `summary.json`, `compare`,
+    `report`, `package` and the MLflow export). Tune's part (id, name, state, sampled keys, retries, last error
+    line, last result) is all a trial of Tune's experiment state has (`launch.conclusions.tune_trial`); the record
+    (`launch.record.trial_row`, `StudyRecord.load`) adds the rest from the trial's run folder. `best_value` and
+    `best_step` (its epoch) are the record's, by the one rule of `a2core.selection`, never re-derived here.
+
+    A trial reads as its row of `summary.json` too: `trial["best_epoch"]`, `trial.row()`; so tables take trials
+    and replicate groups (dicts) alike."""
     trial_id: str
-    name: str
-    status: str
-    params: dict[str, str]
-    tags: dict[str, str]
-    final: dict[str, float]                       # latest value of every metric
-    best_value: float | None = None
-    best_step: int | None = None
+    name: str = ""                                # Tune's trial name, its MLflow run's name
+    state: str = "PENDING"                        # Tune's: PENDING, RUNNING, PAUSED, TERMINATED, ERROR
+    sampled: dict = field(default_factory=dict)   # the searched keys as Tune sampled them
+    retries: int = 0
+    error: str | None = None                      # the last line of its last error
+    last_result: dict = field(default_factory=dict)
+    study: str = ""
+    config: dict = field(default_factory=dict)    # resolved (`StudySpec.trial_config`); {} when it no longer resolves
+    config_hash: str | None = None                # its replicate group (`dashboards.stats.config_hash`)
+    epochs_done: int = 0
+    epochs_planned: int = 0
+    last: float | None = None                     # the study metric's latest value
+    best_value: float | None = None               # ... at the best epoch
+    test: float | None = None                     # the selected checkpoint on the test split, when it ended
+    epochs_reported: list[int] = field(default_factory=list)
+    best_step: int | None = None                  # the best epoch (its MLflow step)
+    best_checkpoint: str | None = None            # the stored checkpoint of the best epoch that has one
+    best_checkpoint_problem: str | None = None
+    best_checkpoint_epoch: int | None = None
+    train_run: str | None = None                  # its run folder
+    compute: dict = field(default_factory=dict)   # {unit: seconds}
+    stopped_early: dict | None = None             # the scheduler's record {"rung", "cutoff"}
+    ended: dict | None = None                     # its end record (it diverged)
+    status: str = ""                              # its MLflow run's: FINISHED, RUNNING, KILLED, FAILED
+    final: dict[str, float] = field(default_factory=dict)  # latest value of every metric
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # TABLE_METRICS and train/loss
     per_image: Callable[[str], dict | None] = lambda split: None  # split -> {image id: CIDEr-D}, or None
 
     @property
-    def fusion(self) -> str:
-        return self.params.get("model.fusion", "unknown")
-
-    @property
-    def seed(self) -> str | None:
-        return self.params.get(SEED_KEY)
+    def fusion(self) -> str | None:
+        return self.config.get("model", {}).get("fusion", self.sampled.get("fusion"))
 
     @property
     def lam(self) -> float | None:
-        """lambda, None for fusion none (no mask network)."""
-        return None if self.fusion == "none" else finite(self.params.get("model.lambda"))
+        """lambda, None for fusion none (no mask network: it weighs the mask loss)."""
+        model = self.config.get("model", {})
+        return None if model.get("fusion") == "none" else model.get("lambda", self.sampled.get("lambda"))
+
+    @property
+    def seed(self):
+        return self.config.get("train", {}).get("seed", self.sampled.get("seed"))
+
+    @property
+    def params(self) -> dict[str, str]:
+        """Its resolved config as MLflow shows it: dotted keys, text values."""
+        return {k: param_value(v) for k, v in flatten(self.config).items()}
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """Its trial id, replicate group, stop record and end reason as its MLflow run's tags."""
+        tags = {TAG_TRIAL_ID: self.trial_id, **({TAG_CONFIG_HASH: self.config_hash} if self.config_hash else {})}
+        if self.stopped_early:
+            tags[TAG_STOPPED_EARLY] = "true"
+            if self.stopped_early.get("rung") is not None:
+                tags[TAG_STOPPED_RUNG] = str(int(self.stopped_early["rung"]))
+            if finite(self.stopped_early.get("cutoff")) is not None:
+                tags[TAG_STOPPED_CUTOFF] = f"{self.stopped_early['cutoff']:.6g}"
+        if self.ended:
+            tags[TAG_END_REASON] = self.ended["reason"]
+        return tags
+
+    def __getitem__(self, key: str):
+        return getattr(self, _ATTRIBUTE.get(key, key))
+
+    def __setitem__(self, key: str, value) -> None:
+        setattr(self, _ATTRIBUTE.get(key, key), value)
+
+    def get(self, key: str, default=None):
+        return getattr(self, _ATTRIBUTE.get(key, key), default)
+
+    def row(self, config: bool = True) -> dict:
+        """Its row of `summary.json` (`config`: with its resolved config, which the file leaves out)."""
+        return {key: self[key] for key in ROW_KEYS if config or key != "config"}
 
     def score(self, metric: str) -> float | None:
-        """A metric at the best epoch (the step of the highest val/CIDEr) when logged there, else its final value."""
+        """A metric at the best epoch when logged there, else its final value."""
         at_best = dict(self.history.get(metric, [])).get(self.best_step)
         return finite(self.final.get(metric) if at_best is None else at_best)
 
@@ -68,7 +132,7 @@ class Study:
     is still running it, the metric and mode it selects by, and what its record names best: `best_trial` (a trial id)
     and `best_group` (a config hash), by the one rule of `launch.record.summarize`."""
     name: str
-    runs: list[RunSummary]
+    runs: list[Trial]
     source: str = ""
     running: bool = False
     metric: str = CIDER
@@ -76,7 +140,7 @@ class Study:
     best_trial: str | None = None
     best_group: str | None = None
 
-    def best_run(self) -> RunSummary | None:
+    def best_run(self) -> Trial | None:
         """The run of the record's best trial (None before any trial reported the metric)."""
         return next((r for r in self.runs if r.trial_id == self.best_trial), None)
 
@@ -91,7 +155,7 @@ class Study:
 
 
 # -- grouping --------------------------------------------------------------------------
-def searched_keys(runs: list[RunSummary]) -> list[str]:
+def searched_keys(runs: list[Trial]) -> list[str]:
     """Params that vary across the runs (the searched ones), seed keys and per-run strings (paths) excluded."""
     out = []
     for k in sorted({k for r in runs for k in r.params} - {SEED_KEY}):
@@ -104,7 +168,7 @@ def searched_keys(runs: list[RunSummary]) -> list[str]:
     return out
 
 
-def group_value(run: RunSummary, by: str) -> str | None:
+def group_value(run: Trial, by: str) -> str | None:
     """The value of `by` for a run: a param (exact or dotted suffix), an a2.<by> tag or a tag; None when `by` is a
     model key the run's fusion does not use (lambda of fusion none), whatever an older run logged."""
     if by.rsplit(".", 1)[-1] in inapplicable_model_keys(run.fusion):

@@ -28,17 +28,12 @@ from scipy import stats as sps
 
 from a2core.errors import DataError
 from a2core.selection import finite
+from dashboards.tracking import TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY, TAG_STOPPED_RUNG
 
 CONFIDENCE = 0.95
 POWER = 0.80
 MIN_SEEDS = 2  # seeds per arm from which an interval holds its 95% (tests/test_calibration.py)
 N_RESAMPLES = 4999
-
-# MLflow tags of trial runs (set by launch.mlflow_export)
-TAG_CONFIG_HASH = "a2.config_hash"  # the replicate group: `config_hash` of the trial's resolved config
-TAG_STOPPED_EARLY = "a2.stopped_early"
-TAG_STOPPED_RUNG = "a2.stopped_rung"
-TAG_STOPPED_CUTOFF = "a2.stopped_cutoff"
 
 
 def stopped_early_tags(rung: int, cutoff: float) -> dict[str, str]:

@@ -37,6 +37,10 @@ TAG_GIT = "a2.git_commit"
 TAG_BEST_CKPT = "a2.best_checkpoint"  # a tag, not a param: it changes during training, params cannot
 TAG_PARENT = "mlflow.parentRunId"
 TAG_END_REASON = "a2.end_reason"  # why a run is KILLED or FAILED (removed when it ends FINISHED)
+TAG_CONFIG_HASH = "a2.config_hash"  # the replicate group: `dashboards.stats.config_hash` of the resolved config
+TAG_STOPPED_EARLY = "a2.stopped_early"  # the scheduler stopped the trial (its record: rung and cutoff)
+TAG_STOPPED_RUNG = "a2.stopped_rung"
+TAG_STOPPED_CUTOFF = "a2.stopped_cutoff"
 
 RUN_STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
 

@@ -1,32 +1,42 @@
-"""What people read of a study: the trial table (`table_row`, the columns every table and the summary's trial rows
-share), the replicate groups, the verdict and the compute line, printed by `a2 study status` and at the end of
-`run`/`resume` (`launch.driver`), and the live trial table."""
+"""What people read of a study: the record's trial from Tune's (`tune_trial`) with the columns every table and the
+summary's trial rows share (`table_row`), the replicate groups, the verdict and the compute line, printed by
+`a2 study status` and at the end of `run`/`resume` (`launch.driver`), and the live trial table."""
 from __future__ import annotations
 
 from a2core.errors import A2Error
 from a2core.selection import finite
 from dashboards.stats import MIN_SEEDS, Arm, Interval, compare_arms, short_hash, stopped_early_text
+from dashboards.runs import Trial
 from dashboards.tables import text_table
 from launch.layout import end_text, outage_line
 
 
-# -- table rows ----------------------------------------------------------------------------------------------------
-def table_row(spec, trial_id: str, state: str, sampled: dict, last: dict, best, stopped_early=None) -> dict:
-    """The columns every table shows, with the trial's resolved config."""
+# -- the record's trial from Tune's, and its table columns ---------------------------------------------------------
+def tune_trial(trial) -> Trial:
+    """What Tune knows of a trial (a Tune `Trial`: the driver's live ones, or `ExperimentAnalysis.trials`) as the
+    record's `Trial`: id, name, sampled config, state, retries, last error line and last result."""
     try:
-        config = spec.trial_config(sampled)
+        lines = str(trial.get_error() or "").strip().splitlines()
+    except Exception:  # noqa: BLE001 - the error file may be gone with its node
+        lines = ["the trial failed"] if trial.status == "ERROR" else []
+    return Trial(str(trial.trial_id), name=str(trial), state=str(trial.status), sampled=dict(trial.config or {}),
+                 retries=int(getattr(trial, "num_failures", 0) or 0), error=lines[-1][:500] if lines else None,
+                 last_result=dict(getattr(trial, "last_result", None) or {}))
+
+
+def table_row(spec, trial: Trial, last: dict, best, stopped_early=None) -> Trial:
+    """`trial` with the columns every table shows and its resolved config: its epochs from `last` (its latest
+    result), `best` the best value of the study metric."""
+    try:
+        trial.config = spec.trial_config(trial.sampled)
     except A2Error:  # an old study whose keys moved on: show what is known
-        config = {}
-    model, train = config.get("model", {}), config.get("train", {})
-    return {"trial_id": trial_id, "state": state, "stopped_early": stopped_early, "config": config,
-            "fusion": model.get("fusion", sampled.get("fusion")),
-            # lambda weighs the mask loss, which fusion none does not have
-            "lambda": None if model.get("fusion") == "none" else model.get("lambda", sampled.get("lambda")),
-            "seed": train.get("seed", sampled.get("seed")),
-            "epochs_done": int(finite(last.get("epoch")) or 0), "epochs_planned": spec.total_epochs,
-            "last": finite(last.get(spec.metric)), "best": finite(best),
-            # the selected checkpoint on the test split, reported when the trial ended (a2core train.test_at_end)
-            "test": finite(last.get(test_metric(spec.metric)))}
+        trial.config = {}
+    trial.stopped_early = stopped_early
+    trial.epochs_done, trial.epochs_planned = int(finite(last.get("epoch")) or 0), spec.total_epochs
+    trial.last, trial.best_value = finite(last.get(spec.metric)), finite(best)
+    # the selected checkpoint on the test split, reported when the trial ended (a2core train.test_at_end)
+    trial.test = finite(last.get(test_metric(spec.metric)))
+    return trial
 
 
 def test_metric(metric: str) -> str:

@@ -25,7 +25,8 @@ from a2core.config import flatten
 from a2core.errors import StorageError, StudyError, TrackingError
 from dashboards.tracking import StudyTracker, check_tracking_uri
 from launch import runlog, stop
-from launch.conclusions import best_value, format_table, print_conclusions, table_row
+from dashboards.runs import Trial
+from launch.conclusions import best_value, format_table, print_conclusions, table_row, tune_trial
 from launch.datastore import check_feature_copies
 from launch.killpoints import arm_driver, kill_point
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
@@ -322,7 +323,7 @@ def _stopped_by_storage(spec, location: StudyLocation, grid, problem: str, summa
           f"stays; once the storage is fixed, continue with `a2 study resume {spec.name}`", flush=True)
     return {**(summary or {}), "study": spec.name, "path": location.uri(), "storage_error": problem,
             "best": None if summary is None else summary.get("best"),
-            "trials": (summary or {}).get("trials") or [{k: v for k, v in r.items() if k != "config"} for r in rows]}
+            "trials": (summary or {}).get("trials") or [r.row(config=False) for r in rows]}
 
 
 def say(text: str, verbose: bool = True) -> None:
@@ -403,23 +404,23 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
     return StudyTable()
 
 
-# -- table rows --------------------------------------------------------------------------------------------------
-def live_row(spec, trial, stopped_early_of=None) -> dict:
-    """A table row of a running Tune trial: its last result, the best so far from Tune's metric analysis, and the
-    scheduler's record when it stopped the trial."""
+# -- table rows: the record's trial, as far as Tune knows it ------------------------------------------------------
+def live_row(spec, trial, stopped_early_of=None) -> Trial:
+    """A running Tune trial: its last result, the best so far from Tune's metric analysis, and the scheduler's
+    record when it stopped the trial."""
     best = (trial.metric_analysis.get(spec.metric) or {}).get(spec.mode)
     stopped = stopped_early_of(trial.trial_id) if stopped_early_of else None
-    return table_row(spec, trial.trial_id, trial.status, dict(trial.config or {}), trial.last_result or {}, best,
-                     stopped)
+    return table_row(spec, tune_trial(trial), trial.last_result or {}, best, stopped)
 
 
-def _grid_row(spec, result) -> dict:
-    """A table row of a trial from Tune's result grid (what this driver last saw of it)."""
+def _grid_row(spec, result) -> Trial:
+    """A trial from Tune's result grid (what this driver last saw of it)."""
     history = result.metrics_dataframe
     values = history[spec.metric] if history is not None and spec.metric in history else []
     metrics = result.metrics or {}
-    return table_row(spec, metrics.get("trial_id") or "?", "ERROR" if result.error else "TERMINATED",
-                     dict(result.config or {}), metrics, best_value(values, spec.mode))
+    trial = Trial(metrics.get("trial_id") or "?", state="ERROR" if result.error else "TERMINATED",
+                  sampled=dict(result.config or {}))
+    return table_row(spec, trial, metrics, best_value(values, spec.mode))
 
 
 # -- the end of a run -------------------------------------------------------------------------------------------

@@ -1,13 +1,12 @@
 """The storage layout of a study, the ground floor of launch/: where each thing of a trial lives in the study's
 folder (`<study>/trials/<study>-<trial id>/`: its result log, checkpoint folders, stop record, MLflow artifacts,
-Ray Train's snapshot) and how those files read back (`ResultLog`, `stop_record`, `TrialState`). Every other module,
+Ray Train's snapshot) and how those files read back (`ResultLog`, `stop_record`, `end_record`). Every other module,
 the trial's, the driver's, the record's, the MLflow export's, takes names and paths from here; this one imports
 nothing of theirs.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 from a2core.errors import StudyError
 
@@ -53,32 +52,6 @@ SKIP_KEYS = {"done", "trial_id", "experiment_id", "experiment_tag", "should_chec
              "training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "date", "pid", "hostname",
              "node_ip", "checkpoint_dir_name", "time_since_restore", "iterations_since_restore", "timesteps_total",
              "episodes_total", "timesteps_since_restore", "config"}
-
-
-@dataclass
-class TrialState:
-    """What Tune knows of a trial and the record needs: its id, name, sampled config, state ("PENDING", "RUNNING",
-    "PAUSED", "TERMINATED", "ERROR"), retries, last error line and last result (the record's fallback for a trial
-    with no result log)."""
-
-    trial_id: str
-    name: str
-    config: dict
-    status: str
-    retries: int = 0
-    error: str | None = None
-    last_result: dict = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, trial) -> "TrialState":
-        """From a Tune `Trial` (the driver's live ones, or `ExperimentAnalysis.trials` after the study)."""
-        try:
-            lines = str(trial.get_error() or "").strip().splitlines()
-        except Exception:  # noqa: BLE001 - the error file may be gone with its node
-            lines = ["the trial failed"] if trial.status == "ERROR" else []
-        return cls(str(trial.trial_id), str(trial), dict(trial.config or {}), str(trial.status),
-                   int(getattr(trial, "num_failures", 0) or 0), lines[-1][:500] if lines else None,
-                   dict(getattr(trial, "last_result", None) or {}))
 
 
 def run_status(state: str, epochs: int, stopped: dict | None, total_epochs: int, ended: bool,

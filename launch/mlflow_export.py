@@ -21,13 +21,14 @@ import time
 from a2core.errors import StorageError, TrackingError
 from a2core.selection import best_epoch
 from dashboards.mlflow_views import TAG_CONFIG_LABEL
-from dashboards.stats import TAG_CONFIG_HASH, config_hash, stopped_early_tags
-from dashboards.tracking import (TAG_BEST_CKPT, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID, StudyTracker, search_all_runs,
-                                 check_tracking_uri)
-from launch.conclusions import _fmt
+from dashboards.runs import Trial
+from dashboards.stats import config_hash, stopped_early_tags
+from dashboards.tracking import (TAG_BEST_CKPT, TAG_CONFIG_HASH, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID, StudyTracker,
+                                 search_all_runs, check_tracking_uri)
+from launch.conclusions import _fmt, tune_trial
 from launch.killpoints import kill_point
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, ENDED_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE,
-                           SUPERSEDED_FILE, TRIALS_DIR, TrialState, add_outage, end_record, run_status, stop_record,
+                           SUPERSEDED_FILE, TRIALS_DIR, add_outage, end_record, run_status, stop_record,
                            train_run_name)
 from launch.spec import SEED_PATH, resolve_key
 
@@ -73,7 +74,7 @@ class Export:
             self.tracker = tracker
         return self.tracker
 
-    def run(self, trials: list[TrialState], ended: str | None = None, late: bool = False) -> None:
+    def run(self, trials: list[Trial], ended: str | None = None, late: bool = False) -> None:
         """Bring MLflow to match the record. `ended`: None while the study runs, else the reason its unfinished runs
         end KILLED (`end_reason`); `late`: the server was down since the last export (its epochs are counted)."""
         tracker = self.open()
@@ -83,7 +84,7 @@ class Export:
             if ended is not None:
                 kill_point("export-final")  # the kill-anywhere test's hook (`launch.killpoints`)
             # a trial that ended itself (diverged) is FAILED with its reason, but done: the study is not failed
-            done_for_a_reason = status == "FAILED" and trial.status != "ERROR"
+            done_for_a_reason = status == "FAILED" and trial.state != "ERROR"
             failed |= status == "FAILED" and not done_for_a_reason
             unfinished |= status != "FINISHED" and not done_for_a_reason
         if ended is not None:
@@ -117,25 +118,25 @@ class Export:
                 f"configuration) continued it from its checkpoint of epoch {mark.get('epoch')}, and holds its epochs "
                 f"in the study's record")
 
-    def _trial(self, tracker: StudyTracker, trial: TrialState, ended: str | None, late: bool) -> str | None:
+    def _trial(self, tracker: StudyTracker, trial: Trial, ended: str | None, late: bool) -> str | None:
         """Export one trial; returns the status its run has now (None: not started, no run)."""
         tid = trial.trial_id
         folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, tid))
         text, stopped_text = folder.join(RESULTS_FILE).read_text(), folder.join(STOPPED_FILE).read_text()
         ended_text = folder.join(ENDED_FILE).read_text()
-        seen = (text, stopped_text, ended_text, trial.status, trial.retries, ended, late)
+        seen = (text, stopped_text, ended_text, trial.state, trial.retries, ended, late)
         if self.exported.get(tid, (None,))[0] == seen:
             return self.exported[tid][1]
-        if text is None and trial.status == "PENDING":
+        if text is None and trial.state == "PENDING":
             return None
         results = sorted((r for r in json.loads(text or "[]") if isinstance(r, dict) and isinstance(
             r.get("epoch"), (int, float))), key=lambda r: r["epoch"])  # as `launch.trainable.ResultLog` wrote them
         stopped = stop_record(folder, stopped_text or "")
         end = end_record(folder, ended_text or "")
-        status = run_status(trial.status, len(results), stopped, self.spec.total_epochs, ended is not None, end)
-        config = self.spec.trial_config(dict(trial.config))  # resolved: the replicate group is its hash
+        status = run_status(trial.state, len(results), stopped, self.spec.total_epochs, ended is not None, end)
+        config = self.spec.trial_config(dict(trial.sampled))  # resolved: the replicate group is its hash
         digest = config_hash(config)
-        name, label = trial_names(self.spec, dict(trial.config), digest)
+        name, label = trial_names(self.spec, dict(trial.sampled), digest)
         run_id = tracker.trial_run(tid, config, running=status == "RUNNING",
                                    tags={"a2.ray_trial_name": trial.name, TAG_CONFIG_HASH: digest,
                                          TAG_CONFIG_LABEL: label},
@@ -150,14 +151,14 @@ class Export:
         self._artifacts(tracker, run_id, folder.join(ARTIFACTS_DIR))
         if status != "RUNNING":
             # `a2.end_reason`: `diverged` (its end record), the error, or why the study stopped
-            reason = (end["reason"] if status == "FAILED" and end is not None and trial.status != "ERROR" else
+            reason = (end["reason"] if status == "FAILED" and end is not None and trial.state != "ERROR" else
                       f"{trial.error or 'the trial failed'} (`a2 study status NAME` shows the trial)"
                       if status == "FAILED" else ended if status == "KILLED" else None)
             tracker.end_trial(run_id, status, reason)
         self.exported[tid] = (seen, status)
         return status
 
-    def _tags(self, trial: TrialState, results: list[dict], stopped: dict | None) -> dict:
+    def _tags(self, trial: Trial, results: list[dict], stopped: dict | None) -> dict:
         """The checkpoint tags (the newest one, and the best epoch's when it has one), retries, the stop record."""
         tags = {}
         by_epoch = {int(r["epoch"]): r for r in results if isinstance(r.get("epoch"), (int, float))}
@@ -237,7 +238,7 @@ class StudyExporter:
         try:
             if not server_answers(self.uri):
                 raise TrackingError(f"MLflow server {self.uri} does not answer")
-            self.export.run([TrialState.of(t) for t in list(self.trials())], ended, late=late)
+            self.export.run([tune_trial(t) for t in list(self.trials())], ended, late=late)
         except StorageError as err:  # the study's storage, not the server: the study itself stops on it
             logger.warning("MLflow export could not read the study's record: %s", err)
             self.done = False

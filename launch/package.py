@@ -24,6 +24,7 @@ from a2core.atomic import atomic_write, fresh_folder
 from a2core.data.captions import Vocab, read_image_info
 from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
+from dashboards.runs import Trial
 from dashboards.stats import config_hash
 from dashboards.submission import make_zip, results_filename, validate_zip
 from dashboards.tracking import check_tracking_uri
@@ -71,7 +72,7 @@ def decode_estimate(name: str, *, storage: str | None = None, seeds=None, beam_s
     best = select_best(summary, candidates(spec, summary))
     members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
-    checkpoint = fetch_checkpoint(best["checkpoint"], cache, location.endpoint_url)
+    checkpoint = fetch_checkpoint(best.best_checkpoint, cache, location.endpoint_url)
     _, data_config, images = decoding_data(checkpoint, data_overrides, val_images, test_images)
     splits = images["splits"]
     unique = len(set().union(*map(set, splits.values())))
@@ -130,11 +131,11 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     try:
         best, members = ensemble_members(spec, location, summary, seeds, no_train=no_train, address=address,
                                          verbose=verbose)
-        local = [fetch_checkpoint(m["checkpoint"], out / ".checkpoints", location.endpoint_url) for m in members]
+        local = [fetch_checkpoint(m.best_checkpoint, out / ".checkpoints", location.endpoint_url) for m in members]
         refuse_unreadable(members, local)
         data, data_config, images = decoding_data(local[0], data_overrides, val_images, test_images)
         # Ray workers fetch an s3:// checkpoint themselves; a local one by the absolute path fetched here
-        sources = [m["checkpoint"] if m["checkpoint"].startswith("s3://") else p for m, p in zip(members, local)]
+        sources = [m.best_checkpoint if m.best_checkpoint.startswith("s3://") else p for m, p in zip(members, local)]
         decoding = dict(beam_size=beam_size, max_len=images["max_len"], batch_size=batch_size)
         keep = location.at(DECODED_DIR, decode_key(local, images["splits"], "test", **decoding,
                                                    shard_images=shard_images))
@@ -176,55 +177,58 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
     return location, spec, summary
 
 
-def candidates(spec, summary: dict, digest: str | None = None) -> list[dict]:
-    """One dict per trial of a study summary that reported the metric and has a best checkpoint (only those of
-    configuration `digest` when given)."""
+def candidates(spec, summary: dict, digest: str | None = None) -> list[Trial]:
+    """The trials of a study summary (the record's `Trial`s, from their JSON form) that reported the metric and
+    have a best checkpoint, their configs resolved by the study's saved spec (only those of configuration `digest`
+    when given)."""
     out = []
     for row in summary.get("trials", []):
         if row.get("best") is None or not row.get("best_checkpoint"):
             continue
+        trial = Trial(str(row["trial_id"]), study=spec.name)
+        for key in ("state", "stopped_early", "sampled", "best", "best_checkpoint"):
+            trial[key] = row.get(key)
         try:
-            config = spec.trial_config(dict(row.get("sampled") or {}))
+            trial.config = spec.trial_config(dict(trial.sampled or {}))
         except A2Error as err:  # a trial the saved spec cannot rebuild any more
-            print(f"a2 package: note: skipping trial {row.get('trial_id')} of {spec.name}: {err}", file=sys.stderr)
+            print(f"a2 package: note: skipping trial {trial.trial_id} of {spec.name}: {err}", file=sys.stderr)
             continue
-        out.append({"study": spec.name, "trial_id": str(row["trial_id"]), "seed": int(config["train"]["seed"]),
-                    "value": float(row["best"]), "state": row.get("state"), "stopped_early": row.get("stopped_early"),
-                    "checkpoint": row["best_checkpoint"], "config": config, "hash": config_hash(config)})
-    return [c for c in out if digest is None or c["hash"] == digest]
+        trial.config_hash = config_hash(trial.config)
+        out.append(trial)
+    return [c for c in out if digest is None or c.config_hash == digest]
 
 
-def _rank_key(mode: str) -> Callable[[dict], tuple]:
+def _rank_key(mode: str) -> Callable[[Trial], tuple]:
     """Which of a seed's trials joins the ensemble: the best value, then the lower (study, trial id)."""
-    return lambda c: (-c["value"] if mode == "max" else c["value"], c["study"], c["trial_id"])
+    return lambda c: (-c.best_value if mode == "max" else c.best_value, c.study, c.trial_id)
 
 
-def select_best(summary: dict, cands: list[dict]) -> dict:
+def select_best(summary: dict, cands: list[Trial]) -> Trial:
     """The candidate of the study's best trial of its best configuration, as its record names them
     (`launch.record.best_group`, the one rule every view reads: `status`, `compare`, `report`); when that trial has no
     stored checkpoint, the best of its configuration's trials that has one."""
     group = summary.get("best_group") or {}
-    pool = [c for c in cands if c["hash"] == group.get("config_hash")]
+    pool = [c for c in cands if c.config_hash == group.get("config_hash")]
     if not pool:
         raise PackageError(
             "no trial of the study reported its metric with a checkpoint: nothing to package" if not group else
             f"study {summary.get('study')}: no trial of the best configuration (config "
             f"{str(group['config_hash'])[:12]}, trials {', '.join(map(str, group.get('trials', [])))}) has a "
             f"stored checkpoint: nothing to package")
-    named = next((c for c in pool if c["trial_id"] == str(group.get("best_trial"))), None)
+    named = next((c for c in pool if c.trial_id == str(group.get("best_trial"))), None)
     return named or min(pool, key=_rank_key(summary.get("mode", "max")))
 
 
-def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
-                     exists: Callable[[str], bool]) -> tuple[dict[int, dict], list[int]]:
+def seed_checkpoints(cands: list[Trial], digest: str, seeds, mode: str,
+                     exists: Callable[[str], bool]) -> tuple[dict[int, Trial], list[int]]:
     """For each seed, the trial of configuration `digest` with that seed whose checkpoint exists (finished
     trials first, then the best by the metric, then the lower trial id); and the seeds that have none."""
     rank = _rank_key(mode)
     chosen, missing = {}, []
     for seed in seeds:
-        pool = sorted((c for c in cands if c["hash"] == digest and c["seed"] == seed),
-                      key=lambda c: (c["state"] not in (None, "TERMINATED"), *rank(c)))
-        hit = next((c for c in pool if exists(c["checkpoint"])), None)
+        pool = sorted((c for c in cands if c.config_hash == digest and c.seed == seed),
+                      key=lambda c: (c.state not in (None, "TERMINATED"), *rank(c)))
+        hit = next((c for c in pool if exists(c.best_checkpoint)), None)
         if hit is None:
             missing.append(seed)
         else:
@@ -232,17 +236,17 @@ def seed_checkpoints(cands: list[dict], digest: str, seeds, mode: str,
     return chosen, missing
 
 
-def ensemble_seeds(cands: list[dict], digest: str, exists: Callable[[str], bool]) -> tuple[list[int], str]:
+def ensemble_seeds(cands: list[Trial], digest: str, exists: Callable[[str], bool]) -> tuple[list[int], str]:
     """The seeds of the ensemble when none are given, and why: configuration `digest`'s replicates with a
     checkpoint when there are at least len(SEEDS) of them (nothing is trained), else SEEDS."""
-    own = sorted({c["seed"] for c in cands if c["hash"] == digest and exists(c["checkpoint"])})
+    own = sorted({c.seed for c in cands if c.config_hash == digest and exists(c.best_checkpoint)})
     if len(own) >= len(SEEDS):
         return own, f"the best configuration's {len(own)} replicates"
     return list(SEEDS), f"the best configuration has {len(own)} replicate(s) with a checkpoint, fewer than {len(SEEDS)}"
 
 
 def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, no_train: bool,
-                     address: str | None, verbose: bool) -> tuple[dict, list[dict]]:
+                     address: str | None, verbose: bool) -> tuple[Trial, list[Trial]]:
     """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
     (missing seeds trained as a companion study unless `no_train`). `seeds` None: `ensemble_seeds`."""
     def exists(uri: str) -> bool:
@@ -250,9 +254,9 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
 
     rows = candidates(spec, summary)
     best = select_best(summary, rows)
-    digest = best["hash"]
-    say(f"package: best trial {best['trial_id']} of {spec.name}: {spec.metric} {best['value']:.2f} "
-        f"(fusion {best['config']['model']['fusion']}, seed {best['seed']}, config {digest[:12]})", verbose)
+    digest = best.config_hash
+    say(f"package: best trial {best.trial_id} of {spec.name}: {spec.metric} {best.best_value:.2f} "
+        f"(fusion {best.fusion}, seed {best.seed}, config {digest[:12]})", verbose)
     for _, comp_spec, comp_summary in _companions(location, digest):
         rows += candidates(comp_spec, comp_summary or {}, digest)
     if seeds is None:
@@ -260,9 +264,9 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
         say(f"package: ensemble seeds {', '.join(map(str, seeds))} ({why})", verbose)
     chosen, missing = seed_checkpoints(rows, digest, seeds, spec.mode, exists)
     if missing and no_train:
-        have = ", ".join(f"seed {s}: trial {c['trial_id']}" for s, c in sorted(chosen.items())) or "none"
+        have = ", ".join(f"seed {s}: trial {c.trial_id}" for s, c in sorted(chosen.items())) or "none"
         raise PackageError(
-            f"study {spec.name}: no checkpoint of the best configuration (trial {best['trial_id']}, config "
+            f"study {spec.name}: no checkpoint of the best configuration (trial {best.trial_id}, config "
             f"{digest[:12]}) for seed(s) {', '.join(map(str, missing))} (found {have}); run without "
             f"--no-train to train them, or pass --seeds with the seeds that exist")
     if missing:
@@ -273,24 +277,24 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
                                + ", ".join(f"`a2 study status {c}`" for c in companion_studies(location)))
     members = [chosen[s] for s in seeds]
     for m in members:
-        say(f"package: seed {m['seed']}: trial {m['trial_id']} of {m['study']} ({spec.metric} "
-            f"{m['value']:.2f}), {m['checkpoint']}", verbose)
+        say(f"package: seed {m.seed}: trial {m.trial_id} of {m.study} ({spec.metric} {m.best_value:.2f}), "
+            f"{m.best_checkpoint}", verbose)
     return best, members
 
 
-def refuse_unreadable(members: list[dict], local: list[str]) -> None:
+def refuse_unreadable(members: list[Trial], local: list[str]) -> None:
     """PackageError (exit 2) naming the stored checkpoint of a member that does not load, before any decoding."""
     for member, path in zip(members, local):
         try:
             state = ckpt.load(path)
         except CheckpointError as err:
-            raise PackageError(f"{member['checkpoint']} (trial {member.get('trial_id')}, seed {member.get('seed')}): "
+            raise PackageError(f"{member.best_checkpoint} (trial {member.trial_id}, seed {member.seed}): "
                                f"{str(err).replace(f'{path}: ', '')}; nothing was decoded: restore the file from a "
                                f"copy (`a2 study check NAME` verifies every checkpoint)") from None
         # a file of another model swapped in: one line here, not a size-mismatch traceback when it is built
-        mismatch = model_mismatch(state, (member.get("config") or {}).get("model"))
+        mismatch = model_mismatch(state, member.config.get("model"))
         if mismatch is not None:
-            raise PackageError(f"{member['checkpoint']} (trial {member.get('trial_id')}, seed {member.get('seed')}): "
+            raise PackageError(f"{member.best_checkpoint} (trial {member.trial_id}, seed {member.seed}): "
                                f"{mismatch}; nothing was decoded: restore the trial's own checkpoint (`a2 study "
                                f"check NAME` verifies every checkpoint)")
 
@@ -345,10 +349,11 @@ def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
     return found
 
 
-def train_missing(spec, location, best: dict, missing: list[int], *, address: str | None, verbose: bool) -> list[dict]:
+def train_missing(spec, location, best: Trial, missing: list[int], *, address: str | None,
+                  verbose: bool) -> list[Trial]:
     """Train the missing seeds of the best configuration as a companion study (an unfinished earlier one, without
     a summary or with a trial that did not end TERMINATED, is resumed first); returns the candidates it gave."""
-    digest = best["hash"]
+    digest = best.config_hash
     rows, covered = [], set()
     for comp, comp_spec, comp_summary in _companions(location, digest):
         if comp_summary is None or exit_code(comp_summary) != 0:
@@ -364,10 +369,10 @@ def train_missing(spec, location, best: dict, missing: list[int], *, address: st
     while (name := seed_study_name(spec.name, digest, index)) in names or StudyLocation(
             name, location.storage, location.endpoint_url).exists(STUDY_FILE):
         index += 1
-    new_spec = seeds_spec(spec, location, best["config"], todo, name)
+    new_spec = seeds_spec(spec, location, best.config, todo, name)
     # Listed before it runs, so that an interrupted run is found (and resumed) by the next package run.
     location.write_text(json.dumps({"studies": names + [name]}, indent=2) + "\n", SEED_STUDIES_FILE)
-    say(f"package: training seed(s) {', '.join(map(str, todo))} of trial {best['trial_id']}'s configuration "
+    say(f"package: training seed(s) {', '.join(map(str, todo))} of trial {best.trial_id}'s configuration "
         f"as study {name}", verbose)
     summary = run_study(new_spec, address=address, verbose=verbose)
     return rows + candidates(new_spec, summary, digest)
@@ -545,7 +550,13 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
     return {"zip": out / RESULTS_ZIP, "files": paths, "alg": alg}
 
 
-def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], data, decoded: dict, results: dict,
+def member_entry(member: Trial) -> dict:
+    """A member of the ensemble as the manifest and the leaderboard name it."""
+    return {"seed": member.seed, "study": member.study, "trial_id": member.trial_id,
+            "checkpoint": member.best_checkpoint, "value": member.best_value}
+
+
+def deliver(name: str, spec, best: Trial, members: list[Trial], local: list[str], data, decoded: dict, results: dict,
             images: dict, *, tracking_uri: str, beam_size: int, model_name: str, verbose: bool = True) -> dict:
     """Karpathy-test scores of every seed and the ensemble, the ensemble registered as an MLflow model, and the
     leaderboard (which names that model version) written and logged with the zip to the study's parent run.
@@ -556,23 +567,23 @@ def deliver(name: str, spec, best: dict, members: list[dict], local: list[str], 
     karpathy = images["splits"]["test"]
     say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
         f"({len(karpathy)} images)", verbose)
-    systems = {f"seed-{m['seed']}": decoded["single"][i] for i, m in enumerate(members)}
+    systems = {f"seed-{m.seed}": decoded["single"][i] for i, m in enumerate(members)}
     scores, per_image = lb.score_systems(data.references("test"), {**systems, "ensemble": decoded["ensemble"]["test"]})
-    run_ids = {study: lb.trial_run_ids(tracking_uri, study) for study in sorted({m["study"] for m in members})}
+    run_ids = {study: lb.trial_run_ids(tracking_uri, study) for study in sorted({m.study for m in members})}
     parent = lb.study_parent_run(tracking_uri, name)
     model = lb.register_ensemble(
         tracking_uri, parent, local, model_name, beam_size=beam_size, max_len=images["max_len"],
-        description=f"{len(members)}-seed averaging ensemble of study {name} (config {best['hash'][:12]})",
-        tags={"a2.study": name, "a2.config_hash": best["hash"], "a2.seeds": ",".join(str(m["seed"]) for m in members),
-              "a2.trial_ids": ",".join(m["trial_id"] for m in members)})
+        description=f"{len(members)}-seed averaging ensemble of study {name} (config {best.config_hash[:12]})",
+        tags={"a2.study": name, "a2.config_hash": best.config_hash, "a2.seeds": ",".join(str(m.seed) for m in members),
+              "a2.trial_ids": ",".join(m.trial_id for m in members)})
     say(f"package: MLflow model {model['name']} version {model['version']}: " + (
         "reused (it already serves these checkpoints)" if model["reused"] else "registered"), verbose)
     board = lb.build_leaderboard(
-        study=name, config=best["config"], ensemble_metrics=scores["ensemble"], images=len(karpathy),
-        members=[{**m, "metrics": scores[f"seed-{m['seed']}"], "mlflow_run_id": run_ids[m["study"]].get(m["trial_id"])}
-                 for m in members],
+        study=name, config=best.config, ensemble_metrics=scores["ensemble"], images=len(karpathy),
+        members=[{**member_entry(m), "metrics": scores[f"seed-{m.seed}"],
+                  "mlflow_run_id": run_ids[m.study].get(m.trial_id)} for m in members],
         beam_size=beam_size, max_len=images["max_len"], per_image=per_image,
-        selected_by={"metric": spec.metric, "mode": spec.mode, "trial_id": best["trial_id"], "value": best["value"],
+        selected_by={"metric": spec.metric, "mode": spec.mode, "trial_id": best.trial_id, "value": best.best_value,
                      "tie_break": "lower trial id"},
         extra={"submission": {"zip": str(results["zip"]), "alg": results["alg"],
                               "files": [p.name for p in results["files"]],
@@ -611,18 +622,17 @@ def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, 
     return uploads
 
 
-def write_manifest(out: Path, location, best: dict, members: list[dict], results: dict, delivered: dict,
+def write_manifest(out: Path, location, best: Trial, members: list[Trial], results: dict, delivered: dict,
                    uploads: list[dict], decode_seconds: float, seconds: float) -> dict:
     """`package.json`: what was packaged from where, the headline scores and where everything went."""
     scores, board = delivered["scores"], delivered["board"]
     manifest = {
         "study": location.name, "study_path": location.uri(), "out": str(out), "results_zip": str(results["zip"]),
         "results_files": [str(p) for p in results["files"]], "leaderboard": str(delivered["leaderboard"]),
-        "seeds": [m["seed"] for m in members],
-        "members": [{k: m[k] for k in ("seed", "study", "trial_id", "checkpoint", "value")} for m in members],
-        "config_hash": best["hash"], "best_trial": best["trial_id"], "fusion": best["config"]["model"]["fusion"],
+        "seeds": [m.seed for m in members], "members": [member_entry(m) for m in members],
+        "config_hash": best.config_hash, "best_trial": best.trial_id, "fusion": best.config["model"]["fusion"],
         "ensemble_CIDEr": scores["ensemble"].get("CIDEr"),
-        "seed_CIDEr": {m["seed"]: scores[f"seed-{m['seed']}"].get("CIDEr") for m in members},
+        "seed_CIDEr": {m.seed: scores[f"seed-{m.seed}"].get("CIDEr") for m in members},
         "seed_mean_CIDEr": board["seed_mean"].get("CIDEr"), "ensemble_gain": board["ensemble"]["gain_over_members"],
         "ensemble_gain_over_chosen": board["ensemble"].get("gain_over_chosen"),
         "mlflow": delivered["mlflow"], "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],

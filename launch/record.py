@@ -3,10 +3,9 @@
 The study's folder is the only record of what happened (`launch.location`): the saved spec, the trials' states in
 Tune's experiment state, and each trial's run folder (`launch.trainable`: `results.json`, every epoch's result;
 `artifacts/`, per-image scores; `stopped_early.json`, the scheduler's decision). `StudyRecord.load` reads it once
-into one object, in the shape of Ray's `ResultGrid.get_dataframe()`: `trials` (one row per trial, the summary's
-shape), `table()` (one row per trial and epoch, with config columns, the group hash and the stopped flag),
-`groups()` (replicate groups), `best()`, `summary()` (`summary.json`) and `per_image()`. `study()` hands the
-dashboards the same record as plain `dashboards.report` values (dashboards never import launch). MLflow is an export
+into one object: `trials` (each a `dashboards.runs.Trial`, the one shape of a trial every view reads; its row is the
+summary's), `groups()` (replicate groups), `best()`, `summary()` (`summary.json`) and `per_image()`. `study()`
+hands the dashboards the same trials (dashboards never import launch). MLflow is an export
 of this record (`launch.mlflow_export`); nothing here reads MLflow.
 """
 from __future__ import annotations
@@ -16,23 +15,20 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
-import pandas as pd
 from ray.tune import ExperimentAnalysis
 
-from a2core.config import flatten
 from a2core.selection import best_epoch as pick_best_epoch, finite
-from dashboards.runs import TABLE_METRICS, RunSummary, Study
-from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY, TAG_STOPPED_RUNG,
-                              best_candidates, config_hash, seed_interval)
+from dashboards.runs import TABLE_METRICS, Study, Trial
+from dashboards.stats import best_candidates, config_hash, seed_interval
 from dashboards.stats import best_group as pick_best_group
-from dashboards.tracking import TAG_END_REASON, TAG_TRIAL_ID, param_value
-from launch.conclusions import best_value, pick_best, table_row
+from launch.conclusions import best_value, pick_best, table_row, tune_trial
 from launch.lease import live_writer
 from launch.location import StudyLocation, load_saved_spec
 from launch.spec import SEED_KEYS
-from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, TrialState, checkpoint_epochs,
-                           checkpoint_name, end_record, read_results, run_status, stop_record, train_run_name)
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
+                           end_record, read_results, run_status, stop_record, train_run_name)
 from launch.verify import quick_checkpoint_problem
 
 COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
@@ -44,20 +40,21 @@ HISTORY_KEYS = ("train/loss", *(metric for _, metric in TABLE_METRICS))  # the d
 
 @dataclass
 class StudyRecord:
-    """One study as its storage holds it. `trials`: one row per trial (`trial_row`, the summary's shape), in Tune's
-    order; `results`: each trial's result log, epoch order; `running`: a live writer holds the study's lease."""
+    """One study as its storage holds it. `trials`: each trial as the record's `dashboards.runs.Trial` (`trial_row`;
+    `Trial.row()` is its row of the summary), in Tune's order; `results`: each trial's result log, epoch order;
+    `running`: a live writer holds the study's lease."""
 
     spec: object
     location: StudyLocation
-    trials: list[dict]
+    trials: list[Trial]
     results: dict[str, list[dict]] = field(default_factory=dict)
-    names: dict[str, str] = field(default_factory=dict)  # trial id -> Tune's trial name (its MLflow run's name)
     running: bool = False
 
     @classmethod
-    def load(cls, location: StudyLocation, spec=None, trials: list[TrialState] | None = None) -> "StudyRecord":
-        """Read the study at `location`: its saved spec unless `spec` is given, its trials' states from Tune's
-        experiment state unless `trials` are (none before its first trial started), each trial's run folder."""
+    def load(cls, location: StudyLocation, spec=None, trials: list[Trial] | None = None) -> "StudyRecord":
+        """Read the study at `location`: its saved spec unless `spec` is given, its trials as Tune knows them from
+        Tune's experiment state unless `trials` are given (none before its first trial started), each trial's run
+        folder."""
         spec = spec if spec is not None else load_saved_spec(location)
         if trials is None:
             try:
@@ -66,33 +63,29 @@ class StudyRecord:
                 trials = []
         stopped = stopped_early_trials(location)
         ends = ended_trials(location)
+        running = live_writer(location.at()) is not None
         rows, results = [], {}
         for trial in trials:
-            results[trial.trial_id] = _result_log(spec, location, trial.trial_id)
-            row = trial_row(spec, location, trial.trial_id, dict(trial.config), trial.status,
-                            results[trial.trial_id], trial.last_result, trial.error)
-            row["ended"] = ends.get(trial.trial_id)  # it ended itself (diverged): not a scheduler's stop
-            cut_short = (row["state"] == "TERMINATED" and 0 < row["epochs_done"] < row["epochs_planned"]
-                         and row["ended"] is None)
+            results[trial.trial_id] = log = _result_log(spec, location, trial.trial_id)
+            row = trial_row(spec, location, trial.trial_id, dict(trial.sampled), trial.state, log, trial.last_result,
+                            trial.error)
+            row.name, row.retries = trial.name, trial.retries
+            row.ended = ends.get(trial.trial_id)  # it ended itself (diverged): not a scheduler's stop
+            cut_short = (row.state == "TERMINATED" and 0 < row.epochs_done < row.epochs_planned and row.ended is None)
             # Else only the scheduler ends a trial short: one without its record (a driver killed) is stopped too.
-            row["stopped_early"] = stopped.get(trial.trial_id) or ({"rung": None, "cutoff": None} if cut_short
-                                                                   else None)
+            row.stopped_early = stopped.get(trial.trial_id) or ({"rung": None, "cutoff": None} if cut_short
+                                                                else None)
+            # as its MLflow run shows it (`launch.mlflow_export`)
+            row.status = run_status(row.state, len(log), row.stopped_early, spec.total_epochs, ended=not running,
+                                    end=row.ended)
+            for result in log:  # epoch order: a metric's final value is its latest
+                for key, value in _metrics(result).items():
+                    row.final[key] = value
+                    if key in HISTORY_KEYS:
+                        row.history.setdefault(key, []).append((int(result["epoch"]), value))
+            row.per_image = partial(per_image, location, spec.name, trial.trial_id)
             rows.append(row)
-        return cls(spec, location, rows, results, {t.trial_id: t.name for t in trials},
-                   live_writer(location.at()) is not None)
-
-    def table(self):
-        """A pandas DataFrame, one row per trial and reported epoch: `trial_id`, `epoch`, the epoch's metrics, the
-        config columns (`config/model.fusion`, ...), `config_hash`, `state`, `stopped_early` (bool) and the trial's
-        `best`, `last` and `test` values of the study metric."""
-        rows = []
-        for trial in self.trials:
-            own = {"trial_id": trial["trial_id"], "state": trial["state"],
-                   **{f"config/{k}": v for k, v in flatten(trial["config"] or {}).items()},
-                   "config_hash": group_hash(trial), "stopped_early": bool(trial.get("stopped_early")),
-                   "best": trial["best"], "last": trial["last"], "test": trial["test"]}
-            rows += [{**own, "epoch": int(r["epoch"]), **_metrics(r)} for r in self.results.get(trial["trial_id"], [])]
-        return pd.DataFrame(rows)
+        return cls(spec, location, rows, results, running)
 
     def groups(self) -> list[dict]:
         """One entry per replicate group (`replicate_groups`, the summary's `groups`)."""
@@ -107,47 +100,25 @@ class StudyRecord:
         return summarize(self.spec, self.location, self.trials)
 
     def per_image(self, trial_id: str, split: str = "val") -> dict[str, float] | None:
-        """{image id: CIDEr-D} of a trial on `split` ("val": its best epoch's; "test": its selected checkpoint's),
-        None when it has none."""
-        folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, trial_id), ARTIFACTS_DIR)
-        text = folder.join(PER_IMAGE[split]).read_text()
-        return None if text is None else json.loads(text)
+        """{image id: CIDEr-D} of a trial on `split` (`per_image`)."""
+        return per_image(self.location, self.spec.name, trial_id, split)
 
     def study(self) -> Study:
-        """The record as the dashboards take it (`dashboards.runs.Study`): every trial that has started as a
-        `RunSummary`, its params the resolved config as MLflow shows it, its tags fusion, seed, group and stop
-        record, its status the one its MLflow run has."""
-        runs = []
-        for row in self.trials:
-            tid, results = row["trial_id"], self.results.get(row["trial_id"], [])
-            if not results and row["state"] == "PENDING":
-                continue
-            final, history = {}, {}
-            for result in results:  # epoch order: a metric's final value is its latest
-                for key, value in _metrics(result).items():
-                    final[key] = value
-                    if key in HISTORY_KEYS:
-                        history.setdefault(key, []).append((int(result["epoch"]), value))
-            params = {k: param_value(v) for k, v in flatten(row["config"] or {}).items()}
-            tags = {TAG_TRIAL_ID: tid, TAG_CONFIG_HASH: group_hash(row)}
-            if row.get("stopped_early"):
-                stopped = row["stopped_early"]
-                tags[TAG_STOPPED_EARLY] = "true"
-                if stopped.get("rung") is not None:
-                    tags[TAG_STOPPED_RUNG] = str(int(stopped["rung"]))
-                if finite(stopped.get("cutoff")) is not None:
-                    tags[TAG_STOPPED_CUTOFF] = f"{stopped['cutoff']:.6g}"
-            if row.get("ended"):
-                tags[TAG_END_REASON] = row["ended"]["reason"]
-            status = run_status(row["state"], len(results), row.get("stopped_early"), self.spec.total_epochs,
-                                ended=not self.running, end=row.get("ended"))
-            runs.append(RunSummary(tid, self.names.get(tid, tid), status, params, tags, final,
-                                   best_value=row["best"], best_step=row["best_epoch"], history=history,
-                                   per_image=lambda split, tid=tid: self.per_image(tid, split)))
+        """The record as the dashboards take it (`dashboards.runs.Study`): every trial that has started, and the
+        best trial and group the record names."""
+        runs = [t for t in self.trials if self.results.get(t.trial_id) or t.state != "PENDING"]
         best, group = self.best(), best_group(self.spec, self.groups())
         return Study(self.spec.name, runs, self.location.uri(), self.running, self.spec.metric, self.spec.mode,
-                     best_trial=None if best is None else best["trial_id"],
+                     best_trial=None if best is None else best.trial_id,
                      best_group=None if group is None else group["config_hash"])
+
+
+def per_image(location: StudyLocation, study: str, trial_id: str, split: str = "val") -> dict[str, float] | None:
+    """{image id: CIDEr-D} of a trial on `split` ("val": its best epoch's; "test": its selected checkpoint's), None
+    when it has none."""
+    folder = location.at(TRIALS_DIR, train_run_name(study, trial_id), ARTIFACTS_DIR)
+    text = folder.join(PER_IMAGE[split]).read_text()
+    return None if text is None else json.loads(text)
 
 
 def _metrics(result: dict) -> dict[str, float]:
@@ -156,32 +127,26 @@ def _metrics(result: dict) -> dict[str, float]:
             if k not in SKIP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def tune_trials(location: StudyLocation) -> list[TrialState]:
+def tune_trials(location: StudyLocation) -> list[Trial]:
     """The trials of the study's Tune experiment state in storage (no Ray needed)."""
     path, fs = location.at().ray_storage()
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    return [TrialState.of(trial) for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials]
+    return [tune_trial(trial) for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials]
 
 
-def group_hash(row: dict) -> str:
-    """The replicate group of a trial row: `dashboards.stats.config_hash` of its resolved config (else of its
-    sampled keys without the seed, for an old study whose saved spec no longer resolves them)."""
-    if row.get("config"):
-        return config_hash(row["config"])
+def group_hash(trial: Trial) -> str:
+    """The replicate group of a trial: `dashboards.stats.config_hash` of its resolved config (else of its sampled
+    keys without the seed, for an old study whose saved spec no longer resolves them)."""
+    if trial.config:
+        return config_hash(trial.config)
     from launch.search import group_key  # optuna: only for such a study (status and compare load none)
 
-    return group_key(dict(row["sampled"] or {}))
+    return group_key(dict(trial.sampled or {}))
 
 
-def _stopped_tags(row: dict) -> dict:
-    """A row's or group's stopped-early record as the tag `dashboards.stats.best_candidates` reads."""
-    return {TAG_STOPPED_EARLY: "true"} if row.get("stopped_early") else {}
-
-
-def best_trial(spec, rows: list[dict]) -> dict | None:
+def best_trial(spec, rows: list[Trial]) -> Trial | None:
     """The trial row of the best value of the study metric, among those not stopped early unless every one was."""
-    return pick_best(best_candidates([r for r in rows if r["best"] is not None], tags_of=_stopped_tags), "best",
-                     spec.mode)
+    return pick_best(best_candidates([r for r in rows if r.best_value is not None]), "best", spec.mode)
 
 
 def best_group(spec, groups: list[dict]) -> dict | None:
@@ -226,29 +191,25 @@ def shown_state(row: dict, running: bool) -> str:
 
 
 def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
-              last_result: dict, error: str | None = None) -> dict:
-    """A trial's row of the summary: the table's columns, the epochs it reported, its best epoch and its best stored
-    checkpoint, both by the one rule of `a2core.selection` (the latest of equal values)."""
+              last_result: dict, error: str | None = None) -> Trial:
+    """A trial as the record holds it: the table's columns, the epochs it reported, its best epoch and its best
+    stored checkpoint, both by the one rule of `a2core.selection` (the latest of equal values), its replicate group."""
     values = {int(r["epoch"]): finite(r[spec.metric]) for r in history  # the latest report of an epoch wins
               if finite(r.get("epoch")) is not None and finite(r.get(spec.metric)) is not None}
     run = location.at(TRIALS_DIR, train_run_name(spec.name, trial_id))
     best_epoch = pick_best_epoch(values, spec.mode)
-    best = None if best_epoch is None else values[best_epoch]
     ckpt_epoch = pick_best_epoch({e: values[e] for e in checkpoint_epochs(run) if e in values}, spec.mode)
     last = history[-1] if history else last_result  # the result log is in epoch order
-    return {
-        **table_row(spec, trial_id, state, sampled, last, best),
-        "sampled": sampled,
-        "epochs_reported": [int(r["epoch"]) for r in history or [last_result] if finite(r.get("epoch")) is not None],
-        "best_epoch": best_epoch,
-        "best_checkpoint": None if ckpt_epoch is None else run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE).uri,
-        "best_checkpoint_problem": None if ckpt_epoch is None else quick_checkpoint_problem(
-            run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE)),
-        "best_checkpoint_epoch": ckpt_epoch,
-        "train_run": run.uri,
-        "compute": trial_compute(history),
-        "error": error,
-    }
+    trial = table_row(spec, Trial(trial_id, state=state, sampled=sampled, error=error, last_result=last_result,
+                                  study=spec.name), last, None if best_epoch is None else values[best_epoch])
+    trial.config_hash = group_hash(trial)
+    trial.epochs_reported = [int(r["epoch"]) for r in history or [last_result] if finite(r.get("epoch")) is not None]
+    trial.best_step, trial.best_checkpoint_epoch = best_epoch, ckpt_epoch
+    if ckpt_epoch is not None:
+        checkpoint = run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE)
+        trial.best_checkpoint, trial.best_checkpoint_problem = checkpoint.uri, quick_checkpoint_problem(checkpoint)
+    trial.train_run, trial.compute = run.uri, trial_compute(history)
+    return trial
 
 
 def trial_compute(history: list[dict]) -> dict:
@@ -257,7 +218,7 @@ def trial_compute(history: list[dict]) -> dict:
     return {unit: seconds for unit, seconds in most.items() if seconds is not None}
 
 
-def compute_totals(spec, rows: list[dict]) -> dict:
+def compute_totals(spec, rows: list[Trial]) -> dict:
     """The study's compute: `total_<unit>` over all trials, `stopped_<unit>` spent on trials the scheduler stopped
     early, `saved_<unit>` what stopping them saved against running them to their planned epochs (their cost per
     epoch so far x the epochs they did not run). With `resources.price_per_hour` (a worker node's, one trial per
@@ -277,7 +238,7 @@ def compute_totals(spec, rows: list[dict]) -> dict:
     return dict(totals)
 
 
-def replicate_groups(spec, rows: list[dict]) -> list[dict]:
+def replicate_groups(spec, rows: list[Trial]) -> list[dict]:
     """One entry per replicate group (trials whose resolved configs differ only in the seed,
     `dashboards.stats.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
     seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
@@ -300,7 +261,7 @@ def replicate_groups(spec, rows: list[dict]) -> list[dict]:
     return out
 
 
-def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
+def summarize(spec, location: StudyLocation, rows: list[Trial]) -> dict:
     """Best trial and best replicate group (both among those not stopped early, unless every one was:
     `dashboards.stats.best_candidates`; `best_group` is the one definition every view reads, with its own best
     trial), the best baseline group (fusion none) a verdict compares with, the baseline trial (fusion none, same
@@ -338,5 +299,5 @@ def summarize(spec, location: StudyLocation, rows: list[dict]) -> dict:
             "checkpoint": baseline["best_checkpoint"]},
         "beats_baseline": beats,
         "compute": compute_totals(spec, rows),
-        "trials": [{k: v for k, v in r.items() if k != "config"} for r in rows],
+        "trials": [r.row(config=False) for r in rows],
     }

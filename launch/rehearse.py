@@ -43,16 +43,16 @@ from pathlib import Path
 
 import numpy as np
 
-from a2core.config import apply_overrides, flatten, get_dotted, load_yaml
+from a2core.config import apply_overrides, get_dotted, load_yaml
 from a2core.errors import PackageError, StudyError
 from a2core.selection import best_epoch
 from dashboards.compare import configurations, study_comparison
 from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.records import arms_of, load_record
-from dashboards.runs import CIDER, TEST_CIDER, RunSummary, Study, group_value
-from dashboards.stats import (TAG_CONFIG_HASH, TAG_STOPPED_RUNG, Noise, best_group, config_hash, is_stopped_early,
-                             noise_of, power, stopped_early_tags)
-from dashboards.tracking import mark_runs, param_value
+from dashboards.runs import CIDER, TEST_CIDER, Study, group_value
+from dashboards.runs import Trial as RecordTrial  # Tune's `Trial` is the scheduler's in `simulate`
+from dashboards.stats import Noise, best_group, config_hash, noise_of, power
+from dashboards.tracking import mark_runs
 from launch import plan
 from launch.defaults import LEARNING_DROP
 from launch.location import REHEARSAL_BANNER, REHEARSAL_FILE, StudyLocation, write_summary
@@ -304,10 +304,6 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
             continue
         values = {e: float(d.val[e - 1]) for e in range(1, done + 1)}
         best = best_epoch(values)
-        tags = {TAG_CONFIG_HASH: d.group}
-        stopped = scheduler.stopped_early(t.trial_id) if asha else None
-        if stopped:
-            tags.update(stopped_early_tags(stopped["rung"], stopped["cutoff"]))
         final = {CIDER: values[done]}
         test = done == total and config["train"].get("test_at_end") and model.test_images
         if test:
@@ -319,10 +315,11 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
             scores = d.per_image(split, best)
             return {str(i): float(v) for i, v in enumerate(scores)}
 
-        params = {k: param_value(v) for k, v in flatten(config).items()}
-        runs.append(RunSummary(t.trial_id, f"rehearsal-{t.trial_id}", "FINISHED", params, tags, final,
-                               best_value=values[best], best_step=best, history={CIDER: sorted(values.items())},
-                               per_image=per_image))
+        runs.append(RecordTrial(t.trial_id, name=f"rehearsal-{t.trial_id}", status="FINISHED",
+                                sampled=dict(t.config), config=config, config_hash=d.group, final=final,
+                                best_value=values[best], best_step=best, history={CIDER: sorted(values.items())},
+                                stopped_early=scheduler.stopped_early(t.trial_id) if asha else None,
+                                per_image=per_image))
     return Study(f"{spec.name}{'' if spec.name.endswith(NAME_SUFFIX) else NAME_SUFFIX}", runs,
                  metric=spec.metric, mode=spec.mode)
 
@@ -336,15 +333,14 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
     verdict, its interval's width and the true gap."""
     runs = [r for r in study.runs if r.best_value is not None]
     groups = configurations(runs)
-    true = {g[0].tags[TAG_CONFIG_HASH]: model.mean_of(_config_of(g[0])) for g in groups}
+    true = {g[0].config_hash: model.mean_of(g[0].config) for g in groups}
     top = max(true.values()) if true else None
-    stopped = [r for r in runs if is_stopped_early(r.tags)]
-    rungs = Counter(int(r.tags[TAG_STOPPED_RUNG]) for r in stopped if r.tags.get(TAG_STOPPED_RUNG, "").isdigit())
+    stopped = [r for r in runs if r.stopped_early]
+    rungs = Counter(int(r.stopped_early["rung"]) for r in stopped if r.stopped_early.get("rung") is not None)
     done = sum(len(r.history.get(CIDER, [])) for r in runs)
     chosen = best_group(groups, lambda g: [r.best_value for r in g], spec.mode,
-                        lambda g: any(is_stopped_early(r.tags) for r in g))
-    survived = any(true[g[0].tags[TAG_CONFIG_HASH]] == top and not any(is_stopped_early(r.tags) for r in g)
-                   for g in groups)
+                        lambda g: any(r.stopped_early for r in g))
+    survived = any(true[g[0].config_hash] == top and not any(r.stopped_early for r in g) for g in groups)
     comparison, _, _ = study_comparison(study, by)
     table = dict(model.means)  # a row's label is its value of `by` ("fusion=none" for a reference row)
     label_mean = {arm.label: table.get(arm.label.split("=")[-1]) for arm, _ in comparison.rows}
@@ -360,21 +356,9 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
                        "seeds": diff.seeds_a, "images": diff.images, "verdict": diff.verdict()}
     return {"trials": len(runs), "planned_trials": spec.num_trials, "stopped": len(stopped), "rungs": dict(rungs),
             "epochs_run": done, "epochs_planned": spec.num_trials * spec.total_epochs,
-            "best_group_true_best": chosen is not None and true[chosen[0].tags[TAG_CONFIG_HASH]] == top,
+            "best_group_true_best": chosen is not None and true[chosen[0].config_hash] == top,
             "true_best_survived": survived, "split": "test" if comparison.metric == "test/CIDEr" else "val",
             "baseline": comparison.baseline, "rows": rows}
-
-
-def _config_of(run) -> dict:
-    """A run's resolved config back from its params (dotted keys, text values): enough for `ScoreModel.mean_of`."""
-    out: dict = {}
-    for key, value in run.params.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
 
 
 def _value(run, by: str):

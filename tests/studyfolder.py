@@ -13,7 +13,8 @@ import yaml
 
 from launch.location import STUDY_FILE, StudyLocation, saved_form
 from launch.mlflow_export import Export, end_reason
-from launch.layout import RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, TrialState, train_run_name
+from dashboards.runs import Trial
+from launch.layout import RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, train_run_name
 from launch.record import PER_IMAGE, StudyRecord
 from launch.spec import load_study
 
@@ -24,7 +25,7 @@ SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
 class FabricatedStudy:
     spec: object
     location: StudyLocation
-    trials: list[TrialState] = field(default_factory=list)
+    trials: list[Trial] = field(default_factory=list)
 
     def add(self, trial_id: str, sampled: dict, results: list[dict], *, name: str | None = None,
             status: str = "TERMINATED", per_image: dict[str, dict] | None = None, stopped: dict | None = None):
@@ -36,7 +37,7 @@ class FabricatedStudy:
             folder.join("artifacts", PER_IMAGE[split]).write_text(json.dumps(scores, sort_keys=True))
         if stopped is not None:
             folder.join(STOPPED_FILE).write_text(json.dumps(stopped))
-        self.trials.append(TrialState(trial_id, name or trial_id, dict(sampled), status))
+        self.trials.append(Trial(trial_id, name=name or trial_id, sampled=dict(sampled), state=status))
 
     def record(self) -> StudyRecord:
         return StudyRecord.load(self.location, self.spec, trials=list(self.trials))

@@ -24,7 +24,8 @@ from launch import study
 from launch.record import StudyRecord, stopped_early_trials
 from launch.location import StudyLocation
 from launch.mlflow_export import Export, StudyExporter, end_reason
-from launch.layout import STOPPED_FILE, TrialState, outage_line
+from launch.conclusions import tune_trial
+from launch.layout import STOPPED_FILE, outage_line
 from launch.pipeline import conclusion
 from launch.spec import load_study
 from tests.repo_scripts import load_script
@@ -96,7 +97,7 @@ def test_export_is_the_record_in_mlflow_and_exporting_again_changes_nothing(spec
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
     trials = trials_of(location, {"t0": [10.0, 30.0, 20.0], "t1": [12.0, 25.0, 33.0]}, {"t1": "RUNNING"})
-    states = [TrialState.of(t) for t in trials]
+    states = [tune_trial(t) for t in trials]
     Export(spec, location).run(states)  # while the study runs
     parent, runs = runs_by_trial(uri, spec.name)
     assert parent.info.status == "RUNNING" and parent.data.params["search.metric"] == "val/CIDEr"
@@ -125,8 +126,8 @@ def test_export_is_the_record_in_mlflow_and_exporting_again_changes_nothing(spec
 
     trials[1].status = "TERMINATED"
     again = Export(spec, location)  # a new driver, or `a2 mlflow sync`
-    again.run([TrialState.of(t) for t in trials], end_reason(spec.name))
-    again.run([TrialState.of(t) for t in trials], end_reason(spec.name))
+    again.run([tune_trial(t) for t in trials], end_reason(spec.name))
+    again.run([tune_trial(t) for t in trials], end_reason(spec.name))
     parent, runs = runs_by_trial(uri, spec.name)
     assert parent.info.status == "KILLED"  # 2 of the study's 4 trials: it can resume
     assert {tid: run.info.status for tid, run in runs.items()} == {"t0": "FINISHED", "t1": "FINISHED"}
@@ -142,7 +143,7 @@ def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
                        {"t1": "ERROR", "t2": "TERMINATED", "t3": "TERMINATED"})
     folder = location.at("trials", f"{spec.name}-t2")
     folder.join(STOPPED_FILE).write_text(json.dumps({"rung": 2, "cutoff": 20.5, "group_mean": 8.0, "threshold": 1}))
-    Export(spec, location).run([TrialState.of(t) for t in trials], end_reason(spec.name, "SIGINT"))
+    Export(spec, location).run([tune_trial(t) for t in trials], end_reason(spec.name, "SIGINT"))
     parent, runs = runs_by_trial(uri, spec.name)
     assert parent.info.status == "FAILED" and parent.data.tags["a2.end_reason"] == "a trial failed"
     assert {tid: run.info.status for tid, run in runs.items()} == {
@@ -164,11 +165,11 @@ def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
     with pytest.raises(StudyError, match=f"{STOPPED_FILE}: not a stop record"):
         stopped_early_trials(location)
     with pytest.raises(StudyError, match=f"{STOPPED_FILE}: not a stop record"):
-        Export(spec, location).run([TrialState.of(t) for t in trials])
+        Export(spec, location).run([tune_trial(t) for t in trials])
     folder.join(STOPPED_FILE).write_text(json.dumps({"rung": 2, "cutoff": 20.5}))
 
     trials[1].status, trials[3].status = "RUNNING", "RUNNING"  # resumed: the runs continue, RUNNING again
-    Export(spec, location).run([TrialState.of(t) for t in trials])
+    Export(spec, location).run([tune_trial(t) for t in trials])
     parent, runs = runs_by_trial(uri, spec.name)
     assert parent.info.status == "RUNNING" and runs["t3"].info.status == "RUNNING"
     assert runs["t0"].info.status == "FINISHED"  # a finished run is left as it is
@@ -190,9 +191,9 @@ def test_an_export_cut_short_goes_on_without_duplicates(spec, monkeypatch):
 
     monkeypatch.setattr(StudyTracker, "log_metrics", dies_after_four)
     with pytest.raises(ConnectionError):
-        Export(spec, location).run([TrialState.of(t) for t in trials], end_reason(spec.name))
+        Export(spec, location).run([tune_trial(t) for t in trials], end_reason(spec.name))
     monkeypatch.setattr(StudyTracker, "log_metrics", real)
-    Export(spec, location).run([TrialState.of(t) for t in trials], end_reason(spec.name))
+    Export(spec, location).run([tune_trial(t) for t in trials], end_reason(spec.name))
     parent, runs = runs_by_trial(uri, spec.name)
     assert points(uri, spec.name) == {tid: {"val/CIDEr": Counter({1: 1, 2: 1, 3: 1}),
                                             "train/loss": Counter({1: 1, 2: 1, 3: 1})} for tid in ("t0", "t1")}
@@ -240,7 +241,7 @@ def test_mlflow_sync_exports_a_study_that_ended_while_the_server_was_down(spec, 
     export_mod.add_outage(location, down_seconds=12.0, pending=True)  # the driver's last export did not get through
     monkeypatch.setattr(study, "locate", lambda name, storage=None: location)
     monkeypatch.setattr(study, "load_saved_spec", lambda loc: spec)
-    monkeypatch.setattr(study, "tune_trials", lambda loc: [TrialState.of(t) for t in trials])
+    monkeypatch.setattr(study, "tune_trials", lambda loc: [tune_trial(t) for t in trials])
     assert study.cmd_sync(argparse.Namespace(name=spec.name, storage=None)) == 0
     assert "exported to MLflow; tracking: server down 12 s, 0 epochs exported once it was back" in \
         capsys.readouterr().out
@@ -263,7 +264,7 @@ def test_best_epochs_per_image_cider_is_the_artifact_compare_pairs(spec):
             folder.join("results.json").write_text(json.dumps([{"epoch": e, "val/CIDEr": 100.0} for e in (1, 2, 3)]))
             folder.join("artifacts", "eval/per_image_cider.json").write_text(json.dumps(scores))
             trials.append(trial)
-    states = [TrialState.of(t) for t in trials]
+    states = [tune_trial(t) for t in trials]
     Export(spec, location).run(states, end_reason(spec.name))
     record = StudyRecord.load(location, spec, trials=states)
     comparison, _, _ = study_comparison(record.study(), by="fusion")
@@ -337,6 +338,6 @@ def test_run_names_show_only_the_searched_keys_that_apply_and_old_names_are_repl
     tracker = StudyTracker(spec.tracking.mlflow_uri, spec.name)
     tracker.start_study()
     tracker.trial_run("t0", spec.trial_config(trials[0].config), run_name="a2_local_trial_t0")
-    Export(spec, location).run([TrialState.of(t) for t in trials])
+    Export(spec, location).run([tune_trial(t) for t in trials])
     _, runs = runs_by_trial(spec.tracking.mlflow_uri, spec.name)
     assert list(runs) == ["t0"] and runs["t0"].info.run_name == "none seed=0"

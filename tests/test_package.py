@@ -28,8 +28,10 @@ TRAINED_SEEDS = (0, 1, 2)
 
 # -- unit: selection and hashing (no training) ---------------------------------------------------------------------
 def _cand(trial_id, seed, value, digest="h1", state="TERMINATED", study="s"):
-    return {"study": study, "trial_id": trial_id, "seed": seed, "value": value, "state": state,
-            "checkpoint": f"/ckpt/{trial_id}", "hash": digest, "config": {}}
+    from dashboards.runs import Trial
+
+    return Trial(trial_id, study=study, state=state, config={"train": {"seed": seed}}, config_hash=digest,
+                 best_value=value, best_checkpoint=f"/ckpt/{trial_id}")
 
 
 def test_package_takes_the_records_best_trial_and_seeds_group_by_config():
@@ -42,13 +44,13 @@ def test_package_takes_the_records_best_trial_and_seeds_group_by_config():
     summary = {"study": "s", "mode": "max",
                "best_group": {"config_hash": "h1", "trials": ["t1", "t2", "t4", "t5", "t6"], "best_trial": "t1"}}
     assert select_best(summary, rows)["trial_id"] == "t1"
-    without = [r for r in rows if r["trial_id"] != "t1"]  # the named trial's checkpoint is not a candidate
+    without = [r for r in rows if r.trial_id != "t1"]  # the named trial's checkpoint is not a candidate
     assert select_best(summary, without)["trial_id"] == "t4"
     assert select_best(dict(summary, mode="min"), without)["trial_id"] == "t6"
     chosen, missing = seed_checkpoints(rows, "h1", [0, 1, 2, 3], "max", exists=lambda uri: uri != "/ckpt/t2")
     # seed 0: t2 is the only h1 trial and its checkpoint is gone (t3 has another config); seed 2: finished t5
     # before the errored (if better) t4; seed 1: the best, t1.
-    assert {s: c["trial_id"] for s, c in chosen.items()} == {1: "t1", 2: "t5"}
+    assert {s: c.trial_id for s, c in chosen.items()} == {1: "t1", 2: "t5"}
     assert missing == [0, 3]
     with pytest.raises(PackageError, match="nothing to package"):
         select_best({"best_group": None}, [])
@@ -112,10 +114,10 @@ def test_candidates_keep_trials_with_a_checkpoint_of_the_configuration_asked_for
         {"trial_id": "b", "sampled": {"fusion": "gate", "seed": 1}, "best": None, "best_checkpoint": "/c/b"},
         {"trial_id": "c", "sampled": {"fusion": "none", "seed": 0}, "best": 2.0, "best_checkpoint": "/c/c"},
         {"trial_id": "d", "sampled": {"fusion": "gate", "seed": 2}, "best": 1.0, "best_checkpoint": None}]}
-    assert [c["trial_id"] for c in candidates(Spec(), summary)] == ["a", "c"]
+    assert [c.trial_id for c in candidates(Spec(), summary)] == ["a", "c"]
     gate = config_hash({"model": {"fusion": "gate"}, "train": {"seed": 0}})
     (row,) = candidates(Spec(), summary, gate)
-    assert (row["trial_id"], row["seed"], row["value"], row["checkpoint"]) == ("a", 0, 1.5, "/c/a")
+    assert (row.trial_id, row.seed, row.best_value, row.best_checkpoint) == ("a", 0, 1.5, "/c/a")
 
 
 def test_upload_prefix_seed_study_names_and_local_checkpoints(tmp_path):
@@ -138,9 +140,11 @@ def test_write_manifest_names_members_scores_and_uploads(tmp_path):
     from launch.package import write_manifest
     from launch.location import StudyLocation
 
-    members = [{"seed": s, "study": "st", "trial_id": f"t{s}", "checkpoint": f"/c/{s}", "value": 1.0 + s,
-                "hash": "h"} for s in (0, 1)]
-    best = {**members[1], "config": {"model": {"fusion": "gate"}}}
+    from dashboards.runs import Trial
+
+    members = [Trial(f"t{s}", study="st", config={"model": {"fusion": "gate"}, "train": {"seed": s}}, config_hash="h",
+                     best_checkpoint=f"/c/{s}", best_value=1.0 + s) for s in (0, 1)]
+    best = members[1]
     results = {"zip": tmp_path / "results.zip", "files": [tmp_path / "v.json", tmp_path / "t.json"]}
     delivered = {"leaderboard": tmp_path / "leaderboard.json", "mlflow": {"model_uri": "models:/st/1"},
                  "scores": {"ensemble": {"CIDEr": 9.0}, "seed-0": {"CIDEr": 7.0}, "seed-1": {"CIDEr": 8.0}},

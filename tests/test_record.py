@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dashboards.stats import TAG_CONFIG_HASH, TAG_STOPPED_EARLY
+from dashboards.tracking import TAG_CONFIG_HASH, TAG_STOPPED_EARLY
 from dashboards.tracking import study_runs
 from launch.lease import StudyLease
 from tests.studyfolder import fabricated_study
@@ -31,17 +31,17 @@ def fab(tmp_path):
     return fabricate(fabricated_study(tmp_path, "rec", epochs=3))
 
 
-def test_the_table_is_trial_by_epoch_with_config_group_and_stopped_columns(fab):
-    table = fab.record().table()
-    assert len(table) == 4 * 3 + 2  # every epoch each trial reported
-    first = table[table.trial_id == "gate1"].sort_values("epoch")
-    assert list(first.epoch) == [1, 2, 3] and list(first["val/CIDEr"]) == [97.0, 98.0, 99.0]
-    assert set(first["config/model.fusion"]) == {"gate"} and set(first["config/model.lambda"]) == {0.05}
-    assert (first.best == 99.0).all() and (first["last"] == 99.0).all()
-    hashes = table.groupby("config/model.fusion").config_hash.nunique()
-    assert hashes.to_dict() == {"gate": 1, "max": 1, "none": 1}  # the seeds of a configuration are one group
-    assert table[table.trial_id == "max0"].stopped_early.all() and not table[table.trial_id == "gate0"].stopped_early.any()
-    assert "stage" not in table  # text results are no metrics
+def test_each_trial_holds_its_epochs_config_group_and_stop(fab):
+    trials = {t.trial_id: t for t in fab.record().trials}
+    assert sum(len(t.epochs_reported) for t in trials.values()) == 4 * 3 + 2  # every epoch each trial reported
+    gate1 = trials["gate1"]
+    assert gate1.epochs_reported == [1, 2, 3] and gate1.history["val/CIDEr"] == [(1, 97.0), (2, 98.0), (3, 99.0)]
+    assert gate1.params["model.fusion"] == "gate" and gate1.config["model"]["lambda"] == 0.05
+    assert gate1.best_value == gate1.last == 99.0
+    hashes = {f: {t.config_hash for t in trials.values() if t.fusion == f} for f in ("gate", "max", "none")}
+    assert all(len(h) == 1 for h in hashes.values())  # the seeds of a configuration are one group
+    assert trials["max0"].stopped_early and not trials["gate0"].stopped_early
+    assert "stage" not in trials["none0"].final  # text results are no metrics
 
 
 def test_groups_best_and_per_image(fab):
@@ -92,8 +92,10 @@ def test_a_study_on_s3_reads_the_same(tmp_path, s3_endpoint):
     assert on_s3.location.uri().startswith("s3://")
     assert [g["values"] for g in on_s3.groups()] == [g["values"] for g in local.groups()]
     assert on_s3.best()["trial_id"] == "gate1" and on_s3.per_image("none0") == IMAGES
-    columns = ["trial_id", "epoch", "val/CIDEr", "best", "stopped_early", "config/model.fusion"]
-    assert on_s3.table()[columns].equals(local.table()[columns])
+    def columns(record):
+        return [(t.trial_id, t.history, t.best_value, t.stopped_early, t.fusion) for t in record.trials]
+
+    assert columns(on_s3) == columns(local)
 
 
 def test_status_shows_a_trial_tune_saved_as_pending_as_running_while_a_writer_holds_the_study(fab, monkeypatch, capsys):

@@ -287,28 +287,28 @@ def test_report_through_the_server_lands_in_s3(mlflow_server, tmp_path):  # noqa
 
 
 def test_kendall_plot_when_measured(tmp_path):
-    from dashboards.runs import RunSummary
+    from dashboards.runs import Trial
     from dashboards.report import PLOTS
 
     plot_kendall = PLOTS["kendall"][1]
     final = {f"diag/kendall/layer{i}/{kind}": v for i in range(3)
              for kind, v in (("attention", 0.1 * i), ("mask", 0.2 + 0.1 * i))}
-    fig = plot_kendall([RunSummary("r", "trial", "FINISHED", {}, {}, final)])
+    fig = plot_kendall([Trial("r", name="trial", status="FINISHED", final=final)])
     fig.savefig(tmp_path / "k.png")
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "2", "3"]  # decoder layers
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["attention weights", "mask (1 - m)"]
     assert open(tmp_path / "k.png", "rb").read(4) == b"\x89PNG"
-    assert plot_kendall([RunSummary("r", "t", "FINISHED", {}, {}, {"val/CIDEr": 1.0})]) is None
+    assert plot_kendall([Trial("r", name="t", status="FINISHED", final={"val/CIDEr": 1.0})]) is None
 
 
 def test_lambda_series_leaves_the_baseline_out_and_draws_it_as_a_band():
-    from dashboards.runs import RunSummary
+    from dashboards.runs import Trial
     from dashboards.report import lambda_series
 
     def run(fusion, lam, cider):
-        params = {"model.fusion": fusion, **({} if lam is None else {"model.lambda": str(lam)})}
-        return RunSummary(f"{fusion}-{lam}-{cider}", "t", "FINISHED", params, {}, {}, best_value=cider, best_step=1,
-                          history={"val/CIDEr": [(1, cider)]})
+        model = {"fusion": fusion, **({} if lam is None else {"lambda": lam})}
+        return Trial(f"{fusion}-{lam}-{cider}", name="t", status="FINISHED", config={"model": model}, best_value=cider,
+                     best_step=1, history={"val/CIDEr": [(1, cider)]})
 
     runs = [run("gate", 0.035, c) for c in (110.0, 111.0, 112.0)] + [run("gate", 0.1, c) for c in (105.0, 107.0)]
     # a baseline logged before inapplicable keys were left out still carries lambda 0.035: it is no lambda point

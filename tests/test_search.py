@@ -547,6 +547,7 @@ def test_one_config_hash_for_tags_scheduler_status_and_package(tmp_path):
     """A sampled key that does not apply to a configuration (lambda for fusion none) changes nothing: the
     scheduler's group, the MLflow tag (`group_key` with the spec's resolver), `a2 study status`'s groups and
     packaging's hash (`config_hash` of the resolved config) are one value."""
+    from dashboards.runs import Trial
     from dashboards.stats import config_hash
     from launch.record import replicate_groups
 
@@ -559,7 +560,7 @@ def test_one_config_hash_for_tags_scheduler_status_and_package(tmp_path):
     for tid, c in (("x", a), ("y", b)):
         scheduler.on_trial_add(None, SimpleNamespace(trial_id=tid, config=c))
     assert scheduler._groups == {"x": digest, "y": digest}
-    rows = [{"trial_id": tid, "config": spec.trial_config(c), "sampled": c, "best": v, "fusion": "none",
-             "lambda": None, "seed": c["seed"]} for tid, c, v in (("x", a, 1.0), ("y", b, 2.0))]
+    rows = [Trial(tid, sampled=c, config=spec.trial_config(c), best_value=v)
+            for tid, c, v in (("x", a, 1.0), ("y", b, 2.0))]
     (group,) = replicate_groups(spec, rows)
     assert group["config_hash"] == digest and group["seeds"] == [0, 1] and group["n"] == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from a2core.config import Config
 from a2core.data import synthetic
 from a2core.errors import PackageError
 from a2core.train import train
+from dashboards.runs import Trial
 from launch.cli import main
 from launch.layout import CHECKPOINT_FILE, TRIALS_DIR, checkpoint_name, train_run_name
 from launch.package import refuse_unreadable
@@ -140,12 +142,12 @@ def test_check_reports_a_checkpoint_of_another_model_and_one_whose_weights_do_no
 
 def test_package_refuses_a_checkpoint_of_another_model_in_one_line(tmp_path, small_checkpoint):
     fab = fabricated_study(tmp_path, "pkg", epochs=2)
-    member = {"checkpoint": "s3://bucket/pkg/trials/pkg-a0/checkpoint_epoch0001/checkpoint.pt", "trial_id": "a0",
-              "seed": 0, "config": fab.spec.trial_config({"fusion": "none", "seed": 0})}
+    member = Trial("a0", best_checkpoint="s3://bucket/pkg/trials/pkg-a0/checkpoint_epoch0001/checkpoint.pt",
+                   config=fab.spec.trial_config({"fusion": "none", "seed": 0}))
     with pytest.raises(PackageError) as err:
         refuse_unreadable([member], [str(small_checkpoint)])
-    assert str(err.value) == (f"{member['checkpoint']} (trial a0, seed 0): a model of another config: model.d_ff is "
+    assert str(err.value) == (f"{member.best_checkpoint} (trial a0, seed 0): a model of another config: model.d_ff is "
                               f"32 in the checkpoint, 128 in the study; nothing was decoded: restore the trial's own "
                               f"checkpoint (`a2 study check NAME` verifies every checkpoint)")
-    own = dict(member, config={**member["config"], "model": ckpt.load(small_checkpoint)["config"]["model"]})
+    own = replace(member, config={**member.config, "model": ckpt.load(small_checkpoint)["config"]["model"]})
     refuse_unreadable([own], [str(small_checkpoint)])  # its own model: nothing to refuse
