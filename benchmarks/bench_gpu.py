@@ -36,7 +36,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -47,6 +46,7 @@ from a2core.config import Config  # noqa: E402 - after the path line, as every b
 from a2core.data.synthetic import generate  # noqa: E402
 from a2core.model.a2 import build_model  # noqa: E402
 from a2core.train import Trainer, Updates  # noqa: E402
+from benchmarks.bench_recipe import paper_step_batches  # noqa: E402
 
 PAPER_MODEL = {"d_model": 512, "layers": 6, "heads": 8, "d_ff": 2048, "dropout": 0.1, "max_regions": 50,
                "fusion": "gate", "lambda": 0.035}
@@ -67,19 +67,9 @@ def gpu_name(device: torch.device) -> str:
 
 # -- (a) one cross-entropy step at the paper's sizes ------------------------------------------------------------------
 def step_speed(device: torch.device, model_sizes: dict, repeats: int, precisions: list[str]) -> dict:
-    vocab, tokens, regions = (10_000, 16, 50)
-    gen = torch.Generator().manual_seed(0)
-    caps = torch.randint(4, vocab, (50, tokens), generator=gen)
-    caps[:, 0], caps[:, -1] = 1, 2  # <bos> .. <eos>
-    # pairs: 50 of the 566,435 Karpathy train pairs at random (pair p = image p // 5), as one pairs step draws them
-    drawn = np.random.default_rng(0).permutation(113_287 * 5)[:50] // 5
-    distinct, index = np.unique(drawn, return_inverse=True)
-    layouts = {
-        "images": (torch.randn(10, regions, 2048, generator=gen), torch.ones(10, regions, dtype=torch.bool),
-                   caps.view(10, 5, tokens), None),
-        "pairs": (torch.randn(len(distinct), regions, 2048, generator=gen),
-                  torch.ones(len(distinct), regions, dtype=torch.bool), caps, torch.from_numpy(index)),
-    }
+    vocab = 10_000
+    layouts = paper_step_batches(vocab)  # bench_recipe's (a): 10 images x 5 captions, or 50 random pairs
+    distinct = layouts["pairs"][0].shape[0]
     layouts = {k: tuple(None if t is None else t.to(device) for t in v) for k, v in layouts.items()}
     arms = [(p, layout) for p in precisions for layout in layouts]
     runs = {}
@@ -110,11 +100,11 @@ def step_speed(device: torch.device, model_sizes: dict, repeats: int, precisions
                                         "steps": len(ts)}
     for precision in precisions:
         ratio = out[f"{precision}/pairs"]["median_s"] / out[f"{precision}/images"]["median_s"]
-        passes = len(distinct) / 10  # encoder passes of a pairs step over an images step
+        passes = distinct / 10  # encoder passes of a pairs step over an images step
         out[f"{precision}/pairs_over_images"] = ratio
         # the plan's ENCODER_SHARE: cost = 1 + share x (passes - 1), solved for share
         out[f"{precision}/encoder_share"] = (ratio - 1) / (passes - 1)
-    out["encoder_passes"] = {"images": 10, "pairs": int(len(distinct))}
+    out["encoder_passes"] = {"images": 10, "pairs": int(distinct)}
     return out
 
 

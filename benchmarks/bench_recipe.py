@@ -75,6 +75,26 @@ def _write(path: Path, record: dict) -> None:
     atomic_write(path, json.dumps(record, indent=1).encode())
 
 
+def paper_step_batches(vocab: int = 10_000, tokens: int = 16, regions: int = 50) -> dict:
+    """One cross-entropy step's inputs at the paper's batch, random (the work does not depend on their values), in
+    each layout: {"images" | "pairs": (feats (B, R, 2048), region mask (B, R), captions, caption_image or None)}.
+    images: 10 images x 5 captions (captions (10, 5, L)); pairs: 50 of the 566,435 Karpathy train pairs at random
+    (pair p = image p // 5), as one pairs step draws them: ~50 distinct images, captions (50, L), caption_image (50,)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    caps = torch.randint(4, vocab, (50, tokens), generator=gen)
+    caps[:, 0], caps[:, -1] = 1, 2  # <bos> .. <eos>
+    drawn = np.random.default_rng(0).permutation(113_287 * 5)[:50] // 5
+    distinct, index = np.unique(drawn, return_inverse=True)
+    return {
+        "images": (torch.randn(10, regions, 2048, generator=gen), torch.ones(10, regions, dtype=torch.bool),
+                   caps.view(10, 5, tokens), None),
+        "pairs": (torch.randn(len(distinct), regions, 2048, generator=gen),
+                  torch.ones(len(distinct), regions, dtype=torch.bool), caps, torch.from_numpy(index)),
+    }
+
+
 # -- (a) step time at the paper's sizes ----------------------------------------------------------------------------
 def speed(repeats: int) -> dict:
     import torch
@@ -92,18 +112,8 @@ def speed(repeats: int) -> dict:
     model = build_model(cfg.model, vocab, 24)
     updates = Updates(model, cfg, torch.device("cpu"), xe_steps=10 ** 6)
     model.train()
-    gen = torch.Generator().manual_seed(0)
-    caps = torch.randint(4, vocab, (50, tokens), generator=gen)
-    caps[:, 0], caps[:, -1] = 1, 2  # <bos> .. <eos>
-    # pairs: 50 of the 566,435 Karpathy train pairs at random (pair p = image p // 5), as one pairs step draws them
-    drawn = np.random.default_rng(0).permutation(113_287 * 5)[:50] // 5
-    distinct, index = np.unique(drawn, return_inverse=True)
-    batches = {
-        "images": (torch.randn(10, regions, 2048, generator=gen), torch.ones(10, regions, dtype=torch.bool),
-                   caps.view(10, 5, tokens), None),
-        "pairs": (torch.randn(len(distinct), regions, 2048, generator=gen),
-                  torch.ones(len(distinct), regions, dtype=torch.bool), caps, torch.from_numpy(index)),
-    }
+    batches = paper_step_batches(vocab, tokens, regions)
+    distinct = batches["pairs"][0].shape[0]
     state = {k: v.clone() for k, v in model.state_dict().items()}
     # FLOPs of one step (matrix multiplies and attention, forward and backward: torch's FlopCounterMode), the
     # machine-independent side of the ratio; step 0 runs the mask step too (mask_every 1), as every step does
@@ -128,7 +138,7 @@ def speed(repeats: int) -> dict:
             step += 1
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"repeats": repeats, "gflop": {k: v / 1e9 for k, v in flops.items()},
-            "round_ratios": [p / i for p, i in zip(times["pairs"], times["images"])], "encoder_passes": {"images": 10, "pairs": int(len(distinct))}, "times_s": times,
+            "round_ratios": [p / i for p, i in zip(times["pairs"], times["images"])], "encoder_passes": {"images": 10, "pairs": int(distinct)}, "times_s": times,
             "median_s": med, "ratio_pairs_over_images": med["pairs"] / med["images"],
             "images_per_s": {k: 10 / v for k, v in med.items()}, "pairs_per_s": {k: 50 / v for k, v in med.items()}}
 

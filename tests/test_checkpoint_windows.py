@@ -64,39 +64,47 @@ def test_resume_puts_back_the_pointer_a_killed_driver_deleted(tmp_path):
 
 
 # -- a trial resumed at its best epoch still scores the test split ------------------------------------------------
-def test_a_trial_resumed_at_its_best_epoch_scores_the_test_split_as_if_never_stopped(tmp_path, monkeypatch):
-    """Val CIDEr scripted 10, 40, 20: epoch 2 is the best. Resumed from epoch 2's checkpoint (a driver killed after
-    it), the trial's test scores are those of the uninterrupted run, from the same weights (`best_copy` hands the
-    resumed checkpoint itself as the best one; before, the run found no copy and scored nothing)."""
+def _scripted_run(tmp_path, monkeypatch, scripted: dict[int, float]):
+    """A tiny run of len(scripted) epochs whose val CIDEr is `scripted[epoch]`, each epoch's checkpoint kept in a run
+    folder as a one-worker trial keeps it: (config, the run folder, the last epoch's report)."""
     import torch
 
     import a2core.train as train_mod
     from a2core.config import Config
     from a2core.data import synthetic
     from launch.layout import CHECKPOINT_FILE, checkpoint_name
-    from launch.trainable import best_copy
 
     torch.set_num_threads(1)
     synthetic.generate(tmp_path / "data", seed=2, images=40, test_images=5)
     cfg = Config.from_dict({"data": {"root": str(tmp_path / "data"), "images": 40, "seed": 2, "val_images": 5},
                             "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions": 10},
-                            "train": {"xe_epochs": 3, "batch_size": 50, "warmup": 10, "diag_every": 0,
+                            "train": {"xe_epochs": len(scripted), "batch_size": 50, "warmup": 10, "diag_every": 0,
                                       "test_meteor": False}})
-    scripted = {1: 10.0, 2: 40.0, 3: 20.0}
     monkeypatch.setattr(train_mod.Trainer, "validate",
                         lambda self: {"val/CIDEr": scripted[self.epoch], "samples": []})
     monkeypatch.setattr(train_mod.Trainer, "diagnostics", lambda self: {})
     run = open_location(str(tmp_path / "run"))
     reports: list[dict] = []
 
-    def keep(metrics, folder):  # as a one-worker trial stores each epoch's checkpoint in its run folder
+    def keep(metrics, folder):
         reports.append(metrics)
         target = Path(run.join(checkpoint_name(metrics["epoch"])).uri)
         target.mkdir(parents=True)
         (target / CHECKPOINT_FILE).write_bytes((Path(folder) / CHECKPOINT_FILE).read_bytes())
 
     train_mod.train(cfg, keep, output_dir=tmp_path / "whole")
-    whole = reports[-1]
+    return cfg, run, reports[-1]
+
+
+def test_a_trial_resumed_at_its_best_epoch_scores_the_test_split_as_if_never_stopped(tmp_path, monkeypatch):
+    """Val CIDEr scripted 10, 40, 20: epoch 2 is the best. Resumed from epoch 2's checkpoint (a driver killed after
+    it), the trial's test scores are those of the uninterrupted run, from the same weights (`best_copy` hands the
+    resumed checkpoint itself as the best one; before, the run found no copy and scored nothing)."""
+    import a2core.train as train_mod
+    from launch.layout import CHECKPOINT_FILE, checkpoint_name
+    from launch.trainable import best_copy
+
+    cfg, run, whole = _scripted_run(tmp_path, monkeypatch, {1: 10.0, 2: 40.0, 3: 20.0})
     assert whole["test/epoch"] == 2 and whole["test/CIDEr"] is not None
 
     work = tmp_path / "work"
@@ -124,35 +132,12 @@ def test_a_trial_resumed_from_its_last_epoch_scores_the_test_split_and_reports_t
     test scores) was kept: resumed from that checkpoint, the run trains nothing, scores the test split from its best
     checkpoint and reports the last epoch again with the scores of the run never stopped (before, it returned with
     no test scores)."""
-    import torch
-
     import a2core.train as train_mod
-    from a2core.config import Config
-    from a2core.data import synthetic
     from launch.layout import CHECKPOINT_FILE, checkpoint_name
     from launch.trainable import best_copy
 
-    torch.set_num_threads(1)
-    synthetic.generate(tmp_path / "data", seed=2, images=40, test_images=5)
-    cfg = Config.from_dict({"data": {"root": str(tmp_path / "data"), "images": 40, "seed": 2, "val_images": 5},
-                            "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions": 10},
-                            "train": {"xe_epochs": 2, "batch_size": 50, "warmup": 10, "diag_every": 0,
-                                      "test_meteor": False}})
-    scripted = {1: 40.0, 2: 20.0}  # epoch 1 is the best: the test split is scored from a copy of its checkpoint
-    monkeypatch.setattr(train_mod.Trainer, "validate",
-                        lambda self: {"val/CIDEr": scripted[self.epoch], "samples": []})
-    monkeypatch.setattr(train_mod.Trainer, "diagnostics", lambda self: {})
-    run = open_location(str(tmp_path / "run"))
-    reports: list[dict] = []
-
-    def keep(metrics, folder):
-        reports.append(metrics)
-        target = Path(run.join(checkpoint_name(metrics["epoch"])).uri)
-        target.mkdir(parents=True)
-        (target / CHECKPOINT_FILE).write_bytes((Path(folder) / CHECKPOINT_FILE).read_bytes())
-
-    train_mod.train(cfg, keep, output_dir=tmp_path / "whole")
-    whole = reports[-1]
+    # epoch 1 is the best: the test split is scored from a copy of its checkpoint
+    cfg, run, whole = _scripted_run(tmp_path, monkeypatch, {1: 40.0, 2: 20.0})
     assert whole["epoch"] == 2 and whole["test/epoch"] == 1 and whole["test/CIDEr"] is not None
 
     work = tmp_path / "work"
