@@ -175,9 +175,9 @@ def test_a_smoke_rehearsal_runs_through_ray_in_seconds_and_is_read_but_never_pac
     m = rehearse.ScoreModel(**{**summary["rehearsal"]["model"],
                                "means": tuple(summary["rehearsal"]["model"]["means"].items())})
     sim = {(r.fusion, r.seed): r for r in rehearse.simulate(spec, m, 0).runs}
-    assert {(t["fusion"], str(t["seed"])) for t in summary["trials"]} == set(sim)
+    assert {(t["fusion"], int(t["seed"])) for t in summary["trials"]} == set(sim)  # a Trial's seed is an int
     for t in summary["trials"]:
-        run = sim[(t["fusion"], str(t["seed"]))]
+        run = sim[(t["fusion"], int(t["seed"]))]
         drawn = dict(run.history["val/CIDEr"])
         logged = json.loads((folder / "trials" / f"{name}-{t['trial_id']}" / "results.json").read_text())
         for result in logged:  # every epoch the Ray trial reported is the simulated one's draw
