@@ -14,11 +14,7 @@ if __package__ in (None, ""):  # run as a plain script: import the package next 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from a2core.errors import A2Error  # noqa: E402 (below: the package is importable only once sys.path has it)
-from launch.cli import add_lease_arguments  # noqa: E402
-from launch.driver import resume_study, run_study  # noqa: E402
-from launch.location import STUDY_FILE, StudyLocation, study_path  # noqa: E402
-from launch.spec import load_study  # noqa: E402
-from launch.study import driver_options, exit_code  # noqa: E402
+from launch.cli import add_lease_arguments  # noqa: E402 (the parser's module imports no Ray)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,10 +40,17 @@ def use_cluster_token() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)
+    use_cluster_token()
+    # Ray reads RAY_AUTH_MODE when it is imported: the modules that import Ray only after use_cluster_token set it
+    # (imported before, the client would run with authentication off and be refused by the token cluster)
+    from launch.driver import resume_study, run_study
+    from launch.location import STUDY_FILE, StudyLocation, study_path
+    from launch.spec import load_study
+    from launch.study import driver_options, exit_code
+
     try:
         spec = load_study(study_path(args.study, args.repo), args.overrides)
         print(spec.summary(), flush=True)
-        use_cluster_token()
         driver = driver_options(args)
         driver["address"] = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # on a head: its cluster
         location = StudyLocation(spec.name, spec.storage, spec.storage_endpoint_url)
