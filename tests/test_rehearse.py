@@ -156,9 +156,10 @@ def test_a_smoke_rehearsal_runs_through_ray_in_seconds_and_is_read_but_never_pac
     assert run.returncode == 0, out[-5000:]
     assert wall < 180, wall  # Ray's start, 8 trials, the record, MLflow: seconds to a minute on 2 shared cores
     assert "REHEARSAL" in out and "2 stopped early (2 at rung 2)" in out
-    # the third replicate of none is held at rung 2 (52 trial-epochs), unless Tune had not started the fourth when
-    # it got there: then it trains epoch 3 before the group is judged (53), as `simulate` shows without holding
-    assert "52 of 64 planned trial-epochs (81%)" in out or "53 of 64 planned trial-epochs (83%)" in out
+    # none's replicates are held at rung 2 (52 trial-epochs), but one that reached the rung before Tune had started
+    # the group's last seed trains epoch 3 before the group is judged, as `simulate` shows without holding: each of
+    # the two stopped trials at most one epoch past its rung (52-54, as Ray's start order falls; 54 seen 2026-11-27)
+    assert any(f"{n} of 64 planned trial-epochs ({round(100 * n / 64)}%)" in out for n in (52, 53, 54)), out[-3000:]
     assert "over 3 rehearsals" in out
 
     name = "a2-smoke-rehearsal"
