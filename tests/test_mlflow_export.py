@@ -427,12 +427,28 @@ def test_an_export_tick_reads_only_the_trials_that_can_have_changed(spec, monkey
     export.run([tune_trial(t) for t in trials])
     assert reads == {}
 
+    # Tune ends a trial the scheduler stopped, then the driver's callback writes its stop record: until the record is
+    # there, the trial is read again at every tick (its run ended, stopped early as the record says meanwhile)
+    late_stop = FakeTrial("cut", {"fusion": "none", "seed": 2}, "TERMINATED")
+    write_epoch(location, late_stop, 1, 5.0)
+    trials.append(late_stop)
+    export.run([tune_trial(t) for t in trials])
+    reads.clear()
+    export.run([tune_trial(t) for t in trials])
+    assert set(reads) == {"cut"}
+    location.at("trials", f"{spec.name}-cut").join(STOPPED_FILE).write_text(json.dumps({"rung": 1, "cutoff": 9.5}))
+    export.run([tune_trial(t) for t in trials])
+    assert runs_by_trial(uri, spec.name)[1]["cut"].data.tags["a2.stopped_cutoff"] == "9.5"
+    reads.clear()
+    export.run([tune_trial(t) for t in trials])
+    assert reads == {}
+
     trials[0].num_failures = 1  # Tune's word on a settled trial changed: read again
     export.run([tune_trial(t) for t in trials])
     assert reads["done"] > 0 and runs_by_trial(uri, spec.name)[1]["done"].data.tags["a2.retries"] == "1"
     reads.clear()
     export.run([tune_trial(t) for t in trials], end_reason(spec.name))  # the study's end: every trial once more
-    assert set(reads) == {"done", "live", "todo"}
+    assert set(reads) == {"done", "live", "todo", "cut"}
     reads.clear()
     export.run([tune_trial(t) for t in trials], end_reason(spec.name))
     assert reads == {}
