@@ -1,11 +1,18 @@
-"""MLflow as an export of a study's record: `export_study` brings MLflow to match what the study's storage holds.
+"""MLflow as an export of a study's record: `Export` brings MLflow to match what the study's storage holds.
 
 The record (`<study>/`): the spec (`study.yaml`), each trial's run folder (`launch.trainable`: `results.json`, every
 epoch's result; `artifacts/`, its per-image scores and samples; `stopped_early.json`, the scheduler's decision) and
-the trials' states in Tune's experiment state. Exporting twice changes nothing: runs are found again by their tags,
-params are set once, a metric's (key, step) is written only when the run lacks it (`StudyTracker.log_metrics`), tags
-and artifacts are set to what the record says. So an export cut short, or one made while the server was down, is
-finished by the next one; nothing is kept anywhere else in the meantime.
+the trials' states in Tune's experiment state. Each trial is exported as the record holds it
+(`launch.record.record_trial`: run status, config and replicate group, stop and end records, best checkpoint); the
+export re-derives none of them. Its `a2.best_checkpoint` tag is the record's best checkpoint, the best epoch that
+still has a stored checkpoint (what `a2 package` takes), not the best epoch's result's checkpoint path, which may
+name one retention already pruned; `a2.checkpoint` is the newest checkpoint the result log names.
+
+Exporting twice changes nothing: runs are found again by their tags, params are set once, a metric's (key, step) is
+written only when the run lacks it (`StudyTracker.log_metrics`), tags and artifacts are set to what the record says.
+So an export cut short, or one made while the server was down, is finished by the next one; nothing is kept anywhere
+else in the meantime. An export reads only the trials that can have changed since the last one of the same `Export`
+(`Export._settled`): with 1,000 trials on S3, reading every trial's folder every few seconds is thousands of requests.
 
 During a study the driver's `StudyExporter` thread exports every few seconds (never from a Tune hook: training never
 waits on MLflow) and once more at the end; `a2 mlflow sync NAME` exports a study after it. The totals of the time the
@@ -17,19 +24,18 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from a2core.errors import StorageError, TrackingError
-from a2core.selection import best_epoch
 from dashboards.mlflow_views import TAG_CONFIG_LABEL
 from dashboards.runs import Trial
-from dashboards.stats import config_hash, stopped_early_tags
-from dashboards.tracking import (TAG_BEST_CKPT, TAG_CONFIG_HASH, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID, StudyTracker,
-                                 search_all_runs, check_tracking_uri)
+from dashboards.tracking import (TAG_BEST_CKPT, TAG_CONFIG_HASH, TAG_END_REASON, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID,
+                                 StudyTracker, search_all_runs, check_tracking_uri)
 from launch.conclusions import _fmt, tune_trial
 from launch.killpoints import kill_point
-from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, ENDED_FILE, RESULTS_FILE, SKIP_KEYS, STOPPED_FILE,
-                           SUPERSEDED_FILE, TRIALS_DIR, add_outage, end_record, run_status, stop_record,
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, SUPERSEDED_FILE, TRIALS_DIR, add_outage,
                            train_run_name)
+from launch.record import record_trials
 from launch.spec import SEED_PATH, resolve_key
 
 logger = logging.getLogger(__name__)
@@ -48,18 +54,36 @@ def _metrics(result: dict) -> dict:
     return {k: v for k, v in result.items() if k not in SKIP_KEYS and not isinstance(v, (dict, list))}
 
 
+ENDED_STATUSES = ("FINISHED", "KILLED", "FAILED")
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What `Export` remembers of a trial it exported: Tune's word on it then (`tune`: state, retries, whether the
+    study had ended), what it read (`seen`), the status its run was left in, and whether its run folder can still
+    change while Tune's word stays the same (`settled` false)."""
+    tune: tuple
+    seen: tuple
+    status: str | None
+    settled: bool
+
+
 class Export:
-    """One study's export into one tracker; `run(trials, ended)` is the idempotent export. It remembers what it
-    exported (each trial's record and state, artifacts by content), so that exporting every few seconds reads and
-    writes little: a trial whose results, stop record and state did not change is passed over."""
+    """One study's export into one tracker; `run(trials, ended)` is the idempotent export. Each trial it exports is
+    the record's (`launch.record.record_trial`: its status, config and replicate group, best checkpoint, stop and end
+    records), with the result log of the same read; nothing is re-derived here. It remembers what it exported, so that
+    exporting every few seconds reads and writes little: a trial whose run it left ended (FINISHED, KILLED, FAILED),
+    or that had not started, is not read again while Tune's state, retries and the study's end stay as they were
+    (its folder cannot change meanwhile); a trial read again whose record did not change is passed over."""
 
     def __init__(self, spec, location, tracker: StudyTracker | None = None):
         self.spec, self.location = spec, location
         self.tracker = tracker
-        self.exported: dict[str, tuple] = {}  # trial id -> (what its export read, the run's status)
+        self.exported: dict[str, Exported] = {}  # trial id -> its last export
         self.uploaded: dict[tuple[str, str], str] = {}  # (run id, artifact path) -> text uploaded
         self.late = 0  # epochs written after the server had been down
         self.superseded: list[str] = []  # trial ids whose runs this export ended as superseded (`_end_superseded`)
+        self.reread = False  # read every trial at every export (`benchmarks/bench_export.py`'s "before")
 
     def open(self) -> StudyTracker:
         """The study's tracker, its parent run made or found (and RUNNING) and the study's views saved."""
@@ -78,9 +102,13 @@ class Export:
         """Bring MLflow to match the record. `ended`: None while the study runs, else the reason its unfinished runs
         end KILLED (`end_reason`); `late`: the server was down since the last export (its epochs are counted)."""
         tracker = self.open()
+        changing = [t for t in trials if self.reread or not self._settled(t, ended is not None)]
+        read = dict(zip((t.trial_id for t in changing),
+                        record_trials(self.spec, self.location, changing, ended=ended is not None)))
         failed = unfinished = False
         for trial in trials:
-            status = self._trial(tracker, trial, ended, late)
+            status = (self._trial(tracker, trial, *read[trial.trial_id], ended, late) if trial.trial_id in read
+                      else self.exported[trial.trial_id].status)
             if ended is not None:
                 kill_point("export-final")  # the kill-anywhere test's hook (`launch.killpoints`)
             # a trial that ended itself (diverged) is FAILED with its reason, but done: the study is not failed
@@ -92,6 +120,12 @@ class Export:
             unfinished |= len(trials) < self.spec.num_trials
             status = "FAILED" if failed else "KILLED" if unfinished else "FINISHED"
             tracker.end_study(status, None if status == "FINISHED" else "a trial failed" if failed else ended)
+
+    def _settled(self, trial: Trial, study_ended: bool) -> bool:
+        """Whether the trial's last export still holds without reading its folder: Tune's word on it is unchanged
+        and its run was left ended or it had not started (nothing writes to the folder of such a trial)."""
+        last = self.exported.get(trial.trial_id)
+        return last is not None and last.settled and last.tune == (trial.state, trial.retries, study_ended)
 
     def _end_superseded(self, tracker: StudyTracker, known: set[str]) -> None:
         """End KILLED, tagged `a2.end_reason=superseded: ...`, the study's trial runs still RUNNING whose trial Tune
@@ -118,27 +152,24 @@ class Export:
                 f"configuration) continued it from its checkpoint of epoch {mark.get('epoch')}, and holds its epochs "
                 f"in the study's record")
 
-    def _trial(self, tracker: StudyTracker, trial: Trial, ended: str | None, late: bool) -> str | None:
-        """Export one trial; returns the status its run has now (None: not started, no run)."""
+    def _trial(self, tracker: StudyTracker, tune: Trial, trial: Trial, results: list[dict], ended: str | None,
+               late: bool) -> str | None:
+        """Export one trial, `trial` the record's (`record_trial`) of Tune's `tune`, `results` its result log; returns
+        the status its run has now (None: not started, no run)."""
         tid = trial.trial_id
-        folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, tid))
-        text, stopped_text = folder.join(RESULTS_FILE).read_text(), folder.join(STOPPED_FILE).read_text()
-        ended_text = folder.join(ENDED_FILE).read_text()
-        seen = (text, stopped_text, ended_text, trial.state, trial.retries, ended, late)
-        if self.exported.get(tid, (None,))[0] == seen:
-            return self.exported[tid][1]
-        if text is None and trial.state == "PENDING":
-            return None
-        results = sorted((r for r in json.loads(text or "[]") if isinstance(r, dict) and isinstance(
-            r.get("epoch"), (int, float))), key=lambda r: r["epoch"])  # as `launch.trainable.ResultLog` wrote them
-        stopped = stop_record(folder, stopped_text or "")
-        end = end_record(folder, ended_text or "")
-        status = run_status(trial.state, len(results), stopped, self.spec.total_epochs, ended is not None, end)
-        config = self.spec.trial_config(dict(trial.sampled))  # resolved: the replicate group is its hash
-        digest = config_hash(config)
-        name, label = trial_names(self.spec, dict(trial.sampled), digest)
-        run_id = tracker.trial_run(tid, config, running=status == "RUNNING",
-                                   tags={"a2.ray_trial_name": trial.name, TAG_CONFIG_HASH: digest,
+        seen = (trial.state, trial.retries, trial.name, json.dumps(results, sort_keys=True, default=str), trial.status,
+                trial.best_checkpoint,
+                json.dumps(trial.stopped_early, default=str), json.dumps(trial.ended, default=str), trial.error,
+                ended, late)
+        last = self.exported.get(tid)
+        if last is not None and last.seen == seen:
+            return self._remember(tune, trial, seen, last.status, ended)
+        if not results and trial.state == "PENDING":
+            return self._remember(tune, trial, seen, None, ended)
+        status = trial.status
+        name, label = trial_names(self.spec, dict(trial.sampled), trial.config_hash)
+        run_id = tracker.trial_run(tid, trial.config, running=status == "RUNNING",
+                                   tags={"a2.ray_trial_name": trial.name, TAG_CONFIG_HASH: trial.config_hash,
                                          TAG_CONFIG_LABEL: label},
                                    run_name=name)
         logged = tracker.logged_steps(run_id, self.spec.metric)
@@ -147,32 +178,38 @@ class Export:
             self.late += late and step not in logged
             tracker.log_metrics(run_id, _metrics(result), step=step,
                                 timestamp_ms=int(stamp * 1000) if isinstance(stamp, (int, float)) else None)
-        tracker.set_tags(run_id, self._tags(trial, results, stopped))
-        self._artifacts(tracker, run_id, folder.join(ARTIFACTS_DIR))
+        tracker.set_tags(run_id, self._tags(trial, results))
+        self._artifacts(tracker, run_id, self.location.at(TRIALS_DIR, train_run_name(self.spec.name, tid),
+                                                          ARTIFACTS_DIR))
         if status != "RUNNING":
             # `a2.end_reason`: `diverged` (its end record), the error, or why the study stopped
-            reason = (end["reason"] if status == "FAILED" and end is not None and trial.state != "ERROR" else
+            reason = (trial.ended["reason"] if status == "FAILED" and trial.ended is not None
+                      and trial.state != "ERROR" else
                       f"{trial.error or 'the trial failed'} (`a2 study status NAME` shows the trial)"
                       if status == "FAILED" else ended if status == "KILLED" else None)
             tracker.end_trial(run_id, status, reason)
-        self.exported[tid] = (seen, status)
+        return self._remember(tune, trial, seen, status, ended)
+
+    def _remember(self, tune: Trial, trial: Trial, seen: tuple, status: str | None, ended: str | None) -> str | None:
+        # A run ended is settled, but for one the scheduler stopped whose stop record the driver has yet to write
+        # (Tune ends the trial, then the callback writes the record): read again until it is there or the study ends.
+        awaiting_stop_record = ended is None and (trial.stopped_early or {}).get("rung", 0) is None
+        settled = status is None or (status in ENDED_STATUSES and not awaiting_stop_record)
+        self.exported[trial.trial_id] = Exported((tune.state, tune.retries, ended is not None), seen, status, settled)
         return status
 
-    def _tags(self, trial: Trial, results: list[dict], stopped: dict | None) -> dict:
-        """The checkpoint tags (the newest one, and the best epoch's when it has one), retries, the stop record."""
+    def _tags(self, trial: Trial, results: list[dict]) -> dict:
+        """The checkpoint tags (the newest one from the result log; the record's best checkpoint, the best epoch that
+        still has one), retries, the stop record (the record's trial's own tags, its end reason left to `end_trial`)."""
         tags = {}
-        by_epoch = {int(r["epoch"]): r for r in results if isinstance(r.get("epoch"), (int, float))}
-        epoch = best_epoch({e: r.get(self.spec.metric) for e, r in by_epoch.items()}, self.spec.mode)
-        best = None if epoch is None else by_epoch[epoch]  # the one rule of a2core.selection
         for result in results:  # epoch order: the newest checkpoint is the last one named
             if result.get("checkpoint_path"):
                 tags["a2.checkpoint"] = self._checkpoint_uri(result["checkpoint_path"])
-        if best is not None and best.get("checkpoint_path"):
-            tags[TAG_BEST_CKPT] = self._checkpoint_uri(best["checkpoint_path"])
+        if trial.best_checkpoint:
+            tags[TAG_BEST_CKPT] = trial.best_checkpoint
         if trial.retries:
             tags["a2.retries"] = str(trial.retries)
-        if stopped:
-            tags.update(stopped_early_tags(stopped["rung"], stopped["cutoff"]))
+        tags.update({key: value for key, value in trial.tags.items() if key != TAG_END_REASON})
         return tags
 
     def _checkpoint_uri(self, folder: str) -> str:

@@ -3,10 +3,10 @@
 The study's folder is the only record of what happened (`launch.location`): the saved spec, the trials' states in
 Tune's experiment state, and each trial's run folder (`launch.trainable`: `results.json`, every epoch's result;
 `artifacts/`, per-image scores; `stopped_early.json`, the scheduler's decision). `StudyRecord.load` reads it once
-into one object: `trials` (each a `dashboards.runs.Trial`, the one shape of a trial every view reads; its row is the
-summary's), `groups()` (replicate groups), `best()`, `summary()` (`summary.json`) and `per_image()`. `study()`
-hands the dashboards the same trials (dashboards never import launch). MLflow is an export
-of this record (`launch.mlflow_export`); nothing here reads MLflow.
+into one object, each trial by `record_trial` from its own run folder alone: `trials` (each a `dashboards.runs.Trial`,
+the one shape of a trial every view reads; its row is the summary's), `groups()` (replicate groups), `best()`,
+`summary()` (`summary.json`) and `per_image()`. `study()` hands the dashboards the same trials (dashboards never
+import launch). MLflow is an export of this record (`launch.mlflow_export`); nothing here reads MLflow.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
@@ -35,6 +36,7 @@ COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `c
 # a trial's per-image CIDEr-D below its `artifacts/` (`a2core.train` writes them; the export uploads them as they are)
 PER_IMAGE = {"val": "eval/per_image_cider.json",  # the best val epoch's
              "test": "eval/test_per_image_cider.json"}  # the selected checkpoint's, on the test split
+READERS = 16  # threads reading trials' run folders on S3 (`record_trials`)
 HISTORY_KEYS = ("train/loss", *(metric for _, metric in TABLE_METRICS))  # the dashboards' per-epoch curves and tables
 
 
@@ -61,31 +63,9 @@ class StudyRecord:
                 trials = tune_trials(location)
             except ValueError:  # no experiment snapshot yet
                 trials = []
-        stopped = stopped_early_trials(location)
-        ends = ended_trials(location)
         running = live_writer(location.at()) is not None
-        rows, results = [], {}
-        for trial in trials:
-            results[trial.trial_id] = log = _result_log(spec, location, trial.trial_id)
-            row = trial_row(spec, location, trial.trial_id, dict(trial.sampled), trial.state, log, trial.last_result,
-                            trial.error)
-            row.name, row.retries = trial.name, trial.retries
-            row.ended = ends.get(trial.trial_id)  # it ended itself (diverged): not a scheduler's stop
-            cut_short = (row.state == "TERMINATED" and 0 < row.epochs_done < row.epochs_planned and row.ended is None)
-            # Else only the scheduler ends a trial short: one without its record (a driver killed) is stopped too.
-            row.stopped_early = stopped.get(trial.trial_id) or ({"rung": None, "cutoff": None} if cut_short
-                                                                else None)
-            # as its MLflow run shows it (`launch.mlflow_export`)
-            row.status = run_status(row.state, len(log), row.stopped_early, spec.total_epochs, ended=not running,
-                                    end=row.ended)
-            for result in log:  # epoch order: a metric's final value is its latest
-                for key, value in _metrics(result).items():
-                    row.final[key] = value
-                    if key in HISTORY_KEYS:
-                        row.history.setdefault(key, []).append((int(result["epoch"]), value))
-            row.per_image = partial(per_image, location, spec.name, trial.trial_id)
-            rows.append(row)
-        return cls(spec, location, rows, results, running)
+        read = record_trials(spec, location, trials, ended=not running)
+        return cls(spec, location, [row for row, _ in read], {row.trial_id: log for row, log in read}, running)
 
     def groups(self) -> list[dict]:
         """One entry per replicate group (`replicate_groups`, the summary's `groups`)."""
@@ -157,23 +137,39 @@ def best_group(spec, groups: list[dict]) -> dict | None:
 
 
 # -- trial rows, groups and the summary ----------------------------------------------------------------------------
-def stopped_early_trials(location: StudyLocation) -> dict[str, dict]:
-    """{trial id: {"rung", "cutoff"}} of the trials the scheduler stopped, from their run folders' record
-    (`launch.trainable.STOPPED_FILE`, written by the driver's `launch.mlflow_callback`)."""
-    out = {}
-    prefix = f"{location.name}-"
-    for name in location.at(TRIALS_DIR).listdir(folders_only=True):
-        record = stop_record(location.at(TRIALS_DIR, name)) if name.startswith(prefix) else None
-        if record is not None:
-            out[name[len(prefix):]] = {"rung": record["rung"], "cutoff": finite(record["cutoff"])}
-    return out
+def record_trial(spec, location: StudyLocation, tune: Trial, ended: bool) -> tuple[Trial, list[dict]]:
+    """One trial of the record, and its result log (epoch order), from Tune's view of it (`tune_trial`) and its own
+    run folder alone: its result log, stop record, end record and checkpoint epochs (on S3 four requests). `ended`: no
+    writer goes on with the study (`run_status`: an unfinished trial's run is KILLED, not RUNNING)."""
+    run = location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id))
+    log = _result_log(spec, location, tune.trial_id)
+    stopped, end = stop_record(run), end_record(run)
+    row = trial_row(spec, location, tune.trial_id, dict(tune.sampled), tune.state, log, tune.last_result, tune.error)
+    row.name, row.retries = tune.name, tune.retries
+    row.ended = end  # it ended itself (diverged): not a scheduler's stop
+    cut_short = row.state == "TERMINATED" and 0 < row.epochs_done < row.epochs_planned and row.ended is None
+    # Else only the scheduler ends a trial short: one without its record (a driver killed) is stopped too.
+    row.stopped_early = ({"rung": stopped["rung"], "cutoff": finite(stopped["cutoff"])} if stopped is not None
+                         else {"rung": None, "cutoff": None} if cut_short else None)
+    # as its MLflow run shows it (`launch.mlflow_export` exports this status)
+    row.status = run_status(row.state, len(log), row.stopped_early, spec.total_epochs, ended=ended, end=row.ended)
+    for result in log:  # epoch order: a metric's final value is its latest
+        for key, value in _metrics(result).items():
+            row.final[key] = value
+            if key in HISTORY_KEYS:
+                row.history.setdefault(key, []).append((int(result["epoch"]), value))
+    row.per_image = partial(per_image, location, spec.name, tune.trial_id)
+    return row, log
 
 
-def ended_trials(location: StudyLocation) -> dict[str, dict]:
-    """{trial id: end record} of the trials that ended themselves (`launch.layout.end_record`: they diverged)."""
-    prefix = f"{location.name}-"
-    return {name[len(prefix):]: record for name in location.at(TRIALS_DIR).listdir(folders_only=True)
-            if name.startswith(prefix) and (record := end_record(location.at(TRIALS_DIR, name))) is not None}
+def record_trials(spec, location: StudyLocation, trials: list[Trial], ended: bool) -> list[tuple[Trial, list[dict]]]:
+    """`record_trial` of each of `trials`, in their order. On S3 by `READERS` threads: each trial's requests are
+    independent and S3's cost is its latency per request, so 1,000 trials read one after another take minutes."""
+    read = partial(record_trial, spec, location, ended=ended)
+    if location.at().local or len(trials) < 2:
+        return [read(trial) for trial in trials]
+    with ThreadPoolExecutor(min(READERS, len(trials))) as pool:
+        return list(pool.map(read, trials))
 
 
 def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:

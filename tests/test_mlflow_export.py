@@ -21,7 +21,7 @@ from dashboards.runs import Study
 from a2core.errors import StudyError
 from dashboards.tracking import StudyTracker, study_runs
 from launch import study
-from launch.record import StudyRecord, stopped_early_trials
+from launch.record import StudyRecord
 from launch.location import StudyLocation
 from launch.mlflow_export import Export, StudyExporter, end_reason
 from launch.conclusions import tune_trial
@@ -56,7 +56,8 @@ def write_epoch(location: StudyLocation, trial: FakeTrial, epoch: int, value: fl
     """An epoch's result and artifacts, as `launch.trainable.TrialRecorder` leaves them in the trial's folder."""
     folder = location.at("trials", f"{location.name}-{trial.trial_id}")
     results = json.loads(folder.join("results.json").read_text() or "[]")
-    checkpoint = folder.join(f"checkpoint_epoch{epoch:04d}").uri
+    checkpoint = folder.join(f"checkpoint_epoch{epoch:04d}").uri  # stored before the result is (a folder per epoch)
+    folder.join(f"checkpoint_epoch{epoch:04d}", "checkpoint.pt").write_text(f"weights of epoch {epoch}")
     results.append({"epoch": epoch, "val/CIDEr": value, "train/loss": 3.0 / epoch, "stage": "xe",
                     "timestamp": 1000.0 + epoch, "training_iteration": epoch, "checkpoint_path": checkpoint})
     folder.join("results.json").write_text(json.dumps(results))
@@ -139,21 +140,27 @@ def test_export_is_the_record_in_mlflow_and_exporting_again_changes_nothing(spec
 def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
     location = StudyLocation(spec.name, spec.storage)
     uri = spec.tracking.mlflow_uri
-    trials = trials_of(location, {"t0": [10.0, 30.0, 31.0], "t1": [12.0, 13.0], "t2": [9.0, 8.0], "t3": [5.0]},
-                       {"t1": "ERROR", "t2": "TERMINATED", "t3": "TERMINATED"})
+    trials = trials_of(location, {"t0": [10.0, 30.0, 31.0], "t1": [12.0, 13.0], "t2": [9.0, 8.0], "t3": [5.0],
+                                  "t4": [7.0]},
+                       {"t1": "ERROR", "t2": "TERMINATED", "t3": "PENDING", "t4": "TERMINATED"})
     folder = location.at("trials", f"{spec.name}-t2")
     folder.join(STOPPED_FILE).write_text(json.dumps({"rung": 2, "cutoff": 20.5, "group_mean": 8.0, "threshold": 1}))
     Export(spec, location).run([tune_trial(t) for t in trials], end_reason(spec.name, "SIGINT"))
     parent, runs = runs_by_trial(uri, spec.name)
     assert parent.info.status == "FAILED" and parent.data.tags["a2.end_reason"] == "a trial failed"
+    # t3: Tune saved it part way (PENDING: a resume starts it again); t4: Tune ended it short without the scheduler's
+    # record (a driver killed before writing it): the record's rule, only the scheduler ends a trial short
     assert {tid: run.info.status for tid, run in runs.items()} == {
-        "t0": "FINISHED", "t1": "FAILED", "t2": "FINISHED", "t3": "KILLED"}  # t3: ended short, not by the scheduler
+        "t0": "FINISHED", "t1": "FAILED", "t2": "FINISHED", "t3": "KILLED", "t4": "FINISHED"}
+    assert runs["t4"].data.tags["a2.stopped_early"] == "true" and "a2.stopped_rung" not in runs["t4"].data.tags
     assert runs["t1"].data.tags["a2.end_reason"].startswith("RuntimeError: out of memory")
     assert runs["t3"].data.tags["a2.end_reason"] == (
         f"interrupted by SIGINT; continue with `a2 study resume {spec.name}`")
     tags = runs["t2"].data.tags
     assert (tags["a2.stopped_early"], tags["a2.stopped_rung"], tags["a2.stopped_cutoff"]) == ("true", "2", "20.5")
-    assert stopped_early_trials(location) == {"t2": {"rung": 2, "cutoff": 20.5}}  # `status` reads the record
+    record = {t.trial_id: t for t in StudyRecord.load(location, spec, trials=[tune_trial(t) for t in trials]).trials}
+    assert record["t2"].stopped_early == {"rung": 2, "cutoff": 20.5}  # `status` reads the record, the export its tags
+    assert {tid: run.info.status for tid, run in runs.items()} == {tid: t.status for tid, t in record.items()}
     assert runs["t0"].data.tags["a2.config_hash"] != runs["t1"].data.tags["a2.config_hash"]
     assert runs["t0"].data.tags["a2.config_hash"] == runs["t2"].data.tags["a2.config_hash"]  # replicates
     # one label per replicate group: the UI's configurations view groups by it
@@ -163,7 +170,7 @@ def test_statuses_follow_the_study_failed_killed_and_stopped_early(spec):
 
     folder.join(STOPPED_FILE).write_text("{rung: 2")  # garbage: refused naming the file, by status and export
     with pytest.raises(StudyError, match=f"{STOPPED_FILE}: not a stop record"):
-        stopped_early_trials(location)
+        StudyRecord.load(location, spec, trials=[tune_trial(t) for t in trials])
     with pytest.raises(StudyError, match=f"{STOPPED_FILE}: not a stop record"):
         Export(spec, location).run([tune_trial(t) for t in trials])
     folder.join(STOPPED_FILE).write_text(json.dumps({"rung": 2, "cutoff": 20.5}))
@@ -341,3 +348,108 @@ def test_run_names_show_only_the_searched_keys_that_apply_and_old_names_are_repl
     Export(spec, location).run([tune_trial(t) for t in trials])
     _, runs = runs_by_trial(spec.tracking.mlflow_uri, spec.name)
     assert list(runs) == ["t0"] and runs["t0"].info.run_name == "none seed=0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_the_export_names_the_records_best_checkpoint(tmp_path, monkeypatch, mode):
+    """`a2.best_checkpoint` is the record's best checkpoint (the best epoch, by the one rule, the latest of equal
+    values, that still has a stored checkpoint: what `a2 package` takes), in `max` and in `min` mode; not the best
+    epoch's result's checkpoint path, which names a folder retention may have pruned."""
+    from dashboards.tracking import TAG_BEST_CKPT
+    from launch.layout import CHECKPOINT_FILE, TRIALS_DIR, checkpoint_name, train_run_name
+    from tests.studyfolder import fabricated_study
+
+    monkeypatch.chdir(tmp_path)  # the SQLite store keeps its artifacts under ./mlruns
+    sign = 1 if mode == "max" else -1
+    overrides = () if mode == "max" else ("search.metric=train/loss", "search.mode=min")
+    fab = fabricated_study(tmp_path, f"best-{mode}", epochs=5, overrides=overrides)
+    values = [sign * v for v in (50.0, 70.0, 70.0, 60.0, 65.0)]  # epochs 2 and 3 equal: epoch 3 is the best
+    for tid, kept in (("whole", (1, 2, 3, 4, 5)), ("pruned", (2, 5))):  # "pruned": retention kept 2 and the latest
+        run = fab.location.at(TRIALS_DIR, train_run_name(fab.spec.name, tid))
+        for epoch in kept:
+            run.join(checkpoint_name(epoch), CHECKPOINT_FILE).write_text(f"weights of epoch {epoch}")
+        fab.add(tid, {"fusion": "none", "seed": 0 if tid == "whole" else 1},
+                [{"epoch": e, fab.spec.metric: v, "checkpoint_path": run.join(checkpoint_name(e)).uri}
+                 for e, v in enumerate(values, 1)])
+    fab.export()
+    record = {t.trial_id: t for t in fab.record().trials}
+    _, runs = runs_by_trial(fab.spec.tracking.mlflow_uri, fab.spec.name)
+    for tid, checkpoint_epoch in (("whole", 3), ("pruned", 2)):
+        trial = record[tid]
+        assert trial.best_step == 3 and trial.best_checkpoint_epoch == checkpoint_epoch
+        assert runs[tid].data.tags[TAG_BEST_CKPT] == trial.best_checkpoint
+        assert trial.best_checkpoint.endswith(f"{checkpoint_name(checkpoint_epoch)}/{CHECKPOINT_FILE}")
+    assert runs["pruned"].data.tags["a2.checkpoint"].endswith(f"{checkpoint_name(5)}/{CHECKPOINT_FILE}")
+
+
+@pytest.mark.slow
+def test_an_export_tick_reads_only_the_trials_that_can_have_changed(spec, monkeypatch):
+    """The driver exports every 2 s: a trial whose run was left ended, Tune's word on it unchanged, is not read again
+    (on S3, 1,000 trials x 4 requests a tick); a running trial is read, and its new epoch exported."""
+    from launch.storage import Location
+
+    location = StudyLocation(spec.name, spec.storage)
+    uri = spec.tracking.mlflow_uri
+    trials = trials_of(location, {"done": [10.0, 30.0, 20.0], "live": [12.0], "todo": []},
+                       {"live": "RUNNING", "todo": "PENDING"})
+    reads: Counter = Counter()
+
+    def counted(method):
+        def read(self, *args, **kwargs):
+            for trial in trials:
+                if f"/{spec.name}-{trial.trial_id}" in self.uri:
+                    reads[trial.trial_id] += 1
+            return method(self, *args, **kwargs)
+        return read
+
+    for name in ("read_text", "listdir", "exists"):
+        monkeypatch.setattr(Location, name, counted(getattr(Location, name)))
+    export = Export(spec, location)
+    export.run([tune_trial(t) for t in trials])
+    assert reads["done"] > 0 and reads["todo"] > 0  # the first export reads every trial
+    reads.clear()
+    export.run([tune_trial(t) for t in trials])  # nothing changed
+    # the running trial: its result log, stop record, end record and checkpoint folders; nothing else
+    assert reads == {"live": 4}
+
+    reads.clear()
+    write_epoch(location, trials[1], 2, 22.0)  # the running trial's next epoch
+    export.run([tune_trial(t) for t in trials])
+    assert reads["done"] == reads["todo"] == 0
+    assert points(uri, spec.name)["live"]["val/CIDEr"] == {1: 1, 2: 1}
+
+    trials[1].status = "TERMINATED"  # it ended (Tune's state changed): read once more, then left alone
+    write_epoch(location, trials[1], 3, 25.0)
+    export.run([tune_trial(t) for t in trials])
+    assert runs_by_trial(uri, spec.name)[1]["live"].info.status == "FINISHED"
+    reads.clear()
+    export.run([tune_trial(t) for t in trials])
+    assert reads == {}
+
+    # Tune ends a trial the scheduler stopped, then the driver's callback writes its stop record: until the record is
+    # there, the trial is read again at every tick (its run ended, stopped early as the record says meanwhile)
+    late_stop = FakeTrial("cut", {"fusion": "none", "seed": 2}, "TERMINATED")
+    write_epoch(location, late_stop, 1, 5.0)
+    trials.append(late_stop)
+    export.run([tune_trial(t) for t in trials])
+    reads.clear()
+    export.run([tune_trial(t) for t in trials])
+    assert set(reads) == {"cut"}
+    location.at("trials", f"{spec.name}-cut").join(STOPPED_FILE).write_text(json.dumps({"rung": 1, "cutoff": 9.5}))
+    export.run([tune_trial(t) for t in trials])
+    assert runs_by_trial(uri, spec.name)[1]["cut"].data.tags["a2.stopped_cutoff"] == "9.5"
+    reads.clear()
+    export.run([tune_trial(t) for t in trials])
+    assert reads == {}
+
+    trials[0].num_failures = 1  # Tune's word on a settled trial changed: read again
+    export.run([tune_trial(t) for t in trials])
+    assert reads["done"] > 0 and runs_by_trial(uri, spec.name)[1]["done"].data.tags["a2.retries"] == "1"
+    reads.clear()
+    export.run([tune_trial(t) for t in trials], end_reason(spec.name))  # the study's end: every trial once more
+    assert set(reads) == {"done", "live", "todo", "cut"}
+    reads.clear()
+    export.run([tune_trial(t) for t in trials], end_reason(spec.name))
+    assert reads == {}
+    assert all(n == 1 for keys in points(uri, spec.name).values() for steps in keys.values() for n in steps.values())
