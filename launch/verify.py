@@ -49,9 +49,10 @@ COPIES_DIR = "state-copies"  # below the study: the last whole copy of each of T
 
 
 def _read_bytes(location) -> bytes:
+    """The file's bytes (`Location.read_bytes`); a missing file is a StorageError naming it."""
     fs, path = location.filesystem
-    with location._errors("read it"), fs.open_input_stream(path) as f:
-        return f.readall()
+    with location._errors("read it"), fs.open_input_file(path) as f:
+        return f.read()
 
 
 def _parse(kind: str, data: bytes) -> None:
@@ -103,16 +104,25 @@ def state_files(study, train_snapshots: bool = True) -> list[tuple[object, str]]
 
 def refuse_corrupt(study, doing: str) -> None:
     """StudyError (exit 2) naming the first unreadable state file of the study: nothing is run or overwritten.
-    `doing`: "resume" or "status" (which leaves out Ray Train's records, rewritten by running trials). A file with a
-    whole copy in `state-copies/` says how to put it back."""
+    `doing`: "resume" or "status" (which leaves out Ray Train's records, rewritten by running trials, and Tune's
+    experiment states: status reads the newest one with `experiment_trials`, which refuses it the same way, and
+    parsing it twice cost a second at 1,000 trials). A file with a whole copy in `state-copies/` says how to put it
+    back."""
     for location, kind in state_files(study, train_snapshots=doing != "status"):
+        if doing == "status" and fnmatch.fnmatch(location.uri.rsplit("/", 1)[-1], EXPERIMENT_STATE):
+            continue
         found = problem(location, kind)
         if found:
-            copy = _whole_copy(study, location, kind)
-            fix = (f"a whole copy of it is at {copy.uri}: `a2 study resume {study.uri.rstrip('/').rsplit('/', 1)[-1]} "
-                   f"--restore-state` puts it back" if copy else "restore the file from a copy")
-            raise StudyError(f"{found}; {doing} refused, nothing was run or changed: {fix}, or run the study again "
-                             f"under a new name (`a2 study check NAME` lists every problem)")
+            raise StudyError(_refusal(study, location, kind, found, doing))
+
+
+def _refusal(study, location, kind: str, found: str, doing: str) -> str:
+    """The line refusing the unreadable state file at `location` (`found`: what is wrong with it)."""
+    copy = _whole_copy(study, location, kind)
+    fix = (f"a whole copy of it is at {copy.uri}: `a2 study resume {study.uri.rstrip('/').rsplit('/', 1)[-1]} "
+           f"--restore-state` puts it back" if copy else "restore the file from a copy")
+    return (f"{found}; {doing} refused, nothing was run or changed: {fix}, or run the study again under a new name "
+            f"(`a2 study check NAME` lists every problem)")
 
 
 def _root_kind(name: str) -> str | None:
@@ -223,8 +233,9 @@ def experiment_trials(study) -> list[Trial] | None:
     texts (`Trial.get_json_state`). Read with plain `json`: the values Tune pickled into it (`CLOUDPICKLE_FALLBACK`,
     e.g. the trial's storage and checkpoint manager) are never unpickled, unpickling runs code. What a trial is made
     of is plain JSON: its id, trainable, name, status, config and folder (`relative_logdir`); its failures, error
-    file and last result. A pickled value inside the last result is left out of it; one in the other fields, or a
-    file that does not read as an experiment state, is a StudyError naming the file."""
+    file and last result, the first fields of its run metadata, which is read no further (`_leading_values`). A
+    pickled value inside the last result is left out of it; one in the other fields, or a file that does not read
+    as an experiment state, is a StudyError naming the file."""
     location = newest_experiment_state(study)
     if location is None:
         return None
@@ -238,21 +249,80 @@ def experiment_trials(study) -> list[Trial] | None:
         for n, entry in enumerate(entries):
             if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(e, str) for e in entry)):
                 raise ValueError(f"trial_data[{n}] is not a [trial state, run metadata] pair of JSON texts")
-            state, metadata = (json.loads(e) for e in entry)
-            if not (isinstance(state, dict) and isinstance(metadata, dict)):
-                raise ValueError(f"trial_data[{n}] is not a pair of JSON objects")
+            state = json.loads(entry[0])
+            if not isinstance(state, dict):
+                raise ValueError(f"trial_data[{n}] trial state is not a JSON object")
+            metadata = _leading_values(entry[1], _RUN_METADATA_KEYS, f"trial_data[{n}] run metadata")
             trials.append(_tune_trial(study, state, metadata, n))
     except ValueError as err:  # json's JSONDecodeError and UnicodeDecodeError too
-        name = study.uri.rstrip("/").rsplit("/", 1)[-1]
-        raise StudyError(f"{location.uri}: not a readable Tune experiment state ({str(err).splitlines()[0][:200]}); "
-                         f"`a2 study check {name}` lists every unreadable file, `a2 study resume {name} "
-                         f"--restore-state` puts back its last whole copy") from err
+        found = f"{location.uri}: not a readable Tune experiment state ({str(err).splitlines()[0][:200]})"
+        raise StudyError(_refusal(study, location, "json", found, "reading it")) from err
     return trials
+
+
+_RUN_METADATA_KEYS = ("num_failures", "error_filename", "last_result")  # all a trial is made of, of its run metadata
+
+
+def _leading_values(text: str, keys: tuple[str, ...], what: str) -> dict:
+    """Of the JSON object `text`, the values of `keys`, read key by key from its start and no further than the last
+    of them is found: Tune writes a trial's run metadata (`_TrainingRunMetadata.get_json_state`) with its small fields
+    first and its per-metric statistics and pickled checkpoint record after them, which are never parsed (at 1,000
+    trials they are most of the experiment state). The values Tune pickled into these are left out, never loaded."""
+    decoder, left = _pickle_free_decoder()
+    found: dict = {}
+    i = _space(text, 0)
+    if text[i:i + 1] != "{":
+        raise ValueError(f"{what} is not a JSON object")
+    i = _space(text, i + 1)
+    closed = text[i:i + 1] == "}"
+    while not closed and not all(key in found for key in keys):
+        key, i = decoder.raw_decode(text, i)
+        i = _space(text, i)
+        if not isinstance(key, str) or text[i:i + 1] != ":":
+            raise ValueError(f"{what} is not a JSON object (at character {i})")
+        value, i = decoder.raw_decode(text, _space(text, i + 1))
+        if value is _LEFT_OUT:  # a field Tune pickled whole
+            left[0] -= 1
+        else:
+            found[key] = value
+        i = _space(text, i)
+        closed = text[i:i + 1] == "}"
+        if not closed and text[i:i + 1] != ",":
+            raise ValueError(f"{what} is not a JSON object (at character {i})")
+        i = _space(text, i + 1)
+    return _unpickled_part(found) if left[0] else found  # pickled values inside lists: taken out here
+
+
+_LEFT_OUT = object()  # what a value Tune pickled reads as, until it is left out of what holds it
+
+
+def _space(text: str, i: int) -> int:
+    """The index of the first character at or after `i` that is not JSON whitespace."""
+    return json.decoder.WHITESPACE.match(text, i).end()
+
+
+def _pickle_free_decoder() -> tuple[json.JSONDecoder, list[int]]:
+    """A JSON decoder that reads each value Tune pickled as `_LEFT_OUT` and leaves it out of the object holding it,
+    and [how many it read that are still in place: inside lists, or the value decoded itself]."""
+    left = [0]
+
+    def hook(obj: dict):
+        if obj.get("_type") == _PICKLED:
+            left[0] += 1
+            return _LEFT_OUT
+        if _LEFT_OUT in obj.values():
+            kept = {k: v for k, v in obj.items() if v is not _LEFT_OUT}
+            left[0] -= len(obj) - len(kept)
+            return kept
+        return obj
+
+    return json.JSONDecoder(object_hook=hook), left
 
 
 def _tune_trial(study, state: dict, metadata: dict, n: int) -> Trial:
     """One trial of `trial_data[n]` as `tune_trial` makes it of the Tune `Trial` that Ray restores from it
-    (`Trial.from_json_state(stub=True)`, `restore_run_metadata`)."""
+    (`Trial.from_json_state(stub=True)`, `restore_run_metadata`); `metadata`: the leading fields of its run metadata,
+    with the values Tune pickled left out."""
     def plain(value, key: str):
         if _pickled_inside(value):
             raise ValueError(f"trial_data[{n}] {key} holds a value Tune pickled ({_PICKLED}), which a2 never loads")
@@ -277,7 +347,6 @@ def _tune_trial(study, state: dict, metadata: dict, n: int) -> Trial:
         raise ValueError(f"trial_data[{n}] last_result is {type(last_result).__name__}, not dict")
     # Trial.__setstate__: a trial saved RUNNING is restored PENDING; Trial.last_result: it names its trial
     status = "PENDING" if status == "RUNNING" else status
-    last_result = _unpickled_part(last_result)
     last_result.setdefault("trial_id", trial_id)
     # Trial.__str__ (`_trainable_name(include_trial_id=True)`)
     if custom:
@@ -303,8 +372,8 @@ def _error_lines(study, folder, error_file: str | None, status: str) -> list[str
         path = posixpath.join(base, folder, error_file)
         if fs.get_file_info(path).type == pafs.FileType.NotFound:
             return []
-        with fs.open_input_stream(path) as f:
-            return f.readall().decode().strip().splitlines()
+        with fs.open_input_file(path) as f:
+            return f.read().decode().strip().splitlines()
     except Exception:  # noqa: BLE001 - as tune_trial: the error file may be gone with its node
         return ["the trial failed"] if status == "ERROR" else []
 
@@ -316,14 +385,11 @@ def _pickled_inside(value) -> bool:
 
 
 def _unpickled_part(value):
-    """`value` without the values Tune pickled into it (dicts and lists walked)."""
-    def pickled(item) -> bool:
-        return isinstance(item, dict) and item.get("_type") == _PICKLED
-
+    """`value` without the `_LEFT_OUT` values in it (dicts and lists walked)."""
     if isinstance(value, dict):
-        return {k: _unpickled_part(v) for k, v in value.items() if not pickled(v)}
+        return {k: _unpickled_part(v) for k, v in value.items() if v is not _LEFT_OUT}
     if isinstance(value, list):
-        return [_unpickled_part(v) for v in value if not pickled(v)]
+        return [_unpickled_part(v) for v in value if v is not _LEFT_OUT]
     return value
 
 

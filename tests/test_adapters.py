@@ -170,10 +170,12 @@ def test_tunes_pickles_in_the_experiment_state_are_never_loaded(tmp_path):
     storage = experiment_storage(folder)
     trial = tune_trial(storage, "bbbb0001", {"fusion": "none", "seed": 0}, 1, results=_epochs(2))
     trial.run_metadata.last_result["odd"] = _OpensAFile(str(marker))
+    trial.run_metadata.last_result["odd_list"] = [1, _OpensAFile(str(marker)), {"x": _OpensAFile(str(marker))}]
     path = save_experiment_state(folder, [trial], runner_data={"poison": _OpensAFile(str(marker))})
     assert '"CLOUDPICKLE_FALLBACK"' in path.read_text()
     (read,) = experiment_trials(Location(str(folder)))
     assert "odd" not in read.last_result and read.last_result["epoch"] == 2
+    assert read.last_result["odd_list"] == [1, {}]
     assert not marker.exists()
 
     trial.config["seed"] = _OpensAFile(str(marker))
@@ -201,11 +203,19 @@ def test_an_unreadable_experiment_state_is_refused_naming_the_file(tmp_path, dam
     folder = tmp_path / "st" / "exp"
     path = save_experiment_state(folder, [tune_trial(experiment_storage(folder), "cccc0001", {"seed": 0}, 1,
                                                      results=_epochs(1))])
-    path.write_text(damage(path.read_text()))
+    whole = path.read_text()
+    path.write_text(damage(whole))
     with pytest.raises(StudyError) as err:
         experiment_trials(Location(str(folder)))
     assert str(err.value).startswith(f"{path}: not a readable Tune experiment state") and says in str(err.value)
-    assert "a2 study resume exp --restore-state" in str(err.value)
+    assert "restore the file from a copy" in str(err.value)
+    # with its whole copy kept while the study ran (`WholeCopies`), the line says how to put it back
+    (folder / "state-copies").mkdir()
+    (folder / "state-copies" / path.name).write_text(whole)
+    with pytest.raises(StudyError) as err:
+        experiment_trials(Location(str(folder)))
+    assert f"a whole copy of it is at {folder / 'state-copies' / path.name}" in str(err.value)
+    assert "`a2 study resume exp --restore-state` puts it back" in str(err.value)
 
 
 def test_no_experiment_state_yet_is_none(tmp_path):
