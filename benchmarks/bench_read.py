@@ -239,7 +239,7 @@ def time_commands(codes: dict[str, Path], name: str, storage: Path, work: Path, 
 
 
 def profile(label: str, name: str, storage: Path, work: Path) -> str:
-    """cProfile of one command in this process (imports included: the first in this process), top 30 cumulative."""
+    """cProfile of one command in this process, top 30 cumulative (its imports mostly done by `fabricate` already)."""
     from launch.cli import main
 
     profiler = cProfile.Profile()
