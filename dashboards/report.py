@@ -132,7 +132,8 @@ def runs_table_html(runs: list[Trial], keys: list[str]) -> str:
         if r.ended:  # why a trial ended itself (its record's end reason: it diverged)
             state += f" ({r.ended['reason']})"
         test = r.score(TEST_CIDER)
-        cells = [_td(state, "l"), _td("" if r.seed is None else r.seed), *(_td(r.params.get(k, "")) for k in keys),
+        params = r.params
+        cells = [_td(state, "l"), _td("" if r.seed is None else r.seed), *(_td(params.get(k, "")) for k in keys),
                  _td("–" if r.score(CIDER) is None else f"{r.score(CIDER):.1f}"),
                  _td("" if r.best_step is None else r.best_step), _td("–" if test is None else f"{test:.1f}")]
         rows.append((r.name, cells))
@@ -256,7 +257,8 @@ def plot_parallel(runs: list[Trial]):
     if not runs or not keys:
         return None
 
-    axes = [_parallel_axis(k, [r.params.get(k) for r in runs]) for k in keys]
+    params = [r.params for r in runs]
+    axes = [_parallel_axis(k, [p.get(k) for p in params]) for k in keys]
     axes.append(_parallel_axis(CIDER, [r.score(CIDER) for r in runs]))
     fig, ax = _axes(max(6.0, 2.0 * len(axes)), 4.5)
     cider = [r.score(CIDER) for r in runs]

@@ -158,8 +158,10 @@ class Study:
 def searched_keys(runs: list[Trial]) -> list[str]:
     """Params that vary across the runs (the searched ones), seed keys and per-run strings (paths) excluded."""
     out = []
-    for k in sorted({k for r in runs for k in r.params} - {SEED_KEY}):
-        values = [r.params.get(k) for r in runs]
+    # each run's params once: `Trial.params` flattens its config, keys x runs times was most of a report at 1,000 trials
+    params = [r.params for r in runs]
+    for k in sorted({k for p in params for k in p} - {SEED_KEY}):
+        values = [p.get(k) for p in params]
         distinct = set(values)
         numeric = all(v is None or finite(v) is not None for v in values)
         path_like = not numeric and len(runs) > 2 and len(distinct) == len(runs)  # a path or a name in every run
@@ -173,9 +175,10 @@ def group_value(run: Trial, by: str) -> str | None:
     model key the run's fusion does not use (lambda of fusion none), whatever an older run logged."""
     if by.rsplit(".", 1)[-1] in inapplicable_model_keys(run.fusion):
         return None
-    if by in run.params:
-        return run.params[by]
-    for k, v in sorted(run.params.items()):
+    params = run.params
+    if by in params:
+        return params[by]
+    for k, v in sorted(params.items()):
         if k.endswith("." + by):
             return v
     return run.tags.get(f"a2.{by}") or run.tags.get(by)

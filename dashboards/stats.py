@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-from scipy import stats as sps
+from scipy import special
 
 from a2core.errors import DataError
 from a2core.selection import finite
@@ -34,6 +34,23 @@ CONFIDENCE = 0.95
 POWER = 0.80
 MIN_SEEDS = 2  # seeds per arm from which an interval holds its 95% (tests/test_calibration.py)
 N_RESAMPLES = 4999
+
+
+# The four distribution functions used here, as scipy.stats computes them (`t_gen._ppf`, `_norm_cdf`, `_norm_ppf`,
+# `chi2_gen._ppf`, with its argument check: NaN where the degrees of freedom are not positive), from scipy.special:
+# importing scipy.stats costs about a second of every `a2 study status`, `compare` and `report`.
+# tests/test_stats.py holds them equal to scipy.stats, value for value.
+def _t_ppf(q, df):
+    df = np.asarray(df, dtype=float)
+    return np.where(df > 0, special.stdtrit(np.where(df > 0, df, 1.0), q), np.nan)[()]  # [()]: a scalar as one
+
+
+def _chi2_ppf(q, df):
+    df = np.asarray(df, dtype=float)
+    return np.where(df > 0, 2 * special.gammaincinv(np.where(df > 0, df, 2.0) / 2, q), np.nan)[()]
+
+
+_norm_cdf, _norm_ppf = special.ndtr, special.ndtri
 
 
 def stopped_early_tags(rung: int, cutoff: float) -> dict[str, str]:
@@ -57,7 +74,13 @@ def canonical_config(config: Mapping) -> dict:
     the keys that apply to it) without `train.seed` (the replicate), `output_dir` (where a plain run writes), the
     diagnostics settings `train.diag_*` and the end-of-run test settings `train.test_*` (they read the model and
     leave training alone)."""
-    out = copy.deepcopy(dict(config))
+    return copy.deepcopy(_canonical_view(config))
+
+
+def _canonical_view(config: Mapping) -> dict:
+    """`canonical_config` sharing the values of `config` (for reading only: `config_hash` runs twice a trial on every
+    read of a study, where copying the whole config each time was a tenth of `a2 study status` at 1,000 trials)."""
+    out = dict(config)
     out.pop("output_dir", None)
     if isinstance(out.get("train"), dict):
         out["train"] = {k: v for k, v in out["train"].items()
@@ -75,7 +98,7 @@ def config_hash(config: Mapping) -> str:
     summary, of the scheduler's groups and of the leaderboard: sha256 hex of the canonical JSON of
     `canonical_config(resolved config)`. Two suggestions whose resolved configs agree are one configuration (a
     sampled key that does not apply to it changes nothing); the searcher never hands out one twice."""
-    text = json.dumps(canonical_config(config), sort_keys=True, separators=(",", ":"), default=str)
+    text = json.dumps(_canonical_view(config), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -144,7 +167,8 @@ def seed_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
     sd = float(x.std(ddof=1))
     if sd == 0:  # every seed gave the same value: the seed changes nothing, no spread to build an interval on
         return Interval(mean, None, None, x.size, identical=True)
-    low, high = sps.t.interval(confidence, df=x.size - 1, loc=mean, scale=sd / math.sqrt(x.size))
+    scale = sd / math.sqrt(x.size)  # scipy.stats.t.interval(confidence, x.size - 1, loc=mean, scale=scale)
+    low, high = (_t_ppf(q, x.size - 1) * scale + mean for q in ((1.0 - confidence) / 2, (1.0 + confidence) / 2))
     return Interval(mean, float(low), float(high), x.size)
 
 
@@ -285,7 +309,7 @@ def components_interval(va: np.ndarray, vb: np.ndarray, n_a: int, n_b: int, imag
             # with the image term: 5.9% false verdicts at 2 seeds x 5,000 images. The d.f. grow no faster than
             # the seeds' share of the variance shrinks (3.0-3.8% in tests/test_calibration.py)
             df = np.fmin(df, seed_df * var / seed_part)
-        half = sps.t.ppf(0.5 + confidence / 2, np.where(df > 0, df, 1.0)) * np.sqrt(var)
+        half = _t_ppf(0.5 + confidence / 2, np.where(df > 0, df, 1.0)) * np.sqrt(var)
     return half, df, np.sqrt(var)
 
 
@@ -403,11 +427,11 @@ def gain_over_one(system: np.ndarray, members: np.ndarray, index: int, names: tu
     identical = bool(_constant_over_seeds(b[None])[0])
     low = high = None
     if n >= MIN_SEEDS and not identical:
-        half = float(sps.t.ppf(0.5 + confidence / 2, n - 1) * b.mean(axis=1).std(ddof=1))
+        half = float(_t_ppf(0.5 + confidence / 2, n - 1) * b.mean(axis=1).std(ddof=1))
         low, high = delta - half, delta + half
         if m > 1:
             v = _resampling_weights(np.random.default_rng(seed), m, n_resamples)  # (R, images)
-            tail = sps.norm.cdf(-math.sqrt(m / (m - 1)) * sps.t.ppf(0.5 + confidence / 2, m - 1))
+            tail = _norm_cdf(-math.sqrt(m / (m - 1)) * _t_ppf(0.5 + confidence / 2, m - 1))
             boot_low, boot_high = np.quantile(v @ per_image, [tail, 1 - tail])
             low, high = min(low, float(boot_low)), max(high, float(boot_high))
     return Difference(*names, delta, low, high, 1, n, m if m > 1 else None, metric, 1,
@@ -575,7 +599,7 @@ def power(n: int, delta: float, noise: float | Noise, alpha: float = 1 - CONFIDE
     rng = np.random.default_rng(0)
 
     def chi2(df: float) -> np.ndarray:  # POWER_DRAWS stratified draws of chi2(df) / df
-        return sps.chi2.ppf((rng.permutation(POWER_DRAWS) + 0.5) / POWER_DRAWS, df) / df
+        return _chi2_ppf((rng.permutation(POWER_DRAWS) + 0.5) / POWER_DRAWS, df) / df
 
     m, run = noise.images, noise.run_sd ** 2
     q = noise.seed_mean_var / n
@@ -584,7 +608,7 @@ def power(n: int, delta: float, noise: float | Noise, alpha: float = 1 - CONFIDE
         extra = dict(d2=(2 * noise.arm_image_sd ** 2 + 2 * run / n) * chi2(m - 1),
                      ra=run * chi2((n - 1) * (m - 1)), rb=run * chi2((n - 1) * (m - 1)))
     half, _, _ = components_interval(q * chi2(n - 1), q * chi2(n - 1), n, n, m, confidence=1 - alpha, **extra)
-    return float(sps.norm.cdf((abs(delta) - half) / sd).mean())
+    return float(_norm_cdf((abs(delta) - half) / sd).mean())
 
 
 def seeds_needed(delta: float, noise: float | Noise, target: float = POWER, alpha: float = 1 - CONFIDENCE,
@@ -598,7 +622,7 @@ def seeds_needed(delta: float, noise: float | Noise, target: float = POWER, alph
     if delta == 0:
         raise ValueError("a difference of 0 cannot be resolved")
     # an interval that knew the true sd needs sd <= delta / z; the rule's is wider: start there and walk up
-    z = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(target)
+    z = _norm_ppf(1 - alpha / 2) + _norm_ppf(target)
     room = (delta / z) ** 2 - noise.image_var
     if room <= 0:
         return None

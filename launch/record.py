@@ -11,26 +11,23 @@ import launch). MLflow is an export of this record (`launch.mlflow_export`); not
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
-from ray.tune import ExperimentAnalysis
-
 from a2core.selection import best_epoch as pick_best_epoch, finite
 from dashboards.runs import TABLE_METRICS, Study, Trial
 from dashboards.stats import best_candidates, config_hash, seed_interval
 from dashboards.stats import best_group as pick_best_group
-from launch.conclusions import best_value, pick_best, table_row, tune_trial
+from launch.conclusions import best_value, pick_best, table_row
 from launch.lease import live_writer
 from launch.location import StudyLocation, load_saved_spec
 from launch.spec import SEED_KEYS
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
                            end_record, read_results, run_status, stop_record, train_run_name)
-from launch.verify import quick_checkpoint_problem
+from launch.verify import experiment_trials, quick_checkpoint_problem
 
 COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
 # a trial's per-image CIDEr-D below its `artifacts/` (`a2core.train` writes them; the export uploads them as they are)
@@ -108,10 +105,12 @@ def _metrics(result: dict) -> dict[str, float]:
 
 
 def tune_trials(location: StudyLocation) -> list[Trial]:
-    """The trials of the study's Tune experiment state in storage (no Ray needed)."""
-    path, fs = location.at().ray_storage()
-    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    return [tune_trial(trial) for trial in ExperimentAnalysis(path, storage_filesystem=fs).trials]
+    """The trials of the study's Tune experiment state in storage, as `tune_trial` makes them of Ray's (read without
+    Ray: `launch.verify.experiment_trials`); ValueError when Tune has saved none yet."""
+    trials = experiment_trials(location.at())
+    if trials is None:
+        raise ValueError(f"{location.uri()}: no Tune experiment state yet")
+    return trials
 
 
 def group_hash(trial: Trial) -> str:

@@ -172,10 +172,16 @@ class Location:
 
     def read_text(self) -> str | None:
         """The file's text, or None when there is no such file."""
+        data = self.read_bytes()
+        return None if data is None else data.decode("utf-8")
+
+    def read_bytes(self) -> bytes | None:
+        """The file's bytes, or None when there is no such file. On S3 two requests whatever its size (its size, then
+        one ranged GET): a stream would GET it in parts of a few hundred KB, requests growing with the file."""
         fs, path = self.filesystem
         with self._errors("read it"), contextlib.suppress(FileNotFoundError):
-            with fs.open_input_stream(path) as f:
-                return f.readall().decode("utf-8")
+            with fs.open_input_file(path) as f:
+                return f.read()
         return None
 
     def write_text(self, text: str | bytes) -> None:

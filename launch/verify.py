@@ -3,15 +3,20 @@ before anything uses it (Tune's experiment state as JSON, its pickles by their o
 study file as YAML; every trial's result log), so that a corrupt file is refused naming its storage path, instead of
 Tune silently restarting the experiment over it. `a2 study check NAME` also loads every checkpoint.
 
+`experiment_trials` reads Tune's trials from its experiment state without Ray (what `status`, `compare` and `report`
+read of it), with plain JSON: the pickles Tune embeds in that file are never loaded.
+
 Tune copies its own files into the storage with a plain copy, not an atomic one, so a disk filling during that copy
 leaves one cut short. `WholeCopies` keeps a whole copy of each of them while a study runs (`state-copies/`), and
 `a2 study resume NAME --restore-state` puts such a copy back over the file cut short, saying which.
 """
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import pickletools
+import posixpath
 import re
 import sys
 import tempfile
@@ -24,6 +29,7 @@ import yaml
 
 from a2core.config import Config
 from a2core.errors import A2Error, CheckpointError, StudyError
+from dashboards.runs import Trial
 from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, TUNE_POINTER_FILE,
                            checkpoint_epochs, checkpoint_name)
 from launch.location import load_saved_spec, locate
@@ -43,9 +49,10 @@ COPIES_DIR = "state-copies"  # below the study: the last whole copy of each of T
 
 
 def _read_bytes(location) -> bytes:
+    """The file's bytes (`Location.read_bytes`); a missing file is a StorageError naming it."""
     fs, path = location.filesystem
-    with location._errors("read it"), fs.open_input_stream(path) as f:
-        return f.readall()
+    with location._errors("read it"), fs.open_input_file(path) as f:
+        return f.read()
 
 
 def _parse(kind: str, data: bytes) -> None:
@@ -97,16 +104,25 @@ def state_files(study, train_snapshots: bool = True) -> list[tuple[object, str]]
 
 def refuse_corrupt(study, doing: str) -> None:
     """StudyError (exit 2) naming the first unreadable state file of the study: nothing is run or overwritten.
-    `doing`: "resume" or "status" (which leaves out Ray Train's records, rewritten by running trials). A file with a
-    whole copy in `state-copies/` says how to put it back."""
+    `doing`: "resume" or "status" (which leaves out Ray Train's records, rewritten by running trials, and Tune's
+    experiment states: status reads the newest one with `experiment_trials`, which refuses it the same way, and
+    parsing it twice cost about 0.65 s at 1,000 trials). A file with a whole copy in `state-copies/` says how to put it
+    back."""
     for location, kind in state_files(study, train_snapshots=doing != "status"):
+        if doing == "status" and fnmatch.fnmatch(location.uri.rsplit("/", 1)[-1], EXPERIMENT_STATE):
+            continue
         found = problem(location, kind)
         if found:
-            copy = _whole_copy(study, location, kind)
-            fix = (f"a whole copy of it is at {copy.uri}: `a2 study resume {study.uri.rstrip('/').rsplit('/', 1)[-1]} "
-                   f"--restore-state` puts it back" if copy else "restore the file from a copy")
-            raise StudyError(f"{found}; {doing} refused, nothing was run or changed: {fix}, or run the study again "
-                             f"under a new name (`a2 study check NAME` lists every problem)")
+            raise StudyError(_refusal(study, location, kind, found, doing))
+
+
+def _refusal(study, location, kind: str, found: str, doing: str) -> str:
+    """The line refusing the unreadable state file at `location` (`found`: what is wrong with it)."""
+    copy = _whole_copy(study, location, kind)
+    fix = (f"a whole copy of it is at {copy.uri}: `a2 study resume {study.uri.rstrip('/').rsplit('/', 1)[-1]} "
+           f"--restore-state` puts it back" if copy else "restore the file from a copy")
+    return (f"{found}; {doing} refused, nothing was run or changed: {fix}, or run the study again under a new name "
+            f"(`a2 study check NAME` lists every problem)")
 
 
 def _root_kind(name: str) -> str | None:
@@ -191,6 +207,190 @@ class WholeCopies:
         self._stop.set()
         self._thread.join()
         self._save_quietly()
+
+
+# -- Tune's trials, read from its experiment state without Ray --------------------------------------------------------
+EXPERIMENT_STATE = "experiment_state-*.json"  # TuneController.CKPT_FILE_TMPL.format("*"), as Ray looks for it
+_PICKLED = "CLOUDPICKLE_FALLBACK"  # a value Tune could only cloudpickle (`ray.tune.utils.serialization`), in hex
+_STATES = ("PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR")  # ray.tune.experiment.Trial's
+
+
+def newest_experiment_state(study):
+    """The experiment state Ray reads of the study folder `study` (a Location): of its `experiment_state-<time>.json`
+    files, the one whose name sorts last (the time stamp: `ray.tune.execution.experiment_state.
+    _find_newest_experiment_checkpoint`); None when Tune has saved none yet."""
+    names = fnmatch.filter(study.listdir(), EXPERIMENT_STATE)
+    return study.join(max(names)) if names else None
+
+
+def experiment_trials(study) -> list[Trial] | None:
+    """The trials of the study folder `study` as Tune saved them, each exactly as `launch.conclusions.tune_trial`
+    makes it of `ray.tune.ExperimentAnalysis(study).trials`, in Tune's order; None when Tune has saved no experiment
+    state yet. One read of the newest experiment state (`newest_experiment_state`) and, for a trial with an error
+    file, two of that file: nothing per epoch (ExperimentAnalysis also reads every trial's `result.json`).
+
+    The file (`TuneController.save_to_dir`) is `{"trial_data": [[trial state, run metadata], ...], ...}`, both JSON
+    texts (`Trial.get_json_state`). Read with plain `json`: the values Tune pickled into it (`CLOUDPICKLE_FALLBACK`,
+    e.g. the trial's storage and checkpoint manager) are never unpickled, unpickling runs code. What a trial is made
+    of is plain JSON: its id, trainable, name, status, config and folder (`relative_logdir`); its failures, error
+    file and last result, the first fields of its run metadata, which is read no further (`_leading_values`). A
+    pickled value inside the last result is left out of it; one in the other fields, or a file that does not read
+    as an experiment state, is a StudyError naming the file."""
+    location = newest_experiment_state(study)
+    if location is None:
+        return None
+    text = _read_bytes(location)
+    trials = []
+    try:
+        document = json.loads(text.decode("utf-8"))
+        entries = document.get("trial_data") if isinstance(document, dict) else None
+        if not isinstance(entries, list):
+            raise ValueError("no trial_data list in it")
+        for n, entry in enumerate(entries):
+            if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(e, str) for e in entry)):
+                raise ValueError(f"trial_data[{n}] is not a [trial state, run metadata] pair of JSON texts")
+            state = json.loads(entry[0])
+            if not isinstance(state, dict):
+                raise ValueError(f"trial_data[{n}] trial state is not a JSON object")
+            metadata = _leading_values(entry[1], _RUN_METADATA_KEYS, f"trial_data[{n}] run metadata")
+            trials.append(_tune_trial(study, state, metadata, n))
+    except ValueError as err:  # json's JSONDecodeError and UnicodeDecodeError too
+        found = f"{location.uri}: not a readable Tune experiment state ({str(err).splitlines()[0][:200]})"
+        raise StudyError(_refusal(study, location, "json", found, "reading it")) from err
+    return trials
+
+
+_RUN_METADATA_KEYS = ("num_failures", "error_filename", "last_result")  # all a trial is made of, of its run metadata
+
+
+def _leading_values(text: str, keys: tuple[str, ...], what: str) -> dict:
+    """Of the JSON object `text`, the values of `keys`, read key by key from its start and no further than the last
+    of them is found: Tune writes a trial's run metadata (`_TrainingRunMetadata.get_json_state`) with its small fields
+    first and its per-metric statistics and pickled checkpoint record after them, which are never parsed (at 1,000
+    trials they are most of the experiment state). The values Tune pickled into these are left out, never loaded."""
+    decoder, left = _pickle_free_decoder()
+    found: dict = {}
+    i = _space(text, 0)
+    if text[i:i + 1] != "{":
+        raise ValueError(f"{what} is not a JSON object")
+    i = _space(text, i + 1)
+    closed = text[i:i + 1] == "}"
+    while not closed and not all(key in found for key in keys):
+        key, i = decoder.raw_decode(text, i)
+        i = _space(text, i)
+        if not isinstance(key, str) or text[i:i + 1] != ":":
+            raise ValueError(f"{what} is not a JSON object (at character {i})")
+        value, i = decoder.raw_decode(text, _space(text, i + 1))
+        if value is _LEFT_OUT:  # a field Tune pickled whole
+            left[0] -= 1
+        else:
+            found[key] = value
+        i = _space(text, i)
+        closed = text[i:i + 1] == "}"
+        if not closed and text[i:i + 1] != ",":
+            raise ValueError(f"{what} is not a JSON object (at character {i})")
+        i = _space(text, i + 1)
+    return _unpickled_part(found) if left[0] else found  # pickled values inside lists: taken out here
+
+
+_LEFT_OUT = object()  # what a value Tune pickled reads as, until it is left out of what holds it
+
+
+def _space(text: str, i: int) -> int:
+    """The index of the first character at or after `i` that is not JSON whitespace."""
+    return json.decoder.WHITESPACE.match(text, i).end()
+
+
+def _pickle_free_decoder() -> tuple[json.JSONDecoder, list[int]]:
+    """A JSON decoder that reads each value Tune pickled as `_LEFT_OUT` and leaves it out of the object holding it,
+    and [how many it read that are still in place: inside lists, or the value decoded itself]."""
+    left = [0]
+
+    def hook(obj: dict):
+        if obj.get("_type") == _PICKLED:
+            left[0] += 1
+            return _LEFT_OUT
+        if _LEFT_OUT in obj.values():
+            kept = {k: v for k, v in obj.items() if v is not _LEFT_OUT}
+            left[0] -= len(obj) - len(kept)
+            return kept
+        return obj
+
+    return json.JSONDecoder(object_hook=hook), left
+
+
+def _tune_trial(study, state: dict, metadata: dict, n: int) -> Trial:
+    """One trial of `trial_data[n]` as `tune_trial` makes it of the Tune `Trial` that Ray restores from it
+    (`Trial.from_json_state(stub=True)`, `restore_run_metadata`); `metadata`: the leading fields of its run metadata,
+    with the values Tune pickled left out."""
+    def plain(value, key: str):
+        if _pickled_inside(value):
+            raise ValueError(f"trial_data[{n}] {key} holds a value Tune pickled ({_PICKLED}), which a2 never loads")
+        return value
+
+    def read(record: dict, key: str, kinds: tuple, default=None):
+        value = plain(record.get(key, default), key)
+        if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
+            raise ValueError(f"trial_data[{n}] {key} is {type(value).__name__}, not {kinds[0].__name__}")
+        return value
+
+    trial_id, trainable = read(state, "trial_id", (str,)), read(state, "trainable_name", (str,))
+    custom = read(state, "custom_trial_name", (str, type(None)))
+    config = read(state, "config", (dict, type(None))) or {}  # Trial.__init__'s `config or {}`
+    status = read(state, "status", (str,))
+    if status not in _STATES:
+        raise ValueError(f"trial_data[{n}] status is {status!r}, not one of {', '.join(_STATES)}")
+    failures = read(metadata, "num_failures", (int,), 0)
+    error_file = read(metadata, "error_filename", (str, type(None)))
+    last_result = metadata.get("last_result") or {}
+    if not isinstance(last_result, dict):
+        raise ValueError(f"trial_data[{n}] last_result is {type(last_result).__name__}, not dict")
+    # Trial.__setstate__: a trial saved RUNNING is restored PENDING; Trial.last_result: it names its trial
+    status = "PENDING" if status == "RUNNING" else status
+    last_result.setdefault("trial_id", trial_id)
+    # Trial.__str__ (`_trainable_name(include_trial_id=True)`)
+    if custom:
+        name = custom
+    else:
+        name = (f"{trainable}_{config['env']}" if "env" in config else trainable) + "_" + trial_id
+        name = name.replace("/", "_")
+    folder = state.get("relative_logdir")  # the trial's folder below the experiment: Ray's trial_fs_path
+    lines = _error_lines(study, folder, error_file, status)
+    return Trial(trial_id, name=name, state=status, sampled=dict(config), retries=int(failures or 0),
+                 error=lines[-1][:500] if lines else None, last_result=last_result)
+
+
+def _error_lines(study, folder, error_file: str | None, status: str) -> list[str]:
+    """The lines of the trial's error file (`Trial.get_error`: none when its run metadata names none or the file is
+    gone), or ["the trial failed"] for an ERROR trial whose file cannot be read (`tune_trial`)."""
+    if error_file is None:
+        return []
+    try:
+        if not isinstance(folder, str):
+            raise TypeError("no trial folder")
+        fs, base = study.filesystem
+        path = posixpath.join(base, folder, error_file)
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return []
+        with fs.open_input_file(path) as f:
+            return f.read().decode().strip().splitlines()
+    except Exception:  # noqa: BLE001 - as tune_trial: the error file may be gone with its node
+        return ["the trial failed"] if status == "ERROR" else []
+
+
+def _pickled_inside(value) -> bool:
+    if isinstance(value, dict):
+        return value.get("_type") == _PICKLED or any(_pickled_inside(v) for v in value.values())
+    return isinstance(value, list) and any(_pickled_inside(v) for v in value)
+
+
+def _unpickled_part(value):
+    """`value` without the `_LEFT_OUT` values in it (dicts and lists walked)."""
+    if isinstance(value, dict):
+        return {k: _unpickled_part(v) for k, v in value.items() if v is not _LEFT_OUT}
+    if isinstance(value, list):
+        return [_unpickled_part(v) for v in value if v is not _LEFT_OUT]
+    return value
 
 
 # -- Tune's pointer checkpoints ------------------------------------------------------------------------------------

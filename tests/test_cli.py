@@ -74,3 +74,33 @@ def test_study_plan_loads_no_torch_ray_mlflow_or_matplotlib():
     result = _loaded_after(code)
     assert result["rc"] == 0 and "power" in result["out"].lower(), result["out"]
     assert not {"torch", "ray", "mlflow", "matplotlib", "boto3", "optuna"} & set(result["heavy"]), result["heavy"]
+
+
+def test_study_status_compare_and_report_read_tunes_state_without_ray(tmp_path):
+    """`a2 study status`, `a2 study compare` and `a2 report` read Tune's experiment state with plain JSON
+    (`launch.verify.experiment_trials`): a finished study's record, its trials in Tune's own state file, is shown
+    by a fresh interpreter that loads no Ray, torch, MLflow, boto3, optuna or pandas (matplotlib: the report's)."""
+    from tests.studyfolder import fabricated_study
+    from tests.tunestate import experiment_storage, save_experiment_state, tune_trial
+
+    fab = fabricated_study(tmp_path, "light", epochs=2)
+    folder = Path(fab.location.at().uri)
+    storage, trials = experiment_storage(folder), []
+    for n, (fusion, seed) in enumerate([("none", 0), ("gate", 0), ("none", 1), ("gate", 1)], 1):
+        sampled = {"fusion": fusion, "seed": seed, **({"lambda": 0.05} if fusion == "gate" else {})}
+        results = [{"epoch": e, "val/CIDEr": 90.0 + e + 5 * (fusion == "gate") + seed} for e in (1, 2)]
+        fab.add(f"t{n}", sampled, results)
+        trials.append(tune_trial(storage, f"t{n}", sampled, n, results=results))
+    save_experiment_state(folder, trials)
+    code = ("import contextlib, io, json, sys\nfrom launch.cli import main\nout, rcs = io.StringIO(), []\n"
+            "with contextlib.redirect_stdout(out):\n"
+            "    for words in (['study', 'status'], ['study', 'compare'], ['report', '--out', sys.argv[2]]):\n"
+            "        rcs.append(main(words + ['light', '--storage', sys.argv[1]]))\n"
+            f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+            "print(json.dumps({'rc': rcs, 'out': out.getvalue(), 'heavy': heavy}))\n")
+    result = _loaded_after(code, str(tmp_path / "st"), str(tmp_path / "report"))
+    assert result["rc"] == [0, 0, 0], result["out"]
+    assert (tmp_path / "report" / "report.html").is_file()
+    assert "4/8 trials finished" in result["out"] and "best trial t4" in result["out"], result["out"]
+    assert "gate beats none by 5.0 val CIDEr" in result["out"], result["out"]
+    assert not {"torch", "ray", "mlflow", "boto3", "optuna", "pandas"} & set(result["heavy"]), result["heavy"]

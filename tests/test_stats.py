@@ -220,3 +220,27 @@ def test_power_counts_the_test_images():
     assert seeds_needed(3.0, few) is None  # 2 x 30^2 / 500 = 3.6: the images alone leave sd 1.9 > 3 / 2.8
     assert seeds_needed(3.0, many) == 3 and power(3, 3.0, many) >= 0.8 > power(2, 3.0, many)
     assert seeds_needed(2.0, many) == 11
+
+
+def test_the_distribution_functions_are_scipy_stats_value_for_value():
+    """dashboards.stats computes t, normal and chi2 quantiles with scipy.special (scipy.stats costs about a second of
+    every status, compare and report's start-up): the same numbers as scipy.stats, bit for bit, NaN where its
+    argument check gives NaN."""
+    from scipy import stats as sps
+
+    from dashboards import stats
+
+    q = np.array([1e-9, 0.0125, 0.025, 0.5, 0.8, 0.975, 0.995, 1 - 1e-9])
+    df = np.array([-1.0, 0.0, 0.5, 1.0, 2.0, 3.0, 7.5, 29.0, 4999.0, 1e6, np.inf])
+    qq, dd = np.meshgrid(q, df)
+    np.testing.assert_array_equal(stats._t_ppf(qq, dd), sps.t.ppf(qq, dd))
+    np.testing.assert_array_equal(stats._chi2_ppf(qq, dd), sps.chi2.ppf(qq, dd))
+    x = np.linspace(-8, 8, 161)
+    np.testing.assert_array_equal(stats._norm_cdf(x), sps.norm.cdf(x))
+    np.testing.assert_array_equal(stats._norm_ppf(q), sps.norm.ppf(q))
+    assert stats._t_ppf(0.975, 4) == sps.t.ppf(0.975, 4) and np.ndim(stats._t_ppf(0.975, 4)) == 0
+    for values in ([90.0, 91.5], [90.0, 91.5, 89.2, 93.1, 90.7], list(np.random.default_rng(0).normal(110, 1, 10))):
+        interval = seed_interval(values)
+        x = np.asarray(values)
+        low, high = sps.t.interval(0.95, df=x.size - 1, loc=x.mean(), scale=x.std(ddof=1) / np.sqrt(x.size))
+        assert (interval.low, interval.high) == (float(low), float(high))

@@ -146,6 +146,18 @@ def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data):
     assert status.returncode == 0, status.stdout
     assert f"compute: {totals['total_wall_s']:.0f} s wall, {totals['total_cpu_s']:.0f} CPU-s" in status.stdout
 
+    # what status read of Tune's real experiment state, without Ray, is what Ray's ExperimentAnalysis reads of it
+    from ray.tune import ExperimentAnalysis
+
+    from launch.conclusions import tune_trial
+    from launch.storage import Location
+    from launch.verify import experiment_trials
+
+    folder = tmp_path / "studies" / name
+    read = experiment_trials(Location(str(folder)))
+    assert read == [tune_trial(t) for t in ExperimentAnalysis(str(folder)).trials]
+    assert {t.trial_id for t in read} == {t["trial_id"] for t in summary["trials"]}
+
 
 def test_invalid_study_fails_before_ray_starts(tmp_path, tiny_data):
     study = tiny_study(tmp_path, "ray-bad", tiny_data, extra={"search.space.lambda": {"loguniform": [0, 0.2]}})
