@@ -103,6 +103,14 @@ def end_text(record: dict | None) -> str | None:
     return f"{record['reason']}{' at ' + where if where else ''}{what}"
 
 
+def plain_values(result: dict) -> dict:
+    """A result's JSON-plain values: what the result log and Tune keep. The per-image scores and caption samples a
+    result also carries go to the trial's `artifacts/` (`launch.trainable.TrialRecorder.keep_artifacts`) and nowhere
+    else: in Tune's results they would be saved again with every experiment-state snapshot and every trial's Tune
+    result log (at 1,005 trials of 500 images, 93 MB of state per snapshot, `benchmarks/RESULTS.md`)."""
+    return {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
 class ResultLog:
     """A trial's results by epoch (JSON-plain values), rewritten in its run folder after every epoch, before Tune
     and MLflow hear of them: Tune keeps only what it had synced when it restarts a trial. An epoch reported again
@@ -123,8 +131,7 @@ class ResultLog:
         for result in results:
             epoch = result.get("epoch")
             if isinstance(epoch, (int, float)) and (replace or int(epoch) not in self.by_epoch):
-                self.by_epoch[int(epoch)] = {k: v for k, v in result.items()
-                                             if isinstance(v, (int, float, str, bool)) or v is None}
+                self.by_epoch[int(epoch)] = plain_values(result)
                 added.append(int(epoch))
         if added and write:
             self.location.write_text(json.dumps([self.by_epoch[e] for e in sorted(self.by_epoch)], indent=1))

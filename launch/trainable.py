@@ -41,7 +41,7 @@ from launch.raycluster import stash_credentials
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, ENDED_FILE, RESULTS_FILE,
                            SUPERSEDED_FILE, TRAIN_SNAPSHOT, TRIAL_FILE, TRIALS_DIR, TUNE_POINTER_FILE, ResultLog,
                            checkpoint_epochs, checkpoint_name, end_record, end_text, latest_checkpoint_history,
-                           train_run_name)
+                           plain_values, train_run_name)
 from launch.storage import open_location
 
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
@@ -194,13 +194,14 @@ class TrialRecorder:
         self.meter.stamp(item, attempt_cpu_s)
         self.keep_artifacts(item)
         self.log.add(item)
+        reported = plain_values(item)  # the per-image scores and samples stay in `artifacts/`, out of Tune's state
         if not item.get("checkpoint_path"):
-            ray.tune.report(item)
+            ray.tune.report(reported)
             return
         with tempfile.TemporaryDirectory(prefix="a2-tune-ckpt-") as folder:
             pointer = {"train_checkpoint": item["checkpoint_path"], "epoch": item.get("epoch")}
             (Path(folder) / TUNE_POINTER_FILE).write_text(json.dumps(pointer))
-            ray.tune.report(item, checkpoint=ray.tune.Checkpoint.from_directory(folder))
+            ray.tune.report(reported, checkpoint=ray.tune.Checkpoint.from_directory(folder))
 
     def keep_artifacts(self, item: dict) -> None:
         """A result's per-image scores and caption samples, as files below the run folder's `artifacts/` (the
