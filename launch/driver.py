@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import ray
 from ray import tune
 from ray.tune import ProgressReporter, Tuner
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
@@ -196,7 +197,9 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
            force: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> dict:
     """Run a new study or resume one as the study's one writer, on the cluster at `address` (else $RAY_ADDRESS,
     else a local Ray), and summarize it."""
-    if runs_locally(spec, address):  # before Ray starts and before the study's folder (its lease) exists
+    # before Ray starts and before the study's folder (its lease) exists; a process already connected to a Ray (a
+    # rehearsal's, whose logical CPUs and GPUs are the cluster's) is checked against that one (`check_cluster` below)
+    if runs_locally(spec, address) and not ray.is_initialized():
         check_machine(spec)
     check_tracking(spec)
     arm_driver()  # the kill-anywhere test's hook (`launch.killpoints`); nothing without A2_KILL_AT
