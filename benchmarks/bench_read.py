@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_rehearse import folder_bytes, samples_for, timed  # noqa: E402 - the same study sizes, the same bytes
+
 STUDY = ROOT / "studies" / "fusion_ablation.yaml"
 COMMANDS = {"status": ("study", "status"), "compare": ("study", "compare"), "report": ("report",)}
 
@@ -66,13 +68,6 @@ def parse_args(argv=None):
     p.add_argument("--work", default=None, help="folder for the records (default: a temporary one, removed)")
     p.add_argument("--timeout", type=float, default=300, help="seconds a command may take")
     return p.parse_args(argv)
-
-
-def samples_for(trials: int) -> int:
-    n = (trials // 5 - 7) / 2
-    if trials % 5 or n < 1 or n != int(n):
-        raise SystemExit(f"bench_read: {trials} trials is not 5 x (7 + 2N)")
-    return int(n)
 
 
 # -- the record --------------------------------------------------------------------------------------------------
@@ -202,25 +197,10 @@ def fabricate(work: Path, trials: int, epochs: int, images: int) -> tuple[str, P
     return spec.name, storage
 
 
-def folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 # -- timing ------------------------------------------------------------------------------------------------------
 def command_args(label: str, name: str, storage: str, work: Path) -> list[str]:
     extra = ["--out", str(work / f"report-{time.monotonic_ns()}")] if label == "report" else []
     return [*COMMANDS[label], name, "--storage", storage, *extra]
-
-
-def timed(code: Path, args: list[str], cwd: Path, timeout: float, env: dict | None = None) -> tuple[float, int, str]:
-    env = {**os.environ, **(env or {}), "PYTHONPATH": str(code)}
-    t0 = time.monotonic()
-    try:
-        run = subprocess.run([sys.executable, "-m", "launch.cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return time.monotonic() - t0, -1, f"timed out after {timeout:.0f} s"
-    return time.monotonic() - t0, run.returncode, run.stdout[-400:]
 
 
 def time_commands(codes: dict[str, Path], name: str, storage: Path, work: Path, args) -> dict:

@@ -71,15 +71,17 @@ def folder_bytes(path: Path, name: str | None = None) -> int:
     return sum(p.stat().st_size for p in path.rglob(name or "*") if p.is_file())
 
 
-def timed_command(*args: str, cwd: Path, timeout: float) -> tuple[float, int, str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def timed(code: Path, args: list[str], cwd: Path, timeout: float, env: dict | None = None) -> tuple[float, int, str]:
+    """`a2 ARGS` as a fresh process with the code at `code` (start-up and imports included, as people wait for it):
+    (seconds, exit status, the output's end)."""
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(code)}
     t0 = time.monotonic()
     try:
         run = subprocess.run([sys.executable, "-m", "launch.cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return time.monotonic() - t0, -1, f"timed out after {timeout:.0f} s"
-    return time.monotonic() - t0, run.returncode, run.stdout[-300:]
+    return time.monotonic() - t0, run.returncode, run.stdout[-400:]
 
 
 def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict:
@@ -132,8 +134,7 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
     reads = {}
     for label, command in (("status", ("study", "status", spec.name)), ("compare", ("study", "compare", spec.name)),
                            ("report", ("report", spec.name, "--out", str(work / "report")))):
-        seconds, rc, tail = timed_command(*command, "--storage", str(work / "storage"), cwd=work,
-                                          timeout=args.read_timeout)
+        seconds, rc, tail = timed(ROOT, [*command, "--storage", str(work / "storage")], work, args.read_timeout)
         reads[label] = seconds if rc == 0 else None
         if rc != 0:
             print(f"  {label} failed (exit {rc}): {tail}", flush=True)
