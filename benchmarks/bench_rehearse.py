@@ -16,16 +16,17 @@ Per size it prints:
   <= 0.5 s); the driver's own CPU seconds per trial; its peak memory (max RSS);
 - Tune's experiment-state saves (`TuneController.save_to_dir`, each writes every trial's state and the searcher's:
   O(trials)): how many, their mean and last time, and their share of the driver's wall time. `--state-saves`:
-  `shipped` (the driver's `CheckpointConfig(num_to_keep=1)`, which makes Tune save the state at every trial
-  checkpoint: trials x epochs saves of O(trials) each), `periodic` (that forcing off, in this benchmark only:
-  Tune's own period, at least 10 s and about 5% of the time), or both, side by side;
+  `shipped` (the driver as it is: `CheckpointConfig(num_to_keep=None)`, so Tune saves on its own period, at least
+  10 s and about 5% of the time), `periodic` (the same, with Tune's forcing switched off explicitly: identical now,
+  kept to rerun the earlier comparison), or both, side by side. (Until 2026-11-27 the driver kept one Tune
+  checkpoint a trial, `num_to_keep=1`, which made Tune save at every trial checkpoint: trials x epochs saves of
+  O(trials) each, the first thing that broke; RESULTS.md has those runs.)
 - the bytes the study's storage holds per trial, and Tune's own result log (`result.json`) among them;
 - `a2 study status`, `a2 study compare` and `a2 report` wall time on the finished record (each a fresh process,
   its Python start-up and imports included, as people wait for it; targets 2 s, 5 s, 30 s at 1,000 trials).
 
-Run it alone on the machine (it starts Ray). As shipped (`--state-saves shipped`) Tune saves the experiment state at
-every trial checkpoint, O(trials) each time: on 2 cores 75 trials took 5.6 min and 155 trials 13 min, so 1,005
-trials take hours there; benchmarks/RESULTS.md has the figures and the bound.
+Run it alone on the machine (it starts Ray). benchmarks/RESULTS.md has the figures: 75 and 1,005 trials, the
+bound of the MLflow export behind them.
 """
 from __future__ import annotations
 
