@@ -112,7 +112,6 @@ def fabricate(work: Path, trials: int, epochs: int, images: int) -> tuple[str, P
 
     from a2core import checkpoint
     from a2core.selection import best_epoch
-    from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY
     from launch import rehearse
     from launch.layout import RESULTS_FILE, STOPPED_FILE, TRIAL_FILE, TRIALS_DIR, checkpoint_name, train_run_name
     from launch.location import STUDY_FILE, StudyLocation, saved_form
@@ -148,21 +147,21 @@ def fabricate(work: Path, trials: int, epochs: int, images: int) -> tuple[str, P
         for e in range(1, done + 1):
             best = best_epoch({i + 1: v for i, v in enumerate(values[:e])})
             result = epoch_result(e, values[e - 1], (best, values[best - 1]), steps, run.uri, rng)
-            tune_result = {**result, PER_IMAGE_KEY: {"ids": ids, "scores": (values[e - 1] + rng.normal(
-                0, 30, images)).round(3).tolist()}}
+            val_scores = (values[e - 1] + rng.normal(0, 30, images)).round(3).tolist()
+            # what Tune is sent: the plain values (`launch.layout.plain_values`), the per-image scores only to files
+            tune_result = dict(result)
             if e == epochs:  # the selected checkpoint on the test split (train.test_at_end)
                 test = (values[best - 1] + rng.normal(0, 30, images)).round(3)
                 result.update({"test/BLEU-1": 70.0, "test/BLEU-4": 35.0, "test/METEOR": 28.0, "test/ROUGE-L": 56.0,
                                "test/CIDEr": float(test.mean()), "test/epoch": best, "time/test_s": 900.0})
-                tune_result.update({k: v for k, v in result.items() if k.startswith("test/")},
-                                   **{TEST_PER_IMAGE_KEY: {"ids": ids, "scores": test.tolist()}})
+                tune_result.update({k: v for k, v in result.items() if k.startswith("test/")})
                 (run_folder / "artifacts" / "eval").mkdir(parents=True, exist_ok=True)
                 (run_folder / "artifacts" / "eval" / "test_per_image_cider.json").write_text(
                     json.dumps(dict(zip(ids, test.tolist())), sort_keys=True))
             if best == e:
                 (run_folder / "artifacts" / "eval").mkdir(parents=True, exist_ok=True)
                 (run_folder / "artifacts" / "eval" / "per_image_cider.json").write_text(json.dumps(
-                    dict(zip(ids, tune_result[PER_IMAGE_KEY]["scores"])), sort_keys=True))
+                    dict(zip(ids, val_scores)), sort_keys=True))
             (run_folder / "artifacts" / "samples").mkdir(parents=True, exist_ok=True)
             (run_folder / "artifacts" / "samples" / f"epoch_{e:03d}.txt").write_text(
                 "".join(f"{i}: a man riding a wave on top of a surfboard\n" for i in range(5)))
