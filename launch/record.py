@@ -240,7 +240,7 @@ def replicate_groups(spec, rows: list[Trial]) -> list[dict]:
     stopped early, if any."""
     groups: dict[str, list[dict]] = {}
     for r in rows:  # rows are in Tune's order (trial ids): a group's place is its first trial's, the tie rule's order
-        groups.setdefault(group_hash(r), []).append(r)
+        groups.setdefault(r.config_hash or group_hash(r), []).append(r)  # the hash `trial_row` gave it
     out = []
     for h, g in groups.items():
         values = [r["best"] for r in g if r["best"] is not None]
