@@ -193,14 +193,19 @@ def _same_storage(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+def check_local_machine(spec, address: str | None = None) -> None:
+    """A study about to start a local Ray: its trial against this machine's CPUs and GPUs (`check_machine`). A process
+    already connected to a Ray (a rehearsal's, whose logical CPUs and GPUs are the cluster's) is checked against that
+    one instead, once connected (`check_cluster` in `_drive`)."""
+    if runs_locally(spec, address) and not ray.is_initialized():
+        check_machine(spec)
+
+
 def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = None, verbose: bool = True,
            force: bool = False, stale_after: float = DEFAULT_STALE_AFTER) -> dict:
     """Run a new study or resume one as the study's one writer, on the cluster at `address` (else $RAY_ADDRESS,
     else a local Ray), and summarize it."""
-    # before Ray starts and before the study's folder (its lease) exists; a process already connected to a Ray (a
-    # rehearsal's, whose logical CPUs and GPUs are the cluster's) is checked against that one (`check_cluster` below)
-    if runs_locally(spec, address) and not ray.is_initialized():
-        check_machine(spec)
+    check_local_machine(spec, address)  # before Ray starts and before the study's folder (its lease) exists
     check_tracking(spec)
     arm_driver()  # the kill-anywhere test's hook (`launch.killpoints`); nothing without A2_KILL_AT
     # one writer per study; Ray's, Tune's and MLflow's INFO lines into the study's log file, not the terminal

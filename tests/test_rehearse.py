@@ -139,6 +139,25 @@ def test_package_refuses_a_rehearsal_in_one_line(tmp_path):
         rehearse.refuse_rehearsal(location, {})
 
 
+def test_a_rehearsal_on_its_logical_ray_is_not_checked_against_this_machines_cores(tmp_path, monkeypatch):
+    """fusion_ablation's trials ask 8 CPUs a worker: a study run on a 2-core machine is refused before Ray starts, but
+    its rehearsal runs on a Ray whose logical CPUs and GPUs are the cluster's (`_logical_ray`), already connected when
+    the driver starts, and was refused by the same check before it started."""
+    import ray
+
+    from a2core.errors import ConfigError
+    from launch.driver import check_local_machine
+
+    spec = load_study(REPO / "studies" / "fusion_ablation.yaml", [f"storage={tmp_path}"], check_files=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    with pytest.raises(ConfigError, match="resources.cpus_per_worker: a trial needs 1 workers x 8 CPU"):
+        check_local_machine(spec)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # the rehearsal's Ray, connected
+    check_local_machine(spec)  # nothing refused: `_drive` checks the study against that cluster
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_smoke_rehearsal_runs_through_ray_in_seconds_and_is_read_but_never_packaged(tmp_path):
