@@ -16,7 +16,6 @@ import fnmatch
 import hashlib
 import json
 import pickletools
-import posixpath
 import re
 import sys
 import tempfile
@@ -368,12 +367,8 @@ def _error_lines(study, folder, error_file: str | None, status: str) -> list[str
     try:
         if not isinstance(folder, str):
             raise TypeError("no trial folder")
-        fs, base = study.filesystem
-        path = posixpath.join(base, folder, error_file)
-        if fs.get_file_info(path).type == pafs.FileType.NotFound:
-            return []
-        with fs.open_input_file(path) as f:
-            return f.read().decode().strip().splitlines()
+        text = study.join(folder, error_file).read_text()
+        return [] if text is None else text.strip().splitlines()
     except Exception:  # noqa: BLE001 - as tune_trial: the error file may be gone with its node
         return ["the trial failed"] if status == "ERROR" else []
 

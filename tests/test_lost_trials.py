@@ -161,3 +161,25 @@ def test_a_kill_point_kills_only_where_a2_kill_at_names_it():
         killed = run(A2_KILL_AT=point)
         assert killed.returncode == -signal.SIGKILL and "alive" not in killed.stdout, killed
         assert f"a2 kill point {point}: SIGKILL to the driver" in killed.stdout
+
+
+def test_a_trial_sends_tune_only_plain_values_and_keeps_per_image_scores_in_its_artifacts(tmp_path, monkeypatch):
+    """Tune keeps every reported result in its experiment state and its per-trial result log: the per-image scores
+    and samples of an epoch go to the trial's `artifacts/` only (`launch.layout.plain_values`)."""
+    import ray
+
+    from a2core.train import PER_IMAGE_KEY
+    from launch.trainable import TrialRecorder
+
+    sent = []
+    monkeypatch.setattr(ray.tune, "get_context", lambda: type("C", (), {"get_trial_id": lambda self: "t1"})())
+    monkeypatch.setattr(ray.tune, "report", lambda item, checkpoint=None: sent.append(item))
+    recorder = TrialRecorder(_plan(tmp_path, ()), 0, dict(SAMPLED))
+    recorder.record({"epoch": 1, "val/CIDEr": 12.5, "samples": ["0: a dog"],
+                     PER_IMAGE_KEY: {"ids": ["7", "9"], "scores": [10.0, 15.0]}}, 0.1)
+    (item,) = sent
+    assert item["val/CIDEr"] == 12.5 and item["epoch"] == 1
+    assert "samples" not in item and PER_IMAGE_KEY not in item
+    artifacts = tmp_path / "s" / TRIALS_DIR / train_run_name("s", "t1") / ARTIFACTS_DIR
+    assert json.loads((artifacts / "eval" / "per_image_cider.json").read_text()) == {"7": 10.0, "9": 15.0}
+    assert (artifacts / "samples" / "epoch_001.txt").read_text() == "0: a dog\n"
