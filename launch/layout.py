@@ -153,8 +153,21 @@ def latest_checkpoint_history(run) -> list[dict]:
 
 
 def read_results(trials, study: str, trial_id: str) -> list[dict]:
-    """The result log of a trial below the `trials` Location, oldest epoch first; empty when it has none yet."""
-    return list(ResultLog(trials.join(train_run_name(study, trial_id), RESULTS_FILE)).by_epoch.values())
+    """The result log of a trial below the `trials` Location, oldest epoch first (an epoch's first entry, as
+    `ResultLog` keeps it); empty when it has none yet. ValueError when the file is there but not a JSON list (an
+    empty file included: `ResultLog` writes whole files)."""
+    text = trials.join(train_run_name(study, trial_id), RESULTS_FILE).read_text()
+    if text is None:
+        return []
+    items = json.loads(text) if text else None
+    if not isinstance(items, list):
+        raise ValueError("empty file" if not text else "not a JSON list of results")
+    by_epoch: dict[int, dict] = {}
+    for item in items:  # written sorted by `ResultLog`: no sort, no copy (a status reads every trial's)
+        epoch = item.get("epoch") if isinstance(item, dict) else None
+        if isinstance(epoch, (int, float)) and not isinstance(epoch, bool):
+            by_epoch.setdefault(int(epoch), item)
+    return list(by_epoch.values())
 
 
 # -- outage totals ----------------------------------------------------------------------------------------------

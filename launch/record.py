@@ -26,8 +26,8 @@ from launch.lease import live_writer
 from launch.location import StudyLocation, load_saved_spec
 from launch.spec import SEED_KEYS
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
-                           end_record, read_results, run_status, stop_record, train_run_name)
-from launch.verify import experiment_trials, quick_checkpoint_problem
+                           RESULTS_FILE, end_record, read_results, run_status, stop_record, train_run_name)
+from launch.verify import experiment_trials, quick_checkpoint_problem, refuse_unreadable
 
 COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
 # a trial's per-image CIDEr-D below its `artifacts/` (`a2core.train` writes them; the export uploads them as they are)
@@ -50,10 +50,13 @@ class StudyRecord:
     running: bool = False
 
     @classmethod
-    def load(cls, location: StudyLocation, spec=None, trials: list[Trial] | None = None) -> "StudyRecord":
+    def load(cls, location: StudyLocation, spec=None, trials: list[Trial] | None = None,
+             refuse: str | None = None) -> "StudyRecord":
         """Read the study at `location`: its saved spec unless `spec` is given, its trials as Tune knows them from
         Tune's experiment state unless `trials` are given (none before its first trial started), each trial's run
-        folder."""
+        folder. `refuse` (what the reader is doing, e.g. "status"): a trial's unreadable result log is refused
+        (`launch.verify.refuse_unreadable`) instead of read as empty, so that a caller checks each log as it reads
+        it, not in a second pass over every trial's folder."""
         spec = spec if spec is not None else load_saved_spec(location)
         if trials is None:
             try:
@@ -61,7 +64,7 @@ class StudyRecord:
             except ValueError:  # no experiment snapshot yet
                 trials = []
         running = live_writer(location.at()) is not None
-        read = record_trials(spec, location, trials, ended=not running)
+        read = record_trials(spec, location, trials, ended=not running, refuse=refuse)
         return cls(spec, location, [row for row, _ in read], {row.trial_id: log for row, log in read}, running)
 
     def groups(self) -> list[dict]:
@@ -100,8 +103,10 @@ def per_image(location: StudyLocation, study: str, trial_id: str, split: str = "
 
 def _metrics(result: dict) -> dict[str, float]:
     """The numbers of an epoch's result that are metrics (`launch.mlflow_export.SKIP_KEYS` left out, as MLflow)."""
-    return {k: float(v) for k, v in result.items()
-            if k not in SKIP_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {k: float(v) for k, v in result.items() if type(v) in _NUMBERS and k not in SKIP_KEYS}
+
+
+_NUMBERS = {int, float}  # JSON's numbers, not bool (an int subclass): a set lookup, a status makes 300,000 of them
 
 
 def tune_trials(location: StudyLocation) -> list[Trial]:
@@ -136,12 +141,14 @@ def best_group(spec, groups: list[dict]) -> dict | None:
 
 
 # -- trial rows, groups and the summary ----------------------------------------------------------------------------
-def record_trial(spec, location: StudyLocation, tune: Trial, ended: bool) -> tuple[Trial, list[dict]]:
+def record_trial(spec, location: StudyLocation, tune: Trial, ended: bool,
+                 refuse: str | None = None) -> tuple[Trial, list[dict]]:
     """One trial of the record, and its result log (epoch order), from Tune's view of it (`tune_trial`) and its own
     run folder alone: its result log, stop record, end record and checkpoint epochs (on S3 four requests). `ended`: no
-    writer goes on with the study (`run_status`: an unfinished trial's run is KILLED, not RUNNING)."""
+    writer goes on with the study (`run_status`: an unfinished trial's run is KILLED, not RUNNING). `refuse`: as
+    `StudyRecord.load`'s."""
     run = location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id))
-    log = _result_log(spec, location, tune.trial_id)
+    log = _result_log(spec, location, tune.trial_id, refuse)
     stopped, end = stop_record(run), end_record(run)
     row = trial_row(spec, location, tune.trial_id, dict(tune.sampled), tune.state, log, tune.last_result, tune.error)
     row.name, row.retries = tune.name, tune.retries
@@ -161,20 +168,24 @@ def record_trial(spec, location: StudyLocation, tune: Trial, ended: bool) -> tup
     return row, log
 
 
-def record_trials(spec, location: StudyLocation, trials: list[Trial], ended: bool) -> list[tuple[Trial, list[dict]]]:
+def record_trials(spec, location: StudyLocation, trials: list[Trial], ended: bool,
+                  refuse: str | None = None) -> list[tuple[Trial, list[dict]]]:
     """`record_trial` of each of `trials`, in their order. On S3 by `READERS` threads: each trial's requests are
     independent and S3's cost is its latency per request, so 1,000 trials read one after another take minutes."""
-    read = partial(record_trial, spec, location, ended=ended)
+    read = partial(record_trial, spec, location, ended=ended, refuse=refuse)
     if location.at().local or len(trials) < 2:
         return [read(trial) for trial in trials]
     with ThreadPoolExecutor(min(READERS, len(trials))) as pool:
         return list(pool.map(read, trials))
 
 
-def _result_log(spec, location: StudyLocation, trial_id: str) -> list[dict]:
+def _result_log(spec, location: StudyLocation, trial_id: str, refuse: str | None) -> list[dict]:
     try:
         return read_results(location.at(TRIALS_DIR), spec.name, trial_id)
-    except ValueError:  # a log cut short (not JSON): Tune's last result alone
+    except ValueError as err:  # a log cut short (not JSON): refused, or Tune's last result alone
+        if refuse:
+            log = location.at(TRIALS_DIR, train_run_name(spec.name, trial_id), RESULTS_FILE)
+            refuse_unreadable(location.at(), log, "results", err, refuse)
         return []
 
 

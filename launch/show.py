@@ -20,7 +20,7 @@ from launch.verify import refuse_corrupt
 def cmd_status(args) -> int:
     location = locate(args.name, args.storage)
     refuse_corrupt(location.at(), "status")
-    record = StudyRecord.load(location)
+    record = StudyRecord.load(location, refuse="status")
     for row in record.trials:
         row["state"] = shown_state(row, record.running)
     if not record.trials and not args.json:

@@ -81,18 +81,20 @@ def problem(location, kind: str) -> str | None:
     try:
         _parse(kind, _read_bytes(location))
     except Exception as err:  # noqa: BLE001 - every way a file can be unreadable is reported the same way
-        text = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-        return f"{location.uri}: unreadable ({type(err).__name__}: {text})"
+        return _unreadable(location, err)
     return None
+
+
+def _unreadable(location, err: Exception) -> str:
+    text = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    return f"{location.uri}: unreadable ({type(err).__name__}: {text})"
 
 
 def state_files(study, train_snapshots: bool = True) -> list[tuple[object, str]]:
     """(Location, kind) of the files a resume or a status reads back, below the study folder `study`; with
     `train_snapshots` also Ray Train's checkpoint records of multi-worker trials (read by their resume only)."""
 
-    names = study.listdir()
-    files = [(study.join(STUDY_FILE), "yaml")] if STUDY_FILE in names else []
-    files += [(study.join(n), _root_kind(n)) for n in names if _root_kind(n)]
+    files = root_files(study)
     trials = study.join(TRIALS_DIR)
     for run in trials.listdir(folders_only=True):
         inside = trials.join(run).listdir()
@@ -101,18 +103,31 @@ def state_files(study, train_snapshots: bool = True) -> list[tuple[object, str]]
     return files
 
 
+def root_files(study) -> list[tuple[object, str]]:
+    """(Location, kind) of the state files at the top of the study folder `study`: its saved spec, Tune's files."""
+    names = study.listdir()
+    files = [(study.join(STUDY_FILE), "yaml")] if STUDY_FILE in names else []
+    return files + [(study.join(n), _root_kind(n)) for n in names if _root_kind(n)]
+
+
 def refuse_corrupt(study, doing: str) -> None:
     """StudyError (exit 2) naming the first unreadable state file of the study: nothing is run or overwritten.
-    `doing`: "resume" or "status" (which leaves out Ray Train's records, rewritten by running trials, and Tune's
-    experiment states: status reads the newest one with `experiment_trials`, which refuses it the same way, and
-    parsing it twice cost about 0.65 s at 1,000 trials). A file with a whole copy in `state-copies/` says how to put it
-    back."""
-    for location, kind in state_files(study, train_snapshots=doing != "status"):
+    `doing`: "resume" or "status". A status checks only the study's root files here: it leaves out Ray Train's
+    records (rewritten by running trials), Tune's experiment states (it reads the newest one with
+    `experiment_trials`, which refuses it the same way) and the trials' result logs (its read of the record refuses
+    each as it reads it: `launch.record.StudyRecord.load(refuse=...)`). Parsing each twice cost about 1 s at 1,000
+    trials. A file with a whole copy in `state-copies/` says how to put it back."""
+    for location, kind in (state_files(study, train_snapshots=True) if doing != "status" else root_files(study)):
         if doing == "status" and fnmatch.fnmatch(location.uri.rsplit("/", 1)[-1], EXPERIMENT_STATE):
             continue
         found = problem(location, kind)
         if found:
             raise StudyError(_refusal(study, location, kind, found, doing))
+
+
+def refuse_unreadable(study, location, kind: str, err: Exception, doing: str) -> None:
+    """The StudyError of `refuse_corrupt` for the file at `location`, found unreadable (`err`) by its reader."""
+    raise StudyError(_refusal(study, location, kind, _unreadable(location, err), doing))
 
 
 def _refusal(study, location, kind: str, found: str, doing: str) -> str:

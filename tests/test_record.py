@@ -117,3 +117,24 @@ def test_status_shows_a_trial_tune_saved_as_pending_as_running_while_a_writer_ho
         assert states() == {"max2": "RUNNING", "max3": "PENDING", "gate0": "TERMINATED"}
     assert states() == {"max2": "PENDING", "max3": "PENDING", "gate0": "TERMINATED"}
     assert [t["state"] for t in fab.record().trials if t["trial_id"] == "max2"] == ["PENDING"]  # the record: Tune's
+
+
+@pytest.mark.parametrize("garbage", [b"\x80\x04garbage", b"", b'{"epoch": 1}'], ids=["binary", "empty", "not-a-list"])
+def test_status_refuses_an_unreadable_result_log_naming_it_as_it_reads_it(fab, monkeypatch, capsys, garbage):
+    """`a2 study status` checks each trial's result log in its one read of the record (not in a second pass over
+    every trial's folder): a log that is not a JSON list is refused, exit 2, naming the file, nothing printed of the
+    table. Readers that go on with a study (the MLflow export, the driver's summary) read such a log as empty."""
+    from launch.cli import main
+    from launch.layout import RESULTS_FILE, TRIALS_DIR, train_run_name
+
+    log = fab.location.at(TRIALS_DIR, train_run_name("rec", "gate1"), RESULTS_FILE)
+    log.write_text(garbage)
+    fab.patch_tune(monkeypatch)
+    capsys.readouterr()
+    assert main(["study", "status", "rec", "--storage", str(fab.spec.storage)]) == 2
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert f"{log.uri}: unreadable" in text and "status refused, nothing was run or changed" in text
+    assert "gate0" not in out.out  # no table before the refusal
+    (gate1,) = [t for t in fab.record().trials if t["trial_id"] == "gate1"]
+    assert gate1["epochs_reported"] == [] and gate1["best"] is None
