@@ -270,15 +270,32 @@ class MotoServer:
         self.process.wait(timeout=30)
 
 
-def upload(server: MotoServer, folder: Path, bucket: str, prefix: str) -> int:
+def moto_client(server: MotoServer):
     import boto3
 
-    client = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="testing",
-                          aws_secret_access_key="testing")
+    return boto3.client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="testing",
+                        aws_secret_access_key="testing")
+
+
+def make_bucket(server: MotoServer, bucket: str):
+    """The bucket on the server (made unless there); a boto3 client of the server."""
+    client = moto_client(server)
     try:
         client.create_bucket(Bucket=bucket)
     except client.exceptions.BucketAlreadyOwnedByYou:
         pass
+    return client
+
+
+def prefix_bytes(server: MotoServer, bucket: str, prefix: str, suffix: str = "") -> int:
+    """Bytes of the objects below `prefix` whose keys end in `suffix` (listed without going through the counted
+    code: these requests come after the counts)."""
+    pages = moto_client(server).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sum(o["Size"] for page in pages for o in page.get("Contents", []) if o["Key"].endswith(suffix))
+
+
+def upload(server: MotoServer, folder: Path, bucket: str, prefix: str) -> int:
+    client = make_bucket(server, bucket)
     files = [p for p in folder.rglob("*") if p.is_file()]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda p: client.put_object(Bucket=bucket, Key=f"{prefix}/{p.relative_to(folder).as_posix()}",

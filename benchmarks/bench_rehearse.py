@@ -4,6 +4,7 @@ read side cost as trials grow, each trial 20 stand-in epochs.
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py                      # 75 and 1,005 trials
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 1005 2005 --epoch-s 0.05
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 155 --state-saves periodic shipped
+    flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 --s3     # storage on a moto S3 server
 
 Each size is `studies/fusion_ablation.yaml` (15 configurations x 5 seeds = 75 trials; `search.num_samples=N` gives
 the exp_decay cells 2N T_P samples: 5 x (7 + 2N) trials) rehearsed once through `launch.rehearse.run_rehearsal`: the
@@ -22,6 +23,9 @@ Per size it prints:
   checkpoint a trial, `num_to_keep=1`, which made Tune save at every trial checkpoint: trials x epochs saves of
   O(trials) each, the first thing that broke; RESULTS.md has those runs.)
 - the bytes the study's storage holds per trial, and Tune's own result log (`result.json`) among them;
+- with `--s3`, the study's storage on moto's S3 server (a process on 127.0.0.1 logging each request): the S3
+  requests of the whole rehearsal per trial (the write side: driver, trials, record, export) and of each read
+  command, by HTTP method;
 - `a2 study status`, `a2 study compare` and `a2 report` wall time on the finished record (each a fresh process,
   its Python start-up and imports included, as people wait for it; targets 2 s, 5 s, 30 s at 1,000 trials).
 
@@ -58,6 +62,9 @@ def parse_args(argv=None):
     p.add_argument("--read-timeout", type=float, default=300, help="seconds a status/compare/report may take")
     p.add_argument("--state-saves", nargs="+", choices=("shipped", "periodic"), default=["shipped"],
                    help="Tune's experiment-state saves: at every trial checkpoint (shipped) or Tune's period")
+    p.add_argument("--s3", action="store_true",
+                   help="the study's storage on a moto S3 server (its own process on 127.0.0.1): S3 requests per "
+                        "trial of the whole rehearsal and of each read command, by method")
     return p.parse_args(argv)
 
 
@@ -94,7 +101,16 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
 
     overrides = [f"search.num_samples={samples_for(trials)}", f"data.val_images={args.images}",
                  f"train.test_images={args.images}"]
-    raw, own = rehearse.rehearsal_raw(str(STUDY), overrides, str(work / "storage"), None)
+    server = None
+    storage = str(work / "storage")
+    if args.s3:  # the driver, its Ray workers (they inherit this environment) and the read commands reach moto
+        from benchmarks.bench_read import MotoServer, make_bucket
+
+        server = MotoServer(work)
+        os.environ.update(server.env)
+        make_bucket(server, "bench-rehearse")
+        storage = "s3://bench-rehearse/studies"
+    raw, own = rehearse.rehearsal_raw(str(STUDY), overrides, storage, f"sqlite:///{work / 'mlflow.db'}")
     original = StudySpec.from_dict(raw, source=str(STUDY), check_files=False)
     spec = StudySpec.from_dict(own, source=str(STUDY))
     assert spec.num_trials == trials, (spec.num_trials, trials)
@@ -126,25 +142,61 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
     finally:
         TuneController.save_to_dir, TuneController._create_checkpoint_manager = save_to_dir, create
         ray.shutdown()
+        if server is not None:
+            run_requests = server.requests()
+    try:
+        return _measured(trials, args, work, spec, out, saves, driver_cpu, saves_mode, server, storage,
+                         run_requests if server is not None else None)
+    finally:
+        if server is not None:
+            server.stop()
+            for key in server.env:
+                os.environ.pop(key, None)
+
+
+def _by_method(lines: list[str]) -> dict[str, int]:
+    """{HTTP method: requests} of moto's request log lines."""
+    methods: dict[str, int] = {}
+    for line in lines:
+        method = line.split('"', 2)[1].split(" ", 1)[0]
+        methods[method] = methods.get(method, 0) + 1
+    return methods
+
+
+def _measured(trials, args, work, spec, out, saves, driver_cpu, saves_mode, server, storage, run_requests) -> dict:
     summary = out["summary"]
     if summary["trials_finished"] != trials:
         raise SystemExit(f"bench_rehearse: {summary['trials_finished']}/{trials} trials finished")
     wall = out["seconds"]
     ideal = math.ceil(trials / CONCURRENT) * spec.total_epochs * args.epoch_s
     folder = work / "storage" / spec.name
-    reads = {}
+    stored = (folder_bytes(folder), folder_bytes(folder, "result.json"))
+    reads, s3 = {}, {}
+    if run_requests is not None:
+        s3["run"] = _by_method(run_requests)
     for label, command in (("status", ("study", "status", spec.name)), ("compare", ("study", "compare", spec.name)),
                            ("report", ("report", spec.name, "--out", str(work / "report")))):
-        seconds, rc, tail = timed(ROOT, [*command, "--storage", str(work / "storage")], work, args.read_timeout)
+        before = len(server.requests()) if server is not None else 0
+        seconds, rc, tail = timed(ROOT, [*command, "--storage", storage], work, args.read_timeout,
+                                  env=server.env if server is not None else None)
         reads[label] = seconds if rc == 0 else None
+        if server is not None:
+            s3[label] = _by_method(server.requests()[before:])
         if rc != 0:
             print(f"  {label} failed (exit {rc}): {tail}", flush=True)
+    if server is not None:  # the storage's bytes, listed after the counts
+        from benchmarks.bench_read import prefix_bytes
+
+        prefix = f"studies/{spec.name}/"
+        stored = (prefix_bytes(server, "bench-rehearse", prefix), prefix_bytes(server, "bench-rehearse", prefix,
+                                                                                "/result.json"))
     return {"trials": trials, "mode": saves_mode, "wall_s": wall, "ideal_s": ideal, "overhead_per_trial_s": (wall - ideal) / trials,
             "driver_cpu_per_trial_s": driver_cpu / trials,
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "saves": len(saves), "save_mean_s": sum(saves) / max(1, len(saves)), "save_last_s": saves[-1] if saves
-            else 0.0, "save_share": sum(saves) / wall, "bytes_per_trial": folder_bytes(folder) / trials,
-            "tune_result_bytes_per_trial": folder_bytes(folder, "result.json") / trials, **reads}
+            else 0.0, "save_share": sum(saves) / wall, "bytes_per_trial": stored[0] / trials,
+            "tune_result_bytes_per_trial": stored[1] / trials,
+            "s3_requests": s3, **reads}
 
 
 def print_row(r: dict) -> None:
@@ -156,6 +208,10 @@ def print_row(r: dict) -> None:
           f"(last {r['save_last_s'] * 1000:.0f} ms, {r['save_share']:.0%} of the wall); storage "
           f"{r['bytes_per_trial'] / 1e6:.2f} MB/trial (Tune's result.json {r['tune_result_bytes_per_trial'] / 1e6:.2f}); "
           f"status {s(r['status'])}, compare {s(r['compare'])}, report {s(r['report'])}", flush=True)
+    for what, methods in r["s3_requests"].items():
+        total = sum(methods.values())
+        by = ", ".join(f"{m} {c / r['trials']:.1f}" for m, c in sorted(methods.items()))
+        print(f"  S3 requests, {what}: {total} ({total / r['trials']:.1f} a trial: {by})", flush=True)
 
 
 def main(argv=None) -> int:
