@@ -252,8 +252,12 @@ class MotoServer:
         self.env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.url,
                     "AWS_CONFIG_FILE": str(work / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(work / "none")}
-        self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                        stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))
+        # moto's server, patched as the tests patch it so that pyarrow (Ray's storage) can write to it
+        serve = ("import sys; from tests.raycluster import patch_moto_for_arrow; patch_moto_for_arrow(); "
+                 "from moto.server import main; main(sys.argv[1:])")
+        self.process = subprocess.Popen([sys.executable, "-c", serve, "-H", "127.0.0.1", "-p", str(self.port)],
+                                        stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), cwd=ROOT,
+                                        env={**os.environ, "PYTHONPATH": str(ROOT)})
         for _ in range(200):
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()

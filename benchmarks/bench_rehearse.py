@@ -101,6 +101,7 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
 
     overrides = [f"search.num_samples={samples_for(trials)}", f"data.val_images={args.images}",
                  f"train.test_images={args.images}"]
+    environ = dict(os.environ)  # the driver moves S3 keys into a credentials file of its own (`launch.raycluster`)
     server = None
     storage = str(work / "storage")
     if args.s3:  # the driver, its Ray workers (they inherit this environment) and the read commands reach moto
@@ -142,6 +143,8 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
     finally:
         TuneController.save_to_dir, TuneController._create_checkpoint_manager = save_to_dir, create
         ray.shutdown()
+        os.environ.clear()  # the read commands and the counts below: this process's environment as it was
+        os.environ.update(environ)
         if server is not None:
             run_requests = server.requests()
     try:
@@ -150,8 +153,8 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
     finally:
         if server is not None:
             server.stop()
-            for key in server.env:
-                os.environ.pop(key, None)
+            os.environ.clear()
+            os.environ.update({k: v for k, v in environ.items() if k not in server.env})
 
 
 def _by_method(lines: list[str]) -> dict[str, int]:

@@ -221,11 +221,20 @@ def mlflow_history(uri: str, run_id: str, metric: str = "val/CIDEr") -> list[tup
 # -- S3 storage on the test endpoint -----------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def arrow_s3_compatible_moto():
-    """Let pyarrow (which Ray uses for storage) write objects to the in-process moto server.
+    """Let pyarrow (which Ray uses for storage) write objects to the in-process moto server
+    (`patch_moto_for_arrow`) while the test runs."""
+    import moto.s3.responses as responses
 
-    moto 5.2.1 answers CompleteMultipartUpload with the wrong XML root element (getmoto/moto#10055); the AWS SDK
+    original = patch_moto_for_arrow()
+    yield
+    responses.S3Response.serialized = original
+
+
+def patch_moto_for_arrow():
+    """moto 5.2.1 answers CompleteMultipartUpload with the wrong XML root element (getmoto/moto#10055); the AWS SDK
     for C++ inside pyarrow then reports INTERNAL_FAILURE for every object it writes. Rename the root element to
-    what S3 sends (`CompleteMultipartUploadResult`) while the tests run; a fixed moto is left untouched."""
+    what S3 sends (`CompleteMultipartUploadResult`) in this process's moto; a fixed moto is left untouched. Returns
+    the unpatched method. (benchmarks/bench_read.py's moto server process runs this first.)"""
     import re
 
     import moto.s3.responses as responses
@@ -245,8 +254,7 @@ def arrow_s3_compatible_moto():
         return status, headers, body
 
     responses.S3Response.serialized = serialized
-    yield
-    responses.S3Response.serialized = original
+    return original
 
 
 # -- local multi-node Ray clusters ------------------------------------------------------------------------------
