@@ -317,12 +317,17 @@ def count_status_requests(server: MotoServer, codes: dict[str, Path], name: str,
         if rc != 0:
             print(f"  {code_label} status on S3 failed (exit {rc}): {tail}", flush=True)
         lines = server.requests()[before:]
-        methods: dict[str, int] = {}
-        for line in lines:
-            method = line.split('"', 2)[1].split(" ", 1)[0]
-            methods[method] = methods.get(method, 0) + 1
-        out[code_label] = (len(lines), seconds, methods)
+        out[code_label] = (len(lines), seconds, by_method(lines))
     return out
+
+
+def by_method(lines: list[str]) -> dict[str, int]:
+    """{HTTP method: requests} of moto's request log lines."""
+    methods: dict[str, int] = {}
+    for line in lines:
+        method = line.split('"', 2)[1].split(" ", 1)[0]
+        methods[method] = methods.get(method, 0) + 1
+    return methods
 
 
 # -- the run -----------------------------------------------------------------------------------------------------

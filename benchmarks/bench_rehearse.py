@@ -153,17 +153,6 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
     finally:
         if server is not None:
             server.stop()
-            os.environ.clear()
-            os.environ.update({k: v for k, v in environ.items() if k not in server.env})
-
-
-def _by_method(lines: list[str]) -> dict[str, int]:
-    """{HTTP method: requests} of moto's request log lines."""
-    methods: dict[str, int] = {}
-    for line in lines:
-        method = line.split('"', 2)[1].split(" ", 1)[0]
-        methods[method] = methods.get(method, 0) + 1
-    return methods
 
 
 def _measured(trials, args, work, spec, out, saves, driver_cpu, saves_mode, server, storage, run_requests) -> dict:
@@ -172,11 +161,11 @@ def _measured(trials, args, work, spec, out, saves, driver_cpu, saves_mode, serv
         raise SystemExit(f"bench_rehearse: {summary['trials_finished']}/{trials} trials finished")
     wall = out["seconds"]
     ideal = math.ceil(trials / CONCURRENT) * spec.total_epochs * args.epoch_s
-    folder = work / "storage" / spec.name
-    stored = (folder_bytes(folder), folder_bytes(folder, "result.json"))
+    from benchmarks.bench_read import by_method, prefix_bytes
+
     reads, s3 = {}, {}
     if run_requests is not None:
-        s3["run"] = _by_method(run_requests)
+        s3["run"] = by_method(run_requests)
     for label, command in (("status", ("study", "status", spec.name)), ("compare", ("study", "compare", spec.name)),
                            ("report", ("report", spec.name, "--out", str(work / "report")))):
         before = len(server.requests()) if server is not None else 0
@@ -184,15 +173,16 @@ def _measured(trials, args, work, spec, out, saves, driver_cpu, saves_mode, serv
                                   env=server.env if server is not None else None)
         reads[label] = seconds if rc == 0 else None
         if server is not None:
-            s3[label] = _by_method(server.requests()[before:])
+            s3[label] = by_method(server.requests()[before:])
         if rc != 0:
             print(f"  {label} failed (exit {rc}): {tail}", flush=True)
     if server is not None:  # the storage's bytes, listed after the counts
-        from benchmarks.bench_read import prefix_bytes
-
         prefix = f"studies/{spec.name}/"
         stored = (prefix_bytes(server, "bench-rehearse", prefix), prefix_bytes(server, "bench-rehearse", prefix,
                                                                                 "/result.json"))
+    else:
+        folder = work / "storage" / spec.name
+        stored = (folder_bytes(folder), folder_bytes(folder, "result.json"))
     return {"trials": trials, "mode": saves_mode, "wall_s": wall, "ideal_s": ideal, "overhead_per_trial_s": (wall - ideal) / trials,
             "driver_cpu_per_trial_s": driver_cpu / trials,
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -119,8 +119,7 @@ class ResultLog:
     def __init__(self, location):
         self.location = location
         text = location.read_text()
-        self.by_epoch: dict[int, dict] = {}
-        self.add_missing(json.loads(text) if text else [], write=False)
+        self.by_epoch: dict[int, dict] = results_by_epoch(text) if text else {}
 
     def add(self, result: dict) -> None:
         self.add_missing([result], replace=True)
@@ -152,22 +151,26 @@ def latest_checkpoint_history(run) -> list[dict]:
     return []
 
 
-def read_results(trials, study: str, trial_id: str) -> list[dict]:
-    """The result log of a trial below the `trials` Location, oldest epoch first (an epoch's first entry, as
-    `ResultLog` keeps it); empty when it has none yet. ValueError when the file is there but not a JSON list (an
-    empty file included: `ResultLog` writes whole files)."""
-    text = trials.join(train_run_name(study, trial_id), RESULTS_FILE).read_text()
-    if text is None:
-        return []
+def results_by_epoch(text: str) -> dict[int, dict]:
+    """A result log's text as {epoch: its first entry}, in the file's order (`ResultLog` writes it sorted and JSON-
+    plain: nothing is sorted or copied again, a status reads every trial's). ValueError when it is not a JSON list
+    (an empty file included: `ResultLog` writes whole files)."""
     items = json.loads(text) if text else None
     if not isinstance(items, list):
         raise ValueError("empty file" if not text else "not a JSON list of results")
     by_epoch: dict[int, dict] = {}
-    for item in items:  # written sorted by `ResultLog`: no sort, no copy (a status reads every trial's)
+    for item in items:
         epoch = item.get("epoch") if isinstance(item, dict) else None
         if isinstance(epoch, (int, float)) and not isinstance(epoch, bool):
             by_epoch.setdefault(int(epoch), item)
-    return list(by_epoch.values())
+    return by_epoch
+
+
+def read_results(trials, study: str, trial_id: str) -> list[dict]:
+    """The result log of a trial below the `trials` Location, oldest epoch first; empty when it has none yet.
+    ValueError when the file is there but unreadable (`results_by_epoch`)."""
+    text = trials.join(train_run_name(study, trial_id), RESULTS_FILE).read_text()
+    return [] if text is None else list(results_by_epoch(text).values())
 
 
 # -- outage totals ----------------------------------------------------------------------------------------------

@@ -117,7 +117,7 @@ def refuse_corrupt(study, doing: str) -> None:
     `experiment_trials`, which refuses it the same way) and the trials' result logs (its read of the record refuses
     each as it reads it: `launch.record.StudyRecord.load(refuse=...)`). Parsing each twice cost about 1 s at 1,000
     trials. A file with a whole copy in `state-copies/` says how to put it back."""
-    for location, kind in (state_files(study, train_snapshots=True) if doing != "status" else root_files(study)):
+    for location, kind in (root_files(study) if doing == "status" else state_files(study)):
         if doing == "status" and fnmatch.fnmatch(location.uri.rsplit("/", 1)[-1], EXPERIMENT_STATE):
             continue
         found = problem(location, kind)
