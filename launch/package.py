@@ -31,7 +31,7 @@ from dashboards.tracking import check_tracking_uri
 from launch.defaults import PACKAGE_OUT, SEEDS, SERVER_IMAGES, SHARD_IMAGES
 from launch.driver import resume_study, run_study, say
 from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, locate
-from launch.raycluster import connect
+from launch.raycluster import connect, shutdown as stop_ray
 from launch.rehearse import refuse_rehearsal
 from launch.spec import StudySpec
 from launch.storage import open_location, upload_file
@@ -150,7 +150,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
                              s3_endpoint_url or (location.endpoint_url if not upload else None), verbose)
     finally:
         if not ray_was_up and ray.is_initialized():
-            ray.shutdown()
+            stop_ray()  # a local Ray it started stops at once (`launch.raycluster.shutdown`)
     manifest = write_manifest(out, location, best, members, results, delivered, uploads, decoded["seconds"],
                               time.perf_counter() - t_start)
     say(f"package: done in {manifest['seconds']:.0f} s\n  submission:  {results['zip']}\n  leaderboard: "

@@ -23,6 +23,7 @@ from launch.conclusions import verdict
 from launch.defaults import PIPELINE_OUT
 from launch.driver import resume_study, run_study
 from launch import runlog
+from launch.raycluster import shutdown as stop_ray
 from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, saved_form, study_path
 from launch.study import exit_code
 
@@ -111,7 +112,7 @@ def main(args) -> int:
         times["package"] = time.perf_counter() - t
     finally:
         if not ray_was_up and ray.is_initialized():
-            ray.shutdown()
+            stop_ray()  # a local Ray it started stops at once (`launch.raycluster.shutdown`)
         logs.close()
 
     total = time.perf_counter() - t0

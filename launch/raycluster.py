@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import logging
 import os
 import signal
@@ -13,6 +14,7 @@ import shutil
 import tempfile
 
 import ray
+from ray._private import worker as ray_worker  # `shutdown` only: Ray's handle on a local Ray's processes
 
 # Environment variable -> key of an AWS shared-credentials file (AWS_SECURITY_TOKEN: the old name of the token).
 AWS_SECRETS = {"AWS_ACCESS_KEY_ID": "aws_access_key_id", "AWS_SECRET_ACCESS_KEY": "aws_secret_access_key",
@@ -80,7 +82,47 @@ def connect(address: str | None = None, *, runtime_env_vars: dict | None = None)
         # controller is alive; without it, the placement group of a dead controller is never released.
         with _quiet_token_auth_notice(), _sigterm_blocked():
             ray.init(address="local", num_cpus=os.cpu_count() or 1)
+        atexit.register(shutdown)  # before Ray's own exit hook (atexit runs last-registered first)
         return dict(ray.cluster_resources())
+
+
+def shutdown() -> None:
+    """Disconnect this process from Ray; a local Ray it started (`connect`) stops at once. Its processes were started
+    with SIGTERM blocked (`_sigterm_blocked`), so `ray.shutdown`'s graceful stop (SIGTERM, a second's wait, then
+    SIGKILL, for each of the raylet, GCS, monitor and log monitor in turn) would wait out four seconds at the end of
+    every local study. They get that SIGKILL at once instead, and so do the processes below them (the raylet's agents
+    and idle workers, which the waits gave time to notice the raylet's end and exit). Ray's private names used here
+    (`ray._private.worker._global_node`, its `all_processes`, `kill_all_processes`, `destroy_external_storage`) are
+    held against the installed release by tests/test_adapters.py."""
+    node = ray_worker._global_node
+    if node is None or not node.is_head() or not os.path.isdir("/proc/self/task"):
+        ray.shutdown()  # a cluster it joined (a disconnect is all there is), or no /proc to find the processes by
+        return
+    below = [pid for infos in node.all_processes.values() for info in infos for pid in _descendants(info.process.pid)]
+    node.destroy_external_storage()  # what `ray.shutdown` does first for a head it started (spilled objects)
+    ray_worker._global_node = None  # `ray.shutdown` now disconnects only ...
+    try:
+        ray.shutdown()
+    finally:
+        node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)  # ... and this stops the rest
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from Linux's /proc/PID/task/TID/children (none found where it cannot be read)."""
+    found, todo = [], [pid]
+    while todo:
+        for children in glob.glob(f"/proc/{todo.pop()}/task/*/children"):
+            try:
+                with open(children) as f:
+                    pids = [int(p) for p in f.read().split()]
+            except OSError:  # the process ended meanwhile
+                continue
+            found += pids
+            todo += pids
+    return found
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
-"""The two places that lean on private formats, each behind one module (docs/explanation/design.md, "Design notes"):
+"""The places that lean on private names, each behind one module (docs/explanation/design.md, "Design notes"):
 `launch/verify.py` knows the names of the files Tune writes at an experiment's root (it checks them, keeps whole
-copies and puts them back), `dashboards/mlflow_views.py` writes the MLflow UI's saved views. These tests hold each
+copies and puts them back), `dashboards/mlflow_views.py` writes the MLflow UI's saved views, and
+`launch/raycluster.py`'s `shutdown` stops a local Ray through Ray's handle on its processes. These tests hold each
 assumption against the installed release, and the release against what pyproject.toml allows, so that a Ray or
 MLflow upgrade fails here, by name, instead of in a study."""
 from __future__ import annotations
@@ -54,6 +55,51 @@ def test_tunes_state_file_names_are_those_verify_reads():
                _TUNER_PKL: "pickle"}
     assert {name: _root_kind(name) for name in written} == written
     assert _root_kind("study.yaml") is None and _root_kind("summary.json") is None
+
+
+STOP_A_LOCAL_RAY = """
+import json, os, subprocess, time
+from ray._private import worker
+from launch.raycluster import _descendants, connect, shutdown
+connect()
+node = worker._global_node
+kinds = sorted(node.all_processes)
+pids = [info.process.pid for infos in node.all_processes.values() for info in infos]
+pids += [d for p in list(pids) for d in _descendants(p)]
+graceful = []  # Ray's graceful stop sends SIGTERM through Popen.terminate, then waits a second
+terminate = subprocess.Popen.terminate
+subprocess.Popen.terminate = lambda self: graceful.append(self.pid) or terminate(self)
+shutdown()
+time.sleep(0.5)  # a killed process whose parent is gone is reaped by init
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+print(json.dumps({"kinds": kinds, "pids": len(pids), "alive": [p for p in pids if alive(p)], "graceful": graceful,
+                  "connected": worker.global_worker.connected, "node": worker._global_node is None}))
+"""
+
+
+@pytest.mark.slow
+def test_a_local_ray_stops_at_once_with_every_process_below_it(tmp_path):
+    """`launch.raycluster.shutdown` on the local Ray `connect` started (SIGTERM blocked in its processes): every
+    process of it and below it (agents, idle workers) is gone, the process is disconnected, and no process was sent
+    Ray's graceful SIGTERM, which those processes ignore: each would wait out its second before the SIGKILL."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run([sys.executable, "-c", STOP_A_LOCAL_RAY], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"raylet", "gcs_server", "dashboard"} <= set(out["kinds"]) and out["pids"] >= 6, out
+    assert out["alive"] == [] and not out["connected"] and out["node"], out
+    assert out["graceful"] == [], out
 
 
 def test_the_mlflow_ui_reads_the_view_state_tags_mlflow_views_writes():
