@@ -98,7 +98,7 @@ def shutdown() -> None:
     if node is None or not node.is_head() or not os.path.isdir("/proc/self/task"):
         ray.shutdown()  # a cluster it joined (a disconnect is all there is), or no /proc to find the processes by
         return
-    below = [pid for infos in node.all_processes.values() for info in infos for pid in _descendants(info.process.pid)]
+    below = [pid for infos in node.all_processes.values() for info in infos for pid in descendants(info.process.pid)]
     node.destroy_external_storage()  # what `ray.shutdown` does first for a head it started (spilled objects)
     ray_worker._global_node = None  # `ray.shutdown` now disconnects only ...
     try:
@@ -110,7 +110,7 @@ def shutdown() -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every process below `pid`, from Linux's /proc/PID/task/TID/children (none found where it cannot be read)."""
     found, todo = [], [pid]
     while todo:

@@ -1,8 +1,63 @@
 import os
+import threading
+from pathlib import Path
 
 import pytest
 
+from launch.raycluster import descendants
 from tests.s3server import keep_session_environment, s3_endpoint  # noqa: F401
+
+# The suite runs on two pytest-xdist workers (pyproject's addopts: `-n 2 --dist loadgroup`). Two local Ray instances
+# on one machine confuse Ray Train, so every test of a module that can start Ray is in one xdist group, "ray", which
+# one worker runs in order while the other runs the rest. A module is in that group unless it is named here: these
+# start no Ray (`ray_started_below` fails a test of theirs that does).
+WITHOUT_RAY = {
+    "test_a2_objective", "test_beam_compaction", "test_bench_asha", "test_bench_data", "test_bench_noise",
+    "test_best_epoch", "test_calibration", "test_checkpoint", "test_checkpoint_windows", "test_cli_train",
+    "test_compare", "test_compute", "test_conclusions", "test_data", "test_diagnostics", "test_docs",
+    "test_ensemble", "test_epochs_once", "test_global_batch", "test_hostile_inputs", "test_import_graph",
+    "test_leaderboard", "test_lost_trials", "test_metrics", "test_model", "test_package_transactional", "test_plan",
+    "test_prepared", "test_recipe", "test_record", "test_records", "test_report", "test_result_log", "test_s3",
+    "test_scst", "test_search", "test_spec", "test_state_copies", "test_stats", "test_study_output",
+    "test_study_plan", "test_submission", "test_superseded", "test_tracking", "test_train", "test_trial_shape",
+}
+RAY_PROCESSES = {"raylet", "gcs_server"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if Path(str(item.fspath)).stem not in WITHOUT_RAY:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+@pytest.fixture(autouse=True)
+def ray_started_below(request):
+    """A test outside the "ray" group that starts a Ray (a raylet or GCS below this process, seen twice a second)
+    fails: it could have run beside a Ray test of the other worker."""
+    if request.node.get_closest_marker("xdist_group") is not None:
+        yield
+        return
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(0.5):
+            for pid in descendants(os.getpid()):
+                try:
+                    name = Path(f"/proc/{pid}/comm").read_text().strip()
+                except OSError:
+                    continue
+                if name in RAY_PROCESSES:
+                    seen.add(name)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    yield
+    done.set()
+    watcher.join()
+    assert not seen, (f"{request.node.nodeid} started Ray ({', '.join(sorted(seen))}): its module must leave "
+                      f"tests/conftest.py's WITHOUT_RAY and join the \"ray\" group")
 
 
 @pytest.fixture(scope="module")

@@ -60,12 +60,12 @@ def test_tunes_state_file_names_are_those_verify_reads():
 STOP_A_LOCAL_RAY = """
 import json, os, subprocess, time
 from ray._private import worker
-from launch.raycluster import _descendants, connect, shutdown
+from launch.raycluster import descendants, connect, shutdown
 connect()
 node = worker._global_node
 kinds = sorted(node.all_processes)
 pids = [info.process.pid for infos in node.all_processes.values() for info in infos]
-pids += [d for p in list(pids) for d in _descendants(p)]
+pids += [d for p in list(pids) for d in descendants(p)]
 graceful = []  # Ray's graceful stop sends SIGTERM through Popen.terminate, then waits a second
 terminate = subprocess.Popen.terminate
 subprocess.Popen.terminate = lambda self: graceful.append(self.pid) or terminate(self)

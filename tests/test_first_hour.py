@@ -116,7 +116,7 @@ def test_the_pipeline_result_line_names_the_best_trial_once():
 def test_a_successful_tiny_study_is_quiet_and_names_its_checkpoint_file(tmp_path, tiny_data):  # noqa: F811
     from dashboards.tracking import TAG_BEST_CKPT, study_runs
 
-    study = tiny_study(tmp_path, "quiet", tiny_data, epochs=2)
+    study = tiny_study(tmp_path, "quiet", tiny_data, epochs=2, new_store=True)  # MLflow's INFO lines making it too
     done = a2("study", "run", str(study), cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-4000:]
     errors = [line for line in done.stdout.splitlines() if ERROR_LINE.search(line)]
@@ -134,6 +134,7 @@ def test_a_successful_tiny_study_is_quiet_and_names_its_checkpoint_file(tmp_path
     # ... and what Ray, Tune and MLflow said is in the study's log file
     logged = log.read_text()
     assert "Started a local Ray instance" in logged and "Total run time" in logged, logged[-2000:]
+    assert "Creating initial MLflow database tables" in logged, logged[-2000:]  # the new store it made
     _, children = study_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "quiet")
     (run,) = children
     best = run.data.tags[TAG_BEST_CKPT]
