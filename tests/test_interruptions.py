@@ -4,9 +4,12 @@ at each point, no temp folder is left behind, and MLflow holds every (run, key, 
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -22,12 +25,18 @@ TEMP_PREFIXES = ("a2-trial-", "a2-tune-ckpt-", "a2ckpt-")
 
 
 def local_env(tmp_path: Path) -> dict:
-    """A study that starts its own local Ray, with a temp folder of its own (to see what is left in it)."""
+    """A study that starts its own local Ray, with a temp folder of its own (to see what is left in it), reached as
+    `tmp_path/tmp`. The folder itself is short, below /tmp: Ray's dashboard puts a socket in it (a forkserver's), and
+    a socket path longer than 107 bytes (a test's folder below pytest-xdist's worker folder) keeps the dashboard from
+    starting, which Ray waits a minute for."""
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
-    temp = tmp_path / "tmp"
-    temp.mkdir(exist_ok=True)
-    env["TMPDIR"] = str(temp)
+    link = tmp_path / "tmp"
+    if not link.exists():
+        temp = tempfile.mkdtemp(prefix="a2i-", dir="/tmp")
+        atexit.register(shutil.rmtree, temp, ignore_errors=True)
+        link.symlink_to(temp, target_is_directory=True)
+    env["TMPDIR"] = str(link.resolve())
     env["RAY_TMPDIR"] = "/tmp"  # Ray's session folder stays where its socket paths are short
     return env
 
