@@ -8,18 +8,21 @@ from launch.raycluster import descendants
 from tests.s3server import keep_session_environment, s3_endpoint  # noqa: F401
 
 # The suite runs on two pytest-xdist workers (pyproject's addopts: `-n 2 --dist loadgroup`). Two local Ray instances
-# on one machine confuse Ray Train, so every test of a module that can start Ray is in one xdist group, "ray", which
-# one worker runs in order while the other runs the rest. A module is in that group unless it is named here: these
-# start no Ray (`ray_started_below` fails a test of theirs that does).
+# on one machine confuse Ray Train, so every test that can start Ray is in one xdist group, "ray", which one worker
+# runs in order while the other runs the rest. A test is in that group when its module is not named here, or when it
+# is marked `@pytest.mark.ray` in a module that is: these modules start no Ray elsewhere (`ray_started_below` fails a
+# test outside the group that does).
 WITHOUT_RAY = {
-    "test_a2_objective", "test_beam_compaction", "test_bench_asha", "test_bench_data", "test_bench_noise",
-    "test_best_epoch", "test_calibration", "test_checkpoint", "test_checkpoint_windows", "test_cli_train",
-    "test_compare", "test_compute", "test_conclusions", "test_data", "test_diagnostics", "test_docs",
-    "test_ensemble", "test_epochs_once", "test_global_batch", "test_hostile_inputs", "test_import_graph",
-    "test_leaderboard", "test_lost_trials", "test_metrics", "test_model", "test_package_transactional", "test_plan",
-    "test_prepared", "test_recipe", "test_record", "test_records", "test_report", "test_result_log", "test_s3",
-    "test_scst", "test_search", "test_spec", "test_state_copies", "test_stats", "test_study_output",
-    "test_study_plan", "test_submission", "test_superseded", "test_tracking", "test_train", "test_trial_shape",
+    "test_a2_objective", "test_adapters", "test_beam_compaction", "test_bench_asha", "test_bench_data",
+    "test_bench_noise", "test_best_epoch", "test_calibration", "test_checkpoint", "test_checkpoint_windows",
+    "test_cli_train", "test_cluster_config", "test_cluster_sync", "test_compare", "test_compute", "test_conclusions",
+    "test_data", "test_datastore", "test_diagnostics", "test_docs", "test_ensemble", "test_epochs_once",
+    "test_global_batch", "test_hostile_inputs", "test_import_graph", "test_lease", "test_leaderboard",
+    "test_lost_trials", "test_metrics", "test_mlflow_export", "test_model", "test_package_transactional", "test_plan",
+    "test_prepared", "test_recipe", "test_record", "test_records", "test_rehearse", "test_report", "test_result_log",
+    "test_s3", "test_scst", "test_search", "test_secrets", "test_spec", "test_state_copies", "test_state_errors",
+    "test_stats", "test_study_completion", "test_study_output", "test_study_plan", "test_study_sizes",
+    "test_submission", "test_superseded", "test_tracking", "test_train", "test_trial_shape",
 }
 RAY_PROCESSES = {"raylet", "gcs_server"}
 
@@ -27,8 +30,29 @@ RAY_PROCESSES = {"raylet", "gcs_server"}
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
-        if Path(str(item.fspath)).stem not in WITHOUT_RAY:
+        if Path(str(item.fspath)).stem not in WITHOUT_RAY or item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread_beside_the_ray_group(request):
+    """Under pytest-xdist, a test outside the "ray" group runs beside the group's studies on a 2-core machine: one
+    torch thread for it, so that the studies' own processes keep a core (two threads made the Ray tests that ran beside
+    it up to half again slower)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or request.node.get_closest_marker("xdist_group") is not None:
+        yield
+        return
+    import torch  # the worker outside the group trains models anyway; imported once
+
+    before, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"  # and its subprocesses'
+    yield
+    torch.set_num_threads(before)
+    if omp is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +81,7 @@ def ray_started_below(request):
     done.set()
     watcher.join()
     assert not seen, (f"{request.node.nodeid} started Ray ({', '.join(sorted(seen))}): its module must leave "
-                      f"tests/conftest.py's WITHOUT_RAY and join the \"ray\" group")
+                      f"tests/conftest.py's WITHOUT_RAY, or be marked @pytest.mark.ray")
 
 
 @pytest.fixture(scope="module")

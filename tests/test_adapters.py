@@ -82,6 +82,7 @@ print(json.dumps({"kinds": kinds, "pids": len(pids), "alive": [p for p in pids i
 """
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_a_local_ray_stops_at_once_with_every_process_below_it(tmp_path):
     """`launch.raycluster.shutdown` on the local Ray `connect` started (SIGTERM blocked in its processes): every

@@ -108,6 +108,7 @@ def _own_view(over: Path, source: Path) -> list[str]:
             f'mount --bind "{source}" "{over}" && exec "$@"', "sh"]
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not _can_unshare(), reason="needs `unshare --mount` (root or user namespaces)")

@@ -29,6 +29,7 @@ time.sleep(300)
 """
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_second_run_and_concurrent_resume_are_refused_naming_the_holder(tmp_path, tiny_data):  # noqa: F811
     from launch.spec import load_study

@@ -289,6 +289,7 @@ def test_best_epochs_per_image_cider_is_the_artifact_compare_pairs(spec):
     assert conclusion(Study("nope", []), {}) == ["no baseline (fusion none) to compare with in study nope"]
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_study_exported_from_its_record_alone_is_what_the_driver_exported(tmp_path, monkeypatch):

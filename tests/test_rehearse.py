@@ -158,6 +158,7 @@ def test_a_rehearsal_on_its_logical_ray_is_not_checked_against_this_machines_cor
     check_local_machine(spec)  # nothing refused: `_drive` checks the study against that cluster
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_smoke_rehearsal_runs_through_ray_in_seconds_and_is_read_but_never_packaged(tmp_path):

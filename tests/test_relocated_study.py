@@ -24,7 +24,8 @@ NAME = "moved"
 
 def _saved_study(tmp_path: Path, tiny_data: Path) -> tuple[Path, str]:
     """A study folder as `run` leaves it before its first trial (its saved study file): (storage root, MLflow URI)."""
-    spec = load_study(str(tiny_study(tmp_path, NAME, tiny_data, workers=1, cpus_per_worker=1)), [])
+    # no MLflow store yet (a refused resume must not make one)
+    spec = load_study(str(tiny_study(tmp_path, NAME, tiny_data, workers=1, cpus_per_worker=1, new_store=True)), [])
     folder = Path(spec.storage) / NAME
     folder.mkdir(parents=True)
     (folder / STUDY_FILE).write_text(yaml.safe_dump(saved_form(spec), sort_keys=False))

@@ -179,6 +179,7 @@ def _files_holding(root: Path, needles: list[bytes]) -> list[str]:
     return found
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_study_on_s3_leaves_no_key_anywhere(tmp_path, tiny_data, s3_endpoint, arrow_s3_compatible_moto):
@@ -218,6 +219,7 @@ def test_study_on_s3_leaves_no_key_anywhere(tmp_path, tiny_data, s3_endpoint, ar
 
 
 # -- S3 gone mid-study -----------------------------------------------------------------------------------------------
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_s3_outage_mid_study_stops_cleanly_and_resume_continues(tmp_path, tiny_data, s3_endpoint,

@@ -140,6 +140,7 @@ def test_check_reports_a_checkpoint_of_another_model_and_one_whose_weights_do_no
                             "its newest readable checkpoint)")
 
 
+@pytest.mark.ray
 def test_package_refuses_a_checkpoint_of_another_model_in_one_line(tmp_path, small_checkpoint):
     fab = fabricated_study(tmp_path, "pkg", epochs=2)
     member = Trial("a0", best_checkpoint="s3://bucket/pkg/trials/pkg-a0/checkpoint_epoch0001/checkpoint.pt",
