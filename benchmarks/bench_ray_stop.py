@@ -27,7 +27,7 @@ ONE_STOP = """
 import json, os, sys, time
 import ray
 from ray._private import worker
-from launch.raycluster import connect, descendants, shutdown
+from launch.raycluster import alive, connect, descendants, shutdown
 connect()
 ray.get(ray.remote(lambda: 1).remote())
 node = worker._global_node
@@ -40,12 +40,6 @@ else:
     shutdown()
 took = time.perf_counter() - started
 time.sleep(1)
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 print(json.dumps({"took": took, "left": [p for p in pids if alive(p)]}))
 """
 WAYS = ("ray.shutdown", "launch.raycluster.shutdown")

@@ -110,6 +110,15 @@ def shutdown() -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` has not ended (a zombie, ended but not yet reaped, has), from Linux's /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below `pid`, from Linux's /proc/PID/task/TID/children (none found where it cannot be read)."""
     found, todo = [], [pid]

@@ -60,7 +60,7 @@ def test_tunes_state_file_names_are_those_verify_reads():
 STOP_A_LOCAL_RAY = """
 import json, os, subprocess, time
 from ray._private import worker
-from launch.raycluster import descendants, connect, shutdown
+from launch.raycluster import alive, connect, descendants, shutdown
 connect()
 node = worker._global_node
 kinds = sorted(node.all_processes)
@@ -71,12 +71,6 @@ terminate = subprocess.Popen.terminate
 subprocess.Popen.terminate = lambda self: graceful.append(self.pid) or terminate(self)
 shutdown()
 time.sleep(0.5)  # a killed process whose parent is gone is reaped by init
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 print(json.dumps({"kinds": kinds, "pids": len(pids), "alive": [p for p in pids if alive(p)], "graceful": graceful,
                   "connected": worker.global_worker.connected, "node": worker._global_node is None}))
 """
