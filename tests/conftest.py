@@ -1,3 +1,4 @@
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -42,13 +43,10 @@ def _one_torch_thread_beside_the_ray_group(request):
     if "PYTEST_XDIST_WORKER" not in os.environ or request.node.get_closest_marker("xdist_group") is not None:
         yield
         return
-    import torch  # the worker outside the group trains models anyway; imported once
-
-    before, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"  # and its subprocesses'
-    yield
-    torch.set_num_threads(before)
+    omp = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # its subprocesses' too
+    with torch_threads(1):  # the worker outside the group trains models anyway: torch is imported once
+        yield
     if omp is None:
         os.environ.pop("OMP_NUM_THREADS", None)
     else:
@@ -84,16 +82,25 @@ def ray_started_below(request):
                       f"tests/conftest.py's WITHOUT_RAY, or be marked @pytest.mark.ray")
 
 
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to `n` for the block, put back after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """For modules of many small torch computations: on two cores shared with other jobs, one intra-op thread is
     far faster than two fighting for them. Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(autouse=True)
