@@ -52,9 +52,9 @@ def test_draws_are_keyed_by_seed_repeat_group_and_replicate():
     assert c.val[-1] == pytest.approx(125.0 + c.shift + c.arm_images("val").mean())
 
 
-def test_the_score_model_takes_table3_or_a_record():
+def test_the_score_model_takes_table3_or_a_record(tmp_path):
     spec = smoke()
-    table3 = rehearse.score_model(spec)
+    table3 = rehearse.score_model(spec, storage=str(tmp_path))  # no smoke study there (the main job leaves one here)
     assert dict(table3.means)["none"] == 120.0 and dict(table3.means)["gate"] == 125.0
     assert (table3.seed_sd, table3.arm_image_sd, table3.test_images) == (1.0, 10.0, 500)
     record = rehearse.score_model(spec, record=str(REPO / "results" / "synthetic_fusions.json"), means=["gate=99.5"])
