@@ -18,8 +18,10 @@ Tune's experiment state written by Ray's own `Trial` classes, every result fed t
 and the last checkpoint registered (`tests/tunestate.py`), and Tune's other root files. Scores are drawn per
 configuration and seed (`numpy`, seed 0).
 
-Per size it prints each command's wall time (median of `--repeats` fresh processes; all three run the same way), and
-with `--baseline-code` the same for that code (e.g. `git archive <commit> | tar -x -C /tmp/base`), and the ratio.
+Per size it prints each command's wall time (median of `--repeats` fresh processes; all three run the same way),
+without the driver's digest and with it (`--digest`: the record as the driver leaves it, `record-digest.json`, written
+by `StudyRecord.save_digest` as at the end of a study), and with `--baseline-code` the same for that code (e.g.
+`git archive <commit> | tar -x -C /tmp/base`), and the ratio.
 With `--s3-epochs` it puts the record of the first size on a moto server (a separate process on 127.0.0.1, one log
 line a request) once per epoch count and counts the requests of one `status` (and of the baseline's), per trial.
 """
@@ -65,6 +67,9 @@ def parse_args(argv=None):
                    help="count the S3 requests of one `status` on the first size with these epochs a trial")
     p.add_argument("--profile", choices=tuple(COMMANDS), default=None,
                    help="cProfile this command on each size in this process (top 30 by cumulative time)")
+    p.add_argument("--digest", nargs="+", choices=("without", "with"), default=["without", "with"],
+                   help="time the commands on the record without the driver's digest, with it (`record-digest.json`, "
+                        "as the driver leaves it at the end of a study: `StudyRecord.save_digest`), or both")
     p.add_argument("--work", default=None, help="folder for the records (default: a temporary one, removed)")
     p.add_argument("--timeout", type=float, default=300, help="seconds a command may take")
     return p.parse_args(argv)
@@ -197,6 +202,16 @@ def fabricate(work: Path, trials: int, epochs: int, images: int) -> tuple[str, P
 
 
 # -- timing ------------------------------------------------------------------------------------------------------
+def save_digest(name: str, storage: str, env: dict | None = None) -> float:
+    """Write the study's digest as the driver does at the end of a study (a fresh process); its seconds."""
+    code = ("import sys; from launch.location import locate; from launch.record import StudyRecord; "
+            "StudyRecord.load(locate(sys.argv[1], sys.argv[2])).save_digest()")
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", code, name, storage], check=True, cwd=ROOT,
+                   env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)})
+    return time.monotonic() - t0
+
+
 def command_args(label: str, name: str, storage: str, work: Path) -> list[str]:
     extra = ["--out", str(work / f"report-{time.monotonic_ns()}")] if label == "report" else []
     return [*COMMANDS[label], name, "--storage", storage, *extra]
@@ -355,21 +370,28 @@ def main(argv=None) -> int:
             if args.profile:
                 print(profile(args.profile, name, storage, size_work), flush=True)
                 continue
-            times = time_commands(codes, name, storage, size_work, args)
-            rows.append((trials, times))
-            for label in args.commands:
-                shown = [f"{code_label} {_s(times[(code_label, label)])}" for code_label in codes]
-                ratio = ""
-                if len(codes) == 2 and None not in (times[("baseline", label)], times[("this", label)]):
-                    ratio = f" (x{times[('baseline', label)] / times[('this', label)]:.1f} faster)"
-                print(f"  {label:8s} " + " / ".join(shown) + ratio, flush=True)
+            for variant in args.digest:
+                if variant == "with":
+                    seconds = save_digest(name, str(storage))
+                    print(f"  the driver's digest written in {seconds:.1f} s, "
+                          f"{(folder / 'record-digest.json').stat().st_size / 1e6:.1f} MB", flush=True)
+                times = time_commands(codes, name, storage, size_work, args)
+                rows.append((trials, variant, times))
+                for label in args.commands:
+                    shown = [f"{code_label} {_s(times[(code_label, label)])}" for code_label in codes]
+                    ratio = ""
+                    if len(codes) == 2 and None not in (times[("baseline", label)], times[("this", label)]):
+                        ratio = f" (x{times[('baseline', label)] / times[('this', label)]:.1f} faster)"
+                    print(f"  {label:8s} {variant} digest: " + " / ".join(shown) + ratio, flush=True)
             print(f"  load average now {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
-        if len(rows) >= 2:
-            (small, a), (large, b) = rows[0], rows[-1]
-            for key in b:
-                if a.get(key) is not None and b.get(key) is not None:
-                    print(f"growth {key[0]} {key[1]}: {(b[key] - a[key]) / (large - small) * 1000:.2f} ms a trial "
-                          f"({small} -> {large} trials)")
+        for variant in args.digest:
+            sized = [(trials, times) for trials, v, times in rows if v == variant]
+            if len(sized) >= 2:
+                (small, a), (large, b) = sized[0], sized[-1]
+                for key in b:
+                    if a.get(key) is not None and b.get(key) is not None:
+                        print(f"growth {key[0]} {key[1]} {variant} digest: "
+                              f"{(b[key] - a[key]) / (large - small) * 1000:.2f} ms a trial ({small} -> {large} trials)")
         if args.s3_epochs:
             trials = args.sizes[0]
             server = MotoServer(work)
@@ -379,12 +401,16 @@ def main(argv=None) -> int:
                     name, storage = fabricate(size_work, trials, epochs, args.images)
                     bucket = f"bench-read-{epochs}"
                     files = upload(server, storage / name, bucket, f"studies/{name}")
-                    counts = count_status_requests(server, codes, name, f"s3://{bucket}/studies", size_work,
-                                                   args.timeout)
-                    for code_label, (n, seconds, methods) in counts.items():
-                        by = ", ".join(f"{m} {c}" for m, c in sorted(methods.items()))
-                        print(f"S3 {trials} trials x {epochs} epochs ({files} objects): {code_label} status made "
-                              f"{n} requests, {n / trials:.2f} a trial ({by}); {seconds:.1f} s", flush=True)
+                    for variant in args.digest:
+                        if variant == "with":  # made of the objects on S3, their sizes and times
+                            save_digest(name, f"s3://{bucket}/studies", server.env)
+                        counts = count_status_requests(server, codes, name, f"s3://{bucket}/studies", size_work,
+                                                       args.timeout)
+                        for code_label, (n, seconds, methods) in counts.items():
+                            by = ", ".join(f"{m} {c}" for m, c in sorted(methods.items()))
+                            print(f"S3 {trials} trials x {epochs} epochs ({files} objects), {variant} digest: "
+                                  f"{code_label} status made {n} requests, {n / trials:.2f} a trial ({by}); "
+                                  f"{seconds:.1f} s", flush=True)
             finally:
                 server.stop()
     finally:

@@ -65,6 +65,8 @@ def parse_args(argv=None):
     p.add_argument("--s3", action="store_true",
                    help="the study's storage on a moto S3 server (its own process on 127.0.0.1): S3 requests per "
                         "trial of the whole rehearsal and of each read command, by method")
+    p.add_argument("--keep", default=None,
+                   help="a folder to keep each size's storage and MLflow store in (to time later reads on them)")
     return p.parse_args(argv)
 
 
@@ -216,12 +218,13 @@ def main(argv=None) -> int:
         samples_for(size)
     for size in args.sizes:
         for mode in args.state_saves:
-            work = Path(tempfile.mkdtemp(prefix=f"a2-bench-rehearse-{size}-"))
+            work = Path(tempfile.mkdtemp(prefix=f"a2-bench-rehearse-{size}-", dir=args.keep))
             try:
                 rows.append(run_size(size, args, work, mode))
                 print_row(rows[-1])
             finally:
-                shutil.rmtree(work, ignore_errors=True)
+                if args.keep is None:
+                    shutil.rmtree(work, ignore_errors=True)
     first, last = rows[0], rows[-1]
     print(f"SUMMARY bench_rehearse: overhead per trial {first['overhead_per_trial_s']:.2f} s at {first['trials']} "
           f"trials, {last['overhead_per_trial_s']:.2f} s at {last['trials']} "

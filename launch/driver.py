@@ -441,6 +441,7 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     summary = record.summary()
     summary["tracking"] = add_outage(location)  # the MLflow outages of the study, if any
     write_summary(location, summary)
+    record.save_digest()  # what later reads take of each trial whose files stay as they are now
     _log_compute_totals(spec, summary["compute"])
     print_conclusions(spec, summary, rows if verbose else [])
     print(f"summary: {location.uri(SUMMARY_FILE)}", flush=True)

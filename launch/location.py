@@ -3,7 +3,8 @@
 In it: the Tune experiment, `study.yaml` (the resolved spec, all `resume`/`status` need), `trials/`
 (`launch.trainable`), `lease.json` (`launch.lease`), `tracking/outage.json` (`launch.mlflow_export`) and
 `summary.json` (best trial and configuration, compute, every trial's results; written at the end of `run`/`resume` by
-`launch.driver`). `./.a2/studies/<name>.json` points `resume`/`status` at the study.
+`launch.driver`, with `record-digest.json`, what later reads of the record take of each unchanged trial).
+`./.a2/studies/<name>.json` points `resume`/`status` at the study.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from launch.storage import check_storage, open_location
 
 STUDY_FILE = "study.yaml"
 SUMMARY_FILE = "summary.json"
+# what the last full read of the record made of each trial, keyed on the files it read (`launch.record.Digest`)
+DIGEST_FILE = "record-digest.json"
 POINTER_DIR = Path(".a2") / "studies"
 REHEARSAL_FILE = "rehearsal.json"  # next to study.yaml in a rehearsal (`launch.rehearse`): the model scores came from
 REHEARSAL_BANNER = "REHEARSAL: stand-in trainer, scores drawn from a model (launch.rehearse); not a study result"

@@ -7,6 +7,9 @@ into one object, each trial by `record_trial` from its own run folder alone: `tr
 the one shape of a trial every view reads; its row is the summary's), `groups()` (replicate groups), `best()`,
 `summary()` (`summary.json`) and `per_image()`. `study()` hands the dashboards the same trials (dashboards never
 import launch). MLflow is an export of this record (`launch.mlflow_export`); nothing here reads MLflow.
+
+A read of a finished study takes each trial whose files are unchanged from the digest the driver left
+(`record-digest.json`, `Digest`) instead of parsing its result log again: what a record is made of stays its files.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import json
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 
 from a2core.selection import best_epoch as pick_best_epoch, finite
@@ -23,11 +26,11 @@ from dashboards.stats import best_candidates, config_hash, seed_interval
 from dashboards.stats import best_group as pick_best_group
 from launch.conclusions import best_value, pick_best, table_row
 from launch.lease import live_writer
-from launch.location import StudyLocation, load_saved_spec
+from launch.location import DIGEST_FILE, STUDY_FILE, StudyLocation, json_default, load_saved_spec
 from launch.spec import SEED_KEYS
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
                            RESULTS_FILE, end_record, read_results, run_status, stop_record, train_run_name)
-from launch.verify import experiment_trials, quick_checkpoint_problem, refuse_unreadable
+from launch.verify import experiment_trials, newest_experiment_state, quick_checkpoint_problem, refuse_unreadable
 
 COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
 # a trial's per-image CIDEr-D below its `artifacts/` (`a2core.train` writes them; the export uploads them as they are)
@@ -40,32 +43,55 @@ HISTORY_KEYS = ("train/loss", *(metric for _, metric in TABLE_METRICS))  # the d
 @dataclass
 class StudyRecord:
     """One study as its storage holds it. `trials`: each trial as the record's `dashboards.runs.Trial` (`trial_row`;
-    `Trial.row()` is its row of the summary), in Tune's order; `results`: each trial's result log, epoch order;
-    `running`: a live writer holds the study's lease."""
+    `Trial.row()` is its row of the summary), in Tune's order; `logged`: the epochs of each trial's result log;
+    `running`: a live writer holds the study's lease; `files` and `stamps`: what the read found of each trial's run
+    folder and of the study's own files, what its digest is keyed on (`save_digest`)."""
 
     spec: object
     location: StudyLocation
     trials: list[Trial]
-    results: dict[str, list[dict]] = field(default_factory=dict)
+    logged: dict[str, int] = field(default_factory=dict)
     running: bool = False
+    files: dict[str, list] = field(default_factory=dict)
+    stamps: dict = field(default_factory=dict)
 
     @classmethod
     def load(cls, location: StudyLocation, spec=None, trials: list[Trial] | None = None,
              refuse: str | None = None) -> "StudyRecord":
         """Read the study at `location`: its saved spec unless `spec` is given, its trials as Tune knows them from
         Tune's experiment state unless `trials` are given (none before its first trial started), each trial's run
-        folder. `refuse` (what the reader is doing, e.g. "status"): a trial's unreadable result log is refused
+        folder, or its entry of the study's digest where the trial's files are unchanged (`Digest`). `refuse` (what
+        the reader is doing, e.g. "status"): a trial's unreadable result log is refused
         (`launch.verify.refuse_unreadable`) instead of read as empty, so that a caller checks each log as it reads
         it, not in a second pass over every trial's folder."""
+        # each stamp is taken before its file is read: a file changed after it is read again next time
+        stamps = {"study_file": _stamp(location.at(STUDY_FILE))}
         spec = spec if spec is not None else load_saved_spec(location)
+        digest = Digest.read(location, stamps["study_file"])
         if trials is None:
-            try:
-                trials = tune_trials(location)
-            except ValueError:  # no experiment snapshot yet
-                trials = []
+            state = newest_experiment_state(location.at())
+            stamp = None if state is None else _stamp(state)
+            stamps["tune_state"] = None if stamp is None else [state.uri.rsplit("/", 1)[-1], *stamp]
+            trials = digest.tune_trials(stamps["tune_state"]) if digest is not None else None
+            if trials is None:
+                try:
+                    trials = tune_trials(location)
+                except ValueError:  # no experiment snapshot yet
+                    trials = []
         running = live_writer(location.at()) is not None
-        read = record_trials(spec, location, trials, ended=not running, refuse=refuse)
-        return cls(spec, location, [row for row, _ in read], {row.trial_id: log for row, log in read}, running)
+        read = _map(location, partial(_load_trial, spec, location, digest, not running, refuse), trials)
+        return cls(spec, location, [row for row, _, _ in read], {row.trial_id: n for row, n, _ in read}, running,
+                   {row.trial_id: files for row, _, files in read}, stamps)
+
+    def save_digest(self) -> None:
+        """Write the study's digest (`Digest`) of this record: the driver's last read at the end of a run."""
+        doc = {"format": DIGEST_FORMAT, "fields": list(DIGEST_FIELDS), **self.stamps,
+               "trials": [{"files": self.files[t.trial_id], "logged": self.logged[t.trial_id],
+                           "row": {name: getattr(t, name) for name in DIGEST_FIELDS if name != "history"},
+                           # by columns: [epochs, values] a metric (zip makes its (epoch, value) pairs again)
+                           "history": {key: list(zip(*points)) for key, points in t.history.items()}}
+                          for t in self.trials]}
+        self.location.write_text(json.dumps(doc, default=json_default), DIGEST_FILE)
 
     def groups(self) -> list[dict]:
         """One entry per replicate group (`replicate_groups`, the summary's `groups`)."""
@@ -86,11 +112,90 @@ class StudyRecord:
     def study(self) -> Study:
         """The record as the dashboards take it (`dashboards.runs.Study`): every trial that has started, and the
         best trial and group the record names."""
-        runs = [t for t in self.trials if self.results.get(t.trial_id) or t.state != "PENDING"]
+        runs = [t for t in self.trials if self.logged.get(t.trial_id) or t.state != "PENDING"]
         best, group = self.best(), best_group(self.spec, self.groups())
         return Study(self.spec.name, runs, self.location.uri(), self.running, self.spec.metric, self.spec.mode,
                      best_trial=None if best is None else best.trial_id,
                      best_group=None if group is None else group["config_hash"])
+
+
+DIGEST_FORMAT = 1
+# a trial's fields a digest keeps: all but its MLflow status (whether a writer holds the study is the reader's, so it is
+# made again) and its per-image reader (a function); Tune's word on a trial is the first seven
+DIGEST_FIELDS = tuple(f.name for f in fields(Trial) if f.name not in ("status", "per_image"))
+TUNE_FIELDS = ("trial_id", "name", "state", "sampled", "retries", "error", "last_result")
+
+
+def _stamp(location) -> list | None:
+    stamp = location.stamp()
+    return None if stamp is None else list(stamp)
+
+
+@dataclass
+class Digest:
+    """What the driver's last read of a study's record made of each trial (`StudyRecord.save_digest`, at the end of
+    every run and resume: `record-digest.json`), keyed on the files it read: the study file, Tune's newest experiment
+    state (its name, size and time) and each trial's run folder (`Location.files`, every file's size and time but
+    those of `artifacts/`, whose per-image scores are read when asked for). A later read takes a trial from it when
+    that trial's files and Tune's word on it are unchanged, and reads every other trial from its files; a digest of
+    another study file or format, or one that does not read, is not used at all. A file deleted, restored or
+    rewritten changes its folder's listing, so the trial is read again: the record stays its files. What it saves:
+    a status of a finished 1,000-trial study lists each run folder instead of parsing its 20-epoch result log and
+    resolving its config (benchmarks/RESULTS.md)."""
+
+    tune_state: list | None  # [name, size, mtime_ns] of the experiment state its trials' Tune fields came from
+    entries: dict[str, dict]  # trial id -> {"files", "logged", "row"}, in Tune's order
+
+    @classmethod
+    def read(cls, location: StudyLocation, study_file: list | None) -> "Digest | None":
+        """The study's digest, when it was made of the study file whose stamp is `study_file`; else None."""
+        try:
+            doc = json.loads(location.read_text(DIGEST_FILE) or "null")
+            if not (isinstance(doc, dict) and doc.get("format") == DIGEST_FORMAT and study_file is not None
+                    and doc.get("fields") == list(DIGEST_FIELDS) and doc.get("study_file") == study_file):
+                return None
+            return cls(doc.get("tune_state"), {entry["row"]["trial_id"]: entry for entry in doc["trials"]})
+        except (ValueError, TypeError, KeyError):  # not a digest: the record is read from its files
+            return None
+
+    def tune_trials(self, tune_state: list | None) -> list[Trial] | None:
+        """Tune's trials as the digest has them, when `tune_state` is the experiment state it took them from."""
+        if tune_state is None or tune_state != self.tune_state:
+            return None
+        try:
+            return [Trial(**{name: entry["row"][name] for name in TUNE_FIELDS}) for entry in self.entries.values()]
+        except (KeyError, TypeError):  # not what a digest holds: Tune's state is read
+            return None
+
+    def trial(self, tune: Trial, files: list) -> tuple[Trial, int] | None:
+        """The digest's trial and its logged epochs, when Tune's word on it (`tune`) and its run folder's `files`
+        are as they were; else None."""
+        entry = self.entries.get(tune.trial_id)
+        try:
+            if entry is None or entry["files"] != [list(f) for f in files]:
+                return None
+            row = entry["row"]
+            if any(row[name] != getattr(tune, name) for name in TUNE_FIELDS):
+                return None
+            history = {key: list(zip(*columns)) for key, columns in entry["history"].items()}
+            return Trial(**row, history=history), int(entry["logged"])
+        except (KeyError, TypeError, AttributeError, ValueError):  # not what a digest holds: read from its files
+            return None
+
+
+def _load_trial(spec, location: StudyLocation, digest: Digest | None, ended: bool, refuse: str | None,
+                tune: Trial) -> tuple[Trial, int, list]:
+    """A trial of `StudyRecord.load`: (its record, its result log's epochs, its run folder's files as listed before
+    it was read), from the digest when it has the trial as it is, else by `record_trial`."""
+    files = location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id)).files(skip=(ARTIFACTS_DIR,))
+    kept = digest.trial(tune, files) if digest is not None else None
+    if kept is None:
+        row, log = record_trial(spec, location, tune, ended, refuse)
+        return row, len(log), files
+    row, logged = kept
+    row.status = run_status(row.state, logged, row.stopped_early, spec.total_epochs, ended=ended, end=row.ended)
+    row.per_image = partial(per_image, location, spec.name, tune.trial_id)
+    return row, logged, files
 
 
 def per_image(location: StudyLocation, study: str, trial_id: str, split: str = "val") -> dict[str, float] | None:
@@ -172,7 +277,11 @@ def record_trials(spec, location: StudyLocation, trials: list[Trial], ended: boo
                   refuse: str | None = None) -> list[tuple[Trial, list[dict]]]:
     """`record_trial` of each of `trials`, in their order. On S3 by `READERS` threads: each trial's requests are
     independent and S3's cost is its latency per request, so 1,000 trials read one after another take minutes."""
-    read = partial(record_trial, spec, location, ended=ended, refuse=refuse)
+    return _map(location, partial(record_trial, spec, location, ended=ended, refuse=refuse), trials)
+
+
+def _map(location: StudyLocation, read, trials: list[Trial]) -> list:
+    """`read` of each of `trials`, in their order; on S3 by `READERS` threads."""
     if location.at().local or len(trials) < 2:
         return [read(trial) for trial in trials]
     with ThreadPoolExecutor(min(READERS, len(trials))) as pool:

@@ -211,6 +211,44 @@ class Location:
             infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
         return sorted(i.base_name for i in infos if not folders_only or i.type == pafs.FileType.Directory)
 
+    def files(self, skip: tuple[str, ...] = ()) -> list[tuple[str, int, int]]:
+        """Every file below this folder, sorted: (its path relative to the folder, size, modification time in ns),
+        leaving out the top-level subfolders named in `skip`; empty when there is no such folder. What a reader keys
+        a copy of what it read on (`launch.record`'s digest): a file written, replaced or deleted changes it. On S3
+        one listing of the prefix (mtime to the second), however many files."""
+        if self.local:
+            found: list[tuple[str, int, int]] = []
+            self._local_files(self.uri, "", skip, found)
+            return sorted(found)
+        fs, path = self.filesystem
+        with self._errors("list it"):
+            infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+        found = ((i.path[len(path):].lstrip("/"), i.size, i.mtime_ns) for i in infos if i.type == pafs.FileType.File)
+        return sorted(f for f in found if f[0].split("/", 1)[0] not in skip)
+
+    def _local_files(self, folder: str, prefix: str, skip: tuple[str, ...], found: list) -> None:
+        with self._errors("list it"), contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if entry.is_dir():
+                        if entry.name not in skip:
+                            self._local_files(entry.path, f"{prefix}{entry.name}/", (), found)
+                    else:
+                        stat = entry.stat()
+                        found.append((prefix + entry.name, stat.st_size, stat.st_mtime_ns))
+
+    def stamp(self) -> tuple[int, int] | None:
+        """This file's (size, modification time in ns), or None when there is no such file."""
+        if self.local:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                stat = os.stat(self.uri)
+                return stat.st_size, stat.st_mtime_ns
+            return None
+        fs, path = self.filesystem
+        with self._errors("look it up"):
+            info = fs.get_file_info(path)
+        return None if info.type != pafs.FileType.File else (info.size, info.mtime_ns)
+
     def copy_folder(self, target: "Location", last: str | None = None) -> None:
         """Copy this folder, everything below it, to the folder `target` (replaced), the file `last` at its top
         copied last: a reader that takes a folder as whole once it has `last` (a checkpoint folder its

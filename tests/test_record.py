@@ -2,11 +2,15 @@
 scores; the dashboards' view of it is what the MLflow export of the same folder shows."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from dashboards.tracking import TAG_CONFIG_HASH, TAG_STOPPED_EARLY
 from dashboards.tracking import study_runs
 from launch.lease import StudyLease
+from launch.record import StudyRecord
 from tests.studyfolder import fabricated_study
 
 IMAGES = {"101": 80.0, "102": 120.0}
@@ -81,7 +85,7 @@ def test_a_trial_of_a_study_with_a_live_writer_is_running(fab):
 
 
 @pytest.mark.slow
-def test_a_study_on_s3_reads_the_same(tmp_path, s3_endpoint):
+def test_a_study_on_s3_reads_the_same(tmp_path, s3_endpoint, monkeypatch):
     """The record reads through the storage layer: a study in a bucket gives the same groups, best and scores."""
     from tests.s3server import unique_bucket
 
@@ -96,6 +100,9 @@ def test_a_study_on_s3_reads_the_same(tmp_path, s3_endpoint):
         return [(t.trial_id, t.history, t.best_value, t.stopped_early, t.fusion) for t in record.trials]
 
     assert columns(on_s3) == columns(local)
+    on_s3.save_digest()  # one listing a trial on S3: every trial from the digest, as read from its files
+    monkeypatch.setattr("launch.record.record_trial", lambda *a, **k: pytest.fail("read a trial's files"))
+    assert _view(StudyRecord.load(on_s3.location, on_s3.spec, trials=list(on_s3.trials))) == _view(on_s3)
 
 
 def test_status_shows_a_trial_tune_saved_as_pending_as_running_while_a_writer_holds_the_study(fab, monkeypatch, capsys):
@@ -138,3 +145,110 @@ def test_status_refuses_an_unreadable_result_log_naming_it_as_it_reads_it(fab, m
     assert "gate0" not in out.out  # no table before the refusal
     (gate1,) = [t for t in fab.record().trials if t["trial_id"] == "gate1"]
     assert gate1["epochs_reported"] == [] and gate1["best"] is None
+
+
+def _view(record) -> list[tuple]:
+    """Every field of every trial a read gives, its MLflow status included."""
+    from launch.record import DIGEST_FIELDS
+
+    return [({name: getattr(t, name) for name in DIGEST_FIELDS}, t.status) for t in record.trials]
+
+
+def _reads(monkeypatch) -> list[str]:
+    """The trials `StudyRecord.load` reads from their files from now on (not from the digest)."""
+    import launch.record
+
+    read, calls = launch.record.record_trial, []
+
+    def counted(spec, location, tune, *args, **kwargs):
+        calls.append(tune.trial_id)
+        return read(spec, location, tune, *args, **kwargs)
+
+    monkeypatch.setattr(launch.record, "record_trial", counted)
+    return calls
+
+
+def test_a_read_takes_each_unchanged_trial_from_the_digest_and_reads_each_changed_one(fab, monkeypatch):
+    """The driver's digest (`StudyRecord.save_digest`, `record-digest.json`): a later read gives every field of every
+    trial as a read of the files does, reading none of them; a trial whose files changed (a result log rewritten, a
+    stop record deleted by hand) is read again, alone; a changed study file, or a digest that does not read, leaves
+    every trial to its files."""
+    import os
+
+    from launch.layout import RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, train_run_name
+    from launch.location import DIGEST_FILE, STUDY_FILE
+
+    fresh = fab.record()
+    fresh.save_digest()
+    reads = _reads(monkeypatch)
+    assert _view(fab.record()) == _view(fresh) and reads == []
+    with StudyLease(fab.location.at()).held():  # a live writer: the unfinished trial's run is RUNNING, not KILLED
+        assert {t.trial_id: t.status for t in fab.record().trials}["max1"] == "RUNNING" and reads == []
+
+    run = fab.location.at(TRIALS_DIR, train_run_name("rec", "gate1"))
+    run.join(RESULTS_FILE).write_text(json.dumps([{"epoch": e, "val/CIDEr": 95.0 + 2 * e} for e in (1, 2, 3, 4)]))
+    fab.location.at(TRIALS_DIR, train_run_name("rec", "max0"), STOPPED_FILE).delete()
+    changed = fab.record()
+    assert sorted(reads) == ["gate1", "max0"]
+    trials = {t.trial_id: t for t in changed.trials}
+    assert trials["gate1"].best_value == 103.0 and trials["gate1"].epochs_reported == [1, 2, 3, 4]
+    assert trials["max0"].stopped_early == {"rung": None, "cutoff": None}  # cut short, its record gone: rung unknown
+    assert _view(changed) == _view(_without_digest(fab))
+
+    reads.clear()
+    study_file = fab.location.at(STUDY_FILE).uri
+    os.utime(study_file, ns=(os.stat(study_file).st_atime_ns, os.stat(study_file).st_mtime_ns + 10**9))
+    fab.record()
+    assert len(reads) == 6  # the study file changed: no trial from the digest
+    fab.record().save_digest()
+    digest = json.loads(fab.location.read_text(DIGEST_FILE))
+    for entry, broken in zip(digest["trials"], ("files", "row", "history", "logged", "files", "row")):
+        entry[broken] = {"files": 7, "row": {"trial_id": entry["row"]["trial_id"]}, "history": [3],
+                         "logged": "many"}[broken]
+    for garbage in ("{not json", "[]", '{"format": 1, "trials": [{"row": 3}]}', json.dumps(digest)):
+        fab.location.write_text(garbage, DIGEST_FILE)
+        reads.clear()
+        assert _view(fab.record()) == _view(_without_digest(fab)) and len(reads) == 12
+
+
+def _without_digest(fab):
+    from launch.location import DIGEST_FILE
+
+    saved = fab.location.read_text(DIGEST_FILE)
+    fab.location.at(DIGEST_FILE).delete()
+    try:
+        return fab.record()
+    finally:
+        if saved is not None:
+            fab.location.write_text(saved, DIGEST_FILE)
+
+
+def test_tunes_word_on_the_trials_comes_from_the_digest_while_its_experiment_state_is_the_same(fab, monkeypatch):
+    """A digest made from Tune's newest experiment state gives Tune's word on each trial (id, name, state, sampled
+    keys, retries, error, last result) without parsing that file again, 47 MB at 1,005 trials; a newer experiment
+    state is parsed, and a trial whose state Tune changed in it is read from its files again."""
+    import launch.record
+    from tests.tunestate import experiment_storage, save_experiment_state, tune_trial
+
+    folder = Path(fab.location.at().uri)
+    storage = experiment_storage(folder)
+
+    def save_state(stamp: str, states: dict[str, str]):
+        trials = [tune_trial(storage, t.trial_id, t.sampled, n + 1, status=states.get(t.trial_id, t.state))
+                  for n, t in enumerate(fab.trials)]
+        return save_experiment_state(folder, trials, stamp=stamp)
+
+    save_state("2026-11-27_10-00-00", {"max1": "TERMINATED"})
+    first = launch.record.StudyRecord.load(fab.location)
+    assert [t.trial_id for t in first.trials] == [t.trial_id for t in fab.trials]
+    first.save_digest()
+    parsed, parse = [], launch.record.tune_trials
+    monkeypatch.setattr(launch.record, "tune_trials", lambda location: parsed.append(1) or parse(location))
+    reads = _reads(monkeypatch)
+    again = launch.record.StudyRecord.load(fab.location)
+    assert parsed == [] and reads == [] and _view(again) == _view(first)
+
+    save_state("2026-11-27_11-00-00", {"max1": "ERROR"})  # newer: Ray reads this one
+    changed = launch.record.StudyRecord.load(fab.location)
+    assert parsed == [1] and reads == ["max1"]
+    assert {t.trial_id: t.state for t in changed.trials}["max1"] == "ERROR"

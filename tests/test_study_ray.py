@@ -92,7 +92,7 @@ def _assert_compute_logged(uri: str, name: str, summary: dict, device: str) -> N
     assert {k: logged[f"compute/{k}"] for k in totals} == pytest.approx(totals)
 
 
-def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data):
+def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data, monkeypatch):
     """Two one-worker trials: no Ray Train run, the checkpoints in the study's trials folder (best and latest
     kept), the compute in MLflow, summary.json and `status`, with the cost from `resources.price_per_hour`."""
     name = "ray-local"
@@ -157,6 +157,20 @@ def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data):
     read = experiment_trials(Location(str(folder)))
     assert read == [tune_trial(t) for t in ExperimentAnalysis(str(folder)).trials]
     assert {t.trial_id for t in read} == {t["trial_id"] for t in summary["trials"]}
+
+    # The driver's digest, made after Tune's last save: a later read takes Tune's word and every trial from it,
+    # parsing no result log and no experiment state, and gives the summary the files give.
+    import launch.record
+    from launch.location import DIGEST_FILE, StudyLocation
+
+    location = StudyLocation(name, str(tmp_path / "studies"))
+    with monkeypatch.context() as patched:
+        patched.setattr(launch.record, "record_trial", lambda *a, **k: pytest.fail("a trial read from its files"))
+        patched.setattr(launch.record, "tune_trials", lambda *a: pytest.fail("Tune's experiment state parsed"))
+        kept = launch.record.StudyRecord.load(location).summary()
+    location.at(DIGEST_FILE).delete()
+    fresh = launch.record.StudyRecord.load(location).summary()
+    assert {**kept, "updated": None} == {**fresh, "updated": None}
 
 
 def test_invalid_study_fails_before_ray_starts(tmp_path, tiny_data):
