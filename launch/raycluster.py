@@ -33,7 +33,8 @@ def stash_credentials() -> str | None:
     entries: dict[str, str] = {}
     for var, value in found.items():
         entries.setdefault(AWS_SECRETS[var], value)  # AWS_SESSION_TOKEN wins over the old AWS_SECURITY_TOKEN
-    folder = tempfile.mkdtemp(prefix="a2-credentials-")  # 0700
+    remove_orphaned_credentials()
+    folder = tempfile.mkdtemp(prefix=f"{CREDENTIALS_PREFIX}{os.getpid()}-")  # 0700
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     path = os.path.join(folder, "credentials")
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
@@ -42,6 +43,24 @@ def stash_credentials() -> str | None:
     os.environ["AWS_PROFILE"] = AWS_PROFILE
     os.environ.pop("AWS_DEFAULT_PROFILE", None)
     return path
+
+
+CREDENTIALS_PREFIX = "a2-credentials-"  # + the driver's pid: a folder in the temp folder (`stash_credentials`)
+
+
+def remove_orphaned_credentials() -> list[str]:
+    """Remove the credentials folders of drivers that ended without their exit handler (SIGKILL, a power cut): every
+    `a2-credentials-<pid>-*` of this user in the temp folder whose process is gone. Returns the folders removed."""
+    removed = []
+    root = tempfile.gettempdir()
+    with contextlib.suppress(OSError), os.scandir(root) as entries:
+        for entry in entries:
+            pid = entry.name[len(CREDENTIALS_PREFIX):].split("-", 1)[0]
+            if (entry.name.startswith(CREDENTIALS_PREFIX) and pid.isdigit() and not alive(int(pid))
+                    and entry.is_dir(follow_symlinks=False) and entry.stat().st_uid == os.getuid()):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    return removed
 
 
 @contextlib.contextmanager

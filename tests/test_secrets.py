@@ -67,6 +67,30 @@ def test_stash_moves_aws_keys_into_a_private_credentials_file(fake_keys):
         shutil.rmtree(path.parent)
 
 
+def test_a_killed_drivers_credentials_are_removed_by_the_next_driver(fake_keys, tmp_path, monkeypatch):
+    """A driver killed with SIGKILL runs no exit handler and leaves its credentials file: the next driver to stash
+    its keys removes every such folder whose process is gone, and none of a process still running."""
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    dead = tmp_path / f"a2-credentials-{ended.pid}-x1y2"
+    living = tmp_path / f"a2-credentials-{os.getppid()}-z3"
+    other = tmp_path / "a2-credentials-notapid"
+    for folder in (dead, living, other):
+        folder.mkdir()
+        (folder / "credentials").write_text("[a2tune]\naws_access_key_id = K\n")
+    path = Path(stash_credentials())
+    try:
+        assert not dead.exists() and living.exists() and other.exists()
+        assert path.parent.parent == tmp_path and path.parent.name.startswith(f"a2-credentials-{os.getpid()}-")
+    finally:
+        shutil.rmtree(path.parent)
+
+
 def test_mlflow_secrets_stay_out_of_the_environment_while_ray_starts(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "pw-1")
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-1")
