@@ -33,12 +33,9 @@ WORKFLOW_PARAM = ("workflowType", "machine_learning")  # the UI's Model training
 # MLflow's private UI state (the MLflow adapter: this module alone writes it): the experiment tags the runs page keeps
 # its shared views in, as MLflow 3.17's UI reads them. tests/test_adapters.py finds the key in the installed UI
 # bundle, and pyproject.toml allows only the MLflow release this was written for.
-TESTED_MLFLOW = "3.17"
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VIEW_TRIALS = "a2"
 VIEW_CONFIGS = "a2-configs"
-VIEWS = (VIEW_TRIALS, VIEW_CONFIGS)
-TAG_REPLICATE_GROUP = "a2.config_hash"  # dashboards.stats.TAG_CONFIG_HASH (not imported: keeps this module light)
 # The replicate group as a person reads it, its hash beside it: "gate lambda=0.035 (cca42317e0f5)"; one label per
 # hash (`launch.mlflow_export.trial_names`), so grouping by it groups the replicate groups.
 TAG_CONFIG_LABEL = "a2.config"

@@ -49,7 +49,7 @@ from a2core.selection import best_epoch
 from dashboards.compare import configurations, study_comparison
 from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.records import arms_of, load_record
-from dashboards.runs import CIDER, TEST_CIDER, Study, group_value
+from dashboards.runs import CIDER, TEST_CIDER, Study
 from dashboards.runs import Trial as RecordTrial  # Tune's `Trial` is the scheduler's in `simulate`
 from dashboards.stats import Noise, best_group, config_hash, noise_of, power
 from dashboards.tracking import mark_runs
@@ -359,10 +359,6 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
             "best_group_true_best": chosen is not None and true[chosen[0].config_hash] == top,
             "true_best_survived": survived, "split": "test" if comparison.metric == "test/CIDEr" else "val",
             "baseline": comparison.baseline, "rows": rows}
-
-
-def _value(run, by: str):
-    return group_value(run, by)
 
 
 def aggregate(outcomes: list[dict], spec, model: ScoreModel) -> dict:
