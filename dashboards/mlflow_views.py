@@ -33,6 +33,7 @@ WORKFLOW_PARAM = ("workflowType", "machine_learning")  # the UI's Model training
 # MLflow's private UI state (the MLflow adapter: this module alone writes it): the experiment tags the runs page keeps
 # its shared views in, as MLflow 3.17's UI reads them. tests/test_adapters.py finds the key in the installed UI
 # bundle, and pyproject.toml allows only the MLflow release this was written for.
+TESTED_MLFLOW = "3.17"
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VIEW_TRIALS = "a2"
 VIEW_CONFIGS = "a2-configs"
