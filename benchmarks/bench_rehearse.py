@@ -5,6 +5,8 @@ read side cost as trials grow, each trial 20 stand-in epochs.
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 1005 2005 --epoch-s 0.05
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 155 --state-saves periodic shipped
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 --s3     # storage on a moto S3 server
+    flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 1005 2005 --keep /tmp/keep
+    python benchmarks/bench_rehearse.py --reread /tmp/keep/*   # the reads on the kept records, without/with digest
 
 Each size is `studies/fusion_ablation.yaml` (15 configurations x 5 seeds = 75 trials; `search.num_samples=N` gives
 the exp_decay cells 2N T_P samples: 5 x (7 + 2N) trials) rehearsed once through `launch.rehearse.run_rehearsal`: the
@@ -67,6 +69,10 @@ def parse_args(argv=None):
                         "trial of the whole rehearsal and of each read command, by method")
     p.add_argument("--keep", default=None,
                    help="a folder to keep each size's storage and MLflow store in (to time later reads on them)")
+    p.add_argument("--reread", nargs="+", default=None, metavar="WORK",
+                   help="no rehearsal: time status, compare and report (median of --repeats) on the records that "
+                        "--keep kept in these folders, without the driver's digest and with it")
+    p.add_argument("--repeats", type=int, default=3, help="fresh processes per command with --reread")
     return p.parse_args(argv)
 
 
@@ -209,8 +215,45 @@ def print_row(r: dict) -> None:
         print(f"  S3 requests, {what}: {total} ({total / r['trials']:.1f} a trial: {by})", flush=True)
 
 
+def reread(work: Path, args) -> None:
+    """status, compare and report on a kept record, each the median of `args.repeats` fresh processes, without the
+    digest (`record-digest.json` set aside) and with the one the driver writes (`StudyRecord.save_digest`)."""
+    import statistics
+
+    from benchmarks.bench_read import save_digest
+
+    storage = work / "storage"
+    (folder,) = [p for p in storage.iterdir() if (p / "study.yaml").is_file()]
+    digest = folder / "record-digest.json"
+    trials = len(list((folder / "trials").iterdir()))
+    aside = digest.with_name(digest.name + ".aside")
+    if digest.exists():
+        digest.replace(aside)
+    for variant in ("without", "with"):
+        if variant == "with":
+            print(f"  the driver's digest written in {save_digest(folder.name, str(storage)):.1f} s, "
+                  f"{digest.stat().st_size / 1e6:.1f} MB", flush=True)
+        for label, command in (("status", ("study", "status")), ("compare", ("study", "compare")),
+                               ("report", ("report",))):
+            extra = ["--out", str(work / "report-reread")] if label == "report" else []
+            runs = []
+            for _ in range(args.repeats):
+                shutil.rmtree(work / "report-reread", ignore_errors=True)
+                seconds, rc, tail = timed(ROOT, [*command, folder.name, "--storage", str(storage), *extra], work,
+                                          args.read_timeout)
+                if rc != 0:
+                    raise SystemExit(f"bench_rehearse: {label} failed (exit {rc}): {tail}")
+                runs.append(seconds)
+            print(f"{trials} trials, {variant} digest: {label} {statistics.median(runs):.2f} s (median of "
+                  f"{args.repeats}: {', '.join(f'{r:.2f}' for r in runs)})", flush=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reread:
+        for work in args.reread:
+            reread(Path(work), args)
+        return 0
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     rows = []

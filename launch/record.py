@@ -85,7 +85,7 @@ class StudyRecord:
 
     def save_digest(self) -> None:
         """Write the study's digest (`Digest`) of this record: the driver's last read at the end of a run."""
-        doc = {"format": DIGEST_FORMAT, "fields": list(DIGEST_FIELDS), **self.stamps,
+        doc = {"format": DIGEST_FORMAT, "fields": list(DIGEST_FIELDS), "study": self.location.uri(), **self.stamps,
                "trials": [{"files": self.files[t.trial_id], "logged": self.logged[t.trial_id],
                            "row": {name: getattr(t, name) for name in DIGEST_FIELDS if name != "history"},
                            # by columns: [epochs, values] a metric (zip makes its (epoch, value) pairs again)
@@ -134,7 +134,7 @@ def _stamp(location) -> list | None:
 @dataclass
 class Digest:
     """What the driver's last read of a study's record made of each trial (`StudyRecord.save_digest`, at the end of
-    every run and resume: `record-digest.json`), keyed on the files it read: the study file, Tune's newest experiment
+    every run and resume: `record-digest.json`), keyed on the study's place and the files it read: the study file, Tune's newest experiment
     state (its name, size and time) and each trial's run folder (`Location.files`, every file's size and time but
     those of `artifacts/`, whose per-image scores are read when asked for). A later read takes a trial from it when
     that trial's files and Tune's word on it are unchanged, and reads every other trial from its files; a digest of
@@ -148,11 +148,14 @@ class Digest:
 
     @classmethod
     def read(cls, location: StudyLocation, study_file: list | None) -> "Digest | None":
-        """The study's digest, when it was made of the study file whose stamp is `study_file`; else None."""
+        """The study's digest, when it was made of this study at this place and of the study file whose stamp is
+        `study_file`; else None."""
         try:
             doc = json.loads(location.read_text(DIGEST_FILE) or "null")
+            # a copy of the study elsewhere (its files' times kept) is another study: its trials' paths differ
             if not (isinstance(doc, dict) and doc.get("format") == DIGEST_FORMAT and study_file is not None
-                    and doc.get("fields") == list(DIGEST_FIELDS) and doc.get("study_file") == study_file):
+                    and doc.get("fields") == list(DIGEST_FIELDS) and doc.get("study") == location.uri()
+                    and doc.get("study_file") == study_file):
                 return None
             return cls(doc.get("tune_state"), {entry["row"]["trial_id"]: entry for entry in doc["trials"]})
         except (ValueError, TypeError, KeyError):  # not a digest: the record is read from its files

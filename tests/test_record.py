@@ -171,12 +171,13 @@ def _reads(monkeypatch) -> list[str]:
 def test_a_read_takes_each_unchanged_trial_from_the_digest_and_reads_each_changed_one(fab, monkeypatch):
     """The driver's digest (`StudyRecord.save_digest`, `record-digest.json`): a later read gives every field of every
     trial as a read of the files does, reading none of them; a trial whose files changed (a result log rewritten, a
-    stop record deleted by hand) is read again, alone; a changed study file, or a digest that does not read, leaves
-    every trial to its files."""
+    stop record deleted by hand) is read again, alone; a copy of the study elsewhere, a changed study file, or a digest
+    that does not read, leaves every trial to its files."""
     import os
+    import shutil
 
     from launch.layout import RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, train_run_name
-    from launch.location import DIGEST_FILE, STUDY_FILE
+    from launch.location import DIGEST_FILE, STUDY_FILE, StudyLocation
 
     fresh = fab.record()
     fresh.save_digest()
@@ -195,6 +196,12 @@ def test_a_read_takes_each_unchanged_trial_from_the_digest_and_reads_each_change
     assert trials["max0"].stopped_early == {"rung": None, "cutoff": None}  # cut short, its record gone: rung unknown
     assert _view(changed) == _view(_without_digest(fab))
 
+    fab.record().save_digest()
+    reads.clear()  # a copy elsewhere with its files' times (cp -a): its trials' paths are the copy's
+    shutil.copytree(fab.location.at().uri, Path(fab.location.at().uri).parent.parent / "copy" / "rec")
+    copy = StudyLocation("rec", str(Path(fab.location.at().uri).parent.parent / "copy"))
+    moved = StudyRecord.load(copy, fab.spec, trials=list(fab.trials))
+    assert len(reads) == 6 and all(t.train_run.startswith(copy.at().uri) for t in moved.trials)
     reads.clear()
     study_file = fab.location.at(STUDY_FILE).uri
     os.utime(study_file, ns=(os.stat(study_file).st_atime_ns, os.stat(study_file).st_mtime_ns + 10**9))
