@@ -205,7 +205,7 @@ def fabricate(work: Path, trials: int, epochs: int, images: int) -> tuple[str, P
 def save_digest(name: str, storage: str, env: dict | None = None) -> float:
     """Write the study's digest as the driver does at the end of a study (a fresh process); its seconds."""
     code = ("import sys; from launch.location import locate; from launch.record import StudyRecord; "
-            "StudyRecord.load(locate(sys.argv[1], sys.argv[2])).save_digest()")
+            "StudyRecord.load(locate(sys.argv[1], sys.argv[2]), for_digest=True).save_digest()")
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-c", code, name, storage], check=True, cwd=ROOT,
                    env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)})

@@ -436,7 +436,7 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
     # scipy (dashboards.stats, through launch.record): not for `a2 study validate`, which imports this module
 
-    record = StudyRecord.load(location, spec)
+    record = StudyRecord.load(location, spec, for_digest=True)
     rows = record.trials
     summary = record.summary()
     summary["tracking"] = add_outage(location)  # the MLflow outages of the study, if any

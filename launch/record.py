@@ -57,13 +57,14 @@ class StudyRecord:
 
     @classmethod
     def load(cls, location: StudyLocation, spec=None, trials: list[Trial] | None = None,
-             refuse: str | None = None) -> "StudyRecord":
+             refuse: str | None = None, for_digest: bool = False) -> "StudyRecord":
         """Read the study at `location`: its saved spec unless `spec` is given, its trials as Tune knows them from
         Tune's experiment state unless `trials` are given (none before its first trial started), each trial's run
         folder, or its entry of the study's digest where the trial's files are unchanged (`Digest`). `refuse` (what
         the reader is doing, e.g. "status"): a trial's unreadable result log is refused
         (`launch.verify.refuse_unreadable`) instead of read as empty, so that a caller checks each log as it reads
-        it, not in a second pass over every trial's folder."""
+        it, not in a second pass over every trial's folder. `for_digest`: list every trial's files for
+        `save_digest` (else only where the study has a digest to check them against)."""
         # each stamp is taken before its file is read: a file changed after it is read again next time
         stamps = {"study_file": _stamp(location.at(STUDY_FILE))}
         spec = spec if spec is not None else load_saved_spec(location)
@@ -79,12 +80,15 @@ class StudyRecord:
                 except ValueError:  # no experiment snapshot yet
                     trials = []
         running = live_writer(location.at()) is not None
-        read = _map(location, partial(_load_trial, spec, location, digest, not running, refuse), trials)
+        read = _map(location, partial(_load_trial, spec, location, digest, for_digest, not running, refuse), trials)
         return cls(spec, location, [row for row, _, _ in read], {row.trial_id: n for row, n, _ in read}, running,
                    {row.trial_id: files for row, _, files in read}, stamps)
 
     def save_digest(self) -> None:
-        """Write the study's digest (`Digest`) of this record: the driver's last read at the end of a run."""
+        """Write the study's digest (`Digest`) of this record (loaded `for_digest`): the driver's last read at the
+        end of a run."""
+        if any(files is None for files in self.files.values()):
+            raise ValueError("a digest is made of a record loaded for it (StudyRecord.load(for_digest=True))")
         doc = {"format": DIGEST_FORMAT, "fields": list(DIGEST_FIELDS), "study": self.location.uri(), **self.stamps,
                "trials": [{"files": self.files[t.trial_id], "logged": self.logged[t.trial_id],
                            "row": {name: getattr(t, name) for name in DIGEST_FIELDS if name != "history"},
@@ -186,11 +190,14 @@ class Digest:
             return None
 
 
-def _load_trial(spec, location: StudyLocation, digest: Digest | None, ended: bool, refuse: str | None,
-                tune: Trial) -> tuple[Trial, int, list]:
+def _load_trial(spec, location: StudyLocation, digest: Digest | None, for_digest: bool, ended: bool,
+                refuse: str | None, tune: Trial) -> tuple[Trial, int, list | None]:
     """A trial of `StudyRecord.load`: (its record, its result log's epochs, its run folder's files as listed before
-    it was read), from the digest when it has the trial as it is, else by `record_trial`."""
-    files = location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id)).files(skip=(ARTIFACTS_DIR,))
+    it was read, or None when neither a digest nor `for_digest` asks for them: a listing is ~0.1 ms a trial), from
+    the digest when it has the trial as it is, else by `record_trial`."""
+    files = None
+    if digest is not None or for_digest:
+        files = location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id)).files(skip=(ARTIFACTS_DIR,))
     kept = digest.trial(tune, files) if digest is not None else None
     if kept is None:
         row, log = record_trial(spec, location, tune, ended, refuse)

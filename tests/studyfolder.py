@@ -39,8 +39,8 @@ class FabricatedStudy:
             folder.join(STOPPED_FILE).write_text(json.dumps(stopped))
         self.trials.append(Trial(trial_id, name=name or trial_id, sampled=dict(sampled), state=status))
 
-    def record(self) -> StudyRecord:
-        return StudyRecord.load(self.location, self.spec, trials=list(self.trials))
+    def record(self, for_digest: bool = False) -> StudyRecord:
+        return StudyRecord.load(self.location, self.spec, trials=list(self.trials), for_digest=for_digest)
 
     def export(self) -> None:
         """Export the record into the spec's MLflow store, as `a2 mlflow sync` does after the study."""

@@ -91,7 +91,7 @@ def test_a_study_on_s3_reads_the_same(tmp_path, s3_endpoint, monkeypatch):
 
     bucket = unique_bucket(s3_endpoint)
     on_s3 = fabricate(fabricated_study(tmp_path / "s3", "rec", epochs=3, overrides=(
-        f"storage=s3://{bucket}/studies", f"storage_endpoint_url={s3_endpoint}"))).record()
+        f"storage=s3://{bucket}/studies", f"storage_endpoint_url={s3_endpoint}"))).record(for_digest=True)
     local = fabricate(fabricated_study(tmp_path / "local", "rec", epochs=3)).record()
     assert on_s3.location.uri().startswith("s3://")
     assert [g["values"] for g in on_s3.groups()] == [g["values"] for g in local.groups()]
@@ -179,7 +179,7 @@ def test_a_read_takes_each_unchanged_trial_from_the_digest_and_reads_each_change
     from launch.layout import RESULTS_FILE, STOPPED_FILE, TRIALS_DIR, train_run_name
     from launch.location import DIGEST_FILE, STUDY_FILE, StudyLocation
 
-    fresh = fab.record()
+    fresh = fab.record(for_digest=True)
     fresh.save_digest()
     reads = _reads(monkeypatch)
     assert _view(fab.record()) == _view(fresh) and reads == []
@@ -196,7 +196,7 @@ def test_a_read_takes_each_unchanged_trial_from_the_digest_and_reads_each_change
     assert trials["max0"].stopped_early == {"rung": None, "cutoff": None}  # cut short, its record gone: rung unknown
     assert _view(changed) == _view(_without_digest(fab))
 
-    fab.record().save_digest()
+    fab.record(for_digest=True).save_digest()
     reads.clear()  # a copy elsewhere with its files' times (cp -a): its trials' paths are the copy's
     shutil.copytree(fab.location.at().uri, Path(fab.location.at().uri).parent.parent / "copy" / "rec")
     copy = StudyLocation("rec", str(Path(fab.location.at().uri).parent.parent / "copy"))
@@ -207,7 +207,7 @@ def test_a_read_takes_each_unchanged_trial_from_the_digest_and_reads_each_change
     os.utime(study_file, ns=(os.stat(study_file).st_atime_ns, os.stat(study_file).st_mtime_ns + 10**9))
     fab.record()
     assert len(reads) == 6  # the study file changed: no trial from the digest
-    fab.record().save_digest()
+    fab.record(for_digest=True).save_digest()
     digest = json.loads(fab.location.read_text(DIGEST_FILE))
     for entry, broken in zip(digest["trials"], ("files", "row", "history", "logged", "files", "row")):
         entry[broken] = {"files": 7, "row": {"trial_id": entry["row"]["trial_id"]}, "history": [3],
@@ -246,7 +246,7 @@ def test_tunes_word_on_the_trials_comes_from_the_digest_while_its_experiment_sta
         return save_experiment_state(folder, trials, stamp=stamp)
 
     save_state("2026-11-27_10-00-00", {"max1": "TERMINATED"})
-    first = launch.record.StudyRecord.load(fab.location)
+    first = launch.record.StudyRecord.load(fab.location, for_digest=True)
     assert [t.trial_id for t in first.trials] == [t.trial_id for t in fab.trials]
     first.save_digest()
     parsed, parse = [], launch.record.tune_trials
