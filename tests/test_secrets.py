@@ -14,6 +14,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -70,10 +71,6 @@ def test_stash_moves_aws_keys_into_a_private_credentials_file(fake_keys):
 def test_a_killed_drivers_credentials_are_removed_by_the_next_driver(fake_keys, tmp_path, monkeypatch):
     """A driver killed with SIGKILL runs no exit handler and leaves its credentials file: the next driver to stash
     its keys removes every such folder whose process is gone, and none of a process still running."""
-    import subprocess
-    import sys
-    import tempfile
-
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
