@@ -37,6 +37,7 @@ bound of the MLflow export behind them.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import resource
@@ -48,8 +49,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+CODE = Path(os.environ.get("A2_BENCH_CODE") or ROOT)  # the code rehearsed: another with --baseline-code
+if str(CODE) not in sys.path:
+    sys.path.insert(0, str(CODE))
 
 STUDY = ROOT / "studies" / "fusion_ablation.yaml"
 CONCURRENT = 16  # fusion_ablation's max_concurrent_trials: 4 g5.12xlarge workers x 4 GPUs
@@ -73,6 +75,13 @@ def parse_args(argv=None):
                    help="no rehearsal: time status, compare and report (median of --repeats) on the records that "
                         "--keep kept in these folders, without the driver's digest and with it")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per command with --reread")
+    p.add_argument("--tracking", choices=("sqlite", "server"), default="sqlite",
+                   help="the MLflow store: SQLite inside the driver's process, or `a2 mlflow serve` (its own "
+                        "process, SQLite behind it, as a team runs it), whose CPU is reported apart")
+    p.add_argument("--baseline-code", default=None, metavar="DIR",
+                   help="each size rehearsed with the code in DIR (e.g. `git archive <commit> | tar -x -C DIR`) and "
+                        "with this code, one after the other, each a fresh process; the ratios printed")
+    p.add_argument("--json", default=None, help=argparse.SUPPRESS)  # the rows, for --baseline-code's parent
     return p.parse_args(argv)
 
 
@@ -119,7 +128,13 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
         os.environ.update(server.env)
         make_bucket(server, "bench-rehearse")
         storage = "s3://bench-rehearse/studies"
-    raw, own = rehearse.rehearsal_raw(str(STUDY), overrides, storage, f"sqlite:///{work / 'mlflow.db'}")
+    tracking, served = f"sqlite:///{work / 'mlflow.db'}", None
+    if args.tracking == "server":
+        from tests.mlflowserver import free_port, start_server
+
+        served, tracking = start_server(tracking, str(work / "mlartifacts"), free_port(),
+                                        log_path=str(work / "server.log"), timeout=120)
+    raw, own = rehearse.rehearsal_raw(str(STUDY), overrides, storage, tracking)
     original = StudySpec.from_dict(raw, source=str(STUDY), check_files=False)
     spec = StudySpec.from_dict(own, source=str(STUDY))
     assert spec.num_trials == trials, (spec.num_trials, trials)
@@ -151,13 +166,21 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
     finally:
         TuneController.save_to_dir, TuneController._create_checkpoint_manager = save_to_dir, create
         ray.shutdown()
+        server_cpu = None
+        if served is not None:
+            from tests.mlflowserver import stop_server
+
+            server_cpu = group_cpu_seconds(served.pid)
+            stop_server(served)
         os.environ.clear()  # the read commands and the counts below: this process's environment as it was
         os.environ.update(environ)
         if server is not None:
             run_requests = server.requests()
     try:
-        return _measured(trials, args, work, spec, out, saves, driver_cpu, saves_mode, server, storage,
-                         run_requests if server is not None else None)
+        row = _measured(trials, args, work, spec, out, saves, driver_cpu, saves_mode, server, storage,
+                        run_requests if server is not None else None)
+        row["tracking_server_cpu_per_trial_s"] = server_cpu / trials if server_cpu is not None else None
+        return row
     finally:
         if server is not None:
             server.stop()
@@ -177,7 +200,7 @@ def _measured(trials, args, work, spec, out, saves, driver_cpu, saves_mode, serv
     for label, command in (("status", ("study", "status", spec.name)), ("compare", ("study", "compare", spec.name)),
                            ("report", ("report", spec.name, "--out", str(work / "report")))):
         before = len(server.requests()) if server is not None else 0
-        seconds, rc, tail = timed(ROOT, [*command, "--storage", storage], work, args.read_timeout,
+        seconds, rc, tail = timed(CODE, [*command, "--storage", storage], work, args.read_timeout,
                                   env=server.env if server is not None else None)
         reads[label] = seconds if rc == 0 else None
         if server is not None:
@@ -200,6 +223,19 @@ def _measured(trials, args, work, spec, out, saves, driver_cpu, saves_mode, serv
             "s3_requests": s3, **reads}
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds of the processes of process group `pgid` so far, with their waited-for children's (Linux /proc)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.name.isdigit() and int(fields[2]) == pgid:  # fields from state (3rd of stat): pgrp is the 5th
+            total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return total / tick
+
+
 def print_row(r: dict) -> None:
     def s(v):
         return "failed" if v is None else f"{v:.1f} s"
@@ -209,6 +245,9 @@ def print_row(r: dict) -> None:
           f"(last {r['save_last_s'] * 1000:.0f} ms, {r['save_share']:.0%} of the wall); storage "
           f"{r['bytes_per_trial'] / 1e6:.2f} MB/trial (Tune's result.json {r['tune_result_bytes_per_trial'] / 1e6:.2f}); "
           f"status {s(r['status'])}, compare {s(r['compare'])}, report {s(r['report'])}", flush=True)
+    if r.get("tracking_server_cpu_per_trial_s") is not None:
+        print(f"  the tracking server's own CPU (`a2 mlflow serve`, not the driver's): "
+              f"{r['tracking_server_cpu_per_trial_s']:.2f} s/trial", flush=True)
     for what, methods in r["s3_requests"].items():
         total = sum(methods.values())
         by = ", ".join(f"{m} {c / r['trials']:.1f}" for m, c in sorted(methods.items()))
@@ -248,6 +287,39 @@ def reread(work: Path, args) -> None:
                   f"{args.repeats}: {', '.join(f'{r:.2f}' for r in runs)})", flush=True)
 
 
+def side_by_side(args, argv: list[str]) -> int:
+    """Each size with the baseline code, then with this code, each rehearsal a fresh process of this script (the
+    driver's CPU and memory are its own), then the ratios (this / baseline)."""
+    own = [a for i, a in enumerate(argv) if a != "--baseline-code" and (i == 0 or argv[i - 1] != "--baseline-code")
+           and not a.startswith("--baseline-code=")]
+    own = [a for i, a in enumerate(own) if a != "--sizes" and (i == 0 or not _size_value(own, i))]
+    for size in args.sizes:
+        rows = {}
+        for label, code in (("baseline", Path(args.baseline_code).resolve()), ("this code", ROOT)):
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                print(f"{size} trials, {label} ({code}):", flush=True)
+                subprocess.run([sys.executable, __file__, *own, "--sizes", str(size), "--json", out.name], cwd=code,
+                               check=True, env={**os.environ, "PYTHONPATH": str(code), "A2_BENCH_CODE": str(code)})
+                (rows[label],) = json.loads(Path(out.name).read_text())
+        before, after = rows["baseline"], rows["this code"]
+        print(f"SIDE BY SIDE {size} trials, tracking {args.tracking}: driver CPU {before['driver_cpu_per_trial_s']:.3f}"
+              f" -> {after['driver_cpu_per_trial_s']:.3f} s/trial (x{after['driver_cpu_per_trial_s'] / before['driver_cpu_per_trial_s']:.2f}), "
+              f"overhead {before['overhead_per_trial_s']:.2f} -> {after['overhead_per_trial_s']:.2f} s/trial"
+              + (f", tracking server CPU {before['tracking_server_cpu_per_trial_s']:.3f} -> "
+                 f"{after['tracking_server_cpu_per_trial_s']:.3f} s/trial"
+                 if after.get("tracking_server_cpu_per_trial_s") is not None
+                 and before.get("tracking_server_cpu_per_trial_s") is not None else ""), flush=True)
+    return 0
+
+
+def _size_value(argv: list[str], i: int) -> bool:
+    """Whether argv[i] is a value of the --sizes before it."""
+    j = i - 1
+    while j >= 0 and argv[j].isdigit():
+        j -= 1
+    return argv[i].isdigit() and j >= 0 and argv[j] == "--sizes"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.reread:
@@ -256,6 +328,8 @@ def main(argv=None) -> int:
         return 0
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if args.baseline_code:
+        return side_by_side(args, argv if argv is not None else sys.argv[1:])
     rows = []
     for size in args.sizes:
         samples_for(size)
@@ -268,6 +342,8 @@ def main(argv=None) -> int:
             finally:
                 if args.keep is None:
                     shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows))
     first, last = rows[0], rows[-1]
     print(f"SUMMARY bench_rehearse: overhead per trial {first['overhead_per_trial_s']:.2f} s at {first['trials']} "
           f"trials, {last['overhead_per_trial_s']:.2f} s at {last['trials']} "

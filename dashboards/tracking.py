@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,16 @@ def import_mlflow() -> None:
     import mlflow  # noqa: F401
 
 
+@dataclass
+class _KnownRun:
+    """A trial's run as this process last wrote or read it (`StudyTracker.trial_run`)."""
+    run_id: str
+    name: str
+    status: str
+    tags: dict[str, str]
+    params: set[str]
+
+
 class StudyTracker:
     """MLflow runs of one study (no global MLflow state: safe in a long-lived process). `artifact_location`: where a
     new experiment keeps artifacts without a server (default: MLflow's ./mlruns; a server decides itself)."""
@@ -255,6 +266,10 @@ class StudyTracker:
         self.client = _client(tracking_uri)
         self.parent_run_id: str | None = None
         self.trial_runs: dict[str, str] = {}
+        # run id -> what this process wrote to or read of a trial's run (name, status, tags, param keys): while the
+        # export runs, it is the run's only writer, so a trial exported again is not searched for, and only tags
+        # that change are written (a search and two writes fewer an export of it: `trial_run`, `set_tags`)
+        self._known: dict[str, _KnownRun] = {}
         self._view: tuple | None = None  # (metric, mode, searched params) once `set_views` was called
         self._view_sections: set[str] = set()  # the chart sections the views list
         # run id -> metric key -> the steps MLflow holds: read once per run and process, then kept up to date, so
@@ -352,14 +367,20 @@ class StudyTracker:
         """End a run with `status`; its `a2.end_reason` tag says why (a KILLED or FAILED run), or goes."""
         from mlflow.exceptions import MlflowException  # mlflow: as in `_client`
 
+        known = self._known.get(run_id)
         if reason:
             self.set_tags(run_id, {TAG_END_REASON: reason})
-        else:
+        elif known is None or TAG_END_REASON in known.tags:
             try:
                 self.client.delete_tag(run_id, TAG_END_REASON)
             except MlflowException:  # it had none
                 pass
-        self.client.set_terminated(run_id, status=_status(status))
+            if known is not None:
+                del known.tags[TAG_END_REASON]
+        if known is None or known.status != _status(status):
+            self.client.set_terminated(run_id, status=_status(status))
+        if known is not None:
+            known.status = _status(status)
 
     # -- trials (children) -----------------------------------------------------------------------------------
     def trial_run(self, trial_id: str, config: dict | None = None, tags: dict | None = None,
@@ -380,42 +401,58 @@ class StudyTracker:
             if value is not None:
                 own[tag] = str(value)
         extra = _tag_values(tags or {})
-        run = self._first_run(f"tags.`{TAG_PARENT}` = {_quote(self.parent_run_id)} and "
-                              f"tags.`{TAG_TRIAL_ID}` = {_quote(trial_id)}")
-        if run is None:
-            run = self.client.create_run(self.experiment_id, run_name=run_name or trial_id,
-                                         tags=_tag_values({**own, **extra}))
-            self._steps[run.info.run_id] = {}  # a new run has no metrics yet
-        else:
-            if run_name and run.info.run_name != run_name:  # e.g. a run exported before runs had readable names
-                self.client.update_run(run.info.run_id, name=run_name)
-            if running:
-                self._running_again(run)
-            self.set_tags(run.info.run_id, {**{k: v for k, v in own.items() if k not in run.data.tags},
-                                            **{k: v for k, v in extra.items() if run.data.tags.get(k) != v}})
-        self._log_params(run.info.run_id, flat, run.data.params)
-        self.trial_runs[trial_id] = run.info.run_id
-        return run.info.run_id
+        known = self._known.get(self.trial_runs.get(trial_id, ""))
+        if known is None:
+            run = self._first_run(f"tags.`{TAG_PARENT}` = {_quote(self.parent_run_id)} and "
+                                  f"tags.`{TAG_TRIAL_ID}` = {_quote(trial_id)}")
+            if run is None:
+                run = self.client.create_run(self.experiment_id, run_name=run_name or trial_id,
+                                             tags=_tag_values({**own, **extra}))
+                self._steps[run.info.run_id] = {}  # a new run has no metrics yet
+            known = _KnownRun(run.info.run_id, run.info.run_name, run.info.status, dict(run.data.tags),
+                              set(run.data.params))
+            self._known[known.run_id] = known
+            self.trial_runs[trial_id] = known.run_id
+        if run_name and known.name != run_name:  # e.g. a run exported before runs had readable names
+            self.client.update_run(known.run_id, name=run_name)
+            known.name = run_name
+        if running and known.status != "RUNNING":
+            self.client.update_run(known.run_id, status="RUNNING")
+            known.status = "RUNNING"
+        self.set_tags(known.run_id, {**{k: v for k, v in own.items() if k not in known.tags}, **extra})
+        self._log_params(known.run_id, flat, known.params)
+        return known.run_id
 
     def end_trial(self, run_id: str, status: str = "FINISHED", reason: str | None = None) -> None:
         self._end(run_id, status, reason)
 
     # -- logging ---------------------------------------------------------------------------------------------
     def log_metrics(self, run_id: str, metrics: dict, step: int, timestamp_ms: int | None = None) -> dict[str, float]:
-        """Log the numeric values of `metrics` at `step` that the run does not hold yet (every (key, step) is written
-        once, whatever its value or time: the first report of an epoch stays); returns the numeric values.
-        `timestamp_ms` (default: now) is the result's own time."""
-        ts = int(timestamp_ms) if timestamp_ms is not None else int(time.time() * 1000)
-        numbers = {_clean_key(key): _numeric(value) for key, value in (metrics or {}).items()}
-        logged = {key: number for key, number in numbers.items() if number is not None}
+        """Log the numeric values of `metrics` at `step` (`log_epochs` of one epoch); returns the numeric values."""
+        return self.log_epochs(run_id, [(step, metrics, timestamp_ms)])[0]
+
+    def log_epochs(self, run_id: str, epochs: list[tuple[int, dict, int | None]]) -> list[dict[str, float]]:
+        """Log, in one batch, the numeric values of each (step, metrics, timestamp_ms) that the run does not hold yet
+        (every (key, step) is written once, whatever its value or time: the first report of an epoch stays);
+        returns each epoch's numeric values. `timestamp_ms` (None: now) is the result's own time. (One batch for
+        the epochs an export finds: an epoch a request was what bounded the export's throughput.)"""
         steps = self.metric_steps(run_id)
-        fresh = {key: number for key, number in logged.items() if int(step) not in steps.get(key, ())}
-        self._log_batch(run_id, "metrics", [(k, v, ts, int(step)) for k, v in fresh.items()])
-        for key in fresh:
-            steps.setdefault(key, set()).add(int(step))
+        rows, values, written = [], [], set()
+        for step, metrics, timestamp_ms in epochs:
+            ts = int(timestamp_ms) if timestamp_ms is not None else int(time.time() * 1000)
+            numbers = {_clean_key(key): _numeric(value) for key, value in (metrics or {}).items()}
+            logged = {key: number for key, number in numbers.items() if number is not None}
+            for key, number in logged.items():
+                if int(step) not in steps.get(key, ()) and (key, int(step)) not in written:
+                    rows.append((key, number, ts, int(step)))
+                    written.add((key, int(step)))
+            values.append(logged)
+        self._log_batch(run_id, "metrics", rows)
+        for key, step in written:
+            steps.setdefault(key, set()).add(step)
         if run_id != self.parent_run_id:  # the parent's totals are not in the views (they show trials)
-            self._note_sections(logged)
-        return logged
+            self._note_sections({key for logged in values for key in logged})
+        return values
 
     def metric_steps(self, run_id: str) -> dict[str, set[int]]:
         """{metric key: the steps at which the run has values}, read from MLflow once per run and process."""
@@ -430,12 +467,19 @@ class StudyTracker:
         return set(self.metric_steps(run_id).get(_clean_key(key), ()))
 
     def set_tags(self, run_id: str, tags: dict) -> None:
-        self._log_batch(run_id, "tags", list(_tag_values(tags).items()))
+        """Set `tags` on the run (on a trial run this process knows, only those whose value changes)."""
+        known = self._known.get(run_id)
+        items = [(k, v) for k, v in _tag_values(tags).items() if known is None or known.tags.get(k) != v]
+        self._log_batch(run_id, "tags", items)
+        if known is not None:
+            known.tags.update(items)
 
     def _log_params(self, run_id: str, flat: dict, existing: dict) -> None:
         """The params of `flat` that the run does not have yet (a resumed run keeps its first values)."""
         new = [(_clean_key(k), param_value(v)) for k, v in flat.items() if _clean_key(k) not in existing]
         self._log_batch(run_id, "params", new)
+        if run_id in self._known:
+            self._known[run_id].params.update(key for key, _ in new)
 
     def _log_batch(self, run_id: str, kind: str, items: list[tuple]) -> None:
         """`items` as MLflow entities of `kind` (metrics, params, tags); the client splits them into requests."""

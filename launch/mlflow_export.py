@@ -173,11 +173,10 @@ class Export:
                                          TAG_CONFIG_LABEL: label},
                                    run_name=name)
         logged = tracker.logged_steps(run_id, self.spec.metric)
-        for result in results:
-            stamp, step = result.get("timestamp"), int(result["epoch"])
-            self.late += late and step not in logged
-            tracker.log_metrics(run_id, _metrics(result), step=step,
-                                timestamp_ms=int(stamp * 1000) if isinstance(stamp, (int, float)) else None)
+        self.late += sum(late and int(result["epoch"]) not in logged for result in results)
+        tracker.log_epochs(run_id, [(int(result["epoch"]), _metrics(result), int(result["timestamp"] * 1000)
+                                     if isinstance(result.get("timestamp"), (int, float)) else None)
+                                    for result in results])
         tracker.set_tags(run_id, self._tags(trial, results))
         self._artifacts(tracker, run_id, self.location.at(TRIALS_DIR, train_run_name(self.spec.name, tid),
                                                           ARTIFACTS_DIR))

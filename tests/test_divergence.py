@@ -172,6 +172,7 @@ def test_an_end_record_that_is_not_one_is_named(fab):
 
 
 # -- a real study: one arm diverges, the study goes on ------------------------------------------------------------
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("workers", [1, 2])  # a one-worker trial trains in Tune's process; two run on Ray Train

@@ -188,18 +188,20 @@ def test_an_export_cut_short_goes_on_without_duplicates(spec, monkeypatch):
     uri = spec.tracking.mlflow_uri
     trials = trials_of(location, {"t0": [10.0, 30.0, 20.0], "t1": [12.0, 25.0, 33.0]}, {})
     calls = {"n": 0}
-    real = StudyTracker.log_metrics
+    real = StudyTracker.log_epochs
 
-    def dies_after_four(self, *args, **kwargs):
+    def dies_part_way(self, run_id, epochs):
         calls["n"] += 1
-        if calls["n"] > 4:
+        if calls["n"] == 2:  # the second trial's batch: a request of its first two epochs went through, then none
+            real(self, run_id, epochs[:2])
             raise ConnectionError("server gone")
-        return real(self, *args, **kwargs)
+        return real(self, run_id, epochs)
 
-    monkeypatch.setattr(StudyTracker, "log_metrics", dies_after_four)
+    monkeypatch.setattr(StudyTracker, "log_epochs", dies_part_way)
     with pytest.raises(ConnectionError):
         Export(spec, location).run([tune_trial(t) for t in trials], end_reason(spec.name))
-    monkeypatch.setattr(StudyTracker, "log_metrics", real)
+    assert calls["n"] == 2
+    monkeypatch.setattr(StudyTracker, "log_epochs", real)
     Export(spec, location).run([tune_trial(t) for t in trials], end_reason(spec.name))
     parent, runs = runs_by_trial(uri, spec.name)
     assert points(uri, spec.name) == {tid: {"val/CIDEr": Counter({1: 1, 2: 1, 3: 1}),
@@ -454,3 +456,37 @@ def test_an_export_tick_reads_only_the_trials_that_can_have_changed(spec, monkey
     export.run([tune_trial(t) for t in trials], end_reason(spec.name))
     assert reads == {}
     assert all(n == 1 for keys in points(uri, spec.name).values() for steps in keys.values() for n in steps.values())
+
+
+def test_a_running_trials_next_export_is_one_batch_of_its_new_epochs(spec):
+    """A running trial exported again: its new epochs go in one batch, with only the tags that changed; its run is
+    not searched for again (an epoch a request and a run search an export were the export's cost, in the driver's
+    process with an SQLite store: `benchmarks/bench_rehearse.py`)."""
+    location = StudyLocation(spec.name, spec.storage)
+    trials = trials_of(location, {"live": [12.0]}, {"live": "RUNNING"})
+    export = Export(spec, location)
+    export.run([tune_trial(t) for t in trials])
+    client, calls = export.tracker.client, []
+
+    def spy(name, method):
+        def call(*args, **kwargs):
+            calls.append((name, {kind: sorted(getattr(e, "key") for e in v) for kind, v in kwargs.items()
+                                 if isinstance(v, list)}))
+            return method(*args, **kwargs)
+        return call
+
+    for name in ("search_runs", "create_run", "update_run", "get_run", "log_batch", "set_terminated", "delete_tag"):
+        setattr(client, name, spy(name, getattr(client, name)))
+    write_epoch(location, trials[0], 2, 22.0)
+    write_epoch(location, trials[0], 3, 21.0)
+    export.run([tune_trial(t) for t in trials])
+    assert calls == [("log_batch", {"metrics": ["train/loss", "train/loss", "val/CIDEr", "val/CIDEr"]}),
+                     ("log_batch", {"tags": ["a2.best_checkpoint", "a2.checkpoint"]})]
+    assert points(spec.tracking.mlflow_uri, spec.name)["live"]["val/CIDEr"] == {1: 1, 2: 1, 3: 1}
+
+    calls.clear()
+    trials[0].status = "TERMINATED"
+    export.run([tune_trial(t) for t in trials])  # it ended: its run ends, nothing else is written
+    assert calls == [("set_terminated", {})]
+    run = runs_by_trial(spec.tracking.mlflow_uri, spec.name)[1]["live"]
+    assert run.info.status == "FINISHED" and run.data.tags["a2.checkpoint"].endswith("checkpoint_epoch0003/checkpoint.pt")

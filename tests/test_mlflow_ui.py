@@ -279,6 +279,7 @@ def served_study(tmp_path_factory, tiny_data):  # noqa: F811
         stop_server(proc)
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_smoke_study_opens_where_trials_are_compared(chromium, served_study, tmp_path):

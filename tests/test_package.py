@@ -254,6 +254,7 @@ def test_no_train_refuses_naming_the_missing_seeds(study, tmp_path, capsys):
 
 
 # -- the whole package, with the missing seed trained on Ray --------------------------------------------------------
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_endpoint, capsys):

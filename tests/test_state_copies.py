@@ -92,3 +92,37 @@ def test_the_copies_follow_a_running_study_and_a_failed_write_keeps_the_last_cop
     err = capsys.readouterr().err
     assert err.count("whole copies of Tune's state not updated (the last ones stay)") == 1
     assert "No space left on device" in err
+
+
+class _Searcher:  # a searcher state's shapes: an object with arrays, sets, ordered and plain dicts
+    def __init__(self):
+        import collections
+
+        import numpy as np
+
+        self.points = np.arange(50.0)
+        self.seen = {("max", 1), ("gate", 2)}
+        self.order = collections.OrderedDict(a=1, b=[1.5, None, "x"])
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_a_pickle_is_checked_whole_without_running_anything_in_it(study, protocol, tmp_path):
+    from launch.verify import problem
+
+    whole = pickle.dumps({"searcher": _Searcher(), "trials": [{"id": f"t{i}", "score": i / 3} for i in range(40)]},
+                         protocol=protocol)
+    target = open_location(study).join(SEARCHER)
+    for cut in range(len(whole)):  # every cut short of the whole is refused
+        (study / SEARCHER).write_bytes(whole[:cut])
+        assert "unreadable" in (problem(target, "pickle") or ""), cut
+    (study / SEARCHER).write_bytes(whole)
+    assert problem(target, "pickle") is None
+    # a class of a module that is not installed is not imported; a call the pickle asks for is not made
+    ran = tmp_path / "ran"
+    (study / SEARCHER).write_bytes(b"cno_such_module\nThing\n)\x81cos\nsystem\n(S'touch " + str(ran).encode() +
+                                   b"'\ntR\x86.")
+    assert problem(target, "pickle") is None and not ran.exists()
+    # what a call gives is called in turn, or built as a class (Tune's Tuner pickle does both)
+    for then in (b"(S'touch " + str(ran).encode() + b"'\ntR.", b")\x81."):
+        (study / SEARCHER).write_bytes(b"cbuiltins\ngetattr\n(cos\nsystem\nS'x'\ntR" + then)
+        assert problem(target, "pickle") is None and not ran.exists()
