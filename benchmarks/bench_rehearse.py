@@ -7,6 +7,8 @@ read side cost as trials grow, each trial 20 stand-in epochs.
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 --s3     # storage on a moto S3 server
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 1005 2005 --keep /tmp/keep
     python benchmarks/bench_rehearse.py --reread /tmp/keep/*   # the reads on the kept records, without/with digest
+    flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 --baseline-code /tmp/base   # side by side
+    flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 --tracking server --baseline-code /tmp/base
 
 Each size is `studies/fusion_ablation.yaml` (15 configurations x 5 seeds = 75 trials; `search.num_samples=N` gives
 the exp_decay cells 2N T_P samples: 5 x (7 + 2N) trials) rehearsed once through `launch.rehearse.run_rehearsal`: the
@@ -16,7 +18,10 @@ summary, on a local Ray whose 16 logical GPUs stand in for the cluster's, with t
 Per size it prints:
 
 - driver overhead per trial: (wall - ideal makespan, ceil(trials / 16) x 20 x epoch-s) / trials (target flat,
-  <= 0.5 s); the driver's own CPU seconds per trial; its peak memory (max RSS);
+  <= 0.5 s); the driver's own CPU seconds per trial (all its threads: the MLflow export's too, and with the default
+  SQLite store the store's database work; `--tracking server` moves that to `a2 mlflow serve`, whose CPU a trial is
+  printed apart); its peak memory (max RSS); the whole machine's CPU a trial (every process, `/proc/stat`) and so
+  the least wall a trial any schedule could take on this machine's cores: where the overhead's floor is the box's;
 - Tune's experiment-state saves (`TuneController.save_to_dir`, each writes every trial's state and the searcher's:
   O(trials)): how many, their mean and last time, and their share of the driver's wall time. `--state-saves`:
   `shipped` (the driver as it is: `CheckpointConfig(num_to_keep=None)`, so Tune saves on its own period, at least
@@ -160,9 +165,9 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
             return manager
         TuneController._create_checkpoint_manager = periodic
     try:
-        cpu0 = time.process_time()
+        cpu0, machine0 = time.process_time(), machine_cpu_seconds()
         out = rehearse.run_rehearsal(spec, model, epoch_seconds=args.epoch_s, time_scale=1.0, verbose=False)
-        driver_cpu = time.process_time() - cpu0
+        driver_cpu, machine_cpu = time.process_time() - cpu0, machine_cpu_seconds() - machine0
     finally:
         TuneController.save_to_dir, TuneController._create_checkpoint_manager = save_to_dir, create
         ray.shutdown()
@@ -180,6 +185,7 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
         row = _measured(trials, args, work, spec, out, saves, driver_cpu, saves_mode, server, storage,
                         run_requests if server is not None else None)
         row["tracking_server_cpu_per_trial_s"] = server_cpu / trials if server_cpu is not None else None
+        row["machine_cpu_per_trial_s"] = machine_cpu / trials
         return row
     finally:
         if server is not None:
@@ -223,6 +229,13 @@ def _measured(trials, args, work, spec, out, saves, driver_cpu, saves_mode, serv
             "s3_requests": s3, **reads}
 
 
+def machine_cpu_seconds() -> float:
+    """CPU seconds every process of the machine has used since boot, all cores together (Linux /proc/stat: user,
+    nice, system, irq, softirq, steal)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return sum(int(fields[i]) for i in (0, 1, 2, 5, 6, 7)) / os.sysconf("SC_CLK_TCK")
+
+
 def group_cpu_seconds(pgid: int) -> float:
     """CPU seconds of the processes of process group `pgid` so far, with their waited-for children's (Linux /proc)."""
     tick, total = os.sysconf("SC_CLK_TCK"), 0
@@ -245,6 +258,11 @@ def print_row(r: dict) -> None:
           f"(last {r['save_last_s'] * 1000:.0f} ms, {r['save_share']:.0%} of the wall); storage "
           f"{r['bytes_per_trial'] / 1e6:.2f} MB/trial (Tune's result.json {r['tune_result_bytes_per_trial'] / 1e6:.2f}); "
           f"status {s(r['status'])}, compare {s(r['compare'])}, report {s(r['report'])}", flush=True)
+    cores = os.cpu_count() or 1
+    print(f"  the machine's CPU a trial (every process: driver, trials, Ray, the store): "
+          f"{r['machine_cpu_per_trial_s']:.2f} s; on {cores} cores no schedule takes less than "
+          f"{r['machine_cpu_per_trial_s'] / cores:.2f} s of wall a trial (here {r['wall_s'] / r['trials']:.2f} s)",
+          flush=True)
     if r.get("tracking_server_cpu_per_trial_s") is not None:
         print(f"  the tracking server's own CPU (`a2 mlflow serve`, not the driver's): "
               f"{r['tracking_server_cpu_per_trial_s']:.2f} s/trial", flush=True)
@@ -287,12 +305,12 @@ def reread(work: Path, args) -> None:
                   f"{args.repeats}: {', '.join(f'{r:.2f}' for r in runs)})", flush=True)
 
 
-def side_by_side(args, argv: list[str]) -> int:
+def side_by_side(args) -> int:
     """Each size with the baseline code, then with this code, each rehearsal a fresh process of this script (the
     driver's CPU and memory are its own), then the ratios (this / baseline)."""
-    own = [a for i, a in enumerate(argv) if a != "--baseline-code" and (i == 0 or argv[i - 1] != "--baseline-code")
-           and not a.startswith("--baseline-code=")]
-    own = [a for i, a in enumerate(own) if a != "--sizes" and (i == 0 or not _size_value(own, i))]
+    own = ["--epoch-s", str(args.epoch_s), "--images", str(args.images), "--read-timeout", str(args.read_timeout),
+           "--state-saves", *args.state_saves, "--tracking", args.tracking, *(["--s3"] if args.s3 else []),
+           *(["--keep", args.keep] if args.keep else [])]
     for size in args.sizes:
         rows = {}
         for label, code in (("baseline", Path(args.baseline_code).resolve()), ("this code", ROOT)):
@@ -302,22 +320,14 @@ def side_by_side(args, argv: list[str]) -> int:
                                check=True, env={**os.environ, "PYTHONPATH": str(code), "A2_BENCH_CODE": str(code)})
                 (rows[label],) = json.loads(Path(out.name).read_text())
         before, after = rows["baseline"], rows["this code"]
-        print(f"SIDE BY SIDE {size} trials, tracking {args.tracking}: driver CPU {before['driver_cpu_per_trial_s']:.3f}"
-              f" -> {after['driver_cpu_per_trial_s']:.3f} s/trial (x{after['driver_cpu_per_trial_s'] / before['driver_cpu_per_trial_s']:.2f}), "
-              f"overhead {before['overhead_per_trial_s']:.2f} -> {after['overhead_per_trial_s']:.2f} s/trial"
-              + (f", tracking server CPU {before['tracking_server_cpu_per_trial_s']:.3f} -> "
-                 f"{after['tracking_server_cpu_per_trial_s']:.3f} s/trial"
-                 if after.get("tracking_server_cpu_per_trial_s") is not None
-                 and before.get("tracking_server_cpu_per_trial_s") is not None else ""), flush=True)
+        cpu = before["driver_cpu_per_trial_s"], after["driver_cpu_per_trial_s"]
+        server = before["tracking_server_cpu_per_trial_s"], after["tracking_server_cpu_per_trial_s"]
+        print(f"SIDE BY SIDE {size} trials, tracking {args.tracking}: driver CPU {cpu[0]:.3f} -> {cpu[1]:.3f} s/trial "
+              f"(x{cpu[1] / cpu[0]:.2f}), overhead {before['overhead_per_trial_s']:.2f} -> "
+              f"{after['overhead_per_trial_s']:.2f} s/trial"
+              + (f", tracking server CPU {server[0]:.3f} -> {server[1]:.3f} s/trial (x{server[1] / server[0]:.2f})"
+                 if None not in server else ""), flush=True)
     return 0
-
-
-def _size_value(argv: list[str], i: int) -> bool:
-    """Whether argv[i] is a value of the --sizes before it."""
-    j = i - 1
-    while j >= 0 and argv[j].isdigit():
-        j -= 1
-    return argv[i].isdigit() and j >= 0 and argv[j] == "--sizes"
 
 
 def main(argv=None) -> int:
@@ -329,7 +339,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if args.baseline_code:
-        return side_by_side(args, argv if argv is not None else sys.argv[1:])
+        return side_by_side(args)
     rows = []
     for size in args.sizes:
         samples_for(size)

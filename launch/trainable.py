@@ -91,7 +91,7 @@ class TrialPlan:
         makes its temp folders (`a2-trial-*`, `a2-tune-ckpt-*`, a2core's `a2ckpt-*`) in it (`use_temp_root`), so that
         the driver, the study's one writer, removes what killed trials left, at its start and end."""
         digest = hashlib.sha1(str(self.storage).encode()).hexdigest()[:8]
-        return Path(tempfile.gettempdir()) / f"a2-study-{self.study}-{digest}"
+        return Path(_SYSTEM_TEMP or tempfile.gettempdir()) / f"a2-study-{self.study}-{digest}"
 
     def worker_resource_request(self) -> dict:
         res = {"CPU": float(self.resources["cpus_per_worker"])}
@@ -124,8 +124,17 @@ def plan_from_spec(spec) -> TrialPlan:
                      train=_SWAPPED_TRAIN)
 
 
+# The node's temp folder as it was before `use_temp_root` changed this process's: Tune runs one trial after another
+# in the same process (`reuse_actors`), and each trial's root must be the study's, not one nested in the last trial's
+# (a process that had run ~90 trials failed with "File name too long" in a 2,005-trial rehearsal).
+_SYSTEM_TEMP: str | None = None
+
+
 def use_temp_root(root: str | Path) -> None:
-    """Make this process's temp folders in `root` (`TrialPlan.temp_root`; a trial's process is its own)."""
+    """Make this process's temp folders in `root` (`TrialPlan.temp_root`)."""
+    global _SYSTEM_TEMP
+    if _SYSTEM_TEMP is None:
+        _SYSTEM_TEMP = tempfile.gettempdir()
     Path(root).mkdir(parents=True, exist_ok=True)
     tempfile.tempdir = str(root)
 

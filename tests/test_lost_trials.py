@@ -183,3 +183,23 @@ def test_a_trial_sends_tune_only_plain_values_and_keeps_per_image_scores_in_its_
     artifacts = tmp_path / "s" / TRIALS_DIR / train_run_name("s", "t1") / ARTIFACTS_DIR
     assert json.loads((artifacts / "eval" / "per_image_cider.json").read_text()) == {"7": 10.0, "9": 15.0}
     assert (artifacts / "samples" / "epoch_001.txt").read_text() == "0: a dog\n"
+
+
+def test_trials_run_one_after_another_in_one_process_keep_the_studys_temp_root(tmp_path, monkeypatch):
+    """Tune runs one trial after another in the same process (`reuse_actors`): each trial's temp folders are in the
+    study's root, not in a folder nested in the last trial's (nested once a trial, a process that had run ~90 trials
+    failed with "File name too long" in a 2,005-trial rehearsal)."""
+    import tempfile
+
+    import launch.trainable as trainable
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(trainable, "_SYSTEM_TEMP", None)
+    plan = _plan(tmp_path / "studies", ())
+    root = plan.temp_root()
+    assert root.parent == tmp_path
+    for _ in range(3):  # three trials in one process
+        trainable.use_temp_root(plan.temp_root())
+        assert plan.temp_root() == root and Path(tempfile.mkdtemp(prefix="a2-trial-")).parent == root
+    trainable.remove_temp_root(plan)
+    assert not root.exists()

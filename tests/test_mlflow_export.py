@@ -489,4 +489,5 @@ def test_a_running_trials_next_export_is_one_batch_of_its_new_epochs(spec):
     export.run([tune_trial(t) for t in trials])  # it ended: its run ends, nothing else is written
     assert calls == [("set_terminated", {})]
     run = runs_by_trial(spec.tracking.mlflow_uri, spec.name)[1]["live"]
-    assert run.info.status == "FINISHED" and run.data.tags["a2.checkpoint"].endswith("checkpoint_epoch0003/checkpoint.pt")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["a2.checkpoint"].endswith("checkpoint_epoch0003/checkpoint.pt")
