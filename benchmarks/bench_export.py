@@ -199,7 +199,7 @@ class Measured:
         self.exporter.once = once
         # where a tick's time goes (seconds, summed over the window)
         self.spent: Counter = Counter()
-        for owner, name, label in ((tracker, "trial_run", "find run"), (tracker, "log_metrics", "metrics"),
+        for owner, name, label in ((tracker, "trial_run", "find run"), (tracker, "log_epochs", "metrics"),
                                    (tracker, "set_tags", "tags"), (tracker, "end_trial", "end"),
                                    (export, "_artifacts", "artifacts")):
             setattr(owner, name, self._timed(getattr(owner, name), label))

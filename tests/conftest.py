@@ -20,7 +20,7 @@ WITHOUT_RAY = {
     "test_data", "test_datastore", "test_diagnostics", "test_divergence", "test_docs", "test_ensemble",
     "test_epochs_once", "test_global_batch", "test_hostile_inputs", "test_import_graph", "test_lease",
     "test_leaderboard", "test_lost_trials", "test_metrics", "test_mlflow_export", "test_mlflow_ui", "test_model",
-    "test_package", "test_package_transactional", "test_plan",
+    "test_package", "test_package_resume", "test_package_transactional", "test_plan",
     "test_prepared", "test_recipe", "test_record", "test_records", "test_rehearse", "test_report", "test_result_log",
     "test_s3", "test_scst", "test_search", "test_secrets", "test_spec", "test_state_copies", "test_state_errors",
     "test_stats", "test_study_completion", "test_study_output", "test_study_plan", "test_study_sizes",

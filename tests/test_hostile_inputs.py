@@ -252,3 +252,12 @@ def test_results_with_a_5000_digit_or_out_of_range_image_id_are_refused(tmp_path
     ids.write_text('{"images": [{"id": ' + "2" * 5000 + "}]}")
     with pytest.raises(ValueError, match=rf"{ids}: holds an integer of more than 4300 digits"):
         read_image_info(ids)
+
+
+def test_a_study_name_outside_the_storage_root_is_refused(tmp_path):
+    from tests.raycluster import a2  # the `a2` command as a process of its own (it starts no Ray here)
+
+    for command in (["study", "status"], ["study", "resume"], ["study", "check"], ["mlflow", "sync"], ["package"]):
+        done = a2(*command, "../storage/c1", cwd=tmp_path, timeout=120)
+        assert done.returncode == 2, (command, done.stdout[-2000:])
+        assert "study name '../storage/c1'" in done.stdout, (command, done.stdout[-2000:])
