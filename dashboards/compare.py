@@ -95,7 +95,7 @@ def study_comparison(study: Study, by: str = "fusion",
                 seed_ids=[r.seed for r in group])
             for label, group in labelled.items()]
     # per row, the searched params of its configuration other than `by` ("model.lambda=0.1, ...")
-    keys = [k for k in searched_keys([r for group in labelled.values() for r in group]) if not k.endswith(by)]
+    keys = [k for k in searched_keys(chosen) if not k.endswith(by)]
     configs = {label: ", ".join(f"{k}={group[0].params[k]}" for k in keys if k in group[0].params)
                for label, group in labelled.items()}
     comparison = compare_arms(arms, baseline=baseline, metric=TEST_CIDER if on_test else CIDER, metrics=metrics,
@@ -120,10 +120,9 @@ def shown_metrics(comparison: Comparison) -> list[tuple[str, str]]:
 
 def compare_table(study: Study, by: str = "fusion", baseline: str | None = None) -> str:
     """The comparison as plain text: the table, then one verdict per row against the baseline."""
-    study_name = study.name
     comparison, configs, n_runs = study_comparison(study, by, baseline=baseline)
     if not comparison.rows:
-        return f"study {study_name}: no run has logged {CIDER} and {by} yet"
+        return f"study {study.name}: no run has logged {CIDER} and {by} yet"
     columns = shown_metrics(comparison)
     split = "test" if comparison.metric == TEST_CIDER else "val"
     header = [by, *(f"{label} [95% CI]" for label, _ in columns), "seeds", f"vs baseline ({split} CIDEr)", "config"]
@@ -134,7 +133,7 @@ def compare_table(study: Study, by: str = "fusion", baseline: str | None = None)
                       *(intervals[m].text() if m in intervals else "-" for _, m in columns),
                       str(len(arm.seeds)), diff.interval_text() if diff else "-", configs[arm.label]])
     return "\n".join([
-        f"study {study_name}: {n_runs} runs with {study.metric}; per {by} the best configuration by mean best "
+        f"study {study.name}: {n_runs} runs with {study.metric}; per {by} the best configuration by mean best "
         f"{'val CIDEr' if study.metric == CIDER else study.metric} "
         f"over its seeds (early-stopped ones only when nothing else ran); mean [95% CI] over seeds; "
         + ("every column but the selection column (val) is on the test split, differences and verdicts too (each "

@@ -202,34 +202,26 @@ def format_table(board: Mapping) -> str:
                                             for k in metrics)])
     rows.append([ensemble["name"], n, *numbers(ensemble["metrics"])])
     paper = board.get("paper") or {}
-    if paper.get("table1"):
-        t1 = paper["table1"]
-        rows.append([f"paper T1 {t1['row']} ({t1['stage']}, {_paper_split(t1)})", "",
-                     *numbers(t1["metrics"])])
-    if paper.get("table3"):
-        rows.append([f"paper T3 {paper['table3']['row']} ({_paper_split(paper['table3'])})", "",
-                     *numbers(paper["table3"]["metrics"])])
+    if t1 := paper.get("table1"):
+        rows.append([f"paper T1 {t1['row']} ({t1['stage']}, {_paper_split(t1)})", "", *numbers(t1["metrics"])])
+    if t3 := paper.get("table3"):
+        rows.append([f"paper T3 {t3['row']} ({_paper_split(t3)})", "", *numbers(t3["metrics"])])
     ev, configuration = board["evaluation"], board["configuration"]
     selection = (ev.get("selection") or {}).get("metric") or (configuration.get("selected_by") or {}).get("metric")
     lines = [f"leaderboard of {board['study']} ({configuration['fusion']}, config {configuration['hash'][:12]}): "
              f"every score on the {ev['split']} split, {ev['images']} images, beam {ev['beam_size']}, scores "
              f"{ev['scale']}" + (f"; configuration and checkpoints selected by {selection} on the val split"
                                  if selection else ""),
-             text_table(["", "trial", *(f"test {SHORT[k]}" for k in metrics)], rows)]
-    for line in gain_lines(board):
-        lines.append(line)
+             text_table(["", "trial", *(f"test {SHORT[k]}" for k in metrics)], rows), *gain_lines(board)]
     return "\n".join(lines)
 
 
 def gain_lines(board: Mapping) -> list[str]:
     """The ensemble's gains in words: over its members' mean, and over the member chosen on validation."""
     ensemble = board.get("ensemble") or {}
-    lines = []
-    if (ensemble.get("gain_over_members") or {}).get("verdict"):
-        lines.append(f"ensemble gain over its members' mean: {ensemble['gain_over_members']['verdict']}")
-    if (ensemble.get("gain_over_chosen") or {}).get("verdict"):
-        lines.append(f"ensemble gain over the member chosen on validation: {ensemble['gain_over_chosen']['verdict']}")
-    return lines
+    over = {"gain_over_members": "its members' mean", "gain_over_chosen": "the member chosen on validation"}
+    return [f"ensemble gain over {what}: {verdict}" for key, what in over.items()
+            if (verdict := (ensemble.get(key) or {}).get("verdict"))]
 
 
 # -- MLflow --------------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import dropwhile, takewhile
 from pathlib import Path
 from typing import Mapping
 
@@ -134,19 +135,13 @@ def cmd_show(args) -> int:
 
 def tables_in(markdown: str) -> list[tuple[str, str]]:
     """(record path, the table that follows its marker line) for each `<!-- results: PATH -->` in a markdown text."""
-    lines = markdown.splitlines()
+    lines = [line.strip() for line in markdown.splitlines()]
     found = []
     for i, line in enumerate(lines):
-        match = MARKER.match(line.strip())
-        if match:
-            table = []
-            for row in lines[i + 1:]:
-                if not row.strip().startswith("|"):
-                    if table:
-                        break
-                    continue
-                table.append(row.strip())
-            found.append((match.group(1), "\n".join(table)))
+        match = MARKER.match(line)
+        if match:  # the table: the first run of "|" lines after the marker
+            rest = dropwhile(lambda row: not row.startswith("|"), lines[i + 1:])
+            found.append((match.group(1), "\n".join(takewhile(lambda row: row.startswith("|"), rest))))
     return found
 
 

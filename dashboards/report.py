@@ -258,10 +258,9 @@ def plot_parallel(runs: list[Trial]):
         return None
 
     params = [r.params for r in runs]
-    axes = [_parallel_axis(k, [p.get(k) for p in params]) for k in keys]
-    axes.append(_parallel_axis(CIDER, [r.score(CIDER) for r in runs]))
-    fig, ax = _axes(max(6.0, 2.0 * len(axes)), 4.5)
     cider = [r.score(CIDER) for r in runs]
+    axes = [*(_parallel_axis(k, [p.get(k) for p in params]) for k in keys), _parallel_axis(CIDER, cider)]
+    fig, ax = _axes(max(6.0, 2.0 * len(axes)), 4.5)
     norm = mpl.colors.Normalize(min(cider), max(max(cider), min(cider) + 1e-9))
     cmap = mpl.colormaps["viridis"]
     xs = range(len(axes))

@@ -20,7 +20,7 @@ import copy
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -112,14 +112,12 @@ def best_group(groups: Sequence, values_of: Callable, mode: str = "max",
     """The one rule for "the best configuration" (status, summary.json, compare, report, package, pipeline): the
     group with the best mean of `values_of(group)` among the groups not stopped early (`stopped_of(group)`: any
     of its replicates was), unless every one was; the first of equal means. None when no group has a value."""
-    def stopped_tags(group) -> dict:
-        return stopped_early_tags(0, math.nan) if stopped_of is not None and stopped_of(group) else {}
-
     scored = [(g, _finite(values_of(g))) for g in groups]
     scored = [(g, float(v.mean())) for g, v in scored if v.size]
     if not scored:
         return None
-    kept = best_candidates(scored, tags_of=lambda item: stopped_tags(item[0]))
+    stopped = stopped_of if stopped_of is not None else (lambda group: False)
+    kept = best_candidates(scored, tags_of=lambda item: stopped_early_tags(0, math.nan) if stopped(item[0]) else {})
     sign = 1 if mode == "max" else -1
     return max(kept, key=lambda item: sign * item[1])[0]
 
@@ -147,7 +145,7 @@ class Interval:
         if self.identical:
             return f"{self.mean:.{digits}f} ({self.n} seeds, all equal: the seed changes nothing)"
         if self.low is None:
-            return f"{self.mean:.{digits}f} ({self.n} seed{'s' if self.n != 1 else ''}: no interval)"
+            return f"{self.mean:.{digits}f} ({_seeds_text(self.n)}: no interval)"
         return f"{self.mean:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
 
 
@@ -208,8 +206,7 @@ class Difference:
     def size_text(self) -> str:
         if self.members:
             seeds = f"{self.seeds_b} member seed{'s' if self.seeds_b != 1 else ''}"
-            return f"{seeds} x {self.images} images" if self.images else f"{seeds}, seed means only"
-        if self.seeds_a == self.seeds_b:
+        elif self.seeds_a == self.seeds_b:
             seeds = _seeds_text(self.seeds_a)
         else:
             seeds = f"{self.seeds_a}+{self.seeds_b} seeds"
@@ -396,17 +393,13 @@ def gain_over_members(system: np.ndarray, members: np.ndarray, names: tuple[str,
     system: (images,) per-image scores and members: (seeds, images), the same images in the same order; or the
     system's score and the members' (seeds,) scores (seed means only: the one-sample t-interval)."""
     if np.ndim(system) == 0:
-        a, b = np.asarray([[system]], dtype=float), np.asarray(members, dtype=float).reshape(1, -1)
+        a, b = np.asarray([system], dtype=float), np.asarray(members, dtype=float).ravel()
         images = None
     else:
-        a = np.asarray(system, dtype=float).reshape(1, 1, -1)
-        b = np.atleast_2d(np.asarray(members, dtype=float))[None]
-        images = b.shape[2]
-    out = difference_intervals(a, b, fixed_a=True)
-    low, high = float(out["low"][0]), float(out["high"][0])
-    return Difference(*names, float(out["delta"][0]), None if math.isnan(low) else low,
-                      None if math.isnan(high) else high, 1, b.shape[1], images, metric, 1,
-                      (names[1],) if out["identical_b"][0] else (), members=True)
+        a = np.asarray(system, dtype=float).reshape(1, -1)
+        b = np.atleast_2d(np.asarray(members, dtype=float))
+        images = b.shape[1]
+    return replace(_difference(a, b, names, images, metric, 1, fixed_a=True), members=True)
 
 
 def gain_over_one(system: np.ndarray, members: np.ndarray, index: int, names: tuple[str, str] = ("ensemble", "member"),

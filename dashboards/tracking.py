@@ -8,6 +8,7 @@ what the rest of a2tune searches):
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import numbers
@@ -52,6 +53,7 @@ _MAX_KEY = 250
 
 DEFAULT_PORT = 5000  # of `a2 mlflow serve`
 _DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433, "oracle": 1521}
+_DB_URI = re.compile(r"^(sqlite|postgresql|postgres|mysql|mssql)(\+\w+)?://")  # what `a2 mlflow serve` takes
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
 
 
@@ -339,10 +341,6 @@ class StudyTracker:
     def _first_run(self, filter_string: str):
         return next(iter(search_all_runs(self.client, [self.experiment_id], filter_string)), None)
 
-    def _running_again(self, run) -> None:
-        if run.info.status != "RUNNING":
-            self.client.update_run(run.info.run_id, status="RUNNING")
-
     # -- study (parent) --------------------------------------------------------------------------------------
     def find_parent_run(self):
         return self._first_run(_study_filter(self.study_name))
@@ -354,7 +352,8 @@ class StudyTracker:
         if run is None:
             run = self.client.create_run(self.experiment_id, run_name=self.study_name, tags=all_tags)
         else:
-            self._running_again(run)
+            if run.info.status != "RUNNING":
+                self.client.update_run(run.info.run_id, status="RUNNING")
             self.set_tags(run.info.run_id, all_tags)
         self.parent_run_id = run.info.run_id
         self._log_params(self.parent_run_id, flatten(params or {}), run.data.params)
@@ -371,10 +370,8 @@ class StudyTracker:
         if reason:
             self.set_tags(run_id, {TAG_END_REASON: reason})
         elif known is None or TAG_END_REASON in known.tags:
-            try:
+            with contextlib.suppress(MlflowException):  # it had none
                 self.client.delete_tag(run_id, TAG_END_REASON)
-            except MlflowException:  # it had none
-                pass
             if known is not None:
                 del known.tags[TAG_END_REASON]
         if known is None or known.status != _status(status):
@@ -520,7 +517,7 @@ def ui_pointer(tracking_uri: str, experiment_id: str | None) -> str:
     if tracking_uri.lower().startswith(("http://", "https://")):
         return ui_url(tracking_uri, experiment_id)
     serve_url = ui_url(f"http://127.0.0.1:{DEFAULT_PORT}", experiment_id)
-    if re.match(r"^(sqlite|postgresql|postgres|mysql|mssql)(\+\w+)?://", tracking_uri):
+    if _DB_URI.match(tracking_uri):
         return f"`a2 mlflow serve --backend-store-uri {redact_uri(tracking_uri)}`, then {serve_url}"
     return f"`mlflow ui --backend-store-uri {tracking_uri}`, then {serve_url}"
 
@@ -542,7 +539,7 @@ def _study_urls(backend: str, server: str, limit: int = 10) -> list[str]:
 def serve(args) -> int:
     """`a2 mlflow serve`: this process becomes `mlflow server` (its CLI stops its web server on SIGINT/SIGTERM)."""
     backend = args.backend_store_uri
-    if not re.match(r"^(sqlite|postgresql|postgres|mysql|mssql)(\+\w+)?://", backend or ""):
+    if not _DB_URI.match(backend or ""):
         raise TrackingError(f"--backend-store-uri {backend!r}: use sqlite:///path.db or postgresql://user@host/db")
     if backend.startswith("sqlite:"):
         _check_sqlite(backend)

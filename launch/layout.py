@@ -41,9 +41,8 @@ def checkpoint_name(epoch: int) -> str:
 
 def checkpoint_epochs(run) -> list[int]:
     """The epochs that have a checkpoint folder in the run folder `run` (a Location), ascending."""
-    names = run.listdir(folders_only=True)
-    return sorted(int(n[len(CHECKPOINT_PREFIX):]) for n in names
-                  if n.startswith(CHECKPOINT_PREFIX) and n[len(CHECKPOINT_PREFIX):].isdigit())
+    digits = (n[len(CHECKPOINT_PREFIX):] for n in run.listdir(folders_only=True) if n.startswith(CHECKPOINT_PREFIX))
+    return sorted(int(d) for d in digits if d.isdigit())
 
 
 # Bookkeeping in a result, not metrics of the model (Tune's own keys, checkpoint paths, time stamps).

@@ -111,8 +111,7 @@ def load_saved_spec(location: StudyLocation) -> StudySpec:
     except UnicodeDecodeError as err:
         raise StudyError(f"{source}: not a study file (not UTF-8 text: {err.reason} at byte {err.start}); restore it "
                          f"from a copy (`a2 study check {location.name}` lists every problem)") from None
-    raw = parse_yaml(text, source)
-    return StudySpec.from_dict(raw, source=source)
+    return StudySpec.from_dict(parse_yaml(text, source), source=source)
 
 
 def saved_form(spec) -> dict:

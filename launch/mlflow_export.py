@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from a2core.config import get_dotted
 from a2core.errors import StorageError, TrackingError
 from dashboards.mlflow_views import TAG_CONFIG_LABEL
 from dashboards.runs import Trial
@@ -277,30 +278,28 @@ class StudyExporter:
             self.export.run([tune_trial(t) for t in list(self.trials())], ended, late=late)
         except StorageError as err:  # the study's storage, not the server: the study itself stops on it
             logger.warning("MLflow export could not read the study's record: %s", err)
-            self.done = False
-            return False
         except (TrackingError, OSError) as err:
-            return self._down(err)
+            self._down(err)
         except Exception as err:  # noqa: BLE001 - the server's or the connection's: an outage, if it is gone
             if server_answers(self.uri):
                 logger.warning("MLflow export failed: %s", err, exc_info=True)
-                self.done = False
-                return False
-            return self._down(err)
-        if late:
-            self.down_seconds += time.monotonic() - self.down_since
-            self.down_since = None
-            logger.warning("MLflow server back; %d epochs exported", self.export.late)
-        self.done = True
-        return True
+            else:
+                self._down(err)
+        else:
+            if late:
+                self.down_seconds += time.monotonic() - self.down_since
+                self.down_since = None
+                logger.warning("MLflow server back; %d epochs exported", self.export.late)
+            self.done = True
+            return True
+        self.done = False
+        return False
 
-    def _down(self, err) -> bool:
+    def _down(self, err) -> None:
         if self.down_since is None:
             logger.warning("MLflow server %s not answering (%s); the study's record is exported when it is back",
                            self.uri, err)
             self.down_since = time.monotonic()
-        self.done = False
-        return False
 
     def status(self) -> dict:
         down = self.down_seconds + (time.monotonic() - self.down_since if self.down_since is not None else 0.0)
@@ -333,9 +332,7 @@ def trial_names(spec, sampled: dict, digest: str) -> tuple[str, str]:
         path = resolve_key(key)
         if path is None:
             continue
-        value = config
-        for part in path.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
+        value = get_dotted(config, path)
         if value is None:  # not applicable to this trial
             continue
         if path == SEED_PATH:

@@ -285,18 +285,17 @@ def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, 
 def refuse_unreadable(members: list[Trial], local: list[str]) -> None:
     """PackageError (exit 2) naming the stored checkpoint of a member that does not load, before any decoding."""
     for member, path in zip(members, local):
+        which = f"{member.best_checkpoint} (trial {member.trial_id}, seed {member.seed})"
         try:
             state = ckpt.load(path)
         except CheckpointError as err:
-            raise PackageError(f"{member.best_checkpoint} (trial {member.trial_id}, seed {member.seed}): "
-                               f"{str(err).replace(f'{path}: ', '')}; nothing was decoded: restore the file from a "
-                               f"copy (`a2 study check NAME` verifies every checkpoint)") from None
+            raise PackageError(f"{which}: {str(err).replace(f'{path}: ', '')}; nothing was decoded: restore the file "
+                               f"from a copy (`a2 study check NAME` verifies every checkpoint)") from None
         # a file of another model swapped in: one line here, not a size-mismatch traceback when it is built
         mismatch = model_mismatch(state, member.config.get("model"))
         if mismatch is not None:
-            raise PackageError(f"{member.best_checkpoint} (trial {member.trial_id}, seed {member.seed}): "
-                               f"{mismatch}; nothing was decoded: restore the trial's own checkpoint (`a2 study "
-                               f"check NAME` verifies every checkpoint)")
+            raise PackageError(f"{which}: {mismatch}; nothing was decoded: restore the trial's own checkpoint (`a2 "
+                               f"study check NAME` verifies every checkpoint)")
 
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
@@ -437,15 +436,10 @@ def make_shards(splits: dict[str, list[int]], size: int = SHARD_IMAGES) -> list[
     return shards
 
 
-def _shard_json(part: dict) -> str:
-    return json.dumps({"ensemble": {split: {str(i): c for i, c in caps.items()} for split, caps in part["ensemble"].items()},
-                       "single": [{str(i): c for i, c in caps.items()} for caps in part["single"]]})
-
-
-def _shard_from_json(text: str) -> dict:
-    raw = json.loads(text)
-    return {"ensemble": {split: {int(i): c for i, c in caps.items()} for split, caps in raw["ensemble"].items()},
-            "single": [{int(i): c for i, c in caps.items()} for caps in raw["single"]]}
+def _shard_ids(part: dict, key: Callable) -> dict:
+    """A decoded shard with its image ids as `key` makes them (str for its JSON file, int read back from it)."""
+    return {"ensemble": {split: {key(i): c for i, c in caps.items()} for split, caps in part["ensemble"].items()},
+            "single": [{key(i): c for i, c in caps.items()} for caps in part["single"]]}
 
 
 def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list[int]], single_split: str | None,
@@ -463,13 +457,12 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
                    endpoint_url=endpoint_url)
     shards = make_shards(splits, shard_images)
     parts: dict[int, dict] = {}
+    shard_file = "shard-{:05d}.json".format
     if keep is not None:
         names = set(keep.listdir())
         for index in range(len(shards)):
-            if f"shard-{index:05d}.json" in names:
-                text = keep.join(f"shard-{index:05d}.json").read_text()
-                if text is not None:
-                    parts[index] = _shard_from_json(text)
+            if shard_file(index) in names and (text := keep.join(shard_file(index)).read_text()) is not None:
+                parts[index] = _shard_ids(json.loads(text), int)
     todo = [i for i in range(len(shards)) if i not in parts]
     images = lambda index: len(set().union(*shards[index].values()))  # noqa: E731
     what = (f"{sum(images(i) for i in todo)} images in {len(todo)} shard(s) with {len(checkpoints)} checkpoint(s)"
@@ -477,7 +470,7 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
 
     def finished(index: int, part: dict) -> None:
         if keep is not None:
-            keep.join(f"shard-{index:05d}.json").write_text(_shard_json(part))
+            keep.join(shard_file(index)).write_text(json.dumps(_shard_ids(part, str)))
         parts[index] = part
 
     if todo:

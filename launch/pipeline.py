@@ -2,7 +2,6 @@
 spec, resumed when interrupted), its report, packaging, and the study's conclusions (docs/tutorial.md, "The main job")."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -77,43 +76,41 @@ def main(args) -> int:
     times = {}
     problems = []
     # Ray's, Tune's and MLflow's INFO lines (the packaging's Ray start, model registration, ...) into a log file
-    logs = contextlib.ExitStack()
-    log = logs.enter_context(runlog.diverted(out / "pipeline.log"))
-    try:
-        print(f"pipeline: 1/3 study {name} ({spec.num_trials} trials)", flush=True)
-        t = time.perf_counter()
-        summary = run_or_reuse(spec, address=args.address, verbose=verbose)
-        times["study"] = time.perf_counter() - t
-        if exit_code(summary) != 0:  # interrupted or failed trials: no packaging from a half study
-            states = ", ".join(f"{t['trial_id']} {t['state']}" for t in summary.get("trials", []))
-            print(f"a2 pipeline: study {name} did not finish ({states or 'no trials'}); {verdict(summary)}\n"
-                  f"continue it with `a2 study resume {name}` or run `a2 pipeline` again", file=sys.stderr)
-            return 1
-
-        print(f"pipeline: 2/3 report of {name}", flush=True)
-        t = time.perf_counter()
-        report = {}
-
-        study = StudyRecord.load(StudyLocation(name, spec.storage, spec.storage_endpoint_url), spec).study()
+    with runlog.diverted(out / "pipeline.log") as log:
         try:
-            report = build_report(study, out / "report")
-            report["artifact_uri"] = log_report(uri, name, report)
-        except A2Error as err:  # the package is still worth making; the exit code says it
-            problems.append(f"report: {type(err).__name__}: {err}")
-            print(f"pipeline: the report failed: {err}", file=sys.stderr, flush=True)
-        times["report"] = time.perf_counter() - t
+            print(f"pipeline: 1/3 study {name} ({spec.num_trials} trials)", flush=True)
+            t = time.perf_counter()
+            summary = run_or_reuse(spec, address=args.address, verbose=verbose)
+            times["study"] = time.perf_counter() - t
+            if exit_code(summary) != 0:  # interrupted or failed trials: no packaging from a half study
+                states = ", ".join(f"{t['trial_id']} {t['state']}" for t in summary.get("trials", []))
+                print(f"a2 pipeline: study {name} did not finish ({states or 'no trials'}); {verdict(summary)}\n"
+                      f"continue it with `a2 study resume {name}` or run `a2 pipeline` again", file=sys.stderr)
+                return 1
 
-        print(f"pipeline: 3/3 package {name}"
-              + (f" (seeds {' '.join(map(str, args.seeds))})" if args.seeds else ""), flush=True)
-        t = time.perf_counter()
-        manifest = package(name, storage=spec.storage, seeds=args.seeds, alg=args.alg, out=out / "package",
-                           upload=args.upload, tracking_uri=uri, beam_size=args.beam_size, workers=args.workers,
-                           address=args.address, verbose=verbose)
-        times["package"] = time.perf_counter() - t
-    finally:
-        if not ray_was_up and ray.is_initialized():
-            stop_ray()  # a local Ray it started stops at once (`launch.raycluster.shutdown`)
-        logs.close()
+            print(f"pipeline: 2/3 report of {name}", flush=True)
+            t = time.perf_counter()
+            report = {}
+
+            study = StudyRecord.load(StudyLocation(name, spec.storage, spec.storage_endpoint_url), spec).study()
+            try:
+                report = build_report(study, out / "report")
+                report["artifact_uri"] = log_report(uri, name, report)
+            except A2Error as err:  # the package is still worth making; the exit code says it
+                problems.append(f"report: {type(err).__name__}: {err}")
+                print(f"pipeline: the report failed: {err}", file=sys.stderr, flush=True)
+            times["report"] = time.perf_counter() - t
+
+            print(f"pipeline: 3/3 package {name}"
+                  + (f" (seeds {' '.join(map(str, args.seeds))})" if args.seeds else ""), flush=True)
+            t = time.perf_counter()
+            manifest = package(name, storage=spec.storage, seeds=args.seeds, alg=args.alg, out=out / "package",
+                               upload=args.upload, tracking_uri=uri, beam_size=args.beam_size, workers=args.workers,
+                               address=args.address, verbose=verbose)
+            times["package"] = time.perf_counter() - t
+        finally:
+            if not ray_was_up and ray.is_initialized():
+                stop_ray()  # a local Ray it started stops at once (`launch.raycluster.shutdown`)
 
     total = time.perf_counter() - t0
     experiment = spec.tracking.experiment

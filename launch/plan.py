@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,8 +182,7 @@ def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimat
     test = VAL_IMAGE_COST * test_images(spec)  # once, when the trial ends
     gpu_seconds = (t["xe_epochs"] * xe + t["scst_epochs"] * scst + test) / images_per_second
     gpu_hours = spec.num_trials * gpu_seconds / 3600
-    per_trial = spec.resources.workers_per_trial * spec.resources.gpus_per_worker
-    at_once = per_trial * spec.resources.max_concurrent_trials
+    at_once = spec.trial_resources()["GPU"] * spec.resources.max_concurrent_trials
     if workers is not None:
         at_once = min(at_once, workers.gpus * workers.max_nodes)
     return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), int(at_once))
@@ -217,7 +217,6 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
     steps, total = spec.steps_per_epoch, spec.total_steps
     xe_steps = steps * t["xe_epochs"]
     images = t["batch_size"] // CAPTIONS_PER_IMAGE
-    per_worker = images // r.workers_per_trial
     per_trial = f"{r.workers_per_trial} worker{'s' if r.workers_per_trial > 1 else ''}"
     if t.get("batch_layout", "images") == "pairs":
         batch = (f"{t['batch_size']} image-caption pairs a step at random over all {_n(spec.images['train'] * 5)} "
@@ -225,7 +224,7 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
                  f"encoder passes a step (one per distinct image)")
     else:
         batch = (f"{t['batch_size']} image-caption pairs a step = {images} images x {CAPTIONS_PER_IMAGE} captions "
-                 f"({per_trial} x {per_worker} images), {images} encoder passes a step")
+                 f"({per_trial} x {images // r.workers_per_trial} images), {images} encoder passes a step")
     k = t["scst_samples"]
     if t.get("scst_candidates", "sample") == "beam":
         scst = (f"{images} images x {k} beams of a beam search of width {k} (up to {t['max_len']} steps of {k} "
@@ -237,7 +236,7 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
              f"  images    {_n(spec.images['train'])} train, {_n(spec.images['val'])} val, "
              f"{_n(spec.images.get('test', 0))} test ({spec.images_source})",
              f"  batch     {batch}",
-             f"  SCST      {scst}" if t["scst_epochs"] else f"  SCST      none (scst_epochs 0)",
+             f"  SCST      {scst}" if t["scst_epochs"] else "  SCST      none (scst_epochs 0)",
              f"  steps     {_n(steps)} a epoch; {_n(total)} in {spec.total_epochs} epochs ({t['xe_epochs']} XE + "
              f"{t['scst_epochs']} SCST)"]
     if t["xe_epochs"]:
@@ -290,8 +289,7 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
               f"  GPU-hours {est.gpu_hours:,.0f} for {spec.num_trials} trials; about {est.wall_hours:,.0f} h wall "
               f"on {est.gpus_at_once} GPUs at once"]
     if workers is not None:
-        listed = ON_DEMAND_PRICES.get(workers.instance)
-        node = price if price is not None else listed
+        node = price if price is not None else ON_DEMAND_PRICES.get(workers.instance)
         if node is None:
             lines.append(f"  cost      no price known for {workers.instance}: give --price-per-hour")
         else:
@@ -333,7 +331,7 @@ def _noise(args, spec) -> tuple[Noise | None, str]:
 def main(args) -> int:
     spec = load_study(args.file, args.overrides, check_files=False)
     for warning in spec.warnings:
-        print(f"warning: {warning}", file=__import__("sys").stderr)
+        print(f"warning: {warning}", file=sys.stderr)
     if args.delta is not None and any(d <= 0 for d in args.delta):
         raise StudyError(f"--delta must be > 0, got {args.delta}")
     if args.images_per_second is not None and args.images_per_second <= 0:

@@ -52,8 +52,7 @@ def remove_orphaned_credentials() -> list[str]:
     """Remove the credentials folders of drivers that ended without their exit handler (SIGKILL, a power cut): every
     `a2-credentials-<pid>-*` of this user in the temp folder whose process is gone. Returns the folders removed."""
     removed = []
-    root = tempfile.gettempdir()
-    with contextlib.suppress(OSError), os.scandir(root) as entries:
+    with contextlib.suppress(OSError), os.scandir(tempfile.gettempdir()) as entries:
         for entry in entries:
             pid = entry.name[len(CREDENTIALS_PREFIX):].split("-", 1)[0]
             if (entry.name.startswith(CREDENTIALS_PREFIX) and pid.isdigit() and not alive(int(pid))

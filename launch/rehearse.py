@@ -271,10 +271,8 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
             unfinished += 1
         running = [t for t in ctl.trials if t.status == Trial.RUNNING]
         while len(running) < slots:
-            if asha:
-                chosen = scheduler.choose_trial_to_run(ctl)
-            else:
-                chosen = next((t for t in ctl.trials if t.status == Trial.PENDING), None)
+            chosen = (scheduler.choose_trial_to_run(ctl) if asha
+                      else next((t for t in ctl.trials if t.status == Trial.PENDING), None))
             if chosen is None:
                 break
             if chosen.status == Trial.PAUSED:
@@ -389,7 +387,7 @@ def mc_error(rate: float, n: int) -> float:
 # -- text ------------------------------------------------------------------------------------------------------------
 def outcome_text(outcome: dict, title: str) -> str:
     rungs = ", ".join(f"{n} at rung {r}" for r, n in sorted(outcome["rungs"].items())) or "none"
-    lines = [f"{title}",
+    lines = [title,
              f"  trials    {outcome['trials']}/{outcome['planned_trials']} ran; {outcome['stopped']} stopped early "
              f"({rungs})",
              f"  compute   {outcome['epochs_run']:,} of {outcome['epochs_planned']:,} planned trial-epochs "
@@ -447,7 +445,7 @@ def score_model(spec, *, record: str | None = None, means: list[str] | None = No
     assumptions, launch.plan)."""
     val_images = spec.base["data"].get("val_images") or spec.images["val"]
     test_images = plan.test_images(spec)
-    by, table, noise, source = "model.fusion", {}, None, ""
+    by, noise = "model.fusion", None
     if record is not None:
         try:
             rec = load_record(record)
@@ -471,8 +469,7 @@ def score_model(spec, *, record: str | None = None, means: list[str] | None = No
             raise StudyError(f"--mean {item}: give VALUE=CIDEr, e.g. gate=125.0") from None
         source += f"; {key} set to {value}"
     if sd is not None or noise is None:
-        args = argparse.Namespace(sd=sd, storage=storage)
-        noise, how = plan._noise(args, spec)
+        noise, how = plan._noise(argparse.Namespace(sd=sd, storage=storage), spec)
         if noise is None:  # a synthetic study with nothing measured: the COCO assumption, said so
             noise = Noise(plan.COCO_SEED_SD, 0.0, plan.ARM_IMAGE_SD, plan.verdict_images(spec))
             how = "nothing measured; seed sd and arm x image sd as `a2 study plan` assumes for COCO"

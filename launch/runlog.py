@@ -60,10 +60,6 @@ def log_path(study_uri: str, name: str) -> Path:
     return Path(os.path.expanduser("~")) / ".cache" / "a2tune" / "logs" / name / LOG_FILE
 
 
-def _terminal_handlers(logger: logging.Logger) -> list[logging.Handler]:
-    return [h for h in logger.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
-
-
 @contextlib.contextmanager
 def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
     """While inside: the INFO lines of `loggers` go to `path` (appended), their terminal handlers show WARNING and
@@ -78,9 +74,10 @@ def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
     saved: dict[logging.Handler, int] = {}  # a handler shared by two loggers is saved (and put back) once
     for name in loggers:
         logger = logging.getLogger(name)
-        for terminal in _terminal_handlers(logger):
-            saved.setdefault(terminal, terminal.level)
-            terminal.setLevel(max(terminal.level, logging.WARNING))
+        for terminal in logger.handlers:
+            if isinstance(terminal, logging.StreamHandler) and not isinstance(terminal, logging.FileHandler):
+                saved.setdefault(terminal, terminal.level)
+                terminal.setLevel(max(terminal.level, logging.WARNING))
         logger.addHandler(handler)
     try:
         yield Path(path)

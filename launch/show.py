@@ -46,16 +46,14 @@ def cmd_compare(args) -> int:
     for row in record.trials:  # trials that ended themselves: their epochs before it count, say why they stopped
         if row.get("ended"):
             print(f"note: trial {row['trial_id']} {state_text(row)}")
-    note = study.still_running_note("comparison")
-    if note:
+    if note := study.still_running_note("comparison"):
         print(note)
     return 0
 
 
 def _print_banner(location) -> None:
     """A rehearsal's tables start with the line saying so (`launch.rehearse`)."""
-    line = rehearsal_banner(location)
-    if line:
+    if line := rehearsal_banner(location):
         print(line)
 
 
@@ -77,8 +75,7 @@ def cmd_report(args) -> int:
     if artifacts is None:
         print(f"note: not logged to MLflow: {uri} has no run of study {args.name} (`a2 mlflow sync {args.name}` "
               f"exports it)")
-    note = study.still_running_note("report")
-    if note:
+    if note := study.still_running_note("report"):
         print(note)
     return 0
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, ValidationError, ValidationInfo,
                       model_validator)
 
-from a2core.config import (Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
+from a2core.config import (Config, ConfigError, Flag, Integer, Number, Real, Section, Text, _fmt,
                            applicable_config, apply_overrides, check_batch_split, config_error, get_dotted, integer,
                            load_yaml, set_dotted, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
@@ -353,10 +353,6 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _fmt(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def _distinct_dicts(dicts) -> list[dict]:
     out: list[dict] = []
     for d in dicts:
@@ -677,15 +673,13 @@ def cmd_validate(args) -> int:
 
 # -- the batch and the schedule ----------------------------------------------------------------------------------------
 def _split_counts(data: dict, splits: dict | None) -> tuple[dict[str, int], str]:
-    """Train, val and test images: from the captions file when it is there, else the synthetic generator's split
-    or the standard Karpathy counts."""
+    """Train, val and test images: from the captions file when it is there (its `splits`, read by `_check_data`),
+    else the synthetic generator's split or the standard Karpathy counts."""
     if data["kind"] == "synthetic":
         sizes = split_sizes(data["images"], data.get("test_split_images"))
         return sizes, f"synthetic data of {data['images']} images"
-    path = data.get("captions")
-    if path and Path(path).is_file():
-        splits = splits if splits is not None else read_karpathy(path)
-        return {k: len(splits.get(k, [])) for k in ("train", "val", "test")}, f"counted in {path}"
+    if splits is not None:
+        return {k: len(splits.get(k, [])) for k in ("train", "val", "test")}, f"counted in {data['captions']}"
     return (dict(KARPATHY_IMAGES),
             "the standard Karpathy split, restval in train, about 5 captions an image; no captions file here")
 
@@ -694,7 +688,7 @@ def _check_batch(spec: StudySpec) -> None:
     """The global batch splits evenly over a trial's workers, for every batch size a trial can have."""
     workers, t = spec.resources.workers_per_trial, spec.base["train"]
     param = next((p for p in spec.params.values() if p.path == "train.batch_size"), None)
-    sizes = list(param.values) if param is not None and param.categorical else [spec.base["train"]["batch_size"]]
+    sizes = list(param.values) if param is not None and param.categorical else [t["batch_size"]]
     for size in sizes:
         try:
             check_batch_split(int(size), workers, t.get("batch_layout", "images"), scst=t["scst_epochs"] > 0)
@@ -892,9 +886,8 @@ def _check_data(base: dict, check_files: bool) -> dict | None:
         return None
     for key in ("captions", "features", "test_images"):
         path = data.get(key)
-        if path is not None and not (Path(path).is_file() or (key == "features" and Path(path).is_dir())):
-            if not check_files:
-                continue
+        found = path is None or Path(path).is_file() or (key == "features" and Path(path).is_dir())
+        if check_files and not found:
             what = "HDF5 file, .npz directory or prepared store" if key == "features" else "file"
             _fail(f"data.{key}", f"{path}: no such {what}")
     if not Path(data["captions"]).is_file():
@@ -926,13 +919,11 @@ def _resolve_storage(spec: StudySpec, check_files: bool) -> None:
     if re.match(_SCHEME + "//", spec.storage):
         try:
             refuse_placeholder(spec.storage)
-            placeholder = False
+            if not _S3.match(spec.storage):
+                _fail("storage", f"must be a local path or s3://bucket/prefix, got {spec.storage!r}")
         except StorageError as err:
             if check_files:
                 _fail("storage", f"{err} (in the file, or `storage=s3://your-bucket/a2-studies`)")
-            placeholder = True
-        if not placeholder and not _S3.match(spec.storage):
-            _fail("storage", f"must be a local path or s3://bucket/prefix, got {spec.storage!r}")
         spec.storage = spec.storage.rstrip("/")
     else:
         spec.storage = os.path.abspath(os.path.expanduser(spec.storage))
@@ -946,12 +937,10 @@ def _check_local_storage(storage: str) -> None:
     (a folder this user may not enter fails here, not as a traceback of the first write)."""
     path = Path(storage)
     try:
-        for folder in [path, *path.parents]:
-            if folder.exists():
-                if not folder.is_dir():
-                    _fail("storage", f"{storage}: {folder} is a file, not a directory" if folder != path
-                          else f"{storage} exists and is not a directory")
-                break
+        folder = next(f for f in [path, *path.parents] if f.exists())  # the root, at the latest
+        if not folder.is_dir():
+            _fail("storage", f"{storage}: {folder} is a file, not a directory" if folder != path
+                  else f"{storage} exists and is not a directory")
     except PermissionError as err:
         _fail("storage", f"{storage}: cannot be reached ({err.strerror})")
 

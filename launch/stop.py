@@ -57,16 +57,15 @@ def stop_on_signals():
 
     def handle(number, frame):
         global _received
-        if _received is not None:  # a second signal: stop now
-            if number == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(exit_status(number))
-        _received = number
-        if signal.getsignal(signal.SIGUSR1) is _before_tune:  # Tune has not started: nothing to stop but us
-            raise KeyboardInterrupt if number == signal.SIGINT else SystemExit(exit_status(number))
-        print(f"a2: {signal_name(number)} received: stopping the study (trials stop, their state is saved); "
-              f"send it again to stop at once", flush=True)
-        os.kill(os.getpid(), signal.SIGUSR1)
+        if _received is None:
+            _received = number
+            if signal.getsignal(signal.SIGUSR1) is not _before_tune:  # Tune runs: its own stop signal stops it
+                print(f"a2: {signal_name(number)} received: stopping the study (trials stop, their state is saved); "
+                      f"send it again to stop at once", flush=True)
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+        # a second signal, or Tune has not started (nothing to stop but us): stop now
+        raise KeyboardInterrupt if number == signal.SIGINT else SystemExit(exit_status(number))
 
     # Tune installs its SIGUSR1 handler when its loop starts; until then SIGUSR1 must not end the process.
     previous = {number: signal.signal(number, handler)

@@ -71,11 +71,6 @@ class S3Endpoint:
     url: str | None
     region: str | None
 
-    @property
-    def path_style(self) -> bool:
-        """S3-compatible servers (MinIO, moto, Ceph) address buckets by path, not by host name."""
-        return self.url is not None
-
 
 def s3_endpoint(endpoint_url: str | None = None) -> S3Endpoint:
     """The endpoint (`resolve_endpoint_url`) and region ($AWS_REGION, $AWS_DEFAULT_REGION; an S3-compatible server
@@ -318,7 +313,7 @@ def make_client(endpoint_url: str | None = None, *, max_attempts: int = 5):
 
     endpoint = s3_endpoint(endpoint_url)
     options: dict = {"retries": {"mode": "standard", "total_max_attempts": max_attempts}}  # attempts, not retries
-    if endpoint.path_style:
+    if endpoint.url is not None:  # S3-compatible servers (MinIO, moto, Ceph) address buckets by path, not host name
         options["s3"] = {"addressing_style": "path"}
     return boto3.session.Session().client("s3", endpoint_url=endpoint.url, region_name=endpoint.region,
                                           config=Config(**options))
