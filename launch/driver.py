@@ -90,8 +90,8 @@ def check_sqlite_store(uri: str, study: str, timeout: float = 5.0) -> None:
         else:
             advice = (f"the MLflow store is damaged: move it aside, and `a2 mlflow sync {study}` writes the study's "
                       f"runs again from its record")
-        raise TrackingError(f"tracking.mlflow_uri: {path}: {cause} after {timeout:.0f} s; {advice}"
-                            if "locked" in cause else f"tracking.mlflow_uri: {path}: {cause}; {advice}") from None
+        waited = f" after {timeout:.0f} s" if "locked" in cause else ""
+        raise TrackingError(f"tracking.mlflow_uri: {path}: {cause}{waited}; {advice}") from None
 
 
 def run_study(spec, **options) -> dict:
@@ -256,9 +256,7 @@ def lost_trial_runs(location: StudyLocation, started: bool) -> tuple[str, ...]:
     """The run folders below `trials/` of trials that the study's saved Tune state does not know (all of them when
     Tune saved none), that recorded their configuration and were not continued already: a driver killed before Tune
     saved them. A resumed trial of the same configuration continues the newest of them (`launch.trainable.adopt`)."""
-    known: set[str] = set()
-    if started:
-        known = {t.trial_id for t in tune_trials(location)}
+    known = {t.trial_id for t in tune_trials(location)} if started else set()
     prefix, trials = f"{location.name}-", location.at(TRIALS_DIR)
     return tuple(name for name in trials.listdir(folders_only=True)
                  if name.startswith(prefix) and name[len(prefix):] not in known
@@ -324,14 +322,14 @@ def storage_problem(location: StudyLocation, err: BaseException | None = None) -
 
 
 def _stopped_by_storage(spec, location: StudyLocation, grid, problem: str, summary: dict | None = None) -> dict:
-    rows = [_grid_row(spec, result) for result in grid] if summary is None else []
+    summary = summary or {}  # none: `finish` did not get that far, the rows come from Tune's result grid
+    rows = [] if summary else [_grid_row(spec, result) for result in grid]
     if rows:
         print(format_table(rows, spec.metric))
     print(f"study {spec.name} stopped: its storage cannot be written or reached ({problem}); what was saved before "
           f"stays; once the storage is fixed, continue with `a2 study resume {spec.name}`", flush=True)
-    return {**(summary or {}), "study": spec.name, "path": location.uri(), "storage_error": problem,
-            "best": None if summary is None else summary.get("best"),
-            "trials": (summary or {}).get("trials") or [r.row(config=False) for r in rows]}
+    return {**summary, "study": spec.name, "path": location.uri(), "storage_error": problem,
+            "best": summary.get("best"), "trials": summary.get("trials") or [r.row(config=False) for r in rows]}
 
 
 def say(text: str, verbose: bool = True) -> None:
@@ -434,27 +432,19 @@ def _grid_row(spec, result) -> Trial:
 # -- the end of a run -------------------------------------------------------------------------------------------
 def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
-    # scipy (dashboards.stats, through launch.record): not for `a2 study validate`, which imports this module
-
     record = StudyRecord.load(location, spec, for_digest=True)
-    rows = record.trials
     summary = record.summary()
     summary["tracking"] = add_outage(location)  # the MLflow outages of the study, if any
     write_summary(location, summary)
     record.save_digest()  # what later reads take of each trial whose files stay as they are now
     _log_compute_totals(spec, summary["compute"])
-    print_conclusions(spec, summary, rows if verbose else [])
+    print_conclusions(spec, summary, record.trials if verbose else [])
     print(f"summary: {location.uri(SUMMARY_FILE)}", flush=True)
     if not summary["complete"] and stop.received() is None:  # a signal's stop says so itself (`fit_and_finish`)
-        print(incomplete_line(spec, summary), flush=True)
+        done, planned = summary["trials_finished"], spec.num_trials
+        print(f"study {spec.name}: {done} of {planned} planned trials finished, {planned - done} missing; "
+              f"`a2 study resume {spec.name}` runs them", flush=True)
     return summary
-
-
-def incomplete_line(spec, summary: dict) -> str:
-    """`study NAME: 1 of 4 planned trials finished, 3 missing; ...`: a study that ended short of its plan."""
-    done, planned = summary["trials_finished"], spec.num_trials
-    return (f"study {spec.name}: {done} of {planned} planned trials finished, {planned - done} missing; "
-            f"`a2 study resume {spec.name}` runs them")
 
 
 def _log_compute_totals(spec, totals: dict) -> None:

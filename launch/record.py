@@ -66,12 +66,13 @@ class StudyRecord:
         it, not in a second pass over every trial's folder. `for_digest`: list every trial's files for
         `save_digest` (else only where the study has a digest to check them against)."""
         # each stamp is taken before its file is read: a file changed after it is read again next time
-        stamps = {"study_file": _stamp(location.at(STUDY_FILE))}
+        study_file = location.at(STUDY_FILE).stamp()
+        stamps = {"study_file": None if study_file is None else list(study_file)}  # a list, as the digest's JSON
         spec = spec if spec is not None else load_saved_spec(location)
         digest = Digest.read(location, stamps["study_file"])
         if trials is None:
             state = newest_experiment_state(location.at())
-            stamp = None if state is None else _stamp(state)
+            stamp = None if state is None else state.stamp()
             stamps["tune_state"] = None if stamp is None else [state.uri.rsplit("/", 1)[-1], *stamp]
             trials = digest.tune_trials(stamps["tune_state"]) if digest is not None else None
             if trials is None:
@@ -128,11 +129,6 @@ DIGEST_FORMAT = 1
 # made again) and its per-image reader (a function); Tune's word on a trial is the first seven
 DIGEST_FIELDS = tuple(f.name for f in fields(Trial) if f.name not in ("status", "per_image"))
 TUNE_FIELDS = ("trial_id", "name", "state", "sampled", "retries", "error", "last_result")
-
-
-def _stamp(location) -> list | None:
-    stamp = location.stamp()
-    return None if stamp is None else list(stamp)
 
 
 @dataclass
@@ -373,8 +369,8 @@ def replicate_groups(spec, rows: list[Trial]) -> list[dict]:
         groups.setdefault(r.config_hash or group_hash(r), []).append(r)  # the hash `trial_row` gave it
     out = []
     for h, g in groups.items():
-        values = [r["best"] for r in g if r["best"] is not None]
-        best = pick_best([r for r in g if r["best"] is not None], "best", spec.mode)
+        scored = [r for r in g if r["best"] is not None]
+        values, best = [r["best"] for r in scored], pick_best(scored, "best", spec.mode)
         interval = asdict(seed_interval(values)) if values else {"mean": None, "low": None, "high": None, "n": 0}
         sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
         out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,

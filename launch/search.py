@@ -122,11 +122,10 @@ class GridCrossedSearcher(Searcher):
             config = {k: v for k, v in self._configs[self._open].items() if k != "seed"}
         else:
             n = len(self._cells)
-            open_cells = [i % n for i in range(self._next_cell, self._next_cell + n)
-                          if self._assigned[i % n] < self._quota[i % n]]
-            if not open_cells:
+            index = next((i % n for i in range(self._next_cell, self._next_cell + n)
+                          if self._assigned[i % n] < self._quota[i % n]), None)  # the first open cell
+            if index is None:
                 return Searcher.FINISHED
-            index = open_cells[0]
             self._next_cell = (index + 1) % n
             found = self._new_configuration(index)
             if found is None:  # the cell has no configuration left that was not run: it is done

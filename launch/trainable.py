@@ -19,7 +19,6 @@ import shutil
 import tempfile
 import threading
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -29,7 +28,6 @@ import ray
 from ray import tune
 import ray.train
 from ray.train import Checkpoint, UserCallback
-import ray.tune
 from ray.util.queue import Empty, Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -181,7 +179,7 @@ class TrialRecorder:
     """What a trial does with each epoch's result: stamp its cost, log it, report it to Tune."""
 
     def __init__(self, plan: TrialPlan, gpus: float, sampled: dict | None = None):
-        self.trial_id = ray.tune.get_context().get_trial_id()
+        self.trial_id = tune.get_context().get_trial_id()
         self.metric, self.mode = plan.metric, plan.mode
         self.run = plan.trials().join(train_run_name(plan.study, self.trial_id))
         if sampled is not None:
@@ -205,12 +203,12 @@ class TrialRecorder:
         self.log.add(item)
         reported = plain_values(item)  # the per-image scores and samples stay in `artifacts/`, out of Tune's state
         if not item.get("checkpoint_path"):
-            ray.tune.report(reported)
+            tune.report(reported)
             return
         with tempfile.TemporaryDirectory(prefix="a2-tune-ckpt-") as folder:
             pointer = {"train_checkpoint": item["checkpoint_path"], "epoch": item.get("epoch")}
             (Path(folder) / TUNE_POINTER_FILE).write_text(json.dumps(pointer))
-            ray.tune.report(reported, checkpoint=ray.tune.Checkpoint.from_directory(folder))
+            tune.report(reported, checkpoint=tune.Checkpoint.from_directory(folder))
 
     def keep_artifacts(self, item: dict) -> None:
         """A result's per-image scores and caption samples, as files below the run folder's `artifacts/` (the
@@ -218,8 +216,6 @@ class TrialRecorder:
         what the paired comparisons read; written when an epoch is the best so far, the latest of equals), the test split's of the
         selected checkpoint (`eval/test_per_image_cider.json`) and each epoch's samples (`samples/epoch_NNN.txt`)."""
         from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY  # torch: as in `a2_local_trial`
-
-        # a2core.train imports torch: not at module level, the driver imports this module too
 
         artifacts, epoch = self.run.join(ARTIFACTS_DIR), item.get("epoch")
         best = isinstance(epoch, int) and best_epoch(  # the best so far, by the one rule (a2core.selection)
@@ -253,7 +249,7 @@ class TrialRecorder:
             self.run.join(ENDED_FILE).write_text(json.dumps(record, indent=1) + "\n")
             print(f"WARNING: trial {self.trial_id} {end_text(record)}: it ends here, the study goes on", flush=True)
         record = record or self.ended() or {}
-        ray.tune.report({self.metric: float("nan"), "a2/end_reason": str(record.get("reason"))})
+        tune.report({self.metric: float("nan"), "a2/end_reason": str(record.get("reason"))})
 
     def report_again(self, epoch: int) -> None:
         """Report the logged result of `epoch` (where a resumed trial starts) to Tune once more, before training:
@@ -261,7 +257,7 @@ class TrialRecorder:
         without training another epoch (`launch.search.ReplicateASHA`). The searcher, the scheduler and MLflow
         (same step and timestamp) take an epoch reported twice as one."""
         if epoch in self.log.by_epoch:
-            ray.tune.report(dict(self.log.by_epoch[epoch]))
+            tune.report(dict(self.log.by_epoch[epoch]))
 
 
 def _same_config(a, b) -> bool:
@@ -537,7 +533,7 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
         ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_name(metrics["epoch"]))
 
     rank = ray.train.get_context().get_world_rank()
-    with ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
         work = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"a2-trial-r{rank}-"))
         resume_from = best_from = None
         checkpoint = ray.train.get_checkpoint()  # the run's latest, after any restart
@@ -556,7 +552,7 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
                                       filesystem=checkpoint.filesystem)
                     try:
                         best_from = str(Path(stack.enter_context(best.as_directory())) / CHECKPOINT_FILE)
-                    except (OSError, FileNotFoundError):
+                    except OSError:
                         best_from = None  # not kept: the run says so when it scores the test split
         try:
             train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from, best_from=best_from)

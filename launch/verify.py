@@ -34,7 +34,7 @@ from a2core.errors import A2Error, CheckpointError, StudyError
 from dashboards.runs import Trial
 from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, TUNE_POINTER_FILE,
                            checkpoint_epochs, checkpoint_name)
-from launch.location import load_saved_spec, locate
+from launch.location import STUDY_FILE, load_saved_spec, locate
 
 # The one place that knows Ray's private state layout (the Ray adapter): Tune's files at the study's root (experiment
 # state, searcher, callbacks, the Tuner) as Ray 2.60 names them (`TuneController`, `SearchGenerator`, `Searcher`,
@@ -46,7 +46,6 @@ TESTED_RAY = "2.60"
 _ROOT_FILES = (("experiment_state-", ".json", "json"), ("search_gen_state-", ".json", "pickle"),
                ("searcher-state-", ".pkl", "pickle"), ("callback-states-", ".pkl", "pickle"),
                ("tuner", ".pkl", "pickle"))
-STUDY_FILE = "study.yaml"  # launch.location.STUDY_FILE
 COPIES_DIR = "state-copies"  # below the study: the last whole copy of each of Tune's root files
 
 
@@ -127,7 +126,6 @@ def _unreadable(location, err: Exception) -> str:
 def state_files(study, train_snapshots: bool = True) -> list[tuple[object, str]]:
     """(Location, kind) of the files a resume or a status reads back, below the study folder `study`; with
     `train_snapshots` also Ray Train's checkpoint records of multi-worker trials (read by their resume only)."""
-
     files = root_files(study)
     trials = study.join(TRIALS_DIR)
     for run in trials.listdir(folders_only=True):
@@ -371,13 +369,10 @@ def _tune_trial(study, state: dict, metadata: dict, n: int) -> Trial:
     """One trial of `trial_data[n]` as `tune_trial` makes it of the Tune `Trial` that Ray restores from it
     (`Trial.from_json_state(stub=True)`, `restore_run_metadata`); `metadata`: the leading fields of its run metadata,
     with the values Tune pickled left out."""
-    def plain(value, key: str):
+    def read(record: dict, key: str, kinds: tuple, default=None):
+        value = record.get(key, default)
         if _pickled_inside(value):
             raise ValueError(f"trial_data[{n}] {key} holds a value Tune pickled ({_PICKLED}), which a2 never loads")
-        return value
-
-    def read(record: dict, key: str, kinds: tuple, default=None):
-        value = plain(record.get(key, default), key)
         if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
             raise ValueError(f"trial_data[{n}] {key} is {type(value).__name__}, not {kinds[0].__name__}")
         return value
@@ -397,14 +392,11 @@ def _tune_trial(study, state: dict, metadata: dict, n: int) -> Trial:
     status = "PENDING" if status == "RUNNING" else status
     last_result.setdefault("trial_id", trial_id)
     # Trial.__str__ (`_trainable_name(include_trial_id=True)`)
-    if custom:
-        name = custom
-    else:
-        name = (f"{trainable}_{config['env']}" if "env" in config else trainable) + "_" + trial_id
-        name = name.replace("/", "_")
+    env = f"_{config['env']}" if "env" in config else ""
+    name = custom or f"{trainable}{env}_{trial_id}".replace("/", "_")
     folder = state.get("relative_logdir")  # the trial's folder below the experiment: Ray's trial_fs_path
     lines = _error_lines(study, folder, error_file, status)
-    return Trial(trial_id, name=name, state=status, sampled=dict(config), retries=int(failures or 0),
+    return Trial(trial_id, name=name, state=status, sampled=dict(config), retries=failures,
                  error=lines[-1][:500] if lines else None, last_result=last_result)
 
 
@@ -459,7 +451,7 @@ def tune_checkpoint_paths(text: str) -> set[str]:
             for item in value:
                 walk(item)
         elif isinstance(value, dict):
-            if value.get("_type") == "CLOUDPICKLE_FALLBACK" and isinstance(value.get("value"), str):
+            if value.get("_type") == _PICKLED and isinstance(value.get("value"), str):
                 try:
                     ops = list(pickletools.genops(bytes.fromhex(value["value"])))
                 except ValueError:
@@ -485,9 +477,7 @@ def put_back_tune_pointers(study) -> list[str]:
     _, fs = study.ray_storage()
     fs = fs or pafs.LocalFileSystem()
     lines = []
-    for name in study.listdir():
-        if not (name.startswith("experiment_state-") and name.endswith(".json")):
-            continue
+    for name in fnmatch.filter(study.listdir(), EXPERIMENT_STATE):
         for path in sorted(tune_checkpoint_paths(study.join(name).read_text())):
             if fs.get_file_info(path).type != pafs.FileType.NotFound:
                 continue
@@ -573,9 +563,8 @@ def quick_checkpoint_problem(location) -> str | None:
 def checkpoint_files(study) -> list:
     """Every checkpoint file of the study's trials (`trials/<run>/checkpoint_epochNNNN/checkpoint.pt`)."""
     trials = study.join(TRIALS_DIR)
-    return [trials.join(run, checkpoint_name(e), CHECKPOINT_FILE) for run in trials.listdir(folders_only=True)
-            for e in checkpoint_epochs(trials.join(run))
-            if trials.join(run, checkpoint_name(e), CHECKPOINT_FILE).exists()]
+    return [file for run in trials.listdir(folders_only=True) for e in checkpoint_epochs(trials.join(run))
+            if (file := trials.join(run, checkpoint_name(e), CHECKPOINT_FILE)).exists()]
 
 
 def study_model(location) -> tuple[dict | None, tuple]:
@@ -590,8 +579,6 @@ def study_model(location) -> tuple[dict | None, tuple]:
 
 def cmd_check(args) -> int:
     """`a2 study check NAME`: every state file and every checkpoint of the study; exit 2 when one is unreadable."""
-    # launch.spec (pydantic) through launch.location: not in a trial's process, which imports this module
-
     location = locate(args.name, args.storage)
     study = location.at()
     files = state_files(study)
