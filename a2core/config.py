@@ -147,7 +147,7 @@ def config_error(err: ValidationError, source: str | None = None) -> ConfigError
     if isinstance(cause, Exception):
         reason = str(cause)
     elif kind in _BOUNDS:
-        reason = f"must be {_BOUNDS[kind]} {_fmt(next(iter(ctx.values())))}, got {_fmt(value)}"
+        reason = f"must be {_BOUNDS[kind]} {format_value(next(iter(ctx.values())))}, got {format_value(value)}"
     elif kind == "literal_error":
         name = first["loc"][-1] if first["loc"] and isinstance(first["loc"][-1], str) else "value"
         reason = f"unknown {name} {value!r}: must be {ctx['expected']}"
@@ -177,7 +177,8 @@ def _join(path: str, key: str) -> str:
     return path + key if key.startswith("[") else f"{path}.{key}"
 
 
-def _fmt(value: Any) -> str:
+def format_value(value: Any) -> str:
+    """A value as messages show it: a float by `:g` (0.035, 1e-05), anything else by `str`."""
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 

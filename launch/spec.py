@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, ValidationError, ValidationInfo,
                       model_validator)
 
-from a2core.config import (Config, ConfigError, Flag, Integer, Number, Real, Section, Text, _fmt,
+from a2core.config import (Config, ConfigError, Flag, Integer, Number, Real, Section, Text, format_value,
                            applicable_config, apply_overrides, check_batch_split, config_error, get_dotted, integer,
                            load_yaml, set_dotted, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
@@ -129,9 +129,9 @@ class Param(Section):
         if not self.categorical:
             low, high = self.values
             if low >= high:
-                raise ConfigError(self.kind, f"low must be < high, got [{_fmt(low)}, {_fmt(high)}]")
+                raise ConfigError(self.kind, f"low must be < high, got [{format_value(low)}, {format_value(high)}]")
             if self.kind == "loguniform" and low <= 0:
-                raise ConfigError(self.kind, f"loguniform needs low > 0, got {_fmt(low)}")
+                raise ConfigError(self.kind, f"loguniform needs low > 0, got {format_value(low)}")
         return self
 
     @property
@@ -272,7 +272,7 @@ class Resources(Section):
     def _whole_gpus(self) -> Resources:
         if self.gpus_per_worker > 1 and not float(self.gpus_per_worker).is_integer():
             raise ConfigError("gpus_per_worker", f"more than one GPU must be a whole number, got "
-                                                 f"{_fmt(self.gpus_per_worker)}")
+                                                 f"{format_value(self.gpus_per_worker)}")
         return self
 
 
@@ -590,7 +590,7 @@ class StudySpec(Section):
         return int(self.base["train"]["xe_epochs"]) + int(self.base["train"]["scst_epochs"])
 
     def cell_label(self, cell: dict) -> str:
-        return ",".join(f"{k}={_fmt(v)}" for k, v in cell.items()) or "all"
+        return ",".join(f"{k}={format_value(v)}" for k, v in cell.items()) or "all"
 
     def trial_config(self, sampled: dict[str, Any]) -> dict:
         """The validated a2core config (plain dict) of one suggestion, e.g. `{"fusion": "gate", "lambda": 0.03}`,
@@ -853,7 +853,7 @@ def check_sizes(config: dict, source: str | None = None) -> None:
             continue  # a COCO study's images are its captions file's
         value = get_dotted(config, path)
         if isinstance(value, (int, float)) and value > cap:
-            raise ConfigError(path, f"{_fmt(value)} is past the cap of {cap:,} ({why}); the caps: "
+            raise ConfigError(path, f"{format_value(value)} is past the cap of {cap:,} ({why}); the caps: "
                                     f"docs/reference/study-file.md, \"Sizes it refuses\"", source)
 
 
@@ -875,7 +875,7 @@ def _explain(err: ConfigError, spec: StudySpec, cell: dict, assignment: dict):
     context = f" (grid cell {spec.cell_label(cell)})" if cell else ""
     sampled = {k: v for k, v in assignment.items() if k not in cell}
     if sampled:
-        context += f" (with {', '.join(f'{k}={_fmt(v)}' for k, v in sampled.items())})"
+        context += f" (with {', '.join(f'{k}={format_value(v)}' for k, v in sampled.items())})"
     raise ConfigError(err.path, f"{err.reason}{context}", err.source or spec.source) from None
 
 
@@ -975,7 +975,8 @@ def check_cluster(spec: StudySpec, cluster: dict, where: str = "the cluster") ->
     for kind, key in (("CPU", "cpus_per_worker"), ("GPU", "gpus_per_worker")):
         have = float(cluster.get(kind, 0))
         if need[kind] > have + 1e-9:
-            driver = f" + {_fmt(r.driver_cpus)} (driver)" if kind == "CPU" else ""
+            driver = f" + {format_value(r.driver_cpus)} (driver)" if kind == "CPU" else ""
             raise ConfigError(f"resources.{key}", f"a trial needs {r.workers_per_trial} workers x "
-                                                  f"{_fmt(getattr(r, key))} {kind}{driver} = {_fmt(need[kind])} "
-                                                  f"{kind}s but {where} has {_fmt(have)}", spec.source)
+                                                  f"{format_value(getattr(r, key))} {kind}{driver} = "
+                                                  f"{format_value(need[kind])} {kind}s but {where} has "
+                                                  f"{format_value(have)}", spec.source)

@@ -18,6 +18,7 @@ from a2core.errors import ConfigError, DataError
 from dashboards.submission import MAX_MEMBER_BYTES, MAX_MEMBERS, validate_zip
 from launch.cli import main as cli
 from launch.spec import load_study
+from tests.raycluster import a2  # the `a2` command as a process of its own
 
 ROOT = Path(__file__).resolve().parents[1]
 VAL_IDS, TEST_IDS = [1, 2], [3]
@@ -255,8 +256,6 @@ def test_results_with_a_5000_digit_or_out_of_range_image_id_are_refused(tmp_path
 
 
 def test_a_study_name_outside_the_storage_root_is_refused(tmp_path):
-    from tests.raycluster import a2  # the `a2` command as a process of its own (it starts no Ray here)
-
     for command in (["study", "status"], ["study", "resume"], ["study", "check"], ["mlflow", "sync"], ["package"]):
         done = a2(*command, "../storage/c1", cwd=tmp_path, timeout=120)
         assert done.returncode == 2, (command, done.stdout[-2000:])
