@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import pyarrow.fs as pafs
 import ray
 from ray import tune
 import ray.train
@@ -337,18 +336,8 @@ class LocalCheckpoints:
 
     def save(self, source: str, epoch: int) -> str:
         """Store the checkpoint folder `source` as epoch `epoch`'s; returns where it now is (path or URI)."""
-        target = self.run.join(checkpoint_name(epoch))
-        fs, path = target.filesystem
-        if target.local:
-            staging = Path(path).with_name(f".{Path(path).name}.partial")
-            shutil.rmtree(staging, ignore_errors=True)
-            shutil.copytree(source, staging)
-            shutil.rmtree(path, ignore_errors=True)  # an epoch trained again after a restart
-            os.replace(staging, path)
-        else:
-            names = sorted(p.name for p in Path(source).iterdir() if p.name != CHECKPOINT_FILE)
-            for name in [*names, CHECKPOINT_FILE]:
-                pafs.copy_files(str(Path(source) / name), f"{path}/{name}", destination_filesystem=fs)
+        target = self.run.join(checkpoint_name(epoch))  # replaced: an epoch trained again after a restart
+        open_location(source).copy_folder(target, last=CHECKPOINT_FILE)
         return target.uri
 
     def prune(self, values: dict[int, float]) -> None:
