@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import mlflow.pyfunc
 import numpy as np
@@ -244,15 +244,6 @@ def study_parent_run(tracking_uri: str, study: str) -> str:
     run_id = tracker.start_study(tags={"a2.created_by": "package"})
     tracker.end_study("FINISHED")
     return run_id
-
-
-def log_artifacts(tracking_uri: str, run_id: str, paths: Iterable[str | os.PathLike],
-                  artifact_path: str = "package") -> str:
-    """Log files as artifacts of a run; returns the artifact folder's URI."""
-    client = MlflowClient(tracking_uri=tracking_uri)
-    for p in paths:
-        client.log_artifact(run_id, str(p), artifact_path)
-    return f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
 
 
 # -- the ensemble as an MLflow model --------------------------------------------------------------------------------

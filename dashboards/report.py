@@ -24,7 +24,7 @@ from a2core.selection import finite
 from dashboards.compare import shown_metrics, split_columns, study_comparison
 from dashboards.runs import CIDER, FUSION_LABEL, TEST_CIDER, Study, Trial, searched_keys, sort_key
 from dashboards.stats import MIN_SEEDS, seed_interval, stopped_early_text
-from dashboards.tracking import study_runs
+from dashboards.tracking import log_artifacts, study_runs
 
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
                 ("lift", "diag/grounding/lift"), ("chance", "diag/grounding/chance"),
@@ -370,7 +370,5 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
 def log_report(tracking_uri: str, study_name: str, paths: dict[str, str]) -> str | None:
     """Log a report's files as artifacts of the study's MLflow parent run under `report/`; returns their URI, or
     None when the store has no such run (the study was not exported there: `a2 mlflow sync NAME`)."""
-    from dashboards.leaderboard import log_artifacts  # torch, which the leaderboard's ensemble model needs: not here
-
     parent, _ = study_runs(tracking_uri, study_name)
     return None if parent is None else log_artifacts(tracking_uri, parent.info.run_id, paths.values(), "report")

@@ -23,7 +23,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from a2core.config import applicable_config, flatten
 from a2core.errors import TrackingError
@@ -526,6 +526,15 @@ def study_pointer(tracking_uri: str, experiment: str) -> str:
     """`ui_pointer` of the experiment named `experiment`, looked up (never created)."""
     exp = _client(tracking_uri).get_experiment_by_name(experiment)
     return ui_pointer(tracking_uri, exp.experiment_id if exp is not None else None)
+
+
+def log_artifacts(tracking_uri: str, run_id: str, paths: Iterable[str | os.PathLike],
+                  artifact_path: str = "package") -> str:
+    """Log files as artifacts of a run; returns the artifact folder's URI."""
+    client = _client(tracking_uri)
+    for p in paths:
+        client.log_artifact(run_id, str(p), artifact_path)
+    return f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
 
 
 def _study_urls(backend: str, server: str, limit: int = 10) -> list[str]:

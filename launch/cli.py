@@ -35,6 +35,8 @@ def _int_at_least(low: int):
 
 positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
+_SEEDS_HELP = ("seeds of the ensemble (default: the best configuration's replicates when it has at least "
+               f"{len(SEEDS)}, else {' '.join(map(str, SEEDS))})")
 
 
 def _command(sub, name: str, handler: str, **kwargs) -> argparse.ArgumentParser:
@@ -291,9 +293,7 @@ def _add_package_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
     parser.add_argument("--alg", default=None,
                         help="algorithm name in the results file names, [A-Za-z0-9-]+ (default: the study name)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=None,
-                        help="seeds of the ensemble (default: the best configuration's replicates when it has at "
-                             f"least {len(SEEDS)}, else {' '.join(map(str, SEEDS))})")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help=_SEEDS_HELP)
     parser.add_argument("--no-train", action="store_true",
                         help="refuse (naming them) instead of training missing seeds")
     parser.add_argument("--out", default=None, help=f"output folder (default: ./{PACKAGE_OUT}/<name>; one that "
@@ -328,9 +328,7 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help=f"report and package folder (default: ./{PIPELINE_OUT}/<name>)")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides tracking.mlflow_uri)")
     parser.add_argument("--storage", default=None, help="study storage root (overrides storage)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=None,
-                        help="seeds of the ensemble (default: the best configuration's replicates when it has at "
-                             "least 4, else 0 1 2 3)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help=_SEEDS_HELP)
     parser.add_argument("--alg", default=None, help="algorithm name in the results file names (default: study name)")
     parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
     parser.add_argument("--workers", type=int, default=None, help="Ray decoding tasks; 0 decodes in this process")

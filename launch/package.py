@@ -27,13 +27,13 @@ from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
 from dashboards.runs import Trial
 from dashboards.stats import config_hash
 from dashboards.submission import make_zip, results_filename, validate_zip
-from dashboards.tracking import check_tracking_uri
+from dashboards.tracking import check_tracking_uri, log_artifacts
 from launch.defaults import PACKAGE_OUT, SEEDS, SERVER_IMAGES, SHARD_IMAGES
 from launch.driver import resume_study, run_study, say
 from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, locate
 from launch.raycluster import connect, shutdown as stop_ray
 from launch.rehearse import refuse_rehearsal
-from launch.spec import StudySpec
+from launch.spec import NAME_MAX, StudySpec
 from launch.storage import open_location, upload_file
 from launch.study import exit_code
 from launch.trainable import propagated_env
@@ -328,7 +328,7 @@ def seeds_spec(spec, location, config: dict, seeds: list[int], name: str):
 
 def seed_study_name(study: str, digest: str, index: int) -> str:
     suffix = f"-seeds-{digest[:8]}-{index}"
-    return f"{study[:64 - len(suffix)].rstrip('-')}{suffix}"
+    return f"{study[:NAME_MAX - len(suffix)].rstrip('-')}{suffix}"
 
 
 def companion_studies(location) -> list[str]:
@@ -587,7 +587,7 @@ def deliver(name: str, spec, best: Trial, members: list[Trial], local: list[str]
                           "study_run_ids": run_ids}})
     board_path = lb.write_leaderboard(results["zip"].parent / LEADERBOARD, board)
     print(lb.format_table(board), flush=True)
-    artifacts = lb.log_artifacts(tracking_uri, parent, [results["zip"], board_path], "package")
+    artifacts = log_artifacts(tracking_uri, parent, [results["zip"], board_path], "package")
     return {"scores": scores, "board": board, "leaderboard": board_path,
             "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "artifacts": artifacts, **model}}
 
