@@ -39,7 +39,7 @@ def configurations(runs: list[Trial]) -> list[list[Trial]]:
     return [sorted(g, key=seed_order) for g in groups.values()]
 
 
-def _best(groups: list[list[Trial]], mode: str) -> list[Trial]:
+def best_configuration(groups: list[list[Trial]], mode: str) -> list[Trial]:
     """The group with the best mean of its runs' best values in the study's mode (`dashboards.stats.best_group`, the
     rule the record's best group follows; a group counts as stopped early when any of its replicates was)."""
     return best_group(groups, lambda group: [r.best_value for r in group], mode,
@@ -74,13 +74,14 @@ def study_comparison(study: Study, by: str = "fusion",
         value = group_value(r, by)
         if value is not None:
             buckets.setdefault(str(value), []).append(r)
-    labelled = {value: _best(configurations(buckets[value]), study.mode) for value in sorted(buckets, key=sort_key)}
+    labelled = {value: best_configuration(configurations(buckets[value]), study.mode)
+                for value in sorted(buckets, key=sort_key)}
     if baseline is not None and baseline not in labelled:
         raise StudyError(f"--baseline {baseline}: no run of study {study.name} with val/CIDEr has {by}={baseline} "
                          f"(it has {', '.join(labelled) or 'none'})")
     base_runs = [r for r in runs if r.fusion == BASELINE]
     if baseline is None and base_runs:
-        base = _best(configurations(base_runs), study.mode)
+        base = best_configuration(configurations(base_runs), study.mode)
         ids = {r.trial_id for r in base}
         baseline = next((value for value, group in labelled.items() if {r.trial_id for r in group} == ids), None)
         if baseline is None:  # rows of another key (--by lambda): the baseline is a reference row

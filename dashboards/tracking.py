@@ -108,6 +108,15 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> str:
     return uri
 
 
+def server_answers(uri: str, timeout: float = 2.0) -> bool:
+    """Whether the tracking store at `uri` answers within `timeout` s (`check_tracking_uri` without its error)."""
+    try:
+        check_tracking_uri(uri, timeout=timeout)
+        return True
+    except TrackingError:
+        return False
+
+
 def _check_sqlite(uri: str) -> None:
     """sqlite:///relative.db, sqlite:////abs/path.db, sqlite:///:memory:: the database's folder must exist."""
     rest = uri[len("sqlite:"):]

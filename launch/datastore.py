@@ -183,15 +183,7 @@ def _fetch_file(source, target: Path, quiet: bool) -> dict:
             _say(f"{target}: the same as {source.uri} already; nothing to fetch", quiet)
             return {"sha256": digest, "target": str(target), "fetched": False}
         _say(f"fetch {source.uri} -> {target}", quiet)
-        if source.local:
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.fetch")
-            try:
-                shutil.copyfile(source.uri, tmp)
-                os.replace(tmp, target)
-            finally:
-                tmp.unlink(missing_ok=True)
-        else:
-            source.download(target)  # size and stored SHA-256 checked before it replaces `target`
+        source.download(target)  # atomically; from S3 its size and stored SHA-256 checked before it replaces `target`
         return {"sha256": prepared.file_sha256(target), "target": str(target), "fetched": True}
 
 

@@ -24,7 +24,7 @@ import yaml
 
 from a2core.config import flatten
 from a2core.errors import StorageError, StudyError, TrackingError
-from dashboards.tracking import StudyTracker, check_tracking_uri
+from dashboards.tracking import StudyTracker, check_tracking_uri, server_answers
 from launch import runlog, stop
 from dashboards.runs import Trial
 from launch.conclusions import best_value, format_table, print_conclusions, table_row, tune_trial
@@ -450,9 +450,7 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
 def _log_compute_totals(spec, totals: dict) -> None:
     """The compute totals as `compute/<key>` metrics of the study's MLflow parent run, when MLflow answers (a
     server still down at the end does not fail the study: `resume` or `a2 mlflow sync` exports it later)."""
-    try:
-        check_tracking_uri(spec.tracking.mlflow_uri, timeout=2.0)
-    except TrackingError:
+    if not server_answers(spec.tracking.mlflow_uri):
         print("note: MLflow does not answer: the study's compute totals are in summary.json only", file=sys.stderr)
         return
     tracker = StudyTracker(spec.tracking.mlflow_uri, spec.name, spec.tracking.experiment)

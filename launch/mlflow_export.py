@@ -31,12 +31,11 @@ from a2core.errors import StorageError, TrackingError
 from dashboards.mlflow_views import TAG_CONFIG_LABEL
 from dashboards.runs import Trial
 from dashboards.tracking import (TAG_BEST_CKPT, TAG_CONFIG_HASH, TAG_END_REASON, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID,
-                                 StudyTracker, search_all_runs, check_tracking_uri)
+                                 StudyTracker, search_all_runs, server_answers)
 from launch.conclusions import _fmt, tune_trial
 from launch.killpoints import kill_point
-from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, SUPERSEDED_FILE, TRIALS_DIR, add_outage,
-                           train_run_name)
-from launch.record import record_trials
+from launch.layout import ARTIFACTS_DIR, CHECKPOINT_FILE, SUPERSEDED_FILE, TRIALS_DIR, add_outage, train_run_name
+from launch.record import _metrics, record_trials
 from launch.spec import SEED_PATH, resolve_key
 
 logger = logging.getLogger(__name__)
@@ -49,10 +48,6 @@ def end_reason(study: str, signal_name: str | None = None) -> str:
 
 SUPERSEDED = ("superseded: the driver was killed before Tune saved this trial, and its configuration ran again "
               "under another trial id; its epochs are not in the study's record")
-
-
-def _metrics(result: dict) -> dict:
-    return {k: v for k, v in result.items() if k not in SKIP_KEYS and not isinstance(v, (dict, list))}
 
 
 ENDED_STATUSES = ("FINISHED", "KILLED", "FAILED")
@@ -232,14 +227,6 @@ class Export:
             if text is not None and self.uploaded.get((run_id, path)) != text:
                 tracker.client.log_text(run_id, text, path)
                 self.uploaded[(run_id, path)] = text
-
-
-def server_answers(uri: str, timeout: float = 2.0) -> bool:
-    try:
-        check_tracking_uri(uri, timeout=timeout)
-        return True
-    except TrackingError:
-        return False
 
 
 class StudyExporter:

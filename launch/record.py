@@ -213,7 +213,7 @@ def per_image(location: StudyLocation, study: str, trial_id: str, split: str = "
 
 
 def _metrics(result: dict) -> dict[str, float]:
-    """The numbers of an epoch's result that are metrics (`launch.mlflow_export.SKIP_KEYS` left out, as MLflow)."""
+    """The numbers of an epoch's result that are metrics (`launch.layout.SKIP_KEYS` left out), as MLflow logs them."""
     return {k: float(v) for k, v in result.items() if type(v) in _NUMBERS and k not in SKIP_KEYS}
 
 

@@ -46,12 +46,12 @@ import numpy as np
 from a2core.config import apply_overrides, get_dotted, load_yaml
 from a2core.errors import PackageError, StudyError
 from a2core.selection import best_epoch
-from dashboards.compare import configurations, study_comparison
+from dashboards.compare import best_configuration, configurations, study_comparison
 from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.records import arms_of, load_record
 from dashboards.runs import CIDER, TEST_CIDER, Study
 from dashboards.runs import Trial as RecordTrial  # Tune's `Trial` is the scheduler's in `simulate`
-from dashboards.stats import Noise, best_group, config_hash, noise_of, power
+from dashboards.stats import Noise, config_hash, noise_of, power
 from dashboards.tracking import mark_runs
 from launch import plan
 from launch.defaults import LEARNING_DROP
@@ -336,8 +336,7 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
     stopped = [r for r in runs if r.stopped_early]
     rungs = Counter(int(r.stopped_early["rung"]) for r in stopped if r.stopped_early.get("rung") is not None)
     done = sum(len(r.history.get(CIDER, [])) for r in runs)
-    chosen = best_group(groups, lambda g: [r.best_value for r in g], spec.mode,
-                        lambda g: any(r.stopped_early for r in g))
+    chosen = best_configuration(groups, spec.mode)  # compare's best configuration (`dashboards.stats.best_group`)
     survived = any(true[g[0].config_hash] == top and not any(r.stopped_early for r in g) for g in groups)
     comparison, _, _ = study_comparison(study, by)
     table = dict(model.means)  # a row's label is its value of `by` ("fusion=none" for a reference row)

@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 from a2core.atomic import fresh_folder
-from a2core.errors import A2Error
 from dashboards.compare import compare_table
 from dashboards.records import export_record
-from dashboards.tracking import check_tracking_uri
+from dashboards.tracking import server_answers
 from launch.conclusions import print_conclusions, state_text
 from launch.location import json_default, locate, rehearsal_banner
 from launch.record import StudyRecord, shown_state
@@ -84,11 +83,7 @@ def _store_answers(uri: str) -> bool:
     """The MLflow store at `uri` is there (a SQLite file is never created just to find it empty) and answers."""
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         return False
-    try:
-        check_tracking_uri(uri, timeout=5.0)
-    except A2Error:
-        return False
-    return True
+    return server_answers(uri, timeout=5.0)
 
 
 def cmd_results_export(args) -> int:

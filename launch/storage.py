@@ -271,7 +271,8 @@ class Location:
         if self.local:
             if not self.exists():
                 raise StorageError(f"{self.uri}: no such file")
-            return atomic_write(target, Path(self.uri).read_bytes())
+            with open(self.uri, "rb") as source:  # streamed: a store's data file or a checkpoint can be large
+                return atomic_write(target, lambda f: shutil.copyfileobj(source, f, 8 * MiB))
         from botocore.exceptions import BotoCoreError, ClientError  # boto3: only for S3 objects
 
         bucket, key = parse_s3_uri(self.uri, require_key=True)

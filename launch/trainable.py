@@ -38,7 +38,7 @@ from launch.raycluster import stash_credentials
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, ENDED_FILE, RESULTS_FILE,
                            SUPERSEDED_FILE, TRAIN_SNAPSHOT, TRIAL_FILE, TRIALS_DIR, TUNE_POINTER_FILE, ResultLog,
                            checkpoint_epochs, checkpoint_name, end_record, end_text, latest_checkpoint_history,
-                           plain_values, train_run_name)
+                           plain_values, results_by_epoch, train_run_name)
 from launch.storage import open_location
 
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
@@ -296,11 +296,10 @@ def adopt(plan: TrialPlan, run, trial_id: str, sampled: dict) -> dict | None:
     if old.join(ARTIFACTS_DIR).listdir():
         old.join(ARTIFACTS_DIR).copy_folder(run.join(ARTIFACTS_DIR))
     try:
-        results = json.loads(old.join(RESULTS_FILE).read_text() or "[]")
+        results = results_by_epoch(old.join(RESULTS_FILE).read_text())
     except ValueError:  # cut short: the checkpoint's own history has the epochs (`TrialRecorder`)
-        results = []
-    ResultLog(run.join(RESULTS_FILE)).add_missing(
-        [r for r in results if isinstance(r, dict) and isinstance(r.get("epoch"), (int, float)) and r["epoch"] <= newest])
+        results = {}
+    ResultLog(run.join(RESULTS_FILE)).add_missing([r for epoch, r in results.items() if epoch <= newest])
     ended = old.join(ENDED_FILE).read_text()
     if ended is not None:
         run.join(ENDED_FILE).write_text(ended)

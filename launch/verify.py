@@ -33,7 +33,7 @@ from a2core.config import Config
 from a2core.errors import A2Error, CheckpointError, StudyError
 from dashboards.runs import Trial
 from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, TUNE_POINTER_FILE,
-                           checkpoint_epochs, checkpoint_name)
+                           checkpoint_epochs, checkpoint_name, results_by_epoch)
 from launch.location import STUDY_FILE, load_saved_spec, locate
 
 # The one place that knows Ray's private state layout (the Ray adapter): Tune's files at the study's root (experiment
@@ -70,8 +70,7 @@ def _parse(kind: str, data: bytes) -> None:
         if not isinstance(yaml.safe_load(data.decode("utf-8")), dict):
             raise ValueError("not a YAML mapping")
     elif kind == "results":
-        if not isinstance(json.loads(data.decode("utf-8")), list):
-            raise ValueError("not a JSON list of results")
+        results_by_epoch(data.decode("utf-8"))  # the result log's reader: ValueError unless a JSON list
     else:  # a pickle, read to its STOP by C's unpickler with every class it names a stand-in: nothing in it runs
         try:
             _StandInUnpickler(io.BytesIO(data)).load()
@@ -474,8 +473,7 @@ def put_back_tune_pointers(study) -> list[str]:
     and deleted the one its last saved state names left the trial unrestorable ("Could not recover from checkpoint
     as it does not exist on storage anymore"), though a2's own checkpoints are all there: a trial resumes from the
     newest readable one of its run folder (`launch.trainable`), never from Tune's pointer, so an empty one serves."""
-    _, fs = study.ray_storage()
-    fs = fs or pafs.LocalFileSystem()
+    fs, _ = study.filesystem
     lines = []
     for name in fnmatch.filter(study.listdir(), EXPERIMENT_STATE):
         for path in sorted(tune_checkpoint_paths(study.join(name).read_text())):
