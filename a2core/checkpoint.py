@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .atomic import atomic_write
+from .checksum import checksum_path, checksum_problem
 from .config import Config, get_dotted
 from .data.captions import Vocab
 from .model.a2 import A2Transformer, build_model
@@ -58,8 +59,15 @@ _ALLOWED = {name for _, name in _NUMPY_ARRAY_GLOBALS}
 
 
 def load(path: str | Path, map_location="cpu") -> dict:
-    """The checkpoint's dict, read without running any code of the file (see the module docstring)."""
+    """The checkpoint's dict, read without running any code of the file (see the module docstring). A checkpoint with
+    its SHA-256 beside it (`a2core.checksum`, written when a study stores it) must match it: a flipped byte is a
+    CheckpointError naming the file, even where torch would load the damaged weights."""
     path = resolve(path)
+    recorded = checksum_path(path)
+    if recorded.is_file():
+        damaged = checksum_problem(path, recorded.read_text(errors="replace"), str(path))
+        if damaged:
+            raise CheckpointError(damaged)
     if not zipfile.is_zipfile(path):  # torch.save writes a zip; anything else is a raw pickle or garbage
         named = _raw_pickle_globals(path)
         needs = f" (a pickle needing {', '.join(named)})" if named else ""

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from .atomic import atomic_write
 from .checkpoint import load_ensemble
-from .config import Config, apply_overrides
+from .config import Config, DataConfig, apply_overrides
 from .data.dataset import CaptionData, resolve_paths
 from .data.features import FeatureStore
 from .metrics import caption_scores
@@ -432,15 +432,39 @@ def write_results_json(path: str | Path, captions: dict[int, str]) -> None:
 
 def checkpoint_data(config: dict, vocab, data_overrides: list[str] | None = None):
     """The CaptionData a checkpoint decodes: its config's data section with `data.*` overrides (the files on this
-    machine), and its vocabulary."""
+    machine), and its vocabulary. An override of any other key is refused (`check_data_overrides`)."""
+    check_data_overrides(data_overrides)
     raw = apply_overrides({"data": config["data"]}, list(data_overrides or []))
     data_cfg = Config.from_dict({"data": raw["data"]}).data
     return CaptionData(data_cfg, config["model"]["max_regions"], config["model"]["feature_dim"], vocab=vocab)
 
 
+def check_data_overrides(overrides: list[str] | None) -> None:
+    """Refuse (ConfigError naming `--data`) every `--data` item that is not `data.KEY=VALUE`: decoding reads only
+    the data section from the command line (the model and its training are the checkpoint's), and an item it would
+    ignore, `features=/x` or `model.d_model=8`, is a typo the user must hear about. The message says what to write
+    instead; an unknown key under `data.` is refused by the config schema, naming the known ones."""
+    for item in overrides or []:
+        key, equals, value = item.partition("=")
+        if key.startswith("data.") and equals:
+            continue
+        if not equals:
+            raise ConfigError("--data", f"{item!r} is not of the form data.KEY=VALUE; write e.g. data.features=/x.h5")
+        if key in DataConfig.model_fields:
+            raise ConfigError("--data", f"{item!r}: {key} is a data key; write data.{key}={value}")
+        if key == "data":
+            raise ConfigError("--data", f"{item!r}: one key at a time; write data.KEY=VALUE, e.g. data.features=/x.h5")
+        keys = ", ".join(DataConfig.model_fields)
+        what = (f"{key} is the checkpoint's own (decoding changes only where its data is)"
+                if key.split(".")[0] in Config.model_fields else f"{key} is no key of a config")
+        raise ConfigError("--data", f"{item!r}: only data.* keys are read here and {what}; write data.KEY=VALUE, "
+                                    f"KEY one of {keys}")
+
+
 def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int = 5, max_len: int = 20,
                    batch_size: int = 50, data_overrides: list[str] | None = None, device: str | None = None) -> dict:
     """`a2 decode`: one checkpoint or an averaging ensemble -> COCO results JSON for a split."""
+    check_data_overrides(data_overrides)  # before any checkpoint is read: a refused key costs nothing
     for name, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--batch-size", batch_size)):
         if value < 1:
             raise ConfigError(name, f"must be >= 1, got {value}")

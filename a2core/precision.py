@@ -40,3 +40,24 @@ def autocast(precision: str, device: torch.device):
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     """Dynamic loss scaling for fp16; for fp32/bf16 a disabled scaler, whose calls pass straight through."""
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def has_tf32(device: torch.device) -> bool:
+    """Whether `device` has TF32 tensor cores (a CUDA GPU of compute capability 8.0 or later: A100, A10G, H100,
+    H200); a CPU never does."""
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def fp32_matmul(device: torch.device, tf32: bool = True) -> str:
+    """Set how fp32 matrix products run on `device` and say which: "tf32" (10-bit mantissa inputs, fp32 accumulation, on
+    the tensor cores) where the card has it and `tf32`, else
+    "fp32" ("ieee", torch's default). A training step at the paper's sizes is launch-bound on an H200, where
+    the measured figures (benchmarks/bench_gpu.py) decide whether TF32 or bf16 autocast pays; TF32 keeps
+    fp32 storage and the fp32 code path, so no loss scaling and no casts are added. The setting is process-wide
+    (torch has no per-module one); a CPU is left as it is."""
+    if not has_tf32(device):
+        return "fp32"
+    # torch >= 2.9's settings (the allow_tf32 flags are deprecated there, and mixing the two kinds is refused)
+    torch.backends.cuda.matmul.fp32_precision = "tf32" if tf32 else "ieee"
+    torch.backends.cudnn.conv.fp32_precision = "tf32" if tf32 else "ieee"
+    return "tf32" if tf32 else "fp32"

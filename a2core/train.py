@@ -40,7 +40,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -70,6 +70,21 @@ DIVERGED_STEPS_SCALED = 20
 
 log = logging.getLogger("a2core.train")
 Report = Callable[[dict, "str | None"], None]
+
+
+class StepProgress(NamedTuple):
+    """Where a run is within an epoch, after each optimizer step (rank 0): `train`'s `progress` callback gets one.
+    `metrics`: the epoch's running means so far (`train/loss`, ..., and `train/lr`), read from the device only at the
+    `train.log_every` steps and at an epoch's last step, None at the others (no host sync in between)."""
+    stage: str                      # "xe" or "scst"
+    epoch: int                      # 1-based, the epoch being trained
+    done: int                       # optimizer steps of this epoch done
+    total: int                      # optimizer steps of this epoch
+    step: int                       # global optimizer steps done
+    metrics: dict | None = None
+
+
+Progress = Callable[[StepProgress], None]
 
 
 def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
@@ -294,8 +309,12 @@ class Updates:
 
 
 class Trainer:
+    progress: Progress | None = None  # called after every optimizer step on rank 0 (`train`'s `progress`)
+
     def __init__(self, cfg: Config, output_dir: str | Path, resume_from: str | Path | None = None,
-                 best_from: str | Path | None = None):
+                 best_from: str | Path | None = None, data: CaptionData | None = None):
+        """data: the data set of `cfg.data`, already loaded (replicate seeds trained together share one:
+        `a2core.fused`); None: loaded here."""
         self.cfg = cfg
         # A resumed run whose best epoch came before the resume has no best.pt in its (new) output folder: the
         # caller hands in a copy of that epoch's checkpoint, for the test evaluation and the switch to SCST.
@@ -310,8 +329,12 @@ class Trainer:
                 raise CheckpointError(f"{resume_from}: its model config differs from this run's; cannot resume")
         seed_everything(cfg.train.seed)
         vocab = Vocab(state["vocab"]) if state else None
-        self.data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab)
-        self.data.check(("train", "val"))
+        if data is None:
+            data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim, vocab)
+            data.check(("train", "val"))
+        elif vocab is not None and vocab != data.vocab:
+            raise CheckpointError(f"{resume_from}: its vocabulary differs from the data set's; cannot resume")
+        self.data = data
         self.vocab = self.data.vocab
         self.model = build_model(cfg.model, len(self.vocab), cfg.data.max_caption_len + 2).to(self.device)
         self.dist.broadcast_params(self.model)
@@ -354,10 +377,13 @@ class Trainer:
         (batch_size / 5 a step, M2's batch_size // 5) in either layout, since the candidates are drawn per image."""
         t = self.cfg.train
         if stage == "xe" and t.batch_layout == "pairs":
-            return self.data.pair_loader(t.batch_size, seed=t.seed, epoch=self.epoch, rank=self.dist.rank,
-                                         world=self.dist.world, num_workers=t.num_workers)
-        return self.data.train_loader(t.images_per_step, seed=t.seed, epoch=self.epoch, rank=self.dist.rank,
-                                      world=self.dist.world, num_workers=t.num_workers)
+            loader = self.data.pair_loader(t.batch_size, seed=t.seed, epoch=self.epoch, rank=self.dist.rank,
+                                           world=self.dist.world, num_workers=t.num_workers)
+        else:
+            loader = self.data.train_loader(t.images_per_step, seed=t.seed, epoch=self.epoch, rank=self.dist.rank,
+                                            world=self.dist.world, num_workers=t.num_workers)
+        self._epoch_steps = (self.step, len(loader))  # where the epoch starts and its steps, for `_step_done`
+        return loader
 
     def _batch(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         return batch["feats"].to(self.device), batch["region_mask"].to(self.device)
@@ -379,6 +405,24 @@ class Trainer:
             value = step_out.get(key, float("nan"))
             raise TrainingDiverged(self.epoch + 1, self.step, key, value if not math.isfinite(value) else float("nan"))
 
+    def _step_done(self, stage: str, means: _Means) -> None:
+        """After each optimizer step, on rank 0: the `train.log_every` line (`log`, INFO; `a2 train` shows it) and
+        the `progress` callback. The running means are read (a host sync) only at those steps and at the epoch's
+        last, never in between."""
+        if self.dist.rank != 0:
+            return
+        first, total = self._epoch_steps
+        done = self.step - first
+        metrics = None
+        if self.step % self.cfg.train.log_every == 0 or done == total:
+            lr = self.updates.sched.get_last_lr()[0] if stage == "xe" else self.cfg.train.scst_lr
+            metrics = {**{k: float(v) for k, v in means.result().items()}, "train/lr": lr}
+        if self.step % self.cfg.train.log_every == 0:
+            log.info("epoch %d step %d (%d/%d of the epoch) loss %.4f lr %.2e", self.epoch + 1, self.step, done,
+                     total, metrics["train/loss"], metrics["train/lr"])
+        if self.progress is not None:
+            self.progress(StepProgress(stage, self.epoch + 1, done, total, self.step, metrics))
+
     def xe_epoch(self) -> dict:
         self.model.train()
         means = _Means()
@@ -390,9 +434,7 @@ class Trainer:
             means.add(step_out)
             self._advance()
             self._check_finite(step_out)
-            if self.dist.rank == 0 and self.step % self.cfg.train.log_every == 0:
-                log.info("epoch %d step %d loss %.4f lr %.2e", self.epoch + 1, self.step,
-                         means.sums["train/loss"] / means.counts["train/loss"], self.updates.sched.get_last_lr()[0])
+            self._step_done("xe", means)
         return {**means.result(), "train/lr": self.updates.sched.get_last_lr()[0]}
 
     def cider(self):
@@ -446,6 +488,7 @@ class Trainer:
             means.add(step_out)
             self._advance()
             self._check_finite(step_out)
+            self._step_done("scst", means)
         return means.result()
 
     def beam_candidates(self, feats, mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -602,25 +645,38 @@ class Trainer:
                 self._enter_scst()
             start = time.perf_counter()
             train_metrics = self.xe_epoch() if stage == "xe" else self.scst_epoch()
-            train_metrics = self.dist.mean(train_metrics)
-            self.epoch += 1
-            val = self.validate()
-            val.update(self.diagnostics())
-            samples = val.pop("samples")
-            improved = improves(val["val/CIDEr"], self.best["val/CIDEr"])  # the latest of equals (a2core.selection)
-            if improved:
-                self.best = {"val/CIDEr": val["val/CIDEr"], "epoch": self.epoch, "stage": stage}
-            metrics = {"epoch": self.epoch, "step": self.step, "stage": stage, **train_metrics, **val,
-                       "best/val/CIDEr": self.best["val/CIDEr"], "best/epoch": self.best["epoch"],
-                       "time/epoch_s": time.perf_counter() - start}
-            self.history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
-            last = self._save_epoch(metrics, improved)
-            if self.epoch == total and t.test_at_end:
-                test = self.test_evaluation()
-                metrics.update(test)
-            metrics["samples"] = samples
-            if report is not None:
-                self._report(report, metrics, last)
+            test = self.end_epoch(stage, train_metrics, start, report) or test
+        return self.result(test)
+
+    def end_epoch(self, stage: str, train_metrics: dict, start: float, report: Report | None) -> dict:
+        """What follows an epoch's training (`train_metrics`, begun at `start`, perf_counter): validation,
+        diagnostics, the best epoch, the checkpoints, after the last epoch the test evaluation, and the report.
+        Returns the test evaluation ({} before the last epoch). `a2core.fused` calls it per seed."""
+        t = self.cfg.train
+        test: dict = {}
+        train_metrics = self.dist.mean(train_metrics)
+        self.epoch += 1
+        val = self.validate()
+        val.update(self.diagnostics())
+        samples = val.pop("samples")
+        improved = improves(val["val/CIDEr"], self.best["val/CIDEr"])  # the latest of equals (a2core.selection)
+        if improved:
+            self.best = {"val/CIDEr": val["val/CIDEr"], "epoch": self.epoch, "stage": stage}
+        metrics = {"epoch": self.epoch, "step": self.step, "stage": stage, **train_metrics, **val,
+                   "best/val/CIDEr": self.best["val/CIDEr"], "best/epoch": self.best["epoch"],
+                   "time/epoch_s": time.perf_counter() - start}
+        self.history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
+        last = self._save_epoch(metrics, improved)
+        if self.epoch == t.xe_epochs + t.scst_epochs and t.test_at_end:
+            test = self.test_evaluation()
+            metrics.update(test)
+        metrics["samples"] = samples
+        if report is not None:
+            self._report(report, metrics, last)
+        return test
+
+    def result(self, test: dict) -> dict:
+        """`train`'s return value (see there) once the run has ended; test: its test evaluation ({}: none)."""
         return {"best/val/CIDEr": self.best["val/CIDEr"], "best_epoch": self.best["epoch"], "epochs": self.epoch,
                 "steps": self.step, "best_checkpoint": str(self.output_dir / "best.pt"),
                 "last_checkpoint": str(self.output_dir / "last.pt"), "history": self.history,
@@ -645,7 +701,8 @@ class Trainer:
 
 
 def train(config: Config | dict, report: Report | None = None, *, output_dir: str | Path | None = None,
-          resume_from: str | Path | None = None, best_from: str | Path | None = None) -> dict:
+          resume_from: str | Path | None = None, best_from: str | Path | None = None,
+          progress: Progress | None = None) -> dict:
     """Train one configuration: cross-entropy epochs, then SCST epochs (see the module docstring).
 
     Args:
@@ -657,6 +714,9 @@ def train(config: Config | dict, report: Report | None = None, *, output_dir: st
         best_from: With `resume_from`: the checkpoint of the run's best epoch so far, when that epoch came before
             the resumed one (the test evaluation and SCST start from the best epoch, and the new output folder
             has no best.pt until an epoch beats it).
+        progress: Called after every optimizer step (rank 0) with a `StepProgress`: the epoch, its steps done and
+            planned, and at the `train.log_every` steps and each epoch's last the running means of its losses
+            (`a2 train` draws a bar on a terminal from it).
 
     Raises:
         TrainingDiverged: a loss was not finite (`DIVERGED_STEPS_SCALED` says when); the epoch it happened in is
@@ -672,4 +732,5 @@ def train(config: Config | dict, report: Report | None = None, *, output_dir: st
     """
     cfg = config if isinstance(config, Config) else Config.from_dict(config)
     trainer = Trainer(cfg, output_dir or cfg.output_dir, resume_from, best_from)
+    trainer.progress = progress
     return trainer.run(report)

@@ -6,7 +6,9 @@ best configuration by mean best val CIDEr over seeds (the selection, on the val 
 held-out test split (each run's selected checkpoint decoded with beam search when it ended): each metric's seed mean
 with its 95% interval and the difference in test CIDEr to the baseline row (from the runs' per-image test CIDEr-D
 paired by image id when both have it: the interval from the difference's variance components over seeds and
-images, `dashboards.stats.difference_intervals`; else Welch's t). Only the selection column is on val. A comparison
+images, `dashboards.stats.difference_intervals`; else Welch's t, Student's for unequal seeds), its own p, and,
+with two or more rows against the baseline, its Holm-adjusted interval and p: the verdicts are one family
+(`dashboards.stats.adjust_family`). Only the selection column is on val. A comparison
 some of whose runs have no test scores (stopped early, or `train.test_at_end: false`) is on val throughout, and its
 header says so.
 """
@@ -126,13 +128,16 @@ def compare_table(study: Study, by: str = "fusion", baseline: str | None = None)
         return f"study {study.name}: no run has logged {CIDER} and {by} yet"
     columns = shown_metrics(comparison)
     split = "test" if comparison.metric == TEST_CIDER else "val"
-    header = [by, *(f"{label} [95% CI]" for label, _ in columns), "seeds", f"vs baseline ({split} CIDEr)", "config"]
+    family = max((d.family for d in comparison.differences.values()), default=1)
+    header = [by, *(f"{label} [95% CI]" for label, _ in columns), "seeds", f"vs baseline ({split} CIDEr)", "p",
+              *([f"Holm over {family} [CI], p"] if family > 1 else []), "config"]
     table = []
     for arm, intervals in comparison.rows:
         diff = comparison.differences.get(arm.label)
         table.append([arm.label + (" (baseline)" if arm.label == comparison.baseline else ""),
                       *(intervals[m].text() if m in intervals else "-" for _, m in columns),
-                      str(len(arm.seeds)), diff.interval_text() if diff else "-", configs[arm.label]])
+                      str(len(arm.seeds)), diff.interval_text() if diff else "-", p_text(diff.p if diff else None),
+                      *([family_text(diff)] if family > 1 else []), configs[arm.label]])
     return "\n".join([
         f"study {study.name}: {n_runs} runs with {study.metric}; per {by} the best configuration by mean best "
         f"{'val CIDEr' if study.metric == CIDER else study.metric} "
@@ -141,4 +146,49 @@ def compare_table(study: Study, by: str = "fusion", baseline: str | None = None)
            "run's selected checkpoint decoded with beam search when it ended)" if split == "test" else
            "every number is on the val images the rows were selected on (not every chosen run logged test "
            "scores), so the verdicts are not held-out ones"),
-        text_table(header, table, right=set(range(1, len(header) - 1))), *comparison.verdicts()])
+        text_table(header, table, right=set(range(1, len(header) - 1))),
+        *([family_note(family)] if family > 1 else []), *comparison.verdicts()])
+
+
+def p_text(p: float | None) -> str:
+    """A p-value as the tables print it ("0.022", "<0.001", "-")."""
+    return "-" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def family_text(diff) -> str:
+    """A comparison's Holm-adjusted interval and p ("[+0.8, +5.4], 0.004"), "-" where it has none."""
+    if diff is None or not diff.adjusted:
+        return "-"
+    return f"[{diff.low_adjusted:+.1f}, {diff.high_adjusted:+.1f}], {p_text(diff.p_adjusted)}"
+
+
+def family_note(family: int) -> str:
+    """What the Holm column means, one line."""
+    return (f"the {family} comparisons with the baseline are one family: a verdict is Holm's (step-down, family-wise "
+            f"error <= 5% however they correlate); `p` is a comparison's own, the Holm column its adjusted p and "
+            f"its interval at the confidence Holm tested it at (docs/explanation/statistics.md)")
+
+
+def verdict_entries(comparison: Comparison) -> list[dict]:
+    """Each comparison with the baseline as plain data (summary.json, the report's `verdicts.json`): the
+    difference, its own 95% interval and p, the family's size, its Holm-adjusted p and interval, the verdict."""
+    out = []
+    for label, d in comparison.differences.items():
+        out.append({"arm": label, "baseline": d.b, "metric": comparison.metric, "delta": d.delta, "low": d.low,
+                    "high": d.high, "p": d.p, "se": d.se, "df": d.df, "seeds": [d.seeds_a, d.seeds_b],
+                    "images": d.images, "family": d.family, "p_adjusted": d.p_adjusted,
+                    "low_adjusted": d.low_adjusted, "high_adjusted": d.high_adjusted,
+                    "resolved": d.resolved if d.low is not None else None, "verdict": d.verdict()})
+    return out
+
+
+def study_verdicts(study: Study, by: str = "fusion") -> dict:
+    """The study's family of verdicts, `compare --by fusion`'s (each fusion's best configuration against the best
+    fusion none one, Holm over them): what `a2 study status` prints of a group against the baseline, so that the two
+    commands read one rule. {"error": ...} where the comparison cannot be made (arms on different images)."""
+    try:
+        comparison, _, _ = study_comparison(study, by)
+    except (DataError, StudyError) as e:
+        return {"by": by, "error": str(e), "comparisons": []}
+    return {"by": by, "baseline": comparison.baseline, "metric": comparison.metric,
+            "comparisons": verdict_entries(comparison)}

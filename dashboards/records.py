@@ -37,7 +37,7 @@ from typing import Mapping
 
 from a2core.atomic import atomic_write
 from a2core.errors import DataError
-from dashboards.compare import shown_metrics, study_comparison
+from dashboards.compare import p_text, shown_metrics, study_comparison
 from dashboards.runs import CIDER, TEST_CIDER
 from dashboards.stats import Arm, compare_arms
 
@@ -98,15 +98,18 @@ def _seeds_text(seeds: list) -> str:
 
 def render_table(record: Mapping) -> str:
     """The record as a markdown table: per row its seeds, each column's mean [95% CI] over seeds, and the
-    difference in `metric` to the baseline with its verdict, as `compare_arms` prints it today."""
+    difference in `metric` to the baseline with its own p, and its Holm-adjusted interval and p where several rows
+    are compared with the baseline (one family, `dashboards.stats.adjust_family`), and the verdict, as `compare_arms`
+    prints it today."""
     metric = record["metric"]
     columns = [tuple(c) for c in record["columns"]]
     comparison = compare_arms(arms_of(record), baseline=record.get("baseline"), metric=metric,
                               mode=record.get("mode", "max"), metrics=[m for _, m in columns])
     short = metric.rsplit("/", 1)[-1]
     head = [record["by"], "seeds", *(heading for heading, _ in columns)]
-    if record.get("baseline") is not None:  # "test CIDEr vs none [95% CI]: verdict": the verdict's split too
-        head.append(f"{metric.replace('/', ' ')} vs {record['baseline']} [95% CI]: verdict")
+    if record.get("baseline") is not None:  # "test CIDEr vs none [95% CI], p; Holm: verdict": the verdict's split too
+        holm = "; Holm-adjusted [CI], p" if any(d.adjusted for d in comparison.differences.values()) else ""
+        head.append(f"{metric.replace('/', ' ')} vs {record['baseline']} [95% CI], p{holm}: verdict")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     stored = {arm["label"]: arm for arm in record["arms"]}
     for arm, intervals in comparison.rows:
@@ -122,7 +125,10 @@ def render_table(record: Mapping) -> str:
                 cells.append(f"{diff.delta:+.1f}: no verdict ({diff.no_verdict_reason()})")
             else:
                 word = "resolved" if diff.resolved else "not resolved"
-                cells.append(f"{diff.interval_text().replace(f' {short}', '')}: {word}")
+                raw = f"{diff.interval_text().replace(f' {short}', '')}, p {p_text(diff.p)}"
+                family = (f"; Holm over {diff.family} [{diff.low_adjusted:+.1f}, {diff.high_adjusted:+.1f}], "
+                          f"p {p_text(diff.p_adjusted)}" if diff.adjusted else "")
+                cells.append(f"{raw}{family}: {word}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

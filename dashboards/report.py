@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 import os
 import re
@@ -21,7 +22,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from a2core.selection import finite
-from dashboards.compare import shown_metrics, split_columns, study_comparison
+from dashboards.compare import (family_note, family_text, p_text, shown_metrics, split_columns, study_comparison,
+                                verdict_entries)
 from dashboards.runs import CIDER, FUSION_LABEL, TEST_CIDER, Study, Trial, searched_keys, sort_key
 from dashboards.stats import MIN_SEEDS, seed_interval, stopped_early_text
 from dashboards.tracking import log_artifacts, study_runs
@@ -63,6 +65,7 @@ def fusion_table_html(comparison, configs: dict[str, str]) -> str:
     split = "test" if on_test else "val"
     columns = shown_metrics(comparison)
     best = {m: max(iv[m].mean for _, iv in comparison.rows if m in iv) for _, m in columns}
+    family = max((d.family for d in comparison.differences.values()), default=1)
     rows = []
     for arm, intervals in comparison.rows:
         cells = [_td(len(arm.seeds))]
@@ -73,9 +76,12 @@ def fusion_table_html(comparison, configs: dict[str, str]) -> str:
                          else _td(iv.text() if iv else "–"))
         diff = comparison.differences.get(arm.label)
         versus = "baseline" if arm.label == comparison.baseline else (diff.interval_text() if diff else "–")
-        cells += [_td(versus), _td(diff.verdict() if diff else "", "l"), _td(configs[arm.label] or "–", "cfg")]
+        cells += [_td(versus), _td(p_text(diff.p) if diff else "–"),
+                  *([_td(family_text(diff) if diff else "–")] if family > 1 else []),
+                  _td(diff.verdict() if diff else "", "l"), _td(configs[arm.label] or "–", "cfg")]
         rows.append((FUSION_LABEL.get(arm.label, arm.label), cells))
-    head = ["fusion", "seeds", *(label for label, _ in columns), f"{split} CIDEr vs baseline", "verdict", "config"]
+    head = ["fusion", "seeds", *(label for label, _ in columns), f"{split} CIDEr vs baseline", "p",
+            *([f"Holm over {family} [CI], p"] if family > 1 else []), "verdict", "config"]
     missing = [label for label, m in split_columns(on_test) if (label, m) not in columns]
     images = max((diff.images or 0 for diff in comparison.differences.values()), default=0)
     where = (f"Every number but the selection column is on the held-out test split"
@@ -89,6 +95,7 @@ def fusion_table_html(comparison, configs: dict[str, str]) -> str:
             "<p class='note'>The numbers of `a2 study compare --by fusion`: per fusion its best configuration by "
             "mean val CIDEr over seeds (stopped-early ones only when nothing else ran); mean [95% CI] over seeds "
             f"(none below {MIN_SEEDS} seeds), x100; best mean per column in bold. {where}</p>" +
+            (f"<p class='note'>{html.escape(family_note(family))}.</p>" if family > 1 else "") +
             (f"<p class='note'>Not logged: {', '.join(missing)}.</p>" if missing else ""))
 
 
@@ -362,6 +369,10 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
             f"<style>{_CSS}</style></head><body><h1>Study {name}</h1><p class='sub'>{html.escape(_summary(study))}"
             f"<br>Record: {html.escape(study.source)}</p>"
             + "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections) + "</body></html>")
+    plots["verdicts"] = out / "verdicts.json"  # Table 3's verdicts, raw and Holm-adjusted, as data (MLflow too)
+    plots["verdicts"].write_text(json.dumps({"by": "fusion", "baseline": comparison.baseline,
+                                             "metric": comparison.metric,
+                                             "comparisons": verdict_entries(comparison)}, indent=1), encoding="utf-8")
     plots["html"] = out / "report.html"
     plots["html"].write_text(page, encoding="utf-8")
     return {key: str(path) for key, path in plots.items()}

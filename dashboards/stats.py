@@ -10,9 +10,14 @@ prints):
 - an arm whose seeds all scored the same: no interval, no verdict, and a warning that the seed changes nothing;
 - else a t-interval whose variance is the sum of the difference's components, each counted once: each arm's seed
   means over its seeds, and the arms' own per-image strengths on the shared images (matched by image id) net of
-  the runs' per-image noise, with Satterthwaite's degrees of freedom (seed means only: Welch's t).
+  the runs' per-image noise, with Satterthwaite's degrees of freedom (seed means only: Welch's t); where the arms'
+  seeds differ in number, the seed variance pooled over the two arms (Student's t: Welch's d.f. are liberal there);
+- the comparisons a study reports with its baseline are one family (`adjust_family`): each verdict is Holm's
+  step-down over their p-values, so that some truly equal arm is called different at most 5% of the time; the raw
+  interval and p are printed beside the adjusted ones.
 It generalises over new seeds and new images from the same distribution. MIN_SEEDS = 2 is where it keeps its 95%:
-tests/test_calibration.py measures it from 1 to 10 seeds and 100 to 5,000 images.
+tests/test_calibration.py measures it from 1 to 10 seeds and 100 to 5,000 images, at unequal seeds (2 vs 3, 2 vs 6,
+3 vs 10) and for a family of five equal arms. `dashboards.sequential` runs it in rounds of seeds (adaptive replicates).
 """
 from __future__ import annotations
 
@@ -198,10 +203,47 @@ class Difference:
     better: int = 1
     identical: tuple[str, ...] = ()
     members: bool = False  # A is one system built from B's seeds (an ensemble of them): sizes say so
+    se: float | None = None  # the estimated sd of the difference, and its Satterthwaite d.f.
+    df: float | None = None
+    p: float | None = None  # two-sided p of the comparison alone (the raw interval misses 0 when p < 0.05)
+    # a study's verdicts are one family (`adjust_family`: Holm over the comparisons with the baseline): their size,
+    # this comparison's Holm-adjusted p and its interval at the confidence Holm tested it at (`holm`); family 1 and
+    # None: the comparison stands alone
+    family: int = 1
+    p_adjusted: float | None = None
+    low_adjusted: float | None = None
+    high_adjusted: float | None = None
+
+    @property
+    def raw_resolved(self) -> bool:
+        """The comparison's own 95% interval misses 0 (the verdict when it stands alone)."""
+        return self.low is not None and (self.low > 0 or self.high < 0)
+
+    @property
+    def adjusted(self) -> bool:
+        """The verdict is one of a family of several comparisons (Holm-adjusted)."""
+        return self.family > 1 and self.p_adjusted is not None
 
     @property
     def resolved(self) -> bool:
-        return self.low is not None and (self.low > 0 or self.high < 0)
+        """The verdict: Holm-adjusted within a study's family of comparisons, else the comparison's own."""
+        if self.adjusted:
+            return self.p_adjusted < 1 - CONFIDENCE
+        return self.raw_resolved
+
+    def adjusted_text(self, digits: int = 1) -> str:
+        """The family's figures: "Holm over 4: [+0.8, +5.4], p 0.004" (empty when the comparison stands alone)."""
+        if not self.adjusted:
+            return ""
+        return (f"Holm over {self.family}: [{self.low_adjusted:+.{digits}f}, {self.high_adjusted:+.{digits}f}], "
+                f"p {_p_text(self.p_adjusted)}")
+
+    def _family_clause(self) -> str:
+        """"; raw p 0.001, Holm over 4 comparisons: [+0.8, +5.4], adjusted p 0.004" (or "")"""
+        if not self.adjusted:
+            return ""
+        return (f"; raw p {_p_text(self.p)}, Holm over {self.family} comparisons: [{self.low_adjusted:+.1f}, "
+                f"{self.high_adjusted:+.1f}], adjusted p {_p_text(self.p_adjusted)}")
 
     def size_text(self) -> str:
         if self.members:
@@ -237,13 +279,40 @@ class Difference:
         if self.low is None:
             return (f"{self.a} vs {self.b}: no verdict: {self.no_verdict_reason()} "
                     f"({self.delta:+.{digits}f} {self.metric}, {self.size_text()})")
+        family = self._family_clause()
         if not self.resolved:
-            return (f"{self.a} vs {self.b}: no difference resolved at this size "
-                    f"({self.interval_text(digits)}, {self.size_text()})")
+            what = ("not resolved once the family's comparisons are counted (alone its interval misses 0)"
+                    if self.raw_resolved else "no difference resolved at this size")
+            return (f"{self.a} vs {self.b}: {what} "
+                    f"({self.interval_text(digits)}, {self.size_text()}{family})")
         wins = (self.delta > 0) == (self.better > 0)
         d, lo, hi = (abs(self.delta), *sorted((abs(self.low), abs(self.high))))
         return (f"{self.a} {'beats' if wins else 'trails'} {self.b} by {d:.{digits}f} {self.metric} "
-                f"[{lo:.{digits}f}, {hi:.{digits}f}], {self.size_text()}")
+                f"[{lo:.{digits}f}, {hi:.{digits}f}], {self.size_text()}" + (f" ({family[2:]})" if family else ""))
+
+
+def _p_text(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def adjust_family(differences: Mapping[str, "Difference"], alpha: float = 1 - CONFIDENCE) -> dict[str, "Difference"]:
+    """A study's comparisons as one family: each `Difference` with its Holm-adjusted p and the interval at the
+    confidence Holm tested it at (`holm`), so that the study's verdicts together are wrong (some truly equal arm
+    called different) at most `alpha` of the time. Comparisons without an interval (no verdict) are no part of it;
+    a family of one is left as it is."""
+    tested = [key for key, d in differences.items() if d.p is not None]
+    if len(tested) < 2:
+        return dict(differences)
+    adjusted, confidence = holm(np.asarray([differences[key].p for key in tested]), alpha)
+    out = dict(differences)
+    for key, p_adj, c in zip(tested, adjusted, confidence):
+        d = differences[key]
+        half = float(_t_ppf(0.5 + c / 2, d.df)) * d.se
+        out[key] = replace(d, family=len(tested), p_adjusted=float(p_adj), low_adjusted=d.delta - half,
+                           high_adjusted=d.delta + half)
+    return out
 
 
 def _resampling_weights(rng: np.random.Generator, n: int, n_resamples: int) -> np.ndarray:
@@ -287,8 +356,19 @@ def components_interval(va: np.ndarray, vb: np.ndarray, n_a: int, n_b: int, imag
     va, vb = np.asarray(va, dtype=float), np.asarray(vb, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         seed_part = va + vb  # everything that changes with the seed, runs' own per-image noise included
-        seed_denom = sum(v ** 2 / (n - 1) for v, n in ((va, n_a), (vb, n_b)) if n > 1)
-        seed_df = seed_part ** 2 / seed_denom  # Welch's
+        if n_a > 1 and n_b > 1 and n_a != n_b:
+            # unequal seeds: Welch's d.f. trust the smaller arm's 1-2 d.f. variance as if the larger arm's seeds
+            # measured it too (7.4% false verdicts at 2 vs 6 seeds, 10% at 2 vs 10, 6.5% at 3 vs 10), and no
+            # d.f. for the two separate variances holds there (the smaller arm's n - 1, Hsu's, gives 0.01% at
+            # 2 vs 6: no power). The seed variance is pooled over the two arms instead (the design's common seed
+            # variance, as the plan and the scheduler assume): Student's t, n_a + n_b - 2 d.f., exact for it
+            pooled = ((n_a - 1) * n_a * va + (n_b - 1) * n_b * vb) / (n_a + n_b - 2)  # s^2 of a seed mean
+            va, vb = pooled / n_a, pooled / n_b
+            seed_part = va + vb
+            seed_denom = seed_part ** 2 / (n_a + n_b - 2)
+        else:
+            seed_denom = sum(v ** 2 / (n - 1) for v, n in ((va, n_a), (vb, n_b)) if n > 1)
+        seed_df = seed_part ** 2 / seed_denom  # Welch's (Student's for unequal seeds)
         var, denom = seed_part, seed_denom
         if images is not None:
             m = images
@@ -339,7 +419,8 @@ def difference_intervals(a: np.ndarray, b: np.ndarray, *, confidence: float = CO
     if fixed_a and seeds_a != 1:
         raise ValueError(f"a fixed system is one row, got {seeds_a}")
     nan = np.full(delta.shape, np.nan)
-    out = dict(delta=delta, low=nan, high=nan, se=nan, df=nan, identical_a=identical_a, identical_b=identical_b)
+    out = dict(delta=delta, low=nan, high=nan, se=nan, df=nan, p=nan, identical_a=identical_a,
+               identical_b=identical_b)
     ok = ~(identical_a | identical_b)
     if min(MIN_SEEDS if fixed_a else seeds_a, seeds_b) < MIN_SEEDS or not ok.any():
         return out
@@ -352,8 +433,47 @@ def difference_intervals(a: np.ndarray, b: np.ndarray, *, confidence: float = CO
         extra = dict(d2=d.var(axis=1, ddof=1), ra=_residual_ms(a), rb=_residual_ms(b))
     half, df, se = components_interval(va, vb, seeds_a, seeds_b, images, confidence=confidence, **extra)
     out.update(low=np.where(ok, delta - half, np.nan), high=np.where(ok, delta + half, np.nan),
-               se=np.where(ok, se, np.nan), df=np.where(ok, df, np.nan))
+               se=np.where(ok, se, np.nan), df=np.where(ok, df, np.nan),
+               p=np.where(ok, _two_sided_p(delta, se, df), np.nan))
     return out
+
+
+def _two_sided_p(delta, se, df):
+    """The two-sided p-value of a difference `delta` with estimated sd `se` and `df` Satterthwaite d.f.: the interval
+    of confidence c misses 0 exactly when p < 1 - c (scipy.stats.t.sf(|delta| / se, df) * 2)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = np.asarray(df, dtype=float)
+        t = np.abs(np.asarray(delta, dtype=float)) / np.asarray(se, dtype=float)
+        return np.where(df > 0, 2 * special.stdtr(np.where(df > 0, df, 1.0), -t), np.nan)[()]
+
+
+def holm(p: np.ndarray, alpha: float = 1 - CONFIDENCE) -> tuple[np.ndarray, np.ndarray]:
+    """Holm's step-down over the last axis of `p` (studies..., comparisons): (the adjusted p-values, the confidence
+    each comparison was tested at). NaN entries (no interval, no verdict) are no part of the family.
+
+    With the k p-values in ascending order p_(1) <= ... <= p_(k), the adjusted p_(j) is max_{i<=j} min(1, (k - i + 1)
+    p_(i)), and a comparison is resolved when its adjusted p < alpha: every comparison before it in the order was
+    resolved at alpha / (k - i + 1) and it at alpha / (k - j + 1). The family-wise error (some comparison of truly
+    equal arms resolved) is then <= alpha under any dependence between the comparisons (they share a baseline).
+    The confidence returned is 1 - alpha / (k - j + 1) for a resolved comparison and 1 - alpha / (k - s + 1) for the
+    others (s: the first one not resolved): the interval at that confidence misses 0 exactly when Holm resolves it."""
+    p = np.asarray(p, dtype=float)
+    order = np.argsort(np.where(np.isnan(p), np.inf, p), axis=-1, kind="stable")
+    ranked = np.take_along_axis(p, order, axis=-1)  # NaN last
+    k = np.sum(~np.isnan(p), axis=-1, keepdims=True)  # family size per study
+    j = np.arange(p.shape[-1])  # 0-based rank
+    left = np.maximum(k - j, 1)  # comparisons still in the family at step j
+    adjusted = np.fmax.accumulate(np.minimum(1.0, left * ranked), axis=-1)
+    adjusted = np.where(np.isnan(ranked), np.nan, adjusted)
+    resolved = adjusted < alpha
+    first_open = np.argmin(np.where(np.isnan(ranked), False, resolved), axis=-1)[..., None]  # s (0-based)
+    first_open = np.where(np.all(resolved | np.isnan(ranked), axis=-1, keepdims=True), k, first_open)
+    level = np.where(resolved, alpha / left, alpha / np.maximum(k - first_open, 1))
+    confidence = np.where(np.isnan(ranked), np.nan, 1 - level)
+    out_p, out_c = np.empty_like(adjusted), np.empty_like(confidence)
+    np.put_along_axis(out_p, order, adjusted, axis=-1)
+    np.put_along_axis(out_c, order, confidence, axis=-1)
+    return out_p, out_c
 
 
 def _difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str], images: int | None, metric: str,
@@ -362,8 +482,11 @@ def _difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str], images: in
     out = difference_intervals(a[None], b[None], **options)
     low, high = float(out["low"][0]), float(out["high"][0])
     identical = tuple(name for name, flag in zip(names, (out["identical_a"][0], out["identical_b"][0])) if flag)
+    se, df, p = (float(out[key][0]) for key in ("se", "df", "p"))
     return Difference(*names, float(out["delta"][0]), None if math.isnan(low) else low,
-                      None if math.isnan(high) else high, a.shape[0], b.shape[0], images, metric, better, identical)
+                      None if math.isnan(high) else high, a.shape[0], b.shape[0], images, metric, better, identical,
+                      se=None if math.isnan(se) else se, df=None if math.isnan(df) else df,
+                      p=None if math.isnan(p) else p)
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("A", "B"), *, metric: str = "CIDEr",
@@ -484,7 +607,9 @@ def compare_arms(arms: Sequence[Arm], baseline: str | None = None, metric: str =
                  metrics: Sequence[str] | None = None, label: str | None = None) -> Comparison:
     """Intervals per arm and metric, and each arm's difference to `baseline` in `metric`: the interval from its
     variance components over seeds and images (`difference_intervals`) when both arms carry per-image scores,
-    matched by image id, else Welch's t over seed means; no interval, and no verdict, below MIN_SEEDS seeds per arm or when an arm's seeds all scored the same.
+    matched by image id, else Welch's t over seed means; no interval, and no verdict, below MIN_SEEDS seeds per arm or
+    when an arm's seeds all scored the same. The differences are one family: their verdicts are Holm's
+    (`adjust_family`).
     `label`: the metric's name in verdicts (default: its last part, "CIDEr")."""
     rows = []
     for arm in arms:
@@ -501,6 +626,7 @@ def compare_arms(arms: Sequence[Arm], baseline: str | None = None, metric: str =
             out.differences[arm.label] = paired_difference(*matched_scores(arm, base), names, **options)
         elif arm.values(metric) and base.values(metric):
             out.differences[arm.label] = seed_difference(arm.values(metric), base.values(metric), names, **options)
+    out.differences = adjust_family(out.differences)  # the study's verdicts are one family
     return out
 
 
@@ -531,9 +657,10 @@ class Noise:
         """The variance the images add to a difference whatever the seeds: 2 arm_image_sd^2 / images."""
         return 2 * self.arm_image_sd ** 2 / self.images if self.images else 0.0
 
-    def sd_of_difference(self, n: int) -> float:
-        """The true sd of the difference of two arms' means with n seeds each (1.96 x it: the oracle half-width)."""
-        return math.sqrt(2 * self.seed_mean_var / n + self.image_var)
+    def sd_of_difference(self, n: int, n_b: int | None = None) -> float:
+        """The true sd of the difference of two arms' means with n seeds each (or n and n_b; 1.96 x it: the oracle
+        half-width)."""
+        return math.sqrt(self.seed_mean_var * (1 / n + 1 / (n_b or n)) + self.image_var)
 
     def text(self) -> str:
         """"seed spread sd 1.00", or with images the components ("seed shift sd 0.30, run x image sd 50.0, ...")."""
@@ -572,10 +699,15 @@ def _noise(noise: float | Noise) -> Noise:
     return noise if isinstance(noise, Noise) else Noise(float(noise))
 
 
-def power(n: int, delta: float, noise: float | Noise, alpha: float = 1 - CONFIDENCE) -> float:
-    """The probability that `compare_arms`' rule, with n seeds per arm, says the arm that is truly `delta` better
-    beats the other: its interval lies entirely on the side of `delta`. `noise`: the components (`Noise`, with
-    the number of test images), or a seed means' sd alone (the rule on seed means: Welch's t).
+def power(n: int, delta: float, noise: float | Noise, alpha: float = 1 - CONFIDENCE, family: int = 1,
+          n_b: int | None = None) -> float:
+    """The probability that `compare_arms`' rule, with n seeds per arm (n and `n_b` where they differ), says the arm
+    that is truly `delta` better beats the other: its interval lies entirely on the side of `delta`. `noise`: the
+    components (`Noise`, with the number of test images), or a seed means' sd alone (the rule on seed means: Welch's
+    t, Student's pooled t for unequal seeds). `family`: the comparisons the study's verdicts are one family of
+    (`adjust_family`): the comparison is then tested at alpha / family, Holm's first step, so this is the power of the
+    adjusted verdict where no other comparison is resolved, and a lower bound of it otherwise (each resolved one lets
+    the rest be tested at a larger level; tests/test_calibration.py measures the gap).
 
     Under the normal model the difference is N(delta, sd^2) (`Noise.sd_of_difference`) and independent of the
     components the rule estimates, each a scaled chi-square (each arm's seed-mean variance, n - 1 d.f.; the
@@ -584,9 +716,10 @@ def power(n: int, delta: float, noise: float | Noise, alpha: float = 1 - CONFIDE
     formula the rule applies. That is averaged over POWER_DRAWS Latin-hypercube draws of the components (one
     fixed seed: the same answer every time; tests/test_calibration.py checks it against simulated studies)."""
     noise = _noise(noise)
-    if n < MIN_SEEDS or delta == 0:
+    n_b = n if n_b is None else n_b
+    if min(n, n_b) < MIN_SEEDS or delta == 0:
         return 0.0
-    sd = noise.sd_of_difference(n)
+    sd = noise.sd_of_difference(n, n_b)
     if sd <= 0:
         return 1.0
     rng = np.random.default_rng(0)
@@ -595,17 +728,17 @@ def power(n: int, delta: float, noise: float | Noise, alpha: float = 1 - CONFIDE
         return _chi2_ppf((rng.permutation(POWER_DRAWS) + 0.5) / POWER_DRAWS, df) / df
 
     m, run = noise.images, noise.run_sd ** 2
-    q = noise.seed_mean_var / n
     extra = {}
     if m:
-        extra = dict(d2=(2 * noise.arm_image_sd ** 2 + 2 * run / n) * chi2(m - 1),
-                     ra=run * chi2((n - 1) * (m - 1)), rb=run * chi2((n - 1) * (m - 1)))
-    half, _, _ = components_interval(q * chi2(n - 1), q * chi2(n - 1), n, n, m, confidence=1 - alpha, **extra)
+        extra = dict(d2=(2 * noise.arm_image_sd ** 2 + run / n + run / n_b) * chi2(m - 1),
+                     ra=run * chi2((n - 1) * (m - 1)), rb=run * chi2((n_b - 1) * (m - 1)))
+    va, vb = (noise.seed_mean_var / k * chi2(k - 1) for k in (n, n_b))
+    half, _, _ = components_interval(va, vb, n, n_b, m, confidence=1 - alpha / family, **extra)
     return float(_norm_cdf((abs(delta) - half) / sd).mean())
 
 
 def seeds_needed(delta: float, noise: float | Noise, target: float = POWER, alpha: float = 1 - CONFIDENCE,
-                 limit: int = 100_000) -> int | None:
+                 limit: int = 100_000, family: int = 1) -> int | None:
     """The fewest seeds per arm with which the verdict rule resolves `delta` with `target` power (`power`; at
     least MIN_SEEDS); None when no number of seeds does at these images (the images' own variance,
     `Noise.image_var`, stays however many seeds run: more test images are needed) or more than `limit` would."""
@@ -615,12 +748,12 @@ def seeds_needed(delta: float, noise: float | Noise, target: float = POWER, alph
     if delta == 0:
         raise ValueError("a difference of 0 cannot be resolved")
     # an interval that knew the true sd needs sd <= delta / z; the rule's is wider: start there and walk up
-    z = _norm_ppf(1 - alpha / 2) + _norm_ppf(target)
+    z = _norm_ppf(1 - alpha / family / 2) + _norm_ppf(target)
     room = (delta / z) ** 2 - noise.image_var
     if room <= 0:
         return None
     n = max(MIN_SEEDS, math.floor(2 * noise.seed_mean_var / room))
-    while power(n, delta, noise, alpha) < target:
+    while power(n, delta, noise, alpha, family) < target:
         n += 1
         if n > limit:
             return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import functools
 import json
 import numbers
@@ -69,6 +70,30 @@ def redact_uri(uri: str) -> str:
         return uri
     user = parsed.username or ""
     return urllib.parse.urlunsplit(parsed._replace(netloc=f"{user}:***@{parsed.netloc.rpartition('@')[2]}"))
+
+
+# errnos of a local disk that cannot take more: no space, over quota, read-only
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+
+
+def disk_problem(err: BaseException | None) -> str | None:
+    """"PATH: [Errno 28] No space left on device" when `err`, or an error it came from, is a local disk that cannot
+    take more (an MLflow artifact store or SQLite file on a full disk); None otherwise."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in _FULL_ERRNOS:
+            return f"{err.filename or '?'}: [Errno {err.errno}] {err.strerror}"
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def unavailable_text(uri: str, err: BaseException) -> str:
+    """Why an export to the tracking store `uri` did not go through, as one line: a full (or read-only) local disk
+    named as such, with its path, else a server that does not answer."""
+    full = disk_problem(err)
+    if full is not None:
+        return (f"MLflow at {redact_uri(uri)} cannot store what is logged: its local disk is full or read-only "
+                f"({full}); the study's record is exported once there is room (`a2 mlflow sync`)")
+    return f"MLflow server {redact_uri(uri)} not answering ({err}); the study's record is exported when it is back"
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> str:

@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr = _command(sub, "train", "launch.local:cmd_train", help="one training run without Ray")
     tr.add_argument("--config", help="YAML with data/model/train sections (a study file works too)")
     tr.add_argument("--output-dir", default=None,
-                    help="folder for checkpoints, history.json and test_scores.json (default: train.output_dir)")
+                    help="folder for checkpoints, history.json and test_scores.json (default: the config's top-level "
+                         "output_dir, runs/a2; a folder holding an earlier run's checkpoints gets a new numbered "
+                         "one, runs/a2-2, ...)")
     tr.add_argument("--resume", default=None, help="checkpoint file to resume from")
     tr.add_argument("overrides", nargs="*", help="key=value, e.g. model.fusion=max train.xe_epochs=3")
 
@@ -127,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     sync = _command(ml, "sync", "launch.study:cmd_sync",
                     help="export a study's record to MLflow (what it missed while the server was down)")
     add_name(sync)
+    add_lease_arguments(sync)  # a stale lease of a driver gone elsewhere: taken over as `resume --force` does
 
     rs = sub.add_parser("results", help="the result records kept under results/: written from a study, printed as "
                                         "tables").add_subparsers(dest="results_command", required=True)
@@ -250,9 +253,12 @@ def _add_driver_arguments(parser: argparse.ArgumentParser) -> None:
 def add_lease_arguments(parser: argparse.ArgumentParser) -> None:
     """--force and --stale-after: taking over the lease of a study whose writer is gone (`launch.lease`)."""
     parser.add_argument("--force", action="store_true",
-                        help="take over the study's lease if it is stale (its writer gone)")
+                        help="take over the study's lease if it is stale (its writer gone; never one whose process "
+                             "is alive on this host)")
     parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER, metavar="SECONDS",
-                        help=f"a lease with no heartbeat for this long is stale (default {DEFAULT_STALE_AFTER:.0f})")
+                        help=f"the period written in this process's lease: others take it as stale after this long "
+                             f"without a heartbeat; another's lease is stale after its own period, or this one if "
+                             f"longer (default {DEFAULT_STALE_AFTER:.0f})")
 
 
 def _add_rehearse_arguments(parser: argparse.ArgumentParser) -> None:

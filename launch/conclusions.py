@@ -3,12 +3,16 @@ summary's trial rows share (`table_row`), the replicate groups, the verdict and 
 `a2 study status` and at the end of `run`/`resume` (`launch.driver`), and the live trial table."""
 from __future__ import annotations
 
-from a2core.errors import A2Error
+import copy
+import json
+
+from a2core.errors import A2Error, StudyError
 from a2core.selection import finite
-from dashboards.stats import MIN_SEEDS, Arm, Interval, compare_arms, short_hash, stopped_early_text
+from dashboards.stats import MIN_SEEDS, Interval, short_hash, stopped_early_text
 from dashboards.runs import Trial
 from dashboards.tables import text_table
 from launch.layout import end_text, outage_line
+from launch.location import SUMMARY_FILE
 
 
 # -- the record's trial from Tune's, and its table columns ---------------------------------------------------------
@@ -90,23 +94,19 @@ def verdict(summary: dict) -> str:
 
 def group_verdict(summary: dict) -> str | None:
     """For replicated studies: "best configuration (fusion gate, lambda 0.035): 112.3 [110.1, 114.5] over 3 seeds;
-    gate beats none by ..." (the difference of seed means, Welch, `dashboards.stats.compare_arms`)."""
+    gate beats none by ..." (the summary's `verdicts`: `a2 study compare --by fusion`'s rule and family, Holm over
+    every fusion against the baseline, `dashboards.compare.study_verdicts`)."""
     best, metric = summary.get("best_group"), summary["metric"]
     if not best or best["n"] < 2:
         return None
     iv = Interval(best["mean"], best["low"], best["high"], best["n"], bool(best.get("identical")))
     line = (f"best configuration ({config_text(best, varying_keys(summary))}): {metric} {iv.text()} "
             f"over {best['n']} seeds")
-    base = summary.get("baseline_group")  # the record's (`launch.record.summarize`)
-    if best["fusion"] == "none" or base is None:
+    if best["fusion"] == "none" or summary.get("baseline_group") is None:
         return line
-    # selected on val; judged on the test split when every trial of both groups reported it (when it ended)
-    on_test = all(g.get("test_values") and len(g["test_values"]) == len(g["values"]) for g in (best, base))
-    key = "test_values" if on_test else "values"
-    arms = [Arm(str(g["fusion"]), [{metric: v} for v in g[key]]) for g in (best, base)]
-    diff = compare_arms(arms, baseline=base["fusion"], metric=metric, mode=summary["mode"],
-                        label=f"test {metric.split('/')[-1]}" if on_test else None)
-    return line + "; " + diff.verdicts()[0] if diff.differences else line
+    family = summary.get("verdicts") or {}
+    entry = next((c for c in family.get("comparisons", []) if c["arm"] == str(best["fusion"])), None)
+    return line + "; " + entry["verdict"] if entry else line
 
 
 def varying_keys(summary: dict) -> list[str]:
@@ -167,3 +167,81 @@ def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
               f"{r['best_checkpoint']}; `a2 package` refuses it (restore it from a copy)"
               for r in rows if r.get("best_checkpoint_problem")]
     print("\n".join(line for line in lines if line), flush=True)
+
+
+# -- summary.json: the study's own files relative to its folder ----------------------------------------------------
+# A copied (`cp -a`) or moved study reads and packages its own checkpoints: the summary's paths of files inside the
+# study's folder are written relative to it (`portable_summary`) and placed below wherever the study is read
+# (`placed_summary`). `path` (the study's folder) is written ".".
+_ROW_PATHS = ("best_checkpoint", "train_run")  # a trial row's paths (`dashboards.runs.ROW_KEYS`)
+
+
+def _absolute(value: str) -> bool:
+    return value.startswith("/") or "://" in value
+
+
+def _summary_paths(summary: dict, change) -> dict:
+    """A copy of `summary` with `change` applied to each path it holds of the study's own files."""
+    out = copy.deepcopy(summary)
+    for part in (out.get("best"), out.get("baseline")):
+        if isinstance(part, dict) and isinstance(part.get("checkpoint"), str):
+            part["checkpoint"] = change(part["checkpoint"])
+    for row in out.get("trials") or []:
+        for key in _ROW_PATHS:
+            if isinstance(row, dict) and isinstance(row.get(key), str):
+                row[key] = change(row[key])
+    return out
+
+
+def portable_summary(summary: dict, study_uri: str) -> dict:
+    """`summary` as `summary.json` holds it: every path below the study's folder `study_uri` relative to it."""
+    prefix = study_uri.rstrip("/") + "/"
+    out = _summary_paths(summary, lambda v: v[len(prefix):] if v.startswith(prefix) else v)
+    if out.get("path") == study_uri:
+        out["path"] = "."
+    return out
+
+
+def placed_summary(summary: dict, location) -> dict:
+    """`summary.json`'s `summary` read at `location` (a `launch.location.StudyLocation`): relative paths below the
+    study's folder there. An older summary's absolute path below the folder it was written in is this folder's file
+    when that is here (a copy reads its own checkpoints, a moved study finds them), else left as it is."""
+    here, recorded = location.uri(), summary.get("path")
+    prefix = recorded.rstrip("/") + "/" if isinstance(recorded, str) and _absolute(recorded) else None
+
+    def place(value: str) -> str:
+        if not value or not _absolute(value):
+            return location.uri(value) if value else value
+        if prefix and value.startswith(prefix) and recorded.rstrip("/") != here.rstrip("/"):
+            own = location.at(value[len(prefix):])
+            if own.exists():
+                return own.uri
+        return value
+
+    return {**_summary_paths(summary, place), "path": here}
+
+
+def read_state_json(location, what: str, advice: str):
+    """The JSON of the study file at `location` (a `launch.storage.Location`), None when there is none; a file cut
+    short or damaged is a StudyError of one line naming it, `what` it is and `advice` (what to do)."""
+    text = location.read_text()
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        found = f"{err.msg} at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else err
+        raise StudyError(f"{location.uri}: {what} is not readable JSON ({found}: cut short or damaged); "
+                         f"{advice}") from None
+
+
+def read_summary(location, placed: bool = True) -> dict | None:
+    """The study's `summary.json` (None: not written yet), placed at `location` (`placed_summary`) unless `placed`
+    is False (to be written back as it is); a damaged one is one line naming it (`read_state_json`)."""
+    summary = read_state_json(location.at(SUMMARY_FILE), "the study's summary",
+                              f"`a2 study resume {location.name}` writes it again from the study's record "
+                              f"(`a2 study check {location.name}` checks the rest)")
+    if summary is not None and not isinstance(summary, dict):
+        raise StudyError(f"{location.uri(SUMMARY_FILE)}: the study's summary is not a JSON object; `a2 study resume "
+                         f"{location.name}` writes it again from the study's record")
+    return placed_summary(summary, location) if summary is not None and placed else summary

@@ -243,3 +243,38 @@ def check_feature_copies(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[
         raise StudyError(f"data.features: the region features are not the same on every node, so the study does "
                          f"not start (fetch them there: `a2 data fetch SOURCE {path}`):\n  " + "\n  ".join(problems))
     return rows
+
+
+def _has_java() -> dict:
+    return {"host": socket.gethostname(), "java": shutil.which("java") is not None}
+
+
+def java_warnings(train: dict, timeout_s: float = 30.0) -> list[str]:
+    """One line per node of the connected cluster that cannot compute a METEOR score the study reports
+    (`train.test_meteor`, `train.val_meteor`): METEOR runs in Java, and a trial placed on a node without it reports
+    no METEOR. Asked with a zero-CPU task pinned to each alive node, before the first trial; [] when all have Java
+    or the study reports no METEOR. A node that does not answer in time is not named (the features check waits)."""
+    metrics = [m for m, key in (("test/METEOR", "test_meteor"), ("val/METEOR", "val_meteor")) if train.get(key)]
+    if not metrics:
+        return []
+    # ray: only the driver's probe of its nodes
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(_has_java)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = {n["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            .remote() for n in nodes}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    lines = []
+    for node in nodes:
+        ref = refs[node["NodeID"]]
+        if ref not in ready:
+            ray.cancel(ref, force=True)
+            continue
+        got = ray.get(ref)
+        if not got["java"]:
+            lines.append(f"node {node.get('NodeManagerAddress')} ({got['host']}) has no Java: {' and '.join(metrics)} "
+                         f"cannot be computed there, and a trial placed there reports none (install a Java runtime "
+                         f"on it: ray-cluster.yaml's setup commands do)")
+    return lines

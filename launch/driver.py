@@ -17,7 +17,7 @@ from pathlib import Path
 
 import ray
 from ray import tune
-from ray.tune import ProgressReporter, Tuner
+from ray.tune import Callback, ProgressReporter
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from tqdm import tqdm
 import yaml
@@ -27,10 +27,11 @@ from a2core.errors import StorageError, StudyError, TrackingError
 from dashboards.tracking import StudyTracker, check_tracking_uri, server_answers
 from launch import runlog, stop
 from dashboards.runs import Trial
-from launch.conclusions import best_value, format_table, print_conclusions, table_row, tune_trial
-from launch.datastore import check_feature_copies
+from launch.conclusions import best_value, format_table, portable_summary, print_conclusions, table_row, tune_trial
+from launch.datastore import check_feature_copies, java_warnings
+from launch.fingerprint import refuse_changed_data, save_data_fingerprint
 from launch.killpoints import arm_driver, kill_point
-from launch.lease import DEFAULT_STALE_AFTER, StudyLease
+from launch.lease import DEFAULT_STALE_AFTER, StudyLease, held_lease
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
                              write_summary)
 from launch.layout import SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR, add_outage
@@ -40,7 +41,8 @@ from launch.record import StudyRecord, tune_trials
 from launch.spec import check_cluster, check_machine, runs_locally
 from launch.storage import check_storage, open_location
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
-from launch.verify import WholeCopies, put_back_tune_pointers, refuse_corrupt, restore_whole_copies
+from launch.verify import (WholeCopies, newest_experiment_state, put_back_tune_pointers, refuse_corrupt,
+                           restore_whole_copies)
 
 # The study file as `run` first wrote it, beside `study.yaml`: `resume` refuses a study.yaml edited since
 # (`refuse_changed_spec`), because Tune resumes the experiment it started and would never apply the edit.
@@ -115,6 +117,7 @@ def resume_study(location: StudyLocation, *, restore_state: bool = False, **opti
     spec = spec or load_saved_spec(location)
     refuse_relocated(spec, location)
     refuse_changed_spec(spec, location)
+    refuse_changed_data(spec, location)  # the data it started with, or exit 2 naming the file that changed
     done = finished_already(spec, location)
     if done is not None:  # nothing to run: no lease, no summary, no compute totals logged again
         return done
@@ -208,17 +211,21 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
     check_local_machine(spec, address)  # before Ray starts and before the study's folder (its lease) exists
     check_tracking(spec)
     arm_driver()  # the kill-anywhere test's hook (`launch.killpoints`); nothing without A2_KILL_AT
+    # files of a `run` whose driver was killed before it wrote study.yaml (its lease, data fingerprint, started spec)
+    leftover = new and not location.exists(STUDY_FILE) and bool(location.at().listdir())
     # one writer per study; Ray's, Tune's and MLflow's INFO lines into the study's log file, not the terminal
     with StudyLease(location.at(), stale_after).held(force), \
             runlog.diverted(runlog.log_path(location.uri(), spec.name)) as log:
-        path, fs = location.at().ray_storage()
-        started = Tuner.can_restore(path, storage_filesystem=fs)
+        started = restorable_tune_state(location)  # else the study starts in place (a killed driver's first save)
         if new and (started or location.exists(STUDY_FILE)):
             raise StudyError(f"study {spec.name!r} exists already at {location.uri()}: continue it with "
                              f"`a2 study resume {spec.name}`, or give the new study another name")
+        if leftover:  # nothing of it to continue (`resume` says so): this run starts the study again in its folder
+            print(f"study {spec.name}: starting again in place at {location.uri()}: an earlier driver stopped "
+                  f"before writing {STUDY_FILE}, so nothing of it can be continued", flush=True)
         if not new and not started:  # killed before Tune saved anything: the study starts in place, from a2's record
-            print(f"study {spec.name}: Tune saved no experiment state before the study's driver stopped: its "
-                  f"{spec.num_trials} trials start in place from the saved spec (same searcher seed, so the same "
+            print(f"study {spec.name}: Tune saved no experiment state it restores before the study's driver stopped: "
+                  f"its {spec.num_trials} trials start in place from the saved spec (same searcher seed, so the same "
                   f"configurations), each from the checkpoints an earlier trial of its configuration left, if any",
                   flush=True)
         if started and not new:  # the study's one writer now: Tune's pointers a killed driver deleted too early, put back
@@ -229,8 +236,11 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         check_cluster(spec, cluster)  # a trial asking more than the whole cluster has: refused (ConfigError, exit 2)
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
             check_feature_copies(spec.base["data"]["features"])
+        for line in java_warnings(spec.base["train"]):  # METEOR the study reports but a node cannot compute: said
+            print(f"a2 study: warning: {line}", file=sys.stderr, flush=True)
         if new:
             text = yaml.safe_dump(saved_form(spec), sort_keys=False)
+            save_data_fingerprint(spec, location)  # what `resume` checks its data against (`launch.fingerprint`)
             location.write_text(text, STARTED_SPEC_FILE)  # first: a study.yaml is never there without it
             location.write_text(text, STUDY_FILE)
         remember(location)  # `a2 study resume NAME` finds it by its name from now on, a driver killed next included
@@ -252,10 +262,27 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
             remove_temp_root(temp)
 
 
+def restorable_tune_state(location: StudyLocation) -> bool:
+    """Whether Tune saved a state that `Tuner.restore` continues: its newest experiment state and, of the same run
+    (their names share its time stamp), the search generator's and the searcher's files, which Ray 2.60's
+    `TuneController.resume` restores next. Not `Tuner.can_restore`: that is true once `tuner.pkl` exists, which Tune
+    writes before any of them, and a restore without an experiment state fails ("no experiment state file ... was
+    found"). Tune copies a save's files into the storage one by one, in no fixed order, so a driver killed during
+    its first save can leave an experiment state without the searcher's files: Tune's restore then logs "Searcher
+    unable to find checkpoint" with a traceback and starts its experiment afresh (or, without the generator's file,
+    its searcher afresh). Such a study starts in place as one with no state does, its trials' folders adoptable."""
+    state = newest_experiment_state(location.at())
+    if state is None:
+        return False
+    stamp = state.uri.rsplit("/", 1)[-1][len("experiment_state-"):-len(".json")]
+    return location.exists(f"search_gen_state-{stamp}.json") and location.exists(f"searcher-state-{stamp}.pkl")
+
+
 def lost_trial_runs(location: StudyLocation, started: bool) -> tuple[str, ...]:
     """The run folders below `trials/` of trials that the study's saved Tune state does not know (all of them when
-    Tune saved none), that recorded their configuration and were not continued already: a driver killed before Tune
-    saved them. A resumed trial of the same configuration continues the newest of them (`launch.trainable.adopt`)."""
+    Tune saved none it restores: `restorable_tune_state`), that recorded their configuration and were not continued
+    already: a driver killed before Tune saved them. A resumed trial of the same configuration continues the newest
+    of them (`launch.trainable.adopt`)."""
     known = {t.trial_id for t in tune_trials(location)} if started else set()
     prefix, trials = f"{location.name}-", location.at(TRIALS_DIR)
     return tuple(name for name in trials.listdir(folders_only=True)
@@ -272,6 +299,9 @@ def fit_and_finish(spec, location: StudyLocation, tuner, *, verbose: bool = True
         grid = tuner.fit()
         summary = finish(spec, location, verbose=verbose)
     except Exception as err:  # noqa: BLE001 - a storage problem stops the study cleanly; anything else is a bug
+        lost = held_lease(location.uri())
+        if lost is not None and lost.lost_error is not None:  # superseded (Tune wraps the guard's LeaseLost): not
+            raise lost.lost_error from None  # one more write, not even a probe; one line, exit 2
         problem = storage_problem(location, err)
         if problem is None and not isinstance(err, (StorageError, OSError)):
             raise
@@ -374,13 +404,46 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
         # newest checkpoint and schedulers count epochs, so a snapshot older than the newest pointer loses nothing.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
         # result.json is what `status` and `summary` read
-        callbacks=[JsonLoggerCallback(), CSVLoggerCallback(), tracking],
+        callbacks=[LeaseGuard(location.uri()), JsonLoggerCallback(), CSVLoggerCallback(), tracking],
         progress_reporter=_reporter(spec, stopped_early_of, tracking.outage_text),
         # 1, not 2: our table only; 2 adds Tune's "Trial ... reported ..." and "... completed. Last result: ..."
         # lines for every epoch of every trial (ray.tune.progress_reporter.TrialProgressCallback)
         verbose=1 if verbose else 0,
     )
     return tune.Tuner(trainable, param_space={}, tune_config=tune.TuneConfig(**tune_kwargs), run_config=run_config)
+
+
+class LeaseGuard(Callback):
+    """The study's first Tune callback: before Tune hands a result, a checkpoint or a trial's end to the result
+    loggers and the MLflow export (the callbacks after it), and every few seconds between, the driver checks that it
+    still holds the study's lease (`launch.lease.StudyLease.check`). One whose lease was taken over stops there:
+    `LeaseLost` ends Tune's loop (its trials are stopped, the experiment state is not saved again) and the driver
+    with one line. Only the study folder's URI is kept (the Tuner pickles its callbacks): the lease is the one this
+    process holds for it, looked up when called."""
+
+    CHECK_EVERY = 5.0  # seconds between looks while no result comes
+
+    def __init__(self, study_uri: str):
+        self.study_uri, self.last = study_uri, 0.0
+
+    def _check(self, before: str, always: bool = True) -> None:
+        lease = held_lease(self.study_uri)
+        if lease is None or not (always or lease.lost.is_set() or time.monotonic() - self.last >= self.CHECK_EVERY):
+            return
+        self.last = time.monotonic()
+        lease.check(before)
+
+    def on_step_begin(self, iteration, trials, **info):
+        self._check("Tune's next step", always=False)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._check(f"logging trial {trial.trial_id}'s result")
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        self._check(f"recording trial {trial.trial_id}'s checkpoint")
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._check(f"recording the end of trial {trial.trial_id}")
 
 
 def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
@@ -434,8 +497,11 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
     record = StudyRecord.load(location, spec, for_digest=True)
     summary = record.summary()
+    lease = held_lease(location.uri())
+    if lease is not None:  # a driver whose lease was taken over writes no summary over its successor's
+        lease.check("writing the study's summary")
     summary["tracking"] = add_outage(location)  # the MLflow outages of the study, if any
-    write_summary(location, summary)
+    write_summary(location, portable_summary(summary, location.uri()))  # its own files relative: a copy reads its own
     record.save_digest()  # what later reads take of each trial whose files stay as they are now
     _log_compute_totals(spec, summary["compute"])
     print_conclusions(spec, summary, record.trials if verbose else [])

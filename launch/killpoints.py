@@ -1,6 +1,11 @@
-"""Fault injection for the kill-anywhere test (tests/test_kill_anywhere.py): with `A2_KILL_AT=POINT` in the
-environment of `a2 study run`/`resume`, the study's driver is SIGKILLed the first time the code passes
-`kill_point(POINT)`, as an OOM kill, a lost head node or a spot preemption would, at a moment chosen exactly.
+"""Fault injection at points in the code: with `A2_KILL_AT=POINT` in the environment of `a2 study run`/`resume`, the
+study's driver is SIGKILLed the first time the code passes `kill_point(POINT)`, as an OOM kill, a lost head node or
+a spot preemption would, at a moment chosen exactly.
+
+The kill-anywhere test (tests/test_kill_anywhere.py) kills a study right before each write of its files that a run
+was seen to make (`scripts/observe_writes.py`, `tests/faults/kill_windows.txt`: found, not chosen); it uses these
+points for what is no file of the study: `export-final` (MLflow's store) and `study-end` (the driver's last moment
+holding the lease). The others stay for kills between a file write and the next step in memory.
 `POINT@VALUE` only where the call passes that value (`kill_point("checkpoint-saved", epoch)` and
 `A2_KILL_AT=checkpoint-saved@2`: at the second epoch's checkpoint). Without the variable each call is one
 environment lookup, and the code path is the real one.

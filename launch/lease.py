@@ -1,7 +1,16 @@
 """One writer per study: `<storage>/<name>/lease.json`, created only if absent (`O_CREAT | O_EXCL` on disk, a
-conditional PUT, `put_object(IfNoneMatch="*")`, on S3), naming its holder, its heartbeat renewed by a thread.
-A stale lease (no heartbeat for `stale_after` s) is taken over with `force=True`, one whose process is gone from
-this host without it, both loudly; a live one never (docs/explanation/faults.md)."""
+conditional PUT, `put_object(IfNoneMatch="*")`, on S3), naming its holder and the holder's own staleness period, its
+heartbeat renewed by a thread. A stale lease is taken over with `force=True`, one whose process is gone from this
+host without it, both loudly; a live one never, and never one whose process is alive on this host, whatever
+`--force` and the clocks say (a frozen head node, a suspended laptop: it would wake up as a second writer).
+
+Staleness is judged on the storage's own clock: the age of the lease is the time since the lease file was last
+written (its modification time, set by the storage when the holder's heartbeat rewrites it), measured against the
+modification time of a file the taker writes there now. The holder's clock (its `heartbeat` field, for people) and
+the taker's never meet, so a holder on a host whose clock runs an hour ahead neither locks the study out for an hour
+nor is taken as stale early. The period is the holder's own (`stale_after` in its lease: `--stale-after` of the
+driver that wrote it, or a taker's longer one), so a taker's short `--stale-after` never makes a healthy holder
+stale. A driver whose lease was taken over stops before its next write (`StudyLease.check`, `LeaseLost`)."""
 from __future__ import annotations
 
 import contextlib
@@ -16,35 +25,112 @@ import uuid
 
 from a2core.errors import StorageError, StudyError
 from launch.defaults import DEFAULT_STALE_AFTER
-from launch.storage import make_client, parse_s3_uri
+from launch.storage import make_client, open_location, parse_s3_uri
 
 LEASE_FILE = "lease.json"
+CLOCK_PREFIX = ".a2-clock-"  # the file a taker writes next to the lease to read the storage's clock (then removed)
+_HELD: dict[str, "StudyLease"] = {}  # the leases this process holds now, by the lease file's URI (`held_lease`)
 
 
-def _pid_gone(holder: dict) -> bool:
-    """The holder ran on this host and its process is no longer there."""
+class LeaseLost(StudyError):
+    """The study's lease was taken over: this driver is no longer its writer and stops before its next write."""
+
+
+def _process_start(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22), or None where unknown: with the
+    pid, it tells the holder from a later process that got the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive_here(holder: dict) -> bool:
+    """The holder ran on this host and its process is still there (the same process: its start time matches)."""
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
         return False
     try:
         os.kill(holder["pid"], 0)  # signal 0: only asks whether the process exists
     except OSError as err:  # PermissionError: alive, another user's
-        return isinstance(err, ProcessLookupError)
-    return False
+        if isinstance(err, ProcessLookupError):
+            return False
+    started, now = holder.get("pid_start"), _process_start(holder["pid"])
+    return not (started and now and started != now)
 
 
-def describe(holder: dict) -> str:
-    age = time.time() - float(holder.get("heartbeat", 0))
+def _pid_gone(holder: dict) -> bool:
+    """The holder ran on this host and its process is no longer there."""
+    return (holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int)
+            and not _alive_here(holder))
+
+
+def holder_period(holder: dict, floor: float = 0.0) -> float:
+    """Seconds without a heartbeat after which `holder`'s lease is stale: the period it wrote in its lease (leases
+    written before it did: `DEFAULT_STALE_AFTER`), or `floor` when longer."""
+    try:
+        own = float(holder.get("stale_after") or DEFAULT_STALE_AFTER)
+    except (TypeError, ValueError):
+        own = DEFAULT_STALE_AFTER
+    return max(own, float(floor))
+
+
+def _storage_now(folder) -> float:
+    """The storage's clock now (s): the modification time of a file written into `folder` (the study's) and removed
+    again; this host's clock where that cannot be done (a read-only copy: a reader only)."""
+    probe = folder.join(f"{CLOCK_PREFIX}{uuid.uuid4().hex[:12]}")
+    try:
+        probe.write_text("")
+        stamp = probe.stamp()
+    except Exception:  # noqa: BLE001 - storage that cannot be written: this host's clock
+        return time.time()
+    finally:
+        with contextlib.suppress(Exception):
+            probe.delete()
+    return stamp[1] / 1e9 if stamp else time.time()
+
+
+def lease_age(location, holder: dict, *, probe: bool = False) -> float:
+    """Seconds since the lease at `location` (its file) was last written: its modification time against the
+    storage's clock (`probe`: read by writing a file beside it, as a taker does) or this host's (a reader). A lease
+    whose time cannot be read: its `heartbeat` field against this host's clock."""
+    try:
+        stamp = location.stamp()
+    except Exception:  # noqa: BLE001 - unreachable: the holder's own word
+        stamp = None
+    if stamp is None:
+        return max(0.0, time.time() - float(holder.get("heartbeat", 0) or 0))
+    now = _storage_now(_folder_of(location)) if probe else time.time()
+    return max(0.0, now - stamp[1] / 1e9)
+
+
+def _folder_of(location):
+    """The Location of the folder that holds the file at `location`."""
+    return open_location(location.uri.rsplit("/", 1)[0], location.endpoint_url)
+
+
+def describe(holder: dict, age: float | None = None) -> str:
+    if age is None:
+        age = max(0.0, time.time() - float(holder.get("heartbeat", 0) or 0))
     return (f"{holder.get('user', '?')}@{holder.get('host', '?')} pid {holder.get('pid', '?')} since "
             f"{holder.get('started', '?')} (last heartbeat {age:.0f} s ago)")
 
 
 def live_writer(study) -> dict | None:
-    """The holder of the lease of the study at `study` (a Location of its folder) while it is alive: a heartbeat
-    younger than `DEFAULT_STALE_AFTER` and, on this host, its process still there; else None."""
+    """The holder of the lease of the study at `study` (a Location of its folder) while it is alive: its lease
+    rewritten within its own period (`holder_period`) and, on this host, its process still there; else None."""
+    location = study.join(LEASE_FILE)
     holder = StudyLease(study).read()
-    if holder is None or _pid_gone(holder) or time.time() - float(holder.get("heartbeat", 0)) >= DEFAULT_STALE_AFTER:
+    if holder is None or _pid_gone(holder):
         return None
-    return holder
+    if _alive_here(holder):
+        return holder
+    return holder if lease_age(location, holder) < holder_period(holder) else None
+
+
+def held_lease(study_uri: str) -> "StudyLease | None":
+    """The lease of the study at `study_uri` (its folder's URI) that this process holds, if any."""
+    return _HELD.get(study_uri.rstrip("/") + "/" + LEASE_FILE)
 
 
 class StudyLease:
@@ -58,8 +144,11 @@ class StudyLease:
         self.every = min(30.0, self.stale_after / 4)
         now = time.time()
         self.mine = {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(),
-                     "token": uuid.uuid4().hex,
-                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "heartbeat": now}
+                     "pid_start": _process_start(os.getpid()), "token": uuid.uuid4().hex,
+                     "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "heartbeat": now,
+                     "beats": 0, "every": self.every, "stale_after": self.stale_after}
+        self.lost = threading.Event()  # set once this process saw its lease taken over
+        self.lost_error: LeaseLost | None = None  # the first `check` that found it so (the line to stop with)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -94,9 +183,10 @@ class StudyLease:
     def read(self) -> dict | None:
         text = self.location.read_text()
         try:
-            return json.loads(text) if text else None
+            holder = json.loads(text) if text else None
         except ValueError:  # cut short by a crash while written: as good as stale
             return {"heartbeat": 0}
+        return holder if isinstance(holder, dict) or holder is None else {"heartbeat": 0}
 
     # -- taking, keeping and giving back ---------------------------------------------------------------------
     def acquire(self, force: bool = False) -> None:
@@ -104,40 +194,79 @@ class StudyLease:
             holder = self.read()
             if holder is not None or not self._create(self.mine):  # None: released between our two looks
                 self._take_over(holder or {}, force)
+        self.lost.clear()
+        self.lost_error = None
+        _HELD[self.location.uri] = self
         self._stop.clear()
         self._thread = threading.Thread(target=self._beat, name="a2-lease", daemon=True)
         self._thread.start()
 
     def _take_over(self, holder: dict, force: bool) -> None:
-        """Replace a lease whose process is gone from this host, or a stale one with `force`; refuse the rest."""
-        age = time.time() - float(holder.get("heartbeat", 0))
-        gone = _pid_gone(holder)
+        """Replace a lease whose process is gone from this host, or a stale one with `force`; refuse the rest, and
+        always one whose process is alive on this host."""
+        age = lease_age(self.location, holder, probe=True)
+        period = holder_period(holder, self.stale_after)
         study = os.path.dirname(self.location.uri)
-        if not gone and age < self.stale_after:
-            raise StudyError(f"study at {study} is being written by {describe(holder)}; one writer per study: "
+        pid = holder.get("pid", "?")
+        if _alive_here(holder) and age >= period:
+            raise StudyError(f"study at {study} is held by {describe(holder, age)}, a process still alive on this "
+                             f"host (stopped or hung: its heartbeat stopped); one writer per study, so not even "
+                             f"--force takes it over: end that process first (`kill -9 {pid}`), then resume")
+        gone = _pid_gone(holder)
+        if not gone and age < period:
+            raise StudyError(f"study at {study} is being written by {describe(holder, age)}; one writer per study: "
                              f"wait for it to end (`--force` takes over only a lease with no heartbeat for "
-                             f"{self.stale_after:.0f} s)")
+                             f"{period:.0f} s, the holder's own period)")
         if not force and not gone:
-            raise StudyError(f"study at {study} has a stale lease of {describe(holder)}; if that process is "
+            raise StudyError(f"study at {study} has a stale lease of {describe(holder, age)}; if that process is "
                              f"gone, take the study over with --force")
         why = "its process is gone from this host" if gone else "--force"
-        print(f"a2 study: WARNING: taking over the stale lease of {describe(holder)} on {study} ({why})",
+        print(f"a2 study: WARNING: taking over the stale lease of {describe(holder, age)} on {study} ({why})",
               file=sys.stderr, flush=True)
         self.location.delete()
         if not self._create(self.mine):
             raise StudyError(f"study at {study}: another process took the lease first: "
                              f"{describe(self.read() or {})}")
 
+    def check(self, before: str = "writing") -> None:
+        """LeaseLost (one line) unless this process still holds the study's lease: a driver calls it before each
+        write of the study's record, results, exports and summary, so that one whose lease was taken over stops
+        before writing anything more."""
+        if self.lost_error is not None:
+            raise self.lost_error
+        if self.lost.is_set():
+            self.lost_error = self._lost_error(None, before)
+            raise self.lost_error
+        try:
+            holder = self.read()
+        except Exception:  # noqa: BLE001 - storage out of reach: the write itself says so
+            return
+        if not holder or holder.get("token") != self.mine["token"]:
+            self.lost.set()
+            self.lost_error = self._lost_error(holder, before)
+            raise self.lost_error
+
+    def _lost_error(self, holder: dict | None, before: str) -> LeaseLost:
+        if holder is None:
+            with contextlib.suppress(Exception):
+                holder = self.read()
+        who = describe(holder) if holder else "nobody (the lease was removed)"
+        return LeaseLost(f"study at {os.path.dirname(self.location.uri)}: its lease was taken over by {who}; this "
+                         f"driver stopped before {before}, writing nothing more (one writer per study: the one that "
+                         f"took it over continues it)")
+
     def _beat(self) -> None:
         while not self._stop.wait(self.every):
             try:
                 holder = self.read()
                 if not holder or holder.get("token") != self.mine["token"]:
+                    self.lost.set()
                     print(f"a2 study: WARNING: the lease on {self.location.uri} was taken over by "
-                          f"{describe(holder or {})}; this process is no longer the study's one writer",
-                          file=sys.stderr, flush=True)
+                          f"{describe(holder or {})}; this process is no longer the study's one writer and stops "
+                          f"before its next write", file=sys.stderr, flush=True)
                     return
                 self.mine["heartbeat"] = time.time()
+                self.mine["beats"] += 1
                 self.location.write_text(json.dumps(self.mine, indent=2) + "\n")  # atomic: a reader never sees half
             except Exception as err:  # noqa: BLE001 - storage trouble: try again at the next beat
                 print(f"a2 study: note: lease heartbeat failed: {err}", file=sys.stderr, flush=True)
@@ -147,6 +276,8 @@ class StudyLease:
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
+        if _HELD.get(self.location.uri) is self:
+            del _HELD[self.location.uri]
         with contextlib.suppress(Exception):  # a lease left behind only goes stale
             holder = self.read()
             if holder and holder.get("token") == self.mine["token"]:

@@ -3,16 +3,21 @@ or MLflow (the `a2` command's parser, launch/cli.py, names these functions)."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
+from tqdm import tqdm
+
 from a2core.atomic import atomic_write, fresh_folder
+from a2core.checkpoint import HISTORY_FILE
 from a2core.config import Config, apply_overrides, load_yaml
 from a2core.data.features import prepare
 from a2core.decode import decode_to_file
 from a2core.metrics import METRIC_NAMES, evaluate_results_file
-from a2core.train import train
+from a2core.train import StepProgress, train
 from launch.spec import SECTIONS, TOP_KEYS, check_sizes
 
 
@@ -47,12 +52,83 @@ def cmd_train(args) -> int:
     out = Path(args.output_dir or cfg.output_dir)
     if args.resume is None:
         out = fresh_folder(out, ("best.pt", "last.pt"), "run's checkpoints")
-    result = train(cfg, report=_print_report, output_dir=out, resume_from=args.resume)
+
+    def report(metrics: dict, checkpoint_dir) -> None:
+        _print_report(metrics, checkpoint_dir)
+        if checkpoint_dir is not None:  # the history so far, with each epoch's checkpoint: a killed run keeps it
+            history = json.loads((Path(checkpoint_dir) / HISTORY_FILE).read_text())
+            atomic_write(out / "history.json", json.dumps(history, indent=1))
+
+    with _progress_shown(sys.stderr) as progress:
+        result = train(cfg, report=report, output_dir=out, resume_from=args.resume, progress=progress)
     history = atomic_write(out / "history.json", json.dumps(result["history"], indent=1))
     print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}")
     print(_test_summary(result, cfg, out))
     print(f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
     return 0
+
+
+@contextmanager
+def _progress_shown(stream):
+    """Progress within an epoch for `a2 train`, on `stream`: on a terminal a bar per epoch (`_EpochBar`), elsewhere
+    (a log file, a pipe) a2core's `train.log_every` step lines; a2core's other INFO lines and warnings in both. Yields
+    `train`'s `progress` callback (None without a terminal: the step lines are the progress)."""
+    terminal = stream.isatty()
+    bar = _EpochBar(stream) if terminal else None
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    if terminal:  # the bar shows what the step lines would; lines write above it
+        handler.addFilter(lambda record: record.funcName != "_step_done")
+        handler.setStream(_AboveBar(stream))
+    logger = logging.getLogger("a2core")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield bar
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        if bar is not None:
+            bar.close()
+
+
+class _EpochBar:
+    """One tqdm bar per epoch: its optimizer steps, rate and time left, the running loss at the log points."""
+
+    def __init__(self, stream):
+        self.stream, self.bar, self.epoch = stream, None, None
+
+    def __call__(self, progress: StepProgress) -> None:
+        if self.bar is None or self.epoch != progress.epoch:
+            self.close()
+            self.epoch = progress.epoch
+            self.bar = tqdm(total=progress.total, desc=f"epoch {progress.epoch} ({progress.stage})", unit="step",
+                            file=self.stream, leave=False, dynamic_ncols=True)
+        self.bar.update(progress.done - self.bar.n)
+        if progress.metrics is not None:
+            self.bar.set_postfix(loss=f"{progress.metrics['train/loss']:.4f}", refresh=False)
+        if progress.done >= progress.total:  # validation follows: the bar goes, the epoch's line comes
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class _AboveBar:
+    """A stream whose lines tqdm writes above the bar it draws (`tqdm.write`)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        if text.rstrip("\n"):
+            tqdm.write(text.rstrip("\n"), file=self.stream)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def _test_summary(result: dict, cfg, out: Path) -> str:

@@ -19,6 +19,7 @@ from a2core.atomic import atomic_write
 from a2core.config import parse_yaml
 from a2core.errors import StudyError
 from launch.spec import DEFAULT_STORAGE, STUDY_FORMAT, StudySpec, _study_name
+from launch.lease import describe, live_writer
 from launch.storage import check_storage, open_location
 
 STUDY_FILE = "study.yaml"
@@ -81,6 +82,14 @@ def locate(name: str, storage: str | None = None) -> StudyLocation:
     location = StudyLocation(name, storage, endpoint or os.environ.get("A2_STORAGE_ENDPOINT_URL") or None)
     check_storage(location.storage, location.endpoint_url)
     if not location.exists(STUDY_FILE):
+        starting = live_writer(location.at())  # a driver holds the lease and has not written study.yaml yet
+        if starting is not None:
+            raise StudyError(f"study {name!r} at {location.uri()} is starting: its driver ({describe(starting)}) "
+                             f"holds its lease and has not written {STUDY_FILE} yet; try again in a few seconds")
+        if location.at().listdir():  # a `run` killed before it wrote study.yaml: nothing of it to continue
+            raise StudyError(f"study {name!r} at {location.uri()} has no {STUDY_FILE}: its driver stopped before "
+                             f"writing it, so it holds nothing to read or resume; `a2 study run STUDY_FILE` starts "
+                             f"it again in place")
         raise StudyError(f"no study {name!r} at {location.uri()} (no {STUDY_FILE} there); "
                          f"pass --storage ROOT, the storage root the study was run with")
     return location

@@ -14,6 +14,7 @@ from ray.tune import Callback
 from dashboards.tracking import check_tracking_uri, client_settings, ui_pointer
 from launch import stop
 from launch.killpoints import kill_point
+from launch.lease import held_lease
 from launch.mlflow_export import Export, StudyExporter, end_reason
 from launch.layout import STOPPED_FILE, TRIALS_DIR, outage_line, train_run_name
 
@@ -74,6 +75,12 @@ class A2MLflowCallback(Callback):
         # The runs' statuses follow the trials' as they are now: FINISHED only when every trial is, KILLED while
         # some can still resume, FAILED if one failed.
         if self.exporter is None:
+            return
+        lease = held_lease(self.location.uri())
+        if lease is not None and lease.lost.is_set():  # superseded: the study's MLflow runs are its new writer's
+            self.exporter.stop.set()
+            self.exporter.wake.set()
+            self.exporter = None
             return
         self.trials = trials
         signal_number = stop.received()

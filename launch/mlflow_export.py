@@ -31,7 +31,7 @@ from a2core.errors import StorageError, TrackingError
 from dashboards.mlflow_views import TAG_CONFIG_LABEL
 from dashboards.runs import Trial
 from dashboards.tracking import (TAG_BEST_CKPT, TAG_CONFIG_HASH, TAG_END_REASON, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID,
-                                 StudyTracker, search_all_runs, server_answers)
+                                 StudyTracker, disk_problem, search_all_runs, server_answers, unavailable_text)
 from launch.conclusions import _fmt, tune_trial
 from launch.killpoints import kill_point
 from launch.layout import ARTIFACTS_DIR, CHECKPOINT_FILE, SUPERSEDED_FILE, TRIALS_DIR, add_outage, train_run_name
@@ -268,7 +268,7 @@ class StudyExporter:
         except (TrackingError, OSError) as err:
             self._down(err)
         except Exception as err:  # noqa: BLE001 - the server's or the connection's: an outage, if it is gone
-            if server_answers(self.uri):
+            if server_answers(self.uri) and disk_problem(err) is None:
                 logger.warning("MLflow export failed: %s", err, exc_info=True)
             else:
                 self._down(err)
@@ -284,8 +284,7 @@ class StudyExporter:
 
     def _down(self, err) -> None:
         if self.down_since is None:
-            logger.warning("MLflow server %s not answering (%s); the study's record is exported when it is back",
-                           self.uri, err)
+            logger.warning("%s", unavailable_text(self.uri, err))  # a full artifact disk named as such
             self.down_since = time.monotonic()
 
     def status(self) -> dict:

@@ -21,14 +21,16 @@ from tqdm import tqdm
 
 from a2core import checkpoint as ckpt
 from a2core.atomic import atomic_write, fresh_folder
+from a2core.checksum import SUFFIX, checksum_path
 from a2core.data.captions import Vocab, read_image_info
-from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
+from a2core.decode import check_data_overrides, checkpoint_data, ensemble_captions, write_results_json
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
 from dashboards.runs import Trial
 from dashboards.stats import config_hash
 from dashboards.submission import make_zip, results_filename, validate_zip
 from dashboards.tracking import check_tracking_uri, log_artifacts
 from launch.defaults import PACKAGE_OUT, SEEDS, SERVER_IMAGES, SHARD_IMAGES
+from launch.conclusions import read_state_json, read_summary
 from launch.driver import resume_study, run_study, say
 from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, locate
 from launch.raycluster import connect, shutdown as stop_ray
@@ -50,6 +52,7 @@ WORKER_START_TIMEOUT_S = "300"
 
 
 def main(args) -> int:
+    check_data_overrides(args.data_overrides)  # a key decoding would ignore, refused before any training or decoding
     options = {k: v for k, v in vars(args).items() if k not in ("command", "handler", "estimate")}  # package's
     if getattr(args, "estimate", False):
         print(estimate_text(decode_estimate(args.name, storage=args.storage, seeds=args.seeds, beam_size=args.beam_size,
@@ -165,7 +168,7 @@ def open_study(name: str, storage: str | None, verbose: bool = True):
     """(location, saved spec, summary) of a study that has a summary (a finished or interrupted run)."""
     location = locate(name, storage)
     spec = load_saved_spec(location)
-    summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
+    summary = read_summary(location)  # its checkpoints where the study is now; a damaged file one line
 
     refuse_rehearsal(location, summary)
     if summary is None:
@@ -305,6 +308,9 @@ def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str |
         return location.uri
     target = Path(cache_dir) / hashlib.sha256(uri.encode()).hexdigest()[:16] / "checkpoint.pt"
     if not target.is_file():
+        recorded = open_location(uri + SUFFIX, endpoint_url).read_text()
+        if recorded is not None:  # beside the copy, before it: `a2core.checkpoint.load` checks the copy against it
+            atomic_write(checksum_path(target), recorded)
         location.download(target)
     return str(target)
 
@@ -333,7 +339,9 @@ def seed_study_name(study: str, digest: str, index: int) -> str:
 
 def companion_studies(location) -> list[str]:
     """The seed studies packaging trained for this study (seed_studies.json)."""
-    return list(json.loads(location.read_text(SEED_STUDIES_FILE) or "{}").get("studies", []))
+    listed = read_state_json(location.at(SEED_STUDIES_FILE), "the list of packaging's seed studies",
+                             "restore it from a copy, or remove it (the seed studies are trained again)") or {}
+    return list(listed.get("studies", []) if isinstance(listed, dict) else [])
 
 
 def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
@@ -344,7 +352,7 @@ def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
         if comp.exists(STUDY_FILE):
             comp_spec = load_saved_spec(comp)
             if config_hash(comp_spec.trial_config({"seed": 0})) == digest:
-                found.append((comp, comp_spec, json.loads(comp.read_text(SUMMARY_FILE) or "null")))
+                found.append((comp, comp_spec, read_summary(comp)))
     return found
 
 

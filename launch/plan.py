@@ -203,6 +203,14 @@ def test_images(spec) -> int:
     return min(split, t.get("test_images") or split)
 
 
+def verdict_family(spec) -> int:
+    """The comparisons a study's verdicts are one family of (`dashboards.stats.adjust_family`): `compare --by
+    fusion`'s, every searched fusion against the baseline `none`; 1 when the fusion is not searched against it."""
+    fusion = next((p for p in spec.params.values() if p.path == "model.fusion" and p.kind == "grid"), None)
+    values = list(fusion.values) if fusion is not None else []
+    return max(1, len(values) - 1) if "none" in values else 1
+
+
 def _n(value: float) -> str:
     return f"{value:,.0f}"
 
@@ -262,15 +270,20 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
         lines.append(f"            ({noise_source})")
         over = (f"seeds and {noise.images:,} images, each component once, Satterthwaite d.f." if noise.images
                 else "seed means: Welch")
+        family = verdict_family(spec)
         lines.append(f"            the verdict rule (95% interval over {over}; no verdict below 2 seeds), "
                      f"{POWER:.0%} power wanted")
+        if family > 1:
+            lines.append(f"            for the adjusted verdict: {family} fusions against the baseline are one family "
+                         f"(Holm), each tested at 5% / {family} = {0.05 / family:.4g} at Holm's first step (a lower "
+                         f"bound of its power)")
         lines.append(f"    {'difference':<26}{'delta':>6}{'seeds/arm needed':>18}{f'power at {seeds}':>14}")
         never = False
         for label, delta in deltas:
-            needed = seeds_needed(delta, noise)
+            needed = seeds_needed(delta, noise, family=family)
             never |= needed is None
             lines.append(f"    {label:<26}{delta:>6.1f}{'never' if needed is None else needed:>18}"
-                         f"{_power_text(power(seeds, delta, noise)):>14}")
+                         f"{_power_text(power(seeds, delta, noise, family=family)):>14}")
         if never:
             lines.append(f"    never: the images' own variance ({noise.images:,} images) stays however many seeds "
                          f"run; score more test images")

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 
 from a2core.selection import best_epoch as pick_best_epoch, finite
+from dashboards.compare import study_verdicts
 from dashboards.runs import TABLE_METRICS, Study, Trial
 from dashboards.stats import best_candidates, config_hash, seed_interval
 from dashboards.stats import best_group as pick_best_group
@@ -76,10 +77,7 @@ class StudyRecord:
             stamps["tune_state"] = None if stamp is None else [state.uri.rsplit("/", 1)[-1], *stamp]
             trials = digest.tune_trials(stamps["tune_state"]) if digest is not None else None
             if trials is None:
-                try:
-                    trials = tune_trials(location)
-                except ValueError:  # no experiment snapshot yet
-                    trials = []
+                trials = tune_trials(location)  # none before Tune's first experiment state
         running = live_writer(location.at()) is not None
         read = _map(location, partial(_load_trial, spec, location, digest, for_digest, not running, refuse), trials)
         return cls(spec, location, [row for row, _, _ in read], {row.trial_id: n for row, n, _ in read}, running,
@@ -222,11 +220,10 @@ _NUMBERS = {int, float}  # JSON's numbers, not bool (an int subclass): a set loo
 
 def tune_trials(location: StudyLocation) -> list[Trial]:
     """The trials of the study's Tune experiment state in storage, as `tune_trial` makes them of Ray's (read without
-    Ray: `launch.verify.experiment_trials`); ValueError when Tune has saved none yet."""
+    Ray: `launch.verify.experiment_trials`); none when Tune has saved no experiment state yet (a driver killed before
+    its first save, `tuner.pkl` there or not): no trial of the study is Tune's then."""
     trials = experiment_trials(location.at())
-    if trials is None:
-        raise ValueError(f"{location.uri()}: no Tune experiment state yet")
-    return trials
+    return [] if trials is None else trials
 
 
 def group_hash(trial: Trial) -> str:
@@ -419,6 +416,8 @@ def summarize(spec, location: StudyLocation, rows: list[Trial]) -> dict:
             "trial_id": baseline["trial_id"], "value": baseline["best"], "seed": baseline["seed"],
             "checkpoint": baseline["best_checkpoint"]},
         "beats_baseline": beats,
+        # the study's verdicts by `compare --by fusion`'s rule (Holm over its family), which `status` prints
+        "verdicts": study_verdicts(Study(spec.name, rows, location.uri(), metric=spec.metric, mode=spec.mode)),
         "compute": compute_totals(spec, rows),
         "trials": [r.row(config=False) for r in rows],
     }

@@ -403,11 +403,15 @@ class StudySpec(Section):
         self._source = context.get("source")
         _resolve_storage(self, context.get("check_files", True))
         sections = {s: copy.deepcopy(getattr(self, s)) for s in SECTIONS}
-        # Relative data paths become absolute: trials run in other working directories and on other machines.
-        for path in ("data.captions", "data.features", "data.test_images", "data.root", "train.scst_from"):
+        # Relative data paths become absolute, against the study's root (`study_root`), never the working
+        # directory: trials run in other working directories and on other machines, and `ray submit` runs its
+        # script from the head's home while the data sits in the repository's copy there.
+        root = context.get("root") or (study_root(self._source) if self._source and os.path.isfile(self._source)
+                                       else os.getcwd())
+        for path in DATA_PATHS:
             value = get_dotted(sections, path)
             if isinstance(value, str) and value and "://" not in value:
-                set_dotted(sections, path, os.path.abspath(os.path.expanduser(value)))
+                set_dotted(sections, path, os.path.normpath(os.path.join(root, os.path.expanduser(value))))
         search = self.search
         self._filled_in = tuple(key for key in ("space", "points_to_evaluate") if getattr(search, key) is None)
         search.space = _check_space(search, sections)
@@ -452,11 +456,13 @@ class StudySpec(Section):
 
     @classmethod
     def from_dict(cls, raw: Any, source: str | None = None, cluster_resources: dict | None = None,
-                  check_files: bool = True) -> StudySpec:
+                  check_files: bool = True, root: str | Path | None = None) -> StudySpec:
         """The validated study of a parsed study file. check_files False (`a2 study plan` before the data is
         there): COCO data files may be absent; the split sizes then are the standard Karpathy counts. With
-        `cluster_resources`, also `check_cluster`."""
-        context = {"source": source, "check_files": check_files}
+        `cluster_resources`, also `check_cluster`. `root`: the folder relative data paths resolve against (default:
+        `study_root(source)` when `source` is a file, else the working directory)."""
+        context = {"source": source, "check_files": check_files,
+                   "root": os.path.abspath(os.path.expanduser(str(root))) if root is not None else None}
         try:
             spec = cls.model_validate(raw, context=context)
         except ValidationError as err:
@@ -634,15 +640,45 @@ TOP_KEYS = tuple(StudySpec.model_fields)
 
 # -- loading -----------------------------------------------------------------------------------------------------------
 def load_study(path: str | Path, overrides: list[str] | tuple = (), cluster_resources: dict | None = None,
-               check_files: bool = True) -> StudySpec:
-    """Read, override (`key=value`, applied to the YAML before validation) and validate a study file."""
+               check_files: bool = True, root: str | Path | None = None) -> StudySpec:
+    """Read, override (`key=value`, applied to the YAML before validation) and validate a study file. Its relative
+    data paths, in the file and in the overrides alike, resolve against `root` (default: `study_root(path)`)."""
     source = str(path)
     raw = load_yaml(path)
     try:
         raw = apply_overrides(raw, list(overrides), source=source)
     except ConfigError as err:
         raise ConfigError(err.path, f"{err.reason} (in an override)", err.source or source) from None
-    return StudySpec.from_dict(raw, source=source, cluster_resources=cluster_resources, check_files=check_files)
+    return StudySpec.from_dict(raw, source=source, cluster_resources=cluster_resources, check_files=check_files,
+                               root=root if root is not None else study_root(path))
+
+
+# The study's input paths: relative ones resolve against the study's root. `storage` and a sqlite
+# `tracking.mlflow_uri` are outputs of the command that runs the study and stay relative to its working directory,
+# like every command's --storage.
+DATA_PATHS = ("data.captions", "data.features", "data.test_images", "data.root", "train.scst_from")
+
+
+def is_checkout(folder: str | Path) -> bool:
+    """Whether `folder` is a copy of this repository: its pyproject.toml names the project a2tune (a clone, or the
+    copy `ray up` syncs to ~/a2tune on every node)."""
+    try:
+        text = (Path(folder) / "pyproject.toml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return re.search(r'(?m)^name\s*=\s*["\']a2tune["\']\s*$', text) is not None
+
+
+def study_root(path: str | Path) -> str:
+    """The folder a study file's relative data paths mean: the nearest folder at or above the file that is a copy
+    of this repository (`is_checkout`), else the file's own folder. So `data/coco/x.json` in studies/x.yaml is
+    <checkout>/data/coco/x.json whoever loads it, from whichever directory, on the laptop as on a node (where the
+    copy is ~/a2tune). The path is made absolute as written, symbolic links kept."""
+    folder = Path(os.path.abspath(os.path.expanduser(str(path)))).parent
+    for candidate in (folder, *folder.parents):
+        if is_checkout(candidate):
+            return str(candidate)
+    return str(folder)
 
 
 # The Karpathy split of COCO 2014 (Karpathy & Fei-Fei 2015; the paper's "5,000 images for validation and 5,000 for
@@ -660,6 +696,14 @@ def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if spec.storage.startswith("s3://"):  # one real request (HeadBucket): reachable, allowed, the bucket exists
+        from launch.storage import check_storage  # pyarrow's S3: only when there is a bucket to ask
+
+        try:
+            check_storage(spec.storage, spec.storage_endpoint_url)
+        except StorageError as error:
+            print(f"error: {spec.source}: storage: {error}", file=sys.stderr)
+            return 2
     for warning in spec.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(spec.summary())
@@ -740,8 +784,11 @@ def _check_space(search: Search, sections: dict) -> dict[str, Param]:
         setters[path] = where
         p._key = key
     for path, setter in setters.items():
-        if get_dotted(sections, path, _MISSING) is not _MISSING:
-            _fail(path, f"is set by {setter}; remove it from {path.split('.')[0]}")
+        if (value := get_dotted(sections, path, _MISSING)) is not _MISSING:  # what to write instead, said too
+            one = (f"{setter}.grid=[{format_value(value)}]" if space[setter[len("search.space."):]].kind == "grid"
+                   else f"'{setter}={{grid: [{format_value(value)}]}}'")
+            _fail(path, f"is set by {setter}; remove it from {path.split('.')[0]} (to give every trial this "
+                        f"value, write {one})")
     for p in space.values():
         if p.when is not None:
             p.when = _check_when(p, space)

@@ -7,14 +7,14 @@ of the study's record (`launch.mlflow_export`).
 """
 from __future__ import annotations
 
-import json
 import sys
 
 from launch import stop
+from launch.conclusions import read_summary
 from launch.driver import check_tracking, resume_study, run_study
 from launch.lease import StudyLease
 from launch.layout import add_outage, outage_line
-from launch.location import SUMMARY_FILE, load_saved_spec, locate, write_summary
+from launch.location import load_saved_spec, locate, write_summary
 from launch.mlflow_export import Export, end_reason
 from launch.record import tune_trials
 from launch.spec import load_study
@@ -55,11 +55,11 @@ def cmd_sync(args) -> int:
     check_tracking(spec)
     print(f"study {spec.name}: exporting its record into MLflow at {spec.tracking.mlflow_uri} (the store "
           f"recorded with the study)", flush=True)
-    with StudyLease(location.at()).held():  # a running driver exports itself: never both at once
+    with StudyLease(location.at(), args.stale_after).held(args.force):  # a running driver exports itself: never both
         export = Export(spec, location)
         export.run(tune_trials(location), end_reason(spec.name))
         outage = add_outage(location, pending=False)
-        summary = json.loads(location.read_text(SUMMARY_FILE) or "null")
+        summary = read_summary(location, placed=False)  # written back as it is (its paths relative)
         if isinstance(summary, dict):
             write_summary(location, {**summary, "tracking": outage})
     superseded = (f"; {len(export.superseded)} run(s) left RUNNING by trials a killed driver lost ended KILLED "

@@ -1,7 +1,14 @@
 """Run a study on the Ray cluster this script runs in, as `a2 study run` does: the entry point of `ray submit` and
-`ray job submit` (docs/how-to/cluster.md). `ray submit` passes arguments unquoted (no spaces in overrides); a job runs in
-a copy of the working directory, so its storage and tracking URIs must be absolute or s3://. Exit 0 when every trial
-finished, 1 otherwise, 2 on an invalid spec.
+`ray job submit` (docs/how-to/cluster.md). Exit 0 when every trial finished, 1 otherwise, 2 on an invalid spec.
+
+Where things are found, the same under both routes: Ray 2.60's `ray submit` copies this script to ~/submit.py on the
+head and runs `python ~/submit.py ...` from the head's home; `ray job submit --working-dir .` runs it in a copy of
+the working directory that Ray unpacks under its session folder (without what .gitignore ignores, so without
+data/). A relative study path is the one in the working directory when that exists, else the one in the cluster's
+copy of the repository (`--repo`, ~/a2tune, where `ray up` synced this tree and the setup commands fetched the
+data); the study's relative data paths always resolve against that copy when it is there (else as `a2 study run`
+resolves them: `launch.spec.study_root`). `ray submit` passes arguments unquoted (no spaces in overrides); the
+storage and tracking URIs of a study submitted this way are s3://, http(s):// or absolute.
 """
 from __future__ import annotations
 
@@ -26,8 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live trial table")
     add_lease_arguments(p)
     p.add_argument("--repo", default="~/a2tune",
-                   help="the cluster's copy of this repository, where relative study paths are also looked up")
+                   help="the cluster's copy of this repository (default ~/a2tune): relative study paths are also "
+                        "looked up there, and the study's relative data paths resolve against it")
     return p
+
+
+def load_submitted(study: str, overrides: list[str], repo: str):
+    """The study as the cluster runs it: found in the working directory or below `repo`, its relative data paths
+    resolved against `repo` when that is a copy of this repository (else against the study file's own root)."""
+    from launch.location import study_path
+    from launch.spec import is_checkout, load_study
+
+    copy = Path(repo).expanduser()
+    return load_study(study_path(study, copy), overrides, root=copy if is_checkout(copy) else None)
 
 
 def use_cluster_token() -> None:
@@ -44,12 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     # Ray reads RAY_AUTH_MODE when it is imported: the modules that import Ray only after use_cluster_token set it
     # (imported before, the client would run with authentication off and be refused by the token cluster)
     from launch.driver import resume_study, run_study
-    from launch.location import STUDY_FILE, StudyLocation, study_path
-    from launch.spec import load_study
+    from launch.location import STUDY_FILE, StudyLocation
     from launch.study import driver_options, exit_code
 
     try:
-        spec = load_study(study_path(args.study, args.repo), args.overrides)
+        spec = load_submitted(args.study, args.overrides, args.repo)
         print(spec.summary(), flush=True)
         driver = driver_options(args)
         driver["address"] = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # on a head: its cluster

@@ -30,6 +30,7 @@ from ray.train import Checkpoint, UserCallback
 from ray.util.queue import Empty, Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from a2core.checksum import SUFFIX, checksum_problem, write_checksum
 from a2core.config import Config
 from a2core.errors import CheckpointError, StorageError, TrainingDiverged
 from a2core.selection import best_epoch, rank
@@ -336,6 +337,7 @@ class LocalCheckpoints:
     def save(self, source: str, epoch: int) -> str:
         """Store the checkpoint folder `source` as epoch `epoch`'s; returns where it now is (path or URI)."""
         target = self.run.join(checkpoint_name(epoch))  # replaced: an epoch trained again after a restart
+        write_checksum(Path(source) / CHECKPOINT_FILE)  # beside it, copied before it: checked whenever it is read
         open_location(source).copy_folder(target, last=CHECKPOINT_FILE)
         return target.uri
 
@@ -440,6 +442,10 @@ def newest_readable_checkpoint(run, epochs: list[int], work: Path, first: int | 
         local = work / CHECKPOINT_FILE
         try:
             stored.download(local)
+            damaged = checksum_problem(local, open_location(stored.uri + SUFFIX, stored.endpoint_url).read_text(),
+                                       str(local))  # a flipped byte: passed over like a file that does not load
+            if damaged:
+                raise CheckpointError(damaged)
             checkpoint.load(local)
         except (CheckpointError, OSError) as err:
             reason = str(err).replace(f"{local}: ", "").splitlines()[0][:200]
@@ -516,6 +522,8 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
         metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
+        if checkpoint_dir:  # rank 0's: its SHA-256 beside it, uploaded with it (as a one-worker trial's)
+            write_checksum(Path(checkpoint_dir) / CHECKPOINT_FILE)
         checkpoint = Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
         # Every rank reports (a barrier); rank 0 alone brings the checkpoint, stored under a readable name.
         ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_name(metrics["epoch"]))

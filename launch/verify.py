@@ -29,12 +29,15 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import yaml
 
+from a2core.checksum import SUFFIX, checksum_problem
 from a2core.config import Config
 from a2core.errors import A2Error, CheckpointError, StudyError
 from dashboards.runs import Trial
 from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, TUNE_POINTER_FILE,
                            checkpoint_epochs, checkpoint_name, results_by_epoch)
+from launch.lease import held_lease
 from launch.location import STUDY_FILE, load_saved_spec, locate
+from launch.storage import open_location
 
 # The one place that knows Ray's private state layout (the Ray adapter): Tune's files at the study's root (experiment
 # state, searcher, callbacks, the Tuner) as Ray 2.60 names them (`TuneController`, `SearchGenerator`, `Searcher`,
@@ -236,6 +239,9 @@ class WholeCopies:
             self._save_quietly()
 
     def _save_quietly(self) -> None:
+        lease = held_lease(self.study.uri)
+        if lease is not None and lease.lost.is_set():  # superseded: the study's files are its new writer's
+            return
         try:
             self.save()
         except Exception as err:  # noqa: BLE001 - a storage problem stops the study elsewhere, with its own line
@@ -496,6 +502,10 @@ def checkpoint_problem(location, model: dict | None = None, searched: tuple = ()
     with tempfile.TemporaryDirectory(prefix="a2-check-") as tmp:
         try:
             local = Path(location.uri) if location.local else location.download(Path(tmp) / "checkpoint.pt")
+            recorded = None if location.local else open_location(location.uri + SUFFIX, location.endpoint_url)
+            damaged = recorded and checksum_problem(local, recorded.read_text(), str(local))  # local: `load` checks
+            if damaged:
+                raise CheckpointError(damaged)
             state = checkpoint.load(local)
         except (CheckpointError, OSError) as err:
             return f"{location.uri}: {str(err).replace(str(local) + ': ', '') if location.local else err}"
@@ -588,7 +598,8 @@ def cmd_check(args) -> int:
     for found in (checkpoint_problem(c, model, searched) for c in checkpoints):
         if found:  # a file that loads but is another model is "mismatched", one that does not "unreadable"
             mismatched = "a model of another config" in found or "do not fit" in found
-            print(f"{'mismatched' if mismatched else 'unreadable'}: {found}")
+            damaged = "damaged since it was written" in found  # its bytes are not the ones written (its sha256)
+            print(f"{'mismatched' if mismatched else 'damaged' if damaged else 'unreadable'}: {found}")
             problems.append(found)
     print(f"study {args.name} at {study.uri}: {len(files)} state files and {len(checkpoints)} checkpoints checked, "
           + (f"{len(problems)} unreadable (restore them from a copy; a trial resumes from its newest readable "

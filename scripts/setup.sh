@@ -16,6 +16,8 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v rsync >/dev/null 2>&1 || need+=(rsync)
 command -v nc >/dev/null 2>&1 || need+=(netcat-openbsd)
+# A C compiler builds the kill-anywhere test's write watcher (tests/faults/fswrites.c, loaded by LD_PRELOAD).
+command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) \

@@ -16,15 +16,15 @@ from tests.s3server import keep_session_environment, s3_endpoint  # noqa: F401
 WITHOUT_RAY = {
     "test_a2_objective", "test_adapters", "test_beam_compaction", "test_bench_asha", "test_bench_data",
     "test_bench_noise", "test_best_epoch", "test_calibration", "test_checkpoint", "test_checkpoint_windows", "test_cli",
-    "test_cli_train", "test_cluster_config", "test_cluster_sync", "test_compare", "test_compute", "test_conclusions",
-    "test_data", "test_datastore", "test_diagnostics", "test_divergence", "test_docs", "test_ensemble",
-    "test_epochs_once", "test_global_batch", "test_hostile_inputs", "test_import_graph", "test_lease",
+    "test_cli_train", "test_cli_words", "test_cluster_config", "test_cluster_sync", "test_compare", "test_compute", "test_conclusions",
+    "test_data", "test_datastore", "test_diagnostics", "test_divergence", "test_docs", "test_ensemble", "test_frames",
+    "test_epochs_once", "test_fused", "test_global_batch", "test_hostile_inputs", "test_import_graph", "test_lease",
     "test_leaderboard", "test_lost_trials", "test_metrics", "test_mlflow_export", "test_mlflow_ui", "test_model",
     "test_package", "test_package_resume", "test_package_transactional", "test_plan",
-    "test_prepared", "test_recipe", "test_record", "test_records", "test_rehearse", "test_report", "test_result_log",
+    "test_prepared", "test_probe_faults", "test_recipe", "test_record", "test_records", "test_rehearse", "test_report", "test_result_log",
     "test_s3", "test_scst", "test_search", "test_secrets", "test_spec", "test_state_copies", "test_state_errors",
     "test_stats", "test_study_completion", "test_study_output", "test_study_plan", "test_study_sizes",
-    "test_submission", "test_superseded", "test_tracking", "test_train", "test_trial_shape",
+    "test_study_root", "test_submission", "test_validate_storage", "test_superseded", "test_tracking", "test_train", "test_trial_shape",
 }
 RAY_PROCESSES = {"raylet", "gcs_server"}
 

@@ -68,3 +68,97 @@ def test_train_summarises_and_never_overwrites_an_earlier_run(tmp_path):
     assert "runs/a2 holds an earlier run's checkpoints; this run writes to runs/a2-2" in second.stdout
     assert (tmp_path / "runs/a2/best.pt").read_bytes() == best_before
     assert [h["epoch"] for h in json.loads((tmp_path / "runs/a2-2/history.json").read_text())] == [1]
+
+
+def _tiny_config(tmp_path, **train) -> str:
+    """A run of a few seconds an epoch on 2 cores: 40 synthetic images, 4 steps an epoch (10 pairs a step)."""
+    root = tmp_path / "data"
+    if not root.exists():
+        synthetic.generate(root, seed=3, images=40, test_images=5)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({
+        "data": {"root": str(root), "images": 40, "seed": 3, "val_images": 5},
+        "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions": 10},
+        "train": {"xe_epochs": 1, "batch_size": 50, "warmup": 10, "test_meteor": False, "diag_images": 5,
+                  "diag_kendall_images": 2, **train}}))
+    return str(config)
+
+
+def test_train_draws_a_bar_within_each_epoch_on_a_terminal(tmp_path):
+    """On a terminal (stderr a pty with a size), each epoch gets a bar of its optimizer steps with the rate, the time
+    left and the running loss; the step lines are what the bar shows, so they stay off it."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+    import threading
+
+    config = _tiny_config(tmp_path, xe_epochs=2, batch_size=10, log_every=1)
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal of 120 columns
+    chunks = []
+
+    def read():
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the pty closed
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    done = subprocess.run([sys.executable, "-m", "launch.cli", "train", "--config", config], cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=slave, text=True, timeout=600)
+    os.close(slave)
+    reader.join(10)
+    os.close(master)
+    shown = b"".join(chunks).decode(errors="replace")
+    assert done.returncode == 0, shown[-3000:]
+    assert [line.split(":")[0] for line in done.stdout.splitlines()[:2]] == ["epoch 1", "epoch 2"]
+    steps = json.loads((tmp_path / "runs/a2/history.json").read_text())[0]["step"]  # steps of epoch 1
+    assert "epoch 1 (xe):" in shown and "epoch 2 (xe):" in shown, shown[-2000:]  # a bar per epoch
+    assert f"| {steps}/{steps} [" in shown and "step/s" in shown and "loss=" in shown, shown[-2000:]
+    assert " step 1 (1/" not in shown  # no step lines on a terminal: the bar is their view
+
+
+def test_train_logs_step_lines_without_a_terminal(tmp_path):
+    """Without a terminal (a log file, a pipe), the `train.log_every` step lines reach stderr, with the step within
+    the epoch; stdout keeps one line per epoch."""
+    config = _tiny_config(tmp_path, batch_size=10, log_every=2)
+    done = a2_train("--config", config, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    steps = json.loads((tmp_path / "runs/a2/history.json").read_text())[0]["step"]
+    lines = [line for line in done.stderr.splitlines() if " INFO epoch 1 step " in line]
+    assert [line.split(" INFO ")[1].split(" loss ")[0] for line in lines] == \
+        [f"epoch 1 step {s} ({s}/{steps} of the epoch)" for s in range(2, steps + 1, 2)]
+    assert all(float(line.split(" loss ")[1].split()[0]) > 0 for line in lines)
+    assert done.stdout.splitlines()[0].startswith("epoch 1: train/loss ")
+
+
+def test_a_killed_train_keeps_its_history_up_to_its_last_epoch(tmp_path):
+    """history.json is written (whole, atomically) as each epoch ends, so `a2 train` killed part way leaves the
+    epochs before the kill next to last.pt, not only checkpoints."""
+    import signal
+    import time
+
+    config = _tiny_config(tmp_path, xe_epochs=40, test_at_end=False)
+    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "train", "--config", config], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    history = tmp_path / "runs/a2/history.json"
+    try:
+        deadline = time.monotonic() + 300
+        while not history.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        running = proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert running, "history.json appeared only when the run had ended"
+    epochs = [h["epoch"] for h in json.loads(history.read_text())]
+    assert epochs == list(range(1, len(epochs) + 1)) and 1 <= len(epochs) < 40
+    assert (tmp_path / "runs/a2/last.pt").is_file()

@@ -108,7 +108,12 @@ def test_compare_against_a_chosen_baseline_row(fab, study, capsys):
     assert comparison.differences["0.1"].interval_text() == diff.interval_text()
     assert cmd_compare(cmd_args(fab, by="lambda", baseline="0.01")) == 0
     out = capsys.readouterr().out
-    assert "0.01 (baseline)" in out and out.splitlines()[-1] == diff.verdict()
+    # two rows against the baseline: one family, Holm's verdicts; the raw interval and p are printed beside them
+    adjusted = comparison.differences["0.1"]
+    assert adjusted.family == 2 and adjusted.p == pytest.approx(diff.p) and adjusted.p_adjusted >= adjusted.p
+    assert "0.01 (baseline)" in out and out.splitlines()[-1] == adjusted.verdict()
+    assert out.splitlines()[-1].startswith(diff.verdict() + f" (raw p {diff.p:.3f}, Holm over 2 comparisons: [")
+    assert "Holm over 2 [CI], p" in out and "are one family" in out
     with pytest.raises(StudyError, match=r"--baseline 0.2: .* lambda=0.2 \(it has 0.01, 0.05, 0.1\)"):
         study_comparison(study, by="lambda", baseline="0.2")
 
@@ -153,7 +158,7 @@ def test_rows_are_selected_on_val_and_judged_on_the_test_split(tmp_path):
     # the columns: test metrics, then the val CIDEr the rows were selected by, labelled; no other val number
     assert [c.strip() for c in lines[1].split("  ") if c.strip()] == [
         "fusion", "test B-4 [95% CI]", "test CIDEr [95% CI]", "val CIDEr (selection) [95% CI]", "seeds",
-        "vs baseline (test CIDEr)", "config"]
+        "vs baseline (test CIDEr)", "p", "config"]
     gate = next(line for line in lines if line.startswith("gate"))
     assert seed_interval([32.0, 33.0, 34.0]).text() in gate  # test B-4 of gate's lambda 0.1 (i = 2)
     assert seed_interval(np.stack(truth[("gate", 0.1)]).mean(axis=1)).text() in gate  # its test CIDEr

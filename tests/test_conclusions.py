@@ -38,6 +38,7 @@ def _rows(spec, location, values: dict[tuple, list[float]], stopped: set = froze
             history = [{"epoch": e, spec.metric: value - (epochs - e)} for e in range(1, epochs + 1)]
             row = trial_row(spec, location, tid, sampled, "TERMINATED", history, history[-1])
             row["stopped_early"] = {"rung": 2, "cutoff": 108.0} if (fusion, lam) in stopped else None
+            row.final[spec.metric] = value  # as `launch.record.record_trial` fills it from the result log
             rows.append(row)
     return rows
 
@@ -62,7 +63,7 @@ def test_summary_groups_replicates_with_intervals_and_keeps_stopped_ones_out_of_
     text = verdict(summary)
     assert text.splitlines()[1].startswith(
         f"best configuration (fusion gate, lambda 0.035): val/CIDEr 105.0 [{105 - half:.1f}, {105 + half:.1f}] "
-        f"over 3 seeds; gate beats none by 4.0 CIDEr")
+        f"over 3 seeds; gate beats none by 4.0 val CIDEr")
     table = format_table(rows, spec.metric)
     assert table.count("stopped early (rung 2, cutoff 108.0)") == 3
     assert "TERMINATED" in table
@@ -104,7 +105,7 @@ def test_status_prints_groups_with_intervals(spec, tmp_path, monkeypatch, capsys
     assert cmd_status(argparse.Namespace(name=spec.name, storage=None, json=False)) == 0
     out = capsys.readouterr().out
     assert "replicate groups" in out and "105.0 [102.5, 107.5]" in out and "101.0 [98.5, 103.5]" in out
-    assert "gate beats none by 4.0 CIDEr" in out
+    assert "gate beats none by 4.0 val CIDEr" in out
 
 
 def test_build_tuner_wires_the_schedulers_record_into_the_mlflow_callback(spec, monkeypatch):
@@ -132,7 +133,7 @@ def test_the_group_verdict_rests_on_the_test_split_when_trials_reported_it(spec)
     location = StudyLocation(spec.name, spec.storage)
     rows = _rows(spec, location, {("none", None): [100.0, 101.0, 102.0], ("gate", 0.035): [104.0, 105.0, 106.0]})
     for row, test in zip(rows, [90.0, 95.0, 100.0, 91.0, 96.0, 99.0]):
-        row["test"] = test
+        row["test"] = row.final["test/CIDEr"] = test
     summary = summarize(spec, location, rows)
     gate = next(g for g in summary["groups"] if g["fusion"] == "gate")
     assert gate["values"] == [104.0, 105.0, 106.0] and gate["test_values"] == [91.0, 96.0, 99.0]

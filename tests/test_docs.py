@@ -305,3 +305,74 @@ def test_the_api_pages_example_runs_small_and_writes_only_its_own_folder(tmp_pat
     assert list((tmp_path / "cwd").iterdir()) == []  # nothing written where it ran
     [out] = (tmp_path / "tmp").glob("a2-api-*")
     assert (out / "best.pt").is_file()
+
+
+# -- the paper's numbers, the Python example, pages that read on GitHub ---------------------------------------------
+def test_the_papers_tables_are_on_a_page_generated_from_paper_results():
+    """docs/results/paper.md holds Table 1 and Table 3 as a2ref generates them from dashboards/paper_results.py (the
+    one copy of the paper's numbers; `test_the_generated_reference_pages_in_the_repository_are_current` fails while
+    the page differs), every number of both tables among them."""
+    from dashboards import paper_results as paper
+
+    page = (REPO / "docs" / "results" / "paper.md").read_text()
+    assert re.findall(r"^<!-- a2ref: (paper-table\d) -->$", page, flags=re.M) == ["paper-table3", "paper-table1"]
+    table3 = page.split("<!-- a2ref: paper-table3 -->")[1].split("<!-- /a2ref -->")[0]
+    for fusion, row in paper.TABLE3_ROW.items():
+        shown = next(line for line in table3.splitlines() if line.startswith(f"| `{fusion}` |"))
+        assert shown.split(" | ")[2:] == [f"{v:.1f}" for v in paper.TABLE3["rows"][row].values()][:-1] + \
+            [f"{paper.TABLE3['rows'][row]['SPICE']:.1f} |"], shown
+    table1 = page.split("<!-- a2ref: paper-table1 -->")[1].split("<!-- /a2ref -->")[0]
+    assert "| A2 Transformer | 78.6 | 38.2 | 29.2 | 58.3 | 125.0 | 22.1 | 81.5 | 39.8 | 29.6 | 59.1 | 133.9 | 23.0 |" in table1
+    assert "| DPA | - | - | - | - | - | - | - | 40.5 |" in table1  # a dash in the paper stays one
+
+
+DOI = "10.1609/aaai.v36i1.19940"  # the paper's DOI, as the AAAI proceedings give it
+
+
+def test_the_paper_is_linked_with_its_doi():
+    """The landing page links the paper and its BibTeX carries the DOI and URL; the paper's results page links it."""
+    index = (REPO / "docs" / "index.md").read_text()
+    bibtex = re.search(r"@inproceedings\{.*?\n\}", index, flags=re.S).group(0)
+    assert f"doi       = {{{DOI}}}" in bibtex and "url       = {https://doi.org/" + DOI + "}" in bibtex
+    assert "pages     = {607--615}" in bibtex and "number    = {1}" in bibtex
+    assert f"](https://doi.org/{DOI})" in _prose(index)
+    assert f"https://doi.org/{DOI}" in (REPO / "docs" / "results" / "paper.md").read_text()
+    assert f"https://doi.org/{DOI}" in (REPO / "README.md").read_text()
+
+
+def test_the_python_pages_example_runs_on_a_stored_study(tmp_path):
+    """docs/how-to/results-in-python.md's blocks, in order, as one script, against a study `a2-smoke` stored in
+    ./a2-studies as `a2 study run` leaves it (four trials: fusion none and gate over two seeds)."""
+    from tests.test_frames import stored_study
+
+    stored_study(tmp_path, "a2-smoke", overrides=(f"storage={tmp_path / 'a2-studies'}",))
+    page = (REPO / "docs" / "how-to" / "results-in-python.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert len(blocks) == 3
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-c", "\n".join(blocks)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "gate1" in out and "best_group" in out
+    fusions = [line.split() for line in out.splitlines() if line.split()[:1] in (["gate"], ["none"])]
+    assert ["gate", "94.5"] in [row[:2] for row in fusions] and ["none", "89.5"] in [row[:2] for row in fusions]
+
+
+def test_every_page_shows_content_on_github():
+    """A page GitHub shows as it is: none whose text is only a Sphinx `{include}` (GitHub renders the directive as
+    a code block), and none that includes a file without also holding its own text."""
+    bare = []
+    for name, text in _pages().items():
+        without = re.sub(r"^(```|~~~)\{include\}.*?^\1\s*$", "", text, flags=re.M | re.S)
+        if "{include}" in text and len(_prose(without).split()) < 50:
+            bare.append(name)
+        if re.search(r"^(```|~~~)\{include\}", text, flags=re.M):
+            bare.append(f"{name} (includes a file: GitHub shows the directive, not the file)")
+    assert bare == [], bare
+
+
+def test_the_readme_links_every_how_to_and_results_page():
+    readme = (REPO / "README.md").read_text()
+    for page in sorted((REPO / "docs" / "how-to").glob("*.md")) + sorted((REPO / "docs" / "results").glob("*.md")):
+        assert f"(docs/{page.parent.name}/{page.name})" in readme, f"the README's documentation list lacks {page.name}"

@@ -1,113 +1,181 @@
-"""A driver killed anywhere: one tiny study (2 trials of 2 epochs, one at a time, on a local Ray), its driver
-SIGKILLed at five points spread over its life and resumed after each, as an OOM kill, a lost head node or a spot
-preemption would leave it. The points are hit exactly by `launch.killpoints` (`A2_KILL_AT`: the driver kills itself,
-or a trial kills the driver, when the code passes the point; the real code path otherwise):
+"""A driver killed anywhere: the kill windows of a tiny study (2 trials of 2 epochs, one one-worker trial at a time,
+on a local Ray) are found by watching it run, not chosen by reading the code.
 
-1. `study-file-written`: `run` wrote `study.yaml`, Tune has saved nothing. `resume` starts the trials in place.
-2. `checkpoint-saved@2`: a trial's last checkpoint is in its folder, its result (with its test scores) is not, the
-   checkpoints it no longer keeps not deleted. Tune's files are then removed, as a driver killed before Tune's first
-   save leaves them, but with a trial that trained: the resumed study's trial of that configuration continues it
-   from its checkpoint (`launch.trainable.adopt`) and, its epochs all done, scores the test split.
-3. `trial-result@1`: the driver has the next trial's first result. Tune saves its state every 10 s or so, so
-   it often has not saved that trial yet: resumed, its configuration runs again under a new trial id, which
-   continues the lost trial's checkpoint; else Tune restores it. Either way the checks below hold.
-4. `export-final`: the driver's last MLflow export has ended one trial's run, not the others nor the study's.
-5. `study-end`: the summary and the export are written, the lease is not given back.
+`scripts/observe_writes.py` records every file the driver, Tune and a trial create, rename or delete in the study's
+folder (a C library loaded with LD_PRELOAD into each of the study's processes, `tests/faults/fswrites.c`), reduces
+them to the writes that change the study's state and keeps them, one kill window before each, in
+`tests/faults/kill_windows.txt`:
 
-Then every planned trial finished once, with its epochs and its test scores; MLflow holds every (run, key, step)
-once; every run is FINISHED but the lost trial's, KILLED and tagged superseded by the trial that continued it; the
-last `resume` says the study is finished and writes nothing.
+1. `test_the_observed_writes_are_the_checked_in_kill_windows`: one run's writes are those windows, no more, no
+   fewer. A new write fails it until the script is run again, which makes it a new window of the sweep below.
+2. `test_a_study_killed_in_every_window_finishes_every_planned_trial_once`: one study, its driver SIGKILLed right
+   before each window's write in turn (the same library fires the kill, in the process that makes the write, before
+   the call: hit exactly), each time continued as an operator would: `a2 study resume`, or, where the kill left
+   nothing to continue (before `study.yaml`), `resume` saying so in one line and `a2 study run` starting the study
+   again in place. Meanwhile a trial's worker kills itself right before each of its own writes, once each (Tune
+   retries it). Two more kills are at code points (`launch.killpoints`), for what is not a file of the study: the
+   last MLflow export (`export-final`) and the moment before the lease is given back (`study-end`); and one more at
+   the second trial's last checkpoint (a trial Tune may not have saved yet: its configuration continues it).
+
+Then every command exited 0 or died of its kill, none printed a traceback, every planned trial finished once with
+its epochs and its test scores, and MLflow holds every (run, key, step) once.
+
+The sweep is grouped for time: each kill's `resume` is itself killed at the next window, so the study advances
+from window to window in one chain of drivers (one local Ray start each), and the workers' windows ride along.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from launch.verify import _root_kind
 from tests.raycluster import (  # noqa: F401 - tiny_data is a fixture
     a2, kill_group, mlflow_client, mlflow_history, mlflow_trials, start_a2, tail, tiny_data, tiny_study, trial_runs)
+from tests.repo_scripts import ROOT
 from tests.test_interruptions import duplicated_points, local_env, statuses
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-NAME = "kill-anywhere"
+
+def _load_observer():
+    """scripts/observe_writes.py as a module (registered first: its dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location("observe_writes", ROOT / "scripts" / "observe_writes.py")
+    module = sys.modules.setdefault("observe_writes", importlib.util.module_from_spec(spec))
+    if not hasattr(module, "STUDY"):
+        spec.loader.exec_module(module)
+    return module
+
+
+observe = _load_observer()
+NAME = observe.STUDY
 EPOCHS = 2
+CODE_POINTS = ("export-final", "study-end")  # `launch.killpoints`' points outside the study's files
 
 
-def _killed_at(point: str, *command: str, cwd: Path, env: dict) -> str:
-    """Run `a2 COMMAND` with the kill point armed; it must die of the SIGKILL there. Returns its output."""
-    log = cwd / f"{point}.log"
-    proc = start_a2(*command, cwd=cwd, log=log, env={**env, "A2_KILL_AT": point})
-    try:
-        rc = proc.wait(timeout=240)
-    finally:
-        kill_group(proc)  # the killed driver's local Ray, and a trial process that waits at its kill point
-    out = log.read_text(errors="replace")
-    assert rc == -signal.SIGKILL, (point, rc, tail(log, 80))
-    # the driver's own kill says so; a trial's line dies with the driver that would have printed it (the folders
-    # show where that one stopped)
-    assert point.startswith("checkpoint-saved") or f"a2 kill point {point}: SIGKILL" in out, (point, tail(log, 80))
-    return out
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory) -> Path:
+    return observe.build_shim(tmp_path_factory.mktemp("shim"))
 
 
-def _results(run_dir: Path) -> list[dict]:
-    path = run_dir / "results.json"
-    return json.loads(path.read_text()) if path.exists() else []
+def _study(tmp_path: Path, data: Path, **extra) -> Path:
+    return tiny_study(tmp_path, NAME, data, fusions=("none", "max"), epochs=EPOCHS, workers=1, cpus_per_worker=1,
+                      max_concurrent=1, **extra)
 
 
-def test_a_study_killed_at_five_points_finishes_every_planned_trial_once(tmp_path, tiny_data):
+def test_the_observed_writes_are_the_checked_in_kill_windows(tmp_path, tiny_data, shim):
     started = time.monotonic()
+    study, log = _study(tmp_path, tiny_data), tmp_path / "writes.log"
+    env = observe.shim_env(local_env(tmp_path), shim, tmp_path / "studies" / NAME, log=log)
+    done = a2("study", "run", str(study), cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:]
+    writes = observe.read_log(log)
+    assert {w.writer for w in writes} == {"driver", "trial"}, sorted({w.writer for w in writes})
+    observed, kept = observe.kill_windows(writes), observe.read_windows()
+    assert set(observed) == set(kept), (
+        f"the study's writes are not the kill windows of {observe.WINDOWS_FILE.name}: new "
+        f"{[w.line() for w in observed if w not in kept]}, gone {[w.line() for w in kept if w not in observed]}; "
+        f"run `flock /tmp/a2-ray.lock python scripts/observe_writes.py` and check what the sweep finds")
+    print(f"observed {len(writes)} writes, {len(observed)} windows: {time.monotonic() - started:.0f} s")
+
+
+def _steps(windows: list) -> list[tuple[str, str]]:
+    """The chain's kills in the order a study meets them: ("window", entry) or ("code", point)."""
+    steps = [("window", f"driver {w.op} {w.pattern}") for w in windows]
+    at = next(i for i, (_, entry) in enumerate(steps) if entry.startswith("driver") and "outage.json" in entry)
+    steps.insert(at, ("code", "export-final"))  # the last export runs before the study's summary is made
+    at = next(i for i, (_, entry) in enumerate(steps) if "delete lease.json" in entry)
+    steps.insert(at, ("code", "study-end"))
+    last = max(i for i, (_, entry) in enumerate(steps) if entry.startswith("driver") and " trials/" in entry
+               and "checkpoint_epoch" in entry)  # the second trial's last checkpoint: the first trial's is done
+    steps.insert(last + 1, ("window", steps[last][1] + "@1"))
+    return steps
+
+
+def _marker(fired: Path, entry: str) -> Path:
+    return fired / "".join("_" if c in "/ *" else c for c in entry)  # as fswrites.c names it
+
+
+def test_a_study_killed_in_every_window_finishes_every_planned_trial_once(tmp_path, tiny_data, shim):
+    started = time.monotonic()
+    windows = observe.read_windows()
     storage, folder = tmp_path / "studies", tmp_path / "studies" / NAME
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    study = tiny_study(tmp_path, NAME, tiny_data, fusions=("none", "max"), epochs=EPOCHS, workers=1,
-                       cpus_per_worker=1, max_concurrent=1)
-    env = local_env(tmp_path)
+    workers = [f"self {w.op} {w.pattern}" for w in windows if w.writer == "trial"]
+    study = _study(tmp_path, tiny_data, max_failures=len(workers) + 2)  # every worker kill is a retry
+    base, fired = local_env(tmp_path), tmp_path / "fired"
+    fired.mkdir()
+    outputs: dict[str, str] = {}
+    timings, wording = [], []  # wording: what a command should have said (asserted last: the state comes first)
 
-    # 1. before Tune's state exists
-    _killed_at("study-file-written", "study", "run", str(study), cwd=tmp_path, env=env)
-    assert (folder / "study.yaml").exists() and not list(folder.glob("experiment_state-*"))
+    def command(kind: str) -> tuple[str, ...]:
+        if kind == "run":
+            return "study", "run", str(study)
+        return "study", "resume", NAME, "--storage", str(storage)
 
-    # 2. between a trial's last checkpoint and its result; then Tune's files gone
-    out = _killed_at("checkpoint-saved@2", "study", "resume", NAME, cwd=tmp_path, env=env)
-    assert f"study {NAME}: Tune saved no experiment state before the study's driver stopped" in out, out[-3000:]
-    assert "run it again" not in out
-    (lost_id, lost_dir), = trial_runs(storage, NAME).items()
-    assert (lost_dir / "checkpoint_epoch0002" / "checkpoint.pt").exists()
-    assert [r["epoch"] for r in _results(lost_dir)] == [1]  # epoch 2's result, with the test scores, not kept
-    for tune_file in (p for p in folder.iterdir() if p.is_file() and _root_kind(p.name)):
-        tune_file.unlink()
+    for n, (kind, entry) in enumerate(_steps(windows)):
+        step_started = time.monotonic()
+        leftover = folder.is_dir() and any(folder.iterdir())
+        verb = "resume" if (folder / "study.yaml").exists() else "run"
+        if verb == "run" and n > 0:  # nothing to continue: resume says so in one line, run starts it again
+            refused = a2(*command("resume"), cwd=tmp_path, env=base, timeout=120)
+            outputs[f"{n} resume"] = refused.stdout
+            assert refused.returncode == 2 and len(refused.stdout.strip().splitlines()) == 1, \
+                (entry, refused.stdout[-3000:])
+            if leftover and "a2 study run" not in refused.stdout:
+                wording.append((entry, "resume does not point at `a2 study run`", refused.stdout.strip()))
+        arms = workers if kind == "code" else [entry, *workers]  # the step's driver window first: it wins a tie
+        _marker(fired, entry).unlink(missing_ok=True)  # an entry armed again (the second trial's checkpoint)
+        env = observe.shim_env(base, shim, folder, kill=arms, fired=fired)
+        if kind == "code":
+            env["A2_KILL_AT"] = entry
+        log = tmp_path / f"step{n:02d}.log"
+        proc = start_a2(*command(verb), cwd=tmp_path, log=log, env=env)
+        try:
+            rc = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            rc = None  # never reached its window: said below with the log
+        finally:
+            kill_group(proc)  # the killed driver's local Ray, and a worker waiting where it killed the driver
+        out = log.read_text(errors="replace")
+        outputs[f"{n} {verb} {entry}"] = out
+        assert rc == -signal.SIGKILL, (n, verb, entry, rc, sorted(p.name for p in fired.iterdir()), tail(log, 80))
+        if kind == "code":
+            assert f"a2 kill point {entry}: SIGKILL" in out, (entry, tail(log, 80))
+        else:
+            assert _marker(fired, entry).exists(), (entry, "killed elsewhere", tail(log, 80))
+        if verb == "run" and leftover and f"study {NAME}: starting again in place" not in out:
+            wording.append((entry, "run does not say it starts the study again in place", tail(log, 5)))
+        timings.append(f"{entry}: {verb} {time.monotonic() - step_started:.0f} s")
 
-    # 3. after the next trial's first result
-    out = _killed_at("trial-result@1", "study", "resume", NAME, cwd=tmp_path, env=env)
-    assert "Tune saved no experiment state" in out
-    assert f"continues {lost_dir}, a trial of the same configuration" in out, out[-3000:]
-    successor = json.loads((lost_dir / "superseded.json").read_text())["by"]
-    assert successor != lost_id
-    scored = _results(trial_runs(storage, NAME)[successor])
-    assert [r["epoch"] for r in scored] == [1, 2] and scored[-1]["test/epoch"] in (1, 2), scored
-
-    # 4. during the last MLflow export; 5. at the very end
-    _killed_at("export-final", "study", "resume", NAME, cwd=tmp_path, env=env)
-    assert not (folder / "summary.json").exists()
-    _killed_at("study-end", "study", "resume", NAME, cwd=tmp_path, env=env)
-    assert (folder / "summary.json").exists()
-
-    last = a2("study", "resume", NAME, cwd=tmp_path, env=env, timeout=240)
+    last = a2(*command("resume"), cwd=tmp_path, env=base, timeout=300)
+    outputs["last resume"] = last.stdout
     assert last.returncode == 0, last.stdout[-4000:]
-    assert f"all {2} planned trials finished already; nothing to resume" in last.stdout, last.stdout[-4000:]
+    again = a2(*command("resume"), cwd=tmp_path, env=base, timeout=120)
+    outputs["resume once more"] = again.stdout
+    assert again.returncode == 0 and "planned trials finished already; nothing to resume" in again.stdout, \
+        again.stdout[-3000:]
+    for what, out in outputs.items():
+        assert "Traceback" not in out, (what, out[-4000:])
+    assert wording == [], wording
+    unfired = [w for w in workers if not _marker(fired, w).exists()]
+    assert unfired == [], f"a trial's worker never reached these windows: {unfired}"
 
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["complete"] and summary["trials_finished"] == 2
     trials = {t["trial_id"]: t for t in summary["trials"]}
-    assert successor in trials and lost_id not in trials
     assert sorted(t["fusion"] for t in trials.values()) == ["max", "none"]
     for trial in trials.values():
         assert trial["state"] == "TERMINATED" and trial["epochs_reported"] == [1, 2], trial
-        assert trial["test"] is not None, trial  # test scores present, the continued trial's too
+        assert trial["test"] is not None, trial
+    runs_on_disk = trial_runs(storage, NAME)
+    continued = {tid for tid, run in runs_on_disk.items() if (run / "superseded.json").exists()}
+    assert set(runs_on_disk) - continued == set(trials), (sorted(runs_on_disk), sorted(continued), sorted(trials))
 
     assert duplicated_points(uri, NAME) == []
     parent, runs = statuses(uri, NAME)
@@ -115,13 +183,13 @@ def test_a_study_killed_at_five_points_finishes_every_planned_trial_once(tmp_pat
     for trial_id, (status, reason) in runs.items():
         if trial_id in trials:
             assert status == "FINISHED", (trial_id, status, reason)
-        else:  # a trial the killed drivers lost: ended, saying which trial continued it
+        else:  # a trial a killed driver lost: ended, saying which trial continued it
             assert status == "KILLED" and reason.startswith("superseded"), (trial_id, status, reason)
-    if lost_id in runs:  # exported before its driver was killed
-        assert f"trial {successor} (same configuration) continued it" in runs[lost_id][1]
     client = mlflow_client(uri)
     for trial_id in trials:
         run_id = mlflow_trials(uri, NAME)[trial_id].info.run_id
         assert [step for step, _, _ in sorted(mlflow_history(uri, run_id))] == [1, 2]
         assert [m.step for m in client.get_metric_history(run_id, "test/CIDEr")] == [2]
-    print(f"kill-anywhere study: {time.monotonic() - started:.0f} s")
+    print("\n".join(timings))
+    print(f"kill-anywhere sweep: {len(timings)} kills, {len(workers)} worker kills, "
+          f"{time.monotonic() - started:.0f} s")

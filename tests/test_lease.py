@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -60,11 +61,19 @@ def test_second_run_and_concurrent_resume_are_refused_naming_the_holder(tmp_path
         holder.wait()
 
 
-def _stale_lease(study, host="elsewhere", age=1000.0) -> dict:
+def _stale_lease(study, host="elsewhere", age=1000.0, **fields) -> dict:
+    """A lease of another holder last written `age` s ago: its heartbeat field, and its file's modification time,
+    which is what staleness is judged on (the storage's clock, `launch.lease.lease_age`)."""
     info = {"user": "someone", "host": host, "pid": 4242, "token": "theirs", "started": "2026-01-01T00:00:00Z",
-            "heartbeat": time.time() - age}
-    study.join(LEASE_FILE).write_text(json.dumps(info))
+            "heartbeat": time.time() - age, **fields}
+    _write_aged(study, info, age)
     return info
+
+
+def _write_aged(study, info: dict, age: float) -> None:
+    study.join(LEASE_FILE).write_text(json.dumps(info))
+    then = time.time() - age
+    os.utime(study.join(LEASE_FILE).uri, (then, then))
 
 
 def test_force_takes_over_only_a_stale_lease(tmp_path, capsys):
@@ -90,9 +99,7 @@ def test_a_lease_whose_process_is_gone_from_this_host_is_taken_over(tmp_path, ca
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     study = open_location(tmp_path / "study")
-    info = _stale_lease(study, host=socket.gethostname(), age=1)
-    info["pid"] = dead.pid
-    study.join(LEASE_FILE).write_text(json.dumps(info))
+    _stale_lease(study, host=socket.gethostname(), age=1, pid=dead.pid)
     with StudyLease(study).held():
         assert f"pid {dead.pid}" in capsys.readouterr().err
         assert json.loads((tmp_path / "study" / LEASE_FILE).read_text())["pid"] == os.getpid()
@@ -121,3 +128,92 @@ def test_s3_lease_is_a_conditional_create(s3_endpoint):
     assert not study.join(LEASE_FILE).exists()
     with StudyLease(study).held() as second:
         assert json.loads(study.join(LEASE_FILE).read_text())["token"] == second.mine["token"]
+
+
+HOLD_FROZEN = """
+import sys, time
+from launch.storage import open_location
+from launch.lease import StudyLease
+lease = StudyLease(open_location(sys.argv[1]), stale_after=float(sys.argv[2]))
+lease.acquire()
+print("held", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_live_holder_on_this_host_is_never_taken_over(tmp_path):
+    """A driver frozen on this host (SIGSTOP: a suspended laptop, a stalled head), its lease unwritten for longer
+    than any period: refused even with --force and a short --stale-after, naming the process and what to do."""
+    study = open_location(tmp_path / "study")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_FROZEN, study.uri, "120"], env=a2_env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        os.kill(holder.pid, signal.SIGSTOP)
+        info = json.loads(study.join(LEASE_FILE).read_text())
+        _write_aged(study, {**info, "heartbeat": time.time() - 1000}, 1000)  # frozen for 1000 s
+        with pytest.raises(StudyError) as refused:
+            StudyLease(study, stale_after=20).acquire(force=True)
+        line = str(refused.value)
+        assert "\n" not in line and f"pid {holder.pid}" in line and "alive on this host" in line, line
+        assert f"kill -9 {holder.pid}" in line and "not even --force" in line, line
+        assert json.loads(study.join(LEASE_FILE).read_text())["token"] == info["token"]  # still the holder's
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_staleness_is_the_holders_own_period_not_the_takers(tmp_path):
+    """A healthy holder elsewhere beats every 30 s within its 120 s: a taker's `--stale-after 20` 24 s after its last
+    heartbeat is refused; past the holder's own 120 s, --force takes it over."""
+    study = open_location(tmp_path / "study")
+    _stale_lease(study, age=24, stale_after=120.0, every=30.0)
+    with pytest.raises(StudyError, match=r"being written by someone@elsewhere .* heartbeat 24 s ago.* 120 s, the "
+                                         r"holder's own period"):
+        StudyLease(study, stale_after=20).acquire(force=True)
+    _stale_lease(study, age=130, stale_after=120.0, every=30.0)
+    lease = StudyLease(study, stale_after=20)
+    with lease.held(force=True):
+        held = json.loads(study.join(LEASE_FILE).read_text())
+        assert held["token"] == lease.mine["token"] and held["stale_after"] == 20.0  # its own period, for others
+
+
+def test_a_holders_clock_an_hour_off_neither_locks_out_nor_expires_the_lease(tmp_path, capsys):
+    """Staleness on the storage's clock: a dead holder whose host's clock ran an hour ahead is stale once its lease
+    file is older than its period (not for an hour more); one whose clock runs an hour behind is not stale while its
+    lease file is rewritten."""
+    study = open_location(tmp_path / "study")
+    _stale_lease(study, age=300, heartbeat=time.time() + 3600)  # written 300 s ago, by a clock an hour ahead
+    with StudyLease(study).held(force=True):
+        err = capsys.readouterr().err
+        assert "taking over the stale lease of someone@elsewhere pid 4242" in err and "heartbeat 300 s ago" in err
+        assert "-3" not in err
+    _stale_lease(study, age=2, heartbeat=time.time() - 3600)  # rewritten 2 s ago, by a clock an hour behind
+    with pytest.raises(StudyError, match="being written by someone@elsewhere .* heartbeat 2 s ago"):
+        StudyLease(study).acquire(force=True)
+
+
+def test_a_superseded_holder_stops_before_its_next_write(tmp_path, capsys):
+    """Once another process took the lease, `check` (called before each write of results, exports and the summary)
+    raises one line naming the new holder, and the heartbeat says so too; the old holder never removes the new
+    lease."""
+    from launch.lease import LeaseLost, held_lease
+
+    study = open_location(tmp_path / "study")
+    lease = StudyLease(study, stale_after=0.4)
+    lease.acquire()
+    try:
+        assert held_lease(study.uri) is lease
+        lease.check("writing the summary")  # still ours: nothing happens
+        _stale_lease(study, age=0, stale_after=120.0)  # taken over (by someone@elsewhere)
+        with pytest.raises(LeaseLost) as lost:
+            lease.check("writing the summary")
+        line = str(lost.value)
+        assert "\n" not in line and "taken over by someone@elsewhere pid 4242" in line
+        assert "stopped before writing the summary" in line
+        time.sleep(0.3)
+        assert "no longer the study's one writer" in capsys.readouterr().err
+    finally:
+        lease.release()
+    assert json.loads(study.join(LEASE_FILE).read_text())["token"] == "theirs"
+    assert held_lease(study.uri) is None

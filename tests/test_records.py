@@ -37,7 +37,7 @@ def test_a_record_renders_as_compare_arms_prints_it(tmp_path):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(record))
     table = render_table(load_record(path)).splitlines()
-    assert table[0] == "| fusion | seeds | val CIDEr | lift | val CIDEr vs none [95% CI]: verdict |"
+    assert table[0] == "| fusion | seeds | val CIDEr | lift | val CIDEr vs none [95% CI], p: verdict |"
     none, gate, one = (np.asarray(a["per_image"]["scores"]) for a in record["arms"])
     diff = paired_difference(gate, none, ("gate", "none"))
     word = "resolved" if diff.resolved else "not resolved"
@@ -45,7 +45,7 @@ def test_a_record_renders_as_compare_arms_prints_it(tmp_path):
                         f"{seed_interval([0.0, 0.01, 0.02]).text()} | (baseline) |")
     assert table[3] == (f"| gate | 0-2 | {seed_interval(gate.mean(axis=1)).text()} | "
                         f"{seed_interval([0.01, 0.02, 0.03]).text()} | "
-                        f"{diff.interval_text().replace(' CIDEr', '')}: {word} |")
+                        f"{diff.interval_text().replace(' CIDEr', '')}, p {diff.p:.3f}: {word} |")
     # one seed: the difference, never a verdict
     assert table[4].endswith(f"| {one.mean() - none.mean():+.1f}: no verdict (1 seed of max measures no seed noise) |")
 
@@ -76,13 +76,13 @@ def test_a_record_on_the_test_split_names_each_columns_split(tmp_path):
     path.write_text(json.dumps(record))
     table = render_table(load_record(path)).splitlines()
     assert table[0] == ("| fusion | seeds | test B-4 | test CIDEr | val CIDEr (selection) | "
-                        "test CIDEr vs none [95% CI]: verdict |")
+                        "test CIDEr vs none [95% CI], p: verdict |")
     none, gate = (np.asarray(a["per_image"]["scores"]) for a in record["arms"])
     diff = paired_difference(gate, none, ("gate", "none"))
     word = "resolved" if diff.resolved else "not resolved"
     assert table[3] == (f"| gate | 0-2 | {seed_interval([30.0, 31.0, 32.0]).text()} | "
                         f"{seed_interval(gate.mean(axis=1)).text()} | {seed_interval(gate.mean(axis=1) + 10).text()} "
-                        f"| {diff.interval_text().replace(' CIDEr', '')}: {word} |")
+                        f"| {diff.interval_text().replace(' CIDEr', '')}, p {diff.p:.3f}: {word} |")
     for columns, message in [([["B-4", "test/BLEU-4"]], "column 'B-4' .* does not say its split: start it with 'test'"),
                              ([["val CIDEr", "val/CIDEr"]], "is on val in a record on the test split: only the "
                                                             "selection criterion may be")]:

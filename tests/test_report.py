@@ -140,7 +140,8 @@ def test_report_is_logged_on_the_parent_run(report, fab):
                                 "tags.`a2.role` = 'study'")[0].info.run_id
     paths = sorted(a.path for a in client.list_artifacts(parent, "report"))
     assert paths == sorted(["report/report.html", "report/lambda_cider_mask.png", "report/jsd_per_layer.png",
-                            "report/learning_curves.png", "report/parallel_coordinates.png", "report/grounding.png"])
+                            "report/learning_curves.png", "report/parallel_coordinates.png", "report/grounding.png",
+                            "report/verdicts.json"])
     assert artifact_uri.endswith("/report")
 
 
@@ -158,7 +159,8 @@ def test_table3_rows_are_on_the_test_split_with_the_selection_column_on_val(repo
     page = open(report["html"], encoding="utf-8").read()
     rows = _table_rows(page)
     assert rows["head"] == ["fusion", "seeds", "test B-1", "test B-4", "test METEOR", "test ROUGE-L", "test CIDEr",
-                            "val CIDEr (selection)", "test CIDEr vs baseline", "verdict", "config"]
+                            "val CIDEr (selection)", "test CIDEr vs baseline", "p", "Holm over 4 [CI], p", "verdict",
+                            "config"]
     assert list(rows)[1:] == ["none (baseline)", "max", "moving average", "exp. decay", "gate"]
     col = {name: i + 1 for i, name in enumerate(rows["head"][2:8])}
     # rows are selected on val: gate's lambda 0.1 (val CIDEr at the best epoch, 2: 116, 117, 118 -> 117 with the
@@ -182,10 +184,13 @@ def test_table3_rows_are_on_the_test_split_with_the_selection_column_on_val(repo
     assert len(bold) == 6  # exactly one per interval column
     # the difference to the baseline in test CIDEr (Welch over seed means: no per-image scores logged):
     # 106 - 97 = 9, se sqrt(4/3 + 4/3), 4 df -> [4.5, 13.5]
-    versus, verdict = col["val CIDEr (selection)"] + 1, col["val CIDEr (selection)"] + 2
+    versus, verdict = col["val CIDEr (selection)"] + 1, col["val CIDEr (selection)"] + 4
     assert rows["none (baseline)"][versus] == "baseline"
     assert rows["gate"][versus] == "+9.0 test CIDEr [+4.5, +13.5]"
-    assert rows["gate"][verdict] == "gate beats none by 9.0 test CIDEr [4.5, 13.5], 3 seeds, seed means only"
+    # four fusions against one baseline: one family, Holm's verdict beside the raw interval and p
+    assert rows["gate"][versus + 1] == "0.005"
+    assert rows["gate"][verdict].startswith("gate beats none by 9.0 test CIDEr [4.5, 13.5], 3 seeds, seed means only "
+                                            "(raw p 0.005, Holm over 4 comparisons: [")
     assert "lambda" not in rows["none (baseline)"][-1]  # the baseline has no lambda: not in its config cell
     assert "Every number but the selection column is on the held-out test split" in page
     # the run list: each run's selection number (val) and its test CIDEr, labelled

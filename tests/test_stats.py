@@ -1,6 +1,7 @@
 """dashboards.stats: intervals that cover at their nominal rate, the paired bootstrap, verdicts, power, best."""
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -244,3 +245,52 @@ def test_the_distribution_functions_are_scipy_stats_value_for_value():
         x = np.asarray(values)
         low, high = sps.t.interval(0.95, df=x.size - 1, loc=x.mean(), scale=x.std(ddof=1) / np.sqrt(x.size))
         assert (interval.low, interval.high) == (float(low), float(high))
+
+
+def test_holm_step_down_adjusted_p_and_the_confidence_each_was_tested_at():
+    from dashboards.stats import holm
+
+    p = np.array([[0.01, 0.04, 0.03, 0.005], [0.2, np.nan, 0.001, 0.013]])
+    adjusted, confidence = holm(p)
+    # sorted 0.005, 0.01, 0.03, 0.04 -> 4 x 0.005, 3 x 0.01, 2 x 0.03, then the running max
+    assert adjusted[0] == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # resolved at 0.05/4 and 0.05/3; the rest at the first open step's 0.05/2
+    assert confidence[0] == pytest.approx([1 - 0.05 / 3, 0.975, 0.975, 1 - 0.05 / 4])
+    # a comparison without an interval (NaN) is no part of the family: three here
+    assert adjusted[1] == pytest.approx([0.2, np.nan, 0.003, 0.026], nan_ok=True)
+    assert confidence[1] == pytest.approx([0.95, np.nan, 1 - 0.05 / 3, 0.975], nan_ok=True)
+
+
+def test_a_studys_verdicts_are_one_family_with_raw_and_adjusted_figures():
+    """Four arms against one baseline: Holm's verdicts, the raw interval and p beside them; an interval that misses 0
+    alone but not once the family is counted says so."""
+    from dashboards.stats import adjust_family
+
+    base = [100.0, 101.0, 102.0, 101.5, 100.5]
+    arms = [Arm("none", [{"val/CIDEr": v} for v in base])]
+    for label, shift in (("gate", 1.2), ("max", 0.2), ("mean", -0.1), ("decay", 0.0)):
+        arms.append(Arm(label, [{"val/CIDEr": v + shift + 0.1 * i} for i, v in enumerate(base)]))
+    comparison = compare_arms(arms, baseline="none")
+    gate = comparison.differences["gate"]
+    alone = seed_difference([a["val/CIDEr"] for a in arms[1].seeds], base, ("gate", "none"))
+    assert (gate.delta, gate.low, gate.high, gate.p) == pytest.approx((alone.delta, alone.low, alone.high, alone.p))
+    assert alone.raw_resolved and alone.resolved and gate.raw_resolved and gate.family == 4
+    assert gate.p < 0.05 <= gate.p_adjusted and not gate.resolved
+    assert gate.low_adjusted < 0 < gate.high_adjusted  # the interval at the confidence Holm tested it at
+    assert gate.verdict().startswith("gate vs none: not resolved once the family's comparisons are counted "
+                                     f"(alone its interval misses 0) (+{gate.delta:.1f} CIDEr [")
+    assert f"raw p {gate.p:.3f}, Holm over 4 comparisons: [{gate.low_adjusted:+.1f}, " in gate.verdict()
+    # a family of one is left as it stands
+    assert adjust_family({"gate": alone}) == {"gate": alone}
+
+
+def test_unequal_seeds_pool_the_two_arms_seed_variance():
+    """2 vs 6 seeds: Student's pooled t (n_a + n_b - 2 d.f.), not Welch's."""
+    from scipy import stats as sps
+
+    a, b = [10.0, 12.0], [9.0, 10.0, 11.0, 10.5, 9.5, 10.0]
+    d = seed_difference(a, b)
+    res = sps.ttest_ind(a, b, equal_var=True)
+    assert d.df == pytest.approx(6) and d.p == pytest.approx(res.pvalue)
+    half = sps.t.ppf(0.975, 6) * math.sqrt(((1 * np.var(a, ddof=1) + 5 * np.var(b, ddof=1)) / 6) * (1 / 2 + 1 / 6))
+    assert (d.low, d.high) == pytest.approx((d.delta - half, d.delta + half))

@@ -123,7 +123,13 @@ class KVCache:
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention (`F.scaled_dot_product_attention`: no weights are needed here, so the fused
-    kernel may skip materialising them); `cache` (a `KVCache`) holds past keys/values for step-by-step decoding."""
+    kernel may skip materialising them); `cache` (a `KVCache`) holds past keys/values for step-by-step decoding.
+
+    `sdpa = False` computes the same attention written out (`_attend`: matmul, softmax, dropout, matmul), which
+    `torch.func.vmap` batches: `a2core.fused` sets it on the model it maps over the seeds, as torch 2.13 has no
+    vmap batching rule for the CPU SDPA kernel and would run it once per seed (with a warning)."""
+
+    sdpa = True
 
     def __init__(self, d: int, h: int, dropout: float):
         super().__init__()
@@ -145,9 +151,26 @@ class SelfAttention(nn.Module):
         is_causal = causal and n > 1 and n == nk
         if causal and 1 < n < nk:  # new positions after cached ones: position i sees keys up to nk - n + i
             allowed = torch.ones(n, nk, dtype=torch.bool, device=x.device).tril(nk - n)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=is_causal,
-                                             dropout_p=self.dropout if self.training else 0.0)  # (B, H, N, Dh)
-        return self.out(_merge(out))
+        p = self.dropout if self.training else 0.0
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=is_causal, dropout_p=p)
+        else:
+            out = _attend(q, k, v, allowed, is_causal, p)
+        return self.out(_merge(out))  # out: (B, H, N, Dh)
+
+
+def _attend(q, k, v, allowed, causal: bool, p: float) -> torch.Tensor:
+    """`F.scaled_dot_product_attention(q, k, v, allowed, p, causal)` written out: q (B, H, N, Dh), k and v
+    (B, H, N_k, Dh), allowed broadcastable to (B, H, N, N_k) (True = attend) -> (B, H, N, Dh). A masked key
+    gets the dtype's lowest score rather than -inf (a row with no key left is uniform, not NaN)."""
+    scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-1, -2)  # (B, H, N, N_k); q scaled: the smaller tensor
+    if causal:
+        n, nk = scores.shape[-2:]
+        tril = torch.ones(n, nk, dtype=torch.bool, device=q.device).tril(nk - n)
+        allowed = tril if allowed is None else allowed & tril
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return F.dropout(scores.softmax(-1), p, training=p > 0) @ v
 
 
 class A2CrossAttention(nn.Module):
@@ -226,7 +249,9 @@ class A2CrossAttention(nn.Module):
         elif self.fusion == "moving_average":
             fused = a + self.eta * a_m
         elif self.fusion == "exp_decay":
-            keep = math.exp(-step / self.temperature)
+            # step: the model's 0-dim step buffer (read on the device: the pass neither waits for the host nor bakes
+            # the step into a captured graph) or a number
+            keep = torch.exp(-step / self.temperature) if torch.is_tensor(step) else math.exp(-step / self.temperature)
             fused = keep * a + (1.0 - keep) * a_m
         elif self.fusion == "gate":
             g = torch.sigmoid((q * self.gate_w[None, :, None, :]).sum(-1, keepdim=True)
@@ -424,7 +449,7 @@ class A2Transformer(nn.Module):
         if first is None:
             first = self.decode_start(tokens, start, None if caches is None else caches[0])
         y = first
-        step = float(self.train_step)
+        step = self.train_step  # (), float64; a tensor, not float(): no host round trip inside a training step
         total = None
         for i, layer in enumerate(self.decoder):
             if i > 0:

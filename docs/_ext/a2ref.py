@@ -6,7 +6,11 @@ or a CLI option); `tests/test_docs.py` fails while a page's region differs from 
 Sphinx build regenerates the regions as it reads the pages, so the site is never stale either. The generators:
 - `config`: the `data` / `model` / `train` sections of `a2core.config.Config` (what `a2 train` takes);
 - `study-file`: the other top-level keys of `launch.spec.StudySpec`, walked into every nested section;
-- `cli`: every subcommand and option of the `a2` parser (`launch.cli.build_parser`).
+- `cli`: every subcommand and option of the `a2` parser (`launch.cli.build_parser`);
+- `paper-table1`, `paper-table3`: the paper's Table 1 and Table 3 from `dashboards.paper_results`, the one copy of its
+  numbers (the leaderboard, the rehearsal and the plan read them there);
+- `benchmarks`: `benchmarks/RESULTS.md` below its title, so that docs/results/benchmarks.md holds the figures on
+  GitHub too (a Sphinx `{include}` shows there as the bare directive).
 
 The walks are generic (every pydantic field, every argparse action), so a key or a command added to the code
 appears here without touching the docs. `undocumented_fields()` lists the fields that have no description; the
@@ -29,7 +33,7 @@ from pydantic_core import PydanticUndefined
 
 _REPO = Path(__file__).resolve().parents[2]  # the checkout this generator documents
 # a generated region: its opening marker, the generated Markdown, the closing marker
-REGION = re.compile(r"^<!--\s*a2ref:\s*(?P<name>[a-z-]+)\s*-->\n(?P<body>.*?)^<!--\s*/a2ref\s*-->$", re.M | re.S)
+REGION = re.compile(r"^<!--\s*a2ref:\s*(?P<name>[a-z0-9-]+)\s*-->\n(?P<body>.*?)^<!--\s*/a2ref\s*-->$", re.M | re.S)
 END = "<!-- /a2ref -->"
 
 
@@ -342,7 +346,46 @@ def cli_md() -> str:
     return "\n".join(lines) + "\n"
 
 
-GENERATORS = {"config": config_md, "study-file": study_file_md, "cli": cli_md}
+def _paper_cells(values) -> list[str]:
+    return ["-" if value is None else f"{value:.1f}" for value in values]  # "-": a dash in the paper
+
+
+def paper_table1_md() -> str:
+    """Table 1 of the paper (offline Karpathy test split): each model's scores after cross-entropy (XE) and after
+    CIDEr optimisation (SCST), x100."""
+    from dashboards import paper_results as paper
+
+    columns = paper.T1_COLUMNS
+    head = ["model", *(f"XE {c}" for c in columns), *(f"SCST {c}" for c in columns)]
+    rows = [[name, *_paper_cells(stages["xe"][c] for c in columns), *_paper_cells(stages["scst"][c] for c in columns)]
+            for name, stages in paper.TABLE1["rows"].items()]
+    return _markdown_table(head, rows)
+
+
+def paper_table3_md() -> str:
+    """Table 3 of the paper (the fusion ablation, cross-entropy, Karpathy val split), one row per `model.fusion`."""
+    from dashboards import paper_results as paper
+
+    head = ["`model.fusion`", "the paper's row", *paper.T1_COLUMNS]
+    rows = [[f"`{fusion}`", row, *_paper_cells(paper.TABLE3["rows"][row][c] for c in paper.T1_COLUMNS)]
+            for fusion, row in paper.TABLE3_ROW.items()]
+    return _markdown_table(head, rows)
+
+
+def _markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def benchmarks_md() -> str:
+    """benchmarks/RESULTS.md without its title line (the page has its own): its sections as they are."""
+    text = (_REPO / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    first, _, rest = text.partition("\n")
+    return (rest if first.startswith("# ") else text).lstrip("\n")
+
+
+GENERATORS = {"config": config_md, "study-file": study_file_md, "cli": cli_md, "paper-table1": paper_table1_md,
+              "paper-table3": paper_table3_md, "benchmarks": benchmarks_md}
 
 
 # -- Sphinx -------------------------------------------------------------------------------------------------------

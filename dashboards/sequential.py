@@ -1,0 +1,133 @@
+"""Adaptive replicates: seeds in rounds, spent only where a verdict is still open (docs/explanation/statistics.md,
+"Adaptive replicates"). The statistics and the pricing of the design; no driver runs it yet.
+
+A design is its looks, the cumulative seeds per arm after each round (`rounds`, e.g. (3, 5, 7)), and the share of
+each comparison's error spent at each look (`weights`, summing to 1). At look r every open arm and the baseline have
+rounds[r] seeds, and each open comparison with the baseline gets the verdict rule's p-value p_r
+(`dashboards.stats.difference_intervals`, the rule `compare` prints). Its sequential p-value is
+
+    q = min over the looks r taken of p_r / weights[r]
+
+a valid p-value whatever the looks' correlation (P(q <= a) <= sum_r P(p_r <= a w_r) <= a, the union bound over the
+looks, each look's rule holding its level). Holm's step-down over the arms' q (`dashboards.stats.holm`) then holds the
+family-wise error at alpha, as on one look. An arm is settled, and gets no more seeds, when Holm resolves it, or when
+its interval at the last look's confidence already excludes the plan's gap from above: no gap of the plan's size is
+left to find (stopping for that never adds a false verdict; it can only lose power, which the simulation counts).
+The baseline runs while any arm is open.
+
+`simulate` runs the design, and the fixed one (one look, all seeds), on simulated studies drawn from a `Noise` through
+`components_interval` (the rule's formula) and `holm`: the family-wise false rate, each arm's power, the expected
+seed-trials. benchmarks/bench_sequential.py prints them for studies/fusion_ablation.yaml's plan.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from dashboards.stats import CONFIDENCE, Noise, _two_sided_p, components_interval, holm
+
+
+@dataclass(frozen=True)
+class Design:
+    """Looks after `rounds` (cumulative seeds per arm) spending `weights` of each comparison's error; `futility_gap`:
+    the plan's gap (x100 scores) below which an arm is settled when its interval excludes it from above (None:
+    never)."""
+    rounds: tuple[int, ...]
+    weights: tuple[float, ...]
+    futility_gap: float | None = None
+
+    def __post_init__(self):
+        if len(self.rounds) != len(self.weights) or not self.rounds:
+            raise ValueError(f"a design needs one weight per look: rounds {self.rounds}, weights {self.weights}")
+        if any(b <= a for a, b in zip(self.rounds, self.rounds[1:])) or self.rounds[0] < 2:
+            raise ValueError(f"rounds must grow from at least 2 seeds: {self.rounds}")
+        if abs(sum(self.weights) - 1) > 1e-9 or min(self.weights) <= 0:
+            raise ValueError(f"weights must be positive and sum to 1: {self.weights}")
+
+    @classmethod
+    def fixed(cls, seeds: int) -> "Design":
+        return cls((seeds,), (1.0,))
+
+
+def spending_weights(rounds: Sequence[int], rho: float = 1.0) -> tuple[float, ...]:
+    """Each look's share of the error by the power spending function f(t) = t^rho of the seeds' fraction t = n / max
+    (rho 1: spend in proportion to the seeds; larger rho keeps more for the last look, O'Brien-Fleming-like)."""
+    t = np.asarray(rounds, dtype=float) / rounds[-1]
+    spent = t ** rho
+    return tuple(float(w) for w in np.diff(np.concatenate([[0.0], spent])))
+
+
+def sequential_p(p: np.ndarray, weights: Sequence[float]) -> np.ndarray:
+    """(..., looks) p-values of one comparison, NaN where a look was not taken: min over looks of p_r / w_r (<= 1)."""
+    w = np.asarray(weights, dtype=float)
+    return np.minimum(1.0, np.nanmin(np.where(np.isnan(p), np.inf, p / w), axis=-1))
+
+
+def _seed_draws(rng, shape, sd: float, tails: bool) -> np.ndarray:
+    if not tails:
+        return rng.normal(0.0, sd, shape)
+    return rng.standard_t(3, shape) * sd / math.sqrt(3.0)  # t(3): variance 3, the same sd, heavy tails
+
+
+def simulate(design: Design, noise: Noise, deltas: Sequence[float], configs: Sequence[int] | None = None,
+             studies: int = 4_000, rng_seed: int = 0, tails: bool = False,
+             alpha: float = 1 - CONFIDENCE) -> dict:
+    """Studies of a baseline and len(deltas) arms (arm i truly deltas[i] better), run by `design`: seeds (normal, or
+    Student's t with 3 d.f. at the same sd with `tails`) as each arm's seed means (`Noise.seed_mean_var`), each arm's
+    own per-image strengths as its mean over the images (`Noise.image_var` / 2), the per-image statistics the rule
+    reads drawn from their distribution (as tests/test_calibration.py's drawn cells), each look through
+    `components_interval` and the family through `holm` on the sequential p-values.
+
+    Returns: `family_wise` (share of studies with some arm whose true delta is 0 resolved, or any arm resolved on
+    the wrong side), `power` (per arm: resolved on its true side), `seeds` (per arm and the baseline, mean seeds run),
+    `seed_trials` (mean of sum over arms of configs x seeds; `configs`: configurations per arm, baseline first,
+    default 1 each)."""
+    rng = np.random.default_rng(rng_seed)
+    k = len(deltas)
+    configs = np.asarray(configs if configs is not None else [1] * (k + 1), dtype=float)
+    n_max, m, run = design.rounds[-1], noise.images, noise.run_sd ** 2
+    seed_sd = math.sqrt(noise.seed_mean_var)
+    seeds = _seed_draws(rng, (studies, k + 1, n_max), seed_sd, tails)  # (studies, arms, seeds): baseline first
+    image = rng.normal(0.0, math.sqrt(noise.image_var / 2), (studies, k + 1)) if m else np.zeros((studies, k + 1))
+    truth = np.concatenate([[0.0], np.asarray(deltas, dtype=float)])
+    looks = len(design.rounds)
+    p = np.full((studies, k, looks), np.nan)
+    open_ = np.ones((studies, k), dtype=bool)
+    resolved = np.zeros((studies, k), dtype=bool)
+    sign = np.zeros((studies, k))
+    ran = np.zeros((studies, k + 1))  # seeds each arm ran
+    for r, n in enumerate(design.rounds):
+        active = open_.any(axis=1)
+        ran[:, 1:] = np.where(open_, n, ran[:, 1:])
+        ran[:, 0] = np.where(active, n, ran[:, 0])
+        means = seeds[:, :, :n].mean(axis=2) + truth + image  # (studies, arms) seed-averaged means
+        var = seeds[:, :, :n].var(axis=2, ddof=1) / n  # squared standard errors over seeds
+        delta = means[:, 1:] - means[:, :1]  # (studies, k)
+        extra = {}
+        if m:  # the per-image statistics: the differences' variance over the images and the arms' residuals
+            chi = rng.chisquare(m - 1, (studies, k)) / (m - 1)
+            extra = dict(d2=(2 * noise.arm_image_sd ** 2 + 2 * run / n) * chi,
+                         ra=run * rng.chisquare((n - 1) * (m - 1), (studies, k)) / ((n - 1) * (m - 1)),
+                         rb=run * rng.chisquare((n - 1) * (m - 1), (studies, 1)) / ((n - 1) * (m - 1)))
+        half, df, se = components_interval(var[:, 1:], var[:, :1], n, n, m, **extra)
+        p[:, :, r] = np.where(open_, _two_sided_p(delta, se, df), np.nan)
+        q = sequential_p(p[:, :, :r + 1], design.weights[:r + 1])
+        adjusted, _ = holm(q, alpha)
+        newly = open_ & (adjusted < alpha)
+        sign = np.where(newly, np.sign(delta), sign)
+        resolved |= newly
+        open_ &= ~newly
+        if design.futility_gap is not None and r < looks - 1:
+            # the gap the plan looks for is already excluded from above: nothing of its size left to find
+            upper = delta + half
+            open_ &= ~(upper < design.futility_gap)
+    true_sign = np.sign(truth[1:])
+    wrong = resolved & ((true_sign == 0) | (sign != true_sign))
+    return {"family_wise": float(wrong.any(axis=1).mean()),
+            "power": [float(np.mean(resolved[:, i] & (sign[:, i] == true_sign[i]))) if true_sign[i] else None
+                      for i in range(k)],
+            "seeds": ran.mean(axis=0).tolist(),
+            "seed_trials": float((ran * configs).sum(axis=1).mean())}

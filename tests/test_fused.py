@@ -1,0 +1,185 @@
+"""Replicate seeds trained as one fused model (`a2core.fused`): the same training as separate runs, a step that reads
+nothing back from the device, and each seed's reports, checkpoints and test scores as a run of its own has them."""
+import json
+import statistics
+
+import pytest
+import torch
+
+from a2core import checkpoint as ckpt
+from a2core.config import Config
+from a2core.data import synthetic
+from a2core.errors import ConfigError
+from a2core.fused import FusedReplicates, check_replicates, train_replicates
+from a2core.model.a2 import build_model
+from a2core.train import Trainer, train
+
+TINY = {"model": {"d_model": 32, "layers": 1, "heads": 2, "d_ff": 64, "max_regions": 10, "fusion": "gate",
+                  "dropout": 0.0},
+        "train": {"xe_epochs": 2, "batch_size": 50, "warmup": 50, "lr_factor": 0.5, "grad_clip": 0.1,
+                  "diag_every": 0, "test_meteor": False}}
+STEPS = 50  # 6 epochs of the tiny set's 8 steps, 2 seeds
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("syn") / "tiny"
+    synthetic.generate(root, seed=5, images=100, test_images=10)
+    return {"root": str(root), "images": 100, "seed": 5, "val_images": 10}
+
+
+def _cfgs(data, seeds, **train):
+    raw = json.loads(json.dumps(TINY))
+    raw["train"].update(train)
+    return [Config.from_dict({"data": data, **raw, "train": {**raw["train"], "seed": s}}) for s in seeds]
+
+
+def _separate(cfg, out, steps):
+    """A seed trained alone (a2core.train.Updates.xe), its first `steps` step losses and its weights after."""
+    tr = Trainer(cfg, out)
+    tr.model.train()
+    losses = []
+    while len(losses) < steps:
+        for b in tr._batches():
+            out = tr.updates.xe(b["feats"], b["region_mask"], b["captions"], tr.step, b.get("caption_image"))
+            losses.append(out["train/loss"])
+            tr._advance()
+            if len(losses) == steps:
+                break
+        tr.epoch += 1
+    return losses, {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+
+
+def _fused_steps(fused, steps):
+    """The fused seeds' first `steps` step losses, (steps, k)."""
+    for tr in fused.trainers:
+        tr.model.train()
+    fused.template.train()
+    losses = []
+    while len(losses) < steps:
+        for batches in zip(*fused._loaders()):
+            before = fused.sums["train/loss"].clone()
+            fused.xe_step(*fused.stack(list(batches)))
+            losses.append((fused.sums["train/loss"] - before).tolist())
+            if len(losses) == steps:
+                break
+        for tr in fused.trainers:
+            tr.epoch += 1
+    return losses
+
+
+def _without_key_biases(name, w, d):
+    """A parameter without its attention-key bias: a key bias adds the same q.b_k to a query's every score, which
+    the softmax removes, so its gradient is 0 in exact arithmetic and rounding noise in practice, which Adam scales
+    to lr-sized steps (any two kernel sets, fused or not, disagree there)."""
+    if name.endswith("qkv.bias"):  # (3 d,): queries, keys, values
+        return torch.cat([w[:d], w[2 * d:]])
+    if name.endswith("cross.kv.bias"):  # (2 d,): keys, values
+        return w[d:]
+    return w
+
+
+@pytest.mark.parametrize("layout,bucket", [("images", False),
+                                           pytest.param("pairs", True, marks=pytest.mark.slow)])
+def test_each_fused_seed_trains_as_it_does_alone_without_dropout(data, tmp_path, layout, bucket):
+    """Dropout 0, each seed's own data order: every step's loss and the weights after 50 steps (the mask network's
+    steps and per-seed gradient clipping at 0.1, active here, included) match the seed trained alone. Tolerance:
+    float32 rounding of the batched kernels, which block their sums differently; measured 3e-7 (losses) and 4e-6
+    (weights, relative norm per tensor), asserted 1e-5 and 1e-4."""
+    seeds = [0, 1]
+    cfgs = _cfgs(data, seeds, batch_layout=layout)
+    alone = [_separate(c, tmp_path / f"alone{c.train.seed}", STEPS) for c in cfgs]
+    fused = FusedReplicates(cfgs, [tmp_path / f"fused{s}" for s in seeds], bucket=bucket)
+    losses = _fused_steps(fused, STEPS)
+    d = cfgs[0].model.d_model
+    for i in range(len(seeds)):
+        for s in range(STEPS):
+            assert losses[s][i] == pytest.approx(alone[i][0][s], rel=1e-5), (seeds[i], s)
+        weights = dict(fused.trainers[i].model.named_parameters())
+        for name, w in alone[i][1].items():
+            a, b = _without_key_biases(name, w, d), _without_key_biases(name, weights[name].detach(), d)
+            assert ((a - b).norm() / a.norm().clamp_min(1e-12)).item() < 1e-4, (seeds[i], name)
+    assert losses[0][0] != losses[0][1]  # the seeds differ (initialisation, data order)
+
+
+def test_a_fused_step_reads_nothing_back_from_the_device(data, tmp_path, monkeypatch):
+    """No `.item()`, `.tolist()`, `float()`, `int()`, `bool()` or `.numpy()` of a tensor inside a fused step (mask
+    step, clipping and both Adams included): on a GPU each would wait for the device."""
+    fused = FusedReplicates(_cfgs(data, [0, 1, 2]), [tmp_path / str(s) for s in range(3)])
+    batches = [fused.stack(list(b)) for b, _ in zip(zip(*fused._loaders()), range(3))]
+    fused.xe_step(*batches[0])  # first step outside the count (optimizer state created)
+    reads = []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "numpy"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    for b in batches[1:]:
+        fused.xe_step(*b)
+    monkeypatch.undo()
+    assert reads == []
+    assert fused.counts["train/loss"] == 3 and fused.counts["train/mask_loss"] == 3
+
+
+def test_train_replicates_reports_checkpoints_and_test_scores_per_seed(data, tmp_path):
+    """Each seed reports every epoch through its own callback, with a normal single-model checkpoint (the seed's
+    weights, an Adam state of its own that a single run resumes from) and its own best epoch and test scores."""
+    seeds = [3, 4]
+    cfgs = _cfgs(data, seeds)
+    seen = {s: [] for s in seeds}
+
+    def reporter(seed):
+        def report(metrics, checkpoint_dir):
+            state = ckpt.load(f"{checkpoint_dir}/{ckpt.CHECKPOINT_FILE}", map_location="cpu")
+            seen[seed].append((metrics, state))
+        return report
+
+    results = train_replicates(cfgs, [reporter(s) for s in seeds], output_dirs=[tmp_path / str(s) for s in seeds])
+    for s, result in zip(seeds, results):
+        assert [m["epoch"] for m, _ in seen[s]] == [1, 2]
+        metrics, state = seen[s][-1]
+        steps = result["steps"] // 2  # a seed's steps per epoch
+        assert state["config"]["train"]["seed"] == s and state["step"] == metrics["step"] == 2 * steps
+        assert "test/CIDEr" in metrics and result["test"]["test/CIDEr"] == metrics["test/CIDEr"]
+        assert result["best_epoch"] == metrics["best/epoch"] and result["epochs"] == 2
+        assert set(m["train/loss"] for m, _ in seen[s]) and all("train/mask_loss" in m for m, _ in seen[s])
+        # the checkpoint rebuilds the model alone (as packaging does) ...
+        model = build_model(Config.from_dict(state["config"]).model, len(state["vocab"]),
+                            cfgs[0].data.max_caption_len + 2)
+        model.load_state_dict(state["model"])
+        # ... and its optimizer state is this seed's: one more epoch resumed from it as a single run (one seed)
+        assert len(state["optimizer"]["state"]) == len(list(model.captioner_parameters()))
+        if s != seeds[0]:
+            continue
+        more = cfgs[0].replace({"train": {"seed": s, "xe_epochs": 3}})
+        again = train(more, output_dir=tmp_path / f"resumed{s}", resume_from=tmp_path / str(s) / "last.pt")
+        assert again["epochs"] == 3 and again["steps"] == 3 * steps
+    assert seen[3][0][0]["train/loss"] != seen[4][0][0]["train/loss"]
+
+
+def test_replicates_must_be_one_configuration_with_distinct_seeds(data):
+    with pytest.raises(ConfigError, match="differ only in train.seed"):
+        check_replicates(_cfgs(data, [0]) + _cfgs(data, [1], warmup=60))
+    with pytest.raises(ConfigError, match="distinct seeds"):
+        check_replicates(_cfgs(data, [0, 0]))
+    with pytest.raises(ConfigError, match="fp16"):
+        check_replicates(_cfgs(data, [0, 1], precision="fp16"))
+
+
+@pytest.mark.slow
+def test_seed_noise_of_fused_and_separate_runs_agrees_with_dropout(data, tmp_path):
+    """Dropout 0.1: the fused seeds draw their dropout masks differently from separate runs (one generator for the
+    k), so their values differ; their spread over 4 seeds is the same within its interval: the paired differences
+    (same seed: same initialisation and data order) have a 95% t-interval that covers 0, and the variance ratio is
+    inside the F(3, 3) 95% interval (1/15.4, 15.4)."""
+    seeds = [0, 1, 2, 3]
+    cfgs = [c.replace({"model": {"dropout": 0.1}}) for c in _cfgs(data, seeds, xe_epochs=3)]
+    alone = [train(c, output_dir=tmp_path / f"alone{c.train.seed}")["best/val/CIDEr"] for c in cfgs]
+    fused = [r["best/val/CIDEr"] for r in train_replicates(cfgs, output_dirs=[tmp_path / f"f{s}" for s in seeds])]
+    diffs = [a - b for a, b in zip(fused, alone)]
+    mean, se = statistics.mean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+    assert abs(mean) <= 3.182 * se, (fused, alone)  # t(3) 97.5%
+    ratio = statistics.variance(fused) / statistics.variance(alone)
+    assert 1 / 15.44 < ratio < 15.44, (fused, alone)
