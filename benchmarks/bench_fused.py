@@ -277,7 +277,7 @@ def main(argv=None) -> int:
     rec["best"] = {k: best[k] for k in ("kind", "precision", "k", "images_per_s", "tflops")}
     rec["wall_s"] = time.perf_counter() - began
     name = re.sub(r"[^a-z0-9]+", "-", rec["machine"].lower()).strip("-")
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "records" / "gpu" / f"{'fused-' + name}-{rec['date']}.json"
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "records" / "gpu" / f"fused-{name}-{rec['date']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, json.dumps(rec, indent=1))
     print(f"best: {rec['best']}; record {out}")

@@ -23,6 +23,10 @@ This script measures each, side by side in one run on one GPU:
     has fewer regions than COCO's bottom-up features (4-7 against 10-100): (a) is the throughput at COCO's size.
 
 Prints a table and writes JSON (`--out`). The figures belong to the GPU it ran on: RESULTS.md names it.
+
+The GPU's throughput per card in each mode a study can train in (one trial, k seeds fused, k trials packed; fp32,
+TF32, bf16), whose record `a2 study plan` reads, is benchmarks/bench_fused.py's: run that one first; this script
+measures what the plan's per-stage costs and the layouts' share are.
 """
 from __future__ import annotations
 
@@ -42,7 +46,8 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from a2core.config import Config  # noqa: E402 - after the path line, as every benchmark
+from a2core import precision  # noqa: E402 - after the path line, as every benchmark
+from a2core.config import Config  # noqa: E402
 from a2core.data.synthetic import generate  # noqa: E402
 from a2core.model.a2 import build_model  # noqa: E402
 from a2core.train import Trainer, Updates  # noqa: E402
@@ -202,8 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     sizes = TINY_MODEL if args.tiny else PAPER_MODEL
     precisions = ["fp32", "bf16", "fp16"] if cuda else ["fp32"]
-    if cuda:  # fp32 matrix products stay fp32 (torch's default): the plan's figure is for fp32 training
-        torch.backends.cuda.matmul.allow_tf32 = False
+    # fp32 matrix products stay fp32 (torch's default; what a2core.train's trials run): the plan's stage costs are
+    # for fp32 training. Set through a2core.precision (torch >= 2.9's fp32_precision settings): the legacy
+    # allow_tf32 flag mixed with them in one process is refused by torch.
+    precision.fp32_matmul(device, tf32=False)
     result = {"date": time.strftime("%Y-%m-%d"), "device": gpu_name(device), "torch": torch.__version__,
               "tiny": args.tiny, "precisions": precisions}
     result["step"] = step_speed(device, sizes, 3 if args.tiny else args.repeats, precisions)

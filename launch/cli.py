@@ -209,7 +209,8 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
                       help="storage root of the finished study whose seeds give the spread (default: the spec's)")
     plan.add_argument("--tracking-uri", default=None, help=argparse.SUPPRESS)  # before the record: not read
     plan.add_argument("--images-per-second", type=float, default=None,
-                      help="training images per second per GPU (default: the estimate in benchmarks/RESULTS.md)")
+                      help="training images per second per GPU (default: the newest GPU record's for the study's "
+                           "mode, benchmarks/records/gpu/, else the estimate in benchmarks/RESULTS.md)")
     plan.add_argument("--price-per-hour", type=float, default=None,
                       help="price of a worker node per hour (default: the on-demand list price of its type)")
     plan.add_argument("--cluster", default=str(Path(__file__).resolve().parents[1] / "ray-cluster.yaml"),

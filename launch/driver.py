@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fnmatch
 import json
 import os
 import sqlite3
@@ -41,8 +42,8 @@ from launch.record import StudyRecord, tune_trials
 from launch.spec import check_cluster, check_machine, runs_locally
 from launch.storage import check_storage, open_location
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
-from launch.verify import (WholeCopies, newest_experiment_state, put_back_tune_pointers, refuse_corrupt,
-                           restore_whole_copies)
+from launch.verify import (COPIES_DIR, EXPERIMENT_STATE, WholeCopies, newest_experiment_state, problem,
+                           put_back_tune_pointers, refuse_corrupt, restore_whole_copies, root_files)
 
 # The study file as `run` first wrote it, beside `study.yaml`: `resume` refuses a study.yaml edited since
 # (`refuse_changed_spec`), because Tune resumes the experiment it started and would never apply the edit.
@@ -113,6 +114,11 @@ def resume_study(location: StudyLocation, *, restore_state: bool = False, **opti
         refuse_relocated(spec, location)
         for line in restore_whole_copies(location.at()):
             print(f"a2 study: {line}", flush=True)
+    torn = torn_first_save(location)
+    if torn:  # Tune's first save cut short by a kill: nothing of Tune's to continue, and no copy to put back
+        spec = spec or load_saved_spec(location)
+        refuse_relocated(spec, location)  # a copy is refused before anything in it changes
+        set_aside(location, torn, options.get("stale_after", DEFAULT_STALE_AFTER), options.get("force", False))
     refuse_corrupt(location.at(), "resume")
     spec = spec or load_saved_spec(location)
     refuse_relocated(spec, location)
@@ -122,6 +128,30 @@ def resume_study(location: StudyLocation, *, restore_state: bool = False, **opti
     if done is not None:  # nothing to run: no lease, no summary, no compute totals logged again
         return done
     return _drive(spec, location, new=False, **options)
+
+
+def torn_first_save(location: StudyLocation) -> list:
+    """Tune's files (`tuner.pkl`, its experiment, search generator and searcher states) that do not read, in a study
+    none of whose experiment states was ever whole (none in `state-copies/`, which the driver fills every 2 s with
+    whole copies): Tune's first save, cut short by a kill. Tune writes `tuner.pkl` in place and copies a save's files
+    into the storage in place, several at once, so a kill during the first save can leave any of them empty. Nothing
+    of Tune's can be continued then, and no copy put back; the trials' own folders can (`lost_trial_runs`)."""
+    study = location.at()
+    if any(fnmatch.fnmatch(name, EXPERIMENT_STATE) for name in study.join(COPIES_DIR).listdir()):
+        return []  # Tune's state was whole once: a damaged file is refused, its copy put back with --restore-state
+    return [file for file, kind in root_files(study) if kind != "yaml" and problem(file, kind)]
+
+
+def set_aside(location: StudyLocation, torn: list, stale_after: float, force: bool) -> None:
+    """Move each of `torn` (`torn_first_save`) aside to `NAME.torn`, as the study's one writer, and say so in one
+    line: the study then starts in place (`_drive`), as one whose driver was killed before Tune saved anything."""
+    with StudyLease(location.at(), stale_after).held(force):
+        for file in torn:
+            location.at(file.uri.rsplit("/", 1)[-1] + ".torn").write_text(file.read_bytes())
+            file.delete()
+    names = ", ".join(file.uri.rsplit("/", 1)[-1] for file in torn)
+    print(f"study {location.name}: Tune's first save was cut short when its driver stopped ({names} did not read; "
+          f"moved aside to *.torn): its trials start in place", flush=True)
 
 
 def refuse_changed_spec(spec, location: StudyLocation) -> None:

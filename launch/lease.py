@@ -246,6 +246,14 @@ class StudyLease:
             self.lost_error = self._lost_error(holder, before)
             raise self.lost_error
 
+    def holds(self, before: str = "writing") -> bool:
+        """Whether this process still holds the study's lease (`check` without raising)."""
+        try:
+            self.check(before)
+        except LeaseLost:
+            return False
+        return True
+
     def _lost_error(self, holder: dict | None, before: str) -> LeaseLost:
         if holder is None:
             with contextlib.suppress(Exception):

@@ -34,6 +34,7 @@ from dashboards.tracking import (TAG_BEST_CKPT, TAG_CONFIG_HASH, TAG_END_REASON,
                                  StudyTracker, disk_problem, search_all_runs, server_answers, unavailable_text)
 from launch.conclusions import _fmt, tune_trial
 from launch.killpoints import kill_point
+from launch.lease import held_lease
 from launch.layout import ARTIFACTS_DIR, CHECKPOINT_FILE, SUPERSEDED_FILE, TRIALS_DIR, add_outage, train_run_name
 from launch.record import _metrics, record_trials
 from launch.spec import SEED_PATH, resolve_key
@@ -259,6 +260,9 @@ class StudyExporter:
     def once(self, ended: str | None = None) -> bool:
         """One export; False (and the outage clock running) when the server does not answer."""
         late = self.down_since is not None
+        lease = held_lease(self.export.location.uri())
+        if lease is not None and not lease.holds("exporting to MLflow"):  # superseded: the study's MLflow runs are its new writer's
+            return False
         try:
             if not server_answers(self.uri):
                 raise TrackingError(f"MLflow server {self.uri} does not answer")

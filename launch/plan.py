@@ -8,11 +8,13 @@ from the difference's variance components over seeds and the images the verdicts
 seeds) at the study's noise (`dashboards.stats.Noise`): measured in the per-image scores of the study's finished
 seeds, else in their seed values, else assumed (`--sd` for the seed spread, `COCO_SEED_SD` for a COCO study, the
 arm x image term `ARM_IMAGE_SD`), and an estimate of GPU-hours, wall time and cost on the worker type of
-`ray-cluster.yaml` from a throughput (`--images-per-second`, default `IMAGES_PER_SECOND`).
+`ray-cluster.yaml` from a throughput (`--images-per-second`; default: the newest GPU record's for the study's
+mode, `measured_throughput`, else `IMAGES_PER_SECOND`).
 """
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
 from dataclasses import dataclass
@@ -188,6 +190,93 @@ def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimat
     return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), int(at_once))
 
 
+# benchmarks/bench_fused.py's records: the training images/s per card of each mode it measured on one machine (one
+# trial, k seeds fused, k trials packed), named by the machine; the plan prices a study from the newest CUDA one.
+GPU_RECORDS = Path(__file__).resolve().parents[1] / "benchmarks" / "records" / "gpu"
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Training images/s per GPU of the mode a study trains in, read from a GPU record (`measured_throughput`)."""
+    images_per_second: float
+    source: str  # the record, its machine and date, and the mode's arm
+
+
+def newest_gpu_record(records: str | Path | None = None) -> tuple[Path, dict] | None:
+    """(path, record) of the newest benchmarks/bench_fused.py record measured on a CUDA card under `records`
+    (default `GPU_RECORDS`), by its date then its file name; None if there is none. Records of a CPU, and those of
+    other scripts (no `arms`), are passed over."""
+    found = []
+    for path in sorted(Path(records or GPU_RECORDS).glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise StudyError(f"{path}: not a readable JSON benchmark record ({err})") from None
+        if isinstance(rec, dict) and rec.get("device") == "cuda" and isinstance(rec.get("arms"), list):
+            found.append((str(rec.get("date", "")), path.name, path, rec))
+    if not found:
+        return None
+    _, _, path, rec = max(found, key=lambda f: f[:2])
+    return path, rec
+
+
+def measured_throughput(spec, records: str | Path | None = None) -> Throughput | None:
+    """The aggregate training images/s per GPU of the mode `spec` trains in, from the newest GPU record
+    (`newest_gpu_record`); None when there is no record or it did not measure that mode.
+
+    The mode: with `resources.fuse_replicates` (and one worker a trial), each configuration's seeds train as one
+    fused model: stage 1 at the record's `fused` arm of k = the study's seeds (else the largest k below), in TF32
+    for an fp32 study (`a2core.fused` turns it on); validation, SCST and the test evaluation run per seed, at the
+    `single` arm's speed, so the figure returned is the study's work over the time of the two. With a fraction of a
+    GPU per worker, 1 / gpus_per_worker trials share a card: the `packed` arm of that k (else the largest below),
+    every stage at it. Otherwise one trial per card: the `single` arm in the study's precision."""
+    newest = newest_gpu_record(records)
+    if newest is None:
+        return None
+    path, rec = newest
+    arms = [a for a in rec["arms"] if a.get("images_per_s")]
+
+    def arm(kind: str, k: int, precisions: list[str]) -> dict | None:
+        """The arm of `kind` with the largest k up to `k`, in the first of `precisions` that has one."""
+        for p in precisions:
+            rows = [a for a in arms if a.get("kind") == kind and a.get("precision") == p and a.get("k", 0) <= k]
+            if rows:
+                return max(rows, key=lambda a: a["k"])
+        return None
+
+    try:
+        where = path.resolve().relative_to(CLUSTER_FILE.parent)  # the repository's root
+    except ValueError:
+        where = path
+    where = f"{where} ({rec.get('machine', 'unnamed machine')}, {rec.get('date', 'undated')})"
+    r, prec = spec.resources, spec.base["train"].get("precision", "fp32")
+    seeds = len(spec.seed_values)
+    if r.fuse_replicates and seeds > 1 and r.workers_per_trial == 1:
+        precisions = ["tf32", "fp32"] if prec == "fp32" else [prec]
+        fused, alone = arm("fused", seeds, precisions), arm("single", 1, precisions)
+        if fused is None or alone is None or fused["k"] < 2:
+            return None
+        t = spec.base["train"]
+        train_images = spec.steps_per_epoch * t["batch_size"] // CAPTIONS_PER_IMAGE  # as `estimate` counts them
+        work = estimate(spec, 1.0, None).gpu_hours  # every stage, in XE images / 3600
+        xe = spec.num_trials * t["xe_epochs"] * xe_image_cost(spec) * train_images / 3600  # stage 1's share
+        ips = work / (xe / fused["images_per_s"] + (work - xe) / alone["images_per_s"])
+        return Throughput(round(ips, 1), (
+            f"measured: {where}; resources.fuse_replicates: stage 1 at {fused['images_per_s']:.0f} images/s a card, "
+            f"{fused['k']} seeds fused ({fused['precision']}), the other stages per seed at "
+            f"{alone['images_per_s']:.0f} (one seed, {alone['precision']}); trials do not train fused yet"))
+    if 0 < r.gpus_per_worker < 1 and r.workers_per_trial == 1:
+        share = int(1 / r.gpus_per_worker + 1e-9)  # trials a card holds
+        packed = arm("packed", share, [prec, "tf32", "fp32"])
+        if packed is not None:
+            return Throughput(round(packed["images_per_s"], 1), (
+                f"measured: {where}; {packed['k']} trials packed on a card ({packed['precision']}), all together"))
+    single = arm("single", 1, [prec])
+    if single is None:
+        return None
+    return Throughput(round(single["images_per_s"], 1), f"measured: {where}; one trial a card ({prec})")
+
+
 def verdict_images(spec) -> int:
     """The images a verdict is on: the end-of-run test images, else (no `train.test_at_end`) the val images."""
     return test_images(spec) or spec.base["data"].get("val_images") or spec.images["val"]
@@ -341,6 +430,74 @@ def _noise(args, spec) -> tuple[Noise | None, str]:
     return None, f"no finished seeds of study {spec.name} to measure"
 
 
+# Adaptive replicates, priced beside the fixed design (`dashboards.sequential`; no driver runs the design yet): the
+# looks benchmarks/bench_sequential.py measured best on fusion_ablation's plan (cumulative seeds a configuration,
+# error spent in proportion to the seeds), and the simulated studies a figure rests on (a fixed seed: the same
+# figures every run; 4,000 draws give a power's Monte Carlo error of at most 0.8 points, a fraction of a second).
+ADAPTIVE_ROUNDS = (3, 5, 7, 9)
+ADAPTIVE_STUDIES = 4_000
+ADAPTIVE_SEED = 0
+
+
+def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) -> str:
+    """The adaptive design's expected seed-trials and GPU-hours (`gpu_hours_per_trial`; None: no GPU) against the
+    fixed design's at equal power, for the study's fusions against the baseline at the paper's Table 3 gaps
+    (`dashboards.sequential.simulate`: the verdict rule's statistics drawn from `noise`, Holm over the arms on the
+    union-bound sequential p-values; an arm is also settled when its interval lies below the smallest gap). Equal
+    power: the fixed design's seed-trials interpolated, between 2 and 12 seeds, at the adaptive design's power on
+    the hardest gap. Empty when there is nothing to price (no noise, no fusion searched against `none`)."""
+    import numpy as np
+
+    from dashboards.sequential import Design, simulate, spending_weights  # numpy only: the plan stays light
+
+    fusion = next((p for p in spec.params.values() if p.path == "model.fusion" and p.kind == "grid"), None)
+    gaps = {label.split(" vs ")[0]: d for label, d in table3_gaps() if label.endswith(" vs none")}
+    values = list(fusion.values) if fusion is not None else []
+    arms = [v for v in values if v in gaps]
+    if noise is None or "none" not in values or not arms:
+        return ""
+    per_fusion: dict[str, int] = {}
+    for cell in spec.grid_cells():
+        per_fusion[cell["fusion"]] = per_fusion.get(cell["fusion"], 0) + spec.samples_per_cell(cell)
+    configs = [per_fusion.get("none", 1), *(per_fusion.get(a, 1) for a in arms)]
+    deltas = [gaps[a] for a in arms]
+    hardest = int(np.argmin(deltas))
+    rounds = ADAPTIVE_ROUNDS
+    design = Design(rounds, spending_weights(rounds, 1.0), futility_gap=min(deltas))
+    run = simulate(design, noise, deltas, configs, ADAPTIVE_STUDIES, ADAPTIVE_SEED)
+    null = simulate(design, noise, [0.0] * len(arms), configs, ADAPTIVE_STUDIES, ADAPTIVE_SEED + 1)
+    fixed = {n: simulate(Design.fixed(n), noise, deltas, configs, ADAPTIVE_STUDIES, ADAPTIVE_SEED)
+             for n in range(MIN_SEEDS, 13)}
+    seeds = len(spec.seed_values)
+    own = fixed.get(seeds) or simulate(Design.fixed(max(seeds, MIN_SEEDS)), noise, deltas, configs,
+                                       ADAPTIVE_STUDIES, ADAPTIVE_SEED)
+    curve = np.maximum.accumulate([fixed[n]["power"][hardest] for n in fixed])  # MC noise: keep it monotone
+    trials = [fixed[n]["seed_trials"] for n in fixed]
+    target = run["power"][hardest]
+    pct = " / ".join(f"{p:.0%}" for p in run["power"])
+    lines = [f"adaptive replicates (an ESTIMATE for a design the driver does not run yet: dashboards.sequential."
+             f"simulate, {ADAPTIVE_STUDIES:,} simulated studies, seed {ADAPTIVE_SEED}, at the noise above)",
+             f"  design    seeds in rounds to {', '.join(map(str, rounds))} a configuration; after each round an arm "
+             f"Holm resolves, or whose interval lies below the smallest gap ({min(deltas):g}), gets no more; each "
+             f"look spends error in proportion to its seeds (union bound)",
+             f"  power     {' / '.join(arms)} vs none at {' / '.join(f'{d:g}' for d in deltas)}: {pct} "
+             f"(the study's {seeds} fixed seeds: {' / '.join(f'{p:.0%}' for p in own['power'])}); family-wise "
+             f"false rate with all arms equal {null['family_wise']:.1%}"]
+    if target > curve[-1]:
+        equal, at = None, f"above the fixed design's power at 12 seeds ({curve[-1]:.0%})"
+    else:
+        equal = float(np.interp(target, curve, trials))
+        at = (f"{equal:.1f} for fixed seeds at equal power ({arms[hardest]}'s {target:.0%}): "
+              f"{run['seed_trials'] / equal:.0%}")
+    lines.append(f"  seed-trials {run['seed_trials']:.1f} expected ({null['seed_trials']:.1f} with all arms equal) "
+                 f"against {at}; the study's {seeds} seeds: {own['seed_trials']:.0f}")
+    if gpu_hours_per_trial is not None:
+        fixed_hours = "-" if equal is None else f"{equal * gpu_hours_per_trial:,.0f}"
+        lines.append(f"  GPU-hours {run['seed_trials'] * gpu_hours_per_trial:,.0f} expected against {fixed_hours} "
+                     f"fixed at equal power ({gpu_hours_per_trial:.2f} a trial, the estimate above)")
+    return "\n".join(lines)
+
+
 def main(args) -> int:
     spec = load_study(args.file, args.overrides, check_files=False)
     for warning in spec.warnings:
@@ -353,8 +510,16 @@ def main(args) -> int:
         raise StudyError(f"--price-per-hour must be > 0, got {args.price_per_hour}")
     noise, noise_source = _noise(args, spec)
     deltas = [(f"{d:g} CIDEr", d) for d in args.delta] if args.delta else table3_gaps()
+    measured = measured_throughput(spec) if args.images_per_second is None else None
     ips, ips_source = ((args.images_per_second, "given") if args.images_per_second is not None else
+                       (measured.images_per_second, measured.source) if measured is not None else
                        (IMAGES_PER_SECOND, "an estimate for an A10G; 115 measured on an H200: benchmarks/RESULTS.md"))
     workers = cluster_workers(args.cluster)
     print(plan_text(spec, noise, noise_source, deltas, ips, ips_source, workers, args.price_per_hour))
+    if spec.num_arms > 1 and not args.delta:  # the adaptive design is priced at the Table 3 gaps
+        per_trial = (estimate(spec, ips, workers).gpu_hours / spec.num_trials
+                     if spec.resources.gpus_per_worker else None)
+        adaptive = adaptive_text(spec, noise, per_trial)
+        if adaptive:
+            print(adaptive)
     return 0

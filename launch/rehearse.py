@@ -350,7 +350,8 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
                        "right": diff.resolved and (diff.delta > 0) == (gap > 0) and gap != 0,
                        "wrong": diff.resolved and ((diff.delta > 0) != (gap > 0) or gap == 0),
                        "width": None if diff.low is None else diff.high - diff.low, "true_gap": gap,
-                       "seeds": diff.seeds_a, "images": diff.images, "verdict": diff.verdict()}
+                       "seeds": diff.seeds_a, "images": diff.images, "verdict": diff.verdict(),
+                       "family": diff.family}
     return {"trials": len(runs), "planned_trials": spec.num_trials, "stopped": len(stopped), "rungs": dict(rungs),
             "epochs_run": done, "epochs_planned": spec.num_trials * spec.total_epochs,
             "best_group_true_best": chosen is not None and true[chosen[0].config_hash] == top,
@@ -362,7 +363,7 @@ def aggregate(outcomes: list[dict], spec, model: ScoreModel) -> dict:
     """Rates over rehearsals: the best group a true best, a true best kept, each row's verdicts (right, wrong, none)
     and mean width, trials stopped and trial-epochs run."""
     n = len(outcomes)
-    rows = {}
+    rows, families = {}, Counter()
     for label in outcomes[0]["rows"] if outcomes else []:
         xs = [o["rows"][label] for o in outcomes if label in o["rows"]]
         widths = [x["width"] for x in xs if x["width"] is not None]
@@ -371,7 +372,14 @@ def aggregate(outcomes: list[dict], spec, model: ScoreModel) -> dict:
                        "none": sum(x["low"] is None for x in xs) / len(xs),
                        "width": float(np.mean(widths)) if widths else None, "seeds": xs[0]["seeds"],
                        "images": xs[0]["images"], "n": len(xs)}
-    return {"rehearsals": n, "best_group_true_best": sum(o["best_group_true_best"] for o in outcomes) / n,
+    for o in outcomes:
+        families.update(int(row.get("family", 1)) for row in o["rows"].values())
+    # the family's error: some verdict of the rehearsal wrong (a truly equal arm resolved, or one resolved on the
+    # wrong side); with every arm of the score model equal, the family-wise false "resolved" rate Holm holds at 5%
+    gaps = [row["true_gap"] for row in rows.values()]
+    return {"rehearsals": n, "family_wrong": sum(any(r["wrong"] for r in o["rows"].values()) for o in outcomes) / n,
+            "all_equal": bool(gaps) and all(g == 0 for g in gaps),
+            "family": families.most_common(1)[0][0] if families else 1, "best_group_true_best": sum(o["best_group_true_best"] for o in outcomes) / n,
             "true_best_survived": sum(o["true_best_survived"] for o in outcomes) / n,
             "stopped_mean": float(np.mean([o["stopped"] for o in outcomes])),
             "epoch_share": float(np.mean([o["epochs_run"] / o["epochs_planned"] for o in outcomes])),
@@ -406,25 +414,41 @@ def aggregate_text(agg: dict, spec, model: ScoreModel, title: str, closed_form: 
     noise = Noise(model.seed_sd, model.run_sd, model.arm_image_sd, model.test_images if agg["split"] == "test"
                   else model.val_images)
     asha = spec.search.scheduler.asha is not None
+    family = agg.get("family", 1)  # the comparisons Holm counted in the rehearsals' verdicts (`adjust_family`)
+    wrong = agg.get("family_wrong", 0.0)
+    if agg.get("all_equal"):
+        family_line = (f"  family    every arm equal in the score model: some arm called different in {wrong:.1%} "
+                       f"of {n} rehearsals (MC error +-{mc_error(wrong, n):.1%}): the family-wise false \"resolved\" "
+                       f"rate, {'Holm over ' + str(family) + ' comparisons' if family > 1 else 'one comparison'}, "
+                       f"held at 5%")
+    else:
+        family_line = (f"  family    some verdict wrong (an equal arm resolved, or one on the wrong side) in {wrong:.1%} "
+                       f"of {n} rehearsals (MC error +-{mc_error(wrong, n):.1%}); with every arm equal (--mean) it is "
+                       f"the family-wise false rate")
     lines = [title,
              f"  kept      a true best configuration survived early stopping in {agg['true_best_survived']:.0%}, "
              f"was the best group in {agg['best_group_true_best']:.0%} of {n} rehearsals "
              f"(MC error +-{mc_error(agg['best_group_true_best'], n):.0%})",
              f"  compute   {agg['epoch_share']:.0%} of the planned trial-epochs on average; "
              f"{agg['stopped_mean']:.1f} trials stopped early per rehearsal",
+             family_line,
              f"  {'difference':<28}{'true gap':>9}{'verdict rate':>14}{'wrong':>7}{'none':>6}{'mean width':>12}"
              + (f"{'closed-form power':>19}" if closed_form else "")]
     for label, row in agg["rows"].items():
         cf = ""
-        if closed_form:
-            p = power(row["seeds"], row["true_gap"], noise) if row["true_gap"] else float("nan")
+        if closed_form:  # the power `a2 study plan` prints: the adjusted verdict's when the family has several
+            p = power(row["seeds"], row["true_gap"], noise, family=family) if row["true_gap"] else float("nan")
             cf = f"{'-' if math.isnan(p) else f'{p:.0%}':>19}"
         width = "-" if row["width"] is None else f"{row['width']:.2f}"
         lines.append(f"    {label + ' vs baseline':<26}{row['true_gap']:>+9.1f}{row['right']:>13.0%} "
                      f"{row['wrong']:>6.0%}{row['none']:>6.0%}{width:>12}{cf}")
-    lines.append(f"  (verdict rate: the interval excludes 0 on the true side; +-{mc_error(0.5, n):.0%} at most over "
-                 f"{n} rehearsals. The closed-form power (`a2 study plan`) ignores early stopping"
-                 + ("; this study stops groups at its rungs, so their rows may differ)" if asha else ")"))
+    adjusted = (f"Holm-adjusted over the family's {family} comparisons, as `compare` prints it" if family > 1
+                else "the comparison's own 95% interval")
+    power_note = (f" and is the adjusted verdict's at Holm's first step (5% / {family}: a lower bound of Holm's power)"
+                  if family > 1 else "")
+    lines.append(f"  (verdict rate: the verdict, {adjusted}, resolves on the true side; +-{mc_error(0.5, n):.0%} at "
+                 f"most over {n} rehearsals. The closed-form power (`a2 study plan`) ignores early stopping"
+                 + power_note + ("; this study stops groups at its rungs, so their rows may differ)" if asha else ")"))
     return "\n".join(lines)
 
 
@@ -615,6 +639,11 @@ def main(args) -> int:
     print(plan.plan_text(original, noise, "the rehearsal's score model", model_gaps(spec, model),
                          plan.IMAGES_PER_SECOND,
                          "an estimate for an A10G: benchmarks/RESULTS.md", plan.cluster_workers(), None))
+    per_trial = (plan.estimate(original, plan.IMAGES_PER_SECOND, plan.cluster_workers()).gpu_hours
+                 / original.num_trials if original.resources.gpus_per_worker else None)
+    adaptive = plan.adaptive_text(original, noise, per_trial)  # the design the driver does not run yet, priced
+    if adaptive:
+        print(adaptive)
     print(f"\n{REHEARSAL_BANNER}\n{model_text(model)}\nstand-in epoch: {seconds:.0f} s on the cluster x time scale "
           f"{args.time_scale:g} = {seconds * args.time_scale:.2f} s here")
     if own.get("data") != raw.get("data"):

@@ -260,6 +260,9 @@ class Resources(Section):
     cpus_per_worker: Number = Field(1, gt=0, description="CPUs reserved per worker.")
     gpus_per_worker: Number = Field(0, ge=0, description="GPUs per worker (a fraction, or a whole number above 1).")
     max_concurrent_trials: Integer = Field(1, ge=1, description="Trials running side by side.")
+    fuse_replicates: Flag = Field(False, description=(
+        "Each configuration's seeds as one fused model, one step for all (a2core.fused): `a2 study plan` prices "
+        "it from the newest GPU record (benchmarks/records/gpu/); trials still train one seed each."))
     max_failures: Integer = Field(1, ge=-1, description=(
         "Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever."))
     # Ray refuses a bare {"CPU": 0}.

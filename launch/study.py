@@ -12,7 +12,7 @@ import sys
 from launch import stop
 from launch.conclusions import read_summary
 from launch.driver import check_tracking, resume_study, run_study
-from launch.lease import StudyLease
+from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.layout import add_outage, outage_line
 from launch.location import load_saved_spec, locate, write_summary
 from launch.mlflow_export import Export, end_reason
@@ -55,7 +55,8 @@ def cmd_sync(args) -> int:
     check_tracking(spec)
     print(f"study {spec.name}: exporting its record into MLflow at {spec.tracking.mlflow_uri} (the store "
           f"recorded with the study)", flush=True)
-    with StudyLease(location.at(), args.stale_after).held(args.force):  # a running driver exports itself: never both
+    lease = StudyLease(location.at(), getattr(args, "stale_after", DEFAULT_STALE_AFTER))  # a Namespace of Python callers
+    with lease.held(getattr(args, "force", False)):  # a running driver exports itself: never both at once
         export = Export(spec, location)
         export.run(tune_trials(location), end_reason(spec.name))
         outage = add_outage(location, pending=False)

@@ -28,8 +28,9 @@ def data(tmp_path_factory):
     return {"root": str(root), "images": 100, "seed": 5, "val_images": 10}
 
 
-def _cfgs(data, seeds, **train):
+def _cfgs(data, seeds, model=None, **train):
     raw = json.loads(json.dumps(TINY))
+    raw["model"].update(model or {})
     raw["train"].update(train)
     return [Config.from_dict({"data": data, **raw, "train": {**raw["train"], "seed": s}}) for s in seeds]
 
@@ -84,8 +85,9 @@ def _without_key_biases(name, w, d):
 def test_each_fused_seed_trains_as_it_does_alone_without_dropout(data, tmp_path, layout, bucket):
     """Dropout 0, each seed's own data order: every step's loss and the weights after 50 steps (the mask network's
     steps and per-seed gradient clipping at 0.1, active here, included) match the seed trained alone. Tolerance:
-    float32 rounding of the batched kernels, which block their sums differently; measured 3e-7 (losses) and 4e-6
-    (weights, relative norm per tensor), asserted 1e-5 and 1e-4."""
+    float32 rounding of the batched kernels, which block their sums differently (and of the fused step's
+    self-attention, written out, against the SDPA kernel alone); measured 2e-7 (losses) and 9e-6 (weights, relative
+    norm per tensor), asserted 1e-5 and 1e-4."""
     seeds = [0, 1]
     cfgs = _cfgs(data, seeds, batch_layout=layout)
     alone = [_separate(c, tmp_path / f"alone{c.train.seed}", STEPS) for c in cfgs]
@@ -175,7 +177,8 @@ def test_seed_noise_of_fused_and_separate_runs_agrees_with_dropout(data, tmp_pat
     (same seed: same initialisation and data order) have a 95% t-interval that covers 0, and the variance ratio is
     inside the F(3, 3) 95% interval (1/15.4, 15.4)."""
     seeds = [0, 1, 2, 3]
-    cfgs = [c.replace({"model": {"dropout": 0.1}}) for c in _cfgs(data, seeds, xe_epochs=3)]
+    cfgs = _cfgs(data, seeds, model={"dropout": 0.1}, xe_epochs=3)
+    assert cfgs[0].model.d_model == 32 and cfgs[0].model.dropout == 0.1
     alone = [train(c, output_dir=tmp_path / f"alone{c.train.seed}")["best/val/CIDEr"] for c in cfgs]
     fused = [r["best/val/CIDEr"] for r in train_replicates(cfgs, output_dirs=[tmp_path / f"f{s}" for s in seeds])]
     diffs = [a - b for a, b in zip(fused, alone)]
@@ -183,3 +186,34 @@ def test_seed_noise_of_fused_and_separate_runs_agrees_with_dropout(data, tmp_pat
     assert abs(mean) <= 3.182 * se, (fused, alone)  # t(3) 97.5%
     ratio = statistics.variance(fused) / statistics.variance(alone)
     assert 1 / 15.44 < ratio < 15.44, (fused, alone)
+
+
+def test_self_attention_written_out_is_the_sdpa_kernels():
+    """The fused step's self-attention (`SelfAttention.sdpa = False`: matmul and softmax, which vmap batches) gives
+    `F.scaled_dot_product_attention`'s values, with a key mask, causal, and causal after cached positions; measured
+    1.2e-7, asserted 1e-6."""
+    from a2core.model.a2 import KVCache, SelfAttention
+
+    torch.manual_seed(0)
+    att = SelfAttention(32, 4, 0.0)
+    x = torch.randn(3, 7, 32)
+    keys = torch.ones(3, 7, dtype=torch.bool)
+    keys[0, 4:] = False
+
+    def both(run):
+        out = []
+        for sdpa in (True, False):
+            att.sdpa = sdpa
+            out.append(run())
+        return out
+
+    for kwargs in ({"key_mask": keys}, {"causal": True}, {}):
+        a, b = both(lambda: att(x, **kwargs))
+        assert (a - b).abs().max().item() < 1e-6, kwargs
+
+    def decoded():  # 3 positions, then 1, then 2 more against the cache
+        cache = KVCache()
+        return torch.cat([att(x[:, :3], causal=True, cache=cache), att(x[:, 3:4], causal=True, cache=cache),
+                          att(x[:, 4:6], causal=True, cache=cache)], dim=1)
+    a, b = both(decoded)
+    assert (a - b).abs().max().item() < 1e-6

@@ -2,8 +2,9 @@
 (launch.datastore.java_warnings): Ray's images have no Java, and a trial there would silently drop test/METEOR."""
 from __future__ import annotations
 
-import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,13 @@ def ray_without_java():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", str(Path(sys.executable).parent))
         mp.setenv("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                 _temp_dir=str(Path("/tmp") / f"a2java-{os.getpid()}"))
+        temp = tempfile.mkdtemp(prefix="a2java-", dir="/tmp")  # short: Ray's socket paths live below it
+        ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False, _temp_dir=temp)
         try:
             yield
         finally:
             ray.shutdown()
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_a_node_without_java_is_named_when_the_study_reports_meteor(ray_without_java):

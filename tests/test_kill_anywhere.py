@@ -101,63 +101,86 @@ def _marker(fired: Path, entry: str) -> Path:
     return fired / "".join("_" if c in "/ *" else c for c in entry)  # as fswrites.c names it
 
 
+class _Segment:
+    """One study of the sweep's chain, in its own folder, storage and MLflow store. A chain goes on in the same study
+    while each window comes again; when a resume finishes the study without reaching its window (a write the study
+    no longer makes, having made it already), the window is killed in a new study of its own."""
+
+    def __init__(self, tmp_path: Path, n: int, data: Path, max_failures: int):
+        self.directory = tmp_path / f"study{n}"
+        self.directory.mkdir()
+        self.file = _study(self.directory, data, max_failures=max_failures)
+        self.storage, self.folder = self.directory / "studies", self.directory / "studies" / NAME
+        self.uri = f"sqlite:///{self.directory / 'mlflow.db'}"
+
+    def command(self, verb: str) -> tuple[str, ...]:
+        if verb == "run":
+            return "study", "run", str(self.file)
+        return "study", "resume", NAME, "--storage", str(self.storage)
+
+
 def test_a_study_killed_in_every_window_finishes_every_planned_trial_once(tmp_path, tiny_data, shim):
     started = time.monotonic()
     windows = observe.read_windows()
-    storage, folder = tmp_path / "studies", tmp_path / "studies" / NAME
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     workers = [f"self {w.op} {w.pattern}" for w in windows if w.writer == "trial"]
-    study = _study(tmp_path, tiny_data, max_failures=len(workers) + 2)  # every worker kill is a retry
+    failures = len(workers) + 2  # every worker kill is one more try of its trial
     base, fired = local_env(tmp_path), tmp_path / "fired"
     fired.mkdir()
+    segments = [_Segment(tmp_path, 0, tiny_data, failures)]
     outputs: dict[str, str] = {}
     timings, wording = [], []  # wording: what a command should have said (asserted last: the state comes first)
 
-    def command(kind: str) -> tuple[str, ...]:
-        if kind == "run":
-            return "study", "run", str(study)
-        return "study", "resume", NAME, "--storage", str(storage)
-
     for n, (kind, entry) in enumerate(_steps(windows)):
         step_started = time.monotonic()
-        leftover = folder.is_dir() and any(folder.iterdir())
-        verb = "resume" if (folder / "study.yaml").exists() else "run"
-        if verb == "run" and n > 0:  # nothing to continue: resume says so in one line, run starts it again
-            refused = a2(*command("resume"), cwd=tmp_path, env=base, timeout=120)
-            outputs[f"{n} resume"] = refused.stdout
-            assert refused.returncode == 2 and len(refused.stdout.strip().splitlines()) == 1, \
-                (entry, refused.stdout[-3000:])
-            if leftover and "a2 study run" not in refused.stdout:
-                wording.append((entry, "resume does not point at `a2 study run`", refused.stdout.strip()))
-        arms = workers if kind == "code" else [entry, *workers]  # the step's driver window first: it wins a tie
-        _marker(fired, entry).unlink(missing_ok=True)  # an entry armed again (the second trial's checkpoint)
-        env = observe.shim_env(base, shim, folder, kill=arms, fired=fired)
-        if kind == "code":
-            env["A2_KILL_AT"] = entry
-        log = tmp_path / f"step{n:02d}.log"
-        proc = start_a2(*command(verb), cwd=tmp_path, log=log, env=env)
-        try:
-            rc = proc.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            rc = None  # never reached its window: said below with the log
-        finally:
-            kill_group(proc)  # the killed driver's local Ray, and a worker waiting where it killed the driver
-        out = log.read_text(errors="replace")
-        outputs[f"{n} {verb} {entry}"] = out
+        for attempt in (0, 1):  # 1: in a new study, the chain's having finished without reaching the window
+            seg = segments[-1]
+            leftover = seg.folder.is_dir() and any(seg.folder.iterdir())
+            verb = "resume" if (seg.folder / "study.yaml").exists() else "run"
+            if verb == "run" and leftover:  # nothing to continue: resume says so in one line, run starts it again
+                refused = a2(*seg.command("resume"), cwd=seg.directory, env=base, timeout=120)
+                outputs[f"{n} resume"] = refused.stdout
+                assert refused.returncode == 2 and len(refused.stdout.strip().splitlines()) == 1, \
+                    (entry, refused.stdout[-3000:])
+                if "a2 study run" not in refused.stdout:
+                    wording.append((entry, "resume does not point at `a2 study run`", refused.stdout.strip()))
+            arms = workers if kind == "code" else [entry, *workers]  # the step's driver window first: it wins a tie
+            _marker(fired, entry).unlink(missing_ok=True)  # an entry armed again (the second trial's checkpoint)
+            env = observe.shim_env(base, shim, seg.folder, kill=arms, fired=fired)
+            if kind == "code":
+                env["A2_KILL_AT"] = entry
+            log = tmp_path / f"step{n:02d}-{attempt}.log"
+            proc = start_a2(*seg.command(verb), cwd=seg.directory, log=log, env=env)
+            try:
+                rc = proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                rc = None  # never reached its window: said below with the log
+            finally:
+                kill_group(proc)  # the killed driver's local Ray, and a worker waiting where it killed the driver
+            out = log.read_text(errors="replace")
+            outputs[f"{n} {verb} {entry}"] = out
+            if verb == "run" and leftover and f"study {NAME}: starting again in place" not in out:
+                wording.append((entry, "run does not say it starts the study again in place", tail(log, 5)))
+            if rc == 0 and attempt == 0:  # finished: every planned trial done, the window not met again
+                segments.append(_Segment(tmp_path, len(segments), tiny_data, failures))
+                continue
+            break
         assert rc == -signal.SIGKILL, (n, verb, entry, rc, sorted(p.name for p in fired.iterdir()), tail(log, 80))
         if kind == "code":
             assert f"a2 kill point {entry}: SIGKILL" in out, (entry, tail(log, 80))
         else:
             assert _marker(fired, entry).exists(), (entry, "killed elsewhere", tail(log, 80))
-        if verb == "run" and leftover and f"study {NAME}: starting again in place" not in out:
-            wording.append((entry, "run does not say it starts the study again in place", tail(log, 5)))
-        timings.append(f"{entry}: {verb} {time.monotonic() - step_started:.0f} s")
+        timings.append(f"{entry}: {verb}{' in a new study' if attempt else ''} {time.monotonic() - step_started:.0f} s")
 
-    last = a2(*command("resume"), cwd=tmp_path, env=base, timeout=300)
-    outputs["last resume"] = last.stdout
-    assert last.returncode == 0, last.stdout[-4000:]
-    again = a2(*command("resume"), cwd=tmp_path, env=base, timeout=120)
-    outputs["resume once more"] = again.stdout
+    for seg in segments:
+        if not (seg.folder / "study.yaml").exists():
+            continue
+        last = a2(*seg.command("resume"), cwd=seg.directory, env=base, timeout=300)
+        outputs[f"{seg.directory.name}: last resume"] = last.stdout
+        assert last.returncode == 0, last.stdout[-4000:]
+        assert "planned trials finished already; nothing to resume" in last.stdout or seg is segments[-1], \
+            last.stdout[-3000:]  # a study the chain left finished says so
+        _finished_every_planned_trial_once(seg)
+    again = a2(*segments[-1].command("resume"), cwd=segments[-1].directory, env=base, timeout=120)
     assert again.returncode == 0 and "planned trials finished already; nothing to resume" in again.stdout, \
         again.stdout[-3000:]
     for what, out in outputs.items():
@@ -165,31 +188,34 @@ def test_a_study_killed_in_every_window_finishes_every_planned_trial_once(tmp_pa
     assert wording == [], wording
     unfired = [w for w in workers if not _marker(fired, w).exists()]
     assert unfired == [], f"a trial's worker never reached these windows: {unfired}"
+    print("\n".join(timings))
+    print(f"kill-anywhere sweep: {len(timings)} kills in {len(segments)} studies, {len(workers)} worker kills, "
+          f"{time.monotonic() - started:.0f} s")
 
-    summary = json.loads((folder / "summary.json").read_text())
-    assert summary["complete"] and summary["trials_finished"] == 2
+
+def _finished_every_planned_trial_once(seg: _Segment) -> None:
+    """Every planned trial finished once, with its epochs and test scores; MLflow holds each (run, key, step) once."""
+    summary = json.loads((seg.folder / "summary.json").read_text())
+    assert summary["complete"] and summary["trials_finished"] == 2, seg.directory
     trials = {t["trial_id"]: t for t in summary["trials"]}
     assert sorted(t["fusion"] for t in trials.values()) == ["max", "none"]
     for trial in trials.values():
         assert trial["state"] == "TERMINATED" and trial["epochs_reported"] == [1, 2], trial
         assert trial["test"] is not None, trial
-    runs_on_disk = trial_runs(storage, NAME)
+    runs_on_disk = trial_runs(seg.storage, NAME)
     continued = {tid for tid, run in runs_on_disk.items() if (run / "superseded.json").exists()}
     assert set(runs_on_disk) - continued == set(trials), (sorted(runs_on_disk), sorted(continued), sorted(trials))
 
-    assert duplicated_points(uri, NAME) == []
-    parent, runs = statuses(uri, NAME)
+    assert duplicated_points(seg.uri, NAME) == []
+    parent, runs = statuses(seg.uri, NAME)
     assert parent == "FINISHED", (parent, runs)
     for trial_id, (status, reason) in runs.items():
         if trial_id in trials:
             assert status == "FINISHED", (trial_id, status, reason)
         else:  # a trial a killed driver lost: ended, saying which trial continued it
             assert status == "KILLED" and reason.startswith("superseded"), (trial_id, status, reason)
-    client = mlflow_client(uri)
+    client = mlflow_client(seg.uri)
     for trial_id in trials:
-        run_id = mlflow_trials(uri, NAME)[trial_id].info.run_id
-        assert [step for step, _, _ in sorted(mlflow_history(uri, run_id))] == [1, 2]
+        run_id = mlflow_trials(seg.uri, NAME)[trial_id].info.run_id
+        assert [step for step, _, _ in sorted(mlflow_history(seg.uri, run_id))] == [1, 2]
         assert [m.step for m in client.get_metric_history(run_id, "test/CIDEr")] == [2]
-    print("\n".join(timings))
-    print(f"kill-anywhere sweep: {len(timings)} kills, {len(workers)} worker kills, "
-          f"{time.monotonic() - started:.0f} s")

@@ -111,3 +111,59 @@ def test_plan_measures_the_noise_in_per_image_scores(study_file, tmp_path, capsy
     out = capsys.readouterr().out
     assert f"CIDEr {noise.text()}\n            ({source})" in out
     assert _power_rows(out)["8 CIDEr"] == ["8.0", str(seeds_needed(8.0, noise)), f"{power(3, 8.0, noise):.0%}"]
+
+
+def test_plan_prices_from_the_newest_gpu_record_in_the_study_mode(study_file, tmp_path, capsys, monkeypatch):
+    """`a2 study plan` prices a study from the newest CUDA record of benchmarks/bench_fused.py (an older one, a CPU
+    one and another script's passed over) at the aggregate images/s a card of the study's mode, and names the
+    record: one trial a card, trials packed on a card (a fraction of a GPU), or its seeds fused
+    (`resources.fuse_replicates`: stage 1 fused, the other stages per seed)."""
+    import json
+
+    from launch import plan
+    from launch.spec import load_study
+
+    records = tmp_path / "records"
+    records.mkdir()
+    monkeypatch.setattr(plan, "GPU_RECORDS", records)
+    assert plan.measured_throughput(load_study(study_file, check_files=False)) is None  # no record: the estimate
+
+    def write(name, date, device, arms, **extra):
+        (records / name).write_text(json.dumps({"date": date, "machine": f"card of {date}", "device": device, **extra,
+                                                "arms": [{"kind": kind, "precision": p, "k": k, "images_per_s": ips}
+                                                         for kind, p, k, ips in arms]}))
+    write("fused-cpu-2026-12-09.json", "2026-12-09", "cpu", [("single", "fp32", 1, 5.0)])
+    write("fused-card-2026-12-01.json", "2026-12-01", "cuda", [("single", "fp32", 1, 50.0)])
+    (records / "h200-2026-12-08.json").write_text(json.dumps({"date": "2026-12-08", "device": "NVIDIA H200"}))
+    write("fused-card-2026-12-05.json", "2026-12-05", "cuda",
+          [("single", "fp32", 1, 100.0), ("single", "tf32", 1, 120.0), ("fused", "tf32", 2, 300.0),
+           ("fused", "tf32", 4, 500.0), ("fused", "bf16", 2, 999.0), ("packed", "tf32", 2, 180.0),
+           ("packed", "tf32", 4, 260.0)])
+    name = "records/fused-card-2026-12-05.json (card of 2026-12-05, 2026-12-05)"
+
+    def planned(*overrides):
+        spec = load_study(study_file, ["resources.gpus_per_worker=1", *overrides], check_files=False)
+        assert a2(["study", "plan", str(study_file), "resources.gpus_per_worker=1", *overrides, "--sd", "1"]) == 0
+        return spec, plan.measured_throughput(spec), capsys.readouterr().out
+
+    spec, got, out = planned()
+    assert got.images_per_second == 100.0 and got.source.endswith(f"{name}; one trial a card (fp32)")
+    assert "speed     100 training images/s per GPU (measured: " in out and f"{name}; one trial a card (fp32))" in out
+    assert f"GPU-hours {plan.estimate(spec, 100.0, None).gpu_hours:,.0f} for 9 trials" in out
+    # 4 trials a card: the packed arm of 4; 3 a card: the largest measured below, 2
+    assert planned("resources.gpus_per_worker=0.25")[1].images_per_second == 260.0
+    packed = planned("resources.gpus_per_worker=0.34")[1]
+    assert packed.images_per_second == 180.0 and packed.source.endswith("2 trials packed on a card (tf32), all together")
+    # 3 seeds fused: stage 1 at the fused arm of k = 2 (the largest <= 3) in TF32, validation at one seed's TF32 speed
+    spec, got, out = planned("resources.fuse_replicates=true")
+    t = spec.base["train"]
+    work = plan.estimate(spec, 1.0, None).gpu_hours
+    xe = 9 * t["xe_epochs"] * plan.xe_image_cost(spec) * spec.steps_per_epoch * t["batch_size"] // 5 / 3600
+    assert got.images_per_second == pytest.approx(work / (xe / 300 + (work - xe) / 120), abs=0.05)
+    assert 120 < got.images_per_second < 300
+    assert "stage 1 at 300 images/s a card, 2 seeds fused (tf32), the other stages per seed at 120" in out
+    assert f"GPU-hours {plan.estimate(spec, got.images_per_second, None).gpu_hours:,.0f} for 9 trials" in out
+    # a throughput given wins over the record
+    assert a2(["study", "plan", str(study_file), "resources.gpus_per_worker=1", "--sd", "1",
+               "--images-per-second", "77"]) == 0
+    assert "speed     77 training images/s per GPU (given)" in capsys.readouterr().out

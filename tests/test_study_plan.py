@@ -188,3 +188,46 @@ def test_a_saved_study_yaml_records_its_format_and_one_without_reads_as_today(tm
     assert again.to_dict() == spec.to_dict() and again.base["train"]["batch_size"] == 25
     with pytest.raises(ConfigError, match=r"format: .*2"):
         StudySpec.from_dict({**saved, "format": 1})
+
+
+# -- adaptive replicates, priced beside the fixed design --------------------------------------------------------------
+def test_plan_prices_adaptive_replicates_beside_the_fixed_design(tmp_path, capsys):
+    """fusion_ablation's plan prints, after the fixed design's cost, the adaptive design's expected seed-trials and
+    GPU-hours against the fixed design's at equal power, labelled an estimate of a design the driver does not run,
+    from `dashboards.sequential.simulate` with a fixed seed (the same figures every run), under 4 of the fixed
+    design's seed-trials per 3 (benchmarks/bench_sequential.py: 78%); with --delta or one arm it prints none."""
+    from dashboards.sequential import Design, simulate, spending_weights
+    from dashboards.stats import Noise
+
+    path = ROOT / "studies" / "fusion_ablation.yaml"
+    assert a2(["study", "plan", str(path), f"storage={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    block = out[out.index("adaptive replicates"):]
+    assert out.index("GPU-hours 1,007 for 75 trials") < out.index("adaptive replicates")
+    assert "an ESTIMATE for a design the driver does not run yet" in block
+    assert f"{plan.ADAPTIVE_STUDIES:,} simulated studies, seed {plan.ADAPTIVE_SEED}" in block
+    spec = load_study(path, check_files=False)
+    noise = Noise(plan.COCO_SEED_SD, 0.0, plan.ARM_IMAGE_SD, 5_000)
+    rounds = plan.ADAPTIVE_ROUNDS
+    run = simulate(Design(rounds, spending_weights(rounds), futility_gap=2.3), noise, [2.8, 2.3, 4.2, 5.0],
+                   [1, 2, 2, 8, 2], plan.ADAPTIVE_STUDIES, plan.ADAPTIVE_SEED)
+    per_trial = plan.estimate(spec, plan.IMAGES_PER_SECOND, plan.cluster_workers()).gpu_hours / 75
+    found = re.search(r"seed-trials ([\d.]+) expected \(([\d.]+) with all arms equal\) against ([\d.]+) for fixed "
+                      r"seeds at equal power \(moving_average's (\d+)%\): (\d+)%; the study's 5 seeds: 75", block)
+    assert found, block
+    adaptive, fixed = float(found[1]), float(found[3])
+    assert adaptive == pytest.approx(run["seed_trials"], abs=0.05) and found[4] == f"{run['power'][1]:.0%}"[:-1]
+    assert 75 < fixed < 105 and adaptive / fixed < 0.8 and found[5] == f"{adaptive / fixed:.0%}"[:-1]
+    assert f"GPU-hours {adaptive * per_trial:,.0f} expected against {fixed * per_trial:,.0f} fixed" in block
+    again = plan.adaptive_text(spec, noise, per_trial)
+    assert again.strip() == block.strip()  # a fixed seed: the same figures every run
+
+    assert a2(["study", "plan", str(path), f"storage={tmp_path}", "--delta", "2"]) == 0
+    assert "adaptive replicates" not in capsys.readouterr().out
+    assert plan.adaptive_text(spec, None, per_trial) == ""
+    assert a2(["study", "plan", str(SMOKE), f"storage={tmp_path}"]) == 0  # synthetic, nothing measured: no noise
+    assert "adaptive replicates" not in capsys.readouterr().out
+    assert a2(["study", "plan", str(SMOKE), f"storage={tmp_path}", "--sd", "1.0"]) == 0
+    smoke_out = capsys.readouterr().out  # gate against none, no GPU: seed-trials only
+    assert "gate vs none at 5:" in smoke_out and "seed-trials" in smoke_out
+    assert "GPU-hours" not in smoke_out[smoke_out.index("adaptive replicates"):]

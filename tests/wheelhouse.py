@@ -24,7 +24,8 @@ import zipfile
 from pathlib import Path
 
 WHEELHOUSE = Path(os.environ.get("A2_WHEELHOUSE", "/var/cache/a2tune-wheelhouse"))
-SKIP = {"a2tune"}  # the project itself: the node installs its own copy
+SKIP = {"a2tune"}
+FORMAT = 2  # of the repacked wheels: a new one makes the wheels again  # the project itself: the node installs its own copy
 
 
 def _norm(name: str) -> str:
@@ -71,7 +72,9 @@ def _repack(dist: md.Distribution, out: Path) -> Path:
             if not file.is_file():
                 continue
             data = file.read_bytes()
-            whl.writestr(rel, data)
+            entry = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+            entry.external_attr = (file.stat().st_mode & 0xFFFF) << 16  # pip keeps the executable bit (gcs_server)
+            whl.writestr(entry, data)
             rows.append((rel, _hash(data), str(len(data))))
         record = io.StringIO()
         csv.writer(record, lineterminator="\n").writerows([*rows, (f"{info}/RECORD", "", "")])
@@ -82,7 +85,8 @@ def _repack(dist: md.Distribution, out: Path) -> Path:
 def wheelhouse() -> Path:
     """The folder of wheels for this machine's installed versions, made on first use (readable by every account)."""
     dists = _installed()
-    key = hashlib.sha256("\n".join(sorted(f"{_norm(d.metadata['Name'])}=={d.version}" for d in dists)).encode())
+    versions = sorted(f"{_norm(d.metadata['Name'])}=={d.version}" for d in dists)
+    key = hashlib.sha256("\n".join([f"format {FORMAT}", *versions]).encode())
     folder = WHEELHOUSE / key.hexdigest()[:16]
     if (folder / "COMPLETE").is_file():
         return folder
