@@ -14,7 +14,9 @@ Arms, each a cross-entropy step (mask step + captioner step, A2 gate, images lay
   packed k     k in {2, 4} processes on the card, each a single seed, started together: aggregate images/s.
 Images/s per card = seeds x 10 images / step time (median of timed steps after warm-up, synchronised). The eager
 arms of a precision (single, fused, batch) are built together and stepped in turn, round after round (the order
-reversed every other round), so that a machine's changing load falls on every arm alike.
+reversed every other round), so that a machine's changing load falls on every arm alike. On a CPU each arm also
+has its median process CPU time a step (`cpu_step_s`, `per_seed_cpu_over_single`): on a CPU shared with other
+jobs the wall time moves with their load, the CPU time much less.
 FLOPs: `torch.utils.flop_counter.FlopCounterMode` over one single-seed step (forward and backward; matrix
 products and attention, the FLOPs that count); a fused step of k seeds does k times that. TFLOP/s = FLOPs per
 second of the arm. The record (JSON) goes to benchmarks/records/gpu/<machine>-<date>.json (`--out` to change),
@@ -134,19 +136,21 @@ def timed(device, step, warmup: int, repeats: int) -> float:
 
 
 def interleaved(device, steps: dict, warmup: int, repeats: int) -> dict:
-    """Median seconds of each step in `steps` (name -> callable), the steps taken in turn, round after round, the
-    order reversed every other round: a changing load on a shared machine falls on every arm alike."""
+    """(median wall seconds, median process CPU seconds) of each step in `steps` (name -> callable), the steps
+    taken in turn, round after round, the order reversed every other round: a changing load on a shared machine
+    falls on every arm alike. The CPU seconds are this process's (all its threads): on a CPU shared with other
+    jobs they are the step's own cost, which the wall time is not."""
     names = list(steps)
     times = {n: [] for n in names}
     for r in range(warmup + repeats):
         for n in (names if r % 2 == 0 else names[::-1]):
             _sync(device)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             steps[n]()
             _sync(device)
             if r >= warmup:
-                times[n].append(time.perf_counter() - start)
-    return {n: statistics.median(ts) for n, ts in times.items()}
+                times[n].append((time.perf_counter() - start, time.process_time() - cpu))
+    return {n: tuple(statistics.median(t[i] for t in ts) for i in (0, 1)) for n, ts in times.items()}
 
 
 def step_flops(device, sizes, vocab) -> float:
@@ -220,12 +224,15 @@ def main(argv=None) -> int:
         rec["cpu"] = machine(torch.device("cpu"))
         rec["dense_tf32_peak_tflops"] = None  # fill from the card's datasheet (not measurable here)
 
-    def add(kind, prec, k, seconds, note=None):
+    def add(kind, prec, k, seconds, note=None, cpu_seconds=None):
         row = {"kind": kind, "precision": prec, "k": k, "step_s": seconds}
         if seconds is not None:
             row["images_per_s"] = k * IMAGES / seconds
             row["tflops"] = k * flops / seconds / 1e12
             row["per_seed_step_s"] = seconds / k
+        if cpu_seconds is not None and not cuda:
+            row["cpu_step_s"] = cpu_seconds
+            row["per_seed_cpu_s"] = cpu_seconds / k
         if note:
             row["note"] = note
         rec["arms"].append(row)
@@ -241,8 +248,8 @@ def main(argv=None) -> int:
                     steps[(kind, k)] = build()
                 except Exception as err:  # noqa: BLE001 - recorded: the record says what did not run
                     add(kind, prec, k, None, f"{type(err).__name__}: {err}"[:300])
-        for (kind, k), seconds in interleaved(device, steps, warmup, repeats).items():
-            add(kind, prec, k, seconds)
+        for (kind, k), (seconds, cpu_seconds) in interleaved(device, steps, warmup, repeats).items():
+            add(kind, prec, k, seconds, cpu_seconds=cpu_seconds)
         del steps
         if cuda:
             torch.cuda.empty_cache()
@@ -265,12 +272,15 @@ def main(argv=None) -> int:
                 add("packed", "tf32", k, packed(device, sizes, "tf32", vocab, k, warmup, repeats))
             except Exception as err:  # noqa: BLE001
                 add("packed", "tf32", k, None, f"{type(err).__name__}: {err}"[:300])
-    single = {r["precision"]: r["step_s"] for r in rec["arms"] if r["kind"] == "single"}
+    single = {r["precision"]: r for r in rec["arms"] if r["kind"] == "single"}
     for r in rec["arms"]:
         if r.get("step_s") and r["kind"] != "single":
-            # < 1: a fused (or packed) seed costs less than a seed trained alone in the same precision
-            r["per_seed_over_single"] = r["per_seed_step_s"] / single[r["precision"] if r["precision"] in single
-                                                                       else "fp32"]
+            # < 1: a fused (or packed) seed costs less than a seed trained alone in the same precision; on a CPU
+            # also in process CPU time, the ratio a shared machine's load does not move
+            alone = single[r["precision"] if r["precision"] in single else "fp32"]
+            r["per_seed_over_single"] = r["per_seed_step_s"] / alone["step_s"]
+            if "cpu_step_s" in r:
+                r["per_seed_cpu_over_single"] = r["per_seed_cpu_s"] / alone["cpu_step_s"]
     # the best mode a study can train in (`batch` changes the batch, so it is a bound, not a mode)
     best = max((r for r in rec["arms"] if r.get("images_per_s") and r["kind"] != "batch"),
                key=lambda r: r["images_per_s"])

@@ -59,6 +59,22 @@ def _alive_here(holder: dict) -> bool:
     return not (started and now and started != now)
 
 
+def _surely_alive_here(holder: dict) -> bool:
+    """`_alive_here`, and known to be the holder itself: its lease records its process's start time, and the process
+    with its pid started then (a lease of an older a2 records none: its pid may be another process's by now)."""
+    return bool(holder.get("pid_start")) and _alive_here(holder)
+
+
+def _command_of(pid) -> str:
+    """The command line of process `pid` on this host, shortened (empty where unknown)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            text = " ".join(f.read().replace(b"\0", b" ").decode(errors="replace").split())  # one line
+    except OSError:
+        return ""
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _pid_gone(holder: dict) -> bool:
     """The holder ran on this host and its process is no longer there."""
     return (holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int)
@@ -208,10 +224,12 @@ class StudyLease:
         period = holder_period(holder, self.stale_after)
         study = os.path.dirname(self.location.uri)
         pid = holder.get("pid", "?")
-        if _alive_here(holder) and age >= period:
+        if _surely_alive_here(holder) and age >= period:
+            command = _command_of(pid)
             raise StudyError(f"study at {study} is held by {describe(holder, age)}, a process still alive on this "
-                             f"host (stopped or hung: its heartbeat stopped); one writer per study, so not even "
-                             f"--force takes it over: end that process first (`kill -9 {pid}`), then resume")
+                             f"host{f' ({command})' if command else ''}, stopped or hung: its heartbeat stopped; one "
+                             f"writer per study, so not even --force takes it over: end that process first "
+                             f"(`kill -9 {pid}`), then resume")
         gone = _pid_gone(holder)
         if not gone and age < period:
             raise StudyError(f"study at {study} is being written by {describe(holder, age)}; one writer per study: "

@@ -18,12 +18,12 @@ from dashboards.tracking import redact_uri, study_pointer
 from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, package
 from launch.record import StudyRecord
 from launch.spec import load_study
-from launch.conclusions import verdict
+from launch.conclusions import read_summary, verdict
 from launch.defaults import PIPELINE_OUT
 from launch.driver import resume_study, run_study
 from launch import runlog
 from launch.raycluster import shutdown as stop_ray
-from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, saved_form, study_path
+from launch.location import STUDY_FILE, StudyLocation, load_saved_spec, saved_form, study_path
 from launch.study import exit_code
 
 
@@ -37,7 +37,7 @@ def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
     if saved != wanted:
         raise StudyError(f"study {spec.name!r} exists at {location.uri()} with another spec; give this one another "
                          f"name (override name=...) or another --storage")
-    summary = json.loads(location.read_text(SUMMARY_FILE) or "{}")
+    summary = read_summary(location) or {}  # its paths where the study is; a damaged file one line
     if summary.get("complete"):
         print(f"pipeline: study {spec.name} finished before at {location.uri()}: reusing it", flush=True)
         return summary

@@ -361,7 +361,8 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
 
 def aggregate(outcomes: list[dict], spec, model: ScoreModel) -> dict:
     """Rates over rehearsals: the best group a true best, a true best kept, each row's verdicts (right, wrong, none)
-    and mean width, trials stopped and trial-epochs run."""
+    and mean width, trials stopped and trial-epochs run; the family's (`family_wrong`: the rehearsals with some
+    verdict wrong, the family-wise false rate when `all_equal`; `family`: the comparisons Holm adjusted over)."""
     n = len(outcomes)
     rows, families = {}, Counter()
     for label in outcomes[0]["rows"] if outcomes else []:
@@ -377,9 +378,11 @@ def aggregate(outcomes: list[dict], spec, model: ScoreModel) -> dict:
     # the family's error: some verdict of the rehearsal wrong (a truly equal arm resolved, or one resolved on the
     # wrong side); with every arm of the score model equal, the family-wise false "resolved" rate Holm holds at 5%
     gaps = [row["true_gap"] for row in rows.values()]
-    return {"rehearsals": n, "family_wrong": sum(any(r["wrong"] for r in o["rows"].values()) for o in outcomes) / n,
+    wrong = sum(any(r["wrong"] for r in o["rows"].values()) for o in outcomes)
+    return {"rehearsals": n, "family_wrong": wrong / n,
             "all_equal": bool(gaps) and all(g == 0 for g in gaps),
-            "family": families.most_common(1)[0][0] if families else 1, "best_group_true_best": sum(o["best_group_true_best"] for o in outcomes) / n,
+            "family": families.most_common(1)[0][0] if families else 1,
+            "best_group_true_best": sum(o["best_group_true_best"] for o in outcomes) / n,
             "true_best_survived": sum(o["true_best_survived"] for o in outcomes) / n,
             "stopped_mean": float(np.mean([o["stopped"] for o in outcomes])),
             "epoch_share": float(np.mean([o["epochs_run"] / o["epochs_planned"] for o in outcomes])),
@@ -422,9 +425,9 @@ def aggregate_text(agg: dict, spec, model: ScoreModel, title: str, closed_form: 
                        f"rate, {'Holm over ' + str(family) + ' comparisons' if family > 1 else 'one comparison'}, "
                        f"held at 5%")
     else:
-        family_line = (f"  family    some verdict wrong (an equal arm resolved, or one on the wrong side) in {wrong:.1%} "
-                       f"of {n} rehearsals (MC error +-{mc_error(wrong, n):.1%}); with every arm equal (--mean) it is "
-                       f"the family-wise false rate")
+        family_line = (f"  family    some verdict wrong (an equal arm resolved, or one on the wrong side) in "
+                       f"{wrong:.1%} of {n} rehearsals (MC error +-{mc_error(wrong, n):.1%}); with every arm "
+                       f"equal (--mean) it is the family-wise false rate")
     lines = [title,
              f"  kept      a true best configuration survived early stopping in {agg['true_best_survived']:.0%}, "
              f"was the best group in {agg['best_group_true_best']:.0%} of {n} rehearsals "

@@ -60,6 +60,26 @@ def log_path(study_uri: str, name: str) -> Path:
     return Path(os.path.expanduser("~")) / ".cache" / "a2tune" / "logs" / name / LOG_FILE
 
 
+class _WithoutTraceback(logging.Formatter):
+    """A terminal handler's formatter while diverted: a record's traceback (Tune's "Trial task failed" for a trial
+    whose worker was killed, which Tune retries) goes to the log file only; the terminal shows the record's own line
+    and where its traceback is."""
+
+    def __init__(self, inner: logging.Formatter | None, path: Path):
+        super().__init__()
+        self.inner, self.path = inner or logging.Formatter(), path
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not (record.exc_info or record.exc_text or record.stack_info):
+            return self.inner.format(record)
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
+        try:
+            return f"{self.inner.format(record)} (traceback in {self.path})"
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
 @contextlib.contextmanager
 def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
     """While inside: the INFO lines of `loggers` go to `path` (appended), their terminal handlers show WARNING and
@@ -71,13 +91,15 @@ def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
     handler = _FolderFileHandler(Path(path))
     handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    saved: dict[logging.Handler, int] = {}  # a handler shared by two loggers is saved (and put back) once
+    saved: dict[logging.Handler, tuple] = {}  # a handler shared by two loggers is saved (and put back) once
     for name in loggers:
         logger = logging.getLogger(name)
         for terminal in logger.handlers:
-            if isinstance(terminal, logging.StreamHandler) and not isinstance(terminal, logging.FileHandler):
-                saved.setdefault(terminal, terminal.level)
+            if isinstance(terminal, logging.StreamHandler) and not isinstance(terminal, logging.FileHandler) \
+                    and terminal not in saved:
+                saved[terminal] = terminal.level, terminal.formatter
                 terminal.setLevel(max(terminal.level, logging.WARNING))
+                terminal.setFormatter(_WithoutTraceback(terminal.formatter, Path(path)))
         logger.addHandler(handler)
     try:
         yield Path(path)
@@ -85,5 +107,6 @@ def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
         for name in loggers:
             logging.getLogger(name).removeHandler(handler)
         handler.close()
-        for terminal, level in saved.items():
+        for terminal, (level, formatter) in saved.items():
             terminal.setLevel(level)
+            terminal.setFormatter(formatter)

@@ -94,9 +94,11 @@ def pattern_of(path: str, study: str = STUDY) -> str:
 
 
 def writer_of(title: str) -> str:
+    """`driver`, `trial` (a Ray worker process: the study's only ones that write in its folder are its trials',
+    titled by Ray `ray::ImplicitFunc.train` and the like), or the process's title."""
     if title == "driver":
         return "driver"
-    return "trial" if title.startswith("ray::") and "train" in title.lower() else title
+    return "trial" if title.startswith("ray::") else title
 
 
 def read_log(path: Path, study: str = STUDY) -> list[Write]:

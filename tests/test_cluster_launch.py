@@ -197,8 +197,10 @@ def test_ray_up_submit_down_on_a_head_that_shares_nothing(tmp_path, head_account
     try:
         _ray(["up", "-y", "--no-config-cache", str(config)], env)
         up_s = time.monotonic() - started
-        where = head.ssh("python -c 'import a2core, sys; print(a2core.__file__); print(sys.prefix)'")
-        a2core_file, prefix = where.stdout.split()
+        # as Ray runs a command there: an interactive login shell, so ~/.bashrc puts the setup's venv first
+        where = head.ssh("bash --login -i -c \"python -c 'import a2core, sys; print(a2core.__file__, sys.prefix)'\" "
+                         "2>/dev/null")
+        a2core_file, prefix = where.stdout.split()[-2:]
         assert Path(a2core_file).is_relative_to(head.home / "a2tune"), where.stdout
         assert Path(prefix).is_relative_to(head.home), where.stdout  # the venv the setup commands built
         assert (head.home / ".ray" / "auth_token").is_file()

@@ -43,7 +43,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 PAGE = REPO / "docs" / "how-to" / "reproduce-table-3.md"
 HOWTO = re.compile(r"<!--\s*howto-test:\s*(runs\b.*?|skip:\s*(?P<reason>.*?))\s*-->")
-SHRINK = ("search.space={fusion:{grid:[none,gate]}} search.replicates=4 model.d_model=32 model.layers=1 "
+# The space as one YAML value: its comma must reach a2 whole through bash, which would brace-expand it unquoted;
+# `ray submit` joins its arguments unquoted into a command line the head's bash reads again, so quoted twice there.
+SPACE = "search.space={fusion:{grid:[none,gate]}}"
+SHRINK = ("search.replicates=4 model.d_model=32 model.layers=1 "
           "model.heads=2 model.d_ff=64 model.max_regions=8 train.xe_epochs=1 train.batch_size=10 train.warmup=10 "
           "train.num_workers=0 train.val_decode=greedy train.test_meteor=false resources.cpus_per_worker=1 "
           "resources.gpus_per_worker=0 resources.max_concurrent_trials=2")
@@ -70,7 +73,8 @@ def script(lines: list[str], bucket: str) -> str:
         line = line.replace("s3://your-bucket", f"s3://{bucket}").replace("--tmux ", "")
         command, hash_, comment = line.partition(" #")
         if command.startswith(SHRUNK):
-            line = f"{command.rstrip()} {SHRINK}" + (f"  #{comment}" if hash_ else "")
+            space = f"\"'{SPACE}'\"" if command.startswith("ray submit ") else f"'{SPACE}'"
+            line = f"{command.rstrip()} {space} {SHRINK}" + (f"  #{comment}" if hash_ else "")
         out.append(line)
     return "set -euo pipefail\n" + "\n".join(out) + "\n"
 

@@ -21,7 +21,11 @@ Then every command exited 0 or died of its kill, none printed a traceback, every
 its epochs and its test scores, and MLflow holds every (run, key, step) once.
 
 The sweep is grouped for time: each kill's `resume` is itself killed at the next window, so the study advances
-from window to window in one chain of drivers (one local Ray start each), and the workers' windows ride along.
+from window to window in one chain of drivers (one local Ray start each), and the workers' windows ride along. A
+resume that finishes the study without meeting its window (a write the resumed study does not make again) leaves
+that window to a new study, whose chain goes on from there; every study of the sweep is checked at the end. A
+worker killed on purpose makes Tune log the trial's failure: its one line reaches the terminal, its traceback only
+the study's `driver.log` (`launch.runlog`).
 """
 from __future__ import annotations
 

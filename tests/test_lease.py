@@ -217,3 +217,14 @@ def test_a_superseded_holder_stops_before_its_next_write(tmp_path, capsys):
         lease.release()
     assert json.loads(study.join(LEASE_FILE).read_text())["token"] == "theirs"
     assert held_lease(study.uri) is None
+
+
+def test_an_older_lease_whose_pid_may_be_reused_is_taken_over_when_stale(tmp_path):
+    """A lease of an a2 that recorded no process start time: its pid alive here may be another process by now (a
+    reboot, pids wrapped), so a stale one is taken over with --force as before, not refused as a live holder."""
+    study = open_location(tmp_path / "study")
+    _stale_lease(study, host=socket.gethostname(), age=1000, pid=os.getppid())  # alive, not the holder
+    with pytest.raises(StudyError, match="stale lease of .*--force"):
+        StudyLease(study).acquire()
+    with StudyLease(study).held(force=True) as lease:
+        assert json.loads(study.join(LEASE_FILE).read_text())["token"] == lease.mine["token"]
