@@ -10,7 +10,8 @@ one batched model (HFTA's horizontal fusion) with `torch.func`:
     it unchanged (`a2core.train.Trainer`, one per seed);
   * a step is `torch.func.vmap(functional_call(template, params_i, batch_i), randomness="different")` over the
     seeds: each seed its own batch (its own data order, `train.seed`), its own dropout draws, one kernel launch
-    for the k;
+    for the k (self-attention written out on the mapped model, `SelfAttention.sdpa = False`: vmap has no batching
+    rule for the CPU SDPA kernel and would run it once per seed);
   * the update is elementwise per seed: Adam on the stacked tensors is k Adams (its state is per element);
     gradient clipping takes each seed's own norm (`_clip_per_seed`); the learning rate is the same schedule for
     all (the configuration is the same).

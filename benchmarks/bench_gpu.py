@@ -52,6 +52,7 @@ from a2core.data.synthetic import generate  # noqa: E402
 from a2core.model.a2 import build_model  # noqa: E402
 from a2core.train import Trainer, Updates  # noqa: E402
 from benchmarks.bench_recipe import paper_step_batches  # noqa: E402
+from launch import plan  # noqa: E402 - the constants its figures are set against
 
 PAPER_MODEL = {"d_model": 512, "layers": 6, "heads": 8, "d_ff": 2048, "dropout": 0.1, "max_regions": 50,
                "fusion": "gate", "lambda": 0.035}
@@ -180,15 +181,16 @@ def report(result: dict) -> str:
     for precision in result["precisions"]:
         lines.append(f"  {precision}: pairs / images step time {a[precision + '/pairs_over_images']:.2f} "
                      f"({a['encoder_passes']['pairs']} vs 10 encoder passes) -> encoder share "
-                     f"{a[precision + '/encoder_share']:.2f} (plan: ENCODER_SHARE 0.26)")
+                     f"{a[precision + '/encoder_share']:.2f} (plan: ENCODER_SHARE {plan.ENCODER_SHARE:g})")
     lines += [f"(b) Trainer epochs on the synthetic set ({b['train_images']} train, {b['val_images']} val images), "
               f"process group {b['backend']} world {b['world_size']}, all-reduce on: {b['all_reduce_ran']}:",
               f"  cross-entropy {b['xe_epoch_s']:.1f} s ({b['xe_images_per_s']:.0f} images/s), validation "
               f"{b['val_s']:.1f} s, SCST sample {b['scst_sample_epoch_s']:.1f} s, SCST beam "
               f"{b['scst_beam_epoch_s']:.1f} s",
               f"  per image, in cross-entropy images: validation {b['val_image_cost']:.2f} (plan: VAL_IMAGE_COST "
-              f"1.0), SCST sample {b['scst_image_cost']:.2f} (plan: SCST_IMAGE_COST 2.0); SCST beam / sample "
-              f"{b['beam_scst_cost']:.2f} (plan: BEAM_SCST_COST 0.75)"]
+              f"{plan.VAL_IMAGE_COST:g}), SCST sample {b['scst_image_cost']:.2f} (plan: SCST_IMAGE_COST "
+              f"{plan.SCST_IMAGE_COST:g}); SCST beam / sample {b['beam_scst_cost']:.2f} (plan: BEAM_SCST_COST "
+              f"{plan.BEAM_SCST_COST:g})"]
     return "\n".join(lines)
 
 

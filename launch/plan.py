@@ -227,9 +227,10 @@ def measured_throughput(spec, records: str | Path | None = None) -> Throughput |
     The mode: with `resources.fuse_replicates` (and one worker a trial), each configuration's seeds train as one
     fused model: stage 1 at the record's `fused` arm of k = the study's seeds (else the largest k below), in TF32
     for an fp32 study (`a2core.fused` turns it on); validation, SCST and the test evaluation run per seed, at the
-    `single` arm's speed, so the figure returned is the study's work over the time of the two. With a fraction of a
-    GPU per worker, 1 / gpus_per_worker trials share a card: the `packed` arm of that k (else the largest below),
-    every stage at it. Otherwise one trial per card: the `single` arm in the study's precision."""
+    `single` arm's speed, so the figure returned is the study's work over the time of the two (fused groups sharing
+    a card are not measured: priced as one a card). With a fraction of a GPU per worker, 1 / gpus_per_worker trials
+    share a card: the `packed` arm of that k (else the largest below), every stage at it. Otherwise one trial per
+    card: the `single` arm in the study's precision."""
     newest = newest_gpu_record(records)
     if newest is None:
         return None

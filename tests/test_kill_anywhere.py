@@ -95,9 +95,12 @@ def _steps(windows: list) -> list[tuple[str, str]]:
     steps.insert(at, ("code", "export-final"))  # the last export runs before the study's summary is made
     at = next(i for i, (_, entry) in enumerate(steps) if "delete lease.json" in entry)
     steps.insert(at, ("code", "study-end"))
-    last = max(i for i, (_, entry) in enumerate(steps) if entry.startswith("driver") and " trials/" in entry
-               and "checkpoint_epoch" in entry)  # the second trial's last checkpoint: the first trial's is done
-    steps.insert(last + 1, ("window", steps[last][1] + "@1"))
+    # again at the second trial's last checkpoint, after the first trial's windows (its checkpoints all made)
+    last_trial = max(i for i, (_, entry) in enumerate(steps) if entry.startswith("driver") and " trials/" in entry
+                     or "a2_local_trial_" in entry)
+    again = next(entry for _, entry in steps if "checkpoint_epoch" in entry and entry.startswith("driver")
+                 and entry.endswith(f"{EPOCHS:04d}"))
+    steps.insert(last_trial + 1, ("window", again + "@1"))
     return steps
 
 
