@@ -63,11 +63,6 @@ def load(path: str | Path, map_location="cpu") -> dict:
     its SHA-256 beside it (`a2core.checksum`, written when a study stores it) must match it: a flipped byte is a
     CheckpointError naming the file, even where torch would load the damaged weights."""
     path = resolve(path)
-    recorded = checksum_path(path)
-    if recorded.is_file():
-        damaged = checksum_problem(path, recorded.read_text(errors="replace"), str(path))
-        if damaged:
-            raise CheckpointError(damaged)
     if not zipfile.is_zipfile(path):  # torch.save writes a zip; anything else is a raw pickle or garbage
         named = _raw_pickle_globals(path)
         needs = f" (a pickle needing {', '.join(named)})" if named else ""
@@ -96,6 +91,11 @@ def load(path: str | Path, map_location="cpu") -> dict:
     if isinstance(state.get("format"), int) and state["format"] < FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {state['format']}, from before the first release (this "
                               f"a2tune reads format {FORMAT}); train it again")
+    recorded = checksum_path(path)  # checked once it loads: a file cut short says so as such
+    if recorded.is_file():
+        damaged = checksum_problem(path, recorded.read_text(errors="replace"), str(path))
+        if damaged:
+            raise CheckpointError(damaged)
     if isinstance(state.get("rng"), dict) and "numpy" in state["rng"]:  # the older form becomes plain data
         state["rng"] = {**state["rng"], "numpy": _plain_numpy_state(state["rng"]["numpy"])}
     return state

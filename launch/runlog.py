@@ -60,24 +60,20 @@ def log_path(study_uri: str, name: str) -> Path:
     return Path(os.path.expanduser("~")) / ".cache" / "a2tune" / "logs" / name / LOG_FILE
 
 
-class _WithoutTraceback(logging.Formatter):
-    """A terminal handler's formatter while diverted: a record's traceback (Tune's "Trial task failed" for a trial
-    whose worker was killed, which Tune retries) goes to the log file only; the terminal shows the record's own line
-    and where its traceback is."""
-
-    def __init__(self, inner: logging.Formatter | None, path: Path):
-        super().__init__()
-        self.inner, self.path = inner or logging.Formatter(), path
-
-    def format(self, record: logging.LogRecord) -> str:
+def _without_traceback(terminal: logging.Handler, path: Path):
+    """`terminal.format` while diverted: a record's traceback (Tune's "Trial task failed" for a trial whose worker
+    was killed, which Tune retries) goes to the log file only; the terminal shows the record's own line and where its
+    traceback is. The handler's method, not its formatter: `ray.init` sets the formatters of Ray's handlers anew."""
+    def format(record: logging.LogRecord) -> str:
         if not (record.exc_info or record.exc_text or record.stack_info):
-            return self.inner.format(record)
+            return type(terminal).format(terminal, record)
         saved = record.exc_info, record.exc_text, record.stack_info
         record.exc_info = record.exc_text = record.stack_info = None
         try:
-            return f"{self.inner.format(record)} (traceback in {self.path})"
+            return f"{type(terminal).format(terminal, record)} (traceback in {path})"
         finally:
             record.exc_info, record.exc_text, record.stack_info = saved
+    return format
 
 
 @contextlib.contextmanager
@@ -91,15 +87,15 @@ def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
     handler = _FolderFileHandler(Path(path))
     handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    saved: dict[logging.Handler, tuple] = {}  # a handler shared by two loggers is saved (and put back) once
+    saved: dict[logging.Handler, int] = {}  # a handler shared by two loggers is saved (and put back) once
     for name in loggers:
         logger = logging.getLogger(name)
         for terminal in logger.handlers:
             if isinstance(terminal, logging.StreamHandler) and not isinstance(terminal, logging.FileHandler) \
                     and terminal not in saved:
-                saved[terminal] = terminal.level, terminal.formatter
+                saved[terminal] = terminal.level
                 terminal.setLevel(max(terminal.level, logging.WARNING))
-                terminal.setFormatter(_WithoutTraceback(terminal.formatter, Path(path)))
+                terminal.format = _without_traceback(terminal, Path(path))
         logger.addHandler(handler)
     try:
         yield Path(path)
@@ -107,6 +103,6 @@ def diverted(path: Path, loggers: tuple[str, ...] = LOGGERS) -> Iterator[Path]:
         for name in loggers:
             logging.getLogger(name).removeHandler(handler)
         handler.close()
-        for terminal, (level, formatter) in saved.items():
+        for terminal, level in saved.items():
             terminal.setLevel(level)
-            terminal.setFormatter(formatter)
+            vars(terminal).pop("format", None)

@@ -761,6 +761,10 @@ def _check_schedule(spec: StudySpec) -> None:
             f"{where}: T_P up to {tp[1]:g} steps reaches past the {spec.total_steps} steps a trial takes: "
             f"exp_decay still keeps {math.exp(-spec.total_steps / tp[1]):.0%} of the original attention when "
             f"training ends ({spec.source or 'study'})")
+    if spec.resources.fuse_replicates:
+        spec.warnings.append(
+            f"resources.fuse_replicates: `a2 study plan` prices the study with fused seeds, but its trials still "
+            f"train one seed each: the trainable does not train fused groups yet ({spec.source or 'study'})")
 
 
 # -- search ------------------------------------------------------------------------------------------------------------

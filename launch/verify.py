@@ -502,11 +502,11 @@ def checkpoint_problem(location, model: dict | None = None, searched: tuple = ()
     with tempfile.TemporaryDirectory(prefix="a2-check-") as tmp:
         try:
             local = Path(location.uri) if location.local else location.download(Path(tmp) / "checkpoint.pt")
+            state = checkpoint.load(local)  # a local file's SHA-256 beside it is checked there
             recorded = None if location.local else open_location(location.uri + SUFFIX, location.endpoint_url)
-            damaged = recorded and checksum_problem(local, recorded.read_text(), str(local))  # local: `load` checks
+            damaged = recorded and checksum_problem(local, recorded.read_text(), str(local))
             if damaged:
                 raise CheckpointError(damaged)
-            state = checkpoint.load(local)
         except (CheckpointError, OSError) as err:
             return f"{location.uri}: {str(err).replace(str(local) + ': ', '') if location.local else err}"
     mismatch = model_mismatch(state, model, searched)

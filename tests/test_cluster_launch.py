@@ -34,7 +34,7 @@ import pytest
 import torch
 import yaml
 
-from tests.raycluster import REPO, a2_env
+from tests.raycluster import REPO, a2_env, arrow_s3_compatible_moto  # noqa: F401 (a fixture)
 from tests.s3server import s3_client, unique_bucket
 from tests.wheelhouse import wheelhouse
 
@@ -176,7 +176,8 @@ def cluster_file(tmp_path: Path, head: Head) -> Path:
     return path
 
 
-def test_ray_up_submit_down_on_a_head_that_shares_nothing(tmp_path, head_account, s3_endpoint):
+def test_ray_up_submit_down_on_a_head_that_shares_nothing(tmp_path, head_account, s3_endpoint,
+                                                           arrow_s3_compatible_moto):
     head = head_account
     started = time.monotonic()
     # The account cannot read the checkout nor this machine's Python, and has no a2tune before `ray up`.

@@ -84,7 +84,7 @@ def test_check_passes_a_whole_study_and_names_a_truncated_best_checkpoint(finish
     assert check.returncode == 0 and "all readable" in check.stdout, check.stdout[-3000:]
 
     summary = json.loads((storage / NAME / "summary.json").read_text())
-    best = Path(summary["best"]["checkpoint"].replace(str(finished[0]), str(storage)))
+    best = storage / NAME / summary["best"]["checkpoint"].replace(str(finished[0]), str(storage))  # relative, or old
     best.write_bytes(best.read_bytes()[:best.stat().st_size // 2])
     status = a2("study", "status", NAME, "--storage", str(storage), cwd=root, env=env, timeout=120)
     assert status.returncode == 0, status.stdout[-3000:]

@@ -35,7 +35,7 @@ import pytest
 import yaml
 
 from a2core.data import synthetic
-from tests.raycluster import REPO, a2_env
+from tests.raycluster import REPO, a2_env, arrow_s3_compatible_moto  # noqa: F401 (a fixture)
 from tests.s3server import unique_bucket
 from tests.test_cluster_launch import _account_pids, _is_ray, _tool, head_account  # noqa: F401 (a fixture)
 
@@ -136,7 +136,7 @@ def run_block(number: int, text: str, cwd: Path, env: dict, log: Path, timeout: 
     return run.stdout
 
 
-def test_the_how_to_runs_as_written(tmp_path, head_account, s3_endpoint):
+def test_the_how_to_runs_as_written(tmp_path, head_account, s3_endpoint, arrow_s3_compatible_moto):
     head = head_account
     with socket.socket() as s:  # the shipped head starts its MLflow server on 127.0.0.1:5000
         if s.connect_ex(("127.0.0.1", 5000)) == 0:

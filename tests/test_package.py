@@ -279,7 +279,8 @@ def test_package_trains_missing_seed_on_ray_and_delivers(study, tmp_path, s3_end
     assert len(companions) == 1
     comp_summary = json.loads((study["storage"] / companions[0] / "summary.json").read_text())
     (trial,) = comp_summary["trials"]
-    assert trial["seed"] == 3 and trial["state"] == "TERMINATED" and Path(trial["best_checkpoint"]).is_file()
+    assert trial["seed"] == 3 and trial["state"] == "TERMINATED"
+    assert (study["storage"] / companions[0] / trial["best_checkpoint"]).is_file()  # relative to the study's folder
 
     # The zip: exactly the two server files at its root, valid against the image lists.
     data = study["data"]

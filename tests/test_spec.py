@@ -474,3 +474,13 @@ def test_refusals_speak_the_house_style_not_pydantics(override, reason):
         load_study(SMOKE, [override], check_files=False)
     assert str(info.value).endswith(reason), str(info.value)
     assert "should" not in str(info.value)
+
+
+def test_fused_replicates_are_said_to_be_priced_only(tmp_path):
+    """`resources.fuse_replicates` prices the plan; until the trainable trains fused groups, a study that sets it is
+    told so in a warning (its trials train one seed each), and one that does not hears nothing of it."""
+    fused = load_study(SMOKE, ["resources.fuse_replicates=true", f"storage={tmp_path}"])
+    assert [w for w in fused.warnings if w.startswith("resources.fuse_replicates:")] == [
+        "resources.fuse_replicates: `a2 study plan` prices the study with fused seeds, but its trials still train one "
+        f"seed each: the trainable does not train fused groups yet ({fused.source})"]
+    assert not any("fuse_replicates" in w for w in load_study(SMOKE, [f"storage={tmp_path}"]).warnings)
