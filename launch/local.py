@@ -109,6 +109,7 @@ class _EpochBar:
         if progress.metrics is not None:
             self.bar.set_postfix(loss=f"{progress.metrics['train/loss']:.4f}", refresh=False)
         if progress.done >= progress.total:  # validation follows: the bar goes, the epoch's line comes
+            self.bar.refresh()  # its full count drawn once, whatever tqdm's redraw interval skipped on fast steps
             self.close()
 
     def close(self) -> None:

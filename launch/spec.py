@@ -792,6 +792,8 @@ def _check_space(search: Search, sections: dict) -> dict[str, Param]:
         p._key = key
     for path, setter in setters.items():
         if (value := get_dotted(sections, path, _MISSING)) is not _MISSING:  # what to write instead, said too
+            if not setter.startswith("search.space."):  # the seed, set by search.replicates: nothing to write
+                _fail(path, f"is set by {setter}; remove it from {path.split('.')[0]}")
             one = (f"{setter}.grid=[{format_value(value)}]" if space[setter[len("search.space."):]].kind == "grid"
                    else f"'{setter}={{grid: [{format_value(value)}]}}'")
             _fail(path, f"is set by {setter}; remove it from {path.split('.')[0]} (to give every trial this "

@@ -80,12 +80,16 @@ def test_fusion_ablation_seeds_resolve_every_table3_gap_to_the_baseline(capsys):
 
 
 @pytest.mark.parametrize("name", COCO_STUDIES)
-def test_shipped_coco_study_validates_on_a_synthetic_stand_in(name, tmp_path, capsys):
-    """`a2 data synth` writes the files a COCO study names; with them the study validates completely and the
-    plan counts the captions file."""
+def test_shipped_coco_study_validates_on_a_synthetic_stand_in(name, tmp_path, capsys, s3_endpoint):
+    """`a2 data synth` writes the files a COCO study names; with them the study validates completely (its bucket
+    asked once, here an S3 endpoint on 127.0.0.1) and the plan counts the captions file."""
+    from tests.s3server import unique_bucket
+
     paths = synthetic.generate(tmp_path / "coco", seed=0, images=120, test_images=12)
+    bucket = unique_bucket(s3_endpoint, "a2-team")
     overrides = [f"data.captions={paths['captions']}", f"data.features={paths['features']}",
-                 f"data.test_images={paths['test_images']}", "storage=s3://a2-team-bucket/a2-studies"]
+                 f"data.test_images={paths['test_images']}", f"storage=s3://{bucket}/a2-studies",
+                 f"storage_endpoint_url={s3_endpoint}"]
     spec = load_study(ROOT / "studies" / f"{name}.yaml", overrides)
     train = synthetic.split_sizes(120)["train"]
     assert spec.images == synthetic.split_sizes(120) == {"train": train, "val": 30, "test": 30}

@@ -41,7 +41,8 @@ def test_one_trial_study_trains_with_ddp_and_is_tracked(tmp_path, tiny_data):
     assert trial["fusion"] == "max" and trial["seed"] == 0
     best = summary["best"]
     assert best["trial_id"] == trial["trial_id"]
-    assert Path(best["checkpoint"]).is_file(), best["checkpoint"]
+    assert not Path(best["checkpoint"]).is_absolute()  # relative to the study's folder: a copy reads its own
+    assert (study_dir / best["checkpoint"]).is_file(), best["checkpoint"]
     assert best["config"]["model"]["fusion"] == "max"
     assert summary["baseline"] is None and summary["beats_baseline"] is None
     assert "no baseline (fusion none) trial with seed 0" in out
@@ -116,7 +117,7 @@ def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data, monkeypa
         assert 4 in kept and trial["best_checkpoint_epoch"] in kept and 2 <= len(kept) <= 3, kept
         for epoch in kept:
             assert (folders[trial["trial_id"]] / f"checkpoint_epoch{epoch:04d}" / "checkpoint.pt").is_file()
-    assert Path(summary["best"]["checkpoint"]).is_file()
+    assert (tmp_path / "studies" / name / summary["best"]["checkpoint"]).is_file()  # relative to the study
     # One trial at a time: the second trained in the first one's process (Tune's reuse_actors), no new start-up.
     results = sorted((tmp_path / "studies" / name).glob("*/result.json"))
     assert len(results) == 2, results

@@ -50,8 +50,8 @@ def test_submit_runs_a_study_as_a_ray_job(tmp_path, tiny_data, ray_cluster_facto
     assert summary["complete"] and summary["best"] is not None
     assert summary["trials"][0]["epochs_reported"] == [1, 2]
     best = summary["best"]["checkpoint"]
-    assert best.startswith(f"s3://{bucket}/studies/{name}/trials/") and best.endswith("/checkpoint.pt")
-    s3.head_object(Bucket=bucket, Key=best[len(f"s3://{bucket}/"):])  # the best checkpoint is there
+    assert best.startswith("trials/") and best.endswith("/checkpoint.pt")  # relative to the study's folder
+    s3.head_object(Bucket=bucket, Key=f"studies/{name}/{best}")  # the best checkpoint is there
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"studies/{name}/")["Contents"]}
     assert f"studies/{name}/study.yaml" in keys
 
