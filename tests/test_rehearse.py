@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 
@@ -177,9 +178,12 @@ def test_a_smoke_rehearsal_runs_through_ray_in_seconds_and_is_read_but_never_pac
     assert wall < 180, wall  # Ray's start, 8 trials, the record, MLflow: seconds to a minute on 2 shared cores
     assert "REHEARSAL" in out and "2 stopped early (2 at rung 2)" in out
     # none's replicates are held at rung 2 (52 trial-epochs), but one that reached the rung before Tune had started
-    # the group's last seed trains epoch 3 before the group is judged, as `simulate` shows without holding: each of
-    # the two stopped trials at most one epoch past its rung (52-54, as Ray's start order falls; 54 seen 2026-11-27)
-    assert any(f"{n} of 64 planned trial-epochs ({round(100 * n / 64)}%)" in out for n in (52, 53, 54)), out[-3000:]
+    # the group's last seed trains on before the group is judged: how far depends on how fast the stand-in trainer
+    # reports against how fast the driver takes its results (52-54 on an AMD EPYC VM, 2026-11-27; 56-58 on an Intel
+    # Xeon VM, 2026-12-02, on this code and on the code before it alike). Early stopping still saved epochs: the two
+    # stopped trials ended at least two epochs before their last (at most 60 of 64).
+    epochs = re.search(r"(\d+) of 64 planned trial-epochs", out)
+    assert epochs and 52 <= int(epochs.group(1)) <= 60, out[-3000:]
     assert "over 3 rehearsals" in out
 
     name = "a2-smoke-rehearsal"
