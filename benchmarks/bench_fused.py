@@ -46,9 +46,8 @@ from a2core.config import Config  # noqa: E402
 from a2core.fused import FusedReplicates  # noqa: E402
 from a2core.model.a2 import build_model  # noqa: E402
 from a2core.train import Updates  # noqa: E402
+from benchmarks.bench_gpu import PAPER_MODEL as PAPER  # noqa: E402 - the paper-size model, one definition
 
-PAPER = {"d_model": 512, "layers": 6, "heads": 8, "d_ff": 2048, "dropout": 0.1, "max_regions": 50,
-         "fusion": "gate", "lambda": 0.035}
 SMALL = {"d_model": 64, "layers": 2, "heads": 4, "d_ff": 128, "dropout": 0.1, "max_regions": 50,
          "fusion": "gate", "lambda": 0.035}
 IMAGES, CAPTIONS, LENGTH = 10, 5, 16
