@@ -41,7 +41,9 @@ from tests.wheelhouse import wheelhouse
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 TOOLS = ("sshd", "ssh", "ssh-keygen", "rsync", "nc", "ray", "useradd", "userdel", "unshare")
-HIDDEN = "/work"  # the checkout's file system: an empty tmpfs for the head account's sessions
+# What the head account's sessions see as empty tmpfs: the checkout wherever it was cloned (CI clones outside
+# /work, where its permissions let any account read it) and /work, where this machine keeps its other copies.
+HIDDEN = ["/work"] if REPO.is_relative_to("/work") else [str(REPO)] + (["/work"] if Path("/work").is_dir() else [])
 
 
 def _tool(name: str) -> str | None:
@@ -133,10 +135,11 @@ def head_account(tmp_path, s3_endpoint):
             f"PidFile {d / 'sshd.pid'}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             f"AllowUsers {name}\nStrictModes no\nUsePAM no\n")
         Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory sshd insists on
-        # sshd and every session it starts see an empty /work: the account cannot read the checkout even if its
-        # permissions would let it; and a /tmp/ray of their own, as another machine has (Ray's session folders)
+        # sshd and every session it starts see the HIDDEN folders empty: the account cannot read the checkout even
+        # if its permissions would let it; and a /tmp/ray of their own, as another machine has (Ray's session folders)
+        hide = "".join(f"mount -t tmpfs -o size=1m,mode=755 a2-hidden {folder} && " for folder in HIDDEN)
         proc = subprocess.Popen([_tool("unshare"), "--mount", "--propagation", "private", "sh", "-c",
-                                 f"mount -t tmpfs -o size=1m,mode=755 a2-hidden {HIDDEN} && mkdir -p /tmp/ray && "
+                                 f"{hide}mkdir -p /tmp/ray && "
                                  f"mount -t tmpfs -o mode=1777 a2-head-ray /tmp/ray && exec {_tool('sshd')} -D "
                                  f"-f {d / 'sshd_config'} -E {d / 'sshd.log'}"], start_new_session=True)
         deadline = time.monotonic() + 15
