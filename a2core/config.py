@@ -11,7 +11,7 @@ import copy
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -92,6 +92,8 @@ class Section(BaseModel):
     whose path is relative to the section (`heads`); `config_error` puts the section's path in front."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # key -> what to write instead: a key people put in this section that lives elsewhere (said with the refusal)
+    elsewhere: ClassVar[dict[str, str]] = {}
 
     @model_validator(mode="before")
     @classmethod
@@ -106,6 +108,8 @@ class Section(BaseModel):
         keys = [field.alias or name for name, field in cls.model_fields.items()]
         unknown = [key for key in raw if key not in keys and key not in cls.model_fields]
         if unknown:
+            if hint := cls.elsewhere.get(str(unknown[0])):
+                raise ConfigError(str(unknown[0]), f"unknown key here; {hint}")
             raise ConfigError(str(unknown[0]), f"unknown key; known keys here: {', '.join(keys) or 'none'}")
         return raw
 
@@ -294,6 +298,9 @@ def applicable_config(config: dict) -> dict:
 
 
 class TrainConfig(Section):
+    elsewhere: ClassVar[dict[str, str]] = {
+        "output_dir": "output_dir is a top-level key of a training config (`a2 train --output-dir PATH`, or "
+                      "output_dir=PATH); a study's trials write under its storage"}
     seed: Seed = Field(0, description="Seed of initialisation, data order and dropout (0 .. 2^32-1).")
     xe_epochs: Integer = Field(20, ge=0, description="Epochs of cross-entropy training (stage 1).")
     scst_epochs: Integer = Field(0, ge=0, description="Epochs of SCST with a CIDEr-D reward (stage 2).")

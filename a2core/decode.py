@@ -440,25 +440,24 @@ def checkpoint_data(config: dict, vocab, data_overrides: list[str] | None = None
 
 
 def check_data_overrides(overrides: list[str] | None) -> None:
-    """Refuse (ConfigError naming `--data`) every `--data` item that is not `data.KEY=VALUE`: decoding reads only
-    the data section from the command line (the model and its training are the checkpoint's), and an item it would
-    ignore, `features=/x` or `model.d_model=8`, is a typo the user must hear about. The message says what to write
-    instead; an unknown key under `data.` is refused by the config schema, naming the known ones."""
+    """Refuse (ConfigError naming the key) every override of `a2 decode` / `a2 package` that is not `data.KEY=VALUE`:
+    decoding reads only the data section from the command line (the model and its training are the checkpoint's),
+    and an item it would ignore, `features=/x` or `model.d_model=8`, is a typo the user must hear about. The message
+    says what to write instead; an unknown key under `data.` is refused by the config schema, naming the known ones."""
     for item in overrides or []:
         key, equals, value = item.partition("=")
         if key.startswith("data.") and equals:
             continue
         if not equals:
-            raise ConfigError("--data", f"{item!r} is not of the form data.KEY=VALUE; write e.g. data.features=/x.h5")
+            raise ConfigError(item, "is not of the form data.KEY=VALUE; write e.g. data.features=/x.h5")
         if key in DataConfig.model_fields:
-            raise ConfigError("--data", f"{item!r}: {key} is a data key; write data.{key}={value}")
+            raise ConfigError(key, f"is a data key; write data.{key}={value}")
         if key == "data":
-            raise ConfigError("--data", f"{item!r}: one key at a time; write data.KEY=VALUE, e.g. data.features=/x.h5")
+            raise ConfigError(key, "one key at a time; write data.KEY=VALUE, e.g. data.features=/x.h5")
         keys = ", ".join(DataConfig.model_fields)
         what = (f"{key} is the checkpoint's own (decoding changes only where its data is)"
                 if key.split(".")[0] in Config.model_fields else f"{key} is no key of a config")
-        raise ConfigError("--data", f"{item!r}: only data.* keys are read here and {what}; write data.KEY=VALUE, "
-                                    f"KEY one of {keys}")
+        raise ConfigError(key, f"only data.* keys are read here and {what}; write data.KEY=VALUE, KEY one of {keys}")
 
 
 def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int = 5, max_len: int = 20,

@@ -50,7 +50,7 @@ from . import precision
 from .config import Config
 from .errors import ConfigError, TrainingDiverged
 from .model.a2 import SelfAttention
-from .train import Report, Trainer, _caption_loss
+from .train import Report, Trainer, caption_loss
 
 log = logging.getLogger("a2core.fused")
 
@@ -253,7 +253,7 @@ class FusedReplicates:
                 inp, tgt = tokens[:, :-1], tokens[:, 1:]
                 logits, penalty = tmpl.decode(inp, tmpl.memory(enc, kv), mask, mode="perturbed",
                                               word_mask=tgt != 0, first=first)
-                loss = -_caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
+                loss = -caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
                 return loss, torch.stack([layer.cross.last_mask_mean for layer in tmpl.decoder]).mean()
             return _call(tmpl, p, run)
 
@@ -262,7 +262,7 @@ class FusedReplicates:
                 tokens = caps.reshape(-1, caps.shape[-1])
                 mem = tmpl.memory(enc.detach(), kv=kv)  # the mask network as it is now, without a gradient
                 logits, _ = tmpl.decode(tokens[:, :-1], mem, mask, first=first)
-                return _caption_loss(logits, tokens[:, 1:], t.label_smoothing)
+                return caption_loss(logits, tokens[:, 1:], t.label_smoothing)
             return _call(tmpl, p, run)
 
         self._shared = vmap(shared, in_dims=(0, 0, 0, 0, 0) if pairs else (0, 0, 0, 0), randomness="different")

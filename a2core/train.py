@@ -170,7 +170,7 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _caption_loss(logits, targets, smoothing: float = 0.0):
+def caption_loss(logits, targets, smoothing: float = 0.0):
     """Mean cross-entropy over real (non-pad) target words. logits (N, T, V), targets (N, T)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=0,
                            label_smoothing=smoothing)
@@ -262,7 +262,7 @@ class Updates:
             mem = self.model.memory(enc.detach(), kv=kv)  # mask keys of the mask network as it is now (no gradient
             # flows into them: the captioner's pass uses the mask without one)
             logits, _ = self.model.decode(tokens[:, :-1], mem, mask, first=first)
-            loss = _caption_loss(logits, tokens[:, 1:], t.label_smoothing)
+            loss = caption_loss(logits, tokens[:, 1:], t.label_smoothing)
         self.apply(loss, self.cap_params, self.opt, t.grad_clip)
         self.sched.step()
         self.scaler.update()
@@ -286,7 +286,7 @@ class Updates:
         with self.amp():
             logits, penalty = self.model.decode(inp, self.model.memory(enc, kv), mask, mode="perturbed",
                                                 word_mask=tgt != 0, first=first)
-            loss = -_caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
+            loss = -caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
         self.apply(loss, self.mask_params, self.mask_opt)
         mask_mean = torch.stack([layer.cross.last_mask_mean for layer in self.model.decoder]).mean()
         loss_value, mask_mean = torch.stack([loss.detach().double(), mask_mean.double()]).tolist()  # one sync

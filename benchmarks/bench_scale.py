@@ -108,7 +108,7 @@ def with_bench_keys(resolve, bench: dict, sampled: dict) -> dict:
 def run_size(trials: int, args, cluster, data: Path, work: Path, reuse: bool = True) -> dict:
     from ray import tune
 
-    from dashboards import tracking
+    from launch import tracking_writer
     from launch import search
     from launch import trainable
     from launch.driver import run_study
@@ -132,7 +132,7 @@ def run_size(trials: int, args, cluster, data: Path, work: Path, reuse: bool = T
         return tune.with_resources(bound, plan.worker_resource_request())
 
     logged = {"values": 0, "seconds": 0.0}
-    log_epochs = tracking.StudyTracker.log_epochs
+    log_epochs = tracking_writer.StudyTracker.log_epochs
 
     def timed_log_epochs(self, run_id, epochs):
         t0 = time.perf_counter()
@@ -147,14 +147,14 @@ def run_size(trials: int, args, cluster, data: Path, work: Path, reuse: bool = T
     trainable.make_trainable = make_trainable
     if not reuse:
         search.tune_config_kwargs = lambda spec: {**saved_kwargs(spec), "reuse_actors": False}
-    tracking.StudyTracker.log_epochs = timed_log_epochs
+    tracking_writer.StudyTracker.log_epochs = timed_log_epochs
     try:
         t0, cpu0 = time.monotonic(), time.process_time()
         summary = run_study(spec, address=cluster.address, verbose=False)
         wall, driver_cpu = time.monotonic() - t0, time.process_time() - cpu0
     finally:
         trainable.make_trainable, search.tune_config_kwargs = saved_make, saved_kwargs
-        tracking.StudyTracker.log_epochs = log_epochs
+        tracking_writer.StudyTracker.log_epochs = log_epochs
     if summary["trials_finished"] != trials:
         raise SystemExit(f"bench_scale: {summary['trials_finished']}/{trials} trials finished")
     ops = [sum(json.loads(p.read_text()).values()) for p in ops_dir.glob("*.json")]

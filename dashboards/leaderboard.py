@@ -1,12 +1,10 @@
 """`leaderboard.json` of a packaged study (`build_leaderboard` shows its keys; docs/how-to/package.md says what it holds), and
-the ensemble as an MLflow model."""
+the ensemble as an MLflow model's code (`A2EnsembleModel`, which `launch.model_registry` logs and registers)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -14,13 +12,8 @@ from typing import Any, Mapping, Sequence
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
-from mlflow.tracking import MlflowClient
-
 import torch
-from mlflow.models import ModelSignature
-from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
 
-from a2core import checkpoint as ckpt
 from a2core.atomic import atomic_write
 from a2core.checkpoint import load_ensemble
 from a2core.config import Config
@@ -35,7 +28,7 @@ from dashboards import paper_results
 from dashboards.stats import Arm, Interval, canonical_config, compare_arms, config_hash  # noqa: F401 - used here, and re-exported
 from dashboards.stats import gain_over_members, gain_over_one
 from dashboards.tables import text_table
-from dashboards.tracking import TAG_TRIAL_ID, StudyTracker, git_commit, study_runs
+from dashboards.tracking import TAG_TRIAL_ID, git_commit, study_runs
 
 SCHEMA = 1
 SHORT = {"BLEU-1": "B-1", "BLEU-2": "B-2", "BLEU-3": "B-3", "BLEU-4": "B-4", "METEOR": "M", "ROUGE-L": "R",
@@ -235,21 +228,7 @@ def trial_run_ids(tracking_uri: str, study: str) -> dict[str, str]:
     return {run.data.tags[TAG_TRIAL_ID]: run.info.run_id for run in children if TAG_TRIAL_ID in run.data.tags}
 
 
-def study_parent_run(tracking_uri: str, study: str) -> str:
-    """The study's parent run id; created (and left FINISHED) when the study has none yet."""
-    parent, _ = study_runs(tracking_uri, study)
-    if parent is not None:
-        return parent.info.run_id
-    tracker = StudyTracker(tracking_uri, study)
-    run_id = tracker.start_study(tags={"a2.created_by": "package"})
-    tracker.end_study("FINISHED")
-    return run_id
-
-
-# -- the ensemble as an MLflow model --------------------------------------------------------------------------------
-TAG_CONTENT_HASH = "a2.content_hash"
-
-
+# -- the ensemble as an MLflow model (its code; `launch.model_registry` logs and registers it) ------------------------
 class GivenFeatures(FeatureStore):
     """Region features handed to `predict` ({image_id: (n_regions, D) array}), padded as the store pads its own."""
 
@@ -292,85 +271,3 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
                               beam_size=int((params or {}).get("beam_size", self.beam_size)), max_len=self.max_len,
                               batch_size=self.batch_size, device=self.device)
         return pd.DataFrame({"image_id": ids, "caption": [caps[i] for i in ids]})
-
-
-def content_hash(checkpoints: Sequence[str | os.PathLike], beam_size: int, max_len: int) -> str:
-    """sha256 of what a model version serves: the checkpoints' bytes, in ensemble order (each holds its config),
-    and the decoding settings. Equal hashes: the same model."""
-    digest = hashlib.sha256(json.dumps({"beam_size": beam_size, "max_len": max_len}).encode())
-    for path in checkpoints:
-        with open(path, "rb") as f:
-            digest.update(hashlib.file_digest(f, "sha256").digest())
-    return digest.hexdigest()
-
-
-def drop_unfinished_versions(client, name: str, run_id: str) -> list[int]:
-    """Delete the versions of model `name` from run `run_id` that have no `a2.content_hash` tag: a packaging job
-    killed between registering a version and tagging it (the tag is set last) left them, and a rerun would register
-    the same ensemble again beside them. Returns the versions deleted."""
-    dropped = []
-    for version in client.search_model_versions(f"name='{name}' and run_id='{run_id}'"):
-        if TAG_CONTENT_HASH not in (version.tags or {}):
-            client.delete_model_version(name, version.version)
-            dropped.append(int(version.version))
-    if dropped:
-        print(f"model {name}: removed unfinished version(s) {', '.join(map(str, dropped))} of run {run_id} "
-              f"(registered by a packaging job that did not finish)", flush=True)
-    return dropped
-
-
-def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str | os.PathLike], name: str, *,
-                      beam_size: int = 5, max_len: int = 20, description: str | None = None,
-                      tags: Mapping[str, str] | None = None) -> dict:
-    """Log the ensemble as an MLflow pyfunc model of run `run_id` (its checkpoints as artifacts, without optimizer
-    state) and register it as a new version of model `name`, unless a version of `name` already serves the same
-    checkpoints and settings (tag `a2.content_hash`): that version is reused. Returns {"name", "version",
-    "model_uri", "logged_model_uri", "run_id", "reused"}."""
-    client = MlflowClient(tracking_uri=tracking_uri)
-    digest = content_hash(checkpoints, beam_size, max_len)
-    same = client.search_model_versions(f"name='{name}' and tags.`{TAG_CONTENT_HASH}` = '{digest}'")
-    if same:
-        first = min(same, key=lambda v: int(v.version))
-        return {"name": name, "version": int(first.version), "model_uri": f"models:/{name}/{first.version}",
-                "logged_model_uri": first.source, "run_id": run_id, "reused": True}
-    drop_unfinished_versions(client, name, run_id)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the job's log
-    repo = Path(__file__).resolve().parents[1]
-    status = client.get_run(run_id).info.status
-    previous_uri, previous_env = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
-    with tempfile.TemporaryDirectory(prefix="a2-model-") as tmp:
-        artifacts = {}
-        for i, path in enumerate(checkpoints):  # inference needs no optimizer state
-            state = ckpt.load(path)
-            artifacts[f"checkpoint_{i:02d}"] = str(ckpt.save(
-                {k: state[k] for k in ("model", "config", "vocab", "epoch", "step", "best") if k in state},
-                Path(tmp) / f"checkpoint_{i:02d}.pt"))
-        feature_dim = state["config"]["model"]["feature_dim"]  # the same for every member of an ensemble
-        # input `image_id` and, optionally, `features`: an image's (n_regions, feature_dim) region features
-        signature = ModelSignature(
-            inputs=Schema([ColSpec("long", "image_id"), ColSpec(Array(Array("double")), "features", required=False)]),
-            outputs=Schema([ColSpec("long", "image_id"), ColSpec("string", "caption")]),
-            params=ParamSchema([ParamSpec("beam_size", "long", beam_size)]))
-        example = pd.DataFrame({"image_id": [1], "features": [[[0.0] * feature_dim] * 2]})  # two zero regions
-        mlflow.set_tracking_uri(tracking_uri)
-        try:
-            with mlflow.start_run(run_id=run_id):
-                info = mlflow.pyfunc.log_model(
-                    name="ensemble", python_model=str(Path(__file__).with_name("ensemble_model.py")),
-                    model_config={"beam_size": beam_size, "max_len": max_len}, artifacts=artifacts,
-                    code_paths=[str(repo / "a2core"), str(repo / "dashboards")], registered_model_name=name,
-                    signature=signature, input_example=example,
-                    pip_requirements=["torch", "numpy", "h5py", "pyyaml", "pandas"],
-                    metadata={"a2.checkpoints": [str(p) for p in checkpoints], "a2.beam_size": beam_size})
-        finally:  # the run keeps its status; the caller's global MLflow settings are left as they were
-            client.update_run(run_id, status=status)
-            mlflow.set_tracking_uri(previous_uri)
-            if previous_env is not None:
-                os.environ["MLFLOW_TRACKING_URI"] = previous_env
-    version = str(info.registered_model_version)
-    if description:
-        client.update_model_version(name, version, description=description)
-    for k, v in {**(tags or {}), TAG_CONTENT_HASH: digest}.items():
-        client.set_model_version_tag(name, version, k, str(v))
-    return {"name": name, "version": int(version), "model_uri": f"models:/{name}/{version}",
-            "logged_model_uri": info.model_uri, "run_id": run_id, "reused": False}

@@ -48,8 +48,13 @@ MARKER = re.compile(r"^<!-- results: (\S+) -->\s*$")
 
 def load_record(path: str | Path) -> dict:
     """A record file, checked: its format and version, and one score per seed in every list."""
-    record = json.loads(Path(path).read_text())
-    if record.get("record") != FORMAT or record.get("version") != VERSION:
+    try:
+        record = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such record file (`a2 results export NAME --out FILE` writes one)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{path}: not a JSON record file ({err})") from None
+    if not isinstance(record, dict) or record.get("record") != FORMAT or record.get("version") != VERSION:
         raise DataError(f"{path}: not an {FORMAT} version {VERSION} file")
     for arm in record["arms"]:
         n = len(arm["seeds"])
@@ -131,12 +136,6 @@ def render_table(record: Mapping) -> str:
                 cells.append(f"{raw}{family}: {word}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def cmd_show(args) -> int:
-    """`a2 results show RECORD`."""
-    print(render_table(load_record(args.record)))
-    return 0
 
 
 def tables_in(markdown: str) -> list[tuple[str, str]]:

@@ -1,7 +1,7 @@
 """`a2 report NAME`: plots and one HTML page from a study's record (`launch.record` hands it over as a `Study`),
-logged to the study's MLflow parent run under `report/` when it has one (`build_report` lists its sections). Table scores
-are taken at a run's best epoch (the epoch of its highest val CIDEr), other metrics are final values; all x100, as
-reported.
+logged to the study's MLflow parent run under `report/` when it has one by `launch.tracking_writer.log_report`
+(`build_report` lists its sections). Table scores are taken at a run's best epoch (the epoch of its highest val
+CIDEr), other metrics are final values; all x100, as reported.
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from dashboards.compare import (family_note, family_text, p_text, shown_metrics,
                                 verdict_entries)
 from dashboards.runs import CIDER, FUSION_LABEL, TEST_CIDER, Study, Trial, searched_keys, sort_key
 from dashboards.stats import MIN_SEEDS, seed_interval, stopped_early_text
-from dashboards.tracking import log_artifacts, study_runs
 
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
                 ("lift", "diag/grounding/lift"), ("chance", "diag/grounding/chance"),
@@ -376,10 +375,3 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
     plots["html"] = out / "report.html"
     plots["html"].write_text(page, encoding="utf-8")
     return {key: str(path) for key, path in plots.items()}
-
-
-def log_report(tracking_uri: str, study_name: str, paths: dict[str, str]) -> str | None:
-    """Log a report's files as artifacts of the study's MLflow parent run under `report/`; returns their URI, or
-    None when the store has no such run (the study was not exported there: `a2 mlflow sync NAME`)."""
-    parent, _ = study_runs(tracking_uri, study_name)
-    return None if parent is None else log_artifacts(tracking_uri, parent.info.run_id, paths.values(), "report")

@@ -32,7 +32,7 @@ ROW_KEYS = ("trial_id", "state", "stopped_early", "config", "fusion", "lambda", 
             "best_checkpoint_problem", "best_checkpoint_epoch", "train_run", "compute", "error", "ended")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trial:
     """One trial of a study: the one shape every view reads (the live table, `status`, `summary.json`, `compare`,
     `report`, `package` and the MLflow export). Tune's part (id, name, state, sampled keys, retries, last error
@@ -40,8 +40,9 @@ class Trial:
     (`launch.record.trial_row`, `StudyRecord.load`) adds the rest from the trial's run folder. `best_value` and
     `best_step` (its epoch) are the record's, by the one rule of `a2core.selection`, never re-derived here.
 
-    A trial reads as its row of `summary.json` too: `trial["best_epoch"]`, `trial.row()`; so tables take trials
-    and replicate groups (dicts) alike."""
+    Immutable: the record builds each trial whole (`launch.record.trial_row`, `table_row`); a changed copy is
+    `dataclasses.replace`. A trial reads as its row of `summary.json` too: `trial["best_epoch"]`, `trial.row()`; so
+    tables take trials and replicate groups (dicts) alike."""
     trial_id: str
     name: str = ""                                # Tune's trial name, its MLflow run's name
     state: str = "PENDING"                        # Tune's: PENDING, RUNNING, PAUSED, TERMINATED, ERROR
@@ -106,9 +107,6 @@ class Trial:
 
     def __getitem__(self, key: str):
         return getattr(self, _ATTRIBUTE.get(key, key))
-
-    def __setitem__(self, key: str, value) -> None:
-        setattr(self, _ATTRIBUTE.get(key, key), value)
 
     def get(self, key: str, default=None):
         return getattr(self, _ATTRIBUTE.get(key, key), default)

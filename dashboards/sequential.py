@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dashboards.stats import CONFIDENCE, Noise, _two_sided_p, components_interval, holm
+from dashboards.stats import CONFIDENCE, Noise, components_interval, holm, two_sided_p
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def simulate(design: Design, noise: Noise, deltas: Sequence[float], configs: Seq
                          ra=run * rng.chisquare((n - 1) * (m - 1), (studies, k)) / ((n - 1) * (m - 1)),
                          rb=run * rng.chisquare((n - 1) * (m - 1), (studies, 1)) / ((n - 1) * (m - 1)))
         half, df, se = components_interval(var[:, 1:], var[:, :1], n, n, m, **extra)
-        p[:, :, r] = np.where(open_, _two_sided_p(delta, se, df), np.nan)
+        p[:, :, r] = np.where(open_, two_sided_p(delta, se, df), np.nan)
         q = sequential_p(p[:, :, :r + 1], design.weights[:r + 1])
         adjusted, _ = holm(q, alpha)
         newly = open_ & (adjusted < alpha)

@@ -33,7 +33,6 @@ from scipy import special
 
 from a2core.errors import DataError
 from a2core.selection import finite
-from dashboards.tracking import TAG_STOPPED_CUTOFF, TAG_STOPPED_EARLY, TAG_STOPPED_RUNG
 
 CONFIDENCE = 0.95
 POWER = 0.80
@@ -58,18 +57,10 @@ def _chi2_ppf(q, df):
 _norm_cdf, _norm_ppf = special.ndtr, special.ndtri
 
 
-def stopped_early_tags(rung: int, cutoff: float) -> dict[str, str]:
-    return {TAG_STOPPED_EARLY: "true", TAG_STOPPED_RUNG: str(int(rung)), TAG_STOPPED_CUTOFF: f"{cutoff:.6g}"}
-
-
-def is_stopped_early(tags: dict) -> bool:
-    return str(tags.get(TAG_STOPPED_EARLY, "")).lower() == "true"
-
-
 def stopped_early_text(info: dict) -> str:
-    """"stopped early (rung 2, cutoff 105.3)" from a stopped run's tags or the scheduler's `{"rung", "cutoff"}`."""
-    rung = info.get(TAG_STOPPED_RUNG, info.get("rung"))
-    cutoff = finite(info.get(TAG_STOPPED_CUTOFF, info.get("cutoff")))
+    """"stopped early (rung 2, cutoff 105.3)" from the scheduler's record `{"rung", "cutoff"}` (`Trial.stopped_early`)."""
+    rung = info.get("rung")
+    cutoff = finite(info.get("cutoff"))
     cutoff_text = "?" if cutoff is None else f"{cutoff:.1f}"
     return f"stopped early (rung {'?' if rung is None else rung}, cutoff {cutoff_text})"
 
@@ -122,15 +113,34 @@ def best_group(groups: Sequence, values_of: Callable, mode: str = "max",
     if not scored:
         return None
     stopped = stopped_of if stopped_of is not None else (lambda group: False)
-    kept = best_candidates(scored, tags_of=lambda item: stopped_early_tags(0, math.nan) if stopped(item[0]) else {})
+    kept = best_candidates(scored, lambda item: stopped(item[0]))
     sign = 1 if mode == "max" else -1
     return max(kept, key=lambda item: sign * item[1])[0]
 
 
-def best_candidates(items: Sequence, tags_of=lambda item: item.tags) -> list:
-    """The items (runs, or groups of runs) that may be called "best": those not stopped early, unless every one
-    was (then all of them, so a study whose every trial was cut still has a best)."""
-    finished = [x for x in items if not is_stopped_early(tags_of(x))]
+def best_trial(trials: Sequence, mode: str = "max"):
+    """The one rule for "the best trial" (status, summary.json's best, each replicate group's best trial and the
+    baseline, package's choice within the best configuration): among the trials (`dashboards.runs.Trial`) with a
+    `best_value`, those not stopped early unless every one was (`best_candidates`), the best value in `mode`; of
+    equal values the lower (study, trial id) (`trial_rank`), whatever order the trials come in. None when no trial
+    has a value."""
+    scored = [t for t in trials if t.best_value is not None]
+    return min(best_candidates(scored), key=trial_rank(mode), default=None)
+
+
+def trial_rank(mode: str) -> Callable[..., tuple]:
+    """The sort key of `best_trial`'s order, best first: the better `best_value` in `mode`, then the lower (study,
+    trial id): Tune's trial ids number a study's trials in the order they were made, and a rule that does not
+    depend on the order a caller lists them in names the same trial in the summary and in the package."""
+    sign = -1 if mode == "max" else 1
+    return lambda t: (sign * t.best_value, t.study, t.trial_id)
+
+
+def best_candidates(items: Sequence, stopped_of: Callable = lambda trial: bool(trial.stopped_early)) -> list:
+    """The items (trials, or groups of trials) that may be called "best": those not stopped early (`stopped_of`; a
+    trial's `stopped_early` field by default), unless every one was (then all of them, so a study whose every trial
+    was cut still has a best)."""
+    finished = [x for x in items if not stopped_of(x)]
     return finished or list(items)
 
 
@@ -434,11 +444,11 @@ def difference_intervals(a: np.ndarray, b: np.ndarray, *, confidence: float = CO
     half, df, se = components_interval(va, vb, seeds_a, seeds_b, images, confidence=confidence, **extra)
     out.update(low=np.where(ok, delta - half, np.nan), high=np.where(ok, delta + half, np.nan),
                se=np.where(ok, se, np.nan), df=np.where(ok, df, np.nan),
-               p=np.where(ok, _two_sided_p(delta, se, df), np.nan))
+               p=np.where(ok, two_sided_p(delta, se, df), np.nan))
     return out
 
 
-def _two_sided_p(delta, se, df):
+def two_sided_p(delta, se, df):
     """The two-sided p-value of a difference `delta` with estimated sd `se` and `df` Satterthwaite d.f.: the interval
     of confidence c misses 0 exactly when p < 1 - c (scipy.stats.t.sf(|delta| / se, df) * 2)."""
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from a2core.atomic import atomic_write
-from a2core.data.captions import is_image_id, read_image_info
+from a2core.data.captions import is_image_id
 from a2core.errors import SubmissionError
 
 SPLITS = ("val", "test")
@@ -186,13 +186,6 @@ def validate_zip(zip_path: str | os.PathLike, val_image_ids: Iterable[int], test
                     report.files[info.filename] = len(data) if isinstance(data, list) else 0
                     _check_entries(report, info.filename, data, expected[split])
     return report
-
-
-def cmd_validate(args) -> int:
-    """`a2 submission validate ZIP`: the report; exit 1 when the zip would be refused."""
-    report = validate_zip(args.zip, read_image_info(args.val_images), read_image_info(args.test_images), alg=args.alg)
-    print(report)
-    return 0 if report.ok else 1
 
 
 def _check_members(report: ValidationReport, zf: zipfile.ZipFile) -> list[zipfile.ZipInfo] | None:

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from a2core.errors import A2Error
-from launch.defaults import (DEFAULT_STALE_AFTER, LEARNING_DROP, PACKAGE_OUT, PIPELINE_OUT, PIPELINE_STUDY,
-                             REHEARSAL_STORAGE, SEEDS, SERVER_IMAGES, SHARD_IMAGES)
+from launch.defaults import (LEARNING_DROP, PACKAGE_OUT, PIPELINE_OUT, PIPELINE_STUDY,
+                             REHEARSAL_STORAGE, SEEDS, SERVER_IMAGES, SHARD_IMAGES, add_lease_arguments)
 
 
 def _int_at_least(low: int):
@@ -35,8 +35,30 @@ def _int_at_least(low: int):
 
 positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
+
+
+def _positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text[:40]}")
+    return value
+
 _SEEDS_HELP = ("seeds of the ensemble (default: the best configuration's replicates when it has at least "
                f"{len(SEEDS)}, else {' '.join(map(str, SEEDS))})")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with the `a2` command's one error prefix: a wrong argument reads `a2: error: study run:
+    argument --address: ...` under the usage line, as a wrong key in a file reads `a2: error: FILE: KEY: ...`."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        command = self.prog.removeprefix("a2").strip()
+        self.exit(2, f"a2: error: {command + ': ' if command else ''}{message}\n")
 
 
 def _command(sub, name: str, handler: str, **kwargs) -> argparse.ArgumentParser:
@@ -48,18 +70,18 @@ def _command(sub, name: str, handler: str, **kwargs) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="a2", description="A2 Transformer studies: train, search, track, package.")
+    p = _Parser(prog="a2", description="A2 Transformer studies: train, search, track, package.")
     sub = p.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="datasets").add_subparsers(dest="data_command", required=True)
-    synth = _command(data, "synth", "launch.datastore:cmd_synth", help="write the synthetic COCO-format dataset")
+    synth = _command(data, "synth", "launch.commands.data:cmd_synth", help="write the synthetic COCO-format dataset")
     synth.add_argument("--out", required=True, help="the dataset's folder, e.g. data/synth")
     synth.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the dataset (default 0)")
     synth.add_argument("--images", type=positive_int, default=1500, help="Karpathy-split images (train/val/test)")
     synth.add_argument("--test-images", type=positive_int, default=None, help="test-server images (default images/10)")
     synth.add_argument("--test-split-images", type=positive_int, default=None,
                        help="images of the Karpathy test split (default images/4, as val; more are drawn last)")
-    prep = _command(data, "prepare", "launch.local:cmd_data_prepare",
+    prep = _command(data, "prepare", "launch.commands.local:cmd_data_prepare",
                     help="convert region features (HDF5 or .npz directory) into a prepared store: float16 rows in one "
                          "memory-mappable file, an index and a checksummed manifest, read faster by the same loader "
                          "(data.features: OUT)")
@@ -67,19 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--out", required=True, help="the store's folder, e.g. data/coco/features.a2feat (must not exist)")
     prep.add_argument("--feature-dim", type=positive_int, default=2048,
                       help="width of every region's feature vector (default 2048, bottom-up features)")
-    push = _command(data, "push", "launch.datastore:cmd_push",
+    push = _command(data, "push", "launch.commands.data:cmd_push",
                     help="upload a prepared store (or one data file) to S3, verified; a store's manifest goes last")
     push.add_argument("store", help="the store's local folder, or a file (dataset_coco.json, an image list)")
     push.add_argument("uri", help="s3://bucket/prefix/NAME.a2feat")
     push.add_argument("--endpoint-url", default=None, help="any S3-compatible endpoint (default: $AWS_ENDPOINT_URL)")
-    fetch = _command(data, "fetch", "launch.datastore:cmd_fetch",
+    fetch = _command(data, "fetch", "launch.commands.data:cmd_fetch",
                      help="copy a prepared store onto this machine, SHA-256 verified; nothing to do when it holds that "
                           "version already (ray-cluster.yaml runs it per node)")
     fetch.add_argument("source", help="s3://bucket/prefix/NAME.a2feat or a local store folder (or one data file)")
     fetch.add_argument("target", help="local path, e.g. ~/a2tune/data/coco/features.a2feat")
     fetch.add_argument("--endpoint-url", default=None, help="any S3-compatible endpoint (default: $AWS_ENDPOINT_URL)")
 
-    tr = _command(sub, "train", "launch.local:cmd_train", help="one training run without Ray")
+    tr = _command(sub, "train", "launch.commands.local:cmd_train", help="one training run without Ray")
     tr.add_argument("--config", help="YAML with data/model/train sections (a study file works too)")
     tr.add_argument("--output-dir", default=None,
                     help="folder for checkpoints, history.json and test_scores.json (default: the config's top-level "
@@ -88,14 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--resume", default=None, help="checkpoint file to resume from")
     tr.add_argument("overrides", nargs="*", help="key=value, e.g. model.fusion=max train.xe_epochs=3")
 
-    ev = _command(sub, "evaluate", "launch.local:cmd_evaluate", help="COCO metrics of a results file")
+    ev = _command(sub, "evaluate", "launch.commands.local:cmd_evaluate", help="COCO metrics of a results file")
     ev.add_argument("--results", required=True, help="COCO results JSON: [{\"image_id\": ..., \"caption\": ...}]")
     ev.add_argument("--captions", required=True, help="Karpathy dataset_coco.json")
     ev.add_argument("--split", default="test", help="Karpathy split to score against: train|val|test (default test)")
     ev.add_argument("--per-image", action="store_true", help="also print every image's scores")
     ev.add_argument("--spice", action="store_true", help="require SPICE (fails if its models are missing)")
 
-    de = _command(sub, "decode", "launch.local:cmd_decode",
+    de = _command(sub, "decode", "launch.commands.local:cmd_decode",
                   help="beam-search captions with one checkpoint or an averaging ensemble")
     de.add_argument("--checkpoints", nargs="+", required=True,
                     help="one checkpoint, or several whose output probabilities are averaged")
@@ -104,11 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--beam-size", type=positive_int, default=5, help="beams per image (default 5)")
     de.add_argument("--max-len", type=positive_int, default=20, help="longest caption in tokens (default 20)")
     de.add_argument("--batch-size", type=positive_int, default=50, help="images per beam-search batch (default 50)")
-    de.add_argument("--data", nargs="*", default=[], help="data.* overrides, e.g. data.features=/x.h5")
+    de.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides of the checkpoint's data config, e.g. "
+                                                 "data.features=/x.h5 (before --checkpoints, or after `--`)")
 
     _add_study_commands(sub.add_parser("study", help="hyperparameter studies on Ray Tune"))
 
-    rp = _command(sub, "report", "launch.show:cmd_report",
+    rp = _command(sub, "report", "launch.commands.show:cmd_report",
                   help="plots and an HTML page of a study, read from its storage")
     add_name(rp)
     rp.add_argument("--tracking-uri", default=None,
@@ -117,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "earlier report gets a new numbered folder NAME-2, ...)")
 
     ml = sub.add_parser("mlflow", help="MLflow tracking server").add_subparsers(dest="mlflow_command", required=True)
-    serve = _command(ml, "serve", "dashboards.tracking:serve", help="start an MLflow tracking server for a team")
+    serve = _command(ml, "serve", "launch.commands.serve:cmd_serve", help="start an MLflow tracking server for a team")
     serve.add_argument("--backend-store-uri", default="sqlite:///mlflow.db",
                        help="where runs are kept: sqlite:///path.db or postgresql://user@host/db (default sqlite:///mlflow.db)")
     serve.add_argument("--artifacts-destination", default=None, help="s3://bucket/prefix (default: ./mlartifacts)")
@@ -126,14 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for all)")
     serve.add_argument("--port", type=positive_int, default=5000, help="port to listen on (default 5000)")  # dashboards.tracking.DEFAULT_PORT
     serve.add_argument("--workers", type=positive_int, default=1, help="server worker processes (default 1)")
-    sync = _command(ml, "sync", "launch.study:cmd_sync",
+    sync = _command(ml, "sync", "launch.commands.study:cmd_sync",
                     help="export a study's record to MLflow (what it missed while the server was down)")
     add_name(sync)
     add_lease_arguments(sync)  # a stale lease of a driver gone elsewhere: taken over as `resume --force` does
 
     rs = sub.add_parser("results", help="the result records kept under results/: written from a study, printed as "
                                         "tables").add_subparsers(dest="results_command", required=True)
-    export = _command(rs, "export", "launch.show:cmd_results_export",
+    export = _command(rs, "export", "launch.commands.show:cmd_results_export",
                       help="write the record of `a2 study compare NAME --by KEY` (every trial's scores and per-image "
                            "CIDEr-D), read from the study's storage")
     add_name(export)
@@ -143,22 +166,22 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--spec", default="", help="the study file it was run from, as the record names it")
     export.add_argument("--measured", default="", help="where and when it was measured (machine, date)")
     export.add_argument("--note", default="", help="one line the record's table prints under it")
-    show = _command(rs, "show", "dashboards.records:cmd_show",
+    show = _command(rs, "show", "launch.commands.show:cmd_results_show",
                     help="print a record's comparison table, recomputed by today's verdict rule")
     show.add_argument("record", help="a record file, e.g. results/synthetic_fusions.json")
 
-    _add_package_arguments(_command(sub, "package", "launch.package:main",
+    _add_package_arguments(_command(sub, "package", "launch.commands.package:main",
                                     help="4-seed ensemble -> COCO server zip, leaderboard, upload"))
 
     sv = sub.add_parser("submission", help="COCO server submissions").add_subparsers(dest="sub_command", required=True)
-    val = _command(sv, "validate", "dashboards.submission:cmd_validate",
+    val = _command(sv, "validate", "launch.commands.validate:cmd_submission_validate",
                    help="check a results.zip against the server's image lists")
     val.add_argument("zip", help="the results.zip to check")
     val.add_argument("--val-images", required=True, help="COCO image-info JSON of val2014")
     val.add_argument("--test-images", required=True, help="image_info_test2014.json")
     val.add_argument("--alg", default=None, help="the algorithm name the file names must carry (default: any one)")
 
-    _add_pipeline_arguments(_command(sub, "pipeline", "launch.pipeline:main",
+    _add_pipeline_arguments(_command(sub, "pipeline", "launch.commands.pipeline:main",
                                      help="the main job: smoke study, report, packaging, leaderboard"))
     return p
 
@@ -166,15 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
 # -- a2 study ------------------------------------------------------------------------------------------------------
 def _add_study_commands(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="study_command", required=True)
-    _add_study_file(_command(sub, "validate", "launch.spec:cmd_validate",
+    _add_study_file(_command(sub, "validate", "launch.commands.validate:cmd_validate",
                              help="validate a study file completely (nothing starts)"))
 
-    run = _command(sub, "run", "launch.study:cmd_run",
+    run = _command(sub, "run", "launch.commands.study:cmd_run",
                    help="run a study on Ray Tune (a local Ray unless --address / RAY_ADDRESS)")
     _add_study_file(run)
     _add_driver_arguments(run)
 
-    resume = _command(sub, "resume", "launch.study:cmd_resume",
+    resume = _command(sub, "resume", "launch.commands.study:cmd_resume",
                       help="continue an interrupted study: finished trials stay, others resume")
     add_name(resume)
     _add_driver_arguments(resume)
@@ -182,22 +205,25 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
                         help="first put back the whole copy (state-copies/) of each of Tune's files that is unreadable, "
                              "e.g. cut short by a full disk; each one put back is named")
 
-    status = _command(sub, "status", "launch.show:cmd_status", help="the trial table of a study, read from its storage")
+    status = _command(sub, "status", "launch.commands.show:cmd_status", help="the trial table of a study, read from its storage")
     add_name(status)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.add_argument("--watch", type=_positive_float, nargs="?", const=30.0, default=None, metavar="SECONDS",
+                        help="print it again every SECONDS (default 30) until every trial has ended or no driver "
+                             "runs the study (Ctrl-C stops)")
 
-    check = _command(sub, "check", "launch.verify:cmd_check",
+    check = _command(sub, "check", "launch.commands.check:cmd_check",
                      help="verify a study's saved state and every checkpoint (exit 2 if unreadable)")
     add_name(check)
 
-    compare = _command(sub, "compare", "launch.show:cmd_compare",
+    compare = _command(sub, "compare", "launch.commands.show:cmd_compare",
                        help="configurations of a study side by side, read from its storage")
     add_name(compare)
     compare.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
     compare.add_argument("--baseline", default=None, help="the value of --by to compare with (default: fusion none)")
     compare.add_argument("--tracking-uri", default=None, help=argparse.SUPPRESS)  # before the record: not read
 
-    plan = _command(sub, "plan", "launch.plan:main",
+    plan = _command(sub, "plan", "launch.commands.plan:main",
                     help="a study's steps, schedule, seeds and power, GPU-hours and cost, before it runs")
     _add_study_file(plan)
     plan.add_argument("--sd", type=float, default=None,
@@ -205,8 +231,6 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
                            "runs (their per-image scores where they have them)")
     plan.add_argument("--delta", type=float, nargs="+", default=None,
                       help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
-    plan.add_argument("--storage", default=None,
-                      help="storage root of the finished study whose seeds give the spread (default: the spec's)")
     plan.add_argument("--tracking-uri", default=None, help=argparse.SUPPRESS)  # before the record: not read
     plan.add_argument("--images-per-second", type=float, default=None,
                       help="training images per second per GPU (default: the newest GPU record's for the study's "
@@ -221,23 +245,28 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
     _add_model_arguments(plan)
 
     _add_rehearse_arguments(_command(
-        sub, "rehearse", "launch.rehearse:main",
+        sub, "rehearse", "launch.commands.rehearse:main",
         help="every trial of a study through the real driver, scheduler, record and MLflow export, with a stand-in "
              "trainer drawing scores from a stated model (nothing trains; never packageable)"))
 
 
 class _Rehearse(argparse.Action):
-    """`a2 study plan --rehearse N`: the plan with rehearsals is handled by `launch.rehearse` (Ray and optuna),
-    the plan alone by `launch.plan` (neither)."""
+    """`a2 study plan --rehearse N`: the plan with rehearsals is handled by `launch.commands.rehearse` (Ray and
+    optuna), the plan alone by `launch.commands.plan` (neither)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
-        namespace.handler = "launch.rehearse:plan_main"
+        namespace.handler = "launch.commands.rehearse:plan_main"
 
 
 def _add_study_file(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="the study file")
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=2 model.d_model=64")
+    parser.add_argument("--storage", default=None, help=_STORAGE_HELP)
+
+
+# every command that names a study takes its storage this one way (on a study file: its `storage` key)
+_STORAGE_HELP = "the study's storage root, a folder or s3://bucket/prefix (default: the study file's `storage`)"
 
 
 def add_name(parser: argparse.ArgumentParser) -> None:
@@ -251,17 +280,6 @@ def _add_driver_arguments(parser: argparse.ArgumentParser) -> None:
     add_lease_arguments(parser)
 
 
-def add_lease_arguments(parser: argparse.ArgumentParser) -> None:
-    """--force and --stale-after: taking over the lease of a study whose writer is gone (`launch.lease`)."""
-    parser.add_argument("--force", action="store_true",
-                        help="take over the study's lease if it is stale (its writer gone; never one whose process "
-                             "is alive on this host)")
-    parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER, metavar="SECONDS",
-                        help=f"the period written in this process's lease: others take it as stale after this long "
-                             f"without a heartbeat; another's lease is stale after its own period, or this one if "
-                             f"longer (default {DEFAULT_STALE_AFTER:.0f})")
-
-
 def _add_rehearse_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="the study file")
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.replicates=3")
@@ -273,8 +291,8 @@ def _add_rehearse_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a stand-in epoch sleeps the plan's epoch time x this (default 0: no sleeping)")
     parser.add_argument("--epoch-seconds", type=float, default=None,
                         help="an epoch's time on the cluster (default: the plan's estimate)")
-    parser.add_argument("--storage", default=REHEARSAL_STORAGE, help=f"where the rehearsal is stored (default "
-                                                                     f"{REHEARSAL_STORAGE})")
+    parser.add_argument("--storage", default=REHEARSAL_STORAGE,
+                        help=f"the rehearsal's storage root, a folder or s3://bucket/prefix (default {REHEARSAL_STORAGE})")
     parser.add_argument("--tracking-uri", default=None, help="MLflow store (default: an SQLite file in --storage)")
     parser.add_argument("--address", default=None, help="Ray cluster to join (default: a local Ray with the study's "
                                                         "GPUs declared)")
@@ -297,7 +315,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 # -- a2 package, a2 pipeline -----------------------------------------------------------------------------------------
 def _add_package_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="study name")
-    parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
+    parser.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides for decoding on this machine, e.g. "
+                                                     "data.features=/x.h5")
+    parser.add_argument("--storage", default=None, help=_STORAGE_HELP)
     parser.add_argument("--alg", default=None,
                         help="algorithm name in the results file names, [A-Za-z0-9-]+ (default: the study name)")
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help=_SEEDS_HELP)
@@ -319,8 +339,6 @@ def _add_package_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
     parser.add_argument("--val-images", default=None, help="COCO image-info JSON of val2014 (default: the data's)")
     parser.add_argument("--test-images", default=None, help="image_info_test2014.json (default: the data's)")
-    parser.add_argument("--data", nargs="*", default=[], dest="data_overrides",
-                        help="data.* overrides for decoding on this machine, e.g. data.features=/x.h5")
     parser.add_argument("--quiet", action="store_false", dest="verbose", help="no live trial table while seeds train")
     parser.add_argument("--estimate", action="store_true",
                         help="only state the decoding's cost: images and shards to decode, the ensemble's seconds "
@@ -334,7 +352,7 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the study, e.g. train.xe_epochs=2")
     parser.add_argument("--out", default=None, help=f"report and package folder (default: ./{PIPELINE_OUT}/<name>)")
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides tracking.mlflow_uri)")
-    parser.add_argument("--storage", default=None, help="study storage root (overrides storage)")
+    parser.add_argument("--storage", default=None, help=_STORAGE_HELP)
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help=_SEEDS_HELP)
     parser.add_argument("--alg", default=None, help="algorithm name in the results file names (default: study name)")
     parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")

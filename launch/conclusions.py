@@ -1,12 +1,12 @@
-"""What people read of a study: the record's trial from Tune's (`tune_trial`) with the columns every table and the
-summary's trial rows share (`table_row`), the replicate groups, the verdict and the compute line, printed by
+"""What people read of a study: the record's trial from Tune's (`tune_trial`; `launch.record.table_row` adds the
+columns every table and the summary's trial rows share), the replicate groups, the verdict and the compute line, printed by
 `a2 study status` and at the end of `run`/`resume` (`launch.driver`), and the live trial table."""
 from __future__ import annotations
 
 import copy
 import json
 
-from a2core.errors import A2Error, StudyError
+from a2core.errors import StudyError
 from a2core.selection import finite
 from dashboards.stats import MIN_SEEDS, Interval, short_hash, stopped_early_text
 from dashboards.runs import Trial
@@ -28,21 +28,6 @@ def tune_trial(trial) -> Trial:
                  last_result=dict(getattr(trial, "last_result", None) or {}))
 
 
-def table_row(spec, trial: Trial, last: dict, best, stopped_early=None) -> Trial:
-    """`trial` with the columns every table shows and its resolved config: its epochs from `last` (its latest
-    result), `best` the best value of the study metric."""
-    try:
-        trial.config = spec.trial_config(trial.sampled)
-    except A2Error:  # an old study whose keys moved on: show what is known
-        trial.config = {}
-    trial.stopped_early = stopped_early
-    trial.epochs_done, trial.epochs_planned = int(finite(last.get("epoch")) or 0), spec.total_epochs
-    trial.last, trial.best_value = finite(last.get(spec.metric)), finite(best)
-    # the selected checkpoint on the test split, reported when the trial ended (a2core train.test_at_end)
-    trial.test = finite(last.get(test_metric(spec.metric)))
-    return trial
-
-
 def test_metric(metric: str) -> str:
     """The test-split counterpart of a val metric ("val/CIDEr" -> "test/CIDEr")."""
     return "test/" + metric.split("/", 1)[-1]
@@ -51,11 +36,6 @@ def test_metric(metric: str) -> str:
 def best_value(values, mode: str) -> float | None:
     """The best of the finite values, or None."""
     return (max if mode == "max" else min)((v for v in map(finite, values) if v is not None), default=None)
-
-
-def pick_best(items, key: str, mode: str):
-    """The item with the best `item[key]` (the first of equals), or None."""
-    return (max if mode == "max" else min)(items, key=lambda item: item[key], default=None)
 
 
 def compute_line(totals: dict) -> str:
@@ -114,17 +94,18 @@ def varying_keys(summary: dict) -> list[str]:
     groups = summary.get("groups") or []
     keys = sorted({k for g in groups for k in g.get("sampled") or {}
                    if k.split(".")[-1] not in ("fusion", "lambda")})
-    return [k for k in keys if len({_fmt(g["sampled"].get(k)) for g in groups}) > 1]
+    return [k for k in keys if len({value_text(g["sampled"].get(k)) for g in groups}) > 1]
 
 
 def config_text(item: dict, keys: list[str]) -> str:
     """"fusion gate, lambda 0.035" and the value of each of `keys`, named by its last part ("mask_net linear")."""
     sampled = item.get("sampled") or {}
-    named = [f"fusion {item['fusion']}", f"lambda {_fmt(item['lambda'])}"]
-    return ", ".join(named + [f"{k.split('.')[-1]} {_fmt(sampled.get(k))}" for k in keys])
+    named = [f"fusion {item['fusion']}", f"lambda {value_text(item['lambda'])}"]
+    return ", ".join(named + [f"{k.split('.')[-1]} {value_text(sampled.get(k))}" for k in keys])
 
 
-def _fmt(value) -> str:
+def value_text(value) -> str:
+    """A value as the tables and run names show it: a float to 4 significant digits, None as "-"."""
     if isinstance(value, float):
         return f"{value:.4g}"
     return "-" if value is None else str(value)
@@ -141,15 +122,15 @@ def state_text(row: dict) -> str:
 def format_table(rows: list[dict], metric: str) -> str:
     short = metric.split("/")[-1]
     header = ["trial", "fusion", "lambda", "seed", "state", "epochs", f"last {short}", f"best {short}"]
-    body = [[r["trial_id"], str(r["fusion"]), _fmt(r["lambda"]), _fmt(r["seed"]), state_text(r),
-             f"{r['epochs_done']}/{r['epochs_planned']}", _fmt(r["last"]), _fmt(r["best"])] for r in rows]
+    body = [[r["trial_id"], str(r["fusion"]), value_text(r["lambda"]), value_text(r["seed"]), state_text(r),
+             f"{r['epochs_done']}/{r['epochs_planned']}", value_text(r["last"]), value_text(r["best"])] for r in rows]
     return text_table(header, body)
 
 
 def format_groups(groups: list[dict], metric: str) -> str:
     """One row per replicate group: its seeds, the mean of the best metric with its 95% interval, its state."""
     header = ["config", "fusion", "lambda", "seeds", f"best {metric.split('/')[-1]} [95% CI]", "state"]
-    body = [[short_hash(g["config_hash"]), str(g["fusion"]), _fmt(g["lambda"]), str(g["n"]),
+    body = [[short_hash(g["config_hash"]), str(g["fusion"]), value_text(g["lambda"]), str(g["n"]),
              "-" if g["mean"] is None else Interval(g["mean"], g["low"], g["high"], g["n"],
                                                     bool(g.get("identical"))).text(),
              state_text(g) if g.get("stopped_early") else "-"] for g in groups]

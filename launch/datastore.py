@@ -20,12 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow.fs as pafs
-
 from a2core.data import prepared
-from a2core.data.synthetic import generate
 from a2core.errors import DataError, StudyError
-from launch.storage import META_SHA256, make_client, open_location, parse_s3_uri, upload_file
+from launch.storage import open_location, upload_file
 
 STAMP = ".verified"  # in a store folder: the checksum whose data files `fetch` (or `verify`) hashed in full
 PROBE_TIMEOUT_S = 120.0
@@ -72,28 +69,6 @@ def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None
     return manifest
 
 
-def cmd_synth(args) -> int:
-    """`a2 data synth --out DIR`: the synthetic COCO (`a2core.data.synthetic`)."""
-    paths = generate(args.out, seed=args.seed, images=args.images, test_images=args.test_images,
-                     test_split_images=args.test_split_images)
-    print(json.dumps({k: str(v) for k, v in paths.items()}, indent=2))
-    return 0
-
-
-def cmd_push(args) -> int:
-    """`a2 data push STORE URI`."""
-    manifest = push(args.store, args.uri, endpoint_url=args.endpoint_url)
-    print(json.dumps({"uri": args.uri, **{k: v for k, v in manifest.items() if k in ("checksum", "sha256")}},
-                     indent=2))
-    return 0
-
-
-def cmd_fetch(args) -> int:
-    """`a2 data fetch SOURCE TARGET`."""
-    print(json.dumps(fetch(args.source, args.target, endpoint_url=args.endpoint_url), indent=2))
-    return 0
-
-
 def _read_remote_manifest(source) -> dict:
     where = source.join(prepared.MANIFEST)
     text = where.read_text()
@@ -123,7 +98,7 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
     A `uri` that is a plain file (captions, an image list) is fetched as one (`_fetch_file`)."""
     source = open_location(uri, endpoint_url)
     target = Path(os.path.expanduser(str(target))).absolute()
-    if not source.join(prepared.MANIFEST).exists() and source.exists() and not _is_folder(source):
+    if not source.join(prepared.MANIFEST).exists() and source.exists() and not source.is_folder():
         return _fetch_file(source, target, quiet)
     manifest = _read_remote_manifest(source)
     checksum = manifest["checksum"]
@@ -162,23 +137,13 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
     return {"checksum": checksum, "target": str(target), "fetched": True}
 
 
-def _is_folder(location) -> bool:
-    fs, path = location.filesystem
-    return fs.get_file_info(path).type == pafs.FileType.Directory
-
-
 def _fetch_file(source, target: Path, quiet: bool) -> dict:
     """One plain file (the captions, an image list): downloaded atomically unless `target` has the same size and
     SHA-256 (the digest `a2 data push` / `upload_file` stores with an object; without one, it is downloaded)."""
     with _locked(target):
-        if source.local:
-            size, digest = Path(source.uri).stat().st_size, None
-            if target.is_file() and target.stat().st_size == size:
-                digest = prepared.file_sha256(Path(source.uri))
-        else:
-            bucket, key = parse_s3_uri(source.uri, require_key=True)
-            head = make_client(source.endpoint_url).head_object(Bucket=bucket, Key=key)
-            size, digest = head["ContentLength"], (head.get("Metadata") or {}).get(META_SHA256)
+        size, digest = source.stored_digest()
+        if source.local and target.is_file() and target.stat().st_size == size:
+            digest = prepared.file_sha256(Path(source.uri))
         if digest and target.is_file() and target.stat().st_size == size and prepared.file_sha256(target) == digest:
             _say(f"{target}: the same as {source.uri} already; nothing to fetch", quiet)
             return {"sha256": digest, "target": str(target), "fetched": False}

@@ -25,10 +25,10 @@ import yaml
 
 from a2core.config import flatten
 from a2core.errors import StorageError, StudyError, TrackingError
-from dashboards.tracking import StudyTracker, check_tracking_uri, server_answers
+from dashboards.tracking import check_tracking_uri, server_answers
 from launch import runlog, stop
 from dashboards.runs import Trial
-from launch.conclusions import best_value, format_table, portable_summary, print_conclusions, table_row, tune_trial
+from launch.conclusions import best_value, format_table, portable_summary, print_conclusions, tune_trial
 from launch.datastore import check_feature_copies, java_warnings
 from launch.fingerprint import refuse_changed_data, save_data_fingerprint
 from launch.killpoints import arm_driver, kill_point
@@ -38,9 +38,10 @@ from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved
 from launch.layout import SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR, add_outage
 from launch.mlflow_callback import A2MLflowCallback
 from launch.raycluster import connect
-from launch.record import StudyRecord, tune_trials
+from launch.record import StudyRecord, table_row, tune_trials
 from launch.spec import check_cluster, check_machine, runs_locally
 from launch.storage import check_storage, open_location
+from launch.tracking_writer import StudyTracker
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
 from launch.verify import (COPIES_DIR, EXPERIMENT_STATE, WholeCopies, newest_experiment_state, problem,
                            put_back_tune_pointers, refuse_corrupt, restore_whole_copies, root_files)
@@ -267,7 +268,7 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
             check_feature_copies(spec.base["data"]["features"])
         for line in java_warnings(spec.base["train"]):  # METEOR the study reports but a node cannot compute: said
-            print(f"a2 study: warning: {line}", file=sys.stderr, flush=True)
+            print(f"a2: warning: {line}", file=sys.stderr, flush=True)
         if new:
             text = yaml.safe_dump(saved_form(spec), sort_keys=False)
             save_data_fingerprint(spec, location)  # what `resume` checks its data against (`launch.fingerprint`)
@@ -557,3 +558,13 @@ def _log_compute_totals(spec, totals: dict) -> None:
                   for s in steps]
         tracker.log_metrics(parent.info.run_id, {f"compute/{k}": v for k, v in totals.items()},
                             step=max(logged, default=-1) + 1)
+
+
+def exit_code(summary: dict) -> int:
+    """0 when every trial finished (or was stopped early by the scheduler) and one reported the metric; 128 + the
+    signal's number when a signal stopped the study."""
+    if summary.get("interrupted"):
+        return stop.exit_status(summary["interrupted"])  # 130 (SIGINT), 143 (SIGTERM)
+    states = [t["state"] for t in summary.get("trials", [])]
+    planned = summary.get("complete", True)  # every planned trial finished (`launch.driver.finish` says so if not)
+    return 0 if states and planned and summary.get("best") is not None and all(s == "TERMINATED" for s in states) else 1

@@ -25,7 +25,7 @@ import uuid
 
 from a2core.errors import StorageError, StudyError
 from launch.defaults import DEFAULT_STALE_AFTER
-from launch.storage import make_client, open_location, parse_s3_uri
+from launch.storage import WriteRefused, open_location
 
 LEASE_FILE = "lease.json"
 CLOCK_PREFIX = ".a2-clock-"  # the file a taker writes next to the lease to read the storage's clock (then removed)
@@ -171,30 +171,11 @@ class StudyLease:
     # -- storage ---------------------------------------------------------------------------------------------
     def _create(self, info: dict) -> bool:
         """Write the lease if there is none; False when one exists."""
-        body = json.dumps(info, indent=2) + "\n"
-        if self.location.local:
-            try:
-                os.makedirs(os.path.dirname(self.location.uri), exist_ok=True)
-                with open(self.location.uri, "x") as f:  # O_CREAT | O_EXCL
-                    f.write(body)
-            except FileExistsError:
-                return False
-            except OSError as err:  # read-only, full, a file in the way, not allowed: one line, before Ray starts
-                raise StorageError(f"{self.location.uri}: cannot write the study's lease "
-                                   f"({err.strerror or err}); a study is run, resumed and synced only where its "
-                                   f"storage can be written") from None
-            return True
-        from botocore.exceptions import ClientError  # boto3's: only for a lease on S3, as in launch.storage
-
-        bucket, key = parse_s3_uri(self.location.uri, require_key=True)
         try:
-            make_client(self.location.endpoint_url).put_object(Bucket=bucket, Key=key, Body=body.encode(),
-                                                               IfNoneMatch="*")
-        except ClientError as err:
-            if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
-                return False
-            raise
-        return True
+            return self.location.write_if_absent(json.dumps(info, indent=2) + "\n")
+        except WriteRefused as err:  # one line, before Ray starts
+            raise StorageError(f"{err.uri}: cannot write the study's lease ({err.reason}); a study is run, resumed "
+                               f"and synced only where its storage can be written") from None
 
     def read(self) -> dict | None:
         text = self.location.read_text()

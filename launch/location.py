@@ -17,8 +17,8 @@ from pathlib import Path
 
 from a2core.atomic import atomic_write
 from a2core.config import parse_yaml
-from a2core.errors import StudyError
-from launch.spec import DEFAULT_STORAGE, STUDY_FORMAT, StudySpec, _study_name
+from a2core.errors import PackageError, StudyError
+from launch.spec import DEFAULT_STORAGE, STUDY_FORMAT, StudySpec, validate_study_name
 from launch.lease import describe, live_writer
 from launch.storage import check_storage, open_location
 
@@ -99,7 +99,7 @@ def check_name(name: str) -> str:
     """`name` if it is a study's name (the spec's rule: lowercase letters, digits, '-'), which keeps every path made
     from it inside the storage root; else StudyError (exit 2)."""
     try:
-        return _study_name(name)
+        return validate_study_name(name)
     except ValueError as err:
         raise StudyError(f"study name {name!r}: {err}") from None
 
@@ -144,3 +144,10 @@ def rehearsal_banner(location: StudyLocation) -> str | None:
 
 def json_default(value):
     return value.item() if hasattr(value, "item") else str(value)  # numpy scalars, else their text
+
+
+def refuse_rehearsal(location, summary: dict | None = None) -> None:
+    """PackageError when the study is a rehearsal: its scores are drawn, its checkpoints hold no weights."""
+    if (summary or {}).get("rehearsal") or location.exists(REHEARSAL_FILE):
+        raise PackageError(f"study {location.name} at {location.uri()} is a rehearsal (stand-in trainer, drawn "
+                           f"scores, no weights): nothing to package; run the study itself with `a2 study run`")

@@ -11,12 +11,13 @@ from typing import Callable
 
 from ray.tune import Callback
 
-from dashboards.tracking import check_tracking_uri, client_settings, ui_pointer
+from dashboards.tracking import check_tracking_uri, ui_pointer
 from launch import stop
 from launch.killpoints import kill_point
 from launch.lease import held_lease
 from launch.mlflow_export import Export, StudyExporter, end_reason
 from launch.layout import STOPPED_FILE, TRIALS_DIR, outage_line, train_run_name
+from launch.tracking_writer import client_settings
 
 logger = logging.getLogger(__name__)
 

@@ -31,13 +31,14 @@ from a2core.errors import StorageError, TrackingError
 from dashboards.mlflow_views import TAG_CONFIG_LABEL
 from dashboards.runs import Trial
 from dashboards.tracking import (TAG_BEST_CKPT, TAG_CONFIG_HASH, TAG_END_REASON, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID,
-                                 StudyTracker, disk_problem, search_all_runs, server_answers, unavailable_text)
-from launch.conclusions import _fmt, tune_trial
+                                 disk_problem, search_all_runs, server_answers, unavailable_text)
+from launch.conclusions import tune_trial, value_text
 from launch.killpoints import kill_point
 from launch.lease import held_lease
 from launch.layout import ARTIFACTS_DIR, CHECKPOINT_FILE, SUPERSEDED_FILE, TRIALS_DIR, add_outage, train_run_name
-from launch.record import _metrics, record_trials
+from launch.record import epoch_metrics, record_trials
 from launch.spec import SEED_PATH, resolve_key
+from launch.tracking_writer import StudyTracker
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ class Export:
                                    run_name=name)
         logged = tracker.logged_steps(run_id, self.spec.metric)
         self.late += sum(late and int(result["epoch"]) not in logged for result in results)
-        tracker.log_epochs(run_id, [(int(result["epoch"]), _metrics(result), int(result["timestamp"] * 1000)
+        tracker.log_epochs(run_id, [(int(result["epoch"]), epoch_metrics(result), int(result["timestamp"] * 1000)
                                      if isinstance(result.get("timestamp"), (int, float)) else None)
                                     for result in results])
         tracker.set_tags(run_id, self._tags(trial, results))
@@ -330,7 +331,7 @@ def trial_names(spec, sampled: dict, digest: str) -> tuple[str, str]:
         elif path == "model.fusion":
             parts.append(str(value))
         else:
-            parts.append(f"{path.rsplit('.', 1)[-1]}={_fmt(value)}")
+            parts.append(f"{path.rsplit('.', 1)[-1]}={value_text(value)}")
     label = " ".join(parts)
     name = " ".join(parts + ([f"seed={seed}"] if seed is not None else [])) or f"config {digest[:12]}"
     return name, f"{label} ({digest[:12]})" if label else f"config {digest[:12]}"

@@ -23,21 +23,20 @@ from a2core import checkpoint as ckpt
 from a2core.atomic import atomic_write, fresh_folder
 from a2core.checksum import SUFFIX, checksum_path
 from a2core.data.captions import Vocab, read_image_info
-from a2core.decode import check_data_overrides, checkpoint_data, ensemble_captions, write_results_json
+from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
 from dashboards.runs import Trial
-from dashboards.stats import config_hash
+from dashboards.stats import best_trial, config_hash, trial_rank
 from dashboards.submission import make_zip, results_filename, validate_zip
-from dashboards.tracking import check_tracking_uri, log_artifacts
+from dashboards.tracking import check_tracking_uri
 from launch.defaults import PACKAGE_OUT, SEEDS, SERVER_IMAGES, SHARD_IMAGES
 from launch.conclusions import read_state_json, read_summary
-from launch.driver import resume_study, run_study, say
-from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, locate
+from launch.driver import exit_code, resume_study, run_study, say
+from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, locate, refuse_rehearsal
 from launch.raycluster import connect, shutdown as stop_ray
-from launch.rehearse import refuse_rehearsal
 from launch.spec import NAME_MAX, StudySpec
 from launch.storage import open_location, upload_file
-from launch.study import exit_code
+from launch.tracking_writer import log_artifacts, study_parent_run
 from launch.trainable import propagated_env
 from launch.verify import model_mismatch
 
@@ -49,19 +48,6 @@ MANIFEST = "package.json"
 # workers can take longer. Applies to a Ray that this process starts (a cluster keeps its own setting).
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 WORKER_START_TIMEOUT_S = "300"
-
-
-def main(args) -> int:
-    check_data_overrides(args.data_overrides)  # a key decoding would ignore, refused before any training or decoding
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "handler", "estimate")}  # package's
-    if getattr(args, "estimate", False):
-        print(estimate_text(decode_estimate(args.name, storage=args.storage, seeds=args.seeds, beam_size=args.beam_size,
-                                            batch_size=args.batch_size, workers=args.workers,
-                                            val_images=args.val_images, shard_images=args.shard_images,
-                                            test_images=args.test_images, data_overrides=args.data_overrides)))
-        return 0
-    package(**options)
-    return 0
 
 
 def decode_estimate(name: str, *, storage: str | None = None, seeds=None, beam_size: int = 5, batch_size: int = 50,
@@ -188,28 +174,23 @@ def candidates(spec, summary: dict, digest: str | None = None) -> list[Trial]:
     for row in summary.get("trials", []):
         if row.get("best") is None or not row.get("best_checkpoint"):
             continue
-        trial = Trial(str(row["trial_id"]), study=spec.name)
-        for key in ("state", "stopped_early", "sampled", "best", "best_checkpoint"):
-            trial[key] = row.get(key)
+        sampled = dict(row.get("sampled") or {})
         try:
-            trial.config = spec.trial_config(dict(trial.sampled or {}))
+            config = spec.trial_config(sampled)
         except A2Error as err:  # a trial the saved spec cannot rebuild any more
-            print(f"a2 package: note: skipping trial {trial.trial_id} of {spec.name}: {err}", file=sys.stderr)
+            print(f"a2 package: note: skipping trial {row['trial_id']} of {spec.name}: {err}", file=sys.stderr)
             continue
-        trial.config_hash = config_hash(trial.config)
-        out.append(trial)
+        out.append(Trial(str(row["trial_id"]), study=spec.name, state=row.get("state"), sampled=sampled,
+                         stopped_early=row.get("stopped_early"), best_value=row["best"],
+                         best_checkpoint=row["best_checkpoint"], config=config, config_hash=config_hash(config)))
     return [c for c in out if digest is None or c.config_hash == digest]
-
-
-def _rank_key(mode: str) -> Callable[[Trial], tuple]:
-    """Which of a seed's trials joins the ensemble: the best value, then the lower (study, trial id)."""
-    return lambda c: (-c.best_value if mode == "max" else c.best_value, c.study, c.trial_id)
 
 
 def select_best(summary: dict, cands: list[Trial]) -> Trial:
     """The candidate of the study's best trial of its best configuration, as its record names them
     (`launch.record.best_group`, the one rule every view reads: `status`, `compare`, `report`); when that trial has no
-    stored checkpoint, the best of its configuration's trials that has one."""
+    stored checkpoint, the best of its configuration's trials that has one (`dashboards.stats.best_trial`, the
+    record's own rule)."""
     group = summary.get("best_group") or {}
     pool = [c for c in cands if c.config_hash == group.get("config_hash")]
     if not pool:
@@ -219,14 +200,15 @@ def select_best(summary: dict, cands: list[Trial]) -> Trial:
             f"{str(group['config_hash'])[:12]}, trials {', '.join(map(str, group.get('trials', [])))}) has a "
             f"stored checkpoint: nothing to package")
     named = next((c for c in pool if c.trial_id == str(group.get("best_trial"))), None)
-    return named or min(pool, key=_rank_key(summary.get("mode", "max")))
+    return named or best_trial(pool, summary.get("mode", "max"))
 
 
 def seed_checkpoints(cands: list[Trial], digest: str, seeds, mode: str,
                      exists: Callable[[str], bool]) -> tuple[dict[int, Trial], list[int]]:
     """For each seed, the trial of configuration `digest` with that seed whose checkpoint exists (finished
-    trials first, then the best by the metric, then the lower trial id); and the seeds that have none."""
-    rank = _rank_key(mode)
+    trials first, then `dashboards.stats.trial_rank`: the best by the metric, then the lower (study, trial id)); and
+    the seeds that have none."""
+    rank = trial_rank(mode)
     chosen, missing = {}, []
     for seed in seeds:
         pool = sorted((c for c in cands if c.config_hash == digest and c.seed == seed),
@@ -564,6 +546,7 @@ def deliver(name: str, spec, best: Trial, members: list[Trial], local: list[str]
     Returns {"scores", "board", "leaderboard" (its path), "mlflow"}."""
     # MLflow and the leaderboard: not in the Ray tasks that run `decode_shard`, which import this module
     from dashboards import leaderboard as lb
+    from launch.model_registry import register_ensemble
 
     karpathy = images["splits"]["test"]
     say(f"package: scoring {len(members)} checkpoint(s) and the ensemble on the Karpathy test split "
@@ -571,8 +554,8 @@ def deliver(name: str, spec, best: Trial, members: list[Trial], local: list[str]
     systems = {f"seed-{m.seed}": decoded["single"][i] for i, m in enumerate(members)}
     scores, per_image = lb.score_systems(data.references("test"), {**systems, "ensemble": decoded["ensemble"]["test"]})
     run_ids = {study: lb.trial_run_ids(tracking_uri, study) for study in sorted({m.study for m in members})}
-    parent = lb.study_parent_run(tracking_uri, name)
-    model = lb.register_ensemble(
+    parent = study_parent_run(tracking_uri, name)
+    model = register_ensemble(
         tracking_uri, parent, local, model_name, beam_size=beam_size, max_len=images["max_len"],
         description=f"{len(members)}-seed averaging ensemble of study {name} (config {best.config_hash[:12]})",
         tags={"a2.study": name, "a2.config_hash": best.config_hash, "a2.seeds": ",".join(str(m.seed) for m in members),

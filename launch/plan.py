@@ -1,4 +1,4 @@
-"""`a2 study plan FILE`: what a study will do and cost, read from the file alone, before anything runs.
+"""The plan of a study (`a2 study plan FILE`): what it will do and cost, read from the file alone, before anything runs.
 
 Per trial: its images (counted in the captions file when it is there, else the standard Karpathy counts), the
 global batch, steps per epoch and in all, warmup's share of the cross-entropy steps and the T_P range against the
@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,6 @@ from dashboards.compare import configurations, per_image_scores
 from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.stats import MIN_SEEDS, POWER, Noise, noise_of, pooled_sd, power, seeds_needed
 from launch.location import locate
-from launch.spec import load_study
 
 CLUSTER_FILE = Path(__file__).resolve().parents[1] / "ray-cluster.yaml"
 
@@ -406,13 +404,14 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
     return "\n".join(lines)
 
 
-def _noise(args, spec) -> tuple[Noise | None, str]:
-    """The study's noise and where it comes from: measured in its finished seeds; else assumed, said so."""
-    if args.sd is not None and args.sd <= 0:
-        raise StudyError(f"--sd must be > 0, got {args.sd}")
-    if args.sd is None:
+def study_noise(spec, sd: float | None = None, storage: str | None = None) -> tuple[Noise | None, str]:
+    """The study's noise and where it comes from: measured in its finished seeds (the study at `storage`, default its
+    own); else the seed spread `sd` given (`--sd`), else assumed, said so."""
+    if sd is not None and sd <= 0:
+        raise StudyError(f"--sd must be > 0, got {sd}")
+    if sd is None:
         try:
-            location = locate(spec.name, args.storage or spec.storage)
+            location = locate(spec.name, storage or spec.storage)
             # The record reads the trials with Ray's Tune: imported only for a study that ran, so that the plan of
             # one that has not (`a2 study plan` before `run`) loads no Ray.
             from launch.record import StudyRecord
@@ -422,8 +421,8 @@ def _noise(args, spec) -> tuple[Noise | None, str]:
             pass
     images = verdict_images(spec)
     assumed = "arm x image sd assumed, launch.plan.ARM_IMAGE_SD, as measured on synthetic data"
-    if args.sd is not None:
-        return Noise(args.sd, 0.0, ARM_IMAGE_SD, images), f"seed spread given; {assumed}"
+    if sd is not None:
+        return Noise(sd, 0.0, ARM_IMAGE_SD, images), f"seed spread given; {assumed}"
     if spec.base["data"]["kind"] == "coco":
         return (Noise(COCO_SEED_SD, 0.0, ARM_IMAGE_SD, images),
                 f"nothing measured: no finished seeds; seed spread assumed for COCO, launch.plan.COCO_SEED_SD; "
@@ -499,28 +498,28 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
     return "\n".join(lines)
 
 
-def main(args) -> int:
-    spec = load_study(args.file, args.overrides, check_files=False)
-    for warning in spec.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    if args.delta is not None and any(d <= 0 for d in args.delta):
-        raise StudyError(f"--delta must be > 0, got {args.delta}")
-    if args.images_per_second is not None and args.images_per_second <= 0:
-        raise StudyError(f"--images-per-second must be > 0, got {args.images_per_second}")
-    if args.price_per_hour is not None and args.price_per_hour <= 0:
-        raise StudyError(f"--price-per-hour must be > 0, got {args.price_per_hour}")
-    noise, noise_source = _noise(args, spec)
-    deltas = [(f"{d:g} CIDEr", d) for d in args.delta] if args.delta else table3_gaps()
-    measured = measured_throughput(spec) if args.images_per_second is None else None
-    ips, ips_source = ((args.images_per_second, "given") if args.images_per_second is not None else
+def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: float | None = None,
+               price_per_hour: float | None = None, cluster: str | Path | None = CLUSTER_FILE, sd: float | None = None,
+               storage: str | None = None) -> str:
+    """All that `a2 study plan` prints: `plan_text` at the given gaps (`--delta`; default Table 3's), throughput
+    (default: the newest GPU record's, else `IMAGES_PER_SECOND`) and price, then the adaptive design's estimate when
+    the study compares arms at Table 3's gaps. StudyError naming the option when a value is out of range."""
+    if deltas is not None and any(d <= 0 for d in deltas):
+        raise StudyError(f"--delta must be > 0, got {deltas}")
+    if images_per_second is not None and images_per_second <= 0:
+        raise StudyError(f"--images-per-second must be > 0, got {images_per_second}")
+    if price_per_hour is not None and price_per_hour <= 0:
+        raise StudyError(f"--price-per-hour must be > 0, got {price_per_hour}")
+    noise, noise_source = study_noise(spec, sd, storage)
+    gaps = [(f"{d:g} CIDEr", d) for d in deltas] if deltas else table3_gaps()
+    measured = measured_throughput(spec) if images_per_second is None else None
+    ips, ips_source = ((images_per_second, "given") if images_per_second is not None else
                        (measured.images_per_second, measured.source) if measured is not None else
                        (IMAGES_PER_SECOND, "an estimate for an A10G; 115 measured on an H200: benchmarks/RESULTS.md"))
-    workers = cluster_workers(args.cluster)
-    print(plan_text(spec, noise, noise_source, deltas, ips, ips_source, workers, args.price_per_hour))
-    if spec.num_arms > 1 and not args.delta:  # the adaptive design is priced at the Table 3 gaps
-        per_trial = (estimate(spec, ips, workers).gpu_hours / spec.num_trials
-                     if spec.resources.gpus_per_worker else None)
-        adaptive = adaptive_text(spec, noise, per_trial)
-        if adaptive:
-            print(adaptive)
-    return 0
+    workers = cluster_workers(cluster)
+    text = plan_text(spec, noise, noise_source, gaps, ips, ips_source, workers, price_per_hour)
+    if spec.num_arms > 1 and not deltas:  # the adaptive design is priced at the Table 3 gaps
+        per_trial = estimate(spec, ips, workers).gpu_hours / spec.num_trials if spec.resources.gpus_per_worker else None
+        if adaptive := adaptive_text(spec, noise, per_trial):
+            text += "\n" + adaptive
+    return text

@@ -17,18 +17,19 @@ import json
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 
+from a2core.errors import A2Error
 from a2core.selection import best_epoch as pick_best_epoch, finite
 from dashboards.compare import study_verdicts
 from dashboards.runs import TABLE_METRICS, Study, Trial
-from dashboards.stats import best_candidates, config_hash, seed_interval
-from dashboards.stats import best_group as pick_best_group
-from launch.conclusions import best_value, pick_best, table_row
+from dashboards.stats import config_hash, seed_interval
+from dashboards.stats import best_group as pick_best_group, best_trial as pick_best_trial
+from launch.conclusions import best_value, test_metric
 from launch.lease import live_writer
 from launch.location import DIGEST_FILE, STUDY_FILE, StudyLocation, json_default, load_saved_spec
-from launch.spec import SEED_KEYS
+from launch.spec import SEED_KEYS, group_key
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
                            RESULTS_FILE, end_record, read_results, run_status, stop_record, train_run_name)
 from launch.verify import experiment_trials, newest_experiment_state, quick_checkpoint_problem, refuse_unreadable
@@ -95,6 +96,11 @@ class StudyRecord:
                            "history": {key: list(zip(*points)) for key, points in t.history.items()}}
                           for t in self.trials]}
         self.location.write_text(json.dumps(doc, default=json_default), DIGEST_FILE)
+
+    def shown(self) -> "StudyRecord":
+        """This record as `a2 study status` shows it: each trial's state as `shown_state` reads it (Tune saves a
+        running trial as PENDING); the record itself keeps Tune's word."""
+        return replace(self, trials=[replace(t, state=shown_state(t, self.running)) for t in self.trials])
 
     def groups(self) -> list[dict]:
         """One entry per replicate group (`replicate_groups`, the summary's `groups`)."""
@@ -197,9 +203,9 @@ def _load_trial(spec, location: StudyLocation, digest: Digest | None, for_digest
         row, log = record_trial(spec, location, tune, ended, refuse)
         return row, len(log), files
     row, logged = kept
-    row.status = run_status(row.state, logged, row.stopped_early, spec.total_epochs, ended=ended, end=row.ended)
-    row.per_image = partial(per_image, location, spec.name, tune.trial_id)
-    return row, logged, files
+    return replace(row, status=run_status(row.state, logged, row.stopped_early, spec.total_epochs, ended=ended,
+                                          end=row.ended),
+                   per_image=partial(per_image, location, spec.name, tune.trial_id)), logged, files
 
 
 def per_image(location: StudyLocation, study: str, trial_id: str, split: str = "val") -> dict[str, float] | None:
@@ -210,7 +216,7 @@ def per_image(location: StudyLocation, study: str, trial_id: str, split: str = "
     return None if text is None else json.loads(text)
 
 
-def _metrics(result: dict) -> dict[str, float]:
+def epoch_metrics(result: dict) -> dict[str, float]:
     """The numbers of an epoch's result that are metrics (`launch.layout.SKIP_KEYS` left out), as MLflow logs them."""
     return {k: float(v) for k, v in result.items() if type(v) in _NUMBERS and k not in SKIP_KEYS}
 
@@ -231,14 +237,13 @@ def group_hash(trial: Trial) -> str:
     keys without the seed, for an old study whose saved spec no longer resolves them)."""
     if trial.config:
         return config_hash(trial.config)
-    from launch.search import group_key  # optuna: only for such a study (status and compare load none)
-
     return group_key(dict(trial.sampled or {}))
 
 
 def best_trial(spec, rows: list[Trial]) -> Trial | None:
-    """The trial row of the best value of the study metric, among those not stopped early unless every one was."""
-    return pick_best(best_candidates([r for r in rows if r.best_value is not None]), "best", spec.mode)
+    """The trial of the best value of the study metric, by the one rule (`dashboards.stats.best_trial`: among those
+    not stopped early unless every one was; of equals the lower trial id)."""
+    return pick_best_trial(rows, spec.mode)
 
 
 def best_group(spec, groups: list[dict]) -> dict | None:
@@ -257,23 +262,23 @@ def record_trial(spec, location: StudyLocation, tune: Trial, ended: bool,
     `StudyRecord.load`'s."""
     run = location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id))
     log = _result_log(spec, location, tune.trial_id, refuse)
-    stopped, end = stop_record(run), end_record(run)
+    stopped, end = stop_record(run), end_record(run)  # `end`: it ended itself (diverged), not a scheduler's stop
     row = trial_row(spec, location, tune.trial_id, dict(tune.sampled), tune.state, log, tune.last_result, tune.error)
-    row.name, row.retries = tune.name, tune.retries
-    row.ended = end  # it ended itself (diverged): not a scheduler's stop
-    cut_short = row.state == "TERMINATED" and 0 < row.epochs_done < row.epochs_planned and row.ended is None
+    cut_short = row.state == "TERMINATED" and 0 < row.epochs_done < row.epochs_planned and end is None
     # Else only the scheduler ends a trial short: one without its record (a driver killed) is stopped too.
-    row.stopped_early = ({"rung": stopped["rung"], "cutoff": finite(stopped["cutoff"])} if stopped is not None
-                         else {"rung": None, "cutoff": None} if cut_short else None)
-    # as its MLflow run shows it (`launch.mlflow_export` exports this status)
-    row.status = run_status(row.state, len(log), row.stopped_early, spec.total_epochs, ended=ended, end=row.ended)
+    stopped_early = ({"rung": stopped["rung"], "cutoff": finite(stopped["cutoff"])} if stopped is not None
+                     else {"rung": None, "cutoff": None} if cut_short else None)
+    final, history = {}, {}
     for result in log:  # epoch order: a metric's final value is its latest
-        for key, value in _metrics(result).items():
-            row.final[key] = value
+        for key, value in epoch_metrics(result).items():
+            final[key] = value
             if key in HISTORY_KEYS:
-                row.history.setdefault(key, []).append((int(result["epoch"]), value))
-    row.per_image = partial(per_image, location, spec.name, tune.trial_id)
-    return row, log
+                history.setdefault(key, []).append((int(result["epoch"]), value))
+    return replace(row, name=tune.name, retries=tune.retries, ended=end, stopped_early=stopped_early,
+                   # as its MLflow run shows it (`launch.mlflow_export` exports this status)
+                   status=run_status(row.state, len(log), stopped_early, spec.total_epochs, ended=ended, end=end),
+                   final=final, history=history,
+                   per_image=partial(per_image, location, spec.name, tune.trial_id)), log
 
 
 def record_trials(spec, location: StudyLocation, trials: list[Trial], ended: bool,
@@ -318,16 +323,35 @@ def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state
     best_epoch = pick_best_epoch(values, spec.mode)
     ckpt_epoch = pick_best_epoch({e: values[e] for e in checkpoint_epochs(run) if e in values}, spec.mode)
     last = history[-1] if history else last_result  # the result log is in epoch order
-    trial = table_row(spec, Trial(trial_id, state=state, sampled=sampled, error=error, last_result=last_result,
-                                  study=spec.name), last, None if best_epoch is None else values[best_epoch])
-    trial.config_hash = group_hash(trial)
-    trial.epochs_reported = [int(r["epoch"]) for r in history or [last_result] if finite(r.get("epoch")) is not None]
-    trial.best_step, trial.best_checkpoint_epoch = best_epoch, ckpt_epoch
-    if ckpt_epoch is not None:
-        checkpoint = run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE)
-        trial.best_checkpoint, trial.best_checkpoint_problem = checkpoint.uri, quick_checkpoint_problem(checkpoint)
-    trial.train_run, trial.compute = run.uri, trial_compute(history)
-    return trial
+    columns = table_columns(spec, sampled, last, None if best_epoch is None else values[best_epoch])
+    checkpoint = None if ckpt_epoch is None else run.join(checkpoint_name(ckpt_epoch), CHECKPOINT_FILE)
+    return Trial(trial_id, state=state, sampled=sampled, error=error, last_result=last_result, study=spec.name,
+                 **columns, config_hash=group_hash(Trial(trial_id, sampled=sampled, config=columns["config"])),
+                 epochs_reported=[int(r["epoch"]) for r in history or [last_result]
+                                  if finite(r.get("epoch")) is not None],
+                 best_step=best_epoch, best_checkpoint_epoch=ckpt_epoch,
+                 best_checkpoint=None if checkpoint is None else checkpoint.uri,
+                 best_checkpoint_problem=None if checkpoint is None else quick_checkpoint_problem(checkpoint),
+                 train_run=run.uri, compute=trial_compute(history))
+
+
+def table_row(spec, tune: Trial, last: dict, best, stopped_early=None) -> Trial:
+    """Tune's trial `tune` (`launch.conclusions.tune_trial`) with the columns every table shows (`table_columns`):
+    the live table's row (`launch.driver.live_row`), the record's before its run folder is read."""
+    return replace(tune, **table_columns(spec, tune.sampled, last, best, stopped_early))
+
+
+def table_columns(spec, sampled: dict, last: dict, best, stopped_early=None) -> dict:
+    """A trial's fields every table shows and its resolved config: its epochs from `last` (its latest result),
+    `best` the best value of the study metric, the scheduler's record `stopped_early`."""
+    try:
+        config = spec.trial_config(sampled)
+    except A2Error:  # an old study whose keys moved on: show what is known
+        config = {}
+    return {"config": config, "stopped_early": stopped_early, "epochs_done": int(finite(last.get("epoch")) or 0),
+            "epochs_planned": spec.total_epochs, "last": finite(last.get(spec.metric)), "best_value": finite(best),
+            # the selected checkpoint on the test split, reported when the trial ended (a2core train.test_at_end)
+            "test": finite(last.get(test_metric(spec.metric)))}
 
 
 def trial_compute(history: list[dict]) -> dict:
@@ -367,7 +391,7 @@ def replicate_groups(spec, rows: list[Trial]) -> list[dict]:
     out = []
     for h, g in groups.items():
         scored = [r for r in g if r["best"] is not None]
-        values, best = [r["best"] for r in scored], pick_best(scored, "best", spec.mode)
+        values, best = [r["best"] for r in scored], pick_best_trial(g, spec.mode)
         interval = asdict(seed_interval(values)) if values else {"mean": None, "low": None, "high": None, "n": 0}
         sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
         out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,
@@ -388,8 +412,8 @@ def summarize(spec, location: StudyLocation, rows: list[Trial]) -> dict:
     groups = replicate_groups(spec, rows)
     baseline, beats = None, None
     if best is not None:
-        baseline = pick_best([r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"]
-                          and r["best"] is not None], "best", spec.mode)
+        baseline = pick_best_trial([r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"]],
+                                   spec.mode)
         if baseline is not None and baseline is not best:
             beats = best["best"] > baseline["best"] if spec.mode == "max" else best["best"] < baseline["best"]
     done = sum(1 for r in rows if r["state"] == "TERMINATED")

@@ -27,7 +27,6 @@ print `launch.location.REHEARSAL_BANNER` first, its MLflow runs carry the tag `a
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
@@ -44,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from a2core.config import apply_overrides, get_dotted, load_yaml
-from a2core.errors import PackageError, StudyError
+from a2core.errors import StudyError
 from a2core.selection import best_epoch
 from dashboards.compare import best_configuration, configurations, study_comparison
 from dashboards.paper_results import TABLE3, TABLE3_ROW
@@ -52,11 +51,10 @@ from dashboards.records import arms_of, load_record
 from dashboards.runs import CIDER, TEST_CIDER, Study
 from dashboards.runs import Trial as RecordTrial  # Tune's `Trial` is the scheduler's in `simulate`
 from dashboards.stats import Noise, config_hash, noise_of, power
-from dashboards.tracking import mark_runs
 from launch import plan
 from launch.defaults import LEARNING_DROP
 from launch.location import REHEARSAL_BANNER, REHEARSAL_FILE, StudyLocation, write_summary
-from launch.spec import StudySpec, load_study
+from launch.tracking_writer import mark_runs
 
 NAME_SUFFIX = "-rehearsal"
 TAG_REHEARSAL = "a2.rehearsal"
@@ -495,7 +493,7 @@ def score_model(spec, *, record: str | None = None, means: list[str] | None = No
             raise StudyError(f"--mean {item}: give VALUE=CIDEr, e.g. gate=125.0") from None
         source += f"; {key} set to {value}"
     if sd is not None or noise is None:
-        noise, how = plan._noise(argparse.Namespace(sd=sd, storage=storage), spec)
+        noise, how = plan.study_noise(spec, sd, storage)
         if noise is None:  # a synthetic study with nothing measured: the COCO assumption, said so
             noise = Noise(plan.COCO_SEED_SD, 0.0, plan.ARM_IMAGE_SD, plan.verdict_images(spec))
             how = "nothing measured; seed sd and arm x image sd as `a2 study plan` assumes for COCO"
@@ -582,21 +580,14 @@ def tag_mlflow(spec) -> int:
     return mark_runs(spec.tracking.mlflow_uri, spec.tracking.experiment, {TAG_REHEARSAL: "true"}, "rehearsal-")
 
 
-def refuse_rehearsal(location, summary: dict | None = None) -> None:
-    """PackageError when the study is a rehearsal: its scores are drawn, its checkpoints hold no weights."""
-    if (summary or {}).get("rehearsal") or location.exists(REHEARSAL_FILE):
-        raise PackageError(f"study {location.name} at {location.uri()} is a rehearsal (stand-in trainer, drawn "
-                           f"scores, no weights): nothing to package; run the study itself with `a2 study run`")
-
-
-# -- the commands ----------------------------------------------------------------------------------------------------
-def check_arguments(args) -> None:
-    if getattr(args, "repeat", 1) < 1:
-        raise StudyError(f"--repeat must be >= 1, got {args.repeat}")
-    if getattr(args, "time_scale", 0.0) < 0:
-        raise StudyError(f"--time-scale must be >= 0, got {args.time_scale}")
-    if not 0 <= args.drop < 1:
-        raise StudyError(f"--drop must be in [0, 1), got {args.drop}")
+def check_options(drop: float, repeat: int = 1, time_scale: float = 0.0) -> None:
+    """StudyError naming the option (`--drop`, `--repeat`, `--time-scale`) when a rehearsal's setting is out of range."""
+    if repeat < 1:
+        raise StudyError(f"--repeat must be >= 1, got {repeat}")
+    if time_scale < 0:
+        raise StudyError(f"--time-scale must be >= 0, got {time_scale}")
+    if not 0 <= drop < 1:
+        raise StudyError(f"--drop must be in [0, 1), got {drop}")
 
 
 def epoch_time(spec) -> float:
@@ -623,60 +614,6 @@ def repeated(spec, model: ScoreModel, n: int, start: int = 0) -> list[dict]:
     """`analyse` of rehearsals number start .. start + n - 1, without Ray."""
     configs = suggestions(spec)
     return [analyse(simulate(spec, model, r, configs), spec, model) for r in range(start, start + n)]
-
-
-def main(args) -> int:
-    """`a2 study rehearse FILE`."""
-    from launch.record import StudyRecord  # Ray's Tune reads its trials: as in `_logical_ray`
-
-    check_arguments(args)
-    raw, own = rehearsal_raw(args.file, args.overrides, args.storage, args.tracking_uri)
-    original = StudySpec.from_dict(raw, source=args.file, check_files=False)
-    spec = StudySpec.from_dict(own, source=args.file)
-    model = score_model(original, record=args.from_record, means=args.mean, seed=args.seed, drop=args.drop)
-    seconds = args.epoch_seconds if args.epoch_seconds is not None else epoch_time(original)
-    if own.get("resources") != raw.get("resources"):
-        print(f"resources: one worker per trial holding its {spec.trial_resources()} (the stand-in trains in the "
-              f"trial process)")
-    noise = plan.Noise(model.seed_sd, model.run_sd, model.arm_image_sd, plan.verdict_images(original))
-    print(plan.plan_text(original, noise, "the rehearsal's score model", model_gaps(spec, model),
-                         plan.IMAGES_PER_SECOND,
-                         "an estimate for an A10G: benchmarks/RESULTS.md", plan.cluster_workers(), None))
-    per_trial = (plan.estimate(original, plan.IMAGES_PER_SECOND, plan.cluster_workers()).gpu_hours
-                 / original.num_trials if original.resources.gpus_per_worker else None)
-    adaptive = plan.adaptive_text(original, noise, per_trial)  # the design the driver does not run yet, priced
-    if adaptive:
-        print(adaptive)
-    print(f"\n{REHEARSAL_BANNER}\n{model_text(model)}\nstand-in epoch: {seconds:.0f} s on the cluster x time scale "
-          f"{args.time_scale:g} = {seconds * args.time_scale:.2f} s here")
-    if own.get("data") != raw.get("data"):
-        print("data: not read by the stand-in; the study's COCO files are replaced by a small synthetic set")
-    first = run_rehearsal(spec, model, epoch_seconds=seconds, time_scale=args.time_scale, address=args.address,
-                          verbose=not args.quiet)
-    record = StudyRecord.load(first["location"])
-    outcome = analyse(record.study(), spec, model)
-    print(f"\nrehearsal 1 on Ray: {first['seconds']:.1f} s for {spec.num_trials} trials; record at "
-          f"{first['location'].uri()}\n" + outcome_text(outcome, "what happened (REHEARSAL)"))
-    if args.repeat > 1:
-        outcomes = [outcome, *repeated(spec, model, args.repeat - 1, start=1)]
-        print("\n" + aggregate_text(aggregate(outcomes, spec, model), spec, model,
-                                    f"over {args.repeat} rehearsals (REHEARSAL; the first on Ray, the others "
-                                    f"without it: same searcher, scheduler and comparison code)"))
-    print(f"\nread it: a2 study status {spec.name} --storage {spec.storage}; a2 study compare {spec.name} --storage "
-          f"{spec.storage} (`a2 package` refuses a rehearsal)")
-    return 0
-
-
-def plan_main(args) -> int:
-    """`a2 study plan FILE --rehearse N`: the plan, then `plan_lines` (arguments checked before anything prints)."""
-    if args.rehearse < 1:
-        raise StudyError(f"--rehearse must be >= 1, got {args.rehearse}")
-    check_arguments(args)
-    code = plan.main(args)
-    spec = load_study(args.file, args.overrides, check_files=False)
-    print(plan_lines(spec, args.rehearse, seed=args.seed, record=args.from_record, means=args.mean, sd=args.sd,
-                     storage=args.storage, drop=args.drop))
-    return code
 
 
 def plan_lines(spec, n: int, *, seed: int = 0, record: str | None = None, means=None, sd: float | None = None,

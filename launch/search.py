@@ -19,8 +19,8 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
 from a2core.selection import finite
-from dashboards.stats import config_hash, pooled_sd, short_hash
-from launch.spec import SEED_KEYS, Param, StudySpec
+from dashboards.stats import pooled_sd, short_hash
+from launch.spec import SEED_KEYS, Param, StudySpec, group_key
 
 logger = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -28,14 +28,6 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 STATE_VERSION = 2
 TIME_ATTR = "epoch"
 MAX_DUPLICATES = 20  # suggestions in a row that repeat a configuration before its grid cell counts as done
-
-
-def group_key(config: dict, resolve=None) -> str:
-    """The replicate group of a suggestion: `dashboards.stats.config_hash` of its resolved config (`resolve`: the
-    spec's `trial_config`); without `resolve`, of the suggestion without its seed key."""
-    if resolve is not None:
-        return config_hash(resolve(dict(config)))
-    return config_hash({k: v for k, v in config.items() if k not in SEED_KEYS})
 
 
 def _epoch(result: dict | None) -> int | None:

@@ -9,10 +9,9 @@ import itertools
 import math
 import os
 import re
-import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
 from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, ValidationError, ValidationInfo,
                       model_validator)
@@ -313,7 +312,8 @@ class Tracking(Section):
         return self
 
 
-def _study_name(name: Any) -> str:
+def validate_study_name(name: Any) -> str:
+    """`name` if it is a study's name, else ValueError saying why (the spec's validator, and `launch.location`'s)."""
     if name is None:
         raise ValueError("required: the study's name ([a-z0-9-])")
     if not isinstance(name, str) or not _NAME.match(name):
@@ -321,6 +321,17 @@ def _study_name(name: Any) -> str:
     if len(name) > NAME_MAX:
         raise ValueError(f"at most {NAME_MAX} characters, got {len(name)}")
     return name
+
+
+def group_key(config: dict, resolve=None) -> str:
+    """The replicate group of a suggestion: `dashboards.stats.config_hash` of its resolved config (`resolve`: the
+    spec's `trial_config`); without `resolve`, of the suggestion without its seed key."""
+    # scipy (dashboards.stats): `a2 study validate` imports this module and loads no scipy
+    from dashboards.stats import config_hash
+
+    if resolve is not None:
+        return config_hash(resolve(dict(config)))
+    return config_hash({k: v for k, v in config.items() if k not in SEED_KEYS})
 
 
 # data / model / train as written (`null` reads as {}): a Config once probed
@@ -371,7 +382,12 @@ class StudySpec(Section):
     found (`base`, `images`, `warnings`). `from_dict` and `load_study` make one; `model_validate` alone takes the
     file's path and `check_files` from the validation context."""
 
-    name: Annotated[str, BeforeValidator(_study_name)] = Field(None, validate_default=True, description=(
+    # the search aliases written as top-level keys: what a study file says instead
+    elsewhere: ClassVar[dict[str, str]] = {
+        alias: (f"{alias} is a searched key: to give every trial one value write search.space.{alias}.grid=[VALUE] "
+                f"when the study searches it, else {path}=VALUE") for alias, path in ALIASES.items()}
+
+    name: Annotated[str, BeforeValidator(validate_study_name)] = Field(None, validate_default=True, description=(
         f"The study's name, `[a-z0-9-]`, at most {NAME_MAX} characters: it names paths and MLflow objects."))
     data: RawSection = Field({}, description="The `data` section of a config, for every trial.")
     model: RawSection = Field({}, description="The `model` section of a config (searched keys left out).")
@@ -688,34 +704,6 @@ def study_root(path: str | Path) -> str:
 # testing", the rest, restval included, for training), each image with about 5 captions: the split sizes a study
 # plans with before its captions file is there.
 KARPATHY_IMAGES = {"train": 113_287, "val": 5_000, "test": 5_000}
-
-
-def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
-    """`a2 study validate`: a one-line summary of a valid study (exit 0), or its first error (exit 2)."""
-    try:
-        spec = load_study(path, overrides)
-        if runs_locally(spec):
-            check_machine(spec)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if spec.storage.startswith("s3://"):  # one real request (HeadBucket): reachable, allowed, the bucket exists
-        from launch.storage import check_storage  # pyarrow's S3: only when there is a bucket to ask
-
-        try:
-            check_storage(spec.storage, spec.storage_endpoint_url)
-        except StorageError as error:
-            print(f"error: {spec.source}: storage: {error}", file=sys.stderr)
-            return 2
-    for warning in spec.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(spec.summary())
-    return 0
-
-
-def cmd_validate(args) -> int:
-    """`a2 study validate FILE [key=value ...]`."""
-    return validate_main(args.file, args.overrides)
 
 
 # -- the batch and the schedule ----------------------------------------------------------------------------------------

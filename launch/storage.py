@@ -38,6 +38,15 @@ class S3VerificationError(S3TransferError):
     """The transferred bytes do not match the source (size or SHA-256)."""
 
 
+class WriteRefused(StorageError):
+    """The storage refused a write (read-only, full, not allowed, a file in the way): `uri` and, in a few words,
+    `reason`, for a caller that says what the write was for (`launch.lease`)."""
+
+    def __init__(self, uri: str, reason: str):
+        self.uri, self.reason = uri, reason
+        super().__init__(f"{uri}: cannot write it ({reason})")
+
+
 def parse_s3_uri(uri: str, *, require_key: bool = False) -> tuple[str, str]:
     """`"s3://bucket/prefix/key"` -> `("bucket", "prefix/key")`; the key may be empty unless `require_key`."""
     if not isinstance(uri, str):
@@ -133,7 +142,9 @@ class Location:
 
     @functools.cached_property
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
-        """(pyarrow filesystem, path on it)."""
+        """(pyarrow filesystem, path on it): what this module reads and writes through, and what Ray takes where it
+        reads storage itself (a `ray.train.Checkpoint`; `ray_storage` for RunConfig). Every other reader and writer
+        uses the methods below, so that pyarrow is imported here only."""
         if self.local:
             return pafs.LocalFileSystem(), self.uri
         bucket, key = parse_s3_uri(self.uri)
@@ -145,6 +156,11 @@ class Location:
             return self.uri, None  # Ray's own local handling (symlinks, driver-side sync) stays in charge
         fs, path = self.filesystem
         return path, fs
+
+    def on_same_storage(self, path: str) -> "Location":
+        """The file or folder at `path` as this location's filesystem names it (what Ray records in its state: a
+        local path, or `bucket/key` on S3), with the same endpoint."""
+        return Location(path if self.local else f"s3://{path.lstrip('/')}", self.endpoint_url)
 
     @contextlib.contextmanager
     def _errors(self, doing: str):
@@ -160,10 +176,22 @@ class Location:
         with self._errors("delete it"), contextlib.suppress(FileNotFoundError):
             fs.delete_file(path)
 
+    def delete_folder(self) -> None:
+        """Remove this folder and everything below it; nothing happens when there is none."""
+        fs, path = self.filesystem
+        with self._errors("delete it"), contextlib.suppress(FileNotFoundError):
+            fs.delete_dir(path)
+
     def exists(self) -> bool:
         fs, path = self.filesystem
         with self._errors("look it up"):
             return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+    def is_folder(self) -> bool:
+        """A folder (on S3: a prefix with objects below it) is here."""
+        fs, path = self.filesystem
+        with self._errors("look it up"):
+            return fs.get_file_info(path).type == pafs.FileType.Directory
 
     def read_text(self) -> str | None:
         """The file's text, or None when there is no such file."""
@@ -194,6 +222,33 @@ class Location:
             (Path(tmp) / "object").write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
             pafs.copy_files(str(Path(tmp) / "object"), path, destination_filesystem=fs)
 
+    def write_if_absent(self, text: str) -> bool:
+        """Write this file only if there is none: False when one exists. On disk `O_CREAT | O_EXCL`, on S3 a
+        conditional PUT (`IfNoneMatch="*"`): of two writers racing, one gets True. A write the storage refuses is
+        `WriteRefused`."""
+        if self.local:
+            try:
+                os.makedirs(os.path.dirname(self.uri), exist_ok=True)
+                with open(self.uri, "x") as f:  # O_CREAT | O_EXCL
+                    f.write(text)
+            except FileExistsError:
+                return False
+            except OSError as err:  # read-only, full, a file in the way, not allowed
+                raise WriteRefused(self.uri, err.strerror or str(err)) from err
+            return True
+        from botocore.exceptions import BotoCoreError, ClientError  # boto3: as in `download`
+
+        bucket, key = parse_s3_uri(self.uri, require_key=True)
+        try:
+            make_client(self.endpoint_url).put_object(Bucket=bucket, Key=key, Body=text.encode(), IfNoneMatch="*")
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise WriteRefused(self.uri, str(err)) from err
+        except BotoCoreError as err:
+            raise WriteRefused(self.uri, str(err)) from err
+        return True
+
     def listdir(self, *, folders_only: bool = False) -> list[str]:
         """Sorted names of the entries of this folder (empty when there is no such folder)."""
         if self.local:  # os.scandir: a status lists every trial's folder
@@ -205,6 +260,23 @@ class Location:
         with self._errors("list it"):
             infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
         return sorted(i.base_name for i in infos if not folders_only or i.type == pafs.FileType.Directory)
+
+    def file_stamps(self) -> dict[str, tuple[int, int]]:
+        """Each file directly in this folder, its subfolders left out: name -> (size, modification time in ns);
+        empty when there is no such folder. One listing, what a watcher of a few files polls."""
+        if self.local:
+            stamps = {}
+            with self._errors("list it"), contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                with os.scandir(self.uri) as entries:
+                    for entry in entries:
+                        if entry.is_file():
+                            stat = entry.stat()
+                            stamps[entry.name] = (stat.st_size, stat.st_mtime_ns)
+            return stamps
+        fs, path = self.filesystem
+        with self._errors("list it"):
+            infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        return {i.base_name: (i.size, i.mtime_ns) for i in infos if i.type == pafs.FileType.File}
 
     def files(self, skip: tuple[str, ...] = ()) -> list[tuple[str, int, int]]:
         """Every file below this folder, sorted: (its path relative to the folder, size, modification time in ns),
@@ -243,6 +315,21 @@ class Location:
         with self._errors("look it up"):
             info = fs.get_file_info(path)
         return None if info.type != pafs.FileType.File else (info.size, info.mtime_ns)
+
+    def stored_digest(self) -> tuple[int, str | None]:
+        """This file's size and the SHA-256 that `upload_file` stored with it (None for an object without one, and
+        for a local file: it has no metadata); StorageError when there is no such file."""
+        if self.local:
+            with self._errors("look it up"):
+                return os.stat(self.uri).st_size, None
+        from botocore.exceptions import BotoCoreError, ClientError  # boto3: as in `download`
+
+        bucket, key = parse_s3_uri(self.uri, require_key=True)
+        try:
+            head = make_client(self.endpoint_url).head_object(Bucket=bucket, Key=key)
+        except (ClientError, BotoCoreError) as err:
+            raise StorageError(f"{self.uri}: cannot look it up: {err}") from err
+        return head["ContentLength"], (head.get("Metadata") or {}).get(META_SHA256)
 
     def copy_folder(self, target: "Location", last: str | None = None) -> None:
         """Copy this folder, everything below it, to the folder `target` (replaced), the file `last` at its top

@@ -350,8 +350,7 @@ class LocalCheckpoints:
         keep = {epochs[-1], *scored[:self.num_to_keep]}
         for epoch in epochs:
             if epoch not in keep:
-                fs, path = self.run.join(checkpoint_name(epoch)).filesystem
-                fs.delete_dir(path)
+                self.run.join(checkpoint_name(epoch)).delete_folder()
 
 
 def diverged_record(err) -> dict:
@@ -479,9 +478,8 @@ def ray_train_start(run, work: Path) -> tuple | None:
         return None
     run.join(TRAIN_SNAPSHOT).delete()
     for unreadable in (e for e in epochs if epoch is None or e > epoch):
-        fs, path = run.join(checkpoint_name(unreadable)).filesystem
-        fs.delete_dir(path)
-    return None if epoch is None else run.join(checkpoint_name(epoch)).filesystem
+        run.join(checkpoint_name(unreadable)).delete_folder()
+    return None if epoch is None else run.join(checkpoint_name(epoch)).filesystem  # for Ray's Checkpoint
 
 
 def recorded_latest_epoch(snapshot) -> int | None:

@@ -26,17 +26,16 @@ import threading
 import zipfile
 from pathlib import Path
 
-import pyarrow.fs as pafs
 import yaml
 
 from a2core.checksum import SUFFIX, checksum_problem
 from a2core.config import Config
-from a2core.errors import A2Error, CheckpointError, StudyError
+from a2core.errors import A2Error, CheckpointError, StorageError, StudyError
 from dashboards.runs import Trial
 from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, TUNE_POINTER_FILE,
                            checkpoint_epochs, checkpoint_name, results_by_epoch)
 from launch.lease import held_lease
-from launch.location import STUDY_FILE, load_saved_spec, locate
+from launch.location import STUDY_FILE, load_saved_spec
 from launch.storage import open_location
 
 # The one place that knows Ray's private state layout (the Ray adapter): Tune's files at the study's root (experiment
@@ -54,9 +53,10 @@ COPIES_DIR = "state-copies"  # below the study: the last whole copy of each of T
 
 def _read_bytes(location) -> bytes:
     """The file's bytes (`Location.read_bytes`); a missing file is a StorageError naming it."""
-    fs, path = location.filesystem
-    with location._errors("read it"), fs.open_input_file(path) as f:
-        return f.read()
+    data = location.read_bytes()
+    if data is None:
+        raise StorageError(f"{location.uri}: cannot read it: no such file")
+    return data
 
 
 def _parse(kind: str, data: bytes) -> None:
@@ -214,10 +214,8 @@ class WholeCopies:
 
     def save(self) -> list[str]:
         """Copy the root files that changed, read whole and differ from their copies; their names."""
-        fs, path = self.study.filesystem
         copied = []
-        for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
-            name, stamp = info.base_name, (info.size, info.mtime_ns)
+        for name, stamp in self.study.file_stamps().items():
             kind = _root_kind(name)
             if kind is None or self.seen.get(name) == stamp:
                 continue
@@ -479,15 +477,13 @@ def put_back_tune_pointers(study) -> list[str]:
     and deleted the one its last saved state names left the trial unrestorable ("Could not recover from checkpoint
     as it does not exist on storage anymore"), though a2's own checkpoints are all there: a trial resumes from the
     newest readable one of its run folder (`launch.trainable`), never from Tune's pointer, so an empty one serves."""
-    fs, _ = study.filesystem
     lines = []
     for name in fnmatch.filter(study.listdir(), EXPERIMENT_STATE):
         for path in sorted(tune_checkpoint_paths(study.join(name).read_text())):
-            if fs.get_file_info(path).type != pafs.FileType.NotFound:
+            folder = study.on_same_storage(path)  # Tune's path, as its filesystem names it
+            if folder.exists():
                 continue
-            fs.create_dir(path, recursive=True)
-            with fs.open_output_stream(f"{path}/{TUNE_POINTER_FILE}") as out:
-                out.write(json.dumps({"train_checkpoint": None, "put_back": True}).encode())
+            folder.join(TUNE_POINTER_FILE).write_text(json.dumps({"train_checkpoint": None, "put_back": True}))
             lines.append(f"Tune's record names {path}, which is gone (a driver killed between saving a checkpoint "
                          f"and deleting the one before): put back as a pointer; the trial resumes from its own "
                          f"newest readable checkpoint")
@@ -583,25 +579,3 @@ def study_model(location) -> tuple[dict | None, tuple]:
     except StudyError:
         return None, ()
     return spec.base["model"], tuple(p.path for p in spec.params.values())
-
-
-def cmd_check(args) -> int:
-    """`a2 study check NAME`: every state file and every checkpoint of the study; exit 2 when one is unreadable."""
-    location = locate(args.name, args.storage)
-    study = location.at()
-    files = state_files(study)
-    checkpoints = checkpoint_files(study)
-    problems = [p for p in (problem(loc, kind) for loc, kind in files) if p]
-    for line in problems:
-        print(f"unreadable: {line}")
-    model, searched = study_model(location)
-    for found in (checkpoint_problem(c, model, searched) for c in checkpoints):
-        if found:  # a file that loads but is another model is "mismatched", one that does not "unreadable"
-            mismatched = "a model of another config" in found or "do not fit" in found
-            damaged = "damaged since it was written" in found  # its bytes are not the ones written (its sha256)
-            print(f"{'mismatched' if mismatched else 'damaged' if damaged else 'unreadable'}: {found}")
-            problems.append(found)
-    print(f"study {args.name} at {study.uri}: {len(files)} state files and {len(checkpoints)} checkpoints checked, "
-          + (f"{len(problems)} unreadable (restore them from a copy; a trial resumes from its newest readable "
-             f"checkpoint)" if problems else "all readable"))
-    return 2 if problems else 0

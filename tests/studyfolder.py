@@ -51,8 +51,8 @@ class FabricatedStudy:
         import launch.record
 
         monkeypatch.setattr(launch.record, "tune_trials", lambda location: list(self.trials))
-        if "launch.study" in sys.modules:  # `a2 mlflow sync` took its own name at import (imported later: this one)
-            monkeypatch.setattr(sys.modules["launch.study"], "tune_trials", launch.record.tune_trials)
+        if "launch.commands.study" in sys.modules:  # `a2 mlflow sync` took its own name at import (imported later: this one)
+            monkeypatch.setattr(sys.modules["launch.commands.study"], "tune_trials", launch.record.tune_trials)
 
 
 def fabricated_study(root: Path, name: str, epochs: int, overrides: tuple[str, ...] = ()) -> FabricatedStudy:

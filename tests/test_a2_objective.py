@@ -12,7 +12,7 @@ from a2core import precision
 from a2core.config import Config, ModelConfig
 from a2core.errors import ConfigError
 from a2core.model.a2 import build_model
-from a2core.train import Updates, _caption_loss
+from a2core.train import Updates, caption_loss
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -46,7 +46,7 @@ def mask_objective(model, lam, feats, mask, tokens):
     """Eq. 4 as the mask step computes it: tokens (N, L), N = B * C."""
     inp, tgt = tokens[:, :-1], tokens[:, 1:]
     logits, penalty = model(feats, mask, inp, mode="perturbed", word_mask=tgt != 0)
-    return -_caption_loss(logits, tgt) + lam * penalty
+    return -caption_loss(logits, tgt) + lam * penalty
 
 
 # -- Eq. 4's reduction -----------------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ def reference_loss(model, feats, mask, tokens, mode, encode_grad=True):
         penalty = penalty + (pen if pen is not None else 0.0)
         y = layer.norm2(y + cr)
         y = layer.norm3(y + layer.ff(y))
-    loss = _caption_loss(model.head(y), tgt)
+    loss = caption_loss(model.head(y), tgt)
     if mode != "perturbed":
         return loss
     return -loss + model.cfg.mask_lambda * penalty / (len(model.decoder) * words.sum())
@@ -223,7 +223,7 @@ def test_stage1_step_equals_the_reference_math(mask_net):
     enc = model.encode(feats, mask)
     logits, penalty = model.decode(tokens[:, :-1], model.memory(enc.detach()), mask, mode="perturbed",
                                    word_mask=tokens[:, 1:] != 0)
-    ours = -_caption_loss(logits, tokens[:, 1:]) + cfg.model.mask_lambda * penalty
+    ours = -caption_loss(logits, tokens[:, 1:]) + cfg.model.mask_lambda * penalty
     ref = reference_loss(ref_model, feats, mask, tokens, "perturbed", encode_grad=False)
     assert ours.item() == pytest.approx(ref.item(), abs=1e-10)
     for g, r in zip(grads(ours, model.mask_parameters()), grads(ref, ref_model.mask_parameters())):
@@ -231,7 +231,7 @@ def test_stage1_step_equals_the_reference_math(mask_net):
 
     # Captioner step: aligned attention, gradients of every captioner parameter.
     logits, _ = model.decode(tokens[:, :-1], model.memory(enc), mask)
-    ours = _caption_loss(logits, tokens[:, 1:])
+    ours = caption_loss(logits, tokens[:, 1:])
     ref = reference_loss(ref_model, feats, mask, tokens, "aligned")
     assert ours.item() == pytest.approx(ref.item(), abs=1e-10)
     for g, r in zip(grads(ours, updates.cap_params), grads(ref, ref_model.captioner_parameters())):

@@ -1,9 +1,9 @@
 """The places that lean on private names, each behind one module (docs/explanation/design.md, "Design notes"):
 `launch/verify.py` knows the names of the files Tune writes at an experiment's root (it checks them, keeps whole
-copies and puts them back), `dashboards/mlflow_views.py` writes the MLflow UI's saved views, and
-`launch/raycluster.py`'s `shutdown` stops a local Ray through Ray's handle on its processes. These tests hold each
-assumption against the installed release, and the release against what pyproject.toml allows, so that a Ray or
-MLflow upgrade fails here, by name, instead of in a study."""
+copies and puts them back), `dashboards/mlflow_views.py` knows the MLflow UI's saved views
+(`launch/tracking_writer.py` writes them), and `launch/raycluster.py`'s `shutdown` stops a local Ray through Ray's
+handle on its processes. These tests hold each assumption against the installed release, and the release against
+what pyproject.toml allows, so that a Ray or MLflow upgrade fails here, by name, instead of in a study."""
 from __future__ import annotations
 
 import json

@@ -47,9 +47,9 @@ def test_every_subcommand_names_a_function_that_exists():
 def test_plan_with_rehearsals_is_handled_by_the_rehearsal_module():
     plan = build_parser().parse_args(["study", "plan", "x.yaml"])
     with_rehearsals = build_parser().parse_args(["study", "plan", "x.yaml", "--rehearse", "3"])
-    assert plan.handler == "launch.plan:main" and plan.rehearse is None
-    assert with_rehearsals.handler == "launch.rehearse:plan_main" and with_rehearsals.rehearse == 3
-    assert handler(with_rehearsals).__module__ == "launch.rehearse"
+    assert plan.handler == "launch.commands.plan:main" and plan.rehearse is None
+    assert with_rehearsals.handler == "launch.commands.rehearse:plan_main" and with_rehearsals.rehearse == 3
+    assert handler(with_rehearsals).__module__ == "launch.commands.rehearse"
 
 
 def test_every_help_loads_nothing_heavy():

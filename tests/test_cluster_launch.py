@@ -208,7 +208,7 @@ def test_ray_up_submit_down_on_a_head_that_shares_nothing(tmp_path, head_account
         assert Path(a2core_file).is_relative_to(head.home / "a2tune"), where.stdout
         assert Path(prefix).is_relative_to(head.home), where.stdout  # the venv the setup commands built
         assert (head.home / ".ray" / "auth_token").is_file()
-        out = _ray(["submit", "--no-config-cache", str(config), "launch/submit.py", "--",
+        out = _ray(["submit", "--no-config-cache", str(config), "launch/commands/submit.py", "--",
                     "studies/smoke.yaml", "--quiet", *overrides], env, timeout=600)
     finally:
         down = subprocess.run([_tool("ray"), "down", "-y", str(config)], cwd=REPO, env=env,

@@ -9,7 +9,7 @@ import pytest
 from a2core.errors import StudyError
 from dashboards.compare import compare_table, configurations, study_comparison
 from dashboards.stats import paired_difference, seed_interval
-from launch.show import cmd_compare
+from launch.commands.show import cmd_compare
 from tests.studyfolder import fabricated_study
 
 STUDY = "cmp-study"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from launch.driver import build_tuner
 from launch.record import StudyRecord, summarize, trial_row
 from launch.location import StudyLocation
 from launch.spec import load_study
-from launch.show import cmd_status
+from launch.commands.show import cmd_status
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
 
@@ -37,9 +38,9 @@ def _rows(spec, location, values: dict[tuple, list[float]], stopped: set = froze
             epochs = 2 if (fusion, lam) in stopped else spec.total_epochs
             history = [{"epoch": e, spec.metric: value - (epochs - e)} for e in range(1, epochs + 1)]
             row = trial_row(spec, location, tid, sampled, "TERMINATED", history, history[-1])
-            row["stopped_early"] = {"rung": 2, "cutoff": 108.0} if (fusion, lam) in stopped else None
-            row.final[spec.metric] = value  # as `launch.record.record_trial` fills it from the result log
-            rows.append(row)
+            # the scheduler's record and the final value, as `launch.record.record_trial` completes the trial
+            rows.append(replace(row, stopped_early={"rung": 2, "cutoff": 108.0} if (fusion, lam) in stopped else None,
+                                final={spec.metric: value}))
     return rows
 
 
@@ -96,7 +97,7 @@ def test_the_closing_lines_name_every_key_that_varies_between_configurations(tmp
 
 
 def test_status_prints_groups_with_intervals(spec, tmp_path, monkeypatch, capsys):
-    import launch.show as show
+    import launch.commands.show as show
 
     location = StudyLocation(spec.name, spec.storage)
     rows = _rows(spec, location, {("none", None): [100.0, 101.0, 102.0], ("gate", 0.035): [104.0, 105.0, 106.0]})
@@ -132,8 +133,8 @@ def test_the_group_verdict_rests_on_the_test_split_when_trials_reported_it(spec)
     ended (its selected checkpoint), which here show no difference although val does."""
     location = StudyLocation(spec.name, spec.storage)
     rows = _rows(spec, location, {("none", None): [100.0, 101.0, 102.0], ("gate", 0.035): [104.0, 105.0, 106.0]})
-    for row, test in zip(rows, [90.0, 95.0, 100.0, 91.0, 96.0, 99.0]):
-        row["test"] = row.final["test/CIDEr"] = test
+    rows = [replace(row, test=test, final={**row.final, "test/CIDEr": test})
+            for row, test in zip(rows, [90.0, 95.0, 100.0, 91.0, 96.0, 99.0])]
     summary = summarize(spec, location, rows)
     gate = next(g for g in summary["groups"] if g["fusion"] == "gate")
     assert gate["values"] == [104.0, 105.0, 106.0] and gate["test_values"] == [91.0, 96.0, 99.0]

@@ -134,7 +134,7 @@ def test_the_record_keeps_the_reason_and_does_not_call_it_stopped_early(fab):
 
 
 def test_the_export_tags_the_run_diverged_and_the_study_finishes(fab):
-    from dashboards.tracking import StudyTracker
+    from launch.tracking_writer import StudyTracker
 
     fab.export()
     tracker = StudyTracker(fab.spec.tracking.mlflow_uri, fab.spec.name)
@@ -178,7 +178,7 @@ def test_an_end_record_that_is_not_one_is_named(fab):
 @pytest.mark.parametrize("workers", [1, 2])  # a one-worker trial trains in Tune's process; two run on Ray Train
 def test_a_study_whose_arm_diverges_goes_on_and_records_why(tmp_path, tiny_data, workers):
     """Run under the Ray lock (tests/test_readme.py): `flock /tmp/a2-ray.lock pytest ...`."""
-    from dashboards.tracking import StudyTracker
+    from launch.tracking_writer import StudyTracker
     from tests.raycluster import a2, tiny_study
 
     study = tiny_study(tmp_path, "div", tiny_data, fusions=("none",), epochs=2, workers=workers,

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from dashboards.tracking import StudyTracker
+from launch.tracking_writer import StudyTracker
 
 
 def _points(tracker: StudyTracker, run_id: str, key: str) -> Counter:
@@ -43,7 +43,7 @@ def test_compare_of_a_running_study_says_so(tmp_path, capsys, monkeypatch):
     import argparse
 
     from launch.lease import StudyLease
-    from launch.show import cmd_compare
+    from launch.commands.show import cmd_compare
     from tests.studyfolder import fabricated_study
 
     fab = fabricated_study(tmp_path, "live", epochs=1)

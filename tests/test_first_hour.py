@@ -52,7 +52,7 @@ def test_registering_the_same_checkpoints_again_reuses_the_version(tmp_path, cap
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from dashboards.leaderboard import TAG_CONTENT_HASH, content_hash, register_ensemble
+    from launch.model_registry import TAG_CONTENT_HASH, content_hash, register_ensemble
 
     paths = _checkpoints(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -85,7 +85,7 @@ def test_registering_the_same_checkpoints_again_reuses_the_version(tmp_path, cap
 
 def test_report_goes_to_a2_reports_name_and_never_over_an_earlier_one(tmp_path, monkeypatch, capsys):
     import dashboards.report as report
-    from launch.show import cmd_report
+    from launch.commands.show import cmd_report
     from tests.studyfolder import fabricated_study
 
     written = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -187,7 +188,7 @@ def test_a_holders_clock_an_hour_off_neither_locks_out_nor_expires_the_lease(tmp
     with StudyLease(study).held(force=True):
         err = capsys.readouterr().err
         assert "taking over the stale lease of someone@elsewhere pid 4242" in err and "heartbeat 300 s ago" in err
-        assert "-3" not in err
+        assert not re.search(r"heartbeat -\d", err)  # no negative age from the holder's clock
     _stale_lease(study, age=2, heartbeat=time.time() - 3600)  # rewritten 2 s ago, by a clock an hour behind
     with pytest.raises(StudyError, match="being written by someone@elsewhere .* heartbeat 2 s ago"):
         StudyLease(study).acquire(force=True)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dashboards.tracking import StudyTracker
 from launch.driver import lost_trial_runs
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR,
                            checkpoint_name, train_run_name)
 from launch.location import StudyLocation
 from launch.mlflow_export import SUPERSEDED, Export
 from launch.storage import open_location
+from launch.tracking_writer import StudyTracker
 from launch.trainable import TrialPlan, adopt, finished_before
 from tests.raycluster import arrow_s3_compatible_moto  # noqa: F401 - a fixture
 from tests.s3server import unique_bucket

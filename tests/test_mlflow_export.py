@@ -19,14 +19,15 @@ import launch.mlflow_export as export_mod
 from dashboards.compare import study_comparison
 from dashboards.runs import Study
 from a2core.errors import StudyError
-from dashboards.tracking import StudyTracker, study_runs
-from launch import study
+from dashboards.tracking import study_runs
+from launch.tracking_writer import StudyTracker
+from launch.commands import study
 from launch.record import StudyRecord
 from launch.location import StudyLocation
 from launch.mlflow_export import Export, StudyExporter, end_reason
 from launch.conclusions import tune_trial
 from launch.layout import STOPPED_FILE, outage_line
-from launch.pipeline import conclusion
+from launch.commands.pipeline import conclusion
 from launch.spec import load_study
 from tests.repo_scripts import load_script
 

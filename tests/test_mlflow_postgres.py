@@ -26,7 +26,7 @@ def value(study: int, trial: int, epoch: int, k: int) -> float:
 
 def drive_study(url: str, study: int) -> int:
     """One study driver: its parent run, then 8 trials logging every epoch concurrently."""
-    from dashboards.tracking import StudyTracker
+    from launch.tracking_writer import StudyTracker
 
     tracker = StudyTracker(url, f"load-{study}")
     tracker.start_study(params={"study": study})

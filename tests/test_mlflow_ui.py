@@ -21,7 +21,8 @@ import pytest
 from dashboards.mlflow_views import (MODEL_TRAINING, TAG_CONFIG_LABEL, TAG_EXPERIMENT_KIND, VIEW_CONFIGS, VIEW_TAG_PREFIX,
                                      VIEW_TRIALS, saved_sections, section_order, ui_url, view_states, view_tags)
 from dashboards.tracking import TAG_CONFIG_HASH
-from dashboards.tracking import StudyTracker, study_pointer, ui_pointer
+from dashboards.tracking import study_pointer, ui_pointer
+from launch.tracking_writer import StudyTracker
 from tests.mlflowserver import free_port, mlflow_server, start_server, stop_server  # noqa: F401
 from tests.raycluster import a2, tiny_data, tiny_study  # noqa: F401
 

@@ -7,7 +7,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from a2core.atomic import fresh_folder
-from dashboards.leaderboard import TAG_CONTENT_HASH, drop_unfinished_versions
+from launch.model_registry import TAG_CONTENT_HASH, drop_unfinished_versions
 
 
 @pytest.mark.slow

@@ -130,14 +130,14 @@ def test_plan_rehearse_and_bad_arguments(capsys):
 
 def test_package_refuses_a_rehearsal_in_one_line(tmp_path):
     from a2core.errors import PackageError
-    from launch.location import StudyLocation
+    from launch.location import StudyLocation, refuse_rehearsal
 
     location = StudyLocation("x-rehearsal", str(tmp_path))
     (tmp_path / "x-rehearsal").mkdir()
-    rehearse.refuse_rehearsal(location, {})  # not marked: nothing refused
+    refuse_rehearsal(location, {})  # not marked: nothing refused
     (tmp_path / "x-rehearsal" / rehearse.REHEARSAL_FILE).write_text("{}")
     with pytest.raises(PackageError, match="is a rehearsal .* nothing to package"):
-        rehearse.refuse_rehearsal(location, {})
+        refuse_rehearsal(location, {})
 
 
 def test_a_rehearsal_on_its_logical_ray_is_not_checked_against_this_machines_cores(tmp_path, monkeypatch):

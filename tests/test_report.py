@@ -10,8 +10,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dashboards.compare import compare_table
-from dashboards.report import build_report, log_report
-from launch.show import cmd_compare, cmd_report
+from dashboards.report import build_report
+from launch.commands.show import cmd_compare, cmd_report
+from launch.tracking_writer import log_report
 from tests.mlflowserver import mlflow_server  # noqa: F401
 from tests.s3server import s3_client
 from tests.studyfolder import fabricated_study

@@ -359,3 +359,30 @@ def test_open_location_forms(tmp_path, monkeypatch):
     assert open_location("rel").ray_storage() == (str(tmp_path / "rel"), None)
     with pytest.raises(StorageError, match="unsupported storage 'gs://b/x'"):
         open_location("gs://b/x")
+
+
+@pytest.mark.slow
+def test_location_folders_stamps_conditional_create_and_stored_digest(root, tmp_path):
+    """What verify, trainable, datastore and the lease ask of storage, through `Location` only."""
+    study = root.join("a2-y")
+    lease = study.join("lease.json")
+    assert lease.write_if_absent("one") is True and lease.write_if_absent("two") is False
+    assert lease.read_text() == "one"
+    study.join("trials", "t1", "checkpoint_000001", "checkpoint.pt").write_text("ckpt")
+    assert sorted(study.file_stamps()) == ["lease.json"] and study.file_stamps()["lease.json"][0] == 3
+    assert root.join("none").file_stamps() == {}
+    folder = study.join("trials", "t1", "checkpoint_000001")
+    assert folder.is_folder() and not lease.is_folder() and not study.join("none").is_folder()
+    path = folder.uri if root.local else folder.uri[len("s3://"):]  # as Ray's state names it
+    assert study.on_same_storage(path) == folder
+    folder.delete_folder()
+    folder.delete_folder()  # none left: nothing happens
+    assert not folder.exists() and study.join("trials", "t1").listdir() == []
+    assert lease.stored_digest() == (3, None)  # written without upload_file: no stored SHA-256
+    with pytest.raises(StorageError, match="cannot look it up"):
+        study.join("none.json").stored_digest()
+    if not root.local:
+        source = tmp_path / "up.txt"
+        source.write_text("hello")
+        uploaded = upload_file(source, study.join("up.txt").uri, endpoint_url=root.endpoint_url)
+        assert study.join("up.txt").stored_digest() == (5, uploaded["sha256"])

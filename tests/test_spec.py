@@ -13,7 +13,8 @@ import yaml
 
 from a2core.config import Config, ConfigError
 from launch.cli import main as cli_main
-from launch.spec import StudySpec, check_cluster, load_study, validate_main
+from launch.commands.validate import validate_main
+from launch.spec import StudySpec, check_cluster, load_study
 from launch.location import saved_form
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,7 +192,7 @@ def test_trial_config_leaves_out_the_parameters_its_fusion_does_not_use():
 @pytest.mark.slow
 def test_tracked_trial_runs_have_no_inapplicable_params(tmp_path):
     from a2core.config import Config
-    from dashboards.tracking import StudyTracker
+    from launch.tracking_writer import StudyTracker
 
     tracker = StudyTracker(f"sqlite:///{tmp_path / 'm.db'}", "absent", artifact_location=str(tmp_path / "art"))
     run_id = tracker.trial_run("t0", Config.from_dict({"model": {"fusion": "none"}}).to_dict())  # with defaults
@@ -401,7 +402,7 @@ def _run(code: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_validation_never_imports_ray(tmp_path):
     bad = write(tmp_path, {**smoke_raw(), "storage": "gs://nope"}, "bad.yaml")
-    code = ("import sys; from launch.spec import validate_main; "
+    code = ("import sys; from launch.commands.validate import validate_main; "
             "rc = validate_main(sys.argv[1]); print('ray' in sys.modules, 'optuna' in sys.modules); sys.exit(rc)")
     good = _run(code, str(SMOKE))
     assert good.returncode == 0, good.stderr
@@ -429,7 +430,7 @@ def test_cli_study_validate_fails_fast_without_ray(tmp_path):
 
 def test_a_study_file_is_a_training_config():
     """`a2 train --config studies/smoke.yaml key=value`: the study's data / model / train sections, overridden."""
-    from launch.local import training_config
+    from launch.commands.local import training_config
 
     raw = smoke_raw()
     cfg = training_config(str(SMOKE), ["train.xe_epochs=3", "model.fusion=max"])

@@ -10,7 +10,7 @@ import pytest
 from a2core.errors import DataError
 from a2core.metrics import CiderD
 from dashboards.stats import (Arm, best_candidates, compare_arms, paired_difference, power, seed_difference,
-                              seed_interval, seeds_needed, stopped_early_tags)
+                              seed_interval, seeds_needed, stopped_early_text)
 
 
 @pytest.mark.parametrize("n", [3, 5, 10])
@@ -141,11 +141,13 @@ def test_power_is_the_rules_power():
 
 
 def test_best_candidates_excludes_stopped_unless_only():
-    done, cut = SimpleNamespace(tags={}), SimpleNamespace(tags=stopped_early_tags(2, 1.5))
+    # a trial's `stopped_early` field (the scheduler's record), no MLflow tag
+    done, cut = SimpleNamespace(stopped_early=None), SimpleNamespace(stopped_early={"rung": 2, "cutoff": 1.5})
     assert best_candidates([cut, done]) == [done]
     assert best_candidates([cut]) == [cut]
-    assert stopped_early_tags(2, 1.23456789) == {"a2.stopped_early": "true", "a2.stopped_rung": "2",
-                                                  "a2.stopped_cutoff": "1.23457"}
+    assert best_candidates([("g1", True), ("g2", False)], stopped_of=lambda group: group[1]) == [("g2", False)]
+    assert stopped_early_text(cut.stopped_early) == "stopped early (rung 2, cutoff 1.5)"
+    assert stopped_early_text({"rung": None, "cutoff": None}) == "stopped early (rung ?, cutoff ?)"
 
 
 @pytest.mark.parametrize("study", ["fusion_ablation", "lambda_sweep"])

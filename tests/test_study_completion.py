@@ -13,7 +13,7 @@ import yaml
 from launch.cli import main
 from launch.driver import STARTED_SPEC_FILE, finish
 from launch.location import STUDY_FILE
-from launch.study import exit_code
+from launch.driver import exit_code
 from tests.studyfolder import fabricated_study
 
 

@@ -73,8 +73,8 @@ def test_an_explicit_root_wins(tmp_path, monkeypatch):
 
 
 def _submit_check(cwd: Path, home: Path, study: str) -> subprocess.CompletedProcess:
-    """launch/submit.py's loading of `study` as the cluster runs it, from `cwd` with $HOME `home` (no Ray)."""
-    code = ("import sys; sys.path.insert(0, %r); from launch.submit import load_submitted; "
+    """launch/commands/submit.py's loading of `study` as the cluster runs it, from `cwd` with $HOME `home` (no Ray)."""
+    code = ("import sys; sys.path.insert(0, %r); from launch.commands.submit import load_submitted; "
             "spec = load_submitted(sys.argv[1], sys.argv[2:], '~/a2tune'); print('DATA=' + spec.base['data']['captions'])"
             % str(REPO))
     env = {**os.environ, "HOME": str(home)}
@@ -83,7 +83,7 @@ def _submit_check(cwd: Path, home: Path, study: str) -> subprocess.CompletedProc
 
 
 def test_ray_submit_from_the_heads_home_finds_the_study_and_its_data(tmp_path):
-    """`ray submit ray-cluster.yaml launch/submit.py -- studies/fusion_ablation.yaml ...`: run from the head's home,
+    """`ray submit ray-cluster.yaml launch/commands/submit.py -- studies/fusion_ablation.yaml ...`: run from the head's home,
     the study and its data in ~/a2tune."""
     home = tmp_path / "home"
     repo = checkout_with_coco(home / "a2tune")
@@ -93,7 +93,7 @@ def test_ray_submit_from_the_heads_home_finds_the_study_and_its_data(tmp_path):
 
 
 def test_ray_job_submit_from_a_copy_of_the_working_directory_finds_the_data_in_the_clusters_copy(tmp_path):
-    """`ray job submit --working-dir . -- python launch/submit.py studies/...`: the job's folder is a copy of the
+    """`ray job submit --working-dir . -- python launch/commands/submit.py studies/...`: the job's folder is a copy of the
     laptop's tree without data/ (.gitignore); the data is in the head's ~/a2tune."""
     home = tmp_path / "home"
     repo = checkout_with_coco(home / "a2tune")

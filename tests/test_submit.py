@@ -1,4 +1,4 @@
-"""`launch/submit.py` as a Ray job: `ray job submit --working-dir <repo> -- python launch/submit.py STUDY`.
+"""`launch/commands/submit.py` as a Ray job: `ray job submit --working-dir <repo> -- python launch/commands/submit.py STUDY`.
 
 `ray up` / `ray submit` need SSH to a head node, which this machine has not; the job API runs the same script on
 a `ray start --head` cluster with its dashboard, which is how a job reaches a real cluster too.
@@ -38,7 +38,7 @@ def test_submit_runs_a_study_as_a_ray_job(tmp_path, tiny_data, ray_cluster_facto
                        extra={"storage": f"s3://{bucket}/studies", "storage_endpoint_url": s3_endpoint})
     cmd = [ray_cli(), "job", "submit", "--address", cluster.dashboard_url, "--working-dir", str(REPO),
            "--runtime-env-json", json.dumps({"excludes": EXCLUDES}),
-           "--", "python", "launch/submit.py", str(study), "--quiet"]
+           "--", "python", "launch/commands/submit.py", str(study), "--quiet"]
     env = a2_env(cluster.env(address=False))
     job = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=800)

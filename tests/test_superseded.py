@@ -3,9 +3,9 @@ configuration ran again under a new trial id) leaves an MLflow run RUNNING that 
 the study's end and `a2 mlflow sync` end it KILLED with `a2.end_reason` saying it was superseded."""
 from __future__ import annotations
 
-from dashboards.tracking import StudyTracker
 from launch.cli import main
 from launch.mlflow_export import SUPERSEDED, Export
+from launch.tracking_writer import StudyTracker
 from tests.studyfolder import fabricated_study
 
 

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from dashboards.tracking import (TAG_BEST_CKPT, TAG_PARENT, TAG_TRIAL_ID, StudyTracker, TrackingError,
-                                 check_tracking_uri, study_runs)
+from dashboards.tracking import TAG_BEST_CKPT, TAG_PARENT, TAG_TRIAL_ID, TrackingError, check_tracking_uri, study_runs
+from launch.tracking_writer import StudyTracker
 from tests.mlflowserver import closed_port, mlflow_server  # noqa: F401
 from tests.s3server import s3_client
 
@@ -158,8 +158,8 @@ def test_serve_runs_until_signalled_and_stops_its_server(tmp_path):
     from tests.mlflowserver import free_port, wait_healthy
 
     port = free_port()
-    code = ("import argparse, sys\nfrom dashboards.tracking import serve\n"
-            f"sys.exit(serve(argparse.Namespace(backend_store_uri='sqlite:///{tmp_path}/m.db', "
+    code = ("import argparse, sys\nfrom launch.commands.serve import cmd_serve\n"
+            f"sys.exit(cmd_serve(argparse.Namespace(backend_store_uri='sqlite:///{tmp_path}/m.db', "
             f"artifacts_destination='{tmp_path}/art', s3_endpoint_url=None, host='127.0.0.1', port={port}, "
             "workers=1)))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
@@ -180,15 +180,15 @@ def test_serve_runs_until_signalled_and_stops_its_server(tmp_path):
 def test_serve_rejects_a_file_backend(tmp_path):
     import argparse
 
-    from dashboards.tracking import serve
+    from launch.commands.serve import cmd_serve
 
     args = argparse.Namespace(backend_store_uri=str(tmp_path / "mlruns"), artifacts_destination=None,
                               s3_endpoint_url=None, host="127.0.0.1", port=closed_port(), workers=1)
     with pytest.raises(TrackingError, match="backend-store-uri"):
-        serve(args)
+        cmd_serve(args)
     args.backend_store_uri = f"sqlite:///{tmp_path}/missing/m.db"
     with pytest.raises(TrackingError, match="does not exist"):
-        serve(args)
+        cmd_serve(args)
 
 
 def test_serve_prints_the_backend_without_its_password(monkeypatch, capsys):
@@ -200,6 +200,8 @@ def test_serve_prints_the_backend_without_its_password(monkeypatch, capsys):
     import mlflow.store.db.utils as mlflow_db
 
     from dashboards import tracking
+    from launch import mlflow_server as server_part  # not the `mlflow_server` fixture
+    from launch.commands.serve import cmd_serve
 
     monkeypatch.setattr(mlflow_db, "MAX_RETRY_COUNT", 1)
 
@@ -208,10 +210,10 @@ def test_serve_prints_the_backend_without_its_password(monkeypatch, capsys):
     assert tracking.redact_uri("postgresql+psycopg://a2@127.0.0.1/mlflow") == "postgresql+psycopg://a2@127.0.0.1/mlflow"
     assert tracking.redact_uri("sqlite:///m.db") == "sqlite:///m.db"
     started = []
-    monkeypatch.setattr(tracking.os, "execve", lambda path, cmd, env: started.append(cmd))
+    monkeypatch.setattr(server_part.os, "execve", lambda path, cmd, env: started.append(cmd))
     args = argparse.Namespace(backend_store_uri="postgresql://a2:s3cret@127.0.0.1:5432/mlflow",
                               artifacts_destination=None, s3_endpoint_url=None, host="127.0.0.1", port=5000, workers=1)
-    tracking.serve(args)
+    cmd_serve(args)
     out = capsys.readouterr().out
     assert "backend postgresql://a2:***@127.0.0.1:5432/mlflow" in out and "s3cret" not in out
     assert "(studies not listed: " in out  # the store's own error, reached and printed

@@ -43,14 +43,14 @@ def test_every_view_takes_the_records_trial():
     from dashboards import compare, report
     from launch import conclusions, driver, mlflow_export, package, record
 
-    takes = {record.summarize: "rows", record.replicate_groups: "rows", conclusions.table_row: "trial",
+    takes = {record.summarize: "rows", record.replicate_groups: "rows", record.table_row: "tune",
              package.select_best: "cands", package.seed_checkpoints: "cands", package.write_manifest: "members",
              mlflow_export.Export.run: "trials", compare.configurations: "runs", report.runs_table_html: "runs",
              report.plot_curves: "runs"}
     for function, argument in takes.items():
         hint = typing.get_type_hints(function)[argument]
         assert Trial in typing.get_args(hint) or hint is Trial, (function.__qualname__, hint)
-    for function in (conclusions.tune_trial, conclusions.table_row, record.trial_row, package.candidates,
+    for function in (conclusions.tune_trial, record.table_row, record.trial_row, package.candidates,
                      driver.live_row):
         hint = inspect.signature(function).return_annotation
         assert hint in ("Trial", "list[Trial]"), (function.__qualname__, hint)
@@ -80,3 +80,30 @@ def test_the_live_table_row_is_the_records_trial():
     row = live_row(load_study(SMOKE), tune)
     assert type(row) is Trial and (row.trial_id, row.state, row.seed, row.epochs_done) == ("t1", "RUNNING", 3, 2)
     assert (row.last, row.best_value, row["lambda"]) == (0.9, 0.95, None)
+
+
+def test_one_best_trial_rule_names_the_same_trial_in_the_summary_and_the_package():
+    """`dashboards.stats.best_trial`: the better value in the study's mode; of equal values the lower (study, trial id),
+    in whatever order the trials come; a trial the scheduler stopped is never best while another finished. The
+    record's best trial, its group's best trial and package's choice within the group are all this one."""
+    from dashboards.stats import best_trial
+    from launch import package, record
+
+    for mode, sign in (("max", 1), ("min", -1)):
+        spec = SimpleNamespace(mode=mode)
+
+        def trial(trial_id, value, study="s", **kw):
+            return Trial(trial_id, study=study, state="TERMINATED", config={"train": {"seed": int(trial_id[-1])}},
+                         config_hash="h", best_value=sign * value, best_checkpoint=f"/c/{trial_id}", **kw)
+
+        equal = [trial("t1", 70.0), trial("t0", 70.0), trial("t2", 60.0),
+                 trial("t3", 99.0, stopped_early={"rung": 1, "cutoff": 80.0})]
+        summary = {"study": "s", "mode": mode, "best_group": {"config_hash": "h", "best_trial": None}}
+        for rows in (equal, equal[::-1]):
+            assert best_trial(rows, mode).trial_id == "t0"
+            assert record.best_trial(spec, rows).trial_id == "t0"
+            assert record.replicate_groups(spec, rows)[0]["best_trial"] == "t0"
+            assert package.select_best(summary, rows).trial_id == "t0"  # the group names no trial with a checkpoint
+        assert best_trial(equal[3:], mode).trial_id == "t3"  # every trial stopped: the best of them
+        assert best_trial([trial("t0", 1.0, study="b"), trial("t9", 1.0, study="a")], mode).trial_id == "t9"
+        assert best_trial([Trial("t0")], mode) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from launch.spec import validate_main
+from launch.commands.validate import validate_main
 from tests.s3server import unique_bucket
 
 SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"

@@ -18,14 +18,14 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a plain script: import the package next to this file
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from a2core.errors import A2Error  # noqa: E402 (below: the package is importable only once sys.path has it)
-from launch.cli import add_lease_arguments  # noqa: E402 (the parser's module imports no Ray)
+from launch.defaults import add_lease_arguments  # noqa: E402 (argparse and constants: no Ray)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="launch/submit.py", description="run an a2 study on this Ray cluster")
+    p = argparse.ArgumentParser(prog="launch/commands/submit.py", description="run an a2 study on this Ray cluster")
     p.add_argument("study", help="study YAML file")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. search.num_samples=4")
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS, else this machine's cluster)")
@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     use_cluster_token()
     # Ray reads RAY_AUTH_MODE when it is imported: the modules that import Ray only after use_cluster_token set it
     # (imported before, the client would run with authentication off and be refused by the token cluster)
-    from launch.driver import resume_study, run_study
+    from launch.commands import driver_options
+    from launch.driver import exit_code, resume_study, run_study
     from launch.location import STUDY_FILE, StudyLocation
-    from launch.study import driver_options, exit_code
 
     try:
         spec = load_submitted(args.study, args.overrides, args.repo)

@@ -13,19 +13,19 @@ import ray
 from a2core.atomic import fresh_folder
 from a2core.errors import A2Error, StudyError
 from dashboards.compare import study_comparison
-from dashboards.report import build_report, log_report
+from dashboards.report import build_report
 from dashboards.tracking import redact_uri, study_pointer
 from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, package
 from launch.record import StudyRecord
 from launch.spec import load_study
+from launch.tracking_writer import log_report
+from launch.commands import study_overrides
 from launch.conclusions import read_summary, verdict
 from launch.defaults import PIPELINE_OUT
-from launch.driver import resume_study, run_study
+from launch.driver import exit_code, resume_study, run_study
 from launch import runlog
 from launch.raycluster import shutdown as stop_ray
 from launch.location import STUDY_FILE, StudyLocation, load_saved_spec, saved_form, study_path
-from launch.study import exit_code
-
 
 
 def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
@@ -62,9 +62,8 @@ def conclusion(study, manifest: dict) -> list[str]:
 
 def main(args) -> int:
     t0 = time.perf_counter()
-    flags = {"tracking.mlflow_uri": args.tracking_uri, "storage": args.storage}  # --tracking-uri, --storage
-    overrides = list(args.overrides or []) + [f"{key}={value}" for key, value in flags.items() if value]
-    spec = load_study(study_path(args.study, Path(__file__).resolve().parents[1]), overrides)
+    overrides = study_overrides(args) + ([f"tracking.mlflow_uri={args.tracking_uri}"] if args.tracking_uri else [])
+    spec = load_study(study_path(args.study, Path(__file__).resolve().parents[2]), overrides)
     name = spec.name
     # A folder holding an earlier run's report or package is kept: this run writes to a new numbered one.
     out = fresh_folder(Path(args.out or Path(PIPELINE_OUT) / name).resolve(),

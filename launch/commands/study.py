@@ -1,17 +1,17 @@
 """`a2 study run|resume` and `a2 mlflow sync NAME`: the commands that drive a study or export its record, on Ray and
-MLflow (the `a2` command's parser, launch/cli.py, names these functions).
+MLflow.
 
 Where a study lives is `launch.location`; running and resuming it is `launch.driver`; reading it back is
-`launch.record`, and the commands that print or write what people read of it are `launch.show`. MLflow is an export
-of the study's record (`launch.mlflow_export`).
+`launch.record`, and the commands that print or write what people read of it are `launch.commands.show`. MLflow is
+an export of the study's record (`launch.mlflow_export`).
 """
 from __future__ import annotations
 
 import sys
 
-from launch import stop
 from launch.conclusions import read_summary
-from launch.driver import check_tracking, resume_study, run_study
+from launch.commands import driver_options, study_overrides
+from launch.driver import check_tracking, exit_code, resume_study, run_study
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.layout import add_outage, outage_line
 from launch.location import load_saved_spec, locate, write_summary
@@ -20,32 +20,16 @@ from launch.record import tune_trials
 from launch.spec import load_study
 
 
-# -- run / resume / sync -----------------------------------------------------------------------------------------
-def driver_options(args) -> dict:
-    """`run_study` / `resume_study` options of the driver arguments (launch/cli.py's driver arguments)."""
-    return {"address": args.address, "verbose": not args.quiet, "force": args.force, "stale_after": args.stale_after}
-
-
 def cmd_run(args) -> int:
-    spec = load_study(args.file, args.overrides)  # ConfigError -> exit 2 with the key path (a2's main)
+    spec = load_study(args.file, study_overrides(args))  # ConfigError -> exit 2 with the key path (a2's main)
     for warning in spec.warnings:  # what `a2 study validate` warns about (a long warmup, T_P past the last step)
-        print(f"a2 study: warning: {warning}", file=sys.stderr)
+        print(f"a2: warning: {warning}", file=sys.stderr)
     return exit_code(run_study(spec, **driver_options(args)))
 
 
 def cmd_resume(args) -> int:
     return exit_code(resume_study(locate(args.name, args.storage), restore_state=args.restore_state,
                                   **driver_options(args)))
-
-
-def exit_code(summary: dict) -> int:
-    """0 when every trial finished (or was stopped early by the scheduler) and one reported the metric; 128 + the
-    signal's number when a signal stopped the study."""
-    if summary.get("interrupted"):
-        return stop.exit_status(summary["interrupted"])  # 130 (SIGINT), 143 (SIGTERM)
-    states = [t["state"] for t in summary.get("trials", [])]
-    planned = summary.get("complete", True)  # every planned trial finished (`launch.driver.finish` says so if not)
-    return 0 if states and planned and summary.get("best") is not None and all(s == "TERMINATED" for s in states) else 1
 
 
 def cmd_sync(args) -> int:

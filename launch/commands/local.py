@@ -167,6 +167,6 @@ def cmd_evaluate(args) -> int:
 
 def cmd_decode(args) -> int:
     out = decode_to_file(args.checkpoints, split=args.split, out=args.out, beam_size=args.beam_size,
-                         max_len=args.max_len, batch_size=args.batch_size, data_overrides=args.data)
+                         max_len=args.max_len, batch_size=args.batch_size, data_overrides=args.overrides)
     print(json.dumps(out, indent=2))
     return 0

@@ -1,38 +1,64 @@
-"""`a2 study status|compare`, `a2 report` and `a2 results export`: the commands that read a study's record back
-and print or write what people read of it (the `a2` command's parser, launch/cli.py, names these functions). Nothing
-here starts Ray; `a2 report` logs to the study's MLflow run when its store answers."""
+"""`a2 study status|compare`, `a2 report` and `a2 results export|show`: the commands that read a study's record (or a
+results record) back and print or write what people read of it. Nothing here starts Ray; `a2 report` logs to the
+study's MLflow run when its store answers."""
 from __future__ import annotations
 
 import json
+import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 from a2core.atomic import fresh_folder
 from dashboards.compare import compare_table
-from dashboards.records import export_record
+from dashboards.records import export_record, load_record, render_table
 from dashboards.tracking import server_answers
 from launch.conclusions import print_conclusions, state_text
 from launch.location import json_default, locate, rehearsal_banner
-from launch.record import StudyRecord, shown_state
+from launch.progress import Progress, progress_line, study_progress
+from launch.record import StudyRecord
+from launch.tracking_writer import log_report
 from launch.verify import refuse_corrupt
 
 
 def cmd_status(args) -> int:
+    """`a2 study status NAME [--json] [--watch [SECONDS]]`: the trial table, groups, verdict, compute and progress;
+    with --watch, again every SECONDS until every trial has ended, no driver runs the study, or Ctrl-C."""
+    if getattr(args, "watch", None) is None:  # a Namespace of Python callers may not carry it
+        status(args)
+        return 0
+    try:
+        while True:
+            if sys.stdout.isatty():
+                print("\033[H\033[2J", end="")  # the terminal cleared: the table stays where it was
+            print(f"a2 study status {args.name} (every {args.watch:g} s; Ctrl-C stops)  {time.strftime('%H:%M:%S')}")
+            progress = status(args)
+            if progress.epochs_left == 0 or not progress.driven:
+                return 0
+            time.sleep(args.watch)
+    except KeyboardInterrupt:  # how a watch is meant to end
+        return 0
+
+
+def status(args) -> Progress:
+    """Print the study's status once (as JSON with --json); its progress."""
     location = locate(args.name, args.storage)
     refuse_corrupt(location.at(), "status")
-    record = StudyRecord.load(location, refuse="status")
-    for row in record.trials:
-        row["state"] = shown_state(row, record.running)
-    if not record.trials and not args.json:
-        print(f"study {record.spec.name}: no trial has started yet")
+    record = StudyRecord.load(location, refuse="status").shown()
+    spec = record.spec
+    progress = study_progress(spec, record.trials, record.running)
     summary = record.summary()
     if args.json:
-        print(json.dumps(summary, indent=2, default=json_default))
-        return 0
-    spec = record.spec
+        print(json.dumps({**summary, "progress": {**asdict(progress), "seconds_left": progress.seconds_left}},
+                         indent=2, default=json_default))
+        return progress
+    if not record.trials:
+        print(f"study {spec.name}: no trial has started yet")
     _print_banner(location)
     print(f"study {spec.name} at {location.uri()}: {summary['trials_finished']}/{spec.num_trials} trials finished")
     print_conclusions(spec, summary, record.trials)
-    return 0
+    print(progress_line(progress), flush=True)
+    return progress
 
 
 def cmd_compare(args) -> int:
@@ -60,7 +86,7 @@ def cmd_report(args) -> int:
     """`a2 report NAME [--storage ROOT] [--out DIR] [--tracking-uri URI]`: the report from the record, into DIR
     (default `./a2-reports/NAME`, or a new numbered folder next to it when it holds an earlier report), logged to
     the study's MLflow parent run (in its own store unless --tracking-uri) when that run exists."""
-    from dashboards.report import build_report, log_report  # matplotlib: not for the status and compare here
+    from dashboards.report import build_report  # matplotlib: not for the status and compare here
 
     record = StudyRecord.load(locate(args.name, getattr(args, "storage", None)))
     study = record.study()
@@ -91,4 +117,10 @@ def cmd_results_export(args) -> int:
     export_record(study_view, args.by, args.out, spec=args.spec, baseline=args.baseline, measured=args.measured,
                   note=args.note)
     print(f"record: {args.out}")
+    return 0
+
+
+def cmd_results_show(args) -> int:
+    """`a2 results show RECORD`."""
+    print(render_table(load_record(args.record)))
     return 0

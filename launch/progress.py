@@ -1,0 +1,78 @@
+"""How far along a study is and when it will end, from its trials as the record reads them: trial-epochs done of
+planned, the wall time an epoch has taken so far, and the time left at the concurrency the study runs at. Under
+early stopping (ASHA) the time left is an upper bound: a stopped trial's planned epochs never run. The live table of
+`a2 study run` and `a2 study status [--watch]` print `progress_line`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FINISHED = ("TERMINATED", "ERROR")  # Tune's states of a trial that trains no more in this run
+
+
+@dataclass(frozen=True)
+class Progress:
+    epochs_done: int            # trial-epochs reported, over every trial
+    epochs_planned: int         # ... planned: every trial's epochs, those not started yet included
+    epochs_left: int            # ... that may still run (a finished trial's unrun epochs never will)
+    seconds_per_epoch: float | None  # a trial-epoch's wall time so far (None: no epoch has ended)
+    driven: bool                # a live driver holds the study (`StudyRecord.running`)
+    concurrency: int            # trials side by side: the study's max_concurrent_trials
+    early_stopping: bool        # the scheduler may stop trials early: the time left is at most this
+
+    @property
+    def seconds_left(self) -> float | None:
+        """Wall seconds until the last trial ends, at `concurrency` trials side by side (None: not measurable yet)."""
+        if self.seconds_per_epoch is None:
+            return None
+        return self.epochs_left * self.seconds_per_epoch / max(1, self.concurrency)
+
+
+def study_progress(spec, trials, driven: bool) -> Progress:
+    """The progress of the study `spec` from its `trials` (the record's rows: `state`, `epochs_done`,
+    `epochs_planned`, `compute` with the trial's cumulative `wall_s`); trials not started yet count as planned.
+    `driven`: a live driver holds the study."""
+    planned_each = spec.total_epochs
+    done = sum(int(t["epochs_done"] or 0) for t in trials)
+    planned = sum(int(t["epochs_planned"] or planned_each) for t in trials)
+    planned += max(0, spec.num_trials - len(trials)) * planned_each
+    left = sum(max(0, int(t["epochs_planned"] or planned_each) - int(t["epochs_done"] or 0))
+               for t in trials if t["state"] not in FINISHED)
+    left += max(0, spec.num_trials - len(trials)) * planned_each
+    timed = [(float((t["compute"] or {}).get("wall_s") or 0.0), int(t["epochs_done"] or 0)) for t in trials]
+    wall, epochs = sum(w for w, e in timed if e), sum(e for w, e in timed if w)
+    return Progress(done, planned, left, wall / epochs if epochs and wall else None,
+                    driven,
+                    max(1, min(spec.resources.max_concurrent_trials, spec.num_trials)),
+                    spec.search.scheduler.asha is not None)
+
+
+def duration_text(seconds: float) -> str:
+    """3 d 4 h, 2 h 05 min, 7 min, 40 s: two units at most, as a person reads a time left."""
+    seconds = max(0, int(round(seconds)))
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min" if minutes else f"{secs} s"
+
+
+def progress_line(progress: Progress) -> str:
+    """`progress: 37/64 trial-epochs (58%); 95 s a trial-epoch; about 11 min left at 2 trials at a time (at most:
+    early stopping may end trials sooner)`."""
+    p = progress
+    share = f" ({p.epochs_done / p.epochs_planned:.0%})" if p.epochs_planned else ""
+    line = f"progress: {p.epochs_done}/{p.epochs_planned} trial-epochs{share}"
+    if p.epochs_left == 0:
+        return line + "; every trial has ended"
+    if p.seconds_left is None:
+        return line + "; time left: known once a trial-epoch has ended"
+    line += (f"; {duration_text(p.seconds_per_epoch)} a trial-epoch; about {duration_text(p.seconds_left)} left at "
+             f"{p.concurrency} trial{'s' if p.concurrency > 1 else ''} at a time")
+    if p.early_stopping:
+        line += " (at most: early stopping may end trials sooner)"
+    if not p.driven:
+        line += "; no driver runs the study now (`a2 study resume` continues it)"
+    return line
