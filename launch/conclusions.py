@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
+from a2core.config import format_value, get_dotted
 from a2core.errors import StudyError
 from a2core.selection import finite
 from dashboards.stats import MIN_SEEDS, Interval, short_hash, stopped_early_text
@@ -13,6 +14,7 @@ from dashboards.runs import Trial
 from dashboards.tables import text_table
 from launch.layout import end_text, outage_line
 from launch.location import SUMMARY_FILE
+from launch.spec import SEED_PATH
 
 
 # -- the record's trial from Tune's, and its table columns ---------------------------------------------------------
@@ -119,12 +121,25 @@ def state_text(row: dict) -> str:
     return stopped_early_text(row["stopped_early"]) if row.get("stopped_early") else row.get("state", "")
 
 
-def format_table(rows: list[dict], metric: str) -> str:
-    short = metric.split("/")[-1]
-    header = ["trial", "fusion", "lambda", "seed", "state", "epochs", f"last {short}", f"best {short}"]
-    body = [[r["trial_id"], str(r["fusion"]), value_text(r["lambda"]), value_text(r["seed"]), state_text(r),
+def format_table(rows: list[dict], spec) -> str:
+    """The trial table: a column for each searched key of `spec` (the keys that tell a study's cells apart:
+    `fusion`, `lambda`, `temperature`, `model.renormalize`, ...; "-" where a key does not apply to the trial), its
+    seed, state, epochs, and the study metric's last and best values."""
+    short = spec.metric.split("/")[-1]
+    searched = [p for p in spec.params.values() if p.path != SEED_PATH]
+    header = ["trial", *(p.key.split(".")[-1] for p in searched), "seed", "state", "epochs", f"last {short}",
+              f"best {short}"]
+    body = [[r["trial_id"], *(_searched_value(r, p) for p in searched), value_text(r["seed"]), state_text(r),
              f"{r['epochs_done']}/{r['epochs_planned']}", value_text(r["last"]), value_text(r["best"])] for r in rows]
     return text_table(header, body)
+
+
+def _searched_value(row, param) -> str:
+    """A searched key's value in a trial: from its resolved config, else (an old study whose keys moved on) as Tune
+    sampled it; "-" where the key does not apply (its `when` excludes the trial)."""
+    config = row["config"] or {}
+    value = get_dotted(config, param.path, None) if config else (row["sampled"] or {}).get(param.key)
+    return "-" if value is None else format_value(value)  # as a study file writes it: 12000, not 1.2e+04
 
 
 def format_groups(groups: list[dict], metric: str) -> str:
@@ -139,7 +154,7 @@ def format_groups(groups: list[dict], metric: str) -> str:
 
 def print_conclusions(spec, summary: dict, rows: list[dict]) -> None:
     """The trial table (of `rows`), the replicate groups, the verdict, the compute and any tracking outage."""
-    lines = [format_table(rows, spec.metric)] if rows else []
+    lines = [format_table(rows, spec)] if rows else []
     if any(g["n"] > 1 for g in summary["groups"]):
         lines.append(f"replicate groups (mean over seeds, 95% interval; below {MIN_SEEDS} seeds: none):\n"
                      f"{format_groups(summary['groups'], spec.metric)}")

@@ -38,6 +38,7 @@ from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved
 from launch.layout import SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR, add_outage
 from launch.mlflow_callback import A2MLflowCallback
 from launch.raycluster import connect
+from launch.progress import progress_line, study_progress
 from launch.record import StudyRecord, table_row, tune_trials
 from launch.spec import check_cluster, check_machine, runs_locally
 from launch.storage import check_storage, open_location
@@ -386,7 +387,7 @@ def _stopped_by_storage(spec, location: StudyLocation, grid, problem: str, summa
     summary = summary or {}  # none: `finish` did not get that far, the rows come from Tune's result grid
     rows = [] if summary else [_grid_row(spec, result) for result in grid]
     if rows:
-        print(format_table(rows, spec.metric))
+        print(format_table(rows, spec))
     print(f"study {spec.name} stopped: its storage cannot be written or reached ({problem}); what was saved before "
           f"stays; once the storage is fixed, continue with `a2 study resume {spec.name}`", flush=True)
     return {**summary, "study": spec.name, "path": location.uri(), "storage_error": problem,
@@ -491,7 +492,12 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
 
         def report(self, trials, done: bool, *sys_info) -> None:
             self.last = time.monotonic()
-            table = format_table([live_row(spec, t, stopped_early_of) for t in trials], spec.metric)
+            rows = [live_row(spec, t, stopped_early_of) for t in trials]
+            table = format_table(rows, spec)
+            # how far along and when it ends, from the trials' cumulative wall time as their last results report it
+            timed = [dataclasses.replace(row, compute={"wall_s": (t.last_result or {}).get("compute/wall_s") or 0.0})
+                     for row, t in zip(rows, trials)]
+            table += "\n" + progress_line(study_progress(spec, timed, driven=True))
             line = tracking_line()  # e.g. "tracking: server down 31 s, 14 epochs exported once it was back"
             if line:
                 table += "\n" + line

@@ -65,7 +65,7 @@ def test_summary_groups_replicates_with_intervals_and_keeps_stopped_ones_out_of_
     assert text.splitlines()[1].startswith(
         f"best configuration (fusion gate, lambda 0.035): val/CIDEr 105.0 [{105 - half:.1f}, {105 + half:.1f}] "
         f"over 3 seeds; gate beats none by 4.0 val CIDEr")
-    table = format_table(rows, spec.metric)
+    table = format_table(rows, spec)
     assert table.count("stopped early (rung 2, cutoff 108.0)") == 3
     assert "TERMINATED" in table
 
@@ -143,3 +143,22 @@ def test_the_group_verdict_rests_on_the_test_split_when_trials_reported_it(spec)
     expect = seed_difference([91.0, 96.0, 99.0], [90.0, 95.0, 100.0], ("gate", "none"), metric="test CIDEr")
     line = verdict(summary).splitlines()[1]
     assert line.endswith("; " + expect.verdict()) and not expect.resolved and "+0.3 test CIDEr [" in line, line
+
+
+def test_the_trial_table_shows_every_searched_key_that_tells_cells_apart():
+    """fusion_ablation searches fusion, model.renormalize (not for none) and temperature (exp_decay only): each is a
+    column, "-" where it does not apply; the seed has its own column."""
+    from dataclasses import replace as copy_with
+
+    from dashboards.runs import Trial
+    from launch.record import table_row
+
+    spec = load_study(SMOKE.with_name("fusion_ablation.yaml"), ["storage=/tmp/unused"], check_files=False)
+    sampled = [{"fusion": "none", "seed": 0}, {"fusion": "exp_decay", "model.renormalize": True,
+                                                "temperature": 12000.0, "seed": 1}]
+    rows = [copy_with(table_row(spec, Trial(f"t{i}", sampled=s), {"epoch": 1, "val/CIDEr": 50.0}, 50.0),
+                      state="RUNNING") for i, s in enumerate(sampled)]
+    header, _, none, exp_decay = format_table(rows, spec).splitlines()
+    assert header.split()[:5] == ["trial", "fusion", "renormalize", "temperature", "seed"]
+    assert none.split()[:5] == ["t0", "none", "-", "-", "0"]
+    assert exp_decay.split()[:5] == ["t1", "exp_decay", "True", "12000", "1"]

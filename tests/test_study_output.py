@@ -65,10 +65,15 @@ def test_the_last_table_is_printed_once_though_tune_reports_it_twice_in_another_
     reporter = _reporter(spec)
     a = _trial("t1", "TERMINATED", {"fusion": "none", "seed": 0}, 8, 0.9, 0.95)
     b = _trial("t2", "TERMINATED", {"fusion": "gate", "lambda": 0.035, "seed": 0}, 8, 0.5, 0.6)
+    for trial in (a, b):  # 8 epochs in 80 s of wall time each (cumulative, as launch.trainable reports it)
+        trial.last_result["compute/wall_s"] = 80.0
     reporter.report([a, b], True)
     reporter.report([b, a], True)
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 4 and out[2].split()[0] == "t1" and out[3].split()[0] == "t2"
+    assert len(out) == 5 and out[2].split()[0] == "t1" and out[3].split()[0] == "t2"
+    # 6 of the smoke study's 8 trials not started: 48 trial-epochs of 10 s, 2 side by side, early stopping on
+    assert out[4] == ("progress: 16/64 trial-epochs (25%); 10 s a trial-epoch; about 4 min left at 2 trials at a "
+                      "time (at most: early stopping may end trials sooner)")
     b.last_result = {"epoch": 8, "val/CIDEr": 0.7}  # a change is printed
     reporter.report([a, b], True)
     assert capsys.readouterr().out.splitlines()[3].split()[-2:] == ["0.7", "0.6"]

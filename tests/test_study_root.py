@@ -83,13 +83,25 @@ def _submit_check(cwd: Path, home: Path, study: str) -> subprocess.CompletedProc
 
 
 def test_ray_submit_from_the_heads_home_finds_the_study_and_its_data(tmp_path):
-    """`ray submit ray-cluster.yaml launch/commands/submit.py -- studies/fusion_ablation.yaml ...`: run from the head's home,
-    the study and its data in ~/a2tune."""
+    """`ray submit ray-cluster.yaml launch/commands/submit.py -- studies/fusion_ablation.yaml ...`: run from the head's
+    home, the study and its data in ~/a2tune."""
     home = tmp_path / "home"
     repo = checkout_with_coco(home / "a2tune")
     run = _submit_check(home, home, "studies/fusion_ablation.yaml")
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"DATA={repo / 'data' / 'coco' / 'dataset_coco.json'}" in run.stdout
+
+
+def test_an_override_ray_submit_cut_at_a_space_is_refused_saying_why(tmp_path):
+    """`ray submit` joins its arguments with spaces into one shell line on the head: `search.scheduler={fifo: {}}`
+    arrives as two arguments; the second is refused in one line that says how to write it."""
+    from a2core.errors import ConfigError
+    from launch.commands.submit import load_submitted
+
+    with pytest.raises(ConfigError, match=r"^\{\}\}: is not key=value: `ray submit` hands the arguments to the head's "
+                                          r"shell joined by spaces.*write it without spaces, e.g. "
+                                          r"search.scheduler=\{fifo:\{\}\}$"):
+        load_submitted(str(REPO / "studies" / "smoke.yaml"), ["search.scheduler={fifo:", "{}}"], str(tmp_path))
 
 
 def test_ray_job_submit_from_a_copy_of_the_working_directory_finds_the_data_in_the_clusters_copy(tmp_path):

@@ -40,9 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_submitted(study: str, overrides: list[str], repo: str):
     """The study as the cluster runs it: found in the working directory or below `repo`, its relative data paths
-    resolved against `repo` when that is a copy of this repository (else against the study file's own root)."""
+    resolved against `repo` when that is a copy of this repository (else against the study file's own root). An
+    override cut in two by `ray submit` (which joins the arguments with spaces into one shell line) is refused
+    saying so."""
+    from a2core.errors import ConfigError
     from launch.location import study_path
     from launch.spec import is_checkout, load_study
+
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(item, "is not key=value: `ray submit` hands the arguments to the head's shell joined by "
+                                    "spaces, so an override with a space arrives in pieces; write it without spaces, "
+                                    "e.g. search.scheduler={fifo:{}}")
 
     copy = Path(repo).expanduser()
     return load_study(study_path(study, copy), overrides, root=copy if is_checkout(copy) else None)
