@@ -1,11 +1,12 @@
-"""The `a2` command: its whole parser, built here, and each subcommand's handler named as "module:function".
+"""The `a2` command: its whole parser, built here, and each subcommand's handler named as "module:function" in
+`launch/commands/`.
 
-Building the parser imports only argparse and `launch.defaults` (constants), so `a2 --help` and every
-`a2 ... --help` load none of the modules that do the work. `main` imports the one module whose function handles
-the subcommand given (`launch.spec` for `a2 study validate`, `launch.plan` for `a2 study plan`, `launch.study`
-for `a2 study run`, ...), and that module imports what it needs at its top. A module that handles a subcommand is
-imported only by handlers that need what it loads: `a2 study validate` and `a2 study plan` load no torch, Ray,
-MLflow or matplotlib (tests/test_spec.py, tests/test_cli.py; start-up: benchmarks/bench_cli.py).
+Building the parser imports only argparse and `launch.defaults` (constants and the options `submit.py` shares), so
+`a2 --help` and every `a2 ... --help` load none of the modules that do the work. `main` imports the one command
+module whose function handles the subcommand given (`launch.commands.validate` for `a2 study validate`,
+`launch.commands.plan` for `a2 study plan`, `launch.commands.study` for `a2 study run`, ...), and that module imports
+what it needs at its top: `a2 study validate` and `a2 study plan` load no torch, Ray, MLflow or matplotlib
+(tests/test_spec.py, tests/test_cli.py; start-up: benchmarks/bench_cli.py).
 """
 from __future__ import annotations
 

@@ -5,7 +5,10 @@ parts and prints; it imports no other command, and no part imports a command (te
 subcommand runs. What more than one command reads of the parsed arguments is here."""
 from __future__ import annotations
 
+import sys
+
 from a2core.config import ConfigError
+from launch.spec import StudySpec, load_study
 
 
 def driver_options(args) -> dict:
@@ -24,3 +27,12 @@ def study_overrides(args) -> list[str]:
             raise ConfigError("storage", f"--storage {storage} and the override {written[-1]} differ; give one")
         overrides.append(f"storage={storage}")
     return overrides
+
+
+def load_study_file(args, check_files: bool = True) -> StudySpec:
+    """The study file of `a2 study run|plan ...` with its overrides (`study_overrides`), its warnings printed (a long
+    warmup, T_P past the last step) as `a2 study validate` prints them."""
+    spec = load_study(args.file, study_overrides(args), check_files=check_files)
+    for warning in spec.warnings:
+        print(f"a2: warning: {warning}", file=sys.stderr)
+    return spec

@@ -3,12 +3,9 @@ export with a stand-in trainer drawing scores from a stated model (`launch.rehea
 `a2 study plan FILE --rehearse N`: the plan, then N rehearsals without Ray."""
 from __future__ import annotations
 
-import sys
-
 from a2core.errors import StudyError
 from launch import plan, rehearse
-from launch.commands import study_overrides
-from launch.spec import load_study
+from launch.commands import load_study_file
 from launch.location import REHEARSAL_BANNER
 from launch.spec import StudySpec
 
@@ -61,9 +58,7 @@ def plan_main(args) -> int:
     if args.rehearse < 1:
         raise StudyError(f"--rehearse must be >= 1, got {args.rehearse}")
     rehearse.check_options(args.drop)
-    spec = load_study(args.file, study_overrides(args), check_files=False)
-    for warning in spec.warnings:
-        print(f"a2: warning: {warning}", file=sys.stderr)
+    spec = load_study_file(args, check_files=False)
     print(plan.study_plan(spec, deltas=args.delta, images_per_second=args.images_per_second,
                           price_per_hour=args.price_per_hour, cluster=args.cluster, sd=args.sd))
     print(rehearse.plan_lines(spec, args.rehearse, seed=args.seed, record=args.from_record, means=args.mean,

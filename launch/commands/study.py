@@ -7,23 +7,18 @@ an export of the study's record (`launch.mlflow_export`).
 """
 from __future__ import annotations
 
-import sys
-
 from launch.conclusions import read_summary
-from launch.commands import driver_options, study_overrides
+from launch.commands import driver_options, load_study_file
 from launch.driver import check_tracking, exit_code, resume_study, run_study
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease
 from launch.layout import add_outage, outage_line
 from launch.location import load_saved_spec, locate, write_summary
 from launch.mlflow_export import Export, end_reason
 from launch.record import tune_trials
-from launch.spec import load_study
 
 
 def cmd_run(args) -> int:
-    spec = load_study(args.file, study_overrides(args))  # ConfigError -> exit 2 with the key path (a2's main)
-    for warning in spec.warnings:  # what `a2 study validate` warns about (a long warmup, T_P past the last step)
-        print(f"a2: warning: {warning}", file=sys.stderr)
+    spec = load_study_file(args)  # ConfigError -> exit 2 with the key path (a2's main)
     return exit_code(run_study(spec, **driver_options(args)))
 
 
