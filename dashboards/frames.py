@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from a2core.config import flatten
-from dashboards.runs import TABLE_METRICS, Study, searched_keys
+from dashboards.runs import TABLE_METRICS, ReplicateGroup, Study, searched_keys
 
 # the trial columns every frame starts with, in this order (the rest: its searched keys, then its metrics)
 TRIAL_COLUMNS = ("trial_id", "group", "fusion", "lambda", "seed", "state", "status", "stopped_early",
@@ -32,7 +32,7 @@ class StudyFrames:
     """The frames of one study's record. `trials`, `groups` and `epochs` are made once, when first read;
     `per_image(split)` reads each trial's per-image file when called."""
     study: Study
-    replicate_groups: list[dict] = field(default_factory=list)
+    replicate_groups: list[ReplicateGroup] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -83,7 +83,7 @@ def trials_frame(study: Study) -> pd.DataFrame:
     return frame.set_index("trial_id", drop=False).rename_axis(None)
 
 
-def groups_frame(study: Study, groups: list[dict]) -> pd.DataFrame:
+def groups_frame(study: Study, groups: list[ReplicateGroup]) -> pd.DataFrame:
     """One row per replicate group (trials whose configurations differ only in the seed), indexed by `group`, the
     config hash: `best_group` (the record's best configuration), its fusion and lambda, `n` seeds scored with the
     `mean` of their best metric and its 95% interval over seeds (`low`, `high`), the per-seed `values`, the
@@ -91,10 +91,10 @@ def groups_frame(study: Study, groups: list[dict]) -> pd.DataFrame:
     then its other searched keys as sampled."""
     rows = []
     for g in groups:
-        row = {"group": g["config_hash"], "best_group": g["config_hash"] == study.best_group,
-               **{key: g.get(key) for key in GROUP_COLUMNS[2:] if key != "stopped_early"},
-               "stopped_early": bool(g.get("stopped_early"))}
-        row.update({key: value for key, value in (g.get("sampled") or {}).items() if key not in row})
+        row = {"group": g.config_hash, "best_group": g.config_hash == study.best_group,
+               **{key: g[key] for key in GROUP_COLUMNS[2:] if key != "stopped_early"},
+               "stopped_early": bool(g.stopped_early)}
+        row.update({key: value for key, value in g.sampled.items() if key not in row})
         rows.append(row)
     frame = pd.DataFrame(rows, columns=_columns(GROUP_COLUMNS, rows))
     return frame.set_index("group", drop=False).rename_axis(None)

@@ -124,6 +124,46 @@ class Trial:
         return {m: score for m in metrics if (score := self.score(m)) is not None}
 
 
+# a replicate group's entry of `summary.json` ("groups", "best_group", "baseline_group"), in its order
+GROUP_KEYS = ("config_hash", "fusion", "lambda", "sampled", "trials", "seeds", "best_trial", "values", "test_values",
+              "mean", "low", "high", "n", "identical", "stopped_early")
+
+
+@dataclass(frozen=True)
+class ReplicateGroup:
+    """The trials of one configuration that differ only in the seed (`dashboards.stats.config_hash`): their ids and
+    seeds in Tune's order, their best values of the study metric (of those that reported it) with the mean and 95%
+    interval over seeds (`dashboards.stats.seed_interval`), their test values, the group's best trial
+    (`dashboards.stats.best_trial`) and the stop record of one of them the scheduler stopped early. Built in one
+    place, `launch.record.replicate_groups`; `row()` is its entry of `summary.json`. Reads as that entry too
+    (`group["n"]`), so that tables take groups and trials alike."""
+    config_hash: str
+    fusion: str | None = None
+    lam: float | None = None                      # lambda (None for fusion none)
+    sampled: dict = field(default_factory=dict)   # the searched keys of its first trial, seed keys left out
+    trials: list[str] = field(default_factory=list)
+    seeds: list = field(default_factory=list)
+    best_trial: str | None = None
+    values: list[float] = field(default_factory=list)
+    test_values: list[float] = field(default_factory=list)
+    mean: float | None = None
+    low: float | None = None
+    high: float | None = None
+    n: int = 0
+    identical: bool | None = None                 # every seed scored the same; None (not in its row) when none scored
+    stopped_early: dict | None = None
+
+    def __getitem__(self, key: str):
+        return getattr(self, "lam" if key == "lambda" else key)
+
+    def get(self, key: str, default=None):
+        return getattr(self, "lam" if key == "lambda" else key, default)
+
+    def row(self) -> dict:
+        """Its entry of `summary.json`."""
+        return {key: self[key] for key in GROUP_KEYS if key != "identical" or self.identical is not None}
+
+
 @dataclass
 class Study:
     """A study's record handed to the dashboards: its trials that have started, where the record is, whether a writer

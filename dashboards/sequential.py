@@ -1,5 +1,6 @@
 """Adaptive replicates: seeds in rounds, spent only where a verdict is still open (docs/explanation/statistics.md,
-"Adaptive replicates"). The statistics and the pricing of the design; no driver runs it yet.
+"Adaptive replicates"). The statistics and the pricing of the design; `launch.adaptive` runs it through the
+driver for a study whose `search.replicates` is a range.
 
 A design is its looks, the cumulative seeds per arm after each round (`rounds`, e.g. (3, 5, 7)), and the share of
 each comparison's error spent at each look (`weights`, summing to 1). At look r every open arm and the baseline have

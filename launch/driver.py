@@ -25,6 +25,7 @@ import yaml
 
 from a2core.config import flatten
 from a2core.errors import StorageError, StudyError, TrackingError
+from launch.adaptive import RoundDecider, amend_summary, study_rounds, write_rounds
 from dashboards.tracking import check_tracking_uri, server_answers
 from launch import runlog, stop
 from dashboards.runs import Trial
@@ -193,10 +194,11 @@ def finished_already(spec, location: StudyLocation) -> dict | None:
         return None
     if not (isinstance(saved, dict) and saved.get("complete") and not (saved.get("tracking") or {}).get("pending")):
         return None
-    summary = StudyRecord.load(location, spec).summary()
+    record = StudyRecord.load(location, spec)
+    summary = amend_summary(spec, record.study(), record.summary())  # an adaptive study's design says when it ends
     if not summary["complete"]:
         return None
-    print(f"study {spec.name}: all {spec.num_trials} planned trials finished already; nothing to resume "
+    print(f"study {spec.name}: all {summary['num_trials']} planned trials finished already; nothing to resume "
           f"(`a2 study status {spec.name}` shows them)", flush=True)
     return {**summary, "already_finished": True}
 
@@ -285,7 +287,10 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
             with stop.stop_on_signals(), WholeCopies(location.at()):
                 tuner = build_tuner(spec, location, verbose=verbose, restore=started and not new,
                                     adoptable=adoptable)
-                doing = "resuming from" if started and not new else f"{spec.num_trials} trials, results in"
+                rounds = spec.replicate_rounds
+                count = (f"up to {spec.num_trials} trials, seeds in rounds to {', '.join(map(str, rounds))}"
+                         if rounds else f"{spec.num_trials} trials")
+                doing = "resuming from" if started and not new else f"{count}, results in"
                 say(f"study {spec.name}: {doing} {location.uri()} (Ray and Tune log: {log})", verbose)
                 summary = fit_and_finish(spec, location, tuner, verbose=verbose)
                 kill_point("study-end")
@@ -421,6 +426,9 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
         return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True,
                                   storage_filesystem=fs)
     tune_kwargs = tune_config_kwargs(spec)
+    if spec.replicate_rounds and hasattr(tune_kwargs["search_alg"], "set_round_decider"):
+        # adaptive replicates: at each round's end the record decides which arms get more seeds (launch.adaptive)
+        tune_kwargs["search_alg"].set_round_decider(RoundDecider(spec, location))
     stopped_early_of = getattr(tune_kwargs["scheduler"], "stopped_early", None)  # ReplicateASHA's record (FIFO: none)
     tracking = A2MLflowCallback(spec, location, stopped_early_of=stopped_early_of)
     storage_path, fs = open_location(location.storage, location.endpoint_url).ray_storage()  # the study's parent
@@ -533,7 +541,8 @@ def _grid_row(spec, result) -> Trial:
 def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
     record = StudyRecord.load(location, spec, for_digest=True)
-    summary = record.summary()
+    summary = amend_summary(spec, record.study(), record.summary())  # adaptive replicates: the design's verdicts
+    rounds = study_rounds(spec, record.study()) if spec.replicate_rounds else None
     lease = held_lease(location.uri())
     if lease is not None:  # a driver whose lease was taken over writes no summary over its successor's
         lease.check("writing the study's summary")
@@ -542,9 +551,12 @@ def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     record.save_digest()  # what later reads take of each trial whose files stay as they are now
     _log_compute_totals(spec, summary["compute"])
     print_conclusions(spec, summary, record.trials if verbose else [])
+    if rounds is not None:  # the round it ended with and each arm's state, for `status` and a resume
+        write_rounds(location, rounds)
+        print("\n".join(summary["adaptive"]["lines"]), flush=True)
     print(f"summary: {location.uri(SUMMARY_FILE)}", flush=True)
     if not summary["complete"] and stop.received() is None:  # a signal's stop says so itself (`fit_and_finish`)
-        done, planned = summary["trials_finished"], spec.num_trials
+        done, planned = summary["trials_finished"], summary["num_trials"]
         print(f"study {spec.name}: {done} of {planned} planned trials finished, {planned - done} missing; "
               f"`a2 study resume {spec.name}` runs them", flush=True)
     return summary

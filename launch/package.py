@@ -25,14 +25,15 @@ from a2core.checksum import SUFFIX, checksum_path
 from a2core.data.captions import Vocab, read_image_info
 from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
-from dashboards.runs import Trial
+from dashboards.runs import ReplicateGroup, Trial
 from dashboards.stats import best_trial, config_hash, trial_rank
 from dashboards.submission import make_zip, results_filename, validate_zip
 from dashboards.tracking import check_tracking_uri
 from launch.defaults import PACKAGE_OUT, SEEDS, SERVER_IMAGES, SHARD_IMAGES
-from launch.conclusions import read_state_json, read_summary
-from launch.driver import exit_code, resume_study, run_study, say
-from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, locate, refuse_rehearsal
+from launch.conclusions import read_state_json
+from launch.driver import resume_study, run_study, say
+from launch.location import STUDY_FILE, StudyLocation, load_saved_spec, locate, refuse_rehearsal
+from launch.record import StudyRecord, best_group
 from launch.raycluster import connect, shutdown as stop_ray
 from launch.spec import NAME_MAX, StudySpec
 from launch.storage import open_location, upload_file
@@ -56,9 +57,9 @@ def decode_estimate(name: str, *, storage: str | None = None, seeds=None, beam_s
     """What decoding study `name`'s package costs: its images and shards (less those an earlier run kept), and
     the ensemble's seconds per image measured on `sample` Karpathy test images with copies of the best trial's
     checkpoint (an ensemble of M members costs M single-model passes per beam step)."""
-    location, spec, summary = open_study(name, storage, verbose=False)
+    location, spec, record = open_study(name, storage, verbose=False)
 
-    best = select_best(summary, candidates(spec, summary))
+    best = select_best(best_group(spec, record.groups()), candidates(spec, record.trials), spec.mode, spec.name)
     members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
     cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
     checkpoint = fetch_checkpoint(best.best_checkpoint, cache, location.endpoint_url)
@@ -104,7 +105,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
             data_overrides: list[str] | None = None, model_name: str | None = None, verbose: bool = True) -> dict:
     """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
     t_start = time.perf_counter()
-    location, spec, summary = open_study(name, storage, verbose)
+    location, spec, record = open_study(name, storage, verbose)
     seeds = None if seeds is None else list(dict.fromkeys(int(s) for s in seeds))
     if seeds is not None and not seeds:
         raise PackageError("--seeds: give at least one seed")
@@ -118,7 +119,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     ray_was_up = ray.is_initialized()
     os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
     try:
-        best, members = ensemble_members(spec, location, summary, seeds, no_train=no_train, address=address,
+        best, members = ensemble_members(spec, location, record, seeds, no_train=no_train, address=address,
                                          verbose=verbose)
         local = [fetch_checkpoint(m.best_checkpoint, out / ".checkpoints", location.endpoint_url) for m in members]
         refuse_unreadable(members, local)
@@ -150,57 +151,56 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
 
 
 # -- 1. the ensemble's members -----------------------------------------------------------------------------------
-def open_study(name: str, storage: str | None, verbose: bool = True):
-    """(location, saved spec, summary) of a study that has a summary (a finished or interrupted run)."""
+def open_study(name: str, storage: str | None, verbose: bool = True) -> tuple[StudyLocation, StudySpec, StudyRecord]:
+    """(location, saved spec, record) of a study that has trials and no live writer: its record read from its
+    storage (`launch.record.StudyRecord.load`, the one reader of a study's state; not its summary.json, a cache of it),
+    a damaged result log or Tune state refused naming the file."""
     location = locate(name, storage)
     spec = load_saved_spec(location)
-    summary = read_summary(location)  # its checkpoints where the study is now; a damaged file one line
-
-    refuse_rehearsal(location, summary)
-    if summary is None:
-        raise PackageError(f"study {name!r} at {location.uri()} has no {SUMMARY_FILE}: finish it first "
+    refuse_rehearsal(location)
+    record = StudyRecord.load(location, spec, refuse="package")  # its checkpoints where the study is now
+    if record.running:  # its best configuration is not settled, and a second writer would share its storage
+        raise PackageError(f"study {name!r} at {location.uri()} is still running: package it once it ends "
+                           f"(`a2 study status {name}`)")
+    if not record.trials:
+        raise PackageError(f"study {name!r} at {location.uri()} has no trials yet: finish it first "
                            f"(`a2 study resume {name}`)")
-    if not summary.get("complete", True):
-        say(f"package: note: study {name} is not complete ({summary.get('trials_finished')}/"
-            f"{summary.get('num_trials')} trials finished); packaging what it has", verbose)
-    return location, spec, summary
+    done = sum(1 for t in record.trials if t.state == "TERMINATED")
+    if not (done == spec.num_trials and len(record.trials) == spec.num_trials):  # the summary's `complete`
+        say(f"package: note: study {name} is not complete ({done}/{spec.num_trials} trials finished); "
+            f"packaging what it has", verbose)
+    return location, spec, record
 
 
-def candidates(spec, summary: dict, digest: str | None = None) -> list[Trial]:
-    """The trials of a study summary (the record's `Trial`s, from their JSON form) that reported the metric and
-    have a best checkpoint, their configs resolved by the study's saved spec (only those of configuration `digest`
-    when given)."""
+def candidates(spec, trials: list[Trial], digest: str | None = None) -> list[Trial]:
+    """The record's trials (`StudyRecord.trials`) that reported the metric and have a best checkpoint and a config
+    the study's saved spec resolves (only those of configuration `digest` when given)."""
     out = []
-    for row in summary.get("trials", []):
-        if row.get("best") is None or not row.get("best_checkpoint"):
+    for trial in trials:
+        if trial.best_value is None or not trial.best_checkpoint:
             continue
-        sampled = dict(row.get("sampled") or {})
-        try:
-            config = spec.trial_config(sampled)
-        except A2Error as err:  # a trial the saved spec cannot rebuild any more
-            print(f"a2 package: note: skipping trial {row['trial_id']} of {spec.name}: {err}", file=sys.stderr)
+        if not trial.config:  # the record's config of a trial the saved spec cannot rebuild any more
+            try:
+                spec.trial_config(dict(trial.sampled))
+            except A2Error as err:
+                print(f"a2 package: note: skipping trial {trial.trial_id} of {spec.name}: {err}", file=sys.stderr)
             continue
-        out.append(Trial(str(row["trial_id"]), study=spec.name, state=row.get("state"), sampled=sampled,
-                         stopped_early=row.get("stopped_early"), best_value=row["best"],
-                         best_checkpoint=row["best_checkpoint"], config=config, config_hash=config_hash(config)))
+        out.append(trial)
     return [c for c in out if digest is None or c.config_hash == digest]
 
 
-def select_best(summary: dict, cands: list[Trial]) -> Trial:
-    """The candidate of the study's best trial of its best configuration, as its record names them
-    (`launch.record.best_group`, the one rule every view reads: `status`, `compare`, `report`); when that trial has no
-    stored checkpoint, the best of its configuration's trials that has one (`dashboards.stats.best_trial`, the
-    record's own rule)."""
-    group = summary.get("best_group") or {}
-    pool = [c for c in cands if c.config_hash == group.get("config_hash")]
+def select_best(group: ReplicateGroup | None, cands: list[Trial], mode: str, study: str) -> Trial:
+    """The candidate of the best trial of the study's best configuration `group` (`launch.record.best_group`, the
+    one rule every view reads: `status`, `compare`, `report`); when that trial has no stored checkpoint, the best of
+    its configuration's trials that has one (`dashboards.stats.best_trial`, the record's own rule)."""
+    pool = [c for c in cands if group is not None and c.config_hash == group.config_hash]
     if not pool:
         raise PackageError(
-            "no trial of the study reported its metric with a checkpoint: nothing to package" if not group else
-            f"study {summary.get('study')}: no trial of the best configuration (config "
-            f"{str(group['config_hash'])[:12]}, trials {', '.join(map(str, group.get('trials', [])))}) has a "
-            f"stored checkpoint: nothing to package")
-    named = next((c for c in pool if c.trial_id == str(group.get("best_trial"))), None)
-    return named or best_trial(pool, summary.get("mode", "max"))
+            "no trial of the study reported its metric with a checkpoint: nothing to package" if group is None else
+            f"study {study}: no trial of the best configuration (config {str(group.config_hash)[:12]}, trials "
+            f"{', '.join(map(str, group.trials))}) has a stored checkpoint: nothing to package")
+    named = next((c for c in pool if c.trial_id == str(group.best_trial)), None)
+    return named or best_trial(pool, mode)
 
 
 def seed_checkpoints(cands: list[Trial], digest: str, seeds, mode: str,
@@ -230,20 +230,20 @@ def ensemble_seeds(cands: list[Trial], digest: str, exists: Callable[[str], bool
     return list(SEEDS), f"the best configuration has {len(own)} replicate(s) with a checkpoint, fewer than {len(SEEDS)}"
 
 
-def ensemble_members(spec, location, summary: dict, seeds: list[int] | None, *, no_train: bool,
+def ensemble_members(spec, location, record: StudyRecord, seeds: list[int] | None, *, no_train: bool,
                      address: str | None, verbose: bool) -> tuple[Trial, list[Trial]]:
     """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
     (missing seeds trained as a companion study unless `no_train`). `seeds` None: `ensemble_seeds`."""
     def exists(uri: str) -> bool:
         return open_location(uri, location.endpoint_url).exists()
 
-    rows = candidates(spec, summary)
-    best = select_best(summary, rows)
+    rows = candidates(spec, record.trials)
+    best = select_best(best_group(spec, record.groups()), rows, spec.mode, spec.name)
     digest = best.config_hash
     say(f"package: best trial {best.trial_id} of {spec.name}: {spec.metric} {best.best_value:.2f} "
         f"(fusion {best.fusion}, seed {best.seed}, config {digest[:12]})", verbose)
-    for _, comp_spec, comp_summary in _companions(location, digest):
-        rows += candidates(comp_spec, comp_summary or {}, digest)
+    for _, comp_spec, comp_record in _companions(location, digest):
+        rows += candidates(comp_spec, comp_record.trials, digest)
     if seeds is None:
         seeds, why = ensemble_seeds(rows, digest, exists)
         say(f"package: ensemble seeds {', '.join(map(str, seeds))} ({why})", verbose)
@@ -326,29 +326,31 @@ def companion_studies(location) -> list[str]:
     return list(listed.get("studies", []) if isinstance(listed, dict) else [])
 
 
-def _companions(location, digest: str) -> list[tuple[Any, Any, dict | None]]:
-    """(location, spec, summary or None) of each companion seed study of configuration `digest`."""
+def _companions(location, digest: str) -> list[tuple[StudyLocation, StudySpec, StudyRecord]]:
+    """(location, spec, record) of each companion seed study of configuration `digest`."""
     found = []
     for name in companion_studies(location):
         comp = StudyLocation(name, location.storage, location.endpoint_url)
         if comp.exists(STUDY_FILE):
             comp_spec = load_saved_spec(comp)
             if config_hash(comp_spec.trial_config({"seed": 0})) == digest:
-                found.append((comp, comp_spec, read_summary(comp)))
+                found.append((comp, comp_spec, StudyRecord.load(comp, comp_spec, refuse="package")))
     return found
 
 
 def train_missing(spec, location, best: Trial, missing: list[int], *, address: str | None,
                   verbose: bool) -> list[Trial]:
     """Train the missing seeds of the best configuration as a companion study (an unfinished earlier one, without
-    a summary or with a trial that did not end TERMINATED, is resumed first); returns the candidates it gave."""
+    every planned trial or with one that did not end TERMINATED, `seed_study_finished`, is resumed first); returns the
+    candidates it gave."""
     digest = best.config_hash
     rows, covered = [], set()
-    for comp, comp_spec, comp_summary in _companions(location, digest):
-        if comp_summary is None or exit_code(comp_summary) != 0:
+    for comp, comp_spec, comp_record in _companions(location, digest):
+        if not seed_study_finished(comp_spec, comp_record):
             say(f"package: resuming the unfinished seed study {comp.name}", verbose)
             covered.update(comp_spec.params["seed"].values)
-            rows += candidates(comp_spec, resume_study(comp, address=address, verbose=verbose), digest)
+            resume_study(comp, address=address, verbose=verbose)
+            rows += candidates(comp_spec, StudyRecord.load(comp, comp_spec, refuse="package").trials, digest)
     # Seeds of a resumed study are not trained again elsewhere: if it still lacks them, packaging says so.
     todo = [s for s in missing if s not in covered]
     if not todo:
@@ -363,8 +365,16 @@ def train_missing(spec, location, best: Trial, missing: list[int], *, address: s
     location.write_text(json.dumps({"studies": names + [name]}, indent=2) + "\n", SEED_STUDIES_FILE)
     say(f"package: training seed(s) {', '.join(map(str, todo))} of trial {best.trial_id}'s configuration "
         f"as study {name}", verbose)
-    summary = run_study(new_spec, address=address, verbose=verbose)
-    return rows + candidates(new_spec, summary, digest)
+    run_study(new_spec, address=address, verbose=verbose)
+    made = StudyRecord.load(StudyLocation(name, location.storage, location.endpoint_url), new_spec, refuse="package")
+    return rows + candidates(new_spec, made.trials, digest)
+
+
+def seed_study_finished(spec, record: StudyRecord) -> bool:
+    """Every planned trial of the study is in its record and ended TERMINATED (finished, or stopped early by the
+    scheduler), and one reported the metric: a companion seed study that is not is resumed."""
+    return (len(record.trials) == spec.num_trials and all(t.state == "TERMINATED" for t in record.trials)
+            and any(t.best_value is not None for t in record.trials))
 
 
 # -- 2. decoding -------------------------------------------------------------------------------------------------

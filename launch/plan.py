@@ -439,6 +439,28 @@ ADAPTIVE_STUDIES = 4_000
 ADAPTIVE_SEED = 0
 
 
+def futility_gap(spec) -> float | None:
+    """The plan's gap an arm is settled futile below (its interval's upper end under it): the smallest of the Table 3
+    gaps over the baseline of the fusions the study searches beside `none`; None when it searches none of them."""
+    fusion = next((p for p in spec.params.values() if p.path == "model.fusion" and p.kind == "grid"), None)
+    gaps = {label.split(" vs ")[0]: d for label, d in table3_gaps() if label.endswith(" vs none")}
+    values = list(fusion.values) if fusion is not None else []
+    found = [gaps[v] for v in values if v in gaps]
+    return min(found) if "none" in values and found else None
+
+
+def study_design(spec):
+    """The adaptive design the driver runs for a study whose `search.replicates` is a range: its rounds, error spent
+    in proportion to the seeds (`spending_weights`, rho 1) and the plan's gap for futility (`futility_gap`); None for
+    a fixed number of seeds."""
+    from dashboards.sequential import Design, spending_weights  # numpy only: the plan stays light
+
+    rounds = spec.replicate_rounds
+    if rounds is None:
+        return None
+    return Design(rounds, spending_weights(rounds, 1.0), futility_gap=futility_gap(spec))
+
+
 def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) -> str:
     """The adaptive design's expected seed-trials and GPU-hours (`gpu_hours_per_trial`; None: no GPU) against the
     fixed design's at equal power, for the study's fusions against the baseline at the paper's Table 3 gaps
@@ -462,7 +484,7 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
     configs = [per_fusion.get("none", 1), *(per_fusion.get(a, 1) for a in arms)]
     deltas = [gaps[a] for a in arms]
     hardest = int(np.argmin(deltas))
-    rounds = ADAPTIVE_ROUNDS
+    rounds = spec.replicate_rounds or ADAPTIVE_ROUNDS  # the study's own rounds when it gives a range
     design = Design(rounds, spending_weights(rounds, 1.0), futility_gap=min(deltas))
     run = simulate(design, noise, deltas, configs, ADAPTIVE_STUDIES, ADAPTIVE_SEED)
     null = simulate(design, noise, [0.0] * len(arms), configs, ADAPTIVE_STUDIES, ADAPTIVE_SEED + 1)
@@ -475,8 +497,11 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
     trials = [fixed[n]["seed_trials"] for n in fixed]
     target = run["power"][hardest]
     pct = " / ".join(f"{p:.0%}" for p in run["power"])
-    lines = [f"adaptive replicates (an ESTIMATE for a design the driver does not run yet: dashboards.sequential."
-             f"simulate, {ADAPTIVE_STUDIES:,} simulated studies, seed {ADAPTIVE_SEED}, at the noise above)",
+    which = ("the study's own design, search.replicates' rounds, as the driver runs it" if spec.replicate_rounds
+             else f"an ESTIMATE for search.replicates: {{min: {rounds[0]}, max: {rounds[-1]}}}, which the driver runs "
+                  f"in rounds")
+    lines = [f"adaptive replicates ({which}: dashboards.sequential.simulate, {ADAPTIVE_STUDIES:,} simulated studies, "
+             f"seed {ADAPTIVE_SEED}, at the noise above)",
              f"  design    seeds in rounds to {', '.join(map(str, rounds))} a configuration; after each round an arm "
              f"Holm resolves, or whose interval lies below the smallest gap ({min(deltas):g}), gets no more; each "
              f"look spends error in proportion to its seeds (union bound)",

@@ -8,8 +8,22 @@ the one shape of a trial every view reads; its row is the summary's), `groups()`
 `summary()` (`summary.json`) and `per_image()`. `study()` hands the dashboards the same trials (dashboards never
 import launch). MLflow is an export of this record (`launch.mlflow_export`); nothing here reads MLflow.
 
-A read of a finished study takes each trial whose files are unchanged from the digest the driver left
-(`record-digest.json`, `Digest`) instead of parsing its result log again: what a record is made of stays its files.
+One reader of a study's state. `StudyRecord.load` is the only code that reads a study's trials: every view that
+needs them (status, compare, report, export, plan, packaging and its seed studies, the pipeline) loads the record.
+The study's other files with trials in them are caches of it, each with its rule:
+- the digest (`record-digest.json`, `Digest`): written by the driver at the end of every run and resume
+  (`save_digest`), read only here. A read takes a trial from it when the study file's stamp (size, mtime in ns),
+  the study's place, the digest's format and fields, Tune's newest experiment state (its name, size and mtime) and
+  the trial's run folder listing (every file's path, size and mtime but `artifacts/`) are as the digest recorded
+  them; any difference re-reads that trial from its files (Tune's state: every trial's Tune fields), and a digest
+  that does not read is not used at all. What a record is made of stays its files.
+- `summary.json` (`summarize`): written by the driver at the end of every run (`launch.driver.finish`, paths
+  relative to the study's folder: `launch.conclusions.portable_summary`), by a rehearsal, and rewritten by
+  `a2 mlflow sync` with its `tracking` outage. Nothing reads trials from it: it is the study's result for people and
+  scripts, read back (`launch.conclusions.read_summary`) only for what no other file holds, its MLflow `tracking`
+  state (`a2 mlflow sync`, and `launch.driver.finished_already`, which takes `complete` as a hint only and reads
+  the record before it says so). It is stale from the moment a writer starts the study again, until it ends.
+`tests/test_import_graph.py` holds that only these modules name the two files and `read_summary`.
 """
 from __future__ import annotations
 
@@ -23,7 +37,7 @@ from functools import partial
 from a2core.errors import A2Error
 from a2core.selection import best_epoch as pick_best_epoch, finite
 from dashboards.compare import study_verdicts
-from dashboards.runs import TABLE_METRICS, Study, Trial
+from dashboards.runs import TABLE_METRICS, ReplicateGroup, Study, Trial
 from dashboards.stats import config_hash, seed_interval
 from dashboards.stats import best_group as pick_best_group, best_trial as pick_best_trial
 from launch.conclusions import best_value, test_metric
@@ -102,8 +116,8 @@ class StudyRecord:
         running trial as PENDING); the record itself keeps Tune's word."""
         return replace(self, trials=[replace(t, state=shown_state(t, self.running)) for t in self.trials])
 
-    def groups(self) -> list[dict]:
-        """One entry per replicate group (`replicate_groups`, the summary's `groups`)."""
+    def groups(self) -> list[ReplicateGroup]:
+        """The study's replicate groups (`replicate_groups`; their rows are the summary's `groups`)."""
         return replicate_groups(self.spec, self.trials)
 
     def best(self) -> dict | None:
@@ -125,7 +139,7 @@ class StudyRecord:
         best, group = self.best(), best_group(self.spec, self.groups())
         return Study(self.spec.name, runs, self.location.uri(), self.running, self.spec.metric, self.spec.mode,
                      best_trial=None if best is None else best.trial_id,
-                     best_group=None if group is None else group["config_hash"])
+                     best_group=None if group is None else group.config_hash)
 
 
 DIGEST_FORMAT = 1
@@ -246,11 +260,11 @@ def best_trial(spec, rows: list[Trial]) -> Trial | None:
     return pick_best_trial(rows, spec.mode)
 
 
-def best_group(spec, groups: list[dict]) -> dict | None:
-    """The best replicate group of `replicate_groups` (`dashboards.stats.best_group`: the best mean in the study's
-    mode among groups none of whose trials was stopped early, unless all were; of equal means, the group listed
-    first, i.e. whose first trial came first). Every view's "best configuration" is this one."""
-    return pick_best_group(groups, lambda g: g["values"], spec.mode, lambda g: bool(g.get("stopped_early")))
+def best_group(spec, groups: list[ReplicateGroup]) -> ReplicateGroup | None:
+    """The best of `replicate_groups` (`dashboards.stats.best_group`: the best mean in the study's mode among groups
+    none of whose trials was stopped early, unless all were; of equal means, the group listed first, i.e. whose first
+    trial came first). Every view's "best configuration" is this one."""
+    return pick_best_group(groups, lambda g: g.values, spec.mode, lambda g: bool(g.stopped_early))
 
 
 # -- trial rows, groups and the summary ----------------------------------------------------------------------------
@@ -380,26 +394,25 @@ def compute_totals(spec, rows: list[Trial]) -> dict:
     return dict(totals)
 
 
-def replicate_groups(spec, rows: list[Trial]) -> list[dict]:
-    """One entry per replicate group (trials whose resolved configs differ only in the seed,
-    `dashboards.stats.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval over
-    seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the scheduler
-    stopped early, if any."""
-    groups: dict[str, list[dict]] = {}
+def replicate_groups(spec, rows: list[Trial]) -> list[ReplicateGroup]:
+    """One `dashboards.runs.ReplicateGroup` per replicate group (trials whose resolved configs differ only in the
+    seed, `dashboards.stats.config_hash`): its trials and seeds, the mean of their best metric with its 95% interval
+    over seeds (`dashboards.stats.seed_interval`, as every comparison), and the record of one of its trials the
+    scheduler stopped early, if any. The one place a group is made."""
+    groups: dict[str, list[Trial]] = {}
     for r in rows:  # rows are in Tune's order (trial ids): a group's place is its first trial's, the tie rule's order
         groups.setdefault(r.config_hash or group_hash(r), []).append(r)  # the hash `trial_row` gave it
     out = []
     for h, g in groups.items():
-        scored = [r for r in g if r["best"] is not None]
-        values, best = [r["best"] for r in scored], pick_best_trial(g, spec.mode)
-        interval = asdict(seed_interval(values)) if values else {"mean": None, "low": None, "high": None, "n": 0}
-        sampled = {k: v for k, v in (g[0]["sampled"] or {}).items() if k not in SEED_KEYS}
-        out.append({"config_hash": h, "fusion": g[0]["fusion"], "lambda": g[0]["lambda"], "sampled": sampled,
-                    "trials": [r["trial_id"] for r in g], "seeds": [r["seed"] for r in g],
-                    "best_trial": None if best is None else best["trial_id"],
-                    "values": values, "test_values": [r["test"] for r in g if r.get("test") is not None],
-                    **interval,
-                    "stopped_early": next((r["stopped_early"] for r in g if r.get("stopped_early")), None)})
+        values, best = [r.best_value for r in g if r.best_value is not None], pick_best_trial(g, spec.mode)
+        interval = asdict(seed_interval(values)) if values else {"n": 0}
+        out.append(ReplicateGroup(
+            h, fusion=g[0].fusion, lam=g[0].lam, sampled={k: v for k, v in (g[0].sampled or {}).items()
+                                                          if k not in SEED_KEYS},
+            trials=[r.trial_id for r in g], seeds=[r.seed for r in g],
+            best_trial=None if best is None else best.trial_id, values=values,
+            test_values=[r.test for r in g if r.test is not None], **interval,
+            stopped_early=next((r.stopped_early for r in g if r.stopped_early), None)))
     return out
 
 
@@ -432,10 +445,10 @@ def summarize(spec, location: StudyLocation, rows: list[Trial]) -> dict:
             "checkpoint_problem": best.get("best_checkpoint_problem"),
             "sampled": best["sampled"], "config": best["config"], "fusion": best["fusion"], "seed": best["seed"],
             "lambda": best["lambda"], "stopped_early": best.get("stopped_early")},
-        "best_group": best_group(spec, groups),
+        "best_group": _row(best_group(spec, groups)),
         # the configuration a verdict compares with: the best of the baseline's (fusion none), by the same rule
-        "baseline_group": best_group(spec, [g for g in groups if g["fusion"] == "none"]),
-        "groups": groups,
+        "baseline_group": _row(best_group(spec, [g for g in groups if g.fusion == "none"])),
+        "groups": [g.row() for g in groups],
         "baseline": None if baseline is None else {
             "trial_id": baseline["trial_id"], "value": baseline["best"], "seed": baseline["seed"],
             "checkpoint": baseline["best_checkpoint"]},
@@ -445,3 +458,7 @@ def summarize(spec, location: StudyLocation, rows: list[Trial]) -> dict:
         "compute": compute_totals(spec, rows),
         "trials": [r.row(config=False) for r in rows],
     }
+
+
+def _row(group: ReplicateGroup | None) -> dict | None:
+    return None if group is None else group.row()

@@ -69,10 +69,24 @@ class GridCrossedSearcher(Searcher):
         # group -> `_trials_key`: a suggestion whose resolved config (and grid seed) an earlier group has is not run
         # again (it would be the same trials with the same seeds, one group's numbers counted twice)
         self._hashes: dict[str, str] = {}
+        # adaptive replicates (`search.replicates: {min, max}`): the cumulative seeds of each round, the round being
+        # handed out (0-based), the groups still to get its seeds, and what decides them at a round's end (set by
+        # the driver: `launch.adaptive.RoundDecider`; None: every group gets every round)
+        self._rounds: tuple[int, ...] | None = spec.replicate_rounds
+        self._round = 0
+        self._queue: list[str] = []
+        self._decider = None
 
     @property
     def _group_size(self) -> int:
-        return max(1, len(self._seeds))
+        """Seeds of a group as Optuna counts it: all of them, or the first round's with adaptive replicates (the
+        configurations are all asked in the first round; later rounds only add seeds)."""
+        return self._rounds[0] if self._rounds else max(1, len(self._seeds))
+
+    def set_round_decider(self, decider) -> None:
+        """What decides, at the end of each round of adaptive replicates, which groups get the next round's seeds:
+        `decider.next_round(finished_round, {group: suggestion}, {trial id: suggestion})` -> groups."""
+        self._decider = decider
 
     def _new_study(self, index: int, cell: dict) -> optuna.Study:
         seed = self._spec.search.seed + index
@@ -109,6 +123,8 @@ class GridCrossedSearcher(Searcher):
     def suggest(self, trial_id: str) -> dict | str | None:
         if trial_id in self._configs:  # asked again for the same trial: same answer
             return dict(self._configs[trial_id])
+        if self._rounds and self._round > 0:  # a later round of adaptive replicates: more seeds of open groups
+            return self._next_seed(trial_id)
         if self._open is not None:  # the next replicate of a configuration already asked
             index, trial = self._trials[self._open]
             config = {k: v for k, v in self._configs[self._open].items() if k != "seed"}
@@ -117,7 +133,7 @@ class GridCrossedSearcher(Searcher):
             index = next((i % n for i in range(self._next_cell, self._next_cell + n)
                           if self._assigned[i % n] < self._quota[i % n]), None)  # the first open cell
             if index is None:
-                return Searcher.FINISHED
+                return self._end_of_round(trial_id) if self._rounds else Searcher.FINISHED
             self._next_cell = (index + 1) % n
             found = self._new_configuration(index)
             if found is None:  # the cell has no configuration left that was not run: it is done
@@ -133,9 +149,43 @@ class GridCrossedSearcher(Searcher):
             config["seed"] = self._seeds[len(members)]
         members.append(trial_id)
         self._group_of[trial_id] = self._open
-        if len(members) == self._group_size:
+        if len(members) == self._group_size:  # with adaptive replicates: the first round's seeds
             self._open = None
         self._trials[trial_id] = (index, trial)
+        self._configs[trial_id] = config
+        return dict(config)
+
+    def _end_of_round(self, trial_id: str) -> dict | str | None:
+        """All of a round's trials handed out: None (Tune asks again) until every one has ended, then the next
+        round's first trial, or FINISHED after the last round or once the decider leaves no group open."""
+        if any(t not in self._outcomes for t in self._configs):
+            return None
+        if self._round + 1 >= len(self._rounds):
+            return Searcher.FINISHED
+        groups = list(self._members)
+        if self._decider is not None:
+            trials = {t: self._configs[t] for t in self._configs}
+            groups = [g for g in self._decider.next_round(self._round, {g: self._configs[g] for g in groups}, trials)
+                      if g in self._members]
+        self._round += 1
+        self._queue = groups
+        return self._next_seed(trial_id) if groups else Searcher.FINISHED
+
+    def _next_seed(self, trial_id: str) -> dict | str | None:
+        """The next seed of the first queued group that has fewer than this round's seeds (seeds in order); at the
+        round's end, `_end_of_round`."""
+        target = self._rounds[self._round]
+        while self._queue and len(self._members[self._queue[0]]) >= target:
+            self._queue.pop(0)
+        if not self._queue:
+            return self._end_of_round(trial_id)
+        group = self._queue[0]
+        members = self._members[group]
+        config = {k: v for k, v in self._configs[group].items() if k != "seed"}
+        config["seed"] = self._seeds[len(members)]
+        members.append(trial_id)
+        self._group_of[trial_id] = group
+        self._trials[trial_id] = self._trials[group]
         self._configs[trial_id] = config
         return dict(config)
 
@@ -171,9 +221,10 @@ class GridCrossedSearcher(Searcher):
         if curve and epoch <= max(curve):  # a restored worker group repeats epochs it had reported
             return
         curve[epoch] = value
-        group = self.group_of(trial_id)
+        group = self.group_of(trial_id)[:self._group_size]  # a later round's seed is no part of Optuna's value
         values = [self._curves.get(t, {}).get(epoch) for t in group]
-        if len(group) == self._group_size and None not in values:  # the last replicate to reach this epoch
+        # the last replicate to reach this epoch
+        if trial_id in group and len(group) == self._group_size and None not in values:
             self._trials[trial_id][1].report(float(np.mean(values)), epoch)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
@@ -199,8 +250,8 @@ class GridCrossedSearcher(Searcher):
     def _tell(self, trial_id: str) -> None:
         """Tell Optuna the group's outcome when the last replicate of `trial_id`'s group ends (each ends once)."""
         key = self._group_of[trial_id]
-        group = self._members[key]
-        if len(group) < self._group_size or any(t not in self._outcomes for t in group):
+        group = self._members[key][:self._group_size]  # with adaptive replicates: the first round's (told once)
+        if trial_id not in group or len(group) < self._group_size or any(t not in self._outcomes for t in group):
             return
         states = [self._outcomes[t] for t in group]
         if all(s == "FAIL" for s in states):
@@ -242,6 +293,8 @@ class GridCrossedSearcher(Searcher):
             raise ValueError(f"searcher state version {state.get('version')!r}, expected {STATE_VERSION}")
         for name in list(vars(self)):
             if name == "_hashes" and "hashes" not in state:  # saved before duplicates were skipped
+                continue
+            if name in ("_rounds", "_round", "_queue", "_decider") and name[1:] not in state:  # before rounds
                 continue
             setattr(self, name, state[name.lstrip("_")])
         if "hashes" not in state:
@@ -423,7 +476,9 @@ def build_scheduler(spec: StudySpec) -> TrialScheduler:
     if asha is None:
         return FIFOScheduler()
     return ReplicateASHA(max_t=spec.total_epochs, grace_period=asha.grace_period,
-                         reduction_factor=asha.reduction_factor, replicates=max(1, len(spec.replicate_seeds)),
+                         # a group is judged on its first round's seeds with adaptive replicates
+                         reduction_factor=asha.reduction_factor,
+                         replicates=(spec.replicate_rounds or [max(1, len(spec.replicate_seeds))])[0],
                          min_gap_se=asha.min_gap_se, hold_at_rungs=asha.hold_at_rungs,
                          resolve=spec.trial_config)
 

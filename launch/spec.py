@@ -215,8 +215,36 @@ class Scheduler(Section):
         return self
 
 
+class ReplicateRange(Section):
+    """`search.replicates: {min: 3, max: 9}`: adaptive replicates (docs/explanation/statistics.md, "Adaptive
+    replicates"): seeds 0 .. rounds[r] - 1 of every arm still open after each round; `_range` checks it."""
+
+    min: Integer = Field(description="Seeds of every configuration in the first round (>= 2).")
+    max: Integer = Field(description="Seeds of a configuration whose verdict stays open to the last round.")
+    rounds: list[Integer] | None = Field(None, description=(
+        "Cumulative seeds after each round, increasing from `min` to `max` (default: min, min + 2, ..., max)."))
+
+
+def _range(value: dict) -> ReplicateRange:
+    """A replicate range with one-line errors naming its key; `rounds` filled in (from min in steps of 2 to max)."""
+    spread = ReplicateRange.model_validate(value)
+    if spread.min < 2:
+        raise ConfigError("min", f"must be >= 2 (one seed measures no seed noise, and the first round's verdicts "
+                                 f"need it), got {spread.min}")
+    if spread.max <= spread.min:
+        raise ConfigError("max", f"must be more than min ({spread.min}), got {spread.max}: for one round, give "
+                                 f"search.replicates: {spread.min}")
+    rounds = spread.rounds if spread.rounds is not None else [*range(spread.min, spread.max, 2), spread.max]
+    if (rounds[0] != spread.min or rounds[-1] != spread.max
+            or any(b <= a for a, b in zip(rounds, rounds[1:]))):
+        raise ConfigError("rounds", f"must increase from min ({spread.min}) to max ({spread.max}), got {rounds}")
+    return spread.model_copy(update={"rounds": rounds})
+
+
 def _seeds(value: Any) -> Any:
-    """`replicates: N` means seeds 0 .. N-1; a list names them."""
+    """`replicates: N` means seeds 0 .. N-1; a list names them; a mapping is a range (`ReplicateRange`)."""
+    if isinstance(value, (dict, ReplicateRange)):
+        return _range(value if isinstance(value, dict) else value.model_dump())
     if isinstance(value, list):
         if not value:
             raise ValueError("a list of seeds must not be empty")
@@ -240,10 +268,15 @@ class Search(Section):
         "`train.` paths, each with exactly one distribution."))
     points_to_evaluate: list[dict[str, Any]] | None = Field(None, description=(
         "First suggestions of every grid cell, e.g. `[{lambda: 0.035}]` (default: the paper's values)."))
-    replicates: Annotated[list[Annotated[Integer, Field(ge=0)]], BeforeValidator(_seeds),
-                          AfterValidator(lambda seeds: _listed_once(seeds, "seed "))] | None = Field(
-        None, description="N (seeds 0 .. N-1) or a list of seeds: every configuration runs once per seed.",
-        json_schema_extra={"a2_type": "integer, or list of integer, or null"})
+    replicates: Annotated[list[Annotated[Integer, Field(ge=0)]] | ReplicateRange, BeforeValidator(_seeds),
+                          AfterValidator(lambda seeds: seeds if isinstance(seeds, ReplicateRange)
+                                         else _listed_once(seeds, "seed "))] | None = Field(
+        None, description=(
+            "N (seeds 0 .. N-1) or a list of seeds (each >= 0): every configuration runs once per seed. Or a "
+            "range `{min: 3, max: 9}` (optional `rounds: [3, 5, 7, 9]`, default min to max in steps of 2): adaptive replicates, "
+            "seeds in rounds, and after each round an arm whose verdict is settled gets no more (docs/explanation/"
+            "statistics.md, \"Adaptive replicates\"); the study's trial count is the maximum's."),
+        json_schema_extra={"a2_type": "integer, or list of integer, or {min, max, rounds}, or null"})
     scheduler: Scheduler = Field(default_factory=lambda: Scheduler(fifo={}), description=(
         "Early stopping: exactly one of `asha` or `fifo` (default: fifo, none)."))
     purpose: Literal["compare", "explore"] = Field(
@@ -565,7 +598,17 @@ class StudySpec(Section):
     @property
     def replicate_seeds(self) -> list[int]:
         """The seeds every configuration runs with (`search.replicates`); [] when the study has no replicates."""
-        return list(self.search.replicates or [])
+        replicates = self.search.replicates
+        if isinstance(replicates, ReplicateRange):
+            return list(range(replicates.max))
+        return list(replicates or [])
+
+    @property
+    def replicate_rounds(self) -> tuple[int, ...] | None:
+        """The cumulative seeds per arm after each round of adaptive replicates (`search.replicates: {min, max}`);
+        None for a fixed number of seeds."""
+        replicates = self.search.replicates
+        return tuple(replicates.rounds) if isinstance(replicates, ReplicateRange) else None
 
     @property
     def num_configs(self) -> int:

@@ -14,7 +14,7 @@ from tests.s3server import keep_session_environment, s3_endpoint  # noqa: F401
 # is marked `@pytest.mark.ray` in a module that is: these modules start no Ray elsewhere (`ray_started_below` fails a
 # test outside the group that does).
 WITHOUT_RAY = {
-    "test_a2_objective", "test_adapters", "test_beam_compaction", "test_bench_asha", "test_bench_data",
+    "test_a2_objective", "test_adaptive_replicates", "test_adapters", "test_beam_compaction", "test_bench_asha", "test_bench_data",
     "test_bench_noise", "test_best_epoch", "test_calibration", "test_checkpoint", "test_checkpoint_windows", "test_cli",
     "test_cli_grammar", "test_cli_train", "test_cli_words", "test_cluster_config", "test_cluster_sync", "test_compare", "test_compute", "test_conclusions",
     "test_data", "test_datastore", "test_diagnostics", "test_divergence", "test_docs", "test_ensemble", "test_frames",
@@ -24,7 +24,7 @@ WITHOUT_RAY = {
     "test_prepared", "test_probe_faults", "test_progress", "test_recipe", "test_record", "test_records", "test_rehearse", "test_report", "test_result_log",
     "test_s3", "test_scst", "test_search", "test_secrets", "test_spec", "test_state_copies", "test_state_errors",
     "test_stats", "test_study_completion", "test_study_output", "test_study_plan", "test_study_sizes",
-    "test_study_root", "test_submission", "test_validate_storage", "test_superseded", "test_tracking", "test_train", "test_trial_shape",
+    "test_study_root", "test_submission", "test_validate_copies", "test_validate_storage", "test_superseded", "test_tracking", "test_train", "test_trial_shape",
 }
 RAY_PROCESSES = {"raylet", "gcs_server"}
 

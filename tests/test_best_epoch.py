@@ -90,6 +90,7 @@ def test_every_view_names_the_same_best_configuration(tmp_path, mode, monkeypatc
     from dashboards.compare import study_comparison
     from dashboards.report import _summary
     from launch.package import candidates, select_best
+    from launch.record import best_group
 
     sign = 1 if mode == "max" else -1  # min mode: the study metric is a loss, lower is better
     overrides = () if mode == "max" else ("search.metric=train/loss", "search.mode=min")
@@ -117,4 +118,5 @@ def test_every_view_names_the_same_best_configuration(tmp_path, mode, monkeypatc
     [(arm, _)] = comparison.rows
     assert arm.label == "0.05" and sorted(s["val/CIDEr"] for s in arm.seeds) == [60.0, 70.0]  # group a's
     assert "Best single run: a0 (max)" in _summary(study)
-    assert select_best(summary, candidates(fab.spec, summary))["trial_id"] == "a0"
+    assert select_best(best_group(fab.spec, record.groups()), candidates(fab.spec, record.trials), mode,
+                       fab.spec.name)["trial_id"] == "a0"

@@ -284,7 +284,7 @@ def test_the_generated_reference_pages_in_the_repository_are_current():
     assert "| `a2 study rehearse` |" in cli and "`--estimate`" in cli  # generated rows, not a marker
     study_file = (REPO / "docs" / "reference" / "study-file.md").read_text()
     # types and defaults as the loader takes them: an integer is accepted for replicates; neither scheduler is required
-    assert "| `search.replicates` | integer, or list of integer, or null |" in study_file
+    assert "| `search.replicates` | integer, or list of integer, or {min, max, rounds}, or null |" in study_file
     assert "| `search.scheduler.asha` | mapping | one of `asha`, `fifo` |" in study_file
 
 

@@ -334,3 +334,38 @@ def test_the_record_loads_no_optuna_or_ray(graph):
     loaders = {m for m in reachable(graph, "launch.record") | {"launch.record"}
                if third_party_names(modules[m]) & {"optuna", "ray"}}
     assert loaders == set()
+
+
+# -- one reader of a study's state ------------------------------------------------------------------------------------
+STATE_CACHE_NAMES = ("SUMMARY_FILE", "DIGEST_FILE", "read_summary")
+# who may name summary.json, the record's digest or the summary's reader (launch/record.py's docstring: the caches
+# and their rules): the record (the digest), where the files are named and summary.json is written (location), the
+# summary's reader (conclusions), the driver that writes it at the end of a run and reads its `tracking` state
+# (driver), and `a2 mlflow sync`, which writes its `tracking` state back (commands.study)
+STATE_CACHE_MODULES = {"launch.record", "launch.location", "launch.conclusions", "launch.driver", "launch.commands.study"}
+
+
+def state_cache_users(source: str) -> set[str]:
+    """The names of STATE_CACHE_NAMES a module's code uses (imported, called or read off a module)."""
+    used = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and node.id in STATE_CACHE_NAMES:
+            used.add(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in STATE_CACHE_NAMES:
+            used.add(node.attr)
+        elif isinstance(node, ast.alias) and node.name in STATE_CACHE_NAMES:
+            used.add(node.name)
+    return used
+
+
+def test_the_state_cache_check_sees_names_and_attributes():
+    assert state_cache_users("from launch.location import SUMMARY_FILE as S\nx = location.DIGEST_FILE\n"
+                             "read_summary(loc)") == {"SUMMARY_FILE", "DIGEST_FILE", "read_summary"}
+    assert state_cache_users("summary = record.summary()  # summary.json") == set()
+
+
+def test_only_the_record_and_the_summarys_writers_name_the_state_caches():
+    """Every module that needs a study's trials loads the record (`launch.record.StudyRecord.load`); summary.json and
+    the digest are caches of it, named only where they are written or their rule says they are read."""
+    users = {name for name, path in module_files().items() if state_cache_users(path.read_text())}
+    assert users == STATE_CACHE_MODULES

@@ -3,8 +3,9 @@ upload, MLflow model.
 
 The "pre-run study" is built without Ray to save time: three tiny checkpoints of one configuration (gate fusion,
 seeds 0, 1, 2) are trained directly with `a2core.train.train`, put where Ray Train puts a trial's checkpoints,
-and described by `study.yaml` + `summary.json` written with the driver's own functions (launch.driver). A fourth trial
-(the baseline) errored without a result. Packaging seeds 0-3 then has to train seed 3, which it does as a real
+and described by `study.yaml`, their result logs and Tune's experiment state (`tests.tunestate`, Ray's own classes),
+which packaging reads as the study's record (`launch.record.StudyRecord`). A fourth trial (the baseline) errored
+without a result. Packaging seeds 0-3 then has to train seed 3, which it does as a real
 Ray study.
 """
 from __future__ import annotations
@@ -37,25 +38,25 @@ def _cand(trial_id, seed, value, digest="h1", state="TERMINATED", study="s"):
 def test_package_takes_the_records_best_trial_and_seeds_group_by_config():
     """The best configuration and trial are the record's (`launch.record.best_group`, tested for every view in
     tests/test_best_epoch.py); package only falls back within that configuration when its trial has no checkpoint."""
+    from dashboards.runs import ReplicateGroup
     from launch.package import PackageError, select_best, seed_checkpoints
 
     rows = [_cand("t3", 0, 0.5, "h2"), _cand("t1", 1, 0.5, "h1"), _cand("t2", 0, 0.4, "h1"),
             _cand("t4", 2, 0.45, "h1", state="ERROR"), _cand("t5", 2, 0.3, "h1"), _cand("t6", 1, 0.2, "h1")]
-    summary = {"study": "s", "mode": "max",
-               "best_group": {"config_hash": "h1", "trials": ["t1", "t2", "t4", "t5", "t6"], "best_trial": "t1"}}
-    assert select_best(summary, rows)["trial_id"] == "t1"
+    group = ReplicateGroup("h1", trials=["t1", "t2", "t4", "t5", "t6"], best_trial="t1")
+    assert select_best(group, rows, "max", "s")["trial_id"] == "t1"
     without = [r for r in rows if r.trial_id != "t1"]  # the named trial's checkpoint is not a candidate
-    assert select_best(summary, without)["trial_id"] == "t4"
-    assert select_best(dict(summary, mode="min"), without)["trial_id"] == "t6"
+    assert select_best(group, without, "max", "s")["trial_id"] == "t4"
+    assert select_best(group, without, "min", "s")["trial_id"] == "t6"
     chosen, missing = seed_checkpoints(rows, "h1", [0, 1, 2, 3], "max", exists=lambda uri: uri != "/ckpt/t2")
     # seed 0: t2 is the only h1 trial and its checkpoint is gone (t3 has another config); seed 2: finished t5
     # before the errored (if better) t4; seed 1: the best, t1.
     assert {s: c.trial_id for s, c in chosen.items()} == {1: "t1", 2: "t5"}
     assert missing == [0, 3]
     with pytest.raises(PackageError, match="nothing to package"):
-        select_best({"best_group": None}, [])
-    with pytest.raises(PackageError, match=r"config h9.*trials x0, x1\) has a stored checkpoint"):
-        select_best({"study": "s", "best_group": {"config_hash": "h9", "trials": ["x0", "x1"]}}, rows)
+        select_best(None, [], "max", "s")
+    with pytest.raises(PackageError, match=r"study s: no trial .*config h9.*trials x0, x1\) has a stored checkpoint"):
+        select_best(ReplicateGroup("h9", trials=["x0", "x1"]), rows, "max", "s")
 
 
 def test_four_replicates_of_the_best_configuration_are_the_ensemble():
@@ -99,24 +100,34 @@ def test_write_submission_validates_before_the_zip_exists(tmp_path):
     assert not list(tmp_path.glob("*.zip*")) and not list(tmp_path.glob(".results.zip*"))
 
 
-def test_candidates_keep_trials_with_a_checkpoint_of_the_configuration_asked_for():
+def test_candidates_keep_trials_with_a_checkpoint_of_the_configuration_asked_for(capsys):
+    from a2core.errors import ConfigError
     from dashboards.leaderboard import config_hash
+    from dashboards.runs import Trial
     from launch.package import candidates
 
     class Spec:
         name = "s"
 
         def trial_config(self, sampled):
+            if sampled["fusion"] == "old":
+                raise ConfigError("model.fusion", "unknown fusion 'old'")
             return {"model": {"fusion": sampled["fusion"]}, "train": {"seed": sampled["seed"]}}
 
-    summary = {"trials": [
-        {"trial_id": "a", "sampled": {"fusion": "gate", "seed": 0}, "best": 1.5, "best_checkpoint": "/c/a"},
-        {"trial_id": "b", "sampled": {"fusion": "gate", "seed": 1}, "best": None, "best_checkpoint": "/c/b"},
-        {"trial_id": "c", "sampled": {"fusion": "none", "seed": 0}, "best": 2.0, "best_checkpoint": "/c/c"},
-        {"trial_id": "d", "sampled": {"fusion": "gate", "seed": 2}, "best": 1.0, "best_checkpoint": None}]}
-    assert [c.trial_id for c in candidates(Spec(), summary)] == ["a", "c"]
+    def trial(trial_id, sampled, best, checkpoint):  # as the record makes it: its config resolved, {} if it is not
+        config = {} if sampled["fusion"] == "old" else Spec().trial_config(sampled)
+        return Trial(trial_id, sampled=sampled, config=config, config_hash=config_hash(config) if config else None,
+                     best_value=best, best_checkpoint=checkpoint)
+
+    trials = [trial("a", {"fusion": "gate", "seed": 0}, 1.5, "/c/a"),
+              trial("b", {"fusion": "gate", "seed": 1}, None, "/c/b"),
+              trial("c", {"fusion": "none", "seed": 0}, 2.0, "/c/c"),
+              trial("d", {"fusion": "gate", "seed": 2}, 1.0, None),
+              trial("e", {"fusion": "old", "seed": 0}, 3.0, "/c/e")]
+    assert [c.trial_id for c in candidates(Spec(), trials)] == ["a", "c"]
+    assert "a2 package: note: skipping trial e of s: model.fusion: unknown fusion 'old'" in capsys.readouterr().err
     gate = config_hash({"model": {"fusion": "gate"}, "train": {"seed": 0}})
-    (row,) = candidates(Spec(), summary, gate)
+    (row,) = candidates(Spec(), trials, gate)
     assert (row.trial_id, row.seed, row.best_value, row.best_checkpoint) == ("a", 0, 1.5, "/c/a")
 
 
@@ -196,12 +207,13 @@ def trained(tmp_path_factory, tiny_data):
 
 @pytest.fixture
 def study(tmp_path, trained, monkeypatch):
-    """A finished study in tmp_path/studies laid out as `a2 study run` leaves it (study.yaml, Ray Train trial
-    folders with their best checkpoints, summary.json); cwd is tmp_path."""
+    """A finished study in tmp_path/studies laid out as `a2 study run` leaves it (study.yaml, Tune's experiment
+    state, Ray Train trial folders with their result logs and best checkpoints, summary.json); cwd is tmp_path."""
     from launch.spec import load_study
-    from launch.record import summarize, trial_row
+    from launch.record import StudyRecord
     from launch.location import STUDY_FILE, SUMMARY_FILE, StudyLocation, saved_form
-    from launch.layout import CHECKPOINT_FILE, TRIALS_DIR, train_run_name
+    from launch.layout import CHECKPOINT_FILE, RESULTS_FILE, TRIALS_DIR, train_run_name
+    from tests.tunestate import experiment_storage, save_experiment_state, tune_trial
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -209,7 +221,8 @@ def study(tmp_path, trained, monkeypatch):
     spec = load_study(_study_file(tmp_path, trained["data"], tmp_path / "studies", uri))
     location = StudyLocation(NAME, spec.storage)
     location.write_text(yaml.safe_dump(saved_form(spec), sort_keys=False), STUDY_FILE)
-    rows = []
+    folder = Path(location.uri())
+    storage, tune = experiment_storage(folder), []
     for i, seed in enumerate(TRAINED_SEEDS):
         trial_id = f"fixt0_{i:05d}"
         result = trained["runs"][seed]
@@ -217,12 +230,15 @@ def study(tmp_path, trained, monkeypatch):
         target = run_dir / f"checkpoint_epoch{result['best_epoch']:04d}" / CHECKPOINT_FILE
         target.parent.mkdir(parents=True)
         shutil.copy(result["best_checkpoint"], target)
-        rows.append(trial_row(spec, location, trial_id, {"fusion": "gate", "seed": seed}, "TERMINATED",
-                              result["history"], result["history"][-1]))
-    rows.append(trial_row(spec, location, "fixt0_00003", {"fusion": "none", "seed": 0}, "ERROR", [], {},
-                          "RuntimeError: the worker died"))
-    summary = summarize(spec, location, rows)
-    assert summary["best"]["fusion"] == "gate"
+        (run_dir / RESULTS_FILE).write_text(json.dumps(result["history"], default=str))
+        tune.append(tune_trial(storage, trial_id, {"fusion": "gate", "seed": seed}, i, results=result["history"],
+                               started=False))
+    # the baseline errored without a result
+    tune.append(tune_trial(storage, "fixt0_00003", {"fusion": "none", "seed": 0}, 3, status="ERROR", started=False))
+    save_experiment_state(folder, tune)
+    summary = StudyRecord.load(location, spec).summary()
+    assert summary["best"]["fusion"] == "gate" and [t["state"] for t in summary["trials"]] == ["TERMINATED"] * 3 + [
+        "ERROR"]
     location.write_text(json.dumps(summary, indent=2, default=str), SUMMARY_FILE)
     return {"spec": spec, "location": location, "storage": tmp_path / "studies", "uri": uri,
             "data": trained["data"], "summary": summary}

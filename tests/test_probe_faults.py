@@ -165,29 +165,29 @@ def test_summary_paths_are_relative_so_a_copy_and_a_moved_study_package_their_ow
     assert saved["best"]["checkpoint"] == f"trials/{train_run_name('rep', 't3')}/{checkpoint_name(2)}/checkpoint.pt"
 
     shutil.copytree(root, tmp_path / "copy", symlinks=True)  # `cp -a`
-    location, spec, summary = open_study("rep", str(tmp_path / "copy"), verbose=False)
-    assert summary["best"]["checkpoint"].startswith(str(tmp_path / "copy" / "rep" / TRIALS_DIR))
-    assert all(c.best_checkpoint.startswith(str(tmp_path / "copy")) for c in candidates(spec, summary))
-    _, members = ensemble_members(spec, location, summary, None, no_train=True, address=None, verbose=False)
+    location, spec, record = open_study("rep", str(tmp_path / "copy"), verbose=False)
+    assert record.best().best_checkpoint.startswith(str(tmp_path / "copy" / "rep" / TRIALS_DIR))
+    assert all(c.best_checkpoint.startswith(str(tmp_path / "copy")) for c in candidates(spec, record.trials))
+    _, members = ensemble_members(spec, location, record, None, no_train=True, address=None, verbose=False)
     assert [m.seed for m in members] == list(SEEDS)
     assert all(m.best_checkpoint.startswith(str(tmp_path / "copy" / "rep")) for m in members)
 
     shutil.move(root, tmp_path / "moved")  # the original gone: a moved study finds its 4 replicates
-    location, spec, summary = open_study("rep", str(tmp_path / "moved"), verbose=False)
-    _, members = ensemble_members(spec, location, summary, None, no_train=True, address=None, verbose=False)
+    location, spec, record = open_study("rep", str(tmp_path / "moved"), verbose=False)
+    _, members = ensemble_members(spec, location, record, None, no_train=True, address=None, verbose=False)
     assert [Path(m.best_checkpoint).is_file() for m in members] == [True] * 4
     assert all(m.best_checkpoint.startswith(str(tmp_path / "moved" / "rep")) for m in members)
 
 
 def test_an_older_summary_with_absolute_paths_reads_the_copys_own_files(replicated, tmp_path):
-    from launch.package import open_study
+    from launch.conclusions import read_summary
 
     root = tmp_path / "st"
     summary = replicated.record().summary()  # as summary.json was written before: absolute paths
     assert summary["best"]["checkpoint"].startswith(str(root / "rep"))
     (root / "rep" / SUMMARY_FILE).write_text(json.dumps(summary))
     shutil.copytree(root, tmp_path / "copy", symlinks=True)
-    _, _, placed = open_study("rep", str(tmp_path / "copy"), verbose=False)
+    placed = read_summary(StudyLocation("rep", str(tmp_path / "copy")))
     assert placed["best"]["checkpoint"] == summary["best"]["checkpoint"].replace(str(root), str(tmp_path / "copy"))
     assert all(r["best_checkpoint"].startswith(str(tmp_path / "copy")) for r in placed["trials"])
 
@@ -237,8 +237,8 @@ def test_a_flipped_byte_is_named_by_check_package_and_a_trials_resume(replicated
 def test_a_truncated_summary_is_one_line_for_package_and_sync(replicated, tmp_path, monkeypatch, capsys):
     summary = tmp_path / "st" / "rep" / SUMMARY_FILE
     summary.write_text(summary.read_text()[:200])
-    for argv in (["package", "rep", "--no-train", "--storage", str(tmp_path / "st"), "--out", str(tmp_path / "o")],
-                 ["mlflow", "sync", "rep", "--storage", str(tmp_path / "st")]):
+    # `a2 package` reads the study's record, not its summary (a cache of it): tests/test_package.py
+    for argv in (["mlflow", "sync", "rep", "--storage", str(tmp_path / "st")],):
         assert main(argv) == 2
         out = capsys.readouterr()
         line = out.err.strip().splitlines()[-1]

@@ -208,7 +208,7 @@ def test_plan_prices_adaptive_replicates_beside_the_fixed_design(tmp_path, capsy
     out = capsys.readouterr().out
     block = out[out.index("adaptive replicates"):]
     assert out.index("GPU-hours 1,007 for 75 trials") < out.index("adaptive replicates")
-    assert "an ESTIMATE for a design the driver does not run yet" in block
+    assert "an ESTIMATE for search.replicates: {min: 3, max: 9}, which the driver runs in rounds" in block
     assert f"{plan.ADAPTIVE_STUDIES:,} simulated studies, seed {plan.ADAPTIVE_SEED}" in block
     spec = load_study(path, check_files=False)
     noise = Noise(plan.COCO_SEED_SD, 0.0, plan.ARM_IMAGE_SD, 5_000)

@@ -10,7 +10,7 @@ import typing
 from pathlib import Path
 from types import SimpleNamespace
 
-from dashboards.runs import ROW_KEYS, Trial
+from dashboards.runs import ROW_KEYS, ReplicateGroup, Trial
 from tests.studyfolder import fabricated_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,12 +98,12 @@ def test_one_best_trial_rule_names_the_same_trial_in_the_summary_and_the_package
 
         equal = [trial("t1", 70.0), trial("t0", 70.0), trial("t2", 60.0),
                  trial("t3", 99.0, stopped_early={"rung": 1, "cutoff": 80.0})]
-        summary = {"study": "s", "mode": mode, "best_group": {"config_hash": "h", "best_trial": None}}
+        group = ReplicateGroup("h")  # naming no trial with a checkpoint
         for rows in (equal, equal[::-1]):
             assert best_trial(rows, mode).trial_id == "t0"
             assert record.best_trial(spec, rows).trial_id == "t0"
             assert record.replicate_groups(spec, rows)[0]["best_trial"] == "t0"
-            assert package.select_best(summary, rows).trial_id == "t0"  # the group names no trial with a checkpoint
+            assert package.select_best(group, rows, mode, "s").trial_id == "t0"
         assert best_trial(equal[3:], mode).trial_id == "t3"  # every trial stopped: the best of them
         assert best_trial([trial("t0", 1.0, study="b"), trial("t9", 1.0, study="a")], mode).trial_id == "t9"
         assert best_trial([Trial("t0")], mode) is None

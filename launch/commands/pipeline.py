@@ -20,7 +20,7 @@ from launch.record import StudyRecord
 from launch.spec import load_study
 from launch.tracking_writer import log_report
 from launch.commands import study_overrides
-from launch.conclusions import read_summary, verdict
+from launch.conclusions import verdict
 from launch.defaults import PIPELINE_OUT
 from launch.driver import exit_code, resume_study, run_study
 from launch import runlog
@@ -37,8 +37,8 @@ def run_or_reuse(spec, *, address: str | None, verbose: bool) -> dict:
     if saved != wanted:
         raise StudyError(f"study {spec.name!r} exists at {location.uri()} with another spec; give this one another "
                          f"name (override name=...) or another --storage")
-    summary = read_summary(location) or {}  # its paths where the study is; a damaged file one line
-    if summary.get("complete"):
+    summary = StudyRecord.load(location, spec).summary()  # the record, not summary.json (a cache of it)
+    if summary["complete"]:
         print(f"pipeline: study {spec.name} finished before at {location.uri()}: reusing it", flush=True)
         return summary
     print(f"pipeline: study {spec.name} at {location.uri()} is unfinished: resuming it", flush=True)

@@ -29,7 +29,7 @@ def main(args) -> int:
                          "an estimate for an A10G: benchmarks/RESULTS.md", plan.cluster_workers(), None))
     per_trial = (plan.estimate(original, plan.IMAGES_PER_SECOND, plan.cluster_workers()).gpu_hours
                  / original.num_trials if original.resources.gpus_per_worker else None)
-    adaptive = plan.adaptive_text(original, noise, per_trial)  # the design the driver does not run yet, priced
+    adaptive = plan.adaptive_text(original, noise, per_trial)  # priced: the study's rounds, if a range
     if adaptive:
         print(adaptive)
     print(f"\n{REHEARSAL_BANNER}\n{rehearse.model_text(model)}\nstand-in epoch: {seconds:.0f} s on the cluster x time scale "

@@ -13,6 +13,7 @@ from a2core.atomic import fresh_folder
 from dashboards.compare import compare_table
 from dashboards.records import export_record, load_record, render_table
 from dashboards.tracking import server_answers
+from launch.adaptive import amend_summary
 from launch.conclusions import print_conclusions, state_text
 from launch.location import json_default, locate, rehearsal_banner
 from launch.progress import Progress, progress_line, study_progress
@@ -47,7 +48,7 @@ def status(args) -> Progress:
     record = StudyRecord.load(location, refuse="status").shown()
     spec = record.spec
     progress = study_progress(spec, record.trials, record.running)
-    summary = record.summary()
+    summary = amend_summary(spec, record.study(), record.summary())  # adaptive replicates: the design's word
     if args.json:
         print(json.dumps({**summary, "progress": {**asdict(progress), "seconds_left": progress.seconds_left}},
                          indent=2, default=json_default))
@@ -57,6 +58,8 @@ def status(args) -> Progress:
     _print_banner(location)
     print(f"study {spec.name} at {location.uri()}: {summary['trials_finished']}/{spec.num_trials} trials finished")
     print_conclusions(spec, summary, record.trials)
+    if summary.get("adaptive"):  # the round it is in and each arm's state, one line each
+        print("\n".join(summary["adaptive"]["lines"]))
     print(progress_line(progress), flush=True)
     return progress
 

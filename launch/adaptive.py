@@ -1,0 +1,246 @@
+"""Adaptive replicates as the driver runs them (`search.replicates: {min, max, rounds}`; docs/explanation/statistics.md,
+"Adaptive replicates"): after each round of seeds, which arms are settled and which get the next round's seeds.
+
+The arms are the study's fusions against fusion none, as `a2 study compare` groups them (`dashboards.compare.
+study_comparison`: each fusion's best configuration). Look r is the study restricted to seeds 0 .. rounds[r] - 1; an
+arm takes it when it and the baseline have rounds[r] seeds there, and its p-value there is the verdict rule's
+(`Difference.p`). `decide` then applies the design of `dashboards.sequential` (`launch.plan.study_design`): the
+sequential p-value over the looks taken (`sequential_p`), Holm over the arms (`dashboards.stats.holm`), and futility
+against the plan's gap. The decision is a function of the record alone, so a resumed driver, `a2 study status` and
+the end of the study read the same one; `ROUNDS_FILE` keeps the round the study is in and each arm's state.
+`RoundDecider` is what the study's searcher (`launch.search.GridCrossedSearcher`) asks at the end of each round.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from a2core.errors import DataError
+from a2core.selection import finite
+from dashboards.compare import study_comparison
+from dashboards.runs import Study, Trial
+from dashboards.sequential import Design, sequential_p
+from dashboards.stats import CONFIDENCE, Difference, holm
+from launch.location import StudyLocation
+from launch.plan import study_design
+from launch.record import StudyRecord
+
+ROUNDS_FILE = "rounds.json"  # beside study.yaml: the round the study is in and each arm's state
+BY = "fusion"  # what an arm is: `compare`'s default grouping
+
+
+@dataclass(frozen=True)
+class ArmState:
+    """One arm after the looks taken: `state` open, resolved or futile; `look` (0-based) that settled it; `seeds`
+    at its last look; `p` its verdict rule's p there; `q` its sequential p-value and `q_adjusted` Holm's over the
+    arms; `reason`: one line saying why."""
+    arm: str
+    state: str
+    look: int | None
+    seeds: int
+    p: float | None
+    q: float | None
+    q_adjusted: float | None
+    reason: str
+
+
+def decide(looks: list[dict[str, Difference]], design: Design, alpha: float = 1 - CONFIDENCE) -> dict[str, ArmState]:
+    """Each arm's state after `looks` (look r: arm -> its `Difference` with the baseline at design.rounds[r] seeds,
+    the arms that took it), by `dashboards.sequential`'s rule as `simulate` applies it: after each look the
+    sequential p-values over the looks each arm took, Holm over the arms; an arm Holm resolves is settled, as is one
+    whose 95% interval's upper end (in the better direction) is below `design.futility_gap` before the last look."""
+    arms = list(dict.fromkeys(arm for look in looks for arm in look))
+    k, n_looks = len(arms), len(design.rounds)
+    p = np.full((k, n_looks), np.nan)
+    state = {arm: "open" for arm in arms}
+    settled_at: dict[str, int] = {}
+    last: dict[str, tuple[int, Difference]] = {}
+    upper: dict[str, float] = {}
+    q = adjusted = np.full(k, np.nan)
+    for r, look in enumerate(looks[:n_looks]):
+        for i, arm in enumerate(arms):
+            d = look.get(arm)
+            if state[arm] != "open" or d is None:
+                continue
+            last[arm] = (r, d)
+            if d.p is not None:
+                p[i, r] = d.p
+        taken = ~np.all(np.isnan(p[:, :r + 1]), axis=1)
+        q = np.where(taken, sequential_p(p[:, :r + 1], design.weights[:r + 1]), np.nan)
+        adjusted, _ = holm(q, alpha)
+        for i, arm in enumerate(arms):
+            if state[arm] != "open" or arm not in last or last[arm][0] != r:
+                continue
+            d = last[arm][1]
+            if taken[i] and adjusted[i] < alpha:
+                state[arm], settled_at[arm] = "resolved", r
+            elif design.futility_gap is not None and r < n_looks - 1 and d.low is not None:
+                half = (d.high - d.low) / 2
+                upper[arm] = d.better * d.delta + half
+                if upper[arm] < design.futility_gap:
+                    state[arm], settled_at[arm] = "futile", r
+    out = {}
+    for i, arm in enumerate(arms):
+        r, d = last.get(arm, (None, None))
+        seeds = design.rounds[r] if r is not None else 0
+        qi, ai = finite(q[i]), finite(adjusted[i])
+        figures = (f"sequential p {_p(qi)}, Holm-adjusted {_p(ai)}" if qi is not None
+                   else "no interval (" + (d.no_verdict_reason() or "no p") + ")" if d is not None else "no look")
+        if state[arm] == "resolved":
+            side = "beats" if d.better * d.delta > 0 else "trails"
+            reason = (f"{arm}: settled at round {r + 1} ({seeds} seeds): resolved, {side} {d.b} by "
+                      f"{abs(d.delta):.1f} ({figures} < {alpha:g})")
+        elif state[arm] == "futile":
+            reason = (f"{arm}: settled at round {r + 1} ({seeds} seeds): futile, its 95% interval's upper end "
+                      f"{upper[arm]:+.1f} is below the plan's gap {design.futility_gap:g} ({figures})")
+        elif r is not None and r == n_looks - 1:
+            reason = f"{arm}: no difference resolved at the maximum, {seeds} seeds ({figures})"
+        else:
+            reason = f"{arm}: open after round {(r or 0) + 1} ({seeds} seeds; {figures}): gets the next round's seeds"
+        out[arm] = ArmState(arm, state[arm], settled_at.get(arm), seeds, None if d is None else d.p, qi, ai, reason)
+    return out
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def looks_of(study: Study, rounds: tuple[int, ...], by: str = BY) -> tuple[list[dict[str, Difference]], str | None]:
+    """(the looks the record holds: look r is arm -> its `Difference` with the baseline on seeds 0 .. rounds[r] - 1,
+    for the arms with rounds[r] seeds there, as `a2 study compare` computes it; the baseline's label). A look is
+    taken once the baseline and some arm have all its seeds; the looks stop at the first one not taken."""
+    looks, baseline = [], None
+    for n in rounds:
+        runs = [t for t in study.runs if _seed(t) is not None and _seed(t) < n and t.state == "TERMINATED"]
+        try:
+            comparison, _, _ = study_comparison(replace(study, runs=runs), by)
+        except DataError:  # arms scored on different images: no look (compare says why)
+            break
+        look = {arm: d for arm, d in comparison.differences.items() if d.seeds_a == n and d.seeds_b == n}
+        if not look:
+            break
+        looks.append(look)
+        baseline = comparison.baseline
+    return looks, baseline
+
+
+def _seed(trial: Trial) -> int | None:
+    try:
+        return int(trial.seed)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """The study's place in its design: `round` (1-based) it is in or ended with, `rounds`, each arm's state, whether
+    the design has ended (`done`), and the lines people read."""
+    round: int
+    rounds: tuple[int, ...]
+    arms: dict[str, ArmState]
+    baseline: str | None
+    done: bool
+
+    def lines(self) -> list[str]:
+        if not self.arms:
+            seeds = ", ".join(map(str, self.rounds))
+            return [f"adaptive replicates: round {self.round} of {len(self.rounds)} (seeds {seeds}); no arm against "
+                    f"fusion none has taken a look yet: every configuration gets every round"]
+        settled = sum(a.state != "open" for a in self.arms.values())
+        head = (f"adaptive replicates: {'ended after' if self.done else 'in'} round {self.round} of {len(self.rounds)} "
+                f"(seeds {', '.join(map(str, self.rounds))}); {settled} of {len(self.arms)} arms settled against "
+                f"{self.baseline} (sequential p over the looks, Holm over the arms)")
+        return [head] + [f"  {a.reason}" for a in self.arms.values()]
+
+    def to_dict(self) -> dict:
+        return {"round": self.round, "rounds": list(self.rounds), "baseline": self.baseline, "done": self.done,
+                "arms": {name: asdict(a) for name, a in self.arms.items()}}
+
+
+def study_rounds(spec, study: Study) -> Rounds | None:
+    """The design's state of an adaptive study's record (None for a fixed number of seeds)."""
+    design = study_design(spec)
+    if design is None:
+        return None
+    looks, baseline = looks_of(study, design.rounds)
+    arms = decide(looks, design)
+    taken = len(looks)
+    done = taken == len(design.rounds) or (taken > 0 and bool(arms) and all(a.state != "open" for a in arms.values()))
+    return Rounds(max(1, min(taken + (0 if done else 1), len(design.rounds))), design.rounds, arms, baseline, done)
+
+
+def write_rounds(location: StudyLocation, rounds: Rounds) -> None:
+    """`ROUNDS_FILE`, atomically (the storage layer's write: a temp file and rename, or one whole S3 object)."""
+    location.write_text(json.dumps(rounds.to_dict(), indent=1, default=_plain) + "\n", ROUNDS_FILE)
+
+
+def _plain(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def read_rounds(location: StudyLocation) -> dict | None:
+    text = location.read_text(ROUNDS_FILE)
+    return None if text is None else json.loads(text)
+
+
+def amend_summary(spec, study: Study, summary: dict) -> dict:
+    """An adaptive study's summary (`StudyRecord.summary`) with the design's word: `adaptive` (round, each arm's
+    state and reason), each verdict the design's (resolved only where Holm over the sequential p-values resolved
+    it), and the study complete once the design has ended and every trial it handed out finished. Unchanged for a
+    fixed number of seeds."""
+    rounds = study_rounds(spec, study)
+    if rounds is None:
+        return summary
+    out = dict(summary)
+    out["adaptive"] = {**rounds.to_dict(), "lines": rounds.lines()}
+    family = dict(out.get("verdicts") or {})
+    if family.get("comparisons"):
+        comparisons = []
+        for entry in family["comparisons"]:
+            arm = rounds.arms.get(entry["arm"])
+            if arm is not None:
+                entry = {**entry, "resolved": arm.state == "resolved", "design": asdict(arm),
+                         "verdict": f"adaptive design: {arm.reason}"}
+            comparisons.append(entry)
+        family["comparisons"] = comparisons
+        out["verdicts"] = family
+    handed = len(summary.get("trials") or [])
+    finished = summary.get("trials_finished", 0)
+    out["num_trials"] = handed if rounds.done else summary.get("num_trials")
+    out["complete"] = rounds.done and handed == finished
+    return out
+
+
+@dataclass(frozen=True)
+class RoundDecider:
+    """What the study's searcher asks at the end of a round (pickled with it in Tune's state): the record of the
+    trials it handed out, read from their run folders, decides which configurations get the next round's seeds."""
+    spec: object
+    location: StudyLocation
+
+    def next_round(self, finished: int, configs: dict[str, dict], trials: dict[str, dict]) -> list[str]:
+        """The groups (of `configs`: group -> its suggestion) that get round `finished + 1`'s seeds (0-based
+        `finished` the round that ended; `trials`: each trial handed out -> its suggestion). The baseline's while
+        any arm is open; none once every arm is settled. Writes `ROUNDS_FILE`."""
+        rows = [Trial(tid, state="TERMINATED", sampled=dict(config)) for tid, config in trials.items()]
+        record = StudyRecord.load(self.location, self.spec, trials=rows)
+        rounds = study_rounds(self.spec, record.study())
+        arm_of = {group: self._arm(config) for group, config in configs.items()}
+        if rounds is None or not rounds.arms:  # nothing to compare: every configuration gets every round
+            chosen = list(configs)
+        else:
+            open_arms = {a.arm for a in rounds.arms.values() if a.state == "open"}
+            chosen = [g for g, arm in arm_of.items() if arm in open_arms or (open_arms and arm == rounds.baseline)]
+        if rounds is not None:
+            following = finished + 2 if chosen and finished + 1 < len(rounds.rounds) else finished + 1
+            rounds = replace(rounds, round=following, done=not chosen or finished + 1 >= len(rounds.rounds))
+            write_rounds(self.location, rounds)
+            for line in rounds.lines():
+                print(line, flush=True)
+        return chosen
+
+    def _arm(self, config: dict) -> str:
+        return str(self.spec.trial_config({k: v for k, v in config.items() if k != "seed"})["model"].get(BY))
