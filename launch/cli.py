@@ -190,8 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
 # -- a2 study ------------------------------------------------------------------------------------------------------
 def _add_study_commands(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="study_command", required=True)
-    _add_study_file(_command(sub, "validate", "launch.commands.validate:cmd_validate",
-                             help="validate a study file completely (nothing starts)"))
+    validate = _command(sub, "validate", "launch.commands.validate:cmd_validate",
+                        help="validate a study file completely (nothing starts)")
+    _add_study_file(validate)
+    validate.add_argument("--cluster", default=None, metavar="CLUSTER_YAML",
+                          help="also check each S3 copy of the study's data that this cluster-launcher file's setup "
+                               "commands fetch (`a2 data fetch`): there, and the same version as the local copy")
 
     run = _command(sub, "run", "launch.commands.study:cmd_run",
                    help="run a study on Ray Tune (a local Ray unless --address / RAY_ADDRESS)")
@@ -369,8 +373,21 @@ def handler(args: argparse.Namespace):
     return getattr(importlib.import_module(module), function)
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line, `key=value` overrides taken wherever they stand: argparse ends a positional list at
+    the first option, so `a2 package NAME --address auto data.features=X` would leave the override unparsed."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    overrides = [item for item in extra if "=" in item and not item.startswith("-")]
+    if extra and (overrides != extra or not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if overrides:
+        args.overrides = [*(args.overrides or []), *overrides]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         return int(handler(args)(args) or 0)
     except A2Error as err:

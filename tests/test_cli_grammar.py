@@ -102,3 +102,20 @@ def test_a_search_alias_written_as_a_top_level_key_says_what_to_write(capsys):
     assert capsys.readouterr().err.strip() == (
         f"a2: error: {SMOKE}: fusion: unknown key here; fusion is a searched key: to give every trial one value write "
         f"search.space.fusion.grid=[VALUE] when the study searches it, else model.fusion=VALUE")
+
+
+def test_overrides_are_taken_wherever_they_stand_on_the_line(tmp_path, capsys):
+    """argparse ends a positional list at the first option: `a2 package NAME --address auto data.features=X` (the
+    how-to's line) or `a2 study validate FILE --storage ROOT model.d_model=64` keep their overrides all the same;
+    anything else unknown is still refused."""
+    from launch.cli import parse
+
+    args = parse(["package", "a2-x", "--storage", str(tmp_path), "--address", "auto", "data.features=/x.a2feat"])
+    assert args.overrides == ["data.features=/x.a2feat"] and args.address == "auto"
+    args = parse(["study", "validate", SMOKE, "train.xe_epochs=2", "--storage", str(tmp_path), "model.d_model=64"])
+    assert args.overrides == ["train.xe_epochs=2", "model.d_model=64"]
+    assert main(["study", "validate", SMOKE, "--storage", str(tmp_path), "model.d_modle=64"]) == 2
+    assert "model.d_modle: unknown key" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        parse(["study", "status", "x", "--storage", str(tmp_path), "model.d_model=64"])  # status takes none
+    assert refused.value.code == 2 and "unrecognized arguments: model.d_model=64" in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""`a2 study validate FILE` and `a2 submission validate ZIP`: the checks that read files only, loading no torch, Ray,
-MLflow, scipy, matplotlib, pyarrow or boto3 (unless the study's storage is a bucket to ask)."""
+"""`a2 study validate FILE [--cluster CLUSTER_YAML]` and `a2 submission validate ZIP`: the checks that read files
+only, loading no torch, Ray, MLflow, scipy, matplotlib, pyarrow or boto3 (unless the study's storage, or an S3 copy
+of its data that the cluster file fetches, is a bucket to ask)."""
 from __future__ import annotations
 
 import sys
@@ -10,15 +11,19 @@ from a2core.data.captions import read_image_info
 from a2core.errors import StorageError
 from dashboards.submission import validate_zip
 from launch.commands import study_overrides
-from launch.spec import check_machine, load_study, runs_locally
+from launch.datacopies import cluster_copies, copy_problem
+from launch.spec import check_machine, load_study, runs_locally, study_root
 
 
-def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
-    """`a2 study validate`: a one-line summary of a valid study (exit 0), or its first error (exit 2)."""
+def validate_main(path: str | Path, overrides: list[str] | tuple = (), cluster: str | Path | None = None) -> int:
+    """`a2 study validate`: a one-line summary of a valid study (exit 0), or its first error (exit 2). With `cluster`
+    (a cluster-launcher file), also each S3 copy of the study's data that its setup commands fetch: there, and the
+    same version as the local copy (one line per copy that is not, exit 2)."""
     try:
         spec = load_study(path, overrides)
-        if runs_locally(spec):
+        if cluster is None and runs_locally(spec):  # with a cluster file, the study is for that cluster's nodes
             check_machine(spec)
+        copies = cluster_copies(cluster, spec, study_root(path)) if cluster is not None else []
     except ConfigError as error:
         print(f"a2: error: {error}", file=sys.stderr)
         return 2
@@ -30,15 +35,22 @@ def validate_main(path: str | Path, overrides: list[str] | tuple = ()) -> int:
         except StorageError as error:
             print(f"a2: error: {spec.source}: storage: {error}", file=sys.stderr)
             return 2
+    problems = [problem for copy in copies if (problem := copy_problem(copy))]
+    for problem in problems:
+        print(f"a2: error: {spec.source}: {problem}", file=sys.stderr)
+    if problems:
+        return 2
     for warning in spec.warnings:
         print(f"a2: warning: {warning}", file=sys.stderr)
     print(spec.summary())
+    if copies:
+        print(f"{cluster}: the S3 copies it fetches of {', '.join(c.key for c in copies)} are this checkout's")
     return 0
 
 
 def cmd_validate(args) -> int:
-    """`a2 study validate FILE [key=value ...]`."""
-    return validate_main(args.file, study_overrides(args))
+    """`a2 study validate FILE [key=value ...] [--cluster CLUSTER_YAML]`."""
+    return validate_main(args.file, study_overrides(args), args.cluster)
 
 
 def cmd_submission_validate(args) -> int:
