@@ -375,13 +375,23 @@ RawSection = Annotated[dict, BeforeValidator(lambda value: {} if value is None e
 @lru_cache(maxsize=1)
 def config_schema() -> dict[str, type]:
     """`{"model.lambda": float, "train.seed": int, "data.root": str, ...}` (Optional[X] -> X, a Literal -> str)."""
-    out = {}
+    return {path: str if get_origin(annotation) is Literal else annotation for path, annotation in _annotations()}
+
+
+def config_choices() -> dict[str, tuple]:
+    """`{"model.fusion": ("none", "max", ...), "model.mask_net": (...)}`: the keys whose values are a fixed set."""
+    return {path: get_args(annotation) for path, annotation in _annotations() if get_origin(annotation) is Literal}
+
+
+def _annotations() -> list[tuple[str, Any]]:
+    """(dotted path, its type with Annotated[...] and `| None` taken off) of every data/model/train key."""
+    out = []
     for section in SECTIONS:
         for name, f in Config.model_fields[section].annotation.model_fields.items():
             annotation = f.annotation
             while get_origin(annotation) not in (None, Literal):  # Annotated[X, ...] or X | None -> X
                 annotation = next(arg for arg in get_args(annotation) if arg is not type(None))
-            out[f"{section}.{f.alias or name}"] = str if get_origin(annotation) is Literal else annotation
+            out.append((f"{section}.{f.alias or name}", annotation))
     return out
 
 
@@ -819,6 +829,11 @@ def _check_space(search: Search, sections: dict) -> dict[str, Param]:
         if not p.categorical and schema[path] in (str, bool):
             _fail(f"{where}.{p.kind}", f"{path} is a {'string' if schema[path] is str else 'boolean'}: "
                                            f"use grid or choice")
+        allowed = config_choices().get(path, ())
+        if p.categorical and allowed and (wrong := [v for v in p.values if v not in allowed]):  # before any `when`
+            listed = ", ".join(f"{v!r}" for v in allowed[:-1]) + f" or {allowed[-1]!r}"  # as a2core.config says it
+            _fail(f"{where}.{p.kind}", f"{wrong[0]!r} gives an invalid {path}: unknown {path.split('.')[-1]} "
+                                       f"{wrong[0]!r}: must be {listed}")
         setters[path] = where
         p._key = key
     for path, setter in setters.items():

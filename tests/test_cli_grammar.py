@@ -119,3 +119,11 @@ def test_overrides_are_taken_wherever_they_stand_on_the_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as refused:
         parse(["study", "status", "x", "--storage", str(tmp_path), "model.d_model=64"])  # status takes none
     assert refused.value.code == 2 and "unrecognized arguments: model.d_model=64" in capsys.readouterr().err
+
+
+def test_a_value_outside_a_keys_fixed_set_is_blamed_on_its_own_key(capsys):
+    """`grid: [none, maxx]` says maxx is not a fusion, not that a dependent key's `when` names a missing value."""
+    assert main(["study", "validate", SMOKE, "search.space.fusion.grid=[none,maxx]"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"a2: error: {SMOKE}: search.space.fusion.grid: 'maxx' gives an invalid model.fusion: unknown fusion 'maxx': "
+        f"must be 'none', 'max', 'moving_average', 'exp_decay' or 'gate'")
