@@ -48,6 +48,12 @@ class GridCrossedSearcher(Searcher):
     mean at epoch e once every replicate reported e, and at the end FAIL if all failed, PRUNED if any stopped
     before the planned epochs, else COMPLETE with the finished replicates' mean. Its state is all its attributes."""
 
+    # What a searcher pickled by an earlier release (a study started before adaptive replicates, resumed after an
+    # upgrade: Tune unpickles the searcher object itself) lacks, read as a study without rounds.
+    _rounds: tuple[int, ...] | None = None
+    _round = 0
+    _decider = None
+
     def __init__(self, spec: StudySpec):
         super().__init__(metric=spec.metric, mode=spec.mode)
         self._spec = spec

@@ -135,6 +135,25 @@ def test_the_searcher_finishes_when_the_decider_leaves_no_arm_open():
     assert searcher.suggest("t6") == Searcher.FINISHED
 
 
+def test_a_searcher_pickled_before_rounds_existed_still_runs_its_study():
+    """Tune unpickles the searcher object itself when a study resumes: one saved by the release before adaptive
+    replicates has none of their attributes, and reads as a study without rounds (every seed, then FINISHED)."""
+    import pickle
+
+    spec = smoke(*THREE_ARMS, "search.replicates=2")
+    old = GridCrossedSearcher(spec)
+    for name in ("_rounds", "_round", "_queue", "_decider"):
+        del old.__dict__[name]  # what an earlier release pickled
+    searcher = pickle.loads(pickle.dumps(old))
+    trials = [f"t{i}" for i in range(6)]
+    configs = [searcher.suggest(t) for t in trials]
+    assert sorted((c["fusion"], c["seed"]) for c in configs) == sorted(
+        (f, seed) for f in ("none", "gate", "max") for seed in (0, 1))
+    for tid in trials:
+        searcher.on_trial_complete(tid, {"val/CIDEr": 50.0, "epoch": spec.total_epochs})
+    assert searcher.suggest("t6") == Searcher.FINISHED
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(600)
