@@ -181,17 +181,12 @@ def _plain(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def read_rounds(location: StudyLocation) -> dict | None:
-    text = location.read_text(ROUNDS_FILE)
-    return None if text is None else json.loads(text)
-
-
-def amend_summary(spec, study: Study, summary: dict) -> dict:
+def amend_summary(spec, study: Study, summary: dict, rounds: Rounds | None = None) -> dict:
     """An adaptive study's summary (`StudyRecord.summary`) with the design's word: `adaptive` (round, each arm's
     state and reason), each verdict the design's (resolved only where Holm over the sequential p-values resolved
     it), and the study complete once the design has ended and every trial it handed out finished. Unchanged for a
-    fixed number of seeds."""
-    rounds = study_rounds(spec, study)
+    fixed number of seeds. `rounds`: `study_rounds(spec, study)` when the caller has it already."""
+    rounds = rounds or study_rounds(spec, study)
     if rounds is None:
         return summary
     out = dict(summary)

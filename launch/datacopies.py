@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import posixpath
 import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,12 +145,10 @@ def copy_problem(copy: ClusterCopy) -> str | None:
 
 def _store_problem(where: str, manifest: str, local: Path, shown: str, fix: str) -> str | None:
     """The S3 copy is a prepared store (its manifest's text): the same checksum as the local store's, if any."""
-    with tempfile.TemporaryDirectory(prefix="a2-manifest-") as tmp:  # checked as a local manifest is
-        (Path(tmp) / prepared.MANIFEST).write_text(manifest)
-        try:
-            checksum = prepared.read_manifest(tmp)["checksum"]
-        except DataError as error:
-            return f"{where}: {str(error).replace(str(Path(tmp) / prepared.MANIFEST), prepared.MANIFEST)}; {fix}"
+    try:
+        checksum = prepared.parse_manifest(manifest, prepared.MANIFEST)["checksum"]
+    except DataError as error:
+        return f"{where}: {error}; {fix}"
     if not local.exists():
         return None
     if not prepared.is_prepared(local):

@@ -75,12 +75,7 @@ def _read_remote_manifest(source) -> dict:
     if text is None:
         raise DataError(f"{where}: no such file (not a prepared feature store; "
                         f"make one with `a2 data prepare` and upload it with `a2 data push`)")
-    with tempfile.TemporaryDirectory(prefix="a2-manifest-") as tmp:  # parsed and checked as a local one would be
-        (Path(tmp) / prepared.MANIFEST).write_text(text)
-        try:
-            return prepared.read_manifest(tmp)
-        except DataError as err:
-            raise DataError(str(err).replace(str(Path(tmp) / prepared.MANIFEST), str(where))) from None
+    return prepared.parse_manifest(text, where)
 
 
 @contextlib.contextmanager

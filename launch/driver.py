@@ -541,8 +541,9 @@ def _grid_row(spec, result) -> Trial:
 def finish(spec, location: StudyLocation, *, verbose: bool = True) -> dict:
     """Write `summary.json`, log the compute totals to the study's MLflow parent run and print the verdict."""
     record = StudyRecord.load(location, spec, for_digest=True)
-    summary = amend_summary(spec, record.study(), record.summary())  # adaptive replicates: the design's verdicts
-    rounds = study_rounds(spec, record.study()) if spec.replicate_rounds else None
+    study = record.study()
+    rounds = study_rounds(spec, study)  # adaptive replicates: the design's state (None for a fixed number of seeds)
+    summary = amend_summary(spec, study, record.summary(), rounds)  # ... and its verdicts
     lease = held_lease(location.uri())
     if lease is not None:  # a driver whose lease was taken over writes no summary over its successor's
         lease.check("writing the study's summary")

@@ -67,10 +67,20 @@ def read_manifest(path: str | os.PathLike) -> dict:
     """The manifest of the store at `path`, checked for format and version (DataError naming the file)."""
     file = Path(path) / MANIFEST
     try:
-        manifest = json.loads(file.read_text())
+        text = file.read_text()
     except FileNotFoundError:
         raise DataError(f"{file}: no such file (not a prepared feature store, or an incomplete copy)") from None
-    except (OSError, ValueError) as err:
+    except OSError as err:
+        raise DataError(f"{file}: unreadable manifest ({err})") from None
+    return parse_manifest(text, file)
+
+
+def parse_manifest(text: str, file: str | os.PathLike) -> dict:
+    """A manifest's text (of a local store, or of a copy in storage), checked for format, version and checksum;
+    DataError naming `file`."""
+    try:
+        manifest = json.loads(text)
+    except ValueError as err:
         raise DataError(f"{file}: unreadable manifest ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataError(f"{file}: not a manifest of a prepared feature store (format {FORMAT!r})")
