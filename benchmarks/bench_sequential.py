@@ -4,7 +4,10 @@
 for power and all arms equal for the family-wise false rate. Prints each design's family-wise false rate, power per
 arm, expected seed-trials and GPU-hours (the plan's GPU-hours per trial), and the adaptive design's seed-trials over
 the fixed design's at equal power (the fixed seed-trials interpolated at the adaptive design's power on the hardest
-gap, moving_average's 2.3). Run: python benchmarks/bench_sequential.py (about a minute on 2 cores)."""
+gap, moving_average's 2.3). Each adaptive design twice: its looks' seed variance pooled over every arm run so far (the
+design's rule, `Design.pool_arms`) and each pair's own (`compare`'s rule); and, for reference, the fixed design with the
+pooled variance too (`compare` keeps each pair's own). Run: python benchmarks/bench_sequential.py (about a minute on
+2 cores)."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,15 +52,28 @@ def main() -> None:
                   f"{alt['seed_trials'] * per_trial:,.0f} | -")
         power_curve = [fixed[n]["power"][hardest] for n in FIXED]
         trials_curve = [fixed[n]["seed_trials"] for n in FIXED]
+        pooled_curve = []
+        for n in FIXED:
+            d = Design.fixed(n, pool_arms=True)
+            alt, null = (simulate(d, noise, x, configs, STUDIES, seed, tails) for x, seed in ((deltas, 1),
+                                                                                             ([0.0] * 4, 2)))
+            pooled_curve.append(alt["power"][hardest])
+            print(f"fixed {n}, pooled (reference) | {null['family_wise']:.1%} | "
+                  f"{' '.join(f'{p:.1%}' for p in alt['power'])} | - | {alt['seed_trials']:.1f} | "
+                  f"{alt['seed_trials'] * per_trial:,.0f} | -")
         for rounds in ADAPTIVE:
-            d = Design(rounds, spending_weights(rounds, 1.0), futility_gap=min(deltas))
-            alt = simulate(d, noise, deltas, configs, STUDIES, 1, tails)
-            null = simulate(d, noise, [0.0] * 4, configs, STUDIES, 2, tails)
-            equal = float(np.interp(alt["power"][hardest], power_curve, trials_curve))
-            print(f"adaptive {rounds} | {null['family_wise']:.1%} | {' '.join(f'{p:.1%}' for p in alt['power'])} | "
-                  f"{' '.join(f'{s:.2f}' for s in alt['seeds'])} | {alt['seed_trials']:.1f} (all equal: "
-                  f"{null['seed_trials']:.1f}) | {alt['seed_trials'] * per_trial:,.0f} | "
-                  f"{alt['seed_trials'] / equal:.0%} of {equal:.1f}")
+            for pool in (True, False):
+                d = Design(rounds, spending_weights(rounds, 1.0), futility_gap=min(deltas), pool_arms=pool)
+                alt = simulate(d, noise, deltas, configs, STUDIES, 1, tails)
+                null = simulate(d, noise, [0.0] * 4, configs, STUDIES, 2, tails)
+                equal = float(np.interp(alt["power"][hardest], power_curve, trials_curve))
+                reference = float(np.interp(alt["power"][hardest], np.maximum.accumulate(pooled_curve), trials_curve))
+                print(f"adaptive {rounds}, {'pooled over the arms' if pool else 'pair only'} | "
+                      f"{null['family_wise']:.1%} | {' '.join(f'{p:.1%}' for p in alt['power'])} | "
+                      f"{' '.join(f'{s:.2f}' for s in alt['seeds'])} | {alt['seed_trials']:.1f} (all equal: "
+                      f"{null['seed_trials']:.1f}) | {alt['seed_trials'] * per_trial:,.0f} | "
+                      f"{alt['seed_trials'] / equal:.0%} of {equal:.1f} (of the pooled fixed design's: "
+                      f"{alt['seed_trials'] / reference:.0%})")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,11 @@ driver for a study whose `search.replicates` is a range.
 A design is its looks, the cumulative seeds per arm after each round (`rounds`, e.g. (3, 5, 7)), and the share of
 each comparison's error spent at each look (`weights`, summing to 1). At look r every open arm and the baseline have
 rounds[r] seeds, and each open comparison with the baseline gets the verdict rule's p-value p_r
-(`dashboards.stats.difference_intervals`, the rule `compare` prints). Its sequential p-value is
+(`dashboards.stats.difference_intervals`, the rule `compare` prints) with one change: the seed part of its standard
+error takes the seed variance pooled over every arm that has run seeds so far (`Design.pool_arms`; settled arms'
+seeds included, sum of n_i - 1 d.f.: 10 at a first look of 3 seeds x 5 arms, where the pair alone has 4), Student's t
+with those d.f., exact under the design's assumption of one seed variance common to the arms. Its sequential p-value
+is
 
     q = min over the looks r taken of p_r / weights[r]
 
@@ -35,10 +39,13 @@ from dashboards.stats import CONFIDENCE, Noise, components_interval, holm, two_s
 class Design:
     """Looks after `rounds` (cumulative seeds per arm) spending `weights` of each comparison's error; `futility_gap`:
     the plan's gap (x100 scores) below which an arm is settled when its interval excludes it from above (None:
-    never)."""
+    never); `pool_arms`: each look's comparisons take the seed variance pooled over every arm that has run seeds so
+    far (settled arms' seeds included, sum of n_i - 1 d.f.; the design's one common seed variance), else each pair's
+    own (`compare`'s rule, the fixed design's)."""
     rounds: tuple[int, ...]
     weights: tuple[float, ...]
     futility_gap: float | None = None
+    pool_arms: bool = True
 
     def __post_init__(self):
         if len(self.rounds) != len(self.weights) or not self.rounds:
@@ -49,8 +56,9 @@ class Design:
             raise ValueError(f"weights must be positive and sum to 1: {self.weights}")
 
     @classmethod
-    def fixed(cls, seeds: int) -> "Design":
-        return cls((seeds,), (1.0,))
+    def fixed(cls, seeds: int, pool_arms: bool = False) -> "Design":
+        """Every arm every seed, one look: by default `compare`'s rule (each pair's own seed variance)."""
+        return cls((seeds,), (1.0,), pool_arms=pool_arms)
 
 
 def spending_weights(rounds: Sequence[int], rho: float = 1.0) -> tuple[float, ...]:
@@ -80,7 +88,8 @@ def simulate(design: Design, noise: Noise, deltas: Sequence[float], configs: Seq
     Student's t with 3 d.f. at the same sd with `tails`) as each arm's seed means (`Noise.seed_mean_var`), each arm's
     own per-image strengths as its mean over the images (`Noise.image_var` / 2), the per-image statistics the rule
     reads drawn from their distribution (as tests/test_calibration.py's drawn cells), each look through
-    `components_interval` and the family through `holm` on the sequential p-values.
+    `components_interval` (with `design.pool_arms`, the seed variance pooled over every arm's seeds run so far) and
+    the family through `holm` on the sequential p-values.
 
     Returns: `family_wise` (share of studies with some arm whose true delta is 0 resolved, or any arm resolved on
     the wrong side), `power` (per arm: resolved on its true side), `seeds` (per arm and the baseline, mean seeds run),
@@ -106,6 +115,14 @@ def simulate(design: Design, noise: Noise, deltas: Sequence[float], configs: Seq
         ran[:, 0] = np.where(active, n, ran[:, 0])
         means = seeds[:, :, :n].mean(axis=2) + truth + image  # (studies, arms) seed-averaged means
         var = seeds[:, :, :n].var(axis=2, ddof=1) / n  # squared standard errors over seeds
+        pooled = None
+        if design.pool_arms:  # every arm's seeds run so far, settled arms' included: sum of (n_i - 1) d.f.
+            taken = np.arange(n_max) < ran[:, :, None]
+            counts = ran.sum(axis=1)
+            centred = np.where(taken, seeds - (seeds * taken).sum(axis=2, keepdims=True) / ran[:, :, None], 0.0)
+            pooled_df = counts - ran.shape[1]
+            pooled = ((centred ** 2).sum(axis=(1, 2)) / pooled_df, pooled_df)
+            pooled = tuple(x[:, None] for x in pooled)
         delta = means[:, 1:] - means[:, :1]  # (studies, k)
         extra = {}
         if m:  # the per-image statistics: the differences' variance over the images and the arms' residuals
@@ -113,7 +130,7 @@ def simulate(design: Design, noise: Noise, deltas: Sequence[float], configs: Seq
             extra = dict(d2=(2 * noise.arm_image_sd ** 2 + 2 * run / n) * chi,
                          ra=run * rng.chisquare((n - 1) * (m - 1), (studies, k)) / ((n - 1) * (m - 1)),
                          rb=run * rng.chisquare((n - 1) * (m - 1), (studies, 1)) / ((n - 1) * (m - 1)))
-        half, df, se = components_interval(var[:, 1:], var[:, :1], n, n, m, **extra)
+        half, df, se = components_interval(var[:, 1:], var[:, :1], n, n, m, pooled_seed=pooled, **extra)
         p[:, :, r] = np.where(open_, two_sided_p(delta, se, df), np.nan)
         q = sequential_p(p[:, :, :r + 1], design.weights[:r + 1])
         adjusted, _ = holm(q, alpha)

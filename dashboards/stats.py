@@ -351,7 +351,8 @@ def _residual_ms(x: np.ndarray) -> np.ndarray:
 
 def components_interval(va: np.ndarray, vb: np.ndarray, n_a: int, n_b: int, images: int | None = None,
                         d2: np.ndarray | float = 0.0, ra: np.ndarray | float = 0.0, rb: np.ndarray | float = 0.0,
-                        confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        confidence: float = CONFIDENCE, pooled_seed: tuple | None = None
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(half-width, degrees of freedom, estimated sd of the difference) of the verdict interval, from the
     difference's variance components:
 
@@ -362,11 +363,21 @@ def components_interval(va: np.ndarray, vb: np.ndarray, n_a: int, n_b: int, imag
         ra / n_a + rb / n_b and already counted in va, vb, so it is taken out of d2 once:
     var(A - B) = va + vb + max(0, d2 - ra / n_a - rb / n_b) / images (the last term: the arms' own per-image
     strengths, the images being a sample), with Satterthwaite's degrees of freedom. Seed means only: images None.
+    pooled_seed: (s^2 of one seed mean, its d.f.), the seed variance pooled over more arms than the two (an adaptive
+        design's look: every arm of the study that has run seeds, sum of n_i - 1 d.f.); it replaces va and vb as
+        s^2 / n_a and s^2 / n_b, with its own d.f. for the seed part. None (the default): the two arms' own.
     Vectorised over studies; `power` draws these components and calls this too."""
     va, vb = np.asarray(va, dtype=float), np.asarray(vb, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         seed_part = va + vb  # everything that changes with the seed, runs' own per-image noise included
-        if n_a > 1 and n_b > 1 and n_a != n_b:
+        if pooled_seed is not None:
+            # one common seed variance measured over the whole study (Student's t with the pool's d.f., exact
+            # for it): the pair's own 2-4 d.f. at a first look of 3 seeds become sum(n_i - 1) over the arms
+            s2, pooled_df = (np.asarray(x, dtype=float) for x in pooled_seed)
+            va, vb = s2 / n_a, s2 / n_b
+            seed_part = va + vb
+            seed_denom = seed_part ** 2 / pooled_df
+        elif n_a > 1 and n_b > 1 and n_a != n_b:
             # unequal seeds: Welch's d.f. trust the smaller arm's 1-2 d.f. variance as if the larger arm's seeds
             # measured it too (7.4% false verdicts at 2 vs 6 seeds, 10% at 2 vs 10, 6.5% at 3 vs 10), and no
             # d.f. for the two separate variances holds there (the smaller arm's n - 1, Hsu's, gives 0.01% at
@@ -401,7 +412,7 @@ def components_interval(va: np.ndarray, vb: np.ndarray, n_a: int, n_b: int, imag
 
 
 def difference_intervals(a: np.ndarray, b: np.ndarray, *, confidence: float = CONFIDENCE,
-                         fixed_a: bool = False) -> dict[str, np.ndarray]:
+                         fixed_a: bool = False, pooled_seed: tuple | None = None) -> dict[str, np.ndarray]:
     """The verdict rule, for many studies at once: mean(A) - mean(B) of each study with its 95% interval.
 
     a: (studies, seeds_a, images) per-image scores of arm A and b: (studies, seeds_b, images) of arm B, the same
@@ -413,6 +424,7 @@ def difference_intervals(a: np.ndarray, b: np.ndarray, *, confidence: float = CO
     generalises over new seeds and new images from the same distribution.
     `fixed_a`: A is one fixed system built from B's seeds (an ensemble of them), not a seed replicate: only B needs
     MIN_SEEDS seeds, and A contributes no seed variance (the seed part is B's: the one-sample t-interval).
+    `pooled_seed`: (s^2 of one seed mean, its d.f.) pooled over the study's arms, for `components_interval`.
     """
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.ndim != b.ndim or a.ndim not in (2, 3) or a.shape[0] != b.shape[0]:
@@ -441,7 +453,8 @@ def difference_intervals(a: np.ndarray, b: np.ndarray, *, confidence: float = CO
     if per_image:
         d = a.mean(axis=1) - b.mean(axis=1)  # (studies, images) the seed-averaged per-image difference
         extra = dict(d2=d.var(axis=1, ddof=1), ra=_residual_ms(a), rb=_residual_ms(b))
-    half, df, se = components_interval(va, vb, seeds_a, seeds_b, images, confidence=confidence, **extra)
+    half, df, se = components_interval(va, vb, seeds_a, seeds_b, images, confidence=confidence,
+                                       pooled_seed=pooled_seed, **extra)
     out.update(low=np.where(ok, delta - half, np.nan), high=np.where(ok, delta + half, np.nan),
                se=np.where(ok, se, np.nan), df=np.where(ok, df, np.nan),
                p=np.where(ok, two_sided_p(delta, se, df), np.nan))
@@ -500,21 +513,25 @@ def _difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str], images: in
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("A", "B"), *, metric: str = "CIDEr",
-                      better: int = 1) -> Difference:
+                      better: int = 1, pooled_seed: tuple[float, float] | None = None) -> Difference:
     """mean(a) - mean(b) with the interval from the difference's variance components over seeds and the (shared)
     images (`difference_intervals`).
 
     a: (seeds_a, images) per-image scores of arm A, b: (seeds_b, images), the same images in the same order.
+    `pooled_seed`: (s^2 of a seed mean, d.f.) pooled over the study's arms (adaptive replicates' looks); None: the
+    two arms' own.
     """
     arms = [np.atleast_2d(np.asarray(x, dtype=float)) for x in (a, b)]
-    return _difference(*arms, names, arms[0].shape[1], metric, better)
+    return _difference(*arms, names, arms[0].shape[1], metric, better, pooled_seed=pooled_seed)
 
 
 def seed_difference(a: Sequence[float], b: Sequence[float], names: tuple[str, str] = ("A", "B"), *,
-                    metric: str = "CIDEr", better: int = 1) -> Difference:
-    """mean(a) - mean(b) over seeds with Welch's t-interval (no interval below MIN_SEEDS seeds in an arm)."""
+                    metric: str = "CIDEr", better: int = 1, pooled_seed: tuple[float, float] | None = None
+                    ) -> Difference:
+    """mean(a) - mean(b) over seeds with Welch's t-interval (no interval below MIN_SEEDS seeds in an arm);
+    `pooled_seed` as `paired_difference`'s (Student's t with the pool's d.f.)."""
     x, y = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
-    return _difference(x, y, names, None, metric, better)
+    return _difference(x, y, names, None, metric, better, pooled_seed=pooled_seed)
 
 
 def gain_over_members(system: np.ndarray, members: np.ndarray, names: tuple[str, str] = ("ensemble", "members"),

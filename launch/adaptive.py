@@ -4,7 +4,8 @@
 The arms are the study's fusions against fusion none, as `a2 study compare` groups them (`dashboards.compare.
 study_comparison`: each fusion's best configuration). Look r is the study restricted to seeds 0 .. rounds[r] - 1; an
 arm takes it when it and the baseline have rounds[r] seeds there, and its p-value there is the verdict rule's
-(`Difference.p`). `decide` then applies the design of `dashboards.sequential` (`launch.plan.study_design`): the
+(`Difference.p`) with the seed variance pooled over every arm of the study at that look (`pooled_differences`; the
+design's `pool_arms`, settled arms' seeds included). `decide` then applies the design of `dashboards.sequential` (`launch.plan.study_design`): the
 sequential p-value over the looks taken (`sequential_p`), Holm over the arms (`dashboards.stats.holm`), and futility
 against the plan's gap. The decision is a function of the record alone, so a resumed driver, `a2 study status` and
 the end of the study read the same one; `ROUNDS_FILE` keeps the round the study is in and each arm's state.
@@ -23,7 +24,8 @@ from a2core.selection import finite
 from dashboards.compare import study_comparison
 from dashboards.runs import Study, Trial
 from dashboards.sequential import Design, sequential_p
-from dashboards.stats import CONFIDENCE, Difference, holm
+from dashboards.stats import CONFIDENCE, Comparison, Difference, holm, matched_scores, paired_difference, \
+    pooled_sd, seed_difference
 from launch.location import StudyLocation
 from launch.plan import study_design
 from launch.record import StudyRecord
@@ -108,9 +110,11 @@ def _p(value: float | None) -> str:
     return "-" if value is None else "<0.001" if value < 0.001 else f"{value:.3f}"
 
 
-def looks_of(study: Study, rounds: tuple[int, ...], by: str = BY) -> tuple[list[dict[str, Difference]], str | None]:
+def looks_of(study: Study, rounds: tuple[int, ...], by: str = BY,
+             pool_arms: bool = True) -> tuple[list[dict[str, Difference]], str | None]:
     """(the looks the record holds: look r is arm -> its `Difference` with the baseline on seeds 0 .. rounds[r] - 1,
-    for the arms with rounds[r] seeds there, as `a2 study compare` computes it; the baseline's label). A look is
+    for the arms with rounds[r] seeds there, as `a2 study compare` computes it but, with `pool_arms` (the design's),
+    with the seed variance pooled over every arm there (`pooled_differences`); the baseline's label). A look is
     taken once the baseline and some arm have all its seeds; the looks stop at the first one not taken."""
     looks, baseline = [], None
     for n in rounds:
@@ -119,12 +123,48 @@ def looks_of(study: Study, rounds: tuple[int, ...], by: str = BY) -> tuple[list[
             comparison, _, _ = study_comparison(replace(study, runs=runs), by)
         except DataError:  # arms scored on different images: no look (compare says why)
             break
-        look = {arm: d for arm, d in comparison.differences.items() if d.seeds_a == n and d.seeds_b == n}
+        differences = pooled_differences(comparison) if pool_arms else comparison.differences
+        look = {arm: d for arm, d in differences.items() if d.seeds_a == n and d.seeds_b == n}
         if not look:
             break
         looks.append(look)
         baseline = comparison.baseline
     return looks, baseline
+
+
+def pooled_differences(comparison: Comparison) -> dict[str, Difference]:
+    """Each arm's difference with the baseline as `comparison` has it, its seed part from the seed variance pooled
+    over every arm of the comparison (each arm's seed means, the arms' own seeds however many: sum of n_i - 1 d.f.;
+    an arm whose seeds all scored the same measures no seed noise and is left out of the pool). The design assumes
+    one seed variance common to the arms (as the plan and the scheduler do); under it the pool is the same
+    variance measured with more d.f. (Student's t, exact). Unchanged where no pool of more than one arm exists."""
+    base = next((arm for arm, _ in comparison.rows if arm.label == comparison.baseline), None)
+    if base is None:
+        return dict(comparison.differences)
+    per_image = all(arm.per_image is not None for arm, _ in comparison.rows)  # else every arm's seed values
+    groups = []
+    for arm, _ in comparison.rows:
+        values = (arm.per_image.mean(axis=1) if per_image
+                  else np.asarray(arm.values(comparison.metric), dtype=float))
+        values = values[np.isfinite(values)]
+        if values.size > 1 and np.ptp(values) > 0:
+            groups.append(values)
+    sd, dof = pooled_sd(groups), sum(len(g) - 1 for g in groups)
+    if sd is None or len(groups) < 2:
+        return dict(comparison.differences)
+    pooled = (sd ** 2, float(dof))
+    out = {}
+    for arm, _ in comparison.rows:
+        d = comparison.differences.get(arm.label)
+        if d is None:
+            continue
+        options = dict(metric=d.metric, better=d.better, pooled_seed=pooled)
+        if arm.per_image is not None and base.per_image is not None:  # `compare_arms`' choice of rule
+            out[arm.label] = paired_difference(*matched_scores(arm, base), (d.a, d.b), **options)
+        else:
+            out[arm.label] = seed_difference(arm.values(comparison.metric), base.values(comparison.metric),
+                                             (d.a, d.b), **options)
+    return out
 
 
 def _seed(trial: Trial) -> int | None:
@@ -165,7 +205,7 @@ def study_rounds(spec, study: Study) -> Rounds | None:
     design = study_design(spec)
     if design is None:
         return None
-    looks, baseline = looks_of(study, design.rounds)
+    looks, baseline = looks_of(study, design.rounds, pool_arms=design.pool_arms)
     arms = decide(looks, design)
     taken = len(looks)
     done = taken == len(design.rounds) or (taken > 0 and bool(arms) and all(a.state != "open" for a in arms.values()))

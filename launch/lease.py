@@ -185,6 +185,18 @@ class StudyLease:
             return {"heartbeat": 0}
         return holder if isinstance(holder, dict) or holder is None else {"heartbeat": 0}
 
+    def _read_settled(self) -> dict | None:
+        """`read`, looked at again twice a quarter second apart while it finds no whole lease (none, or one cut short):
+        a copy made over the file (truncated, then written) shows it empty for that moment, while a lease taken
+        over shows its taker's at once (`_take_over` removes and creates it in two calls, read as the taker's)."""
+        holder = self.read()
+        for _ in range(2):
+            if holder and "token" in holder:
+                break
+            time.sleep(0.25)
+            holder = self.read()
+        return holder
+
     # -- taking, keeping and giving back ---------------------------------------------------------------------
     def acquire(self, force: bool = False) -> None:
         if not self._create(self.mine):
@@ -237,7 +249,7 @@ class StudyLease:
             self.lost_error = self._lost_error(None, before)
             raise self.lost_error
         try:
-            holder = self.read()
+            holder = self._read_settled()
         except Exception:  # noqa: BLE001 - storage out of reach: the write itself says so
             return
         if not holder or holder.get("token") != self.mine["token"]:
@@ -265,7 +277,7 @@ class StudyLease:
     def _beat(self) -> None:
         while not self._stop.wait(self.every):
             try:
-                holder = self.read()
+                holder = self._read_settled()
                 if not holder or holder.get("token") != self.mine["token"]:
                     self.lost.set()
                     print(f"a2 study: WARNING: the lease on {self.location.uri} was taken over by "

@@ -21,6 +21,7 @@ from ray.tune.search import Searcher
 from a2core.selection import finite
 from dashboards.stats import pooled_sd, short_hash
 from launch.spec import SEED_KEYS, Param, StudySpec, group_key
+from launch.verify import keep_out_of_tunes_uploads
 
 logger = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -315,6 +316,13 @@ class GridCrossedSearcher(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
             self.set_state(pickle.load(f))
+
+    def restore_from_dir(self, checkpoint_dir: str) -> None:
+        """Tune's restore of a study hands its local staging folder here, after copying the study's root files into
+        it and before its first upload: a2's own are taken out of it first (`keep_out_of_tunes_uploads`), so that
+        Tune never copies them back over the study's."""
+        super().restore_from_dir(checkpoint_dir)
+        keep_out_of_tunes_uploads(checkpoint_dir)
 
 
 def asha_rungs(max_t: int, grace_period: int, reduction_factor: float) -> list[int]:

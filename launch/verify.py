@@ -179,6 +179,25 @@ def _root_kind(name: str) -> str | None:
                 None)
 
 
+def keep_out_of_tunes_uploads(staging: str) -> list[str]:
+    """Remove from Tune's local staging folder of a resumed study (`staging`, its driver_artifacts) every top-level
+    .json or .pkl file that is not one of Tune's own: a2's root files (lease.json, summary.json, rounds.json,
+    record-digest.json, data-fingerprint.json), which Tune 2.60's restore copies there with its own
+    (`_ExperimentCheckpointManager.sync_down_experiment_state`: every .json and .pkl at the experiment's root) and its
+    every later experiment checkpoint copies back over the study's, a plain copy of what they were at the restore: a
+    heartbeat read mid-copy found the lease empty, and the adaptive design's round went back to where it was. The
+    names removed; nothing when `staging` holds the study's own `study.yaml` (the study's folder itself)."""
+    folder = Path(staging)
+    if not folder.is_dir() or (folder / STUDY_FILE).exists():
+        return []
+    removed = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_file() and entry.suffix in (".json", ".pkl") and _root_kind(entry.name) is None:
+            entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed
+
+
 def _whole_copy(study, location, kind: str):
     """The whole copy of the root file at `location` in `state-copies/`, or None (none, or not whole either)."""
     name = location.uri.rsplit("/", 1)[-1]

@@ -86,6 +86,38 @@ def test_the_round_decision_settles_a_clear_arm_and_a_hopeless_one_and_keeps_a_n
     assert decide(looks((2,)), Design((2, 4), (0.5, 0.5)))["exp_decay"].state == "open"
 
 
+def test_a_looks_comparisons_take_the_seed_variance_pooled_over_every_arm():
+    """`pooled_differences` (the design's rule at a look, `Design.pool_arms`): each arm against the baseline with the
+    seed variance pooled over all the arms' seeds, settled arms' fewer seeds included (sum of n_i - 1 d.f.),
+    Student's t with those d.f.; an arm whose seeds all scored the same is no part of the pool. `compare`'s own
+    differences (each pair's variance) are left as they were."""
+    import numpy as np
+    from scipy import stats as sps
+
+    from dashboards.stats import Arm, compare_arms
+    from launch.adaptive import pooled_differences
+
+    values = {"none": BASELINE[:3], "gate": SCORES["gate"][:2], "max": SCORES["max"][:3],
+              "exp_decay": [100.2] * 3}  # gate settled after 2 seeds; exp_decay's seed changes nothing
+    arms = [Arm(label, [{"val/CIDEr": v} for v in vs]) for label, vs in values.items()]
+    comparison = compare_arms(arms, baseline="none")
+    pooled = pooled_differences(comparison)
+    pool = [np.asarray(values[a]) for a in ("none", "gate", "max")]
+    dof = sum(len(x) - 1 for x in pool)
+    assert dof == 5
+    s2 = sum(((x - x.mean()) ** 2).sum() for x in pool) / dof
+    d = pooled["max"]
+    se = np.sqrt(s2 * (1 / 3 + 1 / 3))
+    assert (d.df, d.se) == pytest.approx((dof, se))
+    assert d.p == pytest.approx(2 * sps.t.sf(abs(d.delta) / se, dof))
+    assert d.high - d.delta == pytest.approx(sps.t.ppf(0.975, dof) * se)
+    assert pooled["gate"].df == pytest.approx(dof) and pooled["gate"].seeds_a == 2
+    assert pooled["exp_decay"].low is None  # no seed noise in the arm: still no verdict
+    # compare's verdicts keep each pair's own variance (the fixed design's rule)
+    alone = seed_difference(values["max"], values["none"], ("max", "none"))
+    assert comparison.differences["max"].p == pytest.approx(alone.p) and alone.df != pytest.approx(dof)
+
+
 class OpenArms:
     """A stand-in for `launch.adaptive.RoundDecider`: the groups of the named fusions get the next round."""
 

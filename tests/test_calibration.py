@@ -374,10 +374,12 @@ FUSION_ABLATION = dict(noise=Noise(1.0, 0.0, 10.0, 5000), gaps=(2.8, 2.3, 4.2, 5
 @pytest.mark.parametrize("tails", (False, True), ids=("normal", "t3"))
 def test_adaptive_replicates_keep_the_familys_level_and_save_seeds(tails):
     """fusion_ablation's plan (5 arms, configurations 1, 2, 2, 8, 2, the paper's gaps, COCO seed sd 1 over 5,000
-    images): seeds in rounds of (3, 5, 7, 9), error spent in proportion to the seeds, Holm over the arms' sequential
-    p-values. All arms equal: some "resolved" <= 5.5%. At power on every gap >= the fixed 6-seed design's, it runs
-    <= 80% of the fixed design's seed-trials at equal power with normal seeds (78% measured) and <= 70% with t(3)
-    seeds (65%); benchmarks/bench_sequential.py prints the whole comparison."""
+    images): seeds in rounds of (3, 5, 7, 9), error spent in proportion to the seeds, each look's seed variance pooled
+    over every arm run so far (`Design.pool_arms`, the design's rule), Holm over the arms' sequential p-values. All
+    arms equal: some "resolved" <= 5.5% (2.7% normal, 1.9% t(3) measured). At power on every gap >= the fixed 5-seed
+    design's, it runs <= 62% of the fixed design's (`compare`'s rule) seed-trials at equal power with normal seeds (56%
+    measured) and <= 56% with t(3) seeds (50%); each pair's own seed variance gave 78% and 65%).
+    benchmarks/bench_sequential.py prints the whole comparison."""
     from dashboards.sequential import Design, simulate, spending_weights
 
     noise, gaps, configs = FUSION_ABLATION["noise"], FUSION_ABLATION["gaps"], FUSION_ABLATION["configs"]
@@ -393,7 +395,7 @@ def test_adaptive_replicates_keep_the_familys_level_and_save_seeds(tails):
     assert all(a >= f - 0.01 for a, f in zip(alt["power"], fixed[5]["power"]))
     equal = float(np.interp(alt["power"][hardest], [fixed[n]["power"][hardest] for n in fixed],
                             [fixed[n]["seed_trials"] for n in fixed]))
-    assert alt["seed_trials"] / equal <= (0.70 if tails else 0.80), (alt, equal)
+    assert alt["seed_trials"] / equal <= (0.56 if tails else 0.62), (alt, equal)
 
 
 def test_the_sequential_p_value_is_the_union_bound_over_the_looks():

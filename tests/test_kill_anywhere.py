@@ -131,7 +131,7 @@ def test_a_study_killed_in_every_window_finishes_every_planned_trial_once(tmp_pa
     windows = observe.read_windows()
     workers = [f"self {w.op} {w.pattern}" for w in windows if w.writer == "trial"]
     failures = len(workers) + 2  # every worker kill is one more try of its trial
-    base, fired = local_env(tmp_path), tmp_path / "fired"
+    base, fired, writes = local_env(tmp_path), tmp_path / "fired", tmp_path / "writes.log"
     fired.mkdir()
     segments = [_Segment(tmp_path, 0, tiny_data, failures)]
     outputs: dict[str, str] = {}
@@ -152,7 +152,7 @@ def test_a_study_killed_in_every_window_finishes_every_planned_trial_once(tmp_pa
                     wording.append((entry, "resume does not point at `a2 study run`", refused.stdout.strip()))
             arms = workers if kind == "code" else [entry, *workers]  # the step's driver window first: it wins a tie
             _marker(fired, entry).unlink(missing_ok=True)  # an entry armed again (the second trial's checkpoint)
-            env = observe.shim_env(base, shim, seg.folder, kill=arms, fired=fired)
+            env = observe.shim_env(base, shim, seg.folder, log=writes, kill=arms, fired=fired)
             if kind == "code":
                 env["A2_KILL_AT"] = entry
             log = tmp_path / f"step{n:02d}-{attempt}.log"
@@ -192,6 +192,12 @@ def test_a_study_killed_in_every_window_finishes_every_planned_trial_once(tmp_pa
         again.stdout[-3000:]
     for what, out in outputs.items():
         assert "Traceback" not in out, (what, out[-4000:])
+    # a2's files at the study's root are replaced whole (temp file, rename) or, the lease, created once: never opened
+    # over in place, as Tune's restore-and-upload did to every .json there (the lease read empty by its holder)
+    copied_over = sorted({(w.op, w.path) for w in observe.read_log(writes) if w.op == "write" and "/" not in w.path
+                          and w.path.endswith(".json") and not w.path.startswith(".") and w.path != "lease.json"
+                          and not w.path.startswith(("experiment_state-", "search_gen_state-"))})
+    assert copied_over == [], copied_over
     assert wording == [], wording
     unfired = [w for w in workers if not _marker(fired, w).exists()]
     assert unfired == [], f"a trial's worker never reached these windows: {unfired}"

@@ -116,6 +116,46 @@ def test_heartbeat_keeps_the_lease_live(tmp_path):
         assert json.loads((tmp_path / "study" / LEASE_FILE).read_text())["heartbeat"] > first
 
 
+def test_a_lease_copied_over_in_place_is_not_read_as_lost(tmp_path):
+    """A plain copy over the lease (truncate, then write: what Tune 2.60's experiment upload did to every .json at a
+    resumed study's root) shows the file empty for a moment; the holder's check reads it again before it stops."""
+    import threading
+
+    study = open_location(tmp_path / "study")
+    with StudyLease(study, stale_after=60).held() as lease:
+        path = tmp_path / "study" / LEASE_FILE
+        text = path.read_text()
+        path.write_text("")  # mid-copy: truncated, not yet written
+        threading.Timer(0.2, path.write_text, [text]).start()
+        lease.check("writing")  # no LeaseLost
+        assert not lease.lost.is_set()
+        path.write_text(text[: len(text) // 2])  # cut short, and left so: not the holder's lease any more
+        with pytest.raises(StudyError, match="taken over"):
+            lease.check("writing")
+
+
+def test_a2s_root_files_are_kept_out_of_tunes_restore_staging(tmp_path):
+    """Tune's restore copies every .json and .pkl at the study's root into its staging folder and uploads that
+    folder back at each experiment checkpoint: a2's files are removed from it, Tune's kept."""
+    from launch.verify import keep_out_of_tunes_uploads
+
+    staging = tmp_path / "driver_artifacts"
+    staging.mkdir()
+    tunes = ["experiment_state-2026-12-02_10-46-00.json", "search_gen_state-2026-12-02_10-46-00.json",
+             "searcher-state-2026-12-02_10-46-00.pkl", "tuner.pkl"]
+    ours = ["data-fingerprint.json", "lease.json", "record-digest.json", "rounds.json", "summary.json"]
+    for name in tunes + ours:
+        (staging / name).write_text("{}")
+    (staging / "a2_trial_1").mkdir()
+    assert keep_out_of_tunes_uploads(str(staging)) == ours
+    assert sorted(p.name for p in staging.iterdir()) == sorted(tunes + ["a2_trial_1"])
+    study = tmp_path / "study"  # the study's own folder (its study.yaml): never emptied, whoever passes it
+    study.mkdir()
+    for name in ("study.yaml", *ours):
+        (study / name).write_text("{}")
+    assert keep_out_of_tunes_uploads(str(study)) == [] and len(list(study.iterdir())) == 6
+
+
 def test_s3_lease_is_a_conditional_create(s3_endpoint):
     bucket = make_bucket(s3_endpoint, "a2-lease-test")
     study = open_location(f"s3://{bucket}/studies/leased", s3_endpoint)
