@@ -6,7 +6,7 @@ arm, expected seed-trials and GPU-hours (the plan's GPU-hours per trial), and th
 the fixed design's at equal power (the fixed seed-trials interpolated at the adaptive design's power on the hardest
 gap, moving_average's 2.3). Each adaptive design twice: its looks' seed variance pooled over every arm run so far (the
 design's rule, `Design.pool_arms`) and each pair's own (`compare`'s rule); and, for reference, the fixed design with the
-pooled variance too (`compare` keeps each pair's own). Run: python benchmarks/bench_sequential.py (about a minute on
+pooled variance too (`compare` keeps each pair's own). Run: python benchmarks/bench_sequential.py (seconds on
 2 cores)."""
 from __future__ import annotations
 

@@ -430,7 +430,7 @@ def study_noise(spec, sd: float | None = None, storage: str | None = None) -> tu
     return None, f"no finished seeds of study {spec.name} to measure"
 
 
-# Adaptive replicates, priced beside the fixed design (`dashboards.sequential`; no driver runs the design yet): the
+# Adaptive replicates, priced beside the fixed design (`dashboards.sequential`; `launch.adaptive` runs it): the
 # looks benchmarks/bench_sequential.py measured best on fusion_ablation's plan (cumulative seeds a configuration,
 # error spent in proportion to the seeds), and the simulated studies a figure rests on (a fixed seed: the same
 # figures every run; 4,000 draws give a power's Monte Carlo error of at most 0.8 points, a fraction of a second).

@@ -198,8 +198,9 @@ def test_a_saved_study_yaml_records_its_format_and_one_without_reads_as_today(tm
 def test_plan_prices_adaptive_replicates_beside_the_fixed_design(tmp_path, capsys):
     """fusion_ablation's plan prints, after the fixed design's cost, the adaptive design's expected seed-trials and
     GPU-hours against the fixed design's at equal power, labelled an estimate of a design the driver does not run,
-    from `dashboards.sequential.simulate` with a fixed seed (the same figures every run), under 4 of the fixed
-    design's seed-trials per 3 (benchmarks/bench_sequential.py: 78%); with --delta or one arm it prints none."""
+    from `dashboards.sequential.simulate` with a fixed seed (the same figures every run), under 62% of the fixed
+    design's seed-trials (benchmarks/bench_sequential.py: 56%, the seed variance pooled over the arms); with --delta
+    or one arm it prints none."""
     from dashboards.sequential import Design, simulate, spending_weights
     from dashboards.stats import Noise
 
@@ -221,8 +222,11 @@ def test_plan_prices_adaptive_replicates_beside_the_fixed_design(tmp_path, capsy
     assert found, block
     adaptive, fixed = float(found[1]), float(found[3])
     assert adaptive == pytest.approx(run["seed_trials"], abs=0.05) and found[4] == f"{run['power'][1]:.0%}"[:-1]
-    assert 75 < fixed < 105 and adaptive / fixed < 0.8 and found[5] == f"{adaptive / fixed:.0%}"[:-1]
-    assert f"GPU-hours {adaptive * per_trial:,.0f} expected against {fixed * per_trial:,.0f} fixed" in block
+    assert 75 < fixed < 105 and adaptive / fixed < 0.62 and found[5] == f"{adaptive / fixed:.0%}"[:-1]
+    hours = re.search(r"GPU-hours ([\d,]+) expected against ([\d,]+) fixed at equal power", block)
+    assert hours, block  # the plan prices the unrounded seed-trials: within a rounding of the figures printed above
+    assert [float(h.replace(",", "")) for h in hours.groups()] == [pytest.approx(adaptive * per_trial, abs=2),
+                                                                 pytest.approx(fixed * per_trial, abs=2)]
     again = plan.adaptive_text(spec, noise, per_trial)
     assert again.strip() == block.strip()  # a fixed seed: the same figures every run
 
