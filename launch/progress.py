@@ -1,6 +1,8 @@
 """How far along a study is and when it will end, from its trials as the record reads them: trial-epochs done of
 planned, the wall time an epoch has taken so far, and the time left at the concurrency the study runs at. Under
-early stopping (ASHA) the time left is an upper bound: a stopped trial's planned epochs never run. The live table of
+early stopping (ASHA) the time left is an upper bound: a stopped trial's planned epochs never run; so it is under
+adaptive replicates (`search.replicates` a range), whose trials are planned up to the maximum's seeds, an arm settled
+after a round getting no more, and once the design has ended no trial not started yet will run. The live table of
 `a2 study run` and `a2 study status [--watch]` print `progress_line`."""
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ class Progress:
     driven: bool                # a live driver holds the study (`StudyRecord.running`)
     concurrency: int            # trials side by side: the study's max_concurrent_trials
     early_stopping: bool        # the scheduler may stop trials early: the time left is at most this
+    adaptive: bool = False      # seeds in rounds, still open: settled arms' planned seeds may never run
 
     @property
     def seconds_left(self) -> float | None:
@@ -27,23 +30,25 @@ class Progress:
         return self.epochs_left * self.seconds_per_epoch / max(1, self.concurrency)
 
 
-def study_progress(spec, trials, driven: bool) -> Progress:
+def study_progress(spec, trials, driven: bool, design_ended: bool = False) -> Progress:
     """The progress of the study `spec` from its `trials` (the record's rows: `state`, `epochs_done`,
-    `epochs_planned`, `compute` with the trial's cumulative `wall_s`); trials not started yet count as planned.
-    `driven`: a live driver holds the study."""
+    `epochs_planned`, `compute` with the trial's cumulative `wall_s`); trials not started yet count as planned,
+    unless `design_ended`: the adaptive design has settled every arm (`launch.adaptive.Rounds.done`), so none of
+    them will run. `driven`: a live driver holds the study."""
     planned_each = spec.total_epochs
+    adaptive = spec.replicate_rounds is not None
+    unstarted = 0 if adaptive and design_ended else max(0, spec.num_trials - len(trials))
     done = sum(int(t["epochs_done"] or 0) for t in trials)
-    planned = sum(int(t["epochs_planned"] or planned_each) for t in trials)
-    planned += max(0, spec.num_trials - len(trials)) * planned_each
+    planned = sum(int(t["epochs_planned"] or planned_each) for t in trials) + unstarted * planned_each
     left = sum(max(0, int(t["epochs_planned"] or planned_each) - int(t["epochs_done"] or 0))
                for t in trials if t["state"] not in FINISHED)
-    left += max(0, spec.num_trials - len(trials)) * planned_each
+    left += unstarted * planned_each
     timed = [(float((t["compute"] or {}).get("wall_s") or 0.0), int(t["epochs_done"] or 0)) for t in trials]
     wall, epochs = sum(w for w, e in timed if e), sum(e for w, e in timed if w)
     return Progress(done, planned, left, wall / epochs if epochs and wall else None,
                     driven,
                     max(1, min(spec.resources.max_concurrent_trials, spec.num_trials)),
-                    spec.search.scheduler.asha is not None)
+                    spec.search.scheduler.asha is not None, adaptive and not design_ended)
 
 
 def duration_text(seconds: float) -> str:
@@ -71,8 +76,10 @@ def progress_line(progress: Progress) -> str:
         return line + "; time left: known once a trial-epoch has ended"
     line += (f"; {duration_text(p.seconds_per_epoch)} a trial-epoch; about {duration_text(p.seconds_left)} left at "
              f"{p.concurrency} trial{'s' if p.concurrency > 1 else ''} at a time")
-    if p.early_stopping:
-        line += " (at most: early stopping may end trials sooner)"
+    sooner = [why for why, applies in (("early stopping may end trials sooner", p.early_stopping),
+                                       ("arms settled after a round get no more seeds", p.adaptive)) if applies]
+    if sooner:
+        line += f" (at most: {'; '.join(sooner)})"
     if not p.driven:
         line += "; no driver runs the study now (`a2 study resume` continues it)"
     return line

@@ -73,3 +73,23 @@ def test_watch_stops_by_itself_when_no_driver_runs_the_study(study, monkeypatch,
     out = capsys.readouterr().out
     assert out.startswith("a2 study status progress (every 5 s; Ctrl-C stops)") and out.count("progress: 6/32") == 1
     assert slept == []
+
+
+def test_adaptive_replicates_make_the_time_left_an_upper_bound_until_the_design_ends(tmp_path):
+    """Seeds in rounds: the study's trials are planned up to the maximum's seeds, an arm settled after a round
+    getting no more, so the time left is at most the figure; once the design has settled every arm
+    (`Rounds.done`), the trials not started yet never run and are not counted."""
+    fab = fabricated_study(tmp_path, "adaptive", epochs=4, overrides=("search.replicates={min: 2, max: 4}",))
+    fab.add("t0", {"fusion": "none", "seed": 0}, results(4, 30.0))
+    fab.add("t1", {"fusion": "max", "seed": 0}, results(2, 30.0), status="RUNNING")
+    spec, trials = fab.spec, fab.record().trials
+    open_design = study_progress(spec, trials, driven=True)
+    unstarted = spec.num_trials - 2
+    assert open_design.adaptive and open_design.epochs_left == 2 + unstarted * 4
+    assert progress_line(open_design).endswith("(at most: arms settled after a round get no more seeds)")
+    ended = study_progress(spec, trials, driven=True, design_ended=True)
+    assert not ended.adaptive and (ended.epochs_planned, ended.epochs_left) == (8, 2)
+    assert "at most" not in progress_line(ended)
+    both = Progress(10, 40, 30, 120.0, True, 4, True, True)
+    assert progress_line(both).endswith("(at most: early stopping may end trials sooner; arms settled after a round "
+                                        "get no more seeds)")

@@ -47,8 +47,9 @@ def status(args) -> Progress:
     refuse_corrupt(location.at(), "status")
     record = StudyRecord.load(location, refuse="status").shown()
     spec = record.spec
-    progress = study_progress(spec, record.trials, record.running)
     summary = amend_summary(spec, record.study(), record.summary())  # adaptive replicates: the design's word
+    progress = study_progress(spec, record.trials, record.running,
+                              design_ended=bool((summary.get("adaptive") or {}).get("done")))
     if args.json:
         print(json.dumps({**summary, "progress": {**asdict(progress), "seconds_left": progress.seconds_left}},
                          indent=2, default=json_default))
