@@ -45,7 +45,7 @@ import numpy as np
 from a2core.config import apply_overrides, get_dotted, load_yaml
 from a2core.errors import StudyError
 from a2core.selection import best_epoch
-from dashboards.compare import best_configuration, configurations, study_comparison
+from dashboards.compare import best_configuration, configurations, study_comparison, verdict_entries
 from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.records import arms_of, load_record
 from dashboards.runs import CIDER, TEST_CIDER, Study
@@ -228,14 +228,56 @@ def suggestions(spec) -> list[dict]:
     return out
 
 
+def round_searcher(spec, configs: list[dict]):
+    """A fresh `GridCrossedSearcher` of the study that has handed out `configs` (the first round of adaptive
+    replicates, `suggestions`) as the trials `sim00000`, `sim00001`, ... that `simulate` runs: the searcher a driver
+    holds after round 1, whose `_end_of_round` and `_next_seed` then hand out the later rounds."""
+    from launch.search import GridCrossedSearcher  # as in `simulate`
+
+    searcher = GridCrossedSearcher(spec)
+    for i, config in enumerate(configs):
+        if searcher.suggest(f"sim{i:05d}") != config:  # the searcher is seeded: it repeats `suggestions`' answers
+            raise StudyError("rehearsal: the study's searcher handed out other configurations than `suggestions`")
+    return searcher
+
+
+class RehearsalDecider:
+    """`launch.adaptive.RoundDecider` on a rehearsal's simulated record instead of the trials' files: at the end of a
+    round, `launch.adaptive.study_rounds` of the trials run so far (`study_now()`) decides, and the groups chosen are
+    RoundDecider's (the open arms' configurations, the baseline's while any arm is open; every configuration when
+    no arm has taken a look). Writes nothing."""
+
+    def __init__(self, spec, study_now):
+        self.spec, self.study_now = spec, study_now
+
+    def next_round(self, finished: int, configs: dict[str, dict], trials: dict[str, dict]) -> list[str]:
+        from launch.adaptive import BY, study_rounds  # as in `simulate`
+
+        rounds = study_rounds(self.spec, self.study_now())
+        arm_of = {group: str(self.spec.trial_config({k: v for k, v in config.items() if k != "seed"})["model"]
+                             .get(BY)) for group, config in configs.items()}
+        if rounds is None or not rounds.arms:
+            chosen = list(configs)
+        else:
+            open_arms = {a.arm for a in rounds.arms.values() if a.state == "open"}
+            chosen = [g for g, arm in arm_of.items() if arm in open_arms or (open_arms and arm == rounds.baseline)]
+        return chosen
+
+
 def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = None):
     """One rehearsal without Ray, as a `dashboards.runs.Study`: every trial's draws, fed epoch by epoch to the
     study's own scheduler (`build_scheduler`: `ReplicateASHA`'s `on_trial_add`, `on_trial_result`,
     `on_trial_complete`, `choose_trial_to_run`, PAUSE and STOP included) with `max_concurrent_trials` trials
-    running at once and the searcher adding a trial whenever fewer are unfinished (Tune's ConcurrencyLimiter)."""
+    running at once and the searcher adding a trial whenever fewer are unfinished (Tune's ConcurrencyLimiter).
+
+    With adaptive replicates (`spec.replicate_rounds`) `configs` is the first round (`suggestions`) and the study's
+    own searcher (`round_searcher`) hands out the later rounds as in the driver: told of every trial's end, asked
+    for more whenever a slot is free (None until the round's every trial has ended), with `RehearsalDecider`
+    deciding at each round's end which configurations get the next round's seeds."""
     # Tune's classes and optuna: not in the Ray Train workers that run `stand_in_train` (they import this module)
     from ray.tune.experiment import Trial
     from ray.tune.schedulers import TrialScheduler
+    from ray.tune.search import Searcher
 
     from launch.search import ReplicateASHA, build_scheduler
 
@@ -243,13 +285,63 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
     scheduler = build_scheduler(spec)
     scheduler.set_search_properties(spec.metric, spec.mode)  # as Tune does with the TuneConfig's
     asha = isinstance(scheduler, ReplicateASHA)
-    resolved = [spec.trial_config(dict(c)) for c in configs]
-    draws = [draw(model, config, repeat) for config in resolved]
-    trials = [_Trial(f"sim{i:05d}", dict(c)) for i, c in enumerate(configs)]
-    index = {t.trial_id: i for i, t in enumerate(trials)}
-    epochs = {t.trial_id: 0 for t in trials}
+    resolved, draws, trials, index, epochs = [], [], [], {}, {}
     resumed: set[str] = set()
-    ctl, queue, slots, total = _Controller(), iter(trials), spec.resources.max_concurrent_trials, spec.total_epochs
+    ctl, slots, total = _Controller(), spec.resources.max_concurrent_trials, spec.total_epochs
+
+    def add(config: dict) -> _Trial:
+        i = len(trials)
+        resolved.append(spec.trial_config(dict(config)))
+        draws.append(draw(model, resolved[-1], repeat))
+        trials.append(_Trial(f"sim{i:05d}", dict(config)))
+        index[trials[-1].trial_id], epochs[trials[-1].trial_id] = i, 0
+        return trials[-1]
+
+    for config in configs:
+        add(config)
+    queue = iter(list(trials))
+    searcher = round_searcher(spec, configs) if spec.replicate_rounds else None
+    finished = False  # the searcher said FINISHED
+
+    def record(i: int) -> RecordTrial:
+        t, config, d = trials[i], resolved[i], draws[i]
+        done = epochs[t.trial_id]
+        values = {e: float(d.val[e - 1]) for e in range(1, done + 1)}
+        best = best_epoch(values)
+        final = {CIDER: values[done]}
+        test = done == total and config["train"].get("test_at_end") and model.test_images
+        if test:
+            final[TEST_CIDER] = float(d.per_image("test", best).mean())
+
+        def per_image(split, d=d, best=best, test=test):
+            if (split == "test" and not test) or (split == "val" and not model.val_images):
+                return None
+            scores = d.per_image(split, best)
+            return {str(i): float(v) for i, v in enumerate(scores)}
+
+        return RecordTrial(t.trial_id, name=f"rehearsal-{t.trial_id}", state="TERMINATED", status="FINISHED",
+                           sampled=dict(t.config), config=config, config_hash=d.group, final=final,
+                           best_value=values[best], best_step=best, history={CIDER: sorted(values.items())},
+                           stopped_early=scheduler.stopped_early(t.trial_id) if asha else None,
+                           per_image=per_image)
+
+    def study_now() -> Study:
+        runs = [record(i) for i, t in enumerate(trials) if t.status == Trial.TERMINATED and epochs[t.trial_id]]
+        return Study(f"{spec.name}{'' if spec.name.endswith(NAME_SUFFIX) else NAME_SUFFIX}", runs,
+                     metric=spec.metric, mode=spec.mode)
+
+    if searcher is not None:
+        searcher.set_round_decider(RehearsalDecider(spec, study_now))
+
+    def next_trial() -> _Trial | None:
+        nonlocal finished
+        t = next(queue, None)
+        if t is not None or searcher is None or finished:
+            return t
+        config = searcher.suggest(f"sim{len(trials):05d}")
+        if config == Searcher.FINISHED:
+            finished = True
+        return add(config) if isinstance(config, dict) else None  # None: Tune asks again later
 
     def result(t):
         e = epochs[t.trial_id]
@@ -259,10 +351,12 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
         t.status = Trial.TERMINATED
         if asha:
             scheduler.on_trial_complete(ctl, t, res)
+        if searcher is not None:  # Tune tells the searcher of every trial's end (its round ends on them)
+            searcher.on_trial_complete(t.trial_id, res)
 
     while True:
         unfinished = sum(t.status != Trial.TERMINATED for t in ctl.trials)
-        while unfinished < slots and (t := next(queue, None)) is not None:
+        while unfinished < slots and (t := next_trial()) is not None:
             ctl.trials.append(t)
             if asha:
                 scheduler.on_trial_add(ctl, t)
@@ -293,31 +387,8 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
             elif decision == TrialScheduler.PAUSE:
                 t.status = Trial.PAUSED
 
-    runs = []
-    for t, config, d in zip(trials, resolved, draws):
-        done = epochs[t.trial_id]
-        if done == 0:
-            continue
-        values = {e: float(d.val[e - 1]) for e in range(1, done + 1)}
-        best = best_epoch(values)
-        final = {CIDER: values[done]}
-        test = done == total and config["train"].get("test_at_end") and model.test_images
-        if test:
-            final[TEST_CIDER] = float(d.per_image("test", best).mean())
-
-        def per_image(split, d=d, best=best, test=test):
-            if (split == "test" and not test) or (split == "val" and not model.val_images):
-                return None
-            scores = d.per_image(split, best)
-            return {str(i): float(v) for i, v in enumerate(scores)}
-
-        runs.append(RecordTrial(t.trial_id, name=f"rehearsal-{t.trial_id}", status="FINISHED",
-                                sampled=dict(t.config), config=config, config_hash=d.group, final=final,
-                                best_value=values[best], best_step=best, history={CIDER: sorted(values.items())},
-                                stopped_early=scheduler.stopped_early(t.trial_id) if asha else None,
-                                per_image=per_image))
-    return Study(f"{spec.name}{'' if spec.name.endswith(NAME_SUFFIX) else NAME_SUFFIX}", runs,
-                 metric=spec.metric, mode=spec.mode)
+    return Study(f"{spec.name}{'' if spec.name.endswith(NAME_SUFFIX) else NAME_SUFFIX}",
+                 [record(i) for i, t in enumerate(trials) if epochs[t.trial_id]], metric=spec.metric, mode=spec.mode)
 
 
 # -- what happened ---------------------------------------------------------------------------------------------------
@@ -326,7 +397,11 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
     trials run and stopped (by rung), trial-epochs run against planned, the best group (`dashboards.stats.
     best_group`, the summary's and compare's rule) and whether it is a true best, whether a true best group survived
     early stopping, and each row of `a2 study compare`'s comparison (`study_comparison`) against its baseline: the
-    verdict, its interval's width and the true gap."""
+    verdict, its interval's width and the true gap. With adaptive replicates (`spec.replicate_rounds`) a row's
+    verdict is the design's, as the study's summary gives it (`launch.adaptive.amend_summary` over `study_rounds`:
+    resolved only where Holm over the sequential p-values resolved it; `seeds` the arm's at its last look, `state`
+    open, resolved or futile), and `seed_trials` counts the trials the design ran against `planned_trials`, the
+    fixed design's (every configuration every seed to the maximum)."""
     runs = [r for r in study.runs if r.best_value is not None]
     groups = configurations(runs)
     true = {g[0].config_hash: model.mean_of(g[0].config) for g in groups}
@@ -337,6 +412,7 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
     chosen = best_configuration(groups, spec.mode)  # compare's best configuration (`dashboards.stats.best_group`)
     survived = any(true[g[0].config_hash] == top and not any(r.stopped_early for r in g) for g in groups)
     comparison, _, _ = study_comparison(study, by)
+    design = _design_verdicts(spec, study, comparison)
     table = dict(model.means)  # a row's label is its value of `by` ("fusion=none" for a reference row)
     label_mean = {arm.label: table.get(arm.label.split("=")[-1]) for arm, _ in comparison.rows}
     rows = {}
@@ -344,24 +420,47 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
         if label_mean.get(label) is None or label_mean.get(comparison.baseline) is None:
             continue  # rows by another key than the model's: no true gap known
         gap = label_mean[label] - label_mean[comparison.baseline]
-        rows[label] = {"delta": diff.delta, "low": diff.low, "high": diff.high, "resolved": diff.resolved,
-                       "right": diff.resolved and (diff.delta > 0) == (gap > 0) and gap != 0,
-                       "wrong": diff.resolved and ((diff.delta > 0) != (gap > 0) or gap == 0),
+        entry = design.get(label)  # the adaptive design's verdict, None for a fixed number of seeds
+        resolved = bool(entry["resolved"]) if entry else diff.resolved
+        rows[label] = {"delta": diff.delta, "low": diff.low, "high": diff.high, "resolved": resolved,
+                       "right": resolved and (diff.delta > 0) == (gap > 0) and gap != 0,
+                       "wrong": resolved and ((diff.delta > 0) != (gap > 0) or gap == 0),
                        "width": None if diff.low is None else diff.high - diff.low, "true_gap": gap,
-                       "seeds": diff.seeds_a, "images": diff.images, "verdict": diff.verdict(),
-                       "family": diff.family}
+                       "seeds": entry["design"]["seeds"] if entry else diff.seeds_a, "images": diff.images,
+                       "verdict": entry["verdict"] if entry else diff.verdict(),
+                       "family": len(design) if entry else diff.family,
+                       "state": entry["design"]["state"] if entry else None}
+    planned = spec.num_trials * spec.total_epochs
     return {"trials": len(runs), "planned_trials": spec.num_trials, "stopped": len(stopped), "rungs": dict(rungs),
-            "epochs_run": done, "epochs_planned": spec.num_trials * spec.total_epochs,
+            "epochs_run": done, "epochs_planned": planned,
             "best_group_true_best": chosen is not None and true[chosen[0].config_hash] == top,
             "true_best_survived": survived, "split": "test" if comparison.metric == "test/CIDEr" else "val",
-            "baseline": comparison.baseline, "rows": rows}
+            "baseline": comparison.baseline, "rows": rows, "adaptive": bool(spec.replicate_rounds),
+            "seed_trials": len(runs)}
+
+
+def _design_verdicts(spec, study, comparison) -> dict[str, dict]:
+    """arm -> its entry of the adaptive study's summary (`verdict_entries`, amended by `amend_summary`: "resolved",
+    "design" the arm's `ArmState` as a dict, "verdict"); {} for a fixed number of seeds, and for an arm without a
+    look (its verdict stays `compare`'s, as in the summary)."""
+    if not spec.replicate_rounds:
+        return {}
+    from launch.adaptive import amend_summary  # its record reader: not in the Ray Train workers (`simulate`)
+
+    summary = {"verdicts": {"baseline": comparison.baseline, "metric": comparison.metric,
+                            "comparisons": verdict_entries(comparison)}}
+    amended = amend_summary(spec, study, summary)
+    return {e["arm"]: e for e in amended["verdicts"]["comparisons"] if "design" in e}
 
 
 def aggregate(outcomes: list[dict], spec, model: ScoreModel) -> dict:
     """Rates over rehearsals: the best group a true best, a true best kept, each row's verdicts (right, wrong, none)
     and mean width, trials stopped and trial-epochs run; the family's (`family_wrong`: the rehearsals with some
-    verdict wrong, the family-wise false rate when `all_equal`; `family`: the comparisons Holm adjusted over)."""
+    verdict wrong, the family-wise false rate when `all_equal`; `family`: the comparisons Holm adjusted over). With
+    adaptive replicates (`adaptive`) a row's `seeds` is the fixed design's (the maximum), `seeds_mean` the arm's mean
+    seeds at its last look, and `seed_trials_mean` the trials the design ran against `seed_trials_fixed`."""
     n = len(outcomes)
+    adaptive = bool(outcomes) and all(o.get("adaptive") for o in outcomes)
     rows, families = {}, Counter()
     for label in outcomes[0]["rows"] if outcomes else []:
         xs = [o["rows"][label] for o in outcomes if label in o["rows"]]
@@ -369,7 +468,9 @@ def aggregate(outcomes: list[dict], spec, model: ScoreModel) -> dict:
         rows[label] = {"true_gap": xs[0]["true_gap"], "right": sum(x["right"] for x in xs) / len(xs),
                        "wrong": sum(x["wrong"] for x in xs) / len(xs),
                        "none": sum(x["low"] is None for x in xs) / len(xs),
-                       "width": float(np.mean(widths)) if widths else None, "seeds": xs[0]["seeds"],
+                       "width": float(np.mean(widths)) if widths else None,
+                       "seeds": len(spec.seed_values) if adaptive else xs[0]["seeds"],
+                       "seeds_mean": float(np.mean([x["seeds"] for x in xs])),
                        "images": xs[0]["images"], "n": len(xs)}
     for o in outcomes:
         families.update(int(row.get("family", 1)) for row in o["rows"].values())
@@ -384,7 +485,10 @@ def aggregate(outcomes: list[dict], spec, model: ScoreModel) -> dict:
             "true_best_survived": sum(o["true_best_survived"] for o in outcomes) / n,
             "stopped_mean": float(np.mean([o["stopped"] for o in outcomes])),
             "epoch_share": float(np.mean([o["epochs_run"] / o["epochs_planned"] for o in outcomes])),
-            "split": Counter(o["split"] for o in outcomes).most_common(1)[0][0], "rows": rows}
+            "split": Counter(o["split"] for o in outcomes).most_common(1)[0][0], "rows": rows,
+            "adaptive": adaptive, "seed_trials_mean": float(np.mean([o.get("seed_trials", o["trials"])
+                                                                     for o in outcomes])),
+            "seed_trials_fixed": spec.num_trials}
 
 
 def mc_error(rate: float, n: int) -> float:
@@ -415,13 +519,15 @@ def aggregate_text(agg: dict, spec, model: ScoreModel, title: str, closed_form: 
     noise = Noise(model.seed_sd, model.run_sd, model.arm_image_sd, model.test_images if agg["split"] == "test"
                   else model.val_images)
     asha = spec.search.scheduler.asha is not None
+    adaptive = agg.get("adaptive", False)
     family = agg.get("family", 1)  # the comparisons Holm counted in the rehearsals' verdicts (`adjust_family`)
     wrong = agg.get("family_wrong", 0.0)
+    rule = (f"the adaptive design's, Holm over {family} arms' sequential p-values" if adaptive
+            else f"Holm over {family} comparisons" if family > 1 else "one comparison")
     if agg.get("all_equal"):
         family_line = (f"  family    every arm equal in the score model: some arm called different in {wrong:.1%} "
                        f"of {n} rehearsals (MC error +-{mc_error(wrong, n):.1%}): the family-wise false \"resolved\" "
-                       f"rate, {'Holm over ' + str(family) + ' comparisons' if family > 1 else 'one comparison'}, "
-                       f"held at 5%")
+                       f"rate, {rule}, held at 5%")
     else:
         family_line = (f"  family    some verdict wrong (an equal arm resolved, or one on the wrong side) in "
                        f"{wrong:.1%} of {n} rehearsals (MC error +-{mc_error(wrong, n):.1%}); with every arm "
@@ -432,23 +538,36 @@ def aggregate_text(agg: dict, spec, model: ScoreModel, title: str, closed_form: 
              f"(MC error +-{mc_error(agg['best_group_true_best'], n):.0%})",
              f"  compute   {agg['epoch_share']:.0%} of the planned trial-epochs on average; "
              f"{agg['stopped_mean']:.1f} trials stopped early per rehearsal",
-             family_line,
-             f"  {'difference':<28}{'true gap':>9}{'verdict rate':>14}{'wrong':>7}{'none':>6}{'mean width':>12}"
-             + (f"{'closed-form power':>19}" if closed_form else "")]
+             family_line]
+    if adaptive:
+        fixed, ran = agg["seed_trials_fixed"], agg["seed_trials_mean"]
+        lines.append(f"  seeds     adaptive replicates, rounds to {', '.join(map(str, spec.replicate_rounds))} seeds: "
+                     f"{ran:.1f} seed-trials a rehearsal on average against the fixed design's {fixed} (every "
+                     f"configuration {len(spec.seed_values)} seeds): {ran / fixed:.0%}")
+    lines.append(f"  {'difference':<28}{'true gap':>9}{'verdict rate':>14}{'wrong':>7}{'none':>6}{'mean width':>12}"
+                 + (f"{'mean seeds':>12}" if adaptive else "") + (f"{'closed-form power':>19}" if closed_form else ""))
     for label, row in agg["rows"].items():
         cf = ""
         if closed_form:  # the power `a2 study plan` prints: the adjusted verdict's when the family has several
             p = power(row["seeds"], row["true_gap"], noise, family=family) if row["true_gap"] else float("nan")
             cf = f"{'-' if math.isnan(p) else f'{p:.0%}':>19}"
         width = "-" if row["width"] is None else f"{row['width']:.2f}"
+        seeds = f"{row['seeds_mean']:>12.1f}" if adaptive else ""
         lines.append(f"    {label + ' vs baseline':<26}{row['true_gap']:>+9.1f}{row['right']:>13.0%} "
-                     f"{row['wrong']:>6.0%}{row['none']:>6.0%}{width:>12}{cf}")
-    adjusted = (f"Holm-adjusted over the family's {family} comparisons, as `compare` prints it" if family > 1
-                else "the comparison's own 95% interval")
+                     f"{row['wrong']:>6.0%}{row['none']:>6.0%}{width:>12}{seeds}{cf}")
+    if adaptive:
+        adjusted = (f"the adaptive design's, as the study's summary gives it: resolved where Holm over the {family} "
+                    f"arms' sequential p-values resolved it (launch.adaptive.amend_summary)")
+    else:
+        adjusted = (f"Holm-adjusted over the family's {family} comparisons, as `compare` prints it" if family > 1
+                    else "the comparison's own 95% interval")
     power_note = (f" and is the adjusted verdict's at Holm's first step (5% / {family}: a lower bound of Holm's power)"
                   if family > 1 else "")
+    if adaptive:
+        power_note += f", of the fixed design at the maximum, {len(spec.seed_values)} seeds"
+    seeds_note = ("; mean seeds: an arm's at its last look, fewer where it settled early" if adaptive else "")
     lines.append(f"  (verdict rate: the verdict, {adjusted}, resolves on the true side; +-{mc_error(0.5, n):.0%} at "
-                 f"most over {n} rehearsals. The closed-form power (`a2 study plan`) ignores early stopping"
+                 f"most over {n} rehearsals{seeds_note}. The closed-form power (`a2 study plan`) ignores early stopping"
                  + power_note + ("; this study stops groups at its rungs, so their rows may differ)" if asha else ")"))
     return "\n".join(lines)
 

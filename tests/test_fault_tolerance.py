@@ -122,7 +122,9 @@ def test_trial_finishes_after_losing_its_worker_node(tmp_path, tiny_data, ray_cl
     assert mlflow_trials(uri, name)[trial_id].info.status == "FINISHED"
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "train"])
+# a one-worker study's driver killed: tests/test_kill_anywhere.py's sweep, at every window of its writes (the same
+# checks: every trial once, its epochs resumed, MLflow's points once, the lost runs ended KILLED)
+@pytest.mark.parametrize("workers", [2], ids=["train"])
 def test_study_resumes_after_the_driver_is_killed(tmp_path, tiny_data, mlflow_server, workers):  # noqa: F811
     name = f"ft-driver-{workers}w-{os.getpid()}"  # the server lives for the whole session
     storage = tmp_path / "studies"
