@@ -263,12 +263,7 @@ class RoundDecider:
         rows = [Trial(tid, state="TERMINATED", sampled=dict(config)) for tid, config in trials.items()]
         record = StudyRecord.load(self.location, self.spec, trials=rows)
         rounds = study_rounds(self.spec, record.study())
-        arm_of = {group: self._arm(config) for group, config in configs.items()}
-        if rounds is None or not rounds.arms:  # nothing to compare: every configuration gets every round
-            chosen = list(configs)
-        else:
-            open_arms = {a.arm for a in rounds.arms.values() if a.state == "open"}
-            chosen = [g for g, arm in arm_of.items() if arm in open_arms or (open_arms and arm == rounds.baseline)]
+        chosen = next_round_groups(self.spec, rounds, configs)
         if rounds is not None:
             following = finished + 2 if chosen and finished + 1 < len(rounds.rounds) else finished + 1
             rounds = replace(rounds, round=following, done=not chosen or finished + 1 >= len(rounds.rounds))
@@ -277,5 +272,15 @@ class RoundDecider:
                 print(line, flush=True)
         return chosen
 
-    def _arm(self, config: dict) -> str:
-        return str(self.spec.trial_config({k: v for k, v in config.items() if k != "seed"})["model"].get(BY))
+
+
+def next_round_groups(spec, rounds: Rounds | None, configs: dict[str, dict]) -> list[str]:
+    """The groups (of `configs`: group -> its suggestion) that get the next round's seeds after `rounds` (the
+    design's state, `study_rounds`): the open arms' configurations, and the baseline's while any arm is open; every
+    configuration while no arm has taken a look (nothing to compare yet)."""
+    if rounds is None or not rounds.arms:
+        return list(configs)
+    open_arms = {a.arm for a in rounds.arms.values() if a.state == "open"}
+    arm_of = {group: str(spec.trial_config({k: v for k, v in config.items() if k != "seed"})["model"].get(BY))
+              for group, config in configs.items()}
+    return [g for g, arm in arm_of.items() if arm in open_arms or (open_arms and arm == rounds.baseline)]

@@ -6,19 +6,24 @@ ASHA, the trials' storage, the record, the MLflow export, `summary.json`) on Ray
 Ray's declared (logical) resources, each trial's `a2core.train.train` swapped for `stand_in_train`
 (`launch.trainable.swapped_trainer`), which sleeps `epoch_seconds x time_scale` an epoch and reports what the score
 model draws. Further rehearsals (`--repeat N`, `plan --rehearse N`) redraw the noise and run the statistical part
-without Ray (`simulate`): the same searcher's configurations (`GridCrossedSearcher`, asked in Tune's order), the same
-scheduler object deciding on the same results (`launch.search.build_scheduler`: `ReplicateASHA`'s hooks, fed epoch by
-epoch in the order `max_concurrent_trials` slots run them), the same record-to-verdict code (`dashboards.compare.
-study_comparison`, `dashboards.stats.best_group`). Both paths end in a `dashboards.runs.Study`, read by `analyse`.
+without Ray (`simulate`): the same searcher's configurations (`GridCrossedSearcher`, asked in Tune's order), the
+same scheduler object deciding on the same results (`launch.search.build_scheduler`: `ReplicateASHA`'s hooks, fed
+epoch by epoch in the order `max_concurrent_trials` slots run them), the same record-to-verdict code
+(`dashboards.compare.study_comparison`, `dashboards.stats.best_group`). A study with adaptive replicates runs its
+rounds there as the driver does: its searcher hands each round out, `RehearsalDecider`
+(`launch.adaptive.study_rounds` on the simulated record, `RoundDecider`'s choice) picks the configurations of the
+next, and `analyse` reads the design's verdicts (`launch.adaptive.amend_summary`). Both paths end in a
+`dashboards.runs.Study`, read by `analyse`.
 
 The score model (`ScoreModel`): a configuration's true final mean by one config key (`by`, default the fusion: the
 paper's Table 3, `dashboards.paper_results`; or the arms of a results record, `--from-record`), plus the noise the
-plan assumes (`dashboards.stats.Noise`): a seed's shift (seed_sd), a run's own per-image noise (run_sd), an arm's own
-per-image strengths (arm_image_sd, drawn once per configuration and image), over the val and test images the study
-scores. A learning curve scales the run's mean over epochs: curve(e) = 1 - drop (1 - e / E)^2 (the last epoch at
-the full mean; `drop` 0.3: a first epoch at ~half the final CIDEr for E = 20, as cross-entropy training of the
-paper's model). The val score of an epoch is curve(e) (mean + shift) + the arm's val-image mean + the mean of the
-run's per-image noise that epoch; the test scores are at the selected (best val) epoch.
+plan assumes (`dashboards.stats.Noise`): a seed's shift (seed_sd; normal, or Student's t with `seed_df` d.f.), a
+run's own per-image noise (run_sd), an arm's own per-image strengths (arm_image_sd, drawn once per configuration and
+image), over the val and test images the study scores. A learning curve scales the run's mean over epochs: curve(e)
+= 1 - drop (1 - e / E)^2 (the last epoch at the full mean; `drop` 0.3: a first epoch at ~half the final CIDEr for E
+= 20, as cross-entropy training of the paper's model). The val score of an epoch is curve(e) (mean + shift) + the
+arm's val-image mean + the mean of the run's per-image noise that epoch; the test scores are at the selected (best
+val) epoch.
 
 A rehearsal is labelled wherever it is read: its name ends in `-rehearsal` (storage folder, MLflow experiment, every
 table header), `rehearsal.json` sits next to `study.yaml`, `summary.json` carries `"rehearsal"`, `status` and `compare`
@@ -74,6 +79,7 @@ class ScoreModel:
     drop: float = LEARNING_DROP
     seed: int = 0
     source: str = ""
+    seed_df: float = 0.0  # > 2: a seed's shift is Student's t with these d.f., scaled to seed_sd; else normal
 
     def mean_of(self, config: dict) -> float:
         value = str(get_dotted(config, self.by))
@@ -133,7 +139,10 @@ def draw(model: ScoreModel, config: dict, repeat: int = 0) -> Draws:
     total = int(config["train"]["xe_epochs"]) + int(config["train"]["scst_epochs"])
     mean = model.mean_of(config)
     rng = _rng(model, repeat, "run", group, seed)
-    shift = float(rng.normal(0.0, model.seed_sd))
+    if model.seed_df > 2:
+        shift = float(rng.standard_t(model.seed_df) * model.seed_sd / math.sqrt(model.seed_df / (model.seed_df - 2)))
+    else:
+        shift = float(rng.normal(0.0, model.seed_sd))
     epoch_noise = rng.normal(0.0, model.run_sd / math.sqrt(max(model.val_images, 1)), total)
     arm_val = float(_rng(model, repeat, "arm", group, "val").normal(0.0, model.arm_image_sd, model.val_images).mean())
     val = np.array([curve(e, total, model.drop) * (mean + shift) for e in range(1, total + 1)]) + arm_val + epoch_noise
@@ -251,17 +260,9 @@ class RehearsalDecider:
         self.spec, self.study_now = spec, study_now
 
     def next_round(self, finished: int, configs: dict[str, dict], trials: dict[str, dict]) -> list[str]:
-        from launch.adaptive import BY, study_rounds  # as in `simulate`
+        from launch.adaptive import next_round_groups, study_rounds  # as in `simulate`
 
-        rounds = study_rounds(self.spec, self.study_now())
-        arm_of = {group: str(self.spec.trial_config({k: v for k, v in config.items() if k != "seed"})["model"]
-                             .get(BY)) for group, config in configs.items()}
-        if rounds is None or not rounds.arms:
-            chosen = list(configs)
-        else:
-            open_arms = {a.arm for a in rounds.arms.values() if a.state == "open"}
-            chosen = [g for g, arm in arm_of.items() if arm in open_arms or (open_arms and arm == rounds.baseline)]
-        return chosen
+        return next_round_groups(self.spec, study_rounds(self.spec, self.study_now()), configs)
 
 
 def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = None):
@@ -303,6 +304,8 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
     searcher = round_searcher(spec, configs) if spec.replicate_rounds else None
     finished = False  # the searcher said FINISHED
 
+    scored: dict[tuple[int, str], dict] = {}  # (trial, split) -> its per-image scores, once it has ended
+
     def record(i: int) -> RecordTrial:
         t, config, d = trials[i], resolved[i], draws[i]
         done = epochs[t.trial_id]
@@ -313,11 +316,12 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
         if test:
             final[TEST_CIDER] = float(d.per_image("test", best).mean())
 
-        def per_image(split, d=d, best=best, test=test):
+        def per_image(split, d=d, best=best, test=test, key=i):
             if (split == "test" and not test) or (split == "val" and not model.val_images):
                 return None
-            scores = d.per_image(split, best)
-            return {str(i): float(v) for i, v in enumerate(scores)}
+            if (key, split) not in scored:  # an ended trial's scores, read again at each round's end
+                scored[key, split] = {str(i): float(v) for i, v in enumerate(d.per_image(split, best))}
+            return scored[key, split]
 
         return RecordTrial(t.trial_id, name=f"rehearsal-{t.trial_id}", state="TERMINATED", status="FINISHED",
                            sampled=dict(t.config), config=config, config_hash=d.group, final=final,
@@ -576,7 +580,8 @@ def model_text(model: ScoreModel) -> str:
     means = ", ".join(f"{k} {v:.1f}" for k, v in model.means)
     return (f"score model ({model.source}): final mean by {model.by}: {means}; seed sd {model.seed_sd:.2f}, run x "
             f"image sd {model.run_sd:.1f}, arm x image sd {model.arm_image_sd:.1f}, over {model.val_images:,} val "
-            f"and {model.test_images:,} test images; learning curve 1 - {model.drop:g} (1 - e/E)^2; seed {model.seed}")
+            f"and {model.test_images:,} test images; learning curve 1 - {model.drop:g} (1 - e/E)^2; seed {model.seed}"
+            + (f"; seed shifts t({model.seed_df:g})" if model.seed_df > 2 else ""))
 
 
 # -- building the model and the rehearsal's study --------------------------------------------------------------------
