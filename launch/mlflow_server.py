@@ -46,6 +46,14 @@ def serve(backend: str, artifacts_destination: str | None = None, s3_endpoint_ur
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     if s3_endpoint_url:
         env["MLFLOW_S3_ENDPOINT_URL"] = s3_endpoint_url
+    if backend.startswith("postgresql"):
+        # SQLAlchemy's default pool (5 + 10 overflow a worker, 30 s to wait for one) is fewer connections than a
+        # worker's request threads: 32 trials logging at once on a busy host waited past 30 s and got "QueuePool
+        # limit ... reached" as BAD_REQUEST. Up to 40 a worker, the workers together within 90 of PostgreSQL's
+        # default max_connections of 100 (never fewer than SQLAlchemy's 15); the environment's own values win.
+        connections = min(40, max(15, 90 // max(1, int(workers))))
+        env.setdefault("MLFLOW_SQLALCHEMYSTORE_POOL_SIZE", "10")
+        env.setdefault("MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW", str(connections - 10))
     os.execve(sys.executable, [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
                                "--artifacts-destination", dest, "--serve-artifacts", "--host", host,
                                "--port", str(int(port)), "--workers", str(int(workers))], env)

@@ -63,7 +63,7 @@ def team_server(postgres_uri, tmp_path):
         except Exception:
             proc.kill()
             pytest.fail(f"a2 mlflow serve did not come up:\n{log_path.read_text(errors='replace')[-4000:]}")
-        yield url, proc
+        yield url, proc, log_path
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -73,7 +73,10 @@ def team_server(postgres_uri, tmp_path):
 
 
 def test_postgres_server_keeps_every_metric_of_concurrent_studies_once(team_server, postgres_uri):
-    url, proc = team_server
+    url, proc, log_path = team_server
+    # each of the 2 workers may hold 40 connections (a request never waits 30 s for one on a busy host, which gave
+    # "QueuePool limit of size 5 overflow 10 reached" with SQLAlchemy's default pool), 80 within PostgreSQL's 100
+    assert "'pool_size': 10, 'max_overflow': 30" in log_path.read_text(errors="replace")
     with ProcessPoolExecutor(STUDIES, mp_context=multiprocessing.get_context("spawn")) as pool:
         assert sorted(pool.map(drive_study, [url] * STUDIES, range(STUDIES))) == list(range(STUDIES))
 
