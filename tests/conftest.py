@@ -12,7 +12,8 @@ from tests.s3server import keep_session_environment, s3_endpoint  # noqa: F401
 # on one machine confuse Ray Train, so every test that can start Ray is in one xdist group, "ray", which one worker
 # runs in order while the other runs the rest. A test is in that group when its module is not named here, or when it
 # is marked `@pytest.mark.ray` in a module that is: these modules start no Ray elsewhere (`ray_started_below` fails a
-# test outside the group that does).
+# test outside the group that does). A test of a module not named here that starts no Ray (a docs block that trains
+# locally) is marked `@pytest.mark.outside_ray_group` and runs beside the group, watched the same way.
 WITHOUT_RAY = {
     "test_a2_objective", "test_adaptive_replicates", "test_adapters", "test_beam_compaction", "test_bench_asha", "test_bench_data",
     "test_bench_noise", "test_best_epoch", "test_calibration", "test_checkpoint", "test_checkpoint_windows", "test_cli",
@@ -32,7 +33,9 @@ RAY_PROCESSES = {"raylet", "gcs_server"}
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
-        if Path(str(item.fspath)).stem not in WITHOUT_RAY or item.get_closest_marker("ray") is not None:
+        in_ray_module = Path(str(item.fspath)).stem not in WITHOUT_RAY
+        if (in_ray_module and item.get_closest_marker("outside_ray_group") is None
+                or item.get_closest_marker("ray") is not None):
             item.add_marker(pytest.mark.xdist_group("ray"))
 
 

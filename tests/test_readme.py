@@ -106,7 +106,19 @@ def test_the_docs_pages_blocks_are_collected():
         "a block outside the README and the tutorial runs: keep the docs' run time what it is (mark it skip: REASON)"
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[_block_id(i, b) for i, b in enumerate(BLOCKS)])
+# commands that start a local Ray: a block with none of them (`a2 data synth`, `a2 train`, `a2 decode`, `a2 evaluate`)
+# runs beside the "ray" xdist group (tests/conftest.py fails it if it starts one after all)
+RAY_COMMANDS = ("a2 study run", "a2 study resume", "a2 study rehearse", "a2 pipeline", "a2 package", "ray ",
+                "python3 -m pytest")
+
+
+def _block_param(index: int, block: dict):
+    starts_ray = any(line.lstrip().startswith(RAY_COMMANDS) or " && a2 pipeline" in line for line in block["lines"])
+    marks = () if starts_ray or block["mode"] == "skip" else (pytest.mark.outside_ray_group,)
+    return pytest.param(index, marks=marks, id=_block_id(index, block))
+
+
+@pytest.mark.parametrize("index", [_block_param(i, b) for i, b in enumerate(BLOCKS)])
 def test_readme_block_runs_as_written(index, clone, tmp_path_factory):
     block = BLOCKS[index]
     if block["mode"] == "skip":
