@@ -7,8 +7,9 @@ arm takes it when it and the baseline have rounds[r] seeds there, and its p-valu
 (`Difference.p`) with the seed variance pooled over every arm of the study at that look (`pooled_differences`; the
 design's `pool_arms`, settled arms' seeds included). `decide` then applies the design of `dashboards.sequential`
 (`launch.plan.study_design`): the sequential p-value over the looks taken (`sequential_p`), Holm over the arms
-(`dashboards.stats.holm`), and futility against the plan's gap. The decision is a function of the record alone, so a resumed driver, `a2 study status` and
-the end of the study read the same one; `ROUNDS_FILE` keeps the round the study is in and each arm's state.
+(`dashboards.stats.holm`), and futility against the plan's gap. The decision is a function of the record alone,
+so a resumed driver, `a2 study status` and the end of the study read the same one; `ROUNDS_FILE` keeps the round
+the study is in and each arm's state.
 `RoundDecider` is what the study's searcher (`launch.search.GridCrossedSearcher`) asks at the end of each round.
 """
 from __future__ import annotations
@@ -271,7 +272,6 @@ class RoundDecider:
             for line in rounds.lines():
                 print(line, flush=True)
         return chosen
-
 
 
 def next_round_groups(spec, rounds: Rounds | None, configs: dict[str, dict]) -> list[str]:
