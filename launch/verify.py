@@ -48,6 +48,7 @@ TESTED_RAY = "2.60"
 _ROOT_FILES = (("experiment_state-", ".json", "json"), ("search_gen_state-", ".json", "pickle"),
                ("searcher-state-", ".pkl", "pickle"), ("callback-states-", ".pkl", "pickle"),
                ("tuner", ".pkl", "pickle"))
+CALLBACK_STATES = "callback-states-"  # Tune's CallbackList CKPT_FILE_TMPL: read from staging after the searcher
 COPIES_DIR = "state-copies"  # below the study: the last whole copy of each of Tune's root files
 
 
@@ -185,14 +186,17 @@ def keep_out_of_tunes_uploads(staging: str) -> list[str]:
     record-digest.json, data-fingerprint.json), which Tune 2.60's restore copies there with its own
     (`_ExperimentCheckpointManager.sync_down_experiment_state`: every .json and .pkl at the experiment's root) and its
     every later experiment checkpoint copies back over the study's, a plain copy of what they were at the restore: a
-    heartbeat read mid-copy found the lease empty, and the adaptive design's round went back to where it was. The
-    names removed; nothing when `staging` holds the study's own `study.yaml` (the study's folder itself)."""
+    heartbeat read mid-copy found the lease empty, and the adaptive design's round went back to where it was. Tune's
+    own files of the session it restored go too (its experiment state, searcher states and `tuner.pkl`, all read by
+    then): each upload copied them over themselves again, plainly, and a kill in the middle left one cut short. Kept:
+    the callback states, which Tune reads from this folder next. The names removed; nothing when `staging` holds the
+    study's own `study.yaml` (the study's folder itself)."""
     folder = Path(staging)
     if not folder.is_dir() or (folder / STUDY_FILE).exists():
         return []
     removed = []
     for entry in sorted(folder.iterdir()):
-        if entry.is_file() and entry.suffix in (".json", ".pkl") and _root_kind(entry.name) is None:
+        if entry.is_file() and entry.suffix in (".json", ".pkl") and not entry.name.startswith(CALLBACK_STATES):
             entry.unlink(missing_ok=True)
             removed.append(entry.name)
     return removed

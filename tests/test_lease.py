@@ -136,19 +136,21 @@ def test_a_lease_copied_over_in_place_is_not_read_as_lost(tmp_path):
 
 def test_a2s_root_files_are_kept_out_of_tunes_restore_staging(tmp_path):
     """Tune's restore copies every .json and .pkl at the study's root into its staging folder and uploads that
-    folder back at each experiment checkpoint: a2's files are removed from it, Tune's kept."""
+    folder back at each experiment checkpoint, plainly: a2's files are removed from it, and Tune's own that the
+    restore has read; the callback states, read next, stay."""
     from launch.verify import keep_out_of_tunes_uploads
 
     staging = tmp_path / "driver_artifacts"
     staging.mkdir()
-    tunes = ["experiment_state-2026-12-02_10-46-00.json", "search_gen_state-2026-12-02_10-46-00.json",
-             "searcher-state-2026-12-02_10-46-00.pkl", "tuner.pkl"]
+    read = ["experiment_state-2026-12-02_10-46-00.json", "search_gen_state-2026-12-02_10-46-00.json",
+            "searcher-state-2026-12-02_10-46-00.pkl", "tuner.pkl"]  # Tune's, read by the restore already
     ours = ["data-fingerprint.json", "lease.json", "record-digest.json", "rounds.json", "summary.json"]
-    for name in tunes + ours:
+    kept = ["callback-states-2026-12-02_10-46-00.pkl"]  # Tune reads it from there next
+    for name in read + ours + kept:
         (staging / name).write_text("{}")
     (staging / "a2_trial_1").mkdir()
-    assert keep_out_of_tunes_uploads(str(staging)) == ours
-    assert sorted(p.name for p in staging.iterdir()) == sorted(tunes + ["a2_trial_1"])
+    assert keep_out_of_tunes_uploads(str(staging)) == sorted(read + ours)
+    assert sorted(p.name for p in staging.iterdir()) == ["a2_trial_1", *kept]
     study = tmp_path / "study"  # the study's own folder (its study.yaml): never emptied, whoever passes it
     study.mkdir()
     for name in ("study.yaml", *ours):
