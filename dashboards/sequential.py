@@ -117,12 +117,10 @@ def simulate(design: Design, noise: Noise, deltas: Sequence[float], configs: Seq
         var = seeds[:, :, :n].var(axis=2, ddof=1) / n  # squared standard errors over seeds
         pooled = None
         if design.pool_arms:  # every arm's seeds run so far, settled arms' included: sum of (n_i - 1) d.f.
-            taken = np.arange(n_max) < ran[:, :, None]
-            counts = ran.sum(axis=1)
+            taken = np.arange(n_max) < ran[:, :, None]  # (studies, arms, seeds)
             centred = np.where(taken, seeds - (seeds * taken).sum(axis=2, keepdims=True) / ran[:, :, None], 0.0)
-            pooled_df = counts - ran.shape[1]
-            pooled = ((centred ** 2).sum(axis=(1, 2)) / pooled_df, pooled_df)
-            pooled = tuple(x[:, None] for x in pooled)
+            pooled_df = ran.sum(axis=1) - ran.shape[1]  # (studies,)
+            pooled = (((centred ** 2).sum(axis=(1, 2)) / pooled_df)[:, None], pooled_df[:, None])
         delta = means[:, 1:] - means[:, :1]  # (studies, k)
         extra = {}
         if m:  # the per-image statistics: the differences' variance over the images and the arms' residuals

@@ -45,10 +45,10 @@ from launch.storage import open_location
 # inside its JSON: `tune_checkpoint_paths`). tests/test_adapters.py and tests/test_checkpoint_windows.py hold them
 # against the installed Ray, and pyproject.toml allows only the Ray release they were read from.
 TESTED_RAY = "2.60"
-_ROOT_FILES = (("experiment_state-", ".json", "json"), ("search_gen_state-", ".json", "pickle"),
-               ("searcher-state-", ".pkl", "pickle"), ("callback-states-", ".pkl", "pickle"),
-               ("tuner", ".pkl", "pickle"))
 CALLBACK_STATES = "callback-states-"  # Tune's CallbackList CKPT_FILE_TMPL: read from staging after the searcher
+_ROOT_FILES = (("experiment_state-", ".json", "json"), ("search_gen_state-", ".json", "pickle"),
+               ("searcher-state-", ".pkl", "pickle"), (CALLBACK_STATES, ".pkl", "pickle"),
+               ("tuner", ".pkl", "pickle"))
 COPIES_DIR = "state-copies"  # below the study: the last whole copy of each of Tune's root files
 
 
@@ -182,15 +182,14 @@ def _root_kind(name: str) -> str | None:
 
 def keep_out_of_tunes_uploads(staging: str) -> list[str]:
     """Remove from Tune's local staging folder of a resumed study (`staging`, its driver_artifacts) every top-level
-    .json or .pkl file that is not one of Tune's own: a2's root files (lease.json, summary.json, rounds.json,
-    record-digest.json, data-fingerprint.json), which Tune 2.60's restore copies there with its own
-    (`_ExperimentCheckpointManager.sync_down_experiment_state`: every .json and .pkl at the experiment's root) and its
-    every later experiment checkpoint copies back over the study's, a plain copy of what they were at the restore: a
-    heartbeat read mid-copy found the lease empty, and the adaptive design's round went back to where it was. Tune's
-    own files of the session it restored go too (its experiment state, searcher states and `tuner.pkl`, all read by
-    then): each upload copied them over themselves again, plainly, and a kill in the middle left one cut short. Kept:
-    the callback states, which Tune reads from this folder next. The names removed; nothing when `staging` holds the
-    study's own `study.yaml` (the study's folder itself)."""
+    .json or .pkl file but the callback states (which Tune reads from there next). Tune 2.60's restore copies every
+    .json and .pkl at the experiment's root there (`_ExperimentCheckpointManager.sync_down_experiment_state`), and
+    each later experiment checkpoint copies the folder back over the study, plainly (truncate, then write):
+    - a2's root files (lease.json, summary.json, rounds.json, record-digest.json, data-fingerprint.json) went back to
+      their restore-time copies: a heartbeat read mid-copy found the lease empty, the adaptive round went back;
+    - Tune's own files of the session it restored (experiment state, searcher states, `tuner.pkl`, all read by then)
+      were copied over themselves, a kill in the middle leaving one cut short.
+    The names removed; nothing when `staging` holds the study's own `study.yaml` (the study's folder itself)."""
     folder = Path(staging)
     if not folder.is_dir() or (folder / STUDY_FILE).exists():
         return []
