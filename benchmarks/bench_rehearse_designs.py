@@ -5,6 +5,7 @@ default noise (the plan's), at the paper's gaps (power) and with every arm equal
     python benchmarks/bench_rehearse_designs.py 400 fixed5
     python benchmarks/bench_rehearse_designs.py 400 adaptive 3       # t(3) seed shifts
     python benchmarks/bench_rehearse_designs.py 800 fixed5 0 400     # repeats 400-1,199, every arm equal only
+    python benchmarks/bench_rehearse_designs.py 1200 confirm5 0 0     # confirmation seeds, every arm equal only
 
 One JSON line a case: the family-wise false rate, each arm's power (resolved on its true side), its mean seeds at its
 last look, the seed-trials run. About 0.5 s a rehearsal of fixed 5 seeds on a 2-core box, 1.5 s of the adaptive."""
@@ -22,7 +23,10 @@ from launch import rehearse  # noqa: E402
 from launch.spec import load_study  # noqa: E402
 
 DESIGNS = {"fixed5": ["search.replicates=5"], "fixed7": ["search.replicates=7"],
-           "adaptive": ["search.replicates={min: 3, max: 9}"]}
+           "adaptive": ["search.replicates={min: 3, max: 9}"],
+           # 2 seeds of every configuration to choose each fusion's one, then 3 or 5 confirmation seeds of it
+           "confirm3": ["search.replicates=2", "search.confirm=3"],
+           "confirm5": ["search.replicates=2", "search.confirm=5"]}
 FUSIONS = ("none", "max", "moving_average", "exp_decay", "gate")
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from a2core.errors import DataError, StudyError
 from dashboards.runs import (CIDER, SELECTION_COLUMN, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, Study, Trial,
                              group_value, searched_keys, sort_key)
-from dashboards.stats import Arm, Comparison, best_group, compare_arms
+from dashboards.stats import Arm, Comparison, adjust_family, best_group, compare_arms, pooled_differences
 from dashboards.tables import text_table
 
 BASELINE = "none"
@@ -66,29 +66,57 @@ def per_image_scores(group: list[Trial], split: str = "val") -> tuple[np.ndarray
     return (np.asarray(rows), ids) if rows else (None, None)
 
 
+def seed_number(run: Trial) -> int | None:
+    try:
+        return int(run.seed)
+    except (TypeError, ValueError):
+        return None
+
+
+def chosen_configuration(runs: list[Trial], study: Study) -> tuple[list[Trial], bool]:
+    """(the runs a row shows of `runs`' best configuration, whether they are its confirmation seeds). Without
+    confirmation seeds (`study.confirm_from` None) the best group (`best_configuration`) whole. With them, the
+    group is chosen on its seeds below `confirm_from`, and the row is its seeds from `confirm_from` on, which the
+    choice never saw: a seed that lifted a configuration on val lifts it on test too, so a verdict on the seeds it
+    was chosen by leans its way (docs/explanation/statistics.md, "Confirmation seeds"). Before those seeds have run,
+    the row is the seeds it was chosen on (False)."""
+    first = study.confirm_from
+    if first is None:
+        return best_configuration(configurations(runs), study.mode), False
+    searched = [[r for r in g if seed_number(r) is None or seed_number(r) < first] for g in configurations(runs)]
+    best = best_configuration([g for g in searched if g], study.mode)
+    if not best:
+        return best, False
+    confirmed = [r for r in next(g for g in configurations(runs) if g[0].config_hash == best[0].config_hash)
+                 if seed_number(r) is not None and seed_number(r) >= first]
+    return (confirmed, True) if confirmed else (best, False)
+
+
 def study_comparison(study: Study, by: str = "fusion",
                      baseline: str | None = None) -> tuple[Comparison, dict[str, str], int]:
     """(the comparison, each row's config text, number of runs with val CIDEr). `baseline`: the value of `by`
-    whose row the others are compared with, else the best fusion none configuration."""
+    whose row the others are compared with, else the best fusion none configuration. With confirmation seeds
+    (`study.confirm_from`) each row is its chosen configuration's confirmation seeds (`chosen_configuration`), and
+    there are no verdicts until every row has them (`Comparison.note` says so)."""
     runs = [r for r in study.runs if r.best_value is not None]
     buckets: dict[str, list[Trial]] = {}
     for r in runs:
         value = group_value(r, by)
         if value is not None:
             buckets.setdefault(str(value), []).append(r)
-    labelled = {value: best_configuration(configurations(buckets[value]), study.mode)
-                for value in sorted(buckets, key=sort_key)}
+    picks = {value: chosen_configuration(buckets[value], study) for value in sorted(buckets, key=sort_key)}
+    labelled = {value: group for value, (group, _) in picks.items()}
     if baseline is not None and baseline not in labelled:
         raise StudyError(f"--baseline {baseline}: no run of study {study.name} with val/CIDEr has {by}={baseline} "
                          f"(it has {', '.join(labelled) or 'none'})")
     base_runs = [r for r in runs if r.fusion == BASELINE]
     if baseline is None and base_runs:
-        base = best_configuration(configurations(base_runs), study.mode)
+        base, confirmed = chosen_configuration(base_runs, study)
         ids = {r.trial_id for r in base}
         baseline = next((value for value, group in labelled.items() if {r.trial_id for r in group} == ids), None)
         if baseline is None:  # rows of another key (--by lambda): the baseline is a reference row
             baseline = f"fusion={BASELINE}"
-            labelled[baseline] = base
+            labelled[baseline], picks[baseline] = base, (base, confirmed)
     # Rows are selected on the val images; their differences rest on the test split (each run's selected
     # checkpoint decoded with beam search when it ended) when every chosen run has it, else on val.
     chosen = [r for g in labelled.values() for r in g]
@@ -101,8 +129,25 @@ def study_comparison(study: Study, by: str = "fusion",
     keys = [k for k in searched_keys(chosen) if not k.endswith(by)]
     configs = {label: ", ".join(f"{k}={group[0].params[k]}" for k in keys if k in group[0].params)
                for label, group in labelled.items()}
-    comparison = compare_arms(arms, baseline=baseline, metric=TEST_CIDER if on_test else CIDER, metrics=metrics,
-                              label="test CIDEr" if on_test else "val CIDEr")
+    options = dict(metric=TEST_CIDER if on_test else CIDER, metrics=metrics,
+                   label="test CIDEr" if on_test else "val CIDEr")
+    pending = [label for label in labelled if not picks[label][1]] if study.confirm_from is not None else []
+    if not pending:
+        comparison = compare_arms(arms, baseline=baseline, **options)
+        if study.confirm_from is not None:  # every row the same fresh seeds: one seed variance, pooled over them
+            comparison.differences = adjust_family(pooled_differences(comparison))
+        return comparison, configs, len(runs)
+    # a row without its confirmation seeds (still to run) has no verdict; the family is the rows that have them
+    comparison = compare_arms(arms, **options)
+    comparison.baseline = baseline
+    if baseline not in pending:
+        confirmed = compare_arms([a for a in arms if a.label not in pending], baseline=baseline, **options)
+        comparison.differences = adjust_family(pooled_differences(confirmed))
+    one = len(pending) == 1
+    comparison.note = (f"no verdict for {', '.join(pending)}: no confirmation seeds (from seed {study.confirm_from}) "
+                       f"have run for {'its chosen configuration' if one else 'their chosen configurations'} yet, so "
+                       f"{'its row shows the seeds it was' if one else 'their rows show the seeds they were'} chosen on"
+                       + ("; the baseline's among them: no verdicts yet" if baseline in pending else ""))
     return comparison, configs, len(runs)
 
 
@@ -146,8 +191,12 @@ def compare_table(study: Study, by: str = "fusion", baseline: str | None = None)
            "run's selected checkpoint decoded with beam search when it ended)" if split == "test" else
            "every number is on the val images the rows were selected on (not every chosen run logged test "
            "scores), so the verdicts are not held-out ones"),
+        *([f"confirmation seeds: each row's configuration was chosen on its seeds below {study.confirm_from}; "
+           f"its numbers and its verdict are its seeds from {study.confirm_from} on, which the choice never saw"]
+          if study.confirm_from is not None and not comparison.note else []),
         text_table(header, table, right=set(range(1, len(header) - 1))),
-        *([family_note(family)] if family > 1 else []), *comparison.verdicts()])
+        *([family_note(family)] if family > 1 else []), *comparison.verdicts(),
+        *([comparison.note] if comparison.note else [])])
 
 
 def p_text(p: float | None) -> str:
@@ -191,4 +240,4 @@ def study_verdicts(study: Study, by: str = "fusion") -> dict:
     except (DataError, StudyError) as e:
         return {"by": by, "error": str(e), "comparisons": []}
     return {"by": by, "baseline": comparison.baseline, "metric": comparison.metric,
-            "comparisons": verdict_entries(comparison)}
+            "comparisons": verdict_entries(comparison), **({"note": comparison.note} if comparison.note else {})}

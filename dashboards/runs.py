@@ -177,6 +177,7 @@ class Study:
     mode: str = "max"
     best_trial: str | None = None
     best_group: str | None = None
+    confirm_from: int | None = None  # `search.confirm`'s first seed: rows selected below it, verdicts from it on
 
     def best_run(self) -> Trial | None:
         """The run of the record's best trial (None before any trial reported the metric)."""

@@ -625,6 +625,7 @@ class Comparison:
     differences: dict[str, Difference] = field(default_factory=dict)  # arm label -> difference to the baseline
     baseline: str | None = None
     metric: str | None = None  # the metric of the differences ("test/CIDEr")
+    note: str | None = None  # why it has no differences yet, where that is not plain (confirmation seeds to come)
 
     def verdicts(self) -> list[str]:
         return [d.verdict() for d in self.differences.values()]
@@ -654,6 +655,42 @@ def compare_arms(arms: Sequence[Arm], baseline: str | None = None, metric: str =
         elif arm.values(metric) and base.values(metric):
             out.differences[arm.label] = seed_difference(arm.values(metric), base.values(metric), names, **options)
     out.differences = adjust_family(out.differences)  # the study's verdicts are one family
+    return out
+
+
+def pooled_differences(comparison: Comparison) -> dict[str, Difference]:
+    """Each arm's difference with the baseline as `comparison` has it, its seed part from the seed variance pooled
+    over every arm of the comparison (each arm's seed means, the arms' own seeds however many: sum of n_i - 1 d.f.;
+    an arm whose seeds all scored the same measures no seed noise and is left out of the pool). The design assumes
+    one seed variance common to the arms (as the plan and the scheduler do); under it the pool is the same
+    variance measured with more d.f. (Student's t, exact). Unchanged where no pool of more than one arm exists.
+    Used by the adaptive design's looks and by confirmation seeds' verdicts (every row the same fresh seeds)."""
+    base = next((arm for arm, _ in comparison.rows if arm.label == comparison.baseline), None)
+    if base is None:
+        return dict(comparison.differences)
+    per_image = all(arm.per_image is not None for arm, _ in comparison.rows)  # else every arm's seed values
+    groups = []
+    for arm, _ in comparison.rows:
+        values = (arm.per_image.mean(axis=1) if per_image
+                  else np.asarray(arm.values(comparison.metric), dtype=float))
+        values = values[np.isfinite(values)]
+        if values.size > 1 and np.ptp(values) > 0:
+            groups.append(values)
+    sd, dof = pooled_sd(groups), sum(len(g) - 1 for g in groups)
+    if sd is None or len(groups) < 2:
+        return dict(comparison.differences)
+    pooled = (sd ** 2, float(dof))
+    out = {}
+    for arm, _ in comparison.rows:
+        d = comparison.differences.get(arm.label)
+        if d is None:
+            continue
+        options = dict(metric=d.metric, better=d.better, pooled_seed=pooled)
+        if arm.per_image is not None and base.per_image is not None:  # `compare_arms`' choice of rule
+            out[arm.label] = paired_difference(*matched_scores(arm, base), (d.a, d.b), **options)
+        else:
+            out[arm.label] = seed_difference(arm.values(comparison.metric), base.values(comparison.metric),
+                                             (d.a, d.b), **options)
     return out
 
 

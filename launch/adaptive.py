@@ -4,8 +4,8 @@
 The arms are the study's fusions against fusion none, as `a2 study compare` groups them (`dashboards.compare.
 study_comparison`: each fusion's best configuration). Look r is the study restricted to seeds 0 .. rounds[r] - 1; an
 arm takes it when it and the baseline have rounds[r] seeds there, and its p-value there is the verdict rule's
-(`Difference.p`) with the seed variance pooled over every arm of the study at that look (`pooled_differences`; the
-design's `pool_arms`, settled arms' seeds included). `decide` then applies the design of `dashboards.sequential`
+(`Difference.p`) with the seed variance pooled over every arm of the study at that look
+(`dashboards.stats.pooled_differences`; the design's `pool_arms`, settled arms' seeds included). `decide` then applies the design of `dashboards.sequential`
 (`launch.plan.study_design`): the sequential p-value over the looks taken (`sequential_p`), Holm over the arms
 (`dashboards.stats.holm`), and futility against the plan's gap. The decision is a function of the record alone,
 so a resumed driver, `a2 study status` and the end of the study read the same one; `ROUNDS_FILE` keeps the round
@@ -22,11 +22,10 @@ import numpy as np
 
 from a2core.errors import DataError
 from a2core.selection import finite
-from dashboards.compare import study_comparison
-from dashboards.runs import Study, Trial
+from dashboards.compare import chosen_configuration, study_comparison
+from dashboards.runs import Study, Trial, group_value
 from dashboards.sequential import Design, sequential_p
-from dashboards.stats import CONFIDENCE, Comparison, Difference, holm, matched_scores, paired_difference, \
-    pooled_sd, seed_difference
+from dashboards.stats import CONFIDENCE, Difference, holm, pooled_differences
 from launch.location import StudyLocation
 from launch.plan import study_design
 from launch.record import StudyRecord
@@ -133,41 +132,6 @@ def looks_of(study: Study, rounds: tuple[int, ...], by: str = BY,
     return looks, baseline
 
 
-def pooled_differences(comparison: Comparison) -> dict[str, Difference]:
-    """Each arm's difference with the baseline as `comparison` has it, its seed part from the seed variance pooled
-    over every arm of the comparison (each arm's seed means, the arms' own seeds however many: sum of n_i - 1 d.f.;
-    an arm whose seeds all scored the same measures no seed noise and is left out of the pool). The design assumes
-    one seed variance common to the arms (as the plan and the scheduler do); under it the pool is the same
-    variance measured with more d.f. (Student's t, exact). Unchanged where no pool of more than one arm exists."""
-    base = next((arm for arm, _ in comparison.rows if arm.label == comparison.baseline), None)
-    if base is None:
-        return dict(comparison.differences)
-    per_image = all(arm.per_image is not None for arm, _ in comparison.rows)  # else every arm's seed values
-    groups = []
-    for arm, _ in comparison.rows:
-        values = (arm.per_image.mean(axis=1) if per_image
-                  else np.asarray(arm.values(comparison.metric), dtype=float))
-        values = values[np.isfinite(values)]
-        if values.size > 1 and np.ptp(values) > 0:
-            groups.append(values)
-    sd, dof = pooled_sd(groups), sum(len(g) - 1 for g in groups)
-    if sd is None or len(groups) < 2:
-        return dict(comparison.differences)
-    pooled = (sd ** 2, float(dof))
-    out = {}
-    for arm, _ in comparison.rows:
-        d = comparison.differences.get(arm.label)
-        if d is None:
-            continue
-        options = dict(metric=d.metric, better=d.better, pooled_seed=pooled)
-        if arm.per_image is not None and base.per_image is not None:  # `compare_arms`' choice of rule
-            out[arm.label] = paired_difference(*matched_scores(arm, base), (d.a, d.b), **options)
-        else:
-            out[arm.label] = seed_difference(arm.values(comparison.metric), base.values(comparison.metric),
-                                             (d.a, d.b), **options)
-    return out
-
-
 def _seed(trial: Trial) -> int | None:
     try:
         return int(trial.seed)
@@ -262,9 +226,11 @@ class RoundDecider:
         `finished` the round that ended; `trials`: each trial handed out -> its suggestion). The baseline's while
         any arm is open; none once every arm is settled. Writes `ROUNDS_FILE`."""
         rows = [Trial(tid, state="TERMINATED", sampled=dict(config)) for tid, config in trials.items()]
-        record = StudyRecord.load(self.location, self.spec, trials=rows)
-        rounds = study_rounds(self.spec, record.study())
-        chosen = next_round_groups(self.spec, rounds, configs)
+        study = StudyRecord.load(self.location, self.spec, trials=rows).study()
+        rounds = study_rounds(self.spec, study)
+        chosen = next_round_groups(self.spec, rounds, configs, study)
+        if self.spec.confirm_seeds:
+            print(confirmation_line(self.spec, chosen, configs), flush=True)
         if rounds is not None:
             following = finished + 2 if chosen and finished + 1 < len(rounds.rounds) else finished + 1
             rounds = replace(rounds, round=following, done=not chosen or finished + 1 >= len(rounds.rounds))
@@ -274,13 +240,33 @@ class RoundDecider:
         return chosen
 
 
-def next_round_groups(spec, rounds: Rounds | None, configs: dict[str, dict]) -> list[str]:
-    """The groups (of `configs`: group -> its suggestion) that get the next round's seeds after `rounds` (the
-    design's state, `study_rounds`): the open arms' configurations, and the baseline's while any arm is open; every
-    configuration while no arm has taken a look (nothing to compare yet)."""
+def next_round_groups(spec, rounds: Rounds | None, configs: dict[str, dict], study: Study | None = None) -> list[str]:
+    """The groups (of `configs`: group -> its suggestion, a group named by its first trial) that get the next
+    round's seeds. With confirmation seeds (`search.confirm`; `study` the search's record): each fusion's chosen
+    configuration, as `a2 study compare` chooses it (`chosen_configuration`). With adaptive replicates, after
+    `rounds` (the design's state, `study_rounds`): the open arms' configurations, and the baseline's while any arm is
+    open; every configuration while no arm has taken a look (nothing to compare yet)."""
+    if spec.confirm_seeds and study is not None:
+        # a chosen configuration that early stopping stopped gets its seeds too, which the replicate ASHA stops at
+        # their first result: the study runs its planned trials, and the row is on val as the fixed design's would be
+        runs = [r for r in study.runs if r.best_value is not None]
+        chosen = {r.trial_id for value in {str(group_value(r, BY)) for r in runs}
+                  for r in chosen_configuration([r for r in runs if str(group_value(r, BY)) == value], study)[0]}
+        return [g for g in configs if g in chosen]
     if rounds is None or not rounds.arms:
         return list(configs)
     open_arms = {a.arm for a in rounds.arms.values() if a.state == "open"}
     arm_of = {group: str(spec.trial_config({k: v for k, v in config.items() if k != "seed"})["model"].get(BY))
               for group, config in configs.items()}
     return [g for g, arm in arm_of.items() if arm in open_arms or (open_arms and arm == rounds.baseline)]
+
+
+def confirmation_line(spec, chosen: list[str], configs: dict[str, dict]) -> str:
+    """One line at the search's end: which configuration of each fusion gets the confirmation seeds."""
+    seeds = spec.confirm_seeds
+    names = []
+    for group in chosen:
+        config = {k: v for k, v in configs[group].items() if k != "seed"}
+        names.append(", ".join(f"{k}={v}" for k, v in sorted(config.items())) or "the one configuration")
+    return (f"confirmation seeds {seeds[0]}..{seeds[-1]}: chosen on val over the search's seeds, one configuration "
+            f"per fusion: {'; '.join(names) or 'none (no trial reported)'}")

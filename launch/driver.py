@@ -290,6 +290,9 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
                 rounds = spec.replicate_rounds
                 count = (f"up to {spec.num_trials} trials, seeds in rounds to {', '.join(map(str, rounds))}"
                          if rounds else f"{spec.num_trials} trials")
+                if spec.confirm_seeds:
+                    count += (f" ({spec.search_trials} of the search, then {len(spec.confirm_seeds)} confirmation "
+                              f"seeds of each fusion's best configuration)")
                 doing = "resuming from" if started and not new else f"{count}, results in"
                 say(f"study {spec.name}: {doing} {location.uri()} (Ray and Tune log: {log})", verbose)
                 summary = fit_and_finish(spec, location, tuner, verbose=verbose)
@@ -426,8 +429,9 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
         return tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True,
                                   storage_filesystem=fs)
     tune_kwargs = tune_config_kwargs(spec)
-    if spec.replicate_rounds and hasattr(tune_kwargs["search_alg"], "set_round_decider"):
-        # adaptive replicates: at each round's end the record decides which arms get more seeds (launch.adaptive)
+    if spec.seed_rounds and hasattr(tune_kwargs["search_alg"], "set_round_decider"):
+        # adaptive replicates or confirmation seeds: at each round's end the record decides which configurations get
+        # more seeds (launch.adaptive)
         tune_kwargs["search_alg"].set_round_decider(RoundDecider(spec, location))
     stopped_early_of = getattr(tune_kwargs["scheduler"], "stopped_early", None)  # ReplicateASHA's record (FIFO: none)
     tracking = A2MLflowCallback(spec, location, stopped_early_of=stopped_early_of)

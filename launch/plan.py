@@ -299,6 +299,18 @@ def verdict_family(spec) -> int:
     return max(1, len(values) - 1) if "none" in values else 1
 
 
+def selected_fusions(spec) -> str:
+    """"exp_decay among 8, gate among 2": the fusions a fixed-seed study chooses among several configurations on the
+    seeds its verdicts use (empty with confirmation seeds, or when no fusion has several)."""
+    fusion = next((p for p in spec.params.values() if p.path == "model.fusion" and p.kind == "grid"), None)
+    if spec.confirm_seeds or fusion is None or "none" not in fusion.values or len(fusion.values) < 2:
+        return ""
+    per_fusion: dict[str, int] = {}
+    for cell in spec.grid_cells():
+        per_fusion[cell["fusion"]] = per_fusion.get(cell["fusion"], 0) + spec.samples_per_cell(cell)
+    return ", ".join(f"{fusion} among {n}" for fusion, n in per_fusion.items() if n > 1)
+
+
 def _n(value: float) -> str:
     return f"{value:,.0f}"
 
@@ -344,10 +356,12 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
         keep = [math.exp(-total / v) for v in tp]
         lines.append(f"  T_P       {tp[0]:,.0f} - {tp[1]:,.0f} steps against {_n(total)}: exp_decay keeps "
                      f"{keep[0]:.1%} - {keep[1]:.1%} of the original attention at the end")
-    seeds = len(spec.seed_values)
+    searched, seeds = len(spec.seed_values), spec.verdict_seeds
+    confirm = (f" + {spec.confirm_arms} fusion{'s' if spec.confirm_arms > 1 else ''}' chosen configuration x "
+               f"{seeds} confirmation seeds (the verdicts')" if spec.confirm_seeds else "")
     lines += ["per study",
               f"  trials    {spec.num_trials} = {spec.num_arms} configuration{'s' if spec.num_arms > 1 else ''} "
-              f"x {seeds} seed{'s' if seeds > 1 else ''}; "
+              f"x {searched} seed{'s' if searched > 1 else ''}{confirm}; "
               f"{_n(spec.num_trials * spec.total_epochs)} trial-epochs (before early stopping)"]
     if spec.num_arms < 2:
         lines.append("  power     one configuration: nothing is compared")
@@ -365,6 +379,12 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
             lines.append(f"            for the adjusted verdict: {family} fusions against the baseline are one family "
                          f"(Holm), each tested at 5% / {family} = {0.05 / family:.4g} at Holm's first step (a lower "
                          f"bound of its power)")
+        chosen_among = selected_fusions(spec)
+        if chosen_among:
+            lines.append(f"            a fusion's row is its best configuration on val ({chosen_among}), chosen on "
+                         f"the seeds its verdict uses: with every arm equal fusion_ablation's fixed 5 seeds resolved "
+                         f"some arm in 6.3% of 1,200 rehearsals; search.confirm gives the verdicts fresh seeds "
+                         f"(docs/explanation/statistics.md, \"Confirmation seeds\")")
         lines.append(f"    {'difference':<26}{'delta':>6}{'seeds/arm needed':>18}{f'power at {seeds}':>14}")
         never = False
         for label, delta in deltas:
@@ -490,9 +510,13 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
     null = simulate(design, noise, [0.0] * len(arms), configs, ADAPTIVE_STUDIES, ADAPTIVE_SEED + 1)
     fixed = {n: simulate(Design.fixed(n), noise, deltas, configs, ADAPTIVE_STUDIES, ADAPTIVE_SEED)
              for n in range(MIN_SEEDS, 13)}
-    seeds = len(spec.seed_values)
+    seeds = spec.verdict_seeds
     own = fixed.get(seeds) or simulate(Design.fixed(max(seeds, MIN_SEEDS)), noise, deltas, configs,
                                        ADAPTIVE_STUDIES, ADAPTIVE_SEED)
+    # with confirmation seeds the study's verdicts rest on its `seeds` confirmation seeds (the power above), and it
+    # runs its own trial count, not every configuration at those seeds
+    own_trials = spec.num_trials if spec.confirm_seeds else own["seed_trials"]
+    own_name = f"{seeds} confirmation seeds" if spec.confirm_seeds else f"{seeds} seeds"
     curve = np.maximum.accumulate([fixed[n]["power"][hardest] for n in fixed])  # MC noise: keep it monotone
     trials = [fixed[n]["seed_trials"] for n in fixed]
     target = run["power"][hardest]
@@ -506,7 +530,8 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
              f"Holm resolves, or whose interval lies below the smallest gap ({min(deltas):g}), gets no more; each "
              f"look spends error in proportion to its seeds (union bound)",
              f"  power     {' / '.join(arms)} vs none at {' / '.join(f'{d:g}' for d in deltas)}: {pct} "
-             f"(the study's {seeds} fixed seeds: {' / '.join(f'{p:.0%}' for p in own['power'])}); family-wise "
+             f"(the study's {own_name if spec.confirm_seeds else f'{seeds} fixed seeds'}: "
+             f"{' / '.join(f'{p:.0%}' for p in own['power'])}); family-wise "
              f"false rate with all arms equal {null['family_wise']:.1%}"]
     if target > curve[-1]:
         equal, at = None, f"above the fixed design's power at 12 seeds ({curve[-1]:.0%})"
@@ -515,7 +540,7 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
         at = (f"{equal:.1f} for fixed seeds at equal power ({arms[hardest]}'s {target:.0%}): "
               f"{run['seed_trials'] / equal:.0%}")
     lines.append(f"  seed-trials {run['seed_trials']:.1f} expected ({null['seed_trials']:.1f} with all arms equal) "
-                 f"against {at}; the study's {seeds} seeds: {own['seed_trials']:.0f}")
+                 f"against {at}; the study's {own_name}: {own_trials:.0f}")
     if gpu_hours_per_trial is not None:
         fixed_hours = "-" if equal is None else f"{equal * gpu_hours_per_trial:,.0f}"
         lines.append(f"  GPU-hours {run['seed_trials'] * gpu_hours_per_trial:,.0f} expected against {fixed_hours} "

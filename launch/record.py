@@ -139,7 +139,7 @@ class StudyRecord:
         best, group = self.best(), best_group(self.spec, self.groups())
         return Study(self.spec.name, runs, self.location.uri(), self.running, self.spec.metric, self.spec.mode,
                      best_trial=None if best is None else best.trial_id,
-                     best_group=None if group is None else group.config_hash)
+                     best_group=None if group is None else group.config_hash, confirm_from=self.spec.confirm_from)
 
 
 DIGEST_FORMAT = 1
@@ -454,7 +454,8 @@ def summarize(spec, location: StudyLocation, rows: list[Trial]) -> dict:
             "checkpoint": baseline["best_checkpoint"]},
         "beats_baseline": beats,
         # the study's verdicts by `compare --by fusion`'s rule (Holm over its family), which `status` prints
-        "verdicts": study_verdicts(Study(spec.name, rows, location.uri(), metric=spec.metric, mode=spec.mode)),
+        "verdicts": study_verdicts(Study(spec.name, rows, location.uri(), metric=spec.metric, mode=spec.mode,
+                                             confirm_from=spec.confirm_from)),
         "compute": compute_totals(spec, rows),
         "trials": [r.row(config=False) for r in rows],
     }

@@ -262,7 +262,8 @@ class RehearsalDecider:
     def next_round(self, finished: int, configs: dict[str, dict], trials: dict[str, dict]) -> list[str]:
         from launch.adaptive import next_round_groups, study_rounds  # as in `simulate`
 
-        return next_round_groups(self.spec, study_rounds(self.spec, self.study_now()), configs)
+        study = self.study_now()
+        return next_round_groups(self.spec, study_rounds(self.spec, study), configs, study)
 
 
 def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = None):
@@ -301,7 +302,7 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
     for config in configs:
         add(config)
     queue = iter(list(trials))
-    searcher = round_searcher(spec, configs) if spec.replicate_rounds else None
+    searcher = round_searcher(spec, configs) if spec.seed_rounds else None
     finished = False  # the searcher said FINISHED
 
     scored: dict[tuple[int, str], dict] = {}  # (trial, split) -> its per-image scores, once it has ended
@@ -332,7 +333,7 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
     def study_now() -> Study:
         runs = [record(i) for i, t in enumerate(trials) if t.status == Trial.TERMINATED and epochs[t.trial_id]]
         return Study(f"{spec.name}{'' if spec.name.endswith(NAME_SUFFIX) else NAME_SUFFIX}", runs,
-                     metric=spec.metric, mode=spec.mode)
+                     metric=spec.metric, mode=spec.mode, confirm_from=spec.confirm_from)
 
     if searcher is not None:
         searcher.set_round_decider(RehearsalDecider(spec, study_now))
@@ -392,7 +393,8 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
                 t.status = Trial.PAUSED
 
     return Study(f"{spec.name}{'' if spec.name.endswith(NAME_SUFFIX) else NAME_SUFFIX}",
-                 [record(i) for i, t in enumerate(trials) if epochs[t.trial_id]], metric=spec.metric, mode=spec.mode)
+                 [record(i) for i, t in enumerate(trials) if epochs[t.trial_id]], metric=spec.metric, mode=spec.mode,
+                 confirm_from=spec.confirm_from)
 
 
 # -- what happened ---------------------------------------------------------------------------------------------------
@@ -548,6 +550,10 @@ def aggregate_text(agg: dict, spec, model: ScoreModel, title: str, closed_form: 
         lines.append(f"  seeds     adaptive replicates, rounds to {', '.join(map(str, spec.replicate_rounds))} seeds: "
                      f"{ran:.1f} seed-trials a rehearsal on average against the fixed design's {fixed} (every "
                      f"configuration {len(spec.seed_values)} seeds): {ran / fixed:.0%}")
+    if spec.confirm_seeds:
+        lines.append(f"  seeds     {len(spec.seed_values)} search seeds a configuration, then {spec.verdict_seeds} "
+                     f"confirmation seeds of each fusion's chosen one, which the verdicts rest on: "
+                     f"{spec.num_trials} trials (docs/explanation/statistics.md, \"Confirmation seeds\")")
     lines.append(f"  {'difference':<28}{'true gap':>9}{'verdict rate':>14}{'wrong':>7}{'none':>6}{'mean width':>12}"
                  + (f"{'mean seeds':>12}" if adaptive else "") + (f"{'closed-form power':>19}" if closed_form else ""))
     for label, row in agg["rows"].items():

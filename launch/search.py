@@ -58,7 +58,7 @@ class GridCrossedSearcher(Searcher):
     def __init__(self, spec: StudySpec):
         super().__init__(metric=spec.metric, mode=spec.mode)
         self._spec = spec
-        self._seeds: list[int] = spec.replicate_seeds
+        self._seeds: list[int] = spec.replicate_seeds + spec.confirm_seeds  # a later round's seeds follow on
         self._cells: list[dict] = spec.grid_cells()
         self._quota: list[int] = [spec.samples_per_cell(c) for c in self._cells]
         self._assigned: list[int] = [0] * len(self._cells)  # configurations (groups) per cell
@@ -76,10 +76,11 @@ class GridCrossedSearcher(Searcher):
         # group -> `_trials_key`: a suggestion whose resolved config (and grid seed) an earlier group has is not run
         # again (it would be the same trials with the same seeds, one group's numbers counted twice)
         self._hashes: dict[str, str] = {}
-        # adaptive replicates (`search.replicates: {min, max}`): the cumulative seeds of each round, the round being
-        # handed out (0-based), the groups still to get its seeds, and what decides them at a round's end (set by
-        # the driver: `launch.adaptive.RoundDecider`; None: every group gets every round)
-        self._rounds: tuple[int, ...] | None = spec.replicate_rounds
+        # adaptive replicates (`search.replicates: {min, max}`) or confirmation seeds (`search.confirm`): the
+        # cumulative seeds of each round, the round being handed out (0-based), the groups still to get its seeds,
+        # and what decides them at a round's end (set by the driver: `launch.adaptive.RoundDecider`; None: every
+        # group gets every round)
+        self._rounds: tuple[int, ...] | None = spec.seed_rounds
         self._round = 0
         self._queue: list[str] = []
         self._decider = None

@@ -277,6 +277,11 @@ class Search(Section):
             "seeds in rounds, and after each round an arm whose verdict is settled gets no more (docs/explanation/"
             "statistics.md, \"Adaptive replicates\"); the study's trial count is the maximum's."),
         json_schema_extra={"a2_type": "integer, or list of integer, or {min, max, rounds}, or null"})
+    confirm: Integer | None = Field(None, ge=2, description=(
+        "Confirmation seeds: once every configuration has run its `replicates`, each fusion's best configuration "
+        "(selected on val over those seeds) runs this many fresh seeds, and the study's verdicts rest on them alone, "
+        "so that the selection among an arm's configurations cannot lean the verdict (docs/explanation/"
+        "statistics.md, \"Confirmation seeds\"). Needs a fixed `replicates`."))
     scheduler: Scheduler = Field(default_factory=lambda: Scheduler(fifo={}), description=(
         "Early stopping: exactly one of `asha` or `fifo` (default: fifo, none)."))
     purpose: Literal["compare", "explore"] = Field(
@@ -508,6 +513,14 @@ class StudySpec(Section):
                                            f"cannot explain; with {len(self.replicate_seeds) or 1} seed per "
                                            f"configuration it can never stop anything: set search.replicates >= 2, "
                                            f"or use scheduler {{fifo: {{}}}}")
+        if search.confirm is not None and isinstance(search.replicates, ReplicateRange):
+            _fail("search.confirm", "confirmation seeds follow a fixed search.replicates (N or a list); adaptive "
+                                    "replicates ({min, max}) already add seeds in rounds: use one or the other")
+        if search.confirm is not None and not self.replicate_seeds:
+            _fail("search.confirm", "confirmation seeds follow the search's own seeds: set search.replicates")
+        if search.confirm is not None and search.purpose != "compare":
+            _fail("search.confirm", "confirmation seeds settle verdicts, and an `explore` study claims none: "
+                                    "set search.purpose: compare, or drop search.confirm")
         if search.purpose == "compare" and self.num_arms > 1 and len(self.seed_values) < 2:
             _fail("search.replicates", f"this study compares {self.num_arms} configurations with one seed each, "
                                        f"and one seed against one seed has no interval: set search.replicates (`a2 "
@@ -621,12 +634,55 @@ class StudySpec(Section):
         return tuple(replicates.rounds) if isinstance(replicates, ReplicateRange) else None
 
     @property
+    def confirm_seeds(self) -> list[int]:
+        """The confirmation seeds of each fusion's chosen configuration (`search.confirm`): the next ones after the
+        search's own seeds; [] without confirmation."""
+        if self.search.confirm is None or not self.replicate_seeds:  # the latter refused by `_check`
+            return []
+        first = max(self.replicate_seeds) + 1
+        return list(range(first, first + self.search.confirm))
+
+    @property
+    def confirm_from(self) -> int | None:
+        """The first confirmation seed: a configuration is selected on its seeds below it, and a verdict rests on its
+        seeds from it on (`dashboards.compare.study_comparison`); None without confirmation."""
+        return self.confirm_seeds[0] if self.confirm_seeds else None
+
+    @property
+    def seed_rounds(self) -> tuple[int, ...] | None:
+        """The searcher's rounds, cumulative seeds of a group after each: adaptive replicates' (`replicate_rounds`),
+        or the search's seeds then the confirmation seeds (`search.confirm`); None: one round."""
+        if self.confirm_seeds:
+            return (len(self.replicate_seeds), len(self.replicate_seeds) + len(self.confirm_seeds))
+        return self.replicate_rounds
+
+    @property
+    def confirm_arms(self) -> int:
+        """The configurations that get confirmation seeds, one per value of `fusion` the study runs (its grid's or
+        choice's values, else the one fusion); 0 without confirmation."""
+        if not self.confirm_seeds:
+            return 0
+        fusion = next((p for p in self.params.values() if p.path == "model.fusion"), None)
+        return len(set(fusion.values)) if fusion is not None and fusion.kind in ("grid", "choice") else 1
+
+    @property
     def num_configs(self) -> int:
         return sum(self.samples_per_cell(c) for c in self.grid_cells())
 
     @property
-    def num_trials(self) -> int:
+    def search_trials(self) -> int:
+        """Trials of the search itself: every configuration once per replicate seed."""
         return self.num_configs * max(1, len(self.replicate_seeds))
+
+    @property
+    def num_trials(self) -> int:
+        """The search's trials and, with `search.confirm`, each fusion's chosen configuration's confirmation seeds."""
+        return self.search_trials + self.confirm_arms * len(self.confirm_seeds)
+
+    @property
+    def verdict_seeds(self) -> int:
+        """Seeds per arm that a verdict rests on: the confirmation seeds, else an arm's seeds."""
+        return len(self.confirm_seeds) or len(self.seed_values)
 
     @property
     def seed_values(self) -> list:
@@ -639,7 +695,7 @@ class StudySpec(Section):
     @property
     def num_arms(self) -> int:
         """Configurations apart from their seed: what a comparison compares."""
-        return self.num_trials // len(self.seed_values)
+        return self.search_trials // len(self.seed_values)
 
     @property
     def steps_per_epoch(self) -> int:
