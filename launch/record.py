@@ -263,8 +263,20 @@ def best_trial(spec, rows: list[Trial]) -> Trial | None:
 def best_group(spec, groups: list[ReplicateGroup]) -> ReplicateGroup | None:
     """The best of `replicate_groups` (`dashboards.stats.best_group`: the best mean in the study's mode among groups
     none of whose trials was stopped early, unless all were; of equal means, the group listed first, i.e. whose first
-    trial came first). Every view's "best configuration" is this one."""
-    return pick_best_group(groups, lambda g: g.values, spec.mode, lambda g: bool(g.stopped_early))
+    trial came first). Every view's "best configuration" is this one. With confirmation seeds (`search.confirm`) it is
+    one of the configurations chosen for them once any has run them: a runner-up with the search's seeds alone could
+    otherwise beat the chosen one, whose fresh seeds regress to its true mean, and packaging would take its few
+    seeds."""
+    first = getattr(spec, "confirm_from", None)
+    confirmed = [g for g in groups if first is not None and any(_seed_at_least(s, first) for s in g.seeds)]
+    return pick_best_group(confirmed or groups, lambda g: g.values, spec.mode, lambda g: bool(g.stopped_early))
+
+
+def _seed_at_least(seed, first: int) -> bool:
+    try:
+        return int(seed) >= first
+    except (TypeError, ValueError):
+        return False
 
 
 # -- trial rows, groups and the summary ----------------------------------------------------------------------------

@@ -240,3 +240,17 @@ def test_the_plan_says_where_a_fixed_design_chooses_among_configurations_and_pri
     assert ("trials    55 = 15 configurations x 2 seeds + 5 fusions' chosen configuration x 5 confirmation seeds "
             "(the verdicts')") in confirmed
     assert "power at 5" in confirmed  # the verdicts' seeds
+
+
+def test_the_best_configuration_is_a_confirmed_one_once_any_has_its_fresh_seeds():
+    """A runner-up that ran the search's seeds alone can out-score the chosen configuration, whose fresh seeds
+    regress to its true mean; the record's best group (status, packaging) is still a confirmed one."""
+    from dashboards.runs import ReplicateGroup
+    from launch.record import best_group
+
+    spec = smoke(*THREE_GATES, "search.replicates=2", "search.confirm=3")
+    chosen = ReplicateGroup("a", fusion="gate", seeds=[0, 1, 2, 3, 4], values=[104, 104, 100, 100, 100])
+    runner_up = ReplicateGroup("b", fusion="gate", seeds=[0, 1], values=[103, 103])
+    assert best_group(spec, [chosen, runner_up]) is chosen
+    assert best_group(smoke(*THREE_GATES, "search.replicates=2"), [chosen, runner_up]) is runner_up
+    assert best_group(spec, [ReplicateGroup("a", seeds=[0, 1], values=[104, 104]), runner_up]).config_hash == "a"
