@@ -221,6 +221,9 @@ def test_the_driver_runs_the_confirmation_seeds_of_the_chosen_configurations(tmp
     assert all(sorted(int(t["seed"]) for t in v) == [2, 3] for v in confirmed.values())
     gate = next(c for c in summary["verdicts"]["comparisons"] if c["arm"] == "gate")
     assert gate["seeds"] == [2, 2] and gate["resolved"] is True
+    best = summary["best_group"]  # what packaging ensembles: the chosen gate configuration, all 4 of its seeds
+    assert (best["fusion"], best.get("lambda")) == max(gates, key=gates.get)
+    assert sorted(int(s) for s in best["seeds"]) == [0, 1, 2, 3]
     status = a2("study", "status", name, "--storage", str(storage), cwd=tmp_path, env=env, timeout=120)
     assert status.returncode == 0, status.stdout[-3000:]
     assert gate["verdict"] in status.stdout  # status' group verdict is the summary's, on the confirmation seeds
