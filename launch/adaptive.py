@@ -5,12 +5,13 @@ The arms are the study's fusions against fusion none, as `a2 study compare` grou
 study_comparison`: each fusion's best configuration). Look r is the study restricted to seeds 0 .. rounds[r] - 1; an
 arm takes it when it and the baseline have rounds[r] seeds there, and its p-value there is the verdict rule's
 (`Difference.p`) with the seed variance pooled over every arm of the study at that look
-(`dashboards.stats.pooled_differences`; the design's `pool_arms`, settled arms' seeds included). `decide` then applies the design of `dashboards.sequential`
-(`launch.plan.study_design`): the sequential p-value over the looks taken (`sequential_p`), Holm over the arms
-(`dashboards.stats.holm`), and futility against the plan's gap. The decision is a function of the record alone,
-so a resumed driver, `a2 study status` and the end of the study read the same one; `ROUNDS_FILE` keeps the round
-the study is in and each arm's state.
-`RoundDecider` is what the study's searcher (`launch.search.GridCrossedSearcher`) asks at the end of each round.
+(`dashboards.stats.pooled_differences`; the design's `pool_arms`, settled arms' seeds included). `decide` then
+applies the design of `dashboards.sequential` (`launch.plan.study_design`): the sequential p-value over the looks
+taken (`sequential_p`), Holm over the arms (`dashboards.stats.holm`), and futility against the plan's gap. The
+decision is a function of the record alone, so a resumed driver, `a2 study status` and the end of the study read the
+same one; `ROUNDS_FILE` keeps the round the study is in and each arm's state.
+`RoundDecider` is what the study's searcher (`launch.search.GridCrossedSearcher`) asks at the end of each round; with
+confirmation seeds (`search.confirm`) it names each fusion's chosen configuration instead (`next_round_groups`).
 """
 from __future__ import annotations
 
@@ -249,9 +250,11 @@ def next_round_groups(spec, rounds: Rounds | None, configs: dict[str, dict], stu
     if spec.confirm_seeds and study is not None:
         # a chosen configuration that early stopping stopped gets its seeds too, which the replicate ASHA stops at
         # their first result: the study runs its planned trials, and the row is on val as the fixed design's would be
-        runs = [r for r in study.runs if r.best_value is not None]
-        chosen = {r.trial_id for value in {str(group_value(r, BY)) for r in runs}
-                  for r in chosen_configuration([r for r in runs if str(group_value(r, BY)) == value], study)[0]}
+        by_fusion: dict[str, list[Trial]] = {}
+        for r in study.runs:
+            if r.best_value is not None:
+                by_fusion.setdefault(str(group_value(r, BY)), []).append(r)
+        chosen = {r.trial_id for runs in by_fusion.values() for r in chosen_configuration(runs, study)[0]}
         return [g for g in configs if g in chosen]
     if rounds is None or not rounds.arms:
         return list(configs)
