@@ -18,7 +18,7 @@ import numpy as np
 
 from a2core.errors import DataError, StudyError
 from dashboards.runs import (CIDER, SELECTION_COLUMN, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, Study, Trial,
-                             group_value, searched_keys, sort_key)
+                             group_value, searched_keys, seed_number, sort_key)
 from dashboards.stats import Arm, Comparison, adjust_family, best_group, compare_arms, pooled_differences
 from dashboards.tables import text_table
 
@@ -66,13 +66,6 @@ def per_image_scores(group: list[Trial], split: str = "val") -> tuple[np.ndarray
     return (np.asarray(rows), ids) if rows else (None, None)
 
 
-def seed_number(run: Trial) -> int | None:
-    try:
-        return int(run.seed)
-    except (TypeError, ValueError):
-        return None
-
-
 def chosen_configuration(runs: list[Trial], study: Study) -> tuple[list[Trial], bool]:
     """(the runs a row shows of `runs`' best configuration, whether they are its confirmation seeds). Without
     confirmation seeds (`study.confirm_from` None) the best group (`best_configuration`) whole. With them, the
@@ -83,12 +76,13 @@ def chosen_configuration(runs: list[Trial], study: Study) -> tuple[list[Trial], 
     first = study.confirm_from
     if first is None:
         return best_configuration(configurations(runs), study.mode), False
-    searched = [[r for r in g if seed_number(r) is None or seed_number(r) < first] for g in configurations(runs)]
+    fresh = {r.trial_id for r in runs if (seed_number(r.seed) is not None and seed_number(r.seed) >= first)}
+    searched = [[r for r in g if r.trial_id not in fresh] for g in configurations(runs)]
     best = best_configuration([g for g in searched if g], study.mode)
     if not best:
         return best, False
     confirmed = [r for r in next(g for g in configurations(runs) if g[0].config_hash == best[0].config_hash)
-                 if seed_number(r) is not None and seed_number(r) >= first]
+                 if r.trial_id in fresh]
     return (confirmed, True) if confirmed else (best, False)
 
 

@@ -209,6 +209,14 @@ def searched_keys(runs: list[Trial]) -> list[str]:
     return out
 
 
+def seed_number(seed) -> int | None:
+    """A seed as a number (a trial's `seed`, a group's entry of `seeds`); None where it is not one."""
+    try:
+        return int(seed)
+    except (TypeError, ValueError):
+        return None
+
+
 def group_value(run: Trial, by: str) -> str | None:
     """The value of `by` for a run: a param (exact or dotted suffix), an a2.<by> tag or a tag; None when `by` is a
     model key the run's fusion does not use (lambda of fusion none), whatever an older run logged."""

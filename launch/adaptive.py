@@ -24,7 +24,7 @@ import numpy as np
 from a2core.errors import DataError
 from a2core.selection import finite
 from dashboards.compare import chosen_configuration, study_comparison
-from dashboards.runs import Study, Trial, group_value
+from dashboards.runs import Study, Trial, group_value, seed_number
 from dashboards.sequential import Design, sequential_p
 from dashboards.stats import CONFIDENCE, Difference, holm, pooled_differences
 from launch.location import StudyLocation
@@ -119,7 +119,8 @@ def looks_of(study: Study, rounds: tuple[int, ...], by: str = BY,
     taken once the baseline and some arm have all its seeds; the looks stop at the first one not taken."""
     looks, baseline = [], None
     for n in rounds:
-        runs = [t for t in study.runs if _seed(t) is not None and _seed(t) < n and t.state == "TERMINATED"]
+        runs = [t for t in study.runs
+                if seed_number(t.seed) is not None and seed_number(t.seed) < n and t.state == "TERMINATED"]
         try:
             comparison, _, _ = study_comparison(replace(study, runs=runs), by)
         except DataError:  # arms scored on different images: no look (compare says why)
@@ -131,13 +132,6 @@ def looks_of(study: Study, rounds: tuple[int, ...], by: str = BY,
         looks.append(look)
         baseline = comparison.baseline
     return looks, baseline
-
-
-def _seed(trial: Trial) -> int | None:
-    try:
-        return int(trial.seed)
-    except (TypeError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)

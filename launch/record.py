@@ -37,7 +37,7 @@ from functools import partial
 from a2core.errors import A2Error
 from a2core.selection import best_epoch as pick_best_epoch, finite
 from dashboards.compare import study_verdicts
-from dashboards.runs import TABLE_METRICS, ReplicateGroup, Study, Trial
+from dashboards.runs import TABLE_METRICS, ReplicateGroup, Study, Trial, seed_number
 from dashboards.stats import config_hash, seed_interval
 from dashboards.stats import best_group as pick_best_group, best_trial as pick_best_trial
 from launch.conclusions import best_value, test_metric
@@ -268,15 +268,10 @@ def best_group(spec, groups: list[ReplicateGroup]) -> ReplicateGroup | None:
     otherwise beat the chosen one, whose fresh seeds regress to its true mean, and packaging would take its few
     seeds."""
     first = getattr(spec, "confirm_from", None)
-    confirmed = [g for g in groups if first is not None and any(_seed_at_least(s, first) for s in g.seeds)]
+    confirmed = [g for g in groups
+                 if first is not None and any(seed_number(s) is not None and seed_number(s) >= first for s in g.seeds)]
     return pick_best_group(confirmed or groups, lambda g: g.values, spec.mode, lambda g: bool(g.stopped_early))
 
-
-def _seed_at_least(seed, first: int) -> bool:
-    try:
-        return int(seed) >= first
-    except (TypeError, ValueError):
-        return False
 
 
 # -- trial rows, groups and the summary ----------------------------------------------------------------------------
