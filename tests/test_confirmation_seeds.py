@@ -82,6 +82,9 @@ def test_the_searcher_hands_the_confirmation_seeds_to_the_chosen_configurations_
         (f, s) for f in ("none", "gate") for s in (2, 3, 4))
     assert {c["lambda"] for c in more.values() if c["fusion"] == "gate"} == {gate_lambda}
     assert searcher.suggest("u6") is None
+    again = GridCrossedSearcher(spec)  # Tune saves the searcher with the experiment: a resumed study goes on
+    again.set_state(searcher.get_state())
+    assert again._round == 1 and again.group_of("u0") == searcher.group_of("u0")
     for tid in more:
         searcher.on_trial_complete(tid, {"val/CIDEr": 60.0, "epoch": spec.total_epochs})
     assert searcher.suggest("u7") == Searcher.FINISHED and len(asked) == 1
