@@ -76,7 +76,7 @@ def chosen_configuration(runs: list[Trial], study: Study) -> tuple[list[Trial], 
     first = study.confirm_from
     if first is None:
         return best_configuration(configurations(runs), study.mode), False
-    fresh = {r.trial_id for r in runs if (seed_number(r.seed) is not None and seed_number(r.seed) >= first)}
+    fresh = {r.trial_id for r in runs if (n := seed_number(r.seed)) is not None and n >= first}
     searched = [[r for r in g if r.trial_id not in fresh] for g in configurations(runs)]
     best = best_configuration([g for g in searched if g], study.mode)
     if not best:

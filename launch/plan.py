@@ -294,21 +294,31 @@ def test_images(spec) -> int:
 def verdict_family(spec) -> int:
     """The comparisons a study's verdicts are one family of (`dashboards.stats.adjust_family`): `compare --by
     fusion`'s, every searched fusion against the baseline `none`; 1 when the fusion is not searched against it."""
-    fusion = next((p for p in spec.params.values() if p.path == "model.fusion" and p.kind == "grid"), None)
-    values = list(fusion.values) if fusion is not None else []
+    values = searched_fusions(spec)
     return max(1, len(values) - 1) if "none" in values else 1
+
+
+def searched_fusions(spec) -> list:
+    """The fusions the study's grid runs ([] when the fusion is not a grid key)."""
+    fusion = next((p for p in spec.params.values() if p.path == "model.fusion" and p.kind == "grid"), None)
+    return list(fusion.values) if fusion is not None else []
+
+
+def configurations_per_fusion(spec) -> dict[str, int]:
+    """Each searched fusion's number of configurations (its grid cells' samples)."""
+    counts: dict[str, int] = {}
+    for cell in spec.grid_cells():
+        counts[cell["fusion"]] = counts.get(cell["fusion"], 0) + spec.samples_per_cell(cell)
+    return counts
 
 
 def selected_fusions(spec) -> str:
     """"exp_decay among 8, gate among 2": the fusions a fixed-seed study chooses among several configurations on the
     seeds its verdicts use (empty with confirmation seeds, or when no fusion has several)."""
-    fusion = next((p for p in spec.params.values() if p.path == "model.fusion" and p.kind == "grid"), None)
-    if spec.confirm_seeds or fusion is None or "none" not in fusion.values or len(fusion.values) < 2:
+    values = searched_fusions(spec)
+    if spec.confirm_seeds or "none" not in values or len(values) < 2:
         return ""
-    per_fusion: dict[str, int] = {}
-    for cell in spec.grid_cells():
-        per_fusion[cell["fusion"]] = per_fusion.get(cell["fusion"], 0) + spec.samples_per_cell(cell)
-    return ", ".join(f"{fusion} among {n}" for fusion, n in per_fusion.items() if n > 1)
+    return ", ".join(f"{fusion} among {n}" for fusion, n in configurations_per_fusion(spec).items() if n > 1)
 
 
 def _n(value: float) -> str:
@@ -462,9 +472,8 @@ ADAPTIVE_SEED = 0
 def futility_gap(spec) -> float | None:
     """The plan's gap an arm is settled futile below (its interval's upper end under it): the smallest of the Table 3
     gaps over the baseline of the fusions the study searches beside `none`; None when it searches none of them."""
-    fusion = next((p for p in spec.params.values() if p.path == "model.fusion" and p.kind == "grid"), None)
     gaps = {label.split(" vs ")[0]: d for label, d in table3_gaps() if label.endswith(" vs none")}
-    values = list(fusion.values) if fusion is not None else []
+    values = searched_fusions(spec)
     found = [gaps[v] for v in values if v in gaps]
     return min(found) if "none" in values and found else None
 
@@ -492,15 +501,12 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
 
     from dashboards.sequential import Design, simulate, spending_weights  # numpy only: the plan stays light
 
-    fusion = next((p for p in spec.params.values() if p.path == "model.fusion" and p.kind == "grid"), None)
     gaps = {label.split(" vs ")[0]: d for label, d in table3_gaps() if label.endswith(" vs none")}
-    values = list(fusion.values) if fusion is not None else []
+    values = searched_fusions(spec)
     arms = [v for v in values if v in gaps]
     if noise is None or "none" not in values or not arms:
         return ""
-    per_fusion: dict[str, int] = {}
-    for cell in spec.grid_cells():
-        per_fusion[cell["fusion"]] = per_fusion.get(cell["fusion"], 0) + spec.samples_per_cell(cell)
+    per_fusion = configurations_per_fusion(spec)
     configs = [per_fusion.get("none", 1), *(per_fusion.get(a, 1) for a in arms)]
     deltas = [gaps[a] for a in arms]
     hardest = int(np.argmin(deltas))
@@ -516,7 +522,8 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
     # with confirmation seeds the study's verdicts rest on its `seeds` confirmation seeds (the power above), and it
     # runs its own trial count, not every configuration at those seeds
     own_trials = spec.num_trials if spec.confirm_seeds else own["seed_trials"]
-    own_name = f"{seeds} confirmation seeds" if spec.confirm_seeds else f"{seeds} seeds"
+    own_name, own_power_name = ((f"{seeds} confirmation seeds",) * 2 if spec.confirm_seeds
+                                else (f"{seeds} seeds", f"{seeds} fixed seeds"))
     curve = np.maximum.accumulate([fixed[n]["power"][hardest] for n in fixed])  # MC noise: keep it monotone
     trials = [fixed[n]["seed_trials"] for n in fixed]
     target = run["power"][hardest]
@@ -530,7 +537,7 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
              f"Holm resolves, or whose interval lies below the smallest gap ({min(deltas):g}), gets no more; each "
              f"look spends error in proportion to its seeds (union bound)",
              f"  power     {' / '.join(arms)} vs none at {' / '.join(f'{d:g}' for d in deltas)}: {pct} "
-             f"(the study's {own_name if spec.confirm_seeds else f'{seeds} fixed seeds'}: "
+             f"(the study's {own_power_name}: "
              f"{' / '.join(f'{p:.0%}' for p in own['power'])}); family-wise "
              f"false rate with all arms equal {null['family_wise']:.1%}"]
     if target > curve[-1]:

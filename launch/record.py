@@ -267,9 +267,9 @@ def best_group(spec, groups: list[ReplicateGroup]) -> ReplicateGroup | None:
     one of the configurations chosen for them once any has run them: a runner-up with the search's seeds alone could
     otherwise beat the chosen one, whose fresh seeds regress to its true mean, and packaging would take its few
     seeds."""
-    first = getattr(spec, "confirm_from", None)
-    confirmed = [g for g in groups
-                 if first is not None and any(seed_number(s) is not None and seed_number(s) >= first for s in g.seeds)]
+    first = spec.confirm_from
+    confirmed = [g for g in groups if first is not None
+                 and any((n := seed_number(s)) is not None and n >= first for s in g.seeds)]
     return pick_best_group(confirmed or groups, lambda g: g.values, spec.mode, lambda g: bool(g.stopped_early))
 
 
