@@ -7,7 +7,7 @@ requests one `status` makes. No Ray runs: the record is fabricated as a finished
     python benchmarks/bench_read.py --sizes 75 --s3-epochs 10 20      # S3 requests of one `status`, moto server
     python benchmarks/bench_read.py --sizes 1005 --profile status     # cProfile of one command, in this process
 
-The record (`fabricate`) is `studies/fusion_ablation.yaml` with `search.num_samples` set for the size (5 x (7 + 2N)
+The record (`fabricate`) is `studies/fusion_ablation.yaml` at fixed 5 seeds with `search.num_samples` set for the size (5 x (7 + 2N)
 trials: 75, 1,005) and ASHA (grace 2) standing in for its FIFO, so that some groups hold the scheduler's stop record,
 each trial as the trainer and Tune leave it: its run folder (`launch.trainable`: `trial.json`, `results.json` with
 every epoch's result as the real trainer reports it, the best val epoch's and the test split's per-image scores over
@@ -82,7 +82,9 @@ def study_spec(storage: Path, trials: int, epochs: int):
     from launch import rehearse
     from launch.spec import StudySpec
 
-    overrides = [f"search.num_samples={samples_for(trials)}", f"train.xe_epochs={epochs}",
+    # fixed 5 seeds of every configuration (the sizes count so), not the shipped file's confirmation seeds
+    overrides = ["search.replicates=5", "search.confirm=null", f"search.num_samples={samples_for(trials)}",
+                 f"train.xe_epochs={epochs}",
                  "search.scheduler={asha: {grace_period: 2, reduction_factor: 2}}"]
     # the MLflow store is not there: `report` logs nothing (MLflow is not what is timed here)
     _, own = rehearse.rehearsal_raw(str(STUDY), overrides, str(storage), f"sqlite:///{storage / 'mlflow.db'}")

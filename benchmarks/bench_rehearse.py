@@ -10,7 +10,7 @@ read side cost as trials grow, each trial 20 stand-in epochs.
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 --baseline-code /tmp/base   # side by side
     flock /tmp/a2-ray.lock python benchmarks/bench_rehearse.py --sizes 75 --tracking server --baseline-code /tmp/base
 
-Each size is `studies/fusion_ablation.yaml` (15 configurations x 5 seeds = 75 trials; `search.num_samples=N` gives
+Each size is `studies/fusion_ablation.yaml` at fixed 5 seeds (15 configurations x 5 = 75 trials; `search.num_samples=N` gives
 the exp_decay cells 2N T_P samples: 5 x (7 + 2N) trials) rehearsed once through `launch.rehearse.run_rehearsal`: the
 real driver, searcher (GridCrossedSearcher), FIFO scheduler, trial storage, record, MLflow export (SQLite) and
 summary, on a local Ray whose 16 logical GPUs stand in for the cluster's, with the stand-in trainer sleeping
@@ -121,7 +121,9 @@ def run_size(trials: int, args, work: Path, saves_mode: str = "shipped") -> dict
     from launch import rehearse
     from launch.spec import StudySpec
 
-    overrides = [f"search.num_samples={samples_for(trials)}", f"data.val_images={args.images}",
+    # fixed 5 seeds of every configuration (the sizes below count so), not the shipped file's confirmation seeds
+    overrides = ["search.replicates=5", "search.confirm=null", f"search.num_samples={samples_for(trials)}",
+                 f"data.val_images={args.images}",
                  f"train.test_images={args.images}"]
     environ = dict(os.environ)  # the driver moves S3 keys into a credentials file of its own (`launch.raycluster`)
     server = None

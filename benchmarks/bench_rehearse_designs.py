@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from launch import rehearse  # noqa: E402
 from launch.spec import load_study  # noqa: E402
 
-DESIGNS = {"fixed5": ["search.replicates=5"], "fixed7": ["search.replicates=7"],
-           "adaptive": ["search.replicates={min: 3, max: 9}"],
+DESIGNS = {"fixed5": ["search.replicates=5", "search.confirm=null"], "fixed7": ["search.replicates=7", "search.confirm=null"],
+           "adaptive": ["search.replicates={min: 3, max: 9}", "search.confirm=null"],
            # 2 seeds of every configuration to choose each fusion's one, then 3 or 5 confirmation seeds of it
            "confirm3": ["search.replicates=2", "search.confirm=3"],
            "confirm5": ["search.replicates=2", "search.confirm=5"]}

@@ -530,7 +530,7 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
     pct = " / ".join(f"{p:.0%}" for p in run["power"])
     which = ("the study's own design, search.replicates' rounds, as the driver runs it" if spec.replicate_rounds
              else f"an ESTIMATE for search.replicates: {{min: {rounds[0]}, max: {rounds[-1]}}}, which the driver runs "
-                  f"in rounds")
+                  f"in rounds" + (" without confirmation seeds (search.confirm: null)" if spec.confirm_seeds else ""))
     lines = [f"adaptive replicates ({which}: dashboards.sequential.simulate, {ADAPTIVE_STUDIES:,} simulated studies, "
              f"seed {ADAPTIVE_SEED}, at the noise above)",
              f"  design    seeds in rounds to {', '.join(map(str, rounds))} a configuration; after each round an arm "

@@ -5,8 +5,8 @@ Each ```bash block of the page carries a `<!-- howto-test: runs ... -->` or `<!-
 checkout, with only these changes:
 
 - the bucket: `s3://your-bucket` is a bucket of moto's S3 server on 127.0.0.1, reached through $AWS_ENDPOINT_URL;
-- sizes: the `a2 study` and `ray submit` lines get `SHRINK` appended (two configurations x 4 seeds of a 1-layer
-  model for 1 epoch on 60 synthetic images), the data are the synthetic COCO written under the real names and in the
+- sizes: the `a2 study` and `ray submit` lines get `SHRINK` appended (two configurations x 2 search seeds, then 2
+  confirmation seeds of each, of a 1-layer model for 1 epoch on 60 synthetic images), the data are the synthetic COCO written under the real names and in the
   real formats (dataset_coco.json, the train/val2014 and test2014 HDF5 files, image_info_test2014.json,
   captions_val2014.json);
 - `--tmux` is dropped, so that a command returns when its work is done;
@@ -46,7 +46,7 @@ HOWTO = re.compile(r"<!--\s*howto-test:\s*(runs\b.*?|skip:\s*(?P<reason>.*?))\s*
 # The space as one YAML value: its comma must reach a2 whole through bash, which would brace-expand it unquoted;
 # `ray submit` joins its arguments unquoted into a command line the head's bash reads again, so quoted twice there.
 SPACE = "search.space={fusion:{grid:[none,gate]}}"
-SHRINK = ("search.replicates=4 model.d_model=32 model.layers=1 "
+SHRINK = ("search.replicates=2 search.confirm=2 model.d_model=32 model.layers=1 "
           "model.heads=2 model.d_ff=64 model.max_regions=8 train.xe_epochs=1 train.batch_size=10 train.warmup=10 "
           "train.num_workers=0 train.val_decode=greedy train.test_meteor=false resources.cpus_per_worker=1 "
           "resources.gpus_per_worker=0 resources.max_concurrent_trials=2")

@@ -127,7 +127,10 @@ def test_fusion_ablation_space(coco_files):
     # Each fusion as written and renormalised; the baseline fuses nothing, so it has no renormalize.
     assert cells == [("none", None)] + [(f, r) for f in ("max", "moving_average", "exp_decay", "gate")
                                         for r in (False, True)]
-    assert spec.num_trials == (1 + 3 * 2 + 2 * spec.search.num_samples) * len(spec.replicate_seeds)
+    # every configuration runs the search's 2 seeds; each fusion's chosen one 5 fresh seeds, the verdicts'
+    assert (spec.replicate_seeds, spec.confirm_seeds) == ([0, 1], [2, 3, 4, 5, 6])
+    assert spec.search_trials == (1 + 3 * 2 + 2 * spec.search.num_samples) * 2
+    assert spec.num_trials == spec.search_trials + 5 * 5 and spec.verdict_seeds == 5
     assert spec.points_for_cell({"fusion": "gate", "seed": 0, "model.renormalize": False}) == []
     (point,) = spec.points_for_cell({"fusion": "exp_decay", "seed": 0, "model.renormalize": True})
     assert set(point) == {"temperature"}

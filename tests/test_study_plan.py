@@ -14,7 +14,7 @@ from launch.cli import main as a2
 from launch.spec import KARPATHY_IMAGES, StudySpec, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
-COCO_STUDIES = {"fusion_ablation": (20, 0, 75), "lambda_sweep": (15, 0, 36), "seeds": (20, 10, 4)}
+COCO_STUDIES = {"fusion_ablation": (20, 0, 55), "lambda_sweep": (15, 0, 36), "seeds": (20, 10, 4)}
 SMOKE = ROOT / "studies" / "smoke.yaml"
 
 
@@ -35,7 +35,7 @@ def test_shipped_coco_study_plans_at_the_papers_scale(name, capsys):
     tp = spec.temperature_range()
     assert tp is None or tp[1] < spec.total_steps
     assert spec.num_trials == trials and spec.warnings == []
-    assert spec.num_arms == 1 or len(spec.seed_values) >= 5 if name == "fusion_ablation" else True
+    assert spec.num_arms == 1 or spec.verdict_seeds >= 5 if name == "fusion_ablation" else True
 
     assert a2(["study", "plan", str(path)]) == 0
     out = capsys.readouterr().out
@@ -69,7 +69,7 @@ def test_shipped_coco_study_plans_at_the_papers_scale(name, capsys):
 
 def test_fusion_ablation_seeds_resolve_every_table3_gap_to_the_baseline(capsys):
     spec = load_study(ROOT / "studies" / "fusion_ablation.yaml", check_files=False)
-    seeds = len(spec.seed_values)
+    seeds = spec.verdict_seeds  # the confirmation seeds
     from dashboards.stats import seeds_needed
 
     gaps = [delta for label, delta in plan.table3_gaps() if label.endswith("vs none")]
@@ -208,7 +208,7 @@ def test_plan_prices_adaptive_replicates_beside_the_fixed_design(tmp_path, capsy
     assert a2(["study", "plan", str(path), f"storage={tmp_path}"]) == 0
     out = capsys.readouterr().out
     block = out[out.index("adaptive replicates"):]
-    assert out.index("GPU-hours 1,007 for 75 trials") < out.index("adaptive replicates")
+    assert out.index("GPU-hours 738 for 55 trials") < out.index("adaptive replicates")
     assert "an ESTIMATE for search.replicates: {min: 3, max: 9}, which the driver runs in rounds" in block
     assert f"{plan.ADAPTIVE_STUDIES:,} simulated studies, seed {plan.ADAPTIVE_SEED}" in block
     spec = load_study(path, check_files=False)
@@ -216,9 +216,9 @@ def test_plan_prices_adaptive_replicates_beside_the_fixed_design(tmp_path, capsy
     rounds = plan.ADAPTIVE_ROUNDS
     run = simulate(Design(rounds, spending_weights(rounds), futility_gap=2.3), noise, [2.8, 2.3, 4.2, 5.0],
                    [1, 2, 2, 8, 2], plan.ADAPTIVE_STUDIES, plan.ADAPTIVE_SEED)
-    per_trial = plan.estimate(spec, plan.IMAGES_PER_SECOND, plan.cluster_workers()).gpu_hours / 75
+    per_trial = plan.estimate(spec, plan.IMAGES_PER_SECOND, plan.cluster_workers()).gpu_hours / 55
     found = re.search(r"seed-trials ([\d.]+) expected \(([\d.]+) with all arms equal\) against ([\d.]+) for fixed "
-                      r"seeds at equal power \(moving_average's (\d+)%\): (\d+)%; the study's 5 seeds: 75", block)
+                      r"seeds at equal power \(moving_average's (\d+)%\): (\d+)%; the study's 5 confirmation seeds: 55", block)
     assert found, block
     adaptive, fixed = float(found[1]), float(found[3])
     assert adaptive == pytest.approx(run["seed_trials"], abs=0.05) and found[4] == f"{run['power'][1]:.0%}"[:-1]
