@@ -38,7 +38,7 @@ from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved
                              write_summary)
 from launch.layout import SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR, add_outage
 from launch.mlflow_callback import A2MLflowCallback
-from launch.raycluster import connect
+from launch.raycluster import autoscaler_limits, connect
 from launch.progress import progress_line, study_progress
 from launch.record import StudyRecord, table_row, tune_trials
 from launch.spec import check_cluster, check_machine, runs_locally
@@ -267,7 +267,11 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
                 print(f"a2 study: {line}", flush=True)
         adoptable = () if new else lost_trial_runs(location, started)
         cluster = connect(address, runtime_env_vars=propagated_env())
-        check_cluster(spec, cluster)  # a trial asking more than the whole cluster has: refused (ConfigError, exit 2)
+        # a trial asking more than the whole cluster has, or its autoscaler can add: refused (ConfigError, exit 2);
+        # a cluster joined, not a local Ray started here, may have an autoscaler (`ray up` left its config here)
+        joined = bool(address or os.environ.get("RAY_ADDRESS"))
+        for line in check_cluster(spec, cluster, can_add=autoscaler_limits() if joined else None):
+            print(f"a2 study: {line}", flush=True)
         if spec.base["data"]["kind"] == "coco":  # every node's copy of the features is the driver's, or no start
             check_feature_copies(spec.base["data"]["features"])
         for line in java_warnings(spec.base["train"]):  # METEOR the study reports but a node cannot compute: said

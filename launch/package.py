@@ -61,8 +61,7 @@ def decode_estimate(name: str, *, storage: str | None = None, seeds=None, beam_s
 
     best = select_best(best_group(spec, record.groups()), candidates(spec, record.trials), spec.mode, spec.name)
     members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
-    cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
-    checkpoint = fetch_checkpoint(best.best_checkpoint, cache, location.endpoint_url)
+    checkpoint = fetch_checkpoint(best.best_checkpoint, checkpoint_cache(), location.endpoint_url)
     _, data_config, images = decoding_data(checkpoint, data_overrides, val_images, test_images)
     splits = images["splits"]
     unique = len(set().union(*map(set, splits.values())))
@@ -402,12 +401,18 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
         "max_len": int(state["config"]["train"].get("max_len", 20))}
 
 
+def checkpoint_cache() -> Path:
+    """This machine's copies of s3:// checkpoints, one folder per user: the temp folder is shared by every account of
+    a machine (a cluster node runs Ray as one, a laptop's tests as another), and a folder another account made first
+    is not writable."""
+    return Path(tempfile.gettempdir()) / f"a2-package-checkpoints-{os.getuid()}"
+
+
 def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]], single_split: str | None,
                  endpoint_url: str | None = None, **options) -> dict:
     """`a2core.decode.ensemble_captions` of local or s3:// checkpoints (fetched once per machine), in a Ray task or
     in this process."""
-    cache = Path(tempfile.gettempdir()) / "a2-package-checkpoints"
-    local = [fetch_checkpoint(c, cache, endpoint_url) for c in checkpoints]
+    local = [fetch_checkpoint(c, checkpoint_cache(), endpoint_url) for c in checkpoints]
     return ensemble_captions(local, data_config, shard, single_split, **options)
 
 

@@ -8,12 +8,14 @@ import atexit
 import contextlib
 import glob
 import logging
+import math
 import os
 import signal
 import shutil
 import tempfile
 
 import ray
+import yaml
 from ray._private import worker as ray_worker  # `shutdown` only: Ray's handle on a local Ray's processes
 
 # Environment variable -> key of an AWS shared-credentials file (AWS_SECURITY_TOKEN: the old name of the token).
@@ -102,6 +104,36 @@ def connect(address: str | None = None, *, runtime_env_vars: dict | None = None)
             ray.init(address="local", num_cpus=os.cpu_count() or 1)
         atexit.register(shutdown)  # before Ray's own exit hook (atexit runs last-registered first)
         return dict(ray.cluster_resources())
+
+
+# `ray up` leaves the cluster file, as its autoscaler reads it, in the head's home (`ray start --head
+# --autoscaling-config=~/ray_bootstrap_config.yaml`); a driver started by `ray submit` or `ray job submit` runs there.
+AUTOSCALING_CONFIG = "~/ray_bootstrap_config.yaml"
+
+
+def autoscaler_limits(path: str = AUTOSCALING_CONFIG) -> dict | None:
+    """What the autoscaler of the cluster this head runs may add to it, by resource: each worker node type's declared
+    resources x its max_workers (at most the file's max_workers), summed. A resource a node type leaves undeclared
+    (the local provider's: Ray detects a node's CPUs and GPUs when it joins) is math.inf. None: no autoscaler
+    config here (a cluster started by hand, a local Ray, a laptop), or one that cannot be read."""
+    try:
+        with open(os.path.expanduser(path)) as f:
+            config = yaml.safe_load(f)
+        types = config["available_node_types"]
+        cap = config.get("max_workers")
+        cap = 1 << 30 if cap is None else int(cap)  # no global cap: each node type's own
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
+        return None
+    head = config.get("head_node_type")
+    limits: dict[str, float] = {"CPU": 0.0, "GPU": 0.0}
+    for name, node_type in (types or {}).items():
+        most = min(int(node_type.get("max_workers", 0 if name == head else cap) or 0), cap)
+        if most <= 0:
+            continue
+        declared = node_type.get("resources") or {}
+        for kind in limits:
+            limits[kind] += most * float(declared[kind]) if kind in declared else math.inf
+    return limits
 
 
 def shutdown() -> None:

@@ -1126,15 +1126,26 @@ def check_machine(spec: StudySpec) -> None:
     check_cluster(spec, machine_resources(), "this machine")
 
 
-def check_cluster(spec: StudySpec, cluster: dict, where: str = "the cluster") -> None:
+def check_cluster(spec: StudySpec, cluster: dict, where: str = "the cluster", can_add: dict | None = None) -> list[str]:
     """A validated study against the resources of the cluster it will run on (`ray.cluster_resources()`): a trial
-    that asks more than the whole cluster has would wait forever (ConfigError naming the key and the file)."""
+    that asks more than the whole cluster has, or can have, would wait forever (ConfigError naming the key and the
+    file). `can_add`: what the cluster's autoscaler may still add, by resource (`launch.raycluster.autoscaler_limits`;
+    math.inf where a node type leaves Ray to detect it): a GPU study submitted to an autoscaling cluster whose head
+    has no GPU waits for the workers instead of being refused. Returns a line for each resource the trials wait for."""
     r, need = spec.resources, spec.trial_resources()
+    waits = []
     for kind, key in (("CPU", "cpus_per_worker"), ("GPU", "gpus_per_worker")):
         have = float(cluster.get(kind, 0))
-        if need[kind] > have + 1e-9:
-            driver = f" + {format_value(r.driver_cpus)} (driver)" if kind == "CPU" else ""
-            raise ConfigError(f"resources.{key}", f"a trial needs {r.workers_per_trial} workers x "
-                                                  f"{format_value(getattr(r, key))} {kind}{driver} = "
-                                                  f"{format_value(need[kind])} {kind}s but {where} has "
-                                                  f"{format_value(have)}", spec.source)
+        if need[kind] <= have + 1e-9:
+            continue
+        more = float((can_add or {}).get(kind, 0))
+        asked = (f"a trial needs {r.workers_per_trial} workers x {format_value(getattr(r, key))} {kind}"
+                 + (f" + {format_value(r.driver_cpus)} (driver)" if kind == "CPU" else "")
+                 + f" = {format_value(need[kind])} {kind}s")
+        if need[kind] > have + more + 1e-9:
+            added = f" (and its autoscaler can add {format_value(more)})" if can_add is not None else ""
+            raise ConfigError(f"resources.{key}", f"{asked} but {where} has {format_value(have)}{added}", spec.source)
+        added = "nodes whose resources Ray detects when they join" if math.isinf(more) else format_value(more)
+        waits.append(f"{asked}; {where} has {format_value(have)} now and its autoscaler can add {added}: trials "
+                     f"wait for the worker nodes it starts")
+    return waits

@@ -64,6 +64,8 @@ def ray_rsync_command(config: dict, source: str, node_target: str) -> list[str]:
 def sync_like_ray(config: dict, laptop: Path, node_home: Path) -> None:
     """`ray up`'s file mounts, from `laptop` (where `ray up` runs) to a node whose home is `node_home`."""
     for remote, local in config["file_mounts"].items():
+        if str(local).startswith("~"):  # a file of the user's home (the cluster's token), not of the tree
+            continue
         source, target = str(local), str(remote).replace("~", str(node_home), 1)
         if (laptop / source).is_dir():  # NodeUpdater.sync_file_mounts: a folder is synced by its contents
             source, target = source.rstrip("/") + "/", target.rstrip("/") + "/"

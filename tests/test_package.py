@@ -426,3 +426,19 @@ def test_invalid_submission_is_refused_and_leaves_no_zip(study, tmp_path, capsys
     assert not (out / "results.zip").exists()
     assert not list(out.glob("*.zip*")) and not list(out.glob(".results.zip*"))
     assert not (out / "leaderboard.json").exists()
+
+
+
+def test_each_account_of_a_machine_caches_checkpoints_in_a_folder_of_its_own(monkeypatch):
+    """A cluster node's Ray runs as one account and a laptop's tests or another user as others, all sharing the
+    temp folder: the copies of s3:// checkpoints go to a folder per user, so that one account's folder never blocks
+    another's packaging (a how-to run beside the suite failed on a root-owned cache with PermissionError)."""
+    import os
+    import tempfile
+
+    from launch.package import checkpoint_cache
+
+    mine = checkpoint_cache()
+    assert mine == Path(tempfile.gettempdir()) / f"a2-package-checkpoints-{os.getuid()}"
+    monkeypatch.setattr(os, "getuid", lambda: 65534)
+    assert checkpoint_cache() != mine and checkpoint_cache().name == "a2-package-checkpoints-65534"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import json
+import math
 import os
 import subprocess
 import sys
@@ -269,6 +270,49 @@ def test_cluster_resources_are_checked():
     with pytest.raises(ConfigError) as err:
         check_cluster(spec, {"CPU": 0.5})
     assert err.value.path == "resources.cpus_per_worker" and "smoke.yaml" in str(err.value)
+
+
+def test_a_gpu_study_waits_for_the_workers_an_autoscaling_cluster_adds(tmp_path):
+    """The how-to's cluster (ray-cluster.yaml): its head has 8 CPUs and no GPU, its spot workers (min 0) join when
+    trials ask for them. Right after `ray up` Ray counts the head alone, so the driver reads what the autoscaler may
+    add from the config `ray up` left in the head's home: the study waits for the workers; a trial larger than the
+    whole cluster can ever be is still refused, naming both figures."""
+    from ray.autoscaler._private.local.config import prepare_local
+
+    from launch.raycluster import autoscaler_limits
+
+    limits = autoscaler_limits(str(ROOT / "ray-cluster.yaml"))
+    assert limits == {"CPU": 4 * 48, "GPU": 4 * 4}  # worker.gpu.spot: g5.12xlarge, max_workers 4; the head adds none
+    spec = load_study(ROOT / "studies" / "fusion_ablation.yaml", ["storage=/tmp/unused"], check_files=False)
+    head = {"CPU": 8.0, "GPU": 0.0}
+    with pytest.raises(ConfigError) as err:
+        check_cluster(spec, head)  # without the autoscaler's figures: refused, as before
+    assert err.value.path == "resources.cpus_per_worker"
+    waits = check_cluster(spec, head, can_add=limits)
+    need = spec.trial_resources()
+    assert need == {"CPU": 8.01, "GPU": 1} and waits == [
+        "a trial needs 1 workers x 8 CPU + 0.01 (driver) = 8.01 CPUs; the cluster has 8 now and its autoscaler can "
+        "add 192: trials wait for the worker nodes it starts",
+        "a trial needs 1 workers x 1 GPU = 1 GPUs; the cluster has 0 now and its autoscaler can add 16: trials wait "
+        "for the worker nodes it starts"]
+    huge = load_study(ROOT / "studies" / "fusion_ablation.yaml", ["storage=/tmp/unused", "resources.workers_per_trial=25"],
+                      check_files=False)
+    with pytest.raises(ConfigError) as err:
+        check_cluster(huge, head, can_add=limits)
+    assert err.value.path == "resources.cpus_per_worker" and str(err.value).endswith(
+        "a trial needs 25 workers x 8 CPU + 0.01 (driver) = 200.01 CPUs but the cluster has 8 (and its autoscaler can "
+        "add 192)")
+    # Ray's local provider (ray-cluster.local.yaml with a worker's address) declares no resources: Ray detects a
+    # node's when it joins, so nothing the workers could bring is refused
+    local = yaml.safe_load((ROOT / "ray-cluster.local.yaml").read_text())
+    local["provider"]["worker_ips"] = ["192.0.2.7"]
+    prepared, _ = prepare_local(local)
+    (tmp_path / "bootstrap.yaml").write_text(yaml.safe_dump(prepared))
+    assert autoscaler_limits(str(tmp_path / "bootstrap.yaml")) == {"CPU": math.inf, "GPU": math.inf}
+    assert check_cluster(huge, {"CPU": 0.0}, can_add={"CPU": math.inf, "GPU": math.inf})[1].endswith(
+        "its autoscaler can add nodes whose resources Ray detects when they join: trials wait for the worker nodes "
+        "it starts")
+    assert autoscaler_limits(str(tmp_path / "none.yaml")) is None  # a laptop, a local Ray: no autoscaler here
 
 
 def test_storage_and_tracking_resolve(tmp_path, monkeypatch):
