@@ -36,7 +36,8 @@ from launch.killpoints import arm_driver, kill_point
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease, held_lease
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
                              write_summary)
-from launch.layout import SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR, add_outage
+from launch.layout import (SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR, add_outage, fused_seeds, seed_result_key,
+                           seed_trials)
 from launch.mlflow_callback import A2MLflowCallback
 from launch.raycluster import autoscaler_limits, connect
 from launch.progress import progress_line, study_progress
@@ -397,7 +398,7 @@ def storage_problem(location: StudyLocation, err: BaseException | None = None) -
 
 def _stopped_by_storage(spec, location: StudyLocation, grid, problem: str, summary: dict | None = None) -> dict:
     summary = summary or {}  # none: `finish` did not get that far, the rows come from Tune's result grid
-    rows = [] if summary else [_grid_row(spec, result) for result in grid]
+    rows = [] if summary else [row for result in grid for row in _grid_rows(spec, result)]
     if rows:
         print(format_table(rows, spec))
     print(f"study {spec.name} stopped: its storage cannot be written or reached ({problem}); what was saved before "
@@ -508,11 +509,11 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
 
         def report(self, trials, done: bool, *sys_info) -> None:
             self.last = time.monotonic()
-            rows = [live_row(spec, t, stopped_early_of) for t in trials]
+            rows = [row for t in trials for row in live_rows(spec, t, stopped_early_of)]
             table = format_table(rows, spec)
             # how far along and when it ends, from the trials' cumulative wall time as their last results report it
-            timed = [dataclasses.replace(row, compute={"wall_s": (t.last_result or {}).get("compute/wall_s") or 0.0})
-                     for row, t in zip(rows, trials)]
+            timed = [dataclasses.replace(row, compute={"wall_s": row.last_result.get("compute/wall_s") or 0.0})
+                     for row in rows]
             table += "\n" + progress_line(study_progress(spec, timed, driven=True))
             line = tracking_line()  # e.g. "tracking: server down 31 s, 14 epochs exported once it was back"
             if line:
@@ -527,22 +528,32 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
 
 
 # -- table rows: the record's trial, as far as Tune knows it ------------------------------------------------------
-def live_row(spec, trial, stopped_early_of=None) -> Trial:
-    """A running Tune trial: its last result, the best so far from Tune's metric analysis, and the scheduler's
-    record when it stopped the trial."""
-    best = (trial.metric_analysis.get(spec.metric) or {}).get(spec.mode)
+def live_rows(spec, trial, stopped_early_of=None) -> list[Trial]:
+    """A running Tune trial's rows (one, or one per seed of a fused trial: `seed_trials`): the last result, the best
+    so far from Tune's metric analysis, and the scheduler's record when it stopped the trial."""
     stopped = stopped_early_of(trial.trial_id) if stopped_early_of else None
-    return table_row(spec, tune_trial(trial), trial.last_result or {}, best, stopped)
+    fused = fused_seeds(trial.config) is not None
+    rows = []
+    for row in seed_trials(tune_trial(trial)):
+        metric = seed_result_key(row.sampled["seed"], spec.metric) if fused else spec.metric
+        best = (trial.metric_analysis.get(metric) or {}).get(spec.mode)
+        rows.append(table_row(spec, row, row.last_result, best, stopped))
+    return rows
 
 
-def _grid_row(spec, result) -> Trial:
-    """A trial from Tune's result grid (what this driver last saw of it)."""
+def _grid_rows(spec, result) -> list[Trial]:
+    """A trial from Tune's result grid (what this driver last saw of it), one row per seed of a fused one."""
     history = result.metrics_dataframe
-    values = history[spec.metric] if history is not None and spec.metric in history else []
     metrics = result.metrics or {}
     trial = Trial(metrics.get("trial_id") or "?", state="ERROR" if result.error else "TERMINATED",
-                  sampled=dict(result.config or {}))
-    return table_row(spec, trial, metrics, best_value(values, spec.mode))
+                  sampled=dict(result.config or {}), last_result=dict(metrics))
+    fused = fused_seeds(trial.sampled) is not None
+    rows = []
+    for row in seed_trials(trial):
+        metric = seed_result_key(row.sampled["seed"], spec.metric) if fused else spec.metric
+        values = history[metric] if history is not None and metric in history else []
+        rows.append(table_row(spec, row, row.last_result, best_value(values, spec.mode)))
+    return rows
 
 
 # -- the end of a run -------------------------------------------------------------------------------------------

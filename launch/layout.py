@@ -6,6 +6,7 @@ nothing of theirs.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from a2core.errors import StudyError
@@ -32,6 +33,52 @@ TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of a t
 def train_run_name(study: str, trial_id: str) -> str:
     """The run folder of a trial: the same on every retry and restore of that trial."""
     return f"{study}-{trial_id}"
+
+
+# Fused replicates (`resources.fuse_replicates`): one Tune trial trains a configuration's seeds together. Its sampled
+# config lists them under FUSED_SEEDS_KEY instead of one `seed`; each seed has a run folder of its own, named by
+# `seed_trial_id`, and is a trial of the record like any other (`seed_trials`). What the fused trial reports to Tune
+# is the mean of its live seeds under the study metric (what the searcher asks for), each seed's own values under
+# `seed_result_key` (what the scheduler judges and the live table shows).
+FUSED_SEEDS_KEY = "seeds"
+
+
+def seed_trial_id(trial_id: str, seed) -> str:
+    """The record's id of seed `seed` of the fused Tune trial `trial_id`."""
+    return f"{trial_id}-s{seed}"
+
+
+def seed_result_key(seed, key: str) -> str:
+    return f"seed{seed}/{key}"
+
+
+def fused_seeds(sampled: dict | None) -> list | None:
+    """The seeds a Tune trial trains fused (its sampled config's FUSED_SEEDS_KEY), None for a trial of one seed."""
+    seeds = (sampled or {}).get(FUSED_SEEDS_KEY)
+    return list(seeds) if isinstance(seeds, list) else None
+
+
+def seed_sampled(sampled: dict, seed) -> dict:
+    """The sampled config of one seed of a fused trial: what a trial of that seed alone would have sampled."""
+    return {**{k: v for k, v in sampled.items() if k != FUSED_SEEDS_KEY}, "seed": seed}
+
+
+def seed_result(result: dict | None, seed, trial_id: str) -> dict:
+    """Seed `seed`'s part of a fused trial's result (`seed_result_key`), its keys as in a trial of its own."""
+    prefix = seed_result_key(seed, "")
+    own = {k[len(prefix):]: v for k, v in (result or {}).items() if k.startswith(prefix)}
+    return {**own, "trial_id": trial_id} if own else {}
+
+
+def seed_trials(trial):
+    """The record's trials of a Tune trial (a `dashboards.runs.Trial` as `launch.conclusions.tune_trial` makes it):
+    itself, or one per seed of a fused trial, each with its own id, sampled seed and part of the last result."""
+    seeds = fused_seeds(trial.sampled)
+    if seeds is None:
+        return [trial]
+    return [dataclasses.replace(trial, trial_id=(tid := seed_trial_id(trial.trial_id, s)), name=f"{trial.name}-s{s}",
+                                sampled=seed_sampled(trial.sampled, s),
+                                last_result=seed_result(trial.last_result, s, tid)) for s in seeds]
 
 
 def checkpoint_name(epoch: int) -> str:

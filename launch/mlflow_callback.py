@@ -16,7 +16,7 @@ from launch import stop
 from launch.killpoints import kill_point
 from launch.lease import held_lease
 from launch.mlflow_export import Export, StudyExporter, end_reason
-from launch.layout import STOPPED_FILE, TRIALS_DIR, outage_line, train_run_name
+from launch.layout import STOPPED_FILE, TRIALS_DIR, fused_seeds, outage_line, seed_trial_id, train_run_name
 from launch.tracking_writer import client_settings
 
 logger = logging.getLogger(__name__)
@@ -64,12 +64,15 @@ class A2MLflowCallback(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         record = self.stopped_early_of(str(trial.trial_id)) if self.stopped_early_of else None
-        if record:
-            folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, str(trial.trial_id)))
+        seeds = fused_seeds(trial.config)
+        for trial_id in ([str(trial.trial_id)] if seeds is None else [seed_trial_id(trial.trial_id, s) for s in seeds]):
+            if not record:
+                break
+            folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, trial_id))
             try:
                 folder.join(STOPPED_FILE).write_text(json.dumps(record, indent=1) + "\n")
             except Exception as err:  # noqa: BLE001 - storage trouble stops the study elsewhere, not in a hook
-                logger.warning("could not record that trial %s was stopped early: %s", trial.trial_id, err)
+                logger.warning("could not record that trial %s was stopped early: %s", trial_id, err)
         self._poke(iteration, trials, trial)
 
     def on_experiment_end(self, trials, **info):

@@ -35,7 +35,8 @@ from dashboards.tracking import (TAG_BEST_CKPT, TAG_CONFIG_HASH, TAG_END_REASON,
 from launch.conclusions import tune_trial, value_text
 from launch.killpoints import kill_point
 from launch.lease import held_lease
-from launch.layout import ARTIFACTS_DIR, CHECKPOINT_FILE, SUPERSEDED_FILE, TRIALS_DIR, add_outage, train_run_name
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SUPERSEDED_FILE, TRIALS_DIR, add_outage, seed_trials,
+                           train_run_name)
 from launch.record import epoch_metrics, record_trials
 from launch.spec import SEED_PATH, resolve_key
 from launch.tracking_writer import StudyTracker
@@ -267,7 +268,7 @@ class StudyExporter:
         try:
             if not server_answers(self.uri):
                 raise TrackingError(f"MLflow server {self.uri} does not answer")
-            self.export.run([tune_trial(t) for t in list(self.trials())], ended, late=late)
+            self.export.run([s for t in list(self.trials()) for s in seed_trials(tune_trial(t))], ended, late=late)
         except StorageError as err:  # the study's storage, not the server: the study itself stops on it
             logger.warning("MLflow export could not read the study's record: %s", err)
         except (TrackingError, OSError) as err:

@@ -263,7 +263,7 @@ def measured_throughput(spec, records: str | Path | None = None) -> Throughput |
         return Throughput(round(ips, 1), (
             f"measured: {where}; resources.fuse_replicates: stage 1 at {fused['images_per_s']:.0f} images/s a card, "
             f"{fused['k']} seeds fused ({fused['precision']}), the other stages per seed at "
-            f"{alone['images_per_s']:.0f} (one seed, {alone['precision']}); trials do not train fused yet"))
+            f"{alone['images_per_s']:.0f} (one seed, {alone['precision']})"))
     if 0 < r.gpus_per_worker < 1 and r.workers_per_trial == 1:
         share = int(1 / r.gpus_per_worker + 1e-9)  # trials a card holds
         packed = arm("packed", share, [prec, "tf32", "fp32"])

@@ -58,6 +58,7 @@ from dashboards.runs import Trial as RecordTrial  # Tune's `Trial` is the schedu
 from dashboards.stats import Noise, config_hash, noise_of, power
 from launch import plan
 from launch.defaults import LEARNING_DROP
+from launch.layout import fused_seeds, seed_sampled
 from launch.location import REHEARSAL_BANNER, REHEARSAL_FILE, StudyLocation, write_summary
 from launch.tracking_writer import mark_runs
 
@@ -233,7 +234,8 @@ def suggestions(spec) -> list[dict]:
         config = searcher.suggest(f"rehearsal{i:05d}")
         if config is None or config == Searcher.FINISHED:
             break
-        out.append(config)
+        seeds = fused_seeds(config)  # a fused trial's seeds are trials of the record, and of the rehearsal, apart
+        out.extend([config] if seeds is None else [seed_sampled(config, s) for s in seeds])
     return out
 
 
@@ -290,6 +292,8 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
     resolved, draws, trials, index, epochs = [], [], [], {}, {}
     resumed: set[str] = set()
     ctl, slots, total = _Controller(), spec.resources.max_concurrent_trials, spec.total_epochs
+    if spec.resources.fuse_replicates:  # a fused trial's seeds run at once, in one slot: held at a rung for each other
+        slots *= len(spec.replicate_seeds)
 
     def add(config: dict) -> _Trial:
         i = len(trials)

@@ -20,6 +20,7 @@ from ray.tune.search import Searcher
 
 from a2core.selection import finite
 from dashboards.stats import pooled_sd, short_hash
+from launch.layout import FUSED_SEEDS_KEY, fused_seeds, seed_result_key, seed_trial_id
 from launch.spec import SEED_KEYS, Param, StudySpec, group_key
 from launch.verify import keep_out_of_tunes_uploads
 
@@ -59,6 +60,11 @@ class GridCrossedSearcher(Searcher):
         super().__init__(metric=spec.metric, mode=spec.mode)
         self._spec = spec
         self._seeds: list[int] = spec.replicate_seeds + spec.confirm_seeds  # a later round's seeds follow on
+        # fused replicates (`resources.fuse_replicates`): a configuration is one trial holding all its seeds
+        # (`FUSED_SEEDS_KEY`), a group of one for Optuna and the scheduler
+        self._fused: list[int] = self._seeds if spec.resources.fuse_replicates else []
+        if self._fused:
+            self._seeds = []
         self._cells: list[dict] = spec.grid_cells()
         self._quota: list[int] = [spec.samples_per_cell(c) for c in self._cells]
         self._assigned: list[int] = [0] * len(self._cells)  # configurations (groups) per cell
@@ -155,6 +161,8 @@ class GridCrossedSearcher(Searcher):
         members = self._members[self._open]
         if self._seeds:
             config["seed"] = self._seeds[len(members)]
+        if self._fused:
+            config[FUSED_SEEDS_KEY] = list(self._fused)
         members.append(trial_id)
         self._group_of[trial_id] = self._open
         if len(members) == self._group_size:  # with adaptive replicates: the first round's seeds
@@ -383,11 +391,13 @@ class ReplicateASHA(FIFOScheduler):
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         tid = trial.trial_id
         group = self._groups.setdefault(tid, group_key(trial.config or {}, self._resolve))
-        t, value = finite(result.get(TIME_ATTR)), finite(result.get(self._metric))
-        if t is not None and value is not None:
+        t = finite(result.get(TIME_ATTR))
+        for member, value in self._replicate_values(trial, result).items():
+            if t is None or value is None:
+                continue
             for rung in self.rungs:
-                if t >= rung and tid not in self._values[rung].setdefault(group, {}):
-                    self._values[rung][group][tid] = value
+                if t >= rung and member not in self._values[rung].setdefault(group, {}):
+                    self._values[rung][group][member] = value
                     self._decide(group, rung)
         if group in self._stopped_groups:
             self._stopped[tid] = dict(self._stopped_groups[group])
@@ -408,12 +418,21 @@ class ReplicateASHA(FIFOScheduler):
             return
         self._ended.add(tid)
         gone = self._gone.setdefault(group, {})
-        for rung in self.rungs:
-            if tid not in self._values[rung].get(group, {}):
-                gone[rung] = gone.get(rung, 0) + 1
-                self._decide(group, rung)
+        for member in self._replicate_values(trial, {}):
+            for rung in self.rungs:
+                if member not in self._values[rung].get(group, {}):
+                    gone[rung] = gone.get(rung, 0) + 1
+                    self._decide(group, rung)
 
     on_trial_error = on_trial_remove = on_trial_complete
+
+    def _replicate_values(self, trial, result: dict) -> dict[str, float | None]:
+        """The study metric of each replicate a result of `trial` reports: its own, or each seed's of a fused trial
+        (`launch.layout.seed_result_key`), keyed by the replicate's trial id in the record."""
+        seeds = fused_seeds(trial.config)
+        if seeds is None:
+            return {trial.trial_id: finite(result.get(self._metric))}
+        return {seed_trial_id(trial.trial_id, s): finite(result.get(seed_result_key(s, self._metric))) for s in seeds}
 
     def choose_trial_to_run(self, tune_controller) -> Trial | None:
         """A paused trial not held at a rung (a released replicate catches up with its group), else a pending one;
@@ -432,8 +451,8 @@ class ReplicateASHA(FIFOScheduler):
         """The rung where `trial` waits for its group's judgement (hold_at_rungs), or None to train on: the lowest
         rung with its value and its group not judged yet, if every replicate still missing there is on its way
         (running or pending, not held), so that the group will be judged."""
-        if not self.hold_at_rungs or tune_controller is None:
-            return None
+        if not self.hold_at_rungs or tune_controller is None or fused_seeds(trial.config) is not None:
+            return None  # a fused trial is its whole group: it never waits for it
         for rung in self.rungs:
             values = self._values[rung].get(group, {})
             if trial.trial_id not in values or group in self._means[rung]:
@@ -494,14 +513,17 @@ def build_scheduler(spec: StudySpec) -> TrialScheduler:
                          # a group is judged on its first round's seeds with adaptive replicates
                          reduction_factor=asha.reduction_factor,
                          replicates=(spec.replicate_rounds or [max(1, len(spec.replicate_seeds))])[0],
-                         min_gap_se=asha.min_gap_se, hold_at_rungs=asha.hold_at_rungs,
+                         # fused trials are their whole groups (judged at once); a rehearsal without Ray
+                         # (`launch.rehearse.simulate`) runs their seeds as trials held at a rung for their group
+                         min_gap_se=asha.min_gap_se,
+                         hold_at_rungs=asha.hold_at_rungs or spec.resources.fuse_replicates,
                          resolve=spec.trial_config)
 
 
 def tune_config_kwargs(spec: StudySpec) -> dict:
     """Everything `ray.tune.TuneConfig(**kwargs)` needs for this study (Tune wraps the searcher in a
     `ConcurrencyLimiter` for `max_concurrent_trials`)."""
-    return {"search_alg": GridCrossedSearcher(spec), "scheduler": build_scheduler(spec), "num_samples": spec.num_trials,
+    return {"search_alg": GridCrossedSearcher(spec), "scheduler": build_scheduler(spec), "num_samples": spec.tune_samples,
             "metric": spec.metric, "mode": spec.mode, "max_concurrent_trials": spec.resources.max_concurrent_trials,
             # A one-worker trial trains in its Tune trial process: the next trial reuses that process and skips its
             # start-up and imports (benchmarks/bench_scale.py). Tune starts a fresh one when the previous trial's

@@ -24,6 +24,7 @@ from a2core.data.prepared import check_copy, is_prepared
 from a2core.data.synthetic import split_sizes
 from a2core.errors import DataError, StorageError
 from dashboards.tracking import default_tracking_uri, redact_uri
+from launch.layout import FUSED_SEEDS_KEY
 from launch.placeholders import refuse_placeholder
 
 ALIASES = {"fusion": "model.fusion", "lambda": "model.lambda", "eta": "model.eta", "temperature": "model.temperature",
@@ -298,8 +299,9 @@ class Resources(Section):
     gpus_per_worker: Number = Field(0, ge=0, description="GPUs per worker (a fraction, or a whole number above 1).")
     max_concurrent_trials: Integer = Field(1, ge=1, description="Trials running side by side.")
     fuse_replicates: Flag = Field(False, description=(
-        "Each configuration's seeds as one fused model, one step for all (a2core.fused): `a2 study plan` prices "
-        "it from the newest GPU record (benchmarks/records/gpu/); trials still train one seed each."))
+        "Each configuration's seeds trained in one trial as one fused model, one step for all (a2core.fused); "
+        "each seed is still a trial of the record. Needs a fixed search.replicates and one worker a trial; "
+        "`a2 study plan` prices it from the newest GPU record (benchmarks/records/gpu/)."))
     max_failures: Integer = Field(1, ge=-1, description=(
         "Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever."))
     # Ray refuses a bare {"CPU": 0}.
@@ -367,8 +369,9 @@ def group_key(config: dict, resolve=None) -> str:
     # scipy (dashboards.stats): `a2 study validate` imports this module and loads no scipy
     from dashboards.stats import config_hash
 
+    config = {k: v for k, v in config.items() if k != FUSED_SEEDS_KEY}  # a fused trial: its seeds' group
     if resolve is not None:
-        return config_hash(resolve(dict(config)))
+        return config_hash(resolve(config))
     return config_hash({k: v for k, v in config.items() if k not in SEED_KEYS})
 
 
@@ -521,6 +524,8 @@ class StudySpec(Section):
         if search.confirm is not None and search.purpose != "compare":
             _fail("search.confirm", "confirmation seeds settle verdicts, and an `explore` study claims none: "
                                     "set search.purpose: compare, or drop search.confirm")
+        if self.resources.fuse_replicates:
+            _check_fused(self)
         if search.purpose == "compare" and self.num_arms > 1 and len(self.seed_values) < 2:
             _fail("search.replicates", f"this study compares {self.num_arms} configurations with one seed each, "
                                        f"and one seed against one seed has no interval: set search.replicates (`a2 "
@@ -678,6 +683,12 @@ class StudySpec(Section):
     def num_trials(self) -> int:
         """The search's trials and, with `search.confirm`, each fusion's chosen configuration's confirmation seeds."""
         return self.search_trials + self.confirm_arms * len(self.confirm_seeds)
+
+    @property
+    def tune_samples(self) -> int:
+        """Tune's trials: `num_trials`, or one per configuration when its seeds train fused
+        (`resources.fuse_replicates`; each seed is still a trial of the record: `launch.layout.seed_trials`)."""
+        return self.num_configs if self.resources.fuse_replicates else self.num_trials
 
     @property
     def verdict_seeds(self) -> int:
@@ -858,10 +869,24 @@ def _check_schedule(spec: StudySpec) -> None:
             f"{where}: T_P up to {tp[1]:g} steps reaches past the {spec.total_steps} steps a trial takes: "
             f"exp_decay still keeps {math.exp(-spec.total_steps / tp[1]):.0%} of the original attention when "
             f"training ends ({spec.source or 'study'})")
-    if spec.resources.fuse_replicates:
-        spec.warnings.append(
-            f"resources.fuse_replicates: `a2 study plan` prices the study with fused seeds, but its trials still "
-            f"train one seed each: the trainable does not train fused groups yet ({spec.source or 'study'})")
+
+
+def _check_fused(spec: StudySpec) -> None:
+    """`resources.fuse_replicates` trains a configuration's seeds in one trial, all at once: it needs a fixed set of
+    replicate seeds, known when the configuration is asked, and one worker a trial (`a2core.fused`)."""
+    key = "resources.fuse_replicates"
+    if len(spec.replicate_seeds) < 2:
+        _fail(key, "fuses a configuration's replicate seeds: set search.replicates to 2 or more")
+    if spec.seed_rounds is not None:
+        _fail(key, "a fused trial trains a configuration's seeds together from the start, but "
+                   + ("search.confirm adds seeds to the chosen configurations later"
+                      if spec.search.confirm is not None else "adaptive replicates ({min, max}) add seeds in rounds")
+                   + ": use a fixed search.replicates, or train the seeds as trials of their own")
+    if spec.resources.workers_per_trial > 1:
+        _fail(key, "a fused trial trains on one worker: set resources.workers_per_trial: 1")
+    precision = spec.base.get("train", {}).get("precision")
+    if precision == "fp16":
+        _fail(key, "fp16's loss scaler skips a step for every seed when one overflows: use fp32 or bf16")
 
 
 # -- search ------------------------------------------------------------------------------------------------------------

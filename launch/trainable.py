@@ -33,13 +33,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from a2core.checksum import SUFFIX, checksum_problem, write_checksum
 from a2core.config import Config
 from a2core.errors import CheckpointError, StorageError, TrainingDiverged
-from a2core.selection import best_epoch, rank
+from a2core.selection import best_epoch, finite, rank
 from launch.killpoints import DRIVER_PID_ENV, KILL_AT_ENV, kill_point
 from launch.raycluster import stash_credentials
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, ENDED_FILE, RESULTS_FILE,
                            SUPERSEDED_FILE, TRAIN_SNAPSHOT, TRIAL_FILE, TRIALS_DIR, TUNE_POINTER_FILE, ResultLog,
-                           checkpoint_epochs, checkpoint_name, end_record, end_text, latest_checkpoint_history,
-                           plain_values, results_by_epoch, train_run_name)
+                           checkpoint_epochs, checkpoint_name, end_record, end_text, fused_seeds,
+                           latest_checkpoint_history, plain_values, results_by_epoch, seed_result_key, seed_sampled,
+                           seed_trial_id, train_run_name)
 from launch.storage import open_location
 
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
@@ -157,8 +158,8 @@ class ComputeMeter:
     (wall x GPUs) or `compute/cpu_s`. `previous` is the trial's result log (earlier attempts' totals); `stamp` takes
     this attempt's CPU seconds, which restart at 0 with a new Ray Train worker group."""
 
-    def __init__(self, previous: list[dict], gpus: float):
-        self.gpus = float(gpus)
+    def __init__(self, previous: list[dict], gpus: float, share: float = 1.0):
+        self.gpus, self.share = float(gpus), share  # share: a fused trial's seed's part of it (1/k)
         self.device_key = "compute/gpu_s" if self.gpus else "compute/cpu_s"
         self.base_wall = max((float(r.get("compute/wall_s") or 0.0) for r in previous), default=0.0)
         self.base_device = max((float(r.get(self.device_key) or 0.0) for r in previous), default=0.0)
@@ -170,16 +171,20 @@ class ComputeMeter:
         if attempt_cpu_s < self.cpu_last:  # a new worker group counts from 0 again
             self.cpu_done += self.cpu_last
         self.cpu_last = attempt_cpu_s
-        wall = time.monotonic() - self.start
+        wall = (time.monotonic() - self.start) * self.share
         item["compute/wall_s"] = self.base_wall + wall
-        item[self.device_key] = self.base_device + (wall * self.gpus if self.gpus else self.cpu_done + attempt_cpu_s)
+        item[self.device_key] = self.base_device + (
+            wall * self.gpus if self.gpus else (self.cpu_done + attempt_cpu_s) * self.share)
 
 
 class TrialRecorder:
     """What a trial does with each epoch's result: stamp its cost, log it, report it to Tune."""
 
-    def __init__(self, plan: TrialPlan, gpus: float, sampled: dict | None = None):
-        self.trial_id = tune.get_context().get_trial_id()
+    def __init__(self, plan: TrialPlan, gpus: float, sampled: dict | None = None, trial_id: str | None = None,
+                 share: float = 1.0):
+        """trial_id, share: a fused trial's seed's (`a2_fused_trial`): its id in the record and its part of the
+        trial's compute (`ComputeMeter`); else this Tune trial's id, all of it."""
+        self.trial_id = trial_id or tune.get_context().get_trial_id()
         self.metric, self.mode = plan.metric, plan.mode
         self.run = plan.trials().join(train_run_name(plan.study, self.trial_id))
         if sampled is not None:
@@ -190,25 +195,21 @@ class TrialRecorder:
                 adopt(plan, self.run, self.trial_id, sampled)
         self.log = ResultLog(self.run.join(RESULTS_FILE))
         self.log.add_missing(latest_checkpoint_history(self.run))
-        self.meter = ComputeMeter(list(self.log.by_epoch.values()), gpus)
+        self.meter = ComputeMeter(list(self.log.by_epoch.values()), gpus, share)
 
     def record(self, item: dict, attempt_cpu_s: float) -> None:
-        """A result with a checkpoint also gets a tiny Tune checkpoint pointing at the real one: without one,
-        `Tuner.restore` would restart the trial's result history from nothing."""
+        """Log the result (`log`) and report it to Tune (`report_to_tune`)."""
+        self.log_result(item, attempt_cpu_s)
+        report_to_tune(plain_values(item), item.get("checkpoint_path"), item.get("epoch"))
+
+    def log_result(self, item: dict, attempt_cpu_s: float) -> None:
+        """Stamp the result's cost, keep its artifacts and add it to the trial's result log."""
         # The result's own time (Tune keeps it) goes into the log too: an epoch that MLflow gets back from the log
         # after a driver died is logged at the time it was reported, in its place among the others.
         item.setdefault("timestamp", time.time())
         self.meter.stamp(item, attempt_cpu_s)
         self.keep_artifacts(item)
         self.log.add(item)
-        reported = plain_values(item)  # the per-image scores and samples stay in `artifacts/`, out of Tune's state
-        if not item.get("checkpoint_path"):
-            tune.report(reported)
-            return
-        with tempfile.TemporaryDirectory(prefix="a2-tune-ckpt-") as folder:
-            pointer = {"train_checkpoint": item["checkpoint_path"], "epoch": item.get("epoch")}
-            (Path(folder) / TUNE_POINTER_FILE).write_text(json.dumps(pointer))
-            tune.report(reported, checkpoint=tune.Checkpoint.from_directory(folder))
 
     def keep_artifacts(self, item: dict) -> None:
         """A result's per-image scores and caption samples, as files below the run folder's `artifacts/` (the
@@ -238,7 +239,7 @@ class TrialRecorder:
         diverged ends again at once, without training)."""
         return end_record(self.run)
 
-    def end(self, record: dict | None = None) -> None:
+    def end(self, record: dict | None = None, tell_tune: bool = True) -> None:
         """Write the trial's end record (it diverged: `diverged_record`; None: the one already there, a restarted
         trial's) and tell Tune, so that it ends the trial TERMINATED when the trial then returns and the study goes
         on with the others. Tune refuses a trial's last result without the study metric (its strict metric check
@@ -249,7 +250,8 @@ class TrialRecorder:
             self.run.join(ENDED_FILE).write_text(json.dumps(record, indent=1) + "\n")
             print(f"WARNING: trial {self.trial_id} {end_text(record)}: it ends here, the study goes on", flush=True)
         record = record or self.ended() or {}
-        tune.report({self.metric: float("nan"), "a2/end_reason": str(record.get("reason"))})
+        if tell_tune:  # a fused trial's seed: the trial goes on with the others (`a2_fused_trial`)
+            tune.report({self.metric: float("nan"), "a2/end_reason": str(record.get("reason"))})
 
     def report_again(self, epoch: int) -> None:
         """Report the logged result of `epoch` (where a resumed trial starts) to Tune once more, before training:
@@ -258,6 +260,20 @@ class TrialRecorder:
         (same step and timestamp) take an epoch reported twice as one."""
         if epoch in self.log.by_epoch:
             tune.report(dict(self.log.by_epoch[epoch]))
+
+
+def report_to_tune(reported: dict, checkpoint: str | list | None, epoch) -> None:
+    """Tell Tune of a result (JSON-plain values: the per-image scores and samples stay in `artifacts/`, out of
+    Tune's state). A result with a checkpoint (its stored path, or a fused trial's seeds' paths) also gets a tiny Tune
+    checkpoint pointing at the real one: without one, `Tuner.restore` would restart the trial's result history from
+    nothing."""
+    if not checkpoint:
+        tune.report(reported)
+        return
+    with tempfile.TemporaryDirectory(prefix="a2-tune-ckpt-") as folder:
+        pointer = {"train_checkpoint": checkpoint, "epoch": epoch}
+        (Path(folder) / TUNE_POINTER_FILE).write_text(json.dumps(pointer))
+        tune.report(reported, checkpoint=tune.Checkpoint.from_directory(folder))
 
 
 def _same_config(a, b) -> bool:
@@ -397,6 +413,163 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
                   best_from=best_from)
         except TrainingDiverged as err:
             trial.end(diverged_record(err))
+
+
+class FusedSeeds:
+    """The seeds of a fused trial (`a2_fused_trial`): each a trial of the record (`TrialRecorder` with its own id and
+    run folder, `LocalCheckpoints`), and the one result a epoch Tune hears of them all (`report_epoch`)."""
+
+    def __init__(self, plan: TrialPlan, sampled: dict):
+        self.plan, self.cpu_start = plan, time.process_time()
+        self.tune_id = tune.get_context().get_trial_id()
+        self.seeds = fused_seeds(sampled)
+        share = 1.0 / len(self.seeds)  # the trial's compute, in equal parts
+        self.trials = [TrialRecorder(plan, plan.resources["gpus_per_worker"], seed_sampled(sampled, s),
+                                     trial_id=seed_trial_id(self.tune_id, s), share=share) for s in self.seeds]
+        self.configs = [plan.config(seed_sampled(sampled, s)) for s in self.seeds]
+        self.checkpoints = [LocalCheckpoints(t.run, plan.metric, plan.mode, plan.num_to_keep) for t in self.trials]
+        self.live = {i for i, t in enumerate(self.trials) if t.ended() is None}  # a seed that diverged stays ended
+        self.reported: set[int] = set()  # epochs Tune heard of
+
+    def report(self, i: int, metrics: dict, checkpoint_dir: str | None) -> None:
+        """Seed i's epoch (`a2core.train.train`'s report): its checkpoint stored, its result logged; Tune hears of
+        the epoch once every live seed has it."""
+        trial, item = self.trials[i], dict(metrics)
+        if checkpoint_dir is not None:
+            item["checkpoint_path"] = self.checkpoints[i].save(checkpoint_dir, int(item["epoch"]))
+            kill_point("checkpoint-saved", item["epoch"])
+        trial.log_result(item, time.process_time() - self.cpu_start)
+        self.checkpoints[i].prune({e: r[self.plan.metric] for e, r in trial.log.by_epoch.items()
+                                   if isinstance(r.get(self.plan.metric), (int, float))})
+        self.report_epoch(int(item["epoch"]))
+
+    def end(self, i: int, err: TrainingDiverged) -> None:
+        """Seed i diverged: its end record; the others go on (an epoch Tune waited for on it may be complete now)."""
+        self.trials[i].end(diverged_record(err), tell_tune=False)
+        self.live.discard(i)
+        for epoch in sorted({e for t in self.trials for e in t.log.by_epoch} - self.reported):
+            self.report_epoch(epoch)
+        if not self.live:  # the last one: Tune's last result must hold the metric (`TrialRecorder.end`)
+            tune.report({self.plan.metric: float("nan"), "a2/end_reason": "diverged"})
+
+    def report_epoch(self, epoch: int, again: bool = False) -> None:
+        """Tell Tune of `epoch` once every live seed has logged it: the mean of their study metric (what the searcher
+        asks for; NaN, no value, when none has one) and each seed's values (`seed_result_key`: what the scheduler
+        judges and the live table shows). `again`: a resumed trial's starting epoch, told once more."""
+        if (epoch in self.reported and not again) or not self.live or any(
+                epoch not in self.trials[i].log.by_epoch for i in self.live):
+            return
+        self.reported.add(epoch)
+        results = {i: self.trials[i].log.by_epoch[epoch] for i in sorted(self.live)}
+        values = [v for r in results.values() if (v := finite(r.get(self.plan.metric))) is not None]
+        reported = {"epoch": epoch, self.plan.metric: float(sum(values) / len(values)) if values else float("nan")}
+        for i, result in results.items():
+            reported.update({seed_result_key(self.seeds[i], k): v for k, v in plain_values(result).items()
+                             if k not in ("trial_id", "config")})
+        paths = [r.get("checkpoint_path") for r in results.values()]
+        report_to_tune(reported, paths if all(paths) else None, epoch)
+
+    def start(self, work: Path) -> tuple[int | None, list, list] | None:
+        """Where the live seeds resume: (epoch, resume_from, best_from), per seed, or None when every one had done
+        everything. Fused seeds step together, so in stage 1 they resume from one epoch, the newest that each has a
+        readable checkpoint of (a seed ahead trains its later epochs again); once all are past stage 1 (each trains
+        stage 2 alone) each resumes from its own newest."""
+        live = sorted(self.live)
+        for i in live:
+            (work / str(i)).mkdir(parents=True, exist_ok=True)
+
+        def newest(i: int, below: int | None = None) -> tuple[int | None, Path | None]:
+            epochs = [e for e in self.checkpoints[i].complete_epochs() if below is None or e <= below]
+            return newest_readable_checkpoint(self.trials[i].run, epochs, work / str(i))
+        found = {i: newest(i) for i in live}
+        xe = self.configs[0]["train"]["xe_epochs"]
+        epochs = [found[i][0] for i in live]
+        if not all(e is not None and e >= xe for e in epochs) and len(set(epochs)) > 1:
+            if None not in epochs:  # back to the seeds' common epoch
+                found = {i: newest(i, min(epochs)) for i in live}
+            if None in epochs or len({found[i][0] for i in live}) > 1:  # a seed without it: all from epoch 1
+                found = {i: (None, None) for i in live}
+        starts = {i: found[i][0] for i in live}
+        for epoch in sorted({e for e in starts.values() if e is not None}):
+            self.report_epoch(epoch, again=True)
+        done = {i for i in live if finished_before(self.configs[i], starts[i],
+                                                   self.trials[i].log.by_epoch.get(starts[i]))}
+        if done == set(live):
+            return None
+        best = {i: best_copy(self.trials[i].run, found[i][1], starts[i], work / str(i))
+                if starts[i] is not None else None for i in live}
+        return starts, {i: found[i][1] for i in live}, best
+
+
+def a2_fused_trial(sampled: dict, plan: TrialPlan) -> None:
+    """A fused trial (`resources.fuse_replicates`): the seeds of one configuration (`launch.layout.fused_seeds`)
+    in this Tune trial process, trained as one model in stage 1 (`a2core.fused`), each a trial of the record with
+    its own run folder, result log, checkpoints and end record (`FusedSeeds`); stage 2 per seed, one after the other
+    (as `a2core.fused` runs it). A rehearsal's stand-in trainer (`plan.train`) trains the seeds one epoch each in
+    turn (`_stand_in_lockstep`)."""
+    from a2core.fused import FusedReplicates
+    from a2core.train import train
+
+    _quiet_per_epoch_logs()
+    use_temp_root(plan.temp_root())
+    seeds = FusedSeeds(plan, sampled)
+    if not seeds.live:  # every seed diverged before a driver was killed: it ends again, untrained
+        tune.report({plan.metric: float("nan"), "a2/end_reason": "diverged"})
+        return
+    with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
+        work = Path(folder)
+        start = seeds.start(work)
+        if start is None:
+            return  # as in `a2_local_trial`: every seed had done everything
+        starts, resume_from, best_from = start
+        xe = seeds.configs[0]["train"]["xe_epochs"]
+        live = sorted(i for i in seeds.live if not finished_before(
+            seeds.configs[i], starts[i], seeds.trials[i].log.by_epoch.get(starts[i])))
+        if plan.train is not None:
+            _stand_in_lockstep(seeds, plan.train, work, {i: resume_from[i] for i in live})
+            return
+        if all(starts[i] is not None and starts[i] >= xe for i in live):  # stage 2: each seed on its own
+            for i in live:
+                try:
+                    train(seeds.configs[i], functools.partial(seeds.report, i), output_dir=str(work / str(i) / "out"),
+                          resume_from=resume_from[i], best_from=best_from[i])
+                except TrainingDiverged as err:
+                    seeds.end(i, err)
+            return
+        fused = FusedReplicates([seeds.configs[i] for i in live], [str(work / str(i) / "out") for i in live],
+                                resume_from=[resume_from[i] for i in live], best_from=[best_from[i] for i in live])
+        results = fused.run([functools.partial(seeds.report, i) for i in live])
+        for i, result in zip(live, results):
+            if isinstance(result, TrainingDiverged):
+                seeds.end(i, result)
+
+
+class _EpochReported(Exception):
+    """A stand-in seed's epoch is in (`_stand_in_lockstep`): the next seed's turn."""
+
+
+def _stand_in_lockstep(seeds: FusedSeeds, train: Callable, work: Path, resume_from: dict) -> None:
+    """A rehearsal's fused trial: its stand-in trainer (`a2core.train.train`'s contract, `launch.rehearse`) trains
+    each seed one epoch in turn, resuming from the seed's last checkpoint, so that Tune hears each epoch of the group
+    when a fused trial would, and the scheduler stops the whole group at a rung as it stops a fused one."""
+    pending = dict(resume_from)  # seed index -> the checkpoint its next epoch resumes from
+    while pending:
+        for i in sorted(pending):
+            local = work / str(i) / "lockstep.pt"
+
+            def report(metrics: dict, checkpoint_dir: str | None, i=i, local=local) -> None:
+                seeds.report(i, metrics, checkpoint_dir)
+                shutil.copyfile(Path(checkpoint_dir) / CHECKPOINT_FILE, local)
+                raise _EpochReported
+            try:
+                train(seeds.configs[i], report, output_dir=str(work / str(i) / "out"), resume_from=pending[i],
+                      best_from=None)
+            except _EpochReported:
+                pending[i] = local
+                continue
+            except TrainingDiverged as err:
+                seeds.end(i, err)
+            del pending[i]  # its run is over
 
 
 def best_copy(run, resume_from: Path, epoch: int, work: Path) -> Path | None:
@@ -638,6 +811,8 @@ def make_trainable(plan: TrialPlan, *, ray_train: bool = False):
     """The trial function bound to its plan and resources: `a2_local_trial` holding one worker's, else `a2_trial`
     holding `driver_cpus` (its Train workers ask for their own). `ray_train`: a one-worker trial on Ray Train too
     (benchmarks/bench_study.py)."""
+    if plan.resources.get("fuse_replicates"):
+        return tune.with_resources(tune.with_parameters(a2_fused_trial, plan=plan), plan.worker_resource_request())
     if plan.resources["workers_per_trial"] == 1 and not ray_train:
         return tune.with_resources(tune.with_parameters(a2_local_trial, plan=plan), plan.worker_resource_request())
     return tune.with_resources(tune.with_parameters(a2_trial, plan=plan), {"CPU": plan.resources["driver_cpus"]})

@@ -33,7 +33,7 @@ from a2core.config import Config
 from a2core.errors import A2Error, CheckpointError, StorageError, StudyError
 from dashboards.runs import Trial
 from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS_DIR, TUNE_POINTER_FILE,
-                           checkpoint_epochs, checkpoint_name, results_by_epoch)
+                           checkpoint_epochs, checkpoint_name, results_by_epoch, seed_trials)
 from launch.lease import held_lease
 from launch.location import STUDY_FILE, load_saved_spec
 from launch.storage import open_location
@@ -324,7 +324,7 @@ def experiment_trials(study) -> list[Trial] | None:
             if not isinstance(state, dict):
                 raise ValueError(f"trial_data[{n}] trial state is not a JSON object")
             metadata = _leading_values(entry[1], _RUN_METADATA_KEYS, f"trial_data[{n}] run metadata")
-            trials.append(_tune_trial(study, state, metadata, n))
+            trials.extend(seed_trials(_tune_trial(study, state, metadata, n)))  # a fused trial's seeds apart
     except ValueError as err:  # json's JSONDecodeError and UnicodeDecodeError too
         found = f"{location.uri}: not a readable Tune experiment state ({str(err).splitlines()[0][:200]})"
         raise StudyError(_refusal(study, location, "json", found, "reading it")) from err

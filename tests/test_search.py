@@ -373,6 +373,25 @@ def test_replicates_and_a_seed_key_are_an_error(tmp_path):
         load_study(study_file(tmp_path, REPLICATED, replicates=0))
 
 
+def test_a_fused_configuration_is_one_trial_with_its_seeds(tmp_path):
+    """`resources.fuse_replicates`: each configuration goes out once, with all its replicate seeds (`seeds`), as a
+    group of one for Optuna, which gets the seeds' mean that the fused trial reports."""
+    path = study_file(tmp_path, REPLICATED, num_samples=2, replicates=3)
+    spec = load_study(path, ["resources.fuse_replicates=true"])
+    assert spec.tune_samples == 3 and spec.num_trials == 9
+    searcher = GridCrossedSearcher(spec)
+    got = drain(searcher)
+    assert len(got) == 3 and all(c["seeds"] == [0, 1, 2] and "seed" not in c for _, c in got)
+    plain = [c for _, c in drain(GridCrossedSearcher(load_study(path)))]
+    # the same configurations in the same order as the unfused study's groups
+    assert [{k: v for k, v in c.items() if k != "seeds"} for _, c in got] == [
+        {k: v for k, v in c.items() if k != "seed"} for c in plain[::3]]
+    assert group_key(got[0][1], spec.trial_config) == group_key(plain[0], spec.trial_config)
+    finish(searcher, got[0][0], 1.2, spec.total_epochs)
+    trial = searcher.optuna_trial(got[0][0])
+    assert trial.state == TrialState.COMPLETE and trial.value == pytest.approx(1.2)
+
+
 # -- the replicate-group scheduler ----------------------------------------------------------------------------------
 def trial(tid: str, config: dict):
     return SimpleNamespace(trial_id=tid, config=config)
@@ -564,3 +583,21 @@ def test_one_config_hash_for_tags_scheduler_status_and_package(tmp_path):
             for tid, c, v in (("x", a, 1.0), ("y", b, 2.0))]
     (group,) = replicate_groups(spec, rows)
     assert group["config_hash"] == digest and group["seeds"] == [0, 1] and group["n"] == 2
+
+
+def test_the_scheduler_judges_a_fused_trials_seeds_as_its_replicates():
+    """A fused trial reports its seeds' values (`seed<N>/<metric>`): the scheduler takes them as the group's
+    replicates, with their spread, and stops the fused trial (the whole group) as it would stop the group's trials."""
+    sched = scheduler()
+    run_rung(sched, {"a": [10 + d for d in SPREAD]})
+    fused = trial("f", {"fusion": "b", "seeds": [0, 1, 2]})
+    sched.on_trial_add(None, fused)
+    result = {METRIC: 6.0, "epoch": 1, **{f"seed{s}/{METRIC}": 6 + d for s, d in enumerate(SPREAD)}}
+    assert sched.on_trial_result(None, fused, result) == TrialScheduler.STOP
+    info = sched.stopped_early("f")
+    assert info["group_mean"] == pytest.approx(6.0) and info["threshold"] == pytest.approx(2 * math.sqrt(2 / 3))
+    # within the threshold: it goes on
+    close = trial("g", {"fusion": "c", "seeds": [0, 1, 2]})
+    sched.on_trial_add(None, close)
+    result = {METRIC: 9.0, "epoch": 1, **{f"seed{s}/{METRIC}": 9 + d for s, d in enumerate(SPREAD)}}
+    assert sched.on_trial_result(None, close, result) == TrialScheduler.CONTINUE

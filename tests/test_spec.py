@@ -524,11 +524,29 @@ def test_refusals_speak_the_house_style_not_pydantics(override, reason):
     assert "should" not in str(info.value)
 
 
-def test_fused_replicates_are_said_to_be_priced_only(tmp_path):
-    """`resources.fuse_replicates` prices the plan; until the trainable trains fused groups, a study that sets it is
-    told so in a warning (its trials train one seed each), and one that does not hears nothing of it."""
+def test_fused_replicates_run_one_tune_trial_per_configuration(tmp_path):
+    """`resources.fuse_replicates`: Tune runs one trial per configuration (its seeds trained together), the record
+    still one trial per seed; a study that sets it hears no warning about it."""
     fused = load_study(SMOKE, ["resources.fuse_replicates=true", f"storage={tmp_path}"])
-    assert [w for w in fused.warnings if w.startswith("resources.fuse_replicates:")] == [
-        "resources.fuse_replicates: `a2 study plan` prices the study with fused seeds, but its trials still train one "
-        f"seed each: the trainable does not train fused groups yet ({fused.source})"]
-    assert not any("fuse_replicates" in w for w in load_study(SMOKE, [f"storage={tmp_path}"]).warnings)
+    plain = load_study(SMOKE, [f"storage={tmp_path}"])
+    assert (fused.num_trials, fused.tune_samples) == (8, 2)  # 2 configurations x 4 seeds
+    assert (plain.num_trials, plain.tune_samples) == (8, 8)
+    assert not any("fuse_replicates" in w for w in fused.warnings + plain.warnings)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["search.replicates=1", "search.scheduler={fifo: {}}", "search.purpose=explore"],
+     "set search.replicates to 2 or more"),
+    (["search.replicates={min: 2, max: 4}"], "adaptive replicates ({min, max}) add seeds in rounds"),
+    (["search.replicates=2", "search.confirm=3", "search.purpose=compare"],
+     "search.confirm adds seeds to the chosen configurations later"),
+    (["resources.workers_per_trial=5"], "a fused trial trains on one worker"),
+    (["train.precision=fp16"], "use fp32 or bf16"),
+])
+def test_fused_replicates_are_refused_where_seeds_cannot_train_together(tmp_path, overrides, says):
+    """A fused trial needs its configuration's seeds when it starts and one worker: anything else is refused in one
+    line naming `resources.fuse_replicates` and the file, before anything runs."""
+    with pytest.raises(ConfigError) as err:
+        load_study(SMOKE, ["resources.fuse_replicates=true", f"storage={tmp_path}", *overrides])
+    assert err.value.path == "resources.fuse_replicates"
+    assert says in str(err.value) and str(SMOKE) in str(err.value) and "\n" not in str(err.value)

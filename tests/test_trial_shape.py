@@ -51,7 +51,7 @@ def test_every_view_takes_the_records_trial():
         hint = typing.get_type_hints(function)[argument]
         assert Trial in typing.get_args(hint) or hint is Trial, (function.__qualname__, hint)
     for function in (conclusions.tune_trial, record.table_row, record.trial_row, package.candidates,
-                     driver.live_row):
+                     driver.live_rows):
         hint = inspect.signature(function).return_annotation
         assert hint in ("Trial", "list[Trial]"), (function.__qualname__, hint)
 
@@ -71,15 +71,26 @@ def test_the_record_the_dashboards_and_the_summary_hold_the_same_trials(tmp_path
 
 
 def test_the_live_table_row_is_the_records_trial():
-    from launch.driver import live_row
+    from launch.driver import live_rows
     from launch.spec import load_study
     from tests.studyfolder import SMOKE
 
     tune = SimpleNamespace(trial_id="t1", status="RUNNING", config={"fusion": "none", "seed": 3},
                            last_result={"epoch": 2, "val/CIDEr": 0.9}, metric_analysis={"val/CIDEr": {"max": 0.95}})
-    row = live_row(load_study(SMOKE), tune)
+    [row] = live_rows(load_study(SMOKE), tune)
     assert type(row) is Trial and (row.trial_id, row.state, row.seed, row.epochs_done) == ("t1", "RUNNING", 3, 2)
     assert (row.last, row.best_value, row["lambda"]) == (0.9, 0.95, None)
+    # a fused trial (`resources.fuse_replicates`): a row per seed, each with its own id, last result and best, as
+    # the record has it (`launch.layout.seed_trials`)
+    fused = SimpleNamespace(trial_id="t2", status="RUNNING", config={"fusion": "none", "seeds": [0, 1]},
+                            last_result={"epoch": 2, "val/CIDEr": 0.85, "seed0/epoch": 2, "seed0/val/CIDEr": 0.8,
+                                         "seed1/epoch": 2, "seed1/val/CIDEr": 0.9},
+                            metric_analysis={"val/CIDEr": {"max": 0.85}, "seed0/val/CIDEr": {"max": 0.8},
+                                             "seed1/val/CIDEr": {"max": 0.95}})
+    rows = live_rows(load_study(SMOKE), fused)
+    assert [(r.trial_id, r.seed, r.epochs_done, r.last, r.best_value) for r in rows] == [
+        ("t2-s0", 0, 2, 0.8, 0.8), ("t2-s1", 1, 2, 0.9, 0.95)]
+    assert all(type(r) is Trial and r.state == "RUNNING" for r in rows)
 
 
 def test_one_best_trial_rule_names_the_same_trial_in_the_summary_and_the_package():
