@@ -298,14 +298,20 @@ def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str |
 
 # -- 1b. training the missing seeds ------------------------------------------------------------------------------
 def seeds_spec(spec, location, config: dict, seeds: list[int], name: str):
-    """A study that trains `config` with each of `seeds` (grid), with the parent study's resources and places."""
+    """A study that trains `config` with each of `seeds`, with the parent study's resources and places: the seeds
+    fused in one trial when the parent's are (`resources.fuse_replicates`) and there are two or more, else a seed
+    grid, a trial each."""
+    resources = spec.resources.model_dump(exclude_none=True)
+    resources["fuse_replicates"] = fused = bool(resources.get("fuse_replicates")) and len(seeds) > 1
+    seeding = ({"replicates": [int(s) for s in seeds], "space": {}} if fused
+               else {"space": {"seed": {"grid": [int(s) for s in seeds]}}})
     raw = {
         "name": name,
         "data": config["data"], "model": config["model"],
         "train": {k: v for k, v in config["train"].items() if k != "seed"},
-        "search": {"metric": spec.metric, "mode": spec.mode, "algorithm": "grid",
-                   "space": {"seed": {"grid": [int(s) for s in seeds]}}, "scheduler": {"fifo": {}}},
-        "resources": spec.resources.model_dump(exclude_none=True),
+        "search": {"metric": spec.metric, "mode": spec.mode, "algorithm": "grid", **seeding,
+                   "scheduler": {"fifo": {}}},
+        "resources": resources,
         "tracking": {"mlflow_uri": spec.tracking.mlflow_uri},
         "storage": location.storage,
         "storage_endpoint_url": location.endpoint_url,

@@ -442,3 +442,23 @@ def test_each_account_of_a_machine_caches_checkpoints_in_a_folder_of_its_own(mon
     assert mine == Path(tempfile.gettempdir()) / f"a2-package-checkpoints-{os.getuid()}"
     monkeypatch.setattr(os, "getuid", lambda: 65534)
     assert checkpoint_cache() != mine and checkpoint_cache().name == "a2-package-checkpoints-65534"
+
+
+def test_missing_seeds_of_a_fused_study_train_fused(tmp_path):
+    """The companion study that trains the ensemble's missing seeds (`launch.package.seeds_spec`) fuses them, in one
+    trial, when the study's seeds were fused and there are two or more; one missing seed is a trial of its own."""
+    from launch.location import StudyLocation
+    from launch.package import seeds_spec
+    from launch.spec import load_study
+    from tests.studyfolder import SMOKE
+
+    parent = load_study(SMOKE, ["resources.fuse_replicates=true", f"storage={tmp_path}"])
+    config = parent.trial_config({"fusion": "gate", "lambda": 0.035, "seed": 0})
+    location = StudyLocation("a2-smoke", str(tmp_path))
+    two = seeds_spec(parent, location, config, [4, 5], "a2-smoke-seeds")
+    assert two.resources.fuse_replicates and two.replicate_seeds == [4, 5]
+    assert (two.num_trials, two.tune_samples) == (2, 1)
+    assert two.trial_config({"seed": 4})["model"] == config["model"]
+    one = seeds_spec(parent, location, config, [4], "a2-smoke-seeds")
+    assert not one.resources.fuse_replicates and (one.num_trials, one.tune_samples) == (1, 1)
+    assert one.seed_values == [4]
