@@ -529,31 +529,29 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None):
 
 # -- table rows: the record's trial, as far as Tune knows it ------------------------------------------------------
 def live_rows(spec, trial, stopped_early_of=None) -> list[Trial]:
-    """A running Tune trial's rows (one, or one per seed of a fused trial: `seed_trials`): the last result, the best
-    so far from Tune's metric analysis, and the scheduler's record when it stopped the trial."""
+    """A running Tune trial's rows: its last result, the best so far from Tune's metric analysis, and the scheduler's
+    record when it stopped the trial."""
     stopped = stopped_early_of(trial.trial_id) if stopped_early_of else None
-    fused = fused_seeds(trial.config) is not None
-    rows = []
-    for row in seed_trials(tune_trial(trial)):
-        metric = seed_result_key(row.sampled["seed"], spec.metric) if fused else spec.metric
-        best = (trial.metric_analysis.get(metric) or {}).get(spec.mode)
-        rows.append(table_row(spec, row, row.last_result, best, stopped))
-    return rows
+    return _rows(spec, tune_trial(trial), lambda key: (trial.metric_analysis.get(key) or {}).get(spec.mode), stopped)
 
 
 def _grid_rows(spec, result) -> list[Trial]:
-    """A trial from Tune's result grid (what this driver last saw of it), one row per seed of a fused one."""
+    """A trial from Tune's result grid (what this driver last saw of it)."""
     history = result.metrics_dataframe
     metrics = result.metrics or {}
     trial = Trial(metrics.get("trial_id") or "?", state="ERROR" if result.error else "TERMINATED",
                   sampled=dict(result.config or {}), last_result=dict(metrics))
+    return _rows(spec, trial, lambda key: best_value(history[key] if history is not None and key in history else [],
+                                                     spec.mode))
+
+
+def _rows(spec, trial: Trial, best_of, stopped=None) -> list[Trial]:
+    """A Tune trial's table rows, one per seed of a fused trial (`seed_trials`); `best_of(key)`: the best value of a
+    result key so far (a fused trial's seed's study metric is its `seed_result_key`)."""
     fused = fused_seeds(trial.sampled) is not None
-    rows = []
-    for row in seed_trials(trial):
-        metric = seed_result_key(row.sampled["seed"], spec.metric) if fused else spec.metric
-        values = history[metric] if history is not None and metric in history else []
-        rows.append(table_row(spec, row, row.last_result, best_value(values, spec.mode)))
-    return rows
+    return [table_row(spec, row, row.last_result,
+                      best_of(seed_result_key(row.sampled["seed"], spec.metric) if fused else spec.metric), stopped)
+            for row in seed_trials(trial)]
 
 
 # -- the end of a run -------------------------------------------------------------------------------------------

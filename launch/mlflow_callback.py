@@ -64,10 +64,9 @@ class A2MLflowCallback(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         record = self.stopped_early_of(str(trial.trial_id)) if self.stopped_early_of else None
-        seeds = fused_seeds(trial.config)
-        for trial_id in ([str(trial.trial_id)] if seeds is None else [seed_trial_id(trial.trial_id, s) for s in seeds]):
-            if not record:
-                break
+        seeds = fused_seeds(trial.config)  # a fused trial's seeds: each its own folder
+        ids = [str(trial.trial_id)] if seeds is None else [seed_trial_id(trial.trial_id, s) for s in seeds]
+        for trial_id in ids if record else []:
             folder = self.location.at(TRIALS_DIR, train_run_name(self.spec.name, trial_id))
             try:
                 folder.join(STOPPED_FILE).write_text(json.dumps(record, indent=1) + "\n")

@@ -2,7 +2,8 @@
 
 A one-worker trial (`a2_local_trial`) trains in the Tune trial process itself; a trial of several workers
 (`a2_trial`) is a small Tune function driving a Ray Train `TorchTrainer` of `worker_fn` (Ray Train V2 does not run
-as a Tune trainable). Either way each epoch's checkpoint lands in the trial's run folder
+as a Tune trainable); a fused trial (`a2_fused_trial`, `resources.fuse_replicates`) trains a configuration's seeds
+in its process as one model, each seed a trial of the record with a run folder of its own (`FusedSeeds`). Either way each epoch's checkpoint lands in the trial's run folder
 `<study>/trials/<study>-<trial id>/checkpoint_epochNNNN`, named after the Tune trial id so that a restarted,
 retried or restored trial continues from its own newest checkpoint, and each result is logged there
 (`ResultLog`) before Tune hears of it, stamped with the trial's cumulative compute (`ComputeMeter`).
