@@ -58,6 +58,25 @@ def test_meter_continues_from_earlier_attempts_and_worker_group_restarts():
     assert item["compute/gpu_s"] == pytest.approx(4 * item["compute/wall_s"])
 
 
+def test_a_fused_trials_seed_counts_its_share_of_the_trial(monkeypatch):
+    """A seed of a fused trial of k seeds (`share` 1/k) counts 1/k of the trial's wall, GPU and CPU seconds: the k
+    seeds' compute sums to the trial's, not k times it."""
+    import launch.trainable
+
+    clock = iter([100.0, 100.0, 130.0, 130.0, 200.0, 204.0])  # two meters start, stamp 30 s later; a third
+    monkeypatch.setattr(launch.trainable.time, "monotonic", lambda: next(clock))
+    seed, whole = ComputeMeter([], gpus=1, share=0.25), ComputeMeter([], gpus=1)
+    a, b = {}, {}
+    seed.stamp(a, 8.0)
+    whole.stamp(b, 8.0)
+    assert (a["compute/wall_s"], a["compute/gpu_s"]) == pytest.approx((7.5, 7.5))
+    assert (b["compute/wall_s"], b["compute/gpu_s"]) == pytest.approx((30.0, 30.0))
+    on_cpu = ComputeMeter([{"epoch": 1, "compute/wall_s": 2.0, "compute/cpu_s": 3.0}], gpus=0, share=0.5)
+    c = {}
+    on_cpu.stamp(c, 8.0)
+    assert (c["compute/wall_s"], c["compute/cpu_s"]) == pytest.approx((2.0 + 2.0, 3.0 + 4.0))
+
+
 def test_local_checkpoints_keep_the_best_and_the_latest(tmp_path):
     run = open_location(tmp_path / "run")
     store = LocalCheckpoints(run, "val/CIDEr", "max", num_to_keep=2)
