@@ -55,6 +55,7 @@ class GridCrossedSearcher(Searcher):
     _rounds: tuple[int, ...] | None = None
     _round = 0
     _decider = None
+    _fused: tuple[int, ...] | list[int] = ()  # ... and before fused trials: one seed a trial
 
     def __init__(self, spec: StudySpec):
         super().__init__(metric=spec.metric, mode=spec.mode)
@@ -311,6 +312,9 @@ class GridCrossedSearcher(Searcher):
             if name == "_hashes" and "hashes" not in state:  # saved before duplicates were skipped
                 continue
             if name in ("_rounds", "_round", "_queue", "_decider") and name[1:] not in state:  # before rounds
+                continue
+            if name == "_fused" and "fused" not in state:  # saved before fused trials: its trials train one seed
+                self._fused = []
                 continue
             setattr(self, name, state[name.lstrip("_")])
         if "hashes" not in state:

@@ -511,6 +511,9 @@ def a2_fused_trial(sampled: dict, plan: TrialPlan) -> None:
     from a2core.fused import FusedReplicates
     from a2core.train import train
 
+    if fused_seeds(sampled) is None:  # a trial of one seed: a study started before fused trials, resumed
+        a2_local_trial(sampled, plan)
+        return
     _quiet_per_epoch_logs()
     use_temp_root(plan.temp_root())
     seeds = FusedSeeds(plan, sampled)

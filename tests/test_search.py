@@ -390,6 +390,14 @@ def test_a_fused_configuration_is_one_trial_with_its_seeds(tmp_path):
     finish(searcher, got[0][0], 1.2, spec.total_epochs)
     trial = searcher.optuna_trial(got[0][0])
     assert trial.state == TrialState.COMPLETE and trial.value == pytest.approx(1.2)
+    # a study started before fused trials (`fuse_replicates` then priced only) resumes with one seed a trial
+    unfused = GridCrossedSearcher(load_study(path))
+    unfused.suggest("a")
+    state = unfused.get_state()
+    del state["fused"]
+    restored = GridCrossedSearcher(spec)
+    restored.set_state(state)
+    assert restored.suggest("b")["seed"] == 1 and "seeds" not in restored.suggest("c")
 
 
 # -- the replicate-group scheduler ----------------------------------------------------------------------------------
