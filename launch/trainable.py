@@ -3,8 +3,8 @@
 A one-worker trial (`a2_local_trial`) trains in the Tune trial process itself; a trial of several workers
 (`a2_trial`) is a small Tune function driving a Ray Train `TorchTrainer` of `worker_fn` (Ray Train V2 does not run
 as a Tune trainable); a fused trial (`a2_fused_trial`, `resources.fuse_replicates`) trains a configuration's seeds
-in its process as one model, each seed a trial of the record with a run folder of its own (`FusedSeeds`). Either way each epoch's checkpoint lands in the trial's run folder
-`<study>/trials/<study>-<trial id>/checkpoint_epochNNNN`, named after the Tune trial id so that a restarted,
+in its process as one model, each seed a trial of the record with a run folder of its own (`FusedSeeds`). Either
+way each epoch's checkpoint lands in the trial's run folder `<study>/trials/<study>-<trial id>/checkpoint_epochNNNN`, named after the Tune trial id so that a restarted,
 retried or restored trial continues from its own newest checkpoint, and each result is logged there
 (`ResultLog`) before Tune hears of it, stamped with the trial's cumulative compute (`ComputeMeter`).
 """
@@ -358,6 +358,19 @@ class LocalCheckpoints:
         open_location(source).copy_folder(target, last=CHECKPOINT_FILE)
         return target.uri
 
+    def keep_epoch(self, trial: "TrialRecorder", metrics: dict, checkpoint_dir: str | None, attempt_cpu_s: float,
+                   tell_tune: bool = True) -> None:
+        """An epoch's result (`a2core.train.train`'s report): its checkpoint folder stored, the result recorded by
+        `trial` (logged, and reported to Tune unless `tell_tune` is False: a fused trial's seed), the checkpoints no
+        longer kept deleted."""
+        item = dict(metrics)
+        if checkpoint_dir is not None:
+            item["checkpoint_path"] = self.save(checkpoint_dir, int(item["epoch"]))
+            kill_point("checkpoint-saved", item["epoch"])
+        (trial.record if tell_tune else trial.log_result)(item, attempt_cpu_s)
+        self.prune({e: r[self.metric] for e, r in trial.log.by_epoch.items()
+                    if isinstance(r.get(self.metric), (int, float))})
+
     def prune(self, values: dict[int, float]) -> None:
         """Delete the folders neither latest nor among the best (`values`: epoch -> the study metric)."""
         epochs = self.complete_epochs()
@@ -392,13 +405,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     checkpoints = LocalCheckpoints(trial.run, plan.metric, plan.mode, plan.num_to_keep)
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
-        item = dict(metrics)
-        if checkpoint_dir is not None:
-            item["checkpoint_path"] = checkpoints.save(checkpoint_dir, int(item["epoch"]))
-            kill_point("checkpoint-saved", item["epoch"])
-        trial.record(item, time.process_time() - cpu_start)
-        checkpoints.prune({e: r[plan.metric] for e, r in trial.log.by_epoch.items()
-                           if isinstance(r.get(plan.metric), (int, float))})
+        checkpoints.keep_epoch(trial, metrics, checkpoint_dir, time.process_time() - cpu_start)
 
     with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
         work = Path(folder)
@@ -435,14 +442,9 @@ class FusedSeeds:
     def report(self, i: int, metrics: dict, checkpoint_dir: str | None) -> None:
         """Seed i's epoch (`a2core.train.train`'s report): its checkpoint stored, its result logged; Tune hears of
         the epoch once every live seed has it."""
-        trial, item = self.trials[i], dict(metrics)
-        if checkpoint_dir is not None:
-            item["checkpoint_path"] = self.checkpoints[i].save(checkpoint_dir, int(item["epoch"]))
-            kill_point("checkpoint-saved", item["epoch"])
-        trial.log_result(item, time.process_time() - self.cpu_start)
-        self.checkpoints[i].prune({e: r[self.plan.metric] for e, r in trial.log.by_epoch.items()
-                                   if isinstance(r.get(self.plan.metric), (int, float))})
-        self.report_epoch(int(item["epoch"]))
+        self.checkpoints[i].keep_epoch(self.trials[i], metrics, checkpoint_dir, time.process_time() - self.cpu_start,
+                                       tell_tune=False)
+        self.report_epoch(int(metrics["epoch"]))
 
     def end(self, i: int, err: TrainingDiverged) -> None:
         """Seed i diverged: its end record; the others go on (an epoch Tune waited for on it may be complete now)."""
@@ -470,9 +472,9 @@ class FusedSeeds:
         paths = [r.get("checkpoint_path") for r in results.values()]
         report_to_tune(reported, paths if all(paths) else None, epoch)
 
-    def start(self, work: Path) -> tuple[int | None, list, list] | None:
-        """Where the live seeds resume: (epoch, resume_from, best_from), per seed, or None when every one had done
-        everything. Fused seeds step together, so in stage 1 they resume from one epoch, the newest that each has a
+    def start(self, work: Path) -> tuple[dict, dict, dict] | None:
+        """Where the live seeds with work left resume: ({seed index: epoch}, {...: resume_from}, {...: best_from}), or
+        None when every one had done everything. Fused seeds step together, so in stage 1 they resume from one epoch, the newest that each has a
         readable checkpoint of (a seed ahead trains its later epochs again); once all are past stage 1 (each trains
         stage 2 alone) each resumes from its own newest."""
         live = sorted(self.live)
@@ -493,13 +495,13 @@ class FusedSeeds:
         starts = {i: found[i][0] for i in live}
         for epoch in sorted({e for e in starts.values() if e is not None}):
             self.report_epoch(epoch, again=True)
-        done = {i for i in live if finished_before(self.configs[i], starts[i],
-                                                   self.trials[i].log.by_epoch.get(starts[i]))}
-        if done == set(live):
+        left = [i for i in live if not finished_before(self.configs[i], starts[i],
+                                                       self.trials[i].log.by_epoch.get(starts[i]))]
+        if not left:
             return None
         best = {i: best_copy(self.trials[i].run, found[i][1], starts[i], work / str(i))
-                if starts[i] is not None else None for i in live}
-        return starts, {i: found[i][1] for i in live}, best
+                if starts[i] is not None else None for i in left}
+        return {i: starts[i] for i in left}, {i: found[i][1] for i in left}, best
 
 
 def a2_fused_trial(sampled: dict, plan: TrialPlan) -> None:
@@ -526,12 +528,11 @@ def a2_fused_trial(sampled: dict, plan: TrialPlan) -> None:
         if start is None:
             return  # as in `a2_local_trial`: every seed had done everything
         starts, resume_from, best_from = start
-        xe = seeds.configs[0]["train"]["xe_epochs"]
-        live = sorted(i for i in seeds.live if not finished_before(
-            seeds.configs[i], starts[i], seeds.trials[i].log.by_epoch.get(starts[i])))
+        live = sorted(starts)
         if plan.train is not None:
-            _stand_in_lockstep(seeds, plan.train, work, {i: resume_from[i] for i in live})
+            _stand_in_lockstep(seeds, plan.train, work, resume_from)
             return
+        xe = seeds.configs[0]["train"]["xe_epochs"]
         if all(starts[i] is not None and starts[i] >= xe for i in live):  # stage 2: each seed on its own
             for i in live:
                 try:
