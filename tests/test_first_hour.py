@@ -46,6 +46,7 @@ def _checkpoints(directory: Path, seeds=(0, 1)) -> list[Path]:
     return paths
 
 
+@pytest.mark.outside_ray_group  # starts no Ray: runs beside the group
 @pytest.mark.slow
 def test_registering_the_same_checkpoints_again_reuses_the_version(tmp_path, caplog, one_torch_thread, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a SQLite store keeps artifacts under ./mlruns
@@ -83,6 +84,7 @@ def test_registering_the_same_checkpoints_again_reuses_the_version(tmp_path, cap
     assert list(pred["image_id"]) == [7, 3] and all(isinstance(c, str) for c in pred["caption"])
 
 
+@pytest.mark.outside_ray_group  # starts no Ray: runs beside the group
 def test_report_goes_to_a2_reports_name_and_never_over_an_earlier_one(tmp_path, monkeypatch, capsys):
     import dashboards.report as report
     from launch.commands.show import cmd_report
@@ -102,6 +104,7 @@ def test_report_goes_to_a2_reports_name_and_never_over_an_earlier_one(tmp_path, 
         capsys.readouterr().out
 
 
+@pytest.mark.outside_ray_group  # starts no Ray: runs beside the group
 def test_the_pipeline_result_line_names_the_best_trial_once():
     from launch.conclusions import verdict
 

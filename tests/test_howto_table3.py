@@ -79,6 +79,7 @@ def script(lines: list[str], bucket: str) -> str:
     return "set -euo pipefail\n" + "\n".join(out) + "\n"
 
 
+@pytest.mark.outside_ray_group  # starts no Ray: runs beside the group
 def test_every_block_of_the_page_says_whether_the_test_runs_it():
     blocks = page_blocks(PAGE.read_text())
     assert blocks and all(b["marked"] for b in blocks), [b["line"] for b in blocks if not b["marked"]]

@@ -55,6 +55,7 @@ def tiny_script(lines: list[str]) -> str:
     return "\n".join(out)
 
 
+@pytest.mark.outside_ray_group  # starts no Ray: runs beside the group
 def test_tiny_overrides_go_before_comments_and_only_where_taken():
     script = tiny_script(["a2 train --config x.yaml a=1   # note", "a2 decode --out r.json", "a2 study status s"])
     first, second, third = script.splitlines()
@@ -98,6 +99,7 @@ def _block_id(index: int, block: dict) -> str:
     return f"{block['file']}-block{index}-{command.split(' #')[0].strip()[:30]}"
 
 
+@pytest.mark.outside_ray_group  # starts no Ray: runs beside the group
 def test_the_docs_pages_blocks_are_collected():
     files = {block["file"] for block in BLOCKS}
     assert "README.md" in files and "docs/tutorial.md" in files

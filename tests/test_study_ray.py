@@ -174,6 +174,7 @@ def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data, monkeypa
     assert {**kept, "updated": None} == {**fresh, "updated": None}
 
 
+@pytest.mark.outside_ray_group  # starts no Ray: runs beside the group
 def test_invalid_study_fails_before_ray_starts(tmp_path, tiny_data):
     study = tiny_study(tmp_path, "ray-bad", tiny_data, extra={"search.space.lambda": {"loguniform": [0, 0.2]}})
     run = a2("study", "run", str(study), cwd=tmp_path, env=local_env(), timeout=120)

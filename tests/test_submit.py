@@ -56,6 +56,7 @@ def test_submit_runs_a_study_as_a_ray_job(tmp_path, tiny_data, ray_cluster_facto
     assert f"studies/{name}/study.yaml" in keys
 
 
+@pytest.mark.outside_ray_group  # starts no Ray: runs beside the group
 def test_submit_rejects_an_invalid_study_without_ray(tmp_path, tiny_data):
     study = tiny_study(tmp_path, "job-bad", tiny_data, extra={"resources.workers_per_trial": 0})
     run = subprocess.run([sys.executable, str(REPO / "launch" / "commands" / "submit.py"), str(study)], cwd=tmp_path,
