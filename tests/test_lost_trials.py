@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from launch.driver import lost_trial_runs
-from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, RESULTS_FILE, SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR,
-                           checkpoint_name, train_run_name)
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, FUSED_SEEDS_KEY, RESULTS_FILE, SUPERSEDED_FILE, TRIAL_FILE,
+                           TRIALS_DIR, checkpoint_name, seed_sampled, seed_trial_id, train_run_name)
 from launch.location import StudyLocation
 from launch.mlflow_export import SUPERSEDED, Export
 from launch.storage import open_location
@@ -77,6 +77,26 @@ def test_a_new_trial_continues_the_newest_lost_trial_of_its_configuration(tmp_pa
     lone = plan.trials().join(train_run_name("s", "new_00001"))
     assert adopt(plan, lone, "new_00001", {"fusion": "none", "seed": 0}) is None
     assert not Path(lone.uri).exists()
+
+
+def test_each_seed_of_a_new_fused_trial_continues_its_own_seed_of_the_lost_one(tmp_path):
+    """A fused trial (`resources.fuse_replicates`) lost by a killed driver: its seeds' folders are lost trials of
+    their own, and the new Tune trial of the configuration continues each from its own seed's folder."""
+    storage = tmp_path / "st"
+    fused = {"fusion": "max", FUSED_SEEDS_KEY: [0, 1]}  # what the searcher hands the fused trial
+    lost = {s: _old_trial(storage, seed_trial_id("aaa_00000", s), seed_sampled(fused, s), [1, 2 + s]) for s in (0, 1)}
+    location = StudyLocation("s", str(storage))
+    names = lost_trial_runs(location, started=False)
+    assert sorted(names) == sorted(p.name for p in lost.values())
+    plan = _plan(storage, names)
+    for s in (1, 0):  # in either order: a seed never takes the other seed's folder
+        run = plan.trials().join(train_run_name("s", seed_trial_id("new_00000", s)))
+        mark = adopt(plan, run, seed_trial_id("new_00000", s), seed_sampled(fused, s))
+        assert mark == {"by": f"new_00000-s{s}", "run": run.uri, "epoch": 2 + s}
+        assert (Path(run.uri) / checkpoint_name(2 + s) / CHECKPOINT_FILE).read_bytes() == \
+            f"aaa_00000-s{s} epoch {2 + s}".encode()
+        assert json.loads((lost[s] / SUPERSEDED_FILE).read_text()) == mark
+    assert lost_trial_runs(location, started=False) == ()  # both continued: nothing left to adopt
 
 
 def test_lost_trial_runs_are_the_folders_tune_does_not_know(tmp_path):
