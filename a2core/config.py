@@ -370,7 +370,9 @@ class TrainConfig(Section):
     scst_from: Text | None = Field(None, description=(
         "An XE checkpoint to start stage 2 from (null: this run's best XE checkpoint)."))
     num_workers: Integer = Field(0, ge=0, description="DataLoader worker processes.")
-    log_every: Integer = Field(50, ge=1, description="Steps between training-loss log lines.")
+    log_every: Integer = Field(50, ge=1, description=(
+        "Steps between training-loss log lines: the cross-entropy steps (and each epoch's last) whose losses and "
+        "divergence flag are read back to the host; the steps between read nothing back."))
     # Diagnostics (a2core.diagnostics: JSD, mask mean, Kendall tau, grounding) on a fixed val subset, reported
     # under diag/. On every `diag_every`-th epoch and always after the last; 0 = after the last epoch only.
     # Every epoch by default: a trial early stopping ends has them too, and they are cheap (smoke study, 1 thread:

@@ -67,6 +67,8 @@ TEST_PER_IMAGE_KEY = "test/per_image_cider"  # the last result (train.test_at_en
 # Under fp16 the GradScaler skips a step whose gradients are not finite and leaves the weights as they were, so a
 # single overflow is not divergence: there the run stops after this many consecutive non-finite steps.
 DIVERGED_STEPS_SCALED = 20
+# The losses a divergence names, first the one it names when no loss of this rank was the non-finite one.
+DIVERGENCE_KEYS = ("train/loss", "train/mask_loss")
 
 log = logging.getLogger("a2core.train")
 Report = Callable[[dict, "str | None"], None]
@@ -176,20 +178,28 @@ def caption_loss(logits, targets, smoothing: float = 0.0):
                            label_smoothing=smoothing)
 
 
+def _on_device(value: float | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A step's value as a float64 0-dim tensor on `device`; a number is made there (no copy from the host)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().double().reshape(())
+    return torch.full((), float(value), dtype=torch.float64, device=device)
+
+
 class _Means:
-    """Running means of named per-step values (a key counts only the steps that report it)."""
+    """Running means of named per-step values (a key counts only the steps that report it). A value may be a 0-dim
+    tensor on the device (`Updates.xe`'s): it is summed there, and read (a host sync) only by `result`."""
 
     def __init__(self):
-        self.sums: dict[str, float] = {}
+        self.sums: dict[str, float | torch.Tensor] = {}
         self.counts: dict[str, int] = {}
 
-    def add(self, values: dict[str, float]) -> None:
+    def add(self, values: dict[str, float | torch.Tensor]) -> None:
         for k, v in values.items():
             self.sums[k] = self.sums.get(k, 0.0) + v
             self.counts[k] = self.counts.get(k, 0) + 1
 
     def result(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+        return {k: float(self.sums[k] / self.counts[k]) for k in self.sums}
 
 
 class Updates:
@@ -222,16 +232,17 @@ class Updates:
         opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward(inputs=params)
         bad = self.dist.average_grads(params, (~torch.isfinite(loss.detach())).float().reshape(1))
-        self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad  # (1,), on the device
         if clip > 0:
             self.scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(params, clip)
         self.scaler.step(opt)
 
-    def nonfinite(self) -> bool:
-        """Whether a loss of the updates since the last call was not finite on any rank (then forgotten)."""
+    def take_nonfinite(self) -> torch.Tensor | None:
+        """(1,) on the device, positive when a loss of the updates since the last call was not finite on any rank
+        (then forgotten); None when there was no update. Not read here: reading it is a host sync."""
         bad, self._nonfinite = self._nonfinite, None
-        return bad is not None and bool(bad.item() > 0)
+        return bad
 
     def mask_due(self, step: int) -> bool:
         return self.mask_opt is not None and (step + 1) % self.cfg.train.mask_every == 0
@@ -239,7 +250,8 @@ class Updates:
     def xe(self, feats, mask, caps, step: int, caption_image: torch.Tensor | None = None) -> dict[str, float]:
         """Stage 1 on one batch (module docstring): feats (B, R, D), mask (B, R) and either caps (B, C, L), an
         image's C captions (batch_layout images), or caps (P, L) of P pairs with caption_image (P,), the row of
-        each pair's image in feats (batch_layout pairs)."""
+        each pair's image in feats (batch_layout pairs). Returns the step's losses (and the mask step's mean mask)
+        as 0-dim tensors on the device: the step reads nothing back to the host (`float()` one to read it)."""
         t = self.cfg.train
         with self.amp():
             enc = self.model.encode(feats, mask)  # (B, R, d)
@@ -266,14 +278,14 @@ class Updates:
         self.apply(loss, self.cap_params, self.opt, t.grad_clip)
         self.sched.step()
         self.scaler.update()
-        return {"train/loss": loss.item(), **out}
+        return {"train/loss": loss.detach(), **out}
 
     def mask_step(self, enc, mask, caps, step: int, kv: list[dict] | None = None,
-                  first: torch.Tensor | None = None) -> dict[str, float]:
+                  first: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Eq. 4 on one batch: the mask network maximises the caption loss under perturbed attention.
         enc (B, R, d): the batch's encoding, detached; caps (B, C, L), of which `mask_captions` per image are used,
         rotating with `step`. If already computed by the captioner's pass (detached): kv, the region keys/values
-        of enc, and first (B * C, L - 1, d), `decode_start` of all C captions."""
+        of enc, and first (B * C, L - 1, d), `decode_start` of all C captions. Returns 0-dim tensors on the device."""
         b, c = caps.shape[:2]
         k = self.cfg.train.mask_captions
         if k is not None and k < c:
@@ -289,8 +301,7 @@ class Updates:
             loss = -caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
         self.apply(loss, self.mask_params, self.mask_opt)
         mask_mean = torch.stack([layer.cross.last_mask_mean for layer in self.model.decoder]).mean()
-        loss_value, mask_mean = torch.stack([loss.detach().double(), mask_mean.double()]).tolist()  # one sync
-        return {"train/mask_loss": loss_value, "train/mask_mean": mask_mean}
+        return {"train/mask_loss": loss.detach(), "train/mask_mean": mask_mean.detach()}
 
     def state_dict(self) -> dict:
         return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
@@ -349,7 +360,7 @@ class Trainer:
         self.best: dict = {"val/CIDEr": float("-inf"), "epoch": 0}
         self.history: list[dict] = []
         self._cider = None
-        self._bad_steps = 0  # consecutive steps with a non-finite loss (`_check_finite`)
+        self._divergence: torch.Tensor | None = None  # (4,) on the device (`_check_finite`)
         if state is not None:
             self._restore(state)
 
@@ -392,18 +403,36 @@ class Trainer:
         self.step += 1
         self.model.train_step.fill_(self.step)
 
-    def _check_finite(self, step_out: dict) -> None:
-        """Stop the run (TrainingDiverged) at the step whose loss is not finite, or under fp16 after
-        DIVERGED_STEPS_SCALED such steps in a row (see there). Every rank decides alike (`Updates.apply`)."""
-        if not self.updates.nonfinite():
-            self._bad_steps = 0
-            return
-        self._bad_steps += 1
-        if self._bad_steps >= (DIVERGED_STEPS_SCALED if self.updates.scaler.is_enabled() else 1):
-            losses = [k for k in ("train/loss", "train/mask_loss") if k in step_out]
-            key = next((k for k in losses if not math.isfinite(step_out[k])), losses[0] if losses else "train/loss")
-            value = step_out.get(key, float("nan"))
-            raise TrainingDiverged(self.epoch + 1, self.step, key, value if not math.isfinite(value) else float("nan"))
+    def _check_finite(self, step_out: dict, read: bool = True) -> None:
+        """Stop the run (TrainingDiverged) naming the step whose loss was not finite, or under fp16 the last of
+        DIVERGED_STEPS_SCALED such steps in a row (see there). Kept on the device after every step, from the flag
+        the gradient all-reduce carried (`Updates.apply`: every rank decides alike); read (a host sync) only when
+        `read`: the cross-entropy stage reads it where it reads its running means anyway (`_read_due`), so a run
+        that diverged trains on at most to there, and the error still names the step it diverged at."""
+        bad = self.updates.take_nonfinite()
+        if bad is not None:
+            if self._divergence is None:  # consecutive non-finite steps; then that step, loss key and value
+                self._divergence = torch.tensor([0.0, -1.0, 0.0, math.nan], dtype=torch.float64, device=bad.device)
+            losses = torch.stack([_on_device(step_out.get(k, 0.0), bad.device) for k in DIVERGENCE_KEYS])  # (2,)
+            nonfinite = ~torch.isfinite(losses)
+            key = nonfinite.to(torch.int64).argmax()  # the first non-finite one, else 0 (another rank's was)
+            value = torch.where(nonfinite.any(), losses.gather(0, key.reshape(1))[0], math.nan)
+            run, at, was_key, was_value = self._divergence.unbind()
+            run = torch.where(bad.reshape(()) > 0, run + 1, 0.0)
+            limit = DIVERGED_STEPS_SCALED if self.updates.scaler.is_enabled() else 1
+            hit = (run >= limit) & (at < 0)  # the first time only
+            self._divergence = torch.stack([run, torch.where(hit, float(self.step), at),
+                                            torch.where(hit, key.double(), was_key),
+                                            torch.where(hit, value, was_value)])
+        if read and self._divergence is not None:
+            _, at, key, value = self._divergence.tolist()
+            if at >= 0:
+                raise TrainingDiverged(self.epoch + 1, int(at), DIVERGENCE_KEYS[int(key)], value)
+
+    def _read_due(self) -> bool:
+        """Whether this step's results are read on the host: every `train.log_every` steps and the epoch's last."""
+        first, total = self._epoch_steps
+        return self.step % self.cfg.train.log_every == 0 or self.step - first == total
 
     def _step_done(self, stage: str, means: _Means) -> None:
         """After each optimizer step, on rank 0: the `train.log_every` line (`log`, INFO; `a2 train` shows it) and
@@ -414,7 +443,7 @@ class Trainer:
         first, total = self._epoch_steps
         done = self.step - first
         metrics = None
-        if self.step % self.cfg.train.log_every == 0 or done == total:
+        if self._read_due():
             lr = self.updates.sched.get_last_lr()[0] if stage == "xe" else self.cfg.train.scst_lr
             metrics = {**{k: float(v) for k, v in means.result().items()}, "train/lr": lr}
         if self.step % self.cfg.train.log_every == 0:
@@ -433,7 +462,7 @@ class Trainer:
                                        None if pairs is None else pairs.to(self.device))
             means.add(step_out)
             self._advance()
-            self._check_finite(step_out)
+            self._check_finite(step_out, read=self._read_due())
             self._step_done("xe", means)
         return {**means.result(), "train/lr": self.updates.sched.get_last_lr()[0]}
 

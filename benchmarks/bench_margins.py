@@ -149,7 +149,7 @@ def case_precision(seed: int, tmp: Path, sets: list[str]) -> dict:
         cfg = config(train={"precision": prec})
         updates = Updates(build_model(cfg.model, V), cfg, torch.device("cpu"))
         out[prec] = updates.xe(feats, mask, caps, step=0)
-    return {prec: {k: abs(out[prec][k] - out["fp32"][k]) / abs(out["fp32"][k])
+    return {prec: {k: float(abs(out[prec][k] - out["fp32"][k]) / abs(out["fp32"][k]))  # 0-dim tensors
                    for k in ("train/loss", "train/mask_loss")} for prec in ("bf16", "fp16")}
 
 

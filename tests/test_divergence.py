@@ -16,7 +16,7 @@ from a2core import checkpoint as ckpt
 from a2core.config import Config
 from a2core.data import synthetic
 from a2core.errors import TrainingDiverged
-from a2core.train import _Dist, train
+from a2core.train import Trainer, _Dist, train
 from launch.layout import ENDED_FILE, TRIALS_DIR, end_record, run_status, train_run_name
 from launch.conclusions import state_text
 from tests.raycluster import tiny_data  # noqa: F401 - a fixture
@@ -69,6 +69,28 @@ def test_a_run_diverging_later_keeps_its_earlier_epochs(data, tmp_path):
               output_dir=tmp_path / "again", resume_from=kept)
     assert (caught.value.epoch, caught.value.step) == (2, 8)
     assert seen == [] and ckpt.load(kept)["epoch"] == 1
+
+
+@pytest.mark.parametrize("log_every", [1000, 2])
+def test_a_cross_entropy_step_reads_nothing_back_to_the_host(data, tmp_path, monkeypatch, log_every):
+    """Losses, running means and the divergence flag stay on the device between the steps the trainer reads them
+    (`train.log_every` and the epoch's last): no a2core code reads a tensor's value (`item`, `tolist`, `float`,
+    `bool`, `int`) at any other step. On a GPU each such read would wait for the step's kernels (a host sync)."""
+    trainer = Trainer(_cfg(data, **{"train.xe_epochs": 1, "train.log_every": log_every}), tmp_path / "run")
+    read_at = []
+    for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
+        def reading(self, *args, _read=getattr(torch.Tensor, name), **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            if "/a2core/" in caller and "/data/" not in caller:  # the loader's own bookkeeping is on the host
+                read_at.append(trainer.step)
+            return _read(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, reading)
+    trainer.model.train()
+    metrics = trainer.xe_epoch()
+    monkeypatch.undo()
+    steps = len(trainer._batches())
+    assert trainer.step == steps == 5 and metrics["train/loss"] > 0
+    assert sorted(set(read_at)) == ([5] if log_every > steps else [2, 4, 5]), read_at
 
 
 def test_every_rank_learns_of_a_non_finite_loss_in_the_gradient_all_reduce(tmp_path):

@@ -43,7 +43,7 @@ def _separate(cfg, out, steps):
     while len(losses) < steps:
         for b in tr._batches():
             out = tr.updates.xe(b["feats"], b["region_mask"], b["captions"], tr.step, b.get("caption_image"))
-            losses.append(out["train/loss"])
+            losses.append(float(out["train/loss"]))  # a 0-dim tensor on the device
             tr._advance()
             if len(losses) == steps:
                 break

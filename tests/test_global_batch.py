@@ -38,7 +38,7 @@ def _run(rank: int, world: int, raw: dict, init: str, out: str) -> None:
         feats, mask = trainer._batch(batch)
         losses = trainer.updates.xe(feats, mask, batch["captions"], trainer.step)
         trainer._advance()
-        record["loss"].append(trainer.dist.mean({"loss": losses["train/loss"]})["loss"])
+        record["loss"].append(float(trainer.dist.mean({"loss": losses["train/loss"]})["loss"]))
         record["lr"].append(trainer.updates.sched.get_last_lr()[0])
     record["weights"] = float(sum(p.double().abs().sum() for p in trainer.model.parameters()))
     if rank == 0:

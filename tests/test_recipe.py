@@ -131,7 +131,7 @@ def _run(rank: int, world: int, raw: dict, init: str, out: str) -> None:
         feats, mask = trainer._batch(batch)
         losses = trainer.updates.xe(feats, mask, batch["captions"], trainer.step, batch["caption_image"])
         trainer._advance()
-        record["loss"].append(trainer.dist.mean({"loss": losses["train/loss"]})["loss"])
+        record["loss"].append(float(trainer.dist.mean({"loss": losses["train/loss"]})["loss"]))
         parts = [_pairs(batch)]
         if world > 1:
             parts = [None] * world
