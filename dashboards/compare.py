@@ -19,7 +19,7 @@ import numpy as np
 from a2core.errors import DataError, StudyError
 from dashboards.runs import (CIDER, SELECTION_COLUMN, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, Study, Trial,
                              group_value, searched_keys, seed_number, sort_key)
-from dashboards.stats import Arm, Comparison, adjust_family, best_group, compare_arms, pooled_differences
+from dashboards.stats import Arm, Comparison, adjust_family, best_group, compare_arms, p_text, pooled_differences
 from dashboards.tables import text_table
 
 BASELINE = "none"
@@ -33,10 +33,8 @@ def configurations(runs: list[Trial]) -> list[list[Trial]]:
         groups.setdefault(r.config_hash, []).append(r)
 
     def seed_order(r: Trial) -> tuple:  # by number; no seed last
-        try:
-            return (0, int(r.seed), r.trial_id)
-        except (TypeError, ValueError):
-            return (1, str(r.seed), r.trial_id)
+        n = seed_number(r.seed)
+        return (1, str(r.seed), r.trial_id) if n is None else (0, n, r.trial_id)
 
     return [sorted(g, key=seed_order) for g in groups.values()]
 
@@ -73,16 +71,15 @@ def chosen_configuration(runs: list[Trial], study: Study) -> tuple[list[Trial], 
     choice never saw: a seed that lifted a configuration on val lifts it on test too, so a verdict on the seeds it
     was chosen by leans its way (docs/explanation/statistics.md, "Confirmation seeds"). Before those seeds have run,
     the row is the seeds it was chosen on (False)."""
-    first = study.confirm_from
+    first, groups = study.confirm_from, configurations(runs)
     if first is None:
-        return best_configuration(configurations(runs), study.mode), False
+        return best_configuration(groups, study.mode), False
     fresh = {r.trial_id for r in runs if (n := seed_number(r.seed)) is not None and n >= first}
-    searched = [[r for r in g if r.trial_id not in fresh] for g in configurations(runs)]
-    best = best_configuration([g for g in searched if g], study.mode)
+    best = best_configuration([kept for g in groups if (kept := [r for r in g if r.trial_id not in fresh])],
+                              study.mode)
     if not best:
         return best, False
-    confirmed = [r for r in next(g for g in configurations(runs) if g[0].config_hash == best[0].config_hash)
-                 if r.trial_id in fresh]
+    confirmed = [r for r in next(g for g in groups if g[0].config_hash == best[0].config_hash) if r.trial_id in fresh]
     return (confirmed, True) if confirmed else (best, False)
 
 
@@ -193,11 +190,6 @@ def compare_table(study: Study, by: str = "fusion", baseline: str | None = None)
         *([comparison.note] if comparison.note else [])])
 
 
-def p_text(p: float | None) -> str:
-    """A p-value as the tables print it ("0.022", "<0.001", "-")."""
-    return "-" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
-
-
 def family_text(diff) -> str:
     """A comparison's Holm-adjusted interval and p ("[+0.8, +5.4], 0.004"), "-" where it has none."""
     if diff is None or not diff.adjusted:
@@ -212,17 +204,16 @@ def family_note(family: int) -> str:
             f"its interval at the confidence Holm tested it at (docs/explanation/statistics.md)")
 
 
-def verdict_entries(comparison: Comparison) -> list[dict]:
-    """Each comparison with the baseline as plain data (summary.json, the report's `verdicts.json`): the
-    difference, its own 95% interval and p, the family's size, its Holm-adjusted p and interval, the verdict."""
-    out = []
-    for label, d in comparison.differences.items():
-        out.append({"arm": label, "baseline": d.b, "metric": comparison.metric, "delta": d.delta, "low": d.low,
-                    "high": d.high, "p": d.p, "se": d.se, "df": d.df, "seeds": [d.seeds_a, d.seeds_b],
-                    "images": d.images, "family": d.family, "p_adjusted": d.p_adjusted,
-                    "low_adjusted": d.low_adjusted, "high_adjusted": d.high_adjusted,
-                    "resolved": d.resolved if d.low is not None else None, "verdict": d.verdict()})
-    return out
+def verdict_family(comparison: Comparison, by: str) -> dict:
+    """The comparison's family of verdicts as plain data (summary.json, the report's `verdicts.json`): per comparison
+    with the baseline the difference, its own 95% interval and p, the family's size, its Holm-adjusted p and
+    interval, the verdict."""
+    return {"by": by, "baseline": comparison.baseline, "metric": comparison.metric, "comparisons": [
+        {"arm": label, "baseline": d.b, "metric": comparison.metric, "delta": d.delta, "low": d.low, "high": d.high,
+         "p": d.p, "se": d.se, "df": d.df, "seeds": [d.seeds_a, d.seeds_b], "images": d.images, "family": d.family,
+         "p_adjusted": d.p_adjusted, "low_adjusted": d.low_adjusted, "high_adjusted": d.high_adjusted,
+         "resolved": d.resolved if d.low is not None else None, "verdict": d.verdict()}
+        for label, d in comparison.differences.items()]}
 
 
 def study_verdicts(study: Study, by: str = "fusion") -> dict:
@@ -233,5 +224,4 @@ def study_verdicts(study: Study, by: str = "fusion") -> dict:
         comparison, _, _ = study_comparison(study, by)
     except (DataError, StudyError) as e:
         return {"by": by, "error": str(e), "comparisons": []}
-    return {"by": by, "baseline": comparison.baseline, "metric": comparison.metric,
-            "comparisons": verdict_entries(comparison), **({"note": comparison.note} if comparison.note else {})}
+    return {**verdict_family(comparison, by), **({"note": comparison.note} if comparison.note else {})}

@@ -51,11 +51,9 @@ def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str,
         if lost or extra:
             raise DataError(f"{name}: captions of {len(caps)} images for {len(ids)} references "
                             f"(missing {lost[:5]}, not in the references {extra[:5]})")
-    if spice is None:
-        spice = spice_available()
-        if not spice:
-            print("leaderboard: SPICE not available (Stanford CoreNLP models missing); reported without it",
-                  file=sys.stderr, flush=True)
+    if spice is None and not (spice := spice_available()):
+        print("leaderboard: SPICE not available (Stanford CoreNLP models missing); reported without it",
+              file=sys.stderr, flush=True)
     if spice:
         results = {name: coco_scores(references, caps, spice=True, per_image=True, progress=False)
                    for name, caps in systems.items()}
@@ -117,8 +115,7 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
     `per_image` (CIDEr-D of "seed-<s>" and "ensemble") as `score_systems` gives them, on the held-out test split
     (Karpathy test on COCO, the synthetic set's test split on synthetic data: `evaluation.split`). The study
     metric chose the configuration and each checkpoint on val (`evaluation.selection`), never on these images."""
-    cfg = canonical_config(config)
-    digest = config_hash(config)
+    cfg, digest, selected_by = canonical_config(config), config_hash(config), dict(selected_by or {})
     fusion = cfg.get("model", {}).get("fusion")
     stage = "scst" if int(cfg.get("train", {}).get("scst_epochs") or 0) > 0 else "xe"
     seeds = [{"name": f"seed-{m['seed']}", "kind": "checkpoint", "seed": m["seed"], "study": m.get("study", study),
@@ -134,7 +131,7 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
                 "metrics": dict(ensemble_metrics)}
     cider = ensemble_metrics.get("CIDEr")
     valued = [e for e in seeds if finite(e["study_metric"]) is not None]
-    sign = -1 if (selected_by or {}).get("mode") == "min" else 1
+    sign = -1 if selected_by.get("mode") == "min" else 1
     chosen = max(valued, key=lambda e: sign * e["study_metric"])["name"] if valued else None
     gain = (ensemble_gain(ensemble_metrics, {e["name"]: e["metrics"] for e in seeds}, per_image, chosen)
             if seeds and cider is not None else {"over_members": None, "over_chosen": None})
@@ -148,9 +145,9 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
                        "max_len": int(max_len), "scale": SCALE_NAME, "metrics": metrics,
                        "spice": "SPICE" in ensemble_metrics, "interval": "95%",
                        # what chose the configuration and the checkpoints: the val split, not these images
-                       "selection": {"split": "val", "metric": (selected_by or {}).get("metric")}},
+                       "selection": {"split": "val", "metric": selected_by.get("metric")}},
         "configuration": {"hash": digest, "fusion": fusion, "lambda": cfg.get("model", {}).get("lambda"),
-                          "stage": stage, "config": cfg, "selected_by": dict(selected_by or {})},
+                          "stage": stage, "config": cfg, "selected_by": selected_by},
         "seeds": ensemble["seeds"],
         "entries": [*seeds, ensemble],
         "seed_mean": {k: {"mean": _round(iv.mean), "low": _round(iv.low), "high": _round(iv.high), "n": iv.n}
@@ -167,25 +164,20 @@ def write_leaderboard(path: str | os.PathLike, board: Mapping) -> Path:
 
 
 def _fmt_number(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
-
-
-def _paper_split(table: Mapping) -> str:
-    """"COCO Karpathy test" / "COCO Karpathy val" from a paper table's split ("karpathy-test", "karpathy-val")."""
-    return "COCO " + str(table["split"]).replace("karpathy-", "Karpathy ")
+    return "-" if value is None else f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
 def format_table(board: Mapping) -> str:
     """A text table: each seed, the seed mean with its 95% interval, the ensemble (all on the board's test split),
     the paper's rows for the same fusion (each labelled with its split: Table 1 on Karpathy test, Table 3 on the
-    validation set); then the ensemble's gains over its members' mean and
-    over the member chosen on validation."""
+    validation set); then the ensemble's gains over its members' mean and over the member chosen on validation."""
     metrics = board["evaluation"]["metrics"]
 
     def numbers(values: Mapping) -> list[str]:
         return [_fmt_number(finite(values.get(k))) for k in metrics]
+
+    def paper_split(table: Mapping) -> str:  # "karpathy-test" -> "COCO Karpathy test"
+        return "COCO " + str(table["split"]).replace("karpathy-", "Karpathy ")
 
     *seeds, ensemble = board["entries"]
     mean = board.get("seed_mean") or {}
@@ -196,9 +188,9 @@ def format_table(board: Mapping) -> str:
     rows.append([ensemble["name"], n, *numbers(ensemble["metrics"])])
     paper = board.get("paper") or {}
     if t1 := paper.get("table1"):
-        rows.append([f"paper T1 {t1['row']} ({t1['stage']}, {_paper_split(t1)})", "", *numbers(t1["metrics"])])
+        rows.append([f"paper T1 {t1['row']} ({t1['stage']}, {paper_split(t1)})", "", *numbers(t1["metrics"])])
     if t3 := paper.get("table3"):
-        rows.append([f"paper T3 {t3['row']} ({_paper_split(t3)})", "", *numbers(t3["metrics"])])
+        rows.append([f"paper T3 {t3['row']} ({paper_split(t3)})", "", *numbers(t3["metrics"])])
     ev, configuration = board["evaluation"], board["configuration"]
     selection = (ev.get("selection") or {}).get("metric") or (configuration.get("selected_by") or {}).get("metric")
     lines = [f"leaderboard of {board['study']} ({configuration['fusion']}, config {configuration['hash'][:12]}): "

@@ -66,18 +66,14 @@ def section_order(metric_names: Iterable[str], first: str = "val/CIDEr") -> list
         top = section.split("/")[0]
         if section == lead:
             tier = -1
-        elif section in BOOKKEEPING or top in BOOKKEEPING:
+        elif top in BOOKKEEPING:
             tier = len(SECTION_TIERS) + 1
         else:
             tier = SECTION_TIERS.index(top) if top in SECTION_TIERS else len(SECTION_TIERS)
-        return tier, section.count("/"), _natural(section)
+        natural = tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", section))
+        return tier, section.count("/"), natural  # natural: `layer2` before `layer10`
 
     return sorted({chart_section(m) for m in metric_names} | {lead}, key=rank)
-
-
-def _natural(text: str) -> tuple:
-    """`layer2` before `layer10`."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
 def _section_id(section: str) -> str:
@@ -92,7 +88,7 @@ def view_states(metric: str = "val/CIDEr", mode: str = "max", searched_params: I
     searched = [p for p in dict.fromkeys(searched_params) if p not in ("train.seed", "seed")]
     names = list(dict.fromkeys([metric, *metric_names]))
     lead = _section_id(chart_section(metric))
-    sections = [{"uuid": _section_id(s), "name": s, "display": not (s in BOOKKEEPING or s.split("/")[0] in BOOKKEEPING),
+    sections = [{"uuid": _section_id(s), "name": s, "display": s.split("/")[0] not in BOOKKEEPING,
                  "isReordered": s == chart_section(metric),  # new charts go after ours
                  "columns": 2 if s == chart_section(metric) else 3}
                 for s in section_order(names, first=metric)]

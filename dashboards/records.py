@@ -143,8 +143,7 @@ def tables_in(markdown: str) -> list[tuple[str, str]]:
     lines = [line.strip() for line in markdown.splitlines()]
     found = []
     for i, line in enumerate(lines):
-        match = MARKER.match(line)
-        if match:  # the table: the first run of "|" lines after the marker
+        if match := MARKER.match(line):  # the table: the first run of "|" lines after the marker
             rest = dropwhile(lambda row: not row.startswith("|"), lines[i + 1:])
             found.append((match.group(1), "\n".join(takewhile(lambda row: row.startswith("|"), rest))))
     return found
@@ -162,24 +161,6 @@ def check_markdown(path: str | Path, root: str | Path) -> list[str]:
     return problems
 
 
-def record_from_comparison(comparison, *, study: str, spec: str, split: str, by: str, metric: str, mode: str,
-                           columns: list[tuple[str, str]], seeds: Mapping[str, list], configs: Mapping[str, str],
-                           measured: str = "", note: str = "") -> dict:
-    """A record from a `dashboards.stats.Comparison` (e.g. `dashboards.compare.study_comparison`'s)."""
-    arms = []
-    for arm, _ in comparison.rows:
-        metrics = sorted({k for s in arm.seeds for k in s})
-        entry = {"label": arm.label, "config": configs.get(arm.label, ""), "seeds": list(seeds[arm.label]),
-                 "scores": {k: [s.get(k) for s in arm.seeds] for k in metrics}}
-        if arm.per_image is not None:
-            entry["per_image"] = {"image_ids": list(arm.image_ids),
-                                  "scores": [[round(float(v), 4) for v in row] for row in arm.per_image]}
-        arms.append(entry)
-    return {"record": FORMAT, "version": VERSION, "study": study, "spec": spec, "split": split, "by": by,
-            "metric": metric, "mode": mode, "baseline": comparison.baseline, "columns": [list(c) for c in columns],
-            "measured": measured, "note": note, "arms": arms}
-
-
 def export_record(study, by: str, out: str | Path, *, spec: str = "",
                   baseline: str | None = None, measured: str = "", note: str = "") -> dict:
     """Write the record of `a2 study compare NAME --by KEY`: each row's best configuration (chosen on val), its
@@ -187,12 +168,21 @@ def export_record(study, by: str, out: str | Path, *, spec: str = "",
     labelled as the selection; val throughout when not every chosen run reported test scores). `study`: a
     `dashboards.runs.Study`."""
     comparison, configs, _ = study_comparison(study, by, baseline=baseline)
-    seeds = {arm.label: [int(s) if s is not None else i for i, s in enumerate(arm.seed_ids or [None] * len(arm.seeds))]
-             for arm, _ in comparison.rows}
-    # the verdict's split: the test split when every row's runs scored it when they ended (compare's rule), else val
-    split = "test" if comparison.metric == TEST_CIDER else "val"
-    record = record_from_comparison(comparison, study=study.name, spec=spec, split=split, by=by,
-                                    metric=comparison.metric or CIDER, mode="max", columns=shown_metrics(comparison),
-                                    seeds=seeds, configs=configs, measured=measured, note=note)
+    arms = []
+    for arm, _ in comparison.rows:
+        seeds = [int(s) if s is not None else i for i, s in enumerate(arm.seed_ids or [None] * len(arm.seeds))]
+        entry = {"label": arm.label, "config": configs.get(arm.label, ""), "seeds": seeds,
+                 "scores": {k: [s.get(k) for s in arm.seeds] for k in sorted({k for s in arm.seeds for k in s})}}
+        if arm.per_image is not None:
+            entry["per_image"] = {"image_ids": list(arm.image_ids),
+                                  "scores": [[round(float(v), 4) for v in row] for row in arm.per_image]}
+        arms.append(entry)
+    record = {"record": FORMAT, "version": VERSION, "study": study.name, "spec": spec,
+              # the verdict's split: the test split when every row's runs scored it when they ended (compare's
+              # rule), else val
+              "split": "test" if comparison.metric == TEST_CIDER else "val", "by": by,
+              "metric": comparison.metric or CIDER, "mode": "max", "baseline": comparison.baseline,
+              "columns": [list(c) for c in shown_metrics(comparison)], "measured": measured, "note": note,
+              "arms": arms}
     atomic_write(out, json.dumps(record, indent=1) + "\n")
     return record

@@ -23,7 +23,7 @@ from matplotlib.ticker import MaxNLocator
 
 from a2core.selection import finite
 from dashboards.compare import (family_note, family_text, p_text, shown_metrics, split_columns, study_comparison,
-                                verdict_entries)
+                                verdict_family)
 from dashboards.runs import CIDER, FUSION_LABEL, TEST_CIDER, Study, Trial, searched_keys, sort_key
 from dashboards.stats import MIN_SEEDS, seed_interval, stopped_early_text
 
@@ -138,8 +138,7 @@ def runs_table_html(runs: list[Trial], keys: list[str]) -> str:
         if r.ended:  # why a trial ended itself (its record's end reason: it diverged)
             state += f" ({r.ended['reason']})"
         test = r.score(TEST_CIDER)
-        params = r.params
-        cells = [_td(state, "l"), _td("" if r.seed is None else r.seed), *(_td(params.get(k, "")) for k in keys),
+        cells = [_td(state, "l"), _td("" if r.seed is None else r.seed), *(_td(r.params.get(k, "")) for k in keys),
                  _td("–" if r.score(CIDER) is None else f"{r.score(CIDER):.1f}"),
                  _td("" if r.best_step is None else r.best_step), _td("–" if test is None else f"{test:.1f}")]
         rows.append((r.name, cells))
@@ -369,9 +368,7 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
             f"<br>Record: {html.escape(study.source)}</p>"
             + "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections) + "</body></html>")
     plots["verdicts"] = out / "verdicts.json"  # Table 3's verdicts, raw and Holm-adjusted, as data (MLflow too)
-    plots["verdicts"].write_text(json.dumps({"by": "fusion", "baseline": comparison.baseline,
-                                             "metric": comparison.metric,
-                                             "comparisons": verdict_entries(comparison)}, indent=1), encoding="utf-8")
+    plots["verdicts"].write_text(json.dumps(verdict_family(comparison, "fusion"), indent=1), encoding="utf-8")
     plots["html"] = out / "report.html"
     plots["html"].write_text(page, encoding="utf-8")
     return {key: str(path) for key, path in plots.items()}

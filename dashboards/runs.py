@@ -153,11 +153,7 @@ class ReplicateGroup:
     identical: bool | None = None                 # every seed scored the same; None (not in its row) when none scored
     stopped_early: dict | None = None
 
-    def __getitem__(self, key: str):
-        return getattr(self, "lam" if key == "lambda" else key)
-
-    def get(self, key: str, default=None):
-        return getattr(self, "lam" if key == "lambda" else key, default)
+    __getitem__, get = Trial.__getitem__, Trial.get  # its entry's names: `lambda` is `lam`
 
     def row(self) -> dict:
         """Its entry of `summary.json`."""
@@ -201,10 +197,9 @@ def searched_keys(runs: list[Trial]) -> list[str]:
     params = [r.params for r in runs]
     for k in sorted({k for p in params for k in p} - {SEED_KEY}):
         values = [p.get(k) for p in params]
-        distinct = set(values)
         numeric = all(v is None or finite(v) is not None for v in values)
-        path_like = not numeric and len(runs) > 2 and len(distinct) == len(runs)  # a path or a name in every run
-        if len(distinct) > 1 and not path_like:
+        path_like = not numeric and len(runs) > 2 and len(set(values)) == len(runs)  # a path or a name in every run
+        if len(set(values)) > 1 and not path_like:
             out.append(k)
     return out
 

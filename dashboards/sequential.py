@@ -65,20 +65,13 @@ def spending_weights(rounds: Sequence[int], rho: float = 1.0) -> tuple[float, ..
     """Each look's share of the error by the power spending function f(t) = t^rho of the seeds' fraction t = n / max
     (rho 1: spend in proportion to the seeds; larger rho keeps more for the last look, O'Brien-Fleming-like)."""
     t = np.asarray(rounds, dtype=float) / rounds[-1]
-    spent = t ** rho
-    return tuple(float(w) for w in np.diff(np.concatenate([[0.0], spent])))
+    return tuple(float(w) for w in np.diff(np.concatenate([[0.0], t ** rho])))
 
 
 def sequential_p(p: np.ndarray, weights: Sequence[float]) -> np.ndarray:
     """(..., looks) p-values of one comparison, NaN where a look was not taken: min over looks of p_r / w_r (<= 1)."""
     w = np.asarray(weights, dtype=float)
     return np.minimum(1.0, np.nanmin(np.where(np.isnan(p), np.inf, p / w), axis=-1))
-
-
-def _seed_draws(rng, shape, sd: float, tails: bool) -> np.ndarray:
-    if not tails:
-        return rng.normal(0.0, sd, shape)
-    return rng.standard_t(3, shape) * sd / math.sqrt(3.0)  # t(3): variance 3, the same sd, heavy tails
 
 
 def simulate(design: Design, noise: Noise, deltas: Sequence[float], configs: Sequence[int] | None = None,
@@ -100,7 +93,9 @@ def simulate(design: Design, noise: Noise, deltas: Sequence[float], configs: Seq
     configs = np.asarray(configs if configs is not None else [1] * (k + 1), dtype=float)
     n_max, m, run = design.rounds[-1], noise.images, noise.run_sd ** 2
     seed_sd = math.sqrt(noise.seed_mean_var)
-    seeds = _seed_draws(rng, (studies, k + 1, n_max), seed_sd, tails)  # (studies, arms, seeds): baseline first
+    shape = (studies, k + 1, n_max)  # (studies, arms, seeds): baseline first
+    seeds = (rng.standard_t(3, shape) * seed_sd / math.sqrt(3.0) if tails  # t(3): variance 3, the same sd, heavy tails
+             else rng.normal(0.0, seed_sd, shape))
     image = rng.normal(0.0, math.sqrt(noise.image_var / 2), (studies, k + 1)) if m else np.zeros((studies, k + 1))
     truth = np.concatenate([[0.0], np.asarray(deltas, dtype=float)])
     looks = len(design.rounds)
@@ -138,8 +133,7 @@ def simulate(design: Design, noise: Noise, deltas: Sequence[float], configs: Seq
         open_ &= ~newly
         if design.futility_gap is not None and r < looks - 1:
             # the gap the plan looks for is already excluded from above: nothing of its size left to find
-            upper = delta + half
-            open_ &= ~(upper < design.futility_gap)
+            open_ &= ~(delta + half < design.futility_gap)
     true_sign = np.sign(truth[1:])
     wrong = resolved & ((true_sign == 0) | (sign != true_sign))
     return {"family_wise": float(wrong.any(axis=1).mean()),

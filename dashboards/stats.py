@@ -59,10 +59,8 @@ _norm_cdf, _norm_ppf = special.ndtr, special.ndtri
 
 def stopped_early_text(info: dict) -> str:
     """"stopped early (rung 2, cutoff 105.3)" from the scheduler's record `{"rung", "cutoff"}` (`Trial.stopped_early`)."""
-    rung = info.get("rung")
-    cutoff = finite(info.get("cutoff"))
-    cutoff_text = "?" if cutoff is None else f"{cutoff:.1f}"
-    return f"stopped early (rung {'?' if rung is None else rung}, cutoff {cutoff_text})"
+    rung, cutoff = info.get("rung"), finite(info.get("cutoff"))
+    return f"stopped early (rung {'?' if rung is None else rung}, cutoff {'?' if cutoff is None else f'{cutoff:.1f}'})"
 
 
 def canonical_config(config: Mapping) -> dict:
@@ -108,14 +106,10 @@ def best_group(groups: Sequence, values_of: Callable, mode: str = "max",
     """The one rule for "the best configuration" (status, summary.json, compare, report, package, pipeline): the
     group with the best mean of `values_of(group)` among the groups not stopped early (`stopped_of(group)`: any
     of its replicates was), unless every one was; the first of equal means. None when no group has a value."""
-    scored = [(g, _finite(values_of(g))) for g in groups]
-    scored = [(g, float(v.mean())) for g, v in scored if v.size]
-    if not scored:
-        return None
-    stopped = stopped_of if stopped_of is not None else (lambda group: False)
-    kept = best_candidates(scored, lambda item: stopped(item[0]))
+    scored = [(g, float(v.mean())) for g in groups if (v := _finite(values_of(g))).size]
+    kept = best_candidates(scored, lambda item: stopped_of is not None and stopped_of(item[0]))
     sign = 1 if mode == "max" else -1
-    return max(kept, key=lambda item: sign * item[1])[0]
+    return max(kept, key=lambda item: sign * item[1], default=(None,))[0]
 
 
 def best_trial(trials: Sequence, mode: str = "max"):
@@ -237,23 +231,7 @@ class Difference:
     @property
     def resolved(self) -> bool:
         """The verdict: Holm-adjusted within a study's family of comparisons, else the comparison's own."""
-        if self.adjusted:
-            return self.p_adjusted < 1 - CONFIDENCE
-        return self.raw_resolved
-
-    def adjusted_text(self, digits: int = 1) -> str:
-        """The family's figures: "Holm over 4: [+0.8, +5.4], p 0.004" (empty when the comparison stands alone)."""
-        if not self.adjusted:
-            return ""
-        return (f"Holm over {self.family}: [{self.low_adjusted:+.{digits}f}, {self.high_adjusted:+.{digits}f}], "
-                f"p {_p_text(self.p_adjusted)}")
-
-    def _family_clause(self) -> str:
-        """"; raw p 0.001, Holm over 4 comparisons: [+0.8, +5.4], adjusted p 0.004" (or "")"""
-        if not self.adjusted:
-            return ""
-        return (f"; raw p {_p_text(self.p)}, Holm over {self.family} comparisons: [{self.low_adjusted:+.1f}, "
-                f"{self.high_adjusted:+.1f}], adjusted p {_p_text(self.p_adjusted)}")
+        return self.p_adjusted < 1 - CONFIDENCE if self.adjusted else self.raw_resolved
 
     def size_text(self) -> str:
         if self.members:
@@ -289,7 +267,9 @@ class Difference:
         if self.low is None:
             return (f"{self.a} vs {self.b}: no verdict: {self.no_verdict_reason()} "
                     f"({self.delta:+.{digits}f} {self.metric}, {self.size_text()})")
-        family = self._family_clause()
+        # "; raw p 0.001, Holm over 4 comparisons: [+0.8, +5.4], adjusted p 0.004" (or "")
+        family = (f"; raw p {p_text(self.p)}, Holm over {self.family} comparisons: [{self.low_adjusted:+.1f}, "
+                  f"{self.high_adjusted:+.1f}], adjusted p {p_text(self.p_adjusted)}" if self.adjusted else "")
         if not self.resolved:
             what = ("not resolved once the family's comparisons are counted (alone its interval misses 0)"
                     if self.raw_resolved else "no difference resolved at this size")
@@ -301,10 +281,9 @@ class Difference:
                 f"[{lo:.{digits}f}, {hi:.{digits}f}], {self.size_text()}" + (f" ({family[2:]})" if family else ""))
 
 
-def _p_text(p: float | None) -> str:
-    if p is None:
-        return "-"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
+def p_text(p: float | None) -> str:
+    """A p-value as the tables print it ("0.022", "<0.001", "-")."""
+    return "-" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
 def adjust_family(differences: Mapping[str, "Difference"], alpha: float = 1 - CONFIDENCE) -> dict[str, "Difference"]:
@@ -323,11 +302,6 @@ def adjust_family(differences: Mapping[str, "Difference"], alpha: float = 1 - CO
         out[key] = replace(d, family=len(tested), p_adjusted=float(p_adj), low_adjusted=d.delta - half,
                            high_adjusted=d.delta + half)
     return out
-
-
-def _resampling_weights(rng: np.random.Generator, n: int, n_resamples: int) -> np.ndarray:
-    """(n_resamples, n) bootstrap weights: how often each of n items is drawn, over n (rows sum to 1)."""
-    return rng.multinomial(n, np.full(n, 1.0 / n), size=n_resamples) / n
 
 
 def _constant_over_seeds(x: np.ndarray) -> np.ndarray:
@@ -369,26 +343,24 @@ def components_interval(va: np.ndarray, vb: np.ndarray, n_a: int, n_b: int, imag
     Vectorised over studies; `power` draws these components and calls this too."""
     va, vb = np.asarray(va, dtype=float), np.asarray(vb, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        seed_part = va + vb  # everything that changes with the seed, runs' own per-image noise included
+        s2 = None  # s^2 of one seed mean, where the seed variance is pooled over more than each arm's own seeds
         if pooled_seed is not None:
             # one common seed variance measured over the whole study (Student's t with the pool's d.f., exact
             # for it): the pair's own 2-4 d.f. at a first look of 3 seeds become sum(n_i - 1) over the arms
-            s2, pooled_df = (np.asarray(x, dtype=float) for x in pooled_seed)
-            va, vb = s2 / n_a, s2 / n_b
-            seed_part = va + vb
-            seed_denom = seed_part ** 2 / pooled_df
+            s2, seed_dof = (np.asarray(x, dtype=float) for x in pooled_seed)
         elif n_a > 1 and n_b > 1 and n_a != n_b:
             # unequal seeds: Welch's d.f. trust the smaller arm's 1-2 d.f. variance as if the larger arm's seeds
             # measured it too (7.4% false verdicts at 2 vs 6 seeds, 10% at 2 vs 10, 6.5% at 3 vs 10), and no
             # d.f. for the two separate variances holds there (the smaller arm's n - 1, Hsu's, gives 0.01% at
             # 2 vs 6: no power). The seed variance is pooled over the two arms instead (the design's common seed
             # variance, as the plan and the scheduler assume): Student's t, n_a + n_b - 2 d.f., exact for it
-            pooled = ((n_a - 1) * n_a * va + (n_b - 1) * n_b * vb) / (n_a + n_b - 2)  # s^2 of a seed mean
-            va, vb = pooled / n_a, pooled / n_b
-            seed_part = va + vb
-            seed_denom = seed_part ** 2 / (n_a + n_b - 2)
-        else:
-            seed_denom = sum(v ** 2 / (n - 1) for v, n in ((va, n_a), (vb, n_b)) if n > 1)
+            seed_dof = n_a + n_b - 2
+            s2 = ((n_a - 1) * n_a * va + (n_b - 1) * n_b * vb) / seed_dof
+        if s2 is not None:
+            va, vb = s2 / n_a, s2 / n_b
+        seed_part = va + vb  # everything that changes with the seed, runs' own per-image noise included
+        seed_denom = (seed_part ** 2 / seed_dof if s2 is not None
+                      else sum(v ** 2 / (n - 1) for v, n in ((va, n_a), (vb, n_b)) if n > 1))
         seed_df = seed_part ** 2 / seed_denom  # Welch's (Student's for unequal seeds)
         var, denom = seed_part, seed_denom
         if images is not None:
@@ -502,14 +474,11 @@ def holm(p: np.ndarray, alpha: float = 1 - CONFIDENCE) -> tuple[np.ndarray, np.n
 def _difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str], images: int | None, metric: str,
                 better: int, **options) -> Difference:
     """One study through `difference_intervals` as a `Difference`."""
-    out = difference_intervals(a[None], b[None], **options)
-    low, high = float(out["low"][0]), float(out["high"][0])
-    identical = tuple(name for name, flag in zip(names, (out["identical_a"][0], out["identical_b"][0])) if flag)
-    se, df, p = (float(out[key][0]) for key in ("se", "df", "p"))
-    return Difference(*names, float(out["delta"][0]), None if math.isnan(low) else low,
-                      None if math.isnan(high) else high, a.shape[0], b.shape[0], images, metric, better, identical,
-                      se=None if math.isnan(se) else se, df=None if math.isnan(df) else df,
-                      p=None if math.isnan(p) else p)
+    out = {key: float(value[0]) for key, value in difference_intervals(a[None], b[None], **options).items()}
+    low, high, se, df, p = (None if math.isnan(out[key]) else out[key] for key in ("low", "high", "se", "df", "p"))
+    identical = tuple(name for name, key in zip(names, ("identical_a", "identical_b")) if out[key])
+    return Difference(*names, out["delta"], low, high, a.shape[0], b.shape[0], images, metric, better, identical,
+                      se=se, df=df, p=p)
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str] = ("A", "B"), *, metric: str = "CIDEr",
@@ -573,7 +542,8 @@ def gain_over_one(system: np.ndarray, members: np.ndarray, index: int, names: tu
         half = float(_t_ppf(0.5 + confidence / 2, n - 1) * b.mean(axis=1).std(ddof=1))
         low, high = delta - half, delta + half
         if m > 1:
-            v = _resampling_weights(np.random.default_rng(seed), m, n_resamples)  # (R, images)
+            # (R, images) bootstrap weights: how often each image is drawn, over m (rows sum to 1)
+            v = np.random.default_rng(seed).multinomial(m, np.full(m, 1.0 / m), size=n_resamples) / m
             tail = _norm_cdf(-math.sqrt(m / (m - 1)) * _t_ppf(0.5 + confidence / 2, m - 1))
             boot_low, boot_high = np.quantile(v @ per_image, [tail, 1 - tail])
             low, high = min(low, float(boot_low)), max(high, float(boot_high))
@@ -646,16 +616,21 @@ def compare_arms(arms: Sequence[Arm], baseline: str | None = None, metric: str =
     out = Comparison(rows, baseline=baseline, metric=metric)
     base = next((arm for arm in arms if arm.label == baseline), None)
     options = dict(metric=label or metric.rsplit("/", 1)[-1], better=1 if mode == "max" else -1)
-    for arm in arms:
-        if base is None or arm is base:
-            continue
-        names = (arm.label, base.label)
-        if arm.per_image is not None and base.per_image is not None:
-            out.differences[arm.label] = paired_difference(*matched_scores(arm, base), names, **options)
-        elif arm.values(metric) and base.values(metric):
-            out.differences[arm.label] = seed_difference(arm.values(metric), base.values(metric), names, **options)
-    out.differences = adjust_family(out.differences)  # the study's verdicts are one family
+    differences = ((arm.label, _arm_difference(arm, base, metric, **options))
+                   for arm in arms if base is not None and arm is not base)
+    out.differences = adjust_family({k: d for k, d in differences if d is not None})  # the verdicts are one family
     return out
+
+
+def _arm_difference(arm: Arm, base: Arm, logged: str, **options) -> Difference | None:
+    """`compare_arms`' rule for one arm: paired by image id when both arms carry per-image scores, else seed means
+    of the metric `logged` (None when either has no value of it)."""
+    names = (arm.label, base.label)
+    if arm.per_image is not None and base.per_image is not None:
+        return paired_difference(*matched_scores(arm, base), names, **options)
+    if arm.values(logged) and base.values(logged):
+        return seed_difference(arm.values(logged), base.values(logged), names, **options)
+    return None
 
 
 def pooled_differences(comparison: Comparison) -> dict[str, Difference]:
@@ -669,29 +644,16 @@ def pooled_differences(comparison: Comparison) -> dict[str, Difference]:
     if base is None:
         return dict(comparison.differences)
     per_image = all(arm.per_image is not None for arm, _ in comparison.rows)  # else every arm's seed values
-    groups = []
-    for arm, _ in comparison.rows:
-        values = (arm.per_image.mean(axis=1) if per_image
-                  else np.asarray(arm.values(comparison.metric), dtype=float))
-        values = values[np.isfinite(values)]
-        if values.size > 1 and np.ptp(values) > 0:
-            groups.append(values)
+    seed_means = (arm.per_image.mean(axis=1) if per_image else arm.values(comparison.metric)
+                  for arm, _ in comparison.rows)
+    groups = [x for x in map(_finite, seed_means) if x.size > 1 and np.ptp(x) > 0]
     sd, dof = pooled_sd(groups), sum(len(g) - 1 for g in groups)
     if sd is None or len(groups) < 2:
         return dict(comparison.differences)
     pooled = (sd ** 2, float(dof))
-    out = {}
-    for arm, _ in comparison.rows:
-        d = comparison.differences.get(arm.label)
-        if d is None:
-            continue
-        options = dict(metric=d.metric, better=d.better, pooled_seed=pooled)
-        if arm.per_image is not None and base.per_image is not None:  # `compare_arms`' choice of rule
-            out[arm.label] = paired_difference(*matched_scores(arm, base), (d.a, d.b), **options)
-        else:
-            out[arm.label] = seed_difference(arm.values(comparison.metric), base.values(comparison.metric),
-                                             (d.a, d.b), **options)
-    return out
+    return {arm.label: _arm_difference(arm, base, comparison.metric, metric=d.metric, better=d.better,
+                                       pooled_seed=pooled)
+            for arm, _ in comparison.rows if (d := comparison.differences.get(arm.label)) is not None}
 
 
 # -- power of the verdict rule -------------------------------------------------------------------------------------

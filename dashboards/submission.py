@@ -59,10 +59,7 @@ def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_r
 
 def _preview(values: Iterable[Any], limit: int = MAX_IDS_SHOWN) -> str:
     values = list(values)
-    shown = ", ".join(str(v) for v in values[:limit])
-    if len(values) > limit:
-        shown += f", ... ({len(values) - limit} more)"
-    return shown
+    return ", ".join(map(str, values[:limit])) + (f", ... ({len(values) - limit} more)" if len(values) > limit else "")
 
 
 @dataclass(frozen=True)
@@ -97,11 +94,9 @@ class ValidationReport:
 
     def __str__(self) -> str:
         if self.ok:
-            files = ", ".join(f"{name} ({n} captions)" for name, n in sorted(self.files.items()))
-            return f"{self.zip_path}: OK - {files}"
-        lines = [f"{self.zip_path}: {len(self.problems)} problem(s)"]
-        lines += [f"  - [{p.kind}] {p.file}: {p.message}" for p in self.problems]
-        return "\n".join(lines)
+            return f"{self.zip_path}: OK - " + ", ".join(f"{f} ({n} captions)" for f, n in sorted(self.files.items()))
+        return "\n".join([f"{self.zip_path}: {len(self.problems)} problem(s)",
+                          *(f"  - [{p.kind}] {p.file}: {p.message}" for p in self.problems)])
 
 
 # What `_check_entries` reports, in this order: key -> (kind, message; {n}: how many, {shown}: the first few).
@@ -150,8 +145,7 @@ def _check_entries(report: ValidationReport, name: str, data: Any, expected: set
     found["extra_ids"] = [(i, i) for i in sorted(seen.keys() - expected)]
     for key, (kind, message) in _ENTRY_PROBLEMS.items():
         if found[key]:
-            shown = _preview(text for text, _ in found[key])
-            report.add(name, kind, message.format(n=len(found[key]), shown=shown),
+            report.add(name, kind, message.format(n=len(found[key]), shown=_preview(text for text, _ in found[key])),
                        [i for _, i in found[key] if i is not None])
 
 
@@ -175,8 +169,7 @@ def validate_zip(zip_path: str | os.PathLike, val_image_ids: Iterable[int], test
         report.add(zip_path, "not_zip", f"not a zip archive ({e})")
         return report
     with zf:
-        members = _check_members(report, zf)
-        if members is None:
+        if (members := _check_members(report, zf)) is None:
             return report
         by_split = _members_by_split(report, members)
         for split in SPLITS:
@@ -222,8 +215,7 @@ def _members_by_split(report: ValidationReport, members) -> dict[str, list[tuple
         base = name.replace("\\", "/").rsplit("/", 1)[-1]
         if base != name:
             report.add(name, "not_at_root", f"is inside a folder; the server needs it at the zip root as {base!r}")
-        m = _NAME_RE.fullmatch(base)
-        if not m:
+        if not (m := _NAME_RE.fullmatch(base)):
             report.add(name, "bad_name", f"unexpected file name {base!r}; expected "
                                          "captions_val2014_<alg>_results.json or captions_test2014_<alg>_results.json")
             continue

@@ -212,8 +212,7 @@ def search_all_runs(client, experiment_ids: list[str], filter_string: str) -> li
         page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=1000,
                                   order_by=["attributes.start_time ASC"], page_token=token)
         runs.extend(page)
-        token = page.token
-        if not token:
+        if not (token := page.token):
             return runs
 
 

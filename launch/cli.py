@@ -48,6 +48,8 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text[:40]}")
     return value
 
+# every command that names a study takes its storage this one way (on a study file: its `storage` key)
+_STORAGE_HELP = "the study's storage root, a folder or s3://bucket/prefix (default: the study file's `storage`)"
 _SEEDS_HELP = ("seeds of the ensemble (default: the best configuration's replicates when it has at least "
                f"{len(SEEDS)}, else {' '.join(map(str, SEEDS))})")
 
@@ -171,8 +173,39 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print a record's comparison table, recomputed by today's verdict rule")
     show.add_argument("record", help="a record file, e.g. results/synthetic_fusions.json")
 
-    _add_package_arguments(_command(sub, "package", "launch.commands.package:main",
-                                    help="4-seed ensemble -> COCO server zip, leaderboard, upload"))
+    package = _command(sub, "package", "launch.commands.package:main",
+                       help="4-seed ensemble -> COCO server zip, leaderboard, upload")
+    package.add_argument("name", help="study name")
+    package.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides for decoding on this machine, e.g. "
+                                                      "data.features=/x.h5")
+    package.add_argument("--storage", default=None, help=_STORAGE_HELP)
+    package.add_argument("--alg", default=None,
+                         help="algorithm name in the results file names, [A-Za-z0-9-]+ (default: the study name)")
+    package.add_argument("--seeds", nargs="+", type=int, default=None, help=_SEEDS_HELP)
+    package.add_argument("--no-train", action="store_true",
+                         help="refuse (naming them) instead of training missing seeds")
+    package.add_argument("--out", default=None, help=f"output folder (default: ./{PACKAGE_OUT}/<name>; one that holds "
+                                                     f"an earlier package gets a new numbered folder NAME-2, ...)")
+    package.add_argument("--model-name", default=None, help="registered MLflow model name (default: the study name)")
+    package.add_argument("--upload", default=None, help="s3://bucket/prefix/ to upload results.zip and the "
+                                                        "leaderboard to (default: the study's prefix when on S3)")
+    package.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint for --upload")
+    package.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
+    package.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
+    package.add_argument("--batch-size", type=int, default=50, help="images per beam-search batch")
+    package.add_argument("--shard-images", type=int, default=SHARD_IMAGES,
+                         help="images per decoding shard, the unit a killed package does not decode again")
+    package.add_argument("--workers", type=int, default=None,
+                         help="Ray decoding tasks (default: one per GPU, else per CPU); 0 decodes in this process")
+    package.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
+    package.add_argument("--val-images", default=None, help="COCO image-info JSON of val2014 (default: the data's)")
+    package.add_argument("--test-images", default=None, help="image_info_test2014.json (default: the data's)")
+    package.add_argument("--quiet", action="store_false", dest="verbose", help="no live trial table while seeds train")
+    package.add_argument("--estimate", action="store_true",
+                         help="only state the decoding's cost: images and shards to decode, the ensemble's seconds "
+                              "per image measured here on a few images (copies of the best checkpoint), and "
+                              f"the time for them and for the server's {SERVER_IMAGES:,} images; trains and writes "
+                              "nothing")
 
     sv = sub.add_parser("submission", help="COCO server submissions").add_subparsers(dest="sub_command", required=True)
     val = _command(sv, "validate", "launch.commands.validate:cmd_submission_validate",
@@ -182,8 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--test-images", required=True, help="image_info_test2014.json")
     val.add_argument("--alg", default=None, help="the algorithm name the file names must carry (default: any one)")
 
-    _add_pipeline_arguments(_command(sub, "pipeline", "launch.commands.pipeline:main",
-                                     help="the main job: smoke study, report, packaging, leaderboard"))
+    pipeline = _command(sub, "pipeline", "launch.commands.pipeline:main",
+                        help="the main job: smoke study, report, packaging, leaderboard")
+    pipeline.add_argument("--study", default=PIPELINE_STUDY, help=f"study file (default: {PIPELINE_STUDY})")
+    pipeline.add_argument("overrides", nargs="*", help="key=value overrides of the study, e.g. train.xe_epochs=2")
+    pipeline.add_argument("--out", default=None, help=f"report and package folder (default: ./{PIPELINE_OUT}/<name>)")
+    pipeline.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides tracking.mlflow_uri)")
+    pipeline.add_argument("--storage", default=None, help=_STORAGE_HELP)
+    pipeline.add_argument("--seeds", nargs="+", type=int, default=None, help=_SEEDS_HELP)
+    pipeline.add_argument("--alg", default=None, help="algorithm name in the results file names (default: study name)")
+    pipeline.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
+    pipeline.add_argument("--workers", type=int, default=None, help="Ray decoding tasks; 0 decodes in this process")
+    pipeline.add_argument("--upload", default=None, help="s3://bucket/prefix/ for results.zip and the leaderboard")
+    pipeline.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
+    pipeline.add_argument("--quiet", action="store_true", help="no live trial tables")
     return p
 
 
@@ -249,10 +294,27 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
                            "configuration with the study's early stopping, next to the closed-form power")
     _add_model_arguments(plan)
 
-    _add_rehearse_arguments(_command(
-        sub, "rehearse", "launch.commands.rehearse:main",
-        help="every trial of a study through the real driver, scheduler, record and MLflow export, with a stand-in "
-             "trainer drawing scores from a stated model (nothing trains; never packageable)"))
+    rehearse = _command(sub, "rehearse", "launch.commands.rehearse:main",
+                        help="every trial of a study through the real driver, scheduler, record and MLflow export, "
+                             "with a stand-in trainer drawing scores from a stated model (nothing trains; never "
+                             "packageable)")
+    rehearse.add_argument("file", help="the study file")
+    rehearse.add_argument("overrides", nargs="*", help="key=value, e.g. search.replicates=3")
+    _add_model_arguments(rehearse)
+    rehearse.add_argument("--repeat", type=int, default=1,
+                          help="rehearsals, each with new noise draws: the first on Ray, the rest without it (the same "
+                               "searcher, scheduler and comparison code)")
+    rehearse.add_argument("--time-scale", type=float, default=0.0,
+                          help="a stand-in epoch sleeps the plan's epoch time x this (default 0: no sleeping)")
+    rehearse.add_argument("--epoch-seconds", type=float, default=None,
+                          help="an epoch's time on the cluster (default: the plan's estimate)")
+    rehearse.add_argument("--storage", default=REHEARSAL_STORAGE,
+                          help=f"the rehearsal's storage root, a folder or s3://bucket/prefix "
+                               f"(default {REHEARSAL_STORAGE})")
+    rehearse.add_argument("--tracking-uri", default=None, help="MLflow store (default: an SQLite file in --storage)")
+    rehearse.add_argument("--address", default=None, help="Ray cluster to join (default: a local Ray with the study's "
+                                                          "GPUs declared)")
+    rehearse.add_argument("--quiet", action="store_true", help="no live trial table")
 
 
 class _Rehearse(argparse.Action):
@@ -269,11 +331,6 @@ def _add_study_file(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=2 model.d_model=64")
     parser.add_argument("--storage", default=None, help=_STORAGE_HELP)
 
-
-# every command that names a study takes its storage this one way (on a study file: its `storage` key)
-_STORAGE_HELP = "the study's storage root, a folder or s3://bucket/prefix (default: the study file's `storage`)"
-
-
 def add_name(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="the study's name (its `name:` key)")
     parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
@@ -283,25 +340,6 @@ def _add_driver_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
     parser.add_argument("--quiet", action="store_true", help="no live trial table")
     add_lease_arguments(parser)
-
-
-def _add_rehearse_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="the study file")
-    parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.replicates=3")
-    _add_model_arguments(parser)
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="rehearsals, each with new noise draws: the first on Ray, the rest without it (the same "
-                             "searcher, scheduler and comparison code)")
-    parser.add_argument("--time-scale", type=float, default=0.0,
-                        help="a stand-in epoch sleeps the plan's epoch time x this (default 0: no sleeping)")
-    parser.add_argument("--epoch-seconds", type=float, default=None,
-                        help="an epoch's time on the cluster (default: the plan's estimate)")
-    parser.add_argument("--storage", default=REHEARSAL_STORAGE,
-                        help=f"the rehearsal's storage root, a folder or s3://bucket/prefix (default {REHEARSAL_STORAGE})")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow store (default: an SQLite file in --storage)")
-    parser.add_argument("--address", default=None, help="Ray cluster to join (default: a local Ray with the study's "
-                                                        "GPUs declared)")
-    parser.add_argument("--quiet", action="store_true", help="no live trial table")
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -315,56 +353,6 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drop", type=float, default=LEARNING_DROP,
                         help=f"the learning curve's drop: epoch e of E at 1 - drop (1 - e/E)^2 of the final mean "
                              f"(default {LEARNING_DROP})")
-
-
-# -- a2 package, a2 pipeline -----------------------------------------------------------------------------------------
-def _add_package_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help="study name")
-    parser.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides for decoding on this machine, e.g. "
-                                                     "data.features=/x.h5")
-    parser.add_argument("--storage", default=None, help=_STORAGE_HELP)
-    parser.add_argument("--alg", default=None,
-                        help="algorithm name in the results file names, [A-Za-z0-9-]+ (default: the study name)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=None, help=_SEEDS_HELP)
-    parser.add_argument("--no-train", action="store_true",
-                        help="refuse (naming them) instead of training missing seeds")
-    parser.add_argument("--out", default=None, help=f"output folder (default: ./{PACKAGE_OUT}/<name>; one that "
-                                                    f"holds an earlier package gets a new numbered folder NAME-2, ...)")
-    parser.add_argument("--model-name", default=None, help="registered MLflow model name (default: the study name)")
-    parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ to upload results.zip and the "
-                                                       "leaderboard to (default: the study's prefix when on S3)")
-    parser.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint for --upload")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
-    parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
-    parser.add_argument("--batch-size", type=int, default=50, help="images per beam-search batch")
-    parser.add_argument("--shard-images", type=int, default=SHARD_IMAGES,
-                        help="images per decoding shard, the unit a killed package does not decode again")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="Ray decoding tasks (default: one per GPU, else per CPU); 0 decodes in this process")
-    parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
-    parser.add_argument("--val-images", default=None, help="COCO image-info JSON of val2014 (default: the data's)")
-    parser.add_argument("--test-images", default=None, help="image_info_test2014.json (default: the data's)")
-    parser.add_argument("--quiet", action="store_false", dest="verbose", help="no live trial table while seeds train")
-    parser.add_argument("--estimate", action="store_true",
-                        help="only state the decoding's cost: images and shards to decode, the ensemble's seconds "
-                             "per image measured here on a few images (copies of the best checkpoint), and "
-                             f"the time for them and for the server's {SERVER_IMAGES:,} images; trains and writes "
-                             "nothing")
-
-
-def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--study", default=PIPELINE_STUDY, help=f"study file (default: {PIPELINE_STUDY})")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the study, e.g. train.xe_epochs=2")
-    parser.add_argument("--out", default=None, help=f"report and package folder (default: ./{PIPELINE_OUT}/<name>)")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides tracking.mlflow_uri)")
-    parser.add_argument("--storage", default=None, help=_STORAGE_HELP)
-    parser.add_argument("--seeds", nargs="+", type=int, default=None, help=_SEEDS_HELP)
-    parser.add_argument("--alg", default=None, help="algorithm name in the results file names (default: study name)")
-    parser.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
-    parser.add_argument("--workers", type=int, default=None, help="Ray decoding tasks; 0 decodes in this process")
-    parser.add_argument("--upload", default=None, help="s3://bucket/prefix/ for results.zip and the leaderboard")
-    parser.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
-    parser.add_argument("--quiet", action="store_true", help="no live trial tables")
 
 
 def handler(args: argparse.Namespace):

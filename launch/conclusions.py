@@ -88,9 +88,8 @@ def group_verdict(summary: dict) -> str | None:
         return line
     family = summary.get("verdicts") or {}
     entry = next((c for c in family.get("comparisons", []) if c["arm"] == str(best["fusion"])), None)
-    if entry is None and family.get("note"):  # no verdict yet (confirmation seeds to come): why
-        return line + "; " + family["note"]
-    return line + "; " + entry["verdict"] if entry else line
+    why = entry["verdict"] if entry else family.get("note")  # the note: no verdict yet (confirmation seeds to come)
+    return f"{line}; {why}" if why else line
 
 
 def varying_keys(summary: dict) -> list[str]:

@@ -95,11 +95,10 @@ def cluster_copies(cluster: str | Path, spec, root: str) -> list[ClusterCopy]:
         target = _home_spelled(target)
         if target.startswith(checkout + "/"):
             fetched[target[len(checkout) + 1:]] = (source, endpoint_url)
-    sections = {"data": spec.data, "train": spec.train}
     copies = []
     for key in DATA_PATHS:
         section, _, name = key.partition(".")
-        local = sections[section].get(name)
+        local = getattr(spec, section).get(name)  # spec.data, spec.train
         if not isinstance(local, str) or "://" in local:
             continue
         relative = Path(os.path.relpath(local, root)).as_posix()

@@ -69,15 +69,6 @@ def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None
     return manifest
 
 
-def _read_remote_manifest(source) -> dict:
-    where = source.join(prepared.MANIFEST)
-    text = where.read_text()
-    if text is None:
-        raise DataError(f"{where}: no such file (not a prepared feature store; "
-                        f"make one with `a2 data prepare` and upload it with `a2 data push`)")
-    return prepared.parse_manifest(text, where)
-
-
 @contextlib.contextmanager
 def _locked(target: Path):
     """One fetch per target at a time on a machine (a setup command and a hand-run one may meet)."""
@@ -93,9 +84,14 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
     A `uri` that is a plain file (captions, an image list) is fetched as one (`_fetch_file`)."""
     source = open_location(uri, endpoint_url)
     target = Path(os.path.expanduser(str(target))).absolute()
-    if not source.join(prepared.MANIFEST).exists() and source.exists() and not source.is_folder():
+    where = source.join(prepared.MANIFEST)
+    if not where.exists() and source.exists() and not source.is_folder():
         return _fetch_file(source, target, quiet)
-    manifest = _read_remote_manifest(source)
+    text = where.read_text()
+    if text is None:
+        raise DataError(f"{where}: no such file (not a prepared feature store; "
+                        f"make one with `a2 data prepare` and upload it with `a2 data push`)")
+    manifest = prepared.parse_manifest(text, where)
     checksum = manifest["checksum"]
     with _locked(target):
         if _is_verified(target, checksum):
@@ -118,13 +114,11 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
             prepared.check_copy(tmp, expected=checksum)
             (tmp / STAMP).write_text(checksum + "\n")
             os.chmod(tmp, 0o755)
-            old = None
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
             if target.exists():  # replaced whole: moved aside, then removed (open files stay readable)
-                old = target.with_name(f".{target.name}.old-{os.getpid()}")
                 os.rename(target, old)
             os.rename(tmp, target)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -165,28 +159,36 @@ def describe_copy(path: str) -> dict:
         return {"host": host, "ok": False, "what": str(err)}
 
 
+def _probe_nodes(function, args: tuple, timeout_s: float) -> list[tuple[dict, object]]:
+    """(node, ref) for every alive node of the connected Ray cluster, `function(*args)` run there as a zero-CPU task
+    pinned to it (so busy nodes answer too); ref None when it did not answer within `timeout_s` (cancelled)."""
+    # ray: only the driver's probes of its nodes, not `a2 data fetch|push` (a node's setup runs fetch)
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(function)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = {n["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            .remote(*args) for n in nodes}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    for ref in set(refs.values()) - set(ready):
+        ray.cancel(ref, force=True)
+    return [(node, refs[node["NodeID"]] if refs[node["NodeID"]] in ready else None) for node in nodes]
+
+
 def check_feature_copies(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> list[dict]:
     """On every alive node of the connected Ray cluster, the copy at `path` against the driver's: StudyError
     naming each node (address, host, node id) whose copy is missing, damaged or another version, and the file.
-    Returns one row per node. A probe is a zero-CPU task pinned to its node, so busy nodes answer too."""
-    # ray: only the driver's check of its nodes' copies, not `a2 data fetch|push` (a node's setup runs fetch)
+    Returns one row per node."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     expected = describe_copy(path)
     if not expected["ok"]:
         raise StudyError(f"data.features on the driver ({expected['host']}): {expected['what']}")
-    probe = ray.remote(num_cpus=0, max_retries=0)(describe_copy)
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    refs = {n["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-            .remote(path) for n in nodes}
-    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     rows, problems = [], []
-    for node in nodes:
-        ref = refs[node["NodeID"]]
+    for node, ref in _probe_nodes(describe_copy, (path,), timeout_s):
         name = f"node {node.get('NodeManagerAddress')} ({node.get('NodeManagerHostname')}, id {node['NodeID'][:12]})"
-        if ref not in ready:
-            ray.cancel(ref, force=True)
+        if ref is None:
             problems.append(f"{name}: did not answer within {timeout_s:.0f}s")
             continue
         try:
@@ -217,24 +219,9 @@ def java_warnings(train: dict, timeout_s: float = 30.0) -> list[str]:
     metrics = [m for m, key in (("test/METEOR", "test_meteor"), ("val/METEOR", "val_meteor")) if train.get(key)]
     if not metrics:
         return []
-    # ray: only the driver's probe of its nodes
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    probe = ray.remote(num_cpus=0, max_retries=0)(_has_java)
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    refs = {n["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-            .remote() for n in nodes}
-    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-    lines = []
-    for node in nodes:
-        ref = refs[node["NodeID"]]
-        if ref not in ready:
-            ray.cancel(ref, force=True)
-            continue
-        got = ray.get(ref)
-        if not got["java"]:
-            lines.append(f"node {node.get('NodeManagerAddress')} ({got['host']}) has no Java: {' and '.join(metrics)} "
-                         f"cannot be computed there, and a trial placed there reports none (install a Java runtime "
-                         f"on it: ray-cluster.yaml's setup commands do)")
-    return lines
+    answers = [(node, ray.get(ref)) for node, ref in _probe_nodes(_has_java, (), timeout_s) if ref is not None]
+    return [f"node {node.get('NodeManagerAddress')} ({got['host']}) has no Java: {' and '.join(metrics)} cannot be "
+            f"computed there, and a trial placed there reports none (install a Java runtime on it: ray-cluster.yaml's "
+            f"setup commands do)" for node, got in answers if not got["java"]]

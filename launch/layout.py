@@ -113,8 +113,8 @@ def run_status(state: str, epochs: int, stopped: dict | None, total_epochs: int,
 
 
 def _record(folder, name: str, what: str, valid, needs: str, text: str | None) -> dict | None:
-    """The JSON record `name` of run folder `folder`, or None when there is none; a file that is not one (not JSON,
-    or `valid(record)` false: it lacks `needs`) is a StudyError naming it."""
+    """The JSON record `name` of run folder `folder` (`text`: the file's text, when already read), or None when there
+    is none; a file that is not one (not JSON, or `valid(record)` false: it lacks `needs`) is a StudyError naming it."""
     target = folder.join(name)
     text = target.read_text() if text is None else text
     try:
@@ -127,15 +127,14 @@ def _record(folder, name: str, what: str, valid, needs: str, text: str | None) -
 
 
 def stop_record(folder, text: str | None = None) -> dict | None:
-    """The scheduler's decision to stop the trial of run folder `folder` (`{"rung", "cutoff", ...}`), or None;
-    a file that is not one is a StudyError naming it. `text`: the file's text, when already read."""
+    """The scheduler's decision to stop the trial of run folder `folder` (`{"rung", "cutoff", ...}`), or None."""
     return _record(folder, STOPPED_FILE, "a stop record", lambda r: "rung" in r and "cutoff" in r,
                    "no rung and cutoff", text)
 
 
 def end_record(folder, text: str | None = None) -> dict | None:
     """Why the trial of run folder `folder` ended itself before its planned epochs (`{"reason": "diverged", "epoch",
-    "step", "key"}`), or None; a file that is not one is a StudyError naming it. `text`: the file's text, if read."""
+    "step", "key"}`), or None."""
     return _record(folder, ENDED_FILE, "an end record", lambda r: r.get("reason") in END_REASONS,
                    f"no reason among {', '.join(END_REASONS)}", text)
 

@@ -46,9 +46,13 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
+def _on_this_host(holder: dict) -> bool:
+    return holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int)
+
+
 def _alive_here(holder: dict) -> bool:
     """The holder ran on this host and its process is still there (the same process: its start time matches)."""
-    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+    if not _on_this_host(holder):
         return False
     try:
         os.kill(holder["pid"], 0)  # signal 0: only asks whether the process exists
@@ -57,12 +61,6 @@ def _alive_here(holder: dict) -> bool:
             return False
     started, now = holder.get("pid_start"), _process_start(holder["pid"])
     return not (started and now and started != now)
-
-
-def _surely_alive_here(holder: dict) -> bool:
-    """`_alive_here`, and known to be the holder itself: its lease records its process's start time, and the process
-    with its pid started then (a lease of an older a2 records none: its pid may be another process's by now)."""
-    return bool(holder.get("pid_start")) and _alive_here(holder)
 
 
 def _command_of(pid) -> str:
@@ -77,8 +75,7 @@ def _command_of(pid) -> str:
 
 def _pid_gone(holder: dict) -> bool:
     """The holder ran on this host and its process is no longer there."""
-    return (holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int)
-            and not _alive_here(holder))
+    return _on_this_host(holder) and not _alive_here(holder)
 
 
 def holder_period(holder: dict, floor: float = 0.0) -> float:
@@ -115,19 +112,18 @@ def lease_age(location, holder: dict, *, probe: bool = False) -> float:
     except Exception:  # noqa: BLE001 - unreachable: the holder's own word
         stamp = None
     if stamp is None:
-        return max(0.0, time.time() - float(holder.get("heartbeat", 0) or 0))
-    now = _storage_now(_folder_of(location)) if probe else time.time()
+        return _heartbeat_age(holder)
+    now = _storage_now(open_location(location.uri.rsplit("/", 1)[0], location.endpoint_url)) if probe else time.time()
     return max(0.0, now - stamp[1] / 1e9)
 
 
-def _folder_of(location):
-    """The Location of the folder that holds the file at `location`."""
-    return open_location(location.uri.rsplit("/", 1)[0], location.endpoint_url)
+def _heartbeat_age(holder: dict) -> float:
+    """The holder's own word: its `heartbeat` field against this host's clock."""
+    return max(0.0, time.time() - float(holder.get("heartbeat", 0) or 0))
 
 
 def describe(holder: dict, age: float | None = None) -> str:
-    if age is None:
-        age = max(0.0, time.time() - float(holder.get("heartbeat", 0) or 0))
+    age = _heartbeat_age(holder) if age is None else age
     return (f"{holder.get('user', '?')}@{holder.get('host', '?')} pid {holder.get('pid', '?')} since "
             f"{holder.get('started', '?')} (last heartbeat {age:.0f} s ago)")
 
@@ -217,7 +213,9 @@ class StudyLease:
         period = holder_period(holder, self.stale_after)
         study = os.path.dirname(self.location.uri)
         pid = holder.get("pid", "?")
-        if _surely_alive_here(holder) and age >= period:
+        # surely the holder itself: its lease records its process's start time, and the process with its pid started
+        # then (a lease of an older a2 records none: its pid may be another process's by now)
+        if holder.get("pid_start") and _alive_here(holder) and age >= period:
             command = _command_of(pid)
             raise StudyError(f"study at {study} is held by {describe(holder, age)}, a process still alive on this "
                              f"host{f' ({command})' if command else ''}, stopped or hung: its heartbeat stopped; one "

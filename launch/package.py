@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from a2core import checkpoint as ckpt
 from a2core.atomic import atomic_write, fresh_folder
-from a2core.checksum import SUFFIX, checksum_path
+from a2core.checksum import SUFFIX, checksum_path, file_sha256
 from a2core.data.captions import Vocab, read_image_info
 from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
@@ -60,7 +60,7 @@ def decode_estimate(name: str, *, storage: str | None = None, seeds=None, beam_s
     location, spec, record = open_study(name, storage, verbose=False)
 
     best = select_best(best_group(spec, record.groups()), candidates(spec, record.trials), spec.mode, spec.name)
-    members = len(list(dict.fromkeys(seeds))) if seeds else len(SEEDS)
+    members = len(set(seeds)) if seeds else len(SEEDS)
     checkpoint = fetch_checkpoint(best.best_checkpoint, checkpoint_cache(), location.endpoint_url)
     _, data_config, images = decoding_data(checkpoint, data_overrides, val_images, test_images)
     splits = images["splits"]
@@ -183,9 +183,9 @@ def candidates(spec, trials: list[Trial], digest: str | None = None) -> list[Tri
                 spec.trial_config(dict(trial.sampled))
             except A2Error as err:
                 print(f"a2 package: note: skipping trial {trial.trial_id} of {spec.name}: {err}", file=sys.stderr)
-            continue
-        out.append(trial)
-    return [c for c in out if digest is None or c.config_hash == digest]
+        elif digest is None or trial.config_hash == digest:
+            out.append(trial)
+    return out
 
 
 def select_best(group: ReplicateGroup | None, cands: list[Trial], mode: str, study: str) -> Trial:
@@ -207,17 +207,13 @@ def seed_checkpoints(cands: list[Trial], digest: str, seeds, mode: str,
     """For each seed, the trial of configuration `digest` with that seed whose checkpoint exists (finished
     trials first, then `dashboards.stats.trial_rank`: the best by the metric, then the lower (study, trial id)); and
     the seeds that have none."""
-    rank = trial_rank(mode)
-    chosen, missing = {}, []
+    rank, chosen = trial_rank(mode), {}
     for seed in seeds:
         pool = sorted((c for c in cands if c.config_hash == digest and c.seed == seed),
                       key=lambda c: (c.state not in (None, "TERMINATED"), *rank(c)))
-        hit = next((c for c in pool if exists(c.best_checkpoint)), None)
-        if hit is None:
-            missing.append(seed)
-        else:
+        if (hit := next((c for c in pool if exists(c.best_checkpoint)), None)) is not None:
             chosen[seed] = hit
-    return chosen, missing
+    return chosen, [seed for seed in seeds if seed not in chosen]
 
 
 def ensemble_seeds(cands: list[Trial], digest: str, exists: Callable[[str], bool]) -> tuple[list[int], str]:
@@ -305,17 +301,12 @@ def seeds_spec(spec, location, config: dict, seeds: list[int], name: str):
     resources["fuse_replicates"] = fused = bool(resources.get("fuse_replicates")) and len(seeds) > 1
     seeding = ({"replicates": [int(s) for s in seeds], "space": {}} if fused
                else {"space": {"seed": {"grid": [int(s) for s in seeds]}}})
-    raw = {
-        "name": name,
-        "data": config["data"], "model": config["model"],
-        "train": {k: v for k, v in config["train"].items() if k != "seed"},
-        "search": {"metric": spec.metric, "mode": spec.mode, "algorithm": "grid", **seeding,
-                   "scheduler": {"fifo": {}}},
-        "resources": resources,
-        "tracking": {"mlflow_uri": spec.tracking.mlflow_uri},
-        "storage": location.storage,
-        "storage_endpoint_url": location.endpoint_url,
-    }
+    raw = {"name": name, "data": config["data"], "model": config["model"],
+           "train": {k: v for k, v in config["train"].items() if k != "seed"},
+           "search": {"metric": spec.metric, "mode": spec.mode, "algorithm": "grid", **seeding,
+                      "scheduler": {"fifo": {}}},
+           "resources": resources, "tracking": {"mlflow_uri": spec.tracking.mlflow_uri},
+           "storage": location.storage, "storage_endpoint_url": location.endpoint_url}
     return StudySpec.from_dict(raw, source=f"seeds of {spec.name} ({location.uri()})")
 
 
@@ -345,13 +336,16 @@ def _companions(location, digest: str) -> list[tuple[StudyLocation, StudySpec, S
 
 def train_missing(spec, location, best: Trial, missing: list[int], *, address: str | None,
                   verbose: bool) -> list[Trial]:
-    """Train the missing seeds of the best configuration as a companion study (an unfinished earlier one, without
-    every planned trial or with one that did not end TERMINATED, `seed_study_finished`, is resumed first); returns the
-    candidates it gave."""
+    """Train the missing seeds of the best configuration as a companion study (an unfinished earlier one is resumed
+    first); returns the candidates it gave."""
     digest = best.config_hash
     rows, covered = [], set()
     for comp, comp_spec, comp_record in _companions(location, digest):
-        if not seed_study_finished(comp_spec, comp_record):
+        # finished: every planned trial is in its record and ended TERMINATED (finished, or stopped early by the
+        # scheduler), and one reported the metric
+        trials = comp_record.trials
+        if not (len(trials) == comp_spec.num_trials and all(t.state == "TERMINATED" for t in trials)
+                and any(t.best_value is not None for t in trials)):
             say(f"package: resuming the unfinished seed study {comp.name}", verbose)
             covered.update(comp_spec.params["seed"].values)
             resume_study(comp, address=address, verbose=verbose)
@@ -373,13 +367,6 @@ def train_missing(spec, location, best: Trial, missing: list[int], *, address: s
     run_study(new_spec, address=address, verbose=verbose)
     made = StudyRecord.load(StudyLocation(name, location.storage, location.endpoint_url), new_spec, refuse="package")
     return rows + candidates(new_spec, made.trials, digest)
-
-
-def seed_study_finished(spec, record: StudyRecord) -> bool:
-    """Every planned trial of the study is in its record and ended TERMINATED (finished, or stopped early by the
-    scheduler), and one reported the metric: a companion seed study that is not is resumed."""
-    return (len(record.trials) == spec.num_trials and all(t.state == "TERMINATED" for t in record.trials)
-            and any(t.best_value is not None for t in record.trials))
 
 
 # -- 2. decoding -------------------------------------------------------------------------------------------------
@@ -427,13 +414,9 @@ DECODED_DIR = "package-decoded"  # in the study's storage: one folder of finishe
 
 def decode_key(checkpoints: list[str], splits: dict[str, list[int]], single_split: str | None, **options) -> str:
     """What a decoding job's shards depend on: the checkpoints' bytes, the image lists and the decoding options."""
-    digest = hashlib.sha256()
-    for path in checkpoints:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
-    digest.update(json.dumps([splits, single_split, sorted(options.items())], sort_keys=True).encode())
-    return digest.hexdigest()[:16]
+    files = [file_sha256(path) for path in checkpoints]
+    return hashlib.sha256(json.dumps([files, splits, single_split, sorted(options.items())],
+                                     sort_keys=True).encode()).hexdigest()[:16]
 
 
 def make_shards(splits: dict[str, list[int]], size: int = SHARD_IMAGES) -> list[dict[str, list[int]]]:
@@ -478,34 +461,31 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
     images = lambda index: len(set().union(*shards[index].values()))  # noqa: E731
     what = (f"{sum(images(i) for i in todo)} images in {len(todo)} shard(s) with {len(checkpoints)} checkpoint(s)"
             + (f"; {len(parts)} of {len(shards)} shards were decoded before (kept in {keep})" if parts else ""))
-
-    def finished(index: int, part: dict) -> None:
-        if keep is not None:
-            keep.join(shard_file(index)).write_text(json.dumps(_shard_ids(part, str)))
-        parts[index] = part
-
     if todo:
         # images, not shards: the bar's rate and time left are those of the decoding
         with tqdm(total=sum(images(i) for i in todo), desc="decode", unit="img", file=sys.stderr,
                   disable=not verbose, smoothing=0.1) as bar:
+            def finished(index: int, part: dict) -> None:
+                if keep is not None:
+                    keep.join(shard_file(index)).write_text(json.dumps(_shard_ids(part, str)))
+                parts[index] = part
+                bar.update(images(index))
+
             if workers == 0:
                 say(f"package: decoding {what} in this process", verbose)
                 for index in todo:
                     finished(index, decode_shard(checkpoints, data_config, shards[index], **options))
-                    bar.update(images(index))
             else:
                 _decode_on_ray(checkpoints, data_config, [(i, shards[i]) for i in todo], options, workers, address,
-                               what, verbose, lambda i, part: (finished(i, part), bar.update(images(i))))
+                               what, verbose, finished)
     merged: dict[str, Any] = {"ensemble": {split: {} for split in splits}, "single": [{} for _ in checkpoints]}
-    for index in sorted(parts):
-        part = parts[index]
+    for _, part in sorted(parts.items()):
         for split, captions in part["ensemble"].items():
             merged["ensemble"][split].update(captions)
         for single, captions in zip(merged["single"], part["single"]):
             single.update(captions)
     for split, ids in splits.items():
-        lost = [i for i in ids if i not in merged["ensemble"][split]]
-        if lost:
+        if lost := [i for i in ids if i not in merged["ensemble"][split]]:
             raise PackageError(f"decoding lost {len(lost)} {split} images (e.g. {lost[:5]})")
     merged["seconds"] = time.perf_counter() - t0
     merged["shards"], merged["reused"] = len(shards), len(shards) - len(todo)

@@ -212,10 +212,7 @@ def newest_gpu_record(records: str | Path | None = None) -> tuple[Path, dict] | 
             raise StudyError(f"{path}: not a readable JSON benchmark record ({err})") from None
         if isinstance(rec, dict) and rec.get("device") == "cuda" and isinstance(rec.get("arms"), list):
             found.append((str(rec.get("date", "")), path.name, path, rec))
-    if not found:
-        return None
-    _, _, path, rec = max(found, key=lambda f: f[:2])
-    return path, rec
+    return max(found, key=lambda f: f[:2])[2:] if found else None
 
 
 def measured_throughput(spec, records: str | Path | None = None) -> Throughput | None:
@@ -229,8 +226,7 @@ def measured_throughput(spec, records: str | Path | None = None) -> Throughput |
     a card are not measured: priced as one a card). With a fraction of a GPU per worker, 1 / gpus_per_worker trials
     share a card: the `packed` arm of that k (else the largest below), every stage at it. Otherwise one trial per
     card: the `single` arm in the study's precision."""
-    newest = newest_gpu_record(records)
-    if newest is None:
+    if (newest := newest_gpu_record(records)) is None:
         return None
     path, rec = newest
     arms = [a for a in rec["arms"] if a.get("images_per_s")]
@@ -243,11 +239,9 @@ def measured_throughput(spec, records: str | Path | None = None) -> Throughput |
                 return max(rows, key=lambda a: a["k"])
         return None
 
-    try:
-        where = path.resolve().relative_to(CLUSTER_FILE.parent)  # the repository's root
-    except ValueError:
-        where = path
-    where = f"{where} ({rec.get('machine', 'unnamed machine')}, {rec.get('date', 'undated')})"
+    resolved, root = path.resolve(), CLUSTER_FILE.parent  # the repository's root
+    where = (f"{resolved.relative_to(root) if resolved.is_relative_to(root) else path} "
+             f"({rec.get('machine', 'unnamed machine')}, {rec.get('date', 'undated')})")
     r, prec = spec.resources, spec.base["train"].get("precision", "fp32")
     seeds = len(spec.seed_values)
     if r.fuse_replicates and seeds > 1 and r.workers_per_trial == 1:
@@ -271,9 +265,8 @@ def measured_throughput(spec, records: str | Path | None = None) -> Throughput |
             return Throughput(round(packed["images_per_s"], 1), (
                 f"measured: {where}; {packed['k']} trials packed on a card ({packed['precision']}), all together"))
     single = arm("single", 1, [prec])
-    if single is None:
-        return None
-    return Throughput(round(single["images_per_s"], 1), f"measured: {where}; one trial a card ({prec})")
+    return None if single is None else Throughput(round(single["images_per_s"], 1),
+                                                  f"measured: {where}; one trial a card ({prec})")
 
 
 def verdict_images(spec) -> int:
@@ -344,11 +337,9 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
         batch = (f"{t['batch_size']} image-caption pairs a step = {images} images x {CAPTIONS_PER_IMAGE} captions "
                  f"({per_trial} x {images // r.workers_per_trial} images), {images} encoder passes a step")
     k = t["scst_samples"]
-    if t.get("scst_candidates", "sample") == "beam":
-        scst = (f"{images} images x {k} beams of a beam search of width {k} (up to {t['max_len']} steps of {k} "
-                f"beams an image, then one teacher-forced pass of the {k}), mean-reward baseline")
-    else:
-        scst = f"{images} images x {k} samples"
+    scst = (f"{images} images x {k} beams of a beam search of width {k} (up to {t['max_len']} steps of {k} beams an "
+            f"image, then one teacher-forced pass of the {k}), mean-reward baseline"
+            if t.get("scst_candidates", "sample") == "beam" else f"{images} images x {k} samples")
     lines = [f"{spec.name}: plan (nothing runs)",
              "per trial",
              f"  images    {_n(spec.images['train'])} train, {_n(spec.images['val'])} val, "
@@ -358,9 +349,8 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
              f"  steps     {_n(steps)} a epoch; {_n(total)} in {spec.total_epochs} epochs ({t['xe_epochs']} XE + "
              f"{t['scst_epochs']} SCST)"]
     if t["xe_epochs"]:
-        peak = t["warmup"] / steps
         lines.append(f"  warmup    {_n(t['warmup'])} steps = {t['warmup'] / xe_steps:.1%} of the {_n(xe_steps)} XE "
-                     f"steps (the learning rate peaks in epoch {math.floor(peak) + 1})")
+                     f"steps (the learning rate peaks in epoch {math.floor(t['warmup'] / steps) + 1})")
     tp = spec.temperature_range()
     if tp is not None:
         keep = [math.exp(-total / v) for v in tp]
@@ -378,8 +368,7 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
     elif noise is None:
         lines.append(f"  power     no seed spread ({noise_source}): give --sd")
     else:
-        lines.append(f"  power     CIDEr {noise.text()}")
-        lines.append(f"            ({noise_source})")
+        lines += [f"  power     CIDEr {noise.text()}", f"            ({noise_source})"]
         over = (f"seeds and {noise.images:,} images, each component once, Satterthwaite d.f." if noise.images
                 else "seed means: Welch")
         family = verdict_family(spec)
@@ -389,8 +378,7 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
             lines.append(f"            for the adjusted verdict: {family} fusions against the baseline are one family "
                          f"(Holm), each tested at 5% / {family} = {0.05 / family:.4g} at Holm's first step (a lower "
                          f"bound of its power)")
-        chosen_among = selected_fusions(spec)
-        if chosen_among:
+        if chosen_among := selected_fusions(spec):
             lines.append(f"            a fusion's row is its best configuration on val ({chosen_among}), chosen on "
                          f"the seeds its verdict uses: with every arm equal fusion_ablation's fixed 5 seeds resolved "
                          f"some arm in 6.3% of 1,200 rehearsals; search.confirm gives the verdicts fresh seeds "
@@ -469,25 +457,25 @@ ADAPTIVE_STUDIES = 4_000
 ADAPTIVE_SEED = 0
 
 
-def futility_gap(spec) -> float | None:
-    """The plan's gap an arm is settled futile below (its interval's upper end under it): the smallest of the Table 3
-    gaps over the baseline of the fusions the study searches beside `none`; None when it searches none of them."""
+def arm_gaps(spec) -> dict[str, float]:
+    """{fusion: its Table 3 gap over the baseline} of the fusions the study searches beside `none` ({} when it does
+    not search `none`)."""
     gaps = {label.split(" vs ")[0]: d for label, d in table3_gaps() if label.endswith(" vs none")}
     values = searched_fusions(spec)
-    found = [gaps[v] for v in values if v in gaps]
-    return min(found) if "none" in values and found else None
+    return {v: gaps[v] for v in values if v in gaps} if "none" in values else {}
 
 
 def study_design(spec):
     """The adaptive design the driver runs for a study whose `search.replicates` is a range: its rounds, error spent
-    in proportion to the seeds (`spending_weights`, rho 1) and the plan's gap for futility (`futility_gap`); None for
-    a fixed number of seeds."""
+    in proportion to the seeds (`spending_weights`, rho 1) and the plan's gap for futility, an arm settled futile
+    when its interval's upper end is below it (the smallest of `arm_gaps`; none without them); None for a fixed
+    number of seeds."""
     from dashboards.sequential import Design, spending_weights  # numpy only: the plan stays light
 
     rounds = spec.replicate_rounds
     if rounds is None:
         return None
-    return Design(rounds, spending_weights(rounds, 1.0), futility_gap=futility_gap(spec))
+    return Design(rounds, spending_weights(rounds, 1.0), futility_gap=min(arm_gaps(spec).values(), default=None))
 
 
 def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) -> str:
@@ -501,14 +489,12 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
 
     from dashboards.sequential import Design, simulate, spending_weights  # numpy only: the plan stays light
 
-    gaps = {label.split(" vs ")[0]: d for label, d in table3_gaps() if label.endswith(" vs none")}
-    values = searched_fusions(spec)
-    arms = [v for v in values if v in gaps]
-    if noise is None or "none" not in values or not arms:
+    gaps = arm_gaps(spec)
+    if noise is None or not gaps:
         return ""
+    arms, deltas = list(gaps), list(gaps.values())
     per_fusion = configurations_per_fusion(spec)
     configs = [per_fusion.get("none", 1), *(per_fusion.get(a, 1) for a in arms)]
-    deltas = [gaps[a] for a in arms]
     hardest = int(np.argmin(deltas))
     rounds = spec.replicate_rounds or ADAPTIVE_ROUNDS  # the study's own rounds when it gives a range
     design = Design(rounds, spending_weights(rounds, 1.0), futility_gap=min(deltas))
@@ -563,10 +549,9 @@ def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: fl
     the study compares arms at Table 3's gaps. StudyError naming the option when a value is out of range."""
     if deltas is not None and any(d <= 0 for d in deltas):
         raise StudyError(f"--delta must be > 0, got {deltas}")
-    if images_per_second is not None and images_per_second <= 0:
-        raise StudyError(f"--images-per-second must be > 0, got {images_per_second}")
-    if price_per_hour is not None and price_per_hour <= 0:
-        raise StudyError(f"--price-per-hour must be > 0, got {price_per_hour}")
+    for option, value in (("--images-per-second", images_per_second), ("--price-per-hour", price_per_hour)):
+        if value is not None and value <= 0:
+            raise StudyError(f"{option} must be > 0, got {value}")
     noise, noise_source = study_noise(spec, sd, storage)
     gaps = [(f"{d:g} CIDEr", d) for d in deltas] if deltas else table3_gaps()
     measured = measured_throughput(spec) if images_per_second is None else None

@@ -99,8 +99,7 @@ class StudyRecord:
                    {row.trial_id: files for row, _, files in read}, stamps)
 
     def save_digest(self) -> None:
-        """Write the study's digest (`Digest`) of this record (loaded `for_digest`): the driver's last read at the
-        end of a run."""
+        """Write the study's digest (`Digest`) of this record (loaded `for_digest`)."""
         if any(files is None for files in self.files.values()):
             raise ValueError("a digest is made of a record loaded for it (StudyRecord.load(for_digest=True))")
         doc = {"format": DIGEST_FORMAT, "fields": list(DIGEST_FIELDS), "study": self.location.uri(), **self.stamps,
@@ -112,24 +111,23 @@ class StudyRecord:
         self.location.write_text(json.dumps(doc, default=json_default), DIGEST_FILE)
 
     def shown(self) -> "StudyRecord":
-        """This record as `a2 study status` shows it: each trial's state as `shown_state` reads it (Tune saves a
-        running trial as PENDING); the record itself keeps Tune's word."""
-        return replace(self, trials=[replace(t, state=shown_state(t, self.running)) for t in self.trials])
+        """This record as `a2 study status` shows it. Tune saves a running trial as PENDING, so that a resume starts
+        it again (`ray.tune.experiment.Trial.__getstate__`): one that has reported epochs while a live writer holds
+        the study is RUNNING. The record itself keeps Tune's word (the driver's summary reads it when it ends)."""
+        return replace(self, trials=[replace(t, state="RUNNING" if self.running and t.state == "PENDING"
+                                             and t.epochs_done > 0 else t.state) for t in self.trials])
 
     def groups(self) -> list[ReplicateGroup]:
-        """The study's replicate groups (`replicate_groups`; their rows are the summary's `groups`)."""
         return replicate_groups(self.spec, self.trials)
 
     def best(self) -> dict | None:
-        """The best trial row by the study metric (`best_trial`)."""
         return best_trial(self.spec, self.trials)
 
     def summary(self) -> dict:
-        """What `summary.json` holds (`summarize`)."""
+        """What `summary.json` holds."""
         return summarize(self.spec, self.location, self.trials)
 
     def per_image(self, trial_id: str, split: str = "val") -> dict[str, float] | None:
-        """{image id: CIDEr-D} of a trial on `split` (`per_image`)."""
         return per_image(self.location, self.spec.name, trial_id, split)
 
     def study(self) -> Study:
@@ -151,14 +149,10 @@ TUNE_FIELDS = ("trial_id", "name", "state", "sampled", "retries", "error", "last
 
 @dataclass
 class Digest:
-    """What the driver's last read of a study's record made of each trial (`StudyRecord.save_digest`, at the end of
-    every run and resume: `record-digest.json`), keyed on the study's place and the files it read: the study file, Tune's newest experiment
-    state (its name, size and time) and each trial's run folder (`Location.files`, every file's size and time but
-    those of `artifacts/`, whose per-image scores are read when asked for). A later read takes a trial from it when
-    that trial's files and Tune's word on it are unchanged, and reads every other trial from its files; a digest of
-    another study file or format, or one that does not read, is not used at all. A file deleted, restored or
-    rewritten changes its folder's listing, so the trial is read again: the record stays its files. What it saves:
-    a status of a finished 1,000-trial study lists each run folder instead of parsing its 20-epoch result log and
+    """What the driver's last read of a study's record made of each trial (`StudyRecord.save_digest`), keyed on the
+    files it read, as the module docstring says (`artifacts/` left out: per-image scores are read when asked for). A
+    file deleted, restored or rewritten changes its folder's listing, so the trial is read again. What it saves: a
+    status of a finished 1,000-trial study lists each run folder instead of parsing its 20-epoch result log and
     resolving its config (benchmarks/RESULTS.md)."""
 
     tune_state: list | None  # [name, size, mtime_ns] of the experiment state its trials' Tune fields came from
@@ -193,13 +187,11 @@ class Digest:
         are as they were; else None."""
         entry = self.entries.get(tune.trial_id)
         try:
-            if entry is None or entry["files"] != [list(f) for f in files]:
-                return None
-            row = entry["row"]
-            if any(row[name] != getattr(tune, name) for name in TUNE_FIELDS):
+            if (entry is None or entry["files"] != [list(f) for f in files]
+                    or any(entry["row"][name] != getattr(tune, name) for name in TUNE_FIELDS)):
                 return None
             history = {key: list(zip(*columns)) for key, columns in entry["history"].items()}
-            return Trial(**row, history=history), int(entry["logged"])
+            return Trial(**entry["row"], history=history), int(entry["logged"])
         except (KeyError, TypeError, AttributeError, ValueError):  # not what a digest holds: read from its files
             return None
 
@@ -209,9 +201,8 @@ def _load_trial(spec, location: StudyLocation, digest: Digest | None, for_digest
     """A trial of `StudyRecord.load`: (its record, its result log's epochs, its run folder's files as listed before
     it was read, or None when neither a digest nor `for_digest` asks for them: a listing is ~0.1 ms a trial), from
     the digest when it has the trial as it is, else by `record_trial`."""
-    files = None
-    if digest is not None or for_digest:
-        files = location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id)).files(skip=(ARTIFACTS_DIR,))
+    files = (location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id)).files(skip=(ARTIFACTS_DIR,))
+             if digest is not None or for_digest else None)
     kept = digest.trial(tune, files) if digest is not None else None
     if kept is None:
         row, log = record_trial(spec, location, tune, ended, refuse)
@@ -242,16 +233,13 @@ def tune_trials(location: StudyLocation) -> list[Trial]:
     """The trials of the study's Tune experiment state in storage, as `tune_trial` makes them of Ray's (read without
     Ray: `launch.verify.experiment_trials`); none when Tune has saved no experiment state yet (a driver killed before
     its first save, `tuner.pkl` there or not): no trial of the study is Tune's then."""
-    trials = experiment_trials(location.at())
-    return [] if trials is None else trials
+    return experiment_trials(location.at()) or []
 
 
 def group_hash(trial: Trial) -> str:
     """The replicate group of a trial: `dashboards.stats.config_hash` of its resolved config (else of its sampled
     keys without the seed, for an old study whose saved spec no longer resolves them)."""
-    if trial.config:
-        return config_hash(trial.config)
-    return group_key(dict(trial.sampled or {}))
+    return config_hash(trial.config) if trial.config else group_key(dict(trial.sampled or {}))
 
 
 def best_trial(spec, rows: list[Trial]) -> Trial | None:
@@ -325,13 +313,6 @@ def _result_log(spec, location: StudyLocation, trial_id: str, refuse: str | None
             log = location.at(TRIALS_DIR, train_run_name(spec.name, trial_id), RESULTS_FILE)
             refuse_unreadable(location.at(), log, "results", err, refuse)
         return []
-
-
-def shown_state(row: dict, running: bool) -> str:
-    """A trial's state as `a2 study status` shows it. Tune saves a running trial as PENDING, so that a resume starts
-    it again (`ray.tune.experiment.Trial.__getstate__`): one that has reported epochs while a live writer holds the
-    study is RUNNING. The record itself keeps Tune's word (the driver's summary reads it when the study ends)."""
-    return "RUNNING" if running and row["state"] == "PENDING" and row["epochs_done"] > 0 else row["state"]
 
 
 def trial_row(spec, location: StudyLocation, trial_id: str, sampled: dict, state: str, history: list[dict],
@@ -428,8 +409,7 @@ def summarize(spec, location: StudyLocation, rows: list[Trial]) -> dict:
     `dashboards.stats.best_candidates`; `best_group` is the one definition every view reads, with its own best
     trial), the best baseline group (fusion none) a verdict compares with, the baseline trial (fusion none, same
     seed), every replicate group's mean and interval, and every trial's results."""
-    best = best_trial(spec, rows)
-    groups = replicate_groups(spec, rows)
+    best, groups = best_trial(spec, rows), replicate_groups(spec, rows)
     baseline, beats = None, None
     if best is not None:
         baseline = pick_best_trial([r for r in rows if r["fusion"] == "none" and r["seed"] == best["seed"]],

@@ -50,7 +50,7 @@ import numpy as np
 from a2core.config import apply_overrides, get_dotted, load_yaml
 from a2core.errors import StudyError
 from a2core.selection import best_epoch
-from dashboards.compare import best_configuration, configurations, study_comparison, verdict_entries
+from dashboards.compare import best_configuration, configurations, study_comparison, verdict_family
 from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.records import arms_of, load_record
 from dashboards.runs import CIDER, TEST_CIDER, Study
@@ -140,10 +140,8 @@ def draw(model: ScoreModel, config: dict, repeat: int = 0) -> Draws:
     total = int(config["train"]["xe_epochs"]) + int(config["train"]["scst_epochs"])
     mean = model.mean_of(config)
     rng = _rng(model, repeat, "run", group, seed)
-    if model.seed_df > 2:
-        shift = float(rng.standard_t(model.seed_df) * model.seed_sd / math.sqrt(model.seed_df / (model.seed_df - 2)))
-    else:
-        shift = float(rng.normal(0.0, model.seed_sd))
+    shift = float(rng.standard_t(model.seed_df) * model.seed_sd / math.sqrt(model.seed_df / (model.seed_df - 2))
+                  if model.seed_df > 2 else rng.normal(0.0, model.seed_sd))
     epoch_noise = rng.normal(0.0, model.run_sd / math.sqrt(max(model.val_images, 1)), total)
     arm_val = float(_rng(model, repeat, "arm", group, "val").normal(0.0, model.arm_image_sd, model.val_images).mean())
     val = np.array([curve(e, total, model.drop) * (mean + shift) for e in range(1, total + 1)]) + arm_val + epoch_noise
@@ -173,7 +171,9 @@ def stand_in_train(config, report, *, output_dir=None, resume_from=None, best_fr
         history, start = list(state.get("history") or []), int(state["epoch"]) + 1
     for epoch in range(start, total + 1):
         time.sleep(epoch_seconds)
-        value = float(draws.val[epoch - 1]) if draws is not None else 50.0 + 10 * epoch + (seed_noise(train) / 10)
+        # None: bench_scale's rising score, with a seed's fixed noise (a tenth of a value in [0, 10))
+        value = (float(draws.val[epoch - 1]) if draws is not None
+                 else 50.0 + 10 * epoch + (random.Random(train.get("seed")).random() * 10 / 10))
         metrics = {"epoch": epoch, "step": epoch * 10, "stage": "xe" if epoch <= int(train["xe_epochs"]) else "scst",
                    "train/loss": 5.0 / epoch, "val/CIDEr": value, "time/epoch_s": epoch_seconds}
         values = {int(h["epoch"]): h["val/CIDEr"] for h in history} | {epoch: value}
@@ -195,11 +195,6 @@ def stand_in_train(config, report, *, output_dir=None, resume_from=None, best_fr
         report(metrics, str(folder))
         shutil.rmtree(folder, ignore_errors=True)
     return {}
-
-
-def seed_noise(train: dict) -> float:
-    """bench_scale's stand-in: a value in [0, 10) fixed by the seed."""
-    return random.Random(train.get("seed")).random() * 10
 
 
 # -- the statistical part, without Ray -------------------------------------------------------------------------------
@@ -303,9 +298,7 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
         index[trials[-1].trial_id], epochs[trials[-1].trial_id] = i, 0
         return trials[-1]
 
-    for config in configs:
-        add(config)
-    queue = iter(list(trials))
+    queue = iter([add(config) for config in configs])
     searcher = round_searcher(spec, configs) if spec.seed_rounds else None
     finished = False  # the searcher said FINISHED
 
@@ -334,8 +327,9 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
                            stopped_early=scheduler.stopped_early(t.trial_id) if asha else None,
                            per_image=per_image)
 
-    def study_now() -> Study:
-        runs = [record(i) for i, t in enumerate(trials) if t.status == Trial.TERMINATED and epochs[t.trial_id]]
+    def study_now(ended: bool = True) -> Study:  # the trials that have run an epoch (and ended)
+        runs = [record(i) for i, t in enumerate(trials) if epochs[t.trial_id] and (t.status == Trial.TERMINATED
+                                                                                    or not ended)]
         return Study(f"{spec.name}{'' if spec.name.endswith(NAME_SUFFIX) else NAME_SUFFIX}", runs,
                      metric=spec.metric, mode=spec.mode, confirm_from=spec.confirm_from)
 
@@ -396,9 +390,7 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
             elif decision == TrialScheduler.PAUSE:
                 t.status = Trial.PAUSED
 
-    return Study(f"{spec.name}{'' if spec.name.endswith(NAME_SUFFIX) else NAME_SUFFIX}",
-                 [record(i) for i, t in enumerate(trials) if epochs[t.trial_id]], metric=spec.metric, mode=spec.mode,
-                 confirm_from=spec.confirm_from)
+    return study_now(ended=False)
 
 
 # -- what happened ---------------------------------------------------------------------------------------------------
@@ -422,7 +414,7 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
     chosen = best_configuration(groups, spec.mode)  # compare's best configuration (`dashboards.stats.best_group`)
     survived = any(true[g[0].config_hash] == top and not any(r.stopped_early for r in g) for g in groups)
     comparison, _, _ = study_comparison(study, by)
-    design = _design_verdicts(spec, study, comparison)
+    design = _design_verdicts(spec, study, comparison, by)
     table = dict(model.means)  # a row's label is its value of `by` ("fusion=none" for a reference row)
     label_mean = {arm.label: table.get(arm.label.split("=")[-1]) for arm, _ in comparison.rows}
     rows = {}
@@ -449,17 +441,15 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
             "seed_trials": len(runs)}
 
 
-def _design_verdicts(spec, study, comparison) -> dict[str, dict]:
-    """arm -> its entry of the adaptive study's summary (`verdict_entries`, amended by `amend_summary`: "resolved",
+def _design_verdicts(spec, study, comparison, by: str) -> dict[str, dict]:
+    """arm -> its entry of the adaptive study's summary (`verdict_family`, amended by `amend_summary`: "resolved",
     "design" the arm's `ArmState` as a dict, "verdict"); {} for a fixed number of seeds, and for an arm without a
     look (its verdict stays `compare`'s, as in the summary)."""
     if not spec.replicate_rounds:
         return {}
     from launch.adaptive import amend_summary  # its record reader: not in the Ray Train workers (`simulate`)
 
-    summary = {"verdicts": {"baseline": comparison.baseline, "metric": comparison.metric,
-                            "comparisons": verdict_entries(comparison)}}
-    amended = amend_summary(spec, study, summary)
+    amended = amend_summary(spec, study, {"verdicts": verdict_family(comparison, by)})
     return {e["arm"]: e for e in amended["verdicts"]["comparisons"] if "design" in e}
 
 
@@ -471,7 +461,7 @@ def aggregate(outcomes: list[dict], spec, model: ScoreModel) -> dict:
     seeds at its last look, and `seed_trials_mean` the trials the design ran against `seed_trials_fixed`."""
     n = len(outcomes)
     adaptive = bool(outcomes) and all(o.get("adaptive") for o in outcomes)
-    rows, families = {}, Counter()
+    rows = {}
     for label in outcomes[0]["rows"] if outcomes else []:
         xs = [o["rows"][label] for o in outcomes if label in o["rows"]]
         widths = [x["width"] for x in xs if x["width"] is not None]
@@ -482,8 +472,7 @@ def aggregate(outcomes: list[dict], spec, model: ScoreModel) -> dict:
                        "seeds": len(spec.seed_values) if adaptive else xs[0]["seeds"],
                        "seeds_mean": float(np.mean([x["seeds"] for x in xs])),
                        "images": xs[0]["images"], "n": len(xs)}
-    for o in outcomes:
-        families.update(int(row.get("family", 1)) for row in o["rows"].values())
+    families = Counter(int(row.get("family", 1)) for o in outcomes for row in o["rows"].values())
     # the family's error: some verdict of the rehearsal wrong (a truly equal arm resolved, or one resolved on the
     # wrong side); with every arm of the score model equal, the family-wise false "resolved" rate Holm holds at 5%
     gaps = [row["true_gap"] for row in rows.values()]
@@ -569,17 +558,17 @@ def aggregate_text(agg: dict, spec, model: ScoreModel, title: str, closed_form: 
         seeds = f"{row['seeds_mean']:>12.1f}" if adaptive else ""
         lines.append(f"    {label + ' vs baseline':<26}{row['true_gap']:>+9.1f}{row['right']:>13.0%} "
                      f"{row['wrong']:>6.0%}{row['none']:>6.0%}{width:>12}{seeds}{cf}")
+    power_note = (f" and is the adjusted verdict's at Holm's first step (5% / {family}: a lower bound of Holm's power)"
+                  if family > 1 else "")
+    seeds_note = ""
     if adaptive:
         adjusted = (f"the adaptive design's, as the study's summary gives it: resolved where Holm over the {family} "
                     f"arms' sequential p-values resolved it (launch.adaptive.amend_summary)")
+        power_note += f", of the fixed design at the maximum, {len(spec.seed_values)} seeds"
+        seeds_note = "; mean seeds: an arm's at its last look, fewer where it settled early"
     else:
         adjusted = (f"Holm-adjusted over the family's {family} comparisons, as `compare` prints it" if family > 1
                     else "the comparison's own 95% interval")
-    power_note = (f" and is the adjusted verdict's at Holm's first step (5% / {family}: a lower bound of Holm's power)"
-                  if family > 1 else "")
-    if adaptive:
-        power_note += f", of the fixed design at the maximum, {len(spec.seed_values)} seeds"
-    seeds_note = ("; mean seeds: an arm's at its last look, fewer where it settled early" if adaptive else "")
     lines.append(f"  (verdict rate: the verdict, {adjusted}, resolves on the true side; +-{mc_error(0.5, n):.0%} at "
                  f"most over {n} rehearsals{seeds_note}. The closed-form power (`a2 study plan`) ignores early stopping"
                  + power_note + ("; this study stops groups at its rungs, so their rows may differ)" if asha else ")"))
@@ -703,15 +692,10 @@ def run_rehearsal(spec, model: ScoreModel, *, epoch_seconds: float, time_scale: 
     location.write_text(json.dumps(marker, indent=1) + "\n", REHEARSAL_FILE)
     summary["rehearsal"] = marker
     write_summary(location, summary)
-    tag_mlflow(spec)
+    # its MLflow runs (experiment `<name>-rehearsal`) tagged `a2.rehearsal=true`, names starting `rehearsal-` (`a2
+    # mlflow sync` of it sets Tune's trial names again; the experiment's name and the tags stay)
+    mark_runs(spec.tracking.mlflow_uri, spec.tracking.experiment, {TAG_REHEARSAL: "true"}, "rehearsal-")
     return {"summary": summary, "seconds": seconds, "location": location}
-
-
-def tag_mlflow(spec) -> int:
-    """Tag the rehearsal's MLflow runs (its experiment is `<name>-rehearsal`) `a2.rehearsal=true` and start every
-    run's name with `rehearsal-`; returns the runs tagged. (`a2 mlflow sync` of it sets Tune's trial names again;
-    the experiment's name and the tags stay.)"""
-    return mark_runs(spec.tracking.mlflow_uri, spec.tracking.experiment, {TAG_REHEARSAL: "true"}, "rehearsal-")
 
 
 def check_options(drop: float, repeat: int = 1, time_scale: float = 0.0) -> None:

@@ -134,30 +134,12 @@ class Param(Section):
                 raise ConfigError(self.kind, f"loguniform needs low > 0, got {format_value(low)}")
         return self
 
-    @property
-    def key(self) -> str:
-        return self._key
-
-    @property
-    def path(self) -> str:
-        return resolve_key(self._key)
-
-    @property
-    def kind(self) -> str:
-        return next(kind for kind in DISTRIBUTIONS if getattr(self, kind) is not None)
-
-    @property
-    def values(self) -> tuple:
-        """What the distribution lists: a grid's or choice's values, a range's (low, high)."""
-        return getattr(self, self.kind)
-
-    @property
-    def sampled(self) -> bool:
-        return self.kind != "grid"
-
-    @property
-    def categorical(self) -> bool:
-        return self.kind in ("grid", "choice")
+    key = property(lambda self: self._key)
+    path = property(lambda self: resolve_key(self._key))
+    kind = property(lambda self: next(kind for kind in DISTRIBUTIONS if getattr(self, kind) is not None))
+    values = property(lambda self: getattr(self, self.kind))  # a grid's or choice's values, a range's (low, high)
+    sampled = property(lambda self: self.kind != "grid")
+    categorical = property(lambda self: self.kind in ("grid", "choice"))
 
     def active(self, assignment: dict) -> bool:
         """Whether this key exists in a trial whose other keys are `assignment`."""
@@ -167,9 +149,8 @@ class Param(Section):
         if self.categorical:  # 1 is 1.0, but True is not 1
             return any(value == v and (type(value) is type(v) or _is_number(value) and _is_number(v))
                        for v in self.values)
-        if not _is_number(value) or (self.kind == "randint" and not float(value).is_integer()):
-            return False
-        return self.values[0] <= value <= self.values[1]
+        return (_is_number(value) and (self.kind != "randint" or float(value).is_integer())
+                and self.values[0] <= value <= self.values[1])
 
     def default(self) -> Any:
         """The paper's value (a2core's schema default) when the distribution contains it, else the middle: the
@@ -236,8 +217,7 @@ def _range(value: dict) -> ReplicateRange:
         raise ConfigError("max", f"must be more than min ({spread.min}), got {spread.max}: for one round, give "
                                  f"search.replicates: {spread.min}")
     rounds = spread.rounds if spread.rounds is not None else [*range(spread.min, spread.max, 2), spread.max]
-    if (rounds[0] != spread.min or rounds[-1] != spread.max
-            or any(b <= a for a, b in zip(rounds, rounds[1:]))):
+    if rounds[0] != spread.min or rounds[-1] != spread.max or any(b <= a for a, b in zip(rounds, rounds[1:])):
         raise ConfigError("rounds", f"must increase from min ({spread.min}) to max ({spread.max}), got {rounds}")
     return spread.model_copy(update={"rounds": rounds})
 
@@ -370,9 +350,8 @@ def group_key(config: dict, resolve=None) -> str:
     from dashboards.stats import config_hash
 
     config = {k: v for k, v in config.items() if k != FUSED_SEEDS_KEY}  # a fused trial: its seeds' group
-    if resolve is not None:
-        return config_hash(resolve(config))
-    return config_hash({k: v for k, v in config.items() if k not in SEED_KEYS})
+    return config_hash(resolve(config) if resolve is not None else
+                       {k: v for k, v in config.items() if k not in SEED_KEYS})
 
 
 # data / model / train as written (`null` reads as {}): a Config once probed
@@ -381,25 +360,16 @@ RawSection = Annotated[dict, BeforeValidator(lambda value: {} if value is None e
 
 # -- the schema of data/model/train, read from a2core's models ---------------------------------------------------
 @lru_cache(maxsize=1)
-def config_schema() -> dict[str, type]:
-    """`{"model.lambda": float, "train.seed": int, "data.root": str, ...}` (Optional[X] -> X, a Literal -> str)."""
-    return {path: str if get_origin(annotation) is Literal else annotation for path, annotation in _annotations()}
-
-
-def config_choices() -> dict[str, tuple]:
-    """`{"model.fusion": ("none", "max", ...), "model.mask_net": (...)}`: the keys whose values are a fixed set."""
-    return {path: get_args(annotation) for path, annotation in _annotations() if get_origin(annotation) is Literal}
-
-
-def _annotations() -> list[tuple[str, Any]]:
-    """(dotted path, its type with Annotated[...] and `| None` taken off) of every data/model/train key."""
-    out = []
+def config_schema() -> dict[str, Any]:
+    """`{"model.lambda": float, "train.seed": int, "model.fusion": Literal["none", "max", ...], ...}`: the type of
+    every data/model/train key, with Annotated[...] and `| None` taken off."""
+    out = {}
     for section in SECTIONS:
         for name, f in Config.model_fields[section].annotation.model_fields.items():
             annotation = f.annotation
             while get_origin(annotation) not in (None, Literal):  # Annotated[X, ...] or X | None -> X
                 annotation = next(arg for arg in get_args(annotation) if arg is not type(None))
-            out.append((f"{section}.{f.alias or name}", annotation))
+            out[f"{section}.{f.alias or name}"] = annotation
     return out
 
 
@@ -419,11 +389,8 @@ def _is_number(value: Any) -> bool:
 
 
 def _distinct_dicts(dicts) -> list[dict]:
-    out: list[dict] = []
-    for d in dicts:
-        if d not in out:
-            out.append(d)
-    return out
+    dicts = list(dicts)
+    return [d for i, d in enumerate(dicts) if d not in dicts[:i]]
 
 
 # -- the spec ---------------------------------------------------------------------------------------------------------
@@ -557,23 +524,10 @@ class StudySpec(Section):
     images = property(lambda self: self._images)
     images_source = property(lambda self: self._images_source)
     warnings = property(lambda self: self._warnings)
-
-    @property
-    def params(self) -> dict[str, Param]:
-        """The keys of search.space, by their names in the file."""
-        return self.search.space
-
-    @property
-    def metric(self) -> str:
-        return self.search.metric
-
-    @property
-    def mode(self) -> str:
-        return self.search.mode
-
-    @property
-    def algorithm(self) -> str:
-        return self.search.algorithm
+    params = property(lambda self: self.search.space)  # the keys of search.space, by their names in the file
+    metric = property(lambda self: self.search.metric)
+    mode = property(lambda self: self.search.mode)
+    algorithm = property(lambda self: self.search.algorithm)
 
     @property
     def sampled_params(self) -> list[Param]:
@@ -581,9 +535,7 @@ class StudySpec(Section):
         sampled = [p for p in self.params.values() if p.sampled]
         return [p for p in sampled if not p.when] + [p for p in sampled if p.when]
 
-    @property
-    def sampled_keys(self) -> list[str]:
-        return [p.key for p in self.sampled_params]
+    sampled_keys = property(lambda self: [p.key for p in self.sampled_params])
 
     def grid_cells(self) -> list[dict]:
         """Every combination of the grid keys (a conditional grid key only where its condition holds); `[{}]`
@@ -627,9 +579,7 @@ class StudySpec(Section):
     def replicate_seeds(self) -> list[int]:
         """The seeds every configuration runs with (`search.replicates`); [] when the study has no replicates."""
         replicates = self.search.replicates
-        if isinstance(replicates, ReplicateRange):
-            return list(range(replicates.max))
-        return list(replicates or [])
+        return list(range(replicates.max)) if isinstance(replicates, ReplicateRange) else list(replicates or [])
 
     @property
     def replicate_rounds(self) -> tuple[int, ...] | None:
@@ -670,19 +620,12 @@ class StudySpec(Section):
         fusion = next((p for p in self.params.values() if p.path == "model.fusion"), None)
         return len(set(fusion.values)) if fusion is not None and fusion.kind in ("grid", "choice") else 1
 
-    @property
-    def num_configs(self) -> int:
-        return sum(self.samples_per_cell(c) for c in self.grid_cells())
+    num_configs = property(lambda self: sum(self.samples_per_cell(c) for c in self.grid_cells()))
 
-    @property
-    def search_trials(self) -> int:
-        """Trials of the search itself: every configuration once per replicate seed."""
-        return self.num_configs * max(1, len(self.replicate_seeds))
-
-    @property
-    def num_trials(self) -> int:
-        """The search's trials and, with `search.confirm`, each fusion's chosen configuration's confirmation seeds."""
-        return self.search_trials + self.confirm_arms * len(self.confirm_seeds)
+    # trials of the search itself: every configuration once per replicate seed
+    search_trials = property(lambda self: self.num_configs * max(1, len(self.replicate_seeds)))
+    # the search's trials and, with `search.confirm`, each fusion's chosen configuration's confirmation seeds
+    num_trials = property(lambda self: self.search_trials + self.confirm_arms * len(self.confirm_seeds))
 
     @property
     def tune_samples(self) -> int:
@@ -690,10 +633,8 @@ class StudySpec(Section):
         (`resources.fuse_replicates`; each seed is still a trial of the record: `launch.layout.seed_trials`)."""
         return self.num_configs if self.resources.fuse_replicates else self.num_trials
 
-    @property
-    def verdict_seeds(self) -> int:
-        """Seeds per arm that a verdict rests on: the confirmation seeds, else an arm's seeds."""
-        return len(self.confirm_seeds) or len(self.seed_values)
+    # seeds per arm that a verdict rests on: the confirmation seeds, else an arm's seeds
+    verdict_seeds = property(lambda self: len(self.confirm_seeds) or len(self.seed_values))
 
     @property
     def seed_values(self) -> list:
@@ -703,10 +644,8 @@ class StudySpec(Section):
         grid = next((p for p in self.params.values() if p.path == SEED_PATH and p.kind == "grid"), None)
         return list(grid.values) if grid is not None else [self.base["train"]["seed"]]
 
-    @property
-    def num_arms(self) -> int:
-        """Configurations apart from their seed: what a comparison compares."""
-        return self.search_trials // len(self.seed_values)
+    # configurations apart from their seed: what a comparison compares
+    num_arms = property(lambda self: self.search_trials // len(self.seed_values))
 
     @property
     def steps_per_epoch(self) -> int:
@@ -716,23 +655,17 @@ class StudySpec(Section):
         t = self.base["train"]
         return steps_per_epoch(self.images["train"], t["batch_size"], t.get("batch_layout", "images"))
 
-    @property
-    def total_steps(self) -> int:
-        return self.steps_per_epoch * self.total_epochs
+    total_steps = property(lambda self: self.steps_per_epoch * self.total_epochs)
 
     def temperature_range(self) -> tuple[float, float] | None:
         """The lowest and highest T_P (model.temperature) a trial can have; None when no trial uses exp_decay."""
-        param = next((p for p in self.params.values() if p.path == "model.temperature"), None)
-        if param is not None:
-            values = [float(v) for v in param.values]
-            return min(values), max(values)
+        if (param := next((p for p in self.params.values() if p.path == "model.temperature"), None)) is not None:
+            return float(min(param.values)), float(max(param.values))
         value = self.base["model"].get("temperature")
         return (float(value), float(value)) if value is not None else None
 
-    @property
-    def total_epochs(self) -> int:
-        """The planned epochs of every trial (XE + SCST): ASHA's max_t; fewer means the trial was stopped."""
-        return int(self.base["train"]["xe_epochs"]) + int(self.base["train"]["scst_epochs"])
+    # the planned epochs of every trial (XE + SCST): ASHA's max_t; fewer means the trial was stopped
+    total_epochs = property(lambda self: int(self.base["train"]["xe_epochs"]) + int(self.base["train"]["scst_epochs"]))
 
     def cell_label(self, cell: dict) -> str:
         return ",".join(f"{k}={format_value(v)}" for k, v in cell.items()) or "all"
@@ -861,8 +794,7 @@ def _check_schedule(spec: StudySpec) -> None:
             f"train.warmup: {t['warmup']} steps is {t['warmup'] / xe_steps:.0%} of the {xe_steps} cross-entropy "
             f"steps a trial takes ({spec.steps_per_epoch} a epoch x {t['xe_epochs']}): the learning rate peaks "
             f"{'after training ends' if t['warmup'] > xe_steps else 'late in training'} ({spec.source or 'study'})")
-    tp = spec.temperature_range()
-    if tp is not None and tp[1] > spec.total_steps:
+    if (tp := spec.temperature_range()) is not None and tp[1] > spec.total_steps:
         param = next((p for p in spec.params.values() if p.path == "model.temperature"), None)
         where = f"search.space.{param.key}" if param is not None else "model.temperature"
         spec.warnings.append(
@@ -884,8 +816,7 @@ def _check_fused(spec: StudySpec) -> None:
                    + ": use a fixed search.replicates, or train the seeds as trials of their own")
     if spec.resources.workers_per_trial > 1:
         _fail(key, "a fused trial trains on one worker: set resources.workers_per_trial: 1")
-    precision = spec.base.get("train", {}).get("precision")
-    if precision == "fp16":
+    if spec.base["train"].get("precision") == "fp16":
         _fail(key, "fp16's loss scaler skips a step for every seed when one overflows: use fp32 or bf16")
 
 
@@ -905,12 +836,12 @@ def _check_space(search: Search, sections: dict) -> dict[str, Param]:
         if path in FIXED_PATHS:
             _fail(where, "the planned epochs must be the same for every trial (ASHA's budget and the "
                              "pruning rule depend on them); set it in train")
-        if not p.categorical and schema[path] is int and p.kind != "randint":
+        allowed = get_args(schema[path]) if get_origin(schema[path]) is Literal else ()  # a fixed set of values
+        kind = str if allowed else schema[path]
+        if not p.categorical and kind is int and p.kind != "randint":
             _fail(f"{where}.{p.kind}", f"{path} is an integer: use randint, grid or choice")
-        if not p.categorical and schema[path] in (str, bool):
-            _fail(f"{where}.{p.kind}", f"{path} is a {'string' if schema[path] is str else 'boolean'}: "
-                                           f"use grid or choice")
-        allowed = config_choices().get(path, ())
+        if not p.categorical and kind in (str, bool):
+            _fail(f"{where}.{p.kind}", f"{path} is a {'string' if kind is str else 'boolean'}: use grid or choice")
         if p.categorical and allowed and (wrong := [v for v in p.values if v not in allowed]):  # before any `when`
             listed = ", ".join(f"{v!r}" for v in allowed[:-1]) + f" or {allowed[-1]!r}"  # as a2core.config says it
             _fail(f"{where}.{p.kind}", f"{wrong[0]!r} gives an invalid {path}: unknown {path.split('.')[-1]} "
@@ -940,8 +871,7 @@ def _check_when(param: Param, space: dict[str, Param]) -> dict:
     by_path = {p.path: p for p in space.values()}
     conditions = {}
     for other, allowed in param.when.items():
-        target = by_path.get(resolve_key(other))
-        if target is None:
+        if (target := by_path.get(resolve_key(other))) is None:
             _fail(f"{where}.{other}", f"not a key of the search space (keys: {', '.join(space)})")
         if target is param:
             _fail(f"{where}.{other}", "a key cannot depend on itself")
@@ -969,8 +899,7 @@ def _check_temperature(space: dict[str, Param], sections: dict) -> None:
     if temp is None or (fusion is not None and fusion.key in (temp.when or {})):
         return
     default = get_dotted(sections, "model.fusion", get_dotted(_schema_defaults(), "model.fusion"))
-    others = [f for f in (fusion.values if fusion else [default]) if f != "exp_decay"]
-    if others:
+    if others := [f for f in (fusion.values if fusion else [default]) if f != "exp_decay"]:
         hint = f"add `when: {{{fusion.key}: exp_decay}}`" if fusion else "set model.fusion: exp_decay"
         _fail(f"search.space.{temp.key}", f"the temperature T_P is only used by fusion 'exp_decay', but "
                                               f"trials can use {', '.join(map(repr, others))}: {hint}")
@@ -985,8 +914,7 @@ def _check_points(search: Search, sampled: list[Param]) -> list[dict]:
         full = {}
         for key, value in point.items():
             where = f"search.points_to_evaluate[{i}].{key}"
-            p = next((q for q in sampled if q.path == resolve_key(key)), None)
-            if p is None:
+            if (p := next((q for q in sampled if q.path == resolve_key(key)), None)) is None:
                 _fail(where, f"points may only set sampled keys of the space "
                                  f"({', '.join(q.key for q in sampled) or 'there are none'})")
             if not p.contains(value):
@@ -1056,8 +984,7 @@ def _explain(err: ConfigError, spec: StudySpec, cell: dict, assignment: dict):
             _fail(f"search.space.{key}.{p.kind}", f"{value!r} gives an invalid {p.path}: {err.reason}"
                       + (f" (grid cell {spec.cell_label(cell)})" if cell and key not in cell else ""))
     context = f" (grid cell {spec.cell_label(cell)})" if cell else ""
-    sampled = {k: v for k, v in assignment.items() if k not in cell}
-    if sampled:
+    if sampled := {k: v for k, v in assignment.items() if k not in cell}:
         context += f" (with {', '.join(f'{k}={format_value(v)}' for k, v in sampled.items())})"
     raise ConfigError(err.path, f"{err.reason}{context}", err.source or spec.source) from None
 
@@ -1109,23 +1036,19 @@ def _resolve_storage(spec: StudySpec, check_files: bool) -> None:
                 _fail("storage", f"{err} (in the file, or `storage=s3://your-bucket/a2-studies`)")
         spec.storage = spec.storage.rstrip("/")
     else:
-        spec.storage = os.path.abspath(os.path.expanduser(spec.storage))
-        _check_local_storage(spec.storage)
+        # a local root that can hold a study: no file where it or a folder above it should be, and reachable (a
+        # folder this user may not enter fails here, not as a traceback of the first write)
+        storage = spec.storage = os.path.abspath(os.path.expanduser(spec.storage))
+        path = Path(storage)
+        try:
+            folder = next(f for f in [path, *path.parents] if f.exists())  # the root, at the latest
+            if not folder.is_dir():
+                _fail("storage", f"{storage}: {folder} is a file, not a directory" if folder != path
+                      else f"{storage} exists and is not a directory")
+        except PermissionError as err:
+            _fail("storage", f"{storage}: cannot be reached ({err.strerror})")
     if spec.storage_endpoint_url is not None and not spec.storage.startswith("s3://"):
         _fail("storage_endpoint_url", "only used with s3:// storage")
-
-
-def _check_local_storage(storage: str) -> None:
-    """A local storage root that can hold a study: no file where it or a folder above it should be, and reachable
-    (a folder this user may not enter fails here, not as a traceback of the first write)."""
-    path = Path(storage)
-    try:
-        folder = next(f for f in [path, *path.parents] if f.exists())  # the root, at the latest
-        if not folder.is_dir():
-            _fail("storage", f"{storage}: {folder} is a file, not a directory" if folder != path
-                  else f"{storage} exists and is not a directory")
-    except PermissionError as err:
-        _fail("storage", f"{storage}: cannot be reached ({err.strerror})")
 
 
 def machine_resources() -> dict:
