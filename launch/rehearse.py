@@ -171,9 +171,7 @@ def stand_in_train(config, report, *, output_dir=None, resume_from=None, best_fr
         history, start = list(state.get("history") or []), int(state["epoch"]) + 1
     for epoch in range(start, total + 1):
         time.sleep(epoch_seconds)
-        # None: bench_scale's rising score, with a seed's fixed noise (a tenth of a value in [0, 10))
-        value = (float(draws.val[epoch - 1]) if draws is not None
-                 else 50.0 + 10 * epoch + (random.Random(train.get("seed")).random() * 10 / 10))
+        value = float(draws.val[epoch - 1]) if draws is not None else 50.0 + 10 * epoch + (seed_noise(train) / 10)
         metrics = {"epoch": epoch, "step": epoch * 10, "stage": "xe" if epoch <= int(train["xe_epochs"]) else "scst",
                    "train/loss": 5.0 / epoch, "val/CIDEr": value, "time/epoch_s": epoch_seconds}
         values = {int(h["epoch"]): h["val/CIDEr"] for h in history} | {epoch: value}
@@ -195,6 +193,11 @@ def stand_in_train(config, report, *, output_dir=None, resume_from=None, best_fr
         report(metrics, str(folder))
         shutil.rmtree(folder, ignore_errors=True)
     return {}
+
+
+def seed_noise(train: dict) -> float:
+    """bench_scale's stand-in: a value in [0, 10) fixed by the seed."""
+    return random.Random(train.get("seed")).random() * 10
 
 
 # -- the statistical part, without Ray -------------------------------------------------------------------------------
