@@ -234,50 +234,60 @@ class FusedReplicates:
         and values, and decode_start (k, B * C, L - 1, d), gathered per pair in the pairs layout; `_perturbed`, Eq. 4
         and the mean mask value (k,) each; `_captioner`, the cross-entropy (k,)."""
         t, tmpl = self.cfg.train, self.template
+        unset = torch.tensor(float("nan"))  # CrossAttention.last_mask_mean between passes
 
-        def shared(p, feats, mask, caps, caption_image=None):
-            def run(feats, mask, caps):
-                enc = tmpl.encode(feats, mask)  # (B, R, d)
-                kv = tmpl.memory(enc, mask_keys=False)
-                if caption_image is not None:  # pairs: each pair one image with one caption, rows gathered
-                    enc, mask = enc.index_select(0, caption_image), mask.index_select(0, caption_image)
-                    kv = [{n: v.index_select(0, caption_image) for n, v in m.items()} for m in kv]
-                    caps = caps[:, None]
-                tokens = caps.reshape(-1, caps.shape[-1])  # (B * C, L)
-                return enc, mask, kv, tmpl.decode_start(tokens[:, :-1])
-            return _call(tmpl, p, run, feats, mask, caps)
+        def shared(feats, mask, caps, caption_image=None):
+            enc = tmpl.encode(feats, mask)  # (B, R, d)
+            kv = tmpl.memory(enc, mask_keys=False)
+            if caption_image is not None:  # pairs: each pair one image with one caption, rows gathered
+                enc, mask = enc.index_select(0, caption_image), mask.index_select(0, caption_image)
+                kv = [{n: v.index_select(0, caption_image) for n, v in m.items()} for m in kv]
+                caps = caps[:, None]
+            tokens = caps.reshape(-1, caps.shape[-1])  # (B * C, L)
+            return enc, mask, kv, tmpl.decode_start(tokens[:, :-1])
 
-        def perturbed(p, enc, mask, caps, kv, first):
-            def run():
-                tokens = caps.reshape(-1, caps.shape[-1])
-                inp, tgt = tokens[:, :-1], tokens[:, 1:]
-                logits, penalty = tmpl.decode(inp, tmpl.memory(enc, kv), mask, mode="perturbed",
-                                              word_mask=tgt != 0, first=first)
-                loss = -caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
-                return loss, torch.stack([layer.cross.last_mask_mean for layer in tmpl.decoder]).mean()
-            return _call(tmpl, p, run)
+        def perturbed(enc, mask, caps, kv, first):
+            tokens = caps.reshape(-1, caps.shape[-1])
+            inp, tgt = tokens[:, :-1], tokens[:, 1:]
+            logits, penalty = tmpl.decode(inp, tmpl.memory(enc, kv), mask, mode="perturbed",
+                                          word_mask=tgt != 0, first=first)
+            loss = -caption_loss(logits, tgt) + self.cfg.model.mask_lambda * penalty
+            mask_mean = torch.stack([layer.cross.last_mask_mean for layer in tmpl.decoder]).mean()
+            for layer in tmpl.decoder:  # a per-seed value of vmap must not outlive the pass on the module (nor, in
+                layer.cross.last_mask_mean = unset  # a compiled pass, be left to it as a side effect to replay)
+            return loss, mask_mean
 
-        def captioner(p, enc, mask, caps, kv, first):
-            def run():
-                tokens = caps.reshape(-1, caps.shape[-1])
-                mem = tmpl.memory(enc.detach(), kv=kv)  # the mask network as it is now, without a gradient
-                logits, _ = tmpl.decode(tokens[:, :-1], mem, mask, first=first)
-                return caption_loss(logits, tokens[:, 1:], t.label_smoothing)
-            return _call(tmpl, p, run)
+        def captioner(enc, mask, caps, kv, first):
+            tokens = caps.reshape(-1, caps.shape[-1])
+            mem = tmpl.memory(enc.detach(), kv=kv)  # the mask network as it is now, without a gradient
+            logits, _ = tmpl.decode(tokens[:, :-1], mem, mask, first=first)
+            return caption_loss(logits, tokens[:, 1:], t.label_smoothing)
 
-        self._shared = vmap(shared, in_dims=(0, 0, 0, 0, 0) if pairs else (0, 0, 0, 0), randomness="different")
-        self._perturbed = vmap(perturbed, randomness="different")
-        self._captioner = vmap(captioner, randomness="different")
+        def over_seeds(fn: Callable) -> Callable:
+            """fn mapped over the seeds, fn(*args) run with the template's parameters replaced by seed i's
+            (`functional_call` of a function rather than of forward, as a pass calls several methods of one model).
+            The module that binds fn is built here once, not in the pass: a module built while `torch.compile`
+            traces is a pending mutation it cannot capture in one graph."""
+            bound = _Bound(tmpl, fn)
 
-    def capture(self, mode: str = "reduce-overhead") -> None:
-        """Compile the step's three passes (`torch.compile`, default mode "reduce-overhead": CUDA graphs, each
-        pass's kernels replayed with one launch), CUDA only; every step must then have one shape (`bucket`)."""
-        if self.device.type != "cuda":
-            raise ValueError("capture: CUDA graphs need a CUDA device")
+            def call(p, *args):
+                return functional_call(bound, {f"m.{n}": v for n, v in p.items()}, args, tie_weights=True,
+                                       strict=False)
+            return vmap(call, randomness="different")
+
+        self._shared, self._perturbed, self._captioner = (over_seeds(f) for f in (shared, perturbed, captioner))
+
+    def capture(self, mode: str | None = "reduce-overhead", backend: str | Callable = "inductor") -> None:
+        """Compile each of the step's three passes into one graph (`torch.compile`, `fullgraph`: a pass that would
+        break into pieces is an error, not a slower step). Default mode "reduce-overhead": CUDA graphs, each pass's
+        kernels replayed with one launch; every step must then have one shape (`bucket`): each pass is compiled once
+        per shape it meets, the full batch and an epoch's shorter last one. A CPU gains nothing from it (no CUDA
+        graphs); tests there compile with `backend="aot_eager"`, which traces what inductor would."""
         if not self.bucket:
             raise ValueError("capture: every step needs one shape (bucket=True)")
         self._shared, self._perturbed, self._captioner = (
-            torch.compile(f, mode=mode, dynamic=False) for f in (self._shared, self._perturbed, self._captioner))
+            torch.compile(f, mode=mode, backend=backend, fullgraph=True, dynamic=False)
+            for f in (self._shared, self._perturbed, self._captioner))
         self.captured = True
 
     def xe_step(self, feats: torch.Tensor, mask: torch.Tensor, caps: torch.Tensor,
@@ -317,8 +327,6 @@ class FusedReplicates:
             first = first.view(self.k, b, c, *first.shape[2:])[:, :, chosen].flatten(1, 2)  # (k, B * n, L - 1, d)
         with self._amp():
             loss, mask_mean = self._perturbed(self.params, enc, mask, caps, kv, first)  # (k,) each
-        for layer in self.template.decoder:  # vmap's per-seed values must not outlive it on the module
-            layer.cross.last_mask_mean = torch.tensor(float("nan"))
         params = [self.params[n] for n in self.mask_names]
         self.mask_opt.zero_grad(set_to_none=True)
         loss.sum().backward(inputs=params)
@@ -431,15 +439,8 @@ class FusedReplicates:
         return results
 
 
-def _call(module: torch.nn.Module, params: dict, fn: Callable, *args):
-    """fn(*args) with `module`'s parameters replaced by `params` (one seed's, inside vmap): functional_call of a
-    function rather than of forward, as the step calls several methods (encode, memory, decode) of one model."""
-    return functional_call(_Bound(module, fn), {f"m.{n}": v for n, v in params.items()}, args, tie_weights=True,
-                           strict=False)
-
-
 class _Bound(torch.nn.Module):
-    """A module whose forward is `fn` over `m`'s parameters (`_call`)."""
+    """A module whose forward is `fn` over `m`'s parameters (`FusedReplicates._passes`)."""
 
     def __init__(self, m: torch.nn.Module, fn: Callable):
         super().__init__()

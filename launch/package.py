@@ -299,6 +299,7 @@ def seeds_spec(spec, location, config: dict, seeds: list[int], name: str):
     grid, a trial each."""
     resources = spec.resources.model_dump(exclude_none=True)
     resources["fuse_replicates"] = fused = bool(resources.get("fuse_replicates")) and len(seeds) > 1
+    resources["capture_step"] = fused and bool(resources.get("capture_step"))  # a fused step's, or none
     seeding = ({"replicates": [int(s) for s in seeds], "space": {}} if fused
                else {"space": {"seed": {"grid": [int(s) for s in seeds]}}})
     raw = {"name": name, "data": config["data"], "model": config["model"],

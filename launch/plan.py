@@ -220,8 +220,8 @@ def measured_throughput(spec, records: str | Path | None = None) -> Throughput |
     (`newest_gpu_record`); None when there is no record or it did not measure that mode.
 
     The mode: with `resources.fuse_replicates` (and one worker a trial), each configuration's seeds train as one
-    fused model: stage 1 at the record's `fused` arm of k = the study's seeds (else the largest k below), in TF32
-    for an fp32 study (`a2core.fused` turns it on); validation, SCST and the test evaluation run per seed, at the
+    fused model: stage 1 at the record's `fused` arm of k = the study's seeds (else the largest k below), its
+    `captured` arm with `resources.capture_step`, in TF32 for an fp32 study (`a2core.fused` turns it on); validation, SCST and the test evaluation run per seed, at the
     `single` arm's speed, so the figure returned is the study's work over the time of the two (fused groups sharing
     a card are not measured: priced as one a card). With a fraction of a GPU per worker, 1 / gpus_per_worker trials
     share a card: the `packed` arm of that k (else the largest below), every stage at it. Otherwise one trial per
@@ -246,7 +246,7 @@ def measured_throughput(spec, records: str | Path | None = None) -> Throughput |
     seeds = len(spec.seed_values)
     if r.fuse_replicates and seeds > 1 and r.workers_per_trial == 1:
         precisions = ["tf32", "fp32"] if prec == "fp32" else [prec]
-        fused, alone = arm("fused", seeds, precisions), arm("single", 1, precisions)
+        fused, alone = arm("captured" if r.capture_step else "fused", seeds, precisions), arm("single", 1, precisions)
         if fused is None or alone is None or fused["k"] < 2:
             return None
         t = spec.base["train"]
@@ -256,7 +256,8 @@ def measured_throughput(spec, records: str | Path | None = None) -> Throughput |
         ips = work / (xe / fused["images_per_s"] + (work - xe) / alone["images_per_s"])
         return Throughput(round(ips, 1), (
             f"measured: {where}; resources.fuse_replicates: stage 1 at {fused['images_per_s']:.0f} images/s a card, "
-            f"{fused['k']} seeds fused ({fused['precision']}), the other stages per seed at "
+            f"{fused['k']} seeds fused{', captured' if r.capture_step else ''} ({fused['precision']}), the other "
+            f"stages per seed at "
             f"{alone['images_per_s']:.0f} (one seed, {alone['precision']})"))
     if 0 < r.gpus_per_worker < 1 and r.workers_per_trial == 1:
         share = int(1 / r.gpus_per_worker + 1e-9)  # trials a card holds

@@ -282,6 +282,11 @@ class Resources(Section):
         "Each configuration's seeds trained in one trial as one fused model, one step for all (a2core.fused); "
         "each seed is still a trial of the record. Needs a fixed search.replicates and one worker a trial; "
         "`a2 study plan` prices it from the newest GPU record (benchmarks/records/gpu/)."))
+    capture_step: Flag = Field(False, description=(
+        "The fused cross-entropy step compiled once into CUDA graphs (torch.compile \"reduce-overhead\", one whole "
+        "graph for each of its three passes: a2core.fused's `capture`), so that a step costs a few launches instead "
+        "of one per kernel. Needs resources.fuse_replicates and GPUs; the first steps of a trial compile (minutes). "
+        "`a2 study plan` prices it from the GPU record's `captured` arm."))
     max_failures: Integer = Field(1, ge=-1, description=(
         "Tune retries of a failed trial (Ray Train retries its worker group as often); -1 = forever."))
     # Ray refuses a bare {"CPU": 0}.
@@ -493,6 +498,13 @@ class StudySpec(Section):
                                     "set search.purpose: compare, or drop search.confirm")
         if self.resources.fuse_replicates:
             _check_fused(self)
+        if self.resources.capture_step and not self.resources.fuse_replicates:
+            _fail("resources.capture_step", "captures the fused step of resources.fuse_replicates: set it to true "
+                                            "too, or drop resources.capture_step")
+        if self.resources.capture_step and not self.resources.gpus_per_worker:
+            _fail("resources.capture_step", "compiles the step into CUDA graphs, which need a GPU: set "
+                                            "resources.gpus_per_worker, or drop resources.capture_step (a CPU "
+                                            "gains nothing from it)")
         if search.purpose == "compare" and self.num_arms > 1 and len(self.seed_values) < 2:
             _fail("search.replicates", f"this study compares {self.num_arms} configurations with one seed each, "
                                        f"and one seed against one seed has no interval: set search.replicates (`a2 "

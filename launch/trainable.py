@@ -543,6 +543,8 @@ def a2_fused_trial(sampled: dict, plan: TrialPlan) -> None:
             return
         fused = FusedReplicates([seeds.configs[i] for i in live], [str(work / str(i) / "out") for i in live],
                                 resume_from=[resume_from[i] for i in live], best_from=[best_from[i] for i in live])
+        if plan.resources.get("capture_step"):
+            fused.capture()
         results = fused.run([functools.partial(seeds.report, i) for i in live])
         for i, result in zip(live, results):
             if isinstance(result, TrainingDiverged):

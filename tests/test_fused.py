@@ -222,3 +222,45 @@ def test_self_attention_written_out_is_the_sdpa_kernels():
                           att(x[:, 4:6], causal=True, cache=cache)], dim=1)
     a, b = both(decoded)
     assert (a - b).abs().max().item() < 1e-6
+
+
+def test_a_captured_step_is_one_graph_a_pass_and_trains_as_the_eager_step(data, tmp_path):
+    """`FusedReplicates.capture`: each of the step's three passes (the shared encoder, the mask network's perturbed
+    pass, the captioner) compiles into one whole graph (`fullgraph`: a graph break would be an error), once for
+    every step of one shape, and the captured seeds train as the eager ones. Compiled here with AOT autograd's
+    eager backend, which traces forward and backward as inductor (what a GPU run compiles with, under CUDA graphs)
+    does, without generating code on a CPU. Dropout 0, each seed its own data order, 12 steps of one shape (the
+    tiny set's last batch is as full as the others), the mask network stepping on every second; tolerance as the
+    unfused comparison above's (the traced graphs reorder no reduction: measured equal)."""
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+    graphs = []
+
+    def counted(gm, example_inputs):
+        compiled = aot_eager(gm, example_inputs)  # may restart the trace once (a Python float made a tensor)
+        graphs.append(gm)
+        return compiled
+    seeds, steps = [0, 1], 12
+    cfgs = _cfgs(data, seeds, mask_every=2)
+    eager = FusedReplicates(cfgs, [tmp_path / f"eager{s}" for s in seeds], bucket=True)
+    captured = FusedReplicates(cfgs, [tmp_path / f"captured{s}" for s in seeds], bucket=True)
+    captured.capture(mode=None, backend=counted)
+    torch._dynamo.reset()
+    try:
+        expected, got = _fused_steps(eager, steps), _fused_steps(captured, steps)
+    finally:
+        torch._dynamo.reset()  # no compiled frame kept for later tests
+    assert len(graphs) == 3  # one graph a pass, never recompiled
+    assert captured.counts["train/mask_loss"] == steps // 2
+    for s in range(steps):
+        assert got[s] == pytest.approx(expected[s], rel=1e-5), s
+    for mine, theirs in zip(captured.trainers, eager.trainers):
+        weights = dict(theirs.model.named_parameters())
+        for name, w in mine.model.named_parameters():
+            assert ((w - weights[name]).norm() / weights[name].norm().clamp_min(1e-12)).item() < 1e-4, name
+    assert eager.metrics()[0]["train/mask_mean"] == pytest.approx(captured.metrics()[0]["train/mask_mean"], rel=1e-5)
+
+
+def test_capture_needs_steps_of_one_shape(data, tmp_path):
+    fused = FusedReplicates(_cfgs(data, [0, 1]), [tmp_path / "0", tmp_path / "1"], bucket=False)
+    with pytest.raises(ValueError, match="bucket=True"):
+        fused.capture()

@@ -462,3 +462,8 @@ def test_missing_seeds_of_a_fused_study_train_fused(tmp_path):
     one = seeds_spec(parent, location, config, [4], "a2-smoke-seeds")
     assert not one.resources.fuse_replicates and (one.num_trials, one.tune_samples) == (1, 1)
     assert one.seed_values == [4]
+    # a parent's captured step: kept for fused seeds, dropped with the fusion (no fused step to capture)
+    captured = load_study(SMOKE, ["resources.fuse_replicates=true", "resources.capture_step=true",
+                                  "resources.gpus_per_worker=1", f"storage={tmp_path}"])
+    assert seeds_spec(captured, location, config, [4, 5], "a2-smoke-seeds").resources.capture_step
+    assert not seeds_spec(captured, location, config, [4], "a2-smoke-seeds").resources.capture_step

@@ -117,7 +117,8 @@ def test_plan_prices_from_the_newest_gpu_record_in_the_study_mode(study_file, tm
     """`a2 study plan` prices a study from the newest CUDA record of benchmarks/bench_fused.py (an older one, a CPU
     one and another script's passed over) at the aggregate images/s a card of the study's mode, and names the
     record: one trial a card, trials packed on a card (a fraction of a GPU), or its seeds fused
-    (`resources.fuse_replicates`: stage 1 fused, the other stages per seed)."""
+    (`resources.fuse_replicates`: stage 1 fused, the other stages per seed), their step captured in CUDA graphs
+    (`resources.capture_step`: the `captured` arm)."""
     import json
 
     from launch import plan
@@ -138,7 +139,7 @@ def test_plan_prices_from_the_newest_gpu_record_in_the_study_mode(study_file, tm
     write("fused-card-2026-12-05.json", "2026-12-05", "cuda",
           [("single", "fp32", 1, 100.0), ("single", "tf32", 1, 120.0), ("fused", "tf32", 2, 300.0),
            ("fused", "tf32", 4, 500.0), ("fused", "bf16", 2, 999.0), ("packed", "tf32", 2, 180.0),
-           ("packed", "tf32", 4, 260.0)])
+           ("packed", "tf32", 4, 260.0), ("captured", "tf32", 2, 450.0)])
     name = "records/fused-card-2026-12-05.json (card of 2026-12-05, 2026-12-05)"
 
     def planned(*overrides):
@@ -163,6 +164,10 @@ def test_plan_prices_from_the_newest_gpu_record_in_the_study_mode(study_file, tm
     assert 120 < got.images_per_second < 300
     assert "stage 1 at 300 images/s a card, 2 seeds fused (tf32), the other stages per seed at 120" in out
     assert f"GPU-hours {plan.estimate(spec, got.images_per_second, None).gpu_hours:,.0f} for 9 trials" in out
+    # the same, captured: stage 1 at the captured arm
+    captured = planned("resources.fuse_replicates=true", "resources.capture_step=true")[1]
+    assert captured.images_per_second == pytest.approx(work / (xe / 450 + (work - xe) / 120), abs=0.05)
+    assert "stage 1 at 450 images/s a card, 2 seeds fused, captured (tf32)" in captured.source
     # a throughput given wins over the record
     assert a2(["study", "plan", str(study_file), "resources.gpus_per_worker=1", "--sd", "1",
                "--images-per-second", "77"]) == 0

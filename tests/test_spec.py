@@ -550,3 +550,19 @@ def test_fused_replicates_are_refused_where_seeds_cannot_train_together(tmp_path
         load_study(SMOKE, ["resources.fuse_replicates=true", f"storage={tmp_path}", *overrides])
     assert err.value.path == "resources.fuse_replicates"
     assert says in str(err.value) and str(SMOKE) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["resources.gpus_per_worker=1"], "captures the fused step of resources.fuse_replicates"),
+    (["resources.fuse_replicates=true"], "which need a GPU: set resources.gpus_per_worker"),
+])
+def test_a_captured_step_is_refused_without_fused_seeds_or_a_gpu(tmp_path, overrides, says):
+    """`resources.capture_step` compiles the fused step into CUDA graphs: without fused seeds there is no such step,
+    without a GPU no CUDA graph; either is refused in one line naming the key and the file. With both it is kept."""
+    with pytest.raises(ConfigError) as err:
+        load_study(SMOKE, ["resources.capture_step=true", f"storage={tmp_path}", *overrides])
+    assert err.value.path == "resources.capture_step"
+    assert says in str(err.value) and str(SMOKE) in str(err.value) and "\n" not in str(err.value)
+    kept = load_study(SMOKE, ["resources.capture_step=true", "resources.fuse_replicates=true",
+                              "resources.gpus_per_worker=0.5", f"storage={tmp_path}"], check_files=False)
+    assert kept.resources.capture_step and kept.resources.model_dump()["capture_step"] is True
