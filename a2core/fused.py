@@ -281,8 +281,9 @@ class FusedReplicates:
         """Compile each of the step's three passes into one graph (`torch.compile`, `fullgraph`: a pass that would
         break into pieces is an error, not a slower step). Default mode "reduce-overhead": CUDA graphs, each pass's
         kernels replayed with one launch; every step must then have one shape (`bucket`): each pass is compiled once
-        per shape it meets, the full batch and an epoch's shorter last one. A CPU gains nothing from it (no CUDA
-        graphs); tests there compile with `backend="aot_eager"`, which traces what inductor would."""
+        per shape it meets, the full batch and an epoch's shorter last one. On a CPU there are no CUDA graphs: inductor
+        compiles C++ kernels (benchmarks/RESULTS.md); tests there compile with `backend="aot_eager"`, which traces
+        forward and backward as inductor does, without generating code."""
         if not self.bucket:
             raise ValueError("capture: every step needs one shape (bucket=True)")
         self._shared, self._perturbed, self._captioner = (
@@ -296,6 +297,9 @@ class FusedReplicates:
         caps (k, B, C, L) (images layout) or caps (k, P, L) with caption_image (k, P) (pairs layout): seed i's
         batch is row i. Reads nothing back from the device."""
         t, params, step = self.cfg.train, self.params, self.step
+        if self.captured and self.device.type == "cuda":  # a new iteration: its CUDA graphs may reuse the memory
+            # of the last step's pass outputs (all consumed by now)
+            torch.compiler.cudagraph_mark_step_begin()
         args = (params, feats, mask, caps) + (() if caption_image is None else (caption_image,))
         with self._amp():
             enc, mask_p, kv, first = self._shared(*args)

@@ -9,8 +9,9 @@ Arms, each a cross-entropy step (mask step + captioner step, A2 gate, images lay
   fused k      k in {2, 4, 5, 8} seeds, `a2core.fused.FusedReplicates.xe_step`, eager, in each precision;
   batch k      one seed at k x the batch (k x 10 images): the bound of fusing k seeds when the step is bound by
                its arithmetic rather than by its launches (its per-seed time is step / k);
-  captured k   the same with `FusedReplicates.capture()` (torch.compile "reduce-overhead": CUDA graphs), CUDA
-               only, tf32, while the time budget lasts (compilation takes a while per shape);
+  captured k   the same with `FusedReplicates.capture()` (torch.compile "reduce-overhead": CUDA graphs; each pass
+               one whole graph), tf32, while the time budget lasts (compilation takes a while per shape); on a
+               CPU inductor's kernels without CUDA graphs, fp32, stepped in turn with the eager arms;
   packed k     k in {2, 4} processes on the card, each a single seed, started together: aggregate images/s.
 Images/s per card = seeds x 10 images / step time (median of timed steps after warm-up, synchronised). The eager
 arms of a precision (single, fused, batch) are built together and stepped in turn, round after round (the order
@@ -241,8 +242,12 @@ def main(argv=None) -> int:
         _set_tf32(device, prec == "tf32")
         steps = {("single", 1): single_step(device, sizes, prec, vocab)}
         for k in ks:
-            for kind, build in (("fused", lambda: fused_step(device, sizes, prec, vocab, k)),
-                                ("batch", lambda: single_step(device, sizes, prec, vocab, times=k))):
+            arms = [("fused", lambda: fused_step(device, sizes, prec, vocab, k)),
+                    ("batch", lambda: single_step(device, sizes, prec, vocab, times=k))]
+            if not cuda:  # compiled whole (inductor's C++ kernels, no CUDA graphs), stepped in turn with the
+                # others; it compiles in the first warm-up round, outside the timed ones
+                arms.append(("captured", lambda: fused_step(device, sizes, prec, vocab, k, capture=True)))
+            for kind, build in arms:
                 try:
                     steps[(kind, k)] = build()
                 except Exception as err:  # noqa: BLE001 - recorded: the record says what did not run

@@ -503,8 +503,7 @@ class StudySpec(Section):
                                             "too, or drop resources.capture_step")
         if self.resources.capture_step and not self.resources.gpus_per_worker:
             _fail("resources.capture_step", "compiles the step into CUDA graphs, which need a GPU: set "
-                                            "resources.gpus_per_worker, or drop resources.capture_step (a CPU "
-                                            "gains nothing from it)")
+                                            "resources.gpus_per_worker, or drop resources.capture_step")
         if search.purpose == "compare" and self.num_arms > 1 and len(self.seed_values) < 2:
             _fail("search.replicates", f"this study compares {self.num_arms} configurations with one seed each, "
                                        f"and one seed against one seed has no interval: set search.replicates (`a2 "

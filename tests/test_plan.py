@@ -172,3 +172,40 @@ def test_plan_prices_from_the_newest_gpu_record_in_the_study_mode(study_file, tm
     assert a2(["study", "plan", str(study_file), "resources.gpus_per_worker=1", "--sd", "1",
                "--images-per-second", "77"]) == 0
     assert "speed     77 training images/s per GPU (given)" in capsys.readouterr().out
+
+
+def test_the_fill_a_gpu_how_to_prices_every_mode(tmp_path, capsys, monkeypatch):
+    """docs/how-to/fill-a-gpu.md's `a2 study plan` lines, as written there, each priced from a card's record in its
+    own mode (the record: one of every arm the benchmark writes), and the page's one refusal: fused seeds for a study
+    with confirmation seeds."""
+    import json
+    import shlex
+
+    from launch import plan
+
+    from tests.test_readme import readme_blocks
+
+    root = Path(__file__).resolve().parents[1]
+    records = tmp_path / "records"
+    records.mkdir()
+    arms = [("single", "fp32", 1, 115.0), ("single", "tf32", 1, 120.0), ("fused", "tf32", 2, 300.0),
+            ("fused", "tf32", 4, 500.0), ("captured", "tf32", 2, 450.0), ("packed", "tf32", 4, 400.0)]
+    (records / "fused-card-2026-12-03.json").write_text(json.dumps({
+        "date": "2026-12-03", "machine": "the card", "device": "cuda",
+        "arms": [{"kind": kind, "precision": p, "k": k, "images_per_s": ips} for kind, p, k, ips in arms]}))
+    monkeypatch.setattr(plan, "GPU_RECORDS", records)
+    monkeypatch.chdir(root)
+    page = (root / "docs" / "how-to" / "fill-a-gpu.md").read_text()
+    lines = [line for block in readme_blocks(page) for line in block["lines"] if line.startswith("a2 study plan ")]
+    expected = ["one trial a card (fp32)", "4 trials packed on a card (tf32), all together",
+                "4 seeds fused (tf32)", "2 seeds fused, captured (tf32)",  # smoke's 4 seeds; captured: measured at 2
+                "4 trials packed on a card (tf32), all together"]
+    assert len(lines) == len(expected)
+    for line, arm in zip(lines, expected):
+        assert a2(shlex.split(line)[1:]) == 0, line
+        speed = next(s for s in capsys.readouterr().out.splitlines() if s.lstrip().startswith("speed"))
+        assert "(measured: " in speed and "the card, 2026-12-03" in speed and arm in speed, (line, speed)
+    refused = "a2 study plan studies/fusion_ablation.yaml resources.fuse_replicates=true resources.gpus_per_worker=1"
+    assert a2(shlex.split(refused)[1:]) == 2
+    err = capsys.readouterr().err
+    assert "resources.fuse_replicates" in err and "search.confirm" in err and len(err.strip().splitlines()) == 1
