@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from a2core.config import CAPTIONS_PER_IMAGE, load_yaml
-from a2core.errors import A2Error, StudyError
+from a2core.errors import A2Error, ConfigError, StudyError
 from dashboards.compare import configurations, per_image_scores
 from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.stats import MIN_SEEDS, POWER, Noise, noise_of, pooled_sd, power, seeds_needed
 from launch.location import locate
+from launch.spec import check_fused
 
 CLUSTER_FILE = Path(__file__).resolve().parents[1] / "ray-cluster.yaml"
 
@@ -198,6 +199,7 @@ class Throughput:
     """Training images/s per GPU of the mode a study trains in, read from a GPU record (`measured_throughput`)."""
     images_per_second: float
     source: str  # the record, its machine and date, and the mode's arm
+    arm: str  # the kind of the record's arm the figure is from: single, packed, fused or captured
 
 
 def newest_gpu_record(records: str | Path | None = None) -> tuple[Path, dict] | None:
@@ -258,16 +260,57 @@ def measured_throughput(spec, records: str | Path | None = None) -> Throughput |
             f"measured: {where}; resources.fuse_replicates: stage 1 at {fused['images_per_s']:.0f} images/s a card, "
             f"{fused['k']} seeds fused{', captured' if r.capture_step else ''} ({fused['precision']}), the other "
             f"stages per seed at "
-            f"{alone['images_per_s']:.0f} (one seed, {alone['precision']})"))
+            f"{alone['images_per_s']:.0f} (one seed, {alone['precision']})"), fused["kind"])
     if 0 < r.gpus_per_worker < 1 and r.workers_per_trial == 1:
         share = int(1 / r.gpus_per_worker + 1e-9)  # trials a card holds
         packed = arm("packed", share, [prec, "tf32", "fp32"])
         if packed is not None:
             return Throughput(round(packed["images_per_s"], 1), (
-                f"measured: {where}; {packed['k']} trials packed on a card ({packed['precision']}), all together"))
+                f"measured: {where}; {packed['k']} trials packed on a card ({packed['precision']}), all together"),
+                "packed")
     single = arm("single", 1, [prec])
     return None if single is None else Throughput(round(single["images_per_s"], 1),
-                                                  f"measured: {where}; one trial a card ({prec})")
+                                                  f"measured: {where}; one trial a card ({prec})", "single")
+
+
+# The modes a card can train a study in, as its study file sets them (`mode_prices`).
+# Each: its name, the kind of the record's arm that prices it, and its `resources`.
+MODES = (("one trial a card", "single", {"gpus_per_worker": 1}),
+         ("2 trials packed a card", "packed", {"gpus_per_worker": 0.5}),
+         ("4 trials packed a card", "packed", {"gpus_per_worker": 0.25}),
+         ("seeds fused", "fused", {"gpus_per_worker": 1, "fuse_replicates": True}),
+         ("seeds fused, captured", "captured", {"gpus_per_worker": 1, "fuse_replicates": True, "capture_step": True}))
+
+
+def mode_prices(spec, records: str | Path | None = None) -> list[str]:
+    """The study priced in each of `MODES` from the newest GPU record (`measured_throughput`), the same trials and
+    power in each: a line per mode with its images/s a card and GPU-hours, or why it does not apply to the study or
+    was not measured; the study's own mode marked. [] without a record."""
+    if newest_gpu_record(records) is None:
+        return []
+    r = spec.resources
+    lines = []
+    for name, arm, setting in MODES:
+        resources = r.model_copy(update={"fuse_replicates": False, "capture_step": False, **setting})
+        mode = spec.model_copy(update={"resources": resources})
+        own = "   <- this study" if all(getattr(r, k) == getattr(resources, k) for k in
+                                        ("gpus_per_worker", "fuse_replicates", "capture_step")) else ""
+        if resources.gpus_per_worker < 1 and r.workers_per_trial > 1:
+            lines.append(f"  {name:<24} not for this study: a trial of {r.workers_per_trial} workers packs nothing")
+            continue
+        if resources.fuse_replicates:
+            try:
+                check_fused(mode)
+            except ConfigError as err:
+                lines.append(f"  {name:<24} not for this study: {err.reason}")
+                continue
+        measured = measured_throughput(mode, records)
+        if measured is None or measured.arm != arm:  # (packed trials without their arm are priced as one a card)
+            lines.append(f"  {name:<24} not measured by the record")
+            continue
+        hours = estimate(mode, measured.images_per_second, None).gpu_hours
+        lines.append(f"  {name:<24} {measured.images_per_second:>7,.1f} images/s a card  {_n(hours):>7} GPU-hours{own}")
+    return lines
 
 
 def verdict_images(spec) -> int:
@@ -561,6 +604,11 @@ def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: fl
                        (IMAGES_PER_SECOND, "an estimate for an A10G; 115 measured on an H200: benchmarks/RESULTS.md"))
     workers = cluster_workers(cluster)
     text = plan_text(spec, noise, noise_source, gaps, ips, ips_source, workers, price_per_hour)
+    if images_per_second is None and (modes := mode_prices(spec)):
+        path, rec = newest_gpu_record()
+        text += (f"\nmodes     each priced from the newest GPU record ({path.name}: {rec.get('machine', 'unnamed machine')}, "
+                 f"{rec.get('date', 'undated')}), the same trials and power (docs/how-to/fill-a-gpu.md)\n"
+                 + "\n".join(modes))
     if spec.num_arms > 1 and not deltas:  # the adaptive design is priced at the Table 3 gaps
         per_trial = estimate(spec, ips, workers).gpu_hours / spec.num_trials if spec.resources.gpus_per_worker else None
         if adaptive := adaptive_text(spec, noise, per_trial):

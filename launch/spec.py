@@ -497,7 +497,7 @@ class StudySpec(Section):
             _fail("search.confirm", "confirmation seeds settle verdicts, and an `explore` study claims none: "
                                     "set search.purpose: compare, or drop search.confirm")
         if self.resources.fuse_replicates:
-            _check_fused(self)
+            check_fused(self)
         if self.resources.capture_step and not self.resources.fuse_replicates:
             _fail("resources.capture_step", "captures the fused step of resources.fuse_replicates: set it to true "
                                             "too, or drop resources.capture_step")
@@ -814,7 +814,7 @@ def _check_schedule(spec: StudySpec) -> None:
             f"training ends ({spec.source or 'study'})")
 
 
-def _check_fused(spec: StudySpec) -> None:
+def check_fused(spec: StudySpec) -> None:
     """`resources.fuse_replicates` trains a configuration's seeds in one trial, all at once: it needs a fixed set of
     replicate seeds, known when the configuration is asked, and one worker a trial (`a2core.fused`)."""
     key = "resources.fuse_replicates"

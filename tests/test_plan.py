@@ -182,6 +182,7 @@ def test_the_fill_a_gpu_how_to_prices_every_mode(tmp_path, capsys, monkeypatch):
     import shlex
 
     from launch import plan
+    from launch.spec import load_study
 
     from tests.test_readme import readme_blocks
 
@@ -203,8 +204,18 @@ def test_the_fill_a_gpu_how_to_prices_every_mode(tmp_path, capsys, monkeypatch):
     assert len(lines) == len(expected)
     for line, arm in zip(lines, expected):
         assert a2(shlex.split(line)[1:]) == 0, line
-        speed = next(s for s in capsys.readouterr().out.splitlines() if s.lstrip().startswith("speed"))
+        out = capsys.readouterr().out
+        speed = next(s for s in out.splitlines() if s.lstrip().startswith("speed"))
         assert "(measured: " in speed and "the card, 2026-12-03" in speed and arm in speed, (line, speed)
+    # every plan also prices the other modes from the record (the last line's: fusion_ablation, packed 4 a card)
+    one, two, four, fused, captured = out[out.index("\nmodes "):].splitlines()[2:7]
+    hours = plan.estimate(load_study(root / "studies" / "fusion_ablation.yaml", check_files=False), 1.0, None).gpu_hours
+    assert one.split() == ["one", "trial", "a", "card", "115.0", "images/s", "a", "card", f"{hours / 115:,.0f}",
+                           "GPU-hours"]
+    assert two.split(None, 5)[5] == "not measured by the record"  # the record packed 4 trials a card, not 2
+    assert "400.0 images/s a card" in four and four.endswith(f"{hours / 400:,.0f} GPU-hours   <- this study")
+    assert "not for this study: a fused trial" in fused and "search.confirm" in fused
+    assert "not for this study" in captured
     refused = "a2 study plan studies/fusion_ablation.yaml resources.fuse_replicates=true resources.gpus_per_worker=1"
     assert a2(shlex.split(refused)[1:]) == 2
     err = capsys.readouterr().err
