@@ -223,11 +223,12 @@ def measured_throughput(spec, records: str | Path | None = None) -> Throughput |
 
     The mode: with `resources.fuse_replicates` (and one worker a trial), each configuration's seeds train as one
     fused model: stage 1 at the record's `fused` arm of k = the study's seeds (else the largest k below), its
-    `captured` arm with `resources.capture_step`, in TF32 for an fp32 study (`a2core.fused` turns it on); validation, SCST and the test evaluation run per seed, at the
-    `single` arm's speed, so the figure returned is the study's work over the time of the two (fused groups sharing
-    a card are not measured: priced as one a card). With a fraction of a GPU per worker, 1 / gpus_per_worker trials
-    share a card: the `packed` arm of that k (else the largest below), every stage at it. Otherwise one trial per
-    card: the `single` arm in the study's precision."""
+    `captured` arm with `resources.capture_step`, in TF32 for an fp32 study (`a2core.fused` turns it on);
+    validation, SCST and the test evaluation run per seed, at the `single` arm's speed, so the figure returned is the
+    study's work over the time of the two (fused groups sharing a card are not measured: priced as one a card).
+    With a fraction of a GPU per worker, 1 / gpus_per_worker trials share a card: the `packed` arm of that k (else
+    the largest below), every stage at it. Otherwise one trial per card: the `single` arm in the study's
+    precision."""
     if (newest := newest_gpu_record(records)) is None:
         return None
     path, rec = newest
@@ -606,9 +607,9 @@ def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: fl
     text = plan_text(spec, noise, noise_source, gaps, ips, ips_source, workers, price_per_hour)
     if images_per_second is None and (modes := mode_prices(spec)):
         path, rec = newest_gpu_record()
-        text += (f"\nmodes     each priced from the newest GPU record ({path.name}: {rec.get('machine', 'unnamed machine')}, "
-                 f"{rec.get('date', 'undated')}), the same trials and power (docs/how-to/fill-a-gpu.md)\n"
-                 + "\n".join(modes))
+        text += (f"\nmodes     each priced from the newest GPU record ({path.name}: "
+                 f"{rec.get('machine', 'unnamed machine')}, {rec.get('date', 'undated')}), the same trials and power "
+                 f"(docs/how-to/fill-a-gpu.md)\n" + "\n".join(modes))
     if spec.num_arms > 1 and not deltas:  # the adaptive design is priced at the Table 3 gaps
         per_trial = estimate(spec, ips, workers).gpu_hours / spec.num_trials if spec.resources.gpus_per_worker else None
         if adaptive := adaptive_text(spec, noise, per_trial):
