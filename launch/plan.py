@@ -217,9 +217,11 @@ def newest_gpu_record(records: str | Path | None = None) -> tuple[Path, dict] | 
     return max(found, key=lambda f: f[:2])[2:] if found else None
 
 
-def measured_throughput(spec, records: str | Path | None = None) -> Throughput | None:
+def measured_throughput(spec, records: str | Path | None = None, *,
+                        newest: tuple[Path, dict] | None = None) -> Throughput | None:
     """The aggregate training images/s per GPU of the mode `spec` trains in, from the newest GPU record
-    (`newest_gpu_record`); None when there is no record or it did not measure that mode.
+    (`newest_gpu_record`, or `newest` when the caller has read it); None when there is no record or it did not
+    measure that mode.
 
     The mode: with `resources.fuse_replicates` (and one worker a trial), each configuration's seeds train as one
     fused model: stage 1 at the record's `fused` arm of k = the study's seeds (else the largest k below), its
@@ -229,7 +231,7 @@ def measured_throughput(spec, records: str | Path | None = None) -> Throughput |
     With a fraction of a GPU per worker, 1 / gpus_per_worker trials share a card: the `packed` arm of that k (else
     the largest below), every stage at it. Otherwise one trial per card: the `single` arm in the study's
     precision."""
-    if (newest := newest_gpu_record(records)) is None:
+    if newest is None and (newest := newest_gpu_record(records)) is None:
         return None
     path, rec = newest
     arms = [a for a in rec["arms"] if a.get("images_per_s")]
@@ -283,19 +285,15 @@ MODES = (("one trial a card", "single", {"gpus_per_worker": 1}),
          ("seeds fused, captured", "captured", {"gpus_per_worker": 1, "fuse_replicates": True, "capture_step": True}))
 
 
-def mode_prices(spec, records: str | Path | None = None) -> list[str]:
-    """The study priced in each of `MODES` from the newest GPU record (`measured_throughput`), the same trials and
-    power in each: a line per mode with its images/s a card and GPU-hours, or why it does not apply to the study or
-    was not measured; the study's own mode marked. [] without a record."""
-    if newest_gpu_record(records) is None:
-        return []
+def mode_prices(spec, newest: tuple[Path, dict]) -> list[str]:
+    """The study priced in each of `MODES` from the GPU record `newest` ((path, record), `newest_gpu_record`), the
+    same trials and power in each: a line per mode with its images/s a card and GPU-hours, or why it does not apply
+    to the study or was not measured; the study's own mode marked."""
     r = spec.resources
     lines = []
     for name, arm, setting in MODES:
         resources = r.model_copy(update={"fuse_replicates": False, "capture_step": False, **setting})
         mode = spec.model_copy(update={"resources": resources})
-        own = "   <- this study" if all(getattr(r, k) == getattr(resources, k) for k in
-                                        ("gpus_per_worker", "fuse_replicates", "capture_step")) else ""
         if resources.gpus_per_worker < 1 and r.workers_per_trial > 1:
             lines.append(f"  {name:<24} not for this study: a trial of {r.workers_per_trial} workers packs nothing")
             continue
@@ -305,11 +303,13 @@ def mode_prices(spec, records: str | Path | None = None) -> list[str]:
             except ConfigError as err:
                 lines.append(f"  {name:<24} not for this study: {err.reason}")
                 continue
-        measured = measured_throughput(mode, records)
+        measured = measured_throughput(mode, newest=newest)
         if measured is None or measured.arm != arm:  # (packed trials without their arm are priced as one a card)
             lines.append(f"  {name:<24} not measured by the record")
             continue
         hours = estimate(mode, measured.images_per_second, None).gpu_hours
+        own = "   <- this study" if all(getattr(r, k) == getattr(resources, k) for k in
+                                        ("gpus_per_worker", "fuse_replicates", "capture_step")) else ""
         lines.append(f"  {name:<24} {measured.images_per_second:>7,.1f} images/s a card  {_n(hours):>7} GPU-hours{own}")
     return lines
 
@@ -599,17 +599,18 @@ def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: fl
             raise StudyError(f"{option} must be > 0, got {value}")
     noise, noise_source = study_noise(spec, sd, storage)
     gaps = [(f"{d:g} CIDEr", d) for d in deltas] if deltas else table3_gaps()
-    measured = measured_throughput(spec) if images_per_second is None else None
+    newest = newest_gpu_record() if images_per_second is None else None  # read once: the study's mode and the others
+    measured = measured_throughput(spec, newest=newest) if newest is not None else None
     ips, ips_source = ((images_per_second, "given") if images_per_second is not None else
                        (measured.images_per_second, measured.source) if measured is not None else
                        (IMAGES_PER_SECOND, "an estimate for an A10G; 115 measured on an H200: benchmarks/RESULTS.md"))
     workers = cluster_workers(cluster)
     text = plan_text(spec, noise, noise_source, gaps, ips, ips_source, workers, price_per_hour)
-    if images_per_second is None and (modes := mode_prices(spec)):
-        path, rec = newest_gpu_record()
+    if newest is not None:
+        path, rec = newest
         text += (f"\nmodes     each priced from the newest GPU record ({path.name}: "
                  f"{rec.get('machine', 'unnamed machine')}, {rec.get('date', 'undated')}), the same trials and power "
-                 f"(docs/how-to/fill-a-gpu.md)\n" + "\n".join(modes))
+                 f"(docs/how-to/fill-a-gpu.md)\n" + "\n".join(mode_prices(spec, newest)))
     if spec.num_arms > 1 and not deltas:  # the adaptive design is priced at the Table 3 gaps
         per_trial = estimate(spec, ips, workers).gpu_hours / spec.num_trials if spec.resources.gpus_per_worker else None
         if adaptive := adaptive_text(spec, noise, per_trial):
