@@ -27,6 +27,7 @@ from dashboards.compare import chosen_configuration, study_comparison
 from dashboards.runs import Study, Trial, group_value, seed_number
 from dashboards.sequential import Design, sequential_p
 from dashboards.stats import CONFIDENCE, Difference, holm, pooled_differences
+from launch.layout import FUSED_SEEDS_KEY, fused_seeds, seed_trial_id, seed_trials
 from launch.location import StudyLocation
 from launch.plan import study_design
 from launch.record import StudyRecord
@@ -220,7 +221,8 @@ class RoundDecider:
         """The groups (of `configs`: group -> its suggestion) that get round `finished + 1`'s seeds (0-based
         `finished` the round that ended; `trials`: each trial handed out -> its suggestion). The baseline's while
         any arm is open; none once every arm is settled. Writes `ROUNDS_FILE`."""
-        rows = [Trial(tid, state="TERMINATED", sampled=dict(config)) for tid, config in trials.items()]
+        rows = [row for tid, config in trials.items()  # a fused trial's seeds: trials of the record apart
+                for row in seed_trials(Trial(tid, state="TERMINATED", sampled=dict(config)))]
         study = StudyRecord.load(self.location, self.spec, trials=rows).study()
         rounds = study_rounds(self.spec, study)
         chosen = next_round_groups(self.spec, rounds, configs, study)
@@ -249,11 +251,13 @@ def next_round_groups(spec, rounds: Rounds | None, configs: dict[str, dict], stu
             if r.best_value is not None:
                 by_fusion.setdefault(str(group_value(r, BY)), []).append(r)
         chosen = {r.trial_id for runs in by_fusion.values() for r in chosen_configuration(runs, study)[0]}
-        return [g for g in configs if g in chosen]
+        return [g for g in configs  # a fused group: its trial's seeds are the record's trials
+                if g in chosen or any(seed_trial_id(g, s) in chosen for s in fused_seeds(configs[g]) or ())]
     if rounds is None or not rounds.arms:
         return list(configs)
     open_arms = {a.arm for a in rounds.arms.values() if a.state == "open"}
-    arm_of = {group: str(spec.trial_config({k: v for k, v in config.items() if k != "seed"})["model"].get(BY))
+    arm_of = {group: str(spec.trial_config({k: v for k, v in config.items() if k not in ("seed", FUSED_SEEDS_KEY)})
+                         ["model"].get(BY))
               for group, config in configs.items()}
     return [g for g, arm in arm_of.items() if arm in open_arms or (open_arms and arm == rounds.baseline)]
 
@@ -263,7 +267,7 @@ def confirmation_line(spec, chosen: list[str], configs: dict[str, dict]) -> str:
     seeds = spec.confirm_seeds
     names = []
     for group in chosen:
-        config = {k: v for k, v in configs[group].items() if k != "seed"}
+        config = {k: v for k, v in configs[group].items() if k not in ("seed", FUSED_SEEDS_KEY)}
         names.append(", ".join(f"{k}={v}" for k, v in sorted(config.items())) or "the one configuration")
     return (f"confirmation seeds {seeds[0]}..{seeds[-1]}: chosen on val over the search's seeds, one configuration "
             f"per fusion: {'; '.join(names) or 'none (no trial reported)'}")

@@ -251,19 +251,23 @@ def measured_throughput(spec, records: str | Path | None = None, *,
     seeds = len(spec.seed_values)
     if r.fuse_replicates and seeds > 1 and r.workers_per_trial == 1:
         precisions = ["tf32", "fp32"] if prec == "fp32" else [prec]
-        fused, alone = arm("captured" if r.capture_step else "fused", seeds, precisions), arm("single", 1, precisions)
-        if fused is None or alone is None or fused["k"] < 2:
+        kind, alone = "captured" if r.capture_step else "fused", arm("single", 1, precisions)
+        # each round of seeds (`seed_rounds_trials`): its seed-trials, at the arm of its k seeds fused (one: alone)
+        rounds = [(n * k, arm(kind, k, precisions) if k > 1 else alone) for n, k in spec.seed_rounds_trials]
+        if alone is None or any(a is None or a is not alone and a["k"] < 2 for _, a in rounds):
             return None
         t = spec.base["train"]
         train_images = spec.steps_per_epoch * t["batch_size"] // CAPTIONS_PER_IMAGE  # as `estimate` counts them
         work = estimate(spec, 1.0, None).gpu_hours  # every stage, in XE images / 3600
-        xe = spec.num_trials * t["xe_epochs"] * xe_image_cost(spec) * train_images / 3600  # stage 1's share
-        ips = work / (xe / fused["images_per_s"] + (work - xe) / alone["images_per_s"])
+        xe_trial = t["xe_epochs"] * xe_image_cost(spec) * train_images / 3600  # stage 1 of one seed-trial
+        xe_time = sum(n * xe_trial / a["images_per_s"] for n, a in rounds)
+        ips = work / (xe_time + (work - spec.num_trials * xe_trial) / alone["images_per_s"])
+        stage1 = "; then at ".join(dict.fromkeys(  # a round's arm once, in the rounds' order
+            f"{a['images_per_s']:.0f} images/s a card, {a['k']} seeds fused{', captured' if r.capture_step else ''} "
+            f"({a['precision']})" if a is not alone else f"{a['images_per_s']:.0f}, one seed alone" for _, a in rounds))
         return Throughput(round(ips, 1), (
-            f"measured: {where}; resources.fuse_replicates: stage 1 at {fused['images_per_s']:.0f} images/s a card, "
-            f"{fused['k']} seeds fused{', captured' if r.capture_step else ''} ({fused['precision']}), the other "
-            f"stages per seed at "
-            f"{alone['images_per_s']:.0f} (one seed, {alone['precision']})"), fused["kind"])
+            f"measured: {where}; resources.fuse_replicates: stage 1 at {stage1}, the other stages per seed at "
+            f"{alone['images_per_s']:.0f} (one seed, {alone['precision']})"), kind)
     if 0 < r.gpus_per_worker < 1 and r.workers_per_trial == 1:
         share = int(1 / r.gpus_per_worker + 1e-9)  # trials a card holds
         packed = arm("packed", share, [prec, "tf32", "fp32"])

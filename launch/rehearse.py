@@ -240,10 +240,13 @@ def suggestions(spec) -> list[dict]:
 def round_searcher(spec, configs: list[dict]):
     """A fresh `GridCrossedSearcher` of the study that has handed out `configs` (the first round of adaptive
     replicates, `suggestions`) as the trials `sim00000`, `sim00001`, ... that `simulate` runs: the searcher a driver
-    holds after round 1, whose `_end_of_round` and `_next_seed` then hand out the later rounds."""
+    holds after round 1, whose `_end_of_round` and `_next_seed` then hand out the later rounds. A fused study's
+    searcher is its unfused one's: `suggestions` splits its first round's trials into seeds, and its later rounds'
+    seeds are trials of the rehearsal apart too."""
     from launch.search import GridCrossedSearcher  # as in `simulate`
 
-    searcher = GridCrossedSearcher(spec)
+    unfused = spec.resources.model_copy(update={"fuse_replicates": False, "capture_step": False})
+    searcher = GridCrossedSearcher(spec.model_copy(update={"resources": unfused}))
     for i, config in enumerate(configs):
         if searcher.suggest(f"sim{i:05d}") != config:  # the searcher is seeded: it repeats `suggestions`' answers
             raise StudyError("rehearsal: the study's searcher handed out other configurations than `suggestions`")
@@ -291,7 +294,7 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
     resumed: set[str] = set()
     ctl, slots, total = _Controller(), spec.resources.max_concurrent_trials, spec.total_epochs
     if spec.resources.fuse_replicates:  # a fused trial's seeds run at once, in one slot: held at a rung for each other
-        slots *= len(spec.replicate_seeds)
+        slots *= spec.seed_rounds_trials[0][1]
 
     def add(config: dict) -> _Trial:
         i = len(trials)

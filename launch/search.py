@@ -61,8 +61,8 @@ class GridCrossedSearcher(Searcher):
         super().__init__(metric=spec.metric, mode=spec.mode)
         self._spec = spec
         self._seeds: list[int] = spec.replicate_seeds + spec.confirm_seeds  # a later round's seeds follow on
-        # fused replicates (`resources.fuse_replicates`): a configuration is one trial holding all its seeds
-        # (`FUSED_SEEDS_KEY`), a group of one for Optuna and the scheduler
+        # fused replicates (`resources.fuse_replicates`): a configuration's seeds of a round are one trial holding
+        # them all (`FUSED_SEEDS_KEY`); its first round's trial is a group of one for Optuna and the scheduler
         self._fused: list[int] = self._seeds if spec.resources.fuse_replicates else []
         if self._fused:
             self._seeds = []
@@ -94,9 +94,23 @@ class GridCrossedSearcher(Searcher):
 
     @property
     def _group_size(self) -> int:
-        """Seeds of a group as Optuna counts it: all of them, or the first round's with adaptive replicates (the
-        configurations are all asked in the first round; later rounds only add seeds)."""
+        """Trials of a group as Optuna counts it: one a seed, the first round's with rounds of seeds (the
+        configurations are all asked in the first round; later rounds only add seeds); one, fused."""
+        if self._fused:
+            return 1
         return self._rounds[0] if self._rounds else max(1, len(self._seeds))
+
+    def _seeds_of(self, group: str) -> int:
+        """The seeds `group`'s trials hold (a fused trial holds several)."""
+        return sum(len(fused_seeds(self._configs[t]) or [None]) for t in self._members[group])
+
+    def _seed_keys(self, have: int, target: int) -> dict:
+        """What a trial adds to its configuration to take its group from `have` seeds to `target`: the next
+        replicate seed, or fused, the seeds in between as one trial (a single one as a trial of its own)."""
+        if not self._fused:
+            return {"seed": self._seeds[have]}
+        seeds = list(self._fused[have:target])
+        return {"seed": seeds[0]} if len(seeds) == 1 else {FUSED_SEEDS_KEY: seeds}
 
     def set_round_decider(self, decider) -> None:
         """What decides, at the end of each round of adaptive replicates, which groups get the next round's seeds:
@@ -160,10 +174,8 @@ class GridCrossedSearcher(Searcher):
             self._members[trial_id] = []
             self._hashes[trial_id] = digest
         members = self._members[self._open]
-        if self._seeds:
-            config["seed"] = self._seeds[len(members)]
-        if self._fused:
-            config[FUSED_SEEDS_KEY] = list(self._fused)
+        if self._seeds or self._fused:
+            config.update(self._seed_keys(len(members), self._rounds[0] if self._rounds else len(self._fused)))
         members.append(trial_id)
         self._group_of[trial_id] = self._open
         if len(members) == self._group_size:  # with adaptive replicates: the first round's seeds
@@ -189,17 +201,17 @@ class GridCrossedSearcher(Searcher):
         return self._next_seed(trial_id) if groups else Searcher.FINISHED
 
     def _next_seed(self, trial_id: str) -> dict | str | None:
-        """The next seed of the first queued group that has fewer than this round's seeds (seeds in order); at the
-        round's end, `_end_of_round`."""
+        """The next trial of the first queued group that has fewer than this round's seeds: its next seed, or fused,
+        the rest of the round's seeds (seeds in order); at the round's end, `_end_of_round`."""
         target = self._rounds[self._round]
-        while self._queue and len(self._members[self._queue[0]]) >= target:
+        while self._queue and self._seeds_of(self._queue[0]) >= target:
             self._queue.pop(0)
         if not self._queue:
             return self._end_of_round(trial_id)
         group = self._queue[0]
         members = self._members[group]
-        config = {k: v for k, v in self._configs[group].items() if k != "seed"}
-        config["seed"] = self._seeds[len(members)]
+        config = {k: v for k, v in self._configs[group].items() if k not in ("seed", FUSED_SEEDS_KEY)}
+        config.update(self._seed_keys(self._seeds_of(group), target))
         members.append(trial_id)
         self._group_of[trial_id] = group
         self._trials[trial_id] = self._trials[group]

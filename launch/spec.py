@@ -280,7 +280,8 @@ class Resources(Section):
     max_concurrent_trials: Integer = Field(1, ge=1, description="Trials running side by side.")
     fuse_replicates: Flag = Field(False, description=(
         "Each configuration's seeds trained in one trial as one fused model, one step for all (a2core.fused); "
-        "each seed is still a trial of the record. Needs a fixed search.replicates and one worker a trial; "
+        "each seed is still a trial of the record. A round of seeds (search.confirm's, adaptive replicates') is "
+        "one more trial of the configuration. Needs 2 or more replicate seeds and one worker a trial; "
         "`a2 study plan` prices it from the newest GPU record (benchmarks/records/gpu/)."))
     capture_step: Flag = Field(False, description=(
         "The fused cross-entropy step compiled once into CUDA graphs (torch.compile \"reduce-overhead\", one whole "
@@ -639,10 +640,23 @@ class StudySpec(Section):
     num_trials = property(lambda self: self.search_trials + self.confirm_arms * len(self.confirm_seeds))
 
     @property
+    def seed_rounds_trials(self) -> list[tuple[int, int]]:
+        """(configurations, seeds each adds) of each round of seeds (`seed_rounds`): every configuration's seeds in
+        one round; with confirmation seeds, then the chosen configurations' (`confirm_arms`); with adaptive
+        replicates, every configuration in every round (at most: the design settles arms on the way). A fused study
+        trains a configuration's seeds of a round as one trial (`resources.fuse_replicates`)."""
+        rounds = self.seed_rounds or (max(1, len(self.replicate_seeds)),)
+        later = self.confirm_arms if self.confirm_seeds else self.num_configs
+        configs = [self.num_configs] + [later] * (len(rounds) - 1)
+        return [(n, b - a) for n, a, b in zip(configs, (0, *rounds), rounds)]
+
+    @property
     def tune_samples(self) -> int:
-        """Tune's trials: `num_trials`, or one per configuration when its seeds train fused
-        (`resources.fuse_replicates`; each seed is still a trial of the record: `launch.layout.seed_trials`)."""
-        return self.num_configs if self.resources.fuse_replicates else self.num_trials
+        """Tune's trials: `num_trials`, or with `resources.fuse_replicates` one per configuration and round of seeds
+        (each seed is still a trial of the record: `launch.layout.seed_trials`)."""
+        if not self.resources.fuse_replicates:
+            return self.num_trials
+        return sum(n for n, _ in self.seed_rounds_trials)
 
     # seeds per arm that a verdict rests on: the confirmation seeds, else an arm's seeds
     verdict_seeds = property(lambda self: len(self.confirm_seeds) or len(self.seed_values))
@@ -815,16 +829,12 @@ def _check_schedule(spec: StudySpec) -> None:
 
 
 def check_fused(spec: StudySpec) -> None:
-    """`resources.fuse_replicates` trains a configuration's seeds in one trial, all at once: it needs a fixed set of
-    replicate seeds, known when the configuration is asked, and one worker a trial (`a2core.fused`)."""
+    """`resources.fuse_replicates` trains a configuration's seeds of a round in one trial, all at once (a later
+    round's, `search.confirm`'s or adaptive replicates', in one more): it needs two or more seeds in the first round,
+    and one worker a trial (`a2core.fused`)."""
     key = "resources.fuse_replicates"
-    if len(spec.replicate_seeds) < 2:
+    if spec.seed_rounds_trials[0][1] < 2:  # the first round's seeds (a later round's single seed trains alone)
         _fail(key, "fuses a configuration's replicate seeds: set search.replicates to 2 or more")
-    if spec.seed_rounds is not None:
-        _fail(key, "a fused trial trains a configuration's seeds together from the start, but "
-                   + ("search.confirm adds seeds to the chosen configurations later"
-                      if spec.search.confirm is not None else "adaptive replicates ({min, max}) add seeds in rounds")
-                   + ": use a fixed search.replicates, or train the seeds as trials of their own")
     if spec.resources.workers_per_trial > 1:
         _fail(key, "a fused trial trains on one worker: set resources.workers_per_trial: 1")
     if spec.base["train"].get("precision") == "fp16":

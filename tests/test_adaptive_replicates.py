@@ -155,6 +155,33 @@ def test_the_searcher_hands_a_later_rounds_seeds_to_open_arms_only_after_the_rou
     assert again._round == 1 and again.group_of("u0") == searcher.group_of("u0")
 
 
+def test_fused_seeds_train_each_round_for_the_open_arms_as_one_trial():
+    """`resources.fuse_replicates` with adaptive replicates (rounds to 2, 4, 5): a configuration's seeds of a round are
+    one trial; the open arms get the next round's seeds as one more trial each; a round of one seed is a trial of
+    that seed alone (`launch.trainable.a2_fused_trial` trains it unfused)."""
+    spec = smoke(*THREE_ARMS, "search.replicates={min: 2, max: 5, rounds: [2, 4, 5]}", "resources.fuse_replicates=true")
+    searcher = GridCrossedSearcher(spec)
+    decider = OpenArms(spec, {"none", "max"})
+    searcher.set_round_decider(decider)
+    first = {f"t{i}": searcher.suggest(f"t{i}") for i in range(3)}
+    assert sorted((c["fusion"], tuple(c["seeds"])) for c in first.values()) == [
+        ("gate", (0, 1)), ("max", (0, 1)), ("none", (0, 1))]
+    assert searcher.suggest("t3") is None
+    rounds = [first]
+    for later in ("u", "v"):
+        for tid in rounds[-1]:
+            searcher.on_trial_complete(tid, {"val/CIDEr": 50.0, "epoch": spec.total_epochs})
+        rounds.append({f"{later}{i}": searcher.suggest(f"{later}{i}") for i in range(2)})
+        assert searcher.suggest(f"{later}2") is None
+    assert sorted((c["fusion"], tuple(c["seeds"])) for c in rounds[1].values()) == [("max", (2, 3)), ("none", (2, 3))]
+    assert sorted((c["fusion"], c["seed"]) for c in rounds[2].values()) == [("max", 4), ("none", 4)]
+    assert not any("seeds" in c for c in rounds[2].values())
+    assert decider.calls == [(0, 3, 3), (1, 3, 5)]
+    none = next(t for t, c in first.items() if c["fusion"] == "none")
+    assert [t[0] for t in searcher.group_of(none)] == ["t", "u", "v"]
+    assert spec.tune_samples == 3 * 3  # every configuration in every round, at most
+
+
 def test_the_searcher_finishes_when_the_decider_leaves_no_arm_open():
     spec = smoke(*THREE_ARMS, "search.replicates={min: 2, max: 6}")
     searcher = GridCrossedSearcher(spec)

@@ -90,6 +90,63 @@ def test_the_searcher_hands_the_confirmation_seeds_to_the_chosen_configurations_
     assert searcher.suggest("u7") == Searcher.FINISHED and len(asked) == 1
 
 
+def test_fused_seeds_train_each_round_as_one_trial_a_configuration():
+    """`resources.fuse_replicates` with confirmation seeds: each configuration's 2 search seeds are one trial, a group
+    of one for Optuna; once every one has ended, each chosen configuration's 3 confirmation seeds are one more trial
+    of its group, holding them all; a resumed searcher goes on from the same round."""
+    spec = smoke(*THREE_GATES, "search.replicates=2", "search.confirm=3", "resources.fuse_replicates=true")
+    searcher = GridCrossedSearcher(spec)
+
+    class Chosen:  # the baseline and gate's second configuration, as in the unfused test above
+        def next_round(self, finished, configs, trials):
+            gates = [g for g, c in configs.items() if c["fusion"] == "gate"]
+            return [g for g, c in configs.items() if c["fusion"] == "none"] + gates[1:2]
+
+    searcher.set_round_decider(Chosen())
+    first = {f"t{i}": searcher.suggest(f"t{i}") for i in range(4)}
+    assert all(c["seeds"] == [0, 1] and "seed" not in c for c in first.values())
+    assert searcher.suggest("t4") is None
+    for i, tid in enumerate(first):
+        searcher.on_trial_complete(tid, {"val/CIDEr": 50.0 + i, "epoch": spec.total_epochs})
+        assert searcher.optuna_trial(tid).value == pytest.approx(50.0 + i)  # the group's mean, told at once
+    more = {f"u{i}": searcher.suggest(f"u{i}") for i in range(2)}
+    assert searcher.suggest("u2") is None
+    gate = [c for c in first.values() if c["fusion"] == "gate"][1]
+    assert sorted((c["fusion"], c.get("lambda"), tuple(c["seeds"])) for c in more.values()) == sorted(
+        [("none", None, (2, 3, 4)), ("gate", gate["lambda"], (2, 3, 4))])
+    assert searcher.group_of("u1") == ["t2", "u1"]  # one group: its search trial, then its confirmation trial
+    again = GridCrossedSearcher(spec)
+    again.set_state(searcher.get_state())
+    for tid in more:
+        again.on_trial_complete(tid, {"val/CIDEr": 60.0, "epoch": spec.total_epochs})
+    assert again.suggest("u2") == Searcher.FINISHED
+    assert spec.tune_samples == len(first) + len(more)
+
+
+def test_a_fused_groups_seeds_in_the_record_choose_its_group():
+    """The record holds a fused trial's seeds apart (`<tune id>-s<seed>`): the configuration chosen on them is the
+    group of the Tune trial that trained them."""
+    spec = smoke(*THREE_GATES, "search.replicates=2", "search.confirm=3", "resources.fuse_replicates=true")
+    runs = [run(f"n0-s{s}", "none", None, s, 100, 100) for s in (0, 1)]
+    runs += [run(f"a0-s{s}", "gate", 0.1, s, 90, 90) for s in (0, 1)]
+    runs += [run(f"b0-s{s}", "gate", 0.01, s, 95, 95) for s in (0, 1)]
+    configs = {"n0": {"fusion": "none", "seeds": [0, 1]}, "a0": {"fusion": "gate", "lambda": 0.1, "seeds": [0, 1]},
+               "b0": {"fusion": "gate", "lambda": 0.01, "seeds": [0, 1]}}
+    assert next_round_groups(spec, None, configs, Study("s", runs, confirm_from=2)) == ["n0", "b0"]
+
+
+def test_a_fused_studys_rehearsal_without_ray_confirms_as_the_unfused_one():
+    """The Ray-free rehearsal of a fused study with confirmation seeds runs the trials of the record the unfused one
+    runs, with the same draws: fused seeds are statistically seeds apart."""
+    overrides = (*THREE_GATES, "search.replicates=2", "search.confirm=3", "train.xe_epochs=2")
+    spec, fused = smoke(*overrides), smoke(*overrides, "resources.fuse_replicates=true")
+    model = rehearse.score_model(spec, means=["none=100", "gate=103"], storage="/nonexistent-a2-storage")
+    runs = {name: sorted((r.fusion, r.config_hash, int(r.seed), r.best_value)
+                         for r in rehearse.simulate(s, model, repeat=1).runs)
+            for name, s in (("plain", spec), ("fused", fused))}
+    assert len(runs["fused"]) == 14 and runs["fused"] == runs["plain"]
+
+
 IMAGES = 40
 
 
@@ -196,10 +253,12 @@ def test_the_selection_leans_a_fixed_designs_verdicts_and_the_confirmation_seeds
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_driver_runs_the_confirmation_seeds_of_the_chosen_configurations(tmp_path):
+@pytest.mark.parametrize("fused", [False, True], ids=["seed-trials", "fused"])
+def test_the_driver_runs_the_confirmation_seeds_of_the_chosen_configurations(tmp_path, fused):
     """Through Ray (the stand-in trainer, the real driver and searcher): two gate configurations and the baseline,
     2 search seeds, then seeds 2-3 of the baseline and of gate's configuration with the best val mean; the summary's
-    and status' verdicts rest on those."""
+    and status' verdicts rest on those. Fused (`resources.fuse_replicates`), the same trials of the record come from
+    5 Tune trials: each configuration's search seeds in one, each chosen configuration's confirmation seeds in one."""
     from tests.raycluster import a2
 
     env = dict(os.environ)
@@ -207,6 +266,7 @@ def test_the_driver_runs_the_confirmation_seeds_of_the_chosen_configurations(tmp
     storage = tmp_path / "rehearsals"
     run_ = a2("study", "rehearse", str(SMOKE), "search.num_samples=2", "search.scheduler={fifo: {}}",
               "search.replicates=2", "search.confirm=2", "train.xe_epochs=2", "--mean", "none=100",
+              *(["resources.fuse_replicates=true"] if fused else []),
               "--mean", "gate=130", "--storage", str(storage), "--quiet", cwd=tmp_path, env=env, timeout=400)
     out = run_.stdout
     assert run_.returncode == 0, out[-5000:]
@@ -222,6 +282,13 @@ def test_the_driver_runs_the_confirmation_seeds_of_the_chosen_configurations(tmp
     gates = {k: np.mean([t["best"] for t in v]) for k, v in searched.items() if k[0] == "gate"}
     assert set(confirmed) == {("none", None), max(gates, key=gates.get)}
     assert all(sorted(int(t["seed"]) for t in v) == [2, 3] for v in confirmed.values())
+    tune_trials = [json.loads(f.read_text().splitlines()[0]) for f in (storage / name).glob("*/result.json")]
+    if fused:
+        assert sorted(tuple(r["config"]["seeds"]) for r in tune_trials) == [(0, 1)] * 3 + [(2, 3)] * 2
+        assert {t["trial_id"].rsplit("-s", 1)[0] for v in confirmed.values() for t in v} <= {
+            r["trial_id"] for r in tune_trials if r["config"]["seeds"] == [2, 3]}
+    else:
+        assert len(tune_trials) == len(trials)
     gate = next(c for c in summary["verdicts"]["comparisons"] if c["arm"] == "gate")
     assert gate["seeds"] == [2, 2] and gate["resolved"] is True
     best = summary["best_group"]  # what packaging ensembles: the chosen gate configuration, all 4 of its seeds

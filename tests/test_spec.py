@@ -532,19 +532,26 @@ def test_fused_replicates_run_one_tune_trial_per_configuration(tmp_path):
     assert (fused.num_trials, fused.tune_samples) == (8, 2)  # 2 configurations x 4 seeds
     assert (plain.num_trials, plain.tune_samples) == (8, 8)
     assert not any("fuse_replicates" in w for w in fused.warnings + plain.warnings)
+    # a round of seeds is one more trial a configuration: confirmation seeds, the chosen configuration of each fusion
+    confirmed = load_study(SMOKE, ["resources.fuse_replicates=true", f"storage={tmp_path}", "search.replicates=2",
+                                   "search.confirm=3", "search.scheduler={fifo: {}}", "search.num_samples=3"])
+    assert confirmed.seed_rounds_trials == [(4, 2), (2, 3)]  # none's and gate's 3 configurations, then 2 chosen
+    assert (confirmed.num_trials, confirmed.tune_samples) == (4 * 2 + 2 * 3, 4 + 2)
+    # adaptive replicates: every configuration in every round at most (its last round of one seed trains alone)
+    adaptive = load_study(SMOKE, ["resources.fuse_replicates=true", f"storage={tmp_path}",
+                                  "search.replicates={min: 2, max: 5, rounds: [2, 4, 5]}"])
+    assert adaptive.seed_rounds_trials == [(2, 2), (2, 2), (2, 1)]
+    assert (adaptive.num_trials, adaptive.tune_samples) == (10, 6)
 
 
 @pytest.mark.parametrize("overrides, says", [
     (["search.replicates=1", "search.scheduler={fifo: {}}", "search.purpose=explore"],
      "set search.replicates to 2 or more"),
-    (["search.replicates={min: 2, max: 4}"], "adaptive replicates ({min, max}) add seeds in rounds"),
-    (["search.replicates=2", "search.confirm=3", "search.purpose=compare"],
-     "search.confirm adds seeds to the chosen configurations later"),
     (["resources.workers_per_trial=5"], "a fused trial trains on one worker"),
     (["train.precision=fp16"], "use fp32 or bf16"),
 ])
 def test_fused_replicates_are_refused_where_seeds_cannot_train_together(tmp_path, overrides, says):
-    """A fused trial needs its configuration's seeds when it starts and one worker: anything else is refused in one
+    """A fused trial needs two or more seeds in its first round and one worker: anything else is refused in one
     line naming `resources.fuse_replicates` and the file, before anything runs."""
     with pytest.raises(ConfigError) as err:
         load_study(SMOKE, ["resources.fuse_replicates=true", f"storage={tmp_path}", *overrides])
