@@ -412,6 +412,11 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
               f"  trials    {spec.num_trials} = {spec.num_arms} configuration{'s' if spec.num_arms > 1 else ''} "
               f"x {searched} seed{'s' if searched > 1 else ''}{confirm}; "
               f"{_n(spec.num_trials * spec.total_epochs)} trial-epochs (before early stopping)"]
+    if spec.resources.fuse_replicates:  # what max_concurrent_trials and a GPU each count
+        rounds = ", then ".join(f"{n} of {k} seeds" if k > 1 else f"{n} of one seed (alone)"
+                                for n, k in spec.seed_rounds_trials)
+        lines.append(f"  fused     {spec.tune_samples} Tune trials{' at most' if spec.replicate_rounds else ''}, "
+                     f"each a configuration's seeds of a round trained together (resources.fuse_replicates): {rounds}")
     if spec.num_arms < 2:
         lines.append("  power     one configuration: nothing is compared")
     elif noise is None:

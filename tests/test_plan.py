@@ -206,6 +206,9 @@ def test_the_fill_a_gpu_how_to_prices_every_mode(tmp_path, capsys, monkeypatch):
     for line, arm in zip(lines, expected):
         assert a2(shlex.split(line)[1:]) == 0, line
         out = capsys.readouterr().out
+        if "fusion_ablation" in line and "fuse_replicates=true" in line:
+            assert ("  fused     20 Tune trials, each a configuration's seeds of a round trained together "
+                    "(resources.fuse_replicates): 15 of 2 seeds, then 5 of 5 seeds\n") in out
         speed = next(s for s in out.splitlines() if s.lstrip().startswith("speed"))
         assert "(measured: " in speed and "the card, 2026-12-03" in speed and arm in speed, (line, speed)
     # every plan also prices the other modes from the record (the last line's: fusion_ablation, packed 4 a card)
