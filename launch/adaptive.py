@@ -27,7 +27,7 @@ from dashboards.compare import chosen_configuration, study_comparison
 from dashboards.runs import Study, Trial, group_value, seed_number
 from dashboards.sequential import Design, sequential_p
 from dashboards.stats import CONFIDENCE, Difference, holm, pooled_differences
-from launch.layout import FUSED_SEEDS_KEY, fused_seeds, seed_trial_id, seed_trials
+from launch.layout import configuration_of, fused_seeds, seed_trial_id, seed_trials
 from launch.location import StudyLocation
 from launch.plan import study_design
 from launch.record import StudyRecord
@@ -256,8 +256,7 @@ def next_round_groups(spec, rounds: Rounds | None, configs: dict[str, dict], stu
     if rounds is None or not rounds.arms:
         return list(configs)
     open_arms = {a.arm for a in rounds.arms.values() if a.state == "open"}
-    arm_of = {group: str(spec.trial_config({k: v for k, v in config.items() if k not in ("seed", FUSED_SEEDS_KEY)})
-                         ["model"].get(BY))
+    arm_of = {group: str(spec.trial_config(configuration_of(config))["model"].get(BY))
               for group, config in configs.items()}
     return [g for g, arm in arm_of.items() if arm in open_arms or (open_arms and arm == rounds.baseline)]
 
@@ -267,7 +266,7 @@ def confirmation_line(spec, chosen: list[str], configs: dict[str, dict]) -> str:
     seeds = spec.confirm_seeds
     names = []
     for group in chosen:
-        config = {k: v for k, v in configs[group].items() if k not in ("seed", FUSED_SEEDS_KEY)}
+        config = configuration_of(configs[group])
         names.append(", ".join(f"{k}={v}" for k, v in sorted(config.items())) or "the one configuration")
     return (f"confirmation seeds {seeds[0]}..{seeds[-1]}: chosen on val over the search's seeds, one configuration "
             f"per fusion: {'; '.join(names) or 'none (no trial reported)'}")

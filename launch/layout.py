@@ -58,9 +58,15 @@ def fused_seeds(sampled: dict | None) -> list | None:
     return list(seeds) if isinstance(seeds, list) else None
 
 
+def configuration_of(sampled: dict) -> dict:
+    """A trial's sampled config without its seeds (a replicate's `seed`, a fused trial's FUSED_SEEDS_KEY): its
+    configuration, as its replicate group shares it."""
+    return {k: v for k, v in sampled.items() if k not in ("seed", FUSED_SEEDS_KEY)}
+
+
 def seed_sampled(sampled: dict, seed) -> dict:
     """The sampled config of one seed of a fused trial: what a trial of that seed alone would have sampled."""
-    return {**{k: v for k, v in sampled.items() if k != FUSED_SEEDS_KEY}, "seed": seed}
+    return {**configuration_of(sampled), "seed": seed}
 
 
 def seed_result(result: dict | None, seed, trial_id: str) -> dict:

@@ -58,7 +58,6 @@ from dashboards.runs import Trial as RecordTrial  # Tune's `Trial` is the schedu
 from dashboards.stats import Noise, config_hash, noise_of, power
 from launch import plan
 from launch.defaults import LEARNING_DROP
-from launch.layout import fused_seeds, seed_sampled
 from launch.location import REHEARSAL_BANNER, REHEARSAL_FILE, StudyLocation, write_summary
 from launch.tracking_writer import mark_runs
 
@@ -224,29 +223,30 @@ def suggestions(spec) -> list[dict]:
     rehearsal (the scores do not depend on sampled keys other than `by`)."""
     from ray.tune.search import Searcher  # as in `simulate`
 
-    from launch.search import GridCrossedSearcher
-
-    searcher = GridCrossedSearcher(spec)
+    searcher = _searcher(spec)
     out = []
     for i in range(spec.num_trials):
         config = searcher.suggest(f"rehearsal{i:05d}")
         if config is None or config == Searcher.FINISHED:
             break
-        seeds = fused_seeds(config)  # a fused trial's seeds are trials of the record, and of the rehearsal, apart
-        out.extend([config] if seeds is None else [seed_sampled(config, s) for s in seeds])
+        out.append(config)
     return out
+
+
+def _searcher(spec):
+    """The study's `GridCrossedSearcher`, a fused study's as unfused: a fused trial's seeds are trials of the record,
+    and of the rehearsal without Ray, apart (the same configurations, in the same order, one seed a trial)."""
+    from launch.search import GridCrossedSearcher  # as in `simulate`
+
+    unfused = spec.resources.model_copy(update={"fuse_replicates": False, "capture_step": False})
+    return GridCrossedSearcher(spec.model_copy(update={"resources": unfused}))
 
 
 def round_searcher(spec, configs: list[dict]):
     """A fresh `GridCrossedSearcher` of the study that has handed out `configs` (the first round of adaptive
     replicates, `suggestions`) as the trials `sim00000`, `sim00001`, ... that `simulate` runs: the searcher a driver
-    holds after round 1, whose `_end_of_round` and `_next_seed` then hand out the later rounds. A fused study's
-    searcher is its unfused one's: `suggestions` splits its first round's trials into seeds, and its later rounds'
-    seeds are trials of the rehearsal apart too."""
-    from launch.search import GridCrossedSearcher  # as in `simulate`
-
-    unfused = spec.resources.model_copy(update={"fuse_replicates": False, "capture_step": False})
-    searcher = GridCrossedSearcher(spec.model_copy(update={"resources": unfused}))
+    holds after round 1, whose `_end_of_round` and `_next_seed` then hand out the later rounds (`_searcher`)."""
+    searcher = _searcher(spec)
     for i, config in enumerate(configs):
         if searcher.suggest(f"sim{i:05d}") != config:  # the searcher is seeded: it repeats `suggestions`' answers
             raise StudyError("rehearsal: the study's searcher handed out other configurations than `suggestions`")

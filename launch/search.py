@@ -20,7 +20,7 @@ from ray.tune.search import Searcher
 
 from a2core.selection import finite
 from dashboards.stats import pooled_sd, short_hash
-from launch.layout import FUSED_SEEDS_KEY, fused_seeds, seed_result_key, seed_trial_id
+from launch.layout import FUSED_SEEDS_KEY, configuration_of, fused_seeds, seed_result_key, seed_trial_id
 from launch.spec import SEED_KEYS, Param, StudySpec, group_key
 from launch.verify import keep_out_of_tunes_uploads
 
@@ -156,7 +156,7 @@ class GridCrossedSearcher(Searcher):
             return self._next_seed(trial_id)
         if self._open is not None:  # the next replicate of a configuration already asked
             index, trial = self._trials[self._open]
-            config = {k: v for k, v in self._configs[self._open].items() if k != "seed"}
+            config = configuration_of(self._configs[self._open])
         else:
             n = len(self._cells)
             index = next((i % n for i in range(self._next_cell, self._next_cell + n)
@@ -210,7 +210,7 @@ class GridCrossedSearcher(Searcher):
             return self._end_of_round(trial_id)
         group = self._queue[0]
         members = self._members[group]
-        config = {k: v for k, v in self._configs[group].items() if k not in ("seed", FUSED_SEEDS_KEY)}
+        config = configuration_of(self._configs[group])
         config.update(self._seed_keys(self._seeds_of(group), target))
         members.append(trial_id)
         self._group_of[trial_id] = group
