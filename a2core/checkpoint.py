@@ -153,7 +153,7 @@ def model_from_state(state: dict, device="cpu") -> tuple[A2Transformer, Vocab, d
     """
     config = Config.from_dict(state["config"])
     vocab = Vocab(state["vocab"])
-    model = build_model(config.model, len(vocab), config.data.max_caption_len + 2)
+    model = build_model(config.model, len(vocab), config.longest_caption)
     model.load_state_dict(state["model"])
     model.to(device).eval()
     return model, vocab, config.to_dict()

@@ -484,6 +484,13 @@ class Config(Section):
         except ValidationError as err:
             raise config_error(err, source) from None
 
+    @property
+    def longest_caption(self) -> int:
+        """The longest caption in tokens the model is built for (`build_model`'s max_len): a training caption
+        (data.max_caption_len) or a decoded one (train.max_len; beam search feeds max_len + 1 positions), whichever
+        is longer. Positions are sinusoids, not weights: the table's length changes no checkpoint."""
+        return max(self.data.max_caption_len, self.train.max_len) + 2
+
     def to_dict(self) -> dict:
         """A plain dict with the YAML key names (`lambda`), as checkpoints and MLflow store it."""
         return self.model_dump(by_alias=True)

@@ -472,7 +472,7 @@ def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int 
     longest = min(m.pos.shape[0] for m in models) - 1  # beam search feeds max_len + 1 positions
     if max_len > longest:
         raise ConfigError("--max-len", f"{max_len} is longer than these models can decode (at most {longest}: "
-                                       f"data.max_caption_len + 3)")
+                                       f"the longer of data.max_caption_len and train.max_len, + 3)")
     data = checkpoint_data(config, vocab, data_overrides)
     data.features.check_ids([img.image_id for img in data.images(split)])
     stepper = EnsembleStepper(models) if len(models) > 1 else ModelStepper(models[0])

@@ -347,7 +347,7 @@ class Trainer:
             raise CheckpointError(f"{resume_from}: its vocabulary differs from the data set's; cannot resume")
         self.data = data
         self.vocab = self.data.vocab
-        self.model = build_model(cfg.model, len(self.vocab), cfg.data.max_caption_len + 2).to(self.device)
+        self.model = build_model(cfg.model, len(self.vocab), cfg.longest_caption).to(self.device)
         self.dist.broadcast_params(self.model)
         t = cfg.train
         xe_steps = steps_per_epoch(len(self.data.images("train")), t.batch_size, t.batch_layout) * t.xe_epochs

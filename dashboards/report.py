@@ -133,12 +133,12 @@ def runs_table_html(runs: list[Trial], keys: list[str]) -> str:
     if not runs:
         return _missing("The study has no trial runs yet.")
     rows = []
-    for r in sorted(runs, key=lambda r: -math.inf if r.score(CIDER) is None else -r.score(CIDER)):
+    for r in sorted(runs, key=lambda r: math.inf if r.score(CIDER) is None else -r.score(CIDER)):  # none last
         state = stopped_early_text(r.stopped_early) if r.stopped_early else r.status
         if r.ended:  # why a trial ended itself (its record's end reason: it diverged)
             state += f" ({r.ended['reason']})"
-        test = r.score(TEST_CIDER)
-        cells = [_td(state, "l"), _td("" if r.seed is None else r.seed), *(_td(r.params.get(k, "")) for k in keys),
+        test, params = r.score(TEST_CIDER), r.params  # params: flattened anew at each read (`Trial.params`)
+        cells = [_td(state, "l"), _td("" if r.seed is None else r.seed), *(_td(params.get(k, "")) for k in keys),
                  _td("–" if r.score(CIDER) is None else f"{r.score(CIDER):.1f}"),
                  _td("" if r.best_step is None else r.best_step), _td("–" if test is None else f"{test:.1f}")]
         rows.append((r.name, cells))

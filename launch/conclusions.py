@@ -31,8 +31,8 @@ def tune_trial(trial) -> Trial:
 
 
 def test_metric(metric: str) -> str:
-    """The test-split counterpart of a val metric ("val/CIDEr" -> "test/CIDEr")."""
-    return "test/" + metric.split("/", 1)[-1]
+    """The test-split counterpart of a val metric ("val/CIDEr" and "best/val/CIDEr" -> "test/CIDEr")."""
+    return "test/" + metric.removeprefix("best/").split("/", 1)[-1]
 
 
 def best_value(values, mode: str) -> float | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import fnmatch
 import json
 import os
 import sqlite3
@@ -46,8 +45,8 @@ from launch.spec import check_cluster, check_machine, runs_locally
 from launch.storage import check_storage, open_location
 from launch.tracking_writer import StudyTracker
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
-from launch.verify import (COPIES_DIR, EXPERIMENT_STATE, WholeCopies, newest_experiment_state, problem,
-                           put_back_tune_pointers, refuse_corrupt, restore_whole_copies, root_files)
+from launch.verify import (COPIES_DIR, WholeCopies, newest_experiment_state, problem, put_back_tune_pointers,
+                           refuse_corrupt, restore_whole_copies, root_files)
 
 # The study file as `run` first wrote it, beside `study.yaml`: `resume` refuses a study.yaml edited since
 # (`refuse_changed_spec`), because Tune resumes the experiment it started and would never apply the edit.
@@ -141,7 +140,7 @@ def torn_first_save(location: StudyLocation) -> list:
     into the storage in place, several at once, so a kill during the first save can leave any of them empty. Nothing
     of Tune's can be continued then, and no copy put back; the trials' own folders can (`lost_trial_runs`)."""
     study = location.at()
-    if any(fnmatch.fnmatch(name, EXPERIMENT_STATE) for name in study.join(COPIES_DIR).listdir()):
+    if newest_experiment_state(study.join(COPIES_DIR)) is not None:
         return []  # Tune's state was whole once: a damaged file is refused, its copy put back with --restore-state
     return [file for file, kind in root_files(study) if kind != "yaml" and problem(file, kind)]
 

@@ -348,7 +348,7 @@ def train_missing(spec, location, best: Trial, missing: list[int], *, address: s
         if not (len(trials) == comp_spec.num_trials and all(t.state == "TERMINATED" for t in trials)
                 and any(t.best_value is not None for t in trials)):
             say(f"package: resuming the unfinished seed study {comp.name}", verbose)
-            covered.update(comp_spec.params["seed"].values)
+            covered.update(comp_spec.seed_values)  # a seed grid, or fused seeds (search.replicates)
             resume_study(comp, address=address, verbose=verbose)
             rows += candidates(comp_spec, StudyRecord.load(comp, comp_spec, refuse="package").trials, digest)
     # Seeds of a resumed study are not trained again elsewhere: if it still lacks them, packaging says so.

@@ -202,12 +202,12 @@ class Throughput:
     arm: str  # the kind of the record's arm the figure is from: single, packed, fused or captured
 
 
-def newest_gpu_record(records: str | Path | None = None) -> tuple[Path, dict] | None:
-    """(path, record) of the newest benchmarks/bench_fused.py record measured on a CUDA card under `records`
-    (default `GPU_RECORDS`), by its date then its file name; None if there is none. Records of a CPU, and those of
-    other scripts (no `arms`), are passed over."""
+def newest_gpu_record() -> tuple[Path, dict] | None:
+    """(path, record) of the newest benchmarks/bench_fused.py record measured on a CUDA card in `GPU_RECORDS`, by
+    its date then its file name; None if there is none. Records of a CPU, and those of other scripts (no `arms`),
+    are passed over."""
     found = []
-    for path in sorted(Path(records or GPU_RECORDS).glob("*.json")):
+    for path in sorted(Path(GPU_RECORDS).glob("*.json")):
         try:
             rec = json.loads(path.read_text())
         except (OSError, ValueError) as err:
@@ -217,8 +217,7 @@ def newest_gpu_record(records: str | Path | None = None) -> tuple[Path, dict] | 
     return max(found, key=lambda f: f[:2])[2:] if found else None
 
 
-def measured_throughput(spec, records: str | Path | None = None, *,
-                        newest: tuple[Path, dict] | None = None) -> Throughput | None:
+def measured_throughput(spec, *, newest: tuple[Path, dict] | None = None) -> Throughput | None:
     """The aggregate training images/s per GPU of the mode `spec` trains in, from the newest GPU record
     (`newest_gpu_record`, or `newest` when the caller has read it); None when there is no record or it did not
     measure that mode.
@@ -231,7 +230,7 @@ def measured_throughput(spec, records: str | Path | None = None, *,
     With a fraction of a GPU per worker, 1 / gpus_per_worker trials share a card: the `packed` arm of that k (else
     the largest below), every stage at it. Otherwise one trial per card: the `single` arm in the study's
     precision."""
-    if newest is None and (newest := newest_gpu_record(records)) is None:
+    if newest is None and (newest := newest_gpu_record()) is None:
         return None
     path, rec = newest
     arms = [a for a in rec["arms"] if a.get("images_per_s")]

@@ -519,7 +519,7 @@ def outcome_text(outcome: dict, title: str) -> str:
     return "\n".join(lines)
 
 
-def aggregate_text(agg: dict, spec, model: ScoreModel, title: str, closed_form: bool = True) -> str:
+def aggregate_text(agg: dict, spec, model: ScoreModel, title: str) -> str:
     n = agg["rehearsals"]
     noise = Noise(model.seed_sd, model.run_sd, model.arm_image_sd, model.test_images if agg["split"] == "test"
                   else model.val_images)
@@ -554,12 +554,11 @@ def aggregate_text(agg: dict, spec, model: ScoreModel, title: str, closed_form: 
                      f"confirmation seeds of each fusion's chosen one, which the verdicts rest on: "
                      f"{spec.num_trials} trials (docs/explanation/statistics.md, \"Confirmation seeds\")")
     lines.append(f"  {'difference':<28}{'true gap':>9}{'verdict rate':>14}{'wrong':>7}{'none':>6}{'mean width':>12}"
-                 + (f"{'mean seeds':>12}" if adaptive else "") + (f"{'closed-form power':>19}" if closed_form else ""))
+                 + (f"{'mean seeds':>12}" if adaptive else "") + f"{'closed-form power':>19}")
     for label, row in agg["rows"].items():
-        cf = ""
-        if closed_form:  # the power `a2 study plan` prints: the adjusted verdict's when the family has several
-            p = power(row["seeds"], row["true_gap"], noise, family=family) if row["true_gap"] else float("nan")
-            cf = f"{'-' if math.isnan(p) else f'{p:.0%}':>19}"
+        # the power `a2 study plan` prints: the adjusted verdict's when the family has several
+        p = power(row["seeds"], row["true_gap"], noise, family=family) if row["true_gap"] else float("nan")
+        cf = f"{'-' if math.isnan(p) else f'{p:.0%}':>19}"
         width = "-" if row["width"] is None else f"{row['width']:.2f}"
         seeds = f"{row['seeds_mean']:>12.1f}" if adaptive else ""
         lines.append(f"    {label + ' vs baseline':<26}{row['true_gap']:>+9.1f}{row['right']:>13.0%} "
@@ -651,7 +650,9 @@ def rehearsal_raw(path: str, overrides: list[str], storage: str, tracking_uri: s
     workers = int(res.get("workers_per_trial", 1))
     if workers > 1:
         res["cpus_per_worker"] = workers * float(res.get("cpus_per_worker", 1))
-        res["gpus_per_worker"] = workers * int(res.get("gpus_per_worker", 0))
+        gpus = workers * float(res.get("gpus_per_worker", 0))  # 2 workers of 0.25 GPU: one of 0.5
+        # one actor holds a fraction of a GPU or whole GPUs (Ray's rule, and the spec's): 3 x 0.5 becomes 2
+        res["gpus_per_worker"] = gpus if gpus <= 1 or gpus.is_integer() else float(math.ceil(gpus))
         res["workers_per_trial"] = 1
         own["resources"] = res
     return raw, own
@@ -677,7 +678,7 @@ def _logical_ray(spec) -> None:
 def run_rehearsal(spec, model: ScoreModel, *, epoch_seconds: float, time_scale: float, address: str | None = None,
                   verbose: bool = False) -> dict:
     """The first rehearsal: `run_study` with the stand-in trainer; marks the study as a rehearsal (its file, the
-    summary, MLflow's tags). Returns {"summary", "seconds"}."""
+    summary, MLflow's tags). Returns {"summary", "seconds", "location"}."""
     # the driver's and the trial's modules: as in `_logical_ray`
     from launch.driver import check_tracking, run_study
     from launch.trainable import swapped_trainer
@@ -719,8 +720,7 @@ def epoch_time(spec) -> float:
     if spec.resources.gpus_per_worker == 0:
         return 0.0
     est = plan.estimate(spec, plan.IMAGES_PER_SECOND, None)
-    per_trial_gpus = spec.resources.workers_per_trial * spec.resources.gpus_per_worker
-    return est.gpu_hours * 3600 / spec.num_trials / spec.total_epochs / per_trial_gpus
+    return est.gpu_hours * 3600 / spec.num_trials / spec.total_epochs / spec.trial_resources()["GPU"]
 
 
 def model_gaps(spec, model: ScoreModel) -> list[tuple[str, float]]:

@@ -351,10 +351,13 @@ class GridCrossedSearcher(Searcher):
 
 
 def asha_rungs(max_t: int, grace_period: int, reduction_factor: float) -> list[int]:
-    """The epochs at which ASHA judges a trial: grace_period * reduction_factor**i below max_t."""
+    """The epochs at which ASHA judges a trial: grace_period * reduction_factor**i below max_t, rounded up to whole
+    epochs, each once (a factor below 2 can round two rungs to one epoch, or one up to max_t, where nothing is left to
+    save: a group behind at its last epoch is not stopped early)."""
     rungs, t = [], float(grace_period)
-    while t < max_t:
-        rungs.append(int(math.ceil(t)))
+    while (rung := math.ceil(t)) < max_t:
+        if not rungs or rung > rungs[-1]:
+            rungs.append(rung)
         t *= reduction_factor
     return rungs
 

@@ -181,19 +181,17 @@ class ComputeMeter:
 class TrialRecorder:
     """What a trial does with each epoch's result: stamp its cost, log it, report it to Tune."""
 
-    def __init__(self, plan: TrialPlan, gpus: float, sampled: dict | None = None, trial_id: str | None = None,
-                 share: float = 1.0):
+    def __init__(self, plan: TrialPlan, gpus: float, sampled: dict, trial_id: str | None = None, share: float = 1.0):
         """trial_id, share: a fused trial's seed's (`a2_fused_trial`): its id in the record and its part of the
         trial's compute (`ComputeMeter`); else this Tune trial's id, all of it."""
         self.trial_id = trial_id or tune.get_context().get_trial_id()
         self.metric, self.mode = plan.metric, plan.mode
         self.run = plan.trials().join(train_run_name(plan.study, self.trial_id))
-        if sampled is not None:
-            if not self.run.join(TRIAL_FILE).exists():
-                self.run.join(TRIAL_FILE).write_text(json.dumps({"trial_id": self.trial_id, "config": sampled},
-                                                                sort_keys=True, default=str))
-            if plan.adoptable:
-                adopt(plan, self.run, self.trial_id, sampled)
+        if not self.run.join(TRIAL_FILE).exists():
+            self.run.join(TRIAL_FILE).write_text(json.dumps({"trial_id": self.trial_id, "config": sampled},
+                                                            sort_keys=True, default=str))
+        if plan.adoptable:
+            adopt(plan, self.run, self.trial_id, sampled)
         self.log = ResultLog(self.run.join(RESULTS_FILE))
         self.log.add_missing(latest_checkpoint_history(self.run))
         self.meter = ComputeMeter(list(self.log.by_epoch.values()), gpus, share)
@@ -640,16 +638,15 @@ def newest_readable_checkpoint(run, epochs: list[int], work: Path, first: int | 
 
 
 # -- trials on Ray Train -----------------------------------------------------------------------------------------
-def ray_train_start(run, work: Path) -> tuple | None:
+def ray_train_start(run, work: Path, epochs: list[int]) -> tuple | None:
     """Where a Ray Train trial resumes when the checkpoint Ray Train would resume from does not load: (filesystem,
-    path) of the newest checkpoint folder of the run folder `run` that does. None: Ray Train's own resume point loads
-    (or there is no checkpoint), it resumes or starts as usual.
+    path) of the newest checkpoint folder of the run folder `run` that does, among `epochs` (its complete ones).
+    None: Ray Train's own resume point loads (or there is no checkpoint), it resumes or starts as usual.
 
     Ray Train resumes, unread, from the latest checkpoint its record (`checkpoint_manager_snapshot.json`) names. When
     that one is unreadable (or missing), the record is removed, so that Ray Train starts a new one, and so are the
     unreadable folders past the fallback, whose epochs are trained and stored again under the same names (as a
     one-worker trial's are). Folders up to the fallback stay, outside the new record (never pruned by Ray Train)."""
-    epochs = [e for e in checkpoint_epochs(run) if run.join(checkpoint_name(e), CHECKPOINT_FILE).exists()]
     if not epochs:
         return None
     recorded = recorded_latest_epoch(run.join(TRAIN_SNAPSHOT))
@@ -687,7 +684,7 @@ def _cpu_seconds_all_ranks(since: float) -> float:
     return float(total.item())
 
 
-def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | None = None) -> None:
+def worker_fn(config: dict, temp_root: str, start_from: tuple | None = None) -> None:
     """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume. `start_from`:
     (filesystem, path) of the checkpoint folder to resume from while Ray Train has none of its own
     (`ray_train_start`: its latest was unreadable)."""
@@ -695,8 +692,7 @@ def worker_fn(config: dict, temp_root: str | None = None, start_from: tuple | No
 
     cpu_start = time.process_time()
     _quiet_per_epoch_logs()
-    if temp_root is not None:
-        use_temp_root(temp_root)
+    use_temp_root(temp_root)
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
         metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
@@ -766,7 +762,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
         trial.report_again(done[-1])  # as in `a2_local_trial`: nothing left to train or score
         return
     with tempfile.TemporaryDirectory(prefix="a2-trial-") as folder:
-        start_from = ray_train_start(trial.run, Path(folder))
+        start_from = ray_train_start(trial.run, Path(folder), done)
     path, fs = plan.trials().ray_storage()
     # The queue lives and dies with this driver (same node), as the Train controller does.
     results = Queue(maxsize=1, actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(

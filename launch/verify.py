@@ -126,15 +126,15 @@ def _unreadable(location, err: Exception) -> str:
     return f"{location.uri}: unreadable ({type(err).__name__}: {text})"
 
 
-def state_files(study, train_snapshots: bool = True) -> list[tuple[object, str]]:
-    """(Location, kind) of the files a resume or a status reads back, below the study folder `study`; with
-    `train_snapshots` also Ray Train's checkpoint records of multi-worker trials (read by their resume only)."""
+def state_files(study) -> list[tuple[object, str]]:
+    """(Location, kind) of the files a resume or a status reads back, below the study folder `study`: its root files,
+    the trials' result logs and Ray Train's checkpoint records of multi-worker trials (read by their resume only)."""
     files = root_files(study)
     trials = study.join(TRIALS_DIR)
     for run in trials.listdir(folders_only=True):
         inside = trials.join(run).listdir()
         files += [(trials.join(run, n), kind) for n, kind in ((RESULTS_FILE, "results"), (TRAIN_SNAPSHOT, "json"))
-                  if n in inside and (train_snapshots or n != TRAIN_SNAPSHOT)]
+                  if n in inside]
     return files
 
 
@@ -211,9 +211,10 @@ def _whole_copy(study, location, kind: str):
 
 
 def restore_whole_copies(study) -> list[str]:
-    """Put the whole copy back over each of Tune's root files that is unreadable; one line per file put back."""
+    """Put the whole copy back over each of Tune's root files that is unreadable; one line per file put back. Only
+    root files have copies: the trials' files are not read here."""
     restored = []
-    for location, kind in state_files(study, train_snapshots=False):
+    for location, kind in root_files(study):
         copy = _whole_copy(study, location, kind) if problem(location, kind) else None
         if copy is not None:
             location.write_text(_read_bytes(copy))
@@ -551,7 +552,7 @@ def model_mismatch(state: dict, model: dict | None = None, searched: tuple = ())
     if not isinstance(weights, dict):
         return "no model weights in it"
     with torch.device("meta"):
-        built = build_model(saved.model, len(state.get("vocab") or []), saved.data.max_caption_len + 2).state_dict()
+        built = build_model(saved.model, len(state.get("vocab") or []), saved.longest_caption).state_dict()
     for name in sorted(set(built) | set(weights)):
         if name not in weights or name not in built:
             return (f"its weights do not fit its own config ({name} is {'missing' if name in built else 'extra'}; "

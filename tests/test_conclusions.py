@@ -162,3 +162,13 @@ def test_the_trial_table_shows_every_searched_key_that_tells_cells_apart():
     assert header.split()[:5] == ["trial", "fusion", "renormalize", "temperature", "seed"]
     assert none.split()[:5] == ["t0", "none", "-", "-", "0"]
     assert exp_decay.split()[:5] == ["t1", "exp_decay", "True", "12000", "1"]
+
+
+@pytest.mark.parametrize("metric, test", [("val/CIDEr", "test/CIDEr"), ("best/val/CIDEr", "test/CIDEr"),
+                                          ("val/BLEU-4", "test/BLEU-4")])
+def test_a_val_metrics_test_counterpart_is_the_one_training_reports(metric, test):
+    """What a trial's test score is read as (`launch.record`): a study searching on best/val/CIDEr has the same test
+    score as one on val/CIDEr (a2core reports test/CIDEr), not a test/val/CIDEr that no trial reports."""
+    from launch.conclusions import test_metric
+
+    assert test_metric(metric) == test

@@ -131,6 +131,36 @@ def test_decode_refuses_a_max_len_beyond_the_models_positions(tmp_path):
         decode_to_file([str(path)], "test", str(tmp_path / "r.json"), beam_size=0)
 
 
+
+def test_a_model_for_short_training_captions_still_decodes_train_max_len_words(tmp_path):
+    """data.max_caption_len 4 (training captions cut short) with the default train.max_len 20: the model the trainer
+    and a checkpoint build has the positions of a 20-word beam, so the per-epoch validation, SCST's beams and the
+    test evaluation after the last epoch do not fail on a caption that runs to max_len (the table was sized by the
+    training captions alone: 8 positions)."""
+    import torch
+
+    from a2core import checkpoint as ckpt
+    from a2core.data.captions import SPECIALS
+    from a2core.decode import beam_search, decode_to_file
+    from a2core.model.a2 import build_model
+
+    cfg = Config.from_dict({"data": {"max_caption_len": 4},
+                            "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions": 4,
+                                      "feature_dim": 8}})
+    assert cfg.longest_caption == 22 and Config.from_dict({}).longest_caption == 22  # the defaults' unchanged
+    torch.manual_seed(0)
+    model = build_model(cfg.model, len(SPECIALS) + 4, cfg.longest_caption)
+    path = ckpt.save({"model": model.state_dict(), "config": cfg.to_dict(), "vocab": [*SPECIALS, "a", "b", "c", "d"]},
+                     tmp_path / "c.pt")
+    loaded, _, _ = ckpt.model_from_state(ckpt.load(str(path)))
+    with torch.no_grad():
+        loaded.head.weight.zero_()  # every word equally likely: no early <eos>, every beam runs to max_len
+        seqs, _ = beam_search(loaded, torch.randn(2, 4, 8), torch.ones(2, 4, dtype=torch.bool), 3, cfg.train.max_len)
+    assert seqs.shape[1] == cfg.train.max_len + 1
+    with pytest.raises(ConfigError, match=r"--max-len: 24 is longer than these models can decode \(at most 23"):
+        decode_to_file([str(path)], "test", str(tmp_path / "r.json"), max_len=24)
+
+
 # -- integers and captions -----------------------------------------------------------------------------------------
 def _karpathy(tmp_path, images) -> Path:
     path = tmp_path / "dataset_coco.json"

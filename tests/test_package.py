@@ -35,6 +35,36 @@ def _cand(trial_id, seed, value, digest="h1", state="TERMINATED", study="s"):
                  best_value=value, best_checkpoint=f"/ckpt/{trial_id}")
 
 
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_an_unfinished_seed_study_is_resumed_and_its_seeds_not_trained_again(tmp_path, monkeypatch, fused):
+    """A package run killed while its companion study trained the missing seeds: the next one resumes that study
+    and trains only the seeds it does not cover, its seeds fused in one trial or a seed grid alike (fused seeds have
+    no `seed` key in the space: their study was refused with a KeyError)."""
+    from types import SimpleNamespace
+
+    from launch import package
+    from launch.location import StudyLocation
+    from launch.spec import load_study
+    from tests.studyfolder import SMOKE
+
+    parent = load_study(SMOKE, [f"resources.fuse_replicates={str(fused).lower()}", f"storage={tmp_path}"])
+    config = parent.trial_config({"fusion": "gate", "lambda": 0.035, "seed": 0})
+    location = StudyLocation(parent.name, str(tmp_path))
+    companion = package.seeds_spec(parent, location, config, [4, 5], "a2-smoke-seeds-x-0")
+    assert companion.seed_values == [4, 5] and companion.resources.fuse_replicates is fused
+    comp_location = StudyLocation(companion.name, str(tmp_path))
+    calls = []
+    monkeypatch.setattr(package, "_companions", lambda loc, digest: [(comp_location, companion,
+                                                                      SimpleNamespace(trials=[]))])
+    monkeypatch.setattr(package, "resume_study", lambda loc, **kw: calls.append(("resume", loc.name)))
+    monkeypatch.setattr(package, "run_study", lambda spec, **kw: calls.append(("run", spec.seed_values)))
+    monkeypatch.setattr(package.StudyRecord, "load", lambda *a, **kw: SimpleNamespace(trials=[]))
+    best = SimpleNamespace(config_hash="0123456789abcdef", config=config, trial_id="t1")
+    assert package.train_missing(parent, location, best, [4, 5, 6], address=None, verbose=False) == []
+    assert calls == [("resume", companion.name), ("run", [6])]
+
+
 def test_package_takes_the_records_best_trial_and_seeds_group_by_config():
     """The best configuration and trial are the record's (`launch.record.best_group`, tested for every view in
     tests/test_best_epoch.py); package only falls back within that configuration when its trial has no checkpoint."""

@@ -16,7 +16,7 @@ import pytest
 
 from dashboards.stats import Noise, power
 from launch import rehearse
-from launch.spec import load_study
+from launch.spec import StudySpec, load_study
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "studies" / "smoke.yaml"
@@ -168,6 +168,23 @@ def test_a_rehearsal_on_its_logical_ray_is_not_checked_against_this_machines_cor
         check_local_machine(spec)
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # the rehearsal's Ray, connected
     check_local_machine(spec)  # nothing refused: `_drive` checks the study against that cluster
+
+
+
+@pytest.mark.parametrize("workers, gpus, held", [(2, 0.25, 0.5), (2, 0.5, 1.0), (4, 0.5, 2.0), (2, 1, 2.0),
+                                                  (3, 0.5, 2.0), (2, 0, 0.0)])
+def test_a_multi_worker_study_is_rehearsed_by_one_worker_holding_all_its_gpus(tmp_path, workers, gpus, held):
+    """The stand-in trains in the trial process: one worker holds the trial's CPUs and GPUs, fractions of a GPU
+    included (two workers of 0.25 GPU, packed four trials a card, were rehearsed on none); a fraction above one GPU,
+    which one actor cannot hold, becomes the next whole GPU."""
+    overrides = [f"resources.workers_per_trial={workers}", f"resources.gpus_per_worker={gpus}",
+                 "resources.cpus_per_worker=1.5"]
+    raw, own = rehearse.rehearsal_raw(str(SMOKE), overrides, str(tmp_path), None)
+    assert raw["resources"]["workers_per_trial"] == workers
+    res = own["resources"]
+    assert (res["workers_per_trial"], res["cpus_per_worker"], res["gpus_per_worker"]) == (1, 1.5 * workers, held)
+    spec = StudySpec.from_dict(own, source=str(SMOKE), check_files=False)  # a study the spec accepts
+    assert spec.trial_resources()["GPU"] == held
 
 
 @pytest.mark.ray

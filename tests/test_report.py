@@ -324,3 +324,15 @@ def test_lambda_series_leaves_the_baseline_out_and_draws_it_as_a_band():
     assert points[0.035].mean == 111.0 and points[0.035].low == pytest.approx(111.0 - 2.484, abs=1e-3)
     assert points[0.1].n == 2 and points[0.1].low == pytest.approx(106 - 12.706 * 2 ** 0.5 / 2 ** 0.5, abs=1e-2)
     assert baseline.mean == 101.0 and baseline.n == 3 and baseline.high == pytest.approx(103.484, abs=1e-3)
+
+
+def test_the_runs_table_lists_best_val_cider_first_and_runs_without_it_last():
+    """A run still in its first epoch (no val CIDEr yet) goes below every scored run, not above the best."""
+    from dashboards.report import runs_table_html
+    from dashboards.runs import CIDER, Trial
+
+    runs = [Trial("t1", name="run-worse", state="TERMINATED", final={CIDER: 90.0}),
+            Trial("t2", name="run-running", state="RUNNING"),
+            Trial("t3", name="run-best", state="TERMINATED", final={CIDER: 110.0})]
+    rows = re.findall(r"run-(best|worse|running)", runs_table_html(runs, []))
+    assert rows == ["best", "worse", "running"]

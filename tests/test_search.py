@@ -14,8 +14,8 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import ConcurrencyLimiter, Searcher
 
 from a2core.config import ConfigError
-from launch.search import (GridCrossedSearcher, ReplicateASHA, build_scheduler, group_key, n_startup_trials,
-                           tune_config_kwargs)
+from launch.search import (GridCrossedSearcher, ReplicateASHA, asha_rungs, build_scheduler, group_key,
+                           n_startup_trials, tune_config_kwargs)
 from launch.spec import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -425,6 +425,16 @@ def scheduler(k=2.0, replicates=3):
 
 # seed spread 1.0 in every group (values m-1, m, m+1): pooled sd 1, threshold 2 * 1 * sqrt(2/3) = 1.633
 SPREAD = (-1.0, 0.0, 1.0)
+
+
+
+@pytest.mark.parametrize("max_t, grace, factor, rungs", [
+    (8, 1, 2, [1, 2, 4]), (8, 2, 2, [2, 4]), (30, 1, 3, [1, 3, 9, 27]), (8, 8, 2, []),
+    (4, 1, 1.5, [1, 2, 3]),  # 1, 1.5, 2.25, 3.375: rounded up, 2 once and never the last epoch (4)
+    (10, 1, 1.1, [1, 2, 3, 4, 5, 6, 7, 8, 9]),  # 1.1**i: each epoch once, not 2, 2, 2, ...
+    (6, 2, 1.2, [2, 3, 4, 5])])
+def test_rungs_are_whole_epochs_before_the_last_each_once(max_t, grace, factor, rungs):
+    assert asha_rungs(max_t, grace, factor) == rungs
 
 
 def test_scheduler_never_stops_a_group_within_its_threshold():
