@@ -707,10 +707,16 @@ class StudySpec(Section):
             set_dotted(raw, path, value)
         return applicable_config(Config.from_dict(raw, source=self.source).to_dict())
 
+    @property
+    def has_train_driver(self) -> bool:
+        """Whether a trial is a Ray Train job whose small Tune driver function holds `resources.driver_cpus` beside
+        its workers (`launch.trainable.make_trainable`); a one-worker or fused trial trains in the Tune trial."""
+        return self.resources.workers_per_trial > 1 and not self.resources.fuse_replicates
+
     def trial_resources(self) -> dict:
-        """Total resources of one trial: its workers plus its Tune driver function."""
+        """Total resources of one trial: its workers plus, on Ray Train, its Tune driver function."""
         r = self.resources
-        return {"CPU": r.workers_per_trial * r.cpus_per_worker + r.driver_cpus,
+        return {"CPU": r.workers_per_trial * r.cpus_per_worker + (r.driver_cpus if self.has_train_driver else 0),
                 "GPU": r.workers_per_trial * r.gpus_per_worker}
 
     def summary(self) -> str:
@@ -1109,7 +1115,7 @@ def check_cluster(spec: StudySpec, cluster: dict, where: str = "the cluster", ca
             continue
         more = float((can_add or {}).get(kind, 0))
         asked = (f"a trial needs {r.workers_per_trial} workers x {format_value(getattr(r, key))} {kind}"
-                 + (f" + {format_value(r.driver_cpus)} (driver)" if kind == "CPU" else "")
+                 + (f" + {format_value(r.driver_cpus)} (driver)" if kind == "CPU" and spec.has_train_driver else "")
                  + f" = {format_value(need[kind])} {kind}s")
         if need[kind] > have + more + 1e-9:
             added = f" (and its autoscaler can add {format_value(more)})" if can_add is not None else ""

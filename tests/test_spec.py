@@ -259,8 +259,9 @@ def test_dotted_space_keys_must_exist_and_fit_the_type(tmp_path):
 
 def test_cluster_resources_are_checked():
     load_study(SMOKE, cluster_resources={"CPU": 2, "GPU": 0})
+    load_study(SMOKE, ["resources.cpus_per_worker=2"], cluster_resources={"CPU": 2, "GPU": 0})  # a worker's CPUs
     with pytest.raises(ConfigError) as err:
-        load_study(SMOKE, ["resources.cpus_per_worker=2"], cluster_resources={"CPU": 2, "GPU": 0})
+        load_study(SMOKE, ["resources.cpus_per_worker=3"], cluster_resources={"CPU": 2, "GPU": 0})
     assert err.value.path == "resources.cpus_per_worker" and "cluster has 2" in str(err.value)
     with pytest.raises(ConfigError) as err:
         load_study(SMOKE, ["resources.gpus_per_worker=2"], cluster_resources={"CPU": 2, "GPU": 1})
@@ -287,14 +288,19 @@ def test_a_gpu_study_waits_for_the_workers_an_autoscaling_cluster_adds(tmp_path)
     head = {"CPU": 8.0, "GPU": 0.0}
     with pytest.raises(ConfigError) as err:
         check_cluster(spec, head)  # without the autoscaler's figures: refused, as before
-    assert err.value.path == "resources.cpus_per_worker"
+    assert err.value.path == "resources.gpus_per_worker"
     waits = check_cluster(spec, head, can_add=limits)
     need = spec.trial_resources()
-    assert need == {"CPU": 8.01, "GPU": 1} and waits == [
-        "a trial needs 1 workers x 8 CPU + 0.01 (driver) = 8.01 CPUs; the cluster has 8 now and its autoscaler can "
-        "add 192: trials wait for the worker nodes it starts",
+    # a one-worker trial asks Ray for its worker's CPUs only (no Ray Train driver): it fits the head's 8 CPUs
+    assert need == {"CPU": 8, "GPU": 1} and waits == [
         "a trial needs 1 workers x 1 GPU = 1 GPUs; the cluster has 0 now and its autoscaler can add 16: trials wait "
         "for the worker nodes it starts"]
+    two = load_study(ROOT / "studies" / "fusion_ablation.yaml", ["storage=/tmp/unused", "resources.workers_per_trial=2"],
+                     check_files=False)  # a Ray Train job: its Tune driver function holds driver_cpus beside them
+    assert two.trial_resources() == {"CPU": 16.01, "GPU": 2}
+    assert check_cluster(two, {"CPU": 16.01, "GPU": 2.0}) == []
+    with pytest.raises(ConfigError, match=r"2 workers x 8 CPU \+ 0.01 \(driver\) = 16.01 CPUs but the cluster has 16$"):
+        check_cluster(two, {"CPU": 16.0, "GPU": 2.0})
     huge = load_study(ROOT / "studies" / "fusion_ablation.yaml", ["storage=/tmp/unused", "resources.workers_per_trial=25"],
                       check_files=False)
     with pytest.raises(ConfigError) as err:

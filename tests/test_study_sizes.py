@@ -83,8 +83,8 @@ def test_validate_refuses_a_local_trial_this_machine_cannot_hold(tmp_path, capsy
     too_many = f"resources.cpus_per_worker={cpus + 1}"
     assert main(["study", "validate", str(SMOKE), too_many, f"storage={tmp_path}"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"a2: error: {SMOKE}: resources.cpus_per_worker: a trial needs 1 workers x {cpus + 1} CPU + 0.01 (driver) = "
-        f"{cpus + 1.01:g} CPUs but this machine has {cpus}"]
+        f"a2: error: {SMOKE}: resources.cpus_per_worker: a trial needs 1 workers x {cpus + 1} CPU = "
+        f"{cpus + 1} CPUs but this machine has {cpus}"]
     assert main(["study", "validate", str(SMOKE), "resources.gpus_per_worker=1", f"storage={tmp_path}"]) == 2
     assert "= 1 GPUs but this machine has 0" in capsys.readouterr().err
     # a study for a cluster (an address to join) is checked against that cluster when it runs, not this machine
