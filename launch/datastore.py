@@ -88,6 +88,8 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
     if not where.exists() and source.exists() and not source.is_folder():
         return _fetch_file(source, target, quiet)
     text = where.read_text()
+    if text is None and not source.is_folder():  # neither a file nor a store: a typo'd URI, named as given
+        raise DataError(f"{source}: no such file or feature store")
     if text is None:
         raise DataError(f"{where}: no such file (not a prepared feature store; "
                         f"make one with `a2 data prepare` and upload it with `a2 data push`)")

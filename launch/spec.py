@@ -78,8 +78,9 @@ _COUPLED = ({"model.temperature", "model.fusion"}, {"model.heads", "model.d_mode
 # -- the schema of the study's own sections ------------------------------------------------------------------------
 # data / model / train are a2core's Config: checked as a whole once the space's keys are set (`_check_trials`).
 def _listed_once(values: list, what: str = "") -> list:
+    """`values` when none is listed twice; 4 and 4.0 are one value (as `Param.contains` has them), True and 1 two."""
     for i, v in enumerate(values):
-        if any(v == w and type(v) is type(w) for w in values[:i]):
+        if any(v == w and (type(v) is type(w) or _is_number(v) and _is_number(w)) for w in values[:i]):
             raise ConfigError(f"[{i}]", f"{what}{v!r} is listed twice")
     return values
 

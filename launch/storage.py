@@ -344,13 +344,18 @@ class Location:
             os.replace(staging, target.uri)
             return
         (src_fs, src), (dst_fs, dst) = self.filesystem, target.filesystem
+        # Replaced: emptied first, so that no file of an older copy stays and, until `last` lands, a reader takes
+        # the folder as incomplete rather than an older `last` with the new files beside it.
+        target.delete_folder()
         with self._errors("copy it"):
             infos = src_fs.get_file_info(pafs.FileSelector(src, recursive=True))
             files = sorted((i.path for i in infos if i.type == pafs.FileType.File),
                            key=lambda path: path == f"{src}/{last}")
             for path in files:
-                pafs.copy_files(path, f"{dst}/{path[len(src):].lstrip('/')}", source_filesystem=src_fs,
-                                destination_filesystem=dst_fs)
+                to = f"{dst}/{path[len(src):].lstrip('/')}"
+                if target.local:  # S3 has no folders to make; a local copy's parents must exist
+                    os.makedirs(os.path.dirname(to), exist_ok=True)
+                pafs.copy_files(path, to, source_filesystem=src_fs, destination_filesystem=dst_fs)
 
     def download(self, target: str | os.PathLike) -> Path:
         """A copy of this file at `target`, written atomically; from S3 its size and the sha256 that `upload_file`

@@ -68,8 +68,12 @@ def test_push_then_fetch_verifies_skips_and_replaces(s3_endpoint, tmp_path, caps
         datastore.fetch(uri, target, endpoint_url=s3_endpoint, quiet=True)
     assert (target / prepared.ROWS).read_bytes() == (tmp_path / "v1.a2feat" / prepared.ROWS).read_bytes()
     assert sorted(p.name for p in target.parent.iterdir()) == [".features.a2feat.lock", "features.a2feat"]
-    with pytest.raises(DataError, match=r"nothing\.a2feat/manifest\.json: no such file"):
+    # nothing at the URI (a typo): named as given; a folder without its manifest: not a store, and how to make one
+    with pytest.raises(DataError, match=rf"^s3://{bucket}/nothing\.a2feat: no such file or feature store$"):
         datastore.fetch(f"s3://{bucket}/nothing.a2feat", tmp_path / "x", endpoint_url=s3_endpoint, quiet=True)
+    s3_client(s3_endpoint).put_object(Bucket=bucket, Key=f"half.a2feat/{prepared.ROWS}", Body=b"rows")
+    with pytest.raises(DataError, match=r"half\.a2feat/manifest\.json: no such file \(not a prepared feature store"):
+        datastore.fetch(f"s3://{bucket}/half.a2feat", tmp_path / "x", endpoint_url=s3_endpoint, quiet=True)
 
 
 def test_push_and_fetch_a_plain_file(s3_endpoint, tmp_path):

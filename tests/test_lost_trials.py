@@ -156,6 +156,15 @@ def test_copy_folder_copies_everything_below_it_locally_and_on_s3(tmp_path, s3_e
     there = open_location(f"s3://{bucket}/st/b", s3_endpoint)
     remote.copy_folder(there, last=CHECKPOINT_FILE)
     assert there.join("sub", "x.txt").read_text() == "x" and there.join(CHECKPOINT_FILE).read_text() == "weights"
+    # copied again from a folder without sub/x.txt (an epoch trained again): replaced, as locally, nothing stale left
+    newer = open_location(f"s3://{bucket}/st/newer", s3_endpoint)
+    newer.join(CHECKPOINT_FILE).write_text("weights 2")
+    newer.copy_folder(there, last=CHECKPOINT_FILE)
+    assert there.join(CHECKPOINT_FILE).read_text() == "weights 2" and not there.join("sub", "x.txt").exists()
+    open_location(str(source)).copy_folder(there, last=CHECKPOINT_FILE)  # local to S3 likewise
+    newer.copy_folder(target, last=CHECKPOINT_FILE)  # and S3 to local
+    assert there.join("sub", "x.txt").exists() and not (tmp_path / "b" / "c" / "sub").exists()
+    assert (tmp_path / "b" / "c" / CHECKPOINT_FILE).read_text() == "weights 2"
 
 
 def test_a_kill_point_kills_only_where_a2_kill_at_names_it():

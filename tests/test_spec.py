@@ -338,6 +338,8 @@ BAD = [
     ("unknown top-level key", ["serch.metric=val/CIDEr"], "serch", "unknown key"),
     ("unknown key in a space entry", ["search.space.seed.grdi=[0]"], "search.space.seed.grdi", "unknown key"),
     ("unknown config key", ["model.dmodel=64"], "model.dmodel", "unknown key"),
+    ("a number listed twice in a grid", ["search.space={fusion: {grid: [none]}, model.heads: {grid: [4, 4.0]}}"],
+     "search.space.model.heads.grid[1]", "4.0 is listed twice"),
     ("unknown resources key", ["resources.gpus=1"], "resources.gpus", "unknown key"),
     ("wrong type", ["train.batch_size=big"], "train.batch_size", "integer"),
     ("a boolean for an integer", ["train.batch_size=true"], "train.batch_size", "must be an integer, got True"),
