@@ -472,8 +472,12 @@ class StudySpec(Section):
         self._images, self._images_source = _split_counts(self._base["data"], splits)
         _check_batch(self)
         match = _JSD_METRIC.match(self.metric)
-        if match and int(match.group(1)) >= self._base["model"]["layers"]:
-            _fail("search.metric", f"{self.metric}: the model has {self._base['model']['layers']} layers")
+        # searched, the layers are the space's (the base holds the schema default there): the fewest any trial has
+        searched = [min(p.values) for p in self.params.values() if p.path == "model.layers"]
+        layers = searched[0] if searched else self._base["model"]["layers"]
+        if match and int(match.group(1)) >= layers:
+            _fail("search.metric", f"{self.metric}: the model has {layers} layers"
+                                   + (" in some trials (model.layers is searched)" if searched else ""))
         if not match and self.metric not in METRICS:
             _fail("search.metric", f"{self.metric!r} is not reported by training; one of {', '.join(METRICS)}, "
                                    f"diag/jsd/layer<i>")
@@ -844,7 +848,8 @@ def check_fused(spec: StudySpec) -> None:
         _fail(key, "fuses a configuration's replicate seeds: set search.replicates to 2 or more")
     if spec.resources.workers_per_trial > 1:
         _fail(key, "a fused trial trains on one worker: set resources.workers_per_trial: 1")
-    if spec.base["train"].get("precision") == "fp16":
+    searched = [v for p in spec.params.values() if p.path == "train.precision" for v in p.values]
+    if "fp16" in (spec.base["train"].get("precision"), *searched):  # set in train, or a value of the space's
         _fail(key, "fp16's loss scaler skips a step for every seed when one overflows: use fp32 or bf16")
 
 

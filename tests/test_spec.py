@@ -338,6 +338,12 @@ BAD = [
     ("unknown top-level key", ["serch.metric=val/CIDEr"], "serch", "unknown key"),
     ("unknown key in a space entry", ["search.space.seed.grdi=[0]"], "search.space.seed.grdi", "unknown key"),
     ("unknown config key", ["model.dmodel=64"], "model.dmodel", "unknown key"),
+    ("a layer some trials lack", ["search.metric=diag/jsd/layer2", "model={d_model: 32, heads: 2, d_ff: 64}",
+                                  "search.space={fusion: {grid: [none]}, model.layers: {grid: [3, 2]}}"],
+     "search.metric", "the model has 2 layers in some trials (model.layers is searched)"),
+    ("fp16 searched with fused seeds", ["resources.fuse_replicates=true",
+                                        "search.space={fusion: {grid: [none]}, train.precision: {grid: [fp32, fp16]}}"],
+     "resources.fuse_replicates", "fp16's loss scaler"),
     ("a number listed twice in a grid", ["search.space={fusion: {grid: [none]}, model.heads: {grid: [4, 4.0]}}"],
      "search.space.model.heads.grid[1]", "4.0 is listed twice"),
     ("unknown resources key", ["resources.gpus=1"], "resources.gpus", "unknown key"),
@@ -581,3 +587,10 @@ def test_a_captured_step_is_refused_without_fused_seeds_or_a_gpu(tmp_path, overr
     kept = load_study(SMOKE, ["resources.capture_step=true", "resources.fuse_replicates=true",
                               "resources.gpus_per_worker=0.5", f"storage={tmp_path}"], check_files=False)
     assert kept.resources.capture_step and kept.resources.model_dump()["capture_step"] is True
+
+
+def test_a_jsd_metric_names_a_layer_of_every_trial_when_the_layers_are_searched():
+    """The layers of the space's trials, not the schema default that the base holds for a searched key (6)."""
+    spec = load_study(SMOKE, ["search.metric=diag/jsd/layer7", "model={d_model: 32, heads: 2, d_ff: 64}",
+                              "search.space={fusion: {grid: [none]}, model.layers: {grid: [8, 9]}}"], check_files=False)
+    assert spec.metric == "diag/jsd/layer7"
