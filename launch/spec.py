@@ -1004,7 +1004,8 @@ def check_sizes(config: dict, source: str | None = None) -> None:
 def _probes(spec: StudySpec, cell: dict) -> list[dict]:
     picks = [lambda p: p.default(), lambda p: p.values[0], lambda p: p.values[-1]]
     picks += [lambda p, point=point: point[p.key] for point in spec.search.points_to_evaluate]
-    picks += [lambda p, c=c, v=v: v if p is c else p.values[0]
+    # every value of every choice key, in a trial where that key exists (the keys its `when` names set so)
+    picks += [lambda p, c=c, v=v: v if p is c else (c.when or {}).get(p.key, p.values)[0]
               for c in spec.sampled_params if c.kind == "choice" for v in c.values]
     return _distinct_dicts({**cell, **spec.fill(cell, pick)} for pick in picks)
 

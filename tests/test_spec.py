@@ -338,6 +338,10 @@ BAD = [
     ("unknown top-level key", ["serch.metric=val/CIDEr"], "serch", "unknown key"),
     ("unknown key in a space entry", ["search.space.seed.grdi=[0]"], "search.space.seed.grdi", "unknown key"),
     ("unknown config key", ["model.dmodel=64"], "model.dmodel", "unknown key"),
+    ("a conditional choice's value", ["model={d_model: 64, layers: 1, d_ff: 64}",
+                                      "search.space={fusion: {choice: [none, gate]}, model.heads: {choice: [4, 3, 8], "
+                                      "when: {fusion: gate}}}"],
+     "search.space.model.heads.choice", "3 gives an invalid model.heads"),
     ("a layer some trials lack", ["search.metric=diag/jsd/layer2", "model={d_model: 32, heads: 2, d_ff: 64}",
                                   "search.space={fusion: {grid: [none]}, model.layers: {grid: [3, 2]}}"],
      "search.metric", "the model has 2 layers in some trials (model.layers is searched)"),
