@@ -279,13 +279,17 @@ def refuse_unreadable(members: list[Trial], local: list[str]) -> None:
 
 
 def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str | None = None) -> str:
-    """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once."""
+    """A local path of a checkpoint: local paths as they are, s3:// objects downloaded (verified) once per content."""
     location = open_location(uri, endpoint_url)
     if location.local:
         return location.uri
-    target = Path(cache_dir) / hashlib.sha256(uri.encode()).hexdigest()[:16] / "checkpoint.pt"
+    recorded = open_location(uri + SUFFIX, endpoint_url).read_text()  # its sha256, written beside it
+    size, stored = location.stored_digest()
+    # Cached by what is stored now, not by the URI alone: a checkpoint trained again under the same name (a study
+    # started again in place, an epoch retrained) is downloaded again, never an older download taken for it.
+    key = hashlib.sha256(f"{uri}\n{size}\n{stored}\n{recorded}".encode()).hexdigest()[:16]
+    target = Path(cache_dir) / key / "checkpoint.pt"
     if not target.is_file():
-        recorded = open_location(uri + SUFFIX, endpoint_url).read_text()
         if recorded is not None:  # beside the copy, before it: `a2core.checkpoint.load` checks the copy against it
             atomic_write(checksum_path(target), recorded)
         location.download(target)

@@ -177,6 +177,33 @@ def test_upload_prefix_seed_study_names_and_local_checkpoints(tmp_path):
     assert fetch_checkpoint(str(checkpoint), tmp_path / "cache") == str(checkpoint)  # a local one is not copied
 
 
+
+def test_a_checkpoint_stored_again_under_its_uri_is_downloaded_again(tmp_path, s3_endpoint):
+    """The download cache outlives a package run: a checkpoint trained again under the same URI (a study started
+    again in place) is fetched anew, with or without the object's stored sha256 (a trial's checkpoints are copied to
+    S3 without it, their checksum file beside them), never the older bytes, which their older checksum file passed."""
+    from a2core.checksum import checksum_problem, write_checksum
+    from launch.package import fetch_checkpoint
+    from launch.storage import open_location, upload_file
+
+    bucket = unique_bucket(s3_endpoint, "ckcache")
+    local = tmp_path / "checkpoint.pt"
+    for n, (uploaded, body) in enumerate([(True, "old weights"), (True, "new weights"),
+                                          (False, "old again!!"), (False, "new again!!")]):  # one length
+        local.write_text(body)
+        uri = f"s3://{bucket}/st/trials/t{n // 2}/checkpoint_000003/checkpoint.pt"
+        if uploaded:  # with its sha256 in the object's metadata
+            upload_file(local, uri, endpoint_url=s3_endpoint)
+        else:  # as `copy_folder` stores a trial's: plain objects, the checksum file beside
+            write_checksum(local)
+            open_location(uri + ".sha256", s3_endpoint).write_text(Path(f"{local}.sha256").read_text())
+            open_location(uri, s3_endpoint).write_text(body)
+        got = fetch_checkpoint(uri, tmp_path / "cache", s3_endpoint)
+        assert Path(got).read_text() == body
+        if not uploaded:  # the checksum file beside the copy is its own, which `a2core.checkpoint.load` checks
+            assert checksum_problem(got, Path(f"{got}.sha256").read_text(), got) is None
+
+
 def test_write_manifest_names_members_scores_and_uploads(tmp_path):
     from launch.package import write_manifest
     from launch.location import StudyLocation
