@@ -204,6 +204,8 @@ def _load_trial(spec, location: StudyLocation, digest: Digest | None, for_digest
     files = (location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id)).files(skip=(ARTIFACTS_DIR,))
              if digest is not None or for_digest else None)
     kept = digest.trial(tune, files) if digest is not None else None
+    if kept is not None and refuse and kept[1] == 0 and any(f[0] == RESULTS_FILE for f in files):
+        kept = None  # a result log the digest read as no epochs: read again, so that one cut short is refused
     if kept is None:
         row, log = record_trial(spec, location, tune, ended, refuse)
         return row, len(log), files

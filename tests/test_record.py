@@ -259,3 +259,20 @@ def test_tunes_word_on_the_trials_comes_from_the_digest_while_its_experiment_sta
     changed = launch.record.StudyRecord.load(fab.location)
     assert parsed == [1] and reads == ["max1"]
     assert {t.trial_id: t.state for t in changed.trials}["max1"] == "ERROR"
+
+
+def test_a_result_log_cut_short_is_refused_with_the_studys_digest_saved_too(tmp_path):
+    """The driver saves the record's digest without refusing (`launch.driver`): a trial whose log was cut short is
+    in it with no epochs. A reader that refuses such a log (`a2 package`) refuses it all the same, instead of taking
+    the digest's empty trial as it is."""
+    from a2core.errors import StudyError
+    from launch.layout import RESULTS_FILE, TRIALS_DIR, train_run_name
+
+    study = fabricated_study(tmp_path, "dig", 2)
+    study.add("t1", {"fusion": "none", "seed": 0}, [{"epoch": 1, "val/CIDEr": 10.0}, {"epoch": 2, "val/CIDEr": 12.0}])
+    study.add("t2", {"fusion": "none", "seed": 1}, [{"epoch": 1, "val/CIDEr": 11.0}])
+    study.location.at(TRIALS_DIR, train_run_name("dig", "t2"), RESULTS_FILE).write_text('[{"epoch": 1, "val/CI')
+    study.record(for_digest=True).save_digest()  # as the driver leaves it
+    assert StudyRecord.load(study.location, study.spec, trials=list(study.trials)).logged["t2"] == 0
+    with pytest.raises(StudyError, match=r"dig-t2/results\.json: unreadable"):
+        StudyRecord.load(study.location, study.spec, trials=list(study.trials), refuse="package")
