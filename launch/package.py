@@ -59,8 +59,8 @@ def decode_estimate(name: str, *, storage: str | None = None, seeds=None, beam_s
     checkpoint (an ensemble of M members costs M single-model passes per beam step)."""
     location, spec, record = open_study(name, storage, verbose=False)
 
-    best = select_best(best_group(spec, record.groups()), candidates(spec, record.trials), spec.mode, spec.name)
-    members = len(set(seeds)) if seeds else len(SEEDS)
+    best, rows = best_and_candidates(spec, location, record)
+    members = len(set(seeds)) if seeds else len(ensemble_seeds(rows, best.config_hash, stored(location))[0])
     checkpoint = fetch_checkpoint(best.best_checkpoint, checkpoint_cache(), location.endpoint_url)
     _, data_config, images = decoding_data(checkpoint, data_overrides, val_images, test_images)
     splits = images["splits"]
@@ -225,20 +225,30 @@ def ensemble_seeds(cands: list[Trial], digest: str, exists: Callable[[str], bool
     return list(SEEDS), f"the best configuration has {len(own)} replicate(s) with a checkpoint, fewer than {len(SEEDS)}"
 
 
+def stored(location) -> Callable[[str], bool]:
+    """Whether a checkpoint's URI exists, in the study's storage (its endpoint)."""
+    return lambda uri: open_location(uri, location.endpoint_url).exists()
+
+
+def best_and_candidates(spec, location, record: StudyRecord) -> tuple[Trial, list[Trial]]:
+    """The study's best trial and the trials its ensemble may take checkpoints from: the record's (`candidates`)
+    and those of the best configuration in its companion seed studies (packaging's earlier runs)."""
+    rows = candidates(spec, record.trials)
+    best = select_best(best_group(spec, record.groups()), rows, spec.mode, spec.name)
+    for _, comp_spec, comp_record in _companions(location, best.config_hash):
+        rows += candidates(comp_spec, comp_record.trials, best.config_hash)
+    return best, rows
+
+
 def ensemble_members(spec, location, record: StudyRecord, seeds: list[int] | None, *, no_train: bool,
                      address: str | None, verbose: bool) -> tuple[Trial, list[Trial]]:
     """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
     (missing seeds trained as a companion study unless `no_train`). `seeds` None: `ensemble_seeds`."""
-    def exists(uri: str) -> bool:
-        return open_location(uri, location.endpoint_url).exists()
-
-    rows = candidates(spec, record.trials)
-    best = select_best(best_group(spec, record.groups()), rows, spec.mode, spec.name)
+    exists = stored(location)
+    best, rows = best_and_candidates(spec, location, record)
     digest = best.config_hash
     say(f"package: best trial {best.trial_id} of {spec.name}: {spec.metric} {best.best_value:.2f} "
         f"(fusion {best.fusion}, seed {best.seed}, config {digest[:12]})", verbose)
-    for _, comp_spec, comp_record in _companions(location, digest):
-        rows += candidates(comp_spec, comp_record.trials, digest)
     if seeds is None:
         seeds, why = ensemble_seeds(rows, digest, exists)
         say(f"package: ensemble seeds {', '.join(map(str, seeds))} ({why})", verbose)

@@ -75,6 +75,18 @@ def test_estimate_states_the_decode_cost_and_trains_nothing(study, tmp_path, cap
     assert not (tmp_path / "a2-packages").exists()  # nothing written
 
 
+def test_the_estimate_prices_the_ensemble_package_would_decode(study, monkeypatch, capsys):  # noqa: F811
+    """Without --seeds, package decodes the best configuration's replicates when it has at least len(SEEDS) of them
+    (`ensemble_seeds`): the estimate prices that many members, not len(SEEDS). Here len(SEEDS) is made 2, below
+    the study's 3 seeds with a checkpoint (0, 1, 2)."""
+    from launch import package
+    from launch.cli import main
+
+    monkeypatch.setattr(package, "SEEDS", (0, 1))
+    assert main(["package", NAME, "--storage", str(study["storage"]), "--estimate"]) == 0
+    assert "3-member ensemble, beam 5" in capsys.readouterr().out
+
+
 @pytest.mark.timeout(600)
 def test_a_killed_package_process_reruns_without_decoding_a_shard_twice(study, tmp_path):  # noqa: F811
     """`a2 package` as a process of its own, killed (SIGKILL: no handler runs) once a shard is in the study's
