@@ -13,6 +13,8 @@ The record format (version 1), one small JSON file per table:
      "columns": [["test CIDEr", "test/CIDEr"],     # [heading, metric] of the interval columns, in order; a heading
                  ["val CIDEr (selection)", "val/CIDEr"], ...],  # names its split, and a val column of a record
                                                    # on the test split is the selection criterion, labelled so
+     "pooled": true,                               # optional: every row the same fresh seeds (confirmation seeds),
+                                                   # the differences on the seed variance pooled over the rows
      "measured": "2026-11-24, 2 cores, 24 GiB, no GPU",
      "note": "...",                                # free text: overrides, data set version
      "arms": [{"label": "content", "config": "fusion=gate, lambda=0.035",
@@ -39,7 +41,7 @@ from a2core.atomic import atomic_write
 from a2core.errors import DataError
 from dashboards.compare import p_text, shown_metrics, study_comparison
 from dashboards.runs import CIDER, TEST_CIDER
-from dashboards.stats import Arm, compare_arms
+from dashboards.stats import Arm, adjust_family, compare_arms, pooled_differences
 
 FORMAT = "a2tune-study-record"
 VERSION = 1
@@ -110,6 +112,8 @@ def render_table(record: Mapping) -> str:
     columns = [tuple(c) for c in record["columns"]]
     comparison = compare_arms(arms_of(record), baseline=record.get("baseline"), metric=metric,
                               mode=record.get("mode", "max"), metrics=[m for _, m in columns])
+    if record.get("pooled"):  # as `a2 study compare` judges a study's confirmation seeds
+        comparison.differences = adjust_family(pooled_differences(comparison))
     short = metric.rsplit("/", 1)[-1]
     head = [record["by"], "seeds", *(heading for heading, _ in columns)]
     if record.get("baseline") is not None:  # "test CIDEr vs none [95% CI], p; Holm: verdict": the verdict's split too
@@ -166,8 +170,13 @@ def export_record(study, by: str, out: str | Path, *, spec: str = "",
     """Write the record of `a2 study compare NAME --by KEY`: each row's best configuration (chosen on val), its
     columns and verdict on the split `compare` judges on (the test split, and the val CIDEr the row was chosen by,
     labelled as the selection; val throughout when not every chosen run reported test scores). `study`: a
-    `dashboards.runs.Study`."""
+    `dashboards.runs.Study`. A study whose confirmation seeds have not all run has no verdicts to publish yet:
+    refused (DataError), nothing written."""
     comparison, configs, _ = study_comparison(study, by, baseline=baseline)
+    if study.confirm_from is not None and (comparison.note or "").startswith("no verdict for "):
+        raise DataError(f"study {study.name}: {comparison.note.split(':', 1)[0]}: the confirmation seeds (from seed "
+                        f"{study.confirm_from}) of its chosen configurations have not all run; export it once they "
+                        f"have")
     arms = []
     for arm, _ in comparison.rows:
         seeds = [int(s) if s is not None else i for i, s in enumerate(arm.seed_ids or [None] * len(arm.seeds))]
@@ -182,6 +191,7 @@ def export_record(study, by: str, out: str | Path, *, spec: str = "",
               # rule), else val
               "split": "test" if comparison.metric == TEST_CIDER else "val", "by": by,
               "metric": comparison.metric or CIDER, "mode": "max", "baseline": comparison.baseline,
+              **({"pooled": True} if study.confirm_from is not None else {}),
               "columns": [list(c) for c in shown_metrics(comparison)], "measured": measured, "note": note,
               "arms": arms}
     atomic_write(out, json.dumps(record, indent=1) + "\n")

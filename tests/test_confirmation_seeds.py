@@ -327,3 +327,22 @@ def test_the_best_configuration_is_a_confirmed_one_once_any_has_its_fresh_seeds(
     assert best_group(spec, [chosen, runner_up]) is chosen
     assert best_group(smoke(*THREE_GATES, "search.replicates=2"), [chosen, runner_up]) is runner_up
     assert best_group(spec, [ReplicateGroup("a", seeds=[0, 1], values=[104, 104]), runner_up]).config_hash == "a"
+
+
+def test_a_published_record_of_confirmation_seeds_prints_the_verdicts_compare_gives(tmp_path):
+    """`a2 results export` of a study with confirmation seeds: its table (`render_table`) judges the rows as
+    `a2 study compare` does, on the seed variance pooled over the rows' fresh seeds; before those seeds have all run
+    there is no verdict to publish, and nothing is written (the record would have judged a row on the seeds it was
+    chosen on)."""
+    from a2core.errors import DataError
+    from dashboards.records import export_record, render_table
+
+    study = lucky_study(confirmed=True)
+    record = export_record(study, "fusion", tmp_path / "lucky.json")
+    assert record["pooled"] is True
+    diff = study_comparison(study)[0].differences["gate"]
+    gate_row = next(line for line in render_table(record).splitlines() if line.startswith("| gate "))
+    assert f"[{diff.low:+.1f}, {diff.high:+.1f}]" in gate_row, (diff.interval_text(), gate_row)
+    with pytest.raises(DataError, match=r"study lucky: no verdict for none, gate: the confirmation seeds \(from seed 2\)"):
+        export_record(lucky_study(confirmed=False), "fusion", tmp_path / "early.json")
+    assert not (tmp_path / "early.json").exists()
