@@ -192,9 +192,8 @@ def latest_checkpoint_history(run) -> list[dict]:
     """The epoch history stored with the newest checkpoint of the run folder `run` that has one (empty if none):
     a driver killed between a checkpoint and Tune hearing of its result loses that result everywhere but here."""
     for epoch in reversed(checkpoint_epochs(run)):  # older checkpoints may lack the file
-        text = run.join(checkpoint_name(epoch), HISTORY_FILE).read_text()
-        try:
-            items = json.loads(text or "null")
+        try:  # a damaged one (cut short, or a flipped bit that is no UTF-8 any more) is passed over
+            items = json.loads(run.join(checkpoint_name(epoch), HISTORY_FILE).read_text() or "null")
         except ValueError:
             continue
         if isinstance(items, list):

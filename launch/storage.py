@@ -193,10 +193,11 @@ class Location:
         with self._errors("look it up"):
             return fs.get_file_info(path).type == pafs.FileType.Directory
 
-    def read_text(self) -> str | None:
-        """The file's text, or None when there is no such file."""
+    def read_text(self, errors: str = "strict") -> str | None:
+        """The file's text, or None when there is no such file. `errors` as `bytes.decode`'s: "replace" for a file
+        whose damage a check finds (a checksum file with a flipped bit reads as text that records no digest)."""
         data = self.read_bytes()
-        return None if data is None else data.decode("utf-8")
+        return None if data is None else data.decode("utf-8", errors)
 
     def read_bytes(self) -> bytes | None:
         """The file's bytes, or None when there is no such file. On S3 two requests whatever its size (its size, then

@@ -523,7 +523,7 @@ def checkpoint_problem(location, model: dict | None = None, searched: tuple = ()
             local = Path(location.uri) if location.local else location.download(Path(tmp) / "checkpoint.pt")
             state = checkpoint.load(local)  # a local file's SHA-256 beside it is checked there
             recorded = None if location.local else open_location(location.uri + SUFFIX, location.endpoint_url)
-            damaged = recorded and checksum_problem(local, recorded.read_text(), str(local))
+            damaged = recorded and checksum_problem(local, recorded.read_text(errors="replace"), str(local))
             if damaged:
                 raise CheckpointError(damaged)
         except (CheckpointError, OSError) as err:

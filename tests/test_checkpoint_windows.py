@@ -154,3 +154,60 @@ def test_a_trial_resumed_from_its_last_epoch_scores_the_test_split_and_reports_t
         {k: v for k, v in whole.items() if k.startswith("test/")}
     assert out["test"]["test/CIDEr"] == whole["test/CIDEr"] and out["epochs"] == 2
 
+
+
+# -- damaged files beside a trial's checkpoints -----------------------------------------------------------------------
+def _stored_checkpoint(folder: Path, epoch: int, best_epoch: int) -> None:
+    """A checkpoint folder as a trial stores it: checkpoint.pt, its SHA-256 beside it, the epoch history."""
+    import torch
+
+    from a2core.checksum import write_checksum
+    from launch.layout import CHECKPOINT_FILE
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": {"w": torch.full((4096,), 1.0)}, "config": {}, "vocab": [], "epoch": epoch,
+                "best": {"epoch": best_epoch, "val/CIDEr": 1.0}, "format": 2}, folder / CHECKPOINT_FILE)
+    write_checksum(folder / CHECKPOINT_FILE)
+    (folder / "history.json").write_text(json.dumps([{"epoch": e} for e in range(1, epoch + 1)]))
+
+
+def test_a_damaged_best_checkpoint_is_not_the_one_the_test_split_is_scored_from(tmp_path, capsys):
+    """A trial resumed at epoch 3 whose best epoch is 2 scores the test split from a copy of epoch 2's checkpoint
+    (`best_copy`): a flipped byte in it is found by its checksum, as in a checkpoint it resumes from, and the copy
+    is not used (None: the run says it has no best checkpoint to score) instead of scoring damaged weights."""
+    from launch.layout import CHECKPOINT_FILE, checkpoint_name
+    from launch.trainable import best_copy
+
+    run = tmp_path / "run"
+    for epoch in (2, 3):
+        _stored_checkpoint(run / checkpoint_name(epoch), epoch, best_epoch=2)
+    work = tmp_path / "work"
+    work.mkdir()
+    resume = run / checkpoint_name(3) / CHECKPOINT_FILE
+    assert best_copy(open_location(str(run)), resume, 3, work) == work / "best_epoch" / CHECKPOINT_FILE
+    stored = run / checkpoint_name(2) / CHECKPOINT_FILE
+    data = bytearray(stored.read_bytes())
+    data[data.find(bytes.fromhex("0000803f") * 8) + 2000] ^= 0x01  # one byte of the weights
+    stored.write_bytes(bytes(data))
+    assert best_copy(open_location(str(run)), resume, 3, work) is None
+    assert "damaged since it was written" in capsys.readouterr().out
+
+
+def test_a_flipped_bit_that_breaks_utf8_in_a_small_file_is_passed_over_not_a_crash(tmp_path):
+    """A checksum file or an epoch history whose damage makes it no UTF-8 any more: the checkpoint is checked or
+    passed over as with any other damage (the resume goes on from what reads), never a UnicodeDecodeError."""
+    from a2core.checksum import SUFFIX
+    from launch.layout import CHECKPOINT_FILE, checkpoint_name, latest_checkpoint_history
+    from launch.trainable import newest_readable_checkpoint
+
+    run = tmp_path / "run"
+    for epoch in (1, 2):
+        _stored_checkpoint(run / checkpoint_name(epoch), epoch, best_epoch=epoch)
+    (run / checkpoint_name(2) / "history.json").write_bytes(b'[{"epoch": 1}, {"epoch": \xb2}]')  # '2' ^ 0x80
+    assert latest_checkpoint_history(open_location(str(run))) == [{"epoch": 1}]  # epoch 1's, epoch 2's passed over
+    checksum = run / checkpoint_name(2) / (CHECKPOINT_FILE + SUFFIX)
+    checksum.write_bytes(b"\xb5" + checksum.read_bytes()[1:])
+    work = tmp_path / "work"
+    work.mkdir()
+    epoch, local = newest_readable_checkpoint(open_location(str(run)), [1, 2], work)
+    assert epoch in (1, 2) and local is not None  # a checksum that records nothing checks nothing; the file loads
