@@ -366,16 +366,20 @@ class LocalCheckpoints:
             item["checkpoint_path"] = self.save(checkpoint_dir, int(item["epoch"]))
             kill_point("checkpoint-saved", item["epoch"])
         (trial.record if tell_tune else trial.log_result)(item, attempt_cpu_s)
+        own_best = item.get("best/epoch")
         self.prune({e: r[self.metric] for e, r in trial.log.by_epoch.items()
-                    if isinstance(r.get(self.metric), (int, float))})
+                    if isinstance(r.get(self.metric), (int, float))},
+                   also=int(own_best) if isinstance(own_best, (int, float)) else None)
 
-    def prune(self, values: dict[int, float]) -> None:
-        """Delete the folders neither latest nor among the best (`values`: epoch -> the study metric)."""
+    def prune(self, values: dict[int, float], also: int | None = None) -> None:
+        """Delete the folders neither latest nor among the best (`values`: epoch -> the study metric) nor `also`:
+        a2core's own best epoch (`best/epoch`, by val CIDEr), which SCST and the test split start from when the trial
+        resumes; with a study metric other than val/CIDEr it may be none of the others."""
         epochs = self.complete_epochs()
         if len(epochs) <= self.num_to_keep:
             return
         scored = sorted((e for e in epochs if e in values), key=lambda e: rank(values[e], e, self.mode), reverse=True)
-        keep = {epochs[-1], *scored[:self.num_to_keep]}
+        keep = {epochs[-1], *scored[:self.num_to_keep], also}
         for epoch in epochs:
             if epoch not in keep:
                 self.run.join(checkpoint_name(epoch)).delete_folder()

@@ -95,6 +95,27 @@ def test_local_checkpoints_keep_the_best_and_the_latest(tmp_path):
         "checkpoint_epoch0002", "checkpoint_epoch0003", "checkpoint_epoch0004", "checkpoint_epoch0005"]
 
 
+
+def test_retention_keeps_the_epoch_scst_and_the_test_split_start_from_when_the_study_metric_is_another(tmp_path):
+    """A study searching on val/BLEU-4 keeps its best BLEU epochs and the latest; a2core's own best epoch (by val
+    CIDEr, `best/epoch` of every result), which a resumed trial's SCST and test evaluation start from, is kept too
+    (pruned, the resumed trial failed at its SCST stage on a best.pt it no longer had)."""
+    from types import SimpleNamespace
+
+    run = open_location(tmp_path / "run")
+    store = LocalCheckpoints(run, "val/BLEU-4", "max", num_to_keep=1)
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "checkpoint.pt").write_bytes(b"weights")
+    log = SimpleNamespace(by_epoch={})
+    trial = SimpleNamespace(log=log, log_result=lambda item, cpu: log.by_epoch.__setitem__(item["epoch"], item))
+    bleu, cider_best = {1: 30.0, 2: 20.0, 3: 35.0, 4: 25.0}, {1: 1, 2: 2, 3: 2, 4: 2}  # CIDEr peaked at epoch 2
+    for epoch in bleu:
+        store.keep_epoch(trial, {"epoch": epoch, "val/BLEU-4": bleu[epoch], "best/epoch": cider_best[epoch]},
+                         str(source), 0.0, tell_tune=False)
+    assert store.complete_epochs() == [2, 3, 4]  # a2core's best (2), the best BLEU (3), the latest (4)
+
+
 def test_price_per_hour_is_absent_unless_given(tmp_path):
     base = {"name": "p", "data": {"kind": "synthetic", "root": str(tmp_path / "d"), "images": 40},
             "search": {"space": {"fusion": {"grid": ["max"]}}}}
