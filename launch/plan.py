@@ -141,7 +141,7 @@ def cluster_workers(path: str | Path = CLUSTER_FILE) -> Workers | None:
 class Estimate:
     gpu_hours: float
     wall_hours: float
-    gpus_at_once: int
+    gpus_at_once: float  # a fraction where trials share one card
 
 
 def encoder_passes(spec) -> float:
@@ -183,10 +183,11 @@ def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimat
     test = VAL_IMAGE_COST * test_images(spec)  # once, when the trial ends
     gpu_seconds = (t["xe_epochs"] * xe + t["scst_epochs"] * scst + test) / images_per_second
     gpu_hours = spec.num_trials * gpu_seconds / 3600
-    at_once = spec.trial_resources()["GPU"] * spec.resources.max_concurrent_trials
+    # the trials side by side: no more than the study has (Tune trials: a fused trial holds a configuration's seeds)
+    at_once = spec.trial_resources()["GPU"] * min(spec.resources.max_concurrent_trials, spec.tune_samples)
     if workers is not None:
         at_once = min(at_once, workers.gpus * workers.max_nodes)
-    return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), int(at_once))
+    return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), at_once)
 
 
 # benchmarks/bench_fused.py's records: the training images/s per card of each mode it measured on one machine (one
@@ -398,7 +399,7 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
              f"{t['scst_epochs']} SCST)"]
     if t["xe_epochs"]:
         lines.append(f"  warmup    {_n(t['warmup'])} steps = {t['warmup'] / xe_steps:.1%} of the {_n(xe_steps)} XE "
-                     f"steps (the learning rate peaks in epoch {math.floor(t['warmup'] / steps) + 1})")
+                     f"steps (the learning rate peaks in epoch {math.ceil(t['warmup'] / steps)})")
     tp = spec.temperature_range()
     if tp is not None:
         keep = [math.exp(-total / v) for v in tp]
@@ -459,7 +460,7 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
               f"image ({_n(test_images(spec))} when a trial ends) {VAL_IMAGE_COST:g} (measured on an H200: "
               f"benchmarks/bench_gpu.py); a trial's GPUs scale linearly (assumed)",
               f"  GPU-hours {est.gpu_hours:,.0f} for {spec.num_trials} trials; about {est.wall_hours:,.0f} h wall "
-              f"on {est.gpus_at_once} GPUs at once"]
+              f"on {est.gpus_at_once:g} GPUs at once"]
     if workers is not None:
         node = price if price is not None else ON_DEMAND_PRICES.get(workers.instance)
         if node is None:

@@ -45,9 +45,10 @@ def study_progress(spec, trials, driven: bool, design_ended: bool = False) -> Pr
     left += unstarted * planned_each
     timed = [(float((t["compute"] or {}).get("wall_s") or 0.0), int(t["epochs_done"] or 0)) for t in trials]
     wall, epochs = sum(w for w, e in timed if e), sum(e for w, e in timed if w)
+    to_run = sum(t["state"] not in FINISHED for t in trials) + unstarted  # the last trials run fewer at a time
     return Progress(done, planned, left, wall / epochs if epochs and wall else None,
                     driven,
-                    max(1, min(spec.resources.max_concurrent_trials, spec.num_trials)),
+                    max(1, min(spec.resources.max_concurrent_trials, to_run)),
                     spec.search.scheduler.asha is not None, adaptive and not design_ended)
 
 

@@ -658,6 +658,14 @@ def rehearsal_raw(path: str, overrides: list[str], storage: str, tracking_uri: s
     return raw, own
 
 
+def logical_gpus(per_trial: float, concurrent: int) -> int:
+    """The whole GPUs that hold `concurrent` trials of `per_trial` GPUs each: a card holds floor(1 / per_trial) of
+    those asking a fraction (Ray does not split one trial's request over cards), the others whole ones each."""
+    if 0 < per_trial < 1:
+        return math.ceil(concurrent / math.floor(1 / per_trial + 1e-9))
+    return math.ceil(per_trial * concurrent - 1e-9)
+
+
 def _logical_ray(spec) -> None:
     """A local Ray whose declared CPUs and GPUs are what the study's concurrent trials ask (the cluster's, logical)."""
     # the driver's modules: not in the Ray Train workers that run `stand_in_train` (they import this module)
@@ -670,7 +678,7 @@ def _logical_ray(spec) -> None:
     per = spec.trial_resources()
     c = spec.resources.max_concurrent_trials
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    ray.init(address="local", num_cpus=max(1, math.ceil(per["CPU"] * c)), num_gpus=int(per["GPU"] * c),
+    ray.init(address="local", num_cpus=max(1, math.ceil(per["CPU"] * c)), num_gpus=logical_gpus(per["GPU"], c),
              include_dashboard=False, log_to_driver=False)
     connect()  # the connected Ray (connect's settings of the job apply only to a Ray it starts itself)
 

@@ -38,6 +38,19 @@ def test_progress_counts_trial_epochs_and_prices_the_rest_at_the_studys_concurre
                                        "2 trials at a time")
 
 
+
+def test_the_last_trial_running_alone_is_priced_alone(tmp_path):
+    """7 of the smoke study's 8 trials ended, the last running: its epochs left take their own time, not half of it
+    (two trials at a time is what the study allows, not what one trial left can use)."""
+    fab = fabricated_study(tmp_path, "tail", epochs=4)
+    for i in range(7):
+        fab.add(f"t{i}", {"fusion": "none" if i % 2 else "max", "seed": i // 2}, results(4, 100.0))
+    fab.add("t7", {"fusion": "max", "seed": 3}, results(2, 100.0), status="RUNNING")
+    progress = study_progress(fab.spec, fab.record().trials, driven=True)
+    assert (progress.epochs_left, progress.concurrency) == (2, 1)
+    assert progress.seconds_left == pytest.approx(2 * 100.0)
+
+
 def test_the_time_left_is_an_upper_bound_under_early_stopping_and_unknown_before_an_epoch():
     bound = Progress(10, 40, 30, 120.0, True, 4, True)
     assert progress_line(bound) == ("progress: 10/40 trial-epochs (25%); 2 min a trial-epoch; about 15 min left at "

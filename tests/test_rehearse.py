@@ -395,3 +395,11 @@ def test_adaptive_rehearsals_keep_the_family_wise_rate_with_fewer_seed_trials():
     assert (f"{agg['seed_trials_mean']:.1f} seed-trials a rehearsal on average against the fixed design's 12 "
             f"(every configuration 4 seeds)") in text
     assert "mean seeds" in text and "launch.adaptive.amend_summary" in text
+
+
+@pytest.mark.parametrize("per_trial, concurrent, cards", [(0.25, 2, 1), (0.3, 16, 6), (0.5, 3, 2), (1, 4, 4),
+                                                           (2, 3, 6), (0, 4, 0)])
+def test_a_rehearsals_logical_gpus_hold_its_concurrent_trials(per_trial, concurrent, cards):
+    """A card holds floor(1 / g) trials of a fraction g (0.3: 3 a card, 16 trials on 6); two of a quarter GPU need one
+    card, not int(0.5) = none, on which no trial asking a GPU could start."""
+    assert rehearse.logical_gpus(per_trial, concurrent) == cards

@@ -239,3 +239,22 @@ def test_plan_prices_adaptive_replicates_beside_the_fixed_design(tmp_path, capsy
     smoke_out = capsys.readouterr().out  # gate against none, no GPU: seed-trials only
     assert "gate vs none at 5:" in smoke_out and "seed-trials" in smoke_out
     assert "GPU-hours" not in smoke_out[smoke_out.index("adaptive replicates"):]
+
+
+def test_the_wall_time_uses_no_more_gpus_than_the_studys_trials_hold_and_says_a_fraction_as_one():
+    """studies/seeds.yaml runs 4 one-GPU trials: 16 side by side allowed still hold 4 GPUs (its wall time is a
+    quarter of its GPU-hours, not a sixteenth); trials of a quarter GPU, two side by side, hold half a card."""
+    spec = load_study(ROOT / "studies" / "seeds.yaml", ["resources.max_concurrent_trials=16"], check_files=False)
+    est = plan.estimate(spec, plan.IMAGES_PER_SECOND, None)
+    assert spec.tune_samples == 4 and est.gpus_at_once == 4
+    assert est.wall_hours == pytest.approx(est.gpu_hours / 4)
+    packed = load_study(SMOKE, ["resources.gpus_per_worker=0.25"], check_files=False)
+    assert plan.estimate(packed, plan.IMAGES_PER_SECOND, None).gpus_at_once == 0.5
+
+
+@pytest.mark.parametrize("warmup, epoch", [(400, 2), (401, 3), (200, 1), (1, 1)])
+def test_the_learning_rate_peaks_in_the_epoch_of_the_last_warmup_step(warmup, epoch, capsys):
+    """Noam's rate peaks at step `warmup` (1-based): smoke's 200 steps an epoch put warmup 400 at epoch 2's end."""
+    assert a2(["study", "plan", str(SMOKE), f"train.warmup={warmup}"]) == 0
+    out = capsys.readouterr().out
+    assert "steps     200 a epoch" in out and f"(the learning rate peaks in epoch {epoch})" in out, out
