@@ -25,7 +25,7 @@ from dashboards.compare import configurations, per_image_scores
 from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.stats import MIN_SEEDS, POWER, Noise, noise_of, pooled_sd, power, seeds_needed
 from launch.location import locate
-from launch.spec import check_fused
+from launch.spec import SEED_KEYS, check_fused
 
 CLUSTER_FILE = Path(__file__).resolve().parents[1] / "ray-cluster.yaml"
 
@@ -347,10 +347,15 @@ def searched_fusions(spec) -> list:
 
 
 def configurations_per_fusion(spec) -> dict[str, int]:
-    """Each searched fusion's number of configurations (its grid cells' samples)."""
+    """Each searched fusion's number of configurations (its grid cells' samples; a seed grid's cells are one
+    configuration's seeds, counted once)."""
     counts: dict[str, int] = {}
+    seen = set()
     for cell in spec.grid_cells():
-        counts[cell["fusion"]] = counts.get(cell["fusion"], 0) + spec.samples_per_cell(cell)
+        configuration = tuple(sorted((k, repr(v)) for k, v in cell.items() if k not in SEED_KEYS))
+        if configuration not in seen:
+            seen.add(configuration)
+            counts[cell["fusion"]] = counts.get(cell["fusion"], 0) + spec.samples_per_cell(cell)
     return counts
 
 

@@ -258,3 +258,15 @@ def test_the_learning_rate_peaks_in_the_epoch_of_the_last_warmup_step(warmup, ep
     assert a2(["study", "plan", str(SMOKE), f"train.warmup={warmup}"]) == 0
     out = capsys.readouterr().out
     assert "steps     200 a epoch" in out and f"(the learning rate peaks in epoch {epoch})" in out, out
+
+
+def test_a_seed_grid_is_one_configurations_seeds_as_replicates_are():
+    """search.space.seed as a grid is the same study as search.replicates: 5 fusions, one configuration each, 3 seeds
+    (its seed cells counted as configurations tripled the adaptive design's seed-trials and said each fusion was
+    chosen among 3)."""
+    grid = load_study(ROOT / "studies" / "synthetic_fusions.yaml",
+                      ["search.replicates=null", "search.space.seed={grid: [0, 1, 2]}"], check_files=False)
+    replicates = load_study(ROOT / "studies" / "synthetic_fusions.yaml", ["search.replicates=3"], check_files=False)
+    assert plan.configurations_per_fusion(grid) == plan.configurations_per_fusion(replicates) == {
+        "none": 1, "max": 1, "moving_average": 1, "exp_decay": 1, "gate": 1}
+    assert plan.selected_fusions(grid) == ""
