@@ -562,13 +562,17 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
     fixed = {n: simulate(Design.fixed(n), noise, deltas, configs, ADAPTIVE_STUDIES, ADAPTIVE_SEED)
              for n in range(MIN_SEEDS, 13)}
     seeds = spec.verdict_seeds
-    own = fixed.get(seeds) or simulate(Design.fixed(max(seeds, MIN_SEEDS)), noise, deltas, configs,
-                                       ADAPTIVE_STUDIES, ADAPTIVE_SEED)
+    if seeds < MIN_SEEDS:  # one seed an arm measures no seed noise: no verdict, so no power; its own trials
+        own = {"power": [0.0] * len(arms), "seed_trials": spec.num_trials}
+    else:
+        own = fixed.get(seeds) or simulate(Design.fixed(seeds), noise, deltas, configs, ADAPTIVE_STUDIES,
+                                           ADAPTIVE_SEED)
     # with confirmation seeds the study's verdicts rest on its `seeds` confirmation seeds (the power above), and it
     # runs its own trial count, not every configuration at those seeds
     own_trials = spec.num_trials if spec.confirm_seeds else own["seed_trials"]
-    own_name, own_power_name = ((f"{seeds} confirmation seeds",) * 2 if spec.confirm_seeds
-                                else (f"{seeds} seeds", f"{seeds} fixed seeds"))
+    plural = "s" if seeds != 1 else ""
+    own_name, own_power_name = ((f"{seeds} confirmation seed{plural}",) * 2 if spec.confirm_seeds
+                                else (f"{seeds} seed{plural}", f"{seeds} fixed seed{plural}"))
     curve = np.maximum.accumulate([fixed[n]["power"][hardest] for n in fixed])  # MC noise: keep it monotone
     trials = [fixed[n]["seed_trials"] for n in fixed]
     target = run["power"][hardest]

@@ -270,3 +270,12 @@ def test_a_seed_grid_is_one_configurations_seeds_as_replicates_are():
     assert plan.configurations_per_fusion(grid) == plan.configurations_per_fusion(replicates) == {
         "none": 1, "max": 1, "moving_average": 1, "exp_decay": 1, "gate": 1}
     assert plan.selected_fusions(grid) == ""
+
+
+def test_a_one_seed_study_is_priced_with_no_power_and_its_own_trials(capsys):
+    """An explore study of one seed a configuration: its verdicts need two seeds, so the adaptive lines give it no
+    power and its 5 trials (they printed the 2-seed design's power and 10 seed-trials)."""
+    assert a2(["study", "plan", str(ROOT / "studies" / "synthetic_fusions.yaml"), "search.replicates=1",
+               "search.purpose=explore", "--sd", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "(the study's 1 fixed seed: 0% / 0% / 0% / 0%)" in out and "; the study's 1 seed: 5\n" in out, out
