@@ -98,28 +98,28 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> str:
     database = scheme.split("+")[0]
     if scheme in ("http", "https") or database in _DB_PORTS:
         if not parsed.hostname:
-            raise TrackingError(f"tracking URI {uri!r}: no host")
+            raise TrackingError(f"tracking URI {redact_uri(uri)!r}: no host")
         try:
             host, port = parsed.hostname, parsed.port or _DB_PORTS.get(database)
         except ValueError as err:
-            raise TrackingError(f"tracking URI {uri!r}: bad port ({err})") from None
+            raise TrackingError(f"tracking URI {redact_uri(uri)!r}: bad port ({err})") from None
         if database not in _DB_PORTS:
             _check_http(uri, timeout)
         else:
             try:
                 socket.create_connection((host, port), timeout=timeout).close()
             except OSError as err:
-                raise TrackingError(f"tracking URI {uri!r}: cannot connect to {host}:{port} ({err})") from None
+                raise TrackingError(f"tracking URI {redact_uri(uri)!r}: cannot connect to {host}:{port} ({err})") from None
     elif scheme == "sqlite":
         check_sqlite_uri(uri)
     elif scheme == "file" or (scheme == "" and not uri.startswith("//")) or (len(scheme) == 1 and os.name == "nt"):
         path = Path(urllib.parse.unquote(parsed.path) if scheme == "file" else uri).expanduser()
         folder = path if path.exists() else path.parent
         if not folder.is_dir():
-            raise TrackingError(f"tracking URI {uri!r}: directory {str(folder)!r} does not exist")
+            raise TrackingError(f"tracking URI {redact_uri(uri)!r}: directory {str(folder)!r} does not exist")
     elif scheme not in ("databricks", "databricks-uc", "uc"):  # hosted stores: their clients check themselves
         raise TrackingError(
-            f"tracking URI {uri!r}: unknown scheme {scheme + '://' if scheme else '(none)'}; use http(s)://host:port, "
+            f"tracking URI {redact_uri(uri)!r}: unknown scheme {scheme + '://' if scheme else '(none)'}; use http(s)://host:port, "
             "sqlite:///path.db, postgresql://..., mysql://... or a local directory")
     return uri
 
@@ -137,13 +137,13 @@ def check_sqlite_uri(uri: str) -> None:
     """sqlite:///relative.db, sqlite:////abs/path.db, sqlite:///:memory:: the database's folder must exist."""
     rest = uri[len("sqlite:"):]
     if not rest.startswith("//"):
-        raise TrackingError(f"tracking URI {uri!r}: expected sqlite:///path/to/file.db")
+        raise TrackingError(f"tracking URI {redact_uri(uri)!r}: expected sqlite:///path/to/file.db")
     path = (rest[3:] if rest.startswith("///") else rest[2:]).split("?", 1)[0]
     if path in ("", ":memory:"):
         return
     folder = Path(urllib.parse.unquote(path)).expanduser().parent
     if not folder.is_dir():
-        raise TrackingError(f"tracking URI {uri!r}: directory {str(folder)!r} of the database does not exist")
+        raise TrackingError(f"tracking URI {redact_uri(uri)!r}: directory {str(folder)!r} of the database does not exist")
 
 
 def _check_http(uri: str, timeout: float) -> None:
@@ -162,12 +162,12 @@ def _check_http(uri: str, timeout: float) -> None:
     except urllib.error.HTTPError as err:
         if err.code in (401, 403):
             raise TrackingError(
-                f"tracking URI {uri!r}: server refused access (HTTP {err.code}); set MLFLOW_TRACKING_USERNAME/"
+                f"tracking URI {redact_uri(uri)!r}: server refused access (HTTP {err.code}); set MLFLOW_TRACKING_USERNAME/"
                 "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN") from None
-        raise TrackingError(f"tracking URI {uri!r}: does not answer like an MLflow server (HTTP {err.code})") from None
+        raise TrackingError(f"tracking URI {redact_uri(uri)!r}: does not answer like an MLflow server (HTTP {err.code})") from None
     except OSError as err:  # URLError, refused connections, timeouts
         reason = getattr(err, "reason", err)
-        raise TrackingError(f"tracking URI {uri!r}: MLflow server unreachable ({reason})") from None
+        raise TrackingError(f"tracking URI {redact_uri(uri)!r}: MLflow server unreachable ({reason})") from None
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def ui_pointer(tracking_uri: str, experiment_id: str | None) -> str:
     if experiment_id is None:
         return f"(no experiment yet in {redact_uri(tracking_uri)})"
     if tracking_uri.lower().startswith(("http://", "https://")):
-        return ui_url(tracking_uri, experiment_id)
+        return ui_url(redact_uri(tracking_uri), experiment_id)
     serve_url = ui_url(f"http://127.0.0.1:{DEFAULT_PORT}", experiment_id)
     if SERVABLE_DB_URI.match(tracking_uri):
         return f"`a2 mlflow serve --backend-store-uri {redact_uri(tracking_uri)}`, then {serve_url}"

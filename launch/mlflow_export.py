@@ -27,11 +27,11 @@ import time
 from dataclasses import dataclass
 
 from a2core.config import get_dotted
-from a2core.errors import StorageError, TrackingError
+from a2core.errors import A2Error, StorageError, TrackingError
 from dashboards.mlflow_views import TAG_CONFIG_LABEL
 from dashboards.runs import Trial
 from dashboards.tracking import (TAG_BEST_CKPT, TAG_CONFIG_HASH, TAG_END_REASON, TAG_PARENT, TAG_ROLE, TAG_TRIAL_ID,
-                                 disk_problem, search_all_runs, server_answers, unavailable_text)
+                                 disk_problem, redact_uri, search_all_runs, server_answers, unavailable_text)
 from launch.conclusions import tune_trial, value_text
 from launch.killpoints import kill_point
 from launch.lease import held_lease
@@ -267,7 +267,7 @@ class StudyExporter:
             return False
         try:
             if not server_answers(self.uri):
-                raise TrackingError(f"MLflow server {self.uri} does not answer")
+                raise TrackingError(f"MLflow server {redact_uri(self.uri)} does not answer")
             self.export.run([s for t in list(self.trials()) for s in seed_trials(tune_trial(t))], ended, late=late)
         except StorageError as err:  # the study's storage, not the server: the study itself stops on it
             logger.warning("MLflow export could not read the study's record: %s", err)
@@ -318,7 +318,10 @@ def trial_names(spec, sampled: dict, digest: str) -> tuple[str, str]:
     other key as `name=value` (the last part of its path, numbers to 4 significant digits); a key whose value does
     not apply to the trial (lambda of fusion none) is absent; the seed (a seed key or `search.replicates`) ends the
     run name and is not in the label, which names the replicate group and has its `a2.config_hash` beside it."""
-    config = spec.trial_config(sampled)
+    try:
+        config = spec.trial_config(sampled)
+    except A2Error:  # a trial of keys the saved spec no longer has (the record reads it): named by its digest
+        config = {}
     parts, seed = [], None
     for key in dict.fromkeys([*spec.params, *sampled]):  # the space's order; then a replicate's seed
         path = resolve_key(key)

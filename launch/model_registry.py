@@ -98,6 +98,8 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
             mlflow.set_tracking_uri(previous_uri)
             if previous_env is not None:
                 os.environ["MLFLOW_TRACKING_URI"] = previous_env
+            else:  # set_tracking_uri set it
+                os.environ.pop("MLFLOW_TRACKING_URI", None)
     version = str(info.registered_model_version)
     if description:
         client.update_model_version(name, version, description=description)

@@ -323,6 +323,8 @@ class Tracking(Section):
                                             "MLflow server")
         scheme = re.match(_SCHEME, uri)
         scheme = scheme.group(1).lower().split("+", 1)[0] if scheme else ""  # postgresql+psycopg2 -> postgresql
+        if scheme == "postgres":  # the short alias (Heroku's URLs), which SQLAlchemy and so MLflow refuse
+            uri, scheme = "postgresql" + uri[len("postgres"):], "postgresql"
         if len(scheme) <= 1:  # a plain path (or a Windows drive letter): a file store
             uri = os.path.abspath(os.path.expanduser(uri))
         elif scheme not in _MLFLOW_SCHEMES:

@@ -33,6 +33,8 @@ _MAX_KEY = 250
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
 
 
+RUN_NAME_MAX = 250  # MLflow's runs.name column, VARCHAR(250): PostgreSQL and MySQL refuse more (SQLite does not)
+
 def _clean_key(key: str) -> str:
     return _BAD_NAME_CHARS.sub("_", str(key))[:_MAX_KEY]
 
@@ -169,8 +171,12 @@ class StudyTracker:
             return
         new = {chart_section(m) for m in metric_names} - self._view_sections
         if new:
-            self._view_sections = self._view_sections | new
-            self._write_views(self.client.get_experiment(self.experiment_id).tags)
+            saved, self._view_sections = self._view_sections, self._view_sections | new
+            try:
+                self._write_views(self.client.get_experiment(self.experiment_id).tags)
+            except Exception:
+                self._view_sections = saved  # not written: the next export's metrics write it again
+                raise
 
     def _first_run(self, filter_string: str):
         return next(iter(search_all_runs(self.client, [self.experiment_id], filter_string)), None)
@@ -220,6 +226,7 @@ class StudyTracker:
         `tags` change) or a new one with the config (less what its fusion does not use) as params, and tags trial id,
         fusion, seed, git commit."""
         trial_id = str(trial_id)
+        run_name = run_name[:RUN_NAME_MAX] if run_name else run_name  # a database refuses a longer one
         if self.parent_run_id is None:
             self.start_study()
         flat = flatten(applicable_config(config or {}))

@@ -492,3 +492,15 @@ def test_a_running_trials_next_export_is_one_batch_of_its_new_epochs(spec):
     run = runs_by_trial(spec.tracking.mlflow_uri, spec.name)[1]["live"]
     assert run.info.status == "FINISHED"
     assert run.data.tags["a2.checkpoint"].endswith("checkpoint_epoch0003/checkpoint.pt")
+
+
+def test_a_trial_the_saved_spec_cannot_rebuild_is_exported_under_its_configurations_digest():
+    """A trial of a key the study's saved spec no longer has: the record reads it (`launch.record.table_columns`),
+    and the export names its run by its configuration's digest instead of failing the whole study's export."""
+    from launch.mlflow_export import trial_names
+    from launch.spec import load_study
+    from tests.studyfolder import SMOKE
+
+    spec = load_study(SMOKE, [], check_files=False)
+    sampled = {"fusion": "gate", "model.old_knob": 1, "seed": 0}
+    assert trial_names(spec, sampled, "0123456789abcdef") == ("config 0123456789ab", "config 0123456789ab")

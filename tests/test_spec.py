@@ -598,3 +598,9 @@ def test_a_jsd_metric_names_a_layer_of_every_trial_when_the_layers_are_searched(
     spec = load_study(SMOKE, ["search.metric=diag/jsd/layer7", "model={d_model: 32, heads: 2, d_ff: 64}",
                               "search.space={fusion: {grid: [none]}, model.layers: {grid: [8, 9]}}"], check_files=False)
     assert spec.metric == "diag/jsd/layer7"
+
+
+def test_a_postgres_uri_is_saved_as_the_postgresql_one_mlflow_takes():
+    """`postgres://` (Heroku's short alias) is refused by SQLAlchemy, so by MLflow, with its own error."""
+    spec = load_study(SMOKE, ["tracking.mlflow_uri=postgres://alice@db.lab:5432/mlflow"], check_files=False)
+    assert spec.tracking.mlflow_uri == "postgresql://alice@db.lab:5432/mlflow"

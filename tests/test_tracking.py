@@ -218,3 +218,49 @@ def test_serve_prints_the_backend_without_its_password(monkeypatch, capsys):
     assert "backend postgresql://a2:***@127.0.0.1:5432/mlflow" in out and "s3cret" not in out
     assert "(studies not listed: " in out  # the store's own error, reached and printed
     assert started and "postgresql://a2:s3cret@127.0.0.1:5432/mlflow" in started[0]  # the server itself needs it
+
+
+def test_a_long_run_name_is_cut_to_what_every_mlflow_database_takes(tmp_path):
+    """MLflow's runs.name is VARCHAR(250): PostgreSQL and MySQL refused a longer trial name (searched data paths
+    make one) and the trial never got its run; SQLite takes it, so the cut is checked here by its length."""
+    from launch.tracking_writer import RUN_NAME_MAX
+
+    tracker = StudyTracker(f"sqlite:///{tmp_path / 'm.db'}", "long-names")
+    tracker.start_study({}, {})
+    long = "gate lambda=0.035 features=/datasets/" + "x" * 300 + " seed=3"
+    run = tracker.trial_run("t0", CONFIG, run_name=long)
+    assert tracker.client.get_run(run).info.run_name == long[:RUN_NAME_MAX] and RUN_NAME_MAX == 250
+    assert tracker.trial_run("t0", CONFIG, run_name=long) == run  # the same name again: no rename
+
+
+def test_a_new_chart_section_not_saved_is_saved_by_the_next_export(tmp_path, monkeypatch):
+    """One failed write of the views (the server went away) does not count the new section as saved."""
+    from dashboards.mlflow_views import saved_sections
+
+    tracker = StudyTracker(f"sqlite:///{tmp_path / 'm.db'}", "views")
+    tracker.start_study({}, {})
+    tracker.set_views("val/CIDEr", "max")
+    run = tracker.trial_run("t0", CONFIG)
+    real, calls = tracker.client.set_experiment_tag, []
+
+    def flaky(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise ConnectionError("server went away")
+        return real(*args)
+
+    monkeypatch.setattr(tracker.client, "set_experiment_tag", flaky)
+    with pytest.raises(ConnectionError):
+        tracker.log_metrics(run, {"diag/jsd/layer0": 0.1}, 1)
+    tracker.log_metrics(run, {"diag/jsd/layer0": 0.1}, 1)
+    tags = tracker.client.get_experiment(tracker.experiment_id).tags
+    assert "diag/jsd" in saved_sections(tags), saved_sections(tags)
+
+
+def test_no_password_of_a_tracking_uri_is_shown_in_its_errors():
+    with pytest.raises(TrackingError) as err:
+        check_tracking_uri(f"postgresql://alice:s3cret@127.0.0.1:{closed_port()}/mlflow")
+    assert "s3cret" not in str(err.value) and "alice:***@127.0.0.1" in str(err.value)
+    with pytest.raises(TrackingError) as err:
+        check_tracking_uri("mysql://alice:s3cret@127.0.0.1:bad/db")
+    assert "s3cret" not in str(err.value)
