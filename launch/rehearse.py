@@ -80,6 +80,7 @@ class ScoreModel:
     seed: int = 0
     source: str = ""
     seed_df: float = 0.0  # > 2: a seed's shift is Student's t with these d.f., scaled to seed_sd; else normal
+    baseline: str | None = None  # the row the others are compared with (a record's); None: the fusion none row
 
     def mean_of(self, config: dict) -> float:
         value = str(get_dotted(config, self.by))
@@ -400,7 +401,7 @@ def simulate(spec, model: ScoreModel, repeat: int, configs: list[dict] | None = 
 
 
 # -- what happened ---------------------------------------------------------------------------------------------------
-def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
+def analyse(study, spec, model: ScoreModel) -> dict:
     """One rehearsal's outcome, read from its `dashboards.runs.Study` (a Ray rehearsal's record or `simulate`'s):
     trials run and stopped (by rung), trial-epochs run against planned, the best group (`dashboards.stats.
     best_group`, the summary's and compare's rule) and whether it is a true best, whether a true best group survived
@@ -419,7 +420,8 @@ def analyse(study, spec, model: ScoreModel, by: str = "fusion") -> dict:
     done = sum(len(r.history.get(CIDER, [])) for r in runs)
     chosen = best_configuration(groups, spec.mode)  # compare's best configuration (`dashboards.stats.best_group`)
     survived = any(true[g[0].config_hash] == top and not any(r.stopped_early for r in g) for g in groups)
-    comparison, _, _ = study_comparison(study, by)
+    by = model.by.rsplit(".", 1)[-1]  # the rows differ in what the score model's means are keyed by
+    comparison, _, _ = study_comparison(study, by, baseline=model.baseline)
     design = _design_verdicts(spec, study, comparison, by)
     table = dict(model.means)  # a row's label is its value of `by` ("fusion=none" for a reference row)
     label_mean = {arm.label: table.get(arm.label.split("=")[-1]) for arm, _ in comparison.rows}
@@ -597,13 +599,14 @@ def score_model(spec, *, record: str | None = None, means: list[str] | None = No
     assumptions, launch.plan)."""
     val_images = spec.base["data"].get("val_images") or spec.images["val"]
     test_images = plan.test_images(spec)
-    by, noise = "model.fusion", None
+    by, noise, baseline = "model.fusion", None, None
     if record is not None:
         try:
             rec = load_record(record)
         except (OSError, ValueError, KeyError) as err:
             raise StudyError(f"--from-record {record}: {err}") from None
         by = rec["by"] if "." in rec["by"] else f"model.{rec['by']}"
+        baseline = rec.get("baseline") if by != "model.fusion" else None  # by fusion: compare's own, fusion none
         arms = arms_of(rec)
         table = {arm.label: float(np.mean(arm.values(rec["metric"]))) for arm in arms}
         scored = [arm.per_image for arm in arms if arm.per_image is not None and len(arm.per_image) >= 2]
@@ -627,7 +630,7 @@ def score_model(spec, *, record: str | None = None, means: list[str] | None = No
             how = "nothing measured; seed sd and arm x image sd as `a2 study plan` assumes for COCO"
         source += f"; noise: {how}"
     return ScoreModel(by, tuple(table.items()), noise.seed_sd, noise.run_sd, noise.arm_image_sd, int(val_images),
-                      int(test_images), drop, seed, source)
+                      int(test_images), drop, seed, source, baseline=baseline)
 
 
 def rehearsal_raw(path: str, overrides: list[str], storage: str, tracking_uri: str | None) -> tuple[dict, dict]:

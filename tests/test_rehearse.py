@@ -403,3 +403,16 @@ def test_a_rehearsals_logical_gpus_hold_its_concurrent_trials(per_trial, concurr
     """A card holds floor(1 / g) trials of a fraction g (0.3: 3 a card, 16 trials on 6); two of a quarter GPU need one
     card, not int(0.5) = none, on which no trial asking a GPU could start."""
     assert rehearse.logical_gpus(per_trial, concurrent) == cards
+
+
+def test_a_rehearsal_from_a_record_keyed_by_another_key_compares_its_rows_with_the_records_baseline():
+    """results/mask_nets.json compares mask networks (by mask_net, baseline content), not fusions: its rehearsals'
+    verdict table has its row (it was empty: the rows were looked for by fusion against fusion none)."""
+    spec = load_study(REPO / "studies" / "mask_nets.yaml", [], check_files=False)
+    m = rehearse.score_model(spec, record=str(REPO / "results" / "mask_nets.json"))
+    assert (m.by, m.baseline) == ("model.mask_net", "content")
+    out = rehearse.analyse(rehearse.simulate(spec, m, 0), spec, m)
+    assert list(out["rows"]) == ["linear"] and out["rows"]["linear"]["true_gap"] == pytest.approx(
+        dict(m.means)["linear"] - dict(m.means)["content"])
+    fusions = rehearse.score_model(spec, record=str(REPO / "results" / "synthetic_fusions.json"))
+    assert (fusions.by, fusions.baseline) == ("model.fusion", None)  # compare's own baseline: fusion none
