@@ -134,7 +134,7 @@ def study_comparison(study: Study, by: str = "fusion",
     if baseline not in pending:
         confirmed = compare_arms([a for a in arms if a.label not in pending], baseline=baseline, **options)
         comparison.differences = adjust_family(pooled_differences(confirmed))
-    one = len(pending) == 1
+    one, comparison.pending = len(pending) == 1, tuple(pending)
     comparison.note = (f"no verdict for {', '.join(pending)}: no confirmation seeds (from seed {study.confirm_from}) "
                        f"have run for {'its chosen configuration' if one else 'their chosen configurations'} yet, so "
                        f"{'its row shows the seeds it was' if one else 'their rows show the seeds they were'} chosen on"

@@ -173,10 +173,10 @@ def export_record(study, by: str, out: str | Path, *, spec: str = "",
     `dashboards.runs.Study`. A study whose confirmation seeds have not all run has no verdicts to publish yet:
     refused (DataError), nothing written."""
     comparison, configs, _ = study_comparison(study, by, baseline=baseline)
-    if study.confirm_from is not None and (comparison.note or "").startswith("no verdict for "):
-        raise DataError(f"study {study.name}: {comparison.note.split(':', 1)[0]}: the confirmation seeds (from seed "
-                        f"{study.confirm_from}) of its chosen configurations have not all run; export it once they "
-                        f"have")
+    if comparison.pending:
+        raise DataError(f"study {study.name}: no verdict for {', '.join(comparison.pending)}: the confirmation seeds "
+                        f"(from seed {study.confirm_from}) of its chosen configurations have not all run; export it "
+                        f"once they have")
     arms = []
     for arm, _ in comparison.rows:
         seeds = [int(s) if s is not None else i for i, s in enumerate(arm.seed_ids or [None] * len(arm.seeds))]

@@ -596,6 +596,7 @@ class Comparison:
     baseline: str | None = None
     metric: str | None = None  # the metric of the differences ("test/CIDEr")
     note: str | None = None  # why it has no differences yet, where that is not plain (confirmation seeds to come)
+    pending: tuple[str, ...] = ()  # rows without a verdict until their confirmation seeds have run (the note's)
 
     def verdicts(self) -> list[str]:
         return [d.verdict() for d in self.differences.values()]

@@ -96,31 +96,32 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> str:
     parsed = urllib.parse.urlparse(uri)
     scheme = parsed.scheme.lower()
     database = scheme.split("+")[0]
+    shown = redact_uri(uri)  # in errors: never its password
     if scheme in ("http", "https") or database in _DB_PORTS:
         if not parsed.hostname:
-            raise TrackingError(f"tracking URI {redact_uri(uri)!r}: no host")
+            raise TrackingError(f"tracking URI {shown!r}: no host")
         try:
             host, port = parsed.hostname, parsed.port or _DB_PORTS.get(database)
         except ValueError as err:
-            raise TrackingError(f"tracking URI {redact_uri(uri)!r}: bad port ({err})") from None
+            raise TrackingError(f"tracking URI {shown!r}: bad port ({err})") from None
         if database not in _DB_PORTS:
             _check_http(uri, timeout)
         else:
             try:
                 socket.create_connection((host, port), timeout=timeout).close()
             except OSError as err:
-                raise TrackingError(f"tracking URI {redact_uri(uri)!r}: cannot connect to {host}:{port} ({err})") from None
+                raise TrackingError(f"tracking URI {shown!r}: cannot connect to {host}:{port} ({err})") from None
     elif scheme == "sqlite":
         check_sqlite_uri(uri)
     elif scheme == "file" or (scheme == "" and not uri.startswith("//")) or (len(scheme) == 1 and os.name == "nt"):
         path = Path(urllib.parse.unquote(parsed.path) if scheme == "file" else uri).expanduser()
         folder = path if path.exists() else path.parent
         if not folder.is_dir():
-            raise TrackingError(f"tracking URI {redact_uri(uri)!r}: directory {str(folder)!r} does not exist")
+            raise TrackingError(f"tracking URI {shown!r}: directory {str(folder)!r} does not exist")
     elif scheme not in ("databricks", "databricks-uc", "uc"):  # hosted stores: their clients check themselves
         raise TrackingError(
-            f"tracking URI {redact_uri(uri)!r}: unknown scheme {scheme + '://' if scheme else '(none)'}; use http(s)://host:port, "
-            "sqlite:///path.db, postgresql://..., mysql://... or a local directory")
+            f"tracking URI {shown!r}: unknown scheme {scheme + '://' if scheme else '(none)'}; use "
+            "http(s)://host:port, sqlite:///path.db, postgresql://..., mysql://... or a local directory")
     return uri
 
 
@@ -135,20 +136,20 @@ def server_answers(uri: str, timeout: float = 2.0) -> bool:
 
 def check_sqlite_uri(uri: str) -> None:
     """sqlite:///relative.db, sqlite:////abs/path.db, sqlite:///:memory:: the database's folder must exist."""
-    rest = uri[len("sqlite:"):]
+    rest, shown = uri[len("sqlite:"):], redact_uri(uri)
     if not rest.startswith("//"):
-        raise TrackingError(f"tracking URI {redact_uri(uri)!r}: expected sqlite:///path/to/file.db")
+        raise TrackingError(f"tracking URI {shown!r}: expected sqlite:///path/to/file.db")
     path = (rest[3:] if rest.startswith("///") else rest[2:]).split("?", 1)[0]
     if path in ("", ":memory:"):
         return
     folder = Path(urllib.parse.unquote(path)).expanduser().parent
     if not folder.is_dir():
-        raise TrackingError(f"tracking URI {redact_uri(uri)!r}: directory {str(folder)!r} of the database does not exist")
+        raise TrackingError(f"tracking URI {shown!r}: directory {str(folder)!r} of the database does not exist")
 
 
 def _check_http(uri: str, timeout: float) -> None:
     """One request of MLflow's REST API (the experiments search), with the credentials MLflow's client sends."""
-    headers = {"User-Agent": "a2tune"}
+    headers, shown = {"User-Agent": "a2tune"}, redact_uri(uri)
     token = os.environ.get("MLFLOW_TRACKING_TOKEN")
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
     if token:
@@ -162,12 +163,13 @@ def _check_http(uri: str, timeout: float) -> None:
     except urllib.error.HTTPError as err:
         if err.code in (401, 403):
             raise TrackingError(
-                f"tracking URI {redact_uri(uri)!r}: server refused access (HTTP {err.code}); set MLFLOW_TRACKING_USERNAME/"
+                f"tracking URI {shown!r}: server refused access (HTTP {err.code}); set MLFLOW_TRACKING_USERNAME/"
                 "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN") from None
-        raise TrackingError(f"tracking URI {redact_uri(uri)!r}: does not answer like an MLflow server (HTTP {err.code})") from None
+        raise TrackingError(f"tracking URI {shown!r}: does not answer like an MLflow server "
+                            f"(HTTP {err.code})") from None
     except OSError as err:  # URLError, refused connections, timeouts
         reason = getattr(err, "reason", err)
-        raise TrackingError(f"tracking URI {redact_uri(uri)!r}: MLflow server unreachable ({reason})") from None
+        raise TrackingError(f"tracking URI {shown!r}: MLflow server unreachable ({reason})") from None
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------

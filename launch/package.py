@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from a2core import checkpoint as ckpt
 from a2core.atomic import atomic_write, fresh_folder
-from a2core.checksum import SUFFIX, checksum_path, file_sha256
+from a2core.checksum import checksum_path, file_sha256
 from a2core.data.captions import Vocab, read_image_info
 from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
@@ -60,7 +60,7 @@ def decode_estimate(name: str, *, storage: str | None = None, seeds=None, beam_s
     location, spec, record = open_study(name, storage, verbose=False)
 
     best, rows = best_and_candidates(spec, location, record)
-    members = len(set(seeds)) if seeds else len(ensemble_seeds(rows, best.config_hash, stored(location))[0])
+    members = len(set(seeds)) if seeds else len(ensemble_seeds(rows, best.config_hash, exists_in(location))[0])
     checkpoint = fetch_checkpoint(best.best_checkpoint, checkpoint_cache(), location.endpoint_url)
     _, data_config, images = decoding_data(checkpoint, data_overrides, val_images, test_images)
     splits = images["splits"]
@@ -225,7 +225,7 @@ def ensemble_seeds(cands: list[Trial], digest: str, exists: Callable[[str], bool
     return list(SEEDS), f"the best configuration has {len(own)} replicate(s) with a checkpoint, fewer than {len(SEEDS)}"
 
 
-def stored(location) -> Callable[[str], bool]:
+def exists_in(location) -> Callable[[str], bool]:
     """Whether a checkpoint's URI exists, in the study's storage (its endpoint)."""
     return lambda uri: open_location(uri, location.endpoint_url).exists()
 
@@ -244,7 +244,7 @@ def ensemble_members(spec, location, record: StudyRecord, seeds: list[int] | Non
                      address: str | None, verbose: bool) -> tuple[Trial, list[Trial]]:
     """The study's best trial and, per seed, the trial of its configuration whose checkpoint joins the ensemble
     (missing seeds trained as a companion study unless `no_train`). `seeds` None: `ensemble_seeds`."""
-    exists = stored(location)
+    exists = exists_in(location)
     best, rows = best_and_candidates(spec, location, record)
     digest = best.config_hash
     say(f"package: best trial {best.trial_id} of {spec.name}: {spec.metric} {best.best_value:.2f} "
@@ -293,11 +293,11 @@ def fetch_checkpoint(uri: str, cache_dir: str | os.PathLike, endpoint_url: str |
     location = open_location(uri, endpoint_url)
     if location.local:
         return location.uri
-    recorded = open_location(uri + SUFFIX, endpoint_url).read_text()  # its sha256, written beside it
-    size, stored = location.stored_digest()
+    recorded = location.recorded_checksum()  # its sha256, written beside it
+    size, stored_sha256 = location.stored_digest()
     # Cached by what is stored now, not by the URI alone: a checkpoint trained again under the same name (a study
     # started again in place, an epoch retrained) is downloaded again, never an older download taken for it.
-    key = hashlib.sha256(f"{uri}\n{size}\n{stored}\n{recorded}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{uri}\n{size}\n{stored_sha256}\n{recorded}".encode()).hexdigest()[:16]
     target = Path(cache_dir) / key / "checkpoint.pt"
     if not target.is_file():
         if recorded is not None:  # beside the copy, before it: `a2core.checkpoint.load` checks the copy against it

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from a2core.atomic import atomic_write
+from a2core.checksum import SUFFIX
 from a2core.errors import StorageError
 from launch.placeholders import refuse_placeholder
 
@@ -198,6 +199,11 @@ class Location:
         whose damage a check finds (a checksum file with a flipped bit reads as text that records no digest)."""
         data = self.read_bytes()
         return None if data is None else data.decode("utf-8", errors)
+
+    def recorded_checksum(self) -> str | None:
+        """The text of the checksum file stored beside this file (`a2core.checksum`: `x.sha256` of `x`), None when
+        there is none; read so that a flipped bit in it is a checksum that does not match, not a crash."""
+        return open_location(self.uri + SUFFIX, self.endpoint_url).read_text(errors="replace")
 
     def read_bytes(self) -> bytes | None:
         """The file's bytes, or None when there is no such file. On S3 two requests whatever its size (its size, then

@@ -31,7 +31,7 @@ from ray.train import Checkpoint, UserCallback
 from ray.util.queue import Empty, Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from a2core.checksum import SUFFIX, checksum_problem, write_checksum
+from a2core.checksum import checksum_problem, write_checksum
 from a2core.config import Config
 from a2core.errors import CheckpointError, StorageError, TrainingDiverged
 from a2core.selection import best_epoch, finite, rank
@@ -596,19 +596,13 @@ def best_copy(run, resume_from: Path, epoch: int, work: Path) -> Path | None:
     stored = run.join(checkpoint_name(best), CHECKPOINT_FILE)
     try:
         stored.download(target)
-        damaged = checksum_problem(target, recorded_checksum(stored), stored.uri)
+        damaged = checksum_problem(target, stored.recorded_checksum(), stored.uri)
     except (OSError, StorageError):
         return None
     if damaged:  # as `newest_readable_checkpoint` passes one over: the test split is not scored from it
         print(f"WARNING: {damaged}", flush=True)
         return None
     return target
-
-
-def recorded_checksum(stored) -> str | None:
-    """The text of the checksum file beside the stored checkpoint `stored` (None: none); read so that a flipped
-    bit in it is a checksum that does not match, not a crash."""
-    return open_location(stored.uri + SUFFIX, stored.endpoint_url).read_text(errors="replace")
 
 
 def best_epoch_of(checkpoint_file) -> int | None:
@@ -635,7 +629,7 @@ def newest_readable_checkpoint(run, epochs: list[int], work: Path, first: int | 
         try:
             stored.download(local)
             # a flipped byte: passed over like a file that does not load
-            damaged = checksum_problem(local, recorded_checksum(stored), str(local))
+            damaged = checksum_problem(local, stored.recorded_checksum(), str(local))
             if damaged:
                 raise CheckpointError(damaged)
             checkpoint.load(local)

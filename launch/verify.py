@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from a2core.checksum import SUFFIX, checksum_problem
+from a2core.checksum import checksum_problem
 from a2core.config import Config
 from a2core.errors import A2Error, CheckpointError, StorageError, StudyError
 from dashboards.runs import Trial
@@ -36,7 +36,6 @@ from launch.layout import (CHECKPOINT_FILE, RESULTS_FILE, TRAIN_SNAPSHOT, TRIALS
                            checkpoint_epochs, checkpoint_name, results_by_epoch, seed_trials)
 from launch.lease import held_lease
 from launch.location import STUDY_FILE, load_saved_spec
-from launch.storage import open_location
 
 # The one place that knows Ray's private state layout (the Ray adapter): Tune's files at the study's root (experiment
 # state, searcher, callbacks, the Tuner) as Ray 2.60 names them (`TuneController`, `SearchGenerator`, `Searcher`,
@@ -522,8 +521,7 @@ def checkpoint_problem(location, model: dict | None = None, searched: tuple = ()
         try:
             local = Path(location.uri) if location.local else location.download(Path(tmp) / "checkpoint.pt")
             state = checkpoint.load(local)  # a local file's SHA-256 beside it is checked there
-            recorded = None if location.local else open_location(location.uri + SUFFIX, location.endpoint_url)
-            damaged = recorded and checksum_problem(local, recorded.read_text(errors="replace"), str(local))
+            damaged = not location.local and checksum_problem(local, location.recorded_checksum(), str(local))
             if damaged:
                 raise CheckpointError(damaged)
         except (CheckpointError, OSError) as err:
