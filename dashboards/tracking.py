@@ -45,7 +45,9 @@ TAG_STOPPED_CUTOFF = "a2.stopped_cutoff"
 _MAX_PARAM_VALUE = 6000
 
 DEFAULT_PORT = 5000  # of `a2 mlflow serve`
-_DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433, "oracle": 1521}
+# the databases MLflow stores runs in (mlflow.store.db.db_types.DATABASE_ENGINES, + the postgres alias): SQLAlchemy
+# knows more (oracle://), but MLflow refuses them
+_DB_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mssql": 1433}
 SERVABLE_DB_URI = re.compile(r"^(sqlite|postgresql|postgres|mysql|mssql)(\+\w+)?://")  # what `a2 mlflow serve` takes
 
 

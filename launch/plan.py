@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from a2core.config import CAPTIONS_PER_IMAGE, load_yaml
+from a2core.config import CAPTIONS_PER_IMAGE, load_yaml, steps_per_epoch
 from a2core.errors import A2Error, ConfigError, StudyError
 from dashboards.compare import configurations, per_image_scores
 from dashboards.paper_results import TABLE3, TABLE3_ROW
@@ -402,6 +402,11 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
              f"  SCST      {scst}" if t["scst_epochs"] else "  SCST      none (scst_epochs 0)",
              f"  steps     {_n(steps)} a epoch; {_n(total)} in {spec.total_epochs} epochs ({t['xe_epochs']} XE + "
              f"{t['scst_epochs']} SCST)"]
+    if spec.trial_batches != [(t["batch_size"], t.get("batch_layout", "images"))]:  # searched: base at its default
+        each = ", ".join(f"{size} {layout} ({_n(steps_per_epoch(spec.images['train'], size, layout))} steps an epoch)"
+                         for size, layout in spec.trial_batches)
+        lines.append(f"  searched  trials train at a batch of {each}; the lines here and the cost are at "
+                     f"{t['batch_size']} {t.get('batch_layout', 'images')} (a searched key at its schema default)")
     if t["xe_epochs"]:
         lines.append(f"  warmup    {_n(t['warmup'])} steps = {t['warmup'] / xe_steps:.1%} of the {_n(xe_steps)} XE "
                      f"steps (the learning rate peaks in epoch {math.ceil(t['warmup'] / steps)})")

@@ -72,7 +72,7 @@ _MISSING = object()
 STUDY_FORMAT = 2  # see StudySpec.format
 # Config checks that involve two keys: an error at one may come from the other being in the space.
 _COUPLED = ({"model.temperature", "model.fusion"}, {"model.heads", "model.d_model"},
-            {"train.scst_samples", "train.scst_baseline"})
+            {"train.scst_samples", "train.scst_baseline"}, {"train.batch_size", "train.batch_layout"})
 
 
 # -- the schema of the study's own sections ------------------------------------------------------------------------
@@ -687,6 +687,24 @@ class StudySpec(Section):
         t = self.base["train"]
         return steps_per_epoch(self.images["train"], t["batch_size"], t.get("batch_layout", "images"))
 
+    @property
+    def trial_batches(self) -> list[tuple[int, str]]:
+        """The (train.batch_size, train.batch_layout) pairs trials can take. The base holds a searched key at its
+        schema default, so `steps_per_epoch` is at that batch; a grid or choice of either lists its values here."""
+        t = self.base["train"]
+
+        def values(path: str, base: Any) -> list:
+            param = next((p for p in self.params.values() if p.path == path), None)
+            return list(dict.fromkeys(param.values)) if param is not None and param.categorical else [base]
+        return [(int(size), layout) for size in values("train.batch_size", t["batch_size"])
+                for layout in values("train.batch_layout", t.get("batch_layout", "images"))]
+
+    @property
+    def fewest_steps_per_epoch(self) -> int:
+        """The steps of one epoch of the trial with the largest batch (`trial_batches`): a schedule's warnings
+        (warmup, T_P) hold for every trial when they hold for it."""
+        return min(steps_per_epoch(self.images["train"], size, layout) for size, layout in self.trial_batches)
+
     total_steps = property(lambda self: self.steps_per_epoch * self.total_epochs)
 
     def temperature_range(self) -> tuple[float, float] | None:
@@ -811,33 +829,39 @@ def _split_counts(data: dict, splits: dict | None) -> tuple[dict[str, int], str]
 
 
 def _check_batch(spec: StudySpec) -> None:
-    """The global batch splits evenly over a trial's workers, for every batch size a trial can have."""
+    """The global batch splits evenly over a trial's workers, for every batch size and layout a trial can have."""
     workers, t = spec.resources.workers_per_trial, spec.base["train"]
     param = next((p for p in spec.params.values() if p.path == "train.batch_size"), None)
-    sizes = list(param.values) if param is not None and param.categorical else [t["batch_size"]]
-    for size in sizes:
+    for size, layout in spec.trial_batches:
         try:
-            check_batch_split(int(size), workers, t.get("batch_layout", "images"), scst=t["scst_epochs"] > 0)
+            check_batch_split(size, workers, layout, scst=t["scst_epochs"] > 0)
         except ConfigError as err:
             where = f"search.space.{param.key}" if param is not None else err.path
             _fail(where, f"{err.reason} (resources.workers_per_trial: {workers})")
 
 
 def _check_schedule(spec: StudySpec) -> None:
-    """Warnings: a warmup that takes most of training, a T_P range past the trial's last step."""
-    t = spec.base["train"]
-    xe_steps = spec.steps_per_epoch * t["xe_epochs"]
+    """Warnings: a warmup that takes most of training, a T_P range past the trial's last step, an ASHA whose first
+    rung is the last epoch (it stops nothing)."""
+    t, steps = spec.base["train"], spec.fewest_steps_per_epoch
+    asha = spec.search.scheduler.asha
+    if asha and asha.grace_period == spec.total_epochs:  # rungs are epochs before the last (search.asha_rungs)
+        spec.warnings.append(
+            f"search.scheduler.asha.grace_period: {asha.grace_period} is the last of the {spec.total_epochs} planned "
+            f"epochs, so ASHA has no rung and stops nothing; give a grace period below {spec.total_epochs}, or "
+            f"fifo: {{}} ({spec.source or 'study'})")
+    xe_steps, total_steps = steps * t["xe_epochs"], steps * spec.total_epochs
     if t["xe_epochs"] and t["warmup"] > xe_steps / 2:
         spec.warnings.append(
             f"train.warmup: {t['warmup']} steps is {t['warmup'] / xe_steps:.0%} of the {xe_steps} cross-entropy "
-            f"steps a trial takes ({spec.steps_per_epoch} a epoch x {t['xe_epochs']}): the learning rate peaks "
+            f"steps a trial takes ({steps} a epoch x {t['xe_epochs']}): the learning rate peaks "
             f"{'after training ends' if t['warmup'] > xe_steps else 'late in training'} ({spec.source or 'study'})")
-    if (tp := spec.temperature_range()) is not None and tp[1] > spec.total_steps:
+    if (tp := spec.temperature_range()) is not None and tp[1] > total_steps:
         param = next((p for p in spec.params.values() if p.path == "model.temperature"), None)
         where = f"search.space.{param.key}" if param is not None else "model.temperature"
         spec.warnings.append(
-            f"{where}: T_P up to {tp[1]:g} steps reaches past the {spec.total_steps} steps a trial takes: "
-            f"exp_decay still keeps {math.exp(-spec.total_steps / tp[1]):.0%} of the original attention when "
+            f"{where}: T_P up to {tp[1]:g} steps reaches past the {total_steps} steps a trial takes: "
+            f"exp_decay still keeps {math.exp(-total_steps / tp[1]):.0%} of the original attention when "
             f"training ends ({spec.source or 'study'})")
 
 

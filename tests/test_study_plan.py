@@ -171,6 +171,45 @@ def test_long_warmup_and_tp_past_the_last_step_are_warnings(tmp_path, capsys):
     assert "warning: train.warmup: 850 steps" in err and "warning: search.space.temperature: T_P up to 2000" in err
 
 
+def test_asha_with_no_rung_before_the_last_epoch_is_a_warning(tmp_path):
+    """Rungs are epochs before the last (a group behind at its last epoch has nothing left to save): a grace period
+    equal to the planned epochs gives ASHA no rung, which the study is told; one epoch less gives it one."""
+    from launch.search import scheduler_rungs
+    warned = {}
+    for grace, rungs in ((8, []), (7, [7])):
+        raw = smoke()
+        raw["search"]["scheduler"] = {"asha": {"grace_period": grace, "reduction_factor": 2}}
+        spec = StudySpec.from_dict(raw)
+        assert scheduler_rungs(spec) == rungs
+        warned[grace] = [w for w in spec.warnings if w.startswith("search.scheduler.asha.grace_period")]
+    assert warned[7] == []
+    assert len(warned[8]) == 1 and "8 is the last of the 8 planned epochs, so ASHA has no rung" in warned[8][0]
+
+
+def test_a_searched_batch_is_checked_warned_and_planned_at_the_trials_sizes(tmp_path, capsys):
+    """The base holds a searched key at its schema default: a layout searched as pairs with a batch of 12 (which
+    only the images layout refuses) is a valid study, and the schema's warnings and the plan read the trials'
+    batches, not the base's."""
+    raw = smoke(train__batch_size=12, train__batch_layout=None)
+    raw["search"]["space"]["train.batch_layout"] = {"grid": ["pairs"]}
+    spec = StudySpec.from_dict(raw)
+    assert spec.trial_batches == [(12, "pairs")]
+
+    raw = smoke(train__batch_size=None, train__warmup=500)  # 1000 train images: batch 25 -> 200 steps, 50 -> 100
+    raw["search"]["space"]["train.batch_size"] = {"grid": [25, 50]}
+    spec = StudySpec.from_dict(raw)
+    assert spec.trial_batches == [(25, "images"), (50, "images")] and spec.fewest_steps_per_epoch == 100
+    # warmup 500 is 31% of batch 25's 1600 XE steps, but 62% of batch 50's 800: warned for the trials at 50
+    assert [w.split(":")[0] for w in spec.warnings] == ["train.warmup"]
+    assert "500 steps is 62% of the 800 cross-entropy steps a trial takes (100 a epoch x 8)" in spec.warnings[0]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert a2(["study", "plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("trials train at a batch of 25 images (200 steps an epoch), 50 images (100 steps an epoch); the lines "
+            "here and the cost are at 50 images (a searched key at its schema default)") in out
+
+
 def test_purpose_is_documented_in_the_schema():
     from launch.spec import Search
 

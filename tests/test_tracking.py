@@ -264,3 +264,12 @@ def test_no_password_of_a_tracking_uri_is_shown_in_its_errors():
     with pytest.raises(TrackingError) as err:
         check_tracking_uri("mysql://alice:s3cret@127.0.0.1:bad/db")
     assert "s3cret" not in str(err.value)
+
+
+def test_a_database_mlflow_does_not_store_runs_in_is_refused():
+    """SQLAlchemy knows oracle://, MLflow's tracking store does not (DATABASE_ENGINES): refused by its scheme at
+    once, not after a connection to port 1521 was tried."""
+    from mlflow.store.db.db_types import DATABASE_ENGINES
+    with pytest.raises(TrackingError, match="unknown scheme oracle://"):
+        check_tracking_uri("oracle://127.0.0.1/mlflow")
+    assert "oracle" not in DATABASE_ENGINES
