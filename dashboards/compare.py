@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from a2core.errors import DataError, StudyError
-from dashboards.runs import (CIDER, SELECTION_COLUMN, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, Study, Trial,
-                             group_value, searched_keys, seed_number, sort_key)
+from dashboards.runs import (CIDER, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, Study, Trial,
+                             group_value, selection_column, searched_keys, seed_number, sort_key)
 from dashboards.stats import Arm, Comparison, adjust_family, best_group, compare_arms, p_text, pooled_differences
 from dashboards.tables import text_table
 
@@ -112,7 +112,7 @@ def study_comparison(study: Study, by: str = "fusion",
     # checkpoint decoded with beam search when it ended) when every chosen run has it, else on val.
     chosen = [r for g in labelled.values() for r in g]
     on_test = bool(chosen) and all(r.score(TEST_CIDER) is not None for r in chosen)
-    metrics = [m for _, m in split_columns(on_test) if any(r.score(m) is not None for r in chosen)]
+    metrics = [m for _, m in split_columns(on_test, study.metric) if any(r.score(m) is not None for r in chosen)]
     arms = [Arm(label, [r.scores(metrics) for r in group], *per_image_scores(group, "test" if on_test else "val"),
                 seed_ids=[r.seed for r in group])
             for label, group in labelled.items()]
@@ -125,12 +125,13 @@ def study_comparison(study: Study, by: str = "fusion",
     pending = [label for label in labelled if not picks[label][1]] if study.confirm_from is not None else []
     if not pending:
         comparison = compare_arms(arms, baseline=baseline, **options)
+        comparison.selected_by = study.metric
         if study.confirm_from is not None:  # every row the same fresh seeds: one seed variance, pooled over them
             comparison.differences = adjust_family(pooled_differences(comparison))
         return comparison, configs, len(runs)
     # a row without its confirmation seeds (still to run) has no verdict; the family is the rows that have them
     comparison = compare_arms(arms, **options)
-    comparison.baseline = baseline
+    comparison.baseline, comparison.selected_by = baseline, study.metric
     if baseline not in pending:
         confirmed = compare_arms([a for a in arms if a.label not in pending], baseline=baseline, **options)
         comparison.differences = adjust_family(pooled_differences(confirmed))
@@ -142,18 +143,19 @@ def study_comparison(study: Study, by: str = "fusion",
     return comparison, configs, len(runs)
 
 
-def split_columns(on_test: bool) -> list[tuple[str, str]]:
+def split_columns(on_test: bool, selected_by: str = CIDER) -> list[tuple[str, str]]:
     """(heading, metric) of a comparison's interval columns, each heading naming its split: on the test split, the
-    test metrics and then the val CIDEr the rows were selected by, labelled as that; else the val metrics (then the
-    selection numbers and the verdict's alike)."""
+    test metrics and then the study metric the rows were selected by (`selection_column`, on val); else the val
+    metrics, and the study metric as the selection column when it is not one of them."""
     if on_test:
-        return [*((f"test {label}", m) for label, m in TEST_TABLE_METRICS), SELECTION_COLUMN]
-    return [(f"val {label}", m) for label, m in TABLE_METRICS]
+        return [*((f"test {label}", m) for label, m in TEST_TABLE_METRICS), selection_column(selected_by)]
+    columns = [(f"val {label}", m) for label, m in TABLE_METRICS]
+    return columns if any(m == selected_by for _, m in columns) else [*columns, selection_column(selected_by)]
 
 
 def shown_metrics(comparison: Comparison) -> list[tuple[str, str]]:
     """(heading, metric) of the columns of `split_columns` for the comparison's split that some row logged."""
-    return [(label, m) for label, m in split_columns(comparison.metric == TEST_CIDER)
+    return [(label, m) for label, m in split_columns(comparison.metric == TEST_CIDER, comparison.selected_by)
             if any(m in intervals for _, intervals in comparison.rows)]
 
 

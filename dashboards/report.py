@@ -24,7 +24,8 @@ from matplotlib.ticker import MaxNLocator
 from a2core.selection import finite
 from dashboards.compare import (family_note, family_text, p_text, shown_metrics, split_columns, study_comparison,
                                 verdict_family)
-from dashboards.runs import CIDER, FUSION_LABEL, TEST_CIDER, Study, Trial, searched_keys, sort_key
+from dashboards.runs import (CIDER, FUSION_LABEL, TEST_CIDER, Study, Trial, metric_label, searched_keys,
+                             selection_column, sort_key)
 from dashboards.stats import MIN_SEEDS, seed_interval, stopped_early_text
 
 DIAG_COLUMNS = [("grounding acc.", "diag/grounding/accuracy"), ("word-agnostic control", "diag/grounding/control"),
@@ -59,7 +60,7 @@ def fusion_table_html(comparison, configs: dict[str, str]) -> str:
     """Table 3: `dashboards.compare.study_comparison` by fusion, best mean per column in bold."""
 
     if not comparison.rows:
-        return _missing("No run logged val/CIDEr, so there is no fusion table.")
+        return _missing(f"No run logged {comparison.selected_by}, so there is no fusion table.")
     on_test = comparison.metric == TEST_CIDER
     split = "test" if on_test else "val"
     columns = shown_metrics(comparison)
@@ -81,18 +82,19 @@ def fusion_table_html(comparison, configs: dict[str, str]) -> str:
         rows.append((FUSION_LABEL.get(arm.label, arm.label), cells))
     head = ["fusion", "seeds", *(label for label, _ in columns), f"{split} CIDEr vs baseline", "p",
             *([f"Holm over {family} [CI], p"] if family > 1 else []), "verdict", "config"]
-    missing = [label for label, m in split_columns(on_test) if (label, m) not in columns]
+    missing = [label for label, m in split_columns(on_test, comparison.selected_by) if (label, m) not in columns]
+    chosen_by = metric_label(comparison.selected_by)
     images = max((diff.images or 0 for diff in comparison.differences.values()), default=0)
     where = (f"Every number but the selection column is on the held-out test split"
              f"{f' ({images} images)' if images else ''}: each run's "
-             "selected checkpoint (its best val CIDEr epoch) decoded with beam search when the run ended; the "
+             f"selected checkpoint (its best {chosen_by} epoch) decoded with beam search when the run ended; the "
              "differences and verdicts are on those images. Only the selection column is on val."
              if on_test else
              "Every number is on the val images the rows were selected on (not every chosen run logged test "
              "scores: a run stopped early, or train.test_at_end: false), so the verdicts are not held-out ones.")
     return (_html_table(head, rows, "t3") +
             "<p class='note'>The numbers of `a2 study compare --by fusion`: per fusion its best configuration by "
-            "mean val CIDEr over seeds (stopped-early ones only when nothing else ran); mean [95% CI] over seeds "
+            f"mean {chosen_by} over seeds (stopped-early ones only when nothing else ran); mean [95% CI] over seeds "
             f"(none below {MIN_SEEDS} seeds), x100; best mean per column in bold. {where}</p>" +
             (f"<p class='note'>{html.escape(family_note(family))}.</p>" if family > 1 else "") +
             (f"<p class='note'>Not logged: {', '.join(missing)}.</p>" if missing else ""))
@@ -129,22 +131,27 @@ def diagnostics_table_html(runs: list[Trial]) -> str:
             "region per caption, so lift = accuracy - control is what word-level grounding adds.</p>")
 
 
-def runs_table_html(runs: list[Trial], keys: list[str]) -> str:
+def runs_table_html(runs: list[Trial], keys: list[str], metric: str = CIDER, mode: str = "max") -> str:
+    """Every run, best first by the study's `metric` (what each run's checkpoint was selected by) in its `mode`."""
     if not runs:
         return _missing("The study has no trial runs yet.")
-    rows = []
-    for r in sorted(runs, key=lambda r: math.inf if r.score(CIDER) is None else -r.score(CIDER)):  # none last
+    rows, sign = [], -1 if mode == "max" else 1
+
+    def selection_text(value: float | None) -> str:  # scores are x100 (one decimal); other metrics as they are
+        return "–" if value is None else f"{value:.1f}" if metric.startswith("val/") else f"{value:.4g}"
+    for r in sorted(runs, key=lambda r: math.inf if r.score(metric) is None else sign * r.score(metric)):  # none last
         state = stopped_early_text(r.stopped_early) if r.stopped_early else r.status
         if r.ended:  # why a trial ended itself (its record's end reason: it diverged)
             state += f" ({r.ended['reason']})"
         test, params = r.score(TEST_CIDER), r.params  # params: flattened anew at each read (`Trial.params`)
         cells = [_td(state, "l"), _td("" if r.seed is None else r.seed), *(_td(params.get(k, "")) for k in keys),
-                 _td("–" if r.score(CIDER) is None else f"{r.score(CIDER):.1f}"),
+                 _td(selection_text(r.score(metric))),
                  _td("" if r.best_step is None else r.best_step), _td("–" if test is None else f"{test:.1f}")]
         rows.append((r.name, cells))
-    return (_html_table(["run", "status", "seed", *keys, "best val CIDEr (selection)", "best epoch", "test CIDEr"],
-                        rows, "runs") +
-            "<p class='note'>Best val CIDEr: the epoch each run's checkpoint was selected by (val images). Test "
+    return (_html_table(["run", "status", "seed", *keys, f"best {selection_column(metric)[0]}", "best epoch",
+                         "test CIDEr"], rows, "runs") +
+            f"<p class='note'>Best {metric_label(metric)}: the epoch each run's checkpoint was selected by (val "
+            "images). Test "
             "CIDEr: that checkpoint on the test split, beam search, when the run ended (– for a run that did not "
             "end: stopped early or still running).</p>")
 
@@ -361,7 +368,7 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
     sections = [("Fusion ablation (Table 3 layout)", fusion_table_html(comparison, configs)), figures["lambda"],
                 ("A2 diagnostics per fusion", diagnostics_table_html(study.runs)),
                 *(figures[key] for key in ("jsd", "kendall", "grounding", "curves", "parallel")),
-                ("All runs", runs_table_html(study.runs, searched_keys(study.runs)))]
+                ("All runs", runs_table_html(study.runs, searched_keys(study.runs), study.metric, study.mode))]
     name = html.escape(study.name)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>a2 report: {name}</title>"
             f"<style>{_CSS}</style></head><body><h1>Study {name}</h1><p class='sub'>{html.escape(_summary(study))}"

@@ -21,7 +21,17 @@ TABLE_METRICS = [("B-1", "val/BLEU-1"), ("B-4", "val/BLEU-4"), ("METEOR", "val/M
 TEST_CIDER = "test/CIDEr"
 TEST_TABLE_METRICS = [("B-1", "test/BLEU-1"), ("B-4", "test/BLEU-4"), ("METEOR", "test/METEOR"),
                       ("ROUGE-L", "test/ROUGE-L"), ("CIDEr", TEST_CIDER)]
-SELECTION_COLUMN = ("val CIDEr (selection)", CIDER)  # the number each row was chosen by, on the val images
+
+
+def metric_label(metric: str) -> str:
+    """A metric as a heading: "val/CIDEr" -> "val CIDEr", "val/BLEU-4" -> "val BLEU-4"; others as they are."""
+    return metric.replace("/", " ", 1) if metric.startswith(("val/", "test/")) else metric
+
+
+def selection_column(metric: str = CIDER) -> tuple[str, str]:
+    """(heading, metric) of the number each row and each run's checkpoint were chosen by: the study's metric (on
+    the val images), "val CIDEr (selection)" by default."""
+    return f"{metric_label(metric)} (selection)", metric
 SEED_KEY = "train.seed"
 
 # the summary's name of a trial's field where it differs from the attribute's (`lambda` is a Python keyword)

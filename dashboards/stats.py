@@ -597,6 +597,7 @@ class Comparison:
     metric: str | None = None  # the metric of the differences ("test/CIDEr")
     note: str | None = None  # why it has no differences yet, where that is not plain (confirmation seeds to come)
     pending: tuple[str, ...] = ()  # rows without a verdict until their confirmation seeds have run (the note's)
+    selected_by: str = "val/CIDEr"  # the study metric the rows' configurations and checkpoints were chosen by
 
     def verdicts(self) -> list[str]:
         return [d.verdict() for d in self.differences.values()]

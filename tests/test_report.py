@@ -336,3 +336,23 @@ def test_the_runs_table_lists_best_val_cider_first_and_runs_without_it_last():
             Trial("t3", name="run-best", state="TERMINATED", final={CIDER: 110.0})]
     rows = re.findall(r"run-(best|worse|running)", runs_table_html(runs, []))
     assert rows == ["best", "worse", "running"]
+
+
+def test_a_study_selecting_by_another_metric_labels_its_selection_column_by_it(tmp_path):
+    """search.metric val/BLEU-4: each run's checkpoint and each row's configuration are chosen by BLEU-4, so the
+    selection column (compare, Table 3, the run list) is val BLEU-4, not val CIDEr, and the run list is in its order."""
+    fab = fabricate(tmp_path, "by-bleu4", fusions=("none", "gate"), overrides=("search.metric=val/BLEU-4",))
+    study = fab.record().study()
+    assert study.metric == "val/BLEU-4"
+    text = compare_table(study)
+    assert "val BLEU-4 (selection) [95% CI]" in text and "val CIDEr (selection)" not in text
+    page = open(build_report(study, tmp_path / "out")["html"], encoding="utf-8").read()
+    rows = _table_rows(page)
+    assert rows["head"][7] == "val BLEU-4 (selection)"
+    assert rows["gate"][6] == "<b>35.1 [34.9, 35.3]</b>"  # 35 + 0.1 x seed over seeds 0-2, t(0.975, 2) x 0.1 / sqrt(3)
+    assert "its best val BLEU-4 epoch" in page and "best configuration by mean val BLEU-4" in page
+    runs = _table_rows(page, "runs")
+    assert runs["head"][-3:] == ["best val BLEU-4 (selection)", "best epoch", "test CIDEr"]
+    order = [label for label in runs if label != "head"]
+    assert [runs[label][-3] for label in order[:2]] == ["35.2", "35.2"]  # gate's seed-2 runs (both lambdas) first
+    assert runs[order[-1]][-3] == "30.0"  # none's seed 0 last
