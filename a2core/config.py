@@ -297,6 +297,9 @@ def applicable_config(config: dict) -> dict:
     return out
 
 
+SELECTABLE = ("val/", "diag/", "train/")  # the metrics of an epoch's report that can pick the best epoch
+
+
 class TrainConfig(Section):
     elsewhere: ClassVar[dict[str, str]] = {
         "output_dir": "output_dir is a top-level key of a training config (`a2 train --output-dir PATH`, or "
@@ -342,7 +345,14 @@ class TrainConfig(Section):
         "METEOR in the per-epoch validation (a Java process, ~4 s each); the final evaluation always has it."))
     beam_size: Integer = Field(5, ge=1, description="Beam width of beam-search decoding.")
     max_len: Integer = Field(20, ge=1, description="Longest decoded caption, in words.")
-    # The selected checkpoint (best val CIDEr) decodes the held-out test split when the run ends; verdicts rest on
+    # The best epoch: best.pt, what SCST starts from and what the test split scores. A study sets its search.metric
+    # and search.mode here, so a trial's best epoch in the study's record is the one its checkpoint and test scores
+    # come from.
+    select_metric: Text = Field("val/CIDEr", description=(
+        "The per-epoch metric that picks the run's best epoch (best.pt, the start of SCST, the test evaluation): "
+        "val/..., diag/... or train/...; an epoch that did not report it is never the best."))
+    select_mode: Literal["max", "min"] = Field("max", description="Whether `select_metric` is maximised or minimised.")
+    # The selected checkpoint (the best epoch) decodes the held-out test split when the run ends; verdicts rest on
     # these scores, not on the val images the checkpoint and the configuration were selected on.
     test_at_end: Flag = Field(True, description=(
         "When the run ends, its selected checkpoint decodes the test split with beam search (beam_size, max_len), "
@@ -388,6 +398,9 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
+        if not self.select_metric.startswith(SELECTABLE):
+            raise ConfigError("select_metric", f"{self.select_metric!r} is not a metric an epoch reports: val/... "
+                                               f"(val/CIDEr, val/BLEU-4, ...), diag/... or train/...")
         if self.xe_epochs + self.scst_epochs < 1:
             raise ConfigError("xe_epochs", "xe_epochs + scst_epochs must be >= 1")
         if self.scst_baseline == "mean" and self.scst_samples < 2:

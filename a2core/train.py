@@ -357,7 +357,8 @@ class Trainer:
         # images a worker decodes at once in validation and diagnostics: its share of the batch's images
         self.images_per_worker = max(1, t.batch_size // CAPTIONS_PER_IMAGE // self.dist.world)
         self.epoch, self.step = 0, 0
-        self.best: dict = {"val/CIDEr": float("-inf"), "epoch": 0}
+        # the best epoch by train.select_metric ("value") and its val CIDEr (reported as best/val/CIDEr)
+        self.best: dict = {"val/CIDEr": float("-inf"), "value": None, "epoch": 0}
         self.history: list[dict] = []
         self._cider = None
         self._divergence: torch.Tensor | None = None  # (4,) on the device (`_check_finite`)
@@ -380,6 +381,9 @@ class Trainer:
         self.updates.load_state_dict(state)
         self.epoch, self.step = state["epoch"], state["step"]
         self.best, self.history = dict(state["best"]), list(state.get("history", []))
+        if "value" not in self.best:  # a checkpoint from before train.select_metric: its value from the history
+            self.best["value"] = next((h.get(self.cfg.train.select_metric) for h in self.history
+                                       if h.get("epoch") == self.best["epoch"]), None)
         ckpt.set_rng_state(state["rng"])
 
     # -- one epoch of each stage ----------------------------------------------------------------------------------
@@ -688,9 +692,11 @@ class Trainer:
         val = self.validate()
         val.update(self.diagnostics())
         samples = val.pop("samples")
-        improved = improves(val["val/CIDEr"], self.best["val/CIDEr"])  # the latest of equals (a2core.selection)
+        # None on an epoch that did not report it (a diag/ metric off its epochs)
+        value = val.get(t.select_metric, train_metrics.get(t.select_metric))
+        improved = improves(value, self.best["value"], t.select_mode)  # the latest of equals (a2core.selection)
         if improved:
-            self.best = {"val/CIDEr": val["val/CIDEr"], "epoch": self.epoch, "stage": stage}
+            self.best = {"val/CIDEr": val["val/CIDEr"], "value": value, "epoch": self.epoch, "stage": stage}
         metrics = {"epoch": self.epoch, "step": self.step, "stage": stage, **train_metrics, **val,
                    "best/val/CIDEr": self.best["val/CIDEr"], "best/epoch": self.best["epoch"],
                    "time/epoch_s": time.perf_counter() - start}

@@ -41,7 +41,7 @@ from launch.mlflow_callback import A2MLflowCallback
 from launch.raycluster import autoscaler_limits, connect
 from launch.progress import progress_line, study_progress
 from launch.record import StudyRecord, table_row, tune_trials
-from launch.spec import check_cluster, check_machine, runs_locally
+from launch.spec import check_cluster, check_machine, runs_locally, schema_default
 from launch.storage import check_storage, open_location
 from launch.tracking_writer import StudyTracker
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
@@ -174,6 +174,8 @@ def refuse_changed_spec(spec, location: StudyLocation) -> None:
     missing = object()
     for key in [*started, *(k for k in now if k not in started)]:
         before, after = started.get(key, missing), now.get(key, missing)
+        if before is missing and after == schema_default(key, missing):  # a key added to a2core's schema since
+            continue
         if before != after:
             shown = lambda v: "absent" if v is missing else json.dumps(v)  # noqa: E731
             raise StudyError(

@@ -16,9 +16,9 @@ from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, ValidationError, ValidationInfo,
                       model_validator)
 
-from a2core.config import (Config, ConfigError, Flag, Integer, Number, Real, Section, Text, format_value,
-                           applicable_config, apply_overrides, check_batch_split, config_error, get_dotted, integer,
-                           load_yaml, set_dotted, steps_per_epoch)
+from a2core.config import (SELECTABLE, Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
+                           applicable_config, apply_overrides, check_batch_split, config_error, format_value,
+                           get_dotted, integer, load_yaml, set_dotted, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.data.prepared import check_copy, is_prepared
 from a2core.data.synthetic import split_sizes
@@ -35,6 +35,7 @@ SEED_PATH = "train.seed"  # set by the replicate index when search.replicates is
 SEED_KEYS = ("seed", SEED_PATH)  # the seed's space key (alias or path): not part of a configuration
 # Keys the space may not control: the scheduler's time budget and the pruning rule depend on the planned epochs.
 FIXED_PATHS = ("train.xe_epochs", "train.scst_epochs")
+SELECT_PATHS = ("train.select_metric", "train.select_mode")  # search.metric and search.mode set them
 
 # What a2core.train reports after every epoch (see the contract of `a2core.train.train`).
 METRICS = ("val/CIDEr", "val/BLEU-1", "val/BLEU-2", "val/BLEU-3", "val/BLEU-4", "val/METEOR", "val/ROUGE-L",
@@ -387,6 +388,11 @@ def _schema_defaults() -> dict:
     return Config().to_dict()
 
 
+def schema_default(path: str, otherwise: Any = None) -> Any:
+    """The default of a data/model/train path ("train.select_metric" -> "val/CIDEr"); `otherwise` for another."""
+    return get_dotted(_schema_defaults(), path) if path in config_schema() else otherwise
+
+
 def resolve_key(key: str) -> str | None:
     """The dotted config path of a space key (alias or path), or None when it names nothing in the schema."""
     path = ALIASES.get(key, key)
@@ -459,6 +465,7 @@ class StudySpec(Section):
             if isinstance(value, str) and value and "://" not in value:
                 set_dotted(sections, path, os.path.normpath(os.path.join(root, os.path.expanduser(value))))
         search = self.search
+        _select_by_the_study_metric(search, sections)
         self._filled_in = tuple(key for key in ("space", "points_to_evaluate") if getattr(search, key) is None)
         search.space = _check_space(search, sections)
         search.points_to_evaluate = _check_points(search, [p for p in search.space.values() if p.sampled])
@@ -892,6 +899,8 @@ def _check_space(search: Search, sections: dict) -> dict[str, Param]:
                              f"data./model./train. key of the config")
         if path in setters:
             _fail(where, f"names {path} like {setters[path]} already does")
+        if path in SELECT_PATHS:
+            _fail(where, f"a trial's best epoch is picked by search.metric and search.mode, which set {path}")
         if path in FIXED_PATHS:
             _fail(where, "the planned epochs must be the same for every trial (ASHA's budget and the "
                              "pruning rule depend on them); set it in train")
@@ -986,6 +995,20 @@ def _check_points(search: Search, sampled: list[Param]) -> list[dict]:
     if sampled and search.algorithm == "grid" and not points:
         _fail("search.points_to_evaluate", "algorithm 'grid' runs the points: give at least one")
     return points
+
+
+def _select_by_the_study_metric(search: Search, sections: dict) -> None:
+    """A trial's best epoch (its best.pt, SCST's start, its test scores: a2core's train.select_metric) is the one
+    the study ranks it by (search.metric and mode), so the record's best epoch is the one its test scores are of.
+    A metric no epoch report carries (best/val/CIDEr, time/epoch_s, epoch, step) leaves a2core's val CIDEr."""
+    if not search.metric.startswith(SELECTABLE):
+        return
+    train = sections.setdefault("train", {})
+    for key, value in (("select_metric", search.metric), ("select_mode", search.mode)):
+        if train.get(key, value) != value:
+            _fail(f"train.{key}", f"{train[key]!r}, but search.{key[len('select_'):]} is {value!r}: a trial's best "
+                                  f"epoch is the one the study ranks it by; drop train.{key}")
+        train[key] = value
 
 
 # -- every trial the space can produce ---------------------------------------------------------------------------------

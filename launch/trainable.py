@@ -373,8 +373,8 @@ class LocalCheckpoints:
 
     def prune(self, values: dict[int, float], also: int | None = None) -> None:
         """Delete the folders neither latest nor among the best (`values`: epoch -> the study metric) nor `also`:
-        a2core's own best epoch (`best/epoch`, by val CIDEr), which SCST and the test split start from when the trial
-        resumes; with a study metric other than val/CIDEr it may be none of the others."""
+        a2core's own best epoch (`best/epoch`, by train.select_metric, which the study sets to its metric), which
+        SCST and the test split start from when the trial resumes: kept even when a later epoch ties it."""
         epochs = self.complete_epochs()
         if len(epochs) <= self.num_to_keep:
             return

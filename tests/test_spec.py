@@ -399,6 +399,8 @@ BAD = [
     ("coco data missing", ["data={kind: coco, captions: /nonexistent/c.json, features: /nonexistent/f.h5}"],
      "data.captions", "no such file"),
     ("zero samples", ["search.num_samples=0"], "search.num_samples", ">= 1"),
+    ("best epoch by another metric than the study's", ["search.metric=val/BLEU-4", "train.select_metric=val/CIDEr"],
+     "train.select_metric", "search.metric is 'val/BLEU-4': a trial's best epoch is the one the study ranks it by"),
 ]
 
 
@@ -604,3 +606,14 @@ def test_a_postgres_uri_is_saved_as_the_postgresql_one_mlflow_takes():
     """`postgres://` (Heroku's short alias) is refused by SQLAlchemy, so by MLflow, with its own error."""
     spec = load_study(SMOKE, ["tracking.mlflow_uri=postgres://alice@db.lab:5432/mlflow"], check_files=False)
     assert spec.tracking.mlflow_uri == "postgresql://alice@db.lab:5432/mlflow"
+
+
+def test_a_trials_best_epoch_is_picked_by_the_study_metric(tmp_path):
+    """search.metric and mode set a2core's train.select_metric and select_mode in every trial's config (its best.pt
+    and test scores are of the epoch the record names best); a metric no epoch report carries leaves val CIDEr."""
+    study = write(tmp_path, smoke_raw())
+    spec = load_study(study, ["search.metric=val/BLEU-4", "search.mode=min"])
+    config = spec.trial_config({"fusion": "gate", "lambda": 0.03, "seed": 0})
+    assert (config["train"]["select_metric"], config["train"]["select_mode"]) == ("val/BLEU-4", "min")
+    config = load_study(study, ["search.metric=best/val/CIDEr"]).trial_config({"fusion": "gate", "lambda": 0.03})
+    assert (config["train"]["select_metric"], config["train"]["select_mode"]) == ("val/CIDEr", "max")

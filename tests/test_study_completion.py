@@ -104,3 +104,22 @@ def test_resume_refuses_a_study_yaml_edited_since_the_start(tmp_path, monkeypatc
     assert main(["study", "resume", "done", "--storage", str(fab.spec.storage)]) == 2
     assert "differs from the spec it was started with at `search.replicates` ([0, 1, 2] now, [0, 1] at the start)" \
         in capsys.readouterr().err
+
+
+def test_a_study_started_before_a_schema_key_was_added_resumes_at_its_default(tmp_path, monkeypatch):
+    """The spec a study was started with, from before train.select_metric and select_mode existed, lacks them: at
+    their defaults now they change nothing the study runs, so the resume is not refused; at another value it is."""
+    from a2core.errors import StudyError
+    from launch.driver import refuse_changed_spec
+
+    fab = _fab(tmp_path, trials=2)
+    started = yaml.safe_load(fab.location.read_text(STARTED_SPEC_FILE))
+    assert started["train"]["select_metric"] == "val/CIDEr" and started["train"]["select_mode"] == "max"
+    for key in ("select_metric", "select_mode"):
+        del started["train"][key]
+    fab.location.write_text(yaml.safe_dump(started, sort_keys=False), STARTED_SPEC_FILE)
+    refuse_changed_spec(fab.spec, fab.location)  # not refused
+    started["train"]["warmup"] = 7
+    fab.location.write_text(yaml.safe_dump(started, sort_keys=False), STARTED_SPEC_FILE)
+    with pytest.raises(StudyError, match="at `train.warmup`"):
+        refuse_changed_spec(fab.spec, fab.location)

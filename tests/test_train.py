@@ -194,3 +194,21 @@ def test_small_config_beats_twice_the_best_constant_caption(tmp_path, monkeypatc
     assert set(scores) >= {"BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr"}
     assert scores["CIDEr"] >= 2 * constant_cider
     assert "SPICE skipped" in out.stderr  # no Stanford models here: a notice, not a crash
+
+
+def test_the_best_epoch_is_picked_by_the_select_metric_in_its_mode(tiny_data, tmp_path):
+    """train.select_metric / select_mode (a study's search.metric and mode) pick the best epoch: best.pt, what the
+    test split scores and best/epoch are of it, and best/val/CIDEr is that epoch's val CIDEr. Minimising val/BLEU-4
+    picks an epoch no val-CIDEr rule would pick on purpose; the latest of equals (a2core.selection)."""
+    from a2core.selection import best_epoch
+
+    cfg = _cfg(tiny_data, **{"train.xe_epochs": 3, "train.select_metric": "val/BLEU-4", "train.select_mode": "min"})
+    seen = []
+    result = train(cfg, report=lambda metrics, _: seen.append(metrics), output_dir=tmp_path / "run")
+    bleu = {h["epoch"]: h["val/BLEU-4"] for h in result["history"]}
+    expected = best_epoch(bleu, "min")
+    assert result["best_epoch"] == expected == seen[-1]["best/epoch"] == seen[-1]["test/epoch"]
+    assert ckpt.load(result["best_checkpoint"])["epoch"] == expected
+    assert result["best/val/CIDEr"] == next(h["val/CIDEr"] for h in result["history"] if h["epoch"] == expected)
+    with pytest.raises(Exception, match="select_metric"):
+        _cfg(tiny_data, **{"train.select_metric": "time/epoch_s"})
