@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -45,6 +46,7 @@ from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, EN
 from launch.storage import open_location
 
 ATTEMPT_CPU_KEY = "compute/attempt_cpu_s"  # worker -> trial driver: CPU seconds of this worker group, all ranks
+ATTEMPT_GROUP_KEY = "compute/worker_group"  # worker -> trial driver: which group counted them (host:pid of rank 0)
 DIVERGED_KEY = "a2/diverged"  # worker -> trial driver: the run diverged (`diverged_record`), instead of an epoch
 # Environment that Ray workers need to reach storage from any node of the cluster: settings and references
 # (the credentials file, its profile), never a secret's value (launch.raycluster.stash_credentials).
@@ -159,31 +161,53 @@ class ComputeMeter:
     (wall x GPUs) or `compute/cpu_s`. `previous` is the trial's result log (earlier attempts' totals); `stamp` takes
     this attempt's CPU seconds, which restart at 0 with a new Ray Train worker group."""
 
-    def __init__(self, previous: list[dict], gpus: float, share: float = 1.0):
-        self.gpus, self.share = float(gpus), share  # share: a fused trial's seed's part of it (1/k)
+    def __init__(self, previous: list[dict], gpus: float):
+        self.gpus = float(gpus)
         self.device_key = "compute/gpu_s" if self.gpus else "compute/cpu_s"
         self.base_wall = max((float(r.get("compute/wall_s") or 0.0) for r in previous), default=0.0)
         self.base_device = max((float(r.get(self.device_key) or 0.0) for r in previous), default=0.0)
         self.start = time.monotonic()
         self.cpu_done = 0.0  # CPU seconds of earlier worker groups of this attempt
-        self.cpu_last = 0.0
+        self.cpu_last, self.group = 0.0, None
 
-    def stamp(self, item: dict, attempt_cpu_s: float) -> None:
-        if attempt_cpu_s < self.cpu_last:  # a new worker group counts from 0 again
+    def stamp(self, item: dict, attempt_cpu_s: float, group: str | None = None, wall_s: float | None = None) -> None:
+        """`group`: the Ray Train worker group that counted `attempt_cpu_s` (ATTEMPT_GROUP_KEY); without it a new
+        group is told by its count starting below the last. `wall_s`: this attempt's wall seconds that are the
+        trial's, where not all of them are (a fused trial's seed: `FusedClock`); CPU seconds are then its share too."""
+        if (group != self.group) if group is not None else attempt_cpu_s < self.cpu_last:  # counts from 0 again
             self.cpu_done += self.cpu_last
-        self.cpu_last = attempt_cpu_s
-        wall = (time.monotonic() - self.start) * self.share
+        self.cpu_last, self.group = attempt_cpu_s, group
+        wall = time.monotonic() - self.start if wall_s is None else wall_s
         item["compute/wall_s"] = self.base_wall + wall
-        item[self.device_key] = self.base_device + (
-            wall * self.gpus if self.gpus else (self.cpu_done + attempt_cpu_s) * self.share)
+        item[self.device_key] = self.base_device + (wall * self.gpus if self.gpus else self.cpu_done + attempt_cpu_s)
+
+
+class FusedClock:
+    """A fused trial's wall and CPU seconds, charged to its k seeds as they report: the time since the last report
+    of any seed goes in equal parts to the seeds that trained together in it (a fused cross-entropy epoch: every live
+    seed), or whole to the one seed that trained alone (SCST runs seed after seed: `a2core.fused`). The seeds' totals
+    sum to the trial's."""
+
+    def __init__(self, k: int):
+        self.wall, self.cpu = time.monotonic(), time.process_time()
+        self.charged = [[0.0, 0.0] for _ in range(k)]  # per seed: wall, CPU seconds of this attempt
+
+    def charge(self, seed: int, together: list[int]) -> tuple[float, float]:
+        """(wall, CPU) seconds of this attempt charged to `seed` so far, once the time since the last report is
+        shared among `together` (the seeds that trained in it, `seed` among them)."""
+        wall, cpu = time.monotonic(), time.process_time()
+        for i in together:
+            self.charged[i][0] += (wall - self.wall) / len(together)
+            self.charged[i][1] += (cpu - self.cpu) / len(together)
+        self.wall, self.cpu = wall, cpu
+        return self.charged[seed][0], self.charged[seed][1]
 
 
 class TrialRecorder:
     """What a trial does with each epoch's result: stamp its cost, log it, report it to Tune."""
 
-    def __init__(self, plan: TrialPlan, gpus: float, sampled: dict, trial_id: str | None = None, share: float = 1.0):
-        """trial_id, share: a fused trial's seed's (`a2_fused_trial`): its id in the record and its part of the
-        trial's compute (`ComputeMeter`); else this Tune trial's id, all of it."""
+    def __init__(self, plan: TrialPlan, gpus: float, sampled: dict, trial_id: str | None = None):
+        """trial_id: a fused trial's seed's id in the record (`a2_fused_trial`); else this Tune trial's."""
         self.trial_id = trial_id or tune.get_context().get_trial_id()
         self.metric, self.mode = plan.metric, plan.mode
         self.run = plan.trials().join(train_run_name(plan.study, self.trial_id))
@@ -194,19 +218,20 @@ class TrialRecorder:
             adopt(plan, self.run, self.trial_id, sampled)
         self.log = ResultLog(self.run.join(RESULTS_FILE))
         self.log.add_missing(latest_checkpoint_history(self.run))
-        self.meter = ComputeMeter(list(self.log.by_epoch.values()), gpus, share)
+        self.meter = ComputeMeter(list(self.log.by_epoch.values()), gpus)
 
-    def record(self, item: dict, attempt_cpu_s: float) -> None:
+    def record(self, item: dict, attempt_cpu_s: float, group: str | None = None) -> None:
         """Log the result (`log`) and report it to Tune (`report_to_tune`)."""
-        self.log_result(item, attempt_cpu_s)
+        self.log_result(item, attempt_cpu_s, group)
         report_to_tune(plain_values(item), item.get("checkpoint_path"), item.get("epoch"))
 
-    def log_result(self, item: dict, attempt_cpu_s: float) -> None:
-        """Stamp the result's cost, keep its artifacts and add it to the trial's result log."""
+    def log_result(self, item: dict, attempt_cpu_s: float, group: str | None = None,
+                   wall_s: float | None = None) -> None:
+        """Stamp the result's cost (`ComputeMeter.stamp`), keep its artifacts and add it to the trial's result log."""
         # The result's own time (Tune keeps it) goes into the log too: an epoch that MLflow gets back from the log
         # after a driver died is logged at the time it was reported, in its place among the others.
         item.setdefault("timestamp", time.time())
-        self.meter.stamp(item, attempt_cpu_s)
+        self.meter.stamp(item, attempt_cpu_s, group, wall_s)
         self.keep_artifacts(item)
         self.log.add(item)
 
@@ -357,15 +382,18 @@ class LocalCheckpoints:
         return target.uri
 
     def keep_epoch(self, trial: "TrialRecorder", metrics: dict, checkpoint_dir: str | None, attempt_cpu_s: float,
-                   tell_tune: bool = True) -> None:
+                   fused_wall_s: float | None = None) -> None:
         """An epoch's result (`a2core.train.train`'s report): its checkpoint folder stored, the result recorded by
-        `trial` (logged, and reported to Tune unless `tell_tune` is False: a fused trial's seed), the checkpoints no
-        longer kept deleted."""
+        `trial` (logged, and reported to Tune unless it is a fused trial's seed, charged `fused_wall_s`), the
+        checkpoints no longer kept deleted."""
         item = dict(metrics)
         if checkpoint_dir is not None:
             item["checkpoint_path"] = self.save(checkpoint_dir, int(item["epoch"]))
             kill_point("checkpoint-saved", item["epoch"])
-        (trial.record if tell_tune else trial.log_result)(item, attempt_cpu_s)
+        if fused_wall_s is None:
+            trial.record(item, attempt_cpu_s)
+        else:
+            trial.log_result(item, attempt_cpu_s, wall_s=fused_wall_s)
         own_best = item.get("best/epoch")
         self.prune({e: r[self.metric] for e, r in trial.log.by_epoch.items()
                     if isinstance(r.get(self.metric), (int, float))},
@@ -430,12 +458,12 @@ class FusedSeeds:
     run folder, `LocalCheckpoints`), and the one result a epoch Tune hears of them all (`report_epoch`)."""
 
     def __init__(self, plan: TrialPlan, sampled: dict):
-        self.plan, self.cpu_start = plan, time.process_time()
+        self.plan = plan
         self.tune_id = tune.get_context().get_trial_id()
         self.seeds = fused_seeds(sampled)
-        share = 1.0 / len(self.seeds)  # the trial's compute, in equal parts
+        self.clock = FusedClock(len(self.seeds))  # the trial's compute, charged to the seeds that used it
         self.trials = [TrialRecorder(plan, plan.resources["gpus_per_worker"], seed_sampled(sampled, s),
-                                     trial_id=seed_trial_id(self.tune_id, s), share=share) for s in self.seeds]
+                                     trial_id=seed_trial_id(self.tune_id, s)) for s in self.seeds]
         self.configs = [plan.config(seed_sampled(sampled, s)) for s in self.seeds]
         self.checkpoints = [LocalCheckpoints(t.run, plan.metric, plan.mode, plan.num_to_keep) for t in self.trials]
         self.live = {i for i, t in enumerate(self.trials) if t.ended() is None}  # a seed that diverged stays ended
@@ -444,8 +472,9 @@ class FusedSeeds:
     def report(self, i: int, metrics: dict, checkpoint_dir: str | None) -> None:
         """Seed i's epoch (`a2core.train.train`'s report): its checkpoint stored, its result logged; Tune hears of
         the epoch once every live seed has it."""
-        self.checkpoints[i].keep_epoch(self.trials[i], metrics, checkpoint_dir, time.process_time() - self.cpu_start,
-                                       tell_tune=False)
+        # a cross-entropy epoch trains every live seed at once; SCST trains one seed after the other
+        wall, cpu = self.clock.charge(i, sorted(self.live) if metrics.get("stage") == "xe" else [i])
+        self.checkpoints[i].keep_epoch(self.trials[i], metrics, checkpoint_dir, cpu, fused_wall_s=wall)
         self.report_epoch(int(metrics["epoch"]))
 
     def end(self, i: int, err: TrainingDiverged) -> None:
@@ -700,11 +729,12 @@ def worker_fn(config: dict, temp_root: str, start_from: tuple | None = None) -> 
     from a2core.train import train  # torch: as in `a2_local_trial`
 
     cpu_start = time.process_time()
+    worker_group = f"{socket.gethostname()}:{os.getpid()}"  # rank 0's process: a restarted group has a new one
     _quiet_per_epoch_logs()
     use_temp_root(temp_root)
 
     def report(metrics: dict, checkpoint_dir: str | None) -> None:
-        metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start)}
+        metrics = {**metrics, ATTEMPT_CPU_KEY: _cpu_seconds_all_ranks(cpu_start), ATTEMPT_GROUP_KEY: worker_group}
         if checkpoint_dir:  # rank 0's: its SHA-256 beside it, uploaded with it (as a one-worker trial's)
             write_checksum(Path(checkpoint_dir) / CHECKPOINT_FILE)
         checkpoint = Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
@@ -812,7 +842,7 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
         if DIVERGED_KEY in item:
             trial.end(item[DIVERGED_KEY])
             continue
-        trial.record(item, float(item.pop(ATTEMPT_CPU_KEY, 0.0)))
+        trial.record(item, float(item.pop(ATTEMPT_CPU_KEY, 0.0)), item.pop(ATTEMPT_GROUP_KEY, None))
     runner.join()
     ray.kill(results.actor)
     if failure:

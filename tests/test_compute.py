@@ -58,23 +58,41 @@ def test_meter_continues_from_earlier_attempts_and_worker_group_restarts():
     assert item["compute/gpu_s"] == pytest.approx(4 * item["compute/wall_s"])
 
 
-def test_a_fused_trials_seed_counts_its_share_of_the_trial(monkeypatch):
-    """A seed of a fused trial of k seeds (`share` 1/k) counts 1/k of the trial's wall, GPU and CPU seconds: the k
-    seeds' compute sums to the trial's, not k times it."""
-    import launch.trainable
+def test_a_restarted_worker_group_is_told_by_its_id_not_by_its_count(monkeypatch):
+    """A Ray Train worker group restarted after 9 CPU-s whose first report already counts 12 (a longer epoch): by its
+    count alone the 9 s were lost (12 < 9 is false); by the group's id they are kept, 9 + 12."""
+    meter = ComputeMeter([], gpus=0)
+    a, b, c, d = {}, {}, {}, {}
+    meter.stamp(a, 4.0, "node1:100")
+    meter.stamp(b, 9.0, "node1:100")
+    meter.stamp(c, 12.0, "node2:200")  # the new group's first report
+    meter.stamp(d, 15.0, "node2:200")
+    assert [x["compute/cpu_s"] for x in (a, b, c, d)] == pytest.approx([4.0, 9.0, 21.0, 24.0])
 
-    clock = iter([100.0, 100.0, 130.0, 130.0, 200.0, 204.0])  # two meters start, stamp 30 s later; a third
-    monkeypatch.setattr(launch.trainable.time, "monotonic", lambda: next(clock))
-    seed, whole = ComputeMeter([], gpus=1, share=0.25), ComputeMeter([], gpus=1)
-    a, b = {}, {}
-    seed.stamp(a, 8.0)
-    whole.stamp(b, 8.0)
-    assert (a["compute/wall_s"], a["compute/gpu_s"]) == pytest.approx((7.5, 7.5))
-    assert (b["compute/wall_s"], b["compute/gpu_s"]) == pytest.approx((30.0, 30.0))
-    on_cpu = ComputeMeter([{"epoch": 1, "compute/wall_s": 2.0, "compute/cpu_s": 3.0}], gpus=0, share=0.5)
-    c = {}
-    on_cpu.stamp(c, 8.0)
-    assert (c["compute/wall_s"], c["compute/cpu_s"]) == pytest.approx((2.0 + 2.0, 3.0 + 4.0))
+
+def test_a_fused_trials_seeds_are_charged_what_they_used(monkeypatch):
+    """A fused trial of 2 seeds: a fused cross-entropy epoch (40 s wall, 80 CPU-s) is charged in halves; then SCST
+    trains seed 0 alone (30 s, 30 CPU-s), then seed 1 (50 s, 50 CPU-s), each charged whole. The seeds' totals sum
+    to the trial's 120 s, where 1/k of each seed's elapsed time summed to (70 + 120) / 2 = 95."""
+    import launch.trainable
+    from launch.trainable import FusedClock
+
+    walls, cpus = iter([0.0, 40.0, 40.0, 70.0, 120.0]), iter([0.0, 80.0, 80.0, 110.0, 160.0])
+    monkeypatch.setattr(launch.trainable.time, "monotonic", lambda: next(walls))
+    monkeypatch.setattr(launch.trainable.time, "process_time", lambda: next(cpus))
+    clock = FusedClock(2)
+    assert clock.charge(0, [0, 1]) == pytest.approx((20.0, 40.0))  # epoch 1 (XE), seed 0's report
+    assert clock.charge(1, [0, 1]) == pytest.approx((20.0, 40.0))  # seed 1's, at once
+    assert clock.charge(0, [0]) == pytest.approx((50.0, 70.0))  # seed 0's SCST epoch
+    assert clock.charge(1, [1]) == pytest.approx((70.0, 90.0))  # seed 1's, after it
+    assert sum(w for w, _ in clock.charged) == pytest.approx(120.0)
+    assert sum(c for _, c in clock.charged) == pytest.approx(160.0)
+
+    monkeypatch.setattr(launch.trainable.time, "monotonic", lambda: 0.0)
+    seed = ComputeMeter([{"epoch": 1, "compute/wall_s": 2.0, "compute/gpu_s": 2.0}], gpus=1)
+    item = {}
+    seed.stamp(item, 90.0, wall_s=70.0)  # the seed's charged wall, not the attempt's elapsed time
+    assert (item["compute/wall_s"], item["compute/gpu_s"]) == pytest.approx((72.0, 72.0))
 
 
 def test_local_checkpoints_keep_the_best_and_the_latest(tmp_path):
@@ -97,9 +115,10 @@ def test_local_checkpoints_keep_the_best_and_the_latest(tmp_path):
 
 
 def test_retention_keeps_the_epoch_scst_and_the_test_split_start_from_when_the_study_metric_is_another(tmp_path):
-    """A study searching on val/BLEU-4 keeps its best BLEU epochs and the latest; a2core's own best epoch (by val
-    CIDEr, `best/epoch` of every result), which a resumed trial's SCST and test evaluation start from, is kept too
-    (pruned, the resumed trial failed at its SCST stage on a best.pt it no longer had)."""
+    """A study searching on val/BLEU-4 keeps its best BLEU epochs and the latest; a2core's own best epoch
+    (`best/epoch` of every result), which a resumed trial's SCST and test evaluation start from, is kept too
+    (pruned, the resumed trial failed at its SCST stage on a best.pt it no longer had). A study's trials pick it by
+    the study's metric (train.select_metric); a trial configured before that key picked it by val CIDEr, as here."""
     from types import SimpleNamespace
 
     run = open_location(tmp_path / "run")
@@ -108,11 +127,11 @@ def test_retention_keeps_the_epoch_scst_and_the_test_split_start_from_when_the_s
     source.mkdir()
     (source / "checkpoint.pt").write_bytes(b"weights")
     log = SimpleNamespace(by_epoch={})
-    trial = SimpleNamespace(log=log, log_result=lambda item, cpu: log.by_epoch.__setitem__(item["epoch"], item))
+    trial = SimpleNamespace(log=log, log_result=lambda item, cpu, wall_s: log.by_epoch.__setitem__(item["epoch"], item))
     bleu, cider_best = {1: 30.0, 2: 20.0, 3: 35.0, 4: 25.0}, {1: 1, 2: 2, 3: 2, 4: 2}  # CIDEr peaked at epoch 2
     for epoch in bleu:
         store.keep_epoch(trial, {"epoch": epoch, "val/BLEU-4": bleu[epoch], "best/epoch": cider_best[epoch]},
-                         str(source), 0.0, tell_tune=False)
+                         str(source), 0.0, fused_wall_s=0.0)
     assert store.complete_epochs() == [2, 3, 4]  # a2core's best (2), the best BLEU (3), the latest (4)
 
 
