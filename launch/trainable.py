@@ -515,14 +515,8 @@ class FusedSeeds:
         def newest(i: int, below: int | None = None) -> tuple[int | None, Path | None]:
             epochs = [e for e in self.checkpoints[i].complete_epochs() if below is None or e <= below]
             return newest_readable_checkpoint(self.trials[i].run, epochs, work / str(i))
-        found = {i: newest(i) for i in live}
-        xe = self.configs[0]["train"]["xe_epochs"]
-        epochs = [found[i][0] for i in live]
-        if not all(e is not None and e >= xe for e in epochs) and len(set(epochs)) > 1:
-            if None not in epochs:  # back to the seeds' common epoch
-                found = {i: newest(i, min(epochs)) for i in live}
-            if None in epochs or len({found[i][0] for i in live}) > 1:  # a seed without it: all from epoch 1
-                found = {i: (None, None) for i in live}
+        found = fused_resume_points(live, newest, lambda i: self.checkpoints[i].complete_epochs(),
+                                    self.configs[0]["train"]["xe_epochs"])
         starts = {i: found[i][0] for i in live}
         for epoch in sorted({e for e in starts.values() if e is not None}):
             self.report_epoch(epoch, again=True)
@@ -533,6 +527,24 @@ class FusedSeeds:
         best = {i: best_copy(self.trials[i].run, found[i][1], starts[i], work / str(i))
                 if starts[i] is not None else None for i in left}
         return {i: starts[i] for i in left}, {i: found[i][1] for i in left}, best
+
+
+def fused_resume_points(live: list[int], newest: Callable, kept: Callable, xe_epochs: int) -> dict:
+    """{seed index: (epoch, checkpoint path)} where each live seed of a fused trial resumes ((None, None): from the
+    start). `newest(i, below=None)`: seed i's newest readable checkpoint (at most `below`); `kept(i)`: the epochs it
+    has complete checkpoints of. Once every seed is past stage 1 (each trains stage 2 alone) each resumes from its
+    own newest; before, they step together, so from the newest epoch that every seed has a readable checkpoint of
+    (a seed ahead trains its later epochs again). That epoch is looked for among all the seeds keep, not only at the
+    oldest of their newest: retention by each seed's own scores can have pruned that one in one seed."""
+    found = {i: newest(i) for i in live}
+    epochs = [found[i][0] for i in live]
+    if all(e is not None and e >= xe_epochs for e in epochs) or len(set(epochs)) == 1:
+        return found
+    for epoch in sorted(set.intersection(*(set(kept(i)) for i in live)), reverse=True):
+        at = {i: newest(i, epoch) for i in live}
+        if all(at[i][0] == epoch for i in live):
+            return at
+    return {i: (None, None) for i in live}
 
 
 def a2_fused_trial(sampled: dict, plan: TrialPlan) -> None:

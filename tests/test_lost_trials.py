@@ -232,3 +232,26 @@ def test_trials_run_one_after_another_in_one_process_keep_the_studys_temp_root(t
         assert plan.temp_root() == root and Path(tempfile.mkdtemp(prefix="a2-trial-")).parent == root
     trainable.remove_temp_root(plan)
     assert not root.exists()
+
+
+def test_fused_seeds_resume_from_the_newest_epoch_they_all_keep():
+    """Fused seeds step together in stage 1, so they resume from one epoch. Seed 0 (newest 5) kept 1, 3, 5 and seed
+    1 (newest 4, killed before its epoch-5 checkpoint) kept 1, 2, 4: each seed's retention by its own scores pruned
+    the other's newest. Epoch 1 is the newest both keep: they resume there, where looking only at the oldest newest
+    (4, pruned in seed 0) restarted both from scratch. An unreadable epoch is passed over; none in common: scratch."""
+    from launch.trainable import fused_resume_points
+
+    def seeds(kept: dict[int, list[int]], unreadable: set = frozenset()):
+        def newest(i, below=None):
+            ok = [e for e in kept[i] if (below is None or e <= below) and (i, e) not in unreadable]
+            return (max(ok), f"seed{i}/epoch{max(ok)}") if ok else (None, None)
+        return newest, kept.__getitem__
+
+    newest, kept = seeds({0: [1, 3, 5], 1: [1, 2, 4]})
+    assert fused_resume_points([0, 1], newest, kept, xe_epochs=8) == {0: (1, "seed0/epoch1"), 1: (1, "seed1/epoch1")}
+    newest, kept = seeds({0: [1, 3, 4, 5], 1: [1, 2, 4]}, unreadable={(1, 4)})  # 4 common but damaged in seed 1
+    assert fused_resume_points([0, 1], newest, kept, xe_epochs=8) == {0: (1, "seed0/epoch1"), 1: (1, "seed1/epoch1")}
+    newest, kept = seeds({0: [3, 5], 1: [2, 4]})
+    assert fused_resume_points([0, 1], newest, kept, xe_epochs=8) == {0: (None, None), 1: (None, None)}
+    # past stage 1 (xe_epochs 3) each seed trains alone: each from its own newest
+    assert fused_resume_points([0, 1], newest, kept, xe_epochs=3) == {0: (5, "seed0/epoch5"), 1: (4, "seed1/epoch4")}
