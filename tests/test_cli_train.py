@@ -162,3 +162,28 @@ def test_a_killed_train_keeps_its_history_up_to_its_last_epoch(tmp_path):
     epochs = [h["epoch"] for h in json.loads(history.read_text())]
     assert epochs == list(range(1, len(epochs) + 1)) and 1 <= len(epochs) < 40
     assert (tmp_path / "runs/a2/last.pt").is_file()
+
+
+def test_a_resumed_train_goes_on_in_its_own_folder_and_never_over_another_run(tmp_path):
+    """`a2 train --resume runs/a2-2/last.pt` continues run 2 in runs/a2-2 (it wrote into the configured runs/a2
+    before: run 1's checkpoints, history and test scores replaced by run 2's); given another run's folder, it gets a
+    new numbered one and reads its best checkpoint so far from its own."""
+    from launch.commands.local import resumed_output
+
+    config = _tiny_config(tmp_path)
+    for _ in range(2):
+        assert a2_train("--config", config, cwd=tmp_path).returncode == 0
+    first = {name: (tmp_path / "runs/a2" / name).read_bytes() for name in ("best.pt", "last.pt", "history.json")}
+    resumed = a2_train("--config", config, "--resume", "runs/a2-2/last.pt", "train.xe_epochs=2", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [h["epoch"] for h in json.loads((tmp_path / "runs/a2-2/history.json").read_text())] == [1, 2]
+    assert {name: (tmp_path / "runs/a2" / name).read_bytes() for name in first} == first  # run 1 untouched
+    assert "checkpoint: runs/a2-2/best.pt" in resumed.stdout
+
+    own = tmp_path / "runs/a2-2"
+    assert resumed_output(str(own / "last.pt"), None, "runs/a2") == (own, None)
+    out, best = resumed_output(str(own / "last.pt"), str(tmp_path / "runs/a2"), "runs/a2")
+    assert out == tmp_path / "runs/a2-3" and best == own / "best.pt"
+    missing = a2_train("--config", config, "--resume", "runs/nope/last.pt", cwd=tmp_path)
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+        "a2: error: --resume runs/nope/last.pt: no such checkpoint file"]

@@ -16,6 +16,7 @@ from a2core.checkpoint import HISTORY_FILE
 from a2core.config import Config, apply_overrides, load_yaml
 from a2core.data.features import prepare
 from a2core.decode import decode_to_file
+from a2core.errors import CheckpointError
 from a2core.metrics import METRIC_NAMES, evaluate_results_file
 from a2core.train import StepProgress, train
 from launch.spec import SECTIONS, TOP_KEYS, check_sizes
@@ -49,9 +50,7 @@ def training_config(path: str | None, overrides: list[str]):
 
 def cmd_train(args) -> int:
     cfg = training_config(args.config, args.overrides)
-    out = Path(args.output_dir or cfg.output_dir)
-    if args.resume is None:
-        out = fresh_folder(out, ("best.pt", "last.pt"), "run's checkpoints")
+    out, best_from = resumed_output(args.resume, args.output_dir, cfg.output_dir)
 
     def report(metrics: dict, checkpoint_dir) -> None:
         _print_report(metrics, checkpoint_dir)
@@ -60,12 +59,34 @@ def cmd_train(args) -> int:
             atomic_write(out / "history.json", json.dumps(history, indent=1))
 
     with _progress_shown(sys.stderr) as progress:
-        result = train(cfg, report=report, output_dir=out, resume_from=args.resume, progress=progress)
+        result = train(cfg, report=report, output_dir=out, resume_from=args.resume, best_from=best_from,
+                       progress=progress)
     history = atomic_write(out / "history.json", json.dumps(result["history"], indent=1))
     print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}")
     print(_test_summary(result, cfg, out))
     print(f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
     return 0
+
+
+def resumed_output(resume: str | None, output_dir: str | None, configured: str) -> tuple[Path, Path | None]:
+    """(the folder `a2 train` writes to, the best checkpoint so far when that is in another folder). A new run: the
+    given or configured folder, numbered anew when it holds an earlier run's checkpoints. A resumed run goes on in
+    the folder of the checkpoint it resumes from when that is a run's folder (best.pt or last.pt in it) and no other
+    is given; elsewhere never into another run's checkpoints, and its best.pt so far is read from its own folder."""
+    checkpoints = ("best.pt", "last.pt")
+    if resume is None:
+        return fresh_folder(output_dir or configured, checkpoints, "run's checkpoints"), None
+    if not Path(resume).is_file():
+        raise CheckpointError(f"--resume {resume}: no such checkpoint file")
+    own = Path(resume).parent  # as given: the paths `a2 train` prints are the user's
+    is_run = any((own / name).exists() for name in checkpoints)
+    if output_dir is None and is_run:
+        return own, None
+    out = Path(output_dir or configured)
+    if out.resolve() == own.resolve():
+        return out, None
+    best = own / "best.pt"
+    return fresh_folder(out, checkpoints, "run's checkpoints"), best if is_run and best.is_file() else None
 
 
 @contextmanager
