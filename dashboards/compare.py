@@ -95,6 +95,9 @@ def study_comparison(study: Study, by: str = "fusion",
         value = group_value(r, by)
         if value is not None:
             buckets.setdefault(str(value), []).append(r)
+    if runs and not buckets:  # a mistyped key: its table would be the baseline alone
+        known = ", ".join(k.rsplit(".", 1)[-1] for k in searched_keys(runs)) or "none"
+        raise StudyError(f"--by {by}: no run of study {study.name} has {by} (its searched keys: {known})")
     picks = {value: chosen_configuration(buckets[value], study) for value in sorted(buckets, key=sort_key)}
     labelled = {value: group for value, (group, _) in picks.items()}
     if baseline is not None and baseline not in labelled:

@@ -356,3 +356,14 @@ def test_a_study_selecting_by_another_metric_labels_its_selection_column_by_it(t
     order = [label for label in runs if label != "head"]
     assert [runs[label][-3] for label in order[:2]] == ["35.2", "35.2"]  # gate's seed-2 runs (both lambdas) first
     assert runs[order[-1]][-3] == "30.0"  # none's seed 0 last
+
+
+def test_a_comparison_by_a_key_no_run_has_is_refused(study):
+    """`--by lamda` (a typo) printed the baseline's row alone, and `results export` kept it as a record of one arm."""
+    from a2core.errors import StudyError
+
+    with pytest.raises(StudyError) as err:
+        compare_table(study, by="lamda")
+    assert str(err.value).startswith("--by lamda: no run of study fab-study has lamda (its searched keys: ")
+    assert "fusion, lambda, " in str(err.value)
+    assert "0.1 " in compare_table(study, by="lambda")  # the key spelled right: its rows
