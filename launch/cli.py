@@ -273,7 +273,6 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
     add_name(compare)
     compare.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
     compare.add_argument("--baseline", default=None, help="the value of --by to compare with (default: fusion none)")
-    compare.add_argument("--tracking-uri", default=None, help=argparse.SUPPRESS)  # before the record: not read
 
     plan = _command(sub, "plan", "launch.commands.plan:main",
                     help="a study's steps, schedule, seeds and power, GPU-hours and cost, before it runs")
@@ -283,7 +282,6 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
                            "runs (their per-image scores where they have them)")
     plan.add_argument("--delta", type=float, nargs="+", default=None,
                       help="CIDEr differences to resolve (x100); default: the paper's Table 3 gaps")
-    plan.add_argument("--tracking-uri", default=None, help=argparse.SUPPRESS)  # before the record: not read
     plan.add_argument("--images-per-second", type=float, default=None,
                       help="training images per second per GPU (default: the newest GPU record's for the study's "
                            "mode, benchmarks/records/gpu/, else the estimate in benchmarks/RESULTS.md)")

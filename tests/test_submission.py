@@ -326,3 +326,21 @@ def test_all_problems_reported_at_once(tmp_path):
     assert len(text.splitlines()) == 9
     for p in report.problems:
         assert p.message in text
+
+
+def test_the_command_says_a_missing_zip_in_one_line_and_exits_2_and_a_refused_one_exits_1(tmp_path, capsys):
+    """Exit 2 is every user error's (no file to check); exit 1 is a zip the server would refuse."""
+    from launch.cli import main
+
+    infos = []
+    for name, ids in (("val.json", VAL_IDS), ("test.json", TEST_IDS)):
+        infos.append(tmp_path / name)
+        infos[-1].write_text(json.dumps({"images": [{"id": i} for i in ids]}))
+    lists = ["--val-images", str(infos[0]), "--test-images", str(infos[1])]
+    missing = str(tmp_path / "nosuch.zip")
+    assert main(["submission", "validate", missing, *lists]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"a2: error: {missing}: no such file (give the results.zip to check)"]
+    refused = build_zip(tmp_path, {VAL_NAME: entries(VAL_IDS)})  # the test split's file is missing
+    assert main(["submission", "validate", str(refused), *lists]) == 1
+    assert main(["submission", "validate", str(build_zip(tmp_path, valid_members(), "ok.zip")), *lists]) == 0

@@ -287,8 +287,8 @@ def undocumented_options(parser: argparse.ArgumentParser | None = None, words: t
 
 
 def _option_row(action: argparse.Action) -> str | None:
-    if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
-        return None
+    if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help is argparse.SUPPRESS:
+        return None  # argparse.SUPPRESS: hidden on purpose, as `--help` hides it
     if action.option_strings:
         name = ", ".join(action.option_strings)
         if action.nargs != 0:

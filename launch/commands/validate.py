@@ -3,12 +3,13 @@ only, loading no torch, Ray, MLflow, scipy, matplotlib, pyarrow or boto3 (unless
 of its data that the cluster file fetches, is a bucket to ask)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from a2core.config import ConfigError
 from a2core.data.captions import read_image_info
-from a2core.errors import StorageError
+from a2core.errors import StorageError, SubmissionError
 from dashboards.submission import validate_zip
 from launch.commands import study_overrides
 from launch.datacopies import cluster_copies, copy_problem
@@ -54,7 +55,10 @@ def cmd_validate(args) -> int:
 
 
 def cmd_submission_validate(args) -> int:
-    """`a2 submission validate ZIP`: the report; exit 1 when the zip would be refused."""
+    """`a2 submission validate ZIP`: the report; exit 1 when the zip would be refused (2, as for every user error,
+    when there is no file to check)."""
+    if not os.path.isfile(args.zip):
+        raise SubmissionError(f"{args.zip}: no such file (give the results.zip to check)")
     report = validate_zip(args.zip, read_image_info(args.val_images), read_image_info(args.test_images), alg=args.alg)
     print(report)
     return 0 if report.ok else 1
