@@ -616,12 +616,18 @@ def score_model(spec, *, record: str | None = None, means: list[str] | None = No
     else:
         table = {fusion: float(TABLE3["rows"][row]["CIDEr"]) for fusion, row in TABLE3_ROW.items()}
         source = "means: the paper's Table 3 CIDEr by fusion (dashboards.paper_results)"
+    # the values of `by` the study's configurations take: a --mean for none of them (a typo) would be dropped
+    values = {str(v) for p in spec.params.values() if p.path == by and p.categorical for v in p.values}
+    values = values or {str(get_dotted(spec.base, by))}
     for item in means or []:
         key, _, value = item.partition("=")
         try:
             table[key] = float(value)
         except ValueError:
             raise StudyError(f"--mean {item}: give VALUE=CIDEr, e.g. gate=125.0") from None
+        if key not in values:
+            raise StudyError(f"--mean {item}: no configuration of the study has {by.rsplit('.', 1)[-1]}={key} "
+                             f"(its values: {', '.join(sorted(values))})")
         source += f"; {key} set to {value}"
     if sd is not None or noise is None:
         noise, how = plan.study_noise(spec, sd, storage)
@@ -751,11 +757,9 @@ def repeated(spec, model: ScoreModel, n: int, start: int = 0) -> list[dict]:
     return [analyse(simulate(spec, model, r, configs), spec, model) for r in range(start, start + n)]
 
 
-def plan_lines(spec, n: int, *, seed: int = 0, record: str | None = None, means=None, sd: float | None = None,
-               storage: str | None = None, drop: float = LEARNING_DROP) -> str:
+def plan_lines(spec, n: int, model: ScoreModel) -> str:
     """`a2 study plan --rehearse N`: power and the chance of keeping the best group with the study's early stopping,
-    from N rehearsals without Ray, next to the closed-form power."""
-    model = score_model(spec, record=record, means=means, sd=sd, storage=storage, seed=seed, drop=drop)
+    from N rehearsals without Ray drawn from `model` (`score_model`), next to the closed-form power."""
     agg = aggregate(repeated(spec, model, n), spec, model)
     return aggregate_text(agg, spec, model, f"rehearsed: {n} rehearsals with the study's "
                                             f"{'early stopping' if spec.search.scheduler.asha else 'scheduler (FIFO)'}"

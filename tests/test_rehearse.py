@@ -77,6 +77,22 @@ def test_the_score_model_takes_table3_or_a_record(tmp_path):
     assert record.run_sd > 0  # measured in the record's per-image scores
     with pytest.raises(Exception, match="--mean gate: give VALUE=CIDEr"):
         rehearse.score_model(spec, means=["gate"])
+    # a value no configuration has (a typo) was taken as a new row and dropped: the rehearsal kept gate at 125
+    with pytest.raises(Exception, match=r"--mean gatee=130: no configuration of the study has fusion=gatee \(its "
+                                        r"values: gate, none\)"):
+        rehearse.score_model(spec, means=["gatee=130"])
+
+
+def test_plan_refuses_score_model_options_without_rehearse(capsys):
+    """`--mean`, `--seed`, `--drop`, `--from-record` shape the rehearsals' draws; without --rehearse the plan printed
+    what it prints without them, saying nothing."""
+    from launch.cli import main
+
+    assert main(["study", "plan", str(SMOKE), "--sd", "1", "--mean", "gate=130", "--seed", "3"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "a2: error: --seed, --mean: the score model of --rehearse N; give --rehearse too"]
+    assert main(["study", "plan", str(SMOKE), "--sd", "1", "--rehearse", "1", "--mean", "gate=130"]) == 0
+    assert "gate set to 130" in capsys.readouterr().out
 
 
 def test_rehearsals_without_ray_are_reproducible_under_a_fixed_seed():

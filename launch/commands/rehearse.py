@@ -59,8 +59,9 @@ def plan_main(args) -> int:
         raise StudyError(f"--rehearse must be >= 1, got {args.rehearse}")
     rehearse.check_options(args.drop)
     spec = load_study_file(args, check_files=False)
+    model = rehearse.score_model(spec, record=args.from_record, means=args.mean, sd=args.sd, seed=args.seed,
+                                 drop=args.drop)
     print(plan.study_plan(spec, deltas=args.delta, images_per_second=args.images_per_second,
                           price_per_hour=args.price_per_hour, cluster=args.cluster, sd=args.sd))
-    print(rehearse.plan_lines(spec, args.rehearse, seed=args.seed, record=args.from_record, means=args.mean,
-                              sd=args.sd, drop=args.drop))
+    print(rehearse.plan_lines(spec, args.rehearse, model))
     return 0
