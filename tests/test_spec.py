@@ -507,6 +507,12 @@ def test_a_study_file_is_a_training_config():
     with pytest.raises(ConfigError) as err:  # still checked like any config, naming the file
         training_config(str(SMOKE), ["model.d_modl=3"])
     assert "model.d_modl" in str(err.value) and "smoke.yaml" in str(err.value)
+    # its relative data paths mean what they mean to the study: against the study's root, whatever the directory
+    study = load_study(SMOKE, ["data.root=data/tiny"], check_files=False)
+    assert cfg.data.root == load_study(SMOKE, check_files=False).base["data"]["root"]
+    assert training_config(str(SMOKE), ["data.root=data/tiny"]).data.root == study.base["data"]["root"]
+    assert study.base["data"]["root"] == str(ROOT / "data" / "tiny")
+    assert training_config(None, ["data.root=data/tiny"]).data.root == "data/tiny"  # no file: the working directory's
 
 
 def test_local_storage_under_a_file_or_out_of_reach_is_refused_in_one_line(tmp_path):

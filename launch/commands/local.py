@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -13,13 +14,13 @@ from tqdm import tqdm
 
 from a2core.atomic import atomic_write, fresh_folder
 from a2core.checkpoint import HISTORY_FILE
-from a2core.config import Config, apply_overrides, load_yaml
+from a2core.config import Config, apply_overrides, get_dotted, load_yaml, set_dotted
 from a2core.data.features import prepare
 from a2core.decode import decode_to_file
 from a2core.errors import CheckpointError
 from a2core.metrics import METRIC_NAMES, evaluate_results_file
 from a2core.train import StepProgress, train
-from launch.spec import SECTIONS, TOP_KEYS, check_sizes
+from launch.spec import DATA_PATHS, SECTIONS, TOP_KEYS, check_sizes, study_root
 
 
 def cmd_data_prepare(args) -> int:
@@ -38,12 +39,21 @@ def cmd_data_prepare(args) -> int:
 
 def training_config(path: str | None, overrides: list[str]):
     """The a2core config of a config file or of a study file (its data / model / train sections; the search, at
-    its defaults, is left out), with `key=value` overrides."""
+    its defaults, is left out), with `key=value` overrides. With a file, relative data paths (in it or in an
+    override) mean what they mean to a study of that file: against its root (`launch.spec.study_root`), not the
+    working directory; without one, the working directory's."""
     raw = load_yaml(path) if path else {}
     if path and ("name" in raw or "search" in raw):  # a study file
         study_only = set(TOP_KEYS) - set(SECTIONS)
         raw = {k: v for k, v in raw.items() if k not in study_only}
-    config = Config.from_dict(apply_overrides(raw, overrides or [], source=path), source=path)
+    raw = apply_overrides(raw, overrides or [], source=path)
+    if path:
+        root = study_root(path)
+        for key in DATA_PATHS:
+            value = get_dotted(raw, key)
+            if isinstance(value, str) and value and "://" not in value:
+                set_dotted(raw, key, os.path.normpath(os.path.join(root, os.path.expanduser(value))))
+    config = Config.from_dict(raw, source=path)
     check_sizes(config.to_dict(), path)  # a size past its cap (data.images=1e9): refused before any data is made
     return config
 
