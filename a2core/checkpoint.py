@@ -35,8 +35,21 @@ HISTORY_FILE = "history.json"
 
 
 def save(state: dict, path: str | Path) -> Path:
-    """torch.save to a temp file in the same directory, then rename: a reader never sees half a file."""
-    return atomic_write(path, lambda f: torch.save(state, f))
+    """torch.save to a temp file in the same directory, then rename: a reader never sees half a file. A tensor
+    that is a view of a larger storage (a fused seed's weights and Adam moments are slices of the (k, ...) stacked
+    ones, `a2core.fused`) is saved as a copy of its own: torch.save writes a view's whole storage."""
+    return atomic_write(path, lambda f: torch.save(_own_storage(state), f))
+
+
+def _own_storage(value):
+    """`value` with every tensor that shares a larger storage copied out of it (dicts, lists, tuples walked)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone() if value.untyped_storage().nbytes() > value.numel() * value.element_size() else value
+    if isinstance(value, dict):
+        return {k: _own_storage(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_own_storage(v) for v in value)
+    return value
 
 
 def resolve(path: str | Path) -> Path:

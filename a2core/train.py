@@ -653,7 +653,15 @@ class Trainer:
         src = self.cfg.train.scst_from or self.best_checkpoint() or (self.output_dir / "best.pt")
         if self.dist.on:
             dist.barrier()
-        state = ckpt.load(src, map_location=self.device)
+        # only rank 0 writes best.pt (into its own output folder): it sends the weights to the other ranks, as
+        # `test_evaluation` does
+        loaded = [None]
+        if self.dist.rank == 0:
+            state = ckpt.load(src, map_location="cpu")
+            loaded = [{"model": state["model"], "vocab": state["vocab"], "epoch": state.get("epoch")}]
+        if self.dist.on:
+            dist.broadcast_object_list(loaded, src=0)
+        state = loaded[0]
         if Vocab(state["vocab"]) != self.vocab:
             raise CheckpointError(f"{src}: its vocabulary differs from this run's; cannot start SCST from it")
         step = self.model.train_step.clone()

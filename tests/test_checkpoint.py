@@ -156,3 +156,17 @@ def test_resume_from_a_checkpoint_with_the_older_rng_state_is_exact(tmp_path):
     train(cfg, report=lambda m, d: resumed.append(m), output_dir=tmp_path / "part", resume_from=old)
     assert [m["epoch"] for m in resumed] == [2]
     assert resumed[0]["train/loss"] == full[1]["train/loss"] and resumed[0]["val/CIDEr"] == full[1]["val/CIDEr"]
+
+
+def test_a_view_is_saved_as_its_own_tensor_not_its_whole_storage(tmp_path):
+    """A fused seed's weights and Adam moments are slices of the (k, ...) stacked tensors: torch.save wrote the
+    whole stack into every seed's checkpoint (k times its size, every seed's weights)."""
+    import torch
+
+    from a2core import checkpoint as ckpt
+
+    stacked = torch.arange(3 * 1024, dtype=torch.float32).reshape(3, 32, 32)
+    ckpt.save({"model": {"w": stacked[1]}, "opt": [{"exp_avg": stacked[2]}]}, tmp_path / "seed.pt")
+    state = torch.load(tmp_path / "seed.pt", weights_only=True)
+    assert torch.equal(state["model"]["w"], stacked[1]) and torch.equal(state["opt"][0]["exp_avg"], stacked[2])
+    assert state["model"]["w"].untyped_storage().nbytes() == 32 * 32 * 4
