@@ -617,8 +617,7 @@ def score_model(spec, *, record: str | None = None, means: list[str] | None = No
         table = {fusion: float(TABLE3["rows"][row]["CIDEr"]) for fusion, row in TABLE3_ROW.items()}
         source = "means: the paper's Table 3 CIDEr by fusion (dashboards.paper_results)"
     # the values of `by` the study's configurations take: a --mean for none of them (a typo) would be dropped
-    values = {str(v) for p in spec.params.values() if p.path == by and p.categorical for v in p.values}
-    values = values or {str(get_dotted(spec.base, by))}
+    values = {str(v) for v in spec.values_of(by)}
     for item in means or []:
         key, _, value = item.partition("=")
         try:

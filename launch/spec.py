@@ -698,13 +698,16 @@ class StudySpec(Section):
     def trial_batches(self) -> list[tuple[int, str]]:
         """The (train.batch_size, train.batch_layout) pairs trials can take. The base holds a searched key at its
         schema default, so `steps_per_epoch` is at that batch; a grid or choice of either lists its values here."""
-        t = self.base["train"]
+        return [(int(size), layout) for size in self.values_of("train.batch_size")
+                for layout in self.values_of("train.batch_layout")]
 
-        def values(path: str, base: Any) -> list:
-            param = next((p for p in self.params.values() if p.path == path), None)
-            return list(dict.fromkeys(param.values)) if param is not None and param.categorical else [base]
-        return [(int(size), layout) for size in values("train.batch_size", t["batch_size"])
-                for layout in values("train.batch_layout", t.get("batch_layout", "images"))]
+    def values_of(self, path: str) -> list:
+        """The values trials take at a config path: a grid's or choice's, else the base's one value (a sampled range
+        too: its values are not a list)."""
+        param = next((p for p in self.params.values() if p.path == path), None)
+        if param is not None and param.categorical:
+            return list(dict.fromkeys(param.values))
+        return [get_dotted(self.base, path, schema_default(path))]
 
     @property
     def fewest_steps_per_epoch(self) -> int:
