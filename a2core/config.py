@@ -378,7 +378,8 @@ class TrainConfig(Section):
         "SCST reward baseline: the mean of the other samples, or the greedy caption (scst_candidates sample; beam "
         "candidates always take the mean of the beams' rewards)."))
     scst_from: Text | None = Field(None, description=(
-        "An XE checkpoint to start stage 2 from (null: this run's best XE checkpoint)."))
+        "An XE checkpoint to start stage 2 from (null: this run's best XE checkpoint; with xe_epochs 0 it must be "
+        "set)."))
     num_workers: Integer = Field(0, ge=0, description="DataLoader worker processes.")
     log_every: Integer = Field(50, ge=1, description=(
         "Steps between training-loss log lines: the cross-entropy steps (and each epoch's last) whose losses and "

@@ -49,7 +49,7 @@ _MLFLOW_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "postgres", 
 _S3 = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
 _SCHEME = r"^([A-Za-z][A-Za-z0-9+.\-]*):"  # of a URI; + "//" of a URL
 
-# Sizes past which a value is a typo, not a plan: `a2 study validate` (and `a2 train`, `check_sizes`) refuses them
+# Sizes past which a value is a typo, not a plan: `a2 study validate` (and `a2 train`, `check_runnable`) refuses them
 # before anything starts, naming the key and the cap; each is far above what this project runs, with its reason
 # (docs/reference/study-file.md, "Sizes it refuses", lists them and is checked against this table).
 SIZE_CAPS = {
@@ -1019,7 +1019,7 @@ def _check_trials(spec: StudySpec, sections: dict) -> dict:
     """Build a Config for every grid cell with the sampled keys at their ends, defaults, points and choices.
     Returns the base: the sections with defaults filled in and the space's keys at their schema defaults."""
     try:  # the sections alone (space keys at their defaults): errors that no grid cell causes
-        check_sizes(Config.from_dict(sections, source=spec.source).to_dict())
+        check_runnable(Config.from_dict(sections, source=spec.source).to_dict())
     except ConfigError as err:
         space_paths = {p.path for p in spec.params.values()}
         if err.path not in space_paths and not any(err.path in pair and pair & space_paths for pair in _COUPLED):
@@ -1032,7 +1032,7 @@ def _check_trials(spec: StudySpec, sections: dict) -> dict:
                 set_dotted(raw, spec.params[key].path, value)
             try:
                 cfg = Config.from_dict(raw, source=spec.source)
-                check_sizes(cfg.to_dict())
+                check_runnable(cfg.to_dict())
             except ConfigError as err:
                 _explain(err, spec, cell, assignment)
             first = first or cfg
@@ -1042,8 +1042,15 @@ def _check_trials(spec: StudySpec, sections: dict) -> dict:
     return base
 
 
-def check_sizes(config: dict, source: str | None = None) -> None:
-    """Refuse a config (a2core's, as a dict) with a size past its `SIZE_CAPS` cap: ConfigError naming the key."""
+def check_runnable(config: dict, source: str | None = None) -> None:
+    """Refuse a config (a2core's, as a dict) that validates but cannot run: a size past its `SIZE_CAPS` cap, or SCST
+    with no XE checkpoint to start from. A ConfigError naming the key, before any data is made or trial placed."""
+    train = config["train"]
+    if train["xe_epochs"] == 0 and train["scst_epochs"] and not train.get("scst_from"):
+        # a2core's Trainer would fail at the switch with "no checkpoint" (tests build such configs and set it later)
+        raise ConfigError("train.scst_from", f"xe_epochs is 0, so SCST (scst_epochs {train['scst_epochs']}) has "
+                                             f"no XE checkpoint of this run to start from: name one here, or "
+                                             f"train xe_epochs >= 1 first", source)
     for path, (cap, why) in SIZE_CAPS.items():
         if path == "data.images" and get_dotted(config, "data.kind") != "synthetic":
             continue  # a COCO study's images are its captions file's

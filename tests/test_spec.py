@@ -162,6 +162,25 @@ def test_overrides_apply_before_validation():
     assert err.value.path == "train.xe_epochs" and "smoke.yaml" in str(err.value)
 
 
+def test_scst_with_no_xe_epochs_needs_a_checkpoint_to_start_from(tmp_path):
+    """xe_epochs 0 with SCST passes a2core's validation (its tests set scst_from later) but has nothing to start stage
+    2 from: `a2 study validate` and `a2 train` refuse it at train.scst_from (the epochs cannot be searched, so the
+    base decides for every trial); with a checkpoint named it is a study of stage 2 alone."""
+    from launch.commands.local import training_config
+    with pytest.raises(ConfigError) as err:
+        load_study(SMOKE, ["train.xe_epochs=0", "train.scst_epochs=1"])
+    assert err.value.path == "train.scst_from" and "xe_epochs is 0" in err.value.reason
+    assert "smoke.yaml" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        training_config(None, ["train.xe_epochs=0", "train.scst_epochs=2"])
+    assert err.value.path == "train.scst_from" and "scst_epochs 2" in err.value.reason
+    xe = tmp_path / "xe.pt"
+    xe.write_bytes(b"x")
+    spec = load_study(SMOKE, ["train.xe_epochs=0", "train.scst_epochs=2", f"train.scst_from={xe}"])
+    assert spec.base["train"]["scst_from"] == str(xe) and spec.total_epochs == 2
+    assert training_config(None, ["train.xe_epochs=0", "train.scst_epochs=1", f"train.scst_from={xe}"]).train.scst_from
+
+
 def test_trial_config_maps_aliases_to_paths():
     spec = load_study(SMOKE)
     cfg = spec.trial_config({"fusion": "gate", "lambda": 0.031, "seed": 3})

@@ -20,7 +20,7 @@ from a2core.decode import decode_to_file
 from a2core.errors import CheckpointError
 from a2core.metrics import METRIC_NAMES, evaluate_results_file
 from a2core.train import StepProgress, train
-from launch.spec import DATA_PATHS, SECTIONS, TOP_KEYS, check_sizes, study_root
+from launch.spec import DATA_PATHS, SECTIONS, TOP_KEYS, check_runnable, study_root
 
 
 def cmd_data_prepare(args) -> int:
@@ -54,7 +54,7 @@ def training_config(path: str | None, overrides: list[str]):
             if isinstance(value, str) and value and "://" not in value:
                 set_dotted(raw, key, os.path.normpath(os.path.join(root, os.path.expanduser(value))))
     config = Config.from_dict(raw, source=path)
-    check_sizes(config.to_dict(), path)  # a size past its cap (data.images=1e9): refused before any data is made
+    check_runnable(config.to_dict(), path)  # a size past its cap (data.images=1e9), SCST with nothing to start from
     return config
 
 
