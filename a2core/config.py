@@ -171,6 +171,8 @@ def _dotted(loc: tuple) -> str:
     for part in loc:
         if part == "[key]":  # pydantic's marker for an error in a mapping's key, not its value
             continue
+        if isinstance(part, str) and "[" in part and part.endswith("]"):
+            continue  # the union member that failed, as pydantic names it ("list[function-after[...]]"): no key
         path = _join(path, f"[{part}]" if isinstance(part, int) else str(part))
     return path
 

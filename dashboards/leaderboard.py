@@ -150,8 +150,9 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
                           "stage": stage, "config": cfg, "selected_by": selected_by},
         "seeds": ensemble["seeds"],
         "entries": [*seeds, ensemble],
-        "seed_mean": {k: {"mean": _round(iv.mean), "low": _round(iv.low), "high": _round(iv.high), "n": iv.n}
-                      for k, iv in intervals.items()},
+        # identical: every seed scored the same, so no interval (the table says so rather than "no interval")
+        "seed_mean": {k: {"mean": _round(iv.mean), "low": _round(iv.low), "high": _round(iv.high), "n": iv.n,
+                          "identical": iv.identical} for k, iv in intervals.items()},
         "ensemble": {"CIDEr": cider, "gain_over_members": gain["over_members"],
                      "gain_over_chosen": gain["over_chosen"]},
         "paper": paper_results.paper_rows(fusion, stage) if fusion else None,

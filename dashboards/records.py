@@ -58,6 +58,7 @@ def load_record(path: str | Path) -> dict:
         raise DataError(f"{path}: not a JSON record file ({err})") from None
     if not isinstance(record, dict) or record.get("record") != FORMAT or record.get("version") != VERSION:
         raise DataError(f"{path}: not an {FORMAT} version {VERSION} file")
+    _check_shape(path, record)
     for arm in record["arms"]:
         n = len(arm["seeds"])
         for metric, values in arm["scores"].items():
@@ -77,6 +78,37 @@ def load_record(path: str | Path) -> dict:
             raise DataError(f"{path}: column {heading!r} ({metric}) is on val in a record on the test split: only "
                             f"the selection criterion may be, labelled '(selection)'")
     return record
+
+
+# The keys every record has, with their JSON types: a file edited by hand or cut short is named with the key it lacks
+# before anything indexes it (a KeyError would be a traceback from `a2 results show`).
+RECORD_KEYS = {"by": str, "metric": str, "columns": list, "arms": list}
+ARM_KEYS = {"label": str, "seeds": list, "scores": dict}
+
+
+def _check_shape(path: str | Path, record: dict) -> None:
+    def need(obj: dict, keys: dict, where: str) -> None:
+        for key, kind in keys.items():
+            if key not in obj:
+                raise DataError(f"{path}: {where}missing key {key!r}")
+            if not isinstance(obj[key], kind):
+                raise DataError(f"{path}: {where}{key!r} must be a JSON {_JSON_NAME[kind]}, "
+                                f"got {type(obj[key]).__name__}")
+
+    need(record, RECORD_KEYS, "")
+    for i, column in enumerate(record["columns"]):
+        if not (isinstance(column, list) and len(column) == 2 and all(isinstance(c, str) for c in column)):
+            raise DataError(f"{path}: columns[{i}] must be [heading, metric], got {column!r}")
+    for i, arm in enumerate(record["arms"]):
+        if not isinstance(arm, dict):
+            raise DataError(f"{path}: arms[{i}] must be a JSON object, got {type(arm).__name__}")
+        need(arm, ARM_KEYS, f"arms[{i}]: ")
+        for metric, values in arm["scores"].items():
+            if not isinstance(values, list):
+                raise DataError(f"{path}: arm {arm['label']}: scores of {metric} must be a list, one per seed")
+
+
+_JSON_NAME = {str: "string", list: "list", dict: "object"}
 
 
 def _split(metric: str) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import json
 import math
 import os
@@ -21,6 +22,7 @@ import matplotlib as mpl
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from a2core.atomic import atomic_write
 from a2core.selection import finite
 from dashboards.compare import (family_note, family_text, p_text, shown_metrics, split_columns, study_comparison,
                                 verdict_family)
@@ -348,6 +350,11 @@ def _summary(study: Study) -> str:
     return text
 
 
+def _printable(text: str) -> str:
+    """`text` as UTF-8 can hold it: the bytes of a file name that are not UTF-8 (os.fsdecode's surrogates) as U+FFFD."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
     """Write the report's PNGs and `report.html` into `out_dir`. Returns {name: path}."""
 
@@ -360,8 +367,10 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
             figures[key] = (title, _missing(missing))
             continue
         plots[key] = out / file
-        fig.savefig(plots[key])
-        data = base64.b64encode(plots[key].read_bytes()).decode()
+        png = io.BytesIO()
+        fig.savefig(png, format="png")
+        atomic_write(plots[key], png.getvalue())  # a failed export leaves the last complete report, never half a file
+        data = base64.b64encode(png.getvalue()).decode()
         figures[key] = (title, f"<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>")
 
     comparison, configs, _ = study_comparison(study, by="fusion")
@@ -375,7 +384,7 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
             f"<br>Record: {html.escape(study.source)}</p>"
             + "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections) + "</body></html>")
     plots["verdicts"] = out / "verdicts.json"  # Table 3's verdicts, raw and Holm-adjusted, as data (MLflow too)
-    plots["verdicts"].write_text(json.dumps(verdict_family(comparison, "fusion"), indent=1), encoding="utf-8")
+    atomic_write(plots["verdicts"], json.dumps(verdict_family(comparison, "fusion"), indent=1))
     plots["html"] = out / "report.html"
-    plots["html"].write_text(page, encoding="utf-8")
+    atomic_write(plots["html"], _printable(page))  # a record path need not be UTF-8 (POSIX names are bytes)
     return {key: str(path) for key, path in plots.items()}

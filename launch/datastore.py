@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from a2core.atomic import atomic_write
 from a2core.data import prepared
 from a2core.errors import DataError, StudyError
 from launch.storage import open_location, upload_file
@@ -48,7 +49,7 @@ def verify(folder: str | os.PathLike) -> dict:
     """Hash a local store in full against its manifest and stamp it as verified; returns the manifest."""
     folder = Path(folder)
     manifest = prepared.check_copy(folder, full=True)
-    (folder / STAMP).write_text(manifest["checksum"] + "\n")
+    atomic_write(folder / STAMP, manifest["checksum"] + "\n")
     return manifest
 
 

@@ -47,6 +47,11 @@ def test_a_replicate_range_counts_its_maximum_and_fills_in_its_rounds():
     ("{min: 2, max: 6, rounds: [3, 6]}", "search.replicates.rounds: must increase from min (2) to max (6)"),
     ("{min: 2}", "search.replicates.max: is required"),
     ("{min: 2, max: 4, step: 1}", "search.replicates.step: unknown key"),
+    ("{min: 3, max: 9, rounds: []}", "search.replicates.rounds: must increase from min (3) to max (9), got []"),
+    ("{min: 2, max: 6, rounds: [2, x, 6]}", "search.replicates.rounds[1]: must be an integer, got 'x'"),
+    # a list of seeds: the key is the list's index, not pydantic's name of the union member that failed
+    ("[0, 1.5]", "search.replicates[1]: must be an integer, got 1.5"),
+    ("[0, -1]", "search.replicates[1]: must be >= 0, got -1"),
 ])
 def test_a_wrong_replicate_range_is_one_line_naming_its_key(value, message):
     with pytest.raises(ConfigError) as err:

@@ -108,6 +108,24 @@ def test_leaderboard_has_one_value_per_row_with_seed_interval_and_ensemble_gain(
     assert "every score on the karpathy-test split" in lb.format_table(coco).splitlines()[0]
 
 
+def test_a_board_whose_seeds_all_scored_the_same_says_so(tmp_path):
+    """Every seed's test CIDEr equal (a seed that changes nothing): the file keeps `identical` and the table says
+    "all equal: the seed changes nothing", as `seed_interval` does; it used to read "(4 seeds: no interval)"."""
+    board = _board(tmp_path)
+    config = board["configuration"]["config"]
+    members = [{"seed": e["seed"], "trial_id": e["trial_id"], "study": "st", "checkpoint": str(tmp_path / "c.pt"),
+                "value": 0.5, "metrics": _metrics(100.0), "mlflow_run_id": f"r{e['seed']}"}
+               for e in board["entries"][:-1]]
+    same = lb.build_leaderboard(study="st", config=config, members=members, ensemble_metrics=_metrics(110.0),
+                                images=20, selected_by={"metric": "val/CIDEr", "trial_id": "t0"})
+    assert same["seed_mean"]["CIDEr"] == {"mean": 100.0, "low": None, "high": None, "n": 4, "identical": True}
+    assert board["seed_mean"]["CIDEr"]["identical"] is False
+    path = lb.write_leaderboard(tmp_path / "board.json", same)
+    mean_line = next(line for line in lb.format_table(json.loads(path.read_text())).splitlines()
+                     if line.startswith("seed mean"))
+    assert "100.0 (4 seeds, all equal: the seed changes nothing)" in mean_line
+
+
 def test_leaderboard_without_per_image_scores_has_the_seed_spread_interval(tmp_path):
     from scipy import stats as sps
 

@@ -119,6 +119,34 @@ def test_a_record_with_a_missing_seed_is_refused(tmp_path):
         load_record(tmp_path / "r.json")
 
 
+def _without(record: dict, *keys) -> dict:
+    """`record` with the key at the path `keys` removed ("arms", 0, "seeds" -> the first arm's seeds)."""
+    record = json.loads(json.dumps(record))
+    *parents, last = keys
+    target = record
+    for key in parents:
+        target = target[key]
+    del target[last]
+    return record
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: _without(r, "arms"), r"r\.json: missing key 'arms'"),
+    (lambda r: _without(r, "metric"), r"r\.json: missing key 'metric'"),
+    (lambda r: _without(r, "columns"), r"r\.json: missing key 'columns'"),
+    (lambda r: _without(r, "arms", 0, "seeds"), r"r\.json: arms\[0\]: missing key 'seeds'"),
+    (lambda r: {**r, "arms": {"none": 1}}, r"r\.json: 'arms' must be a JSON list, got dict"),
+    (lambda r: {**r, "columns": [["val CIDEr"]]}, r"r\.json: columns\[0\] must be \[heading, metric\]"),
+    (lambda r: {**r, "arms": [None]}, r"r\.json: arms\[0\] must be a JSON object, got NoneType"),
+], ids=["arms", "metric", "columns", "seeds", "arms-type", "column-shape", "arm-type"])
+def test_a_record_missing_a_key_is_refused_naming_the_file_and_the_key(tmp_path, edit, message):
+    """A record cut short or edited by hand: a DataError naming the file and the key, which `a2 results show` prints
+    as one line (it was a KeyError traceback)."""
+    (tmp_path / "r.json").write_text(json.dumps(edit(make_record({"none": 3, "gate": 3}))))
+    with pytest.raises(DataError, match=message):
+        load_record(tmp_path / "r.json")
+
+
 @pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_published_tables_are_what_todays_code_prints_from_their_records(page):

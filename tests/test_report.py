@@ -367,3 +367,35 @@ def test_a_comparison_by_a_key_no_run_has_is_refused(study):
     assert str(err.value).startswith("--by lamda: no run of study fab-study has lamda (its searched keys: ")
     assert "fusion, lambda, " in str(err.value)
     assert "0.1 " in compare_table(study, by="lambda")  # the key spelled right: its rows
+
+
+def test_a_report_whose_write_fails_leaves_the_last_one_whole_and_a_non_utf8_record_path_is_shown(tmp_path,
+                                                                                                  monkeypatch):
+    """The report is written by temp file and rename: a write that fails part-way (a full disk) leaves the previous
+    report.html as it was. A record path that is not UTF-8 (POSIX names are bytes) is shown with U+FFFD; it used to
+    raise UnicodeEncodeError after report.html had been truncated to 0 bytes."""
+    import os
+
+    from a2core import atomic
+    from dashboards.runs import Study
+
+    out = tmp_path / "out"
+    first = open(build_report(Study("s", [], source="/data/one"), out)["html"], encoding="utf-8").read()
+    assert "Record: /data/one" in first
+    real_fdopen = os.fdopen
+
+    def full_disk(fd, *args, **kwargs):
+        f = real_fdopen(fd, *args, **kwargs)
+        f.write = lambda data: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+        return f
+
+    monkeypatch.setattr(atomic.os, "fdopen", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        build_report(Study("s", [], source="/data/two"), out)
+    monkeypatch.undo()
+    assert (out / "report.html").read_text(encoding="utf-8") == first
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+    page = open(build_report(Study("s", [], source=os.fsdecode(b"/data/caf\xe9/record")), out)["html"],
+                encoding="utf-8").read()
+    assert "Record: /data/caf\ufffd/record" in page
