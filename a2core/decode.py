@@ -24,7 +24,7 @@ from .config import Config, DataConfig, apply_overrides
 from .data.dataset import CaptionData, resolve_paths
 from .data.features import FeatureStore
 from .metrics import caption_scores
-from .model.a2 import A2Transformer, KVCache
+from .model.a2 import A2Transformer, KVCache, next_word_logp
 from .errors import A2Error, ConfigError, SubmissionError
 from .precision import autocast
 
@@ -86,7 +86,7 @@ class UncachedStepper(ModelStepper):
     def step(self, last, state):
         state["prefix"] = torch.cat([state["prefix"], last[:, None]], dim=1)
         logits, _ = self.model.decode(state["prefix"], state["mem"], state["region_mask"])
-        return logits[:, -1].log_softmax(-1)
+        return next_word_logp(logits[:, -1])
 
     def reorder_state(self, state, index):
         return {**state, "prefix": state["prefix"].index_select(0, index)}
@@ -267,7 +267,8 @@ def sample(model: A2Transformer, feats, region_mask, n: int, max_len: int = 20, 
         word = torch.multinomial((logp.detach() / temperature).softmax(-1), 1).squeeze(1)
         word = word.masked_fill(done, 0)
         masks.append(~done)
-        logps.append(logp.gather(1, word[:, None]).squeeze(1))
+        # a finished row's pad is no word (-inf under next_word_logp): 0, so that the loss's mask can zero it
+        logps.append(logp.gather(1, word[:, None]).squeeze(1).masked_fill(done, 0.0))
         words.append(word)
         done = done | (word == eos)
         last = word

@@ -414,6 +414,11 @@ class FusedReplicates:
                 log.warning("seed %d diverged at step %d (%s not finite): it stops", self.trainers[i].cfg.train.seed,
                             s + 1, key)
 
+    def _live_epoch(self) -> int | None:
+        """The epochs the live seeds have run (they agree); None once every seed has diverged. A dead seed's count
+        stops where it diverged, so it cannot say when stage 1 ends."""
+        return next((tr.epoch for i, tr in enumerate(self.trainers) if i not in self.dead), None)
+
     def run(self, reports: Sequence[Report | None]) -> list[dict | TrainingDiverged]:
         """Every seed's run (`a2core.train.train`'s epochs): the stage-1 epochs fused, each followed by each live
         seed's validation, checkpoints and report (`reports[i]`); then SCST per seed. Returns per seed
@@ -421,7 +426,7 @@ class FusedReplicates:
         t = self.cfg.train
         total = t.xe_epochs + t.scst_epochs
         tests: list[dict] = [{} for _ in range(self.k)]
-        while self.trainers[0].epoch < min(t.xe_epochs, total):
+        while (epoch := self._live_epoch()) is not None and epoch < min(t.xe_epochs, total):
             start = time.perf_counter()
             out = self.xe_epoch()
             self._check_finite(out)

@@ -55,7 +55,7 @@ from .data.dataset import CaptionData
 from .decode import ModelStepper, beam_search, captions_for, greedy, sample, score_split
 from .diagnostics import trial_diagnostics
 from .metrics import CiderD, caption_scores
-from .model.a2 import build_model
+from .model.a2 import build_model, next_word_logp
 from .selection import improves
 from .errors import CheckpointError, TrainingDiverged
 
@@ -346,6 +346,8 @@ class Trainer:
         elif vocab is not None and vocab != data.vocab:
             raise CheckpointError(f"{resume_from}: its vocabulary differs from the data set's; cannot resume")
         self.data = data
+        if cfg.train.test_at_end:  # the test evaluation ends the run: a test image it cannot score fails here, not then
+            data.check((), scored=("test",))
         self.vocab = self.data.vocab
         self.model = build_model(cfg.model, len(self.vocab), cfg.longest_caption).to(self.device)
         self.dist.broadcast_params(self.model)
@@ -542,9 +544,10 @@ class Trainer:
         inp = torch.cat([torch.full_like(tokens[:, :1], self.vocab.bos), tokens[:, :-1]], dim=1)  # (B*k, L)
         with self.updates.amp():
             logits, _ = self.model.decode(inp, self.model.memory(self.model.encode(feats, mask)), mask)
-            logps = logits.float().log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)  # (B*k, L)
+            logps = next_word_logp(logits.float()).gather(-1, tokens[..., None]).squeeze(-1)  # (B*k, L), as searched
         eos = (tokens == self.vocab.eos).long()
-        return tokens, logps, eos.cumsum(1) - eos == 0  # the words before the first <eos>, and that <eos>
+        valid = eos.cumsum(1) - eos == 0  # the words before the first <eos>, and that <eos>
+        return tokens, logps.masked_fill(~valid, 0.0), valid  # the pad after <eos> is no word: -inf, zeroed
 
     # -- validation -----------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -219,7 +219,8 @@ def _range(value: dict) -> ReplicateRange:
         raise ConfigError("max", f"must be more than min ({spread.min}), got {spread.max}: for one round, give "
                                  f"search.replicates: {spread.min}")
     rounds = spread.rounds if spread.rounds is not None else [*range(spread.min, spread.max, 2), spread.max]
-    if not rounds or rounds[0] != spread.min or rounds[-1] != spread.max or any(b <= a for a, b in zip(rounds, rounds[1:])):
+    if (not rounds or rounds[0] != spread.min or rounds[-1] != spread.max
+            or any(b <= a for a, b in zip(rounds, rounds[1:]))):
         raise ConfigError("rounds", f"must increase from min ({spread.min}) to max ({spread.max}), got {rounds}")
     return spread.model_copy(update={"rounds": rounds})
 

@@ -224,3 +224,23 @@ def test_a_study_whose_arm_diverges_goes_on_and_records_why(tmp_path, tiny_data,
     assert sorted((r.info.status, str(r.data.tags.get("a2.end_reason"))) for r in trial_runs) == [
         ("FAILED", "diverged"), ("FINISHED", "None")]
     assert [r.info.status for r in runs if r.data.tags.get("a2.role") == "study"] == ["FINISHED"]
+
+
+def test_a_test_image_without_sentences_is_refused_before_training_not_at_the_test_evaluation(data, tmp_path):
+    """read_karpathy lets test images have no sentences (a split only decoded), but the run's last act, the test
+    evaluation, scores every test image with CIDEr-D: it used to fail there with a ValueError after every epoch was
+    paid for. Now the run is refused at its start naming the image; a run that does not score test goes ahead."""
+    from a2core.errors import DataError
+
+    doc = json.loads((Path(data["root"]) / "dataset_coco.json").read_text())
+    bare = next(img for img in doc["images"] if img["split"] == "test")
+    bare["sentences"] = []
+    (tmp_path / "captions.json").write_text(json.dumps(doc))
+    coco = {"kind": "coco", "captions": str(tmp_path / "captions.json"),
+            "features": str(Path(data["root"]) / "features.h5")}
+    cfg = Config.from_dict({"data": coco, **json.loads(json.dumps(TINY))})
+    with pytest.raises(DataError, match=rf"captions\.json: 1 test image\(s\) have no sentences to score captions "
+                                        rf"against, e\.g\. image id {bare['cocoid']}"):
+        Trainer(cfg, tmp_path / "run")
+    assert Trainer(cfg.replace({"train.test_at_end": False}), tmp_path / "run2").data.references("test")[
+        bare["cocoid"]] == []

@@ -14,7 +14,7 @@ from a2core.data import synthetic
 from a2core.data.dataset import CaptionData
 from a2core.decode import EnsembleStepper, ModelStepper, UncachedStepper, beam_search, captions_for
 from a2core.errors import CheckpointError
-from a2core.model.a2 import build_model
+from a2core.model.a2 import build_model, next_word_logp
 from launch.cli import main as cli
 
 SEED = 21
@@ -77,7 +77,7 @@ def _teacher_logp(model, feats, mask, prefix):
     """log p(. | prefix) at every position of prefix (N, T) -> (N, T, V), by a full teacher-forced pass."""
     with torch.no_grad():
         logits, _ = model(feats, mask, prefix)
-    return logits.log_softmax(-1)
+    return next_word_logp(logits)  # as every search steps: <pad> and <bos> are no next word
 
 
 def test_ensemble_of_different_models_averages_probabilities(setup):

@@ -161,6 +161,34 @@ def test_train_replicates_reports_checkpoints_and_test_scores_per_seed(data, tmp
     assert seen[3][0][0]["train/loss"] != seen[4][0][0]["train/loss"]
 
 
+@pytest.mark.parametrize("dead", [[0], [1], [0, 1]], ids=["first", "second", "both"])
+def test_a_diverged_seed_stops_alone_and_the_others_train_their_epochs(data, tmp_path, dead):
+    """A seed whose loss goes NaN stops with its TrainingDiverged; the others run their xe_epochs and no more. The
+    stage-1 loop used to count seed 0's epochs, which stop when seed 0 dies: the fused run never ended."""
+    from a2core.errors import TrainingDiverged
+
+    fused = FusedReplicates(_cfgs(data, [1, 2], test_at_end=False), [tmp_path / "1", tmp_path / "2"])
+    with torch.no_grad():
+        for i in dead:
+            fused.params["embed.weight"][i].fill_(float("nan"))  # (k, vocab, d_model): seed i's slice
+    epochs = []
+    xe_epoch = fused.xe_epoch
+
+    def counted():
+        epochs.append(len(epochs) + 1)
+        assert len(epochs) <= 2, "stage 1 ran past xe_epochs"
+        return xe_epoch()
+
+    fused.xe_epoch = counted
+    results = fused.run([None, None])
+    assert epochs == ([1] if len(dead) == 2 else [1, 2])  # everyone dead after epoch 1: nothing left to train
+    for i, result in enumerate(results):
+        if i in dead:
+            assert isinstance(result, TrainingDiverged) and result.epoch == 1
+        else:
+            assert result["epochs"] == 2
+
+
 def test_replicates_must_be_one_configuration_with_distinct_seeds(data):
     with pytest.raises(ConfigError, match="differ only in train.seed"):
         check_replicates(_cfgs(data, [0]) + _cfgs(data, [1], warmup=60))

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from a2core.config import ModelConfig
 from a2core.decode import EnsembleStepper, UncachedStepper, beam_search, greedy
-from a2core.model.a2 import A2CrossAttention, build_model
+from a2core.model.a2 import A2CrossAttention, build_model, next_word_logp
 
 
 def small(fusion="gate", **kw):
@@ -206,6 +206,47 @@ def test_decoding_past_the_models_positions_is_a_clear_error():
         beam_search(model, feats, rmask, beam_size=2, max_len=8)
 
 
+def test_no_search_generates_pad_or_bos_however_much_the_model_favours_them():
+    """<pad> and <bos> are no caption's word: nothing trains their logits down (the loss ignores <pad> targets), so
+    a young model gives them mass. Here the head favours them by e^50; greedy, beam search (its k beams), an ensemble
+    and SCST sampling still write only words, each caption ending in <eos>, with finite scores. Before, greedy
+    wrote <pad> at every step, which the vocabulary decodes to an empty caption."""
+    from a2core.decode import EnsembleStepper, sample
+
+    torch.manual_seed(3)
+    model = build_model(small("gate"), vocab_size=25).eval()
+    favour = torch.zeros(25)
+    favour[:2] = 50.0  # <pad>, <bos>
+    model.head = nn.Sequential(model.head, Shift(favour))
+    feats, rmask = torch.randn(3, 6, 16), torch.ones(3, 6, dtype=torch.bool)
+
+    def words_then_eos(rows):
+        for row in rows.tolist():
+            end = row.index(2) if 2 in row else len(row)
+            assert all(w >= 2 for w in row[:end]), row  # words (and <eos>) only up to the end
+            assert all(w == 0 for w in row[end + 1:]), row  # pad after <eos> is the layout, not a word
+
+    words_then_eos(greedy(model, feats, rmask, 8))
+    beams, scores = beam_search(model, feats, rmask, beam_size=4, max_len=8, all_beams=True)
+    words_then_eos(beams.flatten(0, 1))
+    assert torch.isfinite(scores).all()
+    words_then_eos(beam_search(EnsembleStepper([model, model]), feats, rmask, beam_size=3, max_len=8)[0])
+    tokens, logps, valid = sample(model, feats, rmask, n=4, max_len=8)
+    words_then_eos(tokens)
+    assert torch.isfinite(logps[valid]).all()
+
+
+class Shift(nn.Module):
+    """Adds a fixed vector to the logits (a head that favours some ids)."""
+
+    def __init__(self, shift):
+        super().__init__()
+        self.register_buffer("shift", shift)
+
+    def forward(self, x):
+        return x + self.shift
+
+
 def test_beam_search_finds_at_least_the_greedy_score_and_one_model_ensemble_is_the_model():
     torch.manual_seed(2)
     model = build_model(small("gate"), vocab_size=25).double().eval()
@@ -220,7 +261,7 @@ def test_beam_search_finds_at_least_the_greedy_score_and_one_model_ensemble_is_t
             words = words[: words.index(2) + 1] if 2 in words else words + [2]
             inp = torch.tensor([[1] + words[:-1]])
             logits, _ = model(feats[b:b + 1], rmask[b:b + 1], inp)
-            greedy_score = logits.log_softmax(-1)[0, torch.arange(len(words)), torch.tensor(words)].sum()
+            greedy_score = next_word_logp(logits[0])[torch.arange(len(words)), torch.tensor(words)].sum()
             assert float(score[b]) >= float(greedy_score) - 1e-9
     seq1, score1 = beam_search(EnsembleStepper([model]), feats, rmask, beam_size=5, max_len=10)
     assert torch.equal(seq, seq1) and torch.allclose(score, score1)

@@ -14,6 +14,7 @@ from a2core import checkpoint as ckpt
 from a2core.config import Config
 from a2core.data import synthetic
 from a2core.decode import sample
+from a2core.model.a2 import next_word_logp
 from a2core.train import Trainer, train
 
 SEED = 31
@@ -314,5 +315,5 @@ def test_sampling_reuses_the_decoder_cache_and_matches_teacher_forcing(tiny_root
     inp = torch.cat([torch.full((4 * n, 1), trainer.vocab.bos), tokens[:, :-1]], 1)
     with torch.no_grad():
         logits, _ = model(feats, mask, inp)  # n captions per image, grouped by image
-    teacher = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+    teacher = next_word_logp(logits).gather(-1, tokens[..., None]).squeeze(-1)
     assert torch.allclose(logps.detach()[valid], teacher[valid], atol=1e-5)

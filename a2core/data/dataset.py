@@ -181,12 +181,17 @@ class CaptionData:
         return _BatchLoader(self, _PairDataset(self, images), batch_sampler=order[:, rank].tolist(),
                             num_workers=num_workers, collate_fn=_whole_batch, persistent_workers=False)
 
-    def check(self, splits=("train", "val", "test")) -> None:
-        """Fail before training if train or val (when asked for) is empty, or if any image of these splits has no
-        features (names the ids)."""
+    def check(self, splits=("train", "val", "test"), scored=()) -> None:
+        """Fail before training if train or val (when asked for) is empty, if any image of these splits has no
+        features, or if an image of a `scored` split has no reference captions (names the ids)."""
         require_splits(self.splits, self.paths.captions, [s for s in ("train", "val") if s in splits])
         for split in splits:
             self.features.check_ids([img.image_id for img in self.images(split)])
+        for split in scored:  # only test may hold images without sentences (read_karpathy); CIDEr-D needs them
+            bare = [img.image_id for img in self.images(split) if not img.captions]
+            if bare:
+                raise DataError(f"{self.paths.captions}: {len(bare)} {split} image(s) have no sentences to score "
+                                f"captions against, e.g. image id {', '.join(map(str, bare[:5]))}")
 
 
 class _ImageDataset(Dataset):

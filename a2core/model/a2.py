@@ -47,6 +47,19 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 
+# <pad> (0) and <bos> (1) of every vocabulary (a2core.data.captions.SPECIALS) are never a caption's next word: the
+# cross-entropy ignores <pad> targets and no target is <bos>, so nothing trains their logits down, and an untrained
+# or barely trained model gives them real mass (a sampled <pad> is a silent hole in an SCST caption)
+NOT_A_NEXT_WORD = 2  # ids below it
+
+
+def next_word_logp(logits: torch.Tensor) -> torch.Tensor:
+    """Logits (..., V) of the next word -> log-probabilities (..., V) over the words a caption can hold (<pad> and <bos>
+    at -inf), in fp32 under autocast. Every generation (greedy, beam, sampling, ensembles) steps through it."""
+    logits = logits.clone()  # a slice, with a graph when sampling for SCST: the fill must not write into it
+    logits[..., :NOT_A_NEXT_WORD] = float("-inf")
+    return logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+
 
 def _heads(x: torch.Tensor, h: int) -> torch.Tensor:
     """(B, N, d) -> (B, H, N, Dh)"""
@@ -480,8 +493,7 @@ class A2Transformer(nn.Module):
         logits, _ = self.decode(last_tokens[:, None], state["mem"], state["region_mask"], caches=state["caches"],
                                 start=state["t"])
         state["t"] += 1
-        last = logits[:, -1]
-        return last.log_softmax(-1, dtype=torch.promote_types(last.dtype, torch.float32))  # fp32 under autocast
+        return next_word_logp(logits[:, -1])
 
     @staticmethod
     def reorder_state(state: dict, index: torch.Tensor) -> dict:
