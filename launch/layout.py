@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import sys
 
 from a2core.errors import StudyError
 
@@ -46,6 +48,11 @@ FUSED_SEEDS_KEY = "seeds"
 def seed_trial_id(trial_id: str, seed) -> str:
     """The record's id of seed `seed` of the fused Tune trial `trial_id`."""
     return f"{trial_id}-s{seed}"
+
+
+def tune_trial_id(record_id: str) -> str:
+    """The Tune trial a record's trial belongs to: the fused trial of a seed's id (`seed_trial_id`), else itself."""
+    return re.sub(r"-s-?\d+$", "", record_id)
 
 
 def seed_result_key(seed, key: str) -> str:
@@ -230,7 +237,15 @@ OUTAGE_KEYS = ("down_seconds", "exported_late")
 def add_outage(location, **counts) -> dict:
     """Add a driver's figures to the study's saved ones (`tracking/outage.json`); returns the totals."""
     target = location.at("tracking", "outage.json")
-    saved = json.loads(target.read_text() or "{}")
+    try:
+        saved = json.loads(target.read_text() or "{}")
+    except ValueError:
+        saved = None
+    if not (isinstance(saved, dict) and all(isinstance(saved.get(key, 0), (int, float)) for key in OUTAGE_KEYS)):
+        # figures for people, not state: a damaged file must not fail the driver writing the study's summary
+        print(f"a2 study: warning: {target.uri} is damaged; the MLflow outage figures start again from this "
+              f"driver's", file=sys.stderr)
+        saved = {}  # no "pending" in it: the totals are written again below
     totals = {key: saved.get(key, 0) + counts.get(key, 0) for key in OUTAGE_KEYS}
     totals["down_seconds"] = round(float(totals["down_seconds"]), 3)
     totals["pending"] = bool(counts.get("pending", saved.get("pending", False)))

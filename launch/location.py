@@ -67,14 +67,27 @@ def remember(location: StudyLocation) -> None:
         print(f"a2 study: note: could not write {pointer}: {err}", file=sys.stderr)
 
 
+def _pointed(pointer: Path) -> tuple[str | None, str | None]:
+    """(storage root, endpoint URL) of a pointer file; one that is cut short or damaged is a StudyError naming it."""
+    try:
+        info = json.loads(pointer.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as err:
+        info = err
+    fields = (info.get("storage"), info.get("storage_endpoint_url")) if isinstance(info, dict) else None
+    if fields is None or not all(v is None or isinstance(v, str) for v in fields):
+        why = f" ({info})" if isinstance(info, Exception) else ""
+        raise StudyError(f"{pointer}: the pointer to study {pointer.stem!r} is damaged{why}; delete it (it only "
+                         f"says where the study is) or pass --storage ROOT")
+    return fields
+
+
 def locate(name: str, storage: str | None = None) -> StudyLocation:
     """Find study `name`: under `storage` when given, else where the pointer file says, else the default root."""
     check_name(name)
     endpoint = None
     pointer = POINTER_DIR / f"{name}.json"
     if storage is None and pointer.is_file():
-        info = json.loads(pointer.read_text())
-        storage, endpoint = info.get("storage"), info.get("storage_endpoint_url")
+        storage, endpoint = _pointed(pointer)
     if storage is None:
         storage = os.environ.get("A2_STUDY_STORAGE") or DEFAULT_STORAGE
     if "://" not in storage:

@@ -177,7 +177,7 @@ def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimat
     once (its concurrent trials, capped by the cluster's GPUs)."""
     t = spec.base["train"]
     train_images = spec.steps_per_epoch * t["batch_size"] // CAPTIONS_PER_IMAGE  # the last batch filled up
-    val_images = spec.base["data"].get("val_images") or spec.images["val"]
+    val_images = validated_images(spec)
     xe = xe_image_cost(spec) * train_images + VAL_IMAGE_COST * val_images
     scst = scst_image_cost(spec) * train_images + VAL_IMAGE_COST * val_images
     test = VAL_IMAGE_COST * test_images(spec)  # once, when the trial ends
@@ -320,7 +320,14 @@ def mode_prices(spec, newest: tuple[Path, dict]) -> list[str]:
 
 def verdict_images(spec) -> int:
     """The images a verdict is on: the end-of-run test images, else (no `train.test_at_end`) the val images."""
-    return test_images(spec) or spec.base["data"].get("val_images") or spec.images["val"]
+    return test_images(spec) or validated_images(spec)
+
+
+def validated_images(spec) -> int:
+    """Images of a trial's validation after each epoch: the val split, or its first `data.val_images` (a cap, as
+    the trainer applies it: more than the split validates the split)."""
+    split = spec.images["val"]
+    return min(split, spec.base["data"].get("val_images") or split)
 
 
 def test_images(spec) -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launch.layout import tune_trial_id
+
 FINISHED = ("TERMINATED", "ERROR")  # Tune's states of a trial that trains no more in this run
 
 
@@ -45,10 +47,15 @@ def study_progress(spec, trials, driven: bool, design_ended: bool = False) -> Pr
     left += unstarted * planned_each
     timed = [(float((t["compute"] or {}).get("wall_s") or 0.0), int(t["epochs_done"] or 0)) for t in trials]
     wall, epochs = sum(w for w, e in timed if e), sum(e for w, e in timed if w)
-    to_run = sum(t["state"] not in FINISHED for t in trials) + unstarted  # the last trials run fewer at a time
+    # the last trials run fewer at a time; counted in Tune's trials, which max_concurrent_trials bounds: a fused
+    # trial trains its k seeds (k of these rows, each charged 1/k of its wall time) as one
+    tune_id = tune_trial_id if spec.resources.fuse_replicates else (lambda trial_id: trial_id)
+    running = {tune_id(t["trial_id"]) for t in trials if t["state"] not in FINISHED}
+    not_started = 0 if adaptive and design_ended else max(0, spec.tune_samples - len({tune_id(t["trial_id"])
+                                                                                      for t in trials}))
     return Progress(done, planned, left, wall / epochs if epochs and wall else None,
                     driven,
-                    max(1, min(spec.resources.max_concurrent_trials, to_run)),
+                    max(1, min(spec.resources.max_concurrent_trials, len(running) + not_started)),
                     spec.search.scheduler.asha is not None, adaptive and not design_ended)
 
 

@@ -597,7 +597,7 @@ def score_model(spec, *, record: str | None = None, means: list[str] | None = No
     means of its metric, and its measured noise) or the paper's Table 3 by fusion, each overridden by `means`
     ("gate=125.0"); noise as `a2 study plan` takes it (measured in the study's record, else `--sd` and the plan's
     assumptions, launch.plan)."""
-    val_images = spec.base["data"].get("val_images") or spec.images["val"]
+    val_images = plan.validated_images(spec)
     test_images = plan.test_images(spec)
     by, noise, baseline = "model.fusion", None, None
     if record is not None:

@@ -290,3 +290,36 @@ def test_a_study_name_outside_the_storage_root_is_refused(tmp_path):
         done = a2(*command, "../storage/c1", cwd=tmp_path, timeout=120)
         assert done.returncode == 2, (command, done.stdout[-2000:])
         assert "study name '../storage/c1'" in done.stdout, (command, done.stdout[-2000:])
+
+
+@pytest.mark.parametrize("text", ['{"name": "foo", "stor', "[1, 2]", '{"storage": 7}'])
+def test_a_damaged_study_pointer_is_named_not_a_traceback(tmp_path, monkeypatch, text):
+    """`.a2/studies/NAME.json` says where a study is; cut short or edited, `status`/`resume NAME` name it and say what
+    to do (it was a JSONDecodeError or AttributeError traceback)."""
+    from a2core.errors import StudyError
+    from launch.location import POINTER_DIR, locate
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / POINTER_DIR).mkdir(parents=True)
+    (tmp_path / POINTER_DIR / "foo.json").write_text(text)
+    with pytest.raises(StudyError, match=r"\.a2/studies/foo\.json: the pointer to study 'foo' is damaged.*; delete it "
+                                         r"\(it only says where the study is\) or pass --storage ROOT"):
+        locate("foo")
+
+
+@pytest.mark.parametrize("text", ['{"down_seconds": 3', '[1]', '{"down_seconds": "x"}'])
+def test_a_damaged_outage_file_warns_and_starts_the_figures_again(tmp_path, capsys, text):
+    """tracking/outage.json holds figures for people (MLflow down time); a damaged one must not fail the driver that
+    writes the study's summary: a warning names it, the figures restart from this driver's and the file is whole
+    again."""
+    from launch.layout import add_outage
+    from launch.location import StudyLocation
+
+    location = StudyLocation("s1", str(tmp_path))
+    (tmp_path / "s1" / "tracking").mkdir(parents=True)
+    (tmp_path / "s1" / "tracking" / "outage.json").write_text(text)
+    totals = add_outage(location, down_seconds=2.0)
+    assert totals == {"down_seconds": 2.0, "exported_late": 0, "pending": False}
+    assert "outage.json is damaged; the MLflow outage figures start again" in capsys.readouterr().err
+    assert json.loads((tmp_path / "s1" / "tracking" / "outage.json").read_text()) == totals
+    assert add_outage(location, exported_late=3) == {"down_seconds": 2.0, "exported_late": 3, "pending": False}

@@ -45,6 +45,26 @@ def _power_rows(out: str) -> dict[str, list[str]]:
     return rows
 
 
+def test_a_val_cap_above_the_split_prices_and_powers_the_split(study_file):
+    """data.val_images caps validation at the split's first N images (the trainer's `limit`): a cap above the split
+    validates the split. It used to price 5000 val images an epoch for a 500-image split and judge the verdicts'
+    power on 5000 images."""
+    from launch import plan
+    from launch.spec import load_study
+
+    def spec(*overrides):
+        return load_study(study_file, ["resources.gpus_per_worker=1", "train.test_at_end=false", *overrides],
+                          check_files=False)
+
+    split = spec().images["val"]
+    assert split == 500 and plan.validated_images(spec()) == verdict_images(spec()) == split
+    over, under = spec("data.val_images=5000"), spec("data.val_images=100")
+    assert plan.validated_images(over) == verdict_images(over) == split
+    assert plan.estimate(over, 100.0, None).gpu_hours == plan.estimate(spec(), 100.0, None).gpu_hours
+    assert plan.validated_images(under) == verdict_images(under) == 100
+    assert plan.estimate(under, 100.0, None).gpu_hours < plan.estimate(spec(), 100.0, None).gpu_hours
+
+
 def test_plan_with_a_given_spread(study_file, capsys):
     assert a2(["study", "plan", str(study_file), "--sd", "1.5"]) == 0
     out = capsys.readouterr().out

@@ -4,6 +4,7 @@ the time left at the study's concurrency (at most, under early stopping), in `a2
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,30 @@ def test_adaptive_replicates_make_the_time_left_an_upper_bound_until_the_design_
     both = Progress(10, 40, 30, 120.0, True, 4, True, True)
     assert progress_line(both).endswith("(at most: early stopping may end trials sooner; arms settled after a round "
                                         "get no more seeds)")
+
+
+def test_a_fused_trial_is_one_of_the_trials_run_side_by_side():
+    """resources.fuse_replicates: a Tune trial trains its 4 seeds at once, 4 rows of the record each charged a
+    quarter of its wall time. max_concurrent_trials bounds Tune's trials, so the last fused trial runs alone: its 4
+    epochs left at 80 s each (4 seed-rows x 4 epochs x 20 s) take 320 s, not half of it. The rows used to count as 4
+    trials running, so 2 at a time."""
+    from launch.layout import seed_trial_id
+    from launch.spec import load_study
+
+    smoke = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
+    spec = load_study(smoke, ["resources.fuse_replicates=true", "resources.max_concurrent_trials=2"],
+                      check_files=False)
+    assert spec.tune_samples == 2 and spec.num_trials == 8 and spec.total_epochs == 8
+
+    def rows(tune_id, epochs, seconds_each, state):
+        return [{"trial_id": seed_trial_id(tune_id, seed), "state": state, "epochs_done": epochs,
+                 "epochs_planned": 8, "compute": {"wall_s": epochs * seconds_each}} for seed in range(4)]
+
+    last = study_progress(spec, rows("a_00000", 8, 10.0, "TERMINATED") + rows("a_00001", 4, 20.0, "RUNNING"), True)
+    assert (last.epochs_left, last.concurrency) == (16, 1)
+    both = study_progress(spec, rows("a_00000", 4, 20.0, "RUNNING") + rows("a_00001", 4, 20.0, "RUNNING"), True)
+    assert both.concurrency == 2
+    first = study_progress(spec, rows("a_00000", 4, 20.0, "RUNNING"), True)  # the other fused trial not started
+    assert (first.epochs_left, first.concurrency) == (16 + 32, 2)
+    seconds_per_seed_epoch = (8 * 4 * 10.0 + 4 * 4 * 20.0) / (8 * 4 + 4 * 4)
+    assert last.seconds_left == pytest.approx(16 * seconds_per_seed_epoch)
