@@ -1,17 +1,26 @@
 """The one atomic file writer of a2core: nothing already written is ever seen half-written."""
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
+
+from a2core.errors import DataError
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO], None]) -> Path:
     """Write `data` (bytes, UTF-8 text, or a function writing to a binary file) to a temp file in the target's
     folder, fsync it, then rename it over `path`: readers see the old file or the complete new one."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():  # os.replace would name the temp file, not the path the user gave
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file to write", str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as err:  # a file where a folder of the path should be
+        raise NotADirectoryError(errno.ENOTDIR, "a file stands where a folder of this path should be",
+                                 str(path)) from err
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as err:  # a full, read-only or over-quota folder: the error names the file, not a temp name
@@ -30,6 +39,21 @@ def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def check_replaceable(path: str | os.PathLike, marks: tuple[str, ...], what: str) -> None:
+    """Refuse to replace `path` unless it is absent, an empty folder, or a folder holding one of `marks` (an earlier
+    `what`, which the caller may replace whole): a typo'd output path must never delete someone's folder or file."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    if not path.is_dir():
+        raise DataError(f"{path}: is a file, not a folder to write a {what} into; name another path")
+    with os.scandir(path) as entries:
+        if next(entries, None) is None or any((path / mark).is_file() for mark in marks):
+            return
+    raise DataError(f"{path}: a folder that is not a {what} (it holds no {' or '.join(marks)}) and would be "
+                    f"replaced whole; name an empty or new folder")
 
 
 def fresh_folder(path: str | os.PathLike, holds: tuple[str, ...], what: str) -> Path:

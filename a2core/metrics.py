@@ -937,6 +937,8 @@ def _read_json(path: str, what: str) -> Any:
             return json.loads(f.read().decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:  # json recurses per nesting level: a hostile file nests beyond the interpreter's limit
+        raise DataError(f"{path}: not valid {what} JSON (nested too deep to read)") from None
 
 
 def _is_int(x: Any) -> bool:

@@ -54,8 +54,13 @@ def load_record(path: str | Path) -> dict:
         record = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise DataError(f"{path}: no such record file (`a2 results export NAME --out FILE` writes one)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except IsADirectoryError:
+        raise DataError(f"{path}: a folder, not a record file (`a2 results export NAME --out FILE` writes "
+                        f"one)") from None
+    except (UnicodeDecodeError, ValueError) as err:
         raise DataError(f"{path}: not a JSON record file ({err})") from None
+    except RecursionError:
+        raise DataError(f"{path}: not a JSON record file (nested too deep to read)") from None
     if not isinstance(record, dict) or record.get("record") != FORMAT or record.get("version") != VERSION:
         raise DataError(f"{path}: not an {FORMAT} version {VERSION} file")
     _check_shape(path, record)
@@ -103,12 +108,27 @@ def _check_shape(path: str | Path, record: dict) -> None:
         if not isinstance(arm, dict):
             raise DataError(f"{path}: arms[{i}] must be a JSON object, got {type(arm).__name__}")
         need(arm, ARM_KEYS, f"arms[{i}]: ")
+        for j, seed in enumerate(arm["seeds"]):
+            if not (isinstance(seed, int) and not isinstance(seed, bool)):
+                raise DataError(f"{path}: arms[{i}].seeds[{j}]: must be an integer seed, got {seed!r:.40}")
         for metric, values in arm["scores"].items():
-            if not isinstance(values, list):
-                raise DataError(f"{path}: arm {arm['label']}: scores of {metric} must be a list, one per seed")
+            if not isinstance(values, list) or not all(v is None or _is_number(v) for v in values):
+                raise DataError(f"{path}: arm {arm['label']}: scores of {metric} must be a list of numbers (null: "
+                                f"not measured), one per seed")
+        per_image = arm.get("per_image")
+        if per_image:
+            ids, rows = (per_image.get(k) if isinstance(per_image, dict) else None for k in ("image_ids", "scores"))
+            if not (isinstance(ids, list) and isinstance(rows, list)
+                    and all(isinstance(r, list) and len(r) == len(ids) and all(map(_is_number, r)) for r in rows)):
+                raise DataError(f"{path}: arms[{i}].per_image: must be {{image_ids: [...], scores: [[...] per "
+                                f"seed]}}, a number for every image id in every seed's list")
 
 
 _JSON_NAME = {str: "string", list: "list", dict: "object"}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _split(metric: str) -> str | None:

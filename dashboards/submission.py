@@ -269,4 +269,6 @@ def _read_json(report: ValidationReport, zf: zipfile.ZipFile, info: zipfile.ZipI
         report.add(name, "not_json", f"is not valid JSON ({e})")
     except ValueError:  # Python's int() refuses more than 4300 digits, deep inside json
         report.add(name, "not_json", f"holds an integer of more than {sys.get_int_max_str_digits()} digits")
+    except RecursionError:  # json recurses per nesting level: a hostile member nests beyond the interpreter's limit
+        report.add(name, "not_json", "is JSON nested too deep to read")
     return _UNREADABLE

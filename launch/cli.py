@@ -381,6 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     except A2Error as err:
         print(f"a2: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        if err.filename is None:  # not about a path the user named: a bug's traceback is worth more than a line
+            raise
+        # a path that cannot be read or written (a folder where a file goes, a file where a folder goes, read-only,
+        # full): one line naming it, as every refusal of bad input is
+        print(f"a2: error: {err.filename}: {err.strerror or err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("a2: interrupted", file=sys.stderr)
         return 130

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from a2core.atomic import atomic_write
+from a2core.atomic import atomic_write, check_replaceable
 from a2core.data import prepared
 from a2core.errors import DataError, StudyError
 from launch.storage import open_location, upload_file
@@ -100,6 +100,7 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
         if _is_verified(target, checksum):
             _say(f"{target}: holds store {checksum[:12]} already (verified); nothing to fetch", quiet)
             return {"checksum": checksum, "target": str(target), "fetched": False}
+        check_replaceable(target, (prepared.MANIFEST,), "feature store")  # an older store is replaced whole below
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".fetch", dir=target.parent))
         try:
             for name, entry in sorted(manifest["files"].items()):

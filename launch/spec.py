@@ -80,8 +80,16 @@ _COUPLED = ({"model.temperature", "model.fusion"}, {"model.heads", "model.d_mode
 # data / model / train are a2core's Config: checked as a whole once the space's keys are set (`_check_trials`).
 def _listed_once(values: list, what: str = "") -> list:
     """`values` when none is listed twice; 4 and 4.0 are one value (as `Param.contains` has them), True and 1 two."""
+    seen: dict = {}  # one pass (a 100,000-seed list is refused by its size at once, not after minutes)
     for i, v in enumerate(values):
-        if any(v == w and (type(v) is type(w) or _is_number(v) and _is_number(w)) for w in values[:i]):
+        key = ("number", v) if _is_number(v) else (type(v).__name__, v)  # hash(4) == hash(4.0), and 4 == 4.0
+        try:
+            listed = key in seen
+        except TypeError:  # unhashable (a list where a value should be): compared one by one
+            listed = any(v == w and (type(v) is type(w) or _is_number(v) and _is_number(w)) for w in values[:i])
+        else:
+            seen[key] = i
+        if listed:
             raise ConfigError(f"[{i}]", f"{what}{v!r} is listed twice")
     return values
 
@@ -471,13 +479,13 @@ class StudySpec(Section):
         search.space = _check_space(search, sections)
         search.points_to_evaluate = _check_points(search, [p for p in search.space.values() if p.sampled])
         self.tracking.experiment = self.tracking.experiment or self.name
+        if self.num_trials > MAX_TRIALS:  # before every trial's config is built: that costs time of its count
+            _fail("search", f"{self.num_trials:,} trials (configurations x replicates) is past the cap of "
+                            f"{MAX_TRIALS:,}: check search.num_samples, the grids and search.replicates")
         self._base = _check_trials(self, sections)
         for section in SECTIONS:  # as saved: without the keys the space controls
             setattr(self, section, {k: v for k, v in self._base[section].items()
                                     if f"{section}.{k}" not in {p.path for p in self.params.values()}})
-        if self.num_trials > MAX_TRIALS:
-            _fail("search", f"{self.num_trials:,} trials (configurations x replicates) is past the cap of "
-                            f"{MAX_TRIALS:,}: check search.num_samples, the grids and search.replicates")
         splits = _check_data(self._base, context.get("check_files", True))
         self._images, self._images_source = _split_counts(self._base["data"], splits)
         _check_batch(self)

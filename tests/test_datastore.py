@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -96,6 +97,24 @@ def test_fetch_from_a_local_folder(tmp_path):
     got = datastore.fetch(str(tmp_path / "v1.a2feat"), tmp_path / "copy", quiet=True)
     assert got["fetched"] and prepared.check_copy(tmp_path / "copy", full=True, expected=v1["checksum"])
     assert datastore.fetch(str(tmp_path / "v1.a2feat"), tmp_path / "copy", quiet=True)["fetched"] is False
+
+
+def test_fetch_replaces_only_a_store_never_another_folder(tmp_path):
+    """The target is replaced whole: a typo'd target that is someone's folder (a synthetic data set here) is
+    refused with nothing touched; an empty folder or an older store is replaced."""
+    v1, v2 = _store(tmp_path / "v1.a2feat", seed=1), _store(tmp_path / "v2.a2feat", seed=2)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("precious")
+    with pytest.raises(DataError, match=r"mine: a folder that is not a feature store \(it holds no manifest\.json\) "
+                                        r"and would be replaced whole"):
+        datastore.fetch(str(tmp_path / "v1.a2feat"), mine, quiet=True)
+    assert (mine / "thesis.txt").read_text() == "precious" and os.listdir(mine) == ["thesis.txt"]
+    (tmp_path / "empty").mkdir()
+    assert datastore.fetch(str(tmp_path / "v1.a2feat"), tmp_path / "empty", quiet=True)["fetched"]
+    got = datastore.fetch(str(tmp_path / "v2.a2feat"), tmp_path / "empty", quiet=True)  # an older store: replaced
+    assert got["fetched"] and prepared.check_copy(tmp_path / "empty", full=True, expected=v2["checksum"])
+    assert v1["checksum"] != v2["checksum"]
 
 
 def _can_unshare() -> bool:

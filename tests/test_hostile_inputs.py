@@ -3,6 +3,7 @@ time and memory: YAML (duplicate keys, alias bombs, size, long integers), submis
 path traversal, too many members), integers (5000-digit and out-of-int64 image ids), captions (empty splits,
 `tokens` as a string, ints for sentences), seeds and the `a2` command's integer arguments."""
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -323,3 +324,64 @@ def test_a_damaged_outage_file_warns_and_starts_the_figures_again(tmp_path, caps
     assert "outage.json is damaged; the MLflow outage figures start again" in capsys.readouterr().err
     assert json.loads((tmp_path / "s1" / "tracking" / "outage.json").read_text()) == totals
     assert add_outage(location, exported_late=3) == {"down_seconds": 2.0, "exported_late": 3, "pending": False}
+
+
+def test_synth_replaces_only_a_data_set_and_bad_output_paths_are_one_line(tmp_path, capsys):
+    """`a2 data synth --out` replaces its folder whole: a folder that is not a synthetic data set (a typo'd path) is
+    refused with its files untouched, as is a file; an output path under a file, or a folder where `decode --out`
+    writes a file, is one line naming the path, exit 2 (each was a traceback, or a silent delete with exit 0)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("precious")
+    assert cli(["data", "synth", "--out", str(mine), "--images", "20"]) == 2
+    assert "mine: a folder that is not a synthetic data set (it holds no synthetic.json)" in capsys.readouterr().err
+    assert os.listdir(mine) == ["thesis.txt"]
+    (tmp_path / "afile").write_text("x")
+    assert cli(["data", "synth", "--out", str(tmp_path / "afile"), "--images", "20"]) == 2
+    assert "afile: is a file, not a folder to write a synthetic data set into" in capsys.readouterr().err
+    assert (tmp_path / "afile").read_text() == "x" and not (tmp_path / "afile.old").exists()
+    assert cli(["data", "synth", "--out", str(tmp_path / "afile" / "x"), "--images", "20"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"a2: error: {tmp_path / 'afile'}") and len(err.splitlines()) == 1
+    assert cli(["data", "synth", "--out", str(tmp_path / "syn"), "--images", "20"]) == 0
+    # a data set: replaced whole
+    assert cli(["data", "synth", "--out", str(tmp_path / "syn"), "--images", "20", "--seed", "1"]) == 0
+    assert json.loads((tmp_path / "syn" / "synthetic.json").read_text())["seed"] == 1
+
+    from a2core.atomic import atomic_write
+
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(IsADirectoryError) as err:
+        atomic_write(tmp_path / "folder", "{}")
+    assert err.value.filename == str(tmp_path / "folder")  # not the temp file's name
+    with pytest.raises(NotADirectoryError) as err:
+        atomic_write(tmp_path / "afile" / "r.json", "{}")
+    assert err.value.filename == str(tmp_path / "afile" / "r.json")
+
+
+def test_json_nested_too_deep_is_refused_naming_the_file(tmp_path):
+    """json recurses per level: 100,000 nested lists raised RecursionError (a traceback) from every JSON reader."""
+    from a2core.errors import A2Error
+    from a2core.metrics import load_results
+    from dashboards.records import load_record
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    for read in (load_results, load_record, read_image_info, read_karpathy):
+        with pytest.raises(A2Error, match=r"deep\.json: not .*nested too deep to read"):
+            read(deep)
+    with zipfile.ZipFile(tmp_path / "deep.zip", "w") as zf:
+        zf.writestr(VAL_NAME, "[" * 100_000 + "]" * 100_000)
+        zf.writestr(TEST_NAME, "[]")
+    report = validate_zip(tmp_path / "deep.zip", VAL_IDS, TEST_IDS)
+    assert any(p.file == VAL_NAME and p.message == "is JSON nested too deep to read" for p in report.problems)
+
+
+def test_a_study_past_the_trial_cap_is_refused_at_once(tmp_path):
+    """100,000 replicates (200,000 trials): refused by the count before any trial's config is built. The seed list's
+    duplicate check was quadratic: minutes before the refusal."""
+    out = _measured(f"from launch.spec import load_study\nfrom a2core.errors import ConfigError\n"
+                    f"try:\n    load_study({str(ROOT / 'studies' / 'smoke.yaml')!r}, ['search.replicates=100000'], "
+                    f"check_files=False)\nexcept ConfigError as err:\n    out = {{'error': str(err)}}")
+    assert "search: 200,000 trials (configurations x replicates) is past the cap of 10,000" in out["error"]
+    assert out["cpu_s"] < LIMIT_S

@@ -138,13 +138,22 @@ def _without(record: dict, *keys) -> dict:
     (lambda r: {**r, "arms": {"none": 1}}, r"r\.json: 'arms' must be a JSON list, got dict"),
     (lambda r: {**r, "columns": [["val CIDEr"]]}, r"r\.json: columns\[0\] must be \[heading, metric\]"),
     (lambda r: {**r, "arms": [None]}, r"r\.json: arms\[0\] must be a JSON object, got NoneType"),
-], ids=["arms", "metric", "columns", "seeds", "arms-type", "column-shape", "arm-type"])
+    (lambda r: {**r, "arms": [{**r["arms"][0], "seeds": ["x", 1, 2]}]},
+     r"r\.json: arms\[0\]\.seeds\[0\]: must be an integer seed, got 'x'"),
+    (lambda r: {**r, "arms": [{**r["arms"][0], "scores": {"val/CIDEr": ["x", 1.0, 2.0]}}]},
+     r"r\.json: arm none: scores of val/CIDEr must be a list of numbers"),
+    (lambda r: _without(r, "arms", 0, "per_image", "scores"), r"r\.json: arms\[0\]\.per_image: must be"),
+    (lambda r: _without(r, "arms", 0, "per_image", "image_ids"), r"r\.json: arms\[0\]\.per_image: must be"),
+], ids=["arms", "metric", "columns", "seeds", "arms-type", "column-shape", "arm-type", "seed-type", "score-type",
+        "per-image-scores", "per-image-ids"])
 def test_a_record_missing_a_key_is_refused_naming_the_file_and_the_key(tmp_path, edit, message):
     """A record cut short or edited by hand: a DataError naming the file and the key, which `a2 results show` prints
-    as one line (it was a KeyError traceback)."""
+    as one line (it was a KeyError, ValueError or TypeError traceback); a folder is not a record either."""
     (tmp_path / "r.json").write_text(json.dumps(edit(make_record({"none": 3, "gate": 3}))))
     with pytest.raises(DataError, match=message):
         load_record(tmp_path / "r.json")
+    with pytest.raises(DataError, match="a folder, not a record file"):
+        load_record(tmp_path)
 
 
 @pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))],

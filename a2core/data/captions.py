@@ -34,6 +34,8 @@ def _load_json(path: str | Path, what: str):
         raise DataError(f"{path}: not valid JSON ({err})") from None
     except ValueError:  # Python's int() refuses more than 4300 digits, deep inside json
         raise DataError(f"{path}: holds an integer of more than {sys.get_int_max_str_digits()} digits") from None
+    except RecursionError:  # json recurses per nesting level: a hostile file nests beyond the interpreter's limit
+        raise DataError(f"{path}: not a {what} (JSON nested too deep to read)") from None
 
 
 def is_image_id(value) -> bool:

@@ -67,6 +67,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from ..atomic import check_replaceable
 from ..errors import DataError
 
 CLASSES = ["dog", "cat", "car", "bus", "bird", "plane", "horse", "cow", "sheep", "goat", "boat", "train",
@@ -198,6 +199,7 @@ def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: in
     images: the Karpathy-split images; test_images: test-server images (default a tenth of `images`);
     test_split_images: the Karpathy test split's size (default a quarter of `images`, as val)."""
     out = Path(out).resolve()
+    check_replaceable(out, ("synthetic.json",), "synthetic data set")  # replaced whole below
     if images < 20:
         raise DataError(f"images must be >= 20, got {images}")
     check_test_split(images, test_split_images)
