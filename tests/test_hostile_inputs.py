@@ -142,7 +142,7 @@ def test_a_model_for_short_training_captions_still_decodes_train_max_len_words(t
 
     from a2core import checkpoint as ckpt
     from a2core.data.captions import SPECIALS
-    from a2core.decode import beam_search, decode_to_file
+    from a2core.decode import MinLengthStepper, ModelStepper, beam_search, decode_to_file
     from a2core.model.a2 import build_model
 
     cfg = Config.from_dict({"data": {"max_caption_len": 4},
@@ -155,8 +155,9 @@ def test_a_model_for_short_training_captions_still_decodes_train_max_len_words(t
                      tmp_path / "c.pt")
     loaded, _, _ = ckpt.model_from_state(ckpt.load(str(path)))
     with torch.no_grad():
-        loaded.head.weight.zero_()  # every word equally likely: no early <eos>, every beam runs to max_len
-        seqs, _ = beam_search(loaded, torch.randn(2, 4, 8), torch.ones(2, 4, dtype=torch.bool), 3, cfg.train.max_len)
+        # no <eos> before max_len words: every beam runs to max_len
+        longest = MinLengthStepper(ModelStepper(loaded), eos=2, min_len=cfg.train.max_len)
+        seqs, _ = beam_search(longest, torch.randn(2, 4, 8), torch.ones(2, 4, dtype=torch.bool), 3, cfg.train.max_len)
     assert seqs.shape[1] == cfg.train.max_len + 1
     with pytest.raises(ConfigError, match=r"--max-len: 24 is longer than these models can decode \(at most 23"):
         decode_to_file([str(path)], "test", str(tmp_path / "r.json"), max_len=24)
