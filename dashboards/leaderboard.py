@@ -132,7 +132,12 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
     cider = ensemble_metrics.get("CIDEr")
     valued = [e for e in seeds if finite(e["study_metric"]) is not None]
     sign = -1 if selected_by.get("mode") == "min" else 1
-    chosen = max(valued, key=lambda e: sign * e["study_metric"])["name"] if valued else None
+    # the member chosen on validation: the best study metric; of equals, the trial packaging selected
+    # (`selected_by.trial_id`), else the lower trial id, the tie rule packaging names (`selected_by.tie_break`)
+    top = max((sign * e["study_metric"] for e in valued), default=None)
+    tied = sorted((e for e in valued if sign * e["study_metric"] == top),
+                  key=lambda e: (str(e["trial_id"]) != str(selected_by.get("trial_id")), str(e["trial_id"])))
+    chosen = tied[0]["name"] if tied else None
     gain = (ensemble_gain(ensemble_metrics, {e["name"]: e["metrics"] for e in seeds}, per_image, chosen)
             if seeds and cider is not None else {"over_members": None, "over_chosen": None})
     split = "synthetic-test" if cfg.get("data", {}).get("kind") == "synthetic" else "karpathy-test"

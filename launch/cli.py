@@ -193,11 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "leaderboard to (default: the study's prefix when on S3)")
     package.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint for --upload")
     package.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
-    package.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
-    package.add_argument("--batch-size", type=int, default=50, help="images per beam-search batch")
-    package.add_argument("--shard-images", type=int, default=SHARD_IMAGES,
+    package.add_argument("--beam-size", type=positive_int, default=5, help="beams per image (default 5)")
+    package.add_argument("--batch-size", type=positive_int, default=50, help="images per beam-search batch")
+    package.add_argument("--shard-images", type=positive_int, default=SHARD_IMAGES,
                          help="images per decoding shard, the unit a killed package does not decode again")
-    package.add_argument("--workers", type=int, default=None,
+    package.add_argument("--workers", type=non_negative_int, default=None,
                          help="Ray decoding tasks (default: one per GPU, else per CPU); 0 decodes in this process")
     package.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
     package.add_argument("--val-images", default=None, help="COCO image-info JSON of val2014 (default: the data's)")
@@ -226,8 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.add_argument("--storage", default=None, help=_STORAGE_HELP)
     pipeline.add_argument("--seeds", nargs="+", type=int, default=None, help=_SEEDS_HELP)
     pipeline.add_argument("--alg", default=None, help="algorithm name in the results file names (default: study name)")
-    pipeline.add_argument("--beam-size", type=int, default=5, help="beams per image (default 5)")
-    pipeline.add_argument("--workers", type=int, default=None, help="Ray decoding tasks; 0 decodes in this process")
+    pipeline.add_argument("--beam-size", type=positive_int, default=5, help="beams per image (default 5)")
+    pipeline.add_argument("--workers", type=non_negative_int, default=None, help="Ray decoding tasks; 0 decodes in this process")
     pipeline.add_argument("--upload", default=None, help="s3://bucket/prefix/ for results.zip and the leaderboard")
     pipeline.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
     pipeline.add_argument("--quiet", action="store_true", help="no live trial tables")

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from a2core import checkpoint as ckpt
 from a2core.atomic import atomic_write, fresh_folder
 from a2core.checksum import checksum_path, file_sha256
+from a2core.data import prepared
 from a2core.data.captions import Vocab, read_image_info
 from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
@@ -104,6 +105,9 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
             data_overrides: list[str] | None = None, model_name: str | None = None, verbose: bool = True) -> dict:
     """Package study `name` (see the module docstring). Returns the manifest (also written to package.json)."""
     t_start = time.perf_counter()
+    for option, value in (("--beam-size", beam_size), ("--batch-size", batch_size), ("--shard-images", shard_images)):
+        if value < 1:  # before a seed is trained or a shard decoded
+            raise PackageError(f"{option}: must be >= 1, got {value}")
     location, spec, record = open_study(name, storage, verbose)
     seeds = None if seeds is None else list(dict.fromkeys(int(s) for s in seeds))
     if seeds is not None and not seeds:
@@ -115,6 +119,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     # a folder is an earlier package once its manifest (written last) is there: a killed run's folder is reused
     out = fresh_folder(Path(out or Path(PACKAGE_OUT) / name).resolve(), (MANIFEST,), "package")
     out.mkdir(parents=True, exist_ok=True)
+    clear_attempt(out, verbose)
     ray_was_up = ray.is_initialized()
     os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
     try:
@@ -126,7 +131,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
         # Ray workers fetch an s3:// checkpoint themselves; a local one by the absolute path fetched here
         sources = [m.best_checkpoint if m.best_checkpoint.startswith("s3://") else p for m, p in zip(members, local)]
         decoding = dict(beam_size=beam_size, max_len=images["max_len"], batch_size=batch_size)
-        keep = location.at(DECODED_DIR, decode_key(local, images["splits"], "test", **decoding,
+        keep = location.at(DECODED_DIR, decode_key(local, images["splits"], "test", data_config, **decoding,
                                                    shard_images=shard_images))
         decoded = decode_all(sources, data_config, images["splits"], "test", **decoding, workers=workers,
                              address=address, endpoint_url=location.endpoint_url, verbose=verbose, keep=keep,
@@ -147,6 +152,21 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
         f"{delivered['mlflow']['parent_run_id']}, artifacts {delivered['mlflow']['artifacts']})"
         + "".join(f"\n  uploaded:    {u['uri']}" for u in uploads), verbose)
     return manifest
+
+
+KARPATHY_CAPTIONS = "captions_karpathy_test_ensemble.json"
+
+
+def clear_attempt(out: Path, verbose: bool = True) -> None:
+    """Remove what an earlier, unfinished run left in `out` (no manifest: it stopped before the end): its zip,
+    leaderboard and results files describe other captions, and one that fails now must not leave them beside its
+    own as if they were its output. Only these names are touched; the checkpoint cache stays."""
+    names = [RESULTS_ZIP, LEADERBOARD, KARPATHY_CAPTIONS, f".{RESULTS_ZIP}.staging"]
+    stale = [p for p in sorted(out.glob("captions_*2014_*_results.json")) + [out / n for n in names] if p.is_file()]
+    for path in stale:
+        path.unlink()
+    if stale:
+        say(f"package: {out} held an unfinished run's {', '.join(p.name for p in stale)}: removed", verbose)
 
 
 # -- 1. the ensemble's members -----------------------------------------------------------------------------------
@@ -401,6 +421,10 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
         has_file = data.paths.val_images and Path(data.paths.val_images).is_file()
         val_source = str(data.paths.val_images) if has_file else f"{data.paths.captions} (filepath val2014)"
     test_ids = read_image_info(test_file)
+    if both := sorted(set(val_ids) & set(test_ids)):  # COCO's val2014 and test2014 share no image
+        raise PackageError(f"{len(both)} image id(s) are in both the val2014 list ({val_source}) and the test2014 "
+                           f"list ({test_file}), e.g. {both[:5]}: the two server sets are disjoint; is one file "
+                           f"given for the other?")
     karpathy = [img.image_id for img in data.images("test")]
     data.features.check_ids(list(dict.fromkeys(val_ids + test_ids + karpathy)))
     return data, data.cfg.model_dump(by_alias=True), {
@@ -427,11 +451,32 @@ def decode_shard(checkpoints: list[str], data_config: dict, shard: dict[str, lis
 DECODED_DIR = "package-decoded"  # in the study's storage: one folder of finished shards per decoding job
 
 
-def decode_key(checkpoints: list[str], splits: dict[str, list[int]], single_split: str | None, **options) -> str:
-    """What a decoding job's shards depend on: the checkpoints' bytes, the image lists and the decoding options."""
+def decode_key(checkpoints: list[str], splits: dict[str, list[int]], single_split: str | None,
+               data_config: dict | None = None, **options) -> str:
+    """What a decoding job's shards depend on: the checkpoints' bytes, the image lists, the decoding options and the
+    data the regions come from (`data_config` and its files as they are now: another feature store, or the same
+    path rewritten, decodes anew rather than mixing its captions with kept ones)."""
     files = [file_sha256(path) for path in checkpoints]
-    return hashlib.sha256(json.dumps([files, splits, single_split, sorted(options.items())],
-                                     sort_keys=True).encode()).hexdigest()[:16]
+    data = [data_config, _file_stamps(data_config or {})]
+    return hashlib.sha256(json.dumps([files, splits, single_split, sorted(options.items()), *data],
+                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _file_stamps(data_config: dict) -> dict:
+    """{key: (size, modification time)} of the data config's feature and caption paths on this machine; a prepared
+    store's manifest checksum (its identity, whatever its folder's times)."""
+    stamps = {}
+    for key in ("features", "captions", "root"):
+        path = data_config.get(key)
+        if not isinstance(path, str) or "://" in path or not os.path.exists(path):
+            continue
+        manifest = Path(path) / prepared.MANIFEST
+        if manifest.is_file():
+            stamps[key] = hashlib.sha256(manifest.read_bytes()).hexdigest()
+        else:
+            stat = os.stat(path)
+            stamps[key] = (stat.st_size, stat.st_mtime_ns)
+    return stamps
 
 
 def make_shards(splits: dict[str, list[int]], size: int = SHARD_IMAGES) -> list[dict[str, list[int]]]:
@@ -443,6 +488,23 @@ def make_shards(splits: dict[str, list[int]], size: int = SHARD_IMAGES) -> list[
         run = set(unique[start:start + size])
         shards.append({split: [i for i in ids if i in run] for split, ids in splits.items()})
     return shards
+
+
+def _kept_shard(text: str, shard: dict[str, list[int]], members: int, single_split: str | None) -> dict | None:
+    """A kept shard's captions (image ids as ints), None when the file does not parse or lacks a caption of one of
+    its images (a shard is written whole, but a copy can be cut short or edited)."""
+    try:
+        part = _shard_ids(json.loads(text), int)
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
+        return None
+    ensemble, single = part["ensemble"], part["single"]
+    if any(not isinstance(ensemble.get(split), dict) or any(not isinstance(ensemble[split].get(i), str) for i in ids)
+           for split, ids in shard.items()):
+        return None
+    solo = shard.get(single_split, []) if single_split is not None and members > 1 else []
+    if solo and (len(single) != members or any(not isinstance(s.get(i), str) for s in single for i in solo)):
+        return None
+    return part
 
 
 def _shard_ids(part: dict, key: Callable) -> dict:
@@ -471,7 +533,12 @@ def decode_all(checkpoints: list[str], data_config: dict, splits: dict[str, list
         names = set(keep.listdir())
         for index in range(len(shards)):
             if shard_file(index) in names and (text := keep.join(shard_file(index)).read_text()) is not None:
-                parts[index] = _shard_ids(json.loads(text), int)
+                part = _kept_shard(text, shards[index], len(checkpoints), single_split)
+                if part is None:  # decoded again below, and written over
+                    say(f"package: note: {keep.join(shard_file(index)).uri} is damaged or does not cover its "
+                        f"images; decoding that shard again", verbose)
+                else:
+                    parts[index] = part
     todo = [i for i in range(len(shards)) if i not in parts]
     images = lambda index: len(set().union(*shards[index].values()))  # noqa: E731
     what = (f"{sum(images(i) for i in todo)} images in {len(todo)} shard(s) with {len(checkpoints)} checkpoint(s)"
@@ -545,7 +612,7 @@ def write_submission(out: Path, files: tuple[str, str], decoded: dict, images: d
         raise PackageError(f"the submission failed validation, no {RESULTS_ZIP} written:\n{report}")
     os.replace(staging, out / RESULTS_ZIP)
     say(f"package: {out / RESULTS_ZIP}: valid ({len(val_ids)} val2014 + {len(test_ids)} test2014 captions)", verbose)
-    write_results_json(out / "captions_karpathy_test_ensemble.json", decoded["ensemble"]["test"])
+    write_results_json(out / KARPATHY_CAPTIONS, decoded["ensemble"]["test"])
     return {"zip": out / RESULTS_ZIP, "files": paths, "alg": alg}
 
 

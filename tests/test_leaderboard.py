@@ -209,3 +209,22 @@ def test_min_length_stepper_never_ends_before_the_first_word():
                                beam_size=5, max_len=20)
     assert seqs[:, :2].tolist() == [[5, 2]] * 3  # the best one-word caption, then <eos>
     assert all(math.isfinite(s) for s in scores.tolist())
+
+
+def test_the_member_chosen_on_validation_is_packagings_of_equals(tmp_path):
+    """Seeds 0 and 3 tie on validation; packaging selected trial t00000 (seed 3, the lower trial id): the gain over
+    the chosen member is over seed 3. It was over seed 0, the first by seed, while `selected_by` named seed 3."""
+    config = {"data": {"kind": "synthetic"}, "model": {"fusion": "max", "lambda": 0.035},
+              "train": {"seed": 0, "xe_epochs": 2, "scst_epochs": 0}}
+    ids = {0: "t00005", 1: "t00001", 2: "t00002", 3: "t00000"}
+    members = [{"seed": s, "trial_id": ids[s], "study": "st", "checkpoint": str(tmp_path / f"c{s}.pt"),
+                "value": 0.7 if s in (0, 3) else 0.5, "metrics": _metrics(100.0 + s)} for s in range(4)]
+
+    def chosen(selected):
+        board = lb.build_leaderboard(study="st", config=config, members=members, ensemble_metrics=_metrics(110.0),
+                                     images=20, selected_by={"metric": "val/CIDEr", "mode": "max", **selected})
+        return board["ensemble"]["gain_over_chosen"]["member"]
+
+    assert chosen({"trial_id": "t00000", "tie_break": "lower trial id"}) == "seed-3"
+    assert chosen({"trial_id": "t00005"}) == "seed-0"  # the selected one of equals
+    assert chosen({}) == "seed-3"  # no selection named: the lower trial id
