@@ -119,7 +119,6 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     # a folder is an earlier package once its manifest (written last) is there: a killed run's folder is reused
     out = fresh_folder(Path(out or Path(PACKAGE_OUT) / name).resolve(), (MANIFEST,), "package")
     out.mkdir(parents=True, exist_ok=True)
-    clear_attempt(out, verbose)
     ray_was_up = ray.is_initialized()
     os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
     try:
@@ -136,6 +135,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
         decoded = decode_all(sources, data_config, images["splits"], "test", **decoding, workers=workers,
                              address=address, endpoint_url=location.endpoint_url, verbose=verbose, keep=keep,
                              shard_images=shard_images)
+        clear_attempt(out, verbose)  # once this run has captions of its own: a refused run leaves the folder be
         results = write_submission(out, files, decoded, images, alg, verbose)
         delivered = deliver(name, spec, best, members, local, data, decoded, results, images,
                             tracking_uri=tracking_uri, beam_size=beam_size, model_name=model_name or name,
@@ -158,9 +158,10 @@ KARPATHY_CAPTIONS = "captions_karpathy_test_ensemble.json"
 
 
 def clear_attempt(out: Path, verbose: bool = True) -> None:
-    """Remove what an earlier, unfinished run left in `out` (no manifest: it stopped before the end): its zip,
-    leaderboard and results files describe other captions, and one that fails now must not leave them beside its
-    own as if they were its output. Only these names are touched; the checkpoint cache stays."""
+    """Remove what an earlier, unfinished run left in `out` (no manifest: it stopped before the end), called once
+    this run has decoded its own captions: the old zip, leaderboard and results files describe other captions, and
+    a run that fails from here must not leave them beside its own as if they were its output. Only these names are
+    touched; the checkpoint cache stays."""
     names = [RESULTS_ZIP, LEADERBOARD, KARPATHY_CAPTIONS, f".{RESULTS_ZIP}.staging"]
     stale = [p for p in sorted(out.glob("captions_*2014_*_results.json")) + [out / n for n in names] if p.is_file()]
     for path in stale:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import errno
 import functools
 import hashlib
 import os
@@ -235,25 +234,21 @@ class Location:
         conditional PUT (`IfNoneMatch="*"`): of two writers racing, one gets True. A write the storage refuses is
         `WriteRefused`."""
         if self.local:
-            folder = os.path.dirname(self.uri)
             try:
-                os.makedirs(folder, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(self.uri)}.", suffix=".tmp", dir=folder)
+                os.makedirs(os.path.dirname(self.uri), exist_ok=True)
+                fd = os.open(self.uri, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
             except OSError as err:  # read-only, full, a file in the way, not allowed
                 raise WriteRefused(self.uri, err.strerror or str(err)) from err
             try:
-                # whole before it has the name: a write that fails (a full disk) leaves no file that would say
-                # "one exists" to every later writer, and a reader never sees it half-written
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     f.write(text)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.chmod(tmp, 0o644)
-                return _link_if_absent(tmp, self.uri)
             except OSError as err:
+                # ours (O_EXCL): a partial file would tell every later writer "one exists" (a disk full mid-write)
+                os.unlink(self.uri)
                 raise WriteRefused(self.uri, err.strerror or str(err)) from err
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+            return True
         from botocore.exceptions import BotoCoreError, ClientError  # boto3: as in `download`
 
         bucket, key = parse_s3_uri(self.uri, require_key=True)
@@ -490,27 +485,3 @@ def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str
             raise S3TransferError(f"upload of {path} to {uri} failed: {err}") from err
         raise
     return {"bucket": bucket, "key": key, "uri": uri, "size": size, "sha256": sha_hex, "etag": head.get("ETag")}
-
-
-def _link_if_absent(tmp: str, target: str) -> bool:
-    """Give the complete file `tmp` the name `target` unless that exists (False). A hard link is atomic and fails on
-    an existing name; a file system without hard links gets O_CREAT | O_EXCL and a copy."""
-    try:
-        os.link(tmp, target)
-        return True
-    except FileExistsError:
-        return False
-    except OSError as err:
-        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-            raise
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        with os.fdopen(fd, "wb") as out, open(tmp, "rb") as src:
-            shutil.copyfileobj(src, out)
-    except BaseException:
-        os.unlink(target)  # ours (O_EXCL): half a file must not stand for one
-        raise
-    return True
