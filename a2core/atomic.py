@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -54,6 +56,37 @@ def check_replaceable(path: str | os.PathLike, marks: tuple[str, ...], what: str
             return
     raise DataError(f"{path}: a folder that is not a {what} (it holds no {' or '.join(marks)}) and would be "
                     f"replaced whole; name an empty or new folder")
+
+
+def building_folder(path: str | os.PathLike, suffix: str) -> Path:
+    """A new hidden folder beside `path` in which a whole data folder is built before one rename onto `path`.
+
+    Its name holds this host and process (`.NAME.HOST.pPID.XXXXXXXX<suffix>`), and such folders that a killed
+    process of this host left are removed first: a SIGKILLed `a2 data prepare` would otherwise leave gigabytes of
+    half-written features hidden beside the store, once more on every try. Another host's (a shared file system)
+    are left alone, since their process cannot be checked from here; so is a live or unreadable process's."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{path.name}.{socket.gethostname()}.p"
+    with os.scandir(path.parent) as entries:
+        names = [e.name for e in entries if e.name.startswith(prefix) and e.name.endswith(suffix)
+                 and e.is_dir(follow_symlinks=False)]
+    for name in names:
+        pid = name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path.parent / name, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", suffix=suffix, dir=path.parent))
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (one we may not signal exists too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def fresh_folder(path: str | os.PathLike, holds: tuple[str, ...], what: str) -> Path:

@@ -16,11 +16,10 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from a2core.atomic import atomic_write, check_replaceable
+from a2core.atomic import atomic_write, building_folder, check_replaceable
 from a2core.data import prepared
 from a2core.errors import DataError, StudyError
 from launch.storage import open_location, upload_file
@@ -101,7 +100,7 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
             _say(f"{target}: holds store {checksum[:12]} already (verified); nothing to fetch", quiet)
             return {"checksum": checksum, "target": str(target), "fetched": False}
         check_replaceable(target, (prepared.MANIFEST,), "feature store")  # an older store is replaced whole below
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".fetch", dir=target.parent))
+        tmp = building_folder(target, ".fetch")
         try:
             for name, entry in sorted(manifest["files"].items()):
                 started = time.monotonic()
@@ -118,11 +117,13 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
             prepared.check_copy(tmp, expected=checksum)
             (tmp / STAMP).write_text(checksum + "\n")
             os.chmod(tmp, 0o755)
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            if target.exists():  # replaced whole: moved aside, then removed (open files stay readable)
+            old = None
+            if target.exists():  # replaced whole: moved aside (onto an empty folder), then removed; open files stay
+                old = building_folder(target, ".old")  # readable, and a kill here leaves what the next fetch removes
                 os.rename(target, old)
             os.rename(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -9,6 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from a2core.config import MAX_YAML_BYTES, Config, apply_overrides, load_yaml
@@ -386,3 +387,54 @@ def test_a_study_past_the_trial_cap_is_refused_at_once(tmp_path):
                     f"check_files=False)\nexcept ConfigError as err:\n    out = {{'error': str(err)}}")
     assert "search: 200,000 trials (configurations x replicates) is past the cap of 10,000" in out["error"]
     assert out["cpu_s"] < LIMIT_S
+
+
+def _killed_while_building(args: list[str], parent: Path, pattern: str, cwd: Path) -> list[Path]:
+    """Start `a2 ARGS`, SIGKILL it once its building folder (`pattern` in `parent`) holds a file: what it left."""
+    from tests.raycluster import a2_command, a2_env
+    import signal
+    import time
+
+    proc = subprocess.Popen(a2_command(*args), cwd=cwd, env=a2_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(any(p.iterdir()) for p in parent.glob(pattern)):
+            assert proc.poll() is None and time.monotonic() < deadline, "finished before it could be killed"
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    return list(parent.glob(pattern))
+
+
+def test_a_killed_synth_or_prepare_leaves_a_folder_the_next_run_removes(tmp_path):
+    """A SIGKILLed `a2 data synth` / `a2 data prepare` leaves its half-built folder hidden beside the target (for
+    a COCO store, gigabytes); the next run on this host removes it. A live process's folder, another host's (a
+    shared file system) and anything not named as a building folder are left alone."""
+    import socket
+
+    left = _killed_while_building(["data", "synth", "--out", str(tmp_path / "syn"), "--images", "4000"],
+                                  tmp_path, ".syn.*.synth", tmp_path)
+    assert len(left) == 1 and not (tmp_path / "syn").exists()
+    host = socket.gethostname()
+    kept = [tmp_path / f".syn.{host}.p{os.getpid()}.live.synth", tmp_path / ".syn.other-node.p1.x.synth",
+            tmp_path / ".syn.notes"]
+    for folder in kept:
+        folder.mkdir()
+    assert cli(["data", "synth", "--out", str(tmp_path / "syn"), "--images", "20"]) == 0
+    assert not left[0].exists() and all(folder.is_dir() for folder in kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["syn"] + [p.name for p in kept])
+
+    source = tmp_path / "big"
+    source.mkdir()
+    for i in range(3000):  # a .npz folder: prepare reads one file an image, slow enough to be caught
+        np.savez(source / f"{i + 1}.npz", feat=np.ones((2, 4), np.float32))
+    left = _killed_while_building(["data", "prepare", str(source), "--out", str(tmp_path / "st"),
+                                   "--feature-dim", "4"], tmp_path, ".st.*.prepare", tmp_path)
+    assert len(left) == 1 and not (tmp_path / "st").exists()
+    for path in source.iterdir():
+        if path.name != "1.npz":
+            path.unlink()
+    assert cli(["data", "prepare", str(source), "--out", str(tmp_path / "st"), "--feature-dim", "4"]) == 0
+    assert not left[0].exists() and (tmp_path / "st" / "manifest.json").is_file()

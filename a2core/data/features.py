@@ -12,7 +12,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -20,7 +19,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..atomic import atomic_write
+from ..atomic import atomic_write, building_folder
 from ..errors import DataError
 from .prepared import (FLOAT16_MAX, FORMAT, INDEX, MANIFEST, ROWS, VERSION, PreparedFeatures, file_sha256,
                        files_checksum, is_prepared)
@@ -191,8 +190,7 @@ def prepare(source: str | os.PathLike, out: str | os.PathLike, *, feature_dim: i
         raise DataError(f"{out}: exists already; remove it or choose another output folder")
     ids = source_ids(source)
     store = FeatureStore(source, feature_dim)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp = building_folder(out, ".prepare")
     try:
         index = np.zeros((len(ids), 3), np.int64)
         digest, row, size = hashlib.sha256(), 0, 0

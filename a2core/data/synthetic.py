@@ -63,11 +63,10 @@ import fcntl
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
-from ..atomic import check_replaceable
+from ..atomic import building_folder, check_replaceable
 from ..errors import DataError
 
 CLASSES = ["dog", "cat", "car", "bus", "bird", "plane", "horse", "cow", "sheep", "goat", "boat", "train",
@@ -212,8 +211,7 @@ def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: in
     n_train, n_val = sizes["train"], sizes["val"]
     extra_test = 0 if test_split_images is None else test_split_images - sizes["test"]
     n_restval = n_train // 5  # restval images live in val2014 but train with train (as in Karpathy's split)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    work = building_folder(out, ".synth")
     try:
         (work / "features").mkdir()
         import h5py  # h5py: only when data is written (a2core.config, so `a2 study validate`, imports this module)
