@@ -776,20 +776,30 @@ class Meteor:
     def _ask(self, line: str, answers: int = 1) -> list[bytes]:
         self.proc.stdin.write(line.encode("utf-8") + b"\n")
         self.proc.stdin.flush()
-        return [self.proc.stdout.readline() for _ in range(answers)]
+        got = [self.proc.stdout.readline() for _ in range(answers)]
+        if not all(got):  # end of file: the JVM died on this line (its stderr says why)
+            raise OSError("METEOR's process ended")
+        return got
 
     def compute_score(self, gts: dict, res: dict) -> tuple[float, list[float]]:
         """pycocoevalcap's interface: (mean, per-image scores in gts order); one caption per result."""
+        stats, at = [], None
         try:
-            stats = [self._ask(" ||| ".join(("SCORE", " ||| ".join(gts[k]),
-                                              res[k][0].replace("|||", "").replace("  ", " "))))[0]
-                     for k in gts]
+            for at in gts:  # `at`: the image whose caption METEOR was given when it failed (named in the error)
+                stats.append(self._ask(" ||| ".join(("SCORE", " ||| ".join(gts[at]),
+                                                      res[at][0].replace("|||", "").replace("  ", " "))))[0])
+            at = None
             answers = self._ask(" ||| ".join(["EVAL", *(s.decode("utf-8").strip() for s in stats)]), len(stats) + 1)
             return float(answers[-1]), [float(a) for a in answers[:-1]]
         except (ValueError, OSError) as e:
             self.proc.kill()
             err = self.proc.stderr.read() or b""
-            raise A2Error(f"METEOR failed ({e}): {err.decode('utf-8', 'replace')[-2000:]}") from None
+            on = ("on the summary of all images" if at is None else
+                  f"on image {at!r} (its caption has {len(res[at][0].split()):,} words)")
+            lines = [line.strip() for line in err.decode("utf-8", "replace").splitlines() if line.strip()]
+            cause = next((line for line in lines if "Exception" in line or "Error" in line), lines[-1] if lines
+                         else "no message")  # the JVM's one line, not its stack trace
+            raise A2Error(f"METEOR failed {on} ({e}): {cause[:500]}") from None
 
 
 def _check_inputs(gts: Mapping[Any, Sequence[str]], res: Mapping[Any, Any], where: str) -> tuple[list, dict]:
@@ -1037,7 +1047,10 @@ def evaluate_results_file(
     if extra:
         raise DataError(f"{os.fspath(results_path)}: image id(s) {_fmt_ids(extra)} are not in split {split!r} "
                          f"of {os.fspath(captions_path)}")
-    return coco_scores(gts, {k: res[k] for k in gts}, spice=spice, per_image=per_image, progress=progress)
+    try:
+        return coco_scores(gts, {k: res[k] for k in gts}, spice=spice, per_image=per_image, progress=progress)
+    except A2Error as err:  # a scorer that failed (METEOR out of memory on a runaway caption): name the file
+        raise (DataError if isinstance(err, DataError) else A2Error)(f"{os.fspath(results_path)}: {err}") from None
 
 
 # --------------------------------------------------------------------------------------------

@@ -438,3 +438,20 @@ def test_a_killed_synth_or_prepare_leaves_a_folder_the_next_run_removes(tmp_path
             path.unlink()
     assert cli(["data", "prepare", str(source), "--out", str(tmp_path / "st"), "--feature-dim", "4"]) == 0
     assert not left[0].exists() and (tmp_path / "st" / "manifest.json").is_file()
+
+
+def test_a_runaway_caption_that_exhausts_meteor_is_named_with_its_file_and_image(tmp_path, capsys):
+    """A results file with a 100,000-word caption runs METEOR's JVM out of memory (its -Xmx2G, about 10 s): `a2
+    evaluate` says so in one line naming the results file and the image (before: 'METEOR failed (Broken pipe)'
+    with neither, so a 5,000-image file left its author searching)."""
+    data = synthetic.generate(tmp_path / "syn", images=20)
+    gts = json.loads(Path(data["captions"]).read_text())["images"]
+    test_ids = [im["cocoid"] for im in gts if im["split"] == "test"]
+    runaway = test_ids[1]
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{"image_id": i, "caption": ("a red bus on a road " * 20_000).strip()
+                                    if i == runaway else "a red bus"} for i in test_ids]))
+    assert cli(["evaluate", "--results", str(results), "--captions", str(data["captions"])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the scorers' progress lines: one line
+    assert err.startswith(f"a2: error: {results}: METEOR failed on image {runaway} (its caption has 120,000 words)")
+    assert "OutOfMemoryError" in err
