@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, ValidationError, ValidationInfo,
                       model_validator)
 
-from a2core.config import (SELECTABLE, Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
+from a2core.config import (SEED_LIMIT, SELECTABLE, Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
                            applicable_config, apply_overrides, check_batch_split, config_error, format_value,
                            get_dotted, integer, load_yaml, set_dotted, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
@@ -520,6 +520,20 @@ class StudySpec(Section):
         if search.confirm is not None and search.purpose != "compare":
             _fail("search.confirm", "confirmation seeds settle verdicts, and an `explore` study claims none: "
                                     "set search.purpose: compare, or drop search.confirm")
+        if search.confirm is not None and self.confirm_arms < 2:
+            _fail("search.confirm", "confirmation seeds go to each fusion's chosen configuration, and the verdicts "
+                                    "compare fusions: this study does not search model.fusion over two or more "
+                                    "values (grid or choice), so no verdict would ever use them; drop search.confirm")
+        seeds = self.replicate_seeds + self.confirm_seeds
+        if seeds and max(seeds) >= SEED_LIMIT:
+            key = "search.replicates" if max(self.replicate_seeds) >= SEED_LIMIT else "search.confirm"
+            _fail(key, f"seed {max(seeds)} is beyond train.seed's range 0 .. {SEED_LIMIT - 1}"
+                       + (" (confirmation seeds follow the largest replicate seed)" if key == "search.confirm" else ""))
+        if search.num_samples > 1 and (search.algorithm == "grid" or not self.sampled_params):
+            _fail("search.num_samples", "algorithm 'grid' runs search.points_to_evaluate, not samples: drop "
+                                        "search.num_samples, or use algorithm optuna or random"
+                  if self.sampled_params else "no key of search.space is sampled (every one is a grid), so "
+                                              "there is nothing to draw: drop search.num_samples")
         if self.resources.fuse_replicates:
             check_fused(self)
         if self.resources.capture_step and not self.resources.fuse_replicates:
