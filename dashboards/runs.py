@@ -208,7 +208,10 @@ def searched_keys(runs: list[Trial]) -> list[str]:
     for k in sorted({k for p in params for k in p} - {SEED_KEY}):
         values = [p.get(k) for p in params]
         numeric = all(v is None or finite(v) is not None for v in values)
-        path_like = not numeric and len(runs) > 2 and len(set(values)) == len(runs)  # a path or a name in every run
+        # a path of its own in every run (an output folder): not a searched key. Only paths: a categorical key
+        # with another value in every run (fusions none, max, gate at one seed each) is the one the study varies
+        path_like = (not numeric and len(runs) > 2 and len(set(values)) == len(runs)
+                     and all(isinstance(v, str) and ("/" in v or "\\" in v) for v in values if v is not None))
         if len(set(values)) > 1 and not path_like:
             out.append(k)
     return out

@@ -399,3 +399,23 @@ def test_a_report_whose_write_fails_leaves_the_last_one_whole_and_a_non_utf8_rec
     page = open(build_report(Study("s", [], source=os.fsdecode(b"/data/caf\xe9/record")), out)["html"],
                 encoding="utf-8").read()
     assert "Record: /data/caf\ufffd/record" in page
+
+
+def test_a_fusion_with_another_value_in_every_run_is_a_searched_key_not_a_path(tmp_path):
+    """A one-seed ablation (fusions none, max, gate, one run each) varies model.fusion in every run: it is the
+    searched key of the runs table and of `compare --by` (it was taken for a per-run path and dropped), while a
+    per-run output folder still is not one."""
+    from dashboards.runs import searched_keys
+
+    fab = fabricated_study(tmp_path, "three-fusions", epochs=2)
+    for i, fusion in enumerate(("none", "max", "gate")):
+        sampled = {"fusion": fusion, "seed": 0, **({} if fusion == "none" else {"lambda": 0.1})}
+        fab.add(f"{fusion}-0", sampled, [{"epoch": e, "val/CIDEr": 100.0 + 3 * i + e, "train/loss": 1.0,
+                                          "timestamp": 1000.0 * e} for e in (1, 2)])
+    study = fab.record().study()
+    keys = searched_keys(study.runs)
+    assert "model.fusion" in keys and not any(k.endswith("output_dir") for k in keys)
+    from a2core.errors import StudyError
+
+    with pytest.raises(StudyError, match=r"its searched keys: .*fusion"):  # the hint for a typo'd --by
+        compare_table(study, by="lamda")
