@@ -283,7 +283,7 @@ def record_trial(spec, location: StudyLocation, tune: Trial, ended: bool,
     for result in log:  # epoch order: a metric's final value is its latest
         for key, value in epoch_metrics(result).items():
             final[key] = value
-            if key in HISTORY_KEYS:
+            if key in HISTORY_KEYS or key == spec.metric:  # the study metric's: its value at the best epoch
                 history.setdefault(key, []).append((int(result["epoch"]), value))
     return replace(row, name=tune.name, retries=tune.retries, ended=end, stopped_early=stopped_early,
                    # as its MLflow run shows it (`launch.mlflow_export` exports this status)

@@ -419,3 +419,20 @@ def test_a_fusion_with_another_value_in_every_run_is_a_searched_key_not_a_path(t
 
     with pytest.raises(StudyError, match=r"its searched keys: .*fusion"):  # the hint for a typo'd --by
         compare_table(study, by="lamda")
+
+
+def test_the_selection_column_of_a_study_metric_without_curves_is_its_best_epochs_value(tmp_path):
+    """A study selecting on val/BLEU-3 (no per-epoch curve is kept of it for the plots): each run's selection score
+    is its value at the best epoch, the one the record selected on, not the last epoch's (half of it here)."""
+    fab = fabricated_study(tmp_path, "by-bleu3", epochs=3, overrides=("search.metric=val/BLEU-3",))
+    for fusion, peak in (("none", 40.0), ("gate", 44.0)):
+        for seed in range(3):
+            sampled = {"fusion": fusion, "seed": seed, **({} if fusion == "none" else {"lambda": 0.1})}
+            fab.add(f"{fusion}-{seed}", sampled, [{"epoch": e, "val/CIDEr": 100.0, "train/loss": 1.0,
+                                                   "val/BLEU-3": (peak + seed) * frac, "timestamp": 1000.0 * e}
+                                                  for e, frac in ((1, 0.6), (2, 1.0), (3, 0.5))])
+    study = fab.record().study()
+    for run in study.runs:
+        assert run.best_step == 2 and run.score("val/BLEU-3") == pytest.approx(run.best_value)
+    text = compare_table(study)
+    assert "41.0 [" in text and "45.0 [" in text  # the means of 40-42 and 44-46, not of the last epochs' 20-23
