@@ -32,6 +32,7 @@ show results/NAME.json` prints one).
 from __future__ import annotations
 
 import json
+import math
 import re
 from itertools import dropwhile, takewhile
 from pathlib import Path
@@ -64,6 +65,11 @@ def load_record(path: str | Path) -> dict:
     if not isinstance(record, dict) or record.get("record") != FORMAT or record.get("version") != VERSION:
         raise DataError(f"{path}: not an {FORMAT} version {VERSION} file")
     _check_shape(path, record)
+    labels = [arm["label"] for arm in record["arms"]]
+    baseline = record.get("baseline")
+    if baseline is not None and baseline not in labels:  # else every row's difference is a dash
+        raise DataError(f"{path}: 'baseline' {baseline!r} is not the label of an arm: null or one of "
+                        f"{', '.join(map(repr, labels))}")
     for arm in record["arms"]:
         n = len(arm["seeds"])
         for metric, values in arm["scores"].items():
@@ -122,6 +128,11 @@ def _check_shape(path: str | Path, record: dict) -> None:
                     and all(isinstance(r, list) and len(r) == len(ids) and all(map(_is_number, r)) for r in rows)):
                 raise DataError(f"{path}: arms[{i}].per_image: must be {{image_ids: [...], scores: [[...] per "
                                 f"seed]}}, a number for every image id in every seed's list")
+            for j, row in enumerate(rows):  # NaN and Infinity parse as JSON numbers: a score, never a verdict
+                for k, value in enumerate(row):
+                    if not math.isfinite(value):
+                        raise DataError(f"{path}: arms[{i}].per_image.scores[{j}][{k}]: must be a finite number, "
+                                        f"got {value!r}")
 
 
 _JSON_NAME = {str: "string", list: "list", dict: "object"}

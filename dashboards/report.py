@@ -58,15 +58,17 @@ def _missing(text: str) -> str:
     return f"<p class='missing'>{html.escape(text)}</p>"
 
 
-def fusion_table_html(comparison, configs: dict[str, str]) -> str:
-    """Table 3: `dashboards.compare.study_comparison` by fusion, best mean per column in bold."""
+def fusion_table_html(comparison, configs: dict[str, str], mode: str = "max") -> str:
+    """Table 3: `dashboards.compare.study_comparison` by fusion, best mean per column in bold: the highest, but in
+    the selection column (`comparison.selected_by`) of a study searching in `mode` "min" (train/loss) the lowest."""
 
     if not comparison.rows:
         return _missing(f"No run logged {comparison.selected_by}, so there is no fusion table.")
     on_test = comparison.metric == TEST_CIDER
     split = "test" if on_test else "val"
     columns = shown_metrics(comparison)
-    best = {m: max(iv[m].mean for _, iv in comparison.rows if m in iv) for _, m in columns}
+    best = {m: (min if mode == "min" and m == comparison.selected_by else max)(
+        iv[m].mean for _, iv in comparison.rows if m in iv) for _, m in columns}
     family = max((d.family for d in comparison.differences.values()), default=1)
     rows = []
     for arm, intervals in comparison.rows:
@@ -374,7 +376,8 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
         figures[key] = (title, f"<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>")
 
     comparison, configs, _ = study_comparison(study, by="fusion")
-    sections = [("Fusion ablation (Table 3 layout)", fusion_table_html(comparison, configs)), figures["lambda"],
+    sections = [("Fusion ablation (Table 3 layout)", fusion_table_html(comparison, configs, study.mode)),
+                figures["lambda"],
                 ("A2 diagnostics per fusion", diagnostics_table_html(study.runs)),
                 *(figures[key] for key in ("jsd", "kendall", "grounding", "curves", "parallel")),
                 ("All runs", runs_table_html(study.runs, searched_keys(study.runs), study.metric, study.mode))]

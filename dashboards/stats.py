@@ -255,6 +255,9 @@ class Difference:
         if self.identical:
             named = " and ".join(self.identical)
             return f"warning: the seed changes nothing in {named} (every seed scored the same)"
+        # the seed count is the reason only where it is below MIN_SEEDS (A of `members`, a fixed system, needs none)
+        if (self.seeds_b if self.members else min(self.seeds_a, self.seeds_b)) >= MIN_SEEDS:
+            return "the scores give no interval (a score that is not a finite number?)"
         if self.seeds_a == self.seeds_b:
             n = self.seeds_a
             return f"{_seeds_text(n)} per arm measure{'s' if n == 1 else ''} no seed noise"
