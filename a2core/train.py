@@ -338,6 +338,13 @@ class Trainer:
             saved = Config.from_dict(state["config"])
             if saved.model != cfg.model:
                 raise CheckpointError(f"{resume_from}: its model config differs from this run's; cannot resume")
+            # the stored best epoch was chosen by the checkpoint's selection rule: its value would be compared with
+            # another metric's (a loss against a CIDEr), or in the other direction
+            for key in ("select_metric", "select_mode"):
+                was, now = getattr(saved.train, key), getattr(cfg.train, key)
+                if was != now:
+                    raise CheckpointError(f"{resume_from}: its train.{key} is {was!r}, this run's {now!r}; its best "
+                                          f"epoch was chosen by the other; cannot resume")
         seed_everything(cfg.train.seed)
         vocab = Vocab(state["vocab"]) if state else None
         if data is None:
@@ -724,7 +731,7 @@ class Trainer:
     def result(self, test: dict) -> dict:
         """`train`'s return value (see there) once the run has ended; test: its test evaluation ({}: none)."""
         return {"best/val/CIDEr": self.best["val/CIDEr"], "best_epoch": self.best["epoch"], "epochs": self.epoch,
-                "steps": self.step, "best_checkpoint": str(self.output_dir / "best.pt"),
+                "steps": self.step, "best_checkpoint": str(best) if (best := self.best_checkpoint()) else None,
                 "last_checkpoint": str(self.output_dir / "last.pt"), "history": self.history,
                 # the caller of `train` keeps these (`a2 train` writes test_scores.json); the per-image list too
                 "test": {k: v for k, v in test.items() if isinstance(v, (int, float))},
@@ -769,9 +776,11 @@ def train(config: Config | dict, report: Report | None = None, *, output_dir: st
             not reported, the earlier ones and their checkpoints stay.
 
     Returns:
-        `best/val/CIDEr`, `best_epoch`, `epochs`, `steps`, `best_checkpoint`, `last_checkpoint`, `history`
-        (one dict of scalars per epoch), `test` (the end-of-run test evaluation of the best epoch: `test/CIDEr`,
-        ... x100, `test/epoch`, `time/test_s`; {} when it did not run: `train.test_at_end` false, no test images)
+        `best/val/CIDEr`, `best_epoch`, `epochs`, `steps`, `best_checkpoint` (the best epoch's checkpoint the test
+        evaluation used: best.pt in the output folder, else `best_from`; None when there is neither),
+        `last_checkpoint`, `history` (one dict of scalars per epoch), `test` (the end-of-run test evaluation of
+        the best epoch: `test/CIDEr`, ... x100, `test/epoch`, `time/test_s`; {} when it did not run:
+        `train.test_at_end` false, no test images)
         and `test_per_image_cider` (`{"ids", "scores"}` or None). A run resumed from its last epoch's checkpoint
         trains nothing: it scores the test split from its best checkpoint (`best_from` when that epoch came before)
         and reports the last epoch again with those scores.

@@ -74,7 +74,8 @@ def cmd_train(args) -> int:
     history = atomic_write(out / "history.json", json.dumps(result["history"], indent=1))
     print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}")
     print(_test_summary(result, cfg, out))
-    print(f"checkpoint: {result['best_checkpoint']}\nhistory:    {history}")
+    print(f"checkpoint: {result['best_checkpoint'] or 'none (no copy of the best epoch here)'}\n"
+          f"history:    {history}")
     return 0
 
 
