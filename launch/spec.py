@@ -529,11 +529,9 @@ class StudySpec(Section):
             key = "search.replicates" if max(self.replicate_seeds) >= SEED_LIMIT else "search.confirm"
             _fail(key, f"seed {max(seeds)} is beyond train.seed's range 0 .. {SEED_LIMIT - 1}"
                        + (" (confirmation seeds follow the largest replicate seed)" if key == "search.confirm" else ""))
-        if search.num_samples > 1 and (search.algorithm == "grid" or not self.sampled_params):
+        if search.num_samples > 1 and search.algorithm == "grid" and self.sampled_params:
             _fail("search.num_samples", "algorithm 'grid' runs search.points_to_evaluate, not samples: drop "
-                                        "search.num_samples, or use algorithm optuna or random"
-                  if self.sampled_params else "no key of search.space is sampled (every one is a grid), so "
-                                              "there is nothing to draw: drop search.num_samples")
+                                        "search.num_samples, or use algorithm optuna or random")
         if self.resources.fuse_replicates:
             check_fused(self)
         if self.resources.capture_step and not self.resources.fuse_replicates:
