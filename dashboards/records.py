@@ -121,6 +121,10 @@ def _check_shape(path: str | Path, record: dict) -> None:
             if not isinstance(values, list) or not all(v is None or _is_number(v) for v in values):
                 raise DataError(f"{path}: arm {arm['label']}: scores of {metric} must be a list of numbers (null: "
                                 f"not measured), one per seed")
+            for j, value in enumerate(values):  # NaN parses as a number: a '+nan' mean would reach the table
+                if value is not None and not math.isfinite(value):
+                    raise DataError(f"{path}: arms[{i}].scores.{metric}[{j}]: must be a finite number (null: not "
+                                    f"measured), got {value!r}")
         per_image = arm.get("per_image")
         if per_image:
             ids, rows = (per_image.get(k) if isinstance(per_image, dict) else None for k in ("image_ids", "scores"))

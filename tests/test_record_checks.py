@@ -38,6 +38,18 @@ def test_a_non_finite_per_image_score_is_refused_naming_the_file_and_the_key(tmp
         load_record(write(tmp_path, record))
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_a_non_finite_per_seed_score_is_refused_naming_the_key(tmp_path, value):
+    record = published()
+    metric = next(iter(record["arms"][0]["scores"]))
+    record["arms"][0]["scores"][metric][2] = value  # the table printed '+nan' and blamed the seed count
+    with pytest.raises(DataError, match=re.escape(f"r.json: arms[0].scores.{metric}[2]: must be a finite number "
+                                                  f"(null: not measured), got {value!r}")):
+        load_record(write(tmp_path, record))
+    record["arms"][0]["scores"][metric][2] = None  # null stays 'not measured'
+    assert render_table(load_record(write(tmp_path, record)))
+
+
 def test_a_no_verdict_cites_the_seed_count_only_below_min_seeds():
     n = MIN_SEEDS + 8
     nan = seed_difference([1.0, float("nan"), *range(n - 2)], list(range(n)), ("gate", "none"))
