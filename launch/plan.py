@@ -496,8 +496,8 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
 def study_noise(spec, sd: float | None = None, storage: str | None = None) -> tuple[Noise | None, str]:
     """The study's noise and where it comes from: measured in its finished seeds (the study at `storage`, default its
     own); else the seed spread `sd` given (`--sd`), else assumed, said so."""
-    if sd is not None and sd <= 0:
-        raise StudyError(f"--sd must be > 0, got {sd}")
+    if sd is not None and not 0 < sd < math.inf:  # NaN passes `sd <= 0` and failed in the seeds' arithmetic
+        raise StudyError(f"--sd must be a finite number > 0, got {sd}")
     if sd is None:
         try:
             location = locate(spec.name, storage or spec.storage)
@@ -622,11 +622,11 @@ def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: fl
     """All that `a2 study plan` prints: `plan_text` at the given gaps (`--delta`; default Table 3's), throughput
     (default: the newest GPU record's, else `IMAGES_PER_SECOND`) and price, then the adaptive design's estimate when
     the study compares arms at Table 3's gaps. StudyError naming the option when a value is out of range."""
-    if deltas is not None and any(d <= 0 for d in deltas):
-        raise StudyError(f"--delta must be > 0, got {deltas}")
+    if deltas is not None and not all(0 < d < math.inf for d in deltas):
+        raise StudyError(f"--delta must be finite numbers > 0, got {' '.join(f'{d:g}' for d in deltas)}")
     for option, value in (("--images-per-second", images_per_second), ("--price-per-hour", price_per_hour)):
-        if value is not None and value <= 0:
-            raise StudyError(f"{option} must be > 0, got {value}")
+        if value is not None and not 0 < value < math.inf:
+            raise StudyError(f"{option} must be a finite number > 0, got {value:g}")
     noise, noise_source = study_noise(spec, sd, storage)
     gaps = [(f"{d:g} CIDEr", d) for d in deltas] if deltas else table3_gaps()
     newest = newest_gpu_record() if images_per_second is None else None  # read once: the study's mode and the others

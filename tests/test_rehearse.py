@@ -155,6 +155,26 @@ def test_plan_rehearse_and_bad_arguments(capsys):
     assert "a2: error: --repeat must be >= 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--sd", "nan"], "--sd must be a finite number > 0, got nan"),  # was a ValueError traceback
+    (["plan", "--delta", "2", "inf"], "--delta must be finite numbers > 0, got 2 inf"),
+    (["plan", "--images-per-second", "nan"], "--images-per-second must be a finite number > 0, got nan"),
+    (["plan", "--price-per-hour", "nan"], "--price-per-hour must be a finite number > 0, got nan"),
+    (["plan", "--rehearse", "1", "--mean", "gate=nan"], "--mean gate=nan: the CIDEr must be a finite number, "
+                                                        "e.g. gate=125.0"),
+    (["rehearse", "--time-scale", "nan"], "--time-scale must be a finite number >= 0, got nan"),  # rehearsed
+    (["rehearse", "--epoch-seconds", "-5"], "--epoch-seconds must be a finite number >= 0, got -5.0"),
+    (["rehearse", "--epoch-seconds", "nan"], "--epoch-seconds must be a finite number >= 0, got nan"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_a_non_finite_or_negative_option_is_refused_in_one_line_before_anything_runs(capsys, argv, message):
+    """NaN passes every `value <= 0` check: --sd nan and --mean gate=nan ended in a traceback from the power's
+    arithmetic, --time-scale nan rehearsed the whole study. Refused before Ray or any rehearsal starts."""
+    from launch.cli import main
+
+    assert main(["study", argv[0], str(SMOKE), *argv[1:]]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"a2: error: {message}"
+
+
 def test_package_refuses_a_rehearsal_in_one_line(tmp_path):
     from a2core.errors import PackageError
     from launch.location import StudyLocation, refuse_rehearsal

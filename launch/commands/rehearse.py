@@ -14,7 +14,7 @@ def main(args) -> int:
     """`a2 study rehearse FILE`."""
     from launch.record import StudyRecord  # Ray's Tune reads its trials: as in `_logical_ray`
 
-    rehearse.check_options(args.drop, args.repeat, args.time_scale)
+    rehearse.check_options(args.drop, args.repeat, args.time_scale, args.epoch_seconds)
     raw, own = rehearse.rehearsal_raw(args.file, args.overrides, args.storage, args.tracking_uri)
     original = StudySpec.from_dict(raw, source=args.file, check_files=False)
     spec = StudySpec.from_dict(own, source=args.file)
