@@ -351,8 +351,11 @@ class TrainConfig(Section):
     # and search.mode here, so a trial's best epoch in the study's record is the one its checkpoint and test scores
     # come from.
     select_metric: Text = Field("val/CIDEr", description=(
-        "The per-epoch metric that picks the run's best epoch (best.pt, the start of SCST, the test evaluation): "
-        "val/..., diag/... or train/...; an epoch that did not report it is never the best."))
+        "The per-epoch metric that picks the run's best epoch (best.pt, the start of SCST, the test evaluation): one "
+        "an epoch of this configuration reports (val/CIDEr, val/BLEU-1..4, val/ROUGE-L, val/METEOR with val_meteor; "
+        "train/loss, train/lr, train/reward in SCST, train/mask_loss and train/mask_mean with a mask network; "
+        "diag/...), else refused; with SCST from this run's best XE checkpoint, one a cross-entropy epoch reports. "
+        "An epoch that did not report it is never the best."))
     select_mode: Literal["max", "min"] = Field("max", description="Whether `select_metric` is maximised or minimised.")
     # The selected checkpoint (the best epoch) decodes the held-out test split when the run ends; verdicts rest on
     # these scores, not on the val images the checkpoint and the configuration were selected on.
@@ -381,7 +384,7 @@ class TrainConfig(Section):
         "candidates always take the mean of the beams' rewards)."))
     scst_from: Text | None = Field(None, description=(
         "An XE checkpoint to start stage 2 from (null: this run's best XE checkpoint; with xe_epochs 0 it must be "
-        "set)."))
+        "set). Checked when the run starts: it must load, with this run's vocabulary and model shape."))
     num_workers: Integer = Field(0, ge=0, description="DataLoader worker processes.")
     log_every: Integer = Field(50, ge=1, description=(
         "Steps between training-loss log lines: the cross-entropy steps (and each epoch's last) whose losses and "
@@ -401,9 +404,7 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
-        if not self.select_metric.startswith(SELECTABLE):
-            raise ConfigError("select_metric", f"{self.select_metric!r} is not a metric an epoch reports: val/... "
-                                               f"(val/CIDEr, val/BLEU-4, ...), diag/... or train/...")
+        # select_metric is checked by Config (`check_select_metric`): what an epoch reports depends on the model too
         if self.xe_epochs + self.scst_epochs < 1:
             raise ConfigError("xe_epochs", "xe_epochs + scst_epochs must be >= 1")
         if self.scst_baseline == "mean" and self.scst_samples < 2:
@@ -428,6 +429,110 @@ class TrainConfig(Section):
     def images_per_step(self) -> int:
         """Images of one optimizer step over all workers (each with its 5 captions)."""
         return self.batch_size // CAPTIONS_PER_IMAGE
+
+
+# -- which metric can pick the best epoch -------------------------------------------------------------------------
+# What an epoch's report holds (a2core.train: `xe_epoch`, `scst_epoch`, `validate`, `diagnostics`; the diag/ keys
+# are a2core.diagnostics.trial_diagnostics'). A select_metric no epoch reports picks no best epoch: no best.pt, no
+# checkpoint for SCST to start from, nothing for the test evaluation to score, found out only when the run ends.
+VAL_METRICS = ("val/BLEU-1", "val/BLEU-2", "val/BLEU-3", "val/BLEU-4", "val/ROUGE-L", "val/CIDEr")
+GROUNDING_METRICS = tuple(f"diag/grounding/{k}" for k in ("accuracy", "control", "lift", "chance", "subject_object"))
+
+
+def reported_metrics(model: ModelConfig, train: TrainConfig, data_kind: str = "synthetic") -> dict[str, str]:
+    """Every selectable metric (val/, train/, diag/) some epoch of this configuration reports -> which epochs:
+    "every" (every epoch), "xe" (the cross-entropy epochs only), "scst" (the SCST epochs only) or "diag" (the
+    epochs with diagnostics: `diag_epochs`, every `diag_every`-th and the last). Names, not promises: a diag/
+    value that does not apply on the data (a constant Kendall ranking, a val subset without grounded words) is
+    left out of that epoch's report, and the mask statistics of train/ come from the epochs with a mask step."""
+    out = dict.fromkeys(VAL_METRICS, "every")
+    if train.val_meteor:
+        out["val/METEOR"] = "every"
+    mask = model.fusion != "none"  # the mask network (`A2Transformer.has_mask_network`)
+    out["train/loss"] = "every"
+    if train.xe_epochs:
+        out["train/lr"] = "xe"  # the Noam rate of stage 1; an SCST epoch reports none
+    if mask:
+        out["train/mask_loss"] = out["train/mask_mean"] = "every"  # mask steps go on in SCST too
+    if train.scst_epochs:
+        out["train/reward"] = "scst"
+    for i in range(model.layers):
+        out[f"diag/jsd/layer{i}"] = "diag"
+    if mask:
+        out["diag/mask_mean"] = "diag"
+    for kind in ("attention", "mask") if mask else ("attention",):
+        out[f"diag/kendall/{kind}"] = "diag"
+        for i in range(model.layers):
+            out[f"diag/kendall/layer{i}/{kind}"] = "diag"
+    if data_kind == "synthetic":  # only the synthetic set has ground-truth regions (grounding.json)
+        out.update(dict.fromkeys(GROUNDING_METRICS, "diag"))
+    return out
+
+
+def _metric_list(names: list[str], layers: int) -> str:
+    """The names for a message, each per-layer family once (diag/jsd/layer<i>, i < layers)."""
+    shown: list[str] = []
+    for name in names:
+        short = re.sub(r"layer\d+", "layer<i>", name)
+        if short not in shown:
+            shown.append(short)
+    return ", ".join(shown) + (f" (layer<i>: i < model.layers, {layers})" if any("<i>" in s for s in shown) else "")
+
+
+def _not_reported_because(metric: str, model: ModelConfig, train: TrainConfig, data_kind: str) -> str:
+    """Why a known metric is missing from this configuration's reports ("" for a name a2core never reports)."""
+    if metric == "val/METEOR":
+        return "; it needs train.val_meteor: true"
+    if metric in ("train/mask_loss", "train/mask_mean", "diag/mask_mean", "diag/kendall/mask") or (
+            metric.startswith("diag/kendall/layer") and metric.endswith("/mask")):
+        return "; model.fusion 'none' has no mask network"
+    if metric == "train/reward":
+        return "; only SCST epochs report it (train.scst_epochs is 0)"
+    if metric == "train/lr":
+        return "; only cross-entropy epochs report it (train.xe_epochs is 0)"
+    if re.fullmatch(r"diag/(jsd/layer\d+|kendall/layer\d+/(attention|mask))", metric):
+        return f"; the model has {model.layers} layers (model.layers)"
+    if metric in GROUNDING_METRICS and data_kind != "synthetic":
+        return f"; data.kind {data_kind!r} has no ground-truth regions (synthetic data only)"
+    return ""
+
+
+def diagnosed_xe_epoch(train: TrainConfig) -> int | None:
+    """The first cross-entropy epoch (1-based) whose report has the diagnostics (`Trainer.diagnostics`: an epoch of
+    `diag_epochs`, every `diag_every`-th, and the run's last), or None when no XE epoch has them."""
+    total = train.xe_epochs + train.scst_epochs
+    for epoch in range(1, train.xe_epochs + 1):
+        if epoch == total or epoch in train.diag_epochs or (train.diag_every and epoch % train.diag_every == 0):
+            return epoch
+    return None
+
+
+def check_select_metric(model: ModelConfig, train: TrainConfig, data_kind: str = "synthetic") -> None:
+    """ConfigError at train.select_metric unless an epoch of this configuration reports it (`reported_metrics`)
+    and, when SCST starts from this run's best XE checkpoint (scst_from null), a cross-entropy epoch does."""
+    metric = train.select_metric
+    reported = reported_metrics(model, train, data_kind)
+    if metric not in reported:
+        raise ConfigError("train.select_metric", f"{metric!r} is not reported by any epoch of this configuration"
+                                                 f"{_not_reported_because(metric, model, train, data_kind)}; one of "
+                                                 f"{_metric_list(list(reported), model.layers)}")
+    if not (train.scst_epochs and train.xe_epochs and train.scst_from is None):
+        return
+    # SCST starts from the best XE epoch by this metric (`Trainer._enter_scst`): with no XE epoch reporting it there
+    # is none, and the run would fail at the switch, after all of its XE epochs.
+    when = reported[metric]
+    if when == "scst":
+        why = f"only SCST epochs report {metric}"
+        fix = "select on a metric the cross-entropy epochs report, or set train.scst_from"
+    elif when == "diag" and diagnosed_xe_epoch(train) is None:
+        why = (f"no cross-entropy epoch reports {metric} (diag_every {train.diag_every}, diag_epochs "
+               f"{train.diag_epochs or '[]'}, xe_epochs {train.xe_epochs})")
+        fix = (f"set train.diag_every <= xe_epochs ({train.xe_epochs}), add an XE epoch to train.diag_epochs, or "
+               f"set train.scst_from")
+    else:
+        return
+    raise ConfigError("train.select_metric", f"{why}: SCST (scst_epochs {train.scst_epochs}) starts from this run's "
+                                             f"best XE checkpoint by it and would have none to start from; {fix}")
 
 
 def images_per_worker(batch_size: int, workers: int) -> int:
@@ -482,6 +587,12 @@ class Config(Section):
         "Optimisation, validation, SCST and the A2 diagnostics."))
     output_dir: Text = Field("runs/a2", description=(
         "Checkpoints and logs of a plain `a2 train` (a folder in use gets a numbered sibling)."))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        """Checks across sections: the select metric must be one this model and schedule report."""
+        check_select_metric(self.model, self.train, self.data.kind)
+        return self
 
     @classmethod
     def from_dict(cls, raw: dict | None, source: str | None = None) -> Config:

@@ -57,7 +57,7 @@ from .diagnostics import trial_diagnostics
 from .metrics import CiderD, caption_scores
 from .model.a2 import build_model, next_word_logp
 from .selection import improves
-from .errors import CheckpointError, TrainingDiverged
+from .errors import CheckpointError, ConfigError, TrainingDiverged
 
 PER_IMAGE_KEY = "val/per_image_cider"  # every validation result: {"ids": [...], "scores": [CIDEr-D x100, ...]}
 TEST_PER_IMAGE_KEY = "test/per_image_cider"  # the last result (train.test_at_end): the same on the test split
@@ -373,6 +373,19 @@ class Trainer:
         self._divergence: torch.Tensor | None = None  # (4,) on the device (`_check_finite`)
         if state is not None:
             self._restore(state)
+        if t.scst_epochs and t.scst_from and self.epoch <= t.xe_epochs:  # SCST still to enter (a resume may be past it)
+            self._check_scst_from()
+
+    def _check_scst_from(self) -> None:
+        """Refuse a train.scst_from that `_enter_scst` could not start from (missing, no checkpoint, another
+        vocabulary, weights of another shape) now, before the first epoch, rather than after every XE epoch. Only
+        rank 0 reads it (as `_enter_scst` does); its verdict goes to every rank, so all of them stop alike."""
+        problem = [scst_from_problem(self.cfg.train.scst_from, self.vocab, self.model.state_dict(), self.cfg)
+                   if self.dist.rank == 0 else None]
+        if self.dist.on:
+            dist.broadcast_object_list(problem, src=0)
+        if problem[0]:
+            raise CheckpointError(problem[0])
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -751,6 +764,45 @@ class Trainer:
             report(metrics, str(tmp))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+# The model keys that shape its weights: named when a train.scst_from checkpoint's weights do not fit this run's.
+SHAPE_KEYS = ("d_model", "layers", "d_ff", "feature_dim", "max_regions", "fusion", "mask_net")
+
+
+def scst_from_problem(path: str | Path, vocab: Vocab, model_state: dict, cfg: Config) -> str | None:
+    """Why SCST could not start from the checkpoint at `path` (train.scst_from) in a run of `cfg` with `vocab` and
+    a model whose `model_state` (its state_dict) the weights must fit, or None when it can. Reads the file; loads
+    no weights into any model."""
+    try:
+        state = ckpt.load(path, map_location="cpu")
+    except CheckpointError as err:
+        return f"train.scst_from: {err}"
+    if Vocab(state["vocab"]) != vocab:
+        return (f"train.scst_from: {path}: its vocabulary differs from this run's ({len(state['vocab'])} words, "
+                f"{len(vocab)} here); cannot start SCST from it")
+    theirs = state["model"]
+    if not isinstance(theirs, dict):
+        return f"train.scst_from: {path}: its 'model' is not a state dict; cannot start SCST from it"
+    mismatch = next((f"{k} {tuple(theirs[k].shape)} in the checkpoint, {tuple(v.shape)} here"
+                     for k, v in model_state.items() if k in theirs and tuple(theirs[k].shape) != tuple(v.shape)),
+                    None)
+    missing = [k for k in model_state if k not in theirs]
+    extra = [k for k in theirs if k not in model_state]
+    if mismatch is None and not missing and not extra:
+        return None
+    what = [f"first mismatch: {mismatch}"] if mismatch else []
+    for label, names in (("missing from it", missing), ("not in this model", extra)):
+        if names:
+            what.append(f"{label}: {names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else ""))
+    try:  # the config it was trained with, when it holds a readable one, says which key made the difference
+        saved = Config.from_dict(state["config"]).model
+        keys = [f"model.{k} {getattr(saved, k)} in the checkpoint, {getattr(cfg.model, k)} here" for k in SHAPE_KEYS
+                if getattr(saved, k) != getattr(cfg.model, k)]
+    except ConfigError:  # a config this a2core no longer accepts: the parameters alone say what differs
+        keys = []
+    return (f"train.scst_from: {path}: its model does not fit this run's ({'; '.join(keys + what)}); cannot start "
+            f"SCST from it")
 
 
 def train(config: Config | dict, report: Report | None = None, *, output_dir: str | Path | None = None,

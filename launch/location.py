@@ -133,7 +133,7 @@ def load_saved_spec(location: StudyLocation) -> StudySpec:
     except UnicodeDecodeError as err:
         raise StudyError(f"{source}: not a study file (not UTF-8 text: {err.reason} at byte {err.start}); restore it "
                          f"from a copy (`a2 study check {location.name}` lists every problem)") from None
-    return StudySpec.from_dict(parse_yaml(text, source), source=source)
+    return StudySpec.from_dict(parse_yaml(text, source), source=source, saved=True)
 
 
 def saved_form(spec) -> dict:

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from a2core.config import apply_overrides, get_dotted, load_yaml
+from a2core.config import get_dotted, load_yaml
 from a2core.errors import StudyError
 from a2core.selection import best_epoch
 from dashboards.compare import best_configuration, configurations, study_comparison, verdict_family
@@ -59,6 +59,7 @@ from dashboards.stats import Noise, config_hash, noise_of, power
 from launch import plan
 from launch.defaults import LEARNING_DROP
 from launch.location import REHEARSAL_BANNER, REHEARSAL_FILE, StudyLocation, write_summary
+from launch.spec import apply_study_overrides
 from launch.tracking_writer import mark_runs
 
 NAME_SUFFIX = "-rehearsal"
@@ -624,6 +625,8 @@ def score_model(spec, *, record: str | None = None, means: list[str] | None = No
             table[key] = float(value)
         except ValueError:
             raise StudyError(f"--mean {item}: give VALUE=CIDEr, e.g. gate=125.0") from None
+        if not math.isfinite(table[key]):  # a nan mean drew nan scores and failed in the power's arithmetic
+            raise StudyError(f"--mean {item}: the CIDEr must be a finite number, e.g. {key}=125.0")
         if key not in values:
             raise StudyError(f"--mean {item}: no configuration of the study has {by.rsplit('.', 1)[-1]}={key} "
                              f"(its values: {', '.join(sorted(values))})")
@@ -643,7 +646,7 @@ def rehearsal_raw(path: str, overrides: list[str], storage: str, tracking_uri: s
     `storage`, tracked at `tracking_uri` (default: an SQLite store in `storage`), COCO data replaced by a small
     synthetic set (the stand-in reads no data; the score model keeps the study's own split sizes), one worker per
     trial holding the trial's CPUs and GPUs (the stand-in trains in the trial process)."""
-    raw = apply_overrides(load_yaml(path), list(overrides), source=path)
+    raw = apply_study_overrides(load_yaml(path), list(overrides), source=path)  # as `load_study` takes them
     own = json.loads(json.dumps(raw))
     own["name"] = f"{raw.get('name', 'study')}{NAME_SUFFIX}"
     own["storage"] = storage
@@ -721,12 +724,15 @@ def run_rehearsal(spec, model: ScoreModel, *, epoch_seconds: float, time_scale: 
     return {"summary": summary, "seconds": seconds, "location": location}
 
 
-def check_options(drop: float, repeat: int = 1, time_scale: float = 0.0) -> None:
-    """StudyError naming the option (`--drop`, `--repeat`, `--time-scale`) when a rehearsal's setting is out of range."""
+def check_options(drop: float, repeat: int = 1, time_scale: float = 0.0, epoch_seconds: float | None = None) -> None:
+    """StudyError naming the option (`--drop`, `--repeat`, `--time-scale`, `--epoch-seconds`) when a rehearsal's setting
+    is out of range (NaN included: it passes every comparison's `<`, and a trial slept nan or a negative time)."""
     if repeat < 1:
         raise StudyError(f"--repeat must be >= 1, got {repeat}")
-    if time_scale < 0:
-        raise StudyError(f"--time-scale must be >= 0, got {time_scale}")
+    if not 0 <= time_scale < math.inf:
+        raise StudyError(f"--time-scale must be a finite number >= 0, got {time_scale}")
+    if epoch_seconds is not None and not 0 <= epoch_seconds < math.inf:
+        raise StudyError(f"--epoch-seconds must be a finite number >= 0, got {epoch_seconds}")
     if not 0 <= drop < 1:
         raise StudyError(f"--drop must be in [0, 1), got {drop}")
 

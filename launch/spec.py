@@ -18,7 +18,7 @@ from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, Valid
 
 from a2core.config import (SEED_LIMIT, SELECTABLE, Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
                            applicable_config, apply_overrides, check_batch_split, config_error, format_value,
-                           get_dotted, integer, load_yaml, set_dotted, steps_per_epoch)
+                           get_dotted, inapplicable_model_keys, integer, load_yaml, set_dotted, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.data.prepared import check_copy, is_prepared
 from a2core.data.synthetic import split_sizes
@@ -36,6 +36,10 @@ SEED_KEYS = ("seed", SEED_PATH)  # the seed's space key (alias or path): not par
 # Keys the space may not control: the scheduler's time budget and the pruning rule depend on the planned epochs.
 FIXED_PATHS = ("train.xe_epochs", "train.scst_epochs")
 SELECT_PATHS = ("train.select_metric", "train.select_mode")  # search.metric and search.mode set them
+# Data keys the space may not control: they decide which images the splits hold, and a study ranks its trials on one
+# val split and pairs their per-image test scores (data.vocab_min_count and data.max_caption_len may be searched).
+DATA_SET_PATHS = ("data.kind", "data.captions", "data.features", "data.test_images", "data.root", "data.seed",
+                  "data.images", "data.test_split_images", "data.val_images")
 
 # What a2core.train reports after every epoch (see the contract of `a2core.train.train`).
 METRICS = ("val/CIDEr", "val/BLEU-1", "val/BLEU-2", "val/BLEU-3", "val/BLEU-4", "val/METEOR", "val/ROUGE-L",
@@ -73,7 +77,10 @@ _MISSING = object()
 STUDY_FORMAT = 2  # see StudySpec.format
 # Config checks that involve two keys: an error at one may come from the other being in the space.
 _COUPLED = ({"model.temperature", "model.fusion"}, {"model.heads", "model.d_model"},
-            {"train.scst_samples", "train.scst_baseline"}, {"train.batch_size", "train.batch_layout"})
+            {"train.scst_samples", "train.scst_baseline"}, {"train.batch_size", "train.batch_layout"},
+            # what an epoch reports (a2core.config.reported_metrics) depends on these
+            *({"train.select_metric", key} for key in ("model.layers", "model.fusion", "train.val_meteor",
+                                                       "train.diag_every", "train.diag_epochs", "train.scst_from")))
 
 
 # -- the schema of the study's own sections ------------------------------------------------------------------------
@@ -476,9 +483,10 @@ class StudySpec(Section):
         search = self.search
         _select_by_the_study_metric(search, sections)
         self._filled_in = tuple(key for key in ("space", "points_to_evaluate") if getattr(search, key) is None)
-        search.space = _check_space(search, sections)
+        search.space = _check_space(search, sections, saved=context.get("saved", False))
         search.points_to_evaluate = _check_points(search, [p for p in search.space.values() if p.sampled])
         self.tracking.experiment = self.tracking.experiment or self.name
+        _check_metric(self, sections)  # before the trials: a2core's train.select_metric check would name that key
         if self.num_trials > MAX_TRIALS:  # before every trial's config is built: that costs time of its count
             _fail("search", f"{self.num_trials:,} trials (configurations x replicates) is past the cap of "
                             f"{MAX_TRIALS:,}: check search.num_samples, the grids and search.replicates")
@@ -489,16 +497,6 @@ class StudySpec(Section):
         splits = _check_data(self._base, context.get("check_files", True))
         self._images, self._images_source = _split_counts(self._base["data"], splits)
         _check_batch(self)
-        match = _JSD_METRIC.match(self.metric)
-        # searched, the layers are the space's (the base holds the schema default there): the fewest any trial has
-        searched = [min(p.values) for p in self.params.values() if p.path == "model.layers"]
-        layers = searched[0] if searched else self._base["model"]["layers"]
-        if match and int(match.group(1)) >= layers:
-            _fail("search.metric", f"{self.metric}: the model has {layers} layers"
-                                   + (" in some trials (model.layers is searched)" if searched else ""))
-        if not match and self.metric not in METRICS:
-            _fail("search.metric", f"{self.metric!r} is not reported by training; one of {', '.join(METRICS)}, "
-                                   f"diag/jsd/layer<i>")
         asha = search.scheduler.asha
         if asha and asha.grace_period > self.total_epochs:
             _fail("search.scheduler.asha.grace_period", f"{asha.grace_period} is more than the {self.total_epochs} "
@@ -550,12 +548,13 @@ class StudySpec(Section):
 
     @classmethod
     def from_dict(cls, raw: Any, source: str | None = None, cluster_resources: dict | None = None,
-                  check_files: bool = True, root: str | Path | None = None) -> StudySpec:
+                  check_files: bool = True, root: str | Path | None = None, saved: bool = False) -> StudySpec:
         """The validated study of a parsed study file. check_files False (`a2 study plan` before the data is
         there): COCO data files may be absent; the split sizes then are the standard Karpathy counts. With
         `cluster_resources`, also `check_cluster`. `root`: the folder relative data paths resolve against (default:
-        `study_root(source)` when `source` is a file, else the working directory)."""
-        context = {"source": source, "check_files": check_files,
+        `study_root(source)` when `source` is a file, else the working directory). `saved`: the study.yaml of a
+        study that ran (`launch.location.load_saved_spec`), which checks added since may not make unreadable."""
+        context = {"source": source, "check_files": check_files, "saved": saved,
                    "root": os.path.abspath(os.path.expanduser(str(root))) if root is not None else None}
         try:
             spec = cls.model_validate(raw, context=context)
@@ -805,11 +804,59 @@ def load_study(path: str | Path, overrides: list[str] | tuple = (), cluster_reso
     source = str(path)
     raw = load_yaml(path)
     try:
-        raw = apply_overrides(raw, list(overrides), source=source)
+        raw = apply_study_overrides(raw, list(overrides), source=source)
     except ConfigError as err:
         raise ConfigError(err.path, f"{err.reason} (in an override)", err.source or source) from None
     return StudySpec.from_dict(raw, source=source, cluster_resources=cluster_resources, check_files=check_files,
                                root=root if root is not None else study_root(path))
+
+
+def apply_study_overrides(raw: dict, overrides: list[str], source: str | None = None) -> dict:
+    """`a2core.config.apply_overrides` for a study file, whose space keys may themselves be dotted paths: an override
+    `search.space.REST=VALUE` whose REST is a space key of the file (`model.mask_net`), or starts with one and a dot
+    (`model.mask_net.grid`, `model.renormalize.when`), sets that key (or that field of it) instead of nesting a
+    mapping per dot; one whose REST starts with a config path the space does not have yet (`model.eta.grid=[0.1]`)
+    adds that key. Any other override is `apply_overrides`'s, in the order given."""
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        scratch = apply_overrides({}, [item], source=source)  # the form checked and the value parsed, as always
+        key = item.split("=", 1)[0]
+        value = get_dotted(scratch, key)
+        rest = key[len("search.space."):] if key.startswith("search.space.") else None
+        search = raw.get("search")
+        space = search.get("space") if isinstance(search, dict) else None
+        target = _space_target(rest, space if isinstance(space, dict) else {}) if rest else None
+        if target is None:
+            set_dotted(raw, key, value)
+            continue
+        name, field = target
+        if not isinstance(search, dict):
+            search = raw["search"] = {}
+        if not isinstance(search.get("space"), dict):
+            search["space"] = {}
+        if field is None:
+            search["space"][name] = value
+            continue
+        param = search["space"].get(name)
+        if param is None:
+            param = search["space"][name] = {}
+        if not isinstance(param, dict):
+            raise ConfigError(f"search.space.{name}", "is not a mapping; cannot set a key below it", source)
+        set_dotted(param, field, value)
+    return raw
+
+
+def _space_target(rest: str, space: dict) -> tuple[str, str | None] | None:
+    """(space key, its field or None) that `search.space.<rest>` names when the key has a dot in it: the longest
+    key of `space` that `rest` is or starts with, else the longest config path it starts with (a new key); None
+    when no dotted key is involved (plain set_dotted does the right thing then)."""
+    parts = rest.split(".")
+    for known in (lambda name: name in space, lambda name: resolve_key(name) == name):
+        for n in range(len(parts), 1, -1):  # only dotted names: an undotted one needs no help
+            name = ".".join(parts[:n])
+            if known(name):
+                return name, ".".join(parts[n:]) or None
+    return None
 
 
 # The study's input paths: relative ones resolve against the study's root. `storage` and a sqlite
@@ -911,7 +958,7 @@ def check_fused(spec: StudySpec) -> None:
 
 
 # -- search ------------------------------------------------------------------------------------------------------------
-def _check_space(search: Search, sections: dict) -> dict[str, Param]:
+def _check_space(search: Search, sections: dict, saved: bool = False) -> dict[str, Param]:
     """The space's params, keyed and their `when` resolved; a config path has one setter: a key or replicates."""
     space, schema = search.space or {}, config_schema()
     setters = {SEED_PATH: "search.replicates"} if search.replicates is not None else {}  # config path -> setter
@@ -928,6 +975,10 @@ def _check_space(search: Search, sections: dict) -> dict[str, Param]:
         if path in FIXED_PATHS:
             _fail(where, "the planned epochs must be the same for every trial (ASHA's budget and the "
                              "pruning rule depend on them); set it in train")
+        if path in DATA_SET_PATHS:  # the plan priced a searched data.images at its schema default, too
+            _fail(where, f"{path} decides which images the splits hold, and every trial of a study is ranked on the "
+                         f"same val images and compared on the same test images; set it in data (another data set "
+                         f"is another study)")
         allowed = get_args(schema[path]) if get_origin(schema[path]) is Literal else ()  # a fixed set of values
         kind = str if allowed else schema[path]
         if not p.categorical and kind is int and p.kind != "randint":
@@ -951,7 +1002,8 @@ def _check_space(search: Search, sections: dict) -> dict[str, Param]:
     for p in space.values():
         if p.when is not None:
             p.when = _check_when(p, space)
-    _check_temperature(space, sections)
+    if not saved:  # a study saved before this check keeps its space: its status, record and resume read it
+        _check_applicable(space, sections)
     return space
 
 
@@ -983,18 +1035,58 @@ def _check_when(param: Param, space: dict[str, Param]) -> dict:
     return conditions
 
 
-def _check_temperature(space: dict[str, Param], sections: dict) -> None:
-    """T_P only exists for exp_decay: a sampled temperature needs `when: {fusion: exp_decay}` unless every
-    trial uses exp_decay."""
-    temp = next((p for p in space.values() if p.path == "model.temperature"), None)
+def _check_applicable(space: dict[str, Param], sections: dict) -> None:
+    """A searched model key that some fusions do not use (`a2core.config.inapplicable_model_keys`: the mask
+    network's keys for `none`, eta but for moving_average, T_P but for exp_decay) must not reach a trial of such a
+    fusion: there it changes nothing (`applicable_config` leaves it out), so its values give one configuration that
+    the plan would count, and the searcher run, once per value. The fusions a trial reaching the key can use: the
+    fusion key's values, narrowed by the key's own `when` on it, or the one fixed fusion (model.fusion, else the
+    schema default). A temperature whose `when` names the fusion key is left to the trial probes: a2core refuses
+    T_P outside exp_decay itself, and the probe names the grid cell."""
+    fusions = get_args(config_schema()["model.fusion"])
     fusion = next((p for p in space.values() if p.path == "model.fusion"), None)
-    if temp is None or (fusion is not None and fusion.key in (temp.when or {})):
-        return
-    default = get_dotted(sections, "model.fusion", get_dotted(_schema_defaults(), "model.fusion"))
-    if others := [f for f in (fusion.values if fusion else [default]) if f != "exp_decay"]:
-        hint = f"add `when: {{{fusion.key}: exp_decay}}`" if fusion else "set model.fusion: exp_decay"
-        _fail(f"search.space.{temp.key}", f"the temperature T_P is only used by fusion 'exp_decay', but "
-                                              f"trials can use {', '.join(map(repr, others))}: {hint}")
+    fixed = get_dotted(sections, "model.fusion", get_dotted(_schema_defaults(), "model.fusion"))
+    for p in space.values():
+        name = p.path.split(".", 1)[1] if p.path.startswith("model.") else None
+        if name is None or not any(name in inapplicable_model_keys(f) for f in fusions):
+            continue
+        users = [f for f in fusions if name not in inapplicable_model_keys(f)]
+        conditioned = fusion is not None and fusion.key in (p.when or {})
+        if conditioned and name == "temperature":
+            continue
+        if fusion is None:
+            if fixed not in fusions:  # an unknown fusion: the config check names it
+                continue
+            reach = [fixed]
+        else:
+            reach = list(p.when[fusion.key]) if conditioned else list(fusion.values)
+            if fusion.when is not None and not conditioned and fixed in fusions:  # trials without the fusion key
+                reach.append(fixed)
+        if not (others := list(dict.fromkeys(f for f in reach if name in inapplicable_model_keys(f)))):
+            continue
+        listed = ", ".join(map(repr, users[:-1])) + (f" or {users[-1]!r}" if len(users) > 1 else repr(users[0]))
+        what = "the temperature T_P" if name == "temperature" else f"model.{name}"
+        if fusion is None:
+            hint = (f"set model.fusion: {users[0]}" if len(users) == 1
+                    else f"set model.fusion to one that uses it ({listed})") + f", or drop search.space.{p.key}"
+        else:
+            searched = [f for f in fusion.values if f in users and (not conditioned or f in reach)]
+            if not searched and conditioned:
+                searched = [f for f in fusion.values if f in users]
+            if not searched:
+                one = users[0] if len(users) == 1 else f"[{', '.join(users)}]"
+                hint = (f"no value of search.space.{fusion.key} uses it: drop search.space.{p.key}, or add "
+                        f"{listed} to search.space.{fusion.key} and `when: {{{fusion.key}: {one}}}` here")
+            else:
+                values = searched[0] if len(searched) == 1 else f"[{', '.join(searched)}]"
+                hint = (f"narrow its `when` to `{{{fusion.key}: {values}}}`" if conditioned
+                        else f"add `when: {{{fusion.key}: {values}}}`")
+                if p.kind == "grid" and fusion.kind != "grid":  # `_check_when`: a grid key depends on grid keys
+                    hint += f" (a grid key's `when` needs search.space.{fusion.key} to be a grid)"
+        unused = ", ".join(map(repr, others[:-1])) + (f" and {others[-1]!r}" if len(others) > 1 else repr(others[0]))
+        _fail(f"search.space.{p.key}", f"{what} is only used by fusion {listed}, but trials can use {unused}, where "
+                                       f"it changes nothing (each of its values gives the same configuration there, "
+                                       f"which the plan would count, and the search run, once per value): {hint}")
 
 
 def _check_points(search: Search, sampled: list[Param]) -> list[dict]:
@@ -1019,6 +1111,21 @@ def _check_points(search: Search, sampled: list[Param]) -> list[dict]:
     if sampled and search.algorithm == "grid" and not points:
         _fail("search.points_to_evaluate", "algorithm 'grid' runs the points: give at least one")
     return points
+
+
+def _check_metric(spec: StudySpec, sections: dict) -> None:
+    """search.metric is one that training reports; a diag/jsd/layer<i> a layer of every trial's model."""
+    match = _JSD_METRIC.match(spec.metric)
+    # searched, the layers are the space's: the fewest any trial has
+    searched = [min(p.values) for p in spec.params.values() if p.path == "model.layers"]
+    layers = searched[0] if searched else get_dotted(sections, "model.layers", get_dotted(_schema_defaults(),
+                                                                                         "model.layers"))
+    if match and isinstance(layers, int) and int(match.group(1)) >= layers:
+        _fail("search.metric", f"{spec.metric}: the model has {layers} layers"
+                               + (" in some trials (model.layers is searched)" if searched else ""))
+    if not match and spec.metric not in METRICS:
+        _fail("search.metric", f"{spec.metric!r} is not reported by training; one of {', '.join(METRICS)}, "
+                               f"diag/jsd/layer<i>")
 
 
 def _select_by_the_study_metric(search: Search, sections: dict) -> None:
@@ -1100,7 +1207,9 @@ def _explain(err: ConfigError, spec: StudySpec, cell: dict, assignment: dict):
     context = f" (grid cell {spec.cell_label(cell)})" if cell else ""
     if sampled := {k: v for k, v in assignment.items() if k not in cell}:
         context += f" (with {', '.join(f'{k}={format_value(v)}' for k, v in sampled.items())})"
-    raise ConfigError(err.path, f"{err.reason}{context}", err.source or spec.source) from None
+    # train.select_metric is set from search.metric (`_select_by_the_study_metric`): the key the file holds
+    path = "search.metric" if err.path == "train.select_metric" and spec.metric.startswith(SELECTABLE) else err.path
+    raise ConfigError(path, f"{err.reason}{context}", err.source or spec.source) from None
 
 
 def _check_data(base: dict, check_files: bool) -> dict | None:

@@ -23,9 +23,10 @@ WITHOUT_RAY = {
     "test_epochs_once", "test_fused", "test_global_batch", "test_hostile_inputs", "test_import_graph", "test_lease",
     "test_leaderboard", "test_lost_trials", "test_metrics", "test_mlflow_export", "test_mlflow_ui", "test_model",
     "test_package", "test_package_resume", "test_package_transactional", "test_plan",
-    "test_prepared", "test_probe_faults", "test_progress", "test_recipe", "test_record", "test_record_checks", "test_records", "test_rehearse", "test_report", "test_result_log",
+    "test_prepared", "test_probe_faults", "test_progress", "test_recipe", "test_run_start_checks", "test_record", "test_record_checks", "test_records", "test_rehearse", "test_report", "test_result_log",
     "test_s3", "test_scst", "test_scst_ranks", "test_search", "test_secrets", "test_spec", "test_state_copies", "test_state_errors",
-    "test_stats", "test_study_completion", "test_study_output", "test_study_plan", "test_study_sizes",
+    "test_space_applicability", "test_stats", "test_study_completion", "test_study_output", "test_study_plan",
+    "test_study_sizes",
     "test_study_root", "test_submission", "test_validate_copies", "test_validate_storage", "test_superseded", "test_tracking", "test_train", "test_train_resume_checks", "test_trial_shape",
 }
 RAY_PROCESSES = {"raylet", "gcs_server"}

@@ -75,7 +75,7 @@ def test_a2_train_prints_and_records_the_checkpoint_it_scored(data, old_run, tmp
     assert json.loads((new / "test_scores.json").read_text())["checkpoint"] == str(old / "best.pt")
 
 
-@pytest.mark.parametrize("key, value, was", [("select_metric", "val/loss", "'val/CIDEr'"),
+@pytest.mark.parametrize("key, value, was", [("select_metric", "val/BLEU-4", "'val/CIDEr'"),
                                              ("select_mode", "min", "'max'")])
 def test_a_resume_with_another_selection_rule_is_refused(data, old_run, tmp_path, key, value, was):
     old, _ = old_run
