@@ -777,7 +777,8 @@ class StudySpec(Section):
     def summary(self) -> str:
         cells = len(self.grid_cells())
         seeds = self.replicate_seeds
-        replicas = f" = {self.num_configs} configurations x {len(seeds)} seeds" if seeds else ""
+        configs = f"{self.num_configs} configuration{'s' if self.num_configs != 1 else ''}"
+        replicas = f" = {configs} x {len(seeds)} seed{'s' if len(seeds) != 1 else ''}" if seeds else ""
         return (f"OK {self.name}: {self.num_trials} trials{replicas} in {cells} grid cell{'s' if cells != 1 else ''}"
                 f" ({self.algorithm}; sampled: {', '.join(self.sampled_keys) or 'none'}; {self.mode} {self.metric}; "
                 f"storage {self.storage})")

@@ -263,3 +263,8 @@ def test_a_study_saved_before_the_check_is_still_read(tmp_path, monkeypatch):
     (folder / STUDY_FILE).write_text(yaml.safe_dump(saved_form(spec), sort_keys=False))
     again = load_saved_spec(StudyLocation(spec.name, str(tmp_path / "storage")))
     assert again.values_of("model.fusion") == spec.values_of("model.fusion") and again.num_trials == spec.num_trials
+
+
+def test_the_validate_summary_counts_one_configuration_in_the_singular():
+    spec = load_study(ROOT / "studies" / "mask_nets.yaml", ["search.space.model.mask_net.grid=[linear]"])
+    assert spec.summary().startswith("OK a2-mask-nets: 3 trials = 1 configuration x 3 seeds in 1 grid cell (")
