@@ -90,6 +90,10 @@ def study_comparison(study: Study, by: str = "fusion",
     (`study.confirm_from`) each row is its chosen configuration's confirmation seeds (`chosen_configuration`), and
     there are no verdicts until every row has them (`Comparison.note` says so)."""
     runs = [r for r in study.runs if r.best_value is not None]
+    keys = {k for r in runs for k in r.params}
+    if by not in keys and len(ends := sorted(k for k in keys if k.endswith("." + by))) > 1:
+        # `group_value` takes the first of them: `--by seed` would group by data.seed, not the trials' train.seed
+        raise StudyError(f"--by {by}: ambiguous in study {study.name}: the end of {', '.join(ends)}; name one of them")
     buckets: dict[str, list[Trial]] = {}
     for r in runs:
         value = group_value(r, by)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from itertools import dropwhile, takewhile
 from pathlib import Path
 from typing import Mapping
@@ -65,13 +66,46 @@ def load_record(path: str | Path) -> dict:
     if not isinstance(record, dict) or record.get("record") != FORMAT or record.get("version") != VERSION:
         raise DataError(f"{path}: not an {FORMAT} version {VERSION} file")
     _check_shape(path, record)
+    if not record["arms"]:
+        raise DataError(f"{path}: 'arms' is empty: a record has one arm per row of its table")
+    if record.get("split") not in ("test", "val"):
+        raise DataError(f"{path}: 'split' must be \"test\" or \"val\" (the images the verdicts are on), got "
+                        f"{record.get('split')!r:.40}")
     labels = [arm["label"] for arm in record["arms"]]
+    if duplicated := sorted({label for label in labels if labels.count(label) > 1}):  # rows keyed by label
+        raise DataError(f"{path}: arms labelled {', '.join(map(repr, duplicated))} more than once: each arm's label "
+                        f"must be its own")
+    if record.get("mode", "max") not in ("max", "min"):
+        raise DataError(f"{path}: 'mode' must be \"max\" or \"min\", got {record['mode']!r:.40}")
+    if not isinstance(record.get("pooled", False), bool):
+        raise DataError(f"{path}: 'pooled' must be true or false, got {record['pooled']!r:.40}")
+    if not any(record["metric"] in arm["scores"] for arm in record["arms"]):
+        known = sorted({m for arm in record["arms"] for m in arm["scores"]})
+        raise DataError(f"{path}: 'metric' {record['metric']!r} is a score of no arm (their scores: "
+                        f"{', '.join(known) or 'none'})")
     baseline = record.get("baseline")
     if baseline is not None and baseline not in labels:  # else every row's difference is a dash
         raise DataError(f"{path}: 'baseline' {baseline!r} is not the label of an arm: null or one of "
                         f"{', '.join(map(repr, labels))}")
+    base_ids = next((set(map(str, arm["per_image"]["image_ids"])) for arm in record["arms"]
+                     if arm["label"] == baseline and arm.get("per_image")), None)
     for arm in record["arms"]:
         n = len(arm["seeds"])
+        if n == 0:
+            raise DataError(f"{path}: arm {arm['label']}: no seeds (an arm is one or more seeds' scores)")
+        if len(set(arm["seeds"])) != n:
+            twice = sorted({s for s in arm["seeds"] if arm["seeds"].count(s) > 1})
+            raise DataError(f"{path}: arm {arm['label']}: seed {', '.join(map(str, twice))} listed twice: one entry "
+                            f"per seed")
+        if arm.get("per_image"):
+            ids = [str(i) for i in arm["per_image"]["image_ids"]]
+            if len(set(ids)) != len(ids):  # counted once (a COCO record lists 5,000 ids an arm)
+                twice = sorted(i for i, count in Counter(ids).items() if count > 1)[:5]
+                raise DataError(f"{path}: arm {arm['label']}: per-image image id {', '.join(twice)} appears twice")
+            if base_ids is not None and set(ids) != base_ids:  # paired with the baseline's images by id
+                only = sorted(set(ids) ^ base_ids)[:5]
+                raise DataError(f"{path}: arm {arm['label']}: per-image scores of other images than the baseline "
+                                f"{baseline}'s ({len(ids)} and {len(base_ids)} images; in one only: {only})")
         for metric, values in arm["scores"].items():
             if len(values) != n:
                 raise DataError(f"{path}: arm {arm['label']}: {len(values)} values of {metric} for {n} seeds")
