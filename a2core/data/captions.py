@@ -73,7 +73,8 @@ def read_karpathy(path: str | Path) -> dict[str, list[ImageCaptions]]:
         split = "train" if split == "restval" else split
         if split not in SPLITS:
             raise DataError(f"{path}: image id {image_id} has unknown split {img.get('split')!r}")
-        caps, raws = _sentences(img.get("sentences") or [], f"{path}: image id {image_id}")
+        sentences = img.get("sentences")
+        caps, raws = _sentences([] if sentences is None else sentences, f"{path}: image id {image_id}")
         if split != "test" and not caps:
             raise DataError(f"{path}: image id {image_id} ({split}) has no sentences")
         out[split].append(ImageCaptions(image_id, split, img.get("filepath", ""), caps, raws))

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 
 from ..atomic import atomic_write, building_folder
 from ..errors import DataError
+from .captions import INT64_MAX
 from .prepared import (FLOAT16_MAX, FORMAT, INDEX, MANIFEST, ROWS, VERSION, PreparedFeatures, file_sha256,
                        files_checksum, is_prepared)
 
@@ -79,6 +81,8 @@ class FeatureStore:
             file = self.path / f"{image_id}.npz"
             if not file.is_file():
                 raise DataError(f"{file}: no region features for image id {image_id}")
+            if not zipfile.is_zipfile(file):  # np.load would read a .npy (an array, no 'feat') or guess pickle
+                raise DataError(f"{file}: image id {image_id}: not an .npz archive (unreadable or truncated)")
             try:
                 with np.load(file) as npz:
                     if "feat" not in npz:
@@ -95,11 +99,19 @@ class FeatureStore:
             if key not in h5:
                 raise DataError(f"{self.path}: no dataset {key!r} for image id {image_id}")
             try:
-                feat = h5[key][()]
-            except (OSError, KeyError) as err:
+                node = h5[key]
+            except (OSError, KeyError) as err:  # a dangling link
+                raise DataError(f"{self.path}: image id {image_id}: unreadable ({err})") from None
+            if not hasattr(node, "dtype"):  # an h5py Group: `[()]` would raise TypeError
+                raise DataError(f"{self.path}: image id {image_id}: {key!r} is an HDF5 group, not a dataset")
+            try:
+                feat = node[()]
+            except (OSError, KeyError, TypeError, ValueError) as err:
                 raise DataError(f"{self.path}: image id {image_id}: unreadable ({err})") from None
             where = self.path
         feat = np.asarray(feat)
+        if feat.dtype.kind not in "fiu":  # complex would lose its imaginary part, strings or records make no sense
+            raise DataError(f"{where}: image id {image_id}: features are of type {feat.dtype}, not real numbers")
         if feat.ndim != 2 or feat.shape[1] != self.feature_dim or feat.shape[0] < 1:
             raise DataError(f"{where}: image id {image_id}: features have shape {feat.shape}, "
                                f"expected (n >= 1, {self.feature_dim})")
@@ -157,11 +169,12 @@ def source_ids(source: str | os.PathLike) -> list[int]:
         raise DataError(f"{source}: region features not found")
     ids = []
     if source.is_dir():
-        names = [p.name for p in source.iterdir() if p.suffix == ".npz"]
+        names = sorted(p.name for p in source.iterdir() if p.suffix == ".npz")
         for name in names:
             stem = name[:-len(".npz")]
-            if not stem.isdigit():
-                raise DataError(f"{source / name}: file name is not an image id ({{image_id}}.npz)")
+            if _image_id(stem) is None:
+                raise DataError(f"{source / name}: file name is not an image id ({{image_id}}.npz, the id in "
+                                f"plain decimal digits without leading zeros, at most {INT64_MAX})")
             ids.append(int(stem))
     else:
         import h5py  # h5py: as in `FeatureStore._file`
@@ -173,12 +186,25 @@ def source_ids(source: str | os.PathLike) -> list[int]:
             raise DataError(f"{source}: cannot open as HDF5 ({err})") from None
         for key in keys:
             stem = key[:-len("_features")] if key.endswith("_features") else None
-            if not stem or not stem.isdigit():
-                raise DataError(f"{source}: dataset {key!r} is not named {{image_id}}_features")
+            if not stem or _image_id(stem) is None:
+                raise DataError(f"{source}: dataset {key!r} is not named {{image_id}}_features (the id in plain "
+                                f"decimal digits without leading zeros, at most {INT64_MAX})")
             ids.append(int(stem))
     if not ids:
         raise DataError(f"{source}: no region features in it")
     return sorted(ids)
+
+
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")  # ASCII only: str.isdigit() takes "²" and "١", and int() "01" as 1
+
+
+def _image_id(stem: str) -> int | None:
+    """The image id a file or dataset name spells, None unless it is the id's canonical decimal form (the form
+    `FeatureStore` looks it up by: "01.npz" would never be found as image id 1) within int64."""
+    if not _DECIMAL.fullmatch(stem):
+        return None
+    value = int(stem)
+    return value if value <= INT64_MAX else None
 
 
 def prepare(source: str | os.PathLike, out: str | os.PathLike, *, feature_dim: int = 2048,

@@ -124,9 +124,21 @@ class PreparedFeatures:
             raise DataError(f"{self.path / MANIFEST}: features are {self.manifest['feature_dim']}-d, the model "
                             f"expects {feature_dim}")
         self.feature_dim = feature_dim
-        index = np.load(self.path / INDEX)  # (images, 3) int64: id, first row, rows
+        try:  # a same-size but damaged index (zero-filled after a crash) passes check_copy's size check
+            index = np.load(self.path / INDEX)  # (images, 3) int64: id, first row, rows
+        except (OSError, ValueError, EOFError) as err:
+            raise DataError(f"{self.path / INDEX}: unreadable or damaged index ({err}); fetch or prepare the "
+                            f"store again") from None
+        if not isinstance(index, np.ndarray) or index.dtype.kind not in "iu":
+            raise DataError(f"{self.path / INDEX}: not an integer array (a damaged index)")
         if index.ndim != 2 or index.shape != (self.manifest["images"], 3):
             raise DataError(f"{self.path / INDEX}: shape {index.shape}, expected ({self.manifest['images']}, 3)")
+        index = index.astype(np.int64, copy=False)
+        bad = np.flatnonzero((index[:, 2] < 1) | (index[:, 1] < 0) | (index[:, 1] + index[:, 2] > self.manifest["rows"])
+                             | np.r_[False, index[1:, 0] <= index[:-1, 0]])
+        if len(bad):
+            raise DataError(f"{self.path / INDEX}: row {int(bad[0])} (image id {int(index[bad[0], 0])}) is out of "
+                            f"order, repeated or outside the store's {self.manifest['rows']} rows (a damaged index)")
         self.ids, self.starts, self.counts = index[:, 0], index[:, 1], index[:, 2]
         self._rows = self._rows_tensor = None
         self._fd: int | None = None  # the rows file, for `prefetch`
