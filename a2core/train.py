@@ -337,7 +337,10 @@ class Trainer:
         if state is not None:
             saved = Config.from_dict(state["config"])
             if saved.model != cfg.model:
-                raise CheckpointError(f"{resume_from}: its model config differs from this run's; cannot resume")
+                keys = [f"model.{k} {getattr(saved.model, k)!r} in it, {getattr(cfg.model, k)!r} here"
+                        for k in type(cfg.model).model_fields if getattr(saved.model, k) != getattr(cfg.model, k)]
+                raise CheckpointError(f"{resume_from}: its model config differs from this run's ({'; '.join(keys)}); "
+                                      f"cannot resume")
             # the stored best epoch was chosen by the checkpoint's selection rule: its value would be compared with
             # another metric's (a loss against a CIDEr), or in the other direction
             for key in ("select_metric", "select_mode"):

@@ -16,12 +16,12 @@ from tests.s3server import keep_session_environment, s3_endpoint  # noqa: F401
 # locally) is marked `@pytest.mark.outside_ray_group` and runs beside the group, watched the same way.
 WITHOUT_RAY = {
     "test_a2_objective", "test_adaptive_replicates", "test_adapters", "test_beam_compaction", "test_bench_asha", "test_bench_data",
-    "test_bench_noise", "test_best_epoch", "test_calibration", "test_checkpoint", "test_checkpoint_windows", "test_cli",
+    "test_bench_noise", "test_best_epoch", "test_calibration", "test_checkpoint", "test_checkpoint_windows", "test_cider_reference", "test_cli",
     "test_cli_grammar", "test_cli_train", "test_cli_words", "test_cluster_config", "test_cluster_sync", "test_compare", "test_compute", "test_conclusions",
     "test_confirmation_seeds",
-    "test_data", "test_data_hostile", "test_datastore", "test_diagnostics", "test_divergence", "test_docs", "test_ensemble", "test_frames",
+    "test_data", "test_data_hostile", "test_datastore", "test_diagnostics", "test_diagnostics_reference", "test_divergence", "test_docs", "test_ensemble", "test_frames",
     "test_epochs_once", "test_fused", "test_global_batch", "test_hostile_inputs", "test_import_graph", "test_lease",
-    "test_leaderboard", "test_lost_trials", "test_metrics", "test_mlflow_export", "test_mlflow_ui", "test_model",
+    "test_leaderboard", "test_local_commands_hostile", "test_lost_trials", "test_metrics", "test_mlflow_export", "test_mlflow_ui", "test_model",
     "test_package", "test_package_resume", "test_package_transactional", "test_plan",
     "test_prepared", "test_probe_faults", "test_read_side_hostile", "test_progress", "test_recipe", "test_run_start_checks", "test_record", "test_record_checks", "test_records", "test_rehearse", "test_report", "test_result_log",
     "test_s3", "test_scst", "test_scst_ranks", "test_search", "test_secrets", "test_spec", "test_state_copies", "test_state_errors",

@@ -17,7 +17,7 @@ from a2core.checkpoint import HISTORY_FILE
 from a2core.config import Config, apply_overrides, get_dotted, load_yaml, set_dotted
 from a2core.data.features import prepare
 from a2core.decode import decode_to_file
-from a2core.errors import CheckpointError
+from a2core.errors import CheckpointError, ConfigError
 from a2core.metrics import METRIC_NAMES, evaluate_results_file
 from a2core.train import StepProgress, train
 from launch.spec import DATA_PATHS, SECTIONS, TOP_KEYS, check_runnable, study_root
@@ -60,7 +60,12 @@ def training_config(path: str | None, overrides: list[str]):
 
 def cmd_train(args) -> int:
     cfg = training_config(args.config, args.overrides)
+    if args.output_dir is not None and not args.output_dir.strip():
+        raise ConfigError("--output-dir", "is empty; name the folder for the run's checkpoints")
     out, best_from = resumed_output(args.resume, args.output_dir, cfg.output_dir)
+    # before the first epoch, not when its checkpoint is saved: a file in the way fails now
+    check_output_path(out, "--output-dir" if args.output_dir is not None else "output_dir", folder=True,
+                      source=None if args.output_dir is not None else args.config)
 
     def report(metrics: dict, checkpoint_dir) -> None:
         _print_report(metrics, checkpoint_dir)
@@ -86,7 +91,7 @@ def resumed_output(resume: str | None, output_dir: str | None, configured: str) 
     is given; elsewhere never into another run's checkpoints, and its best.pt so far is read from its own folder."""
     checkpoints = ("best.pt", "last.pt")
     if resume is None:
-        return fresh_folder(output_dir or configured, checkpoints, "run's checkpoints"), None
+        return fresh_folder(_numberable(output_dir or configured), checkpoints, "run's checkpoints"), None
     if not Path(resume).is_file():
         raise CheckpointError(f"--resume {resume}: no such checkpoint file")
     own = Path(resume).parent  # as given: the paths `a2 train` prints are the user's
@@ -97,7 +102,33 @@ def resumed_output(resume: str | None, output_dir: str | None, configured: str) 
     if out.resolve() == own.resolve():
         return out, None
     best = own / "best.pt"
-    return fresh_folder(out, checkpoints, "run's checkpoints"), best if is_run and best.is_file() else None
+    return (fresh_folder(_numberable(out), checkpoints, "run's checkpoints"),
+            best if is_run and best.is_file() else None)
+
+
+def _numberable(path) -> Path:
+    """`path` in a form `fresh_folder` can number (`runs/a2-2`): `.` or `..` (no name of their own) absolute."""
+    path = Path(path)
+    if path.name in ("", "..") and path.resolve().name:
+        return path.resolve()
+    return path
+
+
+def check_output_path(path, option: str, *, folder: bool, source: str | None = None) -> None:
+    """Refuse (ConfigError naming `option`) an output path that cannot be written, before any work: empty, a folder
+    where a file goes (`folder` False) or a file where a folder goes, or under a file."""
+    if not str(path).strip():
+        raise ConfigError(option, "is empty; name the " + ("folder" if folder else "file") + " to write", source)
+    path = Path(path)
+    if folder and path.exists() and not path.is_dir():
+        raise ConfigError(option, f"{path} is a file, not a folder to write into", source)
+    if not folder and path.is_dir():
+        raise ConfigError(option, f"{path} is a folder, not a file to write", source)
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(option, f"{path}: {parent} is a file, not a folder", source)
+            break
 
 
 @contextmanager
@@ -198,6 +229,7 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_decode(args) -> int:
+    check_output_path(args.out, "--out", folder=False)  # before the split is decoded, not after
     out = decode_to_file(args.checkpoints, split=args.split, out=args.out, beam_size=args.beam_size,
                          max_len=args.max_len, batch_size=args.batch_size, data_overrides=args.overrides)
     print(json.dumps(out, indent=2))
