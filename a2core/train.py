@@ -59,6 +59,8 @@ from .model.a2 import build_model, next_word_logp
 from .selection import improves
 from .errors import CheckpointError, ConfigError, TrainingDiverged
 
+# The data keys that decide a run's images and vocabulary (not where its files are): a resume must keep them.
+DATA_CONTENT_KEYS = ("kind", "seed", "images", "test_split_images", "vocab_min_count", "max_caption_len", "val_images")
 PER_IMAGE_KEY = "val/per_image_cider"  # every validation result: {"ids": [...], "scores": [CIDEr-D x100, ...]}
 TEST_PER_IMAGE_KEY = "test/per_image_cider"  # the last result (train.test_at_end): the same on the test split
 # Divergence: a run stops at the first step whose loss is not finite (TrainingDiverged). Without a loss scaler that
@@ -341,6 +343,12 @@ class Trainer:
                         for k in type(cfg.model).model_fields if getattr(saved.model, k) != getattr(cfg.model, k)]
                 raise CheckpointError(f"{resume_from}: its model config differs from this run's ({'; '.join(keys)}); "
                                       f"cannot resume")
+            # the data the run trained and selected on (paths aside: a node's copy of a store sits elsewhere): other
+            # images or another vocabulary went on silently, the checkpoint's word ids read as the new data's
+            if moved := [f"data.{k} {getattr(saved.data, k)!r} in it, {getattr(cfg.data, k)!r} here"
+                         for k in DATA_CONTENT_KEYS if getattr(saved.data, k) != getattr(cfg.data, k)]:
+                raise CheckpointError(f"{resume_from}: it was trained on other data ({'; '.join(moved)}); cannot "
+                                      f"resume")
             # the stored best epoch was chosen by the checkpoint's selection rule: its value would be compared with
             # another metric's (a loss against a CIDEr), or in the other direction
             for key in ("select_metric", "select_mode"):

@@ -94,3 +94,27 @@ def test_a_resume_with_the_same_selection_rule_is_accepted(data, old_run, tmp_pa
     old, _ = old_run
     cfg = _cfg(data, **{"train.select_metric": "val/CIDEr", "train.select_mode": "max"})
     train(cfg, output_dir=tmp_path / "new", resume_from=old / "last.pt", best_from=old / "best.pt")
+
+
+@pytest.mark.parametrize("key, value", [("data.vocab_min_count", 1), ("data.val_images", 5), ("data.seed", 1)])
+def test_a_resume_onto_other_data_is_refused_naming_the_key(data, old_run, tmp_path, key, value):
+    """Other images or another vocabulary went on silently with the checkpoint's word ids; a data path may differ
+    (a node's copy of the store)."""
+    old, _ = old_run
+    name = key.split(".")[1]
+    was = data.get(name, Config.from_dict({}).to_dict()["data"][name])  # the file's value, else the default
+    with pytest.raises(CheckpointError) as err:
+        train(_cfg(data, **{key: value}), output_dir=tmp_path / "new", resume_from=old / "last.pt")
+    assert str(err.value) == (f"{old / 'last.pt'}: it was trained on other data ({key} {was!r} in it, {value!r} here); "
+                              f"cannot resume")
+    assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
+
+
+def test_a_resume_from_a_moved_copy_of_the_data_is_accepted(data, old_run, tmp_path):
+    import shutil
+
+    old, _ = old_run
+    moved = tmp_path / "moved"
+    shutil.copytree(data["root"], moved)
+    result = train(_cfg({**data, "root": str(moved)}), output_dir=tmp_path / "new", resume_from=old / "last.pt")
+    assert result["epochs"] == 2
