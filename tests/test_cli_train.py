@@ -184,6 +184,13 @@ def test_a_resumed_train_goes_on_in_its_own_folder_and_never_over_another_run(tm
     assert resumed_output(str(own / "last.pt"), None, "runs/a2") == (own, None)
     out, best = resumed_output(str(own / "last.pt"), str(tmp_path / "runs/a2"), "runs/a2")
     assert out == tmp_path / "runs/a2-3" and best == own / "best.pt"
+    # its best.pt, an earlier epoch than its last.pt: in place it wrote over the later last.pt and history
+    out, best = resumed_output(str(own / "best.pt"), None, "runs/a2")
+    assert out == tmp_path / "runs/a2-2-2" and best == own / "best.pt"
+    kept = {name: (own / name).read_bytes() for name in ("last.pt", "history.json")}
+    again = a2_train("--config", config, "--resume", "runs/a2-2/best.pt", "train.xe_epochs=2", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert {name: (own / name).read_bytes() for name in kept} == kept and (tmp_path / "runs/a2-2-2/last.pt").is_file()
     missing = a2_train("--config", config, "--resume", "runs/nope/last.pt", cwd=tmp_path)
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
         "a2: error: --resume runs/nope/last.pt: no such checkpoint file"]

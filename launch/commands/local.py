@@ -87,8 +87,9 @@ def cmd_train(args) -> int:
 def resumed_output(resume: str | None, output_dir: str | None, configured: str) -> tuple[Path, Path | None]:
     """(the folder `a2 train` writes to, the best checkpoint so far when that is in another folder). A new run: the
     given or configured folder, numbered anew when it holds an earlier run's checkpoints. A resumed run goes on in
-    the folder of the checkpoint it resumes from when that is a run's folder (best.pt or last.pt in it) and no other
-    is given; elsewhere never into another run's checkpoints, and its best.pt so far is read from its own folder."""
+    the folder of the checkpoint it resumes from when that is a run's folder (best.pt or last.pt in it), the
+    checkpoint is that folder's newest (its last.pt) and no other folder is given; elsewhere never into another run's
+    checkpoints, and its best.pt so far is read from its own folder."""
     checkpoints = ("best.pt", "last.pt")
     if resume is None:
         return fresh_folder(_numberable(output_dir or configured), checkpoints, "run's checkpoints"), None
@@ -96,8 +97,15 @@ def resumed_output(resume: str | None, output_dir: str | None, configured: str) 
         raise CheckpointError(f"--resume {resume}: no such checkpoint file")
     own = Path(resume).parent  # as given: the paths `a2 train` prints are the user's
     is_run = any((own / name).exists() for name in checkpoints)
+    newest = own / "last.pt"
     if output_dir is None and is_run:
-        return own, None
+        if not newest.exists() or Path(resume).resolve() == newest.resolve():
+            return own, None
+        # an earlier checkpoint of the run (its best.pt): going on in its folder would write over the later
+        # last.pt, history and test scores, so it goes on in a numbered sibling, its best so far read from here
+        best = own / "best.pt"
+        return (fresh_folder(_numberable(own), checkpoints, "run's checkpoints"),
+                best if best.is_file() else None)
     out = Path(output_dir or configured)
     if out.resolve() == own.resolve():
         return out, None
