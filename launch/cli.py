@@ -111,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "output_dir, runs/a2; a folder holding an earlier run's checkpoints gets a new numbered "
                          "one, runs/a2-2, ...)")
     tr.add_argument("--resume", default=None, help=(
-        "checkpoint file to resume from; the run goes on in that file's run folder (unless --output-dir names "
-        "another, which is numbered anew when it holds an earlier run's checkpoints)"))
+        "checkpoint file to resume from; the run goes on in that file's run folder when the file is its last.pt "
+        "(from another checkpoint of it, best.pt, in a numbered sibling, so the later last.pt is kept), unless "
+        "--output-dir names another, which is numbered anew when it holds an earlier run's checkpoints"))
     tr.add_argument("overrides", nargs="*", help="key=value, e.g. model.fusion=max train.xe_epochs=3")
 
     ev = _command(sub, "evaluate", "launch.commands.local:cmd_evaluate", help="COCO metrics of a results file")
