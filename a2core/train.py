@@ -506,7 +506,9 @@ class Trainer:
     def cider(self):
         """CIDEr-D reward with document frequencies precomputed once from the training captions."""
         if self._cider is None:
-            refs = list(self.data.references("train").values())
+            refs = list(self.data.references("train").values())  # one list of captions per image
+            if self.cfg.train.scst_reward_df == "captions":  # M2: each training caption a document
+                refs = [[caption] for group in refs for caption in group]
             self._cider = CiderD.from_corpus(refs)
         return self._cider
 

@@ -336,3 +336,30 @@ def test_clipping_and_length_penalty_by_hand():
     assert abs(got - expected) <= 1e-12
     assert abs(got - _M2CiderScorer({i: [s] for i, s in enumerate("xyz")}).compute_score(
         {0: [ref]}, {0: [cand]})[1][0]) <= 1e-12
+
+
+@pytest.mark.parametrize("df", ["images", "captions"])
+def test_the_scst_reward_takes_its_document_frequencies_as_train_scst_reward_df_says(tmp_path, df):
+    """`train.scst_reward_df: captions` is M2's SCST reward (each training caption a document); `images` (the
+    default, a2tune's earlier reward) is coco-caption's CIDEr-D. Checked against the reference copy above on the
+    training references of a synthetic set."""
+    from a2core.config import Config
+    from a2core.data import synthetic
+    from a2core.train import Trainer
+
+    synthetic.ensure(str(tmp_path / "synth"), 0, 40)
+    cfg = Config.from_dict({"data": {"root": str(tmp_path / "synth"), "images": 40, "seed": 0},
+                            "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions": 10},
+                            "train": {"xe_epochs": 0, "scst_epochs": 1, "scst_reward_df": df,
+                                      "scst_from": None, "batch_size": 10}})
+    trainer = Trainer.__new__(Trainer)  # the reward needs the data and the config only, not a model
+    trainer.cfg, trainer._cider = cfg, None
+    from a2core.data.dataset import CaptionData
+    trainer.data = CaptionData(cfg.data, cfg.model.max_regions, cfg.model.feature_dim)
+    train_refs = trainer.data.references("train")  # image id -> its captions
+    docs = ({i: refs for i, refs in train_refs.items()} if df == "images"
+            else {n: [c] for n, c in enumerate(c for refs in train_refs.values() for c in refs)})
+    m2 = _M2CiderScorer(docs)
+    gts, res = _eval_set(5)
+    _assert_close(trainer.cider().compute_score(gts, res)[1], m2.compute_score(gts, res)[1], f"reward, df {df}")
+    assert trainer.cider().ref_len == pytest.approx(np.log(float(len(docs))), abs=1e-12)

@@ -291,8 +291,9 @@ def test_the_coco_studies_use_the_paper_recipe_and_the_synthetic_ones_name_their
         written = load_yaml(f"studies/{name}.yaml")["train"]
         if t["scst_epochs"]:
             assert t["scst_candidates"] == "beam" and t["scst_baseline"] == "mean"
-        else:  # no SCST stage: the key does not apply and is absent
-            assert "scst_candidates" not in written
+            assert t["scst_reward_df"] == "captions"  # M2's reward: each training caption a document
+        else:  # no SCST stage: the keys do not apply and are absent
+            assert "scst_candidates" not in written and "scst_reward_df" not in written
     for name in ("smoke", "synthetic_fusions", "mask_nets"):
         written = load_yaml(f"studies/{name}.yaml")["train"]
         assert written["batch_layout"] == "images" and written["scst_epochs"] == 0 and "scst_candidates" not in written
@@ -344,8 +345,9 @@ def test_a_configuration_saved_before_the_keys_keeps_its_group_hash():
 
     today = Config.from_dict({"train": {"xe_epochs": 3}}).to_dict()
     saved = {**today, "train": {k: v for k, v in today["train"].items()
-                                if k not in ("batch_layout", "scst_candidates")}}
+                                if k not in ("batch_layout", "scst_candidates", "scst_reward_df")}}
     assert config_hash(saved) == config_hash(today)
     pairs = Config.from_dict({"train": {"xe_epochs": 3, "batch_layout": "pairs"}}).to_dict()
     beam = Config.from_dict({"train": {"xe_epochs": 3, "scst_candidates": "beam"}}).to_dict()
-    assert len({config_hash(today), config_hash(pairs), config_hash(beam)}) == 3
+    captions = Config.from_dict({"train": {"xe_epochs": 3, "scst_reward_df": "captions"}}).to_dict()
+    assert len({config_hash(today), config_hash(pairs), config_hash(beam), config_hash(captions)}) == 4
