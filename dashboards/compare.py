@@ -83,6 +83,14 @@ def chosen_configuration(runs: list[Trial], study: Study) -> tuple[list[Trial], 
     return (confirmed, True) if confirmed else (best, False)
 
 
+def cell_text(interval, seeds: int) -> str:
+    """A table cell: the interval's text ("-" without one), saying over how many of the row's `seeds` it is when
+    some did not report the metric (the seeds column counts them all)."""
+    if interval is None:
+        return "-"
+    return interval.text() + (f" ({interval.n} of {seeds} seeds)" if interval.n < seeds else "")
+
+
 def study_comparison(study: Study, by: str = "fusion",
                      baseline: str | None = None) -> tuple[Comparison, dict[str, str], int]:
     """(the comparison, each row's config text, number of runs with val CIDEr). `baseline`: the value of `by`
@@ -180,7 +188,7 @@ def compare_table(study: Study, by: str = "fusion", baseline: str | None = None)
     for arm, intervals in comparison.rows:
         diff = comparison.differences.get(arm.label)
         table.append([arm.label + (" (baseline)" if arm.label == comparison.baseline else ""),
-                      *(intervals[m].text() if m in intervals else "-" for _, m in columns),
+                      *(cell_text(intervals.get(m), len(arm.seeds)) for _, m in columns),
                       str(len(arm.seeds)), diff.interval_text() if diff else "-", p_text(diff.p if diff else None),
                       *([family_text(diff)] if family > 1 else []), configs[arm.label]])
     return "\n".join([

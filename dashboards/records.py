@@ -41,7 +41,7 @@ from typing import Mapping
 
 from a2core.atomic import atomic_write
 from a2core.errors import DataError
-from dashboards.compare import p_text, shown_metrics, study_comparison
+from dashboards.compare import cell_text, p_text, shown_metrics, study_comparison
 from dashboards.runs import CIDER, TEST_CIDER
 from dashboards.stats import Arm, adjust_family, compare_arms, pooled_differences
 
@@ -224,7 +224,7 @@ def render_table(record: Mapping) -> str:
     stored = {arm["label"]: arm for arm in record["arms"]}
     for arm, intervals in comparison.rows:
         cells = [arm.label, _seeds_text(stored[arm.label]["seeds"]),
-                 *(intervals[m].text() if m in intervals else "-" for _, m in columns)]
+                 *(cell_text(intervals.get(m), len(arm.seeds)) for _, m in columns)]
         if record.get("baseline") is not None:
             diff = comparison.differences.get(arm.label)
             if arm.label == record["baseline"]:

@@ -103,3 +103,15 @@ def test_table_3_bolds_the_lowest_selection_mean_of_a_study_searching_for_the_mi
     assert (loss_winner, intervals[loss_winner]["train/loss"].text()) in bold
     assert ("linear", intervals["linear"]["test/CIDEr"].text()) in bold
     assert len(bold) == 2
+
+
+def test_a_cell_over_fewer_seeds_than_its_row_says_so(tmp_path):
+    """The seeds column counts every seed of the arm; a metric two of them did not report had its mean and interval
+    over the other eight, with nothing saying so."""
+    record = published()
+    record["arms"][0]["scores"]["test/BLEU-4"][3] = None
+    record["arms"][0]["scores"]["test/BLEU-4"][5] = None
+    table = render_table(load_record(write(tmp_path, record)))
+    row = next(line for line in table.splitlines() if line.startswith("| content"))
+    assert row.count("(8 of 10 seeds)") == 1 and "of 10 seeds" not in next(
+        line for line in table.splitlines() if line.startswith("| linear"))
