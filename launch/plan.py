@@ -184,10 +184,19 @@ def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimat
     gpu_seconds = (t["xe_epochs"] * xe + t["scst_epochs"] * scst + test) / images_per_second
     gpu_hours = spec.num_trials * gpu_seconds / 3600
     # the trials side by side: no more than the study has (Tune trials: a fused trial holds a configuration's seeds)
-    at_once = spec.trial_resources()["GPU"] * min(spec.resources.max_concurrent_trials, spec.tune_samples)
+    trial_gpus = spec.trial_resources()["GPU"]
+    at_once = trial_gpus * min(spec.resources.max_concurrent_trials, spec.tune_samples)
     if workers is not None:
         at_once = min(at_once, workers.gpus * workers.max_nodes)
-    return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), at_once)
+    if spec.resources.fuse_replicates or trial_gpus <= 0:  # a fused trial's length varies with its seeds: spread
+        return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), at_once)
+    # Trials of one length run in waves of `slots` side by side (a trial of a fraction of a card at that fraction of
+    # its speed), and each round of seeds (`seed_rounds_trials`: the search's, then the confirmation seeds of the
+    # configurations it chose) starts when the round before it has ended: 55 trials 16 at a time take 4 trials'
+    # time, not 55 / 16
+    slots = max(1, int(at_once / trial_gpus + 1e-9))
+    waves = sum(math.ceil(n * k / slots) for n, k in spec.seed_rounds_trials)
+    return Estimate(gpu_hours, waves * gpu_seconds / 3600 / trial_gpus, slots * trial_gpus)
 
 
 # benchmarks/bench_fused.py's records: the training images/s per card of each mode it measured on one machine (one
@@ -375,6 +384,15 @@ def selected_fusions(spec) -> str:
     return ", ".join(f"{fusion} among {n}" for fusion, n in configurations_per_fusion(spec).items() if n > 1)
 
 
+def early_stopping(spec) -> bool:
+    """Whether the study's scheduler stops trials before their last epoch (ASHA; fifo runs every epoch)."""
+    return spec.search.scheduler.asha is not None
+
+
+def _trials_text(n: float) -> str:
+    return f"{n:g} trial{'s' if n != 1 else ''}"
+
+
 def _n(value: float) -> str:
     return f"{value:,.0f}"
 
@@ -428,7 +446,8 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
     lines += ["per study",
               f"  trials    {spec.num_trials} = {spec.num_arms} configuration{'s' if spec.num_arms > 1 else ''} "
               f"x {searched} seed{'s' if searched > 1 else ''}{confirm}; "
-              f"{_n(spec.num_trials * spec.total_epochs)} trial-epochs (before early stopping)"]
+              f"{_n(spec.num_trials * spec.total_epochs)} trial-epochs "
+              f"({'before early stopping' if early_stopping(spec) else 'no early stopping: fifo'})"]
     if spec.resources.fuse_replicates:  # what max_concurrent_trials and a GPU each count
         rounds = ", then ".join(f"{n} of {k} seeds" if k > 1 else f"{n} of one seed (alone)"
                                 for n, k in spec.seed_rounds_trials)
@@ -477,7 +496,14 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
               f"image ({_n(test_images(spec))} when a trial ends) {VAL_IMAGE_COST:g} (measured on an H200: "
               f"benchmarks/bench_gpu.py); a trial's GPUs scale linearly (assumed)",
               f"  GPU-hours {est.gpu_hours:,.0f} for {spec.num_trials} trials; about {est.wall_hours:,.0f} h wall "
-              f"on {est.gpus_at_once:g} GPUs at once"]
+              f"on {est.gpus_at_once:g} GPUs at once"
+              + (f", {_trials_text(est.gpus_at_once / spec.trial_resources()['GPU'])} side by side in waves"
+                 if not r.fuse_replicates else "")
+              + (" (every trial to its last epoch: before ASHA's early stopping, an upper bound)"
+                 if early_stopping(spec) else "")]
+    if 0 < r.gpus_per_worker < 1:
+        lines.append(f"            {1 / r.gpus_per_worker:g} trials share a card: {images_per_second:g} images/s is the "
+                     f"card's, all of them together (each trial at its {r.gpus_per_worker:g} of it)")
     if workers is not None:
         node = price if price is not None else ON_DEMAND_PRICES.get(workers.instance)
         if node is None:
