@@ -21,7 +21,7 @@ from ray.tune.search import Searcher
 from a2core.selection import finite
 from dashboards.stats import pooled_sd, short_hash
 from launch.layout import FUSED_SEEDS_KEY, configuration_of, fused_seeds, seed_result_key, seed_trial_id
-from launch.spec import SEED_KEYS, Param, StudySpec, group_key
+from launch.spec import SEED_KEYS, Param, StudySpec, asha_rungs, group_key
 from launch.verify import keep_out_of_tunes_uploads
 
 logger = logging.getLogger(__name__)
@@ -348,24 +348,6 @@ class GridCrossedSearcher(Searcher):
         Tune never copies them back over the study's."""
         super().restore_from_dir(checkpoint_dir)
         keep_out_of_tunes_uploads(checkpoint_dir)
-
-
-def asha_rungs(max_t: int, grace_period: int, reduction_factor: float) -> list[int]:
-    """The epochs at which ASHA judges a trial: grace_period * reduction_factor**i below max_t, rounded up to whole
-    epochs, each once (a factor below 2 can round two rungs to one epoch, or one up to max_t, where nothing is left to
-    save: a group behind at its last epoch is not stopped early)."""
-    rungs, t = [], float(grace_period)
-    while (rung := math.ceil(t)) < max_t:
-        if not rungs or rung > rungs[-1]:
-            rungs.append(rung)
-        t *= reduction_factor
-    return rungs
-
-
-def scheduler_rungs(spec: StudySpec) -> list[int]:
-    """The epochs at which the study's scheduler may stop a trial ([] without early stopping)."""
-    asha = spec.search.scheduler.asha
-    return asha_rungs(spec.total_epochs, asha.grace_period, asha.reduction_factor) if asha else []
 
 
 class ReplicateASHA(FIFOScheduler):

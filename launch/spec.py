@@ -746,6 +746,7 @@ class StudySpec(Section):
 
     # the planned epochs of every trial (XE + SCST): ASHA's max_t; fewer means the trial was stopped
     total_epochs = property(lambda self: int(self.base["train"]["xe_epochs"]) + int(self.base["train"]["scst_epochs"]))
+    rungs = property(lambda self: scheduler_rungs(self))  # the epochs where ASHA may stop a trial
 
     def cell_label(self, cell: dict) -> str:
         return ",".join(f"{k}={format_value(v)}" for k, v in cell.items()) or "all"
@@ -924,7 +925,7 @@ def _check_schedule(spec: StudySpec) -> None:
     rung is the last epoch (it stops nothing)."""
     t, steps = spec.base["train"], spec.fewest_steps_per_epoch
     asha = spec.search.scheduler.asha
-    if asha and asha.grace_period == spec.total_epochs:  # rungs are epochs before the last (search.asha_rungs)
+    if asha and asha.grace_period == spec.total_epochs:  # rungs are epochs before the last (asha_rungs)
         spec.warnings.append(
             f"search.scheduler.asha.grace_period: {asha.grace_period} is the last of the {spec.total_epochs} planned "
             f"epochs, so ASHA has no rung and stops nothing; give a grace period below {spec.total_epochs}, or "
@@ -1143,12 +1144,31 @@ def _select_by_the_study_metric(search: Search, sections: dict) -> None:
         train[key] = value
 
 
+def asha_rungs(max_t: int, grace_period: int, reduction_factor: float) -> list[int]:
+    """The epochs at which ASHA judges a trial: grace_period * reduction_factor**i below max_t, rounded up to whole
+    epochs, each once (a factor below 2 can round two rungs to one epoch, or one up to max_t, where nothing is left to
+    save: a group behind at its last epoch is not stopped early)."""
+    rungs, t = [], float(grace_period)
+    while (rung := math.ceil(t)) < max_t:
+        if not rungs or rung > rungs[-1]:
+            rungs.append(rung)
+        t *= reduction_factor
+    return rungs
+
+
+def scheduler_rungs(spec: StudySpec) -> list[int]:
+    """The epochs at which the study's scheduler may stop a trial ([] without early stopping); every trial has its
+    diagnostics there (`launch.trainable.TrialPlan.config`)."""
+    asha = spec.search.scheduler.asha
+    return asha_rungs(spec.total_epochs, asha.grace_period, asha.reduction_factor) if asha else []
+
+
 # -- every trial the space can produce ---------------------------------------------------------------------------------
 def _check_trials(spec: StudySpec, sections: dict) -> dict:
     """Build a Config for every grid cell with the sampled keys at their ends, defaults, points and choices.
     Returns the base: the sections with defaults filled in and the space's keys at their schema defaults."""
     try:  # the sections alone (space keys at their defaults): errors that no grid cell causes
-        check_runnable(Config.from_dict(sections, source=spec.source).to_dict())
+        check_runnable(_trial_config(spec, sections).to_dict())
     except ConfigError as err:
         space_paths = {p.path for p in spec.params.values()}
         if err.path not in space_paths and not any(err.path in pair and pair & space_paths for pair in _COUPLED):
@@ -1160,7 +1180,7 @@ def _check_trials(spec: StudySpec, sections: dict) -> dict:
             for key, value in assignment.items():
                 set_dotted(raw, spec.params[key].path, value)
             try:
-                cfg = Config.from_dict(raw, source=spec.source)
+                cfg = _trial_config(spec, raw)
                 check_runnable(cfg.to_dict())
             except ConfigError as err:
                 _explain(err, spec, cell, assignment)
@@ -1169,6 +1189,29 @@ def _check_trials(spec: StudySpec, sections: dict) -> dict:
     for p in spec.params.values():
         set_dotted(base, p.path, get_dotted(_schema_defaults(), p.path))
     return base
+
+
+def _trial_config(spec: StudySpec, raw: dict) -> Config:
+    """The Config of one trial's sections. With ASHA, every trial has its diagnostics at the rungs
+    (`launch.trainable.TrialPlan.config`), so a diag/ select metric that no other XE epoch reports still gives SCST a
+    best XE checkpoint to start from: a2core's check (`check_select_metric`) is asked again with them counted."""
+    try:
+        return Config.from_dict(raw, source=spec.source)
+    except ConfigError as err:
+        asha = spec.search.scheduler.asha
+        if err.path != "train.select_metric" or asha is None:
+            raise
+        # the fields validated (a2core checks the metric after them): the epoch counts are ints
+        total = sum(get_dotted(raw, key, get_dotted(_schema_defaults(), key))
+                    for key in ("train.xe_epochs", "train.scst_epochs"))
+        with_rungs = copy.deepcopy(raw)
+        train = with_rungs.setdefault("train", {})
+        train["diag_epochs"] = sorted(set(train.get("diag_epochs") or [])
+                                      | set(asha_rungs(total, asha.grace_period, asha.reduction_factor)))
+        try:
+            return Config.from_dict(with_rungs, source=spec.source)
+        except ConfigError:
+            raise err from None
 
 
 def check_runnable(config: dict, source: str | None = None) -> None:

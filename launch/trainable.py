@@ -118,11 +118,9 @@ def swapped_trainer(train: Callable):
 
 
 def plan_from_spec(spec) -> TrialPlan:
-    from launch.search import scheduler_rungs  # ray and optuna: not in a trial's process
-
     return TrialPlan(study=spec.name, storage=str(spec.storage), storage_endpoint_url=spec.storage_endpoint_url,
                      resolve=spec.trial_config, resources=spec.resources.model_dump(exclude_none=True),
-                     metric=spec.metric, mode=spec.mode, diag_epochs=tuple(scheduler_rungs(spec)),
+                     metric=spec.metric, mode=spec.mode, diag_epochs=tuple(spec.rungs),
                      train=_SWAPPED_TRAIN)
 
 

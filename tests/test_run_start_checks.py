@@ -224,3 +224,24 @@ def test_a2_train_refuses_a_bad_scst_from_in_one_line(data, tmp_path):
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip() == f"a2: error: train.scst_from: {missing}: checkpoint not found"
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+# -- 3. in a study, ASHA's rungs have diagnostics in every trial: they count -------------------------------------
+def test_a_study_whose_asha_rungs_fall_on_xe_epochs_may_select_on_a_diag_metric_with_scst():
+    """smoke.yaml has diag_every 0 and ASHA rungs at epochs 2 and 4 of 4 XE + 2 SCST epochs: every trial has its
+    diagnostics at the rungs (`TrialPlan.config`), so SCST has a best XE checkpoint by diag/jsd/layer0 to start from.
+    The same study with its rungs all in SCST epochs is refused, naming the key the study sets."""
+    from launch.spec import load_study
+    from launch.trainable import plan_from_spec
+    from tests.test_spec import SMOKE
+
+    over = ["train.xe_epochs=4", "train.scst_epochs=2", "search.metric=diag/jsd/layer0", "search.mode=min"]
+    spec = load_study(SMOKE, over)
+    assert spec.rungs == [2, 4] and spec.base["train"]["diag_every"] == 0
+    trial = plan_from_spec(spec).config({"fusion": "gate"})
+    assert trial["train"]["diag_epochs"] == [2, 4] and trial["train"]["select_metric"] == "diag/jsd/layer0"
+    Config.from_dict(trial)  # the trial's own check passes with the rungs it has
+    with pytest.raises(ConfigError) as err:
+        load_study(SMOKE, ["train.xe_epochs=1", "train.scst_epochs=5", *over[2:]])  # rungs 2 and 4: SCST epochs
+    assert err.value.path == "search.metric" and "would have none to start from" in err.value.reason
+    assert "diag_epochs []" in err.value.reason  # the study's own keys, not the rungs tried

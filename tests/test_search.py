@@ -307,7 +307,7 @@ def test_build_scheduler_and_tune_config(asha_spec, tmp_path):
 def test_a_trial_stopped_at_a_rung_ends_with_its_diagnostics(tmp_path):
     """The smoke study runs diagnostics after the last epoch only (diag_every: 0), but ASHA may stop a trial at
     epochs 2 or 4: its trials also run them at the scheduler's rungs, so a stopped trial logs diag/... too."""
-    from launch.search import scheduler_rungs
+    from launch.spec import scheduler_rungs
     from launch.trainable import plan_from_spec
 
     smoke = load_study(SMOKE)

@@ -174,7 +174,7 @@ def test_long_warmup_and_tp_past_the_last_step_are_warnings(tmp_path, capsys):
 def test_asha_with_no_rung_before_the_last_epoch_is_a_warning(tmp_path):
     """Rungs are epochs before the last (a group behind at its last epoch has nothing left to save): a grace period
     equal to the planned epochs gives ASHA no rung, which the study is told; one epoch less gives it one."""
-    from launch.search import scheduler_rungs
+    from launch.spec import scheduler_rungs
     warned = {}
     for grace, rungs in ((8, []), (7, [7])):
         raw = smoke()
