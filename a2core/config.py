@@ -192,7 +192,8 @@ def format_value(value: Any) -> str:
 class DataConfig(Section):
     kind: Literal["synthetic", "coco"] = Field("synthetic", description=(
         "`synthetic`: the seeded COCO look-alike, generated on first use; `coco`: real files (`captions`, "
-        "`features`, `test_images`)."))
+        "`features`, `test_images`). A key only the other kind reads is refused when set to anything but its "
+        "default; an override that switches the kind (`data.kind=synthetic` on a COCO study) leaves them out."))
     captions: Text | None = Field(None, description="kind coco: the Karpathy `dataset_coco.json` (required).")
     features: Text | None = Field(None, description=(
         "kind coco: region features, one HDF5 file with `{image_id}_features` datasets or a directory of "
@@ -229,6 +230,11 @@ class DataConfig(Section):
                 raise ConfigError("test_split_images", f"at least {quarter}, the quarter of images "
                                                        f"({self.images}) the test split always has")
         return self
+
+
+# the data keys only one data.kind reads (the others read both): `check_data_kind`, `set_override`
+DATA_KIND_ONLY = {"captions": "coco", "features": "coco", "test_images": "coco",
+                  "root": "synthetic", "seed": "synthetic", "images": "synthetic", "test_split_images": "synthetic"}
 
 
 Fusion = Literal["none", "max", "moving_average", "exp_decay", "gate"]
@@ -759,8 +765,36 @@ def apply_overrides(raw: dict, overrides: list[str], source: str | None = None) 
             raise ConfigError("", f"override {item!r} is not of the form key.path=value", source)
         key, text = match.groups()
         value = _override_value(text, item, source)
-        set_dotted(raw, key, value)
+        set_override(raw, key, value)
     return raw
+
+
+def set_override(raw: dict, key: str, value: Any) -> None:
+    """`set_dotted` for an override. One that switches data.kind (`data.kind=coco` on a synthetic study) leaves out
+    the data keys, as written so far, that only the kind it replaces reads: they would not apply, and
+    `check_data_kind` refuses such keys."""
+    before = get_dotted(raw, "data.kind", DataConfig.model_fields["kind"].default)
+    set_dotted(raw, key, value)
+    if key == "data.kind" and value != before and isinstance(raw.get("data"), dict):
+        raw["data"] = {k: v for k, v in raw["data"].items() if DATA_KIND_ONLY.get(k, value) == value}
+
+
+def check_data_kind(data: Any, source: str | None = None) -> None:
+    """ConfigError at the first data key, as written, that only another data.kind reads and that has a value other
+    than its default (`DATA_KIND_ONLY`): it would be silently unused (a `captions` file given without `kind: coco`
+    trains on the synthetic set; `images: 5000` does not limit COCO). A key at its default passes: the saved form of
+    a config (`Config.to_dict`) holds every key. Not a check of `Config` itself, so that checkpoints and studies saved
+    before it still load."""
+    if not isinstance(data, dict):
+        return
+    kind = data.get("kind", DataConfig.model_fields["kind"].default)
+    if kind not in get_args(DataConfig.model_fields["kind"].annotation):
+        return  # the Config check names it
+    for key, only in DATA_KIND_ONLY.items():
+        if only != kind and key in data and data[key] != DataConfig.model_fields[key].default:
+            default = "" if "kind" in data else " (the default)"
+            raise ConfigError(f"data.{key}", f"only data.kind {only} reads it, and data.kind is {kind!r}{default}: "
+                                             f"set data.kind: {only}, or drop data.{key}", source)
 
 
 def _override_value(text: str, item: str, source: str | None) -> Any:

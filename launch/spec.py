@@ -17,8 +17,9 @@ from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, Valid
                       model_validator)
 
 from a2core.config import (SEED_LIMIT, SELECTABLE, Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
-                           applicable_config, apply_overrides, check_batch_split, config_error, format_value,
-                           get_dotted, inapplicable_model_keys, integer, load_yaml, set_dotted, steps_per_epoch)
+                           applicable_config, apply_overrides, check_batch_split, check_data_kind, config_error,
+                           format_value, get_dotted, inapplicable_model_keys, integer, load_yaml, set_dotted,
+                           set_override, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.data.prepared import check_copy, is_prepared
 from a2core.data.synthetic import split_sizes
@@ -480,6 +481,8 @@ class StudySpec(Section):
             value = get_dotted(sections, path)
             if isinstance(value, str) and value and "://" not in value:
                 set_dotted(sections, path, os.path.normpath(os.path.join(root, os.path.expanduser(value))))
+        if not context.get("saved", False):  # a study saved before the check keeps loading
+            check_data_kind(sections.get("data"))
         search = self.search
         _select_by_the_study_metric(search, sections)
         self._filled_in = tuple(key for key in ("space", "points_to_evaluate") if getattr(search, key) is None)
@@ -829,7 +832,7 @@ def apply_study_overrides(raw: dict, overrides: list[str], source: str | None = 
         space = search.get("space") if isinstance(search, dict) else None
         target = _space_target(rest, space if isinstance(space, dict) else {}) if rest else None
         if target is None:
-            set_dotted(raw, key, value)
+            set_override(raw, key, value)
             continue
         name, field = target
         if not isinstance(search, dict):

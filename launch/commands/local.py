@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from a2core.atomic import atomic_write, fresh_folder
 from a2core.checkpoint import HISTORY_FILE
-from a2core.config import Config, apply_overrides, get_dotted, load_yaml, set_dotted
+from a2core.config import Config, apply_overrides, check_data_kind, get_dotted, load_yaml, set_dotted
 from a2core.data.features import prepare
 from a2core.decode import decode_to_file
 from a2core.errors import CheckpointError, ConfigError
@@ -47,6 +47,7 @@ def training_config(path: str | None, overrides: list[str]):
         study_only = set(TOP_KEYS) - set(SECTIONS)
         raw = {k: v for k, v in raw.items() if k not in study_only}
     raw = apply_overrides(raw, overrides or [], source=path)
+    check_data_kind(raw.get("data"), path)
     if path:
         root = study_root(path)
         for key in DATA_PATHS:
