@@ -24,7 +24,7 @@ from .config import Config, DataConfig, apply_overrides
 from .data.dataset import CaptionData, resolve_paths
 from .data.features import FeatureStore
 from .metrics import caption_scores
-from .model.a2 import A2Transformer, KVCache, next_word_logp
+from .model.a2 import NOT_A_NEXT_WORD, A2Transformer, KVCache, next_word_logp
 from .errors import A2Error, ConfigError, SubmissionError
 from .precision import autocast
 
@@ -120,6 +120,12 @@ class EnsembleStepper:
     def reorder_state(self, state, index):
         return [s.reorder_state(st, index) for s, st in zip(self.members, state)]
 
+    @property
+    def can_select_rows(self) -> bool:
+        # members may be any steppers (the module docstring: `select_rows` is optional); beam search keeps every
+        # image to the end unless all of them can drop rows
+        return all(_can_select_rows(s) for s in self.members)
+
     def select_rows(self, state, index):
         return [s.select_rows(st, index) for s, st in zip(self.members, state)]
 
@@ -186,7 +192,10 @@ def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_le
 
     An image whose k hypotheses have all ended leaves the batch (with a stepper that can `select_rows`): its
     result is final (a finished hypothesis only continues with pad at no cost), and the images still decoding
-    no longer pay for its rows. Results are those of keeping it."""
+    no longer pay for its rows. Results are those of keeping it.
+
+    Raises ValueError where an image has no possible caption, or, with `all_beams`, fewer than beam_size (a wider
+    beam than the captions of a small vocabulary and max_len): the slots left over would hold impossible ones."""
     stepper = as_stepper(model_or_stepper)
     b, k = feats.shape[0], beam_size
     device = feats.device
@@ -247,6 +256,18 @@ def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_le
     for i, seq in enumerate(best_seqs):
         beams[i, :, :seq.shape[1]] = seq
     scores = torch.stack(best_scores)  # (B, K)
+    # A slot that no possible hypothesis could fill (fewer possible captions than beam_size: a vocabulary of few
+    # words, a short max_len, <eos> banned to the end) holds an impossible one at -inf, e.g. a finished caption
+    # followed by <bos>: returned, it is a garbage caption, or a duplicate SCST candidate that trains as a real one.
+    # topk sorts the possible ones first, so only the slots asked for are checked.
+    # (NaN, a diverged model's, is not -inf: its run's divergence check reports it, not this)
+    possible = int((~torch.isneginf(scores[:, :k if all_beams else 1])).sum(1).min())  # fewest of an image's slots
+    if possible == 0:
+        raise ValueError(f"beam search found no possible caption of at most {max_len} words for an image: every "
+                         f"continuation is at -inf (is <eos> banned for longer than max_len?)")
+    if all_beams and possible < k:
+        raise ValueError(f"beam_size {k} is more than the {possible} captions of at most {max_len} words that an "
+                         f"image can have over {v} word ids: all_beams needs beam_size <= {possible}")
     return (beams, scores) if all_beams else (beams[:, 0], scores[:, 0])
 
 
@@ -474,6 +495,13 @@ def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int 
     if max_len > longest:
         raise ConfigError("--max-len", f"{max_len} is longer than these models can decode (at most {longest}: "
                                        f"the longer of data.max_caption_len and train.max_len, + 3)")
+    # A beam wider than the words a caption can hold cannot be filled at its first step: refused here, before any
+    # data is read, rather than left to mean something other than the width asked for
+    words = len(vocab) - NOT_A_NEXT_WORD  # <pad> and <bos> are never generated
+    if beam_size > words:
+        raise ConfigError("--beam-size", f"{beam_size} is wider than the vocabulary of these checkpoints ({len(vocab)} "
+                                         f"word ids, of which {words} can be generated: not <pad> or <bos>); "
+                                         f"use at most {words}")
     data = checkpoint_data(config, vocab, data_overrides)
     data.features.check_ids([img.image_id for img in data.images(split)])
     stepper = EnsembleStepper(models) if len(models) > 1 else ModelStepper(models[0])
