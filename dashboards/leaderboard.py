@@ -3,6 +3,7 @@ the ensemble as an MLflow model's code (`A2EnsembleModel`, which `launch.model_r
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -58,14 +59,15 @@ def score_systems(references: Mapping[int, Sequence[str]], systems: Mapping[str,
         results = {name: coco_scores(references, caps, spice=True, per_image=True, progress=False)
                    for name, caps in systems.items()}
     else:  # coco_scores' steps: PTB tokenization, then BLEU, ROUGE-L, CIDEr-D and METEOR on the tokens
-        raw = {("gts", k): list(references[k]) for k in ids}
-        raw.update({(name, k): [caps[k]] for name, caps in systems.items() for k in ids})
+        # references and systems in separate key spaces: a system named "gts" must not overwrite the references
+        raw = {("references", k): list(references[k]) for k in ids}
+        raw.update({("system", name, k): [caps[k]] for name, caps in systems.items() for k in ids})
         tokens = ptb_tokenize(raw)
-        gts = {k: tokens[("gts", k)] for k in ids}
+        gts = {k: tokens[("references", k)] for k in ids}
         results = {}
         with Meteor() as meteor:
             for name in systems:
-                res = {k: tokens[(name, k)] for k in ids}
+                res = {k: tokens[("system", name, k)] for k in ids}
                 results[name] = caption_scores(gts, {k: res[k][0] for k in ids}, per_image=True)
                 results[name]["METEOR"] = meteor.compute_score(gts, res)[0] * SCALE
     per_image = {name: {k: float(v["CIDEr"]) for k, v in r["per_image"].items()} for name, r in results.items()}
@@ -89,8 +91,8 @@ def ensemble_gain(ensemble: Mapping[str, float], members: Mapping[str, Mapping[s
     interval that holds the members' seed spread (`dashboards.stats.gain_over_members` / `gain_over_one`: with
     per-image CIDEr-D of every system on the same test images also the images' term). Never against the
     member that scored best on the test images themselves: that choice would be made on the numbers it is judged
-    by."""
-    names = [name for name in members if members[name].get("CIDEr") is not None]
+    by. A member whose CIDEr is not a finite number is left out, as the seed mean leaves it out."""
+    names = [name for name in members if finite(members[name].get("CIDEr")) is not None]  # NaN: as the seed mean
     per_image = per_image or {}
     ids = sorted(per_image.get("ensemble") or {})
     paired = bool(ids) and all(sorted(per_image.get(n) or {}) == ids for n in names)
@@ -133,13 +135,19 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
     valued = [e for e in seeds if finite(e["study_metric"]) is not None]
     sign = -1 if selected_by.get("mode") == "min" else 1
     # the member chosen on validation: the best study metric; of equals, the trial packaging selected
-    # (`selected_by.trial_id`), else the lower trial id, the tie rule packaging names (`selected_by.tie_break`)
-    top = max((sign * e["study_metric"] for e in valued), default=None)
-    tied = sorted((e for e in valued if sign * e["study_metric"] == top),
-                  key=lambda e: (str(e["trial_id"]) != str(selected_by.get("trial_id")), str(e["trial_id"])))
+    # (`selected_by.trial_id`, and `selected_by.study` when named), else the lower (study, trial id), the one rule's
+    # order (`dashboards.stats.trial_rank`) and the tie rule packaging names (`selected_by.tie_break`)
+    top = max((sign * finite(e["study_metric"]) for e in valued), default=None)
+
+    def unselected(e) -> bool:
+        return (str(e["trial_id"]) != str(selected_by.get("trial_id"))
+                or ("study" in selected_by and str(e["study"]) != str(selected_by["study"])))
+
+    tied = sorted((e for e in valued if sign * finite(e["study_metric"]) == top),
+                  key=lambda e: (unselected(e), str(e["study"]), str(e["trial_id"])))
     chosen = tied[0]["name"] if tied else None
     gain = (ensemble_gain(ensemble_metrics, {e["name"]: e["metrics"] for e in seeds}, per_image, chosen)
-            if seeds and cider is not None else {"over_members": None, "over_chosen": None})
+            if seeds and finite(cider) is not None else {"over_members": None, "over_chosen": None})
     split = "synthetic-test" if cfg.get("data", {}).get("kind") == "synthetic" else "karpathy-test"
     board = {
         "schema": SCHEMA,
@@ -165,8 +173,23 @@ def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensem
     return {**board, **(extra or {})}
 
 
+def _json_safe(value: Any) -> Any:
+    """`value` as strict JSON takes it: a float that is not finite (NaN, inf) becomes None (null; Python's `NaN`
+    token is not JSON, and browsers, jq and most parsers refuse the whole file), numpy scalars plain numbers."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def write_leaderboard(path: str | os.PathLike, board: Mapping) -> Path:
-    return atomic_write(path, json.dumps(board, indent=2, default=str) + "\n")
+    """`board` as strict JSON (a score that is not a finite number is null), written atomically."""
+    return atomic_write(path, json.dumps(_json_safe(board), indent=2, default=str, allow_nan=False) + "\n")
 
 
 def _fmt_number(value: float | None) -> str:

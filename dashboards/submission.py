@@ -26,6 +26,11 @@ MAX_IDS_SHOWN = 10  # image ids / entry indices a message shows before "... (N m
 MAX_MEMBERS = 16
 MAX_MEMBER_BYTES = 32 << 20
 _UNREADABLE = object()  # what _read_json returns after reporting a problem
+# The server scores with pycocoevalcap, whose PTBTokenizer writes the captions one a line (replacing only "\n") as
+# UTF-8 for Java's PTB lexer: any other line break in a caption splits it in two and shifts every later caption's
+# tokens onto the wrong image, and a lone surrogate cannot be encoded at all.
+_LINE_BREAK = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def results_filename(split: str, alg: str) -> str:
@@ -46,6 +51,14 @@ def make_zip(zip_path: str | os.PathLike, val_results: str | os.PathLike, test_r
             raise SubmissionError(f"results file not found: {p}")
     if paths[0].name == paths[1].name:
         raise SubmissionError(f"val and test results have the same file name {paths[0].name!r}")
+    # the server finds the files by name: refuse names it would not read rather than zip them
+    matches = [_NAME_RE.fullmatch(p.name) for p in paths]
+    for p, m, split in zip(paths, matches, SPLITS):
+        if not m or m["split"] != split:
+            raise SubmissionError(f"{split} results file {p}: its name must be 'captions_{split}2014_<alg>_results.json' "
+                                  "with <alg> of [A-Za-z0-9-]+ (the server finds the file by its name)")
+    if matches[0]["alg"] != matches[1]["alg"]:
+        raise SubmissionError(f"val and test results name different algorithms: {paths[0].name!r}, {paths[1].name!r}")
 
     def write(f):
         with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as zf:
@@ -107,6 +120,11 @@ _ENTRY_PROBLEMS = {
     "bad_image_id": ("bad_image_id", "{n} entries have an image_id that is not a non-negative 64-bit int: {shown}"),
     "bad_caption": ("bad_caption", "{n} captions are not strings: {shown}"),
     "empty_caption": ("empty_caption", "{n} empty captions, image ids: {shown}"),
+    "line_break": ("caption_line_break", "{n} captions hold a line break other than \\n, which splits the server "
+                                         "tokenizer's one-caption-a-line input and shifts later captions onto the "
+                                         "wrong images: {shown}"),
+    "surrogate": ("caption_not_unicode", "{n} captions hold a lone surrogate (\\ud800-\\udfff), which cannot be "
+                                         "encoded as UTF-8 for the server's tokenizer: {shown}"),
     "duplicate_ids": ("duplicate_ids", "{n} image ids appear more than once: {shown}"),
     "missing_ids": ("missing_ids", "missing {n} image ids: {shown}"),
     "extra_ids": ("extra_ids", "{n} image ids are not in the split: {shown}"),
@@ -140,6 +158,11 @@ def _check_entries(report: ValidationReport, name: str, data: Any, expected: set
             found["bad_caption"].append((f"{label}: {caption!r:.40}", image_id))
         elif isinstance(caption, str) and not caption.strip():
             found["empty_caption"].append((label, image_id))
+        elif isinstance(caption, str):
+            if _LINE_BREAK.search(caption):
+                found["line_break"].append((f"{label}: {caption!r:.40}", image_id))
+            if not caption.isascii() and _SURROGATE.search(caption):
+                found["surrogate"].append((f"{label}: {caption!r:.40}", image_id))
     found["duplicate_ids"] = [(f"{i} (x{seen[i]})", i) for i in sorted(seen) if seen[i] > 1]
     found["missing_ids"] = [(i, i) for i in sorted(expected - seen.keys())]
     found["extra_ids"] = [(i, i) for i in sorted(seen.keys() - expected)]
@@ -154,7 +177,8 @@ def validate_zip(zip_path: str | os.PathLike, val_image_ids: Iterable[int], test
     """Every problem of a COCO caption server `results.zip`, as a report: at most `MAX_MEMBERS` entries with safe
     names, exactly the two results files at its root with one `alg` (`alg` when given), each UTF-8 JSON of at most
     `MAX_MEMBER_BYTES` (read as a bounded stream: a zip bomb costs no more), with an int64 `image_id` and a
-    non-blank `caption` per entry (other keys allowed), covering its split's image ids exactly once."""
+    non-blank `caption` per entry (other keys allowed; no line break but "\\n" and no lone surrogate in a caption:
+    the server's tokenizer reads one caption a line, in UTF-8), covering its split's image ids exactly once."""
     zip_path = str(zip_path)
     report = ValidationReport(zip_path=zip_path, alg=alg)
     expected = {"val": set(val_image_ids), "test": set(test_image_ids)}
