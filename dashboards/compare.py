@@ -14,9 +14,12 @@ header says so.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from a2core.errors import DataError, StudyError
+from a2core.selection import finite
 from dashboards.runs import (CIDER, TABLE_METRICS, TEST_CIDER, TEST_TABLE_METRICS, Study, Trial,
                              group_value, selection_column, searched_keys, seed_number, sort_key)
 from dashboards.stats import Arm, Comparison, adjust_family, best_group, compare_arms, p_text, pooled_differences
@@ -48,11 +51,24 @@ def best_configuration(groups: list[list[Trial]], mode: str) -> list[Trial]:
 
 def per_image_scores(group: list[Trial], split: str = "val") -> tuple[np.ndarray, list[str]] | tuple[None, None]:
     """((seeds, images) per-image CIDEr-D of a group on `split`, the image ids of its columns) when every run has
-    them; the runs of one group scored on different images are an error naming them."""
+    them for 2 or more images (the paired rule measures the images' variance: one image has none, and the comparison
+    is on seed means); the runs of one group scored on different images, and a per-image file that is no
+    {image id: number}, are errors naming them."""
     rows, ids, first = [], None, None
     for r in group:
         scores = r.per_image(split)
         if scores is None:  # not written by this run: the comparison falls back to seed means
+            return None, None
+        if not isinstance(scores, dict):
+            raise DataError(f"trial {r.trial_id}: its per-image {split} CIDEr is a JSON {type(scores).__name__}, not "
+                            f"{{image id: score}}")
+        # NaN and Infinity parse as JSON numbers: an infinite mean, never a verdict (as a record's are refused)
+        bad = next((i for i, v in scores.items()
+                    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)), None)
+        if bad is not None:
+            raise DataError(f"trial {r.trial_id}: its per-image {split} CIDEr of image {bad} is {scores[bad]!r:.40}, "
+                            f"not a finite number")
+        if len(scores) < 2:
             return None, None
         if ids is None:
             ids, first = sorted(scores), r
@@ -91,6 +107,16 @@ def cell_text(interval, seeds: int) -> str:
     return interval.text() + (f" ({interval.n} of {seeds} seeds)" if interval.n < seeds else "")
 
 
+def baseline_rows(value: str, labels: list[str]) -> list[str]:
+    """The row labels `value` names: the label itself, else the labels equal to it as a number when both are numbers
+    (`--baseline 0.10` names the row 0.1, `1e-2` the row 0.01: rows are labelled by the value's text as logged)."""
+    value = str(value)
+    if value in labels:
+        return [value]
+    number = finite(value)
+    return [] if number is None else [label for label in labels if finite(label) == number]
+
+
 def study_comparison(study: Study, by: str = "fusion",
                      baseline: str | None = None) -> tuple[Comparison, dict[str, str], int]:
     """(the comparison, each row's config text, number of runs with val CIDEr). `baseline`: the value of `by`
@@ -112,9 +138,14 @@ def study_comparison(study: Study, by: str = "fusion",
         raise StudyError(f"--by {by}: no run of study {study.name} has {by} (its searched keys: {known})")
     picks = {value: chosen_configuration(buckets[value], study) for value in sorted(buckets, key=sort_key)}
     labelled = {value: group for value, (group, _) in picks.items()}
-    if baseline is not None and baseline not in labelled:
-        raise StudyError(f"--baseline {baseline}: no run of study {study.name} with val/CIDEr has {by}={baseline} "
-                         f"(it has {', '.join(labelled) or 'none'})")
+    if baseline is not None:
+        named = baseline_rows(baseline, list(labelled))
+        if len(named) != 1:  # none, or one number logged as two texts (0.1 and 0.10): name the rows there are
+            raise StudyError(f"--baseline {baseline}: " + (
+                f"no run of study {study.name} with {study.metric} has {by}={baseline}" if not named else
+                f"{by}={baseline} is several rows of study {study.name} as a number ({', '.join(named)}): name one")
+                + f" (it has {', '.join(labelled) or 'none'})")
+        baseline = named[0]
     base_runs = [r for r in runs if r.fusion == BASELINE]
     if baseline is None and base_runs:
         base, confirmed = chosen_configuration(base_runs, study)

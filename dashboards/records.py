@@ -44,6 +44,7 @@ from a2core.errors import DataError
 from dashboards.compare import cell_text, p_text, shown_metrics, study_comparison
 from dashboards.runs import CIDER, TEST_CIDER
 from dashboards.stats import Arm, adjust_family, compare_arms, pooled_differences
+from dashboards.tables import markdown_cell
 
 FORMAT = "a2tune-study-record"
 VERSION = 1
@@ -51,7 +52,8 @@ MARKER = re.compile(r"^<!-- results: (\S+) -->\s*$")
 
 
 def load_record(path: str | Path) -> dict:
-    """A record file, checked: its format and version, and one score per seed in every list."""
+    """A record file, checked: its format and version, and one score per seed in every list, each a finite number
+    within `SCORE_BOUND`."""
     try:
         record = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -159,6 +161,9 @@ def _check_shape(path: str | Path, record: dict) -> None:
                 if value is not None and not math.isfinite(value):
                     raise DataError(f"{path}: arms[{i}].scores.{metric}[{j}]: must be a finite number (null: not "
                                     f"measured), got {value!r}")
+                if value is not None and abs(value) > SCORE_BOUND:
+                    raise DataError(f"{path}: arm {arm['label']}, seed {_seed_at(arm, j)}: {metric} {value!r} is "
+                                    f"beyond {SCORE_BOUND:,.0f} in magnitude: no x100 score (a corrupt value?)")
         per_image = arm.get("per_image")
         if per_image:
             ids, rows = (per_image.get(k) if isinstance(per_image, dict) else None for k in ("image_ids", "scores"))
@@ -171,9 +176,28 @@ def _check_shape(path: str | Path, record: dict) -> None:
                     if not math.isfinite(value):
                         raise DataError(f"{path}: arms[{i}].per_image.scores[{j}][{k}]: must be a finite number, "
                                         f"got {value!r}")
+                    if abs(value) > SCORE_BOUND:
+                        raise DataError(f"{path}: arm {arm['label']}, seed {_seed_at(arm, j)}: per-image score of "
+                                        f"image {ids[k]} {value!r} is beyond {SCORE_BOUND:,.0f} in magnitude: no "
+                                        f"x100 score (a corrupt value?)")
+            if len(ids) < 2:  # the paired rule estimates the images' variance: one image has none (ValueError)
+                raise DataError(f"{path}: arms[{i}].per_image: scores of {len(ids)} image{'s' if len(ids) != 1 else ''}"
+                                f": a paired comparison needs 2 or more images (leave per_image out: seed means "
+                                f"only)")
 
 
 _JSON_NAME = {str: "string", list: "list", dict: "object"}
+
+# The largest magnitude a record's number may have. Scores are on the x100 scale (a run's CIDEr-D is a few hundred at
+# most, an image's up to 1,000; BLEU, ROUGE, METEOR, grounding and diagnostics far less), so anything beyond is a
+# corrupt value, never a score; and squared in a variance, a value near 1e154 or above overflows to an infinite
+# interval ("[-inf, inf]") that would be printed as a verdict.
+SCORE_BOUND = 1e6
+
+
+def _seed_at(arm: dict, j: int):
+    """The seed of an arm's j-th score ("#j" where the arm lists fewer seeds: refused later, by count)."""
+    return arm["seeds"][j] if j < len(arm["seeds"]) else f"#{j}"
 
 
 def _is_number(value) -> bool:
@@ -220,7 +244,7 @@ def render_table(record: Mapping) -> str:
     if record.get("baseline") is not None:  # "test CIDEr vs none [95% CI], p; Holm: verdict": the verdict's split too
         holm = "; Holm-adjusted [CI], p" if any(d.adjusted for d in comparison.differences.values()) else ""
         head.append(f"{metric.replace('/', ' ')} vs {record['baseline']} [95% CI], p{holm}: verdict")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [_markdown_row(head), "|" + "---|" * len(head)]
     stored = {arm["label"]: arm for arm in record["arms"]}
     for arm, intervals in comparison.rows:
         cells = [arm.label, _seeds_text(stored[arm.label]["seeds"]),
@@ -239,8 +263,13 @@ def render_table(record: Mapping) -> str:
                 family = (f"; Holm over {diff.family} [{diff.low_adjusted:+.1f}, {diff.high_adjusted:+.1f}], "
                           f"p {p_text(diff.p_adjusted)}" if diff.adjusted else "")
                 cells.append(f"{raw}{family}: {word}")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(_markdown_row(cells))
     return "\n".join(lines)
+
+
+def _markdown_row(cells: list) -> str:
+    """One row of a markdown table, each cell escaped (`dashboards.tables.markdown_cell`: a label with a `|`)."""
+    return "| " + " | ".join(map(markdown_cell, cells)) + " |"
 
 
 def tables_in(markdown: str) -> list[tuple[str, str]]:

@@ -172,7 +172,11 @@ def seed_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
     mean = float(x.mean())
     if x.size < MIN_SEEDS:
         return Interval(mean, None, None, x.size)
-    sd = float(x.std(ddof=1))
+    with np.errstate(over="ignore"):
+        sd = float(x.std(ddof=1))
+    if not math.isfinite(sd):  # squares that overflow (|scores| from about 1e154): the spread of the scaled scores
+        scale = float(np.abs(x).max())
+        sd = scale * float((x / scale).std(ddof=1))
     if sd == 0:  # every seed gave the same value: the seed changes nothing, no spread to build an interval on
         return Interval(mean, None, None, x.size, identical=True)
     scale = sd / math.sqrt(x.size)  # scipy.stats.t.interval(confidence, x.size - 1, loc=mean, scale=scale)
@@ -478,7 +482,12 @@ def holm(p: np.ndarray, alpha: float = 1 - CONFIDENCE) -> tuple[np.ndarray, np.n
 def _difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str], images: int | None, metric: str,
                 better: int, **options) -> Difference:
     """One study through `difference_intervals` as a `Difference`."""
-    out = {key: float(value[0]) for key, value in difference_intervals(a[None], b[None], **options).items()}
+    with np.errstate(over="ignore"):  # an overflowing variance is no interval (below)
+        out = {key: float(value[0]) for key, value in difference_intervals(a[None], b[None], **options).items()}
+    if not all(math.isfinite(out[key]) for key in ("low", "high", "se")):
+        # NaN where the rule gives none; infinite where the scores' variance overflowed (|scores| from about 1e154):
+        # an interval of [-inf, +inf] is no interval, and never a verdict ("not resolved")
+        out.update(low=math.nan, high=math.nan, se=math.nan, df=math.nan, p=math.nan)
     low, high, se, df, p = (None if math.isnan(out[key]) else out[key] for key in ("low", "high", "se", "df", "p"))
     identical = tuple(name for name, key in zip(names, ("identical_a", "identical_b")) if out[key])
     return Difference(*names, out["delta"], low, high, a.shape[0], b.shape[0], images, metric, better, identical,
