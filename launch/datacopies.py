@@ -121,7 +121,7 @@ def copy_problem(copy: ClusterCopy) -> str | None:
         source = open_location(copy.uri, copy.endpoint_url)
         manifest = source.join(prepared.MANIFEST).read_text()
         if manifest is not None:
-            return _store_problem(where, manifest, local, shown, fix)
+            return _store_problem(where, manifest, source, local, shown, fix)
         if source.stamp() is None:
             return f"{where}: no such store or file; {fix}"
         size, sha256 = source.stored_digest()
@@ -142,12 +142,24 @@ def copy_problem(copy: ClusterCopy) -> str | None:
     return None
 
 
-def _store_problem(where: str, manifest: str, local: Path, shown: str, fix: str) -> str | None:
-    """The S3 copy is a prepared store (its manifest's text): the same checksum as the local store's, if any."""
+def _store_problem(where: str, manifest: str, source, local: Path, shown: str, fix: str) -> str | None:
+    """The S3 copy is a prepared store (its manifest's text, `source` its folder): every file the manifest lists
+    there with the size and SHA-256 it records (what each node's `a2 data fetch` checks after downloading it), and
+    the same checksum as the local store's, if any."""
     try:
-        checksum = prepared.parse_manifest(manifest, prepared.MANIFEST)["checksum"]
+        parsed = prepared.parse_manifest(manifest, prepared.MANIFEST)
     except DataError as error:
         return f"{where}: {error}; {fix}"
+    for name, entry in sorted(parsed["files"].items()):
+        try:
+            size, sha256 = source.join(name).stored_digest()
+        except StorageError as error:
+            return f"{where}: its manifest lists {name}, which cannot be read there ({error}); {fix}"
+        if size != entry["size"] or (sha256 is not None and sha256 != entry["sha256"]):
+            got = f"{size} bytes" + (f" with SHA-256 {sha256}" if sha256 is not None else "")
+            return (f"{where}: {name} is {got}, its manifest says {entry['size']} bytes with SHA-256 "
+                    f"{entry['sha256']} (an unfinished or mixed upload: every node's fetch would refuse it); {fix}")
+    checksum = parsed["checksum"]
     if not local.exists():
         return None
     if not prepared.is_prepared(local):

@@ -10,6 +10,7 @@ manifest, and swaps the verified folder in whole. A trial that still reads the o
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -54,19 +55,74 @@ def verify(folder: str | os.PathLike) -> dict:
 
 def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None, quiet: bool = False) -> dict:
     """Upload a local store to `uri` (s3://bucket/prefix/NAME.a2feat), data files first (each verified by the
-    storage layer), the manifest last: a reader that sees the manifest finds the files it names. Returns the
-    store's manifest; a plain file (captions, an image list) is uploaded as one ({"sha256"})."""
+    storage layer), the manifest last: a reader that sees the manifest finds the files it names. A manifest of
+    another version already there is deleted before the first upload, so that a push interrupted half-way leaves no
+    manifest naming files that are no longer its own. Returns the store's manifest with the "uri" written; a plain
+    file (captions, an image list) is uploaded as one ({"sha256", "uri"}; a URI ending in `/` gets its name)."""
     folder = Path(folder)
     target = open_location(uri, endpoint_url)
     if target.local:
         raise DataError(f"{uri}: push uploads to s3://; copy a local store with `a2 data fetch`")
     if folder.is_file():
-        return {"sha256": upload_file(folder, target.uri, endpoint_url=endpoint_url)["sha256"]}
-    manifest = verify(folder)
+        into = str(uri).endswith("/") and not target.uri.endswith("/")  # open_location drops the slash
+        sent = upload_file(folder, target.uri + "/" if into else target.uri, endpoint_url=endpoint_url)
+        return {"sha256": sent["sha256"], "uri": sent["uri"]}
+    if not folder.exists():
+        raise DataError(f"{folder}: no such file or feature store")
+    manifest = prepared.check_copy(folder, full=True)
+    with contextlib.suppress(OSError):  # a store on a read-only disk is pushed all the same, unstamped
+        atomic_write(folder / STAMP, manifest["checksum"] + "\n")
+    remote = target.join(prepared.MANIFEST)
+    text = remote.read_text(errors="replace")
+    if text is not None and _checksum_of(text) != manifest["checksum"]:
+        _say(f"delete {remote} (another version's manifest: until the upload is done, {target} is no store)", quiet)
+        remote.delete()
     for name in (*sorted(manifest["files"]), prepared.MANIFEST):
         _say(f"upload {folder / name} -> {target.join(name)}", quiet)
         upload_file(folder / name, target.join(name).uri, endpoint_url=endpoint_url)
-    return manifest
+    return {**manifest, "uri": target.uri}
+
+
+def _checksum_of(manifest_text: str) -> str | None:
+    """The checksum a stored manifest names, None when it is not a readable manifest."""
+    try:
+        return prepared.parse_manifest(manifest_text, prepared.MANIFEST)["checksum"]
+    except DataError:
+        return None
+
+
+# What a machine that cannot take the copy says: full, over quota, a file too large, read-only, not allowed.
+_CANNOT_WRITE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+@contextlib.contextmanager
+def _writing(target: Path, source):
+    """A copy this machine cannot write as one DataError naming `target`: not a traceback (a write error names no
+    file), nor a temp file's name, nor the source's (shutil's copy names the file it read for a full disk). A local
+    source that cannot be read keeps its own error, which names it."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in _CANNOT_WRITE:
+            raise
+        if (err.errno in (errno.EACCES, errno.EPERM) and source.local and err.filename is not None
+                and Path(os.fsdecode(err.filename)).is_relative_to(source.uri)):
+            raise
+        raise DataError(f"{target}: cannot write the copy there ({err.strerror or err}); nothing was "
+                        f"replaced") from err
+
+
+def _clear_leftovers(target: Path) -> None:
+    """Remove what a fetch of `target` killed on this host left beside it: a half-made copy (`.fetch`), or the copy
+    it replaced, moved aside (`.old`; a kill between the two renames leaves no `target`, and a kill while removing
+    it a verified one: no later fetch that downloads nothing would look). `building_folder` removes those of dead
+    processes as it makes a new one, made here and removed at once."""
+    prefix = f".{target.name}."
+    with os.scandir(target.parent) as entries:
+        found = {suffix for entry in entries for suffix in (".fetch", ".old")
+                 if entry.name.startswith(prefix) and entry.name.endswith(suffix)}
+    for suffix in sorted(found):
+        os.rmdir(building_folder(target, suffix))
 
 
 @contextlib.contextmanager
@@ -83,24 +139,28 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
     {"checksum", "target", "fetched": bool}. Nothing is downloaded when `target` holds that version already.
     A `uri` that is a plain file (captions, an image list) is fetched as one (`_fetch_file`)."""
     source = open_location(uri, endpoint_url)
-    target = Path(os.path.expanduser(str(target))).absolute()
+    given = Path(os.path.expanduser(str(target))).absolute()
+    # a target that is a link (data kept on a bigger disk) is replaced where it points, the link kept: renamed aside
+    # onto an empty folder, a link is "Is a directory", and the copy would land beside the link
+    target = Path(os.path.realpath(given)) if given.is_symlink() else given
     where = source.join(prepared.MANIFEST)
     if not where.exists() and source.exists() and not source.is_folder():
-        return _fetch_file(source, target, quiet)
+        return _fetch_file(source, target, given, quiet)
     text = where.read_text()
     if text is None and not source.is_folder():  # neither a file nor a store: a typo'd URI, named as given
         raise DataError(f"{source}: no such file or feature store")
     if text is None:
-        raise DataError(f"{where}: no such file (not a prepared feature store; "
-                        f"make one with `a2 data prepare` and upload it with `a2 data push`)")
+        raise DataError(f"{where}: no such file (not a prepared feature store, or one whose `a2 data push` did not "
+                        f"finish; make one with `a2 data prepare` and upload it with `a2 data push`)")
     manifest = prepared.parse_manifest(text, where)
     checksum = manifest["checksum"]
-    with _locked(target):
+    with _writing(target, source), _locked(target):
+        _clear_leftovers(target)
         if _is_verified(target, checksum):
             _say(f"{target}: holds store {checksum[:12]} already (verified); nothing to fetch", quiet)
-            return {"checksum": checksum, "target": str(target), "fetched": False}
+            return {"checksum": checksum, "target": str(given), "fetched": False}
         check_replaceable(target, (prepared.MANIFEST,), "feature store")  # an older store is replaced whole below
-        tmp = building_folder(target, ".fetch")
+        tmp, old = building_folder(target, ".fetch"), None
         try:
             for name, entry in sorted(manifest["files"].items()):
                 started = time.monotonic()
@@ -117,33 +177,46 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
             prepared.check_copy(tmp, expected=checksum)
             (tmp / STAMP).write_text(checksum + "\n")
             os.chmod(tmp, 0o755)
-            old = None
             if target.exists():  # replaced whole: moved aside (onto an empty folder), then removed; open files stay
                 old = building_folder(target, ".old")  # readable, and a kill here leaves what the next fetch removes
                 os.rename(target, old)
             os.rename(tmp, target)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
         except BaseException:
+            if old is not None and not os.path.lexists(target):  # the new copy did not take its place: the old back
+                with contextlib.suppress(OSError):
+                    os.rename(old, target)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
     _say(f"{target}: store {checksum[:12]} fetched and verified", quiet)
-    return {"checksum": checksum, "target": str(target), "fetched": True}
+    return {"checksum": checksum, "target": str(given), "fetched": True}
 
 
-def _fetch_file(source, target: Path, quiet: bool) -> dict:
-    """One plain file (the captions, an image list): downloaded atomically unless `target` has the same size and
-    SHA-256 (the digest `a2 data push` / `upload_file` stores with an object; without one, it is downloaded)."""
-    with _locked(target):
+def _fetch_file(source, target: Path, given: Path, quiet: bool) -> dict:
+    """One plain file (the captions, an image list): downloaded into a folder beside `target` and renamed onto it
+    (what a killed fetch leaves there, the next one removes) unless `target` has the same size and SHA-256 (the
+    digest `a2 data push` / `upload_file` stores with an object; without one, it is downloaded)."""
+    with _writing(target, source), _locked(target):
+        _clear_leftovers(target)
+        if target.is_dir():
+            raise DataError(f"{target}: a folder, not a file to write {source} into; name another path")
         size, digest = source.stored_digest()
         if source.local and target.is_file() and target.stat().st_size == size:
             digest = prepared.file_sha256(Path(source.uri))
         if digest and target.is_file() and target.stat().st_size == size and prepared.file_sha256(target) == digest:
             _say(f"{target}: the same as {source.uri} already; nothing to fetch", quiet)
-            return {"sha256": digest, "target": str(target), "fetched": False}
+            return {"sha256": digest, "target": str(given), "fetched": False}
         _say(f"fetch {source.uri} -> {target}", quiet)
-        source.download(target)  # atomically; from S3 its size and stored SHA-256 checked before it replaces `target`
-        return {"sha256": prepared.file_sha256(target), "target": str(target), "fetched": True}
+        tmp = building_folder(target, ".fetch")
+        try:  # from S3 its size and stored SHA-256 are checked before it replaces `target`
+            got = source.download(tmp / target.name)
+            sha256 = prepared.file_sha256(got)
+            os.replace(got, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return {"sha256": sha256, "target": str(given), "fetched": True}
 
 
 # -- every node's copy ------------------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ def cmd_synth(args) -> int:
 def cmd_push(args) -> int:
     """`a2 data push STORE URI`."""
     manifest = datastore.push(args.store, args.uri, endpoint_url=args.endpoint_url)
-    print(json.dumps({"uri": args.uri, **{k: v for k, v in manifest.items() if k in ("checksum", "sha256")}},
-                     indent=2))
+    print(json.dumps({"uri": manifest["uri"], **{k: v for k, v in manifest.items() if k in ("checksum", "sha256")}},
+                     indent=2))  # the URI written: a file pushed to a prefix ending in `/` takes its own name
     return 0
 
 
