@@ -46,6 +46,18 @@ IMAGES_PER_SECOND = 100.0
 # trained model's (an upper side). A trial's GPUs scale linearly (assumed).
 SCST_IMAGE_COST = 6.9
 VAL_IMAGE_COST = 2.0
+# A beam search of width 5 against greedy decoding, per image (`decode_image_cost`): VAL_IMAGE_COST is a GREEDY
+# image (bench_gpu.py (b) validates with val_decode greedy), while the studies validate with beam 5 and every test
+# evaluation decodes with beam search (`Trainer.test_evaluation`). No GPU record times beam against greedy, so the
+# factor is MEASURED on a CPU by benchmarks/bench_decode.py (benchmarks/RESULTS.md, "Decoding an image: beam search
+# against greedy", 2026-12-06: Intel Xeon, torch 2.13.0+cpu, 1 thread, process CPU time): `a2core.decode.greedy` and
+# `beam_search` on the paper-size A2 gate model, untrained (every caption runs all 20 words), 10 images a batch of
+# 10-50 regions, interleaved repeats, medians: beam 5 / greedy 1.46, 1.42 and 1.48 in three runs (1.46 kept), beam 3
+# / greedy 1.17-1.23, on the line linear in the width. The bounds it lies between: the matrix-multiply FLOPs 83.6
+# against 36.3 GFLOP, 2.30 (all time arithmetic), and the ATen operator calls (about a kernel launch each on a GPU)
+# 15,921 against 13,643, 1.17 (all time launches, as an H200's greedy decoding was). The greedy figure includes the
+# CIDEr-D scoring, which beam does not multiply: scaling it all is the upper side.
+BEAM5_OVER_GREEDY = 1.46
 # The XE layout (train.batch_layout). IMAGES_PER_SECOND is for the `images` layout (10 encoder passes a step of 50
 # pairs); a `pairs` step encodes each distinct image of its 50 random pairs once, ~50 passes. Priced by the
 # encoder's share of an images-layout step, ENCODER_SHARE: the encoder's work (and the region keys/values) scales
@@ -172,15 +184,32 @@ def scst_image_cost(spec) -> float:
     return SCST_IMAGE_COST * (BEAM_SCST_COST if beam else 1.0)
 
 
+def decode_image_cost(beam_size: int) -> float:
+    """Cost of decoding one image in cross-entropy images: VAL_IMAGE_COST greedy (beam 1: `caption_batches` decodes
+    greedily), times beam / greedy for a beam of `beam_size`, linear in the width through BEAM5_OVER_GREEDY."""
+    return VAL_IMAGE_COST * (1.0 + (BEAM5_OVER_GREEDY - 1.0) * (max(beam_size, 1) - 1) / 4)
+
+
+def val_image_cost(spec) -> float:
+    """Cost of a validation image: decoded as `train.val_decode` says (greedy, or beam search of `train.beam_size`)."""
+    t = spec.base["train"]
+    return decode_image_cost(t["beam_size"] if t.get("val_decode", "greedy") == "beam" else 1)
+
+
+def test_image_cost(spec) -> float:
+    """Cost of a test image of the end-of-run evaluation: always beam search of `train.beam_size`."""
+    return decode_image_cost(spec.base["train"]["beam_size"])
+
+
 def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimate:
     """GPU-hours of every trial run to its planned epochs, and the wall time with the GPUs the study can use at
     once (its concurrent trials, capped by the cluster's GPUs)."""
     t = spec.base["train"]
     train_images = spec.steps_per_epoch * t["batch_size"] // CAPTIONS_PER_IMAGE  # the last batch filled up
-    val_images = validated_images(spec)
-    xe = xe_image_cost(spec) * train_images + VAL_IMAGE_COST * val_images
-    scst = scst_image_cost(spec) * train_images + VAL_IMAGE_COST * val_images
-    test = VAL_IMAGE_COST * test_images(spec)  # once, when the trial ends
+    val = val_image_cost(spec) * validated_images(spec)
+    xe = xe_image_cost(spec) * train_images + val
+    scst = scst_image_cost(spec) * train_images + val
+    test = test_image_cost(spec) * test_images(spec)  # once, when the trial ends
     gpu_seconds = (t["xe_epochs"] * xe + t["scst_epochs"] * scst + test) / images_per_second
     gpu_hours = spec.num_trials * gpu_seconds / 3600
     # the trials side by side: no more than the study has (Tune trials: a fused trial holds a configuration's seeds)
@@ -356,6 +385,66 @@ def verdict_family(spec) -> int:
     return max(1, len(values) - 1) if "none" in values else 1
 
 
+@dataclass(frozen=True)
+class PowerRow:
+    """A row of the plan's power table: a difference, its size in CIDEr, and the family of comparisons whose Holm's
+    step-down tests it (`dashboards.stats.power(..., family=)`)."""
+    label: str
+    delta: float
+    family: int
+
+
+def power_rows(spec, gaps: list[tuple[str, float]] | None = None) -> tuple[list[PowerRow], list[str]]:
+    """(the power table's rows, the lines that say what they are and how each is tested) for a study of several
+    configurations, at the (label, gap)s given (`--delta`, a rehearsal's score model), each tested as one of the
+    study's comparisons, else at gaps relevant to what the study compares.
+
+    A study that searches fusions against `none`: its verdicts are `compare --by fusion`'s (and `a2 study status`'s,
+    the report's), each searched fusion against the baseline, Holm over them (`verdict_family`); its rows are the
+    searched fusions' Table 3 gains over `none`, each at that family, and the smallest Table 3 gap between two searched
+    fusions, which is no verdict of the study: `compare --baseline` with the lower of the two tests it, one of that
+    row's comparisons with the others (Holm over the other fusion rows). Fusions the study does not run get no row.
+    Any other study compares nothing by default (no `none` rows); `compare --by KEY --baseline VALUE` compares every
+    other row with one, Holm over them: its rows are the gaps given, else Table 3's gaps, which are then ASSUMED sizes
+    of difference (no record gives the gaps between its configurations), said so."""
+    fusions = searched_fusions(spec)
+    if "none" in fusions:
+        family = verdict_family(spec)
+        arms = [f for f in fusions if f != "none"]
+        if gaps:
+            return [PowerRow(label, d, family) for label, d in gaps], []
+        cider = {fusion: TABLE3["rows"][row]["CIDEr"] for fusion, row in TABLE3_ROW.items()}
+        rows = [PowerRow(f"{f} vs none", round(cider[f] - cider["none"], 1), family) for f in arms if f in cider]
+        notes = ["            each searched fusion's Table 3 gain over none (dashboards.paper_results)"]
+        pairs = sorted((abs(cider[a] - cider[b]), *sorted((a, b), key=lambda f: -cider[f]))
+                       for a, b in itertools.combinations([f for f in arms if f in cider], 2))
+        if pairs:
+            gap, high, low = pairs[0]
+            others = len(fusions) - 1  # `compare --baseline low`: every other fusion row against it
+            rows.append(PowerRow(f"{high} vs {low}", round(gap, 1), others))
+            notes.append(f"            {high} vs {low}, Table 3's smallest gap between two of its fusions: no verdict "
+                         f"of the study (those are each fusion against none); `a2 study compare --by fusion "
+                         f"--baseline {low}` tests it, one of the {others} comparisons with {low} (Holm)")
+        return rows, notes
+    # the rows `compare --by KEY` shows: a fusion grid's fusions, else the first searched key's grid values, else (a
+    # sampled key) one row a configuration
+    by, values = ("fusion", fusions) if fusions else next(
+        ((k, p.values if p.kind == "grid" else None) for k, p in spec.params.items()
+         if k not in SEED_KEYS and p.path not in SEED_KEYS), ("fusion", None))
+    by = by.rsplit(".", 1)[-1]
+    family = max(1, (len(values) if values is not None else spec.num_arms) - 1)
+    head = (f"            no verdicts by default: the study searches no fusion against none; `a2 study compare --by "
+            f"{by} --baseline VALUE` compares each of the other {family} row{'s' if family > 1 else ''} with one "
+            f"(Holm over them)")
+    if gaps:
+        return [PowerRow(label, d, family) for label, d in gaps], [head]
+    assumed = sorted({d for _, d in table3_gaps()})
+    return [PowerRow(f"{d:g} CIDEr", d, family) for d in assumed], [
+        head, f"            the gaps are ASSUMED: no record gives the CIDEr gaps between its {by} values, so Table 3's "
+              f"(the fusions' gains over none, {assumed[1]:.1f}-{assumed[-1]:.1f}, and the smallest between two "
+              f"fusions, {assumed[0]:.1f}) stand in as sizes of difference; give yours with --delta"]
+
+
 def searched_fusions(spec) -> list:
     """The fusions the study's grid runs ([] when the fusion is not a grid key)."""
     fusion = next((p for p in spec.params.values() if p.path == "model.fusion" and p.kind == "grid"), None)
@@ -401,7 +490,8 @@ def _power_text(value: float) -> str:
     return ">99%" if not math.isfinite(value) or value > 0.995 else f"{value:.0%}"
 
 
-def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[str, float]], images_per_second: float,
+def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[str, float]] | None,
+              images_per_second: float,
               ips_source: str, workers: Workers | None, price: float | None) -> str:
     t, r = spec.base["train"], spec.resources
     steps, total = spec.steps_per_epoch, spec.total_steps
@@ -461,13 +551,16 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
         lines += [f"  power     CIDEr {noise.text()}", f"            ({noise_source})"]
         over = (f"seeds and {noise.images:,} images, each component once, Satterthwaite d.f." if noise.images
                 else "seed means: Welch")
-        family = verdict_family(spec)
+        rows, notes = power_rows(spec, deltas)
+        family = verdict_family(spec) if "none" in searched_fusions(spec) else max(r.family for r in rows)
         lines.append(f"            the verdict rule (95% interval over {over}; no verdict below 2 seeds), "
                      f"{POWER:.0%} power wanted")
         if family > 1:
-            lines.append(f"            for the adjusted verdict: {family} fusions against the baseline are one family "
-                         f"(Holm), each tested at 5% / {family} = {0.05 / family:.4g} at Holm's first step (a lower "
-                         f"bound of its power)")
+            what = (f"{family} fusions against the baseline are one family" if "none" in searched_fusions(spec) else
+                    f"{family} rows against the one named are one family")
+            lines.append(f"            for the adjusted verdict: {what} (Holm), each tested at 5% / {family} = "
+                         f"{0.05 / family:.4g} at Holm's first step (a lower bound of its power)")
+        lines += notes
         if chosen_among := selected_fusions(spec):
             lines.append(f"            a fusion's row is its best configuration on val ({chosen_among}), chosen on "
                          f"the seeds its verdict uses: with every arm equal fusion_ablation's fixed 5 seeds resolved "
@@ -475,11 +568,11 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
                          f"(docs/explanation/statistics.md, \"Confirmation seeds\")")
         lines.append(f"    {'difference':<26}{'delta':>6}{'seeds/arm needed':>18}{f'power at {seeds}':>14}")
         never = False
-        for label, delta in deltas:
-            needed = seeds_needed(delta, noise, family=family)
+        for row in rows:
+            needed = seeds_needed(row.delta, noise, family=row.family)
             never |= needed is None
-            lines.append(f"    {label:<26}{delta:>6.1f}{'never' if needed is None else needed:>18}"
-                         f"{_power_text(power(seeds, delta, noise, family=family)):>14}")
+            lines.append(f"    {row.label:<26}{row.delta:>6.1f}{'never' if needed is None else needed:>18}"
+                         f"{_power_text(power(seeds, row.delta, noise, family=row.family)):>14}")
         if never:
             lines.append(f"    never: the images' own variance ({noise.images:,} images) stays however many seeds "
                          f"run; score more test images")
@@ -487,14 +580,18 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
         lines.append("cost      none estimated: the trials use no GPU (resources.gpus_per_worker: 0)")
         return "\n".join(lines)
     est = estimate(spec, images_per_second, workers)
+    val_decode = f"beam {t['beam_size']}" if t.get("val_decode", "greedy") == "beam" and t["beam_size"] > 1 else "greedy"
     lines += ["cost (an estimate)",
               f"  speed     {images_per_second:g} training images/s per GPU ({ips_source})",
               f"            per image, in XE images: an XE image {xe_image_cost(spec):.2f} "
               f"({t.get('batch_layout', 'images')} layout, encoder share {ENCODER_SHARE:g} of an images-layout "
               f"step, from FLOPs), an SCST image {scst_image_cost(spec):.2f} "
-              f"({t.get('scst_candidates', 'sample')} candidates), a validation image {VAL_IMAGE_COST:g}, a test "
-              f"image ({_n(test_images(spec))} when a trial ends) {VAL_IMAGE_COST:g} (measured on an H200: "
-              f"benchmarks/bench_gpu.py); a trial's GPUs scale linearly (assumed)",
+              f"({t.get('scst_candidates', 'sample')} candidates); a trial's GPUs scale linearly (assumed)",
+              f"            decoding, in XE images: a validation image {val_image_cost(spec):.2f} ({val_decode}), a test "
+              f"image ({_n(test_images(spec))} when a trial ends, beam {t['beam_size']}) {test_image_cost(spec):.2f}: "
+              f"greedy {VAL_IMAGE_COST:g} measured on an H200 (benchmarks/bench_gpu.py), beam 5 / greedy "
+              f"{BEAM5_OVER_GREEDY:g} measured on a CPU, linear in the width (launch.plan.BEAM5_OVER_GREEDY; "
+              f"its FLOPs say 2.30, its kernel launches 1.17)",
               f"  GPU-hours {est.gpu_hours:,.0f} for {spec.num_trials} trials; about {est.wall_hours:,.0f} h wall "
               f"on {est.gpus_at_once:g} GPUs at once"
               + (f", {_trials_text(est.gpus_at_once / spec.trial_resources()['GPU'])} side by side in waves"
@@ -504,6 +601,9 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
     if 0 < r.gpus_per_worker < 1:
         lines.append(f"            {1 / r.gpus_per_worker:g} trials share a card: {images_per_second:g} images/s is the "
                      f"card's, all of them together (each trial at its {r.gpus_per_worker:g} of it)")
+    if workers is None and price is not None:  # a node's price, and no node type to say its GPUs
+        lines.append(f"  cost      not priced: the cluster file names no GPU worker type, so a node's "
+                     f"--price-per-hour {price:g} has no GPUs to divide by")
     if workers is not None:
         node = price if price is not None else ON_DEMAND_PRICES.get(workers.instance)
         if node is None:
@@ -653,14 +753,16 @@ def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: fl
     for option, value in (("--images-per-second", images_per_second), ("--price-per-hour", price_per_hour)):
         if value is not None and not 0 < value < math.inf:
             raise StudyError(f"{option} must be a finite number > 0, got {value:g}")
+    if cluster is not None and not Path(cluster).is_file():  # it used to price nothing and ignore --price-per-hour
+        raise StudyError(f"--cluster {cluster}: no such cluster-launcher file")
     noise, noise_source = study_noise(spec, sd, storage)
-    gaps = [(f"{d:g} CIDEr", d) for d in deltas] if deltas else table3_gaps()
     newest = newest_gpu_record() if images_per_second is None else None  # read once: the study's mode and the others
     measured = measured_throughput(spec, newest=newest) if newest is not None else None
     ips, ips_source = ((images_per_second, "given") if images_per_second is not None else
                        (measured.images_per_second, measured.source) if measured is not None else
                        (IMAGES_PER_SECOND, "an estimate for an A10G; 115 measured on an H200: benchmarks/RESULTS.md"))
-    workers = cluster_workers(cluster)
+    workers = cluster_workers(cluster) if cluster is not None else None  # None: no cluster file, no price
+    gaps = [(f"{d:g} CIDEr", d) for d in deltas] if deltas else None  # None: the gaps relevant to the study
     text = plan_text(spec, noise, noise_source, gaps, ips, ips_source, workers, price_per_hour)
     if newest is not None:
         path, rec = newest

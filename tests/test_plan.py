@@ -74,9 +74,16 @@ def test_plan_with_a_given_spread(study_file, capsys):
     images = verdict_images(load_study(study_file, check_files=False))
     noise = Noise(1.5, 0.0, ARM_IMAGE_SD, images)  # the given spread, the assumed arm x image term
     assert "CIDEr seed spread sd 1.50, arm x image sd 10.0 over" in out and "seed spread given; arm x image" in out
-    assert rows["gate vs none"][:2] == ["5.0", str(seeds_needed(5.0, noise))]
-    assert rows["max vs moving_average"][:2] == ["0.5", "never"]  # the images alone leave more than 0.5 / 2.8
-    assert "never: the images' own variance" in out
+    # smoke runs none and gate: its one verdict, gate vs none, at Table 3's gain (a family of one); the fusions it
+    # does not run (max, moving_average, exp_decay) get no row, and no pair of searched fusions is left to compare
+    assert list(rows) == ["gate vs none"]
+    assert rows["gate vs none"][:2] == ["5.0", str(seeds_needed(5.0, noise, family=1))]
+    assert "for the adjusted verdict" not in out  # one comparison: no Holm family
+    assert "never: the images' own variance" not in out
+    assert a2(["study", "plan", str(study_file), "--sd", "1.5", "--delta", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert _power_rows(out)["0.5 CIDEr"][:2] == ["0.5", "never"]  # the images alone leave more than 0.5 / 2.8
+    assert "never: the images' own variance (500 images)" in out
     # smoke with 3 replicates: 3 configurations (none, 2 gate samples) x 3 seeds x 20 epochs
     assert "trials    9 = 3 configurations x 3 seeds; 180 trial-epochs (before early stopping)" in out
     assert "steps     200 a epoch; 4,000 in 20 epochs (20 XE + 0 SCST)" in out

@@ -41,9 +41,14 @@ def test_shipped_coco_study_plans_at_the_papers_scale(name, capsys):
     out = capsys.readouterr().out
     assert f"steps     11,329 a epoch; {11_329 * (xe + scst):,} in {xe + scst} epochs" in out
     assert "the standard Karpathy split" in out
-    images = 11_329 * 10  # the last step filled up; all 5,000 val images every epoch, VAL_IMAGE_COST each
-    val = plan.VAL_IMAGE_COST * 5_000
-    test = plan.VAL_IMAGE_COST * 5_000  # the end-of-run test evaluation: once a trial, a test image costing as a val one
+    images = 11_329 * 10  # the last step filled up; all 5,000 val images every epoch
+    # a decoded image: VAL_IMAGE_COST greedy (measured on an H200), times BEAM5_OVER_GREEDY for a beam of 5 (measured
+    # on a CPU: benchmarks/bench_decode.py); these studies validate with beam 5, and the end-of-run test evaluation
+    # (once a trial) always decodes with beam search of train.beam_size (5)
+    beam5 = plan.VAL_IMAGE_COST * plan.BEAM5_OVER_GREEDY
+    assert plan.decode_image_cost(1) == plan.VAL_IMAGE_COST and plan.decode_image_cost(5) == pytest.approx(beam5)
+    val = beam5 * 5_000
+    test = beam5 * 5_000
     # the paper's recipe (train.batch_layout pairs): ~50 encoder passes a step instead of 10, priced by the encoder's
     # share of a step; SCST with beam candidates: SCST_IMAGE_COST XE images an SCST image, times the beam / sample
     # cost (both measured on an H200: benchmarks/bench_gpu.py)
@@ -57,7 +62,9 @@ def test_shipped_coco_study_plans_at_the_papers_scale(name, capsys):
         assert "SCST      10 images x 5 beams of a beam search of width 5" in out
     gpu_hours = (trials * (xe * (xe_cost * images + val) + scst * (scst_cost * images + val) + test)
                  / plan.IMAGES_PER_SECOND / 3600)
-    assert f"a test image (5,000 when a trial ends) {plan.VAL_IMAGE_COST:g} (measured" in out and "113,287 train, 5,000 val, 5,000 test" in out
+    assert (f"a validation image {beam5:.2f} (beam 5), a test image (5,000 when a trial ends, beam 5) {beam5:.2f}: "
+            f"greedy {plan.VAL_IMAGE_COST:g} measured on an H200") in out and "113,287 train, 5,000 val, 5,000 test" in out
+    assert f"beam 5 / greedy {plan.BEAM5_OVER_GREEDY:g} measured on a CPU" in out
     assert f"GPU-hours {gpu_hours:,.0f} for {trials} trials" in out
     price = plan.ON_DEMAND_PRICES["g5.12xlarge"] / 4
     assert f"cost      ${gpu_hours * price:,.0f}: g5.12xlarge at $5.672/h" in out
@@ -247,7 +254,7 @@ def test_plan_prices_adaptive_replicates_beside_the_fixed_design(tmp_path, capsy
     assert a2(["study", "plan", str(path), f"storage={tmp_path}"]) == 0
     out = capsys.readouterr().out
     block = out[out.index("adaptive replicates"):]
-    assert out.index("GPU-hours 738 for 55 trials") < out.index("adaptive replicates")
+    assert out.index("GPU-hours 753 for 55 trials") < out.index("adaptive replicates")
     assert "an ESTIMATE for search.replicates: {min: 3, max: 9}, which the driver runs in rounds" in block
     assert f"{plan.ADAPTIVE_STUDIES:,} simulated studies, seed {plan.ADAPTIVE_SEED}" in block
     spec = load_study(path, check_files=False)
