@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -173,8 +174,7 @@ class Export:
                                    run_name=name)
         logged = tracker.logged_steps(run_id, self.spec.metric)
         self.late += sum(late and int(result["epoch"]) not in logged for result in results)
-        tracker.log_epochs(run_id, [(int(result["epoch"]), epoch_metrics(result), int(result["timestamp"] * 1000)
-                                     if isinstance(result.get("timestamp"), (int, float)) else None)
+        tracker.log_epochs(run_id, [(int(result["epoch"]), epoch_metrics(result), _timestamp_ms(result))
                                     for result in results])
         tracker.set_tags(run_id, self._tags(trial, results))
         self._artifacts(tracker, run_id, self.location.at(TRIALS_DIR, train_run_name(self.spec.name, tid),
@@ -230,6 +230,16 @@ class Export:
             if text is not None and self.uploaded.get((run_id, path)) != text:
                 tracker.client.log_text(run_id, text, path)
                 self.uploaded[(run_id, path)] = text
+
+
+def _timestamp_ms(result: dict) -> int | None:
+    """A result's `timestamp` (s) in ms as MLflow takes it (a non-negative 64-bit integer); None (MLflow: now) when
+    it has none MLflow can hold: absent, not a number (a bool), NaN, infinite, negative or past int64."""
+    value = result.get("timestamp")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    ms = int(value * 1000)
+    return ms if 0 <= ms < 2 ** 63 else None
 
 
 class StudyExporter:

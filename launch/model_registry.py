@@ -26,6 +26,16 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL_CODE = REPO / "dashboards" / "ensemble_model.py"
 
 
+def _quoted(value: str) -> str:
+    """`value` as a string of a model-version search filter: MLflow's takes no escapes, only either quote."""
+    value = str(value)
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise ValueError(f"model name {value!r}: MLflow cannot search a name with both ' and \"; rename it")
+
+
 def content_hash(checkpoints: Sequence[str | os.PathLike], beam_size: int, max_len: int) -> str:
     """sha256 of what a model version serves: the checkpoints' bytes, in ensemble order (each holds its config),
     and the decoding settings. Equal hashes: the same model."""
@@ -41,7 +51,7 @@ def drop_unfinished_versions(client, name: str, run_id: str) -> list[int]:
     killed between registering a version and tagging it (the tag is set last) left them, and a rerun would register
     the same ensemble again beside them. Returns the versions deleted."""
     dropped = []
-    for version in client.search_model_versions(f"name='{name}' and run_id='{run_id}'"):
+    for version in client.search_model_versions(f"name={_quoted(name)} and run_id={_quoted(run_id)}"):
         if TAG_CONTENT_HASH not in (version.tags or {}):
             client.delete_model_version(name, version.version)
             dropped.append(int(version.version))
@@ -60,7 +70,8 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
     "model_uri", "logged_model_uri", "run_id", "reused"}."""
     client = MlflowClient(tracking_uri=tracking_uri)
     digest = content_hash(checkpoints, beam_size, max_len)
-    same = client.search_model_versions(f"name='{name}' and tags.`{TAG_CONTENT_HASH}` = '{digest}'")
+    same = client.search_model_versions(
+        f"name={_quoted(name)} and tags.`{TAG_CONTENT_HASH}` = {_quoted(digest)}")
     if same:
         first = min(same, key=lambda v: int(v.version))
         return {"name": name, "version": int(first.version), "model_uri": f"models:/{name}/{first.version}",

@@ -7,6 +7,7 @@ an export of the study's record (`launch.mlflow_export`).
 """
 from __future__ import annotations
 
+from dashboards.tracking import redact_uri
 from launch.conclusions import read_summary
 from launch.commands import driver_options, load_study_file
 from launch.driver import check_tracking, exit_code, resume_study, run_study
@@ -32,7 +33,7 @@ def cmd_sync(args) -> int:
     location = locate(args.name, args.storage)
     spec = load_saved_spec(location)
     check_tracking(spec)
-    print(f"study {spec.name}: exporting its record into MLflow at {spec.tracking.mlflow_uri} (the store "
+    print(f"study {spec.name}: exporting its record into MLflow at {redact_uri(spec.tracking.mlflow_uri)} (the store "
           f"recorded with the study)", flush=True)
     lease = StudyLease(location.at(), getattr(args, "stale_after", DEFAULT_STALE_AFTER))  # a Namespace of Python callers
     with lease.held(getattr(args, "force", False)):  # a running driver exports itself: never both at once
