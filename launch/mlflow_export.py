@@ -20,6 +20,7 @@ server was down (`<study>/tracking/outage.json`) go into the live table and `sum
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -100,7 +101,47 @@ class Export:
 
     def run(self, trials: list[Trial], ended: str | None = None, late: bool = False) -> None:
         """Bring MLflow to match the record. `ended`: None while the study runs, else the reason its unfinished runs
-        end KILLED (`end_reason`); `late`: the server was down since the last export (its epochs are counted)."""
+        end KILLED (`end_reason`); `late`: the server was down since the last export (its epochs are counted).
+        The study's experiment or a run of it deleted on the server meanwhile (someone cleaning up in the MLflow
+        UI) is restored (`StudyTracker.restore_deleted`), said in one warning, and the export made again; one gone
+        for good is made again by a new tracker, every trial exported anew. A write to a deleted run fails, which
+        tells; the study's last export also looks (a settled trial's run is not written to again)."""
+        from mlflow.exceptions import MlflowException  # mlflow: on first use, as in `launch.tracking_writer`
+
+        if ended is not None:
+            with contextlib.suppress(MlflowException):  # a server that fails here fails the export below, which says
+                self._restore_deleted()
+        late_before = self.late
+        try:
+            self._run(trials, ended, late)
+        except MlflowException as err:
+            # what a write to a deleted run or experiment answers; a server that does not answer (INTERNAL_ERROR,
+            # after MLflow's retries) is not asked again here: the caller's outage handling takes it
+            if err.error_code not in _DELETED_CODES:
+                raise
+            try:
+                restored = self._restore_deleted()
+            except MlflowException:
+                restored = False
+            if not restored:
+                raise err from None
+            self.late = late_before  # the epochs the failed try counted are counted again
+            self._run(trials, ended, late)
+
+    def _restore_deleted(self) -> bool:
+        """Restore what of the study was deleted on the server (`StudyTracker.restore_deleted`), said in one warning;
+        the next export reads and exports every trial again. False: nothing was deleted."""
+        said, intact = self.tracker.restore_deleted() if self.tracker is not None else ([], True)
+        if not said:
+            return False
+        logger.warning("MLflow export: %s; exporting again", "; ".join(said))
+        if not intact:  # gone for good: a new tracker finds or makes the study's runs again
+            self.tracker = None
+            self.uploaded.clear()
+        self.exported.clear()  # every trial read and exported again: what its run lacks is written
+        return True
+
+    def _run(self, trials: list[Trial], ended: str | None, late: bool) -> None:
         tracker = self.open()
         changing = [t for t in trials if self.reread or not self._settled(t, ended is not None)]
         read = dict(zip((t.trial_id for t in changing),
@@ -230,6 +271,10 @@ class Export:
             if text is not None and self.uploaded.get((run_id, path)) != text:
                 tracker.client.log_text(run_id, text, path)
                 self.uploaded[(run_id, path)] = text
+
+
+# MLflow's error codes for a write to a deleted run (not 'active') or to a run or experiment no longer there
+_DELETED_CODES = frozenset({"INVALID_PARAMETER_VALUE", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST"})
 
 
 def _timestamp_ms(result: dict) -> int | None:

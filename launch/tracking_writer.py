@@ -148,6 +148,52 @@ class StudyTracker:
             self.client.set_experiment_tag(exp.experiment_id, key, value)
         return exp.experiment_id
 
+    def restore_deleted(self) -> tuple[list[str], bool]:
+        """After a write failed, and at a study's end: restore what of this tracker's experiment and runs was deleted
+        on the server since their ids were cached (someone cleaning up in the MLflow UI; a deleted experiment's runs
+        are deleted, and restored, with it), as `experiment_id` restores a deleted experiment, and forget what it knew
+        of the runs restored (read again on their next use). Returns (what was restored or is gone, in words; whether
+        the tracker still holds: False when the experiment or a run is gone for good (`mlflow gc`), and a new
+        tracker must make them again). ([], True): nothing was deleted; the failure was another."""
+        from mlflow.entities import ViewType
+        from mlflow.exceptions import MlflowException  # mlflow: on first use, as in `mlflow_client`
+
+        if "experiment_id" not in self.__dict__:  # never resolved: nothing cached
+            return [], True
+        exp_id = self.experiment_id
+        try:
+            exp = self.client.get_experiment(exp_id)
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            return [f"experiment {self.experiment_name!r} ({exp_id}) is gone from the server"], False
+        said = []
+        if exp.lifecycle_stage == "deleted":
+            self.client.restore_experiment(exp_id)
+            said.append(f"experiment {self.experiment_name!r} ({exp_id}) was deleted; restored with its runs")
+        cached = {self.parent_run_id, *self.trial_runs.values(), *self._known, *self._steps} - {None}
+        found, token = {}, None
+        while cached:
+            page = self.client.search_runs([exp_id], "", run_view_type=ViewType.ALL, max_results=1000,
+                                           page_token=token)
+            found.update((run.info.run_id, run) for run in page)
+            if not (token := page.token):
+                break
+        gone = cached - set(found)
+        deleted = sorted(run_id for run_id in cached & set(found) if found[run_id].info.lifecycle_stage == "deleted")
+        for run_id in deleted:
+            self.client.restore_run(run_id)
+            self._known.pop(run_id, None)
+            self._steps.pop(run_id, None)
+            self.trial_runs = {tid: rid for tid, rid in self.trial_runs.items() if rid != run_id}
+        if deleted:
+            said.append(f"run{'s' if len(deleted) > 1 else ''} {', '.join(deleted)} of experiment "
+                        f"{self.experiment_name!r} {'were' if len(deleted) > 1 else 'was'} deleted; restored")
+        if gone:
+            said.append(f"run{'s' if len(gone) > 1 else ''} {', '.join(sorted(gone))} of experiment "
+                        f"{self.experiment_name!r} {'are' if len(gone) > 1 else 'is'} gone from the server")
+        return said, not gone
+
     # -- the study's views in the MLflow UI ------------------------------------------------------------------
     def set_views(self, metric: str = "val/CIDEr", mode: str = "max", searched_params: list[str] | tuple = ()) -> None:
         """Save the study's views (`dashboards.mlflow_views`) for its `metric`, `mode` and searched params; from now
