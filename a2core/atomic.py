@@ -67,7 +67,18 @@ def building_folder(path: str | os.PathLike, suffix: str) -> Path:
     are left alone, since their process cannot be checked from here; so is a live or unreadable process's."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clear_dead_building_folders(path, suffix)
     prefix = f".{path.name}.{socket.gethostname()}.p"
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", suffix=suffix, dir=path.parent))
+
+
+def clear_dead_building_folders(path: str | os.PathLike, suffix: str) -> None:
+    """Remove the `building_folder`s of `path` with `suffix` that a killed process of this host left (another
+    host's, and a live or unreadable process's, are left alone)."""
+    path = Path(path)
+    prefix = f".{path.name}.{socket.gethostname()}.p"
+    if not path.parent.is_dir():
+        return
     with os.scandir(path.parent) as entries:
         names = [e.name for e in entries if e.name.startswith(prefix) and e.name.endswith(suffix)
                  and e.is_dir(follow_symlinks=False)]
@@ -75,7 +86,6 @@ def building_folder(path: str | os.PathLike, suffix: str) -> Path:
         pid = name[len(prefix):].split(".", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(path.parent / name, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}.", suffix=suffix, dir=path.parent))
 
 
 def _alive(pid: int) -> bool:

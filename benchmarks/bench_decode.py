@@ -44,13 +44,9 @@ sys.path.insert(0, str(ROOT))
 from a2core.config import Config  # noqa: E402 - after the path line, as every benchmark
 from a2core.decode import beam_search, greedy  # noqa: E402
 from a2core.model.a2 import build_model  # noqa: E402
+from benchmarks.bench_gpu import PAPER_MODEL, TINY_MODEL  # noqa: E402 - the models its greedy figure timed
 from benchmarks.bench_model import VOCAB, make_batch  # noqa: E402
 from launch import plan  # noqa: E402 - the constant its figure is set against
-
-PAPER_MODEL = {"d_model": 512, "layers": 6, "heads": 8, "d_ff": 2048, "dropout": 0.1, "max_regions": 50,
-               "fusion": "gate", "lambda": 0.035}
-TINY_MODEL = {"d_model": 32, "layers": 1, "heads": 2, "d_ff": 64, "dropout": 0.1, "max_regions": 50,
-              "fusion": "gate", "lambda": 0.035}
 MAX_LEN = 20
 
 

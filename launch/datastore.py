@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from a2core.atomic import atomic_write, building_folder, check_replaceable
+from a2core.atomic import atomic_write, building_folder, check_replaceable, clear_dead_building_folders
 from a2core.data import prepared
 from a2core.errors import DataError, StudyError
 from launch.storage import open_location, upload_file
@@ -115,14 +115,9 @@ def _writing(target: Path, source):
 def _clear_leftovers(target: Path) -> None:
     """Remove what a fetch of `target` killed on this host left beside it: a half-made copy (`.fetch`), or the copy
     it replaced, moved aside (`.old`; a kill between the two renames leaves no `target`, and a kill while removing
-    it a verified one: no later fetch that downloads nothing would look). `building_folder` removes those of dead
-    processes as it makes a new one, made here and removed at once."""
-    prefix = f".{target.name}."
-    with os.scandir(target.parent) as entries:
-        found = {suffix for entry in entries for suffix in (".fetch", ".old")
-                 if entry.name.startswith(prefix) and entry.name.endswith(suffix)}
-    for suffix in sorted(found):
-        os.rmdir(building_folder(target, suffix))
+    it a verified one: no later fetch that downloads nothing would look)."""
+    for suffix in (".fetch", ".old"):
+        clear_dead_building_folders(target, suffix)
 
 
 @contextlib.contextmanager
