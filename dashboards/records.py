@@ -224,7 +224,8 @@ def arms_of(record: Mapping) -> list[Arm]:
 def _seeds_text(seeds: list) -> str:
     ints = sorted(int(s) for s in seeds)
     if len(ints) > 2 and ints == list(range(ints[0], ints[-1] + 1)):
-        return f"{ints[0]}-{ints[-1]}"
+        # "0-3"; a negative first seed as "-1 to 1", since "-1-1" reads as one seed or a subtraction
+        return f"{ints[0]}{' to ' if ints[0] < 0 else '-'}{ints[-1]}"
     return ", ".join(map(str, ints))
 
 

@@ -188,3 +188,15 @@ def test_a2_results_export_writes_a_studys_record_and_show_prints_it(tmp_path, c
     capsys.readouterr()
     assert a2(["results", "show", str(out)]) == 0
     assert capsys.readouterr().out.strip() == render_table(record).strip()
+
+
+@pytest.mark.parametrize("seeds, cell", [([0, 1, 2], "0-2"), ([-1, 0, 1], "-1 to 1"), ([3, 1], "1, 3"),
+                                         ([0, 2, 3], "0, 2, 3")])
+def test_the_seeds_cell_names_a_run_of_seeds_unambiguously(tmp_path, seeds, cell):
+    """Seeds -1, 0, 1 printed as "-1-1", which reads as one seed or a subtraction."""
+    record = make_record({"none": len(seeds), "gate": len(seeds)})
+    for arm in record["arms"]:
+        arm["seeds"] = seeds
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(record))
+    assert render_table(load_record(path)).splitlines()[2].startswith(f"| none | {cell} | ")
