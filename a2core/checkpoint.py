@@ -164,7 +164,7 @@ def model_from_state(state: dict, device="cpu") -> tuple[A2Transformer, Vocab, d
     Returns:
         The model in eval mode on `device`, its vocabulary and its config as a plain dict.
     """
-    config = Config.from_dict(state["config"])
+    config = Config.from_dict(state["config"], saved=True)
     vocab = Vocab(state["vocab"])
     model = build_model(config.model, len(vocab), config.longest_caption)
     model.load_state_dict(state["model"])

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from .data.synthetic import split_sizes
 from .errors import ConfigError
@@ -604,25 +604,30 @@ class Config(Section):
         "Checkpoints and logs of a plain `a2 train` (a folder in use gets a numbered sibling)."))
 
     @model_validator(mode="after")
-    def _consistent(self) -> Config:
-        """Checks across sections: the select metric must be one this model and schedule report."""
-        check_select_metric(self.model, self.train, self.data.kind)
+    def _consistent(self, info: ValidationInfo) -> Config:
+        """Checks across sections: the select metric must be one this model and schedule report. Not for a saved
+        config (`from_dict(saved=True)`): it describes a run already trained, which a later, stricter rule must not
+        keep from being decoded, packaged or checked."""
+        if not (info.context or {}).get("saved"):
+            check_select_metric(self.model, self.train, self.data.kind)
         return self
 
     @classmethod
-    def from_dict(cls, raw: dict | None, source: str | None = None) -> Config:
+    def from_dict(cls, raw: dict | None, source: str | None = None, saved: bool = False) -> Config:
         """The validated config of a plain dict (YAML), every missing key at its default.
 
         Args:
             raw: `{"data": {...}, "model": {...}, "train": {...}}`; None or `{}` gives the defaults.
             source: The file `raw` came from, named in errors.
+            saved: `raw` is a checkpoint's config (a run already trained): each key is checked, the rules across
+                sections that decide how a run trains (`check_select_metric`) are not.
 
         Raises:
             ConfigError: Naming the dotted key (`model.heads`) and the file, for an unknown key, a wrong type or a
                 value out of range.
         """
         try:
-            return cls.model_validate(raw or {})
+            return cls.model_validate(raw or {}, context={"saved": saved})
         except ValidationError as err:
             raise config_error(err, source) from None
 

@@ -401,7 +401,7 @@ def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     models, vocab, config = load_ensemble(checkpoints, device=device)
     model_cfg = config["model"]
-    store = FeatureStore(resolve_paths(Config.from_dict({**config, "data": data_config}).data).features,
+    store = FeatureStore(resolve_paths(Config.from_dict({**config, "data": data_config}, saved=True).data).features,
                          model_cfg["feature_dim"])
     singles = len(models) if single_split and len(models) > 1 else 0  # one model alone is the ensemble
     total = len(set().union(*shard.values())) + len(shard.get(single_split, [])) * singles

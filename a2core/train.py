@@ -337,7 +337,7 @@ class Trainer:
         self.output_dir = Path(output_dir)
         state = ckpt.load(resume_from) if resume_from else None
         if state is not None:
-            saved = Config.from_dict(state["config"])
+            saved = Config.from_dict(state["config"], saved=True)
             if saved.model != cfg.model:
                 keys = [f"model.{k} {getattr(saved.model, k)!r} in it, {getattr(cfg.model, k)!r} here"
                         for k in type(cfg.model).model_fields if getattr(saved.model, k) != getattr(cfg.model, k)]
@@ -809,7 +809,7 @@ def scst_from_problem(path: str | Path, vocab: Vocab, model_state: dict, cfg: Co
         if names:
             what.append(f"{label}: {names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else ""))
     try:  # the config it was trained with, when it holds a readable one, says which key made the difference
-        saved = Config.from_dict(state["config"]).model
+        saved = Config.from_dict(state["config"], saved=True).model
         keys = [f"model.{k} {getattr(saved, k)} in the checkpoint, {getattr(cfg.model, k)} here" for k in SHAPE_KEYS
                 if getattr(saved, k) != getattr(cfg.model, k)]
     except ConfigError:  # a config this a2core no longer accepts: the parameters alone say what differs

@@ -278,7 +278,7 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
 
     def _feature_store(self) -> FeatureStore:
         if self._store is None:
-            path = self.features_path or resolve_paths(Config.from_dict(self.config).data).features
+            path = self.features_path or resolve_paths(Config.from_dict(self.config, saved=True).data).features
             self._store = FeatureStore(path, self.config["model"]["feature_dim"])
         return self._store
 

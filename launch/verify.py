@@ -543,7 +543,7 @@ def model_mismatch(state: dict, model: dict | None = None, searched: tuple = ())
     from a2core.model.a2 import build_model
 
     try:
-        saved = Config.from_dict(state["config"])
+        saved = Config.from_dict(state["config"], saved=True)
     except (A2Error, KeyError, TypeError) as err:
         return f"its config does not read ({str(err).splitlines()[0][:200]})"
     weights = state.get("model")

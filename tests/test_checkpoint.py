@@ -170,3 +170,20 @@ def test_a_view_is_saved_as_its_own_tensor_not_its_whole_storage(tmp_path):
     state = torch.load(tmp_path / "seed.pt", weights_only=True)
     assert torch.equal(state["model"]["w"], stacked[1]) and torch.equal(state["opt"][0]["exp_avg"], stacked[2])
     assert state["model"]["w"].untyped_storage().nbytes() == 32 * 32 * 4
+
+
+def test_a_checkpoint_whose_select_metric_a_later_rule_refuses_still_loads_and_decodes(tmp_path):
+    """A checkpoint's config describes a run already trained: a rule added later on how a run selects its best epoch
+    (here: METEOR selected without train.val_meteor) refused it, so it could not be decoded, packaged or checked."""
+    cfg = Config.from_dict({"model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "feature_dim": 8,
+                                      "max_regions": 4}})
+    vocab = [*SPECIALS, "a", "dog"]
+    state = _checkpoint(cfg, vocab)
+    state["config"]["train"]["select_metric"] = "val/METEOR"  # what an older a2core accepted
+    from a2core.errors import ConfigError
+    with pytest.raises(ConfigError, match="select_metric"):
+        Config.from_dict(state["config"])  # a new run configured so is still refused
+    path = ckpt.save(state, tmp_path / "old.pt")
+    model, loaded_vocab, config = ckpt.model_from_state(ckpt.load(path))
+    assert config["train"]["select_metric"] == "val/METEOR" and loaded_vocab.words == vocab
+    assert all(torch.equal(value, state["model"][key]) for key, value in model.state_dict().items())
