@@ -762,31 +762,16 @@ _OVERRIDE = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)=(.*)$", re.S)
 
 
 def apply_overrides(raw: dict, overrides: list[str], source: str | None = None) -> dict:
-    """`["model.lambda=0.05", "train.xe_epochs=3"]` applied to a copy of `raw`; values are parsed as YAML. A key
-    given twice with different values is refused (`parse_overrides`)."""
+    """`["model.lambda=0.05", "train.xe_epochs=3"]` applied to a copy of `raw`; values are parsed as YAML."""
     raw = copy.deepcopy(raw)
-    for key, value in parse_overrides(overrides, source):
-        set_override(raw, key, value)
-    return raw
-
-
-def parse_overrides(overrides: list[str], source: str | None = None) -> list[tuple[str, Any]]:
-    """(key, value parsed as YAML) of each `key.path=value` override, in order. ConfigError for one not of that form,
-    and for a key given twice with different values (`train.xe_epochs=2 ... train.xe_epochs=3`, a command line
-    edited in a hurry): either value may be the one meant, and only the last would be used, silently."""
-    parsed, seen = [], {}
     for item in overrides:
         match = _OVERRIDE.match(item)
         if not match:
             raise ConfigError("", f"override {item!r} is not of the form key.path=value", source)
         key, text = match.groups()
         value = _override_value(text, item, source)
-        if key in seen and seen[key][1] != value:
-            raise ConfigError(key, f"given twice in the overrides, as {seen[key][0]!r} and {item!r}; give it once",
-                              source)
-        seen[key] = (item, value)
-        parsed.append((key, value))
-    return parsed
+        set_override(raw, key, value)
+    return raw
 
 
 def set_override(raw: dict, key: str, value: Any) -> None:

@@ -17,9 +17,9 @@ from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, Valid
                       model_validator)
 
 from a2core.config import (SEED_LIMIT, SELECTABLE, Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
-                           applicable_config, check_batch_split, check_data_kind, config_error,
+                           applicable_config, apply_overrides, check_batch_split, check_data_kind, config_error,
                            format_value, get_dotted, inapplicable_model_keys, integer, load_yaml, set_dotted,
-                           parse_overrides, set_override, steps_per_epoch)
+                           set_override, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.data.prepared import check_copy, is_prepared
 from a2core.data.synthetic import split_sizes
@@ -823,7 +823,10 @@ def apply_study_overrides(raw: dict, overrides: list[str], source: str | None = 
     mapping per dot; one whose REST starts with a config path the space does not have yet (`model.eta.grid=[0.1]`)
     adds that key. Any other override is `apply_overrides`'s, in the order given."""
     raw = copy.deepcopy(raw)
-    for key, value in parse_overrides(overrides, source):  # the form checked and the values parsed, as always
+    for item in overrides:
+        scratch = apply_overrides({}, [item], source=source)  # the form checked and the value parsed, as always
+        key = item.split("=", 1)[0]
+        value = get_dotted(scratch, key)
         rest = key[len("search.space."):] if key.startswith("search.space.") else None
         search = raw.get("search")
         space = search.get("space") if isinstance(search, dict) else None

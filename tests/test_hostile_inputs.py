@@ -90,20 +90,6 @@ def test_override_values_are_parsed_by_the_same_loader():
         apply_overrides({}, ["train.seed=" + "9" * 5000])
 
 
-def test_a_key_given_twice_in_the_overrides_with_different_values_is_refused(tmp_path, capsys):
-    """`train.xe_epochs=2 ... train.xe_epochs=3` used the last value silently; the same value twice is harmless."""
-    with pytest.raises(ConfigError, match=r"x\.yaml: train\.xe_epochs: given twice in the overrides, as "
-                                          r"'train\.xe_epochs=2' and 'train\.xe_epochs=3'; give it once"):
-        apply_overrides({}, ["train.xe_epochs=2", "model.layers=3", "train.xe_epochs=3"], source="x.yaml")
-    assert apply_overrides({}, ["train.xe_epochs=2", "train.xe_epochs=2.0"]) == {"train": {"xe_epochs": 2}}
-    # a study file's overrides (search.space keys included) and a2 train's, on the command line
-    assert cli(["study", "validate", "studies/smoke.yaml", "search.space.lambda.low=0.01",
-                "search.space.lambda.low=0.02"]) == 2
-    assert "search.space.lambda.low: given twice in the overrides" in capsys.readouterr().err
-    assert cli(["train", "train.seed=1", "train.seed=2"]) == 2
-    assert "train.seed: given twice in the overrides, as 'train.seed=1' and 'train.seed=2'" in capsys.readouterr().err
-
-
 # -- seeds and command arguments ----------------------------------------------------------------------------------
 def test_negative_seeds_are_refused_as_config_keys_and_in_seed_grids(tmp_path):
     for key in ("train.seed", "data.seed"):
