@@ -762,7 +762,8 @@ _OVERRIDE = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)=(.*)$", re.S)
 
 
 def apply_overrides(raw: dict, overrides: list[str], source: str | None = None) -> dict:
-    """`["model.lambda=0.05", "train.xe_epochs=3"]` applied to a copy of `raw`; values are parsed as YAML."""
+    """`["model.lambda=0.05", "train.xe_epochs=3"]` applied to a copy of `raw`; values are parsed as YAML. Applied in
+    order, so a key given twice takes the last value (as argparse does): a wrapper's defaults, then a run's own."""
     raw = copy.deepcopy(raw)
     for item in overrides:
         match = _OVERRIDE.match(item)
