@@ -19,7 +19,7 @@ WITHOUT_RAY = {
     "test_bench_noise", "test_best_epoch", "test_calibration", "test_checkpoint", "test_checkpoint_windows", "test_cider_reference", "test_cli",
     "test_cli_grammar", "test_cli_train", "test_cli_words", "test_cluster_config", "test_cluster_sync", "test_compare", "test_compute", "test_conclusions",
     "test_confirmation_seeds",
-    "test_data", "test_data_hostile", "test_dashboards_edges", "test_data_kind_keys", "test_decode_edges", "test_submission_edges", "test_submission_tokenizer", "test_datastore", "test_datastore_edges", "test_diagnostics", "test_diagnostics_reference", "test_divergence", "test_docs", "test_ensemble", "test_frames",
+    "test_data", "test_data_kill_windows", "test_data_hostile", "test_dashboards_edges", "test_data_kind_keys", "test_decode_edges", "test_submission_edges", "test_submission_tokenizer", "test_datastore", "test_datastore_edges", "test_diagnostics", "test_diagnostics_reference", "test_divergence", "test_docs", "test_ensemble", "test_frames",
     "test_epochs_once", "test_fetch_kill_windows", "test_fused", "test_global_batch", "test_hostile_inputs", "test_import_graph", "test_lease",
     "test_leaderboard", "test_local_commands_hostile", "test_lost_trials", "test_metrics", "test_mlflow_export", "test_mlflow_export_edges", "test_mlflow_deleted_midway", "test_mlflow_ui", "test_model",
     "test_package", "test_package_resume", "test_package_transactional", "test_plan", "test_plan_arithmetic", "test_plan_edges",

@@ -26,6 +26,7 @@ def test_synthetic_is_deterministic_and_in_coco_formats(tmp_path):
     for key in ("captions", "test_images", "val_images", "grounding", "features"):
         assert _digest(a[key]) == _digest(b[key]), key  # same seed, same bytes
     assert _digest(a["captions"]) != _digest(c["captions"])
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o755  # readable by a shared machine's other accounts
     splits = read_karpathy(a["captions"])
     assert {k: len(v) for k, v in splits.items()} == {"train": 20, "val": 10, "test": 10}  # a quarter each
     doc = json.loads(a["captions"].read_text())
