@@ -35,14 +35,9 @@ write would show. Needs no Ray; a C compiler (cc or gcc), else skipped. One comm
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import shutil
-import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -50,33 +45,13 @@ import pytest
 
 from a2core.data import features, prepared, synthetic
 from a2core.errors import DataError
+from tests.killwindows import fired_write, needs_compiler, run_data, shim, start  # noqa: F401 - shim is a fixture
 
-ROOT = Path(__file__).resolve().parents[1]
 STORE = "features.a2feat"
 SET = "synth"
 IMAGES, TEST_IMAGES = 20, 1  # the smallest set `generate` makes: 21 images, 21 .npz files
-_COMPILER = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(_COMPILER is None, reason="no C compiler (cc, gcc) to build tests/faults/fswrites.c, "
-                                                           "the LD_PRELOAD library that watches the commands' writes")]
-
-
-def _load_observer():
-    """scripts/observe_writes.py as a module (registered first: its dataclasses look their module up)."""
-    spec = importlib.util.spec_from_file_location("observe_writes", ROOT / "scripts" / "observe_writes.py")
-    module = sys.modules.setdefault("observe_writes", importlib.util.module_from_spec(spec))
-    if not hasattr(module, "STUDY"):
-        spec.loader.exec_module(module)
-    return module
-
-
-observe = _load_observer()
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory) -> Path:
-    return observe.build_shim(tmp_path_factory.mktemp("shim"))
+pytestmark = [pytest.mark.slow, needs_compiler("the commands")]
 
 
 # -- the windows --------------------------------------------------------------------------------------------------
@@ -133,34 +108,14 @@ def _observed(windows) -> str:
 
 
 # -- a run from a starting state ------------------------------------------------------------------------------------
-def _start(state: Path | None, node: Path, name: str) -> Path:
-    """`node` as a copy of `state` (a folder holding the old target), or empty; the target in it."""
-    if state is None:
-        node.mkdir(parents=True)
-    else:
-        shutil.copytree(state, node, symlinks=True)
-    return node / name
-
-
-def _run(shim: Path, args: list[str], target: Path, *, log: Path | None = None, kill: str | None = None,
-         fired: Path | None = None) -> subprocess.CompletedProcess:
-    env = observe.shim_env({**os.environ, "PYTHONPATH": str(ROOT)}, shim, target.parent, log=log,
-                           kill=[kill] if kill else [], fired=fired)
-    return subprocess.run([sys.executable, "-m", "launch.cli", "data", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-
-
 def _kill_at(shim, make_args, target: Path, fired: Path, name: str, window) -> str | None:
     """The command SIGKILLed at `window`: None, or what went wrong."""
     fired.mkdir()
     entry = _entry(window)
-    done = _run(shim, make_args(target), target, kill=entry, fired=fired)
-    if done.returncode != -signal.SIGKILL:
-        return f"exit {done.returncode}, not SIGKILL: {done.stderr[-2000:]}"
-    marker = fired / "".join("_" if c in "/ *" else c for c in entry)  # as fswrites.c names it
-    if not marker.exists():
-        return f"killed, but not by this window: {sorted(p.name for p in fired.iterdir())}"
-    _, _, fired_op, fired_path = marker.read_text().rstrip("\n").split("\t")
+    where = fired_write(run_data(shim, make_args(target), target, kill=entry, fired=fired), fired, entry)
+    if isinstance(where, str):
+        return where
+    fired_op, fired_path = where
     if (fired_op, _pattern(name, fired_path)[0]) != window[:2]:
         return f"killed at another write than the window's: {fired_op} {fired_path}"
     return None
@@ -193,9 +148,9 @@ def _tree(path: Path) -> dict[str, bytes | None]:
 def _sweep(shim, make_args, name: str, state: Path | None, work: Path, whole, rerun) -> list[tuple[str, str, int]]:
     """Observe the command from `state`, then kill it in every window and rerun it; the windows.
     whole(target) -> "old"/"new" or a problem string (target present); rerun(target) -> problem or None."""
-    target = _start(state, work / "observed" / "node", name)
+    target = start(state, work / "observed" / "node", name)
     log = work / "observed" / "writes.log"
-    done = _run(shim, make_args(target), target, log=log)
+    done = run_data(shim, make_args(target), target, log=log)
     assert done.returncode == 0, done.stderr[-4000:]
     assert whole(target) == "new"
     assert sorted(os.listdir(target.parent)) == [name]
@@ -203,7 +158,7 @@ def _sweep(shim, make_args, name: str, state: Path | None, work: Path, whole, re
     problems = []
     for i, window in enumerate(windows):
         where = f"killed before {_entry(window)[len('driver '):]}"
-        target = _start(state, work / f"w{i:02d}" / "node", name)
+        target = start(state, work / f"w{i:02d}" / "node", name)
         if (wrong := _kill_at(shim, make_args, target, work / f"w{i:02d}" / "fired", name, window)) is not None:
             problems.append(f"{where}: {wrong}")
             continue
@@ -260,9 +215,9 @@ def test_a_prepare_killed_before_each_of_its_writes_leaves_a_whole_store_or_none
         < first.index(("rename", f"{building}/{prepared.MANIFEST}", 1)), _observed(first)  # the manifest after
 
     # over an existing store of other features: refused, nothing written, the old store whole
-    target = _start(old_state, tmp_path / "over" / "node", STORE)
+    target = start(old_state, tmp_path / "over" / "node", STORE)
     log = tmp_path / "over" / "writes.log"
-    done = _run(shim, ["prepare", str(src["features"]), "--out", str(target)], target, log=log)
+    done = run_data(shim, ["prepare", str(src["features"]), "--out", str(target)], target, log=log)
     assert done.returncode != 0 and "exists already" in done.stderr, (done.returncode, done.stderr[-2000:])
     assert _windows(log, STORE) == [], log.read_text()
     assert whole(target) == "old" and os.listdir(target.parent) == [STORE]

@@ -29,14 +29,9 @@ Needs no Ray; a C compiler (cc or gcc), else skipped.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import os
 import re
-import shutil
-import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -45,32 +40,12 @@ import pytest
 from a2core.data import prepared
 from a2core.errors import DataError
 from launch import datastore
+from tests.killwindows import fired_write, needs_compiler, run_data, shim, start  # noqa: F401 - shim is a fixture
 from tests.test_datastore_edges import LOCK, pushed_twice  # noqa: F401 - pushed_twice is a fixture
 
-ROOT = Path(__file__).resolve().parents[1]
 NAME = "features.a2feat"  # pushed_twice's target's name
-_COMPILER = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(_COMPILER is None, reason="no C compiler (cc, gcc) to build tests/faults/fswrites.c, "
-                                                           "the LD_PRELOAD library that watches the fetch's writes")]
-
-
-def _load_observer():
-    """scripts/observe_writes.py as a module (registered first: its dataclasses look their module up)."""
-    spec = importlib.util.spec_from_file_location("observe_writes", ROOT / "scripts" / "observe_writes.py")
-    module = sys.modules.setdefault("observe_writes", importlib.util.module_from_spec(spec))
-    if not hasattr(module, "STUDY"):
-        spec.loader.exec_module(module)
-    return module
-
-
-observe = _load_observer()
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory) -> Path:
-    return observe.build_shim(tmp_path_factory.mktemp("shim"))
+pytestmark = [pytest.mark.slow, needs_compiler("the fetch")]
 
 
 # -- the windows --------------------------------------------------------------------------------------------------
@@ -106,42 +81,21 @@ def _windows(log: Path) -> list[tuple[str, str]]:
 
 
 # -- a fetch from a starting state ----------------------------------------------------------------------------------
-def _start(state: Path | None, node: Path) -> Path:
-    """`node` as the node folder of the starting state: a copy of `state` (the node holding the old version), or
-    empty. The target in it."""
-    if state is None:
-        node.mkdir(parents=True)
-    else:
-        shutil.copytree(state, node, symlinks=True)
-    return node / NAME
-
-
-def _fetch(shim: Path, uri: str, endpoint: str, target: Path, *, log: Path | None = None, kill: str | None = None,
-           fired: Path | None = None) -> subprocess.CompletedProcess:
+def _fetch(shim: Path, uri: str, endpoint: str, target: Path, **shim_options):
     """`a2 data fetch URI TARGET` in a process of its own, the shim watching the target's folder."""
-    env = observe.shim_env({**os.environ, "PYTHONPATH": str(ROOT)}, shim, target.parent, log=log,
-                           kill=[kill] if kill else [], fired=fired)
-    return subprocess.run([sys.executable, "-m", "launch.cli", "data", "fetch", uri, str(target), "--endpoint-url",
-                           endpoint], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-
-
-def _marker(fired: Path, entry: str) -> Path:
-    return fired / "".join("_" if c in "/ *" else c for c in entry)  # as fswrites.c names it
+    return run_data(shim, ["fetch", uri, str(target), "--endpoint-url", endpoint], target, timeout=60, **shim_options)
 
 
 def _kill_at(shim, uri, endpoint, state, work: Path, window: tuple[str, str]) -> tuple[Path, str | None]:
     """The fetch from `state` in `work`, SIGKILLed at `window`: (target, what went wrong or None)."""
     op, glob = window
-    target, fired = _start(state, work / "node"), work / "fired"
+    target, fired = start(state, work / "node", NAME), work / "fired"
     fired.mkdir()
     entry = f"driver {op} {glob}"
-    done = _fetch(shim, uri, endpoint, target, kill=entry, fired=fired)
-    if done.returncode != -signal.SIGKILL:
-        return target, f"exit {done.returncode}, not SIGKILL: {done.stderr[-2000:]}"
-    marker = _marker(fired, entry)
-    if not marker.exists():
-        return target, f"killed, but not by this window: {sorted(p.name for p in fired.iterdir())}"
-    _, _, fired_op, fired_path = marker.read_text().rstrip("\n").split("\t")
+    where = fired_write(_fetch(shim, uri, endpoint, target, kill=entry, fired=fired), fired, entry)
+    if isinstance(where, str):
+        return target, where
+    fired_op, fired_path = where
     if (fired_op, _pattern(fired_path)) != window:
         return target, f"killed at another write than the window's: {fired_op} {fired_path}"
     return target, None
@@ -173,7 +127,7 @@ def _copy_problem(target: Path, versions: dict[str, str]) -> str | None:
 
 def _sweep(shim, uri, endpoint, state: Path | None, work: Path, old: dict | None, new: dict) -> list[tuple[str, str]]:
     """Observe the fetch from `state`, then kill it in every window and fetch again; the windows."""
-    target = _start(state, work / "observed" / "node")
+    target = start(state, work / "observed" / "node", NAME)
     log = work / "observed" / "writes.log"
     done = _fetch(shim, uri, endpoint, target, log=log)
     assert done.returncode == 0, done.stderr[-4000:]

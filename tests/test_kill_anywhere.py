@@ -29,11 +29,9 @@ the study's `driver.log` (`launch.runlog`).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -41,30 +39,13 @@ import pytest
 
 from tests.raycluster import (  # noqa: F401 - tiny_data is a fixture
     a2, kill_group, mlflow_client, mlflow_history, mlflow_trials, start_a2, tail, tiny_data, tiny_study, trial_runs)
-from tests.repo_scripts import ROOT
+from tests.killwindows import marker, observe, shim  # noqa: F401 - shim is a fixture
 from tests.test_interruptions import duplicated_points, local_env, statuses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-
-
-def _load_observer():
-    """scripts/observe_writes.py as a module (registered first: its dataclasses look their module up)."""
-    spec = importlib.util.spec_from_file_location("observe_writes", ROOT / "scripts" / "observe_writes.py")
-    module = sys.modules.setdefault("observe_writes", importlib.util.module_from_spec(spec))
-    if not hasattr(module, "STUDY"):
-        spec.loader.exec_module(module)
-    return module
-
-
-observe = _load_observer()
 NAME = observe.STUDY
 EPOCHS = 2
 CODE_POINTS = ("export-final", "study-end")  # `launch.killpoints`' points outside the study's files
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory) -> Path:
-    return observe.build_shim(tmp_path_factory.mktemp("shim"))
 
 
 def _study(tmp_path: Path, data: Path, **extra) -> Path:
@@ -102,10 +83,6 @@ def _steps(windows: list) -> list[tuple[str, str]]:
                  and entry.endswith(f"{EPOCHS:04d}"))
     steps.insert(last_trial + 1, ("window", again + "@1"))
     return steps
-
-
-def _marker(fired: Path, entry: str) -> Path:
-    return fired / "".join("_" if c in "/ *" else c for c in entry)  # as fswrites.c names it
 
 
 class _Segment:
@@ -151,7 +128,7 @@ def test_a_study_killed_in_every_window_finishes_every_planned_trial_once(tmp_pa
                 if "a2 study run" not in refused.stdout:
                     wording.append((entry, "resume does not point at `a2 study run`", refused.stdout.strip()))
             arms = workers if kind == "code" else [entry, *workers]  # the step's driver window first: it wins a tie
-            _marker(fired, entry).unlink(missing_ok=True)  # an entry armed again (the second trial's checkpoint)
+            marker(fired, entry).unlink(missing_ok=True)  # an entry armed again (the second trial's checkpoint)
             env = observe.shim_env(base, shim, seg.folder, log=writes, kill=arms, fired=fired)
             if kind == "code":
                 env["A2_KILL_AT"] = entry
@@ -175,7 +152,7 @@ def test_a_study_killed_in_every_window_finishes_every_planned_trial_once(tmp_pa
         if kind == "code":
             assert f"a2 kill point {entry}: SIGKILL" in out, (entry, tail(log, 80))
         else:
-            assert _marker(fired, entry).exists(), (entry, "killed elsewhere", tail(log, 80))
+            assert marker(fired, entry).exists(), (entry, "killed elsewhere", tail(log, 80))
         timings.append(f"{entry}: {verb}{' in a new study' if attempt else ''} {time.monotonic() - step_started:.0f} s")
 
     for seg in segments:
@@ -199,7 +176,7 @@ def test_a_study_killed_in_every_window_finishes_every_planned_trial_once(tmp_pa
                           and not w.path.startswith(("experiment_state-", "search_gen_state-"))})
     assert copied_over == [], copied_over
     assert wording == [], wording
-    unfired = [w for w in workers if not _marker(fired, w).exists()]
+    unfired = [w for w in workers if not marker(fired, w).exists()]
     assert unfired == [], f"a trial's worker never reached these windows: {unfired}"
     print("\n".join(timings))
     print(f"kill-anywhere sweep: {len(timings)} kills in {len(segments)} studies, {len(workers)} worker kills, "

@@ -9,9 +9,7 @@ import logging
 import os
 import subprocess
 import sys
-import uuid
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from mlflow.entities import ViewType
@@ -21,20 +19,11 @@ from dashboards.tracking import TAG_PARENT
 from launch.conclusions import tune_trial
 from launch.location import StudyLocation
 from launch.mlflow_export import Export, end_reason
-from launch.spec import load_study
 import tests.mlflowserver as servers
 from tests.test_mlflow_export import points, runs_by_trial, trials_of, write_epoch
+from tests.test_mlflow_export_edges import spec  # noqa: F401 - a fixture: the smoke study on this server
 
 mlflow_server = servers.mlflow_server  # the real server, a fixture of this module
-SMOKE = Path(__file__).resolve().parents[1] / "studies" / "smoke.yaml"
-
-
-@pytest.fixture
-def spec(tmp_path, monkeypatch, mlflow_server):
-    monkeypatch.chdir(tmp_path)
-    name = f"gone-{uuid.uuid4().hex[:8]}"
-    return load_study(SMOKE, [f"name={name}", f"tracking.mlflow_uri={mlflow_server}", f"storage={tmp_path / 'st'}",
-                              "train.xe_epochs=3", f"data.root={tmp_path / 'data'}"], check_files=False)
 
 
 def study_midway(spec):
