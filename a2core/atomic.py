@@ -1,6 +1,8 @@
-"""The one atomic file writer of a2core: nothing already written is ever seen half-written."""
+"""The one atomic file writer of a2core, and the one swap of a whole folder: nothing already written is ever seen
+half-written."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -86,6 +88,29 @@ def clear_dead_building_folders(path: str | os.PathLike, suffix: str) -> None:
         pid = name[len(prefix):].split(".", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(path.parent / name, ignore_errors=True)
+
+
+def replace_folder(built: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Rename the finished folder `built` (a `building_folder` of `target`) onto `target`, replacing a folder there
+    whole. The old one is first moved aside onto a hidden `building_folder(target, ".old")` (never a visible name
+    that may be a user's; files open in it stay readable), put back if `built` did not take its place, then
+    removed. A kill while it lies aside leaves it to the next `clear_dead_building_folders(target, ".old")`; a kill
+    between the two renames leaves no `target` until then."""
+    built, target = Path(built), Path(target)
+    old = None
+    try:
+        if target.exists():
+            old = building_folder(target, ".old")
+            os.rename(target, old)  # onto the empty folder
+        os.rename(built, target)
+    except BaseException:
+        if old is not None and not os.path.lexists(target):  # the new folder did not take its place: the old back
+            with contextlib.suppress(OSError):
+                os.rename(old, target)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from a2core.atomic import atomic_write, building_folder, check_replaceable, clear_dead_building_folders
+from a2core.atomic import atomic_write, building_folder, check_replaceable, clear_dead_building_folders, replace_folder
 from a2core.data import prepared
 from a2core.errors import DataError, StudyError
 from launch.storage import open_location, upload_file
@@ -155,7 +155,7 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
             _say(f"{target}: holds store {checksum[:12]} already (verified); nothing to fetch", quiet)
             return {"checksum": checksum, "target": str(given), "fetched": False}
         check_replaceable(target, (prepared.MANIFEST,), "feature store")  # an older store is replaced whole below
-        tmp, old = building_folder(target, ".fetch"), None
+        tmp = building_folder(target, ".fetch")
         try:
             for name, entry in sorted(manifest["files"].items()):
                 started = time.monotonic()
@@ -172,19 +172,10 @@ def fetch(uri: str, target: str | os.PathLike, *, endpoint_url: str | None = Non
             prepared.check_copy(tmp, expected=checksum)
             (tmp / STAMP).write_text(checksum + "\n")
             os.chmod(tmp, 0o755)
-            if target.exists():  # replaced whole: moved aside (onto an empty folder), then removed; open files stay
-                old = building_folder(target, ".old")  # readable, and a kill here leaves what the next fetch removes
-                os.rename(target, old)
-            os.rename(tmp, target)
+            replace_folder(tmp, target)  # an older store replaced whole
         except BaseException:
-            if old is not None and not os.path.lexists(target):  # the new copy did not take its place: the old back
-                with contextlib.suppress(OSError):
-                    os.rename(old, target)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        finally:
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
     _say(f"{target}: store {checksum[:12]} fetched and verified", quiet)
     return {"checksum": checksum, "target": str(given), "fetched": True}
 

@@ -66,7 +66,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from ..atomic import building_folder, check_replaceable, clear_dead_building_folders
+from ..atomic import building_folder, check_replaceable, clear_dead_building_folders, replace_folder
 from ..errors import DataError
 
 CLASSES = ["dog", "cat", "car", "bus", "bird", "plane", "horse", "cow", "sheep", "goat", "boat", "train",
@@ -213,7 +213,7 @@ def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: in
     n_restval = n_train // 5  # restval images live in val2014 but train with train (as in Karpathy's split)
     # a set a killed run of this host moved aside (a kill between the swap's two renames, or while removing it)
     clear_dead_building_folders(out, ".old")
-    work, old = building_folder(out, ".synth"), None
+    work = building_folder(out, ".synth")
     try:
         (work / "features").mkdir()
         import h5py  # h5py: only when data is written (a2core.config, so `a2 study validate`, imports this module)
@@ -265,21 +265,10 @@ def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: in
                 "classes": CLASSES, "colours": COLOURS, "scenes": SCENES}
         (work / "synthetic.json").write_text(json.dumps(meta, indent=1))
         os.chmod(work, 0o755)  # mkdtemp's 0700 would keep the set from the other accounts of a shared machine
-        if out.exists():  # replaced whole: moved aside into a hidden folder that the next run clears if a kill
-            old = building_folder(out, ".old")  # leaves it (never `NAME.old`, a name that may be the user's)
-            os.rename(out, old)  # onto the empty folder
-        os.replace(work, out)
+        replace_folder(work, out)
     except BaseException:
-        if old is not None and not os.path.lexists(out):  # the new set did not take its place: the old one back
-            try:
-                os.rename(old, out)
-            except OSError:
-                pass
         shutil.rmtree(work, ignore_errors=True)
         raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     return paths(out)
 
 
