@@ -3,10 +3,12 @@ half-written."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -91,12 +93,17 @@ def clear_dead_building_folders(path: str | os.PathLike, suffix: str) -> None:
 
 
 def replace_folder(built: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Rename the finished folder `built` (a `building_folder` of `target`) onto `target`, replacing a folder there
-    whole. The old one is first moved aside onto a hidden `building_folder(target, ".old")` (never a visible name
-    that may be a user's; files open in it stay readable), put back if `built` did not take its place, then
-    removed. A kill while it lies aside leaves it to the next `clear_dead_building_folders(target, ".old")`; a kill
-    between the two renames leaves no `target` until then."""
+    """Rename the finished folder `built` (a `building_folder` of `target`) onto `target`, replacing whatever is
+    there whole, so that `target` is never missing: where the kernel and file system can (Linux 3.15+, local file
+    systems), the two are swapped in one step (renameat2's RENAME_EXCHANGE) and the old folder, now under `built`'s
+    hidden name, is removed; a kill before that removal leaves it to the next `building_folder` of that suffix.
+    Elsewhere (NFS, macOS) the old one is moved aside onto a hidden `building_folder(target, ".old")` (never a visible
+    name that may be a user's; files open in it stay readable), put back if `built` did not take its place, then
+    removed: there a kill between the two renames leaves no `target` until the next run, which clears `.old`."""
     built, target = Path(built), Path(target)
+    if target.is_dir() and not target.is_symlink() and _exchange(built, target):  # a link would be swapped, not replaced
+        shutil.rmtree(built, ignore_errors=True)  # the old folder, under the building name since the swap
+        return
     old = None
     try:
         if target.exists():
@@ -111,6 +118,28 @@ def replace_folder(built: str | os.PathLike, target: str | os.PathLike) -> None:
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names `a` and `b` in one step (renameat2(2) with RENAME_EXCHANGE); False where this C library,
+    kernel or file system has no such call (the caller then renames in two steps). Called through the C library
+    (not a raw syscall), so that a preloaded fault library sees it like any other rename."""
+    if sys.platform != "linux":
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2  # glibc 2.28+, musl 1.2.5+
+    except AttributeError:
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # no such call here, or not on this file system
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
 def _alive(pid: int) -> bool:

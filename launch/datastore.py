@@ -114,8 +114,8 @@ def _writing(target: Path, source):
 
 def _clear_leftovers(target: Path) -> None:
     """Remove what a fetch of `target` killed on this host left beside it: a half-made copy (`.fetch`), or the copy
-    it replaced, moved aside (`.old`; a kill between the two renames leaves no `target`, and a kill while removing
-    it a verified one: no later fetch that downloads nothing would look)."""
+    it replaced, swapped out under the `.fetch` name (or, where the swap takes two renames, moved aside as `.old`).
+    Either may be a verified copy: no later fetch that downloads nothing would otherwise look."""
     for suffix in (".fetch", ".old"):
         clear_dead_building_folders(target, suffix)
 

@@ -10,10 +10,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from a2core import atomic
 from tests.repo_scripts import ROOT
 
 
@@ -40,6 +42,23 @@ def needs_compiler(what: str):
 def shim(tmp_path_factory) -> Path:
     """tests/faults/fswrites.c, built once a module."""
     return observe.build_shim(tmp_path_factory.mktemp("shim"))
+
+
+def _swaps_in_one_call() -> bool:
+    """Whether this machine's temp file system swaps two folders in one call (renameat2's RENAME_EXCHANGE)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "a").mkdir()
+        (Path(tmp) / "b").mkdir()
+        return atomic._exchange(Path(tmp) / "a", Path(tmp) / "b")
+
+
+SWAPS_IN_ONE_CALL = _swaps_in_one_call()
+
+
+def two_step_gap(name: str) -> set[tuple[str, str]]:
+    """The windows (op, pattern) in which a whole-folder replace of `name` may leave no `name` at all: only between
+    the two renames of `atomic.replace_folder` where it cannot swap in one call (NFS, macOS); none here otherwise."""
+    return set() if SWAPS_IN_ONE_CALL else {("rename", name)}
 
 
 def marker(fired: Path, entry: str) -> Path:

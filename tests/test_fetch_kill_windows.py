@@ -10,9 +10,11 @@ the order the fetch made them; the fetch then runs again from the same starting 
 `A2_FS_KILL="driver OP GLOB"`: the shim SIGKILLs it right before the first such call (not made). Each time:
 
 - it died of SIGKILL, at that write (the `A2_FS_FIRED` marker names the write, whose pattern is the window's);
-- the target is absent or a complete copy of the old version or the new one (full SHA-256 check against its
-  manifest), its `.verified` stamp, when there, naming that copy (a stamp is what makes a later fetch download
-  nothing); nothing else beside it is named as a copy a user would read (only hidden building folders);
+- the target is a complete copy of the old version or the new one (full SHA-256 check against its manifest), or
+  absent where there was none before (the swap is one renameat2(RENAME_EXCHANGE) call; only where this machine
+  cannot swap in one call may a kill between its two renames leave none); its `.verified` stamp, when there, naming
+  that copy (a stamp is what makes a later fetch download nothing); nothing else beside it is named as a copy a user
+  would read (only hidden building folders);
 - a plain fetch then succeeds with the new version, verified in full, and leaves only the target and its lock.
 
 The windows are a glob each (`*` in fnmatch(3) crosses `/`): what differs from run to run is reduced, the way
@@ -40,7 +42,8 @@ import pytest
 from a2core.data import prepared
 from a2core.errors import DataError
 from launch import datastore
-from tests.killwindows import fired_write, needs_compiler, run_data, shim, start  # noqa: F401 - shim is a fixture
+from tests.killwindows import (fired_write, needs_compiler, run_data, shim,  # noqa: F401 - shim is a fixture
+                               SWAPS_IN_ONE_CALL, start, two_step_gap)
 from tests.test_datastore_edges import LOCK, pushed_twice  # noqa: F401 - pushed_twice is a fixture
 
 NAME = "features.a2feat"  # pushed_twice's target's name
@@ -49,6 +52,7 @@ pytestmark = [pytest.mark.slow, needs_compiler("the fetch")]
 
 
 # -- the windows --------------------------------------------------------------------------------------------------
+_TWO_STEP_GAP = two_step_gap(NAME)
 _BUILDING = re.compile(rf"^\.{re.escape(NAME)}\.{re.escape(socket.gethostname())}\.p\d+\.[a-z0-9_]+\.(fetch|old)$")
 _TEMP_DIR = re.compile(r"^(\.[^/]+)\.[a-z0-9_]{8}$")  # tempfile's names: 8 of [a-z0-9_]
 _BOTO_TEMP = re.compile(r"^([^./][^/]*)\.[0-9A-Fa-f]{8}$")  # s3transfer's random_file_extension: 8 hex digits
@@ -149,8 +153,8 @@ def _sweep(shim, uri, endpoint, state: Path | None, work: Path, old: dict | None
             continue
         if (bad := _copy_problem(target, versions)) is not None:
             problems.append(f"{where}: {bad}")
-        if state is not None and not os.path.lexists(target) and (op, glob) != ("rename", NAME):
-            problems.append(f"{where}: the node's copy is gone")  # allowed only between the swap's two renames
+        if state is not None and not os.path.lexists(target) and (op, glob) not in _TWO_STEP_GAP:
+            problems.append(f"{where}: the node's copy is gone")
         try:
             got = datastore.fetch(uri, target, endpoint_url=endpoint, quiet=True)
         except Exception as err:  # noqa: BLE001 - said with the window
@@ -189,9 +193,15 @@ def test_a_fetch_killed_before_each_of_its_writes_leaves_a_whole_copy_or_none(s3
                      ("write", f"{fetch}/{datastore.STAMP}"), ("rename", f"{fetch}/{prepared.ROWS}"),
                      ("rename", f"{fetch}/{prepared.INDEX}"), ("rename", NAME)):
         assert (op, glob) in first and (op, glob) in over, (op, glob, _observed(first), _observed(over))
-    for op, glob in (("rename", old), ("rmdir", old), ("delete", f"{old}/{prepared.ROWS}")):  # the old copy's
+    if SWAPS_IN_ONE_CALL:  # the old copy swapped out under the building folder's name in the one rename, then removed
+        gone = fetch
+        assert not any(glob.startswith(old) for _, glob in over), _observed(over)
+    else:  # moved aside onto `.old` first
+        gone = old
+        assert over.index(("rename", old)) < over.index(("rename", NAME)), _observed(over)
+    for op, glob in (("rmdir", gone), ("delete", f"{gone}/{prepared.ROWS}")):  # the old copy's
         assert (op, glob) in over and (op, glob) not in first, (op, glob, _observed(over))
-    assert over.index(("rename", old)) < over.index(("rename", NAME)) < over.index(("rmdir", old))
+    assert over.index(("rename", NAME)) < over.index(("rmdir", gone)), _observed(over)
     assert len(first) >= 12 and len(over) >= len(first) + 5, (_observed(first), _observed(over))
     # the runs' own names reduced: the first fetch's windows are the replacing one's, in the same order
     assert [w for w in over if w in first] == first, (_observed(first), _observed(over))

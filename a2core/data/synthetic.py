@@ -211,7 +211,8 @@ def generate(out: str | Path, seed: int = 0, images: int = 1500, test_images: in
     n_train, n_val = sizes["train"], sizes["val"]
     extra_test = 0 if test_split_images is None else test_split_images - sizes["test"]
     n_restval = n_train // 5  # restval images live in val2014 but train with train (as in Karpathy's split)
-    # a set a killed run of this host moved aside (a kill between the swap's two renames, or while removing it)
+    # a set a killed run of this host moved aside where the swap takes two renames (the `.synth` ones, swapped out
+    # or half-made, `building_folder` clears)
     clear_dead_building_folders(out, ".old")
     work = building_folder(out, ".synth")
     try:
