@@ -172,13 +172,17 @@ def seed_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
     mean = float(x.mean())
     if x.size < MIN_SEEDS:
         return Interval(mean, None, None, x.size)
-    with np.errstate(over="ignore"):
+    if np.ptp(x) == 0:  # every seed gave the same value: the seed changes nothing, no spread to build an interval on
+        # (tested on the values themselves: their sd is not always 0, the mean of equal values being rounded, as
+        # 7 x 112.3 or 3 x 0.1 give a mean 1 ulp off and a zero-width "interval"), and its mean is that value
+        return Interval(float(x[0]), None, None, x.size, identical=True)
+    with np.errstate(over="ignore", under="ignore"):
         sd = float(x.std(ddof=1))
-    if not math.isfinite(sd):  # squares that overflow (|scores| from about 1e154): the spread of the scaled scores
+    if not math.isfinite(sd) or sd == 0:
+        # squares that overflow (|scores| from about 1e154) or underflow (spreads below about 1e-154, 0 for
+        # seeds that differ): the spread of the scaled scores
         scale = float(np.abs(x).max())
         sd = scale * float((x / scale).std(ddof=1))
-    if sd == 0:  # every seed gave the same value: the seed changes nothing, no spread to build an interval on
-        return Interval(mean, None, None, x.size, identical=True)
     scale = sd / math.sqrt(x.size)  # scipy.stats.t.interval(confidence, x.size - 1, loc=mean, scale=scale)
     low, high = (_t_ppf(q, x.size - 1) * scale + mean for q in ((1.0 - confidence) / 2, (1.0 + confidence) / 2))
     return Interval(mean, float(low), float(high), x.size)
@@ -262,7 +266,7 @@ class Difference:
             return f"warning: the seed changes nothing in {named} (every seed scored the same)"
         # the seed count is the reason only where it is below MIN_SEEDS (A of `members`, a fixed system, needs none)
         if (self.seeds_b if self.members else min(self.seeds_a, self.seeds_b)) >= MIN_SEEDS:
-            return "the scores give no interval (a score that is not a finite number?)"
+            return "the scores give no interval (a score that is not a finite number, or no spread at all?)"
         if self.seeds_a == self.seeds_b:
             n = self.seeds_a
             return f"{_seeds_text(n)} per arm measure{'s' if n == 1 else ''} no seed noise"
@@ -484,9 +488,11 @@ def _difference(a: np.ndarray, b: np.ndarray, names: tuple[str, str], images: in
     """One study through `difference_intervals` as a `Difference`."""
     with np.errstate(over="ignore"):  # an overflowing variance is no interval (below)
         out = {key: float(value[0]) for key, value in difference_intervals(a[None], b[None], **options).items()}
-    if not all(math.isfinite(out[key]) for key in ("low", "high", "se")):
+    if not all(math.isfinite(out[key]) for key in ("low", "high", "se")) or out["se"] == 0:
         # NaN where the rule gives none; infinite where the scores' variance overflowed (|scores| from about 1e154):
-        # an interval of [-inf, +inf] is no interval, and never a verdict ("not resolved")
+        # an interval of [-inf, +inf] is no interval, and never a verdict ("not resolved"). A variance of 0 (the
+        # seed means of each arm all equal, their per-image scores not, and no arm x image term) measured no noise:
+        # its [delta, delta] had no p and no d.f., and was called a win outside the study's family
         out.update(low=math.nan, high=math.nan, se=math.nan, df=math.nan, p=math.nan)
     low, high, se, df, p = (None if math.isnan(out[key]) else out[key] for key in ("low", "high", "se", "df", "p"))
     identical = tuple(name for name, key in zip(names, ("identical_a", "identical_b")) if out[key])
