@@ -149,6 +149,11 @@ def cluster_workers(path: str | Path = CLUSTER_FILE) -> Workers | None:
     return None
 
 
+def cards_share(gpus_per_worker: float) -> int:
+    """Workers of `gpus_per_worker` (a fraction) that Ray places on one card: int(1 / fraction) (0.33: 3)."""
+    return int(1 / gpus_per_worker + 1e-9)
+
+
 @dataclass(frozen=True)
 class Estimate:
     gpu_hours: float
@@ -173,8 +178,10 @@ def encoder_passes(spec) -> float:
 def xe_image_cost(spec) -> float:
     """Cost of an epoch's training image in cross-entropy against the images layout's (1.0): the layout's encoder
     passes a step over the images layout's, weighted by the encoder's share of a step (ENCODER_SHARE)."""
-    images = spec.base["train"]["batch_size"] // CAPTIONS_PER_IMAGE
-    return 1.0 + ENCODER_SHARE * (encoder_passes(spec) / max(images, 1) - 1.0)
+    # batch_size / 5, not // 5: a pairs batch need not be a multiple of 5 (64 pairs are 12.8 images' captions, as
+    # `estimate` counts an epoch's images), and flooring it priced 64 pairs 4% above 50
+    images = spec.base["train"]["batch_size"] / CAPTIONS_PER_IMAGE
+    return 1.0 + ENCODER_SHARE * (encoder_passes(spec) / images - 1.0)
 
 
 def scst_image_cost(spec) -> float:
@@ -213,18 +220,28 @@ def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimat
     gpu_seconds = (t["xe_epochs"] * xe + t["scst_epochs"] * scst + test) / images_per_second
     gpu_hours = spec.num_trials * gpu_seconds / 3600
     # the trials side by side: no more than the study has (Tune trials: a fused trial holds a configuration's seeds)
+    r = spec.resources
     trial_gpus = spec.trial_resources()["GPU"]
-    at_once = trial_gpus * min(spec.resources.max_concurrent_trials, spec.tune_samples)
+    at_once = trial_gpus * min(r.max_concurrent_trials, spec.tune_samples)
     if workers is not None:
-        at_once = min(at_once, workers.gpus * workers.max_nodes)
-    if spec.resources.fuse_replicates or trial_gpus <= 0:  # a fused trial's length varies with its seeds: spread
+        cards = workers.gpus * workers.max_nodes
+        if 0 < r.gpus_per_worker < 1:  # Ray puts whole workers on a card: int(1 / fraction) of them (0.4: 2, not 2.5)
+            cards = trial_gpus * (cards * cards_share(r.gpus_per_worker) // r.workers_per_trial)
+        at_once = min(at_once, cards)
+    if trial_gpus <= 0:
         return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), at_once)
     # Trials of one length run in waves of `slots` side by side (a trial of a fraction of a card at that fraction of
     # its speed), and each round of seeds (`seed_rounds_trials`: the search's, then the confirmation seeds of the
     # configurations it chose) starts when the round before it has ended: 55 trials 16 at a time take 4 trials'
-    # time, not 55 / 16
+    # time, not 55 / 16. A fused trial (resources.fuse_replicates) is one Tune trial of a configuration's k seeds of
+    # the round, k seed-trials' time on its GPUs: fusion_ablation's 5 confirmation trials of 5 seeds take 5 seed-
+    # trials' time however many GPUs stand free (spread over every GPU, the plan had said 47 h, below its own 68 h
+    # for those 5 trials alone)
     slots = max(1, int(at_once / trial_gpus + 1e-9))
-    waves = sum(math.ceil(n * k / slots) for n, k in spec.seed_rounds_trials)
+    if r.fuse_replicates:
+        waves = sum(math.ceil(n / slots) * k for n, k in spec.seed_rounds_trials)
+    else:
+        waves = sum(math.ceil(n * k / slots) for n, k in spec.seed_rounds_trials)
     return Estimate(gpu_hours, waves * gpu_seconds / 3600 / trial_gpus, slots * trial_gpus)
 
 
@@ -599,8 +616,9 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
               + (" (every trial to its last epoch: before ASHA's early stopping, an upper bound)"
                  if early_stopping(spec) else "")]
     if 0 < r.gpus_per_worker < 1:
-        lines.append(f"            {1 / r.gpus_per_worker:g} trials share a card: {images_per_second:g} images/s is the "
-                     f"card's, all of them together (each trial at its {r.gpus_per_worker:g} of it)")
+        one = "trial" if r.workers_per_trial == 1 else "worker"  # a trial of several workers holds several parts
+        lines.append(f"            {cards_share(r.gpus_per_worker)} {one}s share a card: {images_per_second:g} images/s "
+                     f"is the card's, all of them together (each {one} at its {r.gpus_per_worker:g} of it)")
     if workers is None and price is not None:  # a node's price, and no node type to say its GPUs
         lines.append(f"  cost      not priced: the cluster file names no GPU worker type, so a node's "
                      f"--price-per-hour {price:g} has no GPUs to divide by")
