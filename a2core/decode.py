@@ -175,6 +175,8 @@ def greedy(model_or_stepper, feats, region_mask, max_len: int = 20, bos: int = 1
         last = word
         if bool(done.all()):
             break
+    if not out:  # max_len 0: no word, the empty caption of every image (B, 0), as beam search's [<eos>] decodes
+        return torch.zeros(b, 0, dtype=torch.long, device=feats.device)
     return torch.stack(out, dim=1)
 
 
