@@ -89,6 +89,8 @@ def group_verdict(summary: dict) -> str | None:
     family = summary.get("verdicts") or {}
     entry = next((c for c in family.get("comparisons", []) if c["arm"] == str(best["fusion"])), None)
     why = entry["verdict"] if entry else family.get("note")  # the note: no verdict yet (confirmation seeds to come)
+    if not why and family.get("error"):  # no comparison could be made (`study_verdicts`): say why, not nothing
+        why = f"no verdict: {family['error']}"
     return f"{line}; {why}" if why else line
 
 

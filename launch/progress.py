@@ -16,7 +16,9 @@ FINISHED = ("TERMINATED", "ERROR")  # Tune's states of a trial that trains no mo
 @dataclass(frozen=True)
 class Progress:
     epochs_done: int            # trial-epochs reported, over every trial
-    epochs_planned: int         # ... planned: every trial's epochs, those not started yet included
+    epochs_planned: int         # ... planned: every trial's epochs, those not started yet included; a finished trial's
+    #                             those it ran (ASHA stopped it, it errored: its unrun epochs are planned no more, so
+    #                             a study whose every trial has ended is 100% done): done + left
     epochs_left: int            # ... that may still run (a finished trial's unrun epochs never will)
     seconds_per_epoch: float | None  # a trial-epoch's wall time so far (None: no epoch has ended)
     driven: bool                # a live driver holds the study (`StudyRecord.running`)
@@ -41,16 +43,21 @@ def study_progress(spec, trials, driven: bool, design_ended: bool = False) -> Pr
     adaptive = spec.replicate_rounds is not None
     unstarted = 0 if adaptive and design_ended else max(0, spec.num_trials - len(trials))
     done = sum(int(t["epochs_done"] or 0) for t in trials)
-    planned = sum(int(t["epochs_planned"] or planned_each) for t in trials) + unstarted * planned_each
-    left = sum(max(0, int(t["epochs_planned"] or planned_each) - int(t["epochs_done"] or 0))
-               for t in trials if t["state"] not in FINISHED)
-    left += unstarted * planned_each
+
+    def unrun(t) -> int:  # a trial's epochs that may still run
+        return max(0, int(t["epochs_planned"] or planned_each) - int(t["epochs_done"] or 0))
+
+    left = sum(unrun(t) for t in trials if t["state"] not in FINISHED) + unstarted * planned_each
+    # what will have run when the study ends: a stopped or errored trial's unrun epochs counted as planned read an
+    # ASHA study that has ended as 62% done (20/32), and a trial past the spec's epochs as over 100%
+    planned = done + left
     timed = [(float((t["compute"] or {}).get("wall_s") or 0.0), int(t["epochs_done"] or 0)) for t in trials]
     wall, epochs = sum(w for w, e in timed if e), sum(e for w, e in timed if w)
     # the last trials run fewer at a time; counted in Tune's trials, which max_concurrent_trials bounds: a fused
     # trial trains its k seeds (k of these rows, each charged 1/k of its wall time) as one
     tune_id = tune_trial_id if spec.resources.fuse_replicates else (lambda trial_id: trial_id)
-    running = {tune_id(t["trial_id"]) for t in trials if t["state"] not in FINISHED}
+    # a trial past its last epoch (testing its selected checkpoint before it ends) is no slot for the epochs left
+    running = {tune_id(t["trial_id"]) for t in trials if t["state"] not in FINISHED and unrun(t)}
     not_started = 0 if adaptive and design_ended else max(0, spec.tune_samples - len({tune_id(t["trial_id"])
                                                                                       for t in trials}))
     return Progress(done, planned, left, wall / epochs if epochs and wall else None,
@@ -76,7 +83,9 @@ def progress_line(progress: Progress) -> str:
     """`progress: 37/64 trial-epochs (58%); 95 s a trial-epoch; about 11 min left at 2 trials at a time (at most:
     early stopping may end trials sooner)`."""
     p = progress
-    share = f" ({p.epochs_done / p.epochs_planned:.0%})" if p.epochs_planned else ""
+    # 99.5% and over would round to "100%" next to a time left: 100% only once nothing is left
+    share = (f" ({min(p.epochs_done / p.epochs_planned, 0.99 if p.epochs_left else 1):.0%})" if p.epochs_planned
+             else "")
     line = f"progress: {p.epochs_done}/{p.epochs_planned} trial-epochs{share}"
     if p.epochs_left == 0:
         return line + "; every trial has ended"
