@@ -163,7 +163,8 @@ def study_comparison(study: Study, by: str = "fusion",
                 seed_ids=[r.seed for r in group])
             for label, group in labelled.items()]
     # per row, the searched params of its configuration other than `by` ("model.lambda=0.1, ...")
-    keys = [k for k in searched_keys(chosen) if not k.endswith(by)]
+    # (`by` itself, or the key it is the dotted end of: `--by images` is data.images, never data.val_images)
+    keys = [k for k in searched_keys(chosen) if k != by and not k.endswith("." + by)]
     configs = {label: ", ".join(f"{k}={group[0].params[k]}" for k in keys if k in group[0].params)
                for label, group in labelled.items()}
     options = dict(metric=TEST_CIDER if on_test else CIDER, metrics=metrics,

@@ -93,6 +93,8 @@ def ensemble_gain(ensemble: Mapping[str, float], members: Mapping[str, Mapping[s
     member that scored best on the test images themselves: that choice would be made on the numbers it is judged
     by. A member whose CIDEr is not a finite number is left out, as the seed mean leaves it out."""
     names = [name for name in members if finite(members[name].get("CIDEr")) is not None]  # NaN: as the seed mean
+    if not names:  # no member scored: no gain to measure (it was a "+nan CIDEr" verdict over "0 member seeds")
+        return {"over_members": None, "over_chosen": None}
     per_image = per_image or {}
     ids = sorted(per_image.get("ensemble") or {})
     paired = bool(ids) and all(sorted(per_image.get(n) or {}) == ids for n in names)
@@ -212,8 +214,10 @@ def format_table(board: Mapping) -> str:
     mean = board.get("seed_mean") or {}
     n = f"{len(ensemble['seeds'])} seeds"
     rows = [[e["name"], str(e["trial_id"]), *numbers(e["metrics"])] for e in seeds]
-    rows.append(["seed mean [95% CI]", n, *(Interval(**mean[k]).text() if k in mean else "-"
-                                            for k in metrics)])
+    # a mean over fewer seeds than the row's count says so, as `a2 study compare`'s cells do (`cell_text`)
+    rows.append(["seed mean [95% CI]", n, *(Interval(**mean[k]).text() + (
+        f" ({mean[k]['n']} of {len(ensemble['seeds'])} seeds)" if mean[k]["n"] < len(ensemble["seeds"]) else "")
+        if k in mean else "-" for k in metrics)])
     rows.append([ensemble["name"], n, *numbers(ensemble["metrics"])])
     paper = board.get("paper") or {}
     if t1 := paper.get("table1"):

@@ -24,8 +24,8 @@ from matplotlib.ticker import MaxNLocator
 
 from a2core.atomic import atomic_write
 from a2core.selection import finite
-from dashboards.compare import (family_note, family_text, p_text, shown_metrics, split_columns, study_comparison,
-                                verdict_family)
+from dashboards.compare import (cell_text, family_note, family_text, p_text, shown_metrics, split_columns,
+                                study_comparison, verdict_family)
 from dashboards.runs import (CIDER, FUSION_LABEL, TEST_CIDER, Study, Trial, metric_label, searched_keys,
                              selection_column, sort_key)
 from dashboards.stats import MIN_SEEDS, seed_interval, stopped_early_text
@@ -76,8 +76,9 @@ def fusion_table_html(comparison, configs: dict[str, str], mode: str = "max") ->
         for _, m in columns:
             iv = intervals.get(m)
             bold = iv is not None and math.isclose(iv.mean, best[m])
-            cells.append(f"<td class='best'><b>{html.escape(iv.text())}</b></td>" if bold
-                         else _td(iv.text() if iv else "–"))
+            # over fewer seeds than the seeds column when some did not log it, as `a2 study compare` says
+            text = cell_text(iv, len(arm.seeds)) if iv else "–"
+            cells.append(f"<td class='best'><b>{html.escape(text)}</b></td>" if bold else _td(text))
         diff = comparison.differences.get(arm.label)
         versus = "baseline" if arm.label == comparison.baseline else (diff.interval_text() if diff else "–")
         cells += [_td(versus), _td(p_text(diff.p) if diff else "–"),
@@ -126,7 +127,8 @@ def diagnostics_table_html(runs: list[Trial]) -> str:
     def mean_std(v: list[float]) -> str:
         return f"{fmean(v):.2f}" + (f" ± {stdev(v):.2f}" if len(v) > 1 else "")
 
-    rows = [(FUSION_LABEL.get(fusion, fusion), [_td(max(map(len, row.values())))] +
+    # a run whose config no longer resolves and whose fusion was not sampled has none (None): a row of its own
+    rows = [(FUSION_LABEL.get(fusion, str(fusion)), [_td(max(map(len, row.values())))] +
              [_td(mean_std(row[k]) if k in row else "–") for _, k in columns])
             for fusion, row in sorted(values.items(), key=lambda item: sort_key(item[0]))]
     return (_html_table(["fusion", "runs", *(label for label, _ in columns)], rows, "diag") +
@@ -347,7 +349,11 @@ def _summary(study: Study) -> str:
             f"{'still running' if study.running else 'not running'}.")
     best = study.best_run()  # the record's best trial: the one every view names
     if best is not None:
-        text += (f" Best single run: {best.name} ({best.fusion}) val CIDEr {best.score(CIDER):.1f} (x100) at epoch "
+        # its value of the study metric it is best by (`best_value`, the record's): val CIDEr unless the study
+        # selects by another (train/loss, where the run may have no val CIDEr at that epoch: a None formatted)
+        value = (f"{best.best_value:.1f} (x100)" if study.metric.startswith(("val/", "test/"))
+                 else f"{best.best_value:.4g}")
+        text += (f" Best single run: {best.name} ({best.fusion}) {metric_label(study.metric)} {value} at epoch "
                  f"{best.best_step}; configurations are compared over their seeds in the table below.")
     return text
 
