@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
+from a2core import atomic
 from a2core.data import features, prepared
 from a2core.errors import A2Error, DataError
 from launch import datacopies, datastore
@@ -59,17 +60,19 @@ def pause(*_):
 if point == "download":  # a store's first file downloaded beside the target, not yet hashed
     real_sha = prepared.file_sha256
     prepared.file_sha256 = lambda p, *a, **k: pause() if ".fetch" in str(p) else real_sha(p, *a, **k)
-elif point == "swap":  # the old copy moved aside, the new one not yet renamed into its place
+elif point == "swap":  # where the swap takes two renames (NFS, macOS): the old copy moved aside, the new one not
+    from a2core import atomic  # yet renamed into its place
+    atomic._exchange = lambda a, b: False
     real_rename = os.rename
     def rename(a, b):
         real_rename(a, b)
         if Path(a) == target:
             pause()
     os.rename = rename
-elif point == "cleanup":  # the new copy in place, the old one half removed
+elif point == "cleanup":  # the new copy in place, the old one (swapped out under the `.fetch` name) half removed
     real_rmtree = datastore.shutil.rmtree
     def rmtree(p, *a, **k):
-        if str(p).endswith(".old"):
+        if str(p).endswith((".old", ".fetch")):
             os.remove(sorted(Path(p).iterdir())[0])
             pause()
         return real_rmtree(p, *a, **k)
@@ -112,8 +115,8 @@ def pushed_twice(s3_endpoint, tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("point", ["download", "swap", "cleanup"])
 def test_a_fetch_killed_anywhere_leaves_no_copy_taken_as_whole_and_nothing_behind(s3_endpoint, pushed_twice, point):
-    """Killed while downloading, between moving the old copy aside and renaming the new one in, or while removing
-    the old one: the next fetch ends with the new version verified and nothing of the killed one beside it (a kill
+    """Killed while downloading, between moving the old copy aside and renaming the new one in (where the swap takes
+    two renames), or while removing the old one: the next fetch ends with the new version verified and nothing of the killed one beside it (a kill
     at the swap or the cleanup used to leave a whole hidden copy of the store there for good)."""
     uri, target, v1, v2 = pushed_twice
     _kill_fetch_at(point, uri, target, s3_endpoint)
@@ -149,8 +152,10 @@ def test_a_plain_file_fetch_killed_mid_copy_leaves_nothing_behind(s3_endpoint, t
     assert sorted(os.listdir(target.parent)) == [".dataset_coco.json.lock", "dataset_coco.json"]
 
 
-def test_a_fetch_that_fails_at_the_swap_keeps_the_old_copy(s3_endpoint, pushed_twice, monkeypatch):
-    """An error (or Ctrl-C) after the old copy was moved aside put the new copy away and left the node with none."""
+@pytest.mark.parametrize("swap", ["one-call", "two-renames"])
+def test_a_fetch_that_fails_at_the_swap_keeps_the_old_copy(s3_endpoint, pushed_twice, monkeypatch, swap):
+    """An error (or Ctrl-C) after the old copy was moved aside put the new copy away and left the node with none
+    (the two renames of a file system without renameat2's exchange); at the one-call swap, the old copy stays."""
     uri, target, v1, _ = pushed_twice
     real_rename = os.rename
 
@@ -159,6 +164,10 @@ def test_a_fetch_that_fails_at_the_swap_keeps_the_old_copy(s3_endpoint, pushed_t
             raise KeyboardInterrupt
         return real_rename(a, b)
 
+    def exchange(a, b):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "_exchange", exchange if swap == "one-call" else lambda a, b: False)
     monkeypatch.setattr(os, "rename", rename)
     with pytest.raises(KeyboardInterrupt):
         datastore.fetch(uri, target, endpoint_url=s3_endpoint, quiet=True)
