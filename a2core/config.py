@@ -336,8 +336,9 @@ class TrainConfig(Section):
     # noam_to_zero: short runs (the synthetic studies) end with the learning rate still near its peak under Noam,
     # so their last epochs move and seeds stop at different points; annealed to 0 they settle (benchmarks/RESULTS.md).
     lr_schedule: Literal["noam", "noam_to_zero"] = Field("noam", description=(
-        "Stage-1 learning rate: `noam` (the paper's), or `noam_to_zero`, Noam times a linear ramp from 1 at the first "
-        "step to 0 at the last step of the xe_epochs, so the run ends annealed."))
+        "Stage-1 learning rate: `noam` (the paper's), or `noam_to_zero`, Noam times a linear ramp 1 - s/N over the N "
+        "optimizer steps of the xe_epochs (s = 0 the first), from 1 at the first step to 0 just after the last: the "
+        "last step takes 1/N of the Noam rate, so the run ends annealed."))
     mask_lr: Real = Field(1e-4, gt=0, description="Adam learning rate of the mask network (its own optimizer).")
     mask_every: Integer = Field(1, ge=1, description="A mask-network step after every N captioner steps.")
     # Which captions rotates with the step, so every caption is used in turn.

@@ -162,8 +162,10 @@ def as_stepper(model_or_stepper):
 def greedy(model_or_stepper, feats, region_mask, max_len: int = 20, bos: int = 1, eos: int = 2) -> torch.Tensor:
     """(B, <= max_len) word ids, each row ending with <eos> or cut at max_len (pad 0 after <eos>)."""
     stepper = as_stepper(model_or_stepper)
-    state = stepper.init_state(feats, region_mask)
     b = feats.shape[0]
+    if b == 0:  # no image, feats (0, R, D): no caption, no step and no encoder pass, (0, 0)
+        return torch.zeros(0, 0, dtype=torch.long, device=feats.device)
+    state = stepper.init_state(feats, region_mask)
     last = torch.full((b,), bos, dtype=torch.long, device=feats.device)
     done = torch.zeros(b, dtype=torch.bool, device=feats.device)
     out = []
@@ -201,6 +203,9 @@ def beam_search(model_or_stepper, feats, region_mask, beam_size: int = 5, max_le
     stepper = as_stepper(model_or_stepper)
     b, k = feats.shape[0], beam_size
     device = feats.device
+    if b == 0:  # no image: no hypothesis of any length, (0, K, 0) and (0, K) (no step; nothing to check either)
+        beams, scores = torch.zeros(0, k, 0, dtype=torch.long, device=device), torch.zeros(0, k, device=device)
+        return (beams, scores) if all_beams else (beams[:, 0], scores[:, 0])
     compact = _can_select_rows(stepper)
     state = stepper.init_state(feats, region_mask)
     # an image's k beams start identical (<bos>, the same state): the first step runs once per image, then its
@@ -280,8 +285,11 @@ def sample(model: A2Transformer, feats, region_mask, n: int, max_len: int = 20, 
     Returns tokens (B*n, L) (pad 0 after <eos>), per-token log-probabilities (B*n, L) with grad, and a mask
     (B*n, L) of the positions that count (words up to and including <eos>)."""
     stepper = ModelStepper(model)
-    state = stepper.expand_state(stepper.init_state(feats, region_mask), n)
     rows = feats.shape[0] * n
+    if rows == 0:  # no image: no sample, (0, 0) each (no step)
+        empty = torch.zeros(0, 0, device=feats.device)
+        return empty.long(), empty, empty.bool()
+    state = stepper.expand_state(stepper.init_state(feats, region_mask), n)
     last = torch.full((rows,), bos, dtype=torch.long, device=feats.device)
     done = torch.zeros(rows, dtype=torch.bool, device=feats.device)
     words, logps, masks = [], [], []

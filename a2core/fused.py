@@ -50,7 +50,7 @@ from . import precision
 from .config import Config
 from .errors import ConfigError, TrainingDiverged
 from .model.a2 import SelfAttention
-from .train import Report, Trainer, caption_loss
+from .train import Report, Trainer, caption_loss, lr_taken
 
 log = logging.getLogger("a2core.fused")
 
@@ -379,7 +379,7 @@ class FusedReplicates:
         device for all."""
         keys = [k for k in self.sums if self.counts[k]]
         table = torch.stack([self.sums[k] / self.counts[k] for k in keys]).tolist() if keys else []  # (keys, k)
-        lr = self.sched.get_last_lr()[0]
+        lr = lr_taken(self.sched)  # the latest step's rate, as `Trainer.xe_epoch` reports it
         return [{**{k: row[i] for k, row in zip(keys, table)}, "train/lr": lr} for i in range(self.k)]
 
     def xe_epoch(self) -> list[dict]:
@@ -394,7 +394,7 @@ class FusedReplicates:
             if self.step % every == 0:  # a log point: the one read of the device in `every` steps
                 losses = [m["train/loss"] for m in self.metrics()]
                 log.info("epoch %d step %d loss %s lr %.2e", self.trainers[0].epoch + 1, self.step,
-                         " ".join(f"{x:.4f}" for x in losses), self.sched.get_last_lr()[0])
+                         " ".join(f"{x:.4f}" for x in losses), lr_taken(self.sched))
         for tr in self.trainers:
             tr.step = self.step
             tr.model.train_step.fill_(self.step)

@@ -100,12 +100,24 @@ def noam(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
 def learning_rate(step: int, d_model: int, warmup: int, factor: float = 1.0, schedule: str = "noam",
                   total_steps: int | None = None) -> float:
     """Learning rate of stage 1 at optimizer step `step` (0-based) under `train.lr_schedule`: `noam` (the paper's),
-    or `noam_to_zero`, Noam times a linear ramp from 1 at step 0 to 0 after the last of `total_steps`: the run ends
-    annealed, so its last epochs settle instead of moving with a learning rate still near its peak."""
+    or `noam_to_zero`, Noam times a linear ramp 1 - step / total_steps, from 1 at step 0 to 0 just after the last of
+    `total_steps` (the last step, total_steps - 1, takes 1 / total_steps of the Noam rate; 0 from step total_steps
+    on): the run ends annealed, so its last epochs settle instead of moving with a learning rate still near its
+    peak."""
     lr = noam(step, d_model, warmup, factor)
     if schedule == "noam_to_zero":
         lr *= max(0.0, 1.0 - step / max(total_steps, 1))
     return lr
+
+
+def lr_taken(sched: torch.optim.lr_scheduler.LambdaLR) -> float:
+    """The learning rate the latest optimizer step took under `sched` (first parameter group): what `train/lr`
+    reports. The schedule steps after the optimizer (`Updates.xe`), so after k steps its `get_last_lr()` is step k's
+    rate, the NEXT step's (0 after the last step of a `noam_to_zero` run, whose last step took 1/N of Noam); the
+    step taken, k - 1, is read from its lambda instead. Before any step: the rate the first step will take."""
+    if sched.last_epoch < 1:
+        return sched.get_last_lr()[0]
+    return sched.base_lrs[0] * sched.lr_lambdas[0](sched.last_epoch - 1)
 
 
 def seed_everything(seed: int) -> None:
@@ -481,7 +493,7 @@ class Trainer:
         done = self.step - first
         metrics = None
         if self._read_due():
-            lr = self.updates.sched.get_last_lr()[0] if stage == "xe" else self.cfg.train.scst_lr
+            lr = lr_taken(self.updates.sched) if stage == "xe" else self.cfg.train.scst_lr
             metrics = {**{k: float(v) for k, v in means.result().items()}, "train/lr": lr}
         if self.step % self.cfg.train.log_every == 0:
             log.info("epoch %d step %d (%d/%d of the epoch) loss %.4f lr %.2e", self.epoch + 1, self.step, done,
@@ -501,7 +513,7 @@ class Trainer:
             self._advance()
             self._check_finite(step_out, read=self._read_due())
             self._step_done("xe", means)
-        return {**means.result(), "train/lr": self.updates.sched.get_last_lr()[0]}
+        return {**means.result(), "train/lr": lr_taken(self.updates.sched)}  # the epoch's last step's rate
 
     def cider(self):
         """CIDEr-D reward with document frequencies precomputed once from the training captions."""

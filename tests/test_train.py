@@ -56,8 +56,9 @@ def test_noam_to_zero_is_noam_ramped_down_to_zero_at_the_last_step():
 
 
 @pytest.mark.slow
-def test_a_noam_to_zero_run_ends_with_learning_rate_zero(tiny_data, tmp_path):
-    """The trainer counts the run's stage-1 steps (epochs x steps per epoch), so the ramp ends at its last step."""
+def test_a_noam_to_zero_runs_schedule_reaches_zero_after_its_last_step(tiny_data, tmp_path):
+    """The trainer counts the run's stage-1 steps (epochs x steps per epoch), so the ramp reaches 0 right after its
+    last step: the rate the saved scheduler holds for a next step."""
     cfg = _cfg(tiny_data, **{"train.xe_epochs": 2, "train.lr_schedule": "noam_to_zero", "train.diag_every": 0})
     seen = []
     train(cfg, report=lambda m, d: seen.append(m), output_dir=tmp_path / "run")

@@ -282,9 +282,11 @@ class A2CrossAttention(nn.Module):
         ||1 - m||^2 summed over real regions and the real words of word_mask (N, T), averaged over heads."""
         n, t, d = x.shape
         b = region_mask.shape[0]
-        if n % b:
+        if (n % b) if b else n:
             raise ValueError(f"{n} caption rows for {b} images: each image needs the same number of captions")
-        x = x.reshape(b, -1, d)  # (B, S, d), S = C * T: an image's captions share its region memory
+        # (B, S, d), S = C * T: an image's captions share its region memory. S is spelled out, not -1: an empty batch
+        # (B = N = 0) has no C to infer, and reshape(0, -1, d) is refused
+        x = x.reshape(b, (n // b if b else 0) * t, d)
         q = _heads(self.q(x), self.h)  # (B, H, S, Dh)
         scores = q @ mem["k"].transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, S, R)
         valid = region_mask[:, None, None, :]
@@ -296,7 +298,7 @@ class A2CrossAttention(nn.Module):
             m = self.mask(x, mem)
             a_bar = a.mean(dim=1, keepdim=True)  # (B, 1, S, R): average over heads, not zero (Eq. 3)
             weights = m * a + (1.0 - m) * a_bar
-            real = valid & word_mask.reshape(b, 1, -1, 1)  # (B, 1, S, R) real word x real region
+            real = valid & word_mask.reshape(b, 1, x.shape[1], 1)  # (B, 1, S, R) real word x real region
             penalty = (((1.0 - m) ** 2) * real).sum() / m.shape[1]
             self.last_mask_mean = (m.detach().float() * real).sum() / (real.sum() * m.shape[1]).clamp_min(1)
         else:
@@ -304,18 +306,19 @@ class A2CrossAttention(nn.Module):
                 m = self.mask(x, mem)
             weights = self.fuse(a, m, q, step)
         if self.record:
-            self.last = {"attention": _per_caption(a.detach(), n), "aligned": _per_caption(weights.detach(), n)}
+            self.last = {"attention": _per_caption(a.detach(), n, t), "aligned": _per_caption(weights.detach(), n, t)}
             if m is not None:
-                self.last["mask"] = _per_caption(m.detach(), n)
+                self.last["mask"] = _per_caption(m.detach(), n, t)
         out = self.out(_merge(self.drop(weights) @ mem["v"]))  # (B, S, d)
         return out.reshape(n, t, d), penalty
 
 
-def _per_caption(z: torch.Tensor, n: int) -> torch.Tensor:
-    """(B, H, C * T, R) -> (N, H, T, R): one row per caption, as the recorded attention is read."""
-    b, h, s, r = z.shape
-    c = n // b
-    return z.view(b, h, c, s // c, r).transpose(1, 2).reshape(n, h, s // c, r)
+def _per_caption(z: torch.Tensor, n: int, t: int) -> torch.Tensor:
+    """(B, H, C * T, R) -> (N, H, T, R): one row per caption, as the recorded attention is read. T is given: an
+    empty batch (B = N = 0) has no C to divide S by."""
+    b, h, _, r = z.shape
+    c = n // b if b else 0
+    return z.view(b, h, c, t, r).transpose(1, 2).reshape(n, h, t, r)
 
 
 class EncoderLayer(nn.Module):
