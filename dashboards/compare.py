@@ -160,7 +160,7 @@ def study_comparison(study: Study, by: str = "fusion",
     on_test = bool(chosen) and all(r.score(TEST_CIDER) is not None for r in chosen)
     metrics = [m for _, m in split_columns(on_test, study.metric) if any(r.score(m) is not None for r in chosen)]
     arms = [Arm(label, [r.scores(metrics) for r in group], *per_image_scores(group, "test" if on_test else "val"),
-                seed_ids=[r.seed for r in group])
+                seed_ids=[r.seed for r in group], trial_ids=[r.trial_id for r in group])
             for label, group in labelled.items()]
     # per row, the searched params of its configuration other than `by` ("model.lambda=0.1, ...")
     # (`by` itself, or the key it is the dotted end of: `--by images` is data.images, never data.val_images)

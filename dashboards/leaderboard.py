@@ -111,21 +111,42 @@ def ensemble_gain(ensemble: Mapping[str, float], members: Mapping[str, Mapping[s
     return out
 
 
+def _member_name(member: Mapping) -> str:
+    """"seed-3"; a member whose seed is unknown (None: its config has no `train.seed`) "seed-? (trial t7)", shown as
+    unknown, as the board shows any missing value, and still its own row."""
+    seed = member["seed"]
+    return f"seed-? (trial {member['trial_id']})" if seed is None else f"seed-{seed}"
+
+
+def _member_order(member: Mapping) -> tuple:
+    """Members by seed, numbers in numeric order, then seeds of other kinds as text, then unknown seeds; of equal
+    seeds by trial id (a sort on the raw seeds raised TypeError for None, or a text seed beside a number)."""
+    seed = member["seed"]
+    number = seed if isinstance(seed, (int, float)) and not isinstance(seed, bool) else None
+    kind = 0 if number is not None else 1 if seed is not None else 2
+    return kind, number if number is not None else 0, "" if seed is None else str(seed), str(member["trial_id"])
+
+
 def build_leaderboard(*, study: str, config: Mapping, members: list[dict], ensemble_metrics: Mapping[str, float],
                       images: int, beam_size: int = 5, max_len: int = 20, selected_by: Mapping | None = None,
                       extra: Mapping | None = None, per_image: Mapping[str, Mapping[int, float]] | None = None) -> dict:
     """The leaderboard dict. `members`: one dict per seed checkpoint with `seed`, `trial_id`, `study`, `checkpoint`,
-    `metrics` and optionally `mlflow_run_id`, `value` (its study metric); `metrics`, `ensemble_metrics` and
-    `per_image` (CIDEr-D of "seed-<s>" and "ensemble") as `score_systems` gives them, on the held-out test split
+    `metrics` and optionally `mlflow_run_id`, `value` (its study metric); a seed may be None (unknown: shown as
+    "seed-? (trial ID)", null in the JSON); `metrics`, `ensemble_metrics` and `per_image` (CIDEr-D of each entry's
+    name, "seed-<s>", and "ensemble") as `score_systems` gives them, on the held-out test split
     (Karpathy test on COCO, the synthetic set's test split on synthetic data: `evaluation.split`). The study
     metric chose the configuration and each checkpoint on val (`evaluation.selection`), never on these images."""
     cfg, digest, selected_by = canonical_config(config), config_hash(config), dict(selected_by or {})
     fusion = cfg.get("model", {}).get("fusion")
     stage = "scst" if int(cfg.get("train", {}).get("scst_epochs") or 0) > 0 else "xe"
-    seeds = [{"name": f"seed-{m['seed']}", "kind": "checkpoint", "seed": m["seed"], "study": m.get("study", study),
+    seeds = [{"name": _member_name(m), "kind": "checkpoint", "seed": m["seed"], "study": m.get("study", study),
               "trial_id": m["trial_id"], "mlflow_run_id": m.get("mlflow_run_id"), "checkpoint": m["checkpoint"],
               "config_hash": digest, "study_metric": m.get("value"), "metrics": dict(m["metrics"])}
-             for m in sorted(members, key=lambda m: (m["seed"], str(m["trial_id"])))]
+             for m in sorted(members, key=_member_order)]
+    # entries are keyed by name (the gains' members, `per_image`): two members of one name would count as one
+    if twice := sorted({e["name"] for e in seeds if [x["name"] for x in seeds].count(e["name"]) > 1}):
+        raise DataError(f"leaderboard of {study}: members named {', '.join(twice)} more than once (trials "
+                        f"{', '.join(str(e['trial_id']) for e in seeds if e['name'] in twice)}): one member per seed")
     metrics = [k for k in METRICS if k in ensemble_metrics]
     ((_, intervals),) = compare_arms([Arm("seeds", [e["metrics"] for e in seeds])], metrics=metrics).rows
     ensemble = {"name": "ensemble", "kind": "ensemble", "seeds": [e["seed"] for e in seeds],

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 from collections import Counter
 from itertools import dropwhile, takewhile
@@ -41,6 +42,7 @@ from typing import Mapping
 
 from a2core.atomic import atomic_write
 from a2core.errors import DataError
+from a2core.selection import finite
 from dashboards.compare import cell_text, p_text, shown_metrics, study_comparison
 from dashboards.runs import CIDER, TEST_CIDER
 from dashboards.stats import Arm, adjust_family, compare_arms, pooled_differences
@@ -296,6 +298,26 @@ def check_markdown(path: str | Path, root: str | Path) -> list[str]:
     return problems
 
 
+def _record_seed(study: str, arm: Arm, i: int, seed) -> int:
+    """The i-th seed of a row as the record keeps it, an integer: a seed from a study spec or an MLflow param may be
+    text ("3"), or a float of an integer (3.0). A seed that is none of these (None: the trial's config has no
+    `train.seed`; "abc"; 2.5) is refused, naming the trial and the value: a record that renumbered it would publish
+    a seed that never ran (and position i could be another trial's seed, a record `load_record` refuses)."""
+    number = seed
+    if isinstance(seed, str):
+        try:
+            number = int(seed.strip())
+        except ValueError:
+            number = finite(seed)
+    if isinstance(number, float) and number.is_integer():
+        number = int(number)
+    if isinstance(number, numbers.Integral) and not isinstance(number, bool):
+        return int(number)
+    trial = f"trial {arm.trial_ids[i]}" if arm.trial_ids is not None else f"seed #{i}"
+    raise DataError(f"study {study}: row {arm.label}, {trial}: seed {seed!r:.40} is not an integer seed (a record "
+                    f"lists each row's seeds as integers): set its train.seed")
+
+
 def export_record(study, by: str, out: str | Path, *, spec: str = "",
                   baseline: str | None = None, measured: str = "", note: str = "") -> dict:
     """Write the record of `a2 study compare NAME --by KEY`: each row's best configuration (chosen on val), its
@@ -310,7 +332,12 @@ def export_record(study, by: str, out: str | Path, *, spec: str = "",
                         f"once they have")
     arms = []
     for arm, _ in comparison.rows:
-        seeds = [int(s) if s is not None else i for i, s in enumerate(arm.seed_ids or [None] * len(arm.seeds))]
+        seeds = (list(range(len(arm.seeds))) if arm.seed_ids is None  # no seed known: the seeds' positions
+                 else [_record_seed(study.name, arm, i, s) for i, s in enumerate(arm.seed_ids)])
+        if twice := sorted({s for s in seeds if seeds.count(s) > 1}):  # a record `load_record` would refuse
+            trials = [str(arm.trial_ids[i]) for i, s in enumerate(seeds) if s in twice] if arm.trial_ids else []
+            raise DataError(f"study {study.name}: row {arm.label}: seed {', '.join(map(str, twice))} is several "
+                            f"trials' ({', '.join(trials) or 'unnamed'}): a record lists each seed once")
         entry = {"label": arm.label, "config": configs.get(arm.label, ""), "seeds": seeds,
                  "scores": {k: [s.get(k) for s in arm.seeds] for k in sorted({k for s in arm.seeds for k in s})}}
         if arm.per_image is not None:

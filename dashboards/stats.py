@@ -107,7 +107,7 @@ def best_group(groups: Sequence, values_of: Callable, mode: str = "max",
     """The one rule for "the best configuration" (status, summary.json, compare, report, package, pipeline): the
     group with the best mean of `values_of(group)` among the groups not stopped early (`stopped_of(group)`: any
     of its replicates was), unless every one was; the first of equal means. None when no group has a value."""
-    scored = [(g, float(v.mean())) for g in groups if (v := _finite(values_of(g))).size]
+    scored = [(g, float(_mean(v))) for g in groups if (v := _finite(values_of(g))).size]
     kept = best_candidates(scored, lambda item: stopped_of is not None and stopped_of(item[0]))
     sign = 1 if mode == "max" else -1
     return max(kept, key=lambda item: sign * item[1], default=(None,))[0]
@@ -154,6 +154,8 @@ class Interval:
         nothing)`."""
         if self.identical:
             return f"{self.mean:.{digits}f} ({self.n} seeds, all equal: the seed changes nothing)"
+        if self.low is None and self.n >= MIN_SEEDS:  # seeds that differ, and yet no interval: its bounds overflow
+            return f"{self.mean:.{digits}f} ({_seeds_text(self.n)}: no interval, its bounds are beyond a float's range)"
         if self.low is None:
             return f"{self.mean:.{digits}f} ({_seeds_text(self.n)}: no interval)"
         return f"{self.mean:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
@@ -164,15 +166,36 @@ def _finite(values) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
+def _mean(x: np.ndarray, axis: int | None = None):
+    """`x.mean(axis)`, finite wherever the true mean of finite scores is: a sum of scores near the float's limit
+    (|score| > ~9e307) overflows to inf (and inf - inf to NaN in a difference), so there the mean of the scores
+    scaled by their largest magnitude, scaled back. Everywhere else numpy's own mean, bit for bit."""
+    x = np.asarray(x, dtype=float)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = x.mean(axis=axis)
+    if x.size == 0 or np.isfinite(mean).all():  # the usual case, checked on the means alone (simulations are large)
+        return mean
+    bad = ~np.isfinite(mean) & np.isfinite(x).all(axis=axis)
+    if not np.any(bad):
+        return mean
+    scale = np.abs(x).max(axis=axis, keepdims=True)
+    scale = np.where(scale > 0, scale, 1.0)
+    scaled = (x / scale).mean(axis=axis) * (scale.reshape(np.shape(mean)) if axis is not None else scale.item())
+    return np.where(bad, scaled, mean)[()]  # [()]: a scalar as one
+
+
 def seed_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
-    """Mean and t-interval of one metric over the seeds of one configuration (None and NaN dropped)."""
+    """Mean and t-interval of one metric over the seeds of one configuration (None, NaN and +-inf dropped: `n`
+    counts the finite values, and the tables say "n of N seeds"). The mean is finite for any finite scores; bounds
+    beyond a float's range (a spread near 1e308) are no interval (None), never "[-inf, inf]"."""
     x = _finite(values)
     if x.size == 0:
         raise ValueError("no finite value to summarise")
-    mean = float(x.mean())
+    mean = float(_mean(x))
     if x.size < MIN_SEEDS:
         return Interval(mean, None, None, x.size)
-    if np.ptp(x) == 0:  # every seed gave the same value: the seed changes nothing, no spread to build an interval on
+    if x.min() == x.max():  # every seed gave the same value: the seed changes nothing, no spread to build an
+        # interval on (not np.ptp: max - min overflows for scores of opposite signs near 1e308)
         # (tested on the values themselves: their sd is not always 0, the mean of equal values being rounded, as
         # 7 x 112.3 or 3 x 0.1 give a mean 1 ulp off and a zero-width "interval"), and its mean is that value
         return Interval(float(x[0]), None, None, x.size, identical=True)
@@ -184,15 +207,26 @@ def seed_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
         scale = float(np.abs(x).max())
         sd = scale * float((x / scale).std(ddof=1))
     scale = sd / math.sqrt(x.size)  # scipy.stats.t.interval(confidence, x.size - 1, loc=mean, scale=scale)
-    low, high = (_t_ppf(q, x.size - 1) * scale + mean for q in ((1.0 - confidence) / 2, (1.0 + confidence) / 2))
-    return Interval(mean, float(low), float(high), x.size)
+    with np.errstate(over="ignore"):
+        low, high = (float(_t_ppf(q, x.size - 1) * scale + mean)
+                     for q in ((1.0 - confidence) / 2, (1.0 + confidence) / 2))
+    if not (math.isfinite(low) and math.isfinite(high)):  # a bound beyond +-1.8e308: the interval has no value
+        return Interval(mean, None, None, x.size)
+    return Interval(mean, low, high, x.size)
 
 
 def pooled_sd(groups: Sequence[Sequence[float]]) -> float | None:
     """The within-configuration seed spread pooled over configurations: sqrt(sum (n_i-1) s_i^2 / sum (n_i-1))."""
     groups = [x for x in map(_finite, groups) if x.size > 1]
     dof = sum(x.size - 1 for x in groups)
-    return math.sqrt(sum(float(((x - x.mean()) ** 2).sum()) for x in groups) / dof) if dof else None
+    if not dof:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        sd = math.sqrt(sum(float(((x - _mean(x)) ** 2).sum()) for x in groups) / dof)
+    if not math.isfinite(sd):  # squares that overflow (scores from about 1e154): the spread of the scaled scores
+        scale = max(float(np.abs(x).max()) for x in groups)
+        sd = scale * math.sqrt(sum(float(((x / scale - _mean(x / scale)) ** 2).sum()) for x in groups) / dof)
+    return sd
 
 
 def _seeds_text(n: int) -> str:
@@ -419,8 +453,8 @@ def difference_intervals(a: np.ndarray, b: np.ndarray, *, confidence: float = CO
     if per_image and a.shape[2] < 2:
         raise ValueError("per-image scores need at least 2 images")
     seeds_a, seeds_b = a.shape[1], b.shape[1]
-    means_a, means_b = (x.mean(axis=2) if per_image else x for x in (a, b))  # (studies, seeds) seed means
-    delta = means_a.mean(axis=1) - means_b.mean(axis=1)
+    means_a, means_b = (_mean(x, axis=2) if per_image else x for x in (a, b))  # (studies, seeds) seed means
+    delta = _mean(means_a, axis=1) - _mean(means_b, axis=1)
     identical_a, identical_b = _constant_over_seeds(a), _constant_over_seeds(b)
     if fixed_a and seeds_a != 1:
         raise ValueError(f"a fixed system is one row, got {seeds_a}")
@@ -579,6 +613,7 @@ class Arm:
     per_image: np.ndarray | None = None
     image_ids: Sequence | None = None
     seed_ids: Sequence | None = None  # each entry of `seeds`' seed number, where known (study records keep them)
+    trial_ids: Sequence | None = None  # each entry of `seeds`' trial, where known (errors about a seed name it)
 
     def __post_init__(self):
         if self.per_image is not None:
