@@ -77,6 +77,8 @@ class Trial:
     compute: dict = field(default_factory=dict)   # {unit: seconds}
     stopped_early: dict | None = None             # the scheduler's record {"rung", "cutoff"}
     ended: dict | None = None                     # its end record (it diverged)
+    under_way: dict | None = None                 # a running trial's epoch under way: {"stage", "epoch", "done",
+    #                                               "total", "seconds_per_step"} (`launch.layout.progress_record`)
     status: str = ""                              # its MLflow run's: FINISHED, RUNNING, KILLED, FAILED
     final: dict[str, float] = field(default_factory=dict)  # latest value of every metric
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # TABLE_METRICS and train/loss

@@ -21,6 +21,7 @@ RESULTS_FILE = "results.json"  # in a trial's run folder: every epoch's result, 
 ARTIFACTS_DIR = "artifacts"  # in a trial's run folder: the files of its MLflow run, at their artifact paths
 STOPPED_FILE = "stopped_early.json"  # in a trial's run folder: the scheduler's decision to stop it (launch.driver)
 ENDED_FILE = "ended.json"  # in a trial's run folder: why the trial itself ended before its planned epochs (`end_record`)
+PROGRESS_FILE = "progress.json"  # in a trial's run folder: where it is within its epoch (`progress_record`)
 END_REASONS = ("diverged",)  # what an end record may say: `a2core.errors.TrainingDiverged` (launch.trainable)
 # in a trial's run folder: the configuration Tune sampled for it (`{"trial_id", "config"}`), written when it starts:
 # a later trial of the same configuration finds the folder by it when Tune lost the trial (`launch.trainable.adopt`)
@@ -150,6 +151,22 @@ def end_record(folder, text: str | None = None) -> dict | None:
     "step", "key"}`), or None."""
     return _record(folder, ENDED_FILE, "an end record", lambda r: r.get("reason") in END_REASONS,
                    f"no reason among {', '.join(END_REASONS)}", text)
+
+
+def progress_record(folder, epoch: int) -> dict | None:
+    """Where the trial of run folder `folder` is within its epoch `epoch` (1-based), as it last wrote it
+    (`launch.trainable.EpochProgress`): `{"stage", "epoch", "done", "total", "seconds_per_step"}`, the optimizer
+    steps of the epoch done and planned and the wall seconds a step has taken in it (None before two steps); None
+    when it wrote none of that epoch (an epoch reported already is the result log's). Advisory, so a file that is
+    not one is None, never an error: it costs the estimate, not the record."""
+    try:
+        record = json.loads(folder.join(PROGRESS_FILE).read_text() or "null")
+        done, total, per_step = record["done"], record["total"], record.get("seconds_per_step")
+        valid = (record["epoch"] == epoch and type(done) is int and type(total) is int and 0 <= done <= total
+                 and total > 0 and (per_step is None or (type(per_step) in (int, float) and 0 <= per_step < 1e9)))
+    except (ValueError, TypeError, KeyError):
+        return None
+    return {key: record.get(key) for key in ("stage", "epoch", "done", "total", "seconds_per_step")} if valid else None
 
 
 def end_text(record: dict | None) -> str | None:

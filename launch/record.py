@@ -45,7 +45,8 @@ from launch.lease import live_writer
 from launch.location import DIGEST_FILE, STUDY_FILE, StudyLocation, json_default, load_saved_spec
 from launch.spec import SEED_KEYS, group_key
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
-                           RESULTS_FILE, end_record, read_results, run_status, stop_record, train_run_name)
+                           RESULTS_FILE, end_record, progress_record, read_results, run_status, stop_record,
+                           train_run_name)
 from launch.verify import experiment_trials, newest_experiment_state, quick_checkpoint_problem, refuse_unreadable
 
 COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
@@ -212,6 +213,7 @@ def _load_trial(spec, location: StudyLocation, digest: Digest | None, for_digest
     row, logged = kept
     return replace(row, status=run_status(row.state, logged, row.stopped_early, spec.total_epochs, ended=ended,
                                           end=row.ended),
+                   under_way=None if ended else row.under_way,  # no writer goes on with it: nothing is under way
                    per_image=partial(per_image, location, spec.name, tune.trial_id)), logged, files
 
 
@@ -270,7 +272,7 @@ def record_trial(spec, location: StudyLocation, tune: Trial, ended: bool,
     """One trial of the record, and its result log (epoch order), from Tune's view of it (`tune_trial`) and its own
     run folder alone: its result log, stop record, end record and checkpoint epochs (on S3 four requests). `ended`: no
     writer goes on with the study (`run_status`: an unfinished trial's run is KILLED, not RUNNING). `refuse`: as
-    `StudyRecord.load`'s."""
+    `StudyRecord.load`'s. A running trial also gets the epoch it has under way (`launch.layout.progress_record`)."""
     run = location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id))
     log = _result_log(spec, location, tune.trial_id, refuse)
     stopped, end = stop_record(run), end_record(run)  # `end`: it ended itself (diverged), not a scheduler's stop
@@ -285,7 +287,11 @@ def record_trial(spec, location: StudyLocation, tune: Trial, ended: bool,
             final[key] = value
             if key in HISTORY_KEYS or key == spec.metric:  # the study metric's: its value at the best epoch
                 history.setdefault(key, []).append((int(result["epoch"]), value))
+    # where a running trial is within its next epoch (one more request on S3, for the running trials alone)
+    under_way = (progress_record(run, row.epochs_done + 1)
+                 if tune.state == "RUNNING" and not ended and end is None and stopped_early is None else None)
     return replace(row, name=tune.name, retries=tune.retries, ended=end, stopped_early=stopped_early,
+                   under_way=under_way,
                    # as its MLflow run shows it (`launch.mlflow_export` exports this status)
                    status=run_status(row.state, len(log), stopped_early, spec.total_epochs, ended=ended, end=end),
                    final=final, history=history,

@@ -150,12 +150,13 @@ def draw(model: ScoreModel, config: dict, repeat: int = 0) -> Draws:
 
 
 # -- the stand-in trainer (runs in the Ray trials; benchmarks/bench_scale.py uses it too) ---------------------------
-def stand_in_train(config, report, *, output_dir=None, resume_from=None, best_from=None, model: dict | None = None,
-                   epoch_seconds: float = 0.0, repeat: int = 0):
+def stand_in_train(config, report, *, output_dir=None, resume_from=None, best_from=None, progress=None,
+                   model: dict | None = None, epoch_seconds: float = 0.0, repeat: int = 0):
     """`a2core.train.train`'s contract at no cost: each epoch sleeps `epoch_seconds`, then reports the drawn val
     score (`model`: a `ScoreModel` as a dict; None: a rising score, `bench_scale`'s) with a small checkpoint
     (`a2core.checkpoint` format, no weights) and the epoch's per-image val scores; the last epoch also the test
-    split's (train.test_at_end). Resumes after its checkpoint's epoch."""
+    split's (train.test_at_end). Resumes after its checkpoint's epoch. `progress`, the steps within an epoch, is
+    taken and not called: the stand-in has no steps."""
     # torch: in the trials only (`a2 study plan --rehearse` imports this module and trains nothing)
     from a2core import checkpoint
     from a2core.train import PER_IMAGE_KEY, TEST_PER_IMAGE_KEY

@@ -38,8 +38,8 @@ from a2core.errors import CheckpointError, StorageError, TrainingDiverged
 from a2core.selection import best_epoch, finite, rank
 from launch.killpoints import DRIVER_PID_ENV, KILL_AT_ENV, kill_point
 from launch.raycluster import stash_credentials
-from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, ENDED_FILE, RESULTS_FILE,
-                           SUPERSEDED_FILE, TRAIN_SNAPSHOT, TRIAL_FILE, TRIALS_DIR, TUNE_POINTER_FILE, ResultLog,
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, CHECKPOINT_PREFIX, ENDED_FILE, PROGRESS_FILE,
+                           RESULTS_FILE, SUPERSEDED_FILE, TRAIN_SNAPSHOT, TRIAL_FILE, TRIALS_DIR, TUNE_POINTER_FILE, ResultLog,
                            checkpoint_epochs, checkpoint_name, end_record, end_text, fused_seeds,
                            latest_checkpoint_history, plain_values, results_by_epoch, seed_result_key, seed_sampled,
                            seed_trial_id, train_run_name)
@@ -416,6 +416,36 @@ def diverged_record(err) -> dict:
     return {"reason": "diverged", "epoch": err.epoch, "step": err.step, "key": err.key, "value": str(err.value)}
 
 
+class EpochProgress:
+    """`a2core.train.train`'s `progress` callback in a trial (rank 0): where the trial is within its epoch, written
+    to its run folder (`launch.layout.PROGRESS_FILE`, read by `launch.layout.progress_record`) at its first step and
+    then at most every `every_s` seconds, so that `a2 study status` shows a COCO epoch of two hours under way, and
+    times it before its first epoch ends. On S3 that is one small object written every `every_s`; a write that fails
+    is skipped (the next may land): the file is advisory, the training is not."""
+
+    def __init__(self, run, every_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.target, self.every_s, self.clock = run.join(PROGRESS_FILE), every_s, clock
+        self.epoch_start: tuple | None = None  # (stage, epoch, steps done, clock) at the epoch's first step seen
+        self.last_write: float | None = None
+
+    def __call__(self, progress) -> None:  # progress: a2core.train.StepProgress
+        now = self.clock()
+        where = (progress.stage, progress.epoch)
+        if self.epoch_start is None or self.epoch_start[:2] != where:
+            self.epoch_start = (*where, progress.done, now)
+        if self.last_write is not None and now - self.last_write < self.every_s:
+            return
+        steps, seconds = progress.done - self.epoch_start[2], now - self.epoch_start[3]
+        record = {"stage": progress.stage, "epoch": progress.epoch, "done": progress.done, "total": progress.total,
+                  # the steps timed in this epoch: its first is the clock's start, so one step times none
+                  "seconds_per_step": seconds / steps if steps > 0 else None, "time": time.time()}
+        try:
+            self.target.write_text(json.dumps(record) + "\n")
+        except (StorageError, OSError):
+            return
+        self.last_write = now
+
+
 def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     """A one-worker trial: `a2core.train.train` in this Tune trial process, resuming from the newest checkpoint."""
     # torch (a2core's training and checkpoints, Ray's TorchTrainer): in a trial's process only; the driver imports
@@ -446,7 +476,7 @@ def a2_local_trial(config: dict, plan: TrialPlan) -> None:
             best_from = best_copy(trial.run, resume_from, epoch, work)
         try:
             train(plan.config(config), report, output_dir=str(work / "out"), resume_from=resume_from,
-                  best_from=best_from)
+                  best_from=best_from, progress=EpochProgress(trial.run))
         except TrainingDiverged as err:
             trial.end(diverged_record(err))
 
@@ -578,7 +608,8 @@ def a2_fused_trial(sampled: dict, plan: TrialPlan) -> None:
             for i in live:
                 try:
                     train(seeds.configs[i], functools.partial(seeds.report, i), output_dir=str(work / str(i) / "out"),
-                          resume_from=resume_from[i], best_from=best_from[i])
+                          resume_from=resume_from[i], best_from=best_from[i],
+                          progress=EpochProgress(seeds.trials[i].run))
                 except TrainingDiverged as err:
                     seeds.end(i, err)
             return
@@ -732,10 +763,11 @@ def _cpu_seconds_all_ranks(since: float) -> float:
     return float(total.item())
 
 
-def worker_fn(config: dict, temp_root: str, start_from: tuple | None = None) -> None:
+def worker_fn(config: dict, temp_root: str, start_from: tuple | None = None, run=None) -> None:
     """The Ray Train loop of one worker: a2core's training with Ray's report, checkpoint and resume. `start_from`:
     (filesystem, path) of the checkpoint folder to resume from while Ray Train has none of its own
-    (`ray_train_start`: its latest was unreadable)."""
+    (`ray_train_start`: its latest was unreadable). `run`: the trial's run folder (a Location), where rank 0 writes
+    where it is within its epoch (`EpochProgress`; `train` calls it on rank 0 only)."""
     from a2core.train import train  # torch: as in `a2_local_trial`
 
     cpu_start = time.process_time()
@@ -774,7 +806,8 @@ def worker_fn(config: dict, temp_root: str, start_from: tuple | None = None) -> 
                     except OSError:
                         best_from = None  # not kept: the run says so when it scores the test split
         try:
-            train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from, best_from=best_from)
+            train(config, report, output_dir=str(Path(work) / "out"), resume_from=resume_from, best_from=best_from,
+                  progress=None if run is None else EpochProgress(run))
         except TrainingDiverged as err:
             # Every rank stops at the same step (a2core.train decides in the gradients' all-reduce) and reports this
             # (a barrier); the trial writes the end record and the Train run ends normally, not retried.
@@ -817,7 +850,8 @@ def a2_trial(config: dict, plan: TrialPlan) -> None:
     results = Queue(maxsize=1, actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
         node_id=ray.get_runtime_context().get_node_id(), soft=False)})
     trainer = TorchTrainer(
-        functools.partial(worker_fn, temp_root=str(plan.temp_root()), start_from=start_from),
+        functools.partial(worker_fn, temp_root=str(plan.temp_root()), start_from=start_from,
+                          run=trial.run.join()),  # a fresh Location: no pyarrow filesystem cached in it
         train_loop_config=plan.config(config),
         scaling_config=ray.train.ScalingConfig(num_workers=res["workers_per_trial"],
                                                use_gpu=res["gpus_per_worker"] > 0,  # so Ray picks nccl (else gloo)

@@ -53,6 +53,8 @@ NOT_STATE = (
     ("*", "*", "state-copies/*", "whole copies of Tune's files, read only when one of them is unreadable "
                                  "(`resume --restore-state`); each is written whole (temp file, rename)"),
     ("driver", "rename", "lease.json", "the lease's heartbeat: the same holder, a newer time"),
+    ("trial", "rename", "trials/*/progress.json", "where a running trial is within its epoch, for `a2 study status` "
+                                                  "alone: no resume reads it (`launch.layout.progress_record`)"),
 )
 
 _STAMP = re.compile(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d")  # Tune's time stamps: experiment_state-2026-12-02_03-18-30

@@ -48,6 +48,8 @@ def test_one_trial_study_trains_with_ddp_and_is_tracked(tmp_path, tiny_data):
     assert "no baseline (fusion none) trial with seed 0" in out
     assert (study_dir / "study.yaml").is_file()
     assert set(trial_runs(tmp_path / "studies", name)) == {trial["trial_id"]}
+    # rank 0 wrote where it was within its epoch into the trial's run folder (`launch.trainable.EpochProgress`)
+    _assert_progress_written(trial_runs(tmp_path / "studies", name)[trial["trial_id"]], epochs=3)
 
     # MLflow: a parent run for the study, a child run for the trial with one value per epoch.
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -111,6 +113,7 @@ def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data, monkeypa
     for trial in summary["trials"]:
         files = {p.name for p in folders[trial["trial_id"]].iterdir()}
         assert "checkpoint_manager_snapshot.json" not in files  # no Ray Train run
+        _assert_progress_written(folders[trial["trial_id"]], epochs=4)
         assert trial["state"] == "TERMINATED" and trial["epochs_reported"] == [1, 2, 3, 4]
         # The latest checkpoint and the best two by val/CIDEr (num_to_keep) are kept, each complete.
         kept = sorted(int(f[len("checkpoint_epoch"):]) for f in files if f.startswith("checkpoint_epoch"))
@@ -175,6 +178,14 @@ def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data, monkeypa
 
 
 @pytest.mark.outside_ray_group  # starts no Ray: runs beside the group
+def _assert_progress_written(run: Path, epochs: int) -> None:
+    """The trial process wrote `progress.json` at its first step at least (then every 30 s: these epochs are short),
+    a record `launch.layout.progress_record` reads."""
+    written = json.loads((run / "progress.json").read_text())
+    assert written["stage"] == "xe" and 1 <= written["epoch"] <= epochs, written
+    assert 1 <= written["done"] <= written["total"], written
+
+
 def test_invalid_study_fails_before_ray_starts(tmp_path, tiny_data):
     study = tiny_study(tmp_path, "ray-bad", tiny_data, extra={"search.space.lambda": {"loguniform": [0, 0.2]}})
     run = a2("study", "run", str(study), cwd=tmp_path, env=local_env(), timeout=120)

@@ -24,7 +24,8 @@ from launch.verify import refuse_corrupt
 
 def cmd_status(args) -> int:
     """`a2 study status NAME [--json] [--watch [SECONDS]]`: the trial table, groups, verdict, compute and progress;
-    with --watch, again every SECONDS until every trial has ended, no driver runs the study, or Ctrl-C."""
+    with --watch, again every SECONDS until every trial has ended (one past its last epoch, still testing its
+    selected checkpoint, has not: `Progress.ended`), no driver runs the study, or Ctrl-C."""
     if getattr(args, "watch", None) is None:  # a Namespace of Python callers may not carry it
         status(args)
         return 0
@@ -34,7 +35,7 @@ def cmd_status(args) -> int:
                 print("\033[H\033[2J", end="")  # the terminal cleared: the table stays where it was
             print(f"a2 study status {args.name} (every {args.watch:g} s; Ctrl-C stops)  {time.strftime('%H:%M:%S')}")
             progress = status(args)
-            if progress.epochs_left == 0 or not progress.driven:
+            if progress.ended or not progress.driven:
                 return 0
             time.sleep(args.watch)
     except KeyboardInterrupt:  # how a watch is meant to end
