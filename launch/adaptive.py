@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from a2core.errors import DataError
+from a2core.errors import DataError, StorageError
 from a2core.selection import finite
 from dashboards.compare import chosen_configuration, study_comparison
 from dashboards.runs import Study, Trial, group_value, seed_number
@@ -176,6 +176,16 @@ def study_rounds(spec, study: Study) -> Rounds | None:
 def write_rounds(location: StudyLocation, rounds: Rounds) -> None:
     """`ROUNDS_FILE`, atomically (the storage layer's write: a temp file and rename, or one whole S3 object)."""
     location.write_text(json.dumps(rounds.to_dict(), indent=1, default=_plain) + "\n", ROUNDS_FILE)
+
+
+def design_ended(location: StudyLocation) -> bool:
+    """The adaptive design has ended (every arm settled, or its last round handed out), as the searcher last wrote it
+    (`ROUNDS_FILE`): the driver's live table's word, read without the record (`status` derives it from the record,
+    `study_rounds`). False without the file, or with one that is not the design's."""
+    try:
+        return json.loads(location.read_text(ROUNDS_FILE) or "null")["done"] is True
+    except (ValueError, TypeError, KeyError, StorageError):  # unreadable now (an S3 outage): the table goes on
+        return False
 
 
 def _plain(value):

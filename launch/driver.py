@@ -25,7 +25,7 @@ import yaml
 
 from a2core.config import flatten
 from a2core.errors import StorageError, StudyError, TrackingError
-from launch.adaptive import RoundDecider, amend_summary, study_rounds, write_rounds
+from launch.adaptive import RoundDecider, amend_summary, design_ended, study_rounds, write_rounds
 from dashboards.tracking import check_tracking_uri, server_answers
 from launch import runlog, stop
 from dashboards.runs import Trial
@@ -457,7 +457,8 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
         # result.json is what `status` and `summary` read
         callbacks=[LeaseGuard(location.uri()), JsonLoggerCallback(), CSVLoggerCallback(), tracking],
         progress_reporter=_reporter(spec, stopped_early_of, tracking.outage_text,
-                                    under_way_of=functools.partial(under_way, spec, location)),
+                                    under_way_of=functools.partial(under_way, spec, location),
+                                    design_ended_of=functools.partial(design_ended, location)),
         # 1, not 2: our table only; 2 adds Tune's "Trial ... reported ..." and "... completed. Last result: ..."
         # lines for every epoch of every trial (ray.tune.progress_reporter.TrialProgressCallback)
         verbose=1 if verbose else 0,
@@ -505,7 +506,8 @@ def under_way(spec, location: StudyLocation, row: Trial) -> dict | None:
     return progress_record(location.at(TRIALS_DIR, train_run_name(spec.name, row.trial_id)), row.epochs_done + 1)
 
 
-def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None, under_way_of=lambda row: None):
+def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None, under_way_of=lambda row: None,
+              design_ended_of=lambda: False):
     class StudyTable(ProgressReporter):
         """The live trial table (`a2 study status`'s, from the running trials) every 30 s and at the end. (Tune's
         CLIReporter looks every parameter column up in the best trial's config, so a best trial without a
@@ -525,7 +527,9 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None, under_way
             # how far along and when it ends, from the trials' cumulative wall time as their last results report it
             timed = [dataclasses.replace(row, compute={"wall_s": row.last_result.get("compute/wall_s") or 0.0})
                      for row in rows]
-            table += "\n" + progress_line(study_progress(spec, timed, driven=True))
+            # an adaptive design that has ended starts no more trials: they are no longer planned (as `status` says)
+            ended = spec.replicate_rounds is not None and design_ended_of()
+            table += "\n" + progress_line(study_progress(spec, timed, driven=True, design_ended=ended))
             line = tracking_line()  # e.g. "tracking: server down 31 s, 14 epochs exported once it was back"
             if line:
                 table += "\n" + line

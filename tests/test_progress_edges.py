@@ -120,3 +120,35 @@ def test_fused_rounds_run_their_tune_trials_side_by_side():
     assert p.seconds_per_epoch == pytest.approx(50.0)
     assert (p.epochs_left, p.rounds, p.concurrency) == (40, ((8, 2), (16, 2), (16, 2)), 2)
     assert p.seconds_left == pytest.approx(1000.0)
+
+
+# -- the driver's live table under an adaptive design ---------------------------------------------------------------
+def test_the_live_table_plans_no_more_trials_once_the_adaptive_design_has_ended(tmp_path, capsys):
+    """The searcher writes `rounds.json` at each round's end; once it says the design is done, the driver's table
+    plans none of the trials not started (as `status` does): 4 trials of round 1 ran their 4 epochs, the design
+    settled every arm, so 16/16 and every trial has ended, not 16/48 with 32 epochs left 'at most'."""
+    from launch.adaptive import ROUNDS_FILE, design_ended
+    from launch.driver import _reporter
+    from launch.location import StudyLocation
+
+    spec = smoke("search.replicates={min: 2, max: 6}", "resources.max_concurrent_trials=8")
+    location = StudyLocation("adaptive", str(tmp_path))
+
+    class TuneTrial:  # what the live table reads of Tune's trials
+        def __init__(self, trial_id, fusion, seed):
+            self.trial_id, self.status, self.config = trial_id, "TERMINATED", {"fusion": fusion, "seed": seed}
+            if fusion == "gate":
+                self.config["lambda"] = 0.035
+            self.last_result = {"epoch": 4, "val/CIDEr": 0.5, "compute/wall_s": 400.0}
+            self.metric_analysis = {"val/CIDEr": {"max": 0.5, "last": 0.5}}
+
+    trials = [TuneTrial(f"{f}{s}", f, s) for f in ("none", "gate") for s in (0, 1)]
+    for written, line in ((None, "progress: 16/48 trial-epochs (33%)"),
+                          ('{"round": 1, "done": false}', "progress: 16/48 trial-epochs (33%)"),
+                          ("{not json", "progress: 16/48 trial-epochs (33%)"),
+                          ('{"round": 1, "done": true}', "progress: 16/16 trial-epochs (100%); every trial has ended")):
+        if written is not None:
+            location.write_text(written, ROUNDS_FILE)
+        reporter = _reporter(spec, design_ended_of=lambda: design_ended(location))
+        reporter.report(trials, True)
+        assert capsys.readouterr().out.splitlines()[-1].startswith(line), written
