@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from a2core import checkpoint as ckpt
-from a2core.atomic import atomic_write, fresh_folder
+from a2core.atomic import atomic_write
 from a2core.checksum import checksum_path, file_sha256
 from a2core.data import prepared
 from a2core.data.captions import Vocab, read_image_info
@@ -37,7 +37,7 @@ from launch.location import STUDY_FILE, StudyLocation, load_saved_spec, locate, 
 from launch.record import StudyRecord, best_group
 from launch.raycluster import connect, shutdown as stop_ray
 from launch.spec import NAME_MAX, StudySpec
-from launch.storage import open_location, upload_file
+from launch.storage import check_storage, open_location, parse_s3_uri, upload_file
 from launch.tracking_writer import log_artifacts, study_parent_run
 from launch.trainable import propagated_env
 from launch.verify import model_mismatch
@@ -116,9 +116,14 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
     tracking_uri = check_tracking_uri(tracking_uri or spec.tracking.mlflow_uri)
     upload_prefix = _upload_prefix(location, upload)
-    # a folder is an earlier package once its manifest (written last) is there: a killed run's folder is reused
-    out = fresh_folder(Path(out or Path(PACKAGE_OUT) / name).resolve(), (MANIFEST,), "package")
+    if upload:  # a bucket that is not there is found now, not after the seeds are trained and the images decoded
+        try:
+            check_storage(upload_prefix, s3_endpoint_url)
+        except StorageError as err:
+            raise PackageError(f"--upload {upload}: {err}") from None
+    out = package_folder(Path(out or Path(PACKAGE_OUT) / name).resolve(), name)
     out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / ATTEMPT, json.dumps({"study": name}) + "\n")  # before any output: the folder is this run's
     ray_was_up = ray.is_initialized()
     os.environ.setdefault(WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S)
     try:
@@ -155,15 +160,48 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
 
 
 KARPATHY_CAPTIONS = "captions_karpathy_test_ensemble.json"
+# Written into a package folder before anything else: its outputs without a manifest are then a stopped run of this
+# study's package, which a rerun may clear (`clear_attempt`); the same names in a folder without it are someone's own.
+ATTEMPT = ".a2-package-attempt"
+
+
+def _outputs(out: Path) -> list[Path]:
+    """The files of `out` that a package run writes (and `clear_attempt` removes)."""
+    names = [RESULTS_ZIP, LEADERBOARD, KARPATHY_CAPTIONS, f".{RESULTS_ZIP}.staging"]
+    return [p for p in sorted(out.glob("captions_*2014_*_results.json")) + [out / n for n in names] if p.is_file()]
+
+
+def _attempt_of(out: Path) -> str | None:
+    """The study whose package run claimed `out` (its ATTEMPT file), None when none did or the file does not read."""
+    try:
+        claimed = json.loads((out / ATTEMPT).read_text())
+    except (OSError, ValueError):
+        return None
+    return claimed.get("study") if isinstance(claimed, dict) else None
+
+
+def package_folder(path: Path, name: str) -> Path:
+    """`path`, else the first of `path-2`, `path-3`, ... that holds no finished package (its manifest, written last)
+    and no package outputs other than those of a stopped run of study `name`'s package (a hand-made results.zip,
+    another study's attempt): only a run's own folder is continued and cleared, nothing else in it is lost."""
+    candidate, n = path, 1
+    while (candidate / MANIFEST).exists() or (_outputs(candidate) and _attempt_of(candidate) != name):
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    if candidate != path:
+        what = ("an earlier package" if (path / MANIFEST).exists() else
+                f"submission files that no stopped run of {name}'s package left")
+        print(f"{path} holds {what}; this run writes to {candidate}", flush=True)
+    return candidate
 
 
 def clear_attempt(out: Path, verbose: bool = True) -> None:
     """Remove what an earlier, unfinished run left in `out` (no manifest: it stopped before the end), called once
     this run has decoded its own captions: the old zip, leaderboard and results files describe other captions, and
     a run that fails from here must not leave them beside its own as if they were its output. Only these names are
-    touched; the checkpoint cache stays."""
-    names = [RESULTS_ZIP, LEADERBOARD, KARPATHY_CAPTIONS, f".{RESULTS_ZIP}.staging"]
-    stale = [p for p in sorted(out.glob("captions_*2014_*_results.json")) + [out / n for n in names] if p.is_file()]
+    touched; the checkpoint cache stays. `package_folder` hands a folder with such files only to the run of the
+    study that left them."""
+    stale = _outputs(out)
     for path in stale:
         path.unlink()
     if stale:
@@ -422,6 +460,11 @@ def decoding_data(checkpoint: str, data_overrides: list[str] | None, val_images:
         has_file = data.paths.val_images and Path(data.paths.val_images).is_file()
         val_source = str(data.paths.val_images) if has_file else f"{data.paths.captions} (filepath val2014)"
     test_ids = read_image_info(test_file)
+    # a list of no images gives a results file of no captions, which covers it and validates: the server refuses it
+    for split, ids, source in (("val2014", val_ids, val_source), ("test2014", test_ids, test_file)):
+        if not ids:
+            raise PackageError(f"the {split} image list ({source}) holds no image: give the server's list of {split} "
+                               f"(--{split[:-4]}-images)")
     if both := sorted(set(val_ids) & set(test_ids)):  # COCO's val2014 and test2014 share no image
         raise PackageError(f"{len(both)} image id(s) are in both the val2014 list ({val_source}) and the test2014 "
                            f"list ({test_file}), e.g. {both[:5]}: the two server sets are disjoint; is one file "
@@ -672,6 +715,10 @@ def _upload_prefix(location, upload: str | None) -> str | None:
     if upload:
         if not upload.startswith("s3://"):
             raise PackageError(f"--upload must be an s3:// URI, got {upload!r}")
+        try:  # checked as a whole URI before any work: "s3://" would otherwise become the prefix "s3:/"
+            parse_s3_uri(upload)
+        except StorageError as err:
+            raise PackageError(f"--upload: {err}") from None
         return upload.rstrip("/") + "/"
     if location.storage.startswith("s3://"):
         return location.uri("package").rstrip("/") + "/"

@@ -168,7 +168,7 @@ def test_upload_prefix_seed_study_names_and_local_checkpoints(tmp_path):
     local, on_s3 = StudyLocation("st", str(tmp_path)), StudyLocation("st", "s3://bucket/studies")
     assert _upload_prefix(local, None) is None  # a local study uploads nothing unless asked
     assert _upload_prefix(on_s3, None) == "s3://bucket/studies/st/package/"
-    assert _upload_prefix(local, "s3://b/subs") == "s3://b/subs/"
+    assert _upload_prefix(local, "s3://subs-bucket/subs") == "s3://subs-bucket/subs/"
     with pytest.raises(PackageError, match="--upload must be an s3:// URI"):
         _upload_prefix(local, "/tmp/subs")
     assert seed_study_name("pkg", "0123456789abcdef", 2) == "pkg-seeds-01234567-2"

@@ -59,6 +59,12 @@ def cmd_submission_validate(args) -> int:
     when there is no file to check)."""
     if not os.path.isfile(args.zip):
         raise SubmissionError(f"{args.zip}: no such file (give the results.zip to check)")
-    report = validate_zip(args.zip, read_image_info(args.val_images), read_image_info(args.test_images), alg=args.alg)
+    images = {option: read_image_info(path) for option, path in (("--val-images", args.val_images),
+                                                                  ("--test-images", args.test_images))}
+    for option, ids in images.items():  # a zip covering no image would pass: the server's lists are never empty
+        if not ids:
+            raise SubmissionError(f"{getattr(args, option[2:].replace('-', '_'))}: holds no image ({option}): give "
+                                  f"the server's image list of that split")
+    report = validate_zip(args.zip, images["--val-images"], images["--test-images"], alg=args.alg)
     print(report)
     return 0 if report.ok else 1
