@@ -778,7 +778,9 @@ def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: fl
     measured = measured_throughput(spec, newest=newest) if newest is not None else None
     ips, ips_source = ((images_per_second, "given") if images_per_second is not None else
                        (measured.images_per_second, measured.source) if measured is not None else
-                       (IMAGES_PER_SECOND, "an estimate for an A10G; 115 measured on an H200: benchmarks/RESULTS.md"))
+                       (IMAGES_PER_SECOND, "an estimate for an A10G; 115 measured on an H200: benchmarks/RESULTS.md"
+                        + (f"; the newest GPU record, {newest[0].name}, did not measure this study's mode"
+                           if newest is not None else "")))
     workers = cluster_workers(cluster) if cluster is not None else None  # None: no cluster file, no price
     gaps = [(f"{d:g} CIDEr", d) for d in deltas] if deltas else None  # None: the gaps relevant to the study
     text = plan_text(spec, noise, noise_source, gaps, ips, ips_source, workers, price_per_hour)

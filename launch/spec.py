@@ -438,7 +438,8 @@ class StudySpec(Section):
                 f"when the study searches it, else {path}=VALUE") for alias, path in ALIASES.items()}
 
     name: Annotated[str, BeforeValidator(validate_study_name)] = Field(None, validate_default=True, description=(
-        f"The study's name, `[a-z0-9-]`, at most {NAME_MAX} characters: it names paths and MLflow objects."))
+        f"The study's name, `[a-z0-9-]` starting with a letter or digit, at most {NAME_MAX} characters: it names "
+        "paths and MLflow objects."))
     data: RawSection = Field({}, description="The `data` section of a config, for every trial.")
     model: RawSection = Field({}, description="The `model` section of a config (searched keys left out).")
     train: RawSection = Field({}, description="The `train` section of a config (searched keys left out).")
@@ -934,11 +935,15 @@ def _check_schedule(spec: StudySpec) -> None:
             f"epochs, so ASHA has no rung and stops nothing; give a grace period below {spec.total_epochs}, or "
             f"fifo: {{}} ({spec.source or 'study'})")
     xe_steps, total_steps = steps * t["xe_epochs"], steps * spec.total_epochs
-    if t["xe_epochs"] and t["warmup"] > xe_steps / 2:
+    # a searched warmup: its largest value (as T_P's below), not the base's default, which no trial uses
+    param = next((p for p in spec.params.values() if p.path == "train.warmup"), None)
+    warmup, where = ((max(param.values), f"search.space.{param.key}: up to") if param is not None else
+                     (t["warmup"], "train.warmup:"))
+    if t["xe_epochs"] and warmup > xe_steps / 2:
         spec.warnings.append(
-            f"train.warmup: {t['warmup']} steps is {t['warmup'] / xe_steps:.0%} of the {xe_steps} cross-entropy "
+            f"{where} {warmup} steps is {warmup / xe_steps:.0%} of the {xe_steps} cross-entropy "
             f"steps a trial takes ({steps} a epoch x {t['xe_epochs']}): the learning rate peaks "
-            f"{'after training ends' if t['warmup'] > xe_steps else 'late in training'} ({spec.source or 'study'})")
+            f"{'after training ends' if warmup > xe_steps else 'late in training'} ({spec.source or 'study'})")
     if (tp := spec.temperature_range()) is not None and tp[1] > total_steps:
         param = next((p for p in spec.params.values() if p.path == "model.temperature"), None)
         where = f"search.space.{param.key}" if param is not None else "model.temperature"
