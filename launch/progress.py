@@ -142,16 +142,19 @@ def study_progress(spec, trials, driven: bool, design_ended: bool = False) -> Pr
 
 
 def duration_text(seconds: float) -> str:
-    """3 d 4 h, 2 h 05 min, 7 min, 40 s: two units at most, as a person reads a time left."""
-    seconds = max(0, int(round(seconds)))
-    days, rest = divmod(seconds, 86_400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
+    """3 d 4 h, 2 h 05 min, 7 min, 40 s: two units at most, as a person reads a time left, rounded to the nearest of
+    the smallest unit shown (100 s is "2 min", not "1 min"; 7,190 s "2 h 00 min", not "1 h 59 min")."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
         return f"{hours} h {minutes:02d} min"
-    return f"{minutes} min" if minutes else f"{secs} s"
+    days, hours = divmod(round(seconds / 3600), 24)
+    return f"{days} d {hours} h"
 
 
 def progress_line(progress: Progress) -> str:

@@ -35,7 +35,7 @@ def test_progress_counts_trial_epochs_and_prices_the_rest_at_the_studys_concurre
     assert progress.seconds_per_epoch == pytest.approx(40.0)
     assert progress.concurrency == 2 and not progress.early_stopping
     assert progress.seconds_left == pytest.approx(26 * 40.0 / 2)
-    assert progress_line(progress) == ("progress: 6/32 trial-epochs (19%); 40 s a trial-epoch; about 8 min left at "
+    assert progress_line(progress) == ("progress: 6/32 trial-epochs (19%); 40 s a trial-epoch; about 9 min left at "
                                        "2 trials at a time")
 
 
@@ -71,7 +71,7 @@ def test_status_prints_the_progress_and_its_json_carries_it(study, monkeypatch, 
     storage = study.spec.storage
     assert main(["study", "status", "progress", "--storage", storage]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1].startswith("progress: 6/32 trial-epochs (19%); 40 s a trial-epoch; about 8 min left at 2 trials")
+    assert out[-1].startswith("progress: 6/32 trial-epochs (19%); 40 s a trial-epoch; about 9 min left at 2 trials")
     assert out[-1].endswith("no driver runs the study now (`a2 study resume` continues it)")
     assert main(["study", "status", "progress", "--storage", storage, "--json"]) == 0
     progress = json.loads(capsys.readouterr().out)["progress"]

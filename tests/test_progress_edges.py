@@ -80,7 +80,7 @@ def test_adaptive_rounds_run_one_after_another():
     assert (p.epochs_done, p.epochs_left, p.concurrency) == (8, 40, 4)
     assert p.rounds == ((8, 4), (16, 4), (16, 4))
     assert p.seconds_left == pytest.approx(1000.0)
-    assert progress_line(p) == ("progress: 8/48 trial-epochs (17%); 1 min a trial-epoch; about 16 min left in 3 "
+    assert progress_line(p) == ("progress: 8/48 trial-epochs (17%); 2 min a trial-epoch; about 17 min left in 3 "
                                 "rounds of seeds, one after another (this one at 4 trials at a time) (at most: arms "
                                 "settled after a round get no more seeds)")
     # round 2 under way, 1 of its trials at 3/4 and 3 ended: its 1 epoch alone, then round 3's 16 at 4 at a time
@@ -152,3 +152,12 @@ def test_the_live_table_plans_no_more_trials_once_the_adaptive_design_has_ended(
         reporter = _reporter(spec, design_ended_of=lambda: design_ended(location))
         reporter.report(trials, True)
         assert capsys.readouterr().out.splitlines()[-1].startswith(line), written
+
+
+def test_a_duration_is_rounded_to_its_smallest_unit_shown():
+    """Truncated, 100 s read "1 min" (a 40% error in a trial-epoch's time) and 7,190 s "1 h 59 min"."""
+    from launch.progress import duration_text
+
+    cases = {0: "0 s", 59.4: "59 s", 59.6: "1 min", 100: "2 min", 3569: "59 min", 3599: "1 h 00 min",
+             7190: "2 h 00 min", 7_500: "2 h 05 min", 86_399: "1 d 0 h", 3 * 86_400 + 4 * 3600 + 1799: "3 d 4 h"}
+    assert {s: duration_text(s) for s in cases} == cases

@@ -140,7 +140,7 @@ def test_status_counts_the_share_done_and_times_an_epoch_from_its_steps_before_a
     assert progress.seconds_per_epoch == pytest.approx(2500.0)  # the two trials' epochs from their steps
     assert progress.seconds_left == pytest.approx((32 - 0.5) * 2500.0 / 2)
     assert progress_line(progress) == (
-        "progress: 0/32 trial-epochs, 0.5 more under way (2%); 41 min a trial-epoch (from its training steps so far, "
+        "progress: 0/32 trial-epochs, 0.5 more under way (2%); 42 min a trial-epoch (from its training steps so far, "
         "validation not counted: no epoch has ended); about 10 h 56 min left at 2 trials at a time")
     assert [epochs_text(t) for t in trials] == ["0/4 +40%", "0/4 +10%"]
     assert "0/4 +40%" in format_table([t.row() | {"under_way": t.under_way} for t in trials], fab.spec)
@@ -157,7 +157,7 @@ def test_once_an_epoch_has_ended_its_wall_time_prices_the_rest_and_the_share_sti
     assert (progress.epochs_done, progress.epochs_left, progress.epochs_under_way) == (6, 26, 0.5)
     assert progress.seconds_per_epoch == pytest.approx(100.0) and not progress.from_steps
     assert progress.seconds_left == pytest.approx(25.5 * 100.0 / 2)
-    assert progress_line(progress) == ("progress: 6/32 trial-epochs, 0.5 more under way (20%); 1 min a trial-epoch; "
+    assert progress_line(progress) == ("progress: 6/32 trial-epochs, 0.5 more under way (20%); 2 min a trial-epoch; "
                                        "about 21 min left at 2 trials at a time")
 
 
@@ -187,5 +187,5 @@ def test_the_drivers_live_table_reads_the_running_trials_files(tmp_path, capsys)
     out = capsys.readouterr().out.splitlines()
     assert out[2].split()[5:7] == ["1/4", "+25%"]
     # 31 epochs left less a quarter, 100 s each, 2 side by side
-    assert out[-1] == ("progress: 1/32 trial-epochs, 0.2 more under way (4%); 1 min a trial-epoch; about 25 min left "
+    assert out[-1] == ("progress: 1/32 trial-epochs, 0.2 more under way (4%); 2 min a trial-epoch; about 26 min left "
                        "at 2 trials at a time")
