@@ -115,12 +115,8 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     alg = alg or name
     files = results_filename("val", alg), results_filename("test", alg)  # a bad --alg fails here, before any work
     tracking_uri = check_tracking_uri(tracking_uri or spec.tracking.mlflow_uri)
+    check_upload(upload, s3_endpoint_url)
     upload_prefix = _upload_prefix(location, upload)
-    if upload:  # a bucket that is not there is found now, not after the seeds are trained and the images decoded
-        try:
-            check_storage(upload_prefix, s3_endpoint_url)
-        except StorageError as err:
-            raise PackageError(f"--upload {upload}: {err}") from None
     out = package_folder(Path(out or Path(PACKAGE_OUT) / name).resolve(), name)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / ATTEMPT, json.dumps({"study": name}) + "\n")  # before any output: the folder is this run's
@@ -710,15 +706,30 @@ def deliver(name: str, spec, best: Trial, members: list[Trial], local: list[str]
             "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent, "artifacts": artifacts, **model}}
 
 
+def check_upload(upload: str | None, endpoint_url: str | None = None) -> None:
+    """`--upload` checked before any work (by `package`, and by `a2 pipeline` before its study): an s3:// URI as a
+    whole ("s3://" would otherwise become the prefix "s3:/"), of a bucket that is there (HeadBucket), not found only
+    after the seeds are trained and the images decoded. Nothing to check without one."""
+    if not upload:
+        return
+    if not upload.startswith("s3://"):
+        raise PackageError(f"--upload must be an s3:// URI, got {upload!r}")
+    try:
+        parse_s3_uri(upload)
+    except StorageError as err:
+        raise PackageError(f"--upload: {err}") from None
+    try:
+        check_storage(upload.rstrip("/") + "/", endpoint_url)
+    except StorageError as err:
+        raise PackageError(f"--upload {upload}: {err}") from None
+
+
 def _upload_prefix(location, upload: str | None) -> str | None:
-    """Where `upload_all` puts the files: `--upload`, else the study's `package/` prefix when it is on S3."""
+    """Where `upload_all` puts the files: `--upload` (`check_upload`), else the study's `package/` prefix when it is
+    on S3."""
     if upload:
         if not upload.startswith("s3://"):
             raise PackageError(f"--upload must be an s3:// URI, got {upload!r}")
-        try:  # checked as a whole URI before any work: "s3://" would otherwise become the prefix "s3:/"
-            parse_s3_uri(upload)
-        except StorageError as err:
-            raise PackageError(f"--upload: {err}") from None
         return upload.rstrip("/") + "/"
     if location.storage.startswith("s3://"):
         return location.uri("package").rstrip("/") + "/"

@@ -192,3 +192,17 @@ def test_submission_validate_refuses_an_image_list_with_no_images(tmp_path, caps
                  "--test-images", str(files["test"])])
     assert code == 2
     assert f"{files[which]}: holds no image (--{which}-images)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("upload", ["s3://", "s3://x/p/", "/tmp/subs"])
+def test_a2_pipeline_refuses_a_malformed_upload_before_its_study(tmp_path, monkeypatch, capsys, upload):
+    """`a2 pipeline --upload` was checked only when its package step started: after the whole study had trained and
+    its report was built. Refused first now, exit 2, with nothing written and no study started."""
+    import launch.commands.pipeline as pipeline
+    from launch.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pipeline, "run_or_reuse", lambda *a, **k: pytest.fail("the study started"))
+    assert main(["pipeline", "--upload", upload, "--out", str(tmp_path / "out")]) == 2
+    assert "--upload" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

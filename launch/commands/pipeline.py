@@ -15,7 +15,7 @@ from a2core.errors import A2Error, StudyError
 from dashboards.compare import study_comparison
 from dashboards.report import build_report
 from dashboards.tracking import redact_uri, study_pointer
-from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, package
+from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, check_upload, package
 from launch.record import StudyRecord
 from launch.spec import load_study
 from launch.tracking_writer import log_report
@@ -65,6 +65,7 @@ def main(args) -> int:
     overrides = study_overrides(args) + ([f"tracking.mlflow_uri={args.tracking_uri}"] if args.tracking_uri else [])
     spec = load_study(study_path(args.study, Path(__file__).resolve().parents[2]), overrides)
     name = spec.name
+    check_upload(args.upload)  # a bad --upload is found now, not after the study and the report
     # A folder holding an earlier run's report or package is kept: this run writes to a new numbered one.
     out = fresh_folder(Path(args.out or Path(PIPELINE_OUT) / name).resolve(),
                        ("report/report.html", "package/package.json"), "pipeline output")
