@@ -153,14 +153,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def fresh_folder(path: str | os.PathLike, holds: tuple[str, ...], what: str) -> Path:
+def fresh_folder(path: str | os.PathLike, holds: tuple[str, ...], what: str, say=None) -> Path:
     """`path` if it holds none of the files `holds` (an earlier `what`), else the first of `path-2`, `path-3`, ...
-    that holds none, saying so: a new output never overwrites an earlier one."""
+    that holds none, saying so (printed, or handed to `say`: a caller that may still refuse the work says it only
+    once the work starts): a new output never overwrites an earlier one."""
     path = Path(path)
     candidate, n = path, 1
     while any((candidate / name).exists() for name in holds):
         n += 1
         candidate = path.with_name(f"{path.name}-{n}")
     if candidate != path:
-        print(f"{path} holds an earlier {what}; this run writes to {candidate}", flush=True)
+        message = f"{path} holds an earlier {what}; this run writes to {candidate}"
+        if say is None:
+            print(message, flush=True)
+        else:
+            say(message)
     return candidate

@@ -462,6 +462,18 @@ def write_results_json(path: str | Path, captions: dict[int, str]) -> None:
     atomic_write(path, json.dumps(entries, ensure_ascii=False) + "\n")
 
 
+def _check_not_an_input(out, inputs, what: str) -> None:
+    """Refuse (ConfigError naming --out) a results file that is one of the files the decoding reads: the results
+    would replace a checkpoint or the dataset's captions, lost for good (`--out runs/a2/best.pt`, a slip of the
+    shell's completion). The same file under another name (a link, best.pt linked to last.pt) counts."""
+    if not Path(out).is_file():  # a new file is none of the inputs, which exist
+        return
+    for path in inputs:
+        if Path(path).exists() and Path(out).samefile(path):
+            raise ConfigError("--out", f"{out} is {what} ({path}); the results would write over it, so name "
+                                       f"another file")
+
+
 def checkpoint_data(config: dict, vocab, data_overrides: list[str] | None = None):
     """The CaptionData a checkpoint decodes: its config's data section with `data.*` overrides (the files on this
     machine), and its vocabulary. An override of any other key is refused (`check_data_overrides`)."""
@@ -499,6 +511,7 @@ def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int 
     for name, value in (("--beam-size", beam_size), ("--max-len", max_len), ("--batch-size", batch_size)):
         if value < 1:
             raise ConfigError(name, f"must be >= 1, got {value}")
+    _check_not_an_input(out, checkpoints, "one of --checkpoints")  # before any is read
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     models, vocab, config = load_ensemble(checkpoints, device=device)
     longest = min(m.pos.shape[0] for m in models) - 1  # beam search feeds max_len + 1 positions
@@ -513,6 +526,7 @@ def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int 
                                          f"word ids, of which {words} can be generated: not <pad> or <bos>); "
                                          f"use at most {words}")
     data = checkpoint_data(config, vocab, data_overrides)
+    _check_not_an_input(out, [p for p in vars(data.paths).values() if p is not None], "a file of the data it decodes")
     data.features.check_ids([img.image_id for img in data.images(split)])
     stepper = EnsembleStepper(models) if len(models) > 1 else ModelStepper(models[0])
     with autocast(config["train"].get("precision", "fp32"), torch.device(device)):  # the first checkpoint's

@@ -832,7 +832,7 @@ def scst_from_problem(path: str | Path, vocab: Vocab, model_state: dict, cfg: Co
 
 def train(config: Config | dict, report: Report | None = None, *, output_dir: str | Path | None = None,
           resume_from: str | Path | None = None, best_from: str | Path | None = None,
-          progress: Progress | None = None) -> dict:
+          progress: Progress | None = None, started: Callable[[], None] | None = None) -> dict:
     """Train one configuration: cross-entropy epochs, then SCST epochs (see the module docstring).
 
     Args:
@@ -847,6 +847,8 @@ def train(config: Config | dict, report: Report | None = None, *, output_dir: st
         progress: Called after every optimizer step (rank 0) with a `StepProgress`: the epoch, its steps done and
             planned, and at the `train.log_every` steps and each epoch's last the running means of its losses
             (`a2 train` draws a bar on a terminal from it).
+        started: Called once the run is set up (its config, checkpoint and data checked), before its first epoch:
+            `a2 train` says there which folder it writes to, so that a run refused before never names one.
 
     Raises:
         TrainingDiverged: a loss was not finite (`DIVERGED_STEPS_SCALED` says when); the epoch it happened in is
@@ -865,4 +867,6 @@ def train(config: Config | dict, report: Report | None = None, *, output_dir: st
     cfg = config if isinstance(config, Config) else Config.from_dict(config)
     trainer = Trainer(cfg, output_dir or cfg.output_dir, resume_from, best_from)
     trainer.progress = progress
+    if started is not None:
+        started()
     return trainer.run(report)

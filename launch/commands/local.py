@@ -24,6 +24,8 @@ from launch.spec import DATA_PATHS, SECTIONS, TOP_KEYS, check_runnable, study_ro
 
 
 def cmd_data_prepare(args) -> int:
+    # an empty --out, or one under a file, named as such (it read ".: exists already" or "x.h5: File exists")
+    check_output_path(args.out, "--out", folder=True)
     started = time.monotonic()
 
     def progress(done: int, total: int) -> None:
@@ -63,10 +65,17 @@ def cmd_train(args) -> int:
     cfg = training_config(args.config, args.overrides)
     if args.output_dir is not None and not args.output_dir.strip():
         raise ConfigError("--output-dir", "is empty; name the folder for the run's checkpoints")
-    out, best_from = resumed_output(args.resume, args.output_dir, cfg.output_dir)
+    # "runs/a2 holds an earlier run's ...; this run writes to runs/a2-3" is said once the run starts: a2core still
+    # refuses a checkpoint or data that do not fit, and a refused run writes nowhere
+    numbered: list[str] = []
+    out, best_from = resumed_output(args.resume, args.output_dir, cfg.output_dir, say=numbered.append)
     # before the first epoch, not when its checkpoint is saved: a file in the way fails now
     check_output_path(out, "--output-dir" if args.output_dir is not None else "output_dir", folder=True,
                       source=None if args.output_dir is not None else args.config)
+
+    def started() -> None:
+        for line in numbered:
+            print(line, flush=True)
 
     def report(metrics: dict, checkpoint_dir) -> None:
         _print_report(metrics, checkpoint_dir)
@@ -76,7 +85,7 @@ def cmd_train(args) -> int:
 
     with _progress_shown(sys.stderr) as progress:
         result = train(cfg, report=report, output_dir=out, resume_from=args.resume, best_from=best_from,
-                       progress=progress)
+                       progress=progress, started=started)
     history = atomic_write(out / "history.json", json.dumps(result["history"], indent=1))
     print(f"best val/CIDEr {result['best/val/CIDEr']:.2f} at epoch {result['best_epoch']} of {result['epochs']}")
     print(_test_summary(result, cfg, out))
@@ -85,33 +94,30 @@ def cmd_train(args) -> int:
     return 0
 
 
-def resumed_output(resume: str | None, output_dir: str | None, configured: str) -> tuple[Path, Path | None]:
+def resumed_output(resume: str | None, output_dir: str | None, configured: str,
+                   say=None) -> tuple[Path, Path | None]:
     """(the folder `a2 train` writes to, the best checkpoint so far when that is in another folder). A new run: the
     given or configured folder, numbered anew when it holds an earlier run's checkpoints. A resumed run goes on in
-    the folder of the checkpoint it resumes from when that is a run's folder (best.pt or last.pt in it), the
-    checkpoint is that folder's newest (its last.pt) and no other folder is given; elsewhere never into another run's
-    checkpoints, and its best.pt so far is read from its own folder."""
+    the folder of the checkpoint it resumes from when that is a run's folder (best.pt or last.pt in it), no other
+    folder is given (or that one is) and the checkpoint is that folder's newest (its last.pt); elsewhere never into
+    a run's checkpoints, and its best.pt so far is read from its own folder. `say`: where a numbered folder's note
+    goes (`fresh_folder`; printed when None)."""
     checkpoints = ("best.pt", "last.pt")
     if resume is None:
-        return fresh_folder(_numberable(output_dir or configured), checkpoints, "run's checkpoints"), None
+        return fresh_folder(_numberable(output_dir or configured), checkpoints, "run's checkpoints", say), None
     if not Path(resume).is_file():
         raise CheckpointError(f"--resume {resume}: no such checkpoint file")
     own = Path(resume).parent  # as given: the paths `a2 train` prints are the user's
     is_run = any((own / name).exists() for name in checkpoints)
     newest = own / "last.pt"
-    if output_dir is None and is_run:
-        if not newest.exists() or Path(resume).resolve() == newest.resolve():
-            return own, None
-        # an earlier checkpoint of the run (its best.pt): going on in its folder would write over the later
-        # last.pt, history and test scores, so it goes on in a numbered sibling, its best so far read from here
-        best = own / "best.pt"
-        return (fresh_folder(_numberable(own), checkpoints, "run's checkpoints"),
-                best if best.is_file() else None)
-    out = Path(output_dir or configured)
-    if out.resolve() == own.resolve():
+    out = Path(output_dir) if output_dir is not None else own if is_run else Path(configured)
+    # an earlier checkpoint of the run (its best.pt), whether or not --output-dir names the run's folder: going on
+    # there would write over the later last.pt, history and test scores, so it goes on in a numbered sibling, its
+    # best so far read from here
+    if out.resolve() == own.resolve() and (not newest.exists() or Path(resume).resolve() == newest.resolve()):
         return out, None
     best = own / "best.pt"
-    return (fresh_folder(_numberable(out), checkpoints, "run's checkpoints"),
+    return (fresh_folder(_numberable(out), checkpoints, "run's checkpoints", say),
             best if is_run and best.is_file() else None)
 
 
