@@ -33,9 +33,10 @@ class A2MLflowCallback(Callback):
         self.trials: list = []  # Tune's trials, as its hooks last passed them
         self.exporter: StudyExporter | None = None
         self.outage: dict | None = None  # the study's outage totals, once the experiment ended
+        self.live: set[str] = set()  # the trials not ended when Tune's last step ended (`on_step_end`)
 
     def __getstate__(self):  # the Tuner pickles its callbacks; a restored driver starts its own thread
-        return {**self.__dict__, "trials": [], "exporter": None}
+        return {**self.__dict__, "trials": [], "exporter": None, "live": set()}
 
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
         # A bad tracking URI stops the study before any trial starts.
@@ -45,10 +46,21 @@ class A2MLflowCallback(Callback):
         tracker = export.open()
         print(f"MLflow: study {self.spec.name!r} -> parent run {tracker.parent_run_id}; trials: "
               + ui_pointer(tracker.tracking_uri, tracker.experiment_id), flush=True)
-        self.exporter = StudyExporter(export, lambda: self.trials, self.every)
+        self.exporter = StudyExporter(export, self.tune_trials, self.every)
+
+    def tune_trials(self) -> list:
+        """Tune's trials as the export reads them. Tune's cleanup at the experiment's end (a stop signal, a storage
+        error) sets the trials still running TERMINATED, after saving them as PENDING: those are handed over as
+        saved, so that their runs end KILLED (a resume continues them), not FINISHED as if stopped early."""
+        live = self.live
+        return [_Interrupted(t) if t.status == "TERMINATED" and str(t.trial_id) in live else t
+                for t in list(self.trials)]
 
     def on_step_begin(self, iteration, trials, **info):
         self.trials = trials
+
+    def on_step_end(self, iteration, trials, **info):
+        self.live = {str(t.trial_id) for t in trials if t.status not in ("TERMINATED", "ERROR")}
 
     def _poke(self, iteration, trials, trial, *args, **info):
         """A trial started, reported or ended: the export thread exports now (the hook does not wait for it)."""
@@ -63,6 +75,7 @@ class A2MLflowCallback(Callback):
         self._poke(iteration, trials, trial)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
+        self.live.discard(str(trial.trial_id))
         record = self.stopped_early_of(str(trial.trial_id)) if self.stopped_early_of else None
         seeds = fused_seeds(trial.config)  # a fused trial's seeds: each its own folder
         ids = [str(trial.trial_id)] if seeds is None else [seed_trial_id(trial.trial_id, s) for s in seeds]
@@ -94,3 +107,18 @@ class A2MLflowCallback(Callback):
     def outage_text(self) -> str | None:
         """The live table's tracking line while the server is (or was) down, else None."""
         return outage_line(self.exporter.status() if self.exporter is not None else self.outage)
+
+
+class _Interrupted:
+    """A Tune trial that Tune's cleanup set TERMINATED while it ran, as Tune's experiment state saved it: PENDING."""
+
+    status = "PENDING"
+
+    def __init__(self, trial):
+        self._trial = trial
+
+    def __getattr__(self, name):
+        return getattr(self._trial, name)
+
+    def __str__(self):
+        return str(self._trial)

@@ -103,6 +103,10 @@ def test_a_signal_after_an_epoch_then_resume_logs_every_epoch_once(tmp_path, tin
         assert parent == "KILLED", (parent, trials)
         assert all(status in ("FINISHED", "KILLED") for status, _ in trials.values()), trials
         assert all(reason for status, reason in trials.values() if status == "KILLED"), trials
+        # FIFO stops nothing early: the trial the signal cut short ends KILLED (a resume continues it), never
+        # FINISHED as stopped early (Tune's cleanup sets a running trial TERMINATED after saving it PENDING)
+        stopped = {tid for tid, run in mlflow_trials(uri, name).items() if run.data.tags.get("a2.stopped_early")}
+        assert not stopped and "KILLED" in {status for status, _ in trials.values()}, (stopped, trials)
         assert left_temp_folders(tmp_path) == []
         assert not (storage / name / "lease.json").exists()
 
