@@ -44,9 +44,9 @@ from launch.conclusions import best_value, test_metric
 from launch.lease import live_writer
 from launch.location import DIGEST_FILE, STUDY_FILE, StudyLocation, json_default, load_saved_spec
 from launch.spec import SEED_KEYS, group_key
-from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SKIP_KEYS, TRIALS_DIR, checkpoint_epochs, checkpoint_name,
-                           RESULTS_FILE, end_record, progress_record, read_results, run_status, stop_record,
-                           train_run_name)
+from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, PROGRESS_FILE, RESULTS_FILE, SKIP_KEYS, TRIALS_DIR,
+                           checkpoint_epochs, checkpoint_name, end_record, progress_record, read_results, run_status,
+                           stop_record, train_run_name)
 from launch.verify import experiment_trials, newest_experiment_state, quick_checkpoint_problem, refuse_unreadable
 
 COMPUTE_UNITS = ("wall_s", "cpu_s", "gpu_s")  # launch.trainable logs each as `compute/<unit>`, cumulative
@@ -96,7 +96,10 @@ class StudyRecord:
                 trials = tune_trials(location)  # none before Tune's first experiment state
         running = live_writer(location.at()) is not None
         read = _map(location, partial(_load_trial, spec, location, digest, for_digest, not running, refuse), trials)
-        return cls(spec, location, [row for row, _, _ in read], {row.trial_id: n for row, n, _ in read}, running,
+        rows = [row for row, _, _ in read]
+        if running:  # where each running trial is within its next epoch (on S3 one request each, for these alone)
+            rows = _map(location, partial(_under_way, spec, location), rows)
+        return cls(spec, location, rows, {row.trial_id: n for row, n, _ in read}, running,
                    {row.trial_id: files for row, _, files in read}, stamps)
 
     def save_digest(self) -> None:
@@ -144,7 +147,7 @@ class StudyRecord:
 DIGEST_FORMAT = 1
 # a trial's fields a digest keeps: all but its MLflow status (whether a writer holds the study is the reader's, so it is
 # made again) and its per-image reader (a function); Tune's word on a trial is the first seven
-DIGEST_FIELDS = tuple(f.name for f in fields(Trial) if f.name not in ("status", "per_image"))
+DIGEST_FIELDS = tuple(f.name for f in fields(Trial) if f.name not in ("status", "per_image", "under_way"))
 TUNE_FIELDS = ("trial_id", "name", "state", "sampled", "retries", "error", "last_result")
 
 
@@ -202,7 +205,9 @@ def _load_trial(spec, location: StudyLocation, digest: Digest | None, for_digest
     """A trial of `StudyRecord.load`: (its record, its result log's epochs, its run folder's files as listed before
     it was read, or None when neither a digest nor `for_digest` asks for them: a listing is ~0.1 ms a trial), from
     the digest when it has the trial as it is, else by `record_trial`."""
-    files = (location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id)).files(skip=(ARTIFACTS_DIR,))
+    # `progress.json` left out: it changes every 30 s while the trial runs, and no field of the row is read from it
+    run = location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id))
+    files = (run.files(skip=(ARTIFACTS_DIR, PROGRESS_FILE))
              if digest is not None or for_digest else None)
     kept = digest.trial(tune, files) if digest is not None else None
     if kept is not None and refuse and kept[1] == 0 and any(f[0] == RESULTS_FILE for f in files):
@@ -213,8 +218,17 @@ def _load_trial(spec, location: StudyLocation, digest: Digest | None, for_digest
     row, logged = kept
     return replace(row, status=run_status(row.state, logged, row.stopped_early, spec.total_epochs, ended=ended,
                                           end=row.ended),
-                   under_way=None if ended else row.under_way,  # no writer goes on with it: nothing is under way
                    per_image=partial(per_image, location, spec.name, tune.trial_id)), logged, files
+
+
+def _under_way(spec, location: StudyLocation, row: Trial) -> Trial:
+    """`row` with the epoch it has under way (`launch.layout.progress_record`) when it runs (a live writer holds the
+    study, Tune's state says RUNNING, neither its end record nor a stop record ended it). Read by `StudyRecord.load`
+    for its readers (`status`), not by `record_trial`, which the MLflow export calls every 2 s and which needs none."""
+    if row.state != "RUNNING" or row.ended is not None or row.stopped_early is not None:
+        return row
+    run = location.at(TRIALS_DIR, train_run_name(spec.name, row.trial_id))
+    return replace(row, under_way=progress_record(run, row.epochs_done + 1))
 
 
 def per_image(location: StudyLocation, study: str, trial_id: str, split: str = "val") -> dict[str, float] | None:
@@ -272,7 +286,7 @@ def record_trial(spec, location: StudyLocation, tune: Trial, ended: bool,
     """One trial of the record, and its result log (epoch order), from Tune's view of it (`tune_trial`) and its own
     run folder alone: its result log, stop record, end record and checkpoint epochs (on S3 four requests). `ended`: no
     writer goes on with the study (`run_status`: an unfinished trial's run is KILLED, not RUNNING). `refuse`: as
-    `StudyRecord.load`'s. A running trial also gets the epoch it has under way (`launch.layout.progress_record`)."""
+    `StudyRecord.load`'s."""
     run = location.at(TRIALS_DIR, train_run_name(spec.name, tune.trial_id))
     log = _result_log(spec, location, tune.trial_id, refuse)
     stopped, end = stop_record(run), end_record(run)  # `end`: it ended itself (diverged), not a scheduler's stop
@@ -287,11 +301,7 @@ def record_trial(spec, location: StudyLocation, tune: Trial, ended: bool,
             final[key] = value
             if key in HISTORY_KEYS or key == spec.metric:  # the study metric's: its value at the best epoch
                 history.setdefault(key, []).append((int(result["epoch"]), value))
-    # where a running trial is within its next epoch (one more request on S3, for the running trials alone)
-    under_way = (progress_record(run, row.epochs_done + 1)
-                 if tune.state == "RUNNING" and not ended and end is None and stopped_early is None else None)
     return replace(row, name=tune.name, retries=tune.retries, ended=end, stopped_early=stopped_early,
-                   under_way=under_way,
                    # as its MLflow run shows it (`launch.mlflow_export` exports this status)
                    status=run_status(row.state, len(log), stopped_early, spec.total_epochs, ended=ended, end=end),
                    final=final, history=history,

@@ -293,9 +293,9 @@ class Location:
 
     def files(self, skip: tuple[str, ...] = ()) -> list[tuple[str, int, int]]:
         """Every file below this folder, sorted: (its path relative to the folder, size, modification time in ns),
-        leaving out the top-level subfolders named in `skip`; empty when there is no such folder. What a reader keys
-        a copy of what it read on (`launch.record`'s digest): a file written, replaced or deleted changes it. On S3
-        one listing of the prefix (mtime to the second), however many files."""
+        leaving out the top-level files and subfolders named in `skip`; empty when there is no such folder. What a
+        reader keys a copy of what it read on (`launch.record`'s digest): a file written, replaced or deleted changes
+        it. On S3 one listing of the prefix (mtime to the second), however many files."""
         if self.local:
             found: list[tuple[str, int, int]] = []
             self._local_files(self.uri, "", skip, found)
@@ -310,9 +310,10 @@ class Location:
         with self._errors("list it"), contextlib.suppress(FileNotFoundError, NotADirectoryError):
             with os.scandir(folder) as entries:
                 for entry in entries:
+                    if entry.name in skip:  # a top-level name (below it, `skip` is ())
+                        continue
                     if entry.is_dir():
-                        if entry.name not in skip:
-                            self._local_files(entry.path, f"{prefix}{entry.name}/", (), found)
+                        self._local_files(entry.path, f"{prefix}{entry.name}/", (), found)
                     else:
                         stat = entry.stat()
                         found.append((prefix + entry.name, stat.st_size, stat.st_mtime_ns))

@@ -161,6 +161,32 @@ def test_once_an_epoch_has_ended_its_wall_time_prices_the_rest_and_the_share_sti
                                        "about 21 min left at 2 trials at a time")
 
 
+def test_the_mlflow_export_reads_no_progress_file_and_the_digest_keys_on_none(tmp_path, monkeypatch):
+    """The export ticks every 2 s and needs no progress: it reads no progress file (on S3 a request per running
+    trial per tick). The digest's listing leaves the file out: it changes every 30 s and no field of the row comes
+    from it, so a running trial between epochs is taken from the digest, its progress read fresh."""
+    from launch.mlflow_export import Export
+    from launch.storage import Location
+
+    fab = fabricated_study(tmp_path, "quiet", epochs=4)
+    fab.add("t0", {"fusion": "none", "seed": 0}, results(1, 100.0), status="RUNNING")
+    write_progress(fab, "t0", {"stage": "xe", "epoch": 2, "done": 10, "total": 100, "seconds_per_step": 1.0})
+    read = []
+    real = Location.read_text
+    monkeypatch.setattr(Location, "read_text", lambda self, *a, **k: read.append(self.uri) or real(self, *a, **k))
+    Export(fab.spec, fab.location).run(list(fab.trials))
+    assert read and not [uri for uri in read if uri.endswith(PROGRESS_FILE)]
+    with StudyLease(fab.location.at()).held():
+        first = fab.record(for_digest=True)
+        first.save_digest()
+        assert PROGRESS_FILE not in [name for name, _, _ in first.files["t0"]]
+        write_progress(fab, "t0", {"stage": "xe", "epoch": 2, "done": 60, "total": 100, "seconds_per_step": 1.0})
+        read.clear()
+        again = fab.record()
+    assert again.trials[0].under_way["done"] == 60  # read fresh ...
+    assert not [uri for uri in read if uri.endswith("results.json")]  # ... the row itself from the digest
+
+
 def test_a_file_of_an_epoch_already_reported_or_of_a_trial_not_running_is_not_under_way(tmp_path):
     fab = fabricated_study(tmp_path, "stale", epochs=4)
     fab.add("t0", {"fusion": "none", "seed": 0}, results(2, 100.0), status="RUNNING")
