@@ -17,6 +17,7 @@ import fnmatch
 import hashlib
 import io
 import json
+import os
 import pickle
 import pickletools
 import re
@@ -310,24 +311,45 @@ def experiment_trials(study) -> list[Trial] | None:
     location = newest_experiment_state(study)
     if location is None:
         return None
+    try:
+        return _trials_of_state(study, location)
+    except ValueError as err:  # json's JSONDecodeError and UnicodeDecodeError too
+        raise StudyError(_refusal(study, location, "json", _not_a_state(location, err), "reading it")) from err
+
+
+def experiment_state_problem(study) -> str | None:
+    """What `experiment_trials` refuses in the newest experiment state of the study folder `study`, which reads as
+    JSON (one that does not is `problem`'s), or None: `a2 study check` names what `status` would refuse."""
+    location = newest_experiment_state(study)
+    if location is None or problem(location, "json") is not None:
+        return None
+    try:
+        _trials_of_state(study, location)
+    except ValueError as err:
+        return _not_a_state(location, err)
+    return None
+
+
+def _not_a_state(location, err: Exception) -> str:
+    return f"{location.uri}: not a readable Tune experiment state ({str(err).splitlines()[0][:200]})"
+
+
+def _trials_of_state(study, location) -> list[Trial]:
+    """The trials of the experiment state at `location` (`experiment_trials`); ValueError when it does not read."""
     text = _read_bytes(location)
     trials = []
-    try:
-        document = json.loads(text.decode("utf-8"))
-        entries = document.get("trial_data") if isinstance(document, dict) else None
-        if not isinstance(entries, list):
-            raise ValueError("no trial_data list in it")
-        for n, entry in enumerate(entries):
-            if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(e, str) for e in entry)):
-                raise ValueError(f"trial_data[{n}] is not a [trial state, run metadata] pair of JSON texts")
-            state = json.loads(entry[0])
-            if not isinstance(state, dict):
-                raise ValueError(f"trial_data[{n}] trial state is not a JSON object")
-            metadata = _leading_values(entry[1], _RUN_METADATA_KEYS, f"trial_data[{n}] run metadata")
-            trials.extend(seed_trials(_tune_trial(study, state, metadata, n)))  # a fused trial's seeds apart
-    except ValueError as err:  # json's JSONDecodeError and UnicodeDecodeError too
-        found = f"{location.uri}: not a readable Tune experiment state ({str(err).splitlines()[0][:200]})"
-        raise StudyError(_refusal(study, location, "json", found, "reading it")) from err
+    document = json.loads(text.decode("utf-8"))
+    entries = document.get("trial_data") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError("no trial_data list in it")
+    for n, entry in enumerate(entries):
+        if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(e, str) for e in entry)):
+            raise ValueError(f"trial_data[{n}] is not a [trial state, run metadata] pair of JSON texts")
+        state = json.loads(entry[0])
+        if not isinstance(state, dict):
+            raise ValueError(f"trial_data[{n}] trial state is not a JSON object")
+        metadata = _leading_values(entry[1], _RUN_METADATA_KEYS, f"trial_data[{n}] run metadata")
+        trials.extend(seed_trials(_tune_trial(study, state, metadata, n)))  # a fused trial's seeds apart
     return trials
 
 
@@ -517,6 +539,8 @@ def checkpoint_problem(location, model: dict | None = None, searched: tuple = ()
     model `model` (a config's model section; `model_mismatch`, its keys in `searched` left out), or None."""
     from a2core import checkpoint  # torch: as in `model_mismatch`
 
+    if _dangling(location):  # else "checkpoint not found", which says nothing of the link
+        return f"{location.uri}: a link to {os.readlink(location.uri)}, which is not there"
     with tempfile.TemporaryDirectory(prefix="a2-check-") as tmp:
         try:
             local = Path(location.uri) if location.local else location.download(Path(tmp) / "checkpoint.pt")
@@ -526,8 +550,17 @@ def checkpoint_problem(location, model: dict | None = None, searched: tuple = ()
                 raise CheckpointError(damaged)
         except (CheckpointError, OSError) as err:
             return f"{location.uri}: {str(err).replace(str(local) + ': ', '') if location.local else err}"
-    mismatch = model_mismatch(state, model, searched)
+    try:
+        mismatch = model_mismatch(state, model, searched)
+    except (AttributeError, TypeError, ValueError, RuntimeError) as err:  # its keys hold what a2 never writes there
+        text = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        return f"{location.uri}: not a checkpoint a2tune wrote ({type(err).__name__}: {text})"
     return None if mismatch is None else f"{location.uri}: {mismatch}"
+
+
+def _dangling(location) -> bool:
+    """The local file at `location` is a symbolic link to nothing (a moved or unmounted target)."""
+    return location.local and os.path.islink(location.uri) and not os.path.exists(location.uri)
 
 
 def model_mismatch(state: dict, model: dict | None = None, searched: tuple = ()) -> str | None:
@@ -586,10 +619,18 @@ def quick_checkpoint_problem(location) -> str | None:
 
 
 def checkpoint_files(study) -> list:
-    """Every checkpoint file of the study's trials (`trials/<run>/checkpoint_epochNNNN/checkpoint.pt`)."""
+    """Every checkpoint file of the study's trials (`trials/<run>/checkpoint_epochNNNN/checkpoint.pt`), a link to a
+    file that is not there included (`checkpoint_problem` names it; a folder without the file is a copy cut short,
+    its file copied last, which no reader takes for a checkpoint)."""
     trials = study.join(TRIALS_DIR)
     return [file for run in trials.listdir(folders_only=True) for e in checkpoint_epochs(trials.join(run))
-            if (file := trials.join(run, checkpoint_name(e), CHECKPOINT_FILE)).exists()]
+            if (file := trials.join(run, checkpoint_name(e), CHECKPOINT_FILE)).exists() or _dangling(file)]
+
+
+def gone(location) -> bool:
+    """The checkpoint file at `location` is no longer there, not even as a link: deleted since it was listed (a
+    running trial keeps only its newest checkpoints, `launch.trainable`)."""
+    return not location.exists() and not _dangling(location)
 
 
 def study_model(location) -> tuple[dict | None, tuple]:

@@ -2,27 +2,57 @@
 mismatched one named (`launch.verify`)."""
 from __future__ import annotations
 
+import time
+
 from launch import verify
+from launch.lease import describe, live_writer
 from launch.location import locate
+
+# A study that is running is checked while its driver writes it: Tune copies its state files over themselves (truncate,
+# then write), so one read mid-copy is cut short for a moment. Each file found unreadable then is read again this much
+# later, and named only when it still is.
+RECHECK_S = 2.0
 
 
 def cmd_check(args) -> int:
     """`a2 study check NAME`: every state file and every checkpoint of the study; exit 2 when one is unreadable."""
     location = locate(args.name, args.storage)
     study = location.at()
+    writer = live_writer(study)
+    if writer is not None:
+        print(f"note: study {args.name} is running: its driver ({describe(writer)}) holds its lease and writes its "
+              f"files while they are checked; a file found unreadable is read again {RECHECK_S:g} s later")
     files = verify.state_files(study)
     checkpoints = verify.checkpoint_files(study)
-    problems = [p for p in (verify.problem(loc, kind) for loc, kind in files) if p]
-    for line in problems:
-        print(f"unreadable: {line}")
     model, searched = verify.study_model(location)
-    for found in (verify.checkpoint_problem(c, model, searched) for c in checkpoints):
-        if found:  # a file that loads but is another model is "mismatched", one that does not "unreadable"
-            mismatched = "a model of another config" in found or "do not fit" in found
-            damaged = "damaged since it was written" in found  # its bytes are not the ones written (its sha256)
-            print(f"{'mismatched' if mismatched else 'damaged' if damaged else 'unreadable'}: {found}")
-            problems.append(found)
-    print(f"study {args.name} at {study.uri}: {len(files)} state files and {len(checkpoints)} checkpoints checked, "
-          + (f"{len(problems)} unreadable (restore them from a copy; a trial resumes from its newest readable "
-             f"checkpoint)" if problems else "all readable"))
-    return 2 if problems else 0
+    # (how a problem is printed, what reads the file again): state files first, then the checkpoints
+    checks = [("unreadable", lambda loc=loc, kind=kind: verify.problem(loc, kind)) for loc, kind in files]
+    checks.append(("unreadable", lambda: verify.experiment_state_problem(study)))  # what `status` would refuse
+    checks += [(None, lambda c=c: _checkpoint_problem(c, model, searched)) for c in checkpoints]
+    found = [(label, again, line) for label, again in checks if (line := again())]
+    if writer is not None and found:
+        time.sleep(RECHECK_S)
+        found = [(label, again, line) for label, again, _ in found if (line := again())]
+    for label, _, line in found:
+        print(f"{label or _checkpoint_label(line)}: {line}")
+    checked = sum(not verify.gone(c) for c in checkpoints)  # one deleted since it was listed was not checked
+    advice = ("its driver is running: check again once the study has ended before restoring any" if writer is not None
+              else "restore them from a copy; a trial resumes from its newest readable checkpoint")
+    print(f"study {args.name} at {study.uri}: {len(files)} state files and {checked} checkpoints checked, "
+          + (f"{len(found)} unreadable ({advice})" if found else "all readable"))
+    return 2 if found else 0
+
+
+def _checkpoint_problem(location, model, searched) -> str | None:
+    """`verify.checkpoint_problem`, None for a checkpoint deleted since it was listed: a running trial keeps only its
+    newest ones, and one it deleted is no unreadable file in the study."""
+    found = verify.checkpoint_problem(location, model, searched)
+    return None if found is None or verify.gone(location) else found
+
+
+def _checkpoint_label(found: str) -> str:
+    """A file that loads but is another model is "mismatched", one whose bytes are not the ones written (its
+    sha256) "damaged", one that does not load "unreadable"."""
+    if "a model of another config" in found or "do not fit" in found:
+        return "mismatched"
+    return "damaged" if "damaged since it was written" in found else "unreadable"
