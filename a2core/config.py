@@ -742,7 +742,7 @@ def load_yaml(path: str | Path) -> dict:
     """A YAML file whose top level is a mapping, read with `parse_yaml`'s checks and at most MAX_YAML_BYTES."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError("", "file not found", str(path))
+        raise ConfigError("", "is a folder, not a YAML file" if path.is_dir() else "file not found", str(path))
     with open(path, "rb") as f:
         data = f.read(MAX_YAML_BYTES + 1)
     if len(data) > MAX_YAML_BYTES:

@@ -7,6 +7,8 @@ catching that.
 """
 from __future__ import annotations
 
+import os
+
 
 class A2Error(Exception):
     """A problem the user can fix (bad input, missing file, unreachable service); never a bug."""
@@ -57,3 +59,9 @@ class SubmissionError(A2Error, ValueError):
 
 class PackageError(A2Error):
     """Packaging a study into a server submission cannot go on as asked."""
+
+
+def folder_instead(path, what: str) -> str | None:
+    """"PATH: is a folder, not a WHAT" when a folder is where the `what` ("captions file") was to be read, else None
+    (the caller's own "not found"): a plain "not found" for a path that is there sends the user looking for it."""
+    return f"{path}: is a folder, not a {what}" if os.path.isdir(path) else None

@@ -43,7 +43,7 @@ from pycocoevalcap.rouge.rouge import Rouge
 import pycocoevalcap.spice as spice_pkg
 from pycocoevalcap.spice.spice import Spice
 from pycocoevalcap.tokenizer import ptbtokenizer as ptb
-from .errors import A2Error, DataError
+from .errors import A2Error, DataError, folder_instead
 
 __all__ = [
     "CiderD",
@@ -941,7 +941,7 @@ def caption_scores(
 
 def _read_json(path: str, what: str) -> Any:
     if not os.path.isfile(path):
-        raise DataError(f"{what} file not found: {path}")
+        raise DataError(folder_instead(path, f"{what} file") or f"{what} file not found: {path}")
     try:
         with open(path, "rb") as f:
             return json.loads(f.read().decode("utf-8"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -376,6 +377,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:  # output still buffered meets a closed pipe here, inside the try, not in the flush at exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`a2 ... | head -1`): what it did not read is not wanted, so no traceback. Python
+        # flushes stdout again at exit, which would raise once more: point it at devnull first, and exit 1, as
+        # Python itself does on EPIPE (https://docs.python.org/3/library/signal.html#note-on-sigpipe)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _run(argv: list[str] | None) -> int:
     args = parse(argv)
     try:
         return int(handler(args)(args) or 0)

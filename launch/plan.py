@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from a2core.config import CAPTIONS_PER_IMAGE, load_yaml, steps_per_epoch
-from a2core.errors import A2Error, ConfigError, StudyError
+from a2core.errors import A2Error, ConfigError, StudyError, folder_instead
 from dashboards.compare import configurations, per_image_scores
 from dashboards.paper_results import TABLE3, TABLE3_ROW
 from dashboards.stats import MIN_SEEDS, POWER, Noise, noise_of, pooled_sd, power, seeds_needed
@@ -772,7 +772,8 @@ def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: fl
         if value is not None and not 0 < value < math.inf:
             raise StudyError(f"{option} must be a finite number > 0, got {value:g}")
     if cluster is not None and not Path(cluster).is_file():  # it used to price nothing and ignore --price-per-hour
-        raise StudyError(f"--cluster {cluster}: no such cluster-launcher file")
+        why = folder_instead(cluster, "cluster-launcher file") or f"{cluster}: no such cluster-launcher file"
+        raise StudyError(f"--cluster {why}")
     noise, noise_source = study_noise(spec, sd, storage)
     newest = newest_gpu_record() if images_per_second is None else None  # read once: the study's mode and the others
     measured = measured_throughput(spec, newest=newest) if newest is not None else None

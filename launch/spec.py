@@ -23,7 +23,7 @@ from a2core.config import (SEED_LIMIT, SELECTABLE, Config, ConfigError, Flag, In
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.data.prepared import check_copy, is_prepared
 from a2core.data.synthetic import split_sizes
-from a2core.errors import DataError, StorageError
+from a2core.errors import DataError, StorageError, folder_instead
 from dashboards.tracking import default_tracking_uri, redact_uri
 from launch.layout import FUSED_SEEDS_KEY
 from launch.placeholders import refuse_placeholder
@@ -1274,7 +1274,7 @@ def _check_data(base: dict, check_files: bool) -> dict | None:
         found = path is None or Path(path).is_file() or (key == "features" and Path(path).is_dir())
         if check_files and not found:
             what = "HDF5 file, .npz directory or prepared store" if key == "features" else "file"
-            _fail(f"data.{key}", f"{path}: no such {what}")
+            _fail(f"data.{key}", folder_instead(path, what) or f"{path}: no such {what}")
     if not Path(data["captions"]).is_file():
         return None
     if is_prepared(data["features"]):

@@ -7,7 +7,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from ..errors import DataError
+from ..errors import DataError, folder_instead
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -27,7 +27,7 @@ class ImageCaptions:
 def _load_json(path: str | Path, what: str):
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: {what} not found")
+        raise DataError(folder_instead(path, what) or f"{path}: {what} not found")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

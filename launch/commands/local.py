@@ -17,7 +17,7 @@ from a2core.checkpoint import HISTORY_FILE
 from a2core.config import Config, apply_overrides, check_data_kind, get_dotted, load_yaml, set_dotted
 from a2core.data.features import prepare
 from a2core.decode import decode_to_file
-from a2core.errors import CheckpointError, ConfigError
+from a2core.errors import CheckpointError, ConfigError, folder_instead
 from a2core.metrics import METRIC_NAMES, evaluate_results_file
 from a2core.train import StepProgress, train
 from launch.spec import DATA_PATHS, SECTIONS, TOP_KEYS, check_runnable, study_root
@@ -106,7 +106,8 @@ def resumed_output(resume: str | None, output_dir: str | None, configured: str,
     if resume is None:
         return fresh_folder(_numberable(output_dir or configured), checkpoints, "run's checkpoints", say), None
     if not Path(resume).is_file():
-        raise CheckpointError(f"--resume {resume}: no such checkpoint file")
+        why = folder_instead(resume, "checkpoint file (name its last.pt or best.pt)")
+        raise CheckpointError(f"--resume {why or f'{resume}: no such checkpoint file'}")
     own = Path(resume).parent  # as given: the paths `a2 train` prints are the user's
     is_run = any((own / name).exists() for name in checkpoints)
     newest = own / "last.pt"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from a2core.config import ConfigError
 from a2core.data.captions import read_image_info
-from a2core.errors import StorageError, SubmissionError
+from a2core.errors import StorageError, SubmissionError, folder_instead
 from dashboards.submission import validate_zip
 from launch.commands import study_overrides
 from launch.datacopies import cluster_copies, copy_problem
@@ -58,7 +58,8 @@ def cmd_submission_validate(args) -> int:
     """`a2 submission validate ZIP`: the report; exit 1 when the zip would be refused (2, as for every user error,
     when there is no file to check)."""
     if not os.path.isfile(args.zip):
-        raise SubmissionError(f"{args.zip}: no such file (give the results.zip to check)")
+        raise SubmissionError(folder_instead(args.zip, "zip (give the results.zip to check)")
+                              or f"{args.zip}: no such file (give the results.zip to check)")
     images = {option: read_image_info(path) for option, path in (("--val-images", args.val_images),
                                                                   ("--test-images", args.test_images))}
     for option, ids in images.items():  # a zip covering no image would pass: the server's lists are never empty
