@@ -47,10 +47,15 @@ def recorded_sha256(text: str | None) -> str | None:
 def checksum_problem(local: str | Path, recorded: str | None, shown: str) -> str | None:
     """Why the file at `local` (a copy of the stored checkpoint `shown`, or the file itself) is not the checkpoint
     that was written: its SHA-256 differs from `recorded`, the text of the checksum file stored beside it. None when
-    they agree, or when there is no checksum (`recorded` None: a checkpoint from before checksums)."""
+    they agree, or when there is no checksum (`recorded` None: a checkpoint from before checksums). A checksum file
+    that records no SHA-256 (a flipped bit turned a hex digit into another character) is damaged too: read as none,
+    it let the checkpoint beside it through unchecked."""
+    if recorded is None:
+        return None
     want = recorded_sha256(recorded)
     if want is None:
-        return None
+        return (f"{shown}: its checksum file ({Path(shown).name}{SUFFIX}) records no SHA-256: damaged since it was "
+                f"written, so the checkpoint cannot be checked; restore both from a copy")
     have = file_sha256(local)
     if have == want:
         return None
