@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from a2core.atomic import atomic_write
+from a2core.errors import DataError, StudyError
 from a2core.selection import finite
 from dashboards.compare import (cell_text, family_note, family_text, p_text, shown_metrics, split_columns,
                                 study_comparison, verdict_family)
@@ -381,8 +382,15 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
         data = base64.b64encode(png.getvalue()).decode()
         figures[key] = (title, f"<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>")
 
-    comparison, configs, _ = study_comparison(study, by="fusion")
-    sections = [("Fusion ablation (Table 3 layout)", fusion_table_html(comparison, configs, study.mode)),
+    try:
+        comparison, configs, _ = study_comparison(study, by="fusion")
+        table, verdicts = fusion_table_html(comparison, configs, study.mode), verdict_family(comparison, "fusion")
+    except (DataError, StudyError) as e:
+        # no comparison can be made (arms scored on different images, no run whose fusion resolves): the plots and
+        # the runs still are a report; the table says why it is missing, and verdicts.json too, as `study_verdicts`
+        table = _missing(f"No fusion table: {e}.")
+        verdicts = {"by": "fusion", "error": str(e), "comparisons": []}
+    sections = [("Fusion ablation (Table 3 layout)", table),
                 figures["lambda"],
                 ("A2 diagnostics per fusion", diagnostics_table_html(study.runs)),
                 *(figures[key] for key in ("jsd", "kendall", "grounding", "curves", "parallel")),
@@ -393,7 +401,7 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
             f"<br>Record: {html.escape(study.source)}</p>"
             + "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections) + "</body></html>")
     plots["verdicts"] = out / "verdicts.json"  # Table 3's verdicts, raw and Holm-adjusted, as data (MLflow too)
-    atomic_write(plots["verdicts"], json.dumps(verdict_family(comparison, "fusion"), indent=1))
+    atomic_write(plots["verdicts"], json.dumps(verdicts, indent=1))
     plots["html"] = out / "report.html"
     atomic_write(plots["html"], _printable(page))  # a record path need not be UTF-8 (POSIX names are bytes)
     return {key: str(path) for key, path in plots.items()}
