@@ -52,11 +52,29 @@ def _own_storage(value):
     return value
 
 
+# What `a2 train` writes into its run folder (a2core.train): a folder holding these is named as a run's folder
+RUN_FILES = ("last.pt", "best.pt")
+# A zip's first bytes (a local file header): torch.save's format. A file starting so that is no zip lacks its end.
+_ZIP_START = b"PK\x03\x04"
+
+
 def resolve(path: str | Path) -> Path:
-    """A checkpoint file, or a directory holding `checkpoint.pt`."""
+    """A checkpoint file, or a checkpoint folder holding `checkpoint.pt` (a study trial's `checkpoint_epochNNNN`).
+    CheckpointError naming the path given once otherwise: a folder that is itself named `checkpoint.pt` is refused
+    as a folder, not searched (a trial's checkpoint.pt replaced by a folder would load whatever file that holds), and
+    a run's folder (`a2 train`'s last.pt, best.pt) is told to name one of them."""
     path = Path(path)
     if path.is_dir():
-        path = path / CHECKPOINT_FILE
+        inner = path / CHECKPOINT_FILE
+        if path.name == CHECKPOINT_FILE or inner.is_dir():  # the innermost folder is the one named
+            raise CheckpointError(f"{path if path.name == CHECKPOINT_FILE else inner}: is a folder, not a checkpoint "
+                                  f"file")
+        if inner.is_file():
+            return inner
+        if any((path / name).is_file() for name in RUN_FILES):
+            raise CheckpointError(f"{path}: is a run's folder, not a checkpoint file (name its "
+                                  f"{' or '.join(RUN_FILES)})")
+        raise CheckpointError(f"{path}: is a folder with no {CHECKPOINT_FILE} in it, not a checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
     return path
@@ -77,6 +95,13 @@ def load(path: str | Path, map_location="cpu") -> dict:
     CheckpointError naming the file, even where torch would load the damaged weights."""
     path = resolve(path)
     if not zipfile.is_zipfile(path):  # torch.save writes a zip; anything else is a raw pickle or garbage
+        with open(path, "rb") as f:
+            start = f.read(len(_ZIP_START))
+        if start == _ZIP_START:  # a zip's start without its end (torch: "failed finding central directory")
+            # "not a checkpoint written by torch.save" kept first: callers and tests match that refusal
+            raise CheckpointError(f"{path}: not a checkpoint written by torch.save in full: it is cut short (a zip "
+                                  f"without its end, {path.stat().st_size} bytes; a copy or save stopped part way); "
+                                  f"restore it from a copy")
         named = _raw_pickle_globals(path)
         needs = f" (a pickle needing {', '.join(named)})" if named else ""
         raise CheckpointError(f"{path}: not a checkpoint written by torch.save{needs}; refused")

@@ -49,6 +49,14 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text[:40]}")
     return value
 
+
+def _user_path(text: str) -> str:
+    """An argparse type: a local path with `~` expanded, as a study file's paths are (`launch.spec`). The shell
+    expands `~` only at a word's start, so `--output-dir=~/runs` reaches here as written; unexpanded, it made a folder
+    named `~`."""
+    return os.path.expanduser(text)
+
+
 # every command that names a study takes its storage this one way (on a study file: its `storage` key)
 _STORAGE_HELP = "the study's storage root, a folder or s3://bucket/prefix (default: the study file's `storage`)"
 _SEEDS_HELP = ("seeds of the ensemble (default: the best configuration's replicates when it has at least "
@@ -107,29 +115,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = _command(sub, "train", "launch.commands.local:cmd_train", help="one training run without Ray")
     tr.add_argument("--config", help="YAML with data/model/train sections (a study file works too)")
-    tr.add_argument("--output-dir", default=None,
+    tr.add_argument("--output-dir", default=None, type=_user_path,
                     help="folder for checkpoints, history.json and test_scores.json (default: the config's top-level "
                          "output_dir, runs/a2; a folder holding an earlier run's checkpoints gets a new numbered "
                          "one, runs/a2-2, ...)")
-    tr.add_argument("--resume", default=None, help=(
+    tr.add_argument("--resume", default=None, type=_user_path, help=(
         "checkpoint file to resume from; the run goes on in that file's run folder when the file is its last.pt "
         "(from another checkpoint of it, best.pt, in a numbered sibling, so the later last.pt is kept), unless "
         "--output-dir names another, which is numbered anew when it holds an earlier run's checkpoints"))
     tr.add_argument("overrides", nargs="*", help="key=value, e.g. model.fusion=max train.xe_epochs=3")
 
     ev = _command(sub, "evaluate", "launch.commands.local:cmd_evaluate", help="COCO metrics of a results file")
-    ev.add_argument("--results", required=True, help="COCO results JSON: [{\"image_id\": ..., \"caption\": ...}]")
-    ev.add_argument("--captions", required=True, help="Karpathy dataset_coco.json")
+    ev.add_argument("--results", required=True, type=_user_path,
+                    help="COCO results JSON: [{\"image_id\": ..., \"caption\": ...}]")
+    ev.add_argument("--captions", required=True, type=_user_path, help="Karpathy dataset_coco.json")
     ev.add_argument("--split", default="test", help="Karpathy split to score against: train|val|test (default test)")
     ev.add_argument("--per-image", action="store_true", help="also print every image's scores")
     ev.add_argument("--spice", action="store_true", help="require SPICE (fails if its models are missing)")
 
     de = _command(sub, "decode", "launch.commands.local:cmd_decode",
                   help="beam-search captions with one checkpoint or an averaging ensemble")
-    de.add_argument("--checkpoints", nargs="+", required=True,
+    de.add_argument("--checkpoints", nargs="+", required=True, type=_user_path,
                     help="one checkpoint, or several whose output probabilities are averaged")
     de.add_argument("--split", default="test", help="train|val|test (Karpathy), or test2014/val2014 (server sets)")
-    de.add_argument("--out", required=True, help="the COCO results JSON to write")
+    de.add_argument("--out", required=True, type=_user_path, help="the COCO results JSON to write")
     de.add_argument("--beam-size", type=positive_int, default=5, help="beams per image (default 5)")
     de.add_argument("--max-len", type=positive_int, default=20, help="longest caption in tokens (default 20)")
     de.add_argument("--batch-size", type=positive_int, default=50, help="images per beam-search batch (default 50)")
