@@ -36,18 +36,38 @@ class LeaseLost(StudyError):
     """The study's lease was taken over: this driver is no longer its writer and stops before its next write."""
 
 
+def _proc_stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command's name (field 3, the state, first), or [] where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _process_start(pid: int) -> str | None:
     """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22), or None where unknown: with the
     pid, it tells the holder from a later process that got the same pid."""
+    fields = _proc_stat(pid)
+    return fields[19] if len(fields) > 19 else None
+
+
+def _pid_namespace() -> str | None:
+    """This process's pid namespace ("pid:[4026531836]"), or None where unknown: containers sharing the host's name
+    (Docker's `--network host`, Kubernetes' `hostNetwork`) each number their processes apart."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
         return None
 
 
 def _on_this_host(holder: dict) -> bool:
-    return holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int)
+    """The holder's pid names a process this one can look up: the same host and pid namespace (a lease of an older
+    a2 records no namespace: its host alone), and a pid that is one (a damaged lease's 0 or -1 would ask about this
+    process's group, or every process)."""
+    pid, namespace = holder.get("pid"), holder.get("pid_ns")
+    return (holder.get("host") == socket.gethostname() and type(pid) is int and 0 < pid < 2 ** 31
+            and not (namespace and _pid_namespace() and namespace != _pid_namespace()))
 
 
 def _alive_here(holder: dict) -> bool:
@@ -59,7 +79,10 @@ def _alive_here(holder: dict) -> bool:
     except OSError as err:  # PermissionError: alive, another user's
         if isinstance(err, ProcessLookupError):
             return False
-    started, now = holder.get("pid_start"), _process_start(holder["pid"])
+    fields = _proc_stat(holder["pid"])
+    if fields and fields[0] in ("Z", "X"):  # dead, its exit not yet collected by its parent: `kill -9` cannot end it
+        return False
+    started, now = holder.get("pid_start"), fields[19] if len(fields) > 19 else None
     return not (started and now and started != now)
 
 
@@ -119,7 +142,11 @@ def lease_age(location, holder: dict, *, probe: bool = False) -> float:
 
 def _heartbeat_age(holder: dict) -> float:
     """The holder's own word: its `heartbeat` field against this host's clock."""
-    return max(0.0, time.time() - float(holder.get("heartbeat", 0) or 0))
+    try:
+        beat = float(holder.get("heartbeat", 0) or 0)
+    except (TypeError, ValueError):  # a damaged lease: no word at all
+        beat = 0.0
+    return max(0.0, time.time() - beat)
 
 
 def describe(holder: dict, age: float | None = None) -> str:
@@ -135,7 +162,7 @@ def live_writer(study) -> dict | None:
     holder = StudyLease(study).read()
     if holder is None or _pid_gone(holder):
         return None
-    if _alive_here(holder):
+    if holder.get("pid_start") and _alive_here(holder):  # as `_take_over`: without a start time, the pid may be reused
         return holder
     return holder if lease_age(location, holder) < holder_period(holder) else None
 
@@ -156,7 +183,7 @@ class StudyLease:
         self.every = min(30.0, self.stale_after / 4)
         now = time.time()
         self.mine = {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(),
-                     "pid_start": _process_start(os.getpid()), "token": uuid.uuid4().hex,
+                     "pid_start": _process_start(os.getpid()), "pid_ns": _pid_namespace(), "token": uuid.uuid4().hex,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "heartbeat": now,
                      "beats": 0, "every": self.every, "stale_after": self.stale_after}
         self.lost = threading.Event()  # set once this process saw its lease taken over
@@ -174,7 +201,7 @@ class StudyLease:
                                f"and synced only where its storage can be written") from None
 
     def read(self) -> dict | None:
-        text = self.location.read_text()
+        text = self.location.read_text(errors="replace")  # damaged bytes: not JSON, as below, not a traceback
         try:
             holder = json.loads(text) if text else None
         except ValueError:  # cut short by a crash while written: as good as stale
