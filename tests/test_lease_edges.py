@@ -80,8 +80,9 @@ def test_a_live_driver_in_its_own_pid_namespace_keeps_its_lease(tmp_path):
             "StudyLease(open_location(sys.argv[1]), stale_after=60).acquire()\nprint('held', flush=True)\n"
             "time.sleep(60)\n")
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    holder = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", hold, study.uri],
-                              env=env, stdout=subprocess.PIPE, text=True)
+    # --kill-child: the holder (pid 1 of its namespace) goes down with unshare, not 60 s later
+    holder = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c",
+                               hold, study.uri], env=env, stdout=subprocess.PIPE, text=True)
     try:
         line = holder.stdout.readline().strip()
         if line != "held":
