@@ -36,7 +36,12 @@ _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
 RUN_NAME_MAX = 250  # MLflow's runs.name column, VARCHAR(250): PostgreSQL and MySQL refuse more (SQLite does not)
 
 def _clean_key(key: str) -> str:
-    return _BAD_NAME_CHARS.sub("_", str(key))[:_MAX_KEY]
+    """A metric or param key MLflow takes: its characters, its length, and no empty, `.` or `..` part between `/`s
+    (MLflow refuses a name that a path would resolve to another: `val/`, `diag//mask`, `./x`, and one refused fails
+    the whole batch, so every later export of the study, too). Cut before the parts are mended: a cut may end on `/`."""
+    cut = _BAD_NAME_CHARS.sub("_", str(key))[:_MAX_KEY]
+    mended = "/".join(part if part not in ("", ".", "..") else "_" for part in cut.split("/"))
+    return mended[:_MAX_KEY - 1] + "_" if len(mended) > _MAX_KEY else mended
 
 
 def _tag_values(tags: dict) -> dict[str, str]:
@@ -231,9 +236,23 @@ class StudyTracker:
     def find_parent_run(self):
         return self._first_run(study_filter(self.study_name))
 
+    def _restore_deleted_parent(self):
+        """The study's parent run deleted by hand (the MLflow UI), restored, as `restore_deleted` restores it during a
+        study; None when there is none. A new parent would leave the old one's trial runs beside its own: every trial
+        twice in the study's views."""
+        from mlflow.entities import ViewType  # mlflow: on first use, as in `mlflow_client`
+
+        deleted = self.client.search_runs([self.experiment_id], study_filter(self.study_name),
+                                          run_view_type=ViewType.DELETED_ONLY, max_results=1,
+                                          order_by=["attributes.start_time ASC"])
+        if not deleted:
+            return None
+        self.client.restore_run(deleted[0].info.run_id)
+        return self.client.get_run(deleted[0].info.run_id)
+
     def start_study(self, params: dict | None = None, tags: dict | None = None) -> str:
         """Create the study's parent run, or reuse it (resume) and set it RUNNING again. Returns its id."""
-        run = self.find_parent_run()
+        run = self.find_parent_run() or self._restore_deleted_parent()
         all_tags = _tag_values({TAG_STUDY: self.study_name, TAG_ROLE: "study", TAG_GIT: git_commit(), **(tags or {})})
         if run is None:
             run = self.client.create_run(self.experiment_id, run_name=self.study_name, tags=all_tags)
