@@ -101,6 +101,13 @@ def _pid_gone(holder: dict) -> bool:
     return _on_this_host(holder) and not _alive_here(holder)
 
 
+def _say(line: str) -> None:
+    """`line` to stderr, or nowhere: a closed pipe or hung-up terminal must not end the heartbeat thread, whose
+    silent end would let the lease of a live driver go stale and be taken over."""
+    with contextlib.suppress(Exception):
+        print(line, file=sys.stderr, flush=True)
+
+
 def holder_period(holder: dict, floor: float = 0.0) -> float:
     """Seconds without a heartbeat after which `holder`'s lease is stale: the period it wrote in its lease (leases
     written before it did: `DEFAULT_STALE_AFTER`), or `floor` when longer."""
@@ -201,7 +208,10 @@ class StudyLease:
                                f"and synced only where its storage can be written") from None
 
     def read(self) -> dict | None:
-        text = self.location.read_text(errors="replace")  # damaged bytes: not JSON, as below, not a traceback
+        return self._parse(self.location.read_text(errors="replace"))  # damaged bytes: not JSON, not a traceback
+
+    @staticmethod
+    def _parse(text: str | None) -> dict | None:
         try:
             holder = json.loads(text) if text else None
         except ValueError:  # cut short by a crash while written: as good as stale
@@ -303,17 +313,34 @@ class StudyLease:
         while not self._stop.wait(self.every):
             try:
                 holder = self._read_settled()
+                if holder and holder.get("token") == self.mine["token"]:
+                    self.mine["heartbeat"] = time.time()
+                    self.mine["beats"] += 1
+                    holder = self._rewrite(json.dumps(self.mine, indent=2) + "\n")
+                if self._stop.is_set():  # released meanwhile: the lease is gone or another's, none of this one's
+                    return
                 if not holder or holder.get("token") != self.mine["token"]:
                     self.lost.set()
-                    print(f"a2 study: WARNING: the lease on {self.location.uri} was taken over by "
-                          f"{describe(holder or {})}; this process is no longer the study's one writer and stops "
-                          f"before its next write", file=sys.stderr, flush=True)
+                    _say(f"a2 study: WARNING: the lease on {self.location.uri} was taken over by "
+                         f"{describe(holder or {})}; this process is no longer the study's one writer and stops "
+                         f"before its next write")
                     return
-                self.mine["heartbeat"] = time.time()
-                self.mine["beats"] += 1
-                self.location.write_text(json.dumps(self.mine, indent=2) + "\n")  # atomic: a reader never sees half
             except Exception as err:  # noqa: BLE001 - storage trouble: try again at the next beat
-                print(f"a2 study: note: lease heartbeat failed: {err}", file=sys.stderr, flush=True)
+                _say(f"a2 study: note: lease heartbeat failed: {err}")
+
+    def _rewrite(self, text: str) -> dict | None:
+        """Write the heartbeat `text` over the lease only while it is still this holder's and not released; the
+        lease found there (`self.mine` once written): a beat must neither recreate a lease that `release` removed
+        (it waits for this thread 5 s at most) nor overwrite a new holder's."""
+        if self._stop.is_set():
+            return None
+        # no compare-and-swap in the storage layer (S3 has none): reading the token just before the write narrows the
+        # window in which a lease released or taken over meanwhile is written over, but cannot close it
+        found = self.read()
+        if not found or found.get("token") not in (None, self.mine["token"]) or self._stop.is_set():
+            return found
+        self.location.write_text(text)  # atomic: a reader never sees half
+        return self.mine
 
     def release(self) -> None:
         self._stop.set()
