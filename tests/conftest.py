@@ -17,7 +17,7 @@ from tests.s3server import keep_session_environment, s3_endpoint  # noqa: F401
 WITHOUT_RAY = {
     "test_a2_objective", "test_adaptive_replicates", "test_dashboards_seeds_and_extremes", "test_decode_empty_and_lr",
     "test_progress_edges", "test_progress_within_epoch", "test_docs_claims", "test_docs_claims_studies",
-    "test_local_commands_more", "test_cli_hygiene", "test_study_check_edges", "test_checksum_damaged", "test_report_compare_edges", "test_checkpoint_paths", "test_lease_edges", "test_mlflow_export_more", "test_lease_heartbeat", "test_adapters", "test_atomic_folder", "test_beam_exhaustive", "test_progress_values", "test_recipe_against_m2", "test_reporting_values", "test_plan_by_hand", "test_stats_against_scipy", "test_beam_compaction", "test_bench_asha", "test_bench_data", "test_bench_decode",
+    "test_local_commands_more", "test_cli_hygiene", "test_study_check_edges", "test_checksum_damaged", "test_report_compare_edges", "test_checkpoint_paths", "test_lease_edges", "test_mlflow_export_more", "test_lease_heartbeat", "test_diagnostics_edges", "test_adapters", "test_atomic_folder", "test_beam_exhaustive", "test_progress_values", "test_recipe_against_m2", "test_reporting_values", "test_plan_by_hand", "test_stats_against_scipy", "test_beam_compaction", "test_bench_asha", "test_bench_data", "test_bench_decode",
     "test_bench_noise", "test_best_epoch", "test_calibration", "test_checkpoint", "test_checkpoint_windows", "test_cider_reference", "test_cli",
     "test_cli_grammar", "test_cli_train", "test_cli_words", "test_cluster_config", "test_cluster_sync", "test_compare", "test_compute", "test_conclusions",
     "test_confirmation_seeds",
