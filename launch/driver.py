@@ -36,12 +36,12 @@ from launch.killpoints import arm_driver, kill_point
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease, held_lease
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
                              write_summary)
-from launch.layout import (SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR, add_outage, fused_seeds, progress_record,
-                           seed_result_key, seed_trials, train_run_name)
+from launch.layout import (SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR, add_outage, fused_seeds, seed_result_key,
+                           seed_trials)
 from launch.mlflow_callback import A2MLflowCallback
 from launch.raycluster import autoscaler_limits, connect
 from launch.progress import progress_line, study_progress
-from launch.record import StudyRecord, table_row, tune_trials
+from launch.record import StudyRecord, table_row, tune_trials, with_under_way
 from launch.spec import check_cluster, check_machine, runs_locally, schema_default
 from launch.storage import check_storage, open_location
 from launch.tracking_writer import StudyTracker
@@ -457,7 +457,7 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
         # result.json is what `status` and `summary` read
         callbacks=[LeaseGuard(location.uri()), JsonLoggerCallback(), CSVLoggerCallback(), tracking],
         progress_reporter=_reporter(spec, stopped_early_of, tracking.outage_text,
-                                    under_way_of=functools.partial(under_way, spec, location),
+                                    under_way_of=functools.partial(with_under_way, spec, location),
                                     design_ended_of=functools.partial(design_ended, location)),
         # 1, not 2: our table only; 2 adds Tune's "Trial ... reported ..." and "... completed. Last result: ..."
         # lines for every epoch of every trial (ray.tune.progress_reporter.TrialProgressCallback)
@@ -499,14 +499,7 @@ class LeaseGuard(Callback):
         self._check(f"recording the end of trial {trial.trial_id}")
 
 
-def under_way(spec, location: StudyLocation, row: Trial) -> dict | None:
-    """A running trial's epoch under way, as its run folder has it (`launch.layout.progress_record`)."""
-    if row.state != "RUNNING":
-        return None
-    return progress_record(location.at(TRIALS_DIR, train_run_name(spec.name, row.trial_id)), row.epochs_done + 1)
-
-
-def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None, under_way_of=lambda row: None,
+def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None, under_way_of=lambda row: row,
               design_ended_of=lambda: False):
     class StudyTable(ProgressReporter):
         """The live trial table (`a2 study status`'s, from the running trials) every 30 s and at the end. (Tune's
@@ -521,8 +514,7 @@ def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None, under_way
 
         def report(self, trials, done: bool, *sys_info) -> None:
             self.last = time.monotonic()
-            rows = [dataclasses.replace(row, under_way=under_way_of(row))
-                    for t in trials for row in live_rows(spec, t, stopped_early_of)]
+            rows = [under_way_of(row) for t in trials for row in live_rows(spec, t, stopped_early_of)]
             table = format_table(rows, spec)
             # how far along and when it ends, from the trials' cumulative wall time as their last results report it
             timed = [dataclasses.replace(row, compute={"wall_s": row.last_result.get("compute/wall_s") or 0.0})

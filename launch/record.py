@@ -98,7 +98,7 @@ class StudyRecord:
         read = _map(location, partial(_load_trial, spec, location, digest, for_digest, not running, refuse), trials)
         rows = [row for row, _, _ in read]
         if running:  # where each running trial is within its next epoch (on S3 one request each, for these alone)
-            rows = _map(location, partial(_under_way, spec, location), rows)
+            rows = _map(location, partial(with_under_way, spec, location), rows)
         return cls(spec, location, rows, {row.trial_id: n for row, n, _ in read}, running,
                    {row.trial_id: files for row, _, files in read}, stamps)
 
@@ -221,10 +221,11 @@ def _load_trial(spec, location: StudyLocation, digest: Digest | None, for_digest
                    per_image=partial(per_image, location, spec.name, tune.trial_id)), logged, files
 
 
-def _under_way(spec, location: StudyLocation, row: Trial) -> Trial:
+def with_under_way(spec, location: StudyLocation, row: Trial) -> Trial:
     """`row` with the epoch it has under way (`launch.layout.progress_record`) when it runs (a live writer holds the
     study, Tune's state says RUNNING, neither its end record nor a stop record ended it). Read by `StudyRecord.load`
-    for its readers (`status`), not by `record_trial`, which the MLflow export calls every 2 s and which needs none."""
+    for its readers (`status`), and by the driver's live table, not by `record_trial`, which the MLflow export calls
+    every 2 s and which needs none."""
     if row.state != "RUNNING" or row.ended is not None or row.stopped_early is not None:
         return row
     run = location.at(TRIALS_DIR, train_run_name(spec.name, row.trial_id))

@@ -8,25 +8,9 @@ import shutil
 
 import pytest
 import torch
-import yaml
 
-from a2core.data import synthetic
 from launch.cli import main
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A one-epoch tiny run's config and its finished run folder (`run` under the module's folder)."""
-    base = tmp_path_factory.mktemp("more")
-    synthetic.generate(base / "data", seed=3, images=40, test_images=5)
-    config = base / "tiny.yaml"
-    config.write_text(yaml.safe_dump({
-        "data": {"root": str(base / "data"), "images": 40, "seed": 3, "val_images": 5},
-        "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions": 10},
-        "train": {"xe_epochs": 1, "batch_size": 50, "warmup": 10, "test_meteor": False, "diag_images": 5,
-                  "diag_kendall_images": 2, "test_at_end": False}}))
-    assert main(["train", "--config", str(config), "--output-dir", str(base / "run")]) == 0
-    return base, config
+from tests.test_local_commands_hostile import tiny  # noqa: F401 - the one-epoch tiny run, a fixture
 
 
 def _run_copy(base, to):

@@ -13,10 +13,11 @@ from a2core.data import synthetic
 from a2core.errors import StorageError
 from a2core.train import StepProgress, train
 from launch.conclusions import epochs_text, format_table
-from launch.driver import _reporter, under_way
+from launch.driver import _reporter
 from launch.lease import StudyLease
 from launch.layout import PROGRESS_FILE, TRIALS_DIR, progress_record, train_run_name
 from launch.progress import progress_line, study_progress
+from launch.record import with_under_way
 from launch.storage import open_location
 from launch.trainable import EpochProgress
 from tests.studyfolder import fabricated_study
@@ -208,7 +209,7 @@ def test_the_drivers_live_table_reads_the_running_trials_files(tmp_path, capsys)
         last_result = {"epoch": 1, "val/CIDEr": 0.5, "compute/wall_s": 100.0}
         metric_analysis = {"val/CIDEr": {"max": 0.5, "last": 0.5}}
 
-    reporter = _reporter(fab.spec, under_way_of=lambda row: under_way(fab.spec, fab.location, row))
+    reporter = _reporter(fab.spec, under_way_of=lambda row: with_under_way(fab.spec, fab.location, row))
     reporter.report([TuneTrial()], False)
     out = capsys.readouterr().out.splitlines()
     assert out[2].split()[5:7] == ["1/4", "+25%"]
