@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("data", help="datasets").add_subparsers(dest="data_command", required=True)
     synth = _command(data, "synth", "launch.commands.data:cmd_synth", help="write the synthetic COCO-format dataset")
-    synth.add_argument("--out", required=True, help="the dataset's folder, e.g. data/synth")
+    synth.add_argument("--out", type=_user_path, required=True, help="the dataset's folder, e.g. data/synth")
     synth.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the dataset (default 0)")
     synth.add_argument("--images", type=positive_int, default=1500, help="Karpathy-split images (train/val/test)")
     synth.add_argument("--test-images", type=positive_int, default=None, help="test-server images (default images/10)")
@@ -97,24 +97,28 @@ def build_parser() -> argparse.ArgumentParser:
                     help="convert region features (HDF5 or .npz directory) into a prepared store: float16 rows in one "
                          "memory-mappable file, an index and a checksummed manifest, read faster by the same loader "
                          "(data.features: OUT)")
-    prep.add_argument("source", help="features.h5 ({image_id}_features datasets) or a directory of {image_id}.npz")
-    prep.add_argument("--out", required=True, help="the store's folder, e.g. data/coco/features.a2feat (must not exist)")
+    prep.add_argument("source", type=_user_path,
+                      help="features.h5 ({image_id}_features datasets) or a directory of {image_id}.npz")
+    prep.add_argument("--out", type=_user_path, required=True,
+                      help="the store's folder, e.g. data/coco/features.a2feat (must not exist)")
     prep.add_argument("--feature-dim", type=positive_int, default=2048,
                       help="width of every region's feature vector (default 2048, bottom-up features)")
     push = _command(data, "push", "launch.commands.data:cmd_push",
                     help="upload a prepared store (or one data file) to S3, verified; a store's manifest goes last")
-    push.add_argument("store", help="the store's local folder, or a file (dataset_coco.json, an image list)")
+    push.add_argument("store", type=_user_path,
+                      help="the store's local folder, or a file (dataset_coco.json, an image list)")
     push.add_argument("uri", help="s3://bucket/prefix/NAME.a2feat")
     push.add_argument("--endpoint-url", default=None, help="any S3-compatible endpoint (default: $AWS_ENDPOINT_URL)")
     fetch = _command(data, "fetch", "launch.commands.data:cmd_fetch",
                      help="copy a prepared store onto this machine, SHA-256 verified; nothing to do when it holds that "
                           "version already (ray-cluster.yaml runs it per node)")
-    fetch.add_argument("source", help="s3://bucket/prefix/NAME.a2feat or a local store folder (or one data file)")
-    fetch.add_argument("target", help="local path, e.g. ~/a2tune/data/coco/features.a2feat")
+    fetch.add_argument("source", type=_user_path,
+                       help="s3://bucket/prefix/NAME.a2feat or a local store folder (or one data file)")
+    fetch.add_argument("target", type=_user_path, help="local path, e.g. ~/a2tune/data/coco/features.a2feat")
     fetch.add_argument("--endpoint-url", default=None, help="any S3-compatible endpoint (default: $AWS_ENDPOINT_URL)")
 
     tr = _command(sub, "train", "launch.commands.local:cmd_train", help="one training run without Ray")
-    tr.add_argument("--config", help="YAML with data/model/train sections (a study file works too)")
+    tr.add_argument("--config", type=_user_path, help="YAML with data/model/train sections (a study file works too)")
     tr.add_argument("--output-dir", default=None, type=_user_path,
                     help="folder for checkpoints, history.json and test_scores.json (default: the config's top-level "
                          "output_dir, runs/a2; a folder holding an earlier run's checkpoints gets a new numbered "
@@ -152,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_name(rp)
     rp.add_argument("--tracking-uri", default=None,
                     help="MLflow store whose study parent run gets the report (default: the study's)")
-    rp.add_argument("--out", default=None, help="report folder (default: ./a2-reports/NAME; one that holds an "
-                                                "earlier report gets a new numbered folder NAME-2, ...)")
+    rp.add_argument("--out", type=_user_path, default=None,
+                    help="report folder (default: ./a2-reports/NAME; one that holds an "
+                         "earlier report gets a new numbered folder NAME-2, ...)")
 
     ml = sub.add_parser("mlflow", help="MLflow tracking server").add_subparsers(dest="mlflow_command", required=True)
     serve = _command(ml, "serve", "launch.commands.serve:cmd_serve", help="start an MLflow tracking server for a team")
@@ -178,13 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_name(export)
     export.add_argument("--by", default="fusion", help="group trials by this config key (default: fusion)")
     export.add_argument("--baseline", default=None, help="the value of --by to compare with (default: fusion none)")
-    export.add_argument("--out", required=True, help="the record file, e.g. results/NAME.json")
+    export.add_argument("--out", type=_user_path, required=True, help="the record file, e.g. results/NAME.json")
     export.add_argument("--spec", default="", help="the study file it was run from, as the record names it")
     export.add_argument("--measured", default="", help="where and when it was measured (machine, date)")
     export.add_argument("--note", default="", help="one line the record's table prints under it")
     show = _command(rs, "show", "launch.commands.show:cmd_results_show",
                     help="print a record's comparison table, recomputed by today's verdict rule")
-    show.add_argument("record", help="a record file, e.g. results/synthetic_fusions.json")
+    show.add_argument("record", type=_user_path, help="a record file, e.g. results/synthetic_fusions.json")
 
     package = _command(sub, "package", "launch.commands.package:main",
                        help="4-seed ensemble -> COCO server zip, leaderboard, upload")
@@ -197,8 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     package.add_argument("--seeds", nargs="+", type=int, default=None, help=_SEEDS_HELP)
     package.add_argument("--no-train", action="store_true",
                          help="refuse (naming them) instead of training missing seeds")
-    package.add_argument("--out", default=None, help=f"output folder (default: ./{PACKAGE_OUT}/<name>; one that holds "
-                                                     f"an earlier package gets a new numbered folder NAME-2, ...)")
+    package.add_argument("--out", type=_user_path, default=None,
+                         help=f"output folder (default: ./{PACKAGE_OUT}/<name>; one that holds "
+                              f"an earlier package gets a new numbered folder NAME-2, ...)")
     package.add_argument("--model-name", default=None, help="registered MLflow model name (default: the study name)")
     package.add_argument("--upload", default=None, help="s3://bucket/prefix/ to upload results.zip and the "
                                                         "leaderboard to (default: the study's prefix when on S3)")
@@ -230,9 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     pipeline = _command(sub, "pipeline", "launch.commands.pipeline:main",
                         help="the main job: smoke study, report, packaging, leaderboard")
-    pipeline.add_argument("--study", default=PIPELINE_STUDY, help=f"study file (default: {PIPELINE_STUDY})")
+    pipeline.add_argument("--study", type=_user_path, default=PIPELINE_STUDY,
+                          help=f"study file (default: {PIPELINE_STUDY})")
     pipeline.add_argument("overrides", nargs="*", help="key=value overrides of the study, e.g. train.xe_epochs=2")
-    pipeline.add_argument("--out", default=None, help=f"report and package folder (default: ./{PIPELINE_OUT}/<name>)")
+    pipeline.add_argument("--out", type=_user_path, default=None,
+                          help=f"report and package folder (default: ./{PIPELINE_OUT}/<name>)")
     pipeline.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides tracking.mlflow_uri)")
     pipeline.add_argument("--storage", default=None, help=_STORAGE_HELP)
     pipeline.add_argument("--seeds", nargs="+", type=int, default=None, help=_SEEDS_HELP)
@@ -251,7 +259,7 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
     validate = _command(sub, "validate", "launch.commands.validate:cmd_validate",
                         help="validate a study file completely (nothing starts)")
     _add_study_file(validate)
-    validate.add_argument("--cluster", default=None, metavar="CLUSTER_YAML",
+    validate.add_argument("--cluster", type=_user_path, default=None, metavar="CLUSTER_YAML",
                           help="also check each S3 copy of the study's data that this cluster-launcher file's setup "
                                "commands fetch (`a2 data fetch`): there, and the same version as the local copy")
 
@@ -298,7 +306,8 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
                            "mode, benchmarks/records/gpu/, else the estimate in benchmarks/RESULTS.md)")
     plan.add_argument("--price-per-hour", type=float, default=None,
                       help="price of a worker node per hour (default: the on-demand list price of its type)")
-    plan.add_argument("--cluster", default=str(Path(__file__).resolve().parents[1] / "ray-cluster.yaml"),
+    plan.add_argument("--cluster", type=_user_path,
+                      default=str(Path(__file__).resolve().parents[1] / "ray-cluster.yaml"),
                       help="cluster-launcher file whose GPU worker type prices the study (default: ray-cluster.yaml)")
     plan.add_argument("--rehearse", type=int, default=None, metavar="N", action=_Rehearse,
                       help="also N rehearsals without Ray (launch.rehearse): power and the chance of keeping the best "
@@ -309,7 +318,7 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
                         help="every trial of a study through the real driver, scheduler, record and MLflow export, "
                              "with a stand-in trainer drawing scores from a stated model (nothing trains; never "
                              "packageable)")
-    rehearse.add_argument("file", help="the study file")
+    rehearse.add_argument("file", type=_user_path, help="the study file")
     rehearse.add_argument("overrides", nargs="*", help="key=value, e.g. search.replicates=3")
     _add_model_arguments(rehearse)
     rehearse.add_argument("--repeat", type=int, default=1,
@@ -338,7 +347,7 @@ class _Rehearse(argparse.Action):
 
 
 def _add_study_file(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="the study file")
+    parser.add_argument("file", type=_user_path, help="the study file")
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=2 model.d_model=64")
     parser.add_argument("--storage", default=None, help=_STORAGE_HELP)
 

@@ -142,6 +142,30 @@ def test_every_path_option_of_the_local_commands_expands_tilde(home):
     assert parse(["train"]).output_dir is None  # no option, no path
 
 
+def test_every_other_path_option_and_argument_expands_tilde(home):
+    """`--out=~/x` reaches argparse as written (the shell expands `~` only at a word's start): `a2 data synth`,
+    `report`, `export`, `package` and `pipeline` made a folder named `~` in the working folder; a quoted `"~/s.yaml"`
+    was a study file that did not exist."""
+    assert parse(["data", "synth", "--out=~/synth"]).out == f"{home}/synth"
+    prepared = parse(["data", "prepare", "~/f.h5", "--out=~/f.a2feat"])
+    assert (prepared.source, prepared.out) == (f"{home}/f.h5", f"{home}/f.a2feat")
+    assert parse(["data", "push", "~/f.a2feat", "s3://b/f.a2feat"]).store == f"{home}/f.a2feat"
+    fetched = parse(["data", "fetch", "s3://b/f.a2feat", "~/f.a2feat"])
+    assert (fetched.source, fetched.target) == ("s3://b/f.a2feat", f"{home}/f.a2feat")  # a URI is left as it is
+    assert parse(["train", "--config=~/c.yaml"]).config == f"{home}/c.yaml"
+    assert parse(["report", "fusions", "--out=~/r"]).out == f"{home}/r"
+    assert parse(["results", "export", "fusions", "--out=~/r.json"]).out == f"{home}/r.json"
+    assert parse(["results", "show", "~/r.json"]).record == f"{home}/r.json"
+    validated = parse(["study", "validate", "~/s.yaml", "--cluster=~/c.yaml"])
+    assert (validated.file, validated.cluster) == (f"{home}/s.yaml", f"{home}/c.yaml")
+    assert parse(["package", "fusions", "--out=~/p"]).out == f"{home}/p"
+    pipeline = parse(["pipeline", "--study=~/s.yaml", "--out=~/o"])
+    assert (pipeline.study, pipeline.out) == (f"{home}/s.yaml", f"{home}/o")
+    assert parse(["study", "plan", "~/s.yaml", "--cluster=~/c.yaml"]).cluster == f"{home}/c.yaml"
+    assert parse(["study", "rehearse", "~/s.yaml"]).file == f"{home}/s.yaml"
+    assert parse(["package", "fusions"]).out is None  # no option, no path
+
+
 def test_train_output_dir_with_tilde_is_the_home_folder(home, monkeypatch, capsys):
     """`a2 train --output-dir=~/runs` made a folder named `~` in the working folder."""
     import launch.commands.local as local
