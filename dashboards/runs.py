@@ -221,15 +221,17 @@ def searched_keys(runs: list[Trial]) -> list[str]:
 
 def seed_number(seed) -> int | None:
     """A seed as a number (a trial's `seed`, a group's entry of `seeds`); None where it is not one."""
-    try:
-        return int(seed)
-    except (TypeError, ValueError):
-        return None
+    # a whole number only: int(2.5) is 2, which counted seeds 2 and 2.5 as one (while the text "2.5" was none)
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed  # exactly, however large (a float holds integers exactly to 2**53 only)
+    number = None if isinstance(seed, bool) else finite(seed)
+    return int(number) if number is not None and number.is_integer() else None
 
 
 def group_value(run: Trial, by: str) -> str | None:
-    """The value of `by` for a run: a param (exact or dotted suffix), an a2.<by> tag or a tag; None when `by` is a
-    model key the run's fusion does not use (lambda of fusion none), whatever an older run logged."""
+    """The value of `by` for a run: a param (exact or dotted suffix), else a key its search sampled (exact or
+    dotted suffix), an a2.<by> tag or a tag; None when `by` is a model key the run's fusion does not use (lambda of
+    fusion none), whatever an older run logged."""
     if by.rsplit(".", 1)[-1] in inapplicable_model_keys(run.fusion):
         return None
     params = run.params
@@ -238,6 +240,12 @@ def group_value(run: Trial, by: str) -> str | None:
     for k, v in sorted(params.items()):
         if k.endswith("." + by):
             return v
+    # a run whose config no longer resolves (an older study whose keys moved on) has no params: the keys its search
+    # sampled for it, by their space key (alias or dotted path), as `Trial.fusion` reads them
+    sampled = run.sampled or {}
+    for k in [by, *sorted(k for k in sampled if k.endswith("." + by))]:
+        if sampled.get(k) is not None:
+            return param_value(sampled[k])
     return run.tags.get(f"a2.{by}") or run.tags.get(by)
 
 
