@@ -10,18 +10,26 @@ modification time of a file the taker writes there now. The holder's clock (its 
 the taker's never meet, so a holder on a host whose clock runs an hour ahead neither locks the study out for an hour
 nor is taken as stale early. The period is the holder's own (`stale_after` in its lease: `--stale-after` of the
 driver that wrote it, or a taker's longer one), so a taker's short `--stale-after` never makes a healthy holder
-stale. A driver whose lease was taken over stops before its next write (`StudyLease.check`, `LeaseLost`)."""
+stale. A driver whose lease was taken over stops before its next write (`StudyLease.check`, `LeaseLost`).
+
+A take-over removes the stale lease and creates its own, two calls: two takers of one stale lease could each do both,
+the second removing the first's fresh lease. So only the taker that creates the claim `lease.json.takeover-<token of
+the stale holder>` (if-absent, as the lease) replaces it, and only while the lease still reads as the one it judged
+stale (`StudyLease._take_over`)."""
 from __future__ import annotations
 
 import contextlib
 import getpass
+import hashlib
 import json
 import os
+import re
 import socket
 import sys
 import threading
 import time
 import uuid
+from typing import NoReturn
 
 from a2core.errors import StorageError, StudyError
 from launch.defaults import DEFAULT_STALE_AFTER
@@ -29,6 +37,8 @@ from launch.storage import WriteRefused, open_location
 
 LEASE_FILE = "lease.json"
 CLOCK_PREFIX = ".a2-clock-"  # the file a taker writes next to the lease to read the storage's clock (then removed)
+CLAIM_INFIX = ".takeover-"  # lease.json.takeover-<id>[.<n>]: the one taker of the stale lease <id> (`_claim_name`)
+CLAIM_GENERATIONS = 4  # claims a take-over walks past (each left, stale, by a taker killed mid-way) before it gives up
 _HELD: dict[str, "StudyLease"] = {}  # the leases this process holds now, by the lease file's URI (`held_lease`)
 
 
@@ -156,6 +166,17 @@ def _heartbeat_age(holder: dict) -> float:
     return max(0.0, time.time() - beat)
 
 
+def _claim_name(holder: dict, seen: str, generation: int) -> str:
+    """The name of the claim on the stale lease `seen` (its text; `holder` parsed from it), the same for every taker
+    of it: its holder's token (a taker that read it before and one that read it after the holder's last beat claim
+    alike), or a digest of its text where it has none fit for a file name (damaged, an older a2's); `generation` > 1:
+    the claim after as many left stale by takers killed between claiming and creating the lease."""
+    token = holder.get("token")
+    if not (isinstance(token, str) and re.fullmatch(r"[0-9A-Za-z_-]{1,64}", token)):
+        token = "sha256-" + hashlib.sha256(seen.encode("utf-8", "replace")).hexdigest()[:32]
+    return f"{LEASE_FILE}{CLAIM_INFIX}{token}" + (f".{generation}" if generation > 1 else "")
+
+
 def describe(holder: dict, age: float | None = None) -> str:
     age = _heartbeat_age(holder) if age is None else age
     return (f"{holder.get('user', '?')}@{holder.get('host', '?')} pid {holder.get('pid', '?')} since "
@@ -185,6 +206,7 @@ class StudyLease:
     def __init__(self, study, stale_after: float = DEFAULT_STALE_AFTER):
         if not stale_after > 0:
             raise StudyError(f"--stale-after must be a positive number of seconds, got {stale_after!r}")
+        self.study = study
         self.location = study.join(LEASE_FILE)
         self.stale_after = float(stale_after)
         self.every = min(30.0, self.stale_after / 4)
@@ -199,10 +221,10 @@ class StudyLease:
         self._thread: threading.Thread | None = None
 
     # -- storage ---------------------------------------------------------------------------------------------
-    def _create(self, info: dict) -> bool:
-        """Write the lease if there is none; False when one exists."""
+    def _create(self, info: dict, where=None) -> bool:
+        """Write the lease (or the file `where`: a take-over's claim) if there is none; False when one exists."""
         try:
-            return self.location.write_if_absent(json.dumps(info, indent=2) + "\n")
+            return (where or self.location).write_if_absent(json.dumps(info, indent=2) + "\n")
         except WriteRefused as err:  # one line, before Ray starts
             raise StorageError(f"{err.uri}: cannot write the study's lease ({err.reason}); a study is run, resumed "
                                f"and synced only where its storage can be written") from None
@@ -233,9 +255,9 @@ class StudyLease:
     # -- taking, keeping and giving back ---------------------------------------------------------------------
     def acquire(self, force: bool = False) -> None:
         if not self._create(self.mine):
-            holder = self.read()
-            if holder is not None or not self._create(self.mine):  # None: released between our two looks
-                self._take_over(holder or {}, force)
+            seen = self.location.read_text(errors="replace")  # damaged bytes: not JSON, not a traceback
+            if seen is not None or not self._create(self.mine):  # None: released between our two looks
+                self._take_over(self._parse(seen) or {}, force, seen)
         self.lost.clear()
         self.lost_error = None
         _HELD[self.location.uri] = self
@@ -243,9 +265,9 @@ class StudyLease:
         self._thread = threading.Thread(target=self._beat, name="a2-lease", daemon=True)
         self._thread.start()
 
-    def _take_over(self, holder: dict, force: bool) -> None:
+    def _take_over(self, holder: dict, force: bool, seen: str | None) -> None:
         """Replace a lease whose process is gone from this host, or a stale one with `force`; refuse the rest, and
-        always one whose process is alive on this host."""
+        always one whose process is alive on this host. `seen`: the lease's text as read, `holder` parsed from it."""
         age = lease_age(self.location, holder, probe=True)
         period = holder_period(holder, self.stale_after)
         study = os.path.dirname(self.location.uri)
@@ -269,10 +291,60 @@ class StudyLease:
         why = "its process is gone from this host" if gone else "--force"
         print(f"a2 study: WARNING: taking over the stale lease of {describe(holder, age)} on {study} ({why})",
               file=sys.stderr, flush=True)
-        self.location.delete()
-        if not self._create(self.mine):
-            raise StudyError(f"study at {study}: another process took the lease first: "
-                             f"{describe(self.read() or {})}")
+        if seen is None:  # gone again since it was judged: no lease of anyone's to remove
+            if not self._create(self.mine):
+                self._taken_first(study)
+            return
+        claim = self._claim(holder, seen, period, study)
+        try:
+            # a taker that judged the same lease and finished already (its claim removed, so ours was created) left
+            # its own lease here, and a holder that beat again is not stale: neither is the lease judged
+            if self.location.read_text(errors="replace") != seen:
+                self._taken_first(study)
+            self.location.delete()
+            if not self._create(self.mine):  # a plain `acquire` found none between the two calls
+                self._taken_first(study)
+            self._remove_claims()
+        finally:
+            with contextlib.suppress(Exception):  # one left behind is walked past once stale (`_claim`)
+                claim.delete()
+
+    def _taken_first(self, study: str, holder: dict | None = None) -> NoReturn:
+        """The one-line error of a take-over that another process made first; `holder`: who (else the lease's)."""
+        raise StudyError(f"study at {study}: another process took the lease first: "
+                         f"{describe(holder or self.read() or {})}")
+
+    def _claim(self, holder: dict, seen: str, period: float, study: str):
+        """The claim on the stale lease `seen`, created by this taker (its Location); else the one-line error of a
+        take-over another process made first. A claim older than the holder's `period` was left by a taker killed
+        before it created its lease: the next generation's is claimed instead (created if absent too, so that of
+        takers finding the same one stale one wins; none is removed, which would race with its re-creation)."""
+        now = None
+        for generation in range(1, CLAIM_GENERATIONS + 1):
+            claim = self.study.join(_claim_name(holder, seen, generation))
+            if self._create(self.mine, claim):
+                return claim
+            stamp = claim.stamp()
+            if stamp is None:  # removed since: its taker finished; ours now, then the lease reads as not `seen`
+                if self._create(self.mine, claim):
+                    return claim
+                stamp = claim.stamp()
+            now = _storage_now(self.study) if now is None else now
+            if stamp is not None and now - stamp[1] / 1e9 < period:  # its taker is at it now
+                break
+        claimer = None
+        with contextlib.suppress(Exception):  # the taker as its claim names it: who replaces the lease
+            claimer = self._parse(claim.read_text(errors="replace"))
+        self._taken_first(study, claimer)
+
+    def _remove_claims(self) -> None:
+        """Remove every claim beside the lease now that this process holds it: its own, and those of takers killed
+        mid-way; one of a taker at it now is removed harmlessly: that taker reads the lease as this one's, not the
+        one it judged, and gives up."""
+        with contextlib.suppress(Exception):  # a claim left behind is a small file, walked past once stale
+            for name in self.study.file_stamps():
+                if name.startswith(LEASE_FILE + CLAIM_INFIX):
+                    self.study.join(name).delete()
 
     def check(self, before: str = "writing") -> None:
         """LeaseLost (one line) unless this process still holds the study's lease: a driver calls it before each
