@@ -73,6 +73,9 @@ SIZE_CAPS = {
     "train.batch_size": (10_000, "200x the paper's 50 image-caption pairs"),
 }
 MAX_TRIALS = 10_000  # configurations x replicates: a study of more is a typo (the largest shipped one, fusion_ablation, runs 75)
+# A seed count refused as it is read, before its seeds are listed (10^11 would fill memory); a smaller one past the
+# cap is refused by the trial count, which names the configurations too.
+MAX_SEEDS = 100 * MAX_TRIALS
 
 _MISSING = object()
 STUDY_FORMAT = 2  # see StudySpec.format
@@ -234,6 +237,8 @@ def _range(value: dict) -> ReplicateRange:
     if spread.max <= spread.min:
         raise ConfigError("max", f"must be more than min ({spread.min}), got {spread.max}: for one round, give "
                                  f"search.replicates: {spread.min}")
+    if spread.max > MAX_SEEDS:
+        raise ConfigError("max", _past_the_cap(spread.max))
     rounds = spread.rounds if spread.rounds is not None else [*range(spread.min, spread.max, 2), spread.max]
     if (not rounds or rounds[0] != spread.min or rounds[-1] != spread.max
             or any(b <= a for a, b in zip(rounds, rounds[1:]))):
@@ -252,7 +257,15 @@ def _seeds(value: Any) -> Any:
     count = integer(value)
     if count < 1:
         raise ValueError(f"must be >= 1, got {count}")
+    if count > MAX_SEEDS:
+        raise ValueError(_past_the_cap(count))
     return list(range(count))
+
+
+def _past_the_cap(seeds: int) -> str:
+    """Why a count of seeds is refused: every configuration runs each seed, so the study is past `MAX_TRIALS`."""
+    return (f"{seeds:,} seeds give at least as many trials, past the cap of {MAX_TRIALS:,} (configurations x "
+            f"replicates)")
 
 
 class Search(Section):
@@ -277,7 +290,7 @@ class Search(Section):
             "seeds in rounds, and after each round an arm whose verdict is settled gets no more (docs/explanation/"
             "statistics.md, \"Adaptive replicates\"); the study's trial count is the maximum's."),
         json_schema_extra={"a2_type": "integer, or list of integer, or {min, max, rounds}, or null"})
-    confirm: Integer | None = Field(None, ge=2, description=(
+    confirm: Integer | None = Field(None, ge=2, le=MAX_TRIALS, description=(
         "Confirmation seeds: once every configuration has run its `replicates`, each fusion's best configuration "
         "(selected on val over those seeds) runs this many fresh seeds, and the study's verdicts rest on them alone, "
         "so that the selection among an arm's configurations cannot lean the verdict (docs/explanation/"
@@ -420,6 +433,18 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _as_number(value: Any) -> Any:
+    """A number string as the float it means, as a2core's `number` reads it (YAML 1.1 reads 5e-3, without a dot, as
+    a string): for a value of a float key in the space, its points and its `when`. Anything else as it is."""
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return number if math.isfinite(number) else value  # '.nan' and 'inf' are refused as written
+    return value
+
+
 def _distinct_dicts(dicts) -> list[dict]:
     dicts = list(dicts)
     return [d for i, d in enumerate(dicts) if d not in dicts[:i]]
@@ -494,7 +519,14 @@ class StudySpec(Section):
         if self.num_trials > MAX_TRIALS:  # before every trial's config is built: that costs time of its count
             _fail("search", f"{self.num_trials:,} trials (configurations x replicates) is past the cap of "
                             f"{MAX_TRIALS:,}: check search.num_samples, the grids and search.replicates")
+        if (last := search.seed + len(self.grid_cells()) - 1) >= SEED_LIMIT:  # numpy's range, as train.seed's
+            _fail("search.seed", f"{search.seed}: grid cell i's searcher is seeded search.seed + i, up to {last}, "
+                                 f"beyond the seed range 0 .. {SEED_LIMIT - 1}")
         self._base = _check_trials(self, sections)
+        # after the trials, so that a value a2core refuses (eta < 0) is named for that first; a study saved before
+        # this check keeps loading
+        if not context.get("saved", False):
+            _check_fixed_applicable(search.space, sections)
         for section in SECTIONS:  # as saved: without the keys the space controls
             setattr(self, section, {k: v for k, v in self._base[section].items()
                                     if f"{section}.{k}" not in {p.path for p in self.params.values()}})
@@ -991,6 +1023,15 @@ def _check_space(search: Search, sections: dict, saved: bool = False) -> dict[st
                          f"is another study)")
         allowed = get_args(schema[path]) if get_origin(schema[path]) is Literal else ()  # a fixed set of values
         kind = str if allowed else schema[path]
+        # numbers from here on: '5e-3' and 0.005 are one value, listed twice (a saved study keeps its values: its
+        # record's suggestions hold them)
+        if p.categorical and kind is float and not saved:
+            values = [_as_number(v) for v in p.values]
+            try:
+                _listed_once(values)
+            except ConfigError as err:
+                _fail(f"{where}.{p.kind}{err.path}", err.reason)
+            setattr(p, p.kind, tuple(values))
         if not p.categorical and kind is int and p.kind != "randint":
             _fail(f"{where}.{p.kind}", f"{path} is an integer: use randint, grid or choice")
         if not p.categorical and kind in (str, bool):
@@ -1035,6 +1076,8 @@ def _check_when(param: Param, space: dict[str, Param]) -> dict:
         if param.kind == "grid" and target.kind != "grid":
             _fail(f"{where}.{other}", "a grid key may only depend on grid keys")
         allowed = allowed if isinstance(allowed, list) else [allowed]
+        if config_schema()[target.path] is float:  # as the target's values (`_check_space`)
+            allowed = [v if target.contains(v) else _as_number(v) for v in allowed]
         if not allowed:
             _fail(f"{where}.{other}", "must list at least one value")
         for v in allowed:
@@ -1099,6 +1142,28 @@ def _check_applicable(space: dict[str, Param], sections: dict) -> None:
                                        f"which the plan would count, and the search run, once per value): {hint}")
 
 
+def _check_fixed_applicable(space: dict[str, Param], sections: dict) -> None:
+    """A model key written in the model section, at a value other than its default, that no fusion a trial can use
+    reads (`model: {fusion: max, eta: 0.3}`): every trial leaves it out (`applicable_config`), so it would be silently
+    unused. At its default it passes, as `check_data_kind`'s keys do (a saved config holds every key)."""
+    fusions = get_args(config_schema()["model.fusion"])
+    model = sections.get("model") if isinstance(sections.get("model"), dict) else {}
+    fixed = model.get("fusion", get_dotted(_schema_defaults(), "model.fusion"))
+    fusion = next((p for p in space.values() if p.path == "model.fusion"), None)
+    reach = list(fusion.values) + ([fixed] if fusion.when is not None else []) if fusion is not None else [fixed]
+    if any(f not in fusions for f in reach):  # an unknown fusion: the config check names it
+        return
+    for name, value in model.items():
+        if name == "temperature" or value == get_dotted(_schema_defaults(), f"model.{name}", value):
+            continue  # a2core refuses a temperature outside exp_decay itself
+        if all(name in inapplicable_model_keys(f) for f in reach):
+            users = [f for f in fusions if name not in inapplicable_model_keys(f)]
+            listed = ", ".join(map(repr, users[:-1])) + (f" or {users[-1]!r}" if len(users) > 1 else repr(users[0]))
+            _fail(f"model.{name}", f"{format_value(value)} is only used by fusion {listed}, but every trial uses "
+                                   f"{' or '.join(map(repr, dict.fromkeys(reach)))}, which leaves it out: it would "
+                                   f"change nothing; drop model.{name}, or set a fusion that uses it")
+
+
 def _check_points(search: Search, sampled: list[Param]) -> list[dict]:
     """Every point with every sampled key (missing ones at their default); without points, the defaults."""
     if search.points_to_evaluate is None:
@@ -1111,6 +1176,7 @@ def _check_points(search: Search, sampled: list[Param]) -> list[dict]:
             if (p := next((q for q in sampled if q.path == resolve_key(key)), None)) is None:
                 _fail(where, f"points may only set sampled keys of the space "
                                  f"({', '.join(q.key for q in sampled) or 'there are none'})")
+            value = _as_number(value) if config_schema()[p.path] is float and not p.contains(value) else value
             if not p.contains(value):
                 _fail(where, f"{value!r} is outside search.space.{p.key} ({p.kind} {list(p.values)})")
             full[p.key] = int(value) if p.kind == "randint" else value
@@ -1127,7 +1193,9 @@ def _check_metric(spec: StudySpec, sections: dict) -> None:
     """search.metric is one that training reports; a diag/jsd/layer<i> a layer of every trial's model."""
     match = _JSD_METRIC.match(spec.metric)
     # searched, the layers are the space's: the fewest any trial has
-    searched = [min(p.values) for p in spec.params.values() if p.path == "model.layers"]
+    # (a value that is no number, [1, '2'], is left to the trial probes, which name it)
+    searched = [min(v for v in p.values if _is_number(v)) for p in spec.params.values()
+                if p.path == "model.layers" and any(_is_number(v) for v in p.values)]
     layers = searched[0] if searched else get_dotted(sections, "model.layers", get_dotted(_schema_defaults(),
                                                                                          "model.layers"))
     if match and isinstance(layers, int) and int(match.group(1)) >= layers:
