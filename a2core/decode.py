@@ -9,7 +9,6 @@ images.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Callable
@@ -98,6 +97,19 @@ class UncachedStepper(ModelStepper):
                 "prefix": state["prefix"].index_select(0, index)}
 
 
+def mean_of_distributions(logps: torch.Tensor) -> torch.Tensor:
+    """log(mean_i exp(logps[i])): the log of the members' averaged distribution, logps (M, ..., V) -> (..., V).
+
+    Computed as  top + log(mean_i exp(logps[i] - top)),  top the largest member's value of each word: where the
+    members agree, each term is exp(0) = 1 and their mean exactly 1, so an ensemble of copies of one model gives
+    that model's log-probabilities bit for bit (logsumexp(logps) - log M rounds twice, a few ulps off in fp32: enough
+    to reorder near-tied beams, so two copies of a checkpoint decoded otherwise than the checkpoint). A word at -inf
+    in every member stays -inf; NaN stays NaN."""
+    top = logps.amax(0)
+    shift = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return shift + (logps - shift).exp().mean(0).log()
+
+
 class EnsembleStepper:
     """Averages the member models' per-step word distributions: log(mean_i p_i(w))."""
 
@@ -114,8 +126,7 @@ class EnsembleStepper:
         return [s.expand_state(st, k) for s, st in zip(self.members, state)]
 
     def step(self, last, state):
-        logps = torch.stack([s.step(last, st) for s, st in zip(self.members, state)])  # (M, N, V)
-        return torch.logsumexp(logps, dim=0) - math.log(len(self.members))
+        return mean_of_distributions(torch.stack([s.step(last, st) for s, st in zip(self.members, state)]))
 
     def reorder_state(self, state, index):
         return [s.reorder_state(st, index) for s, st in zip(self.members, state)]

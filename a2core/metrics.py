@@ -581,10 +581,14 @@ class CiderD:
         by_obj: dict[int, int] = {}
         by_text: dict[tuple, int] = {}
         uniq: list[Sequence[str]] = []
+        # every list looked up by id() is held until the end: a sequence that hands out a fresh list per item frees
+        # it at the next one, whose new list could take its id() and be scored against the freed one's references
+        held: list[Sequence[str]] = []
         cand_group = np.empty(len(cands), dtype=np.int64)
         for i, g in enumerate(groups):
             gi = by_obj.get(id(g))
             if gi is None:
+                held.append(g)
                 _check_ref_list(g, f"CiderD: {what}[{i}]")
                 key = tuple(g)
                 gi = by_text.get(key)
