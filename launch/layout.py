@@ -159,12 +159,14 @@ def progress_record(folder, epoch: int) -> dict | None:
     steps of the epoch done and planned and the wall seconds a step has taken in it (None before two steps); None
     when it wrote none of that epoch (an epoch reported already is the result log's). Advisory, so a file that is
     not one, or that cannot be read now, is None, never an error: it costs the estimate, not the record or the
-    driver's live table."""
+    driver's live table (a step count of 1e9 or more is not one either: of hundreds of digits, a step's time by it
+    overflowed a float and raised in the estimate)."""
     try:
         record = json.loads(folder.join(PROGRESS_FILE).read_text() or "null")
         done, total, per_step = record["done"], record["total"], record.get("seconds_per_step")
         valid = (record["epoch"] == epoch and type(done) is int and type(total) is int and 0 <= done <= total
-                 and total > 0 and (per_step is None or (type(per_step) in (int, float) and 0 <= per_step < 1e9)))
+                 and 0 < total < 1e9
+                 and (per_step is None or (type(per_step) in (int, float) and 0 <= per_step < 1e9)))
     except (ValueError, TypeError, KeyError, StorageError):  # StorageError: unreadable now (an S3 outage)
         return None
     return {key: record.get(key) for key in ("stage", "epoch", "done", "total", "seconds_per_step")} if valid else None

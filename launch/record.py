@@ -117,9 +117,11 @@ class StudyRecord:
     def shown(self) -> "StudyRecord":
         """This record as `a2 study status` shows it. Tune saves a running trial as PENDING, so that a resume starts
         it again (`ray.tune.experiment.Trial.__getstate__`): one that has reported epochs while a live writer holds
-        the study is RUNNING. The record itself keeps Tune's word (the driver's summary reads it when it ends)."""
+        the study is RUNNING, as is one in its first epoch that wrote where it is in it (`under_way`). The record
+        itself keeps Tune's word (the driver's summary reads it when it ends)."""
         return replace(self, trials=[replace(t, state="RUNNING" if self.running and t.state == "PENDING"
-                                             and t.epochs_done > 0 else t.state) for t in self.trials])
+                                             and (t.epochs_done > 0 or t.under_way is not None) else t.state)
+                                     for t in self.trials])
 
     def groups(self) -> list[ReplicateGroup]:
         return replicate_groups(self.spec, self.trials)
@@ -225,8 +227,12 @@ def with_under_way(spec, location: StudyLocation, row: Trial) -> Trial:
     """`row` with the epoch it has under way (`launch.layout.progress_record`) when it runs (a live writer holds the
     study, Tune's state says RUNNING, neither its end record nor a stop record ended it). Read by `StudyRecord.load`
     for its readers (`status`), and by the driver's live table, not by `record_trial`, which the MLflow export calls
-    every 2 s and which needs none."""
-    if row.state != "RUNNING" or row.ended is not None or row.stopped_early is not None:
+    every 2 s and which needs none. Tune's saved experiment state restores a running trial as PENDING
+    (`launch.verify.experiment_trials`), so the record's row of one, whose run is RUNNING while the study is driven
+    (`run_status`), is read as well: else `status` never showed an epoch under way. The live table's PENDING rows
+    (Tune's live word: not running; no run status) are not."""
+    running = row.state == "RUNNING" or (row.state == "PENDING" and row.status == "RUNNING")
+    if not running or row.ended is not None or row.stopped_early is not None:
         return row
     run = location.at(TRIALS_DIR, train_run_name(spec.name, row.trial_id))
     return replace(row, under_way=progress_record(run, row.epochs_done + 1))

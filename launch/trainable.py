@@ -446,6 +446,15 @@ class EpochProgress:
         self.last_write = now
 
 
+def watch_stage_two(trainers, runs) -> None:
+    """A fused trial's seeds (`a2core.fused.FusedReplicates.trainers`, one `a2core.train.Trainer` each) write where
+    they are within each stage-2 epoch to their own run folder (`runs`), as a seed trained alone does: `run` trains
+    stage 2 one seed after the other through each seed's trainer, which `train`'s `progress` never reached (a fused
+    trial wrote none unless resumed past stage 1); the fused stage-1 epochs step no seed's trainer and write none."""
+    for trainer, run in zip(trainers, runs, strict=True):
+        trainer.progress = EpochProgress(run)
+
+
 def a2_local_trial(config: dict, plan: TrialPlan) -> None:
     """A one-worker trial: `a2core.train.train` in this Tune trial process, resuming from the newest checkpoint."""
     # torch (a2core's training and checkpoints, Ray's TorchTrainer): in a trial's process only; the driver imports
@@ -615,6 +624,7 @@ def a2_fused_trial(sampled: dict, plan: TrialPlan) -> None:
             return
         fused = FusedReplicates([seeds.configs[i] for i in live], [str(work / str(i) / "out") for i in live],
                                 resume_from=[resume_from[i] for i in live], best_from=[best_from[i] for i in live])
+        watch_stage_two(fused.trainers, [seeds.trials[i].run for i in live])
         if plan.resources.get("capture_step"):
             fused.capture()
         results = fused.run([functools.partial(seeds.report, i) for i in live])
