@@ -43,7 +43,9 @@ def is_image_id(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX
 
 
-_TOKEN = re.compile(r"[a-z0-9']+")
+# letters and digits of any script (`[^\W_]`) and apostrophes: on ASCII the same as [a-z0-9']+ after lower(), and
+# "café" stays one word, as pycocoevalcap's PTB tokenizer keeps it for scoring (ASCII-only cut it to "caf")
+_TOKEN = re.compile(r"(?:[^\W_]|')+")
 
 
 def tokenize(sentence: str) -> list[str]:
@@ -106,6 +108,8 @@ def _sentences(sentences, where: str) -> tuple[list[list[str]], list[str]]:
         if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
             raise DataError(f"{where}: sentences[{j}].tokens must be a list of strings, got {tokens!r:.60}")
         tokens = [t.lower() for t in tokens]
+        if not tokens:  # would train <bos> <eos> as a caption and be an empty reference for CIDEr-D
+            raise DataError(f"{where}: sentences[{j}] is an empty caption (no words in its tokens or raw)")
         caps.append(tokens)
         raws.append(raw if raw is not None else " ".join(tokens))
     return caps, raws

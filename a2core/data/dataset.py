@@ -182,10 +182,11 @@ class CaptionData:
                             num_workers=num_workers, collate_fn=_whole_batch, persistent_workers=False)
 
     def check(self, splits=("train", "val", "test"), scored=()) -> None:
-        """Fail before training if train or val (when asked for) is empty, if any image of these splits has no
-        features, or if an image of a `scored` split has no reference captions (names the ids)."""
+        """Fail before training if train or val (when asked for) is empty, if any image of these splits or of a
+        `scored` split has no features, or if an image of a `scored` split has no reference captions (names the
+        ids). A scored split is decoded, so its features are needed too (`train.test_at_end` scores test)."""
         require_splits(self.splits, self.paths.captions, [s for s in ("train", "val") if s in splits])
-        for split in splits:
+        for split in dict.fromkeys([*splits, *scored]):
             self.features.check_ids([img.image_id for img in self.images(split)])
         for split in scored:  # only test may hold images without sentences (read_karpathy); CIDEr-D needs them
             bare = [img.image_id for img in self.images(split) if not img.captions]

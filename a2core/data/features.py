@@ -163,7 +163,7 @@ def pad(rows: list[np.ndarray], max_regions: int, dim: int) -> tuple[torch.Tenso
 # -- conversion -------------------------------------------------------------------------------------------------
 def source_ids(source: str | os.PathLike) -> list[int]:
     """Image ids of an HDF5 file of `{id}_features` datasets or a directory of `{id}.npz`, sorted; a name that
-    is not an image id is an error naming it."""
+    is not an image id is an error naming it. Other HDF5 datasets (`{id}_boxes`, `{id}_cls_prob`) are left out."""
     source = Path(source)
     if not source.exists():
         raise DataError(f"{source}: region features not found")
@@ -185,7 +185,9 @@ def source_ids(source: str | os.PathLike) -> list[int]:
         except OSError as err:
             raise DataError(f"{source}: cannot open as HDF5 ({err})") from None
         for key in keys:
-            stem = key[:-len("_features")] if key.endswith("_features") else None
+            if not key.endswith("_features"):  # M2's coco_detections.hdf5 also holds {id}_boxes and {id}_cls_prob
+                continue
+            stem = key[:-len("_features")]
             if not stem or _image_id(stem) is None:
                 raise DataError(f"{source}: dataset {key!r} is not named {{image_id}}_features (the id in plain "
                                 f"decimal digits without leading zeros, at most {INT64_MAX})")
