@@ -10,8 +10,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
 import yaml
 
@@ -21,15 +19,7 @@ from launch import datastore
 from launch.cli import main
 from tests.raycluster import a2, ray_cluster_factory  # noqa: F401 - fixture
 from tests.s3server import s3_client, unique_bucket
-
-
-def _store(path: Path, seed: int, images: int = 20, dim: int = 16) -> dict:
-    rng = np.random.default_rng(seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with h5py.File(path.with_suffix(".h5"), "w") as f:
-        for i in range(images):
-            f[f"{i + 1}_features"] = rng.random((int(rng.integers(2, 6)), dim), dtype=np.float32)
-    return features.prepare(path.with_suffix(".h5"), path, feature_dim=dim)
+from tests.test_datastore_edges import _store
 
 
 @pytest.mark.slow

@@ -123,15 +123,20 @@ def test_lr_taken_is_the_rate_of_the_step_just_taken():
     assert sched.get_last_lr()[0] == 0.0 < lr_taken(sched)  # the last step took 1/5 of Noam, not 0
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def tiny_config(tmp_path_factory, **train) -> Config:
+    """A run of 2 epochs x 4 steps of 5 images on a fresh 40-image synthetic dataset; `train` adds train keys."""
     root = tmp_path_factory.mktemp("syn") / "tiny"
     synthetic.generate(root, seed=5, images=40, test_images=10)
     return Config.from_dict({
         "data": {"root": str(root), "images": 40, "seed": 5, "val_images": 2},
         "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions": 10, "fusion": "gate"},
-        "train": {"xe_epochs": 2, "batch_size": 25, "warmup": 3, "lr_factor": 0.5, "lr_schedule": "noam_to_zero",
-                  "log_every": 3, "diag_every": 0, "diag_images": 1, "test_at_end": False, "max_len": 4}})
+        "train": {"xe_epochs": 2, "batch_size": 25, "warmup": 3, "lr_factor": 0.5, "log_every": 3,
+                  "diag_every": 0, "diag_images": 1, "test_at_end": False, "max_len": 4, **train}})
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return tiny_config(tmp_path_factory, lr_schedule="noam_to_zero")
 
 
 def test_train_lr_is_the_rate_of_the_epochs_last_step(tiny_run, tmp_path):

@@ -17,6 +17,7 @@ from a2core.diagnostics import (attention_jsd, grounding_accuracy, js_divergence
                                 mask_mean)
 from a2core.model.a2 import build_model
 from a2core.train import train
+from tests.stubmodels import RecordingStub
 
 LN2 = math.log(2.0)
 SEED = 11
@@ -326,39 +327,24 @@ def test_grounding_needs_ground_truth(root, tmp_path):
         grounding_accuracy(_ForcedAttention(_data(root), "val"), data, "val")
 
 
-class _KnownImportance(nn.Module):
+class _KnownImportance(RecordingStub):
     """Every word's probability depends on the regions only through S = sum_i c_i h_i[0], so the gradient
     importance of region i is |d p(y_t) / d S| * c_i: its ranking over regions is the ranking of c.
     The recorded attention and mask are fixed vectors chosen by the test."""
 
     def __init__(self, vocab_size, c, attention, mask):
-        super().__init__()
-        self.decoder = nn.ModuleList(nn.Identity() for _ in attention)
+        super().__init__(attention, mask)  # per layer: (R,) vectors
         self.c = c  # (R,)
-        self.attention, self.mask = attention, mask  # per layer: (R,) vectors
         self.word = torch.linspace(-2.0, 2.0, vocab_size)
-        self.record, self._last = False, []
 
     def encode(self, feats, region_mask):
         return feats[..., :3] * 0.01
-
-    def memory(self, enc):
-        return enc
-
-    def record_attention(self, on=True):
-        self.record = on
-
-    def recorded_attention(self):
-        return self._last
 
     def decode(self, tokens, mem, region_mask, mode="aligned"):
         b, t = tokens.shape
         s = (mem[..., 0] * self.c).sum(-1)  # (B,)
         logits = s[:, None, None] * self.word + 0.1 * tokens[..., None].float()  # (B, T, V)
-        if self.record:
-            shape = (b, 2, t, len(self.c))
-            self._last = [{"attention": a.expand(shape), "aligned": a.expand(shape), "mask": m.expand(shape)}
-                          for a, m in zip(self.attention, self.mask)]
+        self._record(lambda x: x.expand(b, 2, t, len(self.c)))
         return logits, None
 
 

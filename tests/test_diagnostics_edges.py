@@ -8,11 +8,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 from scipy.spatial.distance import jensenshannon
 from scipy.stats import kendalltau
 
 from a2core.diagnostics import attention_jsd, js_divergence, kendall_importance, kendall_tau
+from tests.stubmodels import RecordingStub
 
 
 def _jsd_exact(p, q) -> float:
@@ -116,31 +116,18 @@ class _TwoImages:
                "captions": caps}
 
 
-class _ClosedForm(nn.Module):
+class _ClosedForm(RecordingStub):
     def __init__(self, attention, mask):
-        super().__init__()
-        self.decoder = nn.ModuleList(nn.Identity() for _ in attention)
-        self.attention, self.mask = attention, mask  # per layer (B, H, T, R)
+        super().__init__(attention, mask)  # per layer (B, H, T, R)
         self.w = torch.linspace(-1.0, 1.5, 6)
-        self.record, self._last = False, []
 
     def encode(self, feats, region_mask):
         return feats + 0.1
 
-    def memory(self, enc):
-        return enc
-
-    def record_attention(self, on=True):
-        self.record = on
-
-    def recorded_attention(self):
-        return self._last
-
     def decode(self, tokens, mem, region_mask, mode="aligned"):
         s = (mem * C).sum((-1, -2))  # (B,)
         logits = s[:, None, None] * self.w + 0.3 * tokens[..., None].float()  # (B, T, V)
-        if self.record:
-            self._last = [{"attention": a, "aligned": a, "mask": m} for a, m in zip(self.attention, self.mask)]
+        self._record(lambda x: x)
         return logits, None
 
 

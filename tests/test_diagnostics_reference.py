@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 from scipy.spatial.distance import jensenshannon
 from scipy.stats import kendalltau
 
 from a2core.diagnostics import attention_jsd, grounding_accuracy, js_divergence, kendall_importance, kendall_tau, \
     mask_mean
+from tests.stubmodels import RecordingStub
 
 TOL = 1e-6
 
@@ -162,32 +162,18 @@ class _Data:
                "captions": torch.tensor([[[1, 4, 5, 2, 0]] * 5])}
 
 
-class _ClosedForm(nn.Module):
+class _ClosedForm(RecordingStub):
     def __init__(self, attention, mask, vocab=6):
-        super().__init__()
-        self.decoder = nn.ModuleList(nn.Identity() for _ in attention)
-        self.attention, self.mask = attention, mask  # per layer (H, T, R)
+        super().__init__(attention, mask)  # per layer (H, T, R)
         self.w = torch.linspace(-1.0, 1.5, vocab)
-        self.record, self._last = False, []
 
     def encode(self, feats, region_mask):
         return feats + 0.1  # h_i = 0.1 for every component
 
-    def memory(self, enc):
-        return enc
-
-    def record_attention(self, on=True):
-        self.record = on
-
-    def recorded_attention(self):
-        return self._last
-
     def decode(self, tokens, mem, region_mask, mode="aligned"):
         s = (mem * C).sum((-1, -2))  # (B,)
         logits = s[:, None, None] * self.w + 0.3 * tokens[..., None].float()  # (B, T, V)
-        if self.record:
-            self._last = [{"attention": a[None], "aligned": a[None], "mask": m[None]}
-                          for a, m in zip(self.attention, self.mask)]
+        self._record(lambda x: x[None])  # one image
         return logits, None
 
 

@@ -8,8 +8,6 @@ import json
 
 import pytest
 
-from a2core.config import Config
-from a2core.data import synthetic
 from a2core.errors import StorageError
 from a2core.train import StepProgress, train
 from launch.conclusions import epochs_text, format_table
@@ -21,6 +19,7 @@ from launch.record import with_under_way
 from launch.storage import open_location
 from launch.trainable import EpochProgress
 from tests.studyfolder import fabricated_study
+from tests.test_decode_empty_and_lr import tiny_config
 
 
 class Clock:
@@ -87,13 +86,7 @@ def test_a_progress_file_that_is_not_one_costs_the_estimate_not_the_record(tmp_p
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("syn") / "tiny"
-    synthetic.generate(root, seed=5, images=40, test_images=10)
-    return Config.from_dict({
-        "data": {"root": str(root), "images": 40, "seed": 5, "val_images": 2},
-        "model": {"d_model": 16, "layers": 1, "heads": 2, "d_ff": 32, "max_regions": 10, "fusion": "gate"},
-        "train": {"xe_epochs": 2, "batch_size": 25, "warmup": 3, "lr_factor": 0.5, "log_every": 3,
-                  "diag_every": 0, "diag_images": 1, "test_at_end": False, "max_len": 4}})
+    return tiny_config(tmp_path_factory)
 
 
 def test_a_real_run_writes_its_epochs_steps(tiny_run, tmp_path):
