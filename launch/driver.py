@@ -33,7 +33,7 @@ from launch.conclusions import best_value, format_table, portable_summary, print
 from launch.datastore import check_feature_copies, java_warnings
 from launch.fingerprint import refuse_changed_data, save_data_fingerprint
 from launch.killpoints import arm_driver, kill_point
-from launch.lease import DEFAULT_STALE_AFTER, StudyLease, held_lease
+from launch.lease import DEFAULT_STALE_AFTER, StudyLease, held_lease, holder_started
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
                              write_summary)
 from launch.layout import (SUPERSEDED_FILE, TRIAL_FILE, TRIALS_DIR, add_outage, fused_seeds, seed_result_key,
@@ -457,7 +457,8 @@ def build_tuner(spec, location: StudyLocation, *, verbose: bool = True, restore:
         # result.json is what `status` and `summary` read
         callbacks=[LeaseGuard(location.uri()), JsonLoggerCallback(), CSVLoggerCallback(), tracking],
         progress_reporter=_reporter(spec, stopped_early_of, tracking.outage_text,
-                                    under_way_of=functools.partial(with_under_way, spec, location),
+                                    under_way_of=functools.partial(with_under_way, spec, location,
+                                                                   since=_lease_started(location)),
                                     design_ended_of=functools.partial(design_ended, location)),
         # 1, not 2: our table only; 2 adds Tune's "Trial ... reported ..." and "... completed. Last result: ..."
         # lines for every epoch of every trial (ray.tune.progress_reporter.TrialProgressCallback)
@@ -497,6 +498,12 @@ class LeaseGuard(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._check(f"recording the end of trial {trial.trial_id}")
+
+
+def _lease_started(location) -> float | None:
+    """When this driver took the study's lease: a trial's progress file older than that is a killed attempt's."""
+    lease = held_lease(location.uri())
+    return holder_started(lease.mine) if lease is not None else None
 
 
 def _reporter(spec, stopped_early_of=None, tracking_line=lambda: None, under_way_of=lambda row: row,

@@ -153,20 +153,23 @@ def end_record(folder, text: str | None = None) -> dict | None:
                    f"no reason among {', '.join(END_REASONS)}", text)
 
 
-def progress_record(folder, epoch: int) -> dict | None:
+def progress_record(folder, epoch: int, since: float | None = None) -> dict | None:
     """Where the trial of run folder `folder` is within its epoch `epoch` (1-based), as it last wrote it
     (`launch.trainable.EpochProgress`): `{"stage", "epoch", "done", "total", "seconds_per_step"}`, the optimizer
     steps of the epoch done and planned and the wall seconds a step has taken in it (None before two steps); None
     when it wrote none of that epoch (an epoch reported already is the result log's). Advisory, so a file that is
     not one, or that cannot be read now, is None, never an error: it costs the estimate, not the record or the
     driver's live table (a step count of 1e9 or more is not one either: of hundreds of digits, a step's time by it
-    overflowed a float and raised in the estimate)."""
+    overflowed a float and raised in the estimate). `since`: the start (epoch seconds) of the driver now running the
+    study; a file written before it is the killed attempt's, not where the trial is now (a resumed study's trial
+    waiting for its slot read as under way until its first step)."""
     try:
         record = json.loads(folder.join(PROGRESS_FILE).read_text() or "null")
         done, total, per_step = record["done"], record["total"], record.get("seconds_per_step")
         valid = (record["epoch"] == epoch and type(done) is int and type(total) is int and 0 <= done <= total
                  and 0 < total < 1e9
-                 and (per_step is None or (type(per_step) in (int, float) and 0 <= per_step < 1e9)))
+                 and (per_step is None or (type(per_step) in (int, float) and 0 <= per_step < 1e9))
+                 and not (since is not None and type(record.get("time")) in (int, float) and record["time"] < since))
     except (ValueError, TypeError, KeyError, StorageError):  # StorageError: unreadable now (an S3 outage)
         return None
     return {key: record.get(key) for key in ("stage", "epoch", "done", "total", "seconds_per_step")} if valid else None

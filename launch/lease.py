@@ -18,6 +18,7 @@ the stale holder>` (if-absent, as the lease) replaces it, and only while the lea
 stale (`StudyLease._take_over`)."""
 from __future__ import annotations
 
+import calendar
 import contextlib
 import getpass
 import hashlib
@@ -175,6 +176,14 @@ def _claim_name(holder: dict, seen: str, generation: int) -> str:
     if not (isinstance(token, str) and re.fullmatch(r"[0-9A-Za-z_-]{1,64}", token)):
         token = "sha256-" + hashlib.sha256(seen.encode("utf-8", "replace")).hexdigest()[:32]
     return f"{LEASE_FILE}{CLAIM_INFIX}{token}" + (f".{generation}" if generation > 1 else "")
+
+
+def holder_started(holder: dict) -> float | None:
+    """When the lease's holder took it (its `started`, whole seconds since the epoch), or None where it has none."""
+    try:
+        return float(calendar.timegm(time.strptime(holder["started"], "%Y-%m-%dT%H:%M:%SZ")))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def describe(holder: dict, age: float | None = None) -> str:

@@ -41,7 +41,7 @@ from dashboards.runs import TABLE_METRICS, ReplicateGroup, Study, Trial, seed_nu
 from dashboards.stats import config_hash, seed_interval
 from dashboards.stats import best_group as pick_best_group, best_trial as pick_best_trial
 from launch.conclusions import best_value, test_metric
-from launch.lease import live_writer
+from launch.lease import holder_started, live_writer
 from launch.location import DIGEST_FILE, STUDY_FILE, StudyLocation, json_default, load_saved_spec
 from launch.spec import SEED_KEYS, group_key
 from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, PROGRESS_FILE, RESULTS_FILE, SKIP_KEYS, TRIALS_DIR,
@@ -94,11 +94,12 @@ class StudyRecord:
             trials = digest.tune_trials(stamps["tune_state"]) if digest is not None else None
             if trials is None:
                 trials = tune_trials(location)  # none before Tune's first experiment state
-        running = live_writer(location.at()) is not None
+        writer = live_writer(location.at())
+        running = writer is not None
         read = _map(location, partial(_load_trial, spec, location, digest, for_digest, not running, refuse), trials)
         rows = [row for row, _, _ in read]
         if running:  # where each running trial is within its next epoch (on S3 one request each, for these alone)
-            rows = _map(location, partial(with_under_way, spec, location), rows)
+            rows = _map(location, partial(with_under_way, spec, location, since=holder_started(writer)), rows)
         return cls(spec, location, rows, {row.trial_id: n for row, n, _ in read}, running,
                    {row.trial_id: files for row, _, files in read}, stamps)
 
@@ -223,19 +224,20 @@ def _load_trial(spec, location: StudyLocation, digest: Digest | None, for_digest
                    per_image=partial(per_image, location, spec.name, tune.trial_id)), logged, files
 
 
-def with_under_way(spec, location: StudyLocation, row: Trial) -> Trial:
+def with_under_way(spec, location: StudyLocation, row: Trial, since: float | None = None) -> Trial:
     """`row` with the epoch it has under way (`launch.layout.progress_record`) when it runs (a live writer holds the
     study, Tune's state says RUNNING, neither its end record nor a stop record ended it). Read by `StudyRecord.load`
     for its readers (`status`), and by the driver's live table, not by `record_trial`, which the MLflow export calls
     every 2 s and which needs none. Tune's saved experiment state restores a running trial as PENDING
     (`launch.verify.experiment_trials`), so the record's row of one, whose run is RUNNING while the study is driven
     (`run_status`), is read as well: else `status` never showed an epoch under way. The live table's PENDING rows
-    (Tune's live word: not running; no run status) are not."""
+    (Tune's live word: not running; no run status) are not. `since`: when the driver now running it started (its
+    lease's `started`): a progress file older than that is a killed attempt's (`progress_record`)."""
     running = row.state == "RUNNING" or (row.state == "PENDING" and row.status == "RUNNING")
     if not running or row.ended is not None or row.stopped_early is not None:
         return row
     run = location.at(TRIALS_DIR, train_run_name(spec.name, row.trial_id))
-    return replace(row, under_way=progress_record(run, row.epochs_done + 1))
+    return replace(row, under_way=progress_record(run, row.epochs_done + 1, since))
 
 
 def per_image(location: StudyLocation, study: str, trial_id: str, split: str = "val") -> dict[str, float] | None:

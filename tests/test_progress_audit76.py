@@ -99,3 +99,27 @@ def test_a_fused_trials_seeds_write_their_stage_two_epochs(tmp_path):
     assert [r for _, epoch, r in seen if epoch == 1] == [None, None]  # stage 1 fused: none
     for _, _, r in (s for s in seen if s[1] == 2):
         assert (r["stage"], r["epoch"]) == ("scst", 2) and 0 < r["done"] <= r["total"]
+
+
+def test_a_progress_file_of_the_attempt_before_the_driver_now_running_is_not_under_way(tmp_path):
+    """A resumed study: t0's progress file was written by the killed attempt (before the lease of the driver now
+    running it was taken), t1's by the new one. t0 waits for its slot (or restores its checkpoint): it read as 40%
+    under way until its first new step; t1's counts. A file without a time (none is written so) is not judged."""
+    import time
+
+    fab = fabricated_study(tmp_path, "resumed", epochs=4)
+    for trial in ("t0", "t1", "t2"):
+        fab.add(trial, {"fusion": "none", "seed": int(trial[1])}, [], status="RUNNING")
+    lease = StudyLease(fab.location.at())
+    started = time.time() - 5  # the lease's start, whole seconds
+    lease.mine["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+    write_progress(fab, "t0", {"stage": "xe", "epoch": 1, "done": 400, "total": 1000, "time": started - 600})
+    write_progress(fab, "t1", {"stage": "xe", "epoch": 1, "done": 10, "total": 1000, "time": started + 2})
+    write_progress(fab, "t2", {"stage": "xe", "epoch": 1, "done": 20, "total": 1000})
+    with lease.held():
+        record = fab.record()
+    assert [t.under_way["done"] if t.under_way else None for t in record.trials] == [None, 10, 20]
+    run = fab.location.at(TRIALS_DIR, train_run_name(fab.spec.name, "t0"))
+    assert progress_record(run, 1)["done"] == 400  # no driver start given: as written
+    assert progress_record(run, 1, since=started - 601)["done"] == 400
+    assert progress_record(run, 1, since=started) is None
