@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,33 +34,80 @@ class ClusterCopy:
 
 
 def fetch_commands(cluster: dict) -> list[tuple[str, str, str | None]]:
-    """(SOURCE, TARGET, --endpoint-url or None) of every `a2 data fetch` in the cluster file's setup commands."""
+    """(SOURCE, TARGET, endpoint or None) of every `a2 data fetch` (or `python -m launch.cli data fetch`) in the
+    cluster file's setup commands. A relative TARGET is resolved as the node's shell does: against the folder of an
+    earlier `cd` in the same command, else the home folder (where Ray runs each setup command). The endpoint is the
+    command's `--endpoint-url`, else an S3 endpoint variable set for it (`VAR=... a2 data fetch`, `export VAR=...`)."""
     found = []
     for key in SETUP_COMMANDS:
         commands = cluster.get(key) or []
         for command in commands if isinstance(commands, list) else [commands]:
-            words = shlex.shlex(str(command), posix=True, punctuation_chars=True)
+            # the shell drops a backslash-newline (a command continued on the next line); shlex keeps the newline
+            words = shlex.shlex(str(command).replace("\\\n", ""), posix=True, punctuation_chars=True)
             words.whitespace_split = True
             try:
                 words = list(words)
             except ValueError:  # unbalanced quotes: not a command a node could run either
                 continue
-            for start in range(len(words) - 2):
-                if [os.path.basename(words[start]), *words[start + 1:start + 3]] != ["a2", "data", "fetch"]:
+            cwd, exported = "~", {}  # each setup command starts in the home folder, in a shell of its own
+            simple: list[str] = []
+            for word in [*words, ";"]:
+                if word not in SHELL_OPERATORS:
+                    simple.append(word)
                     continue
-                positional, endpoint_url, rest = [], None, iter(words[start + 3:])
-                for word in rest:
-                    if word in SHELL_OPERATORS:
-                        break
-                    if word == "--endpoint-url":
-                        endpoint_url = next(rest, None)
-                    elif word.startswith("--endpoint-url="):
-                        endpoint_url = word.partition("=")[2]
-                    elif not word.startswith("-"):
-                        positional.append(word)
-                if len(positional) >= 2:
-                    found.append((positional[0], positional[1], endpoint_url))
+                cwd = _one_command(simple, cwd, exported, found)
+                simple = []
     return found
+
+
+def _one_command(words: list[str], cwd: str, exported: dict, found: list) -> str:
+    """Read one simple command of a setup command: a `cd`, an `export` (into `exported`), or a fetch (added to
+    `found`); returns the working folder after it."""
+    assigned = dict(exported)
+    first = True  # the command's name: the first word that assigns no variable
+    for start, word in enumerate(words):
+        if first and _ASSIGNMENT.fullmatch(word):
+            assigned[word.partition("=")[0]] = word.partition("=")[2]
+            continue
+        if first and word == "cd":
+            return _resolved(cwd, words[start + 1] if start + 1 < len(words) else "~")
+        if first and word == "export":
+            exported.update(w.partition("=")[::2] for w in words[start + 1:] if _ASSIGNMENT.fullmatch(w))
+            return cwd
+        if os.path.basename(word) == "env":  # `env VAR=... a2 data fetch`: the next word names the command again
+            continue
+        first = False
+        if os.path.basename(word) == "a2" and words[start + 1:start + 3] == ["data", "fetch"]:
+            rest = iter(words[start + 3:])
+        elif word == "-m" and words[start + 1:start + 4] == ["launch.cli", "data", "fetch"]:
+            rest = iter(words[start + 4:])
+        else:
+            continue
+        positional, endpoint_url = [], None
+        for arg in rest:
+            if arg == "--endpoint-url":
+                endpoint_url = next(rest, None)
+            elif arg.startswith("--endpoint-url="):
+                endpoint_url = arg.partition("=")[2]
+            elif not arg.startswith("-"):
+                positional.append(arg)
+        if len(positional) >= 2:
+            endpoint_url = endpoint_url or next((assigned[v] for v in ENDPOINT_VARS if assigned.get(v)), None)
+            found.append((positional[0], _resolved(cwd, positional[1]), endpoint_url))
+        return cwd
+    return cwd
+
+
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.S)
+# launch.storage's ENDPOINT_ENV_VARS, in its order (not imported: that module loads pyarrow, validate stays light)
+ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL")
+
+
+def _resolved(cwd: str, path: str) -> str:
+    """`path` as a shell in the folder `cwd` names it: absolute, `~/...` and `$HOME/...` as they are."""
+    if path.startswith(("/", "~", "$HOME", "${HOME}")):
+        return path
+    return posixpath.join(cwd, path)
 
 
 def cluster_checkout(cluster: dict) -> str:

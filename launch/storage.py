@@ -379,7 +379,8 @@ class Location:
                 raise StorageError(f"{self.uri}: no such file")
             with open(self.uri, "rb") as source:  # streamed: a store's data file or a checkpoint can be large
                 return atomic_write(target, lambda f: shutil.copyfileobj(source, f, 8 * MiB))
-        from botocore.exceptions import BotoCoreError, ClientError  # boto3: only for S3 objects
+        from boto3.exceptions import RetriesExceededError  # boto3: only for S3 objects
+        from botocore.exceptions import BotoCoreError, ClientError
 
         bucket, key = parse_s3_uri(self.uri, require_key=True)
         client = make_client(self.endpoint_url)
@@ -390,8 +391,10 @@ class Location:
             try:
                 head = client.head_object(Bucket=bucket, Key=key)
                 client.download_file(bucket, key, str(part))
-            except (ClientError, BotoCoreError) as err:
-                raise S3TransferError(f"download of {self.uri} failed: {err}") from err
+            # RetriesExceededError: a transfer whose reads kept failing (a connection that keeps dropping)
+            except (ClientError, BotoCoreError, RetriesExceededError) as err:
+                cause = getattr(err, "last_exception", None) or err  # "Max Retries Exceeded" names no cause
+                raise S3TransferError(f"download of {self.uri} failed: {cause}") from err
             sha_hex, size, _ = _digests(part, 8 * MiB)
             _verify(head, self.uri, sha_hex, size)
             os.replace(part, path)
@@ -470,7 +473,12 @@ def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str
         key += path.name
     uri = f"s3://{bucket}/{key}"
     client = client or make_client(endpoint_url, max_attempts=max_attempts)
-    sha_hex, size, composite = _digests(path, part_size)
+    # the parts s3transfer cuts (its ChunksizeAdjuster): `part_size` kept within S3's 5 MiB to 5 GiB, doubled while
+    # over 10,000 parts (a file above 78 GiB at 8 MiB); the composite checksum is of those parts' digests
+    cut = min(max(part_size, 5 * MiB), 5 * 1024 * MiB)
+    while cut * 10_000 < path.stat().st_size:
+        cut *= 2
+    sha_hex, size, composite = _digests(path, cut)
     token = uuid.uuid4().hex
     extra = {"Metadata": {META_SHA256: sha_hex, META_TOKEN: token}, "ChecksumAlgorithm": "SHA256"}
     config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, use_threads=False)
