@@ -348,6 +348,7 @@ class Trainer:
         self.device = _device()
         self.output_dir = Path(output_dir)
         state = ckpt.load(resume_from) if resume_from else None
+        self._resumed = ckpt.resolve(resume_from) if resume_from else None
         if state is not None:
             saved = Config.from_dict(state["config"], saved=True)
             if saved.model != cfg.model:
@@ -687,14 +688,38 @@ class Trainer:
     def _save_epoch(self, metrics: dict, improved: bool) -> Path | None:
         if self.dist.rank != 0:
             return None
-        last = ckpt.save(self.state_dict(), self.output_dir / "last.pt")
+        state = self.state_dict()
+        last = ckpt.save(state, self.output_dir / "last.pt")
         if improved:
-            tmp = self.output_dir / ".best.pt.tmp"
-            if tmp.exists():
-                tmp.unlink()
-            os.link(last, tmp)  # last.pt is replaced (new inode) next epoch, so the link keeps this one
-            os.replace(tmp, self.output_dir / "best.pt")
+            # a kill between the two leaves last.pt the best epoch and best.pt an older one: `_repair_best` on resume
+            self._keep_as_best(last, state)
         return last
+
+    def _keep_as_best(self, src: Path, state: dict | None = None) -> None:
+        """Make best.pt the checkpoint `src` (atomically): a hard link (last.pt is replaced, by a new inode, next
+        epoch, so the link keeps this one), else, on a file system without hard links, a copy written anew."""
+        tmp = self.output_dir / ".best.pt.tmp"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(src, tmp)
+        except OSError:  # exFAT, some network and FUSE mounts: no hard links
+            ckpt.save(state if state is not None else ckpt.load(src), self.output_dir / "best.pt")
+            return
+        os.replace(tmp, self.output_dir / "best.pt")
+
+    def _repair_best(self, resumed: Path) -> None:
+        """A run resumed in its own folder (`a2 train --resume RUN/last.pt`, no `best_from`) from a checkpoint that is
+        its best epoch so far: make best.pt that checkpoint unless it already is. A run killed after writing last.pt
+        but before linking best.pt to it left best.pt an older epoch (SCST would start from it and the test split be
+        scored on it) or none at all."""
+        if self.dist.rank != 0 or self.best_from is not None or not 0 < self.best["epoch"] == self.epoch:
+            return
+        if not (self.output_dir.is_dir() and os.path.samefile(resumed.parent, self.output_dir)):
+            return  # another folder: its best so far is the caller's to hand in (`best_from`)
+        best = self.output_dir / "best.pt"
+        if best.is_file() and os.path.samefile(best, resumed):
+            return
+        self._keep_as_best(resumed)
 
     def _enter_scst(self) -> None:
         """Switch point: stage 2 starts from the configured XE checkpoint (default: this run's best)."""
@@ -721,6 +746,8 @@ class Trainer:
         t = self.cfg.train
         total = t.xe_epochs + t.scst_epochs
         test: dict = {}
+        if self._resumed is not None:
+            self._repair_best(self._resumed)
         if 0 < total <= self.epoch and t.test_at_end:
             # Resumed from the last epoch's checkpoint: a run stopped after saving it but before its result (and the
             # test scores that come with it) was kept scores the test split now, and reports the last epoch again
