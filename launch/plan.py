@@ -137,16 +137,31 @@ class Workers:
 
 
 def cluster_workers(path: str | Path = CLUSTER_FILE) -> Workers | None:
-    """The first node type with GPUs in a cluster-launcher YAML (None: no such file or no GPU node type)."""
+    """The first worker node type with GPUs that the autoscaler may launch in a cluster-launcher YAML, else a head
+    node type with GPUs as one node (None: no such file or no GPU node type)."""
     if not Path(path).is_file():
         return None
-    for node in (load_yaml(path).get("available_node_types") or {}).values():
+    cluster = load_yaml(path)
+    head = cluster.get("head_node_type")
+    # Ray's own defaults (autoscaler `fill_node_type_min_max_workers`): a worker type without `max_workers` may
+    # launch up to the cluster's `max_workers`, which also caps every type; the old default of 1 node priced a
+    # file that sets only the cluster-wide limit at a fraction of its GPUs
+    limit = cluster.get("max_workers")
+    found = None
+    for name, node in (cluster.get("available_node_types") or {}).items():
         gpus = int((node.get("resources") or {}).get("GPU", 0))
-        if gpus > 0:
-            config = node.get("node_config") or {}
-            spot = (config.get("InstanceMarketOptions") or {}).get("MarketType") == "spot"
-            return Workers(str(config.get("InstanceType")), gpus, spot, int(node.get("max_workers", 1)))
-    return None
+        if gpus <= 0:
+            continue
+        config = node.get("node_config") or {}
+        spot = (config.get("InstanceMarketOptions") or {}).get("MarketType") == "spot"
+        if name == head:  # the head is one node however many workers it may have; a GPU worker type comes first
+            found = found or Workers(str(config.get("InstanceType")), gpus, spot, 1)
+            continue
+        nodes = int(node.get("max_workers", limit if limit is not None else 1))
+        nodes = min(nodes, int(limit)) if limit is not None else nodes
+        if nodes > 0:  # a type of max_workers 0 never launches: it prices nothing
+            return Workers(str(config.get("InstanceType")), gpus, spot, nodes)
+    return found
 
 
 def cards_share(gpus_per_worker: float) -> int:
@@ -369,7 +384,8 @@ def mode_prices(spec, newest: tuple[Path, dict]) -> list[str]:
         hours = estimate(mode, measured.images_per_second, None).gpu_hours
         own = "   <- this study" if all(getattr(r, k) == getattr(resources, k) for k in
                                         ("gpus_per_worker", "fuse_replicates", "capture_step")) else ""
-        lines.append(f"  {name:<24} {measured.images_per_second:>7,.1f} images/s a card  {_n(hours):>7} GPU-hours{own}")
+        lines.append(f"  {name:<24} {measured.images_per_second:>7,.1f} images/s a card  {_amount(hours):>7} "
+                     f"GPU-hours{own}")
     return lines
 
 
@@ -503,6 +519,19 @@ def _n(value: float) -> str:
     return f"{value:,.0f}"
 
 
+def _amount(value: float) -> str:
+    """An hour or GPU-hour figure: whole from 1 on, two significant digits below (a study of 0.4 GPU-hours was
+    printed as 0 GPU-hours, $0: free; one of 0.64 as 1)."""
+    if value >= 1 or value <= 0 or not math.isfinite(value):
+        return _n(value)
+    return f"{value:.{1 - math.floor(math.log10(value))}f}"
+
+
+def _dollars(value: float) -> str:
+    """A price: whole dollars from $10 on, cents below ($0.55 was printed as $1, a spot $0.19 as $0)."""
+    return _n(value) if value >= 10 else f"{value:.2f}"
+
+
 def _power_text(value: float) -> str:
     return ">99%" if not math.isfinite(value) or value > 0.995 else f"{value:.0%}"
 
@@ -609,7 +638,8 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
               f"greedy {VAL_IMAGE_COST:g} measured on an H200 (benchmarks/bench_gpu.py), beam 5 / greedy "
               f"{BEAM5_OVER_GREEDY:g} measured on a CPU, linear in the width (launch.plan.BEAM5_OVER_GREEDY; "
               f"its FLOPs say 2.30, its kernel launches 1.17)",
-              f"  GPU-hours {est.gpu_hours:,.0f} for {spec.num_trials} trials; about {est.wall_hours:,.0f} h wall "
+              f"  GPU-hours {_amount(est.gpu_hours)} for {spec.num_trials} trials; about {_amount(est.wall_hours)} h "
+              f"wall "
               f"on {est.gpus_at_once:g} GPUs at once"
               + (f", {_trials_text(est.gpus_at_once / spec.trial_resources()['GPU'])} side by side in waves"
                  if not r.fuse_replicates else "")
@@ -629,11 +659,11 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
         else:
             gpu_hour = node / workers.gpus
             what = "given" if price is not None else "on-demand list price, us-west-2, 2025, assumed"
-            lines.append(f"  cost      ${est.gpu_hours * gpu_hour:,.0f}: {workers.instance} at ${node:.3f}/h ({what}) "
-                         f"/ {workers.gpus} GPUs = ${gpu_hour:.3f} a GPU-hour")
+            lines.append(f"  cost      ${_dollars(est.gpu_hours * gpu_hour)}: {workers.instance} at ${node:.3f}/h "
+                         f"({what}) / {workers.gpus} GPUs = ${gpu_hour:.3f} a GPU-hour")
             if price is None and workers.spot:
                 lines.append(f"            spot at ~{SPOT_SHARE:.0%} of on-demand (assumed): "
-                             f"${est.gpu_hours * gpu_hour * SPOT_SHARE:,.0f}")
+                             f"${_dollars(est.gpu_hours * gpu_hour * SPOT_SHARE)}")
     return "\n".join(lines)
 
 
@@ -754,8 +784,8 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
     lines.append(f"  seed-trials {run['seed_trials']:.1f} expected ({null['seed_trials']:.1f} with all arms equal) "
                  f"against {at}; the study's {own_name}: {own_trials:.0f}")
     if gpu_hours_per_trial is not None:
-        fixed_hours = "-" if equal is None else f"{equal * gpu_hours_per_trial:,.0f}"
-        lines.append(f"  GPU-hours {run['seed_trials'] * gpu_hours_per_trial:,.0f} expected against {fixed_hours} "
+        fixed_hours = "-" if equal is None else _amount(equal * gpu_hours_per_trial)
+        lines.append(f"  GPU-hours {_amount(run['seed_trials'] * gpu_hours_per_trial)} expected against {fixed_hours} "
                      f"fixed at equal power ({gpu_hours_per_trial:.2f} a trial, the estimate above)")
     return "\n".join(lines)
 
