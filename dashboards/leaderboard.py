@@ -282,7 +282,20 @@ class GivenFeatures(FeatureStore):
         self.given, self.feature_dim = given, feature_dim
 
     def get(self, image_id: int):
-        return np.asarray(self.given[image_id], dtype=np.float32).reshape(-1, self.feature_dim)
+        """(n, D) float32; a flat list of n*D values is n regions. Any other shape is refused, as the stores refuse
+        it: reshaping (D, n) or (n, D/2) into rows gave captions of scrambled regions without a word of warning."""
+        try:
+            feat = np.asarray(self.given[image_id], dtype=np.float32)
+        except (TypeError, ValueError) as err:
+            raise DataError(f"features of image id {image_id}: not an array of numbers ({err})") from None
+        if feat.ndim == 1 and feat.size % self.feature_dim == 0:
+            feat = feat.reshape(-1, self.feature_dim)
+        if feat.ndim != 2 or feat.shape[1] != self.feature_dim or feat.shape[0] < 1:
+            raise DataError(f"features of image id {image_id}: shape {feat.shape}, expected (n_regions >= 1, "
+                            f"{self.feature_dim})")
+        if not np.isfinite(feat).all():
+            raise DataError(f"features of image id {image_id}: contain NaN or inf")
+        return feat
 
 
 class A2EnsembleModel(mlflow.pyfunc.PythonModel):

@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import zipfile
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,16 @@ _UNREADABLE = object()  # what _read_json returns after reporting a problem
 # the others Python splits at (U+001C-U+001E, U+0085) the lexer reads inside the line, so they are not refused.
 _LINE_BREAK = re.compile("[\r\x0b\x0c\u2028\u2029]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+try:
+    from lzma import LZMAError
+except ImportError:  # a Python built without lzma: zipfile then refuses LZMA members with NotImplementedError
+    LZMAError = zlib.error
+# What a damaged archive raises besides BadZipFile (a zip cut short or with flipped bytes, as a broken download or
+# copy leaves it): a corrupt compressed stream (zlib, lzma), a header's "version needed" beyond this reader
+# (NotImplementedError), a member name flagged UTF-8 that is not (UnicodeDecodeError, a ValueError). Each is a
+# problem to report, not a traceback from the very command that checks the file.
+_DAMAGED = (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError, ValueError, zlib.error,
+            LZMAError)
 
 
 def results_filename(split: str, alg: str) -> str:
@@ -191,8 +202,8 @@ def validate_zip(zip_path: str | os.PathLike, val_image_ids: Iterable[int], test
         return report
     try:
         zf = zipfile.ZipFile(zip_path)
-    except (zipfile.BadZipFile, OSError) as e:
-        report.add(zip_path, "not_zip", f"not a zip archive ({e})")
+    except _DAMAGED as e:
+        report.add(zip_path, "not_zip", f"not a zip archive, or a damaged one ({e})")
         return report
     with zf:
         if (members := _check_members(report, zf)) is None:
@@ -274,7 +285,7 @@ def _read_json(report: ValidationReport, zf: zipfile.ZipFile, info: zipfile.ZipI
     try:
         with zf.open(info) as f:
             raw = f.read(MAX_MEMBER_BYTES + 1)
-    except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError, EOFError) as e:
+    except _DAMAGED as e:
         report.add(name, "unreadable", f"cannot be extracted ({e})")
         return _UNREADABLE
     if len(raw) > MAX_MEMBER_BYTES:
