@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import mimetypes
 import functools
 import hashlib
 import os
@@ -481,6 +482,10 @@ def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str
     sha_hex, size, composite = _digests(path, cut)
     token = uuid.uuid4().hex
     extra = {"Metadata": {META_SHA256: sha_hex, META_TOKEN: token}, "ChecksumAlgorithm": "SHA256"}
+    # the package's results.zip and leaderboard.json, a report's page: served as what they are (S3's default,
+    # binary/octet-stream, makes a browser download the leaderboard instead of showing it)
+    if (kind := mimetypes.guess_type(path.name)[0]) is not None:
+        extra["ContentType"] = kind
     config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, use_threads=False)
     try:
         client.upload_file(str(path), bucket, key, ExtraArgs=extra, Config=config)

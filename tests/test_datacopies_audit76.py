@@ -95,3 +95,16 @@ def test_a_fetch_whose_reads_keep_failing_is_one_line(s3_endpoint, tmp_path, mon
         f"a2: error: download of s3://{bucket}/c.json failed: Read timeout on endpoint URL: "
         f"\"{s3_endpoint}/{bucket}/c.json\"")
     assert not target.exists() and os.listdir(target.parent) == [".c.json.lock"]
+
+
+def test_an_upload_is_served_as_what_it_is(s3_endpoint, tmp_path):
+    """results.zip and leaderboard.json were stored as binary/octet-stream (S3's default): a browser opening the
+    package's leaderboard downloaded it. A file of no known kind stays S3's default."""
+    bucket = unique_bucket(s3_endpoint, "types")
+    kinds = {}
+    for name in ("results.zip", "leaderboard.json", "index.html", "features.a2feat"):
+        (tmp_path / name).write_bytes(b"x" * 10)
+        upload_file(tmp_path / name, f"s3://{bucket}/p/", endpoint_url=s3_endpoint)
+        kinds[name] = s3_client(s3_endpoint).head_object(Bucket=bucket, Key=f"p/{name}")["ContentType"]
+    assert kinds == {"results.zip": "application/zip", "leaderboard.json": "application/json",
+                     "index.html": "text/html", "features.a2feat": "binary/octet-stream"}
