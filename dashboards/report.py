@@ -59,9 +59,11 @@ def _missing(text: str) -> str:
     return f"<p class='missing'>{html.escape(text)}</p>"
 
 
-def fusion_table_html(comparison, configs: dict[str, str], mode: str = "max") -> str:
+def fusion_table_html(comparison, configs: dict[str, str], mode: str = "max",
+                      confirm_from: int | None = None) -> str:
     """Table 3: `dashboards.compare.study_comparison` by fusion, best mean per column in bold: the highest, but in
-    the selection column (`comparison.selected_by`) of a study searching in `mode` "min" (train/loss) the lowest."""
+    the selection column (`comparison.selected_by`) of a study searching in `mode` "min" (train/loss) the lowest.
+    `confirm_from`: the study's first confirmation seed, said under the table as `a2 study compare` says it."""
 
     if not comparison.rows:
         return _missing(f"No run logged {comparison.selected_by}, so there is no fusion table.")
@@ -98,10 +100,18 @@ def fusion_table_html(comparison, configs: dict[str, str], mode: str = "max") ->
              if on_test else
              "Every number is on the val images the rows were selected on (not every chosen run logged test "
              "scores: a run stopped early, or train.test_at_end: false), so the verdicts are not held-out ones.")
+    # which seeds a row's numbers are, as compare says it: the seeds its configuration was not chosen on, or (a row
+    # still waiting for its confirmation seeds) the ones it was chosen on, whose verdict would lean its way
+    confirm = (f"Confirmation seeds: each row's configuration was chosen on its seeds below {confirm_from}; its "
+               f"numbers and its verdict are its seeds from {confirm_from} on, which the choice never saw."
+               if confirm_from is not None and not comparison.note else "")
+    pending = f"{comparison.note[:1].upper()}{comparison.note[1:]}." if comparison.note else ""
     return (_html_table(head, rows, "t3") +
             "<p class='note'>The numbers of `a2 study compare --by fusion`: per fusion its best configuration by "
             f"mean {chosen_by} over seeds (stopped-early ones only when nothing else ran); mean [95% CI] over seeds "
             f"(none below {MIN_SEEDS} seeds), x100; best mean per column in bold. {where}</p>" +
+            (f"<p class='note'>{html.escape(confirm)}</p>" if confirm else "") +
+            (f"<p class='missing'>{html.escape(pending)}</p>" if pending else "") +
             (f"<p class='note'>{html.escape(family_note(family))}.</p>" if family > 1 else "") +
             (f"<p class='note'>Not logged: {', '.join(missing)}.</p>" if missing else ""))
 
@@ -164,6 +174,12 @@ def runs_table_html(runs: list[Trial], keys: list[str], metric: str = CIDER, mod
 
 
 # -- plots: each returns a matplotlib Figure, or None when the study logged nothing for it -------------------------
+def _plain(text) -> str:
+    """`text` drawn as written: matplotlib reads text between two `$` as mathtext, so a run name or a searched value
+    like `${ROOT}_a.h5` was drawn as formula or stopped the report (ValueError at savefig)."""
+    return str(text).replace("$", r"\$")
+
+
 def _axes(width: float = 7.0, height: float = 4.2, ncols: int = 1):
     fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
     return fig, fig.subplots(1, ncols)
@@ -190,13 +206,16 @@ def plot_lambda(runs: list[Trial]):
         return None
     lams = list(by_lam)
     cider = [points[x] for x in lams]
-    err = [[0 if iv.low is None else iv.mean - iv.low for iv in cider],
-           [0 if iv.high is None else iv.high - iv.mean for iv in cider]]
+    # a lambda without an interval (one seed, or all seeds equal) gets no bar: a zero-width one reads as exact
+    err = [[math.nan if iv.low is None else iv.mean - iv.low for iv in cider],
+           [math.nan if iv.high is None else iv.high - iv.mean for iv in cider]]
+    bare = sum(iv.low is None for iv in cider)
     lam_runs = [r for x in lams for r in by_lam[x]]
     fig, ax = _axes()
     ax.scatter([r.lam for r in lam_runs], [r.score(CIDER) for r in lam_runs], s=12, color="tab:blue", alpha=0.35)
     ax.errorbar(lams, [iv.mean for iv in cider], yerr=err, fmt="o-", color="tab:blue", capsize=3,
-                label="val CIDEr (best epoch), mean and 95% CI")
+                label="val CIDEr (best epoch), mean and 95% CI" + (
+                    f" (none at {bare} λ: under {MIN_SEEDS} seeds or all equal)" if bare else ""))
     if baseline is not None:
         ax.axhline(baseline.mean, color="gray", lw=1, label=f"baseline (fusion none), {baseline.n} runs")
         if baseline.low is not None:
@@ -228,8 +247,8 @@ def plot_bars(pattern: re.Pattern, place, labels: dict[str, str], tick, settings
     for i, s in enumerate(series):
         at = [j for j, x in enumerate(xs) if x in values[s]]
         ax.bar([j + (i - (len(series) - 1) / 2) * width for j in at], [fmean(values[s][xs[j]]) for j in at],
-               width=width, label=labels.get(s, s))
-    ax.set_xticks(range(len(xs)), [tick(x) for x in xs])
+               width=width, label=_plain(labels.get(s, s)))
+    ax.set_xticks(range(len(xs)), [_plain(tick(x)) for x in xs])
     ax.axhline(0, color="black", lw=0.6)
     ax.legend(fontsize=8)
     ax.set(xlim=(-0.75, len(xs) - 0.25), **settings)
@@ -237,7 +256,7 @@ def plot_bars(pattern: re.Pattern, place, labels: dict[str, str], tick, settings
 
 
 def plot_curves(runs: list[Trial]):
-    keys = [(CIDER, "val CIDEr"), ("train/loss", "train loss")]
+    keys = [(CIDER, "val CIDEr (x100)"), ("train/loss", "train loss")]
     if not any(r.history.get(k) for r in runs for k, _ in keys):
         return None
     fig, axes = _axes(11, 4.2, ncols=2)
@@ -246,10 +265,11 @@ def plot_curves(runs: list[Trial]):
         for r in runs:
             if r.history.get(key):
                 steps, values = zip(*r.history[key])
-                ax.plot(steps, values, marker="" if many else ".", lw=0.8 if many else 1.3,
-                        alpha=0.6 if many else 0.9, label=f"{r.name} ({r.fusion})")
+                # a curve of one epoch is a point: without a marker it is not drawn at all
+                ax.plot(steps, values, marker="" if many and len(steps) > 1 else ".", lw=0.8 if many else 1.3,
+                        alpha=0.6 if many else 0.9, label=_plain(f"{r.name} ({r.fusion})"))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set(xlabel="epoch (logged step)", ylabel=label, title=f"{label} per trial")
+        ax.set(xlabel="epoch (logged step)", ylabel=label, title=f"{label.removesuffix(' (x100)')} per trial")
         if not many and ax.lines:
             ax.legend(fontsize=6)
     return fig
@@ -261,12 +281,12 @@ def _parallel_axis(key: str, raw: list) -> tuple[str, list[float], list[tuple[fl
     if None in numbers:
         categories = sorted({str(v) for v in raw}, key=sort_key)
         at = {c: i / max(len(categories) - 1, 1) for i, c in enumerate(categories)}
-        return key, [at[str(v)] for v in raw], [(y, c) for c, y in at.items()]
+        return _plain(key), [at[str(v)] for v in raw], [(y, _plain(c)) for c, y in at.items()]
     log = min(numbers) > 0 and max(numbers) / min(numbers) > 20
     scaled = [math.log10(v) for v in numbers] if log else numbers
     low, span = min(scaled), (max(scaled) - min(scaled)) or 1.0
     ticks = [(0.0, f"{min(numbers):.3g}")] + ([(1.0, f"{max(numbers):.3g}")] if max(scaled) > low else [])
-    return f"{key} (log)" if log else key, [(v - low) / span for v in scaled], ticks
+    return _plain(f"{key} (log)" if log else key), [(v - low) / span for v in scaled], ticks
 
 
 def plot_parallel(runs: list[Trial]):
@@ -384,7 +404,9 @@ def build_report(study: Study, out_dir: str | os.PathLike) -> dict[str, str]:
 
     try:
         comparison, configs, _ = study_comparison(study, by="fusion")
-        table, verdicts = fusion_table_html(comparison, configs, study.mode), verdict_family(comparison, "fusion")
+        table = fusion_table_html(comparison, configs, study.mode, study.confirm_from)
+        # with the note of rows still without verdicts, as `dashboards.compare.study_verdicts` (summary.json) has it
+        verdicts = {**verdict_family(comparison, "fusion"), **({"note": comparison.note} if comparison.note else {})}
     except (DataError, StudyError) as e:
         # no comparison can be made (arms scored on different images, no run whose fusion resolves): the plots and
         # the runs still are a report; the table says why it is missing, and verdicts.json too, as `study_verdicts`
