@@ -425,7 +425,16 @@ class ReplicateASHA(FIFOScheduler):
                     gone[rung] = gone.get(rung, 0) + 1
                     self._decide(group, rung)
 
-    on_trial_error = on_trial_remove = on_trial_complete
+    on_trial_remove = on_trial_complete
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        """A trial that errored for good ends like one that completed. One Tune retries (`resources.max_failures`:
+        Tune marks it ERROR, tells the scheduler, then requeues it and adds it again) is still its group's: counted
+        gone, its group would be judged without it at every rung it had not reached."""
+        if getattr(trial, "status", None) == Trial.ERROR and getattr(trial, "should_recover", lambda: False)():
+            self._held.pop(trial.trial_id, None)  # pending again: not held at a rung
+            return
+        self.on_trial_complete(tune_controller, trial)
 
     def _replicate_values(self, trial, result: dict) -> dict[str, float | None]:
         """The study metric of each replicate a result of `trial` reports: its own, or each seed's of a fused trial
