@@ -237,7 +237,7 @@ def study_runs(tracking_uri: str, study_name: str, experiment: str | None = None
     the study name), else from any experiment."""
     client = mlflow_client(tracking_uri)
     exp = client.get_experiment_by_name(experiment or study_name)
-    exp_ids = [exp.experiment_id] if exp is not None else [e.experiment_id for e in client.search_experiments()]
+    exp_ids = [exp.experiment_id] if exp is not None else _all_experiment_ids(client)
     parents = [run for i in range(0, len(exp_ids), 100)  # search_runs takes at most 100 experiments
                for run in search_all_runs(client, exp_ids[i:i + 100], study_filter(study_name))]
     if not parents:
@@ -246,6 +246,17 @@ def study_runs(tracking_uri: str, study_name: str, experiment: str | None = None
     children = search_all_runs(client, [parent.info.experiment_id],
                                f"tags.`{TAG_PARENT}` = {filter_value(parent.info.run_id)}")
     return parent, children
+
+
+def _all_experiment_ids(client) -> list[str]:
+    """Every active experiment's id, all pages: MLflow answers 1,000 a page, and a team's server holds more, so the
+    experiment of a study tracked under another name was not found past the first page."""
+    ids, token = [], None
+    while True:
+        page = client.search_experiments(page_token=token)
+        ids.extend(e.experiment_id for e in page)
+        if not (token := page.token):
+            return ids
 
 
 def ui_pointer(tracking_uri: str, experiment_id: str | None) -> str:

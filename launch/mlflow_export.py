@@ -41,7 +41,7 @@ from launch.layout import (ARTIFACTS_DIR, CHECKPOINT_FILE, SUPERSEDED_FILE, TRIA
                            train_run_name)
 from launch.record import epoch_metrics, record_trials
 from launch.spec import SEED_PATH, resolve_key
-from launch.tracking_writer import StudyTracker
+from launch.tracking_writer import TAG_STORAGE, StudyTracker
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Export:
             raw = spec.to_dict()
             params = {"search": raw.get("search", {}), "resources": raw.get("resources", {}),
                       "storage": raw.get("storage"), "base": {k: raw.get(k) for k in ("data", "model", "train")}}
-            tracker.start_study(params, {"a2.storage": self.location.uri()})
+            tracker.start_study(params, {TAG_STORAGE: self.location.uri()})
             tracker.set_views(spec.metric, spec.mode, [p.path for p in spec.params.values()])
             self.tracker = tracker
         return self.tracker

@@ -19,13 +19,15 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from a2core.config import applicable_config, flatten
+from a2core.errors import TrackingError
 from dashboards.mlflow_views import (MODEL_TRAINING, TAG_EXPERIMENT_KIND, VIEW_TRIALS, chart_section,
                                      saved_sections, ui_url, view_states, view_tags)
 from dashboards.tracking import (TAG_END_REASON, TAG_FUSION, TAG_GIT, TAG_PARENT, TAG_ROLE, TAG_SEED, TAG_STUDY,
-                                 TAG_TRIAL_ID, filter_value, git_commit, mlflow_client, param_value, search_all_runs,
-                                 study_filter, study_runs)
+                                 TAG_TRIAL_ID, filter_value, git_commit, mlflow_client, param_value, redact_uri,
+                                 search_all_runs, study_filter, study_runs)
 
 RUN_STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
+TAG_STORAGE = "a2.storage"  # the parent run's: where the study's record is, which tells two studies of one name apart
 
 # MLflow's own limits (mlflow.utils.validation) on tag values and key lengths.
 _MAX_TAG_VALUE = 8000
@@ -254,6 +256,14 @@ class StudyTracker:
         """Create the study's parent run, or reuse it (resume) and set it RUNNING again. Returns its id."""
         run = self.find_parent_run() or self._restore_deleted_parent()
         all_tags = _tag_values({TAG_STUDY: self.study_name, TAG_ROLE: "study", TAG_GIT: git_commit(), **(tags or {})})
+        ours, theirs = all_tags.get(TAG_STORAGE), run.data.tags.get(TAG_STORAGE) if run is not None else None
+        if ours and theirs and not _same_storage(ours, theirs):
+            # another study of the same name (another storage, one shared server): taking its parent run would mix
+            # both studies' trials in one study, and overwrite its storage tag, params and end status
+            raise TrackingError(
+                f"MLflow experiment {self.experiment_name!r} at {redact_uri(self.tracking_uri)} already holds study "
+                f"{self.study_name!r} stored at {theirs}, not this one's {ours}; run this study with "
+                f"tracking.experiment=<an experiment of its own> or under another name")
         if run is None:
             run = self.client.create_run(self.experiment_id, run_name=self.study_name, tags=all_tags)
         else:
@@ -391,6 +401,13 @@ class StudyTracker:
         entity = {"metrics": Metric, "params": Param, "tags": RunTag}[kind]
         if items:
             self.client.log_batch(run_id, **{kind: [entity(*item) for item in items]})
+
+
+def _same_storage(a: str, b: str) -> bool:
+    """Whether two storage URIs or paths are one place (a trailing `/`, a symlinked or relative path aside)."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _status(status: str) -> str:
