@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_name(rp)
     rp.add_argument("--tracking-uri", default=None,
                     help="MLflow store whose study parent run gets the report (default: the study's)")
-    rp.add_argument("--out", type=_user_path, default=None,
+    rp.add_argument("--out", type=_out_folder, default=None,
                     help="report folder (default: ./a2-reports/NAME; one that holds an "
                          "earlier report gets a new numbered folder NAME-2, ...)")
 
@@ -351,9 +351,44 @@ def _add_study_file(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. search.num_samples=2 model.d_model=64")
     parser.add_argument("--storage", default=None, help=_STORAGE_HELP)
 
+
+def _study_name(text: str) -> str:
+    """An argparse type: a study's name, refusing a study file's path (`a2 study status studies/smoke.yaml`) with the
+    name to give instead; the name's own rule is `launch.location.check_name`'s."""
+    # a name is lowercase letters, digits and '-': a file of that name in the working folder is no mistake
+    looks_like_path = "/" in text or "." in text
+    if not (text.lower().endswith((".yaml", ".yml")) or (looks_like_path and Path(os.path.expanduser(text)).is_file())):
+        return text
+    name = None
+    try:  # only on this mistake: yaml is not imported to parse a right command line
+        import yaml
+
+        name = (yaml.safe_load(Path(os.path.expanduser(text)).read_text(encoding="utf-8")) or {}).get("name")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        pass
+    named = f", here `{name}`" if isinstance(name, str) else ""
+    raise argparse.ArgumentTypeError(f"{text[:200]!r} is a study file; give the study's name (its `name:` key{named})")
+
+
+def _storage_root(text: str) -> str:
+    """An argparse type: a storage root, refusing a local file (it read as "lease.json: Not a directory")."""
+    if "://" not in text and os.path.isfile(os.path.expanduser(text)):
+        raise argparse.ArgumentTypeError(f"{text[:200]}: a file, not a storage folder (a folder or s3://bucket/prefix)")
+    return text
+
+
+def _out_folder(text: str) -> str:
+    """An argparse type: an output folder (`_user_path`), refusing an existing file (it read as "File exists")."""
+    path = _user_path(text)
+    if os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"{path[:200]}: a file, not a folder")
+    return path
+
+
 def add_name(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help="the study's name (its `name:` key)")
-    parser.add_argument("--storage", default=None, help="the study's storage root (default: where `run` put it)")
+    parser.add_argument("name", type=_study_name, help="the study's name (its `name:` key)")
+    parser.add_argument("--storage", type=_storage_root, default=None,
+                        help="the study's storage root (default: where `run` put it)")
 
 
 def _add_driver_arguments(parser: argparse.ArgumentParser) -> None:

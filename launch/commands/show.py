@@ -10,16 +10,22 @@ from dataclasses import asdict
 from pathlib import Path
 
 from a2core.atomic import fresh_folder
+from a2core.errors import StudyError
 from dashboards.compare import compare_table
 from dashboards.records import export_record, load_record, render_table
 from dashboards.tracking import server_answers
 from launch.adaptive import amend_summary
 from launch.conclusions import print_conclusions, state_text
+from launch.lease import live_writer
 from launch.location import json_default, locate, rehearsal_banner
 from launch.progress import Progress, progress_line, study_progress
 from launch.record import StudyRecord
 from launch.tracking_writer import log_report
 from launch.verify import refuse_corrupt
+
+# A running study's state files are rewritten in place by Tune (truncate, then write): a status that finds one
+# unreadable while a driver holds the lease reads it again this much later (`a2 study check`'s RECHECK_S)
+RECHECK_S = 2.0
 
 
 def cmd_status(args) -> int:
@@ -27,19 +33,32 @@ def cmd_status(args) -> int:
     with --watch, again every SECONDS until every trial has ended (one past its last epoch, still testing its
     selected checkpoint, has not: `Progress.ended`), no driver runs the study, or Ctrl-C."""
     if getattr(args, "watch", None) is None:  # a Namespace of Python callers may not carry it
-        status(args)
+        _status_of_running(args)
         return 0
     try:
         while True:
             if sys.stdout.isatty():
                 print("\033[H\033[2J", end="")  # the terminal cleared: the table stays where it was
             print(f"a2 study status {args.name} (every {args.watch:g} s; Ctrl-C stops)  {time.strftime('%H:%M:%S')}")
-            progress = status(args)
+            progress = _status_of_running(args)
             if progress.ended or not progress.driven:
                 return 0
             time.sleep(args.watch)
     except KeyboardInterrupt:  # how a watch is meant to end
         return 0
+
+
+def _status_of_running(args) -> Progress:
+    """`status`, read once more `RECHECK_S` later when a file was found unreadable while a driver holds the study's
+    lease: Tune copies its state files over themselves, and a read mid-copy ended a --watch of a running study with
+    "status refused ... restore the file from a copy"."""
+    try:
+        return status(args)
+    except StudyError:
+        if live_writer(locate(args.name, args.storage).at()) is None:
+            raise
+    time.sleep(RECHECK_S)
+    return status(args)
 
 
 def status(args) -> Progress:
