@@ -14,6 +14,7 @@ from pathlib import Path
 from a2core.config import ConfigError, load_yaml
 from a2core.data import prepared
 from a2core.errors import DataError, StorageError
+from launch.defaults import ENDPOINT_ENV_VARS
 from launch.placeholders import refuse_placeholder
 from launch.spec import DATA_PATHS
 
@@ -92,15 +93,13 @@ def _one_command(words: list[str], cwd: str, exported: dict, found: list) -> str
             elif not arg.startswith("-"):
                 positional.append(arg)
         if len(positional) >= 2:
-            endpoint_url = endpoint_url or next((assigned[v] for v in ENDPOINT_VARS if assigned.get(v)), None)
+            endpoint_url = endpoint_url or next((assigned[v] for v in ENDPOINT_ENV_VARS if assigned.get(v)), None)
             found.append((positional[0], _resolved(cwd, positional[1]), endpoint_url))
         return cwd
     return cwd
 
 
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.S)
-# launch.storage's ENDPOINT_ENV_VARS, in its order (not imported: that module loads pyarrow, validate stays light)
-ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL")
 
 
 def _resolved(cwd: str, path: str) -> str:

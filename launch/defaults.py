@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+# where an S3 endpoint is set, first set first, when none is given (`launch.storage`; `launch.datacopies` reads a
+# cluster file's setup commands the same way)
+ENDPOINT_ENV_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL")
+
 DEFAULT_STALE_AFTER = 120.0  # seconds without a heartbeat after which a study's lease is stale (`launch.lease`)
 
 # `a2 package` (`launch.package`, `launch.commands.package`)

@@ -18,7 +18,7 @@ from pydantic import (AfterValidator, BeforeValidator, Field, PrivateAttr, Valid
 
 from a2core.config import (SEED_LIMIT, SELECTABLE, Config, ConfigError, Flag, Integer, Number, Real, Section, Text,
                            applicable_config, apply_overrides, check_batch_split, check_data_kind, config_error,
-                           format_value, get_dotted, inapplicable_model_keys, integer, load_yaml, set_dotted,
+                           format_value, get_dotted, inapplicable_model_keys, integer, load_yaml, number, set_dotted,
                            set_override, steps_per_epoch)
 from a2core.data.captions import read_karpathy, require_splits
 from a2core.data.prepared import check_copy, is_prepared
@@ -438,10 +438,9 @@ def _as_number(value: Any) -> Any:
     a string): for a value of a float key in the space, its points and its `when`. Anything else as it is."""
     if isinstance(value, str):
         try:
-            number = float(value)
-        except ValueError:
+            return number(value)
+        except ValueError:  # not a number, or '.nan' and 'inf': refused as written
             return value
-        return number if math.isfinite(number) else value  # '.nan' and 'inf' are refused as written
     return value
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import mimetypes
 import functools
 import hashlib
+import mimetypes
 import os
 import posixpath
 import re
@@ -23,10 +23,10 @@ import pyarrow.fs as pafs
 from a2core.atomic import atomic_write
 from a2core.checksum import SUFFIX
 from a2core.errors import StorageError
+from launch.defaults import ENDPOINT_ENV_VARS
 from launch.placeholders import refuse_placeholder
 
 MiB = 1024 * 1024
-ENDPOINT_ENV_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL")
 META_SHA256 = "sha256"  # user metadata (x-amz-meta-sha256): hex digest of the whole object
 META_TOKEN = "a2tune-upload"  # user metadata: id of the upload_file call that wrote the object
 _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,61}[A-Za-z0-9]")

@@ -49,6 +49,10 @@ CALLBACK_STATES = "callback-states-"  # Tune's CallbackList CKPT_FILE_TMPL: read
 _ROOT_FILES = (("experiment_state-", ".json", "json"), ("search_gen_state-", ".json", "pickle"),
                ("searcher-state-", ".pkl", "pickle"), (CALLBACK_STATES, ".pkl", "pickle"),
                ("tuner", ".pkl", "pickle"))
+# A study that is running is read while its driver writes it: Tune copies its state files over themselves (truncate,
+# then write), so one read mid-copy is cut short for a moment. A reader (`a2 study check`, `status`) that finds a file
+# unreadable while a driver holds the lease reads it again this much later, and names it only when it still is.
+RECHECK_S = 2.0
 COPIES_DIR = "state-copies"  # below the study: the last whole copy of each of Tune's root files
 
 

@@ -29,6 +29,7 @@ from a2core.decode import (EnsembleStepper, ModelStepper, UncachedStepper, beam_
                            mean_of_distributions, sample)
 from a2core.metrics import CiderD
 from a2core.model.a2 import build_model, next_word_logp
+from tests.test_beam_exhaustive import Stub, table
 
 pytestmark = [pytest.mark.outside_ray_group, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -87,36 +88,8 @@ def test_an_ensemble_of_copies_of_one_fp32_checkpoint_is_that_checkpoint_bit_for
 
 
 # -- narrow beams against a reference beam search ---------------------------------------------------------------------
-class _Table:
-    """A stepper whose next-word distribution is a fixed random function of (image = feats[i, 0], words so far)."""
-
-    def __init__(self, seed, eos_shift, can_select=True):
-        self.seed, self.eos_shift, self.cache = seed, eos_shift, {}
-        if can_select:
-            self.select_rows = self.reorder_state
-
-    def logp(self, img, prefix):
-        key = (img, prefix)
-        if key not in self.cache:
-            g = torch.Generator().manual_seed(hash((self.seed, img) + prefix) & 0x7FFFFFFF)
-            logits = 2.0 * torch.randn(V, generator=g, dtype=torch.float64)
-            logits[EOS] += self.eos_shift
-            logits[:2] = float("-inf")
-            self.cache[key] = logits.log_softmax(-1)
-        return self.cache[key]
-
-    def init_state(self, feats, region_mask):
-        return {"img": feats[:, 0].long(), "prefix": torch.zeros(feats.shape[0], 0, dtype=torch.long)}
-
-    def expand_state(self, state, k):
-        return {n: v.repeat_interleave(k, 0) for n, v in state.items()}
-
-    def step(self, last, state):
-        state["prefix"] = torch.cat([state["prefix"], last[:, None]], 1)
-        return torch.stack([self.logp(int(i), tuple(p[1:].tolist())) for i, p in zip(state["img"], state["prefix"])])
-
-    def reorder_state(self, state, index):
-        return {n: v.index_select(0, index) for n, v in state.items()}
+# the stepper of tests/test_beam_exhaustive.py: its next-word distribution a fixed random function of (image =
+# feats[i, 0], words so far), `table`
 
 
 def _reference_beam(logp, k, max_len):
@@ -152,18 +125,18 @@ def test_narrow_beams_equal_a_reference_beam_search(trial):
     feats = torch.tensor(ids, dtype=torch.float64)[:, None]
     mask = torch.ones(images, 1, dtype=torch.bool)
     for can_select in (True, False):
-        stub = _Table(seed, eos_shift, can_select)
+        stub = Stub(seed, eos_shift, can_select)
         seqs, scores = beam_search(stub, feats, mask, k, max_len, all_beams=True)
         assert seqs.shape[:2] == (images, k) and seqs.shape[2] <= max_len + 1
         for b, img in enumerate(ids):
-            want = _reference_beam(lambda words: stub.logp(img, words), k, max_len)
+            want = _reference_beam(lambda words: table(seed, img, words, eos_shift), k, max_len)
             got = [_strip(s) for s in seqs[b].tolist()]
             assert got == [w for w, _ in want]
             assert scores[b].tolist() == pytest.approx([s for _, s in want], abs=1e-9)
             for s in seqs[b].tolist():  # pad 0 after <eos>, real words before it
                 e = s.index(EOS)
                 assert all(w == PAD for w in s[e + 1:]) and all(w > EOS for w in s[:e])
-        best, best_score = beam_search(_Table(seed, eos_shift, can_select), feats, mask, k, max_len)
+        best, best_score = beam_search(Stub(seed, eos_shift, can_select), feats, mask, k, max_len)
         assert torch.equal(best, seqs[:, 0, :best.shape[1]]) and torch.equal(best_score, scores[:, 0])
 
 

@@ -8,10 +8,6 @@ from launch import verify
 from launch.lease import describe, live_writer
 from launch.location import locate
 
-# A study that is running is checked while its driver writes it: Tune copies its state files over themselves (truncate,
-# then write), so one read mid-copy is cut short for a moment. Each file found unreadable then is read again this much
-# later, and named only when it still is.
-RECHECK_S = 2.0
 
 
 def cmd_check(args) -> int:
@@ -21,7 +17,7 @@ def cmd_check(args) -> int:
     writer = live_writer(study)
     if writer is not None:
         print(f"note: study {args.name} is running: its driver ({describe(writer)}) holds its lease and writes its "
-              f"files while they are checked; a file found unreadable is read again {RECHECK_S:g} s later")
+              f"files while they are checked; a file found unreadable is read again {verify.RECHECK_S:g} s later")
     files = verify.state_files(study)
     checkpoints = verify.checkpoint_files(study)
     model, searched = verify.study_model(location)
@@ -31,7 +27,7 @@ def cmd_check(args) -> int:
     checks += [(None, lambda c=c: _checkpoint_problem(c, model, searched)) for c in checkpoints]
     found = [(label, again, line) for label, again in checks if (line := again())]
     if writer is not None and found:
-        time.sleep(RECHECK_S)
+        time.sleep(verify.RECHECK_S)
         found = [(label, again, line) for label, again, _ in found if (line := again())]
     for label, _, line in found:
         print(f"{label or _checkpoint_label(line)}: {line}")

@@ -21,11 +21,7 @@ from launch.location import json_default, locate, rehearsal_banner
 from launch.progress import Progress, progress_line, study_progress
 from launch.record import StudyRecord
 from launch.tracking_writer import log_report
-from launch.verify import refuse_corrupt
-
-# A running study's state files are rewritten in place by Tune (truncate, then write): a status that finds one
-# unreadable while a driver holds the lease reads it again this much later (`a2 study check`'s RECHECK_S)
-RECHECK_S = 2.0
+from launch.verify import RECHECK_S, refuse_corrupt
 
 
 def cmd_status(args) -> int:
