@@ -5,6 +5,7 @@ replicate seed, and `ReplicateASHA`, early stopping of replicate groups. docs/ex
 """
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import pickle
@@ -56,6 +57,7 @@ class GridCrossedSearcher(Searcher):
     _round = 0
     _decider = None
     _fused: tuple[int, ...] | list[int] = ()  # ... and before fused trials: one seed a trial
+    _scheduler = None  # the study's ReplicateASHA, whose state this searcher's saves carry (`carry_state_of`)
 
     def __init__(self, spec: StudySpec):
         super().__init__(metric=spec.metric, mode=spec.mode)
@@ -116,6 +118,14 @@ class GridCrossedSearcher(Searcher):
         """What decides, at the end of each round of adaptive replicates, which groups get the next round's seeds:
         `decider.next_round(finished_round, {group: suggestion}, {trial id: suggestion})` -> groups."""
         self._decider = decider
+
+    def carry_state_of(self, scheduler: "ReplicateASHA") -> None:
+        """Save `scheduler`'s state with this searcher's and put it back on restore. Tune 2.60 saves the searcher
+        with every experiment snapshot but never the scheduler, and `Tuner.restore` unpickles the one `tuner.pkl`
+        holds, as it was before the first trial: without this, a resumed study's early stopping forgets every rung
+        value reported before the resume. Both are pickled together in `tuner.pkl`, so the restored searcher still
+        holds the scheduler Tune drives, and Tune restores the searcher before it adds the restored trials."""
+        self._scheduler = scheduler
 
     def _new_study(self, index: int, cell: dict) -> optuna.Study:
         seed = self._spec.search.seed + index
@@ -315,12 +325,19 @@ class GridCrossedSearcher(Searcher):
 
     # -- state: every attribute (the spec, the Optuna studies with their trials, the maps, the round-robin position)
     def get_state(self) -> dict:
-        return {"version": STATE_VERSION, **{name.lstrip("_"): value for name, value in vars(self).items()}}
+        state = {name.lstrip("_"): value for name, value in vars(self).items() if name != "_scheduler"}
+        if self._scheduler is not None:
+            state["scheduler_state"] = self._scheduler.get_state()
+        return {"version": STATE_VERSION, **state}
 
     def set_state(self, state: dict) -> None:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"searcher state version {state.get('version')!r}, expected {STATE_VERSION}")
+        if self._scheduler is not None and "scheduler_state" in state:  # absent: saved before it was carried
+            self._scheduler.set_state(state["scheduler_state"])
         for name in list(vars(self)):
+            if name == "_scheduler":
+                continue
             if name == "_hashes" and "hashes" not in state:  # saved before duplicates were skipped
                 continue
             if name in ("_rounds", "_round", "_queue", "_decider") and name[1:] not in state:  # before rounds
@@ -504,6 +521,22 @@ class ReplicateASHA(FIFOScheduler):
             self._stopped_groups[group] = {"rung": rung, "cutoff": sign * cutoff, "group_mean": mean,
                                            "threshold": threshold}
 
+    # -- state, carried by the searcher's saves (`GridCrossedSearcher.carry_state_of`) --------------------------------
+    _SAVED = ("_groups", "_values", "_gone", "_ended", "_means", "_stopped_groups", "_stopped")
+
+    def get_state(self) -> dict:
+        """What the scheduler knows of the study: every rung value, judgement and ended trial. Not the trials held
+        at a rung: Tune restores a paused trial as pending, and its first result holds it again."""
+        return {"rungs": list(self.rungs), **{name.lstrip("_"): copy.deepcopy(getattr(self, name))
+                                              for name in self._SAVED}}
+
+    def set_state(self, state: dict) -> None:
+        if list(state.get("rungs", ())) != self.rungs:
+            raise ValueError(f"ReplicateASHA state with rungs {state.get('rungs')}, expected {self.rungs}")
+        for name in self._SAVED:
+            setattr(self, name, copy.deepcopy(state[name.lstrip("_")]))
+        self._held = {}
+
     # -- inspection ----------------------------------------------------------------------------------------------
     def stopped_early(self, trial_id: str) -> dict | None:
         """`{"rung", "cutoff", "group_mean", "threshold"}` when this scheduler stopped the trial, else None."""
@@ -533,7 +566,10 @@ def build_scheduler(spec: StudySpec) -> TrialScheduler:
 def tune_config_kwargs(spec: StudySpec) -> dict:
     """Everything `ray.tune.TuneConfig(**kwargs)` needs for this study (Tune wraps the searcher in a
     `ConcurrencyLimiter` for `max_concurrent_trials`)."""
-    return {"search_alg": GridCrossedSearcher(spec), "scheduler": build_scheduler(spec), "num_samples": spec.tune_samples,
+    searcher, scheduler = GridCrossedSearcher(spec), build_scheduler(spec)
+    if isinstance(scheduler, ReplicateASHA):
+        searcher.carry_state_of(scheduler)  # Tune saves no scheduler: a resumed study's early stopping remembers
+    return {"search_alg": searcher, "scheduler": scheduler, "num_samples": spec.tune_samples,
             "metric": spec.metric, "mode": spec.mode, "max_concurrent_trials": spec.resources.max_concurrent_trials,
             # A one-worker trial trains in its Tune trial process: the next trial reuses that process and skips its
             # start-up and imports (benchmarks/bench_scale.py). Tune starts a fresh one when the previous trial's
