@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from a2core.errors import DataError
+from a2core.errors import ConfigError, DataError
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO], None]) -> Path:
@@ -153,13 +153,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def fresh_folder(path: str | os.PathLike, holds: tuple[str, ...], what: str, say=None) -> Path:
+def fresh_folder(path: str | os.PathLike, holds: tuple[str, ...], what: str, say=None, *,
+                 claim: bool = False) -> Path:
     """`path` if it holds none of the files `holds` (an earlier `what`), else the first of `path-2`, `path-3`, ...
     that holds none, saying so (printed, or handed to `say`: a caller that may still refuse the work says it only
-    once the work starts): a new output never overwrites an earlier one."""
+    once the work starts): a new output never overwrites an earlier one. `claim`: the folder is made and its
+    `holds[0]` created empty and exclusively (the output replaces it whole), so that two runs started at once never
+    pick one folder: the second finds the first's claim and takes the next number."""
     path = Path(path)
+    if path.name in ("", "..") and path.resolve().name:  # `.`, `..`: no name of their own to number
+        path = path.resolve()
     candidate, n = path, 1
-    while any((candidate / name).exists() for name in holds):
+    while True:
+        if not any((candidate / name).exists() for name in holds):
+            if not claim:
+                break
+            try:  # a file named like the folder (path-2) is passed over too
+                candidate.mkdir(parents=True, exist_ok=True)
+                os.close(os.open(candidate / holds[0], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                break
+            except FileExistsError:  # claimed by a run started at the same time
+                pass
         n += 1
         candidate = path.with_name(f"{path.name}-{n}")
     if candidate != path:
@@ -169,3 +183,24 @@ def fresh_folder(path: str | os.PathLike, holds: tuple[str, ...], what: str, say
         else:
             say(message)
     return candidate
+
+
+def check_output_path(path, option: str, *, folder: bool, source: str | None = None) -> None:
+    """Refuse (ConfigError naming `option`) an output path that cannot be written, before any work: empty, a folder
+    where a file goes (`folder` False) or a file where a folder goes, under a file, or in a folder this user cannot
+    write. The one check of every command's output path (`a2 data prepare --out`, `a2 train --output-dir`,
+    `a2 decode --out`, `a2 report --out`); `~` is expanded by the option's type (`launch.cli`) or the config."""
+    if not str(path).strip():
+        raise ConfigError(option, "is empty; name the " + ("folder" if folder else "file") + " to write", source)
+    path = Path(path)
+    if folder and path.exists() and not path.is_dir():
+        raise ConfigError(option, f"{path} is a file, not a folder to write into", source)
+    if not folder and path.is_dir():
+        raise ConfigError(option, f"{path} is a folder, not a file to write", source)
+    for parent in (path, *path.parents) if folder else path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(option, f"{path}: {parent} is a file, not a folder", source)
+            if not os.access(parent, os.W_OK | os.X_OK):  # it read as "[Errno 13] Permission denied" after the work
+                raise ConfigError(option, f"{path}: {parent} is not writable by this user", source)
+            break

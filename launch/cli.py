@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_name(rp)
     rp.add_argument("--tracking-uri", default=None,
                     help="MLflow store whose study parent run gets the report (default: the study's)")
-    rp.add_argument("--out", type=_out_folder, default=None,
+    rp.add_argument("--out", type=_user_path, default=None,
                     help="report folder (default: ./a2-reports/NAME; one that holds an "
                          "earlier report gets a new numbered folder NAME-2, ...)")
 
@@ -281,10 +281,11 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.add_argument("--watch", type=_positive_float, nargs="?", const=30.0, default=None, metavar="SECONDS",
                         help="print it again every SECONDS (default 30) until every trial has ended or no driver "
-                             "runs the study (Ctrl-C stops)")
+                             "runs the study (Ctrl-C stops it: exit 130)")
 
     check = _command(sub, "check", "launch.commands.check:cmd_check",
-                     help="verify a study's saved state and every checkpoint (exit 2 if unreadable)")
+                     help="verify a study's saved state and every checkpoint (exit 1 if one is unreadable, damaged or "
+                          "mismatched; 2 if there is no such study or it cannot be read at all)")
     add_name(check)
 
     compare = _command(sub, "compare", "launch.commands.show:cmd_compare",
@@ -375,14 +376,6 @@ def _storage_root(text: str) -> str:
     if "://" not in text and os.path.isfile(os.path.expanduser(text)):
         raise argparse.ArgumentTypeError(f"{text[:200]}: a file, not a storage folder (a folder or s3://bucket/prefix)")
     return text
-
-
-def _out_folder(text: str) -> str:
-    """An argparse type: an output folder (`_user_path`), refusing an existing file (it read as "File exists")."""
-    path = _user_path(text)
-    if os.path.isfile(path):
-        raise argparse.ArgumentTypeError(f"{path[:200]}: a file, not a folder")
-    return path
 
 
 def add_name(parser: argparse.ArgumentParser) -> None:

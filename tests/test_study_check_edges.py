@@ -52,14 +52,14 @@ def test_an_experiment_state_that_status_refuses_is_named_by_check(tmp_path, cap
     assert main(["study", "status", "notune", "--storage", str(fab.spec.storage)]) == 2
     assert "`a2 study check NAME` lists every problem" in capsys.readouterr().err
     code, out = _check(fab, capsys)
-    assert code == 2
+    assert code == 1
     assert out == [f"unreadable: {state}: not a readable Tune experiment state (no trial_data list in it)",
                    f"study notune at {fab.location.uri()}: 3 state files and 0 checkpoints checked, 1 unreadable "
                    f"(restore them from a copy; a trial resumes from its newest readable checkpoint)"]
     # one that is not JSON at all is named once, as before
     state.write_text('{"trial_data": [')
     code, out = _check(fab, capsys)
-    assert code == 2 and len(out) == 2 and out[0].startswith(f"unreadable: {state}: unreadable (JSONDecodeError: ")
+    assert code == 1 and len(out) == 2 and out[0].startswith(f"unreadable: {state}: unreadable (JSONDecodeError: ")
 
 
 def test_a_checkpoint_that_links_to_a_missing_file_is_named(tmp_path, capsys):
@@ -70,7 +70,7 @@ def test_a_checkpoint_that_links_to_a_missing_file_is_named(tmp_path, capsys):
     target = tmp_path / "other disk" / "checkpoint.pt"
     link.symlink_to(target)
     code, out = _check(fab, capsys)
-    assert code == 2
+    assert code == 1
     assert out == [f"unreadable: {link}: a link to {target}, which is not there",
                    f"study linked at {fab.location.uri()}: 2 state files and 1 checkpoints checked, 1 unreadable "
                    f"(restore them from a copy; a trial resumes from its newest readable checkpoint)"]
@@ -102,7 +102,7 @@ def test_a_checkpoint_holding_values_a2_never_writes_is_one_line(tmp_path, capsy
     odd = _checkpoint(fab)
     torch.save({"config": fab.spec.trial_config({"fusion": "none", "seed": 0}), "model": {}, "vocab": 3}, odd)
     code, out = _check(fab, capsys)
-    assert code == 2
+    assert code == 1
     assert out[0] == (f"unreadable: {odd}: not a checkpoint a2tune wrote (TypeError: object of type 'int' has no "
                       f"len())")
     assert out[1].endswith("1 checkpoints checked, 1 unreadable (restore them from a copy; a trial resumes from its "
@@ -142,7 +142,7 @@ def test_a_running_study_names_a_file_still_unreadable_without_advising_a_restor
     fab, searcher = _running_study(tmp_path, monkeypatch, written_whole=False)
     with StudyLease(fab.location.at(), stale_after=60).held():
         code, out = _check(fab, capsys)
-    assert code == 2
+    assert code == 1
     assert out[1:] == [f"unreadable: {searcher}: unreadable (ValueError: empty file)",
                        f"study live at {fab.location.uri()}: 3 state files and 0 checkpoints checked, 1 unreadable "
                        f"(its driver is running: check again once the study has ended before restoring any)"]

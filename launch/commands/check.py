@@ -8,10 +8,14 @@ from launch import verify
 from launch.lease import describe, live_writer
 from launch.location import locate
 
+FOUND = 1  # the exit status when a file was found unreadable, damaged or mismatched; 2 is a refusal (no study)
 
 
 def cmd_check(args) -> int:
-    """`a2 study check NAME`: every state file and every checkpoint of the study; exit 2 when one is unreadable."""
+    """`a2 study check NAME`: every state file and every checkpoint of the study. Exit 0 when all are readable, 1
+    when one is unreadable, damaged or mismatched (what was checked found a fault, as `a2 submission validate`
+    exits 1 on a faulty zip), 2 when there is nothing to check: no study of that name in the storage, a wrong name
+    or storage (an A2Error, as every command refuses a bad argument)."""
     location = locate(args.name, args.storage)
     study = location.at()
     writer = live_writer(study)
@@ -36,7 +40,7 @@ def cmd_check(args) -> int:
               else "restore them from a copy; a trial resumes from its newest readable checkpoint")
     print(f"study {args.name} at {study.uri}: {len(files)} state files and {checked} checkpoints checked, "
           + (f"{len(found)} unreadable ({advice})" if found else "all readable"))
-    return 2 if found else 0
+    return FOUND if found else 0
 
 
 def _checkpoint_problem(location, model, searched) -> str | None:

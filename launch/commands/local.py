@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from a2core.atomic import atomic_write, fresh_folder
+from a2core.atomic import atomic_write, check_output_path, fresh_folder
 from a2core.checkpoint import HISTORY_FILE
 from a2core.config import Config, apply_overrides, check_data_kind, get_dotted, load_yaml, set_dotted
 from a2core.data.features import prepare
@@ -104,7 +104,7 @@ def resumed_output(resume: str | None, output_dir: str | None, configured: str,
     goes (`fresh_folder`; printed when None)."""
     checkpoints = ("best.pt", "last.pt")
     if resume is None:
-        return fresh_folder(_numberable(output_dir or configured), checkpoints, "run's checkpoints", say), None
+        return fresh_folder(output_dir or configured, checkpoints, "run's checkpoints", say), None
     if not Path(resume).is_file():
         why = folder_instead(resume, "checkpoint file (name its last.pt or best.pt)")
         raise CheckpointError(f"--resume {why or f'{resume}: no such checkpoint file'}")
@@ -118,33 +118,8 @@ def resumed_output(resume: str | None, output_dir: str | None, configured: str,
     if out.resolve() == own.resolve() and (not newest.exists() or Path(resume).resolve() == newest.resolve()):
         return out, None
     best = own / "best.pt"
-    return (fresh_folder(_numberable(out), checkpoints, "run's checkpoints", say),
+    return (fresh_folder(out, checkpoints, "run's checkpoints", say),
             best if is_run and best.is_file() else None)
-
-
-def _numberable(path) -> Path:
-    """`path` in a form `fresh_folder` can number (`runs/a2-2`): `.` or `..` (no name of their own) absolute."""
-    path = Path(path)
-    if path.name in ("", "..") and path.resolve().name:
-        return path.resolve()
-    return path
-
-
-def check_output_path(path, option: str, *, folder: bool, source: str | None = None) -> None:
-    """Refuse (ConfigError naming `option`) an output path that cannot be written, before any work: empty, a folder
-    where a file goes (`folder` False) or a file where a folder goes, or under a file."""
-    if not str(path).strip():
-        raise ConfigError(option, "is empty; name the " + ("folder" if folder else "file") + " to write", source)
-    path = Path(path)
-    if folder and path.exists() and not path.is_dir():
-        raise ConfigError(option, f"{path} is a file, not a folder to write into", source)
-    if not folder and path.is_dir():
-        raise ConfigError(option, f"{path} is a folder, not a file to write", source)
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(option, f"{path}: {parent} is a file, not a folder", source)
-            break
 
 
 @contextmanager

@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from a2core.atomic import fresh_folder
+from a2core.atomic import check_output_path, fresh_folder
 from a2core.errors import StudyError
 from dashboards.compare import compare_table
 from dashboards.records import export_record, load_record, render_table
@@ -22,6 +22,10 @@ from launch.progress import Progress, progress_line, study_progress
 from launch.record import StudyRecord
 from launch.tracking_writer import log_report
 from launch.verify import RECHECK_S, refuse_corrupt
+
+
+INTERRUPTED = 128 + 2  # the exit status after SIGINT (Ctrl-C), 130, as a shell gives it
+REPORT_PAGE = "report.html"  # what an earlier report's folder holds (`dashboards.report.build_report`)
 
 
 def cmd_status(args) -> int:
@@ -40,8 +44,8 @@ def cmd_status(args) -> int:
             if progress.ended or not progress.driven:
                 return 0
             time.sleep(args.watch)
-    except KeyboardInterrupt:  # how a watch is meant to end
-        return 0
+    except KeyboardInterrupt:  # how a watch is meant to end: no traceback, the last table left on the screen
+        return INTERRUPTED  # as every command stopped by SIGINT (`launch.cli`): a wrapping script tells it apart
 
 
 def _status_of_running(args) -> Progress:
@@ -108,10 +112,17 @@ def cmd_report(args) -> int:
     the study's MLflow parent run (in its own store unless --tracking-uri) when that run exists."""
     from dashboards.report import build_report  # matplotlib: not for the status and compare here
 
+    out_given = getattr(args, "out", None)
+    # before the record is read: a file, or a folder this user cannot write, named as `a2 train|decode` name theirs
+    check_output_path(out_given if out_given is not None else Path("a2-reports") / args.name, "--out", folder=True)
     record = StudyRecord.load(locate(args.name, getattr(args, "storage", None)))
     study = record.study()
-    out = fresh_folder(Path(getattr(args, "out", None) or Path("a2-reports") / args.name), ("report.html",), "report")
-    paths = build_report(study, out)
+    out = report_folder(out_given or Path("a2-reports") / args.name)
+    try:
+        paths = build_report(study, out)
+    except BaseException:
+        _unclaim(out)
+        raise
     uri = getattr(args, "tracking_uri", None) or record.spec.tracking.mlflow_uri
     artifacts = log_report(uri, args.name, paths) if _store_answers(uri) else None
     print(f"report of study {args.name}:")
@@ -123,6 +134,22 @@ def cmd_report(args) -> int:
     if note := study.still_running_note("report"):
         print(note)
     return 0
+
+
+def report_folder(path, say=print) -> Path:
+    """The folder a report is written into: `path` unless it holds an earlier report, else `path-2`, ... (said to
+    `say`), claimed at once (`fresh_folder`): two reports started at once never pick the same folder."""
+    return fresh_folder(path, (REPORT_PAGE,), "report", say, claim=True)
+
+
+def _unclaim(out: Path) -> None:
+    """A report that failed leaves no claim behind (an empty `report.html` the next one would number past)."""
+    page = out / REPORT_PAGE
+    try:
+        if page.stat().st_size == 0:
+            page.unlink()
+    except OSError:
+        pass
 
 
 def _store_answers(uri: str) -> bool:
