@@ -37,7 +37,7 @@ from launch.location import STUDY_FILE, StudyLocation, load_saved_spec, locate, 
 from launch.record import StudyRecord, best_group
 from launch.raycluster import connect, shutdown as stop_ray
 from launch.spec import NAME_MAX, StudySpec
-from launch.storage import check_storage, open_location, parse_s3_uri, upload_file
+from launch.storage import check_storage, open_location, parse_s3_uri, stored_object, upload_file
 from launch.tracking_writer import log_artifacts, study_parent_run
 from launch.trainable import propagated_env
 from launch.verify import model_mismatch
@@ -117,6 +117,8 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     tracking_uri = check_tracking_uri(tracking_uri or spec.tracking.mlflow_uri)
     check_upload(upload, s3_endpoint_url)
     upload_prefix = _upload_prefix(location, upload)
+    upload_endpoint = s3_endpoint_url or (location.endpoint_url if not upload else None)
+    note_earlier_upload(upload_prefix, upload_endpoint, verbose)
     out = package_folder(Path(out or Path(PACKAGE_OUT) / name).resolve(), name)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / ATTEMPT, json.dumps({"study": name}) + "\n")  # before any output: the folder is this run's
@@ -141,8 +143,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
         delivered = deliver(name, spec, best, members, local, data, decoded, results, images,
                             tracking_uri=tracking_uri, beam_size=beam_size, model_name=model_name or name,
                             verbose=verbose)
-        uploads = upload_all([results["zip"], delivered["leaderboard"]], upload_prefix,
-                             s3_endpoint_url or (location.endpoint_url if not upload else None), verbose)
+        uploads = upload_all([results["zip"], delivered["leaderboard"]], upload_prefix, upload_endpoint, verbose)
     finally:
         if not ray_was_up and ray.is_initialized():
             stop_ray()  # a local Ray it started stops at once (`launch.raycluster.shutdown`)
@@ -151,7 +152,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     say(f"package: done in {manifest['seconds']:.0f} s\n  submission:  {results['zip']}\n  leaderboard: "
         f"{delivered['leaderboard']}\n  MLflow:      {delivered['mlflow']['model_uri']} (run "
         f"{delivered['mlflow']['parent_run_id']}, artifacts {delivered['mlflow']['artifacts']})"
-        + "".join(f"\n  uploaded:    {u['uri']}" for u in uploads), verbose)
+        + "".join(f"\n  {'uploaded:' if u['uploaded'] else 'was there:':<13}{u['uri']}" for u in uploads), verbose)
     return manifest
 
 
@@ -736,15 +737,61 @@ def _upload_prefix(location, upload: str | None) -> str | None:
     return None
 
 
+def _stored(uri: str, endpoint_url: str | None) -> dict | None:
+    """`launch.storage.stored_object`, its refusal a PackageError: looked up before an upload."""
+    try:
+        return stored_object(uri, endpoint_url)
+    except StorageError as err:
+        raise PackageError(f"before uploading to it: {err}") from None
+
+
+def note_earlier_upload(prefix: str | None, endpoint_url: str | None, verbose: bool = True) -> None:
+    """Said before any work when the upload prefix already holds a `results.zip`: this run will upload only the same
+    bytes (a rerun), so a different package learns now, not after its decoding, that it needs another --upload."""
+    if prefix and _stored(prefix + RESULTS_ZIP, endpoint_url) is not None:
+        say(f"package: note: {prefix}{RESULTS_ZIP} exists (an earlier upload); this run uploads only if its "
+            f"{RESULTS_ZIP} is the same bytes, else it stops before uploading anything: choose another --upload "
+            f"prefix for a different package", verbose)
+
+
 def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, verbose: bool = True) -> list[dict]:
-    """Verified uploads of `paths` below `prefix` (none without a prefix)."""
+    """Verified uploads of `paths` below `prefix` (none without a prefix), never over a different earlier upload.
+
+    `paths[0]` is the submission (results.zip); the files after it describe it (leaderboard.json). Every target is
+    looked at before anything is written: one that holds the same bytes (sha256 and size; a rerun after a crash) is
+    left as it is and said so; one that holds other bytes refuses the whole upload, nothing written, in one line that
+    names it. A describing file whose target differs beside a submission that is the same (a leaderboard's "created"
+    time differs on each run) is that submission's own, and is replaced. Each entry: {"uri", "size", "sha256",
+    "uploaded"} (False: it was there already), plus `upload_file`'s keys when uploaded."""
+    if not prefix:
+        return []
+    # A checked HEAD, not a conditional write: `upload_file` (shared with `a2 data push`) is boto3's managed
+    # transfer, whose upload arguments do not take S3's IfNoneMatch (s3transfer 0.17), and a put or complete of
+    # the submission over an earlier one is what lost a team the zip it had submitted. What is left: another writer
+    # between this HEAD and the upload (two package runs to one prefix in the same seconds).
+    local = [(path, prefix + path.name, file_sha256(path), path.stat().st_size) for path in paths]
+    found = [_stored(uri, endpoint_url) for _, uri, _, _ in local]
+    same = [f is not None and (f["sha256"], f["size"]) == (sha, size) for f, (_, _, sha, size) in zip(found, local)]
+    for i, ((path, uri, sha, size), there) in enumerate(zip(local, found)):
+        if there is None or same[i] or (i > 0 and same[0]):
+            continue
+        recorded = f"sha256 {there['sha256'][:12]}" if there["sha256"] else "no recorded sha256"
+        raise PackageError(
+            f"upload refused, nothing uploaded: {uri} already holds a different upload ({there['size']} bytes, "
+            f"{recorded}; this {path.name}: {size} bytes, sha256 {sha[:12]}); choose another prefix with "
+            f"--upload, or remove that object first (aws s3 rm {uri}) to replace it")
     uploads = []
-    for path in paths if prefix else []:
+    for (path, uri, sha, size), there, kept in zip(local, found, same):
+        if kept:
+            uploads.append({"uri": uri, "size": size, "sha256": sha, "etag": there["etag"], "uploaded": False})
+            say(f"package: {uri} already holds this {path.name} (sha256 {sha}): not uploaded again", verbose)
+            continue
         try:
-            uploads.append(upload_file(path, prefix + path.name, endpoint_url=endpoint_url))
+            uploads.append({**upload_file(path, uri, endpoint_url=endpoint_url), "uploaded": True})
         except StorageError as err:
             raise PackageError(f"upload of {path.name} to {prefix} failed: {err}") from None
-        say(f"package: uploaded {path.name} to {uploads[-1]['uri']} (sha256 {uploads[-1]['sha256']})", verbose)
+        what = "replaced this submission's earlier" if there is not None else "uploaded"
+        say(f"package: {what} {path.name} at {uri} (sha256 {sha})", verbose)
     return uploads
 
 
@@ -761,7 +808,7 @@ def write_manifest(out: Path, location, best: Trial, members: list[Trial], resul
         "seed_CIDEr": {m.seed: scores[f"seed-{m.seed}"].get("CIDEr") for m in members},
         "seed_mean_CIDEr": board["seed_mean"].get("CIDEr"), "ensemble_gain": board["ensemble"]["gain_over_members"],
         "ensemble_gain_over_chosen": board["ensemble"].get("gain_over_chosen"),
-        "mlflow": delivered["mlflow"], "uploads": [{k: u[k] for k in ("uri", "sha256", "size")} for u in uploads],
+        "mlflow": delivered["mlflow"], "uploads": [{k: u[k] for k in ("uri", "sha256", "size", "uploaded")} for u in uploads],
         "decode_seconds": round(decode_seconds, 2), "seconds": round(seconds, 2),
     }
     atomic_write(out / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")

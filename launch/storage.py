@@ -430,6 +430,26 @@ def make_client(endpoint_url: str | None = None, *, max_attempts: int = 5):
                                           config=Config(**options))
 
 
+def stored_object(uri: str, endpoint_url: str | None = None) -> dict | None:
+    """The object at `uri` as a HEAD request sees it: {"size", "sha256" (the digest `upload_file` records with an
+    object, None for one written otherwise), "etag"}; None when there is none. A HEAD that S3 answers with anything
+    but "not found" (no permission, unreachable) is a StorageError: an object that may be there is never taken for
+    none."""
+    from botocore.exceptions import BotoCoreError, ClientError  # boto3: as in `make_client`
+
+    bucket, key = parse_s3_uri(uri, require_key=True)
+    try:
+        head = make_client(endpoint_url).head_object(Bucket=bucket, Key=key)
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise StorageError(f"cannot look up {uri}: {err}") from None
+    except BotoCoreError as err:
+        raise StorageError(f"cannot look up {uri}: {err}") from None
+    return {"size": head.get("ContentLength"), "sha256": (head.get("Metadata") or {}).get(META_SHA256),
+            "etag": head.get("ETag")}
+
+
 def _digests(path: Path, part_size: int) -> tuple[str, int, str]:
     """(sha256 hex, size, S3's composite checksum: base64 sha256 of the parts' sha256 digests) of a file."""
     whole, parts, size = hashlib.sha256(), [], 0

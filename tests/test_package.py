@@ -217,14 +217,15 @@ def test_write_manifest_names_members_scores_and_uploads(tmp_path):
     delivered = {"leaderboard": tmp_path / "leaderboard.json", "mlflow": {"model_uri": "models:/st/1"},
                  "scores": {"ensemble": {"CIDEr": 9.0}, "seed-0": {"CIDEr": 7.0}, "seed-1": {"CIDEr": 8.0}},
                  "board": {"seed_mean": {"CIDEr": {"mean": 7.5}}, "ensemble": {"gain_over_members": {"delta": 1.0}}}}
-    uploads = [{"uri": "s3://b/results.zip", "sha256": "ab", "size": 3, "bucket": "b"}]
+    uploads = [{"uri": "s3://b/results.zip", "sha256": "ab", "size": 3, "bucket": "b", "uploaded": False}]
     manifest = write_manifest(tmp_path, StudyLocation("st", str(tmp_path / "studies")), best, members, results,
                               delivered, uploads, 1.234, 5.678)
     assert json.loads((tmp_path / "package.json").read_text()) == json.loads(json.dumps(manifest, default=str))
     assert manifest["study"] == "st" and manifest["seeds"] == [0, 1] and manifest["best_trial"] == "t1"
     assert manifest["seed_CIDEr"] == {0: 7.0, 1: 8.0} and manifest["ensemble_CIDEr"] == 9.0
     assert manifest["fusion"] == "gate" and manifest["ensemble_gain"] == {"delta": 1.0}
-    assert manifest["uploads"] == [{"uri": "s3://b/results.zip", "sha256": "ab", "size": 3}]
+    # "uploaded" False: the prefix held these bytes already (a rerun), left as they were
+    assert manifest["uploads"] == [{"uri": "s3://b/results.zip", "sha256": "ab", "size": 3, "uploaded": False}]
     assert (manifest["decode_seconds"], manifest["seconds"]) == (1.23, 5.68)
 
 

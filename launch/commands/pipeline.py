@@ -134,7 +134,7 @@ def main(args) -> int:
         f"  manifest:     {Path(manifest['out']) / 'package.json'}",
         f"  log:          {log}  (Ray, Tune and MLflow)",
     ]
-    lines += [f"  uploaded:     {u['uri']}" for u in manifest["uploads"]]
+    lines += [f"  {'uploaded:' if u.get('uploaded', True) else 'was there:':<14}{u['uri']}" for u in manifest["uploads"]]
     lines += [f"  problem:      {p}" for p in problems]
     lines += [f"conclusion:   {line}" for line in conclusion(study, manifest)]
     print("\n".join(lines), flush=True)
