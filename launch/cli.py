@@ -309,7 +309,8 @@ def _add_study_commands(parser: argparse.ArgumentParser) -> None:
                       help="price of a worker node per hour (default: the on-demand list price of its type)")
     plan.add_argument("--cluster", type=_user_path,
                       default=str(Path(__file__).resolve().parents[1] / "ray-cluster.yaml"),
-                      help="cluster-launcher file whose GPU worker type prices the study (default: ray-cluster.yaml)")
+                      help="cluster-launcher file whose node types price the study: its GPU worker types and its head "
+                           "(default: ray-cluster.yaml)")
     plan.add_argument("--rehearse", type=int, default=None, metavar="N", action=_Rehearse,
                       help="also N rehearsals without Ray (launch.rehearse): power and the chance of keeping the best "
                            "configuration with the study's early stopping, next to the closed-form power")

@@ -7,8 +7,9 @@ trial's steps. Per study: trials, trial-epochs, seeds per arm and the power they
 from the difference's variance components over seeds and the images the verdicts are on, no verdict below 2
 seeds) at the study's noise (`dashboards.stats.Noise`): measured in the per-image scores of the study's finished
 seeds, else in their seed values, else assumed (`--sd` for the seed spread, `COCO_SEED_SD` for a COCO study, the
-arm x image term `ARM_IMAGE_SD`), and an estimate of GPU-hours, wall time and cost on the worker type of
-`ray-cluster.yaml` from a throughput (`--images-per-second`; default: the newest GPU record's for the study's
+arm x image term `ARM_IMAGE_SD`), and an estimate of GPU-hours, wall time and cost on the node types of
+`ray-cluster.yaml` (the trials placed as Ray places them, `worker_placement`; the head for the wall time) from a
+throughput (`--images-per-second`; default: the newest GPU record's for the study's
 mode, `measured_throughput`, else `IMAGES_PER_SECOND`).
 """
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from a2core.config import CAPTIONS_PER_IMAGE, load_yaml, steps_per_epoch
 from a2core.errors import A2Error, ConfigError, StudyError, folder_instead
@@ -87,7 +89,9 @@ ARM_IMAGE_SD = 10.0
 # On-demand price per hour of an instance (Linux, us-west-2), as listed by AWS EC2 On-Demand Pricing in 2025; an
 # assumption: check the current price list. Spot prices move by the hour: --price-per-hour for a quoted one.
 ON_DEMAND_PRICES = {"g5.12xlarge": 5.672, "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.48xlarge": 16.288,
-                    "p3.2xlarge": 3.06, "p3.8xlarge": 12.24, "p4d.24xlarge": 32.773}
+                    "p3.2xlarge": 3.06, "p3.8xlarge": 12.24, "p4d.24xlarge": 32.773,
+                    # CPU heads (ray-cluster.yaml's is an m5.2xlarge): priced for the study's whole wall time
+                    "m5.xlarge": 0.192, "m5.2xlarge": 0.384, "m5.4xlarge": 0.768}
 SPOT_SHARE = 0.35  # assumed: spot at about a third of on-demand for g5 in us-west-2 (check the spot price history)
 
 
@@ -129,39 +133,161 @@ def measured_sd(record) -> tuple[float, int]:
 
 @dataclass(frozen=True)
 class Workers:
-    """The GPU worker type of a Ray cluster-launcher file."""
+    """A node type of a Ray cluster-launcher file (the GPU worker type the plan prices, or the head)."""
     instance: str
     gpus: int
     spot: bool
     max_nodes: int
+    # compare=False: a type is still the one named by the four fields above (callers and records compare those)
+    cpus: float = field(default=math.inf, compare=False)  # inf: undeclared, Ray detects them when the node joins
+    name: str = field(default="", compare=False)  # its key in available_node_types
+    gpus_declared: bool = field(default=True, compare=False)  # False: Ray detects them, the file cannot say
 
 
-def cluster_workers(path: str | Path = CLUSTER_FILE) -> Workers | None:
-    """The first worker node type with GPUs that the autoscaler may launch in a cluster-launcher YAML, else a head
-    node type with GPUs as one node (None: no such file or no GPU node type)."""
+@dataclass(frozen=True)
+class ClusterFile:
+    """A cluster-launcher file as the plan reads it: its head node type (one node, running for the whole study) and
+    the worker node types the autoscaler may launch (max_workers > 0), GPUs or not, in the file's order."""
+    path: str
+    head: Workers | None
+    workers: tuple[Workers, ...]
+
+
+def node_type(name: str, node: dict, max_nodes: int) -> Workers:
+    """One entry of `available_node_types` (its declared resources, InstanceType and market) as `max_nodes` nodes."""
+    declared = node.get("resources") or {}
+    config = node.get("node_config") or {}
+    spot = (config.get("InstanceMarketOptions") or {}).get("MarketType") == "spot"
+    cpus = float(declared["CPU"]) if declared.get("CPU") is not None else math.inf
+    return Workers(str(config.get("InstanceType")), int(declared.get("GPU") or 0), spot, max_nodes, cpus, name,
+                   "GPU" in declared)
+
+
+def read_cluster(path: str | Path = CLUSTER_FILE) -> ClusterFile | None:
+    """The head and the worker node types of a cluster-launcher YAML (None: no such file)."""
     if not Path(path).is_file():
         return None
     cluster = load_yaml(path)
-    head = cluster.get("head_node_type")
+    head_name = cluster.get("head_node_type")
     # Ray's own defaults (autoscaler `fill_node_type_min_max_workers`): a worker type without `max_workers` may
     # launch up to the cluster's `max_workers`, which also caps every type; the old default of 1 node priced a
     # file that sets only the cluster-wide limit at a fraction of its GPUs
     limit = cluster.get("max_workers")
-    found = None
+    head, workers = None, []
     for name, node in (cluster.get("available_node_types") or {}).items():
-        gpus = int((node.get("resources") or {}).get("GPU", 0))
-        if gpus <= 0:
+        node = node or {}
+        if name == head_name:  # the head is one node however many workers it may have
+            head = node_type(name, node, 1)
             continue
-        config = node.get("node_config") or {}
-        spot = (config.get("InstanceMarketOptions") or {}).get("MarketType") == "spot"
-        if name == head:  # the head is one node however many workers it may have; a GPU worker type comes first
-            found = found or Workers(str(config.get("InstanceType")), gpus, spot, 1)
-            continue
-        nodes = int(node.get("max_workers", limit if limit is not None else 1))
+        own = node.get("max_workers")  # `max_workers:` with no value is no limit of its own, as when absent
+        nodes = int(own if own is not None else limit if limit is not None else 1)
         nodes = min(nodes, int(limit)) if limit is not None else nodes
-        if nodes > 0:  # a type of max_workers 0 never launches: it prices nothing
-            return Workers(str(config.get("InstanceType")), gpus, spot, nodes)
-    return found
+        if nodes > 0:  # a type of max_workers 0 never launches: it holds and prices nothing
+            workers.append(node_type(name, node, nodes))
+    return ClusterFile(str(path), head, tuple(workers))
+
+
+def cluster_workers(path: str | Path = CLUSTER_FILE) -> Workers | None:
+    """The first worker node type with GPUs that the autoscaler may launch in a cluster-launcher YAML, else a head
+    node type with GPUs as one node (None: no such file or no GPU node type). The plan prices every type the trials
+    fit (`worker_placement`); this names the first."""
+    cluster = read_cluster(path)
+    if cluster is None:
+        return None
+    found = [w for w in cluster.workers if w.gpus > 0]
+    if found:
+        return found[0]
+    return cluster.head if cluster.head is not None and cluster.head.gpus > 0 else None
+
+
+# A node type whose CPUs and GPUs are undeclared (Ray detects them when it joins): the file limits nothing there
+UNBOUNDED = 1 << 30
+
+
+def workers_per_node(resources, node: Workers, *, by_cpus: bool = True) -> int:
+    """Trial workers (`resources.gpus_per_worker` and `cpus_per_worker` each) that Ray places on one node of `node`:
+    whole workers only, by its declared GPUs (a fraction of a card: `cards_share` a card) and CPUs, the fewer of the
+    two (`by_cpus` False: its GPUs alone); a count the file leaves undeclared limits nothing. A Ray Train trial's
+    driver function (`resources.driver_cpus`, 0.01 CPU) is left out: it fits beside the workers on any node."""
+    r, fits = resources, []
+    if r.gpus_per_worker > 0 and node.gpus_declared:
+        fits.append(node.gpus * cards_share(r.gpus_per_worker) if r.gpus_per_worker < 1
+                    else int(node.gpus / r.gpus_per_worker + 1e-9))
+    if by_cpus and math.isfinite(node.cpus):
+        fits.append(int(node.cpus / r.cpus_per_worker + 1e-9))
+    return min(fits, default=UNBOUNDED)
+
+
+def trial_nodes(spec, cluster: ClusterFile) -> list[Workers]:
+    """The node types a trial's workers can run on (the head first: it runs already), after refusing a trial that
+    no node, or the whole cluster at max_workers, can hold: it would wait forever (StudyError naming the study's
+    `resources.*` key and the cluster file's node types). A GPU study is checked only against a file that declares
+    its nodes' GPUs (Ray detects undeclared ones when a node joins: the file cannot say)."""
+    r = spec.resources
+    nodes = [n for n in (cluster.head, *cluster.workers) if n is not None]
+    if r.gpus_per_worker > 0:
+        if not nodes or not all(n.gpus_declared for n in nodes):
+            return [n for n in nodes if n.gpus > 0]  # priced where GPUs are declared, checked nowhere
+    fitting = [n for n in nodes if workers_per_node(r, n) > 0]
+    worker = (f"a trial worker needs {r.gpus_per_worker:g} GPU{'s' if r.gpus_per_worker != 1 else ''} and "
+              f"{r.cpus_per_worker:g} CPU{'s' if r.cpus_per_worker != 1 else ''}")
+    if not fitting:
+        gpus_short = r.gpus_per_worker > 0 and all(
+            (n.gpus * cards_share(r.gpus_per_worker) if r.gpus_per_worker < 1 else n.gpus / r.gpus_per_worker) < 1
+            for n in nodes)
+        cpus_short = all(n.cpus + 1e-9 < r.cpus_per_worker for n in nodes)
+        # neither short alone: some node has the GPUs and another the CPUs, none both
+        key = ("resources.gpus_per_worker and resources.cpus_per_worker" if gpus_short == cpus_short
+               else "resources.gpus_per_worker" if gpus_short else "resources.cpus_per_worker")
+        have = "; ".join(f"{n.name} ({n.instance}): {n.gpus} GPUs, {n.cpus:g} CPUs" for n in nodes) or "no node type"
+        raise StudyError(f"{key}: {worker}, more than any node of {cluster.path} has ({have})")
+    room = sum(workers_per_node(r, n) * n.max_nodes for n in fitting)
+    if room < r.workers_per_trial:
+        have = "; ".join(f"{n.name} ({n.instance}): {workers_per_node(r, n)} a node x {n.max_nodes} nodes"
+                         for n in fitting)
+        raise StudyError(f"resources.workers_per_trial: {r.workers_per_trial} workers a trial ({worker} each), more "
+                         f"than {cluster.path} holds at max_workers: {room} ({have})")
+    return fitting
+
+
+def utilization_score(resources, node: Workers, workers: int) -> tuple[float, float]:
+    """Ray's autoscaler's score of launching one node of `node` for `workers` pending trial workers
+    (`_resource_based_utilization_scorer` of ray.autoscaler's resource_demand_scheduler): over the node's declared
+    resources of 1 or more, each its amount x its used share cubed; the least of them, then their mean. It is no
+    price: the type the workers fill best wins, the cheaper one only by chance."""
+    r, terms = resources, []
+    for have, each in ((node.gpus, r.gpus_per_worker), (node.cpus, r.cpus_per_worker)):
+        if have >= 1 and math.isfinite(have):
+            terms.append(have * (workers * each / have) ** 3)
+    return (min(terms), sum(terms) / len(terms)) if terms else (0.0, 0.0)
+
+
+def worker_placement(resources, nodes: list[Workers], demand: int, head: Workers | None = None
+                     ) -> list[tuple[Workers, int, int]]:
+    """(node type, nodes, trial workers on them) for `demand` trial workers running at once, placed as Ray places
+    them: first on the head when it has room (it runs already, nothing is launched), then as Ray's autoscaler
+    launches nodes (`get_nodes_for`): one node at a time of the type of the best `utilization_score` for the
+    workers still pending, among the types below their max_workers. Types in `nodes` that hold no worker get none."""
+    placed: list[tuple[Workers, int, int]] = []
+    if head is not None and any(n is head for n in nodes):
+        on_head = min(workers_per_node(resources, head), demand)
+        if on_head > 0:
+            placed.append((head, 1, on_head))
+            demand -= on_head
+    types = [n for n in nodes if n is not head and workers_per_node(resources, n) > 0]
+    launched = [0] * len(types)
+    held = [0] * len(types)
+    while demand > 0:
+        choices = [(utilization_score(resources, t, min(workers_per_node(resources, t), demand)), -i)
+                   for i, t in enumerate(types) if launched[i] < t.max_nodes]
+        if not choices:
+            break
+        i = -max(choices)[1]  # a tie goes to the type listed first
+        fit = min(workers_per_node(resources, types[i]), demand)
+        launched[i] += 1
+        held[i] += fit
+        demand -= fit
+    return placed + [(t, launched[i], held[i]) for i, t in enumerate(types) if launched[i]]
 
 
 def cards_share(gpus_per_worker: float) -> int:
@@ -223,9 +349,10 @@ def test_image_cost(spec) -> float:
     return decode_image_cost(spec.base["train"]["beam_size"])
 
 
-def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimate:
+def estimate(spec, images_per_second: float, workers: Workers | Sequence[Workers] | None) -> Estimate:
     """GPU-hours of every trial run to its planned epochs, and the wall time with the GPUs the study can use at
-    once (its concurrent trials, capped by the cluster's GPUs)."""
+    once (its concurrent trials, capped by the trial workers the cluster's node types hold at max_workers:
+    `workers`, one node type or several, `trial_nodes`)."""
     t = spec.base["train"]
     train_images = spec.steps_per_epoch * t["batch_size"] // CAPTIONS_PER_IMAGE  # the last batch filled up
     val = val_image_cost(spec) * validated_images(spec)
@@ -238,11 +365,13 @@ def estimate(spec, images_per_second: float, workers: Workers | None) -> Estimat
     r = spec.resources
     trial_gpus = spec.trial_resources()["GPU"]
     at_once = trial_gpus * min(r.max_concurrent_trials, spec.tune_samples)
-    if workers is not None:
-        cards = workers.gpus * workers.max_nodes
-        if 0 < r.gpus_per_worker < 1:  # Ray puts whole workers on a card: int(1 / fraction) of them (0.4: 2, not 2.5)
-            cards = trial_gpus * (cards * cards_share(r.gpus_per_worker) // r.workers_per_trial)
-        at_once = min(at_once, cards)
+    nodes = (workers,) if isinstance(workers, Workers) else tuple(workers or ())
+    if nodes and trial_gpus > 0:
+        # Ray puts whole workers on a node (a fraction: int(1 / fraction) a card, 0.4: 2, not 2.5): 3-GPU workers on
+        # 4-GPU nodes are one a node, not 4 / 3. By its GPUs alone: `trial_nodes` has passed over the types whose
+        # CPUs hold no worker, and tests/test_plan_audit76.py pins a node's GPUs as its room
+        room = sum(workers_per_node(r, n, by_cpus=False) * n.max_nodes for n in nodes)
+        at_once = min(at_once, trial_gpus * (room // r.workers_per_trial))
     if trial_gpus <= 0:
         return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), at_once)
     # Trials of one length run in waves of `slots` side by side (a trial of a fraction of a card at that fraction of
@@ -538,7 +667,10 @@ def _power_text(value: float) -> str:
 
 def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[str, float]] | None,
               images_per_second: float,
-              ips_source: str, workers: Workers | None, price: float | None) -> str:
+              ips_source: str, workers: Workers | Sequence[Workers] | None, price: float | None, *,
+              head: Workers | None = None) -> str:
+    """The plan's lines. `workers`: the node types the trials run on (one, or several: `trial_nodes`), `head` the
+    cluster's head node, priced for the study's whole wall time; `price`: a worker node's price an hour."""
     t, r = spec.base["train"], spec.resources
     steps, total = spec.steps_per_epoch, spec.total_steps
     xe_steps = steps * t["xe_epochs"]
@@ -649,21 +781,65 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
         one = "trial" if r.workers_per_trial == 1 else "worker"  # a trial of several workers holds several parts
         lines.append(f"            {cards_share(r.gpus_per_worker)} {one}s share a card: {images_per_second:g} images/s "
                      f"is the card's, all of them together (each {one} at its {r.gpus_per_worker:g} of it)")
-    if workers is None and price is not None:  # a node's price, and no node type to say its GPUs
+    nodes = (workers,) if isinstance(workers, Workers) else tuple(workers or ())
+    gpu_nodes = [n for n in nodes if n.gpus > 0]
+    if not gpu_nodes and price is not None:  # a node's price, and no node type to say its GPUs
         lines.append(f"  cost      not priced: the cluster file names no GPU worker type, so a node's "
                      f"--price-per-hour {price:g} has no GPUs to divide by")
-    if workers is not None:
-        node = price if price is not None else ON_DEMAND_PRICES.get(workers.instance)
-        if node is None:
-            lines.append(f"  cost      no price known for {workers.instance}: give --price-per-hour")
+    what = "given" if price is not None else "on-demand list price, us-west-2, 2025, assumed"
+    workers_dollars = spot_dollars = 0.0
+    placement: list[tuple[Workers, int, int]] = []
+    if gpu_nodes:
+        trials_at_once = max(1, int(est.gpus_at_once / spec.trial_resources()["GPU"] + 1e-9))
+        placement = worker_placement(r, gpu_nodes, trials_at_once * r.workers_per_trial, head)
+        held = sum(w for _, _, w in placement) or 1
+        # the GPU-hours of each type in proportion to the workers it holds at once; the head's share is in its
+        # price below (it runs for the whole study whatever it holds)
+        priced = [(n, count, w, price if price is not None else ON_DEMAND_PRICES.get(n.instance))
+                  for n, count, w in placement if n is not head]
+        unknown = list(dict.fromkeys(n.instance for n, _, _, node_price in priced if node_price is None))
+        if unknown:
+            lines.append(f"  cost      no price known for {', '.join(unknown)}: give --price-per-hour")
+            workers_dollars = math.nan
+        for n, _, w, node_price in priced if not unknown else ():
+            dollars = est.gpu_hours * w / held * node_price / n.gpus
+            workers_dollars += dollars
+            spot_dollars += dollars * (SPOT_SHARE if n.spot and price is None else 1.0)
+        if priced and not unknown and len(placement) == 1:
+            n, _, _, node_price = priced[0]
+            lines.append(f"  cost      ${_dollars(workers_dollars)}: {n.instance} at ${node_price:.3f}/h ({what}) / "
+                         f"{n.gpus} GPUs = ${node_price / n.gpus:.3f} a GPU-hour")
+        elif priced and not unknown:
+            parts = "; ".join(f"{w} on {count} {n.instance} ({n.name}) at ${node_price:.3f}/h / {n.gpus} GPUs = "
+                              f"${node_price / n.gpus:.3f} a GPU-hour" for n, count, w, node_price in priced)
+            head_part = next((f"{w} on the head's GPUs; " for n, _, w in placement if n is head), "")
+            lines.append(f"  cost      ${_dollars(workers_dollars)}: the GPU-hours split by where the {held} trial "
+                         f"workers running at once are placed ({what}): {head_part}{parts}")
+        if len(placement) > 1:
+            lines.append("            placed as Ray places them: on the head first when it has GPUs (it runs "
+                         "already), then the node type Ray's autoscaler scores best, the one the pending workers "
+                         "fill most (not the cheapest), the next when it reaches max_workers "
+                         "(launch.plan.worker_placement)")
+        if price is None and any(n.spot for n, _, _, _ in priced) and not unknown:
+            lines.append(f"            spot at ~{SPOT_SHARE:.0%} of on-demand (assumed): ${_dollars(spot_dollars)}")
+    if head is not None and (gpu_nodes or price is not None):
+        head_price = ON_DEMAND_PRICES.get(head.instance)
+        runs = next((w for n, _, w in placement if n is head), 0)
+        on_gpus = f", running {runs} trial workers on its GPUs" if runs else ""
+        if head_price is None:
+            lines.append(f"  head      no price known for {head.instance} ({head.name}){on_gpus}: not in the dollars "
+                         f"(launch.plan.ON_DEMAND_PRICES)")
         else:
-            gpu_hour = node / workers.gpus
-            what = "given" if price is not None else "on-demand list price, us-west-2, 2025, assumed"
-            lines.append(f"  cost      ${_dollars(est.gpu_hours * gpu_hour)}: {workers.instance} at ${node:.3f}/h "
-                         f"({what}) / {workers.gpus} GPUs = ${gpu_hour:.3f} a GPU-hour")
-            if price is None and workers.spot:
-                lines.append(f"            spot at ~{SPOT_SHARE:.0%} of on-demand (assumed): "
-                             f"${_dollars(est.gpu_hours * gpu_hour * SPOT_SHARE)}")
+            # the head (Tune driver) runs from the study's start to its end, trials or none
+            head_dollars = est.wall_hours * head_price
+            lines.append(f"  head      ${_dollars(head_dollars)}: {head.instance} ({head.name}) at ${head_price:.3f}/h "
+                         f"(on-demand list price, us-west-2, 2025, assumed) for the whole ~{_amount(est.wall_hours)} "
+                         f"h wall time{on_gpus}")
+            if math.isfinite(workers_dollars):
+                head_spot = head_dollars * (SPOT_SHARE if head.spot else 1.0)
+                spot = (f"; ${_dollars(spot_dollars + head_spot)} with spot at ~{SPOT_SHARE:.0%}"
+                        if spot_dollars + head_spot < workers_dollars + head_dollars - 1e-12 else "")
+                lines.append(f"  in all    ${_dollars(workers_dollars + head_dollars)}, head and workers{spot}")
     return "\n".join(lines)
 
 
@@ -804,6 +980,9 @@ def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: fl
     if cluster is not None and not Path(cluster).is_file():  # it used to price nothing and ignore --price-per-hour
         why = folder_instead(cluster, "cluster-launcher file") or f"{cluster}: no such cluster-launcher file"
         raise StudyError(f"--cluster {why}")
+    cluster_file = read_cluster(cluster) if cluster is not None else None  # None: no cluster file, no price
+    # a trial that fits no node, or not the whole cluster, is refused before anything is priced or read
+    workers = trial_nodes(spec, cluster_file) if cluster_file is not None else None
     noise, noise_source = study_noise(spec, sd, storage)
     newest = newest_gpu_record() if images_per_second is None else None  # read once: the study's mode and the others
     measured = measured_throughput(spec, newest=newest) if newest is not None else None
@@ -812,9 +991,9 @@ def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: fl
                        (IMAGES_PER_SECOND, "an estimate for an A10G; 115 measured on an H200: benchmarks/RESULTS.md"
                         + (f"; the newest GPU record, {newest[0].name}, did not measure this study's mode"
                            if newest is not None else "")))
-    workers = cluster_workers(cluster) if cluster is not None else None  # None: no cluster file, no price
     gaps = [(f"{d:g} CIDEr", d) for d in deltas] if deltas else None  # None: the gaps relevant to the study
-    text = plan_text(spec, noise, noise_source, gaps, ips, ips_source, workers, price_per_hour)
+    text = plan_text(spec, noise, noise_source, gaps, ips, ips_source, workers, price_per_hour,
+                     head=cluster_file.head if cluster_file is not None else None)
     if newest is not None:
         path, rec = newest
         text += (f"\nmodes     each priced from the newest GPU record ({path.name}: "
