@@ -404,7 +404,17 @@ class ReplicateASHA(FIFOScheduler):
 
     # -- Tune hooks ----------------------------------------------------------------------------------------------
     def on_trial_add(self, tune_controller, trial) -> None:
-        self._groups[trial.trial_id] = group_key(trial.config or {}, self._resolve)
+        tid = trial.trial_id
+        group = self._groups[tid] = group_key(trial.config or {}, self._resolve)
+        if tid in self._ended and trial.status != Trial.TERMINATED:
+            # an errored trial that `a2 study resume` trains again (Tune's resume_errored), its end restored with
+            # the scheduler's state (`set_state`): its group's again, no longer counted gone below its rungs
+            self._ended.discard(tid)
+            gone = self._gone.setdefault(group, {})
+            for member in self._replicate_values(trial, {}):
+                for rung in self.rungs:
+                    if member not in self._values[rung].get(group, {}) and gone.get(rung, 0) > 0:
+                        gone[rung] -= 1
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         tid = trial.trial_id

@@ -110,3 +110,34 @@ def test_a_saved_state_of_other_rungs_is_refused():
     other = ReplicateASHA(max_t=8, grace_period=2, reduction_factor=2, replicates=2)
     with pytest.raises(ValueError, match="rungs"):
         other.set_state(sched.get_state())
+
+
+def test_an_errored_trial_resumed_counts_in_its_group_again():
+    """An errored trial ended for good counts as gone below its rungs; `a2 study resume` (Tune's resume_errored)
+    trains it again, and with the state carried across the resume it must count in its group again: counted gone,
+    its group was judged on its other seeds while it still trained."""
+    sched = ReplicateASHA(max_t=4, grace_period=1, reduction_factor=2, replicates=3)
+    assert sched.set_search_properties("val/CIDEr", "max")
+    controller = Controller()
+    trials = [Trial("a2", config={"fusion": "none", "seed": i}, trial_id=f"a{i}", stub=True) for i in range(3)]
+    for t in trials:
+        t.set_status(Trial.RUNNING)
+        controller.trials.append(t)
+        sched.on_trial_add(controller, t)
+    trials[2].set_status(Trial.ERROR)
+    sched.on_trial_complete(controller, trials[2])  # errored for good before its first epoch
+    state = sched.get_state()
+    assert list(state["gone"].values()) == [{1: 1, 2: 1}] and state["ended"] == {"a2"}
+
+    resumed = ReplicateASHA(max_t=4, grace_period=1, reduction_factor=2, replicates=3)
+    assert resumed.set_search_properties("val/CIDEr", "max")
+    resumed.set_state(state)
+    for t in trials:
+        t.set_status(Trial.PENDING)  # Tune's resume: unfinished and errored trials pending again
+        resumed.on_trial_add(controller, t)
+        t.set_status(Trial.RUNNING)
+    report(resumed, controller, trials[0], 10.0, epoch=1)
+    report(resumed, controller, trials[1], 11.0, epoch=1)
+    assert resumed.group_means(1) == {}  # the resumed third seed is still awaited
+    report(resumed, controller, trials[2], 12.0, epoch=1)
+    assert list(resumed.group_means(1).values()) == [pytest.approx(11.0)]
