@@ -3,7 +3,8 @@
 
 The arms are the study's fusions against fusion none, as `a2 study compare` groups them (`dashboards.compare.
 study_comparison`: each fusion's best configuration). Look r is the study restricted to seeds 0 .. rounds[r] - 1; an
-arm takes it when it and the baseline have rounds[r] seeds there, and its p-value there is the verdict rule's
+arm takes it when it and the baseline were handed those seeds and each ended (`looks_of`: an errored or diverged
+seed is missing, not waited for), and its p-value there is the verdict rule's
 (`Difference.p`) with the seed variance pooled over every arm of the study at that look
 (`dashboards.stats.pooled_differences`; the design's `pool_arms`, settled arms' seeds included). `decide` then
 applies the design of `dashboards.sequential` (`launch.plan.study_design`): the sequential p-value over the looks
@@ -91,8 +92,13 @@ def decide(looks: list[dict[str, Difference]], design: Design, alpha: float = 1 
         r, d = last.get(arm, (None, None))
         seeds = design.rounds[r] if r is not None else 0
         qi, ai = finite(q[i]), finite(adjusted[i])
+        # seeds that errored or ended without a value: the look was taken on the rest (`looks_of`)
+        missing = ("" if d is None or min(d.seeds_a, d.seeds_b) >= seeds else
+                   f"; with a value: {d.seeds_a} of {d.a}'s and {d.seeds_b} of {d.b}'s {seeds} seeds, the rest "
+                   f"errored or diverged")
         figures = (f"sequential p {_p(qi)}, Holm-adjusted {_p(ai)}" if qi is not None
                    else "no interval (" + (d.no_verdict_reason() or "no p") + ")" if d is not None else "no look")
+        figures += missing
         if state[arm] == "resolved":
             side = "beats" if d.better * d.delta > 0 else "trails"
             reason = (f"{arm}: settled at round {r + 1} ({seeds} seeds): resolved, {side} {d.b} by "
@@ -112,27 +118,52 @@ def _p(value: float | None) -> str:
     return "-" if value is None else "<0.001" if value < 0.001 else f"{value:.3f}"
 
 
+ENDED = ("TERMINATED", "ERROR")  # Tune's states of a trial that will run no more: its seed is in or is missing
+
+
 def looks_of(study: Study, rounds: tuple[int, ...], by: str = BY,
              pool_arms: bool = True) -> tuple[list[dict[str, Difference]], str | None]:
     """(the looks the record holds: look r is arm -> its `Difference` with the baseline on seeds 0 .. rounds[r] - 1,
-    for the arms with rounds[r] seeds there, as `a2 study compare` computes it but, with `pool_arms` (the design's),
-    with the seed variance pooled over every arm there (`pooled_differences`); the baseline's label). A look is
-    taken once the baseline and some arm have all its seeds; the looks stop at the first one not taken."""
+    for the arms whose configurations, and the baseline's, were handed all of those seeds and have seen every one
+    end, as `a2 study compare` computes it but, with `pool_arms` (the design's), with the seed variance pooled over
+    every arm there (`pooled_differences`); the baseline's label). A seed that errored or ended without a value
+    (diverged) is missing: the arm takes the look on its seeds with a value (its `Difference` says how many), as
+    the rule does with unequal seeds, rather than waiting for a count it can never reach. A seed still pending or
+    running holds the look back. A look is taken once the baseline and some arm have it; the looks stop at the
+    first one not taken."""
     looks, baseline = [], None
     for n in rounds:
-        runs = [t for t in study.runs
-                if seed_number(t.seed) is not None and seed_number(t.seed) < n and t.state == "TERMINATED"]
+        below = [t for t in study.runs if seed_number(t.seed) is not None and seed_number(t.seed) < n]
+        runs = [t for t in below if t.state == "TERMINATED"]
         try:
             comparison, _, _ = study_comparison(replace(study, runs=runs), by)
         except DataError:  # arms scored on different images: no look (compare says why)
             break
+        complete = _complete_arms(below, n, by)
         differences = pooled_differences(comparison) if pool_arms else comparison.differences
-        look = {arm: d for arm, d in differences.items() if d.seeds_a == n and d.seeds_b == n}
+        look = {arm: d for arm, d in differences.items() if arm in complete and comparison.baseline in complete}
         if not look:
             break
         looks.append(look)
         baseline = comparison.baseline
     return looks, baseline
+
+
+def _complete_arms(runs: list[Trial], n: int, by: str) -> set[str]:
+    """The arms (values of `by`) each of whose configurations among `runs` (the trials of seeds below n) has a trial
+    of every seed 0 .. n - 1 and every one of them ended (`ENDED`)."""
+    seeds: dict[tuple[str, object], set[int]] = {}
+    unfinished: set[str] = set()
+    for t in runs:
+        arm = group_value(t, by)
+        if arm is None:
+            continue
+        seeds.setdefault((str(arm), t.config_hash), set()).add(seed_number(t.seed))
+        if t.state not in ENDED:
+            unfinished.add(str(arm))
+    arms = {arm for arm, _ in seeds}
+    short = {arm for (arm, _), got in seeds.items() if not set(range(n)) <= got}
+    return arms - short - unfinished
 
 
 @dataclass(frozen=True)
@@ -227,12 +258,16 @@ class RoundDecider:
     spec: object
     location: StudyLocation
 
-    def next_round(self, finished: int, configs: dict[str, dict], trials: dict[str, dict]) -> list[str]:
+    def next_round(self, finished: int, configs: dict[str, dict], trials: dict[str, dict],
+                   failed: set[str] | frozenset = frozenset()) -> list[str]:
         """The groups (of `configs`: group -> its suggestion) that get round `finished + 1`'s seeds (0-based
-        `finished` the round that ended; `trials`: each trial handed out -> its suggestion). The baseline's while
-        any arm is open; none once every arm is settled. Writes `ROUNDS_FILE`."""
+        `finished` the round that ended; `trials`: each trial handed out -> its suggestion; `failed`: those that
+        errored, ERROR in the record as `a2 study status` reads them, so that an errored seed's partial curve is no
+        seed of the decision). The baseline's while any arm is open; none once every arm is settled. Writes
+        `ROUNDS_FILE`."""
         rows = [row for tid, config in trials.items()  # a fused trial's seeds: trials of the record apart
-                for row in seed_trials(Trial(tid, state="TERMINATED", sampled=dict(config)))]
+                for row in seed_trials(Trial(tid, state="ERROR" if tid in failed else "TERMINATED",
+                                             sampled=dict(config)))]
         study = StudyRecord.load(self.location, self.spec, trials=rows).study()
         rounds = study_rounds(self.spec, study)
         chosen = next_round_groups(self.spec, rounds, configs, study)

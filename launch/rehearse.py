@@ -265,7 +265,9 @@ class RehearsalDecider:
     def __init__(self, spec, study_now):
         self.spec, self.study_now = spec, study_now
 
-    def next_round(self, finished: int, configs: dict[str, dict], trials: dict[str, dict]) -> list[str]:
+    def next_round(self, finished: int, configs: dict[str, dict], trials: dict[str, dict],
+                   failed: set[str] | frozenset = frozenset()) -> list[str]:
+        """As RoundDecider's; `failed` is unused: the simulated record holds every trial's own state."""
         from launch.adaptive import next_round_groups, study_rounds  # as in `simulate`
 
         study = self.study_now()

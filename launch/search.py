@@ -204,7 +204,9 @@ class GridCrossedSearcher(Searcher):
         groups = list(self._members)
         if self._decider is not None:
             trials = {t: self._configs[t] for t in self._configs}
-            groups = [g for g in self._decider.next_round(self._round, {g: self._configs[g] for g in groups}, trials)
+            failed = {t for t, outcome in self._outcomes.items() if outcome == TrialState.FAIL.name}
+            groups = [g for g in self._decider.next_round(self._round, {g: self._configs[g] for g in groups}, trials,
+                                                          failed=failed)
                       if g in self._members]
         self._round += 1
         self._queue = groups

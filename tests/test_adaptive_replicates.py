@@ -129,7 +129,7 @@ class OpenArms:
     def __init__(self, spec, arms):
         self.spec, self.arms, self.calls = spec, arms, []
 
-    def next_round(self, finished, configs, trials):
+    def next_round(self, finished, configs, trials, failed=frozenset()):
         self.calls.append((finished, len(configs), len(trials)))
         return [g for g, c in configs.items() if c["fusion"] in self.arms]
 

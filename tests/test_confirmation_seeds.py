@@ -64,7 +64,7 @@ def test_the_searcher_hands_the_confirmation_seeds_to_the_chosen_configurations_
     asked = []
 
     class Chosen:  # what `RoundDecider` answers: here the baseline and gate's second configuration
-        def next_round(self, finished, configs, trials):
+        def next_round(self, finished, configs, trials, failed=frozenset()):
             asked.append((finished, len(configs), len(trials)))
             gates = [g for g, c in configs.items() if c["fusion"] == "gate"]
             return [g for g, c in configs.items() if c["fusion"] == "none"] + gates[1:2]
@@ -98,7 +98,7 @@ def test_fused_seeds_train_each_round_as_one_trial_a_configuration():
     searcher = GridCrossedSearcher(spec)
 
     class Chosen:  # the baseline and gate's second configuration, as in the unfused test above
-        def next_round(self, finished, configs, trials):
+        def next_round(self, finished, configs, trials, failed=frozenset()):
             gates = [g for g, c in configs.items() if c["fusion"] == "gate"]
             return [g for g, c in configs.items() if c["fusion"] == "none"] + gates[1:2]
 
