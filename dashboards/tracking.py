@@ -232,11 +232,45 @@ def import_mlflow() -> None:
 
 
 # -- a study's runs, searched and read -------------------------------------------------------------------------
+def renamed_experiments(client, name: str) -> list:
+    """The active experiments created as `name` (their `a2.study` tag, set at creation: `launch.tracking_writer`)
+    that are named otherwise now: renamed in the MLflow UI or by `MlflowClient.rename_experiment`. All pages."""
+    found, token = [], None
+    while True:
+        page = client.search_experiments(filter_string=f"tags.`{TAG_STUDY}` = {filter_value(name)}",
+                                         max_results=1000, page_token=token)
+        found.extend(e for e in page if e.name != name)
+        if not (token := page.token):
+            return found
+
+
+def study_experiment(client, name: str):
+    """The experiment a study tracked as `name` is in: the active one of that name, else the one created as `name`
+    and renamed since (its runs are there: a new one of the old name would split the study in two), else the one of
+    that name in MLflow's trash (deleted), else None. TrackingError when several renamed ones were created as
+    `name`: which one holds the study is for a person to say."""
+    exp = client.get_experiment_by_name(name)  # MLflow's answer includes a deleted one
+    if exp is not None and exp.lifecycle_stage != "deleted":
+        return exp
+    renamed = renamed_experiments(client, name)
+    if len(renamed) > 1:
+        listed = ", ".join(f"{e.name!r} (id {e.experiment_id})"
+                           for e in sorted(renamed, key=lambda e: (len(e.experiment_id), e.experiment_id)))
+        raise TrackingError(f"MLflow experiment {name!r} is gone, and {len(renamed)} experiments created under that "
+                            f"name were renamed: {listed}; rename the study's own back to {name!r}, or set "
+                            f"tracking.experiment to its name")
+    return renamed[0] if renamed else exp
+
+
 def study_runs(tracking_uri: str, study_name: str, experiment: str | None = None):
-    """(parent_run or None, [child runs]) of a study, oldest first, from the experiment named `experiment` (default:
-    the study name), else from any experiment."""
+    """(parent_run or None, [child runs]) of a study, oldest first, from its experiment (`study_experiment` of
+    `experiment`, default the study name: the one of that name, or the one created so and renamed since), else from
+    any experiment."""
     client = mlflow_client(tracking_uri)
-    exp = client.get_experiment_by_name(experiment or study_name)
+    try:
+        exp = study_experiment(client, experiment or study_name)
+    except TrackingError:  # several renamed: the study is searched for in every experiment
+        exp = None
     exp_ids = [exp.experiment_id] if exp is not None else _all_experiment_ids(client)
     parents = [run for i in range(0, len(exp_ids), 100)  # search_runs takes at most 100 experiments
                for run in search_all_runs(client, exp_ids[i:i + 100], study_filter(study_name))]
@@ -273,7 +307,11 @@ def ui_pointer(tracking_uri: str, experiment_id: str | None) -> str:
 
 
 def study_pointer(tracking_uri: str, experiment: str) -> str:
-    """`ui_pointer` of the experiment named `experiment`, looked up (never created)."""
-    exp = mlflow_client(tracking_uri).get_experiment_by_name(experiment)
+    """`ui_pointer` of the study's experiment `experiment` (`study_experiment`: renamed since, too), looked up (never
+    created)."""
+    try:
+        exp = study_experiment(mlflow_client(tracking_uri), experiment)
+    except TrackingError:
+        exp = None
     return ui_pointer(tracking_uri, exp.experiment_id if exp is not None else None)
 

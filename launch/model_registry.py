@@ -21,6 +21,8 @@ from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
 from a2core import checkpoint as ckpt
 
 TAG_CONTENT_HASH = "a2.content_hash"
+# MLflow's limits (mlflow.utils.validation) on a model version's tags and description (its database column)
+MAX_TAG_KEY, MAX_TAG_VALUE, MAX_DESCRIPTION = 250, 100_000, 5000
 # The model's code and the packages it imports, shipped with the model: the read side's ensemble model and a2core.
 REPO = Path(__file__).resolve().parents[1]
 MODEL_CODE = REPO / "dashboards" / "ensemble_model.py"
@@ -67,15 +69,16 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
     """Log the ensemble as an MLflow pyfunc model of run `run_id` (its checkpoints as artifacts, without optimizer
     state) and register it as a new version of model `name`, unless a version of `name` already serves the same
     checkpoints and settings (tag `a2.content_hash`): that version is reused. Returns {"name", "version",
-    "model_uri", "logged_model_uri", "run_id", "reused"}."""
+    "model_uri", "logged_model_uri", "run_id" (the run the version links to: a reused one's own), "reused"}."""
     client = MlflowClient(tracking_uri=tracking_uri)
     digest = content_hash(checkpoints, beam_size, max_len)
     same = client.search_model_versions(
         f"name={_quoted(name)} and tags.`{TAG_CONTENT_HASH}` = {_quoted(digest)}")
     if same:
         first = min(same, key=lambda v: int(v.version))
+        # the version's own run: the run that logged it, not this call's (a study's parent run made again since)
         return {"name": name, "version": int(first.version), "model_uri": f"models:/{name}/{first.version}",
-                "logged_model_uri": first.source, "run_id": run_id, "reused": True}
+                "logged_model_uri": first.source, "run_id": first.run_id or run_id, "reused": True}
     drop_unfinished_versions(client, name, run_id)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the job's log
     status = client.get_run(run_id).info.status
@@ -113,8 +116,9 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
                 os.environ.pop("MLFLOW_TRACKING_URI", None)
     version = str(info.registered_model_version)
     if description:
-        client.update_model_version(name, version, description=description)
-    for k, v in {**(tags or {}), TAG_CONTENT_HASH: digest}.items():
-        client.set_model_version_tag(name, version, k, str(v))
+        client.update_model_version(name, version, description=description[:MAX_DESCRIPTION])
+    for k, v in {**(tags or {}), TAG_CONTENT_HASH: digest}.items():  # cut to MLflow's limits: one refused tag
+        # would leave the version without its content hash (set last), so every rerun registered it again
+        client.set_model_version_tag(name, version, str(k)[:MAX_TAG_KEY], str(v)[:MAX_TAG_VALUE])
     return {"name": name, "version": int(version), "model_uri": f"models:/{name}/{version}",
             "logged_model_uri": info.model_uri, "run_id": run_id, "reused": False}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import numbers
 import os
 import re
@@ -24,7 +25,9 @@ from dashboards.mlflow_views import (MODEL_TRAINING, TAG_EXPERIMENT_KIND, VIEW_T
                                      saved_sections, ui_url, view_states, view_tags)
 from dashboards.tracking import (TAG_END_REASON, TAG_FUSION, TAG_GIT, TAG_PARENT, TAG_ROLE, TAG_SEED, TAG_STUDY,
                                  TAG_TRIAL_ID, filter_value, git_commit, mlflow_client, param_value, redact_uri,
-                                 search_all_runs, study_filter, study_runs)
+                                 search_all_runs, study_experiment, study_filter, study_runs)
+
+logger = logging.getLogger(__name__)
 
 RUN_STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
 TAG_STORAGE = "a2.storage"  # the parent run's: where the study's record is, which tells two studies of one name apart
@@ -131,29 +134,58 @@ class StudyTracker:
 
     @functools.cached_property
     def experiment_id(self) -> str:
-        """The experiment's id; created (model training, with the a2 views) when there is none, restored when it was
-        deleted; an existing one is marked model training again (a resumed study) and gets the views it lacks."""
+        """The experiment's id (`dashboards.tracking.study_experiment`): the one of its name; one created under its
+        name and renamed since (the MLflow UI's Rename) is followed, said in one warning, not made again beside it
+        (which split a study's runs in two experiments); one of its name in MLflow's trash is restored, said in one
+        warning with how to drop it for good instead; else one is created (model training, with the a2 views). An
+        existing one is marked model training again (a resumed study) and gets the views it lacks."""
         from mlflow.exceptions import MlflowException  # mlflow: on first use, as in `mlflow_client`
 
-        exp = self.client.get_experiment_by_name(self.experiment_name)
+        exp = study_experiment(self.client, self.experiment_name)
         if exp is None:
             tags = {TAG_STUDY: self.experiment_name, TAG_EXPERIMENT_KIND: MODEL_TRAINING,
                     **view_tags(self._view_states())}
             try:
                 return self.client.create_experiment(self.experiment_name, artifact_location=self.artifact_location,
                                                      tags=tags)
-            except MlflowException:  # created concurrently by another process
+            except MlflowException as err:  # created concurrently by another process, or in a hidden trash
                 exp = self.client.get_experiment_by_name(self.experiment_name)
                 if exp is None:
+                    if err.error_code == "RESOURCE_ALREADY_EXISTS":
+                        raise TrackingError(self._in_trash_text()) from None
                     raise
+        if exp.name != self.experiment_name:
+            logger.warning("MLflow experiment %r (id %s) was renamed %r; the study's runs are exported there (to "
+                           "start a new experiment instead, set tracking.experiment)", self.experiment_name,
+                           exp.experiment_id, exp.name)
         if exp.lifecycle_stage == "deleted":
             self.client.restore_experiment(exp.experiment_id)
+            logger.warning("MLflow experiment %r (id %s) was in MLflow's trash; restored with its runs (to drop it for "
+                           "good instead: delete it again, purge it with `mlflow gc --backend-store-uri <the server's "
+                           "store> --experiment-ids %s`, and export again)", exp.name, exp.experiment_id,
+                           exp.experiment_id)
         missing = {TAG_EXPERIMENT_KIND: MODEL_TRAINING} if exp.tags.get(TAG_EXPERIMENT_KIND) != MODEL_TRAINING else {}
         if not saved_sections(exp.tags):
             missing.update(view_tags(self._view_states(), exp.tags))
         for key, value in missing.items():
             self.client.set_experiment_tag(exp.experiment_id, key, value)
         return exp.experiment_id
+
+    def _in_trash_text(self) -> str:
+        """Why no experiment of the study's name can be made: MLflow keeps the name of one in its trash (a store whose
+        lookup by name does not return deleted experiments), in one line, with how to restore or purge it."""
+        from mlflow.entities import ViewType  # mlflow: on first use, as in `mlflow_client`
+
+        ids = []
+        with contextlib.suppress(Exception):  # the line stands without the id
+            ids = [e.experiment_id for e in self.client.search_experiments(
+                view_type=ViewType.DELETED_ONLY, filter_string=f"name = {filter_value(self.experiment_name)}")]
+        which = f" (id {ids[0]})" if ids else ""
+        ident = ids[0] if ids else "<its id>"
+        return (f"MLflow experiment {self.experiment_name!r}{which} at {redact_uri(self.tracking_uri)} is in MLflow's "
+                f"trash, and MLflow makes no new one of its name: restore it (`mlflow experiments restore "
+                f"--experiment-id {ident}`) or purge it (`mlflow gc --backend-store-uri <the server's store> "
+                f"--experiment-ids {ident}`), or set tracking.experiment to another name")
 
     def restore_deleted(self) -> tuple[list[str], bool]:
         """After a write failed, and at a study's end: restore what of this tracker's experiment and runs was deleted
@@ -388,8 +420,13 @@ class StudyTracker:
             known.tags.update(items)
 
     def _log_params(self, run_id: str, flat: dict, existing: dict) -> None:
-        """The params of `flat` that the run does not have yet (a resumed run keeps its first values)."""
-        new = [(_clean_key(k), param_value(v)) for k, v in flat.items() if _clean_key(k) not in existing]
+        """The params of `flat` that the run does not have yet (a resumed run keeps its first values). Two keys that
+        are one once cleaned (`a@b`, `a#b`; two long ones cut alike) are logged once, the first's value: MLflow
+        refuses a batch that names a param twice, and so every later export of the study."""
+        cleaned: dict[str, str] = {}
+        for key, value in flat.items():
+            cleaned.setdefault(_clean_key(key), value)
+        new = [(key, param_value(value)) for key, value in cleaned.items() if key not in existing]
         self._log_batch(run_id, "params", new)
         if run_id in self._known:
             self._known[run_id].params.update(key for key, _ in new)
