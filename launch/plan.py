@@ -8,8 +8,10 @@ from the difference's variance components over seeds and the images the verdicts
 seeds) at the study's noise (`dashboards.stats.Noise`): measured in the per-image scores of the study's finished
 seeds, else in their seed values, else assumed (`--sd` for the seed spread, `COCO_SEED_SD` for a COCO study, the
 arm x image term `ARM_IMAGE_SD`), and an estimate of GPU-hours, wall time and cost on the node types of
-`ray-cluster.yaml` (the trials placed as Ray places them, `worker_placement`; the head for the wall time) from a
-throughput (`--images-per-second`; default: the newest GPU record's for the study's
+`ray-cluster.yaml` (the trials placed as Ray places them, `worker_placement`; the GPU-hours' worth at a GPU's share
+of its node's price, the compute; billed: whole worker nodes for the waves they run and `idle_timeout_minutes`
+after, `billed_nodes`, a CPU-only study's too; the head for the wall time; one --price-per-hour for one worker type
+only) from a throughput (`--images-per-second`; default: the newest GPU record's for the study's
 mode, `measured_throughput`, else `IMAGES_PER_SECOND`).
 """
 from __future__ import annotations
@@ -93,6 +95,10 @@ ON_DEMAND_PRICES = {"g5.12xlarge": 5.672, "g5.xlarge": 1.006, "g5.2xlarge": 1.21
                     # CPU heads (ray-cluster.yaml's is an m5.2xlarge): priced for the study's whole wall time
                     "m5.xlarge": 0.192, "m5.2xlarge": 0.384, "m5.4xlarge": 0.768}
 SPOT_SHARE = 0.35  # assumed: spot at about a third of on-demand for g5 in us-west-2 (check the spot price history)
+# Ray's autoscaler removes a worker node idle for `idle_timeout_minutes` (a cluster file's key; ray.autoscaler's
+# aws/defaults.yaml fills in 5 where the file leaves it out, and `StandardAutoscaler` terminates after 60 x it s):
+# the minutes a node is billed after its last trial, before it goes (`billed_nodes`)
+IDLE_TIMEOUT_MINUTES = 5.0
 
 
 def table3_gaps() -> list[tuple[str, float]]:
@@ -147,10 +153,12 @@ class Workers:
 @dataclass(frozen=True)
 class ClusterFile:
     """A cluster-launcher file as the plan reads it: its head node type (one node, running for the whole study) and
-    the worker node types the autoscaler may launch (max_workers > 0), GPUs or not, in the file's order."""
+    the worker node types the autoscaler may launch (max_workers > 0), GPUs or not, in the file's order, and the
+    minutes a worker node may stay idle before the autoscaler removes it (`idle_timeout_minutes`, Ray's default 5)."""
     path: str
     head: Workers | None
     workers: tuple[Workers, ...]
+    idle_minutes: float = IDLE_TIMEOUT_MINUTES
 
 
 def node_type(name: str, node: dict, max_nodes: int) -> Workers:
@@ -184,7 +192,8 @@ def read_cluster(path: str | Path = CLUSTER_FILE) -> ClusterFile | None:
         nodes = min(nodes, int(limit)) if limit is not None else nodes
         if nodes > 0:  # a type of max_workers 0 never launches: it holds and prices nothing
             workers.append(node_type(name, node, nodes))
-    return ClusterFile(str(path), head, tuple(workers))
+    idle = cluster.get("idle_timeout_minutes")
+    return ClusterFile(str(path), head, tuple(workers), float(idle if idle is not None else IDLE_TIMEOUT_MINUTES))
 
 
 def cluster_workers(path: str | Path = CLUSTER_FILE) -> Workers | None:
@@ -297,9 +306,12 @@ def cards_share(gpus_per_worker: float) -> int:
 
 @dataclass(frozen=True)
 class Estimate:
+    """GPU-hours (a CPU-only study: its trial workers' hours), wall hours, GPUs (trial workers) at once, and the
+    waves the trials run in: (trials side by side, hours) in order (`trial_waves`)."""
     gpu_hours: float
     wall_hours: float
     gpus_at_once: float  # a fraction where trials share one card
+    waves: tuple[tuple[int, float], ...] = field(default=(), compare=False)
 
 
 def encoder_passes(spec) -> float:
@@ -364,16 +376,16 @@ def estimate(spec, images_per_second: float, workers: Workers | Sequence[Workers
     # the trials side by side: no more than the study has (Tune trials: a fused trial holds a configuration's seeds)
     r = spec.resources
     trial_gpus = spec.trial_resources()["GPU"]
-    at_once = trial_gpus * min(r.max_concurrent_trials, spec.tune_samples)
+    # a CPU-only trial: its workers, each at `images_per_second` (given: `plan_text` prices no CPU study without it)
+    unit = trial_gpus if trial_gpus > 0 else r.workers_per_trial
+    at_once = unit * min(r.max_concurrent_trials, spec.tune_samples)
     nodes = (workers,) if isinstance(workers, Workers) else tuple(workers or ())
-    if nodes and trial_gpus > 0:
+    if nodes:
         # Ray puts whole workers on a node (a fraction: int(1 / fraction) a card, 0.4: 2, not 2.5): 3-GPU workers on
         # 4-GPU nodes are one a node, not 4 / 3. By its GPUs alone: `trial_nodes` has passed over the types whose
-        # CPUs hold no worker, and tests/test_plan_audit76.py pins a node's GPUs as its room
-        room = sum(workers_per_node(r, n, by_cpus=False) * n.max_nodes for n in nodes)
-        at_once = min(at_once, trial_gpus * (room // r.workers_per_trial))
-    if trial_gpus <= 0:
-        return Estimate(gpu_hours, gpu_hours / max(at_once, 1e-9), at_once)
+        # CPUs hold no worker, and tests/test_plan_audit76.py pins a node's GPUs as its room; a CPU trial's by CPUs
+        room = sum(workers_per_node(r, n, by_cpus=trial_gpus <= 0) * n.max_nodes for n in nodes)
+        at_once = min(at_once, unit * (room // r.workers_per_trial))
     # Trials of one length run in waves of `slots` side by side (a trial of a fraction of a card at that fraction of
     # its speed), and each round of seeds (`seed_rounds_trials`: the search's, then the confirmation seeds of the
     # configurations it chose) starts when the round before it has ended: 55 trials 16 at a time take 4 trials'
@@ -381,12 +393,46 @@ def estimate(spec, images_per_second: float, workers: Workers | Sequence[Workers
     # the round, k seed-trials' time on its GPUs: fusion_ablation's 5 confirmation trials of 5 seeds take 5 seed-
     # trials' time however many GPUs stand free (spread over every GPU, the plan had said 47 h, below its own 68 h
     # for those 5 trials alone)
-    slots = max(1, int(at_once / trial_gpus + 1e-9))
-    if r.fuse_replicates:
-        waves = sum(math.ceil(n / slots) * k for n, k in spec.seed_rounds_trials)
-    else:
-        waves = sum(math.ceil(n * k / slots) for n, k in spec.seed_rounds_trials)
-    return Estimate(gpu_hours, waves * gpu_seconds / 3600 / trial_gpus, slots * trial_gpus)
+    slots = max(1, int(at_once / unit + 1e-9))
+    waves = trial_waves(spec, slots, gpu_seconds / 3600 / unit)
+    return Estimate(gpu_hours, sum(h for _, h in waves), slots * unit, waves)
+
+
+def trial_waves(spec, slots: int, trial_hours: float) -> tuple[tuple[int, float], ...]:
+    """(trials side by side, hours) of each wave the study's trials run in, `slots` at a time, a trial `trial_hours`
+    long: each round of seeds (`seed_rounds_trials`) in full waves, then one of the rest; a fused trial of k seeds
+    is k trials' hours."""
+    waves = []
+    for n, k in spec.seed_rounds_trials:
+        trials, hours = (n, k * trial_hours) if spec.resources.fuse_replicates else (n * k, trial_hours)
+        waves += [(slots, hours)] * (trials // slots) + ([(trials % slots, hours)] if trials % slots else [])
+    return tuple(waves)
+
+
+def billed_nodes(resources, nodes: Sequence[Workers], waves: Sequence[tuple[int, float]], head: Workers | None = None,
+                 idle_minutes: float = IDLE_TIMEOUT_MINUTES) -> list[tuple[Workers, float, int]]:
+    """(node type, node-hours billed, most nodes at once) of each worker type the trials run on: a cloud bills whole
+    nodes for the time they run, whatever share of them the trials use. Each wave (`trial_waves`) on the nodes
+    `worker_placement` launches for its trial workers (the head, billed apart, left out); a node a wave no longer
+    needs stays `idle_minutes` (the autoscaler's `idle_timeout_minutes`) before it goes, after the last wave too,
+    and is kept when a later wave needs it within that time (the idle gap billed, not a new node)."""
+    idle = idle_minutes / 60
+    types = [n for n in nodes if n is not head]
+    counts = [[0] * len(waves) for _ in types]  # nodes of each type in each wave
+    for w, (trials, _) in enumerate(waves):
+        for n, count, _ in worker_placement(resources, list(nodes), trials * resources.workers_per_trial, head):
+            if n is not head:
+                counts[next(i for i, t in enumerate(types) if t is n)][w] = count
+    billed = []
+    for t, c in zip(types, counts):
+        hours = 0.0
+        for j in range(max(c, default=0)):  # node j runs in the waves that need more than j nodes
+            busy = [w for w, count in enumerate(c) if count > j]
+            hours += sum(waves[w][1] for w in busy) + idle  # its waves, then idle until it goes
+            hours += sum(min(idle, sum(waves[w][1] for w in range(a + 1, b))) for a, b in zip(busy, busy[1:]))
+        if hours:
+            billed.append((t, hours, max(c)))
+    return billed
 
 
 # benchmarks/bench_fused.py's records: the training images/s per card of each mode it measured on one machine (one
@@ -668,9 +714,12 @@ def _power_text(value: float) -> str:
 def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[str, float]] | None,
               images_per_second: float,
               ips_source: str, workers: Workers | Sequence[Workers] | None, price: float | None, *,
-              head: Workers | None = None) -> str:
+              head: Workers | None = None, idle_minutes: float = IDLE_TIMEOUT_MINUTES) -> str:
     """The plan's lines. `workers`: the node types the trials run on (one, or several: `trial_nodes`), `head` the
-    cluster's head node, priced for the study's whole wall time; `price`: a worker node's price an hour."""
+    cluster's head node, priced for the study's whole wall time; `price`: a worker node's price an hour, for a
+    placement on one worker type (StudyError on several: one price for several instance types would be made up);
+    `idle_minutes`: the cluster's `idle_timeout_minutes`. The worker nodes are billed whole for the hours they run
+    (`billed_nodes`); the GPU-hours' worth at a GPU's share of its node's price is printed apart (the compute)."""
     t, r = spec.base["train"], spec.resources
     steps, total = spec.steps_per_epoch, spec.total_steps
     xe_steps = steps * t["xe_epochs"]
@@ -754,78 +803,114 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
         if never:
             lines.append(f"    never: the images' own variance ({noise.images:,} images) stays however many seeds "
                          f"run; score more test images")
-    if r.gpus_per_worker == 0:
-        lines.append("cost      none estimated: the trials use no GPU (resources.gpus_per_worker: 0)")
+    cpu_only = r.gpus_per_worker == 0
+    if cpu_only and ips_source != "given":  # every throughput the plan knows is a GPU's
+        lines.append("cost      none estimated: the trials use no GPU (resources.gpus_per_worker: 0) and no CPU "
+                     "throughput is known: give --images-per-second (a trial worker's training images/s)")
         return "\n".join(lines)
     est = estimate(spec, images_per_second, workers)
-    val_decode = f"beam {t['beam_size']}" if t.get("val_decode", "greedy") == "beam" and t["beam_size"] > 1 else "greedy"
+    unit = spec.trial_resources()["GPU"] if not cpu_only else r.workers_per_trial  # a trial's GPUs, else workers
+    val_decode = (f"beam {t['beam_size']}" if t.get("val_decode", "greedy") == "beam" and t["beam_size"] > 1
+                  else "greedy")
+    speed = "per trial worker on its CPUs; a trial's workers scale linearly (assumed)" if cpu_only else "per GPU"
+    side = f", {_trials_text(est.gpus_at_once / unit)} side by side in waves" if not r.fuse_replicates else ""
+    asha = (" (every trial to its last epoch: before ASHA's early stopping, an upper bound)" if early_stopping(spec)
+            else "")
     lines += ["cost (an estimate)",
-              f"  speed     {images_per_second:g} training images/s per GPU ({ips_source})",
+              f"  speed     {images_per_second:g} training images/s {speed} ({ips_source})",
               f"            per image, in XE images: an XE image {xe_image_cost(spec):.2f} "
               f"({t.get('batch_layout', 'images')} layout, encoder share {ENCODER_SHARE:g} of an images-layout "
               f"step, from FLOPs), an SCST image {scst_image_cost(spec):.2f} "
               f"({t.get('scst_candidates', 'sample')} candidates); a trial's GPUs scale linearly (assumed)",
-              f"            decoding, in XE images: a validation image {val_image_cost(spec):.2f} ({val_decode}), a test "
-              f"image ({_n(test_images(spec))} when a trial ends, beam {t['beam_size']}) {test_image_cost(spec):.2f}: "
+              f"            decoding, in XE images: a validation image {val_image_cost(spec):.2f} ({val_decode}), "
+              f"a test image ({_n(test_images(spec))} when a trial ends, beam {t['beam_size']}) "
+              f"{test_image_cost(spec):.2f}: "
               f"greedy {VAL_IMAGE_COST:g} measured on an H200 (benchmarks/bench_gpu.py), beam 5 / greedy "
               f"{BEAM5_OVER_GREEDY:g} measured on a CPU, linear in the width (launch.plan.BEAM5_OVER_GREEDY; "
               f"its FLOPs say 2.30, its kernel launches 1.17)",
-              f"  GPU-hours {_amount(est.gpu_hours)} for {spec.num_trials} trials; about {_amount(est.wall_hours)} h "
-              f"wall "
-              f"on {est.gpus_at_once:g} GPUs at once"
-              + (f", {_trials_text(est.gpus_at_once / spec.trial_resources()['GPU'])} side by side in waves"
-                 if not r.fuse_replicates else "")
-              + (" (every trial to its last epoch: before ASHA's early stopping, an upper bound)"
-                 if early_stopping(spec) else "")]
+              (f"  worker-hours {_amount(est.gpu_hours)} for {spec.num_trials} trials (CPU trial workers); about "
+               f"{_amount(est.wall_hours)} h wall on {est.gpus_at_once:g} trial workers at once{side}{asha}"
+               if cpu_only else
+               f"  GPU-hours {_amount(est.gpu_hours)} for {spec.num_trials} trials; about {_amount(est.wall_hours)} h "
+               f"wall on {est.gpus_at_once:g} GPUs at once{side}{asha}")]
     if 0 < r.gpus_per_worker < 1:
         one = "trial" if r.workers_per_trial == 1 else "worker"  # a trial of several workers holds several parts
-        lines.append(f"            {cards_share(r.gpus_per_worker)} {one}s share a card: {images_per_second:g} images/s "
-                     f"is the card's, all of them together (each {one} at its {r.gpus_per_worker:g} of it)")
+        lines.append(f"            {cards_share(r.gpus_per_worker)} {one}s share a card: {images_per_second:g} "
+                     f"images/s is the card's, all of them together (each {one} at its {r.gpus_per_worker:g} of it)")
     nodes = (workers,) if isinstance(workers, Workers) else tuple(workers or ())
-    gpu_nodes = [n for n in nodes if n.gpus > 0]
-    if not gpu_nodes and price is not None:  # a node's price, and no node type to say its GPUs
+    run_nodes = list(nodes) if cpu_only else [n for n in nodes if n.gpus > 0]  # the types the trials run on
+    if not run_nodes and price is not None:  # a node's price, and no node type to say its GPUs
         lines.append(f"  cost      not priced: the cluster file names no GPU worker type, so a node's "
-                     f"--price-per-hour {price:g} has no GPUs to divide by")
+                     f"--price-per-hour {price:g} has no GPUs to divide by" if not cpu_only else
+                     f"  cost      not priced: no cluster file names the nodes the trials run on, so a node's "
+                     f"--price-per-hour {price:g} has no nodes to count")
     what = "given" if price is not None else "on-demand list price, us-west-2, 2025, assumed"
-    workers_dollars = spot_dollars = 0.0
+    workers_dollars = spot_dollars = 0.0  # what the worker nodes are billed
     placement: list[tuple[Workers, int, int]] = []
-    if gpu_nodes:
-        trials_at_once = max(1, int(est.gpus_at_once / spec.trial_resources()["GPU"] + 1e-9))
-        placement = worker_placement(r, gpu_nodes, trials_at_once * r.workers_per_trial, head)
+    if run_nodes:
+        trials_at_once = max(1, int(est.gpus_at_once / unit + 1e-9))
+        placement = worker_placement(r, run_nodes, trials_at_once * r.workers_per_trial, head)
+        billed = billed_nodes(r, run_nodes, est.waves, head, idle_minutes)
+        if price is not None and len(billed) > 1:  # one price for several instance types would be made up
+            raise StudyError(f"--price-per-hour: one price for {len(billed)} worker types, and the trials run on "
+                             f"{' and '.join(f'{n.name} ({n.instance})' for n, _, _ in billed)}: leave it out to price "
+                             f"each at its list price (launch.plan.ON_DEMAND_PRICES), or plan with a cluster file of "
+                             f"one worker type")
+
+        def node_price(n: Workers) -> float | None:
+            return price if price is not None else ON_DEMAND_PRICES.get(n.instance)
+
         held = sum(w for _, _, w in placement) or 1
-        # the GPU-hours of each type in proportion to the workers it holds at once; the head's share is in its
+        # the GPU-hours' worth: each type's share in proportion to the workers it holds at once, the head's in its
         # price below (it runs for the whole study whatever it holds)
-        priced = [(n, count, w, price if price is not None else ON_DEMAND_PRICES.get(n.instance))
-                  for n, count, w in placement if n is not head]
-        unknown = list(dict.fromkeys(n.instance for n, _, _, node_price in priced if node_price is None))
+        priced = [(n, count, w, node_price(n)) for n, count, w in placement if n is not head]
+        unknown = list(dict.fromkeys(n.instance for n in [p[0] for p in priced] + [b[0] for b in billed]
+                                     if node_price(n) is None))
         if unknown:
             lines.append(f"  cost      no price known for {', '.join(unknown)}: give --price-per-hour")
             workers_dollars = math.nan
-        for n, _, w, node_price in priced if not unknown else ():
-            dollars = est.gpu_hours * w / held * node_price / n.gpus
-            workers_dollars += dollars
-            spot_dollars += dollars * (SPOT_SHARE if n.spot and price is None else 1.0)
-        if priced and not unknown and len(placement) == 1:
-            n, _, _, node_price = priced[0]
-            lines.append(f"  cost      ${_dollars(workers_dollars)}: {n.instance} at ${node_price:.3f}/h ({what}) / "
-                         f"{n.gpus} GPUs = ${node_price / n.gpus:.3f} a GPU-hour")
-        elif priced and not unknown:
-            parts = "; ".join(f"{w} on {count} {n.instance} ({n.name}) at ${node_price:.3f}/h / {n.gpus} GPUs = "
-                              f"${node_price / n.gpus:.3f} a GPU-hour" for n, count, w, node_price in priced)
+        worth = worth_spot = 0.0
+        for n, _, w, p in priced if not unknown and not cpu_only else ():
+            dollars = est.gpu_hours * w / held * p / n.gpus
+            worth += dollars
+            worth_spot += dollars * (SPOT_SHARE if n.spot and price is None else 1.0)
+        billed_text = (f"whole nodes, as many as each wave of trials needs, each kept {idle_minutes:g} min idle after "
+                       f"its last (idle_timeout_minutes)")
+        if priced and not unknown and not cpu_only and len(placement) == 1:
+            n, _, _, p = priced[0]
+            lines.append(f"  cost      ${_dollars(worth)}: {n.instance} at ${p:.3f}/h ({what}) / {n.gpus} GPUs = "
+                         f"${p / n.gpus:.3f} a GPU-hour: the GPU-hours' worth; billed by whole nodes below")
+        elif priced and not unknown and not cpu_only:
+            parts = "; ".join(f"{w} on {count} {n.instance} ({n.name}) at ${p:.3f}/h / {n.gpus} GPUs = "
+                              f"${p / n.gpus:.3f} a GPU-hour" for n, count, w, p in priced)
             head_part = next((f"{w} on the head's GPUs; " for n, _, w in placement if n is head), "")
-            lines.append(f"  cost      ${_dollars(workers_dollars)}: the GPU-hours split by where the {held} trial "
-                         f"workers running at once are placed ({what}): {head_part}{parts}")
+            lines.append(f"  cost      ${_dollars(worth)}: the GPU-hours split by where the {held} trial "
+                         f"workers running at once are placed ({what}): {head_part}{parts}; the GPU-hours' worth, "
+                         f"billed by whole nodes below")
+        if priced and not unknown and not cpu_only and price is None and any(n.spot for n, _, _, _ in priced):
+            lines.append(f"            spot at ~{SPOT_SHARE:.0%} of on-demand (assumed): ${_dollars(worth_spot)}")
         if len(placement) > 1:
-            lines.append("            placed as Ray places them: on the head first when it has GPUs (it runs "
+            lines.append("            placed as Ray places them: on the head first when it has "
+                         f"{'CPUs' if cpu_only else 'GPUs'} (it runs "
                          "already), then the node type Ray's autoscaler scores best, the one the pending workers "
                          "fill most (not the cheapest), the next when it reaches max_workers "
                          "(launch.plan.worker_placement)")
-        if price is None and any(n.spot for n, _, _, _ in priced) and not unknown:
-            lines.append(f"            spot at ~{SPOT_SHARE:.0%} of on-demand (assumed): ${_dollars(spot_dollars)}")
-    if head is not None and (gpu_nodes or price is not None):
+        for n, hours, _ in billed if not unknown else ():
+            workers_dollars += hours * node_price(n)
+            spot_dollars += hours * node_price(n) * (SPOT_SHARE if n.spot and price is None else 1.0)
+        if billed and not unknown:
+            each = "; ".join(f"{_amount(hours)} node-hours of {n.instance} ({n.name}) at ${node_price(n):.3f}/h, "
+                             f"up to {most} at once" for n, hours, most in billed)
+            lines.append(f"  billed    ${_dollars(workers_dollars)}: {each} ({what}): {billed_text}"
+                         f"{', the trials on the head apart' if any(n is head for n, _, _ in placement) else ''} "
+                         f"(launch.plan.billed_nodes)")
+            if spot_dollars < workers_dollars - 1e-12:
+                lines.append(f"            billed with spot at ~{SPOT_SHARE:.0%} of on-demand (assumed): "
+                             f"${_dollars(spot_dollars)}")
+    if head is not None and (run_nodes or price is not None):
         head_price = ON_DEMAND_PRICES.get(head.instance)
         runs = next((w for n, _, w in placement if n is head), 0)
-        on_gpus = f", running {runs} trial workers on its GPUs" if runs else ""
+        on_gpus = f", running {runs} trial workers on its {'CPUs' if cpu_only else 'GPUs'}" if runs else ""
         if head_price is None:
             lines.append(f"  head      no price known for {head.instance} ({head.name}){on_gpus}: not in the dollars "
                          f"(launch.plan.ON_DEMAND_PRICES)")
@@ -839,7 +924,8 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
                 head_spot = head_dollars * (SPOT_SHARE if head.spot else 1.0)
                 spot = (f"; ${_dollars(spot_dollars + head_spot)} with spot at ~{SPOT_SHARE:.0%}"
                         if spot_dollars + head_spot < workers_dollars + head_dollars - 1e-12 else "")
-                lines.append(f"  in all    ${_dollars(workers_dollars + head_dollars)}, head and workers{spot}")
+                lines.append(f"  in all    ${_dollars(workers_dollars + head_dollars)}, head and worker nodes billed"
+                             f"{spot}")
     return "\n".join(lines)
 
 
@@ -993,7 +1079,8 @@ def study_plan(spec, *, deltas: list[float] | None = None, images_per_second: fl
                            if newest is not None else "")))
     gaps = [(f"{d:g} CIDEr", d) for d in deltas] if deltas else None  # None: the gaps relevant to the study
     text = plan_text(spec, noise, noise_source, gaps, ips, ips_source, workers, price_per_hour,
-                     head=cluster_file.head if cluster_file is not None else None)
+                     head=cluster_file.head if cluster_file is not None else None,
+                     idle_minutes=cluster_file.idle_minutes if cluster_file is not None else IDLE_TIMEOUT_MINUTES)
     if newest is not None:
         path, rec = newest
         text += (f"\nmodes     each priced from the newest GPU record ({path.name}: "

@@ -41,19 +41,24 @@ def _line(out, start):
 
 def test_the_head_node_is_priced_for_the_whole_wall_time():
     """ray-cluster.yaml's head, an on-demand m5.2xlarge at $0.384/h, runs the study's whole wall time: fusion_ablation's
-    ~55 h at 100 images/s add $21 to the workers' $1,068 (the plan had left the head out)."""
+    ~55 h at 100 images/s add $21 to the worker nodes' $1,169 billed (the plan had left the head out; the workers were
+    $1,068 before they were billed by whole nodes, tests/test_plan_billing.py)."""
     spec = _study("fusion_ablation")
     est = plan.estimate(spec, 100.0, plan.cluster_workers(CLUSTER))
     out = plan.study_plan(spec, images_per_second=100.0, cluster=CLUSTER, sd=1.0, deltas=[2.0])
     head = est.wall_hours * 0.384
-    workers = est.gpu_hours * 5.672 / 4
+    workers = est.gpu_hours * 5.672 / 4  # the GPU-hours' worth, the cost line
+    # billed: 4 waves of 16, 14, 16, 9 trials on 4, 4, 4, 3 nodes, each wave a trial's 13.69 h; 1 node idle 10 min
+    # (ray-cluster.yaml's idle_timeout_minutes) after wave 3, 3 after the last: 206.0 node-hours, $1,169
+    billed = (15 * est.wall_hours / 4 + 4 * 10 / 60) * 5.672
+    assert f"{billed:,.0f}" == "1,169"
     assert _line(out, "  head") == (f"  head      ${head:,.0f}: m5.2xlarge (head.cpu) at $0.384/h (on-demand list "
                                     f"price, us-west-2, 2025, assumed) for the whole ~{est.wall_hours:,.0f} h wall "
                                     f"time")
     assert f"{head:,.0f}" == "21"
-    spot = workers * plan.SPOT_SHARE + head  # spot workers, an on-demand head
-    assert _line(out, "  in all") == (f"  in all    ${workers + head:,.0f}, head and workers; ${spot:,.0f} with spot "
-                                      f"at ~35%")
+    spot = billed * plan.SPOT_SHARE + head  # spot workers, an on-demand head
+    assert _line(out, "  in all") == (f"  in all    ${billed + head:,.0f}, head and worker nodes billed; "
+                                      f"${spot:,.0f} with spot at ~35%")
     assert f"${workers:,.0f}: g5.12xlarge" in out  # the workers' line as before
 
 
@@ -79,7 +84,8 @@ def test_a_cpu_type_listed_first_and_a_gpu_type_too_small_for_a_worker_are_passe
     hours = plan.estimate(spec, 100.0, None).gpu_hours
     assert "about" in out and " on 8 GPUs at once, 8 trials side by side" in out, out
     assert _line(out, "  cost") == (f"  cost      ${hours * 5.672 / 4:,.0f}: g5.12xlarge at $5.672/h (on-demand list "
-                                    f"price, us-west-2, 2025, assumed) / 4 GPUs = $1.418 a GPU-hour")
+                                    f"price, us-west-2, 2025, assumed) / 4 GPUs = $1.418 a GPU-hour: the GPU-hours' "
+                                    f"worth; billed by whole nodes below")
 
 
 def test_two_gpu_worker_types_that_fit_are_priced_as_ray_places_the_trials(tmp_path):
