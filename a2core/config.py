@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
+                      model_validator)
 
 from .data.synthetic import split_sizes
 from .errors import ConfigError
@@ -259,6 +260,8 @@ class ModelConfig(Section):
     mask_lambda: Real = Field(0.035, gt=0, alias="lambda", description=(
         "Weight of the mask penalty `||1-m||^2` in the mask loss (Eq. 4)."))
     eta: Real = Field(0.1, ge=0, description="fusion moving_average: the weight eta of Eq. 7.")
+    # No default: the paper gives no value of T_P (Sec. 5.3 calls it "temperature factor S" and says it needs
+    # heuristics); a study must choose or search it.
     temperature: Real | None = Field(None, gt=0, description=(
         "fusion exp_decay: T_P of Eq. 8, in global training steps (required there, refused elsewhere)."))
     renormalize: Flag = Field(False, description=(
@@ -267,6 +270,7 @@ class ModelConfig(Section):
     mask_net: MaskNet = Field("content", description=(
         "The mask network: `content` scores the decoder state against per-region mask keys; `linear` is Eq. 2 "
         "literally, one logit per region slot."))
+    # Not in the paper (it gives no initialisation of W_m, b_m): a2tune's own choice.
     mask_bias_init: Real = Field(2.0, description=(
         "Initial bias of the mask logits: sigmoid(2) = 0.88, a mask that starts close to keeping everything."))
 
@@ -332,6 +336,8 @@ class TrainConfig(Section):
         "before). Both take 5 captions per image, so an epoch has the same pairs and steps in either layout."))
     lr_factor: Real = Field(1.0, gt=0, description=(
         "Noam schedule: lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)."))
+    # The paper prints "a warmup equal to 10,00" (a typo: 1,000 or 10,000); 10,000 is M2's warmup (Cornia et al. 2020,
+    # whose recipe and batch of 50 the paper follows), kept as the default.
     warmup: Integer = Field(10000, ge=1, description="Warmup of the Noam schedule, in global optimizer steps.")
     # noam_to_zero: short runs (the synthetic studies) end with the learning rate still near its peak under Noam,
     # so their last epochs move and seeds stop at different points; annealed to 0 they settle (benchmarks/RESULTS.md).
@@ -339,6 +345,7 @@ class TrainConfig(Section):
         "Stage-1 learning rate: `noam` (the paper's), or `noam_to_zero`, Noam times a linear ramp 1 - s/N over the N "
         "optimizer steps of the xe_epochs (s = 0 the first), from 1 at the first step to 0 just after the last: the "
         "last step takes 1/N of the Noam rate, so the run ends annealed."))
+    # Not in the paper (it gives no optimiser settings for theta_m): a2tune's own choice.
     mask_lr: Real = Field(1e-4, gt=0, description="Adam learning rate of the mask network (its own optimizer).")
     mask_every: Integer = Field(1, ge=1, description="A mask-network step after every N captioner steps.")
     # Which captions rotates with the step, so every caption is used in turn.

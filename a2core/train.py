@@ -297,6 +297,8 @@ class Updates:
     def mask_step(self, enc, mask, caps, step: int, kv: list[dict] | None = None,
                   first: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Eq. 4 on one batch: the mask network maximises the caption loss under perturbed attention.
+        Its L_IC is the plain per-word cross-entropy (Eq. 11, no `label_smoothing`, which only the captioner's loss
+        takes), its weight lambda `model.lambda` (the paper's 0.035 by default) on the penalty P of `a2core.model.a2`.
         enc (B, R, d): the batch's encoding, detached; caps (B, C, L), of which `mask_captions` per image are used,
         rotating with `step`. If already computed by the captioner's pass (detached): kv, the region keys/values
         of enc, and first (B * C, L - 1, d), `decode_start` of all C captions. Returns 0-dim tensors on the device."""

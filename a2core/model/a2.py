@@ -16,7 +16,14 @@ Cross-attention of every decoder layer computes the usual weights  a = softmax(q
                          logit per region slot up to `max_regions` (the first R slots are used): H R_max (d + 1) per
                          layer. Region order carries no meaning in bottom-up features, which a per-slot mask cannot
                          know: slot i is whatever object the detector listed i-th.
+      h_t (Eq. 2's "hidden state from the d-th layer", which the paper does not pin down further) is the input of
+      layer d's cross-attention, the output of its masked self-attention sublayer: the state its attention query
+      is projected from. The layer's own output cannot be used: it depends on the attention the mask aligns.
   perturbed (Eq. 3)      a_p = m * a + (1 - m) * mean_heads(a)     used only in the mask network's own step
+                         The mean is over the H heads ("an average vector of attention heads"), per step and region,
+                         not over regions; padded regions hold a = 0 in every head, so they stay 0 in a_p. a_p is
+                         not renormalised (Eq. 3 as written; the paper says nothing of it): a row sums to 1 only
+                         where m is constant over its regions.
   mask objective (Eq. 4) L(theta_m) = -L_IC(a_p) + lambda * P, with L_IC the cross-entropy averaged over real
                          target words and P = ||1 - m||^2 summed over real regions, averaged over heads, real
                          target words and decoder layers:
@@ -25,9 +32,20 @@ Cross-attention of every decoder layer computes the usual weights  a = softmax(q
                          caption length or padding, batch size, region padding or depth.
   Eq. 5                  a_m = a * exp(1 - m)
   fusion (Eq. 6-10)      none: a | max: max(a, a_m) | moving_average: a + eta a_m |
-                         exp_decay: e^(-s/T_P) a + (1 - e^(-s/T_P)) a_m | gate: g a + (1 - g) a_m, g = sigmoid(w_h.q + b_h)
+                         exp_decay: e^(-s/T_P) a + (1 - e^(-s/T_P)) a_m |
+                         gate: g a + (1 - g) a_m, g = sigmoid(w_h.q + b_h)
+      exp_decay          s: the model's `train_step` buffer, the global optimizer steps done before the pass (0 at
+                         the first, so training starts from the plain a and moves to a_m, Eq. 8's curriculum), going
+                         on through SCST and saved in checkpoints, so decoding uses the s training reached. The paper
+                         says "training step", not epoch, and gives no T_P (its Sec. 5.3 calls it S): no default.
+      gate               one g per layer, head and step (shared by a row's regions, as Eq. 9's g_t), from that head's
+                         attention query q (Eq. 10's q_t, which the paper does not define further); w_h = 0 and
+                         b_h = 0 at the start (the paper gives no initialisation): g = 0.5, a and a_m weighed
+                         alike until the captioner's loss, which trains the gate, moves it.
   renormalisation        (config `renormalize`, default off, as Eq. 6-9 are written) divides the fused weights by
-                         their sum over regions so each row is a distribution again; a searchable variant.
+                         their sum over regions so each row is a distribution again; a searchable variant. The paper
+                         does not say whether the fused weights are renormalised (moving_average's rows sum to more
+                         than 1, max's too); the default keeps its equations literal.
 
 Note a_m >= a elementwise (exp(1 - m) > 1), so `max` equals a_m, as Eq. 6 implies.
 In the captioner's pass m is detached: the mask is supervision for the captioner, and the mask network is
