@@ -15,7 +15,7 @@ from dashboards.tracking import check_tracking_uri, ui_pointer
 from launch import stop
 from launch.killpoints import kill_point
 from launch.lease import held_lease
-from launch.mlflow_export import Export, StudyExporter, end_reason
+from launch.mlflow_export import Export, StudyExporter, end_reason, refused_text
 from launch.layout import STOPPED_FILE, TRIALS_DIR, fused_seeds, outage_line, seed_trial_id, train_run_name
 from launch.tracking_writer import client_settings
 
@@ -105,8 +105,13 @@ class A2MLflowCallback(Callback):
         self.exporter = None
 
     def outage_text(self) -> str | None:
-        """The live table's tracking line while the server is (or was) down, else None."""
-        return outage_line(self.exporter.status() if self.exporter is not None else self.outage)
+        """The live table's tracking line while the server is (or was) down, or once MLflow refused the study's
+        export (its last report, at the study's end, too), else None."""
+        status = self.exporter.status() if self.exporter is not None else self.outage
+        if status and status.get("refused"):
+            return "tracking: refused by MLflow, nothing exported since: " + refused_text(self.spec.name,
+                                                                                          status["refused"])
+        return outage_line(status)
 
 
 class _Interrupted:

@@ -298,6 +298,7 @@ class StudyExporter:
         self.down_since: float | None = None
         self.down_seconds = 0.0
         self.done = False  # the last export went through
+        self.refused: str | None = None  # why MLflow refused the study's export (no outage): it stopped
         self.stop, self.wake = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._work, name="a2-mlflow-export", daemon=True)
         self.thread.start()
@@ -315,19 +316,28 @@ class StudyExporter:
             self.once()
 
     def once(self, ended: str | None = None) -> bool:
-        """One export; False (and the outage clock running) when the server does not answer."""
+        """One export; False (and the outage clock running) when the server does not answer; False, and the study's
+        export stopped (`refused`, said once), when it answers with a refusal (`TrackingError`: no outage)."""
+        if self.refused is not None:  # refused: nothing changes that but a person (`a2 mlflow sync` later)
+            return False
         late = self.down_since is not None
         lease = held_lease(self.export.location.uri())
         if lease is not None and not lease.holds("exporting to MLflow"):  # superseded: the study's MLflow runs are its new writer's
             return False
         try:
             if not server_answers(self.uri):
-                raise TrackingError(f"MLflow server {redact_uri(self.uri)} does not answer")
+                raise ConnectionError(f"MLflow server {redact_uri(self.uri)} does not answer")
             self.export.run([s for t in list(self.trials()) for s in seed_trials(tune_trial(t))], ended, late=late)
         except StorageError as err:  # the study's storage, not the server: the study itself stops on it
             logger.warning("MLflow export could not read the study's record: %s", err)
-        except (TrackingError, OSError) as err:
+        except OSError as err:
             self._down(err)
+        except TrackingError as err:  # the server answered, and refused the study's experiment: not an outage
+            self.refused = str(err)
+            self.stop.set()  # the thread ends; the study goes on
+            self.wake.set()
+            logger.warning("MLflow refused the export of study %r: %s", self.export.spec.name,
+                           refused_text(self.export.spec.name, self.refused))
         except Exception as err:  # noqa: BLE001 - the server's or the connection's: an outage, if it is gone
             if server_answers(self.uri) and disk_problem(err) is None:
                 logger.warning("MLflow export failed: %s", err, exc_info=True)
@@ -350,8 +360,9 @@ class StudyExporter:
 
     def status(self) -> dict:
         down = self.down_seconds + (time.monotonic() - self.down_since if self.down_since is not None else 0.0)
+        refused = {"refused": self.refused} if self.refused is not None else {}
         return {"down_seconds": round(down, 3), "exported_late": self.export.late,
-                "pending": self.down_since is not None}
+                "pending": self.down_since is not None, **refused}
 
     def close(self, ended: str | None) -> dict:
         """Stop the thread, export once more (`ended`: see `Export.run`) and add this driver's outage to the
@@ -362,8 +373,15 @@ class StudyExporter:
         self.once(ended)
         if self.down_since is not None:
             self.down_seconds += time.monotonic() - self.down_since
-        return add_outage(self.export.location, down_seconds=self.down_seconds, exported_late=self.export.late,
-                          pending=not self.done)
+        totals = add_outage(self.export.location, down_seconds=self.down_seconds, exported_late=self.export.late,
+                            pending=not self.done)
+        return {**totals, "refused": self.refused} if self.refused is not None else totals
+
+
+def refused_text(study: str, why: str) -> str:
+    """Why MLflow refused a study's export (`why`, its own words), and that the study goes on without it."""
+    return (f"{why}; the study goes on and its record is whole (`a2 mlflow sync {study}` exports it once that is "
+            f"settled)")
 
 
 # -- names a person reads in the MLflow UI -------------------------------------------------------------------------

@@ -76,8 +76,8 @@ def mark_runs(tracking_uri: str, experiment: str, tags: dict[str, str], name_pre
     """Set `tags` on every run of `experiment` and start each run's name with `name_prefix` (a rehearsal's runs,
     `launch.rehearse`); returns the number of runs, 0 when there is no such experiment."""
     client = mlflow_client(tracking_uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
+    found = study_experiment(client, experiment)  # renamed since, too (a deleted one's runs are not searched)
+    if found is None or found.lifecycle_stage == "deleted":
         return 0
     runs = search_all_runs(client, [found.experiment_id], "")
     for run in runs:
@@ -113,6 +113,7 @@ class StudyTracker:
         self.artifact_location = artifact_location
         self.client = mlflow_client(tracking_uri)
         self.parent_run_id: str | None = None
+        self.storage: str | None = None  # the study's storage (`start_study`'s TAG_STORAGE): checked before restoring
         self.trial_runs: dict[str, str] = {}
         # run id -> what this process wrote to or read of a trial's run (name, status, tags, param keys): while the
         # export runs, it is the run's only writer, so a trial exported again is not searched for, and only tags
@@ -139,6 +140,7 @@ class StudyTracker:
         (which split a study's runs in two experiments); one of its name in MLflow's trash is restored, said in one
         warning with how to drop it for good instead; else one is created (model training, with the a2 views). An
         existing one is marked model training again (a resumed study) and gets the views it lacks."""
+        from mlflow.entities import ViewType
         from mlflow.exceptions import MlflowException  # mlflow: on first use, as in `mlflow_client`
 
         exp = study_experiment(self.client, self.experiment_name)
@@ -159,6 +161,11 @@ class StudyTracker:
                            "start a new experiment instead, set tracking.experiment)", self.experiment_name,
                            exp.experiment_id, exp.name)
         if exp.lifecycle_stage == "deleted":
+            # another study's (another storage): refused before it is restored, left in the trash
+            parent = self.client.search_runs([exp.experiment_id], study_filter(self.study_name),
+                                             run_view_type=ViewType.ALL, max_results=1,
+                                             order_by=["attributes.start_time ASC"])
+            self._check_storage(parent[0] if parent else None, " (in MLflow's trash, left there)")
             self.client.restore_experiment(exp.experiment_id)
             logger.warning("MLflow experiment %r (id %s) was in MLflow's trash; restored with its runs (to drop it for "
                            "good instead: delete it again, purge it with `mlflow gc --backend-store-uri <the server's "
@@ -281,21 +288,16 @@ class StudyTracker:
                                           order_by=["attributes.start_time ASC"])
         if not deleted:
             return None
+        self._check_storage(deleted[0], " (its parent run in MLflow's trash, left there)")  # before restoring it
         self.client.restore_run(deleted[0].info.run_id)
         return self.client.get_run(deleted[0].info.run_id)
 
     def start_study(self, params: dict | None = None, tags: dict | None = None) -> str:
         """Create the study's parent run, or reuse it (resume) and set it RUNNING again. Returns its id."""
-        run = self.find_parent_run() or self._restore_deleted_parent()
         all_tags = _tag_values({TAG_STUDY: self.study_name, TAG_ROLE: "study", TAG_GIT: git_commit(), **(tags or {})})
-        ours, theirs = all_tags.get(TAG_STORAGE), run.data.tags.get(TAG_STORAGE) if run is not None else None
-        if ours and theirs and not _same_storage(ours, theirs):
-            # another study of the same name (another storage, one shared server): taking its parent run would mix
-            # both studies' trials in one study, and overwrite its storage tag, params and end status
-            raise TrackingError(
-                f"MLflow experiment {self.experiment_name!r} at {redact_uri(self.tracking_uri)} already holds study "
-                f"{self.study_name!r} stored at {theirs}, not this one's {ours}; run this study with "
-                f"tracking.experiment=<an experiment of its own> or under another name")
+        self.storage = all_tags.get(TAG_STORAGE) or self.storage
+        run = self.find_parent_run() or self._restore_deleted_parent()
+        self._check_storage(run)
         if run is None:
             run = self.client.create_run(self.experiment_id, run_name=self.study_name, tags=all_tags)
         else:
@@ -305,6 +307,17 @@ class StudyTracker:
         self.parent_run_id = run.info.run_id
         self._log_params(self.parent_run_id, flatten(params or {}), run.data.params)
         return self.parent_run_id
+
+    def _check_storage(self, run, where: str = "") -> None:
+        """TrackingError when the parent run `run` (None: none) is another study's of the same name (another storage,
+        one shared server): taking it would mix both studies' trials in one study, and overwrite its storage tag,
+        params and end status. `where`: what is said of the experiment (in the trash, left there)."""
+        theirs = run.data.tags.get(TAG_STORAGE) if run is not None else None
+        if self.storage and theirs and not _same_storage(self.storage, theirs):
+            raise TrackingError(
+                f"MLflow experiment {self.experiment_name!r}{where} at {redact_uri(self.tracking_uri)} already holds "
+                f"study {self.study_name!r} stored at {theirs}, not this one's {self.storage}; run this study with "
+                f"tracking.experiment=<an experiment of its own> or under another name")
 
     def end_study(self, status: str = "FINISHED", reason: str | None = None) -> None:
         self._end(self.parent_run_id, status, reason)
