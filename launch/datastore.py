@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from pathlib import Path
 from a2core.atomic import atomic_write, building_folder, check_replaceable, clear_dead_building_folders, replace_folder
 from a2core.data import prepared
 from a2core.errors import DataError, StudyError
+from launch.fingerprint import file_fingerprint
 from launch.storage import open_location, upload_file
 
 STAMP = ".verified"  # in a store folder: the checksum whose data files `fetch` (or `verify`) hashed in full
@@ -55,7 +57,8 @@ def verify(folder: str | os.PathLike) -> dict:
 
 def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None, quiet: bool = False) -> dict:
     """Upload a local store to `uri` (s3://bucket/prefix/NAME.a2feat), data files first (each verified by the
-    storage layer), the manifest last: a reader that sees the manifest finds the files it names. A manifest of
+    storage layer), the manifest last: a reader that sees the manifest finds the files it names, each with the SHA-256
+    the manifest gives it (a file written to after push checked the store: DataError, no manifest). A manifest of
     another version already there is deleted before the first upload, so that a push interrupted half-way leaves no
     manifest naming files that are no longer its own. Returns the store's manifest with the "uri" written; a plain
     file (captions, an image list) is uploaded as one ({"sha256", "uri"}; a URI ending in `/` gets its name)."""
@@ -79,7 +82,17 @@ def push(folder: str | os.PathLike, uri: str, *, endpoint_url: str | None = None
         remote.delete()
     for name in (*sorted(manifest["files"]), prepared.MANIFEST):
         _say(f"upload {folder / name} -> {target.join(name)}", quiet)
-        upload_file(folder / name, target.join(name).uri, endpoint_url=endpoint_url)
+        sent = upload_file(folder / name, target.join(name).uri, endpoint_url=endpoint_url)
+        if name in manifest["files"] and sent["sha256"] != manifest["files"][name]["sha256"]:
+            # written to after the check above: a manifest naming it would send every fetch to a SHA-256 mismatch
+            target.join(name).delete()
+            remote.delete()  # a re-push of this version found its manifest there: it would name the file just removed
+            with contextlib.suppress(OSError):  # nor is the local store a verified copy any longer
+                (folder / STAMP).unlink(missing_ok=True)
+            raise DataError(f"{folder / name}: changed since the store was checked (its SHA-256 is no longer the "
+                            f"manifest's), so {target} was left without a manifest (no store) and that file not "
+                            f"uploaded; write nothing into a store while it is pushed: make it again with "
+                            f"`a2 data prepare` and push it again")
     return {**manifest, "uri": target.uri}
 
 
@@ -207,17 +220,24 @@ def _fetch_file(source, target: Path, given: Path, quiet: bool) -> dict:
 
 # -- every node's copy ------------------------------------------------------------------------------------------
 def describe_copy(path: str) -> dict:
-    """What this machine holds at a features path: {"host", "ok", "what"}, `what` being the store's checksum, an
-    HDF5 file's size, or the error (naming the file) that makes it unusable."""
+    """What this machine holds at a features path: {"host", "ok", "what"}, `what` being the store's checksum, or an
+    HDF5 file's size and content digest, or a `.npz` folder's file count and digest (both as `launch.fingerprint`
+    takes them: sampled past a size), or the error (naming the file) that makes it unusable. Compared node by node:
+    another extraction of the same size, or a folder missing files, is not the driver's copy."""
     host = socket.gethostname()
     p = Path(path)
     try:
         if prepared.is_prepared(p):
             return {"host": host, "ok": True, "what": f"store {prepared.check_copy(p)['checksum']}"}
         if p.is_file():
-            return {"host": host, "ok": True, "what": f"file of {p.stat().st_size} bytes"}
+            got = file_fingerprint(p)
+            return {"host": host, "ok": True, "what": f"file of {got['size']} bytes, {got['how']} "
+                                                      f"{got['id'].rsplit(':', 1)[-1][:16]}"}
         if p.is_dir():
-            return {"host": host, "ok": True, "what": "folder"}
+            got = file_fingerprint(p)
+            count, digest = got["id"].split(":", 1)
+            return {"host": host, "ok": True, "what": f"folder of {count} files, {got['how'].split(': ', 1)[-1]} "
+                                                      f"{hashlib.sha256(digest.encode()).hexdigest()[:16]}"}
         return {"host": host, "ok": False, "what": f"{p}: missing"}
     except (OSError, DataError) as err:
         return {"host": host, "ok": False, "what": str(err)}

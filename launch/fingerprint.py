@@ -1,7 +1,7 @@
 """A study's data, fingerprinted when it starts and checked when it resumes: a captions file, feature store or test
 image list changed in between (regenerated at the same path, replaced by another version) would train a trial's
 remaining epochs on other data than its first, and its best epoch would be chosen across both. `resume` refuses
-that in one line naming the file (exit 2), before Ray starts.
+that in one line naming the file (exit 2), before Ray starts, writing nothing.
 
 `data-fingerprint.json` in the study's folder, written by `run` before `study.yaml`, holds one entry per data file
 of a COCO study (`data.captions`, `data.features`, `data.test_images`; a synthetic study's data is made from its
@@ -10,20 +10,25 @@ seed and has none). An entry's `id` is what is compared:
 - a file up to `FULL_HASH_MAX` bytes (captions, image lists, small feature files): its SHA-256;
 - a prepared feature store (`a2core.data.prepared`): its manifest's `checksum`, the SHA-256 of its data files that
   `prepare` computed (hashing tens of GB again at every resume would take minutes);
-- a larger file (an HDF5 of bottom-up features, tens of GB): its size and the SHA-256 of `SAMPLES` blocks of
-  `BLOCK` bytes spread evenly over it, first and last included. Regenerated features differ in nearly every block,
-  so a few MB read tell them apart in well under a second; the modification time is kept for the message but not
-  compared, so a copy (`cp`, `rsync` without times) of the same bytes is not refused;
+- a larger file (an HDF5 of bottom-up features, tens of GB): its size and the SHA-256 of `SAMPLES` (16) blocks of
+  `BLOCK` (1 MiB) bytes spread evenly over it, first and last included, then of `PIECES` (512) pieces of `PIECE`
+  (8 KiB) bytes spread evenly between them: 20 MiB read, in well under a second from a local disk (a few seconds of
+  seeks on a spinning one). Regenerated features differ in nearly every block; features of some images written
+  again in place are caught when the rewritten bytes span the gap between two pieces (1/511th of the file: about
+  100 MB of a 50 GB file). The modification time is kept for the message but not compared, so a copy (`cp`,
+  `rsync`, another machine's) of the same bytes is not refused, and other bytes copied over with their time kept
+  (`rsync -a`, `cp -p`) are. An entry taken before the pieces were read (blocks only) is checked the way it was;
 - a folder of `.npz` files: its file count, the SHA-256 of its (name, size) list and that of `SAMPLES` of its files
   read whole, spread evenly over the sorted names.
-A change in a file that sampling misses (one value of one image of a 40 GB store) is not caught; a prepared store's
-`a2 data verify` checks every byte.
+A change in a file that sampling misses (one value of one image of a 40 GB file) is not caught, nor a prepared
+store's data file changed under a manifest kept as it was (`launch.datastore.verify` hashes a store's every byte).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from a2core.data.prepared import MANIFEST, is_prepared
@@ -32,7 +37,9 @@ from a2core.errors import StudyError
 FINGERPRINT_FILE = "data-fingerprint.json"
 DATA_KEYS = ("captions", "features", "test_images")
 FULL_HASH_MAX = 256 << 20  # bytes: hashed whole below this (about half a second)
-SAMPLES, BLOCK = 16, 1 << 20
+SAMPLES, BLOCK = 16, 1 << 20  # a big file's blocks: 16 MiB read
+PIECES, PIECE = 512, 8 << 10  # and its pieces between them (4 MiB): no two more than 1/511th of the file apart
+_SAMPLED = re.compile(r"size and sha256 of (\d+) blocks of (\d+) bytes(?: and (\d+) pieces of (\d+) bytes)?")
 
 
 def _sha256_file(path: Path) -> str:
@@ -43,18 +50,25 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _sampled_sha256(path: Path, size: int) -> str:
-    """SHA-256 of `SAMPLES` blocks of `BLOCK` bytes at evenly spaced offsets of the file (first and last included)."""
+def _sampled_sha256(path: Path, size: int, sampling: tuple[int, int, int, int]) -> str:
+    """SHA-256 of `samples` blocks of `block` bytes at evenly spaced offsets of the file (first and last included),
+    then of `pieces` pieces of `piece` bytes spread the same way (`sampling`: those four numbers)."""
     digest = hashlib.sha256()
+    samples, block, pieces, piece = sampling
     with open(path, "rb") as f:
-        for i in range(SAMPLES):
-            f.seek((size - BLOCK) * i // (SAMPLES - 1))
-            digest.update(f.read(BLOCK))
+        for count, length in ((samples, block), (pieces, piece)):
+            length = min(length, size)
+            for i in range(count):
+                f.seek((size - length) * i // max(count - 1, 1))
+                digest.update(f.read(length))
     return digest.hexdigest()
 
 
-def file_fingerprint(path: str | os.PathLike) -> dict:
-    """The fingerprint of one data file or feature folder (see the module docstring): {"path", "how", "id", ...}."""
+def file_fingerprint(path: str | os.PathLike, *, sampling: tuple[int, int, int, int] | None = None) -> dict:
+    """The fingerprint of one data file or feature folder (see the module docstring): {"path", "how", "id", ...}.
+    `sampling`: a big file's (samples, block, pieces, piece), `SAMPLES, BLOCK, PIECES, PIECE` unless given (what a
+    fingerprint taken another way read: `sampling_of`)."""
+    sampling = sampling or (SAMPLES, BLOCK, PIECES, PIECE)
     path = Path(path)
     if path.is_dir() and is_prepared(path):
         manifest = json.loads((path / MANIFEST).read_text())
@@ -71,9 +85,22 @@ def file_fingerprint(path: str | os.PathLike) -> dict:
     if stat.st_size <= FULL_HASH_MAX:
         return {"path": str(path), "how": "sha256", "id": _sha256_file(path), "size": stat.st_size,
                 "mtime_ns": stat.st_mtime_ns}
-    return {"path": str(path), "how": f"size and sha256 of {SAMPLES} blocks of {BLOCK} bytes",
-            "id": f"{stat.st_size}:{_sampled_sha256(path, stat.st_size)}", "size": stat.st_size,
+    how = f"size and sha256 of {sampling[0]} blocks of {sampling[1]} bytes"
+    if sampling[2]:
+        how += f" and {sampling[2]} pieces of {sampling[3]} bytes"
+    return {"path": str(path), "how": how,
+            "id": f"{stat.st_size}:{_sampled_sha256(path, stat.st_size, sampling)}", "size": stat.st_size,
             "mtime_ns": stat.st_mtime_ns}
+
+
+def sampling_of(entry: dict) -> tuple[int, int, int, int] | None:
+    """The (samples, block, pieces, piece) a big file's fingerprint entry was taken with (its "how"); None for
+    another kind of entry."""
+    found = _SAMPLED.fullmatch(str(entry.get("how", "")))
+    if found is None:
+        return None
+    samples, block, pieces, piece = found.groups()
+    return int(samples), int(block), int(pieces or 0), int(piece or 0)
 
 
 def data_fingerprint(spec) -> dict:
@@ -94,6 +121,16 @@ def _short(entry: dict) -> str:
     return f"{value[:8]}..." if len(value) > 8 else value
 
 
+def _difference(then: dict, now: dict) -> str:
+    """What differs that a person can read: a folder's file count, a file's size; else "" (only the digests)."""
+    before, after = str(then.get("id", "")).split(":"), str(now["id"]).split(":")
+    if now["how"].endswith("read whole") and len(before) == 3 and before[0] != after[0]:
+        return f"; {before[0]} files then, {after[0]} now"
+    if "size" in now and then.get("size") not in (None, now["size"]):
+        return f"; {then['size']} bytes then, {now['size']} now"
+    return ""
+
+
 def refuse_changed_data(spec, location) -> None:
     """StudyError (exit 2, before Ray) naming the first data file that differs from the study's fingerprint of it: a
     different file (its `id`), or one no longer there. A study started before fingerprints were kept: not checked."""
@@ -112,9 +149,10 @@ def refuse_changed_data(spec, location) -> None:
         if not path or not Path(path).exists():
             raise StudyError(f"study {spec.name}: {key} ({path}) is gone; the study was started with it: put it back "
                              f"to resume (a study's trials train all their epochs on one set of data)")
-        now = file_fingerprint(path)
+        now = file_fingerprint(path, sampling=sampling_of(then))  # a big file: read the way it was at the start
         if now["id"] != then.get("id"):
             raise StudyError(
                 f"study {spec.name}: {key} ({path}) changed since the study started ({now['how']}: {_short(then)} "
-                f"then, {_short(now)} now); its trials would train their remaining epochs on other data than their "
-                f"first: put the data the study started with back, or run the study again under another name")
+                f"then, {_short(now)} now{_difference(then, now)}); its trials would train their remaining epochs "
+                f"on other data than their first: put the data the study started with back, or run the study again "
+                f"under another name")
