@@ -12,6 +12,7 @@ One server per test session; clients need no S3 credentials (the server proxies 
 """
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
@@ -120,7 +121,9 @@ def wait_healthy(url: str, timeout: float = 30.0, proc: subprocess.Popen | None 
             with urllib.request.urlopen(url + "/health", timeout=2) as resp:
                 if resp.status == 200:
                     return
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError, http.client.HTTPException):
+            # HTTPException: something else answers on the port (another process took it between `free_port` and
+            # the server's bind; seen: a gRPC port of a Ray node shutting down): the server exits, said above
             pass
         if time.monotonic() > deadline:
             raise TrackingError(f"MLflow server at {url} not healthy after {timeout:.0f} s")
@@ -202,10 +205,21 @@ class RestartableServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
+        self.started = False
 
     def start(self, timeout: float = 90.0) -> str:
-        self.proc, _ = start_server(self.backend_uri, self.artifacts, self.port,
-                                    log_path=str(self.root / "server.log"), timeout=timeout)
+        for attempt in range(3 if self.proc is None and not self.started else 1):
+            try:
+                self.proc, _ = start_server(self.backend_uri, self.artifacts, self.port,
+                                            log_path=str(self.root / "server.log"), timeout=timeout)
+                break
+            except TrackingError:
+                if attempt == 2 or self.started:
+                    raise
+                # its first start only (a restart must keep the port): the port was taken since `free_port`
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        self.started = True
         return self.url
 
     def stop(self) -> None:
