@@ -92,7 +92,9 @@ def test_report_goes_to_a2_reports_name_and_never_over_an_earlier_one(tmp_path, 
 
     written = []
     monkeypatch.setattr(report, "build_report", lambda study, out: (
-        written.append(Path(out)), Path(out).mkdir(parents=True), (Path(out) / "report.html").write_text("x"),
+        # the folder is claimed (made, its report.html created) before the report is built: `fresh_folder(claim=True)`
+        written.append(Path(out)), Path(out).mkdir(parents=True, exist_ok=True),
+        (Path(out) / "report.html").write_text("x"),
         {"html": str(Path(out) / "report.html")})[-1])
     fab = fabricated_study(tmp_path, "a2-smoke", epochs=1)
     fab.patch_tune(monkeypatch)
