@@ -207,6 +207,20 @@ def test_trial_larger_than_the_cluster_is_refused(tmp_path, tiny_data):
     assert not (tmp_path / "studies" / "ray-big").exists()
 
 
+def two_learning_rates(tmp_path, name: str, tiny_data) -> Path:
+    """A study of two groups of 3 seeds, lr_factor 1 and 1e-4 (BLEU-1 after one epoch of this tiny model: 14.0 for
+    every seed at 1, 0-2.5 at 1e-4), 3 epochs, ASHA holding replicates at its rungs (1, 2) and stopping a group
+    below the cutoff at all (min_gap_se 0); one trial runs at a time (1.5 of the 2 CPUs each), in the grid's order."""
+    return tiny_study(tmp_path, name, tiny_data, fusions=("none",), epochs=3, workers=1, cpus_per_worker=1.5,
+                      max_concurrent=6, extra={
+                          "train.warmup": 1,
+                          "search.metric": "val/BLEU-1",
+                          "search.space": {"fusion": {"grid": ["none"]}, "train.lr_factor": {"grid": [1.0, 0.0001]}},
+                          "search.replicates": 3,
+                          "search.scheduler": {"asha": {"grace_period": 1, "reduction_factor": 2, "min_gap_se": 0,
+                                                        "hold_at_rungs": True}}})
+
+
 def test_replicates_held_at_a_rung_resume_or_stop_with_their_group(tmp_path, tiny_data):
     """`hold_at_rungs`: a replicate that reaches a rung before its group is paused there; when the group is judged
     it resumes (reporting its rung result again first) and goes on, or stops at that result without training
@@ -215,15 +229,7 @@ def test_replicates_held_at_a_rung_resume_or_stop_with_their_group(tmp_path, tin
     whatever the machine's load, so the lr 1e-4 group is judged against it (with trials side by side, which group
     completed the rung first depended on timing, and a group judged first is compared with nothing)."""
     name = "ray-hold"
-    # BLEU-1 after one epoch of this tiny model: 14.0 for every seed at lr_factor 1, 0-2.5 at 1e-4
-    study = tiny_study(tmp_path, name, tiny_data, fusions=("none",), epochs=3, workers=1, cpus_per_worker=1.5,
-                       max_concurrent=6, extra={
-                           "train.warmup": 1,
-                           "search.metric": "val/BLEU-1",
-                           "search.space": {"fusion": {"grid": ["none"]}, "train.lr_factor": {"grid": [1.0, 0.0001]}},
-                           "search.replicates": 3,
-                           "search.scheduler": {"asha": {"grace_period": 1, "reduction_factor": 2, "min_gap_se": 0,
-                                                         "hold_at_rungs": True}}})
+    study = two_learning_rates(tmp_path, name, tiny_data)
     run = a2("study", "run", str(study), cwd=tmp_path, env=local_env())
     assert run.returncode == 0, run.stdout[-6000:]
 
@@ -252,15 +258,7 @@ def test_a_study_killed_and_resumed_stops_a_group_against_groups_judged_before_t
     the driver is killed once Tune's saved state holds that judgement, and after `a2 study resume` the lr 1e-4 group
     is judged against it and stopped at rung 1 (forgotten, it would be judged against nothing and train in full)."""
     name = "ray-asha-resume"
-    # BLEU-1 after one epoch of this tiny model: 14.0 for every seed at lr_factor 1, 0-2.5 at 1e-4
-    study = tiny_study(tmp_path, name, tiny_data, fusions=("none",), epochs=3, workers=1, cpus_per_worker=1.5,
-                       max_concurrent=6, extra={
-                           "train.warmup": 1,
-                           "search.metric": "val/BLEU-1",
-                           "search.space": {"fusion": {"grid": ["none"]}, "train.lr_factor": {"grid": [1.0, 0.0001]}},
-                           "search.replicates": 3,
-                           "search.scheduler": {"asha": {"grace_period": 1, "reduction_factor": 2, "min_gap_se": 0,
-                                                         "hold_at_rungs": True}}})
+    study = two_learning_rates(tmp_path, name, tiny_data)
     storage, log = tmp_path / "studies", tmp_path / "run.log"
 
     def first_group_done_and_saved():
