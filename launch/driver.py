@@ -31,7 +31,7 @@ from launch import runlog, stop
 from dashboards.runs import Trial
 from launch.conclusions import best_value, format_table, portable_summary, print_conclusions, tune_trial
 from launch.datastore import check_feature_copies, java_warnings
-from launch.fingerprint import refuse_changed_data, save_data_fingerprint
+from launch.fingerprint import recorded_fingerprint, refuse_changed_data, save_data_fingerprint
 from launch.killpoints import arm_driver, kill_point
 from launch.lease import DEFAULT_STALE_AFTER, StudyLease, held_lease, holder_started
 from launch.location import (STUDY_FILE, SUMMARY_FILE, StudyLocation, load_saved_spec, remember, saved_form,
@@ -109,25 +109,25 @@ def run_study(spec, **options) -> dict:
 
 
 def resume_study(location: StudyLocation, *, restore_state: bool = False, **options) -> dict:
-    """Continue a study: finished trials stay, unfinished and errored ones resume. A corrupt state file is refused
-    first (`launch.verify`): Tune would restart the experiment over it. `restore_state`: first put the whole copy
-    back over each of Tune's files that is unreadable (a disk that filled during Tune's own copy of it)."""
-    spec = None
-    if restore_state:  # only where the study was run: a copy is refused before anything in it changes
-        spec = load_saved_spec(location)
-        refuse_relocated(spec, location)
+    """Continue a study: finished trials stay, unfinished and errored ones resume. Refused before anything is written:
+    a copy of the study, a changed spec, changed or unreadable data; then a corrupt state file (`launch.verify`):
+    Tune would restart the experiment over it. `restore_state`: first put the whole copy back over each of Tune's
+    files that is unreadable (a disk that filled during Tune's own copy of it)."""
+    # Every refusal of the spec and the data comes before the first write (the copies --restore-state puts back, a
+    # torn first save set aside): a refused resume leaves the study as it was. A copy of the study is refused first.
+    spec = load_saved_spec(location)
+    refuse_relocated(spec, location)
+    # the data moved (study.yaml edited to its new path) is left to the data check: the same data resumes
+    refuse_changed_spec(spec, location, movable=tuple(recorded_fingerprint(location) or ()))
+    for line in refuse_changed_data(spec, location):  # the data it started with, or exit 2 naming the file
+        print(f"study {spec.name}: {line}", flush=True)
+    if restore_state:
         for line in restore_whole_copies(location.at()):
             print(f"a2 study: {line}", flush=True)
     torn = torn_first_save(location)
     if torn:  # Tune's first save cut short by a kill: nothing of Tune's to continue, and no copy to put back
-        spec = spec or load_saved_spec(location)
-        refuse_relocated(spec, location)  # a copy is refused before anything in it changes
         set_aside(location, torn, options.get("stale_after", DEFAULT_STALE_AFTER), options.get("force", False))
     refuse_corrupt(location.at(), "resume")
-    spec = spec or load_saved_spec(location)
-    refuse_relocated(spec, location)
-    refuse_changed_spec(spec, location)
-    refuse_changed_data(spec, location)  # the data it started with, or exit 2 naming the file that changed
     done = finished_already(spec, location)
     if done is not None:  # nothing to run: no lease, no summary, no compute totals logged again
         return done
@@ -158,11 +158,12 @@ def set_aside(location: StudyLocation, torn: list, stale_after: float, force: bo
           f"moved aside to *.torn): its trials start in place", flush=True)
 
 
-def refuse_changed_spec(spec, location: StudyLocation) -> None:
+def refuse_changed_spec(spec, location: StudyLocation, movable: tuple[str, ...] = ()) -> None:
     """StudyError (before Ray, nothing written) when the study's `study.yaml` differs from the spec the study was
     started with (`STARTED_SPEC_FILE`), naming the first key that differs, in the file's order. Both are compared in
     their resolved form (`saved_form`), so only a change of what the study runs counts. A study started before the
-    copy was kept has none: not checked."""
+    copy was kept has none: not checked. `movable`: keys left to another check (the data paths the study's data
+    fingerprint holds: `refuse_changed_data` compares what is at the new path with what the study started with)."""
     text = location.read_text(STARTED_SPEC_FILE)
     if text is None:
         return
@@ -174,6 +175,8 @@ def refuse_changed_spec(spec, location: StudyLocation) -> None:
     now = flatten(yaml.safe_load(yaml.safe_dump(saved_form(spec), sort_keys=False)))
     missing = object()
     for key in [*started, *(k for k in now if k not in started)]:
+        if key in movable and isinstance(started[key], str) and isinstance(now.get(key), str):
+            continue  # a data path set then and now (one dropped or added is a change of what the study runs)
         before, after = started.get(key, missing), now.get(key, missing)
         if before is missing and after == schema_default(key, missing):  # a key added to a2core's schema since
             continue

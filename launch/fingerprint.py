@@ -9,7 +9,9 @@ seed and has none). An entry's `id` is what is compared:
 
 - a file up to `FULL_HASH_MAX` bytes (captions, image lists, small feature files): its SHA-256;
 - a prepared feature store (`a2core.data.prepared`): its manifest's `checksum`, the SHA-256 of its data files that
-  `prepare` computed (hashing tens of GB again at every resume would take minutes);
+  `prepare` computed (hashing tens of GB again at every resume would take minutes), and under `files` each data
+  file's own entry, taken as below, so that a file replaced under a manifest kept as it was is caught (an entry
+  taken before those were kept is checked by its checksum alone);
 - a larger file (an HDF5 of bottom-up features, tens of GB): its size and the SHA-256 of `SAMPLES` (16) blocks of
   `BLOCK` (1 MiB) bytes spread evenly over it, first and last included, then of `PIECES` (512) pieces of `PIECE`
   (8 KiB) bytes spread evenly between them: 20 MiB read, in well under a second from a local disk (a few seconds of
@@ -20,8 +22,12 @@ seed and has none). An entry's `id` is what is compared:
   (`rsync -a`, `cp -p`) are. An entry taken before the pieces were read (blocks only) is checked the way it was;
 - a folder of `.npz` files: its file count, the SHA-256 of its (name, size) list and that of `SAMPLES` of its files
   read whole, spread evenly over the sorted names.
-A change in a file that sampling misses (one value of one image of a 40 GB file) is not caught, nor a prepared
-store's data file changed under a manifest kept as it was (`launch.datastore.verify` hashes a store's every byte).
+A change in a file that sampling misses (one value of one image of a 40 GB file) is not caught (`launch.datastore.
+verify` hashes a prepared store's every byte).
+
+The entry's `path` is where the data was when the study started: the same data at another path (`study.yaml` edited
+to point there) resumes and says so; other data there is refused naming both paths. A file that cannot be read is one
+line naming it, as a refusal is.
 """
 from __future__ import annotations
 
@@ -72,7 +78,13 @@ def file_fingerprint(path: str | os.PathLike, *, sampling: tuple[int, int, int, 
     path = Path(path)
     if path.is_dir() and is_prepared(path):
         manifest = json.loads((path / MANIFEST).read_text())
-        return {"path": str(path), "how": "prepared store's manifest checksum", "id": str(manifest.get("checksum"))}
+        # The checksum is what `prepare` hashed, not the files there now: a data file replaced under the manifest is
+        # caught by its own fingerprint, taken as any data file's (sampled past FULL_HASH_MAX: about 20 MiB read a
+        # file). Not `launch.datastore.verify`, which hashes every byte: minutes for tens of GB at every resume.
+        files = {name: {k: v for k, v in file_fingerprint(path / name, sampling=sampling).items() if k in ("how", "id")}
+                 for name in sorted(manifest.get("files") or {})}
+        return {"path": str(path), "how": "prepared store's manifest checksum", "id": str(manifest.get("checksum")),
+                "files": files}
     if path.is_dir():
         files = sorted((f for f in os.scandir(path) if f.is_file()), key=lambda f: f.name)
         listing = hashlib.sha256(json.dumps([[f.name, f.stat().st_size] for f in files]).encode()).hexdigest()
@@ -121,8 +133,16 @@ def _short(entry: dict) -> str:
     return f"{value[:8]}..." if len(value) > 8 else value
 
 
+def _kind(entry: dict) -> str:
+    how = str(entry.get("how", ""))
+    return "prepared store" if how.startswith("prepared") else "folder" if "files:" in how else "file"
+
+
 def _difference(then: dict, now: dict) -> str:
-    """What differs that a person can read: a folder's file count, a file's size; else "" (only the digests)."""
+    """What differs that a person can read: a file now a folder (or the other way), a folder's file count, a file's
+    size; else "" (only the digests)."""
+    if _kind(then) != _kind(now):
+        return f"; a {_kind(now)} now, a {_kind(then)} then"
     before, after = str(then.get("id", "")).split(":"), str(now["id"]).split(":")
     if now["how"].endswith("read whole") and len(before) == 3 and before[0] != after[0]:
         return f"; {before[0]} files then, {after[0]} now"
@@ -131,12 +151,12 @@ def _difference(then: dict, now: dict) -> str:
     return ""
 
 
-def refuse_changed_data(spec, location) -> None:
-    """StudyError (exit 2, before Ray) naming the first data file that differs from the study's fingerprint of it: a
-    different file (its `id`), or one no longer there. A study started before fingerprints were kept: not checked."""
+def recorded_fingerprint(location) -> dict | None:
+    """The study's data fingerprint as `run` saved it ({"data.<key>": entry}); None for a study started before
+    fingerprints were kept. StudyError when the file does not read."""
     text = location.read_text(FINGERPRINT_FILE)
     if text is None:
-        return
+        return None
     try:
         started = json.loads(text)
     except ValueError:
@@ -144,15 +164,55 @@ def refuse_changed_data(spec, location) -> None:
     if not isinstance(started, dict):
         raise StudyError(f"{location.uri(FINGERPRINT_FILE)}: the study's data fingerprint is not readable JSON (cut "
                          f"short or damaged); restore it from a copy, or remove it to resume unchecked")
-    for key, then in started.items():
+    return started
+
+
+def _first_change(then: dict, path: str) -> tuple[str, dict, dict] | None:
+    """(what, then, now) of the first part of the data at `path` that differs from its entry `then`: the file or
+    folder itself, else a prepared store's data file (an entry taken before those were kept: its checksum only)."""
+    now = file_fingerprint(path, sampling=sampling_of(then))  # a big file: read the way it was at the start
+    if now["id"] != then.get("id"):
+        return path, then, now
+    for name, file_then in (then.get("files") or {}).items():
+        file_now = (now.get("files") or {}).get(name)
+        if file_now is None or sampling_of(file_then) not in (None, sampling_of(file_now)):
+            file_now = file_fingerprint(Path(path) / name, sampling=sampling_of(file_then))
+        if file_now["id"] != file_then.get("id"):
+            return str(Path(path) / name), file_then, file_now
+    return None
+
+
+def refuse_changed_data(spec, location) -> list[str]:
+    """StudyError (exit 2, before Ray) naming the first data file that differs from the study's fingerprint of it: a
+    different file (its `id`), one no longer there, or one that cannot be read. A study started before fingerprints
+    were kept: not checked. Returns a line for each data path that differs from the one the study started with
+    (the data moved, `study.yaml` edited to its new path) where the data is the same."""
+    started = recorded_fingerprint(location)
+    moved = []
+    for key, then in (started or {}).items():
         path = spec.base["data"].get(key.split(".", 1)[-1]) or then.get("path")
+        was = then.get("path") if then.get("path") not in (None, path) else None  # where the study started with it
+        at = f" (at {was} when the study started)" if was else ""
         if not path or not Path(path).exists():
-            raise StudyError(f"study {spec.name}: {key} ({path}) is gone; the study was started with it: put it back "
-                             f"to resume (a study's trials train all their epochs on one set of data)")
-        now = file_fingerprint(path, sampling=sampling_of(then))  # a big file: read the way it was at the start
-        if now["id"] != then.get("id"):
-            raise StudyError(
-                f"study {spec.name}: {key} ({path}) changed since the study started ({now['how']}: {_short(then)} "
-                f"then, {_short(now)} now{_difference(then, now)}); its trials would train their remaining epochs "
-                f"on other data than their first: put the data the study started with back, or run the study again "
-                f"under another name")
+            raise StudyError(f"study {spec.name}: {key} ({path}) is gone{at}; the study was started with it: put it "
+                             f"back to resume (a study's trials train all their epochs on one set of data)")
+        try:
+            change = _first_change(then, path)
+        except OSError as err:  # no traceback, and an error that names no file (EIO) named here
+            raise StudyError(f"study {spec.name}: {key} ({err.filename or path}) cannot be read ({err.strerror or err}"
+                             f"); its fingerprint is checked before the study resumes: make it readable (its "
+                             f"permissions, the disk it is on) and resume again") from None
+        if change is None:
+            if was:
+                moved.append(f"{key} is read at {path} now ({was} when the study started): the same data (its "
+                             f"fingerprint matches)")
+            continue
+        what, before, now = change
+        part = f": its file {what}" if what != path else ""
+        differs = f"is not the data the study started with at {was}{part}" if was else \
+            f"changed since the study started{part}"
+        raise StudyError(
+            f"study {spec.name}: {key} ({path}) {differs} ({now['how']}: {_short(before)} then, {_short(now)} now"
+            f"{_difference(before, now)}); its trials would train their remaining epochs on other data than their "
+            f"first: put the data the study started with back, or run the study again under another name")
+    return moved
