@@ -24,8 +24,8 @@ import numpy as np
 
 from a2core.errors import DataError, StorageError
 from a2core.selection import finite
-from dashboards.compare import chosen_configuration, study_comparison
-from dashboards.runs import Study, Trial, group_value, seed_number
+from dashboards.compare import BASELINE, chosen_configuration, study_comparison
+from dashboards.runs import Study, Trial, group_value, seed_number, sort_key
 from dashboards.sequential import Design, sequential_p
 from dashboards.stats import CONFIDENCE, Difference, holm, pooled_differences
 from launch.layout import configuration_of, fused_seeds, seed_trial_id, seed_trials
@@ -58,6 +58,8 @@ def decide(looks: list[dict[str, Difference]], design: Design, alpha: float = 1 
     sequential p-values over the looks each arm took, Holm over the arms; an arm Holm resolves is settled, as is one
     whose 95% interval's upper end (in the better direction) is below `design.futility_gap` before the last look."""
     arms = list(dict.fromkeys(arm for look in looks for arm in look))
+    if not arms:  # no arm has taken a look: nothing to decide (Holm over no arms has no family)
+        return {}
     k, n_looks = len(arms), len(design.rounds)
     p = np.full((k, n_looks), np.nan)
     state = {arm: "open" for arm in arms}
@@ -92,8 +94,9 @@ def decide(looks: list[dict[str, Difference]], design: Design, alpha: float = 1 
         r, d = last.get(arm, (None, None))
         seeds = design.rounds[r] if r is not None else 0
         qi, ai = finite(q[i]), finite(adjusted[i])
+        lost = _lost_text(d, seeds)
         # seeds that errored or ended without a value: the look was taken on the rest (`looks_of`)
-        missing = ("" if d is None or min(d.seeds_a, d.seeds_b) >= seeds else
+        missing = ("" if d is None or lost or min(d.seeds_a, d.seeds_b) >= seeds else
                    f"; with a value: {d.seeds_a} of {d.a}'s and {d.seeds_b} of {d.b}'s {seeds} seeds, the rest "
                    f"errored or diverged")
         figures = (f"sequential p {_p(qi)}, Holm-adjusted {_p(ai)}" if qi is not None
@@ -107,11 +110,22 @@ def decide(looks: list[dict[str, Difference]], design: Design, alpha: float = 1 
             reason = (f"{arm}: settled at round {r + 1} ({seeds} seeds): futile, its 95% interval's upper end "
                       f"{upper[arm]:+.1f} is below the plan's gap {design.futility_gap:g} ({figures})")
         elif r is not None and r == n_looks - 1:
-            reason = f"{arm}: no difference resolved at the maximum, {seeds} seeds ({figures})"
+            reason = (f"{arm}: undecided at the maximum, {seeds} seeds: {lost}" if lost and qi is None else
+                      f"{arm}: no difference resolved at the maximum, {seeds} seeds ({figures})")
+        elif lost and qi is None:
+            reason = f"{arm}: open after round {r + 1} ({seeds} seeds; {lost}): gets the next round's seeds"
         else:
             reason = f"{arm}: open after round {(r or 0) + 1} ({seeds} seeds; {figures}): gets the next round's seeds"
         out[arm] = ArmState(arm, state[arm], settled_at.get(arm), seeds, None if d is None else d.p, qi, ai, reason)
     return out
+
+
+def _lost_text(d: Difference | None, seeds: int) -> str:
+    """Why an arm's look has no comparison because its, or the baseline's, seeds all failed ("" otherwise)."""
+    if d is None or min(d.seeds_a, d.seeds_b) > 0:
+        return ""
+    who = d.a if d.seeds_a == 0 else f"the baseline {d.b}"
+    return f"all {seeds} seeds of {who} failed (errored or diverged): no comparison"
 
 
 def _p(value: float | None) -> str:
@@ -128,7 +142,8 @@ def looks_of(study: Study, rounds: tuple[int, ...], by: str = BY,
     end, as `a2 study compare` computes it but, with `pool_arms` (the design's), with the seed variance pooled over
     every arm there (`pooled_differences`); the baseline's label). A seed that errored or ended without a value
     (diverged) is missing: the arm takes the look on its seeds with a value (its `Difference` says how many), as
-    the rule does with unequal seeds, rather than waiting for a count it can never reach. A seed still pending or
+    the rule does with unequal seeds, rather than waiting for a count it can never reach; an arm whose seeds, or the
+    baseline's, all failed takes it with no comparison (`decide` names it and keeps it open). A seed still pending or
     running holds the look back. A look is taken once the baseline and some arm have it; the looks stop at the
     first one not taken."""
     looks, baseline = [], None
@@ -141,12 +156,26 @@ def looks_of(study: Study, rounds: tuple[int, ...], by: str = BY,
             break
         complete = _complete_arms(below, n, by)
         differences = pooled_differences(comparison) if pool_arms else comparison.differences
-        look = {arm: d for arm, d in differences.items() if arm in complete and comparison.baseline in complete}
+        # a baseline whose every seed failed has no row, so compare names none: the design's is fusion none
+        base = comparison.baseline if comparison.baseline is not None else BASELINE
+        if base not in complete:
+            break
+        # an arm ended with no comparison (its or the baseline's seeds all failed) takes the look without one, so
+        # that it is named, stays open and gets the next round's seeds, as an arm left with one seed does
+        look = {arm: differences.get(arm) or _no_comparison(comparison, arm, base)
+                for arm in sorted(complete - {base}, key=sort_key)}
         if not look:
             break
         looks.append(look)
-        baseline = comparison.baseline
+        baseline = base
     return looks, baseline
+
+
+def _no_comparison(comparison, arm: str, base: str) -> Difference:
+    """A look's entry for `arm` where the rule has no comparison with `base`: no difference, no p, and each arm's
+    seeds with a value as `comparison`'s rows have them (0 for the one whose seeds all failed)."""
+    counts = {row.label: len(row.seeds) for row, _ in comparison.rows}
+    return Difference(arm, base, math.nan, None, None, counts.get(arm, 0), counts.get(base, 0), None)
 
 
 def _complete_arms(runs: list[Trial], n: int, by: str) -> set[str]:

@@ -985,6 +985,9 @@ def study_design(spec):
     return Design(rounds, spending_weights(rounds, 1.0), futility_gap=min(arm_gaps(spec).values(), default=None))
 
 
+PRICED_SEED_LOSS = 0.1  # the share of seeds lost that the plan also prices: a study losing that many still has power
+
+
 def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) -> str:
     """The adaptive design's expected seed-trials and GPU-hours (`gpu_hours_per_trial`; None: no GPU) against the
     fixed design's at equal power, for the study's fusions against the baseline at the paper's Table 3 gaps
@@ -1037,6 +1040,11 @@ def adaptive_text(spec, noise: Noise | None, gpu_hours_per_trial: float | None) 
              f"(the study's {own_power_name}: "
              f"{' / '.join(f'{p:.0%}' for p in own['power'])}); family-wise "
              f"false rate with all arms equal {null['family_wise']:.1%}"]
+    # the figures above assume no seed is lost; a seed that errors or diverges leaves its arm's look on fewer seeds
+    lossy = simulate(design, noise, deltas, configs, ADAPTIVE_STUDIES, ADAPTIVE_SEED, seed_loss=PRICED_SEED_LOSS)
+    lines.append(f"  losses    the above with no seed lost; with {PRICED_SEED_LOSS:.0%} of seeds lost (errored or "
+                 f"diverged, each on its own): power {' / '.join(f'{p:.0%}' for p in lossy['power'])}, "
+                 f"{lossy['seed_trials']:.1f} seed-trials expected")
     if target > curve[-1]:
         equal, at = None, f"above the fixed design's power at 12 seeds ({curve[-1]:.0%})"
     else:

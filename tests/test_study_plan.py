@@ -273,6 +273,13 @@ def test_plan_prices_adaptive_replicates_beside_the_fixed_design(tmp_path, capsy
     assert hours, block  # the plan prices the unrounded seed-trials: within a rounding of the figures printed above
     assert [float(h.replace(",", "")) for h in hours.groups()] == [pytest.approx(adaptive * per_trial, abs=2),
                                                                  pytest.approx(fixed * per_trial, abs=2)]
+    # the power also priced with seeds lost (errored or diverged): lower than with none, from the same simulation
+    lossy = simulate(Design(rounds, spending_weights(rounds), futility_gap=2.3), noise, [2.8, 2.3, 4.2, 5.0],
+                     [1, 2, 2, 8, 2], plan.ADAPTIVE_STUDIES, plan.ADAPTIVE_SEED, seed_loss=plan.PRICED_SEED_LOSS)
+    assert plan.PRICED_SEED_LOSS == 0.1 and sum(lossy["power"]) < sum(run["power"])  # an arm at 100% may stay
+    assert (f"losses    the above with no seed lost; with 10% of seeds lost (errored or diverged, each on its own): "
+            f"power {' / '.join(f'{p:.0%}' for p in lossy['power'])}, {lossy['seed_trials']:.1f} seed-trials "
+            f"expected") in block
     again = plan.adaptive_text(spec, noise, per_trial)
     assert again.strip() == block.strip()  # a fixed seed: the same figures every run
 
