@@ -258,13 +258,16 @@ OUTAGE_KEYS = ("down_seconds", "exported_late")
 
 
 def add_outage(location, **counts) -> dict:
-    """Add a driver's figures to the study's saved ones (`tracking/outage.json`); returns the totals."""
+    """Add a driver's figures to the study's saved ones (`tracking/outage.json`); returns the totals. `refused`: why
+    MLflow refused the driver's export (`launch.mlflow_export.refusal`); the study's first is kept while anything is
+    pending, and goes with `pending` (`a2 mlflow sync` exported everything)."""
     target = location.at("tracking", "outage.json")
     try:
         saved = json.loads(target.read_text() or "{}")
     except ValueError:
         saved = None
-    if not (isinstance(saved, dict) and all(isinstance(saved.get(key, 0), (int, float)) for key in OUTAGE_KEYS)):
+    if not (isinstance(saved, dict) and all(isinstance(saved.get(key, 0), (int, float)) for key in OUTAGE_KEYS)
+            and isinstance(saved.get("refused", ""), str)):
         # figures for people, not state: a damaged file must not fail the driver writing the study's summary
         print(f"a2 study: warning: {target.uri} is damaged; the MLflow outage figures start again from this "
               f"driver's", file=sys.stderr)
@@ -272,15 +275,24 @@ def add_outage(location, **counts) -> dict:
     totals = {key: saved.get(key, 0) + counts.get(key, 0) for key in OUTAGE_KEYS}
     totals["down_seconds"] = round(float(totals["down_seconds"]), 3)
     totals["pending"] = bool(counts.get("pending", saved.get("pending", False)))
-    if any(counts.values()) or saved.get("pending") != totals["pending"]:
+    refused = (saved.get("refused") or counts.get("refused")) if totals["pending"] else None
+    if refused:
+        totals["refused"] = refused
+    if any(counts.values()) or saved.get("pending") != totals["pending"] or saved.get("refused") != refused:
         target.write_text(json.dumps(totals, indent=2) + "\n")
     return totals
 
 
 def outage_line(outage: dict | None) -> str | None:
-    """`tracking: server down 31 s, 14 epochs exported once it was back`; None when nothing happened."""
+    """`tracking: server down 31 s, 14 epochs exported once it was back`, or what MLflow refused (what to fix);
+    None when nothing happened."""
     if not outage or not (outage.get("down_seconds") or outage.get("pending")):
         return None
+    refused = outage.get("refused") if outage.get("pending") else None
+    if refused:
+        down = f"server down {outage['down_seconds']:.0f} s, " if outage.get("down_seconds") else ""
+        return (f"tracking: {down}refused by MLflow: {refused}; not all exported yet (once that is settled, "
+                f"`a2 mlflow sync NAME` exports the rest)")
     text = f"tracking: server down {outage.get('down_seconds', 0):.0f} s, "
     if outage.get("pending"):
         return text + "not all exported yet (`a2 mlflow sync NAME` exports the rest)"

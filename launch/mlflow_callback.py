@@ -15,7 +15,7 @@ from dashboards.tracking import check_tracking_uri, ui_pointer
 from launch import stop
 from launch.killpoints import kill_point
 from launch.lease import held_lease
-from launch.mlflow_export import Export, StudyExporter, end_reason, refused_text
+from launch.mlflow_export import Export, StudyExporter, end_reason, refusal, refused_text
 from launch.layout import STOPPED_FILE, TRIALS_DIR, fused_seeds, outage_line, seed_trial_id, train_run_name
 from launch.tracking_writer import client_settings
 
@@ -39,11 +39,20 @@ class A2MLflowCallback(Callback):
         return {**self.__dict__, "trials": [], "exporter": None, "live": set()}
 
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
-        # A bad tracking URI stops the study before any trial starts.
+        # A bad tracking URI stops the study before any trial starts (the pre-flight); a refusal does not.
         check_tracking_uri(self.spec.tracking.mlflow_uri)
         client_settings()
         export = Export(self.spec, self.location)
-        tracker = export.open()
+        try:
+            tracker = export.open()
+        except Exception as err:
+            if refusal(self.spec.tracking.mlflow_uri, err) is None:  # not a refusal: as before, the study stops
+                raise
+            # the server answered and refused (a name it will not take, a permission): as a refusal mid-study,
+            # training goes on without the export, which is said and recorded (`tracking/outage.json`)
+            self.exporter = StudyExporter(export, self.tune_trials, self.every)
+            self.exporter.refuse(err)
+            return
         print(f"MLflow: study {self.spec.name!r} -> parent run {tracker.parent_run_id}; trials: "
               + ui_pointer(tracker.tracking_uri, tracker.experiment_id), flush=True)
         self.exporter = StudyExporter(export, self.tune_trials, self.every)

@@ -85,10 +85,12 @@ class Export:
         self.late = 0  # epochs written after the server had been down
         self.superseded: list[str] = []  # trial ids whose runs this export ended as superseded (`_end_superseded`)
         self.reread = False  # read every trial at every export (`benchmarks/bench_export.py`'s "before")
+        self.writing = ""  # what the export was writing last, in words: where a refusal came (`StudyExporter`)
 
     def open(self) -> StudyTracker:
         """The study's tracker, its parent run made or found (and RUNNING) and the study's views saved."""
         if self.tracker is None:
+            self.writing = "opening the study's experiment and parent run"
             spec = self.spec
             tracker = StudyTracker(spec.tracking.mlflow_uri, spec.name, experiment=spec.tracking.experiment)
             raw = spec.to_dict()
@@ -157,6 +159,7 @@ class Export:
             failed |= status == "FAILED" and not done_for_a_reason
             unfinished |= status != "FINISHED" and not done_for_a_reason
         if ended is not None:
+            self.writing = "ending the study's runs"
             self._end_superseded(tracker, {t.trial_id for t in trials})
             unfinished |= len(trials) < self.spec.num_trials
             status = "FAILED" if failed else "KILLED" if unfinished else "FINISHED"
@@ -209,11 +212,15 @@ class Export:
             return self._remember(tune, trial, seen, None, ended)
         status = trial.status
         name, label = trial_names(self.spec, dict(trial.sampled), trial.config_hash)
+        self.writing = f"trial {tid}, run {name!r}"
         run_id = tracker.trial_run(tid, trial.config, running=status == "RUNNING",
                                    tags={"a2.ray_trial_name": trial.name, TAG_CONFIG_HASH: trial.config_hash,
                                          TAG_CONFIG_LABEL: label},
                                    run_name=name)
         logged = tracker.logged_steps(run_id, self.spec.metric)
+        epochs = [int(result["epoch"]) for result in results]
+        if epochs:  # the first epoch MLflow lacks (the newest when it has all): where a refused write began
+            self.writing += f", epoch {min(set(epochs) - logged, default=epochs[-1])}"
         self.late += sum(late and int(result["epoch"]) not in logged for result in results)
         tracker.log_epochs(run_id, [(int(result["epoch"]), epoch_metrics(result), _timestamp_ms(result))
                                     for result in results])
@@ -299,6 +306,7 @@ class StudyExporter:
         self.down_seconds = 0.0
         self.done = False  # the last export went through
         self.refused: str | None = None  # why MLflow refused the study's export (no outage): it stopped
+        self.refusal: str | None = None  # the first refusal (`refusal`) and where it came: for `tracking/outage.json`
         self.stop, self.wake = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._work, name="a2-mlflow-export", daemon=True)
         self.thread.start()
@@ -333,13 +341,10 @@ class StudyExporter:
         except OSError as err:
             self._down(err)
         except TrackingError as err:  # the server answered, and refused the study's experiment: not an outage
-            self.refused = str(err)
-            self.stop.set()  # the thread ends; the study goes on
-            self.wake.set()
-            logger.warning("MLflow refused the export of study %r: %s", self.export.spec.name,
-                           refused_text(self.export.spec.name, self.refused))
+            self.refuse(err)
         except Exception as err:  # noqa: BLE001 - the server's or the connection's: an outage, if it is gone
             if server_answers(self.uri) and disk_problem(err) is None:
+                self._note(refusal(self.uri, err))
                 logger.warning("MLflow export failed: %s", err, exc_info=True)
             else:
                 self._down(err)
@@ -352,6 +357,20 @@ class StudyExporter:
             return True
         self.done = False
         return False
+
+    def refuse(self, err: Exception) -> None:
+        """MLflow refused the study's export (`err`: a `TrackingError`, or a refusal, see `refusal`): said once, the
+        thread ends, nothing is tried again; the study goes on."""
+        self.refused = refusal(self.uri, err) or str(err)
+        self._note(self.refused)
+        self.stop.set()
+        self.wake.set()
+        logger.warning("MLflow refused the export of study %r: %s", self.export.spec.name,
+                       refused_text(self.export.spec.name, self.refused))
+
+    def _note(self, why: str | None) -> None:
+        if why is not None and self.refusal is None:  # the first: later ones are often its consequences
+            self.refusal = f"{why} ({self.export.writing or 'exporting'})"
 
     def _down(self, err) -> None:
         if self.down_since is None:
@@ -374,8 +393,30 @@ class StudyExporter:
         if self.down_since is not None:
             self.down_seconds += time.monotonic() - self.down_since
         totals = add_outage(self.export.location, down_seconds=self.down_seconds, exported_late=self.export.late,
-                            pending=not self.done)
+                            pending=not self.done, refused=None if self.done else self.refusal)
         return {**totals, "refused": self.refused} if self.refused is not None else totals
+
+
+REFUSAL_CHARS = 300  # of MLflow's words in a refusal: a refused batch's message can quote the whole batch
+_REFUSED_STATUSES = frozenset({400, 401, 403, 404, 409})  # 429 (too many requests) is waited out, not a refusal
+
+
+def refusal(uri: str, err: Exception) -> str | None:
+    """Why the server at `uri` refused a request, in one line (MLflow's error code and its words cut short; a2's own
+    `TrackingError`, which says what to do, whole), when `err` is a refusal: the server answered that it will not;
+    None for anything else (the server down, a bug)."""
+    from mlflow.exceptions import MlflowException  # mlflow: on first use, as in `launch.tracking_writer`
+
+    if isinstance(err, TrackingError):
+        return str(err)
+    if not isinstance(err, MlflowException) or err.get_http_status_code() not in _REFUSED_STATUSES:
+        return None
+    words = " ".join(str(err.message).split())
+    if not words.startswith(f"{err.error_code}:"):
+        words = f"{err.error_code}: {words}"
+    if len(words) > REFUSAL_CHARS:
+        words = words[:REFUSAL_CHARS - 1] + "…"
+    return f"MLflow server {redact_uri(uri)} answered {words}"
 
 
 def refused_text(study: str, why: str) -> str:

@@ -21,6 +21,7 @@ from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
 from a2core import checkpoint as ckpt
 
 TAG_CONTENT_HASH = "a2.content_hash"
+QUIET_URLS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"  # mlflow.environment_variables: no "View run" lines
 # MLflow's limits (mlflow.utils.validation) on a model version's tags and description (its database column)
 MAX_TAG_KEY, MAX_TAG_VALUE, MAX_DESCRIPTION = 250, 100_000, 5000
 # The model's code and the packages it imports, shipped with the model: the read side's ensemble model and a2core.
@@ -83,6 +84,7 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the job's log
     status = client.get_run(run_id).info.status
     previous_uri, previous_env = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
+    previous_quiet = os.environ.get(QUIET_URLS)
     with tempfile.TemporaryDirectory(prefix="a2-model-") as tmp:
         artifacts = {}
         for i, path in enumerate(checkpoints):  # inference needs no optimizer state
@@ -98,6 +100,9 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
             params=ParamSchema([ParamSpec("beam_size", "long", beam_size)]))
         example = pd.DataFrame({"image_id": [1], "features": [[[0.0] * feature_dim] * 2]})  # two zero regions
         mlflow.set_tracking_uri(tracking_uri)
+        # MLflow prints "View run ... at: <url>" and "View experiment at: <url>" when the run ends (read per run): not
+        # in the packaging job's log, which names the model version itself; its warnings and errors stay
+        os.environ[QUIET_URLS] = "true"
         try:
             with mlflow.start_run(run_id=run_id):
                 info = mlflow.pyfunc.log_model(
@@ -110,10 +115,11 @@ def register_ensemble(tracking_uri: str, run_id: str, checkpoints: Sequence[str 
         finally:  # the run keeps its status; the caller's global MLflow settings are left as they were
             client.update_run(run_id, status=status)
             mlflow.set_tracking_uri(previous_uri)
-            if previous_env is not None:
-                os.environ["MLFLOW_TRACKING_URI"] = previous_env
-            else:  # set_tracking_uri set it
-                os.environ.pop("MLFLOW_TRACKING_URI", None)
+            for var, previous in (("MLFLOW_TRACKING_URI", previous_env), (QUIET_URLS, previous_quiet)):
+                if previous is not None:
+                    os.environ[var] = previous
+                else:  # set here (set_tracking_uri sets the tracking URI's)
+                    os.environ.pop(var, None)
     version = str(info.registered_model_version)
     if description:
         client.update_model_version(name, version, description=description[:MAX_DESCRIPTION])

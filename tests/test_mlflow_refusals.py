@@ -109,7 +109,9 @@ def test_a_refusal_is_said_once_in_its_own_words_and_stops_the_export_not_an_out
     assert live == line and callback.outage_text() == line
     assert callback.outage == {"down_seconds": 0.0, "exported_late": 0, "pending": True, "refused": why}
     saved = json.loads(location.at("tracking", "outage.json").read_text())
-    assert saved == {"down_seconds": 0.0, "exported_late": 0, "pending": True}  # summary.json: not all exported
+    # summary.json: not all exported, and why (the first refusal, where it happened), kept until `a2 mlflow sync`
+    assert saved == {"down_seconds": 0.0, "exported_late": 0, "pending": True,
+                     "refused": f"{why} (opening the study's experiment and parent run)"}
 
 
 def test_the_server_down_is_still_an_outage(tmp_path, monkeypatch, caplog):
