@@ -9,6 +9,7 @@ images.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Callable
@@ -25,7 +26,13 @@ from .data.features import FeatureStore
 from .metrics import caption_scores
 from .model.a2 import NOT_A_NEXT_WORD, A2Transformer, KVCache, next_word_logp
 from .errors import A2Error, ConfigError, SubmissionError
-from .precision import autocast
+from .precision import autocast, check as check_precision
+
+log = logging.getLogger(__name__)
+
+# Raised whenever a change here changes the captions decoded from the same checkpoint and settings (2: no <unk>, in
+# the checkpoint's train.precision): captions kept by an earlier version (`a2 package`'s shards) are decoded again.
+CAPTIONS_VERSION = 2
 
 
 class ModelStepper:
@@ -351,10 +358,46 @@ class MinLengthStepper:
         return {"inner": self.inner.select_rows(state["inner"], index), "t": state["t"]}
 
 
+class CaptionWordsStepper:
+    """A stepper whose next word is one a caption may hold: `banned` word ids (<pad>, <bos>, <unk>) at -inf.
+
+    A caption holding "<unk>" is always wrong (no reference has it), yet a model trained on captions whose rare
+    words became <unk> predicts it often. Its log-probability is set to -inf after the softmax, not renormalised
+    away: a hypothesis' score stays the model's log-probability of its words, as teacher forcing scores them
+    (SCST's beam candidates), and the best remaining word is chosen where <unk> was the best."""
+
+    def __init__(self, inner, banned):
+        self.inner = as_stepper(inner)
+        self.banned = list(banned)
+
+    def init_state(self, feats, region_mask):
+        return self.inner.init_state(feats, region_mask)
+
+    def expand_state(self, state, k: int):
+        return self.inner.expand_state(state, k)
+
+    def step(self, last, state):
+        logp = self.inner.step(last, state)  # (N, V)
+        return logp.index_fill(-1, torch.tensor(self.banned, device=logp.device), float("-inf"))
+
+    def reorder_state(self, state, index):
+        return self.inner.reorder_state(state, index)
+
+    @property
+    def can_select_rows(self) -> bool:
+        return _can_select_rows(self.inner)
+
+    def select_rows(self, state, index):
+        return self.inner.select_rows(state, index)
+
+
 def caption_batches(stepper, vocab, batches, *, beam_size: int = 5, max_len: int = 20,
                     device: str | torch.device = "cpu", progress=None) -> dict[int, str]:
     """{image_id: caption} (beam_size 1 = greedy) of `(image_ids, feats (B, R, D), region_mask (B, R))` batches;
-    `progress(n)` is called with each batch's image count."""
+    `progress(n)` is called with each batch's image count. No caption holds <pad>, <bos> or <unk>
+    (`CaptionWordsStepper`): every text caption (validation, test, `a2 decode`, packaging, the registered
+    ensemble) is decoded here. SCST's candidates and greedy baseline call the searches directly, unmasked, as M2."""
+    stepper = CaptionWordsStepper(stepper, (vocab.pad, vocab.bos, vocab.unk))
     out: dict[int, str] = {}
     for image_ids, feats, mask in batches:
         feats, mask = feats.to(device), mask.to(device)
@@ -413,6 +456,20 @@ def score_split(data, stepper, split: str, *, gather: Callable[[dict], dict] = l
     return scores, {i: per_image[i]["CIDEr"] for i in sorted(per_image)}
 
 
+def decode_precision(config: dict, device: str | torch.device) -> str:
+    """The `train.precision` a checkpoint's `config` trained in, in which its run decoded the captions its scores
+    are of: decoding it again (`a2 decode`, packaging) in it gives those captions. fp32 where this torch cannot
+    autocast to it on `device` (`a2core.precision.check`), with a warning that the captions may then differ."""
+    precision = config.get("train", {}).get("precision", "fp32")  # a checkpoint from before the key: fp32
+    try:
+        check_precision(precision, torch.device(device))
+    except ConfigError as err:
+        log.warning("%s: decoding in fp32 instead, so the captions may differ from those the run was scored on",
+                    err)
+        return "fp32"
+    return precision
+
+
 def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str, list[int]],
                       single_split: str | None, *, beam_size: int, max_len: int, batch_size: int,
                       progress: bool = False, device: str | None = None) -> dict:
@@ -440,7 +497,8 @@ def ensemble_captions(checkpoints: list[str], data_config: dict, shard: dict[str
     in_solo = set(solo)
     rest = [i for i in unique if i not in in_solo]
     ensemble: dict[int, str] = {}
-    with torch.no_grad():
+    # in the first checkpoint's train.precision, as its run decoded the test split it was scored on
+    with torch.no_grad(), autocast(decode_precision(config, device), torch.device(device)):
         for ids, alone in ((solo, True), (rest, False)):
             for chunk, feats, mask in fetched_batches(ids, fetch, batch_size):
                 batch = [(chunk, feats.to(device), mask.to(device))]
@@ -540,7 +598,7 @@ def decode_to_file(checkpoints: list[str], split: str, out: str, beam_size: int 
     _check_not_an_input(out, [p for p in vars(data.paths).values() if p is not None], "a file of the data it decodes")
     data.features.check_ids([img.image_id for img in data.images(split)])
     stepper = EnsembleStepper(models) if len(models) > 1 else ModelStepper(models[0])
-    with autocast(config["train"].get("precision", "fp32"), torch.device(device)):  # the first checkpoint's
+    with autocast(decode_precision(config, device), torch.device(device)):  # the first checkpoint's
         caps = captions_for(data, stepper, split, beam_size=beam_size, max_len=max_len, batch_size=batch_size,
                             progress=True, device=device)
     write_results_json(out, caps)

@@ -20,9 +20,10 @@ from a2core.checkpoint import load_ensemble
 from a2core.config import Config
 from a2core.data.dataset import resolve_paths
 from a2core.data.features import FeatureStore
-from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images
+from a2core.decode import EnsembleStepper, MinLengthStepper, caption_images, decode_precision
 from a2core.errors import DataError
 from a2core.metrics import METRIC_NAMES as METRICS, SCALE, SCALE_NAME
+from a2core.precision import autocast
 from a2core.metrics import Meteor, caption_scores, coco_scores, ptb_tokenize, spice_available
 from a2core.selection import finite
 from dashboards import paper_results
@@ -325,8 +326,10 @@ class A2EnsembleModel(mlflow.pyfunc.PythonModel):
         store = (GivenFeatures(dict(zip(ids, model_input["features"])), self.config["model"]["feature_dim"])
                  if "features" in model_input.columns else self._feature_store())
         stepper = MinLengthStepper(EnsembleStepper(self.models), self.vocab.eos)
-        caps = caption_images(stepper, self.vocab, list(dict.fromkeys(ids)),
-                              lambda i: store.padded(i, self.config["model"]["max_regions"]),
-                              beam_size=int((params or {}).get("beam_size", self.beam_size)), max_len=self.max_len,
-                              batch_size=self.batch_size, device=self.device)
+        # in the first checkpoint's train.precision, as `a2 package` and the run's own test decode
+        with autocast(decode_precision(self.config, self.device), torch.device(self.device)):
+            caps = caption_images(stepper, self.vocab, list(dict.fromkeys(ids)),
+                                  lambda i: store.padded(i, self.config["model"]["max_regions"]),
+                                  beam_size=int((params or {}).get("beam_size", self.beam_size)),
+                                  max_len=self.max_len, batch_size=self.batch_size, device=self.device)
         return pd.DataFrame({"image_id": ids, "caption": [caps[i] for i in ids]})

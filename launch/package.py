@@ -24,7 +24,7 @@ from a2core.atomic import atomic_write
 from a2core.checksum import checksum_path, file_sha256
 from a2core.data import prepared
 from a2core.data.captions import Vocab, read_image_info
-from a2core.decode import checkpoint_data, ensemble_captions, write_results_json
+from a2core.decode import CAPTIONS_VERSION, checkpoint_data, ensemble_captions, write_results_json
 from a2core.errors import A2Error, CheckpointError, PackageError, StorageError
 from dashboards.runs import ReplicateGroup, Trial
 from dashboards.stats import best_trial, config_hash, trial_rank
@@ -499,7 +499,8 @@ def decode_key(checkpoints: list[str], splits: dict[str, list[int]], single_spli
     path rewritten, decodes anew rather than mixing its captions with kept ones)."""
     files = [file_sha256(path) for path in checkpoints]
     data = [data_config, _file_stamps(data_config or {})]
-    return hashlib.sha256(json.dumps([files, splits, single_split, sorted(options.items()), *data],
+    # the decoder's own version too: captions an earlier decoder kept (e.g. holding <unk>) are not reused
+    return hashlib.sha256(json.dumps([files, splits, single_split, sorted(options.items()), *data, CAPTIONS_VERSION],
                                      sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
