@@ -209,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     package.add_argument("--upload", default=None, help="s3://bucket/prefix/ to upload results.zip and the "
                                                         "leaderboard to (default: the study's prefix when on S3)")
     package.add_argument("--s3-endpoint-url", default=None, help="S3-compatible endpoint for --upload")
+    package.add_argument("--replace", action="store_true",
+                         help="replace a different results.zip/leaderboard.json already at the upload prefix "
+                              "(default: refuse, nothing uploaded); says what it replaced")
     package.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
     package.add_argument("--beam-size", type=positive_int, default=5, help="beams per image (default 5)")
     package.add_argument("--batch-size", type=positive_int, default=50, help="images per beam-search batch")

@@ -14,8 +14,11 @@ stale. A driver whose lease was taken over stops before its next write (`StudyLe
 
 A take-over removes the stale lease and creates its own, two calls: two takers of one stale lease could each do both,
 the second removing the first's fresh lease. So only the taker that creates the claim `lease.json.takeover-<token of
-the stale holder>` (if-absent, as the lease) replaces it, and only while the lease still reads as the one it judged
-stale (`StudyLease._take_over`)."""
+the stale holder>` (if-absent, as the lease) replaces it, and it removes the lease only if it is still the version it
+judged stale: a compare-and-swap in the storage (`launch.storage.delete_if_unchanged`: S3's conditional DELETE, an
+flock on disk), as are a heartbeat's rewrite and a release. A claim alone is not enough: a taker frozen (SIGSTOP, a
+long GC) after its last look at the lease for longer than the holder's period has its claim walked past, and a
+check-then-remove would, once it runs again, remove the lease of the one that took the study over meanwhile."""
 from __future__ import annotations
 
 import calendar
@@ -34,7 +37,7 @@ from typing import NoReturn
 
 from a2core.errors import StorageError, StudyError
 from launch.defaults import DEFAULT_STALE_AFTER
-from launch.storage import WriteRefused, open_location
+from launch.storage import WriteRefused, delete_if_unchanged, open_location, read_versioned, replace_if_unchanged
 
 LEASE_FILE = "lease.json"
 CLOCK_PREFIX = ".a2-clock-"  # the file a taker writes next to the lease to read the storage's clock (then removed)
@@ -264,9 +267,9 @@ class StudyLease:
     # -- taking, keeping and giving back ---------------------------------------------------------------------
     def acquire(self, force: bool = False) -> None:
         if not self._create(self.mine):
-            seen = self.location.read_text(errors="replace")  # damaged bytes: not JSON, not a traceback
+            seen, version = read_versioned(self.location)  # damaged bytes: not JSON, not a traceback
             if seen is not None or not self._create(self.mine):  # None: released between our two looks
-                self._take_over(self._parse(seen) or {}, force, seen)
+                self._take_over(self._parse(seen) or {}, force, seen, version)
         self.lost.clear()
         self.lost_error = None
         _HELD[self.location.uri] = self
@@ -274,9 +277,10 @@ class StudyLease:
         self._thread = threading.Thread(target=self._beat, name="a2-lease", daemon=True)
         self._thread.start()
 
-    def _take_over(self, holder: dict, force: bool, seen: str | None) -> None:
+    def _take_over(self, holder: dict, force: bool, seen: str | None, version: str | None) -> None:
         """Replace a lease whose process is gone from this host, or a stale one with `force`; refuse the rest, and
-        always one whose process is alive on this host. `seen`: the lease's text as read, `holder` parsed from it."""
+        always one whose process is alive on this host. `seen`: the lease's text as read (`version`: its version,
+        `read_versioned`), `holder` parsed from it."""
         age = lease_age(self.location, holder, probe=True)
         period = holder_period(holder, self.stale_after)
         study = os.path.dirname(self.location.uri)
@@ -306,11 +310,11 @@ class StudyLease:
             return
         claim = self._claim(holder, seen, period, study)
         try:
-            # a taker that judged the same lease and finished already (its claim removed, so ours was created) left
-            # its own lease here, and a holder that beat again is not stale: neither is the lease judged
-            if self.location.read_text(errors="replace") != seen:
+            # removed only if still the version judged stale, in one step of the storage: a taker that judged the
+            # same lease and finished already (its claim removed, so ours was created) left its own lease here, a
+            # holder that beat again is not stale, and either may have happened while this process was frozen
+            if not delete_if_unchanged(self.location, version):
                 self._taken_first(study)
-            self.location.delete()
             if not self._create(self.mine):  # a plain `acquire` found none between the two calls
                 self._taken_first(study)
             self._remove_claims()
@@ -415,12 +419,14 @@ class StudyLease:
         (it waits for this thread 5 s at most) nor overwrite a new holder's."""
         if self._stop.is_set():
             return None
-        # no compare-and-swap in the storage layer (S3 has none): reading the token just before the write narrows the
-        # window in which a lease released or taken over meanwhile is written over, but cannot close it
-        found = self.read()
+        seen, version = read_versioned(self.location)
+        found = self._parse(seen)
         if not found or found.get("token") not in (None, self.mine["token"]) or self._stop.is_set():
             return found
-        self.location.write_text(text)  # atomic: a reader never sees half
+        # written only over the version just read (a reader never sees half): a lease taken over or released while
+        # this thread was frozen between the two is left as it is, and whose it is now decides
+        if replace_if_unchanged(self.location, version, text) is None:
+            return self.read()
         return self.mine
 
     def release(self) -> None:
@@ -431,9 +437,10 @@ class StudyLease:
         if _HELD.get(self.location.uri) is self:
             del _HELD[self.location.uri]
         with contextlib.suppress(Exception):  # a lease left behind only goes stale
-            holder = self.read()
+            seen, version = read_versioned(self.location)
+            holder = self._parse(seen)
             if holder and holder.get("token") == self.mine["token"]:
-                self.location.delete()
+                delete_if_unchanged(self.location, version)  # not one written by a taker since it was read
 
     @contextlib.contextmanager
     def held(self, force: bool = False):

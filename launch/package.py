@@ -37,7 +37,8 @@ from launch.location import STUDY_FILE, StudyLocation, load_saved_spec, locate, 
 from launch.record import StudyRecord, best_group
 from launch.raycluster import connect, shutdown as stop_ray
 from launch.spec import NAME_MAX, StudySpec
-from launch.storage import check_storage, open_location, parse_s3_uri, stored_object, upload_file
+from launch.storage import (UploadConflict, check_storage, open_location, parse_s3_uri, same_bytes, stored_object,
+                            upload_file)
 from launch.tracking_writer import log_artifacts, study_parent_run
 from launch.trainable import propagated_env
 from launch.verify import model_mismatch
@@ -99,6 +100,7 @@ def estimate_text(p: dict) -> str:
 
 def package(name: str, *, storage: str | None = None, seeds=None, alg: str | None = None, no_train: bool = False,
             out: str | os.PathLike | None = None, upload: str | None = None, s3_endpoint_url: str | None = None,
+            replace: bool = False,
             tracking_uri: str | None = None, beam_size: int = 5, batch_size: int = 50, workers: int | None = None,
             shard_images: int = SHARD_IMAGES,
             address: str | None = None, val_images: str | None = None, test_images: str | None = None,
@@ -118,7 +120,10 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     check_upload(upload, s3_endpoint_url)
     upload_prefix = _upload_prefix(location, upload)
     upload_endpoint = s3_endpoint_url or (location.endpoint_url if not upload else None)
-    note_earlier_upload(upload_prefix, upload_endpoint, verbose)
+    if replace and upload_prefix is None:  # said now: not after the seeds are trained and the images decoded
+        raise PackageError("--replace: there is no upload to replace: the study's storage is local and no --upload "
+                           "was given; add --upload s3://bucket/prefix/ or leave out --replace")
+    note_earlier_upload(upload_prefix, upload_endpoint, verbose, replace)
     out = package_folder(Path(out or Path(PACKAGE_OUT) / name).resolve(), name)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / ATTEMPT, json.dumps({"study": name}) + "\n")  # before any output: the folder is this run's
@@ -143,7 +148,8 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
         delivered = deliver(name, spec, best, members, local, data, decoded, results, images,
                             tracking_uri=tracking_uri, beam_size=beam_size, model_name=model_name or name,
                             verbose=verbose)
-        uploads = upload_all([results["zip"], delivered["leaderboard"]], upload_prefix, upload_endpoint, verbose)
+        uploads = upload_all([results["zip"], delivered["leaderboard"]], upload_prefix, upload_endpoint, verbose,
+                             replace)
     finally:
         if not ray_was_up and ray.is_initialized():
             stop_ray()  # a local Ray it started stops at once (`launch.raycluster.shutdown`)
@@ -746,54 +752,78 @@ def _stored(uri: str, endpoint_url: str | None) -> dict | None:
         raise PackageError(f"before uploading to it: {err}") from None
 
 
-def note_earlier_upload(prefix: str | None, endpoint_url: str | None, verbose: bool = True) -> None:
+def note_earlier_upload(prefix: str | None, endpoint_url: str | None, verbose: bool = True,
+                        replace: bool = False) -> None:
     """Said before any work when the upload prefix already holds a `results.zip`: this run will upload only the same
-    bytes (a rerun), so a different package learns now, not after its decoding, that it needs another --upload."""
+    bytes (a rerun), so a different package learns now, not after its decoding, that it needs another --upload (or
+    --replace); with --replace, that it will replace it."""
     if prefix and _stored(prefix + RESULTS_ZIP, endpoint_url) is not None:
-        say(f"package: note: {prefix}{RESULTS_ZIP} exists (an earlier upload); this run uploads only if its "
-            f"{RESULTS_ZIP} is the same bytes, else it stops before uploading anything: choose another --upload "
-            f"prefix for a different package", verbose)
+        say(f"package: note: {prefix}{RESULTS_ZIP} exists (an earlier upload); " + (
+            f"--replace: this run replaces it unless its {RESULTS_ZIP} is the same bytes" if replace else
+            f"this run uploads only if its {RESULTS_ZIP} is the same bytes, else it stops before uploading "
+            f"anything: choose another --upload prefix for a different package, or --replace to replace it"),
+            verbose)
 
 
-def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, verbose: bool = True) -> list[dict]:
-    """Verified uploads of `paths` below `prefix` (none without a prefix), never over a different earlier upload.
+def upload_all(paths: list[Path], prefix: str | None, endpoint_url: str | None, verbose: bool = True,
+               replace: bool = False) -> list[dict]:
+    """Verified uploads of `paths` below `prefix` (none without a prefix), never over a different earlier upload
+    unless `replace` (--replace).
 
     `paths[0]` is the submission (results.zip); the files after it describe it (leaderboard.json). Every target is
-    looked at before anything is written: one that holds the same bytes (sha256 and size; a rerun after a crash) is
-    left as it is and said so; one that holds other bytes refuses the whole upload, nothing written, in one line that
-    names it. A describing file whose target differs beside a submission that is the same (a leaderboard's "created"
-    time differs on each run) is that submission's own, and is replaced. Each entry: {"uri", "size", "sha256",
-    "uploaded"} (False: it was there already), plus `upload_file`'s keys when uploaded."""
+    looked at before anything is written: one that holds the same bytes (`launch.storage.same_bytes`; a rerun after a
+    crash) is left as it is and said so; one that holds other bytes refuses the whole upload, nothing written, in one
+    line that names it, or with `replace` is replaced, said with what it held. A describing file whose target
+    differs beside a submission that is the same (a leaderboard's "created" time differs on each run) is that
+    submission's own, and is replaced. Each entry: {"uri", "size", "sha256", "uploaded"} (False: it was there
+    already), plus `upload_file`'s keys when uploaded."""
     if not prefix:
         return []
-    # A checked HEAD, not a conditional write: `upload_file` (shared with `a2 data push`) is boto3's managed
-    # transfer, whose upload arguments do not take S3's IfNoneMatch (s3transfer 0.17), and a put or complete of
-    # the submission over an earlier one is what lost a team the zip it had submitted. What is left: another writer
-    # between this HEAD and the upload (two package runs to one prefix in the same seconds).
+    # The look decides and the write holds S3 to it (conditional writes): a new object is written only if there is
+    # still none, a replaced one only over the object looked at (its ETag), so of two package runs uploading to one
+    # prefix in the same seconds the second is refused instead of writing over the first's zip.
     local = [(path, prefix + path.name, file_sha256(path), path.stat().st_size) for path in paths]
     found = [_stored(uri, endpoint_url) for _, uri, _, _ in local]
-    same = [f is not None and (f["sha256"], f["size"]) == (sha, size) for f, (_, _, sha, size) in zip(found, local)]
+    same = [same_bytes(f, path, sha, size) for f, (path, _, sha, size) in zip(found, local)]
     for i, ((path, uri, sha, size), there) in enumerate(zip(local, found)):
-        if there is None or same[i] or (i > 0 and same[0]):
+        if there is None or same[i] or (i > 0 and same[0]) or replace:
             continue
-        recorded = f"sha256 {there['sha256'][:12]}" if there["sha256"] else "no recorded sha256"
         raise PackageError(
             f"upload refused, nothing uploaded: {uri} already holds a different upload ({there['size']} bytes, "
-            f"{recorded}; this {path.name}: {size} bytes, sha256 {sha[:12]}); choose another prefix with "
-            f"--upload, or remove that object first (aws s3 rm {uri}) to replace it")
+            f"{_recorded(there, 12)}; this {path.name}: {size} bytes, sha256 {sha[:12]}); choose another prefix "
+            f"with --upload, or add --replace to replace it")
     uploads = []
-    for (path, uri, sha, size), there, kept in zip(local, found, same):
+    for i, ((path, uri, sha, size), there, kept) in enumerate(zip(local, found, same)):
         if kept:
             uploads.append({"uri": uri, "size": size, "sha256": sha, "etag": there["etag"], "uploaded": False})
             say(f"package: {uri} already holds this {path.name} (sha256 {sha}): not uploaded again", verbose)
             continue
         try:
-            uploads.append({**upload_file(path, uri, endpoint_url=endpoint_url), "uploaded": True})
+            sent = upload_file(path, uri, endpoint_url=endpoint_url, if_absent=there is None,
+                               if_match=there and there["etag"])
+        except UploadConflict:
+            done = [u["uri"] for u in uploads if u["uploaded"]]
+            raise PackageError(
+                f"upload refused: another upload wrote {uri} meanwhile (after this run looked at it, before it "
+                f"wrote); " + (f"this run uploaded only {', '.join(done)}" if done else
+                               f"nothing of this run is at {prefix}") +
+                ": look at that object, then rerun (with --replace to replace it)") from None
         except StorageError as err:
             raise PackageError(f"upload of {path.name} to {prefix} failed: {err}") from None
-        what = "replaced this submission's earlier" if there is not None else "uploaded"
-        say(f"package: {what} {path.name} at {uri} (sha256 {sha})", verbose)
+        uploads.append({**sent, "uploaded": True})
+        if there is None:
+            say(f"package: uploaded {path.name} at {uri} (sha256 {sha})", verbose)
+        elif i > 0 and same[0]:
+            say(f"package: replaced this submission's earlier {path.name} at {uri} (sha256 {sha})", verbose)
+        else:
+            say(f"package: replaced {uri} (was: {_recorded(there)}, {there['size']} bytes, last modified "
+                f"{there['modified']}) with this {path.name} (sha256 {sha})", verbose)
     return uploads
+
+
+def _recorded(there: dict, digits: int | None = None) -> str:
+    """The sha256 an object has recorded (its first `digits`), or that it has none (another tool wrote it)."""
+    return f"sha256 {there['sha256'][:digits]}" if there["sha256"] else "no recorded sha256"
 
 
 def write_manifest(out: Path, location, best: Trial, members: list[Trial], results: dict, delivered: dict,

@@ -40,6 +40,15 @@ class S3VerificationError(S3TransferError):
     """The transferred bytes do not match the source (size or SHA-256)."""
 
 
+class UploadConflict(S3TransferError):
+    """A conditional upload (`upload_file`'s `if_absent`, `if_match`) found the object at `uri` not as its caller
+    saw it: another writer wrote (or removed) it meanwhile; nothing was written over it."""
+
+    def __init__(self, uri: str, message: str):
+        self.uri = uri
+        super().__init__(message)
+
+
 class WriteRefused(StorageError):
     """The storage refused a write (read-only, full, not allowed, a file in the way): `uri` and, in a few words,
     `reason`, for a caller that says what the write was for (`launch.lease`)."""
@@ -446,8 +455,27 @@ def stored_object(uri: str, endpoint_url: str | None = None) -> dict | None:
         raise StorageError(f"cannot look up {uri}: {err}") from None
     except BotoCoreError as err:
         raise StorageError(f"cannot look up {uri}: {err}") from None
+    modified = head.get("LastModified")
     return {"size": head.get("ContentLength"), "sha256": (head.get("Metadata") or {}).get(META_SHA256),
-            "etag": head.get("ETag")}
+            "etag": head.get("ETag"), "modified": modified and modified.strftime("%Y-%m-%d %H:%M:%S UTC")}
+
+
+def same_bytes(stored: dict | None, path: str | os.PathLike, sha256: str, size: int) -> bool:
+    """Whether the object `stored_object` saw holds the bytes of local file `path` (its `sha256` and `size`): by the
+    sha256 `upload_file` records; for an object another tool wrote (no sha256), by its ETag when that is the MD5 of
+    its bytes (a single-part upload's, no '-N' of a multipart one). Anything else counts as other bytes."""
+    if stored is None or stored["size"] != size:
+        return False
+    if stored["sha256"]:
+        return stored["sha256"] == sha256
+    etag = (stored.get("etag") or "").strip('"')
+    if not re.fullmatch(r"[0-9a-f]{32}", etag):  # multipart ("<md5 of part md5s>-N"), or not an MD5 at all
+        return False
+    md5 = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while block := f.read(8 * MiB):
+            md5.update(block)
+    return md5.hexdigest() == etag
 
 
 def _digests(path: Path, part_size: int) -> tuple[str, int, str]:
@@ -477,11 +505,27 @@ def _verify(head: dict, uri: str, sha_hex: str, size: int, composite: str | None
         raise S3VerificationError(f"{uri}: " + "; ".join(problems))
 
 
+def _error_code(err: BaseException) -> str | None:
+    """The S3 error code of `err` or of the ClientError it was raised from or while handling (boto3's managed
+    transfer raises S3UploadFailedError in its `except ClientError`, without `from`)."""
+    while err is not None:
+        code = getattr(err, "response", {}).get("Error", {}).get("Code")
+        if code:
+            return code
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str | None = None, client=None,
-                max_attempts: int = 5, part_size: int = 8 * MiB) -> dict:
+                max_attempts: int = 5, part_size: int = 8 * MiB, if_absent: bool = False,
+                if_match: str | None = None) -> dict:
     """Upload `local_path` to `s3_uri` (a URI ending in `/` gets the file name), verified; returns {"bucket", "key",
     "uri", "size", "sha256", "etag"}. Multipart above `part_size`, SHA-256 checksums on every request and in the
-    metadata, `max_attempts` per request; a failed or unverified upload leaves nothing of its own behind."""
+    metadata, `max_attempts` per request; a failed or unverified upload leaves nothing of its own behind.
+
+    Conditional (S3's conditional writes, on the single PUT or on a multipart upload's complete): `if_absent` only
+    if no object is there (`If-None-Match: *`), `if_match` only over the object with that ETag (`If-Match`); an
+    object not as expected is UploadConflict, nothing written over it."""
     from boto3.exceptions import S3UploadFailedError  # boto3: as in `make_client`
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError
@@ -507,15 +551,195 @@ def upload_file(local_path: str | os.PathLike, s3_uri: str, *, endpoint_url: str
     if (kind := mimetypes.guess_type(path.name)[0]) is not None:
         extra["ContentType"] = kind
     config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, use_threads=False)
+    condition = {"IfNoneMatch": "*"} if if_absent else {"IfMatch": if_match} if if_match else {}
+
+    def conditional(params, **_):  # the managed transfer's upload arguments do not take them (s3transfer 0.17)
+        params.update(condition)
+
+    def conflict(err: BaseException) -> str | None:
+        """The S3 code of a condition that did not hold: 412, 409 (a conditional write to the key in flight), 404
+        under If-Match (removed)."""
+        code = _error_code(err) if condition else None
+        return code if code in ("PreconditionFailed", "ConditionalRequestConflict") or (
+            if_match and code == "NoSuchKey") else None
+
+    def ours() -> bool:
+        with contextlib.suppress(ClientError, BotoCoreError):  # no object (404), or unreachable: not ours
+            return (client.head_object(Bucket=bucket, Key=key).get("Metadata") or {}).get(META_TOKEN) == token
+        return False
+
+    hooks = [(f"before-parameter-build.s3.{op}", f"a2-condition-{token}-{op}")
+             for op in ("PutObject", "CompleteMultipartUpload") if condition]
+    for event, hook_id in hooks:
+        client.meta.events.register(event, conditional, unique_id=hook_id)
     try:
-        client.upload_file(str(path), bucket, key, ExtraArgs=extra, Config=config)
+        try:
+            client.upload_file(str(path), bucket, key, ExtraArgs=extra, Config=config)
+        except (ClientError, S3UploadFailedError) as err:
+            # a retried write whose first try landed (its answer lost) fails its own condition: the object is ours
+            if not (conflict(err) and ours()):
+                raise
         head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
         _verify(head, uri, sha_hex, size, composite)
     except BaseException as err:  # interrupted too: no partial or unverified object of ours stays
-        with contextlib.suppress(ClientError, BotoCoreError):  # no object (404), or unreachable: nothing to remove
-            if (client.head_object(Bucket=bucket, Key=key).get("Metadata") or {}).get(META_TOKEN) == token:
+        if ours():
+            with contextlib.suppress(ClientError, BotoCoreError):  # unreachable: nothing can be removed
                 client.delete_object(Bucket=bucket, Key=key)  # ours only, never someone else's object
+        if code := conflict(err):
+            what = "an object appeared there" if if_absent else f"it no longer holds the object with ETag {if_match}"
+            raise UploadConflict(uri, f"upload of {path} to {uri} refused: {what} (S3 {code}): another writer "
+                                      f"wrote it meanwhile; nothing was written over it") from err
         if isinstance(err, (ClientError, BotoCoreError, S3UploadFailedError)):
             raise S3TransferError(f"upload of {path} to {uri} failed: {err}") from err
         raise
+    finally:
+        for event, hook_id in hooks:  # a caller's client is left as it came
+            client.meta.events.unregister(event, unique_id=hook_id)
     return {"bucket": bucket, "key": key, "uri": uri, "size": size, "sha256": sha_hex, "etag": head.get("ETag")}
+
+
+# -- compare-and-swap (launch.lease: one writer per study) --------------------------------------------------------
+# Every change of a study's lease after its creation (a take-over, a heartbeat, a release) is conditional on the
+# version its writer read, so that a writer frozen (SIGSTOP, a long GC) between its read and its write cannot, once it
+# runs again, replace or remove a lease written meanwhile. S3: conditional requests (`IfMatch`: HTTP 412, or 409 for
+# a concurrent one, when the object changed). Disk, a shared POSIX filesystem too: rename and link cannot compare a
+# file's content and replace it in one step, so the compare and the write both happen under an exclusive flock(2) on
+# a lock file beside it, removed with the file by its holder (a locker then checks that the name still names the file
+# it locked, else locks the new one: two processes never hold two different lock files). The kernel drops the lock
+# when its process dies; one frozen while holding it holds off the others (they give up after CAS_LOCK_WAIT s),
+# never lets them through. flock, not fcntl's locks: two opens in one process exclude each other
+# (two leases of one study in one process, as tests have); NFS emulates it with byte-range locks across hosts.
+CAS_LOCK_WAIT = 10.0  # seconds a compare-and-swap on disk waits for another process's to end
+
+
+def _content_version(data: bytes) -> str:
+    """A file's version on disk: the digest of its bytes (a lease's text names its holder and heartbeat, so the
+    same text is the same lease)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _s3_condition_failed(err) -> bool:
+    """A conditional S3 request refused because the object changed, is being changed, or is gone."""
+    return _error_code(err) in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404")
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_client(url: str | None, region: str | None):
+    return make_client(url)
+
+
+def _cas_client(endpoint_url: str | None):
+    """An S3 client kept for the endpoint (as resolved now, with its region): a lease's heartbeat asks every few
+    seconds, and making a client takes a third of a second of CPU. boto3's clients are safe to share between
+    threads; credentials that expire are refreshed by botocore inside the client."""
+    endpoint = s3_endpoint(endpoint_url)
+    return _cached_client(endpoint.url, endpoint.region)
+
+
+@contextlib.contextmanager
+def _cas_lock(location: Location):
+    """The exclusive lock of the local file `location`'s compare-and-swaps (`.<name>.lock` beside it): yields the
+    lock file's path, which the holder may remove (`delete_if_unchanged`, with the file) before it lets go."""
+    import fcntl  # POSIX only; a lease on disk is the only user
+    import time
+
+    path = os.path.join(os.path.dirname(location.uri), f".{os.path.basename(location.uri)}.lock")
+    deadline = time.monotonic() + CAS_LOCK_WAIT
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:  # read-only, full, not allowed
+            raise WriteRefused(path, err.strerror or str(err)) from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:  # not removed by its holder before we locked it
+                    break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise StorageError(f"{path}: locked by another process for over {CAS_LOCK_WAIT:g} s (one stopped "
+                                   f"while changing {location.uri}?); end that process, or try again") from None
+            time.sleep(0.05)
+        os.close(fd)
+    try:
+        yield path
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def read_versioned(location: Location) -> tuple[str | None, str | None]:
+    """(text, version) of the file at `location`, (None, None) when there is none; the text decoded with
+    errors="replace" (a damaged lease reads as not JSON, not a traceback). The version is what
+    `replace_if_unchanged` and `delete_if_unchanged` compare: on S3 the object's ETag (from the same GET as the
+    text), on disk the digest of its bytes."""
+    if location.local:
+        data = location.read_bytes()
+        return (None, None) if data is None else (data.decode("utf-8", "replace"), _content_version(data))
+    from botocore.exceptions import BotoCoreError, ClientError  # boto3: as in `download`
+
+    bucket, key = parse_s3_uri(location.uri, require_key=True)
+    try:
+        got = _cas_client(location.endpoint_url).get_object(Bucket=bucket, Key=key)
+        return got["Body"].read().decode("utf-8", "replace"), got["ETag"]
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None, None
+        raise StorageError(f"{location.uri}: cannot read it: {err}") from None
+    except BotoCoreError as err:
+        raise StorageError(f"{location.uri}: cannot read it: {err}") from None
+
+
+def replace_if_unchanged(location: Location, version: str | None, text: str) -> str | None:
+    """Write `text` over the file at `location` only while it is still the `version` read (`read_versioned`), at
+    once (a reader never sees half): its new version, or None when it changed since or is gone (nothing written).
+    A write the storage refuses is `WriteRefused`."""
+    if location.local:
+        if location.read_bytes() is None:  # gone (its folder too, where no lock file can be made): not `version`
+            return None
+        with _cas_lock(location):
+            data = location.read_bytes()
+            if data is None or _content_version(data) != version:
+                return None
+            location.write_text(text)
+        return _content_version(text.encode("utf-8"))
+    from botocore.exceptions import BotoCoreError, ClientError  # boto3: as in `download`
+
+    bucket, key = parse_s3_uri(location.uri, require_key=True)
+    try:
+        put = _cas_client(location.endpoint_url).put_object(Bucket=bucket, Key=key, Body=text.encode("utf-8"),
+                                                            IfMatch=version or '"none"')
+    except ClientError as err:
+        if _s3_condition_failed(err):
+            return None
+        raise WriteRefused(location.uri, str(err)) from err
+    except BotoCoreError as err:
+        raise WriteRefused(location.uri, str(err)) from err
+    return put["ETag"]
+
+
+def delete_if_unchanged(location: Location, version: str | None) -> bool:
+    """Remove the file at `location` only while it is still the `version` read (`read_versioned`): False when it
+    changed since or is gone (nothing removed)."""
+    if location.local:
+        if location.read_bytes() is None:  # gone (its folder too, where no lock file can be made): not `version`
+            return False
+        with _cas_lock(location) as lock:
+            data = location.read_bytes()
+            if data is None or _content_version(data) != version:
+                return False
+            location.delete()
+            os.unlink(lock)  # still held: no lock file outlives the file (a released study's folder is empty)
+        return True
+    from botocore.exceptions import BotoCoreError, ClientError  # boto3: as in `download`
+
+    bucket, key = parse_s3_uri(location.uri, require_key=True)
+    try:
+        _cas_client(location.endpoint_url).delete_object(Bucket=bucket, Key=key, IfMatch=version or '"none"')
+    except ClientError as err:
+        if _s3_condition_failed(err):
+            return False
+        raise StorageError(f"{location.uri}: cannot delete it: {err}") from None
+    except BotoCoreError as err:
+        raise StorageError(f"{location.uri}: cannot delete it: {err}") from None
+    return True

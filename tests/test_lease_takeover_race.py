@@ -50,14 +50,14 @@ def _token(study) -> str:
 
 def _on_the_lease_delete(monkeypatch, then) -> None:
     """Run `then()` once, right before the first removal of a lease file (a taker between claim and create)."""
-    real, done = Location.delete, []
+    real, done = lease_module.delete_if_unchanged, []
 
-    def delete(self):
-        if self.uri.endswith("/" + LEASE_FILE) and not done:
+    def delete(location, version):  # the lease's compare-and-swap removal (`launch.storage.delete_if_unchanged`)
+        if location.uri.endswith("/" + LEASE_FILE) and not done:
             done.append(True)
             then()
-        return real(self)
-    monkeypatch.setattr(Location, "delete", delete)
+        return real(location, version)
+    monkeypatch.setattr(lease_module, "delete_if_unchanged", delete)
 
 
 def _after_judging(monkeypatch, then) -> None:

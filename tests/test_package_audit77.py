@@ -52,8 +52,7 @@ def test_an_upload_never_replaces_a_different_earlier_submission(s3_endpoint, tm
     assert "\n" not in message
     assert message == (f"upload refused, nothing uploaded: {prefix}results.zip already holds a different upload "
                        f"(17 bytes, sha256 {old_sha}; this results.zip: 21 bytes, sha256 {new_sha}); choose "
-                       f"another prefix with --upload, or remove that object first (aws s3 rm {prefix}results.zip) "
-                       f"to replace it")
+                       f"another prefix with --upload, or add --replace to replace it")
     assert _objects(s3_endpoint, bucket) == before  # both objects as the first package left them
     assert before["subs/results.zip"][0] == b"the submitted zip"
 
