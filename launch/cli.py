@@ -251,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.add_argument("--beam-size", type=positive_int, default=5, help="beams per image (default 5)")
     pipeline.add_argument("--workers", type=non_negative_int, default=None, help="Ray decoding tasks; 0 decodes in this process")
     pipeline.add_argument("--upload", default=None, help="s3://bucket/prefix/ for results.zip and the leaderboard")
+    pipeline.add_argument("--replace", action="store_true",
+                          help="replace a different results.zip/leaderboard.json already at the upload prefix "
+                               "(default: refuse, nothing uploaded); says what it replaced")
     pipeline.add_argument("--address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else local)")
     pipeline.add_argument("--quiet", action="store_true", help="no live trial tables")
     return p

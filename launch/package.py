@@ -120,9 +120,7 @@ def package(name: str, *, storage: str | None = None, seeds=None, alg: str | Non
     check_upload(upload, s3_endpoint_url)
     upload_prefix = _upload_prefix(location, upload)
     upload_endpoint = s3_endpoint_url or (location.endpoint_url if not upload else None)
-    if replace and upload_prefix is None:  # said now: not after the seeds are trained and the images decoded
-        raise PackageError("--replace: there is no upload to replace: the study's storage is local and no --upload "
-                           "was given; add --upload s3://bucket/prefix/ or leave out --replace")
+    check_replace(replace, upload_prefix)
     note_earlier_upload(upload_prefix, upload_endpoint, verbose, replace)
     out = package_folder(Path(out or Path(PACKAGE_OUT) / name).resolve(), name)
     out.mkdir(parents=True, exist_ok=True)
@@ -730,6 +728,14 @@ def check_upload(upload: str | None, endpoint_url: str | None = None) -> None:
         check_storage(upload.rstrip("/") + "/", endpoint_url)
     except StorageError as err:
         raise PackageError(f"--upload {upload}: {err}") from None
+
+
+def check_replace(replace: bool, upload_prefix: str | None) -> None:
+    """--replace with nothing to upload is refused before any work (not after the seeds are trained and the images
+    decoded); `upload_prefix`: `_upload_prefix`'s, or `a2 pipeline`'s --upload (None: a local study's, nothing)."""
+    if replace and upload_prefix is None:
+        raise PackageError("--replace: there is no upload to replace: the study's storage is local and no --upload "
+                           "was given; add --upload s3://bucket/prefix/ or leave out --replace")
 
 
 def _upload_prefix(location, upload: str | None) -> str | None:

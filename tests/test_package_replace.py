@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import types
 
 import pytest
 
@@ -106,6 +107,38 @@ def test_a2_package_replace_end_to_end(stubbed, tmp_path, s3_endpoint, capsys):
     replaced = _body(s3_endpoint, bucket, "subs/results.zip")
     assert replaced != first and replaced == (tmp_path / "three" / "results.zip").read_bytes()
     assert f"package: replaced {upload}results.zip (was: sha256 {_sha(first)}, {len(first)} bytes" in out
+
+
+def test_a2_pipeline_replace_with_nothing_to_upload_is_refused_before_the_study(tmp_path, monkeypatch, capsys):
+    """`a2 pipeline --replace` (a local study, no --upload): refused in one line, exit 2, before the study runs (the
+    refusal `a2 package` gives, not after hours of training); with --upload it reaches `package(replace=True)`."""
+    import launch.commands.pipeline as pipeline
+    from launch.cli import main
+
+    ran = []
+    monkeypatch.setattr(pipeline, "run_or_reuse", lambda *a, **k: ran.append(True) or {})
+    monkeypatch.chdir(tmp_path)
+    assert main(["pipeline", f"storage={tmp_path / 'st'}", "--replace"]) == 2
+    err = capsys.readouterr().err
+    assert "--replace: there is no upload to replace" in err and "add --upload s3://bucket/prefix/" in err
+    assert ran == []
+
+    class Packaged(Exception):
+        pass
+
+    def packaging(*args, **kwargs):
+        raise Packaged(kwargs)
+
+    monkeypatch.setattr(pipeline, "run_or_reuse", lambda *a, **k: {"trials": [], "complete": True})
+    monkeypatch.setattr(pipeline, "exit_code", lambda summary: 0)
+    monkeypatch.setattr(pipeline.StudyRecord, "load", classmethod(lambda cls, *a, **k: types.SimpleNamespace(
+        study=lambda: None)))
+    monkeypatch.setattr(pipeline, "build_report", lambda *a, **k: (_ for _ in ()).throw(PackageError("no report")))
+    monkeypatch.setattr(pipeline, "package", packaging)
+    monkeypatch.setattr(pipeline, "check_upload", lambda upload: None)  # no bucket to look up here
+    with pytest.raises(Packaged) as packaged:
+        main(["pipeline", f"storage={tmp_path / 'st'}", "--replace", "--upload", "s3://subs-bucket/p/"])
+    assert packaged.value.args[0]["replace"] is True and packaged.value.args[0]["upload"] == "s3://subs-bucket/p/"
 
 
 # -- 2: conditional writes -------------------------------------------------------------------------------------------

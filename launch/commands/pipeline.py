@@ -15,7 +15,7 @@ from a2core.errors import A2Error, StudyError
 from dashboards.compare import study_comparison
 from dashboards.report import build_report
 from dashboards.tracking import redact_uri, study_pointer
-from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, check_upload, package
+from launch.package import WORKER_START_TIMEOUT_ENV, WORKER_START_TIMEOUT_S, check_replace, check_upload, package
 from launch.record import StudyRecord
 from launch.spec import load_study
 from launch.tracking_writer import log_report
@@ -66,6 +66,8 @@ def main(args) -> int:
     spec = load_study(study_path(args.study, Path(__file__).resolve().parents[2]), overrides)
     name = spec.name
     check_upload(args.upload)  # a bad --upload is found now, not after the study and the report
+    # --replace with nothing to upload too (a study on S3 uploads to its own package/ prefix without --upload)
+    check_replace(args.replace, args.upload or (spec.storage if spec.storage.startswith("s3://") else None))
     # A folder holding an earlier run's report or package is kept: this run writes to a new numbered one.
     out = fresh_folder(Path(args.out or Path(PIPELINE_OUT) / name).resolve(),
                        ("report/report.html", "package/package.json"), "pipeline output")
@@ -105,8 +107,8 @@ def main(args) -> int:
                   + (f" (seeds {' '.join(map(str, args.seeds))})" if args.seeds else ""), flush=True)
             t = time.perf_counter()
             manifest = package(name, storage=spec.storage, seeds=args.seeds, alg=args.alg, out=out / "package",
-                               upload=args.upload, tracking_uri=uri, beam_size=args.beam_size, workers=args.workers,
-                               address=args.address, verbose=verbose)
+                               upload=args.upload, replace=args.replace, tracking_uri=uri, beam_size=args.beam_size,
+                               workers=args.workers, address=args.address, verbose=verbose)
             times["package"] = time.perf_counter() - t
         finally:
             if not ray_was_up and ray.is_initialized():
