@@ -295,6 +295,9 @@ class StudyLease:
                              f"(`kill -9 {pid}`), then resume")
         gone = _pid_gone(holder)
         if not gone and age < period:
+            now, now_version = read_versioned(self.location)
+            if now is not None and now_version != version:  # written since it was read (a taker, a beat): the age
+                holder = self._parse(now) or holder  # is of that lease, so is who is named
             raise StudyError(f"study at {study} is being written by {describe(holder, age)}; one writer per study: "
                              f"wait for it to end (`--force` takes over only a lease with no heartbeat for "
                              f"{period:.0f} s, the holder's own period)")

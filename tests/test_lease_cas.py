@@ -108,6 +108,8 @@ def _race(monkeypatch, study, make_taker, freeze, lease: dict = STALE) -> int:
             assert fired, f"A failed before its frozen point: {message}"
             assert re.search(REFUSED, message), message
             assert "\n" not in message  # one line
+            # the refusal names who holds the study now (B), not the stale holder A had read
+            assert "4242" not in message and "elsewhere" not in message, message
             assert _token(here) == second.mine["token"], "B's lease was replaced or removed by the frozen A"
             assert second.holds() and not second.lost.is_set()
             assert lease_module.held_lease(here.uri) is second
