@@ -110,12 +110,16 @@ def run_study(spec, **options) -> dict:
 
 def resume_study(location: StudyLocation, *, restore_state: bool = False, **options) -> dict:
     """Continue a study: finished trials stay, unfinished and errored ones resume. Refused before anything is written:
-    a copy of the study, a changed spec, changed or unreadable data; then a corrupt state file (`launch.verify`):
-    Tune would restart the experiment over it. `restore_state`: first put the whole copy back over each of Tune's
+    a corrupt state file (`launch.verify`: Tune would restart the experiment over it), a copy of the study, a changed
+    spec, changed or unreadable data; where there are repairs to make first (`restore_state`, a torn first save), a
+    corrupt file is refused after them. `restore_state`: first put the whole copy back over each of Tune's
     files that is unreadable (a disk that filled during Tune's own copy of it)."""
     # Every refusal of the spec and the data comes before the first write (the copies --restore-state puts back, a
-    # torn first save set aside): a refused resume leaves the study as it was. A copy of the study is refused first.
+    # torn first save set aside): a refused resume leaves the study as it was.
     spec = load_saved_spec(location)
+    torn = torn_first_save(location)
+    if not (restore_state or torn):  # nothing to repair: a corrupt state file is named first, as status and check do
+        refuse_corrupt(location.at(), "resume")
     refuse_relocated(spec, location)
     # the data moved (study.yaml edited to its new path) is left to the data check: the same data resumes
     refuse_changed_spec(spec, location, movable=tuple(recorded_fingerprint(location) or ()))
@@ -124,10 +128,10 @@ def resume_study(location: StudyLocation, *, restore_state: bool = False, **opti
     if restore_state:
         for line in restore_whole_copies(location.at()):
             print(f"a2 study: {line}", flush=True)
-    torn = torn_first_save(location)
     if torn:  # Tune's first save cut short by a kill: nothing of Tune's to continue, and no copy to put back
         set_aside(location, torn, options.get("stale_after", DEFAULT_STALE_AFTER), options.get("force", False))
-    refuse_corrupt(location.at(), "resume")
+    if restore_state or torn:  # what the repairs above could not mend
+        refuse_corrupt(location.at(), "resume")
     done = finished_already(spec, location)
     if done is not None:  # nothing to run: no lease, no summary, no compute totals logged again
         return done
