@@ -369,6 +369,7 @@ class CaptionWordsStepper:
     def __init__(self, inner, banned):
         self.inner = as_stepper(inner)
         self.banned = list(banned)
+        self._index: torch.Tensor | None = None  # (len(banned),) on the decode's device: made once, not every step
 
     def init_state(self, feats, region_mask):
         return self.inner.init_state(feats, region_mask)
@@ -378,7 +379,9 @@ class CaptionWordsStepper:
 
     def step(self, last, state):
         logp = self.inner.step(last, state)  # (N, V)
-        return logp.index_fill(-1, torch.tensor(self.banned, device=logp.device), float("-inf"))
+        if self._index is None or self._index.device != logp.device:
+            self._index = torch.tensor(self.banned, device=logp.device)
+        return logp.index_fill(-1, self._index, float("-inf"))
 
     def reorder_state(self, state, index):
         return self.inner.reorder_state(state, index)

@@ -122,8 +122,9 @@ def resume_study(location: StudyLocation, *, restore_state: bool = False, **opti
         refuse_corrupt(location.at(), "resume")
     refuse_relocated(spec, location)
     # the data moved (study.yaml edited to its new path) is left to the data check: the same data resumes
-    refuse_changed_spec(spec, location, movable=tuple(recorded_fingerprint(location) or ()))
-    for line in refuse_changed_data(spec, location):  # the data it started with, or exit 2 naming the file
+    started = recorded_fingerprint(location)
+    refuse_changed_spec(spec, location, movable=tuple(started or ()))
+    for line in refuse_changed_data(spec, location, started):  # the data it started with, or exit 2 naming the file
         print(f"study {spec.name}: {line}", flush=True)
     if restore_state:
         for line in restore_whole_copies(location.at()):

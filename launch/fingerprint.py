@@ -182,12 +182,14 @@ def _first_change(then: dict, path: str) -> tuple[str, dict, dict] | None:
     return None
 
 
-def refuse_changed_data(spec, location) -> list[str]:
+def refuse_changed_data(spec, location, started: dict | None = None) -> list[str]:
     """StudyError (exit 2, before Ray) naming the first data file that differs from the study's fingerprint of it: a
     different file (its `id`), one no longer there, or one that cannot be read. A study started before fingerprints
     were kept: not checked. Returns a line for each data path that differs from the one the study started with
-    (the data moved, `study.yaml` edited to its new path) where the data is the same."""
-    started = recorded_fingerprint(location)
+    (the data moved, `study.yaml` edited to its new path) where the data is the same. `started`: the fingerprint
+    (`recorded_fingerprint`) where the caller has read it already, else read here."""
+    if started is None:
+        started = recorded_fingerprint(location)
     moved = []
     for key, then in (started or {}).items():
         path = spec.base["data"].get(key.split(".", 1)[-1]) or then.get("path")
