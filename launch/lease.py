@@ -333,7 +333,8 @@ class StudyLease:
     def _claim(self, holder: dict, seen: str, period: float, study: str):
         """The claim on the stale lease `seen`, created by this taker (its Location); else the one-line error of a
         take-over another process made first. A claim older than the holder's `period` was left by a taker killed
-        before it created its lease: the next generation's is claimed instead (created if absent too, so that of
+        before it created its lease, as is a younger one whose taker's process is gone from this host: the next
+        generation's is claimed instead (created if absent too, so that of
         takers finding the same one stale one wins; none is removed, which would race with its re-creation)."""
         now = None
         for generation in range(1, CLAIM_GENERATIONS + 1):
@@ -346,12 +347,22 @@ class StudyLease:
                     return claim
                 stamp = claim.stamp()
             now = _storage_now(self.study) if now is None else now
-            if stamp is not None and now - stamp[1] / 1e9 < period:  # its taker is at it now
+            # its taker is at it now, unless that taker's process is gone from this host (killed between its claim
+            # and its lease): walked past at once, as its lease would be, not after `period`
+            if stamp is not None and now - stamp[1] / 1e9 < period and not self._claimer_gone(claim):
                 break
         claimer = None
         with contextlib.suppress(Exception):  # the taker as its claim names it: who replaces the lease
             claimer = self._parse(claim.read_text(errors="replace"))
         self._taken_first(study, claimer)
+
+    def _claimer_gone(self, claim) -> bool:
+        """Whether the taker that wrote `claim` ran on this host and its process is no longer there."""
+        try:
+            claimer = self._parse(claim.read_text(errors="replace"))
+        except Exception:  # noqa: BLE001 - removed since, or out of reach: its taker may be at it
+            return False
+        return bool(claimer) and _pid_gone(claimer)
 
     def _remove_claims(self) -> None:
         """Remove every claim beside the lease now that this process holds it: its own, and those of takers killed

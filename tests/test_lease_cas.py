@@ -242,3 +242,35 @@ def test_a_taker_frozen_inside_its_compare_and_swap_holds_the_other_off_until_it
         assert _token(study) == first.mine["token"] and first.holds()
     finally:
         first.release()
+
+
+def test_a_taker_killed_between_its_claim_and_its_lease_does_not_hold_the_study_off(tmp_path, capsys):
+    """Found by tests/test_kill_anywhere.py's sweep: a resume SIGKILLed inside its take-over of a dead driver's lease
+    (its claim made, the old lease not yet replaced) left a young claim; the next resume refused for the holder's
+    whole period ("another process took the lease first", naming the killed taker). A claim whose taker's process
+    is gone from this host is walked past at once, as that taker's lease would be."""
+    study = open_location(str(tmp_path / "study"))
+    dead_driver, dead_taker = (subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2))
+    dead_driver.wait()
+    dead_taker.wait()
+    here = {"host": socket.gethostname(), "pid_ns": os.readlink("/proc/self/ns/pid")}
+    seen = json.dumps(dict(STALE, **here, pid=dead_driver.pid, heartbeat=time.time()))
+    study.join(LEASE_FILE).write_text(seen)
+    killed = dict(StudyLease(study).mine, pid=dead_taker.pid, token="killed-mid-take-over")
+    claim = lease_module._claim_name(json.loads(seen), seen, 1)
+    study.join(claim).write_text(json.dumps(killed))  # written just now: young, by a process that is gone
+
+    taker = StudyLease(study, stale_after=60.0)
+    taker.acquire()
+    try:
+        assert _token(study) == taker.mine["token"]
+        assert f"pid {dead_driver.pid}" in capsys.readouterr().err  # the take-over said whose lease it replaced
+        assert not [n for n in study.listdir() if CLAIM_INFIX in n]  # the killed taker's claim cleared too
+    finally:
+        taker.release()
+    # a claim whose taker is alive on this host still holds a second taker off (the claim's purpose)
+    seen = json.dumps(dict(STALE, **here, pid=dead_driver.pid, heartbeat=time.time(), token="again"))
+    study.join(LEASE_FILE).write_text(seen)
+    study.join(lease_module._claim_name(json.loads(seen), seen, 1)).write_text(json.dumps(StudyLease(study).mine))
+    with pytest.raises(StudyError, match="another process took the lease first"):
+        StudyLease(study, stale_after=60.0).acquire()
