@@ -266,10 +266,14 @@ class StudyLease:
 
     # -- taking, keeping and giving back ---------------------------------------------------------------------
     def acquire(self, force: bool = False) -> None:
+        took_over = False
         if not self._create(self.mine):
             seen, version = read_versioned(self.location)  # damaged bytes: not JSON, not a traceback
             if seen is not None or not self._create(self.mine):  # None: released between our two looks
-                self._take_over(self._parse(seen) or {}, force, seen, version)
+                self._take_over(self._parse(seen) or {}, force, seen, version)  # clears the claims itself
+                took_over = True
+        if not took_over:  # a taker killed after it removed the lease it claimed, before it made its own, left its
+            self._remove_claims()  # claim, which nothing would read again: cleared by whoever holds the study next
         self.lost.clear()
         self.lost_error = None
         _HELD[self.location.uri] = self
