@@ -47,7 +47,7 @@ from launch.storage import check_storage, open_location
 from launch.tracking_writer import StudyTracker
 from launch.trainable import plan_from_spec, propagated_env, remove_temp_root
 from launch.verify import (COPIES_DIR, WholeCopies, newest_experiment_state, problem, put_back_tune_pointers,
-                           refuse_corrupt, restore_whole_copies, root_files)
+                           refuse_corrupt, refuse_unmendable, restore_whole_copies, root_files)
 
 # The study file as `run` first wrote it, beside `study.yaml`: `resume` refuses a study.yaml edited since
 # (`refuse_changed_spec`), because Tune resumes the experiment it started and would never apply the edit.
@@ -126,6 +126,8 @@ def resume_study(location: StudyLocation, *, restore_state: bool = False, **opti
     refuse_changed_spec(spec, location, movable=tuple(started or ()))
     for line in refuse_changed_data(spec, location, started):  # the data it started with, or exit 2 naming the file
         print(f"study {spec.name}: {line}", flush=True)
+    if restore_state and not torn:  # a damaged file without a whole copy: refused before any copy is put back
+        refuse_unmendable(location.at(), "resume")
     if restore_state:
         for line in restore_whole_copies(location.at()):
             print(f"a2 study: {line}", flush=True)

@@ -214,6 +214,15 @@ def _whole_copy(study, location, kind: str):
     return copy if copy.exists() and problem(copy, kind) is None else None
 
 
+def refuse_unmendable(study, doing: str) -> None:
+    """`refuse_corrupt` for what `restore_whole_copies` cannot mend: the first unreadable state file without a whole
+    copy, refused before any copy is put back (a refused resume leaves the study as it was)."""
+    for location, kind in state_files(study):
+        found = problem(location, kind)
+        if found and _whole_copy(study, location, kind) is None:
+            raise StudyError(_refusal(study, location, kind, found, doing))
+
+
 def restore_whole_copies(study) -> list[str]:
     """Put the whole copy back over each of Tune's root files that is unreadable; one line per file put back. Only
     root files have copies: the trials' files are not read here."""

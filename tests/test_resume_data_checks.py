@@ -81,6 +81,27 @@ def test_a_resume_refused_on_changed_data_leaves_the_study_byte_identical(tmp_pa
     assert driven == []
 
 
+def test_restore_state_refuses_a_damaged_file_without_a_copy_before_putting_any_copy_back(tmp_path, driven):
+    """--restore-state mends what has a whole copy; a damaged file without one (here the searcher's state) is refused
+    first, naming it, and the experiment state that could have been mended stays as it was: a refused resume
+    changes nothing (it used to put the copy back, then refuse the other file)."""
+    fab = started_study(tmp_path, "two-damaged")
+    study = Path(fab.location.uri())
+    (study / "state-copies").mkdir()
+    (study / "state-copies" / "experiment_state-2026.json").write_text(json.dumps({"trial_data": []}))
+    (study / "experiment_state-2026.json").write_text("")
+    (study / "searcher-state-2026.pkl").write_bytes(pickle.dumps({"x": 1})[:3])  # no copy of it
+    before = snapshot(study)
+    with pytest.raises(StudyError, match=r"searcher-state-2026\.pkl.*resume refused, nothing was run or changed"):
+        launch.driver.resume_study(fab.location, restore_state=True)
+    assert snapshot(study) == before
+    assert driven == []
+    (study / "searcher-state-2026.pkl").write_bytes(pickle.dumps({"x": 1}))  # mended by hand: the copy goes back
+    launch.driver.resume_study(fab.location, restore_state=True)
+    assert json.loads((study / "experiment_state-2026.json").read_text()) == {"trial_data": []}
+    assert len(driven) == 1
+
+
 # -- 2: the same data at another path --------------------------------------------------------------------------------
 def test_the_same_data_at_another_path_resumes_and_says_which_path_it_uses(tmp_path, driven, capsys):
     fab = started_study(tmp_path, "moved")
