@@ -338,8 +338,8 @@ class StudyLease:
         """The claim on the stale lease `seen`, created by this taker (its Location); else the one-line error of a
         take-over another process made first. A claim older than the holder's `period` was left by a taker killed
         before it created its lease, as is a younger one whose taker's process is gone from this host: the next
-        generation's is claimed instead (created if absent too, so that of
-        takers finding the same one stale one wins; none is removed, which would race with its re-creation)."""
+        generation's is claimed instead (created if absent too, so that of takers finding the same one stale one
+        wins; none is removed, which would race with its re-creation)."""
         now = None
         for generation in range(1, CLAIM_GENERATIONS + 1):
             claim = self.study.join(_claim_name(holder, seen, generation))
