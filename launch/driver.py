@@ -111,9 +111,9 @@ def run_study(spec, **options) -> dict:
 def resume_study(location: StudyLocation, *, restore_state: bool = False, **options) -> dict:
     """Continue a study: finished trials stay, unfinished and errored ones resume. Refused before anything is written:
     a corrupt state file (`launch.verify`: Tune would restart the experiment over it), a copy of the study, a changed
-    spec, changed or unreadable data; where there are repairs to make first (`restore_state`, a torn first save), a
-    corrupt file is refused after them. `restore_state`: first put the whole copy back over each of Tune's
-    files that is unreadable (a disk that filled during Tune's own copy of it)."""
+    spec, changed or unreadable data, and with `restore_state` a damaged file without a whole copy; after a torn
+    first save is set aside, a corrupt file left is refused. `restore_state`: first put the whole copy back over each
+    of Tune's files that is unreadable (a disk that filled during Tune's own copy of it)."""
     # Every refusal of the spec and the data comes before the first write (the copies --restore-state puts back, a
     # torn first save set aside): a refused resume leaves the study as it was.
     spec = load_saved_spec(location)
@@ -133,8 +133,7 @@ def resume_study(location: StudyLocation, *, restore_state: bool = False, **opti
             print(f"a2 study: {line}", flush=True)
     if torn:  # Tune's first save cut short by a kill: nothing of Tune's to continue, and no copy to put back
         set_aside(location, torn, options.get("stale_after", DEFAULT_STALE_AFTER), options.get("force", False))
-    if restore_state or torn:  # what the repairs above could not mend
-        refuse_corrupt(location.at(), "resume")
+        refuse_corrupt(location.at(), "resume")  # what setting aside could not mend
     done = finished_already(spec, location)
     if done is not None:  # nothing to run: no lease, no summary, no compute totals logged again
         return done

@@ -266,14 +266,13 @@ class StudyLease:
 
     # -- taking, keeping and giving back ---------------------------------------------------------------------
     def acquire(self, force: bool = False) -> None:
-        took_over = False
         if not self._create(self.mine):
             seen, version = read_versioned(self.location)  # damaged bytes: not JSON, not a traceback
             if seen is not None or not self._create(self.mine):  # None: released between our two looks
-                self._take_over(self._parse(seen) or {}, force, seen, version)  # clears the claims itself
-                took_over = True
-        if not took_over:  # a taker killed after it removed the lease it claimed, before it made its own, left its
-            self._remove_claims()  # claim, which nothing would read again: cleared by whoever holds the study next
+                self._take_over(self._parse(seen) or {}, force, seen, version)
+        # held now, however it was taken: the claims of takers killed mid-way go (one killed after it removed the
+        # lease it claimed, before it made its own, left a claim nothing would read again)
+        self._remove_claims()
         self.lost.clear()
         self.lost_error = None
         _HELD[self.location.uri] = self
@@ -324,7 +323,6 @@ class StudyLease:
                 self._taken_first(study)
             if not self._create(self.mine):  # a plain `acquire` found none between the two calls
                 self._taken_first(study)
-            self._remove_claims()
         finally:
             with contextlib.suppress(Exception):  # one left behind is walked past once stale (`_claim`)
                 claim.delete()
@@ -340,7 +338,7 @@ class StudyLease:
         before it created its lease, as is a younger one whose taker's process is gone from this host: the next
         generation's is claimed instead (created if absent too, so that of takers finding the same one stale one
         wins; none is removed, which would race with its re-creation)."""
-        now = None
+        now = claimer = None
         for generation in range(1, CLAIM_GENERATIONS + 1):
             claim = self.study.join(_claim_name(holder, seen, generation))
             if self._create(self.mine, claim):
@@ -353,20 +351,19 @@ class StudyLease:
             now = _storage_now(self.study) if now is None else now
             # its taker is at it now, unless that taker's process is gone from this host (killed between its claim
             # and its lease): walked past at once, as its lease would be, not after `period`
-            if stamp is not None and now - stamp[1] / 1e9 < period and not self._claimer_gone(claim):
-                break
-        claimer = None
-        with contextlib.suppress(Exception):  # the taker as its claim names it: who replaces the lease
-            claimer = self._parse(claim.read_text(errors="replace"))
-        self._taken_first(study, claimer)
+            if stamp is not None and now - stamp[1] / 1e9 < period:
+                claimer = self._claimer(claim)
+                if not (claimer and _pid_gone(claimer)):
+                    break
+                claimer = None
+        self._taken_first(study, claimer or self._claimer(claim))
 
-    def _claimer_gone(self, claim) -> bool:
-        """Whether the taker that wrote `claim` ran on this host and its process is no longer there."""
+    def _claimer(self, claim) -> dict | None:
+        """The taker as its claim names it (who replaces the lease), or None where it cannot be read."""
         try:
-            claimer = self._parse(claim.read_text(errors="replace"))
-        except Exception:  # noqa: BLE001 - removed since, or out of reach: its taker may be at it
-            return False
-        return bool(claimer) and _pid_gone(claimer)
+            return self._parse(claim.read_text(errors="replace"))
+        except Exception:  # noqa: BLE001 - removed since, or out of reach
+            return None
 
     def _remove_claims(self) -> None:
         """Remove every claim beside the lease now that this process holds it: its own, and those of takers killed
