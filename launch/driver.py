@@ -278,7 +278,8 @@ def _drive(spec, location: StudyLocation, *, new: bool, address: str | None = No
             for line in put_back_tune_pointers(location.at()):
                 print(f"a2 study: {line}", flush=True)
         adoptable = () if new else lost_trial_runs(location, started)
-        cluster = connect(address, runtime_env_vars=propagated_env())
+        # a local Ray's dashboard only for Ray Train trials, which need its state API (`launch.raycluster.connect`)
+        cluster = connect(address, runtime_env_vars=propagated_env(), dashboard=spec.has_train_driver)
         # a trial asking more than the whole cluster has, or its autoscaler can add: refused (ConfigError, exit 2);
         # a cluster joined, not a local Ray started here, may have an autoscaler (`ray up` left its config here)
         joined = bool(address or os.environ.get("RAY_ADDRESS"))

@@ -74,10 +74,11 @@ def driver_only_secrets():
         os.environ.update(held)
 
 
-def connect(address: str | None = None, *, runtime_env_vars: dict | None = None) -> dict:
+def connect(address: str | None = None, *, runtime_env_vars: dict | None = None, dashboard: bool = True) -> dict:
     """Join the Ray cluster at `address` / `$RAY_ADDRESS` ("auto": this machine's, if any), else start a new
     local Ray (never silently some other cluster of the machine); returns the cluster's resources.
-    `runtime_env_vars` reach every worker of this job (never secrets). A connected process stays connected."""
+    `runtime_env_vars` reach every worker of this job (never secrets). A connected process stays connected.
+    `dashboard`: whether a local Ray started here has its dashboard (a cluster joined keeps what it has)."""
     if ray.is_initialized():
         return dict(ray.cluster_resources())
     stash_credentials()
@@ -98,10 +99,11 @@ def connect(address: str | None = None, *, runtime_env_vars: dict | None = None)
                 if address != "auto":
                     raise
                 # no cluster is running here: a local Ray, as without an address
-        # The dashboard stays on: Ray Train's placement-group cleaner asks the state API whether a trial's Train
-        # controller is alive; without it, the placement group of a dead controller is never released.
+        # The dashboard is on where Ray Train runs: its placement-group cleaner asks the state API whether a trial's
+        # Train controller is alive; without it, the placement group of a dead controller is never released. Off,
+        # a local Ray answers its first task about a second sooner (benchmarks/bench_ray_start.py).
         with _quiet_token_auth_notice(), _sigterm_blocked():
-            ray.init(address="local", num_cpus=os.cpu_count() or 1)
+            ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=dashboard)
         atexit.register(shutdown)  # before Ray's own exit hook (atexit runs last-registered first)
         return dict(ray.cluster_resources())
 

@@ -115,22 +115,6 @@ def _stopped_part_way(tmp_path, tiny_data, name: str, *, workers: int, batch_siz
     return storage, f"sqlite:///{tmp_path / 'mlflow.db'}", env, run_dir, epochs
 
 
-def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_readable_one(tmp_path, tiny_data):
-    name = "fallback"
-    storage, uri, env, run_dir, epochs = _stopped_part_way(tmp_path, tiny_data, name, workers=1, batch_size=20)
-    latest = run_dir / f"checkpoint_epoch{epochs[-1]:04d}" / "checkpoint.pt"
-    latest.write_bytes(latest.read_bytes()[:latest.stat().st_size // 2])
-    readable = run_dir / f"checkpoint_epoch{epochs[-2]:04d}" / "checkpoint.pt"
-
-    resume = a2("study", "resume", name, cwd=tmp_path, env=env, timeout=400)
-    assert resume.returncode == 0, resume.stdout[-6000:]
-    assert f"checkpoint {latest} is unreadable" in resume.stdout, resume.stdout[-6000:]
-    assert f"resuming from {readable} (epoch {epochs[-2]})" in resume.stdout, resume.stdout[-6000:]
-    summary = json.loads((storage / name / "summary.json").read_text())
-    assert summary["complete"] and summary["trials"][0]["epochs_reported"] == [1, 2, 3, 4, 5, 6]
-    assert duplicated_points(uri, name) == []
-
-
 def test_a_ray_train_trials_truncated_latest_checkpoint_falls_back_too(tmp_path, tiny_data):
     """A trial of 2 gloo workers: Ray Train would resume from its latest checkpoint, unread; the trial resumes from
     the newest one that loads instead, and trains the epochs after it again."""
@@ -162,16 +146,20 @@ def test_a_ray_train_trials_truncated_latest_checkpoint_falls_back_too(tmp_path,
     assert duplicated_points(uri, name) == []
 
 
-def test_an_experiment_state_cut_short_is_put_back_from_its_whole_copy_by_resume_restore_state(tmp_path, tiny_data):
-    """Tune copies its experiment state into the storage with a plain copy (a full disk can cut it short): `resume`
-    refuses the cut file naming its whole copy in `state-copies/`, and `resume --restore-state` puts it back, saying
-    so, and finishes the study with every epoch once."""
+def test_a_cut_experiment_state_is_put_back_and_a_truncated_latest_checkpoint_falls_back(tmp_path, tiny_data):
+    """One stopped study, two damaged files (as a disk that filled can leave them). Tune copies its experiment state
+    into the storage with a plain copy: `resume` refuses the cut file naming its whole copy in `state-copies/`, and
+    `resume --restore-state` puts it back, saying so. The trial's latest checkpoint, truncated: the trial resumes from
+    the newest one that loads instead. The study finishes with every epoch once."""
     name = "cut-state"
-    storage, uri, env, _, _ = _stopped_part_way(tmp_path, tiny_data, name, workers=1, batch_size=20)
+    storage, uri, env, run_dir, epochs = _stopped_part_way(tmp_path, tiny_data, name, workers=1, batch_size=20)
     state = max((storage / name).glob("experiment_state-*.json"))
     copy = storage / name / "state-copies" / state.name
     json.loads(copy.read_text())  # the driver kept a whole copy of it
     state.write_bytes(state.read_bytes()[:state.stat().st_size // 2])
+    latest = run_dir / f"checkpoint_epoch{epochs[-1]:04d}" / "checkpoint.pt"
+    latest.write_bytes(latest.read_bytes()[:latest.stat().st_size // 2])
+    readable = run_dir / f"checkpoint_epoch{epochs[-2]:04d}" / "checkpoint.pt"
 
     refused = a2("study", "resume", name, cwd=tmp_path, env=env, timeout=120)
     assert refused.returncode == 2, refused.stdout[-3000:]
@@ -181,6 +169,8 @@ def test_an_experiment_state_cut_short_is_put_back_from_its_whole_copy_by_resume
     resume = a2("study", "resume", name, "--restore-state", cwd=tmp_path, env=env, timeout=400)
     assert resume.returncode == 0, resume.stdout[-6000:]
     assert f"restored {state} from its whole copy {copy}" in resume.stdout, resume.stdout[-6000:]
+    assert f"checkpoint {latest} is unreadable" in resume.stdout, resume.stdout[-6000:]
+    assert f"resuming from {readable} (epoch {epochs[-2]})" in resume.stdout, resume.stdout[-6000:]
     summary = json.loads((storage / name / "summary.json").read_text())
     assert summary["complete"] and summary["trials"][0]["epochs_reported"] == [1, 2, 3, 4, 5, 6]
     assert duplicated_points(uri, name) == []

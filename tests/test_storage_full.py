@@ -16,7 +16,7 @@ import pytest
 
 from tests.raycluster import (  # noqa: F401 - tiny_data is a fixture
     a2, kill_group, start_a2, tail, tiny_data, tiny_study, wait_for)
-from tests.test_interruptions import duplicated_points, epoch_logged, local_env
+from tests.test_interruptions import epochs_reported, duplicated_points, local_env
 
 FAULTS = Path(__file__).resolve().parent / "faults"  # sitecustomize.py: EDQUOT on demand
 
@@ -50,13 +50,14 @@ def stopped_line(out: str, name: str) -> str:
     return next((ln for ln in out.splitlines() if ln.startswith(f"study {name} stopped")), "")
 
 
-def stop_mid_study(tmp_path: Path, name: str, study: Path, storage: Path, env: dict, fault) -> str:
-    """Run the study, apply `fault()` once its trial has logged an epoch; the output of the run, which must end
+def stop_mid_study(tmp_path: Path, name: str, command: tuple, storage: Path, env: dict, fault) -> str:
+    """`a2 study *command`, with `fault()` applied once it has trained an epoch; the command's output, which must end
     with exit 1 within the timeout."""
-    log = tmp_path / "run.log"
-    proc = start_a2("study", "run", str(study), cwd=tmp_path, log=log, env=env)
+    before = epochs_reported(storage, name)
+    log = tmp_path / f"{command[0]}.log"
+    proc = start_a2("study", *command, cwd=tmp_path, log=log, env=env)
     try:
-        wait_for(lambda: epoch_logged(storage, name, epoch=1), 300, "the trial's first epoch", proc=proc, log=log)
+        wait_for(lambda: epochs_reported(storage, name) > before, 300, "an epoch", proc=proc, log=log)
         fault()
         rc = proc.wait(timeout=300)
     finally:
@@ -109,12 +110,17 @@ def test_a_full_disk_stops_the_study_with_one_line_and_resume_finishes_it(tmp_pa
     assert duplicated_points(uri, name) == []
 
 
-def test_a_storage_made_read_only_stops_the_study_with_one_line_and_resume_finishes_it(tmp_path, tiny_data, tmpfs):
-    name = "readonly"
-    storage = tmpfs / "studies"
+def test_a_storage_made_read_only_then_over_its_quota_stops_the_study_with_one_line_and_resume_finishes_it(
+        tmp_path, tiny_data, tmpfs):
+    """One study, two faults in turn: the storage remounted read-only mid-run, then, in the resume that took over the
+    lease it left, a quota exceeded (EDQUOT from every write below the storage, tests/faults); each stops the study
+    with one line, and the last resume finishes it."""
+    name = "readonly-quota"
+    storage, switch = tmpfs / "studies", tmp_path / "over-quota"
     study = tiny_study(tmp_path, name, tiny_data, epochs=6, workers=1, cpus_per_worker=1, storage=storage,
                        extra={"train.batch_size": 20})
-    env = local_env(tmp_path)
+    env = {**local_env(tmp_path), "A2_FAULT_QUOTA_ROOT": str(storage), "A2_FAULT_QUOTA_SWITCH": str(switch)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(FAULTS), env.get("PYTHONPATH")) if p)
 
     def read_only():  # a file being written keeps a remount busy (EBUSY) for a moment: try again
         for _ in range(200):
@@ -123,25 +129,13 @@ def test_a_storage_made_read_only_stops_the_study_with_one_line_and_resume_finis
             time.sleep(0.05)
         pytest.fail("could not remount the storage read-only")
 
-    out = stop_mid_study(tmp_path, name, study, storage, env, read_only)
+    out = stop_mid_study(tmp_path, name, ("run", str(study)), storage, env, read_only)
     assert_one_line_stop(out, name, storage, "[Errno 30] Read-only file system")
     assert (storage / name / "lease.json").exists()  # a read-only folder keeps it
 
     subprocess.run(["mount", "-o", "remount,rw", str(tmpfs)], check=True)  # the storage fixed
-    resumed = assert_resume_finishes(tmp_path, name, storage, env, epochs=6)
-    assert "WARNING: taking over the stale lease" in resumed and "its process is gone from this host" in resumed
-
-
-def test_a_storage_over_its_quota_stops_the_study_with_one_line_and_resume_finishes_it(tmp_path, tiny_data):
-    name = "quota"
-    storage = tmp_path / "studies"
-    switch = tmp_path / "over-quota"
-    study = tiny_study(tmp_path, name, tiny_data, epochs=6, workers=1, cpus_per_worker=1, storage=storage,
-                       extra={"train.batch_size": 20})
-    env = {**local_env(tmp_path), "A2_FAULT_QUOTA_ROOT": str(storage), "A2_FAULT_QUOTA_SWITCH": str(switch)}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(FAULTS), env.get("PYTHONPATH")) if p)
-
-    out = stop_mid_study(tmp_path, name, study, storage, env, switch.touch)
+    out = stop_mid_study(tmp_path, name, ("resume", name), storage, env, switch.touch)
+    assert "WARNING: taking over the stale lease" in out and "its process is gone from this host" in out, out[-6000:]
     assert_one_line_stop(out, name, storage, "[Errno 122] Disk quota exceeded")
 
     switch.unlink()  # the quota raised

@@ -24,6 +24,12 @@ def local_env() -> dict:
     return env
 
 
+def _ray_start_line(out: str, study_dir: Path) -> str:
+    """Ray's "Started a local Ray instance" line, from the run's output or its driver.log."""
+    text = out + (study_dir / "driver.log").read_text(errors="replace")
+    return next(line for line in text.splitlines() if "Started a local Ray instance" in line)
+
+
 def test_one_trial_study_trains_with_ddp_and_is_tracked(tmp_path, tiny_data):
     name = "ray-one"
     study = tiny_study(tmp_path, name, tiny_data, fusions=("max",), seeds=(0,), epochs=3, workers=2)
@@ -33,6 +39,8 @@ def test_one_trial_study_trains_with_ddp_and_is_tracked(tmp_path, tiny_data):
 
     # The trial was one Ray Train job with two workers in one gloo process group (a2core.train's own line).
     assert "world_size=2" in out, out[-4000:]
+    # its local Ray with the dashboard, whose state API Ray Train's placement-group cleaner asks
+    assert "View the dashboard at" in _ray_start_line(out, tmp_path / "studies" / name), out[-4000:]
 
     # summary.json: the best trial, its best checkpoint, every trial's epochs.
     study_dir = tmp_path / "studies" / name
@@ -108,6 +116,8 @@ def test_one_worker_trials_train_in_the_tune_trial(tmp_path, tiny_data, monkeypa
     out = run.stdout
     assert run.returncode == 0, out[-6000:]
     assert "world_size=2" not in out
+    # nothing needs the dashboard of a local Ray without Ray Train: it starts without (1-2 s sooner)
+    assert "View the dashboard at" not in _ray_start_line(out, tmp_path / "studies" / name), out[-4000:]
 
     summary = json.loads((tmp_path / "studies" / name / "summary.json").read_text())
     assert summary["complete"] and len(summary["trials"]) == 2

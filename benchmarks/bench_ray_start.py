@@ -1,0 +1,67 @@
+"""The start of a local study's Ray, side by side: with Ray's dashboard and without it.
+
+A study's driver starts a local Ray with `launch.raycluster.connect`; its dashboard is needed only where trials run on
+Ray Train (its placement-group cleaner asks the dashboard's state API whether a trial's Train controller is alive),
+so a study of one-worker or fused trials starts its local Ray without it (`launch.driver`). Each repeat starts a fresh
+process that calls `connect(dashboard=...)` and reports how long it took until Ray answered a task; the two ways
+alternate, so the machine's load falls on both alike.
+
+    python benchmarks/bench_ray_start.py              # 5 repeats of each
+    python benchmarks/bench_ray_start.py --repeats 8
+
+Run it alone on the machine (it starts local Rays one after another; never beside another local Ray).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ONE_START = """
+import json, sys, time
+import ray
+from launch.raycluster import connect
+started = time.perf_counter()
+connect(dashboard=sys.argv[1] == "dashboard")
+ray.get(ray.remote(lambda: 1).remote())
+print(json.dumps({"took": time.perf_counter() - started}))
+"""
+WAYS = ("dashboard", "no dashboard")
+
+
+def one(way: str) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run([sys.executable, "-c", ONE_START, way], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])["took"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(argv)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    print(f"CPU: {cpu}, {os.cpu_count()} cores")
+    runs: dict[str, list[float]] = {way: [] for way in WAYS}
+    for _ in range(args.repeats):
+        for way in WAYS:
+            runs[way].append(one(way))
+    for way in WAYS:
+        print(f"{way:14s} start to first task: median {statistics.median(runs[way]):5.2f} s "
+              f"(each: {', '.join(f'{t:.2f}' for t in runs[way])})")
+    with_, without = (statistics.median(runs[way]) for way in WAYS)
+    print(f"saved a start: {with_ - without:.2f} s; ratio dashboard / no dashboard: {with_ / without:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
