@@ -307,6 +307,7 @@ class StudyExporter:
         self.done = False  # the last export went through
         self.refused: str | None = None  # why MLflow refused the study's export (no outage): it stopped
         self.refusal: str | None = None  # the first refusal (`refusal`) and where it came: for `tracking/outage.json`
+        self.said: str | None = None  # the last refusal of one request said in the log (said again only when it changes)
         self.stop, self.wake = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._work, name="a2-mlflow-export", daemon=True)
         self.thread.start()
@@ -344,8 +345,14 @@ class StudyExporter:
             self.refuse(err)
         except Exception as err:  # noqa: BLE001 - the server's or the connection's: an outage, if it is gone
             if server_answers(self.uri) and disk_problem(err) is None:
-                self._note(refusal(self.uri, err))
-                logger.warning("MLflow export failed: %s", err, exc_info=True)
+                why = refusal(self.uri, err)
+                self._note(why)
+                if why is None:  # neither an outage nor a refusal: a bug, with its traceback
+                    logger.warning("MLflow export failed: %s", err, exc_info=True)
+                elif why != self.said:  # the server's own words, once (the export tries again every few seconds)
+                    self.said = why
+                    logger.warning("MLflow refused part of study %r's export (%s): %s; a2 tries again at each export",
+                                   self.export.spec.name, self.export.writing or "exporting", why)
             else:
                 self._down(err)
         else:

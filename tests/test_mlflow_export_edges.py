@@ -116,3 +116,46 @@ def test_a_model_name_with_a_quote_reuses_its_version_and_drops_unfinished_ones(
     assert drop_unfinished_versions(client, name, run) == [int(killed.version)]
     model = register_ensemble(str(mlflow_server), run, [checkpoint], name)
     assert model["reused"] and model["version"] == int(done.version)
+
+
+def test_a_request_the_server_refuses_mid_study_is_said_once_in_its_words_and_tried_again(monkeypatch, caplog):
+    """A refusal of one request (HTTP 400, not a `TrackingError`) while the driver runs: the log said only "MLflow
+    export failed" with a traceback, at every export (every 2 s). Now the server's own words, once, with what was
+    being written, as long as the refusal stays the same; the export is tried again (nothing stops), and
+    `tracking/outage.json` will name it (`refusal`). An error that is no refusal keeps its traceback."""
+    import logging
+    import types
+
+    from mlflow.exceptions import RestException
+
+    import launch.mlflow_export as mx
+
+    errors = [RestException({"error_code": "INVALID_PARAMETER_VALUE",  # as MLflow's REST client raises it
+                             "message": "Param value 'x' had length 7000, which exceeded length limit of 6000"})] * 2
+    errors.append(ValueError("a bug"))
+
+    def run(*_args, **_kwargs):
+        raise errors.pop(0)
+
+    export = types.SimpleNamespace(
+        spec=types.SimpleNamespace(name="refused", tracking=types.SimpleNamespace(mlflow_uri="http://127.0.0.1:9")),
+        location=types.SimpleNamespace(uri=lambda: "/nowhere"), writing="trial t1, run 'none seed=0'", late=0, run=run)
+    monkeypatch.setattr(mx, "server_answers", lambda uri: True)
+    monkeypatch.setattr(mx, "held_lease", lambda uri: None)
+    exporter = mx.StudyExporter(export, lambda: [], every=3600)
+    try:
+        with caplog.at_level(logging.WARNING, logger=mx.logger.name):
+            assert [exporter.once(), exporter.once(), exporter.once()] == [False, False, False]
+    finally:
+        exporter.stop.set()
+        exporter.wake.set()
+        exporter.thread.join(10)
+    said = [r for r in caplog.records if r.name == mx.logger.name]
+    assert [r.getMessage() for r in said[:1]] == [
+        "MLflow refused part of study 'refused''s export (trial t1, run 'none seed=0'): MLflow server "
+        "http://127.0.0.1:9 answered INVALID_PARAMETER_VALUE: Param value 'x' had length 7000, which exceeded length "
+        "limit of 6000; a2 tries again at each export"]
+    assert said[0].exc_info is None  # no traceback for the server's answer
+    assert [r.getMessage() for r in said[1:]] == ["MLflow export failed: a bug"] and said[1].exc_info is not None
+    assert exporter.refused is None and exporter.refusal.startswith("MLflow server http://127.0.0.1:9 answered "
+                                                                     "INVALID_PARAMETER_VALUE")
