@@ -14,15 +14,14 @@ Run it alone on the machine (it starts local Rays one after another; never besid
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_ray_stop import cpu_line, in_fresh_process  # noqa: E402 - the same fresh process and CPU line
 
 ONE_START = """
 import json, sys, time
@@ -37,20 +36,14 @@ WAYS = ("dashboard", "no dashboard")
 
 
 def one(way: str) -> float:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
-    done = subprocess.run([sys.executable, "-c", ONE_START, way], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])["took"]
+    return in_fresh_process(ONE_START, way)["took"]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    print(f"CPU: {cpu}, {os.cpu_count()} cores")
+    print(cpu_line())
     runs: dict[str, list[float]] = {way: [] for way in WAYS}
     for _ in range(args.repeats):
         for way in WAYS:

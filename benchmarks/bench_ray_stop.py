@@ -45,21 +45,31 @@ print(json.dumps({"took": took, "left": [p for p in pids if alive(p)]}))
 WAYS = ("ray.shutdown", "launch.raycluster.shutdown")
 
 
-def one(way: str) -> dict:
+def in_fresh_process(script: str, way: str) -> dict:
+    """`script` run with `way` as its argument in a new Python process with a local Ray of its own (no RAY_ADDRESS):
+    the JSON object of its last line."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
-    done = subprocess.run([sys.executable, "-c", ONE_STOP, way], cwd=ROOT, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", script, way], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cpu_line() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return f"CPU: {cpu}, {os.cpu_count()} cores"
+
+
+def one(way: str) -> dict:
+    return in_fresh_process(ONE_STOP, way)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    print(f"CPU: {cpu}, {os.cpu_count()} cores")
+    print(cpu_line())
     runs: dict[str, list[dict]] = {way: [] for way in WAYS}
     for _ in range(args.repeats):
         for way in WAYS:
