@@ -213,16 +213,16 @@ def cluster_workers(path: str | Path = CLUSTER_FILE) -> Workers | None:
 UNBOUNDED = 1 << 30
 
 
-def workers_per_node(resources, node: Workers, *, by_cpus: bool = True) -> int:
+def workers_per_node(resources, node: Workers) -> int:
     """Trial workers (`resources.gpus_per_worker` and `cpus_per_worker` each) that Ray places on one node of `node`:
     whole workers only, by its declared GPUs (a fraction of a card: `cards_share` a card) and CPUs, the fewer of the
-    two (`by_cpus` False: its GPUs alone); a count the file leaves undeclared limits nothing. A Ray Train trial's
+    two; a count the file leaves undeclared limits nothing. A Ray Train trial's
     driver function (`resources.driver_cpus`, 0.01 CPU) is left out: it fits beside the workers on any node."""
     r, fits = resources, []
     if r.gpus_per_worker > 0 and node.gpus_declared:
         fits.append(node.gpus * cards_share(r.gpus_per_worker) if r.gpus_per_worker < 1
                     else int(node.gpus / r.gpus_per_worker + 1e-9))
-    if by_cpus and math.isfinite(node.cpus):
+    if math.isfinite(node.cpus):
         fits.append(int(node.cpus / r.cpus_per_worker + 1e-9))
     return min(fits, default=UNBOUNDED)
 
@@ -381,10 +381,11 @@ def estimate(spec, images_per_second: float, workers: Workers | Sequence[Workers
     at_once = unit * min(r.max_concurrent_trials, spec.tune_samples)
     nodes = (workers,) if isinstance(workers, Workers) else tuple(workers or ())
     if nodes:
-        # Ray puts whole workers on a node (a fraction: int(1 / fraction) a card, 0.4: 2, not 2.5): 3-GPU workers on
-        # 4-GPU nodes are one a node, not 4 / 3. By its GPUs alone: `trial_nodes` has passed over the types whose
-        # CPUs hold no worker, and tests/test_plan_audit76.py pins a node's GPUs as its room; a CPU trial's by CPUs
-        room = sum(workers_per_node(r, n, by_cpus=trial_gpus <= 0) * n.max_nodes for n in nodes)
+        # Ray puts whole workers on a node (a fraction: int(1 / fraction) a card, 0.4: 2, not 2.5), as many as both
+        # its GPUs and its CPUs hold: 3-GPU workers on 4-GPU nodes are one a node, not 4 / 3, and quarter-card
+        # workers of 16 CPUs on a 48-CPU node of 4 GPUs are 3, not 16 (by its GPUs alone, the plan had priced them
+        # 16 at once: a wall time 5 times too short)
+        room = sum(workers_per_node(r, n) * n.max_nodes for n in nodes)
         at_once = min(at_once, unit * (room // r.workers_per_trial))
     # Trials of one length run in waves of `slots` side by side (a trial of a fraction of a card at that fraction of
     # its speed), and each round of seeds (`seed_rounds_trials`: the search's, then the confirmation seeds of the

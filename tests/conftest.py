@@ -14,6 +14,13 @@ from tests.s3server import keep_session_environment, s3_endpoint  # noqa: F401
 # is marked `@pytest.mark.ray` in a module that is: these modules start no Ray elsewhere (`ray_started_below` fails a
 # test outside the group that does). A test of a module not named here that starts no Ray (a docs block that trains
 # locally) is marked `@pytest.mark.outside_ray_group` and runs beside the group, watched the same way.
+# What confuses Ray Train is a second Ray that a client can mistake for its own: `ray start` writes its address where
+# `ray.init("auto")` looks (/tmp/ray/ray_current_cluster), and a dashboard takes the port (8265) that the next one
+# and `ray job submit` expect. A study that starts a local Ray of its own for one-worker trials does neither (a2's
+# `connect` starts it at address "local", every port picked free, no dashboard where no trial runs on Ray Train), so
+# tests that start only such Rays are marked `@pytest.mark.ray_beside` and form a second group, "ray-beside", which
+# the other worker runs first, beside the "ray" group; `ray_started_below` fails one whose Ray has a dashboard. The
+# two groups are the suite's two longest paths: together on one worker they were its whole length.
 WITHOUT_RAY = {
     "test_a2_objective", "test_adaptive_replicates", "test_dashboards_seeds_and_extremes", "test_decode_empty_and_lr",
     "test_progress_edges", "test_progress_within_epoch", "test_docs_claims", "test_docs_claims_studies",
@@ -32,6 +39,8 @@ WITHOUT_RAY = {
     "test_study_root", "test_submission", "test_validate_copies", "test_validate_storage", "test_superseded", "test_tracking", "test_train", "test_train_resume_checks", "test_trial_shape",
 }
 RAY_PROCESSES = {"raylet", "gcs_server"}
+BESIDE = "ray-beside"
+DASHBOARD_PREFIX = "ray-dashboard-"  # the title of each of a Ray dashboard's head modules (its HTTP server's)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -39,7 +48,10 @@ def pytest_collection_modifyitems(items):
     in_group = set()
     for item in items:
         in_ray_module = Path(str(item.fspath)).stem not in WITHOUT_RAY
-        if (in_ray_module and item.get_closest_marker("outside_ray_group") is None
+        if item.get_closest_marker("ray_beside") is not None:
+            item.add_marker(pytest.mark.xdist_group(BESIDE))
+            in_group.add(item.nodeid)
+        elif (in_ray_module and item.get_closest_marker("outside_ray_group") is None
                 or item.get_closest_marker("ray") is not None):
             item.add_marker(pytest.mark.xdist_group("ray"))
             in_group.add(item.nodeid)
@@ -69,13 +81,30 @@ def _one_torch_thread_beside_the_ray_group(request):
         os.environ["OMP_NUM_THREADS"] = omp
 
 
+def pytest_configure(config):
+    """Before the workers start: the token file of Ray's token authentication, which a local `ray.init` writes when it
+    finds none (~/.ray/auth_token). Two groups starting Rays at once on a machine without one could each write their
+    own, and a Ray whose token was overwritten refuses its next worker."""
+    if hasattr(config, "workerinput") or (Path.home() / ".ray" / "auth_token").exists():
+        return
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "get-auth-token", "--generate"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+
+
 @pytest.fixture(autouse=True)
 def ray_started_below(request):
-    """A test outside the "ray" group that starts a Ray (a raylet or GCS below this process, seen twice a second)
-    fails: it could have run beside a Ray test of the other worker."""
-    if request.node.get_closest_marker("xdist_group") is not None:
+    """A test outside the Ray groups that starts a Ray (a raylet or GCS below this process, seen twice a second)
+    fails: it could have run beside a Ray test of the other worker. So does a test of the "ray-beside" group whose Ray
+    has a dashboard: it would take the port the "ray" group's next dashboard expects."""
+    marker = request.node.get_closest_marker("xdist_group")
+    group = marker.args[0] if marker is not None else None
+    if group == "ray":
         yield
         return
+    watched = RAY_PROCESSES if group is None else set()
     seen: set[str] = set()
     done = threading.Event()
 
@@ -86,7 +115,7 @@ def ray_started_below(request):
                     name = Path(f"/proc/{pid}/comm").read_text().strip()
                 except OSError:
                     continue
-                if name in RAY_PROCESSES:
+                if name in watched or group == BESIDE and name.startswith(DASHBOARD_PREFIX):
                     seen.add(name)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -94,6 +123,9 @@ def ray_started_below(request):
     yield
     done.set()
     watcher.join()
+    if group == BESIDE:
+        assert not seen, (f"{request.node.nodeid} started a Ray with a dashboard ({', '.join(sorted(seen))}): it "
+                          f"cannot run beside the \"ray\" group; mark it @pytest.mark.ray instead of ray_beside")
     assert not seen, (f"{request.node.nodeid} started Ray ({', '.join(sorted(seen))}): its module must leave "
                       f"tests/conftest.py's WITHOUT_RAY, or be marked @pytest.mark.ray")
 

@@ -494,7 +494,13 @@ class LocalCluster:
         else:
             cmd += [f"--address={self.address}"]
         cmd = list(wrapper or []) + cmd
+        # Every process of the cluster has the head's address as RAY_ADDRESS. Ray's state API, which Ray Train's
+        # placement-group cleaner asks whether a trial's controller is alive, finds its cluster by RAY_ADDRESS, else
+        # by the address file a `ray start` with the default temp folder writes (/tmp/ray/ray_current_cluster, as on a
+        # real head), else by the GCS processes of the machine, and fails where it sees two: this cluster's nodes
+        # have temp folders of their own, and the "ray-beside" tests run local Rays beside it (tests/conftest.py).
         env = self.env(address=False)
+        env["RAY_ADDRESS"] = self.address
         env.update(self.system_env)
         log_path = self.root / f"{temp_dir.name}.log"
         node = RayNode(name=name, num_cpus=num_cpus, resources=resources, temp_dir=temp_dir, log_path=log_path,

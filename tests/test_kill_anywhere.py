@@ -42,7 +42,7 @@ from tests.raycluster import (  # noqa: F401 - tiny_data is a fixture
 from tests.killwindows import marker, observe, shim  # noqa: F401 - shim is a fixture
 from tests.test_interruptions import duplicated_points, local_env, statuses
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.ray_beside]
 NAME = observe.STUDY
 EPOCHS = 2
 CODE_POINTS = ("export-final", "study-end")  # `launch.killpoints`' points outside the study's files

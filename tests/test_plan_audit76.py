@@ -57,17 +57,18 @@ def _cluster(tmp_path, types, limit=None, head="head.cpu"):
     return path
 
 
-def _gpu(instance, gpus, **extra):
-    return {"resources": {"CPU": 4, "GPU": gpus}, "node_config": {"InstanceType": instance}, **extra}
+def _gpu(instance, gpus, cpus=8, **extra):
+
+    return {"resources": {"CPU": cpus, "GPU": gpus}, "node_config": {"InstanceType": instance}, **extra}
 
 
 def test_a_gpu_worker_type_without_its_own_max_workers_may_launch_the_clusters(tmp_path):
-    """Ray gives a worker type without `max_workers` the cluster's `max_workers`: 8 nodes of g5.xlarge are 8 GPUs,
+    """Ray gives a worker type without `max_workers` the cluster's `max_workers`: 8 nodes of g5.2xlarge are 8 GPUs,
     and lambda_sweep's 36 one-GPU trials (16 at a time allowed) run 8 side by side in 5 waves, not one in 36 (the
     plan had read 1 node and priced a wall time 7 times too long)."""
-    path = _cluster(tmp_path, {"worker.gpu": _gpu("g5.xlarge", 1)}, limit=8)
+    path = _cluster(tmp_path, {"worker.gpu": _gpu("g5.2xlarge", 1)}, limit=8)
     workers = plan.cluster_workers(path)
-    assert workers == plan.Workers("g5.xlarge", 1, False, 8)
+    assert workers == plan.Workers("g5.2xlarge", 1, False, 8)
     spec = load_study(ROOT / "studies" / "lambda_sweep.yaml", check_files=False)
     est = plan.estimate(spec, 100.0, workers)
     assert est.gpus_at_once == 8
@@ -76,7 +77,7 @@ def test_a_gpu_worker_type_without_its_own_max_workers_may_launch_the_clusters(t
 
 def test_the_clusters_max_workers_caps_a_worker_type(tmp_path):
     """A type's `max_workers: 10` under the cluster's `max_workers: 2` launches 2 nodes (Ray's cap), 8 GPUs."""
-    path = _cluster(tmp_path, {"worker.gpu": _gpu("g5.12xlarge", 4, max_workers=10)}, limit=2)
+    path = _cluster(tmp_path, {"worker.gpu": _gpu("g5.12xlarge", 4, 48, max_workers=10)}, limit=2)
     assert plan.cluster_workers(path).max_nodes == 2
     spec = load_study(ROOT / "studies" / "lambda_sweep.yaml", check_files=False)
     assert plan.estimate(spec, 100.0, plan.cluster_workers(path)).gpus_at_once == 8
@@ -85,8 +86,8 @@ def test_the_clusters_max_workers_caps_a_worker_type(tmp_path):
 def test_the_gpu_worker_type_is_chosen_over_a_gpu_head_and_a_type_that_never_launches(tmp_path):
     """A GPU head listed first is one node, not the workers' type; a GPU type of `max_workers: 0` is passed over;
     a cluster whose only GPUs are the head's prices that one node."""
-    types = {"head.gpu": _gpu("g5.2xlarge", 1), "off.gpu": _gpu("p4d.24xlarge", 8, max_workers=0),
-             "worker.gpu": _gpu("g5.12xlarge", 4, max_workers=3)}
+    types = {"head.gpu": _gpu("g5.2xlarge", 1), "off.gpu": _gpu("p4d.24xlarge", 8, 96, max_workers=0),
+             "worker.gpu": _gpu("g5.12xlarge", 4, 48, max_workers=3)}
     path = _cluster(tmp_path, types, limit=4, head="head.gpu")
     assert plan.cluster_workers(path) == plan.Workers("g5.12xlarge", 4, False, 3)
     only_head = _cluster(tmp_path, {"head.gpu": _gpu("g5.2xlarge", 1)}, limit=4, head="head.gpu")

@@ -151,16 +151,24 @@ def test_a_trial_no_node_or_not_the_whole_cluster_holds_is_refused_before_pricin
     assert "\n" not in str(caught.value)
 
 
-def test_a_node_holds_whole_workers_by_its_gpus():
-    """ray-cluster.yaml's 4 nodes of 4 GPUs: 3-GPU workers are one a node, 4 at once (the plan had said 16 / 3 = 5
-    trials, 15 GPUs); for placing them, 16-CPU workers on its 48 CPUs are 3 a node."""
+def test_a_node_holds_whole_workers_by_its_gpus_and_its_cpus():
+    """ray-cluster.yaml's 4 nodes of 4 GPUs and 48 CPUs: 3-GPU workers are one a node, 4 at once (the plan had said
+    16 / 3 = 5 trials, 15 GPUs); 16-CPU workers are 3 a node, 12 trials at once, not the 16 its GPUs would hold; and
+    quarter-card workers of 16 CPUs are 3 a node too, not 16 (the wall time had been priced 4 times too short)."""
     workers = plan.Workers("g5.12xlarge", 4, True, 4, cpus=48)
     three_gpus = _study("lambda_sweep", "resources.gpus_per_worker=3")
     assert plan.workers_per_node(three_gpus.resources, workers) == 1
     assert plan.estimate(three_gpus, 100.0, workers).gpus_at_once == 12  # 4 trials of 3 GPUs
     sixteen_cpus = _study("lambda_sweep", "resources.cpus_per_worker=16")
     assert plan.workers_per_node(sixteen_cpus.resources, workers) == 3
-    assert plan.workers_per_node(sixteen_cpus.resources, workers, by_cpus=False) == 4
+    est = plan.estimate(sixteen_cpus, 100.0, workers)
+    assert est.gpus_at_once == 12  # 36 trials, 12 at a time: 3 waves
+    assert est.wall_hours == pytest.approx(est.gpu_hours / 36 * 3)
+    quarter = _study("lambda_sweep", "resources.cpus_per_worker=16", "resources.gpus_per_worker=0.25")
+    assert plan.workers_per_node(quarter.resources, workers) == 3
+    est = plan.estimate(quarter, 100.0, workers)
+    assert est.gpus_at_once == pytest.approx(12 * 0.25)  # 12 trials on a quarter card each
+    assert est.wall_hours == pytest.approx(est.gpu_hours / 36 * 3 / 0.25)  # 3 waves, each trial at a quarter speed
 
 
 def test_a_worker_type_whose_max_workers_is_left_empty_takes_the_clusters(tmp_path):

@@ -19,7 +19,7 @@ from tests.mlflowserver import RestartableServer
 from tests.raycluster import (  # noqa: F401 - tiny_data is a fixture
     kill_group, mlflow_history, mlflow_trials, start_a2, tail, tiny_data, tiny_study, wait_for)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.ray_beside]
 
 # 240 epochs of 0.25 s and a little bookkeeping each: about 70 s after the first, past the 15 s outage and a
 # restart of the server (5-30 s, the longest on a busy machine) by half a minute or more.
