@@ -840,6 +840,15 @@ def plan_text(spec, noise: Noise | None, noise_source: str, deltas: list[tuple[s
                      f"images/s is the card's, all of them together (each {one} at its {r.gpus_per_worker:g} of it)")
     nodes = (workers,) if isinstance(workers, Workers) else tuple(workers or ())
     run_nodes = list(nodes) if cpu_only else [n for n in nodes if n.gpus > 0]  # the types the trials run on
+    for n in run_nodes if 0 < r.gpus_per_worker < 1 else ():
+        # Ray fills a card's parts only as far as the node's CPUs go: the rest of its cards are billed and idle
+        holds, parts = workers_per_node(r, n), n.gpus * cards_share(r.gpus_per_worker)
+        if holds < parts:
+            fill = int(n.cpus / parts + 1e-9)
+            lines.append(f"            but a {n.instance}'s {n.cpus:g} CPUs hold {holds} of them at "
+                         f"{r.cpus_per_worker:g} CPUs each, not the {parts} its {n.gpus} cards have room for: "
+                         + (f"resources.cpus_per_worker {fill} or less fills the cards" if fill >= 1 else
+                            "a node type of more CPUs fills the cards"))
     if not run_nodes and price is not None:  # a node's price, and no node type to say its GPUs
         lines.append(f"  cost      not priced: the cluster file names no GPU worker type, so a node's "
                      f"--price-per-hour {price:g} has no GPUs to divide by" if not cpu_only else

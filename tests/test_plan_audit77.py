@@ -171,6 +171,21 @@ def test_a_node_holds_whole_workers_by_its_gpus_and_its_cpus():
     assert est.wall_hours == pytest.approx(est.gpu_hours / 36 * 3 / 0.25)  # 3 waves, each trial at a quarter speed
 
 
+def test_a_packed_plan_says_when_a_nodes_cpus_leave_cards_idle():
+    """fusion_ablation packed 4 trials a card on ray-cluster.yaml's g5.12xlarge (48 CPUs, 4 GPUs): its 8-CPU workers
+    are 6 a node, a card and a half of parts, not the 16 parts its cards have; the plan says so and what fills them
+    (3 CPUs a worker), and says nothing where they are filled."""
+    text = plan.study_plan(_study("fusion_ablation", "resources.gpus_per_worker=0.25"), images_per_second=100.0,
+                           cluster=CLUSTER, sd=1.0, deltas=[2.0])
+    assert ("            but a g5.12xlarge's 48 CPUs hold 6 of them at 8 CPUs each, not the 16 its 4 cards have room "
+            "for: resources.cpus_per_worker 3 or less fills the cards") in text.splitlines(), text
+    assert "up to 3 at once" in text  # 16 trials at once on nodes of 6: 3 nodes billed
+    filled = plan.study_plan(_study("fusion_ablation", "resources.gpus_per_worker=0.25",
+                                    "resources.cpus_per_worker=3"), images_per_second=100.0, cluster=CLUSTER, sd=1.0,
+                             deltas=[2.0])
+    assert "but a g5.12xlarge" not in filled and "up to 1 at once" in filled, filled
+
+
 def test_a_worker_type_whose_max_workers_is_left_empty_takes_the_clusters(tmp_path):
     """`max_workers:` with no value (YAML null) is no limit of its own: the cluster's 3 (it failed in int(None))."""
     path = _cluster(tmp_path, {"worker.gpu": _node("g5.12xlarge", 48, 4, max_workers=None)}, limit=3)
