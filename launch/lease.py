@@ -37,13 +37,15 @@ from typing import NoReturn
 
 from a2core.errors import StorageError, StudyError
 from launch.defaults import DEFAULT_STALE_AFTER
-from launch.storage import WriteRefused, delete_if_unchanged, open_location, read_versioned, replace_if_unchanged
+from launch.storage import (WriteRefused, delete_if_unchanged, open_location, read_versioned, replace_if_unchanged,
+                            resolve_endpoint_url)
 
 LEASE_FILE = "lease.json"
 CLOCK_PREFIX = ".a2-clock-"  # the file a taker writes next to the lease to read the storage's clock (then removed)
 CLAIM_INFIX = ".takeover-"  # lease.json.takeover-<id>[.<n>]: the one taker of the stale lease <id> (`_claim_name`)
 CLAIM_GENERATIONS = 4  # claims a take-over walks past (each left, stale, by a taker killed mid-way) before it gives up
 _HELD: dict[str, "StudyLease"] = {}  # the leases this process holds now, by the lease file's URI (`held_lease`)
+_WARNED_CONDITIONS: set[str | None] = set()  # the endpoints whose ignored conditions this process has said
 
 
 class LeaseLost(StudyError):
@@ -270,6 +272,13 @@ class StudyLease:
             seen, version = read_versioned(self.location)  # damaged bytes: not JSON, not a traceback
             if seen is not None or not self._create(self.mine):  # None: released between our two looks
                 self._take_over(self._parse(seen) or {}, force, seen, version)
+        endpoint = resolve_endpoint_url(self.location.endpoint_url)
+        if self.location.conditions_ignored() and endpoint not in _WARNED_CONDITIONS:
+            _WARNED_CONDITIONS.add(endpoint)
+            _say(f"warning: the S3 endpoint of {os.path.dirname(self.location.uri)} "
+                 f"({endpoint or 'AWS'}) wrote over an object that a "
+                 f"conditional PUT said not to (If-None-Match / If-Match): it ignores those conditions, so the "
+                 f"study's lease cannot keep a second driver out there; run one driver per study yourself")
         # held now, however it was taken: the claims of takers killed mid-way go (one killed after it removed the
         # lease it claimed, before it made its own, left a claim nothing would read again)
         self._remove_claims()

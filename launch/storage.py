@@ -262,15 +262,24 @@ class Location:
         from botocore.exceptions import BotoCoreError, ClientError  # boto3: as in `download`
 
         bucket, key = parse_s3_uri(self.uri, require_key=True)
+        client = make_client(self.endpoint_url)
         try:
-            make_client(self.endpoint_url).put_object(Bucket=bucket, Key=key, Body=text.encode(), IfNoneMatch="*")
+            client.put_object(Bucket=bucket, Key=key, Body=text.encode(), IfNoneMatch="*")
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
                 return False
             raise WriteRefused(self.uri, str(err)) from err
         except BotoCoreError as err:
             raise WriteRefused(self.uri, str(err)) from err
+        endpoint = resolve_endpoint_url(self.endpoint_url)
+        if endpoint not in CONDITIONS_IGNORED:
+            CONDITIONS_IGNORED[endpoint] = _ignores_conditions(client, bucket, key, text.encode())
         return True
+
+    def conditions_ignored(self) -> bool:
+        """Whether the S3 endpoint of this location wrote over an object where a condition said not to, when this
+        process last created a file there (`write_if_absent`'s probe); False on disk and where nothing was probed."""
+        return not self.local and CONDITIONS_IGNORED.get(resolve_endpoint_url(self.endpoint_url), False)
 
     def listdir(self, *, folders_only: bool = False) -> list[str]:
         """Sorted names of the entries of this folder (empty when there is no such folder)."""
@@ -409,6 +418,27 @@ class Location:
             _verify(head, self.uri, sha_hex, size)
             os.replace(part, path)
         return path
+
+
+# S3 endpoint (None: AWS) -> whether it ignored the conditions of a PUT (`_ignores_conditions`), probed once a process
+CONDITIONS_IGNORED: dict[str | None, bool] = {}
+
+
+def _ignores_conditions(client, bucket: str, key: str, body: bytes) -> bool:
+    """Whether the server writes over an object that a PUT's condition said must not be there (`IfNoneMatch="*"`) or
+    must have another ETag (`IfMatch`): AWS S3 and moto answer 412, some S3-compatible servers write. The probe is on
+    the object this process has just created, with its own bytes: a server that ignores them rewrites it unchanged."""
+    from botocore.exceptions import BotoCoreError, ClientError  # boto3: as in `download`
+
+    for condition in ({"IfNoneMatch": "*"}, {"IfMatch": '"a2-condition-probe"'}):
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=body, **condition)
+        except ClientError:
+            continue  # refused: 412, 409, or a server that rejects the header itself; either way nothing written
+        except BotoCoreError:
+            return False  # unreachable now: not known to ignore them
+        return True
+    return False
 
 
 def open_location(uri: str | os.PathLike, endpoint_url: str | None = None) -> Location:

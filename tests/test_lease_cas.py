@@ -274,3 +274,54 @@ def test_a_taker_killed_between_its_claim_and_its_lease_does_not_hold_the_study_
     study.join(lease_module._claim_name(json.loads(seen), seen, 1)).write_text(json.dumps(StudyLease(study).mine))
     with pytest.raises(StudyError, match="another process took the lease first"):
         StudyLease(study, stale_after=60.0).acquire()
+
+
+def test_an_s3_endpoint_that_ignores_conditional_writes_is_named_once_a_process(s3_endpoint, monkeypatch, capsys):
+    """moto, like AWS S3, refuses a PUT whose condition does not hold (412): a lease taken there says nothing. Some
+    S3-compatible servers write anyway (here the server never sees the conditions: each PUT's If-None-Match and
+    If-Match headers are removed before it is signed). There the lease cannot keep a second driver out, and the first
+    lease taken says so, naming the endpoint, once a process."""
+    monkeypatch.setattr(storage_module, "CONDITIONS_IGNORED", {})
+    monkeypatch.setattr(lease_module, "_WARNED_CONDITIONS", set())
+    study = open_location(f"s3://{unique_bucket(s3_endpoint, 'a2-conditions')}/studies/honoured", s3_endpoint)
+    lease = StudyLease(study)
+    lease.acquire()
+    lease.release()
+    assert storage_module.CONDITIONS_IGNORED == {s3_endpoint: False}
+    assert "conditional PUT" not in capsys.readouterr().err
+    assert study.join(LEASE_FILE).write_if_absent("{}") and not study.join(LEASE_FILE).write_if_absent("{}")
+
+    real = storage_module.make_client
+
+    def conditions_dropped(*args, **kwargs):
+        client = real(*args, **kwargs)
+
+        def strip(request, **_):
+            for header in ("If-None-Match", "If-Match"):
+                if header in request.headers:
+                    del request.headers[header]
+        client.meta.events.register("before-sign.s3.PutObject", strip)
+        return client
+
+    monkeypatch.setattr(storage_module, "make_client", conditions_dropped)
+    monkeypatch.setattr(storage_module, "CONDITIONS_IGNORED", {})
+    ignored = open_location(f"s3://{unique_bucket(s3_endpoint, 'a2-conditions')}/studies/ignored", s3_endpoint)
+    first = StudyLease(ignored)
+    first.acquire()
+    try:
+        err = capsys.readouterr().err
+        assert err.count("conditional PUT") == 1, err
+        assert (f"warning: the S3 endpoint of {ignored.uri} ({s3_endpoint}) wrote over an object that a conditional "
+                f"PUT said not to (If-None-Match / If-Match): it ignores those conditions, so the study's lease "
+                f"cannot keep a second driver out there; run one driver per study yourself") in err, err
+        # what the warning is about: a second writer's create of the held lease is written over it
+        assert json.loads(ignored.join(LEASE_FILE).read_text())["token"] == first.mine["token"]
+        assert ignored.join(LEASE_FILE).write_if_absent(json.dumps({"token": "second"}))
+        assert json.loads(ignored.join(LEASE_FILE).read_text())["token"] == "second"
+    finally:
+        first._stop.set()
+        first._thread.join(5)
+    again = StudyLease(open_location(ignored.uri + "-again", s3_endpoint))
+    again.acquire()
+    again.release()
+    assert "conditional PUT" not in capsys.readouterr().err  # said once a process
