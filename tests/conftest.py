@@ -14,10 +14,13 @@ from tests.s3server import keep_session_environment, s3_endpoint  # noqa: F401
 # is marked `@pytest.mark.ray` in a module that is: these modules start no Ray elsewhere (`ray_started_below` fails a
 # test outside the group that does). A test of a module not named here that starts no Ray (a docs block that trains
 # locally) is marked `@pytest.mark.outside_ray_group` and runs beside the group, watched the same way.
-# What confuses Ray Train is a second Ray that a client can mistake for its own: `ray start` writes its address where
-# `ray.init("auto")` looks (/tmp/ray/ray_current_cluster), and a dashboard takes the port (8265) that the next one
-# and `ray job submit` expect. A study that starts a local Ray of its own for one-worker trials does neither (a2's
-# `connect` starts it at address "local", every port picked free, no dashboard where no trial runs on Ray Train), so
+# What confuses Ray Train is a second Ray that a process can mistake for its own. Ray's state API, given no address,
+# takes the one in /tmp/ray/ray_current_cluster (written by a `ray start` with the default temp folder), else the
+# machine's one GCS process, and refuses to pick between two; Train's placement-group cleaner asks it whether a dead
+# trial's controller is alive, so the retry of that trial waits forever for the CPUs its placement group still holds.
+# A dashboard takes the port (8265) the next one and `ray job submit` expect. The test clusters' processes carry their
+# own address (`tests.raycluster.LocalCluster`: RAY_ADDRESS), and a local Ray that a2 starts for one-worker trials
+# (address "local", every port picked free, no dashboard where no trial runs on Ray Train) leaves nothing to mistake:
 # tests that start only such Rays are marked `@pytest.mark.ray_beside` and form a second group, "ray-beside", which
 # the other worker runs first, beside the "ray" group; `ray_started_below` fails one whose Ray has a dashboard. The
 # two groups are the suite's two longest paths: together on one worker they were its whole length.
