@@ -52,15 +52,20 @@ def duplicated_points(uri: str, study: str) -> list[tuple]:
     return out
 
 
-def epochs_reported(storage: Path, study: str) -> int:
-    """The epochs in the study's trials' result logs (each reported to Tune right after it was written)."""
-    count = 0
+def epochs_by_trial(storage: Path, study: str) -> list[int]:
+    """The epochs in each trial's result log (each reported to Tune right after it was written)."""
+    counts = []
     for run_dir in trial_runs(storage, study).values():
         try:
-            count += len(json.loads((run_dir / "results.json").read_text()))
+            counts.append(len(json.loads((run_dir / "results.json").read_text())))
         except (OSError, ValueError):
             continue
-    return count
+    return counts
+
+
+def epochs_reported(storage: Path, study: str) -> int:
+    """The epochs in the study's trials' result logs."""
+    return sum(epochs_by_trial(storage, study))
 
 
 def left_temp_folders(tmp_path: Path) -> list[str]:
@@ -103,8 +108,14 @@ def test_a_signal_after_an_epoch_then_resume_logs_every_epoch_once(tmp_path, tin
         before = epochs_reported(storage, name)
         log = tmp_path / f"{sig.name}.log"
         proc = start_a2("study", *command, cwd=tmp_path, log=log, env=env)
-        try:  # an epoch this driver trained: the study's first, then one more
-            wait_for(lambda: epochs_reported(storage, name) > before, 300, "an epoch", proc=proc, log=log)
+        def trained_one_with_more_to_come():
+            """An epoch this driver trained, of a trial with epochs left: the signal finds it running. (An epoch
+            that ended a trial, when the other had not started yet, left no trial for the signal to cut short.)"""
+            counts = epochs_by_trial(storage, name)
+            return sum(counts) > before and any(0 < n < EPOCHS for n in counts)
+
+        try:  # the study's first epoch, then one more of a trial that goes on
+            wait_for(trained_one_with_more_to_come, 300, "an epoch of a trial with epochs left", proc=proc, log=log)
             os.killpg(proc.pid, sig)
             rc = proc.wait(timeout=60)
         finally:
