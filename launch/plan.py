@@ -384,7 +384,7 @@ def estimate(spec, images_per_second: float, workers: Workers | Sequence[Workers
         # Ray puts whole workers on a node (a fraction: int(1 / fraction) a card, 0.4: 2, not 2.5), as many as both
         # its GPUs and its CPUs hold: 3-GPU workers on 4-GPU nodes are one a node, not 4 / 3, and quarter-card
         # workers of 16 CPUs on a 48-CPU node of 4 GPUs are 3, not 16 (by its GPUs alone, the plan had priced them
-        # 16 at once: a wall time 5 times too short)
+        # 16 at once: a wall time 4 times too short)
         room = sum(workers_per_node(r, n) * n.max_nodes for n in nodes)
         at_once = min(at_once, unit * (room // r.workers_per_trial))
     # Trials of one length run in waves of `slots` side by side (a trial of a fraction of a card at that fraction of

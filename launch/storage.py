@@ -262,9 +262,9 @@ class Location:
         from botocore.exceptions import BotoCoreError, ClientError  # boto3: as in `download`
 
         bucket, key = parse_s3_uri(self.uri, require_key=True)
-        client = make_client(self.endpoint_url)
+        client, body = make_client(self.endpoint_url), text.encode()
         try:
-            client.put_object(Bucket=bucket, Key=key, Body=text.encode(), IfNoneMatch="*")
+            client.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
                 return False
@@ -273,7 +273,7 @@ class Location:
             raise WriteRefused(self.uri, str(err)) from err
         endpoint = resolve_endpoint_url(self.endpoint_url)
         if endpoint not in CONDITIONS_IGNORED:
-            CONDITIONS_IGNORED[endpoint] = _ignores_conditions(client, bucket, key, text.encode())
+            CONDITIONS_IGNORED[endpoint] = _ignores_conditions(client, bucket, key, body)
         return True
 
     def conditions_ignored(self) -> bool:
